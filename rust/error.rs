@@ -1,0 +1,214 @@
+//! One error type for the whole runtime.
+//!
+//! Every failure carries a [`ErrorKind`] (which decides the Python exception
+//! class in the bindings) and an [`ErrorContext`] naming the op, net, step and
+//! blob involved. Context is filled in as the error travels outwards: the op
+//! kernel knows the blob, the net adds the op, the executor adds the step.
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+
+/// What went wrong, coarsely. Each kind maps to one Python exception class.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// A blob name that is not visible in the workspace (Python: KeyError).
+    BlobNotFound,
+    /// A net name that is not defined (Python: KeyError).
+    NetNotFound,
+    /// Wrong blob kind or tensor dtype (Python: TypeError).
+    Type,
+    /// Tensor shapes that do not fit together (Python: ValueError).
+    Shape,
+    /// A bad operator argument or input/output count (Python: ValueError).
+    InvalidArgument,
+    /// An operator type that is not registered (Python: ValueError).
+    UnknownOperator,
+    /// A malformed net, step or plan (Python: ValueError).
+    InvalidPlan,
+    /// An index out of range (Python: IndexError).
+    IndexOutOfRange,
+    /// Integer division by zero (Python: ZeroDivisionError).
+    DivisionByZero,
+    /// An operator that failed while running (Python: RuntimeError).
+    OperatorFailed,
+    /// The run was cancelled (Ctrl-C or a sibling's failure).
+    Cancelled,
+    /// A file system error (Python: OSError).
+    Io,
+    /// A checkpoint or db that failed verification (Python: ValueError).
+    CorruptCheckpoint,
+    /// A bug in ferrocaffe itself: a caught panic (Python: RuntimeError).
+    Internal,
+}
+
+/// Where an error happened. Every field is optional; the outermost layer that
+/// knows a field fills it in, inner layers never overwrite.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ErrorContext {
+    pub op_type: Option<String>,
+    pub op_index: Option<usize>,
+    pub net: Option<String>,
+    pub step: Option<String>,
+    pub blob: Option<String>,
+    pub file: Option<String>,
+}
+
+/// The runtime's error.
+#[derive(Clone)]
+pub struct Error {
+    pub kind: ErrorKind,
+    pub message: String,
+    pub context: ErrorContext,
+    /// An opaque foreign error (a Python exception raised inside a Python op)
+    /// carried through the runtime untouched, so the caller sees it as raised.
+    pub payload: Option<Arc<dyn Any + Send + Sync>>,
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Error { kind, message: message.into(), context: ErrorContext::default(), payload: None }
+    }
+    pub fn blob_not_found(name: &str) -> Self {
+        Error::new(ErrorKind::BlobNotFound, format!("blob '{name}' does not exist")).with_blob(name)
+    }
+    pub fn type_error(message: impl Into<String>) -> Self {
+        Error::new(ErrorKind::Type, message)
+    }
+    pub fn shape(message: impl Into<String>) -> Self {
+        Error::new(ErrorKind::Shape, message)
+    }
+    pub fn invalid_arg(message: impl Into<String>) -> Self {
+        Error::new(ErrorKind::InvalidArgument, message)
+    }
+    pub fn invalid_plan(message: impl Into<String>) -> Self {
+        Error::new(ErrorKind::InvalidPlan, message)
+    }
+    pub fn failed(message: impl Into<String>) -> Self {
+        Error::new(ErrorKind::OperatorFailed, message)
+    }
+    pub fn cancelled() -> Self {
+        Error::new(ErrorKind::Cancelled, "the run was cancelled")
+    }
+    pub fn io(err: &std::io::Error, path: &str) -> Self {
+        let mut e = Error::new(ErrorKind::Io, format!("{path}: {err}"));
+        e.context.file = Some(path.to_string());
+        e
+    }
+    pub fn internal(message: impl Into<String>) -> Self {
+        Error::new(ErrorKind::Internal, message)
+    }
+
+    pub fn with_blob(mut self, blob: &str) -> Self {
+        if self.context.blob.is_none() {
+            self.context.blob = Some(blob.to_string());
+        }
+        self
+    }
+    pub fn with_op(mut self, op_type: &str, index: Option<usize>) -> Self {
+        if self.context.op_type.is_none() {
+            self.context.op_type = Some(op_type.to_string());
+            self.context.op_index = index;
+        }
+        self
+    }
+    pub fn with_net(mut self, net: &str) -> Self {
+        if self.context.net.is_none() {
+            self.context.net = Some(net.to_string());
+        }
+        self
+    }
+    pub fn with_step(mut self, step: &str) -> Self {
+        if self.context.step.is_none() {
+            self.context.step = Some(step.to_string());
+        }
+        self
+    }
+    pub fn with_file(mut self, file: &str) -> Self {
+        if self.context.file.is_none() {
+            self.context.file = Some(file.to_string());
+        }
+        self
+    }
+    pub fn is_cancelled(&self) -> bool {
+        self.kind == ErrorKind::Cancelled
+    }
+
+    /// The message with its context appended, as shown to users.
+    pub fn full_message(&self) -> String {
+        let c = &self.context;
+        let mut parts = Vec::new();
+        if let Some(op) = &c.op_type {
+            match c.op_index {
+                Some(i) => parts.push(format!("op #{i} '{op}'")),
+                None => parts.push(format!("op '{op}'")),
+            }
+        }
+        if let Some(n) = &c.net {
+            parts.push(format!("net '{n}'"));
+        }
+        if let Some(s) = &c.step {
+            parts.push(format!("step '{s}'"));
+        }
+        if let Some(b) = &c.blob {
+            parts.push(format!("blob '{b}'"));
+        }
+        if let Some(f) = &c.file {
+            parts.push(format!("file '{f}'"));
+        }
+        if parts.is_empty() {
+            self.message.clone()
+        } else {
+            format!("{} [{}]", self.message, parts.join(", "))
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.full_message())
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Error({:?}: {})", self.kind, self.full_message())
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// Shorthand for `Err(Error::new(kind, format!(...)))`.
+#[macro_export]
+macro_rules! bail {
+    ($kind:ident, $($fmt:tt)+) => {
+        return Err($crate::error::Error::new($crate::error::ErrorKind::$kind, format!($($fmt)+)))
+    };
+}
+
+/// Turns a caught panic into an `Internal` error, so a bug in one op never
+/// takes the process (or the Python interpreter) down.
+pub fn from_panic(payload: Box<dyn Any + Send>) -> Error {
+    let msg = if let Some(s) = payload.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic".to_string()
+    };
+    Error::internal(format!("internal error (a panic was caught): {msg}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn context_is_filled_outermost_last_and_never_overwritten() {
+        let e = Error::blob_not_found("x").with_op("Add", Some(2)).with_net("n").with_op("Sub", None);
+        assert_eq!(e.context.op_type.as_deref(), Some("Add"));
+        assert_eq!(e.full_message(), "blob 'x' does not exist [op #2 'Add', net 'n', blob 'x']");
+    }
+}

@@ -1,0 +1,27 @@
+//! ferrocaffe: Caffe2's execution layer on a safe Rust core.
+//!
+//! Layers, bottom up: [`tensor`] and [`blob`] (values), [`workspace`] (named
+//! blobs and nets), [`operator`] and [`ops`] (schemas and kernels), [`net`]
+//! (ordered ops), [`plan`] (the execution-step scheduler). [`ir`] holds the
+//! protobuf plan format. `bindings` (feature `python`) is the thin PyO3 face.
+
+pub mod args;
+pub mod blob;
+pub mod cancel;
+pub mod error;
+pub mod ir;
+pub mod net;
+pub mod operator;
+pub mod ops;
+pub mod plan;
+pub mod tensor;
+pub mod workspace;
+
+#[cfg(feature = "python")]
+mod bindings;
+
+pub use blob::{Blob, BlobValue};
+pub use cancel::CancelToken;
+pub use error::{Error, ErrorKind, Result};
+pub use tensor::{DataType, Tensor};
+pub use workspace::Workspace;

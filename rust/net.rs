@@ -1,0 +1,121 @@
+//! Nets: an ordered list of bound operators, run one after another.
+
+use crate::cancel::CancelToken;
+use crate::error::{from_panic, Error, Result};
+use crate::ir::{NetDef, OperatorDef};
+use crate::operator::{create_operator, OpCx, OpIo, Operator};
+use crate::workspace::Workspace;
+use parking_lot::Mutex;
+use std::collections::HashSet;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+/// A net shared by the workspace that owns it and the steps that run it. The
+/// mutex serialises concurrent runs of one net (Caffe2 raced on op state).
+pub type SharedNet = Arc<Mutex<Net>>;
+
+struct OpSlot {
+    op_type: String,
+    io: OpIo,
+    kernel: Box<dyn Operator>,
+}
+
+pub struct Net {
+    name: String,
+    ops: Vec<OpSlot>,
+}
+
+/// Net types Caffe2 accepted. All run sequentially here: declaration order is
+/// a topological order, so results are the same.
+const KNOWN_NET_TYPES: &[&str] =
+    &["", "simple", "dag", "async_dag", "prof_dag", "async_scheduling", "async_polling", "async_simple", "rnn", "parallel"];
+
+/// The net's device option merged into an op's (the op's own fields win).
+fn merged_def(net: &NetDef, op: &OperatorDef) -> OperatorDef {
+    let mut op = op.clone();
+    if let Some(nd) = &net.device_option {
+        let mut d = op.device_option.clone().unwrap_or_default();
+        d.device_type = d.device_type.or(nd.device_type);
+        d.device_id = d.device_id.or(nd.device_id);
+        d.random_seed = d.random_seed.or(nd.random_seed);
+        d.node_name = d.node_name.clone().or(nd.node_name.clone());
+        op.device_option = Some(d);
+    }
+    op
+}
+
+impl Net {
+    /// Validates the definition and constructs every op in order.
+    pub fn create(def: &NetDef, ws: &Arc<Workspace>) -> Result<Net> {
+        let name = def.net_name().to_string();
+        let ty = def.r#type.as_deref().unwrap_or("");
+        if !KNOWN_NET_TYPES.contains(&ty) {
+            return Err(Error::invalid_plan(format!("unknown net type '{ty}'")).with_net(&name));
+        }
+        // Declared external inputs bound what an op may read.
+        if !def.external_input.is_empty() {
+            let mut known: HashSet<&str> = def.external_input.iter().map(|s| s.as_str()).collect();
+            for (k, op) in def.op.iter().enumerate() {
+                for i in &op.input {
+                    if !known.contains(i.as_str()) {
+                        return Err(Error::invalid_plan(format!(
+                            "source for input '{i}' is unknown: it is neither an external input of the net nor an output of an earlier op"
+                        ))
+                        .with_blob(i)
+                        .with_op(op.op_type(), Some(k))
+                        .with_net(&name));
+                    }
+                }
+                known.extend(op.output.iter().map(|s| s.as_str()));
+            }
+        }
+        let produced: HashSet<&str> =
+            def.op.iter().flat_map(|o| o.output.iter().map(|s| s.as_str())).chain(def.external_input.iter().map(|s| s.as_str())).collect();
+        for o in &def.external_output {
+            if !produced.contains(o.as_str()) {
+                return Err(Error::invalid_plan(format!(
+                    "external output '{o}' is neither produced by an op nor an external input"
+                ))
+                .with_blob(o)
+                .with_net(&name));
+            }
+        }
+        let mut ops = Vec::with_capacity(def.op.len());
+        for (k, opdef) in def.op.iter().enumerate() {
+            let opdef = merged_def(def, opdef);
+            if opdef.device_option.as_ref().and_then(|d| d.node_name.as_deref()).is_some_and(|n| !n.is_empty()) {
+                return Err(Error::invalid_plan("an op with a device_option.node_name cannot run in this process")
+                    .with_op(opdef.op_type(), Some(k))
+                    .with_net(&name));
+            }
+            let built = catch_unwind(AssertUnwindSafe(|| create_operator(&opdef, ws))).unwrap_or_else(|p| Err(from_panic(p)));
+            let (kernel, io) = built.map_err(|e| e.with_op(opdef.op_type(), Some(k)).with_net(&name))?;
+            ops.push(OpSlot { op_type: opdef.op_type().to_string(), io, kernel });
+        }
+        Ok(Net { name, ops })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn num_ops(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// Runs the ops in order. `Ok(false)` when an op failed softly; later ops
+    /// do not run. Errors (and caught panics) carry the op, its index and the net.
+    pub fn run(&mut self, ws: &Arc<Workspace>, cancel: &CancelToken) -> Result<bool> {
+        for (k, slot) in self.ops.iter_mut().enumerate() {
+            let mut cx = OpCx { io: &slot.io, ws, cancel };
+            let kernel = &mut slot.kernel;
+            let r = catch_unwind(AssertUnwindSafe(|| kernel.run(&mut cx))).unwrap_or_else(|p| Err(from_panic(p)));
+            match r {
+                Ok(true) => {}
+                Ok(false) => return Ok(false),
+                Err(e) => return Err(e.with_op(&slot.op_type, Some(k)).with_net(&self.name)),
+            }
+        }
+        Ok(true)
+    }
+}

@@ -1,0 +1,400 @@
+//! Operators: a schema (counts, in-place rules, arguments, doc) plus a kernel.
+//!
+//! The schema is the single source for validation at net creation: every
+//! count and in-place error is raised from here, before any op runs. A kernel
+//! is built once per op per workspace with its blob handles already bound, so
+//! running it does no name lookups.
+
+use crate::args::Args;
+use crate::blob::{Blob, BlobValue};
+use crate::cancel::CancelToken;
+use crate::error::{Error, ErrorKind, Result};
+use crate::ir::OperatorDef;
+use crate::tensor::Tensor;
+use crate::workspace::Workspace;
+use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use smallvec::SmallVec;
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock};
+
+/// Which input/output pairs may (or must) name the same blob.
+#[derive(Clone, Copy)]
+pub enum InPlace {
+    /// No output may share a name with an input.
+    Never,
+    /// `f(input, output)` says which pairs may share a name.
+    Allow(fn(usize, usize) -> bool),
+    /// `f(input, output)` says which pairs must share a name (and only those may).
+    Enforce(fn(usize, usize) -> bool),
+}
+
+/// One documented argument.
+#[derive(Clone, Copy, Debug)]
+pub struct ArgDoc {
+    pub name: &'static str,
+    pub ty: &'static str,
+    pub default: &'static str,
+    pub doc: &'static str,
+}
+
+/// `arg!(name, type, default, doc)`: an [`ArgDoc`] usable in a `&'static` list.
+#[macro_export]
+macro_rules! arg {
+    ($name:expr, $ty:expr, $default:expr, $doc:expr) => {
+        $crate::operator::ArgDoc { name: $name, ty: $ty, default: $default, doc: $doc }
+    };
+}
+
+pub type BuildFn = fn(&OpDefCtx<'_>) -> Result<Box<dyn Operator>>;
+
+/// An operator's schema.
+#[derive(Clone)]
+pub struct OpSchema {
+    pub name: &'static str,
+    pub min_inputs: usize,
+    pub max_inputs: usize,
+    pub min_outputs: usize,
+    pub max_outputs: usize,
+    pub inplace: InPlace,
+    pub args: &'static [ArgDoc],
+    pub doc: &'static str,
+    pub build: BuildFn,
+}
+
+pub const MANY: usize = usize::MAX;
+
+impl OpSchema {
+    pub const fn new(name: &'static str, build: BuildFn) -> OpSchema {
+        OpSchema {
+            name,
+            min_inputs: 0,
+            max_inputs: 0,
+            min_outputs: 0,
+            max_outputs: 0,
+            inplace: InPlace::Never,
+            args: &[],
+            doc: "",
+            build,
+        }
+    }
+    pub const fn inputs(mut self, min: usize, max: usize) -> Self {
+        self.min_inputs = min;
+        self.max_inputs = max;
+        self
+    }
+    pub const fn outputs(mut self, min: usize, max: usize) -> Self {
+        self.min_outputs = min;
+        self.max_outputs = max;
+        self
+    }
+    pub const fn inplace(mut self, rule: InPlace) -> Self {
+        self.inplace = rule;
+        self
+    }
+    pub const fn args(mut self, args: &'static [ArgDoc]) -> Self {
+        self.args = args;
+        self
+    }
+    pub const fn doc(mut self, doc: &'static str) -> Self {
+        self.doc = doc;
+        self
+    }
+
+    fn count_text(min: usize, max: usize) -> String {
+        if min == max {
+            format!("{min}")
+        } else if max == MANY {
+            format!("at least {min}")
+        } else {
+            format!("{min} to {max}")
+        }
+    }
+
+    /// Checks counts and in-place rules of a definition against this schema.
+    pub fn verify(&self, def: &OperatorDef) -> Result<()> {
+        let (ni, no) = (def.input.len(), def.output.len());
+        if ni < self.min_inputs || ni > self.max_inputs {
+            return Err(Error::invalid_arg(format!(
+                "operator def did not pass schema checking: {} takes {} inputs, got {ni}",
+                self.name,
+                Self::count_text(self.min_inputs, self.max_inputs)
+            )));
+        }
+        if no < self.min_outputs || no > self.max_outputs {
+            return Err(Error::invalid_arg(format!(
+                "operator def did not pass schema checking: {} takes {} outputs, got {no}",
+                self.name,
+                Self::count_text(self.min_outputs, self.max_outputs)
+            )));
+        }
+        for (i, iname) in def.input.iter().enumerate() {
+            for (o, oname) in def.output.iter().enumerate() {
+                let same = iname == oname;
+                let ok = match self.inplace {
+                    InPlace::Never => !same,
+                    InPlace::Allow(f) => !same || f(i, o),
+                    InPlace::Enforce(f) => same == f(i, o) || (!f(i, o) && !same),
+                };
+                if !ok {
+                    let msg = if same {
+                        format!(
+                            "operator def did not pass schema checking: {} does not allow input {i} and output {o} to be the same blob '{iname}' (in-place)",
+                            self.name
+                        )
+                    } else {
+                        format!(
+                            "operator def did not pass schema checking: {} requires output {o} to be the same blob as input {i} (in-place), got '{oname}' and '{iname}'",
+                            self.name
+                        )
+                    };
+                    return Err(Error::invalid_arg(msg).with_blob(iname));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+// --------------------------------------------------------------- registry --
+
+static REGISTRY: LazyLock<RwLock<HashMap<&'static str, Arc<OpSchema>>>> = LazyLock::new(|| {
+    let mut m = HashMap::new();
+    for s in crate::ops::builtin_schemas() {
+        m.insert(s.name, Arc::new(s));
+    }
+    RwLock::new(m)
+});
+
+/// Registers (or replaces) an operator. The bindings use this for `Python`.
+pub fn register(schema: OpSchema) {
+    REGISTRY.write().insert(schema.name, Arc::new(schema));
+}
+
+pub fn schema(op_type: &str) -> Option<Arc<OpSchema>> {
+    REGISTRY.read().get(op_type).cloned()
+}
+
+pub fn registered_ops() -> Vec<&'static str> {
+    let mut v: Vec<_> = REGISTRY.read().keys().copied().collect();
+    v.sort_unstable();
+    v
+}
+
+// ------------------------------------------------------------ construction --
+
+/// What a kernel's builder sees.
+pub struct OpDefCtx<'a> {
+    pub def: &'a OperatorDef,
+    pub args: Args<'a>,
+    pub ws: &'a Arc<Workspace>,
+}
+
+impl<'a> OpDefCtx<'a> {
+    pub fn op_type(&self) -> &'a str {
+        self.def.op_type()
+    }
+    pub fn num_inputs(&self) -> usize {
+        self.def.input.len()
+    }
+    pub fn num_outputs(&self) -> usize {
+        self.def.output.len()
+    }
+    pub fn input_name(&self, i: usize) -> &'a str {
+        &self.def.input[i]
+    }
+    pub fn output_name(&self, i: usize) -> &'a str {
+        &self.def.output[i]
+    }
+    /// The device option's random seed, if one was set.
+    pub fn random_seed(&self) -> Option<u32> {
+        self.def.device_option.as_ref().and_then(|d| d.random_seed)
+    }
+    /// An `InvalidArgument` error naming this op.
+    pub fn bad_arg(&self, msg: impl Into<String>) -> Error {
+        Error::invalid_arg(msg).with_op(self.op_type(), None)
+    }
+}
+
+/// The blobs an op is bound to, and the order in which it locks them.
+pub struct OpIo {
+    pub input_names: Vec<String>,
+    pub output_names: Vec<String>,
+    pub inputs: Vec<Blob>,
+    pub outputs: Vec<Blob>,
+    /// Unique blobs in lock order (increasing id), with whether to write-lock.
+    lock_order: SmallVec<[(Blob, bool); 4]>,
+    in_slot: SmallVec<[u16; 4]>,
+    out_slot: SmallVec<[u16; 4]>,
+}
+
+impl OpIo {
+    /// Binds a definition's names in a workspace: every input must exist, every
+    /// output is created (binding to a parent's blob when the name is visible).
+    pub fn bind(def: &OperatorDef, ws: &Workspace) -> Result<OpIo> {
+        let mut inputs = Vec::with_capacity(def.input.len());
+        for name in &def.input {
+            let b = ws.get_blob(name).ok_or_else(|| {
+                Error::new(ErrorKind::BlobNotFound, format!("encountered a non-existing input blob '{name}'"))
+                    .with_blob(name)
+            })?;
+            inputs.push(b);
+        }
+        let mut outputs = Vec::with_capacity(def.output.len());
+        for name in &def.output {
+            outputs.push(ws.create_blob(name));
+        }
+        Ok(OpIo::from_blobs(def.input.clone(), def.output.clone(), inputs, outputs))
+    }
+
+    pub fn from_blobs(input_names: Vec<String>, output_names: Vec<String>, inputs: Vec<Blob>, outputs: Vec<Blob>) -> OpIo {
+        let mut all: Vec<(Blob, bool)> = Vec::new();
+        for b in &inputs {
+            if !all.iter().any(|(x, _)| Arc::ptr_eq(x, b)) {
+                all.push((b.clone(), false));
+            }
+        }
+        for b in &outputs {
+            match all.iter_mut().find(|(x, _)| Arc::ptr_eq(x, b)) {
+                Some(e) => e.1 = true,
+                None => all.push((b.clone(), true)),
+            }
+        }
+        all.sort_by_key(|(b, _)| b.id());
+        let slot = |b: &Blob| all.iter().position(|(x, _)| Arc::ptr_eq(x, b)).unwrap() as u16;
+        let in_slot = inputs.iter().map(slot).collect();
+        let out_slot = outputs.iter().map(slot).collect();
+        OpIo { input_names, output_names, inputs, outputs, lock_order: all.into_iter().collect(), in_slot, out_slot }
+    }
+}
+
+/// A running op's view of its world.
+pub struct OpCx<'a> {
+    pub io: &'a OpIo,
+    pub ws: &'a Arc<Workspace>,
+    pub cancel: &'a CancelToken,
+}
+
+enum Guard<'a> {
+    R(RwLockReadGuard<'a, BlobValue>),
+    W(RwLockWriteGuard<'a, BlobValue>),
+}
+
+/// All of an op's blobs, locked: inputs readable, outputs writable. Holding it
+/// makes the op atomic with respect to every blob it touches.
+pub struct Locked<'a> {
+    io: &'a OpIo,
+    guards: SmallVec<[Guard<'a>; 4]>,
+}
+
+impl<'a> OpCx<'a> {
+    /// Locks every blob of the op in the global order (no deadlock, even when
+    /// an output is also an input).
+    pub fn lock(&self) -> Locked<'a> {
+        let guards = self
+            .io
+            .lock_order
+            .iter()
+            .map(|(b, w)| if *w { Guard::W(b.write()) } else { Guard::R(b.read()) })
+            .collect();
+        Locked { io: self.io, guards }
+    }
+    pub fn num_inputs(&self) -> usize {
+        self.io.inputs.len()
+    }
+    pub fn num_outputs(&self) -> usize {
+        self.io.outputs.len()
+    }
+    pub fn input_blob(&self, i: usize) -> &'a Blob {
+        &self.io.inputs[i]
+    }
+    pub fn output_blob(&self, i: usize) -> &'a Blob {
+        &self.io.outputs[i]
+    }
+}
+
+impl<'a> Locked<'a> {
+    fn slot(&self, s: u16) -> &BlobValue {
+        match &self.guards[s as usize] {
+            Guard::R(g) => g,
+            Guard::W(g) => g,
+        }
+    }
+    pub fn input(&self, i: usize) -> &BlobValue {
+        self.slot(self.io.in_slot[i])
+    }
+    /// Input `i` as a tensor; a wrong kind names the blob.
+    pub fn tensor(&self, i: usize) -> Result<&Tensor> {
+        self.input(i).tensor().map_err(|e| e.with_blob(&self.io.input_names[i]))
+    }
+    pub fn input_name(&self, i: usize) -> &str {
+        &self.io.input_names[i]
+    }
+    pub fn output_name(&self, i: usize) -> &str {
+        &self.io.output_names[i]
+    }
+    pub fn output(&mut self, j: usize) -> &mut BlobValue {
+        match &mut self.guards[self.io.out_slot[j] as usize] {
+            Guard::W(g) => &mut *g,
+            Guard::R(_) => unreachable!("outputs are always write-locked"),
+        }
+    }
+    pub fn set_output(&mut self, j: usize, v: Tensor) {
+        *self.output(j) = BlobValue::Tensor(v);
+    }
+    /// Whether input `i` and output `j` are the same blob.
+    pub fn aliases(&self, i: usize, j: usize) -> bool {
+        self.io.in_slot[i] == self.io.out_slot[j]
+    }
+    /// Output `j` mutably and input `i` shared, when they are different blobs.
+    pub fn output_and_input(&mut self, j: usize, i: usize) -> Option<(&mut BlobValue, &BlobValue)> {
+        let (o, s) = (self.io.out_slot[j] as usize, self.io.in_slot[i] as usize);
+        if o == s {
+            return None;
+        }
+        let (lo, hi) = if o < s { (o, s) } else { (s, o) };
+        let (a, b) = self.guards.split_at_mut(hi);
+        let (first, second) = (&mut a[lo], &mut b[0]);
+        let (out, inp) = if o < s { (first, second) } else { (second, first) };
+        let out = match out {
+            Guard::W(g) => &mut **g,
+            Guard::R(_) => unreachable!("outputs are always write-locked"),
+        };
+        let inp: &BlobValue = match inp {
+            Guard::R(g) => g,
+            Guard::W(g) => g,
+        };
+        Some((out, inp))
+    }
+}
+
+/// A kernel. `Ok(false)` is Caffe2's soft failure (the net stops, no
+/// exception); errors carry their own context.
+pub trait Operator: Send {
+    fn run(&mut self, cx: &mut OpCx<'_>) -> Result<bool>;
+}
+
+/// Builds a kernel from a definition, validating it against its schema.
+pub fn create_operator(def: &OperatorDef, ws: &Arc<Workspace>) -> Result<(Box<dyn Operator>, OpIo)> {
+    let op_type = def.op_type();
+    if op_type.is_empty() {
+        return Err(Error::new(ErrorKind::UnknownOperator, "operator def has no type"));
+    }
+    let schema = schema(op_type).ok_or_else(|| {
+        Error::new(ErrorKind::UnknownOperator, format!("unknown operator type '{op_type}': no such operator is registered"))
+            .with_op(op_type, None)
+    })?;
+    if let Some(dev) = &def.device_option {
+        if dev.device_type.unwrap_or(0) != 0 {
+            return Err(Error::invalid_arg(format!(
+                "cannot create operator of type '{op_type}' on device type {}: only CPU (0) is supported",
+                dev.device_type.unwrap_or(0)
+            )));
+        }
+    }
+    schema.verify(def)?;
+    let args = Args::new(op_type, &def.arg)?;
+    let io = OpIo::bind(def, ws)?;
+    let ctx = OpDefCtx { def, args, ws };
+    let kernel = (schema.build)(&ctx)?;
+    Ok((kernel, io))
+}

@@ -1,0 +1,5 @@
+use crate::operator::OpSchema;
+
+pub fn schemas() -> Vec<OpSchema> {
+    vec![]
+}

@@ -1,0 +1,39 @@
+//! The built-in operators, one family per file. Each file exposes
+//! `schemas()`, the single source of its ops' validation and docs.
+
+use crate::operator::OpSchema;
+
+pub mod counter;
+pub mod elementwise;
+pub mod fill;
+pub mod utility;
+
+pub fn builtin_schemas() -> Vec<OpSchema> {
+    let mut v = Vec::new();
+    v.extend(counter::schemas());
+    v.extend(elementwise::schemas());
+    v.extend(fill::schemas());
+    v.extend(utility::schemas());
+    v
+}
+
+/// A kernel written as a plain function of its context (most ops have no
+/// state of their own).
+pub struct FnOp<F>(pub F);
+
+impl<F> crate::operator::Operator for FnOp<F>
+where
+    F: FnMut(&mut crate::operator::OpCx<'_>) -> crate::error::Result<bool> + Send,
+{
+    fn run(&mut self, cx: &mut crate::operator::OpCx<'_>) -> crate::error::Result<bool> {
+        (self.0)(cx)
+    }
+}
+
+/// Boxes a closure as a kernel.
+pub fn kernel<F>(f: F) -> Box<dyn crate::operator::Operator>
+where
+    F: FnMut(&mut crate::operator::OpCx<'_>) -> crate::error::Result<bool> + Send + 'static,
+{
+    Box::new(FnOp(f))
+}
