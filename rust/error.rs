@@ -140,22 +140,24 @@ impl Error {
     pub fn full_message(&self) -> String {
         let c = &self.context;
         let mut parts = Vec::new();
+        // A name the message already quotes is not repeated in the suffix.
+        let quoted = |name: &str| self.message.contains(&format!("'{name}'"));
         if let Some(op) = &c.op_type {
             match c.op_index {
                 Some(i) => parts.push(format!("op #{i} '{op}'")),
                 None => parts.push(format!("op '{op}'")),
             }
         }
-        if let Some(n) = &c.net {
+        if let Some(n) = c.net.as_ref().filter(|n| !quoted(n)) {
             parts.push(format!("net '{n}'"));
         }
         if let Some(s) = &c.step {
             parts.push(format!("step '{s}'"));
         }
-        if let Some(b) = &c.blob {
+        if let Some(b) = c.blob.as_ref().filter(|b| !quoted(b)) {
             parts.push(format!("blob '{b}'"));
         }
-        if let Some(f) = &c.file {
+        if let Some(f) = c.file.as_ref().filter(|f| !quoted(f)) {
             parts.push(format!("file '{f}'"));
         }
         if parts.is_empty() {
@@ -209,6 +211,8 @@ mod tests {
     fn context_is_filled_outermost_last_and_never_overwritten() {
         let e = Error::blob_not_found("x").with_op("Add", Some(2)).with_net("n").with_op("Sub", None);
         assert_eq!(e.context.op_type.as_deref(), Some("Add"));
-        assert_eq!(e.full_message(), "blob 'x' does not exist [op #2 'Add', net 'n', blob 'x']");
+        assert_eq!(e.full_message(), "blob 'x' does not exist [op #2 'Add', net 'n']");
+        let e = Error::failed("boom").with_blob("x");
+        assert_eq!(e.full_message(), "boom [blob 'x']");
     }
 }

@@ -1,0 +1,70 @@
+"""ferrocaffe: Caffe2's execution layer on a fast, safe Rust core.
+
+Modules mirror ``caffe2.python``: ``core``, ``workspace``, ``context``,
+``net_builder``, ``task``, ``session``, ``checkpoint``, ``dataio``,
+``pipeline``, ``schema``, ``dataset``, ``queue_util``, plus ``errors``.
+Call :func:`register_caffe2_alias` to let unmodified
+``from caffe2.python import ...`` code run on ferrocaffe.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+
+from . import errors
+from ._core import __version__
+
+__all__ = ["__version__", "errors", "register_caffe2_alias"]
+
+# caffe2 module path -> ferrocaffe module path
+_ALIASES = {
+    "caffe2.proto.caffe2_pb2": "ferrocaffe.proto",
+    "caffe2.python.core": "ferrocaffe.core",
+    "caffe2.python.workspace": "ferrocaffe.workspace",
+    "caffe2.python.scope": "ferrocaffe.scope",
+    "caffe2.python.context": "ferrocaffe.context",
+    "caffe2.python.net_builder": "ferrocaffe.net_builder",
+    "caffe2.python.control_ops_util": "ferrocaffe.control_ops_util",
+    "caffe2.python.task": "ferrocaffe.task",
+    "caffe2.python.session": "ferrocaffe.session",
+    "caffe2.python.checkpoint": "ferrocaffe.checkpoint",
+    "caffe2.python.dataio": "ferrocaffe.dataio",
+    "caffe2.python.pipeline": "ferrocaffe.pipeline",
+    "caffe2.python.schema": "ferrocaffe.schema",
+    "caffe2.python.dataset": "ferrocaffe.dataset",
+    "caffe2.python.queue_util": "ferrocaffe.queue_util",
+}
+_PACKAGES = ("caffe2", "caffe2.python", "caffe2.proto")
+
+
+class _AliasLoader(importlib.abc.Loader):
+    def __init__(self, target: str | None):
+        self.target = target
+
+    def create_module(self, spec):
+        if self.target is None:
+            return None  # a plain namespace package
+        return importlib.import_module(self.target)
+
+    def exec_module(self, module):
+        if self.target is None:
+            module.__path__ = []
+
+
+class _AliasFinder(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname in _PACKAGES:
+            return importlib.util.spec_from_loader(fullname, _AliasLoader(None), is_package=True)
+        if fullname in _ALIASES:
+            return importlib.util.spec_from_loader(fullname, _AliasLoader(_ALIASES[fullname]))
+        return None
+
+
+def register_caffe2_alias() -> None:
+    """Makes ``caffe2.python.<module>`` (and ``caffe2.proto.caffe2_pb2``) import
+    the matching ferrocaffe module, so unmodified Caffe2 scripts run. Idempotent."""
+    if not any(isinstance(f, _AliasFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AliasFinder())

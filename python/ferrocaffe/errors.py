@@ -1,0 +1,141 @@
+"""ferrocaffe's exception tree.
+
+Every error raised by the runtime is an instance of :class:`FerrocaffeError`
+and also of the builtin exception a Python user would naturally catch: a
+missing blob is a ``KeyError``, a wrong dtype a ``TypeError``, a malformed plan
+a ``ValueError``, an op that failed while running a ``RuntimeError``.
+
+Each error carries where it happened, as attributes (``None`` when unknown):
+``op`` (the operator type), ``op_index`` (its position in the net), ``net``,
+``step``, ``blob`` and ``file``. The message names them too.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "FerrocaffeError",
+    "BlobNotFoundError",
+    "NetNotFoundError",
+    "WorkspaceNotFoundError",
+    "DataTypeError",
+    "FeedError",
+    "ShapeError",
+    "InvalidArgumentError",
+    "UnknownOperatorError",
+    "InvalidPlanError",
+    "IndexOutOfRangeError",
+    "DivisionByZeroError",
+    "OperatorError",
+    "PlanFailedError",
+    "CancelledError",
+    "FerrocaffeIOError",
+    "CorruptCheckpointError",
+    "InternalError",
+]
+
+
+class FerrocaffeError(Exception):
+    """Base class of every ferrocaffe error."""
+
+    op: str | None = None
+    op_index: int | None = None
+    net: str | None = None
+    step: str | None = None
+    blob: str | None = None
+    file: str | None = None
+
+    def __init__(self, message: str = "", **context):
+        super().__init__(message)
+        self.message = message
+        for key, value in context.items():
+            setattr(self, key, value)
+
+    def __str__(self) -> str:  # KeyError would otherwise quote the message
+        return self.message
+
+
+class BlobNotFoundError(FerrocaffeError, KeyError):
+    """A blob name that is not visible in the workspace."""
+
+
+class NetNotFoundError(FerrocaffeError, KeyError):
+    """A net name that was never created in the workspace."""
+
+
+class WorkspaceNotFoundError(FerrocaffeError, KeyError):
+    """A named workspace that does not exist."""
+
+
+class DataTypeError(FerrocaffeError, TypeError):
+    """A blob of the wrong kind, or a tensor of the wrong dtype."""
+
+
+class FeedError(DataTypeError):
+    """An object that cannot be fed into a blob."""
+
+
+class ShapeError(FerrocaffeError, ValueError):
+    """Tensor shapes that do not fit together."""
+
+
+class InvalidArgumentError(FerrocaffeError, ValueError):
+    """A bad operator argument, or wrong input/output counts."""
+
+
+class UnknownOperatorError(InvalidArgumentError):
+    """An operator type that is not registered."""
+
+
+class InvalidPlanError(FerrocaffeError, ValueError):
+    """A malformed net, execution step or plan."""
+
+
+class IndexOutOfRangeError(FerrocaffeError, IndexError):
+    """An index outside a tensor's bounds."""
+
+
+class DivisionByZeroError(FerrocaffeError, ZeroDivisionError):
+    """Integer division by zero inside an operator."""
+
+
+class OperatorError(FerrocaffeError, RuntimeError):
+    """An operator failed while running."""
+
+
+class PlanFailedError(OperatorError):
+    """A net, step or plan reported failure (an op returned false)."""
+
+
+class CancelledError(FerrocaffeError, RuntimeError):
+    """A run was cancelled by a user (not by Ctrl-C, which raises KeyboardInterrupt)."""
+
+
+class FerrocaffeIOError(FerrocaffeError, OSError):
+    """A file could not be read or written."""
+
+
+class CorruptCheckpointError(FerrocaffeError, ValueError):
+    """A checkpoint or db file failed verification."""
+
+
+class InternalError(FerrocaffeError, RuntimeError):
+    """A bug in ferrocaffe (a caught Rust panic). Please report it."""
+
+
+# Used by the compiled module to pick a class for each Rust error kind.
+_BY_KIND = {
+    "BlobNotFound": BlobNotFoundError,
+    "NetNotFound": NetNotFoundError,
+    "Type": DataTypeError,
+    "Shape": ShapeError,
+    "InvalidArgument": InvalidArgumentError,
+    "UnknownOperator": UnknownOperatorError,
+    "InvalidPlan": InvalidPlanError,
+    "IndexOutOfRange": IndexOutOfRangeError,
+    "DivisionByZero": DivisionByZeroError,
+    "OperatorFailed": OperatorError,
+    "Cancelled": CancelledError,
+    "Io": FerrocaffeIOError,
+    "CorruptCheckpoint": CorruptCheckpointError,
+    "Internal": InternalError,
+}

@@ -1,0 +1,668 @@
+//! The thin PyO3 layer: `ferrocaffe._core`.
+//!
+//! Everything long-running goes through [`run_detached`], which releases the
+//! GIL, runs the Rust work on a worker thread, polls for Ctrl-C on the calling
+//! thread, and converts errors into the `ferrocaffe.errors` classes. Values
+//! cross the boundary as numpy arrays (one copy each way) or protobuf bytes.
+
+use crate::blob::{BlobValue, Counter};
+use crate::cancel::CancelToken;
+use crate::error::{from_panic, Error, ErrorKind};
+use crate::ir;
+use crate::tensor::Tensor;
+use crate::workspace::Workspace;
+use numpy::ndarray::{ArrayD, IxDyn};
+use numpy::{PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::exceptions::PyKeyboardInterrupt;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyDict, PyList, PyString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Duration;
+
+// ------------------------------------------------------------------ errors --
+
+static ERRORS_MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+
+fn kind_name(k: ErrorKind) -> &'static str {
+    match k {
+        ErrorKind::BlobNotFound => "BlobNotFound",
+        ErrorKind::NetNotFound => "NetNotFound",
+        ErrorKind::Type => "Type",
+        ErrorKind::Shape => "Shape",
+        ErrorKind::InvalidArgument => "InvalidArgument",
+        ErrorKind::UnknownOperator => "UnknownOperator",
+        ErrorKind::InvalidPlan => "InvalidPlan",
+        ErrorKind::IndexOutOfRange => "IndexOutOfRange",
+        ErrorKind::DivisionByZero => "DivisionByZero",
+        ErrorKind::OperatorFailed => "OperatorFailed",
+        ErrorKind::Cancelled => "Cancelled",
+        ErrorKind::Io => "Io",
+        ErrorKind::CorruptCheckpoint => "CorruptCheckpoint",
+        ErrorKind::Internal => "Internal",
+    }
+}
+
+/// Converts a runtime error into its Python exception (once, here).
+pub(crate) fn to_py_err(py: Python<'_>, e: Error) -> PyErr {
+    if let Some(payload) = &e.payload {
+        if let Some(err) = payload.downcast_ref::<PyErr>() {
+            return err.clone_ref(py);
+        }
+    }
+    let build = || -> PyResult<PyErr> {
+        let module = ERRORS_MODULE.get_or_try_init(py, || py.import("ferrocaffe.errors").map(|m| m.unbind()))?;
+        let classes = module.bind(py).getattr("_BY_KIND")?;
+        let cls = classes.get_item(kind_name(e.kind))?;
+        let kwargs = PyDict::new(py);
+        let c = &e.context;
+        kwargs.set_item("op", c.op_type.clone())?;
+        kwargs.set_item("op_index", c.op_index)?;
+        kwargs.set_item("net", c.net.clone())?;
+        kwargs.set_item("step", c.step.clone())?;
+        kwargs.set_item("blob", c.blob.clone())?;
+        kwargs.set_item("file", c.file.clone())?;
+        let exc = cls.call((e.full_message(),), Some(&kwargs))?;
+        Ok(PyErr::from_value(exc))
+    };
+    build().unwrap_or_else(|err| err)
+}
+
+fn guarded<T>(f: impl FnOnce() -> crate::Result<T>) -> crate::Result<T> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| Err(from_panic(p)))
+}
+
+/// Runs `f` with the GIL released on a worker thread, polling for Ctrl-C on
+/// the calling thread. On Ctrl-C the run is cancelled, joined, and
+/// KeyboardInterrupt is raised; the workspace stays usable.
+pub(crate) fn run_detached<T: Send>(
+    py: Python<'_>,
+    f: impl FnOnce(&CancelToken) -> crate::Result<T> + Send,
+) -> PyResult<T> {
+    let tok = CancelToken::new();
+    let (result, interrupt) = py.detach(|| {
+        std::thread::scope(|s| {
+            let (tx, rx) = mpsc::channel::<()>();
+            let tok2 = tok.clone();
+            let handle = s.spawn(move || {
+                let r = guarded(|| f(&tok2));
+                let _ = tx.send(());
+                r
+            });
+            let mut interrupt: Option<PyErr> = None;
+            loop {
+                match rx.recv_timeout(Duration::from_millis(10)) {
+                    Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                    Err(mpsc::RecvTimeoutError::Timeout) => {
+                        if interrupt.is_none() {
+                            if let Err(e) = Python::attach(|py| py.check_signals()) {
+                                tok.cancel();
+                                interrupt = Some(e);
+                            }
+                        }
+                    }
+                }
+            }
+            let r = handle.join().unwrap_or_else(|p| Err(from_panic(p)));
+            (r, interrupt)
+        })
+    });
+    if let Some(e) = interrupt {
+        return Err(e);
+    }
+    match result {
+        Ok(v) => Ok(v),
+        Err(e) if e.kind == ErrorKind::Cancelled && tok.is_cancelled() => Err(PyKeyboardInterrupt::new_err(e.full_message())),
+        Err(e) => Err(to_py_err(py, e)),
+    }
+}
+
+/// Runs short work with the GIL released on this thread (no Ctrl-C polling).
+fn run_inline<T: Send>(py: Python<'_>, f: impl FnOnce(&CancelToken) -> crate::Result<T> + Send) -> PyResult<T> {
+    let tok = CancelToken::new();
+    py.detach(|| guarded(|| f(&tok))).map_err(|e| to_py_err(py, e))
+}
+
+fn feed_error(py: Python<'_>, msg: String, blob: &str) -> PyErr {
+    let e = Error::type_error(msg).with_blob(blob);
+    let err = to_py_err(py, e);
+    // Re-class as FeedError (a DataTypeError).
+    let build = || -> PyResult<PyErr> {
+        let m = py.import("ferrocaffe.errors")?;
+        let exc = m.getattr("FeedError")?.call((err.value(py).str()?.to_string(),), None)?;
+        exc.setattr("blob", blob)?;
+        Ok(PyErr::from_value(exc))
+    };
+    build().unwrap_or(err)
+}
+
+// --------------------------------------------------------- value convert --
+
+fn array_to_tensor(py: Python<'_>, obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Tensor> {
+    macro_rules! try_dtype {
+        ($t:ty) => {
+            if let Ok(a) = obj.cast::<PyArrayDyn<$t>>() {
+                let ro = a.try_readonly().map_err(|e| feed_error(py, e.to_string(), name))?;
+                return Ok(Tensor::from(ro.as_array().to_owned()));
+            }
+        };
+    }
+    try_dtype!(f32);
+    try_dtype!(f64);
+    try_dtype!(i32);
+    try_dtype!(i64);
+    try_dtype!(bool);
+    try_dtype!(u8);
+    try_dtype!(i8);
+    try_dtype!(i16);
+    try_dtype!(u16);
+    if let Ok(a) = obj.cast::<PyArrayDyn<Py<PyAny>>>() {
+        let ro = a.try_readonly().map_err(|e| feed_error(py, e.to_string(), name))?;
+        let view = ro.as_array();
+        let mut out = Vec::with_capacity(view.len());
+        for item in view.iter() {
+            let item = item.bind(py);
+            if let Ok(b) = item.cast::<PyBytes>() {
+                out.push(b.as_bytes().to_vec());
+            } else if let Ok(s) = item.cast::<PyString>() {
+                out.push(s.to_str()?.as_bytes().to_vec());
+            } else {
+                return Err(feed_error(
+                    py,
+                    format!("cannot feed an object array holding {}: only str and bytes elements are supported", item.get_type().name()?),
+                    name,
+                ));
+            }
+        }
+        let shape = view.shape().to_vec();
+        return Ok(Tensor::Str(ArrayD::from_shape_vec(IxDyn(&shape), out).expect("shape matches")));
+    }
+    let desc = match obj.cast::<PyUntypedArray>() {
+        Ok(a) => format!("a numpy array of dtype {}", a.dtype().str()?),
+        Err(_) => format!("an object of type {}", obj.get_type().name()?),
+    };
+    Err(feed_error(
+        py,
+        format!("cannot feed {desc} into blob '{name}': supported are numpy arrays of float32, float64, int32, int64, bool, uint8, int8, int16, uint16 and str/bytes, and str or bytes"),
+        name,
+    ))
+}
+
+fn tensor_to_py(py: Python<'_>, t: &Tensor) -> PyResult<Py<PyAny>> {
+    Ok(match t {
+        Tensor::F32(a) => PyArrayDyn::from_owned_array(py, a.clone()).into_any().unbind(),
+        Tensor::F64(a) => PyArrayDyn::from_owned_array(py, a.clone()).into_any().unbind(),
+        Tensor::I32(a) => PyArrayDyn::from_owned_array(py, a.clone()).into_any().unbind(),
+        Tensor::I64(a) => PyArrayDyn::from_owned_array(py, a.clone()).into_any().unbind(),
+        Tensor::Bool(a) => PyArrayDyn::from_owned_array(py, a.clone()).into_any().unbind(),
+        Tensor::U8(a) => PyArrayDyn::from_owned_array(py, a.clone()).into_any().unbind(),
+        Tensor::I8(a) => PyArrayDyn::from_owned_array(py, a.clone()).into_any().unbind(),
+        Tensor::I16(a) => PyArrayDyn::from_owned_array(py, a.clone()).into_any().unbind(),
+        Tensor::U16(a) => PyArrayDyn::from_owned_array(py, a.clone()).into_any().unbind(),
+        Tensor::Str(a) => {
+            let objs = a.map(|b| PyBytes::new(py, b).into_any().unbind());
+            PyArrayDyn::from_owned_array(py, objs).into_any().unbind()
+        }
+    })
+}
+
+fn value_to_py(py: Python<'_>, name: &str, v: &BlobValue) -> PyResult<Py<PyAny>> {
+    Ok(match v {
+        BlobValue::Tensor(t) => tensor_to_py(py, t)?,
+        BlobValue::Bytes(b) => PyBytes::new(py, b).into_any().unbind(),
+        BlobValue::Empty => PyBytes::new(py, format!("{name}, a C++ native class of type nullptr (uninitialized).").as_bytes())
+            .into_any()
+            .unbind(),
+        BlobValue::Object(o) => {
+            if let Some(obj) = crate::bindings::python_object(py, o) {
+                return Ok(obj);
+            }
+            PyBytes::new(py, format!("{name}, a C++ native class of type {}.", o.kind_name()).as_bytes()).into_any().unbind()
+        }
+    })
+}
+
+/// A Python object stored in a blob (by Python ops, or fed by users).
+#[derive(Debug)]
+pub(crate) struct PyObjectBlob(pub Py<PyAny>);
+
+impl crate::blob::BlobObject for PyObjectBlob {
+    fn kind_name(&self) -> &'static str {
+        "PythonObject"
+    }
+}
+
+fn python_object(py: Python<'_>, o: &Arc<dyn crate::blob::BlobObject>) -> Option<Py<PyAny>> {
+    let any: Arc<dyn std::any::Any + Send + Sync> = o.clone();
+    any.downcast::<PyObjectBlob>().ok().map(|p| p.0.clone_ref(py))
+}
+
+fn decode<M: prost::Message + Default>(py: Python<'_>, bytes: &[u8], what: &str) -> PyResult<M> {
+    ir::decode(bytes, what).map_err(|e| to_py_err(py, e))
+}
+
+// --------------------------------------------------------------- Workspace --
+
+/// A workspace: named blobs and the nets created in them.
+#[pyclass(name = "Workspace", module = "ferrocaffe._core", frozen)]
+pub struct PyWorkspace {
+    pub(crate) ws: Arc<Workspace>,
+}
+
+#[pymethods]
+impl PyWorkspace {
+    #[new]
+    #[pyo3(signature = (parent=None, root_folder=None))]
+    fn new(parent: Option<PyRef<'_, PyWorkspace>>, root_folder: Option<String>) -> Self {
+        let ws = match parent {
+            Some(p) => Workspace::new_child(&p.ws),
+            None => Workspace::new(),
+        };
+        if let Some(r) = root_folder {
+            ws.set_root_folder(&r);
+        }
+        PyWorkspace { ws }
+    }
+
+    #[getter]
+    fn root_folder(&self) -> String {
+        self.ws.root_folder()
+    }
+
+    #[setter]
+    fn set_root_folder(&self, root: String) {
+        self.ws.set_root_folder(&root);
+    }
+
+    /// The parent workspace, if this is a child.
+    #[getter]
+    fn parent(&self) -> Option<PyWorkspace> {
+        self.ws.parent().map(|p| PyWorkspace { ws: p.clone() })
+    }
+
+    /// Whether two handles refer to the same workspace.
+    fn is_same(&self, other: PyRef<'_, PyWorkspace>) -> bool {
+        Arc::ptr_eq(&self.ws, &other.ws)
+    }
+
+    fn has_blob(&self, name: &str) -> bool {
+        self.ws.has_blob(name)
+    }
+
+    /// Every visible blob name (local and parents'), sorted.
+    fn blobs(&self) -> Vec<String> {
+        self.ws.blob_names()
+    }
+
+    fn local_blobs(&self) -> Vec<String> {
+        self.ws.local_blob_names()
+    }
+
+    /// Creates the blob if no blob of that name is visible.
+    fn create_blob(&self, name: &str) {
+        self.ws.create_blob(name);
+    }
+
+    /// Empties a blob's content (it keeps existing).
+    fn reset_blob(&self, py: Python<'_>, name: &str) -> PyResult<()> {
+        let b = self.ws.blob(name).map_err(|e| to_py_err(py, e))?;
+        b.set(BlobValue::Empty);
+        Ok(())
+    }
+
+    fn remove_blob(&self, name: &str) -> bool {
+        self.ws.remove_blob(name)
+    }
+
+    /// What the blob holds: "Tensor<float32>", "Counter", "bytes", ...
+    fn blob_kind(&self, py: Python<'_>, name: &str) -> PyResult<String> {
+        let b = self.ws.blob(name).map_err(|e| to_py_err(py, e))?;
+        let k = b.read().kind_name();
+        Ok(k)
+    }
+
+    /// Feeds a numpy array, str or bytes into a blob (created if needed).
+    fn feed_blob(&self, py: Python<'_>, name: &str, value: &Bound<'_, PyAny>) -> PyResult<()> {
+        let v = if let Ok(b) = value.cast::<PyBytes>() {
+            BlobValue::Bytes(b.as_bytes().to_vec())
+        } else if let Ok(s) = value.cast::<PyString>() {
+            BlobValue::Bytes(s.to_str()?.as_bytes().to_vec())
+        } else {
+            BlobValue::Tensor(array_to_tensor(py, value, name)?)
+        };
+        let ws = self.ws.clone();
+        let name = name.to_string();
+        py.detach(move || ws.feed(&name, v));
+        Ok(())
+    }
+
+    /// Stores an arbitrary Python object in a blob.
+    fn feed_object(&self, name: &str, value: Py<PyAny>) {
+        self.ws.feed(name, BlobValue::Object(Arc::new(PyObjectBlob(value))));
+    }
+
+    /// A copy of a blob's content: a numpy array for tensors, bytes for byte
+    /// strings, the object for Python objects, a description otherwise.
+    fn fetch_blob(&self, py: Python<'_>, name: &str) -> PyResult<Py<PyAny>> {
+        let b = self.ws.blob(name).map_err(|e| to_py_err(py, e))?;
+        let g = b.read();
+        value_to_py(py, name, &g)
+    }
+
+    /// The value of a Counter blob.
+    fn fetch_counter(&self, py: Python<'_>, name: &str) -> PyResult<i64> {
+        let b = self.ws.blob(name).map_err(|e| to_py_err(py, e))?;
+        let c = b.read().object::<Counter>("Counter").map_err(|e| to_py_err(py, e.with_blob(name)))?;
+        Ok(c.get())
+    }
+
+    #[pyo3(signature = (net, overwrite=false))]
+    fn create_net(&self, py: Python<'_>, net: &[u8], overwrite: bool) -> PyResult<String> {
+        let def: ir::NetDef = decode(py, net, "NetDef")?;
+        let ws = self.ws.clone();
+        run_inline(py, move |_| ws.create_net(&def, overwrite).map(|_| ()))?;
+        Ok(String::new())
+    }
+
+    fn has_net(&self, name: &str) -> bool {
+        self.ws.has_net(name)
+    }
+
+    fn nets(&self) -> Vec<String> {
+        self.ws.net_names()
+    }
+
+    fn delete_net(&self, name: &str) -> bool {
+        self.ws.delete_net(name)
+    }
+
+    /// Runs a created net `num_iter` times; False if an op failed softly.
+    #[pyo3(signature = (name, num_iter=1))]
+    fn run_net(&self, py: Python<'_>, name: &str, num_iter: usize) -> PyResult<bool> {
+        let ws = self.ws.clone();
+        if num_iter <= 1 {
+            run_inline(py, move |t| ws.run_net(name, num_iter, t))
+        } else {
+            let name = name.to_string();
+            run_detached(py, move |t| ws.run_net(&name, num_iter, t))
+        }
+    }
+
+    fn run_net_once(&self, py: Python<'_>, net: &[u8]) -> PyResult<bool> {
+        let def: ir::NetDef = decode(py, net, "NetDef")?;
+        let ws = self.ws.clone();
+        run_inline(py, move |t| ws.run_net_once(&def, t))
+    }
+
+    fn run_operator_once(&self, py: Python<'_>, op: &[u8]) -> PyResult<bool> {
+        let def: ir::OperatorDef = decode(py, op, "OperatorDef")?;
+        let ws = self.ws.clone();
+        run_inline(py, move |t| ws.run_operator_once(&def, t))
+    }
+
+    /// Runs a serialised PlanDef; Ctrl-C cancels it and raises KeyboardInterrupt.
+    fn run_plan(&self, py: Python<'_>, plan: &[u8]) -> PyResult<bool> {
+        let def: ir::PlanDef = decode(py, plan, "PlanDef")?;
+        let ws = self.ws.clone();
+        run_detached(py, move |t| ws.run_plan(&def, t))
+    }
+
+    /// Removes every blob and net of this workspace (not its parent's).
+    fn clear(&self) {
+        self.ws.clear();
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Workspace(blobs={}, nets={})", self.ws.local_blob_names().len(), self.ws.net_names().len())
+    }
+}
+
+/// A plan running on a background thread (RunPlanInBackground).
+#[pyclass(name = "BackgroundPlan", module = "ferrocaffe._core", frozen)]
+pub struct PyBackgroundPlan {
+    tok: CancelToken,
+    state: Arc<parking_lot::Mutex<Option<crate::Result<bool>>>>,
+    handle: parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+#[pymethods]
+impl PyBackgroundPlan {
+    fn is_done(&self) -> bool {
+        self.state.lock().is_some()
+    }
+    /// True when finished and successful; False while running or after failure.
+    fn is_succeeded(&self) -> bool {
+        matches!(*self.state.lock(), Some(Ok(true)))
+    }
+    fn cancel(&self) {
+        self.tok.cancel();
+    }
+    /// Waits for the plan; raises its error, returns its result.
+    fn wait(&self, py: Python<'_>) -> PyResult<bool> {
+        let h = self.handle.lock().take();
+        if let Some(h) = h {
+            py.detach(|| {
+                let _ = h.join();
+            });
+        }
+        match self.state.lock().clone() {
+            Some(Ok(v)) => Ok(v),
+            Some(Err(e)) => Err(to_py_err(py, e)),
+            None => Ok(false),
+        }
+    }
+}
+
+#[pyfunction]
+fn run_plan_in_background(py: Python<'_>, ws: PyRef<'_, PyWorkspace>, plan: &[u8]) -> PyResult<PyBackgroundPlan> {
+    let def: ir::PlanDef = decode(py, plan, "PlanDef")?;
+    let ws = ws.ws.clone();
+    let tok = CancelToken::new();
+    let state = Arc::new(parking_lot::Mutex::new(None));
+    let (t2, s2) = (tok.clone(), state.clone());
+    let handle = std::thread::spawn(move || {
+        let r = guarded(|| ws.run_plan(&def, &t2));
+        *s2.lock() = Some(r);
+    });
+    Ok(PyBackgroundPlan { tok, state, handle: parking_lot::Mutex::new(Some(handle)) })
+}
+
+/// Every registered operator type, sorted.
+#[pyfunction]
+fn registered_operators() -> Vec<&'static str> {
+    crate::operator::registered_ops()
+}
+
+/// An operator's schema as a dict (counts, args, doc), or None.
+#[pyfunction]
+fn operator_schema(py: Python<'_>, op_type: &str) -> PyResult<Option<Py<PyDict>>> {
+    let Some(s) = crate::operator::schema(op_type) else { return Ok(None) };
+    let d = PyDict::new(py);
+    d.set_item("name", s.name)?;
+    d.set_item("min_inputs", s.min_inputs)?;
+    d.set_item("max_inputs", if s.max_inputs == usize::MAX { None } else { Some(s.max_inputs) })?;
+    d.set_item("min_outputs", s.min_outputs)?;
+    d.set_item("max_outputs", if s.max_outputs == usize::MAX { None } else { Some(s.max_outputs) })?;
+    d.set_item("doc", s.doc)?;
+    let args = PyList::empty(py);
+    for a in s.args {
+        args.append((a.name, a.ty, a.default, a.doc))?;
+    }
+    d.set_item("args", args)?;
+    Ok(Some(d.unbind()))
+}
+
+#[pymodule]
+#[pyo3(name = "_core")]
+fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyWorkspace>()?;
+    m.add_class::<PyBackgroundPlan>()?;
+    m.add_class::<PyTensorWrapper>()?;
+    register_python_op();
+    m.add_function(wrap_pyfunction!(run_plan_in_background, m)?)?;
+    m.add_function(wrap_pyfunction!(registered_operators, m)?)?;
+    m.add_function(wrap_pyfunction!(operator_schema, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}
+
+// --------------------------------------------------------------- Python op --
+
+/// One blob as seen by a Python op: Caffe2's TensorCPU wrapper.
+#[pyclass(name = "TensorWrapper", module = "ferrocaffe._core", frozen)]
+pub struct PyTensorWrapper {
+    blob: crate::blob::Blob,
+    name: String,
+}
+
+#[pymethods]
+impl PyTensorWrapper {
+    /// A copy of the tensor as a numpy array (write back with `feed`).
+    #[getter]
+    fn data(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        let v = py.detach(|| self.blob.get());
+        match &v {
+            BlobValue::Empty => Ok(PyArrayDyn::<f32>::zeros(py, IxDyn(&[0]), false).into_any().unbind()),
+            other => value_to_py(py, &self.name, other),
+        }
+    }
+
+    #[getter]
+    fn shape(&self, py: Python<'_>) -> Vec<usize> {
+        py.detach(|| match &*self.blob.read() {
+            BlobValue::Tensor(t) => t.shape().to_vec(),
+            _ => vec![0],
+        })
+    }
+
+    #[getter]
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Replaces the blob's content with the array (or str/bytes).
+    fn feed(&self, py: Python<'_>, value: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let v = if let Ok(b) = value.cast::<PyBytes>() {
+            BlobValue::Bytes(b.as_bytes().to_vec())
+        } else {
+            let value = py.import("ferrocaffe.workspace")?.getattr("_to_feedable")?.call1((&self.name, value))?;
+            if let Ok(s) = value.cast::<PyString>() {
+                BlobValue::Bytes(s.to_str()?.as_bytes().to_vec())
+            } else {
+                BlobValue::Tensor(array_to_tensor(py, &value, &self.name)?)
+            }
+        };
+        py.detach(|| self.blob.set(v));
+        Ok(true)
+    }
+
+    /// Resizes the tensor (keeping its dtype, float32 if it had none); the
+    /// contents become zeros.
+    fn reshape(&self, py: Python<'_>, shape: Vec<usize>) -> PyResult<()> {
+        py.detach(|| {
+            let mut g = self.blob.write();
+            let dtype = match &*g {
+                BlobValue::Tensor(t) => t.dtype(),
+                _ => crate::tensor::DataType::Float,
+            };
+            Tensor::zeros(dtype, &shape).map(|t| *g = BlobValue::Tensor(t))
+        })
+        .map_err(|e| to_py_err(py, e))
+    }
+
+    fn _wrap_blob(&self) -> String {
+        self.name.clone()
+    }
+}
+
+fn wrap_blobs<'py>(py: Python<'py>, blobs: &[crate::blob::Blob], names: &[String]) -> PyResult<Bound<'py, PyList>> {
+    let l = PyList::empty(py);
+    for (b, n) in blobs.iter().zip(names) {
+        l.append(Py::new(py, PyTensorWrapper { blob: b.clone(), name: n.clone() })?)?;
+    }
+    Ok(l)
+}
+
+struct PythonOp {
+    func: Py<PyAny>,
+    pass_workspace: bool,
+}
+
+impl crate::operator::Operator for PythonOp {
+    fn run(&mut self, cx: &mut crate::operator::OpCx<'_>) -> crate::Result<bool> {
+        Python::attach(|py| {
+            let call = || -> PyResult<()> {
+                let ins = wrap_blobs(py, &cx.io.inputs, &cx.io.input_names)?;
+                let outs = wrap_blobs(py, &cx.io.outputs, &cx.io.output_names)?;
+                if self.pass_workspace {
+                    let ws = py
+                        .import("ferrocaffe._python_ops")?
+                        .getattr("_wrap_workspace")?
+                        .call1((PyWorkspace { ws: cx.ws.clone() },))?;
+                    self.func.call1(py, (ins, outs, ws))?;
+                } else {
+                    self.func.call1(py, (ins, outs))?;
+                }
+                Ok(())
+            };
+            call().map(|_| true).map_err(|err| {
+                let msg = format!("Python op raised {}", err.value(py).repr().map(|r| r.to_string()).unwrap_or_default());
+                let mut e = Error::failed(msg);
+                e.payload = Some(Arc::new(err));
+                e
+            })
+        })
+    }
+}
+
+impl Drop for PythonOp {
+    fn drop(&mut self) {
+        // Release the function with the GIL held (the op may die on any thread).
+        let f = std::mem::replace(&mut self.func, Python::attach(|py| py.None()));
+        Python::attach(move |_| drop(f));
+    }
+}
+
+fn build_python_op(ctx: &crate::operator::OpDefCtx<'_>) -> crate::Result<Box<dyn crate::operator::Operator>> {
+    let token = ctx.args.string_opt("token")?;
+    let pickled = ctx.args.bytes_opt("pickled_builder")?;
+    let pass_ws = ctx.args.bool("pass_workspace", false)?;
+    if token.is_none() && pickled.is_none() {
+        return Err(ctx.bad_arg("a Python op needs a 'token' or a 'pickled_builder' argument"));
+    }
+    Python::attach(|py| {
+        let r = (|| -> PyResult<(Py<PyAny>, bool)> {
+            let m = py.import("ferrocaffe._python_ops")?;
+            let pickled = pickled.as_ref().map(|b| PyBytes::new(py, b));
+            let out = m.getattr("build")?.call1((token.clone(), pickled, pass_ws))?;
+            out.extract::<(Py<PyAny>, bool)>()
+        })();
+        r.map_err(|err| {
+            let mut e = Error::invalid_arg(format!(
+                "cannot build the Python op: {}",
+                err.value(py).str().map(|s| s.to_string()).unwrap_or_default()
+            ));
+            e.payload = Some(Arc::new(err));
+            e
+        })
+    })
+    .map(|(func, pass_workspace)| Box::new(PythonOp { func, pass_workspace }) as Box<dyn crate::operator::Operator>)
+}
+
+pub(crate) fn register_python_op() {
+    use crate::operator::{InPlace, OpSchema, MANY};
+    crate::operator::register(
+        OpSchema::new("Python", build_python_op)
+            .inputs(0, MANY)
+            .outputs(0, MANY)
+            .inplace(InPlace::Allow(|_, _| true))
+            .args(&[
+                crate::arg!("token", "string", "", "key of a function registered with Net.Python"),
+                crate::arg!("pickled_builder", "bytes", "", "pickled (builder, args, kwargs), called once per op instance"),
+                crate::arg!("pass_workspace", "bool", "false", "also pass the op's workspace to the function"),
+            ])
+            .doc("Calls a Python function f(inputs, outputs[, workspace]) with tensor wrappers; holds the GIL while it runs."),
+    );
+}

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Fast debug build of the extension, placed where `PYTHONPATH=python` finds it.
+# (For installs use `pip install .`; this is for the edit-test loop only.)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYO3_BUILD_EXTENSION_MODULE=1 cargo build --features python ${PROFILE:+--profile "$PROFILE"} "$@"
+cp "target/${PROFILE:-debug}/libferrocaffe.so" python/ferrocaffe/_core.abi3.so
