@@ -447,3 +447,337 @@ pub fn run_step(ws: &Arc<Workspace>, step: &ExecutionStep, nets: &[NetDef], canc
     let plan = PlanDef { name: step.name.clone(), network: nets.to_vec(), execution_step: vec![step.clone()] };
     run_plan(ws, &plan, cancel)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::blob::Counter;
+    use crate::ir::{Argument, OperatorDef};
+    use crate::operator::{register, OpSchema, MANY};
+    use crate::ops::kernel;
+    use std::sync::Once;
+
+    fn op(ty: &str, ins: &[&str], outs: &[&str], args: Vec<Argument>) -> OperatorDef {
+        OperatorDef {
+            r#type: Some(ty.into()),
+            input: ins.iter().map(|s| s.to_string()).collect(),
+            output: outs.iter().map(|s| s.to_string()).collect(),
+            arg: args,
+            ..Default::default()
+        }
+    }
+    fn int_arg(name: &str, v: i64) -> Argument {
+        Argument { name: Some(name.into()), i: Some(v), ..Default::default() }
+    }
+    fn net(name: &str, ops: Vec<OperatorDef>) -> NetDef {
+        NetDef { name: Some(name.into()), op: ops, ..Default::default() }
+    }
+    fn step(name: &str) -> ExecutionStep {
+        ExecutionStep { name: Some(name.into()), ..Default::default() }
+    }
+    fn net_step(name: &str, nets: &[&str]) -> ExecutionStep {
+        ExecutionStep { network: nets.iter().map(|s| s.to_string()).collect(), ..step(name) }
+    }
+    fn plan(nets: Vec<NetDef>, steps: Vec<ExecutionStep>) -> PlanDef {
+        PlanDef { name: Some("p".into()), network: nets, execution_step: steps }
+    }
+    fn counter(ws: &Workspace, name: &str) -> i64 {
+        ws.blob(name).unwrap().read().object::<Counter>("Counter").unwrap().get()
+    }
+    fn i64_of(ws: &Workspace, name: &str) -> i64 {
+        ws.fetch(name).unwrap().tensor().unwrap().scalar_value::<i64>().unwrap()
+    }
+    fn run(ws: &Arc<Workspace>, p: &PlanDef) -> Result<bool> {
+        run_plan(ws, p, &CancelToken::new())
+    }
+
+    /// Test-only ops: a cancellable sleep, and one that fails on its k-th call.
+    fn register_test_ops() {
+        static ONCE: Once = Once::new();
+        ONCE.call_once(|| {
+            register(OpSchema::new("TestSleepMs", |ctx| {
+                let ms = ctx.args.i64("ms", 1)? as u64;
+                Ok(kernel(move |cx| cx.cancel.sleep(Duration::from_millis(ms)).map(|_| true)))
+            }));
+            register(
+                OpSchema::new("TestFailAt", |ctx| {
+                    let at = ctx.args.i64("at", 0)?;
+                    Ok(kernel(move |cx| {
+                        let c = cx.input_blob(0).read().object::<Counter>("Counter")?;
+                        if c.0.fetch_add(1, Ordering::SeqCst) == at {
+                            return Err(Error::failed(format!("planned failure at call {at}")));
+                        }
+                        Ok(true)
+                    }))
+                })
+                .inputs(1, 1),
+            );
+            register(OpSchema::new("TestSoftFail", |_| Ok(kernel(|_| Ok(false)))).inputs(0, MANY));
+        });
+    }
+
+    #[test]
+    fn num_iter_runs_the_net_that_many_times() {
+        let ws = Workspace::new();
+        let mut s = net_step("s", &["n"]);
+        s.num_iter = Some(5);
+        let p = plan(vec![net("n", vec![op("Iter", &[], &["it"], vec![])])], vec![s]);
+        assert!(run(&ws, &p).unwrap());
+        assert_eq!(ws.fetch("it").unwrap().tensor().unwrap().array::<i64>().unwrap().as_slice().unwrap(), &[5]);
+        // Zero or negative iterations run nothing and succeed.
+        let ws = Workspace::new();
+        let mut s = net_step("s", &["n"]);
+        s.num_iter = Some(0);
+        let p = plan(vec![net("n", vec![op("Iter", &[], &["it"], vec![])])], vec![s]);
+        assert!(run(&ws, &p).unwrap());
+        assert!(ws.fetch("it").unwrap().is_empty());
+    }
+
+    #[test]
+    fn stop_blob_is_checked_after_each_net_never_before_the_first() {
+        let ws = Workspace::new();
+        let init = net("init", vec![op("CreateCounter", &[], &["c"], vec![int_arg("init_count", 3)])]);
+        let body = net("body", vec![op("CountDown", &["c"], &["stop"], vec![]), op("CountUp", &["n"], &["prev"], vec![])]);
+        let mk = net("mk", vec![op("CreateCounter", &[], &["n"], vec![])]);
+        let mut s = net_step("loop", &["body"]);
+        s.should_stop_blob = Some("stop".into());
+        let p = plan(vec![init, mk, body], vec![net_step("i", &["init", "mk"]), s]);
+        assert!(run(&ws, &p).unwrap());
+        // CountDown yields F, F, F, T: four iterations, counter ends at -1.
+        assert_eq!(counter(&ws, "n"), 4);
+        assert_eq!(counter(&ws, "c"), -1);
+    }
+
+    #[test]
+    fn only_once_caps_a_stop_blob_loop() {
+        let ws = Workspace::new();
+        let p = plan(
+            vec![
+                net("init", vec![op("CreateCounter", &[], &["c"], vec![int_arg("init_count", 10)])]),
+                net("body", vec![op("CountDown", &["c"], &["stop"], vec![])]),
+            ],
+            vec![net_step("i", &["init"]), {
+                let mut s = net_step("s", &["body"]);
+                s.should_stop_blob = Some("stop".into());
+                s.only_once = Some(true);
+                s
+            }],
+        );
+        assert!(run(&ws, &p).unwrap());
+        assert_eq!(counter(&ws, "c"), 9);
+    }
+
+    #[test]
+    fn malformed_steps_are_rejected_before_running() {
+        let ws = Workspace::new();
+        let n = || net("n", vec![op("CreateCounter", &[], &["c"], vec![])]);
+        let cases: Vec<(ExecutionStep, &str)> = vec![
+            (
+                ExecutionStep { num_iter: Some(2), should_stop_blob: Some("c".into()), ..net_step("a", &["n"]) },
+                "cannot both be set",
+            ),
+            (ExecutionStep { only_once: Some(false), ..net_step("b", &["n"]) }, "only_once"),
+            (ExecutionStep { substep: vec![net_step("x", &["n"])], ..net_step("c", &["n"]) }, "both substeps and networks"),
+            (net_step("d", &["missing"]), "uses undefined net 'missing'"),
+            (ExecutionStep { report_net: Some("n".into()), ..net_step("e", &["n"]) }, "report_interval"),
+            (ExecutionStep { num_concurrent_instances: Some(-1), substep: vec![net_step("x", &["n"])], ..step("f") }, ">= 0"),
+            (ExecutionStep { should_stop_blob: Some("nope".into()), ..net_step("g", &["n"]) }, "'nope' does not exist"),
+        ];
+        for (s, msg) in cases {
+            let name = s.step_name().to_string();
+            let e = run(&ws, &plan(vec![n()], vec![s])).unwrap_err();
+            assert!(e.message.contains(msg), "{name}: {}", e.full_message());
+            assert_eq!(e.context.step.as_deref(), Some(name.as_str()), "{}", e.full_message());
+        }
+        let e = run(&ws, &plan(vec![n(), n()], vec![net_step("a", &["n"])])).unwrap_err();
+        assert!(e.message.contains("two nets named 'n'"));
+        // The workspace still works.
+        assert!(run(&ws, &plan(vec![n()], vec![net_step("ok", &["n"])])).unwrap());
+    }
+
+    #[test]
+    fn concurrent_instances_with_atomic_iter_lose_no_update() {
+        for (instances, iters) in [(7usize, 11i64), (3, 100), (16, 5)] {
+            let ws = Workspace::new();
+            ws.feed("it", BlobValue::Tensor(Tensor::from_vec(&[1], vec![0i64]).unwrap()));
+            let init = net("init", vec![op("CreateMutex", &[], &["m"], vec![])]);
+            let body = net("body", vec![op("AtomicIter", &["m", "it"], &["it"], vec![])]);
+            let inst = ExecutionStep { num_iter: Some(iters), create_workspace: Some(true), ..net_step("inst", &["body"]) };
+            let par = ExecutionStep {
+                substep: vec![inst],
+                num_concurrent_instances: Some(instances as i32),
+                ..step("par")
+            };
+            assert!(run(&ws, &plan(vec![init, body], vec![net_step("i", &["init"]), par])).unwrap());
+            assert_eq!(ws.fetch("it").unwrap().tensor().unwrap().array::<i64>().unwrap()[[0]], instances as i64 * iters);
+        }
+    }
+
+    #[test]
+    fn shared_net_instances_are_serialised_not_racy() {
+        // Without create_workspace, instances share one net: plain (non-atomic)
+        // Iter still counts exactly, because runs of one net are serialised.
+        let ws = Workspace::new();
+        let body = net("body", vec![op("Iter", &["it"], &["it"], vec![])]);
+        ws.feed("it", BlobValue::Tensor(Tensor::from_vec(&[1], vec![0i64]).unwrap()));
+        let inst = ExecutionStep { num_iter: Some(50), ..net_step("inst", &["body"]) };
+        let par = ExecutionStep { substep: vec![inst], num_concurrent_instances: Some(8), ..step("par") };
+        assert!(run(&ws, &plan(vec![body], vec![par])).unwrap());
+        assert_eq!(ws.fetch("it").unwrap().tensor().unwrap().array::<i64>().unwrap()[[0]], 400);
+    }
+
+    #[test]
+    fn child_workspace_blobs_die_and_parent_blobs_persist() {
+        let ws = Workspace::new();
+        ws.feed("shared", BlobValue::Tensor(Tensor::from_vec(&[1], vec![0i64]).unwrap()));
+        let body = net("body", vec![op("Iter", &["shared"], &["shared"], vec![]), op("CreateCounter", &[], &["local"], vec![])]);
+        let s = ExecutionStep { create_workspace: Some(true), num_iter: Some(3), ..net_step("c", &["body"]) };
+        let outer = ExecutionStep { substep: vec![s], num_iter: Some(2), ..step("outer") };
+        assert!(run(&ws, &plan(vec![body], vec![outer])).unwrap());
+        assert!(!ws.has_blob("local"));
+        assert!(!ws.has_net("body"), "nets built in the child die with it");
+        assert_eq!(ws.fetch("shared").unwrap().tensor().unwrap().array::<i64>().unwrap()[[0]], 6);
+    }
+
+    #[test]
+    fn global_workspace_id_is_injected_when_node_id_is_set() {
+        let ws = Workspace::new();
+        ws.feed("NODE_ID", BlobValue::Tensor(Tensor::scalar(2i32)));
+        ws.feed("seen", BlobValue::Tensor(Tensor::scalar(0i32)));
+        register_test_ops();
+        // The child sees GLOBAL_WORKSPACE_ID; record it by checking existence
+        // through an op that requires it as an input.
+        let body = net("body", vec![op("IsEmpty", &["GLOBAL_WORKSPACE_ID"], &["e"], vec![])]);
+        let s = ExecutionStep { create_workspace: Some(true), ..net_step("c", &["body"]) };
+        if crate::operator::schema("IsEmpty").is_some() {
+            assert!(run(&ws, &plan(vec![body], vec![s])).unwrap());
+            assert!(!ws.has_blob("GLOBAL_WORKSPACE_ID"));
+        }
+    }
+
+    #[test]
+    fn report_step_runs_during_and_once_after_the_body() {
+        register_test_ops();
+        let ws = Workspace::new();
+        let init = net(
+            "init",
+            vec![op("CreateCounter", &[], &["ticks"], vec![]), op("CreateCounter", &[], &["work"], vec![])],
+        );
+        let body = net("body", vec![op("TestSleepMs", &[], &[], vec![int_arg("ms", 2)]), op("CountUp", &["work"], &["w"], vec![])]);
+        let report = net("report", vec![op("CountUp", &["ticks"], &["t"], vec![]), op("RetrieveCount", &["work"], &["seen"], vec![])]);
+        let work = ExecutionStep { num_iter: Some(60), ..net_step("work", &["body"]) };
+        let rep = ExecutionStep { run_every_ms: Some(10), ..net_step("rep", &["report"]) };
+        let top = ExecutionStep { substep: vec![work, rep], concurrent_substeps: Some(true), ..step("top") };
+        assert!(run(&ws, &plan(vec![init, body, report], vec![net_step("i", &["init"]), top])).unwrap());
+        // ~120 ms of work at a 10 ms period: several periodic runs plus the
+        // final one, and the final one saw the body's last write.
+        assert!(counter(&ws, "ticks") >= 3, "ticks = {}", counter(&ws, "ticks"));
+        assert_eq!(i64_of(&ws, "seen"), 60);
+    }
+
+    #[test]
+    fn final_report_runs_even_when_the_body_is_instant() {
+        let ws = Workspace::new();
+        let init = net("init", vec![op("CreateCounter", &[], &["ticks"], vec![])]);
+        let report = net("report", vec![op("CountUp", &["ticks"], &["t"], vec![])]);
+        let body = net("body", vec![op("CreateCounter", &[], &["x"], vec![])]);
+        let rep = ExecutionStep { run_every_ms: Some(60_000), ..net_step("rep", &["report"]) };
+        let top = ExecutionStep { substep: vec![net_step("b", &["body"]), rep], ..step("top") };
+        for _ in 0..20 {
+            assert!(run(&ws, &plan(vec![init.clone(), report.clone(), body.clone()], vec![net_step("i", &["init"]), top.clone()])).unwrap());
+            assert_eq!(counter(&ws, "ticks"), 1);
+        }
+    }
+
+    #[test]
+    fn a_failure_in_one_of_fifty_instances_is_raised_with_context() {
+        register_test_ops();
+        let ws = Workspace::new();
+        let init = net("init", vec![op("CreateCounter", &[], &["calls"], vec![])]);
+        let body = net("body", vec![op("TestFailAt", &["calls"], &[], vec![int_arg("at", 25)])]);
+        let inst = ExecutionStep { create_workspace: Some(true), num_iter: Some(4), ..net_step("inst", &["body"]) };
+        let par = ExecutionStep { substep: vec![inst], num_concurrent_instances: Some(50), ..step("par") };
+        let e = run(&ws, &plan(vec![init, body], vec![net_step("i", &["init"]), par])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::OperatorFailed);
+        assert_eq!(e.context.op_type.as_deref(), Some("TestFailAt"));
+        assert_eq!(e.context.net.as_deref(), Some("body"));
+        assert_eq!(e.context.step.as_deref(), Some("inst"));
+        // The workspace is still usable.
+        assert!(ws.has_blob("calls"));
+    }
+
+    #[test]
+    fn a_failing_substep_cancels_a_looping_sibling() {
+        register_test_ops();
+        let ws = Workspace::new();
+        let init = net("init", vec![op("CreateCounter", &[], &["calls"], vec![])]);
+        let spin = net("spin", vec![op("TestSleepMs", &[], &[], vec![int_arg("ms", 1000)])]);
+        let fail = net("fail", vec![op("TestSleepMs", &[], &[], vec![int_arg("ms", 20)]), op("TestFailAt", &["calls"], &[], vec![int_arg("at", 0)])]);
+        let forever = ExecutionStep { should_stop_blob: Some("never".into()), ..net_step("forever", &["spin"]) };
+        ws.create_blob("never");
+        let top = ExecutionStep {
+            substep: vec![forever, net_step("failing", &["fail"])],
+            concurrent_substeps: Some(true),
+            ..step("top")
+        };
+        let t = Instant::now();
+        let e = run(&ws, &plan(vec![init, spin, fail], vec![net_step("i", &["init"]), top])).unwrap_err();
+        assert_eq!(e.context.step.as_deref(), Some("failing"), "{}", e.full_message());
+        assert!(t.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn soft_failure_returns_false_and_stops_later_steps() {
+        register_test_ops();
+        let ws = Workspace::new();
+        let p = plan(
+            vec![net("bad", vec![op("TestSoftFail", &[], &[], vec![])]), net("later", vec![op("CreateCounter", &[], &["c"], vec![])])],
+            vec![net_step("a", &["bad"]), net_step("b", &["later"])],
+        );
+        assert!(!run(&ws, &p).unwrap());
+        assert!(!ws.has_blob("c"));
+    }
+
+    #[test]
+    fn cancellation_stops_a_blocked_plan_promptly() {
+        register_test_ops();
+        let ws = Workspace::new();
+        let p = plan(
+            vec![net("sleep", vec![op("TestSleepMs", &[], &[], vec![int_arg("ms", 60_000)])])],
+            vec![ExecutionStep {
+                substep: vec![net_step("a", &["sleep"]), net_step("b", &["sleep"])],
+                concurrent_substeps: Some(true),
+                ..step("top")
+            }],
+        );
+        let tok = CancelToken::new();
+        let t2 = tok.clone();
+        let h = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            t2.cancel();
+        });
+        let t = Instant::now();
+        let e = run_plan(&ws, &p, &tok).unwrap_err();
+        h.join().unwrap();
+        assert!(e.is_cancelled());
+        assert!(t.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn existing_nets_are_recreated_once_per_plan() {
+        let ws = Workspace::new();
+        let n = net("n", vec![op("CreateCounter", &[], &["c"], vec![int_arg("init_count", 1)])]);
+        ws.create_net(&net("n", vec![]), false).unwrap();
+        assert!(run(&ws, &plan(vec![n], vec![net_step("s", &["n"])])).unwrap());
+        assert_eq!(counter(&ws, "c"), 1);
+        assert_eq!(ws.get_net("n").unwrap().lock().num_ops(), 1);
+    }
+
+    #[test]
+    fn empty_plan_succeeds_without_creating_nets() {
+        let ws = Workspace::new();
+        let p = plan(vec![net("n", vec![op("CreateCounter", &[], &["c"], vec![])])], vec![]);
+        assert!(run(&ws, &p).unwrap());
+        assert!(!ws.has_net("n"));
+    }
+}
