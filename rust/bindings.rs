@@ -571,10 +571,6 @@ impl PyTensorWrapper {
         })
         .map_err(|e| to_py_err(py, e))
     }
-
-    fn _wrap_blob(&self) -> String {
-        self.name.clone()
-    }
 }
 
 fn wrap_blobs<'py>(py: Python<'py>, blobs: &[crate::blob::Blob], names: &[String]) -> PyResult<Bound<'py, PyList>> {

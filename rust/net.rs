@@ -25,6 +25,12 @@ pub struct Net {
     ops: Vec<OpSlot>,
 }
 
+impl std::fmt::Debug for Net {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Net({:?}, {} ops)", self.name, self.ops.len())
+    }
+}
+
 /// Net types Caffe2 accepted. All run sequentially here: declaration order is
 /// a topological order, so results are the same.
 const KNOWN_NET_TYPES: &[&str] =

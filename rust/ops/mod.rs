@@ -3,6 +3,7 @@
 
 use crate::operator::OpSchema;
 
+pub mod control;
 pub mod counter;
 pub mod elementwise;
 pub mod fill;
@@ -10,6 +11,7 @@ pub mod utility;
 
 pub fn builtin_schemas() -> Vec<OpSchema> {
     let mut v = Vec::new();
+    v.extend(control::schemas());
     v.extend(counter::schemas());
     v.extend(elementwise::schemas());
     v.extend(fill::schemas());
