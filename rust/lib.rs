@@ -5,6 +5,9 @@
 //! (ordered ops), [`plan`] (the execution-step scheduler). [`ir`] holds the
 //! protobuf plan format. `bindings` (feature `python`) is the thin PyO3 face.
 
+// Errors carry their context by value; they are rare and never on a hot path.
+#![allow(clippy::result_large_err)]
+
 pub mod args;
 pub mod blob;
 pub mod cancel;

@@ -643,16 +643,18 @@ mod tests {
     fn global_workspace_id_is_injected_when_node_id_is_set() {
         let ws = Workspace::new();
         ws.feed("NODE_ID", BlobValue::Tensor(Tensor::scalar(2i32)));
-        ws.feed("seen", BlobValue::Tensor(Tensor::scalar(0i32)));
-        register_test_ops();
-        // The child sees GLOBAL_WORKSPACE_ID; record it by checking existence
-        // through an op that requires it as an input.
+        // The child sees GLOBAL_WORKSPACE_ID: an op that needs it as an
+        // input builds and runs there.
         let body = net("body", vec![op("IsEmpty", &["GLOBAL_WORKSPACE_ID"], &["e"], vec![])]);
         let s = ExecutionStep { create_workspace: Some(true), ..net_step("c", &["body"]) };
-        if crate::operator::schema("IsEmpty").is_some() {
-            assert!(run(&ws, &plan(vec![body], vec![s])).unwrap());
-            assert!(!ws.has_blob("GLOBAL_WORKSPACE_ID"));
-        }
+        assert!(run(&ws, &plan(vec![body], vec![s])).unwrap());
+        assert!(!ws.has_blob("GLOBAL_WORKSPACE_ID"));
+        // Without NODE_ID nothing is injected, so the same plan cannot build.
+        let ws = Workspace::new();
+        let body = net("body", vec![op("IsEmpty", &["GLOBAL_WORKSPACE_ID"], &["e"], vec![])]);
+        let s = ExecutionStep { create_workspace: Some(true), ..net_step("c", &["body"]) };
+        let e = run(&ws, &plan(vec![body], vec![s])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::BlobNotFound);
     }
 
     #[test]

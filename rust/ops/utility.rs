@@ -1,5 +1,902 @@
-use crate::operator::OpSchema;
+//! Utility ops: Copy, EnsureCPUOutput, Print, GetAllBlobNames, IsEmpty,
+//! LengthsToRanges, ScatterAssign and Concat.
+
+use super::kernel;
+use crate::arg;
+use crate::blob::BlobValue;
+use crate::error::{Error, ErrorKind, Result};
+use crate::operator::{InPlace, OpDefCtx, OpSchema, Operator, MANY};
+use crate::tensor::{DataType, Element, Tensor};
+use ndarray::{ArrayViewD, Axis};
+use std::borrow::Cow;
+use std::io::Write;
+
+fn in_place_0_0(i: usize, o: usize) -> bool {
+    i == 0 && o == 0
+}
 
 pub fn schemas() -> Vec<OpSchema> {
-    vec![]
+    vec![
+        OpSchema::new("Copy", copy)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .inplace(InPlace::Allow(in_place_0_0))
+            .doc("Deep copy of a tensor (same dtype and shape). A non-tensor input is a type error."),
+        OpSchema::new("EnsureCPUOutput", copy)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .inplace(InPlace::Allow(in_place_0_0))
+            .doc("Copies a tensor to a CPU tensor; everything is on the CPU here, so this is Copy."),
+        OpSchema::new("Print", print)
+            .inputs(1, 1)
+            .outputs(0, 0)
+            .args(&[
+                arg!("to_file", "int", "0", "non-zero: append to '<workspace root>/<input name>.log' (truncated when the op is built) instead of stderr"),
+                arg!("limit", "int", "0 (means 1000)", "most values printed; >= 0"),
+                arg!("every_n", "int", "1", "print on runs 1, 1 + n, 1 + 2n, ...; >= 1"),
+            ])
+            .doc(
+                "Prints 'Tensor <name> of type <dtype>. Dims: (d0,d1,): v0,v1,...'. A non-tensor input prints \
+                 'Blob of type: <kind>'. Supported dtypes: float32, float64, int32, int64, bool, uint8, string.",
+            ),
+        OpSchema::new("GetAllBlobNames", get_all_blob_names)
+            .inputs(0, 0)
+            .outputs(1, 1)
+            .args(&[arg!("include_shared", "bool", "true", "also list the blobs visible from parent workspaces")])
+            .doc("Outputs the sorted names of the blobs in the op's workspace as a 1-D string tensor."),
+        OpSchema::new("IsEmpty", is_empty)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .doc("Outputs a bool scalar: whether the input tensor has no elements."),
+        OpSchema::new("LengthsToRanges", lengths_to_ranges)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .doc("1-D int32 lengths -> int32 [N, 2] rows (offset, length), offsets a running sum from 0."),
+        OpSchema::new("ScatterAssign", scatter_assign)
+            .inputs(3, 3)
+            .outputs(1, 1)
+            .inplace(InPlace::Enforce(in_place_0_0))
+            .doc(
+                "Inputs (DATA, INDICES, SLICES), output DATA (in place): row INDICES[i] of DATA becomes slice i. \
+                 Indices are int32 or int64 and bounds-checked; the last of duplicate indices wins.",
+            ),
+        OpSchema::new("Concat", concat)
+            .inputs(1, MANY)
+            .outputs(2, 2)
+            .args(&[
+                arg!("axis", "int", "1", "the axis to join along (negative counts from the end)"),
+                arg!("order", "string", "NCHW", "instead of axis: NCHW joins along 1, NHWC along 3"),
+                arg!("add_axis", "int", "0", "non-zero: join along a new axis inserted at `axis`"),
+            ])
+            .doc("Joins the inputs along an axis; outputs (concat, split_info: int32 size of each input along the axis)."),
+    ]
+}
+
+/// Applies a generic function to the element type of a dtype.
+macro_rules! by_dtype {
+    ($dt:expr, $f:ident ( $($a:expr),* )) => {
+        match $dt {
+            DataType::Float => $f::<f32>($($a),*),
+            DataType::Double => $f::<f64>($($a),*),
+            DataType::Int32 => $f::<i32>($($a),*),
+            DataType::Int64 => $f::<i64>($($a),*),
+            DataType::Bool => $f::<bool>($($a),*),
+            DataType::Uint8 => $f::<u8>($($a),*),
+            DataType::Int8 => $f::<i8>($($a),*),
+            DataType::Int16 => $f::<i16>($($a),*),
+            DataType::Uint16 => $f::<u16>($($a),*),
+            DataType::String => $f::<Vec<u8>>($($a),*),
+            other => Err(Error::type_error(format!("unsupported tensor dtype {other}"))),
+        }
+    };
+}
+
+// ------------------------------------------------------------------ Copy --
+
+fn copy(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let ensure_cpu = ctx.op_type() == "EnsureCPUOutput";
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let t = match l.input(0) {
+            BlobValue::Tensor(t) => t,
+            other if ensure_cpu => {
+                return Err(Error::type_error(format!(
+                    "unexpected input blob: it holds {} but a Tensor was expected",
+                    other.kind_name()
+                ))
+                .with_blob(l.input_name(0)))
+            }
+            _ => l.tensor(0)?,
+        };
+        if l.aliases(0, 0) {
+            return Ok(true);
+        }
+        let t = t.clone();
+        l.set_output(0, t);
+        Ok(true)
+    }))
+}
+
+// ----------------------------------------------------------------- Print --
+
+/// Formats like a C++ ostream with default flags (`%g`, 6 significant digits).
+fn fmt_g(v: f64) -> String {
+    const P: i32 = 6;
+    if v.is_nan() {
+        return if v.is_sign_negative() { "-nan" } else { "nan" }.to_string();
+    }
+    if v.is_infinite() {
+        return if v < 0.0 { "-inf" } else { "inf" }.to_string();
+    }
+    if v == 0.0 {
+        return if v.is_sign_negative() { "-0" } else { "0" }.to_string();
+    }
+    fn strip(s: &str) -> &str {
+        if s.contains('.') {
+            s.trim_end_matches('0').trim_end_matches('.')
+        } else {
+            s
+        }
+    }
+    let sci = format!("{:.*e}", (P - 1) as usize, v);
+    let (mantissa, exp) = sci.split_once('e').expect("exponent format");
+    let x: i32 = exp.parse().expect("exponent");
+    if (-4..P).contains(&x) {
+        strip(&format!("{:.*}", (P - 1 - x) as usize, v)).to_string()
+    } else {
+        format!("{}e{}{:02}", strip(mantissa), if x < 0 { '-' } else { '+' }, x.abs())
+    }
+}
+
+/// The meta prefix: `Tensor <name> of type <dtype>. Dims: (d0,d1,): `.
+fn print_meta(name: &str, t: &Tensor) -> String {
+    let dims: String = t.shape().iter().map(|d| format!("{d},")).collect();
+    format!("Tensor {name} of type {}. Dims: ({dims}): ", t.dtype())
+}
+
+/// One Print line for a tensor, with at most `limit` values.
+fn print_line(name: &str, t: &Tensor, limit: usize) -> Result<String> {
+    let mut s = print_meta(name, t);
+    if t.numel() == 0 {
+        return Ok(s);
+    }
+    fn join<T>(a: &ndarray::ArrayD<T>, limit: usize, f: impl Fn(&T) -> String) -> String {
+        a.iter().take(limit).map(f).collect::<Vec<_>>().join(",")
+    }
+    let values = match t {
+        Tensor::F32(a) => join(a, limit, |v| fmt_g(f64::from(*v))),
+        Tensor::F64(a) => join(a, limit, |v| fmt_g(*v)),
+        Tensor::I32(a) => join(a, limit, |v| v.to_string()),
+        Tensor::I64(a) => join(a, limit, |v| v.to_string()),
+        Tensor::Bool(a) => join(a, limit, |v| if *v { "1" } else { "0" }.to_string()),
+        Tensor::U8(a) => join(a, limit, |v| v.to_string()),
+        Tensor::Str(a) => join(a, limit, |v| String::from_utf8_lossy(v).into_owned()),
+        Tensor::I8(_) | Tensor::I16(_) | Tensor::U16(_) => {
+            return Err(
+                Error::type_error(format!("Print does not support tensors of dtype {}", t.dtype())).with_blob(name)
+            )
+        }
+    };
+    s.push_str(&values);
+    Ok(s)
+}
+
+fn print(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let name = ctx.input_name(0).to_string();
+    let to_file = ctx.args.int::<i32>("to_file", 0)? != 0;
+    let limit = ctx.args.int::<i32>("limit", 0)?;
+    let every_n = ctx.args.int::<i32>("every_n", 1)?;
+    if limit < 0 {
+        return Err(ctx.bad_arg(format!("limit must be >= 0, got {limit}")));
+    }
+    if every_n < 1 {
+        return Err(ctx.bad_arg(format!("every_n must be >= 1, got {every_n}")));
+    }
+    let limit = if limit == 0 { 1000 } else { limit as usize };
+    let every_n = every_n as u64;
+    let mut file = if to_file {
+        let path = format!("{}/{}.log", ctx.ws.root_folder(), name);
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .map_err(|e| Error::io(&e, &path).with_blob(&name).with_op(ctx.op_type(), None))?;
+        Some((f, path))
+    } else {
+        None
+    };
+    let mut occurrence: u64 = 0;
+    Ok(kernel(move |cx| {
+        occurrence += 1;
+        if occurrence > every_n {
+            occurrence -= every_n;
+        }
+        if occurrence != 1 {
+            return Ok(true);
+        }
+        let line = {
+            let l = cx.lock();
+            match l.input(0) {
+                BlobValue::Tensor(t) => print_line(&name, t, limit)?,
+                other => {
+                    // As in Caffe2, a non-tensor goes to the log even with to_file.
+                    eprintln!("Blob of type: {}", other.kind_name());
+                    return Ok(true);
+                }
+            }
+        };
+        match &mut file {
+            Some((f, path)) => writeln!(f, "{line}").map_err(|e| Error::io(&e, path).with_blob(&name))?,
+            None => eprintln!("{line}"),
+        }
+        Ok(true)
+    }))
+}
+
+// ------------------------------------------------------- GetAllBlobNames --
+
+fn get_all_blob_names(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let include_shared = ctx.args.bool("include_shared", true)?;
+    Ok(kernel(move |cx| {
+        let names = if include_shared { cx.ws.blob_names() } else { cx.ws.local_blob_names() };
+        let n = names.len();
+        let t = Tensor::from_vec(&[n], names.into_iter().map(String::into_bytes).collect())?;
+        cx.lock().set_output(0, t);
+        Ok(true)
+    }))
+}
+
+// --------------------------------------------------------------- IsEmpty --
+
+fn is_empty(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    Ok(kernel(|cx| {
+        let mut l = cx.lock();
+        let empty = l.tensor(0)?.numel() == 0;
+        l.set_output(0, Tensor::scalar(empty));
+        Ok(true)
+    }))
+}
+
+// ------------------------------------------------------- LengthsToRanges --
+
+fn lengths_to_ranges(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    Ok(kernel(|cx| {
+        let mut l = cx.lock();
+        let name = l.input_name(0);
+        let a = l.tensor(0)?.array::<i32>().map_err(|e| e.with_blob(name))?;
+        if a.ndim() != 1 {
+            return Err(
+                Error::shape(format!("the lengths must be a 1-D tensor, got shape {:?}", a.shape())).with_blob(name)
+            );
+        }
+        let mut out = Vec::with_capacity(2 * a.len());
+        let mut next = Some(0i32);
+        for (i, &len) in a.iter().enumerate() {
+            if len < 0 {
+                return Err(Error::invalid_arg(format!("length #{i} is negative: {len}")).with_blob(name));
+            }
+            let offset = next.ok_or_else(|| {
+                Error::invalid_arg(format!("the offset of length #{i} overflows int32")).with_blob(name)
+            })?;
+            out.push(offset);
+            out.push(len);
+            next = offset.checked_add(len);
+        }
+        let t = Tensor::from_vec(&[a.len(), 2], out)?;
+        l.set_output(0, t);
+        Ok(true)
+    }))
+}
+
+// --------------------------------------------------------- ScatterAssign --
+
+/// Copies slice `i` (rows of `block` elements, flat) over row `rows[i]` of `data`.
+fn scatter_rows<T: Element>(data: &mut Tensor, slices: &Tensor, rows: &[usize], block: usize) -> Result<()> {
+    let a = data.array_mut::<T>()?;
+    if !a.is_standard_layout() {
+        *a = a.as_standard_layout().into_owned();
+    }
+    let dst = a.as_slice_mut().expect("standard layout");
+    let s = slices.array::<T>()?;
+    let src: Cow<'_, [T]> = match s.as_slice() {
+        Some(x) => Cow::Borrowed(x),
+        None => Cow::Owned(s.iter().cloned().collect()),
+    };
+    for (i, &r) in rows.iter().enumerate() {
+        dst[r * block..(r + 1) * block].clone_from_slice(&src[i * block..(i + 1) * block]);
+    }
+    Ok(())
+}
+
+fn scatter_assign(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    Ok(kernel(|cx| {
+        let mut l = cx.lock();
+        let (dn, iname, sname) =
+            (l.input_name(0).to_string(), l.input_name(1).to_string(), l.input_name(2).to_string());
+        if !l.aliases(0, 0) {
+            return Err(Error::invalid_arg("ScatterAssign must run in place: its output must be the DATA blob")
+                .with_blob(l.output_name(0)));
+        }
+        let (dtype, rows, block) = {
+            let data = l.tensor(0)?;
+            let indices = l.tensor(1)?;
+            let slices = l.tensor(2)?;
+            let dtype = data.dtype();
+            if slices.dtype() != dtype {
+                return Err(Error::type_error(format!(
+                    "the data and slice dtypes must match: DATA is {dtype} but SLICES is {}",
+                    slices.dtype()
+                ))
+                .with_blob(&sname));
+            }
+            if !matches!(
+                dtype,
+                DataType::Float | DataType::Double | DataType::Uint8 | DataType::Int32 | DataType::Int64
+            ) {
+                return Err(Error::type_error(format!(
+                    "ScatterAssign does not support DATA of dtype {dtype} (float32, float64, uint8, int32, int64)"
+                ))
+                .with_blob(&dn));
+            }
+            let Some((&n, inner)) = data.shape().split_first() else {
+                return Err(Error::shape("DATA must have at least one dimension, got a 0-dim tensor").with_blob(&dn));
+            };
+            let block: usize = inner.iter().product();
+            let k = indices.numel();
+            if slices.numel() != k * block {
+                return Err(Error::shape(format!(
+                    "SLICES must hold {} elements ({k} indices x {block} per row of DATA {:?}), got {}",
+                    k * block,
+                    data.shape(),
+                    slices.numel()
+                ))
+                .with_blob(&sname));
+            }
+            let check = |(i, v): (usize, i64)| -> Result<usize> {
+                usize::try_from(v).ok().filter(|&r| r < n).ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::IndexOutOfRange,
+                        format!("index {v} at position {i} is out of range [0, {n}) for the first dim of '{dn}'"),
+                    )
+                    .with_blob(&iname)
+                })
+            };
+            let rows = match indices {
+                Tensor::I32(a) => a.iter().map(|&v| i64::from(v)).enumerate().map(check).collect::<Result<Vec<_>>>()?,
+                Tensor::I64(a) => a.iter().copied().enumerate().map(check).collect::<Result<Vec<_>>>()?,
+                other => {
+                    return Err(Error::type_error(format!("INDICES must be int32 or int64, got {}", other.dtype()))
+                        .with_blob(&iname))
+                }
+            };
+            (dtype, rows, block)
+        };
+        let (out, slices) = l
+            .output_and_input(0, 2)
+            .ok_or_else(|| Error::invalid_arg("SLICES cannot be the DATA blob").with_blob(&sname))?;
+        let slices = slices.tensor().map_err(|e| e.with_blob(&sname))?;
+        let data = out.tensor_mut().map_err(|e| e.with_blob(&dn))?;
+        by_dtype!(dtype, scatter_rows(data, slices, &rows, block)).map_err(|e| e.with_blob(&dn))?;
+        Ok(true)
+    }))
+}
+
+// ---------------------------------------------------------------- Concat --
+
+fn concat_typed<T: Element>(inputs: &[(&str, &Tensor)], axis: usize, add_axis: bool) -> Result<Tensor> {
+    let views = inputs
+        .iter()
+        .map(|(name, t)| {
+            let v = t.array::<T>().map_err(|e| e.with_blob(name))?.view();
+            Ok(if add_axis { v.insert_axis(Axis(axis)) } else { v })
+        })
+        .collect::<Result<Vec<ArrayViewD<'_, T>>>>()?;
+    ndarray::concatenate(Axis(axis), &views)
+        .map(T::wrap)
+        .map_err(|e| Error::shape(e.to_string()).with_blob(inputs[0].0))
+}
+
+fn concat(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let args = &ctx.args;
+    if args.has("axis") && args.has("order") {
+        return Err(ctx.bad_arg("you cannot give both the axis to concat along and the order"));
+    }
+    let (axis, add_axis) = if args.has("axis") {
+        (i64::from(args.int::<i32>("axis", -1)?), args.int::<i32>("add_axis", 0)? != 0)
+    } else {
+        let order = args.string("order", "NCHW")?;
+        let axis = if order.eq_ignore_ascii_case("NCHW") {
+            1
+        } else if order.eq_ignore_ascii_case("NHWC") {
+            3
+        } else {
+            return Err(ctx.bad_arg(format!("unsupported storage order '{order}' (NCHW or NHWC)")));
+        };
+        (axis, false)
+    };
+    let ni = ctx.num_inputs();
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let (out, split) = {
+            let inputs = (0..ni).map(|i| Ok((l.input_name(i), l.tensor(i)?))).collect::<Result<Vec<_>>>()?;
+            let (name0, first) = inputs[0];
+            let ndim = first.ndim();
+            let adj = ndim + usize::from(add_axis);
+            let canon = if axis < 0 { axis + adj as i64 } else { axis };
+            if canon < 0 || canon >= adj as i64 {
+                return Err(Error::invalid_arg(format!(
+                    "axis {axis} is out of range for inputs of {ndim} dims{}",
+                    if add_axis { " (plus the added axis)" } else { "" }
+                ))
+                .with_blob(name0));
+            }
+            let canon = canon as usize;
+            for &(name, t) in &inputs[1..] {
+                if t.dtype() != first.dtype() {
+                    return Err(Error::type_error(format!(
+                        "all inputs must have the same dtype: expected {} but got {}",
+                        first.dtype(),
+                        t.dtype()
+                    ))
+                    .with_blob(name));
+                }
+                let dims_match = t.ndim() == ndim
+                    && (0..ndim).all(|i| (i == canon && !add_axis) || t.shape()[i] == first.shape()[i]);
+                if !dims_match {
+                    return Err(Error::shape(format!(
+                        "the inputs may differ only along axis {canon}{}: {:?} ('{name0}') vs {:?}",
+                        if add_axis { " (none may differ with add_axis)" } else { "" },
+                        first.shape(),
+                        t.shape()
+                    ))
+                    .with_blob(name));
+                }
+            }
+            let split = inputs
+                .iter()
+                .map(|&(name, t)| {
+                    if add_axis {
+                        Ok(1)
+                    } else {
+                        i32::try_from(t.shape()[canon]).map_err(|_| {
+                            Error::shape(format!("dim {canon} of size {} does not fit int32", t.shape()[canon]))
+                                .with_blob(name)
+                        })
+                    }
+                })
+                .collect::<Result<Vec<i32>>>()?;
+            let out = by_dtype!(first.dtype(), concat_typed(&inputs, canon, add_axis))?;
+            (out, Tensor::from_vec(&[ni], split)?)
+        };
+        l.set_output(0, out);
+        l.set_output(1, split);
+        Ok(true)
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{fmt_g, print_line};
+    use crate::blob::{BlobValue, Counter};
+    use crate::cancel::CancelToken;
+    use crate::error::{Error, ErrorKind, Result};
+    use crate::ir::{Argument, NetDef, OperatorDef};
+    use crate::operator::create_operator;
+    use crate::tensor::{Element, Tensor};
+    use crate::workspace::Workspace;
+    use ndarray::{ArrayD, IxDyn};
+    use std::sync::Arc;
+
+    fn named(n: &str) -> Argument {
+        Argument { name: Some(n.into()), ..Default::default() }
+    }
+    fn a_i(n: &str, v: i64) -> Argument {
+        Argument { i: Some(v), ..named(n) }
+    }
+    fn a_s(n: &str, v: &str) -> Argument {
+        Argument { s: Some(v.as_bytes().to_vec()), ..named(n) }
+    }
+    fn op(ty: &str, ins: &[&str], outs: &[&str], arg: Vec<Argument>) -> OperatorDef {
+        OperatorDef {
+            input: ins.iter().map(|s| s.to_string()).collect(),
+            output: outs.iter().map(|s| s.to_string()).collect(),
+            r#type: Some(ty.into()),
+            arg,
+            ..Default::default()
+        }
+    }
+    fn t<T: Element>(shape: &[usize], v: Vec<T>) -> Tensor {
+        Tensor::from_vec(shape, v).unwrap()
+    }
+    fn strs(v: &[&str]) -> Vec<Vec<u8>> {
+        v.iter().map(|s| s.as_bytes().to_vec()).collect()
+    }
+    fn ws_with(inputs: &[(&str, Tensor)]) -> Arc<Workspace> {
+        let ws = Workspace::new();
+        for (n, v) in inputs {
+            ws.feed(n, BlobValue::Tensor(v.clone()));
+        }
+        ws
+    }
+    fn run(ws: &Arc<Workspace>, d: &OperatorDef) -> Result<bool> {
+        ws.run_operator_once(d, &CancelToken::new())
+    }
+    fn out(ws: &Arc<Workspace>, name: &str) -> Tensor {
+        ws.fetch(name).unwrap().tensor().unwrap().clone()
+    }
+    fn kind_blob(e: &Error) -> (ErrorKind, Option<&str>) {
+        (e.kind, e.context.blob.as_deref())
+    }
+    fn build_err(ws: &Arc<Workspace>, d: &OperatorDef) -> Error {
+        create_operator(d, ws).err().expect("building should fail")
+    }
+
+    // ------------------------------------------------------------- Copy --
+
+    #[test]
+    fn copy_is_deep() {
+        let x = t(&[2, 2], vec![1.0f32, 2.0, 3.0, 4.0]);
+        let ws = ws_with(&[("x", x.clone()), ("s", t(&[2], strs(&["a", "b"])))]);
+        run(&ws, &op("Copy", &["x"], &["y"], vec![])).unwrap();
+        run(&ws, &op("EnsureCPUOutput", &["s"], &["s2"], vec![])).unwrap();
+        ws.feed("x", BlobValue::Tensor(Tensor::scalar(0i32)));
+        assert_eq!(out(&ws, "y"), x);
+        assert_eq!(out(&ws, "s2"), t(&[2], strs(&["a", "b"])));
+        // In place leaves the tensor as it was.
+        run(&ws, &op("Copy", &["y"], &["y"], vec![])).unwrap();
+        assert_eq!(out(&ws, "y"), x);
+    }
+
+    #[test]
+    fn copy_of_a_non_tensor_is_a_type_error() {
+        let ws = Workspace::new();
+        ws.feed("c", BlobValue::Object(Arc::new(Counter::new(1))));
+        ws.create_blob("empty");
+        for ty in ["Copy", "EnsureCPUOutput"] {
+            for (src, dst) in [("c", "y"), ("empty", "y"), ("c", "c")] {
+                let e = run(&ws, &op(ty, &[src], &[dst], vec![])).unwrap_err();
+                assert_eq!(kind_blob(&e), (ErrorKind::Type, Some(src)), "{ty} {e}");
+            }
+        }
+        let e = run(&ws, &op("EnsureCPUOutput", &["c"], &["y"], vec![])).unwrap_err();
+        assert_eq!(e.message, "unexpected input blob: it holds Counter but a Tensor was expected");
+        let e = run(&ws, &op("Copy", &["c"], &["y"], vec![])).unwrap_err();
+        assert_eq!(e.message, "wrong kind of blob: it holds Counter but a Tensor was expected");
+        assert!(ws.fetch("y").unwrap().is_empty(), "nothing is written on failure");
+    }
+
+    // ------------------------------------------------------------ Print --
+
+    #[test]
+    fn floats_print_like_a_cpp_stream() {
+        let cases: &[(f64, &str)] = &[
+            (1.0, "1"),
+            (f64::from(0.1f32), "0.1"),
+            (-2.5, "-2.5"),
+            (0.5, "0.5"),
+            (1.23456789, "1.23457"),
+            (1234.5678, "1234.57"),
+            (100000.0, "100000"),
+            (1000000.0, "1e+06"),
+            (999999.5, "1e+06"),
+            (123456789.0, "1.23457e+08"),
+            (0.0001, "0.0001"),
+            (0.00001, "1e-05"),
+            (1e-7, "1e-07"),
+            (1.5e300, "1.5e+300"),
+            (0.0, "0"),
+            (-0.0, "-0"),
+            (f64::NAN, "nan"),
+            (f64::INFINITY, "inf"),
+            (f64::NEG_INFINITY, "-inf"),
+        ];
+        for &(v, want) in cases {
+            assert_eq!(fmt_g(v), want, "{v}");
+        }
+    }
+
+    #[test]
+    fn print_line_format() {
+        let x = t(&[2, 2], vec![1.0f32, 2.5, 3.0, 4.0]);
+        assert_eq!(print_line("x", &x, 1000).unwrap(), "Tensor x of type float32. Dims: (2,2,): 1,2.5,3,4");
+        assert_eq!(print_line("x", &x, 2).unwrap(), "Tensor x of type float32. Dims: (2,2,): 1,2.5");
+        assert_eq!(print_line("s", &Tensor::scalar(5i64), 1000).unwrap(), "Tensor s of type int64. Dims: (): 5");
+        assert_eq!(print_line("b", &t(&[2], vec![true, false]), 9).unwrap(), "Tensor b of type bool. Dims: (2,): 1,0");
+        assert_eq!(print_line("u", &t(&[2], vec![7u8, 200]), 9).unwrap(), "Tensor u of type uint8. Dims: (2,): 7,200");
+        assert_eq!(print_line("d", &t(&[1], vec![1e-7f64]), 9).unwrap(), "Tensor d of type float64. Dims: (1,): 1e-07");
+        assert_eq!(
+            print_line("i", &t(&[3], vec![-1i32, 0, 1]), 9).unwrap(),
+            "Tensor i of type int32. Dims: (3,): -1,0,1"
+        );
+        assert_eq!(
+            print_line("w", &t(&[2], strs(&["hello", "a b"])), 9).unwrap(),
+            "Tensor w of type string. Dims: (2,): hello,a b"
+        );
+        // Empty tensors print only the meta, whatever their dtype.
+        assert_eq!(print_line("e", &t(&[0, 3], Vec::<i8>::new()), 9).unwrap(), "Tensor e of type int8. Dims: (0,3,): ");
+        for bad in [t(&[1], vec![1i8]), t(&[1], vec![1i16]), t(&[1], vec![1u16])] {
+            let e = print_line("z", &bad, 9).unwrap_err();
+            assert_eq!(kind_blob(&e), (ErrorKind::Type, Some("z")));
+        }
+    }
+
+    fn temp_root(tag: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("ferrocaffe-utility-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn print_to_file_every_n() {
+        let root = temp_root("print");
+        let ws = Workspace::with_root(root.to_str().unwrap());
+        ws.feed("x", BlobValue::Tensor(t(&[3], vec![1i64, 2, 3])));
+        let log = root.join("x.log");
+        std::fs::write(&log, "stale\n").unwrap();
+        let net = NetDef {
+            name: Some("p".into()),
+            op: vec![op("Print", &["x"], &[], vec![a_i("to_file", 1), a_i("every_n", 2), a_i("limit", 2)])],
+            ..Default::default()
+        };
+        ws.create_net(&net, false).unwrap();
+        assert_eq!(std::fs::read_to_string(&log).unwrap(), "", "truncated when the op is built");
+        for k in 1..=5i64 {
+            ws.feed("x", BlobValue::Tensor(t(&[3], vec![k, 2, 3])));
+            ws.run_net("p", 1, &CancelToken::new()).unwrap();
+        }
+        let text = std::fs::read_to_string(&log).unwrap();
+        let want = "Tensor x of type int64. Dims: (3,): 1,2\n\
+                    Tensor x of type int64. Dims: (3,): 3,2\n\
+                    Tensor x of type int64. Dims: (3,): 5,2\n";
+        assert_eq!(text, want, "runs 1, 3 and 5 print");
+        // A non-tensor input logs its kind (not to the file) and succeeds.
+        ws.feed("x", BlobValue::Object(Arc::new(Counter::new(0))));
+        ws.run_net("p", 2, &CancelToken::new()).unwrap();
+        assert_eq!(std::fs::read_to_string(&log).unwrap(), want);
+        // Run 8 is not a printing run; run 9 is, and a non-supported dtype fails it.
+        ws.run_net("p", 1, &CancelToken::new()).unwrap();
+        ws.feed("x", BlobValue::Tensor(t(&[1], vec![1i8])));
+        let e = ws.run_net("p", 1, &CancelToken::new()).unwrap_err();
+        assert_eq!(kind_blob(&e), (ErrorKind::Type, Some("x")));
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn print_to_stderr_and_construction_errors() {
+        let ws = ws_with(&[("x", t(&[2], vec![0.25f32, 1.0])), ("e", t(&[0], Vec::<f32>::new()))]);
+        assert!(run(&ws, &op("Print", &["x"], &[], vec![])).unwrap());
+        assert!(run(&ws, &op("Print", &["e"], &[], vec![])).unwrap());
+        let e = build_err(&ws, &op("Print", &["x"], &[], vec![a_i("every_n", 0)]));
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+        assert!(e.message.contains("every_n must be >= 1, got 0"), "{e}");
+        let e = build_err(&ws, &op("Print", &["x"], &[], vec![a_i("limit", -1)]));
+        assert!(e.message.contains("limit must be >= 0"), "{e}");
+        let e = build_err(&ws, &op("Print", &["x"], &[], vec![a_s("to_file", "yes")]));
+        assert!(e.message.contains("expected field i"), "{e}");
+        let e = build_err(&ws, &op("Print", &["x"], &["y"], vec![]));
+        assert!(e.message.contains("takes 0 outputs"), "{e}");
+        // A file that cannot be opened fails the construction.
+        let missing = Workspace::with_root("/nonexistent-ferrocaffe-dir/sub");
+        missing.feed("x", BlobValue::Tensor(Tensor::scalar(1.0f32)));
+        let e = build_err(&missing, &op("Print", &["x"], &[], vec![a_i("to_file", 1)]));
+        assert_eq!(kind_blob(&e), (ErrorKind::Io, Some("x")));
+        assert_eq!(e.context.file.as_deref(), Some("/nonexistent-ferrocaffe-dir/sub/x.log"));
+    }
+
+    // -------------------------------------------------- GetAllBlobNames --
+
+    #[test]
+    fn get_all_blob_names() {
+        let parent = ws_with(&[("p", Tensor::scalar(1i32)), ("a", Tensor::scalar(1i32))]);
+        run(&parent, &op("GetAllBlobNames", &[], &["names"], vec![])).unwrap();
+        assert_eq!(out(&parent, "names"), t(&[3], strs(&["a", "names", "p"])));
+        let child = Workspace::new_child(&parent);
+        child.feed("c", BlobValue::Tensor(Tensor::scalar(1i32)));
+        run(&child, &op("GetAllBlobNames", &[], &["all"], vec![a_i("include_shared", 1)])).unwrap();
+        assert_eq!(out(&child, "all"), t(&[5], strs(&["a", "all", "c", "names", "p"])));
+        run(&child, &op("GetAllBlobNames", &[], &["local"], vec![a_i("include_shared", 0)])).unwrap();
+        assert_eq!(out(&child, "local"), t(&[3], strs(&["all", "c", "local"])));
+        let e = build_err(&child, &op("GetAllBlobNames", &["c"], &["n"], vec![]));
+        assert!(e.message.contains("takes 0 inputs"), "{e}");
+    }
+
+    // ---------------------------------------------------------- IsEmpty --
+
+    #[test]
+    fn is_empty() {
+        let ws = ws_with(&[
+            ("e", t(&[0, 3], Vec::<f32>::new())),
+            ("s", Tensor::scalar(1i64)),
+            ("v", t(&[2], strs(&["", ""]))),
+        ]);
+        for (x, want) in [("e", true), ("s", false), ("v", false)] {
+            run(&ws, &op("IsEmpty", &[x], &["r"], vec![])).unwrap();
+            assert_eq!(out(&ws, "r"), Tensor::scalar(want), "{x}");
+        }
+        ws.feed("c", BlobValue::Object(Arc::new(Counter::new(1))));
+        let e = run(&ws, &op("IsEmpty", &["c"], &["r"], vec![])).unwrap_err();
+        assert_eq!(kind_blob(&e), (ErrorKind::Type, Some("c")));
+        assert!(create_operator(&op("IsEmpty", &["e"], &["e"], vec![]), &ws).is_err(), "no in place");
+    }
+
+    // -------------------------------------------------- LengthsToRanges --
+
+    #[test]
+    fn lengths_to_ranges() {
+        let ws = ws_with(&[("l", t(&[4], vec![2i32, 3, 0, 1])), ("z", t(&[0], Vec::<i32>::new()))]);
+        run(&ws, &op("LengthsToRanges", &["l"], &["r"], vec![])).unwrap();
+        assert_eq!(out(&ws, "r"), t(&[4, 2], vec![0i32, 2, 2, 3, 5, 0, 5, 1]));
+        run(&ws, &op("LengthsToRanges", &["z"], &["r"], vec![])).unwrap();
+        assert_eq!(out(&ws, "r"), t(&[0, 2], Vec::<i32>::new()));
+        // The last offset may be i32::MAX; only offsets that are written must fit.
+        ws.feed("m", BlobValue::Tensor(t(&[2], vec![i32::MAX, 1])));
+        run(&ws, &op("LengthsToRanges", &["m"], &["r"], vec![])).unwrap();
+        assert_eq!(out(&ws, "r"), t(&[2, 2], vec![0, i32::MAX, i32::MAX, 1]));
+        let bad: [(Tensor, ErrorKind); 4] = [
+            (t(&[1, 2], vec![1i32, 2]), ErrorKind::Shape),
+            (t(&[2], vec![1i64, 2]), ErrorKind::Type),
+            (t(&[2], vec![1i32, -2]), ErrorKind::InvalidArgument),
+            (t(&[3], vec![i32::MAX, 1, 1]), ErrorKind::InvalidArgument),
+        ];
+        for (x, kind) in bad {
+            ws.feed("b", BlobValue::Tensor(x));
+            let e = run(&ws, &op("LengthsToRanges", &["b"], &["r"], vec![])).unwrap_err();
+            assert_eq!(kind_blob(&e), (kind, Some("b")), "{e}");
+        }
+    }
+
+    // ---------------------------------------------------- ScatterAssign --
+
+    fn scatter(data: Tensor, idx: Tensor, slices: Tensor) -> (Arc<Workspace>, Result<bool>) {
+        let ws = ws_with(&[("d", data), ("i", idx), ("s", slices)]);
+        let r = run(&ws, &op("ScatterAssign", &["d", "i", "s"], &["d"], vec![]));
+        (ws, r)
+    }
+
+    #[test]
+    fn scatter_assign_rows() {
+        let data = t(&[4, 2], vec![0.0f32; 8]);
+        let slices = t(&[3, 2], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        let (ws, r) = scatter(data.clone(), t(&[3], vec![3i64, 1, 3]), slices.clone());
+        r.unwrap();
+        assert_eq!(out(&ws, "d"), t(&[4, 2], vec![0.0f32, 0.0, 3.0, 4.0, 0.0, 0.0, 5.0, 6.0]), "last duplicate wins");
+        // int32 indices, int64 data, slices of another shape with the right count.
+        let (ws, r) = scatter(t(&[3], vec![0i64; 3]), t(&[1, 2], vec![2i32, 0]), t(&[2], vec![7i64, 8]));
+        r.unwrap();
+        assert_eq!(out(&ws, "d"), t(&[3], vec![8i64, 0, 7]));
+        // A DATA tensor that is not in standard layout is handled in logical order.
+        let transposed = Tensor::F64(
+            ArrayD::from_shape_vec(IxDyn(&[2, 3]), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap().reversed_axes(),
+        );
+        let (ws, r) = scatter(transposed, t(&[1], vec![1i32]), t(&[1, 2], vec![9.0f64, 9.5]));
+        r.unwrap();
+        assert_eq!(out(&ws, "d"), t(&[3, 2], vec![1.0f64, 4.0, 9.0, 9.5, 3.0, 6.0]));
+        // Every DATA dtype Caffe2 supports on the CPU.
+        let (ws, r) = scatter(t(&[2], vec![0u8, 0]), t(&[1], vec![1i32]), t(&[1], vec![5u8]));
+        r.unwrap();
+        assert_eq!(out(&ws, "d"), t(&[2], vec![0u8, 5]));
+        let (ws, r) = scatter(t(&[2], vec![0i32, 0]), t(&[0], Vec::<i32>::new()), t(&[0], Vec::<i32>::new()));
+        r.unwrap();
+        assert_eq!(out(&ws, "d"), t(&[2], vec![0i32, 0]));
+    }
+
+    #[test]
+    fn scatter_assign_checks_indices() {
+        let data = t(&[2, 2], vec![1.0f32, 2.0, 3.0, 4.0]);
+        for idx in [t(&[2], vec![0i64, 2]), t(&[1], vec![-1i64]), t(&[1], vec![2i32])] {
+            let n = idx.numel();
+            let (ws, r) = scatter(data.clone(), idx, t(&[n, 2], vec![9.0f32; 2 * n]));
+            let e = r.unwrap_err();
+            assert_eq!(kind_blob(&e), (ErrorKind::IndexOutOfRange, Some("i")), "{e}");
+            assert_eq!(out(&ws, "d"), data, "no partial write");
+        }
+        // An empty first dim makes every index out of range.
+        let (_, r) = scatter(t(&[0, 2], Vec::<f32>::new()), t(&[1], vec![0i64]), t(&[2], vec![1.0f32, 2.0]));
+        assert_eq!(kind_blob(&r.unwrap_err()), (ErrorKind::IndexOutOfRange, Some("i")));
+    }
+
+    #[test]
+    fn scatter_assign_type_and_shape_errors() {
+        let data = t(&[2, 2], vec![0.0f32; 4]);
+        let cases: [(Tensor, Tensor, Tensor, ErrorKind, &str); 6] = [
+            (data.clone(), t(&[1], vec![0i64]), t(&[3], vec![1.0f32; 3]), ErrorKind::Shape, "s"),
+            (data.clone(), t(&[1], vec![0i64]), t(&[2], vec![1.0f64; 2]), ErrorKind::Type, "s"),
+            (data.clone(), t(&[1], vec![0.0f32]), t(&[2], vec![1.0f32; 2]), ErrorKind::Type, "i"),
+            (t(&[2], vec![true, false]), t(&[1], vec![0i64]), t(&[1], vec![true]), ErrorKind::Type, "d"),
+            (Tensor::scalar(1.0f32), t(&[1], vec![0i64]), t(&[1], vec![1.0f32]), ErrorKind::Shape, "d"),
+            (t(&[2], strs(&["a", "b"])), t(&[1], vec![0i64]), t(&[1], strs(&["c"])), ErrorKind::Type, "d"),
+        ];
+        for (d, i, s, kind, blob) in cases {
+            let (_, r) = scatter(d, i, s);
+            let e = r.unwrap_err();
+            assert_eq!(kind_blob(&e), (kind, Some(blob)), "{e}");
+        }
+        // In place is enforced by the schema.
+        let ws = ws_with(&[("d", data.clone()), ("i", t(&[1], vec![0i64])), ("s", t(&[2], vec![1.0f32; 2]))]);
+        let e = build_err(&ws, &op("ScatterAssign", &["d", "i", "s"], &["o"], vec![]));
+        assert!(e.message.contains("requires output 0 to be the same blob as input 0"), "{e}");
+        let e = build_err(&ws, &op("ScatterAssign", &["d", "i", "d"], &["d"], vec![]));
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+    }
+
+    // ----------------------------------------------------------- Concat --
+
+    fn concat(inputs: &[(&str, Tensor)], args: Vec<Argument>) -> Result<(Tensor, Tensor)> {
+        let ws = ws_with(inputs);
+        let names: Vec<&str> = inputs.iter().map(|(n, _)| *n).collect();
+        run(&ws, &op("Concat", &names, &["y", "split"], args))?;
+        Ok((out(&ws, "y"), out(&ws, "split")))
+    }
+
+    #[test]
+    fn concat_along_an_axis() {
+        let a = t(&[2, 1], vec![1i32, 2]);
+        let b = t(&[2, 2], vec![3i32, 4, 5, 6]);
+        let (y, s) = concat(&[("a", a.clone()), ("b", b.clone())], vec![]).unwrap();
+        assert_eq!(y, t(&[2, 3], vec![1i32, 3, 4, 2, 5, 6]), "axis 1 by default");
+        assert_eq!(s, t(&[2], vec![1i32, 2]));
+        let (y, _) = concat(&[("a", a.clone()), ("b", b.clone())], vec![a_i("axis", -1)]).unwrap();
+        assert_eq!(y, t(&[2, 3], vec![1i32, 3, 4, 2, 5, 6]));
+        let (y, s) = concat(&[("b", b.clone()), ("c", t(&[1, 2], vec![7i32, 8]))], vec![a_i("axis", 0)]).unwrap();
+        assert_eq!(y, t(&[3, 2], vec![3i32, 4, 5, 6, 7, 8]));
+        assert_eq!(s, t(&[2], vec![2i32, 1]));
+        let (y, s) = concat(&[("a", t(&[2], strs(&["x", "y"])))], vec![a_i("axis", 0)]).unwrap();
+        assert_eq!((y, s), (t(&[2], strs(&["x", "y"])), t(&[1], vec![2i32])));
+        // add_axis stacks along a new axis.
+        let p = t(&[2], vec![1.0f32, 2.0]);
+        let q = t(&[2], vec![3.0f32, 4.0]);
+        let (y, s) = concat(&[("p", p.clone()), ("q", q.clone())], vec![a_i("axis", 1), a_i("add_axis", 1)]).unwrap();
+        assert_eq!((y, s), (t(&[2, 2], vec![1.0f32, 3.0, 2.0, 4.0]), t(&[2], vec![1i32, 1])));
+        let (y, _) = concat(&[("p", p), ("q", q)], vec![a_i("axis", 0), a_i("add_axis", 1)]).unwrap();
+        assert_eq!(y, t(&[2, 2], vec![1.0f32, 2.0, 3.0, 4.0]));
+        let (y, _) =
+            concat(&[("p", Tensor::scalar(1u8)), ("q", Tensor::scalar(2u8))], vec![a_i("axis", 0), a_i("add_axis", 1)])
+                .unwrap();
+        assert_eq!(y, t(&[2], vec![1u8, 2]));
+        // order NHWC joins along axis 3.
+        let n1 = t(&[1, 1, 1, 2], vec![1i64, 2]);
+        let n2 = t(&[1, 1, 1, 1], vec![3i64]);
+        let (y, s) = concat(&[("n1", n1), ("n2", n2)], vec![a_s("order", "NHWC")]).unwrap();
+        assert_eq!((y, s), (t(&[1, 1, 1, 3], vec![1i64, 2, 3]), t(&[2], vec![2i32, 1])));
+    }
+
+    #[test]
+    fn concat_errors() {
+        let a = t(&[2, 1], vec![1i32, 2]);
+        type Case<'a> = (Vec<(&'a str, Tensor)>, Vec<Argument>, ErrorKind, &'a str);
+        let cases: [Case<'_>; 6] = [
+            (vec![("a", a.clone()), ("b", t(&[2, 1], vec![1i64, 2]))], vec![], ErrorKind::Type, "b"),
+            (vec![("a", a.clone()), ("b", t(&[3, 1], vec![1i32, 2, 3]))], vec![], ErrorKind::Shape, "b"),
+            (vec![("a", a.clone()), ("b", t(&[2], vec![1i32, 2]))], vec![], ErrorKind::Shape, "b"),
+            (vec![("a", a.clone()), ("b", a.clone())], vec![a_i("axis", 2)], ErrorKind::InvalidArgument, "a"),
+            (vec![("a", a.clone()), ("b", a.clone())], vec![a_i("axis", -3)], ErrorKind::InvalidArgument, "a"),
+            (
+                vec![("a", Tensor::scalar(1i32)), ("b", Tensor::scalar(2i32))],
+                vec![a_i("axis", 0)],
+                ErrorKind::InvalidArgument,
+                "a",
+            ),
+        ];
+        for (inputs, args, kind, blob) in cases {
+            let e = concat(&inputs, args).unwrap_err();
+            assert_eq!(kind_blob(&e), (kind, Some(blob)), "{e}");
+        }
+        let e = concat(&[("a", a.clone()), ("b", t(&[2, 2], vec![0i32; 4]))], vec![a_i("axis", 1), a_i("add_axis", 1)])
+            .unwrap_err();
+        assert_eq!(kind_blob(&e), (ErrorKind::Shape, Some("b")));
+        // Construction errors.
+        let ws = ws_with(&[("a", a)]);
+        let e = build_err(&ws, &op("Concat", &["a"], &["y", "s"], vec![a_i("axis", 0), a_s("order", "NCHW")]));
+        assert!(e.message.contains("both the axis"), "{e}");
+        let e = build_err(&ws, &op("Concat", &["a"], &["y", "s"], vec![a_s("order", "CHWN")]));
+        assert!(e.message.contains("unsupported storage order 'CHWN'"), "{e}");
+        let e = build_err(&ws, &op("Concat", &["a"], &["y", "s"], vec![a_s("axis", "1")]));
+        assert!(e.message.contains("expected field i"), "{e}");
+        let e = build_err(&ws, &op("Concat", &["a"], &["y"], vec![]));
+        assert!(e.message.contains("takes 2 outputs"), "{e}");
+        let e = build_err(&ws, &op("Concat", &["a"], &["a", "s"], vec![]));
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+    }
 }
