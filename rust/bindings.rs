@@ -74,40 +74,67 @@ fn guarded<T>(f: impl FnOnce() -> crate::Result<T>) -> crate::Result<T> {
     catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| Err(from_panic(p)))
 }
 
-/// Runs `f` with the GIL released on a worker thread, polling for Ctrl-C on
-/// the calling thread. On Ctrl-C the run is cancelled, joined, and
+type Job = Box<dyn FnOnce() + Send + 'static>;
+
+/// Idle runner threads, each waiting on its own channel. Reusing them keeps a
+/// plan run's fixed cost to a channel hand-off instead of a thread spawn.
+static IDLE_RUNNERS: parking_lot::Mutex<Vec<mpsc::Sender<Job>>> = parking_lot::Mutex::new(Vec::new());
+
+fn submit(job: Job) {
+    let idle = IDLE_RUNNERS.lock().pop();
+    let job = match idle {
+        Some(tx) => match tx.send(job) {
+            Ok(()) => return,
+            Err(mpsc::SendError(job)) => job,
+        },
+        None => job,
+    };
+    let (tx, rx) = mpsc::channel::<Job>();
+    std::thread::Builder::new()
+        .name("ferrocaffe-runner".into())
+        .spawn(move || {
+            let mut next = Some(job);
+            while let Some(job) = next.take() {
+                job();
+                IDLE_RUNNERS.lock().push(tx.clone());
+                next = rx.recv().ok();
+            }
+        })
+        .expect("cannot start a runner thread");
+}
+
+/// Runs `f` with the GIL released on a runner thread, polling for Ctrl-C on
+/// the calling thread. On Ctrl-C the run is cancelled, waited for, and
 /// KeyboardInterrupt is raised; the workspace stays usable.
-pub(crate) fn run_detached<T: Send>(
+pub(crate) fn run_detached<T: Send + 'static>(
     py: Python<'_>,
-    f: impl FnOnce(&CancelToken) -> crate::Result<T> + Send,
+    f: impl FnOnce(&CancelToken) -> crate::Result<T> + Send + 'static,
 ) -> PyResult<T> {
     let tok = CancelToken::new();
-    let (result, interrupt) = py.detach(|| {
-        std::thread::scope(|s| {
-            let (tx, rx) = mpsc::channel::<()>();
-            let tok2 = tok.clone();
-            let handle = s.spawn(move || {
-                let r = guarded(|| f(&tok2));
-                let _ = tx.send(());
-                r
-            });
-            let mut interrupt: Option<PyErr> = None;
-            loop {
-                match rx.recv_timeout(Duration::from_millis(10)) {
-                    Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => break,
-                    Err(mpsc::RecvTimeoutError::Timeout) => {
-                        if interrupt.is_none() {
-                            if let Err(e) = Python::attach(|py| py.check_signals()) {
-                                tok.cancel();
-                                interrupt = Some(e);
-                            }
+    let (tx, rx) = mpsc::channel::<crate::Result<T>>();
+    let tok2 = tok.clone();
+    submit(Box::new(move || {
+        let _ = tx.send(guarded(|| f(&tok2)));
+    }));
+    let tok3 = tok.clone();
+    let (result, interrupt) = py.detach(move || {
+        let mut interrupt: Option<PyErr> = None;
+        loop {
+            match rx.recv_timeout(Duration::from_millis(10)) {
+                Ok(r) => return (r, interrupt),
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return (Err(Error::internal("the runner thread died")), interrupt);
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    if interrupt.is_none() {
+                        if let Err(e) = Python::attach(|py| py.check_signals()) {
+                            tok3.cancel();
+                            interrupt = Some(e);
                         }
                     }
                 }
             }
-            let r = handle.join().unwrap_or_else(|p| Err(from_panic(p)));
-            (r, interrupt)
-        })
+        }
     });
     if let Some(e) = interrupt {
         return Err(e);

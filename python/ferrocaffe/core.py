@@ -1,0 +1,1463 @@
+"""Nets, execution steps and plans: Caffe2's ``caffe2.python.core``.
+
+Code written for Caffe2 ports by replacing ``from caffe2.python import core``
+with ``from ferrocaffe import core``. The names, signatures, defaults,
+automatic blob naming and assertion messages follow Caffe2; the few places
+where ferrocaffe deliberately differs are marked "Caffe2 bug fixed" below.
+
+Out of scope here: gradients, ``ClonePartial``, device-copy injection.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import difflib
+import importlib
+import os
+import pickle
+import re
+import sys
+import threading
+import traceback
+from collections import OrderedDict, defaultdict, namedtuple
+from itertools import chain
+
+import numpy as np
+
+from ferrocaffe import proto as caffe2_pb2
+from ferrocaffe import scope
+
+__all__ = [
+    "DataType",
+    "BlobReference",
+    "ScopedName",
+    "ScopedBlobReference",
+    "NameScope",
+    "DeviceScope",
+    "DeviceOption",
+    "CreateOperator",
+    "CreatePythonOperator",
+    "IsOperator",
+    "IsOperatorWithEngine",
+    "RegisteredOperators",
+    "RefreshRegisteredOperators",
+    "Net",
+    "ExecutionStep",
+    "Plan",
+    "execution_step",
+    "scoped_execution_step",
+    "to_execution_step",
+    "add_nets_in_order",
+    "get_net_name",
+    "output_to_list",
+]
+
+# Convenience redirections, as in Caffe2.
+DeviceScope = scope.DeviceScope
+NameScope = scope.NameScope
+
+
+class DataType:
+    """TensorProto data types, as plain ints (``core.DataType.INT64 == 10``)."""
+
+    UNDEFINED = 0
+    FLOAT = 1
+    INT32 = 2
+    BYTE = 3
+    STRING = 4
+    BOOL = 5
+    UINT8 = 6
+    INT8 = 7
+    UINT16 = 8
+    INT16 = 9
+    INT64 = 10
+    FLOAT16 = 12
+    DOUBLE = 13
+    ZERO_COLLISION_HASH = 14
+    REBATCHING_BUFFER = 15
+
+
+GradientSlice = namedtuple("GradientSlice", ["indices", "values"])
+
+
+# ------------------------------------------------------ operator registry --
+#
+# The list of operator types comes from the compiled runtime. It is read on
+# first use rather than at import, so that importing core never needs the
+# compiled module; and it is re-read on a miss, because the bindings may
+# register operators (the Python op) after the first read. Only when the
+# registry cannot be read at all (no compiled module) is every CamelCase name
+# accepted, so that nets can still be built and serialised.
+
+_REGISTERED_OPERATORS = None  # a set, loaded lazily; None = not loaded yet
+_REGISTRY_AVAILABLE = None  # False when the compiled registry is missing
+_OP_TYPE_RE = re.compile(r"[A-Z][A-Za-z0-9_]*\Z")
+
+
+def _load_registry():
+    """The operator types registered in the runtime, or None if the compiled
+    module (or its registry) is not available."""
+    try:
+        _core = importlib.import_module("ferrocaffe._core")
+    except ImportError:
+        return None
+    registered_operators = getattr(_core, "registered_operators", None)
+    if registered_operators is None:
+        return None
+    return set(registered_operators())
+
+
+def _GetRegisteredOperators():
+    """The registered operator types, as a set (empty if unavailable)."""
+    return _load_registry() or set()
+
+
+def _registry():
+    if _REGISTERED_OPERATORS is None:
+        RefreshRegisteredOperators()
+    return _REGISTERED_OPERATORS
+
+
+def RefreshRegisteredOperators(trigger_lazy=True):
+    """Re-reads the list of registered operators from the runtime."""
+    global _REGISTERED_OPERATORS, _REGISTRY_AVAILABLE
+    registered = _load_registry()
+    _REGISTRY_AVAILABLE = registered is not None
+    _REGISTERED_OPERATORS = registered if registered is not None else set()
+
+
+def RegisteredOperators():
+    """The registered operator types, sorted."""
+    return sorted(_registry())
+
+
+def _op_registry_key(op_type, engine):
+    if not engine or engine == "DEFAULT":
+        return op_type
+    return op_type + "_ENGINE_" + engine
+
+
+def IsOperator(op_type):
+    return IsOperatorWithEngine(op_type, engine="DEFAULT")
+
+
+def IsOperatorWithEngine(op_type, engine):
+    registered = _registry()
+    if not _REGISTRY_AVAILABLE:
+        return (not engine or engine == "DEFAULT") and bool(_OP_TYPE_RE.match(op_type))
+    key = _op_registry_key(op_type, engine)
+    if key in registered:
+        return True
+    if _OP_TYPE_RE.match(op_type):
+        RefreshRegisteredOperators()
+        return key in _REGISTERED_OPERATORS
+    return False
+
+
+def _nearby_opnames(op_type):
+    return difflib.get_close_matches(op_type, sorted(_registry()), n=5, cutoff=0.6)
+
+
+def _not_registered(op_type):
+    return AttributeError(
+        "Method " + op_type + " is not a registered operator."
+        + " Did you mean: [" + ",".join(_nearby_opnames(op_type)) + "]"
+    )
+
+
+# --------------------------------------------------------------- devices --
+
+
+def IsGPUDeviceType(device_type):
+    return device_type in {caffe2_pb2.CUDA, caffe2_pb2.HIP}
+
+
+def DeviceOption(
+    device_type,
+    device_id=0,
+    random_seed=None,
+    node_name=None,
+    numa_node_id=None,
+    extra_info=None,
+):
+    """Builds a DeviceOption proto (``device_id`` is always set)."""
+    option = caffe2_pb2.DeviceOption()
+    option.device_type = device_type
+    option.device_id = device_id
+    if node_name is not None:
+        option.node_name = node_name
+    if random_seed is not None:
+        option.random_seed = random_seed
+    if numa_node_id is not None:
+        assert device_type == caffe2_pb2.CPU
+        option.numa_node_id = numa_node_id
+    if extra_info is not None:
+        option.extra_info.extend(extra_info)
+    return option
+
+
+def device_option_equal(opt1, opt2, ignore_node_name=True, ignore_random_seed=True):
+    if not opt1 or not opt2:
+        return opt1 == opt2
+    if not ignore_node_name and opt1.node_name != opt2.node_name:
+        return False
+    if not ignore_random_seed and opt1.random_seed != opt2.random_seed:
+        return False
+    if not opt1.device_type or not opt2.device_type:
+        # at least one is CPU: equal only if both are
+        return not opt1.device_type and not opt2.device_type
+    return opt1.device_id == opt2.device_id
+
+
+def InferBlobDevices(net):
+    """Maps each blob an op of ``net`` writes to that op's device option."""
+    mapping = {}
+    for op in net.Proto().op:
+        for b in op.output:
+            mapping[b] = op.device_option
+    return mapping
+
+
+# -------------------------------------------------------- blob references --
+
+
+class BlobReference:
+    """A blob name, optionally tied to the net that produces it.
+
+    It compares and hashes like its name. ``ref.Relu([...])`` adds a Relu op
+    to the ref's net with the ref as first input.
+    """
+
+    def __init__(self, name, net=None):
+        # No name scope is added here; ScopedBlobReference does that.
+        if isinstance(name, str):
+            self._name = name
+        elif isinstance(name, bytes):
+            self._name = name.decode("utf-8")
+        else:
+            self._name = str(name)
+        self._from_net = net
+        # free-form metadata that helpers may attach
+        self.meta = {}
+
+    def __hash__(self):
+        return hash(self._name)
+
+    def __eq__(self, other):
+        if isinstance(other, str):
+            return self._name == other
+        if isinstance(other, bytes):
+            return self._name == other.decode("utf-8")
+        if isinstance(other, BlobReference):
+            return self._name == other._name
+        return False
+
+    def __ne__(self, other):
+        return not self == other
+
+    def __str__(self):
+        return self._name
+
+    def __repr__(self):
+        return 'BlobReference("{}")'.format(self._name)
+
+    def __add__(self, other):
+        if not isinstance(other, str):
+            raise RuntimeError("Cannot add BlobReference to a non-string.")
+        return BlobReference(self._name + other, self._from_net)
+
+    def __radd__(self, other):
+        if not isinstance(other, str):
+            raise RuntimeError("Cannot add a non-string to BlobReference.")
+        return BlobReference(other + self._name, self._from_net)
+
+    def Net(self):
+        return self._from_net
+
+    def GetNameScope(self):
+        return self._name[: self._name.rfind(scope._NAMESCOPE_SEPARATOR) + 1]
+
+    def GetUnscopedName(self):
+        return self._name[self._name.rfind(scope._NAMESCOPE_SEPARATOR) + 1 :]
+
+    def _CreateAndAddToNet(self, op_type, inputs=None, *args, **kwargs):
+        inputs = [] if inputs is None else inputs
+        if isinstance(inputs, (BlobReference, str)):
+            inputs = [inputs]
+        # a new list: the caller's list is left alone
+        inputs = [self] + list(inputs)
+        return self._from_net.__getattr__(op_type)(inputs, *args, **kwargs)
+
+    def __getattr__(self, op_type):
+        # Private names are never op types; refusing them also keeps copy and
+        # pickle from recursing here before __init__ has run.
+        if op_type.startswith("_"):
+            raise AttributeError("Attribute {} not found.".format(op_type))
+        if self._from_net is None:
+            raise AttributeError(
+                "You cannot use a blob reference that does not have a net "
+                "source to create operators. Create the operator from an "
+                "explicit net object."
+            )
+        if not IsOperator(op_type):
+            raise _not_registered(op_type)
+        return lambda *args, **kwargs: self._CreateAndAddToNet(op_type, *args, **kwargs)
+
+    def __dir__(self):
+        additional = [
+            op for op in _registry() if "_ENGINE_" not in op or "_ENGINE_CUDNN" in op
+        ]
+        return sorted(set(chain(dir(type(self)), self.__dict__.keys(), additional)))
+
+
+def ScopedName(name):
+    """``name`` with the current name scope in front."""
+    if isinstance(name, bytes):
+        name = name.decode("ascii")
+    return scope.CurrentNameScope() + name
+
+
+def ScopedBlobReference(name, *args, **kwargs):
+    """A BlobReference to ``ScopedName(name)``."""
+    return BlobReference(ScopedName(name), *args, **kwargs)
+
+
+def _RectifyInputOutput(blobs, net=None):
+    """Normalises an op's inputs or outputs to a list of BlobReferences.
+    Strings get the name scope; BlobReferences are kept as they are."""
+    if isinstance(blobs, (bytes, str)):
+        return [ScopedBlobReference(blobs, net=net)]
+    if type(blobs) is BlobReference:
+        return [blobs]
+    if type(blobs) in (list, tuple):
+        rectified = []
+        for blob in blobs:
+            if isinstance(blob, (bytes, str)):
+                rectified.append(ScopedBlobReference(blob, net=net))
+            elif type(blob) is BlobReference:
+                rectified.append(blob)
+            else:
+                raise TypeError(
+                    "I/O blob #{} of unsupported type: {} of type {}".format(
+                        len(rectified), str(blob), type(blob)
+                    )
+                )
+        return rectified
+    raise TypeError(
+        "Unknown input/output type: %s of type %s." % (str(blobs), type(blobs))
+    )
+
+
+def _get_blob_ref(blob_name_or_ref):
+    # Caffe2 bug fixed: upstream tested the builtin `input` here, so a
+    # BlobReference given to AddExternalInput came back without its net.
+    if isinstance(blob_name_or_ref, BlobReference):
+        return blob_name_or_ref
+    return BlobReference(blob_name_or_ref)
+
+
+# ---------------------------------------------------------- op creation --
+
+
+def _is_float(v):
+    return isinstance(v, (float, np.floating))
+
+
+def _is_int(v):
+    return isinstance(v, (int, np.integer, np.bool_))
+
+
+def _MakeArgument(key, value):
+    """An Argument named ``key`` whose field follows the Python type of
+    ``value`` (Caffe2's ``utils.MakeArgument``)."""
+    argument = caffe2_pb2.Argument()
+    argument.name = key
+    if isinstance(value, np.ndarray):
+        if value.dtype.type is np.float32:
+            argument.floats.extend(value.flatten().tolist())
+            return argument
+        value = value.flatten().tolist()
+    elif isinstance(value, np.generic):
+        value = value.item()
+
+    if type(value) is float:
+        argument.f = value
+    elif isinstance(value, int):  # bools too: they are stored as ints
+        argument.i = value
+    elif isinstance(value, bytes):
+        argument.s = value
+    elif isinstance(value, str):
+        argument.s = value.encode("utf-8")
+    elif isinstance(value, caffe2_pb2.NetDef):
+        argument.n.CopyFrom(value)
+    elif isinstance(value, caffe2_pb2.Message):
+        argument.s = value.SerializeToString()
+    elif isinstance(value, float):
+        argument.f = value
+    elif isinstance(value, collections.abc.Iterable):
+        values = list(value)
+        if all(_is_float(v) for v in values):
+            argument.floats.extend(float(v) for v in values)
+        elif all(_is_int(v) for v in values):
+            argument.ints.extend(int(v) for v in values)
+        elif all(isinstance(v, (bytes, str)) for v in values):
+            argument.strings.extend(
+                v.encode("utf-8") if isinstance(v, str) else v for v in values
+            )
+        elif all(isinstance(v, caffe2_pb2.NetDef) for v in values):
+            argument.nets.extend(values)
+        elif all(isinstance(v, caffe2_pb2.Message) for v in values):
+            argument.strings.extend(v.SerializeToString() for v in values)
+        else:
+            raise ValueError(
+                "Unknown iterable argument type: key={} value={}, value "
+                "type={}[{}]".format(key, value, type(value), set(type(v) for v in values))
+            )
+    else:
+        raise ValueError(
+            "Unknown argument type: key={} value={}, value type={}".format(
+                key, value, type(value)
+            )
+        )
+    return argument
+
+
+def CreateOperator(
+    operator_type,
+    inputs,
+    outputs,
+    name="",
+    control_input=None,
+    device_option=None,
+    arg=None,
+    engine=None,
+    debug_info=None,
+    **kwargs
+):
+    """Builds an OperatorDef. The type is not checked against the registry.
+
+    String inputs and outputs get the current name scope; BlobReferences are
+    used as they are. The device option is ``device_option``, else the
+    current DeviceScope, else unset. ``random_seed`` goes into the device
+    option, ``arg`` (a list of Arguments) is appended as is, and every other
+    keyword becomes an Argument (None values are skipped).
+    """
+    operator = caffe2_pb2.OperatorDef()
+    if os.environ.get("CAFFE2_DEBUG"):
+        operator.debug_info = "".join(traceback.format_stack()[:-1])
+
+    operator.type = operator_type
+    operator.name = name
+    inputs = _RectifyInputOutput(inputs)
+    outputs = _RectifyInputOutput(outputs)
+    operator.input.extend([str(i) for i in inputs])
+    operator.output.extend([str(o) for o in outputs])
+    if control_input:
+        control_input = _RectifyInputOutput(control_input)
+        operator.control_input.extend([str(i) for i in control_input])
+    if device_option is not None:
+        operator.device_option.CopyFrom(device_option)
+    elif scope.CurrentDeviceScope() is not None:
+        operator.device_option.CopyFrom(scope.CurrentDeviceScope())
+    if engine is not None:
+        operator.engine = engine
+    if debug_info is not None:
+        operator.debug_info = debug_info
+    if "random_seed" in kwargs:
+        operator.device_option.random_seed = kwargs.pop("random_seed")
+    if arg is not None:
+        operator.arg.extend(arg)
+    for key, value in kwargs.items():
+        if value is not None:
+            operator.arg.append(_MakeArgument(key, value))
+
+    workspace = sys.modules.get("ferrocaffe.workspace")
+    is_immediate = getattr(workspace, "IsImmediate", None)
+    if is_immediate is not None and is_immediate():
+        workspace.RunOperatorImmediate(operator)
+    return operator
+
+
+def _RegisterPythonImpl(f, grad_f=None, python_func_type=None, pass_workspace=False):
+    """Registers ``f`` with the runtime and returns its token."""
+    if grad_f is not None:
+        raise NotImplementedError("Gradients of Python operators are not supported.")
+    if python_func_type:
+        f = python_func_type(f).forward
+    elif isinstance(f, tuple):
+        f = f[0](*f[1], **f[2])
+    from ferrocaffe import _python_ops
+
+    return _python_ops.register(f, pass_workspace)
+
+
+def CreatePythonOperator(
+    f, inputs, outputs, grad_f=None, pass_workspace=False, python_func_type=None, *args, **kwargs
+):
+    """A ``Python`` op that calls ``f(inputs, outputs)`` (or
+    ``f(inputs, outputs, workspace)`` with ``pass_workspace``)."""
+    kwargs["token"] = _RegisterPythonImpl(
+        f, grad_f, python_func_type, pass_workspace=pass_workspace
+    )
+    return CreateOperator("Python", inputs, outputs, *args, **kwargs)
+
+
+# ------------------------------------------------------------------ nets --
+
+
+def get_net_name(netlike):
+    if isinstance(netlike, Net):
+        return netlike.Proto().name
+    if isinstance(netlike, caffe2_pb2.NetDef):
+        return netlike.name
+    return netlike
+
+
+def output_to_list(op_output):
+    """An op's return value (one ref or a tuple of refs) as a list."""
+    assert type(op_output) in (list, tuple, BlobReference)
+    return [op_output] if isinstance(op_output, BlobReference) else list(op_output)
+
+
+def _add_net_to_dict(net_dict, net):
+    name = get_net_name(net)
+    if name in net_dict:
+        assert net_dict[name] is None or net == net_dict[name], (
+            "Different nets with same name: " + name
+        )
+        return False
+    net_dict[name] = net if isinstance(net, Net) else None
+    return True
+
+
+def remap_input(op, blob_name_remapping):
+    new_list = [blob_name_remapping.get(b, b) for b in op.input]
+    del op.input[:]
+    op.input.extend(new_list)
+
+
+def _autogen_index(name, prefix):
+    """k for a name ``<prefix><k>...``, else None."""
+    digits = re.match(r"\d+", name[len(prefix):])
+    return int(digits.group()) if digits else None
+
+
+class Net:
+    """A network under construction: a NetDef plus naming state.
+
+    ``net.Add([a, b], "c")`` adds an ``Add`` op; any registered operator type
+    works as a method. Outputs may be omitted (one auto-named output), an int
+    (that many auto-named outputs), or names/refs.
+    """
+
+    # process-wide: base name -> how many nets took it
+    _net_names_used_counters = {}
+    _names_lock = threading.Lock()
+    operator_registry_ = {}
+
+    @staticmethod
+    def current_prefix():
+        # NetBuilder lives in a higher module; it can only be active if that
+        # module has been imported, so look for it without importing it.
+        net_builder = sys.modules.get("ferrocaffe.net_builder")
+        if net_builder is None:
+            return ""
+        builder = net_builder.NetBuilder.current(required=False)
+        return builder.name if builder else ""
+
+    @staticmethod
+    def _reset_used_names():
+        with Net._names_lock:
+            Net._net_names_used_counters = {}
+
+    @staticmethod
+    def _get_next_net_name(basename):
+        basename = "/".join(x for x in [Net.current_prefix(), basename] if x)
+        with Net._names_lock:
+            next_idx = Net._net_names_used_counters.get(basename, 0)
+            Net._net_names_used_counters[basename] = next_idx + 1
+        return basename if next_idx == 0 else "{}_{}".format(basename, next_idx)
+
+    def __init__(self, name_or_proto, inplace=False):
+        """A new empty net named ``name_or_proto``, or a net over a copy of
+        the NetDef ``name_or_proto`` (the NetDef itself if ``inplace``). The
+        name is made unique either way."""
+        self._input_record = None
+        self._output_record = None
+        # names handed out by NextBlob, so that they are never reused
+        self._registered_blob_names = set()
+        self._recreate_lookup_tables = False
+        self._op_outputs = set()
+        self._external_input_map = set()
+        self._attr_dict = defaultdict(list)
+        if isinstance(name_or_proto, caffe2_pb2.NetDef):
+            proto = name_or_proto
+            if inplace:
+                self._net = proto
+            else:
+                self._net = caffe2_pb2.NetDef()
+                self._net.CopyFrom(proto)
+            self._external_input_map.update(self._net.external_input)
+            existing_names = set()
+            for op in self._net.op:
+                existing_names.update(op.input)
+                existing_names.update(op.output)
+                self._op_outputs.update(op.output)
+            # Resume automatic naming after the highest <name>_blob_<k>.
+            # (Caffe2 bug fixed: it parsed a single digit of k.)
+            prefix = self._net.name + "_blob_"
+            indices = [
+                k
+                for k in (_autogen_index(s, prefix) for s in existing_names if s.startswith(prefix))
+                if k is not None
+            ]
+            self._next_name_index = max(indices) + 1 if indices else 0
+            name = self._net.name
+        else:
+            name = name_or_proto
+            self._net = caffe2_pb2.NetDef()
+            self._next_name_index = 0
+
+        self._net.name = Net._get_next_net_name(name)
+        # cache of the next free _<k> suffix per NextName key
+        self._next_blob_name_ids = {}
+
+    # -- identity
+
+    def Name(self):
+        return self._net.name
+
+    def __str__(self):
+        return self.Name()
+
+    def Proto(self):
+        """The live NetDef. Callers may edit it, so the lookup tables are
+        rebuilt on next use."""
+        self._InvalidateLookupTables()
+        return self._net
+
+    # -- attributes (opaque hooks used by task.py)
+
+    def add_attribute(self, name, obj):
+        """Appends ``obj`` to this net's attribute list ``name``."""
+        self._attr_dict[name].append(obj)
+
+    def get_attributes(self, name):
+        """The attribute list ``name`` (``[]`` if there is none)."""
+        return self._attr_dict.get(name, [])
+
+    # -- blob lookups
+
+    def BlobIsDefined(self, blob):
+        """True if an op of this net writes ``blob`` or it is an external input."""
+        if self._recreate_lookup_tables:
+            self._RecreateLookupTables()
+        name = str(blob)
+        return name in self._op_outputs or name in self._external_input_map
+
+    def UsesBlob(self, blob):
+        """True if an op of this net reads ``blob`` or it is an external input."""
+        if self._recreate_lookup_tables:
+            self._RecreateLookupTables()
+        blob_name = str(blob)
+        for op in self._net.op:
+            if blob_name in op.input:
+                return True
+        return blob_name in self._external_input_map
+
+    def UsedBlobNames(self):
+        """Every blob name an op reads or writes, plus the external lists."""
+        blob_names = set()
+        for op in self._net.op:
+            blob_names |= set(op.input)
+            blob_names |= set(op.output)
+        blob_names |= set(self._net.external_input)
+        blob_names |= set(self._net.external_output)
+        return blob_names
+
+    def GetBlobRef(self, blob_name):
+        """A reference to a blob this net defines; KeyError otherwise."""
+        blob_name = str(blob_name)
+        if not self.BlobIsDefined(blob_name):
+            raise KeyError("Net does not define blob %s" % blob_name)
+        return BlobReference(blob_name, self)
+
+    def is_external_input(self, blob):
+        if self._recreate_lookup_tables:
+            self._RecreateLookupTables()
+        return str(blob) in self._external_input_map
+
+    # -- automatic names
+
+    def NextScopedBlob(self, prefix="unnamed"):
+        """NextBlob of the name-scoped ``prefix``."""
+        return self.NextBlob(ScopedName(prefix))
+
+    def NextBlob(self, prefix="unnamed"):
+        """A blob name not defined in this net nor handed out before:
+        ``prefix`` itself, else ``prefix_auto_<i>``."""
+        output_blob_base = BlobReference(prefix)
+        output_blob = output_blob_base
+        index = 0
+        while str(output_blob) in self._registered_blob_names or self.BlobIsDefined(output_blob):
+            output_blob = output_blob_base + "_auto_" + str(index)
+            index += 1
+        self._registered_blob_names.add(str(output_blob))
+        return output_blob
+
+    def NextName(self, prefix=None, output_id=None):
+        """An automatic blob name: ``<net>/<prefix>[:<output_id>]``, with a
+        ``_<k>`` suffix (k from 2) when the name-scoped form is already
+        defined, or ``<net>_blob_<n>`` without a prefix. No scope is added."""
+        if prefix:
+            output_name_base = self._net.name + "/" + prefix
+            output_name = output_name_base
+            if output_id is not None:
+                output_name += ":" + str(output_id)
+            key = output_name
+            index = self._next_blob_name_ids.get(key, 2)
+            while self.BlobIsDefined(str(ScopedBlobReference(output_name))):
+                output_name = output_name_base + "_" + str(index)
+                if output_id is not None:
+                    output_name += ":" + str(output_id)
+                index += 1
+                self._next_blob_name_ids[key] = index
+        else:
+            output_name = self._net.name + "_blob_" + str(self._next_name_index)
+            self._next_name_index += 1
+        return str(output_name)
+
+    # -- lookup tables
+
+    def _ExtendOps(self, new_ops):
+        self._net.op.extend(new_ops)
+        for op in new_ops:
+            self._op_outputs.update([str(o) for o in op.output])
+
+    def extend_ops(self, new_ops):
+        return self._ExtendOps(new_ops)
+
+    def _CheckLookupTables(self):
+        """Asserts the lookup tables cover the proto (for tests)."""
+        outputs = {o for op in self._net.op for o in op.output}
+        inputs = set(self._net.external_input)
+        assert outputs.difference(self._op_outputs) == set()
+        assert inputs.difference(self._external_input_map) == set()
+
+    def _InvalidateLookupTables(self):
+        self._recreate_lookup_tables = True
+
+    def _RecreateLookupTables(self):
+        self._op_outputs = {o for op in self._net.op for o in op.output}
+        self._external_input_map = set(self._net.external_input)
+        self._recreate_lookup_tables = False
+
+    # -- external inputs and outputs
+
+    def AddExternalInput(self, *inputs):
+        """Declares external inputs. Returns one ref, or a list of refs."""
+        assert len(inputs) > 0
+        if self._recreate_lookup_tables:
+            self._RecreateLookupTables()
+        input_name_set = set()
+        for input in inputs:
+            input_name = str(input)
+            assert (
+                input_name not in self._external_input_map
+                and input_name not in input_name_set
+            ), "Net already contains an input named %s" % input_name
+            input_name_set.add(input_name)
+        refs = []
+        for input in inputs:
+            input_name = str(input)
+            self._net.external_input.extend([input_name])
+            self._external_input_map.update([input_name])
+            refs.append(_get_blob_ref(input))
+        return refs[0] if len(refs) == 1 else refs
+
+    def AddExternalOutput(self, *outputs):
+        """Declares external outputs: BlobReferences this net defines."""
+        for output in outputs:
+            assert isinstance(output, BlobReference)
+            assert self.BlobIsDefined(output), "{} is not defined".format(output)
+        for output in outputs:
+            self.Proto().external_output.extend([str(output)])
+
+    def AddExternalInputs(self, *inputs):
+        return self.AddExternalInput(*inputs)
+
+    def AddExternalOutputs(self, *outputs):
+        self.AddExternalOutput(*outputs)
+
+    def AddScopedExternalInputs(self, *inputs):
+        res = self.AddExternalInput(*[ScopedBlobReference(b) for b in inputs])
+        if not isinstance(res, list):
+            res = [res]
+        return res
+
+    def AddScopedExternalOutputs(self, *outputs):
+        return self.AddExternalOutput(*[ScopedBlobReference(b) for b in outputs])
+
+    @property
+    def external_inputs(self):
+        return [_get_blob_ref(x) for x in self._net.external_input]
+
+    @property
+    def external_outputs(self):
+        return [_get_blob_ref(x) for x in self._net.external_output]
+
+    # -- records (schema lives in a higher module, imported on use)
+
+    def input_record(self):
+        return self._input_record
+
+    def output_record(self):
+        return self._output_record
+
+    def set_input_record(self, input_record):
+        from ferrocaffe import schema
+
+        assert self._input_record is None or (
+            input_record.has_blobs()
+            and set(input_record.field_blobs()) == set(self._input_record.field_blobs())
+        ), "Input schema cannot be reset"
+        if not input_record.has_blobs():
+            with NameScope(self.Name()):
+                self._input_record = schema.NewRecord(self, input_record)
+        else:
+            self._input_record = input_record
+        for blob in self._input_record.field_blobs():
+            if not self.is_external_input(blob):
+                self.AddExternalInput(blob)
+        return self._input_record
+
+    def set_output_record(self, record):
+        assert self._output_record is None or (
+            record.has_blobs()
+            and set(record.field_blobs()) == set(self._output_record.field_blobs())
+        ), "Output schema cannot be reset"
+        for blob in record.field_blobs():
+            assert self.BlobIsDefined(blob), "{} is not defined in net {}".format(
+                blob, self.Proto()
+            )
+        for blob in record.field_blobs():
+            if blob not in self.external_outputs:
+                self.AddExternalOutput(blob)
+        self._output_record = record
+
+    # -- whole-net operations
+
+    def AddArgument(self, arg_name, arg_value):
+        self._net.arg.extend([_MakeArgument(arg_name, arg_value)])
+
+    def set_rand_seed(self, seed=100, sequence_seed=True, seed_on_op_def=False):
+        """Sets a random seed on every op: ``seed + i`` for op i by default."""
+        assert not (sequence_seed and seed_on_op_def), (
+            "sequence_seed and seed_on_op_def cannot be both set to True."
+        )
+        for i, op in enumerate(self.Proto().op):
+            if sequence_seed:
+                curr_seed = seed + i
+            elif seed_on_op_def:
+                curr_seed = hash(str(op) + str(seed)) % np.iinfo(np.uint32).max
+            else:
+                curr_seed = seed
+            op.device_option.random_seed = curr_seed
+
+    def AppendNet(self, net, device_option=None):
+        """Appends ``net``'s ops (copies carrying ``device_option`` if given)
+        and merges its external lists. Returns self."""
+        assert isinstance(net, Net)
+        if self._recreate_lookup_tables:
+            self._RecreateLookupTables()
+        for i in net.Proto().external_input:
+            if i not in self.Proto().external_input and i not in self._op_outputs:
+                self.Proto().external_input.append(i)
+        self.Proto().external_output.extend(
+            [o for o in net.Proto().external_output if o not in self.Proto().external_output]
+        )
+        ops = net.Proto().op
+        if device_option is not None:
+            ops = [op.__deepcopy__() for op in ops]
+            for op in ops:
+                op.device_option.CopyFrom(device_option)
+        self._ExtendOps(ops)
+        return self
+
+    def Clone(
+        self,
+        name,
+        blob_remap=None,
+        op_id_mask=None,
+        remap_funcs=None,
+        keep_schema=True,
+        update_external_list=False,
+    ):
+        """A copy of this net named ``name`` (made unique).
+
+        ``blob_remap`` renames blobs (inputs, outputs, external lists);
+        ``op_id_mask`` keeps only the listed ops, in that order;
+        ``remap_funcs`` maps op types to ``f(op, prefix, blob_remap)`` for ops
+        that hold blob names elsewhere. ``update_external_list`` recomputes
+        the external lists from the kept ops.
+        """
+        remap_funcs = dict(remap_funcs or {})
+        proto = self._net
+        new_proto = caffe2_pb2.NetDef()
+        new_proto.CopyFrom(proto)
+        new_proto.name = name
+
+        if blob_remap is None:
+            blob_remap = {}
+        if op_id_mask is None:
+            op_id_mask = list(range(0, len(proto.op)))
+
+        def get_remapped_str(blob):
+            blob_str = str(blob)
+            return str(blob_remap.get(blob_str, blob_str))
+
+        def remap_list(proto_list):
+            new_list = [get_remapped_str(b) for b in proto_list]
+            del proto_list[:]
+            proto_list.extend(new_list)
+
+        def remap_op(op):
+            new_op = caffe2_pb2.OperatorDef()
+            new_op.CopyFrom(op)
+            remap_list(new_op.input)
+            remap_list(new_op.output)
+            if new_op.type in remap_funcs:
+                remap_funcs[new_op.type](new_op, (name + "/") if name else "", blob_remap)
+            return new_op
+
+        del new_proto.op[:]
+        new_proto.op.extend([remap_op(proto.op[op_id]) for op_id in op_id_mask])
+        remap_list(new_proto.external_input)
+        remap_list(new_proto.external_output)
+        new_net = Net(new_proto)
+
+        if keep_schema and (self._input_record or self._output_record):
+            from ferrocaffe import schema
+
+            if self._input_record:
+                new_net._input_record = schema.from_blob_list(
+                    self._input_record,
+                    [
+                        BlobReference(get_remapped_str(blob), net=new_net)
+                        for blob in self._input_record.field_blobs()
+                    ],
+                )
+            if self._output_record:
+                new_net._output_record = schema.from_blob_list(
+                    self._output_record,
+                    [
+                        BlobReference(get_remapped_str(blob), net=new_net)
+                        for blob in self._output_record.field_blobs()
+                    ],
+                )
+
+        # Caffe2 bug fixed: the attribute lists were shared with the original.
+        for key, attrs in self._attr_dict.items():
+            new_net._attr_dict[key] = list(attrs)
+
+        if update_external_list:
+            existing_outputs = set()
+            used_outputs = set()
+            del new_net.Proto().external_input[:]
+            del new_net.Proto().external_output[:]
+            for op in new_net.Proto().op:
+                for ib in op.input:
+                    if ib not in existing_outputs:
+                        new_net.Proto().external_input.extend([ib])
+                    else:
+                        used_outputs.add(ib)
+                for ob in op.output:
+                    existing_outputs.add(ob)
+            for ob in existing_outputs:
+                if ob not in used_outputs:
+                    new_net.Proto().external_output.extend([ob])
+        return new_net
+
+    # -- convenience ops
+
+    def Const(self, array, blob_out=None, dtype=None):
+        """A constant: a Python bool becomes a 0-dim BOOL ConstantFill;
+        anything else goes through ``np.array(array, dtype)`` and a
+        GivenTensor*Fill chosen by the resulting dtype."""
+        if isinstance(array, bool):
+            return self.ConstantFill([], blob_out or 1, dtype=DataType.BOOL, value=array)
+
+        array = np.array(array) if dtype is None else np.array(array, dtype=dtype)
+        kind, size = array.dtype.kind, array.dtype.itemsize
+        values = array.flatten().tolist()
+        # Caffe2 bug fixed: strings and bools were detected by dtype
+        # comparisons that depend on the numpy version; use dtype.kind.
+        if kind == "i" and size == 4:
+            operator = self.GivenTensorIntFill
+        elif kind == "i" and size == 8:
+            operator = self.GivenTensorInt64Fill
+        elif kind in ("U", "S"):
+            operator = self.GivenTensorStringFill
+        elif kind == "b":
+            operator = self.GivenTensorBoolFill
+        else:
+            operator = self.GivenTensorFill
+            values = [float(v) for v in values]
+        return operator([], blob_out or 1, shape=array.shape, values=values)
+
+    def LogInfo(self, *msg_or_blobs):
+        """Prints each item when the net runs: blobs as they are, anything
+        else as a string constant."""
+        for msg_or_blob in msg_or_blobs:
+            if not isinstance(msg_or_blob, BlobReference):
+                blob = self.GivenTensorStringFill(
+                    [], self.NextName("log"), shape=[], values=[msg_or_blob]
+                )
+            else:
+                blob = msg_or_blob
+            self.Print(blob, [])
+
+    def Python(
+        self,
+        f,
+        grad_f=None,
+        python_func_type=None,
+        pass_workspace=False,
+        grad_output_indices=None,
+        grad_input_indices=None,
+    ):
+        """Returns ``op(inputs, outputs, **kwargs)`` that adds a ``Python`` op.
+
+        ``f`` is a callable ``f(inputs, outputs)`` (``f(inputs, outputs,
+        workspace)`` with ``pass_workspace``), registered process-wide under
+        a token; or a tuple ``(builder, args, kwargs)``, pickled into the op,
+        so that ``builder(*args, **kwargs)`` makes the callable once per op
+        instance (in each workspace, on each node). Gradients (``grad_f``)
+        are not supported.
+        """
+        assert IsOperator("Python")
+
+        def make_builder(t):
+            if not isinstance(t, tuple):
+                return ""
+            assert len(t) == 3, "Expected builder tuple (func, args, kwargs)"
+            func, args, kwargs = t
+            return pickle.dumps((func, tuple(args), dict(kwargs)))
+
+        f_builder = make_builder(f)
+        grad_f_builder = make_builder(grad_f)
+        assert (not grad_f) or ((not f_builder) == (not grad_f_builder)), (
+            "A tuple has to be passed to both f and grad_f or neither."
+        )
+        if grad_f is not None:
+            raise NotImplementedError("Gradients of Python operators are not supported.")
+
+        core_kwargs = {}
+        if f_builder:
+            core_kwargs["pickled_builder"] = f_builder
+            core_kwargs["pass_workspace"] = pass_workspace
+        else:
+            core_kwargs["token"] = _RegisterPythonImpl(
+                f, None, python_func_type, pass_workspace=pass_workspace
+            )
+
+        grad_output_indices = grad_output_indices or []
+        grad_input_indices = grad_input_indices or []
+        return lambda *args, **kwargs: self._CreateAndAddToSelf(
+            "Python",
+            grad_output_indices=grad_output_indices,
+            grad_input_indices=grad_input_indices,
+            *args,
+            **dict(chain(kwargs.items(), core_kwargs.items()))
+        )
+
+    # -- op creation by attribute
+
+    def _CreateAndAddToSelf(self, op_type, inputs, outputs=None, **kwargs):
+        inputs = _RectifyInputOutput(inputs)
+        for input in inputs:
+            if not self.BlobIsDefined(input):
+                assert input.Net() != self
+                self.AddExternalInput(input)
+        if outputs is None:
+            # one output, named automatically
+            outputs = self.NextName(prefix=op_type)
+        elif type(outputs) is int:
+            outputs = [self.NextName(prefix=op_type, output_id=i) for i in range(outputs)]
+        outputs = _RectifyInputOutput(outputs, net=self)
+        op = CreateOperator(op_type, inputs, outputs, **kwargs)
+        self._ExtendOps([op])
+        if len(op.output) == 0:
+            return None
+        if len(op.output) == 1:
+            return BlobReference(op.output[0], self)
+        return tuple(BlobReference(o, self) for o in op.output)
+
+    def __getattr__(self, op_type):
+        # Private names are never op types (and refusing them keeps copy and
+        # pickle from recursing here before __init__ has run).
+        if op_type.startswith("_"):
+            raise AttributeError("Attribute {} not found.".format(op_type))
+        if not IsOperator(op_type) and not IsOperatorWithEngine(op_type, "CUDNN"):
+            raise _not_registered(op_type)
+        return lambda *args, **kwargs: self._CreateAndAddToSelf(op_type, *args, **kwargs)
+
+    def __dir__(self):
+        additional = [op for op in _registry() if "_ENGINE_" not in op]
+        return sorted(set(chain(dir(type(self)), self.__dict__.keys(), additional)))
+
+
+# ------------------------------------------------------- execution steps --
+
+
+class ExecutionStep:
+    """A step of a plan: nets to run, or substeps, with iteration rules.
+
+    A step becomes immutable once added to a plan or another step.
+    """
+
+    _step_names_used = set()
+    _names_lock = threading.Lock()
+
+    @staticmethod
+    def _get_next_step_name(basename):
+        with ExecutionStep._names_lock:
+            name = basename
+            next_idx = 1
+            while name in ExecutionStep._step_names_used:
+                name = basename + "_" + str(next_idx)
+                next_idx += 1
+            ExecutionStep._step_names_used.add(name)
+        return name
+
+    def __init__(self, name, nets=None, num_iter=None):
+        self._step = caffe2_pb2.ExecutionStep()
+        self._step.name = name or ExecutionStep._get_next_step_name("step")
+        self._net_dict = OrderedDict()
+        self._is_used = False
+        self._substeps = []
+        if nets is not None:
+            if isinstance(nets, Net):
+                nets = [nets]
+            for net in nets:
+                if _add_net_to_dict(self._net_dict, net):
+                    self._step.network.extend([get_net_name(net)])
+        if num_iter is not None:
+            self._step.num_iter = num_iter
+
+    def get_net(self, name):
+        return self._net_dict[name]
+
+    def Name(self):
+        return self._step.name
+
+    def __str__(self):
+        return self._step.name
+
+    def _assert_can_mutate(self):
+        assert not self._is_used, (
+            "Cannot mutate a step that has already been added to a plan/step."
+        )
+
+    def _notify_is_used(self):
+        self._is_used = True
+
+    def Proto(self):
+        return self._step
+
+    def HasNets(self):
+        return len(self._step.network) > 0
+
+    def HasSubsteps(self):
+        return len(self._step.substep) > 0
+
+    def Nets(self):
+        return list(self._net_dict.values())
+
+    def Substeps(self):
+        return self._substeps
+
+    def SetIter(self, num_iter):
+        self._assert_can_mutate()
+        self._step.num_iter = num_iter
+
+    def SetCreateWorkspace(self, create_workspace):
+        self._assert_can_mutate()
+        self._step.create_workspace = create_workspace
+
+    def SetNumConcurrentInstances(self, num_concurrent_instances):
+        self._assert_can_mutate()
+        self._step.num_concurrent_instances = num_concurrent_instances
+
+    def SetOnlyOnce(self, only_once):
+        self._assert_can_mutate()
+        self._step.only_once = only_once
+
+    def SetShouldStopBlob(self, should_stop_blob):
+        assert isinstance(should_stop_blob, BlobReference), (
+            "expects BlobReference here, got {}".format(type(should_stop_blob))
+        )
+        self._assert_can_mutate()
+        self._step.should_stop_blob = str(should_stop_blob)
+
+    def RunEveryMillis(self, interval):
+        """Runs this step every ``interval`` ms while its sibling substeps
+        run, and once more after they finish. Ignored for a top-level step."""
+        # Caffe2 bug fixed: upstream skipped the mutability check here.
+        self._assert_can_mutate()
+        self._step.run_every_ms = interval
+
+    def SetReportNet(self, report_net, report_interval):
+        """Deprecated: use RunEveryMillis."""
+        self._assert_can_mutate()
+        _add_net_to_dict(self._net_dict, report_net)
+        self._step.report_net = get_net_name(report_net)
+        self._step.report_interval = report_interval
+
+    def AddSubstep(self, substep):
+        """Adds a step (or ExecutionStep proto) as a substep; an empty step
+        is dropped. Returns self."""
+        self._assert_can_mutate()
+        assert not self.HasNets(), "Cannot have both network and substeps."
+        if isinstance(substep, ExecutionStep):
+            substep._notify_is_used()
+            if not substep.HasNets() and not substep.HasSubsteps():
+                return self
+            for net in substep.Nets():
+                _add_net_to_dict(self._net_dict, net)
+            self._substeps.append(substep)
+            proto = substep.Proto()
+        else:
+            proto = substep
+        self._step.substep.add().CopyFrom(proto)
+        return self
+
+    def SetConcurrentSubsteps(self, concurrent_substeps):
+        self._assert_can_mutate()
+        assert not self.HasNets(), "Cannot have both network and substeps."
+        self._step.concurrent_substeps = concurrent_substeps
+
+    def AddNet(self, net):
+        """Adds a net to run (a net added twice runs twice). Returns self."""
+        self._assert_can_mutate()
+        assert not self.HasSubsteps(), "Cannot have both network and substeps."
+        assert isinstance(net, Net)
+        _add_net_to_dict(self._net_dict, net)
+        self._step.network.extend([get_net_name(net)])
+        return self
+
+    def get_all_attributes(self, name):
+        """The attributes ``name`` of every net this step (and its substeps) uses."""
+        return [attr for net in self._net_dict.values() for attr in net.get_attributes(name)]
+
+    @classmethod
+    def create_from_proto(cls, step_proto, net_obj_dict, net_proto_dict):
+        """Rebuilds a step (recursively) from its proto. Nets come from
+        ``net_obj_dict`` by name, else are created from ``net_proto_dict``."""
+        assert isinstance(step_proto, caffe2_pb2.ExecutionStep)
+        assert (len(step_proto.network) > 0 and len(step_proto.substep) == 0) or (
+            len(step_proto.network) == 0 and len(step_proto.substep) > 0
+        )
+
+        steps_or_nets = []
+        if len(step_proto.substep) > 0:
+            for substep_proto in step_proto.substep:
+                steps_or_nets.append(
+                    ExecutionStep.create_from_proto(substep_proto, net_obj_dict, net_proto_dict)
+                )
+        else:
+            for net_name in step_proto.network:
+                if net_name not in net_obj_dict:
+                    assert net_name in net_proto_dict
+                    net_obj_dict[net_name] = Net(net_proto_dict[net_name])
+                net = net_obj_dict[net_name]
+                assert isinstance(net, Net)
+                steps_or_nets.append(net)
+
+        def field(name, convert=None):
+            if not step_proto.HasField(name):
+                return None
+            value = getattr(step_proto, name)
+            return convert(value) if convert else value
+
+        return execution_step(
+            step_proto.name,
+            steps_or_nets,
+            num_iter=field("num_iter"),
+            report_net=None,
+            report_interval=None,
+            concurrent_substeps=field("concurrent_substeps"),
+            should_stop_blob=field("should_stop_blob", BlobReference),
+            only_once=field("only_once"),
+            num_concurrent_instances=field("num_concurrent_instances"),
+            create_workspace=field("create_workspace"),
+            run_every_ms=field("run_every_ms"),
+        )
+
+
+def add_nets_in_order(step, net_list):
+    """Appends to ``net_list`` the names of the nets ``step`` runs, depth
+    first (substeps, own nets, report net), skipping names already there."""
+    proto = step.Proto()
+    for substep in step.Substeps():
+        add_nets_in_order(substep, net_list)
+    for net in proto.network:
+        if net not in net_list:
+            net_list.append(net)
+    # Report nets come last, though they may run first; callers rely on it.
+    if proto.report_net and proto.report_net not in net_list:
+        net_list.append(proto.report_net)
+
+
+class Plan:
+    """A plan: steps plus snapshots of the nets they run."""
+
+    def __init__(self, name_or_step):
+        self._plan = caffe2_pb2.PlanDef()
+        self._net_dict = OrderedDict()
+        self._steps = []
+        if isinstance(name_or_step, ExecutionStep):
+            self._plan.name = name_or_step.Name()
+            self.AddStep(name_or_step)
+        elif isinstance(name_or_step, (str, bytes)):
+            self._plan.name = name_or_step
+        else:
+            raise ValueError("name_or_step must be a string or ExecutionStep")
+
+    def __str__(self):
+        return self._plan.name
+
+    def Proto(self):
+        return self._plan
+
+    def AddNets(self, nets):
+        """Adds copies of the nets' NetDefs as they are now (once per name)."""
+        for net in nets:
+            if _add_net_to_dict(self._net_dict, net):
+                assert isinstance(net, Net)
+                self._plan.network.add().CopyFrom(net.Proto())
+
+    def Nets(self):
+        return list(self._net_dict.values())
+
+    def AddStep(self, step):
+        """Adds a copy of ``step`` (an empty step is dropped) and the nets it
+        runs, in order of first use. The step becomes immutable."""
+        assert isinstance(step, ExecutionStep)
+        step._notify_is_used()
+        if not step.HasNets() and not step.HasSubsteps():
+            return
+        self._plan.execution_step.add().CopyFrom(step.Proto())
+        self._steps.append(step)
+        net_list = []
+        add_nets_in_order(step, net_list)
+        self.AddNets([step.get_net(n) for n in net_list])
+
+    def Steps(self):
+        return self._steps
+
+    def get_all_attributes(self, name):
+        """The attributes ``name`` of every net of this plan."""
+        return [attr for net in self._net_dict.values() for attr in net.get_attributes(name)]
+
+    @classmethod
+    def create_from_proto(cls, plan_proto):
+        assert isinstance(plan_proto, caffe2_pb2.PlanDef)
+        plan = Plan(plan_proto.name)
+        plan._plan.CopyFrom(plan_proto)
+        del plan._plan.network[:]
+        del plan._plan.execution_step[:]
+
+        net_obj_dict = {}
+        net_proto_dict = {}
+        for net_proto in plan_proto.network:
+            assert net_proto.name not in net_proto_dict
+            net_proto_dict[net_proto.name] = net_proto
+
+        for step_proto in plan_proto.execution_step:
+            step = ExecutionStep.create_from_proto(step_proto, net_obj_dict, net_proto_dict)
+            plan.AddStep(step)
+        return plan
+
+
+def to_execution_step(step_or_nets, default_name=None):
+    """A step as is; a NetBuilder as a step over its children that stops on
+    its stop blob; anything else through ``execution_step``."""
+    if isinstance(step_or_nets, ExecutionStep):
+        return step_or_nets
+
+    stop_blob = None
+    if not default_name and hasattr(step_or_nets, "name"):
+        default_name = step_or_nets.name
+    net_builder = sys.modules.get("ferrocaffe.net_builder")
+    if net_builder is not None and isinstance(step_or_nets, net_builder.NetBuilder):
+        stop_blob = step_or_nets._stop_blob
+        step_or_nets = step_or_nets.get()
+    return execution_step(default_name, step_or_nets, should_stop_blob=stop_blob)
+
+
+def execution_step(
+    default_name,
+    steps_or_nets,
+    num_iter=None,
+    report_net=None,
+    report_interval=None,
+    concurrent_substeps=None,
+    should_stop_blob=None,
+    only_once=None,
+    num_concurrent_instances=None,
+    create_workspace=False,
+    run_every_ms=None,
+):
+    """Builds an ExecutionStep.
+
+    ``steps_or_nets`` may be None, a Net, a step, a list of Nets (each added,
+    duplicates included) or a list of steps and step-likes (each added as a
+    substep). ``should_stop_blob`` is checked after every net or substep;
+    without it or ``num_iter`` the step runs once.
+    """
+    assert should_stop_blob is None or num_iter is None, (
+        "Cannot set both should_stop_blob and num_iter."
+    )
+    if should_stop_blob is None and num_iter is None:
+        num_iter = 1
+
+    step = ExecutionStep(default_name)
+    if should_stop_blob is not None:
+        step.SetShouldStopBlob(should_stop_blob)
+    if num_iter is not None:
+        step.SetIter(num_iter)
+    if only_once is not None:
+        step.SetOnlyOnce(only_once)
+    if concurrent_substeps is not None:
+        step.SetConcurrentSubsteps(concurrent_substeps)
+    if report_net is not None:
+        assert report_interval is not None
+        step.SetReportNet(report_net, report_interval)
+    if num_concurrent_instances is not None:
+        step.SetNumConcurrentInstances(num_concurrent_instances)
+    if create_workspace:
+        step.SetCreateWorkspace(True)
+    if run_every_ms:
+        step.RunEveryMillis(run_every_ms)
+
+    if isinstance(steps_or_nets, ExecutionStep):
+        step.AddSubstep(steps_or_nets)
+    elif isinstance(steps_or_nets, Net):
+        step.AddNet(steps_or_nets)
+    elif isinstance(steps_or_nets, list):
+        if all(isinstance(x, Net) for x in steps_or_nets):
+            for x in steps_or_nets:
+                step.AddNet(x)
+        else:
+            for x in steps_or_nets:
+                step.AddSubstep(to_execution_step(x))
+    elif steps_or_nets:
+        raise ValueError("steps_or_nets must be a step, a net, or a list of nets or steps.")
+    return step
+
+
+def scoped_execution_step(name, *args, **kwargs):
+    """``execution_step`` with the name scope added to the step name."""
+    default_name = ScopedName(name) if name else name
+    return execution_step(default_name, *args, **kwargs)
