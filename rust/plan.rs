@@ -783,3 +783,140 @@ mod tests {
         assert!(!ws.has_net("n"));
     }
 }
+
+#[cfg(test)]
+mod proptests {
+    //! Random plans and random bytes never panic: every outcome is Ok or a
+    //! typed error (a caught panic would surface as ErrorKind::Internal).
+    use super::*;
+    use crate::ir::{Argument, OperatorDef};
+    use proptest::prelude::*;
+
+    const BLOBS: &[&str] = &["a", "b", "c", "stop", "ctr", "mtx"];
+    const OPS: &[(&str, usize, usize)] = &[
+        ("CreateCounter", 0, 1),
+        ("CountUp", 1, 1),
+        ("CountDown", 1, 1),
+        ("CheckCounterDone", 1, 1),
+        ("RetrieveCount", 1, 1),
+        ("ResetCounter", 1, 1),
+        ("Iter", 1, 1),
+        ("CreateMutex", 0, 1),
+        ("AtomicIter", 2, 1),
+        ("IsEmpty", 1, 1),
+        ("Copy", 1, 1),
+        ("ConstantFill", 0, 1),
+        ("NoSuchOp", 1, 1),
+    ];
+
+    fn arb_op() -> impl Strategy<Value = OperatorDef> {
+        (0..OPS.len(), prop::collection::vec(0..BLOBS.len(), 3), prop::option::of(-2i64..4)).prop_map(|(k, names, arg)| {
+            let (ty, ni, no) = OPS[k];
+            OperatorDef {
+                r#type: Some(ty.into()),
+                input: names[..ni].iter().map(|&i| BLOBS[i].to_string()).collect(),
+                output: names[ni..ni + no].iter().map(|&i| BLOBS[i].to_string()).collect(),
+                arg: arg
+                    .map(|v| vec![Argument { name: Some("init_count".into()), i: Some(v), ..Default::default() }])
+                    .unwrap_or_default(),
+                ..Default::default()
+            }
+        })
+    }
+
+    fn arb_step(depth: u32) -> BoxedStrategy<ExecutionStep> {
+        let leaf = (
+            prop::collection::vec(0..4usize, 0..3),
+            prop::option::of(-1i64..4),
+            prop::option::of(0..BLOBS.len()),
+            prop::option::of(any::<bool>()),
+            prop::option::of(any::<bool>()),
+        )
+            .prop_map(|(nets, num_iter, stop, only_once, cw)| ExecutionStep {
+                name: Some("leaf".into()),
+                network: nets.iter().map(|k| format!("n{k}")).collect(),
+                num_iter,
+                should_stop_blob: stop.map(|k| BLOBS[k].to_string()),
+                only_once,
+                create_workspace: cw,
+                ..Default::default()
+            });
+        if depth == 0 {
+            return leaf.boxed();
+        }
+        (
+            prop::collection::vec(arb_step(depth - 1), 0..3),
+            prop::option::of(any::<bool>()),
+            prop::option::of(-1i32..4),
+            prop::option::of(0i64..3),
+            prop::option::of(1i64..3),
+        )
+            .prop_map(|(subs, conc, inst, every, num_iter)| {
+                let mut subs = subs;
+                if let (Some(ms), Some(first)) = (every, subs.first_mut()) {
+                    first.run_every_ms = Some(ms);
+                }
+                ExecutionStep {
+                    name: Some("parent".into()),
+                    substep: subs,
+                    concurrent_substeps: conc,
+                    num_concurrent_instances: inst,
+                    num_iter,
+                    ..Default::default()
+                }
+            })
+            .boxed()
+            .prop_union(leaf.boxed())
+            .boxed()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 200, .. ProptestConfig::default() })]
+
+        #[test]
+        fn random_plans_never_panic(nets in prop::collection::vec(prop::collection::vec(arb_op(), 0..4), 4),
+                                    steps in prop::collection::vec(arb_step(2), 1..3)) {
+            let plan = PlanDef {
+                name: Some("random".into()),
+                network: nets.into_iter().enumerate().map(|(k, ops)| NetDef { name: Some(format!("n{k}")), op: ops, ..Default::default() }).collect(),
+                execution_step: steps,
+            };
+            let ws = Workspace::new();
+            let tok = CancelToken::new();
+            // Unbounded stop-blob loops that nothing stops are cut short.
+            let t2 = tok.clone();
+            let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+            let guard = std::thread::spawn(move || {
+                if done_rx.recv_timeout(Duration::from_millis(200)).is_err() {
+                    t2.cancel();
+                }
+            });
+            let outcome = run_plan(&ws, &plan, &tok);
+            let _ = done_tx.send(());
+            guard.join().unwrap();
+            if let Err(e) = outcome {
+                prop_assert_ne!(e.kind, ErrorKind::Internal, "{}", e.full_message());
+            }
+            // The workspace is still usable afterwards.
+            let ok = ws.run_operator_once(&OperatorDef { r#type: Some("CreateCounter".into()), output: vec!["after".into()], ..Default::default() }, &CancelToken::new());
+            prop_assert!(ok.is_ok());
+        }
+
+        #[test]
+        fn random_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+            let ws = Workspace::new();
+            if let Ok(plan) = crate::ir::decode::<PlanDef>(&bytes, "plan") {
+                let tok = CancelToken::new();
+                tok.cancel();
+                if let Err(e) = run_plan(&ws, &plan, &tok) {
+                    prop_assert_ne!(e.kind, ErrorKind::Internal, "{}", e.full_message());
+                }
+            }
+            if let Ok(op) = crate::ir::decode::<OperatorDef>(&bytes, "op") {
+                if let Err(e) = ws.run_operator_once(&op, &CancelToken::new()) {
+                    prop_assert_ne!(e.kind, ErrorKind::Internal, "{}", e.full_message());
+                }
+            }
+        }
+    }
+}
