@@ -167,6 +167,13 @@ fn feed_error(py: Python<'_>, msg: String, blob: &str) -> PyErr {
 
 // --------------------------------------------------------- value convert --
 
+/// A str as UTF-8 bytes; a str that has no UTF-8 form is a FeedError.
+fn utf8(py: Python<'_>, s: &Bound<'_, PyString>, blob: &str) -> PyResult<Vec<u8>> {
+    s.to_str()
+        .map(|s| s.as_bytes().to_vec())
+        .map_err(|_| feed_error(py, format!("cannot feed a str that has no UTF-8 encoding into blob '{blob}'"), blob))
+}
+
 fn array_to_tensor(py: Python<'_>, obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Tensor> {
     macro_rules! try_dtype {
         ($t:ty) => {
@@ -194,7 +201,7 @@ fn array_to_tensor(py: Python<'_>, obj: &Bound<'_, PyAny>, name: &str) -> PyResu
             if let Ok(b) = item.cast::<PyBytes>() {
                 out.push(b.as_bytes().to_vec());
             } else if let Ok(s) = item.cast::<PyString>() {
-                out.push(s.to_str()?.as_bytes().to_vec());
+                out.push(utf8(py, s, name)?);
             } else {
                 return Err(feed_error(
                     py,
@@ -355,7 +362,7 @@ impl PyWorkspace {
         let v = if let Ok(b) = value.cast::<PyBytes>() {
             BlobValue::Bytes(b.as_bytes().to_vec())
         } else if let Ok(s) = value.cast::<PyString>() {
-            BlobValue::Bytes(s.to_str()?.as_bytes().to_vec())
+            BlobValue::Bytes(utf8(py, s, name)?)
         } else {
             BlobValue::Tensor(array_to_tensor(py, value, name)?)
         };
@@ -406,27 +413,26 @@ impl PyWorkspace {
     }
 
     /// Runs a created net `num_iter` times; False if an op failed softly.
+    /// Runs a created net `num_iter` times (none if <= 0); False if an op
+    /// failed softly. Interruptible with Ctrl-C.
     #[pyo3(signature = (name, num_iter=1))]
-    fn run_net(&self, py: Python<'_>, name: &str, num_iter: usize) -> PyResult<bool> {
+    fn run_net(&self, py: Python<'_>, name: &str, num_iter: i64) -> PyResult<bool> {
         let ws = self.ws.clone();
-        if num_iter <= 1 {
-            run_inline(py, move |t| ws.run_net(name, num_iter, t))
-        } else {
-            let name = name.to_string();
-            run_detached(py, move |t| ws.run_net(&name, num_iter, t))
-        }
+        let name = name.to_string();
+        let n = num_iter.max(0) as usize;
+        run_detached(py, move |t| ws.run_net(&name, n, t))
     }
 
     fn run_net_once(&self, py: Python<'_>, net: &[u8]) -> PyResult<bool> {
         let def: ir::NetDef = decode(py, net, "NetDef")?;
         let ws = self.ws.clone();
-        run_inline(py, move |t| ws.run_net_once(&def, t))
+        run_detached(py, move |t| ws.run_net_once(&def, t))
     }
 
     fn run_operator_once(&self, py: Python<'_>, op: &[u8]) -> PyResult<bool> {
         let def: ir::OperatorDef = decode(py, op, "OperatorDef")?;
         let ws = self.ws.clone();
-        run_inline(py, move |t| ws.run_operator_once(&def, t))
+        run_detached(py, move |t| ws.run_operator_once(&def, t))
     }
 
     /// Runs a serialised PlanDef; Ctrl-C cancels it and raises KeyboardInterrupt.
@@ -576,7 +582,7 @@ impl PyTensorWrapper {
         } else {
             let value = py.import("ferrocaffe.workspace")?.getattr("_to_feedable")?.call1((&self.name, value))?;
             if let Ok(s) = value.cast::<PyString>() {
-                BlobValue::Bytes(s.to_str()?.as_bytes().to_vec())
+                BlobValue::Bytes(utf8(py, s, &self.name)?)
             } else {
                 BlobValue::Tensor(array_to_tensor(py, &value, &self.name)?)
             }

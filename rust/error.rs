@@ -108,9 +108,14 @@ impl Error {
         self
     }
     pub fn with_op(mut self, op_type: &str, index: Option<usize>) -> Self {
-        if self.context.op_type.is_none() {
-            self.context.op_type = Some(op_type.to_string());
-            self.context.op_index = index;
+        match &self.context.op_type {
+            None => {
+                self.context.op_type = Some(op_type.to_string());
+                self.context.op_index = index;
+            }
+            // The op named itself without knowing its position: the net adds it.
+            Some(t) if t == op_type && self.context.op_index.is_none() => self.context.op_index = index,
+            Some(_) => {}
         }
         self
     }

@@ -229,6 +229,7 @@ impl Workspace {
         })?;
         let mut net = net.lock();
         for _ in 0..num_iter {
+            cancel.check()?;
             if !net.run(self, cancel)? {
                 return Ok(false);
             }
