@@ -183,10 +183,11 @@ impl Workspace {
     /// Creates a net. An existing net of that name is an error unless
     /// `overwrite`, in which case the old one is dropped first.
     pub fn create_net(self: &Arc<Self>, def: &NetDef, overwrite: bool) -> Result<SharedNet> {
-        let name = def.net_name();
-        if name.is_empty() {
-            return Err(Error::invalid_plan("a net must have a name to be created in a workspace"));
+        // Caffe2 requires the name field to be present; an empty name is fine.
+        if def.name.is_none() {
+            return Err(Error::invalid_plan("a net definition must have a name to be created in a workspace"));
         }
+        let name = def.net_name();
         {
             let mut nets = self.nets.lock();
             if nets.contains_key(name) {

@@ -119,7 +119,9 @@ fn build_do(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         bound[k] = true;
         mapping.push((name.clone(), outer[k].to_string()));
     }
-    if let Some(k) = bound.iter().position(|b| !b) {
+    // Every outer name must be bound (a name that is both an input and an
+    // output appears twice in the outer list but needs one binding).
+    if let Some(k) = (0..outer.len()).find(|&k| !bound[k] && !outer.iter().zip(&bound).any(|(n, b)| *b && *n == outer[k])) {
         return Err(ctx.bad_arg(format!("outer blob '{}' is not bound to an inner blob", outer[k])));
     }
     let reuse = ctx.args.bool("reuse_workspace", false)?;
