@@ -527,6 +527,45 @@ fn operator_schema(py: Python<'_>, op_type: &str) -> PyResult<Option<Py<PyDict>>
     Ok(Some(d.unbind()))
 }
 
+/// The entries of a db: a list of dicts (name, kind, type, dtype, shape, bytes).
+#[pyfunction]
+#[pyo3(signature = (path, db_type=String::from("ferro")))]
+fn list_db(py: Python<'_>, path: String, db_type: String) -> PyResult<Vec<Py<PyDict>>> {
+    let entries = run_detached(py, move |_| crate::storage::list_db(&path, &db_type))?;
+    entries
+        .into_iter()
+        .map(|e| {
+            let d = PyDict::new(py);
+            d.set_item("name", e.name)?;
+            d.set_item("kind", format!("{:?}", e.kind))?;
+            d.set_item("type", e.type_tag)?;
+            d.set_item("dtype", e.dtype.map(|t| t.name()))?;
+            d.set_item("shape", e.shape)?;
+            d.set_item("bytes", e.bytes)?;
+            Ok(d.unbind())
+        })
+        .collect()
+}
+
+/// Checks every checksum of a db; raises CorruptCheckpointError on damage.
+#[pyfunction]
+#[pyo3(signature = (path, db_type=String::from("ferro")))]
+fn verify_db(py: Python<'_>, path: String, db_type: String) -> PyResult<()> {
+    run_detached(py, move |_| crate::storage::verify_db(&path, &db_type))
+}
+
+#[pyfunction]
+#[pyo3(signature = (path, db_type=String::from("ferro")))]
+fn db_exists(py: Python<'_>, path: String, db_type: String) -> PyResult<bool> {
+    run_detached(py, move |_| crate::storage::db_exists(&path, &db_type))
+}
+
+/// Removes stale temporary files left in `dir` by interrupted saves.
+#[pyfunction]
+fn sweep_stale_temporaries(py: Python<'_>, dir: String) -> PyResult<usize> {
+    run_detached(py, move |_| crate::storage::sweep_stale_temporaries(std::path::Path::new(&dir)))
+}
+
 #[pymodule]
 #[pyo3(name = "_core")]
 fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -537,6 +576,10 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run_plan_in_background, m)?)?;
     m.add_function(wrap_pyfunction!(registered_operators, m)?)?;
     m.add_function(wrap_pyfunction!(operator_schema, m)?)?;
+    m.add_function(wrap_pyfunction!(list_db, m)?)?;
+    m.add_function(wrap_pyfunction!(verify_db, m)?)?;
+    m.add_function(wrap_pyfunction!(db_exists, m)?)?;
+    m.add_function(wrap_pyfunction!(sweep_stale_temporaries, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

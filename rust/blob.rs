@@ -19,6 +19,15 @@ use std::time::Instant;
 pub trait BlobObject: Any + Send + Sync + fmt::Debug {
     /// The kind's name, shown in errors ("Counter", "Mutex", ...).
     fn kind_name(&self) -> &'static str;
+
+    /// The object as a Caffe2 `BlobProto` for Save, or `None` if this kind
+    /// cannot be saved (Caffe2's "no known serializer"). Set `type` to the
+    /// Caffe2 type tag and fill `tensor` and/or `content`; `name` (and the
+    /// tensor's name) is filled in by the writer. Loading goes through the
+    /// decoder registered for the tag with `storage::register_blob_codec`.
+    fn serialize(&self) -> Option<crate::ir::BlobProto> {
+        None
+    }
 }
 
 /// What a blob holds.
@@ -142,6 +151,19 @@ impl BlobObject for Counter {
     fn kind_name(&self) -> &'static str {
         "Counter"
     }
+    /// Caffe2's counter serializer: an INT64 tensor of dims [1].
+    fn serialize(&self) -> Option<crate::ir::BlobProto> {
+        Some(crate::ir::BlobProto {
+            r#type: Some("std::unique_ptr<Counter<int64_t>>".to_string()),
+            tensor: Some(crate::ir::TensorProto {
+                dims: vec![1],
+                data_type: Some(crate::tensor::DataType::Int64 as i32),
+                int64_data: vec![self.get()],
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    }
 }
 
 /// A mutex blob, used by AtomicIter, AtomicFetchAdd and AtomicAppend.
@@ -151,6 +173,15 @@ pub struct BlobMutex(pub parking_lot::Mutex<()>);
 impl BlobObject for BlobMutex {
     fn kind_name(&self) -> &'static str {
         "Mutex"
+    }
+    /// Caffe2's mutex serializer: the type tag and empty content (a loaded
+    /// mutex is a new, unlocked one).
+    fn serialize(&self) -> Option<crate::ir::BlobProto> {
+        Some(crate::ir::BlobProto {
+            r#type: Some("std::unique_ptr<std::mutex>".to_string()),
+            content: Some(Vec::new()),
+            ..Default::default()
+        })
     }
 }
 

@@ -17,6 +17,7 @@ pub mod net;
 pub mod operator;
 pub mod ops;
 pub mod plan;
+pub mod storage;
 pub mod tensor;
 pub mod workspace;
 

@@ -5,16 +5,24 @@ use crate::operator::OpSchema;
 
 pub mod control;
 pub mod counter;
+pub mod dataset;
 pub mod elementwise;
+pub mod fileio;
 pub mod fill;
+pub mod persistence;
+pub mod queue;
 pub mod utility;
 
 pub fn builtin_schemas() -> Vec<OpSchema> {
     let mut v = Vec::new();
     v.extend(control::schemas());
     v.extend(counter::schemas());
+    v.extend(dataset::schemas());
     v.extend(elementwise::schemas());
+    v.extend(fileio::schemas());
     v.extend(fill::schemas());
+    v.extend(persistence::schemas());
+    v.extend(queue::schemas());
     v.extend(utility::schemas());
     v
 }
