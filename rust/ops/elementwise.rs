@@ -1,5 +1,2020 @@
-use crate::operator::OpSchema;
+//! Elementwise ops: arithmetic (Add, Sub, Mul, Div), comparisons (EQ, NE, LT,
+//! LE, GT, GE), logic (And, Or, Xor, Not), and Sum, WeightedSum, Scale, Cast.
+//!
+//! Semantics follow Caffe2's CPU kernels. Where Caffe2 had undefined
+//! behaviour, this port picks one documented behaviour:
+//! - Integer Add/Sub/Mul/Div wrap on overflow (two's complement, which is what
+//!   Caffe2's C++ did in practice), so `i64::MIN / -1 == i64::MIN`. Integer
+//!   division truncates toward zero. A zero integer divisor is a
+//!   `DivisionByZero` error (Caffe2: undefined behaviour).
+//! - Float arithmetic and comparisons follow IEEE 754 (x/0 is ±inf or NaN,
+//!   and NaN compares unequal to everything).
+//! - Cast from float to int truncates toward zero, like numpy's `astype`.
+//!   Values outside the target's range saturate and NaN becomes 0 (C++:
+//!   undefined). Int to int wraps (keeps the low bits). Numeric to bool is
+//!   `x != 0` (so NaN gives true). Bool to numeric gives 0 or 1.
+//! - Every check runs before any output is written, so an op that fails
+//!   leaves its output (and an in-place input) unchanged.
+//!
+//! Performance: kernels write into the output's existing buffer when it
+//! already holds a tensor of the result dtype and shape. When the output is an
+//! input, they update it in place, so a scalar `x = x + 1` allocates nothing.
+//! Contiguous operands of 64K elements or more are split across the rayon pool.
+
+// The crate's `Error` is large (clippy flags every `Result` in every file);
+// boxing it is a crate-wide decision, so this file does not fight the lint.
+#![allow(clippy::result_large_err)]
+
+use super::kernel;
+use crate::arg;
+use crate::blob::BlobValue;
+use crate::error::{Error, ErrorKind, Result};
+use crate::operator::{ArgDoc, InPlace, Locked, OpDefCtx, OpSchema, Operator, MANY};
+use crate::tensor::{DataType, Element, Tensor};
+use ndarray::{ArrayD, ArrayViewD, ArrayViewMutD, CowArray, IxDyn, Zip};
+use rayon::prelude::*;
+use smallvec::SmallVec;
+
+type Shape = SmallVec<[usize; 6]>;
+
+/// Contiguous work of at least this many elements is split across threads.
+const PAR_MIN_LEN: usize = 1 << 16;
+/// Elements per rayon task.
+const PAR_CHUNK: usize = 1 << 14;
+/// Largest element count of a result (keeps byte sizes far below isize::MAX).
+const MAX_NUMEL: usize = (isize::MAX as usize) / 16;
+
+const ARITH_TYPES: &[DataType] = &[DataType::Int32, DataType::Int64, DataType::Float, DataType::Double];
+const CMP_TYPES: &[DataType] = &[DataType::Bool, DataType::Int32, DataType::Int64, DataType::Float, DataType::Double];
+const BOOL_TYPES: &[DataType] = &[DataType::Bool];
+const SUM_TYPES: &[DataType] = &[DataType::Float, DataType::Double, DataType::Int32, DataType::Int64];
+const SCALE_TYPES: &[DataType] = &[DataType::Float, DataType::Double];
+
+const BCAST_ARGS: &[ArgDoc] = &[
+    arg!(
+        "broadcast",
+        "int",
+        "0",
+        "0: numpy-style broadcasting of A and B, aligned from the right; 1: legacy broadcasting of B onto A's shape"
+    ),
+    arg!(
+        "axis",
+        "int",
+        "A.ndim - B.ndim",
+        "legacy broadcasting only: the dim of A where B's dims start (-1 means the default)"
+    ),
+    arg!("axis_str", "string", "\"\"", "legacy broadcasting only: the axis as one letter of `order` (not with axis)"),
+    arg!("order", "string", "\"NCHW\"", "legacy broadcasting only: the dim letters that axis_str is looked up in"),
+];
+
+fn in_place_a(i: usize, o: usize) -> bool {
+    i == 0 && o == 0
+}
+
+fn in_place_a_or_b(i: usize, o: usize) -> bool {
+    o == 0 && i <= 1
+}
+
+fn binary_schema(
+    name: &'static str,
+    build: crate::operator::BuildFn,
+    inplace: InPlace,
+    doc: &'static str,
+) -> OpSchema {
+    OpSchema::new(name, build).inputs(2, 2).outputs(1, 1).inplace(inplace).args(BCAST_ARGS).doc(doc)
+}
 
 pub fn schemas() -> Vec<OpSchema> {
-    vec![]
+    let ab = InPlace::Allow(in_place_a_or_b);
+    let a = InPlace::Allow(in_place_a);
+    let never = InPlace::Never;
+    vec![
+        binary_schema("Add", build_arith, ab, "C = A + B elementwise (int32, int64, float32, float64; integers wrap), with broadcasting."),
+        binary_schema("Sub", build_arith, ab, "C = A - B elementwise (int32, int64, float32, float64; integers wrap), with broadcasting."),
+        binary_schema("Mul", build_arith, ab, "C = A * B elementwise (int32, int64, float32, float64; integers wrap), with broadcasting."),
+        binary_schema(
+            "Div",
+            build_arith,
+            a,
+            "C = A / B elementwise (int32, int64, float32, float64); integers truncate toward zero and a zero divisor is an error.",
+        ),
+        binary_schema("EQ", build_cmp, never, "C = (A == B) elementwise as bool (bool, int32, int64, float32, float64), with broadcasting."),
+        binary_schema("NE", build_cmp, never, "C = (A != B) elementwise as bool (bool, int32, int64, float32, float64), with broadcasting."),
+        binary_schema("LT", build_cmp, never, "C = (A < B) elementwise as bool (bool, int32, int64, float32, float64), with broadcasting."),
+        binary_schema("LE", build_cmp, never, "C = (A <= B) elementwise as bool (bool, int32, int64, float32, float64), with broadcasting."),
+        binary_schema("GT", build_cmp, never, "C = (A > B) elementwise as bool (bool, int32, int64, float32, float64), with broadcasting."),
+        binary_schema("GE", build_cmp, never, "C = (A >= B) elementwise as bool (bool, int32, int64, float32, float64), with broadcasting."),
+        binary_schema("And", build_logic, a, "C = A and B elementwise on bool tensors, with broadcasting."),
+        binary_schema("Or", build_logic, a, "C = A or B elementwise on bool tensors, with broadcasting."),
+        binary_schema("Xor", build_logic, a, "C = A xor B elementwise on bool tensors, with broadcasting."),
+        OpSchema::new("Not", build_not).inputs(1, 1).outputs(1, 1).doc("Y = not X elementwise on a bool tensor."),
+        OpSchema::new("Sum", build_sum)
+            .inputs(1, MANY)
+            .outputs(1, 1)
+            .inplace(a)
+            .doc("Y = X0 + X1 + ... of tensors with one dtype (float32, float64, int32, int64) and identical shapes (no broadcasting); one input is a copy."),
+        OpSchema::new("WeightedSum", build_weighted_sum)
+            .inputs(2, MANY)
+            .outputs(1, 1)
+            .inplace(a)
+            .doc("Y = w0*X0 + w1*X1 + ... for inputs (X0, w0, X1, w1, ...): float32 tensors with X0's element count and 1-element float32 weights; Y has X0's shape."),
+        OpSchema::new("Scale", build_scale)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .inplace(a)
+            .args(&[arg!("scale", "float", "1.0", "the factor to multiply by")])
+            .doc("Y = scale * X elementwise for a float32 or float64 tensor."),
+        OpSchema::new("Cast", build_cast)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .inplace(a)
+            .args(&[arg!(
+                "to",
+                "int or string",
+                "(required)",
+                "the target dtype: a TensorProto.DataType number or its name, such as \"INT64\""
+            )])
+            .doc("Y = X converted to dtype `to` (numeric dtypes and bool; float to int truncates toward zero and saturates)."),
+    ]
+}
+
+// ------------------------------------------------------------ element types --
+
+/// The arithmetic of one dtype. Integers wrap like two's-complement C++.
+trait Num: Element + Copy {
+    const INT: bool;
+    fn plus(self, o: Self) -> Self;
+    fn minus(self, o: Self) -> Self;
+    fn times(self, o: Self) -> Self;
+    /// Integer division truncates toward zero and wraps (`MIN / -1 == MIN`).
+    /// Kernels reject zero integer divisors before dividing; a zero that gets
+    /// here anyway gives 0 rather than a panic.
+    fn over(self, o: Self) -> Self;
+    fn is_zero(self) -> bool;
+}
+
+macro_rules! num_int {
+    ($($t:ty),*) => {$(
+        impl Num for $t {
+            const INT: bool = true;
+            #[inline]
+            fn plus(self, o: Self) -> Self { self.wrapping_add(o) }
+            #[inline]
+            fn minus(self, o: Self) -> Self { self.wrapping_sub(o) }
+            #[inline]
+            fn times(self, o: Self) -> Self { self.wrapping_mul(o) }
+            #[inline]
+            fn over(self, o: Self) -> Self { if o == 0 { 0 } else { self.wrapping_div(o) } }
+            #[inline]
+            fn is_zero(self) -> bool { self == 0 }
+        }
+    )*};
+}
+
+macro_rules! num_float {
+    ($($t:ty),*) => {$(
+        impl Num for $t {
+            const INT: bool = false;
+            #[inline]
+            fn plus(self, o: Self) -> Self { self + o }
+            #[inline]
+            fn minus(self, o: Self) -> Self { self - o }
+            #[inline]
+            fn times(self, o: Self) -> Self { self * o }
+            #[inline]
+            fn over(self, o: Self) -> Self { self / o }
+            #[inline]
+            fn is_zero(self) -> bool { self == 0.0 }
+        }
+    )*};
+}
+
+num_int!(i32, i64);
+num_float!(f32, f64);
+
+/// Conversions for Cast, with Rust `as` semantics (see the module docs).
+trait Prim: Element + Copy {
+    fn to_f32(self) -> f32;
+    fn to_f64(self) -> f64;
+    fn to_i32(self) -> i32;
+    fn to_i64(self) -> i64;
+    fn to_u8(self) -> u8;
+    fn to_i8(self) -> i8;
+    fn to_i16(self) -> i16;
+    fn to_u16(self) -> u16;
+    fn to_bool(self) -> bool;
+}
+
+macro_rules! prim_num {
+    ($($t:ty),*) => {$(
+        #[allow(clippy::unnecessary_cast)]
+        impl Prim for $t {
+            #[inline]
+            fn to_f32(self) -> f32 { self as f32 }
+            #[inline]
+            fn to_f64(self) -> f64 { self as f64 }
+            #[inline]
+            fn to_i32(self) -> i32 { self as i32 }
+            #[inline]
+            fn to_i64(self) -> i64 { self as i64 }
+            #[inline]
+            fn to_u8(self) -> u8 { self as u8 }
+            #[inline]
+            fn to_i8(self) -> i8 { self as i8 }
+            #[inline]
+            fn to_i16(self) -> i16 { self as i16 }
+            #[inline]
+            fn to_u16(self) -> u16 { self as u16 }
+            #[inline]
+            fn to_bool(self) -> bool { self != (0 as $t) }
+        }
+    )*};
+}
+
+prim_num!(f32, f64, i32, i64, u8, i8, i16, u16);
+
+impl Prim for bool {
+    fn to_f32(self) -> f32 {
+        f32::from(u8::from(self))
+    }
+    fn to_f64(self) -> f64 {
+        f64::from(u8::from(self))
+    }
+    fn to_i32(self) -> i32 {
+        i32::from(self)
+    }
+    fn to_i64(self) -> i64 {
+        i64::from(self)
+    }
+    fn to_u8(self) -> u8 {
+        u8::from(self)
+    }
+    fn to_i8(self) -> i8 {
+        i8::from(self)
+    }
+    fn to_i16(self) -> i16 {
+        i16::from(self)
+    }
+    fn to_u16(self) -> u16 {
+        u16::from(self)
+    }
+    fn to_bool(self) -> bool {
+        self
+    }
+}
+
+// ------------------------------------------------------------- broadcasting --
+
+/// The broadcasting arguments of a binary op, read once at construction.
+#[derive(Clone, Copy, Debug)]
+struct Bcast {
+    legacy: bool,
+    /// Legacy mode: where B's dims start in A; `None` aligns B to A's end.
+    axis: Option<usize>,
+}
+
+impl Bcast {
+    fn from_args(ctx: &OpDefCtx<'_>) -> Result<Bcast> {
+        // All four are read (with the field rules) even when broadcast is 0,
+        // as Caffe2 did; they are only interpreted in legacy mode.
+        let legacy = ctx.args.bool("broadcast", false)?;
+        let axis = ctx.args.i64("axis", -1)?;
+        let axis_str = ctx.args.string("axis_str", "")?;
+        let order = ctx.args.string("order", "NCHW")?;
+        if !legacy {
+            return Ok(Bcast { legacy, axis: None });
+        }
+        let axis = if axis != -1 {
+            if !axis_str.is_empty() {
+                return Err(ctx.bad_arg("args axis and axis_str cannot be used simultaneously"));
+            }
+            match usize::try_from(axis) {
+                Ok(a) => Some(a),
+                Err(_) => return Err(ctx.bad_arg(format!("broadcast axis must be >= 0 (or -1 for the default), got {axis}"))),
+            }
+        } else if !axis_str.is_empty() {
+            if axis_str.chars().count() != 1 {
+                return Err(ctx.bad_arg(format!("unsupported axis string '{axis_str}': it must be a single letter")));
+            }
+            match order.find(axis_str.as_str()) {
+                Some(pos) => Some(pos),
+                None => {
+                    return Err(ctx.bad_arg(format!(
+                        "unrecognizable axis string '{axis_str}' from order string '{order}'"
+                    )))
+                }
+            }
+        } else {
+            None
+        };
+        Ok(Bcast { legacy, axis })
+    }
+}
+
+/// A binary op's validated inputs: the dtype and the result's shape. Each
+/// kernel keeps one and refills it on every run (no allocation).
+struct Prep {
+    dtype: DataType,
+    out: Shape,
+    /// Legacy mode: B takes part in broadcasting with this shape (A's ndim,
+    /// ones outside B's span) instead of its own.
+    b_shape: Shape,
+    b_reshaped: bool,
+    numel: usize,
+}
+
+impl Prep {
+    fn new() -> Prep {
+        Prep { dtype: DataType::Undefined, out: Shape::new(), b_shape: Shape::new(), b_reshaped: false, numel: 0 }
+    }
+}
+
+fn unsupported(op: &str, dtype: DataType, allowed: &[DataType]) -> Error {
+    let names: Vec<&str> = allowed.iter().map(|d| d.name()).collect();
+    Error::type_error(format!("Unsupported type of tensor: {dtype} ({op} supports {})", names.join(", ")))
+}
+
+fn checked_numel(op: &str, shape: &[usize]) -> Result<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .filter(|&n| n <= MAX_NUMEL)
+        .ok_or_else(|| Error::shape(format!("{op}: the result shape {shape:?} has too many elements")))
+}
+
+/// numpy's multidirectional broadcasting, aligned from the right.
+fn numpy_shape(op: &str, a: &[usize], b: &[usize], an: &str, bn: &str, out: &mut Shape) -> Result<()> {
+    let nd = a.len().max(b.len());
+    out.clear();
+    out.resize(nd, 0);
+    for k in 0..nd {
+        let da = if k < a.len() { a[a.len() - 1 - k] } else { 1 };
+        let db = if k < b.len() { b[b.len() - 1 - k] } else { 1 };
+        if da != db && da != 1 && db != 1 {
+            return Err(Error::shape(format!(
+                "{op}: cannot broadcast A ('{an}', shape {a:?}) with B ('{bn}', shape {b:?}): dims {da} and {db} \
+                 at position {k} from the right must be equal or one of them 1"
+            ))
+            .with_blob(bn));
+        }
+        out[nd - 1 - k] = if da == 0 || db == 0 { 0 } else { da.max(db) };
+    }
+    Ok(())
+}
+
+/// Caffe2's legacy broadcasting of B onto A: the result has A's shape and B
+/// is seen with shape `bs` (0-dim when it has one element).
+fn legacy_shapes(
+    op: &str,
+    a: &[usize],
+    b: &[usize],
+    axis: Option<usize>,
+    (an, bn): (&str, &str),
+    bs: &mut Shape,
+) -> Result<()> {
+    bs.clear();
+    if b.iter().product::<usize>() == 1 {
+        return Ok(());
+    }
+    if b.len() > a.len() {
+        return Err(Error::shape(format!(
+            "{op}: with broadcast=1, B ('{bn}', shape {b:?}) must not have more dims than A ('{an}', shape {a:?})"
+        ))
+        .with_blob(bn));
+    }
+    let room = a.len() - b.len();
+    let axis = axis.unwrap_or(room);
+    if axis > room {
+        return Err(Error::shape(format!(
+            "{op}: broadcast axis must be in [0, A.ndim - B.ndim] = [0, {room}] for A ('{an}', shape {a:?}) \
+             and B ('{bn}', shape {b:?}), but axis = {axis}"
+        ))
+        .with_blob(bn));
+    }
+    let start = b.iter().take_while(|&&d| d == 1).count();
+    let end = b.len() - b[start..].iter().rev().take_while(|&&d| d == 1).count();
+    bs.resize(a.len(), 1);
+    for i in start..end {
+        if a[axis + i] != b[i] {
+            return Err(Error::shape(format!(
+                "{op}: Broadcast dimension mismatch: dim {i} of B ('{bn}', shape {b:?}) is {} but dim {} of A \
+                 ('{an}', shape {a:?}) is {} (axis = {axis})",
+                b[i],
+                axis + i,
+                a[axis + i]
+            ))
+            .with_blob(bn));
+        }
+        bs[axis + i] = b[i];
+    }
+    Ok(())
+}
+
+/// Checks a binary op's inputs (dtypes, broadcasting, in-place shape rules)
+/// before anything is written.
+fn prepare(l: &Locked<'_>, op: &str, bc: &Bcast, allowed: &[DataType], p: &mut Prep) -> Result<()> {
+    let (a, b) = (l.tensor(0)?, l.tensor(1)?);
+    let (an, bn) = (l.input_name(0), l.input_name(1));
+    let dtype = a.dtype();
+    if !allowed.contains(&dtype) {
+        return Err(unsupported(op, dtype, allowed).with_blob(an));
+    }
+    if b.dtype() != dtype {
+        return Err(Error::type_error(format!(
+            "{op}: both inputs must have the same dtype, but A ('{an}') is {dtype} and B ('{bn}') is {}",
+            b.dtype()
+        ))
+        .with_blob(bn));
+    }
+    p.dtype = dtype;
+    if bc.legacy {
+        if l.aliases(1, 0) {
+            return Err(Error::invalid_arg(format!(
+                "{op}: in-place is allowed only with the first input when broadcast=1, but B ('{bn}') is also the output"
+            ))
+            .with_blob(bn));
+        }
+        legacy_shapes(op, a.shape(), b.shape(), bc.axis, (an, bn), &mut p.b_shape)?;
+        p.out.clear();
+        p.out.extend_from_slice(a.shape());
+        p.b_reshaped = true;
+    } else {
+        numpy_shape(op, a.shape(), b.shape(), an, bn, &mut p.out)?;
+        p.b_reshaped = false;
+        let aliased = if l.aliases(0, 0) {
+            Some((an, a.shape()))
+        } else if l.aliases(1, 0) {
+            Some((bn, b.shape()))
+        } else {
+            None
+        };
+        if let Some((name, shape)) = aliased {
+            if p.out.as_slice() != shape {
+                return Err(Error::shape(format!(
+                    "{op}: in-place on '{name}' requires the result shape {:?} to equal its shape {shape:?}",
+                    p.out.as_slice()
+                ))
+                .with_blob(name));
+            }
+        }
+    }
+    p.numel = checked_numel(op, &p.out)?;
+    Ok(())
+}
+
+// ------------------------------------------------------------------ helpers --
+
+fn bug(what: &str) -> Error {
+    Error::internal(format!("elementwise kernel: {what}"))
+}
+
+/// Input `i` as an array of `T`; a wrong dtype names the blob.
+fn arr<'l, T: Element>(l: &'l Locked<'_>, i: usize) -> Result<&'l ArrayD<T>> {
+    l.tensor(i)?.array::<T>().map_err(|e| e.with_blob(l.input_name(i)))
+}
+
+/// The output value's array of `T`.
+fn out_array<T: Element>(o: &mut BlobValue) -> Result<&mut ArrayD<T>> {
+    o.tensor_mut()?.array_mut::<T>()
+}
+
+/// An input of a broadcasting kernel: its array and the shape it broadcasts
+/// with (its own, or B's legacy-broadcasting shape). Both have the same
+/// elements in the same row-major order.
+struct Operand<'a, T> {
+    a: &'a ArrayD<T>,
+    shape: &'a [usize],
+}
+
+impl<'a, T: Element + Copy> Operand<'a, T> {
+    fn own(a: &'a ArrayD<T>) -> Self {
+        Operand { a, shape: a.shape() }
+    }
+    /// B of a binary op, as `p` says it broadcasts.
+    fn b(b: &'a ArrayD<T>, p: &'a Prep) -> Self {
+        Operand { a: b, shape: if p.b_reshaped { &p.b_shape } else { b.shape() } }
+    }
+    /// The single element of a one-element operand.
+    fn scalar(&self) -> Option<T> {
+        if self.a.len() == 1 {
+            self.a.first().copied()
+        } else {
+            None
+        }
+    }
+    /// The elements as a row-major slice when they repeat along the leading
+    /// dims of `target` (equal shapes included).
+    fn repeating_slice(&self, target: &[usize]) -> Option<&'a [T]> {
+        if is_suffix(self.shape, target) {
+            self.a.as_slice()
+        } else {
+            None
+        }
+    }
+    /// A view with the broadcasting shape (a reshape only for legacy B).
+    fn view(&self) -> Result<CowArray<'a, T, IxDyn>> {
+        if self.shape == self.a.shape() {
+            Ok(CowArray::from(self.a.view()))
+        } else {
+            self.a.to_shape(IxDyn(self.shape)).map_err(|e| bug(&format!("reshaping B for legacy broadcasting: {e}")))
+        }
+    }
+}
+
+/// Whether `inner` (leading 1s dropped) is a suffix of `outer`, so that a
+/// standard-layout `inner` repeats along `outer`'s leading dims.
+fn is_suffix(inner: &[usize], outer: &[usize]) -> bool {
+    let lead = inner.iter().take_while(|&&d| d == 1).count();
+    let s = &inner[lead..];
+    s.len() <= outer.len() && outer[outer.len() - s.len()..] == *s
+}
+
+/// Runs `f` on the output taken out of its blob (so inputs stay readable),
+/// then puts it back whatever happened.
+fn with_taken_output<'a, R>(
+    l: &mut Locked<'a>,
+    f: impl FnOnce(&Locked<'a>, &mut BlobValue) -> Result<R>,
+) -> Result<R> {
+    let mut o = std::mem::take(l.output(0));
+    let r = f(l, &mut o);
+    *l.output(0) = o;
+    r
+}
+
+/// A contiguous buffer for a result of dtype `U` and `shape`: the output's own
+/// buffer when it already has that dtype, shape and layout, else a new one.
+fn out_slice<'o, U: Element + Copy>(o: &'o mut BlobValue, shape: &[usize]) -> Result<&'o mut [U]> {
+    let reusable = match &*o {
+        BlobValue::Tensor(t) => U::view(t).is_some_and(|a| a.shape() == shape && a.is_standard_layout()),
+        _ => false,
+    };
+    if !reusable {
+        *o = BlobValue::Tensor(U::wrap(ArrayD::from_elem(IxDyn(shape), U::default())));
+    }
+    match o {
+        BlobValue::Tensor(t) => U::view_mut(t).and_then(|a| a.as_slice_mut()),
+        _ => None,
+    }
+    .ok_or_else(|| bug("the output buffer is not contiguous"))
+}
+
+/// The array's elements in row-major order as one mutable slice (making the
+/// array standard-layout first if it is not).
+fn std_slice_mut<T: Element>(a: &mut ArrayD<T>) -> Result<&mut [T]> {
+    if !a.is_standard_layout() {
+        let c = a.as_standard_layout().into_owned();
+        *a = c;
+    }
+    a.as_slice_mut().ok_or_else(|| bug("the output buffer is not contiguous"))
+}
+
+// ------------------------------------------------------ slice loops (rayon) --
+
+fn map2_seq<T: Copy, U, F: Fn(T, T) -> U>(out: &mut [U], a: &[T], b: &[T], f: &F) {
+    for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+        *o = f(x, y);
+    }
+}
+
+/// out[i] = f(a[i], b[i]).
+fn map2<T: Copy + Sync, U: Send, F: Fn(T, T) -> U + Sync>(out: &mut [U], a: &[T], b: &[T], f: F) {
+    if out.len() >= PAR_MIN_LEN {
+        out.par_chunks_mut(PAR_CHUNK)
+            .zip(a.par_chunks(PAR_CHUNK))
+            .zip(b.par_chunks(PAR_CHUNK))
+            .for_each(|((o, x), y)| map2_seq(o, x, y, &f));
+    } else {
+        map2_seq(out, a, b, &f);
+    }
+}
+
+/// out[i] = f(a[i], b[i % b.len()]): `b` repeats along the leading dims.
+fn map2_rep<T: Copy + Sync, U: Send, F: Fn(T, T) -> U + Sync>(out: &mut [U], a: &[T], b: &[T], f: F) {
+    let m = b.len();
+    if m == out.len() {
+        return map2(out, a, b, f);
+    }
+    let seq = |o: &mut [U], x: &[T]| {
+        for (oc, xc) in o.chunks_mut(m).zip(x.chunks(m)) {
+            map2_seq(oc, xc, b, &f);
+        }
+    };
+    if out.len() >= PAR_MIN_LEN {
+        let per = (PAR_CHUNK / m).max(1) * m;
+        out.par_chunks_mut(per).zip(a.par_chunks(per)).for_each(|(o, x)| seq(o, x));
+    } else {
+        seq(out, a);
+    }
+}
+
+/// out[i] = g(a[i]).
+fn map1<T: Copy + Sync, U: Send, G: Fn(T) -> U + Sync>(out: &mut [U], a: &[T], g: G) {
+    let seq = |o: &mut [U], x: &[T]| {
+        for (o, &x) in o.iter_mut().zip(x) {
+            *o = g(x);
+        }
+    };
+    if out.len() >= PAR_MIN_LEN {
+        out.par_chunks_mut(PAR_CHUNK).zip(a.par_chunks(PAR_CHUNK)).for_each(|(o, x)| seq(o, x));
+    } else {
+        seq(out, a);
+    }
+}
+
+/// out[i] = g(out[i]).
+fn upd0<T: Copy + Send, G: Fn(T) -> T + Sync>(out: &mut [T], g: G) {
+    let seq = |o: &mut [T]| {
+        for o in o.iter_mut() {
+            *o = g(*o);
+        }
+    };
+    if out.len() >= PAR_MIN_LEN {
+        out.par_chunks_mut(PAR_CHUNK).for_each(seq);
+    } else {
+        seq(out);
+    }
+}
+
+/// out[i] = g(out[i], b[i % b.len()]).
+fn upd1_rep<T: Copy + Send + Sync, G: Fn(T, T) -> T + Sync>(out: &mut [T], b: &[T], g: G) {
+    let m = b.len();
+    let seq = |o: &mut [T]| {
+        for oc in o.chunks_mut(m) {
+            for (o, &y) in oc.iter_mut().zip(b) {
+                *o = g(*o, y);
+            }
+        }
+    };
+    if out.len() >= PAR_MIN_LEN {
+        if m == out.len() {
+            out.par_chunks_mut(PAR_CHUNK).zip(b.par_chunks(PAR_CHUNK)).for_each(|(o, y)| {
+                for (o, &y) in o.iter_mut().zip(y) {
+                    *o = g(*o, y);
+                }
+            });
+        } else {
+            let per = (PAR_CHUNK / m).max(1) * m;
+            out.par_chunks_mut(per).for_each(seq);
+        }
+    } else {
+        seq(out);
+    }
+}
+
+/// Applies `g` to every element of `out`, in place.
+fn apply0<T: Element + Copy, G: Fn(T) -> T + Copy + Send + Sync>(out: &mut ArrayD<T>, g: G) {
+    if out.len() == 1 {
+        if let Some(x) = out.first_mut() {
+            *x = g(*x);
+        }
+    } else if let Some(s) = out.as_slice_memory_order_mut() {
+        upd0(s, g);
+    } else {
+        out.mapv_inplace(g);
+    }
+}
+
+// ----------------------------------------------------------------- kernels --
+
+/// out = f(a, b) broadcast to `shape`, into a contiguous buffer of that shape.
+fn fill<T, U, F>(out: &mut [U], shape: &[usize], a: Operand<'_, T>, b: Operand<'_, T>, f: F) -> Result<()>
+where
+    T: Element + Copy,
+    U: Element + Copy,
+    F: Fn(T, T) -> U + Copy + Send + Sync,
+{
+    let n = out.len();
+    if n == 0 {
+        return Ok(());
+    }
+    let (a_rep, b_rep) = (a.repeating_slice(shape), b.repeating_slice(shape));
+    let (a_full, b_full) = (a_rep.filter(|x| x.len() == n), b_rep.filter(|x| x.len() == n));
+    if let (Some(x), Some(y)) = (a_full, b_full) {
+        map2(out, x, y, f);
+        return Ok(());
+    }
+    if let (Some(x), Some(s)) = (a_full, b.scalar()) {
+        map1(out, x, move |v| f(v, s));
+        return Ok(());
+    }
+    if let (Some(s), Some(y)) = (a.scalar(), b_full) {
+        map1(out, y, move |v| f(s, v));
+        return Ok(());
+    }
+    if let (Some(x), Some(y)) = (a_full, b_rep) {
+        map2_rep(out, x, y, f);
+        return Ok(());
+    }
+    if let (Some(x), Some(y)) = (a_rep, b_full) {
+        map2_rep(out, y, x, move |v, u| f(u, v));
+        return Ok(());
+    }
+    let (av, bv) = (a.view()?, b.view()?);
+    let av = av.broadcast(IxDyn(shape)).ok_or_else(|| bug("A does not broadcast to the result"))?;
+    let bv = bv.broadcast(IxDyn(shape)).ok_or_else(|| bug("B does not broadcast to the result"))?;
+    let ov = ArrayViewMutD::from_shape(IxDyn(shape), out).map_err(|e| bug(&e.to_string()))?;
+    Zip::from(ov).and(av).and(bv).for_each(|o, &x, &y| *o = f(x, y));
+    Ok(())
+}
+
+/// Writes f(a, b) (of shape `shape`) into `o`, reusing its buffer if it fits.
+fn write_binary<T, U, F>(o: &mut BlobValue, a: Operand<'_, T>, b: Operand<'_, T>, shape: &[usize], f: F) -> Result<()>
+where
+    T: Element + Copy,
+    U: Element + Copy,
+    F: Fn(T, T) -> U + Copy + Send + Sync,
+{
+    let out = out_slice::<U>(o, shape)?;
+    fill(out, shape, a, b, f)
+}
+
+/// Writes g(a) (a's shape) into `o`, reusing its buffer if it fits.
+fn write_unary<T, U, G>(o: &mut BlobValue, a: ArrayViewD<'_, T>, g: G) -> Result<()>
+where
+    T: Element + Copy,
+    U: Element + Copy,
+    G: Fn(T) -> U + Copy + Send + Sync,
+{
+    let src = a.as_standard_layout();
+    let xs = src.as_slice().ok_or_else(|| bug("a standard-layout copy is not contiguous"))?;
+    let out = out_slice::<U>(o, a.shape())?;
+    map1(out, xs, g);
+    Ok(())
+}
+
+/// out = g(out, other) in place, `other` broadcasting to out's shape.
+fn update<T, G>(out: &mut ArrayD<T>, other: Operand<'_, T>, g: G) -> Result<()>
+where
+    T: Element + Copy,
+    G: Fn(T, T) -> T + Copy + Send + Sync,
+{
+    if out.is_empty() {
+        return Ok(());
+    }
+    if let Some(s) = other.scalar() {
+        apply0(out, move |x| g(x, s));
+        return Ok(());
+    }
+    if let Some(ys) = other.repeating_slice(out.shape()) {
+        if let Some(os) = out.as_slice_mut() {
+            upd1_rep(os, ys, g);
+            return Ok(());
+        }
+    }
+    let ov = other.view()?;
+    let ob = ov.broadcast(out.raw_dim()).ok_or_else(|| bug("an input does not broadcast to the output"))?;
+    Zip::from(out.view_mut()).and(ob).for_each(|x, &y| *x = g(*x, y));
+    Ok(())
+}
+
+/// A binary op whose result has the input dtype; handles in-place outputs.
+fn exec_same<T, F>(l: &mut Locked<'_>, p: &Prep, f: F) -> Result<()>
+where
+    T: Element + Copy,
+    F: Fn(T, T) -> T + Copy + Send + Sync,
+{
+    // `prepare` checked the dtypes and the in-place shape rule.
+    match (l.aliases(0, 0), l.aliases(1, 0)) {
+        (false, false) => exec_to(l, p, f),
+        (true, true) => {
+            let r = out_array::<T>(l.output(0)).map(|o| apply0(o, move |x| f(x, x)));
+            r.map_err(|e| e.with_blob(l.output_name(0)))
+        }
+        (true, false) => {
+            let (o, b) = l.output_and_input(0, 1).ok_or_else(|| bug("aliasing changed"))?;
+            let b = b.tensor()?.array::<T>()?;
+            update(out_array::<T>(o)?, Operand::b(b, p), f)
+        }
+        (false, true) => {
+            let (o, a) = l.output_and_input(0, 0).ok_or_else(|| bug("aliasing changed"))?;
+            let a = a.tensor()?.array::<T>()?;
+            update(out_array::<T>(o)?, Operand::own(a), move |x, y| f(y, x))
+        }
+    }
+}
+
+/// A binary op writing a (possibly different) dtype into a separate output.
+fn exec_to<T, U, F>(l: &mut Locked<'_>, p: &Prep, f: F) -> Result<()>
+where
+    T: Element + Copy,
+    U: Element + Copy,
+    F: Fn(T, T) -> U + Copy + Send + Sync,
+{
+    if l.aliases(0, 0) || l.aliases(1, 0) {
+        // Only reachable if a schema allowed it: compute aside, then replace.
+        let mut fresh = BlobValue::Empty;
+        {
+            let (a, b) = (arr::<T>(l, 0)?, arr::<T>(l, 1)?);
+            write_binary(&mut fresh, Operand::own(a), Operand::b(b, p), &p.out, f)?;
+        }
+        *l.output(0) = fresh;
+        return Ok(());
+    }
+    with_taken_output(l, |l, o| {
+        let (a, b) = (arr::<T>(l, 0)?, arr::<T>(l, 1)?);
+        write_binary(o, Operand::own(a), Operand::b(b, p), &p.out, f)
+    })
+}
+
+/// A unary op with the input dtype; in place when the output is the input.
+fn unary_same<T, G>(l: &mut Locked<'_>, g: G) -> Result<()>
+where
+    T: Element + Copy,
+    G: Fn(T) -> T + Copy + Send + Sync,
+{
+    if l.aliases(0, 0) {
+        let r = out_array::<T>(l.output(0)).map(|a| apply0(a, g));
+        return r.map_err(|e| e.with_blob(l.output_name(0)));
+    }
+    let (o, i) = l.output_and_input(0, 0).ok_or_else(|| bug("output unexpectedly aliases the input"))?;
+    let a = i.tensor()?.array::<T>()?;
+    write_unary(o, a.view(), g)
+}
+
+fn unary_dtype(l: &Locked<'_>, op: &str, allowed: &[DataType]) -> Result<DataType> {
+    let dt = l.tensor(0)?.dtype();
+    if allowed.contains(&dt) {
+        Ok(dt)
+    } else {
+        Err(unsupported(op, dt, allowed).with_blob(l.input_name(0)))
+    }
+}
+
+// ----------------------------------------------------------- arithmetic ops --
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Arith {
+    Add,
+    Sub,
+    Mul,
+    Div,
+}
+
+/// Rejects a zero integer divisor (every element of B is used when the
+/// result is not empty).
+fn check_divisor<T: Num>(l: &Locked<'_>, p: &Prep) -> Result<()> {
+    if !T::INT || p.numel == 0 {
+        return Ok(());
+    }
+    if arr::<T>(l, 1)?.iter().any(|&x| x.is_zero()) {
+        return Err(Error::new(
+            ErrorKind::DivisionByZero,
+            format!("Div: integer division by zero: the divisor B ('{}') contains 0", l.input_name(1)),
+        )
+        .with_blob(l.input_name(1)));
+    }
+    Ok(())
+}
+
+fn arith_t<T: Num>(l: &mut Locked<'_>, p: &Prep, op: Arith) -> Result<()> {
+    match op {
+        Arith::Add => exec_same::<T, _>(l, p, |a, b| a.plus(b)),
+        Arith::Sub => exec_same::<T, _>(l, p, |a, b| a.minus(b)),
+        Arith::Mul => exec_same::<T, _>(l, p, |a, b| a.times(b)),
+        Arith::Div => {
+            check_divisor::<T>(l, p)?;
+            exec_same::<T, _>(l, p, |a, b| a.over(b))
+        }
+    }
+}
+
+fn build_arith(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let (op, name) = match ctx.op_type() {
+        "Add" => (Arith::Add, "Add"),
+        "Sub" => (Arith::Sub, "Sub"),
+        "Mul" => (Arith::Mul, "Mul"),
+        "Div" => (Arith::Div, "Div"),
+        other => return Err(ctx.bad_arg(format!("'{other}' is not an arithmetic op"))),
+    };
+    let bc = Bcast::from_args(ctx)?;
+    let mut p = Prep::new();
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        prepare(&l, name, &bc, ARITH_TYPES, &mut p)?;
+        match p.dtype {
+            DataType::Float => arith_t::<f32>(&mut l, &p, op),
+            DataType::Double => arith_t::<f64>(&mut l, &p, op),
+            DataType::Int32 => arith_t::<i32>(&mut l, &p, op),
+            DataType::Int64 => arith_t::<i64>(&mut l, &p, op),
+            other => Err(unsupported(name, other, ARITH_TYPES)),
+        }?;
+        Ok(true)
+    }))
+}
+
+// ----------------------------------------------------------- comparison ops --
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cmp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+fn cmp_t<T: Element + Copy + PartialOrd>(l: &mut Locked<'_>, p: &Prep, op: Cmp) -> Result<()> {
+    match op {
+        Cmp::Eq => exec_to::<T, bool, _>(l, p, |a, b| a == b),
+        Cmp::Ne => exec_to::<T, bool, _>(l, p, |a, b| a != b),
+        Cmp::Lt => exec_to::<T, bool, _>(l, p, |a, b| a < b),
+        Cmp::Le => exec_to::<T, bool, _>(l, p, |a, b| a <= b),
+        Cmp::Gt => exec_to::<T, bool, _>(l, p, |a, b| a > b),
+        Cmp::Ge => exec_to::<T, bool, _>(l, p, |a, b| a >= b),
+    }
+}
+
+fn build_cmp(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let (op, name) = match ctx.op_type() {
+        "EQ" => (Cmp::Eq, "EQ"),
+        "NE" => (Cmp::Ne, "NE"),
+        "LT" => (Cmp::Lt, "LT"),
+        "LE" => (Cmp::Le, "LE"),
+        "GT" => (Cmp::Gt, "GT"),
+        "GE" => (Cmp::Ge, "GE"),
+        other => return Err(ctx.bad_arg(format!("'{other}' is not a comparison op"))),
+    };
+    let bc = Bcast::from_args(ctx)?;
+    let mut p = Prep::new();
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        prepare(&l, name, &bc, CMP_TYPES, &mut p)?;
+        match p.dtype {
+            DataType::Bool => cmp_t::<bool>(&mut l, &p, op),
+            DataType::Int32 => cmp_t::<i32>(&mut l, &p, op),
+            DataType::Int64 => cmp_t::<i64>(&mut l, &p, op),
+            DataType::Float => cmp_t::<f32>(&mut l, &p, op),
+            DataType::Double => cmp_t::<f64>(&mut l, &p, op),
+            other => Err(unsupported(name, other, CMP_TYPES)),
+        }?;
+        Ok(true)
+    }))
+}
+
+// ---------------------------------------------------------------- logic ops --
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Logic {
+    And,
+    Or,
+    Xor,
+}
+
+fn build_logic(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let (op, name) = match ctx.op_type() {
+        "And" => (Logic::And, "And"),
+        "Or" => (Logic::Or, "Or"),
+        "Xor" => (Logic::Xor, "Xor"),
+        other => return Err(ctx.bad_arg(format!("'{other}' is not a logical op"))),
+    };
+    let bc = Bcast::from_args(ctx)?;
+    let mut p = Prep::new();
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        prepare(&l, name, &bc, BOOL_TYPES, &mut p)?;
+        match op {
+            Logic::And => exec_same::<bool, _>(&mut l, &p, |a, b| a & b),
+            Logic::Or => exec_same::<bool, _>(&mut l, &p, |a, b| a | b),
+            Logic::Xor => exec_same::<bool, _>(&mut l, &p, |a, b| a ^ b),
+        }?;
+        Ok(true)
+    }))
+}
+
+fn build_not(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    Ok(kernel(|cx| {
+        let mut l = cx.lock();
+        unary_dtype(&l, "Not", BOOL_TYPES)?;
+        unary_same::<bool, _>(&mut l, |x| !x)?;
+        Ok(true)
+    }))
+}
+
+// ---------------------------------------------------------------------- Sum --
+
+fn sum_t<T: Num>(l: &mut Locked<'_>, n: usize) -> Result<()> {
+    let add = |a: T, b: T| a.plus(b);
+    let in_place = l.aliases(0, 0);
+    with_taken_output(l, |l, o| {
+        let mut next = 1;
+        if !in_place {
+            let x0 = arr::<T>(l, 0)?;
+            if n == 1 {
+                return write_unary(o, x0.view(), |x| x);
+            }
+            let x1 = arr::<T>(l, 1)?;
+            write_binary(o, Operand::own(x0), Operand::own(x1), x0.shape(), add)?;
+            next = 2;
+        }
+        let y = out_array::<T>(o).map_err(|e| e.with_blob(l.output_name(0)))?;
+        for i in next..n {
+            update(y, Operand::own(arr::<T>(l, i)?), add)?;
+        }
+        Ok(())
+    })
+}
+
+fn sum(l: &mut Locked<'_>, n: usize) -> Result<()> {
+    let x0 = l.tensor(0)?;
+    let dtype = x0.dtype();
+    let n0 = l.input_name(0);
+    if !SUM_TYPES.contains(&dtype) {
+        return Err(unsupported("Sum", dtype, SUM_TYPES).with_blob(n0));
+    }
+    for i in 1..n {
+        let xi = l.tensor(i)?;
+        let ni = l.input_name(i);
+        if xi.dtype() != dtype {
+            return Err(Error::type_error(format!(
+                "Sum: all inputs must have the same dtype, but input 0 ('{n0}') is {dtype} and input {i} ('{ni}') is {}",
+                xi.dtype()
+            ))
+            .with_blob(ni));
+        }
+        if xi.shape() != x0.shape() {
+            return Err(Error::shape(format!(
+                "Sum: all inputs must have identical shapes (no broadcasting), but input 0 ('{n0}') has shape {:?} \
+                 and input {i} ('{ni}') has shape {:?}",
+                x0.shape(),
+                xi.shape()
+            ))
+            .with_blob(ni));
+        }
+    }
+    match dtype {
+        DataType::Float => sum_t::<f32>(l, n),
+        DataType::Double => sum_t::<f64>(l, n),
+        DataType::Int32 => sum_t::<i32>(l, n),
+        DataType::Int64 => sum_t::<i64>(l, n),
+        other => Err(unsupported("Sum", other, SUM_TYPES)),
+    }
+}
+
+fn build_sum(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    Ok(kernel(|cx| {
+        let n = cx.num_inputs();
+        let mut l = cx.lock();
+        sum(&mut l, n)?;
+        Ok(true)
+    }))
+}
+
+// -------------------------------------------------------------- WeightedSum --
+
+/// Checks every input and returns the weights, before anything is written.
+fn weighted_sum_weights(l: &Locked<'_>, n: usize) -> Result<SmallVec<[f32; 8]>> {
+    let x0 = l.tensor(0)?;
+    let n0 = l.input_name(0);
+    if x0.dtype() != DataType::Float {
+        return Err(unsupported("WeightedSum", x0.dtype(), &[DataType::Float]).with_blob(n0));
+    }
+    let mut w = SmallVec::new();
+    for k in 0..n / 2 {
+        let (xi, wi) = (2 * k, 2 * k + 1);
+        if k > 0 {
+            let x = l.tensor(xi)?;
+            let name = l.input_name(xi);
+            if x.dtype() != DataType::Float {
+                return Err(Error::type_error(format!(
+                    "WeightedSum: X{k} ('{name}') must be a float32 tensor like X0, got {}",
+                    x.dtype()
+                ))
+                .with_blob(name));
+            }
+            if x.numel() != x0.numel() {
+                return Err(Error::shape(format!(
+                    "WeightedSum: X{k} ('{name}', shape {:?}) must have as many elements as X0 ('{n0}', shape {:?})",
+                    x.shape(),
+                    x0.shape()
+                ))
+                .with_blob(name));
+            }
+        }
+        let wt = l.tensor(wi)?;
+        let name = l.input_name(wi);
+        if wt.dtype() != DataType::Float {
+            return Err(Error::type_error(format!(
+                "WeightedSum: weight w{k} ('{name}') must be a float32 tensor, got {}",
+                wt.dtype()
+            ))
+            .with_blob(name));
+        }
+        if wt.numel() != 1 {
+            return Err(Error::shape(format!(
+                "WeightedSum: weight w{k} ('{name}') must have exactly one element, got shape {:?}",
+                wt.shape()
+            ))
+            .with_blob(name));
+        }
+        w.push(wt.scalar_value::<f32>().map_err(|e| e.with_blob(name))?);
+    }
+    Ok(w)
+}
+
+fn flat(a: &ArrayD<f32>) -> CowArray<'_, f32, IxDyn> {
+    a.as_standard_layout()
+}
+
+fn slice_of<'a>(c: &'a CowArray<'_, f32, IxDyn>) -> Result<&'a [f32]> {
+    c.as_slice().ok_or_else(|| bug("a standard-layout copy is not contiguous"))
+}
+
+/// Y = w0*X0 + w1*X1 + ..., computed as Caffe2 did: Y = w1*X1 + w0*X0, then
+/// Y += wi*Xi for i >= 2 (with 2 inputs, Y = w0*X0).
+fn weighted_sum(l: &mut Locked<'_>, n: usize) -> Result<()> {
+    let w = weighted_sum_weights(l, n)?;
+    let in_place = l.aliases(0, 0);
+    with_taken_output(l, |l, o| {
+        let w0 = w[0];
+        let ys: &mut [f32] = if in_place {
+            let y = out_array::<f32>(o).map_err(|e| e.with_blob(l.output_name(0)))?;
+            let ys = std_slice_mut(y)?;
+            if n == 2 {
+                upd0(ys, move |v| w0 * v);
+                return Ok(());
+            }
+            let x1 = flat(arr::<f32>(l, 2)?);
+            let w1 = w[1];
+            upd1_rep(ys, slice_of(&x1)?, move |y, x| w1 * x + w0 * y);
+            ys
+        } else {
+            let x0 = arr::<f32>(l, 0)?;
+            if n == 2 {
+                return write_unary(o, x0.view(), move |x| w0 * x);
+            }
+            let (x0f, x1f) = (flat(x0), flat(arr::<f32>(l, 2)?));
+            let ys = out_slice::<f32>(o, x0.shape())?;
+            let w1 = w[1];
+            map2(ys, slice_of(&x1f)?, slice_of(&x0f)?, move |x, y| w1 * x + w0 * y);
+            ys
+        };
+        for k in 2..n / 2 {
+            let xk = flat(arr::<f32>(l, 2 * k)?);
+            let wk = w[k];
+            upd1_rep(ys, slice_of(&xk)?, move |y, x| wk * x + y);
+        }
+        Ok(())
+    })
+}
+
+fn build_weighted_sum(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let n = ctx.num_inputs();
+    if n == 0 || n % 2 != 0 {
+        return Err(ctx.bad_arg(format!(
+            "operator def did not pass schema checking: WeightedSum takes an even number of inputs \
+             (X0, w0, X1, w1, ...), got {n}"
+        )));
+    }
+    Ok(kernel(|cx| {
+        let n = cx.num_inputs();
+        let mut l = cx.lock();
+        weighted_sum(&mut l, n)?;
+        Ok(true)
+    }))
+}
+
+// -------------------------------------------------------------------- Scale --
+
+fn build_scale(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let s = ctx.args.f32("scale", 1.0)?;
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        match unary_dtype(&l, "Scale", SCALE_TYPES)? {
+            DataType::Float => unary_same::<f32, _>(&mut l, move |x| x * s),
+            DataType::Double => {
+                let s = f64::from(s);
+                unary_same::<f64, _>(&mut l, move |x| x * s)
+            }
+            other => Err(unsupported("Scale", other, SCALE_TYPES)),
+        }?;
+        Ok(true)
+    }))
+}
+
+// --------------------------------------------------------------------- Cast --
+
+fn parse_to(ctx: &OpDefCtx<'_>) -> Result<DataType> {
+    let to = if ctx.args.field_of("to") == Some("s") {
+        let s = ctx.args.string("to", "")?;
+        DataType::from_name(&s).ok_or_else(|| ctx.bad_arg(format!("Cast: unknown 'to' argument: '{s}'")))?
+    } else {
+        match ctx.args.i64_opt("to")? {
+            None => return Err(ctx.bad_arg("Cast requires the argument 'to' (the target DataType)")),
+            Some(v) => i32::try_from(v)
+                .ok()
+                .and_then(DataType::from_i32)
+                .ok_or_else(|| ctx.bad_arg(format!("Cast: unexpected 'to' argument value: {v}")))?,
+        }
+    };
+    match to {
+        DataType::Undefined => Err(ctx.bad_arg("Cast: 'to' must be a DataType other than UNDEFINED")),
+        DataType::String => Err(Error::type_error("Cast: casting to and from strings is not supported")),
+        DataType::Float16 => Err(Error::type_error("Cast: casting to float16 is not supported")),
+        DataType::Byte => Err(Error::type_error("Cast: casting to BYTE is not supported (it is deprecated; use UINT8)")),
+        other => Ok(other),
+    }
+}
+
+fn cast_from<S: Prim>(o: &mut BlobValue, a: ArrayViewD<'_, S>, to: DataType) -> Result<()> {
+    match to {
+        DataType::Float => write_unary(o, a, S::to_f32),
+        DataType::Double => write_unary(o, a, S::to_f64),
+        DataType::Int32 => write_unary(o, a, S::to_i32),
+        DataType::Int64 => write_unary(o, a, S::to_i64),
+        DataType::Bool => write_unary(o, a, S::to_bool),
+        DataType::Uint8 => write_unary(o, a, S::to_u8),
+        DataType::Int8 => write_unary(o, a, S::to_i8),
+        DataType::Int16 => write_unary(o, a, S::to_i16),
+        DataType::Uint16 => write_unary(o, a, S::to_u16),
+        other => Err(Error::type_error(format!("Cast: casting to {other} is not supported"))),
+    }
+}
+
+fn cast_into(o: &mut BlobValue, src: &Tensor, to: DataType) -> Result<()> {
+    match src {
+        Tensor::F32(a) => cast_from(o, a.view(), to),
+        Tensor::F64(a) => cast_from(o, a.view(), to),
+        Tensor::I32(a) => cast_from(o, a.view(), to),
+        Tensor::I64(a) => cast_from(o, a.view(), to),
+        Tensor::Bool(a) => cast_from(o, a.view(), to),
+        Tensor::U8(a) => cast_from(o, a.view(), to),
+        Tensor::I8(a) => cast_from(o, a.view(), to),
+        Tensor::I16(a) => cast_from(o, a.view(), to),
+        Tensor::U16(a) => cast_from(o, a.view(), to),
+        Tensor::Str(_) => Err(Error::type_error("Cast: casting to and from strings is not supported")),
+    }
+}
+
+fn cast(l: &mut Locked<'_>, to: DataType) -> Result<()> {
+    let src = l.tensor(0)?;
+    if src.dtype() == DataType::String {
+        return Err(Error::type_error("Cast: casting to and from strings is not supported").with_blob(l.input_name(0)));
+    }
+    if l.aliases(0, 0) {
+        if src.dtype() == to {
+            return Ok(());
+        }
+        let mut fresh = BlobValue::Empty;
+        cast_into(&mut fresh, src, to).map_err(|e| e.with_blob(l.input_name(0)))?;
+        *l.output(0) = fresh;
+        return Ok(());
+    }
+    let (o, i) = l.output_and_input(0, 0).ok_or_else(|| bug("output unexpectedly aliases the input"))?;
+    cast_into(o, i.tensor()?, to)
+}
+
+fn build_cast(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let to = parse_to(ctx)?;
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        cast(&mut l, to)?;
+        Ok(true)
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cancel::CancelToken;
+    use crate::ir::{Argument, OperatorDef};
+    use crate::operator::{create_operator, OpCx};
+    use crate::workspace::Workspace;
+    use std::sync::Arc;
+
+    fn def(ty: &str, ins: &[&str], outs: &[&str], args: Vec<Argument>) -> OperatorDef {
+        OperatorDef {
+            r#type: Some(ty.into()),
+            input: ins.iter().map(|s| s.to_string()).collect(),
+            output: outs.iter().map(|s| s.to_string()).collect(),
+            arg: args,
+            ..Default::default()
+        }
+    }
+
+    fn ai(name: &str, v: i64) -> Argument {
+        Argument { name: Some(name.into()), i: Some(v), ..Default::default() }
+    }
+
+    fn af(name: &str, v: f32) -> Argument {
+        Argument { name: Some(name.into()), f: Some(v), ..Default::default() }
+    }
+
+    fn as_(name: &str, v: &str) -> Argument {
+        Argument { name: Some(name.into()), s: Some(v.as_bytes().to_vec()), ..Default::default() }
+    }
+
+    fn t<T: Element>(shape: &[usize], v: Vec<T>) -> Tensor {
+        Tensor::from_vec(shape, v).unwrap()
+    }
+
+    fn ws(blobs: Vec<(&str, Tensor)>) -> Arc<Workspace> {
+        let ws = Workspace::new();
+        for (n, v) in blobs {
+            ws.feed(n, BlobValue::Tensor(v));
+        }
+        ws
+    }
+
+    fn run(ws: &Arc<Workspace>, d: OperatorDef) -> Result<bool> {
+        ws.run_operator_once(&d, &CancelToken::new())
+    }
+
+    fn get(ws: &Arc<Workspace>, name: &str) -> Tensor {
+        ws.fetch(name).unwrap().tensor().unwrap().clone()
+    }
+
+    fn data_ptr(ws: &Arc<Workspace>, name: &str) -> usize {
+        let b = ws.blob(name).unwrap();
+        let g = b.read();
+        crate::with_array!(g.tensor().unwrap(), a => a.as_ptr() as usize)
+    }
+
+    /// Builds the op once and runs it `times` times (kernel state kept).
+    fn run_kernel(ws: &Arc<Workspace>, d: &OperatorDef, times: usize) {
+        let (mut k, io) = create_operator(d, ws).unwrap();
+        let tok = CancelToken::new();
+        for _ in 0..times {
+            let mut cx = OpCx { io: &io, ws, cancel: &tok };
+            assert!(k.run(&mut cx).unwrap());
+        }
+    }
+
+    // ---------------------------------------------------------- arithmetic --
+
+    #[test]
+    fn same_shape_arithmetic_all_dtypes() {
+        let w = ws(vec![
+            ("a", t(&[2, 2], vec![1.5f32, 2.0, -3.0, 4.0])),
+            ("b", t(&[2, 2], vec![0.5f32, 4.0, 2.0, -8.0])),
+            ("ad", t(&[3], vec![1.0f64, 2.0, 3.0])),
+            ("bd", t(&[3], vec![0.25f64, 0.5, 4.0])),
+            ("ai", t(&[3], vec![7i32, -7, 9])),
+            ("bi", t(&[3], vec![2i32, 2, -4])),
+            ("al", t(&[2], vec![10i64, -10])),
+            ("bl", t(&[2], vec![3i64, 3])),
+        ]);
+        run(&w, def("Add", &["a", "b"], &["c"], vec![])).unwrap();
+        assert_eq!(get(&w, "c"), t(&[2, 2], vec![2.0f32, 6.0, -1.0, -4.0]));
+        run(&w, def("Sub", &["a", "b"], &["c"], vec![])).unwrap();
+        assert_eq!(get(&w, "c"), t(&[2, 2], vec![1.0f32, -2.0, -5.0, 12.0]));
+        run(&w, def("Mul", &["a", "b"], &["c"], vec![])).unwrap();
+        assert_eq!(get(&w, "c"), t(&[2, 2], vec![0.75f32, 8.0, -6.0, -32.0]));
+        run(&w, def("Div", &["a", "b"], &["c"], vec![])).unwrap();
+        assert_eq!(get(&w, "c"), t(&[2, 2], vec![3.0f32, 0.5, -1.5, -0.5]));
+        run(&w, def("Div", &["ad", "bd"], &["cd"], vec![])).unwrap();
+        assert_eq!(get(&w, "cd"), t(&[3], vec![4.0f64, 4.0, 0.75]));
+        run(&w, def("Mul", &["ai", "bi"], &["ci"], vec![])).unwrap();
+        assert_eq!(get(&w, "ci"), t(&[3], vec![14i32, -14, -36]));
+        run(&w, def("Sub", &["al", "bl"], &["cl"], vec![])).unwrap();
+        assert_eq!(get(&w, "cl"), t(&[2], vec![7i64, -13]));
+    }
+
+    #[test]
+    fn integer_division_truncates_toward_zero() {
+        let w = ws(vec![
+            ("a", t(&[4], vec![7i32, -7, 7, -7])),
+            ("b", t(&[4], vec![2i32, 2, -2, -2])),
+            ("a64", t(&[3], vec![i64::MIN, 5, -1])),
+            ("b64", t(&[3], vec![-1i64, 7, 3])),
+        ]);
+        run(&w, def("Div", &["a", "b"], &["c"], vec![])).unwrap();
+        assert_eq!(get(&w, "c"), t(&[4], vec![3i32, -3, -3, 3]));
+        // i64::MIN / -1 wraps to i64::MIN instead of trapping.
+        run(&w, def("Div", &["a64", "b64"], &["c64"], vec![])).unwrap();
+        assert_eq!(get(&w, "c64"), t(&[3], vec![i64::MIN, 0, 0]));
+    }
+
+    #[test]
+    fn integer_division_by_zero_is_an_error_and_writes_nothing() {
+        let w = ws(vec![("a", t(&[3], vec![1i32, 2, 3])), ("b", t(&[3], vec![1i32, 0, 1]))]);
+        let e = run(&w, def("Div", &["a", "b"], &["a"], vec![])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::DivisionByZero);
+        assert_eq!(e.context.blob.as_deref(), Some("b"));
+        assert_eq!(e.context.op_type.as_deref(), Some("Div"));
+        assert_eq!(get(&w, "a"), t(&[3], vec![1i32, 2, 3]));
+        // A scalar zero divisor, int64.
+        let w = ws(vec![("a", t(&[2], vec![1i64, 2])), ("z", Tensor::scalar(0i64))]);
+        let e = run(&w, def("Div", &["a", "z"], &["c"], vec![])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::DivisionByZero);
+        // An empty result divides nothing, so a zero divisor is fine.
+        let w = ws(vec![("a", t(&[0, 2], Vec::<i32>::new())), ("z", t(&[2], vec![0i32, 0]))]);
+        run(&w, def("Div", &["a", "z"], &["c"], vec![])).unwrap();
+        assert_eq!(get(&w, "c").shape(), &[0, 2]);
+    }
+
+    #[test]
+    fn float_division_by_zero_is_ieee() {
+        let w = ws(vec![("a", t(&[3], vec![1.0f32, -1.0, 0.0])), ("z", Tensor::scalar(0.0f32))]);
+        run(&w, def("Div", &["a", "z"], &["c"], vec![])).unwrap();
+        let c = get(&w, "c");
+        let c = c.array::<f32>().unwrap();
+        assert_eq!(c[[0]], f32::INFINITY);
+        assert_eq!(c[[1]], f32::NEG_INFINITY);
+        assert!(c[[2]].is_nan());
+    }
+
+    #[test]
+    fn integer_overflow_wraps() {
+        let w = ws(vec![
+            ("a", t(&[3], vec![i32::MAX, i32::MIN, i32::MAX])),
+            ("b", t(&[3], vec![1i32, 1, 2])),
+        ]);
+        run(&w, def("Add", &["a", "b"], &["c"], vec![])).unwrap();
+        assert_eq!(get(&w, "c"), t(&[3], vec![i32::MIN, i32::MIN + 1, i32::MIN + 1]));
+        run(&w, def("Sub", &["b", "a"], &["c"], vec![])).unwrap();
+        // 1 - MAX = MIN + 2; 1 - MIN wraps to MIN + 1; 2 - MAX = MIN + 3.
+        assert_eq!(get(&w, "c"), t(&[3], vec![i32::MIN + 2, i32::MIN + 1, i32::MIN + 3]));
+        run(&w, def("Mul", &["a", "b"], &["c"], vec![])).unwrap();
+        // MAX * 2 = 2^32 - 2 wraps to -2.
+        assert_eq!(get(&w, "c"), t(&[3], vec![i32::MAX, i32::MIN, -2]));
+    }
+
+    // ------------------------------------------------------- broadcasting --
+
+    #[test]
+    fn numpy_broadcasting() {
+        let w = ws(vec![
+            ("m", t(&[2, 3], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0])),
+            ("row", t(&[3], vec![10.0f32, 20.0, 30.0])),
+            ("col", t(&[2, 1], vec![100.0f32, 200.0])),
+            ("s", Tensor::scalar(0.5f32)),
+            ("e", t(&[0, 3], Vec::<f32>::new())),
+            ("one", t(&[1, 3], vec![1.0f32, 1.0, 1.0])),
+        ]);
+        run(&w, def("Add", &["m", "row"], &["c"], vec![])).unwrap();
+        assert_eq!(get(&w, "c"), t(&[2, 3], vec![11.0f32, 22.0, 33.0, 14.0, 25.0, 36.0]));
+        // B on the left: [3] - [2,3].
+        run(&w, def("Sub", &["row", "m"], &["c"], vec![])).unwrap();
+        assert_eq!(get(&w, "c"), t(&[2, 3], vec![9.0f32, 18.0, 27.0, 6.0, 15.0, 24.0]));
+        // Both sides stretch: [2,1] + [3] -> [2,3].
+        run(&w, def("Add", &["col", "row"], &["c"], vec![])).unwrap();
+        assert_eq!(get(&w, "c"), t(&[2, 3], vec![110.0f32, 120.0, 130.0, 210.0, 220.0, 230.0]));
+        run(&w, def("Mul", &["m", "col"], &["c"], vec![])).unwrap();
+        assert_eq!(get(&w, "c"), t(&[2, 3], vec![100.0f32, 200.0, 300.0, 800.0, 1000.0, 1200.0]));
+        // 0-dim scalar on either side.
+        run(&w, def("Mul", &["s", "m"], &["c"], vec![])).unwrap();
+        assert_eq!(get(&w, "c"), t(&[2, 3], vec![0.5f32, 1.0, 1.5, 2.0, 2.5, 3.0]));
+        run(&w, def("Div", &["m", "s"], &["c"], vec![])).unwrap();
+        assert_eq!(get(&w, "c"), t(&[2, 3], vec![2.0f32, 4.0, 6.0, 8.0, 10.0, 12.0]));
+        run(&w, def("Add", &["s", "s"], &["c"], vec![])).unwrap();
+        assert_eq!(get(&w, "c"), Tensor::scalar(1.0f32));
+        // A 0 dim against a 1 gives 0: [0,3] + [1,3] -> [0,3].
+        run(&w, def("Add", &["e", "one"], &["c"], vec![])).unwrap();
+        assert_eq!(get(&w, "c").shape(), &[0, 3]);
+        // [2,1] + [0] -> [2,0].
+        let w2 = ws(vec![("col", t(&[2, 1], vec![1i64, 2])), ("z", t(&[0], Vec::<i64>::new()))]);
+        run(&w2, def("Add", &["col", "z"], &["c"], vec![])).unwrap();
+        assert_eq!(get(&w2, "c").shape(), &[2, 0]);
+    }
+
+    #[test]
+    fn numpy_broadcasting_mismatch_names_b() {
+        let w = ws(vec![("a", t(&[2, 3], vec![0i32; 6])), ("b", t(&[2], vec![1i32, 2]))]);
+        let e = run(&w, def("Add", &["a", "b"], &["c"], vec![])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Shape);
+        assert_eq!(e.context.blob.as_deref(), Some("b"));
+        assert!(e.message.contains("[2, 3]") && e.message.contains("[2]"), "{}", e.message);
+        assert!(!w.has_blob("c") || w.fetch("c").unwrap().is_empty());
+    }
+
+    #[test]
+    fn legacy_broadcasting() {
+        // A [2,3,2], B [3] at axis 1: B[j] is added along dim 1.
+        let a: Vec<i32> = (0..12).collect();
+        let w = ws(vec![
+            ("a", t(&[2, 3, 2], a)),
+            ("b", t(&[3], vec![100i32, 200, 300])),
+            ("b31", t(&[3, 1], vec![100i32, 200, 300])),
+            ("b12", t(&[1, 2], vec![1000i32, 2000])),
+            ("s", t(&[1, 1], vec![5i32])),
+        ]);
+        let want = t(&[2, 3, 2], vec![100i32, 101, 202, 203, 304, 305, 106, 107, 208, 209, 310, 311]);
+        run(&w, def("Add", &["a", "b"], &["c"], vec![ai("broadcast", 1), ai("axis", 1)])).unwrap();
+        assert_eq!(get(&w, "c"), want);
+        // Trailing size-1 dims of B are ignored: [3,1] at axis 1 is the same.
+        run(&w, def("Add", &["a", "b31"], &["c"], vec![ai("broadcast", 1), ai("axis", 1)])).unwrap();
+        assert_eq!(get(&w, "c"), want);
+        // axis_str "C" in "NCHW" is axis 1.
+        run(&w, def("Add", &["a", "b"], &["c"], vec![ai("broadcast", 1), as_("axis_str", "C")])).unwrap();
+        assert_eq!(get(&w, "c"), want);
+        // ...and in "NHWC" it is axis 3, out of range for a 3-dim A with 1-dim B.
+        let e = run(&w, def("Add", &["a", "b"], &["c"], vec![ai("broadcast", 1), as_("axis_str", "C"), as_("order", "NHWC")]))
+            .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Shape);
+        // Leading size-1 dims are skipped: [1,2] with the default axis (1) matches A's last dim.
+        run(&w, def("Sub", &["a", "b12"], &["c"], vec![ai("broadcast", 1)])).unwrap();
+        assert_eq!(
+            get(&w, "c"),
+            t(&[2, 3, 2], vec![-1000i32, -1999, -998, -1997, -996, -1995, -994, -1993, -992, -1991, -990, -1989])
+        );
+        // A one-element B is a scalar whatever its shape.
+        run(&w, def("Mul", &["a", "s"], &["c"], vec![ai("broadcast", 1)])).unwrap();
+        assert_eq!(get(&w, "c"), t(&[2, 3, 2], (0..12).map(|x| x * 5).collect()));
+        // In place on A is fine.
+        run(&w, def("Add", &["a", "b"], &["a"], vec![ai("broadcast", 1), ai("axis", 1)])).unwrap();
+        assert_eq!(get(&w, "a"), want);
+    }
+
+    #[test]
+    fn legacy_broadcasting_errors() {
+        let w = ws(vec![
+            ("a", t(&[2, 3], vec![0.0f32; 6])),
+            ("b", t(&[2], vec![1.0f32, 2.0])),
+            ("big", t(&[1, 2, 3], vec![0.0f32; 6])),
+        ]);
+        let bc = || ai("broadcast", 1);
+        // Suffix match by default: B [2] against A's last dim 3.
+        let e = run(&w, def("Add", &["a", "b"], &["c"], vec![bc()])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Shape);
+        assert!(e.message.contains("Broadcast dimension mismatch"), "{}", e.message);
+        assert_eq!(e.context.blob.as_deref(), Some("b"));
+        // axis 0 makes it fit.
+        run(&w, def("Add", &["a", "b"], &["c"], vec![bc(), ai("axis", 0)])).unwrap();
+        assert_eq!(get(&w, "c"), t(&[2, 3], vec![1.0f32, 1.0, 1.0, 2.0, 2.0, 2.0]));
+        // Axis out of [0, A.ndim - B.ndim].
+        let e = run(&w, def("Add", &["a", "b"], &["c"], vec![bc(), ai("axis", 2)])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Shape);
+        // B with more dims than A.
+        let e = run(&w, def("Add", &["a", "big"], &["c"], vec![bc()])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Shape);
+        // axis and axis_str together, a long axis_str, an unknown letter, a negative axis: construction errors.
+        for args in [
+            vec![bc(), ai("axis", 0), as_("axis_str", "N")],
+            vec![bc(), as_("axis_str", "NC")],
+            vec![bc(), as_("axis_str", "X")],
+            vec![bc(), ai("axis", -2)],
+        ] {
+            let e = run(&w, def("Add", &["a", "b"], &["c"], args)).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::InvalidArgument, "{}", e.message);
+        }
+        // With broadcast 0 the legacy args are ignored (but still read with the field rules).
+        let w2 = ws(vec![("a", t(&[2], vec![1i32, 2])), ("b", t(&[2], vec![3i32, 4]))]);
+        run(&w2, def("Add", &["a", "b"], &["c"], vec![ai("axis", 7), as_("axis_str", "NC")])).unwrap();
+        let e = run(&w2, def("Add", &["a", "b"], &["c"], vec![af("axis", 1.0)])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+        // In place on B is forbidden with broadcast=1 (at run time, as in Caffe2).
+        let e = run(&w2, def("Add", &["a", "b"], &["b"], vec![bc()])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+        assert_eq!(e.context.blob.as_deref(), Some("b"));
+        assert_eq!(get(&w2, "b"), t(&[2], vec![3i32, 4]));
+    }
+
+    // ------------------------------------------------------------- dtypes --
+
+    #[test]
+    fn dtype_mismatch_and_unsupported_dtypes() {
+        let w = ws(vec![
+            ("f", t(&[2], vec![1.0f32, 2.0])),
+            ("l", t(&[2], vec![1i64, 2])),
+            ("p", t(&[2], vec![true, false])),
+            ("u", t(&[2], vec![1u8, 2])),
+        ]);
+        let e = run(&w, def("Add", &["f", "l"], &["c"], vec![])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Type);
+        assert_eq!(e.context.blob.as_deref(), Some("l"));
+        assert!(e.message.contains("float32") && e.message.contains("int64"), "{}", e.message);
+        let e = run(&w, def("Add", &["p", "p"], &["c"], vec![])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Type);
+        assert!(e.message.starts_with("Unsupported type of tensor: bool"), "{}", e.message);
+        assert_eq!(e.context.blob.as_deref(), Some("p"));
+        let e = run(&w, def("LT", &["u", "u"], &["c"], vec![])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Type);
+        let e = run(&w, def("EQ", &["l", "f"], &["c"], vec![])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Type);
+        assert_eq!(e.context.blob.as_deref(), Some("f"));
+        // A blob that is not a tensor.
+        w.feed("empty", BlobValue::Empty);
+        let e = run(&w, def("Mul", &["f", "empty"], &["c"], vec![])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Type);
+        assert_eq!(e.context.blob.as_deref(), Some("empty"));
+    }
+
+    // ------------------------------------------------------------ in place --
+
+    #[test]
+    fn in_place_on_a_and_b() {
+        let w = ws(vec![
+            ("x", t(&[3], vec![1.0f32, 2.0, 3.0])),
+            ("y", t(&[3], vec![10.0f32, 20.0, 30.0])),
+            ("s", Tensor::scalar(2.0f32)),
+        ]);
+        run(&w, def("Sub", &["x", "y"], &["x"], vec![])).unwrap();
+        assert_eq!(get(&w, "x"), t(&[3], vec![-9.0f32, -18.0, -27.0]));
+        // Output = B keeps the operand order: y = x - y.
+        run(&w, def("Sub", &["x", "y"], &["y"], vec![])).unwrap();
+        assert_eq!(get(&w, "y"), t(&[3], vec![-19.0f32, -38.0, -57.0]));
+        // Output = A = B.
+        run(&w, def("Add", &["x", "x"], &["x"], vec![])).unwrap();
+        assert_eq!(get(&w, "x"), t(&[3], vec![-18.0f32, -36.0, -54.0]));
+        // A scalar B broadcast into an in-place A.
+        run(&w, def("Div", &["x", "s"], &["x"], vec![])).unwrap();
+        assert_eq!(get(&w, "x"), t(&[3], vec![-9.0f32, -18.0, -27.0]));
+        // A scalar A broadcast into an in-place B: y = s * y.
+        run(&w, def("Mul", &["s", "y"], &["y"], vec![])).unwrap();
+        assert_eq!(get(&w, "y"), t(&[3], vec![-38.0f32, -76.0, -114.0]));
+    }
+
+    #[test]
+    fn in_place_requires_the_result_shape() {
+        let w = ws(vec![("s", Tensor::scalar(1i32)), ("v", t(&[2], vec![1i32, 2]))]);
+        let e = run(&w, def("Add", &["s", "v"], &["s"], vec![])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Shape);
+        assert_eq!(e.context.blob.as_deref(), Some("s"));
+        assert_eq!(get(&w, "s"), Tensor::scalar(1i32));
+        let e = run(&w, def("Add", &["v", "s"], &["s"], vec![])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Shape);
+        assert_eq!(get(&w, "s"), Tensor::scalar(1i32));
+    }
+
+    #[test]
+    fn in_place_rules_in_schemas() {
+        let w = ws(vec![("a", t(&[2], vec![1i32, 2])), ("b", t(&[2], vec![3i32, 4]))]);
+        // Div, comparisons and logic ops may not write over B; comparisons not over A either.
+        for (ty, out) in [("Div", "b"), ("EQ", "a"), ("GE", "b"), ("Not", "a")] {
+            let ins: &[&str] = if ty == "Not" { &["a"] } else { &["a", "b"] };
+            let e = run(&w, def(ty, ins, &[out], vec![])).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::InvalidArgument, "{ty}");
+        }
+        let w = ws(vec![("p", t(&[2], vec![true, false])), ("q", t(&[2], vec![true, true]))]);
+        let e = run(&w, def("Or", &["p", "q"], &["q"], vec![])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+        run(&w, def("Xor", &["p", "q"], &["p"], vec![])).unwrap();
+        assert_eq!(get(&w, "p"), t(&[2], vec![false, true]));
+    }
+
+    #[test]
+    fn scalar_in_place_add_reuses_the_buffer() {
+        let w = ws(vec![("x", Tensor::scalar(0.0f32)), ("one", Tensor::scalar(1.0f32))]);
+        let before = data_ptr(&w, "x");
+        run_kernel(&w, &def("Add", &["x", "one"], &["x"], vec![]), 1000);
+        assert_eq!(get(&w, "x"), Tensor::scalar(1000.0f32));
+        assert_eq!(data_ptr(&w, "x"), before);
+    }
+
+    #[test]
+    fn separate_output_buffer_is_reused_when_it_fits() {
+        let w = ws(vec![("a", t(&[2, 2], vec![1i64, 2, 3, 4])), ("b", t(&[2], vec![10i64, 20]))]);
+        let d = def("Add", &["a", "b"], &["c"], vec![]);
+        run_kernel(&w, &d, 1);
+        let p = data_ptr(&w, "c");
+        w.feed("a", BlobValue::Tensor(t(&[2, 2], vec![5i64, 6, 7, 8])));
+        run_kernel(&w, &d, 1);
+        assert_eq!(get(&w, "c"), t(&[2, 2], vec![15i64, 26, 17, 28]));
+        assert_eq!(data_ptr(&w, "c"), p);
+        // An output of another dtype or shape is replaced.
+        w.feed("c", BlobValue::Tensor(t(&[3], vec![0.0f32; 3])));
+        run_kernel(&w, &d, 1);
+        assert_eq!(get(&w, "c"), t(&[2, 2], vec![15i64, 26, 17, 28]));
+    }
+
+    // ------------------------------------------------ comparisons and logic --
+
+    #[test]
+    fn comparisons() {
+        let w = ws(vec![
+            ("a", t(&[2, 3], vec![1i32, 2, 3, 4, 5, 6])),
+            ("b", t(&[3], vec![2i32, 2, 5])),
+        ]);
+        let cases = [
+            ("EQ", [false, true, false, false, false, false]),
+            ("NE", [true, false, true, true, true, true]),
+            ("LT", [true, false, true, false, false, false]),
+            ("LE", [true, true, true, false, false, false]),
+            ("GT", [false, false, false, true, true, true]),
+            ("GE", [false, true, false, true, true, true]),
+        ];
+        for (ty, want) in cases {
+            run(&w, def(ty, &["a", "b"], &["c"], vec![])).unwrap();
+            assert_eq!(get(&w, "c"), t(&[2, 3], want.to_vec()), "{ty}");
+        }
+        // Floats: NaN is unequal to everything, itself included.
+        let w = ws(vec![("x", t(&[3], vec![f64::NAN, 1.0, -0.0])), ("y", t(&[3], vec![f64::NAN, f64::NAN, 0.0]))]);
+        run(&w, def("EQ", &["x", "y"], &["c"], vec![])).unwrap();
+        assert_eq!(get(&w, "c"), t(&[3], vec![false, false, true]));
+        run(&w, def("NE", &["x", "y"], &["c"], vec![])).unwrap();
+        assert_eq!(get(&w, "c"), t(&[3], vec![true, true, false]));
+        run(&w, def("GE", &["x", "y"], &["c"], vec![])).unwrap();
+        assert_eq!(get(&w, "c"), t(&[3], vec![false, false, true]));
+        // Bools order false < true; legacy broadcasting works for comparisons too.
+        let w = ws(vec![("p", t(&[2, 2], vec![false, true, false, true])), ("q", t(&[2], vec![true, false]))]);
+        run(&w, def("LT", &["p", "q"], &["c"], vec![ai("broadcast", 1), ai("axis", 0)])).unwrap();
+        assert_eq!(get(&w, "c"), t(&[2, 2], vec![true, false, false, false]));
+        // int64 against a scalar.
+        let w = ws(vec![("v", t(&[3], vec![-1i64, 0, 1])), ("z", Tensor::scalar(0i64))]);
+        run(&w, def("GT", &["v", "z"], &["c"], vec![])).unwrap();
+        assert_eq!(get(&w, "c"), t(&[3], vec![false, false, true]));
+    }
+
+    #[test]
+    fn logic_ops() {
+        let w = ws(vec![
+            ("p", t(&[4], vec![false, false, true, true])),
+            ("q", t(&[4], vec![false, true, false, true])),
+            ("r", t(&[2, 1], vec![true, false])),
+        ]);
+        run(&w, def("And", &["p", "q"], &["c"], vec![])).unwrap();
+        assert_eq!(get(&w, "c"), t(&[4], vec![false, false, false, true]));
+        run(&w, def("Or", &["p", "q"], &["c"], vec![])).unwrap();
+        assert_eq!(get(&w, "c"), t(&[4], vec![false, true, true, true]));
+        run(&w, def("Xor", &["p", "q"], &["c"], vec![])).unwrap();
+        assert_eq!(get(&w, "c"), t(&[4], vec![false, true, true, false]));
+        run(&w, def("Not", &["p"], &["c"], vec![])).unwrap();
+        assert_eq!(get(&w, "c"), t(&[4], vec![true, true, false, false]));
+        // Broadcast [2,1] with [4] -> [2,4].
+        run(&w, def("And", &["r", "q"], &["c"], vec![])).unwrap();
+        assert_eq!(get(&w, "c"), t(&[2, 4], vec![false, true, false, true, false, false, false, false]));
+        // In place on A.
+        run(&w, def("Or", &["p", "q"], &["p"], vec![])).unwrap();
+        assert_eq!(get(&w, "p"), t(&[4], vec![false, true, true, true]));
+        // Bool only.
+        let w = ws(vec![("i", t(&[2], vec![1i32, 0]))]);
+        for (ty, ins) in [("And", &["i", "i"][..]), ("Not", &["i"][..])] {
+            let e = run(&w, def(ty, ins, &["c"], vec![])).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::Type, "{ty}");
+            assert_eq!(e.context.blob.as_deref(), Some("i"));
+        }
+    }
+
+    // ---------------------------------------------------------------- Sum --
+
+    #[test]
+    fn sum_adds_in_order_and_copies_one_input() {
+        let w = ws(vec![
+            ("a", t(&[2, 2], vec![1.0f32, 2.0, 3.0, 4.0])),
+            ("b", t(&[2, 2], vec![10.0f32, 20.0, 30.0, 40.0])),
+            ("c", t(&[2, 2], vec![100.0f32, 200.0, 300.0, 400.0])),
+            ("i", t(&[3], vec![i64::MAX, 1, 2])),
+            ("j", t(&[3], vec![1i64, 2, 3])),
+        ]);
+        run(&w, def("Sum", &["a", "b", "c"], &["y"], vec![])).unwrap();
+        assert_eq!(get(&w, "y"), t(&[2, 2], vec![111.0f32, 222.0, 333.0, 444.0]));
+        run(&w, def("Sum", &["a"], &["y"], vec![])).unwrap();
+        assert_eq!(get(&w, "y"), get(&w, "a"));
+        run(&w, def("Sum", &["a", "a"], &["y"], vec![])).unwrap();
+        assert_eq!(get(&w, "y"), t(&[2, 2], vec![2.0f32, 4.0, 6.0, 8.0]));
+        run(&w, def("Sum", &["a", "b", "c"], &["a"], vec![])).unwrap();
+        assert_eq!(get(&w, "a"), t(&[2, 2], vec![111.0f32, 222.0, 333.0, 444.0]));
+        run(&w, def("Sum", &["a"], &["a"], vec![])).unwrap();
+        assert_eq!(get(&w, "a"), t(&[2, 2], vec![111.0f32, 222.0, 333.0, 444.0]));
+        // Integers wrap.
+        run(&w, def("Sum", &["i", "j", "j"], &["y"], vec![])).unwrap();
+        assert_eq!(get(&w, "y"), t(&[3], vec![i64::MIN + 1, 5, 8]));
+    }
+
+    #[test]
+    fn sum_errors() {
+        let w = ws(vec![
+            ("a", t(&[2], vec![1i32, 2])),
+            ("b", t(&[2], vec![1i64, 2])),
+            ("c", t(&[1, 2], vec![1i32, 2])),
+            ("d", t(&[2], vec![1i32, 2])),
+            ("p", t(&[2], vec![true, false])),
+        ]);
+        let e = run(&w, def("Sum", &["a", "d", "b"], &["y"], vec![])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Type);
+        assert_eq!(e.context.blob.as_deref(), Some("b"));
+        assert!(e.message.contains("int32") && e.message.contains("int64"), "{}", e.message);
+        // Same element count, different shape: no broadcasting, no reshaping.
+        let e = run(&w, def("Sum", &["a", "c"], &["a"], vec![])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Shape);
+        assert_eq!(e.context.blob.as_deref(), Some("c"));
+        assert_eq!(get(&w, "a"), t(&[2], vec![1i32, 2]));
+        let e = run(&w, def("Sum", &["p", "p"], &["y"], vec![])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Type);
+        // Only input 0 may be the output.
+        let e = run(&w, def("Sum", &["a", "d"], &["d"], vec![])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+        let e = run(&w, def("Sum", &[], &["y"], vec![])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+    }
+
+    // -------------------------------------------------------- WeightedSum --
+
+    #[test]
+    fn weighted_sum_values() {
+        let w = ws(vec![
+            ("x0", t(&[2, 2], vec![1.0f32, 2.0, 3.0, 4.0])),
+            ("w0", t(&[1], vec![2.0f32])),
+            ("x1", t(&[4], vec![10.0f32, 20.0, 30.0, 40.0])),
+            ("w1", Tensor::scalar(0.5f32)),
+            ("x2", t(&[2, 2], vec![1.0f32, 1.0, 1.0, 1.0])),
+            ("w2", t(&[1, 1], vec![-3.0f32])),
+        ]);
+        run(&w, def("WeightedSum", &["x0", "w0"], &["y"], vec![])).unwrap();
+        assert_eq!(get(&w, "y"), t(&[2, 2], vec![2.0f32, 4.0, 6.0, 8.0]));
+        // Y takes X0's shape even though X1 is [4].
+        run(&w, def("WeightedSum", &["x0", "w0", "x1", "w1"], &["y"], vec![])).unwrap();
+        assert_eq!(get(&w, "y"), t(&[2, 2], vec![7.0f32, 14.0, 21.0, 28.0]));
+        run(&w, def("WeightedSum", &["x0", "w0", "x1", "w1", "x2", "w2"], &["y"], vec![])).unwrap();
+        assert_eq!(get(&w, "y"), t(&[2, 2], vec![4.0f32, 11.0, 18.0, 25.0]));
+        // In place on X0.
+        run(&w, def("WeightedSum", &["x0", "w0", "x1", "w1", "x2", "w2"], &["x0"], vec![])).unwrap();
+        assert_eq!(get(&w, "x0"), t(&[2, 2], vec![4.0f32, 11.0, 18.0, 25.0]));
+        run(&w, def("WeightedSum", &["x0", "w1"], &["x0"], vec![])).unwrap();
+        assert_eq!(get(&w, "x0"), t(&[2, 2], vec![2.0f32, 5.5, 9.0, 12.5]));
+        // An empty X0 gives an empty output.
+        let w = ws(vec![("e", t(&[0, 3], Vec::<f32>::new())), ("w", Tensor::scalar(1.0f32))]);
+        run(&w, def("WeightedSum", &["e", "w", "e", "w"], &["y"], vec![])).unwrap();
+        assert_eq!(get(&w, "y").shape(), &[0, 3]);
+    }
+
+    #[test]
+    fn weighted_sum_errors() {
+        let w = ws(vec![
+            ("x", t(&[2], vec![1.0f32, 2.0])),
+            ("w", Tensor::scalar(1.0f32)),
+            ("w2", t(&[2], vec![1.0f32, 1.0])),
+            ("wd", Tensor::scalar(1.0f64)),
+            ("x3", t(&[3], vec![1.0f32, 2.0, 3.0])),
+            ("xd", t(&[2], vec![1.0f64, 2.0])),
+            ("xi", t(&[2], vec![1i32, 2])),
+        ]);
+        let cases: &[(&[&str], &str, ErrorKind, &str)] = &[
+            (&["x", "w", "x"], "y", ErrorKind::InvalidArgument, ""),
+            (&["x", "w2"], "y", ErrorKind::Shape, "w2"),
+            (&["x", "wd"], "y", ErrorKind::Type, "wd"),
+            (&["x", "w", "x3", "w"], "y", ErrorKind::Shape, "x3"),
+            (&["x", "w", "xd", "w"], "y", ErrorKind::Type, "xd"),
+            (&["xi", "w"], "y", ErrorKind::Type, "xi"),
+            (&["x", "w", "x3", "w"], "x3", ErrorKind::InvalidArgument, "x3"),
+        ];
+        for (ins, out, kind, blob) in cases {
+            let e = run(&w, def("WeightedSum", ins, &[out], vec![])).unwrap_err();
+            assert_eq!(e.kind, *kind, "{ins:?}: {}", e.message);
+            if !blob.is_empty() {
+                assert_eq!(e.context.blob.as_deref(), Some(*blob), "{ins:?}");
+            }
+        }
+        // A failing in-place call leaves X0 untouched.
+        let e = run(&w, def("WeightedSum", &["x", "w", "x3", "w"], &["x"], vec![])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Shape);
+        assert_eq!(get(&w, "x"), t(&[2], vec![1.0f32, 2.0]));
+    }
+
+    // -------------------------------------------------------------- Scale --
+
+    #[test]
+    fn scale() {
+        let w = ws(vec![
+            ("x", t(&[3], vec![1.0f32, -2.0, 0.5])),
+            ("d", t(&[2], vec![1.0f64, 3.0])),
+            ("i", t(&[1], vec![1i32])),
+        ]);
+        run(&w, def("Scale", &["x"], &["y"], vec![af("scale", 2.0)])).unwrap();
+        assert_eq!(get(&w, "y"), t(&[3], vec![2.0f32, -4.0, 1.0]));
+        run(&w, def("Scale", &["x"], &["y"], vec![])).unwrap();
+        assert_eq!(get(&w, "y"), get(&w, "x"));
+        run(&w, def("Scale", &["x"], &["x"], vec![af("scale", -0.5)])).unwrap();
+        assert_eq!(get(&w, "x"), t(&[3], vec![-0.5f32, 1.0, -0.25]));
+        run(&w, def("Scale", &["d"], &["d"], vec![af("scale", 0.25)])).unwrap();
+        assert_eq!(get(&w, "d"), t(&[2], vec![0.25f64, 0.75]));
+        let e = run(&w, def("Scale", &["i"], &["y"], vec![])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Type);
+        assert_eq!(e.context.blob.as_deref(), Some("i"));
+        // `scale` is a float argument: an int is a field error.
+        let e = run(&w, def("Scale", &["x"], &["y"], vec![ai("scale", 2)])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+    }
+
+    // --------------------------------------------------------------- Cast --
+
+    #[test]
+    fn cast_conversions() {
+        let w = ws(vec![
+            ("f", t(&[6], vec![1.7f32, -1.7, f32::NAN, 1e10, -1e10, 0.0])),
+            ("l", t(&[3], vec![0i64, -5, 300])),
+            ("p", t(&[2], vec![true, false])),
+        ]);
+        // float -> int: truncation toward zero; NaN -> 0; out of range saturates.
+        run(&w, def("Cast", &["f"], &["y"], vec![ai("to", DataType::Int32 as i64)])).unwrap();
+        assert_eq!(get(&w, "y"), t(&[6], vec![1i32, -1, 0, i32::MAX, i32::MIN, 0]));
+        // Names are accepted in any case.
+        run(&w, def("Cast", &["f"], &["y"], vec![as_("to", "bool")])).unwrap();
+        assert_eq!(get(&w, "y"), t(&[6], vec![true, true, true, true, true, false]));
+        run(&w, def("Cast", &["l"], &["y"], vec![as_("to", "FLOAT")])).unwrap();
+        assert_eq!(get(&w, "y"), t(&[3], vec![0.0f32, -5.0, 300.0]));
+        // int -> narrower int wraps: 300 -> 44 (uint8), -5 -> 251.
+        run(&w, def("Cast", &["l"], &["y"], vec![as_("to", "UINT8")])).unwrap();
+        assert_eq!(get(&w, "y"), t(&[3], vec![0u8, 251, 44]));
+        run(&w, def("Cast", &["p"], &["y"], vec![ai("to", DataType::Double as i64)])).unwrap();
+        assert_eq!(get(&w, "y"), t(&[2], vec![1.0f64, 0.0]));
+        run(&w, def("Cast", &["p"], &["y"], vec![as_("to", "INT64")])).unwrap();
+        assert_eq!(get(&w, "y"), t(&[2], vec![1i64, 0]));
+        // Same dtype is a copy.
+        run(&w, def("Cast", &["l"], &["y"], vec![as_("to", "INT64")])).unwrap();
+        assert_eq!(get(&w, "y"), get(&w, "l"));
+        // In place, changing the dtype.
+        run(&w, def("Cast", &["l"], &["l"], vec![as_("to", "INT16")])).unwrap();
+        assert_eq!(get(&w, "l"), t(&[3], vec![0i16, -5, 300]));
+        run(&w, def("Cast", &["l"], &["l"], vec![as_("to", "INT16")])).unwrap();
+        assert_eq!(get(&w, "l"), t(&[3], vec![0i16, -5, 300]));
+    }
+
+    #[test]
+    fn cast_errors() {
+        let w = ws(vec![("f", t(&[1], vec![1.0f32])), ("s", t(&[1], vec![b"x".to_vec()]))]);
+        let cases: Vec<(Vec<Argument>, ErrorKind)> = vec![
+            (vec![], ErrorKind::InvalidArgument),
+            (vec![as_("to", "NOPE")], ErrorKind::InvalidArgument),
+            (vec![ai("to", 11)], ErrorKind::InvalidArgument),
+            (vec![ai("to", 0)], ErrorKind::InvalidArgument),
+            (vec![af("to", 1.0)], ErrorKind::InvalidArgument),
+            (vec![as_("to", "STRING")], ErrorKind::Type),
+            (vec![ai("to", DataType::Float16 as i64)], ErrorKind::Type),
+            (vec![as_("to", "BYTE")], ErrorKind::Type),
+        ];
+        for (args, kind) in cases {
+            let e = run(&w, def("Cast", &["f"], &["y"], args.clone())).unwrap_err();
+            assert_eq!(e.kind, kind, "{args:?}: {}", e.message);
+        }
+        let e = run(&w, def("Cast", &["s"], &["y"], vec![as_("to", "INT32")])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Type);
+        assert_eq!(e.context.blob.as_deref(), Some("s"));
+    }
+
+    // -------------------------------------------------- layouts and sizes --
+
+    #[test]
+    fn non_standard_layouts() {
+        // a = [[0,1,2],[3,4,5]] transposed: [[0,3],[1,4],[2,5]].
+        let a = ArrayD::from_shape_vec(IxDyn(&[2, 3]), vec![0i32, 1, 2, 3, 4, 5]).unwrap().reversed_axes();
+        assert!(!a.is_standard_layout());
+        let w = ws(vec![
+            ("a", Tensor::I32(a.clone())),
+            ("b", t(&[3, 2], vec![10i32, 20, 30, 40, 50, 60])),
+            ("r", t(&[2], vec![100i32, 200])),
+        ]);
+        run(&w, def("Add", &["a", "b"], &["c"], vec![])).unwrap();
+        assert_eq!(get(&w, "c"), t(&[3, 2], vec![10i32, 23, 31, 44, 52, 65]));
+        run(&w, def("Sub", &["b", "a"], &["c"], vec![])).unwrap();
+        assert_eq!(get(&w, "c"), t(&[3, 2], vec![10i32, 17, 29, 36, 48, 55]));
+        run(&w, def("Add", &["a", "r"], &["c"], vec![])).unwrap();
+        assert_eq!(get(&w, "c"), t(&[3, 2], vec![100i32, 203, 101, 204, 102, 205]));
+        run(&w, def("Add", &["a", "r"], &["a"], vec![])).unwrap();
+        assert_eq!(get(&w, "a"), t(&[3, 2], vec![100i32, 203, 101, 204, 102, 205]));
+        w.feed("a", BlobValue::Tensor(Tensor::I32(a.clone())));
+        run(&w, def("Sum", &["a", "b"], &["a"], vec![])).unwrap();
+        assert_eq!(get(&w, "a"), t(&[3, 2], vec![10i32, 23, 31, 44, 52, 65]));
+        w.feed("a", BlobValue::Tensor(Tensor::I32(a.clone())));
+        run(&w, def("Cast", &["a"], &["c"], vec![as_("to", "INT64")])).unwrap();
+        assert_eq!(get(&w, "c"), t(&[3, 2], vec![0i64, 3, 1, 4, 2, 5]));
+        // WeightedSum matches elements in row-major order.
+        let f = ArrayD::from_shape_vec(IxDyn(&[2, 2]), vec![1.0f32, 2.0, 3.0, 4.0]).unwrap().reversed_axes();
+        w.feed("f", BlobValue::Tensor(Tensor::F32(f)));
+        w.feed("g", BlobValue::Tensor(t(&[4], vec![1.0f32, 1.0, 1.0, 1.0])));
+        w.feed("one", BlobValue::Tensor(Tensor::scalar(1.0f32)));
+        run(&w, def("WeightedSum", &["g", "one", "f", "one"], &["y"], vec![])).unwrap();
+        assert_eq!(get(&w, "y"), t(&[4], vec![2.0f32, 4.0, 3.0, 5.0]));
+        run(&w, def("WeightedSum", &["f", "one", "g", "one"], &["f"], vec![])).unwrap();
+        assert_eq!(get(&w, "f"), t(&[2, 2], vec![2.0f32, 4.0, 3.0, 5.0]));
+    }
+
+    #[test]
+    fn large_tensors_take_the_parallel_paths() {
+        let n = 3 * PAR_MIN_LEN + 7;
+        let a: Vec<f32> = (0..n).map(|i| (i % 1000) as f32).collect();
+        let b: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
+        let w = ws(vec![
+            ("a", t(&[n], a.clone())),
+            ("b", t(&[n], b.clone())),
+            ("s", Tensor::scalar(2.0f32)),
+            ("row", t(&[7], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0])),
+        ]);
+        run(&w, def("Add", &["a", "b"], &["c"], vec![])).unwrap();
+        let want: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+        assert_eq!(get(&w, "c"), t(&[n], want.clone()));
+        run(&w, def("Mul", &["a", "s"], &["c"], vec![])).unwrap();
+        assert_eq!(get(&w, "c"), t(&[n], a.iter().map(|x| x * 2.0).collect()));
+        run(&w, def("Add", &["a", "b"], &["a"], vec![])).unwrap();
+        assert_eq!(get(&w, "a"), t(&[n], want.clone()));
+        run(&w, def("Sub", &["a", "b"], &["a"], vec![])).unwrap();
+        assert_eq!(get(&w, "a"), t(&[n], a.clone()));
+        // A row repeated along a leading dim, separate and in place.
+        let m = n / 7 * 7;
+        let rows: Vec<f32> = (0..m).map(|i| i as f32).collect();
+        w.feed("m", BlobValue::Tensor(t(&[m / 7, 7], rows.clone())));
+        let want: Vec<f32> = rows.iter().enumerate().map(|(i, x)| x - (i % 7 + 1) as f32).collect();
+        run(&w, def("Sub", &["m", "row"], &["c"], vec![])).unwrap();
+        assert_eq!(get(&w, "c"), t(&[m / 7, 7], want.clone()));
+        let want_rev: Vec<f32> = rows.iter().enumerate().map(|(i, x)| (i % 7 + 1) as f32 - x).collect();
+        run(&w, def("Sub", &["row", "m"], &["c"], vec![])).unwrap();
+        assert_eq!(get(&w, "c"), t(&[m / 7, 7], want_rev));
+        run(&w, def("Sub", &["m", "row"], &["m"], vec![])).unwrap();
+        assert_eq!(get(&w, "m"), t(&[m / 7, 7], want));
+        // Comparisons and casts of large tensors.
+        run(&w, def("GE", &["b", "s"], &["c"], vec![])).unwrap();
+        assert_eq!(get(&w, "c"), t(&[n], b.iter().map(|&x| x >= 2.0).collect()));
+        run(&w, def("Cast", &["b"], &["c"], vec![as_("to", "INT32")])).unwrap();
+        assert_eq!(get(&w, "c"), t(&[n], b.iter().map(|&x| x as i32).collect()));
+    }
+
+    #[test]
+    fn every_schema_is_documented() {
+        let all = schemas();
+        assert_eq!(all.len(), 18);
+        for s in &all {
+            assert!(!s.doc.is_empty(), "{}", s.name);
+        }
+    }
 }

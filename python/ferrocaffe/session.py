@@ -1,0 +1,355 @@
+"""Sessions: running Nets, steps, Plans, Tasks and TaskGroups (Caffe2's
+``caffe2.python.session``).
+
+    net = core.Net('my_net')
+    net.Add([net.Const(1), net.Const(2)])
+
+    with TaskGroup(WorkspaceType.GLOBAL) as init_tg:
+        with Node('node1'):
+            n1setup = core.Net('n1setup')
+            n1msg = n1setup.Const('Hello from node 1.')
+            Task(step=n1setup)
+
+    with TaskGroup() as private_tg:
+        with Node('node1'):
+            n1 = core.Net('n1')
+            n1.Print(n1msg, [])
+            Task(step=n1)
+        with Node('node2'):
+            n2 = core.Net('n2')
+            n2.Print(n2.Const('Hello from node 2.'), [])
+            Task(step=n2)
+
+    session = LocalSession()
+    session.run(net)
+    session.run(init_tg)
+    session.run(private_tg)
+
+Global workspace: a session keeps one workspace alive for its whole life.
+Private workspace: a task either runs directly in the global workspace, or in
+a child workspace created for the run and released after it.
+Blob visibility: tasks on different nodes must be assumed unable to see each
+other's blobs; tasks on one node follow the workspace hierarchy.
+"""
+
+import threading
+
+from ferrocaffe import core, workspace
+from ferrocaffe.task import Cluster, Task, TaskGroup, WorkspaceType
+
+__all__ = ['CompiledRunnable', 'Session', 'LocalSession']
+
+
+class CompiledRunnable(object):
+    """What ``Session.compile`` returns: the compiled object and the session
+    class it was compiled for."""
+
+    def __init__(self, obj, session_class):
+        self.obj = obj
+        self.session_class = session_class
+
+
+def _compile_cache(cls):
+    # One cache per Session class (Caffe2 shared one dict between all of
+    # them, so a runnable compiled for one class was reused by another).
+    cache = cls.__dict__.get('_compiled_cache')
+    if cache is None:
+        cache = {}
+        setattr(cls, '_compiled_cache', cache)
+    return cache
+
+
+class Session(object):
+    """
+    Runs Nets, ExecutionSteps, Plans, Tasks and TaskGroups, possibly on
+    several nodes concurrently.  Subclasses implement ``_run_compiled`` (and
+    usually ``_compile_task_group``).
+
+    Compilation is cached per session class and keyed by the identity of the
+    runnable: running the same object again reuses its compiled form, even
+    if the object was modified in between.
+    """
+
+    _compiled_cache = {}
+
+    def __init__(self):
+        self._open = True
+
+    def is_open(self):
+        return self._open
+
+    @classmethod
+    def compile(cls, runnable, workspace_type=None, setup_net_list=None):
+        if isinstance(runnable, CompiledRunnable):
+            assert cls == runnable.session_class, (
+                'Runnable was compiled for different session type. ' +
+                'Need: %s, got: %s' % (
+                    cls.__name__, runnable.session_class.__name__))
+            return runnable
+
+        cache = _compile_cache(cls)
+        cached = cache.get(id(runnable))
+        if cached is not None and cached[0] is runnable:
+            return cached[1]
+
+        if isinstance(runnable, TaskGroup):
+            if workspace_type:
+                if runnable.workspace_type():
+                    assert runnable.workspace_type() == workspace_type, \
+                        'Require {} but already have {}'.format(
+                            workspace_type, runnable.workspace_type())
+                else:
+                    runnable._workspace_type = workspace_type
+            tg = runnable
+        else:
+            if workspace_type is None:
+                workspace_type = WorkspaceType.GLOBAL
+            tg = TaskGroup(workspace_type=workspace_type)
+            # The wrapping tasks are created directly in `tg` (Caffe2's also
+            # joined whatever TaskGroup was active).
+            if isinstance(runnable, Task):
+                tg.add(runnable)
+            elif isinstance(runnable, core.ExecutionStep):
+                Task(step=runnable, group=tg)
+            elif isinstance(runnable, core.Plan):
+                # A Plan's steps run one after the other, so several steps
+                # become the substeps of one root step.
+                steps = runnable.Steps()
+                assert len(steps) > 0
+                if len(steps) == 1:
+                    Task(step=steps[0], group=tg)
+                else:
+                    Task(step=list(steps), group=tg)
+            else:
+                step = core.execution_step('runnable', runnable)
+                Task(step=step, group=tg)
+        compiled = CompiledRunnable(
+            cls._compile_task_group(tg, setup_net_list), session_class=cls)
+        # The runnable is kept alive with its entry so its id stays unique.
+        cache[id(runnable)] = (runnable, compiled)
+        return compiled
+
+    def run(self, runnable, workspace_type=None, setup_net_list=None):
+        """Runs `runnable`: a TaskGroup, Task, Plan, ExecutionStep, Net or a
+        list of nets or steps.
+
+        Args:
+            runnable: the object to run.
+            workspace_type: a WorkspaceType value; for anything but a
+                TaskGroup the default is GLOBAL.
+            setup_net_list: nets (or NetDefs) a distributed session runs to
+                set up its master; unused by LocalSession.
+        """
+        assert self.is_open(), 'Session is closed.'
+        assert runnable is not None, 'Got a none runnable.'
+        self._run_compiled(self.compile(runnable, workspace_type,
+                                        setup_net_list).obj)
+
+    def close(self):
+        if self.is_open():
+            self._do_close()
+            self._open = False
+
+    def fetch_output(self, output):
+        raise NotImplementedError()
+
+    def _run_compiled(self, task_group):
+        raise NotImplementedError()
+
+    @classmethod
+    def _compile_task_group(cls, task_group, setup_net_list=None):
+        return task_group
+
+    def _do_close(self):
+        pass
+
+    def __enter__(self):
+        assert self._open, 'Session already closed.'
+        return self
+
+    def __exit__(self, ex_type, value, traceback):
+        if ex_type is None:
+            self.close()
+
+
+class _NodePlan(object):
+    """One node's share of a TaskGroup compiled with isolated nodes."""
+
+    def __init__(self, node, plan, output_list):
+        self.node = node
+        self.plan = plan
+        self.output_list = output_list
+
+
+class _NodePlans(object):
+    def __init__(self, node_plans):
+        self.node_plans = node_plans
+
+
+class _SessionCompile(object):
+    """``compile`` of LocalSession: a classmethod which, called on a
+    session created with ``isolate_nodes=True``, compiles for isolated
+    nodes instead."""
+
+    def __init__(self, func):
+        self._func = func
+
+    def __get__(self, obj, objtype=None):
+        if obj is not None and getattr(obj, '_isolate_nodes', False):
+            cls = _NodeIsolatedLocalSession
+        else:
+            cls = objtype if objtype is not None else type(obj)
+        return self._func.__get__(cls, type(cls))
+
+
+def _default_workspace():
+    current = getattr(workspace, 'current_workspace', None)
+    if current is not None:
+        return current()
+    return workspace.C.Workspace.current
+
+
+class LocalSession(Session):
+    """
+    Session running in this process.
+
+    By default (as in Caffe2) every task runs in the session workspace:
+    all nodes are remapped to a single node and share it.  With
+    ``isolate_nodes=True`` each node gets its own child workspace of the
+    session workspace, created the first time the node is used and kept for
+    the session's life; the nodes of a TaskGroup then run concurrently, each
+    in its own workspace, and a task output is read from the workspace of
+    the node that produced it.
+
+    Args:
+        ws: the session workspace (default: the current workspace).
+        isolate_nodes: give each node its own workspace.
+    """
+
+    def __init__(self, ws=None, isolate_nodes=False):
+        Session.__init__(self)
+        self._ws = ws if ws is not None else _default_workspace()
+        self._isolate_nodes = bool(isolate_nodes)
+        self._node_workspaces = {}
+        self._node_ws_lock = threading.Lock()
+
+    compile = _SessionCompile(Session.compile.__func__)
+
+    def node_workspace(self, node):
+        """The workspace of `node` (the session workspace unless the session
+        isolates nodes)."""
+        if not self._isolate_nodes:
+            return self._ws
+        name = str(node)
+        with self._node_ws_lock:
+            ws = self._node_workspaces.get(name)
+            if ws is None:
+                ws = workspace.Workspace(self._ws)
+                self._node_workspaces[name] = ws
+        return ws
+
+    @classmethod
+    def _compile_task_group(cls, task_group, setup_net_list=None):
+        with Cluster():
+            task = task_group.to_task()
+        plan = core.Plan('task_group_plan')
+        plan.AddStep(task.get_step())
+        # Caffe2 stores the bound method, not its result: the PRIVATE test
+        # in _run_compiled never holds, and the plan always runs in the
+        # session workspace.
+        return (plan, task.output_list(), task.workspace_type)
+
+    def _run_compiled(self, compiled):
+        if isinstance(compiled, _NodePlans):
+            return self._run_node_plans(compiled)
+        plan, output_list, workspace_type = compiled
+
+        # Outputs must live in the session workspace, so that tasks running
+        # in child workspaces write them there.
+        outputs = []
+        for name in output_list.names():
+            self._ws.create_blob(str(name))
+            outputs.append(core.BlobReference(str(name)))
+        output_list.set_values(outputs, _fetch_func=self._fetch_output)
+        task_ws = (
+            workspace.Workspace(self._ws)
+            if workspace_type == WorkspaceType.PRIVATE else self._ws)
+        guard = getattr(workspace, 'WorkspaceGuard', None)
+        if guard is not None:
+            with guard(task_ws):
+                task_ws.run(plan)
+        else:
+            task_ws.run(plan)
+
+    def _run_node_plans(self, compiled):
+        runs = []
+        for node_plan in compiled.node_plans:
+            node_ws = self.node_workspace(node_plan.node)
+            outputs = []
+            for name in node_plan.output_list.names():
+                node_ws.create_blob(str(name))
+                outputs.append(core.BlobReference(str(name)))
+            node_plan.output_list.set_values(
+                outputs, _fetch_func=_Fetcher(node_ws))
+            runs.append((node_ws, node_plan.plan))
+
+        if len(runs) == 1:
+            ws, plan = runs[0]
+            ws.run(plan)
+            return
+        errors = [None] * len(runs)
+
+        def run_one(i, ws, plan):
+            try:
+                ws.run(plan)
+            except BaseException as e:  # re-raised in the calling thread
+                errors[i] = e
+
+        threads = [
+            threading.Thread(target=run_one, args=(i, ws, plan),
+                             name='ferrocaffe-node-%d' % i)
+            for i, (ws, plan) in enumerate(runs)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for e in errors:
+            if e is not None:
+                raise e
+
+    def _fetch_output(self, output):
+        return self._ws.fetch_blob(str(output))
+
+    def fetch_output(self, output):
+        """The value of a TaskOutput, or of a blob of the session
+        workspace."""
+        if hasattr(output, 'fetch'):
+            return output.fetch()
+        return self._fetch_output(output)
+
+
+class _Fetcher(object):
+    def __init__(self, ws):
+        self._ws = ws
+
+    def __call__(self, output):
+        return self._ws.fetch_blob(str(output))
+
+
+class _NodeIsolatedLocalSession(LocalSession):
+    """Compiles TaskGroups for a LocalSession with isolated nodes: one plan
+    per node, each running in that node's workspace."""
+
+    @classmethod
+    def _compile_task_group(cls, task_group, setup_net_list=None):
+        node_plans = []
+        with Cluster():
+            grouped = task_group.tasks_by_node()
+            tasks = grouped.tasks()
+        for task in tasks:
+            plan = core.Plan('task_group_plan')
+            plan.AddStep(task.get_step())
+            node_plans.append(
+                _NodePlan(task.node, plan, task.output_list()))
+        return _NodePlans(node_plans)
