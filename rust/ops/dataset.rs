@@ -46,6 +46,7 @@ use std::fmt;
 use std::sync::Arc;
 
 pub fn schemas() -> Vec<OpSchema> {
+    crate::storage::register_blob_codec(CAFFE2_CURSOR_TYPE, decode_cursor);
     const FIELDS: crate::operator::ArgDoc = arg!(
         "fields",
         "strings",
@@ -334,6 +335,15 @@ impl BlobObject for TreeCursor {
     fn kind_name(&self) -> &'static str {
         "TreeCursor"
     }
+    /// Cursors are saved in Caffe2's layout, so checkpoints capture where a
+    /// reader stands and move both ways with Caffe2.
+    fn serialize(&self) -> Option<BlobProto> {
+        Some(self.to_blob_proto(""))
+    }
+}
+
+fn decode_cursor(p: &BlobProto) -> Result<BlobValue> {
+    Ok(BlobValue::Object(std::sync::Arc::new(TreeCursor::from_blob_proto(p)?)))
 }
 
 const CURSOR_MAGIC: &[u8; 4] = b"FCTC";
@@ -1626,6 +1636,11 @@ mod tests {
         assert_eq!(p.tensor.as_ref().unwrap().int64_data, vec![2, 2, 3, 3, 3]);
         assert!(String::from_utf8(p.content.clone().unwrap()).unwrap().starts_with("a b:lengths "));
         let back = TreeCursor::from_blob_proto(&p).unwrap();
+        // The same bytes through the storage layer's codec registry.
+        let saved = crate::storage::serialize_blob("c", &BlobValue::Object(std::sync::Arc::new(TreeCursor::from_blob_proto(&p).unwrap()))).unwrap();
+        let restored = crate::storage::deserialize_blob(&saved).unwrap();
+        let restored = restored.object::<TreeCursor>("TreeCursor").unwrap();
+        assert_eq!(restored.offsets(), back.offsets());
         assert_eq!((back.field_names.clone(), back.offsets()), (fields, vec![2, 2, 3, 3, 3]));
         assert!(fresh.to_blob_proto("c").tensor.is_none());
         assert!(format!("{c:?}").contains("offsets [2, 2, 3, 3, 3]"));

@@ -47,3 +47,20 @@ where
 {
     Box::new(FnOp(f))
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_builtin_op_is_registered_once_with_a_doc() {
+        let schemas = super::builtin_schemas();
+        let mut names: Vec<_> = schemas.iter().map(|s| s.name).collect();
+        names.sort_unstable();
+        let before = names.len();
+        names.dedup();
+        assert_eq!(before, names.len(), "an op type is registered by two families");
+        for s in &schemas {
+            assert!(!s.doc.is_empty(), "op {} has no doc", s.name);
+            assert!(s.min_inputs <= s.max_inputs && s.min_outputs <= s.max_outputs, "op {}", s.name);
+        }
+    }
+}
