@@ -82,10 +82,13 @@ fn b2_plan(n: i64) -> PlanDef {
 }
 
 fn b3_plan(instances: i32) -> PlanDef {
-    // Each instance: a 256x256 float32 matrix squared elementwise 200 times.
+    // Each instance: two elementwise products of 128x128 float32 matrices, 1600
+    // times. The tensors stay below the kernels' parallel threshold (64K
+    // elements), so each instance is single-threaded and the ratio measures
+    // instance scaling alone (like single-threaded BLAS in the peers' W4).
     let init = NetDef {
         name: Some("inst_init".into()),
-        op: vec![op("ConstantFill", &[], &["a"], vec![ints_arg("shape", &[256, 256]), Argument { name: Some("value".into()), f: Some(1.0001), ..Default::default() }])],
+        op: vec![op("ConstantFill", &[], &["a"], vec![ints_arg("shape", &[128, 128]), Argument { name: Some("value".into()), f: Some(1.0001), ..Default::default() }])],
         ..Default::default()
     };
     let body = NetDef { name: Some("work".into()), op: vec![op("Mul", &["a", "a"], &["b"], vec![]), op("Mul", &["b", "a"], &["c"], vec![])], ..Default::default() };
@@ -97,7 +100,7 @@ fn b3_plan(instances: i32) -> PlanDef {
     };
     let inst = ExecutionStep {
         name: Some("inst".into()),
-        substep: vec![step("init", &["inst_init"], None), step("loop", &["work"], Some(400))],
+        substep: vec![step("init", &["inst_init"], None), step("loop", &["work"], Some(1600))],
         create_workspace: Some(true),
         ..Default::default()
     };

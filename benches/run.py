@@ -14,6 +14,11 @@ B4 kernels    Add of two 2^24 float32 tensors vs np.add(a, b, out=c).
 B5 feed/fetch FeedBlob + FetchBlob of 256 MiB vs np.copyto of the same data.
 B6 reports    report step every 10 ms for 2 s: median lateness; baseline: a
               Python thread ticking on the same grid with time.sleep.
+S1 session    LocalSession.run of a compiled trivial TaskGroup (target <= 50 us)
+              and of a TaskGroup of 16 tasks on 4 nodes; baseline: the same
+              plan run directly with workspace.RunPlan.
+S2 python op  cost of one Python op call over the Python function itself
+              (target <= 2 us); baseline: calling the function from Python.
 """
 
 from __future__ import annotations
@@ -46,13 +51,21 @@ def touch(nbytes):
 
 
 # ------------------------------------------------------ reference interpreter --
+# The naive Python runtime the issue measures against (the peers' W1.pyinterp
+# design): a list of op dicts, a table of numpy functions, a dict of blobs,
+# 0-d numpy arrays as values.
 
-REF_TABLE = {"Add": lambda a, b: a + b}
+REF_TABLE = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply}
 
 
 def ref_run(ops, blobs):
-    for typ, ins, out in ops:
-        blobs[out] = REF_TABLE[typ](*(blobs[i] for i in ins))
+    for op in ops:
+        fn = REF_TABLE[op["type"]]
+        blobs[op["output"][0]] = fn(*[blobs[name] for name in op["input"]])
+
+
+def ref_net(n):
+    return [{"type": "Add", "input": ["x", "one"], "output": ["x"]} for _ in range(n)]
 
 
 def b1():
@@ -66,8 +79,8 @@ def b1():
     name = net.Name()
     t_fc = timed(lambda: ws.run_net(name), 1000, 20)
     assert float(ws.fetch_blob("x")) > 1000
-    ops = [("Add", ("x", "one"), "x")] * 1000
-    blobs = {"x": np.float32(0), "one": np.float32(1)}
+    ops = ref_net(1000)
+    blobs = {"x": np.zeros((), np.float32), "one": np.ones((), np.float32)}
     t_py = timed(lambda: ref_run(ops, blobs), 200, 20)
     print(f"B1 dispatch: ferrocaffe {t_fc * 1e6:.1f} ns/op ({t_fc * 1e3:.3f} ms per 1000-op run, Python call included); "
           f"plain-Python interpreter {t_py * 1e6:.1f} ns/op; speedup {t_py / t_fc:.1f}x (target >= 6x)")
@@ -105,8 +118,8 @@ def b2():
     plan.AddStep(core.execution_step("loop", [net], num_iter=n))
     t = timed(lambda: ws.run(plan), 3, 1)
     m = 100_000
-    ops = [("Add", ("x", "one"), "x")]
-    blobs = {"x": np.int64(0), "one": np.int64(1)}
+    ops = ref_net(1)
+    blobs = {"x": np.zeros((), np.float32), "one": np.ones((), np.float32)}
 
     def py_loop():
         for _ in range(m):
@@ -120,12 +133,13 @@ def b2():
 
 def b3_plan(instances):
     init = core.Net("b3_init")
-    init.ConstantFill([], ["a"], shape=[256, 256], value=1.0001)
+    # 128x128 stays below the kernels' parallel threshold: one core per instance.
+    init.ConstantFill([], ["a"], shape=[128, 128], value=1.0001)
     body = core.Net("b3_body")
     body.Mul(["a", "a"], ["b"])
     body.Mul(["b", "a"], ["c"])
     inst = core.execution_step("inst", [core.execution_step("init", [init]),
-                                        core.execution_step("loop", [body], num_iter=400)])
+                                        core.execution_step("loop", [body], num_iter=1600)])
     inst.SetCreateWorkspace(True)
     plan = core.Plan(f"b3_{instances}")
     plan.AddStep(core.execution_step("par", [inst], num_concurrent_instances=instances))
@@ -240,7 +254,62 @@ def _loop_plan(net, n):
     return plan
 
 
-BENCHES = {"B1": b1, "B2": b2, "B3": b3, "B4": b4, "B5": b5, "B6": b6}
+def s1():
+    from ferrocaffe import session, task
+    from ferrocaffe.net_builder import ops
+
+    ws = workspace.Workspace()
+    sess = session.LocalSession(ws)
+    with task.TaskGroup() as tg:
+        with task.Node("n0"), task.Task():
+            ops.ConstantFill([], ["x"], shape=[], value=1.0)
+    sess.run(tg)  # compile once
+    t_sess = timed(lambda: sess.run(tg), 2000, 50)
+    plan = core.Plan("s1")
+    net = core.Net("s1_net")
+    net.ConstantFill([], ["x"], shape=[], value=1.0)
+    plan.AddStep(core.execution_step("s", [net]))
+    t_plan = timed(lambda: ws.run(plan), 2000, 50)
+    print(f"S1 session: LocalSession.run of a compiled trivial TaskGroup {t_sess * 1e6:.1f} us (target <= 50 us); "
+          f"workspace.run of a one-net plan {t_plan * 1e6:.1f} us; ratio {t_sess / t_plan:.2f}")
+    with task.TaskGroup() as big:
+        for k in range(16):
+            with task.Node(f"node{k % 4}"), task.Task():
+                ops.ConstantFill([], [f"y{k}"], shape=[4], value=float(k))
+    sess.run(big)
+    t_big = timed(lambda: sess.run(big), 500, 20)
+    print(f"S1 session: TaskGroup of 16 tasks on 4 nodes {t_big * 1e6:.1f} us per run")
+
+
+def s2(calls=20000):
+    count = [0]
+
+    def f(inputs, outputs):
+        count[0] += 1
+
+    net = core.Net("s2_python")
+    net.Python(f)([], [])
+    plan = core.Plan("s2")
+    plan.AddStep(core.execution_step("loop", [net], num_iter=calls))
+    ws = workspace.Workspace()
+    t_op = timed(lambda: ws.run(plan), 5, 1) / calls
+    empty = core.Net("s2_empty")
+    empty.ConstantFill([], ["z"], shape=[], value=0.0)
+    plan0 = core.Plan("s2_0")
+    plan0.AddStep(core.execution_step("loop", [empty], num_iter=calls))
+    t_empty = timed(lambda: ws.run(plan0), 5, 1) / calls
+
+    def direct():
+        for _ in range(calls):
+            f([], [])
+
+    t_direct = timed(direct, 5, 1) / calls
+    over = (t_op - t_direct) * 1e6
+    print(f"S2 python op: {t_op * 1e6:.2f} us per op call, {t_direct * 1e6:.3f} us per direct call "
+          f"(a one-op native loop costs {t_empty * 1e6:.3f} us/iteration); overhead {over:.2f} us (target <= 2 us)")
+
+
+BENCHES = {"B1": b1, "B2": b2, "B3": b3, "B4": b4, "B5": b5, "B6": b6, "S1": s1, "S2": s2}
 
 if __name__ == "__main__":
     chosen = sys.argv[1:] or list(BENCHES)
