@@ -3,7 +3,9 @@
 //! examples used a Hive reader.
 //!
 //! Ops: CreateParquetReader, ReadParquetBatch, ResetParquetReader,
-//! ParquetSchema, CreateNpyReader, ReadNpyBatch, ResetNpyReader.
+//! ParquetSchema, CreateParquetWriter, SetParquetWriterSchema,
+//! WriteParquetBatch, CloseParquetWriter, CreateNpyReader, ReadNpyBatch,
+//! ResetNpyReader.
 //!
 //! # Parquet
 //!
@@ -35,6 +37,14 @@
 //! (`BlobObject::serialize`, type tag [`PARQUET_READER_TAG`]); loading
 //! reopens the files, checks they still hold the same rows and columns, and
 //! resumes there.
+//!
+//! A [`ParquetWriter`] blob writes records to a new Parquet file: each field
+//! a column (`a:b` is a column `b` in a group `a`, `x:lengths` + `x:values`
+//! a LIST column `x`), required (no nulls), strings as UTF-8 STRING (or
+//! BINARY). Records are buffered into row groups; the file is written to a
+//! temporary beside its path and renamed into place on close, so a file
+//! that exists is complete. Writes are atomic (a mutex), so pipeline
+//! threads can share a writer.
 //!
 //! # .npy
 //!
@@ -70,6 +80,7 @@ use parquet::data_type::{
 };
 use parquet::file::reader::{ChunkReader, FileReader, Length};
 use parquet::file::serialized_reader::SerializedFileReader;
+use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::types::{SchemaDescriptor, Type as SchemaType};
 use rayon::prelude::*;
 use std::fmt;
@@ -146,6 +157,42 @@ pub fn schemas() -> Vec<OpSchema> {
                 "Outputs the columns a reader with these arguments would read: their names (string), Caffe2 dtypes \
                  (int32) and whether each is a list (bool). Fails as CreateParquetReader would.",
             ),
+        OpSchema::new("CreateParquetWriter", create_parquet_writer)
+            .inputs(0, 0)
+            .outputs(1, 1)
+            .args(&[
+                arg!("path", "string", "required", "the Parquet file to write (its folder must exist)"),
+                arg!("compression", "string", "\"snappy\"", "none, snappy, gzip, zstd or lz4"),
+                arg!("row_group_size", "int", "131072", "records buffered per row group, >= 1"),
+                arg!("binary", "bool", "false", "write string tensors as BINARY (any bytes) instead of UTF-8 STRING"),
+                arg!("fields", "strings", "[]", "the record's field names, if known now (else the first write's)"),
+                arg!("dtypes", "ints", "[]", "the Caffe2 dtype of each field (with fields)"),
+            ])
+            .doc(
+                "Writes a writer of a new Parquet file into the output. The file appears, complete, when the writer \
+                 is closed (CloseParquetWriter); until then it is written to a temporary next to it.",
+            ),
+        OpSchema::new("SetParquetWriterSchema", set_parquet_writer_schema)
+            .inputs(1, 1)
+            .outputs(0, 0)
+            .args(&[
+                arg!("fields", "strings", "required", "the record's field names ('x:lengths', 'x:values' for a list)"),
+                arg!("dtypes", "ints", "required", "the Caffe2 dtype of each field"),
+            ])
+            .doc("Fixes the writer's columns (a no-op when they are already these; an error when they differ)."),
+        OpSchema::new("WriteParquetBatch", write_parquet_batch)
+            .inputs(2, MANY)
+            .outputs(0, 0)
+            .args(&[arg!("fields", "strings", "required", "the field name of each input after the writer")])
+            .doc(
+                "Inputs (writer, field_1..field_n): appends one batch of records (1-D tensors, one row per record; \
+                 a list as its int32 lengths then its values). The first write fixes the columns unless they were \
+                 given; later batches must match. Thread safe.",
+            ),
+        OpSchema::new("CloseParquetWriter", close_parquet_writer)
+            .inputs(1, 1)
+            .outputs(0, 0)
+            .doc("Writes the buffered records and the footer and moves the file into place. Closing twice is a no-op."),
         OpSchema::new("CreateNpyReader", create_npy_reader)
             .inputs(0, 0)
             .outputs(1, 1)
@@ -523,11 +570,8 @@ fn find_leaf(all: &[Leaf], want: &str) -> std::result::Result<usize, String> {
     match hits.len() {
         1 => Ok(hits[0]),
         0 => {
-            let under: Vec<&str> = all
-                .iter()
-                .filter(|l| l.name.starts_with(&format!("{dotted}.")))
-                .map(|l| l.name.as_str())
-                .collect();
+            let under: Vec<&str> =
+                all.iter().filter(|l| l.name.starts_with(&format!("{dotted}."))).map(|l| l.name.as_str()).collect();
             if !under.is_empty() {
                 return Err(format!(
                     "'{want}' is a group of {} columns ({}): name the columns",
@@ -607,9 +651,8 @@ fn open_parquet_files(
         }
         let mut cols = Vec::with_capacity(names.len());
         for (c, want_name) in names.iter().enumerate() {
-            let i = find_leaf(&all, want_name).map_err(|m| {
-                Error::invalid_arg(format!("the Parquet file '{path}' {m}")).with_file(path)
-            })?;
+            let i = find_leaf(&all, want_name)
+                .map_err(|m| Error::invalid_arg(format!("the Parquet file '{path}' {m}")).with_file(path))?;
             let leaf = &all[i];
             let col_err = |kind: ErrorKind, m: String| {
                 Error::new(kind, format!("column '{want_name}' of the Parquet file '{path}': {m}")).with_file(path)
@@ -639,7 +682,7 @@ fn open_parquet_files(
                         let want_desc = describe(dt.unwrap_or(spec.dtype), list.unwrap_or(spec.list));
                         return Err(col_err(
                             ErrorKind::Type,
-                            format!("it holds {} but {want_desc} was expected", describe(spec.dtype, spec.list)),
+                            format!("it holds {} but {want_desc} were expected", describe(spec.dtype, spec.list)),
                         ));
                     }
                 }
@@ -823,18 +866,25 @@ fn read_records<T: PqType>(
                 return Err("its repetition levels are inconsistent (corrupt)".into());
             }
             let start = lengths.len();
-            let mut items = 0usize;
-            for (&d, &rl) in def.iter().zip(rep.iter()) {
-                if rl == 0 {
-                    lengths.push(0);
+            lengths.reserve(k);
+            // A level with rep 0 starts a record; one with def >= item_def
+            // is an item, null unless def == max_def.
+            let (mut cur, mut items, mut nulls) = (0i32, 0usize, false);
+            for (i, (&d, &rl)) in def.iter().zip(rep.iter()).enumerate() {
+                if rl == 0 && i > 0 {
+                    lengths.push(cur);
+                    cur = 0;
                 }
-                if d >= item_def {
-                    if d < lr.max_def {
-                        return Err("a list holds a null item; tensors cannot hold nulls".into());
-                    }
-                    *lengths.last_mut().expect("a record was started") += 1;
-                    items += 1;
-                }
+                let present = d >= item_def;
+                nulls |= present & (d < lr.max_def);
+                cur += present as i32;
+                items += present as usize;
+            }
+            if nlevels > 0 {
+                lengths.push(cur);
+            }
+            if nulls {
+                return Err("a list holds a null item; tensors cannot hold nulls".into());
             }
             if lengths.len() - start != k || items != nvals {
                 return Err("its repetition levels do not match its record count (corrupt)".into());
@@ -842,6 +892,17 @@ fn read_records<T: PqType>(
         }
     }
     Ok(())
+}
+
+/// Appends owned copies of byte strings. A string tensor holds one
+/// allocation per element, the main cost of string columns: large batches
+/// spread it over the thread pool.
+fn copy_strings<B: AsRef<[u8]> + Sync>(src: &[B], dst: &mut Vec<Vec<u8>>) {
+    if src.len() >= 16384 {
+        dst.par_extend(src.par_iter().map(|b| b.as_ref().to_vec()));
+    } else {
+        dst.extend(src.iter().map(|b| b.as_ref().to_vec()));
+    }
 }
 
 fn decode_column(r: &mut ColReader, acc: &mut Acc, k: usize, lr: &LeafRef) -> std::result::Result<(), String> {
@@ -870,13 +931,13 @@ fn decode_column(r: &mut ColReader, acc: &mut Acc, k: usize, lr: &LeafRef) -> st
         (ColReader::Bytes(r), Values::Bytes(v)) => {
             let mut tmp = Vec::with_capacity(k);
             read_records(r, k, &mut tmp, levels, lr)?;
-            v.extend(tmp.iter().map(|b| b.data().to_vec()));
+            copy_strings(&tmp, v);
             Ok(())
         }
         (ColReader::Fixed(r), Values::Bytes(v)) => {
             let mut tmp = Vec::with_capacity(k);
             read_records(r, k, &mut tmp, levels, lr)?;
-            v.extend(tmp.iter().map(|b| b.data().to_vec()));
+            copy_strings(&tmp, v);
             Ok(())
         }
         _ => Err("the column's type does not match the reader's (corrupt)".into()),
@@ -915,10 +976,10 @@ impl fmt::Debug for ParquetReader {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "ParquetReader({} files, columns {:?}, at record {} of {})",
+            "ParquetReader({} files, columns {:?}, at record {:?} of {})",
             self.files.len(),
             self.columns.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
-            self.position(),
+            self.cursor.try_lock().map(|c| c.pos),
             self.total
         )
     }
@@ -1046,7 +1107,9 @@ impl ParquetReader {
                 let skip = pos - before;
                 if skip > 0 {
                     for (c, r) in open.readers.iter_mut().enumerate() {
-                        let n = r.skip(skip as usize).map_err(|e| (fi, format!("column '{}': {e}", self.columns[c].name)))?;
+                        let n = r
+                            .skip(skip as usize)
+                            .map_err(|e| (fi, format!("column '{}': {e}", self.columns[c].name)))?;
                         if n as u64 != skip {
                             return Err((
                                 fi,
@@ -1078,7 +1141,9 @@ impl ParquetReader {
             *slot = None;
             *slot = self.seek(pos)?;
         }
-        let mut accs: Vec<Acc> = self.columns.iter().map(|spec| Acc::new(spec, n)).collect();
+        // Reserve for what is left at most (a huge batch_size allocates nothing).
+        let cap = n.min(usize::try_from(self.total.saturating_sub(pos)).unwrap_or(usize::MAX));
+        let mut accs: Vec<Acc> = self.columns.iter().map(|spec| Acc::new(spec, cap)).collect();
         let mut got = 0usize;
         while got < n {
             let Some(o) = slot.as_mut() else { break };
@@ -1105,7 +1170,8 @@ impl ParquetReader {
         }
         let mut out = Vec::with_capacity(self.num_outputs());
         for (c, acc) in accs.into_iter().enumerate() {
-            acc.finish(&mut out).map_err(|e| (*at_file, format!("column '{}': {}", self.columns[c].name, e.message)))?;
+            acc.finish(&mut out)
+                .map_err(|e| (*at_file, format!("column '{}': {}", self.columns[c].name, e.message)))?;
         }
         Ok((out, got as u64))
     }
@@ -1115,7 +1181,7 @@ impl ParquetReader {
     pub fn read_batch(&self, n: usize) -> Result<Vec<Tensor>> {
         let mut cur = self.cursor.lock();
         let pos = cur.pos;
-        let mut at_file = usize::MAX;
+        let mut at_file = cur.open.as_ref().map_or(0, |o| o.file);
         let r = catch_unwind(AssertUnwindSafe(|| self.read_at(&mut cur.open, pos, n, &mut at_file)));
         let fail = |cur: &mut PqCursor, file: usize, msg: String| {
             cur.open = None;
@@ -1202,6 +1268,523 @@ impl ParquetReader {
 fn decode_parquet_reader(p: &BlobProto) -> Result<BlobValue> {
     let r = ParquetReader::from_bytes(p.content.as_deref().unwrap_or_default())?;
     Ok(BlobValue::Object(Arc::new(r)))
+}
+
+// ------------------------------------------------------- parquet writer --
+
+/// The type tag prefix of temporaries: `.<name>.tmp-<pid>-<n>`, the names
+/// `storage` sweeps after a crash.
+static WRITER_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// One column to write: a schema field, or a list's lengths + values.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct WriteColumn {
+    /// The schema field name ("a:b"; a list by its name, "x").
+    name: String,
+    dtype: DataType,
+    list: bool,
+}
+
+/// The columns of a record given by its field names (and their dtypes):
+/// `x:lengths` directly followed by `x:values` is a list column `x`.
+fn write_columns(fields: &[String], dtypes: &[DataType]) -> std::result::Result<Vec<WriteColumn>, String> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < fields.len() {
+        let f = &fields[i];
+        if let Some(prefix) = f.strip_suffix(":lengths").filter(|_| f != "lengths") {
+            let values = format!("{prefix}:values");
+            let nested = fields.get(i + 2).is_some_and(|g| g.starts_with(&format!("{prefix}:")));
+            if fields.get(i + 1) != Some(&values) || nested {
+                return Err(format!(
+                    "field '{f}': only lists of plain values ('{prefix}:lengths' then '{values}') can be written to \
+                     Parquet"
+                ));
+            }
+            if dtypes[i] != DataType::Int32 {
+                return Err(format!("field '{f}' must be int32 lengths, got {}", dtypes[i]));
+            }
+            out.push(WriteColumn { name: prefix.to_string(), dtype: dtypes[i + 1], list: true });
+            i += 2;
+        } else {
+            out.push(WriteColumn { name: f.clone(), dtype: dtypes[i], list: false });
+            i += 1;
+        }
+    }
+    Ok(out)
+}
+
+fn parquet_leaf(name: &str, c: &WriteColumn, binary: bool) -> std::result::Result<SchemaType, String> {
+    let int = |bit_width, is_signed| Some(LogicalType::Integer { bit_width, is_signed });
+    let (phys, lt) = match c.dtype {
+        DataType::Bool => (PhysicalType::BOOLEAN, None),
+        DataType::Int8 => (PhysicalType::INT32, int(8, true)),
+        DataType::Int16 => (PhysicalType::INT32, int(16, true)),
+        DataType::Uint8 => (PhysicalType::INT32, int(8, false)),
+        DataType::Uint16 => (PhysicalType::INT32, int(16, false)),
+        DataType::Int32 => (PhysicalType::INT32, None),
+        DataType::Int64 => (PhysicalType::INT64, None),
+        DataType::Float => (PhysicalType::FLOAT, None),
+        DataType::Double => (PhysicalType::DOUBLE, None),
+        DataType::String => (PhysicalType::BYTE_ARRAY, (!binary).then_some(LogicalType::String)),
+        other => return Err(format!("{other} tensors cannot be written to Parquet")),
+    };
+    let e = |e: parquet::errors::ParquetError| e.to_string();
+    let prim = SchemaType::primitive_type_builder(if c.list { "element" } else { name }, phys)
+        .with_repetition(Repetition::REQUIRED)
+        .with_logical_type(lt)
+        .build()
+        .map_err(e)?;
+    if !c.list {
+        return Ok(prim);
+    }
+    let repeated = SchemaType::group_type_builder("list")
+        .with_repetition(Repetition::REPEATED)
+        .with_fields(vec![Arc::new(prim)])
+        .build()
+        .map_err(e)?;
+    SchemaType::group_type_builder(name)
+        .with_repetition(Repetition::REQUIRED)
+        .with_logical_type(Some(LogicalType::List))
+        .with_fields(vec![Arc::new(repeated)])
+        .build()
+        .map_err(e)
+}
+
+/// The Parquet schema of the columns ("a:b" nests `b` in a group `a`) and
+/// the order in which its leaves hold the columns.
+fn parquet_message(cols: &[WriteColumn], binary: bool) -> std::result::Result<(SchemaType, Vec<usize>), String> {
+    enum Node {
+        Leaf(usize),
+        Group(Vec<(String, Node)>),
+    }
+    fn insert(
+        nodes: &mut Vec<(String, Node)>,
+        parts: &[&str],
+        c: usize,
+        full: &str,
+    ) -> std::result::Result<(), String> {
+        let at = nodes.iter().position(|(n, _)| n == parts[0]);
+        if parts.len() == 1 {
+            if at.is_some() {
+                return Err(format!("the field '{full}' is given twice (or is also a group)"));
+            }
+            nodes.push((parts[0].to_string(), Node::Leaf(c)));
+            return Ok(());
+        }
+        let i = match at {
+            Some(i) => i,
+            None => {
+                nodes.push((parts[0].to_string(), Node::Group(Vec::new())));
+                nodes.len() - 1
+            }
+        };
+        match &mut nodes[i].1 {
+            Node::Group(children) => insert(children, &parts[1..], c, full),
+            Node::Leaf(_) => Err(format!("the field '{full}' is inside '{}', which is a column", parts[0])),
+        }
+    }
+    fn build(
+        nodes: Vec<(String, Node)>,
+        cols: &[WriteColumn],
+        binary: bool,
+        order: &mut Vec<usize>,
+    ) -> std::result::Result<Vec<Arc<SchemaType>>, String> {
+        nodes
+            .into_iter()
+            .map(|(name, node)| match node {
+                Node::Leaf(c) => {
+                    order.push(c);
+                    parquet_leaf(&name, &cols[c], binary).map(Arc::new)
+                }
+                Node::Group(children) => {
+                    let fields = build(children, cols, binary, order)?;
+                    SchemaType::group_type_builder(&name)
+                        .with_repetition(Repetition::REQUIRED)
+                        .with_fields(fields)
+                        .build()
+                        .map(Arc::new)
+                        .map_err(|e| e.to_string())
+                }
+            })
+            .collect()
+    }
+    let mut root = Vec::new();
+    for (c, col) in cols.iter().enumerate() {
+        let parts: Vec<&str> = col.name.split(':').collect();
+        if parts.iter().any(|p| p.is_empty()) {
+            return Err(format!("the field name '{}' has an empty part", col.name));
+        }
+        insert(&mut root, &parts, c, &col.name)?;
+    }
+    let mut order = Vec::new();
+    let fields = build(root, cols, binary, &mut order)?;
+    let msg = SchemaType::group_type_builder("schema").with_fields(fields).build().map_err(|e| e.to_string())?;
+    Ok((msg, order))
+}
+
+/// Rows buffered for one column until a row group is written.
+struct WriteBuf {
+    values: Values,
+    lengths: Vec<i32>,
+}
+
+struct WriterState {
+    /// The columns, once known (from the writer's arguments or first write).
+    columns: Option<Vec<WriteColumn>>,
+    /// Leaf order of the file's columns (indices into `columns`).
+    order: Vec<usize>,
+    file: Option<SerializedFileWriter<File>>,
+    bufs: Vec<WriteBuf>,
+    rows: usize,
+    closed: bool,
+}
+
+/// Writes records to a new Parquet file: buffered into row groups of about
+/// `row_group_size` records, written to a temporary next to the file and
+/// renamed onto it by [`ParquetWriter::close`], so a file that exists is
+/// complete. Thread safe: concurrent writes are appended whole, in some order.
+pub struct ParquetWriter {
+    path: String,
+    tmp: String,
+    compression: Compression,
+    row_group_size: usize,
+    binary: bool,
+    state: Mutex<WriterState>,
+}
+
+impl fmt::Debug for ParquetWriter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ParquetWriter('{}')", self.path)
+    }
+}
+
+impl BlobObject for ParquetWriter {
+    fn kind_name(&self) -> &'static str {
+        "ParquetWriter"
+    }
+}
+
+impl Drop for ParquetWriter {
+    fn drop(&mut self) {
+        // A writer never closed leaves no partial file behind.
+        let st = self.state.get_mut();
+        if !st.closed && st.file.take().is_some() {
+            let _ = fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+fn parse_compression(s: &str) -> Option<Compression> {
+    Some(match s.to_ascii_lowercase().as_str() {
+        "none" | "uncompressed" => Compression::UNCOMPRESSED,
+        "snappy" => Compression::SNAPPY,
+        "gzip" => Compression::GZIP(Default::default()),
+        "zstd" => Compression::ZSTD(Default::default()),
+        "lz4" | "lz4_raw" => Compression::LZ4_RAW,
+        _ => return None,
+    })
+}
+
+impl ParquetWriter {
+    pub fn new(path: &str, compression: &str, row_group_size: usize, binary: bool) -> Result<ParquetWriter> {
+        let compression = parse_compression(compression).ok_or_else(|| {
+            Error::invalid_arg(format!(
+                "unknown Parquet compression '{compression}' (use none, snappy, gzip, zstd or lz4)"
+            ))
+        })?;
+        if row_group_size == 0 {
+            return Err(Error::invalid_arg("row_group_size must be >= 1"));
+        }
+        let p = Path::new(path);
+        let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        if name.is_empty() {
+            return Err(Error::invalid_arg(format!("'{path}' is not a file name")).with_file(path));
+        }
+        let dir = match p.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => Path::new(".").to_path_buf(),
+        };
+        if !dir.is_dir() {
+            return Err(io_err(path, format!("cannot write the Parquet file '{path}': its folder does not exist")));
+        }
+        let seq = WRITER_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = dir.join(format!(".{name}.tmp-{}-{seq}", std::process::id())).display().to_string();
+        Ok(ParquetWriter {
+            path: path.to_string(),
+            tmp,
+            compression,
+            row_group_size,
+            binary,
+            state: Mutex::new(WriterState {
+                columns: None,
+                order: Vec::new(),
+                file: None,
+                bufs: Vec::new(),
+                rows: 0,
+                closed: false,
+            }),
+        })
+    }
+
+    fn err(&self, kind: ErrorKind, msg: String) -> Error {
+        Error::new(kind, msg).with_file(&self.path)
+    }
+
+    /// Fixes the columns from a record's field names and dtypes (checks them
+    /// against the columns when already fixed).
+    pub fn set_schema(&self, fields: &[String], dtypes: &[DataType]) -> Result<()> {
+        let mut st = self.state.lock();
+        self.set_schema_locked(&mut st, fields, dtypes)
+    }
+
+    fn set_schema_locked(&self, st: &mut WriterState, fields: &[String], dtypes: &[DataType]) -> Result<()> {
+        let path = &self.path;
+        let cols = write_columns(fields, dtypes).map_err(|m| {
+            self.err(ErrorKind::InvalidArgument, format!("cannot write the Parquet file '{path}': {m}"))
+        })?;
+        if let Some(have) = &st.columns {
+            for (c, h) in cols.iter().zip(have) {
+                if c.name != h.name || c.list != h.list {
+                    break;
+                }
+                if c.dtype != h.dtype {
+                    return Err(self.err(
+                        ErrorKind::Type,
+                        format!(
+                            "column '{}' of the Parquet file '{path}': got {} but the file's column holds {}",
+                            c.name,
+                            describe(c.dtype, c.list),
+                            describe(h.dtype, h.list)
+                        ),
+                    ));
+                }
+            }
+            if cols != *have {
+                let names = |v: &[WriteColumn]| v.iter().map(|c| c.name.clone()).collect::<Vec<_>>().join(", ");
+                return Err(self.err(
+                    ErrorKind::InvalidArgument,
+                    format!(
+                        "the Parquet file '{path}' has the columns [{}], got a record of [{}]",
+                        names(have),
+                        names(&cols)
+                    ),
+                ));
+            }
+            return Ok(());
+        }
+        if st.closed {
+            return Err(self.err(ErrorKind::InvalidArgument, format!("the Parquet file '{path}' is already closed")));
+        }
+        let (msg, order) = parquet_message(&cols, self.binary)
+            .map_err(|m| self.err(ErrorKind::Type, format!("cannot write the Parquet file '{path}': {m}")))?;
+        let props = parquet::file::properties::WriterProperties::builder()
+            .set_compression(self.compression)
+            .set_created_by("ferrocaffe".to_string())
+            .build();
+        let f = File::create(&self.tmp)
+            .map_err(|e| io_err(path, format!("cannot write the Parquet file '{path}': {e}")))?;
+        let w = SerializedFileWriter::new(f, Arc::new(msg), Arc::new(props))
+            .map_err(|e| io_err(path, format!("cannot write the Parquet file '{path}': {e}")))?;
+        st.bufs = cols
+            .iter()
+            .map(|c| WriteBuf {
+                values: Acc::new(&ColumnSpec { name: c.name.clone(), dtype: c.dtype, list: c.list }, 0).values,
+                lengths: Vec::new(),
+            })
+            .collect();
+        st.columns = Some(cols);
+        st.order = order;
+        st.file = Some(w);
+        Ok(())
+    }
+
+    /// Appends one batch: `tensors[i]` is the field `fields[i]`. Everything
+    /// is checked before anything is appended.
+    pub fn write(&self, fields: &[String], tensors: &[&Tensor]) -> Result<()> {
+        let path = &self.path;
+        let dtypes: Vec<DataType> = tensors.iter().map(|t| t.dtype()).collect();
+        let mut st = self.state.lock();
+        if st.closed {
+            return Err(self.err(ErrorKind::InvalidArgument, format!("the Parquet file '{path}' is already closed")));
+        }
+        self.set_schema_locked(&mut st, fields, &dtypes)?;
+        let cols = st.columns.clone().expect("columns are set");
+        // Check: 1-D tensors, one row per record, lengths adding up.
+        let mut rows = None;
+        let mut k = 0;
+        let mut parts: Vec<(&Tensor, Option<&Tensor>)> = Vec::with_capacity(cols.len());
+        for c in &cols {
+            let (lengths, values) = if c.list { (Some(tensors[k]), tensors[k + 1]) } else { (None, tensors[k]) };
+            k += if c.list { 2 } else { 1 };
+            let bad = |m: String| {
+                self.err(ErrorKind::Shape, format!("column '{}' of the Parquet file '{path}': {m}", c.name))
+            };
+            for t in lengths.iter().chain(std::iter::once(&values)) {
+                if t.ndim() != 1 {
+                    return Err(bad(format!("Parquet columns take 1-D tensors, got shape {:?}", t.shape())));
+                }
+            }
+            let n = lengths.unwrap_or(values).shape()[0];
+            if *rows.get_or_insert(n) != n {
+                return Err(bad(format!("it has {n} records but the batch's first column has {}", rows.unwrap())));
+            }
+            if let Some(l) = lengths {
+                let l = l.array::<i32>()?;
+                let mut sum = 0usize;
+                for &x in l.iter() {
+                    if x < 0 {
+                        return Err(bad(format!("a list length is negative ({x})")));
+                    }
+                    sum += x as usize;
+                }
+                if sum != values.shape()[0] {
+                    return Err(bad(format!("the lengths add up to {sum} but there are {} values", values.shape()[0])));
+                }
+            }
+            if c.dtype == DataType::String && !self.binary {
+                if let Some(i) = values.array::<Vec<u8>>()?.iter().position(|s| std::str::from_utf8(s).is_err()) {
+                    return Err(self.err(
+                        ErrorKind::InvalidArgument,
+                        format!(
+                            "column '{}' of the Parquet file '{path}': value {i} of the batch is not UTF-8 (write \
+                             byte strings with binary=True)",
+                            c.name
+                        ),
+                    ));
+                }
+            }
+            parts.push((values, lengths));
+        }
+        // Append.
+        for ((values, lengths), buf) in parts.into_iter().zip(st.bufs.iter_mut()) {
+            if let Some(l) = lengths {
+                buf.lengths.extend(l.array::<i32>()?.iter().copied());
+            }
+            macro_rules! app {
+                ($v:ident, $t:ty) => {
+                    $v.extend(values.array::<$t>()?.iter().cloned())
+                };
+            }
+            match &mut buf.values {
+                Values::Bool(v) => app!(v, bool),
+                Values::I8(v) => app!(v, i8),
+                Values::I16(v) => app!(v, i16),
+                Values::U8(v) => app!(v, u8),
+                Values::U16(v) => app!(v, u16),
+                Values::I32(v) => app!(v, i32),
+                Values::I64(v) => app!(v, i64),
+                Values::F32(v) => app!(v, f32),
+                Values::F64(v) => app!(v, f64),
+                Values::Bytes(v) => app!(v, Vec<u8>),
+            }
+        }
+        st.rows += rows.unwrap_or(0);
+        if st.rows >= self.row_group_size {
+            self.flush(&mut st)?;
+        }
+        Ok(())
+    }
+
+    /// Writes the buffered rows as one row group.
+    fn flush(&self, st: &mut WriterState) -> Result<()> {
+        if st.rows == 0 {
+            return Ok(());
+        }
+        let path = &self.path;
+        let fail =
+            |e: parquet::errors::ParquetError| io_err(path, format!("cannot write the Parquet file '{path}': {e}"));
+        let order = st.order.clone();
+        let mut bufs = std::mem::take(&mut st.bufs);
+        let w = st.file.as_mut().expect("an open file");
+        let mut rg = w.next_row_group().map_err(fail)?;
+        for &c in &order {
+            let buf = &mut bufs[c];
+            let mut col = rg.next_column().map_err(fail)?.expect("a column per leaf");
+            let levels = (!buf.lengths.is_empty() || st.columns.as_ref().expect("columns")[c].list).then(|| {
+                let (mut def, mut rep) = (Vec::new(), Vec::new());
+                for &n in &buf.lengths {
+                    if n == 0 {
+                        def.push(0);
+                        rep.push(0);
+                    }
+                    for j in 0..n {
+                        def.push(1);
+                        rep.push(i16::from(j != 0));
+                    }
+                }
+                (def, rep)
+            });
+            let (d, r) = match &levels {
+                Some((d, r)) => (Some(d.as_slice()), Some(r.as_slice())),
+                None => (None, None),
+            };
+            match &mut buf.values {
+                Values::Bool(v) => col.typed::<BoolType>().write_batch(v, d, r),
+                Values::I8(v) => {
+                    col.typed::<Int32Type>().write_batch(&v.iter().map(|&x| x as i32).collect::<Vec<_>>(), d, r)
+                }
+                Values::I16(v) => {
+                    col.typed::<Int32Type>().write_batch(&v.iter().map(|&x| x as i32).collect::<Vec<_>>(), d, r)
+                }
+                Values::U8(v) => {
+                    col.typed::<Int32Type>().write_batch(&v.iter().map(|&x| x as i32).collect::<Vec<_>>(), d, r)
+                }
+                Values::U16(v) => {
+                    col.typed::<Int32Type>().write_batch(&v.iter().map(|&x| x as i32).collect::<Vec<_>>(), d, r)
+                }
+                Values::I32(v) => col.typed::<Int32Type>().write_batch(v, d, r),
+                Values::I64(v) => col.typed::<Int64Type>().write_batch(v, d, r),
+                Values::F32(v) => col.typed::<FloatType>().write_batch(v, d, r),
+                Values::F64(v) => col.typed::<DoubleType>().write_batch(v, d, r),
+                Values::Bytes(v) => {
+                    let b: Vec<parquet::data_type::ByteArray> =
+                        std::mem::take(v).into_iter().map(parquet::data_type::ByteArray::from).collect();
+                    col.typed::<ByteArrayType>().write_batch(&b, d, r)
+                }
+            }
+            .map_err(fail)?;
+            col.close().map_err(fail)?;
+        }
+        rg.close().map_err(fail)?;
+        let cols = st.columns.as_ref().expect("columns");
+        st.bufs = cols
+            .iter()
+            .map(|c| WriteBuf {
+                values: Acc::new(&ColumnSpec { name: c.name.clone(), dtype: c.dtype, list: c.list }, 0).values,
+                lengths: Vec::new(),
+            })
+            .collect();
+        st.rows = 0;
+        Ok(())
+    }
+
+    /// Writes what is buffered and the footer, then renames the file into
+    /// place. Closing twice is a no-op.
+    pub fn close(&self) -> Result<()> {
+        let path = &self.path;
+        let mut st = self.state.lock();
+        if st.closed {
+            return Ok(());
+        }
+        if st.columns.is_none() {
+            return Err(self.err(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "cannot close the Parquet file '{path}': nothing was written and its columns were never given \
+                     (give the writer a schema)"
+                ),
+            ));
+        }
+        self.flush(&mut st)?;
+        let fail = |e: String| io_err(path, format!("cannot write the Parquet file '{path}': {e}"));
+        let w = st.file.take().expect("an open file");
+        let f = w.into_inner().map_err(|e| fail(e.to_string()))?;
+        f.sync_all().map_err(|e| fail(e.to_string()))?;
+        fs::rename(&self.tmp, &self.path).map_err(|e| fail(e.to_string()))?;
+        st.closed = true;
+        Ok(())
+    }
 }
 
 // ------------------------------------------------------------------ npy --
@@ -1295,9 +1878,11 @@ fn parse_npy_header(bytes: &[u8]) -> std::result::Result<NpyHeader, String> {
     let h = bytes.get(start..start + hlen).ok_or("the header is truncated")?;
     let h = std::str::from_utf8(h).map_err(|_| "the header is not text")?;
     let descr = header_value(h, "descr").ok_or("the header has no 'descr'")?;
-    let quote = descr.chars().next().filter(|c| *c == '\'' || *c == '"').ok_or_else(|| {
-        "structured dtypes (several fields per element) are not supported".to_string()
-    })?;
+    let quote = descr
+        .chars()
+        .next()
+        .filter(|c| *c == '\'' || *c == '"')
+        .ok_or_else(|| "structured dtypes (several fields per element) are not supported".to_string())?;
     let descr = &descr[1..];
     let descr = &descr[..descr.find(quote).ok_or("the header's 'descr' is malformed")?];
     let (kind, big) = parse_descr(descr)?;
@@ -1431,7 +2016,11 @@ impl NpyFile {
                         s.push(char::from_u32(u).ok_or_else(|| {
                             io_err(
                                 &self.path,
-                                format!("'{}' holds an invalid code point {u:#x} in element {}", self.path, start as usize + i),
+                                format!(
+                                    "'{}' holds an invalid code point {u:#x} in element {}",
+                                    self.path,
+                                    start as usize + i
+                                ),
                             )
                         })?);
                     }
@@ -1453,7 +2042,7 @@ pub struct NpyReader {
 
 impl fmt::Debug for NpyReader {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "NpyReader({:?}, at row {} of {})", self.files(), *self.pos.lock(), self.rows)
+        write!(f, "NpyReader({:?}, at row {:?} of {})", self.files(), self.pos.try_lock().map(|p| *p), self.rows)
     }
 }
 
@@ -1699,6 +2288,95 @@ fn reset_parquet_reader(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     }))
 }
 
+fn fields_dtypes_args(ctx: &OpDefCtx<'_>) -> Result<(Vec<String>, Vec<DataType>)> {
+    let fields = ctx.args.string_list("fields")?.unwrap_or_default();
+    let dtypes = ctx
+        .args
+        .ints("dtypes")?
+        .unwrap_or_default()
+        .into_iter()
+        .map(|d| {
+            i32::try_from(d)
+                .ok()
+                .and_then(DataType::from_i32)
+                .filter(|d| *d != DataType::Undefined)
+                .ok_or_else(|| ctx.bad_arg(format!("'dtypes' has an unknown data type {d}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if fields.len() != dtypes.len() {
+        return Err(ctx.bad_arg(format!(
+            "'fields' and 'dtypes' must have the same length, got {} and {}",
+            fields.len(),
+            dtypes.len()
+        )));
+    }
+    Ok((fields, dtypes))
+}
+
+fn create_parquet_writer(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let path = ctx.args.string("path", "")?;
+    if path.is_empty() {
+        return Err(ctx.bad_arg("a Parquet writer needs a file (argument 'path')"));
+    }
+    let compression = ctx.args.string("compression", "snappy")?;
+    if parse_compression(&compression).is_none() {
+        return Err(
+            ctx.bad_arg(format!("unknown Parquet compression '{compression}' (use none, snappy, gzip, zstd or lz4)"))
+        );
+    }
+    let rg = ctx.args.i64("row_group_size", 131072)?;
+    let rg = usize::try_from(rg)
+        .ok()
+        .filter(|&r| r >= 1)
+        .ok_or_else(|| ctx.bad_arg(format!("row_group_size must be >= 1, got {rg}")))?;
+    let binary = ctx.args.bool("binary", false)?;
+    let (fields, dtypes) = fields_dtypes_args(ctx)?;
+    Ok(kernel(move |cx| {
+        let w = ParquetWriter::new(&path, &compression, rg, binary)?;
+        if !fields.is_empty() {
+            w.set_schema(&fields, &dtypes)?;
+        }
+        cx.output_blob(0).set(BlobValue::Object(Arc::new(w)));
+        Ok(true)
+    }))
+}
+
+fn set_parquet_writer_schema(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let (fields, dtypes) = fields_dtypes_args(ctx)?;
+    if fields.is_empty() {
+        return Err(ctx.bad_arg("'fields' and 'dtypes' are required"));
+    }
+    Ok(kernel(move |cx| {
+        object_input::<ParquetWriter>(cx, "ParquetWriter")?.set_schema(&fields, &dtypes)?;
+        Ok(true)
+    }))
+}
+
+fn write_parquet_batch(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let fields = ctx.args.string_list("fields")?.unwrap_or_default();
+    if fields.len() + 1 != ctx.num_inputs() {
+        return Err(ctx.bad_arg(format!(
+            "'fields' must name each input after the writer: {} inputs, {} names",
+            ctx.num_inputs() - 1,
+            fields.len()
+        )));
+    }
+    Ok(kernel(move |cx| {
+        let w = object_input::<ParquetWriter>(cx, "ParquetWriter")?;
+        let l = cx.lock();
+        let tensors = (1..cx.num_inputs()).map(|i| l.tensor(i)).collect::<Result<Vec<_>>>()?;
+        w.write(&fields, &tensors)?;
+        Ok(true)
+    }))
+}
+
+fn close_parquet_writer(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    Ok(kernel(|cx| {
+        object_input::<ParquetWriter>(cx, "ParquetWriter")?.close()?;
+        Ok(true)
+    }))
+}
+
 fn create_npy_reader(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let paths = paths_arg(ctx)?;
     if paths.is_empty() {
@@ -1857,8 +2535,7 @@ mod tests {
 
     /// Records `lo..hi`: id = i, x = i / 2, name = "n<i>", items = [i; i % 3].
     fn group(lo: i64, hi: i64) -> Vec<Chunk> {
-        let names: Vec<&'static str> =
-            (lo..hi).map(|i| &*Box::leak(format!("n{i}").into_boxed_str())).collect();
+        let names: Vec<&'static str> = (lo..hi).map(|i| &*Box::leak(format!("n{i}").into_boxed_str())).collect();
         let items: Vec<Vec<i64>> = (lo..hi).map(|i| vec![i; (i % 3) as usize]).collect();
         let refs: Vec<&[i64]> = items.iter().map(|v| v.as_slice()).collect();
         vec![
@@ -1984,7 +2661,7 @@ mod tests {
         let s = Scratch::new();
         let p = s.path("a.parquet");
         sample(&p, 0, 10, 4, Compression::SNAPPY);
-        let r = ParquetReader::open(&[p.clone()], &["items".into(), "id".into()], 4).unwrap();
+        let r = ParquetReader::open(std::slice::from_ref(&p), &["items".into(), "id".into()], 4).unwrap();
         assert_eq!(r.num_outputs(), 3);
         let b = r.read_batch(4).unwrap();
         assert_eq!(b[0], Tensor::from_vec(&[4], vec![0i32, 1, 2, 0]).unwrap());
@@ -2002,19 +2679,19 @@ mod tests {
         sample(&good, 0, 40, 40, Compression::SNAPPY);
 
         let missing = s.path("missing.parquet");
-        let e = ParquetReader::open(&[missing.clone()], &[], 4).unwrap_err();
+        let e = ParquetReader::open(std::slice::from_ref(&missing), &[], 4).unwrap_err();
         assert_eq!(e.kind, ErrorKind::Io);
         assert!(e.message.contains(&missing) && e.message.contains("No such file"), "{}", e.message);
         assert_eq!(e.context.file.as_deref(), Some(missing.as_str()));
 
         let zero = s.path("zero.parquet");
         fs::write(&zero, b"").unwrap();
-        let e = ParquetReader::open(&[zero.clone()], &[], 4).unwrap_err();
+        let e = ParquetReader::open(std::slice::from_ref(&zero), &[], 4).unwrap_err();
         assert!(e.message.contains(&zero) && e.message.contains("empty"), "{}", e.message);
 
         let junk = s.path("junk.parquet");
         fs::write(&junk, b"this is not a parquet file at all, only some text").unwrap();
-        let e = ParquetReader::open(&[junk.clone()], &[], 4).unwrap_err();
+        let e = ParquetReader::open(std::slice::from_ref(&junk), &[], 4).unwrap_err();
         assert_eq!(e.kind, ErrorKind::Io);
         assert!(e.message.contains(&junk) && e.message.contains("not a valid Parquet file"), "{}", e.message);
 
@@ -2026,7 +2703,7 @@ mod tests {
             *v = 0xAB;
         }
         fs::write(&bad, &b).unwrap();
-        let r = ParquetReader::open(&[bad.clone()], &[], 16).unwrap();
+        let r = ParquetReader::open(std::slice::from_ref(&bad), &[], 16).unwrap();
         let e = r.read_batch(16).unwrap_err();
         assert_eq!(e.kind, ErrorKind::Io);
         assert!(e.message.contains(&bad) && e.message.contains("column '"), "{}", e.message);
@@ -2037,27 +2714,42 @@ mod tests {
         // A truncated file loses its footer.
         let cut = s.path("cut.parquet");
         fs::write(&cut, &bytes[..bytes.len() - 20]).unwrap();
-        let e = ParquetReader::open(&[cut.clone()], &[], 4).unwrap_err();
+        let e = ParquetReader::open(std::slice::from_ref(&cut), &[], 4).unwrap_err();
         assert!(e.message.contains(&cut), "{}", e.message);
 
-        let e = ParquetReader::open(&[good.clone()], &["nope".into()], 4).unwrap_err();
+        let e = ParquetReader::open(std::slice::from_ref(&good), &["nope".into()], 4).unwrap_err();
         assert_eq!(e.kind, ErrorKind::InvalidArgument);
         assert!(e.message.contains("no column 'nope'") && e.message.contains(&good), "{}", e.message);
 
-        let e = ParquetReader::open_expecting(&[good.clone()], &["id".into()], &[(Some(DataType::Float), None)], 4)
-            .unwrap_err();
+        let e = ParquetReader::open_expecting(
+            std::slice::from_ref(&good),
+            &["id".into()],
+            &[(Some(DataType::Float), None)],
+            4,
+        )
+        .unwrap_err();
         assert_eq!(e.kind, ErrorKind::Type);
         assert!(
-            e.message.contains("column 'id'") && e.message.contains(&good) && e.message.contains("int64 values but float32"),
+            e.message.contains("column 'id'")
+                && e.message.contains(&good)
+                && e.message.contains("int64 values but float32"),
             "{}",
             e.message
         );
-        let e = ParquetReader::open_expecting(&[good.clone()], &["items".into()], &[(None, Some(false))], 4).unwrap_err();
+        let e =
+            ParquetReader::open_expecting(std::slice::from_ref(&good), &["items".into()], &[(None, Some(false))], 4)
+                .unwrap_err();
         assert!(e.message.contains("lists of int64"), "{}", e.message);
 
         // Two files disagreeing on a column's type.
         let other = s.path("other.parquet");
-        write_parquet(&other, "message m { required double id; }", vec![vec![plain(Vals::F64(vec![1.0]))]], Compression::SNAPPY, 10);
+        write_parquet(
+            &other,
+            "message m { required double id; }",
+            vec![vec![plain(Vals::F64(vec![1.0]))]],
+            Compression::SNAPPY,
+            10,
+        );
         let e = ParquetReader::open(&[good.clone(), other.clone()], &["id".into()], 4).unwrap_err();
         assert_eq!(e.kind, ErrorKind::Type);
         assert!(e.message.contains(&other) && e.message.contains("column 'id'"), "{}", e.message);
@@ -2075,17 +2767,27 @@ mod tests {
         let a = Chunk { vals: Vals::I32(vec![1, 3]), def: Some(vec![1, 0, 1]), rep: None };
         let l = Chunk { vals: Vals::I64(vec![5, 6]), def: Some(vec![3, 3, 0, 1]), rep: Some(vec![0, 1, 0, 0]) };
         write_parquet(&p, schema, vec![vec![a, l]], Compression::SNAPPY, 10);
-        let r = ParquetReader::open(&[p.clone()], &["l".into()], 10).unwrap();
+        let r = ParquetReader::open(std::slice::from_ref(&p), &["l".into()], 10).unwrap();
         let b = r.read_batch(10).unwrap();
         assert_eq!(b[0], Tensor::from_vec(&[3], vec![2i32, 0, 0]).unwrap());
         assert_eq!(b[1], Tensor::from_vec(&[2], vec![5i64, 6]).unwrap());
-        let r = ParquetReader::open(&[p.clone()], &["a".into()], 10).unwrap();
+        let r = ParquetReader::open(std::slice::from_ref(&p), &["a".into()], 10).unwrap();
         let e = r.read_batch(10).unwrap_err();
-        assert!(e.message.contains("column 'a'") && e.message.contains("null") && e.message.contains(&p), "{}", e.message);
+        assert!(
+            e.message.contains("column 'a'") && e.message.contains("null") && e.message.contains(&p),
+            "{}",
+            e.message
+        );
 
         let p2 = s.path("null-item.parquet");
         let l = Chunk { vals: Vals::I64(vec![5]), def: Some(vec![3, 2]), rep: Some(vec![0, 1]) };
-        write_parquet(&p2, "message m { optional group l (LIST) { repeated group list { optional int64 element; } } }", vec![vec![l]], Compression::SNAPPY, 10);
+        write_parquet(
+            &p2,
+            "message m { optional group l (LIST) { repeated group list { optional int64 element; } } }",
+            vec![vec![l]],
+            Compression::SNAPPY,
+            10,
+        );
         let r = ParquetReader::open(&[p2], &[], 10).unwrap();
         assert!(r.read_batch(10).unwrap_err().message.contains("null item"));
     }
@@ -2117,7 +2819,13 @@ mod tests {
         assert_eq!(b[5], Tensor::from_vec(&[2], vec![19000i32, 19001]).unwrap());
 
         let p = s.path("i96.parquet");
-        write_parquet(&p, "message m { required int64 u (UINT_64); }", vec![vec![plain(Vals::I64(vec![1]))]], Compression::SNAPPY, 10);
+        write_parquet(
+            &p,
+            "message m { required int64 u (UINT_64); }",
+            vec![vec![plain(Vals::I64(vec![1]))]],
+            Compression::SNAPPY,
+            10,
+        );
         let e = ParquetReader::open(&[p], &[], 10).unwrap_err();
         assert!(e.message.contains("column 'u'") && e.message.contains("UINT64"), "{}", e.message);
     }
@@ -2142,7 +2850,8 @@ mod tests {
         let s = Scratch::new();
         sample(&s.path("d/0.parquet"), 0, 45, 20, Compression::SNAPPY);
         sample(&s.path("d/1.parquet"), 45, 90, 20, Compression::SNAPPY);
-        let r = ParquetReader::open(&[s.path("d")], &["id".into(), "items".into(), "name".into(), "x".into()], 11).unwrap();
+        let r =
+            ParquetReader::open(&[s.path("d")], &["id".into(), "items".into(), "name".into(), "x".into()], 11).unwrap();
         for _ in 0..5 {
             r.read_batch(11).unwrap();
         }
@@ -2154,7 +2863,10 @@ mod tests {
         assert_eq!(back.batch_size(), 11);
         let b = back.read_batch(11).unwrap();
         assert_eq!(ids(&b[0]), (55..66).collect::<Vec<_>>());
-        assert_eq!(b[1].array::<i32>().unwrap().iter().map(|&l| l as i64).collect::<Vec<_>>(), (55..66).map(|i| i % 3).collect::<Vec<_>>());
+        assert_eq!(
+            b[1].array::<i32>().unwrap().iter().map(|&l| l as i64).collect::<Vec<_>>(),
+            (55..66).map(|i| i % 3).collect::<Vec<_>>()
+        );
 
         // A file that changed since is refused, naming it.
         let bytes2 = crate::storage::serialize_blob("r", &BlobValue::Object(back.clone())).unwrap();
@@ -2187,7 +2899,11 @@ mod tests {
         Argument { name: Some(name.into()), s: Some(v.as_bytes().to_vec()), ..Default::default() }
     }
     fn strs_arg(name: &str, v: &[&str]) -> Argument {
-        Argument { name: Some(name.into()), strings: v.iter().map(|s| s.as_bytes().to_vec()).collect(), ..Default::default() }
+        Argument {
+            name: Some(name.into()),
+            strings: v.iter().map(|s| s.as_bytes().to_vec()).collect(),
+            ..Default::default()
+        }
     }
     fn run(ws: &Arc<Workspace>, d: OperatorDef) -> Result<bool> {
         ws.run_operator_once(&d, &CancelToken::new())
@@ -2238,6 +2954,151 @@ mod tests {
         ws.feed("t2", BlobValue::Tensor(Tensor::scalar(1i32)));
         let e = run(&ws, op("ReadParquetBatch", &["t2"], &["x"], vec![])).unwrap_err();
         assert!(e.message.contains("ParquetReader was expected"), "{}", e.message);
+    }
+
+    // --------------------------------------------------------- writer --
+
+    fn strs(v: &[&str]) -> Tensor {
+        Tensor::from_vec(&[v.len()], v.iter().map(|s| s.as_bytes().to_vec()).collect()).unwrap()
+    }
+
+    #[test]
+    fn written_files_read_back_the_same() {
+        let s = Scratch::new();
+        let p = s.path("out.parquet");
+        let w = ParquetWriter::new(&p, "zstd", 5, false).unwrap();
+        let fields: Vec<String> = ["id", "a:b", "items:lengths", "items:values", "name", "a:c", "small"]
+            .iter()
+            .map(|f| f.to_string())
+            .collect();
+        let mut want_items = Vec::new();
+        for batch in 0..4i64 {
+            let ids: Vec<i64> = (batch * 3..batch * 3 + 3).collect();
+            let lengths: Vec<i32> = ids.iter().map(|i| (i % 3) as i32).collect();
+            let values: Vec<i64> = ids.iter().flat_map(|&i| vec![i * 10; (i % 3) as usize]).collect();
+            want_items.extend(values.iter().copied());
+            let t = [
+                Tensor::from_vec(&[3], ids.clone()).unwrap(),
+                Tensor::from_vec(&[3], ids.iter().map(|&i| i as f64).collect()).unwrap(),
+                Tensor::from_vec(&[3], lengths).unwrap(),
+                Tensor::from_vec(&[values.len()], values).unwrap(),
+                strs(&["x", "yy", "é"]),
+                Tensor::from_vec(&[3], vec![true, false, true]).unwrap(),
+                Tensor::from_vec(&[3], vec![-1i8, 0, 1]).unwrap(),
+            ];
+            w.write(&fields, &t.iter().collect::<Vec<_>>()).unwrap();
+        }
+        assert!(!Path::new(&p).exists(), "the file appears on close");
+        w.close().unwrap();
+        w.close().unwrap();
+        assert!(w.write(&fields, &[]).unwrap_err().message.contains("already closed"));
+        let r = ParquetReader::open(std::slice::from_ref(&p), &[], 100).unwrap();
+        assert_eq!(r.files.iter().map(|f| f.rg_rows.clone()).next().unwrap(), vec![6, 6]);
+        assert_eq!(
+            r.columns(),
+            vec![
+                ("id".into(), DataType::Int64, false),
+                ("a.b".into(), DataType::Double, false),
+                ("a.c".into(), DataType::Bool, false),
+                ("items".into(), DataType::Int64, true),
+                ("name".into(), DataType::String, false),
+                ("small".into(), DataType::Int8, false),
+            ]
+        );
+        let b = r.read_batch(100).unwrap();
+        assert_eq!(ids(&b[0]), (0..12).collect::<Vec<_>>());
+        assert_eq!(b[1], Tensor::from_vec(&[12], (0..12).map(|i| i as f64).collect()).unwrap());
+        assert_eq!(
+            b[3].array::<i32>().unwrap().iter().map(|&l| l as i64).collect::<Vec<_>>(),
+            (0..12).map(|i| i % 3).collect::<Vec<_>>()
+        );
+        assert_eq!(ids(&b[4]), want_items);
+        assert_eq!(b[5].array::<Vec<u8>>().unwrap()[2], "é".as_bytes().to_vec());
+        assert_eq!(b[6].array::<i8>().unwrap().iter().copied().collect::<Vec<_>>()[..3], [-1, 0, 1]);
+    }
+
+    #[test]
+    fn writer_errors_name_the_file_and_column() {
+        let s = Scratch::new();
+        let e = ParquetWriter::new(&s.0.join("no/such/dir/x.parquet").display().to_string(), "snappy", 10, false)
+            .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Io);
+        assert!(e.message.contains("x.parquet") && e.message.contains("folder does not exist"), "{}", e.message);
+        assert!(ParquetWriter::new(&s.path("x.parquet"), "brotli", 10, false).is_err());
+
+        let p = s.path("x.parquet");
+        let w = ParquetWriter::new(&p, "snappy", 10, false).unwrap();
+        let fields = vec!["id".to_string(), "v".to_string()];
+        let ok = [Tensor::from_vec(&[2], vec![1i64, 2]).unwrap(), Tensor::from_vec(&[2], vec![0.5f32, 1.5]).unwrap()];
+        w.write(&fields, &ok.iter().collect::<Vec<_>>()).unwrap();
+        let wrong = [Tensor::from_vec(&[1], vec![3i64]).unwrap(), Tensor::from_vec(&[1], vec![0.5f64]).unwrap()];
+        let e = w.write(&fields, &wrong.iter().collect::<Vec<_>>()).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Type);
+        assert!(
+            e.message.contains("column 'v'") && e.message.contains(&p) && e.message.contains("float64 values but"),
+            "{}",
+            e.message
+        );
+        let ragged = [Tensor::from_vec(&[1], vec![3i64]).unwrap(), Tensor::from_vec(&[2], vec![0.5f32, 1.]).unwrap()];
+        let e = w.write(&fields, &ragged.iter().collect::<Vec<_>>()).unwrap_err();
+        assert!(e.message.contains("column 'v'") && e.message.contains("2 records"), "{}", e.message);
+        let e = w.write(&["id".to_string()], &[&ok[0]]).unwrap_err();
+        assert!(e.message.contains("has the columns [id, v]"), "{}", e.message);
+        let f2 = vec!["l:lengths".to_string(), "l:values".to_string()];
+        let w2 = ParquetWriter::new(&s.path("l.parquet"), "snappy", 10, false).unwrap();
+        let bad = [Tensor::from_vec(&[2], vec![1i32, 1]).unwrap(), Tensor::from_vec(&[3], vec![1i64, 2, 3]).unwrap()];
+        let e = w2.write(&f2, &bad.iter().collect::<Vec<_>>()).unwrap_err();
+        assert!(e.message.contains("add up to 2 but there are 3 values"), "{}", e.message);
+        let e = w2.write(&["s".to_string()], &[&Tensor::from_vec(&[1], vec![vec![0xffu8]]).unwrap()]).unwrap_err();
+        assert!(e.message.contains("has the columns"), "{}", e.message);
+        let w3 = ParquetWriter::new(&s.path("s.parquet"), "snappy", 10, false).unwrap();
+        let e = w3.write(&["s".to_string()], &[&Tensor::from_vec(&[1], vec![vec![0xffu8]]).unwrap()]).unwrap_err();
+        assert!(e.message.contains("column 's'") && e.message.contains("not UTF-8"), "{}", e.message);
+        // Nothing was buffered by the failed writes.
+        w.close().unwrap();
+        let r = ParquetReader::open(std::slice::from_ref(&p), &[], 10).unwrap();
+        assert_eq!(ids(&r.read_batch(10).unwrap()[0]), vec![1, 2]);
+        // A writer that never learnt its columns cannot make a file; one
+        // dropped unclosed leaves nothing behind.
+        let w4 = ParquetWriter::new(&s.path("none.parquet"), "snappy", 10, false).unwrap();
+        assert!(w4.close().unwrap_err().message.contains("columns were never given"));
+        drop(w2);
+        drop(w3);
+        let left: Vec<_> = fs::read_dir(&s.0).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        assert!(left.iter().all(|n| !n.contains(".tmp-")), "{left:?}");
+        assert!(!Path::new(&s.path("l.parquet")).exists());
+    }
+
+    #[test]
+    fn writer_ops_write_a_schema_even_with_no_records() {
+        let s = Scratch::new();
+        let p = s.path("empty.parquet");
+        let ws = Workspace::new();
+        run(&ws, op("CreateParquetWriter", &[], &["w"], vec![str_arg("path", &p)])).unwrap();
+        let schema = vec![strs_arg("fields", &["k", "l:lengths", "l:values"]), ints_arg("dtypes", &[10, 2, 1])];
+        run(&ws, op("SetParquetWriterSchema", &["w"], &[], schema.clone())).unwrap();
+        run(&ws, op("SetParquetWriterSchema", &["w"], &[], schema)).unwrap();
+        let e = run(
+            &ws,
+            op("SetParquetWriterSchema", &["w"], &[], vec![strs_arg("fields", &["k"]), ints_arg("dtypes", &[2])]),
+        )
+        .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Type);
+        run(&ws, op("CloseParquetWriter", &["w"], &[], vec![])).unwrap();
+        let r = ParquetReader::open(&[p], &[], 10).unwrap();
+        assert_eq!(r.columns(), vec![("k".into(), DataType::Int64, false), ("l".into(), DataType::Float, true)]);
+        assert_eq!(r.total_records(), 0);
+
+        let p = s.path("ops.parquet");
+        run(&ws, op("CreateParquetWriter", &[], &["w2"], vec![str_arg("path", &p), str_arg("compression", "gzip")]))
+            .unwrap();
+        ws.feed("k", BlobValue::Tensor(Tensor::from_vec(&[2], vec![7i64, 8]).unwrap()));
+        run(&ws, op("WriteParquetBatch", &["w2", "k"], &[], vec![strs_arg("fields", &["key"])])).unwrap();
+        let e = run(&ws, op("WriteParquetBatch", &["w2", "k"], &[], vec![strs_arg("fields", &[])])).unwrap_err();
+        assert!(e.message.contains("1 inputs, 0 names"), "{}", e.message);
+        run(&ws, op("CloseParquetWriter", &["w2"], &[], vec![])).unwrap();
+        let r = ParquetReader::open(&[p], &[], 10).unwrap();
+        assert_eq!(ids(&r.read_batch(10).unwrap()[0]), vec![7, 8]);
     }
 
     // ------------------------------------------------------------ npy --
@@ -2333,7 +3194,8 @@ mod tests {
         let s = Scratch::new();
         let good = s.path("good.npy");
         npy(&good, "<i4", &[3], &le(&[1i32, 2, 3], i32::to_le_bytes));
-        let cases: Vec<(&str, Box<dyn Fn(&str)>, &str)> = vec![
+        type Make = Box<dyn Fn(&str)>;
+        let cases: Vec<(&str, Make, &str)> = vec![
             ("missing.npy", Box::new(|_: &str| {}), "No such file"),
             ("magic.npy", Box::new(|p: &str| fs::write(p, b"PK\x03\x04 not numpy").unwrap()), "bad magic"),
             ("short.npy", Box::new(|p: &str| npy(p, "<i4", &[3], &[0u8; 8])), "truncated or corrupt"),
@@ -2346,7 +3208,7 @@ mod tests {
         for (name, make, want) in cases {
             let p = s.path(name);
             make(&p);
-            let e = NpyReader::open(&[p.clone()], 2).unwrap_err();
+            let e = NpyReader::open(std::slice::from_ref(&p), 2).unwrap_err();
             assert_eq!(e.kind, ErrorKind::Io, "{name}");
             assert!(e.message.contains(&p) && e.message.contains(want), "{name}: {}", e.message);
         }
@@ -2356,7 +3218,8 @@ mod tests {
         assert!(e.message.contains("same number of rows") && e.message.contains(&other), "{}", e.message);
 
         let ws = Workspace::new();
-        run(&ws, op("CreateNpyReader", &[], &["r"], vec![strs_arg("paths", &[&good]), int_arg("batch_size", 2)])).unwrap();
+        run(&ws, op("CreateNpyReader", &[], &["r"], vec![strs_arg("paths", &[&good]), int_arg("batch_size", 2)]))
+            .unwrap();
         run(&ws, op("ReadNpyBatch", &["r"], &["x"], vec![])).unwrap();
         assert_eq!(get(&ws, "x"), Tensor::from_vec(&[2], vec![1i32, 2]).unwrap());
         // The file shrinks under a reader: the read fails, naming it.
