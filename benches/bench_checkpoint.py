@@ -1,0 +1,312 @@
+"""Checkpoint benchmarks, each printed as a ratio against a baseline measured
+in the same run.
+
+    python benches/bench_checkpoint.py                 # all
+    python benches/bench_checkpoint.py save load       # some
+    python benches/bench_checkpoint.py --dir /data/tmp --repeat 5
+
+save  64 float32 tensors (2048 x 1024 each, 512 MiB of random data) written
+      by a Save op (db_type 'ferro', then 'minidb'), which fsyncs the file
+      and its directory; baseline: ``dd if=/dev/zero of=F bs=1M count=512
+      conv=fsync`` (its own reported time).  Target: save >= 0.80 x dd.
+load  the same data read back by a Load op into a new workspace; baseline:
+      ``np.load`` of the 64 tensors saved as .npy files.  Both cold (the
+      files evicted from the page cache with posix_fadvise(DONTNEED) after
+      an fsync) and warm.  Target: Load >= np.load.
+job   examples/train_job.py at its default size: the wall time of the
+      checkpoint saves (Save, fsyncs, manifest rewrite) over the wall time
+      of the epochs, and the time per epoch with vs without a checkpoint
+      manager.  Target: overhead <= 5% of the epoch time.
+
+Before each timed step 1.5 GiB is touched and freed: this VM's host takes
+back memory left free for a couple of seconds, and first touches of it run
+at a fraction of the normal speed (shared/peerbench/RESULTS.md, caveats).
+Run it with a release build of the extension
+(``PROFILE=release scripts/dev_build.sh``) on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+try:
+    import ferrocaffe  # noqa: F401
+except ImportError:  # run from a checkout
+    sys.path.insert(0, os.path.join(REPO, 'python'))
+
+from ferrocaffe import _core, core, workspace  # noqa: E402
+
+NUM_TENSORS = 64
+SHAPE = (2048, 1024)
+PREWARM_BYTES = 1536 << 20
+
+
+def prewarm():
+    """Touches and frees 1.5 GiB so that timed allocations get memory the
+    host has not taken back."""
+    a = np.ones(PREWARM_BYTES // 8)
+    a[::512] = 2.0
+    del a
+
+
+def evict(path):
+    """Drops a file's pages from the page cache (they are clean after the
+    fsync)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def summary(values):
+    return statistics.median(values), min(values), max(values)
+
+
+def fmt_rate(nbytes, seconds):
+    return '%.2f GB/s' % (nbytes / seconds / 1e9)
+
+
+def show(label, nbytes, times):
+    med, lo, hi = summary(times)
+    print('  %-34s %s  [%s .. %s]  (median %.3f s)' % (
+        label, fmt_rate(nbytes, med), fmt_rate(nbytes, hi),
+        fmt_rate(nbytes, lo), med))
+    return med
+
+
+# ------------------------------------------------------------ save/load --
+
+def make_tensors():
+    rng = np.random.default_rng(0)
+    return ['t%02d' % i for i in range(NUM_TENSORS)], [
+        rng.random(SHAPE, dtype=np.float32) for _ in range(NUM_TENSORS)]
+
+
+def dd_seconds(path, mib):
+    """dd's own time for writing ``mib`` MiB of zeros with conv=fsync."""
+    out = subprocess.run(
+        ['dd', 'if=/dev/zero', 'of=' + path, 'bs=1M', 'count=%d' % mib,
+         'conv=fsync'], capture_output=True, text=True,
+        env=dict(os.environ, LC_ALL='C'), check=True)
+    m = re.search(r'copied, ([0-9.eE+-]+) s', out.stderr)
+    if not m:
+        raise RuntimeError('cannot parse dd output: %r' % out.stderr)
+    return float(m.group(1))
+
+
+def save_op(names, path, db_type):
+    return core.CreateOperator('Save', names, [], db=path, db_type=db_type,
+                               absolute_path=True)
+
+
+def load_op(names, path, db_type):
+    return core.CreateOperator('Load', [], names, db=path, db_type=db_type,
+                               absolute_path=True)
+
+
+def remove(path):
+    if os.path.exists(path):
+        os.unlink(path)
+
+
+def bench_save(args, ws, names, nbytes):
+    print('save: %d float32 tensors, %d MiB, fsync' % (
+        NUM_TENSORS, nbytes >> 20))
+    mib = nbytes >> 20
+    dd_path = os.path.join(args.dir, 'dd.bin')
+    paths = {t: os.path.join(args.dir, 'ckpt.' + t) for t in ('ferro',
+                                                              'minidb')}
+    times = {'dd': [], 'ferro': [], 'minidb': []}
+    ops = {t: save_op(names, p, t) for t, p in paths.items()}
+    for _ in range(args.repeat):
+        remove(dd_path)
+        prewarm()
+        times['dd'].append(dd_seconds(dd_path, mib))
+        for t in ('ferro', 'minidb'):
+            remove(paths[t])
+            prewarm()
+            start = time.perf_counter()
+            ws.run(ops[t])
+            times[t].append(time.perf_counter() - start)
+    remove(dd_path)
+    dd = show('dd bs=1M conv=fsync (baseline)', nbytes, times['dd'])
+    ferro = show('Save, ferro', nbytes, times['ferro'])
+    minidb = show('Save, minidb', nbytes, times['minidb'])
+    print('  ratio Save(ferro) / dd  = %.2f  (target >= 0.80)' % (dd / ferro))
+    print('  ratio Save(minidb) / dd = %.2f' % (dd / minidb))
+    return paths
+
+
+def bench_load(args, ws, names, arrays, nbytes, paths):
+    print('load: the same %d MiB' % (nbytes >> 20))
+    npy_dir = os.path.join(args.dir, 'npy')
+    os.makedirs(npy_dir, exist_ok=True)
+    npy_paths = []
+    for name, arr in zip(names, arrays):
+        p = os.path.join(npy_dir, name + '.npy')
+        with open(p, 'wb') as f:
+            np.save(f, arr)
+            f.flush()
+            os.fsync(f.fileno())
+        npy_paths.append(p)
+    for t, p in paths.items():
+        if not os.path.exists(p):
+            ws.run(save_op(names, p, t))
+    ops = {t: load_op(names, p, t) for t, p in paths.items()}
+
+    def load_ferrocaffe(t):
+        target = workspace.Workspace()
+        start = time.perf_counter()
+        target.run(ops[t])
+        elapsed = time.perf_counter() - start
+        assert target.blobs['t07'].fetch()[5, 9] == arrays[7][5, 9]
+        del target
+        return elapsed
+
+    def load_numpy():
+        start = time.perf_counter()
+        out = [np.load(p) for p in npy_paths]
+        elapsed = time.perf_counter() - start
+        assert out[7][5, 9] == arrays[7][5, 9]
+        del out
+        return elapsed
+
+    results = {}
+    for cold in (True, False):
+        times = {'numpy': [], 'ferro': [], 'minidb': []}
+        for _ in range(args.repeat):
+            for key in ('numpy', 'ferro', 'minidb'):
+                if cold:
+                    for p in (npy_paths if key == 'numpy' else [paths[key]]):
+                        evict(p)
+                elif key == 'numpy':
+                    load_numpy()
+                else:
+                    load_ferrocaffe(key)  # into the page cache
+                prewarm()
+                times[key].append(load_numpy() if key == 'numpy'
+                                  else load_ferrocaffe(key))
+        state = 'cold' if cold else 'warm'
+        base = show('np.load of .npy files, %s' % state, nbytes,
+                    times['numpy'])
+        ferro = show('Load, ferro, %s' % state, nbytes, times['ferro'])
+        minidb = show('Load, minidb, %s' % state, nbytes, times['minidb'])
+        print('  ratio Load(ferro) / np.load, %s  = %.2f  (target >= 1.0)' % (
+            state, base / ferro))
+        print('  ratio Load(minidb) / np.load, %s = %.2f' % (
+            state, base / minidb))
+        results[state] = base / ferro
+    shutil.rmtree(npy_dir, ignore_errors=True)
+    return results
+
+
+# ------------------------------------------------------------------ job --
+
+def bench_job(args):
+    sys.path.insert(0, os.path.join(REPO, 'examples'))
+    import train_job
+    from ferrocaffe.checkpoint import JobRunner
+    from ferrocaffe.session import LocalSession
+
+    base = os.path.join(args.dir, 'train_job')
+    data_cfg = train_job.Config(workdir=base)
+    print('job: examples/train_job.py at its default size (%d rows, %d per '
+          'epoch, %d threads, %d features)' % (
+              data_cfg.rows, data_cfg.batches_per_epoch, data_cfg.threads,
+              data_cfg.features))
+    train_job.make_data(data_cfg)
+    ratios, with_ckpt, without = [], [], []
+    for trial in range(args.repeat):
+        for checkpointed in (True, False):
+            cfg = train_job.Config(workdir=base)
+            shutil.rmtree(cfg.checkpoint_dir, ignore_errors=True)
+            job = train_job.build_job(cfg)
+            manager = train_job.checkpoint_manager(cfg) if checkpointed \
+                else None
+            runner = JobRunner(job, manager, progress=False)
+            prewarm()
+            start = time.perf_counter()
+            last = runner.train(LocalSession(workspace.Workspace()))
+            wall = time.perf_counter() - start
+            epochs = sum(runner.epoch_seconds.values())
+            if checkpointed:
+                assert not runner.failed_saves, runner.failed_saves
+                saves = sum(runner.save_seconds.values())
+                ratios.append(saves / epochs)
+                with_ckpt.append(wall / last)
+                print('  run %d: %d epochs, epochs %.2f s, %d saves %.3f s '
+                      '(%.1f%% of the epoch time), wall %.2f s' % (
+                          trial, last, epochs, len(runner.save_seconds),
+                          saves, 100 * saves / epochs, wall))
+            else:
+                without.append(wall / last)
+                print('  run %d without checkpoints: %d epochs, wall %.2f s'
+                      % (trial, last, wall))
+    overhead = statistics.median(ratios)
+    print('  checkpoint time / epoch time = %.2f%%  [%.2f%% .. %.2f%%]  '
+          '(target <= 5%%)' % (100 * overhead, 100 * min(ratios),
+                               100 * max(ratios)))
+    w, wo = statistics.median(with_ckpt), statistics.median(without)
+    print('  wall time per epoch: %.3f s with checkpoints, %.3f s without '
+          '(ratio %.3f)' % (w, wo, w / wo))
+    shutil.rmtree(base, ignore_errors=True)
+    return overhead
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('which', nargs='*',
+                        help='save, load and/or job (default: all)')
+    parser.add_argument('--dir', default=None,
+                        help='where the files go (default: a new folder in '
+                             'the temp dir, removed afterwards)')
+    parser.add_argument('--repeat', type=int, default=3)
+    args = parser.parse_args(argv)
+    args.which = args.which or ['save', 'load', 'job']
+    unknown = set(args.which) - {'save', 'load', 'job'}
+    if unknown:
+        parser.error('unknown benchmark(s): %s' % ', '.join(sorted(unknown)))
+    own_dir = args.dir is None
+    if own_dir:
+        args.dir = tempfile.mkdtemp(prefix='ferrocaffe-bench-ckpt-',
+                                    dir=os.environ.get('TMPDIR', '/var/tmp'))
+    os.makedirs(args.dir, exist_ok=True)
+    print('ferrocaffe %s (%s); files in %s' % (
+        _core.__version__, _core.__file__, args.dir))
+    try:
+        if 'save' in args.which or 'load' in args.which:
+            names, arrays = make_tensors()
+            nbytes = sum(a.nbytes for a in arrays)
+            ws = workspace.Workspace()
+            for name, arr in zip(names, arrays):
+                ws.feed_blob(name, arr)
+            paths = {t: os.path.join(args.dir, 'ckpt.' + t)
+                     for t in ('ferro', 'minidb')}
+            if 'save' in args.which:
+                paths = bench_save(args, ws, names, nbytes)
+            if 'load' in args.which:
+                bench_load(args, ws, names, arrays, nbytes, paths)
+            del ws
+        if 'job' in args.which:
+            bench_job(args)
+    finally:
+        if own_dir:
+            shutil.rmtree(args.dir, ignore_errors=True)
+
+
+if __name__ == '__main__':
+    main()
