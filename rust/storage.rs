@@ -294,13 +294,21 @@ fn write_atomically(path: &str, write: impl FnOnce(&mut BufWriter<File>) -> Resu
     // Best effort: a directory that cannot be listed fails below with a
     // better message.
     let _ = sweep_stale_temporaries(&dir);
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}-{}",
-        file_name.to_string_lossy(),
-        std::process::id(),
-        TEMP_SEQ.fetch_add(1, Ordering::Relaxed)
-    ));
-    let file = OpenOptions::new().write(true).create_new(true).open(&tmp).map_err(io_error(path))?;
+    // A killed process whose pid was reused may have left a temporary of the
+    // same name behind: take the next sequence number instead of failing.
+    let (tmp, file) = loop {
+        let tmp = dir.join(format!(
+            ".{}.tmp-{}-{}",
+            file_name.to_string_lossy(),
+            std::process::id(),
+            TEMP_SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        match OpenOptions::new().write(true).create_new(true).open(&tmp) {
+            Ok(f) => break (tmp, f),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(Error::io(&e, path)),
+        }
+    };
     let result = (|| {
         let mut w = BufWriter::with_capacity(1 << 20, file);
         write(&mut w).map_err(|e| e.with_file(path))?;
@@ -397,11 +405,10 @@ enum Prepared<'a> {
 }
 
 /// Checks names and kinds and serializes objects, before any file is opened.
-fn prepare(entries: &[(String, BlobValue)], db: DbType) -> Result<Vec<(&str, Prepared<'_>)>> {
+fn prepare<'a>(entries: &[(&'a str, &'a BlobValue)], db: DbType) -> Result<Vec<(&'a str, Prepared<'a>)>> {
     let mut seen = HashSet::new();
     let mut out = Vec::with_capacity(entries.len());
-    for (name, value) in entries {
-        let name = name.as_str();
+    for &(name, value) in entries {
         if !seen.insert(name) {
             return Err(Error::invalid_arg(format!(
                 "the blob name '{name}' is given twice; every saved blob needs its own name"
@@ -1561,6 +1568,17 @@ pub fn save_blobs(path: &str, db_type: &str, entries: &[(String, BlobValue)]) ->
 /// [`save_blobs`] with options.
 pub fn save_blobs_with(path: &str, db_type: &str, entries: &[(String, BlobValue)], opts: &SaveOptions) -> Result<()> {
     let ty = DbType::parse(db_type).map_err(|e| e.with_file(path))?;
+    let refs: Vec<(&str, &BlobValue)> = entries.iter().map(|(n, v)| (n.as_str(), v)).collect();
+    save_blob_refs(path, ty, &refs, opts)
+}
+
+/// [`save_blobs_with`] for borrowed values (e.g. behind read guards).
+pub fn save_blob_refs_with(path: &str, db_type: &str, entries: &[(&str, &BlobValue)], opts: &SaveOptions) -> Result<()> {
+    let ty = DbType::parse(db_type).map_err(|e| e.with_file(path))?;
+    save_blob_refs(path, ty, entries, opts)
+}
+
+fn save_blob_refs(path: &str, ty: DbType, entries: &[(&str, &BlobValue)], opts: &SaveOptions) -> Result<()> {
     let chunk = opts.chunk().map_err(|e| e.with_file(path))?;
     let prepared = prepare(entries, ty).map_err(|e| e.with_file(path))?;
     write_atomically(path, |w| match ty {
@@ -1605,7 +1623,8 @@ pub fn verify_db(path: &str, db_type: &str) -> Result<()> {
 /// as protobuf bytes.
 pub fn serialize_blob(name: &str, value: &BlobValue) -> Result<Vec<u8>> {
     let entries = [(name.to_string(), value.clone())];
-    let prepared = prepare(&entries, DbType::Ferro)?;
+    let refs: Vec<(&str, &BlobValue)> = entries.iter().map(|(n, v)| (n.as_str(), v)).collect();
+    let prepared = prepare(&refs, DbType::Ferro)?;
     let mut out = Vec::new();
     match &prepared[0].1 {
         Prepared::Tensor(t) => tensor_chunks(name, t, 0, &mut |_, tp| {

@@ -141,12 +141,14 @@ fn save(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let path = full_path(&ctx.ws.root_folder(), &db, absolute);
     let opts = SaveOptions { chunk_size };
     Ok(kernel(move |cx| {
-        // Snapshot each blob under a short read lock; the file is written
-        // after every lock is released.
-        let entries: Vec<(String, BlobValue)> =
-            names.iter().enumerate().map(|(i, name)| (name.clone(), cx.input_blob(i).read().clone())).collect();
+        // Write straight from the blobs (no copy of the data), holding their
+        // read locks in the global lock order for the duration of the save:
+        // writers of these blobs wait, readers do not.
+        let locked = cx.lock();
+        let entries: Vec<(&str, &BlobValue)> =
+            names.iter().enumerate().map(|(i, n)| (n.as_str(), locked.input(i))).collect();
         cx.cancel.check()?;
-        storage::save_blobs_with(&path, &db_type, &entries, &opts)?;
+        storage::save_blob_refs_with(&path, &db_type, &entries, &opts)?;
         Ok(true)
     }))
 }
