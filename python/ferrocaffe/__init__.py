@@ -2,7 +2,8 @@
 
 Modules mirror ``caffe2.python``: ``core``, ``workspace``, ``context``,
 ``net_builder``, ``task``, ``session``, ``checkpoint``, ``dataio``,
-``pipeline``, ``schema``, ``dataset``, ``queue_util``, plus ``errors``.
+``pipeline``, ``schema``, ``dataset``, ``queue_util``, plus ``errors`` and
+``file_reader`` (Parquet and ``.npy`` readers).
 Call :func:`register_caffe2_alias` to let unmodified
 ``from caffe2.python import ...`` code run on ferrocaffe.
 """
