@@ -121,6 +121,10 @@ impl BlobCell {
     pub fn write(&self) -> parking_lot::RwLockWriteGuard<'_, BlobValue> {
         self.value.write()
     }
+    /// The write lock if nobody holds the blob right now.
+    pub fn try_write(&self) -> Option<parking_lot::RwLockWriteGuard<'_, BlobValue>> {
+        self.value.try_write()
+    }
     /// A snapshot of the content.
     pub fn get(&self) -> BlobValue {
         self.value.read().clone()
