@@ -1165,7 +1165,9 @@ def test_cli_as_a_module(tmp_path):
     JobRunner(job, CheckpointManager(ckpt_dir, 'n', 'minidb',
                                      FileMetadataHandler())).train(
         LocalSession(workspace.Workspace()))
-    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, 'python'))
+    import ferrocaffe
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(ferrocaffe.__file__)))
+    env = dict(os.environ, PYTHONPATH=package_parent)
     cmd = [sys.executable, '-m', 'ferrocaffe.checkpoint']
     ok = subprocess.run(cmd + ['verify', ckpt_dir], env=env,
                         capture_output=True, text=True)
