@@ -30,11 +30,19 @@ fn op(ty: &str, ins: &[&str], outs: &[&str], args: Vec<Argument>) -> OperatorDef
 }
 
 fn int_arg(name: &str, v: i64) -> Argument {
-    Argument { name: Some(name.into()), i: Some(v), ..Default::default() }
+    Argument {
+        name: Some(name.into()),
+        i: Some(v),
+        ..Default::default()
+    }
 }
 
 fn ints_arg(name: &str, v: &[i64]) -> Argument {
-    Argument { name: Some(name.into()), ints: v.to_vec(), ..Default::default() }
+    Argument {
+        name: Some(name.into()),
+        ints: v.to_vec(),
+        ..Default::default()
+    }
 }
 
 /// Median wall time of `runs` calls after `warm` warm-up calls.
@@ -57,8 +65,14 @@ fn b1_workspace() -> (Arc<Workspace>, &'static str) {
     let ws = Workspace::new();
     ws.feed("x", BlobValue::Tensor(Tensor::scalar(0.0f32)));
     ws.feed("one", BlobValue::Tensor(Tensor::scalar(1.0f32)));
-    let ops = (0..1000).map(|_| op("Add", &["x", "one"], &["x"], vec![])).collect();
-    let net = NetDef { name: Some("chain".into()), op: ops, ..Default::default() };
+    let ops = (0..1000)
+        .map(|_| op("Add", &["x", "one"], &["x"], vec![]))
+        .collect();
+    let net = NetDef {
+        name: Some("chain".into()),
+        op: ops,
+        ..Default::default()
+    };
     ws.create_net(&net, false).unwrap();
     (ws, "chain")
 }
@@ -76,9 +90,22 @@ fn b1_baseline() {
 }
 
 fn b2_plan(n: i64) -> PlanDef {
-    let net = NetDef { name: Some("tick".into()), op: vec![op("Iter", &["it"], &["it"], vec![])], ..Default::default() };
-    let step = ExecutionStep { name: Some("loop".into()), network: vec!["tick".into()], num_iter: Some(n), ..Default::default() };
-    PlanDef { name: Some("b2".into()), network: vec![net], execution_step: vec![step] }
+    let net = NetDef {
+        name: Some("tick".into()),
+        op: vec![op("Iter", &["it"], &["it"], vec![])],
+        ..Default::default()
+    };
+    let step = ExecutionStep {
+        name: Some("loop".into()),
+        network: vec!["tick".into()],
+        num_iter: Some(n),
+        ..Default::default()
+    };
+    PlanDef {
+        name: Some("b2".into()),
+        network: vec![net],
+        execution_step: vec![step],
+    }
 }
 
 fn b3_plan(instances: i32) -> PlanDef {
@@ -88,10 +115,29 @@ fn b3_plan(instances: i32) -> PlanDef {
     // instance scaling alone (like single-threaded BLAS in the peers' W4).
     let init = NetDef {
         name: Some("inst_init".into()),
-        op: vec![op("ConstantFill", &[], &["a"], vec![ints_arg("shape", &[128, 128]), Argument { name: Some("value".into()), f: Some(1.0001), ..Default::default() }])],
+        op: vec![op(
+            "ConstantFill",
+            &[],
+            &["a"],
+            vec![
+                ints_arg("shape", &[128, 128]),
+                Argument {
+                    name: Some("value".into()),
+                    f: Some(1.0001),
+                    ..Default::default()
+                },
+            ],
+        )],
         ..Default::default()
     };
-    let body = NetDef { name: Some("work".into()), op: vec![op("Mul", &["a", "a"], &["b"], vec![]), op("Mul", &["b", "a"], &["c"], vec![])], ..Default::default() };
+    let body = NetDef {
+        name: Some("work".into()),
+        op: vec![
+            op("Mul", &["a", "a"], &["b"], vec![]),
+            op("Mul", &["b", "a"], &["c"], vec![]),
+        ],
+        ..Default::default()
+    };
     let step = |name: &str, nets: &[&str], n: Option<i64>| ExecutionStep {
         name: Some(name.into()),
         network: nets.iter().map(|s| s.to_string()).collect(),
@@ -100,21 +146,43 @@ fn b3_plan(instances: i32) -> PlanDef {
     };
     let inst = ExecutionStep {
         name: Some("inst".into()),
-        substep: vec![step("init", &["inst_init"], None), step("loop", &["work"], Some(1600))],
+        substep: vec![
+            step("init", &["inst_init"], None),
+            step("loop", &["work"], Some(1600)),
+        ],
         create_workspace: Some(true),
         ..Default::default()
     };
-    let par = ExecutionStep { name: Some("par".into()), substep: vec![inst], num_concurrent_instances: Some(instances), ..Default::default() };
-    PlanDef { name: Some("b3".into()), network: vec![init, body], execution_step: vec![par] }
+    let par = ExecutionStep {
+        name: Some("par".into()),
+        substep: vec![inst],
+        num_concurrent_instances: Some(instances),
+        ..Default::default()
+    };
+    PlanDef {
+        name: Some("b3".into()),
+        network: vec![init, body],
+        execution_step: vec![par],
+    }
 }
 
 fn b4_workspace(n: usize) -> Arc<Workspace> {
     let ws = Workspace::new();
     let a: Vec<f32> = (0..n).map(|i| (i % 1000) as f32).collect();
-    ws.feed("a", BlobValue::Tensor(Tensor::from_vec(&[n], a.clone()).unwrap()));
+    ws.feed(
+        "a",
+        BlobValue::Tensor(Tensor::from_vec(&[n], a.clone()).unwrap()),
+    );
     ws.feed("b", BlobValue::Tensor(Tensor::from_vec(&[n], a).unwrap()));
-    ws.feed("c", BlobValue::Tensor(Tensor::from_vec(&[n], vec![0f32; n]).unwrap()));
-    let net = NetDef { name: Some("add".into()), op: vec![op("Add", &["a", "b"], &["c"], vec![])], ..Default::default() };
+    ws.feed(
+        "c",
+        BlobValue::Tensor(Tensor::from_vec(&[n], vec![0f32; n]).unwrap()),
+    );
+    let net = NetDef {
+        name: Some("add".into()),
+        op: vec![op("Add", &["a", "b"], &["c"], vec![])],
+        ..Default::default()
+    };
     ws.create_net(&net, false).unwrap();
     ws
 }
@@ -136,13 +204,21 @@ fn ratios() {
 
     let n = 1_000_000;
     let ws = Workspace::new();
-    ws.feed("it", BlobValue::Tensor(Tensor::from_vec(&[1], vec![0i64]).unwrap()));
+    ws.feed(
+        "it",
+        BlobValue::Tensor(Tensor::from_vec(&[1], vec![0i64]).unwrap()),
+    );
     let plan = b2_plan(n);
     let t_step = median(1, 5, || assert!(ws.run_plan(&plan, &tok).unwrap()));
     let ws2 = Workspace::new();
-    ws2.feed("it", BlobValue::Tensor(Tensor::from_vec(&[1], vec![0i64]).unwrap()));
+    ws2.feed(
+        "it",
+        BlobValue::Tensor(Tensor::from_vec(&[1], vec![0i64]).unwrap()),
+    );
     ws2.create_net(&plan.network[0], false).unwrap();
-    let t_direct = median(1, 5, || assert!(ws2.run_net("tick", n as usize, &tok).unwrap()));
+    let t_direct = median(1, 5, || {
+        assert!(ws2.run_net("tick", n as usize, &tok).unwrap())
+    });
     println!(
         "B2 loop: {:.1} ns/iteration as an ExecutionStep (target <= 150), {:.1} ns/iteration as a Rust loop over run_net; ratio = {:.2}",
         t_step.as_nanos() as f64 / n as f64,
@@ -194,16 +270,27 @@ fn ratios() {
 fn criterion_benches(c: &mut Criterion) {
     let tok = CancelToken::new();
     let (ws, net) = b1_workspace();
-    c.bench_function("B1 net of 1000 scalar Add", |b| b.iter(|| ws.run_net(net, 1, &tok).unwrap()));
-    c.bench_function("B1 baseline: 1000 scalar adds in Rust", |b| b.iter(b1_baseline));
+    c.bench_function("B1 net of 1000 scalar Add", |b| {
+        b.iter(|| ws.run_net(net, 1, &tok).unwrap())
+    });
+    c.bench_function("B1 baseline: 1000 scalar adds in Rust", |b| {
+        b.iter(b1_baseline)
+    });
     let ws = Workspace::new();
-    ws.feed("it", BlobValue::Tensor(Tensor::from_vec(&[1], vec![0i64]).unwrap()));
+    ws.feed(
+        "it",
+        BlobValue::Tensor(Tensor::from_vec(&[1], vec![0i64]).unwrap()),
+    );
     let plan = b2_plan(10_000);
-    c.bench_function("B2 ExecutionStep num_iter=10000", |b| b.iter(|| ws.run_plan(&plan, &tok).unwrap()));
+    c.bench_function("B2 ExecutionStep num_iter=10000", |b| {
+        b.iter(|| ws.run_plan(&plan, &tok).unwrap())
+    });
     let ws = b4_workspace(1 << 24);
     let mut g = c.benchmark_group("B4");
     g.sample_size(10);
-    g.bench_function("Add 2^24 float32", |b| b.iter(|| ws.run_net("add", 1, &tok).unwrap()));
+    g.bench_function("Add 2^24 float32", |b| {
+        b.iter(|| ws.run_net("add", 1, &tok).unwrap())
+    });
     g.finish();
 }
 
@@ -212,7 +299,9 @@ fn main() {
     if std::env::args().any(|a| a == "--ratios-only") {
         return;
     }
-    let mut c = Criterion::default().configure_from_args().measurement_time(Duration::from_secs(3));
+    let mut c = Criterion::default()
+        .configure_from_args()
+        .measurement_time(Duration::from_secs(3));
     criterion_benches(&mut c);
     c.final_summary();
 }

@@ -56,7 +56,9 @@ impl<'a> Args<'a> {
     pub fn new(op_type: &'a str, args: &'a [Argument]) -> Result<Args<'a>> {
         for (k, a) in args.iter().enumerate() {
             if a.name.is_none() {
-                return Err(Error::invalid_arg(format!("argument #{k} of op '{op_type}' has no name")));
+                return Err(Error::invalid_arg(format!(
+                    "argument #{k} of op '{op_type}' has no name"
+                )));
             }
             for b in &args[..k] {
                 if b.name == a.name && b != a {
@@ -85,7 +87,11 @@ impl<'a> Args<'a> {
 
     fn wrong_field(&self, name: &str, expected: &str, a: &Argument) -> Error {
         let got = arg_fields(a);
-        let got = if got.is_empty() { "no value".to_string() } else { format!("field {}", got.join(", ")) };
+        let got = if got.is_empty() {
+            "no value".to_string()
+        } else {
+            format!("field {}", got.join(", "))
+        };
         Error::invalid_arg(format!(
             "argument '{name}' of op '{}' does not have the right field: expected field {expected}, got {got}",
             self.op_type
@@ -150,7 +156,11 @@ impl<'a> Args<'a> {
     pub fn bytes_opt(&self, name: &str) -> Result<Option<Vec<u8>>> {
         match self.find(name) {
             None => Ok(None),
-            Some(a) => a.s.clone().map(Some).ok_or_else(|| self.wrong_field(name, "s", a)),
+            Some(a) => {
+                a.s.clone()
+                    .map(Some)
+                    .ok_or_else(|| self.wrong_field(name, "s", a))
+            }
         }
     }
 
@@ -158,13 +168,18 @@ impl<'a> Args<'a> {
         match self.bytes_opt(name)? {
             None => Ok(None),
             Some(b) => String::from_utf8(b).map(Some).map_err(|_| {
-                Error::invalid_arg(format!("argument '{name}' of op '{}' is not valid UTF-8", self.op_type))
+                Error::invalid_arg(format!(
+                    "argument '{name}' of op '{}' is not valid UTF-8",
+                    self.op_type
+                ))
             }),
         }
     }
 
     pub fn string(&self, name: &str, default: &str) -> Result<String> {
-        Ok(self.string_opt(name)?.unwrap_or_else(|| default.to_string()))
+        Ok(self
+            .string_opt(name)?
+            .unwrap_or_else(|| default.to_string()))
     }
 
     /// A repeated argument is read from its list field. An argument given with
@@ -207,7 +222,10 @@ impl<'a> Args<'a> {
                 .into_iter()
                 .map(|b| {
                     String::from_utf8(b).map_err(|_| {
-                        Error::invalid_arg(format!("argument '{name}' of op '{}' is not valid UTF-8", self.op_type))
+                        Error::invalid_arg(format!(
+                            "argument '{name}' of op '{}' is not valid UTF-8",
+                            self.op_type
+                        ))
                     })
                 })
                 .collect::<Result<Vec<_>>>()
@@ -218,14 +236,22 @@ impl<'a> Args<'a> {
     pub fn net(&self, name: &str) -> Result<Option<NetDef>> {
         match self.find(name) {
             None => Ok(None),
-            Some(a) => a.n.clone().map(Some).ok_or_else(|| self.wrong_field(name, "n", a)),
+            Some(a) => {
+                a.n.clone()
+                    .map(Some)
+                    .ok_or_else(|| self.wrong_field(name, "n", a))
+            }
         }
     }
 
     pub fn tensor(&self, name: &str) -> Result<Option<TensorProto>> {
         match self.find(name) {
             None => Ok(None),
-            Some(a) => a.t.clone().map(Some).ok_or_else(|| self.wrong_field(name, "t", a)),
+            Some(a) => {
+                a.t.clone()
+                    .map(Some)
+                    .ok_or_else(|| self.wrong_field(name, "t", a))
+            }
         }
     }
 }
@@ -235,7 +261,11 @@ mod tests {
     use super::*;
 
     fn arg_i(name: &str, v: i64) -> Argument {
-        Argument { name: Some(name.into()), i: Some(v), ..Default::default() }
+        Argument {
+            name: Some(name.into()),
+            i: Some(v),
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -243,7 +273,11 @@ mod tests {
         let args = [arg_i("value", 1)];
         let a = Args::new("ConstantFill", &args).unwrap();
         let e = a.f32("value", 0.0).unwrap_err();
-        assert!(e.message.contains("expected field f, got field i"), "{}", e.message);
+        assert!(
+            e.message.contains("expected field f, got field i"),
+            "{}",
+            e.message
+        );
         assert_eq!(a.i64("value", 0).unwrap(), 1);
         assert_eq!(a.i64("missing", 7).unwrap(), 7);
     }
@@ -266,7 +300,10 @@ mod tests {
 
     #[test]
     fn empty_list_reads_as_empty() {
-        let args = [Argument { name: Some("shape".into()), ..Default::default() }];
+        let args = [Argument {
+            name: Some("shape".into()),
+            ..Default::default()
+        }];
         let a = Args::new("X", &args).unwrap();
         assert_eq!(a.ints("shape").unwrap(), Some(vec![]));
         let args = [arg_i("shape", 3)];

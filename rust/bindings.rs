@@ -53,7 +53,8 @@ pub(crate) fn to_py_err(py: Python<'_>, e: Error) -> PyErr {
         }
     }
     let build = || -> PyResult<PyErr> {
-        let module = ERRORS_MODULE.get_or_try_init(py, || py.import("ferrocaffe.errors").map(|m| m.unbind()))?;
+        let module = ERRORS_MODULE
+            .get_or_try_init(py, || py.import("ferrocaffe.errors").map(|m| m.unbind()))?;
         let classes = module.bind(py).getattr("_BY_KIND")?;
         let cls = classes.get_item(kind_name(e.kind))?;
         let kwargs = PyDict::new(py);
@@ -78,7 +79,8 @@ type Job = Box<dyn FnOnce() + Send + 'static>;
 
 /// Idle runner threads, each waiting on its own channel. Reusing them keeps a
 /// plan run's fixed cost to a channel hand-off instead of a thread spawn.
-static IDLE_RUNNERS: parking_lot::Mutex<Vec<mpsc::Sender<Job>>> = parking_lot::Mutex::new(Vec::new());
+static IDLE_RUNNERS: parking_lot::Mutex<Vec<mpsc::Sender<Job>>> =
+    parking_lot::Mutex::new(Vec::new());
 
 fn submit(job: Job) {
     let idle = IDLE_RUNNERS.lock().pop();
@@ -172,15 +174,21 @@ pub(crate) fn run_detached<T: Send + 'static>(
     }
     match result {
         Ok(v) => Ok(v),
-        Err(e) if e.kind == ErrorKind::Cancelled && tok.is_cancelled() => Err(PyKeyboardInterrupt::new_err(e.full_message())),
+        Err(e) if e.kind == ErrorKind::Cancelled && tok.is_cancelled() => {
+            Err(PyKeyboardInterrupt::new_err(e.full_message()))
+        }
         Err(e) => Err(to_py_err(py, e)),
     }
 }
 
 /// Runs short work with the GIL released on this thread (no Ctrl-C polling).
-fn run_inline<T: Send>(py: Python<'_>, f: impl FnOnce(&CancelToken) -> crate::Result<T> + Send) -> PyResult<T> {
+fn run_inline<T: Send>(
+    py: Python<'_>,
+    f: impl FnOnce(&CancelToken) -> crate::Result<T> + Send,
+) -> PyResult<T> {
     let tok = CancelToken::new();
-    py.detach(|| guarded(|| f(&tok))).map_err(|e| to_py_err(py, e))
+    py.detach(|| guarded(|| f(&tok)))
+        .map_err(|e| to_py_err(py, e))
 }
 
 fn feed_error(py: Python<'_>, msg: String, blob: &str) -> PyErr {
@@ -189,7 +197,9 @@ fn feed_error(py: Python<'_>, msg: String, blob: &str) -> PyErr {
     // Re-class as FeedError (a DataTypeError).
     let build = || -> PyResult<PyErr> {
         let m = py.import("ferrocaffe.errors")?;
-        let exc = m.getattr("FeedError")?.call((err.value(py).str()?.to_string(),), None)?;
+        let exc = m
+            .getattr("FeedError")?
+            .call((err.value(py).str()?.to_string(),), None)?;
         exc.setattr("blob", blob)?;
         Ok(PyErr::from_value(exc))
     };
@@ -200,16 +210,22 @@ fn feed_error(py: Python<'_>, msg: String, blob: &str) -> PyErr {
 
 /// A str as UTF-8 bytes; a str that has no UTF-8 form is a FeedError.
 fn utf8(py: Python<'_>, s: &Bound<'_, PyString>, blob: &str) -> PyResult<Vec<u8>> {
-    s.to_str()
-        .map(|s| s.as_bytes().to_vec())
-        .map_err(|_| feed_error(py, format!("cannot feed a str that has no UTF-8 encoding into blob '{blob}'"), blob))
+    s.to_str().map(|s| s.as_bytes().to_vec()).map_err(|_| {
+        feed_error(
+            py,
+            format!("cannot feed a str that has no UTF-8 encoding into blob '{blob}'"),
+            blob,
+        )
+    })
 }
 
 fn array_to_tensor(py: Python<'_>, obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Tensor> {
     macro_rules! try_dtype {
         ($t:ty) => {
             if let Ok(a) = obj.cast::<PyArrayDyn<$t>>() {
-                let ro = a.try_readonly().map_err(|e| feed_error(py, e.to_string(), name))?;
+                let ro = a
+                    .try_readonly()
+                    .map_err(|e| feed_error(py, e.to_string(), name))?;
                 return Ok(Tensor::from(ro.as_array().to_owned()));
             }
         };
@@ -224,7 +240,9 @@ fn array_to_tensor(py: Python<'_>, obj: &Bound<'_, PyAny>, name: &str) -> PyResu
     try_dtype!(i16);
     try_dtype!(u16);
     if let Ok(a) = obj.cast::<PyArrayDyn<Py<PyAny>>>() {
-        let ro = a.try_readonly().map_err(|e| feed_error(py, e.to_string(), name))?;
+        let ro = a
+            .try_readonly()
+            .map_err(|e| feed_error(py, e.to_string(), name))?;
         let view = ro.as_array();
         let mut out = Vec::with_capacity(view.len());
         for item in view.iter() {
@@ -242,7 +260,9 @@ fn array_to_tensor(py: Python<'_>, obj: &Bound<'_, PyAny>, name: &str) -> PyResu
             }
         }
         let shape = view.shape().to_vec();
-        return Ok(Tensor::Str(ArrayD::from_shape_vec(IxDyn(&shape), out).expect("shape matches")));
+        return Ok(Tensor::Str(
+            ArrayD::from_shape_vec(IxDyn(&shape), out).expect("shape matches"),
+        ));
     }
     let desc = match obj.cast::<PyUntypedArray>() {
         Ok(a) => format!("a numpy array of dtype {}", a.dtype().str()?),
@@ -263,9 +283,13 @@ fn copy_into_existing(obj: &Bound<'_, PyAny>, blob: &crate::blob::Blob) -> bool 
     macro_rules! try_dtype {
         ($t:ty) => {
             if let Ok(a) = obj.cast::<PyArrayDyn<$t>>() {
-                let Ok(ro) = a.try_readonly() else { return false };
+                let Ok(ro) = a.try_readonly() else {
+                    return false;
+                };
                 let src = ro.as_array();
-                let Some(mut g) = blob.try_write() else { return false };
+                let Some(mut g) = blob.try_write() else {
+                    return false;
+                };
                 if let BlobValue::Tensor(t) = &mut *g {
                     if let Some(dst) = <$t as crate::tensor::Element>::view_mut(t) {
                         if dst.shape() == src.shape() {
@@ -318,14 +342,22 @@ fn value_to_py(py: Python<'_>, name: &str, v: &BlobValue) -> PyResult<Py<PyAny>>
     Ok(match v {
         BlobValue::Tensor(t) => tensor_to_py(py, t)?,
         BlobValue::Bytes(b) => PyBytes::new(py, b).into_any().unbind(),
-        BlobValue::Empty => PyBytes::new(py, format!("{name}, a C++ native class of type nullptr (uninitialized).").as_bytes())
-            .into_any()
-            .unbind(),
+        BlobValue::Empty => PyBytes::new(
+            py,
+            format!("{name}, a C++ native class of type nullptr (uninitialized).").as_bytes(),
+        )
+        .into_any()
+        .unbind(),
         BlobValue::Object(o) => {
             if let Some(obj) = crate::bindings::python_object(py, o) {
                 return Ok(obj);
             }
-            PyBytes::new(py, format!("{name}, a C++ native class of type {}.", o.kind_name()).as_bytes()).into_any().unbind()
+            PyBytes::new(
+                py,
+                format!("{name}, a C++ native class of type {}.", o.kind_name()).as_bytes(),
+            )
+            .into_any()
+            .unbind()
         }
     })
 }
@@ -342,7 +374,9 @@ impl crate::blob::BlobObject for PyObjectBlob {
 
 fn python_object(py: Python<'_>, o: &Arc<dyn crate::blob::BlobObject>) -> Option<Py<PyAny>> {
     let any: Arc<dyn std::any::Any + Send + Sync> = o.clone();
-    any.downcast::<PyObjectBlob>().ok().map(|p| p.0.clone_ref(py))
+    any.downcast::<PyObjectBlob>()
+        .ok()
+        .map(|p| p.0.clone_ref(py))
 }
 
 fn decode<M: prost::Message + Default>(py: Python<'_>, bytes: &[u8], what: &str) -> PyResult<M> {
@@ -451,7 +485,8 @@ impl PyWorkspace {
 
     /// Stores an arbitrary Python object in a blob.
     fn feed_object(&self, name: &str, value: Py<PyAny>) {
-        self.ws.feed(name, BlobValue::Object(Arc::new(PyObjectBlob(value))));
+        self.ws
+            .feed(name, BlobValue::Object(Arc::new(PyObjectBlob(value))));
     }
 
     /// A copy of a blob's content: a numpy array for tensors, bytes for byte
@@ -465,7 +500,10 @@ impl PyWorkspace {
     /// The value of a Counter blob.
     fn fetch_counter(&self, py: Python<'_>, name: &str) -> PyResult<i64> {
         let b = self.ws.blob(name).map_err(|e| to_py_err(py, e))?;
-        let c = b.read().object::<Counter>("Counter").map_err(|e| to_py_err(py, e.with_blob(name)))?;
+        let c = b
+            .read()
+            .object::<Counter>("Counter")
+            .map_err(|e| to_py_err(py, e.with_blob(name)))?;
         Ok(c.get())
     }
 
@@ -525,7 +563,11 @@ impl PyWorkspace {
     }
 
     fn __repr__(&self) -> String {
-        format!("Workspace(blobs={}, nets={})", self.ws.local_blob_names().len(), self.ws.net_names().len())
+        format!(
+            "Workspace(blobs={}, nets={})",
+            self.ws.local_blob_names().len(),
+            self.ws.net_names().len()
+        )
     }
 }
 
@@ -566,7 +608,11 @@ impl PyBackgroundPlan {
 }
 
 #[pyfunction]
-fn run_plan_in_background(py: Python<'_>, ws: PyRef<'_, PyWorkspace>, plan: &[u8]) -> PyResult<PyBackgroundPlan> {
+fn run_plan_in_background(
+    py: Python<'_>,
+    ws: PyRef<'_, PyWorkspace>,
+    plan: &[u8],
+) -> PyResult<PyBackgroundPlan> {
     let def: ir::PlanDef = decode(py, plan, "PlanDef")?;
     let ws = ws.ws.clone();
     let tok = CancelToken::new();
@@ -576,7 +622,11 @@ fn run_plan_in_background(py: Python<'_>, ws: PyRef<'_, PyWorkspace>, plan: &[u8
         let r = guarded(|| ws.run_plan(&def, &t2));
         *s2.lock() = Some(r);
     });
-    Ok(PyBackgroundPlan { tok, state, handle: parking_lot::Mutex::new(Some(handle)) })
+    Ok(PyBackgroundPlan {
+        tok,
+        state,
+        handle: parking_lot::Mutex::new(Some(handle)),
+    })
 }
 
 /// Every registered operator type, sorted.
@@ -588,13 +638,29 @@ fn registered_operators() -> Vec<&'static str> {
 /// An operator's schema as a dict (counts, args, doc), or None.
 #[pyfunction]
 fn operator_schema(py: Python<'_>, op_type: &str) -> PyResult<Option<Py<PyDict>>> {
-    let Some(s) = crate::operator::schema(op_type) else { return Ok(None) };
+    let Some(s) = crate::operator::schema(op_type) else {
+        return Ok(None);
+    };
     let d = PyDict::new(py);
     d.set_item("name", s.name)?;
     d.set_item("min_inputs", s.min_inputs)?;
-    d.set_item("max_inputs", if s.max_inputs == usize::MAX { None } else { Some(s.max_inputs) })?;
+    d.set_item(
+        "max_inputs",
+        if s.max_inputs == usize::MAX {
+            None
+        } else {
+            Some(s.max_inputs)
+        },
+    )?;
     d.set_item("min_outputs", s.min_outputs)?;
-    d.set_item("max_outputs", if s.max_outputs == usize::MAX { None } else { Some(s.max_outputs) })?;
+    d.set_item(
+        "max_outputs",
+        if s.max_outputs == usize::MAX {
+            None
+        } else {
+            Some(s.max_outputs)
+        },
+    )?;
     d.set_item("doc", s.doc)?;
     let args = PyList::empty(py);
     for a in s.args {
@@ -640,7 +706,9 @@ fn db_exists(py: Python<'_>, path: String, db_type: String) -> PyResult<bool> {
 /// Removes stale temporary files left in `dir` by interrupted saves.
 #[pyfunction]
 fn sweep_stale_temporaries(py: Python<'_>, dir: String) -> PyResult<usize> {
-    run_detached(py, move |_| crate::storage::sweep_stale_temporaries(std::path::Path::new(&dir)))
+    run_detached(py, move |_| {
+        crate::storage::sweep_stale_temporaries(std::path::Path::new(&dir))
+    })
 }
 
 #[pymodule]
@@ -677,7 +745,9 @@ impl PyTensorWrapper {
     fn data(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
         let v = py.detach(|| self.blob.get());
         match &v {
-            BlobValue::Empty => Ok(PyArrayDyn::<f32>::zeros(py, IxDyn(&[0]), false).into_any().unbind()),
+            BlobValue::Empty => Ok(PyArrayDyn::<f32>::zeros(py, IxDyn(&[0]), false)
+                .into_any()
+                .unbind()),
             other => value_to_py(py, &self.name, other),
         }
     }
@@ -700,7 +770,10 @@ impl PyTensorWrapper {
         let v = if let Ok(b) = value.cast::<PyBytes>() {
             BlobValue::Bytes(b.as_bytes().to_vec())
         } else {
-            let value = py.import("ferrocaffe.workspace")?.getattr("_to_feedable")?.call1((&self.name, value))?;
+            let value = py
+                .import("ferrocaffe.workspace")?
+                .getattr("_to_feedable")?
+                .call1((&self.name, value))?;
             if let Ok(s) = value.cast::<PyString>() {
                 BlobValue::Bytes(utf8(py, s, &self.name)?)
             } else {
@@ -726,10 +799,20 @@ impl PyTensorWrapper {
     }
 }
 
-fn wrap_blobs<'py>(py: Python<'py>, blobs: &[crate::blob::Blob], names: &[String]) -> PyResult<Bound<'py, PyList>> {
+fn wrap_blobs<'py>(
+    py: Python<'py>,
+    blobs: &[crate::blob::Blob],
+    names: &[String],
+) -> PyResult<Bound<'py, PyList>> {
     let l = PyList::empty(py);
     for (b, n) in blobs.iter().zip(names) {
-        l.append(Py::new(py, PyTensorWrapper { blob: b.clone(), name: n.clone() })?)?;
+        l.append(Py::new(
+            py,
+            PyTensorWrapper {
+                blob: b.clone(),
+                name: n.clone(),
+            },
+        )?)?;
     }
     Ok(l)
 }
@@ -757,7 +840,13 @@ impl crate::operator::Operator for PythonOp {
                 Ok(())
             };
             call().map(|_| true).map_err(|err| {
-                let msg = format!("Python op raised {}", err.value(py).repr().map(|r| r.to_string()).unwrap_or_default());
+                let msg = format!(
+                    "Python op raised {}",
+                    err.value(py)
+                        .repr()
+                        .map(|r| r.to_string())
+                        .unwrap_or_default()
+                );
                 let mut e = Error::failed(msg);
                 e.payload = Some(Arc::new(err));
                 e
@@ -774,7 +863,9 @@ impl Drop for PythonOp {
     }
 }
 
-fn build_python_op(ctx: &crate::operator::OpDefCtx<'_>) -> crate::Result<Box<dyn crate::operator::Operator>> {
+fn build_python_op(
+    ctx: &crate::operator::OpDefCtx<'_>,
+) -> crate::Result<Box<dyn crate::operator::Operator>> {
     let token = ctx.args.string_opt("token")?;
     let pickled = ctx.args.bytes_opt("pickled_builder")?;
     let pass_ws = ctx.args.bool("pass_workspace", false)?;
@@ -785,19 +876,29 @@ fn build_python_op(ctx: &crate::operator::OpDefCtx<'_>) -> crate::Result<Box<dyn
         let r = (|| -> PyResult<(Py<PyAny>, bool)> {
             let m = py.import("ferrocaffe._python_ops")?;
             let pickled = pickled.as_ref().map(|b| PyBytes::new(py, b));
-            let out = m.getattr("build")?.call1((token.clone(), pickled, pass_ws))?;
+            let out = m
+                .getattr("build")?
+                .call1((token.clone(), pickled, pass_ws))?;
             out.extract::<(Py<PyAny>, bool)>()
         })();
         r.map_err(|err| {
             let mut e = Error::invalid_arg(format!(
                 "cannot build the Python op: {}",
-                err.value(py).str().map(|s| s.to_string()).unwrap_or_default()
+                err.value(py)
+                    .str()
+                    .map(|s| s.to_string())
+                    .unwrap_or_default()
             ));
             e.payload = Some(Arc::new(err));
             e
         })
     })
-    .map(|(func, pass_workspace)| Box::new(PythonOp { func, pass_workspace }) as Box<dyn crate::operator::Operator>)
+    .map(|(func, pass_workspace)| {
+        Box::new(PythonOp {
+            func,
+            pass_workspace,
+        }) as Box<dyn crate::operator::Operator>
+    })
 }
 
 pub(crate) fn register_python_op() {

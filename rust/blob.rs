@@ -109,7 +109,10 @@ impl fmt::Debug for BlobCell {
 
 impl BlobCell {
     pub fn new(value: BlobValue) -> Blob {
-        Arc::new(BlobCell { id: NEXT_BLOB_ID.fetch_add(1, Ordering::Relaxed), value: RwLock::new(value) })
+        Arc::new(BlobCell {
+            id: NEXT_BLOB_ID.fetch_add(1, Ordering::Relaxed),
+            value: RwLock::new(value),
+        })
     }
     /// A process-unique id; ops lock their blobs in increasing id order.
     pub fn id(&self) -> u64 {
@@ -211,9 +214,18 @@ mod tests {
         let v = BlobValue::Object(Arc::new(Counter::new(3)));
         assert_eq!(v.object::<Counter>("Counter").unwrap().get(), 3);
         let e = v.object::<BlobMutex>("Mutex").unwrap_err();
-        assert_eq!(e.message, "wrong kind of blob: it holds Counter but a Mutex was expected");
-        let e = BlobValue::Tensor(Tensor::scalar(1.0f32)).tensor().map(|_| ()).and(v.tensor().map(|_| ()));
-        assert!(e.unwrap_err().message.contains("holds Counter but a Tensor"));
+        assert_eq!(
+            e.message,
+            "wrong kind of blob: it holds Counter but a Mutex was expected"
+        );
+        let e = BlobValue::Tensor(Tensor::scalar(1.0f32))
+            .tensor()
+            .map(|_| ())
+            .and(v.tensor().map(|_| ()));
+        assert!(e
+            .unwrap_err()
+            .message
+            .contains("holds Counter but a Tensor"));
     }
 
     #[test]

@@ -30,11 +30,17 @@ pub const POLL: Duration = Duration::from_millis(5);
 
 impl CancelToken {
     pub fn new() -> Self {
-        CancelToken(Arc::new(Inner { flag: AtomicBool::new(false), parent: None }))
+        CancelToken(Arc::new(Inner {
+            flag: AtomicBool::new(false),
+            parent: None,
+        }))
     }
     /// A token cancelled when this one is, or on its own.
     pub fn child(&self) -> Self {
-        CancelToken(Arc::new(Inner { flag: AtomicBool::new(false), parent: Some(self.clone()) }))
+        CancelToken(Arc::new(Inner {
+            flag: AtomicBool::new(false),
+            parent: Some(self.clone()),
+        }))
     }
     pub fn cancel(&self) {
         self.0.flag.store(true, Ordering::SeqCst);

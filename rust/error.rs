@@ -69,10 +69,19 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Error { kind, message: message.into(), context: ErrorContext::default(), payload: None }
+        Error {
+            kind,
+            message: message.into(),
+            context: ErrorContext::default(),
+            payload: None,
+        }
     }
     pub fn blob_not_found(name: &str) -> Self {
-        Error::new(ErrorKind::BlobNotFound, format!("blob '{name}' does not exist")).with_blob(name)
+        Error::new(
+            ErrorKind::BlobNotFound,
+            format!("blob '{name}' does not exist"),
+        )
+        .with_blob(name)
     }
     pub fn type_error(message: impl Into<String>) -> Self {
         Error::new(ErrorKind::Type, message)
@@ -114,7 +123,9 @@ impl Error {
                 self.context.op_index = index;
             }
             // The op named itself without knowing its position: the net adds it.
-            Some(t) if t == op_type && self.context.op_index.is_none() => self.context.op_index = index,
+            Some(t) if t == op_type && self.context.op_index.is_none() => {
+                self.context.op_index = index
+            }
             Some(_) => {}
         }
         self
@@ -214,9 +225,15 @@ mod tests {
 
     #[test]
     fn context_is_filled_outermost_last_and_never_overwritten() {
-        let e = Error::blob_not_found("x").with_op("Add", Some(2)).with_net("n").with_op("Sub", None);
+        let e = Error::blob_not_found("x")
+            .with_op("Add", Some(2))
+            .with_net("n")
+            .with_op("Sub", None);
         assert_eq!(e.context.op_type.as_deref(), Some("Add"));
-        assert_eq!(e.full_message(), "blob 'x' does not exist [op #2 'Add', net 'n']");
+        assert_eq!(
+            e.full_message(),
+            "blob 'x' does not exist [op #2 'Add', net 'n']"
+        );
         let e = Error::failed("boom").with_blob("x");
         assert_eq!(e.full_message(), "boom [blob 'x']");
     }

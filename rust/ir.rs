@@ -42,7 +42,6 @@ pub struct TensorProto {
     pub raw_data: Option<Vec<u8>>,
 }
 
-
 #[derive(Clone, PartialEq, Message)]
 pub struct Argument {
     #[prost(string, optional, tag = "1")]
@@ -201,7 +200,8 @@ pub struct BlobProto {
 
 /// Decodes a message, turning a malformed buffer into an `InvalidPlan` error.
 pub fn decode<M: Message + Default>(bytes: &[u8], what: &str) -> crate::error::Result<M> {
-    M::decode(bytes).map_err(|e| crate::error::Error::invalid_plan(format!("cannot parse {what}: {e}")))
+    M::decode(bytes)
+        .map_err(|e| crate::error::Error::invalid_plan(format!("cannot parse {what}: {e}")))
 }
 
 pub fn encode<M: Message>(m: &M) -> Vec<u8> {
@@ -214,7 +214,11 @@ mod tests {
 
     #[test]
     fn presence_survives_a_round_trip() {
-        let step = ExecutionStep { name: Some("s".into()), only_once: Some(false), ..Default::default() };
+        let step = ExecutionStep {
+            name: Some("s".into()),
+            only_once: Some(false),
+            ..Default::default()
+        };
         let back: ExecutionStep = decode(&encode(&step), "step").unwrap();
         assert_eq!(back.only_once, Some(false));
         assert_eq!(back.num_iter, None);

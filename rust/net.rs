@@ -33,8 +33,18 @@ impl std::fmt::Debug for Net {
 
 /// Net types Caffe2 accepted. All run sequentially here: declaration order is
 /// a topological order, so results are the same.
-const KNOWN_NET_TYPES: &[&str] =
-    &["", "simple", "dag", "async_dag", "prof_dag", "async_scheduling", "async_polling", "async_simple", "rnn", "parallel"];
+const KNOWN_NET_TYPES: &[&str] = &[
+    "",
+    "simple",
+    "dag",
+    "async_dag",
+    "prof_dag",
+    "async_scheduling",
+    "async_polling",
+    "async_simple",
+    "rnn",
+    "parallel",
+];
 
 /// The net's device option merged into an op's (the op's own fields win).
 fn merged_def(net: &NetDef, op: &OperatorDef) -> OperatorDef {
@@ -75,8 +85,12 @@ impl Net {
                 known.extend(op.output.iter().map(|s| s.as_str()));
             }
         }
-        let produced: HashSet<&str> =
-            def.op.iter().flat_map(|o| o.output.iter().map(|s| s.as_str())).chain(def.external_input.iter().map(|s| s.as_str())).collect();
+        let produced: HashSet<&str> = def
+            .op
+            .iter()
+            .flat_map(|o| o.output.iter().map(|s| s.as_str()))
+            .chain(def.external_input.iter().map(|s| s.as_str()))
+            .collect();
         for o in &def.external_output {
             if !produced.contains(o.as_str()) {
                 return Err(Error::invalid_plan(format!(
@@ -89,14 +103,27 @@ impl Net {
         let mut ops = Vec::with_capacity(def.op.len());
         for (k, opdef) in def.op.iter().enumerate() {
             let opdef = merged_def(def, opdef);
-            if opdef.device_option.as_ref().and_then(|d| d.node_name.as_deref()).is_some_and(|n| !n.is_empty()) {
-                return Err(Error::invalid_plan("an op with a device_option.node_name cannot run in this process")
-                    .with_op(opdef.op_type(), Some(k))
-                    .with_net(&name));
+            if opdef
+                .device_option
+                .as_ref()
+                .and_then(|d| d.node_name.as_deref())
+                .is_some_and(|n| !n.is_empty())
+            {
+                return Err(Error::invalid_plan(
+                    "an op with a device_option.node_name cannot run in this process",
+                )
+                .with_op(opdef.op_type(), Some(k))
+                .with_net(&name));
             }
-            let built = catch_unwind(AssertUnwindSafe(|| create_operator(&opdef, ws))).unwrap_or_else(|p| Err(from_panic(p)));
-            let (kernel, io) = built.map_err(|e| e.with_op(opdef.op_type(), Some(k)).with_net(&name))?;
-            ops.push(OpSlot { op_type: opdef.op_type().to_string(), io, kernel });
+            let built = catch_unwind(AssertUnwindSafe(|| create_operator(&opdef, ws)))
+                .unwrap_or_else(|p| Err(from_panic(p)));
+            let (kernel, io) =
+                built.map_err(|e| e.with_op(opdef.op_type(), Some(k)).with_net(&name))?;
+            ops.push(OpSlot {
+                op_type: opdef.op_type().to_string(),
+                io,
+                kernel,
+            });
         }
         Ok(Net { name, ops })
     }
@@ -113,9 +140,14 @@ impl Net {
     /// do not run. Errors (and caught panics) carry the op, its index and the net.
     pub fn run(&mut self, ws: &Arc<Workspace>, cancel: &CancelToken) -> Result<bool> {
         for (k, slot) in self.ops.iter_mut().enumerate() {
-            let mut cx = OpCx { io: &slot.io, ws, cancel };
+            let mut cx = OpCx {
+                io: &slot.io,
+                ws,
+                cancel,
+            };
             let kernel = &mut slot.kernel;
-            let r = catch_unwind(AssertUnwindSafe(|| kernel.run(&mut cx))).unwrap_or_else(|p| Err(from_panic(p)));
+            let r = catch_unwind(AssertUnwindSafe(|| kernel.run(&mut cx)))
+                .unwrap_or_else(|p| Err(from_panic(p)));
             match r {
                 Ok(true) => {}
                 Ok(false) => return Ok(false),

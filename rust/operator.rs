@@ -41,7 +41,12 @@ pub struct ArgDoc {
 #[macro_export]
 macro_rules! arg {
     ($name:expr, $ty:expr, $default:expr, $doc:expr) => {
-        $crate::operator::ArgDoc { name: $name, ty: $ty, default: $default, doc: $doc }
+        $crate::operator::ArgDoc {
+            name: $name,
+            ty: $ty,
+            default: $default,
+            doc: $doc,
+        }
     };
 }
 
@@ -234,8 +239,11 @@ impl OpIo {
         let mut inputs = Vec::with_capacity(def.input.len());
         for name in &def.input {
             let b = ws.get_blob(name).ok_or_else(|| {
-                Error::new(ErrorKind::BlobNotFound, format!("encountered a non-existing input blob '{name}'"))
-                    .with_blob(name)
+                Error::new(
+                    ErrorKind::BlobNotFound,
+                    format!("encountered a non-existing input blob '{name}'"),
+                )
+                .with_blob(name)
             })?;
             inputs.push(b);
         }
@@ -243,10 +251,20 @@ impl OpIo {
         for name in &def.output {
             outputs.push(ws.create_blob(name));
         }
-        Ok(OpIo::from_blobs(def.input.clone(), def.output.clone(), inputs, outputs))
+        Ok(OpIo::from_blobs(
+            def.input.clone(),
+            def.output.clone(),
+            inputs,
+            outputs,
+        ))
     }
 
-    pub fn from_blobs(input_names: Vec<String>, output_names: Vec<String>, inputs: Vec<Blob>, outputs: Vec<Blob>) -> OpIo {
+    pub fn from_blobs(
+        input_names: Vec<String>,
+        output_names: Vec<String>,
+        inputs: Vec<Blob>,
+        outputs: Vec<Blob>,
+    ) -> OpIo {
         let mut all: Vec<(Blob, bool)> = Vec::new();
         for b in &inputs {
             if !all.iter().any(|(x, _)| Arc::ptr_eq(x, b)) {
@@ -263,7 +281,15 @@ impl OpIo {
         let slot = |b: &Blob| all.iter().position(|(x, _)| Arc::ptr_eq(x, b)).unwrap() as u16;
         let in_slot = inputs.iter().map(slot).collect();
         let out_slot = outputs.iter().map(slot).collect();
-        OpIo { input_names, output_names, inputs, outputs, lock_order: all.into_iter().collect(), in_slot, out_slot }
+        OpIo {
+            input_names,
+            output_names,
+            inputs,
+            outputs,
+            lock_order: all.into_iter().collect(),
+            in_slot,
+            out_slot,
+        }
     }
 }
 
@@ -294,9 +320,18 @@ impl<'a> OpCx<'a> {
             .io
             .lock_order
             .iter()
-            .map(|(b, w)| if *w { Guard::W(b.write()) } else { Guard::R(b.read()) })
+            .map(|(b, w)| {
+                if *w {
+                    Guard::W(b.write())
+                } else {
+                    Guard::R(b.read())
+                }
+            })
             .collect();
-        Locked { io: self.io, guards }
+        Locked {
+            io: self.io,
+            guards,
+        }
     }
     pub fn num_inputs(&self) -> usize {
         self.io.inputs.len()
@@ -324,7 +359,9 @@ impl<'a> Locked<'a> {
     }
     /// Input `i` as a tensor; a wrong kind names the blob.
     pub fn tensor(&self, i: usize) -> Result<&Tensor> {
-        self.input(i).tensor().map_err(|e| e.with_blob(&self.io.input_names[i]))
+        self.input(i)
+            .tensor()
+            .map_err(|e| e.with_blob(&self.io.input_names[i]))
     }
     pub fn input_name(&self, i: usize) -> &str {
         &self.io.input_names[i]
@@ -354,7 +391,11 @@ impl<'a> Locked<'a> {
         let (lo, hi) = if o < s { (o, s) } else { (s, o) };
         let (a, b) = self.guards.split_at_mut(hi);
         let (first, second) = (&mut a[lo], &mut b[0]);
-        let (out, inp) = if o < s { (first, second) } else { (second, first) };
+        let (out, inp) = if o < s {
+            (first, second)
+        } else {
+            (second, first)
+        };
         let out = match out {
             Guard::W(g) => &mut **g,
             Guard::R(_) => unreachable!("outputs are always write-locked"),
@@ -374,14 +415,23 @@ pub trait Operator: Send {
 }
 
 /// Builds a kernel from a definition, validating it against its schema.
-pub fn create_operator(def: &OperatorDef, ws: &Arc<Workspace>) -> Result<(Box<dyn Operator>, OpIo)> {
+pub fn create_operator(
+    def: &OperatorDef,
+    ws: &Arc<Workspace>,
+) -> Result<(Box<dyn Operator>, OpIo)> {
     let op_type = def.op_type();
     if op_type.is_empty() {
-        return Err(Error::new(ErrorKind::UnknownOperator, "operator def has no type"));
+        return Err(Error::new(
+            ErrorKind::UnknownOperator,
+            "operator def has no type",
+        ));
     }
     let schema = schema(op_type).ok_or_else(|| {
-        Error::new(ErrorKind::UnknownOperator, format!("unknown operator type '{op_type}': no such operator is registered"))
-            .with_op(op_type, None)
+        Error::new(
+            ErrorKind::UnknownOperator,
+            format!("unknown operator type '{op_type}': no such operator is registered"),
+        )
+        .with_op(op_type, None)
     })?;
     if let Some(dev) = &def.device_option {
         if dev.device_type.unwrap_or(0) != 0 {

@@ -43,18 +43,32 @@ impl<'p> PlanCtx<'p> {
             let name = net.net_name();
             // A net that already exists in the workspace is re-created once
             // by this plan (Caffe2's needsOverride).
-            if defs.insert(name, (net, AtomicBool::new(ws.has_net(name)))).is_some() {
-                return Err(Error::invalid_plan(format!("the plan defines two nets named '{name}'")).with_net(name));
+            if defs
+                .insert(name, (net, AtomicBool::new(ws.has_net(name))))
+                .is_some()
+            {
+                return Err(Error::invalid_plan(format!(
+                    "the plan defines two nets named '{name}'"
+                ))
+                .with_net(name));
             }
         }
-        Ok(PlanCtx { defs, create_lock: Mutex::new(()), gws_seq: AtomicI32::new(0) })
+        Ok(PlanCtx {
+            defs,
+            create_lock: Mutex::new(()),
+            gws_seq: AtomicI32::new(0),
+        })
     }
 
     /// The net of that name in `ws`, created from the plan's definition the
     /// first time (nets are per workspace, never inherited).
     fn net(&self, ws: &Arc<Workspace>, step: &ExecutionStep, name: &str) -> Result<SharedNet> {
         let (def, needs_override) = self.defs.get(name).ok_or_else(|| {
-            Error::invalid_plan(format!("ExecutionStep '{}' uses undefined net '{name}'", step.step_name())).with_net(name)
+            Error::invalid_plan(format!(
+                "ExecutionStep '{}' uses undefined net '{name}'",
+                step.step_name()
+            ))
+            .with_net(name)
         })?;
         let _g = self.create_lock.lock();
         if needs_override.swap(false, Ordering::SeqCst) {
@@ -76,10 +90,14 @@ impl<'p> PlanCtx<'p> {
             if let Some(node_id) = node_id {
                 let seq = self.gws_seq.fetch_add(1, Ordering::SeqCst);
                 if seq >= 1 << 16 {
-                    return Err(Error::invalid_plan("more than 65535 child workspaces in one plan run with NODE_ID set"));
+                    return Err(Error::invalid_plan(
+                        "more than 65535 child workspaces in one plan run with NODE_ID set",
+                    ));
                 }
                 let id = seq + (node_id << 16);
-                child.create_local_blob("GLOBAL_WORKSPACE_ID").set(BlobValue::Tensor(Tensor::scalar(id)));
+                child
+                    .create_local_blob("GLOBAL_WORKSPACE_ID")
+                    .set(BlobValue::Tensor(Tensor::scalar(id)));
             }
         }
         Ok(child)
@@ -125,38 +143,64 @@ struct Wrapper<'p> {
 
 fn validate(step: &ExecutionStep) -> Result<Limit> {
     if !step.substep.is_empty() && !step.network.is_empty() {
-        return Err(Error::invalid_plan("a step cannot have both substeps and networks"));
+        return Err(Error::invalid_plan(
+            "a step cannot have both substeps and networks",
+        ));
     }
     if let Some(n) = step.num_concurrent_instances {
         if n < 0 {
-            return Err(Error::invalid_plan(format!("num_concurrent_instances must be >= 0, got {n}")));
+            return Err(Error::invalid_plan(format!(
+                "num_concurrent_instances must be >= 0, got {n}"
+            )));
         }
     }
     if let Some(ms) = step.run_every_ms {
         if ms < 0 {
-            return Err(Error::invalid_plan(format!("run_every_ms must be >= 0, got {ms}")));
+            return Err(Error::invalid_plan(format!(
+                "run_every_ms must be >= 0, got {ms}"
+            )));
         }
     }
     if step.report_net.is_some() {
         match step.report_interval {
-            None => return Err(Error::invalid_plan("report_net is set but report_interval is not")),
-            Some(s) if s < 0 => return Err(Error::invalid_plan(format!("report_interval must be >= 0, got {s}"))),
+            None => {
+                return Err(Error::invalid_plan(
+                    "report_net is set but report_interval is not",
+                ))
+            }
+            Some(s) if s < 0 => {
+                return Err(Error::invalid_plan(format!(
+                    "report_interval must be >= 0, got {s}"
+                )))
+            }
             _ => {}
         }
     }
     match (&step.should_stop_blob, step.num_iter, step.only_once) {
-        (None, _, Some(_)) => Err(Error::invalid_plan("only_once is only supported together with should_stop_blob")),
+        (None, _, Some(_)) => Err(Error::invalid_plan(
+            "only_once is only supported together with should_stop_blob",
+        )),
         (None, n, None) => Ok(Limit::Count(n.unwrap_or(1))),
-        (Some(_), Some(_), _) => Err(Error::invalid_plan("num_iter and should_stop_blob cannot both be set on one step")),
+        (Some(_), Some(_), _) => Err(Error::invalid_plan(
+            "num_iter and should_stop_blob cannot both be set on one step",
+        )),
         (Some(_), None, Some(true)) => Ok(Limit::OnlyOnce),
         (Some(_), None, _) => Ok(Limit::Unbounded),
     }
 }
 
-fn compile<'p>(ctx: &PlanCtx<'p>, step: &'p ExecutionStep, parent_ws: &Arc<Workspace>) -> Result<Compiled<'p>> {
+fn compile<'p>(
+    ctx: &PlanCtx<'p>,
+    step: &'p ExecutionStep,
+    parent_ws: &Arc<Workspace>,
+) -> Result<Compiled<'p>> {
     let name = step.step_name();
     let limit = validate(step).map_err(|e| e.with_step(name))?;
-    let ws = if step.create_workspace.unwrap_or(false) { ctx.child_workspace(parent_ws)? } else { parent_ws.clone() };
+    let ws = if step.create_workspace.unwrap_or(false) {
+        ctx.child_workspace(parent_ws)?
+    } else {
+        parent_ws.clone()
+    };
     let mut recurring = Vec::new();
     let mut reports = Vec::new();
     let mut nets = Vec::new();
@@ -177,17 +221,34 @@ fn compile<'p>(ctx: &PlanCtx<'p>, step: &'p ExecutionStep, parent_ws: &Arc<Works
     let stop_blob = match &step.should_stop_blob {
         None => None,
         Some(b) => Some(ws.get_blob(b).ok_or_else(|| {
-            Error::new(ErrorKind::BlobNotFound, format!("should_stop_blob '{b}' does not exist")).with_blob(b).with_step(name)
+            Error::new(
+                ErrorKind::BlobNotFound,
+                format!("should_stop_blob '{b}' does not exist"),
+            )
+            .with_blob(b)
+            .with_step(name)
         })?),
     };
     let report_net = match &step.report_net {
         None => None,
         Some(n) => {
             let secs = step.report_interval.unwrap_or(0) as u64;
-            Some((ctx.net(&ws, step, n).map_err(|e| e.with_step(name))?, Duration::from_secs(secs)))
+            Some((
+                ctx.net(&ws, step, n).map_err(|e| e.with_step(name))?,
+                Duration::from_secs(secs),
+            ))
         }
     };
-    Ok(Compiled { step, ws, recurring, reports, nets, stop_blob, report_net, limit })
+    Ok(Compiled {
+        step,
+        ws,
+        recurring,
+        reports,
+        nets,
+        stop_blob,
+        report_net,
+        limit,
+    })
 }
 
 impl<'p> Wrapper<'p> {
@@ -199,7 +260,11 @@ impl<'p> Wrapper<'p> {
         } else {
             Some(compile(ctx, step, parent_ws)?)
         };
-        Ok(Wrapper { step, parent_ws: parent_ws.clone(), eager })
+        Ok(Wrapper {
+            step,
+            parent_ws: parent_ws.clone(),
+            eager,
+        })
     }
 
     fn exec(&self, ctx: &PlanCtx<'p>, tok: &CancelToken) -> Result<bool> {
@@ -217,12 +282,16 @@ impl<'p> Wrapper<'p> {
 /// Reads a stop blob: empty means "don't stop"; otherwise it must be a
 /// one-element bool tensor.
 fn should_stop(c: &Compiled<'_>) -> Result<bool> {
-    let Some(b) = &c.stop_blob else { return Ok(false) };
+    let Some(b) = &c.stop_blob else {
+        return Ok(false);
+    };
     let v = b.read();
     let name = c.step.should_stop_blob.as_deref().unwrap_or("");
     match &*v {
         BlobValue::Empty => Ok(false),
-        BlobValue::Tensor(Tensor::Bool(a)) if a.len() == 1 => Ok(*a.iter().next().expect("one element")),
+        BlobValue::Tensor(Tensor::Bool(a)) if a.len() == 1 => {
+            Ok(*a.iter().next().expect("one element"))
+        }
         other => Err(Error::type_error(format!(
             "should_stop_blob '{name}' expects a scalar boolean, got {}{}",
             other.kind_name(),
@@ -277,13 +346,18 @@ fn exec_compiled<'p>(ctx: &PlanCtx<'p>, c: &Compiled<'p>, tok: &CancelToken) -> 
     }
     let step_tok = tok.child();
     let errors = FirstError::default();
-    let signal = ReportSignal { done: Mutex::new(false), cv: Condvar::new() };
+    let signal = ReportSignal {
+        done: Mutex::new(false),
+        cv: Condvar::new(),
+    };
     let main = std::thread::scope(|s| {
         for w in &c.reports {
             let interval = Duration::from_millis(w.step.run_every_ms.unwrap_or(0) as u64);
             let (signal, errors, step_tok) = (&signal, &errors, &step_tok);
             s.spawn(move || {
-                reporter_loop(signal, interval, errors, step_tok, || guarded(|| w.exec(ctx, step_tok)).map(|_| ()))
+                reporter_loop(signal, interval, errors, step_tok, || {
+                    guarded(|| w.exec(ctx, step_tok)).map(|_| ())
+                })
             });
         }
         if let Some((net, interval)) = &c.report_net {
@@ -370,7 +444,8 @@ fn run_main<'p>(ctx: &PlanCtx<'p>, c: &Compiled<'p>, tok: &CancelToken) -> Resul
         Some(n) => n as usize,
         None => 1,
     };
-    let concurrent = c.step.concurrent_substeps.unwrap_or(false) && (c.recurring.len() + c.reports.len()) > 1;
+    let concurrent =
+        c.step.concurrent_substeps.unwrap_or(false) && (c.recurring.len() + c.reports.len()) > 1;
     let sequential = !concurrent && c.step.num_concurrent_instances.is_none_or(|n| n <= 1);
     let mut i = 0i64;
     while !tok.is_cancelled() && c.limit.allows(i) {
@@ -443,8 +518,17 @@ pub fn run_plan(ws: &Arc<Workspace>, plan: &PlanDef, cancel: &CancelToken) -> Re
 }
 
 /// Runs a single step as a plan of its own, with the nets given.
-pub fn run_step(ws: &Arc<Workspace>, step: &ExecutionStep, nets: &[NetDef], cancel: &CancelToken) -> Result<bool> {
-    let plan = PlanDef { name: step.name.clone(), network: nets.to_vec(), execution_step: vec![step.clone()] };
+pub fn run_step(
+    ws: &Arc<Workspace>,
+    step: &ExecutionStep,
+    nets: &[NetDef],
+    cancel: &CancelToken,
+) -> Result<bool> {
+    let plan = PlanDef {
+        name: step.name.clone(),
+        network: nets.to_vec(),
+        execution_step: vec![step.clone()],
+    };
     run_plan(ws, &plan, cancel)
 }
 
@@ -467,25 +551,53 @@ mod tests {
         }
     }
     fn int_arg(name: &str, v: i64) -> Argument {
-        Argument { name: Some(name.into()), i: Some(v), ..Default::default() }
+        Argument {
+            name: Some(name.into()),
+            i: Some(v),
+            ..Default::default()
+        }
     }
     fn net(name: &str, ops: Vec<OperatorDef>) -> NetDef {
-        NetDef { name: Some(name.into()), op: ops, ..Default::default() }
+        NetDef {
+            name: Some(name.into()),
+            op: ops,
+            ..Default::default()
+        }
     }
     fn step(name: &str) -> ExecutionStep {
-        ExecutionStep { name: Some(name.into()), ..Default::default() }
+        ExecutionStep {
+            name: Some(name.into()),
+            ..Default::default()
+        }
     }
     fn net_step(name: &str, nets: &[&str]) -> ExecutionStep {
-        ExecutionStep { network: nets.iter().map(|s| s.to_string()).collect(), ..step(name) }
+        ExecutionStep {
+            network: nets.iter().map(|s| s.to_string()).collect(),
+            ..step(name)
+        }
     }
     fn plan(nets: Vec<NetDef>, steps: Vec<ExecutionStep>) -> PlanDef {
-        PlanDef { name: Some("p".into()), network: nets, execution_step: steps }
+        PlanDef {
+            name: Some("p".into()),
+            network: nets,
+            execution_step: steps,
+        }
     }
     fn counter(ws: &Workspace, name: &str) -> i64 {
-        ws.blob(name).unwrap().read().object::<Counter>("Counter").unwrap().get()
+        ws.blob(name)
+            .unwrap()
+            .read()
+            .object::<Counter>("Counter")
+            .unwrap()
+            .get()
     }
     fn i64_of(ws: &Workspace, name: &str) -> i64 {
-        ws.fetch(name).unwrap().tensor().unwrap().scalar_value::<i64>().unwrap()
+        ws.fetch(name)
+            .unwrap()
+            .tensor()
+            .unwrap()
+            .scalar_value::<i64>()
+            .unwrap()
     }
     fn run(ws: &Arc<Workspace>, p: &PlanDef) -> Result<bool> {
         run_plan(ws, p, &CancelToken::new())
@@ -497,7 +609,9 @@ mod tests {
         ONCE.call_once(|| {
             register(OpSchema::new("TestSleepMs", |ctx| {
                 let ms = ctx.args.i64("ms", 1)? as u64;
-                Ok(kernel(move |cx| cx.cancel.sleep(Duration::from_millis(ms)).map(|_| true)))
+                Ok(kernel(move |cx| {
+                    cx.cancel.sleep(Duration::from_millis(ms)).map(|_| true)
+                }))
             }));
             register(
                 OpSchema::new("TestFailAt", |ctx| {
@@ -521,14 +635,30 @@ mod tests {
         let ws = Workspace::new();
         let mut s = net_step("s", &["n"]);
         s.num_iter = Some(5);
-        let p = plan(vec![net("n", vec![op("Iter", &[], &["it"], vec![])])], vec![s]);
+        let p = plan(
+            vec![net("n", vec![op("Iter", &[], &["it"], vec![])])],
+            vec![s],
+        );
         assert!(run(&ws, &p).unwrap());
-        assert_eq!(ws.fetch("it").unwrap().tensor().unwrap().array::<i64>().unwrap().as_slice().unwrap(), &[5]);
+        assert_eq!(
+            ws.fetch("it")
+                .unwrap()
+                .tensor()
+                .unwrap()
+                .array::<i64>()
+                .unwrap()
+                .as_slice()
+                .unwrap(),
+            &[5]
+        );
         // Zero or negative iterations run nothing and succeed.
         let ws = Workspace::new();
         let mut s = net_step("s", &["n"]);
         s.num_iter = Some(0);
-        let p = plan(vec![net("n", vec![op("Iter", &[], &["it"], vec![])])], vec![s]);
+        let p = plan(
+            vec![net("n", vec![op("Iter", &[], &["it"], vec![])])],
+            vec![s],
+        );
         assert!(run(&ws, &p).unwrap());
         assert!(ws.fetch("it").unwrap().is_empty());
     }
@@ -536,12 +666,29 @@ mod tests {
     #[test]
     fn stop_blob_is_checked_after_each_net_never_before_the_first() {
         let ws = Workspace::new();
-        let init = net("init", vec![op("CreateCounter", &[], &["c"], vec![int_arg("init_count", 3)])]);
-        let body = net("body", vec![op("CountDown", &["c"], &["stop"], vec![]), op("CountUp", &["n"], &["prev"], vec![])]);
+        let init = net(
+            "init",
+            vec![op(
+                "CreateCounter",
+                &[],
+                &["c"],
+                vec![int_arg("init_count", 3)],
+            )],
+        );
+        let body = net(
+            "body",
+            vec![
+                op("CountDown", &["c"], &["stop"], vec![]),
+                op("CountUp", &["n"], &["prev"], vec![]),
+            ],
+        );
         let mk = net("mk", vec![op("CreateCounter", &[], &["n"], vec![])]);
         let mut s = net_step("loop", &["body"]);
         s.should_stop_blob = Some("stop".into());
-        let p = plan(vec![init, mk, body], vec![net_step("i", &["init", "mk"]), s]);
+        let p = plan(
+            vec![init, mk, body],
+            vec![net_step("i", &["init", "mk"]), s],
+        );
         assert!(run(&ws, &p).unwrap());
         // CountDown yields F, F, F, T: four iterations, counter ends at -1.
         assert_eq!(counter(&ws, "n"), 4);
@@ -553,7 +700,15 @@ mod tests {
         let ws = Workspace::new();
         let p = plan(
             vec![
-                net("init", vec![op("CreateCounter", &[], &["c"], vec![int_arg("init_count", 10)])]),
+                net(
+                    "init",
+                    vec![op(
+                        "CreateCounter",
+                        &[],
+                        &["c"],
+                        vec![int_arg("init_count", 10)],
+                    )],
+                ),
                 net("body", vec![op("CountDown", &["c"], &["stop"], vec![])]),
             ],
             vec![net_step("i", &["init"]), {
@@ -573,21 +728,61 @@ mod tests {
         let n = || net("n", vec![op("CreateCounter", &[], &["c"], vec![])]);
         let cases: Vec<(ExecutionStep, &str)> = vec![
             (
-                ExecutionStep { num_iter: Some(2), should_stop_blob: Some("c".into()), ..net_step("a", &["n"]) },
+                ExecutionStep {
+                    num_iter: Some(2),
+                    should_stop_blob: Some("c".into()),
+                    ..net_step("a", &["n"])
+                },
                 "cannot both be set",
             ),
-            (ExecutionStep { only_once: Some(false), ..net_step("b", &["n"]) }, "only_once"),
-            (ExecutionStep { substep: vec![net_step("x", &["n"])], ..net_step("c", &["n"]) }, "both substeps and networks"),
+            (
+                ExecutionStep {
+                    only_once: Some(false),
+                    ..net_step("b", &["n"])
+                },
+                "only_once",
+            ),
+            (
+                ExecutionStep {
+                    substep: vec![net_step("x", &["n"])],
+                    ..net_step("c", &["n"])
+                },
+                "both substeps and networks",
+            ),
             (net_step("d", &["missing"]), "uses undefined net 'missing'"),
-            (ExecutionStep { report_net: Some("n".into()), ..net_step("e", &["n"]) }, "report_interval"),
-            (ExecutionStep { num_concurrent_instances: Some(-1), substep: vec![net_step("x", &["n"])], ..step("f") }, ">= 0"),
-            (ExecutionStep { should_stop_blob: Some("nope".into()), ..net_step("g", &["n"]) }, "'nope' does not exist"),
+            (
+                ExecutionStep {
+                    report_net: Some("n".into()),
+                    ..net_step("e", &["n"])
+                },
+                "report_interval",
+            ),
+            (
+                ExecutionStep {
+                    num_concurrent_instances: Some(-1),
+                    substep: vec![net_step("x", &["n"])],
+                    ..step("f")
+                },
+                ">= 0",
+            ),
+            (
+                ExecutionStep {
+                    should_stop_blob: Some("nope".into()),
+                    ..net_step("g", &["n"])
+                },
+                "'nope' does not exist",
+            ),
         ];
         for (s, msg) in cases {
             let name = s.step_name().to_string();
             let e = run(&ws, &plan(vec![n()], vec![s])).unwrap_err();
             assert!(e.message.contains(msg), "{name}: {}", e.full_message());
-            assert_eq!(e.context.step.as_deref(), Some(name.as_str()), "{}", e.full_message());
+            assert_eq!(
+                e.context.step.as_deref(),
+                Some(name.as_str()),
+                "{}",
+                e.full_message()
+            );
         }
         let e = run(&ws, &plan(vec![n(), n()], vec![net_step("a", &["n"])])).unwrap_err();
         assert!(e.message.contains("two nets named 'n'"));
@@ -599,17 +794,39 @@ mod tests {
     fn concurrent_instances_with_atomic_iter_lose_no_update() {
         for (instances, iters) in [(7usize, 11i64), (3, 100), (16, 5)] {
             let ws = Workspace::new();
-            ws.feed("it", BlobValue::Tensor(Tensor::from_vec(&[1], vec![0i64]).unwrap()));
+            ws.feed(
+                "it",
+                BlobValue::Tensor(Tensor::from_vec(&[1], vec![0i64]).unwrap()),
+            );
             let init = net("init", vec![op("CreateMutex", &[], &["m"], vec![])]);
-            let body = net("body", vec![op("AtomicIter", &["m", "it"], &["it"], vec![])]);
-            let inst = ExecutionStep { num_iter: Some(iters), create_workspace: Some(true), ..net_step("inst", &["body"]) };
+            let body = net(
+                "body",
+                vec![op("AtomicIter", &["m", "it"], &["it"], vec![])],
+            );
+            let inst = ExecutionStep {
+                num_iter: Some(iters),
+                create_workspace: Some(true),
+                ..net_step("inst", &["body"])
+            };
             let par = ExecutionStep {
                 substep: vec![inst],
                 num_concurrent_instances: Some(instances as i32),
                 ..step("par")
             };
-            assert!(run(&ws, &plan(vec![init, body], vec![net_step("i", &["init"]), par])).unwrap());
-            assert_eq!(ws.fetch("it").unwrap().tensor().unwrap().array::<i64>().unwrap()[[0]], instances as i64 * iters);
+            assert!(run(
+                &ws,
+                &plan(vec![init, body], vec![net_step("i", &["init"]), par])
+            )
+            .unwrap());
+            assert_eq!(
+                ws.fetch("it")
+                    .unwrap()
+                    .tensor()
+                    .unwrap()
+                    .array::<i64>()
+                    .unwrap()[[0]],
+                instances as i64 * iters
+            );
         }
     }
 
@@ -619,24 +836,67 @@ mod tests {
         // Iter still counts exactly, because runs of one net are serialised.
         let ws = Workspace::new();
         let body = net("body", vec![op("Iter", &["it"], &["it"], vec![])]);
-        ws.feed("it", BlobValue::Tensor(Tensor::from_vec(&[1], vec![0i64]).unwrap()));
-        let inst = ExecutionStep { num_iter: Some(50), ..net_step("inst", &["body"]) };
-        let par = ExecutionStep { substep: vec![inst], num_concurrent_instances: Some(8), ..step("par") };
+        ws.feed(
+            "it",
+            BlobValue::Tensor(Tensor::from_vec(&[1], vec![0i64]).unwrap()),
+        );
+        let inst = ExecutionStep {
+            num_iter: Some(50),
+            ..net_step("inst", &["body"])
+        };
+        let par = ExecutionStep {
+            substep: vec![inst],
+            num_concurrent_instances: Some(8),
+            ..step("par")
+        };
         assert!(run(&ws, &plan(vec![body], vec![par])).unwrap());
-        assert_eq!(ws.fetch("it").unwrap().tensor().unwrap().array::<i64>().unwrap()[[0]], 400);
+        assert_eq!(
+            ws.fetch("it")
+                .unwrap()
+                .tensor()
+                .unwrap()
+                .array::<i64>()
+                .unwrap()[[0]],
+            400
+        );
     }
 
     #[test]
     fn child_workspace_blobs_die_and_parent_blobs_persist() {
         let ws = Workspace::new();
-        ws.feed("shared", BlobValue::Tensor(Tensor::from_vec(&[1], vec![0i64]).unwrap()));
-        let body = net("body", vec![op("Iter", &["shared"], &["shared"], vec![]), op("CreateCounter", &[], &["local"], vec![])]);
-        let s = ExecutionStep { create_workspace: Some(true), num_iter: Some(3), ..net_step("c", &["body"]) };
-        let outer = ExecutionStep { substep: vec![s], num_iter: Some(2), ..step("outer") };
+        ws.feed(
+            "shared",
+            BlobValue::Tensor(Tensor::from_vec(&[1], vec![0i64]).unwrap()),
+        );
+        let body = net(
+            "body",
+            vec![
+                op("Iter", &["shared"], &["shared"], vec![]),
+                op("CreateCounter", &[], &["local"], vec![]),
+            ],
+        );
+        let s = ExecutionStep {
+            create_workspace: Some(true),
+            num_iter: Some(3),
+            ..net_step("c", &["body"])
+        };
+        let outer = ExecutionStep {
+            substep: vec![s],
+            num_iter: Some(2),
+            ..step("outer")
+        };
         assert!(run(&ws, &plan(vec![body], vec![outer])).unwrap());
         assert!(!ws.has_blob("local"));
         assert!(!ws.has_net("body"), "nets built in the child die with it");
-        assert_eq!(ws.fetch("shared").unwrap().tensor().unwrap().array::<i64>().unwrap()[[0]], 6);
+        assert_eq!(
+            ws.fetch("shared")
+                .unwrap()
+                .tensor()
+                .unwrap()
+                .array::<i64>()
+                .unwrap()[[0]],
+            6
+        );
     }
 
     #[test]
@@ -645,14 +905,26 @@ mod tests {
         ws.feed("NODE_ID", BlobValue::Tensor(Tensor::scalar(2i32)));
         // The child sees GLOBAL_WORKSPACE_ID: an op that needs it as an
         // input builds and runs there.
-        let body = net("body", vec![op("IsEmpty", &["GLOBAL_WORKSPACE_ID"], &["e"], vec![])]);
-        let s = ExecutionStep { create_workspace: Some(true), ..net_step("c", &["body"]) };
+        let body = net(
+            "body",
+            vec![op("IsEmpty", &["GLOBAL_WORKSPACE_ID"], &["e"], vec![])],
+        );
+        let s = ExecutionStep {
+            create_workspace: Some(true),
+            ..net_step("c", &["body"])
+        };
         assert!(run(&ws, &plan(vec![body], vec![s])).unwrap());
         assert!(!ws.has_blob("GLOBAL_WORKSPACE_ID"));
         // Without NODE_ID nothing is injected, so the same plan cannot build.
         let ws = Workspace::new();
-        let body = net("body", vec![op("IsEmpty", &["GLOBAL_WORKSPACE_ID"], &["e"], vec![])]);
-        let s = ExecutionStep { create_workspace: Some(true), ..net_step("c", &["body"]) };
+        let body = net(
+            "body",
+            vec![op("IsEmpty", &["GLOBAL_WORKSPACE_ID"], &["e"], vec![])],
+        );
+        let s = ExecutionStep {
+            create_workspace: Some(true),
+            ..net_step("c", &["body"])
+        };
         let e = run(&ws, &plan(vec![body], vec![s])).unwrap_err();
         assert_eq!(e.kind, ErrorKind::BlobNotFound);
     }
@@ -663,17 +935,53 @@ mod tests {
         let ws = Workspace::new();
         let init = net(
             "init",
-            vec![op("CreateCounter", &[], &["ticks"], vec![]), op("CreateCounter", &[], &["work"], vec![])],
+            vec![
+                op("CreateCounter", &[], &["ticks"], vec![]),
+                op("CreateCounter", &[], &["work"], vec![]),
+            ],
         );
-        let body = net("body", vec![op("TestSleepMs", &[], &[], vec![int_arg("ms", 2)]), op("CountUp", &["work"], &["w"], vec![])]);
-        let report = net("report", vec![op("CountUp", &["ticks"], &["t"], vec![]), op("RetrieveCount", &["work"], &["seen"], vec![])]);
-        let work = ExecutionStep { num_iter: Some(60), ..net_step("work", &["body"]) };
-        let rep = ExecutionStep { run_every_ms: Some(10), ..net_step("rep", &["report"]) };
-        let top = ExecutionStep { substep: vec![work, rep], concurrent_substeps: Some(true), ..step("top") };
-        assert!(run(&ws, &plan(vec![init, body, report], vec![net_step("i", &["init"]), top])).unwrap());
+        let body = net(
+            "body",
+            vec![
+                op("TestSleepMs", &[], &[], vec![int_arg("ms", 2)]),
+                op("CountUp", &["work"], &["w"], vec![]),
+            ],
+        );
+        let report = net(
+            "report",
+            vec![
+                op("CountUp", &["ticks"], &["t"], vec![]),
+                op("RetrieveCount", &["work"], &["seen"], vec![]),
+            ],
+        );
+        let work = ExecutionStep {
+            num_iter: Some(60),
+            ..net_step("work", &["body"])
+        };
+        let rep = ExecutionStep {
+            run_every_ms: Some(10),
+            ..net_step("rep", &["report"])
+        };
+        let top = ExecutionStep {
+            substep: vec![work, rep],
+            concurrent_substeps: Some(true),
+            ..step("top")
+        };
+        assert!(run(
+            &ws,
+            &plan(
+                vec![init, body, report],
+                vec![net_step("i", &["init"]), top]
+            )
+        )
+        .unwrap());
         // ~120 ms of work at a 10 ms period: several periodic runs plus the
         // final one, and the final one saw the body's last write.
-        assert!(counter(&ws, "ticks") >= 3, "ticks = {}", counter(&ws, "ticks"));
+        assert!(
+            counter(&ws, "ticks") >= 3,
+            "ticks = {}",
+            counter(&ws, "ticks")
+        );
         assert_eq!(i64_of(&ws, "seen"), 60);
     }
 
@@ -683,10 +991,23 @@ mod tests {
         let init = net("init", vec![op("CreateCounter", &[], &["ticks"], vec![])]);
         let report = net("report", vec![op("CountUp", &["ticks"], &["t"], vec![])]);
         let body = net("body", vec![op("CreateCounter", &[], &["x"], vec![])]);
-        let rep = ExecutionStep { run_every_ms: Some(60_000), ..net_step("rep", &["report"]) };
-        let top = ExecutionStep { substep: vec![net_step("b", &["body"]), rep], ..step("top") };
+        let rep = ExecutionStep {
+            run_every_ms: Some(60_000),
+            ..net_step("rep", &["report"])
+        };
+        let top = ExecutionStep {
+            substep: vec![net_step("b", &["body"]), rep],
+            ..step("top")
+        };
         for _ in 0..20 {
-            assert!(run(&ws, &plan(vec![init.clone(), report.clone(), body.clone()], vec![net_step("i", &["init"]), top.clone()])).unwrap());
+            assert!(run(
+                &ws,
+                &plan(
+                    vec![init.clone(), report.clone(), body.clone()],
+                    vec![net_step("i", &["init"]), top.clone()]
+                )
+            )
+            .unwrap());
             assert_eq!(counter(&ws, "ticks"), 1);
         }
     }
@@ -696,10 +1017,25 @@ mod tests {
         register_test_ops();
         let ws = Workspace::new();
         let init = net("init", vec![op("CreateCounter", &[], &["calls"], vec![])]);
-        let body = net("body", vec![op("TestFailAt", &["calls"], &[], vec![int_arg("at", 25)])]);
-        let inst = ExecutionStep { create_workspace: Some(true), num_iter: Some(4), ..net_step("inst", &["body"]) };
-        let par = ExecutionStep { substep: vec![inst], num_concurrent_instances: Some(50), ..step("par") };
-        let e = run(&ws, &plan(vec![init, body], vec![net_step("i", &["init"]), par])).unwrap_err();
+        let body = net(
+            "body",
+            vec![op("TestFailAt", &["calls"], &[], vec![int_arg("at", 25)])],
+        );
+        let inst = ExecutionStep {
+            create_workspace: Some(true),
+            num_iter: Some(4),
+            ..net_step("inst", &["body"])
+        };
+        let par = ExecutionStep {
+            substep: vec![inst],
+            num_concurrent_instances: Some(50),
+            ..step("par")
+        };
+        let e = run(
+            &ws,
+            &plan(vec![init, body], vec![net_step("i", &["init"]), par]),
+        )
+        .unwrap_err();
         assert_eq!(e.kind, ErrorKind::OperatorFailed);
         assert_eq!(e.context.op_type.as_deref(), Some("TestFailAt"));
         assert_eq!(e.context.net.as_deref(), Some("body"));
@@ -713,9 +1049,21 @@ mod tests {
         register_test_ops();
         let ws = Workspace::new();
         let init = net("init", vec![op("CreateCounter", &[], &["calls"], vec![])]);
-        let spin = net("spin", vec![op("TestSleepMs", &[], &[], vec![int_arg("ms", 1000)])]);
-        let fail = net("fail", vec![op("TestSleepMs", &[], &[], vec![int_arg("ms", 20)]), op("TestFailAt", &["calls"], &[], vec![int_arg("at", 0)])]);
-        let forever = ExecutionStep { should_stop_blob: Some("never".into()), ..net_step("forever", &["spin"]) };
+        let spin = net(
+            "spin",
+            vec![op("TestSleepMs", &[], &[], vec![int_arg("ms", 1000)])],
+        );
+        let fail = net(
+            "fail",
+            vec![
+                op("TestSleepMs", &[], &[], vec![int_arg("ms", 20)]),
+                op("TestFailAt", &["calls"], &[], vec![int_arg("at", 0)]),
+            ],
+        );
+        let forever = ExecutionStep {
+            should_stop_blob: Some("never".into()),
+            ..net_step("forever", &["spin"])
+        };
         ws.create_blob("never");
         let top = ExecutionStep {
             substep: vec![forever, net_step("failing", &["fail"])],
@@ -723,8 +1071,17 @@ mod tests {
             ..step("top")
         };
         let t = Instant::now();
-        let e = run(&ws, &plan(vec![init, spin, fail], vec![net_step("i", &["init"]), top])).unwrap_err();
-        assert_eq!(e.context.step.as_deref(), Some("failing"), "{}", e.full_message());
+        let e = run(
+            &ws,
+            &plan(vec![init, spin, fail], vec![net_step("i", &["init"]), top]),
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.context.step.as_deref(),
+            Some("failing"),
+            "{}",
+            e.full_message()
+        );
         assert!(t.elapsed() < Duration::from_secs(5));
     }
 
@@ -733,7 +1090,10 @@ mod tests {
         register_test_ops();
         let ws = Workspace::new();
         let p = plan(
-            vec![net("bad", vec![op("TestSoftFail", &[], &[], vec![])]), net("later", vec![op("CreateCounter", &[], &["c"], vec![])])],
+            vec![
+                net("bad", vec![op("TestSoftFail", &[], &[], vec![])]),
+                net("later", vec![op("CreateCounter", &[], &["c"], vec![])]),
+            ],
             vec![net_step("a", &["bad"]), net_step("b", &["later"])],
         );
         assert!(!run(&ws, &p).unwrap());
@@ -745,7 +1105,10 @@ mod tests {
         register_test_ops();
         let ws = Workspace::new();
         let p = plan(
-            vec![net("sleep", vec![op("TestSleepMs", &[], &[], vec![int_arg("ms", 60_000)])])],
+            vec![net(
+                "sleep",
+                vec![op("TestSleepMs", &[], &[], vec![int_arg("ms", 60_000)])],
+            )],
             vec![ExecutionStep {
                 substep: vec![net_step("a", &["sleep"]), net_step("b", &["sleep"])],
                 concurrent_substeps: Some(true),
@@ -768,7 +1131,15 @@ mod tests {
     #[test]
     fn existing_nets_are_recreated_once_per_plan() {
         let ws = Workspace::new();
-        let n = net("n", vec![op("CreateCounter", &[], &["c"], vec![int_arg("init_count", 1)])]);
+        let n = net(
+            "n",
+            vec![op(
+                "CreateCounter",
+                &[],
+                &["c"],
+                vec![int_arg("init_count", 1)],
+            )],
+        );
         ws.create_net(&net("n", vec![]), false).unwrap();
         assert!(run(&ws, &plan(vec![n], vec![net_step("s", &["n"])])).unwrap());
         assert_eq!(counter(&ws, "c"), 1);
@@ -778,7 +1149,10 @@ mod tests {
     #[test]
     fn empty_plan_succeeds_without_creating_nets() {
         let ws = Workspace::new();
-        let p = plan(vec![net("n", vec![op("CreateCounter", &[], &["c"], vec![])])], vec![]);
+        let p = plan(
+            vec![net("n", vec![op("CreateCounter", &[], &["c"], vec![])])],
+            vec![],
+        );
         assert!(run(&ws, &p).unwrap());
         assert!(!ws.has_net("n"));
     }
@@ -810,18 +1184,32 @@ mod proptests {
     ];
 
     fn arb_op() -> impl Strategy<Value = OperatorDef> {
-        (0..OPS.len(), prop::collection::vec(0..BLOBS.len(), 3), prop::option::of(-2i64..4)).prop_map(|(k, names, arg)| {
-            let (ty, ni, no) = OPS[k];
-            OperatorDef {
-                r#type: Some(ty.into()),
-                input: names[..ni].iter().map(|&i| BLOBS[i].to_string()).collect(),
-                output: names[ni..ni + no].iter().map(|&i| BLOBS[i].to_string()).collect(),
-                arg: arg
-                    .map(|v| vec![Argument { name: Some("init_count".into()), i: Some(v), ..Default::default() }])
-                    .unwrap_or_default(),
-                ..Default::default()
-            }
-        })
+        (
+            0..OPS.len(),
+            prop::collection::vec(0..BLOBS.len(), 3),
+            prop::option::of(-2i64..4),
+        )
+            .prop_map(|(k, names, arg)| {
+                let (ty, ni, no) = OPS[k];
+                OperatorDef {
+                    r#type: Some(ty.into()),
+                    input: names[..ni].iter().map(|&i| BLOBS[i].to_string()).collect(),
+                    output: names[ni..ni + no]
+                        .iter()
+                        .map(|&i| BLOBS[i].to_string())
+                        .collect(),
+                    arg: arg
+                        .map(|v| {
+                            vec![Argument {
+                                name: Some("init_count".into()),
+                                i: Some(v),
+                                ..Default::default()
+                            }]
+                        })
+                        .unwrap_or_default(),
+                    ..Default::default()
+                }
+            })
     }
 
     fn arb_step(depth: u32) -> BoxedStrategy<ExecutionStep> {

@@ -165,15 +165,24 @@ fn bad_object(msg: impl Into<String>) -> Error {
 }
 
 fn decode_counter(p: &BlobProto) -> Result<BlobValue> {
-    let t = p.tensor.as_ref().ok_or_else(|| bad_object("a saved counter has no tensor"))?;
+    let t = p
+        .tensor
+        .as_ref()
+        .ok_or_else(|| bad_object("a saved counter has no tensor"))?;
     if t.dims != [1] {
-        return Err(bad_object(format!("a saved counter must have dims [1], got {:?}", t.dims)));
+        return Err(bad_object(format!(
+            "a saved counter must have dims [1], got {:?}",
+            t.dims
+        )));
     }
     if t.data_type.unwrap_or(1) != crate::tensor::DataType::Int64 as i32 {
         return Err(bad_object("only int64 counters are supported"));
     }
     if t.int64_data.len() != 1 {
-        return Err(bad_object(format!("a saved counter must hold 1 value, got {}", t.int64_data.len())));
+        return Err(bad_object(format!(
+            "a saved counter must hold 1 value, got {}",
+            t.int64_data.len()
+        )));
     }
     Ok(BlobValue::Object(Arc::new(Counter::new(t.int64_data[0]))))
 }
@@ -195,7 +204,9 @@ fn decode_object(p: &BlobProto) -> Result<BlobValue> {
         )));
     }
     let decode = decoder_for(tag).ok_or_else(|| {
-        Error::type_error(format!("no decoder is registered for the blob type '{tag}', so it cannot be loaded"))
+        Error::type_error(format!(
+            "no decoder is registered for the blob type '{tag}', so it cannot be loaded"
+        ))
     })?;
     decode(p)
 }
@@ -255,12 +266,18 @@ pub fn sweep_stale_temporaries(dir: &Path) -> Result<usize> {
     for entry in fs::read_dir(dir).map_err(io_error(&shown))? {
         let Ok(entry) = entry else { continue };
         let name = entry.file_name();
-        let Some(pid) = name.to_str().and_then(temp_owner) else { continue };
+        let Some(pid) = name.to_str().and_then(temp_owner) else {
+            continue;
+        };
         let Ok(meta) = entry.metadata() else { continue };
         if !meta.is_file() {
             continue;
         }
-        let age = meta.modified().ok().and_then(|m| now.duration_since(m).ok()).unwrap_or(Duration::ZERO);
+        let age = meta
+            .modified()
+            .ok()
+            .and_then(|m| now.duration_since(m).ok())
+            .unwrap_or(Duration::ZERO);
         let stale = age >= STALE_AGE || (pid_alive(pid) == Some(false) && age >= DEAD_OWNER_GRACE);
         if stale && fs::remove_file(entry.path()).is_ok() {
             removed += 1;
@@ -282,7 +299,10 @@ fn sync_dir(_dir: &Path) -> std::io::Result<()> {
 /// Writes `path` crash-safely: `write` fills a temporary in the same
 /// directory, which is fsynced and renamed over `path`, then the directory is
 /// fsynced. On any error the temporary is removed and `path` is untouched.
-fn write_atomically(path: &str, write: impl FnOnce(&mut BufWriter<File>) -> Result<()>) -> Result<()> {
+fn write_atomically(
+    path: &str,
+    write: impl FnOnce(&mut BufWriter<File>) -> Result<()>,
+) -> Result<()> {
     let p = Path::new(path);
     let Some(file_name) = p.file_name() else {
         return Err(Error::invalid_arg(format!("'{path}' does not name a file")).with_file(path));
@@ -328,7 +348,10 @@ fn write_atomically(path: &str, write: impl FnOnce(&mut BufWriter<File>) -> Resu
 /// opened for reading). Its content is not checked; Load does that.
 pub fn db_exists(path: &str, db_type: &str) -> Result<bool> {
     DbType::parse(db_type)?;
-    Ok(File::open(path).and_then(|f| f.metadata()).map(|m| m.is_file()).unwrap_or(false))
+    Ok(File::open(path)
+        .and_then(|f| f.metadata())
+        .map(|m| m.is_file())
+        .unwrap_or(false))
 }
 
 // ------------------------------------------------------------ entries --
@@ -389,7 +412,8 @@ impl SaveOptions {
     fn chunk(&self) -> Result<usize> {
         match self.chunk_size {
             -1 => Ok(DEFAULT_CHUNK_SIZE),
-            n if n >= 0 => usize::try_from(n).map_err(|_| Error::invalid_arg(format!("chunk_size {n} is too large"))),
+            n if n >= 0 => usize::try_from(n)
+                .map_err(|_| Error::invalid_arg(format!("chunk_size {n} is too large"))),
             n => Err(Error::invalid_arg(format!(
                 "chunk_size must be -1 (the default), 0 (no chunking) or positive, got {n}"
             ))),
@@ -405,7 +429,10 @@ enum Prepared<'a> {
 }
 
 /// Checks names and kinds and serializes objects, before any file is opened.
-fn prepare<'a>(entries: &[(&'a str, &'a BlobValue)], db: DbType) -> Result<Vec<(&'a str, Prepared<'a>)>> {
+fn prepare<'a>(
+    entries: &[(&'a str, &'a BlobValue)],
+    db: DbType,
+) -> Result<Vec<(&'a str, Prepared<'a>)>> {
     let mut seen = HashSet::new();
     let mut out = Vec::with_capacity(entries.len());
     for &(name, value) in entries {
@@ -446,7 +473,10 @@ fn prepare<'a>(entries: &[(&'a str, &'a BlobValue)], db: DbType) -> Result<Vec<(
                     ))
                     .with_blob(name));
                 }
-                Prepared::Object { tag, proto: Box::new(proto) }
+                Prepared::Object {
+                    tag,
+                    proto: Box::new(proto),
+                }
             }
         };
         out.push((name, p));
@@ -482,7 +512,10 @@ fn chunks_of<T: Clone>(
     while begin < n.max(1) {
         let end = (begin + chunk).min(n);
         let mut p = base.clone();
-        p.segment = Some(Segment { begin: begin as i64, end: end as i64 });
+        p.segment = Some(Segment {
+            begin: begin as i64,
+            end: end as i64,
+        });
         fill(&mut p, &all[begin..end]);
         emit(format!("{name}{CHUNK_SEPARATOR}{}", begin / chunk), p)?;
         begin += chunk;
@@ -504,16 +537,51 @@ fn tensor_chunks(name: &str, t: &Tensor, chunk: usize, emit: &mut Emit<'_>) -> R
         p.int32_data = s.iter().map(|&x| x.into()).collect();
     }
     match t {
-        Tensor::F32(a) => chunks_of(a, &base, name, chunk, |p, s| p.float_data = s.to_vec(), emit),
-        Tensor::F64(a) => chunks_of(a, &base, name, chunk, |p, s| p.double_data = s.to_vec(), emit),
-        Tensor::I32(a) => chunks_of(a, &base, name, chunk, |p, s| p.int32_data = s.to_vec(), emit),
-        Tensor::I64(a) => chunks_of(a, &base, name, chunk, |p, s| p.int64_data = s.to_vec(), emit),
+        Tensor::F32(a) => chunks_of(
+            a,
+            &base,
+            name,
+            chunk,
+            |p, s| p.float_data = s.to_vec(),
+            emit,
+        ),
+        Tensor::F64(a) => chunks_of(
+            a,
+            &base,
+            name,
+            chunk,
+            |p, s| p.double_data = s.to_vec(),
+            emit,
+        ),
+        Tensor::I32(a) => chunks_of(
+            a,
+            &base,
+            name,
+            chunk,
+            |p, s| p.int32_data = s.to_vec(),
+            emit,
+        ),
+        Tensor::I64(a) => chunks_of(
+            a,
+            &base,
+            name,
+            chunk,
+            |p, s| p.int64_data = s.to_vec(),
+            emit,
+        ),
         Tensor::Bool(a) => chunks_of(a, &base, name, chunk, widen::<bool>, emit),
         Tensor::U8(a) => chunks_of(a, &base, name, chunk, widen::<u8>, emit),
         Tensor::I8(a) => chunks_of(a, &base, name, chunk, widen::<i8>, emit),
         Tensor::I16(a) => chunks_of(a, &base, name, chunk, widen::<i16>, emit),
         Tensor::U16(a) => chunks_of(a, &base, name, chunk, widen::<u16>, emit),
-        Tensor::Str(a) => chunks_of(a, &base, name, chunk, |p, s| p.string_data = s.to_vec(), emit),
+        Tensor::Str(a) => chunks_of(
+            a,
+            &base,
+            name,
+            chunk,
+            |p, s| p.string_data = s.to_vec(),
+            emit,
+        ),
     }
 }
 
@@ -545,7 +613,8 @@ fn gather<S: Clone, T>(
     let mut out = Vec::with_capacity(total);
     for &(_, _, p) in segs {
         for x in field(p) {
-            let v = conv(x.clone()).ok_or_else(|| bad_data(format!("a value is out of range for a {dtype} tensor")))?;
+            let v = conv(x.clone())
+                .ok_or_else(|| bad_data(format!("a value is out of range for a {dtype} tensor")))?;
             out.push(v);
         }
     }
@@ -597,19 +666,31 @@ fn gather_small<T>(
 /// every chunk has the same dims and dtype, and the segments cover every
 /// element exactly once. Errors carry no file or blob (the caller adds them).
 fn assemble_tensor(chunks: &[TensorProto]) -> Result<Tensor> {
-    let first = chunks.first().ok_or_else(|| bad_data("a tensor has no records"))?;
+    let first = chunks
+        .first()
+        .ok_or_else(|| bad_data("a tensor has no records"))?;
     let mut shape = Vec::with_capacity(first.dims.len());
     let mut total: usize = 1;
     for &d in &first.dims {
-        let du = usize::try_from(d)
-            .map_err(|_| bad_data(format!("the tensor has a negative dimension in dims {:?}", first.dims)))?;
-        total =
-            total.checked_mul(du).ok_or_else(|| bad_data(format!("the tensor's dims {:?} overflow", first.dims)))?;
+        let du = usize::try_from(d).map_err(|_| {
+            bad_data(format!(
+                "the tensor has a negative dimension in dims {:?}",
+                first.dims
+            ))
+        })?;
+        total = total
+            .checked_mul(du)
+            .ok_or_else(|| bad_data(format!("the tensor's dims {:?} overflow", first.dims)))?;
         shape.push(du);
     }
     let code = first.data_type.unwrap_or(1);
-    if chunks.iter().any(|c| c.dims != first.dims || c.data_type.unwrap_or(1) != code) {
-        return Err(bad_data("the records of a tensor disagree on its dims or data type"));
+    if chunks
+        .iter()
+        .any(|c| c.dims != first.dims || c.data_type.unwrap_or(1) != code)
+    {
+        return Err(bad_data(
+            "the records of a tensor disagree on its dims or data type",
+        ));
     }
     let mut segs: Vec<Seg<'_>> = Vec::with_capacity(chunks.len());
     for c in chunks {
@@ -633,18 +714,24 @@ fn assemble_tensor(chunks: &[TensorProto]) -> Result<Tensor> {
     let mut covered = 0;
     for s in &segs {
         if s.0 < covered {
-            return Err(bad_data(format!("the records of a tensor overlap at element {}", s.0)));
+            return Err(bad_data(format!(
+                "the records of a tensor overlap at element {}",
+                s.0
+            )));
         }
         covered = s.1.max(covered);
     }
     if read != total as u64 || covered != total {
-        return Err(bad_data(format!("Data size mismatch: expected {total} elements, read {read}")));
+        return Err(bad_data(format!(
+            "Data size mismatch: expected {total} elements, read {read}"
+        )));
     }
     // Caffe2's legacy "empty tensor without dtype" is a float tensor of shape [0].
     if code == DataType::Undefined as i32 && total == 0 {
         return Tensor::from_vec::<f32>(&[0], vec![]);
     }
-    let dt = DataType::from_i32(code).ok_or_else(|| bad_data(format!("unknown tensor data type {code}")))?;
+    let dt = DataType::from_i32(code)
+        .ok_or_else(|| bad_data(format!("unknown tensor data type {code}")))?;
     let t = match dt {
         DataType::Float => Tensor::from_vec(&shape, gather(&segs, |p| &p.float_data, Some, dt)?),
         DataType::Double => Tensor::from_vec(&shape, gather(&segs, |p| &p.double_data, Some, dt)?),
@@ -669,9 +756,10 @@ fn assemble_tensor(chunks: &[TensorProto]) -> Result<Tensor> {
             )?;
             Tensor::from_vec(&shape, v)
         }
-        DataType::Uint8 => {
-            Tensor::from_vec(&shape, gather_small(&segs, dt, |x| u8::try_from(x).ok(), |b| Some(b[0]), 1)?)
-        }
+        DataType::Uint8 => Tensor::from_vec(
+            &shape,
+            gather_small(&segs, dt, |x| u8::try_from(x).ok(), |b| Some(b[0]), 1)?,
+        ),
         DataType::Byte => {
             // Legacy BYTE tensors hold their bytes in byte_data.
             let v = gather(&segs, |p| p.byte_data.as_deref().unwrap_or(&[]), Some, dt)?;
@@ -679,22 +767,42 @@ fn assemble_tensor(chunks: &[TensorProto]) -> Result<Tensor> {
         }
         DataType::Int8 => Tensor::from_vec(
             &shape,
-            gather_small(&segs, dt, |x| i8::try_from(x).ok(), |b| Some(i8::from_le_bytes([b[0]])), 1)?,
+            gather_small(
+                &segs,
+                dt,
+                |x| i8::try_from(x).ok(),
+                |b| Some(i8::from_le_bytes([b[0]])),
+                1,
+            )?,
         ),
         DataType::Int16 => Tensor::from_vec(
             &shape,
-            gather_small(&segs, dt, |x| i16::try_from(x).ok(), |b| Some(i16::from_le_bytes([b[0], b[1]])), 2)?,
+            gather_small(
+                &segs,
+                dt,
+                |x| i16::try_from(x).ok(),
+                |b| Some(i16::from_le_bytes([b[0], b[1]])),
+                2,
+            )?,
         ),
         DataType::Uint16 => Tensor::from_vec(
             &shape,
-            gather_small(&segs, dt, |x| u16::try_from(x).ok(), |b| Some(u16::from_le_bytes([b[0], b[1]])), 2)?,
+            gather_small(
+                &segs,
+                dt,
+                |x| u16::try_from(x).ok(),
+                |b| Some(u16::from_le_bytes([b[0], b[1]])),
+                2,
+            )?,
         ),
-        DataType::Float16 => return Err(Error::type_error("float16 tensors are not supported by ferrocaffe")),
-        DataType::Undefined => {
+        DataType::Float16 => {
             return Err(Error::type_error(
-                "tensors of serialized objects (data type UNDEFINED) are not supported by ferrocaffe",
+                "float16 tensors are not supported by ferrocaffe",
             ))
         }
+        DataType::Undefined => return Err(Error::type_error(
+            "tensors of serialized objects (data type UNDEFINED) are not supported by ferrocaffe",
+        )),
     };
     t.map_err(|e| bad_data(e.message))
 }
@@ -715,7 +823,12 @@ fn minidb_put(w: &mut impl Write, path: &str, key: &str, value: &[u8]) -> Result
     w.write_all(value).map_err(&io)
 }
 
-fn write_minidb(w: &mut impl Write, path: &str, entries: &[(&str, Prepared<'_>)], chunk: usize) -> Result<()> {
+fn write_minidb(
+    w: &mut impl Write,
+    path: &str,
+    entries: &[(&str, Prepared<'_>)],
+    chunk: usize,
+) -> Result<()> {
     for (name, p) in entries {
         let name = *name;
         let r = match p {
@@ -760,7 +873,12 @@ struct MiniRecord {
     value_len: u64,
 }
 
-fn read_exact_or_corrupt(r: &mut impl Read, buf: &mut [u8], path: &str, what: &dyn Fn() -> String) -> Result<()> {
+fn read_exact_or_corrupt(
+    r: &mut impl Read,
+    buf: &mut [u8],
+    path: &str,
+    what: &dyn Fn() -> String,
+) -> Result<()> {
     r.read_exact(buf).map_err(|e| {
         if e.kind() == std::io::ErrorKind::UnexpectedEof {
             corrupt(path, format!("the db is truncated: {}", what()))
@@ -775,7 +893,10 @@ fn read_minidb(path: &str, select: &dyn Fn(&str) -> bool) -> Result<Vec<MiniReco
     let file = File::open(path).map_err(io_error(path))?;
     let len = file.metadata().map_err(io_error(path))?.len();
     if len == 0 {
-        return Err(corrupt(path, "the db file is empty (a minidb written by Save holds at least one record)"));
+        return Err(corrupt(
+            path,
+            "the db file is empty (a minidb written by Save holds at least one record)",
+        ));
     }
     let mut r = BufReader::with_capacity(1 << 20, file);
     let mut out = Vec::new();
@@ -789,9 +910,14 @@ fn read_minidb(path: &str, select: &dyn Fn(&str) -> bool) -> Result<Vec<MiniReco
             ));
         }
         let mut head = [0u8; 8];
-        read_exact_or_corrupt(&mut r, &mut head, path, &|| format!("record #{index} at byte {pos} is cut off"))?;
+        read_exact_or_corrupt(&mut r, &mut head, path, &|| {
+            format!("record #{index} at byte {pos} is cut off")
+        })?;
         if pos == 0 && head == *FERRO_MAGIC {
-            return Err(corrupt(path, "this is a ferrocaffe checkpoint, not a minidb: load it with db_type 'ferro'"));
+            return Err(corrupt(
+                path,
+                "this is a ferrocaffe checkpoint, not a minidb: load it with db_type 'ferro'",
+            ));
         }
         let kl = i32::from_ne_bytes([head[0], head[1], head[2], head[3]]);
         let vl = i32::from_ne_bytes([head[4], head[5], head[6], head[7]]);
@@ -812,19 +938,32 @@ fn read_minidb(path: &str, select: &dyn Fn(&str) -> bool) -> Result<Vec<MiniReco
             ));
         }
         let mut key = vec![0u8; kl as usize];
-        read_exact_or_corrupt(&mut r, &mut key, path, &|| format!("record #{index} at byte {pos} is cut off"))?;
-        let key = String::from_utf8(key)
-            .map_err(|_| corrupt(path, format!("record #{index} at byte {pos} has a key that is not UTF-8")))?;
+        read_exact_or_corrupt(&mut r, &mut key, path, &|| {
+            format!("record #{index} at byte {pos} is cut off")
+        })?;
+        let key = String::from_utf8(key).map_err(|_| {
+            corrupt(
+                path,
+                format!("record #{index} at byte {pos} has a key that is not UTF-8"),
+            )
+        })?;
         let name = key[..key.find(CHUNK_SEPARATOR).unwrap_or(key.len())].to_string();
         let value = if select(&name) {
             let mut v = vec![0u8; vl as usize];
-            read_exact_or_corrupt(&mut r, &mut v, path, &|| format!("record #{index} ('{key}') is cut off"))?;
+            read_exact_or_corrupt(&mut r, &mut v, path, &|| {
+                format!("record #{index} ('{key}') is cut off")
+            })?;
             Some(v)
         } else {
             r.seek_relative(i64::from(vl)).map_err(io_error(path))?;
             None
         };
-        out.push(MiniRecord { key, name, value, value_len: vl as u64 });
+        out.push(MiniRecord {
+            key,
+            name,
+            value,
+            value_len: vl as u64,
+        });
         pos += need;
     }
     Ok(out)
@@ -843,15 +982,22 @@ fn group_minidb(path: &str, records: Vec<MiniRecord>) -> Result<Vec<(String, Min
     for rec in records {
         let Some(value) = rec.value else { continue };
         let ctx = |e: Error| e.with_blob(&rec.name).with_file(path);
-        let bp = BlobProto::decode(value.as_slice())
-            .map_err(|e| ctx(bad_data(format!("cannot parse the record '{}' as a BlobProto: {e}", rec.key))))?;
+        let bp = BlobProto::decode(value.as_slice()).map_err(|e| {
+            ctx(bad_data(format!(
+                "cannot parse the record '{}' as a BlobProto: {e}",
+                rec.key
+            )))
+        })?;
         let is_tensor = bp.r#type.as_deref() == Some(TENSOR_TAG);
         match at.get(&rec.name) {
             None => {
                 let g = if is_tensor {
-                    let t = bp
-                        .tensor
-                        .ok_or_else(|| ctx(bad_data(format!("the tensor record '{}' holds no tensor", rec.key))))?;
+                    let t = bp.tensor.ok_or_else(|| {
+                        ctx(bad_data(format!(
+                            "the tensor record '{}' holds no tensor",
+                            rec.key
+                        )))
+                    })?;
                     MiniGroup::Tensor(vec![t], rec.value_len)
                 } else {
                     MiniGroup::Other(Box::new(bp), rec.value_len)
@@ -897,10 +1043,15 @@ fn list_minidb(path: &str) -> Result<Vec<EntryInfo>> {
         let info = match g {
             MiniGroup::Tensor(chunks, bytes) => {
                 let t = &chunks[0];
-                let shape =
-                    t.dims.iter().map(|&d| usize::try_from(d)).collect::<std::result::Result<Vec<_>, _>>().map_err(
-                        |_| corrupt(path, format!("the tensor has negative dims {:?}", t.dims)).with_blob(&name),
-                    )?;
+                let shape = t
+                    .dims
+                    .iter()
+                    .map(|&d| usize::try_from(d))
+                    .collect::<std::result::Result<Vec<_>, _>>()
+                    .map_err(|_| {
+                        corrupt(path, format!("the tensor has negative dims {:?}", t.dims))
+                            .with_blob(&name)
+                    })?;
                 EntryInfo {
                     name,
                     kind: EntryKind::Tensor,
@@ -912,8 +1063,19 @@ fn list_minidb(path: &str) -> Result<Vec<EntryInfo>> {
             }
             MiniGroup::Other(bp, bytes) => {
                 let tag = bp.r#type.unwrap_or_default();
-                let kind = if tag == STRING_TAG { EntryKind::Bytes } else { EntryKind::Object };
-                EntryInfo { name, kind, type_tag: tag, dtype: None, shape: vec![], bytes }
+                let kind = if tag == STRING_TAG {
+                    EntryKind::Bytes
+                } else {
+                    EntryKind::Object
+                };
+                EntryInfo {
+                    name,
+                    kind,
+                    type_tag: tag,
+                    dtype: None,
+                    shape: vec![],
+                    bytes,
+                }
             }
         };
         out.push(info);
@@ -1095,7 +1257,11 @@ impl<W: Write> Sink<'_, W> {
 /// Elements converted per staging buffer on the portable paths.
 const STAGE: usize = 1 << 16;
 
-fn write_pod<T: Pod, W: Write>(s: &mut Sink<'_, W>, crc: &mut crc32fast::Hasher, a: &ArrayD<T>) -> Result<()> {
+fn write_pod<T: Pod, W: Write>(
+    s: &mut Sink<'_, W>,
+    crc: &mut crc32fast::Hasher,
+    a: &ArrayD<T>,
+) -> Result<()> {
     if cfg!(target_endian = "little") {
         if let Some(sl) = a.as_slice() {
             // Fast path: straight from the tensor's memory.
@@ -1113,7 +1279,11 @@ fn write_pod<T: Pod, W: Write>(s: &mut Sink<'_, W>, crc: &mut crc32fast::Hasher,
     s.put_crc(crc, pod_bytes(&buf))
 }
 
-fn write_tensor_payload<W: Write>(s: &mut Sink<'_, W>, crc: &mut crc32fast::Hasher, t: &Tensor) -> Result<()> {
+fn write_tensor_payload<W: Write>(
+    s: &mut Sink<'_, W>,
+    crc: &mut crc32fast::Hasher,
+    t: &Tensor,
+) -> Result<()> {
     match t {
         Tensor::F32(a) => write_pod(s, crc, a),
         Tensor::F64(a) => write_pod(s, crc, a),
@@ -1155,7 +1325,12 @@ fn write_ferro(w: &mut impl Write, path: &str, entries: &[(&str, Prepared<'_>)])
         let (kind, dtype, dims, tag) = match p {
             Prepared::Tensor(t) => {
                 write_tensor_payload(&mut s, &mut crc, t).map_err(|e| e.with_blob(name))?;
-                (KIND_TENSOR, t.dtype() as i32 as u8, t.shape().iter().map(|&d| d as u64).collect(), String::new())
+                (
+                    KIND_TENSOR,
+                    t.dtype() as i32 as u8,
+                    t.shape().iter().map(|&d| d as u64).collect(),
+                    String::new(),
+                )
             }
             Prepared::Bytes(b) => {
                 s.put_crc(&mut crc, b)?;
@@ -1167,7 +1342,16 @@ fn write_ferro(w: &mut impl Write, path: &str, entries: &[(&str, Prepared<'_>)])
             }
         };
         let length = s.pos - offset;
-        index.push(IndexEntry { name: name.to_string(), kind, dtype, dims, offset, length, crc: crc.finalize(), tag });
+        index.push(IndexEntry {
+            name: name.to_string(),
+            kind,
+            dtype,
+            dims,
+            offset,
+            length,
+            crc: crc.finalize(),
+            tag,
+        });
     }
     s.pad()?;
     let index_offset = s.pos;
@@ -1239,7 +1423,16 @@ impl<'b> Cursor<'b> {
         let length = self.u64()?;
         let crc = self.u32()?;
         let tag = self.string()?;
-        Some(IndexEntry { name, kind, dtype, dims, offset, length, crc, tag })
+        Some(IndexEntry {
+            name,
+            kind,
+            dtype,
+            dims,
+            offset,
+            length,
+            crc,
+            tag,
+        })
     }
 }
 
@@ -1289,7 +1482,10 @@ fn open_ferro(path: &str) -> Result<FerroFile> {
         ));
     }
     if crc32fast::hash(&head[..60]) != le_u32(&head, 60) {
-        return Err(corrupt(path, "the checkpoint's header is damaged (CRC mismatch)"));
+        return Err(corrupt(
+            path,
+            "the checkpoint's header is damaged (CRC mismatch)",
+        ));
     }
     let version = le_u32(&head, 8);
     if version != FERRO_VERSION {
@@ -1303,7 +1499,8 @@ fn open_ferro(path: &str) -> Result<FerroFile> {
     if head[12..60].iter().any(|&b| b != 0) {
         return Err(corrupt(path, "the checkpoint's header has unknown flags"));
     }
-    r.seek(SeekFrom::Start(len - TRAILER_LEN)).map_err(io_error(path))?;
+    r.seek(SeekFrom::Start(len - TRAILER_LEN))
+        .map_err(io_error(path))?;
     let mut t = [0u8; TRAILER_LEN as usize];
     r.read_exact(&mut t).map_err(io_error(path))?;
     if t[40..48] != FERRO_END_MAGIC[..] {
@@ -1313,9 +1510,13 @@ fn open_ferro(path: &str) -> Result<FerroFile> {
         ));
     }
     if crc32fast::hash(&t[..36]) != le_u32(&t, 36) {
-        return Err(corrupt(path, "the checkpoint's trailer is damaged (CRC mismatch)"));
+        return Err(corrupt(
+            path,
+            "the checkpoint's trailer is damaged (CRC mismatch)",
+        ));
     }
-    let (index_offset, index_len, count, file_len) = (le_u64(&t, 0), le_u64(&t, 8), le_u64(&t, 16), le_u64(&t, 24));
+    let (index_offset, index_len, count, file_len) =
+        (le_u64(&t, 0), le_u64(&t, 8), le_u64(&t, 16), le_u64(&t, 24));
     if file_len != len {
         return Err(corrupt(
             path,
@@ -1324,29 +1525,49 @@ fn open_ferro(path: &str) -> Result<FerroFile> {
     }
     let consistent = index_offset >= HEADER_LEN
         && index_offset % ALIGN == 0
-        && index_offset.checked_add(index_len).and_then(|x| x.checked_add(TRAILER_LEN)) == Some(len)
+        && index_offset
+            .checked_add(index_len)
+            .and_then(|x| x.checked_add(TRAILER_LEN))
+            == Some(len)
         && count <= index_len / MIN_ENTRY_LEN;
     if !consistent {
-        return Err(corrupt(path, "the checkpoint's trailer is inconsistent with the file"));
+        return Err(corrupt(
+            path,
+            "the checkpoint's trailer is inconsistent with the file",
+        ));
     }
-    r.seek(SeekFrom::Start(index_offset)).map_err(io_error(path))?;
+    r.seek(SeekFrom::Start(index_offset))
+        .map_err(io_error(path))?;
     let mut index = vec![0u8; index_len as usize];
     r.read_exact(&mut index).map_err(io_error(path))?;
     if crc32fast::hash(&index) != le_u32(&t, 32) {
-        return Err(corrupt(path, "the checkpoint's index is damaged (CRC mismatch)"));
+        return Err(corrupt(
+            path,
+            "the checkpoint's index is damaged (CRC mismatch)",
+        ));
     }
     let mut c = Cursor { b: &index, at: 0 };
     let mut entries = Vec::with_capacity(count as usize);
     for i in 0..count {
-        let e = c.entry().ok_or_else(|| corrupt(path, format!("the checkpoint's index entry #{i} is malformed")))?;
+        let e = c.entry().ok_or_else(|| {
+            corrupt(
+                path,
+                format!("the checkpoint's index entry #{i} is malformed"),
+            )
+        })?;
         entries.push(e);
     }
     if c.at != index.len() {
         return Err(corrupt(path, "the checkpoint's index has trailing bytes"));
     }
     check_layout(path, &entries, index_offset)?;
-    r.seek(SeekFrom::Start(HEADER_LEN)).map_err(io_error(path))?;
-    Ok(FerroFile { r, entries, index_offset })
+    r.seek(SeekFrom::Start(HEADER_LEN))
+        .map_err(io_error(path))?;
+    Ok(FerroFile {
+        r,
+        entries,
+        index_offset,
+    })
 }
 
 /// Payloads are packed in index order at 64-byte boundaries before the index,
@@ -1357,10 +1578,20 @@ fn check_layout(path: &str, entries: &[IndexEntry], index_offset: u64) -> Result
     for e in entries {
         let bad = |msg: String| corrupt(path, msg).with_blob(&e.name);
         if !names.insert(e.name.as_str()) {
-            return Err(bad(format!("the blob '{}' appears twice in the checkpoint", e.name)));
+            return Err(bad(format!(
+                "the blob '{}' appears twice in the checkpoint",
+                e.name
+            )));
         }
-        if e.offset != align_up(end) || e.offset.checked_add(e.length).is_none_or(|x| x > index_offset) {
-            return Err(bad(format!("the index places blob '{}' at an impossible offset", e.name)));
+        if e.offset != align_up(end)
+            || e.offset
+                .checked_add(e.length)
+                .is_none_or(|x| x > index_offset)
+        {
+            return Err(bad(format!(
+                "the index places blob '{}' at an impossible offset",
+                e.name
+            )));
         }
         end = e.offset + e.length;
         let ok = match e.kind {
@@ -1377,11 +1608,17 @@ fn check_layout(path: &str, entries: &[IndexEntry], index_offset: u64) -> Result
             _ => false,
         };
         if !ok {
-            return Err(bad(format!("the index entry of blob '{}' is inconsistent", e.name)));
+            return Err(bad(format!(
+                "the index entry of blob '{}' is inconsistent",
+                e.name
+            )));
         }
     }
     if align_up(end) != index_offset {
-        return Err(corrupt(path, "the checkpoint's index does not follow its last blob"));
+        return Err(corrupt(
+            path,
+            "the checkpoint's index does not follow its last blob",
+        ));
     }
     Ok(())
 }
@@ -1391,9 +1628,14 @@ impl FerroFile {
     fn padding(&mut self, path: &str, pos: u64, offset: u64) -> Result<()> {
         let mut pad = [0u8; ALIGN as usize];
         let pad = &mut pad[..(offset - pos) as usize];
-        read_exact_or_corrupt(&mut self.r, pad, path, &|| format!("the file ends inside padding at byte {pos}"))?;
+        read_exact_or_corrupt(&mut self.r, pad, path, &|| {
+            format!("the file ends inside padding at byte {pos}")
+        })?;
         if pad.iter().any(|&b| b != 0) {
-            return Err(corrupt(path, format!("the checkpoint is damaged: nonzero padding after byte {pos}")));
+            return Err(corrupt(
+                path,
+                format!("the checkpoint is damaged: nonzero padding after byte {pos}"),
+            ));
         }
         Ok(())
     }
@@ -1406,12 +1648,16 @@ impl FerroFile {
     }
 
     fn read_checked(&mut self, path: &str, e: &IndexEntry, dst: &mut [u8]) -> Result<()> {
-        read_exact_or_corrupt(&mut self.r, dst, path, &|| format!("the data of blob '{}' is cut off", e.name))
-            .map_err(|err| err.with_blob(&e.name))?;
+        read_exact_or_corrupt(&mut self.r, dst, path, &|| {
+            format!("the data of blob '{}' is cut off", e.name)
+        })
+        .map_err(|err| err.with_blob(&e.name))?;
         if crc32fast::hash(dst) != e.crc {
-            return Err(
-                corrupt(path, format!("the data of blob '{}' is damaged (CRC mismatch)", e.name)).with_blob(&e.name)
-            );
+            return Err(corrupt(
+                path,
+                format!("the data of blob '{}' is damaged (CRC mismatch)", e.name),
+            )
+            .with_blob(&e.name));
         }
         Ok(())
     }
@@ -1425,14 +1671,16 @@ impl FerroFile {
                 *x = x.swap_le();
             }
         }
-        ArrayD::from_shape_vec(ndarray::IxDyn(&e.shape()), v).map_err(|err| Error::internal(err.to_string()))
+        ArrayD::from_shape_vec(ndarray::IxDyn(&e.shape()), v)
+            .map_err(|err| Error::internal(err.to_string()))
     }
 
     fn read_value(&mut self, path: &str, e: &IndexEntry) -> Result<BlobValue> {
         let bad = |msg: String| corrupt(path, msg).with_blob(&e.name);
         Ok(match e.kind {
             KIND_TENSOR => {
-                let dt = ferro_dtype(e.dtype).ok_or_else(|| bad(format!("unknown dtype {}", e.dtype)))?;
+                let dt = ferro_dtype(e.dtype)
+                    .ok_or_else(|| bad(format!("unknown dtype {}", e.dtype)))?;
                 BlobValue::Tensor(match dt {
                     DataType::Float => Tensor::F32(self.read_pod(path, e)?),
                     DataType::Double => Tensor::F64(self.read_pod(path, e)?),
@@ -1452,7 +1700,9 @@ impl FerroFile {
                                 _ => None,
                             })
                             .collect::<Option<Vec<bool>>>()
-                            .ok_or_else(|| bad("a bool tensor holds a byte other than 0 or 1".to_string()))?;
+                            .ok_or_else(|| {
+                                bad("a bool tensor holds a byte other than 0 or 1".to_string())
+                            })?;
                         Tensor::from_vec(&e.shape(), v)?
                     }
                     DataType::String => {
@@ -1464,11 +1714,15 @@ impl FerroFile {
                                 .u64()
                                 .and_then(|n| usize::try_from(n).ok())
                                 .and_then(|n| c.take(n))
-                                .ok_or_else(|| bad("a string tensor's data is malformed".to_string()))?;
+                                .ok_or_else(|| {
+                                    bad("a string tensor's data is malformed".to_string())
+                                })?;
                             v.push(s.to_vec());
                         }
                         if c.at != bytes.len() {
-                            return Err(bad("a string tensor's data has trailing bytes".to_string()));
+                            return Err(bad(
+                                "a string tensor's data has trailing bytes".to_string()
+                            ));
                         }
                         Tensor::from_vec(&e.shape(), v)?
                     }
@@ -1478,10 +1732,15 @@ impl FerroFile {
             KIND_BYTES => BlobValue::Bytes(self.payload_bytes(path, e)?),
             _ => {
                 let bytes = self.payload_bytes(path, e)?;
-                let proto = BlobProto::decode(bytes.as_slice())
-                    .map_err(|err| bad(format!("cannot parse the saved object as a BlobProto: {err}")))?;
+                let proto = BlobProto::decode(bytes.as_slice()).map_err(|err| {
+                    bad(format!(
+                        "cannot parse the saved object as a BlobProto: {err}"
+                    ))
+                })?;
                 if proto.r#type.as_deref() != Some(e.tag.as_str()) {
-                    return Err(bad("the saved object's type disagrees with the index".to_string()));
+                    return Err(bad(
+                        "the saved object's type disagrees with the index".to_string()
+                    ));
                 }
                 decode_object(&proto).map_err(|err| err.with_blob(&e.name).with_file(path))?
             }
@@ -1517,7 +1776,11 @@ fn verify_ferro(path: &str) -> Result<()> {
         if e.kind == KIND_OBJECT {
             let bytes = f.payload_bytes(path, e)?;
             BlobProto::decode(bytes.as_slice()).map_err(|err| {
-                corrupt(path, format!("cannot parse the saved object as a BlobProto: {err}")).with_blob(&e.name)
+                corrupt(
+                    path,
+                    format!("cannot parse the saved object as a BlobProto: {err}"),
+                )
+                .with_blob(&e.name)
             })?;
         } else {
             let mut crc = crc32fast::Hasher::new();
@@ -1532,8 +1795,11 @@ fn verify_ferro(path: &str) -> Result<()> {
                 left -= n as u64;
             }
             if crc.finalize() != e.crc {
-                return Err(corrupt(path, format!("the data of blob '{}' is damaged (CRC mismatch)", e.name))
-                    .with_blob(&e.name));
+                return Err(corrupt(
+                    path,
+                    format!("the data of blob '{}' is damaged (CRC mismatch)", e.name),
+                )
+                .with_blob(&e.name));
             }
         }
         pos = e.offset + e.length;
@@ -1547,11 +1813,22 @@ fn list_ferro(path: &str) -> Result<Vec<EntryInfo>> {
         .into_iter()
         .map(|e| {
             let (kind, type_tag, dtype) = match e.kind {
-                KIND_TENSOR => (EntryKind::Tensor, TENSOR_TAG.to_string(), ferro_dtype(e.dtype)),
+                KIND_TENSOR => (
+                    EntryKind::Tensor,
+                    TENSOR_TAG.to_string(),
+                    ferro_dtype(e.dtype),
+                ),
                 KIND_BYTES => (EntryKind::Bytes, STRING_TAG.to_string(), None),
                 _ => (EntryKind::Object, e.tag.clone(), None),
             };
-            EntryInfo { shape: e.shape(), name: e.name, kind, type_tag, dtype, bytes: e.length }
+            EntryInfo {
+                shape: e.shape(),
+                name: e.name,
+                kind,
+                type_tag,
+                dtype,
+                bytes: e.length,
+            }
         })
         .collect())
 }
@@ -1566,19 +1843,34 @@ pub fn save_blobs(path: &str, db_type: &str, entries: &[(String, BlobValue)]) ->
 }
 
 /// [`save_blobs`] with options.
-pub fn save_blobs_with(path: &str, db_type: &str, entries: &[(String, BlobValue)], opts: &SaveOptions) -> Result<()> {
+pub fn save_blobs_with(
+    path: &str,
+    db_type: &str,
+    entries: &[(String, BlobValue)],
+    opts: &SaveOptions,
+) -> Result<()> {
     let ty = DbType::parse(db_type).map_err(|e| e.with_file(path))?;
     let refs: Vec<(&str, &BlobValue)> = entries.iter().map(|(n, v)| (n.as_str(), v)).collect();
     save_blob_refs(path, ty, &refs, opts)
 }
 
 /// [`save_blobs_with`] for borrowed values (e.g. behind read guards).
-pub fn save_blob_refs_with(path: &str, db_type: &str, entries: &[(&str, &BlobValue)], opts: &SaveOptions) -> Result<()> {
+pub fn save_blob_refs_with(
+    path: &str,
+    db_type: &str,
+    entries: &[(&str, &BlobValue)],
+    opts: &SaveOptions,
+) -> Result<()> {
     let ty = DbType::parse(db_type).map_err(|e| e.with_file(path))?;
     save_blob_refs(path, ty, entries, opts)
 }
 
-fn save_blob_refs(path: &str, ty: DbType, entries: &[(&str, &BlobValue)], opts: &SaveOptions) -> Result<()> {
+fn save_blob_refs(
+    path: &str,
+    ty: DbType,
+    entries: &[(&str, &BlobValue)],
+    opts: &SaveOptions,
+) -> Result<()> {
     let chunk = opts.chunk().map_err(|e| e.with_file(path))?;
     let prepared = prepare(entries, ty).map_err(|e| e.with_file(path))?;
     write_atomically(path, |w| match ty {
@@ -1594,7 +1886,11 @@ pub fn load_db(path: &str, db_type: &str) -> Result<Vec<(String, BlobValue)>> {
 
 /// Loads the blobs whose stored name `select` accepts; the others are
 /// skipped without being decoded.
-pub fn load_db_select(path: &str, db_type: &str, select: &dyn Fn(&str) -> bool) -> Result<Vec<(String, BlobValue)>> {
+pub fn load_db_select(
+    path: &str,
+    db_type: &str,
+    select: &dyn Fn(&str) -> bool,
+) -> Result<Vec<(String, BlobValue)>> {
     match DbType::parse(db_type).map_err(|e| e.with_file(path))? {
         DbType::Ferro => load_ferro(path, select),
         DbType::MiniDb => load_minidb(path, select),
@@ -1658,10 +1954,13 @@ pub fn serialize_blob(name: &str, value: &BlobValue) -> Result<Vec<u8>> {
 /// Caffe2's `DeserializeBlob`: the value of a serialized `BlobProto` (a
 /// tensor must be complete, in one chunk).
 pub fn deserialize_blob(bytes: &[u8]) -> Result<BlobValue> {
-    let bp = BlobProto::decode(bytes).map_err(|e| bad_data(format!("cannot parse a BlobProto: {e}")))?;
+    let bp =
+        BlobProto::decode(bytes).map_err(|e| bad_data(format!("cannot parse a BlobProto: {e}")))?;
     let name = bp.name.clone().unwrap_or_default();
     let v = if bp.r#type.as_deref() == Some(TENSOR_TAG) {
-        let t = bp.tensor.ok_or_else(|| bad_data("the tensor blob holds no tensor"))?;
+        let t = bp
+            .tensor
+            .ok_or_else(|| bad_data("the tensor blob holds no tensor"))?;
         assemble_tensor(&[t]).map(BlobValue::Tensor)
     } else {
         decode_object(&bp)
@@ -1694,8 +1993,10 @@ mod tests {
             self.0.join(name).to_string_lossy().into_owned()
         }
         fn names(&self) -> Vec<String> {
-            let mut v: Vec<_> =
-                fs::read_dir(&self.0).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+            let mut v: Vec<_> = fs::read_dir(&self.0)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
             v.sort();
             v
         }
@@ -1714,7 +2015,13 @@ mod tests {
     /// One blob of every kind and dtype, including 0-dim and empty tensors.
     fn every_kind() -> Vec<(String, BlobValue)> {
         vec![
-            ("f32".into(), t(&[2, 3], vec![1.5f32, -2.0, 0.0, f32::MAX, f32::MIN_POSITIVE, -0.0])),
+            (
+                "f32".into(),
+                t(
+                    &[2, 3],
+                    vec![1.5f32, -2.0, 0.0, f32::MAX, f32::MIN_POSITIVE, -0.0],
+                ),
+            ),
             ("f64".into(), t(&[3], vec![1e300f64, -1.0, 0.25])),
             ("i32".into(), t(&[2, 2], vec![i32::MIN, -1, 0, i32::MAX])),
             ("i64".into(), t(&[2], vec![i64::MIN, i64::MAX])),
@@ -1723,16 +2030,45 @@ mod tests {
             ("i8".into(), t(&[3], vec![i8::MIN, -1, i8::MAX])),
             ("i16".into(), t(&[3], vec![i16::MIN, -1, i16::MAX])),
             ("u16".into(), t(&[2], vec![0u16, u16::MAX])),
-            ("str".into(), t(&[2, 2], vec![b"a".to_vec(), vec![], vec![0, 255, 10], b"hello world".to_vec()])),
-            ("scalar_f32".into(), BlobValue::Tensor(Tensor::scalar(3.25f32))),
-            ("scalar_i64".into(), BlobValue::Tensor(Tensor::scalar(-7i64))),
-            ("scalar_str".into(), BlobValue::Tensor(Tensor::scalar(b"x".to_vec()))),
-            ("scalar_bool".into(), BlobValue::Tensor(Tensor::scalar(true))),
+            (
+                "str".into(),
+                t(
+                    &[2, 2],
+                    vec![
+                        b"a".to_vec(),
+                        vec![],
+                        vec![0, 255, 10],
+                        b"hello world".to_vec(),
+                    ],
+                ),
+            ),
+            (
+                "scalar_f32".into(),
+                BlobValue::Tensor(Tensor::scalar(3.25f32)),
+            ),
+            (
+                "scalar_i64".into(),
+                BlobValue::Tensor(Tensor::scalar(-7i64)),
+            ),
+            (
+                "scalar_str".into(),
+                BlobValue::Tensor(Tensor::scalar(b"x".to_vec())),
+            ),
+            (
+                "scalar_bool".into(),
+                BlobValue::Tensor(Tensor::scalar(true)),
+            ),
             ("empty_f32".into(), t::<f32>(&[0], vec![])),
             ("empty_2d_i32".into(), t::<i32>(&[3, 0], vec![])),
             ("empty_str".into(), t::<Vec<u8>>(&[0, 2], vec![])),
-            ("counter".into(), BlobValue::Object(Arc::new(Counter::new(42)))),
-            ("mutex".into(), BlobValue::Object(Arc::new(BlobMutex::default()))),
+            (
+                "counter".into(),
+                BlobValue::Object(Arc::new(Counter::new(42))),
+            ),
+            (
+                "mutex".into(),
+                BlobValue::Object(Arc::new(BlobMutex::default())),
+            ),
             ("bytes".into(), BlobValue::Bytes(vec![0, 1, 2, 255])),
             ("empty_bytes".into(), BlobValue::Bytes(vec![])),
         ]
@@ -1749,7 +2085,12 @@ mod tests {
                     // Bit-exact for floats (-0.0 and friends).
                     match (x, y) {
                         (Tensor::F32(p), Tensor::F32(q)) => {
-                            assert!(p.iter().zip(q.iter()).all(|(u, v)| u.to_bits() == v.to_bits()), "{na}")
+                            assert!(
+                                p.iter()
+                                    .zip(q.iter())
+                                    .all(|(u, v)| u.to_bits() == v.to_bits()),
+                                "{na}"
+                            )
                         }
                         _ => assert_eq!(x, y, "{na}"),
                     }
@@ -1757,11 +2098,18 @@ mod tests {
                 (BlobValue::Bytes(x), BlobValue::Bytes(y)) => assert_eq!(x, y, "{na}"),
                 (BlobValue::Object(x), BlobValue::Object(y)) => {
                     assert_eq!(x.kind_name(), y.kind_name(), "{na}");
-                    if let (Ok(p), Ok(q)) = (va.object::<Counter>("Counter"), vb.object::<Counter>("Counter")) {
+                    if let (Ok(p), Ok(q)) = (
+                        va.object::<Counter>("Counter"),
+                        vb.object::<Counter>("Counter"),
+                    ) {
                         assert_eq!(p.get(), q.get(), "{na}");
                     }
                 }
-                _ => panic!("{na}: kinds differ: {} vs {}", va.kind_name(), vb.kind_name()),
+                _ => panic!(
+                    "{na}: kinds differ: {} vs {}",
+                    va.kind_name(),
+                    vb.kind_name()
+                ),
             }
         }
     }
@@ -1778,16 +2126,28 @@ mod tests {
             let listed = list_db(&path, db).unwrap();
             assert_eq!(listed.len(), entries.len());
             let f32_info = &listed[0];
-            assert_eq!((f32_info.name.as_str(), f32_info.kind), ("f32", EntryKind::Tensor));
-            assert_eq!((f32_info.dtype, f32_info.shape.clone()), (Some(DataType::Float), vec![2, 3]));
+            assert_eq!(
+                (f32_info.name.as_str(), f32_info.kind),
+                ("f32", EntryKind::Tensor)
+            );
+            assert_eq!(
+                (f32_info.dtype, f32_info.shape.clone()),
+                (Some(DataType::Float), vec![2, 3])
+            );
             let counter = listed.iter().find(|e| e.name == "counter").unwrap();
-            assert_eq!((counter.kind, counter.type_tag.as_str()), (EntryKind::Object, COUNTER_TAG));
+            assert_eq!(
+                (counter.kind, counter.type_tag.as_str()),
+                (EntryKind::Object, COUNTER_TAG)
+            );
             let bytes = listed.iter().find(|e| e.name == "bytes").unwrap();
             assert_eq!(bytes.kind, EntryKind::Bytes);
             assert!(db_exists(&path, db).unwrap());
         }
         // Only the two dbs are left: no temporaries.
-        assert_eq!(dir.names(), vec!["all.ferro".to_string(), "all.minidb".to_string()]);
+        assert_eq!(
+            dir.names(),
+            vec!["all.ferro".to_string(), "all.minidb".to_string()]
+        );
     }
 
     #[test]
@@ -1795,8 +2155,15 @@ mod tests {
         let dir = Scratch::new("storage");
         let path = dir.file("layout");
         let big: Vec<f32> = (0..1000).map(|i| i as f32).collect();
-        save_blobs(&path, "ferro", &[("a".into(), t(&[3], vec![1u8, 2, 3])), ("b".into(), t(&[1000], big.clone()))])
-            .unwrap();
+        save_blobs(
+            &path,
+            "ferro",
+            &[
+                ("a".into(), t(&[3], vec![1u8, 2, 3])),
+                ("b".into(), t(&[1000], big.clone())),
+            ],
+        )
+        .unwrap();
         let bytes = fs::read(&path).unwrap();
         assert_eq!(&bytes[..8], b"FERROCKP");
         assert_eq!(le_u32(&bytes, 8), 1);
@@ -1815,10 +2182,13 @@ mod tests {
     #[test]
     fn non_contiguous_tensors_take_the_portable_path() {
         let dir = Scratch::new("storage");
-        let a = ndarray::ArrayD::from_shape_vec(IxDyn(&[2, 3]), vec![1i64, 2, 3, 4, 5, 6]).unwrap().reversed_axes();
+        let a = ndarray::ArrayD::from_shape_vec(IxDyn(&[2, 3]), vec![1i64, 2, 3, 4, 5, 6])
+            .unwrap()
+            .reversed_axes();
         assert!(a.as_slice().is_none());
-        let b =
-            ndarray::ArrayD::from_shape_vec(IxDyn(&[2, 2]), vec![true, false, false, true]).unwrap().reversed_axes();
+        let b = ndarray::ArrayD::from_shape_vec(IxDyn(&[2, 2]), vec![true, false, false, true])
+            .unwrap()
+            .reversed_axes();
         let entries = vec![
             ("t".to_string(), BlobValue::Tensor(Tensor::I64(a.clone()))),
             ("b".into(), BlobValue::Tensor(Tensor::Bool(b.clone()))),
@@ -1831,10 +2201,20 @@ mod tests {
             assert_eq!(back[1].1.tensor().unwrap(), &Tensor::Bool(b.clone()));
         }
         // A staging buffer larger than one stage, converted piecewise.
-        let big = ndarray::ArrayD::from_shape_fn(IxDyn(&[300, 300]), |i| (i[0] * 300 + i[1]) as f32).reversed_axes();
+        let big =
+            ndarray::ArrayD::from_shape_fn(IxDyn(&[300, 300]), |i| (i[0] * 300 + i[1]) as f32)
+                .reversed_axes();
         let path = dir.file("big");
-        save_blobs(&path, "ferro", &[("big".into(), BlobValue::Tensor(Tensor::F32(big.clone())))]).unwrap();
-        assert_eq!(load_db(&path, "ferro").unwrap()[0].1.tensor().unwrap(), &Tensor::F32(big));
+        save_blobs(
+            &path,
+            "ferro",
+            &[("big".into(), BlobValue::Tensor(Tensor::F32(big.clone())))],
+        )
+        .unwrap();
+        assert_eq!(
+            load_db(&path, "ferro").unwrap()[0].1.tensor().unwrap(),
+            &Tensor::F32(big)
+        );
     }
 
     // ------------------------------------------------ minidb by hand --
@@ -1867,7 +2247,14 @@ mod tests {
 
     /// A Caffe2 TensorProto chunk, encoded by hand as Caffe2's C++ writes it
     /// (unpacked dims, packed data, segment).
-    fn hand_tensor(name: &str, dims: &[u64], dtype: u64, data_field: u32, packed: &[u8], seg: (u64, u64)) -> Vec<u8> {
+    fn hand_tensor(
+        name: &str,
+        dims: &[u64],
+        dtype: u64,
+        data_field: u32,
+        packed: &[u8],
+        seg: (u64, u64),
+    ) -> Vec<u8> {
         let mut tp = Vec::new();
         for &d in dims {
             field_varint(1, d, &mut tp);
@@ -1895,18 +2282,38 @@ mod tests {
         // "w": float [2, 2] in two chunks, written out of order (Caffe2's
         // threaded serializer may do that).
         let floats = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-        record("w#%1", &hand_tensor("w", &[2, 2], 1, 3, &floats(&[3.0, 4.0]), (2, 4)), &mut file);
-        record("w#%0", &hand_tensor("w", &[2, 2], 1, 3, &floats(&[1.0, 2.0]), (0, 2)), &mut file);
+        record(
+            "w#%1",
+            &hand_tensor("w", &[2, 2], 1, 3, &floats(&[3.0, 4.0]), (2, 4)),
+            &mut file,
+        );
+        record(
+            "w#%0",
+            &hand_tensor("w", &[2, 2], 1, 3, &floats(&[1.0, 2.0]), (0, 2)),
+            &mut file,
+        );
         // "ids": int64 [3] (field 10, packed varints).
         let mut ids = Vec::new();
         for v in [5i64, -1, 1 << 40] {
             varint(v as u64, &mut ids);
         }
-        record("ids#%0", &hand_tensor("ids", &[3], 10, 10, &ids, (0, 3)), &mut file);
+        record(
+            "ids#%0",
+            &hand_tensor("ids", &[3], 10, 10, &ids, (0, 3)),
+            &mut file,
+        );
         // "flags": bool [2] in int32_data (field 4).
-        record("flags#%0", &hand_tensor("flags", &[2], 5, 4, &[1, 0], (0, 2)), &mut file);
+        record(
+            "flags#%0",
+            &hand_tensor("flags", &[2], 5, 4, &[1, 0], (0, 2)),
+            &mut file,
+        );
         // "e": an empty int32 tensor [0, 4] still has chunk 0.
-        record("e#%0", &hand_tensor("e", &[0, 4], 2, 4, &[], (0, 0)), &mut file);
+        record(
+            "e#%0",
+            &hand_tensor("e", &[0, 4], 2, 4, &[], (0, 0)),
+            &mut file,
+        );
         // "names": string [2] (field 6, one entry per element).
         let mut bp = Vec::new();
         field_bytes(1, b"names", &mut bp);
@@ -1947,11 +2354,26 @@ mod tests {
         let got = load_db(&path, "minidb").unwrap();
         let names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["w", "ids", "flags", "e", "names", "it", "m", "s"]);
-        assert_eq!(got[0].1.tensor().unwrap(), &Tensor::from_vec(&[2, 2], vec![1.0f32, 2.0, 3.0, 4.0]).unwrap());
-        assert_eq!(got[1].1.tensor().unwrap(), &Tensor::from_vec(&[3], vec![5i64, -1, 1 << 40]).unwrap());
-        assert_eq!(got[2].1.tensor().unwrap(), &Tensor::from_vec(&[2], vec![true, false]).unwrap());
-        assert_eq!(got[3].1.tensor().unwrap(), &Tensor::from_vec::<i32>(&[0, 4], vec![]).unwrap());
-        assert_eq!(got[4].1.tensor().unwrap(), &Tensor::from_vec(&[2], vec![b"ab".to_vec(), vec![]]).unwrap());
+        assert_eq!(
+            got[0].1.tensor().unwrap(),
+            &Tensor::from_vec(&[2, 2], vec![1.0f32, 2.0, 3.0, 4.0]).unwrap()
+        );
+        assert_eq!(
+            got[1].1.tensor().unwrap(),
+            &Tensor::from_vec(&[3], vec![5i64, -1, 1 << 40]).unwrap()
+        );
+        assert_eq!(
+            got[2].1.tensor().unwrap(),
+            &Tensor::from_vec(&[2], vec![true, false]).unwrap()
+        );
+        assert_eq!(
+            got[3].1.tensor().unwrap(),
+            &Tensor::from_vec::<i32>(&[0, 4], vec![]).unwrap()
+        );
+        assert_eq!(
+            got[4].1.tensor().unwrap(),
+            &Tensor::from_vec(&[2], vec![b"ab".to_vec(), vec![]]).unwrap()
+        );
         assert_eq!(got[5].1.object::<Counter>("Counter").unwrap().get(), 17);
         got[6].1.object::<BlobMutex>("Mutex").unwrap();
         assert!(matches!(&got[7].1, BlobValue::Bytes(b) if b == b"payload\x00bytes"));
@@ -1962,15 +2384,30 @@ mod tests {
 
         // A missing chunk is Caffe2's "Data size mismatch", naming blob and file.
         let mut partial = Vec::new();
-        record("w#%1", &hand_tensor("w", &[2, 2], 1, 3, &floats(&[3.0, 4.0]), (2, 4)), &mut partial);
+        record(
+            "w#%1",
+            &hand_tensor("w", &[2, 2], 1, 3, &floats(&[3.0, 4.0]), (2, 4)),
+            &mut partial,
+        );
         fs::write(&path, &partial).unwrap();
         let e = load_db(&path, "minidb").unwrap_err();
         assert_eq!(e.kind, ErrorKind::CorruptCheckpoint);
-        assert!(e.message.contains("Data size mismatch: expected 4 elements, read 2"), "{e}");
-        assert_eq!((e.context.blob.as_deref(), e.context.file.as_deref()), (Some("w"), Some(path.as_str())));
+        assert!(
+            e.message
+                .contains("Data size mismatch: expected 4 elements, read 2"),
+            "{e}"
+        );
+        assert_eq!(
+            (e.context.blob.as_deref(), e.context.file.as_deref()),
+            (Some("w"), Some(path.as_str()))
+        );
         // A chunk whose data does not match its segment.
         let mut bad = Vec::new();
-        record("w#%0", &hand_tensor("w", &[2, 2], 1, 3, &floats(&[1.0]), (0, 4)), &mut bad);
+        record(
+            "w#%0",
+            &hand_tensor("w", &[2, 2], 1, 3, &floats(&[1.0]), (0, 4)),
+            &mut bad,
+        );
         fs::write(&path, &bad).unwrap();
         let e = load_db(&path, "minidb").unwrap_err();
         assert_eq!(e.kind, ErrorKind::CorruptCheckpoint);
@@ -1980,7 +2417,10 @@ mod tests {
         record("s", &bp, &mut dup);
         record("s", &bp, &mut dup);
         fs::write(&path, &dup).unwrap();
-        assert!(load_db(&path, "minidb").unwrap_err().message.contains("Blob duplicated"));
+        assert!(load_db(&path, "minidb")
+            .unwrap_err()
+            .message
+            .contains("Blob duplicated"));
     }
 
     /// Parses a minidb by hand: (key, value) records.
@@ -2003,45 +2443,80 @@ mod tests {
         let dir = Scratch::new("storage");
         let path = dir.file("saved.minidb");
         let entries = vec![
-            ("x".to_string(), t(&[2, 5], (0..10).map(|i| i as f32).collect())),
+            (
+                "x".to_string(),
+                t(&[2, 5], (0..10).map(|i| i as f32).collect()),
+            ),
             ("flags".to_string(), t(&[2], vec![true, false])),
             ("small".to_string(), t(&[2], vec![-3i16, 7])),
             ("e".to_string(), t::<f64>(&[0], vec![])),
-            ("c".to_string(), BlobValue::Object(Arc::new(Counter::new(9)))),
-            ("m".to_string(), BlobValue::Object(Arc::new(BlobMutex::default()))),
+            (
+                "c".to_string(),
+                BlobValue::Object(Arc::new(Counter::new(9))),
+            ),
+            (
+                "m".to_string(),
+                BlobValue::Object(Arc::new(BlobMutex::default())),
+            ),
             ("s".to_string(), BlobValue::Bytes(b"hi".to_vec())),
         ];
         save_blobs_with(&path, "minidb", &entries, &SaveOptions { chunk_size: 4 }).unwrap();
         let recs = parse_records(&fs::read(&path).unwrap());
         let keys: Vec<&str> = recs.iter().map(|(k, _)| k.as_str()).collect();
-        assert_eq!(keys, ["x#%0", "x#%1", "x#%2", "flags#%0", "small#%0", "e#%0", "c", "m", "s"]);
+        assert_eq!(
+            keys,
+            ["x#%0", "x#%1", "x#%2", "flags#%0", "small#%0", "e#%0", "c", "m", "s"]
+        );
         let bp = |i: usize| BlobProto::decode(recs[i].1.as_slice()).unwrap();
         let x1 = bp(1);
-        assert_eq!((x1.name.as_deref(), x1.r#type.as_deref()), (Some("x"), Some("Tensor")));
+        assert_eq!(
+            (x1.name.as_deref(), x1.r#type.as_deref()),
+            (Some("x"), Some("Tensor"))
+        );
         let tp = x1.tensor.unwrap();
-        assert_eq!((tp.dims.clone(), tp.data_type, tp.name.as_deref()), (vec![2, 5], Some(1), Some("x")));
+        assert_eq!(
+            (tp.dims.clone(), tp.data_type, tp.name.as_deref()),
+            (vec![2, 5], Some(1), Some("x"))
+        );
         assert_eq!(tp.segment, Some(Segment { begin: 4, end: 8 }));
         assert_eq!(tp.float_data, vec![4.0, 5.0, 6.0, 7.0]);
-        assert_eq!(bp(2).tensor.unwrap().segment, Some(Segment { begin: 8, end: 10 }));
+        assert_eq!(
+            bp(2).tensor.unwrap().segment,
+            Some(Segment { begin: 8, end: 10 })
+        );
         let flags = bp(3).tensor.unwrap();
         assert_eq!((flags.data_type, flags.int32_data), (Some(5), vec![1, 0]));
         assert_eq!(bp(4).tensor.unwrap().int32_data, vec![-3, 7]);
         let e = bp(5).tensor.unwrap();
-        assert_eq!((e.dims, e.segment, e.data_type), (vec![0], Some(Segment { begin: 0, end: 0 }), Some(13)));
+        assert_eq!(
+            (e.dims, e.segment, e.data_type),
+            (vec![0], Some(Segment { begin: 0, end: 0 }), Some(13))
+        );
         let c = bp(6);
         assert_eq!(c.r#type.as_deref(), Some(COUNTER_TAG));
         let ct = c.tensor.unwrap();
-        assert_eq!((ct.dims, ct.data_type, ct.int64_data), (vec![1], Some(10), vec![9]));
+        assert_eq!(
+            (ct.dims, ct.data_type, ct.int64_data),
+            (vec![1], Some(10), vec![9])
+        );
         let m = bp(7);
-        assert_eq!((m.r#type.as_deref(), m.content), (Some(MUTEX_TAG), Some(vec![])));
+        assert_eq!(
+            (m.r#type.as_deref(), m.content),
+            (Some(MUTEX_TAG), Some(vec![]))
+        );
         let s = bp(8);
-        assert_eq!((s.r#type.as_deref(), s.content), (Some(STRING_TAG), Some(b"hi".to_vec())));
+        assert_eq!(
+            (s.r#type.as_deref(), s.content),
+            (Some(STRING_TAG), Some(b"hi".to_vec()))
+        );
         // Chunks reassemble; chunk_size 0 writes one record per tensor.
         assert_same(&entries, &load_db(&path, "minidb").unwrap());
         save_blobs_with(&path, "minidb", &entries, &SaveOptions { chunk_size: 0 }).unwrap();
         assert_eq!(parse_records(&fs::read(&path).unwrap())[0].0, "x#%0");
         assert_eq!(parse_records(&fs::read(&path).unwrap())[1].0, "flags#%0");
-        assert!(save_blobs_with(&path, "minidb", &entries, &SaveOptions { chunk_size: -2 }).is_err());
+        assert!(
+            save_blobs_with(&path, "minidb", &entries, &SaveOptions { chunk_size: -2 }).is_err()
+        );
     }
 
     // -------------------------------------------------- damaged files --
@@ -2114,7 +2589,10 @@ mod tests {
         assert_eq!(e.context.blob.as_deref(), Some("a"));
         assert!(e.full_message().contains("CRC mismatch"), "{e}");
         // Loading only the other blobs skips the damaged one.
-        assert_eq!(load_db_select(&path, "ferro", &|n| n != "a").unwrap().len(), 4);
+        assert_eq!(
+            load_db_select(&path, "ferro", &|n| n != "a").unwrap().len(),
+            4
+        );
     }
 
     #[test]
@@ -2143,7 +2621,10 @@ mod tests {
         }
         // Cutting between the two chunks of "a" is a size mismatch, not a short tensor.
         fs::write(&path, &bytes[..boundaries[1]]).unwrap();
-        assert!(load_db(&path, "minidb").unwrap_err().message.contains("Data size mismatch"));
+        assert!(load_db(&path, "minidb")
+            .unwrap_err()
+            .message
+            .contains("Data size mismatch"));
     }
 
     #[test]
@@ -2166,8 +2647,14 @@ mod tests {
         let m = dir.file("m");
         save_blobs(&f, "ferro", &small_entries()).unwrap();
         save_blobs(&m, "minidb", &small_entries()).unwrap();
-        assert!(load_db(&f, "minidb").unwrap_err().message.contains("db_type 'ferro'"));
-        assert!(load_db(&m, "ferro").unwrap_err().message.contains("db_type 'minidb'"));
+        assert!(load_db(&f, "minidb")
+            .unwrap_err()
+            .message
+            .contains("db_type 'ferro'"));
+        assert!(load_db(&m, "ferro")
+            .unwrap_err()
+            .message
+            .contains("db_type 'minidb'"));
         let text = dir.file("text");
         fs::write(&text, b"hello, this is not a db at all").unwrap();
         assert_corrupt(&load_db(&text, "ferro").unwrap_err(), &text);
@@ -2184,7 +2671,11 @@ mod tests {
         for db in ["leveldb", "lmdb"] {
             let e = load_db(&path, db).unwrap_err();
             assert_eq!(e.kind, ErrorKind::InvalidArgument);
-            assert!(e.message.contains(&format!("db_type '{db}' is not supported")), "{e}");
+            assert!(
+                e.message
+                    .contains(&format!("db_type '{db}' is not supported")),
+                "{e}"
+            );
             assert!(db_exists(&path, db).is_err());
         }
         assert!(fs::read_dir(&dir.0).unwrap().next().is_none());
@@ -2196,27 +2687,50 @@ mod tests {
         let path = dir.file("db");
         save_blobs(&path, "ferro", &small_entries()).unwrap();
         let before = fs::read(&path).unwrap();
-        let timer = crate::blob::Timer { name: "t".into(), start: parking_lot::Mutex::new(None) };
+        let timer = crate::blob::Timer {
+            name: "t".into(),
+            start: parking_lot::Mutex::new(None),
+        };
         let cases: Vec<(Vec<(String, BlobValue)>, &str)> = vec![
             (vec![("a".into(), BlobValue::Empty)], "never written"),
-            (vec![("t".into(), BlobValue::Object(Arc::new(timer)))], "no known serializer"),
-            (vec![("a".into(), BlobValue::Bytes(vec![])), ("a".into(), BlobValue::Bytes(vec![]))], "given twice"),
+            (
+                vec![("t".into(), BlobValue::Object(Arc::new(timer)))],
+                "no known serializer",
+            ),
+            (
+                vec![
+                    ("a".into(), BlobValue::Bytes(vec![])),
+                    ("a".into(), BlobValue::Bytes(vec![])),
+                ],
+                "given twice",
+            ),
         ];
         for (entries, msg) in cases {
             for db in ["ferro", "minidb"] {
                 let e = save_blobs(&path, db, &entries).unwrap_err();
                 assert!(e.message.contains(msg), "{e}");
-                assert!(e.context.blob.is_some() && e.context.file.as_deref() == Some(path.as_str()), "{e:?}");
+                assert!(
+                    e.context.blob.is_some() && e.context.file.as_deref() == Some(path.as_str()),
+                    "{e:?}"
+                );
             }
         }
-        let e = save_blobs(&path, "minidb", &[("a#%b".into(), BlobValue::Bytes(vec![]))]).unwrap_err();
+        let e = save_blobs(
+            &path,
+            "minidb",
+            &[("a#%b".into(), BlobValue::Bytes(vec![]))],
+        )
+        .unwrap_err();
         assert!(e.message.contains("chunk separator"), "{e}");
         assert_eq!(fs::read(&path).unwrap(), before);
         assert_eq!(dir.names(), vec!["db".to_string()]);
         // A directory that does not exist is an Io error naming the file.
         let nowhere = dir.file("no/such/dir/db");
         let e = save_blobs(&nowhere, "ferro", &small_entries()).unwrap_err();
-        assert_eq!((e.kind, e.context.file.as_deref()), (ErrorKind::Io, Some(nowhere.as_str())));
+        assert_eq!(
+            (e.kind, e.context.file.as_deref()),
+            (ErrorKind::Io, Some(nowhere.as_str()))
+        );
     }
 
     #[test]
@@ -2231,7 +2745,8 @@ mod tests {
                 s.spawn(move || {
                     for i in 0..10 {
                         let v: i32 = k * 100 + i;
-                        save_blobs(&path, "ferro", &[("v".into(), t(&[1000], vec![v; 1000]))]).unwrap();
+                        save_blobs(&path, "ferro", &[("v".into(), t(&[1000], vec![v; 1000]))])
+                            .unwrap();
                     }
                 });
             }
@@ -2255,7 +2770,8 @@ mod tests {
         let touch = |name: &str, age_secs: u64| {
             let p = dir.0.join(name);
             let f = File::create(&p).unwrap();
-            f.set_modified(SystemTime::now() - Duration::from_secs(age_secs)).unwrap();
+            f.set_modified(SystemTime::now() - Duration::from_secs(age_secs))
+                .unwrap();
         };
         touch(&format!(".ckpt.tmp-{dead}-0"), 120); // dead owner: swept
         touch(&format!(".ckpt.tmp-{dead}-1"), 5); // dead owner but just written: kept for now
@@ -2288,7 +2804,8 @@ mod tests {
     fn big_tensor_throughput() {
         let dir = Scratch::new("storage");
         let n = 64 << 20; // 256 MiB of f32
-        let v = BlobValue::Tensor(Tensor::from_vec(&[n], (0..n).map(|i| i as f32).collect()).unwrap());
+        let v =
+            BlobValue::Tensor(Tensor::from_vec(&[n], (0..n).map(|i| i as f32).collect()).unwrap());
         let entries = vec![("big".to_string(), v)];
         for db in ["ferro", "minidb"] {
             let path = dir.file(db);
@@ -2319,14 +2836,18 @@ mod tests {
     }
 
     fn decode_thing(p: &BlobProto) -> Result<BlobValue> {
-        let s = String::from_utf8(p.content.clone().unwrap_or_default()).map_err(|_| bad_object("not UTF-8"))?;
+        let s = String::from_utf8(p.content.clone().unwrap_or_default())
+            .map_err(|_| bad_object("not UTF-8"))?;
         Ok(BlobValue::Object(Arc::new(Thing(s))))
     }
 
     #[test]
     fn registered_codecs_load_objects() {
         let dir = Scratch::new("storage");
-        let entries = vec![("thing".to_string(), BlobValue::Object(Arc::new(Thing("state".into()))))];
+        let entries = vec![(
+            "thing".to_string(),
+            BlobValue::Object(Arc::new(Thing("state".into()))),
+        )];
         for db in ["ferro", "minidb"] {
             let path = dir.file(db);
             save_blobs(&path, db, &entries).unwrap();
@@ -2350,6 +2871,9 @@ mod tests {
             let back = deserialize_blob(&bytes).unwrap();
             assert_same(&[(name.clone(), v)], &[(name, back)]);
         }
-        assert_eq!(deserialize_blob(&[0xff, 0xff]).unwrap_err().kind, ErrorKind::CorruptCheckpoint);
+        assert_eq!(
+            deserialize_blob(&[0xff, 0xff]).unwrap_err().kind,
+            ErrorKind::CorruptCheckpoint
+        );
     }
 }

@@ -218,7 +218,11 @@ impl Tensor {
             DataType::Int16 => Tensor::I16(ArrayD::default(s)),
             DataType::Uint16 => Tensor::U16(ArrayD::default(s)),
             DataType::String => Tensor::Str(ArrayD::default(s)),
-            other => return Err(Error::type_error(format!("unsupported tensor dtype {other}"))),
+            other => {
+                return Err(Error::type_error(format!(
+                    "unsupported tensor dtype {other}"
+                )))
+            }
         })
     }
 
@@ -246,14 +250,22 @@ impl Tensor {
     /// Borrows the array if the dtype is `T`, else a `Type` error naming both.
     pub fn array<T: Element>(&self) -> Result<&ArrayD<T>> {
         T::view(self).ok_or_else(|| {
-            Error::type_error(format!("expected a tensor of dtype {} but got {}", T::DTYPE, self.dtype()))
+            Error::type_error(format!(
+                "expected a tensor of dtype {} but got {}",
+                T::DTYPE,
+                self.dtype()
+            ))
         })
     }
 
     pub fn array_mut<T: Element>(&mut self) -> Result<&mut ArrayD<T>> {
         let got = self.dtype();
         T::view_mut(self).ok_or_else(|| {
-            Error::type_error(format!("expected a tensor of dtype {} but got {}", T::DTYPE, got))
+            Error::type_error(format!(
+                "expected a tensor of dtype {} but got {}",
+                T::DTYPE,
+                got
+            ))
         })
     }
 
@@ -288,7 +300,8 @@ impl Tensor {
         macro_rules! app {
             ($a:ident, $T:ty) => {{
                 let b = other.array::<$T>()?;
-                $a.append(ndarray::Axis(0), b.view()).map_err(|e| Error::shape(e.to_string()))
+                $a.append(ndarray::Axis(0), b.view())
+                    .map_err(|e| Error::shape(e.to_string()))
             }};
         }
         match self {
@@ -314,7 +327,10 @@ mod tests {
     fn wrong_dtype_names_both() {
         let t = Tensor::scalar(1i64);
         let e = t.array::<f32>().unwrap_err();
-        assert_eq!(e.message, "expected a tensor of dtype float32 but got int64");
+        assert_eq!(
+            e.message,
+            "expected a tensor of dtype float32 but got int64"
+        );
         assert_eq!(t.ndim(), 0);
         assert_eq!(t.numel(), 1);
     }
@@ -329,8 +345,14 @@ mod tests {
     #[test]
     fn append_rows_checks_inner_dims() {
         let mut a = Tensor::from_vec(&[1, 2], vec![1i32, 2]).unwrap();
-        a.append_rows(&Tensor::from_vec(&[2, 2], vec![3i32, 4, 5, 6]).unwrap()).unwrap();
-        assert_eq!(a, Tensor::from_vec(&[3, 2], vec![1, 2, 3, 4, 5, 6]).unwrap());
-        assert!(a.append_rows(&Tensor::from_vec(&[1, 3], vec![1i32, 2, 3]).unwrap()).is_err());
+        a.append_rows(&Tensor::from_vec(&[2, 2], vec![3i32, 4, 5, 6]).unwrap())
+            .unwrap();
+        assert_eq!(
+            a,
+            Tensor::from_vec(&[3, 2], vec![1, 2, 3, 4, 5, 6]).unwrap()
+        );
+        assert!(a
+            .append_rows(&Tensor::from_vec(&[1, 3], vec![1i32, 2, 3]).unwrap())
+            .is_err());
     }
 }

@@ -57,7 +57,10 @@ impl Workspace {
 
     /// A workspace that sees only the given `(local name -> parent name)`
     /// mappings of `parent`. Each target must exist now.
-    pub fn new_forwarding(parent: &Arc<Workspace>, mapping: &[(String, String)]) -> Result<Arc<Workspace>> {
+    pub fn new_forwarding(
+        parent: &Arc<Workspace>,
+        mapping: &[(String, String)],
+    ) -> Result<Arc<Workspace>> {
         let ws = Self::make(None, ".".to_string());
         for (local, outer) in mapping {
             ws.add_blob_mapping(local, parent, outer)?;
@@ -66,7 +69,12 @@ impl Workspace {
     }
 
     /// Maps `local` to `outer` in `parent` (resolved lazily on each access).
-    pub fn add_blob_mapping(&self, local: &str, parent: &Arc<Workspace>, outer: &str) -> Result<()> {
+    pub fn add_blob_mapping(
+        &self,
+        local: &str,
+        parent: &Arc<Workspace>,
+        outer: &str,
+    ) -> Result<()> {
         if !parent.has_blob(outer) {
             return Err(Error::blob_not_found(outer));
         }
@@ -110,7 +118,8 @@ impl Workspace {
 
     /// The blob, or a `BlobNotFound` error naming it.
     pub fn blob(&self, name: &str) -> Result<Blob> {
-        self.get_blob(name).ok_or_else(|| Error::blob_not_found(name))
+        self.get_blob(name)
+            .ok_or_else(|| Error::blob_not_found(name))
     }
 
     pub fn has_blob(&self, name: &str) -> bool {
@@ -127,7 +136,11 @@ impl Workspace {
 
     /// A local blob, shadowing any parent blob of the same name.
     pub fn create_local_blob(&self, name: &str) -> Blob {
-        self.blobs.write().entry(name.to_string()).or_insert_with(|| BlobCell::new(BlobValue::Empty)).clone()
+        self.blobs
+            .write()
+            .entry(name.to_string())
+            .or_insert_with(|| BlobCell::new(BlobValue::Empty))
+            .clone()
     }
 
     /// Removes a local blob; never touches a parent. Ops already bound to it
@@ -185,7 +198,9 @@ impl Workspace {
     pub fn create_net(self: &Arc<Self>, def: &NetDef, overwrite: bool) -> Result<SharedNet> {
         // Caffe2 requires the name field to be present; an empty name is fine.
         if def.name.is_none() {
-            return Err(Error::invalid_plan("a net definition must have a name to be created in a workspace"));
+            return Err(Error::invalid_plan(
+                "a net definition must have a name to be created in a workspace",
+            ));
         }
         let name = def.net_name();
         {
@@ -224,9 +239,18 @@ impl Workspace {
     }
 
     /// Runs a net created earlier, `num_iter` times.
-    pub fn run_net(self: &Arc<Self>, name: &str, num_iter: usize, cancel: &CancelToken) -> Result<bool> {
+    pub fn run_net(
+        self: &Arc<Self>,
+        name: &str,
+        num_iter: usize,
+        cancel: &CancelToken,
+    ) -> Result<bool> {
         let net = self.get_net(name).ok_or_else(|| {
-            Error::new(ErrorKind::NetNotFound, format!("net '{name}' does not exist in this workspace")).with_net(name)
+            Error::new(
+                ErrorKind::NetNotFound,
+                format!("net '{name}' does not exist in this workspace"),
+            )
+            .with_net(name)
         })?;
         let mut net = net.lock();
         for _ in 0..num_iter {
@@ -244,8 +268,16 @@ impl Workspace {
     }
 
     /// Builds a temporary op, runs it once and drops it.
-    pub fn run_operator_once(self: &Arc<Self>, def: &OperatorDef, cancel: &CancelToken) -> Result<bool> {
-        let net = NetDef { name: Some(String::new()), op: vec![def.clone()], ..Default::default() };
+    pub fn run_operator_once(
+        self: &Arc<Self>,
+        def: &OperatorDef,
+        cancel: &CancelToken,
+    ) -> Result<bool> {
+        let net = NetDef {
+            name: Some(String::new()),
+            op: vec![def.clone()],
+            ..Default::default()
+        };
         Net::create(&net, self)?.run(self, cancel)
     }
 

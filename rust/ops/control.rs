@@ -71,16 +71,22 @@ impl BlobObject for WorkspaceScope {
 
 fn create_scope(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     Ok(super::kernel(|cx| {
-        cx.output_blob(0).set(BlobValue::Object(Arc::new(WorkspaceScope::default())));
+        cx.output_blob(0)
+            .set(BlobValue::Object(Arc::new(WorkspaceScope::default())));
         Ok(true)
     }))
 }
 
 fn has_scope(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     Ok(super::kernel(|cx| {
-        let scope = cx.input_blob(0).read().object::<WorkspaceScope>("WorkspaceStack").map_err(|e| e.with_blob(&cx.io.input_names[0]))?;
+        let scope = cx
+            .input_blob(0)
+            .read()
+            .object::<WorkspaceScope>("WorkspaceStack")
+            .map_err(|e| e.with_blob(&cx.io.input_names[0]))?;
         let has = scope.kept.lock().is_some();
-        cx.output_blob(0).set(BlobValue::Tensor(Tensor::scalar(has)));
+        cx.output_blob(0)
+            .set(BlobValue::Tensor(Tensor::scalar(has)));
         Ok(true)
     }))
 }
@@ -92,7 +98,10 @@ struct DoOp {
 }
 
 fn build_do(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
-    let net = ctx.args.net("net")?.ok_or_else(|| ctx.bad_arg("Do needs a 'net' argument"))?;
+    let net = ctx
+        .args
+        .net("net")?
+        .ok_or_else(|| ctx.bad_arg("Do needs a 'net' argument"))?;
     let inner = ctx.args.string_list("inner_blobs")?.unwrap_or_default();
     let idx = ctx.args.ints("outer_blobs_idx")?.unwrap_or_default();
     if inner.len() != idx.len() {
@@ -104,15 +113,27 @@ fn build_do(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     }
     let (ni, no) = (ctx.num_inputs(), ctx.num_outputs());
     if ctx.input_name(ni - 1) != ctx.output_name(no - 1) {
-        return Err(ctx.bad_arg("the last input and the last output of Do must be the same scope blob"));
+        return Err(
+            ctx.bad_arg("the last input and the last output of Do must be the same scope blob")
+        );
     }
-    let outer: Vec<&str> = ctx.def.input[..ni - 1].iter().chain(ctx.def.output[..no - 1].iter()).map(|s| s.as_str()).collect();
+    let outer: Vec<&str> = ctx.def.input[..ni - 1]
+        .iter()
+        .chain(ctx.def.output[..no - 1].iter())
+        .map(|s| s.as_str())
+        .collect();
     let mut mapping = Vec::new();
     let mut bound = vec![false; outer.len()];
     for (name, &k) in inner.iter().zip(&idx) {
-        let k = usize::try_from(k).ok().filter(|&k| k < outer.len()).ok_or_else(|| {
-            ctx.bad_arg(format!("outer_blobs_idx {k} is out of range for {} outer blobs", outer.len()))
-        })?;
+        let k = usize::try_from(k)
+            .ok()
+            .filter(|&k| k < outer.len())
+            .ok_or_else(|| {
+                ctx.bad_arg(format!(
+                    "outer_blobs_idx {k} is out of range for {} outer blobs",
+                    outer.len()
+                ))
+            })?;
         if mapping.iter().any(|(n, _): &(String, String)| n == name) {
             return Err(ctx.bad_arg(format!("inner blob '{name}' is listed twice")));
         }
@@ -121,18 +142,36 @@ fn build_do(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     }
     // Every outer name must be bound (a name that is both an input and an
     // output appears twice in the outer list but needs one binding).
-    if let Some(k) = (0..outer.len()).find(|&k| !bound[k] && !outer.iter().zip(&bound).any(|(n, b)| *b && *n == outer[k])) {
-        return Err(ctx.bad_arg(format!("outer blob '{}' is not bound to an inner blob", outer[k])));
+    if let Some(k) = (0..outer.len())
+        .find(|&k| !bound[k] && !outer.iter().zip(&bound).any(|(n, b)| *b && *n == outer[k]))
+    {
+        return Err(ctx.bad_arg(format!(
+            "outer blob '{}' is not bound to an inner blob",
+            outer[k]
+        )));
     }
     let reuse = ctx.args.bool("reuse_workspace", false)?;
     ctx.args.bool("copy_external_blobs", false)?;
-    Ok(Box::new(DoOp { net, mapping, reuse }))
+    Ok(Box::new(DoOp {
+        net,
+        mapping,
+        reuse,
+    }))
 }
 
 impl Operator for DoOp {
     fn run(&mut self, cx: &mut OpCx<'_>) -> Result<bool> {
-        let scope_name = cx.io.input_names.last().expect("Do has a scope input").clone();
-        let scope = cx.input_blob(cx.num_inputs() - 1).read().object::<WorkspaceScope>("WorkspaceStack").map_err(|e| e.with_blob(&scope_name))?;
+        let scope_name = cx
+            .io
+            .input_names
+            .last()
+            .expect("Do has a scope input")
+            .clone();
+        let scope = cx
+            .input_blob(cx.num_inputs() - 1)
+            .read()
+            .object::<WorkspaceScope>("WorkspaceStack")
+            .map_err(|e| e.with_blob(&scope_name))?;
         if self.reuse {
             let mut kept = scope.kept.lock();
             if kept.is_none() {
@@ -172,7 +211,9 @@ fn read_cond(cx: &OpCx<'_>) -> Result<bool> {
 fn sub_net(ctx: &OpDefCtx<'_>, arg_name: &str, required: bool) -> Result<Option<Net>> {
     match ctx.args.net(arg_name)? {
         Some(def) => Ok(Some(Net::create(&def, ctx.ws)?)),
-        None if required => Err(ctx.bad_arg(format!("{} needs a '{arg_name}' argument", ctx.op_type()))),
+        None if required => {
+            Err(ctx.bad_arg(format!("{} needs a '{arg_name}' argument", ctx.op_type())))
+        }
         None => Ok(None),
     }
 }

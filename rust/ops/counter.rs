@@ -1,9 +1,9 @@
 //! Counters, iteration counters, mutexes and timers.
 
 use super::kernel;
+use crate::arg;
 use crate::blob::{BlobMutex, BlobValue, Counter, Timer};
 use crate::error::{Error, Result};
-use crate::arg;
 use crate::operator::{InPlace, OpCx, OpDefCtx, OpSchema, Operator};
 use crate::tensor::Tensor;
 use std::sync::atomic::Ordering;
@@ -85,13 +85,17 @@ fn init_count(ctx: &OpDefCtx<'_>) -> Result<i64> {
 }
 
 fn counter_of(cx: &OpCx<'_>) -> Result<Arc<Counter>> {
-    cx.input_blob(0).read().object::<Counter>("Counter").map_err(|e| e.with_blob(&cx.io.input_names[0]))
+    cx.input_blob(0)
+        .read()
+        .object::<Counter>("Counter")
+        .map_err(|e| e.with_blob(&cx.io.input_names[0]))
 }
 
 fn create_counter(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let init = init_count(ctx)?;
     Ok(kernel(move |cx| {
-        cx.output_blob(0).set(BlobValue::Object(Arc::new(Counter::new(init))));
+        cx.output_blob(0)
+            .set(BlobValue::Object(Arc::new(Counter::new(init))));
         Ok(true)
     }))
 }
@@ -101,7 +105,8 @@ fn reset_counter(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     Ok(kernel(move |cx| {
         let prev = counter_of(cx)?.0.swap(init, Ordering::SeqCst);
         if cx.num_outputs() == 1 {
-            cx.output_blob(0).set(BlobValue::Tensor(Tensor::scalar(prev)));
+            cx.output_blob(0)
+                .set(BlobValue::Tensor(Tensor::scalar(prev)));
         }
         Ok(true)
     }))
@@ -110,7 +115,8 @@ fn reset_counter(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 fn count_down(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     Ok(kernel(|cx| {
         let prev = counter_of(cx)?.0.fetch_sub(1, Ordering::SeqCst);
-        cx.output_blob(0).set(BlobValue::Tensor(Tensor::scalar(prev <= 0)));
+        cx.output_blob(0)
+            .set(BlobValue::Tensor(Tensor::scalar(prev <= 0)));
         Ok(true)
     }))
 }
@@ -118,7 +124,8 @@ fn count_down(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 fn check_counter_done(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     Ok(kernel(|cx| {
         let v = counter_of(cx)?.get();
-        cx.output_blob(0).set(BlobValue::Tensor(Tensor::scalar(v <= 0)));
+        cx.output_blob(0)
+            .set(BlobValue::Tensor(Tensor::scalar(v <= 0)));
         Ok(true)
     }))
 }
@@ -126,7 +133,8 @@ fn check_counter_done(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 fn count_up(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     Ok(kernel(|cx| {
         let prev = counter_of(cx)?.0.fetch_add(1, Ordering::SeqCst);
-        cx.output_blob(0).set(BlobValue::Tensor(Tensor::scalar(prev)));
+        cx.output_blob(0)
+            .set(BlobValue::Tensor(Tensor::scalar(prev)));
         Ok(true)
     }))
 }
@@ -147,12 +155,18 @@ fn increment(v: &mut BlobValue, name: &str) -> Result<()> {
     let t = v.tensor_mut().map_err(|e| e.with_blob(name))?;
     let a = t.array_mut::<i64>().map_err(|e| e.with_blob(name))?;
     if a.len() != 1 {
-        return Err(Error::shape(format!("the iteration counter must have exactly one element, got shape {:?}", a.shape()))
-            .with_blob(name));
+        return Err(Error::shape(format!(
+            "the iteration counter must have exactly one element, got shape {:?}",
+            a.shape()
+        ))
+        .with_blob(name));
     }
     let x = a.iter_mut().next().expect("one element");
     if *x < 0 || *x == i64::MAX {
-        return Err(Error::invalid_arg(format!("the iteration counter holds {x}, outside [0, INT64_MAX)")).with_blob(name));
+        return Err(Error::invalid_arg(format!(
+            "the iteration counter holds {x}, outside [0, INT64_MAX)"
+        ))
+        .with_blob(name));
     }
     *x += 1;
     Ok(())
@@ -168,7 +182,10 @@ fn iter(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 }
 
 fn mutex_of(cx: &OpCx<'_>) -> Result<Arc<BlobMutex>> {
-    cx.input_blob(0).read().object::<BlobMutex>("Mutex").map_err(|e| e.with_blob(&cx.io.input_names[0]))
+    cx.input_blob(0)
+        .read()
+        .object::<BlobMutex>("Mutex")
+        .map_err(|e| e.with_blob(&cx.io.input_names[0]))
 }
 
 fn atomic_iter(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
@@ -183,7 +200,8 @@ fn atomic_iter(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 
 fn create_mutex(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     Ok(kernel(|cx| {
-        cx.output_blob(0).set(BlobValue::Object(Arc::new(BlobMutex::default())));
+        cx.output_blob(0)
+            .set(BlobValue::Object(Arc::new(BlobMutex::default())));
         Ok(true)
     }))
 }
@@ -194,10 +212,20 @@ fn atomic_fetch_add(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         let m = mutex_of(cx)?;
         let _g = m.0.lock();
         let mut l = cx.lock();
-        fn add<T: crate::tensor::Element + Copy + num_add::CheckedAdd>(l: &mut crate::operator::Locked<'_>) -> Result<()> {
-            let a = l.tensor(1)?.scalar_value::<T>().map_err(|e| e.with_blob(l.input_name(1)))?;
-            let b = l.tensor(2)?.scalar_value::<T>().map_err(|e| e.with_blob(l.input_name(2)))?;
-            let sum = a.checked_add(b).ok_or_else(|| Error::invalid_arg("AtomicFetchAdd overflowed"))?;
+        fn add<T: crate::tensor::Element + Copy + num_add::CheckedAdd>(
+            l: &mut crate::operator::Locked<'_>,
+        ) -> Result<()> {
+            let a = l
+                .tensor(1)?
+                .scalar_value::<T>()
+                .map_err(|e| e.with_blob(l.input_name(1)))?;
+            let b = l
+                .tensor(2)?
+                .scalar_value::<T>()
+                .map_err(|e| e.with_blob(l.input_name(2)))?;
+            let sum = a
+                .checked_add(b)
+                .ok_or_else(|| Error::invalid_arg("AtomicFetchAdd overflowed"))?;
             l.set_output(0, Tensor::scalar(sum));
             l.set_output(1, Tensor::scalar(a));
             Ok(())
@@ -228,20 +256,29 @@ mod num_add {
 }
 
 fn timer_of(cx: &OpCx<'_>) -> Result<Arc<Timer>> {
-    cx.input_blob(0).read().object::<Timer>("Timer").map_err(|e| e.with_blob(&cx.io.input_names[0]))
+    cx.input_blob(0)
+        .read()
+        .object::<Timer>("Timer")
+        .map_err(|e| e.with_blob(&cx.io.input_names[0]))
 }
 
 fn timer_begin(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let name = ctx.args.string("counter_name", ctx.output_name(0))?;
     Ok(kernel(move |cx| {
-        let t = Timer { name: name.clone(), start: parking_lot::Mutex::new(Some(Instant::now())) };
+        let t = Timer {
+            name: name.clone(),
+            start: parking_lot::Mutex::new(Some(Instant::now())),
+        };
         cx.output_blob(0).set(BlobValue::Object(Arc::new(t)));
         Ok(true)
     }))
 }
 
 fn elapsed_ns(t: &Timer) -> i64 {
-    t.start.lock().map(|s| s.elapsed().as_nanos() as i64).unwrap_or(0)
+    t.start
+        .lock()
+        .map(|s| s.elapsed().as_nanos() as i64)
+        .unwrap_or(0)
 }
 
 fn timer_end(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
@@ -264,7 +301,8 @@ fn timer_get_and_end(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         let t = timer_of(cx)?;
         let ns = elapsed_ns(&t);
         *t.start.lock() = None;
-        cx.output_blob(0).set(BlobValue::Tensor(Tensor::from_vec(&[1], vec![ns])?));
+        cx.output_blob(0)
+            .set(BlobValue::Tensor(Tensor::from_vec(&[1], vec![ns])?));
         Ok(true)
     }))
 }

@@ -162,7 +162,9 @@ struct TreeIterator {
 impl TreeIterator {
     fn new(names: &[String]) -> Result<TreeIterator> {
         let parts: Vec<Vec<&str>> = names.iter().map(|n| n.split(':').collect()).collect();
-        let length_fields: Vec<usize> = (0..names.len()).filter(|&i| parts[i].last() == Some(&"lengths")).collect();
+        let length_fields: Vec<usize> = (0..names.len())
+            .filter(|&i| parts[i].last() == Some(&"lengths"))
+            .collect();
         let mut domain = vec![0; names.len()];
         for (id, field) in parts.iter().enumerate() {
             // The lengths field with the longest prefix of this field's name;
@@ -185,7 +187,11 @@ impl TreeIterator {
                 )));
             }
         }
-        Ok(TreeIterator { names: names.to_vec(), length_fields, domain })
+        Ok(TreeIterator {
+            names: names.to_vec(),
+            length_fields,
+            domain,
+        })
     }
 
     fn num_fields(&self) -> usize {
@@ -199,7 +205,13 @@ impl TreeIterator {
     /// Moves `offsets` forward by `num` top-level entries (fewer at the end),
     /// setting `sizes` to the rows taken in each domain. On error `offsets`
     /// is unchanged.
-    fn advance(&self, cols: &Columns<'_>, offsets: &mut [i64], sizes: &mut [i64], num: i64) -> Result<()> {
+    fn advance(
+        &self,
+        cols: &Columns<'_>,
+        offsets: &mut [i64],
+        sizes: &mut [i64],
+        num: i64,
+    ) -> Result<()> {
         let n = self.num_domains();
         if offsets.len() != n {
             return Err(Error::invalid_arg(format!(
@@ -212,7 +224,10 @@ impl TreeIterator {
         if offsets[0] > limits[0] {
             return Err(Error::new(
                 ErrorKind::IndexOutOfRange,
-                format!("tried to advance past the end of the cursor: offset {} of {} records", offsets[0], limits[0]),
+                format!(
+                    "tried to advance past the end of the cursor: offset {} of {} records",
+                    offsets[0], limits[0]
+                ),
             ));
         }
         sizes[0] = (limits[0] - offsets[0]).min(num);
@@ -265,7 +280,12 @@ struct Columns<'a> {
 
 /// Reads the columns; `fields[i]` is the tensor of field `i`, named `names[i]`.
 /// With `strict`, fields of one domain must have the same number of rows.
-fn columns<'a>(it: &TreeIterator, fields: &[&'a Tensor], names: &[&str], strict: bool) -> Result<Columns<'a>> {
+fn columns<'a>(
+    it: &TreeIterator,
+    fields: &[&'a Tensor],
+    names: &[&str],
+    strict: bool,
+) -> Result<Columns<'a>> {
     let mut limits = vec![i64::MAX; it.num_domains()];
     for (i, t) in fields.iter().enumerate() {
         if t.ndim() == 0 {
@@ -290,7 +310,9 @@ fn columns<'a>(it: &TreeIterator, fields: &[&'a Tensor], names: &[&str], strict:
         .length_fields
         .iter()
         .map(|&f| {
-            let a = fields[f].array::<i32>().map_err(|e| e.with_blob(names[f]))?;
+            let a = fields[f]
+                .array::<i32>()
+                .map_err(|e| e.with_blob(names[f]))?;
             Ok(match a.as_slice() {
                 Some(s) => Cow::Borrowed(s),
                 None => Cow::Owned(a.iter().copied().collect()),
@@ -327,7 +349,12 @@ pub struct TreeCursor {
 
 impl fmt::Debug for TreeCursor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "TreeCursor({:?}, offsets {:?})", self.field_names, self.offsets.lock())
+        write!(
+            f,
+            "TreeCursor({:?}, offsets {:?})",
+            self.field_names,
+            self.offsets.lock()
+        )
     }
 }
 
@@ -343,7 +370,9 @@ impl BlobObject for TreeCursor {
 }
 
 fn decode_cursor(p: &BlobProto) -> Result<BlobValue> {
-    Ok(BlobValue::Object(std::sync::Arc::new(TreeCursor::from_blob_proto(p)?)))
+    Ok(BlobValue::Object(std::sync::Arc::new(
+        TreeCursor::from_blob_proto(p)?,
+    )))
 }
 
 const CURSOR_MAGIC: &[u8; 4] = b"FCTC";
@@ -372,9 +401,15 @@ impl TreeCursor {
             )));
         }
         if let Some(o) = offsets.iter().find(|&&o| o < 0) {
-            return Err(Error::invalid_arg(format!("cursor offsets must be >= 0, got {o}")));
+            return Err(Error::invalid_arg(format!(
+                "cursor offsets must be >= 0, got {o}"
+            )));
         }
-        Ok(TreeCursor { field_names, it, offsets: Mutex::new(offsets) })
+        Ok(TreeCursor {
+            field_names,
+            it,
+            offsets: Mutex::new(offsets),
+        })
     }
 
     /// The current offsets (empty before the first read or after a reset).
@@ -396,8 +431,9 @@ impl TreeCursor {
     /// count, and i64 offsets.
     pub fn to_bytes(&self) -> Vec<u8> {
         let offsets = self.offsets();
-        let mut b =
-            Vec::with_capacity(16 + self.field_names.iter().map(|n| n.len() + 4).sum::<usize>() + 8 * offsets.len());
+        let mut b = Vec::with_capacity(
+            16 + self.field_names.iter().map(|n| n.len() + 4).sum::<usize>() + 8 * offsets.len(),
+        );
         b.extend_from_slice(CURSOR_MAGIC);
         b.push(CURSOR_VERSION);
         b.extend_from_slice(&(self.field_names.len() as u32).to_le_bytes());
@@ -435,13 +471,16 @@ impl TreeCursor {
         }
         let version = r.take(1)?[0];
         if version != CURSOR_VERSION {
-            return Err(corrupt(format!("unsupported TreeCursor format version {version}")));
+            return Err(corrupt(format!(
+                "unsupported TreeCursor format version {version}"
+            )));
         }
         let nf = r.u32()?;
         let mut names = Vec::with_capacity(nf.min(bytes.len()));
         for _ in 0..nf {
             let len = r.u32()?;
-            let s = std::str::from_utf8(r.take(len)?).map_err(|_| corrupt("a TreeCursor field name is not UTF-8"))?;
+            let s = std::str::from_utf8(r.take(len)?)
+                .map_err(|_| corrupt("a TreeCursor field name is not UTF-8"))?;
             names.push(s.to_string());
         }
         let no = r.u32()?;
@@ -450,9 +489,13 @@ impl TreeCursor {
             offsets.push(i64::from_le_bytes(r.take(8)?.try_into().expect("8 bytes")));
         }
         if !r.0.is_empty() {
-            return Err(corrupt(format!("{} unexpected bytes after a serialised TreeCursor", r.0.len())));
+            return Err(corrupt(format!(
+                "{} unexpected bytes after a serialised TreeCursor",
+                r.0.len()
+            )));
         }
-        Self::from_parts(names, offsets).map_err(|e| corrupt(format!("invalid serialised TreeCursor: {}", e.message)))
+        Self::from_parts(names, offsets)
+            .map_err(|e| corrupt(format!("invalid serialised TreeCursor: {}", e.message)))
     }
 
     /// Caffe2's BlobProto layout: type `std::unique_ptr<TreeCursor>`, the
@@ -479,7 +522,8 @@ impl TreeCursor {
     /// Reads Caffe2's BlobProto layout (see [`Self::to_blob_proto`]).
     pub fn from_blob_proto(p: &BlobProto) -> Result<TreeCursor> {
         let content = p.content.as_deref().unwrap_or_default();
-        let content = std::str::from_utf8(content).map_err(|_| corrupt("TreeCursor field names are not UTF-8"))?;
+        let content = std::str::from_utf8(content)
+            .map_err(|_| corrupt("TreeCursor field names are not UTF-8"))?;
         let names = content.split_whitespace().map(str::to_string).collect();
         let offsets = match &p.tensor {
             None => Vec::new(),
@@ -491,14 +535,16 @@ impl TreeCursor {
                 )))
             }
         };
-        Self::from_parts(names, offsets).map_err(|e| corrupt(format!("invalid TreeCursor blob: {}", e.message)))
+        Self::from_parts(names, offsets)
+            .map_err(|e| corrupt(format!("invalid TreeCursor blob: {}", e.message)))
     }
 }
 
 // ------------------------------------------------------------- op helpers --
 
 fn cursor_in(v: &BlobValue, name: &str) -> Result<Arc<TreeCursor>> {
-    v.object::<TreeCursor>("TreeCursor").map_err(|e| e.with_blob(name))
+    v.object::<TreeCursor>("TreeCursor")
+        .map_err(|e| e.with_blob(name))
 }
 
 fn cursor_of(cx: &OpCx<'_>) -> Result<Arc<TreeCursor>> {
@@ -506,13 +552,24 @@ fn cursor_of(cx: &OpCx<'_>) -> Result<Arc<TreeCursor>> {
 }
 
 /// Inputs `first..first + n` as tensors, with their names.
-fn field_inputs<'l>(l: &'l Locked<'_>, first: usize, n: usize) -> Result<(Vec<&'l Tensor>, Vec<&'l str>)> {
-    let tensors = (first..first + n).map(|i| l.tensor(i)).collect::<Result<Vec<_>>>()?;
+fn field_inputs<'l>(
+    l: &'l Locked<'_>,
+    first: usize,
+    n: usize,
+) -> Result<(Vec<&'l Tensor>, Vec<&'l str>)> {
+    let tensors = (first..first + n)
+        .map(|i| l.tensor(i))
+        .collect::<Result<Vec<_>>>()?;
     let names = (first..first + n).map(|i| l.input_name(i)).collect();
     Ok((tensors, names))
 }
 
-fn check_field_counts(cx: &OpCx<'_>, cursor: &TreeCursor, extra_inputs: usize, outputs: bool) -> Result<()> {
+fn check_field_counts(
+    cx: &OpCx<'_>,
+    cursor: &TreeCursor,
+    extra_inputs: usize,
+    outputs: bool,
+) -> Result<()> {
     let nf = cursor.it.num_fields();
     if cx.num_inputs() != nf + extra_inputs {
         return Err(Error::invalid_arg(format!(
@@ -541,7 +598,9 @@ fn batch_size_arg(ctx: &OpDefCtx<'_>) -> Result<i64> {
 }
 
 fn fields_arg(ctx: &OpDefCtx<'_>) -> Result<Vec<String>> {
-    ctx.args.string_list("fields").map(Option::unwrap_or_default)
+    ctx.args
+        .string_list("fields")
+        .map(Option::unwrap_or_default)
 }
 
 // ------------------------------------------------------------------- ops --
@@ -569,10 +628,13 @@ fn get_cursor_offset(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         let v = offsets
             .iter()
             .map(|&o| {
-                i32::try_from(o).map_err(|_| Error::invalid_arg(format!("cursor offset {o} does not fit in int32")))
+                i32::try_from(o).map_err(|_| {
+                    Error::invalid_arg(format!("cursor offset {o} does not fit in int32"))
+                })
             })
             .collect::<Result<Vec<i32>>>()?;
-        cx.output_blob(0).set(BlobValue::Tensor(Tensor::from_vec(&[v.len()], v)?));
+        cx.output_blob(0)
+            .set(BlobValue::Tensor(Tensor::from_vec(&[v.len()], v)?));
         Ok(true)
     }))
 }
@@ -595,7 +657,9 @@ fn read_next_batch(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
                     offsets.resize(cursor.it.num_domains(), 0);
                 }
                 let start = offsets.clone();
-                cursor.it.advance(&cols, &mut offsets, &mut sizes, batch_size)?;
+                cursor
+                    .it
+                    .advance(&cols, &mut offsets, &mut sizes, batch_size)?;
                 start
             };
             if enforce && sizes[0] < batch_size {
@@ -627,12 +691,18 @@ fn compute_offset(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             let (fields, names) = field_inputs(&l, 1, cursor.it.num_fields())?;
             let cols = columns(&cursor.it, &fields, &names, false)?;
             if cols.limits[0] == i64::MAX {
-                return Err(Error::invalid_arg("ComputeOffset needs at least one dataset field"));
+                return Err(Error::invalid_arg(
+                    "ComputeOffset needs at least one dataset field",
+                ));
             }
             let rows = cols.limits[0] as usize + 1;
             let mut data = Vec::with_capacity(rows * nd);
             let mut offsets = cursor.offsets.lock();
-            let mut at = if offsets.is_empty() { vec![0; nd] } else { offsets.clone() };
+            let mut at = if offsets.is_empty() {
+                vec![0; nd]
+            } else {
+                offsets.clone()
+            };
             let mut sizes = vec![0i64; nd];
             for _ in 0..rows {
                 data.extend_from_slice(&at);
@@ -738,7 +808,9 @@ fn sort_and_shuffle(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     }
     if batch_size < 1
         || shuffle_size < 1
-        || batch_size.checked_mul(shuffle_size).is_none_or(|c| c > i64::from(i32::MAX))
+        || batch_size
+            .checked_mul(shuffle_size)
+            .is_none_or(|c| c > i64::from(i32::MAX))
     {
         return Err(ctx.bad_arg(format!(
             "batch_size and shuffle_size must be >= 1 (and their product fit in int32), got {batch_size} and {shuffle_size}"
@@ -759,19 +831,28 @@ impl Operator for SortAndShuffleOp {
         let mut l = cx.lock();
         let indices = {
             if let Some(f) = self.sort_by.filter(|&f| f >= nf) {
-                return Err(Error::invalid_arg(format!("sort_by_field_idx {f} is out of range for {nf} fields")));
+                return Err(Error::invalid_arg(format!(
+                    "sort_by_field_idx {f} is out of range for {nf} fields"
+                )));
             }
             if nf == 0 {
-                return Err(Error::invalid_arg("SortAndShuffle needs at least one dataset field"));
+                return Err(Error::invalid_arg(
+                    "SortAndShuffle needs at least one dataset field",
+                ));
             }
             let size_field = self.sort_by.unwrap_or(0);
             let t = l.tensor(size_field + 1)?;
             if t.ndim() == 0 {
-                return Err(Error::shape("dataset fields must be at least 1-D").with_blob(l.input_name(size_field + 1)));
+                return Err(Error::shape("dataset fields must be at least 1-D")
+                    .with_blob(l.input_name(size_field + 1)));
             }
             let size = t.shape()[0];
             let bs = self.batch_size;
-            let shuffle_size = if bs * self.shuffle_size > size { size / bs } else { self.shuffle_size };
+            let shuffle_size = if bs * self.shuffle_size > size {
+                size / bs
+            } else {
+                self.shuffle_size
+            };
             let mut idx: Vec<i64> = (0..size as i64).collect();
             if let Some(f) = self.sort_by {
                 if cursor.it.domain[f] != 0 {
@@ -780,7 +861,9 @@ impl Operator for SortAndShuffleOp {
                         cursor.it.names[f]
                     )));
                 }
-                let keys = t.array::<i32>().map_err(|e| e.with_blob(l.input_name(f + 1)))?;
+                let keys = t
+                    .array::<i32>()
+                    .map_err(|e| e.with_blob(l.input_name(f + 1)))?;
                 let keys: Vec<i32> = keys.iter().copied().collect();
                 idx.sort_by_key(|&i| keys[i as usize]);
             }
@@ -818,13 +901,19 @@ fn read_random_batch(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         let mut l = cx.lock();
         let batch = {
             let idx_name = l.input_name(1);
-            let idx = l.tensor(1)?.array::<i64>().map_err(|e| e.with_blob(idx_name))?;
+            let idx = l
+                .tensor(1)?
+                .array::<i64>()
+                .map_err(|e| e.with_blob(idx_name))?;
             let idx: Cow<'_, [i64]> = match idx.as_slice() {
                 Some(s) => Cow::Borrowed(s),
                 None => Cow::Owned(idx.iter().copied().collect()),
             };
             let mat_name = l.input_name(2);
-            let mat = l.tensor(2)?.array::<i64>().map_err(|e| e.with_blob(mat_name))?;
+            let mat = l
+                .tensor(2)?
+                .array::<i64>()
+                .map_err(|e| e.with_blob(mat_name))?;
             if mat.ndim() != 2 {
                 return Err(Error::shape(format!(
                     "the offsets matrix must be 2-D (ComputeOffset's output), got shape {:?}",
@@ -849,8 +938,11 @@ fn read_random_batch(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
                 offsets[0] += batch_size;
                 at
             };
-            let picked =
-                if first >= n { &idx[..0] } else { &idx[first as usize..(first + batch_size).min(n) as usize] };
+            let picked = if first >= n {
+                &idx[..0]
+            } else {
+                &idx[first as usize..(first + batch_size).min(n) as usize]
+            };
             let (fields, names) = field_inputs(&l, 3, nf)?;
             let mut batch = Vec::with_capacity(nf);
             for (i, field) in fields.iter().enumerate() {
@@ -905,7 +997,11 @@ fn read_random_batch(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 fn check_dataset_consistency(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let it = TreeIterator::new(&fields_arg(ctx)?).map_err(|e| e.with_op(ctx.op_type(), None))?;
     if ctx.num_inputs() != it.num_fields() {
-        return Err(ctx.bad_arg(format!("expected {} fields as inputs, got {}", it.num_fields(), ctx.num_inputs())));
+        return Err(ctx.bad_arg(format!(
+            "expected {} fields as inputs, got {}",
+            it.num_fields(),
+            ctx.num_inputs()
+        )));
     }
     Ok(kernel(move |cx| {
         let l = cx.lock();
@@ -915,9 +1011,17 @@ fn check_dataset_consistency(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         let (mut offsets, mut sizes) = (vec![0i64; nd], vec![0i64; nd]);
         it.advance(&cols, &mut offsets, &mut sizes, cols.limits[0])?;
         // Domain d > 0 is defined by lengths field d - 1.
-        for (&lf, (&reached, &limit)) in it.length_fields.iter().zip(offsets.iter().zip(&cols.limits).skip(1)) {
+        for (&lf, (&reached, &limit)) in it
+            .length_fields
+            .iter()
+            .zip(offsets.iter().zip(&cols.limits).skip(1))
+        {
             if reached != limit {
-                let rows = if limit == i64::MAX { "no fields".to_string() } else { format!("{limit} rows") };
+                let rows = if limit == i64::MAX {
+                    "no fields".to_string()
+                } else {
+                    format!("{limit} rows")
+                };
                 return Err(Error::shape(format!(
                     "inconsistent dataset: the lengths in '{}' add up to {reached}, but its domain has {rows}",
                     it.names[lf]
@@ -941,20 +1045,29 @@ enum AppendMode {
 
 fn check_append(dst: &BlobValue, src: &Tensor) -> Result<AppendMode> {
     if src.ndim() == 0 {
-        return Err(Error::shape("cannot append a 0-dim tensor: the appended tensor needs at least 1 dim"));
+        return Err(Error::shape(
+            "cannot append a 0-dim tensor: the appended tensor needs at least 1 dim",
+        ));
     }
     let a = match dst {
         BlobValue::Empty => return Ok(AppendMode::Replace),
         BlobValue::Tensor(a) => a,
         other => {
-            return Err(Error::type_error(format!("cannot append to {}: a tensor was expected", other.kind_name())))
+            return Err(Error::type_error(format!(
+                "cannot append to {}: a tensor was expected",
+                other.kind_name()
+            )))
         }
     };
     if a.numel() == 0 && a.ndim() > 0 && a.shape()[0] == 0 {
         return Ok(AppendMode::Replace);
     }
     if a.dtype() != src.dtype() {
-        return Err(Error::type_error(format!("cannot append a {} tensor to a {} tensor", src.dtype(), a.dtype())));
+        return Err(Error::type_error(format!(
+            "cannot append a {} tensor to a {} tensor",
+            src.dtype(),
+            a.dtype()
+        )));
     }
     if a.ndim() != src.ndim() || a.shape()[1..] != src.shape()[1..] {
         return Err(Error::shape(format!(
@@ -979,7 +1092,9 @@ fn append(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         let mut l = cx.lock();
         let src_name = l.input_name(1).to_string();
         let dst_name = l.output_name(0).to_string();
-        let (dst, src) = l.output_and_input(0, 1).expect("in place is enforced on A only");
+        let (dst, src) = l
+            .output_and_input(0, 1)
+            .expect("in place is enforced on A only");
         let src = src.tensor().map_err(|e| e.with_blob(&src_name))?;
         let mode = check_append(dst, src).map_err(|e| e.with_blob(&dst_name))?;
         do_append(dst, src, mode).map_err(|e| e.with_blob(&dst_name))?;
@@ -997,20 +1112,26 @@ fn atomic_append(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         )));
     }
     Ok(kernel(move |cx| {
-        let mutex =
-            cx.input_blob(0).read().object::<BlobMutex>("Mutex").map_err(|e| e.with_blob(&cx.io.input_names[0]))?;
+        let mutex = cx
+            .input_blob(0)
+            .read()
+            .object::<BlobMutex>("Mutex")
+            .map_err(|e| e.with_blob(&cx.io.input_names[0]))?;
         // The mutex first, then the blobs (as AtomicIter and AtomicFetchAdd).
         let _guard = mutex.0.lock();
         let mut l = cx.lock();
         let mut modes = Vec::with_capacity(n);
         for i in 0..n {
             let src = l.tensor(1 + n + i)?;
-            modes.push(check_append(l.input(1 + i), src).map_err(|e| e.with_blob(l.output_name(i)))?);
+            modes.push(
+                check_append(l.input(1 + i), src).map_err(|e| e.with_blob(l.output_name(i)))?,
+            );
         }
         for (i, mode) in modes.into_iter().enumerate() {
             let dst_name = l.output_name(i).to_string();
-            let (dst, src) =
-                l.output_and_input(i, 1 + n + i).expect("sources are never outputs (in place is enforced)");
+            let (dst, src) = l
+                .output_and_input(i, 1 + n + i)
+                .expect("sources are never outputs (in place is enforced)");
             let src = src.tensor()?;
             do_append(dst, src, mode).map_err(|e| e.with_blob(&dst_name))?;
         }
@@ -1039,7 +1160,11 @@ mod tests {
         }
     }
     fn int_arg(name: &str, v: i64) -> Argument {
-        Argument { name: Some(name.into()), i: Some(v), ..Default::default() }
+        Argument {
+            name: Some(name.into()),
+            i: Some(v),
+            ..Default::default()
+        }
     }
     fn strings_arg(name: &str, v: &[&str]) -> Argument {
         Argument {
@@ -1049,7 +1174,11 @@ mod tests {
         }
     }
     fn net(name: &str, ops: Vec<OperatorDef>) -> NetDef {
-        NetDef { name: Some(name.into()), op: ops, ..Default::default() }
+        NetDef {
+            name: Some(name.into()),
+            op: ops,
+            ..Default::default()
+        }
     }
     fn run(ws: &Arc<Workspace>, def: OperatorDef) -> Result<bool> {
         ws.run_operator_once(&def, &CancelToken::new())
@@ -1067,7 +1196,11 @@ mod tests {
         Tensor::from_vec(&[v.len()], v.to_vec()).unwrap()
     }
     fn strs(v: &[&str]) -> Tensor {
-        Tensor::from_vec(&[v.len()], v.iter().map(|s| s.as_bytes().to_vec()).collect()).unwrap()
+        Tensor::from_vec(
+            &[v.len()],
+            v.iter().map(|s| s.as_bytes().to_vec()).collect(),
+        )
+        .unwrap()
     }
     fn mat64(rows: usize, cols: usize, v: &[i64]) -> Tensor {
         Tensor::from_vec(&[rows, cols], v.to_vec()).unwrap()
@@ -1077,8 +1210,16 @@ mod tests {
     ///   0: a=1, b=[[10, 11], [12]],  c=[{c1: "x", c2: [100]}]
     ///   1: a=2, b=[],                c=[{c1: "y", c2: []}, {c1: "z", c2: [101, 102]}]
     ///   2: a=3, b=[[13, 14, 15]],    c=[]
-    const FIELDS: [&str; 8] =
-        ["a", "b:lengths", "b:values:lengths", "b:values:values", "c:lengths", "c:c1", "c:c2:lengths", "c:c2:values"];
+    const FIELDS: [&str; 8] = [
+        "a",
+        "b:lengths",
+        "b:values:lengths",
+        "b:values:values",
+        "c:lengths",
+        "c:c1",
+        "c:c2:lengths",
+        "c:c2:values",
+    ];
     fn nested(ws: &Workspace) -> Vec<String> {
         let data = [
             Tensor::from_vec(&[3, 1], vec![1.0f32, 2.0, 3.0]).unwrap(),
@@ -1107,16 +1248,32 @@ mod tests {
         v.iter().map(|s| s.as_str()).collect()
     }
     fn create_cursor(ws: &Arc<Workspace>, name: &str, fields: &[&str]) {
-        assert!(run(ws, op("CreateTreeCursor", &[], &[name], vec![strings_arg("fields", fields)])).unwrap());
+        assert!(run(
+            ws,
+            op(
+                "CreateTreeCursor",
+                &[],
+                &[name],
+                vec![strings_arg("fields", fields)]
+            )
+        )
+        .unwrap());
     }
     fn cursor(ws: &Workspace, name: &str) -> Arc<TreeCursor> {
-        ws.blob(name).unwrap().read().object::<TreeCursor>("TreeCursor").unwrap()
+        ws.blob(name)
+            .unwrap()
+            .read()
+            .object::<TreeCursor>("TreeCursor")
+            .unwrap()
     }
     fn read_next(ws: &Arc<Workspace>, data: &[String], batch: i64, enforce: bool) -> Vec<Tensor> {
         let mut ins = vec!["cur"];
         ins.extend(refs(data));
         let outs = batch_names();
-        let args = vec![int_arg("batch_size", batch), int_arg("enforce_batch_size", enforce as i64)];
+        let args = vec![
+            int_arg("batch_size", batch),
+            int_arg("enforce_batch_size", enforce as i64),
+        ];
         assert!(run(ws, op("ReadNextBatch", &ins, &refs(&outs), args)).unwrap());
         outs.iter().map(|o| get(ws, o)).collect()
     }
@@ -1135,14 +1292,28 @@ mod tests {
         // b:values:values in b:values, c:c1 and c:c2:lengths in c, c:c2:values in c:c2.
         assert_eq!(it.domain, vec![0, 0, 1, 2, 0, 3, 3, 4]);
         // Prefixes match whole name parts only, and "lengths" alone defines nothing.
-        let it = TreeIterator::new(&["ab".into(), "a:lengths".into(), "lengths".into(), "a:x".into()]).unwrap();
+        let it = TreeIterator::new(&[
+            "ab".into(),
+            "a:lengths".into(),
+            "lengths".into(),
+            "a:x".into(),
+        ])
+        .unwrap();
         assert_eq!(it.domain, vec![0, 0, 0, 1]);
         // A field may not come before the lengths of its domain.
         let e = TreeIterator::new(&["a:values".into(), "a:lengths".into()]).unwrap_err();
         assert!(e.message.contains("defined after it"), "{e}");
         let ws = Workspace::new();
-        let e = run(&ws, op("CreateTreeCursor", &[], &["c"], vec![strings_arg("fields", &["x:v", "x:lengths"])]))
-            .unwrap_err();
+        let e = run(
+            &ws,
+            op(
+                "CreateTreeCursor",
+                &[],
+                &["c"],
+                vec![strings_arg("fields", &["x:v", "x:lengths"])],
+            ),
+        )
+        .unwrap_err();
         assert_eq!(e.kind, ErrorKind::InvalidArgument);
     }
 
@@ -1190,7 +1361,10 @@ mod tests {
         // Record 1 alone: an empty list b and two c entries.
         let b = read_next(&ws, &data, 1, false);
         assert_eq!((&b[1], &b[2], &b[3]), (&i32s(&[0]), &i32s(&[]), &i64s(&[])));
-        assert_eq!((&b[5], &b[6], &b[7]), (&strs(&["y", "z"]), &i32s(&[0, 2]), &i64s(&[101, 102])));
+        assert_eq!(
+            (&b[5], &b[6], &b[7]),
+            (&strs(&["y", "z"]), &i32s(&[0, 2]), &i64s(&[101, 102]))
+        );
     }
 
     #[test]
@@ -1213,35 +1387,73 @@ mod tests {
         let ws = Workspace::new();
         create_cursor(&ws, "cur", &["l:lengths", "l:values"]);
         let read = |ws: &Arc<Workspace>| {
-            run(ws, op("ReadNextBatch", &["cur", "len", "val"], &["x", "y"], vec![int_arg("batch_size", 2)]))
+            run(
+                ws,
+                op(
+                    "ReadNextBatch",
+                    &["cur", "len", "val"],
+                    &["x", "y"],
+                    vec![int_arg("batch_size", 2)],
+                ),
+            )
         };
         // Lengths asking for more values than there are.
         feed(&ws, "len", i32s(&[1, 5]));
         feed(&ws, "val", i64s(&[1, 2, 3]));
         let e = read(&ws).unwrap_err();
         assert_eq!(e.kind, ErrorKind::Shape, "{e}");
-        assert!(cursor(&ws, "cur").offsets().iter().all(|&o| o == 0), "a failed read does not move the cursor");
+        assert!(
+            cursor(&ws, "cur").offsets().iter().all(|&o| o == 0),
+            "a failed read does not move the cursor"
+        );
         // Negative lengths, int64 lengths, 0-dim fields.
         feed(&ws, "len", i32s(&[-1, 2]));
         assert_eq!(read(&ws).unwrap_err().kind, ErrorKind::InvalidArgument);
         feed(&ws, "len", i64s(&[1, 2]));
         let e = read(&ws).unwrap_err();
-        assert_eq!((e.kind, e.context.blob.as_deref()), (ErrorKind::Type, Some("len")));
+        assert_eq!(
+            (e.kind, e.context.blob.as_deref()),
+            (ErrorKind::Type, Some("len"))
+        );
         feed(&ws, "len", Tensor::scalar(1i32));
         assert_eq!(read(&ws).unwrap_err().kind, ErrorKind::Shape);
         // Wrong numbers of inputs or outputs for the cursor's fields.
         feed(&ws, "len", i32s(&[1]));
         let e = run(&ws, op("ReadNextBatch", &["cur", "len"], &["x"], vec![])).unwrap_err();
         assert!(e.message.contains("2 fields"), "{e}");
-        let e = run(&ws, op("ReadNextBatch", &["cur", "len", "val"], &["x"], vec![])).unwrap_err();
+        let e = run(
+            &ws,
+            op("ReadNextBatch", &["cur", "len", "val"], &["x"], vec![]),
+        )
+        .unwrap_err();
         assert!(e.message.contains("outputs"), "{e}");
         // A non-cursor is a type error naming the blob.
         let e = run(&ws, op("ResetCursor", &["len"], &[], vec![])).unwrap_err();
-        assert_eq!((e.kind, e.context.blob.as_deref()), (ErrorKind::Type, Some("len")));
+        assert_eq!(
+            (e.kind, e.context.blob.as_deref()),
+            (ErrorKind::Type, Some("len"))
+        );
         // Outputs may not overwrite inputs.
-        assert!(run(&ws, op("ReadNextBatch", &["cur", "len", "val"], &["len", "y"], vec![])).is_err());
-        assert!(run(&ws, op("ReadNextBatch", &["cur", "len", "val"], &["x", "y"], vec![int_arg("batch_size", -1)]))
-            .is_err());
+        assert!(run(
+            &ws,
+            op(
+                "ReadNextBatch",
+                &["cur", "len", "val"],
+                &["len", "y"],
+                vec![]
+            )
+        )
+        .is_err());
+        assert!(run(
+            &ws,
+            op(
+                "ReadNextBatch",
+                &["cur", "len", "val"],
+                &["x", "y"],
+                vec![int_arg("batch_size", -1)]
+            )
+        )
+        .is_err());
     }
 
     #[test]
@@ -1254,10 +1466,24 @@ mod tests {
         ins.extend(refs(&data));
         // From the cursor's position (record 1), then the cursor is reset.
         assert!(run(&ws, op("ComputeOffset", &ins, &["offsets"], vec![])).unwrap());
-        assert_eq!(get(&ws, "offsets"), mat64(4, 5, &[1, 2, 3, 1, 1, 2, 2, 3, 3, 3, 3, 3, 6, 3, 3, 3, 3, 6, 3, 3]));
+        assert_eq!(
+            get(&ws, "offsets"),
+            mat64(
+                4,
+                5,
+                &[1, 2, 3, 1, 1, 2, 2, 3, 3, 3, 3, 3, 6, 3, 3, 3, 3, 6, 3, 3]
+            )
+        );
         assert_eq!(cursor(&ws, "cur").offsets(), vec![0; 5]);
         assert!(run(&ws, op("ComputeOffset", &ins, &["offsets"], vec![])).unwrap());
-        assert_eq!(get(&ws, "offsets"), mat64(4, 5, &[0, 0, 0, 0, 0, 1, 2, 3, 1, 1, 2, 2, 3, 3, 3, 3, 3, 6, 3, 3]));
+        assert_eq!(
+            get(&ws, "offsets"),
+            mat64(
+                4,
+                5,
+                &[0, 0, 0, 0, 0, 1, 2, 3, 1, 1, 2, 2, 3, 3, 3, 3, 3, 6, 3, 3]
+            )
+        );
     }
 
     #[test]
@@ -1299,19 +1525,28 @@ mod tests {
         let b = read(vec![int_arg("batch_size", 2), int_arg("loop_over", 1)]);
         assert_eq!(b[0], Tensor::from_vec(&[2, 1], vec![3.0f32, 1.0]).unwrap());
         // enforce_batch_size: the short batch (record 1) is dropped.
-        let b = read(vec![int_arg("batch_size", 2), int_arg("enforce_batch_size", 1)]);
+        let b = read(vec![
+            int_arg("batch_size", 2),
+            int_arg("enforce_batch_size", 1),
+        ]);
         assert_eq!(b[0].shape(), &[0, 1]);
         // A 0-dim field is an error, even when no record is picked.
         let a = get(&ws, "ds/a");
         feed(&ws, "ds/a", Tensor::scalar(1.0f32));
         let e = run(&ws, op("ReadRandomBatch", &rins, &refs(&outs), vec![])).unwrap_err();
-        assert_eq!((e.kind, e.context.blob.as_deref()), (ErrorKind::Shape, Some("ds/a")));
+        assert_eq!(
+            (e.kind, e.context.blob.as_deref()),
+            (ErrorKind::Shape, Some("ds/a"))
+        );
         feed(&ws, "ds/a", a);
         // Bad indices are errors, not wild reads.
         feed(&ws, "idx", i64s(&[7]));
         assert!(run(&ws, op("ResetCursor", &["cur"], &[], vec![])).unwrap());
         let e = run(&ws, op("ReadRandomBatch", &rins, &refs(&outs), vec![])).unwrap_err();
-        assert_eq!((e.kind, e.context.blob.as_deref()), (ErrorKind::IndexOutOfRange, Some("idx")));
+        assert_eq!(
+            (e.kind, e.context.blob.as_deref()),
+            (ErrorKind::IndexOutOfRange, Some("idx"))
+        );
     }
 
     #[test]
@@ -1336,8 +1571,17 @@ mod tests {
         // A range too large for two positions per draw (50000^2 > 2^31).
         let mut v: Vec<u64> = (0..50_000).collect();
         caffe2_shuffle(&mut v);
-        assert_eq!(&v[..8], &[7657, 15610, 35781, 37701, 46212, 46264, 3290, 40083]);
-        assert_eq!(v.iter().enumerate().map(|(i, &x)| x * (i as u64 + 1)).sum::<u64>(), 31_235_722_062_144);
+        assert_eq!(
+            &v[..8],
+            &[7657, 15610, 35781, 37701, 46212, 46264, 3290, 40083]
+        );
+        assert_eq!(
+            v.iter()
+                .enumerate()
+                .map(|(i, &x)| x * (i as u64 + 1))
+                .sum::<u64>(),
+            31_235_722_062_144
+        );
     }
 
     #[test]
@@ -1346,32 +1590,88 @@ mod tests {
         create_cursor(&ws, "cur", &["id", "key"]);
         feed(&ws, "id", i64s(&(0..11).collect::<Vec<_>>()));
         feed(&ws, "key", i32s(&[5, 3, 9, 1, 7, 3, 8, 2, 6, 0, 4]));
-        let args = vec![int_arg("sort_by_field_idx", 1), int_arg("batch_size", 2), int_arg("shuffle_size", 2)];
-        assert!(run(&ws, op("SortAndShuffle", &["cur", "id", "key"], &["indices"], args)).unwrap());
+        let args = vec![
+            int_arg("sort_by_field_idx", 1),
+            int_arg("batch_size", 2),
+            int_arg("shuffle_size", 2),
+        ];
+        assert!(run(
+            &ws,
+            op("SortAndShuffle", &["cur", "id", "key"], &["indices"], args)
+        )
+        .unwrap());
         // Sorted by key: 9 3 7 1 5 10 0 8 4 6 2; chunks of 4 shuffled (the
         // last, partial chunk is not); then the 5 whole batches shuffled
         // (golden values from the same steps in C++ with libstdc++).
-        assert_eq!(get(&ws, "indices"), i64s(&[10, 5, 7, 1, 4, 6, 0, 8, 3, 9, 2]));
+        assert_eq!(
+            get(&ws, "indices"),
+            i64s(&[10, 5, 7, 1, 4, 6, 0, 8, 3, 9, 2])
+        );
         // No sort, batch 1, shuffle 1: only the batch order is shuffled.
         let args = vec![int_arg("sort_by_field_idx", -1)];
-        assert!(run(&ws, op("SortAndShuffle", &["cur", "id", "key"], &["indices"], args)).unwrap());
+        assert!(run(
+            &ws,
+            op("SortAndShuffle", &["cur", "id", "key"], &["indices"], args)
+        )
+        .unwrap());
         // (libstdc++'s shuffle of 0..11: 3 0 4 10 5 9 8 6 2 1 7.)
-        assert_eq!(get(&ws, "indices"), i64s(&[3, 0, 4, 10, 5, 9, 8, 6, 2, 1, 7]));
+        assert_eq!(
+            get(&ws, "indices"),
+            i64s(&[3, 0, 4, 10, 5, 9, 8, 6, 2, 1, 7])
+        );
         // A chunk larger than the dataset is clamped to whole batches.
-        let args = vec![int_arg("sort_by_field_idx", 1), int_arg("batch_size", 4), int_arg("shuffle_size", 100)];
-        assert!(run(&ws, op("SortAndShuffle", &["cur", "id", "key"], &["indices"], args)).unwrap());
+        let args = vec![
+            int_arg("sort_by_field_idx", 1),
+            int_arg("batch_size", 4),
+            int_arg("shuffle_size", 100),
+        ];
+        assert!(run(
+            &ws,
+            op("SortAndShuffle", &["cur", "id", "key"], &["indices"], args)
+        )
+        .unwrap());
         let got = get(&ws, "indices");
-        let mut sorted = got.array::<i64>().unwrap().iter().copied().collect::<Vec<_>>();
+        let mut sorted = got
+            .array::<i64>()
+            .unwrap()
+            .iter()
+            .copied()
+            .collect::<Vec<_>>();
         sorted.sort_unstable();
         assert_eq!(sorted, (0..11).collect::<Vec<_>>());
         // Sorting needs a top-level int32 field.
-        let e = run(&ws, op("SortAndShuffle", &["cur", "id", "key"], &["i"], vec![int_arg("sort_by_field_idx", 0)]))
-            .unwrap_err();
+        let e = run(
+            &ws,
+            op(
+                "SortAndShuffle",
+                &["cur", "id", "key"],
+                &["i"],
+                vec![int_arg("sort_by_field_idx", 0)],
+            ),
+        )
+        .unwrap_err();
         assert_eq!(e.kind, ErrorKind::Type);
-        let e = run(&ws, op("SortAndShuffle", &["cur", "id", "key"], &["i"], vec![int_arg("sort_by_field_idx", 2)]))
-            .unwrap_err();
+        let e = run(
+            &ws,
+            op(
+                "SortAndShuffle",
+                &["cur", "id", "key"],
+                &["i"],
+                vec![int_arg("sort_by_field_idx", 2)],
+            ),
+        )
+        .unwrap_err();
         assert!(e.message.contains("out of range"), "{e}");
-        assert!(run(&ws, op("SortAndShuffle", &["cur", "id", "key"], &["i"], vec![int_arg("batch_size", 0)])).is_err());
+        assert!(run(
+            &ws,
+            op(
+                "SortAndShuffle",
+                &["cur", "id", "key"],
+                &["i"],
+                vec![int_arg("batch_size", 0)]
+            )
+        )
+        .is_err());
     }
 
     #[test]
@@ -1379,17 +1679,35 @@ mod tests {
         let ws = Workspace::new();
         let data = nested(&ws);
         let check = |ws: &Arc<Workspace>, data: &[String]| {
-            run(ws, op("CheckDatasetConsistency", &refs(data), &[], vec![strings_arg("fields", &FIELDS)]))
+            run(
+                ws,
+                op(
+                    "CheckDatasetConsistency",
+                    &refs(data),
+                    &[],
+                    vec![strings_arg("fields", &FIELDS)],
+                ),
+            )
         };
         assert!(check(&ws, &data).unwrap());
         // Fewer values than the lengths ask for, then more.
         feed(&ws, "ds/b:values:values", i64s(&[1, 2, 3, 4, 5]));
         let e = check(&ws, &data).unwrap_err();
-        assert!(e.message.contains("asks for rows up to 6 but its domain has only 5"), "{e}");
+        assert!(
+            e.message
+                .contains("asks for rows up to 6 but its domain has only 5"),
+            "{e}"
+        );
         feed(&ws, "ds/b:values:values", i64s(&[1, 2, 3, 4, 5, 6, 7]));
         let e = check(&ws, &data).unwrap_err();
-        assert!(e.message.contains("add up to 6, but its domain has 7 rows"), "{e}");
-        assert_eq!((e.kind, e.context.blob.as_deref()), (ErrorKind::Shape, Some("ds/b:values:lengths")));
+        assert!(
+            e.message.contains("add up to 6, but its domain has 7 rows"),
+            "{e}"
+        );
+        assert_eq!(
+            (e.kind, e.context.blob.as_deref()),
+            (ErrorKind::Shape, Some("ds/b:values:lengths"))
+        );
         feed(&ws, "ds/b:values:values", i64s(&[1, 2, 3, 4, 5, 6]));
         // Two fields of one domain with different row counts.
         feed(&ws, "ds/c:c1", strs(&["x", "y"]));
@@ -1397,8 +1715,16 @@ mod tests {
         assert!(e.message.contains("same domain"), "{e}");
         assert_eq!(e.context.blob.as_deref(), Some("ds/c:c2:lengths"));
         // The number of inputs must match the fields.
-        let e =
-            run(&ws, op("CheckDatasetConsistency", &["ds/a"], &[], vec![strings_arg("fields", &FIELDS)])).unwrap_err();
+        let e = run(
+            &ws,
+            op(
+                "CheckDatasetConsistency",
+                &["ds/a"],
+                &[],
+                vec![strings_arg("fields", &FIELDS)],
+            ),
+        )
+        .unwrap_err();
         assert_eq!(e.kind, ErrorKind::InvalidArgument);
     }
 
@@ -1411,32 +1737,75 @@ mod tests {
         feed(&ws, "x", Tensor::zeros(DataType::Float, &[0]).unwrap());
         ws.create_blob("y");
         feed(&ws, "sx", i64s(&[1, 2]));
-        feed(&ws, "sy", Tensor::from_vec(&[2, 2], vec![1i32, 2, 3, 4]).unwrap());
-        let app = || op("AtomicAppend", &["m", "x", "y", "sx", "sy"], &["x", "y"], vec![]);
+        feed(
+            &ws,
+            "sy",
+            Tensor::from_vec(&[2, 2], vec![1i32, 2, 3, 4]).unwrap(),
+        );
+        let app = || {
+            op(
+                "AtomicAppend",
+                &["m", "x", "y", "sx", "sy"],
+                &["x", "y"],
+                vec![],
+            )
+        };
         assert!(run(&ws, app()).unwrap());
         assert!(run(&ws, app()).unwrap());
         assert_eq!(get(&ws, "x"), i64s(&[1, 2, 1, 2]));
-        assert_eq!(get(&ws, "y"), Tensor::from_vec(&[4, 2], vec![1i32, 2, 3, 4, 1, 2, 3, 4]).unwrap());
+        assert_eq!(
+            get(&ws, "y"),
+            Tensor::from_vec(&[4, 2], vec![1i32, 2, 3, 4, 1, 2, 3, 4]).unwrap()
+        );
         // A bad second field leaves the first untouched (checks come first).
-        feed(&ws, "sy", Tensor::from_vec(&[1, 3], vec![1i32, 2, 3]).unwrap());
+        feed(
+            &ws,
+            "sy",
+            Tensor::from_vec(&[1, 3], vec![1i32, 2, 3]).unwrap(),
+        );
         let e = run(&ws, app()).unwrap_err();
-        assert_eq!((e.kind, e.context.blob.as_deref()), (ErrorKind::Shape, Some("y")));
+        assert_eq!(
+            (e.kind, e.context.blob.as_deref()),
+            (ErrorKind::Shape, Some("y"))
+        );
         assert_eq!(get(&ws, "x"), i64s(&[1, 2, 1, 2]));
-        feed(&ws, "sy", Tensor::from_vec(&[2, 2], vec![1.0f32, 2.0, 3.0, 4.0]).unwrap());
+        feed(
+            &ws,
+            "sy",
+            Tensor::from_vec(&[2, 2], vec![1.0f32, 2.0, 3.0, 4.0]).unwrap(),
+        );
         assert_eq!(run(&ws, app()).unwrap_err().kind, ErrorKind::Type);
         feed(&ws, "sy", Tensor::scalar(1i32));
         assert_eq!(run(&ws, app()).unwrap_err().kind, ErrorKind::Shape);
         // In place is enforced, counts must pair up, input 0 must be a mutex.
         let e = run(&ws, op("AtomicAppend", &["m", "x", "sx"], &["z"], vec![])).unwrap_err();
         assert!(e.message.contains("in-place"), "{e}");
-        assert!(run(&ws, op("AtomicAppend", &["m", "x", "sx", "sy"], &["x"], vec![])).is_err());
+        assert!(run(
+            &ws,
+            op("AtomicAppend", &["m", "x", "sx", "sy"], &["x"], vec![])
+        )
+        .is_err());
         let e = run(&ws, op("AtomicAppend", &["sx", "x", "sx"], &["x"], vec![])).unwrap_err();
-        assert_eq!((e.kind, e.context.blob.as_deref()), (ErrorKind::Type, Some("sx")));
+        assert_eq!(
+            (e.kind, e.context.blob.as_deref()),
+            (ErrorKind::Type, Some("sx"))
+        );
         // Plain Append.
-        feed(&ws, "a", Tensor::from_vec(&[1, 2], vec![1.0f32, 2.0]).unwrap());
-        feed(&ws, "b", Tensor::from_vec(&[2, 2], vec![3.0f32, 4.0, 5.0, 6.0]).unwrap());
+        feed(
+            &ws,
+            "a",
+            Tensor::from_vec(&[1, 2], vec![1.0f32, 2.0]).unwrap(),
+        );
+        feed(
+            &ws,
+            "b",
+            Tensor::from_vec(&[2, 2], vec![3.0f32, 4.0, 5.0, 6.0]).unwrap(),
+        );
         assert!(run(&ws, op("Append", &["a", "b"], &["a"], vec![])).unwrap());
-        assert_eq!(get(&ws, "a"), Tensor::from_vec(&[3, 2], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap());
+        assert_eq!(
+            get(&ws, "a"),
+            Tensor::from_vec(&[3, 2], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap()
+        );
         assert!(run(&ws, op("Append", &["a", "b"], &["c"], vec![])).is_err());
     }
 
@@ -1452,7 +1821,12 @@ mod tests {
                 let ws = ws.clone();
                 s.spawn(move || {
                     let (sx, sy) = (format!("sx{t}"), format!("sy{t}"));
-                    let d = op("AtomicAppend", &["m", "x", "y", &sx, &sy], &["x", "y"], vec![]);
+                    let d = op(
+                        "AtomicAppend",
+                        &["m", "x", "y", &sx, &sy],
+                        &["x", "y"],
+                        vec![],
+                    );
                     ws.create_blob(&sx);
                     ws.create_blob(&sy);
                     let mut n = Net::create(&net(&format!("n{t}"), vec![d]), &ws).unwrap();
@@ -1467,8 +1841,18 @@ mod tests {
         });
         // Each append added one row to x and two to y together, so the
         // columns stay aligned: y[2i], y[2i + 1] = 2 x[i], 2 x[i] + 1.
-        let x: Vec<i64> = get(&ws, "x").array::<i64>().unwrap().iter().copied().collect();
-        let y: Vec<i64> = get(&ws, "y").array::<i64>().unwrap().iter().copied().collect();
+        let x: Vec<i64> = get(&ws, "x")
+            .array::<i64>()
+            .unwrap()
+            .iter()
+            .copied()
+            .collect();
+        let y: Vec<i64> = get(&ws, "y")
+            .array::<i64>()
+            .unwrap()
+            .iter()
+            .copied()
+            .collect();
         assert_eq!(y.len(), 2 * x.len());
         for (i, v) in x.iter().enumerate() {
             assert_eq!((y[2 * i], y[2 * i + 1]), (2 * v, 2 * v + 1));
@@ -1481,7 +1865,9 @@ mod tests {
     /// A dataset of `n` records: label i and a list of `i % 4` items i*10 + k.
     fn list_dataset(ws: &Workspace, n: i64) {
         let lengths: Vec<i32> = (0..n).map(|i| (i % 4) as i32).collect();
-        let values: Vec<i64> = (0..n).flat_map(|i| (0..i % 4).map(move |k| i * 10 + k)).collect();
+        let values: Vec<i64> = (0..n)
+            .flat_map(|i| (0..i % 4).map(move |k| i * 10 + k))
+            .collect();
         feed(ws, "label", i64s(&(0..n).collect::<Vec<_>>()));
         feed(ws, "items:lengths", i32s(&lengths));
         feed(ws, "items:values", i64s(&values));
@@ -1490,9 +1876,24 @@ mod tests {
     /// Splits appended batches back into (label, items) records.
     fn records(ws: &Workspace, prefix: &str) -> Vec<(i64, Vec<i64>)> {
         let col = |f: &str| get(ws, &format!("{prefix}{f}"));
-        let labels: Vec<i64> = col("label").array::<i64>().unwrap().iter().copied().collect();
-        let lengths: Vec<i32> = col("items:lengths").array::<i32>().unwrap().iter().copied().collect();
-        let values: Vec<i64> = col("items:values").array::<i64>().unwrap().iter().copied().collect();
+        let labels: Vec<i64> = col("label")
+            .array::<i64>()
+            .unwrap()
+            .iter()
+            .copied()
+            .collect();
+        let lengths: Vec<i32> = col("items:lengths")
+            .array::<i32>()
+            .unwrap()
+            .iter()
+            .copied()
+            .collect();
+        let values: Vec<i64> = col("items:values")
+            .array::<i64>()
+            .unwrap()
+            .iter()
+            .copied()
+            .collect();
         assert_eq!(labels.len(), lengths.len());
         let mut at = 0;
         let recs = labels
@@ -1528,7 +1929,12 @@ mod tests {
         let read = net(
             "read",
             vec![
-                op("ReadNextBatch", &read_ins, &refs(&batch), vec![int_arg("batch_size", 7)]),
+                op(
+                    "ReadNextBatch",
+                    &read_ins,
+                    &refs(&batch),
+                    vec![int_arg("batch_size", 7)],
+                ),
                 op("IsEmpty", &["b/label"], &["stop"], vec![]),
             ],
         );
@@ -1538,7 +1944,12 @@ mod tests {
         let write = net(
             "write",
             vec![
-                op("CheckDatasetConsistency", &refs(&batch), &[], vec![strings_arg("fields", &fields)]),
+                op(
+                    "CheckDatasetConsistency",
+                    &refs(&batch),
+                    &[],
+                    vec![strings_arg("fields", &fields)],
+                ),
                 op("AtomicAppend", &app_ins, &refs(&out), vec![]),
             ],
         );
@@ -1555,11 +1966,17 @@ mod tests {
             num_concurrent_instances: Some(5),
             ..Default::default()
         };
-        let plan = PlanDef { name: Some("p".into()), network: vec![read, write], execution_step: vec![readers] };
+        let plan = PlanDef {
+            name: Some("p".into()),
+            network: vec![read, write],
+            execution_step: vec![readers],
+        };
         assert!(crate::plan::run_plan(&ws, &plan, &CancelToken::new()).unwrap());
         let mut got = records(&ws, "out/");
         got.sort();
-        let want: Vec<(i64, Vec<i64>)> = (0..n).map(|i| (i, (0..i % 4).map(|k| i * 10 + k).collect())).collect();
+        let want: Vec<(i64, Vec<i64>)> = (0..n)
+            .map(|i| (i, (0..i % 4).map(|k| i * 10 + k).collect()))
+            .collect();
         assert_eq!(got, want);
     }
 
@@ -1578,8 +1995,14 @@ mod tests {
                     let ws = ws.clone();
                     let ins = ins.clone();
                     s.spawn(move || {
-                        let outs: Vec<String> = fields.iter().map(|f| format!("t{t}/{f}")).collect();
-                        let d = op("ReadNextBatch", &ins, &refs(&outs), vec![int_arg("batch_size", 3)]);
+                        let outs: Vec<String> =
+                            fields.iter().map(|f| format!("t{t}/{f}")).collect();
+                        let d = op(
+                            "ReadNextBatch",
+                            &ins,
+                            &refs(&outs),
+                            vec![int_arg("batch_size", 3)],
+                        );
                         let mut netw = Net::create(&net(&format!("r{t}"), vec![d]), &ws).unwrap();
                         let mut seen = Vec::new();
                         loop {
@@ -1589,14 +2012,19 @@ mod tests {
                                 return seen;
                             }
                             for (l, items) in recs {
-                                assert_eq!(items, (0..l % 4).map(|k| l * 10 + k).collect::<Vec<_>>());
+                                assert_eq!(
+                                    items,
+                                    (0..l % 4).map(|k| l * 10 + k).collect::<Vec<_>>()
+                                );
                                 seen.push(l);
                             }
                         }
                     })
                 })
                 .collect();
-            hs.into_iter().flat_map(|h| h.join().unwrap()).collect::<Vec<_>>()
+            hs.into_iter()
+                .flat_map(|h| h.join().unwrap())
+                .collect::<Vec<_>>()
         });
         let mut labels = labels;
         labels.sort_unstable();
@@ -1608,9 +2036,15 @@ mod tests {
         let fields: Vec<String> = FIELDS.iter().map(|s| s.to_string()).collect();
         let c = TreeCursor::from_parts(fields.clone(), vec![2, 2, 3, 3, 3]).unwrap();
         let back = TreeCursor::from_bytes(&c.to_bytes()).unwrap();
-        assert_eq!((back.field_names.clone(), back.offsets()), (fields.clone(), vec![2, 2, 3, 3, 3]));
+        assert_eq!(
+            (back.field_names.clone(), back.offsets()),
+            (fields.clone(), vec![2, 2, 3, 3, 3])
+        );
         let fresh = TreeCursor::new(fields.clone()).unwrap();
-        assert!(TreeCursor::from_bytes(&fresh.to_bytes()).unwrap().offsets().is_empty());
+        assert!(TreeCursor::from_bytes(&fresh.to_bytes())
+            .unwrap()
+            .offsets()
+            .is_empty());
         // Corruption is detected, never a panic.
         let bytes = c.to_bytes();
         for cut in 0..bytes.len() {
@@ -1629,19 +2063,33 @@ mod tests {
         let n = b.len();
         b[n - 12] = 2; // claim two offsets
         b.extend_from_slice(&5i64.to_le_bytes());
-        assert_eq!(TreeCursor::from_bytes(&b).unwrap_err().kind, ErrorKind::CorruptCheckpoint);
+        assert_eq!(
+            TreeCursor::from_bytes(&b).unwrap_err().kind,
+            ErrorKind::CorruptCheckpoint
+        );
         // Caffe2's BlobProto layout.
         let p = c.to_blob_proto("cur");
         assert_eq!(p.r#type.as_deref(), Some(CAFFE2_CURSOR_TYPE));
         assert_eq!(p.tensor.as_ref().unwrap().int64_data, vec![2, 2, 3, 3, 3]);
-        assert!(String::from_utf8(p.content.clone().unwrap()).unwrap().starts_with("a b:lengths "));
+        assert!(String::from_utf8(p.content.clone().unwrap())
+            .unwrap()
+            .starts_with("a b:lengths "));
         let back = TreeCursor::from_blob_proto(&p).unwrap();
         // The same bytes through the storage layer's codec registry.
-        let saved = crate::storage::serialize_blob("c", &BlobValue::Object(std::sync::Arc::new(TreeCursor::from_blob_proto(&p).unwrap()))).unwrap();
+        let saved = crate::storage::serialize_blob(
+            "c",
+            &BlobValue::Object(std::sync::Arc::new(
+                TreeCursor::from_blob_proto(&p).unwrap(),
+            )),
+        )
+        .unwrap();
         let restored = crate::storage::deserialize_blob(&saved).unwrap();
         let restored = restored.object::<TreeCursor>("TreeCursor").unwrap();
         assert_eq!(restored.offsets(), back.offsets());
-        assert_eq!((back.field_names.clone(), back.offsets()), (fields, vec![2, 2, 3, 3, 3]));
+        assert_eq!(
+            (back.field_names.clone(), back.offsets()),
+            (fields, vec![2, 2, 3, 3, 3])
+        );
         assert!(fresh.to_blob_proto("c").tensor.is_none());
         assert!(format!("{c:?}").contains("offsets [2, 2, 3, 3, 3]"));
     }

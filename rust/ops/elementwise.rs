@@ -44,10 +44,26 @@ const PAR_CHUNK: usize = 1 << 14;
 /// Largest element count of a result (keeps byte sizes far below isize::MAX).
 const MAX_NUMEL: usize = (isize::MAX as usize) / 16;
 
-const ARITH_TYPES: &[DataType] = &[DataType::Int32, DataType::Int64, DataType::Float, DataType::Double];
-const CMP_TYPES: &[DataType] = &[DataType::Bool, DataType::Int32, DataType::Int64, DataType::Float, DataType::Double];
+const ARITH_TYPES: &[DataType] = &[
+    DataType::Int32,
+    DataType::Int64,
+    DataType::Float,
+    DataType::Double,
+];
+const CMP_TYPES: &[DataType] = &[
+    DataType::Bool,
+    DataType::Int32,
+    DataType::Int64,
+    DataType::Float,
+    DataType::Double,
+];
 const BOOL_TYPES: &[DataType] = &[DataType::Bool];
-const SUM_TYPES: &[DataType] = &[DataType::Float, DataType::Double, DataType::Int32, DataType::Int64];
+const SUM_TYPES: &[DataType] = &[
+    DataType::Float,
+    DataType::Double,
+    DataType::Int32,
+    DataType::Int64,
+];
 const SCALE_TYPES: &[DataType] = &[DataType::Float, DataType::Double];
 
 const BCAST_ARGS: &[ArgDoc] = &[
@@ -81,7 +97,12 @@ fn binary_schema(
     inplace: InPlace,
     doc: &'static str,
 ) -> OpSchema {
-    OpSchema::new(name, build).inputs(2, 2).outputs(1, 1).inplace(inplace).args(BCAST_ARGS).doc(doc)
+    OpSchema::new(name, build)
+        .inputs(2, 2)
+        .outputs(1, 1)
+        .inplace(inplace)
+        .args(BCAST_ARGS)
+        .doc(doc)
 }
 
 pub fn schemas() -> Vec<OpSchema> {
@@ -290,11 +311,17 @@ impl Bcast {
             }
             match usize::try_from(axis) {
                 Ok(a) => Some(a),
-                Err(_) => return Err(ctx.bad_arg(format!("broadcast axis must be >= 0 (or -1 for the default), got {axis}"))),
+                Err(_) => {
+                    return Err(ctx.bad_arg(format!(
+                        "broadcast axis must be >= 0 (or -1 for the default), got {axis}"
+                    )))
+                }
             }
         } else if !axis_str.is_empty() {
             if axis_str.chars().count() != 1 {
-                return Err(ctx.bad_arg(format!("unsupported axis string '{axis_str}': it must be a single letter")));
+                return Err(ctx.bad_arg(format!(
+                    "unsupported axis string '{axis_str}': it must be a single letter"
+                )));
             }
             match order.find(axis_str.as_str()) {
                 Some(pos) => Some(pos),
@@ -325,13 +352,22 @@ struct Prep {
 
 impl Prep {
     fn new() -> Prep {
-        Prep { dtype: DataType::Undefined, out: Shape::new(), b_shape: Shape::new(), b_reshaped: false, numel: 0 }
+        Prep {
+            dtype: DataType::Undefined,
+            out: Shape::new(),
+            b_shape: Shape::new(),
+            b_reshaped: false,
+            numel: 0,
+        }
     }
 }
 
 fn unsupported(op: &str, dtype: DataType, allowed: &[DataType]) -> Error {
     let names: Vec<&str> = allowed.iter().map(|d| d.name()).collect();
-    Error::type_error(format!("Unsupported type of tensor: {dtype} ({op} supports {})", names.join(", ")))
+    Error::type_error(format!(
+        "Unsupported type of tensor: {dtype} ({op} supports {})",
+        names.join(", ")
+    ))
 }
 
 fn checked_numel(op: &str, shape: &[usize]) -> Result<usize> {
@@ -339,11 +375,22 @@ fn checked_numel(op: &str, shape: &[usize]) -> Result<usize> {
         .iter()
         .try_fold(1usize, |n, &d| n.checked_mul(d))
         .filter(|&n| n <= MAX_NUMEL)
-        .ok_or_else(|| Error::shape(format!("{op}: the result shape {shape:?} has too many elements")))
+        .ok_or_else(|| {
+            Error::shape(format!(
+                "{op}: the result shape {shape:?} has too many elements"
+            ))
+        })
 }
 
 /// numpy's multidirectional broadcasting, aligned from the right.
-fn numpy_shape(op: &str, a: &[usize], b: &[usize], an: &str, bn: &str, out: &mut Shape) -> Result<()> {
+fn numpy_shape(
+    op: &str,
+    a: &[usize],
+    b: &[usize],
+    an: &str,
+    bn: &str,
+    out: &mut Shape,
+) -> Result<()> {
     let nd = a.len().max(b.len());
     out.clear();
     out.resize(nd, 0);
@@ -470,7 +517,9 @@ fn bug(what: &str) -> Error {
 
 /// Input `i` as an array of `T`; a wrong dtype names the blob.
 fn arr<'l, T: Element>(l: &'l Locked<'_>, i: usize) -> Result<&'l ArrayD<T>> {
-    l.tensor(i)?.array::<T>().map_err(|e| e.with_blob(l.input_name(i)))
+    l.tensor(i)?
+        .array::<T>()
+        .map_err(|e| e.with_blob(l.input_name(i)))
 }
 
 /// The output value's array of `T`.
@@ -488,11 +537,17 @@ struct Operand<'a, T> {
 
 impl<'a, T: Element + Copy> Operand<'a, T> {
     fn own(a: &'a ArrayD<T>) -> Self {
-        Operand { a, shape: a.shape() }
+        Operand {
+            a,
+            shape: a.shape(),
+        }
     }
     /// B of a binary op, as `p` says it broadcasts.
     fn b(b: &'a ArrayD<T>, p: &'a Prep) -> Self {
-        Operand { a: b, shape: if p.b_reshaped { &p.b_shape } else { b.shape() } }
+        Operand {
+            a: b,
+            shape: if p.b_reshaped { &p.b_shape } else { b.shape() },
+        }
     }
     /// The single element of a one-element operand.
     fn scalar(&self) -> Option<T> {
@@ -516,7 +571,9 @@ impl<'a, T: Element + Copy> Operand<'a, T> {
         if self.shape == self.a.shape() {
             Ok(CowArray::from(self.a.view()))
         } else {
-            self.a.to_shape(IxDyn(self.shape)).map_err(|e| bug(&format!("reshaping B for legacy broadcasting: {e}")))
+            self.a
+                .to_shape(IxDyn(self.shape))
+                .map_err(|e| bug(&format!("reshaping B for legacy broadcasting: {e}")))
         }
     }
 }
@@ -545,7 +602,9 @@ fn with_taken_output<'a, R>(
 /// buffer when it already has that dtype, shape and layout, else a new one.
 fn out_slice<'o, U: Element + Copy>(o: &'o mut BlobValue, shape: &[usize]) -> Result<&'o mut [U]> {
     let reusable = match &*o {
-        BlobValue::Tensor(t) => U::view(t).is_some_and(|a| a.shape() == shape && a.is_standard_layout()),
+        BlobValue::Tensor(t) => {
+            U::view(t).is_some_and(|a| a.shape() == shape && a.is_standard_layout())
+        }
         _ => false,
     };
     if !reusable {
@@ -565,7 +624,8 @@ fn std_slice_mut<T: Element>(a: &mut ArrayD<T>) -> Result<&mut [T]> {
         let c = a.as_standard_layout().into_owned();
         *a = c;
     }
-    a.as_slice_mut().ok_or_else(|| bug("the output buffer is not contiguous"))
+    a.as_slice_mut()
+        .ok_or_else(|| bug("the output buffer is not contiguous"))
 }
 
 // ------------------------------------------------------ slice loops (rayon) --
@@ -589,7 +649,12 @@ fn map2<T: Copy + Sync, U: Send, F: Fn(T, T) -> U + Sync>(out: &mut [U], a: &[T]
 }
 
 /// out[i] = f(a[i], b[i % b.len()]): `b` repeats along the leading dims.
-fn map2_rep<T: Copy + Sync, U: Send, F: Fn(T, T) -> U + Sync>(out: &mut [U], a: &[T], b: &[T], f: F) {
+fn map2_rep<T: Copy + Sync, U: Send, F: Fn(T, T) -> U + Sync>(
+    out: &mut [U],
+    a: &[T],
+    b: &[T],
+    f: F,
+) {
     let m = b.len();
     if m == out.len() {
         return map2(out, a, b, f);
@@ -601,7 +666,9 @@ fn map2_rep<T: Copy + Sync, U: Send, F: Fn(T, T) -> U + Sync>(out: &mut [U], a: 
     };
     if out.len() >= PAR_MIN_LEN {
         let per = (PAR_CHUNK / m).max(1) * m;
-        out.par_chunks_mut(per).zip(a.par_chunks(per)).for_each(|(o, x)| seq(o, x));
+        out.par_chunks_mut(per)
+            .zip(a.par_chunks(per))
+            .for_each(|(o, x)| seq(o, x));
     } else {
         seq(out, a);
     }
@@ -615,7 +682,9 @@ fn map1<T: Copy + Sync, U: Send, G: Fn(T) -> U + Sync>(out: &mut [U], a: &[T], g
         }
     };
     if out.len() >= PAR_MIN_LEN {
-        out.par_chunks_mut(PAR_CHUNK).zip(a.par_chunks(PAR_CHUNK)).for_each(|(o, x)| seq(o, x));
+        out.par_chunks_mut(PAR_CHUNK)
+            .zip(a.par_chunks(PAR_CHUNK))
+            .for_each(|(o, x)| seq(o, x));
     } else {
         seq(out, a);
     }
@@ -647,11 +716,13 @@ fn upd1_rep<T: Copy + Send + Sync, G: Fn(T, T) -> T + Sync>(out: &mut [T], b: &[
     };
     if out.len() >= PAR_MIN_LEN {
         if m == out.len() {
-            out.par_chunks_mut(PAR_CHUNK).zip(b.par_chunks(PAR_CHUNK)).for_each(|(o, y)| {
-                for (o, &y) in o.iter_mut().zip(y) {
-                    *o = g(*o, y);
-                }
-            });
+            out.par_chunks_mut(PAR_CHUNK)
+                .zip(b.par_chunks(PAR_CHUNK))
+                .for_each(|(o, y)| {
+                    for (o, &y) in o.iter_mut().zip(y) {
+                        *o = g(*o, y);
+                    }
+                });
         } else {
             let per = (PAR_CHUNK / m).max(1) * m;
             out.par_chunks_mut(per).for_each(seq);
@@ -677,7 +748,13 @@ fn apply0<T: Element + Copy, G: Fn(T) -> T + Copy + Send + Sync>(out: &mut Array
 // ----------------------------------------------------------------- kernels --
 
 /// out = f(a, b) broadcast to `shape`, into a contiguous buffer of that shape.
-fn fill<T, U, F>(out: &mut [U], shape: &[usize], a: Operand<'_, T>, b: Operand<'_, T>, f: F) -> Result<()>
+fn fill<T, U, F>(
+    out: &mut [U],
+    shape: &[usize],
+    a: Operand<'_, T>,
+    b: Operand<'_, T>,
+    f: F,
+) -> Result<()>
 where
     T: Element + Copy,
     U: Element + Copy,
@@ -688,7 +765,10 @@ where
         return Ok(());
     }
     let (a_rep, b_rep) = (a.repeating_slice(shape), b.repeating_slice(shape));
-    let (a_full, b_full) = (a_rep.filter(|x| x.len() == n), b_rep.filter(|x| x.len() == n));
+    let (a_full, b_full) = (
+        a_rep.filter(|x| x.len() == n),
+        b_rep.filter(|x| x.len() == n),
+    );
     if let (Some(x), Some(y)) = (a_full, b_full) {
         map2(out, x, y, f);
         return Ok(());
@@ -710,15 +790,28 @@ where
         return Ok(());
     }
     let (av, bv) = (a.view()?, b.view()?);
-    let av = av.broadcast(IxDyn(shape)).ok_or_else(|| bug("A does not broadcast to the result"))?;
-    let bv = bv.broadcast(IxDyn(shape)).ok_or_else(|| bug("B does not broadcast to the result"))?;
+    let av = av
+        .broadcast(IxDyn(shape))
+        .ok_or_else(|| bug("A does not broadcast to the result"))?;
+    let bv = bv
+        .broadcast(IxDyn(shape))
+        .ok_or_else(|| bug("B does not broadcast to the result"))?;
     let ov = ArrayViewMutD::from_shape(IxDyn(shape), out).map_err(|e| bug(&e.to_string()))?;
-    Zip::from(ov).and(av).and(bv).for_each(|o, &x, &y| *o = f(x, y));
+    Zip::from(ov)
+        .and(av)
+        .and(bv)
+        .for_each(|o, &x, &y| *o = f(x, y));
     Ok(())
 }
 
 /// Writes f(a, b) (of shape `shape`) into `o`, reusing its buffer if it fits.
-fn write_binary<T, U, F>(o: &mut BlobValue, a: Operand<'_, T>, b: Operand<'_, T>, shape: &[usize], f: F) -> Result<()>
+fn write_binary<T, U, F>(
+    o: &mut BlobValue,
+    a: Operand<'_, T>,
+    b: Operand<'_, T>,
+    shape: &[usize],
+    f: F,
+) -> Result<()>
 where
     T: Element + Copy,
     U: Element + Copy,
@@ -736,7 +829,9 @@ where
     G: Fn(T) -> U + Copy + Send + Sync,
 {
     let src = a.as_standard_layout();
-    let xs = src.as_slice().ok_or_else(|| bug("a standard-layout copy is not contiguous"))?;
+    let xs = src
+        .as_slice()
+        .ok_or_else(|| bug("a standard-layout copy is not contiguous"))?;
     let out = out_slice::<U>(o, a.shape())?;
     map1(out, xs, g);
     Ok(())
@@ -762,8 +857,12 @@ where
         }
     }
     let ov = other.view()?;
-    let ob = ov.broadcast(out.raw_dim()).ok_or_else(|| bug("an input does not broadcast to the output"))?;
-    Zip::from(out.view_mut()).and(ob).for_each(|x, &y| *x = g(*x, y));
+    let ob = ov
+        .broadcast(out.raw_dim())
+        .ok_or_else(|| bug("an input does not broadcast to the output"))?;
+    Zip::from(out.view_mut())
+        .and(ob)
+        .for_each(|x, &y| *x = g(*x, y));
     Ok(())
 }
 
@@ -781,12 +880,16 @@ where
             r.map_err(|e| e.with_blob(l.output_name(0)))
         }
         (true, false) => {
-            let (o, b) = l.output_and_input(0, 1).ok_or_else(|| bug("aliasing changed"))?;
+            let (o, b) = l
+                .output_and_input(0, 1)
+                .ok_or_else(|| bug("aliasing changed"))?;
             let b = b.tensor()?.array::<T>()?;
             update(out_array::<T>(o)?, Operand::b(b, p), f)
         }
         (false, true) => {
-            let (o, a) = l.output_and_input(0, 0).ok_or_else(|| bug("aliasing changed"))?;
+            let (o, a) = l
+                .output_and_input(0, 0)
+                .ok_or_else(|| bug("aliasing changed"))?;
             let a = a.tensor()?.array::<T>()?;
             update(out_array::<T>(o)?, Operand::own(a), move |x, y| f(y, x))
         }
@@ -826,7 +929,9 @@ where
         let r = out_array::<T>(l.output(0)).map(|a| apply0(a, g));
         return r.map_err(|e| e.with_blob(l.output_name(0)));
     }
-    let (o, i) = l.output_and_input(0, 0).ok_or_else(|| bug("output unexpectedly aliases the input"))?;
+    let (o, i) = l
+        .output_and_input(0, 0)
+        .ok_or_else(|| bug("output unexpectedly aliases the input"))?;
     let a = i.tensor()?.array::<T>()?;
     write_unary(o, a.view(), g)
 }
@@ -859,7 +964,10 @@ fn check_divisor<T: Num>(l: &Locked<'_>, p: &Prep) -> Result<()> {
     if arr::<T>(l, 1)?.iter().any(|&x| x.is_zero()) {
         return Err(Error::new(
             ErrorKind::DivisionByZero,
-            format!("Div: integer division by zero: the divisor B ('{}') contains 0", l.input_name(1)),
+            format!(
+                "Div: integer division by zero: the divisor B ('{}') contains 0",
+                l.input_name(1)
+            ),
         )
         .with_blob(l.input_name(1)));
     }
@@ -1117,7 +1225,8 @@ fn flat(a: &ArrayD<f32>) -> CowArray<'_, f32, IxDyn> {
 }
 
 fn slice_of<'a>(c: &'a CowArray<'_, f32, IxDyn>) -> Result<&'a [f32]> {
-    c.as_slice().ok_or_else(|| bug("a standard-layout copy is not contiguous"))
+    c.as_slice()
+        .ok_or_else(|| bug("a standard-layout copy is not contiguous"))
 }
 
 /// Y = w0*X0 + w1*X1 + ..., computed as Caffe2 did: Y = w1*X1 + w0*X0, then
@@ -1146,7 +1255,9 @@ fn weighted_sum(l: &mut Locked<'_>, n: usize) -> Result<()> {
             let (x0f, x1f) = (flat(x0), flat(arr::<f32>(l, 2)?));
             let ys = out_slice::<f32>(o, x0.shape())?;
             let w1 = w[1];
-            map2(ys, slice_of(&x1f)?, slice_of(&x0f)?, move |x, y| w1 * x + w0 * y);
+            map2(ys, slice_of(&x1f)?, slice_of(&x0f)?, move |x, y| {
+                w1 * x + w0 * y
+            });
             ys
         };
         for k in 2..n / 2 {
@@ -1197,10 +1308,13 @@ fn build_scale(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 fn parse_to(ctx: &OpDefCtx<'_>) -> Result<DataType> {
     let to = if ctx.args.field_of("to") == Some("s") {
         let s = ctx.args.string("to", "")?;
-        DataType::from_name(&s).ok_or_else(|| ctx.bad_arg(format!("Cast: unknown 'to' argument: '{s}'")))?
+        DataType::from_name(&s)
+            .ok_or_else(|| ctx.bad_arg(format!("Cast: unknown 'to' argument: '{s}'")))?
     } else {
         match ctx.args.i64_opt("to")? {
-            None => return Err(ctx.bad_arg("Cast requires the argument 'to' (the target DataType)")),
+            None => {
+                return Err(ctx.bad_arg("Cast requires the argument 'to' (the target DataType)"))
+            }
             Some(v) => i32::try_from(v)
                 .ok()
                 .and_then(DataType::from_i32)
@@ -1208,10 +1322,18 @@ fn parse_to(ctx: &OpDefCtx<'_>) -> Result<DataType> {
         }
     };
     match to {
-        DataType::Undefined => Err(ctx.bad_arg("Cast: 'to' must be a DataType other than UNDEFINED")),
-        DataType::String => Err(Error::type_error("Cast: casting to and from strings is not supported")),
-        DataType::Float16 => Err(Error::type_error("Cast: casting to float16 is not supported")),
-        DataType::Byte => Err(Error::type_error("Cast: casting to BYTE is not supported (it is deprecated; use UINT8)")),
+        DataType::Undefined => {
+            Err(ctx.bad_arg("Cast: 'to' must be a DataType other than UNDEFINED"))
+        }
+        DataType::String => Err(Error::type_error(
+            "Cast: casting to and from strings is not supported",
+        )),
+        DataType::Float16 => Err(Error::type_error(
+            "Cast: casting to float16 is not supported",
+        )),
+        DataType::Byte => Err(Error::type_error(
+            "Cast: casting to BYTE is not supported (it is deprecated; use UINT8)",
+        )),
         other => Ok(other),
     }
 }
@@ -1227,7 +1349,9 @@ fn cast_from<S: Prim>(o: &mut BlobValue, a: ArrayViewD<'_, S>, to: DataType) -> 
         DataType::Int8 => write_unary(o, a, S::to_i8),
         DataType::Int16 => write_unary(o, a, S::to_i16),
         DataType::Uint16 => write_unary(o, a, S::to_u16),
-        other => Err(Error::type_error(format!("Cast: casting to {other} is not supported"))),
+        other => Err(Error::type_error(format!(
+            "Cast: casting to {other} is not supported"
+        ))),
     }
 }
 
@@ -1242,14 +1366,19 @@ fn cast_into(o: &mut BlobValue, src: &Tensor, to: DataType) -> Result<()> {
         Tensor::I8(a) => cast_from(o, a.view(), to),
         Tensor::I16(a) => cast_from(o, a.view(), to),
         Tensor::U16(a) => cast_from(o, a.view(), to),
-        Tensor::Str(_) => Err(Error::type_error("Cast: casting to and from strings is not supported")),
+        Tensor::Str(_) => Err(Error::type_error(
+            "Cast: casting to and from strings is not supported",
+        )),
     }
 }
 
 fn cast(l: &mut Locked<'_>, to: DataType) -> Result<()> {
     let src = l.tensor(0)?;
     if src.dtype() == DataType::String {
-        return Err(Error::type_error("Cast: casting to and from strings is not supported").with_blob(l.input_name(0)));
+        return Err(
+            Error::type_error("Cast: casting to and from strings is not supported")
+                .with_blob(l.input_name(0)),
+        );
     }
     if l.aliases(0, 0) {
         if src.dtype() == to {
@@ -1260,7 +1389,9 @@ fn cast(l: &mut Locked<'_>, to: DataType) -> Result<()> {
         *l.output(0) = fresh;
         return Ok(());
     }
-    let (o, i) = l.output_and_input(0, 0).ok_or_else(|| bug("output unexpectedly aliases the input"))?;
+    let (o, i) = l
+        .output_and_input(0, 0)
+        .ok_or_else(|| bug("output unexpectedly aliases the input"))?;
     cast_into(o, i.tensor()?, to)
 }
 
@@ -1293,15 +1424,27 @@ mod tests {
     }
 
     fn ai(name: &str, v: i64) -> Argument {
-        Argument { name: Some(name.into()), i: Some(v), ..Default::default() }
+        Argument {
+            name: Some(name.into()),
+            i: Some(v),
+            ..Default::default()
+        }
     }
 
     fn af(name: &str, v: f32) -> Argument {
-        Argument { name: Some(name.into()), f: Some(v), ..Default::default() }
+        Argument {
+            name: Some(name.into()),
+            f: Some(v),
+            ..Default::default()
+        }
     }
 
     fn as_(name: &str, v: &str) -> Argument {
-        Argument { name: Some(name.into()), s: Some(v.as_bytes().to_vec()), ..Default::default() }
+        Argument {
+            name: Some(name.into()),
+            s: Some(v.as_bytes().to_vec()),
+            ..Default::default()
+        }
     }
 
     fn t<T: Element>(shape: &[usize], v: Vec<T>) -> Tensor {
@@ -1335,7 +1478,11 @@ mod tests {
         let (mut k, io) = create_operator(d, ws).unwrap();
         let tok = CancelToken::new();
         for _ in 0..times {
-            let mut cx = OpCx { io: &io, ws, cancel: &tok };
+            let mut cx = OpCx {
+                io: &io,
+                ws,
+                cancel: &tok,
+            };
             assert!(k.run(&mut cx).unwrap());
         }
     }
@@ -1387,25 +1534,37 @@ mod tests {
 
     #[test]
     fn integer_division_by_zero_is_an_error_and_writes_nothing() {
-        let w = ws(vec![("a", t(&[3], vec![1i32, 2, 3])), ("b", t(&[3], vec![1i32, 0, 1]))]);
+        let w = ws(vec![
+            ("a", t(&[3], vec![1i32, 2, 3])),
+            ("b", t(&[3], vec![1i32, 0, 1])),
+        ]);
         let e = run(&w, def("Div", &["a", "b"], &["a"], vec![])).unwrap_err();
         assert_eq!(e.kind, ErrorKind::DivisionByZero);
         assert_eq!(e.context.blob.as_deref(), Some("b"));
         assert_eq!(e.context.op_type.as_deref(), Some("Div"));
         assert_eq!(get(&w, "a"), t(&[3], vec![1i32, 2, 3]));
         // A scalar zero divisor, int64.
-        let w = ws(vec![("a", t(&[2], vec![1i64, 2])), ("z", Tensor::scalar(0i64))]);
+        let w = ws(vec![
+            ("a", t(&[2], vec![1i64, 2])),
+            ("z", Tensor::scalar(0i64)),
+        ]);
         let e = run(&w, def("Div", &["a", "z"], &["c"], vec![])).unwrap_err();
         assert_eq!(e.kind, ErrorKind::DivisionByZero);
         // An empty result divides nothing, so a zero divisor is fine.
-        let w = ws(vec![("a", t(&[0, 2], Vec::<i32>::new())), ("z", t(&[2], vec![0i32, 0]))]);
+        let w = ws(vec![
+            ("a", t(&[0, 2], Vec::<i32>::new())),
+            ("z", t(&[2], vec![0i32, 0])),
+        ]);
         run(&w, def("Div", &["a", "z"], &["c"], vec![])).unwrap();
         assert_eq!(get(&w, "c").shape(), &[0, 2]);
     }
 
     #[test]
     fn float_division_by_zero_is_ieee() {
-        let w = ws(vec![("a", t(&[3], vec![1.0f32, -1.0, 0.0])), ("z", Tensor::scalar(0.0f32))]);
+        let w = ws(vec![
+            ("a", t(&[3], vec![1.0f32, -1.0, 0.0])),
+            ("z", Tensor::scalar(0.0f32)),
+        ]);
         run(&w, def("Div", &["a", "z"], &["c"], vec![])).unwrap();
         let c = get(&w, "c");
         let c = c.array::<f32>().unwrap();
@@ -1421,10 +1580,16 @@ mod tests {
             ("b", t(&[3], vec![1i32, 1, 2])),
         ]);
         run(&w, def("Add", &["a", "b"], &["c"], vec![])).unwrap();
-        assert_eq!(get(&w, "c"), t(&[3], vec![i32::MIN, i32::MIN + 1, i32::MIN + 1]));
+        assert_eq!(
+            get(&w, "c"),
+            t(&[3], vec![i32::MIN, i32::MIN + 1, i32::MIN + 1])
+        );
         run(&w, def("Sub", &["b", "a"], &["c"], vec![])).unwrap();
         // 1 - MAX = MIN + 2; 1 - MIN wraps to MIN + 1; 2 - MAX = MIN + 3.
-        assert_eq!(get(&w, "c"), t(&[3], vec![i32::MIN + 2, i32::MIN + 1, i32::MIN + 3]));
+        assert_eq!(
+            get(&w, "c"),
+            t(&[3], vec![i32::MIN + 2, i32::MIN + 1, i32::MIN + 3])
+        );
         run(&w, def("Mul", &["a", "b"], &["c"], vec![])).unwrap();
         // MAX * 2 = 2^32 - 2 wraps to -2.
         assert_eq!(get(&w, "c"), t(&[3], vec![i32::MAX, i32::MIN, -2]));
@@ -1443,38 +1608,66 @@ mod tests {
             ("one", t(&[1, 3], vec![1.0f32, 1.0, 1.0])),
         ]);
         run(&w, def("Add", &["m", "row"], &["c"], vec![])).unwrap();
-        assert_eq!(get(&w, "c"), t(&[2, 3], vec![11.0f32, 22.0, 33.0, 14.0, 25.0, 36.0]));
+        assert_eq!(
+            get(&w, "c"),
+            t(&[2, 3], vec![11.0f32, 22.0, 33.0, 14.0, 25.0, 36.0])
+        );
         // B on the left: [3] - [2,3].
         run(&w, def("Sub", &["row", "m"], &["c"], vec![])).unwrap();
-        assert_eq!(get(&w, "c"), t(&[2, 3], vec![9.0f32, 18.0, 27.0, 6.0, 15.0, 24.0]));
+        assert_eq!(
+            get(&w, "c"),
+            t(&[2, 3], vec![9.0f32, 18.0, 27.0, 6.0, 15.0, 24.0])
+        );
         // Both sides stretch: [2,1] + [3] -> [2,3].
         run(&w, def("Add", &["col", "row"], &["c"], vec![])).unwrap();
-        assert_eq!(get(&w, "c"), t(&[2, 3], vec![110.0f32, 120.0, 130.0, 210.0, 220.0, 230.0]));
+        assert_eq!(
+            get(&w, "c"),
+            t(&[2, 3], vec![110.0f32, 120.0, 130.0, 210.0, 220.0, 230.0])
+        );
         run(&w, def("Mul", &["m", "col"], &["c"], vec![])).unwrap();
-        assert_eq!(get(&w, "c"), t(&[2, 3], vec![100.0f32, 200.0, 300.0, 800.0, 1000.0, 1200.0]));
+        assert_eq!(
+            get(&w, "c"),
+            t(&[2, 3], vec![100.0f32, 200.0, 300.0, 800.0, 1000.0, 1200.0])
+        );
         // 0-dim scalar on either side.
         run(&w, def("Mul", &["s", "m"], &["c"], vec![])).unwrap();
-        assert_eq!(get(&w, "c"), t(&[2, 3], vec![0.5f32, 1.0, 1.5, 2.0, 2.5, 3.0]));
+        assert_eq!(
+            get(&w, "c"),
+            t(&[2, 3], vec![0.5f32, 1.0, 1.5, 2.0, 2.5, 3.0])
+        );
         run(&w, def("Div", &["m", "s"], &["c"], vec![])).unwrap();
-        assert_eq!(get(&w, "c"), t(&[2, 3], vec![2.0f32, 4.0, 6.0, 8.0, 10.0, 12.0]));
+        assert_eq!(
+            get(&w, "c"),
+            t(&[2, 3], vec![2.0f32, 4.0, 6.0, 8.0, 10.0, 12.0])
+        );
         run(&w, def("Add", &["s", "s"], &["c"], vec![])).unwrap();
         assert_eq!(get(&w, "c"), Tensor::scalar(1.0f32));
         // A 0 dim against a 1 gives 0: [0,3] + [1,3] -> [0,3].
         run(&w, def("Add", &["e", "one"], &["c"], vec![])).unwrap();
         assert_eq!(get(&w, "c").shape(), &[0, 3]);
         // [2,1] + [0] -> [2,0].
-        let w2 = ws(vec![("col", t(&[2, 1], vec![1i64, 2])), ("z", t(&[0], Vec::<i64>::new()))]);
+        let w2 = ws(vec![
+            ("col", t(&[2, 1], vec![1i64, 2])),
+            ("z", t(&[0], Vec::<i64>::new())),
+        ]);
         run(&w2, def("Add", &["col", "z"], &["c"], vec![])).unwrap();
         assert_eq!(get(&w2, "c").shape(), &[2, 0]);
     }
 
     #[test]
     fn numpy_broadcasting_mismatch_names_b() {
-        let w = ws(vec![("a", t(&[2, 3], vec![0i32; 6])), ("b", t(&[2], vec![1i32, 2]))]);
+        let w = ws(vec![
+            ("a", t(&[2, 3], vec![0i32; 6])),
+            ("b", t(&[2], vec![1i32, 2])),
+        ]);
         let e = run(&w, def("Add", &["a", "b"], &["c"], vec![])).unwrap_err();
         assert_eq!(e.kind, ErrorKind::Shape);
         assert_eq!(e.context.blob.as_deref(), Some("b"));
-        assert!(e.message.contains("[2, 3]") && e.message.contains("[2]"), "{}", e.message);
+        assert!(
+            e.message.contains("[2, 3]") && e.message.contains("[2]"),
+            "{}",
+            e.message
+        );
         assert!(!w.has_blob("c") || w.fetch("c").unwrap().is_empty());
     }
 
@@ -1489,30 +1682,100 @@ mod tests {
             ("b12", t(&[1, 2], vec![1000i32, 2000])),
             ("s", t(&[1, 1], vec![5i32])),
         ]);
-        let want = t(&[2, 3, 2], vec![100i32, 101, 202, 203, 304, 305, 106, 107, 208, 209, 310, 311]);
-        run(&w, def("Add", &["a", "b"], &["c"], vec![ai("broadcast", 1), ai("axis", 1)])).unwrap();
+        let want = t(
+            &[2, 3, 2],
+            vec![
+                100i32, 101, 202, 203, 304, 305, 106, 107, 208, 209, 310, 311,
+            ],
+        );
+        run(
+            &w,
+            def(
+                "Add",
+                &["a", "b"],
+                &["c"],
+                vec![ai("broadcast", 1), ai("axis", 1)],
+            ),
+        )
+        .unwrap();
         assert_eq!(get(&w, "c"), want);
         // Trailing size-1 dims of B are ignored: [3,1] at axis 1 is the same.
-        run(&w, def("Add", &["a", "b31"], &["c"], vec![ai("broadcast", 1), ai("axis", 1)])).unwrap();
+        run(
+            &w,
+            def(
+                "Add",
+                &["a", "b31"],
+                &["c"],
+                vec![ai("broadcast", 1), ai("axis", 1)],
+            ),
+        )
+        .unwrap();
         assert_eq!(get(&w, "c"), want);
         // axis_str "C" in "NCHW" is axis 1.
-        run(&w, def("Add", &["a", "b"], &["c"], vec![ai("broadcast", 1), as_("axis_str", "C")])).unwrap();
+        run(
+            &w,
+            def(
+                "Add",
+                &["a", "b"],
+                &["c"],
+                vec![ai("broadcast", 1), as_("axis_str", "C")],
+            ),
+        )
+        .unwrap();
         assert_eq!(get(&w, "c"), want);
         // ...and in "NHWC" it is axis 3, out of range for a 3-dim A with 1-dim B.
-        let e = run(&w, def("Add", &["a", "b"], &["c"], vec![ai("broadcast", 1), as_("axis_str", "C"), as_("order", "NHWC")]))
-            .unwrap_err();
+        let e = run(
+            &w,
+            def(
+                "Add",
+                &["a", "b"],
+                &["c"],
+                vec![
+                    ai("broadcast", 1),
+                    as_("axis_str", "C"),
+                    as_("order", "NHWC"),
+                ],
+            ),
+        )
+        .unwrap_err();
         assert_eq!(e.kind, ErrorKind::Shape);
         // Leading size-1 dims are skipped: [1,2] with the default axis (1) matches A's last dim.
-        run(&w, def("Sub", &["a", "b12"], &["c"], vec![ai("broadcast", 1)])).unwrap();
+        run(
+            &w,
+            def("Sub", &["a", "b12"], &["c"], vec![ai("broadcast", 1)]),
+        )
+        .unwrap();
         assert_eq!(
             get(&w, "c"),
-            t(&[2, 3, 2], vec![-1000i32, -1999, -998, -1997, -996, -1995, -994, -1993, -992, -1991, -990, -1989])
+            t(
+                &[2, 3, 2],
+                vec![
+                    -1000i32, -1999, -998, -1997, -996, -1995, -994, -1993, -992, -1991, -990,
+                    -1989
+                ]
+            )
         );
         // A one-element B is a scalar whatever its shape.
-        run(&w, def("Mul", &["a", "s"], &["c"], vec![ai("broadcast", 1)])).unwrap();
-        assert_eq!(get(&w, "c"), t(&[2, 3, 2], (0..12).map(|x| x * 5).collect()));
+        run(
+            &w,
+            def("Mul", &["a", "s"], &["c"], vec![ai("broadcast", 1)]),
+        )
+        .unwrap();
+        assert_eq!(
+            get(&w, "c"),
+            t(&[2, 3, 2], (0..12).map(|x| x * 5).collect())
+        );
         // In place on A is fine.
-        run(&w, def("Add", &["a", "b"], &["a"], vec![ai("broadcast", 1), ai("axis", 1)])).unwrap();
+        run(
+            &w,
+            def(
+                "Add",
+                &["a", "b"],
+                &["a"],
+                vec![ai("broadcast", 1), ai("axis", 1)],
+            ),
+        )
+        .unwrap();
         assert_eq!(get(&w, "a"), want);
     }
 
@@ -1527,13 +1790,28 @@ mod tests {
         // Suffix match by default: B [2] against A's last dim 3.
         let e = run(&w, def("Add", &["a", "b"], &["c"], vec![bc()])).unwrap_err();
         assert_eq!(e.kind, ErrorKind::Shape);
-        assert!(e.message.contains("Broadcast dimension mismatch"), "{}", e.message);
+        assert!(
+            e.message.contains("Broadcast dimension mismatch"),
+            "{}",
+            e.message
+        );
         assert_eq!(e.context.blob.as_deref(), Some("b"));
         // axis 0 makes it fit.
-        run(&w, def("Add", &["a", "b"], &["c"], vec![bc(), ai("axis", 0)])).unwrap();
-        assert_eq!(get(&w, "c"), t(&[2, 3], vec![1.0f32, 1.0, 1.0, 2.0, 2.0, 2.0]));
+        run(
+            &w,
+            def("Add", &["a", "b"], &["c"], vec![bc(), ai("axis", 0)]),
+        )
+        .unwrap();
+        assert_eq!(
+            get(&w, "c"),
+            t(&[2, 3], vec![1.0f32, 1.0, 1.0, 2.0, 2.0, 2.0])
+        );
         // Axis out of [0, A.ndim - B.ndim].
-        let e = run(&w, def("Add", &["a", "b"], &["c"], vec![bc(), ai("axis", 2)])).unwrap_err();
+        let e = run(
+            &w,
+            def("Add", &["a", "b"], &["c"], vec![bc(), ai("axis", 2)]),
+        )
+        .unwrap_err();
         assert_eq!(e.kind, ErrorKind::Shape);
         // B with more dims than A.
         let e = run(&w, def("Add", &["a", "big"], &["c"], vec![bc()])).unwrap_err();
@@ -1549,8 +1827,20 @@ mod tests {
             assert_eq!(e.kind, ErrorKind::InvalidArgument, "{}", e.message);
         }
         // With broadcast 0 the legacy args are ignored (but still read with the field rules).
-        let w2 = ws(vec![("a", t(&[2], vec![1i32, 2])), ("b", t(&[2], vec![3i32, 4]))]);
-        run(&w2, def("Add", &["a", "b"], &["c"], vec![ai("axis", 7), as_("axis_str", "NC")])).unwrap();
+        let w2 = ws(vec![
+            ("a", t(&[2], vec![1i32, 2])),
+            ("b", t(&[2], vec![3i32, 4])),
+        ]);
+        run(
+            &w2,
+            def(
+                "Add",
+                &["a", "b"],
+                &["c"],
+                vec![ai("axis", 7), as_("axis_str", "NC")],
+            ),
+        )
+        .unwrap();
         let e = run(&w2, def("Add", &["a", "b"], &["c"], vec![af("axis", 1.0)])).unwrap_err();
         assert_eq!(e.kind, ErrorKind::InvalidArgument);
         // In place on B is forbidden with broadcast=1 (at run time, as in Caffe2).
@@ -1573,10 +1863,18 @@ mod tests {
         let e = run(&w, def("Add", &["f", "l"], &["c"], vec![])).unwrap_err();
         assert_eq!(e.kind, ErrorKind::Type);
         assert_eq!(e.context.blob.as_deref(), Some("l"));
-        assert!(e.message.contains("float32") && e.message.contains("int64"), "{}", e.message);
+        assert!(
+            e.message.contains("float32") && e.message.contains("int64"),
+            "{}",
+            e.message
+        );
         let e = run(&w, def("Add", &["p", "p"], &["c"], vec![])).unwrap_err();
         assert_eq!(e.kind, ErrorKind::Type);
-        assert!(e.message.starts_with("Unsupported type of tensor: bool"), "{}", e.message);
+        assert!(
+            e.message.starts_with("Unsupported type of tensor: bool"),
+            "{}",
+            e.message
+        );
         assert_eq!(e.context.blob.as_deref(), Some("p"));
         let e = run(&w, def("LT", &["u", "u"], &["c"], vec![])).unwrap_err();
         assert_eq!(e.kind, ErrorKind::Type);
@@ -1617,7 +1915,10 @@ mod tests {
 
     #[test]
     fn in_place_requires_the_result_shape() {
-        let w = ws(vec![("s", Tensor::scalar(1i32)), ("v", t(&[2], vec![1i32, 2]))]);
+        let w = ws(vec![
+            ("s", Tensor::scalar(1i32)),
+            ("v", t(&[2], vec![1i32, 2])),
+        ]);
         let e = run(&w, def("Add", &["s", "v"], &["s"], vec![])).unwrap_err();
         assert_eq!(e.kind, ErrorKind::Shape);
         assert_eq!(e.context.blob.as_deref(), Some("s"));
@@ -1629,14 +1930,20 @@ mod tests {
 
     #[test]
     fn in_place_rules_in_schemas() {
-        let w = ws(vec![("a", t(&[2], vec![1i32, 2])), ("b", t(&[2], vec![3i32, 4]))]);
+        let w = ws(vec![
+            ("a", t(&[2], vec![1i32, 2])),
+            ("b", t(&[2], vec![3i32, 4])),
+        ]);
         // Div, comparisons and logic ops may not write over B; comparisons not over A either.
         for (ty, out) in [("Div", "b"), ("EQ", "a"), ("GE", "b"), ("Not", "a")] {
             let ins: &[&str] = if ty == "Not" { &["a"] } else { &["a", "b"] };
             let e = run(&w, def(ty, ins, &[out], vec![])).unwrap_err();
             assert_eq!(e.kind, ErrorKind::InvalidArgument, "{ty}");
         }
-        let w = ws(vec![("p", t(&[2], vec![true, false])), ("q", t(&[2], vec![true, true]))]);
+        let w = ws(vec![
+            ("p", t(&[2], vec![true, false])),
+            ("q", t(&[2], vec![true, true])),
+        ]);
         let e = run(&w, def("Or", &["p", "q"], &["q"], vec![])).unwrap_err();
         assert_eq!(e.kind, ErrorKind::InvalidArgument);
         run(&w, def("Xor", &["p", "q"], &["p"], vec![])).unwrap();
@@ -1645,7 +1952,10 @@ mod tests {
 
     #[test]
     fn scalar_in_place_add_reuses_the_buffer() {
-        let w = ws(vec![("x", Tensor::scalar(0.0f32)), ("one", Tensor::scalar(1.0f32))]);
+        let w = ws(vec![
+            ("x", Tensor::scalar(0.0f32)),
+            ("one", Tensor::scalar(1.0f32)),
+        ]);
         let before = data_ptr(&w, "x");
         run_kernel(&w, &def("Add", &["x", "one"], &["x"], vec![]), 1000);
         assert_eq!(get(&w, "x"), Tensor::scalar(1000.0f32));
@@ -1654,7 +1964,10 @@ mod tests {
 
     #[test]
     fn separate_output_buffer_is_reused_when_it_fits() {
-        let w = ws(vec![("a", t(&[2, 2], vec![1i64, 2, 3, 4])), ("b", t(&[2], vec![10i64, 20]))]);
+        let w = ws(vec![
+            ("a", t(&[2, 2], vec![1i64, 2, 3, 4])),
+            ("b", t(&[2], vec![10i64, 20])),
+        ]);
         let d = def("Add", &["a", "b"], &["c"], vec![]);
         run_kernel(&w, &d, 1);
         let p = data_ptr(&w, "c");
@@ -1689,7 +2002,10 @@ mod tests {
             assert_eq!(get(&w, "c"), t(&[2, 3], want.to_vec()), "{ty}");
         }
         // Floats: NaN is unequal to everything, itself included.
-        let w = ws(vec![("x", t(&[3], vec![f64::NAN, 1.0, -0.0])), ("y", t(&[3], vec![f64::NAN, f64::NAN, 0.0]))]);
+        let w = ws(vec![
+            ("x", t(&[3], vec![f64::NAN, 1.0, -0.0])),
+            ("y", t(&[3], vec![f64::NAN, f64::NAN, 0.0])),
+        ]);
         run(&w, def("EQ", &["x", "y"], &["c"], vec![])).unwrap();
         assert_eq!(get(&w, "c"), t(&[3], vec![false, false, true]));
         run(&w, def("NE", &["x", "y"], &["c"], vec![])).unwrap();
@@ -1697,11 +2013,26 @@ mod tests {
         run(&w, def("GE", &["x", "y"], &["c"], vec![])).unwrap();
         assert_eq!(get(&w, "c"), t(&[3], vec![false, false, true]));
         // Bools order false < true; legacy broadcasting works for comparisons too.
-        let w = ws(vec![("p", t(&[2, 2], vec![false, true, false, true])), ("q", t(&[2], vec![true, false]))]);
-        run(&w, def("LT", &["p", "q"], &["c"], vec![ai("broadcast", 1), ai("axis", 0)])).unwrap();
+        let w = ws(vec![
+            ("p", t(&[2, 2], vec![false, true, false, true])),
+            ("q", t(&[2], vec![true, false])),
+        ]);
+        run(
+            &w,
+            def(
+                "LT",
+                &["p", "q"],
+                &["c"],
+                vec![ai("broadcast", 1), ai("axis", 0)],
+            ),
+        )
+        .unwrap();
         assert_eq!(get(&w, "c"), t(&[2, 2], vec![true, false, false, false]));
         // int64 against a scalar.
-        let w = ws(vec![("v", t(&[3], vec![-1i64, 0, 1])), ("z", Tensor::scalar(0i64))]);
+        let w = ws(vec![
+            ("v", t(&[3], vec![-1i64, 0, 1])),
+            ("z", Tensor::scalar(0i64)),
+        ]);
         run(&w, def("GT", &["v", "z"], &["c"], vec![])).unwrap();
         assert_eq!(get(&w, "c"), t(&[3], vec![false, false, true]));
     }
@@ -1723,7 +2054,13 @@ mod tests {
         assert_eq!(get(&w, "c"), t(&[4], vec![true, true, false, false]));
         // Broadcast [2,1] with [4] -> [2,4].
         run(&w, def("And", &["r", "q"], &["c"], vec![])).unwrap();
-        assert_eq!(get(&w, "c"), t(&[2, 4], vec![false, true, false, true, false, false, false, false]));
+        assert_eq!(
+            get(&w, "c"),
+            t(
+                &[2, 4],
+                vec![false, true, false, true, false, false, false, false]
+            )
+        );
         // In place on A.
         run(&w, def("Or", &["p", "q"], &["p"], vec![])).unwrap();
         assert_eq!(get(&w, "p"), t(&[4], vec![false, true, true, true]));
@@ -1748,15 +2085,24 @@ mod tests {
             ("j", t(&[3], vec![1i64, 2, 3])),
         ]);
         run(&w, def("Sum", &["a", "b", "c"], &["y"], vec![])).unwrap();
-        assert_eq!(get(&w, "y"), t(&[2, 2], vec![111.0f32, 222.0, 333.0, 444.0]));
+        assert_eq!(
+            get(&w, "y"),
+            t(&[2, 2], vec![111.0f32, 222.0, 333.0, 444.0])
+        );
         run(&w, def("Sum", &["a"], &["y"], vec![])).unwrap();
         assert_eq!(get(&w, "y"), get(&w, "a"));
         run(&w, def("Sum", &["a", "a"], &["y"], vec![])).unwrap();
         assert_eq!(get(&w, "y"), t(&[2, 2], vec![2.0f32, 4.0, 6.0, 8.0]));
         run(&w, def("Sum", &["a", "b", "c"], &["a"], vec![])).unwrap();
-        assert_eq!(get(&w, "a"), t(&[2, 2], vec![111.0f32, 222.0, 333.0, 444.0]));
+        assert_eq!(
+            get(&w, "a"),
+            t(&[2, 2], vec![111.0f32, 222.0, 333.0, 444.0])
+        );
         run(&w, def("Sum", &["a"], &["a"], vec![])).unwrap();
-        assert_eq!(get(&w, "a"), t(&[2, 2], vec![111.0f32, 222.0, 333.0, 444.0]));
+        assert_eq!(
+            get(&w, "a"),
+            t(&[2, 2], vec![111.0f32, 222.0, 333.0, 444.0])
+        );
         // Integers wrap.
         run(&w, def("Sum", &["i", "j", "j"], &["y"], vec![])).unwrap();
         assert_eq!(get(&w, "y"), t(&[3], vec![i64::MIN + 1, 5, 8]));
@@ -1774,7 +2120,11 @@ mod tests {
         let e = run(&w, def("Sum", &["a", "d", "b"], &["y"], vec![])).unwrap_err();
         assert_eq!(e.kind, ErrorKind::Type);
         assert_eq!(e.context.blob.as_deref(), Some("b"));
-        assert!(e.message.contains("int32") && e.message.contains("int64"), "{}", e.message);
+        assert!(
+            e.message.contains("int32") && e.message.contains("int64"),
+            "{}",
+            e.message
+        );
         // Same element count, different shape: no broadcasting, no reshaping.
         let e = run(&w, def("Sum", &["a", "c"], &["a"], vec![])).unwrap_err();
         assert_eq!(e.kind, ErrorKind::Shape);
@@ -1804,18 +2154,47 @@ mod tests {
         run(&w, def("WeightedSum", &["x0", "w0"], &["y"], vec![])).unwrap();
         assert_eq!(get(&w, "y"), t(&[2, 2], vec![2.0f32, 4.0, 6.0, 8.0]));
         // Y takes X0's shape even though X1 is [4].
-        run(&w, def("WeightedSum", &["x0", "w0", "x1", "w1"], &["y"], vec![])).unwrap();
+        run(
+            &w,
+            def("WeightedSum", &["x0", "w0", "x1", "w1"], &["y"], vec![]),
+        )
+        .unwrap();
         assert_eq!(get(&w, "y"), t(&[2, 2], vec![7.0f32, 14.0, 21.0, 28.0]));
-        run(&w, def("WeightedSum", &["x0", "w0", "x1", "w1", "x2", "w2"], &["y"], vec![])).unwrap();
+        run(
+            &w,
+            def(
+                "WeightedSum",
+                &["x0", "w0", "x1", "w1", "x2", "w2"],
+                &["y"],
+                vec![],
+            ),
+        )
+        .unwrap();
         assert_eq!(get(&w, "y"), t(&[2, 2], vec![4.0f32, 11.0, 18.0, 25.0]));
         // In place on X0.
-        run(&w, def("WeightedSum", &["x0", "w0", "x1", "w1", "x2", "w2"], &["x0"], vec![])).unwrap();
+        run(
+            &w,
+            def(
+                "WeightedSum",
+                &["x0", "w0", "x1", "w1", "x2", "w2"],
+                &["x0"],
+                vec![],
+            ),
+        )
+        .unwrap();
         assert_eq!(get(&w, "x0"), t(&[2, 2], vec![4.0f32, 11.0, 18.0, 25.0]));
         run(&w, def("WeightedSum", &["x0", "w1"], &["x0"], vec![])).unwrap();
         assert_eq!(get(&w, "x0"), t(&[2, 2], vec![2.0f32, 5.5, 9.0, 12.5]));
         // An empty X0 gives an empty output.
-        let w = ws(vec![("e", t(&[0, 3], Vec::<f32>::new())), ("w", Tensor::scalar(1.0f32))]);
-        run(&w, def("WeightedSum", &["e", "w", "e", "w"], &["y"], vec![])).unwrap();
+        let w = ws(vec![
+            ("e", t(&[0, 3], Vec::<f32>::new())),
+            ("w", Tensor::scalar(1.0f32)),
+        ]);
+        run(
+            &w,
+            def("WeightedSum", &["e", "w", "e", "w"], &["y"], vec![]),
+        )
+        .unwrap();
         assert_eq!(get(&w, "y").shape(), &[0, 3]);
     }
 
@@ -1837,7 +2216,12 @@ mod tests {
             (&["x", "w", "x3", "w"], "y", ErrorKind::Shape, "x3"),
             (&["x", "w", "xd", "w"], "y", ErrorKind::Type, "xd"),
             (&["xi", "w"], "y", ErrorKind::Type, "xi"),
-            (&["x", "w", "x3", "w"], "x3", ErrorKind::InvalidArgument, "x3"),
+            (
+                &["x", "w", "x3", "w"],
+                "x3",
+                ErrorKind::InvalidArgument,
+                "x3",
+            ),
         ];
         for (ins, out, kind, blob) in cases {
             let e = run(&w, def("WeightedSum", ins, &[out], vec![])).unwrap_err();
@@ -1847,7 +2231,11 @@ mod tests {
             }
         }
         // A failing in-place call leaves X0 untouched.
-        let e = run(&w, def("WeightedSum", &["x", "w", "x3", "w"], &["x"], vec![])).unwrap_err();
+        let e = run(
+            &w,
+            def("WeightedSum", &["x", "w", "x3", "w"], &["x"], vec![]),
+        )
+        .unwrap_err();
         assert_eq!(e.kind, ErrorKind::Shape);
         assert_eq!(get(&w, "x"), t(&[2], vec![1.0f32, 2.0]));
     }
@@ -1887,17 +2275,41 @@ mod tests {
             ("p", t(&[2], vec![true, false])),
         ]);
         // float -> int: truncation toward zero; NaN -> 0; out of range saturates.
-        run(&w, def("Cast", &["f"], &["y"], vec![ai("to", DataType::Int32 as i64)])).unwrap();
-        assert_eq!(get(&w, "y"), t(&[6], vec![1i32, -1, 0, i32::MAX, i32::MIN, 0]));
+        run(
+            &w,
+            def(
+                "Cast",
+                &["f"],
+                &["y"],
+                vec![ai("to", DataType::Int32 as i64)],
+            ),
+        )
+        .unwrap();
+        assert_eq!(
+            get(&w, "y"),
+            t(&[6], vec![1i32, -1, 0, i32::MAX, i32::MIN, 0])
+        );
         // Names are accepted in any case.
         run(&w, def("Cast", &["f"], &["y"], vec![as_("to", "bool")])).unwrap();
-        assert_eq!(get(&w, "y"), t(&[6], vec![true, true, true, true, true, false]));
+        assert_eq!(
+            get(&w, "y"),
+            t(&[6], vec![true, true, true, true, true, false])
+        );
         run(&w, def("Cast", &["l"], &["y"], vec![as_("to", "FLOAT")])).unwrap();
         assert_eq!(get(&w, "y"), t(&[3], vec![0.0f32, -5.0, 300.0]));
         // int -> narrower int wraps: 300 -> 44 (uint8), -5 -> 251.
         run(&w, def("Cast", &["l"], &["y"], vec![as_("to", "UINT8")])).unwrap();
         assert_eq!(get(&w, "y"), t(&[3], vec![0u8, 251, 44]));
-        run(&w, def("Cast", &["p"], &["y"], vec![ai("to", DataType::Double as i64)])).unwrap();
+        run(
+            &w,
+            def(
+                "Cast",
+                &["p"],
+                &["y"],
+                vec![ai("to", DataType::Double as i64)],
+            ),
+        )
+        .unwrap();
         assert_eq!(get(&w, "y"), t(&[2], vec![1.0f64, 0.0]));
         run(&w, def("Cast", &["p"], &["y"], vec![as_("to", "INT64")])).unwrap();
         assert_eq!(get(&w, "y"), t(&[2], vec![1i64, 0]));
@@ -1913,7 +2325,10 @@ mod tests {
 
     #[test]
     fn cast_errors() {
-        let w = ws(vec![("f", t(&[1], vec![1.0f32])), ("s", t(&[1], vec![b"x".to_vec()]))]);
+        let w = ws(vec![
+            ("f", t(&[1], vec![1.0f32])),
+            ("s", t(&[1], vec![b"x".to_vec()])),
+        ]);
         let cases: Vec<(Vec<Argument>, ErrorKind)> = vec![
             (vec![], ErrorKind::InvalidArgument),
             (vec![as_("to", "NOPE")], ErrorKind::InvalidArgument),
@@ -1938,7 +2353,9 @@ mod tests {
     #[test]
     fn non_standard_layouts() {
         // a = [[0,1,2],[3,4,5]] transposed: [[0,3],[1,4],[2,5]].
-        let a = ArrayD::from_shape_vec(IxDyn(&[2, 3]), vec![0i32, 1, 2, 3, 4, 5]).unwrap().reversed_axes();
+        let a = ArrayD::from_shape_vec(IxDyn(&[2, 3]), vec![0i32, 1, 2, 3, 4, 5])
+            .unwrap()
+            .reversed_axes();
         assert!(!a.is_standard_layout());
         let w = ws(vec![
             ("a", Tensor::I32(a.clone())),
@@ -1950,9 +2367,15 @@ mod tests {
         run(&w, def("Sub", &["b", "a"], &["c"], vec![])).unwrap();
         assert_eq!(get(&w, "c"), t(&[3, 2], vec![10i32, 17, 29, 36, 48, 55]));
         run(&w, def("Add", &["a", "r"], &["c"], vec![])).unwrap();
-        assert_eq!(get(&w, "c"), t(&[3, 2], vec![100i32, 203, 101, 204, 102, 205]));
+        assert_eq!(
+            get(&w, "c"),
+            t(&[3, 2], vec![100i32, 203, 101, 204, 102, 205])
+        );
         run(&w, def("Add", &["a", "r"], &["a"], vec![])).unwrap();
-        assert_eq!(get(&w, "a"), t(&[3, 2], vec![100i32, 203, 101, 204, 102, 205]));
+        assert_eq!(
+            get(&w, "a"),
+            t(&[3, 2], vec![100i32, 203, 101, 204, 102, 205])
+        );
         w.feed("a", BlobValue::Tensor(Tensor::I32(a.clone())));
         run(&w, def("Sum", &["a", "b"], &["a"], vec![])).unwrap();
         assert_eq!(get(&w, "a"), t(&[3, 2], vec![10i32, 23, 31, 44, 52, 65]));
@@ -1960,13 +2383,23 @@ mod tests {
         run(&w, def("Cast", &["a"], &["c"], vec![as_("to", "INT64")])).unwrap();
         assert_eq!(get(&w, "c"), t(&[3, 2], vec![0i64, 3, 1, 4, 2, 5]));
         // WeightedSum matches elements in row-major order.
-        let f = ArrayD::from_shape_vec(IxDyn(&[2, 2]), vec![1.0f32, 2.0, 3.0, 4.0]).unwrap().reversed_axes();
+        let f = ArrayD::from_shape_vec(IxDyn(&[2, 2]), vec![1.0f32, 2.0, 3.0, 4.0])
+            .unwrap()
+            .reversed_axes();
         w.feed("f", BlobValue::Tensor(Tensor::F32(f)));
         w.feed("g", BlobValue::Tensor(t(&[4], vec![1.0f32, 1.0, 1.0, 1.0])));
         w.feed("one", BlobValue::Tensor(Tensor::scalar(1.0f32)));
-        run(&w, def("WeightedSum", &["g", "one", "f", "one"], &["y"], vec![])).unwrap();
+        run(
+            &w,
+            def("WeightedSum", &["g", "one", "f", "one"], &["y"], vec![]),
+        )
+        .unwrap();
         assert_eq!(get(&w, "y"), t(&[4], vec![2.0f32, 4.0, 3.0, 5.0]));
-        run(&w, def("WeightedSum", &["f", "one", "g", "one"], &["f"], vec![])).unwrap();
+        run(
+            &w,
+            def("WeightedSum", &["f", "one", "g", "one"], &["f"], vec![]),
+        )
+        .unwrap();
         assert_eq!(get(&w, "f"), t(&[2, 2], vec![2.0f32, 4.0, 3.0, 5.0]));
     }
 
@@ -1994,10 +2427,18 @@ mod tests {
         let m = n / 7 * 7;
         let rows: Vec<f32> = (0..m).map(|i| i as f32).collect();
         w.feed("m", BlobValue::Tensor(t(&[m / 7, 7], rows.clone())));
-        let want: Vec<f32> = rows.iter().enumerate().map(|(i, x)| x - (i % 7 + 1) as f32).collect();
+        let want: Vec<f32> = rows
+            .iter()
+            .enumerate()
+            .map(|(i, x)| x - (i % 7 + 1) as f32)
+            .collect();
         run(&w, def("Sub", &["m", "row"], &["c"], vec![])).unwrap();
         assert_eq!(get(&w, "c"), t(&[m / 7, 7], want.clone()));
-        let want_rev: Vec<f32> = rows.iter().enumerate().map(|(i, x)| (i % 7 + 1) as f32 - x).collect();
+        let want_rev: Vec<f32> = rows
+            .iter()
+            .enumerate()
+            .map(|(i, x)| (i % 7 + 1) as f32 - x)
+            .collect();
         run(&w, def("Sub", &["row", "m"], &["c"], vec![])).unwrap();
         assert_eq!(get(&w, "c"), t(&[m / 7, 7], want_rev));
         run(&w, def("Sub", &["m", "row"], &["m"], vec![])).unwrap();

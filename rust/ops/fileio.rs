@@ -76,7 +76,8 @@ use parking_lot::Mutex;
 use parquet::basic::{Compression, ConvertedType, LogicalType, Repetition, Type as PhysicalType};
 use parquet::column::reader::{ColumnReader, ColumnReaderImpl};
 use parquet::data_type::{
-    BoolType, ByteArrayType, DataType as PqType, DoubleType, FixedLenByteArrayType, FloatType, Int32Type, Int64Type,
+    BoolType, ByteArrayType, DataType as PqType, DoubleType, FixedLenByteArrayType, FloatType,
+    Int32Type, Int64Type,
 };
 use parquet::file::reader::{ChunkReader, FileReader, Length};
 use parquet::file::serialized_reader::SerializedFileReader;
@@ -102,10 +103,18 @@ pub const DEFAULT_BATCH_SIZE: i64 = 1024;
 pub fn schemas() -> Vec<OpSchema> {
     crate::storage::register_blob_codec(PARQUET_READER_TAG, decode_parquet_reader);
     crate::storage::register_blob_codec(NPY_READER_TAG, decode_npy_reader);
-    const PATH: crate::operator::ArgDoc =
-        arg!("path", "string", "\"\"", "a Parquet file, or a folder read as every data file under it");
-    const PATHS: crate::operator::ArgDoc =
-        arg!("paths", "strings", "[]", "more files or folders, read after `path` in this order");
+    const PATH: crate::operator::ArgDoc = arg!(
+        "path",
+        "string",
+        "\"\"",
+        "a Parquet file, or a folder read as every data file under it"
+    );
+    const PATHS: crate::operator::ArgDoc = arg!(
+        "paths",
+        "strings",
+        "[]",
+        "more files or folders, read after `path` in this order"
+    );
     const COLUMNS: crate::operator::ArgDoc = arg!(
         "columns",
         "strings",
@@ -118,8 +127,12 @@ pub fn schemas() -> Vec<OpSchema> {
         "[] (any)",
         "the expected Caffe2 dtype of each column (of the items, for a list); another type is an error"
     );
-    const IS_LIST: crate::operator::ArgDoc =
-        arg!("is_list", "ints", "[] (any)", "whether each column is expected to be a list (1) or not (0)");
+    const IS_LIST: crate::operator::ArgDoc = arg!(
+        "is_list",
+        "ints",
+        "[] (any)",
+        "whether each column is expected to be a list (1) or not (0)"
+    );
     vec![
         OpSchema::new("CreateParquetReader", create_parquet_reader)
             .inputs(0, 0)
@@ -267,7 +280,10 @@ impl<'a> Dec<'a> {
         Ok(d)
     }
     fn bad(&self, msg: &str) -> Error {
-        Error::new(ErrorKind::CorruptCheckpoint, format!("a saved {} is malformed: {msg}", self.what))
+        Error::new(
+            ErrorKind::CorruptCheckpoint,
+            format!("a saved {} is malformed: {msg}", self.what),
+        )
     }
     fn take(&mut self, n: usize) -> Result<&'a [u8]> {
         if self.rest.len() < n {
@@ -278,11 +294,16 @@ impl<'a> Dec<'a> {
         Ok(head)
     }
     fn u64(&mut self) -> Result<u64> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
     }
     fn len(&mut self) -> Result<usize> {
         let n = self.u64()?;
-        usize::try_from(n).ok().filter(|&n| n <= self.rest.len()).ok_or_else(|| self.bad("a length is out of range"))
+        usize::try_from(n)
+            .ok()
+            .filter(|&n| n <= self.rest.len())
+            .ok_or_else(|| self.bad("a length is out of range"))
     }
     fn str(&mut self) -> Result<String> {
         let n = self.len()?;
@@ -298,7 +319,11 @@ impl<'a> Dec<'a> {
 }
 
 fn object_proto(tag: &str, content: Vec<u8>) -> BlobProto {
-    BlobProto { r#type: Some(tag.to_string()), content: Some(content), ..Default::default() }
+    BlobProto {
+        r#type: Some(tag.to_string()),
+        content: Some(content),
+        ..Default::default()
+    }
 }
 
 // ------------------------------------------------------- positioned file --
@@ -334,11 +359,20 @@ impl ChunkReader for PosFile {
     type T = BufReader<PosRead>;
 
     fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
-        Ok(BufReader::with_capacity(16 * 1024, PosRead { file: self.file.clone(), pos: start }))
+        Ok(BufReader::with_capacity(
+            16 * 1024,
+            PosRead {
+                file: self.file.clone(),
+                pos: start,
+            },
+        ))
     }
 
     fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
-        if start.checked_add(length as u64).is_none_or(|end| end > self.len) {
+        if start
+            .checked_add(length as u64)
+            .is_none_or(|end| end > self.len)
+        {
             return Err(parquet::errors::ParquetError::EOF(format!(
                 "a read of {length} bytes at offset {start} goes past the end of the file ({} bytes)",
                 self.len
@@ -354,7 +388,10 @@ impl ChunkReader for PosFile {
 fn open_regular(path: &str, what: &str) -> Result<(File, u64)> {
     let meta = fs::metadata(path).map_err(|e| open_err(path, what, &e))?;
     if !meta.is_file() {
-        return Err(io_err(path, format!("cannot open {what} '{path}': not a regular file")));
+        return Err(io_err(
+            path,
+            format!("cannot open {what} '{path}': not a regular file"),
+        ));
     }
     let f = File::open(path).map_err(|e| open_err(path, what, &e))?;
     Ok((f, meta.len()))
@@ -377,7 +414,10 @@ fn data_files(path: &str, out: &mut Vec<String>) -> Result<()> {
             .map_err(|e| open_err(&shown, "folder", &e))?;
         entries.sort();
         for p in entries {
-            let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let name = p
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
             if name.starts_with('.') || name.starts_with('_') {
                 continue;
             }
@@ -394,7 +434,10 @@ fn data_files(path: &str, out: &mut Vec<String>) -> Result<()> {
     let before = out.len();
     walk(Path::new(path), out)?;
     if out.len() == before {
-        return Err(io_err(path, format!("the folder '{path}' holds no data files")));
+        return Err(io_err(
+            path,
+            format!("the folder '{path}' holds no data files"),
+        ));
     }
     Ok(())
 }
@@ -436,13 +479,20 @@ impl Conv {
 }
 
 /// The tensor type of a leaf, or why it has none.
-fn leaf_conv(phys: PhysicalType, lt: Option<LogicalType>, ct: ConvertedType) -> std::result::Result<Conv, String> {
+fn leaf_conv(
+    phys: PhysicalType,
+    lt: Option<LogicalType>,
+    ct: ConvertedType,
+) -> std::result::Result<Conv, String> {
     let decimal = matches!(lt, Some(LogicalType::Decimal { .. })) || ct == ConvertedType::DECIMAL;
     if decimal {
         return Err("DECIMAL columns are not supported".into());
     }
     let int = match lt {
-        Some(LogicalType::Integer { bit_width, is_signed }) => Some((bit_width, is_signed)),
+        Some(LogicalType::Integer {
+            bit_width,
+            is_signed,
+        }) => Some((bit_width, is_signed)),
         _ => match ct {
             ConvertedType::INT_8 => Some((8, true)),
             ConvertedType::INT_16 => Some((16, true)),
@@ -466,10 +516,16 @@ fn leaf_conv(phys: PhysicalType, lt: Option<LogicalType>, ct: ConvertedType) -> 
             _ => Conv::I32,
         },
         PhysicalType::INT64 => match int {
-            Some((64, false)) => return Err("UINT64 columns are not supported (int64 cannot hold every value)".into()),
+            Some((64, false)) => {
+                return Err(
+                    "UINT64 columns are not supported (int64 cannot hold every value)".into(),
+                )
+            }
             _ => Conv::I64,
         },
-        PhysicalType::INT96 => return Err("INT96 (legacy timestamp) columns are not supported".into()),
+        PhysicalType::INT96 => {
+            return Err("INT96 (legacy timestamp) columns are not supported".into())
+        }
         PhysicalType::FLOAT => Conv::F32,
         PhysicalType::DOUBLE => Conv::F64,
         PhysicalType::BYTE_ARRAY => Conv::Bytes,
@@ -498,7 +554,8 @@ struct Leaf {
 
 fn is_list_group(t: &SchemaType) -> bool {
     let info = t.get_basic_info();
-    matches!(info.logical_type(), Some(LogicalType::List)) || info.converted_type() == ConvertedType::LIST
+    matches!(info.logical_type(), Some(LogicalType::List))
+        || info.converted_type() == ConvertedType::LIST
 }
 
 fn leaves(schema: &SchemaDescriptor) -> Vec<Leaf> {
@@ -530,13 +587,19 @@ fn leaves(schema: &SchemaDescriptor) -> Vec<Leaf> {
             }
             let path = parts.join(".");
             let name = match rep_at {
-                Some(r) if r > 0 && is_list_group(chain[r - 1]) && r + 2 >= parts.len() => parts[..r].join("."),
+                Some(r) if r > 0 && is_list_group(chain[r - 1]) && r + 2 >= parts.len() => {
+                    parts[..r].join(".")
+                }
                 _ => path.clone(),
             };
             Leaf {
                 name,
                 path,
-                conv: leaf_conv(col.physical_type(), col.logical_type(), col.converted_type()),
+                conv: leaf_conv(
+                    col.physical_type(),
+                    col.logical_type(),
+                    col.converted_type(),
+                ),
                 max_def: col.max_def_level(),
                 item_def,
                 nested_lists: reps > 1,
@@ -565,13 +628,21 @@ struct LeafRef {
 fn find_leaf(all: &[Leaf], want: &str) -> std::result::Result<usize, String> {
     let dotted = want.replace(':', ".");
     let hits: Vec<usize> = (0..all.len())
-        .filter(|&i| all[i].name == want || all[i].path == want || all[i].name == dotted || all[i].path == dotted)
+        .filter(|&i| {
+            all[i].name == want
+                || all[i].path == want
+                || all[i].name == dotted
+                || all[i].path == dotted
+        })
         .collect();
     match hits.len() {
         1 => Ok(hits[0]),
         0 => {
-            let under: Vec<&str> =
-                all.iter().filter(|l| l.name.starts_with(&format!("{dotted}."))).map(|l| l.name.as_str()).collect();
+            let under: Vec<&str> = all
+                .iter()
+                .filter(|l| l.name.starts_with(&format!("{dotted}.")))
+                .map(|l| l.name.as_str())
+                .collect();
             if !under.is_empty() {
                 return Err(format!(
                     "'{want}' is a group of {} columns ({}): name the columns",
@@ -581,12 +652,18 @@ fn find_leaf(all: &[Leaf], want: &str) -> std::result::Result<usize, String> {
             }
             let names: Vec<&str> = all.iter().take(20).map(|l| l.name.as_str()).collect();
             let more = if all.len() > 20 { ", ..." } else { "" };
-            Err(format!("has no column '{want}' (its columns: {}{more})", names.join(", ")))
+            Err(format!(
+                "has no column '{want}' (its columns: {}{more})",
+                names.join(", ")
+            ))
         }
         _ => Err(format!(
             "'{want}' names {} columns ({}): name one by its full path",
             hits.len(),
-            hits.iter().map(|&i| all[i].path.as_str()).collect::<Vec<_>>().join(", ")
+            hits.iter()
+                .map(|&i| all[i].path.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         )),
     }
 }
@@ -615,13 +692,25 @@ struct PqFile {
 fn open_parquet(path: &str) -> Result<SerializedFileReader<PosFile>> {
     let (f, len) = open_regular(path, "Parquet file")?;
     if len == 0 {
-        return Err(io_err(path, format!("'{path}' is not a Parquet file: it is empty (0 bytes)")));
+        return Err(io_err(
+            path,
+            format!("'{path}' is not a Parquet file: it is empty (0 bytes)"),
+        ));
     }
-    let pf = PosFile { file: Arc::new(f), len };
+    let pf = PosFile {
+        file: Arc::new(f),
+        len,
+    };
     match catch_unwind(AssertUnwindSafe(|| SerializedFileReader::new(pf))) {
         Ok(Ok(r)) => Ok(r),
-        Ok(Err(e)) => Err(io_err(path, format!("'{path}' is not a valid Parquet file: {e}"))),
-        Err(p) => Err(io_err(path, format!("'{path}' is not a valid Parquet file: {}", panic_text(p)))),
+        Ok(Err(e)) => Err(io_err(
+            path,
+            format!("'{path}' is not a valid Parquet file: {e}"),
+        )),
+        Err(p) => Err(io_err(
+            path,
+            format!("'{path}' is not a valid Parquet file: {}", panic_text(p)),
+        )),
     }
 }
 
@@ -647,21 +736,36 @@ fn open_parquet_files(
             all.iter().map(|l| l.name.clone()).collect()
         };
         if names.is_empty() {
-            return Err(io_err(path, format!("the Parquet file '{path}' has no columns")));
+            return Err(io_err(
+                path,
+                format!("the Parquet file '{path}' has no columns"),
+            ));
         }
         let mut cols = Vec::with_capacity(names.len());
         for (c, want_name) in names.iter().enumerate() {
-            let i = find_leaf(&all, want_name)
-                .map_err(|m| Error::invalid_arg(format!("the Parquet file '{path}' {m}")).with_file(path))?;
+            let i = find_leaf(&all, want_name).map_err(|m| {
+                Error::invalid_arg(format!("the Parquet file '{path}' {m}")).with_file(path)
+            })?;
             let leaf = &all[i];
             let col_err = |kind: ErrorKind, m: String| {
-                Error::new(kind, format!("column '{want_name}' of the Parquet file '{path}': {m}")).with_file(path)
+                Error::new(
+                    kind,
+                    format!("column '{want_name}' of the Parquet file '{path}': {m}"),
+                )
+                .with_file(path)
             };
             if leaf.nested_lists {
-                return Err(col_err(ErrorKind::Type, "lists of lists are not supported".into()));
+                return Err(col_err(
+                    ErrorKind::Type,
+                    "lists of lists are not supported".into(),
+                ));
             }
             let conv = leaf.conv.clone().map_err(|m| col_err(ErrorKind::Type, m))?;
-            let spec = ColumnSpec { name: leaf.name.clone(), dtype: conv.dtype(), list: leaf.item_def.is_some() };
+            let spec = ColumnSpec {
+                name: leaf.name.clone(),
+                dtype: conv.dtype(),
+                list: leaf.item_def.is_some(),
+            };
             if let Some(prev) = specs.get(c) {
                 if prev.dtype != spec.dtype || prev.list != spec.list {
                     return Err(col_err(
@@ -679,21 +783,36 @@ fn open_parquet_files(
                     let dt_bad = dt.is_some_and(|d| d != spec.dtype);
                     let list_bad = list.is_some_and(|l| l != spec.list);
                     if dt_bad || list_bad {
-                        let want_desc = describe(dt.unwrap_or(spec.dtype), list.unwrap_or(spec.list));
+                        let want_desc =
+                            describe(dt.unwrap_or(spec.dtype), list.unwrap_or(spec.list));
                         return Err(col_err(
                             ErrorKind::Type,
-                            format!("it holds {} but {want_desc} were expected", describe(spec.dtype, spec.list)),
+                            format!(
+                                "it holds {} but {want_desc} were expected",
+                                describe(spec.dtype, spec.list)
+                            ),
                         ));
                     }
                 }
                 specs.push(spec);
             }
-            cols.push(LeafRef { leaf: i, conv, max_def: leaf.max_def, item_def: leaf.item_def });
+            cols.push(LeafRef {
+                leaf: i,
+                conv,
+                max_def: leaf.max_def,
+                item_def: leaf.item_def,
+            });
         }
         let mut rg_rows = Vec::with_capacity(md.num_row_groups());
         for (g, rg) in md.row_groups().iter().enumerate() {
             let rows = u64::try_from(rg.num_rows()).map_err(|_| {
-                io_err(path, format!("'{path}' is corrupt: row group {g} claims {} rows", rg.num_rows()))
+                io_err(
+                    path,
+                    format!(
+                        "'{path}' is corrupt: row group {g} claims {} rows",
+                        rg.num_rows()
+                    ),
+                )
             })?;
             for (c, col) in cols.iter().enumerate() {
                 let codec = rg.column(col.leaf).compression();
@@ -712,7 +831,13 @@ fn open_parquet_files(
             rg_rows.push(rows);
         }
         let rows = rg_rows.iter().sum();
-        files.push(PqFile { path: path.clone(), reader, rg_rows, rows, cols });
+        files.push(PqFile {
+            path: path.clone(),
+            reader,
+            rg_rows,
+            rows,
+            cols,
+        });
     }
     Ok((files, specs))
 }
@@ -803,7 +928,12 @@ impl Acc {
             DataType::Double => Values::F64(Vec::with_capacity(cap)),
             _ => Values::Bytes(Vec::with_capacity(cap)),
         };
-        Acc { values, lengths: spec.list.then(|| Vec::with_capacity(n)), def: Vec::new(), rep: Vec::new() }
+        Acc {
+            values,
+            lengths: spec.list.then(|| Vec::with_capacity(n)),
+            def: Vec::new(),
+            rep: Vec::new(),
+        }
     }
 
     /// The finished tensors: `[lengths,] values`.
@@ -828,10 +958,17 @@ impl Acc {
 }
 
 /// Converts each value, or names the first that does not fit.
-fn narrow_into<T: TryFrom<i32>>(src: &[i32], dst: &mut Vec<T>, what: &str) -> std::result::Result<(), String> {
+fn narrow_into<T: TryFrom<i32>>(
+    src: &[i32],
+    dst: &mut Vec<T>,
+    what: &str,
+) -> std::result::Result<(), String> {
     dst.reserve(src.len());
     for &x in src {
-        dst.push(T::try_from(x).map_err(|_| format!("the value {x} does not fit its annotated type {what}"))?);
+        dst.push(
+            T::try_from(x)
+                .map_err(|_| format!("the value {x} does not fit its annotated type {what}"))?,
+        );
     }
     Ok(())
 }
@@ -847,8 +984,14 @@ fn read_records<T: PqType>(
     let (def, rep, lengths) = acc_levels;
     def.clear();
     rep.clear();
-    let rep_buf = if lr.item_def.is_some() { Some(&mut *rep) } else { None };
-    let (recs, nvals, nlevels) = r.read_records(k, Some(&mut *def), rep_buf, values).map_err(|e| e.to_string())?;
+    let rep_buf = if lr.item_def.is_some() {
+        Some(&mut *rep)
+    } else {
+        None
+    };
+    let (recs, nvals, nlevels) = r
+        .read_records(k, Some(&mut *def), rep_buf, values)
+        .map_err(|e| e.to_string())?;
     if recs != k {
         return Err(format!(
             "the column chunk ends after {recs} of the {k} records its row group promises (truncated or corrupt)"
@@ -857,7 +1000,10 @@ fn read_records<T: PqType>(
     match lr.item_def {
         None => {
             if lr.max_def > 0 && nvals != nlevels {
-                return Err(format!("it holds {} null values; tensors cannot hold nulls", nlevels - nvals));
+                return Err(format!(
+                    "it holds {} null values; tensors cannot hold nulls",
+                    nlevels - nvals
+                ));
             }
         }
         Some(item_def) => {
@@ -905,7 +1051,12 @@ fn copy_strings<B: AsRef<[u8]> + Sync>(src: &[B], dst: &mut Vec<Vec<u8>>) {
     }
 }
 
-fn decode_column(r: &mut ColReader, acc: &mut Acc, k: usize, lr: &LeafRef) -> std::result::Result<(), String> {
+fn decode_column(
+    r: &mut ColReader,
+    acc: &mut Acc,
+    k: usize,
+    lr: &LeafRef,
+) -> std::result::Result<(), String> {
     let levels = (&mut acc.def, &mut acc.rep, &mut acc.lengths);
     match (r, &mut acc.values) {
         (ColReader::Bool(r), Values::Bool(v)) => read_records(r, k, v, levels, lr),
@@ -978,7 +1129,10 @@ impl fmt::Debug for ParquetReader {
             f,
             "ParquetReader({} files, columns {:?}, at record {:?} of {})",
             self.files.len(),
-            self.columns.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
+            self.columns
+                .iter()
+                .map(|c| c.name.as_str())
+                .collect::<Vec<_>>(),
             self.cursor.try_lock().map(|c| c.pos),
             self.total
         )
@@ -1020,17 +1174,29 @@ impl ParquetReader {
         }
         let (files, columns) = open_parquet_files(&files, columns, expect)?;
         let total = files.iter().map(|f| f.rows).sum();
-        Ok(ParquetReader { files, columns, batch_size, total, cursor: Mutex::new(PqCursor { pos: 0, open: None }) })
+        Ok(ParquetReader {
+            files,
+            columns,
+            batch_size,
+            total,
+            cursor: Mutex::new(PqCursor { pos: 0, open: None }),
+        })
     }
 
     /// The number of tensors a batch has: one per column, two per list.
     pub fn num_outputs(&self) -> usize {
-        self.columns.iter().map(|c| if c.list { 2 } else { 1 }).sum()
+        self.columns
+            .iter()
+            .map(|c| if c.list { 2 } else { 1 })
+            .sum()
     }
 
     /// The columns: name, dtype (of the items, for a list) and list-ness.
     pub fn columns(&self) -> Vec<(String, DataType, bool)> {
-        self.columns.iter().map(|c| (c.name.clone(), c.dtype, c.list)).collect()
+        self.columns
+            .iter()
+            .map(|c| (c.name.clone(), c.dtype, c.list))
+            .collect()
     }
 
     /// The files read, in order.
@@ -1061,7 +1227,12 @@ impl ParquetReader {
 
     /// Column readers on row group `rg` of file `file`, or the next non-empty
     /// one after it; `None` past the end.
-    fn open_at(&self, mut file: usize, mut rg: usize, pos: u64) -> std::result::Result<Option<Open>, (usize, String)> {
+    fn open_at(
+        &self,
+        mut file: usize,
+        mut rg: usize,
+        pos: u64,
+    ) -> std::result::Result<Option<Open>, (usize, String)> {
         while file < self.files.len() {
             let f = &self.files[file];
             if rg >= f.rg_rows.len() {
@@ -1073,7 +1244,10 @@ impl ParquetReader {
                 rg += 1;
                 continue;
             }
-            let group = f.reader.get_row_group(rg).map_err(|e| (file, format!("row group {rg}: {e}")))?;
+            let group = f
+                .reader
+                .get_row_group(rg)
+                .map_err(|e| (file, format!("row group {rg}: {e}")))?;
             let readers = f
                 .cols
                 .iter()
@@ -1082,10 +1256,21 @@ impl ParquetReader {
                     group
                         .get_column_reader(lr.leaf)
                         .map(ColReader::new)
-                        .map_err(|e| (file, format!("column '{}', row group {rg}: {e}", self.columns[c].name)))
+                        .map_err(|e| {
+                            (
+                                file,
+                                format!("column '{}', row group {rg}: {e}", self.columns[c].name),
+                            )
+                        })
                 })
                 .collect::<std::result::Result<Vec<_>, _>>()?;
-            return Ok(Some(Open { pos, file, rg, left: f.rg_rows[rg], readers }));
+            return Ok(Some(Open {
+                pos,
+                file,
+                rg,
+                left: f.rg_rows[rg],
+                readers,
+            }));
         }
         Ok(None)
     }
@@ -1103,7 +1288,9 @@ impl ParquetReader {
                     before += rows;
                     continue;
                 }
-                let mut open = self.open_at(fi, g, before)?.expect("a row group holding the position");
+                let mut open = self
+                    .open_at(fi, g, before)?
+                    .expect("a row group holding the position");
                 let skip = pos - before;
                 if skip > 0 {
                     for (c, r) in open.readers.iter_mut().enumerate() {
@@ -1143,7 +1330,11 @@ impl ParquetReader {
         }
         // Reserve for what is left at most (a huge batch_size allocates nothing).
         let cap = n.min(usize::try_from(self.total.saturating_sub(pos)).unwrap_or(usize::MAX));
-        let mut accs: Vec<Acc> = self.columns.iter().map(|spec| Acc::new(spec, cap)).collect();
+        let mut accs: Vec<Acc> = self
+            .columns
+            .iter()
+            .map(|spec| Acc::new(spec, cap))
+            .collect();
         let mut got = 0usize;
         while got < n {
             let Some(o) = slot.as_mut() else { break };
@@ -1155,14 +1346,32 @@ impl ParquetReader {
             }
             let k = ((n - got) as u64).min(o.left) as usize;
             let f = &self.files[o.file];
-            let work = |((r, acc), lr): ((&mut ColReader, &mut Acc), &LeafRef)| decode_column(r, acc, k, lr);
-            let results: Vec<std::result::Result<(), String>> = if o.readers.len() > 1 && k >= 2048 {
-                o.readers.par_iter_mut().zip(accs.par_iter_mut()).zip(f.cols.par_iter()).map(work).collect()
+            let work = |((r, acc), lr): ((&mut ColReader, &mut Acc), &LeafRef)| {
+                decode_column(r, acc, k, lr)
+            };
+            let results: Vec<std::result::Result<(), String>> = if o.readers.len() > 1 && k >= 2048
+            {
+                o.readers
+                    .par_iter_mut()
+                    .zip(accs.par_iter_mut())
+                    .zip(f.cols.par_iter())
+                    .map(work)
+                    .collect()
             } else {
-                o.readers.iter_mut().zip(accs.iter_mut()).zip(f.cols.iter()).map(work).collect()
+                o.readers
+                    .iter_mut()
+                    .zip(accs.iter_mut())
+                    .zip(f.cols.iter())
+                    .map(work)
+                    .collect()
             };
             for (c, r) in results.into_iter().enumerate() {
-                r.map_err(|m| (o.file, format!("column '{}', row group {}: {m}", self.columns[c].name, o.rg)))?;
+                r.map_err(|m| {
+                    (
+                        o.file,
+                        format!("column '{}', row group {}: {m}", self.columns[c].name, o.rg),
+                    )
+                })?;
             }
             o.left -= k as u64;
             o.pos += k as u64;
@@ -1170,8 +1379,12 @@ impl ParquetReader {
         }
         let mut out = Vec::with_capacity(self.num_outputs());
         for (c, acc) in accs.into_iter().enumerate() {
-            acc.finish(&mut out)
-                .map_err(|e| (*at_file, format!("column '{}': {}", self.columns[c].name, e.message)))?;
+            acc.finish(&mut out).map_err(|e| {
+                (
+                    *at_file,
+                    format!("column '{}': {}", self.columns[c].name, e.message),
+                )
+            })?;
         }
         Ok((out, got as u64))
     }
@@ -1182,11 +1395,16 @@ impl ParquetReader {
         let mut cur = self.cursor.lock();
         let pos = cur.pos;
         let mut at_file = cur.open.as_ref().map_or(0, |o| o.file);
-        let r = catch_unwind(AssertUnwindSafe(|| self.read_at(&mut cur.open, pos, n, &mut at_file)));
+        let r = catch_unwind(AssertUnwindSafe(|| {
+            self.read_at(&mut cur.open, pos, n, &mut at_file)
+        }));
         let fail = |cur: &mut PqCursor, file: usize, msg: String| {
             cur.open = None;
             let path = self.files.get(file).map(|f| f.path.as_str()).unwrap_or("?");
-            io_err(path, format!("cannot read the Parquet file '{path}': {msg}"))
+            io_err(
+                path,
+                format!("cannot read the Parquet file '{path}': {msg}"),
+            )
         };
         match r {
             Ok(Ok((tensors, got))) => {
@@ -1194,7 +1412,11 @@ impl ParquetReader {
                 Ok(tensors)
             }
             Ok(Err((file, msg))) => Err(fail(&mut cur, file, msg)),
-            Err(p) => Err(fail(&mut cur, at_file, format!("the decoder failed: {}", panic_text(p)))),
+            Err(p) => Err(fail(
+                &mut cur,
+                at_file,
+                format!("the decoder failed: {}", panic_text(p)),
+            )),
         }
     }
 
@@ -1230,7 +1452,10 @@ impl ParquetReader {
         for _ in 0..nc {
             let name = d.str()?;
             let dt = d.u64()?;
-            let dtype = i32::try_from(dt).ok().and_then(DataType::from_i32).ok_or_else(|| d.bad("bad dtype"))?;
+            let dtype = i32::try_from(dt)
+                .ok()
+                .and_then(DataType::from_i32)
+                .ok_or_else(|| d.bad("bad dtype"))?;
             let list = d.u64()? != 0;
             cols.push((name, dtype, list));
         }
@@ -1287,14 +1512,19 @@ struct WriteColumn {
 
 /// The columns of a record given by its field names (and their dtypes):
 /// `x:lengths` directly followed by `x:values` is a list column `x`.
-fn write_columns(fields: &[String], dtypes: &[DataType]) -> std::result::Result<Vec<WriteColumn>, String> {
+fn write_columns(
+    fields: &[String],
+    dtypes: &[DataType],
+) -> std::result::Result<Vec<WriteColumn>, String> {
     let mut out = Vec::new();
     let mut i = 0;
     while i < fields.len() {
         let f = &fields[i];
         if let Some(prefix) = f.strip_suffix(":lengths").filter(|_| f != "lengths") {
             let values = format!("{prefix}:values");
-            let nested = fields.get(i + 2).is_some_and(|g| g.starts_with(&format!("{prefix}:")));
+            let nested = fields
+                .get(i + 2)
+                .is_some_and(|g| g.starts_with(&format!("{prefix}:")));
             if fields.get(i + 1) != Some(&values) || nested {
                 return Err(format!(
                     "field '{f}': only lists of plain values ('{prefix}:lengths' then '{values}') can be written to \
@@ -1302,20 +1532,40 @@ fn write_columns(fields: &[String], dtypes: &[DataType]) -> std::result::Result<
                 ));
             }
             if dtypes[i] != DataType::Int32 {
-                return Err(format!("field '{f}' must be int32 lengths, got {}", dtypes[i]));
+                return Err(format!(
+                    "field '{f}' must be int32 lengths, got {}",
+                    dtypes[i]
+                ));
             }
-            out.push(WriteColumn { name: prefix.to_string(), dtype: dtypes[i + 1], list: true });
+            out.push(WriteColumn {
+                name: prefix.to_string(),
+                dtype: dtypes[i + 1],
+                list: true,
+            });
             i += 2;
         } else {
-            out.push(WriteColumn { name: f.clone(), dtype: dtypes[i], list: false });
+            out.push(WriteColumn {
+                name: f.clone(),
+                dtype: dtypes[i],
+                list: false,
+            });
             i += 1;
         }
     }
     Ok(out)
 }
 
-fn parquet_leaf(name: &str, c: &WriteColumn, binary: bool) -> std::result::Result<SchemaType, String> {
-    let int = |bit_width, is_signed| Some(LogicalType::Integer { bit_width, is_signed });
+fn parquet_leaf(
+    name: &str,
+    c: &WriteColumn,
+    binary: bool,
+) -> std::result::Result<SchemaType, String> {
+    let int = |bit_width, is_signed| {
+        Some(LogicalType::Integer {
+            bit_width,
+            is_signed,
+        })
+    };
     let (phys, lt) = match c.dtype {
         DataType::Bool => (PhysicalType::BOOLEAN, None),
         DataType::Int8 => (PhysicalType::INT32, int(8, true)),
@@ -1326,7 +1576,10 @@ fn parquet_leaf(name: &str, c: &WriteColumn, binary: bool) -> std::result::Resul
         DataType::Int64 => (PhysicalType::INT64, None),
         DataType::Float => (PhysicalType::FLOAT, None),
         DataType::Double => (PhysicalType::DOUBLE, None),
-        DataType::String => (PhysicalType::BYTE_ARRAY, (!binary).then_some(LogicalType::String)),
+        DataType::String => (
+            PhysicalType::BYTE_ARRAY,
+            (!binary).then_some(LogicalType::String),
+        ),
         other => return Err(format!("{other} tensors cannot be written to Parquet")),
     };
     let e = |e: parquet::errors::ParquetError| e.to_string();
@@ -1353,7 +1606,10 @@ fn parquet_leaf(name: &str, c: &WriteColumn, binary: bool) -> std::result::Resul
 
 /// The Parquet schema of the columns ("a:b" nests `b` in a group `a`) and
 /// the order in which its leaves hold the columns.
-fn parquet_message(cols: &[WriteColumn], binary: bool) -> std::result::Result<(SchemaType, Vec<usize>), String> {
+fn parquet_message(
+    cols: &[WriteColumn],
+    binary: bool,
+) -> std::result::Result<(SchemaType, Vec<usize>), String> {
     enum Node {
         Leaf(usize),
         Group(Vec<(String, Node)>),
@@ -1367,7 +1623,9 @@ fn parquet_message(cols: &[WriteColumn], binary: bool) -> std::result::Result<(S
         let at = nodes.iter().position(|(n, _)| n == parts[0]);
         if parts.len() == 1 {
             if at.is_some() {
-                return Err(format!("the field '{full}' is given twice (or is also a group)"));
+                return Err(format!(
+                    "the field '{full}' is given twice (or is also a group)"
+                ));
             }
             nodes.push((parts[0].to_string(), Node::Leaf(c)));
             return Ok(());
@@ -1381,7 +1639,10 @@ fn parquet_message(cols: &[WriteColumn], binary: bool) -> std::result::Result<(S
         };
         match &mut nodes[i].1 {
             Node::Group(children) => insert(children, &parts[1..], c, full),
-            Node::Leaf(_) => Err(format!("the field '{full}' is inside '{}', which is a column", parts[0])),
+            Node::Leaf(_) => Err(format!(
+                "the field '{full}' is inside '{}', which is a column",
+                parts[0]
+            )),
         }
     }
     fn build(
@@ -1419,7 +1680,10 @@ fn parquet_message(cols: &[WriteColumn], binary: bool) -> std::result::Result<(S
     }
     let mut order = Vec::new();
     let fields = build(root, cols, binary, &mut order)?;
-    let msg = SchemaType::group_type_builder("schema").with_fields(fields).build().map_err(|e| e.to_string())?;
+    let msg = SchemaType::group_type_builder("schema")
+        .with_fields(fields)
+        .build()
+        .map_err(|e| e.to_string())?;
     Ok((msg, order))
 }
 
@@ -1487,7 +1751,12 @@ fn parse_compression(s: &str) -> Option<Compression> {
 }
 
 impl ParquetWriter {
-    pub fn new(path: &str, compression: &str, row_group_size: usize, binary: bool) -> Result<ParquetWriter> {
+    pub fn new(
+        path: &str,
+        compression: &str,
+        row_group_size: usize,
+        binary: bool,
+    ) -> Result<ParquetWriter> {
         let compression = parse_compression(compression).ok_or_else(|| {
             Error::invalid_arg(format!(
                 "unknown Parquet compression '{compression}' (use none, snappy, gzip, zstd or lz4)"
@@ -1497,7 +1766,10 @@ impl ParquetWriter {
             return Err(Error::invalid_arg("row_group_size must be >= 1"));
         }
         let p = Path::new(path);
-        let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = p
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         if name.is_empty() {
             return Err(Error::invalid_arg(format!("'{path}' is not a file name")).with_file(path));
         }
@@ -1506,10 +1778,16 @@ impl ParquetWriter {
             _ => Path::new(".").to_path_buf(),
         };
         if !dir.is_dir() {
-            return Err(io_err(path, format!("cannot write the Parquet file '{path}': its folder does not exist")));
+            return Err(io_err(
+                path,
+                format!("cannot write the Parquet file '{path}': its folder does not exist"),
+            ));
         }
         let seq = WRITER_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let tmp = dir.join(format!(".{name}.tmp-{}-{seq}", std::process::id())).display().to_string();
+        let tmp = dir
+            .join(format!(".{name}.tmp-{}-{seq}", std::process::id()))
+            .display()
+            .to_string();
         Ok(ParquetWriter {
             path: path.to_string(),
             tmp,
@@ -1538,10 +1816,18 @@ impl ParquetWriter {
         self.set_schema_locked(&mut st, fields, dtypes)
     }
 
-    fn set_schema_locked(&self, st: &mut WriterState, fields: &[String], dtypes: &[DataType]) -> Result<()> {
+    fn set_schema_locked(
+        &self,
+        st: &mut WriterState,
+        fields: &[String],
+        dtypes: &[DataType],
+    ) -> Result<()> {
         let path = &self.path;
         let cols = write_columns(fields, dtypes).map_err(|m| {
-            self.err(ErrorKind::InvalidArgument, format!("cannot write the Parquet file '{path}': {m}"))
+            self.err(
+                ErrorKind::InvalidArgument,
+                format!("cannot write the Parquet file '{path}': {m}"),
+            )
         })?;
         if let Some(have) = &st.columns {
             for (c, h) in cols.iter().zip(have) {
@@ -1561,7 +1847,12 @@ impl ParquetWriter {
                 }
             }
             if cols != *have {
-                let names = |v: &[WriteColumn]| v.iter().map(|c| c.name.clone()).collect::<Vec<_>>().join(", ");
+                let names = |v: &[WriteColumn]| {
+                    v.iter()
+                        .map(|c| c.name.clone())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
                 return Err(self.err(
                     ErrorKind::InvalidArgument,
                     format!(
@@ -1574,10 +1865,17 @@ impl ParquetWriter {
             return Ok(());
         }
         if st.closed {
-            return Err(self.err(ErrorKind::InvalidArgument, format!("the Parquet file '{path}' is already closed")));
+            return Err(self.err(
+                ErrorKind::InvalidArgument,
+                format!("the Parquet file '{path}' is already closed"),
+            ));
         }
-        let (msg, order) = parquet_message(&cols, self.binary)
-            .map_err(|m| self.err(ErrorKind::Type, format!("cannot write the Parquet file '{path}': {m}")))?;
+        let (msg, order) = parquet_message(&cols, self.binary).map_err(|m| {
+            self.err(
+                ErrorKind::Type,
+                format!("cannot write the Parquet file '{path}': {m}"),
+            )
+        })?;
         let props = parquet::file::properties::WriterProperties::builder()
             .set_compression(self.compression)
             .set_created_by("ferrocaffe".to_string())
@@ -1589,7 +1887,15 @@ impl ParquetWriter {
         st.bufs = cols
             .iter()
             .map(|c| WriteBuf {
-                values: Acc::new(&ColumnSpec { name: c.name.clone(), dtype: c.dtype, list: c.list }, 0).values,
+                values: Acc::new(
+                    &ColumnSpec {
+                        name: c.name.clone(),
+                        dtype: c.dtype,
+                        list: c.list,
+                    },
+                    0,
+                )
+                .values,
                 lengths: Vec::new(),
             })
             .collect();
@@ -1606,7 +1912,10 @@ impl ParquetWriter {
         let dtypes: Vec<DataType> = tensors.iter().map(|t| t.dtype()).collect();
         let mut st = self.state.lock();
         if st.closed {
-            return Err(self.err(ErrorKind::InvalidArgument, format!("the Parquet file '{path}' is already closed")));
+            return Err(self.err(
+                ErrorKind::InvalidArgument,
+                format!("the Parquet file '{path}' is already closed"),
+            ));
         }
         self.set_schema_locked(&mut st, fields, &dtypes)?;
         let cols = st.columns.clone().expect("columns are set");
@@ -1615,19 +1924,32 @@ impl ParquetWriter {
         let mut k = 0;
         let mut parts: Vec<(&Tensor, Option<&Tensor>)> = Vec::with_capacity(cols.len());
         for c in &cols {
-            let (lengths, values) = if c.list { (Some(tensors[k]), tensors[k + 1]) } else { (None, tensors[k]) };
+            let (lengths, values) = if c.list {
+                (Some(tensors[k]), tensors[k + 1])
+            } else {
+                (None, tensors[k])
+            };
             k += if c.list { 2 } else { 1 };
             let bad = |m: String| {
-                self.err(ErrorKind::Shape, format!("column '{}' of the Parquet file '{path}': {m}", c.name))
+                self.err(
+                    ErrorKind::Shape,
+                    format!("column '{}' of the Parquet file '{path}': {m}", c.name),
+                )
             };
             for t in lengths.iter().chain(std::iter::once(&values)) {
                 if t.ndim() != 1 {
-                    return Err(bad(format!("Parquet columns take 1-D tensors, got shape {:?}", t.shape())));
+                    return Err(bad(format!(
+                        "Parquet columns take 1-D tensors, got shape {:?}",
+                        t.shape()
+                    )));
                 }
             }
             let n = lengths.unwrap_or(values).shape()[0];
             if *rows.get_or_insert(n) != n {
-                return Err(bad(format!("it has {n} records but the batch's first column has {}", rows.unwrap())));
+                return Err(bad(format!(
+                    "it has {n} records but the batch's first column has {}",
+                    rows.unwrap()
+                )));
             }
             if let Some(l) = lengths {
                 let l = l.array::<i32>()?;
@@ -1639,11 +1961,18 @@ impl ParquetWriter {
                     sum += x as usize;
                 }
                 if sum != values.shape()[0] {
-                    return Err(bad(format!("the lengths add up to {sum} but there are {} values", values.shape()[0])));
+                    return Err(bad(format!(
+                        "the lengths add up to {sum} but there are {} values",
+                        values.shape()[0]
+                    )));
                 }
             }
             if c.dtype == DataType::String && !self.binary {
-                if let Some(i) = values.array::<Vec<u8>>()?.iter().position(|s| std::str::from_utf8(s).is_err()) {
+                if let Some(i) = values
+                    .array::<Vec<u8>>()?
+                    .iter()
+                    .position(|s| std::str::from_utf8(s).is_err())
+                {
                     return Err(self.err(
                         ErrorKind::InvalidArgument,
                         format!(
@@ -1692,8 +2021,9 @@ impl ParquetWriter {
             return Ok(());
         }
         let path = &self.path;
-        let fail =
-            |e: parquet::errors::ParquetError| io_err(path, format!("cannot write the Parquet file '{path}': {e}"));
+        let fail = |e: parquet::errors::ParquetError| {
+            io_err(path, format!("cannot write the Parquet file '{path}': {e}"))
+        };
         let order = st.order.clone();
         let mut bufs = std::mem::take(&mut st.bufs);
         let w = st.file.as_mut().expect("an open file");
@@ -1701,45 +2031,56 @@ impl ParquetWriter {
         for &c in &order {
             let buf = &mut bufs[c];
             let mut col = rg.next_column().map_err(fail)?.expect("a column per leaf");
-            let levels = (!buf.lengths.is_empty() || st.columns.as_ref().expect("columns")[c].list).then(|| {
-                let (mut def, mut rep) = (Vec::new(), Vec::new());
-                for &n in &buf.lengths {
-                    if n == 0 {
-                        def.push(0);
-                        rep.push(0);
+            let levels = (!buf.lengths.is_empty() || st.columns.as_ref().expect("columns")[c].list)
+                .then(|| {
+                    let (mut def, mut rep) = (Vec::new(), Vec::new());
+                    for &n in &buf.lengths {
+                        if n == 0 {
+                            def.push(0);
+                            rep.push(0);
+                        }
+                        for j in 0..n {
+                            def.push(1);
+                            rep.push(i16::from(j != 0));
+                        }
                     }
-                    for j in 0..n {
-                        def.push(1);
-                        rep.push(i16::from(j != 0));
-                    }
-                }
-                (def, rep)
-            });
+                    (def, rep)
+                });
             let (d, r) = match &levels {
                 Some((d, r)) => (Some(d.as_slice()), Some(r.as_slice())),
                 None => (None, None),
             };
             match &mut buf.values {
                 Values::Bool(v) => col.typed::<BoolType>().write_batch(v, d, r),
-                Values::I8(v) => {
-                    col.typed::<Int32Type>().write_batch(&v.iter().map(|&x| x as i32).collect::<Vec<_>>(), d, r)
-                }
-                Values::I16(v) => {
-                    col.typed::<Int32Type>().write_batch(&v.iter().map(|&x| x as i32).collect::<Vec<_>>(), d, r)
-                }
-                Values::U8(v) => {
-                    col.typed::<Int32Type>().write_batch(&v.iter().map(|&x| x as i32).collect::<Vec<_>>(), d, r)
-                }
-                Values::U16(v) => {
-                    col.typed::<Int32Type>().write_batch(&v.iter().map(|&x| x as i32).collect::<Vec<_>>(), d, r)
-                }
+                Values::I8(v) => col.typed::<Int32Type>().write_batch(
+                    &v.iter().map(|&x| x as i32).collect::<Vec<_>>(),
+                    d,
+                    r,
+                ),
+                Values::I16(v) => col.typed::<Int32Type>().write_batch(
+                    &v.iter().map(|&x| x as i32).collect::<Vec<_>>(),
+                    d,
+                    r,
+                ),
+                Values::U8(v) => col.typed::<Int32Type>().write_batch(
+                    &v.iter().map(|&x| x as i32).collect::<Vec<_>>(),
+                    d,
+                    r,
+                ),
+                Values::U16(v) => col.typed::<Int32Type>().write_batch(
+                    &v.iter().map(|&x| x as i32).collect::<Vec<_>>(),
+                    d,
+                    r,
+                ),
                 Values::I32(v) => col.typed::<Int32Type>().write_batch(v, d, r),
                 Values::I64(v) => col.typed::<Int64Type>().write_batch(v, d, r),
                 Values::F32(v) => col.typed::<FloatType>().write_batch(v, d, r),
                 Values::F64(v) => col.typed::<DoubleType>().write_batch(v, d, r),
                 Values::Bytes(v) => {
-                    let b: Vec<parquet::data_type::ByteArray> =
-                        std::mem::take(v).into_iter().map(parquet::data_type::ByteArray::from).collect();
+                    let b: Vec<parquet::data_type::ByteArray> = std::mem::take(v)
+                        .into_iter()
+                        .map(parquet::data_type::ByteArray::from)
+                        .collect();
                     col.typed::<ByteArrayType>().write_batch(&b, d, r)
                 }
             }
@@ -1751,7 +2092,15 @@ impl ParquetWriter {
         st.bufs = cols
             .iter()
             .map(|c| WriteBuf {
-                values: Acc::new(&ColumnSpec { name: c.name.clone(), dtype: c.dtype, list: c.list }, 0).values,
+                values: Acc::new(
+                    &ColumnSpec {
+                        name: c.name.clone(),
+                        dtype: c.dtype,
+                        list: c.list,
+                    },
+                    0,
+                )
+                .values,
                 lengths: Vec::new(),
             })
             .collect();
@@ -1826,7 +2175,10 @@ fn parse_descr(descr: &str) -> std::result::Result<(NpyKind, bool), String> {
         _ => ('=', descr),
     };
     let big = order == '>' || (order == '=' && cfg!(target_endian = "big"));
-    let (kind, size) = rest.split_at(rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len()));
+    let (kind, size) = rest.split_at(
+        rest.find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len()),
+    );
     let size: Option<usize> = size.parse().ok();
     let k = match (kind, size) {
         ("b", Some(1)) | ("?", None) => NpyKind::Bool,
@@ -1855,7 +2207,9 @@ struct NpyHeader {
 
 /// The value after `'key':` in a header dict.
 fn header_value<'a>(h: &'a str, key: &str) -> Option<&'a str> {
-    let at = h.find(&format!("'{key}'")).or_else(|| h.find(&format!("\"{key}\"")))?;
+    let at = h
+        .find(&format!("'{key}'"))
+        .or_else(|| h.find(&format!("\"{key}\"")))?;
     let rest = h[at + key.len() + 2..].trim_start();
     Some(rest.strip_prefix(':')?.trim_start())
 }
@@ -1871,20 +2225,29 @@ fn parse_npy_header(bytes: &[u8]) -> std::result::Result<NpyHeader, String> {
             if bytes.len() < 12 {
                 return Err("the header is truncated".into());
             }
-            (u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes")) as usize, 12)
+            (
+                u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes")) as usize,
+                12,
+            )
         }
         v => return Err(format!("unsupported .npy format version {v}")),
     };
-    let h = bytes.get(start..start + hlen).ok_or("the header is truncated")?;
+    let h = bytes
+        .get(start..start + hlen)
+        .ok_or("the header is truncated")?;
     let h = std::str::from_utf8(h).map_err(|_| "the header is not text")?;
     let descr = header_value(h, "descr").ok_or("the header has no 'descr'")?;
     let quote = descr
         .chars()
         .next()
         .filter(|c| *c == '\'' || *c == '"')
-        .ok_or_else(|| "structured dtypes (several fields per element) are not supported".to_string())?;
+        .ok_or_else(|| {
+            "structured dtypes (several fields per element) are not supported".to_string()
+        })?;
     let descr = &descr[1..];
-    let descr = &descr[..descr.find(quote).ok_or("the header's 'descr' is malformed")?];
+    let descr = &descr[..descr
+        .find(quote)
+        .ok_or("the header's 'descr' is malformed")?];
     let (kind, big) = parse_descr(descr)?;
     let fortran = header_value(h, "fortran_order").ok_or("the header has no 'fortran_order'")?;
     let fortran = if fortran.starts_with("True") {
@@ -1895,21 +2258,33 @@ fn parse_npy_header(bytes: &[u8]) -> std::result::Result<NpyHeader, String> {
         return Err("the header's 'fortran_order' is malformed".into());
     };
     let shape = header_value(h, "shape").ok_or("the header has no 'shape'")?;
-    let shape = shape.strip_prefix('(').ok_or("the header's 'shape' is malformed")?;
+    let shape = shape
+        .strip_prefix('(')
+        .ok_or("the header's 'shape' is malformed")?;
     let shape = &shape[..shape.find(')').ok_or("the header's 'shape' is malformed")?];
     let shape = shape
         .split(',')
         .map(|s| s.trim().trim_end_matches('L'))
         .filter(|s| !s.is_empty())
-        .map(|s| s.parse::<usize>().map_err(|_| format!("the header's shape has a bad dimension '{s}'")))
+        .map(|s| {
+            s.parse::<usize>()
+                .map_err(|_| format!("the header's shape has a bad dimension '{s}'"))
+        })
         .collect::<std::result::Result<Vec<_>, _>>()?;
     if shape.is_empty() {
         return Err("a 0-dimensional array has no rows to read".into());
     }
     if fortran && shape.iter().filter(|&&d| d != 1).count() > 1 {
-        return Err("Fortran-order arrays are not supported (save with np.ascontiguousarray)".into());
+        return Err(
+            "Fortran-order arrays are not supported (save with np.ascontiguousarray)".into(),
+        );
     }
-    Ok(NpyHeader { kind, big, shape, data_offset: (start + hlen) as u64 })
+    Ok(NpyHeader {
+        kind,
+        big,
+        shape,
+        data_offset: (start + hlen) as u64,
+    })
 }
 
 struct NpyFile {
@@ -1927,7 +2302,8 @@ struct NpyFile {
 fn open_npy(path: &str) -> Result<NpyFile> {
     let (file, len) = open_regular(path, ".npy file")?;
     let mut head = vec![0u8; len.min(1 << 20) as usize];
-    file.read_exact_at(&mut head, 0).map_err(|e| io_err(path, format!("cannot read '{path}': {e}")))?;
+    file.read_exact_at(&mut head, 0)
+        .map_err(|e| io_err(path, format!("cannot read '{path}': {e}")))?;
     let bad = |m: String| io_err(path, format!("'{path}' is not a readable .npy file: {m}"));
     let h = parse_npy_header(&head).map_err(bad)?;
     let row_shape = h.shape[1..].to_vec();
@@ -1936,7 +2312,9 @@ fn open_npy(path: &str) -> Result<NpyFile> {
         .try_fold(h.kind.itemsize(), |a, &d| a.checked_mul(d))
         .ok_or_else(|| bad("its shape is too large".into()))?;
     let rows = h.shape[0] as u64;
-    let want = (row_bytes as u64).checked_mul(rows).and_then(|b| b.checked_add(h.data_offset));
+    let want = (row_bytes as u64)
+        .checked_mul(rows)
+        .and_then(|b| b.checked_add(h.data_offset));
     if want != Some(len) {
         return Err(bad(format!(
             "its header promises {} bytes of data but the file holds {} (truncated or corrupt)",
@@ -1965,16 +2343,23 @@ impl NpyFile {
         shape.extend_from_slice(&self.row_shape);
         let mut buf = vec![0u8; n * self.row_bytes];
         let off = self.data_offset + start * self.row_bytes as u64;
-        self.file
-            .read_exact_at(&mut buf, off)
-            .map_err(|e| io_err(&self.path, format!("cannot read rows {start}.. of '{}': {e}", self.path)))?;
+        self.file.read_exact_at(&mut buf, off).map_err(|e| {
+            io_err(
+                &self.path,
+                format!("cannot read rows {start}.. of '{}': {e}", self.path),
+            )
+        })?;
         macro_rules! num {
             ($t:ty) => {{
                 const W: usize = std::mem::size_of::<$t>();
                 let v: Vec<$t> = if self.big {
-                    buf.chunks_exact(W).map(|c| <$t>::from_be_bytes(c.try_into().expect("width"))).collect()
+                    buf.chunks_exact(W)
+                        .map(|c| <$t>::from_be_bytes(c.try_into().expect("width")))
+                        .collect()
                 } else {
-                    buf.chunks_exact(W).map(|c| <$t>::from_le_bytes(c.try_into().expect("width"))).collect()
+                    buf.chunks_exact(W)
+                        .map(|c| <$t>::from_le_bytes(c.try_into().expect("width")))
+                        .collect()
                 };
                 Tensor::from_vec(&shape, v)
             }};
@@ -2042,7 +2427,13 @@ pub struct NpyReader {
 
 impl fmt::Debug for NpyReader {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "NpyReader({:?}, at row {:?} of {})", self.files(), self.pos.try_lock().map(|p| *p), self.rows)
+        write!(
+            f,
+            "NpyReader({:?}, at row {:?} of {})",
+            self.files(),
+            self.pos.try_lock().map(|p| *p),
+            self.rows
+        )
     }
 }
 
@@ -2063,9 +2454,14 @@ impl NpyReader {
             return Err(Error::invalid_arg("batch_size must be >= 1"));
         }
         if paths.is_empty() {
-            return Err(Error::invalid_arg("a .npy reader needs at least one file (argument 'paths')"));
+            return Err(Error::invalid_arg(
+                "a .npy reader needs at least one file (argument 'paths')",
+            ));
         }
-        let files = paths.iter().map(|p| open_npy(p)).collect::<Result<Vec<_>>>()?;
+        let files = paths
+            .iter()
+            .map(|p| open_npy(p))
+            .collect::<Result<Vec<_>>>()?;
         let rows = files[0].rows;
         if let Some(f) = files.iter().find(|f| f.rows != rows) {
             return Err(Error::shape(format!(
@@ -2074,7 +2470,12 @@ impl NpyReader {
             ))
             .with_file(&f.path));
         }
-        Ok(NpyReader { files, rows, batch_size, pos: Mutex::new(0) })
+        Ok(NpyReader {
+            files,
+            rows,
+            batch_size,
+            pos: Mutex::new(0),
+        })
     }
 
     pub fn files(&self) -> Vec<String> {
@@ -2183,14 +2584,19 @@ fn paths_arg(ctx: &OpDefCtx<'_>) -> Result<Vec<String>> {
 fn parquet_args(ctx: &OpDefCtx<'_>) -> Result<(Vec<String>, Vec<String>)> {
     let paths = paths_arg(ctx)?;
     if paths.is_empty() {
-        return Err(ctx.bad_arg("a Parquet reader needs a file or folder (argument 'path' or 'paths')"));
+        return Err(
+            ctx.bad_arg("a Parquet reader needs a file or folder (argument 'path' or 'paths')")
+        );
     }
     let columns = ctx.args.string_list("columns")?.unwrap_or_default();
     Ok((paths, columns))
 }
 
 /// `dtypes` and `is_list`: per column, what is expected (`None`: anything).
-fn expect_args(ctx: &OpDefCtx<'_>, columns: &[String]) -> Result<Vec<(Option<DataType>, Option<bool>)>> {
+fn expect_args(
+    ctx: &OpDefCtx<'_>,
+    columns: &[String],
+) -> Result<Vec<(Option<DataType>, Option<bool>)>> {
     let dtypes = ctx.args.ints("dtypes")?.unwrap_or_default();
     let is_list = ctx.args.ints("is_list")?.unwrap_or_default();
     for (what, v) in [("dtypes", &dtypes), ("is_list", &is_list)] {
@@ -2240,15 +2646,21 @@ fn parquet_schema(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         let names = cols.iter().map(|c| c.0.as_bytes().to_vec()).collect();
         let dtypes = cols.iter().map(|c| c.1 as i32).collect();
         let lists = cols.iter().map(|c| c.2).collect();
-        cx.output_blob(0).set(BlobValue::Tensor(Tensor::from_vec(&[n], names)?));
-        cx.output_blob(1).set(BlobValue::Tensor(Tensor::from_vec::<i32>(&[n], dtypes)?));
-        cx.output_blob(2).set(BlobValue::Tensor(Tensor::from_vec::<bool>(&[n], lists)?));
+        cx.output_blob(0)
+            .set(BlobValue::Tensor(Tensor::from_vec(&[n], names)?));
+        cx.output_blob(1)
+            .set(BlobValue::Tensor(Tensor::from_vec::<i32>(&[n], dtypes)?));
+        cx.output_blob(2)
+            .set(BlobValue::Tensor(Tensor::from_vec::<bool>(&[n], lists)?));
         Ok(true)
     }))
 }
 
 fn object_input<T: BlobObject>(cx: &OpCx<'_>, kind: &str) -> Result<Arc<T>> {
-    cx.input_blob(0).read().object::<T>(kind).map_err(|e| e.with_blob(&cx.io.input_names[0]))
+    cx.input_blob(0)
+        .read()
+        .object::<T>(kind)
+        .map_err(|e| e.with_blob(&cx.io.input_names[0]))
 }
 
 fn set_outputs(cx: &OpCx<'_>, tensors: Vec<Tensor>) {
@@ -2320,9 +2732,9 @@ fn create_parquet_writer(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     }
     let compression = ctx.args.string("compression", "snappy")?;
     if parse_compression(&compression).is_none() {
-        return Err(
-            ctx.bad_arg(format!("unknown Parquet compression '{compression}' (use none, snappy, gzip, zstd or lz4)"))
-        );
+        return Err(ctx.bad_arg(format!(
+            "unknown Parquet compression '{compression}' (use none, snappy, gzip, zstd or lz4)"
+        )));
     }
     let rg = ctx.args.i64("row_group_size", 131072)?;
     let rg = usize::try_from(rg)
@@ -2364,7 +2776,9 @@ fn write_parquet_batch(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     Ok(kernel(move |cx| {
         let w = object_input::<ParquetWriter>(cx, "ParquetWriter")?;
         let l = cx.lock();
-        let tensors = (1..cx.num_inputs()).map(|i| l.tensor(i)).collect::<Result<Vec<_>>>()?;
+        let tensors = (1..cx.num_inputs())
+            .map(|i| l.tensor(i))
+            .collect::<Result<Vec<_>>>()?;
         w.write(&fields, &tensors)?;
         Ok(true)
     }))
@@ -2470,7 +2884,11 @@ mod tests {
     }
 
     fn plain(vals: Vals) -> Chunk {
-        Chunk { vals, def: None, rep: None }
+        Chunk {
+            vals,
+            def: None,
+            rep: None,
+        }
     }
 
     /// A required list<int64> column chunk ("repeated int64 item" under a LIST
@@ -2488,10 +2906,20 @@ mod tests {
                 rep.push(if i == 0 { 0 } else { 1 });
             }
         }
-        Chunk { vals: Vals::I64(vals), def: Some(def), rep: Some(rep) }
+        Chunk {
+            vals: Vals::I64(vals),
+            def: Some(def),
+            rep: Some(rep),
+        }
     }
 
-    fn write_parquet(path: &str, schema: &str, groups: Vec<Vec<Chunk>>, codec: Compression, page_rows: usize) {
+    fn write_parquet(
+        path: &str,
+        schema: &str,
+        groups: Vec<Vec<Chunk>>,
+        codec: Compression,
+        page_rows: usize,
+    ) {
         let schema = Arc::new(parse_message_type(schema).unwrap());
         let props = Arc::new(
             WriterProperties::builder()
@@ -2535,7 +2963,9 @@ mod tests {
 
     /// Records `lo..hi`: id = i, x = i / 2, name = "n<i>", items = [i; i % 3].
     fn group(lo: i64, hi: i64) -> Vec<Chunk> {
-        let names: Vec<&'static str> = (lo..hi).map(|i| &*Box::leak(format!("n{i}").into_boxed_str())).collect();
+        let names: Vec<&'static str> = (lo..hi)
+            .map(|i| &*Box::leak(format!("n{i}").into_boxed_str()))
+            .collect();
         let items: Vec<Vec<i64>> = (lo..hi).map(|i| vec![i; (i % 3) as usize]).collect();
         let refs: Vec<&[i64]> = items.iter().map(|v| v.as_slice()).collect();
         vec![
@@ -2619,7 +3049,11 @@ mod tests {
             );
             for n in [1, 8, 29, 30, 31, 1000] {
                 r.reset();
-                assert_eq!(drain(&r, n), (0..100).collect::<Vec<_>>(), "batch {n}, {codec}");
+                assert_eq!(
+                    drain(&r, n),
+                    (0..100).collect::<Vec<_>>(),
+                    "batch {n}, {codec}"
+                );
                 assert_eq!(r.position(), 100);
             }
         }
@@ -2630,8 +3064,20 @@ mod tests {
         let s = Scratch::new();
         sample(&s.path("d/part-1.parquet"), 50, 80, 16, Compression::SNAPPY);
         sample(&s.path("d/part-0.parquet"), 0, 50, 16, Compression::SNAPPY);
-        sample(&s.path("d/sub/part-2.parquet"), 80, 81, 16, Compression::SNAPPY);
-        sample(&s.path("d/part-05-empty.parquet"), 0, 0, 16, Compression::SNAPPY);
+        sample(
+            &s.path("d/sub/part-2.parquet"),
+            80,
+            81,
+            16,
+            Compression::SNAPPY,
+        );
+        sample(
+            &s.path("d/part-05-empty.parquet"),
+            0,
+            0,
+            16,
+            Compression::SNAPPY,
+        );
         fs::write(s.path("d/_SUCCESS"), b"").unwrap();
         fs::write(s.path("d/.part-0.parquet.crc"), b"junk").unwrap();
         let r = ParquetReader::open(&[s.path("d")], &[], 7).unwrap();
@@ -2661,7 +3107,8 @@ mod tests {
         let s = Scratch::new();
         let p = s.path("a.parquet");
         sample(&p, 0, 10, 4, Compression::SNAPPY);
-        let r = ParquetReader::open(std::slice::from_ref(&p), &["items".into(), "id".into()], 4).unwrap();
+        let r = ParquetReader::open(std::slice::from_ref(&p), &["items".into(), "id".into()], 4)
+            .unwrap();
         assert_eq!(r.num_outputs(), 3);
         let b = r.read_batch(4).unwrap();
         assert_eq!(b[0], Tensor::from_vec(&[4], vec![0i32, 1, 2, 0]).unwrap());
@@ -2681,19 +3128,31 @@ mod tests {
         let missing = s.path("missing.parquet");
         let e = ParquetReader::open(std::slice::from_ref(&missing), &[], 4).unwrap_err();
         assert_eq!(e.kind, ErrorKind::Io);
-        assert!(e.message.contains(&missing) && e.message.contains("No such file"), "{}", e.message);
+        assert!(
+            e.message.contains(&missing) && e.message.contains("No such file"),
+            "{}",
+            e.message
+        );
         assert_eq!(e.context.file.as_deref(), Some(missing.as_str()));
 
         let zero = s.path("zero.parquet");
         fs::write(&zero, b"").unwrap();
         let e = ParquetReader::open(std::slice::from_ref(&zero), &[], 4).unwrap_err();
-        assert!(e.message.contains(&zero) && e.message.contains("empty"), "{}", e.message);
+        assert!(
+            e.message.contains(&zero) && e.message.contains("empty"),
+            "{}",
+            e.message
+        );
 
         let junk = s.path("junk.parquet");
         fs::write(&junk, b"this is not a parquet file at all, only some text").unwrap();
         let e = ParquetReader::open(std::slice::from_ref(&junk), &[], 4).unwrap_err();
         assert_eq!(e.kind, ErrorKind::Io);
-        assert!(e.message.contains(&junk) && e.message.contains("not a valid Parquet file"), "{}", e.message);
+        assert!(
+            e.message.contains(&junk) && e.message.contains("not a valid Parquet file"),
+            "{}",
+            e.message
+        );
 
         // Damaged pages: the footer is intact, the data is not.
         let bytes = fs::read(&good).unwrap();
@@ -2706,7 +3165,11 @@ mod tests {
         let r = ParquetReader::open(std::slice::from_ref(&bad), &[], 16).unwrap();
         let e = r.read_batch(16).unwrap_err();
         assert_eq!(e.kind, ErrorKind::Io);
-        assert!(e.message.contains(&bad) && e.message.contains("column '"), "{}", e.message);
+        assert!(
+            e.message.contains(&bad) && e.message.contains("column '"),
+            "{}",
+            e.message
+        );
         // The failure leaves the position alone and fails again, never hangs.
         assert_eq!(r.position(), 0);
         assert!(r.read_batch(16).is_err());
@@ -2719,7 +3182,11 @@ mod tests {
 
         let e = ParquetReader::open(std::slice::from_ref(&good), &["nope".into()], 4).unwrap_err();
         assert_eq!(e.kind, ErrorKind::InvalidArgument);
-        assert!(e.message.contains("no column 'nope'") && e.message.contains(&good), "{}", e.message);
+        assert!(
+            e.message.contains("no column 'nope'") && e.message.contains(&good),
+            "{}",
+            e.message
+        );
 
         let e = ParquetReader::open_expecting(
             std::slice::from_ref(&good),
@@ -2736,9 +3203,13 @@ mod tests {
             "{}",
             e.message
         );
-        let e =
-            ParquetReader::open_expecting(std::slice::from_ref(&good), &["items".into()], &[(None, Some(false))], 4)
-                .unwrap_err();
+        let e = ParquetReader::open_expecting(
+            std::slice::from_ref(&good),
+            &["items".into()],
+            &[(None, Some(false))],
+            4,
+        )
+        .unwrap_err();
         assert!(e.message.contains("lists of int64"), "{}", e.message);
 
         // Two files disagreeing on a column's type.
@@ -2752,7 +3223,11 @@ mod tests {
         );
         let e = ParquetReader::open(&[good.clone(), other.clone()], &["id".into()], 4).unwrap_err();
         assert_eq!(e.kind, ErrorKind::Type);
-        assert!(e.message.contains(&other) && e.message.contains("column 'id'"), "{}", e.message);
+        assert!(
+            e.message.contains(&other) && e.message.contains("column 'id'"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]
@@ -2764,8 +3239,16 @@ mod tests {
             optional group l (LIST) { repeated group list { optional int64 element; } }
         }";
         // a: 1, null, 3.  l: [5, 6], null, [].
-        let a = Chunk { vals: Vals::I32(vec![1, 3]), def: Some(vec![1, 0, 1]), rep: None };
-        let l = Chunk { vals: Vals::I64(vec![5, 6]), def: Some(vec![3, 3, 0, 1]), rep: Some(vec![0, 1, 0, 0]) };
+        let a = Chunk {
+            vals: Vals::I32(vec![1, 3]),
+            def: Some(vec![1, 0, 1]),
+            rep: None,
+        };
+        let l = Chunk {
+            vals: Vals::I64(vec![5, 6]),
+            def: Some(vec![3, 3, 0, 1]),
+            rep: Some(vec![0, 1, 0, 0]),
+        };
         write_parquet(&p, schema, vec![vec![a, l]], Compression::SNAPPY, 10);
         let r = ParquetReader::open(std::slice::from_ref(&p), &["l".into()], 10).unwrap();
         let b = r.read_batch(10).unwrap();
@@ -2774,13 +3257,19 @@ mod tests {
         let r = ParquetReader::open(std::slice::from_ref(&p), &["a".into()], 10).unwrap();
         let e = r.read_batch(10).unwrap_err();
         assert!(
-            e.message.contains("column 'a'") && e.message.contains("null") && e.message.contains(&p),
+            e.message.contains("column 'a'")
+                && e.message.contains("null")
+                && e.message.contains(&p),
             "{}",
             e.message
         );
 
         let p2 = s.path("null-item.parquet");
-        let l = Chunk { vals: Vals::I64(vec![5]), def: Some(vec![3, 2]), rep: Some(vec![0, 1]) };
+        let l = Chunk {
+            vals: Vals::I64(vec![5]),
+            def: Some(vec![3, 2]),
+            rep: Some(vec![0, 1]),
+        };
         write_parquet(
             &p2,
             "message m { optional group l (LIST) { repeated group list { optional int64 element; } } }",
@@ -2813,7 +3302,10 @@ mod tests {
         let b = r.read_batch(10).unwrap();
         assert_eq!(b[0], Tensor::from_vec(&[2], vec![-128i8, 127]).unwrap());
         assert_eq!(b[1], Tensor::from_vec(&[2], vec![0u16, 65535]).unwrap());
-        assert_eq!(b[2], Tensor::from_vec(&[2], vec![4294967295i64, 7]).unwrap());
+        assert_eq!(
+            b[2],
+            Tensor::from_vec(&[2], vec![4294967295i64, 7]).unwrap()
+        );
         assert_eq!(b[3], Tensor::from_vec(&[2], vec![true, false]).unwrap());
         assert_eq!(b[4], Tensor::from_vec(&[2], vec![0.25f64, -1.5]).unwrap());
         assert_eq!(b[5], Tensor::from_vec(&[2], vec![19000i32, 19001]).unwrap());
@@ -2827,7 +3319,11 @@ mod tests {
             10,
         );
         let e = ParquetReader::open(&[p], &[], 10).unwrap_err();
-        assert!(e.message.contains("column 'u'") && e.message.contains("UINT64"), "{}", e.message);
+        assert!(
+            e.message.contains("column 'u'") && e.message.contains("UINT64"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]
@@ -2850,8 +3346,12 @@ mod tests {
         let s = Scratch::new();
         sample(&s.path("d/0.parquet"), 0, 45, 20, Compression::SNAPPY);
         sample(&s.path("d/1.parquet"), 45, 90, 20, Compression::SNAPPY);
-        let r =
-            ParquetReader::open(&[s.path("d")], &["id".into(), "items".into(), "name".into(), "x".into()], 11).unwrap();
+        let r = ParquetReader::open(
+            &[s.path("d")],
+            &["id".into(), "items".into(), "name".into(), "x".into()],
+            11,
+        )
+        .unwrap();
         for _ in 0..5 {
             r.read_batch(11).unwrap();
         }
@@ -2864,7 +3364,11 @@ mod tests {
         let b = back.read_batch(11).unwrap();
         assert_eq!(ids(&b[0]), (55..66).collect::<Vec<_>>());
         assert_eq!(
-            b[1].array::<i32>().unwrap().iter().map(|&l| l as i64).collect::<Vec<_>>(),
+            b[1].array::<i32>()
+                .unwrap()
+                .iter()
+                .map(|&l| l as i64)
+                .collect::<Vec<_>>(),
             (55..66).map(|i| i % 3).collect::<Vec<_>>()
         );
 
@@ -2872,7 +3376,11 @@ mod tests {
         let bytes2 = crate::storage::serialize_blob("r", &BlobValue::Object(back.clone())).unwrap();
         sample(&s.path("d/1.parquet"), 45, 91, 20, Compression::SNAPPY);
         let e = crate::storage::deserialize_blob(&bytes2).unwrap_err();
-        assert!(e.message.contains("1.parquet") && e.message.contains("46 records now"), "{}", e.message);
+        assert!(
+            e.message.contains("1.parquet") && e.message.contains("46 records now"),
+            "{}",
+            e.message
+        );
         // Malformed saved bytes are a CorruptCheckpoint error.
         let e = ParquetReader::from_bytes(b"FCPQ\x01\x05").unwrap_err();
         assert_eq!(e.kind, ErrorKind::CorruptCheckpoint);
@@ -2890,13 +3398,25 @@ mod tests {
         }
     }
     fn int_arg(name: &str, v: i64) -> Argument {
-        Argument { name: Some(name.into()), i: Some(v), ..Default::default() }
+        Argument {
+            name: Some(name.into()),
+            i: Some(v),
+            ..Default::default()
+        }
     }
     fn ints_arg(name: &str, v: &[i64]) -> Argument {
-        Argument { name: Some(name.into()), ints: v.to_vec(), ..Default::default() }
+        Argument {
+            name: Some(name.into()),
+            ints: v.to_vec(),
+            ..Default::default()
+        }
     }
     fn str_arg(name: &str, v: &str) -> Argument {
-        Argument { name: Some(name.into()), s: Some(v.as_bytes().to_vec()), ..Default::default() }
+        Argument {
+            name: Some(name.into()),
+            s: Some(v.as_bytes().to_vec()),
+            ..Default::default()
+        }
     }
     fn strs_arg(name: &str, v: &[&str]) -> Argument {
         Argument {
@@ -2919,17 +3439,42 @@ mod tests {
         sample(&p, 0, 10, 4, Compression::SNAPPY);
         let ws = Workspace::new();
         let cols = strs_arg("columns", &["id", "items"]);
-        run(&ws, op("ParquetSchema", &[], &["n", "t", "l"], vec![str_arg("path", &p), cols.clone()])).unwrap();
-        assert_eq!(get(&ws, "n"), Tensor::from_vec(&[2], vec![b"id".to_vec(), b"items".to_vec()]).unwrap());
-        assert_eq!(get(&ws, "t"), Tensor::from_vec(&[2], vec![10i32, 10]).unwrap());
-        assert_eq!(get(&ws, "l"), Tensor::from_vec(&[2], vec![false, true]).unwrap());
+        run(
+            &ws,
+            op(
+                "ParquetSchema",
+                &[],
+                &["n", "t", "l"],
+                vec![str_arg("path", &p), cols.clone()],
+            ),
+        )
+        .unwrap();
+        assert_eq!(
+            get(&ws, "n"),
+            Tensor::from_vec(&[2], vec![b"id".to_vec(), b"items".to_vec()]).unwrap()
+        );
+        assert_eq!(
+            get(&ws, "t"),
+            Tensor::from_vec(&[2], vec![10i32, 10]).unwrap()
+        );
+        assert_eq!(
+            get(&ws, "l"),
+            Tensor::from_vec(&[2], vec![false, true]).unwrap()
+        );
 
         let create = |extra: Vec<Argument>| {
             let mut a = vec![str_arg("path", &p), cols.clone(), int_arg("batch_size", 6)];
             a.extend(extra);
             op("CreateParquetReader", &[], &["r"], a)
         };
-        run(&ws, create(vec![ints_arg("dtypes", &[10, 10]), ints_arg("is_list", &[0, 1])])).unwrap();
+        run(
+            &ws,
+            create(vec![
+                ints_arg("dtypes", &[10, 10]),
+                ints_arg("is_list", &[0, 1]),
+            ]),
+        )
+        .unwrap();
         let read = op("ReadParquetBatch", &["r"], &["id", "len", "val"], vec![]);
         run(&ws, read.clone()).unwrap();
         assert_eq!(ids(&get(&ws, "id")), (0..6).collect::<Vec<_>>());
@@ -2939,27 +3484,56 @@ mod tests {
         run(&ws, read.clone()).unwrap();
         assert_eq!(get(&ws, "id").shape(), &[0]);
         run(&ws, op("ResetParquetReader", &["r"], &[], vec![])).unwrap();
-        run(&ws, op("ReadParquetBatch", &["r"], &["id", "len", "val"], vec![int_arg("batch_size", 2)])).unwrap();
+        run(
+            &ws,
+            op(
+                "ReadParquetBatch",
+                &["r"],
+                &["id", "len", "val"],
+                vec![int_arg("batch_size", 2)],
+            ),
+        )
+        .unwrap();
         assert_eq!(ids(&get(&ws, "id")), vec![0, 1]);
 
         let e = run(&ws, op("ReadParquetBatch", &["r"], &["id", "len"], vec![])).unwrap_err();
-        assert!(e.message.contains("needs 3 outputs, got 2"), "{}", e.message);
+        assert!(
+            e.message.contains("needs 3 outputs, got 2"),
+            "{}",
+            e.message
+        );
         let e = run(&ws, create(vec![ints_arg("dtypes", &[10, 1])])).unwrap_err();
         assert_eq!(e.kind, ErrorKind::Type);
-        assert!(e.full_message().contains("column 'items'"), "{}", e.full_message());
+        assert!(
+            e.full_message().contains("column 'items'"),
+            "{}",
+            e.full_message()
+        );
         let e = run(&ws, create(vec![ints_arg("dtypes", &[10])])).unwrap_err();
         assert!(e.message.contains("one entry per column"), "{}", e.message);
         let e = run(&ws, op("CreateParquetReader", &[], &["r"], vec![])).unwrap_err();
-        assert!(e.message.contains("needs a file or folder"), "{}", e.message);
+        assert!(
+            e.message.contains("needs a file or folder"),
+            "{}",
+            e.message
+        );
         ws.feed("t2", BlobValue::Tensor(Tensor::scalar(1i32)));
         let e = run(&ws, op("ReadParquetBatch", &["t2"], &["x"], vec![])).unwrap_err();
-        assert!(e.message.contains("ParquetReader was expected"), "{}", e.message);
+        assert!(
+            e.message.contains("ParquetReader was expected"),
+            "{}",
+            e.message
+        );
     }
 
     // --------------------------------------------------------- writer --
 
     fn strs(v: &[&str]) -> Tensor {
-        Tensor::from_vec(&[v.len()], v.iter().map(|s| s.as_bytes().to_vec()).collect()).unwrap()
+        Tensor::from_vec(
+            &[v.len()],
+            v.iter().map(|s| s.as_bytes().to_vec()).collect(),
+        )
+        .unwrap()
     }
 
     #[test]
@@ -2967,15 +3541,26 @@ mod tests {
         let s = Scratch::new();
         let p = s.path("out.parquet");
         let w = ParquetWriter::new(&p, "zstd", 5, false).unwrap();
-        let fields: Vec<String> = ["id", "a:b", "items:lengths", "items:values", "name", "a:c", "small"]
-            .iter()
-            .map(|f| f.to_string())
-            .collect();
+        let fields: Vec<String> = [
+            "id",
+            "a:b",
+            "items:lengths",
+            "items:values",
+            "name",
+            "a:c",
+            "small",
+        ]
+        .iter()
+        .map(|f| f.to_string())
+        .collect();
         let mut want_items = Vec::new();
         for batch in 0..4i64 {
             let ids: Vec<i64> = (batch * 3..batch * 3 + 3).collect();
             let lengths: Vec<i32> = ids.iter().map(|i| (i % 3) as i32).collect();
-            let values: Vec<i64> = ids.iter().flat_map(|&i| vec![i * 10; (i % 3) as usize]).collect();
+            let values: Vec<i64> = ids
+                .iter()
+                .flat_map(|&i| vec![i * 10; (i % 3) as usize])
+                .collect();
             want_items.extend(values.iter().copied());
             let t = [
                 Tensor::from_vec(&[3], ids.clone()).unwrap(),
@@ -2991,9 +3576,16 @@ mod tests {
         assert!(!Path::new(&p).exists(), "the file appears on close");
         w.close().unwrap();
         w.close().unwrap();
-        assert!(w.write(&fields, &[]).unwrap_err().message.contains("already closed"));
+        assert!(w
+            .write(&fields, &[])
+            .unwrap_err()
+            .message
+            .contains("already closed"));
         let r = ParquetReader::open(std::slice::from_ref(&p), &[], 100).unwrap();
-        assert_eq!(r.files.iter().map(|f| f.rg_rows.clone()).next().unwrap(), vec![6, 6]);
+        assert_eq!(
+            r.files.iter().map(|f| f.rg_rows.clone()).next().unwrap(),
+            vec![6, 6]
+        );
         assert_eq!(
             r.columns(),
             vec![
@@ -3007,53 +3599,120 @@ mod tests {
         );
         let b = r.read_batch(100).unwrap();
         assert_eq!(ids(&b[0]), (0..12).collect::<Vec<_>>());
-        assert_eq!(b[1], Tensor::from_vec(&[12], (0..12).map(|i| i as f64).collect()).unwrap());
         assert_eq!(
-            b[3].array::<i32>().unwrap().iter().map(|&l| l as i64).collect::<Vec<_>>(),
+            b[1],
+            Tensor::from_vec(&[12], (0..12).map(|i| i as f64).collect()).unwrap()
+        );
+        assert_eq!(
+            b[3].array::<i32>()
+                .unwrap()
+                .iter()
+                .map(|&l| l as i64)
+                .collect::<Vec<_>>(),
             (0..12).map(|i| i % 3).collect::<Vec<_>>()
         );
         assert_eq!(ids(&b[4]), want_items);
         assert_eq!(b[5].array::<Vec<u8>>().unwrap()[2], "é".as_bytes().to_vec());
-        assert_eq!(b[6].array::<i8>().unwrap().iter().copied().collect::<Vec<_>>()[..3], [-1, 0, 1]);
+        assert_eq!(
+            b[6].array::<i8>()
+                .unwrap()
+                .iter()
+                .copied()
+                .collect::<Vec<_>>()[..3],
+            [-1, 0, 1]
+        );
     }
 
     #[test]
     fn writer_errors_name_the_file_and_column() {
         let s = Scratch::new();
-        let e = ParquetWriter::new(&s.0.join("no/such/dir/x.parquet").display().to_string(), "snappy", 10, false)
-            .unwrap_err();
+        let e = ParquetWriter::new(
+            &s.0.join("no/such/dir/x.parquet").display().to_string(),
+            "snappy",
+            10,
+            false,
+        )
+        .unwrap_err();
         assert_eq!(e.kind, ErrorKind::Io);
-        assert!(e.message.contains("x.parquet") && e.message.contains("folder does not exist"), "{}", e.message);
+        assert!(
+            e.message.contains("x.parquet") && e.message.contains("folder does not exist"),
+            "{}",
+            e.message
+        );
         assert!(ParquetWriter::new(&s.path("x.parquet"), "brotli", 10, false).is_err());
 
         let p = s.path("x.parquet");
         let w = ParquetWriter::new(&p, "snappy", 10, false).unwrap();
         let fields = vec!["id".to_string(), "v".to_string()];
-        let ok = [Tensor::from_vec(&[2], vec![1i64, 2]).unwrap(), Tensor::from_vec(&[2], vec![0.5f32, 1.5]).unwrap()];
+        let ok = [
+            Tensor::from_vec(&[2], vec![1i64, 2]).unwrap(),
+            Tensor::from_vec(&[2], vec![0.5f32, 1.5]).unwrap(),
+        ];
         w.write(&fields, &ok.iter().collect::<Vec<_>>()).unwrap();
-        let wrong = [Tensor::from_vec(&[1], vec![3i64]).unwrap(), Tensor::from_vec(&[1], vec![0.5f64]).unwrap()];
-        let e = w.write(&fields, &wrong.iter().collect::<Vec<_>>()).unwrap_err();
+        let wrong = [
+            Tensor::from_vec(&[1], vec![3i64]).unwrap(),
+            Tensor::from_vec(&[1], vec![0.5f64]).unwrap(),
+        ];
+        let e = w
+            .write(&fields, &wrong.iter().collect::<Vec<_>>())
+            .unwrap_err();
         assert_eq!(e.kind, ErrorKind::Type);
         assert!(
-            e.message.contains("column 'v'") && e.message.contains(&p) && e.message.contains("float64 values but"),
+            e.message.contains("column 'v'")
+                && e.message.contains(&p)
+                && e.message.contains("float64 values but"),
             "{}",
             e.message
         );
-        let ragged = [Tensor::from_vec(&[1], vec![3i64]).unwrap(), Tensor::from_vec(&[2], vec![0.5f32, 1.]).unwrap()];
-        let e = w.write(&fields, &ragged.iter().collect::<Vec<_>>()).unwrap_err();
-        assert!(e.message.contains("column 'v'") && e.message.contains("2 records"), "{}", e.message);
+        let ragged = [
+            Tensor::from_vec(&[1], vec![3i64]).unwrap(),
+            Tensor::from_vec(&[2], vec![0.5f32, 1.]).unwrap(),
+        ];
+        let e = w
+            .write(&fields, &ragged.iter().collect::<Vec<_>>())
+            .unwrap_err();
+        assert!(
+            e.message.contains("column 'v'") && e.message.contains("2 records"),
+            "{}",
+            e.message
+        );
         let e = w.write(&["id".to_string()], &[&ok[0]]).unwrap_err();
-        assert!(e.message.contains("has the columns [id, v]"), "{}", e.message);
+        assert!(
+            e.message.contains("has the columns [id, v]"),
+            "{}",
+            e.message
+        );
         let f2 = vec!["l:lengths".to_string(), "l:values".to_string()];
         let w2 = ParquetWriter::new(&s.path("l.parquet"), "snappy", 10, false).unwrap();
-        let bad = [Tensor::from_vec(&[2], vec![1i32, 1]).unwrap(), Tensor::from_vec(&[3], vec![1i64, 2, 3]).unwrap()];
+        let bad = [
+            Tensor::from_vec(&[2], vec![1i32, 1]).unwrap(),
+            Tensor::from_vec(&[3], vec![1i64, 2, 3]).unwrap(),
+        ];
         let e = w2.write(&f2, &bad.iter().collect::<Vec<_>>()).unwrap_err();
-        assert!(e.message.contains("add up to 2 but there are 3 values"), "{}", e.message);
-        let e = w2.write(&["s".to_string()], &[&Tensor::from_vec(&[1], vec![vec![0xffu8]]).unwrap()]).unwrap_err();
+        assert!(
+            e.message.contains("add up to 2 but there are 3 values"),
+            "{}",
+            e.message
+        );
+        let e = w2
+            .write(
+                &["s".to_string()],
+                &[&Tensor::from_vec(&[1], vec![vec![0xffu8]]).unwrap()],
+            )
+            .unwrap_err();
         assert!(e.message.contains("has the columns"), "{}", e.message);
         let w3 = ParquetWriter::new(&s.path("s.parquet"), "snappy", 10, false).unwrap();
-        let e = w3.write(&["s".to_string()], &[&Tensor::from_vec(&[1], vec![vec![0xffu8]]).unwrap()]).unwrap_err();
-        assert!(e.message.contains("column 's'") && e.message.contains("not UTF-8"), "{}", e.message);
+        let e = w3
+            .write(
+                &["s".to_string()],
+                &[&Tensor::from_vec(&[1], vec![vec![0xffu8]]).unwrap()],
+            )
+            .unwrap_err();
+        assert!(
+            e.message.contains("column 's'") && e.message.contains("not UTF-8"),
+            "{}",
+            e.message
+        );
         // Nothing was buffered by the failed writes.
         w.close().unwrap();
         let r = ParquetReader::open(std::slice::from_ref(&p), &[], 10).unwrap();
@@ -3061,10 +3720,17 @@ mod tests {
         // A writer that never learnt its columns cannot make a file; one
         // dropped unclosed leaves nothing behind.
         let w4 = ParquetWriter::new(&s.path("none.parquet"), "snappy", 10, false).unwrap();
-        assert!(w4.close().unwrap_err().message.contains("columns were never given"));
+        assert!(w4
+            .close()
+            .unwrap_err()
+            .message
+            .contains("columns were never given"));
         drop(w2);
         drop(w3);
-        let left: Vec<_> = fs::read_dir(&s.0).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        let left: Vec<_> = fs::read_dir(&s.0)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
         assert!(left.iter().all(|n| !n.contains(".tmp-")), "{left:?}");
         assert!(!Path::new(&s.path("l.parquet")).exists());
     }
@@ -3074,27 +3740,83 @@ mod tests {
         let s = Scratch::new();
         let p = s.path("empty.parquet");
         let ws = Workspace::new();
-        run(&ws, op("CreateParquetWriter", &[], &["w"], vec![str_arg("path", &p)])).unwrap();
-        let schema = vec![strs_arg("fields", &["k", "l:lengths", "l:values"]), ints_arg("dtypes", &[10, 2, 1])];
-        run(&ws, op("SetParquetWriterSchema", &["w"], &[], schema.clone())).unwrap();
+        run(
+            &ws,
+            op(
+                "CreateParquetWriter",
+                &[],
+                &["w"],
+                vec![str_arg("path", &p)],
+            ),
+        )
+        .unwrap();
+        let schema = vec![
+            strs_arg("fields", &["k", "l:lengths", "l:values"]),
+            ints_arg("dtypes", &[10, 2, 1]),
+        ];
+        run(
+            &ws,
+            op("SetParquetWriterSchema", &["w"], &[], schema.clone()),
+        )
+        .unwrap();
         run(&ws, op("SetParquetWriterSchema", &["w"], &[], schema)).unwrap();
         let e = run(
             &ws,
-            op("SetParquetWriterSchema", &["w"], &[], vec![strs_arg("fields", &["k"]), ints_arg("dtypes", &[2])]),
+            op(
+                "SetParquetWriterSchema",
+                &["w"],
+                &[],
+                vec![strs_arg("fields", &["k"]), ints_arg("dtypes", &[2])],
+            ),
         )
         .unwrap_err();
         assert_eq!(e.kind, ErrorKind::Type);
         run(&ws, op("CloseParquetWriter", &["w"], &[], vec![])).unwrap();
         let r = ParquetReader::open(&[p], &[], 10).unwrap();
-        assert_eq!(r.columns(), vec![("k".into(), DataType::Int64, false), ("l".into(), DataType::Float, true)]);
+        assert_eq!(
+            r.columns(),
+            vec![
+                ("k".into(), DataType::Int64, false),
+                ("l".into(), DataType::Float, true)
+            ]
+        );
         assert_eq!(r.total_records(), 0);
 
         let p = s.path("ops.parquet");
-        run(&ws, op("CreateParquetWriter", &[], &["w2"], vec![str_arg("path", &p), str_arg("compression", "gzip")]))
-            .unwrap();
-        ws.feed("k", BlobValue::Tensor(Tensor::from_vec(&[2], vec![7i64, 8]).unwrap()));
-        run(&ws, op("WriteParquetBatch", &["w2", "k"], &[], vec![strs_arg("fields", &["key"])])).unwrap();
-        let e = run(&ws, op("WriteParquetBatch", &["w2", "k"], &[], vec![strs_arg("fields", &[])])).unwrap_err();
+        run(
+            &ws,
+            op(
+                "CreateParquetWriter",
+                &[],
+                &["w2"],
+                vec![str_arg("path", &p), str_arg("compression", "gzip")],
+            ),
+        )
+        .unwrap();
+        ws.feed(
+            "k",
+            BlobValue::Tensor(Tensor::from_vec(&[2], vec![7i64, 8]).unwrap()),
+        );
+        run(
+            &ws,
+            op(
+                "WriteParquetBatch",
+                &["w2", "k"],
+                &[],
+                vec![strs_arg("fields", &["key"])],
+            ),
+        )
+        .unwrap();
+        let e = run(
+            &ws,
+            op(
+                "WriteParquetBatch",
+                &["w2", "k"],
+                &[],
+                vec![strs_arg("fields", &[])],
+            ),
+        )
+        .unwrap_err();
         assert!(e.message.contains("1 inputs, 0 names"), "{}", e.message);
         run(&ws, op("CloseParquetWriter", &["w2"], &[], vec![])).unwrap();
         let r = ParquetReader::open(&[p], &[], 10).unwrap();
@@ -3106,7 +3828,11 @@ mod tests {
     /// A .npy file (format 1.0) from a descr, shape and raw data.
     fn npy(path: &str, descr: &str, shape: &[usize], data: &[u8]) {
         let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
-        let shape = if shape.len() == 1 { format!("({},)", dims[0]) } else { format!("({})", dims.join(", ")) };
+        let shape = if shape.len() == 1 {
+            format!("({},)", dims[0])
+        } else {
+            format!("({})", dims.join(", "))
+        };
         let mut h = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
         while (10 + h.len() + 1) % 64 != 0 {
             h.push(' ');
@@ -3131,26 +3857,69 @@ mod tests {
         let c = s.path("c.npy");
         let d = s.path("d.npy");
         let e = s.path("e.npy");
-        npy(&a, "<f4", &[5, 2], &le(&(0..10).map(|i| i as f32).collect::<Vec<_>>(), f32::to_le_bytes));
-        npy(&b, ">i8", &[5], &le(&[10i64, 11, 12, 13, 14], i64::to_be_bytes));
+        npy(
+            &a,
+            "<f4",
+            &[5, 2],
+            &le(
+                &(0..10).map(|i| i as f32).collect::<Vec<_>>(),
+                f32::to_le_bytes,
+            ),
+        );
+        npy(
+            &b,
+            ">i8",
+            &[5],
+            &le(&[10i64, 11, 12, 13, 14], i64::to_be_bytes),
+        );
         npy(&c, "|S3", &[5], b"ab\0xyzq\0\0\0\0\0k\0\0");
-        npy(&d, "<U2", &[5], &le(&[0x48u32, 0xe9, 0x1f600, 0, 0, 0, 0x61, 0, 0x62, 0x63], u32::to_le_bytes));
+        npy(
+            &d,
+            "<U2",
+            &[5],
+            &le(
+                &[0x48u32, 0xe9, 0x1f600, 0, 0, 0, 0x61, 0, 0x62, 0x63],
+                u32::to_le_bytes,
+            ),
+        );
         npy(&e, "|b1", &[5], &[1, 0, 1, 1, 0]);
         let paths: Vec<String> = [&a, &b, &c, &d, &e].iter().map(|s| s.to_string()).collect();
         let r = NpyReader::open(&paths, 2).unwrap();
         let t = r.read_batch(2).unwrap();
-        assert_eq!(t[0], Tensor::from_vec(&[2, 2], vec![0f32, 1., 2., 3.]).unwrap());
+        assert_eq!(
+            t[0],
+            Tensor::from_vec(&[2, 2], vec![0f32, 1., 2., 3.]).unwrap()
+        );
         assert_eq!(t[1], Tensor::from_vec(&[2], vec![10i64, 11]).unwrap());
-        assert_eq!(t[2], Tensor::from_vec(&[2], vec![b"ab".to_vec(), b"xyz".to_vec()]).unwrap());
-        assert_eq!(t[3], Tensor::from_vec(&[2], vec!["Hé".as_bytes().to_vec(), "😀".as_bytes().to_vec()]).unwrap());
+        assert_eq!(
+            t[2],
+            Tensor::from_vec(&[2], vec![b"ab".to_vec(), b"xyz".to_vec()]).unwrap()
+        );
+        assert_eq!(
+            t[3],
+            Tensor::from_vec(
+                &[2],
+                vec!["Hé".as_bytes().to_vec(), "😀".as_bytes().to_vec()]
+            )
+            .unwrap()
+        );
         assert_eq!(t[4], Tensor::from_vec(&[2], vec![true, false]).unwrap());
         let t = r.read_batch(2).unwrap();
-        assert_eq!(t[2], Tensor::from_vec(&[2], vec![b"q".to_vec(), b"".to_vec()]).unwrap());
-        assert_eq!(t[3], Tensor::from_vec(&[2], vec![b"".to_vec(), b"a".to_vec()]).unwrap());
+        assert_eq!(
+            t[2],
+            Tensor::from_vec(&[2], vec![b"q".to_vec(), b"".to_vec()]).unwrap()
+        );
+        assert_eq!(
+            t[3],
+            Tensor::from_vec(&[2], vec![b"".to_vec(), b"a".to_vec()]).unwrap()
+        );
 
         // Save mid-way, restore, continue.
         let bytes = crate::storage::serialize_blob("r", &BlobValue::Object(Arc::new(r))).unwrap();
-        let back = crate::storage::deserialize_blob(&bytes).unwrap().object::<NpyReader>("NpyReader").unwrap();
+        let back = crate::storage::deserialize_blob(&bytes)
+            .unwrap()
+            .object::<NpyReader>("NpyReader")
+            .unwrap();
         assert_eq!(back.position(), 4);
         let t = back.read_batch(2).unwrap();
         assert_eq!(t[0], Tensor::from_vec(&[1, 2], vec![8f32, 9.]).unwrap());
@@ -3166,7 +3935,12 @@ mod tests {
     fn npy_threads_get_every_row_once() {
         let s = Scratch::new();
         let a = s.path("a.npy");
-        npy(&a, "<i4", &[1000], &le(&(0..1000).collect::<Vec<i32>>(), i32::to_le_bytes));
+        npy(
+            &a,
+            "<i4",
+            &[1000],
+            &le(&(0..1000).collect::<Vec<i32>>(), i32::to_le_bytes),
+        );
         let r = NpyReader::open(&[a], 7).unwrap();
         let mut got: Vec<i32> = std::thread::scope(|sc| {
             let hs: Vec<_> = (0..4)
@@ -3197,37 +3971,88 @@ mod tests {
         type Make = Box<dyn Fn(&str)>;
         let cases: Vec<(&str, Make, &str)> = vec![
             ("missing.npy", Box::new(|_: &str| {}), "No such file"),
-            ("magic.npy", Box::new(|p: &str| fs::write(p, b"PK\x03\x04 not numpy").unwrap()), "bad magic"),
-            ("short.npy", Box::new(|p: &str| npy(p, "<i4", &[3], &[0u8; 8])), "truncated or corrupt"),
-            ("obj.npy", Box::new(|p: &str| npy(p, "|O", &[1], &[0u8; 8])), "object arrays"),
-            ("u4.npy", Box::new(|p: &str| npy(p, "<u4", &[1], &[0u8; 4])), "'<u4' is not supported"),
-            ("f2.npy", Box::new(|p: &str| npy(p, "<f2", &[1], &[0u8; 2])), "'<f2' is not supported"),
-            ("scalar.npy", Box::new(|p: &str| npy(p, "<i4", &[], &[0u8; 4])), "0-dimensional"),
-            ("empty.npy", Box::new(|p: &str| fs::write(p, b"").unwrap()), "bad magic"),
+            (
+                "magic.npy",
+                Box::new(|p: &str| fs::write(p, b"PK\x03\x04 not numpy").unwrap()),
+                "bad magic",
+            ),
+            (
+                "short.npy",
+                Box::new(|p: &str| npy(p, "<i4", &[3], &[0u8; 8])),
+                "truncated or corrupt",
+            ),
+            (
+                "obj.npy",
+                Box::new(|p: &str| npy(p, "|O", &[1], &[0u8; 8])),
+                "object arrays",
+            ),
+            (
+                "u4.npy",
+                Box::new(|p: &str| npy(p, "<u4", &[1], &[0u8; 4])),
+                "'<u4' is not supported",
+            ),
+            (
+                "f2.npy",
+                Box::new(|p: &str| npy(p, "<f2", &[1], &[0u8; 2])),
+                "'<f2' is not supported",
+            ),
+            (
+                "scalar.npy",
+                Box::new(|p: &str| npy(p, "<i4", &[], &[0u8; 4])),
+                "0-dimensional",
+            ),
+            (
+                "empty.npy",
+                Box::new(|p: &str| fs::write(p, b"").unwrap()),
+                "bad magic",
+            ),
         ];
         for (name, make, want) in cases {
             let p = s.path(name);
             make(&p);
             let e = NpyReader::open(std::slice::from_ref(&p), 2).unwrap_err();
             assert_eq!(e.kind, ErrorKind::Io, "{name}");
-            assert!(e.message.contains(&p) && e.message.contains(want), "{name}: {}", e.message);
+            assert!(
+                e.message.contains(&p) && e.message.contains(want),
+                "{name}: {}",
+                e.message
+            );
         }
         let other = s.path("four.npy");
         npy(&other, "<i4", &[4], &[0u8; 16]);
         let e = NpyReader::open(&[good.clone(), other.clone()], 2).unwrap_err();
-        assert!(e.message.contains("same number of rows") && e.message.contains(&other), "{}", e.message);
+        assert!(
+            e.message.contains("same number of rows") && e.message.contains(&other),
+            "{}",
+            e.message
+        );
 
         let ws = Workspace::new();
-        run(&ws, op("CreateNpyReader", &[], &["r"], vec![strs_arg("paths", &[&good]), int_arg("batch_size", 2)]))
-            .unwrap();
+        run(
+            &ws,
+            op(
+                "CreateNpyReader",
+                &[],
+                &["r"],
+                vec![strs_arg("paths", &[&good]), int_arg("batch_size", 2)],
+            ),
+        )
+        .unwrap();
         run(&ws, op("ReadNpyBatch", &["r"], &["x"], vec![])).unwrap();
-        assert_eq!(get(&ws, "x"), Tensor::from_vec(&[2], vec![1i32, 2]).unwrap());
+        assert_eq!(
+            get(&ws, "x"),
+            Tensor::from_vec(&[2], vec![1i32, 2]).unwrap()
+        );
         // The file shrinks under a reader: the read fails, naming it.
         npy(&good, "<i4", &[1], &[0u8; 4]);
         let e = run(&ws, op("ReadNpyBatch", &["r"], &["x"], vec![])).unwrap_err();
         assert!(e.message.contains(&good), "{}", e.message);
         run(&ws, op("ResetNpyReader", &["r"], &[], vec![])).unwrap();
         let e = run(&ws, op("ReadNpyBatch", &["r"], &["x", "y"], vec![])).unwrap_err();
-        assert!(e.message.contains("needs 1 outputs, got 2"), "{}", e.message);
+        assert!(
+            e.message.contains("needs 1 outputs, got 2"),
+            "{}",
+            e.message
+        );
     }
 }

@@ -19,9 +19,18 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use rand_distr::Normal;
 
-const SHAPE: ArgDoc = arg!("shape", "list of int", "[] (a 0-dim scalar)", "output shape; only without an input");
-const EXTRA_SHAPE: ArgDoc =
-    arg!("extra_shape", "list of int", "[]", "dims appended to the shape taken from the input; only with an input");
+const SHAPE: ArgDoc = arg!(
+    "shape",
+    "list of int",
+    "[] (a 0-dim scalar)",
+    "output shape; only without an input"
+);
+const EXTRA_SHAPE: ArgDoc = arg!(
+    "extra_shape",
+    "list of int",
+    "[]",
+    "dims appended to the shape taken from the input; only with an input"
+);
 const INPUT_AS_SHAPE: ArgDoc = arg!(
     "input_as_shape",
     "bool",
@@ -135,9 +144,24 @@ pub fn schemas() -> Vec<OpSchema> {
     ]
 }
 
-const VALUES_FLOATS: ArgDoc = arg!("values", "list of float", "[]", "the values, flat and row-major");
-const VALUES_INTS: ArgDoc = arg!("values", "list of int", "[]", "the values, flat and row-major");
-const VALUES_STRINGS: ArgDoc = arg!("values", "list of string", "[]", "the values, flat and row-major");
+const VALUES_FLOATS: ArgDoc = arg!(
+    "values",
+    "list of float",
+    "[]",
+    "the values, flat and row-major"
+);
+const VALUES_INTS: ArgDoc = arg!(
+    "values",
+    "list of int",
+    "[]",
+    "the values, flat and row-major"
+);
+const VALUES_STRINGS: ArgDoc = arg!(
+    "values",
+    "list of string",
+    "[]",
+    "the values, flat and row-major"
+);
 
 // ------------------------------------------------------------ shape rules --
 
@@ -147,8 +171,11 @@ const MAX_NUMEL: usize = (isize::MAX as usize) / 32;
 fn dims_from(ctx: &OpDefCtx<'_>, name: &str, v: &[i64]) -> Result<Vec<usize>> {
     v.iter()
         .map(|&d| {
-            usize::try_from(d)
-                .map_err(|_| ctx.bad_arg(format!("argument '{name}' has a negative dimension {d}: {v:?}")))
+            usize::try_from(d).map_err(|_| {
+                ctx.bad_arg(format!(
+                    "argument '{name}' has a negative dimension {d}: {v:?}"
+                ))
+            })
         })
         .collect()
 }
@@ -175,7 +202,9 @@ impl FillShape {
         let extra = args.ints("extra_shape")?.unwrap_or_default();
         if from_input {
             if !shape.is_empty() {
-                return Err(ctx.bad_arg("cannot set the shape argument and pass in an input at the same time"));
+                return Err(ctx.bad_arg(
+                    "cannot set the shape argument and pass in an input at the same time",
+                ));
             }
         } else {
             if !extra.is_empty() {
@@ -190,7 +219,12 @@ impl FillShape {
         if !from_input {
             check_numel(&fixed).map_err(|e| ctx.bad_arg(e.message))?;
         }
-        Ok(FillShape { fixed, extra, input_as_shape, from_input })
+        Ok(FillShape {
+            fixed,
+            extra,
+            input_as_shape,
+            from_input,
+        })
     }
 
     /// The output shape for this run.
@@ -204,7 +238,11 @@ impl FillShape {
             let a = match t {
                 Tensor::I64(a) if a.ndim() == 1 && !a.is_empty() => a,
                 _ => {
-                    let kind = if t.dtype() == DataType::Int64 { ErrorKind::Shape } else { ErrorKind::Type };
+                    let kind = if t.dtype() == DataType::Int64 {
+                        ErrorKind::Shape
+                    } else {
+                        ErrorKind::Type
+                    };
                     return Err(Error::new(
                         kind,
                         format!(
@@ -219,7 +257,10 @@ impl FillShape {
             a.iter()
                 .map(|&d| {
                     usize::try_from(d).map_err(|_| {
-                        Error::invalid_arg(format!("the shape input holds a negative dimension {d}")).with_blob(name)
+                        Error::invalid_arg(format!(
+                            "the shape input holds a negative dimension {d}"
+                        ))
+                        .with_blob(name)
                     })
                 })
                 .collect::<Result<Vec<usize>>>()?
@@ -285,7 +326,11 @@ impl Value {
             DataType::Uint8 => Value::U8(args.int("value", 0)?),
             DataType::Uint16 => Value::U16(args.int("value", 0)?),
             DataType::String => Value::Str(args.bytes_opt("value")?.unwrap_or_default()),
-            other => return Err(Error::invalid_arg(format!("ConstantFill does not support dtype {other}"))),
+            other => {
+                return Err(Error::invalid_arg(format!(
+                    "ConstantFill does not support dtype {other}"
+                )))
+            }
         })
     }
 
@@ -302,7 +347,9 @@ impl Value {
             Value::U8(_) => Value::U8(t.scalar_value()?),
             Value::U16(_) => Value::U16(t.scalar_value()?),
             Value::Str(_) => {
-                return Err(Error::invalid_arg("ConstantFill cannot take a string value from a tensor input"))
+                return Err(Error::invalid_arg(
+                    "ConstantFill cannot take a string value from a tensor input",
+                ))
             }
         })
     }
@@ -339,7 +386,9 @@ fn constant_fill_dtype(ctx: &OpDefCtx<'_>) -> Result<DataType> {
     }
     let code = args.int::<i32>("dtype", DataType::Float as i32)?;
     match DataType::from_i32(code) {
-        Some(DataType::Undefined) => Err(ctx.bad_arg("ConstantFill cannot have an undefined 'dtype' argument")),
+        Some(DataType::Undefined) => {
+            Err(ctx.bad_arg("ConstantFill cannot have an undefined 'dtype' argument"))
+        }
         Some(
             dt @ (DataType::Float
             | DataType::Double
@@ -370,7 +419,9 @@ fn constant_fill(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         let mut v = value.clone().map_err(|e| e.with_blob(&out))?;
         if has_value_input {
             let name = l.input_name(1);
-            v = v.overridden_by(l.tensor(1)?).map_err(|e| e.with_blob(name))?;
+            v = v
+                .overridden_by(l.tensor(1)?)
+                .map_err(|e| e.with_blob(name))?;
         }
         l.set_output(0, v.fill(&shape));
         Ok(true)
@@ -405,15 +456,34 @@ fn given_values(ctx: &OpDefCtx<'_>, dtype: DataType) -> Result<Tensor> {
     let args = &ctx.args;
     Ok(match dtype {
         DataType::Float => flat(args.floats("values")?.unwrap_or_default()),
-        DataType::Double => flat(args.floats("values")?.unwrap_or_default().into_iter().map(f64::from).collect()),
-        DataType::Bool => flat(args.ints("values")?.unwrap_or_default().into_iter().map(|v| v != 0).collect()),
+        DataType::Double => flat(
+            args.floats("values")?
+                .unwrap_or_default()
+                .into_iter()
+                .map(f64::from)
+                .collect(),
+        ),
+        DataType::Bool => flat(
+            args.ints("values")?
+                .unwrap_or_default()
+                .into_iter()
+                .map(|v| v != 0)
+                .collect(),
+        ),
         DataType::Int16 => flat(ints_as::<i16>(ctx, "values")?),
         DataType::Uint16 => flat(ints_as::<u16>(ctx, "values")?),
         DataType::Int32 => flat(ints_as::<i32>(ctx, "values")?),
         DataType::Int64 => flat(ints_as::<i64>(ctx, "values")?),
         DataType::String => flat(args.strings("values")?.unwrap_or_default()),
-        DataType::Undefined => return Err(ctx.bad_arg("GivenTensorFill cannot have an undefined 'dtype' argument")),
-        other => return Err(ctx.bad_arg(format!("unexpected 'dtype' argument value: {} ({other})", other as i32))),
+        DataType::Undefined => {
+            return Err(ctx.bad_arg("GivenTensorFill cannot have an undefined 'dtype' argument"))
+        }
+        other => {
+            return Err(ctx.bad_arg(format!(
+                "unexpected 'dtype' argument value: {} ({other})",
+                other as i32
+            )))
+        }
     })
 }
 
@@ -423,11 +493,13 @@ fn given_fill_dtype(ctx: &OpDefCtx<'_>) -> Result<DataType> {
         None if !ctx.args.has("dtype") => Ok(DataType::Float),
         Some("s") => {
             let name = ctx.args.string("dtype", "FLOAT")?;
-            DataType::from_name(&name).ok_or_else(|| ctx.bad_arg(format!("unknown 'dtype' argument value: '{name}'")))
+            DataType::from_name(&name)
+                .ok_or_else(|| ctx.bad_arg(format!("unknown 'dtype' argument value: '{name}'")))
         }
         _ => {
             let code = ctx.args.int::<i32>("dtype", DataType::Float as i32)?;
-            DataType::from_i32(code).ok_or_else(|| ctx.bad_arg(format!("unexpected 'dtype' argument value: {code}")))
+            DataType::from_i32(code)
+                .ok_or_else(|| ctx.bad_arg(format!("unexpected 'dtype' argument value: {code}")))
         }
     }
 }
@@ -442,7 +514,9 @@ fn given_tensor_fill(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         "GivenTensorInt64Fill" => DataType::Int64,
         "GivenTensorBoolFill" => DataType::Bool,
         "GivenTensorStringFill" => DataType::String,
-        other => return Err(ctx.bad_arg(format!("given_tensor_fill cannot build op type '{other}'"))),
+        other => {
+            return Err(ctx.bad_arg(format!("given_tensor_fill cannot build op type '{other}'")))
+        }
     };
     let values = given_values(ctx, dtype)?;
     Ok(kernel(move |cx| {
@@ -545,7 +619,9 @@ fn uniform_fill<T: UniformKind>(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>>
             return Err(ctx.bad_arg(format!("min ({min}) and max ({max}) must be finite")));
         }
         if min.partial_cmp(&max) != Some(std::cmp::Ordering::Less) {
-            return Err(ctx.bad_arg(format!("max value should be bigger than min value: min {min}, max {max}")));
+            return Err(ctx.bad_arg(format!(
+                "max value should be bigger than min value: min {min}, max {max}"
+            )));
         }
     }
     let mut rng = make_rng(ctx);
@@ -556,9 +632,14 @@ fn uniform_fill<T: UniformKind>(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>>
         if from_inputs {
             let bound = |i: usize| -> Result<T> {
                 let name = l.input_name(i);
-                let v = l.tensor(i)?.scalar_value::<T>().map_err(|e| e.with_blob(name))?;
+                let v = l
+                    .tensor(i)?
+                    .scalar_value::<T>()
+                    .map_err(|e| e.with_blob(name))?;
                 if !v.usable() {
-                    return Err(Error::invalid_arg(format!("the bound {v} is not finite")).with_blob(name));
+                    return Err(
+                        Error::invalid_arg(format!("the bound {v} is not finite")).with_blob(name)
+                    );
                 }
                 Ok(v)
             };
@@ -593,7 +674,9 @@ fn gaussian_fill(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         return Err(ctx.bad_arg(format!("mean must be finite, got {mean}")));
     }
     if !(std.is_finite() && std >= 0.0) {
-        return Err(ctx.bad_arg(format!("the standard deviation must be finite and >= 0, got {std}")));
+        return Err(ctx.bad_arg(format!(
+            "the standard deviation must be finite and >= 0, got {std}"
+        )));
     }
     let normal = Normal::new(mean, std).map_err(|e| ctx.bad_arg(e.to_string()))?;
     let mut rng = make_rng(ctx);
@@ -602,7 +685,10 @@ fn gaussian_fill(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         let shape = shape.resolve(&l)?;
         let n: usize = shape.iter().product();
         let v: Vec<f32> = (0..n).map(|_| normal.sample(&mut rng)).collect();
-        l.set_output(0, Tensor::F32(ArrayD::from_shape_vec(IxDyn(&shape), v).expect("numel matches shape")));
+        l.set_output(
+            0,
+            Tensor::F32(ArrayD::from_shape_vec(IxDyn(&shape), v).expect("numel matches shape")),
+        );
         Ok(true)
     }))
 }
@@ -620,25 +706,46 @@ mod tests {
     use std::sync::Arc;
 
     fn named(n: &str) -> Argument {
-        Argument { name: Some(n.into()), ..Default::default() }
+        Argument {
+            name: Some(n.into()),
+            ..Default::default()
+        }
     }
     fn a_i(n: &str, v: i64) -> Argument {
-        Argument { i: Some(v), ..named(n) }
+        Argument {
+            i: Some(v),
+            ..named(n)
+        }
     }
     fn a_f(n: &str, v: f32) -> Argument {
-        Argument { f: Some(v), ..named(n) }
+        Argument {
+            f: Some(v),
+            ..named(n)
+        }
     }
     fn a_s(n: &str, v: &str) -> Argument {
-        Argument { s: Some(v.as_bytes().to_vec()), ..named(n) }
+        Argument {
+            s: Some(v.as_bytes().to_vec()),
+            ..named(n)
+        }
     }
     fn a_ints(n: &str, v: &[i64]) -> Argument {
-        Argument { ints: v.to_vec(), ..named(n) }
+        Argument {
+            ints: v.to_vec(),
+            ..named(n)
+        }
     }
     fn a_floats(n: &str, v: &[f32]) -> Argument {
-        Argument { floats: v.to_vec(), ..named(n) }
+        Argument {
+            floats: v.to_vec(),
+            ..named(n)
+        }
     }
     fn a_strings(n: &str, v: &[&str]) -> Argument {
-        Argument { strings: v.iter().map(|s| s.as_bytes().to_vec()).collect(), ..named(n) }
+        Argument {
+            strings: v.iter().map(|s| s.as_bytes().to_vec()).collect(),
+            ..named(n)
+        }
     }
     fn op(ty: &str, ins: &[&str], outs: &[&str], arg: Vec<Argument>) -> OperatorDef {
         OperatorDef {
@@ -650,7 +757,10 @@ mod tests {
         }
     }
     fn seeded(mut d: OperatorDef, seed: u32) -> OperatorDef {
-        d.device_option = Some(DeviceOption { random_seed: Some(seed), ..Default::default() });
+        d.device_option = Some(DeviceOption {
+            random_seed: Some(seed),
+            ..Default::default()
+        });
         d
     }
     fn feed(ws: &Arc<Workspace>, name: &str, t: Tensor) {
@@ -691,12 +801,20 @@ mod tests {
         for (n, v) in inputs {
             feed(&ws, n, v.clone());
         }
-        assert!(create_operator(&d, &ws).is_ok(), "building {} should succeed", d.op_type());
+        assert!(
+            create_operator(&d, &ws).is_ok(),
+            "building {} should succeed",
+            d.op_type()
+        );
         run(&ws, &d).unwrap_err()
     }
     fn assert_bad_arg(e: &Error, needle: &str) {
         assert_eq!(e.kind, ErrorKind::InvalidArgument, "{e}");
-        assert!(e.message.contains(needle), "'{}' does not contain '{needle}'", e.message);
+        assert!(
+            e.message.contains(needle),
+            "'{}' does not contain '{needle}'",
+            e.message
+        );
     }
 
     // ------------------------------------------------------ ConstantFill --
@@ -711,16 +829,43 @@ mod tests {
 
     #[test]
     fn constant_fill_infers_dtype_from_the_value_field() {
-        let r = fill(op("ConstantFill", &[], &["y"], vec![a_ints("shape", &[2, 3]), a_f("value", 1.5)]), &[]).unwrap();
+        let r = fill(
+            op(
+                "ConstantFill",
+                &[],
+                &["y"],
+                vec![a_ints("shape", &[2, 3]), a_f("value", 1.5)],
+            ),
+            &[],
+        )
+        .unwrap();
         assert_eq!(r, t(&[2, 3], vec![1.5f32; 6]));
-        let r = fill(op("ConstantFill", &[], &["y"], vec![a_ints("shape", &[2]), a_i("value", 7)]), &[]).unwrap();
+        let r = fill(
+            op(
+                "ConstantFill",
+                &[],
+                &["y"],
+                vec![a_ints("shape", &[2]), a_i("value", 7)],
+            ),
+            &[],
+        )
+        .unwrap();
         assert_eq!(r, t(&[2], vec![7i64, 7]));
     }
 
     #[test]
     fn constant_fill_every_dtype() {
         let c = |dtype: i64, value: Argument| {
-            fill(op("ConstantFill", &[], &["y"], vec![a_ints("shape", &[2]), a_i("dtype", dtype), value]), &[]).unwrap()
+            fill(
+                op(
+                    "ConstantFill",
+                    &[],
+                    &["y"],
+                    vec![a_ints("shape", &[2]), a_i("dtype", dtype), value],
+                ),
+                &[],
+            )
+            .unwrap()
         };
         assert_eq!(c(1, a_f("value", 2.5)), t(&[2], vec![2.5f32, 2.5]));
         assert_eq!(c(13, a_f("value", 2.5)), t(&[2], vec![2.5f64, 2.5]));
@@ -728,54 +873,128 @@ mod tests {
         assert_eq!(c(7, a_i("value", -3)), t(&[2], vec![-3i8, -3]));
         assert_eq!(c(9, a_i("value", -300)), t(&[2], vec![-300i16, -300]));
         assert_eq!(c(2, a_i("value", 70000)), t(&[2], vec![70000i32, 70000]));
-        assert_eq!(c(10, a_i("value", 1 << 40)), t(&[2], vec![1i64 << 40, 1 << 40]));
+        assert_eq!(
+            c(10, a_i("value", 1 << 40)),
+            t(&[2], vec![1i64 << 40, 1 << 40])
+        );
         assert_eq!(c(6, a_i("value", 200)), t(&[2], vec![200u8, 200]));
         assert_eq!(c(8, a_i("value", 60000)), t(&[2], vec![60000u16, 60000]));
-        assert_eq!(c(4, a_s("value", "ab")), t(&[2], vec![b"ab".to_vec(), b"ab".to_vec()]));
+        assert_eq!(
+            c(4, a_s("value", "ab")),
+            t(&[2], vec![b"ab".to_vec(), b"ab".to_vec()])
+        );
         // Defaults when `value` is absent: 0, false, "".
         let r = fill(op("ConstantFill", &[], &["y"], vec![a_i("dtype", 5)]), &[]).unwrap();
         assert_eq!(r, Tensor::scalar(false));
         let r = fill(op("ConstantFill", &[], &["y"], vec![a_i("dtype", 4)]), &[]).unwrap();
         assert_eq!(r, Tensor::scalar(Vec::<u8>::new()));
         // A zero dim gives an empty tensor.
-        let r = fill(op("ConstantFill", &[], &["y"], vec![a_ints("shape", &[3, 0]), a_i("value", 1)]), &[]).unwrap();
+        let r = fill(
+            op(
+                "ConstantFill",
+                &[],
+                &["y"],
+                vec![a_ints("shape", &[3, 0]), a_i("value", 1)],
+            ),
+            &[],
+        )
+        .unwrap();
         assert_eq!(r, Tensor::I64(ArrayD::zeros(IxDyn(&[3, 0]))));
     }
 
     #[test]
     fn constant_fill_construction_errors() {
         let cf = |args: Vec<Argument>| build_err(op("ConstantFill", &[], &["y"], args), &[]);
-        assert_bad_arg(&cf(vec![a_s("value", "x")]), "argument 'value' is of unexpected type");
+        assert_bad_arg(
+            &cf(vec![a_s("value", "x")]),
+            "argument 'value' is of unexpected type",
+        );
         assert_bad_arg(&cf(vec![a_i("dtype", 0)]), "undefined 'dtype'");
-        assert_bad_arg(&cf(vec![a_i("dtype", 12)]), "unexpected 'dtype' argument value: 12");
-        assert_bad_arg(&cf(vec![a_i("dtype", 3)]), "unexpected 'dtype' argument value: 3");
-        assert_bad_arg(&cf(vec![a_i("dtype", 99)]), "unexpected 'dtype' argument value: 99");
+        assert_bad_arg(
+            &cf(vec![a_i("dtype", 12)]),
+            "unexpected 'dtype' argument value: 12",
+        );
+        assert_bad_arg(
+            &cf(vec![a_i("dtype", 3)]),
+            "unexpected 'dtype' argument value: 3",
+        );
+        assert_bad_arg(
+            &cf(vec![a_i("dtype", 99)]),
+            "unexpected 'dtype' argument value: 99",
+        );
         assert_bad_arg(&cf(vec![a_f("dtype", 1.0)]), "expected field i");
         assert_bad_arg(&cf(vec![a_i("dtype", 1 << 40)]), "does not fit");
-        assert_bad_arg(&cf(vec![a_i("shape", 3)]), "was a scalar, a list was expected");
-        assert_bad_arg(&cf(vec![a_ints("shape", &[2, -1])]), "negative dimension -1");
-        assert_bad_arg(&cf(vec![a_ints("extra_shape", &[2])]), "cannot set extra_shape when there is no input");
-        assert_bad_arg(&cf(vec![a_i("input_as_shape", 1)]), "an input must be given if input_as_shape is true");
+        assert_bad_arg(
+            &cf(vec![a_i("shape", 3)]),
+            "was a scalar, a list was expected",
+        );
+        assert_bad_arg(
+            &cf(vec![a_ints("shape", &[2, -1])]),
+            "negative dimension -1",
+        );
+        assert_bad_arg(
+            &cf(vec![a_ints("extra_shape", &[2])]),
+            "cannot set extra_shape when there is no input",
+        );
+        assert_bad_arg(
+            &cf(vec![a_i("input_as_shape", 1)]),
+            "an input must be given if input_as_shape is true",
+        );
         assert_bad_arg(&cf(vec![a_f("input_as_shape", 1.0)]), "expected field i");
-        assert_bad_arg(&cf(vec![a_ints("shape", &[1 << 40, 1 << 40])]), "too many elements");
-        let e = build_err(op("ConstantFill", &["x"], &["y"], vec![a_ints("shape", &[2])]), &["x"]);
-        assert_bad_arg(&e, "cannot set the shape argument and pass in an input at the same time");
-        let e = build_err(op("ConstantFill", &["x"], &["y"], vec![a_ints("extra_shape", &[-2])]), &["x"]);
+        assert_bad_arg(
+            &cf(vec![a_ints("shape", &[1 << 40, 1 << 40])]),
+            "too many elements",
+        );
+        let e = build_err(
+            op("ConstantFill", &["x"], &["y"], vec![a_ints("shape", &[2])]),
+            &["x"],
+        );
+        assert_bad_arg(
+            &e,
+            "cannot set the shape argument and pass in an input at the same time",
+        );
+        let e = build_err(
+            op(
+                "ConstantFill",
+                &["x"],
+                &["y"],
+                vec![a_ints("extra_shape", &[-2])],
+            ),
+            &["x"],
+        );
         assert_bad_arg(&e, "negative dimension -2");
         // The op is named in construction errors.
-        assert_eq!(cf(vec![a_i("dtype", 0)]).context.op_type.as_deref(), Some("ConstantFill"));
+        assert_eq!(
+            cf(vec![a_i("dtype", 0)]).context.op_type.as_deref(),
+            Some("ConstantFill")
+        );
         // Three inputs is a schema error.
-        let e = build_err(op("ConstantFill", &["a", "b", "c"], &["y"], vec![]), &["a", "b", "c"]);
+        let e = build_err(
+            op("ConstantFill", &["a", "b", "c"], &["y"], vec![]),
+            &["a", "b", "c"],
+        );
         assert!(e.message.contains("takes 0 to 2 inputs"), "{e}");
     }
 
     #[test]
     fn constant_fill_takes_its_shape_from_the_input() {
         let x = t(&[2, 3], vec![0.0f32; 6]);
-        let r = fill(op("ConstantFill", &["x"], &["y"], vec![a_i("value", 2)]), &[("x", x.clone())]).unwrap();
+        let r = fill(
+            op("ConstantFill", &["x"], &["y"], vec![a_i("value", 2)]),
+            &[("x", x.clone())],
+        )
+        .unwrap();
         assert_eq!(r, t(&[2, 3], vec![2i64; 6]));
-        let d = op("ConstantFill", &["x"], &["y"], vec![a_ints("extra_shape", &[4]), a_f("value", 1.0)]);
-        assert_eq!(fill(d, &[("x", x.clone())]).unwrap(), t(&[2, 3, 4], vec![1.0f32; 24]));
+        let d = op(
+            "ConstantFill",
+            &["x"],
+            &["y"],
+            vec![a_ints("extra_shape", &[4]), a_f("value", 1.0)],
+        );
+        assert_eq!(
+            fill(d, &[("x", x.clone())]).unwrap(),
+            t(&[2, 3, 4], vec![1.0f32; 24])
+        );
         // An empty `shape` list is allowed with an input.
         let d = op("ConstantFill", &["x"], &["y"], vec![named("shape")]);
         assert_eq!(fill(d, &[("x", x)]).unwrap(), t(&[2, 3], vec![0.0f32; 6]));
@@ -783,64 +1002,144 @@ mod tests {
         let ws = Workspace::new();
         ws.create_blob("e");
         let e = run(&ws, &op("ConstantFill", &["e"], &["y"], vec![])).unwrap_err();
-        assert_eq!((e.kind, e.context.blob.as_deref()), (ErrorKind::Type, Some("e")));
+        assert_eq!(
+            (e.kind, e.context.blob.as_deref()),
+            (ErrorKind::Type, Some("e"))
+        );
     }
 
     #[test]
     fn constant_fill_input_as_shape() {
-        let d = || op("ConstantFill", &["s"], &["y"], vec![a_i("input_as_shape", 1), a_ints("extra_shape", &[1])]);
+        let d = || {
+            op(
+                "ConstantFill",
+                &["s"],
+                &["y"],
+                vec![a_i("input_as_shape", 1), a_ints("extra_shape", &[1])],
+            )
+        };
         let r = fill(d(), &[("s", t(&[2], vec![2i64, 3]))]).unwrap();
         assert_eq!(r, t(&[2, 3, 1], vec![0.0f32; 6]));
         let e = run_err(d(), &[("s", t(&[2], vec![2i32, 3]))]);
-        assert_eq!((e.kind, e.context.blob.as_deref()), (ErrorKind::Type, Some("s")));
+        assert_eq!(
+            (e.kind, e.context.blob.as_deref()),
+            (ErrorKind::Type, Some("s"))
+        );
         assert!(e.message.contains("1-D int64"), "{e}");
         let e = run_err(d(), &[("s", t(&[1, 2], vec![2i64, 3]))]);
-        assert_eq!((e.kind, e.context.blob.as_deref()), (ErrorKind::Shape, Some("s")));
+        assert_eq!(
+            (e.kind, e.context.blob.as_deref()),
+            (ErrorKind::Shape, Some("s"))
+        );
         let e = run_err(d(), &[("s", t(&[0], Vec::<i64>::new()))]);
-        assert_eq!((e.kind, e.context.blob.as_deref()), (ErrorKind::Shape, Some("s")));
+        assert_eq!(
+            (e.kind, e.context.blob.as_deref()),
+            (ErrorKind::Shape, Some("s"))
+        );
         let e = run_err(d(), &[("s", t(&[2], vec![2i64, -3]))]);
-        assert_eq!((e.kind, e.context.blob.as_deref()), (ErrorKind::InvalidArgument, Some("s")));
+        assert_eq!(
+            (e.kind, e.context.blob.as_deref()),
+            (ErrorKind::InvalidArgument, Some("s"))
+        );
         let e = run_err(d(), &[("s", t(&[2], vec![1i64 << 40, 1 << 40]))]);
-        assert_eq!((e.kind, e.context.blob.as_deref()), (ErrorKind::Shape, Some("s")));
+        assert_eq!(
+            (e.kind, e.context.blob.as_deref()),
+            (ErrorKind::Shape, Some("s"))
+        );
     }
 
     #[test]
     fn constant_fill_in_place() {
         let ws = Workspace::new();
         feed(&ws, "x", t(&[2], vec![5i32, 6]));
-        run(&ws, &op("ConstantFill", &["x"], &["x"], vec![a_f("value", 0.5)])).unwrap();
+        run(
+            &ws,
+            &op("ConstantFill", &["x"], &["x"], vec![a_f("value", 0.5)]),
+        )
+        .unwrap();
         assert_eq!(out(&ws, "x"), t(&[2], vec![0.5f32, 0.5]));
     }
 
     #[test]
     fn constant_fill_second_input_overrides_value() {
         let x = t(&[3], vec![0i32; 3]);
-        let d = |dtype: i64| op("ConstantFill", &["x", "v"], &["y"], vec![a_i("dtype", dtype), a_i("value", 1)]);
+        let d = |dtype: i64| {
+            op(
+                "ConstantFill",
+                &["x", "v"],
+                &["y"],
+                vec![a_i("dtype", dtype), a_i("value", 1)],
+            )
+        };
         let r = fill(d(2), &[("x", x.clone()), ("v", Tensor::scalar(9i32))]).unwrap();
         assert_eq!(r, t(&[3], vec![9i32; 3]));
         let r = fill(d(2), &[("x", x.clone()), ("v", t(&[1, 1], vec![4i32]))]).unwrap();
         assert_eq!(r, t(&[3], vec![4i32; 3]));
         let e = run_err(d(2), &[("x", x.clone()), ("v", Tensor::scalar(9i64))]);
-        assert_eq!((e.kind, e.context.blob.as_deref()), (ErrorKind::Type, Some("v")));
+        assert_eq!(
+            (e.kind, e.context.blob.as_deref()),
+            (ErrorKind::Type, Some("v"))
+        );
         let e = run_err(d(2), &[("x", x.clone()), ("v", t(&[2], vec![1i32, 2]))]);
-        assert_eq!((e.kind, e.context.blob.as_deref()), (ErrorKind::Shape, Some("v")));
+        assert_eq!(
+            (e.kind, e.context.blob.as_deref()),
+            (ErrorKind::Shape, Some("v"))
+        );
         let d = op("ConstantFill", &["x", "v"], &["y"], vec![a_i("dtype", 4)]);
         let e = run_err(d, &[("x", x), ("v", Tensor::scalar(b"s".to_vec()))]);
-        assert_eq!((e.kind, e.context.blob.as_deref()), (ErrorKind::InvalidArgument, Some("v")));
+        assert_eq!(
+            (e.kind, e.context.blob.as_deref()),
+            (ErrorKind::InvalidArgument, Some("v"))
+        );
         assert!(e.message.contains("string"), "{e}");
     }
 
     #[test]
     fn constant_fill_value_field_errors_surface_at_run_time() {
         // As in Caffe2: the dtype is valid, so the op builds; reading `value` fails.
-        let e = run_err(op("ConstantFill", &[], &["y"], vec![a_i("dtype", 2), a_f("value", 1.0)]), &[]);
-        assert_eq!((e.kind, e.context.blob.as_deref()), (ErrorKind::InvalidArgument, Some("y")));
+        let e = run_err(
+            op(
+                "ConstantFill",
+                &[],
+                &["y"],
+                vec![a_i("dtype", 2), a_f("value", 1.0)],
+            ),
+            &[],
+        );
+        assert_eq!(
+            (e.kind, e.context.blob.as_deref()),
+            (ErrorKind::InvalidArgument, Some("y"))
+        );
         assert!(e.message.contains("expected field i, got field f"), "{e}");
-        let e = run_err(op("ConstantFill", &[], &["y"], vec![a_i("dtype", 13), a_i("value", 1)]), &[]);
+        let e = run_err(
+            op(
+                "ConstantFill",
+                &[],
+                &["y"],
+                vec![a_i("dtype", 13), a_i("value", 1)],
+            ),
+            &[],
+        );
         assert!(e.message.contains("expected field f, got field i"), "{e}");
-        let e = run_err(op("ConstantFill", &[], &["y"], vec![a_i("dtype", 7), a_i("value", 300)]), &[]);
+        let e = run_err(
+            op(
+                "ConstantFill",
+                &[],
+                &["y"],
+                vec![a_i("dtype", 7), a_i("value", 300)],
+            ),
+            &[],
+        );
         assert!(e.message.contains("does not fit"), "{e}");
-        let e = run_err(op("ConstantFill", &[], &["y"], vec![a_i("dtype", 4), a_i("value", 3)]), &[]);
+        let e = run_err(
+            op(
+                "ConstantFill",
+                &[],
+                &["y"],
+                vec![a_i("dtype", 4), a_i("value", 3)],
+            ),
+            &[],
+        );
         assert!(e.message.contains("expected field s"), "{e}");
     }
 
@@ -852,11 +1151,22 @@ mod tests {
             "GivenTensorFill",
             &[],
             &["y"],
-            vec![a_ints("shape", &[2, 2]), a_floats("values", &[1.0, 2.0, 3.0, 4.5])],
+            vec![
+                a_ints("shape", &[2, 2]),
+                a_floats("values", &[1.0, 2.0, 3.0, 4.5]),
+            ],
         );
-        assert_eq!(fill(d, &[]).unwrap(), t(&[2, 2], vec![1.0f32, 2.0, 3.0, 4.5]));
+        assert_eq!(
+            fill(d, &[]).unwrap(),
+            t(&[2, 2], vec![1.0f32, 2.0, 3.0, 4.5])
+        );
         // `shape` missing: a 0-dim scalar.
-        let d = op("GivenTensorFill", &[], &["y"], vec![a_floats("values", &[7.0])]);
+        let d = op(
+            "GivenTensorFill",
+            &[],
+            &["y"],
+            vec![a_floats("values", &[7.0])],
+        );
         assert_eq!(fill(d, &[]).unwrap(), Tensor::scalar(7.0f32));
         // No values and a zero dim: an empty tensor.
         let d = op("GivenTensorFill", &[], &["y"], vec![a_ints("shape", &[0])]);
@@ -866,42 +1176,108 @@ mod tests {
     #[test]
     fn net_const_emits_an_empty_shape_list() {
         // Python's Net.Const(5): GivenTensorInt64Fill, shape=[] (no field set), values=[5].
-        let d = op("GivenTensorInt64Fill", &[], &["c"], vec![named("shape"), a_ints("values", &[5])]);
+        let d = op(
+            "GivenTensorInt64Fill",
+            &[],
+            &["c"],
+            vec![named("shape"), a_ints("values", &[5])],
+        );
         assert_eq!(fill(d, &[]).unwrap(), Tensor::scalar(5i64));
     }
 
     #[test]
     fn given_tensor_fill_variants() {
-        let g =
-            |ty: &str, values: Argument| fill(op(ty, &[], &["y"], vec![a_ints("shape", &[2]), values]), &[]).unwrap();
-        assert_eq!(g("GivenTensorDoubleFill", a_floats("values", &[0.5, -1.0])), t(&[2], vec![0.5f64, -1.0]));
-        assert_eq!(g("GivenTensorInt16Fill", a_ints("values", &[-7, 300])), t(&[2], vec![-7i16, 300]));
-        assert_eq!(g("GivenTensorIntFill", a_ints("values", &[1, -2])), t(&[2], vec![1i32, -2]));
-        assert_eq!(g("GivenTensorInt64Fill", a_ints("values", &[1 << 40, 3])), t(&[2], vec![1i64 << 40, 3]));
-        assert_eq!(g("GivenTensorBoolFill", a_ints("values", &[0, 2])), t(&[2], vec![false, true]));
+        let g = |ty: &str, values: Argument| {
+            fill(
+                op(ty, &[], &["y"], vec![a_ints("shape", &[2]), values]),
+                &[],
+            )
+            .unwrap()
+        };
+        assert_eq!(
+            g("GivenTensorDoubleFill", a_floats("values", &[0.5, -1.0])),
+            t(&[2], vec![0.5f64, -1.0])
+        );
+        assert_eq!(
+            g("GivenTensorInt16Fill", a_ints("values", &[-7, 300])),
+            t(&[2], vec![-7i16, 300])
+        );
+        assert_eq!(
+            g("GivenTensorIntFill", a_ints("values", &[1, -2])),
+            t(&[2], vec![1i32, -2])
+        );
+        assert_eq!(
+            g("GivenTensorInt64Fill", a_ints("values", &[1 << 40, 3])),
+            t(&[2], vec![1i64 << 40, 3])
+        );
+        assert_eq!(
+            g("GivenTensorBoolFill", a_ints("values", &[0, 2])),
+            t(&[2], vec![false, true])
+        );
         assert_eq!(
             g("GivenTensorStringFill", a_strings("values", &["a", "bc"])),
             t(&[2], vec![b"a".to_vec(), b"bc".to_vec()])
         );
         // The typed variants ignore `dtype`.
-        let d =
-            op("GivenTensorIntFill", &[], &["y"], vec![a_ints("shape", &[1]), a_ints("values", &[3]), a_i("dtype", 1)]);
+        let d = op(
+            "GivenTensorIntFill",
+            &[],
+            &["y"],
+            vec![
+                a_ints("shape", &[1]),
+                a_ints("values", &[3]),
+                a_i("dtype", 1),
+            ],
+        );
         assert_eq!(fill(d, &[]).unwrap(), t(&[1], vec![3i32]));
     }
 
     #[test]
     fn given_tensor_fill_dtype_retypes_values() {
         let g = |dtype: Argument, values: Argument| {
-            fill(op("GivenTensorFill", &[], &["y"], vec![a_ints("shape", &[2]), dtype, values]), &[]).unwrap()
+            fill(
+                op(
+                    "GivenTensorFill",
+                    &[],
+                    &["y"],
+                    vec![a_ints("shape", &[2]), dtype, values],
+                ),
+                &[],
+            )
+            .unwrap()
         };
-        assert_eq!(g(a_i("dtype", 10), a_ints("values", &[4, 5])), t(&[2], vec![4i64, 5]));
-        assert_eq!(g(a_s("dtype", "INT64"), a_ints("values", &[4, 5])), t(&[2], vec![4i64, 5]));
-        assert_eq!(g(a_s("dtype", "int32"), a_ints("values", &[4, 5])), t(&[2], vec![4i32, 5]));
-        assert_eq!(g(a_s("dtype", "INT16"), a_ints("values", &[4, 5])), t(&[2], vec![4i16, 5]));
-        assert_eq!(g(a_s("dtype", "UINT16"), a_ints("values", &[4, 5])), t(&[2], vec![4u16, 5]));
-        assert_eq!(g(a_s("dtype", "BOOL"), a_ints("values", &[0, 1])), t(&[2], vec![false, true]));
-        assert_eq!(g(a_i("dtype", 13), a_floats("values", &[0.25, 2.0])), t(&[2], vec![0.25f64, 2.0]));
-        assert_eq!(g(a_s("dtype", "FLOAT"), a_floats("values", &[0.25, 2.0])), t(&[2], vec![0.25f32, 2.0]));
+        assert_eq!(
+            g(a_i("dtype", 10), a_ints("values", &[4, 5])),
+            t(&[2], vec![4i64, 5])
+        );
+        assert_eq!(
+            g(a_s("dtype", "INT64"), a_ints("values", &[4, 5])),
+            t(&[2], vec![4i64, 5])
+        );
+        assert_eq!(
+            g(a_s("dtype", "int32"), a_ints("values", &[4, 5])),
+            t(&[2], vec![4i32, 5])
+        );
+        assert_eq!(
+            g(a_s("dtype", "INT16"), a_ints("values", &[4, 5])),
+            t(&[2], vec![4i16, 5])
+        );
+        assert_eq!(
+            g(a_s("dtype", "UINT16"), a_ints("values", &[4, 5])),
+            t(&[2], vec![4u16, 5])
+        );
+        assert_eq!(
+            g(a_s("dtype", "BOOL"), a_ints("values", &[0, 1])),
+            t(&[2], vec![false, true])
+        );
+        assert_eq!(
+            g(a_i("dtype", 13), a_floats("values", &[0.25, 2.0])),
+            t(&[2], vec![0.25f64, 2.0])
+        );
+        assert_eq!(
+            g(a_s("dtype", "FLOAT"), a_floats("values", &[0.25, 2.0])),
+            t(&[2], vec![0.25f32, 2.0])
+        );
         assert_eq!(
             g(a_s("dtype", "STRING"), a_strings("values", &["x", "y"])),
             t(&[2], vec![b"x".to_vec(), b"y".to_vec()])
@@ -911,31 +1287,94 @@ mod tests {
     #[test]
     fn given_tensor_fill_construction_errors() {
         let g = |ty: &str, args: Vec<Argument>| build_err(op(ty, &[], &["y"], args), &[]);
-        assert_bad_arg(&g("GivenTensorFill", vec![a_s("dtype", "FOO")]), "unknown 'dtype' argument value: 'FOO'");
-        assert_bad_arg(&g("GivenTensorFill", vec![a_i("dtype", 0)]), "undefined 'dtype'");
-        assert_bad_arg(&g("GivenTensorFill", vec![a_i("dtype", 7)]), "unexpected 'dtype' argument value: 7");
-        assert_bad_arg(&g("GivenTensorFill", vec![a_i("dtype", 77)]), "unexpected 'dtype' argument value: 77");
-        assert_bad_arg(&g("GivenTensorFill", vec![a_f("dtype", 1.0)]), "expected field i");
-        assert_bad_arg(&g("GivenTensorFill", vec![a_ints("values", &[1])]), "expected field floats");
-        assert_bad_arg(&g("GivenTensorIntFill", vec![a_floats("values", &[1.0])]), "expected field ints");
-        assert_bad_arg(&g("GivenTensorStringFill", vec![a_ints("values", &[1])]), "expected field strings");
-        assert_bad_arg(&g("GivenTensorInt16Fill", vec![a_ints("values", &[40000])]), "40000, which does not fit");
-        assert_bad_arg(&g("GivenTensorIntFill", vec![a_ints("values", &[1 << 40])]), "does not fit");
-        assert_bad_arg(&g("GivenTensorFill", vec![a_s("dtype", "UINT16"), a_ints("values", &[-1])]), "does not fit");
+        assert_bad_arg(
+            &g("GivenTensorFill", vec![a_s("dtype", "FOO")]),
+            "unknown 'dtype' argument value: 'FOO'",
+        );
+        assert_bad_arg(
+            &g("GivenTensorFill", vec![a_i("dtype", 0)]),
+            "undefined 'dtype'",
+        );
+        assert_bad_arg(
+            &g("GivenTensorFill", vec![a_i("dtype", 7)]),
+            "unexpected 'dtype' argument value: 7",
+        );
+        assert_bad_arg(
+            &g("GivenTensorFill", vec![a_i("dtype", 77)]),
+            "unexpected 'dtype' argument value: 77",
+        );
+        assert_bad_arg(
+            &g("GivenTensorFill", vec![a_f("dtype", 1.0)]),
+            "expected field i",
+        );
+        assert_bad_arg(
+            &g("GivenTensorFill", vec![a_ints("values", &[1])]),
+            "expected field floats",
+        );
+        assert_bad_arg(
+            &g("GivenTensorIntFill", vec![a_floats("values", &[1.0])]),
+            "expected field ints",
+        );
+        assert_bad_arg(
+            &g("GivenTensorStringFill", vec![a_ints("values", &[1])]),
+            "expected field strings",
+        );
+        assert_bad_arg(
+            &g("GivenTensorInt16Fill", vec![a_ints("values", &[40000])]),
+            "40000, which does not fit",
+        );
+        assert_bad_arg(
+            &g("GivenTensorIntFill", vec![a_ints("values", &[1 << 40])]),
+            "does not fit",
+        );
+        assert_bad_arg(
+            &g(
+                "GivenTensorFill",
+                vec![a_s("dtype", "UINT16"), a_ints("values", &[-1])],
+            ),
+            "does not fit",
+        );
         // The shared filler rules.
-        assert_bad_arg(&g("GivenTensorInt64Fill", vec![a_i("shape", 1)]), "list was expected");
-        assert_bad_arg(&g("GivenTensorBoolFill", vec![a_ints("extra_shape", &[1])]), "no input");
-        assert_bad_arg(&g("GivenTensorDoubleFill", vec![a_i("input_as_shape", 1)]), "input_as_shape");
-        let e = build_err(op("GivenTensorFill", &["x"], &["y"], vec![a_ints("shape", &[1])]), &["x"]);
+        assert_bad_arg(
+            &g("GivenTensorInt64Fill", vec![a_i("shape", 1)]),
+            "list was expected",
+        );
+        assert_bad_arg(
+            &g("GivenTensorBoolFill", vec![a_ints("extra_shape", &[1])]),
+            "no input",
+        );
+        assert_bad_arg(
+            &g("GivenTensorDoubleFill", vec![a_i("input_as_shape", 1)]),
+            "input_as_shape",
+        );
+        let e = build_err(
+            op(
+                "GivenTensorFill",
+                &["x"],
+                &["y"],
+                vec![a_ints("shape", &[1])],
+            ),
+            &["x"],
+        );
         assert_bad_arg(&e, "at the same time");
     }
 
     #[test]
     fn given_tensor_fill_count_mismatch_fails_at_run_time() {
-        let d =
-            op("GivenTensorFill", &[], &["y"], vec![a_ints("shape", &[2, 2]), a_floats("values", &[1.0, 2.0, 3.0])]);
+        let d = op(
+            "GivenTensorFill",
+            &[],
+            &["y"],
+            vec![
+                a_ints("shape", &[2, 2]),
+                a_floats("values", &[1.0, 2.0, 3.0]),
+            ],
+        );
         let e = run_err(d, &[]);
-        assert_eq!((e.kind, e.context.blob.as_deref()), (ErrorKind::Shape, Some("y")));
+        assert_eq!(
+            (e.kind, e.context.blob.as_deref()),
+            (ErrorKind::Shape, Some("y"))
+        );
         assert!(e.message.contains("holds 4 elements but 3 values"), "{e}");
         // A scalar needs exactly one value.
         let e = run_err(op("GivenTensorInt64Fill", &[], &["y"], vec![]), &[]);
@@ -945,10 +1384,26 @@ mod tests {
     #[test]
     fn given_tensor_fill_with_an_input() {
         let x = t(&[2, 3], vec![0u8; 6]);
-        let d = op("GivenTensorIntFill", &["x"], &["x"], vec![a_ints("values", &[1, 2, 3, 4, 5, 6])]);
-        assert_eq!(fill(d, &[("x", x.clone())]).unwrap(), t(&[2, 3], vec![1i32, 2, 3, 4, 5, 6]));
-        let d = op("GivenTensorFill", &["s"], &["y"], vec![a_i("input_as_shape", 1), a_floats("values", &[1.0, 2.0])]);
-        assert_eq!(fill(d, &[("s", t(&[2], vec![1i64, 2]))]).unwrap(), t(&[1, 2], vec![1.0f32, 2.0]));
+        let d = op(
+            "GivenTensorIntFill",
+            &["x"],
+            &["x"],
+            vec![a_ints("values", &[1, 2, 3, 4, 5, 6])],
+        );
+        assert_eq!(
+            fill(d, &[("x", x.clone())]).unwrap(),
+            t(&[2, 3], vec![1i32, 2, 3, 4, 5, 6])
+        );
+        let d = op(
+            "GivenTensorFill",
+            &["s"],
+            &["y"],
+            vec![a_i("input_as_shape", 1), a_floats("values", &[1.0, 2.0])],
+        );
+        assert_eq!(
+            fill(d, &[("s", t(&[2], vec![1i64, 2]))]).unwrap(),
+            t(&[1, 2], vec![1.0f32, 2.0])
+        );
     }
 
     // ------------------------------------------------------ random fills --
@@ -961,7 +1416,16 @@ mod tests {
     fn uniform_fill_is_seeded_and_in_range() {
         let d = || {
             seeded(
-                op("UniformFill", &[], &["y"], vec![a_ints("shape", &[10, 10]), a_f("min", -2.0), a_f("max", 3.0)]),
+                op(
+                    "UniformFill",
+                    &[],
+                    &["y"],
+                    vec![
+                        a_ints("shape", &[10, 10]),
+                        a_f("min", -2.0),
+                        a_f("max", 3.0),
+                    ],
+                ),
                 7,
             )
         };
@@ -971,13 +1435,35 @@ mod tests {
         assert_eq!(a.shape(), &[10, 10]);
         let v = floats(&a);
         assert!(v.iter().all(|&x| (-2.0..3.0).contains(&x)), "{v:?}");
-        assert!(v.iter().any(|&x| x < 0.0) && v.iter().any(|&x| x > 1.0), "spread over the range: {v:?}");
-        let c = fill(seeded(op("UniformFill", &[], &["y"], vec![a_ints("shape", &[10, 10])]), 8), &[]).unwrap();
+        assert!(
+            v.iter().any(|&x| x < 0.0) && v.iter().any(|&x| x > 1.0),
+            "spread over the range: {v:?}"
+        );
+        let c = fill(
+            seeded(
+                op("UniformFill", &[], &["y"], vec![a_ints("shape", &[10, 10])]),
+                8,
+            ),
+            &[],
+        )
+        .unwrap();
         assert_ne!(
             floats(&c),
-            floats(&fill(seeded(op("UniformFill", &[], &["y"], vec![a_ints("shape", &[10, 10])]), 9), &[]).unwrap())
+            floats(
+                &fill(
+                    seeded(
+                        op("UniformFill", &[], &["y"], vec![a_ints("shape", &[10, 10])]),
+                        9
+                    ),
+                    &[]
+                )
+                .unwrap()
+            )
         );
-        assert!(floats(&c).iter().all(|&x| (0.0..1.0).contains(&x)), "defaults are [0, 1)");
+        assert!(
+            floats(&c).iter().all(|&x| (0.0..1.0).contains(&x)),
+            "defaults are [0, 1)"
+        );
         // Without a seed, two ops draw different values.
         let u = || op("UniformFill", &[], &["y"], vec![a_ints("shape", &[64])]);
         assert_ne!(fill(u(), &[]).unwrap(), fill(u(), &[]).unwrap());
@@ -988,7 +1474,15 @@ mod tests {
         let ws = Workspace::new();
         let net = NetDef {
             name: Some("n".into()),
-            op: vec![seeded(op("UniformIntFill", &[], &["y"], vec![a_ints("shape", &[32]), a_i("max", 1000)]), 3)],
+            op: vec![seeded(
+                op(
+                    "UniformIntFill",
+                    &[],
+                    &["y"],
+                    vec![a_ints("shape", &[32]), a_i("max", 1000)],
+                ),
+                3,
+            )],
             ..Default::default()
         };
         ws.create_net(&net, false).unwrap();
@@ -998,15 +1492,32 @@ mod tests {
         let second = out(&ws, "y");
         assert_ne!(first, second, "the stream advances between runs");
         // A fresh op with the same seed replays the first run.
-        let again =
-            fill(seeded(op("UniformIntFill", &[], &["y"], vec![a_ints("shape", &[32]), a_i("max", 1000)]), 3), &[]);
+        let again = fill(
+            seeded(
+                op(
+                    "UniformIntFill",
+                    &[],
+                    &["y"],
+                    vec![a_ints("shape", &[32]), a_i("max", 1000)],
+                ),
+                3,
+            ),
+            &[],
+        );
         assert_eq!(again.unwrap(), first);
     }
 
     #[test]
     fn uniform_int_fill_includes_both_ends() {
-        let d =
-            seeded(op("UniformIntFill", &[], &["y"], vec![a_ints("shape", &[400]), a_i("min", -1), a_i("max", 1)]), 1);
+        let d = seeded(
+            op(
+                "UniformIntFill",
+                &[],
+                &["y"],
+                vec![a_ints("shape", &[400]), a_i("min", -1), a_i("max", 1)],
+            ),
+            1,
+        );
         let r = fill(d, &[]).unwrap();
         let v: Vec<i32> = r.array::<i32>().unwrap().iter().copied().collect();
         for want in [-1, 0, 1] {
@@ -1017,77 +1528,209 @@ mod tests {
 
     #[test]
     fn uniform_fill_construction_errors() {
-        let u = |ty: &str, ins: &[&str], args: Vec<Argument>| build_err(op(ty, ins, &["y"], args), ins);
-        assert_bad_arg(&u("UniformFill", &[], vec![a_f("min", 1.0), a_f("max", 1.0)]), "max value should be bigger");
-        assert_bad_arg(&u("UniformFill", &[], vec![a_f("min", 2.0)]), "min 2, max 1");
-        assert_bad_arg(&u("UniformFill", &[], vec![a_f("max", f32::NAN)]), "must be finite");
-        assert_bad_arg(&u("UniformFill", &[], vec![a_f("min", f32::NEG_INFINITY)]), "must be finite");
-        assert_bad_arg(&u("UniformIntFill", &[], vec![a_i("min", 5), a_i("max", 5)]), "max value should be bigger");
-        assert_bad_arg(&u("UniformIntFill", &[], vec![a_f("min", 0.0)]), "expected field i");
-        assert_bad_arg(&u("UniformFill", &[], vec![a_i("max", 3)]), "expected field f");
-        assert_bad_arg(&u("UniformIntFill", &[], vec![a_i("max", 1 << 40)]), "does not fit");
-        assert_bad_arg(&u("UniformFill", &["a", "b"], vec![]), "takes 0, 1 or 3 inputs, got 2");
-        assert_bad_arg(&u("UniformIntFill", &["a", "b", "c"], vec![a_i("min", 0)]), "min argument and the min input");
-        assert_bad_arg(&u("UniformFill", &["a", "b", "c"], vec![a_f("max", 9.0)]), "max argument and the max input");
+        let u =
+            |ty: &str, ins: &[&str], args: Vec<Argument>| build_err(op(ty, ins, &["y"], args), ins);
+        assert_bad_arg(
+            &u("UniformFill", &[], vec![a_f("min", 1.0), a_f("max", 1.0)]),
+            "max value should be bigger",
+        );
+        assert_bad_arg(
+            &u("UniformFill", &[], vec![a_f("min", 2.0)]),
+            "min 2, max 1",
+        );
+        assert_bad_arg(
+            &u("UniformFill", &[], vec![a_f("max", f32::NAN)]),
+            "must be finite",
+        );
+        assert_bad_arg(
+            &u("UniformFill", &[], vec![a_f("min", f32::NEG_INFINITY)]),
+            "must be finite",
+        );
+        assert_bad_arg(
+            &u("UniformIntFill", &[], vec![a_i("min", 5), a_i("max", 5)]),
+            "max value should be bigger",
+        );
+        assert_bad_arg(
+            &u("UniformIntFill", &[], vec![a_f("min", 0.0)]),
+            "expected field i",
+        );
+        assert_bad_arg(
+            &u("UniformFill", &[], vec![a_i("max", 3)]),
+            "expected field f",
+        );
+        assert_bad_arg(
+            &u("UniformIntFill", &[], vec![a_i("max", 1 << 40)]),
+            "does not fit",
+        );
+        assert_bad_arg(
+            &u("UniformFill", &["a", "b"], vec![]),
+            "takes 0, 1 or 3 inputs, got 2",
+        );
+        assert_bad_arg(
+            &u("UniformIntFill", &["a", "b", "c"], vec![a_i("min", 0)]),
+            "min argument and the min input",
+        );
+        assert_bad_arg(
+            &u("UniformFill", &["a", "b", "c"], vec![a_f("max", 9.0)]),
+            "max argument and the max input",
+        );
         // With 3 inputs the argument check does not apply.
         let ws = Workspace::new();
         for n in ["a", "b", "c"] {
             feed(&ws, n, Tensor::scalar(0.0f32));
         }
         assert!(create_operator(&op("UniformFill", &["a", "b", "c"], &["y"], vec![]), &ws).is_ok());
-        assert_bad_arg(&u("UniformFill", &[], vec![a_i("shape", 3)]), "list was expected");
-        assert_bad_arg(&u("UniformIntFill", &[], vec![a_ints("extra_shape", &[3])]), "no input");
+        assert_bad_arg(
+            &u("UniformFill", &[], vec![a_i("shape", 3)]),
+            "list was expected",
+        );
+        assert_bad_arg(
+            &u("UniformIntFill", &[], vec![a_ints("extra_shape", &[3])]),
+            "no input",
+        );
     }
 
     #[test]
     fn uniform_fill_bounds_from_inputs() {
         let x = t(&[4, 2], vec![0i64; 8]);
         let d = || seeded(op("UniformFill", &["x", "lo", "hi"], &["y"], vec![]), 5);
-        let r = fill(d(), &[("x", x.clone()), ("lo", Tensor::scalar(2.0f32)), ("hi", t(&[1], vec![3.0f32]))]).unwrap();
+        let r = fill(
+            d(),
+            &[
+                ("x", x.clone()),
+                ("lo", Tensor::scalar(2.0f32)),
+                ("hi", t(&[1], vec![3.0f32])),
+            ],
+        )
+        .unwrap();
         assert_eq!(r.shape(), &[4, 2]);
         assert!(floats(&r).iter().all(|&v| (2.0..3.0).contains(&v)));
         // min == max gives min; min > max empties the first dim.
-        let r = fill(d(), &[("x", x.clone()), ("lo", Tensor::scalar(2.0f32)), ("hi", Tensor::scalar(2.0f32))]).unwrap();
+        let r = fill(
+            d(),
+            &[
+                ("x", x.clone()),
+                ("lo", Tensor::scalar(2.0f32)),
+                ("hi", Tensor::scalar(2.0f32)),
+            ],
+        )
+        .unwrap();
         assert_eq!(r, t(&[4, 2], vec![2.0f32; 8]));
-        let r = fill(d(), &[("x", x.clone()), ("lo", Tensor::scalar(3.0f32)), ("hi", Tensor::scalar(2.0f32))]).unwrap();
+        let r = fill(
+            d(),
+            &[
+                ("x", x.clone()),
+                ("lo", Tensor::scalar(3.0f32)),
+                ("hi", Tensor::scalar(2.0f32)),
+            ],
+        )
+        .unwrap();
         assert_eq!(r, t(&[0, 2], Vec::<f32>::new()));
         let di = op("UniformIntFill", &["x", "lo", "hi"], &["y"], vec![]);
-        let r =
-            fill(di.clone(), &[("x", x.clone()), ("lo", Tensor::scalar(4i32)), ("hi", Tensor::scalar(4i32))]).unwrap();
+        let r = fill(
+            di.clone(),
+            &[
+                ("x", x.clone()),
+                ("lo", Tensor::scalar(4i32)),
+                ("hi", Tensor::scalar(4i32)),
+            ],
+        )
+        .unwrap();
         assert_eq!(r, t(&[4, 2], vec![4i32; 8]));
-        let r =
-            fill(di.clone(), &[("x", x.clone()), ("lo", Tensor::scalar(5i32)), ("hi", Tensor::scalar(4i32))]).unwrap();
+        let r = fill(
+            di.clone(),
+            &[
+                ("x", x.clone()),
+                ("lo", Tensor::scalar(5i32)),
+                ("hi", Tensor::scalar(4i32)),
+            ],
+        )
+        .unwrap();
         assert_eq!(r, t(&[0, 2], Vec::<i32>::new()));
         // Bad bound tensors name their blob.
-        let e = run_err(di.clone(), &[("x", x.clone()), ("lo", Tensor::scalar(1.0f32)), ("hi", Tensor::scalar(4i32))]);
-        assert_eq!((e.kind, e.context.blob.as_deref()), (ErrorKind::Type, Some("lo")));
-        let e = run_err(di, &[("x", x.clone()), ("lo", Tensor::scalar(1i32)), ("hi", t(&[2], vec![4i32, 5]))]);
-        assert_eq!((e.kind, e.context.blob.as_deref()), (ErrorKind::Shape, Some("hi")));
-        let e = run_err(d(), &[("x", x), ("lo", Tensor::scalar(f32::NAN)), ("hi", Tensor::scalar(1.0f32))]);
-        assert_eq!((e.kind, e.context.blob.as_deref()), (ErrorKind::InvalidArgument, Some("lo")));
+        let e = run_err(
+            di.clone(),
+            &[
+                ("x", x.clone()),
+                ("lo", Tensor::scalar(1.0f32)),
+                ("hi", Tensor::scalar(4i32)),
+            ],
+        );
+        assert_eq!(
+            (e.kind, e.context.blob.as_deref()),
+            (ErrorKind::Type, Some("lo"))
+        );
+        let e = run_err(
+            di,
+            &[
+                ("x", x.clone()),
+                ("lo", Tensor::scalar(1i32)),
+                ("hi", t(&[2], vec![4i32, 5])),
+            ],
+        );
+        assert_eq!(
+            (e.kind, e.context.blob.as_deref()),
+            (ErrorKind::Shape, Some("hi"))
+        );
+        let e = run_err(
+            d(),
+            &[
+                ("x", x),
+                ("lo", Tensor::scalar(f32::NAN)),
+                ("hi", Tensor::scalar(1.0f32)),
+            ],
+        );
+        assert_eq!(
+            (e.kind, e.context.blob.as_deref()),
+            (ErrorKind::InvalidArgument, Some("lo"))
+        );
         // An empty range needs a first dim to empty.
         let e = run_err(
             d(),
-            &[("x", Tensor::scalar(0i64)), ("lo", Tensor::scalar(3.0f32)), ("hi", Tensor::scalar(2.0f32))],
+            &[
+                ("x", Tensor::scalar(0i64)),
+                ("lo", Tensor::scalar(3.0f32)),
+                ("hi", Tensor::scalar(2.0f32)),
+            ],
         );
-        assert_eq!((e.kind, e.context.blob.as_deref()), (ErrorKind::Shape, Some("x")));
+        assert_eq!(
+            (e.kind, e.context.blob.as_deref()),
+            (ErrorKind::Shape, Some("x"))
+        );
     }
 
     #[test]
     fn gaussian_fill_moments() {
         let d = seeded(
-            op("GaussianFill", &[], &["y"], vec![a_ints("shape", &[20000]), a_f("mean", 0.5), a_f("std", 2.0)]),
+            op(
+                "GaussianFill",
+                &[],
+                &["y"],
+                vec![a_ints("shape", &[20000]), a_f("mean", 0.5), a_f("std", 2.0)],
+            ),
             11,
         );
         let v = floats(&fill(d, &[]).unwrap());
         let n = v.len() as f64;
         let mean = v.iter().map(|&x| f64::from(x)).sum::<f64>() / n;
-        let var = v.iter().map(|&x| (f64::from(x) - mean).powi(2)).sum::<f64>() / n;
+        let var = v
+            .iter()
+            .map(|&x| (f64::from(x) - mean).powi(2))
+            .sum::<f64>()
+            / n;
         assert!((mean - 0.5).abs() < 0.1, "mean {mean}");
         assert!((var.sqrt() - 2.0).abs() < 0.1, "std {}", var.sqrt());
         // std 0 gives the mean everywhere; the input gives the shape.
-        let d = op("GaussianFill", &["x"], &["y"], vec![a_f("mean", 3.0), a_f("std", 0.0)]);
-        assert_eq!(fill(d, &[("x", t(&[2], vec![1u8, 2]))]).unwrap(), t(&[2], vec![3.0f32, 3.0]));
+        let d = op(
+            "GaussianFill",
+            &["x"],
+            &["y"],
+            vec![a_f("mean", 3.0), a_f("std", 0.0)],
+        );
+        assert_eq!(
+            fill(d, &[("x", t(&[2], vec![1u8, 2]))]).unwrap(),
+            t(&[2], vec![3.0f32, 3.0])
+        );
     }
 
     #[test]
@@ -1098,7 +1741,10 @@ mod tests {
         assert_bad_arg(&g(vec![a_f("mean", f32::NAN)]), "mean must be finite");
         assert_bad_arg(&g(vec![a_i("mean", 1)]), "expected field f");
         assert_bad_arg(&g(vec![a_ints("shape", &[-1])]), "negative dimension");
-        let e = build_err(op("GaussianFill", &["x"], &["y"], vec![a_ints("shape", &[1])]), &["x"]);
+        let e = build_err(
+            op("GaussianFill", &["x"], &["y"], vec![a_ints("shape", &[1])]),
+            &["x"],
+        );
         assert_bad_arg(&e, "at the same time");
     }
 
@@ -1123,8 +1769,9 @@ mod tests {
         let ws = Workspace::new();
         feed(&ws, "x", Tensor::scalar(1.0f32));
         feed(&ws, "v", Tensor::scalar(1.0f32));
-        let e =
-            create_operator(&op("ConstantFill", &["x", "v"], &["v"], vec![]), &ws).err().expect("in place on input 1");
+        let e = create_operator(&op("ConstantFill", &["x", "v"], &["v"], vec![]), &ws)
+            .err()
+            .expect("in place on input 1");
         assert_eq!(e.kind, ErrorKind::InvalidArgument);
         assert!(create_operator(&op("ConstantFill", &["x", "v"], &["x"], vec![]), &ws).is_ok());
     }

@@ -57,10 +57,18 @@ mod tests {
         names.sort_unstable();
         let before = names.len();
         names.dedup();
-        assert_eq!(before, names.len(), "an op type is registered by two families");
+        assert_eq!(
+            before,
+            names.len(),
+            "an op type is registered by two families"
+        );
         for s in &schemas {
             assert!(!s.doc.is_empty(), "op {} has no doc", s.name);
-            assert!(s.min_inputs <= s.max_inputs && s.min_outputs <= s.max_outputs, "op {}", s.name);
+            assert!(
+                s.min_inputs <= s.max_inputs && s.min_outputs <= s.max_outputs,
+                "op {}",
+                s.name
+            );
         }
     }
 }

@@ -79,7 +79,10 @@ fn full_path(root: &str, db: &str, absolute: bool) -> String {
 fn db_type_arg(ctx: &OpDefCtx<'_>) -> Result<String> {
     let db_type = ctx.args.string("db_type", "")?;
     if db_type.is_empty() {
-        return Err(ctx.bad_arg(format!("{} needs a 'db_type' argument (Must specify a db type.)", ctx.op_type())));
+        return Err(ctx.bad_arg(format!(
+            "{} needs a 'db_type' argument (Must specify a db type.)",
+            ctx.op_type()
+        )));
     }
     DbType::parse(&db_type).map_err(|e| e.with_op(ctx.op_type(), None))?;
     Ok(db_type)
@@ -107,15 +110,22 @@ fn save(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let db_type = db_type_arg(ctx)?;
     let absolute = ctx.args.bool("absolute_path", false)?;
     let strip_prefix = ctx.args.string("strip_prefix", "")?;
-    let overrides = ctx.args.string_list("blob_name_overrides")?.unwrap_or_default();
+    let overrides = ctx
+        .args
+        .string_list("blob_name_overrides")?
+        .unwrap_or_default();
     let chunk_size = ctx.args.i64("chunk_size", -1)?;
     if chunk_size < -1 {
-        return Err(
-            ctx.bad_arg(format!("chunk_size must be -1 (the default), 0 (no chunking) or positive, got {chunk_size}"))
-        );
+        return Err(ctx.bad_arg(format!(
+            "chunk_size must be -1 (the default), 0 (no chunking) or positive, got {chunk_size}"
+        )));
     }
     let names: Vec<String> = if overrides.is_empty() {
-        ctx.def.input.iter().map(|n| strip(n, &strip_prefix).to_string()).collect()
+        ctx.def
+            .input
+            .iter()
+            .map(|n| strip(n, &strip_prefix).to_string())
+            .collect()
     } else {
         if overrides.len() != ctx.num_inputs() {
             return Err(ctx.bad_arg(format!(
@@ -133,7 +143,9 @@ fn save(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     for n in &names {
         if !seen.insert(n.as_str()) {
             return Err(ctx
-                .bad_arg(format!("Duplicated feature: more than one input would be stored as '{n}'"))
+                .bad_arg(format!(
+                    "Duplicated feature: more than one input would be stored as '{n}'"
+                ))
                 .with_blob(n));
         }
     }
@@ -145,8 +157,11 @@ fn save(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         // read locks in the global lock order for the duration of the save:
         // writers of these blobs wait, readers do not.
         let locked = cx.lock();
-        let entries: Vec<(&str, &BlobValue)> =
-            names.iter().enumerate().map(|(i, n)| (n.as_str(), locked.input(i))).collect();
+        let entries: Vec<(&str, &BlobValue)> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.as_str(), locked.input(i)))
+            .collect();
         cx.cancel.check()?;
         storage::save_blob_refs_with(&path, &db_type, &entries, &opts)?;
         Ok(true)
@@ -186,7 +201,9 @@ fn load(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let mut dbs = ctx.args.string_list("dbs")?.unwrap_or_default();
     if dbs.is_empty() {
         if db.is_empty() {
-            return Err(ctx.bad_arg("Load needs a 'db' or 'dbs' argument (Must specify a db name.)"));
+            return Err(
+                ctx.bad_arg("Load needs a 'db' or 'dbs' argument (Must specify a db name.)")
+            );
         }
         dbs.push(db);
     } else {
@@ -206,7 +223,10 @@ fn load(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let _keep_device = ctx.args.bool("keep_device", false)?;
     let load_all = ctx.args.bool("load_all", false)?;
     let allow_incomplete = ctx.args.bool("allow_incomplete", false)?;
-    let sources = ctx.args.string_list("source_blob_names")?.unwrap_or_default();
+    let sources = ctx
+        .args
+        .string_list("source_blob_names")?
+        .unwrap_or_default();
     if !sources.is_empty() {
         if sources.len() != ctx.num_outputs() {
             return Err(ctx.bad_arg(format!(
@@ -224,31 +244,56 @@ fn load(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     }
     let mut wanted = HashMap::new();
     if !load_all {
-        let names = if sources.is_empty() { &ctx.def.output } else { &sources };
+        let names = if sources.is_empty() {
+            &ctx.def.output
+        } else {
+            &sources
+        };
         for (i, n) in names.iter().enumerate() {
             if wanted.insert(n.clone(), i).is_some() {
-                return Err(ctx.bad_arg(format!("Duplicated source blob name: {n}")).with_blob(n));
+                return Err(ctx
+                    .bad_arg(format!("Duplicated source blob name: {n}"))
+                    .with_blob(n));
             }
         }
     }
-    let spec = LoadSpec { dbs, db_type, absolute, add_prefix, strip_prefix, load_all, allow_incomplete, wanted };
+    let spec = LoadSpec {
+        dbs,
+        db_type,
+        absolute,
+        add_prefix,
+        strip_prefix,
+        load_all,
+        allow_incomplete,
+        wanted,
+    };
     Ok(kernel(move |cx| {
         let spec = &spec;
         let root = cx.ws.root_folder();
-        let paths: Vec<String> = spec.dbs.iter().map(|d| full_path(&root, d, spec.absolute)).collect();
+        let paths: Vec<String> = spec
+            .dbs
+            .iter()
+            .map(|d| full_path(&root, d, spec.absolute))
+            .collect();
         // 1. Decode everything; no blob is touched until all of it checks out.
         let mut found: Vec<(String, BlobValue)> = Vec::new();
         let mut owner: HashMap<String, usize> = HashMap::new();
         for (i, path) in paths.iter().enumerate() {
             cx.cancel.check()?;
-            let select = |stored: &str| spec.load_all || spec.wanted.contains_key(&spec.target(stored));
+            let select =
+                |stored: &str| spec.load_all || spec.wanted.contains_key(&spec.target(stored));
             for (stored, value) in storage::load_db_select(path, &spec.db_type, &select)? {
                 let target = spec.target(&stored);
                 if let Some(&j) = owner.get(&target) {
                     let msg = if j == i {
-                        format!("Duplicate Key {target} is found! (two blobs of '{path}' load into it)")
+                        format!(
+                            "Duplicate Key {target} is found! (two blobs of '{path}' load into it)"
+                        )
                     } else {
-                        format!("Duplicate Key {target} is found! (in both '{}' and '{path}')", paths[j])
+                        format!(
+                            "Duplicate Key {target} is found! (in both '{}' and '{path}')",
+                            paths[j]
+                        )
                     };
                     return Err(Error::failed(msg).with_blob(&target).with_file(path));
                 }
@@ -260,13 +305,19 @@ fn load(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         let files = paths.join(", ");
         if spec.load_all {
             if let Some(name) = cx.io.output_names.iter().find(|n| !owner.contains_key(*n)) {
-                return Err(Error::failed(format!("Output blob name {name} does not exist in the db(s)."))
-                    .with_blob(name)
-                    .with_file(&files));
+                return Err(Error::failed(format!(
+                    "Output blob name {name} does not exist in the db(s)."
+                ))
+                .with_blob(name)
+                .with_file(&files));
             }
         } else if found.len() != spec.wanted.len() && !spec.allow_incomplete {
-            let mut missing: Vec<(usize, &String)> =
-                spec.wanted.iter().filter(|(n, _)| !owner.contains_key(*n)).map(|(n, &i)| (i, n)).collect();
+            let mut missing: Vec<(usize, &String)> = spec
+                .wanted
+                .iter()
+                .filter(|(n, _)| !owner.contains_key(*n))
+                .map(|(n, &i)| (i, n))
+                .collect();
             missing.sort();
             let list: Vec<String> = missing
                 .iter()
@@ -313,7 +364,8 @@ fn db_exists(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     Ok(kernel(move |cx| {
         let path = full_path(&cx.ws.root_folder(), &db_name, absolute);
         let exists = storage::db_exists(&path, &db_type)?;
-        cx.output_blob(0).set(BlobValue::Tensor(Tensor::scalar(exists)));
+        cx.output_blob(0)
+            .set(BlobValue::Tensor(Tensor::scalar(exists)));
         Ok(true)
     }))
 }
@@ -361,16 +413,28 @@ mod tests {
     }
 
     fn named(n: &str) -> Argument {
-        Argument { name: Some(n.into()), ..Default::default() }
+        Argument {
+            name: Some(n.into()),
+            ..Default::default()
+        }
     }
     fn a_i(n: &str, v: i64) -> Argument {
-        Argument { i: Some(v), ..named(n) }
+        Argument {
+            i: Some(v),
+            ..named(n)
+        }
     }
     fn a_s(n: &str, v: &str) -> Argument {
-        Argument { s: Some(v.as_bytes().to_vec()), ..named(n) }
+        Argument {
+            s: Some(v.as_bytes().to_vec()),
+            ..named(n)
+        }
     }
     fn a_ss(n: &str, v: &[&str]) -> Argument {
-        Argument { strings: v.iter().map(|s| s.as_bytes().to_vec()).collect(), ..named(n) }
+        Argument {
+            strings: v.iter().map(|s| s.as_bytes().to_vec()).collect(),
+            ..named(n)
+        }
     }
     fn op(ty: &str, ins: &[&str], outs: &[&str], arg: Vec<Argument>) -> OperatorDef {
         OperatorDef {
@@ -405,9 +469,15 @@ mod tests {
     /// A workspace rooted in the scratch dir holding one blob of every kind.
     fn filled(dir: &Scratch) -> Arc<Workspace> {
         let ws = Workspace::with_root(&dir.root());
-        ws.feed("w", BlobValue::Tensor(t(&[2, 3], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0])));
+        ws.feed(
+            "w",
+            BlobValue::Tensor(t(&[2, 3], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0])),
+        );
         ws.feed("ids", BlobValue::Tensor(t(&[2], vec![7i64, -8])));
-        ws.feed("names", BlobValue::Tensor(t(&[2], vec![b"a".to_vec(), b"bc".to_vec()])));
+        ws.feed(
+            "names",
+            BlobValue::Tensor(t(&[2], vec![b"a".to_vec(), b"bc".to_vec()])),
+        );
         ws.feed("empty", BlobValue::Tensor(t::<f64>(&[0, 2], vec![])));
         ws.feed("scalar", BlobValue::Tensor(Tensor::scalar(true)));
         ws.feed("counter", BlobValue::Object(Arc::new(Counter::new(11))));
@@ -416,16 +486,34 @@ mod tests {
         ws
     }
 
-    const ALL: [&str; 8] = ["w", "ids", "names", "empty", "scalar", "counter", "mutex", "bytes"];
+    const ALL: [&str; 8] = [
+        "w", "ids", "names", "empty", "scalar", "counter", "mutex", "bytes",
+    ];
 
     fn check_restored(ws: &Arc<Workspace>) {
-        assert_eq!(out(ws, "w"), t(&[2, 3], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]));
+        assert_eq!(
+            out(ws, "w"),
+            t(&[2, 3], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0])
+        );
         assert_eq!(out(ws, "ids"), t(&[2], vec![7i64, -8]));
-        assert_eq!(out(ws, "names"), t(&[2], vec![b"a".to_vec(), b"bc".to_vec()]));
+        assert_eq!(
+            out(ws, "names"),
+            t(&[2], vec![b"a".to_vec(), b"bc".to_vec()])
+        );
         assert_eq!(out(ws, "empty"), t::<f64>(&[0, 2], vec![]));
         assert_eq!(out(ws, "scalar"), Tensor::scalar(true));
-        assert_eq!(ws.fetch("counter").unwrap().object::<Counter>("Counter").unwrap().get(), 11);
-        ws.fetch("mutex").unwrap().object::<BlobMutex>("Mutex").unwrap();
+        assert_eq!(
+            ws.fetch("counter")
+                .unwrap()
+                .object::<Counter>("Counter")
+                .unwrap()
+                .get(),
+            11
+        );
+        ws.fetch("mutex")
+            .unwrap()
+            .object::<BlobMutex>("Mutex")
+            .unwrap();
         assert!(matches!(ws.fetch("bytes").unwrap(), BlobValue::Bytes(b) if b == b"raw\x00"));
     }
 
@@ -441,11 +529,29 @@ mod tests {
             check_restored(&fresh);
             // load_all brings everything, by stored name.
             let all = Workspace::with_root(&dir.root());
-            run(&all, &load_op(&[], "ckpt", db_type, vec![a_i("load_all", 1), a_i("keep_device", 1)])).unwrap();
+            run(
+                &all,
+                &load_op(
+                    &[],
+                    "ckpt",
+                    db_type,
+                    vec![a_i("load_all", 1), a_i("keep_device", 1)],
+                ),
+            )
+            .unwrap();
             check_restored(&all);
             // absolute paths skip the root folder.
             let other = Workspace::new();
-            run(&other, &load_op(&["w"], &dir.file("ckpt"), db_type, vec![a_i("absolute_path", 1)])).unwrap();
+            run(
+                &other,
+                &load_op(
+                    &["w"],
+                    &dir.file("ckpt"),
+                    db_type,
+                    vec![a_i("absolute_path", 1)],
+                ),
+            )
+            .unwrap();
             assert_eq!(out(&other, "w").shape(), &[2, 3]);
         }
     }
@@ -454,7 +560,11 @@ mod tests {
     fn saved_minidb_is_caffe2s_format() {
         let dir = Scratch::new();
         let ws = filled(&dir);
-        run(&ws, &save_op(&["w", "counter"], "m", "minidb", vec![a_i("chunk_size", 4)])).unwrap();
+        run(
+            &ws,
+            &save_op(&["w", "counter"], "m", "minidb", vec![a_i("chunk_size", 4)]),
+        )
+        .unwrap();
         let bytes = std::fs::read(dir.file("m")).unwrap();
         let mut at = 0;
         let mut keys = Vec::new();
@@ -475,27 +585,82 @@ mod tests {
         let ws = Workspace::with_root(&dir.root());
         ws.feed("gpu_0/w", BlobValue::Tensor(Tensor::scalar(1i32)));
         ws.feed("b", BlobValue::Tensor(Tensor::scalar(2i32)));
-        run(&ws, &save_op(&["gpu_0/w", "b"], "s", "ferro", vec![a_s("strip_prefix", "/")])).unwrap();
-        let names: Vec<String> =
-            crate::storage::list_db(&dir.file("s"), "ferro").unwrap().into_iter().map(|e| e.name).collect();
+        run(
+            &ws,
+            &save_op(
+                &["gpu_0/w", "b"],
+                "s",
+                "ferro",
+                vec![a_s("strip_prefix", "/")],
+            ),
+        )
+        .unwrap();
+        let names: Vec<String> = crate::storage::list_db(&dir.file("s"), "ferro")
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
         assert_eq!(names, ["w", "b"]);
-        run(&ws, &save_op(&["gpu_0/w", "b"], "o", "ferro", vec![a_ss("blob_name_overrides", &["x", "y"])])).unwrap();
-        let names: Vec<String> =
-            crate::storage::list_db(&dir.file("o"), "ferro").unwrap().into_iter().map(|e| e.name).collect();
+        run(
+            &ws,
+            &save_op(
+                &["gpu_0/w", "b"],
+                "o",
+                "ferro",
+                vec![a_ss("blob_name_overrides", &["x", "y"])],
+            ),
+        )
+        .unwrap();
+        let names: Vec<String> = crate::storage::list_db(&dir.file("o"), "ferro")
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
         assert_eq!(names, ["x", "y"]);
 
-        let e = build_err(&ws, &save_op(&["gpu_0/w", "b"], "o", "ferro", vec![a_ss("blob_name_overrides", &["x"])]));
+        let e = build_err(
+            &ws,
+            &save_op(
+                &["gpu_0/w", "b"],
+                "o",
+                "ferro",
+                vec![a_ss("blob_name_overrides", &["x"])],
+            ),
+        );
         assert!(e.message.contains("blob_name_overrides mismatch"), "{e}");
         let e = build_err(
             &ws,
-            &save_op(&["gpu_0/w"], "o", "ferro", vec![a_ss("blob_name_overrides", &["x"]), a_s("strip_prefix", "/")]),
+            &save_op(
+                &["gpu_0/w"],
+                "o",
+                "ferro",
+                vec![
+                    a_ss("blob_name_overrides", &["x"]),
+                    a_s("strip_prefix", "/"),
+                ],
+            ),
         );
         assert!(e.message.contains("mutually exclusive"), "{e}");
-        let e =
-            build_err(&ws, &save_op(&["gpu_0/w", "b"], "o", "ferro", vec![a_ss("blob_name_overrides", &["x", "x"])]));
+        let e = build_err(
+            &ws,
+            &save_op(
+                &["gpu_0/w", "b"],
+                "o",
+                "ferro",
+                vec![a_ss("blob_name_overrides", &["x", "x"])],
+            ),
+        );
         assert!(e.message.contains("Duplicated feature"), "{e}");
         ws.feed("gpu_1/b", BlobValue::Tensor(Tensor::scalar(3i32)));
-        let e = build_err(&ws, &save_op(&["b", "gpu_1/b"], "o", "ferro", vec![a_s("strip_prefix", "/")]));
+        let e = build_err(
+            &ws,
+            &save_op(
+                &["b", "gpu_1/b"],
+                "o",
+                "ferro",
+                vec![a_s("strip_prefix", "/")],
+            ),
+        );
         assert!(e.message.contains("'b'"), "{e}");
     }
 
@@ -509,14 +674,28 @@ mod tests {
         let e = build_err(&ws, &op("Save", &["w"], &[], vec![a_s("db", "x")]));
         assert!(e.message.contains("db_type"), "{e}");
         let e = build_err(&ws, &save_op(&["w"], "x", "leveldb", vec![]));
-        assert!(e.message.contains("db_type 'leveldb' is not supported"), "{e}");
+        assert!(
+            e.message.contains("db_type 'leveldb' is not supported"),
+            "{e}"
+        );
         let e = build_err(&ws, &save_op(&["w"], "x", "parquet", vec![]));
         assert!(e.message.contains("unknown db_type 'parquet'"), "{e}");
-        let e = build_err(&ws, &save_op(&["w"], "x", "ferro", vec![a_i("chunk_size", -3)]));
+        let e = build_err(
+            &ws,
+            &save_op(&["w"], "x", "ferro", vec![a_i("chunk_size", -3)]),
+        );
         assert!(e.message.contains("chunk_size"), "{e}");
-        assert!(build_err(&ws, &op("Save", &[], &[], vec![a_s("db", "x"), a_s("db_type", "ferro")]))
-            .message
-            .contains("at least 1"));
+        assert!(build_err(
+            &ws,
+            &op(
+                "Save",
+                &[],
+                &[],
+                vec![a_s("db", "x"), a_s("db_type", "ferro")]
+            )
+        )
+        .message
+        .contains("at least 1"));
         // An empty blob cannot be saved; nothing is written.
         ws.create_blob("nothing");
         let e = run(&ws, &save_op(&["w", "nothing"], "x", "ferro", vec![])).unwrap_err();
@@ -532,7 +711,11 @@ mod tests {
         let ws = Workspace::with_root(&dir.root());
         ws.feed("gpu_0/w", BlobValue::Tensor(Tensor::scalar(1i32)));
         ws.feed("gpu_0/b", BlobValue::Tensor(Tensor::scalar(2i32)));
-        run(&ws, &save_op(&["gpu_0/w", "gpu_0/b"], "db", "minidb", vec![])).unwrap();
+        run(
+            &ws,
+            &save_op(&["gpu_0/w", "gpu_0/b"], "db", "minidb", vec![]),
+        )
+        .unwrap();
 
         // strip_prefix then add_prefix.
         let l = Workspace::with_root(&dir.root());
@@ -549,14 +732,31 @@ mod tests {
         assert_eq!(out(&l, "gpu_1/w"), Tensor::scalar(1i32));
         assert_eq!(out(&l, "gpu_1/b"), Tensor::scalar(2i32));
         // source_blob_names pick stored names for each output.
-        run(&l, &load_op(&["x", "y"], "db", "minidb", vec![a_ss("source_blob_names", &["gpu_0/b", "gpu_0/w"])]))
-            .unwrap();
+        run(
+            &l,
+            &load_op(
+                &["x", "y"],
+                "db",
+                "minidb",
+                vec![a_ss("source_blob_names", &["gpu_0/b", "gpu_0/w"])],
+            ),
+        )
+        .unwrap();
         assert_eq!(out(&l, "x"), Tensor::scalar(2i32));
         assert_eq!(out(&l, "y"), Tensor::scalar(1i32));
         // load_all with prefixes, into the workspace.
         run(
             &l,
-            &load_op(&[], "db", "minidb", vec![a_i("load_all", 1), a_s("strip_prefix", "/"), a_s("add_prefix", "p_")]),
+            &load_op(
+                &[],
+                "db",
+                "minidb",
+                vec![
+                    a_i("load_all", 1),
+                    a_s("strip_prefix", "/"),
+                    a_s("add_prefix", "p_"),
+                ],
+            ),
         )
         .unwrap();
         assert_eq!(out(&l, "p_w"), Tensor::scalar(1i32));
@@ -569,7 +769,12 @@ mod tests {
                 &[],
                 &dir.file("db"),
                 "minidb",
-                vec![a_i("load_all", 1), a_i("absolute_path", 1), a_s("strip_prefix", "/"), a_s("add_prefix", "p_")],
+                vec![
+                    a_i("load_all", 1),
+                    a_i("absolute_path", 1),
+                    a_s("strip_prefix", "/"),
+                    a_s("add_prefix", "p_"),
+                ],
             ),
         )
         .unwrap();
@@ -580,16 +785,51 @@ mod tests {
             assert_eq!(e.kind, ErrorKind::InvalidArgument);
             assert!(e.message.contains(msg), "{e}");
         };
-        bad(vec![a_ss("source_blob_names", &["a"])], &["x", "y"], "source_blob_names mismatch");
-        bad(vec![a_ss("source_blob_names", &["a"]), a_s("strip_prefix", "/")], &["x"], "mutually exclusive");
-        bad(vec![a_ss("source_blob_names", &["a"]), a_i("load_all", 1)], &["x"], "load_all");
-        bad(vec![a_ss("source_blob_names", &["a", "a"])], &["x", "y"], "Duplicated source blob name: a");
+        bad(
+            vec![a_ss("source_blob_names", &["a"])],
+            &["x", "y"],
+            "source_blob_names mismatch",
+        );
+        bad(
+            vec![a_ss("source_blob_names", &["a"]), a_s("strip_prefix", "/")],
+            &["x"],
+            "mutually exclusive",
+        );
+        bad(
+            vec![a_ss("source_blob_names", &["a"]), a_i("load_all", 1)],
+            &["x"],
+            "load_all",
+        );
+        bad(
+            vec![a_ss("source_blob_names", &["a", "a"])],
+            &["x", "y"],
+            "Duplicated source blob name: a",
+        );
         let e = build_err(&l, &op("Load", &[], &["x"], vec![a_s("db_type", "minidb")]));
         assert!(e.message.contains("'db' or 'dbs'"), "{e}");
-        let e = build_err(&l, &op("Load", &[], &["x"], vec![a_s("db_type", "minidb"), a_ss("dbs", &["a", "a"])]));
+        let e = build_err(
+            &l,
+            &op(
+                "Load",
+                &[],
+                &["x"],
+                vec![a_s("db_type", "minidb"), a_ss("dbs", &["a", "a"])],
+            ),
+        );
         assert!(e.message.contains("Duplicated db name: a"), "{e}");
-        let e = build_err(&l, &op("Load", &["x"], &["y"], vec![a_s("db", "db"), a_s("db_type", "minidb")]));
-        assert!(e.message.contains("DBReader inputs is not supported"), "{e}");
+        let e = build_err(
+            &l,
+            &op(
+                "Load",
+                &["x"],
+                &["y"],
+                vec![a_s("db", "db"), a_s("db_type", "minidb")],
+            ),
+        );
+        assert!(
+            e.message.contains("DBReader inputs is not supported"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -606,26 +846,53 @@ mod tests {
         l.feed("c", BlobValue::Tensor(Tensor::scalar(-1i32)));
         let e = run(&l, &load_op(&["a", "b", "c"], "one", "ferro", vec![])).unwrap_err();
         assert_eq!(e.kind, ErrorKind::OperatorFailed);
-        assert!(e.message.contains("Expected to load 3 blobs, got 1 only."), "{e}");
+        assert!(
+            e.message.contains("Expected to load 3 blobs, got 1 only."),
+            "{e}"
+        );
         assert!(e.message.contains("'b', 'c'"), "{e}");
         assert_eq!(e.context.blob.as_deref(), Some("b"));
         // Nothing was written: "a" does not exist, "c" is unchanged.
         assert!(!l.fetch("a").map(|v| !v.is_empty()).unwrap_or(false));
         assert_eq!(out(&l, "c"), Tensor::scalar(-1i32));
         // allow_incomplete loads what is there.
-        run(&l, &load_op(&["a", "b", "c"], "one", "ferro", vec![a_i("allow_incomplete", 1)])).unwrap();
+        run(
+            &l,
+            &load_op(
+                &["a", "b", "c"],
+                "one",
+                "ferro",
+                vec![a_i("allow_incomplete", 1)],
+            ),
+        )
+        .unwrap();
         assert_eq!(out(&l, "a"), Tensor::scalar(1i32));
         assert_eq!(out(&l, "c"), Tensor::scalar(-1i32));
         // Several dbs.
-        let dbs = |v: &[&str]| op("Load", &[], &["a", "b"], vec![a_ss("dbs", v), a_s("db_type", "ferro")]);
+        let dbs = |v: &[&str]| {
+            op(
+                "Load",
+                &[],
+                &["a", "b"],
+                vec![a_ss("dbs", v), a_s("db_type", "ferro")],
+            )
+        };
         run(&l, &dbs(&["one", "three"])).unwrap();
         assert_eq!(out(&l, "b"), Tensor::scalar(2i32));
         let e = run(&l, &dbs(&["one", "two"])).unwrap_err();
         assert!(e.message.contains("Duplicate Key a is found!"), "{e}");
         assert_eq!(e.context.blob.as_deref(), Some("a"));
         // load_all: every declared output must be in the db.
-        let e = run(&l, &load_op(&["a", "zzz"], "one", "ferro", vec![a_i("load_all", 1)])).unwrap_err();
-        assert!(e.message.contains("Output blob name zzz does not exist in the db(s)."), "{e}");
+        let e = run(
+            &l,
+            &load_op(&["a", "zzz"], "one", "ferro", vec![a_i("load_all", 1)]),
+        )
+        .unwrap_err();
+        assert!(
+            e.message
+                .contains("Output blob name zzz does not exist in the db(s)."),
+            "{e}"
+        );
     }
 
     #[test]
@@ -644,7 +911,10 @@ mod tests {
         l.feed("a", BlobValue::Tensor(Tensor::scalar(0i32)));
         let e = run(&l, &load_op(&["a", "b"], "db", "ferro", vec![])).unwrap_err();
         assert_eq!(e.kind, ErrorKind::CorruptCheckpoint);
-        assert_eq!((e.context.blob.as_deref(), e.context.file.as_deref()), (Some("b"), Some(path.as_str())));
+        assert_eq!(
+            (e.context.blob.as_deref(), e.context.file.as_deref()),
+            (Some("b"), Some(path.as_str()))
+        );
         assert_eq!(out(&l, "a"), Tensor::scalar(0i32));
         // The undamaged blob alone still loads.
         run(&l, &load_op(&["a"], "db", "ferro", vec![])).unwrap();
@@ -652,7 +922,10 @@ mod tests {
         // Truncated and missing files.
         std::fs::write(&path, &bytes[..100]).unwrap();
         let e = run(&l, &load_op(&["a"], "db", "ferro", vec![])).unwrap_err();
-        assert_eq!((e.kind, e.context.file.as_deref()), (ErrorKind::CorruptCheckpoint, Some(path.as_str())));
+        assert_eq!(
+            (e.kind, e.context.file.as_deref()),
+            (ErrorKind::CorruptCheckpoint, Some(path.as_str()))
+        );
         let e = run(&l, &load_op(&["a"], "nope", "ferro", vec![])).unwrap_err();
         assert_eq!(e.kind, ErrorKind::Io);
         assert_eq!(e.context.file.as_deref(), Some(dir.file("nope").as_str()));
@@ -667,7 +940,11 @@ mod tests {
                 "DBExists",
                 &[],
                 &["e"],
-                vec![a_s("db_name", name), a_s("db_type", "minidb"), a_i("absolute_path", abs)],
+                vec![
+                    a_s("db_name", name),
+                    a_s("db_type", "minidb"),
+                    a_i("absolute_path", abs),
+                ],
             );
             run(ws, &d).unwrap();
             out(ws, "e")
@@ -677,9 +954,20 @@ mod tests {
         assert_eq!(exists(&ws, "ckpt", 0), Tensor::scalar(true));
         assert_eq!(exists(&ws, &dir.file("ckpt"), 1), Tensor::scalar(true));
         assert_eq!(exists(&ws, "ckpt", 1), Tensor::scalar(false));
-        let e = build_err(&ws, &op("DBExists", &[], &["e"], vec![a_s("db_name", "x"), a_s("db_type", "lmdb")]));
+        let e = build_err(
+            &ws,
+            &op(
+                "DBExists",
+                &[],
+                &["e"],
+                vec![a_s("db_name", "x"), a_s("db_type", "lmdb")],
+            ),
+        );
         assert!(e.message.contains("not supported"), "{e}");
-        let e = build_err(&ws, &op("DBExists", &[], &["e"], vec![a_s("db_type", "ferro")]));
+        let e = build_err(
+            &ws,
+            &op("DBExists", &[], &["e"], vec![a_s("db_type", "ferro")]),
+        );
         assert!(e.message.contains("db_name"), "{e}");
     }
 }

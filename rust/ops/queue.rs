@@ -176,7 +176,11 @@ impl<T> std::ops::Deref for CacheLine<T> {
 
 impl fmt::Debug for BlobsQueue {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "BlobsQueue({:?}, capacity {}, {} blobs per record)", self.name, self.capacity, self.num_blobs)
+        write!(
+            f,
+            "BlobsQueue({:?}, capacity {}, {} blobs per record)",
+            self.name, self.capacity, self.num_blobs
+        )
     }
 }
 
@@ -210,12 +214,21 @@ fn spin_then_give_up(ready: impl Fn() -> bool) -> bool {
 }
 
 impl BlobsQueue {
-    pub fn new(name: &str, capacity: usize, num_blobs: usize, field_names: Vec<String>) -> Result<BlobsQueue> {
+    pub fn new(
+        name: &str,
+        capacity: usize,
+        num_blobs: usize,
+        field_names: Vec<String>,
+    ) -> Result<BlobsQueue> {
         if capacity == 0 {
-            return Err(Error::invalid_arg("a blob queue needs a capacity of at least 1"));
+            return Err(Error::invalid_arg(
+                "a blob queue needs a capacity of at least 1",
+            ));
         }
         if num_blobs == 0 {
-            return Err(Error::invalid_arg("a blob queue needs at least 1 blob per record (num_blobs)"));
+            return Err(Error::invalid_arg(
+                "a blob queue needs at least 1 blob per record (num_blobs)",
+            ));
         }
         if !field_names.is_empty() && field_names.len() != num_blobs {
             return Err(Error::invalid_arg(format!(
@@ -223,8 +236,9 @@ impl BlobsQueue {
                 field_names.len()
             )));
         }
-        let total =
-            capacity.checked_mul(num_blobs).ok_or_else(|| Error::invalid_arg("capacity * num_blobs overflows"))?;
+        let total = capacity
+            .checked_mul(num_blobs)
+            .ok_or_else(|| Error::invalid_arg("capacity * num_blobs overflows"))?;
         Ok(BlobsQueue {
             name: name.to_string(),
             capacity,
@@ -296,7 +310,8 @@ impl BlobsQueue {
                 spun = true;
                 let limit = self.capacity * self.num_blobs;
                 let free = || {
-                    self.signals.filled.load(Ordering::Acquire) < limit || self.signals.closed.load(Ordering::Acquire)
+                    self.signals.filled.load(Ordering::Acquire) < limit
+                        || self.signals.closed.load(Ordering::Acquire)
                 };
                 if MutexGuard::unlocked(&mut st, || spin_then_give_up(free)) {
                     continue;
@@ -308,7 +323,9 @@ impl BlobsQueue {
     }
 
     fn wrote(&self, st: MutexGuard<'_, State>) {
-        self.signals.filled.store(st.values.len(), Ordering::Release);
+        self.signals
+            .filled
+            .store(st.values.len(), Ordering::Release);
         drop(st);
         self.signals.not_empty.notify_one();
     }
@@ -318,7 +335,9 @@ impl BlobsQueue {
     /// `values` untouched, when the queue is closed and full.
     pub fn blocking_write(&self, values: &mut [BlobValue], cancel: &CancelToken) -> Result<bool> {
         self.check_width(values.len())?;
-        let Some(mut st) = self.wait_writable(cancel)? else { return Ok(false) };
+        let Some(mut st) = self.wait_writable(cancel)? else {
+            return Ok(false);
+        };
         st.values.extend(values.iter_mut().map(std::mem::take));
         self.wrote(st);
         Ok(true)
@@ -331,17 +350,23 @@ impl BlobsQueue {
     /// gives its value to its first position and `Empty` to the others.
     pub fn blocking_write_blobs(&self, blobs: &[Blob], cancel: &CancelToken) -> Result<bool> {
         self.check_width(blobs.len())?;
-        let Some(mut st) = self.wait_writable(cancel)? else { return Ok(false) };
+        let Some(mut st) = self.wait_writable(cancel)? else {
+            return Ok(false);
+        };
         // Queue mutex, then the blobs' locks, briefly (see the module doc).
         let mut order: SmallVec<[usize; 4]> = (0..blobs.len()).collect();
         order.sort_by_key(|&j| blobs[j].id());
-        let mut guards: SmallVec<[Option<RwLockWriteGuard<'_, BlobValue>>; 4]> = blobs.iter().map(|_| None).collect();
+        let mut guards: SmallVec<[Option<RwLockWriteGuard<'_, BlobValue>>; 4]> =
+            blobs.iter().map(|_| None).collect();
         for (k, &j) in order.iter().enumerate() {
             if k == 0 || !Arc::ptr_eq(&blobs[order[k - 1]], &blobs[j]) {
                 guards[j] = Some(blobs[j].write());
             }
         }
-        st.values.extend(guards.iter_mut().map(|g| g.as_mut().map_or(BlobValue::Empty, |g| std::mem::take(&mut **g))));
+        st.values.extend(guards.iter_mut().map(|g| {
+            g.as_mut()
+                .map_or(BlobValue::Empty, |g| std::mem::take(&mut **g))
+        }));
         drop(guards);
         self.wrote(st);
         Ok(true)
@@ -364,7 +389,9 @@ impl BlobsQueue {
                 for slot in out.iter_mut() {
                     *slot = st.values.pop_front().expect("records are whole");
                 }
-                self.signals.filled.store(st.values.len(), Ordering::Release);
+                self.signals
+                    .filled
+                    .store(st.values.len(), Ordering::Release);
                 drop(st);
                 self.signals.not_full.notify_one();
                 return Ok(ReadOutcome::Read);
@@ -377,8 +404,10 @@ impl BlobsQueue {
             }
             if !spun {
                 spun = true;
-                let ready =
-                    || self.signals.filled.load(Ordering::Acquire) > 0 || self.signals.closed.load(Ordering::Acquire);
+                let ready = || {
+                    self.signals.filled.load(Ordering::Acquire) > 0
+                        || self.signals.closed.load(Ordering::Acquire)
+                };
                 if MutexGuard::unlocked(&mut st, || spin_then_give_up(ready)) {
                     continue;
                 }
@@ -424,7 +453,10 @@ impl QueueInput {
             _ => false,
         };
         if !same {
-            self.0 = Some(v.object::<BlobsQueue>("BlobsQueue").map_err(|e| e.with_blob(&cx.io.input_names[0]))?);
+            self.0 = Some(
+                v.object::<BlobsQueue>("BlobsQueue")
+                    .map_err(|e| e.with_blob(&cx.io.input_names[0]))?,
+            );
         }
         drop(v);
         Ok(self.0.as_deref().expect("set just above"))
@@ -492,13 +524,20 @@ fn create_blobs_queue(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let field_names = ctx.args.string_list("field_names")?.unwrap_or_default();
     let name = ctx.output_name(0).to_string();
     // Validate now, so a bad definition fails at net creation.
-    BlobsQueue::new(&name, capacity, num_blobs, field_names.clone()).map_err(|e| e.with_op(ctx.op_type(), None))?;
+    BlobsQueue::new(&name, capacity, num_blobs, field_names.clone())
+        .map_err(|e| e.with_op(ctx.op_type(), None))?;
     Ok(kernel(move |cx| {
         if unique {
-            if cx.output_blob(0).read().object::<BlobsQueue>("BlobsQueue").is_ok() {
-                return Err(
-                    Error::invalid_arg(format!("queue '{name}' already exists (enforce_unique_name)")).with_blob(&name)
-                );
+            if cx
+                .output_blob(0)
+                .read()
+                .object::<BlobsQueue>("BlobsQueue")
+                .is_ok()
+            {
+                return Err(Error::invalid_arg(format!(
+                    "queue '{name}' already exists (enforce_unique_name)"
+                ))
+                .with_blob(&name));
             }
             for slot in 0..capacity {
                 for col in 0..num_blobs {
@@ -572,7 +611,12 @@ struct DequeueOp {
 fn dequeue_blobs(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let timeout_secs = ctx.args.f32("timeout_secs", 0.0)?;
     let n = ctx.num_outputs();
-    Ok(Box::new(DequeueOp { queue: QueueInput::default(), n, timeout_secs, scratch: vec![BlobValue::Empty; n] }))
+    Ok(Box::new(DequeueOp {
+        queue: QueueInput::default(),
+        n,
+        timeout_secs,
+        scratch: vec![BlobValue::Empty; n],
+    }))
 }
 
 impl Operator for DequeueOp {
@@ -613,9 +657,15 @@ fn safe_dequeue_blobs(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     if num_records < 1 {
         return Err(ctx.bad_arg(format!("num_records must be > 0, got {num_records}")));
     }
-    let num_records = usize::try_from(num_records).map_err(|_| ctx.bad_arg("num_records is too large"))?;
+    let num_records =
+        usize::try_from(num_records).map_err(|_| ctx.bad_arg("num_records is too large"))?;
     let n = ctx.num_outputs() - 1;
-    Ok(Box::new(SafeDequeueOp { queue: QueueInput::default(), n, num_records, scratch: vec![BlobValue::Empty; n] }))
+    Ok(Box::new(SafeDequeueOp {
+        queue: QueueInput::default(),
+        n,
+        num_records,
+        scratch: vec![BlobValue::Empty; n],
+    }))
 }
 
 /// Reads up to `num_records` records, appending column by column. Returns
@@ -674,7 +724,8 @@ impl Operator for SafeDequeueOp {
         } else {
             match read_many(cx, q, self.num_records, &mut self.scratch)? {
                 Some(cols) => {
-                    let mut vals: SmallVec<[BlobValue; 4]> = cols.into_iter().map(BlobValue::Tensor).collect();
+                    let mut vals: SmallVec<[BlobValue; 4]> =
+                        cols.into_iter().map(BlobValue::Tensor).collect();
                     publish(cx, &mut vals, Some((status, false)));
                 }
                 None => publish(cx, &mut [], Some((status, true))),
@@ -711,10 +762,18 @@ mod tests {
         }
     }
     fn int_arg(name: &str, v: i64) -> Argument {
-        Argument { name: Some(name.into()), i: Some(v), ..Default::default() }
+        Argument {
+            name: Some(name.into()),
+            i: Some(v),
+            ..Default::default()
+        }
     }
     fn float_arg(name: &str, v: f32) -> Argument {
-        Argument { name: Some(name.into()), f: Some(v), ..Default::default() }
+        Argument {
+            name: Some(name.into()),
+            f: Some(v),
+            ..Default::default()
+        }
     }
     fn strings_arg(name: &str, v: &[&str]) -> Argument {
         Argument {
@@ -724,7 +783,11 @@ mod tests {
         }
     }
     fn net(name: &str, ops: Vec<OperatorDef>) -> NetDef {
-        NetDef { name: Some(name.into()), op: ops, ..Default::default() }
+        NetDef {
+            name: Some(name.into()),
+            op: ops,
+            ..Default::default()
+        }
     }
     fn run(ws: &Arc<Workspace>, def: OperatorDef) -> Result<bool> {
         ws.run_operator_once(&def, &CancelToken::new())
@@ -744,11 +807,18 @@ mod tests {
         t.scalar_value::<bool>().unwrap()
     }
     fn make_queue(ws: &Arc<Workspace>, name: &str, capacity: i64, num_blobs: i64) {
-        let args = vec![int_arg("capacity", capacity), int_arg("num_blobs", num_blobs)];
+        let args = vec![
+            int_arg("capacity", capacity),
+            int_arg("num_blobs", num_blobs),
+        ];
         assert!(run(ws, op("CreateBlobsQueue", &[], &[name], args)).unwrap());
     }
     fn queue(ws: &Workspace, name: &str) -> Arc<BlobsQueue> {
-        ws.blob(name).unwrap().read().object::<BlobsQueue>("BlobsQueue").unwrap()
+        ws.blob(name)
+            .unwrap()
+            .read()
+            .object::<BlobsQueue>("BlobsQueue")
+            .unwrap()
     }
     fn enqueue(ws: &Arc<Workspace>, q: &str, blob: &str, v: Tensor) -> Result<bool> {
         feed(ws, blob, v);
@@ -760,7 +830,9 @@ mod tests {
 
     /// Runs `f` on a thread and asserts it has not finished after a short
     /// while (it is blocked). Returns the handle to join later.
-    fn spawn_blocked<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> thread::JoinHandle<T> {
+    fn spawn_blocked<T: Send + 'static>(
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> thread::JoinHandle<T> {
         let h = thread::spawn(f);
         thread::sleep(Duration::from_millis(50));
         assert!(!h.is_finished(), "the op should be blocked");
@@ -799,23 +871,48 @@ mod tests {
         make_queue(&ws, "q", 2, 2);
         feed(&ws, "a", i64s(&[1]));
         feed(&ws, "b", Tensor::from_vec(&[2], vec![1.5f32, 2.5]).unwrap());
-        assert!(run(&ws, op("EnqueueBlobs", &["q", "a", "b"], &["a", "b"], vec![])).unwrap());
+        assert!(run(
+            &ws,
+            op("EnqueueBlobs", &["q", "a", "b"], &["a", "b"], vec![])
+        )
+        .unwrap());
         // A non-tensor value travels too.
         ws.feed("a", BlobValue::Object(Arc::new(Counter::new(7))));
         feed(&ws, "b", Tensor::scalar(3i32));
-        assert!(run(&ws, op("EnqueueBlobs", &["q", "a", "b"], &["a", "b"], vec![])).unwrap());
+        assert!(run(
+            &ws,
+            op("EnqueueBlobs", &["q", "a", "b"], &["a", "b"], vec![])
+        )
+        .unwrap());
         assert!(run(&ws, op("DequeueBlobs", &["q"], &["c", "d"], vec![])).unwrap());
         assert_eq!(get(&ws, "c"), i64s(&[1]));
-        assert_eq!(get(&ws, "d"), Tensor::from_vec(&[2], vec![1.5f32, 2.5]).unwrap());
+        assert_eq!(
+            get(&ws, "d"),
+            Tensor::from_vec(&[2], vec![1.5f32, 2.5]).unwrap()
+        );
         assert!(run(&ws, op("DequeueBlobs", &["q"], &["c", "d"], vec![])).unwrap());
-        assert_eq!(ws.blob("c").unwrap().read().object::<Counter>("Counter").unwrap().get(), 7);
+        assert_eq!(
+            ws.blob("c")
+                .unwrap()
+                .read()
+                .object::<Counter>("Counter")
+                .unwrap()
+                .get(),
+            7
+        );
         assert_eq!(get(&ws, "d"), Tensor::scalar(3i32));
         // The schema forbids listing a blob twice; the Rust API moves it once
         // (no self-deadlock): its first position gets the value.
-        assert!(run(&ws, op("EnqueueBlobs", &["q", "a", "a"], &["a", "a"], vec![])).is_err());
+        assert!(run(
+            &ws,
+            op("EnqueueBlobs", &["q", "a", "a"], &["a", "a"], vec![])
+        )
+        .is_err());
         feed(&ws, "a", i64s(&[9]));
         let a = ws.blob("a").unwrap();
-        assert!(queue(&ws, "q").blocking_write_blobs(&[a.clone(), a], &CancelToken::new()).unwrap());
+        assert!(queue(&ws, "q")
+            .blocking_write_blobs(&[a.clone(), a], &CancelToken::new())
+            .unwrap());
         assert!(run(&ws, op("DequeueBlobs", &["q"], &["c", "d"], vec![])).unwrap());
         assert_eq!(get(&ws, "c"), i64s(&[9]));
         assert!(ws.fetch("d").unwrap().is_empty());
@@ -828,7 +925,11 @@ mod tests {
         assert!(enqueue(&ws, "q", "x", i64s(&[1])).unwrap());
         assert!(enqueue(&ws, "q", "x", i64s(&[2])).unwrap());
         feed(&ws, "x", i64s(&[3]));
-        let mut n = Net::create(&net("w", vec![op("EnqueueBlobs", &["q", "x"], &["x"], vec![])]), &ws).unwrap();
+        let mut n = Net::create(
+            &net("w", vec![op("EnqueueBlobs", &["q", "x"], &["x"], vec![])]),
+            &ws,
+        )
+        .unwrap();
         let ws2 = ws.clone();
         let h = spawn_blocked(move || n.run(&ws2, &CancelToken::new()));
         // Blocked: the value has not been taken yet.
@@ -847,7 +948,11 @@ mod tests {
     fn read_blocks_while_empty_until_a_write() {
         let ws = Workspace::new();
         make_queue(&ws, "q", 1, 1);
-        let mut n = Net::create(&net("r", vec![op("DequeueBlobs", &["q"], &["y"], vec![])]), &ws).unwrap();
+        let mut n = Net::create(
+            &net("r", vec![op("DequeueBlobs", &["q"], &["y"], vec![])]),
+            &ws,
+        )
+        .unwrap();
         let ws2 = ws.clone();
         let h = spawn_blocked(move || n.run(&ws2, &CancelToken::new()));
         assert!(enqueue(&ws, "q", "x", i64s(&[42])).unwrap());
@@ -876,7 +981,10 @@ mod tests {
         thread::sleep(Duration::from_millis(50));
         assert!(handles.iter().all(|h| !h.is_finished()));
         assert!(run(&ws, op("CloseBlobsQueue", &["q"], &[], vec![])).unwrap());
-        let results: Vec<bool> = handles.into_iter().map(|h| join_within(h).unwrap()).collect();
+        let results: Vec<bool> = handles
+            .into_iter()
+            .map(|h| join_within(h).unwrap())
+            .collect();
         // Plain dequeue fails softly; the Safe one succeeds with status = true.
         assert_eq!(results, vec![false, false, true]);
         assert!(status(&ws, "s2"));
@@ -892,7 +1000,11 @@ mod tests {
         make_queue(&ws, "q", 1, 1);
         assert!(enqueue(&ws, "q", "x", i64s(&[1])).unwrap());
         feed(&ws, "x", i64s(&[2]));
-        let mut n = Net::create(&net("w", vec![op("EnqueueBlobs", &["q", "x"], &["x"], vec![])]), &ws).unwrap();
+        let mut n = Net::create(
+            &net("w", vec![op("EnqueueBlobs", &["q", "x"], &["x"], vec![])]),
+            &ws,
+        )
+        .unwrap();
         let ws2 = ws.clone();
         let h = spawn_blocked(move || n.run(&ws2, &CancelToken::new()));
         queue(&ws, "q").close();
@@ -907,8 +1019,14 @@ mod tests {
         make_queue(&ws, "q", 2, 1);
         assert!(enqueue(&ws, "q", "x", i64s(&[1])).unwrap());
         assert!(run(&ws, op("CloseBlobsQueue", &["q"], &[], vec![])).unwrap());
-        assert!(enqueue(&ws, "q", "x", i64s(&[2])).unwrap(), "a free slot after close still takes a write");
-        assert!(!enqueue(&ws, "q", "x", i64s(&[3])).unwrap(), "closed and full fails softly");
+        assert!(
+            enqueue(&ws, "q", "x", i64s(&[2])).unwrap(),
+            "a free slot after close still takes a write"
+        );
+        assert!(
+            !enqueue(&ws, "q", "x", i64s(&[3])).unwrap(),
+            "closed and full fails softly"
+        );
         assert_eq!(get(&ws, "x"), i64s(&[3]));
         // Drain: both records come out, then the closed, empty queue fails.
         for v in [1, 2] {
@@ -916,10 +1034,19 @@ mod tests {
             assert_eq!(get(&ws, "y"), i64s(&[v]));
         }
         assert!(!dequeue(&ws, "q", "y").unwrap());
-        assert_eq!(get(&ws, "y"), i64s(&[2]), "a failed read leaves its output alone");
+        assert_eq!(
+            get(&ws, "y"),
+            i64s(&[2]),
+            "a failed read leaves its output alone"
+        );
         // A soft failure stops the net: later ops do not run.
-        let n =
-            net("n", vec![op("DequeueBlobs", &["q"], &["y"], vec![]), op("CreateCounter", &[], &["after"], vec![])]);
+        let n = net(
+            "n",
+            vec![
+                op("DequeueBlobs", &["q"], &["y"], vec![]),
+                op("CreateCounter", &[], &["after"], vec![]),
+            ],
+        );
         assert!(!ws.run_net_once(&n, &CancelToken::new()).unwrap());
         assert!(ws.fetch("after").unwrap().is_empty());
     }
@@ -930,7 +1057,11 @@ mod tests {
         make_queue(&ws, "q", 1, 1);
         let senq = |v: i64| {
             feed(&ws, "x", i64s(&[v]));
-            run(&ws, op("SafeEnqueueBlobs", &["q", "x"], &["x", "st"], vec![])).unwrap()
+            run(
+                &ws,
+                op("SafeEnqueueBlobs", &["q", "x"], &["x", "st"], vec![]),
+            )
+            .unwrap()
         };
         let sdeq = || run(&ws, op("SafeDequeueBlobs", &["q"], &["y", "sd"], vec![])).unwrap();
         assert!(senq(1));
@@ -945,13 +1076,21 @@ mod tests {
         assert_eq!(get(&ws, "y"), i64s(&[1]));
         assert!(sdeq());
         assert!(status(&ws, "sd"), "closed and drained");
-        assert_eq!(get(&ws, "y"), i64s(&[1]), "outputs untouched when nothing was read");
+        assert_eq!(
+            get(&ws, "y"),
+            i64s(&[1]),
+            "outputs untouched when nothing was read"
+        );
         // The status blob's buffer is reused across runs and stays correct.
         let ws = Workspace::new();
         make_queue(&ws, "q", 4, 1);
         for k in 0..3 {
             feed(&ws, "x", i64s(&[k]));
-            assert!(run(&ws, op("SafeEnqueueBlobs", &["q", "x"], &["x", "st"], vec![])).unwrap());
+            assert!(run(
+                &ws,
+                op("SafeEnqueueBlobs", &["q", "x"], &["x", "st"], vec![])
+            )
+            .unwrap());
             assert!(!status(&ws, "st"));
         }
     }
@@ -963,7 +1102,11 @@ mod tests {
         let rec = |a: Tensor, b: Tensor| {
             feed(&ws, "a", a);
             feed(&ws, "b", b);
-            assert!(run(&ws, op("EnqueueBlobs", &["q", "a", "b"], &["a", "b"], vec![])).unwrap());
+            assert!(run(
+                &ws,
+                op("EnqueueBlobs", &["q", "a", "b"], &["a", "b"], vec![])
+            )
+            .unwrap());
         };
         let m = |rows: usize, v: Vec<f32>| Tensor::from_vec(&[rows, 2], v).unwrap();
         rec(i64s(&[1, 2]), m(1, vec![0.5, 1.5]));
@@ -971,14 +1114,28 @@ mod tests {
         rec(i64s(&[]), m(0, vec![]));
         rec(i64s(&[4, 5]), m(1, vec![6.5, 7.5]));
         rec(i64s(&[6]), m(1, vec![8.5, 9.5]));
-        let deq =
-            || run(&ws, op("SafeDequeueBlobs", &["q"], &["x", "y", "s"], vec![int_arg("num_records", 2)])).unwrap();
+        let deq = || {
+            run(
+                &ws,
+                op(
+                    "SafeDequeueBlobs",
+                    &["q"],
+                    &["x", "y", "s"],
+                    vec![int_arg("num_records", 2)],
+                ),
+            )
+            .unwrap()
+        };
         assert!(deq());
         assert!(!status(&ws, "s"));
         assert_eq!(get(&ws, "x"), i64s(&[1, 2, 3]));
         assert_eq!(get(&ws, "y"), m(3, vec![0.5, 1.5, 2.5, 3.5, 4.5, 5.5]));
         assert!(deq());
-        assert_eq!(get(&ws, "x"), i64s(&[4, 5]), "an empty record appends nothing");
+        assert_eq!(
+            get(&ws, "x"),
+            i64s(&[4, 5]),
+            "an empty record appends nothing"
+        );
         assert_eq!(get(&ws, "y"), m(1, vec![6.5, 7.5]));
         // Close with one record left: a short batch still counts as success.
         queue(&ws, "q").close();
@@ -992,16 +1149,55 @@ mod tests {
         // Mismatched inner dims and 0-dim records are errors, not garbage.
         let ws = Workspace::new();
         make_queue(&ws, "q", 4, 1);
-        assert!(enqueue(&ws, "q", "a", Tensor::from_vec(&[1, 2], vec![1i32, 2]).unwrap()).unwrap());
-        assert!(enqueue(&ws, "q", "a", Tensor::from_vec(&[1, 3], vec![1i32, 2, 3]).unwrap()).unwrap());
-        let e = run(&ws, op("SafeDequeueBlobs", &["q"], &["x", "s"], vec![int_arg("num_records", 2)])).unwrap_err();
+        assert!(enqueue(
+            &ws,
+            "q",
+            "a",
+            Tensor::from_vec(&[1, 2], vec![1i32, 2]).unwrap()
+        )
+        .unwrap());
+        assert!(enqueue(
+            &ws,
+            "q",
+            "a",
+            Tensor::from_vec(&[1, 3], vec![1i32, 2, 3]).unwrap()
+        )
+        .unwrap());
+        let e = run(
+            &ws,
+            op(
+                "SafeDequeueBlobs",
+                &["q"],
+                &["x", "s"],
+                vec![int_arg("num_records", 2)],
+            ),
+        )
+        .unwrap_err();
         assert_eq!(e.kind, ErrorKind::Shape, "{e}");
         assert!(enqueue(&ws, "q", "a", Tensor::scalar(1i32)).unwrap());
         assert!(enqueue(&ws, "q", "a", Tensor::scalar(2i32)).unwrap());
-        let e = run(&ws, op("SafeDequeueBlobs", &["q"], &["x", "s"], vec![int_arg("num_records", 2)])).unwrap_err();
+        let e = run(
+            &ws,
+            op(
+                "SafeDequeueBlobs",
+                &["q"],
+                &["x", "s"],
+                vec![int_arg("num_records", 2)],
+            ),
+        )
+        .unwrap_err();
         assert!(e.message.contains("0-dim"), "{e}");
         // num_records must be positive.
-        let e = run(&ws, op("SafeDequeueBlobs", &["q"], &["x", "s"], vec![int_arg("num_records", 0)])).unwrap_err();
+        let e = run(
+            &ws,
+            op(
+                "SafeDequeueBlobs",
+                &["q"],
+                &["x", "s"],
+                vec![int_arg("num_records", 0)],
+            ),
+        )
+        .unwrap_err();
         assert_eq!(e.kind, ErrorKind::InvalidArgument);
     }
 
@@ -1010,15 +1206,42 @@ mod tests {
         let ws = Workspace::new();
         make_queue(&ws, "q", 1, 1);
         let t = Instant::now();
-        let ok = run(&ws, op("DequeueBlobs", &["q"], &["y"], vec![float_arg("timeout_secs", 0.05)])).unwrap();
+        let ok = run(
+            &ws,
+            op(
+                "DequeueBlobs",
+                &["q"],
+                &["y"],
+                vec![float_arg("timeout_secs", 0.05)],
+            ),
+        )
+        .unwrap();
         assert!(!ok);
         assert!(t.elapsed() >= Duration::from_millis(50) && t.elapsed() < PROMPT);
         // A record that is there is read at once, timeout or not.
         assert!(enqueue(&ws, "q", "x", i64s(&[5])).unwrap());
-        assert!(run(&ws, op("DequeueBlobs", &["q"], &["y"], vec![float_arg("timeout_secs", 0.05)])).unwrap());
+        assert!(run(
+            &ws,
+            op(
+                "DequeueBlobs",
+                &["q"],
+                &["y"],
+                vec![float_arg("timeout_secs", 0.05)]
+            )
+        )
+        .unwrap());
         assert_eq!(get(&ws, "y"), i64s(&[5]));
         // An integer timeout is the wrong argument field, as in Caffe2.
-        assert!(run(&ws, op("DequeueBlobs", &["q"], &["y"], vec![int_arg("timeout_secs", 1)])).is_err());
+        assert!(run(
+            &ws,
+            op(
+                "DequeueBlobs",
+                &["q"],
+                &["y"],
+                vec![int_arg("timeout_secs", 1)]
+            )
+        )
+        .is_err());
     }
 
     #[test]
@@ -1031,7 +1254,12 @@ mod tests {
         let tok = CancelToken::new();
         let defs = [
             op("DequeueBlobs", &["empty"], &["y"], vec![]),
-            op("SafeDequeueBlobs", &["empty"], &["y2", "s2"], vec![int_arg("num_records", 3)]),
+            op(
+                "SafeDequeueBlobs",
+                &["empty"],
+                &["y2", "s2"],
+                vec![int_arg("num_records", 3)],
+            ),
             op("EnqueueBlobs", &["full", "x"], &["x"], vec![]),
             op("SafeEnqueueBlobs", &["full", "x"], &["x", "s3"], vec![]),
         ];
@@ -1058,23 +1286,52 @@ mod tests {
     fn schema_and_argument_errors() {
         let ws = Workspace::new();
         let bad = [
-            op("CreateBlobsQueue", &[], &["q"], vec![int_arg("capacity", 0)]),
-            op("CreateBlobsQueue", &[], &["q"], vec![int_arg("num_blobs", -1)]),
-            op("CreateBlobsQueue", &[], &["q"], vec![int_arg("num_blobs", 2), strings_arg("field_names", &["a"])]),
+            op(
+                "CreateBlobsQueue",
+                &[],
+                &["q"],
+                vec![int_arg("capacity", 0)],
+            ),
+            op(
+                "CreateBlobsQueue",
+                &[],
+                &["q"],
+                vec![int_arg("num_blobs", -1)],
+            ),
+            op(
+                "CreateBlobsQueue",
+                &[],
+                &["q"],
+                vec![int_arg("num_blobs", 2), strings_arg("field_names", &["a"])],
+            ),
         ];
         for d in bad {
             assert_eq!(run(&ws, d).unwrap_err().kind, ErrorKind::InvalidArgument);
         }
-        let args = vec![int_arg("num_blobs", 2), strings_arg("field_names", &["a", "b"])];
+        let args = vec![
+            int_arg("num_blobs", 2),
+            strings_arg("field_names", &["a", "b"]),
+        ];
         assert!(run(&ws, op("CreateBlobsQueue", &[], &["q"], args)).unwrap());
-        assert_eq!(queue(&ws, "q").field_names(), &["a".to_string(), "b".to_string()]);
+        assert_eq!(
+            queue(&ws, "q").field_names(),
+            &["a".to_string(), "b".to_string()]
+        );
         assert_eq!(queue(&ws, "q").name(), "q");
         feed(&ws, "a", i64s(&[1]));
         feed(&ws, "b", i64s(&[1]));
         // In-place is enforced: output j must be input j + 1.
-        let e = run(&ws, op("EnqueueBlobs", &["q", "a", "b"], &["a", "c"], vec![])).unwrap_err();
+        let e = run(
+            &ws,
+            op("EnqueueBlobs", &["q", "a", "b"], &["a", "c"], vec![]),
+        )
+        .unwrap_err();
         assert!(e.message.contains("in-place"), "{e}");
-        let e = run(&ws, op("SafeEnqueueBlobs", &["q", "a"], &["a", "a"], vec![])).unwrap_err();
+        let e = run(
+            &ws,
+            op("SafeEnqueueBlobs", &["q", "a"], &["a", "a"], vec![]),
+        )
+        .unwrap_err();
         assert!(e.message.contains("in-place"), "{e}");
         // Input and output counts must line up.
         let e = run(&ws, op("EnqueueBlobs", &["q", "a", "b"], &["a"], vec![])).unwrap_err();
@@ -1088,7 +1345,10 @@ mod tests {
         assert!(run(&ws, op("DequeueBlobs", &["q"], &["q", "z"], vec![])).is_err());
         // A non-queue blob is a type error naming it.
         let e = run(&ws, op("CloseBlobsQueue", &["a"], &[], vec![])).unwrap_err();
-        assert_eq!((e.kind, e.context.blob.as_deref()), (ErrorKind::Type, Some("a")));
+        assert_eq!(
+            (e.kind, e.context.blob.as_deref()),
+            (ErrorKind::Type, Some("a"))
+        );
     }
 
     #[test]
@@ -1100,15 +1360,26 @@ mod tests {
         make_queue(&ws, "q", 2, 1);
         assert!(queue(&ws, "q").is_empty());
         assert_eq!(old.len(), 1, "holders of the old handle keep the old queue");
-        let unique =
-            || op("CreateBlobsQueue", &[], &["u"], vec![int_arg("capacity", 2), int_arg("enforce_unique_name", 1)]);
+        let unique = || {
+            op(
+                "CreateBlobsQueue",
+                &[],
+                &["u"],
+                vec![int_arg("capacity", 2), int_arg("enforce_unique_name", 1)],
+            )
+        };
         assert!(run(&ws, unique()).unwrap());
         assert!(run(&ws, unique()).is_err(), "the queue exists already");
         // A blob with one of Caffe2's slot names blocks a unique queue.
         feed(&ws, "v_1_0", i64s(&[0]));
         let e = run(
             &ws,
-            op("CreateBlobsQueue", &[], &["v"], vec![int_arg("capacity", 2), int_arg("enforce_unique_name", 1)]),
+            op(
+                "CreateBlobsQueue",
+                &[],
+                &["v"],
+                vec![int_arg("capacity", 2), int_arg("enforce_unique_name", 1)],
+            ),
         )
         .unwrap_err();
         assert_eq!(e.context.blob.as_deref(), Some("v_1_0"));
@@ -1123,13 +1394,27 @@ mod tests {
         let mut rec = [BlobValue::Tensor(i64s(&[1])), BlobValue::Tensor(i64s(&[2]))];
         assert!(q.blocking_write(&mut rec, &tok).unwrap());
         assert!(rec.iter().all(|v| v.is_empty()));
-        assert!(q.blocking_write(&mut [BlobValue::Empty], &tok).is_err(), "wrong width");
+        assert!(
+            q.blocking_write(&mut [BlobValue::Empty], &tok).is_err(),
+            "wrong width"
+        );
         let mut out = [BlobValue::Empty, BlobValue::Empty];
-        assert_eq!(q.blocking_read(&mut out, Some(Duration::ZERO), &tok).unwrap(), ReadOutcome::Read);
+        assert_eq!(
+            q.blocking_read(&mut out, Some(Duration::ZERO), &tok)
+                .unwrap(),
+            ReadOutcome::Read
+        );
         assert_eq!(out[1].tensor().unwrap(), &i64s(&[2]));
-        assert_eq!(q.blocking_read(&mut out, Some(Duration::ZERO), &tok).unwrap(), ReadOutcome::TimedOut);
+        assert_eq!(
+            q.blocking_read(&mut out, Some(Duration::ZERO), &tok)
+                .unwrap(),
+            ReadOutcome::TimedOut
+        );
         q.close();
-        assert_eq!(q.blocking_read(&mut out, None, &tok).unwrap(), ReadOutcome::Closed);
+        assert_eq!(
+            q.blocking_read(&mut out, None, &tok).unwrap(),
+            ReadOutcome::Closed
+        );
         assert!(format!("{q:?}").contains("capacity 2"));
     }
 
@@ -1167,7 +1452,10 @@ mod tests {
                 p.join().unwrap();
             }
             q.close();
-            consumers.into_iter().flat_map(|c| c.join().unwrap()).collect::<Vec<_>>()
+            consumers
+                .into_iter()
+                .flat_map(|c| c.join().unwrap())
+                .collect::<Vec<_>>()
         });
         let mut got = got;
         got.sort_unstable();
@@ -1202,35 +1490,65 @@ mod tests {
         });
     }
     fn step(name: &str) -> ExecutionStep {
-        ExecutionStep { name: Some(name.into()), ..Default::default() }
+        ExecutionStep {
+            name: Some(name.into()),
+            ..Default::default()
+        }
     }
     fn net_step(name: &str, nets: &[&str]) -> ExecutionStep {
-        ExecutionStep { network: nets.iter().map(|s| s.to_string()).collect(), ..step(name) }
+        ExecutionStep {
+            network: nets.iter().map(|s| s.to_string()).collect(),
+            ..step(name)
+        }
     }
 
     /// Producer: `count` records 0..count, then close. Consumers: `consumers`
     /// instances (each in its own child workspace) looping on SafeDequeue's status.
-    fn producer_consumer_plan(count: i64, capacity: i64, consumers: i32, num_records: i64) -> PlanDef {
+    fn producer_consumer_plan(
+        count: i64,
+        capacity: i64,
+        consumers: i32,
+        num_records: i64,
+    ) -> PlanDef {
         let init = net(
             "init",
             vec![
-                op("CreateBlobsQueue", &[], &["q"], vec![int_arg("capacity", capacity)]),
+                op(
+                    "CreateBlobsQueue",
+                    &[],
+                    &["q"],
+                    vec![int_arg("capacity", capacity)],
+                ),
                 op("CreateCounter", &[], &["src"], vec![]),
             ],
         );
         let produce = net(
             "produce",
-            vec![op("CountUp", &["src"], &["v"], vec![]), op("EnqueueBlobs", &["q", "v"], &["v"], vec![])],
+            vec![
+                op("CountUp", &["src"], &["v"], vec![]),
+                op("EnqueueBlobs", &["q", "v"], &["v"], vec![]),
+            ],
         );
         let close = net("close", vec![op("CloseBlobsQueue", &["q"], &[], vec![])]);
         let dequeue = net(
             "dequeue",
-            vec![op("SafeDequeueBlobs", &["q"], &["r", "status"], vec![int_arg("num_records", num_records)])],
+            vec![op(
+                "SafeDequeueBlobs",
+                &["q"],
+                &["r", "status"],
+                vec![int_arg("num_records", num_records)],
+            )],
         );
-        let collect = net("collect", vec![op("QueueTestCollect", &["sink", "r"], &[], vec![])]);
+        let collect = net(
+            "collect",
+            vec![op("QueueTestCollect", &["sink", "r"], &[], vec![])],
+        );
         let producer = ExecutionStep {
             substep: vec![
-                ExecutionStep { num_iter: Some(count), ..net_step("produce", &["produce"]) },
+                ExecutionStep {
+                    num_iter: Some(count),
+                    ..net_step("produce", &["produce"])
+                },
                 net_step("close", &["close"]),
             ],
             ..step("producer")
@@ -1240,9 +1558,16 @@ mod tests {
             should_stop_blob: Some("status".into()),
             ..net_step("consumer", &["dequeue", "collect"])
         };
-        let consumers =
-            ExecutionStep { substep: vec![consumer], num_concurrent_instances: Some(consumers), ..step("consumers") };
-        let top = ExecutionStep { substep: vec![producer, consumers], concurrent_substeps: Some(true), ..step("top") };
+        let consumers = ExecutionStep {
+            substep: vec![consumer],
+            num_concurrent_instances: Some(consumers),
+            ..step("consumers")
+        };
+        let top = ExecutionStep {
+            substep: vec![producer, consumers],
+            concurrent_substeps: Some(true),
+            ..step("top")
+        };
         PlanDef {
             name: Some("pc".into()),
             network: vec![init, produce, close, dequeue, collect],
@@ -1265,7 +1590,11 @@ mod tests {
                 assert_eq!(got, (0..count).collect::<Vec<_>>());
             }
             got.sort_unstable();
-            assert_eq!(got, (0..count).collect::<Vec<_>>(), "count {count}, consumers {consumers}");
+            assert_eq!(
+                got,
+                (0..count).collect::<Vec<_>>(),
+                "count {count}, consumers {consumers}"
+            );
             assert!(queue(&ws, "q").is_closed() && queue(&ws, "q").is_empty());
         }
     }
@@ -1277,7 +1606,10 @@ mod tests {
         let init = net("init", vec![op("CreateBlobsQueue", &[], &["q"], vec![])]);
         // Never closed, never written: this consumer would wait for ever.
         let wait = net("wait", vec![op("DequeueBlobs", &["q"], &["r"], vec![])]);
-        let fail = net("fail", vec![op("RetrieveCount", &["not_a_counter"], &["c"], vec![])]);
+        let fail = net(
+            "fail",
+            vec![op("RetrieveCount", &["not_a_counter"], &["c"], vec![])],
+        );
         let top = ExecutionStep {
             substep: vec![net_step("waiter", &["wait"]), net_step("failer", &["fail"])],
             concurrent_substeps: Some(true),
@@ -1300,14 +1632,25 @@ mod tests {
     #[test]
     fn cancelling_a_plan_unblocks_a_producer_on_a_full_queue() {
         let ws = Workspace::new();
-        let init =
-            net("init", vec![op("CreateBlobsQueue", &[], &["q"], vec![]), op("CreateCounter", &[], &["src"], vec![])]);
+        let init = net(
+            "init",
+            vec![
+                op("CreateBlobsQueue", &[], &["q"], vec![]),
+                op("CreateCounter", &[], &["src"], vec![]),
+            ],
+        );
         let produce = net(
             "produce",
-            vec![op("CountUp", &["src"], &["v"], vec![]), op("SafeEnqueueBlobs", &["q", "v"], &["v", "full"], vec![])],
+            vec![
+                op("CountUp", &["src"], &["v"], vec![]),
+                op("SafeEnqueueBlobs", &["q", "v"], &["v", "full"], vec![]),
+            ],
         );
         // Loops until the queue is closed and full, which never happens.
-        let producer = ExecutionStep { should_stop_blob: Some("full".into()), ..net_step("producer", &["produce"]) };
+        let producer = ExecutionStep {
+            should_stop_blob: Some("full".into()),
+            ..net_step("producer", &["produce"])
+        };
         let plan = PlanDef {
             name: Some("p".into()),
             network: vec![init, produce],

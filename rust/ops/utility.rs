@@ -144,7 +144,12 @@ fn fmt_g(v: f64) -> String {
     if (-4..P).contains(&x) {
         strip(&format!("{:.*}", (P - 1 - x) as usize, v)).to_string()
     } else {
-        format!("{}e{}{:02}", strip(mantissa), if x < 0 { '-' } else { '+' }, x.abs())
+        format!(
+            "{}e{}{:02}",
+            strip(mantissa),
+            if x < 0 { '-' } else { '+' },
+            x.abs()
+        )
     }
 }
 
@@ -172,9 +177,11 @@ fn print_line(name: &str, t: &Tensor, limit: usize) -> Result<String> {
         Tensor::U8(a) => join(a, limit, |v| v.to_string()),
         Tensor::Str(a) => join(a, limit, |v| String::from_utf8_lossy(v).into_owned()),
         Tensor::I8(_) | Tensor::I16(_) | Tensor::U16(_) => {
-            return Err(
-                Error::type_error(format!("Print does not support tensors of dtype {}", t.dtype())).with_blob(name)
-            )
+            return Err(Error::type_error(format!(
+                "Print does not support tensors of dtype {}",
+                t.dtype()
+            ))
+            .with_blob(name))
         }
     };
     s.push_str(&values);
@@ -201,7 +208,11 @@ fn print(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             .create(true)
             .truncate(true)
             .open(&path)
-            .map_err(|e| Error::io(&e, &path).with_blob(&name).with_op(ctx.op_type(), None))?;
+            .map_err(|e| {
+                Error::io(&e, &path)
+                    .with_blob(&name)
+                    .with_op(ctx.op_type(), None)
+            })?;
         Some((f, path))
     } else {
         None
@@ -227,7 +238,9 @@ fn print(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             }
         };
         match &mut file {
-            Some((f, path)) => writeln!(f, "{line}").map_err(|e| Error::io(&e, path).with_blob(&name))?,
+            Some((f, path)) => {
+                writeln!(f, "{line}").map_err(|e| Error::io(&e, path).with_blob(&name))?
+            }
             None => eprintln!("{line}"),
         }
         Ok(true)
@@ -239,7 +252,11 @@ fn print(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 fn get_all_blob_names(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let include_shared = ctx.args.bool("include_shared", true)?;
     Ok(kernel(move |cx| {
-        let names = if include_shared { cx.ws.blob_names() } else { cx.ws.local_blob_names() };
+        let names = if include_shared {
+            cx.ws.blob_names()
+        } else {
+            cx.ws.local_blob_names()
+        };
         let n = names.len();
         let t = Tensor::from_vec(&[n], names.into_iter().map(String::into_bytes).collect())?;
         cx.lock().set_output(0, t);
@@ -266,18 +283,23 @@ fn lengths_to_ranges(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         let name = l.input_name(0);
         let a = l.tensor(0)?.array::<i32>().map_err(|e| e.with_blob(name))?;
         if a.ndim() != 1 {
-            return Err(
-                Error::shape(format!("the lengths must be a 1-D tensor, got shape {:?}", a.shape())).with_blob(name)
-            );
+            return Err(Error::shape(format!(
+                "the lengths must be a 1-D tensor, got shape {:?}",
+                a.shape()
+            ))
+            .with_blob(name));
         }
         let mut out = Vec::with_capacity(2 * a.len());
         let mut next = Some(0i32);
         for (i, &len) in a.iter().enumerate() {
             if len < 0 {
-                return Err(Error::invalid_arg(format!("length #{i} is negative: {len}")).with_blob(name));
+                return Err(
+                    Error::invalid_arg(format!("length #{i} is negative: {len}")).with_blob(name),
+                );
             }
             let offset = next.ok_or_else(|| {
-                Error::invalid_arg(format!("the offset of length #{i} overflows int32")).with_blob(name)
+                Error::invalid_arg(format!("the offset of length #{i} overflows int32"))
+                    .with_blob(name)
             })?;
             out.push(offset);
             out.push(len);
@@ -292,7 +314,12 @@ fn lengths_to_ranges(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 // --------------------------------------------------------- ScatterAssign --
 
 /// Copies slice `i` (rows of `block` elements, flat) over row `rows[i]` of `data`.
-fn scatter_rows<T: Element>(data: &mut Tensor, slices: &Tensor, rows: &[usize], block: usize) -> Result<()> {
+fn scatter_rows<T: Element>(
+    data: &mut Tensor,
+    slices: &Tensor,
+    rows: &[usize],
+    block: usize,
+) -> Result<()> {
     let a = data.array_mut::<T>()?;
     if !a.is_standard_layout() {
         *a = a.as_standard_layout().into_owned();
@@ -312,11 +339,16 @@ fn scatter_rows<T: Element>(data: &mut Tensor, slices: &Tensor, rows: &[usize], 
 fn scatter_assign(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     Ok(kernel(|cx| {
         let mut l = cx.lock();
-        let (dn, iname, sname) =
-            (l.input_name(0).to_string(), l.input_name(1).to_string(), l.input_name(2).to_string());
+        let (dn, iname, sname) = (
+            l.input_name(0).to_string(),
+            l.input_name(1).to_string(),
+            l.input_name(2).to_string(),
+        );
         if !l.aliases(0, 0) {
-            return Err(Error::invalid_arg("ScatterAssign must run in place: its output must be the DATA blob")
-                .with_blob(l.output_name(0)));
+            return Err(Error::invalid_arg(
+                "ScatterAssign must run in place: its output must be the DATA blob",
+            )
+            .with_blob(l.output_name(0)));
         }
         let (dtype, rows, block) = {
             let data = l.tensor(0)?;
@@ -332,7 +364,11 @@ fn scatter_assign(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             }
             if !matches!(
                 dtype,
-                DataType::Float | DataType::Double | DataType::Uint8 | DataType::Int32 | DataType::Int64
+                DataType::Float
+                    | DataType::Double
+                    | DataType::Uint8
+                    | DataType::Int32
+                    | DataType::Int64
             ) {
                 return Err(Error::type_error(format!(
                     "ScatterAssign does not support DATA of dtype {dtype} (float32, float64, uint8, int32, int64)"
@@ -340,7 +376,10 @@ fn scatter_assign(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
                 .with_blob(&dn));
             }
             let Some((&n, inner)) = data.shape().split_first() else {
-                return Err(Error::shape("DATA must have at least one dimension, got a 0-dim tensor").with_blob(&dn));
+                return Err(Error::shape(
+                    "DATA must have at least one dimension, got a 0-dim tensor",
+                )
+                .with_blob(&dn));
             };
             let block: usize = inner.iter().product();
             let k = indices.numel();
@@ -363,18 +402,31 @@ fn scatter_assign(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
                 })
             };
             let rows = match indices {
-                Tensor::I32(a) => a.iter().map(|&v| i64::from(v)).enumerate().map(check).collect::<Result<Vec<_>>>()?,
-                Tensor::I64(a) => a.iter().copied().enumerate().map(check).collect::<Result<Vec<_>>>()?,
+                Tensor::I32(a) => a
+                    .iter()
+                    .map(|&v| i64::from(v))
+                    .enumerate()
+                    .map(check)
+                    .collect::<Result<Vec<_>>>()?,
+                Tensor::I64(a) => a
+                    .iter()
+                    .copied()
+                    .enumerate()
+                    .map(check)
+                    .collect::<Result<Vec<_>>>()?,
                 other => {
-                    return Err(Error::type_error(format!("INDICES must be int32 or int64, got {}", other.dtype()))
-                        .with_blob(&iname))
+                    return Err(Error::type_error(format!(
+                        "INDICES must be int32 or int64, got {}",
+                        other.dtype()
+                    ))
+                    .with_blob(&iname))
                 }
             };
             (dtype, rows, block)
         };
-        let (out, slices) = l
-            .output_and_input(0, 2)
-            .ok_or_else(|| Error::invalid_arg("SLICES cannot be the DATA blob").with_blob(&sname))?;
+        let (out, slices) = l.output_and_input(0, 2).ok_or_else(|| {
+            Error::invalid_arg("SLICES cannot be the DATA blob").with_blob(&sname)
+        })?;
         let slices = slices.tensor().map_err(|e| e.with_blob(&sname))?;
         let data = out.tensor_mut().map_err(|e| e.with_blob(&dn))?;
         by_dtype!(dtype, scatter_rows(data, slices, &rows, block)).map_err(|e| e.with_blob(&dn))?;
@@ -384,12 +436,20 @@ fn scatter_assign(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 
 // ---------------------------------------------------------------- Concat --
 
-fn concat_typed<T: Element>(inputs: &[(&str, &Tensor)], axis: usize, add_axis: bool) -> Result<Tensor> {
+fn concat_typed<T: Element>(
+    inputs: &[(&str, &Tensor)],
+    axis: usize,
+    add_axis: bool,
+) -> Result<Tensor> {
     let views = inputs
         .iter()
         .map(|(name, t)| {
             let v = t.array::<T>().map_err(|e| e.with_blob(name))?.view();
-            Ok(if add_axis { v.insert_axis(Axis(axis)) } else { v })
+            Ok(if add_axis {
+                v.insert_axis(Axis(axis))
+            } else {
+                v
+            })
         })
         .collect::<Result<Vec<ArrayViewD<'_, T>>>>()?;
     ndarray::concatenate(Axis(axis), &views)
@@ -403,7 +463,10 @@ fn concat(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         return Err(ctx.bad_arg("you cannot give both the axis to concat along and the order"));
     }
     let (axis, add_axis) = if args.has("axis") {
-        (i64::from(args.int::<i32>("axis", -1)?), args.int::<i32>("add_axis", 0)? != 0)
+        (
+            i64::from(args.int::<i32>("axis", -1)?),
+            args.int::<i32>("add_axis", 0)? != 0,
+        )
     } else {
         let order = args.string("order", "NCHW")?;
         let axis = if order.eq_ignore_ascii_case("NCHW") {
@@ -411,64 +474,77 @@ fn concat(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         } else if order.eq_ignore_ascii_case("NHWC") {
             3
         } else {
-            return Err(ctx.bad_arg(format!("unsupported storage order '{order}' (NCHW or NHWC)")));
+            return Err(ctx.bad_arg(format!(
+                "unsupported storage order '{order}' (NCHW or NHWC)"
+            )));
         };
         (axis, false)
     };
     let ni = ctx.num_inputs();
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
-        let (out, split) = {
-            let inputs = (0..ni).map(|i| Ok((l.input_name(i), l.tensor(i)?))).collect::<Result<Vec<_>>>()?;
-            let (name0, first) = inputs[0];
-            let ndim = first.ndim();
-            let adj = ndim + usize::from(add_axis);
-            let canon = if axis < 0 { axis + adj as i64 } else { axis };
-            if canon < 0 || canon >= adj as i64 {
-                return Err(Error::invalid_arg(format!(
-                    "axis {axis} is out of range for inputs of {ndim} dims{}",
-                    if add_axis { " (plus the added axis)" } else { "" }
-                ))
-                .with_blob(name0));
-            }
-            let canon = canon as usize;
-            for &(name, t) in &inputs[1..] {
-                if t.dtype() != first.dtype() {
-                    return Err(Error::type_error(format!(
-                        "all inputs must have the same dtype: expected {} but got {}",
-                        first.dtype(),
-                        t.dtype()
+        let (out, split) =
+            {
+                let inputs = (0..ni)
+                    .map(|i| Ok((l.input_name(i), l.tensor(i)?)))
+                    .collect::<Result<Vec<_>>>()?;
+                let (name0, first) = inputs[0];
+                let ndim = first.ndim();
+                let adj = ndim + usize::from(add_axis);
+                let canon = if axis < 0 { axis + adj as i64 } else { axis };
+                if canon < 0 || canon >= adj as i64 {
+                    return Err(Error::invalid_arg(format!(
+                        "axis {axis} is out of range for inputs of {ndim} dims{}",
+                        if add_axis {
+                            " (plus the added axis)"
+                        } else {
+                            ""
+                        }
                     ))
-                    .with_blob(name));
+                    .with_blob(name0));
                 }
-                let dims_match = t.ndim() == ndim
-                    && (0..ndim).all(|i| (i == canon && !add_axis) || t.shape()[i] == first.shape()[i]);
-                if !dims_match {
-                    return Err(Error::shape(format!(
+                let canon = canon as usize;
+                for &(name, t) in &inputs[1..] {
+                    if t.dtype() != first.dtype() {
+                        return Err(Error::type_error(format!(
+                            "all inputs must have the same dtype: expected {} but got {}",
+                            first.dtype(),
+                            t.dtype()
+                        ))
+                        .with_blob(name));
+                    }
+                    let dims_match = t.ndim() == ndim
+                        && (0..ndim)
+                            .all(|i| (i == canon && !add_axis) || t.shape()[i] == first.shape()[i]);
+                    if !dims_match {
+                        return Err(Error::shape(format!(
                         "the inputs may differ only along axis {canon}{}: {:?} ('{name0}') vs {:?}",
                         if add_axis { " (none may differ with add_axis)" } else { "" },
                         first.shape(),
                         t.shape()
                     ))
-                    .with_blob(name));
-                }
-            }
-            let split = inputs
-                .iter()
-                .map(|&(name, t)| {
-                    if add_axis {
-                        Ok(1)
-                    } else {
-                        i32::try_from(t.shape()[canon]).map_err(|_| {
-                            Error::shape(format!("dim {canon} of size {} does not fit int32", t.shape()[canon]))
-                                .with_blob(name)
-                        })
+                        .with_blob(name));
                     }
-                })
-                .collect::<Result<Vec<i32>>>()?;
-            let out = by_dtype!(first.dtype(), concat_typed(&inputs, canon, add_axis))?;
-            (out, Tensor::from_vec(&[ni], split)?)
-        };
+                }
+                let split = inputs
+                    .iter()
+                    .map(|&(name, t)| {
+                        if add_axis {
+                            Ok(1)
+                        } else {
+                            i32::try_from(t.shape()[canon]).map_err(|_| {
+                                Error::shape(format!(
+                                    "dim {canon} of size {} does not fit int32",
+                                    t.shape()[canon]
+                                ))
+                                .with_blob(name)
+                            })
+                        }
+                    })
+                    .collect::<Result<Vec<i32>>>()?;
+                let out = by_dtype!(first.dtype(), concat_typed(&inputs, canon, add_axis))?;
+                (out, Tensor::from_vec(&[ni], split)?)
+            };
         l.set_output(0, out);
         l.set_output(1, split);
         Ok(true)
@@ -489,13 +565,22 @@ mod tests {
     use std::sync::Arc;
 
     fn named(n: &str) -> Argument {
-        Argument { name: Some(n.into()), ..Default::default() }
+        Argument {
+            name: Some(n.into()),
+            ..Default::default()
+        }
     }
     fn a_i(n: &str, v: i64) -> Argument {
-        Argument { i: Some(v), ..named(n) }
+        Argument {
+            i: Some(v),
+            ..named(n)
+        }
     }
     fn a_s(n: &str, v: &str) -> Argument {
-        Argument { s: Some(v.as_bytes().to_vec()), ..named(n) }
+        Argument {
+            s: Some(v.as_bytes().to_vec()),
+            ..named(n)
+        }
     }
     fn op(ty: &str, ins: &[&str], outs: &[&str], arg: Vec<Argument>) -> OperatorDef {
         OperatorDef {
@@ -560,10 +645,19 @@ mod tests {
             }
         }
         let e = run(&ws, &op("EnsureCPUOutput", &["c"], &["y"], vec![])).unwrap_err();
-        assert_eq!(e.message, "unexpected input blob: it holds Counter but a Tensor was expected");
+        assert_eq!(
+            e.message,
+            "unexpected input blob: it holds Counter but a Tensor was expected"
+        );
         let e = run(&ws, &op("Copy", &["c"], &["y"], vec![])).unwrap_err();
-        assert_eq!(e.message, "wrong kind of blob: it holds Counter but a Tensor was expected");
-        assert!(ws.fetch("y").unwrap().is_empty(), "nothing is written on failure");
+        assert_eq!(
+            e.message,
+            "wrong kind of blob: it holds Counter but a Tensor was expected"
+        );
+        assert!(
+            ws.fetch("y").unwrap().is_empty(),
+            "nothing is written on failure"
+        );
     }
 
     // ------------------------------------------------------------ Print --
@@ -599,12 +693,30 @@ mod tests {
     #[test]
     fn print_line_format() {
         let x = t(&[2, 2], vec![1.0f32, 2.5, 3.0, 4.0]);
-        assert_eq!(print_line("x", &x, 1000).unwrap(), "Tensor x of type float32. Dims: (2,2,): 1,2.5,3,4");
-        assert_eq!(print_line("x", &x, 2).unwrap(), "Tensor x of type float32. Dims: (2,2,): 1,2.5");
-        assert_eq!(print_line("s", &Tensor::scalar(5i64), 1000).unwrap(), "Tensor s of type int64. Dims: (): 5");
-        assert_eq!(print_line("b", &t(&[2], vec![true, false]), 9).unwrap(), "Tensor b of type bool. Dims: (2,): 1,0");
-        assert_eq!(print_line("u", &t(&[2], vec![7u8, 200]), 9).unwrap(), "Tensor u of type uint8. Dims: (2,): 7,200");
-        assert_eq!(print_line("d", &t(&[1], vec![1e-7f64]), 9).unwrap(), "Tensor d of type float64. Dims: (1,): 1e-07");
+        assert_eq!(
+            print_line("x", &x, 1000).unwrap(),
+            "Tensor x of type float32. Dims: (2,2,): 1,2.5,3,4"
+        );
+        assert_eq!(
+            print_line("x", &x, 2).unwrap(),
+            "Tensor x of type float32. Dims: (2,2,): 1,2.5"
+        );
+        assert_eq!(
+            print_line("s", &Tensor::scalar(5i64), 1000).unwrap(),
+            "Tensor s of type int64. Dims: (): 5"
+        );
+        assert_eq!(
+            print_line("b", &t(&[2], vec![true, false]), 9).unwrap(),
+            "Tensor b of type bool. Dims: (2,): 1,0"
+        );
+        assert_eq!(
+            print_line("u", &t(&[2], vec![7u8, 200]), 9).unwrap(),
+            "Tensor u of type uint8. Dims: (2,): 7,200"
+        );
+        assert_eq!(
+            print_line("d", &t(&[1], vec![1e-7f64]), 9).unwrap(),
+            "Tensor d of type float64. Dims: (1,): 1e-07"
+        );
         assert_eq!(
             print_line("i", &t(&[3], vec![-1i32, 0, 1]), 9).unwrap(),
             "Tensor i of type int32. Dims: (3,): -1,0,1"
@@ -614,7 +726,10 @@ mod tests {
             "Tensor w of type string. Dims: (2,): hello,a b"
         );
         // Empty tensors print only the meta, whatever their dtype.
-        assert_eq!(print_line("e", &t(&[0, 3], Vec::<i8>::new()), 9).unwrap(), "Tensor e of type int8. Dims: (0,3,): ");
+        assert_eq!(
+            print_line("e", &t(&[0, 3], Vec::<i8>::new()), 9).unwrap(),
+            "Tensor e of type int8. Dims: (0,3,): "
+        );
         for bad in [t(&[1], vec![1i8]), t(&[1], vec![1i16]), t(&[1], vec![1u16])] {
             let e = print_line("z", &bad, 9).unwrap_err();
             assert_eq!(kind_blob(&e), (ErrorKind::Type, Some("z")));
@@ -622,7 +737,8 @@ mod tests {
     }
 
     fn temp_root(tag: &str) -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!("ferrocaffe-utility-{tag}-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("ferrocaffe-utility-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         dir
@@ -637,11 +753,20 @@ mod tests {
         std::fs::write(&log, "stale\n").unwrap();
         let net = NetDef {
             name: Some("p".into()),
-            op: vec![op("Print", &["x"], &[], vec![a_i("to_file", 1), a_i("every_n", 2), a_i("limit", 2)])],
+            op: vec![op(
+                "Print",
+                &["x"],
+                &[],
+                vec![a_i("to_file", 1), a_i("every_n", 2), a_i("limit", 2)],
+            )],
             ..Default::default()
         };
         ws.create_net(&net, false).unwrap();
-        assert_eq!(std::fs::read_to_string(&log).unwrap(), "", "truncated when the op is built");
+        assert_eq!(
+            std::fs::read_to_string(&log).unwrap(),
+            "",
+            "truncated when the op is built"
+        );
         for k in 1..=5i64 {
             ws.feed("x", BlobValue::Tensor(t(&[3], vec![k, 2, 3])));
             ws.run_net("p", 1, &CancelToken::new()).unwrap();
@@ -665,7 +790,10 @@ mod tests {
 
     #[test]
     fn print_to_stderr_and_construction_errors() {
-        let ws = ws_with(&[("x", t(&[2], vec![0.25f32, 1.0])), ("e", t(&[0], Vec::<f32>::new()))]);
+        let ws = ws_with(&[
+            ("x", t(&[2], vec![0.25f32, 1.0])),
+            ("e", t(&[0], Vec::<f32>::new())),
+        ]);
         assert!(run(&ws, &op("Print", &["x"], &[], vec![])).unwrap());
         assert!(run(&ws, &op("Print", &["e"], &[], vec![])).unwrap());
         let e = build_err(&ws, &op("Print", &["x"], &[], vec![a_i("every_n", 0)]));
@@ -682,7 +810,10 @@ mod tests {
         missing.feed("x", BlobValue::Tensor(Tensor::scalar(1.0f32)));
         let e = build_err(&missing, &op("Print", &["x"], &[], vec![a_i("to_file", 1)]));
         assert_eq!(kind_blob(&e), (ErrorKind::Io, Some("x")));
-        assert_eq!(e.context.file.as_deref(), Some("/nonexistent-ferrocaffe-dir/sub/x.log"));
+        assert_eq!(
+            e.context.file.as_deref(),
+            Some("/nonexistent-ferrocaffe-dir/sub/x.log")
+        );
     }
 
     // -------------------------------------------------- GetAllBlobNames --
@@ -694,9 +825,30 @@ mod tests {
         assert_eq!(out(&parent, "names"), t(&[3], strs(&["a", "names", "p"])));
         let child = Workspace::new_child(&parent);
         child.feed("c", BlobValue::Tensor(Tensor::scalar(1i32)));
-        run(&child, &op("GetAllBlobNames", &[], &["all"], vec![a_i("include_shared", 1)])).unwrap();
-        assert_eq!(out(&child, "all"), t(&[5], strs(&["a", "all", "c", "names", "p"])));
-        run(&child, &op("GetAllBlobNames", &[], &["local"], vec![a_i("include_shared", 0)])).unwrap();
+        run(
+            &child,
+            &op(
+                "GetAllBlobNames",
+                &[],
+                &["all"],
+                vec![a_i("include_shared", 1)],
+            ),
+        )
+        .unwrap();
+        assert_eq!(
+            out(&child, "all"),
+            t(&[5], strs(&["a", "all", "c", "names", "p"]))
+        );
+        run(
+            &child,
+            &op(
+                "GetAllBlobNames",
+                &[],
+                &["local"],
+                vec![a_i("include_shared", 0)],
+            ),
+        )
+        .unwrap();
         assert_eq!(out(&child, "local"), t(&[3], strs(&["all", "c", "local"])));
         let e = build_err(&child, &op("GetAllBlobNames", &["c"], &["n"], vec![]));
         assert!(e.message.contains("takes 0 inputs"), "{e}");
@@ -718,14 +870,20 @@ mod tests {
         ws.feed("c", BlobValue::Object(Arc::new(Counter::new(1))));
         let e = run(&ws, &op("IsEmpty", &["c"], &["r"], vec![])).unwrap_err();
         assert_eq!(kind_blob(&e), (ErrorKind::Type, Some("c")));
-        assert!(create_operator(&op("IsEmpty", &["e"], &["e"], vec![]), &ws).is_err(), "no in place");
+        assert!(
+            create_operator(&op("IsEmpty", &["e"], &["e"], vec![]), &ws).is_err(),
+            "no in place"
+        );
     }
 
     // -------------------------------------------------- LengthsToRanges --
 
     #[test]
     fn lengths_to_ranges() {
-        let ws = ws_with(&[("l", t(&[4], vec![2i32, 3, 0, 1])), ("z", t(&[0], Vec::<i32>::new()))]);
+        let ws = ws_with(&[
+            ("l", t(&[4], vec![2i32, 3, 0, 1])),
+            ("z", t(&[0], Vec::<i32>::new())),
+        ]);
         run(&ws, &op("LengthsToRanges", &["l"], &["r"], vec![])).unwrap();
         assert_eq!(out(&ws, "r"), t(&[4, 2], vec![0i32, 2, 2, 3, 5, 0, 5, 1]));
         run(&ws, &op("LengthsToRanges", &["z"], &["r"], vec![])).unwrap();
@@ -761,23 +919,48 @@ mod tests {
         let slices = t(&[3, 2], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]);
         let (ws, r) = scatter(data.clone(), t(&[3], vec![3i64, 1, 3]), slices.clone());
         r.unwrap();
-        assert_eq!(out(&ws, "d"), t(&[4, 2], vec![0.0f32, 0.0, 3.0, 4.0, 0.0, 0.0, 5.0, 6.0]), "last duplicate wins");
+        assert_eq!(
+            out(&ws, "d"),
+            t(&[4, 2], vec![0.0f32, 0.0, 3.0, 4.0, 0.0, 0.0, 5.0, 6.0]),
+            "last duplicate wins"
+        );
         // int32 indices, int64 data, slices of another shape with the right count.
-        let (ws, r) = scatter(t(&[3], vec![0i64; 3]), t(&[1, 2], vec![2i32, 0]), t(&[2], vec![7i64, 8]));
+        let (ws, r) = scatter(
+            t(&[3], vec![0i64; 3]),
+            t(&[1, 2], vec![2i32, 0]),
+            t(&[2], vec![7i64, 8]),
+        );
         r.unwrap();
         assert_eq!(out(&ws, "d"), t(&[3], vec![8i64, 0, 7]));
         // A DATA tensor that is not in standard layout is handled in logical order.
         let transposed = Tensor::F64(
-            ArrayD::from_shape_vec(IxDyn(&[2, 3]), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap().reversed_axes(),
+            ArrayD::from_shape_vec(IxDyn(&[2, 3]), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+                .unwrap()
+                .reversed_axes(),
         );
-        let (ws, r) = scatter(transposed, t(&[1], vec![1i32]), t(&[1, 2], vec![9.0f64, 9.5]));
+        let (ws, r) = scatter(
+            transposed,
+            t(&[1], vec![1i32]),
+            t(&[1, 2], vec![9.0f64, 9.5]),
+        );
         r.unwrap();
-        assert_eq!(out(&ws, "d"), t(&[3, 2], vec![1.0f64, 4.0, 9.0, 9.5, 3.0, 6.0]));
+        assert_eq!(
+            out(&ws, "d"),
+            t(&[3, 2], vec![1.0f64, 4.0, 9.0, 9.5, 3.0, 6.0])
+        );
         // Every DATA dtype Caffe2 supports on the CPU.
-        let (ws, r) = scatter(t(&[2], vec![0u8, 0]), t(&[1], vec![1i32]), t(&[1], vec![5u8]));
+        let (ws, r) = scatter(
+            t(&[2], vec![0u8, 0]),
+            t(&[1], vec![1i32]),
+            t(&[1], vec![5u8]),
+        );
         r.unwrap();
         assert_eq!(out(&ws, "d"), t(&[2], vec![0u8, 5]));
-        let (ws, r) = scatter(t(&[2], vec![0i32, 0]), t(&[0], Vec::<i32>::new()), t(&[0], Vec::<i32>::new()));
+        let (ws, r) = scatter(
+            t(&[2], vec![0i32, 0]),
+            t(&[0], Vec::<i32>::new()),
+            t(&[0], Vec::<i32>::new()),
+        );
         r.unwrap();
         assert_eq!(out(&ws, "d"), t(&[2], vec![0i32, 0]));
     }
@@ -785,28 +968,79 @@ mod tests {
     #[test]
     fn scatter_assign_checks_indices() {
         let data = t(&[2, 2], vec![1.0f32, 2.0, 3.0, 4.0]);
-        for idx in [t(&[2], vec![0i64, 2]), t(&[1], vec![-1i64]), t(&[1], vec![2i32])] {
+        for idx in [
+            t(&[2], vec![0i64, 2]),
+            t(&[1], vec![-1i64]),
+            t(&[1], vec![2i32]),
+        ] {
             let n = idx.numel();
             let (ws, r) = scatter(data.clone(), idx, t(&[n, 2], vec![9.0f32; 2 * n]));
             let e = r.unwrap_err();
-            assert_eq!(kind_blob(&e), (ErrorKind::IndexOutOfRange, Some("i")), "{e}");
+            assert_eq!(
+                kind_blob(&e),
+                (ErrorKind::IndexOutOfRange, Some("i")),
+                "{e}"
+            );
             assert_eq!(out(&ws, "d"), data, "no partial write");
         }
         // An empty first dim makes every index out of range.
-        let (_, r) = scatter(t(&[0, 2], Vec::<f32>::new()), t(&[1], vec![0i64]), t(&[2], vec![1.0f32, 2.0]));
-        assert_eq!(kind_blob(&r.unwrap_err()), (ErrorKind::IndexOutOfRange, Some("i")));
+        let (_, r) = scatter(
+            t(&[0, 2], Vec::<f32>::new()),
+            t(&[1], vec![0i64]),
+            t(&[2], vec![1.0f32, 2.0]),
+        );
+        assert_eq!(
+            kind_blob(&r.unwrap_err()),
+            (ErrorKind::IndexOutOfRange, Some("i"))
+        );
     }
 
     #[test]
     fn scatter_assign_type_and_shape_errors() {
         let data = t(&[2, 2], vec![0.0f32; 4]);
         let cases: [(Tensor, Tensor, Tensor, ErrorKind, &str); 6] = [
-            (data.clone(), t(&[1], vec![0i64]), t(&[3], vec![1.0f32; 3]), ErrorKind::Shape, "s"),
-            (data.clone(), t(&[1], vec![0i64]), t(&[2], vec![1.0f64; 2]), ErrorKind::Type, "s"),
-            (data.clone(), t(&[1], vec![0.0f32]), t(&[2], vec![1.0f32; 2]), ErrorKind::Type, "i"),
-            (t(&[2], vec![true, false]), t(&[1], vec![0i64]), t(&[1], vec![true]), ErrorKind::Type, "d"),
-            (Tensor::scalar(1.0f32), t(&[1], vec![0i64]), t(&[1], vec![1.0f32]), ErrorKind::Shape, "d"),
-            (t(&[2], strs(&["a", "b"])), t(&[1], vec![0i64]), t(&[1], strs(&["c"])), ErrorKind::Type, "d"),
+            (
+                data.clone(),
+                t(&[1], vec![0i64]),
+                t(&[3], vec![1.0f32; 3]),
+                ErrorKind::Shape,
+                "s",
+            ),
+            (
+                data.clone(),
+                t(&[1], vec![0i64]),
+                t(&[2], vec![1.0f64; 2]),
+                ErrorKind::Type,
+                "s",
+            ),
+            (
+                data.clone(),
+                t(&[1], vec![0.0f32]),
+                t(&[2], vec![1.0f32; 2]),
+                ErrorKind::Type,
+                "i",
+            ),
+            (
+                t(&[2], vec![true, false]),
+                t(&[1], vec![0i64]),
+                t(&[1], vec![true]),
+                ErrorKind::Type,
+                "d",
+            ),
+            (
+                Tensor::scalar(1.0f32),
+                t(&[1], vec![0i64]),
+                t(&[1], vec![1.0f32]),
+                ErrorKind::Shape,
+                "d",
+            ),
+            (
+                t(&[2], strs(&["a", "b"])),
+                t(&[1], vec![0i64]),
+                t(&[1], strs(&["c"])),
+                ErrorKind::Type,
+                "d",
+            ),
         ];
         for (d, i, s, kind, blob) in cases {
             let (_, r) = scatter(d, i, s);
@@ -814,9 +1048,17 @@ mod tests {
             assert_eq!(kind_blob(&e), (kind, Some(blob)), "{e}");
         }
         // In place is enforced by the schema.
-        let ws = ws_with(&[("d", data.clone()), ("i", t(&[1], vec![0i64])), ("s", t(&[2], vec![1.0f32; 2]))]);
+        let ws = ws_with(&[
+            ("d", data.clone()),
+            ("i", t(&[1], vec![0i64])),
+            ("s", t(&[2], vec![1.0f32; 2])),
+        ]);
         let e = build_err(&ws, &op("ScatterAssign", &["d", "i", "s"], &["o"], vec![]));
-        assert!(e.message.contains("requires output 0 to be the same blob as input 0"), "{e}");
+        assert!(
+            e.message
+                .contains("requires output 0 to be the same blob as input 0"),
+            "{e}"
+        );
         let e = build_err(&ws, &op("ScatterAssign", &["d", "i", "d"], &["d"], vec![]));
         assert_eq!(e.kind, ErrorKind::InvalidArgument);
     }
@@ -835,11 +1077,19 @@ mod tests {
         let a = t(&[2, 1], vec![1i32, 2]);
         let b = t(&[2, 2], vec![3i32, 4, 5, 6]);
         let (y, s) = concat(&[("a", a.clone()), ("b", b.clone())], vec![]).unwrap();
-        assert_eq!(y, t(&[2, 3], vec![1i32, 3, 4, 2, 5, 6]), "axis 1 by default");
+        assert_eq!(
+            y,
+            t(&[2, 3], vec![1i32, 3, 4, 2, 5, 6]),
+            "axis 1 by default"
+        );
         assert_eq!(s, t(&[2], vec![1i32, 2]));
         let (y, _) = concat(&[("a", a.clone()), ("b", b.clone())], vec![a_i("axis", -1)]).unwrap();
         assert_eq!(y, t(&[2, 3], vec![1i32, 3, 4, 2, 5, 6]));
-        let (y, s) = concat(&[("b", b.clone()), ("c", t(&[1, 2], vec![7i32, 8]))], vec![a_i("axis", 0)]).unwrap();
+        let (y, s) = concat(
+            &[("b", b.clone()), ("c", t(&[1, 2], vec![7i32, 8]))],
+            vec![a_i("axis", 0)],
+        )
+        .unwrap();
         assert_eq!(y, t(&[3, 2], vec![3i32, 4, 5, 6, 7, 8]));
         assert_eq!(s, t(&[2], vec![2i32, 1]));
         let (y, s) = concat(&[("a", t(&[2], strs(&["x", "y"])))], vec![a_i("axis", 0)]).unwrap();
@@ -847,19 +1097,38 @@ mod tests {
         // add_axis stacks along a new axis.
         let p = t(&[2], vec![1.0f32, 2.0]);
         let q = t(&[2], vec![3.0f32, 4.0]);
-        let (y, s) = concat(&[("p", p.clone()), ("q", q.clone())], vec![a_i("axis", 1), a_i("add_axis", 1)]).unwrap();
-        assert_eq!((y, s), (t(&[2, 2], vec![1.0f32, 3.0, 2.0, 4.0]), t(&[2], vec![1i32, 1])));
-        let (y, _) = concat(&[("p", p), ("q", q)], vec![a_i("axis", 0), a_i("add_axis", 1)]).unwrap();
+        let (y, s) = concat(
+            &[("p", p.clone()), ("q", q.clone())],
+            vec![a_i("axis", 1), a_i("add_axis", 1)],
+        )
+        .unwrap();
+        assert_eq!(
+            (y, s),
+            (
+                t(&[2, 2], vec![1.0f32, 3.0, 2.0, 4.0]),
+                t(&[2], vec![1i32, 1])
+            )
+        );
+        let (y, _) = concat(
+            &[("p", p), ("q", q)],
+            vec![a_i("axis", 0), a_i("add_axis", 1)],
+        )
+        .unwrap();
         assert_eq!(y, t(&[2, 2], vec![1.0f32, 2.0, 3.0, 4.0]));
-        let (y, _) =
-            concat(&[("p", Tensor::scalar(1u8)), ("q", Tensor::scalar(2u8))], vec![a_i("axis", 0), a_i("add_axis", 1)])
-                .unwrap();
+        let (y, _) = concat(
+            &[("p", Tensor::scalar(1u8)), ("q", Tensor::scalar(2u8))],
+            vec![a_i("axis", 0), a_i("add_axis", 1)],
+        )
+        .unwrap();
         assert_eq!(y, t(&[2], vec![1u8, 2]));
         // order NHWC joins along axis 3.
         let n1 = t(&[1, 1, 1, 2], vec![1i64, 2]);
         let n2 = t(&[1, 1, 1, 1], vec![3i64]);
         let (y, s) = concat(&[("n1", n1), ("n2", n2)], vec![a_s("order", "NHWC")]).unwrap();
-        assert_eq!((y, s), (t(&[1, 1, 1, 3], vec![1i64, 2, 3]), t(&[2], vec![2i32, 1])));
+        assert_eq!(
+            (y, s),
+            (t(&[1, 1, 1, 3], vec![1i64, 2, 3]), t(&[2], vec![2i32, 1]))
+        );
     }
 
     #[test]
@@ -867,11 +1136,36 @@ mod tests {
         let a = t(&[2, 1], vec![1i32, 2]);
         type Case<'a> = (Vec<(&'a str, Tensor)>, Vec<Argument>, ErrorKind, &'a str);
         let cases: [Case<'_>; 6] = [
-            (vec![("a", a.clone()), ("b", t(&[2, 1], vec![1i64, 2]))], vec![], ErrorKind::Type, "b"),
-            (vec![("a", a.clone()), ("b", t(&[3, 1], vec![1i32, 2, 3]))], vec![], ErrorKind::Shape, "b"),
-            (vec![("a", a.clone()), ("b", t(&[2], vec![1i32, 2]))], vec![], ErrorKind::Shape, "b"),
-            (vec![("a", a.clone()), ("b", a.clone())], vec![a_i("axis", 2)], ErrorKind::InvalidArgument, "a"),
-            (vec![("a", a.clone()), ("b", a.clone())], vec![a_i("axis", -3)], ErrorKind::InvalidArgument, "a"),
+            (
+                vec![("a", a.clone()), ("b", t(&[2, 1], vec![1i64, 2]))],
+                vec![],
+                ErrorKind::Type,
+                "b",
+            ),
+            (
+                vec![("a", a.clone()), ("b", t(&[3, 1], vec![1i32, 2, 3]))],
+                vec![],
+                ErrorKind::Shape,
+                "b",
+            ),
+            (
+                vec![("a", a.clone()), ("b", t(&[2], vec![1i32, 2]))],
+                vec![],
+                ErrorKind::Shape,
+                "b",
+            ),
+            (
+                vec![("a", a.clone()), ("b", a.clone())],
+                vec![a_i("axis", 2)],
+                ErrorKind::InvalidArgument,
+                "a",
+            ),
+            (
+                vec![("a", a.clone()), ("b", a.clone())],
+                vec![a_i("axis", -3)],
+                ErrorKind::InvalidArgument,
+                "a",
+            ),
             (
                 vec![("a", Tensor::scalar(1i32)), ("b", Tensor::scalar(2i32))],
                 vec![a_i("axis", 0)],
@@ -883,16 +1177,36 @@ mod tests {
             let e = concat(&inputs, args).unwrap_err();
             assert_eq!(kind_blob(&e), (kind, Some(blob)), "{e}");
         }
-        let e = concat(&[("a", a.clone()), ("b", t(&[2, 2], vec![0i32; 4]))], vec![a_i("axis", 1), a_i("add_axis", 1)])
-            .unwrap_err();
+        let e = concat(
+            &[("a", a.clone()), ("b", t(&[2, 2], vec![0i32; 4]))],
+            vec![a_i("axis", 1), a_i("add_axis", 1)],
+        )
+        .unwrap_err();
         assert_eq!(kind_blob(&e), (ErrorKind::Shape, Some("b")));
         // Construction errors.
         let ws = ws_with(&[("a", a)]);
-        let e = build_err(&ws, &op("Concat", &["a"], &["y", "s"], vec![a_i("axis", 0), a_s("order", "NCHW")]));
+        let e = build_err(
+            &ws,
+            &op(
+                "Concat",
+                &["a"],
+                &["y", "s"],
+                vec![a_i("axis", 0), a_s("order", "NCHW")],
+            ),
+        );
         assert!(e.message.contains("both the axis"), "{e}");
-        let e = build_err(&ws, &op("Concat", &["a"], &["y", "s"], vec![a_s("order", "CHWN")]));
-        assert!(e.message.contains("unsupported storage order 'CHWN'"), "{e}");
-        let e = build_err(&ws, &op("Concat", &["a"], &["y", "s"], vec![a_s("axis", "1")]));
+        let e = build_err(
+            &ws,
+            &op("Concat", &["a"], &["y", "s"], vec![a_s("order", "CHWN")]),
+        );
+        assert!(
+            e.message.contains("unsupported storage order 'CHWN'"),
+            "{e}"
+        );
+        let e = build_err(
+            &ws,
+            &op("Concat", &["a"], &["y", "s"], vec![a_s("axis", "1")]),
+        );
         assert!(e.message.contains("expected field i"), "{e}");
         let e = build_err(&ws, &op("Concat", &["a"], &["y"], vec![]));
         assert!(e.message.contains("takes 2 outputs"), "{e}");
