@@ -29,14 +29,6 @@ fn op(ty: &str, ins: &[&str], outs: &[&str], args: Vec<Argument>) -> OperatorDef
     }
 }
 
-fn int_arg(name: &str, v: i64) -> Argument {
-    Argument {
-        name: Some(name.into()),
-        i: Some(v),
-        ..Default::default()
-    }
-}
-
 fn ints_arg(name: &str, v: &[i64]) -> Argument {
     Argument {
         name: Some(name.into()),
