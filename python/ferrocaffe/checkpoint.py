@@ -1242,6 +1242,19 @@ class JobRunner(object):
         except KeyboardInterrupt:
             self._progress.close()
             if cm:
+                # Ctrl-C may land between a save's commit (the manifest
+                # write) and our bookkeeping: ask the handler, which reads
+                # the manifest, what the last complete checkpoint is.
+                handler = _handler_of(cm)
+                if isinstance(handler, FileMetadataHandler):
+                    try:
+                        committed = handler.last_epoch(user_epoch=LATEST)
+                    except Exception:  # report what we know instead
+                        committed = None
+                    if committed is not None and (
+                            self.last_checkpoint_epoch is None
+                            or committed > self.last_checkpoint_epoch):
+                        self.last_checkpoint_epoch = committed
                 logger.warning(
                     'interrupted during epoch %s; the last complete '
                     "checkpoint is epoch %s; resume_from_epoch='latest' goes "
