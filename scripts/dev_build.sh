@@ -4,4 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYO3_BUILD_EXTENSION_MODULE=1 cargo build --features python ${PROFILE:+--profile "$PROFILE"} "$@"
-cp "target/${PROFILE:-debug}/libferrocaffe.so" python/ferrocaffe/_core.abi3.so
+# Copy then rename: a running process that has the old library mapped keeps it.
+cp "target/${PROFILE:-debug}/libferrocaffe.so" python/ferrocaffe/.core.so.tmp
+mv -f python/ferrocaffe/.core.so.tmp python/ferrocaffe/_core.abi3.so

@@ -8,6 +8,7 @@ A program works on a few int64 variables.  Statements:
     ('loop', count, body)                  with ops.loop(count) as loop: body
     ('if', [(cond, body), ...], else_body) ops.If(...) / .Elif(...) / .Else()
     ('stop_if', cond)                      ops.stop_if(cond)
+    ('mark', k)                            h = h * 31 + k
 
 An operand is ('var', name), ('const', c) or ('iter', k), the iteration
 counter of the k-th enclosing loop (outermost first).  A condition is
@@ -19,8 +20,14 @@ iteration (the loop's stop condition is `iter >= count`, evaluated there).
 Else branch, or a loop (the remaining statements of the iteration are
 skipped and no further iteration runs).  It is never generated at the top
 level, where the builder's step would loop until its stop blob is set.
+
+Besides the data variables v0..v3, the variable h hashes the path taken:
+every block body starts with a 'mark' (numbered in program order) and a
+stop_if is followed by one, so any difference in control flow shows in h,
+even when the data variables happen to end equal.
 """
 
+import itertools
 import operator
 
 import numpy as np
@@ -33,7 +40,9 @@ from ferrocaffe.net_builder import NetBuilder, ops
 from ferrocaffe.session import LocalSession
 from ferrocaffe.task import Task, final_output
 
-VARS = ('v0', 'v1', 'v2', 'v3')
+VARS = ('v0', 'v1', 'v2', 'v3')     # the data variables
+TRACE = 'h'                         # the path hash (see 'mark')
+ALL = VARS + (TRACE,)
 CMPS = {
     'EQ': operator.eq, 'NE': operator.ne, 'LT': operator.lt,
     'LE': operator.le, 'GT': operator.gt, 'GE': operator.ge,
@@ -113,6 +122,8 @@ class Model:
             elif kind == 'stop_if':
                 if self.cond(s[1], iters):
                     return True
+            elif kind == 'mark':
+                self.env[TRACE] = wrap64(self.env[TRACE] * 31 + s[1])
             else:
                 raise AssertionError(kind)
         return False
@@ -128,7 +139,7 @@ def evaluate(init, program):
 
 def build_program(init, program):
     """Adds the program to the active builder; returns {name: blob}."""
-    blobs = {v: ops.Const(init[v]) for v in VARS}
+    blobs = {v: ops.Const(init[v]) for v in ALL}
 
     def operand(o, loops):
         kind, x = o
@@ -169,6 +180,9 @@ def build_program(init, program):
                         block(else_body, loops)
             elif kind == 'stop_if':
                 ops.stop_if(cond(s[1], loops))
+            elif kind == 'mark':
+                h = blobs[TRACE]
+                ops.Add([ops.Mul([h, ops.Const(31)]), ops.Const(s[1])], [h])
             else:
                 raise AssertionError(kind)
 
@@ -209,7 +223,7 @@ def as_int64_scalars(values):
 
 def render(init, program):
     """Python-like text of the program, for failure reports."""
-    lines = ['%s = %d' % (v, init[v]) for v in VARS]
+    lines = ['%s = %d' % (v, init[v]) for v in ALL]
 
     def opnd(o):
         kind, x = o
@@ -243,6 +257,8 @@ def render(init, program):
                 if s[2] is not None:
                     lines.append(pad + 'else:')
                     block(s[2], indent + 1, depth)
+            elif s[0] == 'mark':
+                lines.append('%sh = h * 31 + %d' % (pad, s[1]))
             else:
                 lines.append('%sstop_if %s' % (pad, cnd(s[1])))
 
@@ -265,27 +281,46 @@ def operands(n_loops):
 
 
 def conditions(n_loops):
-    return st.tuples(st.sampled_from(sorted(CMPS)), operands(n_loops),
-                     operands(n_loops))
+    general = st.tuples(st.sampled_from(sorted(CMPS)), operands(n_loops),
+                        operands(n_loops))
+    if not n_loops:
+        return general
+    # a loop counter against a small constant: true in some iterations only
+    on_iter = st.tuples(st.sampled_from(sorted(CMPS)),
+                        st.tuples(st.just('iter'),
+                                  st.integers(0, n_loops - 1)),
+                        st.tuples(st.just('const'), st.integers(0, 3)))
+    return st.one_of(general, on_iter)
+
+
+@st.composite
+def assignments(draw, n_loops):
+    kind = draw(st.sampled_from(['const', 'add', 'sub', 'accumulate']))
+    dst = draw(st.sampled_from(VARS))
+    if kind == 'const':
+        return ('const', dst, draw(small_ints))
+    if kind == 'accumulate':
+        return ('add', dst, ('var', dst), draw(operands(n_loops)))
+    return (kind, dst, draw(operands(n_loops)), draw(operands(n_loops)))
 
 
 @st.composite
 def blocks(draw, depth, n_loops, allow_stop, min_size=0):
-    size = draw(st.integers(min_size, 4 if depth < 2 else 3))
     stmts = []
+    if depth and draw(st.integers(0, 3)):
+        stmts.append(('mark', 0))         # numbered by number_marks
+    size = draw(st.integers(min_size, 4 if depth < 2 else 3))
     for _ in range(size):
-        kinds = ['const', 'add', 'sub', 'add']
+        kinds = ['assign', 'assign']
         if depth < MAX_DEPTH:
             kinds += ['loop', 'if']
         if allow_stop:
             kinds.append('stop_if')
+            if n_loops:
+                kinds.append('stop_if')
         kind = draw(st.sampled_from(kinds))
-        if kind == 'const':
-            stmts.append(('const', draw(st.sampled_from(VARS)),
-                          draw(small_ints)))
-        elif kind in ('add', 'sub'):
-            stmts.append((kind, draw(st.sampled_from(VARS)),
-                          draw(operands(n_loops)), draw(operands(n_loops))))
+        if kind == 'assign':
+            stmts.append(draw(assignments(n_loops)))
         elif kind == 'loop':
             count = draw(st.one_of(
                 st.tuples(st.just('const'), st.integers(0, 3)),
@@ -301,13 +336,38 @@ def blocks(draw, depth, n_loops, allow_stop, min_size=0):
                 st.none(), blocks(depth + 1, n_loops, True)))
             stmts.append(('if', branches, else_body))
         else:
-            stmts.append(('stop_if', draw(conditions(n_loops))))
+            # with something after it for the stop to skip
+            stmts += [('stop_if', draw(conditions(n_loops))), ('mark', 0),
+                      draw(assignments(n_loops))]
     return stmts
 
 
+def number_marks(prog):
+    """Numbers the marks 1, 2, ... in program order."""
+    init, program = prog
+    numbers = itertools.count(1)
+
+    def renumber(stmts):
+        out = []
+        for s in stmts:
+            if s[0] == 'mark':
+                out.append(('mark', next(numbers)))
+            elif s[0] == 'loop':
+                out.append(('loop', s[1], renumber(s[2])))
+            elif s[0] == 'if':
+                out.append(('if', [(c, renumber(b)) for c, b in s[1]],
+                            None if s[2] is None else renumber(s[2])))
+            else:
+                out.append(s)
+        return out
+
+    return init, renumber(program)
+
+
 programs = st.tuples(
-    st.fixed_dictionaries({v: small_ints for v in VARS}),
-    blocks(0, 0, False, min_size=1))
+    st.fixed_dictionaries(dict({v: small_ints for v in VARS},
+                               **{TRACE: st.just(0)})),
+    blocks(0, 0, False, min_size=1)).map(number_marks)
 
 
 # --------------------------------------------------------- the property --
@@ -344,7 +404,7 @@ def test_model_semantics():
         ])], None),
         ('add', 'v1', ('var', 'v1'), ('const', 1)),
     ])]
-    init = dict.fromkeys(VARS, 0)
+    init = dict.fromkeys(ALL, 0)
     env = evaluate(init, prog)
     assert env['v0'] == 20 and env['v1'] == 3
     # a variable count is re-read every iteration
@@ -355,6 +415,9 @@ def test_model_semantics():
     env = evaluate(dict(init, v0=6), prog)
     # iter 0: v0=5, iter 1: v0=4, iter 2: v0=3, then 3 >= 3 stops
     assert env == dict(init, v0=3, v1=3)
+    # marks hash the path
+    env = evaluate(init, [('mark', 2), ('loop', ('const', 2), [('mark', 5)])])
+    assert env['h'] == ((0 * 31 + 2) * 31 + 5) * 31 + 5
     assert wrap64(2 ** 63) == -2 ** 63
     assert wrap64(-2 ** 63 - 1) == 2 ** 63 - 1
 
@@ -447,7 +510,7 @@ def test_nested_loops_with_stop_if_and_branches_via_ast():
             ('add', 'v0', ('var', 'v0'), ('const', 1)),
         ]),
     ])]
-    init = dict.fromkeys(VARS, 0)
+    init = dict.fromkeys(ALL, 0)
     # by hand: (i, j) pairs run: j <= min(i, 2):
     # i=0: (0,0); i=1: (1,0) (1,1); i=2: (2,0) (2,1) (2,2);
     # i=3: (3,0) (3,1) (3,2)   -> 9 body runs, v0 += 1 each
@@ -455,7 +518,7 @@ def test_nested_loops_with_stop_if_and_branches_via_ast():
     # else j == 0: i = 0, 1, 2 -> v2 = 3
     # else: (1,1) (2,2) (3,1) (3,2) -> v0 -= 400
     # v3 ends as the last i + j = 5
-    expected = {'v0': 9 - 400, 'v1': 2, 'v2': 3, 'v3': 5}
+    expected = {'v0': 9 - 400, 'v1': 2, 'v2': 3, 'v3': 5, 'h': 0}
     assert evaluate(init, prog) == expected
     assert as_int64_scalars(run_in_plan(init, prog)) == expected
     assert as_int64_scalars(run_in_task(init, prog)) == expected
@@ -467,8 +530,8 @@ def test_loop_counted_by_a_variable_changed_in_its_body():
         ('sub', 'v0', ('var', 'v0'), ('const', 1)),
         ('add', 'v1', ('var', 'v1'), ('iter', 0)),
     ])]
-    init = dict(dict.fromkeys(VARS, 0), v0=6)
-    expected = {'v0': 3, 'v1': 0 + 1 + 2, 'v2': 0, 'v3': 0}
+    init = dict(dict.fromkeys(ALL, 0), v0=6)
+    expected = {'v0': 3, 'v1': 0 + 1 + 2, 'v2': 0, 'v3': 0, 'h': 0}
     assert as_int64_scalars(run_in_plan(init, prog)) == expected
 
 
@@ -501,10 +564,15 @@ def test_int64_wraparound_matches_model():
     prog = [('add', 'v0', ('var', 'v0'), ('var', 'v0')),     # 2**63 wraps
             ('sub', 'v1', ('var', 'v0'), ('const', 1)),      # wraps back
             ('loop', ('const', 3), [
+                ('mark', 3),
                 ('add', 'v2', ('var', 'v2'), ('var', 'v2'))])]
-    init = {'v0': big, 'v1': 0, 'v2': 3 * 2 ** 61, 'v3': 7}
+    init = {'v0': big, 'v1': 0, 'v2': 3 * 2 ** 61, 'v3': 7, 'h': big + 5}
+    h = np.int64(big + 5)
+    with np.errstate(over='ignore'):
+        for _ in range(3):
+            h = h * np.int64(31) + np.int64(3)
     expected = {'v0': -2 ** 63, 'v1': 2 ** 63 - 1,
-                'v2': wrap64(3 * 2 ** 64), 'v3': 7}
+                'v2': wrap64(3 * 2 ** 64), 'v3': 7, 'h': int(h)}
     assert expected['v2'] == 0
     assert evaluate(init, prog) == expected
     assert as_int64_scalars(run_in_plan(init, prog)) == expected

@@ -425,6 +425,10 @@ def test_exception_in_the_builder_keeps_its_type():
     assert 'failing_builder' in frame_names(ei.value)
     with pytest.raises(BuilderFailure):
         ws.run(net)
+    # also when the nets are created by 64 concurrent instances
+    with pytest.raises(BuilderFailure) as ei:
+        ws.run(concurrent_plan(net, 64, 2))
+    assert 'failing_builder' in frame_names(ei.value)
 
 
 # ------------------------------------------------------------ releases --
