@@ -19,6 +19,8 @@ pub mod ops;
 pub mod plan;
 pub mod storage;
 pub mod tensor;
+#[cfg(test)]
+mod test_util;
 pub mod workspace;
 
 #[cfg(feature = "python")]

@@ -536,34 +536,11 @@ pub fn run_step(
 mod tests {
     use super::*;
     use crate::blob::Counter;
-    use crate::ir::{Argument, OperatorDef};
     use crate::operator::{register, OpSchema, MANY};
     use crate::ops::kernel;
+    use crate::test_util::{int_arg, net, op};
     use std::sync::Once;
 
-    fn op(ty: &str, ins: &[&str], outs: &[&str], args: Vec<Argument>) -> OperatorDef {
-        OperatorDef {
-            r#type: Some(ty.into()),
-            input: ins.iter().map(|s| s.to_string()).collect(),
-            output: outs.iter().map(|s| s.to_string()).collect(),
-            arg: args,
-            ..Default::default()
-        }
-    }
-    fn int_arg(name: &str, v: i64) -> Argument {
-        Argument {
-            name: Some(name.into()),
-            i: Some(v),
-            ..Default::default()
-        }
-    }
-    fn net(name: &str, ops: Vec<OperatorDef>) -> NetDef {
-        NetDef {
-            name: Some(name.into()),
-            op: ops,
-            ..Default::default()
-        }
-    }
     fn step(name: &str) -> ExecutionStep {
         ExecutionStep {
             name: Some(name.into()),

@@ -1145,41 +1145,12 @@ fn atomic_append(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 mod tests {
     use super::*;
     use crate::cancel::CancelToken;
-    use crate::ir::{Argument, ExecutionStep, NetDef, OperatorDef, PlanDef};
+    use crate::ir::{Argument, ExecutionStep, OperatorDef, PlanDef};
     use crate::net::Net;
+    use crate::test_util::{int_arg, net, op, strings_arg};
     use crate::workspace::Workspace;
     use std::thread;
 
-    fn op(ty: &str, ins: &[&str], outs: &[&str], args: Vec<Argument>) -> OperatorDef {
-        OperatorDef {
-            r#type: Some(ty.into()),
-            input: ins.iter().map(|s| s.to_string()).collect(),
-            output: outs.iter().map(|s| s.to_string()).collect(),
-            arg: args,
-            ..Default::default()
-        }
-    }
-    fn int_arg(name: &str, v: i64) -> Argument {
-        Argument {
-            name: Some(name.into()),
-            i: Some(v),
-            ..Default::default()
-        }
-    }
-    fn strings_arg(name: &str, v: &[&str]) -> Argument {
-        Argument {
-            name: Some(name.into()),
-            strings: v.iter().map(|s| s.as_bytes().to_vec()).collect(),
-            ..Default::default()
-        }
-    }
-    fn net(name: &str, ops: Vec<OperatorDef>) -> NetDef {
-        NetDef {
-            name: Some(name.into()),
-            op: ops,
-            ..Default::default()
-        }
-    }
     fn run(ws: &Arc<Workspace>, def: OperatorDef) -> Result<bool> {
         ws.run_operator_once(&def, &CancelToken::new())
     }

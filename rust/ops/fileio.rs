@@ -2830,6 +2830,7 @@ mod tests {
     use super::*;
     use crate::cancel::CancelToken;
     use crate::ir::{Argument, OperatorDef};
+    use crate::test_util::{int_arg, op};
     use crate::workspace::Workspace;
     use parquet::data_type::ByteArray;
     use parquet::file::properties::WriterProperties;
@@ -3388,22 +3389,6 @@ mod tests {
 
     // ------------------------------------------------------------ ops --
 
-    fn op(ty: &str, ins: &[&str], outs: &[&str], args: Vec<Argument>) -> OperatorDef {
-        OperatorDef {
-            r#type: Some(ty.into()),
-            input: ins.iter().map(|s| s.to_string()).collect(),
-            output: outs.iter().map(|s| s.to_string()).collect(),
-            arg: args,
-            ..Default::default()
-        }
-    }
-    fn int_arg(name: &str, v: i64) -> Argument {
-        Argument {
-            name: Some(name.into()),
-            i: Some(v),
-            ..Default::default()
-        }
-    }
     fn ints_arg(name: &str, v: &[i64]) -> Argument {
         Argument {
             name: Some(name.into()),

@@ -742,9 +742,10 @@ mod tests {
     use super::*;
     use crate::blob::Counter;
     use crate::error::ErrorKind;
-    use crate::ir::{Argument, ExecutionStep, NetDef, OperatorDef, PlanDef};
+    use crate::ir::{ExecutionStep, OperatorDef, PlanDef};
     use crate::net::Net;
     use crate::operator::register;
+    use crate::test_util::{float_arg, int_arg, net, op, strings_arg};
     use crate::workspace::Workspace;
     use std::sync::Once;
     use std::thread;
@@ -752,43 +753,6 @@ mod tests {
     /// Generous bound for "returns promptly" (no timing benchmarks here).
     const PROMPT: Duration = Duration::from_secs(5);
 
-    fn op(ty: &str, ins: &[&str], outs: &[&str], args: Vec<Argument>) -> OperatorDef {
-        OperatorDef {
-            r#type: Some(ty.into()),
-            input: ins.iter().map(|s| s.to_string()).collect(),
-            output: outs.iter().map(|s| s.to_string()).collect(),
-            arg: args,
-            ..Default::default()
-        }
-    }
-    fn int_arg(name: &str, v: i64) -> Argument {
-        Argument {
-            name: Some(name.into()),
-            i: Some(v),
-            ..Default::default()
-        }
-    }
-    fn float_arg(name: &str, v: f32) -> Argument {
-        Argument {
-            name: Some(name.into()),
-            f: Some(v),
-            ..Default::default()
-        }
-    }
-    fn strings_arg(name: &str, v: &[&str]) -> Argument {
-        Argument {
-            name: Some(name.into()),
-            strings: v.iter().map(|s| s.as_bytes().to_vec()).collect(),
-            ..Default::default()
-        }
-    }
-    fn net(name: &str, ops: Vec<OperatorDef>) -> NetDef {
-        NetDef {
-            name: Some(name.into()),
-            op: ops,
-            ..Default::default()
-        }
-    }
     fn run(ws: &Arc<Workspace>, def: OperatorDef) -> Result<bool> {
         ws.run_operator_once(&def, &CancelToken::new())
     }
