@@ -2,7 +2,7 @@
 in the same run.
 
     python benches/bench_checkpoint.py                 # all
-    python benches/bench_checkpoint.py save load       # some
+    python benches/bench_checkpoint.py save load mmap  # some
     python benches/bench_checkpoint.py --dir /data/tmp --repeat 5
 
 save  64 float32 tensors (2048 x 1024 each, 512 MiB of random data) written
@@ -13,6 +13,13 @@ load  the same data read back by a Load op into a new workspace; baseline:
       ``np.load`` of the 64 tensors saved as .npy files.  Both cold (the
       files evicted from the page cache with posix_fadvise(DONTNEED) after
       an fsync) and warm.  Target: Load >= np.load.
+mmap  the same ferro file opened with ``ferrocaffe.checkpoint.mmap_db``
+      (read-only numpy views of the mapped file, nothing copied); baseline:
+      ``np.load(mmap_mode='r')`` of the 64 .npy files.  The open is timed
+      alone, then touching one byte per 4 KiB page of every tensor (as
+      shared/peerbench's touch_pages) is timed separately; cold and warm as
+      for load; ``mmap_db(verify=True)`` (every CRC, so a full read) is
+      reported too.  Target: the open <= 10 ms.
 job   examples/train_job.py at its default size: the wall time of the
       checkpoint saves (Save, fsyncs, manifest rewrite) over the wall time
       of the epochs, and the time per epoch with vs without a checkpoint
@@ -151,8 +158,8 @@ def bench_save(args, ws, names, nbytes):
     return paths
 
 
-def bench_load(args, ws, names, arrays, nbytes, paths):
-    print('load: the same %d MiB' % (nbytes >> 20))
+def write_npy(args, names, arrays):
+    """The tensors as .npy files (fsynced), for the numpy baselines."""
     npy_dir = os.path.join(args.dir, 'npy')
     os.makedirs(npy_dir, exist_ok=True)
     npy_paths = []
@@ -163,6 +170,12 @@ def bench_load(args, ws, names, arrays, nbytes, paths):
             f.flush()
             os.fsync(f.fileno())
         npy_paths.append(p)
+    return npy_dir, npy_paths
+
+
+def bench_load(args, ws, names, arrays, nbytes, paths):
+    print('load: the same %d MiB' % (nbytes >> 20))
+    npy_dir, npy_paths = write_npy(args, names, arrays)
     for t, p in paths.items():
         if not os.path.exists(p):
             ws.run(save_op(names, p, t))
@@ -210,6 +223,85 @@ def bench_load(args, ws, names, arrays, nbytes, paths):
         print('  ratio Load(minidb) / np.load, %s = %.2f' % (
             state, base / minidb))
         results[state] = base / ferro
+    shutil.rmtree(npy_dir, ignore_errors=True)
+    return results
+
+
+# ----------------------------------------------------------------- mmap --
+
+def touch_pages(arrays):
+    """Reads one byte of every 4 KiB page of every array (as
+    shared/peerbench's touch_pages), so that lazily mapped data is read."""
+    total = 0
+    for a in arrays:
+        total += int(a.reshape(-1).view(np.uint8)[::4096].sum())
+    return total
+
+
+def show_ms(label, times, extra=''):
+    med, lo, hi = summary(times)
+    print('  %-40s %8.3f ms  [%.3f .. %.3f]%s' % (
+        label, med * 1e3, lo * 1e3, hi * 1e3, extra))
+    return med
+
+
+def bench_mmap(args, ws, names, arrays, nbytes, paths):
+    from ferrocaffe.checkpoint import mmap_db
+
+    print('mmap: the same %d MiB, opened memory-mapped' % (nbytes >> 20))
+    path = paths['ferro']
+    if not os.path.exists(path):
+        ws.run(save_op(names, path, 'ferro'))
+    npy_dir, npy_paths = write_npy(args, names, arrays)
+
+    def run(key, cold, verify=False):
+        """(open seconds, touch seconds) of one load."""
+        files = npy_paths if key == 'numpy' else [path]
+        if cold:
+            for p in files:
+                evict(p)
+        prewarm()
+        start = time.perf_counter()
+        if key == 'numpy':
+            out = [np.load(p, mmap_mode='r') for p in npy_paths]
+        else:
+            out = list(mmap_db(path, verify=verify).values())
+        opened = time.perf_counter()
+        touch_pages(out)
+        touched = time.perf_counter()
+        assert out[7][5, 9] == arrays[7][5, 9]
+        assert not out[7].flags.writeable
+        del out
+        return opened - start, touched - opened
+
+    results = {}
+    for cold in (True, False):
+        state = 'cold' if cold else 'warm'
+        if not cold:  # into the page cache
+            run('numpy', False)
+            run('ferro', False)
+        times = {k: ([], []) for k in ('numpy', 'ferro')}
+        verify_times = []
+        for _ in range(args.repeat):
+            for key in ('numpy', 'ferro'):
+                o, t = run(key, cold)
+                times[key][0].append(o)
+                times[key][1].append(t)
+            verify_times.append(run('ferro', cold, verify=True)[0])
+        base = show_ms("np.load(mmap_mode='r') x %d, %s, open" % (
+            len(npy_paths), state), times['numpy'][0])
+        ferro = show_ms('mmap_db, %s, open' % state, times['ferro'][0],
+                        '  (target <= 10 ms)')
+        base_t = show_ms('  + touch 1 byte/4 KiB page, .npy, %s' % state,
+                         times['numpy'][1])
+        ferro_t = show_ms('  + touch 1 byte/4 KiB page, mmap_db, %s' % state,
+                          times['ferro'][1])
+        show('mmap_db(verify=True), %s' % state, nbytes, verify_times)
+        print('  ratio open np.load(mmap) / mmap_db, %s           = %.2f' % (
+            state, base / ferro))
+        print('  ratio open+touch np.load(mmap) / mmap_db, %s     = %.2f' % (
+            state, (base + base_t) / (ferro + ferro_t)))
+        results[state] = ferro
     shutil.rmtree(npy_dir, ignore_errors=True)
     return results
 
@@ -270,14 +362,14 @@ def bench_job(args):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('which', nargs='*',
-                        help='save, load and/or job (default: all)')
+                        help='save, load, mmap and/or job (default: all)')
     parser.add_argument('--dir', default=None,
                         help='where the files go (default: a new folder in '
                              'the temp dir, removed afterwards)')
     parser.add_argument('--repeat', type=int, default=3)
     args = parser.parse_args(argv)
-    args.which = args.which or ['save', 'load', 'job']
-    unknown = set(args.which) - {'save', 'load', 'job'}
+    args.which = args.which or ['save', 'load', 'mmap', 'job']
+    unknown = set(args.which) - {'save', 'load', 'mmap', 'job'}
     if unknown:
         parser.error('unknown benchmark(s): %s' % ', '.join(sorted(unknown)))
     own_dir = args.dir is None
@@ -288,7 +380,7 @@ def main(argv=None):
     print('ferrocaffe %s (%s); files in %s' % (
         _core.__version__, _core.__file__, args.dir))
     try:
-        if 'save' in args.which or 'load' in args.which:
+        if {'save', 'load', 'mmap'} & set(args.which):
             names, arrays = make_tensors()
             nbytes = sum(a.nbytes for a in arrays)
             ws = workspace.Workspace()
@@ -300,6 +392,8 @@ def main(argv=None):
                 paths = bench_save(args, ws, names, nbytes)
             if 'load' in args.which:
                 bench_load(args, ws, names, arrays, nbytes, paths)
+            if 'mmap' in args.which:
+                bench_mmap(args, ws, names, arrays, nbytes, paths)
             del ws
         if 'job' in args.which:
             bench_job(args)

@@ -697,6 +697,80 @@ fn verify_db(py: Python<'_>, path: String, db_type: String) -> PyResult<()> {
     run_detached(py, move |_| crate::storage::verify_db(&path, &db_type))
 }
 
+/// Checks a ferro db held in a uint8 array (a read-only memory map of the
+/// file at `path`, made by `ferrocaffe.checkpoint.mmap_db`) without copying
+/// numeric tensors, and lists its blobs in file order as `(name, kind,
+/// info)`: kind "mapped", info `(dtype, shape, offset)`, for numeric and bool
+/// tensors left in place; "value", info the decoded copy (an object array of
+/// bytes, or bytes), for string tensors and byte strings; "object", info the
+/// Caffe2 type tag, for runtime objects. `verify` also checks every payload's
+/// CRC, reading the whole array (Ctrl-C interrupts it).
+#[pyfunction]
+#[pyo3(signature = (data, path, verify=false))]
+fn map_ferro(
+    py: Python<'_>,
+    data: numpy::PyReadonlyArray1<'_, u8>,
+    path: String,
+    verify: bool,
+) -> PyResult<Vec<(String, &'static str, Py<PyAny>)>> {
+    use crate::storage::MappedData;
+    let bytes = data.as_slice().map_err(|e| {
+        to_py_err(
+            py,
+            Error::invalid_arg(format!("map_ferro needs a contiguous uint8 array: {e}")),
+        )
+    })?;
+    /// The address and length of `bytes`, sent to the runner thread.
+    struct Memory(*const u8, usize);
+    // SAFETY: the memory is only read, through `slice`.
+    unsafe impl Send for Memory {}
+    impl Memory {
+        /// # Safety
+        /// The memory must stay alive and unmodified while the slice is used.
+        unsafe fn slice(&self) -> &[u8] {
+            if self.1 == 0 {
+                return &[];
+            }
+            std::slice::from_raw_parts(self.0, self.1)
+        }
+    }
+    let memory = Memory(bytes.as_ptr(), bytes.len());
+    let blobs = run_detached(py, move |cancel| {
+        // SAFETY: `data` keeps the array and its buffer alive, borrowed
+        // read-only, until `map_ferro` returns, and `run_detached` returns
+        // only after this closure has finished (or was dropped without
+        // running), also after Ctrl-C. (A mapped file can still be changed
+        // by a process writing it in place, as with any memory map; ferrocaffe
+        // never does: saves replace files by rename.)
+        let bytes = unsafe { memory.slice() };
+        crate::storage::map_ferro(&path, bytes, verify, cancel)
+    })?;
+    blobs
+        .into_iter()
+        .map(|b| {
+            let (kind, info) = match b.data {
+                MappedData::InPlace {
+                    dtype,
+                    shape,
+                    offset,
+                    ..
+                } => (
+                    "mapped",
+                    (dtype.name(), shape, offset)
+                        .into_pyobject(py)?
+                        .into_any()
+                        .unbind(),
+                ),
+                MappedData::Decoded(v) => ("value", value_to_py(py, &b.name, &v)?),
+                MappedData::Object { type_tag } => {
+                    ("object", PyString::new(py, &type_tag).into_any().unbind())
+                }
+            };
+            Ok((b.name, kind, info))
+        })
+        .collect()
+}
+
 #[pyfunction]
 #[pyo3(signature = (path, db_type=String::from("ferro")))]
 fn db_exists(py: Python<'_>, path: String, db_type: String) -> PyResult<bool> {
@@ -711,6 +785,18 @@ fn sweep_stale_temporaries(py: Python<'_>, dir: String) -> PyResult<usize> {
     })
 }
 
+/// Fixes the size of the kernel (rayon) pool; see `crate::threads`.
+#[pyfunction]
+fn set_num_threads(py: Python<'_>, n: usize) -> PyResult<bool> {
+    crate::threads::set_num_threads(n).map_err(|e| to_py_err(py, e))
+}
+
+/// Threads in the kernel (rayon) pool.
+#[pyfunction]
+fn num_threads() -> usize {
+    crate::threads::num_threads()
+}
+
 #[pymodule]
 #[pyo3(name = "_core")]
 fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -722,9 +808,12 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(registered_operators, m)?)?;
     m.add_function(wrap_pyfunction!(operator_schema, m)?)?;
     m.add_function(wrap_pyfunction!(list_db, m)?)?;
+    m.add_function(wrap_pyfunction!(map_ferro, m)?)?;
     m.add_function(wrap_pyfunction!(verify_db, m)?)?;
     m.add_function(wrap_pyfunction!(db_exists, m)?)?;
     m.add_function(wrap_pyfunction!(sweep_stale_temporaries, m)?)?;
+    m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(num_threads, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

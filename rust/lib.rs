@@ -21,6 +21,7 @@ pub mod storage;
 pub mod tensor;
 #[cfg(test)]
 mod test_util;
+pub mod threads;
 pub mod workspace;
 
 #[cfg(feature = "python")]

@@ -28,6 +28,9 @@
 //!   protobuf `BlobProto` from [`BlobObject::serialize`](crate::blob::BlobObject::serialize).
 //!   Every byte of the file is covered by a CRC or must be zero padding, so a
 //!   truncated, extended or bit-flipped file is rejected, never half-read.
+//!   [`map_ferro`] checks a ferro file held in memory (a memory map) and
+//!   says where each tensor lies, so that it can be used in place; it reads
+//!   the payloads (and checks their CRCs) only when asked to verify.
 //!
 //! * `"minidb"`: Caffe2's format, byte for byte, so files move both ways: a
 //!   sequence of records `native-endian i32 key length | i32 value length |
@@ -1454,18 +1457,23 @@ fn looks_like_minidb(head: &[u8], len: u64) -> bool {
     kl >= 0 && vl >= 0 && 8 + kl as u64 + vl as u64 <= len
 }
 
-fn open_ferro(path: &str) -> Result<FerroFile> {
-    let file = File::open(path).map_err(io_error(path))?;
-    let len = file.metadata().map_err(io_error(path))?.len();
+/// What a ferro file's trailer says (once checked).
+struct Trailer {
+    index_offset: u64,
+    index_len: u64,
+    count: u64,
+    index_crc: u32,
+}
+
+/// Checks a ferro file's header: `head` is its first `min(len, 64)` bytes,
+/// `len` its length.
+fn check_header(path: &str, head: &[u8], len: u64) -> Result<()> {
     if len == 0 {
         return Err(corrupt(path, "the checkpoint file is empty"));
     }
-    let mut r = BufReader::with_capacity(1 << 20, file);
-    let mut head = [0u8; HEADER_LEN as usize];
-    let n = len.min(HEADER_LEN) as usize;
-    r.read_exact(&mut head[..n]).map_err(io_error(path))?;
+    let n = head.len();
     if n < 8 || head[..8] != FERRO_MAGIC[..] {
-        let msg = if looks_like_minidb(&head[..n], len) {
+        let msg = if looks_like_minidb(head, len) {
             "not a ferrocaffe checkpoint (bad magic); it looks like a Caffe2 minidb: load it with db_type 'minidb'"
         } else {
             "not a ferrocaffe checkpoint (bad magic): the file is damaged or of another format"
@@ -1481,13 +1489,13 @@ fn open_ferro(path: &str) -> Result<FerroFile> {
             ),
         ));
     }
-    if crc32fast::hash(&head[..60]) != le_u32(&head, 60) {
+    if crc32fast::hash(&head[..60]) != le_u32(head, 60) {
         return Err(corrupt(
             path,
             "the checkpoint's header is damaged (CRC mismatch)",
         ));
     }
-    let version = le_u32(&head, 8);
+    let version = le_u32(head, 8);
     if version != FERRO_VERSION {
         return Err(corrupt(
             path,
@@ -1499,24 +1507,26 @@ fn open_ferro(path: &str) -> Result<FerroFile> {
     if head[12..60].iter().any(|&b| b != 0) {
         return Err(corrupt(path, "the checkpoint's header has unknown flags"));
     }
-    r.seek(SeekFrom::Start(len - TRAILER_LEN))
-        .map_err(io_error(path))?;
-    let mut t = [0u8; TRAILER_LEN as usize];
-    r.read_exact(&mut t).map_err(io_error(path))?;
+    Ok(())
+}
+
+/// Checks a ferro file's trailer (its last 48 bytes; the header checked out,
+/// so the file has at least 112 bytes) against the file length.
+fn check_trailer(path: &str, t: &[u8], len: u64) -> Result<Trailer> {
     if t[40..48] != FERRO_END_MAGIC[..] {
         return Err(corrupt(
             path,
             format!("the checkpoint is truncated or damaged: its trailer is missing (the file has {len} bytes)"),
         ));
     }
-    if crc32fast::hash(&t[..36]) != le_u32(&t, 36) {
+    if crc32fast::hash(&t[..36]) != le_u32(t, 36) {
         return Err(corrupt(
             path,
             "the checkpoint's trailer is damaged (CRC mismatch)",
         ));
     }
     let (index_offset, index_len, count, file_len) =
-        (le_u64(&t, 0), le_u64(&t, 8), le_u64(&t, 16), le_u64(&t, 24));
+        (le_u64(t, 0), le_u64(t, 8), le_u64(t, 16), le_u64(t, 24));
     if file_len != len {
         return Err(corrupt(
             path,
@@ -1536,19 +1546,26 @@ fn open_ferro(path: &str) -> Result<FerroFile> {
             "the checkpoint's trailer is inconsistent with the file",
         ));
     }
-    r.seek(SeekFrom::Start(index_offset))
-        .map_err(io_error(path))?;
-    let mut index = vec![0u8; index_len as usize];
-    r.read_exact(&mut index).map_err(io_error(path))?;
-    if crc32fast::hash(&index) != le_u32(&t, 32) {
+    Ok(Trailer {
+        index_offset,
+        index_len,
+        count,
+        index_crc: le_u32(t, 32),
+    })
+}
+
+/// Checks and parses the index bytes the trailer points at, and the layout
+/// they describe.
+fn parse_index(path: &str, index: &[u8], tr: &Trailer) -> Result<Vec<IndexEntry>> {
+    if crc32fast::hash(index) != tr.index_crc {
         return Err(corrupt(
             path,
             "the checkpoint's index is damaged (CRC mismatch)",
         ));
     }
-    let mut c = Cursor { b: &index, at: 0 };
-    let mut entries = Vec::with_capacity(count as usize);
-    for i in 0..count {
+    let mut c = Cursor { b: index, at: 0 };
+    let mut entries = Vec::with_capacity(tr.count as usize);
+    for i in 0..tr.count {
         let e = c.entry().ok_or_else(|| {
             corrupt(
                 path,
@@ -1560,13 +1577,34 @@ fn open_ferro(path: &str) -> Result<FerroFile> {
     if c.at != index.len() {
         return Err(corrupt(path, "the checkpoint's index has trailing bytes"));
     }
-    check_layout(path, &entries, index_offset)?;
+    check_layout(path, &entries, tr.index_offset)?;
+    Ok(entries)
+}
+
+fn open_ferro(path: &str) -> Result<FerroFile> {
+    let file = File::open(path).map_err(io_error(path))?;
+    let len = file.metadata().map_err(io_error(path))?.len();
+    let mut r = BufReader::with_capacity(1 << 20, file);
+    let mut head = [0u8; HEADER_LEN as usize];
+    let n = len.min(HEADER_LEN) as usize;
+    r.read_exact(&mut head[..n]).map_err(io_error(path))?;
+    check_header(path, &head[..n], len)?;
+    r.seek(SeekFrom::Start(len - TRAILER_LEN))
+        .map_err(io_error(path))?;
+    let mut t = [0u8; TRAILER_LEN as usize];
+    r.read_exact(&mut t).map_err(io_error(path))?;
+    let tr = check_trailer(path, &t, len)?;
+    r.seek(SeekFrom::Start(tr.index_offset))
+        .map_err(io_error(path))?;
+    let mut index = vec![0u8; tr.index_len as usize];
+    r.read_exact(&mut index).map_err(io_error(path))?;
+    let entries = parse_index(path, &index, &tr)?;
     r.seek(SeekFrom::Start(HEADER_LEN))
         .map_err(io_error(path))?;
     Ok(FerroFile {
         r,
         entries,
-        index_offset,
+        index_offset: tr.index_offset,
     })
 }
 
@@ -1676,76 +1714,87 @@ impl FerroFile {
     }
 
     fn read_value(&mut self, path: &str, e: &IndexEntry) -> Result<BlobValue> {
-        let bad = |msg: String| corrupt(path, msg).with_blob(&e.name);
-        Ok(match e.kind {
-            KIND_TENSOR => {
-                let dt = ferro_dtype(e.dtype)
-                    .ok_or_else(|| bad(format!("unknown dtype {}", e.dtype)))?;
-                BlobValue::Tensor(match dt {
-                    DataType::Float => Tensor::F32(self.read_pod(path, e)?),
-                    DataType::Double => Tensor::F64(self.read_pod(path, e)?),
-                    DataType::Int32 => Tensor::I32(self.read_pod(path, e)?),
-                    DataType::Int64 => Tensor::I64(self.read_pod(path, e)?),
-                    DataType::Uint8 => Tensor::U8(self.read_pod(path, e)?),
-                    DataType::Int8 => Tensor::I8(self.read_pod(path, e)?),
-                    DataType::Int16 => Tensor::I16(self.read_pod(path, e)?),
-                    DataType::Uint16 => Tensor::U16(self.read_pod(path, e)?),
-                    DataType::Bool => {
-                        let bytes = self.payload_bytes(path, e)?;
-                        let v = bytes
-                            .iter()
-                            .map(|&b| match b {
-                                0 => Some(false),
-                                1 => Some(true),
-                                _ => None,
-                            })
-                            .collect::<Option<Vec<bool>>>()
-                            .ok_or_else(|| {
-                                bad("a bool tensor holds a byte other than 0 or 1".to_string())
-                            })?;
-                        Tensor::from_vec(&e.shape(), v)?
-                    }
-                    DataType::String => {
-                        let bytes = self.payload_bytes(path, e)?;
-                        let mut c = Cursor { b: &bytes, at: 0 };
-                        let mut v = Vec::with_capacity(e.numel() as usize);
-                        for _ in 0..e.numel() {
-                            let s = c
-                                .u64()
-                                .and_then(|n| usize::try_from(n).ok())
-                                .and_then(|n| c.take(n))
-                                .ok_or_else(|| {
-                                    bad("a string tensor's data is malformed".to_string())
-                                })?;
-                            v.push(s.to_vec());
-                        }
-                        if c.at != bytes.len() {
-                            return Err(bad(
-                                "a string tensor's data has trailing bytes".to_string()
-                            ));
-                        }
-                        Tensor::from_vec(&e.shape(), v)?
-                    }
-                    other => return Err(bad(format!("unsupported dtype {other}"))),
-                })
+        if e.kind == KIND_TENSOR {
+            let t = match ferro_dtype(e.dtype) {
+                Some(DataType::Float) => Some(Tensor::F32(self.read_pod(path, e)?)),
+                Some(DataType::Double) => Some(Tensor::F64(self.read_pod(path, e)?)),
+                Some(DataType::Int32) => Some(Tensor::I32(self.read_pod(path, e)?)),
+                Some(DataType::Int64) => Some(Tensor::I64(self.read_pod(path, e)?)),
+                Some(DataType::Uint8) => Some(Tensor::U8(self.read_pod(path, e)?)),
+                Some(DataType::Int8) => Some(Tensor::I8(self.read_pod(path, e)?)),
+                Some(DataType::Int16) => Some(Tensor::I16(self.read_pod(path, e)?)),
+                Some(DataType::Uint16) => Some(Tensor::U16(self.read_pod(path, e)?)),
+                _ => None,
+            };
+            if let Some(t) = t {
+                return Ok(BlobValue::Tensor(t));
             }
-            KIND_BYTES => BlobValue::Bytes(self.payload_bytes(path, e)?),
-            _ => {
-                let bytes = self.payload_bytes(path, e)?;
-                let proto = BlobProto::decode(bytes.as_slice()).map_err(|err| {
-                    bad(format!(
-                        "cannot parse the saved object as a BlobProto: {err}"
-                    ))
-                })?;
-                if proto.r#type.as_deref() != Some(e.tag.as_str()) {
-                    return Err(bad(
-                        "the saved object's type disagrees with the index".to_string()
-                    ));
-                }
-                decode_object(&proto).map_err(|err| err.with_blob(&e.name).with_file(path))?
-            }
-        })
+        }
+        let bytes = self.payload_bytes(path, e)?;
+        decode_payload(path, e, Cow::Owned(bytes))
     }
+}
+
+/// Decodes a payload whose CRC checked out: a bool or string tensor, a byte
+/// string or an object.
+fn decode_payload(path: &str, e: &IndexEntry, bytes: Cow<'_, [u8]>) -> Result<BlobValue> {
+    let bad = |msg: String| corrupt(path, msg).with_blob(&e.name);
+    Ok(match e.kind {
+        KIND_TENSOR => {
+            let dt =
+                ferro_dtype(e.dtype).ok_or_else(|| bad(format!("unknown dtype {}", e.dtype)))?;
+            BlobValue::Tensor(match dt {
+                DataType::Bool => {
+                    let v = bytes
+                        .iter()
+                        .map(|&b| match b {
+                            0 => Some(false),
+                            1 => Some(true),
+                            _ => None,
+                        })
+                        .collect::<Option<Vec<bool>>>()
+                        .ok_or_else(|| {
+                            bad("a bool tensor holds a byte other than 0 or 1".to_string())
+                        })?;
+                    Tensor::from_vec(&e.shape(), v)?
+                }
+                DataType::String => {
+                    let mut c = Cursor { b: &bytes, at: 0 };
+                    let mut v = Vec::with_capacity(e.numel() as usize);
+                    for _ in 0..e.numel() {
+                        let s = c
+                            .u64()
+                            .and_then(|n| usize::try_from(n).ok())
+                            .and_then(|n| c.take(n))
+                            .ok_or_else(
+                                || bad("a string tensor's data is malformed".to_string()),
+                            )?;
+                        v.push(s.to_vec());
+                    }
+                    if c.at != bytes.len() {
+                        return Err(bad("a string tensor's data has trailing bytes".to_string()));
+                    }
+                    Tensor::from_vec(&e.shape(), v)?
+                }
+                // Numeric tensors are read or mapped in place, never here.
+                other => return Err(bad(format!("unsupported dtype {other}"))),
+            })
+        }
+        KIND_BYTES => BlobValue::Bytes(bytes.into_owned()),
+        _ => {
+            let proto = BlobProto::decode(&*bytes).map_err(|err| {
+                bad(format!(
+                    "cannot parse the saved object as a BlobProto: {err}"
+                ))
+            })?;
+            if proto.r#type.as_deref() != Some(e.tag.as_str()) {
+                return Err(bad(
+                    "the saved object's type disagrees with the index".to_string()
+                ));
+            }
+            decode_object(&proto).map_err(|err| err.with_blob(&e.name).with_file(path))?
+        }
+    })
 }
 
 fn load_ferro(path: &str, select: &dyn Fn(&str) -> bool) -> Result<Vec<(String, BlobValue)>> {
@@ -1831,6 +1880,165 @@ fn list_ferro(path: &str) -> Result<Vec<EntryInfo>> {
             }
         })
         .collect())
+}
+
+// -------------------------------------------------------- memory-mapped --
+
+/// Where a blob of a ferro db held in memory is, or its value (see
+/// [`map_ferro`]).
+#[derive(Clone, Debug)]
+pub enum MappedData {
+    /// A numeric or bool tensor, left where it is: its elements are
+    /// `data[offset..offset + length]`, row-major and little-endian (bool: one
+    /// byte each, 0 or 1). `offset` is a multiple of 64.
+    InPlace {
+        dtype: DataType,
+        shape: Vec<usize>,
+        offset: usize,
+        length: usize,
+    },
+    /// A string tensor or a byte string, decoded (a copy; its CRC checked).
+    Decoded(BlobValue),
+    /// A runtime object (counter, mutex, cursor, ...): not decoded, since it
+    /// has no form that can be mapped. `type_tag` is its Caffe2 type tag.
+    Object { type_tag: String },
+}
+
+/// One blob of a ferro db held in memory, as found by [`map_ferro`].
+#[derive(Clone, Debug)]
+pub struct MappedBlob {
+    pub name: String,
+    pub data: MappedData,
+}
+
+/// Bytes checksummed between two looks at the cancellation token.
+const VERIFY_SLICE: usize = 16 << 20;
+
+fn check_payload_crc(
+    path: &str,
+    e: &IndexEntry,
+    bytes: &[u8],
+    cancel: &crate::cancel::CancelToken,
+) -> Result<()> {
+    let mut crc = crc32fast::Hasher::new();
+    for piece in bytes.chunks(VERIFY_SLICE) {
+        cancel.check()?;
+        crc.update(piece);
+    }
+    if crc.finalize() != e.crc {
+        return Err(corrupt(
+            path,
+            format!("the data of blob '{}' is damaged (CRC mismatch)", e.name),
+        )
+        .with_blob(&e.name));
+    }
+    Ok(())
+}
+
+fn check_zero_padding(path: &str, pad: &[u8], pos: u64) -> Result<()> {
+    if pad.iter().any(|&b| b != 0) {
+        return Err(corrupt(
+            path,
+            format!("the checkpoint is damaged: nonzero padding after byte {pos}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a ferro db held in memory (`data`, typically a read-only memory
+/// map of the file at `path`) and says where each blob is, in file order,
+/// without copying numeric tensors.
+///
+/// Always checked, reading only the first and last pages and the index:
+/// the header, the trailer and the index (their CRCs), and the layout (every
+/// payload lies inside `data`, before the index, in order, with a length that
+/// fits its dtype and shape). String tensors and byte strings are decoded, so
+/// their CRCs are checked too. The payloads of numeric and bool tensors and of
+/// objects are not read unless `verify` is set; then their CRCs, the zero
+/// padding between payloads, that bool bytes are 0 or 1 and that objects
+/// parse are checked too, reading every byte of `data` (`cancel` is polled
+/// every 16 MiB).
+///
+/// Damage is a `CorruptCheckpoint` error naming `path` and, when it is in a
+/// payload, the blob. A Caffe2 minidb is an `InvalidArgument` error: only
+/// the ferro format lays tensors out so that they can be mapped.
+pub fn map_ferro(
+    path: &str,
+    data: &[u8],
+    verify: bool,
+    cancel: &crate::cancel::CancelToken,
+) -> Result<Vec<MappedBlob>> {
+    let len = data.len() as u64;
+    let head = &data[..data.len().min(HEADER_LEN as usize)];
+    if head.len() >= 8 && head[..8] != FERRO_MAGIC[..] && looks_like_minidb(head, len) {
+        return Err(Error::invalid_arg(
+            "this file looks like a Caffe2 minidb; memory-mapped loading needs the 'ferro' format \
+             (Save's default db_type): load it with a Load op and db_type 'minidb', or save it again as 'ferro'",
+        )
+        .with_file(path));
+    }
+    check_header(path, head, len)?;
+    let tr = check_trailer(path, &data[data.len() - TRAILER_LEN as usize..], len)?;
+    // The trailer checked out, so the index lies inside `data`.
+    let index_at = tr.index_offset as usize;
+    let entries = parse_index(path, &data[index_at..index_at + tr.index_len as usize], &tr)?;
+    let mut out = Vec::with_capacity(entries.len());
+    let mut pos = HEADER_LEN as usize;
+    for e in &entries {
+        // `check_layout` placed every payload in order between the header
+        // and the index.
+        let (offset, length) = (e.offset as usize, e.length as usize);
+        let payload = &data[offset..offset + length];
+        if verify {
+            check_zero_padding(path, &data[pos..offset], pos as u64)?;
+        }
+        let bad = |msg: &str| corrupt(path, msg).with_blob(&e.name);
+        let mapped = match (e.kind, ferro_dtype(e.dtype)) {
+            (KIND_TENSOR, Some(dtype)) if item_size(dtype).is_some() => {
+                if verify {
+                    check_payload_crc(path, e, payload, cancel)?;
+                    if dtype == DataType::Bool && payload.iter().any(|&b| b > 1) {
+                        return Err(bad("a bool tensor holds a byte other than 0 or 1"));
+                    }
+                }
+                MappedData::InPlace {
+                    dtype,
+                    shape: e.shape(),
+                    offset,
+                    length,
+                }
+            }
+            (KIND_OBJECT, _) => {
+                if verify {
+                    check_payload_crc(path, e, payload, cancel)?;
+                    let proto = BlobProto::decode(payload).map_err(|err| {
+                        bad(&format!(
+                            "cannot parse the saved object as a BlobProto: {err}"
+                        ))
+                    })?;
+                    if proto.r#type.as_deref() != Some(e.tag.as_str()) {
+                        return Err(bad("the saved object's type disagrees with the index"));
+                    }
+                }
+                MappedData::Object {
+                    type_tag: e.tag.clone(),
+                }
+            }
+            _ => {
+                check_payload_crc(path, e, payload, cancel)?;
+                MappedData::Decoded(decode_payload(path, e, Cow::Borrowed(payload))?)
+            }
+        };
+        out.push(MappedBlob {
+            name: e.name.clone(),
+            data: mapped,
+        });
+        pos = offset + length;
+    }
+    if verify {
+        check_zero_padding(path, &data[pos..index_at], pos as u64)?;
+    }
+    Ok(out)
 }
 
 // ------------------------------------------------------------ public API --
@@ -2875,5 +3083,198 @@ mod tests {
             deserialize_blob(&[0xff, 0xff]).unwrap_err().kind,
             ErrorKind::CorruptCheckpoint
         );
+    }
+    // --------------------------------------------------- memory-mapped --
+
+    /// The value a mapped blob stands for, rebuilt from the bytes it points
+    /// at (`None` for objects).
+    fn from_mapped(data: &[u8], m: &MappedData) -> Option<BlobValue> {
+        let MappedData::InPlace {
+            dtype,
+            shape,
+            offset,
+            length,
+        } = m
+        else {
+            return match m {
+                MappedData::Decoded(v) => Some(v.clone()),
+                _ => None,
+            };
+        };
+        assert_eq!(offset % 64, 0);
+        let b = &data[*offset..offset + length];
+        macro_rules! le {
+            ($t:ty) => {
+                Tensor::from_vec(
+                    shape,
+                    b.chunks_exact(std::mem::size_of::<$t>())
+                        .map(|c| <$t>::from_le_bytes(c.try_into().unwrap()))
+                        .collect::<Vec<$t>>(),
+                )
+            };
+        }
+        let t = match dtype {
+            DataType::Float => le!(f32),
+            DataType::Double => le!(f64),
+            DataType::Int32 => le!(i32),
+            DataType::Int64 => le!(i64),
+            DataType::Uint8 => le!(u8),
+            DataType::Int8 => le!(i8),
+            DataType::Int16 => le!(i16),
+            DataType::Uint16 => le!(u16),
+            DataType::Bool => Tensor::from_vec(shape, b.iter().map(|&x| x == 1).collect()),
+            other => panic!("{other} cannot be in place"),
+        };
+        Some(BlobValue::Tensor(t.unwrap()))
+    }
+
+    #[test]
+    fn every_kind_maps_in_place_or_decoded() {
+        let dir = Scratch::new("storage");
+        let path = dir.file("all");
+        let entries = every_kind();
+        save_blobs(&path, "ferro", &entries).unwrap();
+        let data = fs::read(&path).unwrap();
+        let tok = crate::cancel::CancelToken::new();
+        for verify in [false, true] {
+            let mapped = map_ferro(&path, &data, verify, &tok).unwrap();
+            let names: Vec<_> = mapped.iter().map(|m| m.name.clone()).collect();
+            let want: Vec<_> = entries.iter().map(|(n, _)| n.clone()).collect();
+            assert_eq!(names, want, "file order");
+            let mut got = Vec::new();
+            let mut expected = Vec::new();
+            for (m, (name, v)) in mapped.iter().zip(&entries) {
+                let in_place = matches!(m.data, MappedData::InPlace { .. });
+                match v {
+                    BlobValue::Tensor(t) => assert_eq!(
+                        in_place,
+                        t.dtype() != DataType::String,
+                        "{name}: numeric tensors stay in place, strings are decoded"
+                    ),
+                    BlobValue::Bytes(_) => {
+                        assert!(matches!(m.data, MappedData::Decoded(BlobValue::Bytes(_))))
+                    }
+                    _ => {}
+                }
+                match from_mapped(&data, &m.data) {
+                    Some(back) => {
+                        got.push((name.clone(), back));
+                        expected.push((name.clone(), v.clone()));
+                    }
+                    None => {
+                        let MappedData::Object { type_tag } = &m.data else {
+                            unreachable!()
+                        };
+                        let want = if name == "counter" {
+                            COUNTER_TAG
+                        } else {
+                            MUTEX_TAG
+                        };
+                        assert_eq!(type_tag, want);
+                    }
+                }
+            }
+            assert_eq!(got.len(), entries.len() - 2);
+            assert_same(&expected, &got);
+        }
+    }
+
+    #[test]
+    fn mapped_truncation_at_every_offset_is_detected() {
+        let dir = Scratch::new("storage");
+        let path = dir.file("db");
+        save_blobs(&path, "ferro", &small_entries()).unwrap();
+        let bytes = fs::read(&path).unwrap();
+        let tok = crate::cancel::CancelToken::new();
+        for verify in [false, true] {
+            for len in 0..bytes.len() {
+                let e = map_ferro(&path, &bytes[..len], verify, &tok).unwrap_err();
+                assert_corrupt(&e, &path);
+            }
+            let mut longer = bytes.clone();
+            longer.extend_from_slice(&[0; 64]);
+            assert_corrupt(&map_ferro(&path, &longer, verify, &tok).unwrap_err(), &path);
+        }
+        let e = map_ferro(&path, &[], false, &tok).unwrap_err();
+        assert!(e.message.contains("empty"), "{e}");
+    }
+
+    #[test]
+    fn mapped_bit_flips_are_detected_where_read() {
+        let dir = Scratch::new("storage");
+        let path = dir.file("db");
+        save_blobs(&path, "ferro", &small_entries()).unwrap();
+        let bytes = fs::read(&path).unwrap();
+        let tok = crate::cancel::CancelToken::new();
+        let f = open_ferro(&path).unwrap();
+        // Without verify, only the payloads left in place (numeric and bool
+        // tensors), objects' payloads and the padding go unread.
+        let owner = |i: usize| {
+            f.entries
+                .iter()
+                .find(|e| (e.offset..e.offset + e.length).contains(&(i as u64)))
+        };
+        let unread = |i: usize| {
+            let in_payloads = (HEADER_LEN..f.index_offset).contains(&(i as u64));
+            in_payloads
+                && owner(i).is_none_or(|e| {
+                    e.kind == KIND_OBJECT
+                        || (e.kind == KIND_TENSOR && e.dtype != DataType::String as u8)
+                })
+        };
+        let mut unread_count = 0;
+        for i in 0..bytes.len() {
+            let mut b = bytes.clone();
+            b[i] ^= 1 << (i % 8);
+            let e = map_ferro(&path, &b, true, &tok).unwrap_err();
+            assert_corrupt(&e, &path);
+            if let Some(o) = owner(i) {
+                assert_eq!(e.context.blob.as_deref(), Some(o.name.as_str()), "{e}");
+            }
+            let quick = map_ferro(&path, &b, false, &tok);
+            if unread(i) {
+                unread_count += 1;
+                assert!(quick.is_ok(), "byte {i}");
+            } else {
+                assert_corrupt(&quick.unwrap_err(), &path);
+            }
+        }
+        assert!(unread_count > 64, "{unread_count}");
+    }
+
+    #[test]
+    fn mapping_a_minidb_or_a_foreign_file_is_refused() {
+        let dir = Scratch::new("storage");
+        let tok = crate::cancel::CancelToken::new();
+        let m = dir.file("m");
+        save_blobs(&m, "minidb", &small_entries()).unwrap();
+        let e = map_ferro(&m, &fs::read(&m).unwrap(), false, &tok).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument, "{e}");
+        assert_eq!(e.context.file.as_deref(), Some(m.as_str()));
+        assert!(
+            e.message.contains("minidb") && e.message.contains("'ferro'"),
+            "{e}"
+        );
+        let e = map_ferro("x", b"hello, this is not a db at all", false, &tok).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::CorruptCheckpoint, "{e}");
+    }
+
+    #[test]
+    fn mapped_verify_is_cancellable() {
+        let dir = Scratch::new("storage");
+        let path = dir.file("db");
+        save_blobs(
+            &path,
+            "ferro",
+            &[("x".into(), t(&[1000], vec![1.0f32; 1000]))],
+        )
+        .unwrap();
+        let data = fs::read(&path).unwrap();
+        let tok = crate::cancel::CancelToken::new();
+        tok.cancel();
+        assert!(map_ferro(&path, &data, false, &tok).is_ok());
+        assert!(map_ferro(&path, &data, true, &tok)
+            .unwrap_err()
+            .is_cancelled());
     }
 }
