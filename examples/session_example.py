@@ -5,7 +5,8 @@ A global TaskGroup sets up a message on node1; a private TaskGroup then runs
 one task on node1, printing that message, and one on node2, printing its own.
 Before that, the session runs a plain net and an execution step.
 
-Run it with:  python examples/session_example.py
+Run it with:  python examples/session_example.py      (add --ray to run
+each node as a Ray actor; needs pip install 'ferrocaffe[ray]')
 
 (The documentation's `net.Clone()` and `net.Net(...)` are spelled
 `net.Clone('test2')` and `core.Net(...)` here: Caffe2's Net has no `Net`
@@ -53,4 +54,9 @@ def main(session=None):
 
 
 if __name__ == '__main__':
-    main()
+    import sys
+    if '--ray' in sys.argv[1:]:
+        from ferrocaffe.distributed import RaySession
+        main(RaySession())
+    else:
+        main()

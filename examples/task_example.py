@@ -5,7 +5,8 @@ each instance creates its own `local`, copies `globl` into it 100 times and
 adds it back into `globl` when it finishes; the task-level exit squares
 `globl` once, after both instances are done.
 
-Run it with:  python examples/task_example.py
+Run it with:  python examples/task_example.py        (add --ray to run the
+node 'trainer' as a Ray actor; needs pip install 'ferrocaffe[ray]')
 """
 
 from ferrocaffe.net_builder import ops
@@ -34,9 +35,11 @@ def build():
     return tg, task, result
 
 
-def main():
+def main(session=None):
+    """Runs the example on `session` (default: a new LocalSession; pass
+    ``ferrocaffe.distributed.RaySession()`` to run it on Ray)."""
     tg, task, result = build()
-    with LocalSession() as session:
+    with (session or LocalSession()) as session:
         session.run(tg)
         value = result.fetch()
     print('task %s ran %d instances; globl = %s'
@@ -45,4 +48,9 @@ def main():
 
 
 if __name__ == '__main__':
-    main()
+    import sys
+    if '--ray' in sys.argv[1:]:
+        from ferrocaffe.distributed import RaySession
+        main(RaySession())
+    else:
+        main()

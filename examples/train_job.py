@@ -262,6 +262,10 @@ def parse_args(argv=None):
     p.add_argument('--fresh', action='store_true',
                    help='delete the checkpoints and start over')
     p.add_argument('--no-progress', action='store_true')
+    p.add_argument('--session', choices=['local', 'ray'], default='local',
+                   help="'ray' runs the job's node as a Ray actor (needs "
+                        "pip install 'ferrocaffe[ray]'; joins the cluster "
+                        "of RAY_ADDRESS, or starts a local one)")
     p.add_argument('--verbose', action='store_true')
     return p.parse_args(argv)
 
@@ -294,7 +298,11 @@ def main(argv=None):
     runner = JobRunner(job, checkpoint_manager(cfg),
                        resume_from_epoch='latest',
                        progress=False if args.no_progress else None)
-    session = LocalSession(workspace.Workspace())
+    if args.session == 'ray':
+        from ferrocaffe.distributed import RaySession
+        session = RaySession()
+    else:
+        session = LocalSession(workspace.Workspace())
     start = time.time()
     try:
         last_epoch = runner.train(session)
@@ -303,6 +311,8 @@ def main(argv=None):
               'checkpoint (epoch %s)' % runner.last_checkpoint_epoch,
               file=sys.stderr, flush=True)
         return 130
+    finally:
+        session.close()
     elapsed = time.time() - start
 
     w, b = read_model(cfg.model_path)

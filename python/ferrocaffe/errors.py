@@ -31,6 +31,7 @@ __all__ = [
     "FerrocaffeIOError",
     "CorruptCheckpointError",
     "InternalError",
+    "NodeFailedError",
 ]
 
 
@@ -43,6 +44,8 @@ class FerrocaffeError(Exception):
     step: str | None = None
     blob: str | None = None
     file: str | None = None
+    #: The TaskGroup node an error came from (distributed sessions only).
+    node: str | None = None
 
     def __init__(self, message: str = "", **context):
         super().__init__(message)
@@ -120,6 +123,11 @@ class CorruptCheckpointError(FerrocaffeError, ValueError):
 
 class InternalError(FerrocaffeError, RuntimeError):
     """A bug in ferrocaffe (a caught Rust panic). Please report it."""
+
+
+class NodeFailedError(FerrocaffeError, RuntimeError):
+    """A node of a distributed session could not be started, or its process
+    died (the node's workspace is lost with it)."""
 
 
 # Used by the compiled module to pick a class for each Rust error kind.

@@ -519,7 +519,10 @@ class Task(context.Managed):
             name = step.Proto().name
         if not name:
             name = 'task'
-        self.node = str(Node.current(None if node is None else Node(node)))
+        node_obj = Node.current(None if node is None else Node(node))
+        self.node = str(node_obj)
+        # What the user said about the node, for distributed sessions.
+        self._node_kwargs = dict(node_obj.kwargs() or {})
         self.group = TaskGroup.current(group, required=False)
 
         self.name = Task._get_next_name(self.node, self.group, name)
