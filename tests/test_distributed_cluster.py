@@ -17,12 +17,14 @@ import ray
 
 import ferrocaffe
 from ferrocaffe import workspace
-from ferrocaffe.distributed import RaySession
 from ferrocaffe.net_builder import ops
 from ferrocaffe.session import LocalSession
 from ferrocaffe.task import Cluster, Node, Task, TaskGroup, final_output
 
-from test_distributed import instances_reports_and_queues, run_on
+# The session and name-reset fixtures are test_distributed's; its
+# `session` fixture asks for this module's `cluster`.
+from test_distributed import (  # noqa: F401
+    _fresh_names, instances_reports_and_queues, run_on, session)
 
 PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(
     ferrocaffe.__file__)))
@@ -46,7 +48,7 @@ def ray_start(*args, env):
 
 
 @pytest.fixture(scope='module')
-def two_nodes():
+def cluster():
     if ray.is_initialized():
         ray.shutdown()
     env = dict(os.environ, PYTHONPATH=PKG_PARENT + os.pathsep
@@ -85,22 +87,7 @@ def two_nodes():
                        env=env, timeout=120)
 
 
-@pytest.fixture
-def session(two_nodes):
-    s = RaySession()
-    yield s
-    s.close()
-
-
-@pytest.fixture(autouse=True)
-def _fresh_names():
-    Task._global_names_used.clear()
-    with Cluster():
-        yield
-    Task._global_names_used.clear()
-
-
-def test_nodes_land_where_their_kwargs_say(session, two_nodes):
+def test_nodes_land_where_their_kwargs_say(session, cluster):
     with TaskGroup() as tg:
         with Node('by_resource_head', resources={'head_host': 0.1}), Task():
             ops.Const(1)
@@ -108,32 +95,32 @@ def test_nodes_land_where_their_kwargs_say(session, two_nodes):
             ops.Const(1)
         with Node('by_label', label_selector={'role': 'worker'}), Task():
             ops.Const(1)
-        with Node('by_node_id', node_id=two_nodes['head']), Task():
+        with Node('by_node_id', node_id=cluster['head']), Task():
             ops.Const(1)
     session.run(tg)
     where = {n: session.node_info(n)['ray_node_id'] for n in (
         'by_resource_head', 'by_resource_worker', 'by_label', 'by_node_id')}
     assert where == {
-        'by_resource_head': two_nodes['head'],
-        'by_resource_worker': two_nodes['worker'],
-        'by_label': two_nodes['worker'],
-        'by_node_id': two_nodes['head'],
+        'by_resource_head': cluster['head'],
+        'by_resource_worker': cluster['worker'],
+        'by_label': cluster['worker'],
+        'by_node_id': cluster['head'],
     }
 
 
-def test_a_task_group_across_two_ray_nodes_matches_local(session, two_nodes):
+def test_a_task_group_across_two_ray_nodes_matches_local(session, cluster):
     want = run_on(LocalSession(workspace.Workspace(), isolate_nodes=True),
                   instances_reports_and_queues)
     assert want == ([21, 21, 55, 55], [21, 55])
     # Spread the group's nodes over both Ray nodes.
-    cluster = Cluster()
-    with cluster:
+    placement = Cluster()
+    with placement:
         Node('n1', resources={'head_host': 0.1})
         Node('n2', resources={'worker_host': 0.1})
-    got = run_on(session, instances_reports_and_queues, cluster)
+    got = run_on(session, instances_reports_and_queues, placement)
     assert got == want
-    assert session.node_info('n1')['ray_node_id'] == two_nodes['head']
-    assert session.node_info('n2')['ray_node_id'] == two_nodes['worker']
+    assert session.node_info('n1')['ray_node_id'] == cluster['head']
+    assert session.node_info('n2')['ray_node_id'] == cluster['worker']
 
 
 def test_outputs_cross_ray_nodes(session):
