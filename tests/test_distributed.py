@@ -525,6 +525,7 @@ def test_job_runner_on_ray_matches_local_and_checkpoints_every_node(
     Task._global_names_used.clear()
     with Cluster():
         job, totals = build_counting_job()
+        assert job.compile(RaySession) is job  # as a Caffe2 launcher did
         assert JobRunner(job, manager(ray_dir)) \
             .train(session) == epochs == EPOCHS
         assert fetch_totals(session, totals) == want
