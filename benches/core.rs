@@ -7,14 +7,20 @@
 //! - B2 loop: an ExecutionStep with num_iter = 1,000,000 over a one-op net;
 //!   baseline: the same net run 1,000,000 times from a Rust loop.
 //! - B3 instances: a compute-bound body with num_concurrent_instances 1 vs 2.
-//! - B4 kernels: `Add` of two 2^24 float32 tensors vs a single-threaded loop.
+//! - B4 kernels: `Add` of two 2^24 float32 tensors vs a single-threaded loop
+//!   (numpy's `np.add` is single-threaded), both over buffers allocated as
+//!   numpy allocates its arrays (huge pages advised before the first touch);
+//!   then the same Add over plain `Vec` buffers (4 KiB pages), against a loop
+//!   over plain buffers.
 //!
 //! `cargo bench` runs the ratio report and then criterion's statistics;
 //! `cargo bench -- --ratios-only` skips criterion.
 
 use criterion::Criterion;
 use ferrocaffe::ir::{Argument, ExecutionStep, NetDef, OperatorDef, PlanDef};
+use ferrocaffe::tensor::copy_array;
 use ferrocaffe::{BlobValue, CancelToken, Tensor, Workspace};
+use ndarray::{ArrayD, IxDyn};
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -102,7 +108,7 @@ fn b2_plan(n: i64) -> PlanDef {
 
 fn b3_plan(instances: i32) -> PlanDef {
     // Each instance: two elementwise products of 128x128 float32 matrices, 1600
-    // times. The tensors stay below the kernels' parallel threshold (64K
+    // times. The tensors stay below the kernels' parallel threshold (256K
     // elements), so each instance is single-threaded and the ratio measures
     // instance scaling alone (like single-threaded BLAS in the peers' W4).
     let init = NetDef {
@@ -158,18 +164,30 @@ fn b3_plan(instances: i32) -> PlanDef {
     }
 }
 
-fn b4_workspace(n: usize) -> Arc<Workspace> {
+/// A B4 operand of `n` float32 values: on huge pages (as numpy's arrays
+/// are) when `huge`, else a plain `Vec` (4 KiB pages).
+fn b4_array(n: usize, zero: bool, huge: bool) -> ArrayD<f32> {
+    let v: Vec<f32> = if zero {
+        vec![0.0; n]
+    } else {
+        (0..n).map(|i| (i % 1000) as f32).collect()
+    };
+    let a = ArrayD::from_shape_vec(IxDyn(&[n]), v).unwrap();
+    if huge {
+        copy_array(a.view())
+    } else {
+        a
+    }
+}
+
+fn b4_workspace(n: usize, huge: bool) -> Arc<Workspace> {
     let ws = Workspace::new();
-    let a: Vec<f32> = (0..n).map(|i| (i % 1000) as f32).collect();
-    ws.feed(
-        "a",
-        BlobValue::Tensor(Tensor::from_vec(&[n], a.clone()).unwrap()),
-    );
-    ws.feed("b", BlobValue::Tensor(Tensor::from_vec(&[n], a).unwrap()));
-    ws.feed(
-        "c",
-        BlobValue::Tensor(Tensor::from_vec(&[n], vec![0f32; n]).unwrap()),
-    );
+    for (name, zero) in [("a", false), ("b", false), ("c", true)] {
+        ws.feed(
+            name,
+            BlobValue::Tensor(Tensor::F32(b4_array(n, zero, huge))),
+        );
+    }
     let net = NetDef {
         name: Some("add".into()),
         op: vec![op("Add", &["a", "b"], &["c"], vec![])],
@@ -237,26 +255,51 @@ fn ratios() {
     );
 
     let n = 1 << 24;
-    let ws = b4_workspace(n);
-    let t_add = median(3, 20, || assert!(ws.run_net("add", 1, &tok).unwrap()));
-    let a: Vec<f32> = (0..n).map(|i| (i % 1000) as f32).collect();
-    let b = a.clone();
-    let mut c = vec![0f32; n];
-    let t_loop = median(3, 20, || {
-        for ((c, a), b) in c.iter_mut().zip(&a).zip(&b) {
-            *c = a + b;
-        }
-        black_box(&c);
-    });
     let gbps = |t: Duration| 3.0 * 4.0 * n as f64 / t.as_secs_f64() / 1e9;
-    println!(
-        "B4 kernels: Add of 2^24 float32 {:.2} ms ({:.1} GB/s), single-thread loop {:.2} ms ({:.1} GB/s); ratio = {:.2} (numpy's np.add is single-threaded: compare with benches/run.py)",
-        t_add.as_secs_f64() * 1e3,
-        gbps(t_add),
-        t_loop.as_secs_f64() * 1e3,
-        gbps(t_loop),
-        t_loop.as_secs_f64() / t_add.as_secs_f64()
-    );
+    for huge in [true, false] {
+        let ws = b4_workspace(n, huge);
+        let (a, b, mut c) = (
+            b4_array(n, false, huge),
+            b4_array(n, false, huge),
+            b4_array(n, true, huge),
+        );
+        let (a, b) = (a.as_slice().unwrap(), b.as_slice().unwrap());
+        let c = c.as_slice_mut().unwrap();
+        // Interleaved, so that noise from other processes hits both alike.
+        let (mut t_add, mut t_loop) = (Vec::new(), Vec::new());
+        for _ in 0..5 {
+            t_add.push(median(1, 5, || {
+                assert!(ws.run_net("add", 1, &tok).unwrap())
+            }));
+            t_loop.push(median(1, 5, || {
+                for ((c, a), b) in c.iter_mut().zip(a).zip(b) {
+                    *c = a + b;
+                }
+                black_box(&c);
+            }));
+        }
+        t_add.sort();
+        t_loop.sort();
+        let (t_add, t_loop) = (t_add[2], t_loop[2]);
+        println!(
+            "B4 kernels ({}): Add of 2^24 float32 {:.2} ms ({:.1} GB/s), single-thread loop {:.2} ms ({:.1} GB/s); ratio = {:.2}{}",
+            if huge {
+                "huge pages, as numpy's arrays"
+            } else {
+                "plain Vec buffers, 4 KiB pages"
+            },
+            t_add.as_secs_f64() * 1e3,
+            gbps(t_add),
+            t_loop.as_secs_f64() * 1e3,
+            gbps(t_loop),
+            t_loop.as_secs_f64() / t_add.as_secs_f64(),
+            if huge {
+                " (target >= 1.6; numpy's np.add is this loop: compare with benches/run.py)"
+            } else {
+                ""
+            }
+        );
+    }
 }
 
 fn criterion_benches(c: &mut Criterion) {
@@ -277,7 +320,7 @@ fn criterion_benches(c: &mut Criterion) {
     c.bench_function("B2 ExecutionStep num_iter=10000", |b| {
         b.iter(|| ws.run_plan(&plan, &tok).unwrap())
     });
-    let ws = b4_workspace(1 << 24);
+    let ws = b4_workspace(1 << 24, true);
     let mut g = c.benchmark_group("B4");
     g.sample_size(10);
     g.bench_function("Add 2^24 float32", |b| {

@@ -226,7 +226,7 @@ fn array_to_tensor(py: Python<'_>, obj: &Bound<'_, PyAny>, name: &str) -> PyResu
                 let ro = a
                     .try_readonly()
                     .map_err(|e| feed_error(py, e.to_string(), name))?;
-                return Ok(Tensor::from(ro.as_array().to_owned()));
+                return Ok(Tensor::from(crate::tensor::copy_array(ro.as_array())));
             }
         };
     }
