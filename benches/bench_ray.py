@@ -8,7 +8,9 @@ D2  A pipeline job on 1, 2 and 4 nodes of a 2-CPU Ray cluster, each node
     processor over every batch through pipe(); throughput (rows/s) against
     the single node's (target: 4 nodes >= 1.7x one node). Every node asks
     for 0.5 CPU, so its kernel pool has one thread, whatever the number of
-    nodes.
+    nodes. Batches are large (40,000 rows): with tiny ops the four node
+    processes sharing two CPUs lose their caches at every switch (see
+    BENCHMARKS.md).
 
 Run:  python benches/bench_ray.py            (both)
       python benches/bench_ray.py D1         (one)
@@ -36,8 +38,8 @@ from ferrocaffe.task import (  # noqa: E402
 
 ROWS_PER_SHARD = 4_000_000
 FEATURES = 4
-BATCH = 4000  # divides ROWS_PER_SHARD: every batch is full
-PASSES = 100  # processor rounds per batch: enough work to be CPU-bound
+BATCH = 40000  # divides ROWS_PER_SHARD: every batch is full
+PASSES = 60  # processor rounds per batch: enough work to be CPU-bound
 
 
 def d1_overhead(runs=300):
