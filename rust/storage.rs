@@ -3006,27 +3006,6 @@ mod tests {
         assert!(!dir.names().contains(&format!(".x.tmp-{dead}-2")));
     }
 
-    /// `cargo test --release --lib storage::tests::big_tensor_throughput -- --ignored --nocapture`
-    #[test]
-    #[ignore]
-    fn big_tensor_throughput() {
-        let dir = Scratch::new("storage");
-        let n = 64 << 20; // 256 MiB of f32
-        let v =
-            BlobValue::Tensor(Tensor::from_vec(&[n], (0..n).map(|i| i as f32).collect()).unwrap());
-        let entries = vec![("big".to_string(), v)];
-        for db in ["ferro", "minidb"] {
-            let path = dir.file(db);
-            let t0 = std::time::Instant::now();
-            save_blobs(&path, db, &entries).unwrap();
-            let t1 = std::time::Instant::now();
-            let back = load_db(&path, db).unwrap();
-            let t2 = std::time::Instant::now();
-            assert_eq!(back[0].1.tensor().unwrap().numel(), n);
-            eprintln!("{db}: save {:?} (incl. fsync), load {:?}", t1 - t0, t2 - t1);
-        }
-    }
-
     #[derive(Debug)]
     struct Thing(String);
 
