@@ -56,6 +56,16 @@ def _ferrocaffe():
     return core, workspace, info
 
 
+def _x_and_one(np, workspace):
+    """A workspace holding the scalars x = 0 and one = 1 of W1 and W2;
+    returns it and the zero that resets x before each run."""
+    ws = workspace.Workspace()
+    zero = _scalar(np, 0.0)
+    ws.feed_blob("x", zero)
+    ws.feed_blob("one", _scalar(np, 1.0))
+    return ws, zero
+
+
 def _scalar(np, v):
     return np.array(v, np.float32)          # a 0-d float32 tensor
 
@@ -72,10 +82,7 @@ def w1_ferrocaffe():
     core, workspace, info = _ferrocaffe()
 
     def build(n):
-        ws = workspace.Workspace()
-        zero = _scalar(np, 0.0)
-        ws.feed_blob("x", zero)
-        ws.feed_blob("one", _scalar(np, 1.0))
+        ws, zero = _x_and_one(np, workspace)
         net = core.Net(f"w1_chain_{n}")
         for _ in range(n):
             net.Add(["x", "one"], ["x"])
@@ -103,10 +110,7 @@ def w2_ferrocaffe():
     core, workspace, info = _ferrocaffe()
 
     def build(n):
-        ws = workspace.Workspace()
-        zero = _scalar(np, 0.0)
-        ws.feed_blob("x", zero)
-        ws.feed_blob("one", _scalar(np, 1.0))
+        ws, zero = _x_and_one(np, workspace)
         net = core.Net("w2_tick")
         net.Add(["x", "one"], ["x"])
         plan = core.Plan(f"w2_{n}")
