@@ -7,7 +7,8 @@ a ``ValueError``, an op that failed while running a ``RuntimeError``.
 
 Each error carries where it happened, as attributes (``None`` when unknown):
 ``op`` (the operator type), ``op_index`` (its position in the net), ``net``,
-``step``, ``blob`` and ``file``. The message names them too.
+``step``, ``blob`` and ``file``, and ``node`` for an error raised on a node
+of a distributed session. The message names them too.
 """
 
 from __future__ import annotations
