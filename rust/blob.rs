@@ -77,6 +77,23 @@ impl BlobValue {
         }
     }
 
+    /// The object, borrowed, if it is of type `T`, else a `Type` error
+    /// naming both kinds (like [`BlobValue::object`], without touching the
+    /// object's reference count).
+    pub fn object_ref<T: BlobObject>(&self, expected: &str) -> Result<&T> {
+        if let BlobValue::Object(o) = self {
+            let any: &dyn Any = &**o;
+            if let Some(t) = any.downcast_ref::<T>() {
+                return Ok(t);
+            }
+        }
+        Err(Error::type_error(format!(
+            "wrong kind of blob: it holds {} but a {} was expected",
+            self.kind_name(),
+            expected
+        )))
+    }
+
     /// The object if it is of type `T`, else a `Type` error naming both kinds.
     pub fn object<T: BlobObject>(&self, expected: &str) -> Result<Arc<T>> {
         if let BlobValue::Object(o) = self {

@@ -285,6 +285,15 @@ impl Tensor {
         with_array!(self, a => a.len())
     }
 
+    /// The size in bytes of one element as stored (for strings, of the
+    /// string's header, not of its bytes).
+    pub fn item_size(&self) -> usize {
+        fn size<T>(_: &ArrayD<T>) -> usize {
+            std::mem::size_of::<T>()
+        }
+        with_array!(self, a => size(a))
+    }
+
     /// A tensor of default values (0, false, "") of the given dtype and shape.
     pub fn zeros(dtype: DataType, shape: &[usize]) -> Result<Tensor> {
         let s = shape;
@@ -362,8 +371,23 @@ impl Tensor {
         Ok(a.iter().next().cloned().expect("one element"))
     }
 
-    /// Appends `other` along dim 0 (inner dims must match).
+    /// Appends `other` along dim 0 (inner dims must match). The rows are
+    /// copied into the buffer's spare capacity (`memcpy` for plain types),
+    /// which grows geometrically: amortised O(rows appended).
     pub fn append_rows(&mut self, other: &Tensor) -> Result<()> {
+        self.append_rows_with(other, Growth::Vec).map(|_| ())
+    }
+
+    /// [`Tensor::append_rows`] for a tensor that keeps growing by appends,
+    /// from several threads (a dataset written by a pipeline): the buffer
+    /// grows as [`reserve_for_append`] says, and the unused capacity left
+    /// after the new rows is returned ([`Spare`]; `None` when the tensor's
+    /// layout did not allow appending in place).
+    pub fn append_rows_growing(&mut self, other: &Tensor) -> Result<Option<Spare>> {
+        self.append_rows_with(other, Growth::Appends)
+    }
+
+    fn append_rows_with(&mut self, other: &Tensor, growth: Growth) -> Result<Option<Spare>> {
         if self.dtype() != other.dtype() {
             return Err(Error::type_error(format!(
                 "cannot append a {} tensor to a {} tensor",
@@ -381,8 +405,7 @@ impl Tensor {
         macro_rules! app {
             ($a:ident, $T:ty) => {{
                 let b = other.array::<$T>()?;
-                $a.append(ndarray::Axis(0), b.view())
-                    .map_err(|e| Error::shape(e.to_string()))
+                extend_rows($a, b, growth)
             }};
         }
         match self {
@@ -398,6 +421,165 @@ impl Tensor {
             Tensor::Str(a) => app!(a, Vec<u8>),
         }
     }
+}
+
+/// Where a tensor's buffer has room left after an append, as addresses:
+/// `start..end` is allocated but holds no element yet; `buffer` is the
+/// buffer's first address; `grew` says that the append reallocated it.
+///
+/// Only a hint (for [`prefault_for_write`]): the buffer may be reallocated
+/// or freed as soon as the tensor's lock is released, so these addresses
+/// must never be dereferenced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Spare {
+    pub buffer: usize,
+    pub start: usize,
+    pub end: usize,
+    pub grew: bool,
+}
+
+/// How [`extend_rows`] grows a buffer.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Growth {
+    /// As `Vec` does (doubling).
+    Vec,
+    /// As [`reserve_for_append`] does.
+    Appends,
+}
+
+/// Appends the rows of `b` to `a` (the inner dims were checked) by
+/// extending `a`'s vector: `memcpy` for plain types and amortised geometric
+/// growth (ndarray's `append` clones element by element). Arrays not in
+/// standard layout go through ndarray.
+fn extend_rows<T: Clone>(
+    a: &mut ArrayD<T>,
+    b: &ArrayD<T>,
+    growth: Growth,
+) -> Result<Option<Spare>> {
+    if !a.is_standard_layout() {
+        a.append(ndarray::Axis(0), b.view())
+            .map_err(|e| Error::shape(e.to_string()))?;
+        return Ok(None);
+    }
+    let n = a.len();
+    let mut shape = a.shape().to_vec();
+    shape[0] += b.shape()[0];
+    let placeholder = ArrayD::from_shape_vec(IxDyn(&[0]), Vec::new()).expect("an empty array");
+    let (mut v, first) = std::mem::replace(a, placeholder).into_raw_vec_and_offset();
+    // In standard layout the elements are v[first..first + n], in order.
+    let first = first.unwrap_or(0);
+    if first != 0 || v.len() != n {
+        v.truncate(first + n);
+        v.drain(..first);
+    }
+    let capacity = v.capacity();
+    match growth {
+        Growth::Vec => v.reserve(b.len()),
+        Growth::Appends => reserve_for_append(&mut v, b.len()),
+    }
+    let grew = v.capacity() != capacity;
+    match b.as_slice() {
+        Some(rows) => v.extend_from_slice(rows),
+        None => v.extend(b.iter().cloned()),
+    }
+    let size = std::mem::size_of::<T>();
+    let base = v.as_ptr() as usize;
+    let spare = Spare {
+        buffer: base,
+        start: base + v.len() * size,
+        end: base + v.capacity() * size,
+        grew,
+    };
+    // The shape holds exactly v.len() elements, so this cannot fail.
+    *a = ArrayD::from_shape_vec(IxDyn(&shape), v)
+        .map_err(|e| Error::internal(format!("appending rows: {e}")))?;
+    Ok(Some(spare))
+}
+
+/// The smallest buffer an append grows a tensor to, in bytes.
+pub const MIN_APPEND_CAPACITY: usize = 64 << 10;
+/// The capacity, in bytes, a buffer gets once it outgrows
+/// [`MIN_APPEND_CAPACITY`]: large enough for glibc's allocator to map it on
+/// its own (it always does from 32 MiB on), which it then grows by
+/// remapping its pages (mremap) instead of copying them.
+pub const LARGE_APPEND_CAPACITY: usize = 32 << 20;
+
+/// Makes room in `v` for `more` elements. Growth is geometric (at least
+/// doubling), to at least [`MIN_APPEND_CAPACITY`] bytes, then at once to at
+/// least [`LARGE_APPEND_CAPACITY`]. A tensor that threads take turns
+/// appending to under a mutex is thus reallocated twice, not on every
+/// doubling (a reallocation copies the tensor, under the mutex, into fresh
+/// pages, each a page fault), and never copied once large. Only address
+/// space is reserved: pages are committed when first written (or
+/// prefaulted).
+fn reserve_for_append<T>(v: &mut Vec<T>, more: usize) {
+    let need = v.len().saturating_add(more);
+    if need <= v.capacity() {
+        return;
+    }
+    let size = std::mem::size_of::<T>().max(1);
+    let mut want = need
+        .max(v.capacity().saturating_mul(2))
+        .max(MIN_APPEND_CAPACITY / size);
+    if want.saturating_mul(size) > MIN_APPEND_CAPACITY {
+        want = want.max(LARGE_APPEND_CAPACITY / size);
+    }
+    if v.try_reserve_exact(want - v.len()).is_err() {
+        // Not that much address space: just what is needed.
+        v.reserve(more);
+    }
+}
+
+/// Asks the OS to map the whole pages inside `start..end` writable now, as
+/// writing to them would, without touching their content (Linux's
+/// `MADV_POPULATE_WRITE`): the page faults of fresh memory are taken here
+/// rather than by whoever writes there next. Only a hint: failures (a
+/// kernel older than 5.14, a range no longer mapped) are ignored, and after
+/// an `EINVAL` the call is not tried again. A no-op on other systems.
+pub fn prefault_for_write(start: usize, end: usize) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::ffi::{c_int, c_long, c_void};
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::LazyLock;
+        extern "C" {
+            fn madvise(addr: *mut c_void, len: usize, advice: c_int) -> c_int;
+            fn sysconf(name: c_int) -> c_long;
+        }
+        const MADV_POPULATE_WRITE: c_int = 23;
+        const SC_PAGESIZE: c_int = 30;
+        const EINVAL: i32 = 22;
+        static UNSUPPORTED: AtomicBool = AtomicBool::new(false);
+        static PAGE: LazyLock<usize> = LazyLock::new(|| {
+            // SAFETY: sysconf has no preconditions.
+            let p = unsafe { sysconf(SC_PAGESIZE) };
+            usize::try_from(p)
+                .ok()
+                .filter(|p| p.is_power_of_two())
+                .unwrap_or(4096)
+        });
+        if UNSUPPORTED.load(Ordering::Relaxed) {
+            return;
+        }
+        let page = *PAGE;
+        let (s, e) = (
+            start.saturating_add(page - 1) & !(page - 1),
+            end & !(page - 1),
+        );
+        if e <= s {
+            return;
+        }
+        // SAFETY: MADV_POPULATE_WRITE never changes the content of memory,
+        // it only faults pages in. If the range is stale (its buffer was
+        // reallocated or freed since), the call fails or populates pages of
+        // whatever is mapped there now: equally harmless.
+        let r = unsafe { madvise(s as *mut c_void, e - s, MADV_POPULATE_WRITE) };
+        if r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(EINVAL) {
+            UNSUPPORTED.store(true, Ordering::Relaxed);
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (start, end);
 }
 
 #[cfg(test)]
@@ -476,5 +658,107 @@ mod tests {
         assert!(a
             .append_rows(&Tensor::from_vec(&[1, 3], vec![1i32, 2, 3]).unwrap())
             .is_err());
+    }
+
+    fn f32s(shape: &[usize], v: Vec<f32>) -> Tensor {
+        Tensor::from_vec(shape, v).unwrap()
+    }
+
+    #[test]
+    fn append_rows_copies_the_rows_for_every_kind_of_element() {
+        let mut a = f32s(&[2, 2], vec![1.0, 2.0, 3.0, 4.0]);
+        a.append_rows(&f32s(&[1, 2], vec![5.0, 6.0])).unwrap();
+        assert_eq!(a, f32s(&[3, 2], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]));
+        let mut b = Tensor::from_vec(&[2], vec![true, false]).unwrap();
+        b.append_rows(&Tensor::from_vec(&[3], vec![false, true, true]).unwrap())
+            .unwrap();
+        assert_eq!(
+            b,
+            Tensor::from_vec(&[5], vec![true, false, false, true, true]).unwrap()
+        );
+        let words = |v: &[&str]| {
+            Tensor::from_vec(
+                &[v.len()],
+                v.iter().map(|w| w.as_bytes().to_vec()).collect(),
+            )
+            .unwrap()
+        };
+        let mut c = words(&["a", "bc"]);
+        c.append_rows(&words(&["", "def"])).unwrap();
+        assert_eq!(c, words(&["a", "bc", "", "def"]));
+        assert!(c.append_rows(&b).is_err());
+    }
+
+    #[test]
+    fn append_rows_to_arrays_not_in_standard_layout() {
+        // A transposed (column-major) 3 x 2 array, and one whose first row
+        // was sliced off (its data does not start at its buffer's start).
+        let t = ndarray::Array2::from_shape_vec((2, 3), vec![1i64, 2, 3, 4, 5, 6])
+            .unwrap()
+            .reversed_axes()
+            .into_dyn();
+        let mut a = Tensor::from(t);
+        a.append_rows(&Tensor::from_vec(&[1, 2], vec![7i64, 8]).unwrap())
+            .unwrap();
+        assert_eq!(
+            a,
+            Tensor::from_vec(&[4, 2], vec![1i64, 4, 2, 5, 3, 6, 7, 8]).unwrap()
+        );
+        let mut sliced = ndarray::Array2::from_shape_vec((3, 2), vec![1i32, 2, 3, 4, 5, 6])
+            .unwrap()
+            .into_dyn();
+        sliced.slice_collapse(ndarray::s![1.., ..].as_ref());
+        let mut b = Tensor::from(sliced);
+        let spare = b
+            .append_rows_growing(&Tensor::from_vec(&[1, 2], vec![7i32, 8]).unwrap())
+            .unwrap();
+        assert!(spare.is_some());
+        assert_eq!(
+            b,
+            Tensor::from_vec(&[3, 2], vec![3i32, 4, 5, 6, 7, 8]).unwrap()
+        );
+    }
+
+    #[test]
+    fn growing_appends_reallocate_twice_then_never() {
+        let batch = 1000usize;
+        let mut t = f32s(&[batch], (0..batch).map(|i| i as f32).collect());
+        let mut grew_at = vec![];
+        let mut capacities = vec![];
+        let mut buffer = 0;
+        for k in 1..300 {
+            let rows = f32s(
+                &[batch],
+                (k * batch..(k + 1) * batch).map(|i| i as f32).collect(),
+            );
+            let spare = t.append_rows_growing(&rows).unwrap().expect("in place");
+            assert_eq!(spare.start, spare.buffer + (k + 1) * batch * 4);
+            if spare.grew {
+                grew_at.push(k);
+                capacities.push(spare.end - spare.buffer);
+            } else {
+                assert_eq!(spare.buffer, buffer, "moved without growing");
+            }
+            buffer = spare.buffer;
+        }
+        // 4 KB of rows, then 64 KiB of capacity, then 32 MiB.
+        assert_eq!(grew_at, vec![1, 16]);
+        assert_eq!(capacities[0], MIN_APPEND_CAPACITY);
+        assert!(capacities[1] >= LARGE_APPEND_CAPACITY);
+        let expected = f32s(&[300 * batch], (0..300 * batch).map(|i| i as f32).collect());
+        assert_eq!(t, expected);
+    }
+
+    #[test]
+    fn prefaulting_leaves_memory_as_it_was() {
+        let mut v: Vec<u8> = Vec::with_capacity(1 << 20);
+        v.extend((0..(1 << 19)).map(|i| (i % 251) as u8));
+        let base = v.as_ptr() as usize;
+        prefault_for_write(base, base + v.capacity());
+        prefault_for_write(base + 100, base + 50); // empty: nothing to do
+        prefault_for_write(4096, 8192); // not mapped: ignored
+        assert!(v.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+        v.extend(std::iter::repeat_n(7u8, 1 << 19));
+        assert_eq!(v[(1 << 20) - 1], 7);
     }
 }

@@ -478,6 +478,63 @@ def test_every_record_is_processed_exactly_once(threads, mode):
     assert int(got.sum()) == n * (n - 1)
 
 
+@pytest.mark.parametrize('mode', ['num_threads', 'num_runtime_threads'])
+def test_two_threads_append_a_large_dataset_row_by_row_intact(mode):
+    # Enough rows for the destination columns to outgrow their first
+    # buffers (appends then go to large, prefaulted buffers), in batches that
+    # do not divide the row count; each output row must be one whole input
+    # row (uid, its value and its pair), each input row must appear once.
+    ws = workspace.Workspace()
+    session = LocalSession(ws)
+    n = 70001
+    rng = np.random.RandomState(7)
+    uid = rng.permutation(n).astype(np.int64)
+    value = (uid * 0.25).astype(np.float32)
+    pair = np.stack([uid, -uid], axis=1).astype(np.int32)
+    src = make_source(ws, session, uid=uid, value=value, pair=pair)
+
+    def proc(rec):
+        with core.NameScope(NetBuilder.current().name):
+            return Struct(('uid', Scalar(np.int64, ops.Copy(rec.uid()))),
+                          ('value', Scalar(np.float32, ops.Copy(rec.value()))),
+                          ('pair', Scalar((np.int32, (2,)), ops.Copy(rec.pair()))))
+
+    dst = make_destination(session, src.content())
+    with TaskGroup() as tg:
+        pipe(src.reader(batch_size=997), dst.writer(), processor=proc,
+             **{mode: 2})
+    session.run(tg)
+    got_uid, got_value, got_pair = fetch_dataset(ws, dst)
+    assert len(got_uid) == len(got_value) == len(got_pair) == n
+    order = np.argsort(got_uid, kind='stable')
+    assert got_uid[order].tolist() == list(range(n))
+    expected = {int(u): (float(v), tuple(int(x) for x in p))
+                for u, v, p in zip(uid, value, pair)}
+    for u, v, p in zip(got_uid.tolist(), got_value.tolist(),
+                       got_pair.tolist()):
+        assert expected[u] == (v, tuple(p))
+
+
+def test_batches_read_earlier_stay_as_fetched():
+    # The reader refills its output blobs in place from one batch to the
+    # next; what was fetched before must not change.
+    ws = workspace.Workspace()
+    session = LocalSession(ws)
+    ids = np.arange(10, dtype=np.int64) * 3
+    src = make_source(ws, session, id=ids)
+    init = core.Net('reader_init')
+    reader = src.reader(init, batch_size=4)
+    session.run(init)
+    read = core.Net('read')
+    _, (batch,) = reader.read(read)
+    fetched = []
+    for _ in range(4):
+        ws.run(read)
+        fetched.append(ws.blobs[str(batch)].fetch())
+    assert [f.tolist() for f in fetched] == [
+        [0, 3, 6, 9], [12, 15, 18, 21], [24, 27], []]
+
+
 def test_a_failing_processor_fails_the_whole_run_promptly():
     ws = workspace.Workspace()
     session = LocalSession(ws)

@@ -37,10 +37,11 @@ use crate::blob::{BlobMutex, BlobObject, BlobValue};
 use crate::error::{Error, ErrorKind, Result};
 use crate::ir::{BlobProto, TensorProto};
 use crate::operator::{InPlace, Locked, OpCx, OpDefCtx, OpSchema, Operator, MANY};
-use crate::tensor::{DataType, Tensor};
+use crate::tensor::{prefault_for_write, DataType, Spare, Tensor, LARGE_APPEND_CAPACITY};
 use crate::with_array;
 use ndarray::{Axis, Slice};
 use parking_lot::Mutex;
+use smallvec::SmallVec;
 use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
@@ -220,7 +221,7 @@ impl TreeIterator {
             )));
         }
         let limits = &cols.limits;
-        let mut next = offsets.to_vec();
+        let mut next: SmallVec<[i64; 4]> = SmallVec::from_slice(offsets);
         if offsets[0] > limits[0] {
             return Err(Error::new(
                 ErrorKind::IndexOutOfRange,
@@ -274,8 +275,8 @@ impl TreeIterator {
 /// values, and each domain's size (the fewest rows among its fields; a
 /// domain without fields is unbounded).
 struct Columns<'a> {
-    lengths: Vec<Cow<'a, [i32]>>,
-    limits: Vec<i64>,
+    lengths: SmallVec<[Cow<'a, [i32]>; 2]>,
+    limits: SmallVec<[i64; 4]>,
 }
 
 /// Reads the columns; `fields[i]` is the tensor of field `i`, named `names[i]`.
@@ -286,7 +287,7 @@ fn columns<'a>(
     names: &[&str],
     strict: bool,
 ) -> Result<Columns<'a>> {
-    let mut limits = vec![i64::MAX; it.num_domains()];
+    let mut limits: SmallVec<[i64; 4]> = SmallVec::from_elem(i64::MAX, it.num_domains());
     for (i, t) in fields.iter().enumerate() {
         if t.ndim() == 0 {
             return Err(Error::shape(format!(
@@ -643,20 +644,24 @@ fn read_next_batch(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let batch_size = batch_size_arg(ctx)?;
     let enforce = ctx.args.bool("enforce_batch_size", false)?;
     Ok(kernel(move |cx| {
-        let cursor = cursor_of(cx)?;
-        check_field_counts(cx, &cursor, 1, true)?;
-        let nf = cursor.it.num_fields();
         let mut l = cx.lock();
-        let batch = {
+        // Where each field's rows start, and how many rows of each domain.
+        let (nf, domains, start, sizes) = {
+            let cursor = l
+                .input(0)
+                .object_ref::<TreeCursor>("TreeCursor")
+                .map_err(|e| e.with_blob(l.input_name(0)))?;
+            check_field_counts(cx, cursor, 1, true)?;
+            let nf = cursor.it.num_fields();
             let (fields, names) = field_inputs(&l, 1, nf)?;
             let cols = columns(&cursor.it, &fields, &names, false)?;
-            let mut sizes = vec![0i64; cursor.it.num_domains()];
-            let start = {
-                let mut offsets = cursor.offsets.lock();
+            let mut sizes: SmallVec<[i64; 4]> = SmallVec::from_elem(0, cursor.it.num_domains());
+            let start: SmallVec<[i64; 4]> = {
+                let mut offsets = lock_spinning(&cursor.offsets);
                 if offsets.is_empty() {
                     offsets.resize(cursor.it.num_domains(), 0);
                 }
-                let start = offsets.clone();
+                let start = SmallVec::from_slice(&offsets);
                 cursor
                     .it
                     .advance(&cols, &mut offsets, &mut sizes, batch_size)?;
@@ -666,19 +671,60 @@ fn read_next_batch(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
                 // Not a full batch left: an empty one says "end of data".
                 sizes.fill(0);
             }
-            (0..nf)
-                .map(|i| {
-                    let d = cursor.it.domain[i];
-                    let lo = start[d] as usize;
-                    gather_rows(fields[i], &[(lo, lo + sizes[d] as usize)])
-                })
-                .collect::<Result<Vec<_>>>()?
+            let domains: SmallVec<[usize; 4]> = cursor.it.domain.iter().copied().collect();
+            (nf, domains, start, sizes)
         };
-        for (j, t) in batch.into_iter().enumerate() {
-            l.set_output(j, t);
+        for (j, &d) in domains.iter().enumerate().take(nf) {
+            let lo = start[d] as usize;
+            let hi = lo + sizes[d] as usize;
+            let (out, field) = l.output_and_input(j, 1 + j).ok_or_else(|| {
+                Error::invalid_arg("an output of ReadNextBatch is also one of its inputs")
+            })?;
+            let field = field
+                .tensor()
+                .map_err(|e| e.with_blob(&cx.io.input_names[1 + j]))?;
+            set_rows(out, field, lo, hi)?;
         }
         Ok(true)
     }))
+}
+
+/// Sets `out` to rows `lo..hi` of `src`. When `out` already holds a tensor
+/// of that dtype and shape (the previous batch, usually), its buffer is
+/// reused: no allocation.
+fn set_rows(out: &mut BlobValue, src: &Tensor, lo: usize, hi: usize) -> Result<()> {
+    if let BlobValue::Tensor(t) = out {
+        let same = t.dtype() == src.dtype()
+            && t.ndim() == src.ndim()
+            && t.shape()[0] == hi - lo
+            && t.shape()[1..] == src.shape()[1..];
+        if same {
+            macro_rules! copy_rows {
+                ($a:ident, $T:ty) => {{
+                    let rows = src.array::<$T>()?.slice_axis(Axis(0), Slice::from(lo..hi));
+                    match ($a.as_slice_mut(), rows.as_slice()) {
+                        (Some(dst), Some(src)) => dst.clone_from_slice(src),
+                        _ => $a.assign(&rows),
+                    }
+                }};
+            }
+            match t {
+                Tensor::F32(a) => copy_rows!(a, f32),
+                Tensor::F64(a) => copy_rows!(a, f64),
+                Tensor::I32(a) => copy_rows!(a, i32),
+                Tensor::I64(a) => copy_rows!(a, i64),
+                Tensor::Bool(a) => copy_rows!(a, bool),
+                Tensor::U8(a) => copy_rows!(a, u8),
+                Tensor::I8(a) => copy_rows!(a, i8),
+                Tensor::I16(a) => copy_rows!(a, i16),
+                Tensor::U16(a) => copy_rows!(a, u16),
+                Tensor::Str(a) => copy_rows!(a, Vec<u8>),
+            }
+            return Ok(());
+        }
+    }
+    *out = BlobValue::Tensor(gather_rows(src, &[(lo, hi)])?);
+    Ok(())
 }
 
 fn compute_offset(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
@@ -1079,12 +1125,88 @@ fn check_append(dst: &BlobValue, src: &Tensor) -> Result<AppendMode> {
     Ok(AppendMode::Extend)
 }
 
-fn do_append(dst: &mut BlobValue, src: &Tensor, mode: AppendMode) -> Result<()> {
+fn do_append(dst: &mut BlobValue, src: &Tensor, mode: AppendMode) -> Result<Option<Spare>> {
     match mode {
-        AppendMode::Replace => *dst = BlobValue::Tensor(src.clone()),
-        AppendMode::Extend => dst.tensor_mut()?.append_rows(src)?,
+        AppendMode::Replace => {
+            *dst = BlobValue::Tensor(src.clone());
+            Ok(None)
+        }
+        AppendMode::Extend => dst.tensor_mut()?.append_rows_growing(src),
     }
-    Ok(())
+}
+
+/// Locks `m`, spinning for a while before going to sleep: the critical
+/// sections of dataset ops are short, while a thread that sleeps takes tens
+/// of microseconds to wake up (more on a VM), the holder taking the lock
+/// again and again meanwhile; and on some VMs the woken thread is moved to
+/// its waker's CPU, where it then shares one CPU with it.
+fn lock_spinning<T>(m: &Mutex<T>) -> parking_lot::MutexGuard<'_, T> {
+    lock_spinning_unless(m, || false).expect("never gives up")
+}
+
+/// [`lock_spinning`], except that it gives up (`None`) instead of going to
+/// sleep when `give_up()` says so at that point.
+fn lock_spinning_unless<T>(
+    m: &Mutex<T>,
+    mut give_up: impl FnMut() -> bool,
+) -> Option<parking_lot::MutexGuard<'_, T>> {
+    const SPIN: std::time::Duration = std::time::Duration::from_micros(50);
+    if let Some(g) = m.try_lock() {
+        return Some(g);
+    }
+    let start = std::time::Instant::now();
+    loop {
+        for _ in 0..32 {
+            std::hint::spin_loop();
+            if !m.is_locked() {
+                if let Some(g) = m.try_lock() {
+                    return Some(g);
+                }
+            }
+        }
+        if start.elapsed() > SPIN {
+            return if give_up() { None } else { Some(m.lock()) };
+        }
+    }
+}
+
+/// Whether `v` holds the object `o` (the same one, not an equal one).
+fn holds<T: BlobObject>(v: &BlobValue, o: &Arc<T>) -> bool {
+    matches!(v, BlobValue::Object(x) if std::ptr::addr_eq(Arc::as_ptr(x), Arc::as_ptr(o)))
+}
+
+/// Prefaults, after the locks are released, the part of a large tensor's
+/// buffer that the next appends will write: appends run under the writer's
+/// mutex, and the page faults of fresh memory (costlier than copying the
+/// page, on a VM) would otherwise be taken there, by one thread at a time.
+///
+/// The buffer is cut into chunks of `PREFAULT_CHUNK` bytes; the append that
+/// crosses into a chunk prefaults the chunk `PREFAULT_AHEAD` bytes further
+/// on, so each chunk is prefaulted once, by one thread, with no shared
+/// state. An append that reallocated the buffer prefaults the first
+/// `PREFAULT_AHEAD` bytes past the end. Small buffers (from the heap, and
+/// mostly faulted in already) are left alone.
+fn prefault_ahead(spare: Spare, appended_bytes: usize) {
+    const PREFAULT_CHUNK: usize = 64 << 10;
+    const PREFAULT_AHEAD: usize = 4 * PREFAULT_CHUNK;
+    if spare.end - spare.buffer < LARGE_APPEND_CAPACITY {
+        return;
+    }
+    let end = spare.start;
+    if spare.grew {
+        prefault_for_write(end, end.saturating_add(PREFAULT_AHEAD).min(spare.end));
+        return;
+    }
+    let begin = end.saturating_sub(appended_bytes).max(spare.buffer);
+    let mut boundary = (begin / PREFAULT_CHUNK + 1) * PREFAULT_CHUNK;
+    while boundary <= end {
+        let lo = boundary + PREFAULT_AHEAD;
+        let hi = lo.saturating_add(PREFAULT_CHUNK).min(spare.end);
+        if lo < hi {
+            prefault_for_write(lo, hi);
+        }
+        boundary += PREFAULT_CHUNK;
+    }
 }
 
 fn append(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
@@ -1111,29 +1233,55 @@ fn atomic_append(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             ctx.num_inputs()
         )));
     }
+    // The mutex object, kept between runs: checked against the blob before
+    // waiting for it and after taking it, under the blob's lock.
+    let mut cached: Option<Arc<BlobMutex>> = None;
     Ok(kernel(move |cx| {
-        let mutex = cx
-            .input_blob(0)
-            .read()
-            .object::<BlobMutex>("Mutex")
-            .map_err(|e| e.with_blob(&cx.io.input_names[0]))?;
-        // The mutex first, then the blobs (as AtomicIter and AtomicFetchAdd).
-        let _guard = mutex.0.lock();
-        let mut l = cx.lock();
-        let mut modes = Vec::with_capacity(n);
-        for i in 0..n {
-            let src = l.tensor(1 + n + i)?;
-            modes.push(
-                check_append(l.input(1 + i), src).map_err(|e| e.with_blob(l.output_name(i)))?,
-            );
+        let mut spares: SmallVec<[Option<(Spare, usize)>; 4]> = SmallVec::new();
+        loop {
+            if cached.is_none() {
+                cached = Some(
+                    cx.input_blob(0)
+                        .read()
+                        .object::<BlobMutex>("Mutex")
+                        .map_err(|e| e.with_blob(&cx.io.input_names[0]))?,
+                );
+            }
+            let mutex = cached.as_ref().expect("set above");
+            // The mutex first, then the blobs (as AtomicIter and AtomicFetchAdd).
+            let stale = || !holds(&cx.input_blob(0).read(), mutex);
+            let Some(guard) = lock_spinning_unless(&mutex.0, stale) else {
+                cached = None;
+                continue;
+            };
+            let mut l = cx.lock();
+            if !holds(l.input(0), mutex) {
+                // The blob was given another mutex since: take that one.
+                drop(l);
+                drop(guard);
+                cached = None;
+                continue;
+            }
+            let mut modes: SmallVec<[AppendMode; 4]> = SmallVec::with_capacity(n);
+            for i in 0..n {
+                let src = l.tensor(1 + n + i)?;
+                modes.push(
+                    check_append(l.input(1 + i), src).map_err(|e| e.with_blob(l.output_name(i)))?,
+                );
+            }
+            for (i, mode) in modes.into_iter().enumerate() {
+                let (dst, src) = l
+                    .output_and_input(i, 1 + n + i)
+                    .expect("sources are never outputs (in place is enforced)");
+                let src = src.tensor()?;
+                let spare =
+                    do_append(dst, src, mode).map_err(|e| e.with_blob(&cx.io.output_names[i]))?;
+                spares.push(spare.map(|s| (s, src.numel() * src.item_size())));
+            }
+            break;
         }
-        for (i, mode) in modes.into_iter().enumerate() {
-            let dst_name = l.output_name(i).to_string();
-            let (dst, src) = l
-                .output_and_input(i, 1 + n + i)
-                .expect("sources are never outputs (in place is enforced)");
-            let src = src.tensor()?;
-            do_append(dst, src, mode).map_err(|e| e.with_blob(&dst_name))?;
+        for (spare, bytes) in spares.into_iter().flatten() {
+            prefault_ahead(spare, bytes);
         }
         Ok(true)
     }))
@@ -1831,6 +1979,158 @@ mod tests {
         let mut sorted = x.clone();
         sorted.sort_unstable();
         assert_eq!(sorted, (0..threads * per).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn read_next_batch_reuses_its_outputs_without_mixing_batches() {
+        // A flat dataset of 10 records: an int64 column and a 2-wide float
+        // column; batches of 4 come out as [0..4), [4..8), [8..10), then
+        // empty ones. Each batch is compared with rows cut from the input
+        // here, after the next read has run (which reuses the outputs).
+        let ws = Workspace::new();
+        let ids: Vec<i64> = (0..10).map(|i| 100 + i).collect();
+        let xy: Vec<f32> = (0..20).map(|i| i as f32 / 2.0).collect();
+        feed(&ws, "ds/id", i64s(&ids));
+        feed(
+            &ws,
+            "ds/xy",
+            Tensor::from_vec(&[10, 2], xy.clone()).unwrap(),
+        );
+        create_cursor(&ws, "cur", &["id", "xy"]);
+        let d = op(
+            "ReadNextBatch",
+            &["cur", "ds/id", "ds/xy"],
+            &["b/id", "b/xy"],
+            vec![int_arg("batch_size", 4)],
+        );
+        let mut n = Net::create(&net("read", vec![d]), &ws).unwrap();
+        let mut batches = vec![];
+        for _ in 0..5 {
+            assert!(n.run(&ws, &CancelToken::new()).unwrap());
+            batches.push((get(&ws, "b/id"), get(&ws, "b/xy")));
+        }
+        let bounds = [(0, 4), (4, 8), (8, 10), (10, 10), (10, 10)];
+        for ((id, pair), (lo, hi)) in batches.iter().zip(bounds) {
+            assert_eq!(id, &i64s(&ids[lo..hi]));
+            assert_eq!(
+                pair,
+                &Tensor::from_vec(&[hi - lo, 2], xy[2 * lo..2 * hi].to_vec()).unwrap()
+            );
+        }
+    }
+
+    #[test]
+    fn atomic_append_takes_the_mutex_the_blob_holds_now() {
+        let ws = Workspace::new();
+        assert!(run(&ws, op("CreateMutex", &[], &["m"], vec![])).unwrap());
+        feed(&ws, "x", i64s(&[]));
+        let d = op("AtomicAppend", &["m", "x", "s"], &["x"], vec![]);
+        ws.create_blob("s");
+        let mut n = Net::create(&net("app", vec![d]), &ws).unwrap();
+        let held = |ws: &Workspace| {
+            ws.blob("m")
+                .unwrap()
+                .read()
+                .object::<BlobMutex>("Mutex")
+                .unwrap()
+        };
+        feed(&ws, "s", i64s(&[1, 2]));
+        assert!(n.run(&ws, &CancelToken::new()).unwrap());
+        // A new mutex in the blob: the op must lock that one. While another
+        // thread holds the old one, the append still goes through.
+        let old = held(&ws);
+        assert!(run(&ws, op("CreateMutex", &[], &["m"], vec![])).unwrap());
+        let _old_guard = old.0.lock();
+        feed(&ws, "s", i64s(&[3]));
+        assert!(n.run(&ws, &CancelToken::new()).unwrap());
+        assert_eq!(get(&ws, "x"), i64s(&[1, 2, 3]));
+        // While the new one is held, it waits for it.
+        let new = held(&ws);
+        let guard = new.0.lock();
+        thread::scope(|sc| {
+            let h = sc.spawn(|| {
+                feed(&ws, "s", i64s(&[4]));
+                n.run(&ws, &CancelToken::new()).unwrap()
+            });
+            thread::sleep(std::time::Duration::from_millis(50));
+            assert_eq!(get(&ws, "x"), i64s(&[1, 2, 3]));
+            drop(guard);
+            assert!(h.join().unwrap());
+        });
+        assert_eq!(get(&ws, "x"), i64s(&[1, 2, 3, 4]));
+        // Something else than a mutex in the blob is an error naming it.
+        feed(&ws, "m", i64s(&[0]));
+        let e = n.run(&ws, &CancelToken::new()).unwrap_err();
+        assert!(
+            e.message.contains("but a Mutex was expected"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn atomic_append_keeps_every_row_of_a_large_dataset() {
+        // 4 threads append 300 batches of 1000 float32 rows each: the
+        // column grows past 64 KiB into a large buffer, prefaulted ahead by
+        // the appending threads. Every batch must arrive whole and once.
+        let ws = Workspace::new();
+        assert!(run(&ws, op("CreateMutex", &[], &["m"], vec![])).unwrap());
+        feed(&ws, "v", Tensor::from_vec::<f32>(&[0], vec![]).unwrap());
+        let (threads, per, batch) = (4usize, 300usize, 1000usize);
+        thread::scope(|s| {
+            for t in 0..threads {
+                let ws = ws.clone();
+                s.spawn(move || {
+                    let src = format!("src{t}");
+                    ws.create_blob(&src);
+                    let d = op("AtomicAppend", &["m", "v", &src], &["v"], vec![]);
+                    let mut n = Net::create(&net(&format!("n{t}"), vec![d]), &ws).unwrap();
+                    for k in 0..per {
+                        let first = (t * per + k) * batch;
+                        let rows: Vec<f32> = (first..first + batch).map(|i| i as f32).collect();
+                        feed(&ws, &src, Tensor::from_vec(&[batch], rows).unwrap());
+                        assert!(n.run(&ws, &CancelToken::new()).unwrap());
+                    }
+                });
+            }
+        });
+        let v: Vec<f32> = get(&ws, "v")
+            .array::<f32>()
+            .unwrap()
+            .iter()
+            .copied()
+            .collect();
+        assert_eq!(v.len(), threads * per * batch);
+        for chunk in v.chunks(batch) {
+            let first = chunk[0] as usize;
+            assert_eq!(first % batch, 0);
+            assert!(chunk
+                .iter()
+                .enumerate()
+                .all(|(i, &x)| x as usize == first + i));
+        }
+        let mut firsts: Vec<usize> = v.chunks(batch).map(|c| c[0] as usize / batch).collect();
+        firsts.sort_unstable();
+        assert_eq!(firsts, (0..threads * per).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn lock_spinning_excludes_other_threads() {
+        let m = Mutex::new(0u64);
+        thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..20_000 {
+                        let mut g = lock_spinning(&m);
+                        // Not an atomic increment: only the lock keeps it right.
+                        let v = *g;
+                        std::hint::black_box(&v);
+                        *g = v + 1;
+                    }
+                });
+            }
+        });
+        assert_eq!(*m.lock(), 80_000);
     }
 
     /// A dataset of `n` records: label i and a list of `i % 4` items i*10 + k.
