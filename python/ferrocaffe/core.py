@@ -158,11 +158,44 @@ def _nearby_opnames(op_type):
     return difflib.get_close_matches(op_type, sorted(_registry()), n=5, cutoff=0.6)
 
 
+class _NotRegisteredError(AttributeError):
+    """The AttributeError for ``net.Name`` when ``Name`` is no operator. Its
+    "Did you mean" list is worked out when the message is first read:
+    ``hasattr(net, name)`` probes, which never read it, then cost no fuzzy
+    search through every operator name."""
+
+    def __init__(self, op_type):
+        super().__init__(op_type)
+        self.op_type = op_type
+        self._message = None
+
+    def _full_message(self):
+        if self._message is None:
+            self._message = (
+                "Method " + self.op_type + " is not a registered operator."
+                + " Did you mean: [" + ",".join(_nearby_opnames(self.op_type)) + "]"
+            )
+        return self._message
+
+    @property
+    def args(self):
+        return (self._full_message(),)
+
+    @args.setter
+    def args(self, value):
+        # Only the message made here is kept (BaseException.__init__ sets
+        # args to the bare operator name first).
+        pass
+
+    def __str__(self):
+        return self._full_message()
+
+    def __repr__(self):
+        return "AttributeError(%r)" % self._full_message()
+
+
 def _not_registered(op_type):
-    return AttributeError(
-        "Method " + op_type + " is not a registered operator."
-        + " Did you mean: [" + ",".join(_nearby_opnames(op_type)) + "]"
-    )
+    return _NotRegisteredError(op_type)
 
 
 # --------------------------------------------------------------- devices --
