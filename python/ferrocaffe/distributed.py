@@ -273,9 +273,10 @@ def _rebuild_error(desc, node=None):
 class _RayNodePlan(object):
     """One node's share of a compiled TaskGroup, serialised once."""
 
-    def __init__(self, node, plan, output_list, kwargs):
+    def __init__(self, node, plan, output_list, kwargs, plan_bytes=None):
         self.node = str(node)
-        self.plan_bytes = plan.Proto().SerializeToString()
+        self.plan_bytes = (plan_bytes if plan_bytes is not None
+                           else plan.Proto().SerializeToString())
         self.output_list = output_list
         self.kwargs = kwargs
         self.key = uuid.uuid4().hex
@@ -423,7 +424,7 @@ class RaySession(Session):
             task_group, setup_net_list)
         return _RayPlans([
             _RayNodePlan(np.node, np.plan, np.output_list,
-                         kwargs.get(str(np.node), {}))
+                         kwargs.get(str(np.node), {}), np.serialized)
             for np in compiled.node_plans
         ])
 

@@ -172,13 +172,34 @@ class Session(object):
             self.close()
 
 
+class _CompiledPlan(tuple):
+    """What LocalSession compiles a TaskGroup to: the tuple ``(plan,
+    output_list, workspace_type)``, which also keeps the plan's serialised
+    form, made once at compile time (a compiled plan never changes:
+    ``Plan.AddStep`` copies what it is given), so runs skip serialising it."""
+
+    serialized = None
+
+
 class _NodePlan(object):
     """One node's share of a TaskGroup compiled with isolated nodes."""
+
+    serialized = None
 
     def __init__(self, node, plan, output_list):
         self.node = node
         self.plan = plan
         self.output_list = output_list
+
+
+def _run_frozen(ws, holder, plan):
+    """Runs ``plan`` in ``ws`` from its serialised form in
+    ``holder.serialized`` (made here if compilation did not)."""
+    data = holder.serialized
+    if data is None:
+        data = workspace.StringifyProto(plan)
+        holder.serialized = data
+    return ws._run_plan_bytes(data)
 
 
 class _NodePlans(object):
@@ -257,12 +278,17 @@ class LocalSession(Session):
         # Caffe2 stores the bound method, not its result: the PRIVATE test
         # in _run_compiled never holds, and the plan always runs in the
         # session workspace.
-        return (plan, task.output_list(), task.workspace_type)
+        compiled = _CompiledPlan((plan, task.output_list(), task.workspace_type))
+        compiled.serialized = workspace.StringifyProto(plan)
+        return compiled
 
     def _run_compiled(self, compiled):
         if isinstance(compiled, _NodePlans):
             return self._run_node_plans(compiled)
         plan, output_list, workspace_type = compiled
+        if not isinstance(compiled, _CompiledPlan):
+            # Compiled by an override of _compile_task_group.
+            compiled = _CompiledPlan(compiled)
 
         # Outputs must live in the session workspace, so that tasks running
         # in child workspaces write them there.
@@ -274,12 +300,7 @@ class LocalSession(Session):
         task_ws = (
             workspace.Workspace(self._ws)
             if workspace_type == WorkspaceType.PRIVATE else self._ws)
-        guard = getattr(workspace, 'WorkspaceGuard', None)
-        if guard is not None:
-            with guard(task_ws):
-                task_ws.run(plan)
-        else:
-            task_ws.run(plan)
+        _run_frozen(task_ws, compiled, plan)
 
     def _run_node_plans(self, compiled):
         runs = []
@@ -291,24 +312,24 @@ class LocalSession(Session):
                 outputs.append(core.BlobReference(str(name)))
             node_plan.output_list.set_values(
                 outputs, _fetch_func=_Fetcher(node_ws))
-            runs.append((node_ws, node_plan.plan))
+            runs.append((node_ws, node_plan))
 
         if len(runs) == 1:
-            ws, plan = runs[0]
-            ws.run(plan)
+            ws, node_plan = runs[0]
+            _run_frozen(ws, node_plan, node_plan.plan)
             return
         errors = [None] * len(runs)
 
-        def run_one(i, ws, plan):
+        def run_one(i, ws, node_plan):
             try:
-                ws.run(plan)
+                _run_frozen(ws, node_plan, node_plan.plan)
             except BaseException as e:  # re-raised in the calling thread
                 errors[i] = e
 
         threads = [
-            threading.Thread(target=run_one, args=(i, ws, plan),
+            threading.Thread(target=run_one, args=(i, ws, node_plan),
                              name='ferrocaffe-node-%d' % i)
-            for i, (ws, plan) in enumerate(runs)
+            for i, (ws, node_plan) in enumerate(runs)
         ]
         for t in threads:
             t.start()
@@ -350,6 +371,7 @@ class _NodeIsolatedLocalSession(LocalSession):
         for task in tasks:
             plan = core.Plan('task_group_plan')
             plan.AddStep(task.get_step())
-            node_plans.append(
-                _NodePlan(task.node, plan, task.output_list()))
+            node_plan = _NodePlan(task.node, plan, task.output_list())
+            node_plan.serialized = workspace.StringifyProto(plan)
+            node_plans.append(node_plan)
         return _NodePlans(node_plans)

@@ -225,6 +225,11 @@ class Workspace:
         ok = self._core.run_net(name, num_iter)
         return _check(ok, allow_fail, f"net '{name}'")
 
+    def _run_plan_bytes(self, data: bytes) -> bool:
+        """Runs a serialised PlanDef (what ``run`` does with a Plan, minus
+        the serialising)."""
+        return _check(self._core.run_plan(data), False, "plan")
+
     def run(self, obj) -> bool:
         """Runs a Plan, ExecutionStep, Net or one of their protos once."""
         kind = _kind_of(obj)
