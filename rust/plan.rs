@@ -463,33 +463,25 @@ fn run_main<'p>(ctx: &PlanCtx<'p>, c: &Compiled<'p>, tok: &CancelToken) -> Resul
             let workers = n * instances;
             let iter_tok = tok.child();
             let errors = FirstError::default();
-            let work = |k: usize| {
-                if errors.failed.load(Ordering::SeqCst) {
-                    return;
-                }
-                match guarded(|| c.recurring[k % n].exec(ctx, &iter_tok)) {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        errors.soft_fail();
-                        iter_tok.cancel();
-                    }
-                    Err(e) => {
-                        errors.record(e);
-                        iter_tok.cancel();
-                    }
-                }
-            };
-            // Workers 1.. get threads of their own; worker 0 runs on this
-            // thread, which would otherwise only wait (one thread start and
-            // one cross-CPU wake-up fewer per iteration). Zero instances
-            // means no worker at all.
             std::thread::scope(|s| {
-                for k in 1..workers {
-                    let work = &work;
-                    s.spawn(move || work(k));
-                }
-                if workers > 0 {
-                    work(0);
+                for k in 0..workers {
+                    let (w, errors, iter_tok) = (&c.recurring[k % n], &errors, &iter_tok);
+                    s.spawn(move || {
+                        if errors.failed.load(Ordering::SeqCst) {
+                            return;
+                        }
+                        match guarded(|| w.exec(ctx, iter_tok)) {
+                            Ok(true) => {}
+                            Ok(false) => {
+                                errors.soft_fail();
+                                iter_tok.cancel();
+                            }
+                            Err(e) => {
+                                errors.record(e);
+                                iter_tok.cancel();
+                            }
+                        }
+                    });
                 }
             });
             if let Some(e) = errors.take() {
