@@ -49,6 +49,8 @@ fn main() {
         });
         // 0: idle, u64::MAX: stop, else: work for that many µs.
         static FLAG: AtomicU64 = AtomicU64::new(0);
+        // The previous burst's spinner was stopped with u64::MAX.
+        FLAG.store(0, Ordering::Release);
         let spinner = std::thread::spawn(|| loop {
             match FLAG.load(Ordering::Acquire) {
                 0 => std::hint::spin_loop(),
