@@ -141,6 +141,44 @@ def test_a_file_larger_than_one_batch_is_read_in_batches(tmp_path):
     assert as_records(batches) == recs
 
 
+@pytest.mark.parametrize('batch_size', [3, 5000, 20000])
+def test_string_batches_of_changing_lengths_come_out_whole(tmp_path,
+                                                           batch_size):
+    # Each batch is written over the previous batch's string buffers:
+    # strings of every length in no order (empty, short, long, unicode),
+    # a list-of-strings column, a short last batch, and batches large
+    # enough to be decoded on several threads.
+    rng = np.random.default_rng(7)
+    n = 45001
+    lens = rng.integers(0, 60, n)
+    lens[::17] = 0
+    lens[::101] = 300
+    words = [('\u00e9' if i % 5 == 0 else 'w') * int(lens[i]) + str(i)
+             for i in range(n)]
+    tags = [[words[(i * 7 + k) % n] for k in range(i % 3)] for i in range(n)]
+    path = str(tmp_path / 's.parquet')
+    pq.write_table(pa.table({
+        'word': pa.array(words, pa.string()),
+        'tags': pa.array(tags, pa.list_(pa.string())),
+        'id': pa.array(np.arange(n, dtype=np.int64)),
+    }), path, row_group_size=16000)
+    batches = read_batches(ParquetReader(path, batch_size=batch_size))
+    sizes = [len(b[0]) for b in batches]
+    assert sizes == [batch_size] * (n // batch_size) + [n % batch_size]
+    got_words, got_tags, got_ids = [], [], []
+    for word, lengths, values, ids in batches:
+        got_words += [w.decode('utf-8') for w in word]
+        at = 0
+        for k in lengths:
+            got_tags.append([t.decode('utf-8') for t in values[at:at + k]])
+            at += int(k)
+        assert at == len(values)
+        got_ids += ids.tolist()
+    assert got_words == words
+    assert got_tags == tags
+    assert got_ids == list(range(n))
+
+
 @pytest.mark.parametrize('compression', ['none', 'snappy', 'gzip', 'zstd',
                                          'lz4'])
 def test_every_supported_codec(tmp_path, compression):

@@ -908,6 +908,9 @@ enum Values {
 /// files): values by the column's dtype, whatever the file's encoding.
 struct Acc {
     values: Values,
+    /// For a string column, how many of `values`' strings are this batch's:
+    /// the rest are the previous batch's, kept for their allocations.
+    strings: usize,
     lengths: Option<Vec<i32>>,
     def: Vec<i16>,
     rep: Vec<i16>,
@@ -915,6 +918,12 @@ struct Acc {
 
 impl Acc {
     fn new(spec: &ColumnSpec, n: usize) -> Acc {
+        Self::reusing(spec, n, None)
+    }
+
+    /// `old`: a string column's previous batch, whose strings are
+    /// overwritten in place (their buffers reused) before any is allocated.
+    fn reusing(spec: &ColumnSpec, n: usize, old: Option<Vec<Vec<u8>>>) -> Acc {
         let cap = if spec.list { 0 } else { n };
         let values = match spec.dtype {
             DataType::Bool => Values::Bool(Vec::with_capacity(cap)),
@@ -926,10 +935,11 @@ impl Acc {
             DataType::Int64 => Values::I64(Vec::with_capacity(cap)),
             DataType::Float => Values::F32(Vec::with_capacity(cap)),
             DataType::Double => Values::F64(Vec::with_capacity(cap)),
-            _ => Values::Bytes(Vec::with_capacity(cap)),
+            _ => Values::Bytes(old.unwrap_or_else(|| Vec::with_capacity(cap))),
         };
         Acc {
             values,
+            strings: 0,
             lengths: spec.list.then(|| Vec::with_capacity(n)),
             def: Vec::new(),
             rep: Vec::new(),
@@ -951,7 +961,10 @@ impl Acc {
             Values::I64(v) => Tensor::from_vec(&[v.len()], v)?,
             Values::F32(v) => Tensor::from_vec(&[v.len()], v)?,
             Values::F64(v) => Tensor::from_vec(&[v.len()], v)?,
-            Values::Bytes(v) => Tensor::from_vec(&[v.len()], v)?,
+            Values::Bytes(mut v) => {
+                v.truncate(self.strings);
+                Tensor::from_vec(&[v.len()], v)?
+            }
         });
         Ok(())
     }
@@ -1040,15 +1053,43 @@ fn read_records<T: PqType>(
     Ok(())
 }
 
-/// Appends owned copies of byte strings. A string tensor holds one
-/// allocation per element, the main cost of string columns: large batches
-/// spread it over the thread pool.
-fn copy_strings<B: AsRef<[u8]> + Sync>(src: &[B], dst: &mut Vec<Vec<u8>>) {
-    if src.len() >= 16384 {
-        dst.par_extend(src.par_iter().map(|b| b.as_ref().to_vec()));
-    } else {
-        dst.extend(src.iter().map(|b| b.as_ref().to_vec()));
+/// How costly a column is to decode per record, roughly: byte strings (a
+/// copy each) above lists (levels to walk) above fixed-width values.
+fn decode_cost_rank(r: &ColReader, lr: &LeafRef) -> u8 {
+    match r {
+        ColReader::Bytes(_) | ColReader::Fixed(_) => 2,
+        _ if lr.item_def.is_some() => 1,
+        _ => 0,
     }
+}
+
+/// Copies byte strings into `dst` after its first `*filled`. A string
+/// tensor holds one allocation per element, the main cost of string
+/// columns, so the strings `dst` already holds past `*filled` (the previous
+/// batch's) are overwritten in place, growing only when too short; then
+/// new ones are allocated. Large batches spread the work over the pool.
+fn copy_strings<B: AsRef<[u8]> + Sync>(src: &[B], dst: &mut Vec<Vec<u8>>, filled: &mut usize) {
+    const PAR: usize = 16384;
+    let start = *filled;
+    debug_assert!(start <= dst.len());
+    let reused = dst.len().saturating_sub(start).min(src.len());
+    let (over, fresh) = src.split_at(reused);
+    let refill = |(d, s): (&mut Vec<u8>, &B)| {
+        d.clear();
+        d.extend_from_slice(s.as_ref());
+    };
+    let slots = &mut dst[start..start + reused];
+    if reused >= PAR {
+        slots.par_iter_mut().zip(over.par_iter()).for_each(refill);
+    } else {
+        slots.iter_mut().zip(over).for_each(refill);
+    }
+    if fresh.len() >= PAR {
+        dst.par_extend(fresh.par_iter().map(|b| b.as_ref().to_vec()));
+    } else {
+        dst.extend(fresh.iter().map(|b| b.as_ref().to_vec()));
+    }
+    *filled = start + src.len();
 }
 
 fn decode_column(
@@ -1058,6 +1099,7 @@ fn decode_column(
     lr: &LeafRef,
 ) -> std::result::Result<(), String> {
     let levels = (&mut acc.def, &mut acc.rep, &mut acc.lengths);
+    let filled = &mut acc.strings;
     match (r, &mut acc.values) {
         (ColReader::Bool(r), Values::Bool(v)) => read_records(r, k, v, levels, lr),
         (ColReader::I32(r), Values::I32(v)) => read_records(r, k, v, levels, lr),
@@ -1082,13 +1124,13 @@ fn decode_column(
         (ColReader::Bytes(r), Values::Bytes(v)) => {
             let mut tmp = Vec::with_capacity(k);
             read_records(r, k, &mut tmp, levels, lr)?;
-            copy_strings(&tmp, v);
+            copy_strings(&tmp, v, filled);
             Ok(())
         }
         (ColReader::Fixed(r), Values::Bytes(v)) => {
             let mut tmp = Vec::with_capacity(k);
             read_records(r, k, &mut tmp, levels, lr)?;
-            copy_strings(&tmp, v);
+            copy_strings(&tmp, v, filled);
             Ok(())
         }
         _ => Err("the column's type does not match the reader's (corrupt)".into()),
@@ -1323,6 +1365,7 @@ impl ParquetReader {
         pos: u64,
         n: usize,
         at_file: &mut usize,
+        mut old: Vec<Option<Vec<Vec<u8>>>>,
     ) -> std::result::Result<(Vec<Tensor>, u64), (usize, String)> {
         if slot.as_ref().is_none_or(|o| o.pos != pos) {
             *slot = None;
@@ -1333,7 +1376,8 @@ impl ParquetReader {
         let mut accs: Vec<Acc> = self
             .columns
             .iter()
-            .map(|spec| Acc::new(spec, cap))
+            .enumerate()
+            .map(|(c, spec)| Acc::reusing(spec, cap, old.get_mut(c).and_then(Option::take)))
             .collect();
         let mut got = 0usize;
         while got < n {
@@ -1346,26 +1390,29 @@ impl ParquetReader {
             }
             let k = ((n - got) as u64).min(o.left) as usize;
             let f = &self.files[o.file];
-            let work = |((r, acc), lr): ((&mut ColReader, &mut Acc), &LeafRef)| {
-                decode_column(r, acc, k, lr)
+            let mut jobs: Vec<(usize, &mut ColReader, &mut Acc, &LeafRef)> = o
+                .readers
+                .iter_mut()
+                .zip(accs.iter_mut())
+                .zip(f.cols.iter())
+                .enumerate()
+                .map(|(c, ((r, acc), lr))| (c, r, acc, lr))
+                .collect();
+            let work = |(c, r, acc, lr): (usize, &mut ColReader, &mut Acc, &LeafRef)| {
+                (c, decode_column(r, acc, k, lr))
             };
-            let results: Vec<std::result::Result<(), String>> = if o.readers.len() > 1 && k >= 2048
-            {
-                o.readers
-                    .par_iter_mut()
-                    .zip(accs.par_iter_mut())
-                    .zip(f.cols.par_iter())
-                    .map(work)
-                    .collect()
-            } else {
-                o.readers
-                    .iter_mut()
-                    .zip(accs.iter_mut())
-                    .zip(f.cols.iter())
-                    .map(work)
-                    .collect()
-            };
-            for (c, r) in results.into_iter().enumerate() {
+            let mut results: Vec<(usize, std::result::Result<(), String>)> =
+                if jobs.len() > 1 && k >= 2048 {
+                    // One task per column, the costliest first: a string
+                    // column alone can take as long as all the others, and
+                    // started last it would finish last.
+                    jobs.sort_by_key(|(_, r, _, lr)| std::cmp::Reverse(decode_cost_rank(r, lr)));
+                    jobs.into_par_iter().with_max_len(1).map(work).collect()
+                } else {
+                    jobs.into_iter().map(work).collect()
+                };
+            results.sort_by_key(|(c, _)| *c);
+            for (c, r) in results {
                 r.map_err(|m| {
                     (
                         o.file,
@@ -1392,11 +1439,22 @@ impl ParquetReader {
     /// The next batch of up to `n` records (every tensor empty at the end).
     /// Atomic: concurrent callers get distinct records.
     pub fn read_batch(&self, n: usize) -> Result<Vec<Tensor>> {
+        self.read_batch_reusing(n, Vec::new())
+    }
+
+    /// [`read_batch`](Self::read_batch), writing each string column (by
+    /// column index) over the strings of `old[c]`, a previous batch's, whose
+    /// buffers are reused instead of freed and allocated again.
+    pub fn read_batch_reusing(
+        &self,
+        n: usize,
+        old: Vec<Option<Vec<Vec<u8>>>>,
+    ) -> Result<Vec<Tensor>> {
         let mut cur = self.cursor.lock();
         let pos = cur.pos;
         let mut at_file = cur.open.as_ref().map_or(0, |o| o.file);
         let r = catch_unwind(AssertUnwindSafe(|| {
-            self.read_at(&mut cur.open, pos, n, &mut at_file)
+            self.read_at(&mut cur.open, pos, n, &mut at_file, old)
         }));
         let fail = |cur: &mut PqCursor, file: usize, msg: String| {
             cur.open = None;
@@ -2687,8 +2745,30 @@ fn read_parquet_batch(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         let r = object_input::<ParquetReader>(cx, "ParquetReader")?;
         check_outputs(cx, r.num_outputs(), "Parquet reader")?;
         let n = if batch == 0 { r.batch_size() } else { batch };
-        let tensors = r.read_batch(n)?;
-        set_outputs(cx, tensors);
+        // The string columns' outputs hold the previous batch: its strings'
+        // buffers are reused. All the outputs stay locked (in the global
+        // order) from taking the old batch to storing the new one, so no
+        // other op sees them half done; a failed read leaves them empty.
+        let mut locked = cx.lock();
+        let mut old = Vec::new();
+        let mut j = 0;
+        for c in &r.columns {
+            j += c.list as usize;
+            let mut reuse = None;
+            if c.dtype == DataType::String {
+                if let BlobValue::Tensor(Tensor::Str(_)) = locked.output(j) {
+                    if let BlobValue::Tensor(Tensor::Str(a)) = std::mem::take(locked.output(j)) {
+                        reuse = Some(a.into_raw_vec_and_offset().0);
+                    }
+                }
+            }
+            old.push(reuse);
+            j += 1;
+        }
+        let tensors = r.read_batch_reusing(n, old)?;
+        for (j, t) in tensors.into_iter().enumerate() {
+            locked.set_output(j, t);
+        }
         Ok(true)
     }))
 }
@@ -2838,6 +2918,30 @@ mod tests {
     use parquet::schema::parser::parse_message_type;
     use std::path::PathBuf;
     use std::sync::atomic::{AtomicU64, Ordering};
+
+    #[test]
+    fn copy_strings_overwrites_old_strings_then_allocates() {
+        let strs = |v: &[&str]| v.iter().map(|s| s.as_bytes().to_vec()).collect::<Vec<_>>();
+        // Three old strings; a batch of one longer, one empty, then (after
+        // a second call) two more: the third old slot and one new.
+        let mut dst = strs(&["old-a", "old-bb", "old-ccc"]);
+        let mut filled = 0;
+        copy_strings(&strs(&["a much longer string", ""]), &mut dst, &mut filled);
+        assert_eq!(filled, 2);
+        copy_strings(&strs(&["x", "yz"]), &mut dst, &mut filled);
+        assert_eq!(filled, 4);
+        assert_eq!(dst, strs(&["a much longer string", "", "x", "yz"]));
+        // A shorter batch over a longer one: the leftovers are past `filled`.
+        let mut filled = 0;
+        copy_strings(&strs(&["q"]), &mut dst, &mut filled);
+        assert_eq!((filled, &dst[0]), (1, &b"q".to_vec()));
+        // Both halves above the parallel threshold.
+        let big: Vec<Vec<u8>> = (0..40000).map(|i| i.to_string().into_bytes()).collect();
+        let mut dst: Vec<Vec<u8>> = (0..20000).map(|_| b"stale".to_vec()).collect();
+        let mut filled = 0;
+        copy_strings(&big, &mut dst, &mut filled);
+        assert_eq!((filled, &dst), (40000, &big));
+    }
 
     struct Scratch(PathBuf);
 
