@@ -641,26 +641,14 @@ fn operator_schema(py: Python<'_>, op_type: &str) -> PyResult<Option<Py<PyDict>>
     let Some(s) = crate::operator::schema(op_type) else {
         return Ok(None);
     };
+    // usize::MAX (no upper bound) becomes None.
+    let bound = |n: usize| (n != usize::MAX).then_some(n);
     let d = PyDict::new(py);
     d.set_item("name", s.name)?;
     d.set_item("min_inputs", s.min_inputs)?;
-    d.set_item(
-        "max_inputs",
-        if s.max_inputs == usize::MAX {
-            None
-        } else {
-            Some(s.max_inputs)
-        },
-    )?;
+    d.set_item("max_inputs", bound(s.max_inputs))?;
     d.set_item("min_outputs", s.min_outputs)?;
-    d.set_item(
-        "max_outputs",
-        if s.max_outputs == usize::MAX {
-            None
-        } else {
-            Some(s.max_outputs)
-        },
-    )?;
+    d.set_item("max_outputs", bound(s.max_outputs))?;
     d.set_item("doc", s.doc)?;
     let args = PyList::empty(py);
     for a in s.args {

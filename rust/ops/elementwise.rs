@@ -1152,6 +1152,24 @@ fn arith_t<T: Num>(l: &mut Locked<'_>, p: &Prep, op: Arith) -> Result<()> {
     }
 }
 
+/// A binary op's kernel: lock its blobs, check dtypes and broadcast shapes
+/// (`prepare`), then `exec` for the inputs' dtype.
+fn binary_kernel(
+    ctx: &OpDefCtx<'_>,
+    name: &'static str,
+    types: &'static [DataType],
+    exec: impl Fn(&mut Locked<'_>, &Prep) -> Result<()> + Send + 'static,
+) -> Result<Box<dyn Operator>> {
+    let bc = Bcast::from_args(ctx)?;
+    let mut p = Prep::new();
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        prepare(&l, name, &bc, types, &mut p)?;
+        exec(&mut l, &p)?;
+        Ok(true)
+    }))
+}
+
 fn build_arith(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let (op, name) = match ctx.op_type() {
         "Add" => (Arith::Add, "Add"),
@@ -1160,20 +1178,13 @@ fn build_arith(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         "Div" => (Arith::Div, "Div"),
         other => return Err(ctx.bad_arg(format!("'{other}' is not an arithmetic op"))),
     };
-    let bc = Bcast::from_args(ctx)?;
-    let mut p = Prep::new();
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        prepare(&l, name, &bc, ARITH_TYPES, &mut p)?;
-        match p.dtype {
-            DataType::Float => arith_t::<f32>(&mut l, &p, op),
-            DataType::Double => arith_t::<f64>(&mut l, &p, op),
-            DataType::Int32 => arith_t::<i32>(&mut l, &p, op),
-            DataType::Int64 => arith_t::<i64>(&mut l, &p, op),
-            other => Err(unsupported(name, other, ARITH_TYPES)),
-        }?;
-        Ok(true)
-    }))
+    binary_kernel(ctx, name, ARITH_TYPES, move |l, p| match p.dtype {
+        DataType::Float => arith_t::<f32>(l, p, op),
+        DataType::Double => arith_t::<f64>(l, p, op),
+        DataType::Int32 => arith_t::<i32>(l, p, op),
+        DataType::Int64 => arith_t::<i64>(l, p, op),
+        other => Err(unsupported(name, other, ARITH_TYPES)),
+    })
 }
 
 // ----------------------------------------------------------- comparison ops --
@@ -1209,21 +1220,14 @@ fn build_cmp(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         "GE" => (Cmp::Ge, "GE"),
         other => return Err(ctx.bad_arg(format!("'{other}' is not a comparison op"))),
     };
-    let bc = Bcast::from_args(ctx)?;
-    let mut p = Prep::new();
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        prepare(&l, name, &bc, CMP_TYPES, &mut p)?;
-        match p.dtype {
-            DataType::Bool => cmp_t::<bool>(&mut l, &p, op),
-            DataType::Int32 => cmp_t::<i32>(&mut l, &p, op),
-            DataType::Int64 => cmp_t::<i64>(&mut l, &p, op),
-            DataType::Float => cmp_t::<f32>(&mut l, &p, op),
-            DataType::Double => cmp_t::<f64>(&mut l, &p, op),
-            other => Err(unsupported(name, other, CMP_TYPES)),
-        }?;
-        Ok(true)
-    }))
+    binary_kernel(ctx, name, CMP_TYPES, move |l, p| match p.dtype {
+        DataType::Bool => cmp_t::<bool>(l, p, op),
+        DataType::Int32 => cmp_t::<i32>(l, p, op),
+        DataType::Int64 => cmp_t::<i64>(l, p, op),
+        DataType::Float => cmp_t::<f32>(l, p, op),
+        DataType::Double => cmp_t::<f64>(l, p, op),
+        other => Err(unsupported(name, other, CMP_TYPES)),
+    })
 }
 
 // ---------------------------------------------------------------- logic ops --
@@ -1242,18 +1246,11 @@ fn build_logic(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         "Xor" => (Logic::Xor, "Xor"),
         other => return Err(ctx.bad_arg(format!("'{other}' is not a logical op"))),
     };
-    let bc = Bcast::from_args(ctx)?;
-    let mut p = Prep::new();
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        prepare(&l, name, &bc, BOOL_TYPES, &mut p)?;
-        match op {
-            Logic::And => exec_same::<bool, _>(&mut l, &p, |a, b| a & b),
-            Logic::Or => exec_same::<bool, _>(&mut l, &p, |a, b| a | b),
-            Logic::Xor => exec_same::<bool, _>(&mut l, &p, |a, b| a ^ b),
-        }?;
-        Ok(true)
-    }))
+    binary_kernel(ctx, name, BOOL_TYPES, move |l, p| match op {
+        Logic::And => exec_same::<bool, _>(l, p, |a, b| a & b),
+        Logic::Or => exec_same::<bool, _>(l, p, |a, b| a | b),
+        Logic::Xor => exec_same::<bool, _>(l, p, |a, b| a ^ b),
+    })
 }
 
 fn build_not(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
