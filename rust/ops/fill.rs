@@ -1097,50 +1097,28 @@ mod tests {
     #[test]
     fn constant_fill_value_field_errors_surface_at_run_time() {
         // As in Caffe2: the dtype is valid, so the op builds; reading `value` fails.
-        let e = run_err(
-            op(
-                "ConstantFill",
-                &[],
-                &["y"],
-                vec![a_i("dtype", 2), a_f("value", 1.0)],
+        let cases = [
+            (
+                a_i("dtype", 2),
+                a_f("value", 1.0),
+                "expected field i, got field f",
             ),
-            &[],
-        );
-        assert_eq!(
-            (e.kind, e.context.blob.as_deref()),
-            (ErrorKind::InvalidArgument, Some("y"))
-        );
-        assert!(e.message.contains("expected field i, got field f"), "{e}");
-        let e = run_err(
-            op(
-                "ConstantFill",
-                &[],
-                &["y"],
-                vec![a_i("dtype", 13), a_i("value", 1)],
+            (
+                a_i("dtype", 13),
+                a_i("value", 1),
+                "expected field f, got field i",
             ),
-            &[],
-        );
-        assert!(e.message.contains("expected field f, got field i"), "{e}");
-        let e = run_err(
-            op(
-                "ConstantFill",
-                &[],
-                &["y"],
-                vec![a_i("dtype", 7), a_i("value", 300)],
-            ),
-            &[],
-        );
-        assert!(e.message.contains("does not fit"), "{e}");
-        let e = run_err(
-            op(
-                "ConstantFill",
-                &[],
-                &["y"],
-                vec![a_i("dtype", 4), a_i("value", 3)],
-            ),
-            &[],
-        );
-        assert!(e.message.contains("expected field s"), "{e}");
+            (a_i("dtype", 7), a_i("value", 300), "does not fit"),
+            (a_i("dtype", 4), a_i("value", 3), "expected field s"),
+        ];
+        for (dtype, value, want) in cases {
+            let e = run_err(op("ConstantFill", &[], &["y"], vec![dtype, value]), &[]);
+            assert_eq!(
+                (e.kind, e.context.blob.as_deref()),
+                (ErrorKind::InvalidArgument, Some("y"))
+            );
+            assert!(e.message.contains(want), "{e}");
+        }
     }
 
     // --------------------------------------------------- GivenTensor*Fill --
