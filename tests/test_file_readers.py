@@ -352,6 +352,37 @@ def test_damaged_pages_fail_the_read_naming_file_and_column(tmp_path):
     assert str(bad) in str(info.value) and "column 'uid'" in str(info.value)
 
 
+def test_a_failed_read_leaves_the_last_batch_in_its_outputs(tmp_path):
+    recs = records(0, 400)
+    good = write_parquet(str(tmp_path / 'good.parquet'), recs,
+                         row_group_size=200, compression='none')
+    data = bytearray(open(good, 'rb').read())
+    # Damage the string column of the second row group only.
+    col = pq.ParquetFile(good).metadata.row_group(1).column(2)
+    assert col.path_in_schema == 'name'
+    start = col.dictionary_page_offset or col.data_page_offset
+    for k in range(start, start + col.total_compressed_size):
+        data[k] = 0xFF
+    bad = tmp_path / 'bad.parquet'
+    bad.write_bytes(bytes(data))
+    reader = ParquetReader(str(bad), batch_size=50)
+    ws = workspace.Workspace()
+    init = core.Net('init')
+    reader.setup_ex(init, core.Net('finish'))
+    ws.run(init)
+    net = core.Net('read')
+    _, fields = reader.read(net)
+    for _ in range(4):  # the first row group: records 0..199
+        ws.run(net)
+    before = [ws.blobs[str(f)].fetch() for f in fields]
+    with pytest.raises(OSError) as info:
+        ws.run(net)
+    assert "column 'name'" in str(info.value)
+    after = [ws.blobs[str(f)].fetch() for f in fields]
+    assert as_records([after]) == recs[150:200]
+    assert all(np.array_equal(a, b) for a, b in zip(before, after))
+
+
 def test_four_pipeline_threads_read_every_record_once(tmp_path):
     folder = tmp_path / 'data'
     folder.mkdir()

@@ -2741,36 +2741,38 @@ fn check_outputs(cx: &OpCx<'_>, want: usize, what: &str) -> Result<()> {
 
 fn read_parquet_batch(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let batch = batch_size_arg(ctx, 0, 0)?;
+    // By column: the string buffers of the batch before the last one.
+    let mut spare: Vec<Option<Vec<Vec<u8>>>> = Vec::new();
     Ok(kernel(move |cx| {
         let r = object_input::<ParquetReader>(cx, "ParquetReader")?;
         check_outputs(cx, r.num_outputs(), "Parquet reader")?;
         let n = if batch == 0 { r.batch_size() } else { batch };
-        // The string columns' outputs hold the previous batch: its strings'
-        // buffers are reused. All the outputs stay locked (in the global
-        // order) from taking the old batch to storing the new one, so no
-        // other op sees them half done; a failed read leaves them empty.
-        let mut locked = cx.lock();
-        let mut old = Vec::new();
+        let tensors = r.read_batch_reusing(n, std::mem::take(&mut spare))?;
+        // The string tensors the new batch replaces become the spare
+        // buffers of the next read, so that steady reading allocates
+        // nothing per string; a failed read leaves the outputs as they were.
+        let mut tensors = tensors.into_iter();
         let mut j = 0;
         for c in &r.columns {
-            j += c.list as usize;
-            let mut reuse = None;
-            if c.dtype == DataType::String {
-                if let BlobValue::Tensor(Tensor::Str(_)) = locked.output(j) {
-                    if let BlobValue::Tensor(Tensor::Str(a)) = std::mem::take(locked.output(j)) {
-                        reuse = Some(a.into_raw_vec_and_offset().0);
-                    }
-                }
+            if c.list {
+                set_output(cx, j, tensors.next());
+                j += 1;
             }
-            old.push(reuse);
+            let old = set_output(cx, j, tensors.next());
+            spare.push(match old {
+                BlobValue::Tensor(Tensor::Str(a)) => Some(a.into_raw_vec_and_offset().0),
+                _ => None,
+            });
             j += 1;
-        }
-        let tensors = r.read_batch_reusing(n, old)?;
-        for (j, t) in tensors.into_iter().enumerate() {
-            locked.set_output(j, t);
         }
         Ok(true)
     }))
+}
+
+/// Stores a batch's tensor in output `j`, returning what it held.
+fn set_output(cx: &OpCx<'_>, j: usize, t: Option<Tensor>) -> BlobValue {
+    let t = t.expect("a reader returns one tensor per output");
+    std::mem::replace(&mut *cx.output_blob(j).write(), BlobValue::Tensor(t))
 }
 
 fn reset_parquet_reader(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
