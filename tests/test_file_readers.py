@@ -333,19 +333,26 @@ def test_corrupt_files_are_os_errors_naming_them(tmp_path):
         ParquetReader(str(cut))
 
 
+def damaged_copy(good, bad, row_group, column):
+    """Writes to ``bad`` a copy of the Parquet file ``good`` with the pages
+    of one column chunk overwritten with 0xFF bytes; returns ``bad``."""
+    data = bytearray(open(good, 'rb').read())
+    meta = pq.ParquetFile(good).metadata.row_group(row_group)
+    [col] = [meta.column(i) for i in range(meta.num_columns)
+             if meta.column(i).path_in_schema == column]
+    start = col.dictionary_page_offset or col.data_page_offset
+    data[start:start + col.total_compressed_size] = (
+        b'\xff' * col.total_compressed_size)
+    bad.write_bytes(bytes(data))
+    return bad
+
+
 def test_damaged_pages_fail_the_read_naming_file_and_column(tmp_path):
     good = write_parquet(str(tmp_path / 'good.parquet'), records(0, 400),
                          compression='none')
-    data = bytearray(open(good, 'rb').read())
-    footer = pq.ParquetFile(good).metadata
-    # Overwrite the data pages of the first column (the footer is kept, so
-    # the file opens; reading it fails).
-    col = footer.row_group(0).column(0)
-    start = col.dictionary_page_offset or col.data_page_offset
-    for k in range(start, start + col.total_compressed_size):
-        data[k] = 0xFF
-    bad = tmp_path / 'bad.parquet'
-    bad.write_bytes(bytes(data))
+    # The first column's pages are damaged; the footer is kept, so the
+    # file opens and reading it fails.
+    bad = damaged_copy(good, tmp_path / 'bad.parquet', 0, 'uid')
     reader = ParquetReader(str(bad), batch_size=50)
     with pytest.raises(OSError) as info:
         run_with_timeout(lambda: read_batches(reader))
@@ -356,15 +363,8 @@ def test_a_failed_read_leaves_the_last_batch_in_its_outputs(tmp_path):
     recs = records(0, 400)
     good = write_parquet(str(tmp_path / 'good.parquet'), recs,
                          row_group_size=200, compression='none')
-    data = bytearray(open(good, 'rb').read())
-    # Damage the string column of the second row group only.
-    col = pq.ParquetFile(good).metadata.row_group(1).column(2)
-    assert col.path_in_schema == 'name'
-    start = col.dictionary_page_offset or col.data_page_offset
-    for k in range(start, start + col.total_compressed_size):
-        data[k] = 0xFF
-    bad = tmp_path / 'bad.parquet'
-    bad.write_bytes(bytes(data))
+    # The string column of the second row group only.
+    bad = damaged_copy(good, tmp_path / 'bad.parquet', 1, 'name')
     reader = ParquetReader(str(bad), batch_size=50)
     ws = workspace.Workspace()
     init = core.Net('init')
