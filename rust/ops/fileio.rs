@@ -909,7 +909,7 @@ enum Values {
 struct Acc {
     values: Values,
     /// For a string column, how many of `values`' strings are this batch's:
-    /// the rest are the previous batch's, kept for their allocations.
+    /// the rest are an earlier batch's, kept for their allocations.
     strings: usize,
     lengths: Option<Vec<i32>>,
     def: Vec<i16>,
@@ -921,7 +921,7 @@ impl Acc {
         Self::reusing(spec, n, None)
     }
 
-    /// `old`: a string column's previous batch, whose strings are
+    /// `old`: a string column's earlier batch, whose strings are
     /// overwritten in place (their buffers reused) before any is allocated.
     fn reusing(spec: &ColumnSpec, n: usize, old: Option<Vec<Vec<u8>>>) -> Acc {
         let cap = if spec.list { 0 } else { n };
@@ -1065,7 +1065,7 @@ fn decode_cost_rank(r: &ColReader, lr: &LeafRef) -> u8 {
 
 /// Copies byte strings into `dst` after its first `*filled`. A string
 /// tensor holds one allocation per element, the main cost of string
-/// columns, so the strings `dst` already holds past `*filled` (the previous
+/// columns, so the strings `dst` already holds past `*filled` (an earlier
 /// batch's) are overwritten in place, growing only when too short; then
 /// new ones are allocated. Large batches spread the work over the pool.
 fn copy_strings<B: AsRef<[u8]> + Sync>(src: &[B], dst: &mut Vec<Vec<u8>>, filled: &mut usize) {
