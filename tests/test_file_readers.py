@@ -84,16 +84,23 @@ def run_with_timeout(fn, timeout=TIMEOUT):
     return box.get('value')
 
 
-def read_batches(reader, ws=None, setup=True):
-    """Every batch of a reader, read by running its read net until it
-    stops: a list of lists of arrays (one per field)."""
-    ws = ws or workspace.Workspace()
+def read_net(reader, ws, setup=True):
+    """Sets ``reader`` up in ``ws`` (unless ``setup`` is false) and builds
+    its read net: ``(net, stop, fields)``."""
     if setup:
         init = core.Net('init')
         reader.setup_ex(init, core.Net('finish'))
         ws.run(init)
     net = core.Net('read')
     stop, fields = reader.read(net)
+    return net, stop, fields
+
+
+def read_batches(reader, ws=None, setup=True):
+    """Every batch of a reader, read by running its read net until it
+    stops: a list of lists of arrays (one per field)."""
+    ws = ws or workspace.Workspace()
+    net, stop, fields = read_net(reader, ws, setup)
     batches = []
     for _ in range(100000):
         ws.run(net)
@@ -367,11 +374,7 @@ def test_a_failed_read_leaves_the_last_batch_in_its_outputs(tmp_path):
     bad = damaged_copy(good, tmp_path / 'bad.parquet', 1, 'name')
     reader = ParquetReader(str(bad), batch_size=50)
     ws = workspace.Workspace()
-    init = core.Net('init')
-    reader.setup_ex(init, core.Net('finish'))
-    ws.run(init)
-    net = core.Net('read')
-    _, fields = reader.read(net)
+    net, _, fields = read_net(reader, ws)
     for _ in range(4):  # the first row group: records 0..199
         ws.run(net)
     before = [ws.blobs[str(f)].fetch() for f in fields]
@@ -442,11 +445,7 @@ def test_a_saved_reader_resumes_where_it_stood(tmp_path):
     reader = ParquetReader(path, ['uid', 'items'], batch_size=70,
                            name='pq_reader')
     ws = workspace.Workspace()
-    init = core.Net('init')
-    reader.setup_ex(init, core.Net('finish'))
-    ws.run(init)
-    net = core.Net('read')
-    stop, fields = reader.read(net)
+    net, stop, fields = read_net(reader, ws)
     for _ in range(3):
         ws.run(net)
     save = core.Net('save')
@@ -569,11 +568,7 @@ def test_a_saved_npy_reader_resumes_where_it_stood(tmp_path):
     reader = NpyReader({'label': paths['label']}, batch_size=64,
                        name='npy_reader')
     ws = workspace.Workspace()
-    init = core.Net('init')
-    reader.setup_ex(init, core.Net('finish'))
-    ws.run(init)
-    net = core.Net('read')
-    reader.read(net)
+    net, _, _ = read_net(reader, ws)
     ws.run(net)
     ws.run(net)
     save = core.Net('save')
