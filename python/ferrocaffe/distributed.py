@@ -273,10 +273,9 @@ def _rebuild_error(desc, node=None):
 class _RayNodePlan(object):
     """One node's share of a compiled TaskGroup, serialised once."""
 
-    def __init__(self, node, plan, output_list, kwargs, plan_bytes=None):
+    def __init__(self, node, plan, plan_bytes, output_list, kwargs):
         self.node = str(node)
-        self.plan_bytes = (plan_bytes if plan_bytes is not None
-                           else plan.Proto().SerializeToString())
+        self.plan_bytes = plan_bytes
         self.output_list = output_list
         self.kwargs = kwargs
         self.key = uuid.uuid4().hex
@@ -423,8 +422,8 @@ class RaySession(Session):
         compiled = _NodeIsolatedLocalSession._compile_task_group(
             task_group, setup_net_list)
         return _RayPlans([
-            _RayNodePlan(np.node, np.plan, np.output_list,
-                         kwargs.get(str(np.node), {}), np.serialized)
+            _RayNodePlan(np.node, np.plan, np.serialized, np.output_list,
+                         kwargs.get(str(np.node), {}))
             for np in compiled.node_plans
         ])
 

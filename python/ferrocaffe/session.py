@@ -178,28 +178,21 @@ class _CompiledPlan(tuple):
     form, made once at compile time (a compiled plan never changes:
     ``Plan.AddStep`` copies what it is given), so runs skip serialising it."""
 
-    serialized = None
+    def __new__(cls, compiled):
+        self = super().__new__(cls, compiled)
+        self.serialized = workspace.StringifyProto(self[0])
+        return self
 
 
 class _NodePlan(object):
-    """One node's share of a TaskGroup compiled with isolated nodes."""
-
-    serialized = None
+    """One node's share of a TaskGroup compiled with isolated nodes, with
+    its plan serialised once (as in :class:`_CompiledPlan`)."""
 
     def __init__(self, node, plan, output_list):
         self.node = node
         self.plan = plan
         self.output_list = output_list
-
-
-def _run_frozen(ws, holder, plan):
-    """Runs ``plan`` in ``ws`` from its serialised form in
-    ``holder.serialized`` (made here if compilation did not)."""
-    data = holder.serialized
-    if data is None:
-        data = workspace.StringifyProto(plan)
-        holder.serialized = data
-    return ws._run_plan_bytes(data)
+        self.serialized = workspace.StringifyProto(plan)
 
 
 class _NodePlans(object):
@@ -278,9 +271,7 @@ class LocalSession(Session):
         # Caffe2 stores the bound method, not its result: the PRIVATE test
         # in _run_compiled never holds, and the plan always runs in the
         # session workspace.
-        compiled = _CompiledPlan((plan, task.output_list(), task.workspace_type))
-        compiled.serialized = workspace.StringifyProto(plan)
-        return compiled
+        return _CompiledPlan((plan, task.output_list(), task.workspace_type))
 
     def _run_compiled(self, compiled):
         if isinstance(compiled, _NodePlans):
@@ -300,7 +291,7 @@ class LocalSession(Session):
         task_ws = (
             workspace.Workspace(self._ws)
             if workspace_type == WorkspaceType.PRIVATE else self._ws)
-        _run_frozen(task_ws, compiled, plan)
+        task_ws._run_plan_bytes(compiled.serialized)
 
     def _run_node_plans(self, compiled):
         runs = []
@@ -316,13 +307,13 @@ class LocalSession(Session):
 
         if len(runs) == 1:
             ws, node_plan = runs[0]
-            _run_frozen(ws, node_plan, node_plan.plan)
+            ws._run_plan_bytes(node_plan.serialized)
             return
         errors = [None] * len(runs)
 
         def run_one(i, ws, node_plan):
             try:
-                _run_frozen(ws, node_plan, node_plan.plan)
+                ws._run_plan_bytes(node_plan.serialized)
             except BaseException as e:  # re-raised in the calling thread
                 errors[i] = e
 
@@ -371,7 +362,6 @@ class _NodeIsolatedLocalSession(LocalSession):
         for task in tasks:
             plan = core.Plan('task_group_plan')
             plan.AddStep(task.get_step())
-            node_plan = _NodePlan(task.node, plan, task.output_list())
-            node_plan.serialized = workspace.StringifyProto(plan)
-            node_plans.append(node_plan)
+            node_plans.append(
+                _NodePlan(task.node, plan, task.output_list()))
         return _NodePlans(node_plans)
