@@ -37,6 +37,7 @@ _ALIASES = {
     "caffe2.python.schema": "ferrocaffe.schema",
     "caffe2.python.dataset": "ferrocaffe.dataset",
     "caffe2.python.queue_util": "ferrocaffe.queue_util",
+    "caffe2.python.utils": "ferrocaffe.utils",
 }
 _PACKAGES = ("caffe2", "caffe2.python", "caffe2.proto")
 

@@ -80,9 +80,12 @@ def _to_feedable(name: str, arr: Any):
     if isinstance(arr, (str, bytes)):
         return arr
     if type(arr).__name__ == "TensorProto" and hasattr(arr, "dims"):
-        from . import proto_utils  # lazy: only for TensorProto feeds
+        from . import utils  # lazy: only for TensorProto feeds
 
-        arr = proto_utils.tensor_proto_to_numpy(arr)
+        try:
+            arr = utils.Caffe2TensorToNumpyArray(arr)
+        except (TypeError, ValueError) as e:
+            raise errors.FeedError(f"cannot feed TensorProto into blob '{name}': {e}", blob=name) from None
     if isinstance(arr, np.ndarray):
         if arr.dtype.kind in "SU":
             return arr.astype(object)
