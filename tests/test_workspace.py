@@ -384,8 +384,8 @@ def test_child_nets_are_not_inherited():
     made = counter_net("pn", "pc", 0)
     parent.create_net(made)
     child = workspace.Workspace(parent)
-    assert parent.nets == [made.Name()]
-    assert child.nets == []
+    assert list(parent.nets) == [made.Name()]
+    assert child.nets == {}
     with pytest.raises(errors.NetNotFoundError):
         child.run_net(made.Name())
 

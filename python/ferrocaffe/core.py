@@ -25,7 +25,8 @@ from itertools import chain
 import numpy as np
 
 from ferrocaffe import proto as caffe2_pb2
-from ferrocaffe import scope
+from ferrocaffe import scope, utils, workspace  # noqa: F401 (Caffe2's core exposes both)
+from ferrocaffe.workspace import GetGlobalInitArgs, GlobalInit  # noqa: F401 (core.GlobalInit, as in Caffe2)
 
 __all__ = [
     "DataType",
@@ -39,6 +40,12 @@ __all__ = [
     "CreatePythonOperator",
     "IsOperator",
     "IsOperatorWithEngine",
+    "GlobalInit",
+    "GetGlobalInitArgs",
+    "SetPerOpEnginePref",
+    "SetGlobalEnginePref",
+    "SetEnginePref",
+    "SetOpEnginePref",
     "RegisteredOperators",
     "RefreshRegisteredOperators",
     "Net",
@@ -135,6 +142,58 @@ def _op_registry_key(op_type, engine):
     if not engine or engine == "DEFAULT":
         return op_type
     return op_type + "_ENGINE_" + engine
+
+
+# ------------------------------------------------- engine preferences --
+#
+# Caffe2 picked an operator's implementation (engine) per device type from
+# these preferences. ferrocaffe has one CPU implementation per operator, so
+# they are checked and recorded, and change nothing.
+
+_PER_OP_ENGINE_PREF: dict = {}
+_GLOBAL_ENGINE_PREF: dict = {}
+
+
+def _check_engine_list(what, engines):
+    if isinstance(engines, (str, bytes)) or not all(isinstance(e, str) for e in engines):
+        raise TypeError(f"{what}: engines must be a list of strings, got {engines!r}")
+    return list(engines)
+
+
+def SetPerOpEnginePref(op_engine_pref):
+    """``{device_type: {op_type: [engine, ...]}}``: recorded, no effect."""
+    checked = {}
+    for device_type, per_op in dict(op_engine_pref).items():
+        checked[int(device_type)] = {
+            str(op): _check_engine_list(f"engine preference of {op}", engines) for op, engines in dict(per_op).items()
+        }
+    _PER_OP_ENGINE_PREF.clear()
+    _PER_OP_ENGINE_PREF.update(checked)
+
+
+def SetGlobalEnginePref(global_engine_pref):
+    """``{device_type: [engine, ...]}``: recorded, no effect."""
+    checked = {
+        int(device_type): _check_engine_list("global engine preference", engines)
+        for device_type, engines in dict(global_engine_pref).items()
+    }
+    _GLOBAL_ENGINE_PREF.clear()
+    _GLOBAL_ENGINE_PREF.update(checked)
+
+
+def SetEnginePref(per_op_engine_pref=None, global_engine_pref=None):
+    """Sets both engine preferences (see :func:`SetPerOpEnginePref` and
+    :func:`SetGlobalEnginePref`)."""
+    SetPerOpEnginePref(per_op_engine_pref or {})
+    SetGlobalEnginePref(global_engine_pref or {})
+
+
+def SetOpEnginePref(op_type, op_pref):
+    """``op_pref`` is ``{device_type: [engine, ...]}`` for ``op_type``."""
+    for device_type, engines in dict(op_pref).items():
+        _PER_OP_ENGINE_PREF.setdefault(int(device_type), {})[str(op_type)] = _check_engine_list(
+            f"engine preference of {op_type}", engines
+        )
 
 
 def IsOperator(op_type):

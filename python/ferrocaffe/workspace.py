@@ -46,6 +46,25 @@ __all__ = [
     "StringifyBlobName",
     "StringifyNetName",
     "current_workspace",
+    "NetHandle",
+    "GetNetName",
+    "RegisteredOperators",
+    "GetNameScope",
+    "GlobalInit",
+    "GetGlobalInitArgs",
+    "is_asan",
+    "has_cuda_support",
+    "has_hip_support",
+    "has_gpu_support",
+    "GpuDeviceType",
+    "NumCudaDevices",
+    "NumGpuDevices",
+    "GetCUDAVersion",
+    "GetCuDNNVersion",
+    "GetDeviceProperties",
+    "GetGpuPeerAccessPattern",
+    "GetGPUMemoryInfo",
+    "blobs",
 ]
 
 
@@ -60,18 +79,47 @@ def StringifyProto(obj: Any) -> bytes:
     raise ValueError(f"Unexpected argument to StringifyProto of type {type(obj).__name__}")
 
 
-def StringifyBlobName(name: Any) -> str:
+def _stringify_name(name: Any, expected: str) -> str:
+    if isinstance(name, str):
+        return name
     if isinstance(name, bytes):
         return name.decode("utf-8")
-    return str(name)
+    if type(name).__name__ == expected:
+        return str(name)
+    raise TypeError(f"expected a string or a {expected} as a name, not {type(name).__name__}")
+
+
+def StringifyBlobName(name: Any) -> str:
+    """The name of a blob given as str, bytes or BlobReference (TypeError
+    for anything else)."""
+    return _stringify_name(name, "BlobReference")
 
 
 def StringifyNetName(name: Any) -> str:
+    """The name of a net given as str, bytes, Net or NetDef (TypeError for
+    anything else)."""
     if hasattr(name, "Name"):
         return name.Name()
-    if hasattr(name, "name") and not isinstance(name, str):
+    if hasattr(name, "name") and not isinstance(name, (str, bytes)):
         return name.name
-    return StringifyBlobName(name)
+    return _stringify_name(name, "Net")
+
+
+def GetNetName(net: Any) -> str:
+    """The name of a net given as a name, Net, NetDef or serialised NetDef
+    (whose bytes are parsed for it, not decoded as text)."""
+    if isinstance(net, str):
+        return net
+    if isinstance(net, bytes):
+        from .proto import NetDef
+
+        proto = NetDef()
+        try:
+            proto.ParseFromString(net)
+        except Exception:
+            return "<unparsable NetDef>"
+        return proto.name
+    return StringifyNetName(net)
 
 
 def _to_feedable(name: str, arr: Any):
@@ -155,6 +203,44 @@ class _BlobMap:
         return [Blob(self._ws, n) for n in self._ws._core.blobs()]
 
 
+class NetHandle:
+    """A net created in a workspace (Caffe2's ``C.Net``)."""
+
+    __slots__ = ("_ws", "_name")
+
+    def __init__(self, ws: "Workspace", name: str):
+        self._ws = ws
+        self._name = name
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def Name(self) -> str:
+        return self._name
+
+    def run(self) -> bool:
+        """Runs the net once (an op failure raises)."""
+        return self._ws.run_net(self._name)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, NetHandle) and other._ws._core is self._ws._core and other._name == self._name
+
+    def __hash__(self) -> int:
+        return hash(self._name)
+
+    def __repr__(self) -> str:
+        return f"Net({self._name!r})"
+
+
+class _CurrentWorkspace:
+    """``Workspace.current``: the current workspace, read on the class or
+    on an instance."""
+
+    def __get__(self, obj, owner=None) -> "Workspace":
+        return current_workspace()
+
+
 class Workspace:
     """A workspace object (Caffe2's ``C.Workspace``).
 
@@ -176,8 +262,9 @@ class Workspace:
         ws._parent = None
         return ws
 
-    # Caffe2's C.Workspace.current
-    current = property(lambda self: current_workspace())
+    #: The current workspace (Caffe2's ``C.Workspace.current``), on the
+    #: class as on any instance.
+    current = _CurrentWorkspace()
 
     @property
     def root_folder(self) -> str:
@@ -192,8 +279,9 @@ class Workspace:
         return _BlobMap(self)
 
     @property
-    def nets(self) -> list[str]:
-        return self._core.nets()
+    def nets(self) -> dict[str, "NetHandle"]:
+        """``{name: net}`` of the nets created in this workspace."""
+        return {name: NetHandle(self, name) for name in self._core.nets()}
 
     def create_blob(self, name) -> Blob:
         name = StringifyBlobName(name)
@@ -217,11 +305,14 @@ class Workspace:
     def remove_blob(self, name) -> bool:
         return self._core.remove_blob(StringifyBlobName(name))
 
-    def create_net(self, net, overwrite: bool = False, input_blobs: Iterable | None = None) -> bool:
+    def create_net(self, net, overwrite: bool = False, input_blobs: Iterable | None = None) -> "NetHandle":
+        """Creates ``net`` (a Net, NetDef or serialised NetDef) here and
+        returns it (Caffe2 returned the C.Net)."""
         for b in input_blobs or []:
             self._core.create_blob(StringifyBlobName(b))
-        self._core.create_net(StringifyProto(net), overwrite)
-        return True
+        data = StringifyProto(net)
+        self._core.create_net(data, overwrite)
+        return NetHandle(self, GetNetName(net if not isinstance(net, str) else data))
 
     def run_net(self, name, num_iter: int = 1, allow_fail: bool = False) -> bool:
         name = StringifyNetName(name)
@@ -241,7 +332,8 @@ class Workspace:
         if kind == "step":
             return self.run(_plan_from_step(obj))
         if kind == "net":
-            return _check(self._core.run_net_once(StringifyProto(obj)), False, f"net '{StringifyNetName(obj)}'")
+            ok = self._core.run_net_once(StringifyProto(obj))
+            return ok or _check(ok, False, f"net '{GetNetName(obj)}'")
         if kind == "op":
             return _check(self._core.run_operator_once(StringifyProto(obj)), False, "operator")
         raise TypeError(f"Workspace.run takes a Plan, ExecutionStep, Net or their protos, not {type(obj).__name__}")
@@ -369,11 +461,14 @@ def RemoveBlob(name) -> bool:
 
 
 def CreateNet(net, overwrite: bool = False, input_blobs=None) -> bool:
-    return current_workspace().create_net(net, overwrite, input_blobs)
+    """Creates ``net`` in the current workspace; True (``Workspace.create_net``
+    returns the net itself)."""
+    current_workspace().create_net(net, overwrite, input_blobs)
+    return True
 
 
 def Nets() -> list[str]:
-    return current_workspace().nets
+    return current_workspace()._core.nets()
 
 
 def RunNet(name, num_iter: int = 1, allow_fail: bool = False) -> bool:
@@ -381,8 +476,9 @@ def RunNet(name, num_iter: int = 1, allow_fail: bool = False) -> bool:
 
 
 def RunNetOnce(net) -> bool:
-    ws = current_workspace()
-    return _check(ws._core.run_net_once(StringifyProto(net)), False, f"net '{StringifyNetName(net)}'")
+    ok = current_workspace()._core.run_net_once(StringifyProto(net))
+    # The net's name is worked out only for the message of a failure.
+    return ok or _check(ok, False, f"net '{GetNetName(net)}'")
 
 
 def RunOperatorOnce(operator) -> bool:
@@ -409,10 +505,118 @@ def RunPlanInBackground(plan_or_step):
     return _core.run_plan_in_background(current_workspace()._core, StringifyProto(plan_or_step))
 
 
+def RegisteredOperators() -> list[str]:
+    """The operator types this build can run."""
+    return list(_core.registered_operators())
+
+
+def GetNameScope() -> str:
+    """The current name scope (the prefix of new blob names)."""
+    from . import scope
+
+    return scope.CurrentNameScope()
+
+
+# ------------------------------------------------ process set-up and build --
+#
+# ferrocaffe is a CPU-only build: the flags a CPU-only Caffe2 build exposed,
+# which tests and programs read at import time.
+
+_GLOBAL_INIT_ARGS: list[str] = []
+
+
+def GlobalInit(args) -> bool:
+    """Process set-up with command-line style flags (Caffe2's
+    ``GlobalInit(['prog', '--caffe2_log_level=0', ...])``). The flags are
+    recorded (see :func:`GetGlobalInitArgs`); none changes ferrocaffe's
+    behaviour. Every element after the program name must be a ``--flag`` or
+    ``--flag=value`` string (InvalidArgumentError otherwise)."""
+    if isinstance(args, (str, bytes)) or not all(isinstance(a, str) for a in args):
+        raise TypeError("GlobalInit takes a list of strings, the first being the program name")
+    args = list(args)
+    for arg in args[1:]:
+        if not arg.startswith("--") or len(arg) == 2:
+            raise errors.InvalidArgumentError(f"GlobalInit: '{arg}' is not a --flag or --flag=value argument")
+    _GLOBAL_INIT_ARGS.extend(args[1:])
+    return True
+
+
+def GetGlobalInitArgs() -> list[str]:
+    """The flags given to :func:`GlobalInit` so far."""
+    return list(_GLOBAL_INIT_ARGS)
+
+
+is_asan = False
+has_cuda_support = False
+has_hip_support = False
+has_gpu_support = False
+# As in a CPU-only Caffe2 build: code builds CUDA device options even
+# without a GPU (ops placed on one are refused when a net is created).
+GpuDeviceType = 1  # caffe2_pb2.CUDA
+
+
+def NumCudaDevices() -> int:
+    return 0
+
+
+def NumGpuDevices() -> int:
+    return 0
+
+
+def GetCUDAVersion() -> int:
+    return 0
+
+
+def GetCuDNNVersion() -> int:
+    return 0
+
+
+def GetDeviceProperties(device_id):
+    return None
+
+
+def GetGpuPeerAccessPattern():
+    return np.array([])
+
+
+def GetGPUMemoryInfo():
+    return None
+
+
+class _BlobDict:
+    """``workspace.blobs``: the current workspace's blobs as a dict-like
+    object (``blobs['x']`` fetches, ``blobs['x'] = arr`` feeds)."""
+
+    def __getitem__(self, name):
+        return FetchBlob(name)
+
+    def __setitem__(self, name, value):
+        FeedBlob(name, value)
+
+    def __contains__(self, name) -> bool:
+        return HasBlob(name)
+
+    def __iter__(self):
+        return iter(Blobs())
+
+    def __len__(self) -> int:
+        return len(Blobs())
+
+
+blobs = _BlobDict()
+
+
 # Caffe2 code reaches the compiled module as ``workspace.C``.
 C = types.SimpleNamespace(
     Workspace=Workspace,
     Blob=Blob,
+    Net=NetHandle,
     registered_operators=_core.registered_operators,
     operator_schema=_core.operator_schema,
+    global_init=GlobalInit,
+    has_mkldnn=False,
+    has_cuda_support=False,
+    has_hip_support=False,
+    has_gpu_support=False,
+    is_asan=False,
 )

@@ -1,0 +1,109 @@
+"""Names and behaviour Caffe2 programs and tests rely on at the module level:
+process set-up, CPU-only build flags, engine preferences, the current
+workspace, nets as objects, and running serialised nets."""
+
+import numpy as np
+import pytest
+
+from ferrocaffe import core, errors, utils, workspace
+from ferrocaffe import proto as caffe2_pb2
+
+
+@pytest.fixture
+def fresh():
+    previous = workspace.CurrentWorkspace()
+    workspace.SwitchWorkspace('compat_test', True)
+    workspace.ResetWorkspace()
+    yield
+    workspace.ResetWorkspace()
+    workspace.SwitchWorkspace(previous)
+
+
+def test_a_cpu_only_build_says_so():
+    assert workspace.has_gpu_support is False
+    assert workspace.has_cuda_support is False
+    assert workspace.has_hip_support is False
+    assert workspace.is_asan is False
+    assert workspace.GpuDeviceType == caffe2_pb2.CUDA
+    assert workspace.NumGpuDevices() == 0 and workspace.NumCudaDevices() == 0
+    assert workspace.C.has_mkldnn is False
+    assert core.workspace is workspace and core.utils is utils
+
+
+def test_global_init_records_flags_and_refuses_other_words():
+    before = workspace.GetGlobalInitArgs()
+    assert workspace.GlobalInit(['prog', '--caffe2_log_level=0', '--caffe2_omp']) is True
+    assert workspace.GetGlobalInitArgs() == before + ['--caffe2_log_level=0', '--caffe2_omp']
+    assert core.GetGlobalInitArgs() == workspace.GetGlobalInitArgs()
+    with pytest.raises(errors.InvalidArgumentError, match='stray'):
+        core.GlobalInit(['prog', 'stray'])
+    with pytest.raises(TypeError):
+        workspace.GlobalInit('--caffe2_log_level=0')
+    assert workspace.GetGlobalInitArgs() == before + ['--caffe2_log_level=0', '--caffe2_omp']
+
+
+def test_engine_preferences_are_checked_and_change_nothing(fresh):
+    core.SetEnginePref({caffe2_pb2.CPU: {'Add': ['FAST']}}, {caffe2_pb2.CPU: ['EIGEN']})
+    core.SetOpEnginePref('Mul', {caffe2_pb2.CPU: ['FAST']})
+    core.SetGlobalEnginePref({})
+    with pytest.raises(TypeError):
+        core.SetGlobalEnginePref({caffe2_pb2.CPU: 'EIGEN'})
+    net = core.Net('prefs')
+    net.ConstantFill([], ['x'], shape=[2], value=3.0)
+    net.Add(['x', 'x'], ['y'])
+    workspace.RunNetOnce(net)
+    assert workspace.FetchBlob('y').tolist() == [6.0, 6.0]
+
+
+def test_running_a_serialised_net_whose_bytes_are_not_text(fresh):
+    net = core.Net('bytes_net')
+    # 1.5 as a float is 00 00 c0 3f: not UTF-8.
+    net.ConstantFill([], ['x'], shape=[3], value=1.5)
+    data = net.Proto().SerializeToString()
+    with pytest.raises(UnicodeDecodeError):
+        data.decode('utf-8')
+    assert workspace.RunNetOnce(data) is True
+    assert workspace.FetchBlob('x').tolist() == [1.5, 1.5, 1.5]
+    assert workspace.CreateNet(data) is True
+    assert workspace.Nets() == ['bytes_net']
+    assert workspace.GetNetName(data) == 'bytes_net'
+
+
+def test_current_workspace_on_the_class_and_on_instances(fresh):
+    current = workspace.C.Workspace.current
+    assert current is workspace.current_workspace()
+    assert workspace.Workspace().current is current
+    current.feed_blob('seen', np.int64(4))
+    assert workspace.FetchBlob('seen') == 4
+
+
+def test_nets_are_objects_in_a_dict():
+    ws = workspace.Workspace()
+    ws.feed_blob('n', np.zeros(1, np.int64))
+    net = core.Net('counting')
+    net.ConstantFill([], ['one'], shape=[1], value=1, dtype=core.DataType.INT64)
+    net.Add(['n', 'one'], ['n'])
+    made = ws.create_net(net)
+    assert isinstance(ws.nets, dict) and list(ws.nets) == ['counting']
+    assert made == ws.nets['counting'] and made.name == 'counting'
+    assert made.run() is True
+    ws.nets['counting'].run()
+    assert ws.fetch_blob('n').tolist() == [2]
+
+
+def test_module_level_blobs_feed_and_fetch(fresh):
+    workspace.blobs['a'] = np.arange(3, dtype=np.int32)
+    assert 'a' in workspace.blobs and 'b' not in workspace.blobs
+    assert workspace.blobs['a'].tolist() == [0, 1, 2]
+    assert list(workspace.blobs) == ['a'] and len(workspace.blobs) == 1
+
+
+@pytest.mark.parametrize('call', [
+    lambda: workspace.FetchBlob(12),
+    lambda: workspace.FeedBlob(3.5, np.zeros(1)),
+    lambda: workspace.HasBlob(['x']),
+    lambda: workspace.RunNet(7),
+])
+def test_a_name_of_the_wrong_type_is_a_type_error(fresh, call):
+    with pytest.raises(TypeError):
+        call()
