@@ -152,7 +152,7 @@ def test_caffe2_script_runs_on_ferrocaffe():
 
 MODULES = ('core', 'workspace', 'net_builder', 'task', 'session', 'context',
            'scope', 'control_ops_util', 'checkpoint', 'dataio', 'pipeline',
-           'schema', 'dataset', 'queue_util', 'utils')
+           'schema', 'dataset', 'queue_util', 'utils', 'control')
 
 IDENTITY_SCRIPT = """
 import sys

@@ -38,6 +38,7 @@ _ALIASES = {
     "caffe2.python.dataset": "ferrocaffe.dataset",
     "caffe2.python.queue_util": "ferrocaffe.queue_util",
     "caffe2.python.utils": "ferrocaffe.utils",
+    "caffe2.python.control": "ferrocaffe.control",
 }
 _PACKAGES = ("caffe2", "caffe2.python", "caffe2.proto")
 
