@@ -39,6 +39,7 @@ _ALIASES = {
     "caffe2.python.queue_util": "ferrocaffe.queue_util",
     "caffe2.python.utils": "ferrocaffe.utils",
     "caffe2.python.control": "ferrocaffe.control",
+    "caffe2.python.record_queue": "ferrocaffe.record_queue",
 }
 _PACKAGES = ("caffe2", "caffe2.python", "caffe2.proto")
 
