@@ -107,3 +107,29 @@ def test_module_level_blobs_feed_and_fetch(fresh):
 def test_a_name_of_the_wrong_type_is_a_type_error(fresh, call):
     with pytest.raises(TypeError):
         call()
+
+
+def test_populate_proto_with_file_name_names_ops_after_user_code():
+    import inspect
+    net = core.Net('traced')
+    a, b = net.AddExternalInput('a', 'b')
+    net.Mul([a, b], 'c'); frame = inspect.currentframe(); line = frame.f_lineno  # noqa: E702
+    with core.NameScope('inner'):
+        net.Add(['c', 'c'], 'd')
+    net.PopulateProtoWithFileName()
+    assert net.Proto().op[0].name == '{}:{}:{}'.format(
+        inspect.getframeinfo(frame).filename, line,
+        'test_populate_proto_with_file_name_names_ops_after_user_code')
+    assert net.Proto().op[1].name.endswith(':{}:{}'.format(
+        line + 2, 'test_populate_proto_with_file_name_names_ops_after_user_code'))
+
+
+def test_a_net_with_recorded_creation_sites_still_pickles():
+    import pickle
+    net = core.Net('pickled')
+    net.ConstantFill([], ['x'], shape=[1], value=1.0)
+    line = test_a_net_with_recorded_creation_sites_still_pickles.__code__.co_firstlineno + 3
+    back = pickle.loads(pickle.dumps(net))
+    back.PopulateProtoWithFileName()
+    assert back.Proto().op[0].name.endswith(
+        ':{}:test_a_net_with_recorded_creation_sites_still_pickles'.format(line))

@@ -459,6 +459,32 @@ def _is_int(v):
     return isinstance(v, (int, np.integer, np.bool_))
 
 
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _user_frame():
+    """``(code, instruction offset)`` of the innermost calling frame outside
+    the ferrocaffe package, or None. The line number is worked out only when
+    asked (:func:`_frame_location`): this runs for every op a net creates."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame = frame.f_back
+    return None if frame is None else (frame.f_code, frame.f_lasti)
+
+
+def _frame_location(code, offset=None, *resolved):
+    """``(file, line, function)`` of an instruction offset in ``code`` (or
+    the location itself, when it was resolved already)."""
+    if isinstance(code, str):
+        return (code, offset) + resolved
+    line = code.co_firstlineno
+    for start, end, number in code.co_lines():
+        if start <= offset < end and number is not None:
+            line = number
+            break
+    return code.co_filename, line, code.co_name
+
+
 def _MakeArgument(key, value):
     """An Argument named ``key`` whose field follows the Python type of
     ``value`` (Caffe2's ``utils.MakeArgument``)."""
@@ -821,6 +847,22 @@ class Net:
 
     # -- lookup tables
 
+    def PopulateProtoWithFileName(self):
+        """Names every op this net created through its op methods after the
+        line of user code that created it: ``'<file>:<line>:<function>'``."""
+        for index, frame in getattr(self, "_op_tracebacks", {}).items():
+            if frame is not None and index < len(self._net.op):
+                self._net.op[index].name = ":".join(map(str, _frame_location(*frame)))
+
+    def __getstate__(self):
+        # Code objects do not pickle: keep the creation sites as locations.
+        state = dict(self.__dict__)
+        if "_op_tracebacks" in state:
+            state["_op_tracebacks"] = {
+                i: None if f is None else _frame_location(*f) for i, f in state["_op_tracebacks"].items()
+            }
+        return state
+
     def _ExtendOps(self, new_ops):
         self._net.op.extend(new_ops)
         for op in new_ops:
@@ -1179,6 +1221,10 @@ class Net:
         outputs = _RectifyInputOutput(outputs, net=self)
         op = CreateOperator(op_type, inputs, outputs, **kwargs)
         self._ExtendOps([op])
+        # Where the user's code made the op, for PopulateProtoWithFileName.
+        # Kept on the net (Caffe2's process-wide table grew forever).
+        tracebacks = self.__dict__.setdefault("_op_tracebacks", {})
+        tracebacks[len(self._net.op) - 1] = _user_frame()
         if len(op.output) == 0:
             return None
         if len(op.output) == 1:
