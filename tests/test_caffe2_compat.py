@@ -133,3 +133,31 @@ def test_a_net_with_recorded_creation_sites_still_pickles():
     back.PopulateProtoWithFileName()
     assert back.Proto().op[0].name.endswith(
         ':{}:test_a_net_with_recorded_creation_sites_still_pickles'.format(line))
+
+
+def test_immediate_mode_runs_ops_as_they_are_made(fresh, capsys):
+    workspace.StartImmediate()
+    assert 'Immediate mode' in capsys.readouterr().out
+    try:
+        assert workspace.IsImmediate()
+        net = core.Net('imm')
+        net.ConstantFill([], ['x'], shape=[2], value=2.0)
+        net.Mul(['x', 'x'], ['y'])
+        assert workspace.FetchImmediate('y').tolist() == [4.0, 4.0]
+        assert sorted(workspace.ImmediateBlobs()) == ['x', 'y']
+        # The current workspace saw nothing.
+        assert not workspace.HasBlob('y')
+        workspace.FeedImmediate('z', np.array([3.0], np.float32))
+        net.Add(['z', 'z'], ['w'])
+        assert workspace.FetchImmediate('w').tolist() == [6.0]
+        with pytest.raises(errors.BlobNotFoundError):
+            net.Add(['missing', 'z'], ['v'])
+        assert workspace.CurrentWorkspace() == 'compat_test'
+    finally:
+        workspace.StopImmediate()
+    assert not workspace.IsImmediate()
+    core.Net('after').ConstantFill([], ['q'], shape=[1], value=1.0)
+    workspace.StartImmediate(i_know=True)
+    assert capsys.readouterr().out == ''
+    assert workspace.ImmediateBlobs() == []
+    workspace.StopImmediate()

@@ -8,7 +8,10 @@ children (``Workspace(parent)``) that see their parent's blobs.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import tempfile
 import threading
 import types
 from typing import Any, Iterable
@@ -65,6 +68,14 @@ __all__ = [
     "GetGpuPeerAccessPattern",
     "GetGPUMemoryInfo",
     "blobs",
+    "IsImmediate",
+    "WorkspaceGuard",
+    "StartImmediate",
+    "StopImmediate",
+    "ImmediateBlobs",
+    "RunOperatorImmediate",
+    "FetchImmediate",
+    "FeedImmediate",
 ]
 
 
@@ -515,6 +526,85 @@ def GetNameScope() -> str:
     from . import scope
 
     return scope.CurrentNameScope()
+
+
+# ---------------------------------------------------------- immediate mode --
+#
+# For debugging, as in Caffe2: between StartImmediate() and StopImmediate(),
+# every operator made by core.CreateOperator (so every op a Net adds) also
+# runs at once in a workspace of its own; FeedImmediate/FetchImmediate reach
+# it. A failing op raises where it was created.
+
+_IMMEDIATE_WORKSPACE = "_CAFFE2_IMMEDIATE"
+_immediate_mode = False
+_immediate_root_folder = ""
+
+
+def IsImmediate() -> bool:
+    """True between StartImmediate() and StopImmediate()."""
+    return _immediate_mode
+
+
+@contextlib.contextmanager
+def WorkspaceGuard(workspace_name: str):
+    """Makes ``workspace_name`` current (created if missing) for the
+    ``with`` block, then switches back, also on an error."""
+    previous = CurrentWorkspace()
+    SwitchWorkspace(workspace_name, True)
+    try:
+        yield
+    finally:
+        SwitchWorkspace(previous)
+
+
+def StartImmediate(i_know: bool = False) -> None:
+    """Enters immediate mode with an empty immediate workspace (restarting
+    it if already on). Prints a caution unless ``i_know``."""
+    global _immediate_mode, _immediate_root_folder
+    if _immediate_mode:
+        StopImmediate()
+    _immediate_root_folder = tempfile.mkdtemp(prefix="ferrocaffe-immediate-")
+    with WorkspaceGuard(_IMMEDIATE_WORKSPACE):
+        ResetWorkspace(_immediate_root_folder)
+    _immediate_mode = True
+    if not i_know:
+        print(
+            "Immediate mode: every operator you create also runs now, in a workspace of its own "
+            "(FeedImmediate/FetchImmediate). Its inputs must exist there. This is for debugging; "
+            "call StopImmediate() when done."
+        )
+
+
+def StopImmediate() -> None:
+    """Leaves immediate mode and frees the immediate workspace."""
+    global _immediate_mode, _immediate_root_folder
+    if not _immediate_mode:
+        return
+    with WorkspaceGuard(_IMMEDIATE_WORKSPACE):
+        ResetWorkspace()
+    shutil.rmtree(_immediate_root_folder, ignore_errors=True)
+    _immediate_root_folder = ""
+    _immediate_mode = False
+
+
+def ImmediateBlobs() -> list[str]:
+    with WorkspaceGuard(_IMMEDIATE_WORKSPACE):
+        return Blobs()
+
+
+def RunOperatorImmediate(op) -> None:
+    with WorkspaceGuard(_IMMEDIATE_WORKSPACE):
+        RunOperatorOnce(op)
+
+
+def FetchImmediate(*args, **kwargs):
+    with WorkspaceGuard(_IMMEDIATE_WORKSPACE):
+        return FetchBlob(*args, **kwargs)
+
+
+def FeedImmediate(*args, **kwargs):
+    with WorkspaceGuard(_IMMEDIATE_WORKSPACE):
+        return FeedBlob(*args, **kwargs)
 
 
 # ------------------------------------------------ process set-up and build --
