@@ -635,7 +635,8 @@ fn registered_operators() -> Vec<&'static str> {
     crate::operator::registered_ops()
 }
 
-/// An operator's schema as a dict (counts, args, doc), or None.
+/// An operator's schema as a dict (counts, args, the arguments it accepts
+/// and ignores, doc), or None.
 #[pyfunction]
 fn operator_schema(py: Python<'_>, op_type: &str) -> PyResult<Option<Py<PyDict>>> {
     let Some(s) = crate::operator::schema(op_type) else {
@@ -655,6 +656,14 @@ fn operator_schema(py: Python<'_>, op_type: &str) -> PyResult<Option<Py<PyDict>>
         args.append((a.name, a.ty, a.default, a.doc))?;
     }
     d.set_item("args", args)?;
+    // Accepted and ignored: the op's own list, then the engine hints.
+    let ignored = PyList::empty(py);
+    for a in s.ignored.iter().chain(crate::operator::ENGINE_HINTS) {
+        if !s.args.iter().any(|own| own.name == a.name) {
+            ignored.append((a.name, a.ty, a.default, a.doc))?;
+        }
+    }
+    d.set_item("ignored", ignored)?;
     Ok(Some(d.unbind()))
 }
 
@@ -989,6 +998,11 @@ pub(crate) fn register_python_op() {
                 crate::arg!("token", "string", "", "key of a function registered with Net.Python"),
                 crate::arg!("pickled_builder", "bytes", "", "pickled (builder, args, kwargs), called once per op instance"),
                 crate::arg!("pass_workspace", "bool", "false", "also pass the op's workspace to the function"),
+            ])
+            .ignores(&[
+                crate::arg!("grad_output_indices", "list of int", "[]", "for the gradient op; accepted and ignored (no gradients here)"),
+                crate::arg!("grad_input_indices", "list of int", "[]", "for the gradient op; accepted and ignored (no gradients here)"),
+                crate::arg!("pickled_grad_builder", "bytes", "", "for the gradient op; accepted and ignored (no gradients here)"),
             ])
             .doc("Calls a Python function f(inputs, outputs[, workspace]) with tensor wrappers; holds the GIL while it runs."),
     );

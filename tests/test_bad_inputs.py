@@ -257,6 +257,44 @@ def net_on_a_gpu_device(ws):
 
 
 @case
+def misspelled_constant_fill_shape(ws):
+    # `shap` used to be ignored: the fill gave a scalar.
+    n = net(("ConstantFill", [], ["c"], {"shap": [2], "value": 1.0}))
+    return lambda: ws.run(n), Expect(
+        errors.InvalidArgumentError,
+        ValueError,
+        {"op": "ConstantFill", "op_index": 0, "net": n.Name()},
+        ("unknown argument 'shap'", "did you mean 'shape'?", "core.allow_unknown_arguments"),
+    )
+
+
+@case
+def misspelled_uniform_fill_min(ws):
+    # `minn` used to be ignored: the samples came from [0, 6).
+    n = net(("UniformFill", [], ["u"], {"shape": [4], "minn": 5.0, "max": 6.0}))
+    return lambda: ws.run(n), Expect(
+        errors.InvalidArgumentError, ValueError, {"op": "UniformFill"}, ("'minn'", "did you mean 'min'?")
+    )
+
+
+@case
+def misspelled_scale(ws):
+    # `scal` used to be ignored: Scale multiplied by 1.
+    feed(ws, x=np.ones(2, np.float32))
+    n = net(("Copy", ["x"], ["y"], {}), ("Scale", ["y"], ["z"], {"scal": 3.0}))
+    return lambda: ws.run(n), Expect(
+        errors.InvalidArgumentError, ValueError, {"op": "Scale", "op_index": 1}, ("'scal'", "did you mean 'scale'?")
+    )
+
+
+@case
+def unknown_argument_of_a_python_op(ws):
+    n = core.Net(uid("py"))
+    n.Python(lambda i, o: None)([], [], toke="typo")
+    return lambda: ws.run(n), Expect(errors.InvalidArgumentError, ValueError, {"op": "Python"}, ("'toke'", "'token'"))
+
+
+@case
 def python_op_without_a_function(ws):
     n = net(("Python", [], [], {}))
     return lambda: ws.run(n), Expect(errors.InvalidArgumentError, ValueError, {"op": "Python", "net": n.Name()})

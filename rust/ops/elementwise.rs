@@ -162,6 +162,12 @@ pub fn schemas() -> Vec<OpSchema> {
             .inputs(2, MANY)
             .outputs(1, 1)
             .inplace(a)
+            .ignores(&[arg!(
+                "grad_on_w",
+                "bool",
+                "false",
+                "whether the gradient op computes the weights' gradients; accepted and ignored (no gradients here)"
+            )])
             .doc("Y = w0*X0 + w1*X1 + ... for inputs (X0, w0, X1, w1, ...): float32 tensors with X0's element count and 1-element float32 weights; Y has X0's shape."),
         OpSchema::new("Scale", build_scale)
             .inputs(1, 1)

@@ -210,6 +210,7 @@ pub fn schemas() -> Vec<OpSchema> {
             .inputs(0, 0)
             .outputs(1, 1)
             .args(&[
+                arg!("path", "string", "\"\"", "a first .npy file (the first column), before those of `paths`"),
                 arg!("paths", "strings", "[]", "the .npy files, one per column; row i of each is record i"),
                 arg!("batch_size", "int", "1024", "records per batch, >= 1"),
             ])
@@ -2876,7 +2877,9 @@ fn close_parquet_writer(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 fn create_npy_reader(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let paths = paths_arg(ctx)?;
     if paths.is_empty() {
-        return Err(ctx.bad_arg("a .npy reader needs at least one file (argument 'paths')"));
+        return Err(
+            ctx.bad_arg("a .npy reader needs at least one file (argument 'paths' or 'path')")
+        );
     }
     let batch = batch_size_arg(ctx, DEFAULT_BATCH_SIZE, 1)?;
     Ok(kernel(move |cx| {
