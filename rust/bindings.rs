@@ -817,25 +817,135 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
 
 // --------------------------------------------------------------- Python op --
 
+/// The arrays a Python op's function got through `.data` during one call.
+///
+/// Caffe2 handed out views of the tensors, so writes reached the blobs. A
+/// view is not safe here: the op holds no lock while Python runs (the
+/// function may feed, or run nets on, the same blobs), so the buffer under a
+/// view could be replaced or freed mid-call. Instead `.data` hands out a copy,
+/// the same array for every `.data` of one blob during the call, and when the
+/// function returns, each array that differs (bit for bit) from what it was
+/// made from is written to its blob. Arrays whose blob was replaced since
+/// (`feed`, `reshape`) and every array once the call is over become
+/// read-only, so a late write raises instead of vanishing.
+#[derive(Default)]
+struct HandedArrays {
+    /// Whether the function is still running (arrays handed out now are
+    /// written back when it returns).
+    open: bool,
+    entries: Vec<Handed>,
+}
+
+struct Handed {
+    blob: crate::blob::Blob,
+    name: String,
+    array: Py<PyAny>,
+    /// The tensor the array was copied from.
+    before: Tensor,
+}
+
+type CallArrays = Arc<parking_lot::Mutex<HandedArrays>>;
+
+fn set_read_only(py: Python<'_>, array: &Py<PyAny>) -> PyResult<()> {
+    array.call_method1(py, "setflags", (false,)).map(|_| ())
+}
+
+impl HandedArrays {
+    /// Forgets the array of `blob`, which is being replaced, making it
+    /// read-only (its writes are superseded by the new content).
+    fn supersede(call: &CallArrays, py: Python<'_>, blob: &crate::blob::Blob) -> PyResult<()> {
+        let gone: Vec<Handed> = {
+            let mut g = call.lock();
+            let (gone, kept) = std::mem::take(&mut g.entries)
+                .into_iter()
+                .partition(|h| Arc::ptr_eq(&h.blob, blob));
+            g.entries = kept;
+            gone
+        };
+        gone.iter().try_for_each(|h| set_read_only(py, &h.array))
+    }
+
+    /// Ends the call: writes back every changed array when the function
+    /// succeeded (`write_back`), then makes all of them read-only.
+    fn close(call: &CallArrays, py: Python<'_>, write_back: bool) -> PyResult<()> {
+        let entries = {
+            let mut g = call.lock();
+            g.open = false;
+            std::mem::take(&mut g.entries)
+        };
+        let mut result = Ok(());
+        for h in &entries {
+            if write_back && result.is_ok() {
+                result = array_to_tensor(py, h.array.bind(py), &h.name).map(|after| {
+                    if !after.same_bits(&h.before) {
+                        py.detach(|| h.blob.set(BlobValue::Tensor(after)));
+                    }
+                });
+            }
+            set_read_only(py, &h.array)?;
+        }
+        result
+    }
+}
+
 /// One blob as seen by a Python op: Caffe2's TensorCPU wrapper.
 #[pyclass(name = "TensorWrapper", module = "ferrocaffe._core", frozen)]
 pub struct PyTensorWrapper {
     blob: crate::blob::Blob,
     name: String,
+    call: CallArrays,
 }
 
 #[pymethods]
 impl PyTensorWrapper {
-    /// A copy of the tensor as a numpy array (write back with `feed`).
+    /// The tensor as a numpy array. Writes to it reach the blob when the
+    /// op's function returns (see `HandedArrays`); after the call, or after
+    /// `feed`/`reshape` of this blob, the array is read-only.
     #[getter]
     fn data(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        let v = py.detach(|| self.blob.get());
-        match &v {
-            BlobValue::Empty => Ok(PyArrayDyn::<f32>::zeros(py, IxDyn(&[0]), false)
-                .into_any()
-                .unbind()),
-            other => value_to_py(py, &self.name, other),
+        if let Some(h) = self
+            .call
+            .lock()
+            .entries
+            .iter()
+            .find(|h| Arc::ptr_eq(&h.blob, &self.blob))
+        {
+            return Ok(h.array.clone_ref(py));
         }
+        let v = py.detach(|| self.blob.get());
+        let t = match v {
+            BlobValue::Tensor(t) => t,
+            BlobValue::Empty => {
+                // Nothing to write into: reshape (or feed) first.
+                let a = PyArrayDyn::<f32>::zeros(py, IxDyn(&[0]), false)
+                    .into_any()
+                    .unbind();
+                set_read_only(py, &a)?;
+                return Ok(a);
+            }
+            // Byte strings come back as (immutable) bytes, Python objects
+            // as themselves, other objects as a description.
+            other => return value_to_py(py, &self.name, &other),
+        };
+        let array = tensor_to_py(py, &t)?;
+        let mut g = self.call.lock();
+        if !g.open {
+            drop(g);
+            set_read_only(py, &array)?;
+            return Ok(array);
+        }
+        // Another thread of the function may have asked while the GIL was
+        // released above: one array per blob.
+        if let Some(h) = g.entries.iter().find(|h| Arc::ptr_eq(&h.blob, &self.blob)) {
+            return Ok(h.array.clone_ref(py));
+        }
+        g.entries.push(Handed {
+            blob: self.blob.clone(),
+            name: self.name.clone(),
+            array: array.clone_ref(py),
+            before: t,
+        });
+        Ok(array)
     }
 
     #[getter]
@@ -866,6 +976,7 @@ impl PyTensorWrapper {
                 BlobValue::Tensor(array_to_tensor(py, &value, &self.name)?)
             }
         };
+        HandedArrays::supersede(&self.call, py, &self.blob)?;
         py.detach(|| self.blob.set(v));
         Ok(true)
     }
@@ -873,6 +984,7 @@ impl PyTensorWrapper {
     /// Resizes the tensor (keeping its dtype, float32 if it had none); the
     /// contents become zeros.
     fn reshape(&self, py: Python<'_>, shape: Vec<usize>) -> PyResult<()> {
+        HandedArrays::supersede(&self.call, py, &self.blob)?;
         py.detach(|| {
             let mut g = self.blob.write();
             let dtype = match &*g {
@@ -889,6 +1001,7 @@ fn wrap_blobs<'py>(
     py: Python<'py>,
     blobs: &[crate::blob::Blob],
     names: &[String],
+    call: &CallArrays,
 ) -> PyResult<Bound<'py, PyList>> {
     let l = PyList::empty(py);
     for (b, n) in blobs.iter().zip(names) {
@@ -897,6 +1010,7 @@ fn wrap_blobs<'py>(
             PyTensorWrapper {
                 blob: b.clone(),
                 name: n.clone(),
+                call: call.clone(),
             },
         )?)?;
     }
@@ -911,9 +1025,13 @@ struct PythonOp {
 impl crate::operator::Operator for PythonOp {
     fn run(&mut self, cx: &mut crate::operator::OpCx<'_>) -> crate::Result<bool> {
         Python::attach(|py| {
+            let arrays: CallArrays = Arc::new(parking_lot::Mutex::new(HandedArrays {
+                open: true,
+                entries: Vec::new(),
+            }));
             let call = || -> PyResult<()> {
-                let ins = wrap_blobs(py, &cx.io.inputs, &cx.io.input_names)?;
-                let outs = wrap_blobs(py, &cx.io.outputs, &cx.io.output_names)?;
+                let ins = wrap_blobs(py, &cx.io.inputs, &cx.io.input_names, &arrays)?;
+                let outs = wrap_blobs(py, &cx.io.outputs, &cx.io.output_names, &arrays)?;
                 if self.pass_workspace {
                     let ws = py
                         .import("ferrocaffe._python_ops")?
@@ -925,7 +1043,9 @@ impl crate::operator::Operator for PythonOp {
                 }
                 Ok(())
             };
-            call().map(|_| true).map_err(|err| {
+            let ran = call();
+            let closed = HandedArrays::close(&arrays, py, ran.is_ok());
+            ran.and(closed).map(|_| true).map_err(|err| {
                 let msg = format!(
                     "Python op raised {}",
                     err.value(py)

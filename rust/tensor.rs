@@ -258,6 +258,20 @@ pub fn copy_array<T: Element + Copy>(a: ndarray::ArrayViewD<'_, T>) -> ArrayD<T>
 }
 
 impl Tensor {
+    /// Same dtype, shape and bits: unlike `==`, a NaN equals itself and
+    /// -0.0 differs from 0.0 (a write of either is a change).
+    pub fn same_bits(&self, other: &Tensor) -> bool {
+        match (self, other) {
+            (Tensor::F32(a), Tensor::F32(b)) => {
+                a.shape() == b.shape() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+            }
+            (Tensor::F64(a), Tensor::F64(b)) => {
+                a.shape() == b.shape() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+            }
+            _ => self == other,
+        }
+    }
+
     pub fn dtype(&self) -> DataType {
         match self {
             Tensor::F32(_) => DataType::Float,

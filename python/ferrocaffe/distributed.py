@@ -531,7 +531,8 @@ class RaySession(Session):
         return value
 
     def fetch_blob(self, node, name):
-        """The current value of blob `name` in `node`'s workspace."""
+        """A copy of the current value of blob `name` in `node`'s
+        workspace (writing to it does not change the blob)."""
         return self._call(self._started(node), 'fetch_blob', str(name))
 
     def feed_blob(self, node, name, value):

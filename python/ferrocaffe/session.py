@@ -335,7 +335,7 @@ class LocalSession(Session):
 
     def fetch_output(self, output):
         """The value of a TaskOutput, or of a blob of the session
-        workspace."""
+        workspace: a copy (writing to it does not change the blob)."""
         if hasattr(output, 'fetch'):
             return output.fetch()
         return self._fetch_output(output)
