@@ -18,6 +18,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -395,15 +396,19 @@ pub struct PyWorkspace {
 impl PyWorkspace {
     #[new]
     #[pyo3(signature = (parent=None, root_folder=None))]
-    fn new(parent: Option<PyRef<'_, PyWorkspace>>, root_folder: Option<String>) -> Self {
+    fn new(
+        py: Python<'_>,
+        parent: Option<PyRef<'_, PyWorkspace>>,
+        root_folder: Option<PathBuf>,
+    ) -> PyResult<Self> {
         let ws = match parent {
             Some(p) => Workspace::new_child(&p.ws),
             None => Workspace::new(),
         };
         if let Some(r) = root_folder {
-            ws.set_root_folder(&r);
+            ws.set_root_folder(&path_string(py, r)?);
         }
-        PyWorkspace { ws }
+        Ok(PyWorkspace { ws })
     }
 
     #[getter]
@@ -412,8 +417,9 @@ impl PyWorkspace {
     }
 
     #[setter]
-    fn set_root_folder(&self, root: String) {
-        self.ws.set_root_folder(&root);
+    fn set_root_folder(&self, py: Python<'_>, root: PathBuf) -> PyResult<()> {
+        self.ws.set_root_folder(&path_string(py, root)?);
+        Ok(())
     }
 
     /// The parent workspace, if this is a child.
@@ -667,10 +673,22 @@ fn operator_schema(py: Python<'_>, op_type: &str) -> PyResult<Option<Py<PyDict>>
     Ok(Some(d.unbind()))
 }
 
+/// A path argument (a str or any os.PathLike, such as pathlib.Path) as the
+/// UTF-8 string the core's paths are.
+fn path_string(py: Python<'_>, path: PathBuf) -> PyResult<String> {
+    path.into_os_string().into_string().map_err(|p| {
+        to_py_err(
+            py,
+            Error::invalid_arg(format!("the path {p:?} is not valid UTF-8")),
+        )
+    })
+}
+
 /// The entries of a db: a list of dicts (name, kind, type, dtype, shape, bytes).
 #[pyfunction]
 #[pyo3(signature = (path, db_type=String::from("ferro")))]
-fn list_db(py: Python<'_>, path: String, db_type: String) -> PyResult<Vec<Py<PyDict>>> {
+fn list_db(py: Python<'_>, path: PathBuf, db_type: String) -> PyResult<Vec<Py<PyDict>>> {
+    let path = path_string(py, path)?;
     let entries = run_detached(py, move |_| crate::storage::list_db(&path, &db_type))?;
     entries
         .into_iter()
@@ -690,7 +708,8 @@ fn list_db(py: Python<'_>, path: String, db_type: String) -> PyResult<Vec<Py<PyD
 /// Checks every checksum of a db; raises CorruptCheckpointError on damage.
 #[pyfunction]
 #[pyo3(signature = (path, db_type=String::from("ferro")))]
-fn verify_db(py: Python<'_>, path: String, db_type: String) -> PyResult<()> {
+fn verify_db(py: Python<'_>, path: PathBuf, db_type: String) -> PyResult<()> {
+    let path = path_string(py, path)?;
     run_detached(py, move |_| crate::storage::verify_db(&path, &db_type))
 }
 
@@ -707,10 +726,11 @@ fn verify_db(py: Python<'_>, path: String, db_type: String) -> PyResult<()> {
 fn map_ferro(
     py: Python<'_>,
     data: numpy::PyReadonlyArray1<'_, u8>,
-    path: String,
+    path: PathBuf,
     verify: bool,
 ) -> PyResult<Vec<(String, &'static str, Py<PyAny>)>> {
     use crate::storage::MappedData;
+    let path = path_string(py, path)?;
     let bytes = data.as_slice().map_err(|e| {
         to_py_err(
             py,
@@ -770,16 +790,15 @@ fn map_ferro(
 
 #[pyfunction]
 #[pyo3(signature = (path, db_type=String::from("ferro")))]
-fn db_exists(py: Python<'_>, path: String, db_type: String) -> PyResult<bool> {
+fn db_exists(py: Python<'_>, path: PathBuf, db_type: String) -> PyResult<bool> {
+    let path = path_string(py, path)?;
     run_detached(py, move |_| crate::storage::db_exists(&path, &db_type))
 }
 
 /// Removes stale temporary files left in `dir` by interrupted saves.
 #[pyfunction]
-fn sweep_stale_temporaries(py: Python<'_>, dir: String) -> PyResult<usize> {
-    run_detached(py, move |_| {
-        crate::storage::sweep_stale_temporaries(std::path::Path::new(&dir))
-    })
+fn sweep_stale_temporaries(py: Python<'_>, dir: PathBuf) -> PyResult<usize> {
+    run_detached(py, move |_| crate::storage::sweep_stale_temporaries(&dir))
 }
 
 /// Fixes the size of the kernel (rayon) pool; see `crate::threads`.

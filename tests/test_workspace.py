@@ -691,3 +691,41 @@ def test_allowing_unknown_arguments_per_op_net_plan_and_nested_net(fresh):
     assert workspace.FetchBlob("q").tolist() == [4.0]
     with pytest.raises(TypeError, match="allow_unknown_arguments takes"):
         core.allow_unknown_arguments("not a net")
+
+
+# ---------------------------------------------------------------- paths --
+
+
+def test_every_path_may_be_a_pathlike(fresh, tmp_path):
+    import pathlib
+
+    from ferrocaffe import _core
+    from ferrocaffe.checkpoint import mmap_db
+
+    root = tmp_path / "root"
+    root.mkdir()
+    ws = workspace.Workspace(root_folder=root)
+    assert ws.root_folder == str(root)
+    assert workspace.Workspace(root).root_folder == str(root)
+    x = np.arange(3, dtype=np.int64)
+    ws.feed_blob("x", x)
+    # Op arguments: a path, and a list of paths.
+    absolute = tmp_path / "abs.minidb"
+    ws.run(core.CreateOperator("Save", ["x"], [], db=absolute, db_type="minidb", absolute_path=1))
+    ws.run(core.CreateOperator("Save", ["x"], [], db=pathlib.Path("rel.ferro"), db_type="ferro"))
+    assert (root / "rel.ferro").is_file()
+    ws.run(core.CreateOperator("DBExists", [], ["e"], db_name=absolute, db_type="minidb", absolute_path=1))
+    assert ws.fetch_blob("e")
+    other = workspace.Workspace()
+    other.run(core.CreateOperator("Load", [], ["x"], dbs=[absolute], db_type="minidb", absolute_path=1))
+    np.testing.assert_array_equal(other.fetch_blob("x"), x)
+    # The functions of the compiled module.
+    assert [e["name"] for e in _core.list_db(absolute, "minidb")] == ["x"]
+    _core.verify_db(root / "rel.ferro", "ferro")
+    assert _core.db_exists(absolute, "minidb")
+    assert _core.sweep_stale_temporaries(tmp_path) == 0
+    np.testing.assert_array_equal(mmap_db(root / "rel.ferro")["x"], x)
+    # ResetWorkspace keeps the new root folder.
+    elsewhere = tmp_path / "elsewhere"
+    workspace.ResetWorkspace(elsewhere)
+    assert workspace.RootFolder() == str(elsewhere) and elsewhere.is_dir()

@@ -407,6 +407,11 @@ def _MakeArgument(key, value):
     ``value`` (Caffe2's ``utils.MakeArgument``)."""
     argument = caffe2_pb2.Argument()
     argument.name = key
+    # Paths (pathlib.Path, any os.PathLike) are strings to the ops.
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    elif isinstance(value, (list, tuple)) and any(isinstance(v, os.PathLike) for v in value):
+        value = [os.fspath(v) if isinstance(v, os.PathLike) else v for v in value]
     if isinstance(value, np.ndarray):
         if value.dtype.type is np.float32:
             argument.floats.extend(value.flatten().tolist())

@@ -162,7 +162,7 @@ class Workspace:
     """
 
     def __init__(self, parent: "Workspace | None" = None, root_folder: str | None = None):
-        if isinstance(parent, str) and root_folder is None:  # Workspace(root_folder)
+        if isinstance(parent, (str, os.PathLike)) and root_folder is None:  # Workspace(root_folder)
             parent, root_folder = None, parent
         self._core = _core.Workspace(parent._core if parent is not None else None, root_folder)
         self._parent = parent
