@@ -311,6 +311,33 @@ def add_dtype_mismatch(ws):
 
 
 @case
+def float64_learning_rate_into_a_float32_mul(ws):
+    # FeedBlob("lr", 0.1) makes float64: the error says how to fix it.
+    feed(ws, w=np.ones(3, np.float32), lr=0.1)
+    n = net(("Mul", ["w", "lr"], ["w_scaled"], {}))
+    return lambda: ws.run(n), Expect(
+        errors.DataTypeError,
+        TypeError,
+        {"op": "Mul", "blob": "lr"},
+        (
+            "B ('lr') is float64",
+            "feed 'lr' as float32 (np.float32(value) for a scalar",
+            "Cast(['lr'], ['lr_float32'], to=core.DataType.FLOAT)",
+        ),
+    )
+
+
+@case
+def int64_input_of_an_int32_sum(ws):
+    # The input converted is the one holding Python's default (int64).
+    feed(ws, a=np.array([7], np.int64), b=np.ones(1, np.int32))
+    n = net(("Sum", ["a", "b"], ["c"], {}))
+    return lambda: ws.run(n), Expect(
+        errors.DataTypeError, TypeError, {"op": "Sum", "blob": "b"}, ("feed 'a' as int32", "to=core.DataType.INT32")
+    )
+
+
+@case
 def add_broadcast_mismatch(ws):
     feed(ws, a=np.ones((2, 3), np.float32), b=np.ones(4, np.float32))
     n = net(("Add", ["a", "b"], ["c"], {}))
