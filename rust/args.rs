@@ -8,6 +8,7 @@
 
 use crate::error::{Error, Result};
 use crate::ir::{Argument, NetDef, TensorProto};
+use crate::tensor::DataType;
 
 #[derive(Clone, Copy)]
 pub struct Args<'a> {
@@ -230,6 +231,27 @@ impl<'a> Args<'a> {
 
     pub fn strings(&self, name: &str) -> Result<Option<Vec<Vec<u8>>>> {
         self.repeated(name, "strings", |a| &a.strings)
+    }
+
+    /// A list of Caffe2 dtype codes (`TensorProto.DataType`); missing is
+    /// empty. UNDEFINED (0) is allowed only with `allow_undefined`.
+    pub fn dtypes(&self, name: &str, allow_undefined: bool) -> Result<Vec<DataType>> {
+        self.ints(name)?
+            .unwrap_or_default()
+            .into_iter()
+            .map(|d| {
+                i32::try_from(d)
+                    .ok()
+                    .and_then(DataType::from_i32)
+                    .filter(|t| allow_undefined || *t != DataType::Undefined)
+                    .ok_or_else(|| {
+                        Error::invalid_arg(format!(
+                            "argument '{name}' of op '{}' has an unknown data type {d}",
+                            self.op_type
+                        ))
+                    })
+            })
+            .collect()
     }
 
     /// A list of strings that must be UTF-8 (names, paths).

@@ -1058,18 +1058,7 @@ fn check_dataset_consistency(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             ctx.num_inputs()
         )));
     }
-    let dtypes = ctx
-        .args
-        .ints("dtypes")?
-        .unwrap_or_default()
-        .into_iter()
-        .map(|d| {
-            i32::try_from(d)
-                .ok()
-                .and_then(DataType::from_i32)
-                .ok_or_else(|| ctx.bad_arg(format!("'dtypes' has an unknown data type {d}")))
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let dtypes = ctx.args.dtypes("dtypes", true)?;
     if !dtypes.is_empty() && dtypes.len() != it.num_fields() {
         return Err(ctx.bad_arg(format!(
             "'dtypes' must have one entry per field ({}), got {}",
