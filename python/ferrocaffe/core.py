@@ -57,6 +57,8 @@ __all__ = [
     "add_nets_in_order",
     "get_net_name",
     "output_to_list",
+    "allow_unknown_arguments",
+    "ALLOW_UNKNOWN_ARGUMENTS",
 ]
 
 # Convenience redirections, as in Caffe2.
@@ -490,6 +492,11 @@ def _MakeArgument(key, value):
     ``value`` (Caffe2's ``utils.MakeArgument``)."""
     argument = caffe2_pb2.Argument()
     argument.name = key
+    # Paths (pathlib.Path, any os.PathLike) are strings to the ops.
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    elif isinstance(value, (list, tuple)) and any(isinstance(v, os.PathLike) for v in value):
+        value = [os.fspath(v) if isinstance(v, os.PathLike) else v for v in value]
     if isinstance(value, np.ndarray):
         if value.dtype.type is np.float32:
             argument.floats.extend(value.flatten().tolist())
@@ -538,6 +545,49 @@ def _MakeArgument(key, value):
             )
         )
     return argument
+
+
+#: The argument :func:`allow_unknown_arguments` sets on a NetDef or an
+#: OperatorDef (Caffe2 ignores it, like any argument it does not know).
+ALLOW_UNKNOWN_ARGUMENTS = "ferrocaffe_allow_unknown_arguments"
+
+
+def allow_unknown_arguments(obj, allow=True):
+    """Lets the ops of ``obj`` carry arguments their schemas do not know,
+    which are then ignored; returns ``obj``.
+
+    By default an op argument that the op does not know (a typo such as
+    ``shap=`` for ``shape=``) raises InvalidArgumentError when the net is
+    created. A net written for a Caffe2 build with other operators (newer
+    or internal versions of an op, other engines) may carry such arguments;
+    mark it with this function to load it anyway. Engine hints (``order``,
+    ``use_cudnn``, ``cudnn_exhaustive_search``, ``exhaustive_search``,
+    ``ws_nbytes_limit``) are always accepted and ignored, without this.
+
+    ``obj`` is a ``Net`` or NetDef (every op, and the nets nested in its
+    ``If``/``While``/``Do`` ops), a Plan or PlanDef (every net it holds),
+    or an OperatorDef (for ``workspace.RunOperatorOnce``). The mark is an
+    argument of the proto, so it travels with it (plans, sessions, copies).
+    ``allow=False`` removes it.
+    """
+    if isinstance(obj, (Net, Plan)):
+        allow_unknown_arguments(obj.Proto(), allow)
+        return obj
+    if isinstance(obj, caffe2_pb2.PlanDef):
+        for net in obj.network:
+            allow_unknown_arguments(net, allow)
+        return obj
+    if not isinstance(obj, (caffe2_pb2.NetDef, caffe2_pb2.OperatorDef)):
+        raise TypeError(
+            "allow_unknown_arguments takes a Net, NetDef, Plan, PlanDef or "
+            "OperatorDef, not {}".format(type(obj).__name__)
+        )
+    kept = [a for a in obj.arg if a.name != ALLOW_UNKNOWN_ARGUMENTS]
+    del obj.arg[:]
+    obj.arg.extend(kept)
+    if allow:
+        obj.arg.append(_MakeArgument(ALLOW_UNKNOWN_ARGUMENTS, 1))
+    return obj
 
 
 def CreateOperator(

@@ -35,6 +35,8 @@ __all__ = [
     "CorruptCheckpointError",
     "InternalError",
     "NodeFailedError",
+    "SessionClosedError",
+    "OutputNotReadyError",
 ]
 
 
@@ -132,6 +134,16 @@ class InternalError(FerrocaffeError):
 class NodeFailedError(FerrocaffeError):
     """A node of a distributed session could not be started, or its process
     died (the node's workspace is lost with it)."""
+
+
+class SessionClosedError(FerrocaffeError, RuntimeError):
+    """A Session was used after ``close()`` (Caffe2 asserted, so under
+    ``python -O`` a closed session ran)."""
+
+
+class OutputNotReadyError(FerrocaffeError, RuntimeError):
+    """A task output was read before a session ran its task, or fetched
+    when no session can fetch it."""
 
 
 # Used by the compiled module to pick a class for each Rust error kind.

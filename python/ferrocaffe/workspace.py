@@ -168,6 +168,7 @@ class Blob:
         self._name = name
 
     def fetch(self):
+        """The blob's content, as a copy (see ``Workspace.fetch_blob``)."""
         return self._ws.fetch_blob(self._name)
 
     def feed(self, arr, device_option=None) -> bool:
@@ -261,7 +262,7 @@ class Workspace:
     """
 
     def __init__(self, parent: "Workspace | None" = None, root_folder: str | None = None):
-        if isinstance(parent, str) and root_folder is None:  # Workspace(root_folder)
+        if isinstance(parent, (str, os.PathLike)) and root_folder is None:  # Workspace(root_folder)
             parent, root_folder = None, parent
         self._core = _core.Workspace(parent._core if parent is not None else None, root_folder)
         self._parent = parent
@@ -303,6 +304,10 @@ class Workspace:
         return self._core.has_blob(StringifyBlobName(name))
 
     def fetch_blob(self, name):
+        """A copy of the blob's content, as Caffe2 returned it: a numpy array
+        for a tensor (an object array of bytes for strings), bytes for a byte
+        string. Writing to the array does not change the blob: feed it back
+        with ``feed_blob``."""
         return self._core.fetch_blob(StringifyBlobName(name))
 
     def feed_blob(self, name, arr, device_option=None) -> bool:
@@ -443,10 +448,14 @@ def FeedBlob(name, arr, device_option=None) -> bool:
 
 
 def FetchBlob(name):
+    """A copy of blob ``name`` of the current workspace (a numpy array for a
+    tensor); writing to it does not change the blob (see
+    ``Workspace.fetch_blob``)."""
     return current_workspace().fetch_blob(name)
 
 
 def FetchBlobs(names):
+    """Copies of the blobs, as ``FetchBlob``."""
     return [FetchBlob(n) for n in names]
 
 
