@@ -513,6 +513,27 @@ impl PyWorkspace {
         Ok(c.get())
     }
 
+    /// The blob as Caffe2's serialised `BlobProto` (what `SerializeBlob`
+    /// returns and a minidb record holds).
+    fn serialize_blob(&self, py: Python<'_>, name: &str) -> PyResult<Py<PyBytes>> {
+        let b = self.ws.blob(name).map_err(|e| to_py_err(py, e))?;
+        let bytes = {
+            let g = b.read();
+            crate::storage::serialize_blob(name, &g)
+        }
+        .map_err(|e| to_py_err(py, e.with_blob(name)))?;
+        Ok(PyBytes::new(py, &bytes).unbind())
+    }
+
+    /// Sets a blob (created if needed) to the content of a serialised
+    /// `BlobProto`; a damaged one is an error and leaves the blob as it was.
+    fn deserialize_blob(&self, py: Python<'_>, name: &str, data: &[u8]) -> PyResult<()> {
+        let v =
+            crate::storage::deserialize_blob(data).map_err(|e| to_py_err(py, e.with_blob(name)))?;
+        self.ws.feed(name, v);
+        Ok(())
+    }
+
     #[pyo3(signature = (net, overwrite=false))]
     fn create_net(&self, py: Python<'_>, net: &[u8], overwrite: bool) -> PyResult<String> {
         let def: ir::NetDef = decode(py, net, "NetDef")?;

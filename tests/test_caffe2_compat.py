@@ -161,3 +161,48 @@ def test_immediate_mode_runs_ops_as_they_are_made(fresh, capsys):
     assert capsys.readouterr().out == ''
     assert workspace.ImmediateBlobs() == []
     workspace.StopImmediate()
+
+
+@pytest.mark.parametrize('array', [
+    np.arange(6, dtype=np.float32).reshape(2, 3),
+    np.array([-1, 2**40], dtype=np.int64),
+    np.array([True, False]),
+    np.array([b'ab', b''], dtype=object),
+])
+def test_serialized_blobs_are_caffe2_blob_protos(fresh, array):
+    workspace.FeedBlob('t', array)
+    data = workspace.SerializeBlob('t')
+    proto = caffe2_pb2.BlobProto()
+    proto.ParseFromString(data)
+    assert proto.name == 't' and proto.type == 'Tensor'
+    decoded = utils.Caffe2TensorToNumpyArray(proto.tensor)
+    assert decoded.tolist() == array.tolist() and decoded.shape == array.shape
+    workspace.DeserializeBlob('copy', data)
+    assert workspace.FetchBlob('copy').tolist() == array.tolist()
+    renamed = workspace.C.Workspace.current.blobs['t'].serialize('other')
+    proto.ParseFromString(renamed)
+    assert proto.name == 'other'
+
+
+def test_objects_serialize_and_bad_bytes_are_refused(fresh):
+    workspace.RunOperatorOnce(core.CreateOperator('CreateCounter', [], ['c'], init_count=5))
+    blob = workspace.C.Workspace.current.blobs['c']
+    data = blob.serialize()
+    workspace.C.Workspace.current.create_blob('d').deserialize(data)
+    workspace.RunOperatorOnce(core.CreateOperator('RetrieveCount', ['d'], ['n']))
+    assert workspace.FetchBlob('n') == 5
+    workspace.FeedBlob('keep', np.array([1.0], np.float32))
+    with pytest.raises(errors.CorruptCheckpointError) as info:
+        workspace.DeserializeBlob('keep', b'\xff\xff')
+    assert info.value.blob == 'keep'
+    assert workspace.FetchBlob('keep').tolist() == [1.0]
+
+
+def test_blob_tensor_handle(fresh):
+    workspace.FeedBlob('m', np.ones((2, 2), np.float32))
+    tensor = workspace.C.Workspace.current.blobs['m'].tensor()
+    assert tensor.shape == (2, 2)
+    with pytest.raises(ValueError):
+        tensor.data[0, 0] = 5.0
+    tensor.feed(np.zeros(3, np.int32))
+    assert tensor.fetch().tolist() == [0, 0, 0]

@@ -68,6 +68,9 @@ __all__ = [
     "GetGpuPeerAccessPattern",
     "GetGPUMemoryInfo",
     "blobs",
+    "SerializeBlob",
+    "DeserializeBlob",
+    "TensorHandle",
     "IsImmediate",
     "WorkspaceGuard",
     "StartImmediate",
@@ -179,6 +182,54 @@ class Blob:
 
     def kind(self) -> str:
         return self._ws._core.blob_kind(self._name)
+
+    def serialize(self, name=None) -> bytes:
+        """The blob as Caffe2's serialised ``BlobProto``, named ``name``
+        (default: the blob's own name)."""
+        data = self._ws._core.serialize_blob(self._name)
+        if name is None or StringifyBlobName(name) == self._name:
+            return data
+        from .proto import BlobProto
+
+        proto = BlobProto()
+        proto.ParseFromString(data)
+        proto.name = StringifyBlobName(name)
+        return proto.SerializeToString()
+
+    def deserialize(self, serialized: bytes) -> None:
+        """Sets the blob to the content of a serialised ``BlobProto``."""
+        self._ws._core.deserialize_blob(self._name, serialized)
+
+    def tensor(self) -> "TensorHandle":
+        """The blob's tensor (Caffe2's ``Blob.tensor()``)."""
+        return TensorHandle(self)
+
+
+class TensorHandle:
+    """The tensor in a blob (Caffe2's ``TensorCPU``): ``data`` and ``fetch()``
+    give copies (``data`` is read-only, so a write cannot be lost silently),
+    ``feed(array)`` replaces the content, ``shape`` is its dims."""
+
+    __slots__ = ("_blob",)
+
+    def __init__(self, blob: Blob):
+        self._blob = blob
+
+    def fetch(self):
+        return self._blob.fetch()
+
+    @property
+    def data(self):
+        array = np.array(self._blob.fetch())
+        array.setflags(write=False)
+        return array
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(np.shape(self._blob.fetch()))
+
+    def feed(self, arr) -> bool:
+        return self._blob.feed(arr)
 
     def __repr__(self) -> str:
         return f"Blob({self._name!r})"
@@ -441,6 +492,18 @@ def ResetWorkspace(root_folder: str | None = None) -> bool:
             os.makedirs(root_folder)
         _workspaces[_current_name] = Workspace(root_folder=root_folder)
     return True
+
+
+def SerializeBlob(name) -> bytes:
+    """A blob of the current workspace as Caffe2's serialised ``BlobProto``."""
+    name = StringifyBlobName(name)
+    return current_workspace()._core.serialize_blob(name)
+
+
+def DeserializeBlob(name, serialized: bytes) -> None:
+    """Sets a blob of the current workspace (created if needed) from a
+    serialised ``BlobProto``."""
+    current_workspace()._core.deserialize_blob(StringifyBlobName(name), serialized)
 
 
 def FeedBlob(name, arr, device_option=None) -> bool:
