@@ -776,6 +776,7 @@ C = types.SimpleNamespace(
     registered_operators=_core.registered_operators,
     operator_schema=_core.operator_schema,
     global_init=GlobalInit,
+    registered_dbs=lambda: ["ferro", "minidb"],
     has_mkldnn=False,
     has_cuda_support=False,
     has_hip_support=False,
