@@ -206,3 +206,33 @@ def test_blob_tensor_handle(fresh):
         tensor.data[0, 0] = 5.0
     tensor.feed(np.zeros(3, np.int32))
     assert tensor.fetch().tolist() == [0, 0, 0]
+
+
+def test_op_blob_devices_follow_the_op():
+    op = core.CreateOperator('Add', ['a', 'b'], ['c'])
+    inputs, outputs = core.InferOpBlobDevicesAsDict(op)
+    assert set(inputs) == {'a', 'b'} and set(outputs) == {'c'}
+    assert all(d.device_type == caffe2_pb2.CPU for d in list(inputs.values()) + list(outputs.values()))
+    seeded = core.CreateOperator('Add', ['a', 'b'], ['c'],
+                                 device_option=core.DeviceOption(caffe2_pb2.CPU, 0, random_seed=7))
+    ins, outs = core.InferOpBlobDevices(seeded)
+    assert len(ins) == 2 and len(outs) == 1
+    assert ins[0].random_seed == 7 and outs[0].random_seed == 7
+    ins[0].random_seed = 9  # copies: changing one changes nothing else
+    assert ins[1].random_seed == 7 and seeded.device_option.random_seed == 7
+    assert core.C is workspace.C
+
+
+@pytest.mark.parametrize('threads', [1, 4])
+def test_build_unique_mutex_iter_counts_every_run(fresh, threads):
+    init, step_net = core.Net('init'), core.Net('step')
+    iteration = utils.BuildUniqueMutexIter(init, step_net, iter_val=10)
+    again = utils.BuildUniqueMutexIter(init, step_net)
+    assert str(iteration) == str(again) == utils.OPTIMIZER_ITERATION_NAME
+    assert [op.type for op in step_net.Proto().op] == ['AtomicIter']
+    workspace.RunNetOnce(init)
+    runs = 25
+    loop = core.execution_step('loop', [step_net], num_iter=runs)
+    parallel = core.execution_step('par', [loop], num_concurrent_instances=threads)
+    workspace.RunPlan(core.Plan(parallel))
+    assert workspace.FetchBlob(iteration).tolist() == [10 + runs * threads]

@@ -27,6 +27,7 @@ import numpy as np
 from ferrocaffe import proto as caffe2_pb2
 from ferrocaffe import scope, utils, workspace  # noqa: F401 (Caffe2's core exposes both)
 from ferrocaffe.workspace import GetGlobalInitArgs, GlobalInit  # noqa: F401 (core.GlobalInit, as in Caffe2)
+from ferrocaffe.workspace import C  # noqa: F401 (Caffe2's core exposes its compiled module as core.C)
 
 __all__ = [
     "DataType",
@@ -40,6 +41,9 @@ __all__ = [
     "CreatePythonOperator",
     "IsOperator",
     "IsOperatorWithEngine",
+    "InferOpBlobDevices",
+    "InferOpBlobDevicesAsDict",
+    "InferOpDeviceAsBlobDevices",
     "GlobalInit",
     "GetGlobalInitArgs",
     "SetPerOpEnginePref",
@@ -200,6 +204,36 @@ def SetOpEnginePref(op_type, op_pref):
 
 def IsOperator(op_type):
     return IsOperatorWithEngine(op_type, engine="DEFAULT")
+
+
+def InferOpBlobDevices(op):
+    """``(input devices, output devices)`` of an OperatorDef, one
+    DeviceOption per input and output: every blob of an op lives where the
+    op runs (its device option; all CPU here)."""
+    device = caffe2_pb2.DeviceOption()
+    if op.HasField("device_option"):
+        device.CopyFrom(op.device_option)
+
+    def copies(n):
+        result = []
+        for _ in range(n):
+            option = caffe2_pb2.DeviceOption()
+            option.CopyFrom(device)
+            result.append(option)
+        return result
+
+    return copies(len(op.input)), copies(len(op.output))
+
+
+def InferOpBlobDevicesAsDict(op):
+    """:func:`InferOpBlobDevices` as ``({input: device}, {output: device})``."""
+    inputs, outputs = InferOpBlobDevices(op)
+    return dict(zip(op.input, inputs)), dict(zip(op.output, outputs))
+
+
+def InferOpDeviceAsBlobDevices(op):
+    """Like :func:`InferOpBlobDevices`, from the op's own device option."""
+    return InferOpBlobDevices(op)
 
 
 def IsOperatorWithEngine(op_type, engine):

@@ -8,6 +8,7 @@ import numpy as np
 from ferrocaffe import proto as caffe2_pb2
 
 __all__ = [
+    'OPTIMIZER_ITERATION_NAME', 'ITERATION_MUTEX_NAME', 'BuildUniqueMutexIter',
     'MakeArgument', 'ArgsToDict', 'NumpyArrayToCaffe2Tensor',
     'Caffe2TensorToNumpyArray', 'GetContentFromProto',
     'GetContentFromProtoString', 'EnumClassKeyVals',
@@ -44,6 +45,29 @@ _TENSOR_TO_NUMPY = {
     _TensorProto.FLOAT16: (np.float16, 'int32_data'),
     _TensorProto.BYTE: (np.uint8, 'byte_data'),
 }
+
+
+OPTIMIZER_ITERATION_NAME = 'optimizer_iteration'
+ITERATION_MUTEX_NAME = 'iteration_mutex'
+
+
+def BuildUniqueMutexIter(init_net, net, iter=None, iter_mutex=None,
+                         iter_val=0):
+    """The iteration counter shared by the nets of a model: on first use
+    ``init_net`` creates it (an int64 ``[iter_val]`` named ``iter``, default
+    'optimizer_iteration') and its mutex, and ``net`` gets an ``AtomicIter``
+    that advances it; later calls return the same blob."""
+    from ferrocaffe import core
+    iter = iter if iter is not None else OPTIMIZER_ITERATION_NAME
+    iter_mutex = iter_mutex if iter_mutex is not None else ITERATION_MUTEX_NAME
+    if init_net.BlobIsDefined(iter):
+        return init_net.GetBlobRef(iter)
+    with core.DeviceScope(core.DeviceOption(caffe2_pb2.CPU)):
+        iteration = init_net.ConstantFill(
+            [], iter, shape=[1], value=iter_val, dtype=core.DataType.INT64)
+        mutex = init_net.CreateMutex([], [iter_mutex])
+        net.AtomicIter([mutex, iteration], [iteration])
+    return iteration
 
 
 def MakeArgument(key, value):
