@@ -230,6 +230,8 @@ def test_build_unique_mutex_iter_counts_every_run(fresh, threads):
     again = utils.BuildUniqueMutexIter(init, step_net)
     assert str(iteration) == str(again) == utils.OPTIMIZER_ITERATION_NAME
     assert [op.type for op in step_net.Proto().op] == ['AtomicIter']
+    for op in list(init.Proto().op) + list(step_net.Proto().op):
+        assert list(op.device_option.extra_info) == ['device_type_override:cpu']
     workspace.RunNetOnce(init)
     runs = 25
     loop = core.execution_step('loop', [step_net], num_iter=runs)

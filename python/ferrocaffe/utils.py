@@ -62,7 +62,10 @@ def BuildUniqueMutexIter(init_net, net, iter=None, iter_mutex=None,
     iter_mutex = iter_mutex if iter_mutex is not None else ITERATION_MUTEX_NAME
     if init_net.BlobIsDefined(iter):
         return init_net.GetBlobRef(iter)
-    with core.DeviceScope(core.DeviceOption(caffe2_pb2.CPU)):
+    # The counter stays on the CPU whatever device the model uses.
+    cpu = core.DeviceOption(caffe2_pb2.CPU,
+                            extra_info=['device_type_override:cpu'])
+    with core.DeviceScope(cpu):
         iteration = init_net.ConstantFill(
             [], iter, shape=[1], value=iter_val, dtype=core.DataType.INT64)
         mutex = init_net.CreateMutex([], [iter_mutex])
