@@ -238,3 +238,13 @@ def test_build_unique_mutex_iter_counts_every_run(fresh, threads):
     parallel = core.execution_step('par', [loop], num_concurrent_instances=threads)
     workspace.RunPlan(core.Plan(parallel))
     assert workspace.FetchBlob(iteration).tolist() == [10 + runs * threads]
+
+
+def test_op_schemas_as_caffe2_exposed_them():
+    schema = workspace.C.OpSchema.get('Add')
+    assert (schema.min_input, schema.max_input, schema.min_output, schema.max_output) == (2, 2, 1, 1)
+    assert schema.num_inputs_outputs_allowed(2, 1) and not schema.num_inputs_allowed(3)
+    assert 'broadcast' in [a.name for a in schema.args] and not schema.private
+    unbounded = workspace.C.OpSchema.get('Sum')
+    assert unbounded.max_input == workspace.OpSchema.inf and unbounded.num_inputs_allowed(1000)
+    assert workspace.C.OpSchema.get('NoSuchOp') is None

@@ -68,6 +68,7 @@ __all__ = [
     "GetGpuPeerAccessPattern",
     "GetGPUMemoryInfo",
     "blobs",
+    "OpSchema",
     "SerializeBlob",
     "DeserializeBlob",
     "TensorHandle",
@@ -768,11 +769,70 @@ class _BlobDict:
 blobs = _BlobDict()
 
 
+class OpSchemaArgument:
+    """One argument of an operator schema (``name``, ``type``, ``default``,
+    ``description``, ``required``)."""
+
+    __slots__ = ("name", "type", "default", "description", "required")
+
+    def __init__(self, name, type_, default, description):
+        self.name = name
+        self.type = type_
+        self.default = default
+        self.description = description
+        self.required = default == "required"
+
+    def __repr__(self) -> str:
+        return f"OpSchemaArgument({self.name!r}, {self.type!r})"
+
+
+class OpSchema:
+    """An operator's schema as Caffe2's ``C.OpSchema`` exposed it:
+    ``OpSchema.get('Add')`` (None for an unknown type), with input and output
+    counts, ``doc`` and ``args``."""
+
+    #: What Caffe2 reported as an unbounded count.
+    inf = 2**31 - 1
+
+    def __init__(self, raw: dict):
+        self.name = raw["name"]
+        self.doc = raw["doc"]
+        self.min_input = raw["min_inputs"]
+        self.max_input = self.inf if raw["max_inputs"] is None else raw["max_inputs"]
+        self.min_output = raw["min_outputs"]
+        self.max_output = self.inf if raw["max_outputs"] is None else raw["max_outputs"]
+        self.args = [OpSchemaArgument(*a) for a in raw["args"]]
+        self.ignored_args = [OpSchemaArgument(*a) for a in raw.get("ignored", [])]
+        self.private = False
+        self.file = ""
+        self.line = 0
+        self.input_desc: list = []
+        self.output_desc: list = []
+
+    @staticmethod
+    def get(op_type: str) -> "OpSchema | None":
+        raw = _core.operator_schema(op_type)
+        return None if raw is None else OpSchema(raw)
+
+    def num_inputs_allowed(self, n: int) -> bool:
+        return self.min_input <= n <= self.max_input
+
+    def num_outputs_allowed(self, n: int) -> bool:
+        return self.min_output <= n <= self.max_output
+
+    def num_inputs_outputs_allowed(self, n_in: int, n_out: int) -> bool:
+        return self.num_inputs_allowed(n_in) and self.num_outputs_allowed(n_out)
+
+    def __repr__(self) -> str:
+        return f"OpSchema({self.name!r})"
+
+
 # Caffe2 code reaches the compiled module as ``workspace.C``.
 C = types.SimpleNamespace(
     Workspace=Workspace,
     Blob=Blob,
     Net=NetHandle,
+    OpSchema=OpSchema,
     registered_operators=_core.registered_operators,
     operator_schema=_core.operator_schema,
     global_init=GlobalInit,
