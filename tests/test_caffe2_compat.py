@@ -248,3 +248,14 @@ def test_op_schemas_as_caffe2_exposed_them():
     unbounded = workspace.C.OpSchema.get('Sum')
     assert unbounded.max_input == workspace.OpSchema.inf and unbounded.num_inputs_allowed(1000)
     assert workspace.C.OpSchema.get('NoSuchOp') is None
+
+
+@pytest.mark.parametrize('call', [
+    lambda ws: ws.create_net('...'),
+    lambda ws: workspace.RunNetOnce('...'),
+    lambda ws: workspace.RunPlan('...'),
+    lambda ws: workspace.CreateNet('...'),
+])
+def test_text_where_a_serialised_proto_goes_is_a_type_error(fresh, call):
+    with pytest.raises(TypeError):
+        call(workspace.C.Workspace())

@@ -84,9 +84,13 @@ __all__ = [
 
 
 def StringifyProto(obj: Any) -> bytes:
-    """Serialises a proto, a ``core.Net``/``Plan``/``ExecutionStep`` or bytes."""
+    """Serialises a proto, a ``core.Net``/``Plan``/``ExecutionStep`` or bytes.
+    A ``str`` is returned as it is (as Caffe2 did): the calls that need bytes
+    then refuse it with a TypeError."""
     if isinstance(obj, (bytes, bytearray)):
         return bytes(obj)
+    if isinstance(obj, str):
+        return obj
     if hasattr(obj, "SerializeToString"):
         return obj.SerializeToString()
     if hasattr(obj, "Proto"):
