@@ -16,7 +16,7 @@ use numpy::{PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::exceptions::PyKeyboardInterrupt;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyDict, PyList, PyString};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::mpsc;
@@ -988,12 +988,14 @@ impl PyTensorWrapper {
         Ok(array)
     }
 
+    /// The dims, as a tuple (numpy's and Caffe2's form).
     #[getter]
-    fn shape(&self, py: Python<'_>) -> Vec<usize> {
-        py.detach(|| match &*self.blob.read() {
+    fn shape<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        let dims = py.detach(|| match &*self.blob.read() {
             BlobValue::Tensor(t) => t.shape().to_vec(),
             _ => vec![0],
-        })
+        });
+        PyTuple::new(py, dims)
     }
 
     #[getter]

@@ -61,7 +61,7 @@ class InstanceCounter:
 
     def __call__(self, inputs, outputs):
         out = outputs[0]
-        value = int(out.data) if out.shape == [] else 0   # empty at first
+        value = int(out.data) if out.shape == () else 0   # empty at first
         self.seen.append(value)
         out.feed(np.array(value + 1, dtype=np.int64))
         count_call(self.key)
@@ -244,14 +244,15 @@ def test_inputs_and_outputs_wrappers_read_and_write_blobs():
     ws.run(net)
 
     assert seen['names'] == ['a', 'b', 's', 'c', 'd', 'f', 'e', 'g']
-    assert seen['shapes'] == [[2, 3], [3], []]
+    # Tuples, as numpy and Caffe2 give them.
+    assert seen['shapes'] == [(2, 3), (3,), ()]
     np.testing.assert_array_equal(seen['a'], a)
     assert seen['a'].dtype == np.float32
     np.testing.assert_array_equal(seen['b'], [10, 20, 30])
     assert seen['b'].dtype == np.int32
     assert int(seen['s']) == 7
-    assert seen['out_shape_before'] == [0]     # not written yet
-    assert seen['out_shape_after'] == [2, 3]
+    assert seen['out_shape_before'] == (0,)     # not written yet
+    assert seen['out_shape_after'] == (2, 3)
     assert seen['same_array']
 
     c = ws.fetch_blob('c')
