@@ -26,7 +26,7 @@ def test_a_cpu_only_build_says_so():
     assert workspace.is_asan is False
     assert workspace.GpuDeviceType == caffe2_pb2.CUDA
     assert workspace.NumGpuDevices() == 0 and workspace.NumCudaDevices() == 0
-    assert workspace.C.has_mkldnn is False
+    assert workspace.C.has_mkldnn is False and workspace.C.use_mkldnn is False
     assert core.workspace is workspace and core.utils is utils
 
 

@@ -842,6 +842,7 @@ C = types.SimpleNamespace(
     global_init=GlobalInit,
     registered_dbs=lambda: ["ferro", "minidb"],
     has_mkldnn=False,
+    use_mkldnn=False,
     has_cuda_support=False,
     has_hip_support=False,
     has_gpu_support=False,
