@@ -53,8 +53,9 @@
 //! same first dimension; the other dimensions are each record's shape. Rows
 //! are read with positioned reads straight from the file (no memory map: a
 //! file truncated under a mapping would crash the process, a read just
-//! fails). Batches are claimed under a mutex and read outside it, so threads
-//! sharing a reader read in parallel. dtypes: bool, int8/16/32/64,
+//! fails). A batch is read under the reader's mutex and the position moves
+//! only after it was read, so threads sharing a reader get distinct rows
+//! and a failed read loses none. dtypes: bool, int8/16/32/64,
 //! uint8/16, float32/64, either byte order, `S<n>` and `U<n>` (to UTF-8
 //! byte strings, trailing NULs dropped as numpy does).
 //!
@@ -2233,11 +2234,11 @@ fn parse_descr(descr: &str) -> std::result::Result<(NpyKind, bool), String> {
         _ => ('=', descr),
     };
     let big = order == '>' || (order == '=' && cfg!(target_endian = "big"));
-    let (kind, size) = rest.split_at(
+    let (kind, digits) = rest.split_at(
         rest.find(|c: char| c.is_ascii_digit())
             .unwrap_or(rest.len()),
     );
-    let size: Option<usize> = size.parse().ok();
+    let size: Option<usize> = digits.parse().ok();
     let k = match (kind, size) {
         ("b", Some(1)) | ("?", None) => NpyKind::Bool,
         ("i", Some(1)) => NpyKind::I8,
@@ -2250,9 +2251,25 @@ fn parse_descr(descr: &str) -> std::result::Result<(NpyKind, bool), String> {
         ("f", Some(8)) => NpyKind::F64,
         ("S" | "a", Some(n)) if n > 0 => NpyKind::Bytes(n),
         ("U", Some(n)) if n > 0 => NpyKind::Unicode(n),
+        // A size too long to parse as usize: numpy refuses it too.
+        ("S" | "a" | "U", None) if !digits.is_empty() => {
+            return Err(format!("the dtype '{descr}' is too large"))
+        }
         ("O", _) => return Err("object arrays (pickled Python objects) are not supported".into()),
         _ => return Err(format!("the dtype '{descr}' is not supported")),
     };
+    // numpy keeps an item's size in a C int and refuses larger dtypes (a
+    // `U` item is 4 bytes per code point); checked, so no size wraps.
+    let itemsize = match k {
+        NpyKind::Bytes(n) => Some(n),
+        NpyKind::Unicode(n) => n.checked_mul(4),
+        _ => Some(1),
+    };
+    if itemsize.is_none_or(|b| b > i32::MAX as usize) {
+        return Err(format!(
+            "the dtype '{descr}' is too large (numpy's items hold at most 2**31 - 1 bytes)"
+        ));
+    }
     Ok((k, big))
 }
 
@@ -2556,16 +2573,21 @@ impl NpyReader {
         *self.pos.lock() = 0;
     }
 
-    /// Claims the next `n` rows (atomically) and reads them.
+    /// Reads the next `n` rows (atomically). The position moves only once
+    /// every file's rows were read, as the Parquet reader's does: a read
+    /// that fails (a file briefly truncated while it is copied) hands out
+    /// nothing, and the next read tries the same rows again.
     pub fn read_batch(&self, n: usize) -> Result<Vec<Tensor>> {
-        let start = {
-            let mut pos = self.pos.lock();
-            let start = *pos;
-            *pos += (n as u64).min(self.rows - start);
-            start
-        };
-        let k = (n as u64).min(self.rows - start) as usize;
-        self.files.iter().map(|f| f.read_rows(start, k)).collect()
+        let mut pos = self.pos.lock();
+        let start = *pos;
+        let k = (n as u64).min(self.rows - start);
+        let batch = self
+            .files
+            .iter()
+            .map(|f| f.read_rows(start, k as usize))
+            .collect::<Result<Vec<_>>>()?;
+        *pos += k;
+        Ok(batch)
     }
 
     fn to_bytes(&self) -> Vec<u8> {
@@ -4055,6 +4077,35 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_npy_read_loses_no_rows() {
+        let s = Scratch::new();
+        let p = s.path("rows.npy");
+        let all: Vec<i32> = (0..6).collect();
+        let whole = || npy(&p, "<i4", &[6], &le(&all, i32::to_le_bytes));
+        whole();
+        let r = NpyReader::open(std::slice::from_ref(&p), 2).unwrap();
+        let rows = |t: &[Tensor]| {
+            t[0].array::<i32>()
+                .unwrap()
+                .iter()
+                .copied()
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(rows(&r.read_batch(2).unwrap()), vec![0, 1]);
+        // The file is cut short (as by a copy in progress): the read fails.
+        let bytes = fs::read(&p).unwrap();
+        fs::write(&p, &bytes[..bytes.len() - 12]).unwrap();
+        let e = r.read_batch(2).unwrap_err();
+        assert!(e.message.contains(&p), "{}", e.message);
+        assert_eq!(r.position(), 2);
+        // Whole again: the next read hands out rows 2 and 3, not 4 and 5.
+        whole();
+        assert_eq!(rows(&r.read_batch(2).unwrap()), vec![2, 3]);
+        assert_eq!(rows(&r.read_batch(2).unwrap()), vec![4, 5]);
+        assert_eq!(r.read_batch(2).unwrap()[0].shape(), &[0]);
+    }
+
+    #[test]
     fn bad_npy_files_name_the_file() {
         let s = Scratch::new();
         let good = s.path("good.npy");
@@ -4096,6 +4147,24 @@ mod tests {
                 "empty.npy",
                 Box::new(|p: &str| fs::write(p, b"").unwrap()),
                 "bad magic",
+            ),
+            // 4 * n wraps to 0 in 64 bits: a zero-size item, and a panic
+            // on the first read, before sizes were checked.
+            (
+                "u_wraps.npy",
+                Box::new(|p: &str| npy(p, "<U4611686018427387904", &[1], &[])),
+                "too large",
+            ),
+            // 4 * n = 2**31: over numpy's limit of 2**31 - 1 bytes.
+            (
+                "u_big.npy",
+                Box::new(|p: &str| npy(p, "<U536870912", &[1], &[])),
+                "too large",
+            ),
+            (
+                "s_huge.npy",
+                Box::new(|p: &str| npy(p, "|S99999999999999999999999", &[1], &[])),
+                "too large",
             ),
         ];
         for (name, make, want) in cases {
