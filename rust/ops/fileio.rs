@@ -60,7 +60,8 @@
 //! byte strings, trailing NULs dropped as numpy does).
 //!
 //! Errors: a missing or unreadable file is an `Io` error and so is a corrupt
-//! one (not a Parquet or .npy file, truncated, a page that fails to decode);
+//! one (not a Parquet or .npy file, truncated, a page that fails to decode
+//! or whose CRC-32, when the writer stored one, does not match its bytes);
 //! a column of the wrong type is a `Type` error. All name the file (and the
 //! column); a reader that failed keeps its position, and the next read tries
 //! again from there.
