@@ -41,6 +41,7 @@ fn kind_name(k: ErrorKind) -> &'static str {
         ErrorKind::Cancelled => "Cancelled",
         ErrorKind::Io => "Io",
         ErrorKind::CorruptCheckpoint => "CorruptCheckpoint",
+        ErrorKind::OutOfMemory => "OutOfMemory",
         ErrorKind::Internal => "Internal",
     }
 }
@@ -226,7 +227,9 @@ fn array_to_tensor(py: Python<'_>, obj: &Bound<'_, PyAny>, name: &str) -> PyResu
                 let ro = a
                     .try_readonly()
                     .map_err(|e| feed_error(py, e.to_string(), name))?;
-                return Ok(Tensor::from(crate::tensor::copy_array(ro.as_array())));
+                let a = crate::tensor::copy_array(ro.as_array())
+                    .map_err(|e| to_py_err(py, e.with_blob(name)))?;
+                return Ok(Tensor::from(a));
             }
         };
     }

@@ -1,7 +1,7 @@
 //! Nets: an ordered list of bound operators, run one after another.
 
 use crate::cancel::CancelToken;
-use crate::error::{from_panic, Error, Result};
+use crate::error::{from_panic, Error, ErrorKind, Result};
 use crate::ir::{NetDef, OperatorDef};
 use crate::operator::{create_operator, OpCx, OpIo, Operator};
 use crate::workspace::Workspace;
@@ -151,7 +151,14 @@ impl Net {
             match r {
                 Ok(true) => {}
                 Ok(false) => return Ok(false),
-                Err(e) => return Err(e.with_op(&slot.op_type, Some(k)).with_net(&self.name)),
+                Err(mut e) => {
+                    // An allocation that failed inside a kernel without
+                    // naming its blob was for the op's only output.
+                    if e.kind == ErrorKind::OutOfMemory && slot.io.output_names.len() == 1 {
+                        e = e.with_blob(&slot.io.output_names[0]);
+                    }
+                    return Err(e.with_op(&slot.op_type, Some(k)).with_net(&self.name));
+                }
             }
         }
         Ok(true)

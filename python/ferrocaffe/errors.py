@@ -31,6 +31,7 @@ __all__ = [
     "CancelledError",
     "FerrocaffeIOError",
     "CorruptCheckpointError",
+    "OutOfMemoryError",
     "InternalError",
     "NodeFailedError",
 ]
@@ -122,6 +123,11 @@ class CorruptCheckpointError(FerrocaffeError, ValueError):
     """A checkpoint or db file failed verification."""
 
 
+class OutOfMemoryError(FerrocaffeError, MemoryError):
+    """A tensor or buffer the system could not allocate (the op, net and
+    blob are named; the workspace stays usable)."""
+
+
 class InternalError(FerrocaffeError, RuntimeError):
     """A bug in ferrocaffe (a caught Rust panic). Please report it."""
 
@@ -146,5 +152,6 @@ _BY_KIND = {
     "Cancelled": CancelledError,
     "Io": FerrocaffeIOError,
     "CorruptCheckpoint": CorruptCheckpointError,
+    "OutOfMemory": OutOfMemoryError,
     "Internal": InternalError,
 }

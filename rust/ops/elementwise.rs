@@ -645,8 +645,7 @@ fn out_slice<'o, U: Element + Copy>(o: &'o mut BlobValue, shape: &[usize]) -> Re
 /// array standard-layout first if it is not).
 fn std_slice_mut<T: Element>(a: &mut ArrayD<T>) -> Result<&mut [T]> {
     if !a.is_standard_layout() {
-        let c = a.as_standard_layout().into_owned();
-        *a = c;
+        *a = crate::tensor::copy_array(a.view())?;
     }
     a.as_slice_mut()
         .ok_or_else(|| bug("the output buffer is not contiguous"))

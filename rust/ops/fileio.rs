@@ -72,7 +72,7 @@ use crate::blob::{BlobObject, BlobValue};
 use crate::error::{from_panic, Error, ErrorKind, Result};
 use crate::ir::BlobProto;
 use crate::operator::{OpCx, OpDefCtx, OpSchema, Operator, MANY};
-use crate::tensor::{DataType, Tensor};
+use crate::tensor::{collect_array, try_vec, DataType, Tensor};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use parquet::basic::{Compression, ConvertedType, LogicalType, Repetition, Type as PhysicalType};
@@ -918,34 +918,57 @@ struct Acc {
     rep: Vec<i16>,
 }
 
-impl Acc {
-    fn new(spec: &ColumnSpec, n: usize) -> Acc {
-        Self::reusing(spec, n, None)
+impl Values {
+    /// No values of `dtype` (strings for any dtype without a numeric vector).
+    fn empty(dtype: DataType) -> Values {
+        match dtype {
+            DataType::Bool => Values::Bool(Vec::new()),
+            DataType::Int8 => Values::I8(Vec::new()),
+            DataType::Int16 => Values::I16(Vec::new()),
+            DataType::Uint8 => Values::U8(Vec::new()),
+            DataType::Uint16 => Values::U16(Vec::new()),
+            DataType::Int32 => Values::I32(Vec::new()),
+            DataType::Int64 => Values::I64(Vec::new()),
+            DataType::Float => Values::F32(Vec::new()),
+            DataType::Double => Values::F64(Vec::new()),
+            _ => Values::Bytes(Vec::new()),
+        }
     }
+}
 
-    /// `old`: a string column's earlier batch, whose strings are
-    /// overwritten in place (their buffers reused) before any is allocated.
-    fn reusing(spec: &ColumnSpec, n: usize, old: Option<Vec<Vec<u8>>>) -> Acc {
+impl Acc {
+    /// An accumulator with room for `n` records, allocated fallibly (`n`
+    /// comes from the batch_size argument and the record counts a file's
+    /// footer declares). `old`: a string column's earlier batch, whose
+    /// strings are overwritten in place (their buffers reused) before any
+    /// is allocated.
+    fn reusing(spec: &ColumnSpec, n: usize, old: Option<Vec<Vec<u8>>>) -> Result<Acc> {
         let cap = if spec.list { 0 } else { n };
-        let values = match spec.dtype {
-            DataType::Bool => Values::Bool(Vec::with_capacity(cap)),
-            DataType::Int8 => Values::I8(Vec::with_capacity(cap)),
-            DataType::Int16 => Values::I16(Vec::with_capacity(cap)),
-            DataType::Uint8 => Values::U8(Vec::with_capacity(cap)),
-            DataType::Uint16 => Values::U16(Vec::with_capacity(cap)),
-            DataType::Int32 => Values::I32(Vec::with_capacity(cap)),
-            DataType::Int64 => Values::I64(Vec::with_capacity(cap)),
-            DataType::Float => Values::F32(Vec::with_capacity(cap)),
-            DataType::Double => Values::F64(Vec::with_capacity(cap)),
-            _ => Values::Bytes(old.unwrap_or_else(|| Vec::with_capacity(cap))),
-        };
-        Acc {
+        let what = || format!("a batch of {n} records of column '{}'", spec.name);
+        let mut values = Values::empty(spec.dtype);
+        macro_rules! reserve {
+            ($($v:ident),*) => {
+                match &mut values {
+                    $(Values::$v(v) => *v = try_vec(cap, what())?,)*
+                    Values::Bytes(v) => match old {
+                        Some(o) => *v = o,
+                        None => *v = try_vec(cap, what())?,
+                    },
+                }
+            };
+        }
+        reserve!(Bool, I8, I16, U8, U16, I32, I64, F32, F64);
+        Ok(Acc {
             values,
             strings: 0,
-            lengths: spec.list.then(|| Vec::with_capacity(n)),
+            lengths: if spec.list {
+                Some(try_vec(n, what())?)
+            } else {
+                None
+            },
             def: Vec::new(),
             rep: Vec::new(),
-        }
+        })
     }
 
     /// The finished tensors: `[lengths,] values`.
@@ -1367,20 +1390,12 @@ impl ParquetReader {
         pos: u64,
         n: usize,
         at_file: &mut usize,
-        mut old: Vec<Option<Vec<Vec<u8>>>>,
+        mut accs: Vec<Acc>,
     ) -> std::result::Result<(Vec<Tensor>, u64), (usize, String)> {
         if slot.as_ref().is_none_or(|o| o.pos != pos) {
             *slot = None;
             *slot = self.seek(pos)?;
         }
-        // Reserve for what is left at most (a huge batch_size allocates nothing).
-        let cap = n.min(usize::try_from(self.total.saturating_sub(pos)).unwrap_or(usize::MAX));
-        let mut accs: Vec<Acc> = self
-            .columns
-            .iter()
-            .enumerate()
-            .map(|(c, spec)| Acc::reusing(spec, cap, old.get_mut(c).and_then(Option::take)))
-            .collect();
         let mut got = 0usize;
         while got < n {
             let Some(o) = slot.as_mut() else { break };
@@ -1450,13 +1465,22 @@ impl ParquetReader {
     pub fn read_batch_reusing(
         &self,
         n: usize,
-        old: Vec<Option<Vec<Vec<u8>>>>,
+        mut old: Vec<Option<Vec<Vec<u8>>>>,
     ) -> Result<Vec<Tensor>> {
         let mut cur = self.cursor.lock();
         let pos = cur.pos;
         let mut at_file = cur.open.as_ref().map_or(0, |o| o.file);
+        // Reserve for what is left at most (a huge batch_size allocates
+        // nothing); what cannot be allocated fails before anything is read.
+        let cap = n.min(usize::try_from(self.total.saturating_sub(pos)).unwrap_or(usize::MAX));
+        let accs = self
+            .columns
+            .iter()
+            .enumerate()
+            .map(|(c, spec)| Acc::reusing(spec, cap, old.get_mut(c).and_then(Option::take)))
+            .collect::<Result<Vec<Acc>>>()?;
         let r = catch_unwind(AssertUnwindSafe(|| {
-            self.read_at(&mut cur.open, pos, n, &mut at_file, old)
+            self.read_at(&mut cur.open, pos, n, &mut at_file, accs)
         }));
         let fail = |cur: &mut PqCursor, file: usize, msg: String| {
             cur.open = None;
@@ -1947,15 +1971,7 @@ impl ParquetWriter {
         st.bufs = cols
             .iter()
             .map(|c| WriteBuf {
-                values: Acc::new(
-                    &ColumnSpec {
-                        name: c.name.clone(),
-                        dtype: c.dtype,
-                        list: c.list,
-                    },
-                    0,
-                )
-                .values,
+                values: Values::empty(c.dtype),
                 lengths: Vec::new(),
             })
             .collect();
@@ -2152,15 +2168,7 @@ impl ParquetWriter {
         st.bufs = cols
             .iter()
             .map(|c| WriteBuf {
-                values: Acc::new(
-                    &ColumnSpec {
-                        name: c.name.clone(),
-                        dtype: c.dtype,
-                        list: c.list,
-                    },
-                    0,
-                )
-                .values,
+                values: Values::empty(c.dtype),
                 lengths: Vec::new(),
             })
             .collect();
@@ -2417,7 +2425,10 @@ impl NpyFile {
         let mut shape = Vec::with_capacity(1 + self.row_shape.len());
         shape.push(n);
         shape.extend_from_slice(&self.row_shape);
-        let mut buf = vec![0u8; n * self.row_bytes];
+        let mut buf = crate::tensor::default_buffer::<u8>(
+            n * self.row_bytes,
+            format_args!("{n} rows of '{}'", self.path),
+        )?;
         let off = self.data_offset + start * self.row_bytes as u64;
         self.file.read_exact_at(&mut buf, off).map_err(|e| {
             io_err(
@@ -2428,20 +2439,20 @@ impl NpyFile {
         macro_rules! num {
             ($t:ty) => {{
                 const W: usize = std::mem::size_of::<$t>();
-                let v: Vec<$t> = if self.big {
-                    buf.chunks_exact(W)
-                        .map(|c| <$t>::from_be_bytes(c.try_into().expect("width")))
-                        .collect()
-                } else {
-                    buf.chunks_exact(W)
-                        .map(|c| <$t>::from_le_bytes(c.try_into().expect("width")))
-                        .collect()
-                };
-                Tensor::from_vec(&shape, v)
+                let big = self.big;
+                let values = buf.chunks_exact(W).map(|c| {
+                    let c = c.try_into().expect("width");
+                    if big {
+                        <$t>::from_be_bytes(c)
+                    } else {
+                        <$t>::from_le_bytes(c)
+                    }
+                });
+                collect_array(&shape, values).map(Tensor::from)
             }};
         }
         match self.kind {
-            NpyKind::Bool => Tensor::from_vec(&shape, buf.iter().map(|&b| b != 0).collect()),
+            NpyKind::Bool => collect_array(&shape, buf.iter().map(|&b| b != 0)).map(Tensor::from),
             NpyKind::I8 => num!(i8),
             NpyKind::U8 => Tensor::from_vec(&shape, buf),
             NpyKind::I16 => num!(i16),
@@ -2451,14 +2462,13 @@ impl NpyFile {
             NpyKind::F32 => num!(f32),
             NpyKind::F64 => num!(f64),
             NpyKind::Bytes(w) => {
-                let v = buf
+                let values = buf
                     .chunks_exact(w)
-                    .map(|c| c[..c.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1)].to_vec())
-                    .collect();
-                Tensor::from_vec(&shape, v)
+                    .map(|c| c[..c.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1)].to_vec());
+                collect_array(&shape, values).map(Tensor::from)
             }
             NpyKind::Unicode(w) => {
-                let mut v = Vec::with_capacity(buf.len() / (4 * w).max(1));
+                let mut v = try_vec(buf.len() / (4 * w), "strings")?;
                 for (i, c) in buf.chunks_exact(4 * w).enumerate() {
                     let mut s = String::new();
                     let cps: Vec<u32> = c

@@ -1,0 +1,116 @@
+"""Hard edges: inputs that used to abort the process, read wrong blobs,
+run pickled code, or raise untyped Python errors (issue 17).
+
+Cases that crashed the process run in a child process, so that a
+regression fails one test instead of killing the run.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import ferrocaffe as _ferrocaffe
+from ferrocaffe import core, errors, workspace
+
+PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(_ferrocaffe.__file__)))
+CHILD_TIMEOUT = 120.0
+
+
+def run_child(code):
+    """Runs ``code`` in a fresh interpreter that imports this ferrocaffe;
+    returns its CompletedProcess (a crash shows as a negative returncode)."""
+    env = dict(os.environ, PYTHONPATH=PYTHON_DIR + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
+                          capture_output=True, text=True, timeout=CHILD_TIMEOUT)
+
+
+def child_results(code):
+    """Runs ``code``, which prints one JSON line ``RESULT <json>`` at the end;
+    returns the decoded object, or fails naming how the child died."""
+    p = run_child(code)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert p.returncode == 0 and lines, (
+        f"the child exited with {p.returncode}\nstdout:\n{p.stdout[-3000:]}\nstderr:\n{p.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+# ------------------------------------------------- 1: allocation failure --
+
+OOM_CHILD = r"""
+import json, resource
+import numpy as np
+from ferrocaffe import core, errors, workspace
+
+GIB = 1 << 30
+ws = workspace.Workspace()
+ws.feed_blob("x", np.array([5.0], np.float32))
+ws.feed_blob("dims", np.array([1 << 16, 1 << 16], np.int64))
+ws.feed_blob("col", np.zeros((1 << 16, 1), np.float32))
+ws.feed_blob("row", np.zeros((1, 1 << 16), np.float32))
+ws.feed_blob("mib", np.zeros(1 << 18, np.float32))  # 1 MiB
+
+# Address space for what is mapped now plus 1 GiB: each case below asks
+# for 16 GiB (or 4 GiB), under the element-count caps but unallocatable.
+with open("/proc/self/status") as f:
+    vm = [int(l.split()[1]) * 1024 for l in f if l.startswith("VmSize:")][0]
+limit = vm + GIB
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+def net(name, build):
+    n = core.Net(name)
+    build(n)
+    return n
+
+cases = {
+    "ConstantFill": lambda n: n.ConstantFill([], "x", shape=[1 << 32], value=1.0),
+    "ConstantFill_int64": lambda n: n.ConstantFill([], "x", shape=[1 << 31], value=3, dtype=core.DataType.INT64),
+    "ConstantFill_input_as_shape": lambda n: n.ConstantFill(["dims"], "x", input_as_shape=1),
+    "UniformFill": lambda n: n.UniformFill([], "x", shape=[1 << 32]),
+    "UniformIntFill": lambda n: n.UniformIntFill([], "x", shape=[1 << 32]),
+    "GaussianFill": lambda n: n.GaussianFill([], "x", shape=[1 << 32]),
+    "GaussianFill_input_as_shape": lambda n: n.GaussianFill(["dims"], "x", input_as_shape=1),
+    "Add_broadcast": lambda n: n.Add(["col", "row"], "x"),
+    "Concat_repeated": lambda n: n.Concat(["mib"] * 5000, ["x", "split"], axis=0),
+}
+out = {}
+for name, build in cases.items():
+    try:
+        ws.run(net("big_" + name, build))
+        out[name] = "ran"
+    except errors.FerrocaffeError as e:
+        out[name] = dict(cls=type(e).__name__, memory=isinstance(e, MemoryError),
+                         op=e.op, net=e.net, blob=e.blob, msg=str(e))
+    # The failed op wrote nothing and the workspace still works.
+    assert ws.blobs["x"].fetch().tolist() == [5.0]
+    ok = core.Net("ok_" + name)
+    ok.ConstantFill([], "small", shape=[3], value=2.0)
+    ws.run(ok)
+    assert ws.blobs["small"].fetch().tolist() == [2.0, 2.0, 2.0]
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_outputs_that_cannot_be_allocated_raise_out_of_memory_errors():
+    got = child_results(OOM_CHILD)
+    for name, r in got.items():
+        assert r != "ran", name
+        op = name.split("_")[0]
+        assert r["cls"] == "OutOfMemoryError" and r["memory"], (name, r)
+        assert (r["op"], r["net"], r["blob"]) == (op, "big_" + name, "x"), (name, r)
+        assert "cannot allocate" in r["msg"] and "bytes" in r["msg"], (name, r)
+    # The sizes asked for, in bytes (computed here, not read back).
+    assert str(4 << 32) in got["ConstantFill"]["msg"]
+    assert str(8 << 31) in got["ConstantFill_int64"]["msg"]
+    assert str(4 << 32) in got["Add_broadcast"]["msg"]
+    assert str(5000 << 20) in got["Concat_repeated"]["msg"]
+
+
+def test_out_of_memory_error_is_a_memory_error():
+    assert issubclass(errors.OutOfMemoryError, errors.FerrocaffeError)
+    assert issubclass(errors.OutOfMemoryError, MemoryError)
+
