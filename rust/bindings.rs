@@ -962,14 +962,24 @@ fn build_python_op(
             out.extract::<(Py<PyAny>, bool)>()
         })();
         r.map_err(|err| {
-            let mut e = Error::invalid_arg(format!(
-                "cannot build the Python op: {}",
-                err.value(py)
-                    .str()
-                    .map(|s| s.to_string())
-                    .unwrap_or_default()
-            ));
-            e.payload = Some(Arc::new(err));
+            let text = err
+                .value(py)
+                .str()
+                .map(|s| s.to_string())
+                .unwrap_or_default();
+            let mut e = Error::invalid_arg(format!("cannot build the Python op: {text}"));
+            // A builder's own exception reaches the caller as raised; a
+            // refusal of ours (an untrusted pickled builder) becomes a
+            // runtime error, so that it names the op's net.
+            let ours = py
+                .import("ferrocaffe.errors")
+                .and_then(|m| m.getattr("FerrocaffeError"))
+                .is_ok_and(|cls| err.value(py).is_instance(&cls).unwrap_or(false));
+            if ours {
+                e = Error::invalid_arg(text);
+            } else {
+                e.payload = Some(Arc::new(err));
+            }
             e
         })
     })

@@ -114,3 +114,89 @@ def test_out_of_memory_error_is_a_memory_error():
     assert issubclass(errors.OutOfMemoryError, errors.FerrocaffeError)
     assert issubclass(errors.OutOfMemoryError, MemoryError)
 
+
+# ------------------------------------- 9: pickled builders need trust --
+
+def _marker_builder(path):
+    """A pickled builder whose unpickling-and-calling leaves a trace: the
+    builder tuple is (exec, (code,), {}), as a hostile file could hold."""
+    code = f"open({str(path)!r}, 'w').write('ran')"
+    return (exec, (code,), {})
+
+
+def test_a_pickled_builder_not_made_here_is_not_unpickled(tmp_path):
+    import pickle
+    marker = tmp_path / "marker"
+    # An op as it would come from a file: pickled_builder made elsewhere.
+    net = core.Net("loaded")
+    net.Proto().op.add().CopyFrom(core.CreateOperator(
+        "Python", [], [], pickled_builder=pickle.dumps(_marker_builder(marker))))
+    data = net.Proto().SerializeToString()
+    ws = workspace.Workspace()
+    for run in (lambda: ws.create_net(data), lambda: ws.run(net),
+                lambda: ws._core.run_net_once(data)):
+        with pytest.raises(errors.InvalidArgumentError, match="TrustPickledBuilders") as info:
+            run()
+        assert info.value.op == "Python" and info.value.net == "loaded"
+        assert "'loaded'" in str(info.value) or "net 'loaded'" in str(info.value)
+        assert not marker.exists()
+    # The explicit opt-in: the same bytes now build (and run the builder).
+    from ferrocaffe.proto import NetDef
+    assert core.TrustPickledBuilders(NetDef.FromString(data)) == 1
+    with pytest.raises(errors.FerrocaffeError):
+        ws.run(net)  # exec() returns None, which is not callable ...
+    assert marker.read_text() == "ran"  # ... but the builder did run
+
+
+def test_nested_nets_and_plans_are_walked_for_builders(tmp_path):
+    import pickle
+    pb = pickle.dumps((eval, ("lambda inputs, outputs: None",), {}))
+    inner = core.Net("inner")
+    inner.Proto().op.add().CopyFrom(core.CreateOperator("Python", [], [], pickled_builder=pb))
+    outer = core.Net("outer")
+    outer.Do([], [], net=inner.Proto())
+    plan = core.Plan("p")
+    plan.AddStep(core.execution_step("s", outer))
+    from ferrocaffe import _python_ops
+    assert not _python_ops.is_trusted(pb)
+    assert core.TrustPickledBuilders(plan) == 1
+    assert _python_ops.is_trusted(pb)
+
+
+def test_builders_made_by_net_python_keep_working_through_bytes():
+    from ferrocaffe.proto import NetDef
+    net = core.Net("made_here")
+    net.Python((eval, ("lambda inputs, outputs: None",), {}))([], [])
+    reloaded = NetDef.FromString(net.Proto().SerializeToString())
+    assert workspace.Workspace().run(reloaded) is True
+
+
+def test_a_net_file_from_another_process_needs_the_opt_in(tmp_path):
+    path = tmp_path / "net.pb"
+    marker = tmp_path / "marker"
+    net = core.Net("from_file")
+    net.Python(_marker_builder(marker))([], [])
+    path.write_bytes(net.Proto().SerializeToString())
+    code = f"""
+        import json
+        from ferrocaffe import core, errors, workspace
+        from ferrocaffe.proto import NetDef
+        net = NetDef.FromString(open({str(path)!r}, 'rb').read())
+        out = {{}}
+        try:
+            workspace.Workspace().run(net)
+        except errors.FerrocaffeError as e:
+            out['refused'] = [type(e).__name__, e.net]
+        out['marker_before'] = __import__('os').path.exists({str(marker)!r})
+        out['trusted'] = core.TrustPickledBuilders(net)
+        try:
+            workspace.Workspace().run(net)
+        except errors.FerrocaffeError as e:
+            out['after'] = type(e).__name__
+        out['marker_after'] = __import__('os').path.exists({str(marker)!r})
+        print('RESULT ' + json.dumps(out))
+    """
+    got = child_results(code)
+    assert got["refused"] == ["InvalidArgumentError", "from_file"]
+    assert got["marker_before"] is False
+    assert got["trusted"] == 1 and got["marker_after"] is True

@@ -50,6 +50,7 @@ __all__ = [
     "add_nets_in_order",
     "get_net_name",
     "output_to_list",
+    "TrustPickledBuilders",
 ]
 
 # Convenience redirections, as in Caffe2.
@@ -533,6 +534,64 @@ def CreatePythonOperator(
         f, grad_f, python_func_type, pass_workspace=pass_workspace
     )
     return CreateOperator("Python", inputs, outputs, *args, **kwargs)
+
+
+def _nets_within(proto):
+    """Every NetDef inside ``proto`` (a PlanDef, NetDef or OperatorDef),
+    the nets that ops carry in arguments (``Do``, ``If``, ``While``)
+    included. Iterative, so how deeply nets nest is no limit."""
+    nets, ops = [], []
+    kind = type(proto).__name__
+    if kind == "PlanDef":
+        nets.extend(proto.network)
+    elif kind == "NetDef":
+        nets.append(proto)
+    elif kind == "OperatorDef":
+        ops.append(proto)
+    else:
+        raise TypeError(f"expected a PlanDef, NetDef or OperatorDef, got {kind}")
+    i = 0
+    while ops or i < len(nets):
+        for op in ops:
+            for arg in op.arg:
+                if arg.HasField("n"):
+                    nets.append(arg.n)
+                nets.extend(arg.nets)
+        ops = list(nets[i].op) if i < len(nets) else []
+        i += 1
+    return nets
+
+
+def _ops_within(proto):
+    """Every OperatorDef inside ``proto`` (see ``_nets_within``)."""
+    ops = [proto] if type(proto).__name__ == "OperatorDef" else []
+    for net in _nets_within(proto):
+        ops.extend(net.op)
+    return ops
+
+
+def TrustPickledBuilders(net_or_plan) -> int:
+    """Lets the ``Python`` ops of ``net_or_plan`` (a Net, Plan, or a NetDef,
+    PlanDef or OperatorDef, nested nets included) unpickle their
+    ``pickled_builder`` when they are built. Returns how many builders it
+    trusted.
+
+    Nets and plans read from files or bytes never unpickle a builder
+    otherwise, since unpickling runs arbitrary code; builders that
+    ``Net.Python`` made in this process need no call. Call this only on
+    nets and plans from a source you trust."""
+    from ferrocaffe import _python_ops
+
+    proto = net_or_plan.Proto() if hasattr(net_or_plan, "Proto") else net_or_plan
+    count = 0
+    for op in _ops_within(proto):
+        if op.type != "Python":
+            continue
+        for arg in op.arg:
+            if arg.name == "pickled_builder" and arg.HasField("s"):
+                _python_ops.trust(arg.s)
+                count += 1
+    return count
 
 
 # ------------------------------------------------------------------ nets --
@@ -1078,6 +1137,12 @@ class Net:
             return pickle.dumps((func, tuple(args), dict(kwargs)))
 
         f_builder = make_builder(f)
+        if f_builder:
+            # Made here from the caller's own objects: safe to unpickle when
+            # the op is built (builders from anywhere else are not).
+            from ferrocaffe import _python_ops
+
+            _python_ops.trust(f_builder)
         grad_f_builder = make_builder(grad_f)
         assert (not grad_f) or ((not f_builder) == (not grad_f_builder)), (
             "A tuple has to be passed to both f and grad_f or neither."
