@@ -200,3 +200,150 @@ def test_a_net_file_from_another_process_needs_the_opt_in(tmp_path):
     assert got["refused"] == ["InvalidArgumentError", "from_file"]
     assert got["marker_before"] is False
     assert got["trusted"] == 1 and got["marker_after"] is True
+
+
+# ---------------------------------- 16: typed errors, bounded nesting --
+
+def assert_typed(exc_info, cls, builtin=None, **attrs):
+    e = exc_info.value
+    assert type(e) is cls, f"{type(e).__name__}: {e}"
+    assert isinstance(e, errors.FerrocaffeError)
+    if builtin is not None:
+        assert isinstance(e, builtin)
+    for key, value in attrs.items():
+        assert getattr(e, key) == value, (key, getattr(e, key))
+    str(e)
+
+
+@pytest.mark.parametrize("name", ["x\udcff", "\ud800", b"\xffx", b"ok\xc3"])
+def test_blob_and_net_names_that_cannot_be_utf8(name):
+    ws = workspace.Workspace()
+    for call in (lambda: ws.feed_blob(name, np.array([1.0])),
+                 lambda: ws.fetch_blob(name), lambda: ws.has_blob(name),
+                 lambda: ws.create_blob(name), lambda: ws.run_net(name)):
+        with pytest.raises(errors.InvalidArgumentError) as info:
+            call()
+        assert "UTF-8" in str(info.value)
+    if isinstance(name, str):
+        with pytest.raises(errors.InvalidArgumentError, match="net name") as info:
+            core.Net(name)
+        with pytest.raises(errors.InvalidArgumentError, match="step name"):
+            core.ExecutionStep(name)
+        net = core.Net("surrogates")
+        with pytest.raises(errors.InvalidArgumentError, match="UTF-8"):
+            net.ConstantFill([], name, shape=[1])
+        with pytest.raises(errors.InvalidArgumentError, match="argument 'db' of a Save op"):
+            net.Save(["x"], [], db=name, db_type="ferro")
+    # The workspace is fine afterwards.
+    ws.feed_blob("fine", np.array([2.0]))
+    assert ws.fetch_blob("fine").tolist() == [2.0]
+
+
+def test_non_utf8_bytes_in_serialised_names_are_typed_errors():
+    from ferrocaffe.proto import DecodeError, NetDef
+    net = NetDef(name="n")
+    net.op.add().CopyFrom(core.CreateOperator("ConstantFill", [], ["xx"], shape=[1]))
+    data = net.SerializeToString().replace(b"xx", b"\xff\xfe")
+    with pytest.raises(DecodeError) as info:
+        NetDef.FromString(data)
+    assert_typed(info, DecodeError, ValueError)
+    ws = workspace.Workspace()
+    for call in (ws._core.run_net_once, ws._core.create_net):
+        with pytest.raises(errors.InvalidPlanError, match="UTF-8"):
+            call(data)
+
+
+def test_a_step_cannot_contain_itself():
+    step = core.ExecutionStep("loop", core.Net("body"))
+    outer = core.ExecutionStep("outer")
+    outer.AddSubstep(step)
+    with pytest.raises(errors.InvalidPlanError) as info:
+        outer.AddSubstep(outer)
+    assert_typed(info, errors.InvalidPlanError, ValueError, step="outer")
+    # Unchanged: one substep, and it runs.
+    assert len(outer.Proto().substep) == 1
+    assert workspace.Workspace().run(core.Plan(outer)) is True
+
+
+def test_thousands_of_nested_steps_are_refused_naming_the_step():
+    step = core.ExecutionStep("leaf", core.Net("leaf_net"))
+    with pytest.raises(errors.InvalidPlanError) as info:
+        for i in range(3000):
+            outer = core.ExecutionStep(f"level{i}")
+            outer.AddSubstep(step)
+            step = outer
+    assert info.value.step is not None and info.value.step.startswith("level")
+    assert "100 levels" in str(info.value)
+    # What was built below the limit runs.
+    assert workspace.Workspace().run(core.Plan(step)) is True
+
+
+def test_deep_protos_are_refused_by_every_walk():
+    from ferrocaffe.proto import DecodeError, EncodeError, ExecutionStep, MAX_NESTING, PlanDef
+    top = ExecutionStep(name="top")
+    cur = top
+    for _ in range(5000):  # built in place: no copy, no limit yet
+        cur = cur.substep.add()
+        cur.name = "s"
+    for call, cls in ((top.SerializeToString, EncodeError),
+                      (top.SerializePartialToString, EncodeError),
+                      (top.FindInitializationErrors, EncodeError),
+                      (lambda: top == ExecutionStep(), None),
+                      (lambda: ExecutionStep().CopyFrom(top), errors.InvalidArgumentError),
+                      (lambda: str(top), errors.InvalidArgumentError),
+                      (lambda: workspace.Workspace().run(top), errors.FerrocaffeError)):
+        try:
+            call()
+        except errors.FerrocaffeError as e:
+            assert cls is None or isinstance(e, cls), (call, e)
+            assert "100 levels" in str(e)
+        # Comparing with a shallow message may stop early; anything else
+        # must have been refused (a RecursionError fails the test).
+    # Bytes nested past the limit (hand-made: our encoder refuses them).
+    inner = b""
+    for _ in range(MAX_NESTING + 50):
+        inner = b"\x12" + _varint(len(inner)) + inner  # ExecutionStep.substep
+    with pytest.raises(DecodeError, match="100 levels"):
+        ExecutionStep.FromString(inner)
+    plan = b"\x1a" + _varint(len(inner)) + inner  # PlanDef.execution_step
+    with pytest.raises(errors.InvalidPlanError, match="recursion limit") as info:
+        workspace.Workspace()._core.run_plan(plan)
+    assert len(str(info.value)) < 300
+    with pytest.raises(DecodeError):
+        PlanDef.FromString(plan)
+
+
+def _varint(n):
+    out = bytearray()
+    while n > 127:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def test_ints_that_do_not_fit_are_typed_errors_naming_what_they_are():
+    ws = workspace.Workspace()
+    net = core.Net("counting")
+    net.ConstantFill([], "x", shape=[1])
+    ws.create_net(net)
+    for n in (1 << 64, 1 << 63, -(1 << 63) - 1):
+        with pytest.raises(errors.InvalidArgumentError) as info:
+            ws.run_net("counting", num_iter=n)
+        assert info.value.net == "counting" and str(n) in str(info.value)
+    with pytest.raises(errors.DataTypeError) as info:
+        ws.run_net("counting", num_iter=1.5)
+    assert isinstance(info.value, TypeError) and info.value.net == "counting"
+    assert ws.run_net("counting", num_iter=(1 << 63) - 1 if False else 2) is True
+    with pytest.raises(errors.InvalidArgumentError, match="argument 'shape' of a ConstantFill op") as info:
+        core.Net("big").ConstantFill([], "y", shape=[1 << 64])
+    assert info.value.op == "ConstantFill"
+    with pytest.raises(errors.InvalidArgumentError, match="argument 'value'"):
+        core.CreateOperator("ConstantFill", [], ["y"], value=-(1 << 70))
+    with pytest.raises(errors.InvalidArgumentError, match="step 'many'") as info:
+        core.ExecutionStep("many", core.Net("m"), num_iter=1 << 64)
+    assert info.value.step == "many"
+    step = core.ExecutionStep("later", core.Net("l"))
+    for setter in (step.SetIter, step.SetNumConcurrentInstances, step.RunEveryMillis):
+        with pytest.raises(errors.InvalidArgumentError, match="step 'later'"):
+            setter(1 << 64)

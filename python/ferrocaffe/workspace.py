@@ -8,6 +8,7 @@ children (``Workspace(parent)``) that see their parent's blobs.
 
 from __future__ import annotations
 
+import operator
 import os
 import threading
 import types
@@ -15,7 +16,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from . import _core, errors
+from . import _core, errors, proto
 
 __all__ = [
     "Workspace",
@@ -60,10 +61,20 @@ def StringifyProto(obj: Any) -> bytes:
     raise ValueError(f"Unexpected argument to StringifyProto of type {type(obj).__name__}")
 
 
+def _int64(value: Any, what: str, **context) -> int:
+    """``value`` as an int in int64's range, or a typed error naming it."""
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise errors.DataTypeError(
+            f"{what} must be an int, got {type(value).__name__}", **context) from None
+    if not -(1 << 63) <= n < (1 << 63):
+        raise errors.InvalidArgumentError(f"{what} {n} does not fit in int64", **context)
+    return n
+
+
 def StringifyBlobName(name: Any) -> str:
-    if isinstance(name, bytes):
-        return name.decode("utf-8")
-    return str(name)
+    return proto._utf8(name, "blob", blob=name if isinstance(name, str) else repr(name))
 
 
 def StringifyNetName(name: Any) -> str:
@@ -71,7 +82,7 @@ def StringifyNetName(name: Any) -> str:
         return name.Name()
     if hasattr(name, "name") and not isinstance(name, str):
         return name.name
-    return StringifyBlobName(name)
+    return proto._utf8(name, "net", net=name if isinstance(name, str) else repr(name))
 
 
 def _to_feedable(name: str, arr: Any):
@@ -222,6 +233,7 @@ class Workspace:
 
     def run_net(self, name, num_iter: int = 1, allow_fail: bool = False) -> bool:
         name = StringifyNetName(name)
+        num_iter = _int64(num_iter, "num_iter", net=name)
         ok = self._core.run_net(name, num_iter)
         return _check(ok, allow_fail, f"net '{name}'")
 
