@@ -198,6 +198,12 @@ pub struct BlobProto {
     pub content_chunk_id: Option<i32>,
 }
 
+/// How deeply messages may nest: prost's recursion limit when decoding (and
+/// protobuf's default, and Python's `proto.MAX_NESTING`). The runtime holds
+/// plans built in Rust to the same bound (steps in `plan.rs`, nets inside
+/// nets in `net.rs`), so that no recursion of its own runs out of stack.
+pub const MAX_NESTING: usize = 100;
+
 /// Decodes a message, turning a malformed buffer into an `InvalidPlan` error.
 /// Messages may nest at most 100 levels (prost's recursion limit, which is
 /// protobuf's default and what `proto.MAX_NESTING` enforces in Python).
