@@ -510,6 +510,32 @@ impl PyWorkspace {
         Ok(c.get())
     }
 
+    /// Caffe2's `SerializeBlob`: the blob as one serialised `BlobProto`.
+    fn serialize_blob(&self, py: Python<'_>, name: &str) -> PyResult<Py<PyBytes>> {
+        let ws = self.ws.clone();
+        let key = name.to_string();
+        let bytes = run_inline(py, move |_| {
+            let b = ws.blob(&key)?;
+            let v = b.read();
+            crate::storage::serialize_blob(&key, &v).map_err(|e| e.with_blob(&key))
+        })?;
+        Ok(PyBytes::new(py, &bytes).unbind())
+    }
+
+    /// Caffe2's `DeserializeBlob`: stores the value of a serialised
+    /// `BlobProto` (a tensor in one chunk, a byte string, or an object with
+    /// a registered codec) in blob `name`. Malformed bytes raise a typed
+    /// error and leave the blob as it was.
+    fn deserialize_blob(&self, py: Python<'_>, name: &str, data: &[u8]) -> PyResult<()> {
+        let ws = self.ws.clone();
+        let key = name.to_string();
+        run_inline(py, move |_| {
+            let v = crate::storage::deserialize_blob(data).map_err(|e| e.with_blob(&key))?;
+            ws.feed(&key, v);
+            Ok(())
+        })
+    }
+
     #[pyo3(signature = (net, overwrite=false))]
     fn create_net(&self, py: Python<'_>, net: &[u8], overwrite: bool) -> PyResult<String> {
         let def: ir::NetDef = decode(py, net, "NetDef")?;

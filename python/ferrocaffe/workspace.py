@@ -25,6 +25,8 @@ __all__ = [
     "FeedBlob",
     "FetchBlob",
     "FetchBlobs",
+    "SerializeBlob",
+    "DeserializeBlob",
     "HasBlob",
     "Blobs",
     "CreateBlob",
@@ -90,10 +92,6 @@ def _to_feedable(name: str, arr: Any):
     bytes or str), or raises FeedError."""
     if isinstance(arr, (str, bytes)):
         return arr
-    if type(arr).__name__ == "TensorProto" and hasattr(arr, "dims"):
-        from . import proto_utils  # lazy: only for TensorProto feeds
-
-        arr = proto_utils.tensor_proto_to_numpy(arr)
     if isinstance(arr, np.ndarray):
         if arr.dtype.kind in "SU":
             return arr.astype(object)
@@ -216,8 +214,20 @@ class Workspace:
 
     def feed_blob(self, name, arr, device_option=None) -> bool:
         name = StringifyBlobName(name)
+        if isinstance(arr, proto.TensorProto):
+            # Decoded by the runtime with Caffe2's rules (dims, data_type,
+            # the data field of that type, segment).
+            blob = proto.BlobProto(name=name, type="Tensor", tensor=arr)
+            self._core.deserialize_blob(name, blob.SerializeToString())
+            return True
         self._core.feed_blob(name, _to_feedable(name, arr))
         return True
+
+    def serialize_blob(self, name) -> bytes:
+        return self._core.serialize_blob(StringifyBlobName(name))
+
+    def deserialize_blob(self, name, serialized_blob: bytes) -> None:
+        self._core.deserialize_blob(StringifyBlobName(name), bytes(serialized_blob))
 
     def reset_blob(self, name) -> None:
         self._core.reset_blob(StringifyBlobName(name))
@@ -346,6 +356,17 @@ def ResetWorkspace(root_folder: str | None = None) -> bool:
 
 def FeedBlob(name, arr, device_option=None) -> bool:
     return current_workspace().feed_blob(name, arr, device_option)
+
+
+def SerializeBlob(name) -> bytes:
+    """The blob as a serialised ``BlobProto`` (Caffe2's ``SerializeBlob``)."""
+    return current_workspace().serialize_blob(name)
+
+
+def DeserializeBlob(name, serialized_blob: bytes) -> None:
+    """Stores the value of a serialised ``BlobProto`` in blob ``name``
+    (Caffe2's ``DeserializeBlob``)."""
+    current_workspace().deserialize_blob(name, serialized_blob)
 
 
 def FetchBlob(name):
