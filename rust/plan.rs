@@ -1321,7 +1321,11 @@ mod proptests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 200, .. ProptestConfig::default() })]
+        // 200 cases in CI; PROPTEST_CASES runs more (scripts/fuzz.sh).
+        #![proptest_config(ProptestConfig {
+            cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(200),
+            .. ProptestConfig::default()
+        })]
 
         #[test]
         fn random_plans_never_panic(nets in prop::collection::vec(prop::collection::vec(arb_op(), 0..4), 4),
@@ -1366,6 +1370,14 @@ mod proptests {
                 if let Err(e) = ws.run_operator_once(&op, &CancelToken::new()) {
                     prop_assert_ne!(e.kind, ErrorKind::Internal, "{}", e.full_message());
                 }
+            }
+            if let Ok(net) = crate::ir::decode::<NetDef>(&bytes, "net") {
+                if let Err(e) = ws.create_net(&net, true) {
+                    prop_assert_ne!(e.kind, ErrorKind::Internal, "{}", e.full_message());
+                }
+            }
+            if let Err(e) = crate::storage::deserialize_blob(&bytes) {
+                prop_assert_ne!(e.kind, ErrorKind::Internal, "{}", e.full_message());
             }
         }
     }
