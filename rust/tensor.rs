@@ -297,8 +297,27 @@ pub fn default_array<T: Element>(shape: &[usize]) -> Result<ArrayD<T>> {
     ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|e| Error::shape(e.to_string()))
 }
 
-/// An array of `shape` holding `value` everywhere.
+/// Whether `v`'s bytes are all zero (for numbers and bool only), so that a
+/// buffer of `v`s can come zeroed from the allocator. Bits, not `==`: -0.0
+/// equals 0.0 but is not zero bytes.
+fn is_zero_bits<T: Element>(v: &T) -> bool {
+    if !T::ZEROED_IS_DEFAULT {
+        return false;
+    }
+    // SAFETY: ZEROED_IS_DEFAULT types are primitive numbers and bool, whose
+    // bytes are all initialised (no padding); `v` is a valid reference.
+    let bytes = unsafe {
+        std::slice::from_raw_parts((v as *const T).cast::<u8>(), std::mem::size_of::<T>())
+    };
+    bytes.iter().all(|&b| b == 0)
+}
+
+/// An array of `shape` holding `value` everywhere (zeros come untouched
+/// from the allocator, as `vec![0; n]` would).
 pub fn filled_array<T: Element>(shape: &[usize], value: T) -> Result<ArrayD<T>> {
+    if is_zero_bits(&value) {
+        return default_array(shape);
+    }
     let n = checked_count::<T>(shape)?;
     let mut v = try_vec(n, tensor_what::<T>(shape))?;
     v.resize(n, value);
@@ -750,6 +769,31 @@ mod tests {
         );
         assert!(Tensor::zeros(DataType::Float, &[usize::MAX, 2]).is_err());
         assert!(Tensor::zeros(DataType::Float, &[usize::MAX / 2]).is_err());
+    }
+
+    #[test]
+    fn filled_arrays_keep_every_bit_of_their_value() {
+        let z = filled_array(&[3], 0.0f32).unwrap();
+        assert!(z.iter().all(|x| x.to_bits() == 0));
+        let nz = filled_array(&[3], -0.0f32).unwrap();
+        assert!(nz.iter().all(|x| x.to_bits() == (-0.0f32).to_bits()));
+        assert_eq!(
+            filled_array(&[2], true)
+                .unwrap()
+                .iter()
+                .copied()
+                .collect::<Vec<_>>(),
+            vec![true, true]
+        );
+        assert_eq!(
+            filled_array(&[2], b"s".to_vec())
+                .unwrap()
+                .iter()
+                .cloned()
+                .collect::<Vec<_>>(),
+            vec![b"s".to_vec(), b"s".to_vec()]
+        );
+        assert!(filled_array(&[usize::MAX, 2], 1i64).is_err());
     }
 
     #[test]
