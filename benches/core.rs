@@ -174,7 +174,7 @@ fn b4_array(n: usize, zero: bool, huge: bool) -> ArrayD<f32> {
     };
     let a = ArrayD::from_shape_vec(IxDyn(&[n]), v).unwrap();
     if huge {
-        copy_array(a.view())
+        copy_array(a.view()).expect("the operand fits in memory")
     } else {
         a
     }

@@ -42,6 +42,7 @@ fn kind_name(k: ErrorKind) -> &'static str {
         ErrorKind::Cancelled => "Cancelled",
         ErrorKind::Io => "Io",
         ErrorKind::CorruptCheckpoint => "CorruptCheckpoint",
+        ErrorKind::OutOfMemory => "OutOfMemory",
         ErrorKind::Internal => "Internal",
     }
 }
@@ -227,7 +228,9 @@ fn array_to_tensor(py: Python<'_>, obj: &Bound<'_, PyAny>, name: &str) -> PyResu
                 let ro = a
                     .try_readonly()
                     .map_err(|e| feed_error(py, e.to_string(), name))?;
-                return Ok(Tensor::from(crate::tensor::copy_array(ro.as_array())));
+                let a = crate::tensor::copy_array(ro.as_array())
+                    .map_err(|e| to_py_err(py, e.with_blob(name)))?;
+                return Ok(Tensor::from(a));
             }
         };
     }
@@ -513,25 +516,30 @@ impl PyWorkspace {
         Ok(c.get())
     }
 
-    /// The blob as Caffe2's serialised `BlobProto` (what `SerializeBlob`
-    /// returns and a minidb record holds).
+    /// Caffe2's `SerializeBlob`: the blob as one serialised `BlobProto`.
     fn serialize_blob(&self, py: Python<'_>, name: &str) -> PyResult<Py<PyBytes>> {
-        let b = self.ws.blob(name).map_err(|e| to_py_err(py, e))?;
-        let bytes = {
-            let g = b.read();
-            crate::storage::serialize_blob(name, &g)
-        }
-        .map_err(|e| to_py_err(py, e.with_blob(name)))?;
+        let ws = self.ws.clone();
+        let key = name.to_string();
+        let bytes = run_inline(py, move |_| {
+            let b = ws.blob(&key)?;
+            let v = b.read();
+            crate::storage::serialize_blob(&key, &v).map_err(|e| e.with_blob(&key))
+        })?;
         Ok(PyBytes::new(py, &bytes).unbind())
     }
 
-    /// Sets a blob (created if needed) to the content of a serialised
-    /// `BlobProto`; a damaged one is an error and leaves the blob as it was.
+    /// Caffe2's `DeserializeBlob`: stores the value of a serialised
+    /// `BlobProto` (a tensor in one chunk, a byte string, or an object with
+    /// a registered codec) in blob `name`. Malformed bytes raise a typed
+    /// error and leave the blob as it was.
     fn deserialize_blob(&self, py: Python<'_>, name: &str, data: &[u8]) -> PyResult<()> {
-        let v =
-            crate::storage::deserialize_blob(data).map_err(|e| to_py_err(py, e.with_blob(name)))?;
-        self.ws.feed(name, v);
-        Ok(())
+        let ws = self.ws.clone();
+        let key = name.to_string();
+        run_inline(py, move |_| {
+            let v = crate::storage::deserialize_blob(data).map_err(|e| e.with_blob(&key))?;
+            ws.feed(&key, v);
+            Ok(())
+        })
     }
 
     #[pyo3(signature = (net, overwrite=false))]
@@ -1130,14 +1138,24 @@ fn build_python_op(
             out.extract::<(Py<PyAny>, bool)>()
         })();
         r.map_err(|err| {
-            let mut e = Error::invalid_arg(format!(
-                "cannot build the Python op: {}",
-                err.value(py)
-                    .str()
-                    .map(|s| s.to_string())
-                    .unwrap_or_default()
-            ));
-            e.payload = Some(Arc::new(err));
+            let text = err
+                .value(py)
+                .str()
+                .map(|s| s.to_string())
+                .unwrap_or_default();
+            let mut e = Error::invalid_arg(format!("cannot build the Python op: {text}"));
+            // A builder's own exception reaches the caller as raised; a
+            // refusal of ours (an untrusted pickled builder) becomes a
+            // runtime error, so that it names the op's net.
+            let ours = py
+                .import("ferrocaffe.errors")
+                .and_then(|m| m.getattr("FerrocaffeError"))
+                .is_ok_and(|cls| err.value(py).is_instance(&cls).unwrap_or(false));
+            if ours {
+                e = Error::invalid_arg(text);
+            } else {
+                e.payload = Some(Arc::new(err));
+            }
             e
         })
     })

@@ -38,6 +38,8 @@ pub enum ErrorKind {
     Io,
     /// A checkpoint or db that failed verification (Python: ValueError).
     CorruptCheckpoint,
+    /// A buffer the system could not allocate (Python: MemoryError).
+    OutOfMemory,
     /// A bug in ferrocaffe itself: a caught panic (Python: RuntimeError).
     Internal,
 }

@@ -198,10 +198,41 @@ pub struct BlobProto {
     pub content_chunk_id: Option<i32>,
 }
 
+/// How deeply messages may nest: prost's recursion limit when decoding (and
+/// protobuf's default, and Python's `proto.MAX_NESTING`). The runtime holds
+/// plans built in Rust to the same bound (steps in `plan.rs`, nets inside
+/// nets in `net.rs`), so that no recursion of its own runs out of stack.
+pub const MAX_NESTING: usize = 100;
+
 /// Decodes a message, turning a malformed buffer into an `InvalidPlan` error.
+/// Messages may nest at most 100 levels (prost's recursion limit, which is
+/// protobuf's default and what `proto.MAX_NESTING` enforces in Python).
 pub fn decode<M: Message + Default>(bytes: &[u8], what: &str) -> crate::error::Result<M> {
-    M::decode(bytes)
-        .map_err(|e| crate::error::Error::invalid_plan(format!("cannot parse {what}: {e}")))
+    M::decode(bytes).map_err(|e| {
+        crate::error::Error::invalid_plan(format!(
+            "cannot parse {what}: {}",
+            compact_path(&e.to_string())
+        ))
+    })
+}
+
+/// prost names every message on the path to a decoding error
+/// ("ExecutionStep.substep: ExecutionStep.substep: ...: recursion limit
+/// reached"); runs of one field are shown once with their count, so that a
+/// deeply nested input does not make a message of kilobytes.
+fn compact_path(message: &str) -> String {
+    let mut parts: Vec<(String, usize)> = Vec::new();
+    for p in message.split(": ") {
+        match parts.last_mut() {
+            Some((last, n)) if last == p => *n += 1,
+            _ => parts.push((p.to_string(), 1)),
+        }
+    }
+    parts
+        .into_iter()
+        .map(|(p, n)| if n > 1 { format!("{p} (x{n})") } else { p })
+        .collect::<Vec<_>>()
+        .join(": ")
 }
 
 pub fn encode<M: Message>(m: &M) -> Vec<u8> {
@@ -223,5 +254,39 @@ mod tests {
         assert_eq!(back.only_once, Some(false));
         assert_eq!(back.num_iter, None);
         assert!(decode::<PlanDef>(&[0xff, 0xff, 0xff], "plan").is_err());
+    }
+
+    #[test]
+    fn nesting_is_limited_with_a_short_message() {
+        // 150 substeps deep: past the limit, refused by an error that says
+        // where in a few words (the recursion is prost's, bounded).
+        let mut step = ExecutionStep {
+            name: Some("leaf".into()),
+            ..Default::default()
+        };
+        for _ in 0..150 {
+            step = ExecutionStep {
+                name: Some("s".into()),
+                substep: vec![step],
+                ..Default::default()
+            };
+        }
+        let e = decode::<ExecutionStep>(&encode(&step), "step").unwrap_err();
+        assert!(e.message.contains("recursion limit"), "{}", e.message);
+        assert!(
+            e.message.contains("ExecutionStep.substep (x"),
+            "{}",
+            e.message
+        );
+        assert!(e.message.len() < 200, "{}", e.message);
+        // 100 levels below the top are accepted.
+        let mut ok = ExecutionStep::default();
+        for _ in 0..100 {
+            ok = ExecutionStep {
+                substep: vec![ok],
+                ..Default::default()
+            };
+        }
+        assert!(decode::<ExecutionStep>(&encode(&ok), "step").is_ok());
     }
 }

@@ -1,14 +1,50 @@
 //! Nets: an ordered list of bound operators, run one after another.
 
 use crate::cancel::CancelToken;
-use crate::error::{from_panic, Error, Result};
-use crate::ir::{NetDef, OperatorDef};
+use crate::error::{from_panic, Error, ErrorKind, Result};
+use crate::ir::{NetDef, OperatorDef, MAX_NESTING};
 use crate::operator::{allows_unknown_args, create_operator_with, OpCx, OpIo, Operator};
 use crate::workspace::Workspace;
 use parking_lot::Mutex;
 use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
+
+thread_local! {
+    /// Nets being created or run on this thread, one inside another (Do, If
+    /// and While build and run their nets from inside an op).
+    static NESTING: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// How many nets may be created or run one inside another: as many as a
+/// decoded message can hold (a net argument is three messages below its
+/// net, NetDef > OperatorDef > Argument > NetDef, so 100 levels of messages
+/// hold 34 nets). A plan built in Rust is not bounded by the decoder; this
+/// bound keeps the recursion within a thread's stack even in debug builds.
+pub const MAX_NET_NESTING: usize = MAX_NESTING / 3 + 1;
+
+/// One level of [`NESTING`], for the life of a `Net::create` or `Net::run`.
+struct Nested;
+
+impl Nested {
+    fn enter(net: &str) -> Result<Nested> {
+        let depth = NESTING.get() + 1;
+        if depth > MAX_NET_NESTING {
+            return Err(Error::invalid_plan(format!(
+                "nets are nested more than {MAX_NET_NESTING} levels deep (Do, If and While nets inside each other)"
+            ))
+            .with_net(net));
+        }
+        NESTING.set(depth);
+        Ok(Nested)
+    }
+}
+
+impl Drop for Nested {
+    fn drop(&mut self) {
+        NESTING.set(NESTING.get() - 1);
+    }
+}
 
 /// A net shared by the workspace that owns it and the steps that run it. The
 /// mutex serialises concurrent runs of one net (Caffe2 raced on op state).
@@ -72,6 +108,7 @@ impl Net {
     pub fn create_with(def: &NetDef, ws: &Arc<Workspace>, allow_unknown_args: bool) -> Result<Net> {
         let allow_unknown_args = allow_unknown_args || allows_unknown_args(&def.arg);
         let name = def.net_name().to_string();
+        let _nested = Nested::enter(&name)?;
         let ty = def.r#type.as_deref().unwrap_or("");
         if !KNOWN_NET_TYPES.contains(&ty) {
             return Err(Error::invalid_plan(format!("unknown net type '{ty}'")).with_net(&name));
@@ -149,6 +186,7 @@ impl Net {
     /// Runs the ops in order. `Ok(false)` when an op failed softly; later ops
     /// do not run. Errors (and caught panics) carry the op, its index and the net.
     pub fn run(&mut self, ws: &Arc<Workspace>, cancel: &CancelToken) -> Result<bool> {
+        let _nested = Nested::enter(&self.name)?;
         for (k, slot) in self.ops.iter_mut().enumerate() {
             let mut cx = OpCx {
                 io: &slot.io,
@@ -161,7 +199,14 @@ impl Net {
             match r {
                 Ok(true) => {}
                 Ok(false) => return Ok(false),
-                Err(e) => return Err(e.with_op(&slot.op_type, Some(k)).with_net(&self.name)),
+                Err(mut e) => {
+                    // An allocation that failed inside a kernel without
+                    // naming its blob was for the op's only output.
+                    if e.kind == ErrorKind::OutOfMemory && slot.io.output_names.len() == 1 {
+                        e = e.with_blob(&slot.io.output_names[0]);
+                    }
+                    return Err(e.with_op(&slot.op_type, Some(k)).with_net(&self.name));
+                }
             }
         }
         Ok(true)

@@ -382,8 +382,8 @@ pub struct OpIo {
     pub outputs: Vec<Blob>,
     /// Unique blobs in lock order (increasing id), with whether to write-lock.
     lock_order: SmallVec<[(Blob, bool); 4]>,
-    in_slot: SmallVec<[u16; 4]>,
-    out_slot: SmallVec<[u16; 4]>,
+    in_slot: SmallVec<[usize; 4]>,
+    out_slot: SmallVec<[usize; 4]>,
 }
 
 impl OpIo {
@@ -419,20 +419,24 @@ impl OpIo {
         inputs: Vec<Blob>,
         outputs: Vec<Blob>,
     ) -> OpIo {
-        let mut all: Vec<(Blob, bool)> = Vec::new();
-        for b in &inputs {
-            if !all.iter().any(|(x, _)| Arc::ptr_eq(x, b)) {
-                all.push((b.clone(), false));
-            }
-        }
-        for b in &outputs {
-            match all.iter_mut().find(|(x, _)| Arc::ptr_eq(x, b)) {
-                Some(e) => e.1 = true,
-                None => all.push((b.clone(), true)),
-            }
-        }
-        all.sort_by_key(|(b, _)| b.id());
-        let slot = |b: &Blob| all.iter().position(|(x, _)| Arc::ptr_eq(x, b)).unwrap() as u16;
+        // Every distinct blob once, in id order (ids are unique per blob),
+        // write-locked when any output names it. Sorting instead of a linear
+        // search per name keeps binding an op with 100,000 inputs fast.
+        let mut all: Vec<(Blob, bool)> = inputs
+            .iter()
+            .map(|b| (b.clone(), false))
+            .chain(outputs.iter().map(|b| (b.clone(), true)))
+            .collect();
+        all.sort_by_key(|(b, w)| (b.id(), !*w));
+        // The write entry of a blob sorts first, so keeping the first keeps it.
+        all.dedup_by_key(|(b, _)| b.id());
+        // A slot is an index into every distinct blob of the op, which can
+        // be as many as its inputs and outputs: usize, so no count of
+        // inputs can wrap a slot onto another blob.
+        let slot = |b: &Blob| {
+            all.binary_search_by_key(&b.id(), |(x, _)| x.id())
+                .expect("every blob of the op is in its lock order")
+        };
         let in_slot = inputs.iter().map(slot).collect();
         let out_slot = outputs.iter().map(slot).collect();
         OpIo {
@@ -502,8 +506,8 @@ impl<'a> OpCx<'a> {
 }
 
 impl<'a> Locked<'a> {
-    fn slot(&self, s: u16) -> &BlobValue {
-        match &self.guards[s as usize] {
+    fn slot(&self, s: usize) -> &BlobValue {
+        match &self.guards[s] {
             Guard::R(g) => g,
             Guard::W(g) => g,
         }
@@ -524,7 +528,7 @@ impl<'a> Locked<'a> {
         &self.io.output_names[i]
     }
     pub fn output(&mut self, j: usize) -> &mut BlobValue {
-        match &mut self.guards[self.io.out_slot[j] as usize] {
+        match &mut self.guards[self.io.out_slot[j]] {
             Guard::W(g) => &mut *g,
             Guard::R(_) => unreachable!("outputs are always write-locked"),
         }
@@ -538,7 +542,7 @@ impl<'a> Locked<'a> {
     }
     /// Output `j` mutably and input `i` shared, when they are different blobs.
     pub fn output_and_input(&mut self, j: usize, i: usize) -> Option<(&mut BlobValue, &BlobValue)> {
-        let (o, s) = (self.io.out_slot[j] as usize, self.io.in_slot[i] as usize);
+        let (o, s) = (self.io.out_slot[j], self.io.in_slot[i]);
         if o == s {
             return None;
         }

@@ -18,7 +18,7 @@
 use crate::blob::{Blob, BlobValue};
 use crate::cancel::CancelToken;
 use crate::error::{from_panic, Error, ErrorKind, Result};
-use crate::ir::{ExecutionStep, NetDef, PlanDef};
+use crate::ir::{ExecutionStep, NetDef, PlanDef, MAX_NESTING};
 use crate::net::SharedNet;
 use crate::tensor::Tensor;
 use crate::workspace::Workspace;
@@ -499,12 +499,37 @@ fn run_main<'p>(ctx: &PlanCtx<'p>, c: &Compiled<'p>, tok: &CancelToken) -> Resul
     Ok(true)
 }
 
+/// Refuses steps nested more than [`MAX_NESTING`] levels inside the plan,
+/// naming the deepest one's parent: compiling and running steps recurse, and
+/// a plan built in Rust is not bounded by the decoder's limit. Iterative.
+fn check_nesting(plan: &PlanDef) -> Result<()> {
+    let mut level: Vec<&ExecutionStep> = plan.execution_step.iter().collect();
+    let mut depth = 1;
+    while !level.is_empty() {
+        let next: Vec<&ExecutionStep> = level.iter().flat_map(|s| &s.substep).collect();
+        if depth >= MAX_NESTING && !next.is_empty() {
+            let parent = level
+                .iter()
+                .find(|s| !s.substep.is_empty())
+                .map_or("", |s| s.step_name());
+            return Err(Error::invalid_plan(format!(
+                "steps are nested more than {MAX_NESTING} levels deep in the plan"
+            ))
+            .with_step(parent));
+        }
+        level = next;
+        depth += 1;
+    }
+    Ok(())
+}
+
 /// Runs a plan: its top-level steps in order, each compiled just before it
 /// runs. `Ok(false)` is a soft failure; a cancelled run is `Err(Cancelled)`.
 pub fn run_plan(ws: &Arc<Workspace>, plan: &PlanDef, cancel: &CancelToken) -> Result<bool> {
     if plan.execution_step.is_empty() {
         return Ok(true);
     }
+    check_nesting(plan)?;
     let ctx = PlanCtx::new(ws, plan)?;
     for step in &plan.execution_step {
         let w = Wrapper::new(&ctx, step, ws)?;
@@ -536,6 +561,7 @@ pub fn run_step(
 mod tests {
     use super::*;
     use crate::blob::Counter;
+    use crate::ir::Argument;
     use crate::operator::{register, OpSchema, MANY};
     use crate::ops::kernel;
     use crate::test_util::{int_arg, net, op};
@@ -1137,6 +1163,65 @@ mod tests {
         assert!(run(&ws, &p).unwrap());
         assert!(!ws.has_net("n"));
     }
+
+    #[test]
+    fn steps_and_nets_nested_past_the_limit_are_refused_not_a_stack_overflow() {
+        // Built in Rust, so no decoder limits the depth; before the checks,
+        // compiling or running recursed until the stack overflowed.
+        crate::test_util::in_child(
+            "plan::tests::steps_and_nets_nested_past_the_limit_are_refused_not_a_stack_overflow",
+            || {
+                let ws = Workspace::new();
+                let deep_steps = |depth: usize| {
+                    let mut s = net_step("leaf", &["n"]);
+                    for k in 1..depth {
+                        s = ExecutionStep {
+                            name: Some(format!("level{k}")),
+                            substep: vec![s],
+                            ..Default::default()
+                        };
+                    }
+                    plan(vec![net("n", vec![])], vec![s])
+                };
+                let e = run(&ws, &deep_steps(5000)).unwrap_err();
+                assert_eq!(e.kind, ErrorKind::InvalidPlan, "{}", e.full_message());
+                assert!(e.message.contains("nested more than 100"), "{}", e.message);
+                assert!(e
+                    .context
+                    .step
+                    .as_deref()
+                    .is_some_and(|s| s.starts_with("level")));
+                // 100 levels inside the plan run.
+                assert!(run(&ws, &deep_steps(100)).unwrap());
+                assert!(run(&ws, &deep_steps(101)).is_err());
+
+                // If nets inside If nets (150 deep: a NetDef that deep can
+                // still be cloned and dropped, which recurse too; creating
+                // 100 of them one inside another overflowed a debug build's
+                // 2 MiB stack).
+                ws.feed("cond", BlobValue::Tensor(Tensor::scalar(true)));
+                let deep_ifs = |depth: usize| {
+                    let mut n = net("n0", vec![op("CreateCounter", &[], &["c"], vec![])]);
+                    for k in 1..depth {
+                        let mut then = Argument {
+                            name: Some("then_net".into()),
+                            ..Default::default()
+                        };
+                        then.n = Some(n);
+                        n = net(&format!("n{k}"), vec![op("If", &["cond"], &[], vec![then])]);
+                    }
+                    n
+                };
+                let e = ws
+                    .run_net_once(&deep_ifs(150), &CancelToken::new())
+                    .unwrap_err();
+                assert_eq!(e.kind, ErrorKind::InvalidPlan, "{}", e.full_message());
+                assert!(e.message.contains("nested more than 34"), "{}", e.message);
+                assert!(ws.run_net_once(&deep_ifs(34), &CancelToken::new()).unwrap());
+                assert!(ws.run_net_once(&deep_ifs(35), &CancelToken::new()).is_err());
+            },
+        );
+    }
 }
 
 #[cfg(test)]
@@ -1240,7 +1325,11 @@ mod proptests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 200, .. ProptestConfig::default() })]
+        // 200 cases in CI; PROPTEST_CASES runs more (scripts/fuzz.sh).
+        #![proptest_config(ProptestConfig {
+            cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(200),
+            .. ProptestConfig::default()
+        })]
 
         #[test]
         fn random_plans_never_panic(nets in prop::collection::vec(prop::collection::vec(arb_op(), 0..4), 4),
@@ -1285,6 +1374,14 @@ mod proptests {
                 if let Err(e) = ws.run_operator_once(&op, &CancelToken::new()) {
                     prop_assert_ne!(e.kind, ErrorKind::Internal, "{}", e.full_message());
                 }
+            }
+            if let Ok(net) = crate::ir::decode::<NetDef>(&bytes, "net") {
+                if let Err(e) = ws.create_net(&net, true) {
+                    prop_assert_ne!(e.kind, ErrorKind::Internal, "{}", e.full_message());
+                }
+            }
+            if let Err(e) = crate::storage::deserialize_blob(&bytes) {
+                prop_assert_ne!(e.kind, ErrorKind::Internal, "{}", e.full_message());
             }
         }
     }

@@ -1680,7 +1680,8 @@ impl FerroFile {
 
     /// Reads one payload into a fresh buffer and checks its CRC.
     fn payload_bytes(&mut self, path: &str, e: &IndexEntry) -> Result<Vec<u8>> {
-        let mut v = vec![0u8; e.length as usize];
+        let mut v = crate::tensor::default_buffer::<u8>(e.length as usize, "a blob's payload")
+            .map_err(|err| err.with_blob(&e.name))?;
         self.read_checked(path, e, &mut v)?;
         Ok(v)
     }
@@ -1700,8 +1701,14 @@ impl FerroFile {
         Ok(())
     }
 
-    fn read_pod<T: Pod>(&mut self, path: &str, e: &IndexEntry) -> Result<ArrayD<T>> {
-        let mut v = vec![T::default(); e.numel() as usize];
+    fn read_pod<T: Pod + crate::tensor::Element>(
+        &mut self,
+        path: &str,
+        e: &IndexEntry,
+    ) -> Result<ArrayD<T>> {
+        let what = format!("a {} tensor of shape {:?}", T::DTYPE, e.shape());
+        let mut v = crate::tensor::default_buffer::<T>(e.numel() as usize, what)
+            .map_err(|err| err.with_blob(&e.name))?;
         // One read straight into the tensor's buffer.
         self.read_checked(path, e, pod_bytes_mut(&mut v))?;
         if cfg!(target_endian = "big") {

@@ -3,7 +3,7 @@
 //! There are no implicit casts anywhere: an op that wants `f32` and is handed
 //! an `i64` tensor gets a `Type` error naming both dtypes.
 
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use ndarray::{ArrayD, IxDyn};
 
 /// Caffe2's `TensorProto.DataType` numbering (kept so plans and checkpoints
@@ -182,15 +182,20 @@ macro_rules! with_array {
 /// A Rust element type that a tensor can hold.
 pub trait Element: Clone + Default + Send + Sync + std::fmt::Debug + 'static {
     const DTYPE: DataType;
+    /// Whether an all-zero bit pattern is a valid value equal to
+    /// `Self::default()` (numbers and bool; not strings), so that a buffer of
+    /// defaults can come zeroed from the allocator.
+    const ZEROED_IS_DEFAULT: bool;
     fn wrap(a: ArrayD<Self>) -> Tensor;
     fn view(t: &Tensor) -> Option<&ArrayD<Self>>;
     fn view_mut(t: &mut Tensor) -> Option<&mut ArrayD<Self>>;
 }
 
 macro_rules! element {
-    ($ty:ty, $var:ident, $dt:ident) => {
+    ($ty:ty, $var:ident, $dt:ident, $zeroed:expr) => {
         impl Element for $ty {
             const DTYPE: DataType = DataType::$dt;
+            const ZEROED_IS_DEFAULT: bool = $zeroed;
             fn wrap(a: ArrayD<Self>) -> Tensor {
                 Tensor::$var(a)
             }
@@ -215,16 +220,16 @@ macro_rules! element {
     };
 }
 
-element!(f32, F32, Float);
-element!(f64, F64, Double);
-element!(i32, I32, Int32);
-element!(i64, I64, Int64);
-element!(bool, Bool, Bool);
-element!(u8, U8, Uint8);
-element!(i8, I8, Int8);
-element!(i16, I16, Int16);
-element!(u16, U16, Uint16);
-element!(Vec<u8>, Str, String);
+element!(f32, F32, Float, true);
+element!(f64, F64, Double, true);
+element!(i32, I32, Int32, true);
+element!(i64, I64, Int64, true);
+element!(bool, Bool, Bool, true);
+element!(u8, U8, Uint8, true);
+element!(i8, I8, Int8, true);
+element!(i16, I16, Int16, true);
+element!(u16, U16, Uint16, true);
+element!(Vec<u8>, Str, String, false);
 
 /// Buffers of at least this many bytes ask for transparent huge pages (numpy
 /// does the same for its arrays of 4 MiB or more).
@@ -264,47 +269,176 @@ pub fn advise_huge_pages(ptr: *const u8, len: usize) {
     let _ = (ptr, len);
 }
 
-/// A tensor buffer of `n` default values (0, false, ""). Large buffers are
-/// allocated zeroed and untouched (numeric zeros come from `calloc`, which
-/// maps fresh pages for large sizes) and advised to use huge pages before
-/// anything writes them.
-pub fn default_buffer<T: Element>(n: usize) -> Vec<T> {
-    let v = vec![T::default(); n];
-    advise_huge_pages(
-        v.as_ptr().cast(),
-        n.saturating_mul(std::mem::size_of::<T>()),
-    );
-    v
+// ------------------------------------------------------------ allocation --
+//
+// Every buffer whose size an op's arguments or inputs decide is allocated
+// here, fallibly: a size that passes the element-count checks but that the
+// system cannot provide is an `OutOfMemory` error (Python: MemoryError) that
+// the op, its net and its output blob name, never an abort of the process
+// (Rust's infallible allocations abort on failure).
+
+/// The `OutOfMemory` error for `what` (a tensor of a dtype and shape, a
+/// buffer), naming the size asked for.
+pub fn alloc_error(bytes: usize, what: impl std::fmt::Display) -> Error {
+    Error::new(
+        ErrorKind::OutOfMemory,
+        format!("cannot allocate {bytes} bytes for {what}: out of memory"),
+    )
 }
 
-/// An array of default values of `shape`, on a [`default_buffer`].
-pub fn default_array<T: Element>(shape: &[usize]) -> Result<ArrayD<T>> {
-    let n = shape
+fn tensor_what<T: Element>(shape: &[usize]) -> String {
+    format!("a {} tensor of shape {shape:?}", T::DTYPE)
+}
+
+/// An empty `Vec` with room for `n` elements, or an `OutOfMemory` error
+/// for `what`.
+pub fn try_vec<T>(n: usize, what: impl std::fmt::Display) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n)
+        .map_err(|_| alloc_error(n.saturating_mul(std::mem::size_of::<T>()), what))?;
+    Ok(v)
+}
+
+/// A tensor buffer of `n` default values (0, false, ""), or an
+/// `OutOfMemory` error for `what`. Numeric buffers come zeroed from the
+/// allocator (`calloc`, which maps fresh, untouched pages for large sizes,
+/// as `vec![0; n]` does); large ones are advised to use huge pages before
+/// anything writes them.
+pub fn default_buffer<T: Element>(n: usize, what: impl std::fmt::Display) -> Result<Vec<T>> {
+    let size = std::mem::size_of::<T>();
+    let v = if T::ZEROED_IS_DEFAULT && n > 0 && size > 0 {
+        let layout = std::alloc::Layout::array::<T>(n)
+            .map_err(|_| alloc_error(n.saturating_mul(size), &what))?;
+        // SAFETY: the layout has a non-zero size (n > 0, size > 0).
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<T>();
+        if ptr.is_null() {
+            return Err(alloc_error(layout.size(), what));
+        }
+        // SAFETY: `ptr` was allocated by the global allocator with the
+        // layout of `n` Ts (what a Vec of capacity n uses); all n elements
+        // are initialised, as zero bytes are a valid T (ZEROED_IS_DEFAULT).
+        unsafe { Vec::from_raw_parts(ptr, n, n) }
+    } else {
+        let mut v = try_vec(n, what)?;
+        v.resize(n, T::default());
+        v
+    };
+    advise_huge_pages(v.as_ptr().cast(), n.saturating_mul(size));
+    Ok(v)
+}
+
+/// The element count of `shape`, if its bytes fit in `isize` (the most any
+/// allocation can hold); else a `Shape` error.
+fn checked_count<T>(shape: &[usize]) -> Result<usize> {
+    shape
         .iter()
         .try_fold(1usize, |n, &d| n.checked_mul(d))
         .filter(|&n| {
             n.checked_mul(std::mem::size_of::<T>().max(1))
                 .is_some_and(|b| b <= isize::MAX as usize)
         })
-        .ok_or_else(|| Error::shape(format!("shape {shape:?} has too many elements")))?;
-    ArrayD::from_shape_vec(IxDyn(shape), default_buffer(n)).map_err(|e| Error::shape(e.to_string()))
+        .ok_or_else(|| Error::shape(format!("shape {shape:?} has too many elements")))
 }
 
-/// An owned copy of `a` (row-major). A large contiguous source is copied
-/// into a buffer advised to use huge pages before it is written, so tensors
-/// copied in from outside (fed arrays, loaded checkpoints) stream as fast as
-/// the numpy arrays they came from; anything else is `a.to_owned()`.
-pub fn copy_array<T: Element + Copy>(a: ndarray::ArrayViewD<'_, T>) -> ArrayD<T> {
-    let bytes = a.len().saturating_mul(std::mem::size_of::<T>());
-    match a.as_slice() {
-        Some(src) if bytes >= HUGE_PAGE_MIN_BYTES => {
-            let mut v: Vec<T> = Vec::with_capacity(src.len());
-            advise_huge_pages(v.as_ptr().cast(), bytes);
-            v.extend_from_slice(src);
-            ArrayD::from_shape_vec(a.raw_dim(), v).unwrap_or_else(|_| a.to_owned())
-        }
-        _ => a.to_owned(),
+/// An array of default values of `shape`, on a [`default_buffer`].
+pub fn default_array<T: Element>(shape: &[usize]) -> Result<ArrayD<T>> {
+    let n = checked_count::<T>(shape)?;
+    let v = default_buffer(n, tensor_what::<T>(shape))?;
+    ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|e| Error::shape(e.to_string()))
+}
+
+/// Whether `v`'s bytes are all zero (for numbers and bool only), so that a
+/// buffer of `v`s can come zeroed from the allocator. Bits, not `==`: -0.0
+/// equals 0.0 but is not zero bytes.
+fn is_zero_bits<T: Element>(v: &T) -> bool {
+    if !T::ZEROED_IS_DEFAULT {
+        return false;
     }
+    // SAFETY: ZEROED_IS_DEFAULT types are primitive numbers and bool, whose
+    // bytes are all initialised (no padding); `v` is a valid reference.
+    let bytes = unsafe {
+        std::slice::from_raw_parts((v as *const T).cast::<u8>(), std::mem::size_of::<T>())
+    };
+    bytes.iter().all(|&b| b == 0)
+}
+
+/// An array of `shape` holding `value` everywhere (zeros come untouched
+/// from the allocator, as `vec![0; n]` would).
+pub fn filled_array<T: Element>(shape: &[usize], value: T) -> Result<ArrayD<T>> {
+    if is_zero_bits(&value) {
+        return default_array(shape);
+    }
+    let n = checked_count::<T>(shape)?;
+    let mut v = try_vec(n, tensor_what::<T>(shape))?;
+    v.resize(n, value);
+    ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|e| Error::shape(e.to_string()))
+}
+
+/// An array of `shape` holding the values `values` yields, row-major
+/// (which must be exactly as many as the shape holds).
+pub fn collect_array<T: Element>(
+    shape: &[usize],
+    values: impl IntoIterator<Item = T>,
+) -> Result<ArrayD<T>> {
+    let n = checked_count::<T>(shape)?;
+    let mut v = try_vec(n, tensor_what::<T>(shape))?;
+    v.extend(values.into_iter().take(n));
+    ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|e| Error::shape(e.to_string()))
+}
+
+/// An owned copy of `a` (row-major), or an `OutOfMemory` error. A large
+/// contiguous source is copied into a buffer advised to use huge pages
+/// before it is written, so tensors copied in from outside (fed arrays,
+/// loaded checkpoints) stream as fast as the numpy arrays they came from.
+pub fn copy_array<T: Element>(a: ndarray::ArrayViewD<'_, T>) -> Result<ArrayD<T>> {
+    let n = a.len();
+    let bytes = n.saturating_mul(std::mem::size_of::<T>());
+    let mut v: Vec<T> = try_vec(n, tensor_what::<T>(a.shape()))?;
+    advise_huge_pages(v.as_ptr().cast(), bytes);
+    match a.as_slice() {
+        Some(src) => v.extend_from_slice(src),
+        None => v.extend(a.iter().cloned()),
+    }
+    ArrayD::from_shape_vec(a.raw_dim(), v).map_err(|e| Error::internal(format!("copying: {e}")))
+}
+
+/// `views` joined along `axis` (their other dims are equal; at least one
+/// view), in a fallibly allocated array: ndarray's `concatenate` aborts
+/// when the result cannot be allocated, and an op that names one input many
+/// times makes a result far larger than its inputs. Along axis 0 the views
+/// are copied one after the other (`memcpy` for contiguous ones).
+pub fn concatenate<T: Element>(
+    axis: usize,
+    views: &[ndarray::ArrayViewD<'_, T>],
+) -> Result<ArrayD<T>> {
+    let first = views
+        .first()
+        .ok_or_else(|| Error::internal("concatenating no arrays"))?;
+    let mut shape = first.shape().to_vec();
+    shape[axis] = views
+        .iter()
+        .try_fold(0usize, |n, v| n.checked_add(v.shape()[axis]))
+        .ok_or_else(|| Error::shape(format!("the concatenated dim {axis} overflows")))?;
+    if axis == 0 {
+        let n = checked_count::<T>(&shape)?;
+        let mut v = try_vec(n, tensor_what::<T>(&shape))?;
+        for part in views {
+            match part.as_slice() {
+                Some(s) => v.extend_from_slice(s),
+                None => v.extend(part.iter().cloned()),
+            }
+        }
+        return ArrayD::from_shape_vec(IxDyn(&shape), v).map_err(|e| Error::shape(e.to_string()));
+    }
+    let mut out = default_array::<T>(&shape)?;
+    let mut at = 0;
+    for part in views {
+        let k = part.shape()[axis];
+        out.slice_axis_mut(ndarray::Axis(axis), ndarray::Slice::from(at..at + k))
+            .assign(part);
+        at += k;
+    }
+    Ok(out)
 }
 
 impl Tensor {
@@ -378,6 +512,12 @@ impl Tensor {
                 )))
             }
         })
+    }
+
+    /// A copy of the tensor, or an `OutOfMemory` error (`clone` aborts
+    /// the process when the copy cannot be allocated).
+    pub fn try_clone(&self) -> Result<Tensor> {
+        Ok(with_array!(self, a => Tensor::from(copy_array(a.view())?)))
     }
 
     /// A 0-dim tensor holding one value.
@@ -513,21 +653,23 @@ enum Growth {
 
 /// Appends the rows of `b` to `a` (the inner dims were checked) by
 /// extending `a`'s vector: `memcpy` for plain types and amortised geometric
-/// growth (ndarray's `append` clones element by element). Arrays not in
-/// standard layout go through ndarray.
-fn extend_rows<T: Clone>(
+/// growth (ndarray's `append` clones element by element). An array not in
+/// standard layout is first copied into one. A buffer that cannot grow is
+/// an `OutOfMemory` error and leaves `a` as it was.
+fn extend_rows<T: Element>(
     a: &mut ArrayD<T>,
     b: &ArrayD<T>,
     growth: Growth,
 ) -> Result<Option<Spare>> {
     if !a.is_standard_layout() {
-        a.append(ndarray::Axis(0), b.view())
-            .map_err(|e| Error::shape(e.to_string()))?;
-        return Ok(None);
+        *a = copy_array(a.view())?;
     }
     let n = a.len();
-    let mut shape = a.shape().to_vec();
-    shape[0] += b.shape()[0];
+    let old_shape = a.shape().to_vec();
+    let mut shape = old_shape.clone();
+    shape[0] = shape[0]
+        .checked_add(b.shape()[0])
+        .ok_or_else(|| Error::shape("appending rows: too many rows"))?;
     let placeholder = ArrayD::from_shape_vec(IxDyn(&[0]), Vec::new()).expect("an empty array");
     let (mut v, first) = std::mem::replace(a, placeholder).into_raw_vec_and_offset();
     // In standard layout the elements are v[first..first + n], in order.
@@ -537,9 +679,17 @@ fn extend_rows<T: Clone>(
         v.drain(..first);
     }
     let capacity = v.capacity();
-    match growth {
-        Growth::Vec => v.reserve(b.len()),
+    let reserved = match growth {
+        Growth::Vec => v.try_reserve(b.len()).is_ok(),
         Growth::Appends => reserve_for_append(&mut v, b.len()),
+    };
+    if !reserved {
+        let bytes = n
+            .saturating_add(b.len())
+            .saturating_mul(std::mem::size_of::<T>());
+        *a = ArrayD::from_shape_vec(IxDyn(&old_shape), v)
+            .map_err(|e| Error::internal(format!("appending rows: {e}")))?;
+        return Err(alloc_error(bytes, tensor_what::<T>(&shape)));
     }
     let grew = v.capacity() != capacity;
     match b.as_slice() {
@@ -576,10 +726,11 @@ pub const LARGE_APPEND_CAPACITY: usize = 32 << 20;
 /// pages, each a page fault), and never copied once large. Only address
 /// space is reserved: pages are committed when first written (or
 /// prefaulted).
-fn reserve_for_append<T>(v: &mut Vec<T>, more: usize) {
+/// False when not even `more` elements can be allocated.
+fn reserve_for_append<T>(v: &mut Vec<T>, more: usize) -> bool {
     let need = v.len().saturating_add(more);
     if need <= v.capacity() {
-        return;
+        return true;
     }
     let size = std::mem::size_of::<T>().max(1);
     let mut want = need
@@ -588,10 +739,8 @@ fn reserve_for_append<T>(v: &mut Vec<T>, more: usize) {
     if want.saturating_mul(size) > MIN_APPEND_CAPACITY {
         want = want.max(LARGE_APPEND_CAPACITY / size);
     }
-    if v.try_reserve_exact(want - v.len()).is_err() {
-        // Not that much address space: just what is needed.
-        v.reserve(more);
-    }
+    // Not that much address space: just what is needed.
+    v.try_reserve_exact(want - v.len()).is_ok() || v.try_reserve(more).is_ok()
 }
 
 /// Asks the OS to map the whole pages inside `start..end` writable now, as
@@ -687,17 +836,42 @@ mod tests {
     }
 
     #[test]
+    fn filled_arrays_keep_every_bit_of_their_value() {
+        let z = filled_array(&[3], 0.0f32).unwrap();
+        assert!(z.iter().all(|x| x.to_bits() == 0));
+        let nz = filled_array(&[3], -0.0f32).unwrap();
+        assert!(nz.iter().all(|x| x.to_bits() == (-0.0f32).to_bits()));
+        assert_eq!(
+            filled_array(&[2], true)
+                .unwrap()
+                .iter()
+                .copied()
+                .collect::<Vec<_>>(),
+            vec![true, true]
+        );
+        assert_eq!(
+            filled_array(&[2], b"s".to_vec())
+                .unwrap()
+                .iter()
+                .cloned()
+                .collect::<Vec<_>>(),
+            vec![b"s".to_vec(), b"s".to_vec()]
+        );
+        assert!(filled_array(&[usize::MAX, 2], 1i64).is_err());
+    }
+
+    #[test]
     fn copy_array_copies_every_layout() {
         let small = ArrayD::from_shape_vec(IxDyn(&[2, 3]), vec![1i32, 2, 3, 4, 5, 6]).unwrap();
-        assert_eq!(copy_array(small.view()), small);
+        assert_eq!(copy_array(small.view()).unwrap(), small);
         let t = small.t();
-        assert_eq!(copy_array(t.view()), t.to_owned());
+        assert_eq!(copy_array(t.view()).unwrap(), t.to_owned());
         let big = ArrayD::from_shape_vec(
             IxDyn(&[3, 1 << 20]),
             (0..3 << 20).map(|i| i as f32).collect(),
         )
         .unwrap();
-        assert_eq!(copy_array(big.view()), big);
+        assert_eq!(copy_array(big.view()).unwrap(), big);
     }
 
     #[test]

@@ -43,3 +43,30 @@ pub fn net(name: &str, ops: Vec<OperatorDef>) -> NetDef {
         ..Default::default()
     }
 }
+
+/// Runs `body` in a child process (this test binary, re-run on the test
+/// `name` alone), for tests whose failure would be a crash: an abort in the
+/// child fails the test in the parent instead of taking the whole run down.
+/// `name` is the test's path as `cargo test` prints it.
+pub fn in_child(name: &str, body: impl FnOnce()) {
+    const VAR: &str = "FERROCAFFE_TEST_CHILD";
+    if std::env::var(VAR).as_deref() == Ok(name) {
+        body();
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().expect("the test binary"))
+        .args([name, "--exact", "--test-threads=1", "--nocapture"])
+        .env(VAR, name)
+        .output()
+        .expect("the child test runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && text.contains("1 passed"),
+        "the child running {name} failed ({}):\n{text}",
+        out.status
+    );
+}

@@ -547,6 +547,8 @@ def python_ops(monkeypatch):
 
     fake.register = register
     fake.calls = calls
+    fake.trusted = []
+    fake.trust = fake.trusted.append
     monkeypatch.setitem(sys.modules, "ferrocaffe._python_ops", fake)
     monkeypatch.setattr(ferrocaffe, "_python_ops", fake, raising=False)
     return fake
@@ -581,6 +583,8 @@ def test_python_op_with_a_builder_tuple(python_ops):
     assert values["pass_workspace"] == ("i", 0)
     func, args, kwargs = pickle.loads(values["pickled_builder"][1])
     assert func is dict and args == ([("a", 1)],) and kwargs == {"b": 2}
+    # Made here, so trusted to be unpickled when the op is built.
+    assert python_ops.trusted == [values["pickled_builder"][1]]
     assert func(*args, **kwargs) == {"a": 1, "b": 2}
     with pytest.raises(AssertionError, match=r"Expected builder tuple \(func, args, kwargs\)"):
         net.Python((dict, []))

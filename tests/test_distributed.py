@@ -320,6 +320,23 @@ def test_python_ops_run_in_the_nodes_process(session):
     assert int(out.fetch()[0]) != os.getpid()
 
 
+# A Python op's builder, pickled into the op and unpickled on the node
+# (stdlib only, so that the node's process can import it).
+PID_WRITER = (eval, ("lambda inputs, outputs: outputs[0].feed(__import__('numpy')"
+                     ".array([__import__('os').getpid()], 'int64'))",), {})
+
+
+def test_builder_python_ops_made_here_are_trusted_on_the_node(session):
+    with TaskGroup() as tg:
+        with Node('py'), Task():
+            net = core.Net('pybuilder')
+            pid_blob = net.Python(PID_WRITER)([], ['pid'])
+            ops.net(net)
+            out = final_output(pid_blob)
+    session.run(tg)
+    assert int(out.fetch()[0]) == session.node_info('py')['pid']
+
+
 def test_unpicklable_python_op_is_refused_at_compile(session):
     lock = threading.Lock()
 

@@ -366,6 +366,31 @@ def test_damaged_pages_fail_the_read_naming_file_and_column(tmp_path):
     assert str(bad) in str(info.value) and "column 'uid'" in str(info.value)
 
 
+def test_a_flipped_bit_in_a_checksummed_page_fails_the_read(tmp_path):
+    # pyarrow stores a CRC-32 per page when asked; plain, uncompressed
+    # pages, so the flipped bit changes a value rather than the encoding.
+    uids = [i * 7 + 3 for i in range(400)]
+    good = str(tmp_path / 'good.parquet')
+    pq.write_table(pa.table({'uid': pa.array(uids, pa.int64()),
+                             'score': pa.array(range(400), pa.float32())}),
+                   good, compression='none', use_dictionary=False,
+                   write_page_checksum=True)
+    [[uid, _]] = read_batches(ParquetReader(good, batch_size=1000))
+    assert uid.tolist() == uids
+    meta = pq.ParquetFile(good).metadata.row_group(0).column(0)
+    data = bytearray(open(good, 'rb').read())
+    # A bit of the last uid's third byte (the page ends with the values).
+    data[meta.data_page_offset + meta.total_compressed_size - 6] ^= 0x10
+    bad = tmp_path / 'bad.parquet'
+    bad.write_bytes(bytes(data))
+    with pytest.raises(OSError, match='CRC checksum'):
+        pq.read_table(str(bad), page_checksum_verification=True)
+    reader = ParquetReader(str(bad), batch_size=1000)
+    with pytest.raises(errors.FerrocaffeIOError, match='checksum') as info:
+        run_with_timeout(lambda: read_batches(reader))
+    assert str(bad) in str(info.value) and "column 'uid'" in str(info.value)
+
+
 def test_a_failed_read_leaves_the_last_batch_in_its_outputs(tmp_path):
     recs = records(0, 400)
     good = write_parquet(str(tmp_path / 'good.parquet'), recs,

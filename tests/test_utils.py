@@ -95,8 +95,9 @@ def test_feeding_a_tensor_proto_feeds_its_values():
     got = ws.fetch_blob('t')
     assert got.dtype == np.int64 and got.tolist() == [[1, 2], [3, 4]]
     tensor.int64_data.append(5)
-    with pytest.raises(errors.FeedError) as info:
+    with pytest.raises(errors.FerrocaffeError) as info:
         ws.feed_blob('t', tensor)
+    assert isinstance(info.value, ValueError)
     assert info.value.blob == 't'
     assert ws.fetch_blob('t').tolist() == [[1, 2], [3, 4]]
 

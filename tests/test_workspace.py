@@ -729,3 +729,27 @@ def test_every_path_may_be_a_pathlike(fresh, tmp_path):
     elsewhere = tmp_path / "elsewhere"
     workspace.ResetWorkspace(elsewhere)
     assert workspace.RootFolder() == str(elsewhere) and elsewhere.is_dir()
+
+
+def test_feed_a_tensor_proto_and_serialize_deserialize_blobs(fresh):
+    from ferrocaffe import proto
+    t = proto.TensorProto(dims=[2, 2], data_type=proto.TensorProto.INT64, int64_data=[1, 2, 3, 4])
+    workspace.FeedBlob("t", t)
+    got = workspace.FetchBlob("t")
+    assert got.dtype == np.int64 and got.tolist() == [[1, 2], [3, 4]]
+    data = workspace.SerializeBlob("t")
+    back = proto.BlobProto.FromString(data)
+    assert back.name == "t" and back.type == "Tensor" and list(back.tensor.dims) == [2, 2]
+    workspace.DeserializeBlob("u", data)
+    assert workspace.FetchBlob("u").tolist() == [[1, 2], [3, 4]]
+    workspace.FeedBlob("s", b"bytes blob")
+    workspace.DeserializeBlob("s2", workspace.SerializeBlob("s"))
+    assert workspace.FetchBlob("s2") == b"bytes blob"
+    # Too few values for the dims: a typed error, the blob unchanged.
+    bad = proto.TensorProto(dims=[3], data_type=proto.TensorProto.FLOAT, float_data=[1.0])
+    with pytest.raises(errors.FerrocaffeError) as info:
+        workspace.FeedBlob("u", bad)
+    assert info.value.blob == "u" and isinstance(info.value, ValueError)
+    assert workspace.FetchBlob("u").tolist() == [[1, 2], [3, 4]]
+    with pytest.raises(errors.CorruptCheckpointError):
+        workspace.DeserializeBlob("u", b"\xff\x01")

@@ -1,16 +1,26 @@
 """The registry behind ``Net.Python``: functions are registered here under a
 token, which the ``Python`` operator carries as an argument; builder tuples
-travel pickled and are called once per operator instance."""
+travel pickled and are called once per operator instance.
+
+Unpickling runs arbitrary code, so a ``pickled_builder`` is unpickled only
+when it is trusted: made by ``Net.Python`` in this process, or named by
+``core.TrustPickledBuilders`` (the explicit opt-in for nets and plans read
+from files or bytes). Trust is by SHA-256 of the pickled bytes."""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import pickle
 import threading
 
+from . import errors
+
 _lock = threading.Lock()
 _registry: dict[str, tuple[object, bool]] = {}
 _ids = itertools.count()
+# SHA-256 digests of the pickled builders that may be unpickled.
+_trusted: set[bytes] = set()
 
 
 def register(func, pass_workspace: bool = False, name: str | None = None) -> str:
@@ -21,6 +31,24 @@ def register(func, pass_workspace: bool = False, name: str | None = None) -> str
     return token
 
 
+def digest(pickled_builder: bytes) -> bytes:
+    return hashlib.sha256(bytes(pickled_builder)).digest()
+
+
+def trust(pickled_builder: bytes) -> None:
+    """Lets ``pickled_builder`` be unpickled when an op carrying it is built."""
+    trust_digests([digest(pickled_builder)])
+
+
+def trust_digests(digests) -> None:
+    with _lock:
+        _trusted.update(bytes(d) for d in digests)
+
+
+def is_trusted(pickled_builder: bytes) -> bool:
+    return digest(pickled_builder) in _trusted
+
+
 def build(token: str | None, pickled_builder: bytes | None, pass_workspace: bool):
     """Returns ``(callable, pass_workspace)`` for one operator instance."""
     if token:
@@ -29,8 +57,21 @@ def build(token: str | None, pickled_builder: bytes | None, pass_workspace: bool
         except KeyError:
             raise KeyError(f"no Python function is registered under token '{token}'") from None
     if pickled_builder is not None:
+        if not is_trusted(pickled_builder):
+            raise errors.InvalidArgumentError(
+                "refusing to unpickle the Python op's 'pickled_builder': it was not made by "
+                "Net.Python in this process, and unpickling runs arbitrary code. If you trust "
+                "the net or plan it came from, call "
+                "ferrocaffe.core.TrustPickledBuilders(net_or_plan) before running it",
+                op="Python",
+            )
         builder, args, kwargs = pickle.loads(pickled_builder)
-        return builder(*args, **kwargs), bool(pass_workspace)
+        func = builder(*args, **kwargs)
+        if not callable(func):
+            raise errors.InvalidArgumentError(
+                f"the Python op's builder {builder!r} returned {type(func).__name__}, "
+                "which is not callable", op="Python")
+        return func, bool(pass_workspace)
     raise ValueError("a Python op needs a 'token' or a 'pickled_builder' argument")
 
 

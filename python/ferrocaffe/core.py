@@ -24,6 +24,7 @@ from itertools import chain
 
 import numpy as np
 
+from ferrocaffe import errors
 from ferrocaffe import proto as caffe2_pb2
 from ferrocaffe import scope, utils, workspace  # noqa: F401 (Caffe2's core exposes both)
 from ferrocaffe.workspace import GetGlobalInitArgs, GlobalInit  # noqa: F401 (core.GlobalInit, as in Caffe2)
@@ -63,6 +64,7 @@ __all__ = [
     "output_to_list",
     "allow_unknown_arguments",
     "ALLOW_UNKNOWN_ARGUMENTS",
+    "TrustPickledBuilders",
 ]
 
 # Convenience redirections, as in Caffe2.
@@ -671,7 +673,13 @@ def CreateOperator(
         operator.arg.extend(arg)
     for key, value in kwargs.items():
         if value is not None:
-            operator.arg.append(_MakeArgument(key, value))
+            try:
+                operator.arg.append(_MakeArgument(key, value))
+            except (errors.FerrocaffeError, UnicodeError) as e:
+                # An int out of int64's range, a str with no UTF-8 form.
+                raise errors.InvalidArgumentError(
+                    f"argument '{key}' of a {operator_type} op: {e}", op=operator_type
+                ) from None
 
     workspace = sys.modules.get("ferrocaffe.workspace")
     is_immediate = getattr(workspace, "IsImmediate", None)
@@ -702,6 +710,64 @@ def CreatePythonOperator(
         f, grad_f, python_func_type, pass_workspace=pass_workspace
     )
     return CreateOperator("Python", inputs, outputs, *args, **kwargs)
+
+
+def _nets_within(proto):
+    """Every NetDef inside ``proto`` (a PlanDef, NetDef or OperatorDef),
+    the nets that ops carry in arguments (``Do``, ``If``, ``While``)
+    included. Iterative, so how deeply nets nest is no limit."""
+    nets, ops = [], []
+    kind = type(proto).__name__
+    if kind == "PlanDef":
+        nets.extend(proto.network)
+    elif kind == "NetDef":
+        nets.append(proto)
+    elif kind == "OperatorDef":
+        ops.append(proto)
+    else:
+        raise TypeError(f"expected a PlanDef, NetDef or OperatorDef, got {kind}")
+    i = 0
+    while ops or i < len(nets):
+        for op in ops:
+            for arg in op.arg:
+                if arg.HasField("n"):
+                    nets.append(arg.n)
+                nets.extend(arg.nets)
+        ops = list(nets[i].op) if i < len(nets) else []
+        i += 1
+    return nets
+
+
+def _ops_within(proto):
+    """Every OperatorDef inside ``proto`` (see ``_nets_within``)."""
+    ops = [proto] if type(proto).__name__ == "OperatorDef" else []
+    for net in _nets_within(proto):
+        ops.extend(net.op)
+    return ops
+
+
+def TrustPickledBuilders(net_or_plan) -> int:
+    """Lets the ``Python`` ops of ``net_or_plan`` (a Net, Plan, or a NetDef,
+    PlanDef or OperatorDef, nested nets included) unpickle their
+    ``pickled_builder`` when they are built. Returns how many builders it
+    trusted.
+
+    Nets and plans read from files or bytes never unpickle a builder
+    otherwise, since unpickling runs arbitrary code; builders that
+    ``Net.Python`` made in this process need no call. Call this only on
+    nets and plans from a source you trust."""
+    from ferrocaffe import _python_ops
+
+    proto = net_or_plan.Proto() if hasattr(net_or_plan, "Proto") else net_or_plan
+    count = 0
+    for op in _ops_within(proto):
+        if op.type != "Python":
+            continue
+        for arg in op.arg:
+            if arg.name == "pickled_builder" and arg.HasField("s"):
+                _python_ops.trust(arg.s)
+                count += 1
+    return count
 
 
 # ------------------------------------------------------------------ nets --
@@ -817,6 +883,8 @@ class Net:
             name = self._net.name
         else:
             name = name_or_proto
+            if isinstance(name, str):
+                name = caffe2_pb2._utf8(name, "net", net=repr(name))
             self._net = caffe2_pb2.NetDef()
             self._next_name_index = 0
 
@@ -1263,6 +1331,12 @@ class Net:
             return pickle.dumps((func, tuple(args), dict(kwargs)))
 
         f_builder = make_builder(f)
+        if f_builder:
+            # Made here from the caller's own objects: safe to unpickle when
+            # the op is built (builders from anywhere else are not).
+            from ferrocaffe import _python_ops
+
+            _python_ops.trust(f_builder)
         grad_f_builder = make_builder(grad_f)
         assert (not grad_f) or ((not f_builder) == (not grad_f_builder)), (
             "A tuple has to be passed to both f and grad_f or neither."
@@ -1332,6 +1406,20 @@ class Net:
 # ------------------------------------------------------- execution steps --
 
 
+#: How many levels of substeps a step may have below it: a PlanDef holding
+#: it is then at most protobuf's MAX_NESTING levels deep.
+_MAX_STEP_DEPTH = caffe2_pb2.MAX_NESTING - 1
+
+
+def _step_depth(step_proto):
+    """Levels of substeps below an ExecutionStep proto (iterative)."""
+    depth, level = 0, list(step_proto.substep)
+    while level:
+        depth += 1
+        level = [sub for s in level for sub in s.substep]
+    return depth
+
+
 class ExecutionStep:
     """A step of a plan: nets to run, or substeps, with iteration rules.
 
@@ -1354,10 +1442,13 @@ class ExecutionStep:
 
     def __init__(self, name, nets=None, num_iter=None):
         self._step = caffe2_pb2.ExecutionStep()
+        if isinstance(name, str):
+            name = caffe2_pb2._utf8(name, "step", step=repr(name))
         self._step.name = name or ExecutionStep._get_next_step_name("step")
         self._net_dict = OrderedDict()
         self._is_used = False
         self._substeps = []
+        self._depth = 0  # levels of substeps below this step
         if nets is not None:
             if isinstance(nets, Net):
                 nets = [nets]
@@ -1365,7 +1456,16 @@ class ExecutionStep:
                 if _add_net_to_dict(self._net_dict, net):
                     self._step.network.extend([get_net_name(net)])
         if num_iter is not None:
-            self._step.num_iter = num_iter
+            self._set("num_iter", num_iter)
+
+    def _set(self, field, value):
+        """Sets a field of the step's proto; a value the field cannot hold
+        (an int out of its range) is an error naming the step."""
+        try:
+            setattr(self._step, field, value)
+        except errors.FerrocaffeError as e:
+            name = self._step.name
+            raise type(e)(f"step '{name}', field {field}: {e}", step=name) from None
 
     def get_net(self, name):
         return self._net_dict[name]
@@ -1401,19 +1501,19 @@ class ExecutionStep:
 
     def SetIter(self, num_iter):
         self._assert_can_mutate()
-        self._step.num_iter = num_iter
+        self._set("num_iter", num_iter)
 
     def SetCreateWorkspace(self, create_workspace):
         self._assert_can_mutate()
-        self._step.create_workspace = create_workspace
+        self._set("create_workspace", create_workspace)
 
     def SetNumConcurrentInstances(self, num_concurrent_instances):
         self._assert_can_mutate()
-        self._step.num_concurrent_instances = num_concurrent_instances
+        self._set("num_concurrent_instances", num_concurrent_instances)
 
     def SetOnlyOnce(self, only_once):
         self._assert_can_mutate()
-        self._step.only_once = only_once
+        self._set("only_once", only_once)
 
     def SetShouldStopBlob(self, should_stop_blob):
         assert isinstance(should_stop_blob, BlobReference), (
@@ -1427,31 +1527,47 @@ class ExecutionStep:
         run, and once more after they finish. Ignored for a top-level step."""
         # Caffe2 bug fixed: upstream skipped the mutability check here.
         self._assert_can_mutate()
-        self._step.run_every_ms = interval
+        self._set("run_every_ms", interval)
 
     def SetReportNet(self, report_net, report_interval):
         """Deprecated: use RunEveryMillis."""
         self._assert_can_mutate()
         _add_net_to_dict(self._net_dict, report_net)
         self._step.report_net = get_net_name(report_net)
-        self._step.report_interval = report_interval
+        self._set("report_interval", report_interval)
 
     def AddSubstep(self, substep):
         """Adds a step (or ExecutionStep proto) as a substep; an empty step
         is dropped. Returns self."""
         self._assert_can_mutate()
         assert not self.HasNets(), "Cannot have both network and substeps."
+        if substep is self:
+            # Caffe2 recursed forever walking such a step.
+            raise errors.InvalidPlanError(
+                f"step '{self.Name()}' cannot be a substep of itself", step=self.Name())
+        if isinstance(substep, ExecutionStep):
+            if not substep.HasNets() and not substep.HasSubsteps():
+                substep._notify_is_used()
+                return self
+            proto, sub_depth = substep.Proto(), substep._depth
+        else:
+            proto, sub_depth = substep, _step_depth(substep)
+        depth = max(self._depth, sub_depth + 1)
+        if depth > _MAX_STEP_DEPTH:
+            # Protobuf (and the runtime's decoder) stop at 100 levels of
+            # messages; a PlanDef holding this step would be refused.
+            raise errors.InvalidPlanError(
+                f"cannot add step '{proto.name}' to step '{self.Name()}': steps may nest at "
+                f"most {_MAX_STEP_DEPTH} levels deep (protobuf's limit of "
+                f"{caffe2_pb2.MAX_NESTING} levels of messages, inside a plan)",
+                step=self.Name())
         if isinstance(substep, ExecutionStep):
             substep._notify_is_used()
-            if not substep.HasNets() and not substep.HasSubsteps():
-                return self
             for net in substep.Nets():
                 _add_net_to_dict(self._net_dict, net)
             self._substeps.append(substep)
-            proto = substep.Proto()
-        else:
-            proto = substep
         self._step.substep.add().CopyFrom(proto)
+        self._depth = depth
         return self
 
     def SetConcurrentSubsteps(self, concurrent_substeps):

@@ -165,8 +165,10 @@ class _NodeActor(object):
     def run(self, run_id, key, plan_bytes, python_ops, output_names):
         from ferrocaffe import _python_ops
         if plan_bytes is not None:
-            for token, (payload, pass_ws) in (python_ops or {}).items():
+            functions, builders = python_ops or ({}, ())
+            for token, (payload, pass_ws) in functions.items():
                 _python_ops.register(pickle.loads(payload), pass_ws, name=token)
+            _python_ops.trust_digests(builders)
             self._plans[key] = plan_bytes
         plan = self._plans.get(key)
         if plan is None:
@@ -270,29 +272,16 @@ class _RayPlans(object):
         self.node_plans = node_plans
 
 
-def _nets_of_plan(plan_def):
-    nets = list(plan_def.network)
-
-    def from_args(args):
-        for arg in args:
-            if arg.HasField('n'):
-                nets.append(arg.n)
-            nets.extend(arg.nets)
-
-    i = 0
-    while i < len(nets):
-        for op in nets[i].op:
-            from_args(op.arg)
-        i += 1
-    return nets
-
-
 def _python_ops_of(plan_def):
-    """The Python functions a plan's Python ops call, pickled by value so
-    that the node's process can register them under the same tokens."""
+    """What the node's process needs for a plan's Python ops: the functions
+    they call, pickled by value so that the node can register them under
+    the same tokens, and the digests of the pickled builders trusted here
+    (made by Net.Python or named by TrustPickledBuilders), which the node
+    then trusts too."""
     from ferrocaffe import _python_ops
     found = {}
-    for net in _nets_of_plan(plan_def):
+    builders = set()
+    for net in core._nets_within(plan_def):
         for op in net.op:
             if op.type != 'Python':
                 continue
@@ -300,6 +289,9 @@ def _python_ops_of(plan_def):
             for arg in op.arg:
                 if arg.name == 'token' and arg.HasField('s'):
                     token = arg.s.decode() if isinstance(arg.s, bytes) else arg.s
+                if (arg.name == 'pickled_builder' and arg.HasField('s')
+                        and _python_ops.is_trusted(arg.s)):
+                    builders.add(_python_ops.digest(arg.s))
             if not token or token in found:
                 continue
             func, pass_ws = _python_ops._registry.get(token, (None, False))
@@ -314,7 +306,7 @@ def _python_ops_of(plan_def):
                     % (op.name or token, net.name, func, type(exc).__name__, exc),
                     op='Python', net=net.name) from exc
             found[token] = (payload, pass_ws)
-    return found
+    return found, sorted(builders)
 
 
 def _node_kwargs_of(task_group):

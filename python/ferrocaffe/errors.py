@@ -33,6 +33,7 @@ __all__ = [
     "CancelledError",
     "FerrocaffeIOError",
     "CorruptCheckpointError",
+    "OutOfMemoryError",
     "InternalError",
     "NodeFailedError",
     "SessionClosedError",
@@ -127,6 +128,11 @@ class CorruptCheckpointError(FerrocaffeError, ValueError):
     """A checkpoint or db file failed verification."""
 
 
+class OutOfMemoryError(FerrocaffeError, MemoryError):
+    """A tensor or buffer the system could not allocate (the op, net and
+    blob are named; the workspace stays usable)."""
+
+
 class InternalError(FerrocaffeError):
     """A bug in ferrocaffe (a caught Rust panic). Please report it."""
 
@@ -161,5 +167,6 @@ _BY_KIND = {
     "Cancelled": CancelledError,
     "Io": FerrocaffeIOError,
     "CorruptCheckpoint": CorruptCheckpointError,
+    "OutOfMemory": OutOfMemoryError,
     "Internal": InternalError,
 }

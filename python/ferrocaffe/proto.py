@@ -27,6 +27,8 @@ from array import array
 from collections.abc import MutableSequence
 from operator import index as _index
 
+from . import errors
+
 __all__ = [
     "DecodeError",
     "EncodeError",
@@ -48,12 +50,26 @@ __all__ = [
 ]
 
 
-class DecodeError(Exception):
+class DecodeError(errors.FerrocaffeError, ValueError):
     """The bytes given to ``ParseFromString`` are not a valid message."""
 
 
-class EncodeError(Exception):
-    """A message cannot be serialised (a required field is missing)."""
+class EncodeError(errors.FerrocaffeError, ValueError):
+    """A message cannot be serialised (a required field is missing, or it
+    nests too deeply)."""
+
+
+#: How deeply messages may nest below the one serialised, parsed, copied,
+#: compared or printed: protobuf's default recursion limit, which the Rust
+#: runtime's decoder (prost) enforces too. Deeper messages give a typed
+#: error here rather than a RecursionError (the walks are recursive).
+MAX_NESTING = 100
+
+
+def _too_deep(cls, what):
+    return cls(
+        "cannot {} a message nested more than {} levels deep (protobuf's limit)".format(
+            what, MAX_NESTING))
 
 
 # ----------------------------------------------------------------- enums --
@@ -285,7 +301,7 @@ def _is_ndarray(value):
     return t.__name__ == "ndarray" and t.__module__ == "numpy"
 
 
-def _make_int_check(kind):
+def _make_int_check(kind, field):
     lo, hi = _INT_RANGES[kind]
 
     def check(value):
@@ -296,7 +312,8 @@ def _make_int_check(kind):
                 raise _type_error(value, "int")
             n = _index(value)
         if n < lo or n > hi:
-            raise ValueError("Value out of range: {}".format(n))
+            raise errors.InvalidArgumentError(
+                "Value out of range: {} (field {} is {}, [{}, {}])".format(n, field, kind, lo, hi))
         return n
 
     return check
@@ -332,16 +349,39 @@ def _check_bool(value):
     raise _type_error(value, "bool, int")
 
 
-def _check_string(value):
-    if type(value) is str:
-        return value
-    if isinstance(value, str):
-        return str(value)
+def _utf8(value, what=None, **context):
+    """``value`` (a str, or UTF-8 bytes) as a str that has a UTF-8 form,
+    else an InvalidArgumentError (``what``: the kind of name it is, for the
+    message; ``context``: the error's attributes). Every string the runtime
+    keeps is UTF-8; a lone surrogate or a stray byte would otherwise
+    surface later as a Unicode error."""
+    label = "the {} name {!r}".format(what, value) if what else repr(value)
     if isinstance(value, (bytes, bytearray)):
         try:
             return bytes(value).decode("utf-8")
         except UnicodeDecodeError:
-            raise ValueError(
+            raise errors.InvalidArgumentError(
+                "{} is not valid UTF-8".format(label), **context) from None
+    value = str(value)
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise errors.InvalidArgumentError(
+                "{} has no UTF-8 encoding (it holds a lone surrogate); protobuf strings, "
+                "and so every blob, net, step and argument name, are UTF-8".format(label),
+                **context) from None
+    return value
+
+
+def _check_string(value):
+    if isinstance(value, str):
+        return _utf8(value)
+    if isinstance(value, (bytes, bytearray)):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            raise errors.InvalidArgumentError(
                 "{!r} has type bytes, but isn't valid UTF-8 encoding. Non-UTF-8 strings "
                 "must be converted to unicode objects before being added.".format(value)
             ) from None
@@ -352,15 +392,15 @@ def _check_bytes(value):
     if type(value) is bytes:
         return value
     if isinstance(value, str):
-        return value.encode("utf-8")
+        return _utf8(value).encode("utf-8")
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value)
     raise _type_error(value, "bytes, str")
 
 
-def _checker(kind):
+def _checker(kind, field):
     if kind in _INT_RANGES:
-        return _make_int_check(kind)
+        return _make_int_check(kind, field)
     return {
         "float": _check_float,
         "double": _check_double,
@@ -394,8 +434,12 @@ def _varint(n):
     return bytes(out)
 
 
+class _MissingRequired(EncodeError):
+    pass
+
+
 def _missing_required(msg, names):
-    raise EncodeError(
+    raise _MissingRequired(
         "Message {} is missing required fields: {}".format(
             type(msg).DESCRIPTOR.full_name, ",".join(n for n in names if n not in msg._values)
         )
@@ -486,8 +530,9 @@ def _present_child(msg, name, cls):
     return sub
 
 
-def _decode_field(msg, data, pos, end, tag):
-    """Decodes one field whose tag has been read; returns the new position."""
+def _decode_field(msg, data, pos, end, tag, depth):
+    """Decodes one field whose tag has been read; returns the new position.
+    ``depth``: how deeply ``msg`` is nested in the message being parsed."""
     number = tag >> 3
     wire_type = tag & 7
     if number == 0:
@@ -542,6 +587,8 @@ def _decode_field(msg, data, pos, end, tag):
         if stop > end:
             raise DecodeError("Truncated message.")
         if kind == "message":
+            if depth >= MAX_NESTING:
+                raise _too_deep(DecodeError, "parse")
             if repeated:
                 sub = fd._sub_cls()
                 _container(msg, name)._items.append(sub)
@@ -549,7 +596,7 @@ def _decode_field(msg, data, pos, end, tag):
                 sub = msg._values.get(name)
                 if sub is None:
                     sub = _present_child(msg, name, fd._sub_cls)
-            fd._sub_cls._decode_fields(sub, data, pos, stop)
+            fd._sub_cls._decode_fields(sub, data, pos, stop, depth + 1)
             return stop
         if kind == "string":
             v = str(data[pos:stop], "utf-8")
@@ -587,7 +634,7 @@ def _emit_varint_append(code, expr, out="out"):
 
 def _emit_encoder(cls, code):
     fields = cls.DESCRIPTOR.fields
-    code("def _enc_{}(msg, out, partial):".format(cls.__name__))
+    code("def _enc_{}(msg, out, partial, depth=0):".format(cls.__name__))
     code.indent()
     code("values = msg._values")
     if cls._required:
@@ -626,8 +673,10 @@ def _emit_encoder(cls, code):
             code.indent()
         item = "x" if repeated else "v"
         if kind == "message":
+            code("if depth >= MAX_NESTING:")
+            code("    raise TOO_DEEP(EncodeError, 'serialise')")
             code("sub = bytearray()")
-            code("_enc_{}({}, sub, partial)".format(fd._sub_cls.__name__, item))
+            code("_enc_{}({}, sub, partial, depth + 1)".format(fd._sub_cls.__name__, item))
             code("n = len(sub)")
             code("out += {!r}".format(tag))
             _emit_varint_append(code, "n")
@@ -673,7 +722,7 @@ def _emit_append(code, name, expr):
 
 
 def _emit_decoder(cls, code):
-    code("def _dec_{}(msg, data, pos, end):".format(cls.__name__))
+    code("def _dec_{}(msg, data, pos, end, depth=0):".format(cls.__name__))
     code.indent()
     code("values = msg._values")
     code("while pos < end:")
@@ -695,6 +744,8 @@ def _emit_decoder(cls, code):
         first = False
         code.indent()
         if kind == "message":
+            code("if depth >= MAX_NESTING:")
+            code("    raise TOO_DEEP(DecodeError, 'parse')")
             _emit_length(code)
             sub_cls = fd._sub_cls.__name__
             if repeated:
@@ -704,7 +755,7 @@ def _emit_decoder(cls, code):
                 code("sub = values.get({!r})".format(name))
                 code("if sub is None:")
                 code("    sub = _present_child(msg, {!r}, {})".format(name, sub_cls))
-            code("_dec_{}(sub, data, pos, stop)".format(sub_cls))
+            code("_dec_{}(sub, data, pos, stop, depth + 1)".format(sub_cls))
             code("pos = stop")
         else:
             if kind in ("string", "bytes"):
@@ -740,10 +791,10 @@ def _emit_decoder(cls, code):
                 code("values[{!r}] = v".format(name))
         code.dedent()
     if first:
-        code("pos = _decode_field(msg, data, pos, end, tag)")
+        code("pos = _decode_field(msg, data, pos, end, tag, depth)")
     else:
         code("else:")
-        code("    pos = _decode_field(msg, data, pos, end, tag)")
+        code("    pos = _decode_field(msg, data, pos, end, tag, depth)")
     code.dedent()
     code("if pos != end:")
     code("    raise DecodeError('Truncated message.')")
@@ -761,6 +812,9 @@ def _compile(classes):
         "_decode_field": _decode_field,
         "_missing_required": _missing_required,
         "DecodeError": DecodeError,
+        "EncodeError": EncodeError,
+        "MAX_NESTING": MAX_NESTING,
+        "TOO_DEEP": _too_deep,
         "struct": struct,
         "PACK_F": struct.Struct("<f").pack,
         "PACK_D": struct.Struct("<d").pack,
@@ -846,6 +900,8 @@ def _text_value(fd, value):
 
 
 def _text(msg, indent, lines):
+    if indent > 2 * MAX_NESTING:
+        raise _too_deep(errors.InvalidArgumentError, "print")
     pad = " " * indent
     for fd, value in msg.ListFields():
         if fd.label == FieldDescriptor.LABEL_REPEATED:
@@ -1201,10 +1257,12 @@ class Message:
 
     def FindInitializationErrors(self):
         errors = []
-        self._find_missing("", errors)
+        self._find_missing("", errors, 0)
         return errors
 
-    def _find_missing(self, prefix, errors):
+    def _find_missing(self, prefix, errors, depth):
+        if depth > MAX_NESTING:
+            raise _too_deep(EncodeError, "check")
         values = self._values
         for name in self._required:
             if name not in values:
@@ -1213,10 +1271,10 @@ class Message:
         for name, value in values.items():
             kind = kinds[name]
             if kind == _MESSAGE:
-                value._find_missing(prefix + name + ".", errors)
+                value._find_missing(prefix + name + ".", errors, depth + 1)
             elif kind == _REPEATED_MESSAGE:
                 for i, m in enumerate(value._items):
-                    m._find_missing("{}{}[{}].".format(prefix, name, i), errors)
+                    m._find_missing("{}{}[{}].".format(prefix, name, i), errors, depth + 1)
 
     def WhichOneof(self, oneof_group):
         raise ValueError('Protocol message has no oneof "{}" field.'.format(oneof_group))
@@ -1226,7 +1284,9 @@ class Message:
 
     # -- copying and merging
 
-    def _merge(self, other):
+    def _merge(self, other, depth=0):
+        if depth > MAX_NESTING:
+            raise _too_deep(errors.InvalidArgumentError, "copy")
         kinds = self._kinds
         values = self._values
         for name, value in other._values.items():
@@ -1238,17 +1298,18 @@ class Message:
                     _container(self, name)._items.extend(value._items)
             elif kind == _REPEATED_MESSAGE:
                 if value._items:
-                    _container(self, name)._items.extend([m._deepcopy() for m in value._items])
+                    _container(self, name)._items.extend(
+                        [m._deepcopy(depth + 1) for m in value._items])
             else:
                 sub = values.get(name)
                 if sub is None:
                     sub = getattr(self, name)  # may be a lazy child
                     sub._modified()
-                sub._merge(value)
+                sub._merge(value, depth + 1)
 
-    def _deepcopy(self):
+    def _deepcopy(self, depth=0):
         new = type(self)()
-        new._merge(self)
+        new._merge(self, depth)
         return new
 
     def MergeFrom(self, other):
@@ -1309,7 +1370,29 @@ class Message:
             return NotImplemented
         if type(other) is not type(self):
             return False
-        return self._present() == other._present()
+        return self._equal(other, 0)
+
+    def _equal(self, other, depth):
+        """Field-by-field equality, sub-messages compared with a nesting
+        bound (a plain ``==`` of nested values recurses without one)."""
+        if depth > MAX_NESTING:
+            raise _too_deep(errors.InvalidArgumentError, "compare")
+        mine, theirs = self._present(), other._present()
+        if mine.keys() != theirs.keys():
+            return False
+        kinds = self._kinds
+        for name, a in mine.items():
+            b = theirs[name]
+            kind = kinds[name]
+            if kind == _MESSAGE:
+                if not a._equal(b, depth + 1):
+                    return False
+            elif kind == _REPEATED_MESSAGE:
+                if len(a) != len(b) or not all(x._equal(y, depth + 1) for x, y in zip(a, b)):
+                    return False
+            elif not (a is b or a == b):  # as dict equality compares values
+                return False
+        return True
 
     __hash__ = None
 
@@ -1326,7 +1409,7 @@ class Message:
         out = bytearray()
         try:
             type(self)._encode_fields(self, out, False)
-        except EncodeError:
+        except _MissingRequired:
             raise EncodeError(
                 "Message {} is missing required fields: {}".format(
                     self.DESCRIPTOR.full_name, ",".join(self.FindInitializationErrors())
@@ -1497,10 +1580,10 @@ def _resolve(classes):
                     prop = _message_property(name, fd)
                     kinds[name] = _MESSAGE
             elif repeated:
-                prop = _repeated_scalar_property(name, _checker(fd.kind))
+                prop = _repeated_scalar_property(name, _checker(fd.kind, fd.full_name))
                 kinds[name] = _REPEATED_SCALAR
             else:
-                prop = _scalar_property(name, fd.default_value, _checker(fd.kind))
+                prop = _scalar_property(name, fd.default_value, _checker(fd.kind, fd.full_name))
                 kinds[name] = _SCALAR
             if fd.label == FieldDescriptor.LABEL_REQUIRED:
                 required.append(name)

@@ -9,6 +9,7 @@ children (``Workspace(parent)``) that see their parent's blobs.
 from __future__ import annotations
 
 import contextlib
+import operator
 import os
 import shutil
 import tempfile
@@ -18,7 +19,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from . import _core, errors
+from . import _core, errors, proto
 
 __all__ = [
     "Workspace",
@@ -27,6 +28,8 @@ __all__ = [
     "FeedBlob",
     "FetchBlob",
     "FetchBlobs",
+    "SerializeBlob",
+    "DeserializeBlob",
     "HasBlob",
     "Blobs",
     "CreateBlob",
@@ -69,8 +72,6 @@ __all__ = [
     "GetGPUMemoryInfo",
     "blobs",
     "OpSchema",
-    "SerializeBlob",
-    "DeserializeBlob",
     "TensorHandle",
     "IsImmediate",
     "WorkspaceGuard",
@@ -98,20 +99,33 @@ def StringifyProto(obj: Any) -> bytes:
     raise ValueError(f"Unexpected argument to StringifyProto of type {type(obj).__name__}")
 
 
-def _stringify_name(name: Any, expected: str) -> str:
-    if isinstance(name, str):
-        return name
-    if isinstance(name, bytes):
-        return name.decode("utf-8")
-    if type(name).__name__ == expected:
-        return str(name)
-    raise TypeError(f"expected a string or a {expected} as a name, not {type(name).__name__}")
+def _int64(value: Any, what: str, **context) -> int:
+    """``value`` as an int in int64's range, or a typed error naming it."""
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise errors.DataTypeError(
+            f"{what} must be an int, got {type(value).__name__}", **context) from None
+    if not -(1 << 63) <= n < (1 << 63):
+        raise errors.InvalidArgumentError(f"{what} {n} does not fit in int64", **context)
+    return n
+
+
+def _stringify_name(name: Any, expected: str, kind: str, **context) -> str:
+    """``name`` (str, UTF-8 bytes, or an object of type ``expected``) as a
+    str; TypeError for another type, InvalidArgumentError for a name with no
+    UTF-8 form."""
+    if not isinstance(name, (str, bytes, bytearray)):
+        if type(name).__name__ != expected:
+            raise TypeError(f"expected a string or a {expected} as a name, not {type(name).__name__}")
+        name = str(name)
+    return proto._utf8(name, kind, **context)
 
 
 def StringifyBlobName(name: Any) -> str:
     """The name of a blob given as str, bytes or BlobReference (TypeError
     for anything else)."""
-    return _stringify_name(name, "BlobReference")
+    return _stringify_name(name, "BlobReference", "blob", blob=name if isinstance(name, str) else repr(name))
 
 
 def StringifyNetName(name: Any) -> str:
@@ -121,7 +135,7 @@ def StringifyNetName(name: Any) -> str:
         return name.Name()
     if hasattr(name, "name") and not isinstance(name, (str, bytes)):
         return name.name
-    return _stringify_name(name, "Net")
+    return _stringify_name(name, "Net", "net", net=name if isinstance(name, str) else repr(name))
 
 
 def GetNetName(net: Any) -> str:
@@ -146,13 +160,6 @@ def _to_feedable(name: str, arr: Any):
     bytes or str), or raises FeedError."""
     if isinstance(arr, (str, bytes)):
         return arr
-    if type(arr).__name__ == "TensorProto" and hasattr(arr, "dims"):
-        from . import utils  # lazy: only for TensorProto feeds
-
-        try:
-            arr = utils.Caffe2TensorToNumpyArray(arr)
-        except (TypeError, ValueError) as e:
-            raise errors.FeedError(f"cannot feed TensorProto into blob '{name}': {e}", blob=name) from None
     if isinstance(arr, np.ndarray):
         if arr.dtype.kind in "SU":
             return arr.astype(object)
@@ -368,8 +375,20 @@ class Workspace:
 
     def feed_blob(self, name, arr, device_option=None) -> bool:
         name = StringifyBlobName(name)
+        if isinstance(arr, proto.TensorProto):
+            # Decoded by the runtime with Caffe2's rules (dims, data_type,
+            # the data field of that type, segment).
+            blob = proto.BlobProto(name=name, type="Tensor", tensor=arr)
+            self._core.deserialize_blob(name, blob.SerializeToString())
+            return True
         self._core.feed_blob(name, _to_feedable(name, arr))
         return True
+
+    def serialize_blob(self, name) -> bytes:
+        return self._core.serialize_blob(StringifyBlobName(name))
+
+    def deserialize_blob(self, name, serialized_blob: bytes) -> None:
+        self._core.deserialize_blob(StringifyBlobName(name), bytes(serialized_blob))
 
     def reset_blob(self, name) -> None:
         self._core.reset_blob(StringifyBlobName(name))
@@ -388,6 +407,7 @@ class Workspace:
 
     def run_net(self, name, num_iter: int = 1, allow_fail: bool = False) -> bool:
         name = StringifyNetName(name)
+        num_iter = _int64(num_iter, "num_iter", net=name)
         ok = self._core.run_net(name, num_iter)
         return _check(ok, allow_fail, f"net '{name}'")
 
@@ -499,20 +519,19 @@ def ResetWorkspace(root_folder: str | None = None) -> bool:
     return True
 
 
-def SerializeBlob(name) -> bytes:
-    """A blob of the current workspace as Caffe2's serialised ``BlobProto``."""
-    name = StringifyBlobName(name)
-    return current_workspace()._core.serialize_blob(name)
-
-
-def DeserializeBlob(name, serialized: bytes) -> None:
-    """Sets a blob of the current workspace (created if needed) from a
-    serialised ``BlobProto``."""
-    current_workspace()._core.deserialize_blob(StringifyBlobName(name), serialized)
-
-
 def FeedBlob(name, arr, device_option=None) -> bool:
     return current_workspace().feed_blob(name, arr, device_option)
+
+
+def SerializeBlob(name) -> bytes:
+    """The blob as a serialised ``BlobProto`` (Caffe2's ``SerializeBlob``)."""
+    return current_workspace().serialize_blob(name)
+
+
+def DeserializeBlob(name, serialized_blob: bytes) -> None:
+    """Stores the value of a serialised ``BlobProto`` in blob ``name``
+    (Caffe2's ``DeserializeBlob``)."""
+    current_workspace().deserialize_blob(name, serialized_blob)
 
 
 def FetchBlob(name):

@@ -37,7 +37,9 @@ use crate::blob::{BlobMutex, BlobObject, BlobValue};
 use crate::error::{Error, ErrorKind, Result};
 use crate::ir::{BlobProto, TensorProto};
 use crate::operator::{InPlace, Locked, OpCx, OpDefCtx, OpSchema, Operator, MANY};
-use crate::tensor::{prefault_for_write, DataType, Spare, Tensor, LARGE_APPEND_CAPACITY};
+use crate::tensor::{
+    concatenate, prefault_for_write, try_vec, DataType, Spare, Tensor, LARGE_APPEND_CAPACITY,
+};
 use crate::with_array;
 use ndarray::{Axis, Slice};
 use parking_lot::Mutex;
@@ -336,13 +338,11 @@ fn columns<'a>(
 /// inner dims; no ranges gives 0 rows).
 fn gather_rows(t: &Tensor, ranges: &[(usize, usize)]) -> Result<Tensor> {
     with_array!(t, a => {
-        let views: Vec<_> = ranges.iter().map(|&(lo, hi)| a.slice_axis(Axis(0), Slice::from(lo..hi))).collect();
-        let out = match views.as_slice() {
-            [] => a.slice_axis(Axis(0), Slice::from(0..0)).to_owned(),
-            [one] => one.to_owned(),
-            many => ndarray::concatenate(Axis(0), many).map_err(|e| Error::internal(e.to_string()))?,
-        };
-        Ok(Tensor::from(out))
+        let mut views: Vec<_> = ranges.iter().map(|&(lo, hi)| a.slice_axis(Axis(0), Slice::from(lo..hi))).collect();
+        if views.is_empty() {
+            views.push(a.slice_axis(Axis(0), Slice::from(0..0)));
+        }
+        Ok(Tensor::from(concatenate(0, &views)?))
     })
 }
 
@@ -751,7 +751,10 @@ fn compute_offset(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
                 ));
             }
             let rows = cols.limits[0] as usize + 1;
-            let mut data = Vec::with_capacity(rows * nd);
+            let mut data = try_vec(
+                rows.saturating_mul(nd),
+                format!("a {rows} x {nd} offsets matrix"),
+            )?;
             let mut offsets = cursor.offsets.lock();
             let mut at = if offsets.is_empty() {
                 vec![0; nd]
@@ -908,7 +911,8 @@ impl Operator for SortAndShuffleOp {
             } else {
                 self.shuffle_size
             };
-            let mut idx: Vec<i64> = (0..size as i64).collect();
+            let mut idx: Vec<i64> = try_vec(size, format!("{size} int64 indices"))?;
+            idx.extend(0..size as i64);
             if let Some(f) = self.sort_by {
                 if cursor.it.domain[f] != 0 {
                     return Err(Error::invalid_arg(format!(
@@ -933,7 +937,7 @@ impl Operator for SortAndShuffleOp {
             let num_batches = size / bs;
             let mut order: Vec<usize> = (0..num_batches).collect();
             caffe2_shuffle(&mut order);
-            let mut out = Vec::with_capacity(size);
+            let mut out = try_vec(size, format!("{size} int64 indices"))?;
             for b in order {
                 out.extend_from_slice(&idx[b * bs..(b + 1) * bs]);
             }
@@ -983,20 +987,20 @@ fn read_random_batch(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
                 let mut offsets = cursor.offsets.lock();
                 offsets.resize(1, 0);
                 let mut at = offsets[0];
-                if enforce && at + batch_size > n {
+                if enforce && at.saturating_add(batch_size) > n {
                     at = n;
                 }
                 if loop_over && at >= n {
                     offsets[0] = 0;
                     at = 0;
                 }
-                offsets[0] += batch_size;
+                offsets[0] = offsets[0].saturating_add(batch_size);
                 at
             };
             let picked = if first >= n {
                 &idx[..0]
             } else {
-                &idx[first as usize..(first + batch_size).min(n) as usize]
+                &idx[first as usize..first.saturating_add(batch_size).min(n) as usize]
             };
             let (fields, names) = field_inputs(&l, 3, nf)?;
             let mut batch = Vec::with_capacity(nf);
@@ -1156,7 +1160,7 @@ fn check_append(dst: &BlobValue, src: &Tensor) -> Result<AppendMode> {
 fn do_append(dst: &mut BlobValue, src: &Tensor, mode: AppendMode) -> Result<Option<Spare>> {
     match mode {
         AppendMode::Replace => {
-            *dst = BlobValue::Tensor(src.clone());
+            *dst = BlobValue::Tensor(src.try_clone()?);
             Ok(None)
         }
         AppendMode::Extend => dst.tensor_mut()?.append_rows_growing(src),

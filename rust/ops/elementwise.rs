@@ -666,8 +666,7 @@ fn out_slice<'o, U: Element + Copy>(o: &'o mut BlobValue, shape: &[usize]) -> Re
 /// array standard-layout first if it is not).
 fn std_slice_mut<T: Element>(a: &mut ArrayD<T>) -> Result<&mut [T]> {
     if !a.is_standard_layout() {
-        let c = a.as_standard_layout().into_owned();
-        *a = c;
+        *a = crate::tensor::copy_array(a.view())?;
     }
     a.as_slice_mut()
         .ok_or_else(|| bug("the output buffer is not contiguous"))
@@ -2363,6 +2362,28 @@ mod tests {
         // Integers wrap.
         run(&w, def("Sum", &["i", "j", "j"], &["y"], vec![])).unwrap();
         assert_eq!(get(&w, "y"), t(&[3], vec![i64::MIN + 1, 5, 8]));
+    }
+
+    #[test]
+    fn sum_of_more_distinct_inputs_than_a_u16_counts_reads_each_blob() {
+        // Input k holds k: a slot index that wrapped at 65,536 would read
+        // input 0 (or another early blob) instead, and the output's slot
+        // would land on an input's read guard.
+        let n = 70_000usize;
+        let names: Vec<String> = (0..n).map(|k| format!("x{k}")).collect();
+        let w = Workspace::new();
+        for (k, name) in names.iter().enumerate() {
+            w.feed(name, BlobValue::Tensor(Tensor::scalar(k as i64)));
+        }
+        let ins: Vec<&str> = names.iter().map(String::as_str).collect();
+        run(&w, def("Sum", &ins, &["total"], vec![])).unwrap();
+        let expected = (n as i64) * (n as i64 - 1) / 2;
+        assert_eq!(get(&w, "total"), Tensor::scalar(expected));
+        // In place on input 0, with the last input named twice.
+        let mut ins2 = ins.clone();
+        ins2.push(ins[n - 1]);
+        run(&w, def("Sum", &ins2, &["x0"], vec![])).unwrap();
+        assert_eq!(get(&w, "x0"), Tensor::scalar(expected + n as i64 - 1));
     }
 
     #[test]

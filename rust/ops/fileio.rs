@@ -53,13 +53,15 @@
 //! same first dimension; the other dimensions are each record's shape. Rows
 //! are read with positioned reads straight from the file (no memory map: a
 //! file truncated under a mapping would crash the process, a read just
-//! fails). Batches are claimed under a mutex and read outside it, so threads
-//! sharing a reader read in parallel. dtypes: bool, int8/16/32/64,
+//! fails). A batch is read under the reader's mutex and the position moves
+//! only after it was read, so threads sharing a reader get distinct rows
+//! and a failed read loses none. dtypes: bool, int8/16/32/64,
 //! uint8/16, float32/64, either byte order, `S<n>` and `U<n>` (to UTF-8
 //! byte strings, trailing NULs dropped as numpy does).
 //!
 //! Errors: a missing or unreadable file is an `Io` error and so is a corrupt
-//! one (not a Parquet or .npy file, truncated, a page that fails to decode);
+//! one (not a Parquet or .npy file, truncated, a page that fails to decode
+//! or whose CRC-32, when the writer stored one, does not match its bytes);
 //! a column of the wrong type is a `Type` error. All name the file (and the
 //! column); a reader that failed keeps its position, and the next read tries
 //! again from there.
@@ -70,7 +72,7 @@ use crate::blob::{BlobObject, BlobValue};
 use crate::error::{from_panic, Error, ErrorKind, Result};
 use crate::ir::BlobProto;
 use crate::operator::{OpCx, OpDefCtx, OpSchema, Operator, MANY};
-use crate::tensor::{DataType, Tensor};
+use crate::tensor::{collect_array, try_vec, DataType, Tensor};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use parquet::basic::{Compression, ConvertedType, LogicalType, Repetition, Type as PhysicalType};
@@ -917,34 +919,57 @@ struct Acc {
     rep: Vec<i16>,
 }
 
-impl Acc {
-    fn new(spec: &ColumnSpec, n: usize) -> Acc {
-        Self::reusing(spec, n, None)
+impl Values {
+    /// No values of `dtype` (strings for any dtype without a numeric vector).
+    fn empty(dtype: DataType) -> Values {
+        match dtype {
+            DataType::Bool => Values::Bool(Vec::new()),
+            DataType::Int8 => Values::I8(Vec::new()),
+            DataType::Int16 => Values::I16(Vec::new()),
+            DataType::Uint8 => Values::U8(Vec::new()),
+            DataType::Uint16 => Values::U16(Vec::new()),
+            DataType::Int32 => Values::I32(Vec::new()),
+            DataType::Int64 => Values::I64(Vec::new()),
+            DataType::Float => Values::F32(Vec::new()),
+            DataType::Double => Values::F64(Vec::new()),
+            _ => Values::Bytes(Vec::new()),
+        }
     }
+}
 
-    /// `old`: a string column's earlier batch, whose strings are
-    /// overwritten in place (their buffers reused) before any is allocated.
-    fn reusing(spec: &ColumnSpec, n: usize, old: Option<Vec<Vec<u8>>>) -> Acc {
+impl Acc {
+    /// An accumulator with room for `n` records, allocated fallibly (`n`
+    /// comes from the batch_size argument and the record counts a file's
+    /// footer declares). `old`: a string column's earlier batch, whose
+    /// strings are overwritten in place (their buffers reused) before any
+    /// is allocated.
+    fn reusing(spec: &ColumnSpec, n: usize, old: Option<Vec<Vec<u8>>>) -> Result<Acc> {
         let cap = if spec.list { 0 } else { n };
-        let values = match spec.dtype {
-            DataType::Bool => Values::Bool(Vec::with_capacity(cap)),
-            DataType::Int8 => Values::I8(Vec::with_capacity(cap)),
-            DataType::Int16 => Values::I16(Vec::with_capacity(cap)),
-            DataType::Uint8 => Values::U8(Vec::with_capacity(cap)),
-            DataType::Uint16 => Values::U16(Vec::with_capacity(cap)),
-            DataType::Int32 => Values::I32(Vec::with_capacity(cap)),
-            DataType::Int64 => Values::I64(Vec::with_capacity(cap)),
-            DataType::Float => Values::F32(Vec::with_capacity(cap)),
-            DataType::Double => Values::F64(Vec::with_capacity(cap)),
-            _ => Values::Bytes(old.unwrap_or_else(|| Vec::with_capacity(cap))),
-        };
-        Acc {
+        let what = || format!("a batch of {n} records of column '{}'", spec.name);
+        let mut values = Values::empty(spec.dtype);
+        macro_rules! reserve {
+            ($($v:ident),*) => {
+                match &mut values {
+                    $(Values::$v(v) => *v = try_vec(cap, what())?,)*
+                    Values::Bytes(v) => match old {
+                        Some(o) => *v = o,
+                        None => *v = try_vec(cap, what())?,
+                    },
+                }
+            };
+        }
+        reserve!(Bool, I8, I16, U8, U16, I32, I64, F32, F64);
+        Ok(Acc {
             values,
             strings: 0,
-            lengths: spec.list.then(|| Vec::with_capacity(n)),
+            lengths: if spec.list {
+                Some(try_vec(n, what())?)
+            } else {
+                None
+            },
             def: Vec::new(),
             rep: Vec::new(),
-        }
+        })
     }
 
     /// The finished tensors: `[lengths,] values`.
@@ -1366,20 +1391,12 @@ impl ParquetReader {
         pos: u64,
         n: usize,
         at_file: &mut usize,
-        mut old: Vec<Option<Vec<Vec<u8>>>>,
+        mut accs: Vec<Acc>,
     ) -> std::result::Result<(Vec<Tensor>, u64), (usize, String)> {
         if slot.as_ref().is_none_or(|o| o.pos != pos) {
             *slot = None;
             *slot = self.seek(pos)?;
         }
-        // Reserve for what is left at most (a huge batch_size allocates nothing).
-        let cap = n.min(usize::try_from(self.total.saturating_sub(pos)).unwrap_or(usize::MAX));
-        let mut accs: Vec<Acc> = self
-            .columns
-            .iter()
-            .enumerate()
-            .map(|(c, spec)| Acc::reusing(spec, cap, old.get_mut(c).and_then(Option::take)))
-            .collect();
         let mut got = 0usize;
         while got < n {
             let Some(o) = slot.as_mut() else { break };
@@ -1449,13 +1466,22 @@ impl ParquetReader {
     pub fn read_batch_reusing(
         &self,
         n: usize,
-        old: Vec<Option<Vec<Vec<u8>>>>,
+        mut old: Vec<Option<Vec<Vec<u8>>>>,
     ) -> Result<Vec<Tensor>> {
         let mut cur = self.cursor.lock();
         let pos = cur.pos;
         let mut at_file = cur.open.as_ref().map_or(0, |o| o.file);
+        // Reserve for what is left at most (a huge batch_size allocates
+        // nothing); what cannot be allocated fails before anything is read.
+        let cap = n.min(usize::try_from(self.total.saturating_sub(pos)).unwrap_or(usize::MAX));
+        let accs = self
+            .columns
+            .iter()
+            .enumerate()
+            .map(|(c, spec)| Acc::reusing(spec, cap, old.get_mut(c).and_then(Option::take)))
+            .collect::<Result<Vec<Acc>>>()?;
         let r = catch_unwind(AssertUnwindSafe(|| {
-            self.read_at(&mut cur.open, pos, n, &mut at_file, old)
+            self.read_at(&mut cur.open, pos, n, &mut at_file, accs)
         }));
         let fail = |cur: &mut PqCursor, file: usize, msg: String| {
             cur.open = None;
@@ -1946,15 +1972,7 @@ impl ParquetWriter {
         st.bufs = cols
             .iter()
             .map(|c| WriteBuf {
-                values: Acc::new(
-                    &ColumnSpec {
-                        name: c.name.clone(),
-                        dtype: c.dtype,
-                        list: c.list,
-                    },
-                    0,
-                )
-                .values,
+                values: Values::empty(c.dtype),
                 lengths: Vec::new(),
             })
             .collect();
@@ -2151,15 +2169,7 @@ impl ParquetWriter {
         st.bufs = cols
             .iter()
             .map(|c| WriteBuf {
-                values: Acc::new(
-                    &ColumnSpec {
-                        name: c.name.clone(),
-                        dtype: c.dtype,
-                        list: c.list,
-                    },
-                    0,
-                )
-                .values,
+                values: Values::empty(c.dtype),
                 lengths: Vec::new(),
             })
             .collect();
@@ -2234,11 +2244,11 @@ fn parse_descr(descr: &str) -> std::result::Result<(NpyKind, bool), String> {
         _ => ('=', descr),
     };
     let big = order == '>' || (order == '=' && cfg!(target_endian = "big"));
-    let (kind, size) = rest.split_at(
+    let (kind, digits) = rest.split_at(
         rest.find(|c: char| c.is_ascii_digit())
             .unwrap_or(rest.len()),
     );
-    let size: Option<usize> = size.parse().ok();
+    let size: Option<usize> = digits.parse().ok();
     let k = match (kind, size) {
         ("b", Some(1)) | ("?", None) => NpyKind::Bool,
         ("i", Some(1)) => NpyKind::I8,
@@ -2251,9 +2261,25 @@ fn parse_descr(descr: &str) -> std::result::Result<(NpyKind, bool), String> {
         ("f", Some(8)) => NpyKind::F64,
         ("S" | "a", Some(n)) if n > 0 => NpyKind::Bytes(n),
         ("U", Some(n)) if n > 0 => NpyKind::Unicode(n),
+        // A size too long to parse as usize: numpy refuses it too.
+        ("S" | "a" | "U", None) if !digits.is_empty() => {
+            return Err(format!("the dtype '{descr}' is too large"))
+        }
         ("O", _) => return Err("object arrays (pickled Python objects) are not supported".into()),
         _ => return Err(format!("the dtype '{descr}' is not supported")),
     };
+    // numpy keeps an item's size in a C int and refuses larger dtypes (a
+    // `U` item is 4 bytes per code point); checked, so no size wraps.
+    let itemsize = match k {
+        NpyKind::Bytes(n) => Some(n),
+        NpyKind::Unicode(n) => n.checked_mul(4),
+        _ => Some(1),
+    };
+    if itemsize.is_none_or(|b| b > i32::MAX as usize) {
+        return Err(format!(
+            "the dtype '{descr}' is too large (numpy's items hold at most 2**31 - 1 bytes)"
+        ));
+    }
     Ok((k, big))
 }
 
@@ -2400,7 +2426,10 @@ impl NpyFile {
         let mut shape = Vec::with_capacity(1 + self.row_shape.len());
         shape.push(n);
         shape.extend_from_slice(&self.row_shape);
-        let mut buf = vec![0u8; n * self.row_bytes];
+        let mut buf = crate::tensor::default_buffer::<u8>(
+            n * self.row_bytes,
+            format_args!("{n} rows of '{}'", self.path),
+        )?;
         let off = self.data_offset + start * self.row_bytes as u64;
         self.file.read_exact_at(&mut buf, off).map_err(|e| {
             io_err(
@@ -2411,20 +2440,20 @@ impl NpyFile {
         macro_rules! num {
             ($t:ty) => {{
                 const W: usize = std::mem::size_of::<$t>();
-                let v: Vec<$t> = if self.big {
-                    buf.chunks_exact(W)
-                        .map(|c| <$t>::from_be_bytes(c.try_into().expect("width")))
-                        .collect()
-                } else {
-                    buf.chunks_exact(W)
-                        .map(|c| <$t>::from_le_bytes(c.try_into().expect("width")))
-                        .collect()
-                };
-                Tensor::from_vec(&shape, v)
+                let big = self.big;
+                let values = buf.chunks_exact(W).map(|c| {
+                    let c = c.try_into().expect("width");
+                    if big {
+                        <$t>::from_be_bytes(c)
+                    } else {
+                        <$t>::from_le_bytes(c)
+                    }
+                });
+                collect_array(&shape, values).map(Tensor::from)
             }};
         }
         match self.kind {
-            NpyKind::Bool => Tensor::from_vec(&shape, buf.iter().map(|&b| b != 0).collect()),
+            NpyKind::Bool => collect_array(&shape, buf.iter().map(|&b| b != 0)).map(Tensor::from),
             NpyKind::I8 => num!(i8),
             NpyKind::U8 => Tensor::from_vec(&shape, buf),
             NpyKind::I16 => num!(i16),
@@ -2434,14 +2463,13 @@ impl NpyFile {
             NpyKind::F32 => num!(f32),
             NpyKind::F64 => num!(f64),
             NpyKind::Bytes(w) => {
-                let v = buf
+                let values = buf
                     .chunks_exact(w)
-                    .map(|c| c[..c.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1)].to_vec())
-                    .collect();
-                Tensor::from_vec(&shape, v)
+                    .map(|c| c[..c.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1)].to_vec());
+                collect_array(&shape, values).map(Tensor::from)
             }
             NpyKind::Unicode(w) => {
-                let mut v = Vec::with_capacity(buf.len() / (4 * w).max(1));
+                let mut v = try_vec(buf.len() / (4 * w), "strings")?;
                 for (i, c) in buf.chunks_exact(4 * w).enumerate() {
                     let mut s = String::new();
                     let cps: Vec<u32> = c
@@ -2557,16 +2585,21 @@ impl NpyReader {
         *self.pos.lock() = 0;
     }
 
-    /// Claims the next `n` rows (atomically) and reads them.
+    /// Reads the next `n` rows (atomically). The position moves only once
+    /// every file's rows were read, as the Parquet reader's does: a read
+    /// that fails (a file briefly truncated while it is copied) hands out
+    /// nothing, and the next read tries the same rows again.
     pub fn read_batch(&self, n: usize) -> Result<Vec<Tensor>> {
-        let start = {
-            let mut pos = self.pos.lock();
-            let start = *pos;
-            *pos += (n as u64).min(self.rows - start);
-            start
-        };
-        let k = (n as u64).min(self.rows - start) as usize;
-        self.files.iter().map(|f| f.read_rows(start, k)).collect()
+        let mut pos = self.pos.lock();
+        let start = *pos;
+        let k = (n as u64).min(self.rows - start);
+        let batch = self
+            .files
+            .iter()
+            .map(|f| f.read_rows(start, k as usize))
+            .collect::<Result<Vec<_>>>()?;
+        *pos += k;
+        Ok(batch)
     }
 
     fn to_bytes(&self) -> Vec<u8> {
@@ -4033,6 +4066,35 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_npy_read_loses_no_rows() {
+        let s = Scratch::new();
+        let p = s.path("rows.npy");
+        let all: Vec<i32> = (0..6).collect();
+        let whole = || npy(&p, "<i4", &[6], &le(&all, i32::to_le_bytes));
+        whole();
+        let r = NpyReader::open(std::slice::from_ref(&p), 2).unwrap();
+        let rows = |t: &[Tensor]| {
+            t[0].array::<i32>()
+                .unwrap()
+                .iter()
+                .copied()
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(rows(&r.read_batch(2).unwrap()), vec![0, 1]);
+        // The file is cut short (as by a copy in progress): the read fails.
+        let bytes = fs::read(&p).unwrap();
+        fs::write(&p, &bytes[..bytes.len() - 12]).unwrap();
+        let e = r.read_batch(2).unwrap_err();
+        assert!(e.message.contains(&p), "{}", e.message);
+        assert_eq!(r.position(), 2);
+        // Whole again: the next read hands out rows 2 and 3, not 4 and 5.
+        whole();
+        assert_eq!(rows(&r.read_batch(2).unwrap()), vec![2, 3]);
+        assert_eq!(rows(&r.read_batch(2).unwrap()), vec![4, 5]);
+        assert_eq!(r.read_batch(2).unwrap()[0].shape(), &[0]);
+    }
+
+    #[test]
     fn bad_npy_files_name_the_file() {
         let s = Scratch::new();
         let good = s.path("good.npy");
@@ -4074,6 +4136,24 @@ mod tests {
                 "empty.npy",
                 Box::new(|p: &str| fs::write(p, b"").unwrap()),
                 "bad magic",
+            ),
+            // 4 * n wraps to 0 in 64 bits: a zero-size item, and a panic
+            // on the first read, before sizes were checked.
+            (
+                "u_wraps.npy",
+                Box::new(|p: &str| npy(p, "<U4611686018427387904", &[1], &[])),
+                "too large",
+            ),
+            // 4 * n = 2**31: over numpy's limit of 2**31 - 1 bytes.
+            (
+                "u_big.npy",
+                Box::new(|p: &str| npy(p, "<U536870912", &[1], &[])),
+                "too large",
+            ),
+            (
+                "s_huge.npy",
+                Box::new(|p: &str| npy(p, "|S99999999999999999999999", &[1], &[])),
+                "too large",
             ),
         ];
         for (name, make, want) in cases {

@@ -12,7 +12,7 @@ use crate::arg;
 use crate::args::Args;
 use crate::error::{Error, ErrorKind, Result};
 use crate::operator::{ArgDoc, InPlace, Locked, OpDefCtx, OpSchema, Operator};
-use crate::tensor::{DataType, Element, Tensor};
+use crate::tensor::{collect_array, copy_array, filled_array, DataType, Element, Tensor};
 use ndarray::{ArrayD, IxDyn};
 use rand::distr::{Distribution, Uniform};
 use rand::rngs::StdRng;
@@ -308,8 +308,10 @@ fn check_numel(shape: &[usize]) -> Result<usize> {
         .ok_or_else(|| Error::shape(format!("the fill shape {shape:?} has too many elements")))
 }
 
-fn filled<T: Element>(shape: &[usize], v: T) -> Tensor {
-    T::wrap(ArrayD::from_elem(IxDyn(shape), v))
+/// A tensor of `shape` holding `v` everywhere; a shape the system cannot
+/// allocate is an `OutOfMemory` error (the net names the op and output).
+fn filled<T: Element>(shape: &[usize], v: T) -> Result<Tensor> {
+    filled_array(shape, v).map(T::wrap)
 }
 
 /// Each random filler owns its generator: seeded from the device option's
@@ -381,7 +383,7 @@ impl Value {
         })
     }
 
-    fn fill(self, shape: &[usize]) -> Tensor {
+    fn fill(self, shape: &[usize]) -> Result<Tensor> {
         match self {
             Value::F32(v) => filled(shape, v),
             Value::F64(v) => filled(shape, v),
@@ -450,7 +452,8 @@ fn constant_fill(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
                 .overridden_by(l.tensor(1)?)
                 .map_err(|e| e.with_blob(name))?;
         }
-        l.set_output(0, v.fill(&shape));
+        let t = v.fill(&shape).map_err(|e| e.with_blob(&out))?;
+        l.set_output(0, t);
         Ok(true)
     }))
 }
@@ -559,7 +562,10 @@ fn given_tensor_fill(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             .with_blob(&out));
         }
         let t = crate::with_array!(&values, a => Tensor::from(
-            a.clone().into_shape_with_order(IxDyn(&shape)).map_err(|e| Error::shape(e.to_string()).with_blob(&out))?
+            copy_array(a.view())
+                .map_err(|e| e.with_blob(&out))?
+                .into_shape_with_order(IxDyn(&shape))
+                .map_err(|e| Error::shape(e.to_string()).with_blob(&out))?
         ));
         l.set_output(0, t);
         Ok(true)
@@ -576,8 +582,9 @@ trait UniformKind: Element + Copy + PartialOrd + std::fmt::Display {
     fn arg(args: &Args<'_>, name: &str, default: Self) -> Result<Self>;
     /// Whether a bound is acceptable at all (finite for floats).
     fn usable(self) -> bool;
-    /// `n` samples between `min` and `max` (`min <= max`, both usable).
-    fn sample(rng: &mut StdRng, min: Self, max: Self, n: usize) -> Vec<Self>;
+    /// Samples between `min` and `max` (`min <= max`, both usable),
+    /// endlessly.
+    fn samples(rng: &mut StdRng, min: Self, max: Self) -> impl Iterator<Item = Self> + '_;
 }
 
 impl UniformKind for f32 {
@@ -590,19 +597,18 @@ impl UniformKind for f32 {
         self.is_finite()
     }
     /// Uniform on [min, max); `min == max` gives min.
-    fn sample(rng: &mut StdRng, min: f32, max: f32, n: usize) -> Vec<f32> {
-        let Ok(d) = Uniform::new(min, max) else {
-            return vec![min; n];
-        };
+    fn samples(rng: &mut StdRng, min: f32, max: f32) -> impl Iterator<Item = f32> + '_ {
+        let d = Uniform::new(min, max).ok();
         // Rounding can (rarely) produce `max`; draw again so the bound stays open.
-        (0..n)
-            .map(|_| loop {
+        std::iter::repeat_with(move || match &d {
+            None => min,
+            Some(d) => loop {
                 let v = d.sample(rng);
                 if v < max {
                     break v;
                 }
-            })
-            .collect()
+            },
+        })
     }
 }
 
@@ -616,9 +622,9 @@ impl UniformKind for i32 {
         true
     }
     /// Uniform on [min, max], both ends included.
-    fn sample(rng: &mut StdRng, min: i32, max: i32, n: usize) -> Vec<i32> {
+    fn samples(rng: &mut StdRng, min: i32, max: i32) -> impl Iterator<Item = i32> + '_ {
         let d = Uniform::new_inclusive(min, max).expect("min <= max");
-        (0..n).map(|_| d.sample(rng)).collect()
+        std::iter::repeat_with(move || d.sample(rng))
     }
 }
 
@@ -681,14 +687,14 @@ fn uniform_fill<T: UniformKind>(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>>
                     .with_blob(l.input_name(0)));
                 };
                 *d0 = 0;
-                l.set_output(0, filled(&shape, T::default()));
+                l.set_output(0, filled(&shape, T::default())?);
                 return Ok(true);
             }
         }
-        let n = shape.iter().product();
-        let v = T::sample(&mut rng, lo, hi, n);
-        let t = T::wrap(ArrayD::from_shape_vec(IxDyn(&shape), v).expect("numel matches shape"));
-        l.set_output(0, t);
+        let out = l.output_name(0);
+        let a =
+            collect_array(&shape, T::samples(&mut rng, lo, hi)).map_err(|e| e.with_blob(out))?;
+        l.set_output(0, T::wrap(a));
         Ok(true)
     }))
 }
@@ -710,12 +716,10 @@ fn gaussian_fill(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
         let shape = shape.resolve(&l)?;
-        let n: usize = shape.iter().product();
-        let v: Vec<f32> = (0..n).map(|_| normal.sample(&mut rng)).collect();
-        l.set_output(
-            0,
-            Tensor::F32(ArrayD::from_shape_vec(IxDyn(&shape), v).expect("numel matches shape")),
-        );
+        let out = l.output_name(0);
+        let samples = std::iter::repeat_with(|| normal.sample(&mut rng));
+        let a = collect_array(&shape, samples).map_err(|e| e.with_blob(out))?;
+        l.set_output(0, Tensor::F32(a));
         Ok(true)
     }))
 }
@@ -1779,5 +1783,82 @@ mod tests {
             .expect("in place on input 1");
         assert_eq!(e.kind, ErrorKind::InvalidArgument);
         assert!(create_operator(&op("ConstantFill", &["x", "v"], &["x"], vec![]), &ws).is_ok());
+    }
+
+    #[test]
+    fn fills_the_system_cannot_allocate_are_out_of_memory_errors() {
+        // 2**46 float32s (256 TiB) pass the element-count cap but exceed any
+        // x86-64 or aarch64 address space: the allocation fails for sure.
+        // Before allocation was fallible, this aborted the process.
+        crate::test_util::in_child(
+            "ops::fill::tests::fills_the_system_cannot_allocate_are_out_of_memory_errors",
+            || {
+                let huge: i64 = 1 << 46;
+                let ws = Workspace::new();
+                feed(&ws, "x", t(&[1], vec![5.0f32]));
+                feed(&ws, "dims", t(&[2], vec![1i64 << 23, 1 << 23]));
+                let cases = vec![
+                    op(
+                        "ConstantFill",
+                        &[],
+                        &["x"],
+                        vec![a_ints("shape", &[huge]), a_f("value", 1.0)],
+                    ),
+                    op(
+                        "ConstantFill",
+                        &[],
+                        &["x"],
+                        vec![a_ints("shape", &[huge]), a_i("dtype", 8), a_i("value", 3)],
+                    ),
+                    op(
+                        "ConstantFill",
+                        &[],
+                        &["x"],
+                        vec![a_ints("shape", &[huge]), a_i("dtype", 4), a_s("value", "s")],
+                    ),
+                    op(
+                        "ConstantFill",
+                        &["dims"],
+                        &["x"],
+                        vec![a_i("input_as_shape", 1)],
+                    ),
+                    op("UniformFill", &[], &["x"], vec![a_ints("shape", &[huge])]),
+                    op(
+                        "UniformIntFill",
+                        &[],
+                        &["x"],
+                        vec![a_ints("shape", &[huge])],
+                    ),
+                    op("GaussianFill", &[], &["x"], vec![a_ints("shape", &[huge])]),
+                    op(
+                        "GaussianFill",
+                        &["dims"],
+                        &["x"],
+                        vec![a_i("input_as_shape", 1)],
+                    ),
+                ];
+                for d in cases {
+                    let net = NetDef {
+                        name: Some("big".into()),
+                        op: vec![d.clone()],
+                        ..Default::default()
+                    };
+                    let e = ws.run_net_once(&net, &CancelToken::new()).unwrap_err();
+                    assert_eq!(e.kind, ErrorKind::OutOfMemory, "{}", e.full_message());
+                    assert_eq!(e.context.op_type.as_deref(), Some(d.op_type()));
+                    assert_eq!(e.context.net.as_deref(), Some("big"));
+                    assert_eq!(e.context.blob.as_deref(), Some("x"));
+                    assert!(e.message.contains("cannot allocate"), "{}", e.message);
+                    // Nothing was written; the workspace still works.
+                    assert_eq!(out(&ws, "x"), t(&[1], vec![5.0f32]));
+                }
+                run(
+                    &ws,
+                    &op("ConstantFill", &[], &["y"], vec![a_ints("shape", &[2])]),
+                )
+                .unwrap();
+                assert_eq!(out(&ws, "y"), t(&[2], vec![0.0f32, 0.0]));
+            },
+        );
     }
 }

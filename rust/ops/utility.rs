@@ -6,9 +6,8 @@ use crate::arg;
 use crate::blob::BlobValue;
 use crate::error::{Error, ErrorKind, Result};
 use crate::operator::{InPlace, OpDefCtx, OpSchema, Operator, MANY};
-use crate::tensor::{DataType, Element, Tensor};
+use crate::tensor::{concatenate, copy_array, try_vec, DataType, Element, Tensor};
 use ndarray::{ArrayViewD, Axis};
-use std::borrow::Cow;
 use std::io::Write;
 
 fn in_place_0_0(i: usize, o: usize) -> bool {
@@ -111,7 +110,7 @@ fn copy(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         if l.aliases(0, 0) {
             return Ok(true);
         }
-        let t = t.clone();
+        let t = t.try_clone()?;
         l.set_output(0, t);
         Ok(true)
     }))
@@ -289,7 +288,7 @@ fn lengths_to_ranges(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             ))
             .with_blob(name));
         }
-        let mut out = Vec::with_capacity(2 * a.len());
+        let mut out = try_vec(2 * a.len(), format!("{} int32 ranges", a.len()))?;
         let mut next = Some(0i32);
         for (i, &len) in a.iter().enumerate() {
             if len < 0 {
@@ -322,13 +321,17 @@ fn scatter_rows<T: Element>(
 ) -> Result<()> {
     let a = data.array_mut::<T>()?;
     if !a.is_standard_layout() {
-        *a = a.as_standard_layout().into_owned();
+        *a = copy_array(a.view())?;
     }
     let dst = a.as_slice_mut().expect("standard layout");
     let s = slices.array::<T>()?;
-    let src: Cow<'_, [T]> = match s.as_slice() {
-        Some(x) => Cow::Borrowed(x),
-        None => Cow::Owned(s.iter().cloned().collect()),
+    let owned;
+    let src: &[T] = match s.as_slice() {
+        Some(x) => x,
+        None => {
+            owned = copy_array(s.view())?;
+            owned.as_slice().expect("a copy is in standard layout")
+        }
     };
     for (i, &r) in rows.iter().enumerate() {
         dst[r * block..(r + 1) * block].clone_from_slice(&src[i * block..(i + 1) * block]);
@@ -452,9 +455,7 @@ fn concat_typed<T: Element>(
             })
         })
         .collect::<Result<Vec<ArrayViewD<'_, T>>>>()?;
-    ndarray::concatenate(Axis(axis), &views)
-        .map(T::wrap)
-        .map_err(|e| Error::shape(e.to_string()).with_blob(inputs[0].0))
+    Ok(T::wrap(concatenate(axis, &views)?))
 }
 
 fn concat(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
@@ -542,7 +543,8 @@ fn concat(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
                         }
                     })
                     .collect::<Result<Vec<i32>>>()?;
-                let out = by_dtype!(first.dtype(), concat_typed(&inputs, canon, add_axis))?;
+                let out = by_dtype!(first.dtype(), concat_typed(&inputs, canon, add_axis))
+                    .map_err(|e| e.with_blob(l.output_name(0)))?;
                 (out, Tensor::from_vec(&[ni], split)?)
             };
         l.set_output(0, out);
