@@ -136,25 +136,6 @@ pub fn schemas() -> Vec<OpSchema> {
     ]
 }
 
-/// Applies a generic function to the element type of a dtype.
-macro_rules! by_dtype {
-    ($dt:expr, $f:ident ( $($a:expr),* )) => {
-        match $dt {
-            DataType::Float => $f::<f32>($($a),*),
-            DataType::Double => $f::<f64>($($a),*),
-            DataType::Int32 => $f::<i32>($($a),*),
-            DataType::Int64 => $f::<i64>($($a),*),
-            DataType::Bool => $f::<bool>($($a),*),
-            DataType::Uint8 => $f::<u8>($($a),*),
-            DataType::Int8 => $f::<i8>($($a),*),
-            DataType::Int16 => $f::<i16>($($a),*),
-            DataType::Uint16 => $f::<u16>($($a),*),
-            DataType::String => $f::<Vec<u8>>($($a),*),
-            other => Err(Error::type_error(format!("unsupported tensor dtype {other}"))),
-        }
-    };
-}
-
 // ------------------------------------------------------------------ Copy --
 
 fn copy(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
