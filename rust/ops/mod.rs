@@ -31,6 +31,7 @@ pub mod fileio;
 pub mod fill;
 pub mod persistence;
 pub mod queue;
+pub mod records;
 pub mod utility;
 
 pub fn builtin_schemas() -> Vec<OpSchema> {
@@ -44,6 +45,7 @@ pub fn builtin_schemas() -> Vec<OpSchema> {
     v.extend(fill::schemas());
     v.extend(persistence::schemas());
     v.extend(queue::schemas());
+    v.extend(records::schemas());
     v.extend(utility::schemas());
     v
 }
