@@ -357,7 +357,8 @@ fn check_window(l: &mut Locked<'_>, limit: usize, has_visited: bool) -> Result<W
 
 fn collect_rows(l: &mut Locked<'_>, limit: usize, w: Window) -> Result<()> {
     if let Some(v) = w.num_visited {
-        l.set_output(2, Tensor::from_vec(&[1], vec![v])?);
+        // In place: the counter keeps its shape (checked: one int64).
+        l.output(2).tensor_mut()?.array_mut::<i64>()?.fill(v);
     }
     let data = l.tensor(2)?.clone();
     let entries = data.shape()[0];
@@ -923,6 +924,43 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn last_n_window_refuses_a_next_cursor_that_would_write_past_the_buffer() {
+        // One row held, N = 4, two rows coming: the buffer grows to 3 rows,
+        // so starting at slot 2 would write slot 3 (Caffe2 wrote past the end).
+        let ws = Workspace::new();
+        fresh(&ws);
+        let mut net = last_n(&ws, 4, false, true);
+        feed(&ws, "data", rows(1, 1, vec![1.0]));
+        net.run(&ws, &CancelToken::new()).unwrap();
+        feed(&ws, "next", Tensor::scalar(2i32));
+        feed(&ws, "data", rows(2, 1, vec![2.0, 3.0]));
+        let e = net.run(&ws, &CancelToken::new()).unwrap_err();
+        assert_eq!(
+            (e.kind, e.context.blob.as_deref()),
+            (ErrorKind::InvalidArgument, Some("next")),
+            "{e}"
+        );
+        assert_eq!(get(&ws, "buf"), rows(1, 1, vec![1.0]));
+        assert_eq!(
+            get(&ws, "visited"),
+            Tensor::from_vec(&[1], vec![1i64]).unwrap()
+        );
+        // num_visited keeps its shape.
+        feed(
+            &ws,
+            "visited",
+            Tensor::from_vec(&[1, 1], vec![5i64]).unwrap(),
+        );
+        feed(&ws, "next", Tensor::scalar(1i32));
+        net.run(&ws, &CancelToken::new()).unwrap();
+        assert_eq!(
+            get(&ws, "visited"),
+            Tensor::from_vec(&[1, 1], vec![7i64]).unwrap()
+        );
+        assert_eq!(get(&ws, "buf"), rows(3, 1, vec![1.0, 2.0, 3.0]));
     }
 
     fn ws_ready(ws: &Arc<Workspace>) -> Arc<Workspace> {
