@@ -743,8 +743,8 @@ fn split(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             }
             let mut parts = Vec::with_capacity(no);
             let mut lo = 0;
-            for i in 0..no {
-                let len = if add_axis { 1 } else { sizes[i] };
+            for &size in &sizes {
+                let len = if add_axis { 1 } else { size };
                 parts.push((lo, len));
                 lo += len;
             }
