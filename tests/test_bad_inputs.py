@@ -527,6 +527,33 @@ def concat_of_mismatched_dtypes(ws):
 
 
 @case
+def split_sizes_that_do_not_add_up(ws):
+    feed(ws, x=np.zeros((2, 5), np.float32))
+    n = net(("Split", ["x"], ["a", "b"], {"split": [2, 2]}))
+    return lambda: ws.run(n), Expect(errors.InvalidArgumentError, ValueError, {"op": "Split", "blob": "x"})
+
+
+@case
+def unpack_records_of_a_plain_blob(ws):
+    feed(ws, x=np.zeros(3, np.int32))
+    n = net(("UnPackRecords", ["x"], ["a", "b"], {"fields": ["a", "b"]}))
+    return lambda: ws.run(n), Expect(errors.DataTypeError, TypeError, {"op": "UnPackRecords", "blob": "x"})
+
+
+@case
+def concat_an_empty_tensor_vector(ws):
+    n = net(("CreateTensorVector", [], ["v"], {}), ("ConcatTensorVector", ["v"], ["c"], {}))
+    return lambda: ws.run(n), Expect(errors.InvalidArgumentError, ValueError, {"op": "ConcatTensorVector", "blob": "v"})
+
+
+@case
+def last_n_window_buffer_of_another_dtype(ws):
+    feed(ws, buf=np.ones((2, 1), np.int32), next=np.array(0, np.int32), data=np.ones((1, 1), np.float32))
+    n = net(("LastNWindowCollector", ["buf", "next", "data"], ["buf", "next"], {"num_to_collect": 3}))
+    return lambda: ws.run(n), Expect(errors.DataTypeError, TypeError, {"op": "LastNWindowCollector", "blob": "buf"})
+
+
+@case
 def lengths_to_ranges_of_a_matrix(ws):
     feed(ws, lens=np.ones((2, 2), np.int32))
     n = net(("LengthsToRanges", ["lens"], ["r"], {}))

@@ -346,6 +346,36 @@ fn gather_rows(t: &Tensor, ranges: &[(usize, usize)]) -> Result<Tensor> {
     })
 }
 
+/// Cuts a dataset into its records (for PackRecords): record `k` holds, for
+/// each field, the rows of that field that belong to top-level entry `k`
+/// (nested lists follow their `:lengths`). `tensors[i]` is field `i`,
+/// named `names[i]`.
+pub(super) fn split_records(
+    fields: &[String],
+    tensors: &[&Tensor],
+    names: &[&str],
+) -> Result<Vec<Vec<Tensor>>> {
+    let it = TreeIterator::new(fields)?;
+    let cols = columns(&it, tensors, names, false)?;
+    let nd = it.num_domains();
+    let (mut offsets, mut sizes) = (vec![0i64; nd], vec![0i64; nd]);
+    let n = cols.limits[0];
+    let mut records = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
+    for _ in 0..n {
+        let start = offsets.clone();
+        it.advance(&cols, &mut offsets, &mut sizes, 1)?;
+        let record = (0..it.num_fields())
+            .map(|j| {
+                let d = it.domain[j];
+                let (lo, hi) = (start[d] as usize, (start[d] + sizes[d]) as usize);
+                gather_rows(tensors[j], &[(lo, hi)])
+            })
+            .collect::<Result<Vec<_>>>()?;
+        records.push(record);
+    }
+    Ok(records)
+}
+
 // ---------------------------------------------------------------- cursor --
 
 /// A cursor over a dataset: one offset per domain, advanced under a mutex.
@@ -607,7 +637,7 @@ fn batch_size_arg(ctx: &OpDefCtx<'_>) -> Result<i64> {
     Ok(b)
 }
 
-fn fields_arg(ctx: &OpDefCtx<'_>) -> Result<Vec<String>> {
+pub(super) fn fields_arg(ctx: &OpDefCtx<'_>) -> Result<Vec<String>> {
     ctx.args
         .string_list("fields")
         .map(Option::unwrap_or_default)

@@ -316,7 +316,7 @@ fn filled<T: Element>(shape: &[usize], v: T) -> Result<Tensor> {
 
 /// Each random filler owns its generator: seeded from the device option's
 /// `random_seed` when set (reproducible), else from the OS.
-fn make_rng(ctx: &OpDefCtx<'_>) -> StdRng {
+pub(super) fn make_rng(ctx: &OpDefCtx<'_>) -> StdRng {
     match ctx.random_seed() {
         Some(s) => StdRng::seed_from_u64(u64::from(s)),
         None => StdRng::from_os_rng(),

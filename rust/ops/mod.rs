@@ -3,6 +3,26 @@
 
 use crate::operator::OpSchema;
 
+/// Applies a generic function to the element type of a dtype.
+macro_rules! by_dtype {
+    ($dt:expr, $f:ident ( $($a:expr),* )) => {
+        match $dt {
+            crate::tensor::DataType::Float => $f::<f32>($($a),*),
+            crate::tensor::DataType::Double => $f::<f64>($($a),*),
+            crate::tensor::DataType::Int32 => $f::<i32>($($a),*),
+            crate::tensor::DataType::Int64 => $f::<i64>($($a),*),
+            crate::tensor::DataType::Bool => $f::<bool>($($a),*),
+            crate::tensor::DataType::Uint8 => $f::<u8>($($a),*),
+            crate::tensor::DataType::Int8 => $f::<i8>($($a),*),
+            crate::tensor::DataType::Int16 => $f::<i16>($($a),*),
+            crate::tensor::DataType::Uint16 => $f::<u16>($($a),*),
+            crate::tensor::DataType::String => $f::<Vec<u8>>($($a),*),
+            other => Err(crate::error::Error::type_error(format!("unsupported tensor dtype {other}"))),
+        }
+    };
+}
+
+pub mod collect;
 pub mod control;
 pub mod counter;
 pub mod dataset;
@@ -11,10 +31,12 @@ pub mod fileio;
 pub mod fill;
 pub mod persistence;
 pub mod queue;
+pub mod records;
 pub mod utility;
 
 pub fn builtin_schemas() -> Vec<OpSchema> {
     let mut v = Vec::new();
+    v.extend(collect::schemas());
     v.extend(control::schemas());
     v.extend(counter::schemas());
     v.extend(dataset::schemas());
@@ -23,6 +45,7 @@ pub fn builtin_schemas() -> Vec<OpSchema> {
     v.extend(fill::schemas());
     v.extend(persistence::schemas());
     v.extend(queue::schemas());
+    v.extend(records::schemas());
     v.extend(utility::schemas());
     v
 }

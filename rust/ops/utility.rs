@@ -1,5 +1,6 @@
 //! Utility ops: Copy, EnsureCPUOutput, Print, GetAllBlobNames, IsEmpty,
-//! LengthsToRanges, ScatterAssign and Concat.
+//! LengthsToRanges, ScatterAssign, Concat and Split (and their old names
+//! DepthConcat and DepthSplit).
 
 use super::kernel;
 use crate::arg;
@@ -13,6 +14,54 @@ use std::io::Write;
 fn in_place_0_0(i: usize, o: usize) -> bool {
     i == 0 && o == 0
 }
+
+const CONCAT_ARGS: &[crate::operator::ArgDoc] = &[
+    arg!(
+        "axis",
+        "int",
+        "1",
+        "the axis to join along (negative counts from the end)"
+    ),
+    arg!(
+        "order",
+        "string",
+        "NCHW",
+        "instead of axis: NCHW joins along 1, NHWC along 3"
+    ),
+    arg!(
+        "add_axis",
+        "int",
+        "0",
+        "non-zero: join along a new axis inserted at `axis` (only with axis)"
+    ),
+];
+
+const SPLIT_ARGS: &[crate::operator::ArgDoc] = &[
+    arg!(
+        "axis",
+        "int",
+        "1",
+        "the axis to split along (negative counts from the end)"
+    ),
+    arg!(
+        "order",
+        "string",
+        "NCHW",
+        "instead of axis: NCHW splits along 1, NHWC along 3"
+    ),
+    arg!(
+        "split",
+        "ints",
+        "equal parts",
+        "the size of each output along the axis (not with a second input)"
+    ),
+    arg!(
+        "add_axis",
+        "int",
+        "0",
+        "non-zero: each output is one index of `axis`, which is removed (only with axis)"
+    ),
+];
 
 pub fn schemas() -> Vec<OpSchema> {
     vec![
@@ -62,32 +111,28 @@ pub fn schemas() -> Vec<OpSchema> {
         OpSchema::new("Concat", concat)
             .inputs(1, MANY)
             .outputs(2, 2)
-            .args(&[
-                arg!("axis", "int", "1", "the axis to join along (negative counts from the end)"),
-                arg!("order", "string", "NCHW", "instead of axis: NCHW joins along 1, NHWC along 3"),
-                arg!("add_axis", "int", "0", "non-zero: join along a new axis inserted at `axis`"),
-            ])
+            .args(CONCAT_ARGS)
             .doc("Joins the inputs along an axis; outputs (concat, split_info: int32 size of each input along the axis)."),
+        OpSchema::new("DepthConcat", concat)
+            .inputs(1, MANY)
+            .outputs(2, 2)
+            .args(CONCAT_ARGS)
+            .doc("Caffe2's old name for Concat."),
+        OpSchema::new("Split", split)
+            .inputs(1, 2)
+            .outputs(1, MANY)
+            .args(SPLIT_ARGS)
+            .doc(
+                "Splits the input along an axis into the outputs. The sizes come from the `split` argument, or from an \
+                 optional second input (int32, one per output), or else are equal (the axis must divide evenly). With \
+                 add_axis each output is one index of the axis, which is removed (undoes Concat's add_axis).",
+            ),
+        OpSchema::new("DepthSplit", split)
+            .inputs(1, 2)
+            .outputs(1, MANY)
+            .args(SPLIT_ARGS)
+            .doc("Caffe2's old name for Split."),
     ]
-}
-
-/// Applies a generic function to the element type of a dtype.
-macro_rules! by_dtype {
-    ($dt:expr, $f:ident ( $($a:expr),* )) => {
-        match $dt {
-            DataType::Float => $f::<f32>($($a),*),
-            DataType::Double => $f::<f64>($($a),*),
-            DataType::Int32 => $f::<i32>($($a),*),
-            DataType::Int64 => $f::<i64>($($a),*),
-            DataType::Bool => $f::<bool>($($a),*),
-            DataType::Uint8 => $f::<u8>($($a),*),
-            DataType::Int8 => $f::<i8>($($a),*),
-            DataType::Int16 => $f::<i16>($($a),*),
-            DataType::Uint16 => $f::<u16>($($a),*),
-            DataType::String => $f::<Vec<u8>>($($a),*),
-            other => Err(Error::type_error(format!("unsupported tensor dtype {other}"))),
-        }
-    };
 }
 
 // ------------------------------------------------------------------ Copy --
@@ -458,29 +503,37 @@ fn concat_typed<T: Element>(
     Ok(T::wrap(concatenate(axis, &views)?))
 }
 
-fn concat(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+/// Concat's and Split's axis: `axis` (with `add_axis`), or the channel axis
+/// of `order` (NCHW: 1, NHWC: 3; `add_axis` is then ignored, as in Caffe2);
+/// giving both is an error. `verb` names the op's action in the message.
+fn axis_args(ctx: &OpDefCtx<'_>, verb: &str) -> Result<(i64, bool)> {
     let args = &ctx.args;
     if args.has("axis") && args.has("order") {
-        return Err(ctx.bad_arg("you cannot give both the axis to concat along and the order"));
+        return Err(ctx.bad_arg(format!(
+            "you cannot give both the axis to {verb} along and the order"
+        )));
     }
-    let (axis, add_axis) = if args.has("axis") {
-        (
+    if args.has("axis") {
+        return Ok((
             i64::from(args.int::<i32>("axis", -1)?),
             args.int::<i32>("add_axis", 0)? != 0,
-        )
+        ));
+    }
+    let order = args.string("order", "NCHW")?;
+    let axis = if order.eq_ignore_ascii_case("NCHW") {
+        1
+    } else if order.eq_ignore_ascii_case("NHWC") {
+        3
     } else {
-        let order = args.string("order", "NCHW")?;
-        let axis = if order.eq_ignore_ascii_case("NCHW") {
-            1
-        } else if order.eq_ignore_ascii_case("NHWC") {
-            3
-        } else {
-            return Err(ctx.bad_arg(format!(
-                "unsupported storage order '{order}' (NCHW or NHWC)"
-            )));
-        };
-        (axis, false)
+        return Err(ctx.bad_arg(format!(
+            "unsupported storage order '{order}' (NCHW or NHWC)"
+        )));
     };
+    Ok((axis, false))
+}
+
+fn concat(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let (axis, add_axis) = axis_args(ctx, "concat")?;
     let ni = ctx.num_inputs();
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
@@ -553,6 +606,160 @@ fn concat(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     }))
 }
 
+// ----------------------------------------------------------------- Split --
+
+/// Where Split's sizes come from.
+#[derive(Clone)]
+enum SplitSizes {
+    /// The `split` argument (one size per output).
+    Arg(Vec<i64>),
+    /// The second input, an int32 tensor with one size per output.
+    Input,
+    /// Equal parts.
+    Equal,
+}
+
+/// Slices `lo..lo + len` of `axis` (or, with `drop_axis`, the single index
+/// `lo` with the axis removed), one per part.
+fn split_typed<T: Element>(
+    t: &Tensor,
+    axis: usize,
+    parts: &[(usize, usize)],
+    drop_axis: bool,
+) -> Result<Vec<Tensor>> {
+    let a = t.array::<T>()?;
+    Ok(parts
+        .iter()
+        .map(|&(lo, len)| {
+            let out = if drop_axis {
+                a.index_axis(Axis(axis), lo).to_owned()
+            } else {
+                a.slice_axis(Axis(axis), ndarray::Slice::from(lo..lo + len))
+                    .to_owned()
+            };
+            T::wrap(out)
+        })
+        .collect())
+}
+
+fn split(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let (axis, add_axis) = axis_args(ctx, "split")?;
+    let no = ctx.num_outputs();
+    // An empty `split` list counts as none (Caffe2 tested its size).
+    let sizes = match ctx.args.ints("split")?.filter(|v| !v.is_empty()) {
+        Some(_) if ctx.num_inputs() == 2 => {
+            return Err(ctx.bad_arg(
+                "if you set split with an input blob, do not pass in split in the argument",
+            ));
+        }
+        Some(v) => {
+            if v.len() != no {
+                return Err(ctx.bad_arg(format!(
+                    "the number of splits specified ({}) should be equal to the number of outputs ({no})",
+                    v.len()
+                )));
+            }
+            if let Some(bad) = v.iter().find(|&&x| x < 0) {
+                return Err(ctx.bad_arg(format!("split sizes must be >= 0, got {bad}")));
+            }
+            SplitSizes::Arg(v)
+        }
+        None if ctx.num_inputs() == 2 => SplitSizes::Input,
+        None => SplitSizes::Equal,
+    };
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let outs = {
+            let name = l.input_name(0);
+            let input = l.tensor(0)?;
+            let ndim = input.ndim();
+            let canon = if axis < 0 { axis + ndim as i64 } else { axis };
+            if canon < 0 || canon >= ndim as i64 {
+                return Err(Error::invalid_arg(format!(
+                    "axis {axis} is out of range for an input of {ndim} dims"
+                ))
+                .with_blob(name));
+            }
+            let canon = canon as usize;
+            let channels = input.shape()[canon];
+            let sizes: Vec<usize> = match &sizes {
+                SplitSizes::Arg(v) => v.iter().map(|&x| x as usize).collect(),
+                SplitSizes::Input => {
+                    let sname = l.input_name(1);
+                    let st = l.tensor(1)?;
+                    let v = st.array::<i32>().map_err(|e| {
+                        Error::type_error(format!(
+                            "the split sizes input must be int32 ({})",
+                            e.message
+                        ))
+                        .with_blob(sname)
+                    })?;
+                    if v.len() != no {
+                        return Err(Error::invalid_arg(format!(
+                            "the split sizes input holds {} sizes but the op has {no} outputs",
+                            v.len()
+                        ))
+                        .with_blob(sname));
+                    }
+                    v.iter()
+                        .map(|&x| {
+                            usize::try_from(x).map_err(|_| {
+                                Error::invalid_arg(format!("split sizes must be >= 0, got {x}"))
+                                    .with_blob(sname)
+                            })
+                        })
+                        .collect::<Result<_>>()?
+                }
+                SplitSizes::Equal => {
+                    if channels % no != 0 {
+                        return Err(Error::invalid_arg(format!(
+                            "if you did not specify split explicitly, the number of input channels \
+                             ({channels} along axis {canon}) should be divisible by the output size ({no})"
+                        ))
+                        .with_blob(name));
+                    }
+                    vec![channels / no; no]
+                }
+            };
+            // With add_axis each output is one index of the axis (the sizes
+            // are not used, as in Caffe2).
+            let total = if add_axis {
+                no
+            } else {
+                sizes
+                    .iter()
+                    .try_fold(0usize, |a, &b| a.checked_add(b))
+                    .unwrap_or(usize::MAX)
+            };
+            if total != channels {
+                return Err(Error::invalid_arg(format!(
+                    "sum of split dimensions do not match: should be {channels} (dim {canon} of {:?}), got {}",
+                    input.shape(),
+                    if add_axis {
+                        format!("{no} outputs with add_axis")
+                    } else {
+                        format!("{sizes:?}")
+                    }
+                ))
+                .with_blob(name));
+            }
+            let mut parts = Vec::with_capacity(no);
+            let mut lo = 0;
+            for &size in &sizes {
+                let len = if add_axis { 1 } else { size };
+                parts.push((lo, len));
+                lo += len;
+            }
+            by_dtype!(input.dtype(), split_typed(input, canon, &parts, add_axis))
+                .map_err(|e| e.with_blob(name))?
+        };
+        for (j, t) in outs.into_iter().enumerate() {
+            l.set_output(j, t);
+        }
+        Ok(true)
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::{fmt_g, print_line};
@@ -575,6 +782,12 @@ mod tests {
     fn a_i(n: &str, v: i64) -> Argument {
         Argument {
             i: Some(v),
+            ..named(n)
+        }
+    }
+    fn a_ints(n: &str, v: &[i64]) -> Argument {
+        Argument {
+            ints: v.to_vec(),
             ..named(n)
         }
     }
@@ -1214,5 +1427,265 @@ mod tests {
         assert!(e.message.contains("takes 2 outputs"), "{e}");
         let e = build_err(&ws, &op("Concat", &["a"], &["a", "s"], vec![]));
         assert_eq!(e.kind, ErrorKind::InvalidArgument);
+    }
+
+    // ------------------------------------------------------------ Split --
+
+    fn split(inputs: &[(&str, Tensor)], outs: &[&str], args: Vec<Argument>) -> Result<Vec<Tensor>> {
+        let ws = ws_with(inputs);
+        let names: Vec<&str> = inputs.iter().map(|(n, _)| *n).collect();
+        run(&ws, &op("Split", &names, outs, args))?;
+        Ok(outs.iter().map(|o| out(&ws, o)).collect())
+    }
+
+    #[test]
+    fn split_by_argument_input_or_equal_parts() {
+        // [[0 1 2 3 4], [5 6 7 8 9]]
+        let x = t(&[2, 5], (0..10).collect::<Vec<i32>>());
+        // Axis 1 by default; sizes from the argument.
+        let got = split(
+            &[("x", x.clone())],
+            &["a", "b"],
+            vec![a_ints("split", &[2, 3])],
+        )
+        .unwrap();
+        assert_eq!(
+            got,
+            vec![
+                t(&[2, 2], vec![0, 1, 5, 6]),
+                t(&[2, 3], vec![2, 3, 4, 7, 8, 9])
+            ]
+        );
+        // Sizes from a second input; a zero size gives an empty part.
+        let got = split(
+            &[("x", x.clone()), ("s", t(&[3], vec![4i32, 0, 1]))],
+            &["a", "b", "c"],
+            vec![a_i("axis", -1)],
+        )
+        .unwrap();
+        assert_eq!(
+            got,
+            vec![
+                t(&[2, 4], vec![0, 1, 2, 3, 5, 6, 7, 8]),
+                t(&[2, 0], Vec::<i32>::new()),
+                t(&[2, 1], vec![4, 9])
+            ]
+        );
+        // Equal parts along axis 0; strings too.
+        let w = t(&[4], strs(&["a", "b", "c", "d"]));
+        let got = split(&[("w", w)], &["p", "q"], vec![a_i("axis", 0)]).unwrap();
+        assert_eq!(
+            got,
+            vec![t(&[2], strs(&["a", "b"])), t(&[2], strs(&["c", "d"]))]
+        );
+        // add_axis removes the axis: undoes Concat(add_axis=1).
+        let got = split(
+            &[("x", x.clone())],
+            &["r0", "r1"],
+            vec![a_i("axis", 0), a_i("add_axis", 1)],
+        )
+        .unwrap();
+        assert_eq!(
+            got,
+            vec![t(&[5], vec![0, 1, 2, 3, 4]), t(&[5], vec![5, 6, 7, 8, 9])]
+        );
+        // NHWC splits along axis 3.
+        let n = t(&[1, 1, 1, 4], vec![1.0f64, 2.0, 3.0, 4.0]);
+        let got = split(
+            &[("n", n)],
+            &["u", "v"],
+            vec![a_s("order", "NHWC"), a_ints("split", &[3, 1])],
+        )
+        .unwrap();
+        assert_eq!(
+            got,
+            vec![
+                t(&[1, 1, 1, 3], vec![1.0f64, 2.0, 3.0]),
+                t(&[1, 1, 1, 1], vec![4.0f64])
+            ]
+        );
+    }
+
+    #[test]
+    fn split_then_concat_round_trips() {
+        let x = t(&[3, 4], (0..12).map(|v| v as f32).collect::<Vec<_>>());
+        let ws = ws_with(&[("x", x.clone())]);
+        let args = || vec![a_i("axis", 1), a_ints("split", &[1, 3])];
+        run(&ws, &op("Split", &["x"], &["a", "b"], args())).unwrap();
+        run(
+            &ws,
+            &op("Concat", &["a", "b"], &["y", "info"], vec![a_i("axis", 1)]),
+        )
+        .unwrap();
+        assert_eq!(out(&ws, "y"), x);
+        assert_eq!(out(&ws, "info"), t(&[2], vec![1i32, 3]));
+        // The old names are the same ops.
+        run(
+            &ws,
+            &op(
+                "DepthSplit",
+                &["x", "info"],
+                &["c", "d"],
+                vec![a_i("axis", 1)],
+            ),
+        )
+        .unwrap();
+        run(
+            &ws,
+            &op(
+                "DepthConcat",
+                &["c", "d"],
+                &["z", "info2"],
+                vec![a_i("axis", 1)],
+            ),
+        )
+        .unwrap();
+        assert_eq!(out(&ws, "z"), x);
+    }
+
+    #[test]
+    fn split_errors_name_the_blob_and_leave_outputs_alone() {
+        let x = t(&[2, 5], (0..10).collect::<Vec<i32>>());
+        type Case<'a> = (
+            Vec<(&'a str, Tensor)>,
+            Vec<&'a str>,
+            Vec<Argument>,
+            ErrorKind,
+            &'a str,
+        );
+        let cases: Vec<Case<'_>> = vec![
+            // sizes do not add up to the axis
+            (
+                vec![("x", x.clone())],
+                vec!["a", "b"],
+                vec![a_ints("split", &[2, 2])],
+                ErrorKind::InvalidArgument,
+                "x",
+            ),
+            // not divisible into equal parts
+            (
+                vec![("x", x.clone())],
+                vec!["a", "b"],
+                vec![],
+                ErrorKind::InvalidArgument,
+                "x",
+            ),
+            // axis out of range
+            (
+                vec![("x", x.clone())],
+                vec!["a"],
+                vec![a_i("axis", 2)],
+                ErrorKind::InvalidArgument,
+                "x",
+            ),
+            (
+                vec![("x", x.clone())],
+                vec!["a"],
+                vec![a_i("axis", -3)],
+                ErrorKind::InvalidArgument,
+                "x",
+            ),
+            (
+                vec![("x", Tensor::scalar(1i32))],
+                vec!["a"],
+                vec![a_i("axis", 0)],
+                ErrorKind::InvalidArgument,
+                "x",
+            ),
+            // the sizes input: wrong dtype, wrong count, negative
+            (
+                vec![("x", x.clone()), ("s", t(&[2], vec![2i64, 3]))],
+                vec!["a", "b"],
+                vec![],
+                ErrorKind::Type,
+                "s",
+            ),
+            (
+                vec![("x", x.clone()), ("s", t(&[1], vec![5i32]))],
+                vec!["a", "b"],
+                vec![],
+                ErrorKind::InvalidArgument,
+                "s",
+            ),
+            (
+                vec![("x", x.clone()), ("s", t(&[2], vec![-1i32, 6]))],
+                vec!["a", "b"],
+                vec![],
+                ErrorKind::InvalidArgument,
+                "s",
+            ),
+            // add_axis needs one output per index
+            (
+                vec![("x", x.clone())],
+                vec!["a", "b", "c"],
+                vec![a_i("axis", 0), a_i("add_axis", 1)],
+                ErrorKind::InvalidArgument,
+                "x",
+            ),
+            // not a tensor
+            (
+                vec![("x", x.clone())],
+                vec!["a"],
+                vec![],
+                ErrorKind::Type,
+                "x",
+            ),
+        ];
+        for (k, (inputs, outs, args, kind, blob)) in cases.into_iter().enumerate() {
+            let ws = ws_with(&inputs);
+            if k == 9 {
+                ws.feed("x", BlobValue::Object(Arc::new(Counter::new(1))));
+            }
+            ws.feed("a", BlobValue::Tensor(Tensor::scalar(7i32)));
+            let names: Vec<&str> = inputs.iter().map(|(n, _)| *n).collect();
+            let e = run(&ws, &op("Split", &names, &outs, args)).unwrap_err();
+            assert_eq!(kind_blob(&e), (kind, Some(blob)), "case {k}: {e}");
+            assert_eq!(
+                out(&ws, "a"),
+                Tensor::scalar(7i32),
+                "case {k}: output changed"
+            );
+        }
+        // Construction errors.
+        let ws = ws_with(&[("x", x.clone()), ("s", t(&[2], vec![2i32, 3]))]);
+        let cases: Vec<(Vec<&str>, Vec<&str>, Vec<Argument>, &str)> = vec![
+            (
+                vec!["x", "s"],
+                vec!["a", "b"],
+                vec![a_ints("split", &[2, 3])],
+                "do not pass in split",
+            ),
+            (
+                vec!["x"],
+                vec!["a", "b"],
+                vec![a_ints("split", &[5])],
+                "should be equal to the number of outputs",
+            ),
+            (
+                vec!["x"],
+                vec!["a", "b"],
+                vec![a_ints("split", &[6, -1])],
+                "must be >= 0",
+            ),
+            (
+                vec!["x"],
+                vec!["a"],
+                vec![a_i("axis", 0), a_s("order", "NCHW")],
+                "both the axis to split",
+            ),
+            (
+                vec!["x"],
+                vec!["a"],
+                vec![a_s("order", "HWCN")],
+                "unsupported storage order",
+            ),
+            (vec!["x"], vec![], vec![], "takes at least 1 outputs"),
+            (vec!["x"], vec!["x"], vec![], "in-place"),
+        ];
+        for (ins, outs, args, msg) in cases {
+            let e = build_err(&ws, &op("Split", &ins, &outs, args));
+            assert_eq!(e.kind, ErrorKind::InvalidArgument, "{e}");
+            assert!(e.message.contains(msg), "{msg}: {e}");
+        }
     }
 }
