@@ -753,3 +753,19 @@ def test_feed_a_tensor_proto_and_serialize_deserialize_blobs(fresh):
     assert workspace.FetchBlob("u").tolist() == [[1, 2], [3, 4]]
     with pytest.raises(errors.CorruptCheckpointError):
         workspace.DeserializeBlob("u", b"\xff\x01")
+
+
+@pytest.mark.parametrize("make", [
+    lambda: np.arange(0, 0, dtype=np.int64).reshape(0, 3),
+    lambda: np.zeros((0, 3), np.int64),
+    lambda: np.zeros((3, 0), np.float32)[:, ::2],
+    lambda: np.zeros((0, 3))[::-1],
+])
+def test_empty_arrays_of_any_layout_feed_and_refeed(fresh, make):
+    # Empty arrays come with odd strides (0, or of a reshape); each must feed,
+    # also over a blob already holding one of the same dtype and shape.
+    for _ in range(2):
+        arr = make()
+        workspace.FeedBlob("empty", arr)
+        got = workspace.FetchBlob("empty")
+        assert got.shape == arr.shape and got.dtype == arr.dtype
