@@ -765,12 +765,21 @@ fn db_exists(py: Python<'_>, path: String, db_type: String) -> PyResult<bool> {
     run_detached(py, move |_| crate::storage::db_exists(&path, &db_type))
 }
 
-/// Removes stale temporary files left in `dir` by interrupted saves.
+/// Removes the stale temporaries that interrupted saves of the file at
+/// `path` left beside it (see `storage::sweep_stale_temporaries`).
 #[pyfunction]
-fn sweep_stale_temporaries(py: Python<'_>, dir: String) -> PyResult<usize> {
+fn sweep_stale_temporaries(py: Python<'_>, path: String) -> PyResult<usize> {
     run_detached(py, move |_| {
-        crate::storage::sweep_stale_temporaries(std::path::Path::new(&dir))
+        crate::storage::sweep_stale_temporaries(std::path::Path::new(&path))
     })
+}
+
+/// Writes `data` to `path` as saves write dbs: a temporary, fsynced and
+/// renamed over `path` (only a regular file is replaced), then the directory
+/// fsynced.
+#[pyfunction]
+fn write_file_atomically(py: Python<'_>, path: String, data: Vec<u8>) -> PyResult<()> {
+    run_detached(py, move |_| crate::storage::write_file(&path, &data))
 }
 
 /// Fixes the size of the kernel (rayon) pool; see `crate::threads`.
@@ -800,6 +809,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(verify_db, m)?)?;
     m.add_function(wrap_pyfunction!(db_exists, m)?)?;
     m.add_function(wrap_pyfunction!(sweep_stale_temporaries, m)?)?;
+    m.add_function(wrap_pyfunction!(write_file_atomically, m)?)?;
     m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(num_threads, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

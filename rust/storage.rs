@@ -39,10 +39,12 @@
 //!   by their name. It has no checksum: truncation inside a record and
 //!   malformed records are detected, bit flips inside data are not.
 //!
-//! Every write is crash-safe: the db is written to `.<name>.tmp-<pid>-<n>` in
-//! the same directory, fsynced, renamed into place and the directory fsynced,
-//! so a db that exists is complete. Temporaries left by dead processes are
-//! swept on the next save.
+//! Every write is crash-safe: the db is written to
+//! `.<name>.tmp-ferrocaffe-<host>-<pid>-<n>` in the same directory, fsynced,
+//! renamed into place and the directory fsynced, so a db that exists is
+//! complete. Only a regular file is ever replaced (never a FIFO, a device, a
+//! symlink or a directory). When a save of a db starts, the temporaries that
+//! dead processes left for that same db are removed; no other file is.
 //!
 //! Objects (counters, mutexes, cursors, ...) are encoded by their
 //! `BlobObject::serialize` and decoded by the function registered for their
@@ -220,10 +222,10 @@ static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
 
 /// Temporaries older than this are removed whatever their owner.
 const STALE_AGE: Duration = Duration::from_secs(3600);
-/// A temporary of a process that is not alive is removed once it has not
-/// been written for this long (a guard against another host's live writer
-/// whose pid means nothing here, on a shared file system).
-const DEAD_OWNER_GRACE: Duration = Duration::from_secs(60);
+
+/// What marks a temporary as ferrocaffe's: `.<name>` + this + `<host>-<pid>-<n>`.
+/// No other program makes such names, and the sweeper touches no others.
+const TEMP_MARK: &str = ".tmp-ferrocaffe-";
 
 fn dir_of(path: &Path) -> PathBuf {
     match path.parent() {
@@ -232,22 +234,55 @@ fn dir_of(path: &Path) -> PathBuf {
     }
 }
 
-/// The pid in a temporary's name `.<name>.tmp-<pid>-<n>`, if it is one.
-fn temp_owner(file_name: &str) -> Option<u32> {
-    let rest = file_name.strip_prefix('.')?;
-    let at = rest.rfind(".tmp-")?;
-    if at == 0 {
-        return None;
-    }
-    let (pid, n) = rest[at + 5..].split_once('-')?;
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    if !digits(pid) || !digits(n) {
-        return None;
-    }
-    pid.parse().ok()
+/// Eight hex digits naming this host in temporaries, so that on a shared file
+/// system a pid is only judged on the host that owns it (0 when the host name
+/// cannot be read).
+fn host_tag() -> u32 {
+    static TAG: LazyLock<u32> = LazyLock::new(|| {
+        fs::read("/proc/sys/kernel/hostname")
+            .map(|h| crc32fast::hash(h.trim_ascii()))
+            .unwrap_or(0)
+    });
+    *TAG
 }
 
-/// Whether a process is alive: `None` when this platform cannot tell.
+/// A new temporary name beside `path`: `.<name>.tmp-ferrocaffe-<host>-<pid>-<n>`.
+/// Whoever writes through it must rename it over `path` or remove it.
+pub fn temp_path_for(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    dir_of(path).join(format!(
+        ".{name}{TEMP_MARK}{:08x}-{}-{}",
+        host_tag(),
+        std::process::id(),
+        TEMP_SEQ.fetch_add(1, Ordering::Relaxed)
+    ))
+}
+
+/// The host tag and pid of a temporary of the file `target`, if `file_name`
+/// is one (`.<target><mark><host>-<pid>-<n>`).
+fn temp_owner(file_name: &str, target: &str) -> Option<(u32, u32)> {
+    let rest = file_name
+        .strip_prefix('.')?
+        .strip_prefix(target)?
+        .strip_prefix(TEMP_MARK)?;
+    let mut parts = rest.split('-');
+    let (host, pid, n) = (parts.next()?, parts.next()?, parts.next()?);
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if parts.next().is_some()
+        || host.len() != 8
+        || !host.bytes().all(|b| b.is_ascii_hexdigit())
+        || !digits(pid)
+        || !digits(n)
+    {
+        return None;
+    }
+    Some((u32::from_str_radix(host, 16).ok()?, pid.parse().ok()?))
+}
+
+/// Whether a process of this host is alive: `None` when this platform cannot tell.
 fn pid_alive(pid: u32) -> Option<bool> {
     if pid == std::process::id() {
         return Some(true);
@@ -258,21 +293,30 @@ fn pid_alive(pid: u32) -> Option<bool> {
     None
 }
 
-/// Removes the temporaries of interrupted saves in `dir`: files named
-/// `.<name>.tmp-<pid>-<n>` whose process is not alive (and that have not been
-/// written for a minute), or that are older than an hour. Returns how many
-/// were removed. Save calls it on the destination directory.
-pub fn sweep_stale_temporaries(dir: &Path) -> Result<usize> {
+/// Removes the temporaries that interrupted writes of the file at `path` left
+/// beside it: those of a process of this host that is no longer alive, and
+/// any older than an hour (another host's, whose pid means nothing here).
+/// Only temporaries of this very file, with ferrocaffe's names, are looked at.
+/// Returns how many were removed. Every save calls it before writing.
+pub fn sweep_stale_temporaries(path: &Path) -> Result<usize> {
+    let Some(target) = path.file_name().and_then(|n| n.to_str()) else {
+        return Ok(0);
+    };
+    let dir = dir_of(path);
     let shown = dir.display().to_string();
     let now = SystemTime::now();
+    let me = host_tag();
     let mut removed = 0;
-    for entry in fs::read_dir(dir).map_err(io_error(&shown))? {
+    for entry in fs::read_dir(&dir).map_err(io_error(&shown))? {
         let Ok(entry) = entry else { continue };
         let name = entry.file_name();
-        let Some(pid) = name.to_str().and_then(temp_owner) else {
+        let Some((host, pid)) = name.to_str().and_then(|n| temp_owner(n, target)) else {
             continue;
         };
-        let Ok(meta) = entry.metadata() else { continue };
+        // Not followed: a symlink or FIFO of that name is left alone.
+        let Ok(meta) = fs::symlink_metadata(entry.path()) else {
+            continue;
+        };
         if !meta.is_file() {
             continue;
         }
@@ -281,12 +325,37 @@ pub fn sweep_stale_temporaries(dir: &Path) -> Result<usize> {
             .ok()
             .and_then(|m| now.duration_since(m).ok())
             .unwrap_or(Duration::ZERO);
-        let stale = age >= STALE_AGE || (pid_alive(pid) == Some(false) && age >= DEAD_OWNER_GRACE);
-        if stale && fs::remove_file(entry.path()).is_ok() {
+        let dead = host == me && pid_alive(pid) == Some(false);
+        if (dead || age >= STALE_AGE) && fs::remove_file(entry.path()).is_ok() {
             removed += 1;
         }
     }
     Ok(removed)
+}
+
+/// Refuses to replace anything at `path` but a regular file: a save renames
+/// its temporary over `path`, which would turn a FIFO, a device node, a
+/// symlink or a directory into a plain file.
+pub fn check_replaceable(path: &str) -> Result<()> {
+    match fs::symlink_metadata(path) {
+        Ok(m) if m.is_file() => Ok(()),
+        Ok(m) => {
+            let what = if m.is_dir() {
+                "a directory"
+            } else if m.file_type().is_symlink() {
+                "a symbolic link"
+            } else {
+                "not a regular file (a FIFO, socket or device)"
+            };
+            Err(Error::new(
+                ErrorKind::Io,
+                format!("{path}: is {what}; a save only replaces regular files"),
+            )
+            .with_file(path))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io(&e, path)),
+    }
 }
 
 #[cfg(unix)]
@@ -302,30 +371,24 @@ fn sync_dir(_dir: &Path) -> std::io::Result<()> {
 /// Writes `path` crash-safely: `write` fills a temporary in the same
 /// directory, which is fsynced and renamed over `path`, then the directory is
 /// fsynced. On any error the temporary is removed and `path` is untouched.
+/// Only a regular file (or nothing) at `path` is replaced.
 fn write_atomically(
     path: &str,
     write: impl FnOnce(&mut BufWriter<File>) -> Result<()>,
 ) -> Result<()> {
     let p = Path::new(path);
-    let Some(file_name) = p.file_name() else {
+    if p.file_name().is_none() {
         return Err(Error::invalid_arg(format!("'{path}' does not name a file")).with_file(path));
-    };
-    if p.is_dir() {
-        return Err(Error::new(ErrorKind::Io, format!("{path}: is a directory")).with_file(path));
     }
+    check_replaceable(path)?;
     let dir = dir_of(p);
     // Best effort: a directory that cannot be listed fails below with a
     // better message.
-    let _ = sweep_stale_temporaries(&dir);
+    let _ = sweep_stale_temporaries(p);
     // A killed process whose pid was reused may have left a temporary of the
     // same name behind: take the next sequence number instead of failing.
     let (tmp, file) = loop {
-        let tmp = dir.join(format!(
-            ".{}.tmp-{}-{}",
-            file_name.to_string_lossy(),
-            std::process::id(),
-            TEMP_SEQ.fetch_add(1, Ordering::Relaxed)
-        ));
+        let tmp = temp_path_for(p);
         match OpenOptions::new().write(true).create_new(true).open(&tmp) {
             Ok(f) => break (tmp, f),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
@@ -338,6 +401,9 @@ fn write_atomically(
         let file = w.into_inner().map_err(|e| Error::io(e.error(), path))?;
         file.sync_all().map_err(io_error(path))?;
         drop(file);
+        // Again: the write may have taken long enough for something else
+        // to appear at `path`.
+        check_replaceable(path)?;
         fs::rename(&tmp, p).map_err(io_error(path))?;
         sync_dir(&dir).map_err(io_error(path))
     })();
@@ -345,6 +411,12 @@ fn write_atomically(
         let _ = fs::remove_file(&tmp);
     }
     result
+}
+
+/// Writes `data` to `path` crash-safely (see [`save_blobs`]): used for files
+/// beside the dbs, such as a checkpoint directory's manifest.
+pub fn write_file(path: &str, data: &[u8]) -> Result<()> {
+    write_atomically(path, |w| w.write_all(data).map_err(io_error(path)))
 }
 
 /// Whether a db of this type exists at `path` (Caffe2's DBExists: it can be
@@ -2974,6 +3046,7 @@ mod tests {
     fn stale_temporaries_are_swept() {
         let dir = Scratch::new("storage");
         let me = std::process::id();
+        let host = host_tag();
         let dead = 4_000_000_000u32; // above any pid_max
         let touch = |name: &str, age_secs: u64| {
             let p = dir.0.join(name);
@@ -2981,29 +3054,85 @@ mod tests {
             f.set_modified(SystemTime::now() - Duration::from_secs(age_secs))
                 .unwrap();
         };
-        touch(&format!(".ckpt.tmp-{dead}-0"), 120); // dead owner: swept
-        touch(&format!(".ckpt.tmp-{dead}-1"), 5); // dead owner but just written: kept for now
-        touch(&format!(".ckpt.tmp-{me}-7"), 10); // a live owner: kept
-        touch(&format!(".ckpt.tmp-{me}-8"), 7200); // over an hour old: swept
-        touch(".ckpt.tmp-x-1", 7200); // not our pattern: kept
-        touch("ckpt.tmp-1-1", 7200); // no leading dot: kept
-        touch("other", 7200);
-        assert_eq!(temp_owner(".a.tmp-12-3"), Some(12));
-        assert_eq!(temp_owner(".tmp-12-3"), None);
-        assert_eq!(sweep_stale_temporaries(&dir.0).unwrap(), 2);
-        let mut want = vec![
-            format!(".ckpt.tmp-{dead}-1"),
-            format!(".ckpt.tmp-{me}-7"),
-            ".ckpt.tmp-x-1".to_string(),
-            "ckpt.tmp-1-1".to_string(),
-            "other".to_string(),
-        ];
+        let ours = |target: &str, host: u32, pid: u32, n: u32| {
+            format!(".{target}.tmp-ferrocaffe-{host:08x}-{pid}-{n}")
+        };
+        let other_host = host.wrapping_add(1);
+        touch(&ours("ckpt", host, dead, 0), 0); // dead owner of this host: swept at once
+        touch(&ours("ckpt", host, me, 7), 10); // a live owner: kept
+        touch(&ours("ckpt", host, me, 8), 7200); // over an hour old: swept
+        touch(&ours("ckpt", other_host, dead, 1), 10); // another host's: kept for now
+        touch(&ours("ckpt", other_host, dead, 2), 7200); // ... unless over an hour old
+        touch(&ours("other", host, dead, 3), 7200); // another file's: kept
+        touch(&ours("ckpt.1", host, dead, 4), 7200); // a file whose name extends ours: kept
+        touch(&format!(".ckpt.tmp-{dead}-5"), 7200); // someone else's pattern: kept
+        touch(".thesis.docx.tmp-1-2", 7200);
+        touch("ckpt", 7200);
+        assert_eq!(temp_owner(&ours("a", 0xabc, 12, 3), "a"), Some((0xabc, 12)));
+        assert_eq!(temp_owner(&ours("a", 0xabc, 12, 3), "b"), None);
+        assert_eq!(temp_owner(".a.tmp-ferrocaffe-xyz-12-3", "a"), None);
+        assert_eq!(temp_owner(".a.tmp-12-3", "a"), None);
+        let kept_before = dir.names();
+        assert_eq!(sweep_stale_temporaries(&dir.0.join("ckpt")).unwrap(), 3);
+        let mut want: Vec<String> = kept_before
+            .into_iter()
+            .filter(|n| {
+                *n != ours("ckpt", host, dead, 0)
+                    && *n != ours("ckpt", host, me, 8)
+                    && *n != ours("ckpt", other_host, dead, 2)
+            })
+            .collect();
         want.sort();
         assert_eq!(dir.names(), want);
-        // A save sweeps its directory.
-        touch(&format!(".x.tmp-{dead}-2"), 300);
+        // A save sweeps the temporaries of the db it writes, and only those.
+        touch(&ours("x", host, dead, 9), 0);
         save_blobs(&dir.file("x"), "ferro", &small_entries()).unwrap();
-        assert!(!dir.names().contains(&format!(".x.tmp-{dead}-2")));
+        let names = dir.names();
+        assert!(!names.contains(&ours("x", host, dead, 9)));
+        assert!(names.contains(&ours("other", host, dead, 3)));
+        assert!(names.contains(&".thesis.docx.tmp-1-2".to_string()));
+        // A temporary is named the way the sweeper recognises.
+        let tmp = temp_path_for(&dir.0.join("y"));
+        let name = tmp.file_name().unwrap().to_str().unwrap();
+        assert_eq!(temp_owner(name, "y"), Some((host, me)));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn saves_replace_only_regular_files() {
+        let dir = Scratch::new("storage");
+        let target = dir.file("real");
+        save_blobs(&target, "ferro", &small_entries()).unwrap();
+        let link = dir.file("link");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let socket = dir.file("socket");
+        let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let sub = dir.file("sub");
+        fs::create_dir(&sub).unwrap();
+        for (path, what) in [
+            (&link, "symbolic link"),
+            (&socket, "not a regular file"),
+            (&sub, "directory"),
+        ] {
+            for db in ["ferro", "minidb"] {
+                let e = save_blobs(path, db, &small_entries()).unwrap_err();
+                assert_eq!(e.kind, ErrorKind::Io, "{e}");
+                assert!(e.to_string().contains(what), "{e}");
+                assert_eq!(e.context.file.as_deref(), Some(path.as_str()));
+            }
+            let e = write_file(path, b"x").unwrap_err();
+            assert!(e.to_string().contains(what), "{e}");
+        }
+        // Nothing was replaced, no temporary is left.
+        assert!(fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert!(fs::metadata(&sub).unwrap().is_dir());
+        assert_eq!(dir.names(), vec!["link", "real", "socket", "sub"]);
+        // A regular file is replaced.
+        write_file(&target, b"plain").unwrap();
+        assert_eq!(fs::read(&target).unwrap(), b"plain");
     }
 
     #[derive(Debug)]

@@ -49,7 +49,6 @@ From a shell::
 
 import argparse
 import collections
-import itertools
 import json
 import logging
 import mmap
@@ -654,49 +653,6 @@ class MetadataHandler(object):
 
 MANIFEST_NAME = 'manifest.json'
 MANIFEST_FORMAT = 'ferrocaffe-checkpoints'
-_temp_seq = itertools.count()
-
-
-def _fsync_dir(path):
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _write_file_atomically(path, data):
-    """Writes ``data`` to ``path`` through a temporary in the same directory
-    (named as the Rust storage names them, so stale ones are swept), fsynced
-    and renamed over ``path``; the directory is fsynced last."""
-    directory = os.path.dirname(path) or '.'
-    while True:
-        tmp = os.path.join(directory, '.%s.tmp-%d-%d' % (
-            os.path.basename(path), os.getpid(), next(_temp_seq)))
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            break
-        except FileExistsError:
-            # Left by a killed process that had our pid (pids are reused).
-            continue
-    try:
-        with os.fdopen(fd, 'wb') as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_dir(directory)
 
 
 def _file_crc32(path):
@@ -854,7 +810,7 @@ class FileMetadataHandler(MetadataHandler):
             'epochs': kept,
         }
         data = json.dumps(manifest, indent=1, sort_keys=True).encode('utf-8')
-        _write_file_atomically(self.manifest_path(), data + b'\n')
+        _core.write_file_atomically(self.manifest_path(), data + b'\n')
         # Only now that no manifest lists them can old dbs go.
         for e in dropped:
             for info in e['dbs'].values():
