@@ -4,7 +4,10 @@
   (issue 17, items 7 and 8).
 """
 
+import json
+import logging
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -170,3 +173,271 @@ def test_a_killed_saves_temporary_is_swept_by_the_next_save_at_once(
         pytest.fail('no kill landed during a save in 10 tries')
     fed_workspace().run(save_op(target))
     assert [n for n in os.listdir(str(tmp_path)) if n.startswith('.')] == []
+
+
+# ======================================= the job state inside each db ==
+
+from ferrocaffe import proto  # noqa: E402
+from ferrocaffe.checkpoint import (  # noqa: E402
+    INTERNAL_PREFIX, JOB_STATE_BLOB, LATEST, CheckpointManager,
+    FileMetadataHandler, Job, JobRunner, MultiNodeCheckpointManager,
+    epoch_limiter, latest_valid_epoch, main as checkpoint_cli, mmap_db,
+    read_job_state, read_manifest)
+from ferrocaffe.net_builder import ops  # noqa: E402
+from ferrocaffe.session import LocalSession  # noqa: E402
+from ferrocaffe.task import Cluster, Node, Task  # noqa: E402
+
+STEP = 0.25
+
+
+@pytest.fixture(autouse=True)
+def _fresh_task_names():
+    Task._global_names_used.clear()
+    yield
+    Task._global_names_used.clear()
+
+
+def build_job(num_epochs, nodes=('trainer',), crash_in_exit=False):
+    """Each node's ``w_<node>`` starts at 0 and grows by STEP per epoch
+    (after epoch e it is e * STEP: an extra epoch shows)."""
+    with Job() as job:
+        for node in nodes:
+            with Node(node):
+                with job.init_group, Task():
+                    ops.Const(np.array([0.0], np.float32), 'w_' + node)
+                with Task():
+                    ops.Add(['w_' + node,
+                             ops.Const(np.array([STEP], np.float32))],
+                            ['w_' + node])
+        with Node(nodes[0]):
+            epoch_limiter(job, num_epochs)
+            if crash_in_exit:
+                with job.exit_group, Task():
+                    ops.Python(_crash)([], [])
+    return job
+
+
+def _crash(inputs, outputs):
+    raise RuntimeError('killed after the last save')
+
+
+def run(ckpt_dir, num_epochs, handler=None, db_type='ferro', resume=LATEST,
+        nodes=('trainer',), **kwargs):
+    """``(runner, last epoch, {node: w})`` of one run in a new workspace."""
+    job = build_job(num_epochs, nodes, kwargs.pop('crash_in_exit', False))
+    if len(nodes) == 1:
+        manager = CheckpointManager(ckpt_dir, nodes[0], db_type, handler)
+    else:
+        manager = MultiNodeCheckpointManager(ckpt_dir, db_type, handler)
+    ws = workspace.Workspace()
+    runner = JobRunner(job, manager, resume_from_epoch=resume,
+                       progress=False, **kwargs)
+    with Cluster():
+        last = runner.train(LocalSession(ws))
+    return runner, last, {n: float(ws.fetch_blob('w_' + n)[0])
+                          for n in nodes}
+
+
+HANDLERS = {
+    'none': lambda: None,
+    'manifest': lambda: FileMetadataHandler(),
+    'keep2': lambda: FileMetadataHandler(max_to_keep=2),
+}
+
+
+@pytest.mark.parametrize('db_type', ['ferro', 'minidb'])
+@pytest.mark.parametrize('handler', sorted(HANDLERS))
+def test_a_finished_job_run_again_runs_no_epoch(tmp_path, db_type, handler):
+    """Issue 11: w = 3.5, then 3.75, 4.0 ... on every run of a finished
+    12-epoch job (minidb, no metadata handler)."""
+    d = str(tmp_path)
+    for attempt in range(3):
+        runner, last, w = run(d, 12, HANDLERS[handler](), db_type)
+        assert (last, w) == (12, {'trainer': 12 * STEP}), attempt
+        if attempt:
+            assert runner.resumed_from_epoch == 12
+            assert runner.epoch is None
+    # Resuming explicitly from the last epoch runs no epoch either.
+    runner, last, w = run(d, 12, HANDLERS[handler](), db_type, resume=12)
+    assert (last, w, runner.epoch) == (12, {'trainer': 12 * STEP}, None)
+
+
+@pytest.mark.parametrize('db_type', ['ferro', 'minidb'])
+@pytest.mark.parametrize('handler', sorted(HANDLERS))
+def test_a_kill_after_the_last_save_resumes_to_the_end(tmp_path, db_type,
+                                                      handler):
+    """Killed between the last epoch's save and the end of the job (here:
+    its exit group fails), the job finishes without another epoch."""
+    d = str(tmp_path)
+    with pytest.raises(Exception, match='killed after the last save'):
+        run(d, 5, HANDLERS[handler](), db_type, resume=None,
+            crash_in_exit=True)
+    runner, last, w = run(d, 5, HANDLERS[handler](), db_type)
+    assert runner.resumed_from_epoch == 5
+    assert (last, w, runner.epoch) == (5, {'trainer': 5 * STEP}, None)
+
+
+def _minidb_records(path):
+    """``[(key, value bytes)]`` of a minidb, parsed by hand (native-endian
+    i32 key length, i32 value length, key, value)."""
+    data = open(path, 'rb').read()
+    records, at = [], 0
+    while at < len(data):
+        klen, vlen = np.frombuffer(data[at:at + 8], np.int32)
+        at += 8
+        key = data[at:at + klen].decode('utf-8')
+        records.append((key, data[at + klen:at + klen + vlen]))
+        at += klen + vlen
+    return records
+
+
+@pytest.mark.parametrize('db_type', ['ferro', 'minidb'])
+def test_each_db_holds_the_job_state_in_a_reserved_entry(tmp_path, db_type):
+    d = str(tmp_path)
+    run(d, 3, None, db_type, resume=None)
+    for epoch in range(4):
+        path = os.path.join(d, 'trainer.%d' % epoch)
+        state = read_job_state(path)
+        assert state['epoch'] == epoch and state['node'] == 'trainer'
+        assert state['stopped'] == (epoch == 3)
+        assert state['conditions_met'] is False  # only the limit stopped it
+        assert state['num_epochs'] == 3
+        assert state['generation'] == 1
+    path = os.path.join(d, 'trainer.3')
+    if db_type == 'minidb':
+        # Caffe2's format: a record holding a string tensor, which Caffe2's
+        # reader loads as a string tensor or skips (its key is not a blob
+        # of the job).
+        (value,) = [v for k, v in _minidb_records(path)
+                    if k == JOB_STATE_BLOB + '#%0']
+        blob = proto.BlobProto()
+        blob.ParseFromString(value)
+        assert blob.type == 'Tensor'
+        assert blob.tensor.data_type == proto.TensorProto.STRING
+        assert list(blob.tensor.dims) == [1]
+        (text,) = blob.tensor.string_data
+        assert json.loads(text.decode('utf-8'))['epoch'] == 3
+    else:
+        assert JOB_STATE_BLOB not in mmap_db(path)
+    # Loading everything (Caffe2's load_all) gives a harmless string blob.
+    ws = workspace.Workspace()
+    ws.run(core.CreateOperator('Load', [], [], db=path, db_type=db_type,
+                               absolute_path=True, load_all=1))
+    assert json.loads(ws.fetch_blob(JOB_STATE_BLOB)[0])['epoch'] == 3
+    # The checkpointed blob list never includes the runtime's own blobs.
+    names = [n.decode() for n in ws.fetch_blob('blob_names')]
+    assert not [n for n in names if n.startswith(INTERNAL_PREFIX)]
+
+
+@pytest.mark.parametrize('how', ['deleted', 'truncated', 'garbage', 'empty'])
+def test_a_lost_manifest_is_rebuilt_and_nothing_good_is_deleted(tmp_path,
+                                                                 how):
+    """Issue 11: with max_to_keep=2, deleting or truncating manifest.json
+    after a finished job made the next run train past the limit and delete
+    the kept dbs."""
+    d = str(tmp_path)
+    run(d, 6, FileMetadataHandler(max_to_keep=2), resume=None)
+    assert sorted(os.listdir(d)) == ['manifest.json', 'trainer.5',
+                                     'trainer.6']
+    manifest = os.path.join(d, 'manifest.json')
+    if how == 'deleted':
+        os.unlink(manifest)
+    else:
+        data = open(manifest, 'rb').read()
+        data = {'truncated': data[:len(data) // 2], 'garbage': b'\x00\xff{',
+                'empty': b''}[how]
+        open(manifest, 'wb').write(data)
+    runner, last, w = run(d, 6, FileMetadataHandler(max_to_keep=2))
+    assert (runner.resumed_from_epoch, last, runner.epoch) == (6, 6, None)
+    assert w == {'trainer': 6 * STEP}
+    assert {'trainer.5', 'trainer.6'} <= set(os.listdir(d))
+    # A job with a larger limit goes on from there; the first save rebuilds
+    # the manifest and deletes nothing; the next one applies retention.
+    runner, last, w = run(d, 7, FileMetadataHandler(max_to_keep=2))
+    assert (runner.resumed_from_epoch, last, w) == (6, 7, {'trainer': 7 * STEP})
+    assert {'trainer.5', 'trainer.6', 'trainer.7'} <= set(os.listdir(d))
+    assert [e['epoch'] for e in read_manifest(d)['epochs']] == [6, 7]
+    runner, last, w = run(d, 8, FileMetadataHandler(max_to_keep=2))
+    assert (last, w) == (8, {'trainer': 8 * STEP})
+    assert sorted(os.listdir(d)) == ['manifest.json', 'trainer.7',
+                                     'trainer.8']
+
+
+def test_a_write_that_rebuilds_the_manifest_deletes_nothing(tmp_path):
+    d = str(tmp_path)
+    with pytest.raises(Exception):
+        # Killed after epoch 3: keeps 2 and 3.
+        run(d, 3, FileMetadataHandler(max_to_keep=2), resume=None,
+            crash_in_exit=True)
+    os.unlink(os.path.join(d, 'manifest.json'))
+    run(d, 4, FileMetadataHandler(max_to_keep=2))
+    assert sorted(os.listdir(d)) == ['manifest.json', 'trainer.2',
+                                     'trainer.3', 'trainer.4']
+    assert [e['epoch'] for e in read_manifest(d)['epochs']] == [3, 4]
+
+
+def test_retention_counts_an_epoch_only_when_every_node_has_it(tmp_path):
+    d = str(tmp_path)
+    nodes = ('a', 'b')
+    run(d, 5, FileMetadataHandler(), resume=None, nodes=nodes)
+    # Node b's dbs of epochs 3 and 4 are lost.
+    for epoch in (3, 4):
+        os.unlink(os.path.join(d, 'b.%d' % epoch))
+    handler = FileMetadataHandler(max_to_keep=2)
+    handler.set_params(d, 'ferro', list(nodes))
+    handler.write(5)
+    assert [e['epoch'] for e in read_manifest(d)['epochs']] == [2, 5]
+    assert sorted(os.listdir(d)) == ['a.2', 'a.5', 'b.2', 'b.5',
+                                     'manifest.json']
+
+
+@pytest.mark.parametrize('handler', ['none', 'manifest'])
+@pytest.mark.parametrize('db_type', ['ferro', 'minidb'])
+def test_a_db_of_another_epoch_swapped_in_is_refused(tmp_path, caplog,
+                                                     handler, db_type):
+    """Issue 17: a same-size valid db from another epoch, copied over the
+    newest one, was accepted (the manifest kept sizes for ferro dbs
+    only).  The epoch stored inside the db is checked."""
+    d = str(tmp_path)
+    run(d, 6, HANDLERS[handler](), db_type, resume=None)
+    for epoch in (5, 6):  # as a run killed after its save of epoch 4
+        os.unlink(os.path.join(d, 'trainer.%d' % epoch))
+    newest = os.path.join(d, 'trainer.4')
+    other = os.path.join(d, 'trainer.2')
+    assert os.path.getsize(newest) == os.path.getsize(other)
+    shutil.copyfile(other, newest)
+    caplog.set_level(logging.WARNING, logger='ferrocaffe.checkpoint')
+    runner, last, w = run(d, 6, HANDLERS[handler](), db_type)
+    assert runner.resumed_from_epoch == 3
+    assert (last, w) == (6, {'trainer': 6 * STEP})
+    warnings = [r.getMessage() for r in caplog.records]
+    assert any('epoch 4 cannot be used' in m for m in warnings), warnings
+    if handler == 'none' or db_type == 'ferro':
+        # (The manifest's CRC-32 of a minidb tells first.)
+        assert any('holds the checkpoint of epoch 2' in m for m in warnings)
+
+
+@pytest.mark.parametrize('db_type', ['ferro', 'minidb'])
+def test_loading_a_swapped_db_explicitly_raises(tmp_path, db_type):
+    d = str(tmp_path)
+    run(d, 5, None, db_type, resume=None)
+    shutil.copyfile(os.path.join(d, 'trainer.3'), os.path.join(d, 'trainer.5'))
+    with pytest.raises(errors.CorruptCheckpointError) as info:
+        run(d, 7, None, db_type, resume=5)
+    assert info.value.file == os.path.join(d, 'trainer.5')
+    assert 'epoch 3' in str(info.value)
+    # So does a partial load (a model read for evaluation).
+    job = build_job(7)
+    runner = JobRunner(job, CheckpointManager(d, 'trainer', db_type))
+    with pytest.raises(errors.CorruptCheckpointError):
+        runner.load_blobs_from_checkpoints(['w_trainer'], 5, LocalSession(
+            workspace.Workspace()))
+    assert checkpoint_cli(['verify', d], out=_Sink()) == 1
+
+
+class _Sink(object):
+    def write(self, s):
+        pass
+
+    def flush(self):
+        pass
