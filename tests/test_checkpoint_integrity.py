@@ -4,6 +4,8 @@
   (issue 17, items 7 and 8).
 """
 
+import contextlib
+import io
 import json
 import logging
 import os
@@ -18,7 +20,7 @@ import numpy as np
 import pytest
 
 import ferrocaffe
-from ferrocaffe import core, errors, workspace
+from ferrocaffe import _core, core, errors, workspace
 
 PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(
     ferrocaffe.__file__)))
@@ -441,3 +443,178 @@ class _Sink(object):
 
     def flush(self):
         pass
+
+
+# ============================================ what a manifest may name ==
+
+def _edit_manifest(d, edit):
+    path = os.path.join(d, 'manifest.json')
+    manifest = json.load(open(path))
+    edit(manifest)
+    with open(path, 'w') as f:
+        f.write(json.dumps(manifest).replace('"<1e400>"', '1e400'))
+
+
+@pytest.mark.parametrize('where', ['absolute', 'dotdot', 'subdir'])
+def test_manifest_entries_outside_the_directory_are_ignored(tmp_path, caplog,
+                                                            where):
+    """Issue 17 item 6: a manifest entry whose file was absolute or held
+    '..' was deleted by the next save and read by ls and verify."""
+    d = str(tmp_path / 'ckpt')
+    victim = tmp_path / 'victim.1'
+    victim.write_bytes(b'precious')
+    run(d, 2, FileMetadataHandler(max_to_keep=1), resume=None)
+    name = {'absolute': str(victim), 'dotdot': '../victim.1',
+            'subdir': 'sub/../../victim.1'}[where]
+
+    def point_outside(manifest):
+        manifest['epochs'].insert(0, {
+            'epoch': 1, 'db_type': 'ferro',
+            'dbs': {'trainer': {'file': name, 'bytes': 8}}})
+    _edit_manifest(d, point_outside)
+    caplog.set_level(logging.WARNING, logger='ferrocaffe.checkpoint')
+    out = io.StringIO()
+    assert checkpoint_cli(['ls', d], out=out) == 0
+    assert 'victim' not in out.getvalue()
+    out = io.StringIO()
+    assert checkpoint_cli(['verify', d], out=out) == 0
+    assert 'victim' not in out.getvalue()
+    # A job extended by an epoch saves, and its retention drops epoch 1.
+    runner, last, w = run(d, 3, FileMetadataHandler(max_to_keep=1))
+    assert (runner.resumed_from_epoch, last) == (2, 3)
+    assert victim.read_bytes() == b'precious'
+    assert any('not a file name inside the checkpoint directory'
+               in r.getMessage() for r in caplog.records)
+
+
+DAMAGED_MANIFESTS = {
+    'epoch Infinity': lambda m: m['epochs'][-1].update(epoch=float('inf')),
+    'epoch NaN': lambda m: m['epochs'][-1].update(epoch=float('nan')),
+    # Written as the bare number 1e400, which json reads as inf.
+    'epoch 1e400': lambda m: m['epochs'][-1].update(epoch='<1e400>'),
+    'epoch a string': lambda m: m['epochs'][-1].update(epoch='7'),
+    'epoch a bool': lambda m: m['epochs'][-1].update(epoch=True),
+    'negative epoch': lambda m: m['epochs'][-1].update(epoch=-1),
+    'epochs not a list': lambda m: m.update(epochs={'a': 1}),
+    'dbs a list': lambda m: m['epochs'][-1].update(dbs=[1, 2]),
+    'db record a number': lambda m: m['epochs'][-1]['dbs'].update(trainer=3),
+    'file a number': lambda m: m['epochs'][-1]['dbs']['trainer'].update(
+        file=12),
+    'bytes a float': lambda m: m['epochs'][-1]['dbs']['trainer'].update(
+        bytes=1.5),
+    'state damaged': lambda m: m['epochs'][-1]['dbs']['trainer'].update(
+        state={'format': 'ferrocaffe-job-state', 'epoch': 'x'}),
+    'duplicate epoch': lambda m: m['epochs'].append(m['epochs'][-1]),
+    'not a dict': lambda m: (m.clear(), m.update(format=None)),
+}
+
+
+@pytest.mark.parametrize('how', sorted(DAMAGED_MANIFESTS) + ['deep nesting'])
+def test_a_damaged_manifest_field_falls_back_to_the_files(tmp_path, caplog,
+                                                          how):
+    """Issue 17 item 15: OverflowError, TypeError, RecursionError from
+    resume_from_epoch='latest'."""
+    d = str(tmp_path)
+    run(d, 6, FileMetadataHandler(), resume=None)
+    for epoch in (5, 6):  # as a run killed after its save of epoch 4
+        os.unlink(os.path.join(d, 'trainer.%d' % epoch))
+    if how == 'deep nesting':
+        with open(os.path.join(d, 'manifest.json'), 'w') as f:
+            f.write('{"format": "ferrocaffe-checkpoints", "epochs": ' +
+                    '[' * 100000 + ']' * 100000 + '}')
+    else:
+        _edit_manifest(d, DAMAGED_MANIFESTS[how])
+    caplog.set_level(logging.WARNING, logger='ferrocaffe.checkpoint')
+    runner, last, w = run(d, 6, FileMetadataHandler())
+    assert (runner.resumed_from_epoch, last, w) == (4, 6, {'trainer': 6 * STEP})
+    assert any('manifest' in r.getMessage() and 'damaged' in r.getMessage()
+               for r in caplog.records)
+    # The next save replaced it with a sound one.
+    assert [e['epoch'] for e in read_manifest(d)['epochs']] == list(range(7))
+
+
+@pytest.mark.parametrize('how', ['deep nesting', 'epoch Infinity'])
+def test_the_cli_reports_a_damaged_manifest(tmp_path, how):
+    d = str(tmp_path)
+    run(d, 2, FileMetadataHandler(), resume=None)
+    if how == 'deep nesting':
+        open(os.path.join(d, 'manifest.json'), 'w').write('[' * 100000)
+    else:
+        _edit_manifest(d, DAMAGED_MANIFESTS[how])
+    for command in ('ls', 'verify'):
+        err = io.StringIO()
+        out = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            status = checkpoint_cli([command, d], out=out)
+        assert status == 1
+        assert 'manifest' in (out.getvalue() + err.getvalue())
+
+
+def test_a_manifest_that_is_a_fifo_does_not_block(tmp_path):
+    d = str(tmp_path)
+    run(d, 2, FileMetadataHandler(), resume=None)
+    os.unlink(os.path.join(d, 'manifest.json'))
+    os.mkfifo(os.path.join(d, 'manifest.json'))
+    runner, last, w = _run_with_timeout(
+        lambda: run(d, 3, FileMetadataHandler()))
+    assert (runner.resumed_from_epoch, last) == (2, 3)
+    # Its save could not replace the FIFO: reported, training went on.
+    assert [e for e, _ in runner.failed_saves] == [3]
+    assert 'only replaces regular files' in str(runner.failed_saves[0][1])
+    assert stat.S_ISFIFO(os.lstat(os.path.join(d, 'manifest.json')).st_mode)
+
+
+# ============================= runtime blobs and a second job in a ws ==
+
+def test_a_second_checkpointed_job_in_the_same_workspace_checkpoints(
+        tmp_path):
+    """Issue 17 item 14: each save left Timer blobs, which the next job's
+    blob list included; Timers cannot be saved, so all its saves failed."""
+    ws = workspace.Workspace()
+    for i in range(2):
+        job = build_job(3)
+        os.makedirs(str(tmp_path / ('job%d' % i)))
+        runner = JobRunner(job, CheckpointManager(
+            str(tmp_path / ('job%d' % i)), 'trainer', 'ferro'),
+            progress=False, raise_on_save_failure=True)
+        assert runner.train(LocalSession(ws)) == 3
+        assert runner.failed_saves == []
+    names = [e['name'] for e in _core.list_db(
+        str(tmp_path / 'job1' / 'trainer.3'), 'ferro')]
+    assert not [n for n in names if n.startswith(INTERNAL_PREFIX)
+                and n != JOB_STATE_BLOB]
+    assert JOB_STATE_BLOB in names
+
+
+# ======================================================= failed saves ==
+
+@pytest.mark.parametrize('handler', ['none', 'manifest'])
+def test_failed_saves_name_the_path_and_the_reason(tmp_path, caplog, handler):
+    # Under /proc nothing can be created, even by root.
+    d = '/proc/ferrocaffe-no-such-dir/ckpt'
+    caplog.set_level(logging.WARNING, logger='ferrocaffe.checkpoint')
+    runner, last, w = run(d, 2, HANDLERS[handler](), resume=None)
+    assert (last, w) == (2, {'trainer': 2 * STEP})  # training went on
+    assert [e for e, _ in runner.failed_saves] == [0, 1, 2]
+    assert runner.failed_save_count == 3
+    for epoch, error in runner.failed_saves:
+        assert isinstance(error, errors.FerrocaffeIOError)
+        assert '/proc/ferrocaffe-no-such-dir' in str(error)
+        assert 'No such file or directory' in str(error)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any('Unable to write checkpoint for epoch 1' in m and
+               '/proc/ferrocaffe-no-such-dir' in m and
+               'No such file or directory' in m for m in messages), messages
+
+
+@pytest.mark.parametrize('handler', ['none', 'manifest'])
+def test_raise_on_save_failure_stops_at_the_first_failure(tmp_path, handler):
+    blocker = tmp_path / 'a_file'
+    blocker.write_text('not a directory')
+    d = str(blocker / 'ckpt')
+    with pytest.raises(errors.FerrocaffeIOError) as info:
+        run(d, 3, HANDLERS[handler](), resume=None,
+            raise_on_save_failure=True)
+    assert str(blocker) in str(info.value)
+    assert 'Not a directory' in str(info.value) or (
+        'File exists' in str(info.value))
