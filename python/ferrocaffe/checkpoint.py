@@ -79,7 +79,6 @@ from ferrocaffe.task import (
     TaskGroup,
     TaskOutput,
     WorkspaceType,
-    final_output,
 )
 
 __all__ = [
@@ -442,26 +441,35 @@ class CheckpointManager(object):
         """``[(node name, manager)]``: this manager, for its node."""
         return [(self._node_name, self)]
 
-    def _timed_task(self, cp_op_name, add_op):
-        """A Task named ``cp_op_name`` running ``add_op``'s ops between a
-        TimerBegin and a TimerGetAndEnd whose output (ns) is kept for
-        ``collect_checkpoint_stats``.
+    def _timed_task(self, cp_op_name, body):
+        """A Task named ``cp_op_name`` running a TimerBegin, the ops
+        ``body(net)`` adds to a net, and a TimerGetAndEnd whose output (ns)
+        is kept for ``collect_checkpoint_stats``.  The Task's outputs are
+        that duration and the blobs ``body`` returns.
 
-        Its name, and so its nets and blobs, are the same every time: a
-        Task made outside any TaskGroup gets a fresh name from a global set
-        each time, and each run would leave its nets and timers in the
-        workspace for good (one set per epoch)."""
+        Its nets and blobs have the same names every time, under
+        ``'!!ferrocaffe/<node>/'``: each run replaces the previous run's
+        in the workspace.  (Nets built the usual way get fresh names, and
+        the workspace would keep one set per save: memory growing with
+        every epoch.)"""
+        prefix = self._internal + cp_op_name
+        nets = []
+        for suffix in ('/timer_begin', '', '/timer_end'):
+            net = core.Net(prefix + suffix)
+            net.Proto().name = prefix + suffix  # as given: not uniquified
+            nets.append(net)
+        begin, main, end = nets
+        timer = begin.TimerBegin([], self._internal + 'timer',
+                                 counter_name=self._node_name)
+        outputs = body(main) or []
+        duration = end.TimerGetAndEnd(timer, prefix + '_ns')
+        # Outside a TaskGroup a Task takes a new name from a process-wide
+        # set each time; in its own group the name stays the same.
         group = (None if TaskGroup.current(required=False) is not None
                  else TaskGroup(WorkspaceType.GLOBAL))
-        with Task(name=cp_op_name, group=group) as task:
-            with ops.task_init():
-                timer = ops.TimerBegin([], self._internal + 'timer',
-                                       counter_name=self._node_name)
-            add_op()
-            with ops.task_exit():
-                time_span_blob = ops.TimerGetAndEnd(
-                    timer, self._internal + cp_op_name + '_ns')
-            self._current_checkpoint_duration = final_output(time_span_blob)
+        task = Task(step=core.execution_step(prefix, nets), name=cp_op_name,
+                    outputs=[duration] + outputs, group=group)
+        self._current_checkpoint_duration = task.outputs()[0]
         return task
 
     def collect_checkpoint_stats(self, stats):
@@ -473,14 +481,22 @@ class CheckpointManager(object):
             logger.info('Failed to collect checkpoint stats: %s',
                         self._current_db_name)
 
-    def _load_state_op(self, db, db_type):
-        """Loads the job state stored in ``db`` into this node's state blob,
-        a TaskOutput (read by ``loaded_job_states``)."""
-        blob = self._internal + 'loaded_job_state'
-        ops.GivenTensorStringFill([], [blob], shape=[0], values=[])
-        ops.Load([], [blob], db=db, db_type=db_type, absolute_path=True,
-                 allow_incomplete=True, source_blob_names=[JOB_STATE_BLOB])
-        self._state_output = final_output(blob)
+    def _load_task(self, cp_op_name, blob_names, db_type, **load_args):
+        """A timed Task loading ``blob_names`` and the job state (read by
+        ``loaded_job_states``) from ``self._current_db_name``."""
+        path = self._current_db_name
+        state_blob = self._internal + 'loaded_job_state'
+
+        def body(net):
+            for op in _state_load_ops(state_blob, path, db_type):
+                net.Proto().op.extend([op])
+            net.Load([], blob_names, db=path, db_type=db_type,
+                     absolute_path=True, **load_args)
+            return [state_blob]
+
+        task = self._timed_task(cp_op_name, body)
+        self._state_output = task.outputs()[1]
+        return task
 
     def loaded_job_states(self):
         """``[(node, db path, job state or None)]`` of the last load Task
@@ -498,12 +514,8 @@ class CheckpointManager(object):
         db_type = path_type or self._db_type
         logger.info('Loading checkpoints from %s', self._current_db_name)
 
-        def add_op():
-            self._load_state_op(self._current_db_name, db_type)
-            ops.Load([], self.blob_list(), db=self._current_db_name,
-                     db_type=db_type, absolute_path=True, keep_device=True)
-
-        return self._timed_task('checkpoint_load', add_op)
+        return self._load_task('checkpoint_load', self.blob_list(), db_type,
+                               keep_device=True)
 
     def load_blobs_from_checkpoint(self, blob_names, epoch, path_prefix=None,
                                    path_type=None):
@@ -514,13 +526,8 @@ class CheckpointManager(object):
         db_type = path_type or self._db_type
         logger.info('Load from %s', self._current_db_name)
 
-        def add_op():
-            self._load_state_op(self._current_db_name, db_type)
-            ops.Load([], blob_names, db=self._current_db_name,
-                     db_type=db_type, absolute_path=True,
-                     allow_incomplete=True)
-
-        return self._timed_task('checkpoint_partial_load', add_op)
+        return self._load_task('checkpoint_partial_load', blob_names,
+                               db_type, allow_incomplete=True)
 
     def check_db_exists(self, epoch, path_prefix=None, path_type=None):
         """A Task whose output is whether the checkpoint of ``epoch``
@@ -563,16 +570,16 @@ class CheckpointManager(object):
         state = json.dumps(_new_job_state(
             epoch, self._node_name, **(job_state or {})), sort_keys=True)
 
-        def add_op():
+        def body(net):
             state_blob = self._internal + 'job_state'
-            ops.GivenTensorStringFill([], [state_blob], shape=[1],
+            net.GivenTensorStringFill([], [state_blob], shape=[1],
                                       values=[state])
             names = self.blob_list()
-            ops.Save([state_blob] + names, [], db=self._current_db_name,
+            net.Save([state_blob] + names, [], db=self._current_db_name,
                      db_type=self._db_type, absolute_path=True,
                      blob_name_overrides=[JOB_STATE_BLOB] + names)
 
-        return self._timed_task('checkpoint_save', add_op)
+        return self._timed_task('checkpoint_save', body)
 
     def write_checkpoint_metadata(self, epoch):
         if self._metadata_handler is not None:
