@@ -1256,6 +1256,49 @@ def test_example_job_resumes_after_ctrl_c_with_the_same_model(tmp_path):
     assert b == b_ref
 
 
+def test_example_job_extended_with_more_epochs_equals_one_longer_run(
+        tmp_path):
+    def example(workdir, *extra):
+        run = subprocess.run(example_cmd(workdir, '--threads', '1', *extra),
+                             env=example_env(), capture_output=True,
+                             text=True, timeout=300)
+        assert run.returncode == 0, run.stderr
+        return run.stdout
+
+    extended = str(tmp_path / 'extended')
+    assert 'trained through epoch 2' in example(extended, '--epochs', '2')
+    out = example(extended, '--epochs', '4')
+    assert 'resumed from epoch 2' in out
+    assert 'trained through epoch 4' in out
+    reference = str(tmp_path / 'reference')
+    assert 'trained through epoch 4' in example(reference, '--epochs', '4')
+    w_ref, b_ref = read_example_model(reference)
+    w, b = read_example_model(extended)
+    np.testing.assert_array_equal(w, w_ref)
+    assert b == b_ref
+    # Run again with the same limit: finished, no epoch runs.
+    out = example(extended, '--epochs', '4')
+    assert 'the job had finished' in out
+    np.testing.assert_array_equal(read_example_model(extended)[0], w_ref)
+
+    # --fresh deletes the checkpoints, the model and the data, then starts
+    # over.
+    for sub in ('checkpoints', 'data'):
+        open(os.path.join(extended, sub, 'marker'), 'w').close()
+    out = example(extended, '--fresh', '--epochs', '1')
+    assert 'resumed' not in out and 'trained through epoch 1' in out
+    assert not os.path.exists(os.path.join(extended, 'data', 'marker'))
+    assert sorted(os.listdir(os.path.join(extended, 'checkpoints'))) == [
+        'manifest.json', 'trainer.0', 'trainer.1']
+    sys.path.insert(0, os.path.dirname(EXAMPLE))
+    try:
+        import train_job
+    finally:
+        sys.path.pop(0)
+    train_job.remove_outputs(train_job.Config(workdir=extended))
+    assert not os.path.exists(extended)
+
+
 def test_example_job_with_threads_learns_the_model(tmp_path):
     sys.path.insert(0, os.path.dirname(EXAMPLE))
     try:
