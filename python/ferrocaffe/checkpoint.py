@@ -32,11 +32,16 @@ that checkpoint instead of running the init group and goes on with epoch
 Storage never loses a checkpoint: every db is written to a temporary file
 that is fsynced and renamed into place (see ``rust/storage.rs``), so a db
 that exists is complete, and the default ``'ferro'`` format checks every
-byte on load (``errors.CorruptCheckpointError``).  :class:`FileMetadataHandler`
-adds a manifest of the completed epochs, rewritten atomically after each
-save; ``resume_from_epoch='latest'`` resumes from the newest epoch that
-verifies, skipping damaged ones with a warning.  A save that fails is
-logged and recorded in ``JobRunner.failed_saves``; training goes on.
+byte on load (``errors.CorruptCheckpointError``).  Each db also holds the
+job state (:func:`read_job_state`: its epoch, and whether the job stopped
+after it), written in the same save, so the dbs alone say where a job is:
+``resume_from_epoch='latest'`` resumes from the newest epoch that verifies,
+skipping damaged ones with a warning, and a job that had stopped runs no
+more epochs.  :class:`FileMetadataHandler` adds a manifest of the saved
+epochs (a cache, rebuilt from the dbs when lost) and retention.  A save
+that fails is logged with its path and reason and recorded in
+``JobRunner.failed_saves``; training goes on (unless
+``raise_on_save_failure``).
 
 :func:`mmap_db` opens a ferro db memory-mapped: read-only numpy views of
 its tensors, nothing copied (a ferrocaffe addition).
