@@ -1329,6 +1329,11 @@ impl<W: Write> Sink<'_, W> {
     }
 }
 
+/// Bytes read (then checksummed) at a time when loading a payload: small
+/// enough to stay in the L2 cache for the CRC, and as large as the reader's
+/// buffer, so that reads go straight into the tensor.
+const READ_SLICE: usize = 1 << 20;
+
 /// Elements converted per staging buffer on the portable paths.
 const STAGE: usize = 1 << 16;
 
@@ -1753,58 +1758,206 @@ impl FerroFile {
     /// Reads one payload into a fresh buffer and checks its CRC.
     fn payload_bytes(&mut self, path: &str, e: &IndexEntry) -> Result<Vec<u8>> {
         let mut v = vec![0u8; e.length as usize];
-        self.read_checked(path, e, &mut v)?;
+        read_exact_or_corrupt(&mut self.r, &mut v, path, &|| cut_off(e))
+            .map_err(|err| err.with_blob(&e.name))?;
+        check_crc(path, e, crc32fast::hash(&v))?;
         Ok(v)
     }
+}
 
-    fn read_checked(&mut self, path: &str, e: &IndexEntry, dst: &mut [u8]) -> Result<()> {
-        read_exact_or_corrupt(&mut self.r, dst, path, &|| {
-            format!("the data of blob '{}' is cut off", e.name)
-        })
-        .map_err(|err| err.with_blob(&e.name))?;
-        if crc32fast::hash(dst) != e.crc {
-            return Err(corrupt(
-                path,
-                format!("the data of blob '{}' is damaged (CRC mismatch)", e.name),
-            )
-            .with_blob(&e.name));
+fn cut_off(e: &IndexEntry) -> String {
+    format!("the data of blob '{}' is cut off", e.name)
+}
+
+fn check_crc(path: &str, e: &IndexEntry, crc: u32) -> Result<()> {
+    if crc != e.crc {
+        return Err(corrupt(
+            path,
+            format!("the data of blob '{}' is damaged (CRC mismatch)", e.name),
+        )
+        .with_blob(&e.name));
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------ parallel loading --
+
+/// Where a loaded payload goes: a numeric tensor's own buffer (read into
+/// in place), or bytes to decode.
+enum Dest {
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+    I32(Vec<i32>),
+    I64(Vec<i64>),
+    U8(Vec<u8>),
+    I8(Vec<i8>),
+    I16(Vec<i16>),
+    U16(Vec<u16>),
+    Raw(Vec<u8>),
+}
+
+macro_rules! each_dest {
+    ($d:expr, $v:ident => $body:expr, raw $r:ident => $raw:expr) => {
+        match $d {
+            Dest::F32($v) => $body,
+            Dest::F64($v) => $body,
+            Dest::I32($v) => $body,
+            Dest::I64($v) => $body,
+            Dest::U8($v) => $body,
+            Dest::I8($v) => $body,
+            Dest::I16($v) => $body,
+            Dest::U16($v) => $body,
+            Dest::Raw($r) => $raw,
         }
-        Ok(())
+    };
+}
+
+impl Dest {
+    /// A buffer for entry `e`: numeric tensors get fresh pages advised to be
+    /// huge (4 KiB page faults cost as much as the copy itself).
+    fn for_entry(e: &IndexEntry) -> Dest {
+        use crate::tensor::default_buffer as buf;
+        let n = e.numel() as usize;
+        match (e.kind, ferro_dtype(e.dtype)) {
+            (KIND_TENSOR, Some(DataType::Float)) => Dest::F32(buf(n)),
+            (KIND_TENSOR, Some(DataType::Double)) => Dest::F64(buf(n)),
+            (KIND_TENSOR, Some(DataType::Int32)) => Dest::I32(buf(n)),
+            (KIND_TENSOR, Some(DataType::Int64)) => Dest::I64(buf(n)),
+            (KIND_TENSOR, Some(DataType::Uint8)) => Dest::U8(buf(n)),
+            (KIND_TENSOR, Some(DataType::Int8)) => Dest::I8(buf(n)),
+            (KIND_TENSOR, Some(DataType::Int16)) => Dest::I16(buf(n)),
+            (KIND_TENSOR, Some(DataType::Uint16)) => Dest::U16(buf(n)),
+            _ => Dest::Raw(vec![0u8; e.length as usize]),
+        }
     }
 
-    fn read_pod<T: Pod>(&mut self, path: &str, e: &IndexEntry) -> Result<ArrayD<T>> {
-        let mut v = vec![T::default(); e.numel() as usize];
-        // One read straight into the tensor's buffer.
-        self.read_checked(path, e, pod_bytes_mut(&mut v))?;
-        if cfg!(target_endian = "big") {
-            for x in &mut v {
-                *x = x.swap_le();
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        each_dest!(self, v => pod_bytes_mut(v), raw r => r)
+    }
+
+    /// The value, once every byte was read and the CRC checked.
+    fn into_value(self, path: &str, e: &IndexEntry) -> Result<BlobValue> {
+        fn arr<T: Pod>(e: &IndexEntry, mut v: Vec<T>) -> Result<ArrayD<T>> {
+            if cfg!(target_endian = "big") {
+                for x in &mut v {
+                    *x = x.swap_le();
+                }
             }
+            ArrayD::from_shape_vec(ndarray::IxDyn(&e.shape()), v)
+                .map_err(|err| Error::internal(err.to_string()))
         }
-        ArrayD::from_shape_vec(ndarray::IxDyn(&e.shape()), v)
-            .map_err(|err| Error::internal(err.to_string()))
+        Ok(BlobValue::Tensor(match self {
+            Dest::F32(v) => Tensor::F32(arr(e, v)?),
+            Dest::F64(v) => Tensor::F64(arr(e, v)?),
+            Dest::I32(v) => Tensor::I32(arr(e, v)?),
+            Dest::I64(v) => Tensor::I64(arr(e, v)?),
+            Dest::U8(v) => Tensor::U8(arr(e, v)?),
+            Dest::I8(v) => Tensor::I8(arr(e, v)?),
+            Dest::I16(v) => Tensor::I16(arr(e, v)?),
+            Dest::U16(v) => Tensor::U16(arr(e, v)?),
+            Dest::Raw(r) => return decode_payload(path, e, Cow::Owned(r)),
+        }))
     }
+}
 
-    fn read_value(&mut self, path: &str, e: &IndexEntry) -> Result<BlobValue> {
-        if e.kind == KIND_TENSOR {
-            let t = match ferro_dtype(e.dtype) {
-                Some(DataType::Float) => Some(Tensor::F32(self.read_pod(path, e)?)),
-                Some(DataType::Double) => Some(Tensor::F64(self.read_pod(path, e)?)),
-                Some(DataType::Int32) => Some(Tensor::I32(self.read_pod(path, e)?)),
-                Some(DataType::Int64) => Some(Tensor::I64(self.read_pod(path, e)?)),
-                Some(DataType::Uint8) => Some(Tensor::U8(self.read_pod(path, e)?)),
-                Some(DataType::Int8) => Some(Tensor::I8(self.read_pod(path, e)?)),
-                Some(DataType::Int16) => Some(Tensor::I16(self.read_pod(path, e)?)),
-                Some(DataType::Uint16) => Some(Tensor::U16(self.read_pod(path, e)?)),
-                _ => None,
-            };
-            if let Some(t) = t {
-                return Ok(BlobValue::Tensor(t));
+/// Payload bytes read by one worker at a time: large payloads are split so
+/// that both halves of a big tensor load in parallel.
+const LOAD_PIECE: usize = 8 << 20;
+
+/// A piece of a payload to read: its place in the file and in the buffer,
+/// and, once read, its CRC (combined in order per blob).
+struct Piece<'a> {
+    entry: usize,
+    at: u64,
+    dst: &'a mut [u8],
+    crc: crc32fast::Hasher,
+    result: Result<()>,
+}
+
+/// Reads a piece with positioned reads, in slices checksummed while they
+/// are still in the cache.
+fn read_piece(file: &File, path: &str, e: &IndexEntry, p: &mut Piece<'_>) -> Result<()> {
+    let mut at = p.at;
+    for slice in p.dst.chunks_mut(READ_SLICE) {
+        read_exact_at(file, slice, at).map_err(|err| {
+            if err.kind() == std::io::ErrorKind::UnexpectedEof {
+                corrupt(path, format!("the db is truncated: {}", cut_off(e))).with_blob(&e.name)
+            } else {
+                Error::io(&err, path).with_blob(&e.name)
             }
-        }
-        let bytes = self.payload_bytes(path, e)?;
-        decode_payload(path, e, Cow::Owned(bytes))
+        })?;
+        p.crc.update(slice);
+        at += slice.len() as u64;
     }
+    Ok(())
+}
+
+#[cfg(unix)]
+fn read_exact_at(file: &File, buf: &mut [u8], at: u64) -> std::io::Result<()> {
+    std::os::unix::fs::FileExt::read_exact_at(file, buf, at)
+}
+
+#[cfg(windows)]
+fn read_exact_at(file: &File, mut buf: &mut [u8], mut at: u64) -> std::io::Result<()> {
+    use std::os::windows::fs::FileExt;
+    while !buf.is_empty() {
+        match file.seek_read(buf, at) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => {
+                buf = &mut buf[n..];
+                at += n as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Tells the kernel the file is read front to back (a larger read-ahead
+/// window). Only a hint.
+fn advise_sequential(file: &File) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::ffi::c_int;
+        use std::os::unix::io::AsRawFd;
+        extern "C" {
+            fn posix_fadvise(fd: c_int, offset: i64, len: i64, advice: c_int) -> c_int;
+        }
+        const POSIX_FADV_SEQUENTIAL: c_int = 2;
+        // SAFETY: a valid open descriptor; the call only sets a hint.
+        unsafe {
+            posix_fadvise(file.as_raw_fd(), 0, 0, POSIX_FADV_SEQUENTIAL);
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = file;
+}
+
+/// Checks that the bytes between payloads, and between the last one and
+/// the index, are zero (small positioned reads).
+fn check_gaps(file: &File, path: &str, entries: &[IndexEntry], index_offset: u64) -> Result<()> {
+    let mut pos = HEADER_LEN;
+    let ends = entries
+        .iter()
+        .map(|e| (e.offset, e.offset + e.length))
+        .chain(std::iter::once((index_offset, index_offset)));
+    for (start, end) in ends {
+        if start > pos {
+            let mut pad = [0u8; ALIGN as usize];
+            let pad = &mut pad[..(start - pos) as usize];
+            read_exact_at(file, pad, pos).map_err(|err| {
+                if err.kind() == std::io::ErrorKind::UnexpectedEof {
+                    corrupt(path, format!("the file ends inside padding at byte {pos}"))
+                } else {
+                    Error::io(&err, path)
+                }
+            })?;
+            check_zero_padding(path, pad, pos)?;
+        }
+        pos = end;
+    }
+    Ok(())
 }
 
 /// Decodes a payload whose CRC checked out: a bool or string tensor, a byte
@@ -1869,21 +2022,78 @@ fn decode_payload(path: &str, e: &IndexEntry, bytes: Cow<'_, [u8]>) -> Result<Bl
     })
 }
 
+/// Loads the selected blobs of a ferro file. Payloads are read with
+/// positioned reads by the kernel pool's threads, which take pieces of at
+/// most [`LOAD_PIECE`] bytes in file order (so that the disk still sees one
+/// forward stream), each straight into its tensor's buffer, checksummed as
+/// it comes. Every byte between payloads is checked to be zero padding.
 fn load_ferro(path: &str, select: &dyn Fn(&str) -> bool) -> Result<Vec<(String, BlobValue)>> {
-    let mut f = open_ferro(path)?;
-    let entries = std::mem::take(&mut f.entries);
-    let mut out = Vec::new();
-    let mut pos = HEADER_LEN;
-    for e in &entries {
-        f.padding(path, pos, e.offset)?;
-        if select(&e.name) {
-            out.push((e.name.clone(), f.read_value(path, e)?));
-        } else {
-            f.r.seek_relative(e.length as i64).map_err(io_error(path))?;
+    let FerroFile {
+        r,
+        entries,
+        index_offset,
+    } = open_ferro(path)?;
+    let file = r.into_inner();
+    check_gaps(&file, path, &entries, index_offset)?;
+    let wanted: Vec<&IndexEntry> = entries.iter().filter(|e| select(&e.name)).collect();
+    let mut dests: Vec<Dest> = wanted.iter().map(|e| Dest::for_entry(e)).collect();
+    let mut pieces = Vec::new();
+    for (i, (e, d)) in wanted.iter().zip(dests.iter_mut()).enumerate() {
+        let mut at = e.offset;
+        for dst in d.bytes_mut().chunks_mut(LOAD_PIECE) {
+            let len = dst.len() as u64;
+            pieces.push(Piece {
+                entry: i,
+                at,
+                dst,
+                crc: crc32fast::Hasher::new(),
+                result: Ok(()),
+            });
+            at += len;
         }
-        pos = e.offset + e.length;
     }
-    f.padding(path, pos, f.index_offset)?;
+    advise_sequential(&file);
+    let workers = rayon::current_num_threads().min(pieces.len());
+    if workers > 1 {
+        let queue = parking_lot::Mutex::new(pieces.iter_mut());
+        let failed = std::sync::atomic::AtomicBool::new(false);
+        rayon::scope(|s| {
+            for _ in 0..workers {
+                s.spawn(|_| loop {
+                    let Some(p) = queue.lock().next() else { break };
+                    if failed.load(Ordering::Relaxed) {
+                        continue; // an earlier piece failed: the load fails
+                    }
+                    p.result = read_piece(&file, path, wanted[p.entry], p);
+                    if p.result.is_err() {
+                        failed.store(true, Ordering::Relaxed);
+                    }
+                });
+            }
+        });
+    } else {
+        for p in &mut pieces {
+            p.result = read_piece(&file, path, wanted[p.entry], p);
+            if p.result.is_err() {
+                break;
+            }
+        }
+    }
+    // The first failure in file order is the one reported.
+    let mut crcs: Vec<Option<crc32fast::Hasher>> = vec![None; wanted.len()];
+    for p in pieces {
+        p.result?;
+        match &mut crcs[p.entry] {
+            Some(h) => h.combine(&p.crc),
+            slot => *slot = Some(p.crc),
+        }
+    }
+    let mut out = Vec::with_capacity(wanted.len());
+    for ((e, d), crc) in wanted.into_iter().zip(dests).zip(crcs) {
+        let crc = crc.unwrap_or_default().finalize();
+        check_crc(path, e, crc)?;
+        out.push((e.name.clone(), d.into_value(path, e)?));
+    }
     Ok(out)
 }
 
@@ -2873,6 +3083,44 @@ mod tests {
             load_db_select(&path, "ferro", &|n| n != "a").unwrap().len(),
             4
         );
+    }
+
+    #[test]
+    fn large_tensors_load_in_pieces_and_every_piece_is_checked() {
+        // 20 MiB: three pieces of LOAD_PIECE, read by different threads and
+        // their CRCs combined; small blobs before and after it.
+        let n = (20 << 20) / 4;
+        let big: Vec<i32> = (0..n as i32)
+            .map(|i| i.wrapping_mul(2654435761u32 as i32))
+            .collect();
+        let entries = vec![
+            ("head".to_string(), t(&[3], vec![1.5f64, -2.0, 3.25])),
+            ("big".to_string(), t(&[n / 1024, 1024], big.clone())),
+            ("tail".to_string(), BlobValue::Bytes(b"end".to_vec())),
+        ];
+        let dir = Scratch::new("storage");
+        let path = dir.file("db");
+        save_blobs(&path, "ferro", &entries).unwrap();
+        let got = load_db(&path, "ferro").unwrap();
+        assert_same(&got, &entries);
+        let offset = list_ferro(&path).unwrap();
+        assert_eq!(offset[1].bytes, (n * 4) as u64);
+        let raw = fs::read(&path).unwrap();
+        // A flipped bit in each piece of "big" (its payload starts at 128).
+        for at in [128 + 5, 128 + (9 << 20), 128 + (20 << 20) - 1] {
+            let mut b = raw.clone();
+            b[at] ^= 0x04;
+            fs::write(&path, &b).unwrap();
+            let e = load_db(&path, "ferro").unwrap_err();
+            assert_corrupt(&e, &path);
+            assert_eq!(e.context.blob.as_deref(), Some("big"), "{e}");
+            // Padding is checked too.
+            let mut b = raw.clone();
+            b[128 + (20 << 20) + 3] = 1; // between "big" and "tail"
+            fs::write(&path, &b).unwrap();
+            let e = load_db(&path, "ferro").unwrap_err();
+            assert!(e.full_message().contains("padding"), "{e}");
+        }
     }
 
     #[test]
