@@ -9,10 +9,15 @@ save  64 float32 tensors (2048 x 1024 each, 512 MiB of random data) written
       by a Save op (db_type 'ferro', then 'minidb'), which fsyncs the file
       and its directory; baseline: ``dd if=/dev/zero of=F bs=1M count=512
       conv=fsync`` (its own reported time).  Target: save >= 0.80 x dd.
-load  the same data read back by a Load op into a new workspace; baseline:
-      ``np.load`` of the 64 tensors saved as .npy files.  Both cold (the
-      files evicted from the page cache with posix_fadvise(DONTNEED) after
-      an fsync) and warm.  Target: Load >= np.load.
+load  the same data read back by a Load op into a new workspace, alone and
+      followed by ``fetch_blob`` of every tensor (a numpy copy each: what
+      the peer harness's W5 times); baselines: ``dd if=F of=/dev/null
+      bs=1M`` (its own reported time), one ``readinto`` of the whole file
+      into a new bytearray, and ``np.load`` of the 64 tensors saved as .npy
+      files.  Both cold (the files evicted from the page cache with
+      posix_fadvise(DONTNEED) after an fsync) and warm, all interleaved.
+      Targets: Load >= np.load; Load + fetch cold >= 0.90 x dd, warm >= 5
+      GB/s.
 mmap  the same ferro file opened with ``ferrocaffe.checkpoint.mmap_db``
       (read-only numpy views of the mapped file, nothing copied); baseline:
       ``np.load(mmap_mode='r')`` of the 64 .npy files.  The open is timed
@@ -173,6 +178,31 @@ def write_npy(args, names, arrays):
     return npy_dir, npy_paths
 
 
+def dd_read_seconds(path):
+    """dd's own time for reading ``path`` to /dev/null in 1 MiB blocks."""
+    out = subprocess.run(
+        ['dd', 'if=' + path, 'of=/dev/null', 'bs=1M'], capture_output=True,
+        text=True, env=dict(os.environ, LC_ALL='C'), check=True)
+    m = re.search(r'copied, ([0-9.eE+-]+) s', out.stderr)
+    if not m:
+        raise RuntimeError('cannot parse dd output: %r' % out.stderr)
+    return float(m.group(1))
+
+
+def readinto_seconds(path):
+    """One unbuffered readinto of the whole file into a new bytearray."""
+    start = time.perf_counter()
+    buf = bytearray(os.path.getsize(path))
+    with open(path, 'rb', buffering=0) as f:
+        f.readinto(buf)
+    elapsed = time.perf_counter() - start
+    del buf
+    return elapsed
+
+
+LOAD_KEYS = ('dd', 'readinto', 'numpy', 'ferro', 'ferro+fetch', 'minidb')
+
+
 def bench_load(args, ws, names, arrays, nbytes, paths):
     print('load: the same %d MiB' % (nbytes >> 20))
     npy_dir, npy_paths = write_npy(args, names, arrays)
@@ -180,11 +210,18 @@ def bench_load(args, ws, names, arrays, nbytes, paths):
         if not os.path.exists(p):
             ws.run(save_op(names, p, t))
     ops = {t: load_op(names, p, t) for t, p in paths.items()}
+    fetch_split = []
 
-    def load_ferrocaffe(t):
+    def load_ferrocaffe(t, fetch=False):
         target = workspace.Workspace()
         start = time.perf_counter()
         target.run(ops[t])
+        loaded = time.perf_counter()
+        if fetch:
+            out = [target.fetch_blob(n) for n in names]
+            fetch_split.append(time.perf_counter() - loaded)
+            assert out[7][5, 9] == arrays[7][5, 9]
+            del out
         elapsed = time.perf_counter() - start
         assert target.blobs['t07'].fetch()[5, 9] == arrays[7][5, 9]
         del target
@@ -198,28 +235,56 @@ def bench_load(args, ws, names, arrays, nbytes, paths):
         del out
         return elapsed
 
+    def run(key):
+        if key == 'dd':
+            return dd_read_seconds(paths['ferro'])
+        if key == 'readinto':
+            return readinto_seconds(paths['ferro'])
+        if key == 'numpy':
+            return load_numpy()
+        if key == 'ferro+fetch':
+            return load_ferrocaffe('ferro', fetch=True)
+        return load_ferrocaffe(key)
+
+    def files(key):
+        if key == 'numpy':
+            return npy_paths
+        return [paths['minidb' if key == 'minidb' else 'ferro']]
+
     results = {}
     for cold in (True, False):
-        times = {'numpy': [], 'ferro': [], 'minidb': []}
+        times = {k: [] for k in LOAD_KEYS}
+        del fetch_split[:]
         for _ in range(args.repeat):
-            for key in ('numpy', 'ferro', 'minidb'):
+            for key in LOAD_KEYS:
                 if cold:
-                    for p in (npy_paths if key == 'numpy' else [paths[key]]):
+                    for p in files(key):
                         evict(p)
-                elif key == 'numpy':
-                    load_numpy()
                 else:
-                    load_ferrocaffe(key)  # into the page cache
+                    run(key)  # into the page cache
                 prewarm()
-                times[key].append(load_numpy() if key == 'numpy'
-                                  else load_ferrocaffe(key))
+                times[key].append(run(key))
         state = 'cold' if cold else 'warm'
+        dd = show('dd bs=1M to /dev/null, %s' % state, nbytes, times['dd'])
+        raw = show('readinto a new bytearray, %s' % state, nbytes,
+                   times['readinto'])
         base = show('np.load of .npy files, %s' % state, nbytes,
                     times['numpy'])
         ferro = show('Load, ferro, %s' % state, nbytes, times['ferro'])
+        both = show('Load + fetch_blob x %d, ferro, %s' % (
+            NUM_TENSORS, state), nbytes, times['ferro+fetch'])
+        print('    of which fetch_blob: median %.3f s' % (
+            statistics.median(fetch_split)))
         minidb = show('Load, minidb, %s' % state, nbytes, times['minidb'])
         print('  ratio Load(ferro) / np.load, %s  = %.2f  (target >= 1.0)' % (
             state, base / ferro))
+        print('  ratio Load(ferro) / dd, %s       = %.2f' % (state, dd / ferro))
+        print('  ratio Load+fetch / dd, %s        = %.2f%s' % (
+            state, dd / both, '  (target >= 0.90)' if cold else ''))
+        print('  ratio Load+fetch / readinto, %s  = %.2f' % (state, raw / both))
+        if not cold:
+            print('  Load+fetch, warm                 = %.2f GB/s  '
+                  '(target >= 5)' % (nbytes / both / 1e9))
         print('  ratio Load(minidb) / np.load, %s = %.2f' % (
             state, base / minidb))
         results[state] = base / ferro

@@ -25,10 +25,24 @@ last complete checkpoint::
     python examples/train_job.py --fresh          # start over
     python -m ferrocaffe.checkpoint ls /tmp/ferrocaffe_train_job/checkpoints
 
+A finished run can be extended: run it again with a larger ``--epochs``
+and it goes on from its last epoch (the epoch limit belongs to the job,
+not to its checkpoints; each checkpoint records whether the job had
+stopped there, and why)::
+
+    python examples/train_job.py --epochs 5
+    python examples/train_job.py --epochs 8       # epochs 6, 7 and 8
+
+A run that stopped because its data was exhausted stays finished: running
+it again only writes the model again.  ``--fresh`` deletes everything the
+example made in its workdir (checkpoints, model and data) before starting
+over.
+
 With ``--threads 1`` the run is deterministic: an interrupted and resumed
-run ends with exactly the model of an uninterrupted one.  The default size
-(10 epochs of 100,000 records) takes a few seconds with a release build;
-``--rows 100000 --batches-per-epoch 10000`` is quicker with a debug build.
+run, or an extended one, ends with exactly the model of an uninterrupted
+one.  The default size (10 epochs of 100,000 records) takes a few seconds
+with a release build; ``--rows 100000 --batches-per-epoch 10000`` is
+quicker with a debug build.
 """
 
 import argparse
@@ -50,7 +64,7 @@ except ImportError:  # run from a checkout
 from ferrocaffe import _core, core, workspace  # noqa: E402
 from ferrocaffe.checkpoint import (  # noqa: E402
     CheckpointManager, FileMetadataHandler, Job, JobRunner, epoch_limiter,
-    read_manifest)
+    find_checkpoints)
 from ferrocaffe.dataio import ReaderWithDelay, ReaderWithLimit  # noqa: E402
 from ferrocaffe.file_reader import (  # noqa: E402
     NpyReader, ParquetReader, ParquetWriter)
@@ -239,6 +253,20 @@ def read_model(path):
 
 # ------------------------------------------------------------------ main --
 
+def remove_outputs(cfg):
+    """Deletes what the example makes in its workdir: the checkpoints, the
+    model and the data (and the workdir itself once empty)."""
+    for path in (cfg.checkpoint_dir, cfg.data_dir, cfg.model_path):
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            os.unlink(path)
+    try:
+        os.rmdir(cfg.workdir)
+    except OSError:  # missing, or holding files the example did not make
+        pass
+
+
 def parse_args(argv=None):
     d = Config()
     p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
@@ -260,7 +288,8 @@ def parse_args(argv=None):
                    help='seconds to wait before reading each record (a slow '
                         'source: time to try Ctrl-C)')
     p.add_argument('--fresh', action='store_true',
-                   help='delete the checkpoints and start over')
+                   help='delete what earlier runs made in the workdir '
+                        '(checkpoints, model, data) and start over')
     p.add_argument('--no-progress', action='store_true')
     p.add_argument('--session', choices=['local', 'ray'], default='local',
                    help="'ray' runs the job's node as a Ray actor (needs "
@@ -282,17 +311,13 @@ def main(argv=None):
                  seed=args.seed, data_format=args.data_format,
                  read_delay=args.read_delay)
     if args.fresh:
-        shutil.rmtree(cfg.checkpoint_dir, ignore_errors=True)
-        shutil.rmtree(cfg.model_path, ignore_errors=True)
-        if os.path.exists(cfg.model_path):
-            os.unlink(cfg.model_path)
+        remove_outputs(cfg)
     print('workdir %s' % cfg.workdir, flush=True)
-    manifest = read_manifest(cfg.checkpoint_dir) if os.path.isdir(
-        cfg.checkpoint_dir) else None
-    if manifest and manifest['epochs']:
+    epochs = [e for e, nodes in find_checkpoints(cfg.checkpoint_dir).items()
+              if NODE in nodes]
+    if epochs:
         print('checkpoints found up to epoch %d: resuming from the newest '
-              'one that verifies' % max(e['epoch'] for e in
-                                        manifest['epochs']), flush=True)
+              'one that verifies' % max(epochs), flush=True)
 
     job = build_job(cfg)
     runner = JobRunner(job, checkpoint_manager(cfg),
@@ -320,7 +345,8 @@ def main(argv=None):
     if runner.resumed_from_epoch is not None:
         print('resumed from epoch %d' % runner.resumed_from_epoch)
         if runner.epoch is None:
-            print('the job had finished; its exit group ran again')
+            print('the job had finished; its exit group ran again (a larger '
+                  '--epochs extends a run that stopped at its limit)')
     print('trained through epoch %d in %.1fs; %d failed checkpoint saves' % (
         last_epoch, elapsed, len(runner.failed_saves)))
     print('model written to %s' % cfg.model_path)

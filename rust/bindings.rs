@@ -324,17 +324,47 @@ fn copy_into_existing(obj: &Bound<'_, PyAny>, blob: &crate::blob::Blob) -> bool 
 /// A numpy copy of a tensor. The destination is allocated by numpy itself
 /// (which asks the kernel for huge pages on large arrays), then filled with
 /// one copy: as fast as `arr.copy()` in numpy.
+/// Arrays at least this large are copied out by the kernel pool's threads.
+const PARALLEL_COPY_BYTES: usize = 4 << 20;
+
+/// A numpy copy of `a`. A large contiguous array is copied in parallel
+/// pieces: the copy into fresh memory (page faults included) is what a
+/// fetch costs, and one core does it at a fraction of the memory's speed.
+/// The GIL stays held, as for any copy (the pool's threads do not need it),
+/// so nothing else can see the array before it is complete.
+fn array_to_py<T>(py: Python<'_>, a: &ArrayD<T>) -> Py<PyAny>
+where
+    T: numpy::Element + Copy + Send + Sync,
+{
+    let bytes = a.len().saturating_mul(std::mem::size_of::<T>());
+    let src = match a.as_slice() {
+        Some(src) if bytes >= PARALLEL_COPY_BYTES => src,
+        _ => return PyArrayDyn::from_array(py, a).into_any().unbind(),
+    };
+    // SAFETY: every element is written below before the array is returned.
+    let out = unsafe { PyArrayDyn::<T>::new(py, a.shape(), false) };
+    // SAFETY: a fresh C-contiguous array of src.len() elements, not yet
+    // shared with Python code.
+    let dst = unsafe { out.as_slice_mut() }.expect("a new array is contiguous");
+    use rayon::prelude::*;
+    let piece = (PARALLEL_COPY_BYTES / std::mem::size_of::<T>()).max(1);
+    dst.par_chunks_mut(piece)
+        .zip(src.par_chunks(piece))
+        .for_each(|(d, s)| d.copy_from_slice(s));
+    out.into_any().unbind()
+}
+
 fn tensor_to_py(py: Python<'_>, t: &Tensor) -> PyResult<Py<PyAny>> {
     Ok(match t {
-        Tensor::F32(a) => PyArrayDyn::from_array(py, a).into_any().unbind(),
-        Tensor::F64(a) => PyArrayDyn::from_array(py, a).into_any().unbind(),
-        Tensor::I32(a) => PyArrayDyn::from_array(py, a).into_any().unbind(),
-        Tensor::I64(a) => PyArrayDyn::from_array(py, a).into_any().unbind(),
-        Tensor::Bool(a) => PyArrayDyn::from_array(py, a).into_any().unbind(),
-        Tensor::U8(a) => PyArrayDyn::from_array(py, a).into_any().unbind(),
-        Tensor::I8(a) => PyArrayDyn::from_array(py, a).into_any().unbind(),
-        Tensor::I16(a) => PyArrayDyn::from_array(py, a).into_any().unbind(),
-        Tensor::U16(a) => PyArrayDyn::from_array(py, a).into_any().unbind(),
+        Tensor::F32(a) => array_to_py(py, a),
+        Tensor::F64(a) => array_to_py(py, a),
+        Tensor::I32(a) => array_to_py(py, a),
+        Tensor::I64(a) => array_to_py(py, a),
+        Tensor::Bool(a) => array_to_py(py, a),
+        Tensor::U8(a) => array_to_py(py, a),
+        Tensor::I8(a) => array_to_py(py, a),
+        Tensor::I16(a) => array_to_py(py, a),
+        Tensor::U16(a) => array_to_py(py, a),
         Tensor::Str(a) => {
             let objs = a.map(|b| PyBytes::new(py, b).into_any().unbind());
             PyArrayDyn::from_owned_array(py, objs).into_any().unbind()
@@ -824,10 +854,20 @@ fn db_exists(py: Python<'_>, path: PathBuf, db_type: String) -> PyResult<bool> {
     run_detached(py, move |_| crate::storage::db_exists(&path, &db_type))
 }
 
-/// Removes stale temporary files left in `dir` by interrupted saves.
+/// Removes the stale temporaries that interrupted saves of the file at
+/// `path` left beside it (see `storage::sweep_stale_temporaries`).
 #[pyfunction]
-fn sweep_stale_temporaries(py: Python<'_>, dir: PathBuf) -> PyResult<usize> {
-    run_detached(py, move |_| crate::storage::sweep_stale_temporaries(&dir))
+fn sweep_stale_temporaries(py: Python<'_>, path: PathBuf) -> PyResult<usize> {
+    run_detached(py, move |_| crate::storage::sweep_stale_temporaries(&path))
+}
+
+/// Writes `data` to `path` as saves write dbs: a temporary, fsynced and
+/// renamed over `path` (only a regular file is replaced), then the directory
+/// fsynced.
+#[pyfunction]
+fn write_file_atomically(py: Python<'_>, path: PathBuf, data: Vec<u8>) -> PyResult<()> {
+    let path = path_string(py, path)?;
+    run_detached(py, move |_| crate::storage::write_file(&path, &data))
 }
 
 /// Fixes the size of the kernel (rayon) pool; see `crate::threads`.
@@ -857,6 +897,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(verify_db, m)?)?;
     m.add_function(wrap_pyfunction!(db_exists, m)?)?;
     m.add_function(wrap_pyfunction!(sweep_stale_temporaries, m)?)?;
+    m.add_function(wrap_pyfunction!(write_file_atomically, m)?)?;
     m.add_function(wrap_pyfunction!(set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(num_threads, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

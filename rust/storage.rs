@@ -39,10 +39,12 @@
 //!   by their name. It has no checksum: truncation inside a record and
 //!   malformed records are detected, bit flips inside data are not.
 //!
-//! Every write is crash-safe: the db is written to `.<name>.tmp-<pid>-<n>` in
-//! the same directory, fsynced, renamed into place and the directory fsynced,
-//! so a db that exists is complete. Temporaries left by dead processes are
-//! swept on the next save.
+//! Every write is crash-safe: the db is written to
+//! `.<name>.tmp-ferrocaffe-<host>-<pid>-<n>` in the same directory, fsynced,
+//! renamed into place and the directory fsynced, so a db that exists is
+//! complete. Only a regular file is ever replaced (never a FIFO, a device, a
+//! symlink or a directory). When a save of a db starts, the temporaries that
+//! dead processes left for that same db are removed; no other file is.
 //!
 //! Objects (counters, mutexes, cursors, ...) are encoded by their
 //! `BlobObject::serialize` and decoded by the function registered for their
@@ -220,10 +222,10 @@ static TEMP_SEQ: AtomicU64 = AtomicU64::new(0);
 
 /// Temporaries older than this are removed whatever their owner.
 const STALE_AGE: Duration = Duration::from_secs(3600);
-/// A temporary of a process that is not alive is removed once it has not
-/// been written for this long (a guard against another host's live writer
-/// whose pid means nothing here, on a shared file system).
-const DEAD_OWNER_GRACE: Duration = Duration::from_secs(60);
+
+/// What marks a temporary as ferrocaffe's: `.<name>` + this + `<host>-<pid>-<n>`.
+/// No other program makes such names, and the sweeper touches no others.
+const TEMP_MARK: &str = ".tmp-ferrocaffe-";
 
 fn dir_of(path: &Path) -> PathBuf {
     match path.parent() {
@@ -232,22 +234,55 @@ fn dir_of(path: &Path) -> PathBuf {
     }
 }
 
-/// The pid in a temporary's name `.<name>.tmp-<pid>-<n>`, if it is one.
-fn temp_owner(file_name: &str) -> Option<u32> {
-    let rest = file_name.strip_prefix('.')?;
-    let at = rest.rfind(".tmp-")?;
-    if at == 0 {
-        return None;
-    }
-    let (pid, n) = rest[at + 5..].split_once('-')?;
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    if !digits(pid) || !digits(n) {
-        return None;
-    }
-    pid.parse().ok()
+/// Eight hex digits naming this host in temporaries, so that on a shared file
+/// system a pid is only judged on the host that owns it (0 when the host name
+/// cannot be read).
+fn host_tag() -> u32 {
+    static TAG: LazyLock<u32> = LazyLock::new(|| {
+        fs::read("/proc/sys/kernel/hostname")
+            .map(|h| crc32fast::hash(h.trim_ascii()))
+            .unwrap_or(0)
+    });
+    *TAG
 }
 
-/// Whether a process is alive: `None` when this platform cannot tell.
+/// A new temporary name beside `path`: `.<name>.tmp-ferrocaffe-<host>-<pid>-<n>`.
+/// Whoever writes through it must rename it over `path` or remove it.
+pub fn temp_path_for(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    dir_of(path).join(format!(
+        ".{name}{TEMP_MARK}{:08x}-{}-{}",
+        host_tag(),
+        std::process::id(),
+        TEMP_SEQ.fetch_add(1, Ordering::Relaxed)
+    ))
+}
+
+/// The host tag and pid of a temporary of the file `target`, if `file_name`
+/// is one (`.<target><mark><host>-<pid>-<n>`).
+fn temp_owner(file_name: &str, target: &str) -> Option<(u32, u32)> {
+    let rest = file_name
+        .strip_prefix('.')?
+        .strip_prefix(target)?
+        .strip_prefix(TEMP_MARK)?;
+    let mut parts = rest.split('-');
+    let (host, pid, n) = (parts.next()?, parts.next()?, parts.next()?);
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if parts.next().is_some()
+        || host.len() != 8
+        || !host.bytes().all(|b| b.is_ascii_hexdigit())
+        || !digits(pid)
+        || !digits(n)
+    {
+        return None;
+    }
+    Some((u32::from_str_radix(host, 16).ok()?, pid.parse().ok()?))
+}
+
+/// Whether a process of this host is alive: `None` when this platform cannot tell.
 fn pid_alive(pid: u32) -> Option<bool> {
     if pid == std::process::id() {
         return Some(true);
@@ -258,21 +293,30 @@ fn pid_alive(pid: u32) -> Option<bool> {
     None
 }
 
-/// Removes the temporaries of interrupted saves in `dir`: files named
-/// `.<name>.tmp-<pid>-<n>` whose process is not alive (and that have not been
-/// written for a minute), or that are older than an hour. Returns how many
-/// were removed. Save calls it on the destination directory.
-pub fn sweep_stale_temporaries(dir: &Path) -> Result<usize> {
+/// Removes the temporaries that interrupted writes of the file at `path` left
+/// beside it: those of a process of this host that is no longer alive, and
+/// any older than an hour (another host's, whose pid means nothing here).
+/// Only temporaries of this very file, with ferrocaffe's names, are looked at.
+/// Returns how many were removed. Every save calls it before writing.
+pub fn sweep_stale_temporaries(path: &Path) -> Result<usize> {
+    let Some(target) = path.file_name().and_then(|n| n.to_str()) else {
+        return Ok(0);
+    };
+    let dir = dir_of(path);
     let shown = dir.display().to_string();
     let now = SystemTime::now();
+    let me = host_tag();
     let mut removed = 0;
-    for entry in fs::read_dir(dir).map_err(io_error(&shown))? {
+    for entry in fs::read_dir(&dir).map_err(io_error(&shown))? {
         let Ok(entry) = entry else { continue };
         let name = entry.file_name();
-        let Some(pid) = name.to_str().and_then(temp_owner) else {
+        let Some((host, pid)) = name.to_str().and_then(|n| temp_owner(n, target)) else {
             continue;
         };
-        let Ok(meta) = entry.metadata() else { continue };
+        // Not followed: a symlink or FIFO of that name is left alone.
+        let Ok(meta) = fs::symlink_metadata(entry.path()) else {
+            continue;
+        };
         if !meta.is_file() {
             continue;
         }
@@ -281,12 +325,37 @@ pub fn sweep_stale_temporaries(dir: &Path) -> Result<usize> {
             .ok()
             .and_then(|m| now.duration_since(m).ok())
             .unwrap_or(Duration::ZERO);
-        let stale = age >= STALE_AGE || (pid_alive(pid) == Some(false) && age >= DEAD_OWNER_GRACE);
-        if stale && fs::remove_file(entry.path()).is_ok() {
+        let dead = host == me && pid_alive(pid) == Some(false);
+        if (dead || age >= STALE_AGE) && fs::remove_file(entry.path()).is_ok() {
             removed += 1;
         }
     }
     Ok(removed)
+}
+
+/// Refuses to replace anything at `path` but a regular file: a save renames
+/// its temporary over `path`, which would turn a FIFO, a device node, a
+/// symlink or a directory into a plain file.
+pub fn check_replaceable(path: &str) -> Result<()> {
+    match fs::symlink_metadata(path) {
+        Ok(m) if m.is_file() => Ok(()),
+        Ok(m) => {
+            let what = if m.is_dir() {
+                "a directory"
+            } else if m.file_type().is_symlink() {
+                "a symbolic link"
+            } else {
+                "not a regular file (a FIFO, socket or device)"
+            };
+            Err(Error::new(
+                ErrorKind::Io,
+                format!("{path}: is {what}; a save only replaces regular files"),
+            )
+            .with_file(path))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io(&e, path)),
+    }
 }
 
 #[cfg(unix)]
@@ -302,30 +371,24 @@ fn sync_dir(_dir: &Path) -> std::io::Result<()> {
 /// Writes `path` crash-safely: `write` fills a temporary in the same
 /// directory, which is fsynced and renamed over `path`, then the directory is
 /// fsynced. On any error the temporary is removed and `path` is untouched.
+/// Only a regular file (or nothing) at `path` is replaced.
 fn write_atomically(
     path: &str,
     write: impl FnOnce(&mut BufWriter<File>) -> Result<()>,
 ) -> Result<()> {
     let p = Path::new(path);
-    let Some(file_name) = p.file_name() else {
+    if p.file_name().is_none() {
         return Err(Error::invalid_arg(format!("'{path}' does not name a file")).with_file(path));
-    };
-    if p.is_dir() {
-        return Err(Error::new(ErrorKind::Io, format!("{path}: is a directory")).with_file(path));
     }
+    check_replaceable(path)?;
     let dir = dir_of(p);
     // Best effort: a directory that cannot be listed fails below with a
     // better message.
-    let _ = sweep_stale_temporaries(&dir);
+    let _ = sweep_stale_temporaries(p);
     // A killed process whose pid was reused may have left a temporary of the
     // same name behind: take the next sequence number instead of failing.
     let (tmp, file) = loop {
-        let tmp = dir.join(format!(
-            ".{}.tmp-{}-{}",
-            file_name.to_string_lossy(),
-            std::process::id(),
-            TEMP_SEQ.fetch_add(1, Ordering::Relaxed)
-        ));
+        let tmp = temp_path_for(p);
         match OpenOptions::new().write(true).create_new(true).open(&tmp) {
             Ok(f) => break (tmp, f),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
@@ -338,6 +401,9 @@ fn write_atomically(
         let file = w.into_inner().map_err(|e| Error::io(e.error(), path))?;
         file.sync_all().map_err(io_error(path))?;
         drop(file);
+        // Again: the write may have taken long enough for something else
+        // to appear at `path`.
+        check_replaceable(path)?;
         fs::rename(&tmp, p).map_err(io_error(path))?;
         sync_dir(&dir).map_err(io_error(path))
     })();
@@ -345,6 +411,12 @@ fn write_atomically(
         let _ = fs::remove_file(&tmp);
     }
     result
+}
+
+/// Writes `data` to `path` crash-safely (see [`save_blobs`]): used for files
+/// beside the dbs, such as a checkpoint directory's manifest.
+pub fn write_file(path: &str, data: &[u8]) -> Result<()> {
+    write_atomically(path, |w| w.write_all(data).map_err(io_error(path)))
 }
 
 /// Whether a db of this type exists at `path` (Caffe2's DBExists: it can be
@@ -1257,6 +1329,11 @@ impl<W: Write> Sink<'_, W> {
     }
 }
 
+/// Bytes read (then checksummed) at a time when loading a payload: small
+/// enough to stay in the L2 cache for the CRC, and as large as the reader's
+/// buffer, so that reads go straight into the tensor.
+const READ_SLICE: usize = 1 << 20;
+
 /// Elements converted per staging buffer on the portable paths.
 const STAGE: usize = 1 << 16;
 
@@ -1682,64 +1759,216 @@ impl FerroFile {
     fn payload_bytes(&mut self, path: &str, e: &IndexEntry) -> Result<Vec<u8>> {
         let mut v = crate::tensor::default_buffer::<u8>(e.length as usize, "a blob's payload")
             .map_err(|err| err.with_blob(&e.name))?;
-        self.read_checked(path, e, &mut v)?;
+        read_exact_or_corrupt(&mut self.r, &mut v, path, &|| cut_off(e))
+            .map_err(|err| err.with_blob(&e.name))?;
+        check_crc(path, e, crc32fast::hash(&v))?;
         Ok(v)
     }
+}
 
-    fn read_checked(&mut self, path: &str, e: &IndexEntry, dst: &mut [u8]) -> Result<()> {
-        read_exact_or_corrupt(&mut self.r, dst, path, &|| {
-            format!("the data of blob '{}' is cut off", e.name)
-        })
-        .map_err(|err| err.with_blob(&e.name))?;
-        if crc32fast::hash(dst) != e.crc {
-            return Err(corrupt(
-                path,
-                format!("the data of blob '{}' is damaged (CRC mismatch)", e.name),
-            )
-            .with_blob(&e.name));
-        }
-        Ok(())
+fn cut_off(e: &IndexEntry) -> String {
+    format!("the data of blob '{}' is cut off", e.name)
+}
+
+fn check_crc(path: &str, e: &IndexEntry, crc: u32) -> Result<()> {
+    if crc != e.crc {
+        return Err(corrupt(
+            path,
+            format!("the data of blob '{}' is damaged (CRC mismatch)", e.name),
+        )
+        .with_blob(&e.name));
     }
+    Ok(())
+}
 
-    fn read_pod<T: Pod + crate::tensor::Element>(
-        &mut self,
-        path: &str,
-        e: &IndexEntry,
-    ) -> Result<ArrayD<T>> {
-        let what = format!("a {} tensor of shape {:?}", T::DTYPE, e.shape());
-        let mut v = crate::tensor::default_buffer::<T>(e.numel() as usize, what)
-            .map_err(|err| err.with_blob(&e.name))?;
-        // One read straight into the tensor's buffer.
-        self.read_checked(path, e, pod_bytes_mut(&mut v))?;
-        if cfg!(target_endian = "big") {
-            for x in &mut v {
-                *x = x.swap_le();
-            }
+// ------------------------------------------------------ parallel loading --
+
+/// Where a loaded payload goes: a numeric tensor's own buffer (read into
+/// in place), or bytes to decode.
+enum Dest {
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+    I32(Vec<i32>),
+    I64(Vec<i64>),
+    U8(Vec<u8>),
+    I8(Vec<i8>),
+    I16(Vec<i16>),
+    U16(Vec<u16>),
+    Raw(Vec<u8>),
+}
+
+macro_rules! each_dest {
+    ($d:expr, $v:ident => $body:expr, raw $r:ident => $raw:expr) => {
+        match $d {
+            Dest::F32($v) => $body,
+            Dest::F64($v) => $body,
+            Dest::I32($v) => $body,
+            Dest::I64($v) => $body,
+            Dest::U8($v) => $body,
+            Dest::I8($v) => $body,
+            Dest::I16($v) => $body,
+            Dest::U16($v) => $body,
+            Dest::Raw($r) => $raw,
         }
-        ArrayD::from_shape_vec(ndarray::IxDyn(&e.shape()), v)
-            .map_err(|err| Error::internal(err.to_string()))
-    }
+    };
+}
 
-    fn read_value(&mut self, path: &str, e: &IndexEntry) -> Result<BlobValue> {
-        if e.kind == KIND_TENSOR {
-            let t = match ferro_dtype(e.dtype) {
-                Some(DataType::Float) => Some(Tensor::F32(self.read_pod(path, e)?)),
-                Some(DataType::Double) => Some(Tensor::F64(self.read_pod(path, e)?)),
-                Some(DataType::Int32) => Some(Tensor::I32(self.read_pod(path, e)?)),
-                Some(DataType::Int64) => Some(Tensor::I64(self.read_pod(path, e)?)),
-                Some(DataType::Uint8) => Some(Tensor::U8(self.read_pod(path, e)?)),
-                Some(DataType::Int8) => Some(Tensor::I8(self.read_pod(path, e)?)),
-                Some(DataType::Int16) => Some(Tensor::I16(self.read_pod(path, e)?)),
-                Some(DataType::Uint16) => Some(Tensor::U16(self.read_pod(path, e)?)),
-                _ => None,
+impl Dest {
+    /// A buffer for entry `e`: numeric tensors get fresh pages advised to be
+    /// huge (4 KiB page faults cost as much as the copy itself).
+    /// Allocation failure is an error naming the blob, never an abort.
+    fn for_entry(e: &IndexEntry) -> Result<Dest> {
+        use crate::tensor::default_buffer;
+        let n = e.numel() as usize;
+        let what = || format!("the payload of blob '{}'", e.name);
+        macro_rules! buf {
+            ($t:ty) => {
+                default_buffer::<$t>(n, what()).map_err(|err| err.with_blob(&e.name))?
             };
-            if let Some(t) = t {
-                return Ok(BlobValue::Tensor(t));
-            }
         }
-        let bytes = self.payload_bytes(path, e)?;
-        decode_payload(path, e, Cow::Owned(bytes))
+        Ok(match (e.kind, ferro_dtype(e.dtype)) {
+            (KIND_TENSOR, Some(DataType::Float)) => Dest::F32(buf!(f32)),
+            (KIND_TENSOR, Some(DataType::Double)) => Dest::F64(buf!(f64)),
+            (KIND_TENSOR, Some(DataType::Int32)) => Dest::I32(buf!(i32)),
+            (KIND_TENSOR, Some(DataType::Int64)) => Dest::I64(buf!(i64)),
+            (KIND_TENSOR, Some(DataType::Uint8)) => Dest::U8(buf!(u8)),
+            (KIND_TENSOR, Some(DataType::Int8)) => Dest::I8(buf!(i8)),
+            (KIND_TENSOR, Some(DataType::Int16)) => Dest::I16(buf!(i16)),
+            (KIND_TENSOR, Some(DataType::Uint16)) => Dest::U16(buf!(u16)),
+            _ => Dest::Raw(
+                default_buffer::<u8>(e.length as usize, what())
+                    .map_err(|err| err.with_blob(&e.name))?,
+            ),
+        })
     }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        each_dest!(self, v => pod_bytes_mut(v), raw r => r)
+    }
+
+    /// The value, once every byte was read and the CRC checked.
+    fn into_value(self, path: &str, e: &IndexEntry) -> Result<BlobValue> {
+        fn arr<T: Pod>(e: &IndexEntry, mut v: Vec<T>) -> Result<ArrayD<T>> {
+            if cfg!(target_endian = "big") {
+                for x in &mut v {
+                    *x = x.swap_le();
+                }
+            }
+            ArrayD::from_shape_vec(ndarray::IxDyn(&e.shape()), v)
+                .map_err(|err| Error::internal(err.to_string()))
+        }
+        Ok(BlobValue::Tensor(match self {
+            Dest::F32(v) => Tensor::F32(arr(e, v)?),
+            Dest::F64(v) => Tensor::F64(arr(e, v)?),
+            Dest::I32(v) => Tensor::I32(arr(e, v)?),
+            Dest::I64(v) => Tensor::I64(arr(e, v)?),
+            Dest::U8(v) => Tensor::U8(arr(e, v)?),
+            Dest::I8(v) => Tensor::I8(arr(e, v)?),
+            Dest::I16(v) => Tensor::I16(arr(e, v)?),
+            Dest::U16(v) => Tensor::U16(arr(e, v)?),
+            Dest::Raw(r) => return decode_payload(path, e, Cow::Owned(r)),
+        }))
+    }
+}
+
+/// Payload bytes read by one worker at a time: large payloads are split so
+/// that both halves of a big tensor load in parallel.
+const LOAD_PIECE: usize = 8 << 20;
+
+/// A piece of a payload to read: its place in the file and in the buffer,
+/// and, once read, its CRC (combined in order per blob).
+struct Piece<'a> {
+    entry: usize,
+    at: u64,
+    dst: &'a mut [u8],
+    crc: crc32fast::Hasher,
+    result: Result<()>,
+}
+
+/// Reads a piece with positioned reads, in slices checksummed while they
+/// are still in the cache.
+fn read_piece(file: &File, path: &str, e: &IndexEntry, p: &mut Piece<'_>) -> Result<()> {
+    let mut at = p.at;
+    for slice in p.dst.chunks_mut(READ_SLICE) {
+        read_exact_at(file, slice, at).map_err(|err| {
+            if err.kind() == std::io::ErrorKind::UnexpectedEof {
+                corrupt(path, format!("the db is truncated: {}", cut_off(e))).with_blob(&e.name)
+            } else {
+                Error::io(&err, path).with_blob(&e.name)
+            }
+        })?;
+        p.crc.update(slice);
+        at += slice.len() as u64;
+    }
+    Ok(())
+}
+
+#[cfg(unix)]
+fn read_exact_at(file: &File, buf: &mut [u8], at: u64) -> std::io::Result<()> {
+    std::os::unix::fs::FileExt::read_exact_at(file, buf, at)
+}
+
+#[cfg(windows)]
+fn read_exact_at(file: &File, mut buf: &mut [u8], mut at: u64) -> std::io::Result<()> {
+    use std::os::windows::fs::FileExt;
+    while !buf.is_empty() {
+        match file.seek_read(buf, at) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => {
+                buf = &mut buf[n..];
+                at += n as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Tells the kernel the file is read front to back (a larger read-ahead
+/// window). Only a hint.
+fn advise_sequential(file: &File) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::ffi::c_int;
+        use std::os::unix::io::AsRawFd;
+        extern "C" {
+            fn posix_fadvise(fd: c_int, offset: i64, len: i64, advice: c_int) -> c_int;
+        }
+        const POSIX_FADV_SEQUENTIAL: c_int = 2;
+        // SAFETY: a valid open descriptor; the call only sets a hint.
+        unsafe {
+            posix_fadvise(file.as_raw_fd(), 0, 0, POSIX_FADV_SEQUENTIAL);
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = file;
+}
+
+/// Checks that the bytes between payloads, and between the last one and
+/// the index, are zero (small positioned reads).
+fn check_gaps(file: &File, path: &str, entries: &[IndexEntry], index_offset: u64) -> Result<()> {
+    let mut pos = HEADER_LEN;
+    let ends = entries
+        .iter()
+        .map(|e| (e.offset, e.offset + e.length))
+        .chain(std::iter::once((index_offset, index_offset)));
+    for (start, end) in ends {
+        if start > pos {
+            let mut pad = [0u8; ALIGN as usize];
+            let pad = &mut pad[..(start - pos) as usize];
+            read_exact_at(file, pad, pos).map_err(|err| {
+                if err.kind() == std::io::ErrorKind::UnexpectedEof {
+                    corrupt(path, format!("the file ends inside padding at byte {pos}"))
+                } else {
+                    Error::io(&err, path)
+                }
+            })?;
+            check_zero_padding(path, pad, pos)?;
+        }
+        pos = end;
+    }
+    Ok(())
 }
 
 /// Decodes a payload whose CRC checked out: a bool or string tensor, a byte
@@ -1804,21 +2033,81 @@ fn decode_payload(path: &str, e: &IndexEntry, bytes: Cow<'_, [u8]>) -> Result<Bl
     })
 }
 
+/// Loads the selected blobs of a ferro file. Payloads are read with
+/// positioned reads by the kernel pool's threads, which take pieces of at
+/// most [`LOAD_PIECE`] bytes in file order (so that the disk still sees one
+/// forward stream), each straight into its tensor's buffer, checksummed as
+/// it comes. Every byte between payloads is checked to be zero padding.
 fn load_ferro(path: &str, select: &dyn Fn(&str) -> bool) -> Result<Vec<(String, BlobValue)>> {
-    let mut f = open_ferro(path)?;
-    let entries = std::mem::take(&mut f.entries);
-    let mut out = Vec::new();
-    let mut pos = HEADER_LEN;
-    for e in &entries {
-        f.padding(path, pos, e.offset)?;
-        if select(&e.name) {
-            out.push((e.name.clone(), f.read_value(path, e)?));
-        } else {
-            f.r.seek_relative(e.length as i64).map_err(io_error(path))?;
+    let FerroFile {
+        r,
+        entries,
+        index_offset,
+    } = open_ferro(path)?;
+    let file = r.into_inner();
+    check_gaps(&file, path, &entries, index_offset)?;
+    let wanted: Vec<&IndexEntry> = entries.iter().filter(|e| select(&e.name)).collect();
+    let mut dests = wanted
+        .iter()
+        .map(|e| Dest::for_entry(e))
+        .collect::<Result<Vec<Dest>>>()?;
+    let mut pieces = Vec::new();
+    for (i, (e, d)) in wanted.iter().zip(dests.iter_mut()).enumerate() {
+        let mut at = e.offset;
+        for dst in d.bytes_mut().chunks_mut(LOAD_PIECE) {
+            let len = dst.len() as u64;
+            pieces.push(Piece {
+                entry: i,
+                at,
+                dst,
+                crc: crc32fast::Hasher::new(),
+                result: Ok(()),
+            });
+            at += len;
         }
-        pos = e.offset + e.length;
     }
-    f.padding(path, pos, f.index_offset)?;
+    advise_sequential(&file);
+    let workers = rayon::current_num_threads().min(pieces.len());
+    if workers > 1 {
+        let queue = parking_lot::Mutex::new(pieces.iter_mut());
+        let failed = std::sync::atomic::AtomicBool::new(false);
+        rayon::scope(|s| {
+            for _ in 0..workers {
+                s.spawn(|_| loop {
+                    let Some(p) = queue.lock().next() else { break };
+                    if failed.load(Ordering::Relaxed) {
+                        continue; // an earlier piece failed: the load fails
+                    }
+                    p.result = read_piece(&file, path, wanted[p.entry], p);
+                    if p.result.is_err() {
+                        failed.store(true, Ordering::Relaxed);
+                    }
+                });
+            }
+        });
+    } else {
+        for p in &mut pieces {
+            p.result = read_piece(&file, path, wanted[p.entry], p);
+            if p.result.is_err() {
+                break;
+            }
+        }
+    }
+    // The first failure in file order is the one reported.
+    let mut crcs: Vec<Option<crc32fast::Hasher>> = vec![None; wanted.len()];
+    for p in pieces {
+        p.result?;
+        match &mut crcs[p.entry] {
+            Some(h) => h.combine(&p.crc),
+            slot => *slot = Some(p.crc),
+        }
+    }
+    let mut out = Vec::with_capacity(wanted.len());
+    for ((e, d), crc) in wanted.into_iter().zip(dests).zip(crcs) {
+        let crc = crc.unwrap_or_default().finalize();
+        check_crc(path, e, crc)?;
+        out.push((e.name.clone(), d.into_value(path, e)?));
+    }
     Ok(out)
 }
 
@@ -2811,6 +3100,44 @@ mod tests {
     }
 
     #[test]
+    fn large_tensors_load_in_pieces_and_every_piece_is_checked() {
+        // 20 MiB: three pieces of LOAD_PIECE, read by different threads and
+        // their CRCs combined; small blobs before and after it.
+        let n = (20 << 20) / 4;
+        let big: Vec<i32> = (0..n as i32)
+            .map(|i| i.wrapping_mul(2654435761u32 as i32))
+            .collect();
+        let entries = vec![
+            ("head".to_string(), t(&[3], vec![1.5f64, -2.0, 3.25])),
+            ("big".to_string(), t(&[n / 1024, 1024], big.clone())),
+            ("tail".to_string(), BlobValue::Bytes(b"end".to_vec())),
+        ];
+        let dir = Scratch::new("storage");
+        let path = dir.file("db");
+        save_blobs(&path, "ferro", &entries).unwrap();
+        let got = load_db(&path, "ferro").unwrap();
+        assert_same(&got, &entries);
+        let offset = list_ferro(&path).unwrap();
+        assert_eq!(offset[1].bytes, (n * 4) as u64);
+        let raw = fs::read(&path).unwrap();
+        // A flipped bit in each piece of "big" (its payload starts at 128).
+        for at in [128 + 5, 128 + (9 << 20), 128 + (20 << 20) - 1] {
+            let mut b = raw.clone();
+            b[at] ^= 0x04;
+            fs::write(&path, &b).unwrap();
+            let e = load_db(&path, "ferro").unwrap_err();
+            assert_corrupt(&e, &path);
+            assert_eq!(e.context.blob.as_deref(), Some("big"), "{e}");
+            // Padding is checked too.
+            let mut b = raw.clone();
+            b[128 + (20 << 20) + 3] = 1; // between "big" and "tail"
+            fs::write(&path, &b).unwrap();
+            let e = load_db(&path, "ferro").unwrap_err();
+            assert!(e.full_message().contains("padding"), "{e}");
+        }
+    }
+
+    #[test]
     fn minidb_truncation_is_an_error_or_a_clean_prefix() {
         let dir = Scratch::new("storage");
         let good = dir.file("good");
@@ -2981,6 +3308,7 @@ mod tests {
     fn stale_temporaries_are_swept() {
         let dir = Scratch::new("storage");
         let me = std::process::id();
+        let host = host_tag();
         let dead = 4_000_000_000u32; // above any pid_max
         let touch = |name: &str, age_secs: u64| {
             let p = dir.0.join(name);
@@ -2988,29 +3316,85 @@ mod tests {
             f.set_modified(SystemTime::now() - Duration::from_secs(age_secs))
                 .unwrap();
         };
-        touch(&format!(".ckpt.tmp-{dead}-0"), 120); // dead owner: swept
-        touch(&format!(".ckpt.tmp-{dead}-1"), 5); // dead owner but just written: kept for now
-        touch(&format!(".ckpt.tmp-{me}-7"), 10); // a live owner: kept
-        touch(&format!(".ckpt.tmp-{me}-8"), 7200); // over an hour old: swept
-        touch(".ckpt.tmp-x-1", 7200); // not our pattern: kept
-        touch("ckpt.tmp-1-1", 7200); // no leading dot: kept
-        touch("other", 7200);
-        assert_eq!(temp_owner(".a.tmp-12-3"), Some(12));
-        assert_eq!(temp_owner(".tmp-12-3"), None);
-        assert_eq!(sweep_stale_temporaries(&dir.0).unwrap(), 2);
-        let mut want = vec![
-            format!(".ckpt.tmp-{dead}-1"),
-            format!(".ckpt.tmp-{me}-7"),
-            ".ckpt.tmp-x-1".to_string(),
-            "ckpt.tmp-1-1".to_string(),
-            "other".to_string(),
-        ];
+        let ours = |target: &str, host: u32, pid: u32, n: u32| {
+            format!(".{target}.tmp-ferrocaffe-{host:08x}-{pid}-{n}")
+        };
+        let other_host = host.wrapping_add(1);
+        touch(&ours("ckpt", host, dead, 0), 0); // dead owner of this host: swept at once
+        touch(&ours("ckpt", host, me, 7), 10); // a live owner: kept
+        touch(&ours("ckpt", host, me, 8), 7200); // over an hour old: swept
+        touch(&ours("ckpt", other_host, dead, 1), 10); // another host's: kept for now
+        touch(&ours("ckpt", other_host, dead, 2), 7200); // ... unless over an hour old
+        touch(&ours("other", host, dead, 3), 7200); // another file's: kept
+        touch(&ours("ckpt.1", host, dead, 4), 7200); // a file whose name extends ours: kept
+        touch(&format!(".ckpt.tmp-{dead}-5"), 7200); // someone else's pattern: kept
+        touch(".thesis.docx.tmp-1-2", 7200);
+        touch("ckpt", 7200);
+        assert_eq!(temp_owner(&ours("a", 0xabc, 12, 3), "a"), Some((0xabc, 12)));
+        assert_eq!(temp_owner(&ours("a", 0xabc, 12, 3), "b"), None);
+        assert_eq!(temp_owner(".a.tmp-ferrocaffe-xyz-12-3", "a"), None);
+        assert_eq!(temp_owner(".a.tmp-12-3", "a"), None);
+        let kept_before = dir.names();
+        assert_eq!(sweep_stale_temporaries(&dir.0.join("ckpt")).unwrap(), 3);
+        let mut want: Vec<String> = kept_before
+            .into_iter()
+            .filter(|n| {
+                *n != ours("ckpt", host, dead, 0)
+                    && *n != ours("ckpt", host, me, 8)
+                    && *n != ours("ckpt", other_host, dead, 2)
+            })
+            .collect();
         want.sort();
         assert_eq!(dir.names(), want);
-        // A save sweeps its directory.
-        touch(&format!(".x.tmp-{dead}-2"), 300);
+        // A save sweeps the temporaries of the db it writes, and only those.
+        touch(&ours("x", host, dead, 9), 0);
         save_blobs(&dir.file("x"), "ferro", &small_entries()).unwrap();
-        assert!(!dir.names().contains(&format!(".x.tmp-{dead}-2")));
+        let names = dir.names();
+        assert!(!names.contains(&ours("x", host, dead, 9)));
+        assert!(names.contains(&ours("other", host, dead, 3)));
+        assert!(names.contains(&".thesis.docx.tmp-1-2".to_string()));
+        // A temporary is named the way the sweeper recognises.
+        let tmp = temp_path_for(&dir.0.join("y"));
+        let name = tmp.file_name().unwrap().to_str().unwrap();
+        assert_eq!(temp_owner(name, "y"), Some((host, me)));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn saves_replace_only_regular_files() {
+        let dir = Scratch::new("storage");
+        let target = dir.file("real");
+        save_blobs(&target, "ferro", &small_entries()).unwrap();
+        let link = dir.file("link");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let socket = dir.file("socket");
+        let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let sub = dir.file("sub");
+        fs::create_dir(&sub).unwrap();
+        for (path, what) in [
+            (&link, "symbolic link"),
+            (&socket, "not a regular file"),
+            (&sub, "directory"),
+        ] {
+            for db in ["ferro", "minidb"] {
+                let e = save_blobs(path, db, &small_entries()).unwrap_err();
+                assert_eq!(e.kind, ErrorKind::Io, "{e}");
+                assert!(e.to_string().contains(what), "{e}");
+                assert_eq!(e.context.file.as_deref(), Some(path.as_str()));
+            }
+            let e = write_file(path, b"x").unwrap_err();
+            assert!(e.to_string().contains(what), "{e}");
+        }
+        // Nothing was replaced, no temporary is left.
+        assert!(fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert!(fs::metadata(&sub).unwrap().is_dir());
+        assert_eq!(dir.names(), vec!["link", "real", "socket", "sub"]);
+        // A regular file is replaced.
+        write_file(&target, b"plain").unwrap();
+        assert_eq!(fs::read(&target).unwrap(), b"plain");
     }
 
     #[derive(Debug)]

@@ -25,7 +25,7 @@ import pytest
 
 from ferrocaffe import _core, core, workspace
 from ferrocaffe.checkpoint import (
-    LATEST, CheckpointManager, FileMetadataHandler, Job, JobRunner,
+    INTERNAL_PREFIX, LATEST, CheckpointManager, FileMetadataHandler, Job, JobRunner,
     MetadataHandler, MultiNodeCheckpointManager, UploadTaskGroupBuilder,
     _NoProgress, _make_progress, _progress_wanted, db_name, epoch_limiter,
     get_ckpt_filename, latest_valid_epoch, main as checkpoint_cli,
@@ -191,7 +191,14 @@ def test_caffe2_dataset_pipeline_job_with_tree_cursor(tmp_path):
                                                            'minidb'))
         assert runner.train(LocalSession(ws)) == len(expected)
         assert runner.failed_saves == []
-        assert len(ws.blobs) == 17
+        # Caffe2 counted 17: these 7, and two timer blobs left by every
+        # save (so one more pair per epoch).  The runtime's own blobs are
+        # now three, reused by every save.
+        assert len([b for b in ws.blobs
+                    if not b.startswith(INTERNAL_PREFIX)]) == 7
+        assert sorted(b for b in ws.blobs if b.startswith(INTERNAL_PREFIX)) == [
+            INTERNAL_PREFIX + 'trainer_0/' + name
+            for name in ('checkpoint_save_ns', 'job_state', 'timer')]
         for epoch in range(1, len(expected) + 1):
             session = LocalSession(workspace.Workspace())
             JobRunner(job, MultiNodeCheckpointManager(str(tmp_path), 'minidb'),
@@ -289,7 +296,11 @@ def test_a_reused_multi_node_manager(tmp_path):
     assert num_epochs == len(expected)
     for initial_epoch in range(1, num_epochs + 1):
         runner = JobRunner(job, checkpoint, resume_from_epoch=initial_epoch)
-        assert runner.train(session) == max(num_epochs, initial_epoch + 1)
+        # Caffe2 ran one more epoch when resumed from the last one
+        # (max(num_epochs, initial_epoch + 1)); the job state in the
+        # checkpoint says the job stopped there, so no epoch runs.
+        assert runner.train(session) == num_epochs
+        assert (runner.epoch is None) == (initial_epoch == num_epochs)
         assert fetch(session) == [expected[-1]]
     # The node list of a reused manager cannot change; an init returns an
     # empty group.
@@ -1261,6 +1272,49 @@ def test_example_job_resumes_after_ctrl_c_with_the_same_model(tmp_path):
     w, b = read_example_model(workdir)
     np.testing.assert_array_equal(w, w_ref)
     assert b == b_ref
+
+
+def test_example_job_extended_with_more_epochs_equals_one_longer_run(
+        tmp_path):
+    def example(workdir, *extra):
+        run = subprocess.run(example_cmd(workdir, '--threads', '1', *extra),
+                             env=example_env(), capture_output=True,
+                             text=True, timeout=300)
+        assert run.returncode == 0, run.stderr
+        return run.stdout
+
+    extended = str(tmp_path / 'extended')
+    assert 'trained through epoch 2' in example(extended, '--epochs', '2')
+    out = example(extended, '--epochs', '4')
+    assert 'resumed from epoch 2' in out
+    assert 'trained through epoch 4' in out
+    reference = str(tmp_path / 'reference')
+    assert 'trained through epoch 4' in example(reference, '--epochs', '4')
+    w_ref, b_ref = read_example_model(reference)
+    w, b = read_example_model(extended)
+    np.testing.assert_array_equal(w, w_ref)
+    assert b == b_ref
+    # Run again with the same limit: finished, no epoch runs.
+    out = example(extended, '--epochs', '4')
+    assert 'the job had finished' in out
+    np.testing.assert_array_equal(read_example_model(extended)[0], w_ref)
+
+    # --fresh deletes the checkpoints, the model and the data, then starts
+    # over.
+    for sub in ('checkpoints', 'data'):
+        open(os.path.join(extended, sub, 'marker'), 'w').close()
+    out = example(extended, '--fresh', '--epochs', '1')
+    assert 'resumed' not in out and 'trained through epoch 1' in out
+    assert not os.path.exists(os.path.join(extended, 'data', 'marker'))
+    assert sorted(os.listdir(os.path.join(extended, 'checkpoints'))) == [
+        'manifest.json', 'trainer.0', 'trainer.1']
+    sys.path.insert(0, os.path.dirname(EXAMPLE))
+    try:
+        import train_job
+    finally:
+        sys.path.pop(0)
+    train_job.remove_outputs(train_job.Config(workdir=extended))
+    assert not os.path.exists(extended)
 
 
 def test_example_job_with_threads_learns_the_model(tmp_path):

@@ -43,7 +43,7 @@ PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(_ferrocaffe.__file_
 ROWS = 32
 PER_EPOCH = 4
 SIZE = 1 << 18  # acc (int64) + w (float32): 3 MiB per checkpoint
-NUM_TRIALS = 32
+NUM_TRIALS = 40
 CHILD_TIMEOUT = 60.0
 
 CHILD = r'''
@@ -61,6 +61,7 @@ from ferrocaffe.task import Node, Task
 
 data_path, ckpt_dir, out_path = sys.argv[1:4]
 size, per_epoch = int(sys.argv[4]), int(sys.argv[5])
+handler, db_type = sys.argv[6], sys.argv[7]
 
 
 class Marker(logging.Handler):
@@ -85,6 +86,11 @@ with Job() as job, Node('node'):
         ops.ConstantFill([], ['acc'], shape=[size], value=0, dtype=INT64)
         ops.ConstantFill([], ['w'], shape=[size], value=1.0)
         ops.ConstantFill([], ['total'], shape=[1], value=100, dtype=INT64)
+        ops.ConstantFill([], ['epochs_run'], shape=[1], value=0, dtype=INT64)
+    with Task(name='count_epochs'):
+        # An epoch run twice, or one too many, shows here.
+        ops.Add(['epochs_run', ops.Const(np.array([1], np.int64))],
+                ['epochs_run'])
 
     def process(rec):
         v = rec.val()
@@ -98,8 +104,9 @@ with Job() as job, Node('node'):
     job.add_stop_condition(limited.data_finished())
 
 manager = CheckpointManager(
-    ckpt_dir, 'node', 'ferro',
-    metadata_handler=FileMetadataHandler(max_to_keep=2))
+    ckpt_dir, 'node', db_type,
+    metadata_handler=(FileMetadataHandler(max_to_keep=2)
+                      if handler == 'file' else None))
 runner = JobRunner(job, manager, resume_from_epoch='latest', progress=False)
 session = LocalSession()
 try:
@@ -110,10 +117,17 @@ except KeyboardInterrupt:
     sys.exit(130)
 ws = session._ws
 np.savez(out_path, acc=ws.fetch_blob('acc'), w=ws.fetch_blob('w'),
-         total=ws.fetch_blob('total'))
+         total=ws.fetch_blob('total'), epochs_run=ws.fetch_blob('epochs_run'))
 print('DONE last=%d resumed=%s' % (last, runner.resumed_from_epoch),
       flush=True)
 '''
+
+
+def num_epochs():
+    """Epochs of the child job: PER_EPOCH records each; the data is found
+    exhausted by the epoch that reads its last record, or by one more when
+    the last epoch read exactly PER_EPOCH."""
+    return -(-ROWS // PER_EPOCH) + (1 if ROWS % PER_EPOCH == 0 else 0)
 
 
 def expected_state(values, size=SIZE):
@@ -127,6 +141,7 @@ def expected_state(values, size=SIZE):
         'acc': np.full(size, sum(int(v) for v in values), np.int64),
         'w': np.full(size, w, np.float32),
         'total': np.array([total], np.int64),
+        'epochs_run': np.array([num_epochs()], np.int64),
     }
 
 
@@ -134,14 +149,15 @@ class Child(object):
     """The child job as a subprocess whose log lines are collected by a
     thread."""
 
-    def __init__(self, env, tmp, ckpt_dir, out_path):
+    def __init__(self, env, tmp, ckpt_dir, out_path, handler='file',
+                 db_type='ferro'):
         self.lines = []
         self._queue = queue.Queue()
         self._stderr = open(os.path.join(tmp, 'child.stderr'), 'ab')
         self.proc = subprocess.Popen(
             [sys.executable, os.path.join(tmp, 'child.py'),
              os.path.join(tmp, 'val.npy'), ckpt_dir, out_path, str(SIZE),
-             str(PER_EPOCH)],
+             str(PER_EPOCH), handler, db_type],
             stdout=subprocess.PIPE, stderr=self._stderr, env=env)
         self.started = time.monotonic()
         self._thread = threading.Thread(target=self._read, daemon=True)
@@ -215,8 +231,9 @@ def assert_same_state(got, want):
         np.testing.assert_array_equal(got[k], want[k], err_msg=k)
 
 
-def run_to_end(env, tmp, ckpt_dir, out_path):
-    child = Child(env, tmp, ckpt_dir, out_path)
+def run_to_end(env, tmp, ckpt_dir, out_path, handler='file',
+               db_type='ferro'):
+    child = Child(env, tmp, ckpt_dir, out_path, handler, db_type)
     rc = child.finish()
     assert rc == 0, 'the run failed:\n%s\n%s' % (
         '\n'.join(child.lines[-20:]),
@@ -227,34 +244,52 @@ def run_to_end(env, tmp, ckpt_dir, out_path):
 
 
 def test_sigkill_at_random_moments_then_resume_from_latest(child_env):
+    """Kills at random moments (during saves, at the start of epochs, right
+    after the last save, anywhere), with and without a metadata handler, in
+    both formats, the manifest deleted after some kills: every trial
+    resumes to the final state of an uninterrupted run, which is the one
+    computed here (the number of epochs run included: an epoch run twice,
+    or one run after the job had stopped, shows)."""
     env, tmp, values = child_env
     want = expected_state(values)
-    num_epochs = -(-ROWS // PER_EPOCH) + (1 if ROWS % PER_EPOCH == 0 else 0)
+    epochs = num_epochs()
 
     # An uninterrupted run.
     ref_dir = os.path.join(tmp, 'reference')
     done, _ = run_to_end(env, tmp, ref_dir, os.path.join(tmp, 'ref.npz'))
-    assert done == 'DONE last=%d resumed=None' % num_epochs
+    assert done == 'DONE last=%d resumed=None' % epochs
     reference = load_state(os.path.join(tmp, 'ref.npz'))
     assert_same_state(reference, want)
 
     rng = random.Random(20261122)
-    kills = kills_in_save = 0
+    kills = kills_in_save = kills_after_last_save = manifests_deleted = 0
+    modes = set()
     for trial in range(NUM_TRIALS):
+        handler = ('file', 'none')[trial % 2]
+        db_type = ('ferro', 'ferro', 'minidb', 'minidb')[trial % 4]
+        modes.add((handler, db_type))
         ckpt_dir = os.path.join(tmp, 'trial%d' % trial)
         out_path = os.path.join(tmp, 'trial%d.npz' % trial)
+        # Without a handler nothing creates the directory (as in Caffe2).
+        os.makedirs(ckpt_dir)
         for _ in range(rng.choice([1, 1, 2])):
-            child = Child(env, tmp, ckpt_dir, out_path)
+            child = Child(env, tmp, ckpt_dir, out_path, handler, db_type)
             r = rng.random()
-            if r < 0.6:
+            after_last_save = False
+            if r < 0.5:
                 # Just after a save began: inside Save, its fsync, the
                 # rename, the manifest rewrite or the retention.
                 reached = child.wait_for('Saving checkpoints for epoch %d' %
-                                         rng.randrange(0, num_epochs + 1))
+                                         rng.randrange(0, epochs + 1))
                 delay = rng.uniform(0.0, 0.03)
-            elif r < 0.8:
+            elif r < 0.65:
+                # Between the last epoch's save and the end of the job.
+                reached = child.wait_for('Stopping')
+                after_last_save = True
+                delay = rng.uniform(0.0, 0.01)
+            elif r < 0.85:
                 reached = child.wait_for('Starting epoch %d' %
-                                         rng.randrange(1, num_epochs + 1))
+                                         rng.randrange(1, epochs + 1))
                 delay = rng.uniform(0.0, 0.02)
             else:
                 reached = True
@@ -267,20 +302,31 @@ def test_sigkill_at_random_moments_then_resume_from_latest(child_env):
             if rc == -signal.SIGKILL:
                 kills += 1
                 kills_in_save += during_save
+                kills_after_last_save += after_last_save
             else:
                 assert rc == 0, (trial, child.lines[-10:])
             # Whatever the moment, every checkpoint file there verifies.
             status = checkpoint_cli(['verify', ckpt_dir], out=_Sink())
             assert status in (0, 2), (trial, status)
+            manifest = os.path.join(ckpt_dir, 'manifest.json')
+            if os.path.exists(manifest) and rng.random() < 0.4:
+                os.unlink(manifest)  # the manifest is only a cache
+                manifests_deleted += 1
 
-        done, lines = run_to_end(env, tmp, ckpt_dir, out_path)
+        done, lines = run_to_end(env, tmp, ckpt_dir, out_path, handler,
+                                 db_type)
         assert_same_state(load_state(out_path), reference)
         assert not any('cannot be used' in l for l in lines), lines
 
-    print('%d trials, %d SIGKILLs, %d of them during a save' % (
-        NUM_TRIALS, kills, kills_in_save))
+    print('%d trials, %d SIGKILLs, %d of them during a save, %d after the '
+          'last save; %d manifests deleted' % (
+              NUM_TRIALS, kills, kills_in_save, kills_after_last_save,
+              manifests_deleted))
+    assert len(modes) == 4
     assert kills >= NUM_TRIALS * 3 // 4
     assert kills_in_save >= 8, (kills, kills_in_save)
+    assert kills_after_last_save >= 3, kills_after_last_save
+    assert manifests_deleted >= 3, manifests_deleted
 
 
 class _Sink(object):
@@ -496,5 +542,7 @@ def test_leftover_temporaries_of_a_killed_save_are_ignored(tmp_path):
     assert checkpoint_cli(['verify', ckpt_dir], out=_Sink()) == 0
     runner, last, ws = run_counting_job(ckpt_dir, 4, None, resume='latest')
     assert runner.resumed_from_epoch == 2
-    assert last == 3  # the restored counter had one epoch left
-    np.testing.assert_array_equal(ws.fetch_blob('x'), state_after(3))
+    # The job had stopped after epoch 2 (its counter said so; the job state
+    # in the db records it): no epoch runs.
+    assert last == 2 and runner.epoch is None
+    np.testing.assert_array_equal(ws.fetch_blob('x'), state_after(2))

@@ -32,11 +32,16 @@ that checkpoint instead of running the init group and goes on with epoch
 Storage never loses a checkpoint: every db is written to a temporary file
 that is fsynced and renamed into place (see ``rust/storage.rs``), so a db
 that exists is complete, and the default ``'ferro'`` format checks every
-byte on load (``errors.CorruptCheckpointError``).  :class:`FileMetadataHandler`
-adds a manifest of the completed epochs, rewritten atomically after each
-save; ``resume_from_epoch='latest'`` resumes from the newest epoch that
-verifies, skipping damaged ones with a warning.  A save that fails is
-logged and recorded in ``JobRunner.failed_saves``; training goes on.
+byte on load (``errors.CorruptCheckpointError``).  Each db also holds the
+job state (:func:`read_job_state`: its epoch, and whether the job stopped
+after it), written in the same save, so the dbs alone say where a job is:
+``resume_from_epoch='latest'`` resumes from the newest epoch that verifies,
+skipping damaged ones with a warning, and a job that had stopped runs no
+more epochs.  :class:`FileMetadataHandler` adds a manifest of the saved
+epochs (a cache, rebuilt from the dbs when lost) and retention.  A save
+that fails is logged with its path and reason and recorded in
+``JobRunner.failed_saves``; training goes on (unless
+``raise_on_save_failure``).
 
 :func:`mmap_db` opens a ferro db memory-mapped: read-only numpy views of
 its tensors, nothing copied (a ferrocaffe addition).
@@ -49,12 +54,15 @@ From a shell::
 
 import argparse
 import collections
-import itertools
+import errno
+import inspect
 import json
 import logging
 import mmap
+import operator
 import os
 import re
+import stat
 import sys
 import threading
 import time
@@ -62,7 +70,7 @@ import zlib
 
 import numpy as np
 
-from ferrocaffe import _core, context, core
+from ferrocaffe import _core, context, core, workspace
 from ferrocaffe.errors import (
     CorruptCheckpointError,
     DataTypeError,
@@ -76,7 +84,6 @@ from ferrocaffe.task import (
     TaskGroup,
     TaskOutput,
     WorkspaceType,
-    final_output,
 )
 
 __all__ = [
@@ -94,6 +101,8 @@ __all__ = [
     'find_checkpoints',
     'latest_valid_epoch',
     'read_manifest',
+    'read_job_state',
+    'JOB_STATE_BLOB',
     'mmap_db',
     'main',
 ]
@@ -228,6 +237,125 @@ def db_name(epoch, node_name, db_prefix, path_prefix=None):
     return os.path.join(db_prefix, get_ckpt_filename(node_name, epoch))
 
 
+# ============================================================ job state ==
+
+# The runtime's own blobs (job state, checkpoint timers) are named under this
+# prefix; they never enter a checkpoint's blob list.
+INTERNAL_PREFIX = '!!ferrocaffe/'
+# The reserved entry of every checkpoint db holding the job state: a string
+# tensor of one JSON text (Caffe2's reader skips it, or loads it as a string
+# tensor, harmlessly).
+JOB_STATE_BLOB = INTERNAL_PREFIX + 'job_state'
+JOB_STATE_FORMAT = 'ferrocaffe-job-state'
+JOB_STATE_VERSION = 1
+
+
+def _is_count(value):
+    """A non-negative int (not a bool, not a float)."""
+    return type(value) is int and value >= 0
+
+
+# Field: check.  Unknown extra fields are kept (a newer writer's).
+_STATE_FIELDS = {
+    'epoch': _is_count,
+    'node': lambda v: isinstance(v, str),
+    'stopped': lambda v: isinstance(v, bool),
+    'conditions_met': lambda v: isinstance(v, bool),
+    'num_epochs': lambda v: v is None or _is_count(v),
+    'generation': _is_count,
+}
+
+
+def _new_job_state(epoch, node, **fields):
+    """The job state saved with ``node``'s checkpoint of ``epoch``:
+
+    * ``stopped``: the job stopped after this epoch;
+    * ``conditions_met``: the job's stop conditions were true (the epoch
+      limit aside: a run with a larger limit goes on from here unless this
+      is true);
+    * ``num_epochs``: the epoch limit in force (None: none);
+    * ``generation``: which run wrote it: a run from scratch takes a number
+      above any found in the directory, a resumed run keeps its checkpoint's,
+      so ``'latest'`` prefers the newest run's epochs.
+    """
+    state = {'format': JOB_STATE_FORMAT, 'version': JOB_STATE_VERSION,
+             'epoch': int(epoch), 'node': str(node), 'stopped': False,
+             'conditions_met': False, 'num_epochs': None, 'generation': 0}
+    state.update(fields)
+    return state
+
+
+def _check_job_state(state):
+    """``state`` if it is a well-formed job state; else ValueError."""
+    if not isinstance(state, dict) or state.get('format') != JOB_STATE_FORMAT:
+        raise ValueError('not a %s record' % JOB_STATE_FORMAT)
+    version = state.get('version')
+    if type(version) is not int or version < 1:
+        raise ValueError('bad version %r' % (version,))
+    for field, ok in _STATE_FIELDS.items():
+        if field not in state or not ok(state[field]):
+            raise ValueError('bad field %r: %r' % (field, state.get(field)))
+    return state
+
+
+def _decode_job_state(value, path):
+    """The job state in a fetched state blob (an array of one JSON text);
+    None for an empty array (a db without one: Caffe2's, or an older
+    ferrocaffe's).  A malformed one raises CorruptCheckpointError."""
+    values = np.asarray(value, dtype=object).reshape(-1)
+    if values.size == 0:
+        return None
+    try:
+        if values.size != 1:
+            raise ValueError('%d values instead of one' % values.size)
+        text = values[0]
+        if isinstance(text, bytes):
+            text = text.decode('utf-8')
+        return _check_job_state(json.loads(text))
+    except (ValueError, TypeError, RecursionError) as e:
+        raise CorruptCheckpointError(
+            'the job state stored in %s is damaged: %s' % (path, e),
+            file=path, blob=JOB_STATE_BLOB) from None
+
+
+def read_job_state(path, db_type=None):
+    """The job state stored in the checkpoint db at ``path`` (a dict with
+    ``epoch``, ``node``, ``stopped``, ``conditions_met``, ``num_epochs`` and
+    ``generation``), or None for a db without one (written by Caffe2 or an
+    older ferrocaffe).  Only that entry is read.  A db that cannot be read
+    raises ``FerrocaffeIOError`` or ``CorruptCheckpointError``."""
+    path = os.fspath(path)
+    db_type = db_type or _detect_db_type(path)
+    ws = workspace.Workspace()
+    for op in _state_load_ops('state', path, db_type):
+        ws.run(op)
+    return _decode_job_state(ws.fetch_blob('state'), path)
+
+
+def _state_load_ops(blob, path, db_type):
+    """OperatorDefs loading the job state entry of a db into ``blob``,
+    which stays an empty string tensor when the db has none."""
+    return [
+        core.CreateOperator('GivenTensorStringFill', [], [blob], shape=[0],
+                            values=[]),
+        core.CreateOperator('Load', [], [blob], db=path, db_type=db_type,
+                            absolute_path=True, allow_incomplete=True,
+                            source_blob_names=[JOB_STATE_BLOB]),
+    ]
+
+
+def _state_problem(state, path, epoch, node):
+    """What is wrong with a db's stored job state for ``node``'s checkpoint
+    of ``epoch`` (None: nothing, or no state)."""
+    if state is None:
+        return None
+    if state['epoch'] != int(epoch) or state['node'] != str(node):
+        return ('%s holds the checkpoint of epoch %d of node %s, not of '
+                'epoch %d of node %s' % (path, state['epoch'], state['node'],
+                                         int(epoch), node))
+    return None
+
+
 # ======================================================== node manager ==
 
 def _to_str(name):
@@ -241,9 +369,13 @@ class CheckpointManager(object):
 
     ``init`` records which blobs to checkpoint: every blob of the node's
     global workspace right after the init group ran (or, when resuming, the
-    list stored in the checkpoint).  ``save(epoch)`` and ``load(epoch)``
-    build the Tasks that write and read ``db_name(epoch, node_name,
-    db_prefix)``.
+    list stored in the checkpoint), less the runtime's own (named under
+    ``'!!ferrocaffe/'``).  ``save(epoch)`` and ``load(epoch)`` build the
+    Tasks that write and read ``db_name(epoch, node_name, db_prefix)``.
+    Each db also holds the job state (see :func:`read_job_state`) in a
+    reserved entry, written in the same atomic save as the blobs; a load
+    reads it back so that the runner can check that the db is the one of
+    that epoch and node.
 
     Args:
         db_prefix: the directory of the checkpoints.
@@ -271,6 +403,9 @@ class CheckpointManager(object):
         self._path_type = None
         self._current_db_name = None
         self._current_checkpoint_duration = None
+        self._state_output = None
+        # This node's internal blobs (nodes may share one workspace).
+        self._internal = INTERNAL_PREFIX + str(node_name) + '/'
 
     def init(self, nodes=None, retrieve_from_epoch=None, path_prefix=None,
              path_type=None):
@@ -302,25 +437,44 @@ class CheckpointManager(object):
 
     def blob_list(self):
         """The names of the checkpointed blobs (known once ``init``'s Task
-        ran)."""
+        ran), less the runtime's own."""
         assert self._names_output
-        return [_to_str(n) for n in self._names_output.fetch().tolist()]
+        names = (_to_str(n) for n in self._names_output.fetch().tolist())
+        return [n for n in names if not n.startswith(INTERNAL_PREFIX)]
 
     def managers(self):
         """``[(node name, manager)]``: this manager, for its node."""
         return [(self._node_name, self)]
 
-    def _timed_task(self, cp_op_name, add_op):
-        """A Task named ``cp_op_name`` running ``add_op``'s ops between a
-        TimerBegin and a TimerGetAndEnd whose output (ns) is kept for
-        ``collect_checkpoint_stats``."""
-        with Task(name=cp_op_name) as task:
-            with ops.task_init():
-                timer = ops.TimerBegin([], counter_name=self._node_name)
-            add_op()
-            with ops.task_exit():
-                time_span_blob = ops.TimerGetAndEnd(timer)
-            self._current_checkpoint_duration = final_output(time_span_blob)
+    def _timed_task(self, cp_op_name, body):
+        """A Task named ``cp_op_name`` running a TimerBegin, the ops
+        ``body(net)`` adds to a net, and a TimerGetAndEnd whose output (ns)
+        is kept for ``collect_checkpoint_stats``.  The Task's outputs are
+        that duration and the blobs ``body`` returns.
+
+        Its nets and blobs have the same names every time, under
+        ``'!!ferrocaffe/<node>/'``: each run replaces the previous run's
+        in the workspace.  (Nets built the usual way get fresh names, and
+        the workspace would keep one set per save: memory growing with
+        every epoch.)"""
+        prefix = self._internal + cp_op_name
+        nets = []
+        for suffix in ('/timer_begin', '', '/timer_end'):
+            net = core.Net(prefix + suffix)
+            net.Proto().name = prefix + suffix  # as given: not uniquified
+            nets.append(net)
+        begin, main, end = nets
+        timer = begin.TimerBegin([], self._internal + 'timer',
+                                 counter_name=self._node_name)
+        outputs = body(main) or []
+        duration = end.TimerGetAndEnd(timer, prefix + '_ns')
+        # Outside a TaskGroup a Task takes a new name from a process-wide
+        # set each time; in its own group the name stays the same.
+        group = (None if TaskGroup.current(required=False) is not None
+                 else TaskGroup(WorkspaceType.GLOBAL))
+        task = Task(step=core.execution_step(prefix, nets), name=cp_op_name,
+                    outputs=[duration] + outputs, group=group)
+        self._current_checkpoint_duration = task.outputs()[0]
         return task
 
     def collect_checkpoint_stats(self, stats):
@@ -332,35 +486,53 @@ class CheckpointManager(object):
             logger.info('Failed to collect checkpoint stats: %s',
                         self._current_db_name)
 
+    def _load_task(self, cp_op_name, blob_names, db_type, **load_args):
+        """A timed Task loading ``blob_names`` and the job state (read by
+        ``loaded_job_states``) from ``self._current_db_name``."""
+        path = self._current_db_name
+        state_blob = self._internal + 'loaded_job_state'
+
+        def body(net):
+            for op in _state_load_ops(state_blob, path, db_type):
+                net.Proto().op.extend([op])
+            net.Load([], blob_names, db=path, db_type=db_type,
+                     absolute_path=True, **load_args)
+            return [state_blob]
+
+        task = self._timed_task(cp_op_name, body)
+        self._state_output = task.outputs()[1]
+        return task
+
+    def loaded_job_states(self):
+        """``[(node, db path, job state or None)]`` of the last load Task
+        run (see ``load``)."""
+        assert self._state_output is not None, 'no load Task was built'
+        return [(str(self._node_name), self._current_db_name,
+                 _decode_job_state(self._state_output.fetch(),
+                                   self._current_db_name))]
+
     def load(self, epoch, path_prefix=None, path_type=None):
         """A Task that loads every checkpointed blob from the checkpoint of
-        ``epoch``."""
+        ``epoch``, and its job state (see ``loaded_job_states``)."""
         self._current_db_name = db_name(
             epoch, self._node_name, self._db_prefix, path_prefix)
         db_type = path_type or self._db_type
         logger.info('Loading checkpoints from %s', self._current_db_name)
 
-        def add_op():
-            ops.Load([], self.blob_list(), db=self._current_db_name,
-                     db_type=db_type, absolute_path=True, keep_device=True)
-
-        return self._timed_task('checkpoint_load', add_op)
+        return self._load_task('checkpoint_load', self.blob_list(), db_type,
+                               keep_device=True)
 
     def load_blobs_from_checkpoint(self, blob_names, epoch, path_prefix=None,
                                    path_type=None):
         """A Task that loads only ``blob_names`` (those the checkpoint has)
-        from the checkpoint of ``epoch``."""
+        from the checkpoint of ``epoch``, and its job state."""
         self._current_db_name = db_name(
             epoch, self._node_name, self._db_prefix, path_prefix)
         db_type = path_type or self._db_type
         logger.info('Load from %s', self._current_db_name)
 
-        def add_op():
-            ops.Load([], blob_names, db=self._current_db_name,
-                     db_type=db_type, absolute_path=True,
-                     allow_incomplete=True)
-
-        return self._timed_task('checkpoint_partial_load', add_op)
+        return self._load_task('checkpoint_partial_load', blob_names,
+                               db_type, allow_incomplete=True)
 
     def check_db_exists(self, epoch, path_prefix=None, path_type=None):
         """A Task whose output is whether the checkpoint of ``epoch``
@@ -392,18 +564,27 @@ class CheckpointManager(object):
         if self._metadata_handler:
             self._metadata_handler.report(action_name, all_stats)
 
-    def save(self, epoch):
+    def save(self, epoch, job_state=None):
         """A Task that saves every checkpointed blob to the checkpoint of
-        ``epoch``."""
+        ``epoch``, with the job state (``job_state``: fields of
+        :func:`read_job_state` to set; a JobRunner gives them) in the same
+        atomic write."""
         self._current_db_name = db_name(epoch, self._node_name,
                                         self._db_prefix)
         logger.info('Saving to %s', self._current_db_name)
+        state = json.dumps(_new_job_state(
+            epoch, self._node_name, **(job_state or {})), sort_keys=True)
 
-        def add_op():
-            ops.Save(self.blob_list(), [], db=self._current_db_name,
-                     db_type=self._db_type, absolute_path=True)
+        def body(net):
+            state_blob = self._internal + 'job_state'
+            net.GivenTensorStringFill([], [state_blob], shape=[1],
+                                      values=[state])
+            names = self.blob_list()
+            net.Save([state_blob] + names, [], db=self._current_db_name,
+                     db_type=self._db_type, absolute_path=True,
+                     blob_name_overrides=[JOB_STATE_BLOB] + names)
 
-        return self._timed_task('checkpoint_save', add_op)
+        return self._timed_task('checkpoint_save', body)
 
     def write_checkpoint_metadata(self, epoch):
         if self._metadata_handler is not None:
@@ -458,6 +639,26 @@ def _stored_names_key(path, db_type, wanted):
     return wanted
 
 
+def _check_loaded_states(manager, epoch):
+    """The job states a load Task of ``epoch`` read, ``{node: state or
+    None}``; raises CorruptCheckpointError when a db holds another epoch's
+    or node's checkpoint (a file copied or renamed over it), or when the
+    nodes' dbs come from different runs."""
+    states = {}
+    for node, path, state in manager.loaded_job_states():
+        problem = _state_problem(state, path, epoch, node)
+        if problem is not None:
+            raise CorruptCheckpointError(problem, file=path)
+        states[node] = state
+    generations = set(s['generation'] for s in states.values()
+                      if s is not None)
+    if len(generations) > 1:
+        raise CorruptCheckpointError(
+            'the checkpoints of epoch %s were written by different runs '
+            '(generations %s)' % (epoch, sorted(generations)))
+    return states
+
+
 def _load_locally(manager, blob_names, epoch, session, path_prefix,
                   path_type):
     existence_task = manager.check_db_exists(epoch, path_prefix, path_type)
@@ -468,6 +669,7 @@ def _load_locally(manager, blob_names, epoch, session, path_prefix,
         return False
     session.run(manager.load_blobs_from_checkpoint(
         blob_names, epoch, path_prefix, path_type))
+    _check_loaded_states(manager, epoch)
     return True
 
 
@@ -574,9 +776,18 @@ class MultiNodeCheckpointManager(object):
         if self._metadata_handler:
             self._metadata_handler.report(action_name, all_stats)
 
-    def save(self, epoch):
+    def save(self, epoch, job_state=None):
+        """A TaskGroup saving every node's checkpoint of ``epoch``, each
+        with the job state (see ``CheckpointManager.save``)."""
         return self._task_group(
-            lambda node, manager: manager.save(epoch))
+            lambda node, manager: manager.save(epoch, job_state))
+
+    def loaded_job_states(self):
+        """``[(node, db path, job state or None)]`` of the last load."""
+        states = []
+        for _, manager in self._node_managers or []:
+            states.extend(manager.loaded_job_states())
+        return states
 
     def write_checkpoint_metadata(self, epoch):
         if self._metadata_handler is not None:
@@ -654,49 +865,8 @@ class MetadataHandler(object):
 
 MANIFEST_NAME = 'manifest.json'
 MANIFEST_FORMAT = 'ferrocaffe-checkpoints'
-_temp_seq = itertools.count()
-
-
-def _fsync_dir(path):
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _write_file_atomically(path, data):
-    """Writes ``data`` to ``path`` through a temporary in the same directory
-    (named as the Rust storage names them, so stale ones are swept), fsynced
-    and renamed over ``path``; the directory is fsynced last."""
-    directory = os.path.dirname(path) or '.'
-    while True:
-        tmp = os.path.join(directory, '.%s.tmp-%d-%d' % (
-            os.path.basename(path), os.getpid(), next(_temp_seq)))
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            break
-        except FileExistsError:
-            # Left by a killed process that had our pid (pids are reused).
-            continue
-    try:
-        with os.fdopen(fd, 'wb') as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_dir(directory)
+# A manifest larger than this is not one of ours.
+_MANIFEST_MAX_BYTES = 64 << 20
 
 
 def _file_crc32(path):
@@ -709,45 +879,240 @@ def _file_crc32(path):
             crc = zlib.crc32(chunk, crc)
 
 
+def _plain_name(name):
+    """Whether ``name`` names a file directly inside a directory (no
+    separator, not absolute, not ``.`` or ``..``)."""
+    return (isinstance(name, str) and name not in ('', '.', '..') and
+            '/' not in name and '\\' not in name and '\0' not in name and
+            not os.path.isabs(name))
+
+
+def _read_regular_file(path, limit):
+    """The bytes of the regular file at ``path``.  Opened without blocking,
+    so that a FIFO there does not hang the caller; anything but a regular
+    file, or a file over ``limit`` bytes, raises OSError."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, 'O_NONBLOCK', 0))
+    with os.fdopen(fd, 'rb') as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, 'not a regular file', path)
+        if st.st_size > limit:
+            raise OSError(errno.EFBIG, 'larger than %d bytes' % limit, path)
+        return f.read(limit + 1)
+
+
+def _check_manifest(manifest, path):
+    """Checks a parsed manifest's structure and field types (ValueError or
+    TypeError when one is wrong).  A db record whose ``file`` is not a plain
+    name inside the directory is dropped with a warning: the manifest must
+    never make ferrocaffe read or delete a file elsewhere."""
+    if not isinstance(manifest, dict) or (
+            manifest.get('format') != MANIFEST_FORMAT):
+        raise ValueError('not a %s manifest' % MANIFEST_FORMAT)
+    if not isinstance(manifest.get('epochs'), list):
+        raise TypeError("'epochs' is not a list")
+    seen = set()
+    for entry in manifest['epochs']:
+        if not isinstance(entry, dict) or not _is_count(entry.get('epoch')):
+            raise TypeError('bad epoch record %.80r' % (entry,))
+        epoch = entry['epoch']
+        if epoch in seen:
+            raise ValueError('epoch %d is listed twice' % epoch)
+        seen.add(epoch)
+        if entry.get('db_type', 'ferro') not in ('ferro', 'minidb'):
+            raise ValueError('epoch %d: bad db_type' % epoch)
+        dbs = entry.get('dbs')
+        if not isinstance(dbs, dict):
+            raise TypeError("epoch %d: 'dbs' is not an object" % epoch)
+        for node, info in list(dbs.items()):
+            if not isinstance(info, dict):
+                raise TypeError('epoch %d: bad record of node %.80r' % (
+                    epoch, node))
+            if not _plain_name(info.get('file')):
+                logger.warning(
+                    'checkpoint manifest %s: ignoring the db %.200r of node '
+                    '%.80r, epoch %d: not a file name inside the checkpoint '
+                    'directory', path, info.get('file'), node, epoch)
+                del dbs[node]
+                continue
+            if 'bytes' in info and not _is_count(info['bytes']):
+                raise TypeError('epoch %d: bad size' % epoch)
+            crc = info.get('crc32')
+            if crc is not None and not (_is_count(crc) and crc < 1 << 32):
+                raise TypeError('epoch %d: bad crc32' % epoch)
+            if 'state' in info:
+                _check_job_state(info['state'])
+
+
 def read_manifest(directory):
     """The manifest of a checkpoint directory as a dict; None when there is
-    none.  A manifest that cannot be parsed raises CorruptCheckpointError."""
+    none.  A manifest that cannot be used (unreadable, not JSON, not a
+    manifest, a field of the wrong type or range) raises
+    CorruptCheckpointError; the handlers then fall back to the dbs, which
+    hold everything the manifest caches."""
     path = os.path.join(directory, MANIFEST_NAME)
     try:
-        with open(path, 'rb') as f:
-            raw = f.read()
+        raw = _read_regular_file(path, _MANIFEST_MAX_BYTES)
     except FileNotFoundError:
         return None
+    except OSError as e:
+        raise CorruptCheckpointError(
+            'checkpoint manifest %s cannot be read: %s' % (
+                path, e.strerror or e), file=path) from None
     try:
         manifest = json.loads(raw.decode('utf-8'))
-        if manifest.get('format') != MANIFEST_FORMAT:
-            raise ValueError('not a %s manifest' % MANIFEST_FORMAT)
-        for entry in manifest['epochs']:
-            int(entry['epoch'])
-            dict(entry['dbs'])
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        _check_manifest(manifest, path)
+    except (ValueError, KeyError, TypeError, AttributeError,
+            RecursionError, OverflowError) as e:
         raise CorruptCheckpointError(
-            'checkpoint manifest %s is damaged: %s' % (path, e), file=path)
+            'checkpoint manifest %s is damaged: %s' % (path, e),
+            file=path) from None
     return manifest
+
+
+class _Db(object):
+    """One node's checkpoint file of one epoch, as found in a directory:
+    its path, its manifest record (None if unlisted), and its stored job
+    state (``problem`` says why it could not be read)."""
+
+    def __init__(self, path, info):
+        self.path = path
+        self.info = info
+        self.state = None
+        self.problem = None
+
+    def read_state(self, db_type):
+        try:
+            self.state = read_job_state(self.path, db_type)
+            self.problem = None
+        except FerrocaffeError as e:
+            self.state, self.problem = None, str(e)
+
+
+def _scan(directory, node_names, db_type, manifest=None):
+    """``{epoch: {node: _Db}}``: the checkpoint files of ``node_names`` in
+    ``directory``, with their job states: taken from the manifest's record
+    while the file still has the recorded size (a cache; the epoch chosen
+    is checked against the file itself), else read from the file."""
+    listed = {}
+    for entry in (manifest or {}).get('epochs', []):
+        for node, info in entry['dbs'].items():
+            listed[info['file']] = info
+    found = {}
+    wanted = set(node_names)
+    for epoch, nodes in find_checkpoints(directory).items():
+        for node, path in nodes.items():
+            if node not in wanted:
+                continue
+            db = _Db(path, listed.get(os.path.basename(path)))
+            cached = db.info is not None and 'state' in db.info
+            if cached:
+                try:
+                    cached = os.stat(path).st_size == db.info.get('bytes')
+                except OSError:
+                    cached = False
+            if cached:
+                db.state = db.info['state']
+            else:
+                db.read_state(db_type)
+            found.setdefault(epoch, {})[node] = db
+    return found
+
+
+def _generation(dbs, unknown=0):
+    """The run (generation) an epoch's dbs belong to: 0 for dbs without a
+    job state, ``unknown`` when none could be read."""
+    generations = [db.state['generation'] for db in dbs.values()
+                   if db.state is not None]
+    if generations:
+        return max(generations)
+    if any(db.problem is not None for db in dbs.values()):
+        return unknown
+    return 0
+
+
+def _epoch_problem(directory, epoch, dbs, node_names, db_type, verify):
+    """None if every node's checkpoint of ``epoch`` is there, sound, and
+    holds that epoch's job state (read from the file itself), all of the
+    same run; else what is wrong."""
+    missing = [n for n in node_names if n not in dbs]
+    if missing:
+        return 'no checkpoint of node(s) %s' % ', '.join(missing)
+    generations = set()
+    for node in node_names:
+        db = dbs[node]
+        problem = _check_db(db.path, db_type, db.info, verify)
+        if problem is not None:
+            return problem
+        try:
+            state = read_job_state(db.path, db_type)
+        except FerrocaffeError as e:
+            return str(e)
+        problem = _state_problem(state, db.path, epoch, node)
+        if problem is not None:
+            return problem
+        generations.add(state['generation'] if state else 0)
+    if len(generations) > 1:
+        return 'the nodes\' checkpoints were written by different runs'
+    return None
+
+
+def _latest(directory, node_names, db_type, manifest=None, verify=True,
+            warn=True):
+    """The newest epoch, of the newest run, whose checkpoints of every node
+    are sound (see ``_epoch_problem``); None if there is none."""
+    node_names = [str(n) for n in node_names]
+    if not node_names:
+        return None
+    found = _scan(directory, node_names, db_type, manifest)
+    # Unreadable dbs are tried (and reported) in their place in the newest
+    # run: by their file names, that is where they belong.
+    newest = max([_generation(dbs) for dbs in found.values()] or [0])
+    order = sorted(((_generation(dbs, newest), epoch)
+                    for epoch, dbs in found.items()), reverse=True)
+    for _, epoch in order:
+        problem = _epoch_problem(directory, epoch, found[epoch], node_names,
+                                 db_type, verify)
+        if problem is None:
+            return epoch
+        if warn:
+            logger.warning('checkpoint of epoch %d cannot be used (%s); '
+                           'trying an earlier epoch', epoch, problem)
+    if order and warn:
+        logger.warning('no usable checkpoint in %s: starting from scratch',
+                       directory)
+    return None
 
 
 class FileMetadataHandler(MetadataHandler):
     """
-    Keeps ``manifest.json`` in the checkpoint directory: the completed
-    epochs, each with its dbs (file, size, and a CRC-32 for formats without
-    checksums of their own), rewritten atomically after each save.  The
-    manifest is the commit point: a db saved after the last manifest write
-    is ignored.
+    Keeps ``manifest.json`` in the checkpoint directory: the saved epochs,
+    each with its dbs (file, size, job state, and a CRC-32 for formats
+    without checksums of their own), rewritten atomically after each save.
 
-    * ``last_epoch('latest')``: the newest listed epoch whose dbs all
-      verify; a damaged one is skipped with a warning.  ``None`` (start
-      from scratch) and an epoch number are returned as they are.
-    * ``write(epoch)`` records ``epoch`` and forgets any later epoch (left
-      by an earlier run that went further); their dbs are deleted.
+    The manifest is a cache: each db holds its job state, written with its
+    blobs in one atomic save, so a manifest that is missing or damaged is
+    rebuilt from the dbs, and a db saved just before a kill that prevented
+    the manifest write still counts.
+
+    * ``last_epoch('latest')``: the newest epoch, of the newest run, whose
+      dbs (every node's) verify, have the size and CRC the manifest records
+      for them, and hold that epoch's job state; a damaged one is skipped
+      with a warning.  ``None`` (start from scratch) and an epoch number are
+      returned as they are.
+    * ``write(epoch)`` records ``epoch`` and forgets the later epochs (left
+      by an earlier run that went further) and those of older runs (a run
+      from scratch replaces them): their dbs are deleted.
     * ``max_to_keep``: only the newest ``max_to_keep`` epochs are kept; the
       dbs of older ones are deleted once the manifest no longer lists them.
+      The epoch just saved is always kept, an epoch counts only when every
+      node's db of it is there and readable, and a write that had to
+      rebuild the manifest deletes nothing (the next one does).  Only dbs
+      the manifest listed, or that hold a job state of one of this job's
+      nodes, are ever deleted.
     * ``cp_accessible()`` creates the directory if needed and tells whether
-      it can be written.
+      it can be written; when it cannot, ``access_error`` is the OSError
+      saying why (with the path).
 
     One job per directory: two jobs writing one manifest lose each other's
     entries.
@@ -765,6 +1130,7 @@ class FileMetadataHandler(MetadataHandler):
         self.path_prefix = None
         self.path_type = None
         self.stats = {}
+        self.access_error = None
 
     def set_params(self, db_prefix, db_type, node_names, path_prefix=None,
                    path_type=None):
@@ -782,68 +1148,119 @@ class FileMetadataHandler(MetadataHandler):
         self._require_params()
         return os.path.join(self.db_prefix, MANIFEST_NAME)
 
+    def _read_manifest(self, what):
+        """The manifest, or None (with a warning saying ``what`` happens
+        instead) when it is damaged."""
+        try:
+            return read_manifest(self.db_prefix)
+        except CorruptCheckpointError as e:
+            logger.warning('%s; %s', e, what)
+            return None
+
     def manifest(self):
         """The current manifest (a new, empty one if there is none, or if
-        it is damaged: it is then rebuilt by the next saves)."""
+        it is damaged: it is then rebuilt by the next save)."""
         self._require_params()
-        try:
-            manifest = read_manifest(self.db_prefix)
-        except CorruptCheckpointError as e:
-            logger.warning('%s; starting a new one', e)
-            manifest = None
+        manifest = self._read_manifest('starting a new one')
         if manifest is None:
             manifest = {'format': MANIFEST_FORMAT, 'version': 1, 'epochs': []}
         return manifest
 
     def epochs(self):
         """The epochs the manifest lists, oldest first."""
-        return sorted(int(e['epoch']) for e in self.manifest()['epochs'])
+        return sorted(e['epoch'] for e in self.manifest()['epochs'])
 
     def cp_accessible(self, epoch=None):
         self._require_params()
         if epoch is not None:
             return all(os.path.isfile(db_name(epoch, n, self.db_prefix))
                        for n in self.node_names)
+        self.access_error = None
         try:
             os.makedirs(self.db_prefix, exist_ok=True)
         except OSError as e:
-            logger.warning('cannot create the checkpoint directory %s: %s',
-                           self.db_prefix, e)
+            if e.filename is None:
+                e.filename = self.db_prefix
+            self.access_error = e
+        else:
+            if not os.access(self.db_prefix, os.W_OK | os.X_OK):
+                self.access_error = OSError(
+                    errno.EACCES, 'cannot create files in it',
+                    self.db_prefix)
+        if self.access_error is not None:
+            logger.warning('cannot use the checkpoint directory %s: %s',
+                           self.access_error.filename,
+                           self.access_error.strerror or self.access_error)
             return False
-        return os.access(self.db_prefix, os.W_OK | os.X_OK)
+        return True
 
-    def _entry(self, epoch):
-        dbs = {}
-        for node in self.node_names:
-            path = db_name(epoch, node, self.db_prefix)
-            info = {'file': os.path.basename(path),
-                    'bytes': os.stat(path).st_size}
+    def _record(self, db, new):
+        """The manifest record of a db (``new``: just saved, so nothing
+        cached about it holds)."""
+        info = None if new else db.info
+        size = os.stat(db.path).st_size
+        if info is not None and info.get('bytes') == size:
+            info = dict(info)
+        else:
+            info = {'file': os.path.basename(db.path), 'bytes': size}
             if self.db_type != 'ferro':
                 # minidb has no checksums of its own.
-                info['crc32'] = _file_crc32(path)
-            dbs[node] = info
-        return {
-            'epoch': int(epoch),
-            'db_type': self.db_type,
-            'written_at': time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()),
-            'dbs': dbs,
-        }
+                info['crc32'] = _file_crc32(db.path)
+        if db.state is not None:
+            info['state'] = db.state
+        else:
+            info.pop('state', None)
+        return info
 
-    def write(self, epoch, finished=False):
-        """Records the (already saved) checkpoint of ``epoch``; ``finished``:
-        the job stopped after this epoch (JobRunner sets it)."""
+    def write(self, epoch):
+        """Records the (already saved) checkpoints of ``epoch``, reading
+        their job states from the dbs, and applies the retention rules (see
+        the class)."""
         self._require_params()
         epoch = int(epoch)
-        entry = self._entry(epoch)
-        if finished:
-            entry['finished'] = True
-        old = self.manifest()['epochs']
-        kept = [e for e in old if int(e['epoch']) < epoch] + [entry]
-        kept.sort(key=lambda e: int(e['epoch']))
+        old = self._read_manifest('rebuilding it from the checkpoint files')
+        rebuilding = old is None
+        found = _scan(self.db_prefix, self.node_names, self.db_type, old)
+        saved = found.get(epoch, {})
+        generations = set()
+        for node in self.node_names:
+            db = saved.get(node)
+            if db is None:
+                path = db_name(epoch, node, self.db_prefix)
+                raise FerrocaffeIOError(
+                    'the checkpoint %s just saved is not there' % path,
+                    file=path)
+            db.read_state(self.db_type)  # never the cached one
+            problem = db.problem or _state_problem(
+                db.state, db.path, epoch, node)
+            if problem is not None:
+                raise CorruptCheckpointError(problem, file=db.path)
+            generations.add(db.state['generation'] if db.state else 0)
+        generation = max(generations)
+
+        def counts(ep, dbs):
+            return (ep < epoch and _generation(dbs) == generation and
+                    all(n in dbs and dbs[n].problem is None
+                        for n in self.node_names))
+
+        kept = sorted(ep for ep, dbs in found.items() if counts(ep, dbs))
+        kept.append(epoch)
         if self.max_to_keep is not None:
             kept = kept[-self.max_to_keep:]
-        kept_epochs = set(int(e['epoch']) for e in kept)
-        dropped = [e for e in old if int(e['epoch']) not in kept_epochs]
+        written = {e['epoch']: e.get('written_at')
+                   for e in (old or {}).get('epochs', [])}
+        written[epoch] = time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())
+        entries = []
+        for ep in kept:
+            dbs = {n: self._record(found[ep][n], ep == epoch)
+                   for n in self.node_names}
+            entry = {'epoch': ep, 'db_type': self.db_type, 'dbs': dbs}
+            if written.get(ep) is not None:
+                entry['written_at'] = written[ep]
+            states = [d.get('state') for d in dbs.values()]
+            if all(states):
+                entry['finished'] = any(s['stopped'] for s in states)
+            entries.append(entry)
         manifest = {
             'format': MANIFEST_FORMAT,
             'version': 1,
@@ -851,35 +1268,39 @@ class FileMetadataHandler(MetadataHandler):
             'nodes': self.node_names,
             'max_to_keep': self.max_to_keep,
             'latest': epoch,
-            'epochs': kept,
+            'epochs': entries,
         }
         data = json.dumps(manifest, indent=1, sort_keys=True).encode('utf-8')
-        _write_file_atomically(self.manifest_path(), data + b'\n')
-        # Only now that no manifest lists them can old dbs go.
-        for e in dropped:
-            for info in e['dbs'].values():
-                self._remove(os.path.join(self.db_prefix, info['file']))
-        if self.max_to_keep is not None:
-            # Leftovers of a run killed between a manifest write and the
-            # deletions above.
-            oldest = min(kept_epochs)
-            for ep, nodes in find_checkpoints(self.db_prefix).items():
-                if ep < oldest:
-                    for node, path in nodes.items():
-                        if node in self.node_names:
-                            self._remove(path)
+        _core.write_file_atomically(self.manifest_path(), data + b'\n')
+        if rebuilding:
+            # The dbs were just listed from the files: deleting any on that
+            # basis could lose a good one; the next write does it.
+            return
+        listed = set()
+        for entry in old['epochs']:
+            listed.update(info['file'] for info in entry['dbs'].values())
+        kept = set(kept)
+        for ep, dbs in found.items():
+            if ep in kept:
+                continue
+            for node, db in dbs.items():
+                ours = os.path.basename(db.path) in listed or (
+                    db.state is not None and db.state['node'] == node)
+                if ours:
+                    self._remove(db.path)
 
     def is_finished(self, epoch):
-        """Whether the job stopped after ``epoch`` (as recorded by
-        ``write(epoch, finished=True)``)."""
+        """Whether the manifest records that the job stopped after
+        ``epoch`` (the job state in the db says so too; this is for dbs
+        written before job states existed)."""
         try:
             manifest = (read_manifest(self.db_prefix) if self.db_prefix
                         else None)
         except CorruptCheckpointError:
             return False
         for entry in (manifest or {}).get('epochs', []):
-            if int(entry['epoch']) == int(epoch):
-                return bool(entry.get('finished'))
+            if entry['epoch'] == int(epoch):
+                return entry.get('finished') is True
         return False
 
     @staticmethod
@@ -889,49 +1310,17 @@ class FileMetadataHandler(MetadataHandler):
         except FileNotFoundError:
             pass
         except OSError as e:
-            logger.warning('cannot remove old checkpoint %s: %s', path, e)
+            logger.warning('cannot remove old checkpoint %s: %s', path,
+                           e.strerror or e)
 
     def last_epoch(self, user_epoch=None):
         if user_epoch != LATEST:
             return user_epoch
         self._require_params()
-        try:
-            manifest = read_manifest(self.db_prefix)
-        except CorruptCheckpointError as e:
-            logger.warning('%s; looking for checkpoint files instead', e)
-            return latest_valid_epoch(self.db_prefix, self.node_names,
-                                      self.db_type)
-        if manifest is None:
-            return latest_valid_epoch(self.db_prefix, self.node_names,
-                                      self.db_type)
-        entries = sorted(manifest['epochs'], key=lambda e: -int(e['epoch']))
-        for entry in entries:
-            problem = self._check_entry(entry)
-            if problem is None:
-                return int(entry['epoch'])
-            logger.warning(
-                'checkpoint of epoch %d cannot be used (%s); trying an '
-                'earlier epoch', int(entry['epoch']), problem)
-        if entries:
-            logger.warning('no usable checkpoint in %s: starting from scratch',
-                           self.db_prefix)
-        return None
-
-    def _check_entry(self, entry):
-        """None if every db of a manifest entry is present and sound, else
-        what is wrong."""
-        dbs = entry['dbs']
-        missing = [n for n in self.node_names if n not in dbs]
-        if missing:
-            return 'no checkpoint of node(s) %s' % ', '.join(missing)
-        db_type = entry.get('db_type', self.db_type)
-        for node in self.node_names:
-            info = dbs[node]
-            path = os.path.join(self.db_prefix, info['file'])
-            problem = _check_db(path, db_type, info, self.verify)
-            if problem is not None:
-                return problem
-        return None
+        manifest = self._read_manifest('looking at the checkpoint files '
+                                       'instead')
+        return _latest(self.db_prefix, self.node_names, self.db_type,
+                       manifest, self.verify)
 
     def report(self, action_name, stats):
         self.stats[action_name] = dict(stats)
@@ -965,8 +1354,8 @@ _CKPT_FILE = re.compile(r'^(?P<node>[^.].*)\.(?P<epoch>[0-9]+)$')
 
 
 def find_checkpoints(directory):
-    """``{epoch: {node: path}}`` of the files in ``directory`` named like
-    checkpoints (``<node>.<epoch>``), whatever their content."""
+    """``{epoch: {node: path}}`` of the regular files in ``directory``
+    named like checkpoints (``<node>.<epoch>``), whatever their content."""
     found = {}
     try:
         names = os.listdir(directory)
@@ -982,24 +1371,11 @@ def find_checkpoints(directory):
 
 def latest_valid_epoch(directory, node_names, db_type=DEFAULT_DB_TYPE,
                        verify=True):
-    """The newest epoch for which every node in ``node_names`` has a
-    checkpoint in ``directory`` that verifies; None if there is none.
-    Damaged checkpoints are skipped with a warning."""
-    node_names = [str(n) for n in node_names]
-    if not node_names:
-        return None
-    found = find_checkpoints(directory)
-    for epoch in sorted(found, reverse=True):
-        nodes = found[epoch]
-        if not all(n in nodes for n in node_names):
-            continue
-        problems = [p for p in (_check_db(nodes[n], db_type, verify=verify)
-                                for n in node_names) if p is not None]
-        if not problems:
-            return epoch
-        logger.warning('checkpoint of epoch %d cannot be used (%s); trying an '
-                       'earlier epoch', epoch, '; '.join(problems))
-    return None
+    """The newest epoch, of the newest run, for which every node in
+    ``node_names`` has a checkpoint in ``directory`` that verifies and holds
+    that epoch's job state; None if there is none.  Damaged checkpoints are
+    skipped with a warning."""
+    return _latest(directory, node_names, db_type, None, verify)
 
 
 # ============================================================= progress ==
@@ -1191,21 +1567,31 @@ class JobRunner(object):
     condition is true, then the upload, download and exit groups.
 
     With a checkpoint manager, a checkpoint is saved before the first epoch
-    (epoch 0) and after each epoch, before the stop test.  With
+    (epoch 0) and after each epoch, before the stop test.  Each node's db
+    holds, besides its blobs, the job state: the epoch, and whether the job
+    stopped after it (see :func:`read_job_state`).  With
     ``resume_from_epoch`` (an epoch, or ``'latest'``: the newest epoch
-    whose checkpoint verifies, or a fresh start if there is none) the init
+    whose checkpoints verify, or a fresh start if there is none) the init
     group is not run: its blobs come from that checkpoint, and training
-    goes on with the next epoch.
+    goes on with the next epoch, unless the job had stopped there (a stop
+    condition was true, or the epoch limit is reached): then no epoch
+    runs, only the groups that follow the epochs.  A db holding another
+    epoch's or node's checkpoint raises CorruptCheckpointError.
 
-    A save that fails is logged as a warning and recorded in
-    ``failed_saves``; training goes on.  Ctrl-C stops the run
-    (KeyboardInterrupt is raised again); the last complete checkpoint stays
-    valid, and ``resume_from_epoch='latest'`` continues from it.
+    A save that fails is logged as a warning naming the file or directory
+    and the operating system's reason, and recorded in ``failed_saves``;
+    training goes on (Caffe2's contract), unless ``raise_on_save_failure``
+    is set: then the first failure stops the run with its exception.
+    Ctrl-C stops the run (KeyboardInterrupt is raised again); the last
+    complete checkpoint stays valid, and ``resume_from_epoch='latest'``
+    continues from it.
 
     After ``train``: ``resumed_from_epoch`` (None for a fresh start),
     ``epoch`` (the last epoch run), ``last_checkpoint_epoch``,
-    ``failed_saves`` (``[(epoch, exception)]``), and ``epoch_seconds`` and
-    ``save_seconds`` (wall time of each epoch and each save).
+    ``failed_saves`` (``[(epoch, exception)]``, the last ``KEEP`` of them;
+    ``failed_save_count`` counts them all), and ``epoch_seconds`` and
+    ``save_seconds`` (wall time of each of the last ``KEEP`` epochs and
+    saves: a run of any length keeps a bounded amount).
 
     Args:
         job: the Job.
@@ -1217,15 +1603,22 @@ class JobRunner(object):
         progress: None (a progress bar on stderr when it is a terminal and
             not in CI; needs tqdm), True, False, or a text stream to draw
             the bar on.
+        raise_on_save_failure: raise the first failed save's exception
+            instead of going on without that checkpoint.
     """
 
+    # How many epochs' timings and failed saves are kept.
+    KEEP = 1000
+
     def __init__(self, job, checkpoint_manager=None, resume_from_epoch=None,
-                 upload_task_group_builder=None, progress=None):
+                 upload_task_group_builder=None, progress=None,
+                 raise_on_save_failure=False):
         self.resume_from_epoch = resume_from_epoch
         self.checkpoint_manager = checkpoint_manager
         self.job = job
         self.upload_task_group_builder = upload_task_group_builder
         self.progress = progress
+        self.raise_on_save_failure = bool(raise_on_save_failure)
         self._reset()
         self._progress = _NoProgress()
 
@@ -1236,6 +1629,8 @@ class JobRunner(object):
         self.epoch_seconds = {}
         self.save_seconds = {}
         self.failed_saves = []
+        self.failed_save_count = 0
+        self._generation = 0
 
     def train(self, session):
         """Runs the job in ``session``; returns the last epoch run."""
@@ -1252,19 +1647,19 @@ class JobRunner(object):
         except KeyboardInterrupt:
             self._progress.close()
             if cm:
-                # Ctrl-C may land between a save's commit (the manifest
-                # write) and our bookkeeping: ask the handler, which reads
-                # the manifest, what the last complete checkpoint is.
-                handler = _handler_of(cm)
-                if isinstance(handler, FileMetadataHandler):
-                    try:
-                        committed = handler.last_epoch(user_epoch=LATEST)
-                    except Exception:  # report what we know instead
-                        committed = None
-                    if committed is not None and (
-                            self.last_checkpoint_epoch is None
-                            or committed > self.last_checkpoint_epoch):
-                        self.last_checkpoint_epoch = committed
+                # Ctrl-C may land between a save's commit and our
+                # bookkeeping: the files say what the last complete
+                # checkpoint is (sizes and job states only: no data read).
+                try:
+                    committed = _latest(
+                        cm._db_prefix, [str(n) for n, _ in cm.managers()],
+                        cm._db_type, verify=False, warn=False)
+                except Exception:  # report what we know instead
+                    committed = None
+                if committed is not None and (
+                        self.last_checkpoint_epoch is None
+                        or committed > self.last_checkpoint_epoch):
+                    self.last_checkpoint_epoch = committed
                 logger.warning(
                     'interrupted during epoch %s; the last complete '
                     "checkpoint is epoch %s; resume_from_epoch='latest' goes "
@@ -1288,26 +1683,27 @@ class JobRunner(object):
         if from_scratch:
             session.run(job.init_group)
 
+        finished = False
         if cm:
             logger.info('Preparing checkpoints ...')
             session.run(cm.init(job.nodes_to_checkpoint(),
                                 retrieve_from_epoch=resume))
             if from_scratch:
+                self._generation = _next_generation(cm)
                 self.save_checkpoints(0, session)
             else:
                 logger.info('Loading checkpoints for epoch %s ...', resume)
                 session.run(cm.load(resume))
                 cm.report_checkpoint_stats('checkpoint_load')
+                states = (_check_loaded_states(cm, resume)
+                          if hasattr(cm, 'loaded_job_states') else {})
                 self.last_checkpoint_epoch = resume
                 logger.info('Checkpoint loaded')
+                finished = self._stopped_at(cm, resume, states)
         logger.info('Finished initializing')
 
-        handler = _handler_of(cm)
-        if (resume is not None and self.resume_from_epoch == LATEST and
-                isinstance(handler, FileMetadataHandler) and
-                handler.is_finished(resume)):
+        if finished:
             # The job had stopped: no more epochs, only what follows them.
-            logger.info('The job stopped after epoch %s', resume)
             epoch = resume
         else:
             epoch = self._run_epochs(
@@ -1324,30 +1720,75 @@ class JobRunner(object):
         logger.info('Finished running the exit group')
         return epoch
 
+    def _epoch_limit(self):
+        """The last epoch the job's epoch limit allows (None: no limit).
+        A limit below 1 still lets one epoch run, as Caffe2's counter did."""
+        if self.job.num_epochs is None:
+            return None
+        return max(int(self.job.num_epochs), 1)
+
+    def _stopped_at(self, cm, epoch, states):
+        """Whether the job stopped after ``epoch``, whose checkpoints hold
+        ``states`` (``{node: job state or None}``); sets the run's
+        generation from them."""
+        known = [s for s in states.values() if s is not None]
+        if known:
+            self._generation = known[0]['generation']
+            met = any(s['conditions_met'] for s in known)
+        else:
+            # Dbs without a job state (Caffe2's, or an older ferrocaffe's):
+            # an older manifest may say whether the job stopped there.
+            handler = _handler_of(cm)
+            met = (isinstance(handler, FileMetadataHandler) and
+                   handler.is_finished(epoch))
+        if met:
+            logger.info('The job stopped after epoch %s', epoch)
+            return True
+        limit = self._epoch_limit()
+        if limit is not None and epoch >= limit:
+            if epoch > limit:
+                logger.warning(
+                    'the checkpoint of epoch %d is past the epoch limit %d: '
+                    'no epoch runs', epoch, limit)
+            else:
+                logger.info('The job reached its epoch limit at epoch %s',
+                            epoch)
+            return True
+        return False
+
     def _run_epochs(self, session, cm, job, epoch):
         self._progress.start(epoch - 1)
+        limit = self._epoch_limit()
         while True:
             self.epoch = epoch
             logger.info('Starting epoch %d', epoch)
             self._progress.epoch_started(epoch)
             start = time.perf_counter()
             session.run(job.epoch_group)
-            self.epoch_seconds[epoch] = time.perf_counter() - start
+            self._note(self.epoch_seconds, epoch, time.perf_counter() - start)
             logger.info('Finished epoch %d', epoch)
-            stop_conditions = [o.fetch() for o in job.stop_conditions]
-            stop = any(stop_conditions)
+            met = any(o.fetch() for o in job.stop_conditions)
+            stop = bool(met) or (limit is not None and epoch >= limit)
             self._progress.epoch_finished(epoch)
             if cm:
-                self.save_checkpoints(epoch, session, _finished=stop)
+                self.save_checkpoints(epoch, session, _state={
+                    'stopped': stop, 'conditions_met': bool(met)})
             if stop:
                 logger.info('Stopping')
                 return epoch
             epoch += 1
 
+    def _note(self, record, epoch, value):
+        """Records ``value`` for ``epoch``, keeping the last KEEP."""
+        record[epoch] = value
+        while len(record) > self.KEEP:
+            del record[next(iter(record))]
+
     def load_blobs_from_checkpoints(self, blob_names, epoch, session):
         """Loads only ``blob_names`` from every node's checkpoint of
         ``epoch`` into the session (e.g. a model for evaluation).  False if
-        a checkpoint is missing."""
+        a checkpoint is missing; CorruptCheckpointError if one holds another
+        epoch's checkpoint."""
         if not self.checkpoint_manager:
             raise ValueError('Checkpoint manager is None')
         logger.info('Loading checkpoint for epoch %s ...', epoch)
@@ -1357,36 +1798,44 @@ class JobRunner(object):
             'checkpoint_partial_load')
         return result
 
-    def save_checkpoints(self, epoch, session, _finished=False):
-        """Saves the checkpoints of ``epoch``.  Never raises (but for
-        Ctrl-C): a failure is logged, recorded in ``failed_saves`` and
-        reported by the return value (True when saved)."""
+    def save_checkpoints(self, epoch, session, _state=None):
+        """Saves the checkpoints of ``epoch``, with the job state.  A
+        failure is logged (with the path and the operating system's
+        reason), recorded in ``failed_saves`` and reported by the return
+        value (True when saved); it is raised only with
+        ``raise_on_save_failure`` (and Ctrl-C always is)."""
         cm = self.checkpoint_manager
         if not cm:
             raise ValueError('Checkpoint manager is None')
+        state = {'stopped': False, 'conditions_met': False}
+        state.update(_state or {})
+        state['num_epochs'] = self._epoch_limit()
+        state['generation'] = self._generation
         start = time.perf_counter()
         try:
-            if cm.cp_accessible(epoch=None):
-                logger.info('Saving checkpoints for epoch %d', epoch)
+            if not cm.cp_accessible(epoch=None):
+                raise _inaccessible(cm)
+            logger.info('Saving checkpoints for epoch %d', epoch)
+            if _takes_job_state(cm.save):
+                session.run(cm.save(epoch, job_state=state))
+            else:  # a manager written for Caffe2's protocol
                 session.run(cm.save(epoch))
-                handler = _handler_of(cm)
-                if _finished and isinstance(handler, FileMetadataHandler):
-                    handler.write(epoch=epoch, finished=True)
-                else:
-                    cm.write_checkpoint_metadata(epoch)
-                self.last_checkpoint_epoch = epoch
-                logger.info('Checkpoints saved')
-                cm.report_checkpoint_stats('checkpoint_save')
-            else:
-                raise OSError('checkpoint files cannot be accessed')
+            cm.write_checkpoint_metadata(epoch)
+            self.last_checkpoint_epoch = epoch
+            logger.info('Checkpoints saved')
+            cm.report_checkpoint_stats('checkpoint_save')
         except Exception as ex:
             logger.warning('Unable to write checkpoint for epoch %d: %s',
                            epoch, ex)
             self.failed_saves.append((epoch, ex))
+            del self.failed_saves[:-self.KEEP]
+            self.failed_save_count += 1
             self._progress.checkpoint(epoch, None, False)
+            if self.raise_on_save_failure:
+                raise
             return False
         seconds = time.perf_counter() - start
-        self.save_seconds[epoch] = seconds
+        self._note(self.save_seconds, epoch, seconds)
         self._progress.checkpoint(epoch, seconds, True)
         return True
 
@@ -1395,19 +1844,66 @@ def _handler_of(checkpoint_manager):
     return getattr(checkpoint_manager, '_metadata_handler', None)
 
 
-def epoch_limiter(job, num_epochs):
-    """Stops ``job`` after ``num_epochs`` epochs: a counter created in the
-    init group (and so checkpointed) is counted down once per epoch."""
-    with job.init_group:
-        init_net = core.Net('epoch_counter_init')
-        counter = init_net.CreateCounter([], init_count=num_epochs - 1)
-        Task(step=init_net)
+def _takes_job_state(save):
+    try:
+        return 'job_state' in inspect.signature(save).parameters
+    except (TypeError, ValueError):
+        return False
 
-    with job.epoch_group:
-        epoch_net = core.Net('epoch_countdown')
-        finished = epoch_net.CountDown(counter)
-        output = Task(step=epoch_net, outputs=finished).outputs()[0]
-    job.add_stop_condition(output)
+
+def _inaccessible(cm):
+    """The error of a save skipped because ``cp_accessible()`` said no: the
+    handler's reason (``access_error``) when it gives one, with the path."""
+    reason = getattr(_handler_of(cm), 'access_error', None)
+    path = getattr(cm, '_db_prefix', None)
+    if isinstance(reason, OSError):
+        path = reason.filename or path
+        text = reason.strerror or str(reason)
+    else:
+        text = 'the metadata handler says they cannot (cp_accessible)'
+    error = FerrocaffeIOError(
+        'checkpoint files cannot be accessed: %s: %s' % (path, text),
+        file=path)
+    if isinstance(reason, OSError):
+        error.errno, error.strerror = reason.errno, reason.strerror
+    error.filename = path
+    return error
+
+
+def _next_generation(cm):
+    """The generation of a run from scratch: one above any found in the
+    job state of its nodes' checkpoints in the directory, so that
+    ``'latest'`` prefers this run's epochs to an earlier run's.  Warns
+    when there are such checkpoints."""
+    directory = getattr(cm, '_db_prefix', None)
+    if directory is None or not hasattr(cm, 'managers'):
+        return 1
+    nodes = [str(n) for n, _ in cm.managers()]
+    found = _scan(directory, nodes, cm._db_type)
+    if not found:
+        return 1
+    newest = max(_generation(dbs) for dbs in found.values())
+    logger.warning(
+        "starting from scratch in %s, which holds checkpoints of an "
+        "earlier run (up to epoch %d); this run's take precedence over "
+        "them (resume_from_epoch='latest' would have continued it)",
+        directory, max(found))
+    return newest + 1
+
+
+def epoch_limiter(job, num_epochs):
+    """Stops ``job`` after epoch ``num_epochs``: the JobRunner stops when
+    the number of the epoch that ended (epochs count from 1 and keep their
+    numbers across resumes) reaches the limit, kept in ``job.num_epochs``
+    (the smallest one, if called twice).  The limit is part of the job, not
+    of its checkpoints: resumed with a larger limit, a job that stopped at
+    its limit goes on to the new one (Caffe2 kept a counter in the
+    checkpoint, which made that impossible)."""
+    num_epochs = operator.index(num_epochs)
+    with job.init_group:
+        # Caffe2 created its counter here, which made the current node one
+        # of the nodes the job checkpoints: an empty net keeps that.
+        Task(step=core.Net('epoch_counter_init'))
     job.num_epochs = (num_epochs if job.num_epochs is None
                       else min(job.num_epochs, num_epochs))
 
@@ -1473,6 +1969,9 @@ def mmap_db(path, verify=False, skip_objects=False):
     tensors hold only 0 and 1; that reads the whole file (and brings it into
     the page cache), so it takes as long as a full load.
 
+    The job state a checkpoint db holds (a reserved entry named under
+    ``'!!ferrocaffe/'``) is left out: :func:`read_job_state` reads it.
+
     Blobs that have no fixed-size element layout cannot be mapped:
 
     * string tensors are decoded into object arrays of ``bytes`` and byte
@@ -1515,6 +2014,8 @@ def mmap_db(path, verify=False, skip_objects=False):
             memory.madvise(mmap.MADV_NORMAL)
     out = {}
     for name, kind, info in blobs:
+        if name.startswith(INTERNAL_PREFIX):
+            continue  # the job state of a checkpoint: see read_job_state
         if kind == 'mapped':
             dtype, shape, offset = info
             out[name] = np.ndarray(shape, _MAPPED_DTYPES[dtype], memory,
@@ -1605,9 +2106,11 @@ def _cmd_ls(directory, db_type, out):
                 node, os.path.basename(path), dtype,
                 'missing' if size is None else _human(size), e), file=out)
             continue
+        entries = [e for e in entries if e['name'] != JOB_STATE_BLOB]
         print('  %s  %s  %s  %s  %d blobs' % (
             node, os.path.basename(path), dtype, _human(size), len(entries)),
             file=out)
+        print('    %s' % _describe_state(path, dtype), file=out)
         for e in entries:
             kind = e['kind'].lower()
             what = e['dtype'] if e['dtype'] else e['type']
@@ -1616,6 +2119,22 @@ def _cmd_ls(directory, db_type, out):
             print('    %-40s %-7s %-10s %-14s %s' % (
                 e['name'], kind, what, shape, _human(e['bytes'])), file=out)
     return 0
+
+
+def _describe_state(path, db_type):
+    """One line about the job state stored in a db, for ``ls``."""
+    try:
+        state = read_job_state(path, db_type)
+    except FerrocaffeError as e:
+        return 'job state: UNREADABLE: %s' % e
+    if state is None:
+        return 'job state: none (written by Caffe2 or an older ferrocaffe)'
+    text = 'job state: epoch %d, run %d, %s' % (
+        state['epoch'], state['generation'],
+        'stopped' if state['stopped'] else 'running')
+    if state['num_epochs'] is not None:
+        text += ', epoch limit %d' % state['num_epochs']
+    return text
 
 
 def _cmd_verify(directory, db_type, out):
@@ -1630,6 +2149,12 @@ def _cmd_verify(directory, db_type, out):
     damaged = 0
     for epoch, node, path, dtype, info, listed in rows:
         problem = _check_db(path, dtype, info)
+        if problem is None:
+            try:
+                problem = _state_problem(read_job_state(path, dtype), path,
+                                         epoch, node)
+            except FerrocaffeError as e:
+                problem = str(e)
         label = 'epoch %d node %s (%s)' % (epoch, node, os.path.basename(path))
         if problem is None:
             print('ok       %s' % label, file=out)

@@ -32,6 +32,7 @@ Blob visibility: tasks on different nodes must be assumed unable to see each
 other's blobs; tasks on one node follow the workspace hierarchy.
 """
 
+import collections
 import threading
 
 from ferrocaffe import core, errors, workspace
@@ -49,14 +50,47 @@ class CompiledRunnable(object):
         self.session_class = session_class
 
 
-def _compile_cache(cls):
-    # One cache per Session class (Caffe2 shared one dict between all of
-    # them, so a runnable compiled for one class was reused by another).
-    cache = cls.__dict__.get('_compiled_cache')
-    if cache is None:
-        cache = {}
-        setattr(cls, '_compiled_cache', cache)
-    return cache
+class _CompileCache(object):
+    """Compiled forms by runnable identity and session class.
+
+    Caffe2 kept every runnable ever compiled in a class-level dict, so a
+    job that builds a new Task per epoch (as checkpointing does) grew
+    without bound.  Here a runnable that can hold attributes (Net, step,
+    Plan, Task, TaskGroup) keeps its compiled forms itself, so they live
+    exactly as long as it does; anything else (a list of nets) goes to a
+    small LRU of strong references, which keeps its id from being reused
+    while it is there."""
+
+    ATTR = '_ferrocaffe_compiled'
+    LRU_SIZE = 64
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._lru = collections.OrderedDict()
+
+    def get(self, cls, runnable):
+        own = getattr(runnable, '__dict__', None)
+        if own is not None:
+            return own.get(self.ATTR, {}).get(cls)
+        with self._lock:
+            entry = self._lru.get((cls, id(runnable)))
+            if entry is None or entry[0] is not runnable:
+                return None
+            self._lru.move_to_end((cls, id(runnable)))
+            return entry[1]
+
+    def put(self, cls, runnable, compiled):
+        own = getattr(runnable, '__dict__', None)
+        if own is not None:
+            own.setdefault(self.ATTR, {})[cls] = compiled
+            return
+        with self._lock:
+            self._lru[(cls, id(runnable))] = (runnable, compiled)
+            while len(self._lru) > self.LRU_SIZE:
+                self._lru.popitem(last=False)
+
+
+_compile_cache = _CompileCache()
 
 
 class Session(object):
@@ -67,10 +101,9 @@ class Session(object):
 
     Compilation is cached per session class and keyed by the identity of the
     runnable: running the same object again reuses its compiled form, even
-    if the object was modified in between.
+    if the object was modified in between.  The cache holds nothing that
+    outlives its runnable (bounded memory, however many are run).
     """
-
-    _compiled_cache = {}
 
     def __init__(self):
         self._open = True
@@ -87,10 +120,9 @@ class Session(object):
                     cls.__name__, runnable.session_class.__name__))
             return runnable
 
-        cache = _compile_cache(cls)
-        cached = cache.get(id(runnable))
-        if cached is not None and cached[0] is runnable:
-            return cached[1]
+        cached = _compile_cache.get(cls, runnable)
+        if cached is not None:
+            return cached
 
         if isinstance(runnable, TaskGroup):
             if workspace_type:
@@ -125,8 +157,7 @@ class Session(object):
                 Task(step=step, group=tg)
         compiled = CompiledRunnable(
             cls._compile_task_group(tg, setup_net_list), session_class=cls)
-        # The runnable is kept alive with its entry so its id stays unique.
-        cache[id(runnable)] = (runnable, compiled)
+        _compile_cache.put(cls, runnable, compiled)
         return compiled
 
     def run(self, runnable, workspace_type=None, setup_net_list=None):

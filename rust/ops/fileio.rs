@@ -72,6 +72,7 @@ use crate::blob::{BlobObject, BlobValue};
 use crate::error::{from_panic, Error, ErrorKind, Result};
 use crate::ir::BlobProto;
 use crate::operator::{OpCx, OpDefCtx, OpSchema, Operator, MANY};
+use crate::storage;
 use crate::tensor::{collect_array, try_vec, DataType, Tensor};
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -1582,10 +1583,6 @@ fn decode_parquet_reader(p: &BlobProto) -> Result<BlobValue> {
 
 // ------------------------------------------------------- parquet writer --
 
-/// The type tag prefix of temporaries: `.<name>.tmp-<pid>-<n>`, the names
-/// `storage` sweeps after a crash.
-static WRITER_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
 /// One column to write: a schema field, or a list's lengths + values.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct WriteColumn {
@@ -1868,11 +1865,11 @@ impl ParquetWriter {
                 format!("cannot write the Parquet file '{path}': its folder does not exist"),
             ));
         }
-        let seq = WRITER_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let tmp = dir
-            .join(format!(".{name}.tmp-{}-{seq}", std::process::id()))
-            .display()
-            .to_string();
+        // Temporaries are named as the dbs' are, so that the next writer of
+        // this file sweeps those a killed process left.
+        storage::check_replaceable(path)?;
+        let _ = storage::sweep_stale_temporaries(p);
+        let tmp = storage::temp_path_for(p).display().to_string();
         Ok(ParquetWriter {
             path: path.to_string(),
             tmp,
@@ -2199,6 +2196,7 @@ impl ParquetWriter {
         let w = st.file.take().expect("an open file");
         let f = w.into_inner().map_err(|e| fail(e.to_string()))?;
         f.sync_all().map_err(|e| fail(e.to_string()))?;
+        storage::check_replaceable(path)?;
         fs::rename(&self.tmp, &self.path).map_err(|e| fail(e.to_string()))?;
         st.closed = true;
         Ok(())
