@@ -303,7 +303,12 @@ impl BlobsQueue {
             if st.closing {
                 return Ok(None);
             }
-            if cancel.is_cancelled() {
+            // After a first wait, also run the interrupt check (cancel.rs).
+            if if spun {
+                cancel.poll()
+            } else {
+                cancel.is_cancelled()
+            } {
                 return Err(Error::cancelled());
             }
             if !spun {
@@ -399,7 +404,11 @@ impl BlobsQueue {
             if st.closing {
                 return Ok(ReadOutcome::Closed);
             }
-            if cancel.is_cancelled() {
+            if if spun {
+                cancel.poll()
+            } else {
+                cancel.is_cancelled()
+            } {
                 return Err(Error::cancelled());
             }
             if !spun {
