@@ -182,23 +182,13 @@ impl RunToken {
 
     fn finish<T>(self, py: Python<'_>, r: crate::Result<T>) -> PyResult<T> {
         // A signal handler ran (and consumed the signal) inside the run: its
-        // exception is raised even if the run finished first.
+        // exception is raised even if the run finished first. Otherwise a
+        // cancelled run (one nested in a Python op of a cancelled run) is
+        // CancelledError, like every other error converted once.
         if let Some(e) = self.interrupt.as_ref().and_then(|s| s.lock().take()) {
             return Err(e);
         }
-        map_result(py, &self.tok, r)
-    }
-}
-
-/// The one error mapping of every call: a cancelled run whose token was
-/// cancelled (Ctrl-C, or the caller's run) is KeyboardInterrupt.
-fn map_result<T>(py: Python<'_>, tok: &CancelToken, r: crate::Result<T>) -> PyResult<T> {
-    match r {
-        Ok(v) => Ok(v),
-        Err(e) if e.is_cancelled() && tok.is_cancelled() => {
-            Err(PyKeyboardInterrupt::new_err(e.full_message()))
-        }
-        Err(e) => Err(to_py_err(py, e)),
+        r.map_err(|e| to_py_err(py, e))
     }
 }
 
@@ -310,7 +300,7 @@ fn run_detached<T: Send + 'static>(
     match (result, interrupt) {
         (_, Some(e)) if !e.is_instance_of::<PyKeyboardInterrupt>(py) => Err(e),
         (Some(_), Some(e)) => Err(e),
-        (Some(r), None) => map_result(py, &tok, r),
+        (Some(r), None) => r.map_err(|e| to_py_err(py, e)),
         (None, _) => {
             tok.abandon();
             Err(PyKeyboardInterrupt::new_err(format!(
