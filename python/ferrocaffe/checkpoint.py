@@ -69,6 +69,7 @@ from ferrocaffe.errors import (
     FerrocaffeError,
     FerrocaffeIOError,
 )
+from ferrocaffe.file_reader import open_regular
 from ferrocaffe.net_builder import ops
 from ferrocaffe.task import (
     Node,
@@ -701,7 +702,7 @@ def _write_file_atomically(path, data):
 
 def _file_crc32(path):
     crc = 0
-    with open(path, 'rb') as f:
+    with open_regular(path) as f:
         while True:
             chunk = f.read(1 << 22)
             if not chunk:
@@ -714,10 +715,13 @@ def read_manifest(directory):
     none.  A manifest that cannot be parsed raises CorruptCheckpointError."""
     path = os.path.join(directory, MANIFEST_NAME)
     try:
-        with open(path, 'rb') as f:
+        with open_regular(path) as f:
             raw = f.read()
     except FileNotFoundError:
         return None
+    except FerrocaffeIOError as e:  # a FIFO or a directory, say
+        raise CorruptCheckpointError(
+            'checkpoint manifest %s is damaged: %s' % (path, e), file=path)
     try:
         manifest = json.loads(raw.decode('utf-8'))
         if manifest.get('format') != MANIFEST_FORMAT:
@@ -1494,7 +1498,7 @@ def mmap_db(path, verify=False, skip_objects=False):
     """
     path = os.fspath(path)
     try:
-        f = open(path, 'rb')
+        f = open_regular(path)
     except OSError as e:
         raise FerrocaffeIOError('%s: %s' % (path, e.strerror or e),
                                 file=path) from e
@@ -1536,7 +1540,7 @@ def mmap_db(path, verify=False, skip_objects=False):
 
 def _detect_db_type(path, default=None):
     try:
-        with open(path, 'rb') as f:
+        with open_regular(path) as f:
             magic = f.read(8)
     except OSError:
         return default or DEFAULT_DB_TYPE
