@@ -16,6 +16,16 @@ pub fn spawn<T: Send + 'static>(
     std::thread::Builder::new().name(name.into()).spawn(f)
 }
 
+/// Whether a thread waiting for another may spin briefly before it sleeps:
+/// only when this process can run on more than one CPU (its affinity mask
+/// and CPU quota, as `available_parallelism` reads them, once). On one CPU
+/// the thread it waits for cannot run while it spins, so a spin only delays
+/// both.
+pub fn spinning_pays() -> bool {
+    static PAYS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PAYS.get_or_init(|| std::thread::available_parallelism().is_ok_and(|n| n.get() > 1))
+}
+
 /// The error for a thread the OS would not start, saying what it was for.
 pub fn cannot_start(what: &str, err: &std::io::Error) -> Error {
     Error::new(

@@ -199,8 +199,12 @@ const PREALLOCATED_VALUES: usize = 1024;
 /// then hand records over without a futex sleep and wake-up per record. The
 /// spin is short (about 130 pause instructions, a few microseconds) and never
 /// yields: on an oversubscribed machine, yielding gave whole timeslices away
-/// and made hand-overs far slower than parking.
+/// and made hand-overs far slower than parking. With one CPU to run on, it
+/// is skipped: the other side cannot run while this one spins.
 fn spin_then_give_up(ready: impl Fn() -> bool) -> bool {
+    if !crate::threads::spinning_pays() {
+        return ready();
+    }
     const ROUNDS: u32 = 7;
     for i in 0..ROUNDS {
         if ready() {
