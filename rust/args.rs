@@ -8,11 +8,16 @@
 
 use crate::error::{Error, Result};
 use crate::ir::{Argument, NetDef, TensorProto};
+use crate::tensor::DataType;
 
 #[derive(Clone, Copy)]
 pub struct Args<'a> {
     op_type: &'a str,
     args: &'a [Argument],
+    /// The schema's arguments, when known: debug builds check that a kernel
+    /// reads only these (a read of an undeclared name means the schema would
+    /// reject a valid argument, or a kernel reads one it should not).
+    declared: Option<&'static [crate::operator::ArgDoc]>,
 }
 
 fn arg_fields(a: &Argument) -> Vec<&'static str> {
@@ -69,20 +74,34 @@ impl<'a> Args<'a> {
                 }
             }
         }
-        Ok(Args { op_type, args })
+        Ok(Args {
+            op_type,
+            args,
+            declared: None,
+        })
+    }
+
+    /// These arguments, read by a kernel whose schema declares `declared`.
+    pub fn declared(self, declared: &'static [crate::operator::ArgDoc]) -> Args<'a> {
+        Args {
+            declared: Some(declared),
+            ..self
+        }
     }
 
     pub fn find(&self, name: &str) -> Option<&'a Argument> {
+        if let Some(declared) = self.declared {
+            debug_assert!(
+                declared.iter().any(|a| a.name == name),
+                "the kernel of {} reads argument '{name}', which its schema does not declare",
+                self.op_type
+            );
+        }
         self.args.iter().find(|a| a.name.as_deref() == Some(name))
     }
 
     pub fn has(&self, name: &str) -> bool {
         self.find(name).is_some()
-    }
-
-    /// All argument names, for checks of unknown arguments.
-    pub fn names(&self) -> impl Iterator<Item = &'a str> + 'a {
-        self.args.iter().filter_map(|a| a.name.as_deref())
     }
 
     fn wrong_field(&self, name: &str, expected: &str, a: &Argument) -> Error {
@@ -212,6 +231,27 @@ impl<'a> Args<'a> {
 
     pub fn strings(&self, name: &str) -> Result<Option<Vec<Vec<u8>>>> {
         self.repeated(name, "strings", |a| &a.strings)
+    }
+
+    /// A list of Caffe2 dtype codes (`TensorProto.DataType`); missing is
+    /// empty. UNDEFINED (0) is allowed only with `allow_undefined`.
+    pub fn dtypes(&self, name: &str, allow_undefined: bool) -> Result<Vec<DataType>> {
+        self.ints(name)?
+            .unwrap_or_default()
+            .into_iter()
+            .map(|d| {
+                i32::try_from(d)
+                    .ok()
+                    .and_then(DataType::from_i32)
+                    .filter(|t| allow_undefined || *t != DataType::Undefined)
+                    .ok_or_else(|| {
+                        Error::invalid_arg(format!(
+                            "argument '{name}' of op '{}' has an unknown data type {d}",
+                            self.op_type
+                        ))
+                    })
+            })
+            .collect()
     }
 
     /// A list of strings that must be UTF-8 (names, paths).

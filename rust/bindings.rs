@@ -19,6 +19,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -532,15 +533,19 @@ pub struct PyWorkspace {
 impl PyWorkspace {
     #[new]
     #[pyo3(signature = (parent=None, root_folder=None))]
-    fn new(parent: Option<PyRef<'_, PyWorkspace>>, root_folder: Option<String>) -> Self {
+    fn new(
+        py: Python<'_>,
+        parent: Option<PyRef<'_, PyWorkspace>>,
+        root_folder: Option<PathBuf>,
+    ) -> PyResult<Self> {
         let ws = match parent {
             Some(p) => Workspace::new_child(&p.ws),
             None => Workspace::new(),
         };
         if let Some(r) = root_folder {
-            ws.set_root_folder(&r);
+            ws.set_root_folder(&path_string(py, r)?);
         }
-        PyWorkspace { ws }
+        Ok(PyWorkspace { ws })
     }
 
     #[getter]
@@ -549,8 +554,9 @@ impl PyWorkspace {
     }
 
     #[setter]
-    fn set_root_folder(&self, root: String) {
-        self.ws.set_root_folder(&root);
+    fn set_root_folder(&self, py: Python<'_>, root: PathBuf) -> PyResult<()> {
+        self.ws.set_root_folder(&path_string(py, root)?);
+        Ok(())
     }
 
     /// The parent workspace, if this is a child.
@@ -642,6 +648,27 @@ impl PyWorkspace {
             .object::<Counter>("Counter")
             .map_err(|e| to_py_err(py, e.with_blob(name)))?;
         Ok(c.get())
+    }
+
+    /// The blob as Caffe2's serialised `BlobProto` (what `SerializeBlob`
+    /// returns and a minidb record holds).
+    fn serialize_blob(&self, py: Python<'_>, name: &str) -> PyResult<Py<PyBytes>> {
+        let b = self.ws.blob(name).map_err(|e| to_py_err(py, e))?;
+        let bytes = {
+            let g = b.read();
+            crate::storage::serialize_blob(name, &g)
+        }
+        .map_err(|e| to_py_err(py, e.with_blob(name)))?;
+        Ok(PyBytes::new(py, &bytes).unbind())
+    }
+
+    /// Sets a blob (created if needed) to the content of a serialised
+    /// `BlobProto`; a damaged one is an error and leaves the blob as it was.
+    fn deserialize_blob(&self, py: Python<'_>, name: &str, data: &[u8]) -> PyResult<()> {
+        let v =
+            crate::storage::deserialize_blob(data).map_err(|e| to_py_err(py, e.with_blob(name)))?;
+        self.ws.feed(name, v);
+        Ok(())
     }
 
     #[pyo3(signature = (net, overwrite=false))]
@@ -777,7 +804,8 @@ fn registered_operators() -> Vec<&'static str> {
     crate::operator::registered_ops()
 }
 
-/// An operator's schema as a dict (counts, args, doc), or None.
+/// An operator's schema as a dict (counts, args, the arguments it accepts
+/// and ignores, doc), or None.
 #[pyfunction]
 fn operator_schema(py: Python<'_>, op_type: &str) -> PyResult<Option<Py<PyDict>>> {
     let Some(s) = crate::operator::schema(op_type) else {
@@ -797,13 +825,33 @@ fn operator_schema(py: Python<'_>, op_type: &str) -> PyResult<Option<Py<PyDict>>
         args.append((a.name, a.ty, a.default, a.doc))?;
     }
     d.set_item("args", args)?;
+    // Accepted and ignored: the op's own list, then the engine hints.
+    let ignored = PyList::empty(py);
+    for a in s.ignored.iter().chain(crate::operator::ENGINE_HINTS) {
+        if !s.args.iter().any(|own| own.name == a.name) {
+            ignored.append((a.name, a.ty, a.default, a.doc))?;
+        }
+    }
+    d.set_item("ignored", ignored)?;
     Ok(Some(d.unbind()))
+}
+
+/// A path argument (a str or any os.PathLike, such as pathlib.Path) as the
+/// UTF-8 string the core's paths are.
+fn path_string(py: Python<'_>, path: PathBuf) -> PyResult<String> {
+    path.into_os_string().into_string().map_err(|p| {
+        to_py_err(
+            py,
+            Error::invalid_arg(format!("the path {p:?} is not valid UTF-8")),
+        )
+    })
 }
 
 /// The entries of a db: a list of dicts (name, kind, type, dtype, shape, bytes).
 #[pyfunction]
 #[pyo3(signature = (path, db_type=String::from("ferro")))]
-fn list_db(py: Python<'_>, path: String, db_type: String) -> PyResult<Vec<Py<PyDict>>> {
+fn list_db(py: Python<'_>, path: PathBuf, db_type: String) -> PyResult<Vec<Py<PyDict>>> {
+    let path = path_string(py, path)?;
     let entries = run_here(py, move |_| crate::storage::list_db(&path, &db_type))?;
     entries
         .into_iter()
@@ -823,7 +871,8 @@ fn list_db(py: Python<'_>, path: String, db_type: String) -> PyResult<Vec<Py<PyD
 /// Checks every checksum of a db; raises CorruptCheckpointError on damage.
 #[pyfunction]
 #[pyo3(signature = (path, db_type=String::from("ferro")))]
-fn verify_db(py: Python<'_>, path: String, db_type: String) -> PyResult<()> {
+fn verify_db(py: Python<'_>, path: PathBuf, db_type: String) -> PyResult<()> {
+    let path = path_string(py, path)?;
     run_here(py, move |_| crate::storage::verify_db(&path, &db_type))
 }
 
@@ -840,10 +889,11 @@ fn verify_db(py: Python<'_>, path: String, db_type: String) -> PyResult<()> {
 fn map_ferro(
     py: Python<'_>,
     data: numpy::PyReadonlyArray1<'_, u8>,
-    path: String,
+    path: PathBuf,
     verify: bool,
 ) -> PyResult<Vec<(String, &'static str, Py<PyAny>)>> {
     use crate::storage::MappedData;
+    let path = path_string(py, path)?;
     let bytes = data.as_slice().map_err(|e| {
         to_py_err(
             py,
@@ -885,16 +935,15 @@ fn map_ferro(
 
 #[pyfunction]
 #[pyo3(signature = (path, db_type=String::from("ferro")))]
-fn db_exists(py: Python<'_>, path: String, db_type: String) -> PyResult<bool> {
+fn db_exists(py: Python<'_>, path: PathBuf, db_type: String) -> PyResult<bool> {
+    let path = path_string(py, path)?;
     run_here(py, move |_| crate::storage::db_exists(&path, &db_type))
 }
 
 /// Removes stale temporary files left in `dir` by interrupted saves.
 #[pyfunction]
-fn sweep_stale_temporaries(py: Python<'_>, dir: String) -> PyResult<usize> {
-    run_here(py, move |_| {
-        crate::storage::sweep_stale_temporaries(std::path::Path::new(&dir))
-    })
+fn sweep_stale_temporaries(py: Python<'_>, dir: PathBuf) -> PyResult<usize> {
+    run_here(py, move |_| crate::storage::sweep_stale_temporaries(&dir))
 }
 
 /// Fixes the size of the kernel (rayon) pool; see `crate::threads`.
@@ -932,25 +981,135 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
 
 // --------------------------------------------------------------- Python op --
 
+/// The arrays a Python op's function got through `.data` during one call.
+///
+/// Caffe2 handed out views of the tensors, so writes reached the blobs. A
+/// view is not safe here: the op holds no lock while Python runs (the
+/// function may feed, or run nets on, the same blobs), so the buffer under a
+/// view could be replaced or freed mid-call. Instead `.data` hands out a copy,
+/// the same array for every `.data` of one blob during the call, and when the
+/// function returns, each array that differs (bit for bit) from what it was
+/// made from is written to its blob. Arrays whose blob was replaced since
+/// (`feed`, `reshape`) and every array once the call is over become
+/// read-only, so a late write raises instead of vanishing.
+#[derive(Default)]
+struct HandedArrays {
+    /// Whether the function is still running (arrays handed out now are
+    /// written back when it returns).
+    open: bool,
+    entries: Vec<Handed>,
+}
+
+struct Handed {
+    blob: crate::blob::Blob,
+    name: String,
+    array: Py<PyAny>,
+    /// The tensor the array was copied from.
+    before: Tensor,
+}
+
+type CallArrays = Arc<parking_lot::Mutex<HandedArrays>>;
+
+fn set_read_only(py: Python<'_>, array: &Py<PyAny>) -> PyResult<()> {
+    array.call_method1(py, "setflags", (false,)).map(|_| ())
+}
+
+impl HandedArrays {
+    /// Forgets the array of `blob`, which is being replaced, making it
+    /// read-only (its writes are superseded by the new content).
+    fn supersede(call: &CallArrays, py: Python<'_>, blob: &crate::blob::Blob) -> PyResult<()> {
+        let gone: Vec<Handed> = {
+            let mut g = call.lock();
+            let (gone, kept) = std::mem::take(&mut g.entries)
+                .into_iter()
+                .partition(|h| Arc::ptr_eq(&h.blob, blob));
+            g.entries = kept;
+            gone
+        };
+        gone.iter().try_for_each(|h| set_read_only(py, &h.array))
+    }
+
+    /// Ends the call: writes back every changed array when the function
+    /// succeeded (`write_back`), then makes all of them read-only.
+    fn close(call: &CallArrays, py: Python<'_>, write_back: bool) -> PyResult<()> {
+        let entries = {
+            let mut g = call.lock();
+            g.open = false;
+            std::mem::take(&mut g.entries)
+        };
+        let mut result = Ok(());
+        for h in &entries {
+            if write_back && result.is_ok() {
+                result = array_to_tensor(py, h.array.bind(py), &h.name).map(|after| {
+                    if !after.same_bits(&h.before) {
+                        py.detach(|| h.blob.set(BlobValue::Tensor(after)));
+                    }
+                });
+            }
+            set_read_only(py, &h.array)?;
+        }
+        result
+    }
+}
+
 /// One blob as seen by a Python op: Caffe2's TensorCPU wrapper.
 #[pyclass(name = "TensorWrapper", module = "ferrocaffe._core", frozen)]
 pub struct PyTensorWrapper {
     blob: crate::blob::Blob,
     name: String,
+    call: CallArrays,
 }
 
 #[pymethods]
 impl PyTensorWrapper {
-    /// A copy of the tensor as a numpy array (write back with `feed`).
+    /// The tensor as a numpy array. Writes to it reach the blob when the
+    /// op's function returns (see `HandedArrays`); after the call, or after
+    /// `feed`/`reshape` of this blob, the array is read-only.
     #[getter]
     fn data(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        let v = py.detach(|| self.blob.get());
-        match &v {
-            BlobValue::Empty => Ok(PyArrayDyn::<f32>::zeros(py, IxDyn(&[0]), false)
-                .into_any()
-                .unbind()),
-            other => value_to_py(py, &self.name, other),
+        if let Some(h) = self
+            .call
+            .lock()
+            .entries
+            .iter()
+            .find(|h| Arc::ptr_eq(&h.blob, &self.blob))
+        {
+            return Ok(h.array.clone_ref(py));
         }
+        let v = py.detach(|| self.blob.get());
+        let t = match v {
+            BlobValue::Tensor(t) => t,
+            BlobValue::Empty => {
+                // Nothing to write into: reshape (or feed) first.
+                let a = PyArrayDyn::<f32>::zeros(py, IxDyn(&[0]), false)
+                    .into_any()
+                    .unbind();
+                set_read_only(py, &a)?;
+                return Ok(a);
+            }
+            // Byte strings come back as (immutable) bytes, Python objects
+            // as themselves, other objects as a description.
+            other => return value_to_py(py, &self.name, &other),
+        };
+        let array = tensor_to_py(py, &t)?;
+        let mut g = self.call.lock();
+        if !g.open {
+            drop(g);
+            set_read_only(py, &array)?;
+            return Ok(array);
+        }
+        // Another thread of the function may have asked while the GIL was
+        // released above: one array per blob.
+        if let Some(h) = g.entries.iter().find(|h| Arc::ptr_eq(&h.blob, &self.blob)) {
+            return Ok(h.array.clone_ref(py));
+        }
+        g.entries.push(Handed {
+            blob: self.blob.clone(),
+            name: self.name.clone(),
+            array: array.clone_ref(py),
+            before: t,
+        });
+        Ok(array)
     }
 
     #[getter]
@@ -981,6 +1140,7 @@ impl PyTensorWrapper {
                 BlobValue::Tensor(array_to_tensor(py, &value, &self.name)?)
             }
         };
+        HandedArrays::supersede(&self.call, py, &self.blob)?;
         py.detach(|| self.blob.set(v));
         Ok(true)
     }
@@ -988,6 +1148,7 @@ impl PyTensorWrapper {
     /// Resizes the tensor (keeping its dtype, float32 if it had none); the
     /// contents become zeros.
     fn reshape(&self, py: Python<'_>, shape: Vec<usize>) -> PyResult<()> {
+        HandedArrays::supersede(&self.call, py, &self.blob)?;
         py.detach(|| {
             let mut g = self.blob.write();
             let dtype = match &*g {
@@ -1004,6 +1165,7 @@ fn wrap_blobs<'py>(
     py: Python<'py>,
     blobs: &[crate::blob::Blob],
     names: &[String],
+    call: &CallArrays,
 ) -> PyResult<Bound<'py, PyList>> {
     let l = PyList::empty(py);
     for (b, n) in blobs.iter().zip(names) {
@@ -1012,6 +1174,7 @@ fn wrap_blobs<'py>(
             PyTensorWrapper {
                 blob: b.clone(),
                 name: n.clone(),
+                call: call.clone(),
             },
         )?)?;
     }
@@ -1026,9 +1189,13 @@ struct PythonOp {
 impl crate::operator::Operator for PythonOp {
     fn run(&mut self, cx: &mut crate::operator::OpCx<'_>) -> crate::Result<bool> {
         Python::attach(|py| {
+            let arrays: CallArrays = Arc::new(parking_lot::Mutex::new(HandedArrays {
+                open: true,
+                entries: Vec::new(),
+            }));
             let call = || -> PyResult<()> {
-                let ins = wrap_blobs(py, &cx.io.inputs, &cx.io.input_names)?;
-                let outs = wrap_blobs(py, &cx.io.outputs, &cx.io.output_names)?;
+                let ins = wrap_blobs(py, &cx.io.inputs, &cx.io.input_names, &arrays)?;
+                let outs = wrap_blobs(py, &cx.io.outputs, &cx.io.output_names, &arrays)?;
                 if self.pass_workspace {
                     let ws = py
                         .import("ferrocaffe._python_ops")?
@@ -1045,7 +1212,7 @@ impl crate::operator::Operator for PythonOp {
             // it is in progress; runs it starts are cancelled with this one.
             let registered = crate::cancel::ExternalCall::enter(cx.cancel);
             let caller = CallerGuard::set(cx.cancel);
-            let r = call();
+            let ran = call();
             drop(caller);
             if registered.leave() {
                 // An interrupt sent after its last chance to fire would
@@ -1058,7 +1225,8 @@ impl crate::operator::Operator for PythonOp {
                     );
                 }
             }
-            match r {
+            let closed = HandedArrays::close(&arrays, py, ran.is_ok());
+            match ran.and(closed) {
                 // An interrupted run goes no further than this op.
                 Ok(()) => cx.cancel.check().map(|_| true),
                 Err(err) => {
@@ -1135,6 +1303,11 @@ pub(crate) fn register_python_op() {
                 crate::arg!("token", "string", "", "key of a function registered with Net.Python"),
                 crate::arg!("pickled_builder", "bytes", "", "pickled (builder, args, kwargs), called once per op instance"),
                 crate::arg!("pass_workspace", "bool", "false", "also pass the op's workspace to the function"),
+            ])
+            .ignores(&[
+                crate::arg!("grad_output_indices", "list of int", "[]", "for the gradient op; accepted and ignored (no gradients here)"),
+                crate::arg!("grad_input_indices", "list of int", "[]", "for the gradient op; accepted and ignored (no gradients here)"),
+                crate::arg!("pickled_grad_builder", "bytes", "", "for the gradient op; accepted and ignored (no gradients here)"),
             ])
             .doc("Calls a Python function f(inputs, outputs[, workspace]) with tensor wrappers; holds the GIL while it runs."),
     );

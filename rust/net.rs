@@ -3,7 +3,7 @@
 use crate::cancel::{self, CancelToken};
 use crate::error::{from_panic, Error, Result};
 use crate::ir::{NetDef, OperatorDef};
-use crate::operator::{create_operator, OpCx, OpIo, Operator};
+use crate::operator::{allows_unknown_args, create_operator_with, OpCx, OpIo, Operator};
 use crate::workspace::Workspace;
 use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashSet;
@@ -163,6 +163,14 @@ fn merged_def(net: &NetDef, op: &OperatorDef) -> OperatorDef {
 impl Net {
     /// Validates the definition and constructs every op in order.
     pub fn create(def: &NetDef, ws: &Arc<Workspace>) -> Result<Net> {
+        Net::create_with(def, ws, false)
+    }
+
+    /// [`Net::create`] for a net nested in an op's arguments: unknown op
+    /// arguments are allowed when the enclosing net allowed them
+    /// (`allow_unknown_args`) or this net's own arguments allow them.
+    pub fn create_with(def: &NetDef, ws: &Arc<Workspace>, allow_unknown_args: bool) -> Result<Net> {
+        let allow_unknown_args = allow_unknown_args || allows_unknown_args(&def.arg);
         let name = def.net_name().to_string();
         let ty = def.r#type.as_deref().unwrap_or("");
         if !KNOWN_NET_TYPES.contains(&ty) {
@@ -215,8 +223,10 @@ impl Net {
                 .with_op(opdef.op_type(), Some(k))
                 .with_net(&name));
             }
-            let built = catch_unwind(AssertUnwindSafe(|| create_operator(&opdef, ws)))
-                .unwrap_or_else(|p| Err(from_panic(p)));
+            let built = catch_unwind(AssertUnwindSafe(|| {
+                create_operator_with(&opdef, ws, allow_unknown_args)
+            }))
+            .unwrap_or_else(|p| Err(from_panic(p)));
             let (kernel, io) =
                 built.map_err(|e| e.with_op(opdef.op_type(), Some(k)).with_net(&name))?;
             ops.push(OpSlot {

@@ -52,6 +52,58 @@ macro_rules! arg {
 
 pub type BuildFn = fn(&OpDefCtx<'_>) -> Result<Box<dyn Operator>>;
 
+/// Hints that Caffe2 nets written for other engines (cuDNN, MIOpen, MKL-DNN)
+/// carry on any op, often on every op of a net (model helpers put them in an
+/// `arg_scope`). Every op accepts and ignores them: none changes what a CPU
+/// kernel computes. An op whose own `args` list one of these names gives it
+/// its meaning instead (the binary elementwise ops and Concat read `order`).
+pub const ENGINE_HINTS: &[ArgDoc] = &[
+    arg!(
+        "order",
+        "string",
+        "\"NCHW\"",
+        "layout hint (NCHW or NHWC) for ops that have a layout; accepted and ignored"
+    ),
+    arg!(
+        "use_cudnn",
+        "bool",
+        "true",
+        "cuDNN engine hint; accepted and ignored"
+    ),
+    arg!(
+        "cudnn_exhaustive_search",
+        "bool",
+        "false",
+        "cuDNN algorithm search hint; accepted and ignored"
+    ),
+    arg!(
+        "exhaustive_search",
+        "bool",
+        "false",
+        "engine algorithm search hint; accepted and ignored"
+    ),
+    arg!(
+        "ws_nbytes_limit",
+        "int",
+        "engine default",
+        "engine workspace size hint; accepted and ignored"
+    ),
+];
+
+/// The argument, on an `OperatorDef` or a `NetDef`, that lets the op (or
+/// every op of the net, nested nets included) carry arguments its schema does
+/// not know; they are then ignored. Set by `core.allow_unknown_arguments` for
+/// nets written for Caffe2 builds with other operators. Caffe2 itself ignores
+/// it like any unknown argument.
+pub const ALLOW_UNKNOWN_ARGS: &str = "ferrocaffe_allow_unknown_arguments";
+
+/// Whether these (op or net) arguments set [`ALLOW_UNKNOWN_ARGS`] to a
+/// non-zero int.
+pub fn allows_unknown_args(args: &[crate::ir::Argument]) -> bool {
+    args.iter()
+        .any(|a| a.name.as_deref() == Some(ALLOW_UNKNOWN_ARGS) && a.i.unwrap_or(0) != 0)
+}
+
 /// An operator's schema.
 #[derive(Clone)]
 pub struct OpSchema {
@@ -62,6 +114,9 @@ pub struct OpSchema {
     pub max_outputs: usize,
     pub inplace: InPlace,
     pub args: &'static [ArgDoc],
+    /// Arguments Caffe2 nets carry for this op that it accepts and ignores
+    /// (besides the [`ENGINE_HINTS`]); its kernel never reads them.
+    pub ignored: &'static [ArgDoc],
     pub doc: &'static str,
     pub build: BuildFn,
 }
@@ -78,6 +133,7 @@ impl OpSchema {
             max_outputs: 0,
             inplace: InPlace::Never,
             args: &[],
+            ignored: &[],
             doc: "",
             build,
         }
@@ -98,6 +154,10 @@ impl OpSchema {
     }
     pub const fn args(mut self, args: &'static [ArgDoc]) -> Self {
         self.args = args;
+        self
+    }
+    pub const fn ignores(mut self, args: &'static [ArgDoc]) -> Self {
+        self.ignored = args;
         self
     }
     pub const fn doc(mut self, doc: &'static str) -> Self {
@@ -158,6 +218,97 @@ impl OpSchema {
         }
         Ok(())
     }
+
+    /// Whether the op accepts an argument of this name (its own, one it
+    /// ignores, or an engine hint).
+    pub fn accepts(&self, name: &str) -> bool {
+        name == ALLOW_UNKNOWN_ARGS || self.known_args().any(|a| a.name == name)
+    }
+
+    fn known_args(&self) -> impl Iterator<Item = &'static ArgDoc> {
+        self.args
+            .iter()
+            .chain(self.ignored)
+            .chain(ENGINE_HINTS.iter())
+    }
+
+    /// Rejects an argument the op does not know, naming the closest known
+    /// names, unless unknown arguments are allowed.
+    pub fn check_arg_names(&self, def: &OperatorDef, allow_unknown: bool) -> Result<()> {
+        if allow_unknown {
+            return Ok(());
+        }
+        let Some(name) = def
+            .arg
+            .iter()
+            .filter_map(|a| a.name.as_deref())
+            .find(|n| !self.accepts(n))
+        else {
+            return Ok(());
+        };
+        let close = closest_names(name, self.known_args().map(|a| a.name));
+        let guess = match close.as_slice() {
+            [] => ".".to_string(),
+            [one] => format!("; did you mean '{one}'?"),
+            many => format!(
+                "; did you mean one of {}?",
+                many.iter()
+                    .map(|n| format!("'{n}'"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        let takes = if self.args.is_empty() {
+            format!("{} takes no arguments", self.name)
+        } else {
+            let own: Vec<&str> = self.args.iter().map(|a| a.name).collect();
+            format!("{} takes: {}", self.name, own.join(", "))
+        };
+        Err(Error::invalid_arg(format!(
+            "unknown argument '{name}' for operator {}{guess} {takes} (to run a net written for a Caffe2 \
+             build with other operators, ignoring the arguments ferrocaffe does not know, see \
+             core.allow_unknown_arguments)",
+            self.name
+        ))
+        .with_op(self.name, None))
+    }
+}
+
+/// The candidates nearest to `name` by edit distance (a swap of two
+/// neighbouring letters counts as one edit), best first: at most three, and
+/// only those within a third of the name's length (at least 2 edits).
+fn closest_names<'n>(name: &str, candidates: impl Iterator<Item = &'n str>) -> Vec<&'n str> {
+    let limit = (name.chars().count() / 3).max(2);
+    let mut scored: Vec<(usize, &str)> = candidates
+        .map(|c| (edit_distance(name, c), c))
+        .filter(|(d, _)| *d <= limit)
+        .collect();
+    scored.sort();
+    scored.dedup_by(|a, b| a.1 == b.1);
+    scored.into_iter().take(3).map(|(_, c)| c).collect()
+}
+
+/// Optimal string alignment distance: insertions, deletions, substitutions
+/// and transpositions of adjacent characters each cost one.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let w = b.len() + 1;
+    let mut d = vec![0usize; (a.len() + 1) * w];
+    for i in 0..=a.len() {
+        for j in 0..=b.len() {
+            d[i * w + j] = if i == 0 || j == 0 {
+                i + j
+            } else {
+                let sub = d[(i - 1) * w + j - 1] + usize::from(a[i - 1] != b[j - 1]);
+                let mut best = sub.min(d[(i - 1) * w + j] + 1).min(d[i * w + j - 1] + 1);
+                if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                    best = best.min(d[(i - 2) * w + j - 2] + 1);
+                }
+                best
+            };
+        }
+    }
+    d[a.len() * w + b.len()]
 }
 
 // --------------------------------------------------------------- registry --
@@ -192,6 +343,9 @@ pub struct OpDefCtx<'a> {
     pub def: &'a OperatorDef,
     pub args: Args<'a>,
     pub ws: &'a Arc<Workspace>,
+    /// Whether the op may carry arguments its schema does not know (nets
+    /// nested in its arguments inherit this).
+    pub allow_unknown_args: bool,
 }
 
 impl<'a> OpDefCtx<'a> {
@@ -419,6 +573,16 @@ pub fn create_operator(
     def: &OperatorDef,
     ws: &Arc<Workspace>,
 ) -> Result<(Box<dyn Operator>, OpIo)> {
+    create_operator_with(def, ws, false)
+}
+
+/// [`create_operator`], with unknown arguments allowed (and ignored) when
+/// `allow_unknown_args` is set (the op's net allows them).
+pub fn create_operator_with(
+    def: &OperatorDef,
+    ws: &Arc<Workspace>,
+    allow_unknown_args: bool,
+) -> Result<(Box<dyn Operator>, OpIo)> {
     let op_type = def.op_type();
     if op_type.is_empty() {
         return Err(Error::new(
@@ -442,9 +606,166 @@ pub fn create_operator(
         }
     }
     schema.verify(def)?;
-    let args = Args::new(op_type, &def.arg)?;
+    let allow_unknown_args = allow_unknown_args || allows_unknown_args(&def.arg);
+    schema.check_arg_names(def, allow_unknown_args)?;
+    let args = Args::new(op_type, &def.arg)?.declared(schema.args);
     let io = OpIo::bind(def, ws)?;
-    let ctx = OpDefCtx { def, args, ws };
+    let ctx = OpDefCtx {
+        def,
+        args,
+        ws,
+        allow_unknown_args,
+    };
     let kernel = (schema.build)(&ctx)?;
     Ok((kernel, io))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{Argument, NetDef};
+    use crate::net::Net;
+    use crate::test_util::{float_arg, int_arg, net, op};
+
+    fn net_arg(name: &str, n: NetDef) -> Argument {
+        Argument {
+            name: Some(name.into()),
+            n: Some(n),
+            ..Default::default()
+        }
+    }
+
+    fn build_error(def: &OperatorDef) -> Error {
+        let ws = Workspace::new();
+        create_operator(def, &ws)
+            .err()
+            .expect("building should fail")
+    }
+
+    #[test]
+    fn an_unknown_argument_names_the_op_the_argument_and_the_closest_names() {
+        let e = build_error(&op("ConstantFill", &[], &["c"], vec![int_arg("shap", 2)]));
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+        assert_eq!(e.context.op_type.as_deref(), Some("ConstantFill"));
+        assert!(
+            e.message.contains(
+                "unknown argument 'shap' for operator ConstantFill; did you mean 'shape'?"
+            ),
+            "{e}"
+        );
+        assert!(
+            e.message
+                .contains("ConstantFill takes: value, dtype, shape, extra_shape, input_as_shape"),
+            "{e}"
+        );
+        let e = build_error(&op(
+            "UniformFill",
+            &[],
+            &["u"],
+            vec![float_arg("minn", 5.0)],
+        ));
+        assert!(
+            e.message
+                .contains("'minn' for operator UniformFill; did you mean 'min'?"),
+            "{e}"
+        );
+        let e = build_error(&op("Scale", &["x"], &["y"], vec![float_arg("scal", 3.0)]));
+        assert!(e.message.contains("did you mean 'scale'?"), "{e}");
+        // Nothing close: no guess; an op without arguments says so.
+        let e = build_error(&op("Copy", &["x"], &["y"], vec![int_arg("zzzzzz", 1)]));
+        assert!(
+            e.message
+                .contains("'zzzzzz' for operator Copy. Copy takes no arguments"),
+            "{e}"
+        );
+        // A misspelled engine hint is caught too.
+        let e = build_error(&op("Copy", &["x"], &["y"], vec![int_arg("use_cudn", 1)]));
+        assert!(e.message.contains("did you mean 'use_cudnn'?"), "{e}");
+    }
+
+    #[test]
+    fn engine_hints_and_ignored_arguments_are_accepted() {
+        let ws = Workspace::new();
+        let mut args: Vec<Argument> = ENGINE_HINTS.iter().map(|h| int_arg(h.name, 1)).collect();
+        args[0] = Argument {
+            name: Some("order".into()),
+            s: Some(b"NHWC".to_vec()),
+            ..Default::default()
+        };
+        args.push(int_arg("run_once", 0));
+        args.push(float_arg("value", 2.0));
+        let def = op("ConstantFill", &[], &["c"], args.clone());
+        assert!(create_operator(&def, &ws).is_ok());
+        // Hints on an op without arguments of its own.
+        args.truncate(ENGINE_HINTS.len());
+        assert!(create_operator(&op("GetAllBlobNames", &[], &["n"], args), &ws).is_ok());
+    }
+
+    #[test]
+    fn unknown_arguments_can_be_allowed_per_op_and_per_net_nested_nets_included() {
+        let ws = Workspace::new();
+        let foreign = || op("ConstantFill", &[], &["c"], vec![int_arg("is_test", 1)]);
+        assert!(create_operator(&foreign(), &ws).is_err());
+        let mut marked = foreign();
+        marked.arg.push(int_arg(ALLOW_UNKNOWN_ARGS, 1));
+        assert!(create_operator(&marked, &ws).is_ok());
+        // Set to 0, the mark allows nothing.
+        let mut zero = foreign();
+        zero.arg.push(int_arg(ALLOW_UNKNOWN_ARGS, 0));
+        assert!(create_operator(&zero, &ws).is_err());
+
+        // A net's mark covers its ops and the nets nested in them.
+        ws.create_blob("cond");
+        let nested = |inner: NetDef| {
+            net(
+                "outer",
+                vec![op("If", &["cond"], &[], vec![net_arg("then_net", inner)])],
+            )
+        };
+        let e = Net::create(&nested(net("inner", vec![foreign()])), &ws).unwrap_err();
+        assert_eq!(e.context.net.as_deref(), Some("inner"));
+        let mut outer = nested(net("inner", vec![foreign()]));
+        outer.arg.push(int_arg(ALLOW_UNKNOWN_ARGS, 1));
+        assert!(Net::create(&outer, &ws).is_ok());
+        let mut inner = net("inner", vec![foreign()]);
+        inner.arg.push(int_arg(ALLOW_UNKNOWN_ARGS, 1));
+        assert!(Net::create(&nested(inner), &ws).is_ok());
+    }
+
+    #[test]
+    fn closest_names_rank_by_edit_distance() {
+        assert_eq!(edit_distance("shap", "shape"), 1);
+        assert_eq!(edit_distance("sahpe", "shape"), 1); // one transposition
+        assert_eq!(edit_distance("", "abc"), 3);
+        let names = ["min", "max", "shape", "extra_shape"];
+        assert_eq!(closest_names("minn", names.into_iter()), vec!["min"]);
+        assert_eq!(closest_names("mx", names.into_iter()), vec!["max", "min"]);
+        assert_eq!(
+            closest_names("extrashape", names.into_iter()),
+            vec!["extra_shape"]
+        );
+        assert!(closest_names("wholly_unrelated", names.into_iter()).is_empty());
+    }
+
+    #[test]
+    fn schema_argument_lists_do_not_overlap() {
+        for s in crate::ops::builtin_schemas() {
+            for a in s.args {
+                assert!(
+                    !s.ignored.iter().any(|i| i.name == a.name),
+                    "{}: '{}' is both read and ignored",
+                    s.name,
+                    a.name
+                );
+            }
+            for i in s.ignored {
+                assert!(
+                    !ENGINE_HINTS.iter().any(|h| h.name == i.name),
+                    "{}: '{}' is already an engine hint",
+                    s.name,
+                    i.name
+                );
+            }
+        }
+    }
 }

@@ -749,12 +749,15 @@ mod tests {
     fn register_test_ops() {
         static ONCE: Once = Once::new();
         ONCE.call_once(|| {
-            register(OpSchema::new("TestSleepMs", |ctx| {
-                let ms = ctx.args.i64("ms", 1)? as u64;
-                Ok(kernel(move |cx| {
-                    cx.cancel.sleep(Duration::from_millis(ms)).map(|_| true)
-                }))
-            }));
+            register(
+                OpSchema::new("TestSleepMs", |ctx| {
+                    let ms = ctx.args.i64("ms", 1)? as u64;
+                    Ok(kernel(move |cx| {
+                        cx.cancel.sleep(Duration::from_millis(ms)).map(|_| true)
+                    }))
+                })
+                .args(&[crate::arg!("ms", "int", "1", "how long to sleep")]),
+            );
             register(
                 OpSchema::new("TestFailAt", |ctx| {
                     let at = ctx.args.i64("at", 0)?;
@@ -766,7 +769,8 @@ mod tests {
                         Ok(true)
                     }))
                 })
-                .inputs(1, 1),
+                .inputs(1, 1)
+                .args(&[crate::arg!("at", "int", "0", "the call that fails")]),
             );
             register(OpSchema::new("TestSoftFail", |_| Ok(kernel(|_| Ok(false)))).inputs(0, MANY));
         });

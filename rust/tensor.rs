@@ -89,6 +89,56 @@ impl DataType {
     }
 }
 
+impl DataType {
+    /// Caffe2's name of the dtype ("FLOAT", "INT64", ...), as `Cast`'s `to`
+    /// takes it and `core.DataType` spells it.
+    pub fn caffe2_name(self) -> &'static str {
+        use DataType::*;
+        match self {
+            Undefined => "UNDEFINED",
+            Float => "FLOAT",
+            Int32 => "INT32",
+            Byte => "BYTE",
+            String => "STRING",
+            Bool => "BOOL",
+            Uint8 => "UINT8",
+            Int8 => "INT8",
+            Uint16 => "UINT16",
+            Int16 => "INT16",
+            Int64 => "INT64",
+            Float16 => "FLOAT16",
+            Double => "DOUBLE",
+        }
+    }
+
+    /// How to give blob `blob` this dtype, for the end of a dtype error:
+    /// feeding it so from Python, or converting it in the net. (Python
+    /// scalars and lists become float64 or int64 arrays, the usual cause.)
+    pub fn conversion_hint(self, blob: &str) -> String {
+        let cast = format!(
+            "Cast(['{blob}'], ['{blob}_{}'], to=core.DataType.{})",
+            self.name(),
+            self.caffe2_name()
+        );
+        match self {
+            DataType::String | DataType::Byte | DataType::Undefined => {
+                format!("convert '{blob}' with {cast}")
+            }
+            _ => {
+                let np = if self == DataType::Bool {
+                    "np.bool_".to_string()
+                } else {
+                    format!("np.{}", self.name())
+                };
+                format!(
+                    "feed '{blob}' as {self} ({np}(value) for a scalar, array.astype({np}) for an array), \
+                     or convert it in the net with {cast}"
+                )
+            }
+        }
+    }
+}
+
 impl std::fmt::Display for DataType {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
@@ -258,6 +308,20 @@ pub fn copy_array<T: Element + Copy>(a: ndarray::ArrayViewD<'_, T>) -> ArrayD<T>
 }
 
 impl Tensor {
+    /// Same dtype, shape and bits: unlike `==`, a NaN equals itself and
+    /// -0.0 differs from 0.0 (a write of either is a change).
+    pub fn same_bits(&self, other: &Tensor) -> bool {
+        match (self, other) {
+            (Tensor::F32(a), Tensor::F32(b)) => {
+                a.shape() == b.shape() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+            }
+            (Tensor::F64(a), Tensor::F64(b)) => {
+                a.shape() == b.shape() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+            }
+            _ => self == other,
+        }
+    }
+
     pub fn dtype(&self) -> DataType {
         match self {
             Tensor::F32(_) => DataType::Float,

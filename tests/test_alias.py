@@ -152,7 +152,8 @@ def test_caffe2_script_runs_on_ferrocaffe():
 
 MODULES = ('core', 'workspace', 'net_builder', 'task', 'session', 'context',
            'scope', 'control_ops_util', 'checkpoint', 'dataio', 'pipeline',
-           'schema', 'dataset', 'queue_util')
+           'schema', 'dataset', 'queue_util', 'utils', 'control',
+           'record_queue', 'db_file_reader', 'cached_reader')
 
 IDENTITY_SCRIPT = """
 import sys

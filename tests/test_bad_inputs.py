@@ -257,6 +257,44 @@ def net_on_a_gpu_device(ws):
 
 
 @case
+def misspelled_constant_fill_shape(ws):
+    # `shap` used to be ignored: the fill gave a scalar.
+    n = net(("ConstantFill", [], ["c"], {"shap": [2], "value": 1.0}))
+    return lambda: ws.run(n), Expect(
+        errors.InvalidArgumentError,
+        ValueError,
+        {"op": "ConstantFill", "op_index": 0, "net": n.Name()},
+        ("unknown argument 'shap'", "did you mean 'shape'?", "core.allow_unknown_arguments"),
+    )
+
+
+@case
+def misspelled_uniform_fill_min(ws):
+    # `minn` used to be ignored: the samples came from [0, 6).
+    n = net(("UniformFill", [], ["u"], {"shape": [4], "minn": 5.0, "max": 6.0}))
+    return lambda: ws.run(n), Expect(
+        errors.InvalidArgumentError, ValueError, {"op": "UniformFill"}, ("'minn'", "did you mean 'min'?")
+    )
+
+
+@case
+def misspelled_scale(ws):
+    # `scal` used to be ignored: Scale multiplied by 1.
+    feed(ws, x=np.ones(2, np.float32))
+    n = net(("Copy", ["x"], ["y"], {}), ("Scale", ["y"], ["z"], {"scal": 3.0}))
+    return lambda: ws.run(n), Expect(
+        errors.InvalidArgumentError, ValueError, {"op": "Scale", "op_index": 1}, ("'scal'", "did you mean 'scale'?")
+    )
+
+
+@case
+def unknown_argument_of_a_python_op(ws):
+    n = core.Net(uid("py"))
+    n.Python(lambda i, o: None)([], [], toke="typo")
+    return lambda: ws.run(n), Expect(errors.InvalidArgumentError, ValueError, {"op": "Python"}, ("'toke'", "'token'"))
+
+
+@case
 def python_op_without_a_function(ws):
     n = net(("Python", [], [], {}))
     return lambda: ws.run(n), Expect(errors.InvalidArgumentError, ValueError, {"op": "Python", "net": n.Name()})
@@ -270,6 +308,33 @@ def add_dtype_mismatch(ws):
     feed(ws, a=np.ones(3, np.float32), b=np.ones(3, np.int32))
     n = net(("Add", ["a", "b"], ["c"], {}))
     return lambda: ws.run(n), Expect(errors.DataTypeError, TypeError, {"op": "Add", "net": n.Name()})
+
+
+@case
+def float64_learning_rate_into_a_float32_mul(ws):
+    # FeedBlob("lr", 0.1) makes float64: the error says how to fix it.
+    feed(ws, w=np.ones(3, np.float32), lr=0.1)
+    n = net(("Mul", ["w", "lr"], ["w_scaled"], {}))
+    return lambda: ws.run(n), Expect(
+        errors.DataTypeError,
+        TypeError,
+        {"op": "Mul", "blob": "lr"},
+        (
+            "B ('lr') is float64",
+            "feed 'lr' as float32 (np.float32(value) for a scalar",
+            "Cast(['lr'], ['lr_float32'], to=core.DataType.FLOAT)",
+        ),
+    )
+
+
+@case
+def int64_input_of_an_int32_sum(ws):
+    # The input converted is the one holding Python's default (int64).
+    feed(ws, a=np.array([7], np.int64), b=np.ones(1, np.int32))
+    n = net(("Sum", ["a", "b"], ["c"], {}))
+    return lambda: ws.run(n), Expect(
+        errors.DataTypeError, TypeError, {"op": "Sum", "blob": "b"}, ("feed 'a' as int32", "to=core.DataType.INT32")
+    )
 
 
 @case

@@ -551,6 +551,24 @@ def test_manifest_lists_the_completed_epochs(tmp_path, db_type, run_pipeline):
 
 
 @pytest.mark.parametrize('kind', ['single', 'multi'])
+def test_checkpoint_directories_may_be_pathlike(tmp_path, kind):
+    # A pathlib.Path for the data, the checkpoint directory and a
+    # path_prefix, where str was needed.
+    run_pipeline = PipelineJob(tmp_path)
+    ckpt_dir = tmp_path / 'ckpt'
+    runner, last, total = run_pipeline(ckpt_dir, FileMetadataHandler(),
+                                       kind=kind)
+    assert (last, total) == (4, 145)
+    assert read_manifest(ckpt_dir)['latest'] == 4
+    _, last, total = run_pipeline(ckpt_dir, FileMetadataHandler(),
+                                  resume='latest', kind=kind)
+    assert (last, total) == (4, 145)
+    node = 'temp_node' if kind == 'single' else 'trainer_0'
+    assert db_name(2, node, 'unused', path_prefix=ckpt_dir / 'x_') == \
+        str(ckpt_dir / 'x_') + node + '.2'
+
+
+@pytest.mark.parametrize('kind', ['single', 'multi'])
 def test_max_to_keep_keeps_the_newest_epochs(tmp_path, kind, run_pipeline):
     ckpt_dir = str(tmp_path / 'ckpt')
     run_pipeline(ckpt_dir, FileMetadataHandler(max_to_keep=2),

@@ -10,7 +10,7 @@ import threading
 import numpy as np
 import pytest
 
-from ferrocaffe import core, workspace
+from ferrocaffe import core, errors, workspace
 from ferrocaffe.dataio import (
     CompositeReader, CompositeReaderBuilder, CountUntil, CounterReader, Pipe,
     PipedReaderBuilder, Reader, ReaderBuilder, ReaderWithLimit,
@@ -329,6 +329,48 @@ def test_pipe_from_dataset_to_dataset_with_a_list_field():
         pipe(src.reader(batch_size=2), dst.writer())
     session.run(tg)
     assert_columns(fetch_dataset(ws, dst), columns(RECORDS))
+
+
+def test_writing_a_dtype_other_than_the_declared_schema_is_an_error():
+    # A processor that swaps two fields of different dtypes: Caffe2 let the
+    # first write into the empty columns take the new dtypes, silently.
+    ws = workspace.Workspace()
+    session = LocalSession(ws)
+    src = source_dataset(ws, 'swap_src', a=np.arange(4, dtype=np.int64),
+                         b=np.linspace(0, 1, 4).astype(np.float32))
+    schema = Struct(('a', np.int64), ('b', np.float32))
+    dst, _ = empty_dataset(session, schema, name='swap_dst')
+
+    def swap(record):
+        return Struct(('a', record.b), ('b', record.a))
+
+    with TaskGroup() as tg:
+        pipe(src.reader(batch_size=2), dst.writer(), processor=swap)
+    with pytest.raises(errors.DataTypeError) as e:
+        session.run(tg)
+    assert "dataset field 'a' is float32, but the dataset's schema declares int64" in str(e.value)
+    assert e.value.op == 'CheckDatasetConsistency'
+    # Nothing was appended; the columns keep their declared dtypes.
+    a, b = fetch_dataset(ws, dst)
+    assert (a.dtype, a.shape, b.dtype, b.shape) == (np.int64, (0,), np.float32, (0,))
+    # The same pipe without the swap writes.
+    with TaskGroup() as ok:
+        pipe(src.reader(batch_size=2), dst.writer())
+    session.run(ok)
+    a, b = fetch_dataset(ws, dst)
+    assert a.tolist() == [0, 1, 2, 3] and a.dtype == np.int64
+
+
+def test_a_dataset_of_names_only_takes_any_dtype():
+    ws = workspace.Workspace()
+    session = LocalSession(ws)
+    src = source_dataset(ws, 'named_src', x=np.array([5, 6], np.int32))
+    dst, _ = empty_dataset(session, Struct(('x', Scalar())), name='named_dst')
+    with TaskGroup() as tg:
+        pipe(src.reader(batch_size=2), dst.writer())
+    session.run(tg)
+    (x,) = fetch_dataset(ws, dst)
+    assert x.tolist() == [5, 6] and x.dtype == np.int32
 
 
 # -------------------------------------------------------- limit readers --

@@ -460,9 +460,8 @@ def test_every_record_is_processed_exactly_once(threads, mode):
         return u * 2
 
     def proc(rec):
-        # Statically built threads share one workspace: give each thread's
-        # output blobs their own names.
-        with core.NameScope(NetBuilder.current().name):
+        # Every thread names its output alike; each still gets its own.
+        with core.NameScope('proc'):
             out = NewRecord(ops, rec)
         python_map(record_seen, [rec.uid()], [out.uid()])
         return out
@@ -906,3 +905,144 @@ def test_reader_base_requires_read():
         pass
     with pytest.raises(NotImplementedError, match='must implement `read`'):
         NoRead().read_ex(core.Net('i'), core.Net('e'))
+
+
+# ======================================== blobs of one thread stay its own ==
+#
+# A processor that names its outputs (as Caffe2's own pipeline tests do)
+# gives every thread's nets the same blob names.  Each thread's loop must
+# still compute into blobs of its own, or one thread appends a batch another
+# thread has just overwritten: right row count, some rows lost and others
+# doubled.  Blobs that exist before the loops start stay shared.
+
+def _doubling_source(session, ws, rows):
+    src = make_source(ws, session, v=np.arange(rows, dtype=np.int64))
+    return src, make_destination(session, Struct(('v', np.int64)))
+
+
+def _twice_named(rec):
+    # The issue's processor: its own net, outputs named under a scope.
+    net = core.Net('twice')
+    with core.NameScope('twice'):
+        out = NewRecord(net, rec)
+    net.Add([rec.v(), rec.v()], [out.v()])
+    return [net], out
+
+
+def _twice_auto_named(rec):
+    # Outputs named by the builder's net: alike in every thread.
+    return Struct(('v', Scalar(np.int64, ops.Add([rec.v(), rec.v()]))))
+
+
+def _twice_counting(counter, one):
+    # Caffe2's pipeline test's shape: named outputs, and an in-place update
+    # of a counter every thread shares.
+    def proc(rec):
+        with core.NameScope('twice'):
+            out = NewRecord(ops, rec)
+        ops.Add([rec.v(), rec.v()], [out.v()])
+        ops.Add([counter, one], [counter])
+        return out
+    return proc
+
+
+THREAD_TRIALS = 5
+
+
+@pytest.mark.parametrize('rows', [300, 3000])
+@pytest.mark.parametrize('threads', [1, 2, 4, 16])
+@pytest.mark.parametrize('mode', ['num_threads', 'num_runtime_threads'])
+@pytest.mark.parametrize('kind', ['named', 'auto_named', 'shared_counter'])
+def test_threads_process_every_record_exactly_once_whatever_the_names(
+        kind, mode, threads, rows):
+    expected = sorted(2 * v for v in range(rows))
+    for _ in range(THREAD_TRIALS):
+        Task._global_names_used.clear()
+        ws = workspace.Workspace()
+        session = LocalSession(ws)
+        src, dst = _doubling_source(session, ws, rows)
+        counter = one = None
+        if kind == 'named':
+            processor = _twice_named
+        elif kind == 'auto_named':
+            processor = _twice_auto_named
+        else:
+            init = core.Net('counter_init')
+            with core.NameScope('init'):
+                counter = init.Const(np.int64(0))
+                one = init.Const(np.int64(1))
+            session.run(init)
+            processor = _twice_counting(counter, one)
+        with TaskGroup() as tg:
+            # Batches of one row: the threads contend on every record.
+            pipe(src.reader(), dst.writer(), processor=processor,
+                 **{mode: threads})
+        session.run(tg)
+        (got,) = fetch_dataset(ws, dst)
+        assert got.dtype == np.int64
+        assert sorted(got.tolist()) == expected
+        if counter is not None:
+            assert int(scalar(ws.blobs[str(counter)].fetch())) == rows
+
+
+@pytest.mark.parametrize('threads', [1, 2, 4, 16])
+def test_caffe2_pipeline_counter_is_exact_at_any_thread_count(threads):
+    # Caffe2's pipeline test with its middle stage on several threads: the
+    # processor's counter (created by an init net, before the pipes) is
+    # shared by every thread, and batches of one record make its final
+    # value the number of records.
+    n = 17
+    init_net = core.Net('init')
+    src_values = Struct(('uid', np.arange(n, dtype=np.int64)),
+                        ('value', 0.1 * np.arange(n)))
+    with core.NameScope('init'):
+        src_blobs = NewRecord(init_net, src_values)
+        dst_blobs = InitEmptyRecord(init_net, src_values.clone_schema())
+        counter = init_net.Const(0)
+        one = init_net.Const(1)
+
+    def proc1(rec):
+        with core.NameScope('proc1'):
+            out = NewRecord(ops, rec)
+        ops.Add([rec.uid(), rec.uid()], [out.uid()])
+        out.value.set(blob=rec.value(), unsafe=True)
+        return out
+
+    def proc2(rec):
+        with core.NameScope('proc2'):
+            out = NewRecord(ops, rec)
+        out.uid.set(blob=rec.uid(), unsafe=True)
+        ops.Sub([rec.value(), rec.value()], [out.value()])
+        ops.Add([counter, one], [counter])
+        return out
+
+    with TaskGroup() as tg:
+        out1 = pipe(Dataset(src_blobs).reader(), output=Queue(capacity=11),
+                    processor=proc1, num_threads=threads)
+        out2 = pipe(out1, processor=proc2, num_threads=threads)
+        pipe(out2, Dataset(dst_blobs).writer())
+
+    ws = workspace.Workspace()
+    FeedRecord(src_blobs, src_values, ws)
+    session = LocalSession(ws)
+    session.run(init_net)
+    session.run(tg)
+    output = FetchRecord(dst_blobs, ws=ws)
+    assert int(scalar(ws.blobs[str(counter)].fetch())) == n
+    assert sorted(output.uid().tolist()) == [2 * i for i in range(n)]
+    assert output.value().tolist() == [0.0] * n
+
+
+def test_blobs_a_thread_creates_do_not_outlive_the_run():
+    # Per-thread blobs live in the thread's child workspace; what existed
+    # before (the destination, the counter) is where the run left it.
+    ws = workspace.Workspace()
+    session = LocalSession(ws)
+    src, dst = _doubling_source(session, ws, 10)
+    with TaskGroup() as tg:
+        pipe(src.reader(), dst.writer(), processor=_twice_named,
+             num_threads=3)
+    session.run(tg)
+    assert 'twice/v' not in ws.blobs
+    (got,) = fetch_dataset(ws, dst)
+    assert sorted(got.tolist()) == [2 * v for v in range(10)]

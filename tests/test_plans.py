@@ -779,7 +779,7 @@ def test_empty_plan_succeeds_and_creates_nothing():
     plan = core.Plan(uid("empty"))
     plan.AddNets([net_with(("CreateCounter", [], ["c"], {}))])
     assert ws.run(plan) is True
-    assert ws.nets == []
+    assert ws.nets == {}
     assert not ws.has_blob("c")
 
 

@@ -223,7 +223,7 @@ def test_inputs_and_outputs_wrappers_read_and_write_blobs():
         ia, ib, i_s = inputs
         seen['names'] = [w.name for w in inputs] + [w.name for w in outputs]
         seen['shapes'] = [ia.shape, ib.shape, i_s.shape]
-        seen['a'] = ia.data
+        seen['a'] = ia.data.copy()
         seen['b'] = ib.data
         seen['s'] = i_s.data
         seen['out_shape_before'] = outputs[0].shape
@@ -233,10 +233,11 @@ def test_inputs_and_outputs_wrappers_read_and_write_blobs():
         outputs[2].feed(ib.data[::-1] + i_s.data)
         outputs[3].reshape([4])                # keeps the int32 dtype
         outputs[4].feed(b'raw bytes')
-        # .data is a copy: changing it does not change the blob
+        # Caffe2's meaning: a write through .data reaches the blob (when the
+        # function returns); every .data of a blob in one call is one array.
         d = ia.data
         d[...] = -1
-        seen['a_again'] = ia.data
+        seen['same_array'] = ia.data is d
 
     net = core.Net(uid('wrap_net'))
     net.Python(body)(['a', 'b', 's'], ['c', 'd', 'f', 'e', 'g'])
@@ -251,7 +252,7 @@ def test_inputs_and_outputs_wrappers_read_and_write_blobs():
     assert int(seen['s']) == 7
     assert seen['out_shape_before'] == [0]     # not written yet
     assert seen['out_shape_after'] == [2, 3]
-    np.testing.assert_array_equal(seen['a_again'], a)
+    assert seen['same_array']
 
     c = ws.fetch_blob('c')
     np.testing.assert_array_equal(c, [[1, 3, 5], [7, 9, 11]])
@@ -263,7 +264,134 @@ def test_inputs_and_outputs_wrappers_read_and_write_blobs():
     e = ws.fetch_blob('e')
     assert e.shape == (4,) and e.dtype == np.int32 and not e.any()
     assert ws.fetch_blob('g') == b'raw bytes'
-    np.testing.assert_array_equal(ws.fetch_blob('a'), a)
+    np.testing.assert_array_equal(ws.fetch_blob('a'), np.full((2, 3), -1, np.float32))
+
+
+def run_python_op(f, inputs, outputs, ws=None, pass_workspace=False):
+    ws = ws or workspace.Workspace()
+    net = core.Net(uid('data_net'))
+    net.Python(f, pass_workspace=pass_workspace)(inputs, outputs)
+    ws.run(net)
+    return ws
+
+
+def test_writes_through_data_reach_the_blob():
+    # The issue's example: this used to leave the blob unchanged, silently.
+    ws = workspace.Workspace()
+    ws.feed_blob('y', np.zeros(3, np.float32))
+
+    def f(i, o):
+        o[0].data[...] = 5
+    run_python_op(f, [], ['y'], ws)
+    np.testing.assert_array_equal(ws.fetch_blob('y'), [5, 5, 5])
+    assert ws.fetch_blob('y').dtype == np.float32
+
+
+def test_caffe2_idiom_reshape_then_write_data():
+    def f(i, o):
+        o[0].reshape((2, 2))
+        o[0].data[...] = i[0].data.reshape(2, 2) * 10
+        o[1].reshape((3,))           # an int64 tensor of zeros after the feed
+        o[1].feed(np.zeros(3, np.int64))
+        o[1].data[1] = 7
+        o[1].data[2] = 8             # a second .data: the same array
+    ws = workspace.Workspace()
+    ws.feed_blob('x', np.arange(4, dtype=np.float32))
+    run_python_op(f, ['x'], ['a', 'b'], ws)
+    np.testing.assert_array_equal(ws.fetch_blob('a'), [[0, 10], [20, 30]])
+    np.testing.assert_array_equal(ws.fetch_blob('b'), [0, 7, 8])
+    assert ws.fetch_blob('b').dtype == np.int64
+
+
+def test_in_place_input_and_output_share_one_array():
+    def f(i, o):
+        assert i[0].data is o[0].data
+        i[0].data[0] = 1.5
+        o[0].data[1] = 2.5
+    ws = workspace.Workspace()
+    ws.feed_blob('x', np.zeros(2, np.float64))
+    run_python_op(f, ['x'], ['x'], ws)
+    np.testing.assert_array_equal(ws.fetch_blob('x'), [1.5, 2.5])
+
+
+def test_every_bit_of_a_write_counts():
+    # -0.0 == 0.0 and NaN != NaN for ==; the write-back compares bits.
+    def f(i, o):
+        o[0].data[0] = -0.0
+        o[1].data[...] = o[1].data  # rewriting a NaN with itself: no change
+        o[2].data[0] = b'changed'
+    ws = workspace.Workspace()
+    ws.feed_blob('z', np.zeros(2, np.float32))
+    ws.feed_blob('n', np.array([np.nan], np.float32))
+    ws.feed_blob('s', np.array([b'one', b'two'], dtype=object))
+    run_python_op(f, [], ['z', 'n', 's'], ws)
+    z = ws.fetch_blob('z')
+    assert np.signbit(z[0]) and not np.signbit(z[1])
+    assert np.isnan(ws.fetch_blob('n')[0])
+    assert ws.fetch_blob('s').tolist() == [b'changed', b'two']
+
+
+def test_an_unchanged_array_does_not_overwrite_the_blob():
+    # Only changed arrays are written back: a blob fed meanwhile (here
+    # through the workspace) keeps the new value.
+    def f(i, o, ws):
+        assert o[0].data[0] == 1
+        ws.feed_blob(o[0].name, np.array([2], np.int32))
+    ws = workspace.Workspace()
+    ws.feed_blob('v', np.array([1], np.int32))
+    run_python_op(f, [], ['v'], ws, pass_workspace=True)
+    assert ws.fetch_blob('v').tolist() == [2]
+
+
+def test_writes_that_cannot_reach_the_blob_raise():
+    kept = []
+
+    def f(i, o):
+        before = o[0].data
+        o[0].feed(np.array([1.0, 2.0], np.float32))
+        kept.append(o[0].data)
+        with pytest.raises(ValueError, match='read-only'):
+            before[0] = 3            # superseded by the feed
+        before2 = o[1].data
+        o[1].reshape((2,))
+        with pytest.raises(ValueError, match='read-only'):
+            before2[0] = 3           # superseded by the reshape
+        with pytest.raises(ValueError, match='read-only'):
+            o[2].data[...] = 1       # an empty blob: reshape or feed first
+        kept.append(o)
+    ws = workspace.Workspace()
+    ws.feed_blob('p', np.zeros(1, np.float32))
+    ws.feed_blob('q', np.zeros(1, np.float32))
+    run_python_op(f, [], ['p', 'q', 'r'], ws)
+    # After the call, the arrays handed out and any new .data are read-only.
+    with pytest.raises(ValueError, match='read-only'):
+        kept[0][0] = 9
+    with pytest.raises(ValueError, match='read-only'):
+        kept[1][0].data[0] = 9
+    np.testing.assert_array_equal(ws.fetch_blob('p'), [1.0, 2.0])
+    np.testing.assert_array_equal(ws.fetch_blob('q'), [0.0, 0.0])
+
+
+def test_a_failing_function_writes_nothing_back():
+    def f(i, o):
+        o[0].data[...] = 9
+        raise OpFailure('late', 1)
+    ws = workspace.Workspace()
+    ws.feed_blob('w', np.zeros(2, np.int64))
+    with pytest.raises(OpFailure):
+        run_python_op(f, [], ['w'], ws)
+    assert ws.fetch_blob('w').tolist() == [0, 0]
+
+
+def test_fetch_returns_a_copy():
+    ws = workspace.Workspace()
+    ws.feed_blob('c', np.arange(3, dtype=np.int32))
+    got = ws.fetch_blob('c')
+    got[0] = 99
+    assert ws.fetch_blob('c').tolist() == [0, 1, 2]
+    for fetch in (workspace.FetchBlob, workspace.Workspace.fetch_blob,
+                  workspace.Blob.fetch):
+        assert 'copy' in fetch.__doc__
 
 
 def test_in_place_python_op_in_a_created_net():

@@ -1,12 +1,16 @@
 """Tests of ferrocaffe.session: Session / LocalSession, compilation and its
 cache, multi-node runs and node isolation."""
 
+import os
+import subprocess
+import sys
+import textwrap
 import threading
 
 import numpy as np
 import pytest
 
-from ferrocaffe import core, workspace
+from ferrocaffe import core, errors, workspace
 from ferrocaffe.net_builder import ops
 from ferrocaffe.session import CompiledRunnable, LocalSession, Session
 from ferrocaffe.task import (
@@ -34,19 +38,64 @@ def test_default_workspace_is_the_current_one():
 def test_session_assertions_and_close():
     session = LocalSession(workspace.Workspace())
     assert session.is_open()
-    with pytest.raises(AssertionError) as e:
+    with pytest.raises(errors.InvalidArgumentError) as e:
         session.run(None)
     assert str(e.value) == 'Got a none runnable.'
     session.close()
     assert not session.is_open()
     session.close()  # idempotent
-    with pytest.raises(AssertionError) as e:
+    with pytest.raises(errors.SessionClosedError) as e:
         session.run(core.Net('never_runs'))
     assert str(e.value) == 'Session is closed.'
-    with pytest.raises(AssertionError) as e:
+    assert isinstance(e.value, RuntimeError)
+    with pytest.raises(errors.SessionClosedError) as e:
         with session:
             pass
     assert str(e.value) == 'Session already closed.'
+
+
+def test_closed_session_and_unready_outputs_raise_under_python_O():
+    # These were asserts: `python -O` strips them, and a closed session ran.
+    script = textwrap.dedent("""
+        import sys
+        import numpy as np
+        from ferrocaffe import core, errors, workspace
+        from ferrocaffe.net_builder import ops
+        from ferrocaffe.session import LocalSession
+        from ferrocaffe.task import Task, TaskGroup, final_output
+
+        assert sys.flags.optimize == 1
+        ws = workspace.Workspace()
+        session = LocalSession(ws)
+        session.close()
+        net = core.Net('would_run')
+        net.ConstantFill([], ['ran'], shape=[1], value=1.0)
+        try:
+            session.run(net)
+        except errors.SessionClosedError as e:
+            print('closed:', e)
+        print('ran:', ws.has_blob('ran'))
+        with TaskGroup() as tg:
+            with Task():
+                out = final_output(ops.Const(np.array([3], np.int64)))
+        for read in (out.get, out.fetch):
+            try:
+                read()
+            except errors.OutputNotReadyError as e:
+                print('not ready:', e)
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in [os.path.join(os.path.dirname(__file__), '..', 'python'),
+                    os.environ.get('PYTHONPATH')] if p))
+    done = subprocess.run([sys.executable, '-O', '-c', script], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        'closed: Session is closed.',
+        'ran: False',
+        'not ready: Output value not set yet.',
+        'not ready: Cannot fetch value for this output.',
+    ]
 
 
 def test_context_manager_closes_only_on_success():

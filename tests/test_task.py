@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from ferrocaffe import core, workspace
+from ferrocaffe import core, errors, workspace
 from ferrocaffe.net_builder import ops
 from ferrocaffe.session import LocalSession
 from ferrocaffe.task import (
@@ -74,8 +74,8 @@ def test_reprs():
 def test_repr_with_content():
     def body():
         with Cluster() as cluster:
-            Node('trainer', cpus=2)
-            Node('trainer', gpus=1)
+            Node('trainer', num_cpus=2)
+            Node('trainer', num_gpus=1)
             Node('reader')
         with Cluster():
             with TaskGroup(WorkspaceType.GLOBAL) as tg:
@@ -86,7 +86,7 @@ def test_repr_with_content():
     cluster_r, tg_r, task_r = in_new_thread(body)
     assert cluster_r == (
         "Cluster(nodes=['trainer', 'reader'], node_kwargs="
-        "{'trainer': {'gpus': 1, 'cpus': 2}, 'reader': {}})")
+        "{'trainer': {'num_cpus': 2, 'num_gpus': 1}, 'reader': {}})")
     assert task_r == (
         'Task(name=n1/task, node=n1, outputs='
         '[TaskOutput(names=[BlobReference("b1")], values=None)])')
@@ -102,15 +102,48 @@ def test_node_defaults_and_cluster_registration():
         with Cluster() as c:
             with Node('a'):
                 assert str(Node.current()) == 'a'
-                with Node('b', mem=3) as b:
+                with Node('b', memory=3) as b:
                     assert Node.current() is b
-                    assert b.kwargs() == {'mem': 3}
-            Node('a', x=1)
+                    assert b.kwargs() == {'memory': 3}
+            Node('a', num_cpus=1)
         return c.nodes(), c.node_kwargs()
 
     nodes, kwargs = in_new_thread(body)
     assert nodes == ['a', 'b']
-    assert kwargs == {'a': {'x': 1}, 'b': {'mem': 3}}
+    assert kwargs == {'a': {'num_cpus': 1}, 'b': {'memory': 3}}
+
+
+def test_node_keywords_are_checked_where_they_are_written():
+    # A typo used to be recorded in the process-wide Cluster and poison the
+    # node's name for every later session, even after a corrected Node.
+    def body():
+        cluster = Cluster.current()  # the default, process-wide one
+        out = []
+        for bad, needle in [
+                (dict(num_cpu=4), 'num_cpu (did you mean num_cpus'),
+                (dict(num_cpus='four'), 'num_cpus must be a number >= 0'),
+                (dict(num_cpus=float('nan')), 'num_cpus must be a number'),
+                (dict(num_threads=0), 'num_threads must be a number >= 1'),
+                (dict(resources=['big']), 'resources must be a dict')]:
+            with pytest.raises(errors.InvalidArgumentError,
+                               match="Node 'a'") as e:
+                Node('a', **bad)
+            assert needle in str(e.value)
+            assert e.value.node == 'a'
+            out.append(dict(cluster.node_kwargs()))
+        Node('a', num_cpus=4)
+        out.append(dict(cluster.node_kwargs()))
+        # Given again, a keyword's newest value wins.
+        Node('a', num_cpus=2, memory=1 << 20)
+        Node('a')
+        out.append(dict(cluster.node_kwargs()))
+        return out, cluster.nodes()
+
+    out, nodes = in_new_thread(body)
+    assert out[:5] == [{}] * 5
+    assert out[5] == {'a': {'num_cpus': 4}}
+    assert out[6] == {'a': {'num_cpus': 2, 'memory': 1 << 20}}
+    assert nodes == ['a']
 
 
 # ------------------------------------------------------------ task names --
@@ -211,12 +244,13 @@ def test_group_bookkeeping():
 def test_task_output_shapes():
     single = TaskOutput(core.BlobReference('a'))
     many = TaskOutput([core.BlobReference('b'), core.BlobReference('c')])
-    with pytest.raises(AssertionError) as e:
+    with pytest.raises(errors.OutputNotReadyError) as e:
         single.get()
     assert str(e.value) == 'Output value not set yet.'
+    assert isinstance(e.value, RuntimeError)
     single.set(['value_a'])
     assert single.get() == 'value_a'
-    with pytest.raises(AssertionError) as e:
+    with pytest.raises(errors.OutputNotReadyError) as e:
         single.fetch()
     assert str(e.value) == 'Cannot fetch value for this output.'
     lst = TaskOutputList([single, many])
@@ -226,7 +260,7 @@ def test_task_output_shapes():
     assert many.get() == ['y', 'z']
     assert single.fetch() == 'xx'
     assert many.fetch() == ['yy', 'zz']
-    with pytest.raises(AssertionError) as e:
+    with pytest.raises(errors.InvalidArgumentError) as e:
         lst.set_values(['x', 'y', 'z', 'extra'])
     assert str(e.value) == 'Wrong number of output values.'
 

@@ -13,7 +13,7 @@ import threading
 import numpy as np
 import pytest
 
-from ferrocaffe import core, errors, workspace
+from ferrocaffe import core, errors, proto, workspace
 
 _ids = itertools.count()
 
@@ -384,8 +384,8 @@ def test_child_nets_are_not_inherited():
     made = counter_net("pn", "pc", 0)
     parent.create_net(made)
     child = workspace.Workspace(parent)
-    assert parent.nets == [made.Name()]
-    assert child.nets == []
+    assert list(parent.nets) == [made.Name()]
+    assert child.nets == {}
     with pytest.raises(errors.NetNotFoundError):
         child.run_net(made.Name())
 
@@ -606,3 +606,126 @@ def test_run_plan_in_background_cancel(fresh):
     # The workspace still runs plans.
     assert workspace.RunPlan(core.execution_step("after", counter_net("ok", "okc", 7))) is True
     assert workspace.FetchBlob("okc_prev").item() == 7
+
+
+# ---------------------------------------------------------- foreign nets --
+
+
+def foreign_netdef(name):
+    """A NetDef as a Caffe2 build with other operators might have written
+    it: engine hints (always accepted) and arguments ferrocaffe does not know
+    (`is_test`, `float16_compute`)."""
+    net = core.Net(name)
+    net.ConstantFill([], ["fx"], shape=[2], value=3.0, use_cudnn=1, order="NHWC",
+                     cudnn_exhaustive_search=0, exhaustive_search=0,
+                     ws_nbytes_limit=1 << 20, is_test=1)
+    net.Scale(["fx"], ["fy"], scale=2.0, float16_compute=1)
+    loaded = proto.NetDef()  # as read from a .pb file
+    loaded.ParseFromString(net.Proto().SerializeToString())
+    return loaded
+
+
+def test_schemas_list_what_an_op_reads_and_what_it_ignores():
+    schema = workspace.C.operator_schema("ConstantFill")
+    assert [a[0] for a in schema["args"]] == [
+        "value", "dtype", "shape", "extra_shape", "input_as_shape"]
+    assert [a[0] for a in schema["ignored"]] == [
+        "run_once", "order", "use_cudnn", "cudnn_exhaustive_search",
+        "exhaustive_search", "ws_nbytes_limit"]
+    # Concat reads `order`: it is not listed as ignored there.
+    concat = workspace.C.operator_schema("Concat")
+    assert "order" in [a[0] for a in concat["args"]]
+    assert "order" not in [a[0] for a in concat["ignored"]]
+
+
+def test_a_foreign_net_is_refused_until_allowed(fresh):
+    netdef = foreign_netdef("foreign")
+    with pytest.raises(errors.InvalidArgumentError, match="'is_test'") as e:
+        workspace.RunNetOnce(netdef)
+    assert e.value.op == "ConstantFill" and e.value.net == "foreign"
+    assert not workspace.HasBlob("fx")
+    assert core.allow_unknown_arguments(netdef) is netdef
+    core.allow_unknown_arguments(netdef)  # idempotent: one mark
+    assert [a.name for a in netdef.arg] == [core.ALLOW_UNKNOWN_ARGUMENTS]
+    workspace.RunNetOnce(netdef)
+    np.testing.assert_array_equal(workspace.FetchBlob("fy"), [6.0, 6.0])
+    # CreateNet too, and the mark can be taken off again.
+    workspace.CreateNet(netdef)
+    core.allow_unknown_arguments(netdef, allow=False)
+    assert list(netdef.arg) == []
+    with pytest.raises(errors.InvalidArgumentError, match="'is_test'"):
+        workspace.CreateNet(netdef, overwrite=True)
+
+
+def test_allowing_unknown_arguments_per_op_net_plan_and_nested_net(fresh):
+    from ferrocaffe.session import LocalSession
+
+    # One OperatorDef, for RunOperatorOnce.
+    op = core.CreateOperator("ConstantFill", [], ["o"], shape=[1], value=1.0, is_test=1)
+    with pytest.raises(errors.InvalidArgumentError):
+        workspace.RunOperatorOnce(op)
+    workspace.RunOperatorOnce(core.allow_unknown_arguments(op))
+    assert workspace.FetchBlob("o").tolist() == [1.0]
+
+    # A Plan (every net it holds), run directly and through a session.
+    inner = core.Net("plan_net")
+    inner.ConstantFill([], ["p"], shape=[1], value=2.0, is_test=1)
+    plan = core.Plan(core.execution_step("plan_step", inner))
+    with pytest.raises(errors.InvalidArgumentError):
+        workspace.RunPlan(plan)
+    workspace.RunPlan(core.allow_unknown_arguments(plan))
+    assert workspace.FetchBlob("p").tolist() == [2.0]
+    net = core.allow_unknown_arguments(core.Net(foreign_netdef("via_session")))
+    LocalSession(workspace.current_workspace()).run(net)
+    np.testing.assert_array_equal(workspace.FetchBlob("fy"), [6.0, 6.0])
+
+    # A net nested in an If follows its enclosing net.
+    then_net = core.Net("then")
+    then_net.ConstantFill([], ["q"], shape=[1], value=4.0, is_test=1)
+    workspace.FeedBlob("cond", np.array(True))
+    outer = core.Net("outer")
+    outer.If(["cond"], [], then_net=then_net.Proto())
+    with pytest.raises(errors.InvalidArgumentError, match="'is_test'"):
+        workspace.RunNetOnce(outer)
+    workspace.RunNetOnce(core.allow_unknown_arguments(outer))
+    assert workspace.FetchBlob("q").tolist() == [4.0]
+    with pytest.raises(TypeError, match="allow_unknown_arguments takes"):
+        core.allow_unknown_arguments("not a net")
+
+
+# ---------------------------------------------------------------- paths --
+
+
+def test_every_path_may_be_a_pathlike(fresh, tmp_path):
+    import pathlib
+
+    from ferrocaffe import _core
+    from ferrocaffe.checkpoint import mmap_db
+
+    root = tmp_path / "root"
+    root.mkdir()
+    ws = workspace.Workspace(root_folder=root)
+    assert ws.root_folder == str(root)
+    assert workspace.Workspace(root).root_folder == str(root)
+    x = np.arange(3, dtype=np.int64)
+    ws.feed_blob("x", x)
+    # Op arguments: a path, and a list of paths.
+    absolute = tmp_path / "abs.minidb"
+    ws.run(core.CreateOperator("Save", ["x"], [], db=absolute, db_type="minidb", absolute_path=1))
+    ws.run(core.CreateOperator("Save", ["x"], [], db=pathlib.Path("rel.ferro"), db_type="ferro"))
+    assert (root / "rel.ferro").is_file()
+    ws.run(core.CreateOperator("DBExists", [], ["e"], db_name=absolute, db_type="minidb", absolute_path=1))
+    assert ws.fetch_blob("e")
+    other = workspace.Workspace()
+    other.run(core.CreateOperator("Load", [], ["x"], dbs=[absolute], db_type="minidb", absolute_path=1))
+    np.testing.assert_array_equal(other.fetch_blob("x"), x)
+    # The functions of the compiled module.
+    assert [e["name"] for e in _core.list_db(absolute, "minidb")] == ["x"]
+    _core.verify_db(root / "rel.ferro", "ferro")
+    assert _core.db_exists(absolute, "minidb")
+    assert _core.sweep_stale_temporaries(tmp_path) == 0
+    np.testing.assert_array_equal(mmap_db(root / "rel.ferro")["x"], x)
+    # ResetWorkspace keeps the new root folder.
+    elsewhere = tmp_path / "elsewhere"
+    workspace.ResetWorkspace(elsewhere)
+    assert workspace.RootFolder() == str(elsewhere) and elsewhere.is_dir()

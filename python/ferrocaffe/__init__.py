@@ -37,6 +37,11 @@ _ALIASES = {
     "caffe2.python.schema": "ferrocaffe.schema",
     "caffe2.python.dataset": "ferrocaffe.dataset",
     "caffe2.python.queue_util": "ferrocaffe.queue_util",
+    "caffe2.python.utils": "ferrocaffe.utils",
+    "caffe2.python.control": "ferrocaffe.control",
+    "caffe2.python.record_queue": "ferrocaffe.record_queue",
+    "caffe2.python.db_file_reader": "ferrocaffe.db_file_reader",
+    "caffe2.python.cached_reader": "ferrocaffe.cached_reader",
 }
 _PACKAGES = ("caffe2", "caffe2.python", "caffe2.proto")
 

@@ -225,7 +225,7 @@ def db_name(epoch, node_name, db_prefix, path_prefix=None):
     file name when a path prefix is given (plain concatenation), else the
     file name inside the directory ``db_prefix``."""
     if path_prefix:
-        return path_prefix + get_ckpt_filename(node_name, epoch)
+        return os.fspath(path_prefix) + get_ckpt_filename(node_name, epoch)
     return os.path.join(db_prefix, get_ckpt_filename(node_name, epoch))
 
 

@@ -25,7 +25,9 @@ from itertools import chain
 import numpy as np
 
 from ferrocaffe import proto as caffe2_pb2
-from ferrocaffe import scope
+from ferrocaffe import scope, utils, workspace  # noqa: F401 (Caffe2's core exposes both)
+from ferrocaffe.workspace import GetGlobalInitArgs, GlobalInit  # noqa: F401 (core.GlobalInit, as in Caffe2)
+from ferrocaffe.workspace import C  # noqa: F401 (Caffe2's core exposes its compiled module as core.C)
 
 __all__ = [
     "DataType",
@@ -39,6 +41,15 @@ __all__ = [
     "CreatePythonOperator",
     "IsOperator",
     "IsOperatorWithEngine",
+    "InferOpBlobDevices",
+    "InferOpBlobDevicesAsDict",
+    "InferOpDeviceAsBlobDevices",
+    "GlobalInit",
+    "GetGlobalInitArgs",
+    "SetPerOpEnginePref",
+    "SetGlobalEnginePref",
+    "SetEnginePref",
+    "SetOpEnginePref",
     "RegisteredOperators",
     "RefreshRegisteredOperators",
     "Net",
@@ -50,6 +61,8 @@ __all__ = [
     "add_nets_in_order",
     "get_net_name",
     "output_to_list",
+    "allow_unknown_arguments",
+    "ALLOW_UNKNOWN_ARGUMENTS",
 ]
 
 # Convenience redirections, as in Caffe2.
@@ -137,8 +150,90 @@ def _op_registry_key(op_type, engine):
     return op_type + "_ENGINE_" + engine
 
 
+# ------------------------------------------------- engine preferences --
+#
+# Caffe2 picked an operator's implementation (engine) per device type from
+# these preferences. ferrocaffe has one CPU implementation per operator, so
+# they are checked and recorded, and change nothing.
+
+_PER_OP_ENGINE_PREF: dict = {}
+_GLOBAL_ENGINE_PREF: dict = {}
+
+
+def _check_engine_list(what, engines):
+    if isinstance(engines, (str, bytes)) or not all(isinstance(e, str) for e in engines):
+        raise TypeError(f"{what}: engines must be a list of strings, got {engines!r}")
+    return list(engines)
+
+
+def SetPerOpEnginePref(op_engine_pref):
+    """``{device_type: {op_type: [engine, ...]}}``: recorded, no effect."""
+    checked = {}
+    for device_type, per_op in dict(op_engine_pref).items():
+        checked[int(device_type)] = {
+            str(op): _check_engine_list(f"engine preference of {op}", engines) for op, engines in dict(per_op).items()
+        }
+    _PER_OP_ENGINE_PREF.clear()
+    _PER_OP_ENGINE_PREF.update(checked)
+
+
+def SetGlobalEnginePref(global_engine_pref):
+    """``{device_type: [engine, ...]}``: recorded, no effect."""
+    checked = {
+        int(device_type): _check_engine_list("global engine preference", engines)
+        for device_type, engines in dict(global_engine_pref).items()
+    }
+    _GLOBAL_ENGINE_PREF.clear()
+    _GLOBAL_ENGINE_PREF.update(checked)
+
+
+def SetEnginePref(per_op_engine_pref=None, global_engine_pref=None):
+    """Sets both engine preferences (see :func:`SetPerOpEnginePref` and
+    :func:`SetGlobalEnginePref`)."""
+    SetPerOpEnginePref(per_op_engine_pref or {})
+    SetGlobalEnginePref(global_engine_pref or {})
+
+
+def SetOpEnginePref(op_type, op_pref):
+    """``op_pref`` is ``{device_type: [engine, ...]}`` for ``op_type``."""
+    for device_type, engines in dict(op_pref).items():
+        _PER_OP_ENGINE_PREF.setdefault(int(device_type), {})[str(op_type)] = _check_engine_list(
+            f"engine preference of {op_type}", engines
+        )
+
+
 def IsOperator(op_type):
     return IsOperatorWithEngine(op_type, engine="DEFAULT")
+
+
+def InferOpBlobDevices(op):
+    """``(input devices, output devices)`` of an OperatorDef, one
+    DeviceOption per input and output: every blob of an op lives where the
+    op runs (its device option; all CPU here)."""
+    device = caffe2_pb2.DeviceOption()
+    if op.HasField("device_option"):
+        device.CopyFrom(op.device_option)
+
+    def copies(n):
+        result = []
+        for _ in range(n):
+            option = caffe2_pb2.DeviceOption()
+            option.CopyFrom(device)
+            result.append(option)
+        return result
+
+    return copies(len(op.input)), copies(len(op.output))
+
+
+def InferOpBlobDevicesAsDict(op):
+    """:func:`InferOpBlobDevices` as ``({input: device}, {output: device})``."""
+    inputs, outputs = InferOpBlobDevices(op)
+    return dict(zip(op.input, inputs)), dict(zip(op.output, outputs))
+
+
+def InferOpDeviceAsBlobDevices(op):
+    """Like :func:`InferOpBlobDevices`, from the op's own device option."""
+    return InferOpBlobDevices(op)
 
 
 def IsOperatorWithEngine(op_type, engine):
@@ -400,11 +495,42 @@ def _is_int(v):
     return isinstance(v, (int, np.integer, np.bool_))
 
 
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _user_frame():
+    """``(code, instruction offset)`` of the innermost calling frame outside
+    the ferrocaffe package, or None. The line number is worked out only when
+    asked (:func:`_frame_location`): this runs for every op a net creates."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame = frame.f_back
+    return None if frame is None else (frame.f_code, frame.f_lasti)
+
+
+def _frame_location(code, offset=None, *resolved):
+    """``(file, line, function)`` of an instruction offset in ``code`` (or
+    the location itself, when it was resolved already)."""
+    if isinstance(code, str):
+        return (code, offset) + resolved
+    line = code.co_firstlineno
+    for start, end, number in code.co_lines():
+        if start <= offset < end and number is not None:
+            line = number
+            break
+    return code.co_filename, line, code.co_name
+
+
 def _MakeArgument(key, value):
     """An Argument named ``key`` whose field follows the Python type of
     ``value`` (Caffe2's ``utils.MakeArgument``)."""
     argument = caffe2_pb2.Argument()
     argument.name = key
+    # Paths (pathlib.Path, any os.PathLike) are strings to the ops.
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    elif isinstance(value, (list, tuple)) and any(isinstance(v, os.PathLike) for v in value):
+        value = [os.fspath(v) if isinstance(v, os.PathLike) else v for v in value]
     if isinstance(value, np.ndarray):
         if value.dtype.type is np.float32:
             argument.floats.extend(value.flatten().tolist())
@@ -453,6 +579,49 @@ def _MakeArgument(key, value):
             )
         )
     return argument
+
+
+#: The argument :func:`allow_unknown_arguments` sets on a NetDef or an
+#: OperatorDef (Caffe2 ignores it, like any argument it does not know).
+ALLOW_UNKNOWN_ARGUMENTS = "ferrocaffe_allow_unknown_arguments"
+
+
+def allow_unknown_arguments(obj, allow=True):
+    """Lets the ops of ``obj`` carry arguments their schemas do not know,
+    which are then ignored; returns ``obj``.
+
+    By default an op argument that the op does not know (a typo such as
+    ``shap=`` for ``shape=``) raises InvalidArgumentError when the net is
+    created. A net written for a Caffe2 build with other operators (newer
+    or internal versions of an op, other engines) may carry such arguments;
+    mark it with this function to load it anyway. Engine hints (``order``,
+    ``use_cudnn``, ``cudnn_exhaustive_search``, ``exhaustive_search``,
+    ``ws_nbytes_limit``) are always accepted and ignored, without this.
+
+    ``obj`` is a ``Net`` or NetDef (every op, and the nets nested in its
+    ``If``/``While``/``Do`` ops), a Plan or PlanDef (every net it holds),
+    or an OperatorDef (for ``workspace.RunOperatorOnce``). The mark is an
+    argument of the proto, so it travels with it (plans, sessions, copies).
+    ``allow=False`` removes it.
+    """
+    if isinstance(obj, (Net, Plan)):
+        allow_unknown_arguments(obj.Proto(), allow)
+        return obj
+    if isinstance(obj, caffe2_pb2.PlanDef):
+        for net in obj.network:
+            allow_unknown_arguments(net, allow)
+        return obj
+    if not isinstance(obj, (caffe2_pb2.NetDef, caffe2_pb2.OperatorDef)):
+        raise TypeError(
+            "allow_unknown_arguments takes a Net, NetDef, Plan, PlanDef or "
+            "OperatorDef, not {}".format(type(obj).__name__)
+        )
+    kept = [a for a in obj.arg if a.name != ALLOW_UNKNOWN_ARGUMENTS]
+    del obj.arg[:]
+    obj.arg.extend(kept)
+    if allow:
+        obj.arg.append(_MakeArgument(ALLOW_UNKNOWN_ARGUMENTS, 1))
+    return obj
 
 
 def CreateOperator(
@@ -761,6 +930,22 @@ class Net:
         return str(output_name)
 
     # -- lookup tables
+
+    def PopulateProtoWithFileName(self):
+        """Names every op this net created through its op methods after the
+        line of user code that created it: ``'<file>:<line>:<function>'``."""
+        for index, frame in getattr(self, "_op_tracebacks", {}).items():
+            if frame is not None and index < len(self._net.op):
+                self._net.op[index].name = ":".join(map(str, _frame_location(*frame)))
+
+    def __getstate__(self):
+        # Code objects do not pickle: keep the creation sites as locations.
+        state = dict(self.__dict__)
+        if "_op_tracebacks" in state:
+            state["_op_tracebacks"] = {
+                i: None if f is None else _frame_location(*f) for i, f in state["_op_tracebacks"].items()
+            }
+        return state
 
     def _ExtendOps(self, new_ops):
         self._net.op.extend(new_ops)
@@ -1120,6 +1305,10 @@ class Net:
         outputs = _RectifyInputOutput(outputs, net=self)
         op = CreateOperator(op_type, inputs, outputs, **kwargs)
         self._ExtendOps([op])
+        # Where the user's code made the op, for PopulateProtoWithFileName.
+        # Kept on the net (Caffe2's process-wide table grew forever).
+        tracebacks = self.__dict__.setdefault("_op_tracebacks", {})
+        tracebacks[len(self._net.op) - 1] = _user_frame()
         if len(op.output) == 0:
             return None
         if len(op.output) == 1:

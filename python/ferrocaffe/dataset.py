@@ -19,7 +19,8 @@ import numpy as np
 from ferrocaffe import core
 from ferrocaffe.dataio import Reader, Writer
 from ferrocaffe.schema import (
-    InitEmptyRecord, Struct, from_blob_list, from_column_list)
+    InitEmptyRecord, Struct, data_type_for_dtype, from_blob_list,
+    from_column_list)
 
 __all__ = ['Dataset', 'Const', 'execution_step_with_progress']
 
@@ -130,20 +131,36 @@ class _DatasetWriter(Writer):
             self.mutex = init_net.CreateMutex([])
 
     def write(self, writer_net, fields):
-        """Adds to ``writer_net`` a consistency check of ``fields`` against
-        the schema and their atomic append to the dataset."""
+        """Adds to ``writer_net`` a check of ``fields`` against the schema
+        (each field of a declared dtype must have it, and the lengths must
+        be consistent) and their atomic append to the dataset."""
         assert self.mutex is not None, 'setup not called.'
         field_blobs = self._content.field_blobs()
         assert len(fields) == len(field_blobs), (
             'Expected %s fields, got %s.' % (len(field_blobs), len(fields)))
+        # Caffe2 let the first write into an empty column set its dtype, so a
+        # processor that swapped two fields silently retyped the dataset.
         writer_net.CheckDatasetConsistency(
-            fields, [], fields=self._content.field_names())
+            fields, [], fields=self._content.field_names(),
+            dtypes=[_declared_data_type(t)
+                    for t in self._content.field_types()])
         writer_net.AtomicAppend(
             [self.mutex] + field_blobs + list(fields), field_blobs)
 
     def commit(self, finish_net):
         """Nothing to do for an in-memory dataset."""
         pass
+
+
+def _declared_data_type(dtype):
+    """The ``core.DataType`` a schema declares for a field; UNDEFINED (any)
+    for a field of unknown type (a dataset built from names only)."""
+    if np.dtype(dtype) == np.void:
+        return core.DataType.UNDEFINED
+    try:
+        return data_type_for_dtype(dtype)
+    except TypeError:  # stored as InitEmptyRecord's untyped placeholder
+        return core.DataType.UNDEFINED
 
 
 def Const(net, value, dtype=None, name=None):

@@ -42,7 +42,8 @@ Node keyword arguments map to Ray's placement options:
 ==================  =========================================================
 
 Any other keyword raises :class:`~ferrocaffe.errors.InvalidArgumentError`
-naming the node. A Node without ``num_cpus`` uses Ray's default for actors
+naming the node, in ``Node(...)`` itself (so a typo never reaches the
+process-wide Cluster). A Node without ``num_cpus`` uses Ray's default for actors
 (one CPU to be placed, none held while it runs) and a kernel pool as large as
 its machine.
 
@@ -74,15 +75,14 @@ except ImportError as _exc:  # pragma: no cover - exercised in a subprocess test
 import ferrocaffe
 from ferrocaffe import core, errors
 from ferrocaffe.session import Session, _NodeIsolatedLocalSession
-from ferrocaffe.task import Cluster
+from ferrocaffe.task import NODE_KWARGS, Cluster, check_node_kwargs
 
 __all__ = ['RaySession', 'node_actor_options']
 
 logger = logging.getLogger(__name__)
 
-#: Node keyword arguments a RaySession understands.
-NODE_KWARGS = ('num_cpus', 'num_gpus', 'memory', 'resources',
-               'label_selector', 'node_id', 'soft', 'num_threads')
+# NODE_KWARGS (the keywords a RaySession understands) lives in task.py, so
+# that Node(...) checks them where they are written; re-exported here.
 
 
 def node_actor_options(node, kwargs):
@@ -90,46 +90,29 @@ def node_actor_options(node, kwargs):
 
     Returns ``(options, num_threads)``; ``num_threads`` is ``None`` when the
     pool keeps its default size. Raises InvalidArgumentError for a keyword
-    this session does not understand or a value of the wrong type.
+    this session does not understand or a value of the wrong type (the
+    checks of ``Node(...)`` itself, repeated for keywords that reach a
+    session some other way).
     """
     kwargs = dict(kwargs or {})
-    unknown = sorted(set(kwargs) - set(NODE_KWARGS))
-    if unknown:
-        raise errors.InvalidArgumentError(
-            "Node '%s': unknown keyword argument(s) %s for RaySession; "
-            "accepted: %s" % (node, ', '.join(unknown), ', '.join(NODE_KWARGS)),
-            node=str(node))
+    check_node_kwargs(node, kwargs)
     options = {}
     num_threads = None
 
-    def number(key, minimum=0):
-        value = kwargs[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                or value < minimum:
-            raise errors.InvalidArgumentError(
-                "Node '%s': %s must be a number >= %s, got %r"
-                % (node, key, minimum, value), node=str(node))
-        return value
-
     if kwargs.get('num_cpus') is not None:
-        options['num_cpus'] = number('num_cpus')
+        options['num_cpus'] = kwargs['num_cpus']
         num_threads = max(1, int(math.ceil(options['num_cpus'])))
-    if kwargs.get('num_gpus') is not None:
-        options['num_gpus'] = number('num_gpus')
-    if kwargs.get('memory') is not None:
-        options['memory'] = number('memory')
+    for key in ('num_gpus', 'memory'):
+        if kwargs.get(key) is not None:
+            options[key] = kwargs[key]
     for key in ('resources', 'label_selector'):
         if kwargs.get(key) is not None:
-            if not isinstance(kwargs[key], dict):
-                raise errors.InvalidArgumentError(
-                    "Node '%s': %s must be a dict, got %r"
-                    % (node, key, kwargs[key]), node=str(node))
             options[key] = dict(kwargs[key])
     if kwargs.get('node_id') is not None:
         options['scheduling_strategy'] = NodeAffinitySchedulingStrategy(
             node_id=str(kwargs['node_id']), soft=bool(kwargs.get('soft', False)))
     if kwargs.get('num_threads') is not None:
-        num_threads = int(number('num_threads', minimum=1))
+        num_threads = int(kwargs['num_threads'])
     return options, num_threads
 
 
@@ -531,7 +514,8 @@ class RaySession(Session):
         return value
 
     def fetch_blob(self, node, name):
-        """The current value of blob `name` in `node`'s workspace."""
+        """A copy of the current value of blob `name` in `node`'s
+        workspace (writing to it does not change the blob)."""
         return self._call(self._started(node), 'fetch_blob', str(name))
 
     def feed_blob(self, node, name, value):

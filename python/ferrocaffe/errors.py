@@ -1,9 +1,11 @@
 """ferrocaffe's exception tree.
 
-Every error raised by the runtime is an instance of :class:`FerrocaffeError`
-and also of the builtin exception a Python user would naturally catch: a
-missing blob is a ``KeyError``, a wrong dtype a ``TypeError``, a malformed plan
-a ``ValueError``, an op that failed while running a ``RuntimeError``.
+Every error raised by the runtime is an instance of :class:`FerrocaffeError`,
+which is a ``RuntimeError`` (Caffe2's C++ failures reached Python as
+``RuntimeError``, and code written for Caffe2 catches that), and also of the
+builtin exception a Python user would naturally catch: a missing blob is a
+``KeyError``, a wrong dtype a ``TypeError``, a malformed plan a ``ValueError``,
+a file that cannot be read an ``OSError``.
 
 Each error carries where it happened, as attributes (``None`` when unknown):
 ``op`` (the operator type), ``op_index`` (its position in the net), ``net``,
@@ -33,11 +35,14 @@ __all__ = [
     "CorruptCheckpointError",
     "InternalError",
     "NodeFailedError",
+    "SessionClosedError",
+    "OutputNotReadyError",
 ]
 
 
-class FerrocaffeError(Exception):
-    """Base class of every ferrocaffe error."""
+class FerrocaffeError(RuntimeError):
+    """Base class of every ferrocaffe error; a ``RuntimeError``, as Caffe2's
+    errors were."""
 
     op: str | None = None
     op_index: int | None = None
@@ -102,7 +107,7 @@ class DivisionByZeroError(FerrocaffeError, ZeroDivisionError):
     """Integer division by zero inside an operator."""
 
 
-class OperatorError(FerrocaffeError, RuntimeError):
+class OperatorError(FerrocaffeError):
     """An operator failed while running."""
 
 
@@ -110,7 +115,7 @@ class PlanFailedError(OperatorError):
     """A net, step or plan reported failure (an op returned false)."""
 
 
-class CancelledError(FerrocaffeError, RuntimeError):
+class CancelledError(FerrocaffeError):
     """A run was cancelled by a user (not by Ctrl-C, which raises KeyboardInterrupt)."""
 
 
@@ -122,13 +127,23 @@ class CorruptCheckpointError(FerrocaffeError, ValueError):
     """A checkpoint or db file failed verification."""
 
 
-class InternalError(FerrocaffeError, RuntimeError):
+class InternalError(FerrocaffeError):
     """A bug in ferrocaffe (a caught Rust panic). Please report it."""
 
 
-class NodeFailedError(FerrocaffeError, RuntimeError):
+class NodeFailedError(FerrocaffeError):
     """A node of a distributed session could not be started, or its process
     died (the node's workspace is lost with it)."""
+
+
+class SessionClosedError(FerrocaffeError, RuntimeError):
+    """A Session was used after ``close()`` (Caffe2 asserted, so under
+    ``python -O`` a closed session ran)."""
+
+
+class OutputNotReadyError(FerrocaffeError, RuntimeError):
+    """A task output was read before a session ran its task, or fetched
+    when no session can fetch it."""
 
 
 # Used by the compiled module to pick a class for each Rust error kind.

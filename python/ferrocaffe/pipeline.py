@@ -24,6 +24,12 @@ that compute the output.  It may:
 
 A stop blob returned by the processor (or set with ``ops.stop_if``) ends
 the Task's loop when it becomes true.
+
+With several threads (``num_threads`` or ``num_runtime_threads`` > 1) every
+loop runs in a child workspace: the blobs a thread's nets create are its own
+(a processor may name its outputs as it likes), and blobs that exist before
+the loops start (setup state, queues, counters from ``task_init`` or an
+earlier net) are shared.
 """
 
 from ferrocaffe import core, queue_util
@@ -290,7 +296,17 @@ def _static_threads_task(name, group, final_outputs, reader, num_threads,
                     should_stop_blob=status))
                 ops.net(timer_end_net)
                 ops.net(exit_net)
-            steps.append(core.to_execution_step(nb))
+            # Each loop runs in a child workspace of its own: the blobs its
+            # read, process and write nets create are the thread's, so two
+            # threads whose processors name an output alike cannot write
+            # each other's batch between "compute" and "append" (Caffe2's
+            # threads shared one workspace and raced here).  Blobs that
+            # exist before the loops start (the reader's and writer's
+            # state from setup, queues, counters made by task_init or an
+            # earlier net) resolve to the parent and stay shared.
+            thread_step = core.to_execution_step(nb)
+            thread_step.SetCreateWorkspace(True)
+            steps.append(thread_step)
         ops.net(global_init_net)
         ops.net(core.execution_step('body', steps, concurrent_substeps=True))
         ops.net(global_exit_net)

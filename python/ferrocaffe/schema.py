@@ -812,7 +812,8 @@ def _workspace_module():
 
 def FetchRecord(blob_record, ws=None, throw_on_type_mismatch=False):
     """The record's blobs fetched from ``ws`` (default: the current
-    workspace), as a record of numpy arrays with the same schema."""
+    workspace), as a record of numpy arrays with the same schema (copies:
+    writing to them does not change the blobs)."""
     assert isinstance(blob_record, Field)
     field_blobs = blob_record.field_blobs()
     assert all(isinstance(v, BlobReference) for v in field_blobs)

@@ -34,7 +34,7 @@ other's blobs; tasks on one node follow the workspace hierarchy.
 
 import threading
 
-from ferrocaffe import core, workspace
+from ferrocaffe import core, errors, workspace
 from ferrocaffe.task import Cluster, Task, TaskGroup, WorkspaceType
 
 __all__ = ['CompiledRunnable', 'Session', 'LocalSession']
@@ -140,8 +140,12 @@ class Session(object):
             setup_net_list: nets (or NetDefs) a distributed session runs to
                 set up its master; unused by LocalSession.
         """
-        assert self.is_open(), 'Session is closed.'
-        assert runnable is not None, 'Got a none runnable.'
+        # Real exceptions, not asserts: under `python -O` a closed session
+        # must not run.
+        if not self.is_open():
+            raise errors.SessionClosedError('Session is closed.')
+        if runnable is None:
+            raise errors.InvalidArgumentError('Got a none runnable.')
         self._run_compiled(self.compile(runnable, workspace_type,
                                         setup_net_list).obj)
 
@@ -164,7 +168,8 @@ class Session(object):
         pass
 
     def __enter__(self):
-        assert self._open, 'Session already closed.'
+        if not self._open:
+            raise errors.SessionClosedError('Session already closed.')
         return self
 
     def __exit__(self, ex_type, value, traceback):
@@ -335,7 +340,7 @@ class LocalSession(Session):
 
     def fetch_output(self, output):
         """The value of a TaskOutput, or of a blob of the session
-        workspace."""
+        workspace: a copy (writing to it does not change the blob)."""
         if hasattr(output, 'fetch'):
             return output.fetch()
         return self._fetch_output(output)

@@ -11,9 +11,11 @@ import importlib
 from collections import OrderedDict
 from copy import copy
 
-from ferrocaffe import context, core, net_builder
+from ferrocaffe import context, core, errors, net_builder
 
 __all__ = [
+    'NODE_KWARGS',
+    'check_node_kwargs',
     'Cluster',
     'Node',
     'WorkspaceType',
@@ -28,13 +30,57 @@ __all__ = [
 ]
 
 
-def _merge_node_kwargs(a, b):
-    if a is None:
-        return b
-    if b is None:
-        return a
-    merged = copy(a)
-    merged.update(b)
+#: The keyword arguments a Node takes: where a distributed session places
+#: it (see ``ferrocaffe.distributed``; LocalSession runs every node here and
+#: ignores them).
+NODE_KWARGS = ('num_cpus', 'num_gpus', 'memory', 'resources',
+               'label_selector', 'node_id', 'soft', 'num_threads')
+
+
+def check_node_kwargs(node, kwargs):
+    """Raises InvalidArgumentError, naming the node, for a keyword that is
+    not in NODE_KWARGS (with the closest names) or a value of the wrong
+    type. ``None`` values mean "not given"."""
+    import difflib
+
+    for key in sorted(kwargs):
+        if key not in NODE_KWARGS:
+            close = difflib.get_close_matches(key, NODE_KWARGS, n=3, cutoff=0.6)
+            raise errors.InvalidArgumentError(
+                "Node '%s': unknown keyword argument %s%s; accepted: %s"
+                % (node, key,
+                   " (did you mean %s?)" % ' or '.join(close) if close else '',
+                   ', '.join(NODE_KWARGS)),
+                node=str(node))
+
+    def number(key, minimum):
+        value = kwargs[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not value >= minimum:
+            raise errors.InvalidArgumentError(
+                "Node '%s': %s must be a number >= %s, got %r"
+                % (node, key, minimum, value), node=str(node))
+
+    for key, minimum in (('num_cpus', 0), ('num_gpus', 0), ('memory', 0),
+                         ('num_threads', 1)):
+        if kwargs.get(key) is not None:
+            number(key, minimum)
+    for key in ('resources', 'label_selector'):
+        if kwargs.get(key) is not None and not isinstance(kwargs[key], dict):
+            raise errors.InvalidArgumentError(
+                "Node '%s': %s must be a dict, got %r"
+                % (node, key, kwargs[key]), node=str(node))
+
+
+def _merge_node_kwargs(new, old):
+    # The newest value of each keyword wins (Caffe2 kept the first, so a
+    # node described wrongly once stayed wrong in the process-wide Cluster).
+    if new is None:
+        return old
+    if old is None:
+        return new
+    merged = copy(old)
+    merged.update(new)
     return merged
 
 
@@ -83,11 +129,17 @@ class Node(context.DefaultManaged):
                 Task(step=s3)
 
     All three tasks run concurrently; s1 and s3 share node1's workspace.
-    Extra keyword arguments describe the node for a distributed session.
+    Keyword arguments (NODE_KWARGS: ``num_cpus``, ``resources``, ...)
+    place the node in a distributed session; any other keyword, or a value
+    of the wrong type, raises InvalidArgumentError here. Given again for a
+    name, a keyword's newest value wins.
     """
 
     def __init__(self, node='local', **kwargs):
         self._name = str(node)
+        # Checked here, before the Cluster records them, so that a typo
+        # fails where it is written and never sticks to the node's name.
+        check_node_kwargs(self._name, kwargs)
         self._kwargs = kwargs
         Cluster.current().add_node(self)
 
@@ -389,12 +441,18 @@ class TaskOutput(object):
         self._fetch_func = None
 
     def set(self, values, _fetch_func=None):
-        assert len(values) == len(self.names)
+        if len(values) != len(self.names):
+            raise errors.InvalidArgumentError(
+                'TaskOutput of %d blobs given %d values'
+                % (len(self.names), len(values)))
         self._values = values
         self._fetch_func = _fetch_func
 
+    # Real exceptions, not asserts: under `python -O` a read before the run
+    # must not return None.
     def get(self):
-        assert self._values is not None, 'Output value not set yet.'
+        if self._values is None:
+            raise errors.OutputNotReadyError('Output value not set yet.')
         if self._is_scalar:
             return self._values[0]
         elif self._schema:
@@ -403,8 +461,12 @@ class TaskOutput(object):
             return self._values
 
     def fetch(self):
-        assert self._fetch_func is not None, (
-            'Cannot fetch value for this output.')
+        """The current value of the output's blobs, fetched again from the
+        workspace of the node that ran the task: numpy copies, which a write
+        does not change."""
+        if self._fetch_func is None:
+            raise errors.OutputNotReadyError(
+                'Cannot fetch value for this output.')
         fetched_vals = [self._fetch_func(v) for v in self._values]
         if self._is_scalar:
             return fetched_vals[0]
@@ -441,12 +503,14 @@ class TaskOutputList(object):
         return names
 
     def set_values(self, values, _fetch_func=None):
+        # Checked before any output is set (a real exception, not an assert).
+        if sum(len(o.names) for o in self.outputs) != len(values):
+            raise errors.InvalidArgumentError('Wrong number of output values.')
         offset = 0
         for o in self.outputs:
             num = len(o.names)
             o.set(values[offset:offset + num], _fetch_func)
             offset += num
-        assert offset == len(values), 'Wrong number of output values.'
 
     def __repr__(self):
         return 'TaskOutputList(outputs={})'.format(self.outputs)

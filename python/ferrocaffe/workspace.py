@@ -8,7 +8,10 @@ children (``Workspace(parent)``) that see their parent's blobs.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import tempfile
 import threading
 import types
 from typing import Any, Iterable
@@ -46,6 +49,36 @@ __all__ = [
     "StringifyBlobName",
     "StringifyNetName",
     "current_workspace",
+    "NetHandle",
+    "GetNetName",
+    "RegisteredOperators",
+    "GetNameScope",
+    "GlobalInit",
+    "GetGlobalInitArgs",
+    "is_asan",
+    "has_cuda_support",
+    "has_hip_support",
+    "has_gpu_support",
+    "GpuDeviceType",
+    "NumCudaDevices",
+    "NumGpuDevices",
+    "GetCUDAVersion",
+    "GetCuDNNVersion",
+    "GetDeviceProperties",
+    "GetGpuPeerAccessPattern",
+    "GetGPUMemoryInfo",
+    "blobs",
+    "SerializeBlob",
+    "DeserializeBlob",
+    "TensorHandle",
+    "IsImmediate",
+    "WorkspaceGuard",
+    "StartImmediate",
+    "StopImmediate",
+    "ImmediateBlobs",
+    "RunOperatorImmediate",
+    "FetchImmediate",
+    "FeedImmediate",
 ]
 
 
@@ -60,18 +93,47 @@ def StringifyProto(obj: Any) -> bytes:
     raise ValueError(f"Unexpected argument to StringifyProto of type {type(obj).__name__}")
 
 
-def StringifyBlobName(name: Any) -> str:
+def _stringify_name(name: Any, expected: str) -> str:
+    if isinstance(name, str):
+        return name
     if isinstance(name, bytes):
         return name.decode("utf-8")
-    return str(name)
+    if type(name).__name__ == expected:
+        return str(name)
+    raise TypeError(f"expected a string or a {expected} as a name, not {type(name).__name__}")
+
+
+def StringifyBlobName(name: Any) -> str:
+    """The name of a blob given as str, bytes or BlobReference (TypeError
+    for anything else)."""
+    return _stringify_name(name, "BlobReference")
 
 
 def StringifyNetName(name: Any) -> str:
+    """The name of a net given as str, bytes, Net or NetDef (TypeError for
+    anything else)."""
     if hasattr(name, "Name"):
         return name.Name()
-    if hasattr(name, "name") and not isinstance(name, str):
+    if hasattr(name, "name") and not isinstance(name, (str, bytes)):
         return name.name
-    return StringifyBlobName(name)
+    return _stringify_name(name, "Net")
+
+
+def GetNetName(net: Any) -> str:
+    """The name of a net given as a name, Net, NetDef or serialised NetDef
+    (whose bytes are parsed for it, not decoded as text)."""
+    if isinstance(net, str):
+        return net
+    if isinstance(net, bytes):
+        from .proto import NetDef
+
+        proto = NetDef()
+        try:
+            proto.ParseFromString(net)
+        except Exception:
+            return "<unparsable NetDef>"
+        return proto.name
+    return StringifyNetName(net)
 
 
 def _to_feedable(name: str, arr: Any):
@@ -80,9 +142,12 @@ def _to_feedable(name: str, arr: Any):
     if isinstance(arr, (str, bytes)):
         return arr
     if type(arr).__name__ == "TensorProto" and hasattr(arr, "dims"):
-        from . import proto_utils  # lazy: only for TensorProto feeds
+        from . import utils  # lazy: only for TensorProto feeds
 
-        arr = proto_utils.tensor_proto_to_numpy(arr)
+        try:
+            arr = utils.Caffe2TensorToNumpyArray(arr)
+        except (TypeError, ValueError) as e:
+            raise errors.FeedError(f"cannot feed TensorProto into blob '{name}': {e}", blob=name) from None
     if isinstance(arr, np.ndarray):
         if arr.dtype.kind in "SU":
             return arr.astype(object)
@@ -106,6 +171,7 @@ class Blob:
         self._name = name
 
     def fetch(self):
+        """The blob's content, as a copy (see ``Workspace.fetch_blob``)."""
         return self._ws.fetch_blob(self._name)
 
     def feed(self, arr, device_option=None) -> bool:
@@ -116,6 +182,54 @@ class Blob:
 
     def kind(self) -> str:
         return self._ws._core.blob_kind(self._name)
+
+    def serialize(self, name=None) -> bytes:
+        """The blob as Caffe2's serialised ``BlobProto``, named ``name``
+        (default: the blob's own name)."""
+        data = self._ws._core.serialize_blob(self._name)
+        if name is None or StringifyBlobName(name) == self._name:
+            return data
+        from .proto import BlobProto
+
+        proto = BlobProto()
+        proto.ParseFromString(data)
+        proto.name = StringifyBlobName(name)
+        return proto.SerializeToString()
+
+    def deserialize(self, serialized: bytes) -> None:
+        """Sets the blob to the content of a serialised ``BlobProto``."""
+        self._ws._core.deserialize_blob(self._name, serialized)
+
+    def tensor(self) -> "TensorHandle":
+        """The blob's tensor (Caffe2's ``Blob.tensor()``)."""
+        return TensorHandle(self)
+
+
+class TensorHandle:
+    """The tensor in a blob (Caffe2's ``TensorCPU``): ``data`` and ``fetch()``
+    give copies (``data`` is read-only, so a write cannot be lost silently),
+    ``feed(array)`` replaces the content, ``shape`` is its dims."""
+
+    __slots__ = ("_blob",)
+
+    def __init__(self, blob: Blob):
+        self._blob = blob
+
+    def fetch(self):
+        return self._blob.fetch()
+
+    @property
+    def data(self):
+        array = np.array(self._blob.fetch())
+        array.setflags(write=False)
+        return array
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(np.shape(self._blob.fetch()))
+
+    def feed(self, arr) -> bool:
+        return self._blob.feed(arr)
 
     def __repr__(self) -> str:
         return f"Blob({self._name!r})"
@@ -152,6 +266,44 @@ class _BlobMap:
         return [Blob(self._ws, n) for n in self._ws._core.blobs()]
 
 
+class NetHandle:
+    """A net created in a workspace (Caffe2's ``C.Net``)."""
+
+    __slots__ = ("_ws", "_name")
+
+    def __init__(self, ws: "Workspace", name: str):
+        self._ws = ws
+        self._name = name
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def Name(self) -> str:
+        return self._name
+
+    def run(self) -> bool:
+        """Runs the net once (an op failure raises)."""
+        return self._ws.run_net(self._name)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, NetHandle) and other._ws._core is self._ws._core and other._name == self._name
+
+    def __hash__(self) -> int:
+        return hash(self._name)
+
+    def __repr__(self) -> str:
+        return f"Net({self._name!r})"
+
+
+class _CurrentWorkspace:
+    """``Workspace.current``: the current workspace, read on the class or
+    on an instance."""
+
+    def __get__(self, obj, owner=None) -> "Workspace":
+        return current_workspace()
+
+
 class Workspace:
     """A workspace object (Caffe2's ``C.Workspace``).
 
@@ -161,7 +313,7 @@ class Workspace:
     """
 
     def __init__(self, parent: "Workspace | None" = None, root_folder: str | None = None):
-        if isinstance(parent, str) and root_folder is None:  # Workspace(root_folder)
+        if isinstance(parent, (str, os.PathLike)) and root_folder is None:  # Workspace(root_folder)
             parent, root_folder = None, parent
         self._core = _core.Workspace(parent._core if parent is not None else None, root_folder)
         self._parent = parent
@@ -173,8 +325,9 @@ class Workspace:
         ws._parent = None
         return ws
 
-    # Caffe2's C.Workspace.current
-    current = property(lambda self: current_workspace())
+    #: The current workspace (Caffe2's ``C.Workspace.current``), on the
+    #: class as on any instance.
+    current = _CurrentWorkspace()
 
     @property
     def root_folder(self) -> str:
@@ -189,8 +342,9 @@ class Workspace:
         return _BlobMap(self)
 
     @property
-    def nets(self) -> list[str]:
-        return self._core.nets()
+    def nets(self) -> dict[str, "NetHandle"]:
+        """``{name: net}`` of the nets created in this workspace."""
+        return {name: NetHandle(self, name) for name in self._core.nets()}
 
     def create_blob(self, name) -> Blob:
         name = StringifyBlobName(name)
@@ -201,6 +355,10 @@ class Workspace:
         return self._core.has_blob(StringifyBlobName(name))
 
     def fetch_blob(self, name):
+        """A copy of the blob's content, as Caffe2 returned it: a numpy array
+        for a tensor (an object array of bytes for strings), bytes for a byte
+        string. Writing to the array does not change the blob: feed it back
+        with ``feed_blob``."""
         return self._core.fetch_blob(StringifyBlobName(name))
 
     def feed_blob(self, name, arr, device_option=None) -> bool:
@@ -214,11 +372,14 @@ class Workspace:
     def remove_blob(self, name) -> bool:
         return self._core.remove_blob(StringifyBlobName(name))
 
-    def create_net(self, net, overwrite: bool = False, input_blobs: Iterable | None = None) -> bool:
+    def create_net(self, net, overwrite: bool = False, input_blobs: Iterable | None = None) -> "NetHandle":
+        """Creates ``net`` (a Net, NetDef or serialised NetDef) here and
+        returns it (Caffe2 returned the C.Net)."""
         for b in input_blobs or []:
             self._core.create_blob(StringifyBlobName(b))
-        self._core.create_net(StringifyProto(net), overwrite)
-        return True
+        data = StringifyProto(net)
+        self._core.create_net(data, overwrite)
+        return NetHandle(self, GetNetName(net if not isinstance(net, str) else data))
 
     def run_net(self, name, num_iter: int = 1, allow_fail: bool = False) -> bool:
         name = StringifyNetName(name)
@@ -238,7 +399,8 @@ class Workspace:
         if kind == "step":
             return self.run(_plan_from_step(obj))
         if kind == "net":
-            return _check(self._core.run_net_once(StringifyProto(obj)), False, f"net '{StringifyNetName(obj)}'")
+            ok = self._core.run_net_once(StringifyProto(obj))
+            return ok or _check(ok, False, f"net '{GetNetName(obj)}'")
         if kind == "op":
             return _check(self._core.run_operator_once(StringifyProto(obj)), False, "operator")
         raise TypeError(f"Workspace.run takes a Plan, ExecutionStep, Net or their protos, not {type(obj).__name__}")
@@ -332,15 +494,31 @@ def ResetWorkspace(root_folder: str | None = None) -> bool:
     return True
 
 
+def SerializeBlob(name) -> bytes:
+    """A blob of the current workspace as Caffe2's serialised ``BlobProto``."""
+    name = StringifyBlobName(name)
+    return current_workspace()._core.serialize_blob(name)
+
+
+def DeserializeBlob(name, serialized: bytes) -> None:
+    """Sets a blob of the current workspace (created if needed) from a
+    serialised ``BlobProto``."""
+    current_workspace()._core.deserialize_blob(StringifyBlobName(name), serialized)
+
+
 def FeedBlob(name, arr, device_option=None) -> bool:
     return current_workspace().feed_blob(name, arr, device_option)
 
 
 def FetchBlob(name):
+    """A copy of blob ``name`` of the current workspace (a numpy array for a
+    tensor); writing to it does not change the blob (see
+    ``Workspace.fetch_blob``)."""
     return current_workspace().fetch_blob(name)
 
 
 def FetchBlobs(names):
+    """Copies of the blobs, as ``FetchBlob``."""
     return [FetchBlob(n) for n in names]
 
 
@@ -366,11 +544,14 @@ def RemoveBlob(name) -> bool:
 
 
 def CreateNet(net, overwrite: bool = False, input_blobs=None) -> bool:
-    return current_workspace().create_net(net, overwrite, input_blobs)
+    """Creates ``net`` in the current workspace; True (``Workspace.create_net``
+    returns the net itself)."""
+    current_workspace().create_net(net, overwrite, input_blobs)
+    return True
 
 
 def Nets() -> list[str]:
-    return current_workspace().nets
+    return current_workspace()._core.nets()
 
 
 def RunNet(name, num_iter: int = 1, allow_fail: bool = False) -> bool:
@@ -378,8 +559,9 @@ def RunNet(name, num_iter: int = 1, allow_fail: bool = False) -> bool:
 
 
 def RunNetOnce(net) -> bool:
-    ws = current_workspace()
-    return _check(ws._core.run_net_once(StringifyProto(net)), False, f"net '{StringifyNetName(net)}'")
+    ok = current_workspace()._core.run_net_once(StringifyProto(net))
+    # The net's name is worked out only for the message of a failure.
+    return ok or _check(ok, False, f"net '{GetNetName(net)}'")
 
 
 def RunOperatorOnce(operator) -> bool:
@@ -406,10 +588,198 @@ def RunPlanInBackground(plan_or_step):
     return _core.run_plan_in_background(current_workspace()._core, StringifyProto(plan_or_step))
 
 
+def RegisteredOperators() -> list[str]:
+    """The operator types this build can run."""
+    return list(_core.registered_operators())
+
+
+def GetNameScope() -> str:
+    """The current name scope (the prefix of new blob names)."""
+    from . import scope
+
+    return scope.CurrentNameScope()
+
+
+# ---------------------------------------------------------- immediate mode --
+#
+# For debugging, as in Caffe2: between StartImmediate() and StopImmediate(),
+# every operator made by core.CreateOperator (so every op a Net adds) also
+# runs at once in a workspace of its own; FeedImmediate/FetchImmediate reach
+# it. A failing op raises where it was created.
+
+_IMMEDIATE_WORKSPACE = "_CAFFE2_IMMEDIATE"
+_immediate_mode = False
+_immediate_root_folder = ""
+
+
+def IsImmediate() -> bool:
+    """True between StartImmediate() and StopImmediate()."""
+    return _immediate_mode
+
+
+@contextlib.contextmanager
+def WorkspaceGuard(workspace_name: str):
+    """Makes ``workspace_name`` current (created if missing) for the
+    ``with`` block, then switches back, also on an error."""
+    previous = CurrentWorkspace()
+    SwitchWorkspace(workspace_name, True)
+    try:
+        yield
+    finally:
+        SwitchWorkspace(previous)
+
+
+def StartImmediate(i_know: bool = False) -> None:
+    """Enters immediate mode with an empty immediate workspace (restarting
+    it if already on). Prints a caution unless ``i_know``."""
+    global _immediate_mode, _immediate_root_folder
+    if _immediate_mode:
+        StopImmediate()
+    _immediate_root_folder = tempfile.mkdtemp(prefix="ferrocaffe-immediate-")
+    with WorkspaceGuard(_IMMEDIATE_WORKSPACE):
+        ResetWorkspace(_immediate_root_folder)
+    _immediate_mode = True
+    if not i_know:
+        print(
+            "Immediate mode: every operator you create also runs now, in a workspace of its own "
+            "(FeedImmediate/FetchImmediate). Its inputs must exist there. This is for debugging; "
+            "call StopImmediate() when done."
+        )
+
+
+def StopImmediate() -> None:
+    """Leaves immediate mode and frees the immediate workspace."""
+    global _immediate_mode, _immediate_root_folder
+    if not _immediate_mode:
+        return
+    with WorkspaceGuard(_IMMEDIATE_WORKSPACE):
+        ResetWorkspace()
+    shutil.rmtree(_immediate_root_folder, ignore_errors=True)
+    _immediate_root_folder = ""
+    _immediate_mode = False
+
+
+def ImmediateBlobs() -> list[str]:
+    with WorkspaceGuard(_IMMEDIATE_WORKSPACE):
+        return Blobs()
+
+
+def RunOperatorImmediate(op) -> None:
+    with WorkspaceGuard(_IMMEDIATE_WORKSPACE):
+        RunOperatorOnce(op)
+
+
+def FetchImmediate(*args, **kwargs):
+    with WorkspaceGuard(_IMMEDIATE_WORKSPACE):
+        return FetchBlob(*args, **kwargs)
+
+
+def FeedImmediate(*args, **kwargs):
+    with WorkspaceGuard(_IMMEDIATE_WORKSPACE):
+        return FeedBlob(*args, **kwargs)
+
+
+# ------------------------------------------------ process set-up and build --
+#
+# ferrocaffe is a CPU-only build: the flags a CPU-only Caffe2 build exposed,
+# which tests and programs read at import time.
+
+_GLOBAL_INIT_ARGS: list[str] = []
+
+
+def GlobalInit(args) -> bool:
+    """Process set-up with command-line style flags (Caffe2's
+    ``GlobalInit(['prog', '--caffe2_log_level=0', ...])``). The flags are
+    recorded (see :func:`GetGlobalInitArgs`); none changes ferrocaffe's
+    behaviour. Every element after the program name must be a ``--flag`` or
+    ``--flag=value`` string (InvalidArgumentError otherwise)."""
+    if isinstance(args, (str, bytes)) or not all(isinstance(a, str) for a in args):
+        raise TypeError("GlobalInit takes a list of strings, the first being the program name")
+    args = list(args)
+    for arg in args[1:]:
+        if not arg.startswith("--") or len(arg) == 2:
+            raise errors.InvalidArgumentError(f"GlobalInit: '{arg}' is not a --flag or --flag=value argument")
+    _GLOBAL_INIT_ARGS.extend(args[1:])
+    return True
+
+
+def GetGlobalInitArgs() -> list[str]:
+    """The flags given to :func:`GlobalInit` so far."""
+    return list(_GLOBAL_INIT_ARGS)
+
+
+is_asan = False
+has_cuda_support = False
+has_hip_support = False
+has_gpu_support = False
+# As in a CPU-only Caffe2 build: code builds CUDA device options even
+# without a GPU (ops placed on one are refused when a net is created).
+GpuDeviceType = 1  # caffe2_pb2.CUDA
+
+
+def NumCudaDevices() -> int:
+    return 0
+
+
+def NumGpuDevices() -> int:
+    return 0
+
+
+def GetCUDAVersion() -> int:
+    return 0
+
+
+def GetCuDNNVersion() -> int:
+    return 0
+
+
+def GetDeviceProperties(device_id):
+    return None
+
+
+def GetGpuPeerAccessPattern():
+    return np.array([])
+
+
+def GetGPUMemoryInfo():
+    return None
+
+
+class _BlobDict:
+    """``workspace.blobs``: the current workspace's blobs as a dict-like
+    object (``blobs['x']`` fetches, ``blobs['x'] = arr`` feeds)."""
+
+    def __getitem__(self, name):
+        return FetchBlob(name)
+
+    def __setitem__(self, name, value):
+        FeedBlob(name, value)
+
+    def __contains__(self, name) -> bool:
+        return HasBlob(name)
+
+    def __iter__(self):
+        return iter(Blobs())
+
+    def __len__(self) -> int:
+        return len(Blobs())
+
+
+blobs = _BlobDict()
+
+
 # Caffe2 code reaches the compiled module as ``workspace.C``.
 C = types.SimpleNamespace(
     Workspace=Workspace,
     Blob=Blob,
+    Net=NetHandle,
     registered_operators=_core.registered_operators,
     operator_schema=_core.operator_schema,
+    global_init=GlobalInit,
+    registered_dbs=lambda: ["ferro", "minidb"],
+    has_mkldnn=False,
+    has_cuda_support=False,
+    has_hip_support=False,
+    has_gpu_support=False,
+    is_asan=False,
 )

@@ -95,6 +95,7 @@ struct DoOp {
     net: NetDef,
     mapping: Vec<(String, String)>,
     reuse: bool,
+    allow_unknown_args: bool,
 }
 
 fn build_do(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
@@ -156,6 +157,7 @@ fn build_do(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         net,
         mapping,
         reuse,
+        allow_unknown_args: ctx.allow_unknown_args,
     }))
 }
 
@@ -176,7 +178,8 @@ impl Operator for DoOp {
             let mut kept = scope.kept.lock();
             if kept.is_none() {
                 let ws = Workspace::new_forwarding(cx.ws, &self.mapping)?;
-                let net = Arc::new(Mutex::new(Net::create(&self.net, &ws)?));
+                let net = Net::create_with(&self.net, &ws, self.allow_unknown_args)?;
+                let net = Arc::new(Mutex::new(net));
                 *kept = Some((ws, net));
             }
             let (ws, net) = kept.clone().expect("just set");
@@ -186,7 +189,7 @@ impl Operator for DoOp {
         }
         // A fresh inner workspace for this run only: nothing accumulates.
         let ws = Workspace::new_forwarding(cx.ws, &self.mapping)?;
-        let mut net = Net::create(&self.net, &ws)?;
+        let mut net = Net::create_with(&self.net, &ws, self.allow_unknown_args)?;
         net.run(&ws, cx.cancel)
     }
 }
@@ -210,7 +213,11 @@ fn read_cond(cx: &OpCx<'_>) -> Result<bool> {
 
 fn sub_net(ctx: &OpDefCtx<'_>, arg_name: &str, required: bool) -> Result<Option<Net>> {
     match ctx.args.net(arg_name)? {
-        Some(def) => Ok(Some(Net::create(&def, ctx.ws)?)),
+        Some(def) => Ok(Some(Net::create_with(
+            &def,
+            ctx.ws,
+            ctx.allow_unknown_args,
+        )?)),
         None if required => {
             Err(ctx.bad_arg(format!("{} needs a '{arg_name}' argument", ctx.op_type())))
         }

@@ -125,10 +125,19 @@ pub fn schemas() -> Vec<OpSchema> {
         OpSchema::new("CheckDatasetConsistency", check_dataset_consistency)
             .inputs(1, MANY)
             .outputs(0, 0)
-            .args(&[FIELDS])
+            .args(&[
+                FIELDS,
+                arg!(
+                    "dtypes",
+                    "ints",
+                    "[] (any)",
+                    "the declared Caffe2 dtype of each field (0, UNDEFINED: any); another dtype is an error"
+                ),
+            ])
             .doc(
-                "Fails unless the inputs form a consistent dataset under `fields`: fields of one domain have the same \
-                 number of rows, and each domain has exactly as many rows as its lengths add up to.",
+                "Fails unless the inputs form a consistent dataset under `fields`: each field has its declared dtype \
+                 (if given), fields of one domain have the same number of rows, and each domain has exactly as many \
+                 rows as its lengths add up to.",
             ),
         OpSchema::new("Append", append)
             .inputs(2, 2)
@@ -1049,9 +1058,28 @@ fn check_dataset_consistency(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             ctx.num_inputs()
         )));
     }
+    let dtypes = ctx.args.dtypes("dtypes", true)?;
+    if !dtypes.is_empty() && dtypes.len() != it.num_fields() {
+        return Err(ctx.bad_arg(format!(
+            "'dtypes' must have one entry per field ({}), got {}",
+            it.num_fields(),
+            dtypes.len()
+        )));
+    }
     Ok(kernel(move |cx| {
         let l = cx.lock();
         let (fields, names) = field_inputs(&l, 0, it.num_fields())?;
+        for (k, &want) in dtypes.iter().enumerate() {
+            let got = fields[k].dtype();
+            if want != DataType::Undefined && got != want {
+                return Err(Error::type_error(format!(
+                    "dataset field '{}' is {got}, but the dataset's schema declares {want}: write {want} \
+                     (convert with Cast, or check that the fields are in the schema's order)",
+                    it.names[k]
+                ))
+                .with_blob(names[k]));
+            }
+        }
         let cols = columns(&it, &fields, &names, true)?;
         let nd = it.num_domains();
         let (mut offsets, mut sizes) = (vec![0i64; nd], vec![0i64; nd]);

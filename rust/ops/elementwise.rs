@@ -162,6 +162,12 @@ pub fn schemas() -> Vec<OpSchema> {
             .inputs(2, MANY)
             .outputs(1, 1)
             .inplace(a)
+            .ignores(&[arg!(
+                "grad_on_w",
+                "bool",
+                "false",
+                "whether the gradient op computes the weights' gradients; accepted and ignored (no gradients here)"
+            )])
             .doc("Y = w0*X0 + w1*X1 + ... for inputs (X0, w0, X1, w1, ...): float32 tensors with X0's element count and 1-element float32 weights; Y has X0's shape."),
         OpSchema::new("Scale", build_scale)
             .inputs(1, 1)
@@ -521,8 +527,9 @@ fn prepare_anew(
     }
     if b.dtype() != dtype {
         return Err(Error::type_error(format!(
-            "{op}: both inputs must have the same dtype, but A ('{an}') is {dtype} and B ('{bn}') is {}",
-            b.dtype()
+            "{op}: both inputs must have the same dtype, but A ('{an}') is {dtype} and B ('{bn}') is {}. {}",
+            b.dtype(),
+            dtype_fix((an, dtype), (bn, b.dtype()))
         ))
         .with_blob(bn));
     }
@@ -563,6 +570,20 @@ fn prepare_anew(
 }
 
 // ------------------------------------------------------------------ helpers --
+
+/// The end of a dtype mismatch error between two inputs: how to make them
+/// agree. The input converted is the one holding numpy's default for Python
+/// numbers (float64 or int64) when only one does, as in `FeedBlob("lr", 0.1)`
+/// next to float32 data; otherwise the second input takes the first's dtype.
+fn dtype_fix(first: (&str, DataType), second: (&str, DataType)) -> String {
+    let python_default = |d: DataType| matches!(d, DataType::Double | DataType::Int64);
+    let ((name, _), (_, target)) = if python_default(first.1) && !python_default(second.1) {
+        (first, second)
+    } else {
+        (second, first)
+    };
+    format!("To fix: {}", target.conversion_hint(name))
+}
 
 fn bug(what: &str) -> Error {
     Error::internal(format!("elementwise kernel: {what}"))
@@ -1327,8 +1348,9 @@ fn sum(l: &mut Locked<'_>, n: usize) -> Result<()> {
         let ni = l.input_name(i);
         if xi.dtype() != dtype {
             return Err(Error::type_error(format!(
-                "Sum: all inputs must have the same dtype, but input 0 ('{n0}') is {dtype} and input {i} ('{ni}') is {}",
-                xi.dtype()
+                "Sum: all inputs must have the same dtype, but input 0 ('{n0}') is {dtype} and input {i} ('{ni}') is {}. {}",
+                xi.dtype(),
+                dtype_fix((n0, dtype), (ni, xi.dtype()))
             ))
             .with_blob(ni));
         }
@@ -1377,8 +1399,9 @@ fn weighted_sum_weights(l: &Locked<'_>, n: usize) -> Result<SmallVec<[f32; 8]>> 
             let name = l.input_name(xi);
             if x.dtype() != DataType::Float {
                 return Err(Error::type_error(format!(
-                    "WeightedSum: X{k} ('{name}') must be a float32 tensor like X0, got {}",
-                    x.dtype()
+                    "WeightedSum: X{k} ('{name}') must be a float32 tensor like X0, got {}. To fix: {}",
+                    x.dtype(),
+                    DataType::Float.conversion_hint(name)
                 ))
                 .with_blob(name));
             }
@@ -1395,8 +1418,9 @@ fn weighted_sum_weights(l: &Locked<'_>, n: usize) -> Result<SmallVec<[f32; 8]>> 
         let name = l.input_name(wi);
         if wt.dtype() != DataType::Float {
             return Err(Error::type_error(format!(
-                "WeightedSum: weight w{k} ('{name}') must be a float32 tensor, got {}",
-                wt.dtype()
+                "WeightedSum: weight w{k} ('{name}') must be a float32 tensor, got {}. To fix: {}",
+                wt.dtype(),
+                DataType::Float.conversion_hint(name)
             ))
             .with_blob(name));
         }

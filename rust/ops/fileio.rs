@@ -210,6 +210,7 @@ pub fn schemas() -> Vec<OpSchema> {
             .inputs(0, 0)
             .outputs(1, 1)
             .args(&[
+                arg!("path", "string", "\"\"", "a first .npy file (the first column), before those of `paths`"),
                 arg!("paths", "strings", "[]", "the .npy files, one per column; row i of each is record i"),
                 arg!("batch_size", "int", "1024", "records per batch, >= 1"),
             ])
@@ -2649,32 +2650,19 @@ fn expect_args(
     ctx: &OpDefCtx<'_>,
     columns: &[String],
 ) -> Result<Vec<(Option<DataType>, Option<bool>)>> {
-    let dtypes = ctx.args.ints("dtypes")?.unwrap_or_default();
+    let dtypes = ctx.args.dtypes("dtypes", false)?;
     let is_list = ctx.args.ints("is_list")?.unwrap_or_default();
-    for (what, v) in [("dtypes", &dtypes), ("is_list", &is_list)] {
-        if !v.is_empty() && v.len() != columns.len() {
+    for (what, len) in [("dtypes", dtypes.len()), ("is_list", is_list.len())] {
+        if len != 0 && len != columns.len() {
             return Err(ctx.bad_arg(format!(
-                "'{what}' must have one entry per column ({}), got {}",
-                columns.len(),
-                v.len()
+                "'{what}' must have one entry per column ({}), got {len}",
+                columns.len()
             )));
         }
     }
-    let mut expect = Vec::with_capacity(columns.len());
-    for c in 0..columns.len() {
-        let dt = match dtypes.get(c) {
-            None => None,
-            Some(&d) => Some(
-                i32::try_from(d)
-                    .ok()
-                    .and_then(DataType::from_i32)
-                    .filter(|d| *d != DataType::Undefined)
-                    .ok_or_else(|| ctx.bad_arg(format!("'dtypes' has an unknown data type {d}")))?,
-            ),
-        };
-        expect.push((dt, is_list.get(c).map(|&l| l != 0)));
-    }
-    Ok(expect)
+    Ok((0..columns.len())
+        .map(|c| (dtypes.get(c).copied(), is_list.get(c).map(|&l| l != 0)))
+        .collect())
 }
 
 fn create_parquet_reader(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
@@ -2778,19 +2766,7 @@ fn reset_parquet_reader(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 
 fn fields_dtypes_args(ctx: &OpDefCtx<'_>) -> Result<(Vec<String>, Vec<DataType>)> {
     let fields = ctx.args.string_list("fields")?.unwrap_or_default();
-    let dtypes = ctx
-        .args
-        .ints("dtypes")?
-        .unwrap_or_default()
-        .into_iter()
-        .map(|d| {
-            i32::try_from(d)
-                .ok()
-                .and_then(DataType::from_i32)
-                .filter(|d| *d != DataType::Undefined)
-                .ok_or_else(|| ctx.bad_arg(format!("'dtypes' has an unknown data type {d}")))
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let dtypes = ctx.args.dtypes("dtypes", false)?;
     if fields.len() != dtypes.len() {
         return Err(ctx.bad_arg(format!(
             "'fields' and 'dtypes' must have the same length, got {} and {}",
@@ -2870,7 +2846,9 @@ fn close_parquet_writer(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 fn create_npy_reader(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let paths = paths_arg(ctx)?;
     if paths.is_empty() {
-        return Err(ctx.bad_arg("a .npy reader needs at least one file (argument 'paths')"));
+        return Err(
+            ctx.bad_arg("a .npy reader needs at least one file (argument 'paths' or 'path')")
+        );
     }
     let batch = batch_size_arg(ctx, DEFAULT_BATCH_SIZE, 1)?;
     Ok(kernel(move |cx| {

@@ -38,10 +38,31 @@ const INPUT_AS_SHAPE: ArgDoc = arg!(
     "take the shape from the contents of input 0 (a non-empty 1-D int64 tensor) rather than from its shape"
 );
 
+/// Caffe2's model-building code marks init ops with `run_once` (its own
+/// tests fill with `run_once=0`); no filler reads it.
+const FILLER_IGNORED: &[ArgDoc] = &[arg!(
+    "run_once",
+    "int",
+    "none",
+    "a model-building mark on init ops; accepted and ignored"
+)];
+
 /// Input 0 and output 0 may be the same blob (the shape is read first).
 fn in_place_0_0(i: usize, o: usize) -> bool {
     i == 0 && o == 0
 }
+
+/// What the typed GivenTensor*Fill variants accept and ignore: as in Caffe2,
+/// their name fixes the dtype, and a `dtype` argument has no effect.
+const TYPED_GIVEN_IGNORED: &[ArgDoc] = &[
+    FILLER_IGNORED[0],
+    arg!(
+        "dtype",
+        "int or string",
+        "none",
+        "accepted and ignored, as in Caffe2: the op's name fixes the dtype"
+    ),
+];
 
 /// The schema shared by the typed GivenTensor*Fill variants.
 fn given(name: &'static str, values: &'static [ArgDoc], doc: &'static str) -> OpSchema {
@@ -50,6 +71,7 @@ fn given(name: &'static str, values: &'static [ArgDoc], doc: &'static str) -> Op
         .outputs(1, 1)
         .inplace(InPlace::Allow(in_place_0_0))
         .args(values)
+        .ignores(TYPED_GIVEN_IGNORED)
         .doc(doc)
 }
 
@@ -75,6 +97,7 @@ pub fn schemas() -> Vec<OpSchema> {
                 EXTRA_SHAPE,
                 INPUT_AS_SHAPE,
             ])
+            .ignores(FILLER_IGNORED)
             .doc(
                 "Fills the output with one value. Input 0 (optional) gives the shape; input 1 (optional, one \
                  element of the output dtype, not for strings) overrides `value`.",
@@ -95,6 +118,7 @@ pub fn schemas() -> Vec<OpSchema> {
                 EXTRA_SHAPE,
                 INPUT_AS_SHAPE,
             ])
+            .ignores(FILLER_IGNORED)
             .doc("Fills the output (float32 unless `dtype` says otherwise) with the given flat values, row-major."),
         given("GivenTensorDoubleFill", FLOAT_VALUES_ARGS, "Fills a float64 output with the given flat values."),
         given("GivenTensorInt16Fill", INT_VALUES_ARGS, "Fills an int16 output with the given flat values."),
@@ -113,6 +137,7 @@ pub fn schemas() -> Vec<OpSchema> {
                 EXTRA_SHAPE,
                 INPUT_AS_SHAPE,
             ])
+            .ignores(FILLER_IGNORED)
             .doc(
                 "Fills a float32 output with samples uniform on [min, max). Takes 0, 1 or 3 inputs: (shape source, \
                  min, max); with 3 inputs a min above max gives an output whose first dim is 0.",
@@ -128,6 +153,7 @@ pub fn schemas() -> Vec<OpSchema> {
                 EXTRA_SHAPE,
                 INPUT_AS_SHAPE,
             ])
+            .ignores(FILLER_IGNORED)
             .doc("UniformFill for int32, with both bounds included."),
         OpSchema::new("GaussianFill", gaussian_fill)
             .inputs(0, 1)
@@ -140,6 +166,7 @@ pub fn schemas() -> Vec<OpSchema> {
                 EXTRA_SHAPE,
                 INPUT_AS_SHAPE,
             ])
+            .ignores(FILLER_IGNORED)
             .doc("Fills a float32 output with normal samples."),
     ]
 }

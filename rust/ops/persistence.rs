@@ -50,6 +50,7 @@ pub fn schemas() -> Vec<OpSchema> {
                 arg!("allow_incomplete", "bool", "false", "do not fail when some outputs are not in the db(s)"),
                 arg!("source_blob_names", "list of strings", "[]", "the names to load, one per output; not with strip_prefix or load_all"),
             ])
+            .ignores(&[arg!("shape", "list of int", "[]", "read by Caffe2's Load but never used; accepted and ignored")])
             .doc(
                 "Loads blobs from one or more dbs into its outputs (matched by name). Everything is decoded and checked \
                  before any output is written. DBReader inputs are not supported.",
