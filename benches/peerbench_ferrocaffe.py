@@ -42,6 +42,9 @@ if not os.path.isfile(os.path.join(PEERBENCH_DIR, "peers.py")):
 sys.path.insert(0, PEERBENCH_DIR)
 import peers  # noqa: E402
 
+sys.path.insert(0, HERE)
+import workloads  # noqa: E402
+
 PEER = "ferrocaffe"
 
 
@@ -56,20 +59,6 @@ def _ferrocaffe():
     return core, workspace, info
 
 
-def _x_and_one(np, workspace):
-    """A workspace holding the scalars x = 0 and one = 1 of W1 and W2;
-    returns it and the zero that resets x before each run."""
-    ws = workspace.Workspace()
-    zero = _scalar(np, 0.0)
-    ws.feed_blob("x", zero)
-    ws.feed_blob("one", _scalar(np, 1.0))
-    return ws, zero
-
-
-def _scalar(np, v):
-    return np.array(v, np.float32)          # a 0-d float32 tensor
-
-
 # ---------------------------------------------------------------------------
 # W1: one net of 1000 scalar float32 Add ops, x = x + one
 # ---------------------------------------------------------------------------
@@ -80,22 +69,7 @@ def _scalar(np, v):
 def w1_ferrocaffe():
     np = peers.need("numpy")
     core, workspace, info = _ferrocaffe()
-
-    def build(n):
-        ws, zero = _x_and_one(np, workspace)
-        net = core.Net(f"w1_chain_{n}")
-        for _ in range(n):
-            net.Add(["x", "one"], ["x"])
-        ws.create_net(net)
-        name = net.Name()
-
-        def run():
-            ws.feed_blob("x", zero)
-            ws.run_net(name)
-            return ws.fetch_blob("x")
-        return run, float
-
-    return peers.w1_measure(build, info)
+    return peers.w1_measure(lambda n: workloads.chain(np, core, workspace, n), info)
 
 
 # ---------------------------------------------------------------------------
@@ -108,21 +82,7 @@ def w1_ferrocaffe():
 def w2_ferrocaffe():
     np = peers.need("numpy")
     core, workspace, info = _ferrocaffe()
-
-    def build(n):
-        ws, zero = _x_and_one(np, workspace)
-        net = core.Net("w2_tick")
-        net.Add(["x", "one"], ["x"])
-        plan = core.Plan(f"w2_{n}")
-        plan.AddStep(core.execution_step("loop", [net], num_iter=n))
-
-        def run():
-            ws.feed_blob("x", zero)
-            ws.run(plan)
-            return ws.fetch_blob("x")
-        return run, float
-
-    return peers.w2_measure(build, info)
+    return peers.w2_measure(lambda n: workloads.loop(np, core, workspace, n), info)
 
 
 # ---------------------------------------------------------------------------

@@ -1,9 +1,10 @@
 //! The thin PyO3 layer: `ferrocaffe._core`.
 //!
-//! Everything long-running goes through [`run_detached`], which releases the
-//! GIL, runs the Rust work on a worker thread, polls for Ctrl-C on the calling
-//! thread, and converts errors into the `ferrocaffe.errors` classes. Values
-//! cross the boundary as numpy arrays (one copy each way) or protobuf bytes.
+//! Calls into the runtime go through [`run_here`] (or, for plans that may run
+//! Python ops on threads of their own, [`run_detached`]): the GIL is released,
+//! Ctrl-C is noticed, and errors are converted once into the
+//! `ferrocaffe.errors` classes. Values cross the boundary as numpy arrays (one
+//! copy each way) or protobuf bytes.
 
 use crate::blob::{BlobValue, Counter};
 use crate::cancel::CancelToken;
@@ -21,7 +22,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::mpsc;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 // ------------------------------------------------------------------ errors --
 
@@ -77,120 +78,256 @@ fn guarded<T>(f: impl FnOnce() -> crate::Result<T>) -> crate::Result<T> {
     catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|p| Err(from_panic(p)))
 }
 
+// ---------------------------------------------------------------- dispatch --
+//
+// A call runs on the calling thread with the GIL released (`run_here`): no
+// hand-off to another thread, so its cost does not depend on whether a
+// spare core exists. On Python's main thread the run's token polls for
+// Ctrl-C (`cancel.rs`: blocking waits at every slice, busy loops when the
+// watchdog asks), and a Python op in the run runs on this same thread,
+// where a signal interrupts `time.sleep`, lock waits and loops as in plain
+// Python. Only a plan that may run Python ops on threads it starts goes to
+// a runner thread (`run_detached`), because such an op cannot be
+// interrupted from outside and must be left behind if it does not return.
+
+thread_local! {
+    /// The token of the Python op running on this thread, if any: a run it
+    /// starts (a re-entrant run) is cancelled with the run that called it.
+    static CALLER: std::cell::RefCell<Option<CancelToken>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Sets [`CALLER`] for the duration of a Python op's call.
+struct CallerGuard(Option<CancelToken>);
+
+impl CallerGuard {
+    fn set(tok: &CancelToken) -> CallerGuard {
+        CallerGuard(CALLER.with(|c| c.replace(Some(tok.clone()))))
+    }
+}
+
+impl Drop for CallerGuard {
+    fn drop(&mut self) {
+        let previous = self.0.take();
+        CALLER.with(|c| *c.borrow_mut() = previous);
+    }
+}
+
+fn caller_token() -> Option<CancelToken> {
+    CALLER.with(|c| c.borrow().clone())
+}
+
+fn os_thread() -> u64 {
+    // SAFETY: pthread_self has no preconditions.
+    unsafe { libc::pthread_self() as u64 }
+}
+
+/// Whether this is Python's main thread, the one that runs signal handlers.
+fn on_main_thread(py: Python<'_>) -> bool {
+    static MAIN: PyOnceLock<u64> = PyOnceLock::new();
+    let main = MAIN.get_or_init(py, || {
+        (|| -> PyResult<u64> {
+            py.import("threading")?
+                .call_method0("main_thread")?
+                .getattr("ident")?
+                .extract()
+        })()
+        .unwrap_or(0)
+    });
+    *main == os_thread()
+}
+
+/// A call's token, and on the main thread where a signal's exception goes.
+struct RunToken {
+    tok: CancelToken,
+    interrupt: Option<Arc<parking_lot::Mutex<Option<PyErr>>>>,
+    _watched: Option<crate::cancel::Watched>,
+}
+
+impl RunToken {
+    fn new(py: Python<'_>) -> RunToken {
+        if let Some(parent) = caller_token() {
+            // Nested in a Python op: the outer run polls (and is cancelled).
+            return RunToken {
+                tok: parent.child(),
+                interrupt: None,
+                _watched: None,
+            };
+        }
+        if !on_main_thread(py) {
+            return RunToken {
+                tok: CancelToken::new(),
+                interrupt: None,
+                _watched: None,
+            };
+        }
+        let slot = Arc::new(parking_lot::Mutex::new(None));
+        let s2 = slot.clone();
+        let tok = CancelToken::with_interrupt_check(move || {
+            Python::attach(|py| match py.check_signals() {
+                Ok(()) => false,
+                Err(e) => {
+                    *s2.lock() = Some(e);
+                    true
+                }
+            })
+        });
+        // Without the watchdog (no thread to be had) blocking waits still
+        // poll; only busy loops then run to their end before Ctrl-C shows.
+        let watched = crate::cancel::watch(&tok).ok();
+        RunToken {
+            tok,
+            interrupt: Some(slot),
+            _watched: watched,
+        }
+    }
+
+    fn finish<T>(self, py: Python<'_>, r: crate::Result<T>) -> PyResult<T> {
+        // A signal handler ran (and consumed the signal) inside the run: its
+        // exception is raised even if the run finished first. Otherwise a
+        // cancelled run (one nested in a Python op of a cancelled run) is
+        // CancelledError, like every other error converted once.
+        if let Some(e) = self.interrupt.as_ref().and_then(|s| s.lock().take()) {
+            return Err(e);
+        }
+        r.map_err(|e| to_py_err(py, e))
+    }
+}
+
+/// Runs `f` on this thread with the GIL released; see the section comment.
+fn run_here<T: Send>(
+    py: Python<'_>,
+    f: impl FnOnce(&CancelToken) -> crate::Result<T> + Send,
+) -> PyResult<T> {
+    let run = RunToken::new(py);
+    let tok = &run.tok;
+    let r = py.detach(|| guarded(|| f(tok)));
+    run.finish(py, r)
+}
+
 type Job = Box<dyn FnOnce() + Send + 'static>;
 
-/// Idle runner threads, each waiting on its own channel. Reusing them keeps a
-/// plan run's fixed cost to a channel hand-off instead of a thread spawn.
-static IDLE_RUNNERS: parking_lot::Mutex<Vec<mpsc::Sender<Job>>> =
-    parking_lot::Mutex::new(Vec::new());
+/// Idle runner threads, each waiting on its own channel, and the process
+/// they belong to (a forked child has the records but not the threads).
+static IDLE_RUNNERS: parking_lot::Mutex<(u32, Vec<mpsc::Sender<Job>>)> =
+    parking_lot::Mutex::new((0, Vec::new()));
 
-fn submit(job: Job) {
-    let idle = IDLE_RUNNERS.lock().pop();
+fn submit(job: Job) -> crate::Result<()> {
+    let idle = {
+        let mut g = IDLE_RUNNERS.lock();
+        let pid = std::process::id();
+        if g.0 != pid {
+            *g = (pid, Vec::new());
+        }
+        g.1.pop()
+    };
     let job = match idle {
         Some(tx) => match tx.send(job) {
-            Ok(()) => return,
+            Ok(()) => return Ok(()),
             Err(mpsc::SendError(job)) => job,
         },
         None => job,
     };
     let (tx, rx) = mpsc::channel::<Job>();
-    std::thread::Builder::new()
-        .name("ferrocaffe-runner".into())
-        .spawn(move || {
-            // Give the runner a Python thread state once and release the GIL:
-            // Python ops on this thread then re-acquire it cheaply, instead of
-            // creating and destroying a thread state on every call.
-            Python::attach(|py| {
-                py.detach(move || {
-                    let mut next = Some(job);
-                    while let Some(job) = next.take() {
-                        job();
-                        IDLE_RUNNERS.lock().push(tx.clone());
-                        next = spin_then_recv(&rx);
-                    }
-                })
+    crate::threads::spawn("ferrocaffe-runner", move || {
+        // Give the runner a Python thread state once and release the GIL:
+        // Python ops on this thread then re-acquire it cheaply, instead of
+        // creating and destroying a thread state on every call. Runs are
+        // long here (see `run_detached`), so the runner sleeps between jobs.
+        Python::attach(|py| {
+            py.detach(move || {
+                let mut next = Some(job);
+                while let Some(job) = next.take() {
+                    job();
+                    IDLE_RUNNERS.lock().1.push(tx.clone());
+                    next = rx.recv().ok();
+                }
             })
         })
-        .expect("cannot start a runner thread");
+    })
+    .map(|_| ())
+    .map_err(|e| crate::threads::cannot_start("a plan run", &e))
 }
 
-/// How long a waiter spins before it sleeps. Back-to-back short runs (a net
-/// run from a Python loop) then hand over in about a microsecond instead of
-/// two futex wake-ups.
-const SPIN: Duration = Duration::from_micros(50);
+/// How long an interrupted detached run may take to stop before its caller
+/// stops waiting for it.
+const GRACE: Duration = Duration::from_millis(250);
 
-fn spin_then_recv<T>(rx: &mpsc::Receiver<T>) -> Option<T> {
-    let start = std::time::Instant::now();
-    loop {
-        match rx.try_recv() {
-            Ok(v) => return Some(v),
-            Err(mpsc::TryRecvError::Disconnected) => return None,
-            Err(mpsc::TryRecvError::Empty) if start.elapsed() < SPIN => std::hint::spin_loop(),
-            Err(mpsc::TryRecvError::Empty) => return rx.recv().ok(),
-        }
-    }
-}
-
-/// Runs `f` with the GIL released on a runner thread, polling for Ctrl-C on
-/// the calling thread. On Ctrl-C the run is cancelled, waited for, and
-/// KeyboardInterrupt is raised; the workspace stays usable.
-pub(crate) fn run_detached<T: Send + 'static>(
+/// Runs `f` on a runner thread, the caller polling for Ctrl-C (and for the
+/// cancellation of the run that called it) every 10 ms. When interrupted,
+/// the run is cancelled and its Python ops are sent KeyboardInterrupt; if it
+/// has not finished after [`GRACE`], it is abandoned: the call raises
+/// KeyboardInterrupt and the run finishes in the background when its last
+/// op returns (a net it holds says so until then, see `net::NetCell`).
+fn run_detached<T: Send + 'static>(
     py: Python<'_>,
     f: impl FnOnce(&CancelToken) -> crate::Result<T> + Send + 'static,
 ) -> PyResult<T> {
-    let tok = CancelToken::new();
+    let tok = caller_token().map_or_else(CancelToken::new, |p| p.child());
     let (tx, rx) = mpsc::channel::<crate::Result<T>>();
     let tok2 = tok.clone();
     submit(Box::new(move || {
         let _ = tx.send(guarded(|| f(&tok2)));
-    }));
+    }))
+    .map_err(|e| to_py_err(py, e))?;
     let tok3 = tok.clone();
     let (result, interrupt) = py.detach(move || {
         let mut interrupt: Option<PyErr> = None;
-        let start = std::time::Instant::now();
-        while start.elapsed() < SPIN {
-            match rx.try_recv() {
-                Ok(r) => return (r, interrupt),
-                Err(_) => std::hint::spin_loop(),
-            }
-        }
+        let mut give_up_at: Option<Instant> = None;
         loop {
             match rx.recv_timeout(Duration::from_millis(10)) {
-                Ok(r) => return (r, interrupt),
+                Ok(r) => return (Some(r), interrupt),
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    return (Err(Error::internal("the runner thread died")), interrupt);
+                    return (
+                        Some(Err(Error::internal("the runner thread died"))),
+                        interrupt,
+                    );
                 }
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    if interrupt.is_none() {
-                        if let Err(e) = Python::attach(|py| py.check_signals()) {
-                            tok3.cancel();
-                            interrupt = Some(e);
-                        }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+            }
+            match give_up_at {
+                None => {
+                    interrupt = Python::attach(|py| py.check_signals().err());
+                    if interrupt.is_some() || tok3.is_cancelled() {
+                        tok3.cancel();
+                        Python::attach(|py| interrupt_python_ops(py, &tok3));
+                        give_up_at = Some(Instant::now() + GRACE);
                     }
                 }
+                Some(t) if Instant::now() >= t => return (None, interrupt),
+                Some(_) => {}
             }
         }
     });
-    if let Some(e) = interrupt {
-        return Err(e);
-    }
-    match result {
-        Ok(v) => Ok(v),
-        Err(e) if e.kind == ErrorKind::Cancelled && tok.is_cancelled() => {
-            Err(PyKeyboardInterrupt::new_err(e.full_message()))
+    match (result, interrupt) {
+        (_, Some(e)) if !e.is_instance_of::<PyKeyboardInterrupt>(py) => Err(e),
+        (Some(_), Some(e)) => Err(e),
+        (Some(r), None) => r.map_err(|e| to_py_err(py, e)),
+        (None, _) => {
+            tok.abandon();
+            Err(PyKeyboardInterrupt::new_err(format!(
+                "the run was interrupted, but a Python op in it has not returned within {} ms: it was sent KeyboardInterrupt, the run is cancelled and finishes when that op returns; until then the net running it stays busy (running that net again raises an error saying so)",
+                GRACE.as_millis()
+            )))
         }
-        Err(e) => Err(to_py_err(py, e)),
     }
 }
 
-/// Runs short work with the GIL released on this thread (no Ctrl-C polling).
-fn run_inline<T: Send>(
-    py: Python<'_>,
-    f: impl FnOnce(&CancelToken) -> crate::Result<T> + Send,
-) -> PyResult<T> {
-    let tok = CancelToken::new();
-    py.detach(|| guarded(|| f(&tok)))
-        .map_err(|e| to_py_err(py, e))
+/// Raises KeyboardInterrupt in the Python ops of the run of `tok` that are
+/// running now (on other threads: blocked ones see it when they next run
+/// Python code, a busy loop at once).
+fn interrupt_python_ops(_py: Python<'_>, tok: &CancelToken) {
+    for t in crate::cancel::interrupt_external_calls_under(tok) {
+        // SAFETY: the GIL is held; `t` is the ident of a thread inside a
+        // Python op, which stays registered (and so inside the op) while
+        // the GIL is held here (it unregisters holding the GIL).
+        unsafe {
+            pyo3::ffi::PyThreadState_SetAsyncExc(
+                t as std::os::raw::c_long,
+                pyo3::ffi::PyExc_KeyboardInterrupt,
+            );
+        }
+    }
 }
 
 fn feed_error(py: Python<'_>, msg: String, blob: &str) -> PyErr {
@@ -550,7 +687,7 @@ impl PyWorkspace {
     fn serialize_blob(&self, py: Python<'_>, name: &str) -> PyResult<Py<PyBytes>> {
         let ws = self.ws.clone();
         let key = name.to_string();
-        let bytes = run_inline(py, move |_| {
+        let bytes = run_here(py, move |_| {
             let b = ws.blob(&key)?;
             let v = b.read();
             crate::storage::serialize_blob(&key, &v).map_err(|e| e.with_blob(&key))
@@ -565,7 +702,7 @@ impl PyWorkspace {
     fn deserialize_blob(&self, py: Python<'_>, name: &str, data: &[u8]) -> PyResult<()> {
         let ws = self.ws.clone();
         let key = name.to_string();
-        run_inline(py, move |_| {
+        run_here(py, move |_| {
             let v = crate::storage::deserialize_blob(data).map_err(|e| e.with_blob(&key))?;
             ws.feed(&key, v);
             Ok(())
@@ -576,7 +713,7 @@ impl PyWorkspace {
     fn create_net(&self, py: Python<'_>, net: &[u8], overwrite: bool) -> PyResult<String> {
         let def: ir::NetDef = decode(py, net, "NetDef")?;
         let ws = self.ws.clone();
-        run_inline(py, move |_| ws.create_net(&def, overwrite).map(|_| ()))?;
+        run_here(py, move |_| ws.create_net(&def, overwrite).map(|_| ()))?;
         Ok(String::new())
     }
 
@@ -600,26 +737,30 @@ impl PyWorkspace {
         let ws = self.ws.clone();
         let name = name.to_string();
         let n = num_iter.max(0) as usize;
-        run_detached(py, move |t| ws.run_net(&name, n, t))
+        run_here(py, move |t| ws.run_net(&name, n, t))
     }
 
     fn run_net_once(&self, py: Python<'_>, net: &[u8]) -> PyResult<bool> {
         let def: ir::NetDef = decode(py, net, "NetDef")?;
         let ws = self.ws.clone();
-        run_detached(py, move |t| ws.run_net_once(&def, t))
+        run_here(py, move |t| ws.run_net_once(&def, t))
     }
 
     fn run_operator_once(&self, py: Python<'_>, op: &[u8]) -> PyResult<bool> {
         let def: ir::OperatorDef = decode(py, op, "OperatorDef")?;
         let ws = self.ws.clone();
-        run_detached(py, move |t| ws.run_operator_once(&def, t))
+        run_here(py, move |t| ws.run_operator_once(&def, t))
     }
 
     /// Runs a serialised PlanDef; Ctrl-C cancels it and raises KeyboardInterrupt.
     fn run_plan(&self, py: Python<'_>, plan: &[u8]) -> PyResult<bool> {
         let def: ir::PlanDef = decode(py, plan, "PlanDef")?;
         let ws = self.ws.clone();
-        run_detached(py, move |t| ws.run_plan(&def, t))
+        if crate::plan::calls_off_thread(&def, &|op| op.op_type() == "Python") {
+            run_detached(py, move |t| ws.run_plan(&def, t))
+        } else {
+            run_here(py, move |t| ws.run_plan(&def, t))
+        }
     }
 
     /// Removes every blob and net of this workspace (not its parent's).
@@ -683,10 +824,11 @@ fn run_plan_in_background(
     let tok = CancelToken::new();
     let state = Arc::new(parking_lot::Mutex::new(None));
     let (t2, s2) = (tok.clone(), state.clone());
-    let handle = std::thread::spawn(move || {
+    let handle = crate::threads::spawn("ferrocaffe-background-plan", move || {
         let r = guarded(|| ws.run_plan(&def, &t2));
         *s2.lock() = Some(r);
-    });
+    })
+    .map_err(|e| to_py_err(py, crate::threads::cannot_start("a background plan", &e)))?;
     Ok(PyBackgroundPlan {
         tok,
         state,
@@ -748,7 +890,7 @@ fn path_string(py: Python<'_>, path: PathBuf) -> PyResult<String> {
 #[pyo3(signature = (path, db_type=String::from("ferro")))]
 fn list_db(py: Python<'_>, path: PathBuf, db_type: String) -> PyResult<Vec<Py<PyDict>>> {
     let path = path_string(py, path)?;
-    let entries = run_detached(py, move |_| crate::storage::list_db(&path, &db_type))?;
+    let entries = run_here(py, move |_| crate::storage::list_db(&path, &db_type))?;
     entries
         .into_iter()
         .map(|e| {
@@ -769,7 +911,7 @@ fn list_db(py: Python<'_>, path: PathBuf, db_type: String) -> PyResult<Vec<Py<Py
 #[pyo3(signature = (path, db_type=String::from("ferro")))]
 fn verify_db(py: Python<'_>, path: PathBuf, db_type: String) -> PyResult<()> {
     let path = path_string(py, path)?;
-    run_detached(py, move |_| crate::storage::verify_db(&path, &db_type))
+    run_here(py, move |_| crate::storage::verify_db(&path, &db_type))
 }
 
 /// Checks a ferro db held in a uint8 array (a read-only memory map of the
@@ -796,29 +938,11 @@ fn map_ferro(
             Error::invalid_arg(format!("map_ferro needs a contiguous uint8 array: {e}")),
         )
     })?;
-    /// The address and length of `bytes`, sent to the runner thread.
-    struct Memory(*const u8, usize);
-    // SAFETY: the memory is only read, through `slice`.
-    unsafe impl Send for Memory {}
-    impl Memory {
-        /// # Safety
-        /// The memory must stay alive and unmodified while the slice is used.
-        unsafe fn slice(&self) -> &[u8] {
-            if self.1 == 0 {
-                return &[];
-            }
-            std::slice::from_raw_parts(self.0, self.1)
-        }
-    }
-    let memory = Memory(bytes.as_ptr(), bytes.len());
-    let blobs = run_detached(py, move |cancel| {
-        // SAFETY: `data` keeps the array and its buffer alive, borrowed
-        // read-only, until `map_ferro` returns, and `run_detached` returns
-        // only after this closure has finished (or was dropped without
-        // running), also after Ctrl-C. (A mapped file can still be changed
-        // by a process writing it in place, as with any memory map; ferrocaffe
-        // never does: saves replace files by rename.)
-        let bytes = unsafe { memory.slice() };
+    // Checked on this thread while `data` keeps the array borrowed
+    // read-only. (A mapped file can still be changed by a process writing
+    // it in place, as with any memory map; ferrocaffe never does: saves
+    // replace files by rename.)
+    let blobs = run_here(py, move |cancel| {
         crate::storage::map_ferro(&path, bytes, verify, cancel)
     })?;
     blobs
@@ -851,14 +975,14 @@ fn map_ferro(
 #[pyo3(signature = (path, db_type=String::from("ferro")))]
 fn db_exists(py: Python<'_>, path: PathBuf, db_type: String) -> PyResult<bool> {
     let path = path_string(py, path)?;
-    run_detached(py, move |_| crate::storage::db_exists(&path, &db_type))
+    run_here(py, move |_| crate::storage::db_exists(&path, &db_type))
 }
 
 /// Removes the stale temporaries that interrupted saves of the file at
 /// `path` left beside it (see `storage::sweep_stale_temporaries`).
 #[pyfunction]
 fn sweep_stale_temporaries(py: Python<'_>, path: PathBuf) -> PyResult<usize> {
-    run_detached(py, move |_| crate::storage::sweep_stale_temporaries(&path))
+    run_here(py, move |_| crate::storage::sweep_stale_temporaries(&path))
 }
 
 /// Writes `data` to `path` as saves write dbs: a temporary, fsynced and
@@ -867,7 +991,7 @@ fn sweep_stale_temporaries(py: Python<'_>, path: PathBuf) -> PyResult<usize> {
 #[pyfunction]
 fn write_file_atomically(py: Python<'_>, path: PathBuf, data: Vec<u8>) -> PyResult<()> {
     let path = path_string(py, path)?;
-    run_detached(py, move |_| crate::storage::write_file(&path, &data))
+    run_here(py, move |_| crate::storage::write_file(&path, &data))
 }
 
 /// Fixes the size of the kernel (rayon) pool; see `crate::threads`.
@@ -1134,20 +1258,41 @@ impl crate::operator::Operator for PythonOp {
                 }
                 Ok(())
             };
+            // Registered (and unregistered) with the GIL held, so an
+            // interrupt (`interrupt_python_ops`) reaches the call only while
+            // it is in progress; runs it starts are cancelled with this one.
+            let registered = crate::cancel::ExternalCall::enter(cx.cancel);
+            let caller = CallerGuard::set(cx.cancel);
             let ran = call();
+            drop(caller);
+            if registered.leave() {
+                // An interrupt sent after its last chance to fire would
+                // fire in whatever Python code this thread runs next.
+                // SAFETY: the GIL is held; a NULL exception clears it.
+                unsafe {
+                    pyo3::ffi::PyThreadState_SetAsyncExc(
+                        os_thread() as std::os::raw::c_long,
+                        std::ptr::null_mut(),
+                    );
+                }
+            }
             let closed = HandedArrays::close(&arrays, py, ran.is_ok());
-            ran.and(closed).map(|_| true).map_err(|err| {
-                let msg = format!(
-                    "Python op raised {}",
-                    err.value(py)
-                        .repr()
-                        .map(|r| r.to_string())
-                        .unwrap_or_default()
-                );
-                let mut e = Error::failed(msg);
-                e.payload = Some(Arc::new(err));
-                e
-            })
+            match ran.and(closed) {
+                // An interrupted run goes no further than this op.
+                Ok(()) => cx.cancel.check().map(|_| true),
+                Err(err) => {
+                    let msg = format!(
+                        "Python op raised {}",
+                        err.value(py)
+                            .repr()
+                            .map(|r| r.to_string())
+                            .unwrap_or_default()
+                    );
+                    let mut e = Error::failed(msg);
+                    e.payload = Some(Arc::new(err));
+                    Err(e)
+                }
+            }
         })
     }
 }

@@ -57,24 +57,29 @@ impl BlobValue {
         matches!(self, BlobValue::Empty)
     }
 
+    // Inlined (with the error out of line): kernels call these every run.
+    #[inline]
     pub fn tensor(&self) -> Result<&Tensor> {
         match self {
             BlobValue::Tensor(t) => Ok(t),
-            other => Err(Error::type_error(format!(
-                "wrong kind of blob: it holds {} but a Tensor was expected",
-                other.kind_name()
-            ))),
+            other => Err(other.not_a_tensor()),
         }
     }
 
+    #[inline]
     pub fn tensor_mut(&mut self) -> Result<&mut Tensor> {
         match self {
             BlobValue::Tensor(t) => Ok(t),
-            other => Err(Error::type_error(format!(
-                "wrong kind of blob: it holds {} but a Tensor was expected",
-                other.kind_name()
-            ))),
+            other => Err(other.not_a_tensor()),
         }
+    }
+
+    #[cold]
+    pub(crate) fn not_a_tensor(&self) -> Error {
+        Error::type_error(format!(
+            "wrong kind of blob: it holds {} but a Tensor was expected",
+            self.kind_name()
+        ))
     }
 
     /// The object, borrowed, if it is of type `T`, else a `Type` error

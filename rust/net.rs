@@ -1,13 +1,14 @@
 //! Nets: an ordered list of bound operators, run one after another.
 
-use crate::cancel::CancelToken;
+use crate::cancel::{self, CancelToken};
 use crate::error::{from_panic, Error, ErrorKind, Result};
 use crate::ir::{NetDef, OperatorDef, MAX_NESTING};
 use crate::operator::{allows_unknown_args, create_operator_with, OpCx, OpIo, Operator};
 use crate::workspace::Workspace;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 thread_local! {
@@ -46,9 +47,108 @@ impl Drop for Nested {
     }
 }
 
-/// A net shared by the workspace that owns it and the steps that run it. The
-/// mutex serialises concurrent runs of one net (Caffe2 raced on op state).
-pub type SharedNet = Arc<Mutex<Net>>;
+/// A net shared by the workspace that owns it and the steps that run it.
+pub type SharedNet = Arc<NetCell>;
+
+/// A net behind the mutex that serialises its runs (Caffe2 raced on op
+/// state), with the thread running it, so that a run waiting for it can tell
+/// a net it already runs itself (a Python op running its own net again) or
+/// one held by an abandoned run from a merely busy one.
+pub struct NetCell {
+    net: Mutex<Net>,
+    name: String,
+    /// `cancel::thread_tag()` of the thread holding `net`, 0 when free (or
+    /// just taken and not yet recorded).
+    holder: AtomicU64,
+}
+
+/// A net locked for a run.
+pub struct NetGuard<'a> {
+    cell: &'a NetCell,
+    net: MutexGuard<'a, Net>,
+}
+
+impl std::ops::Deref for NetGuard<'_> {
+    type Target = Net;
+    fn deref(&self) -> &Net {
+        &self.net
+    }
+}
+
+impl std::ops::DerefMut for NetGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Net {
+        &mut self.net
+    }
+}
+
+impl Drop for NetGuard<'_> {
+    fn drop(&mut self) {
+        // Before the mutex is released (the field is dropped after this).
+        self.cell.holder.store(0, Ordering::Relaxed);
+    }
+}
+
+impl NetCell {
+    pub fn new(net: Net) -> SharedNet {
+        Arc::new(NetCell {
+            name: net.name.clone(),
+            net: Mutex::new(net),
+            holder: AtomicU64::new(0),
+        })
+    }
+
+    /// Locks the net for a run. While another run has it, waits in slices
+    /// that look at `cancel`; fails at once when this thread holds it
+    /// already, and when its holder is stuck in a call of an abandoned run.
+    pub fn lock(&self, cancel: &CancelToken) -> Result<NetGuard<'_>> {
+        let net = match self.net.try_lock() {
+            Some(g) => g,
+            None => self.lock_slow(cancel)?,
+        };
+        self.holder.store(cancel::thread_tag(), Ordering::Relaxed);
+        Ok(NetGuard { cell: self, net })
+    }
+
+    #[cold]
+    fn lock_slow(&self, cancel: &CancelToken) -> Result<MutexGuard<'_, Net>> {
+        let me = cancel::thread_tag();
+        loop {
+            let holder = self.holder.load(Ordering::Relaxed);
+            // Only this thread stores its own tag, and clears it before
+            // unlocking: seeing it means this thread holds the net.
+            if holder == me {
+                return Err(Error::failed(format!(
+                    "net '{}' is already running on this thread: an op of it (a Python op?) runs it again, which would wait for itself",
+                    self.name
+                ))
+                .with_net(&self.name));
+            }
+            if holder != 0 && cancel::abandoned_call_on(holder) {
+                return Err(Error::failed(format!(
+                    "net '{}' is still held by an interrupted run: an op in it (a Python op) has not returned yet; it was cancelled and releases the net when that op returns",
+                    self.name
+                ))
+                .with_net(&self.name));
+            }
+            if cancel.poll() {
+                return Err(Error::cancelled().with_net(&self.name));
+            }
+            if let Some(g) = self.net.try_lock_for(cancel::POLL) {
+                return Ok(g);
+            }
+        }
+    }
+
+    /// The net's name (readable while it runs).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Locks the net without a token (tests and inspection).
+    pub fn lock_now(&self) -> MutexGuard<'_, Net> {
+        self.net.lock()
+    }
+}
 
 struct OpSlot {
     op_type: String,

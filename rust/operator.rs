@@ -473,19 +473,16 @@ pub struct Locked<'a> {
 impl<'a> OpCx<'a> {
     /// Locks every blob of the op in the global order (no deadlock, even when
     /// an output is also an input).
+    #[inline]
     pub fn lock(&self) -> Locked<'a> {
-        let guards = self
-            .io
-            .lock_order
-            .iter()
-            .map(|(b, w)| {
-                if *w {
-                    Guard::W(b.write())
-                } else {
-                    Guard::R(b.read())
-                }
-            })
-            .collect();
+        let mut guards = SmallVec::new();
+        for (b, w) in &self.io.lock_order {
+            guards.push(if *w {
+                Guard::W(b.write())
+            } else {
+                Guard::R(b.read())
+            });
+        }
         Locked {
             io: self.io,
             guards,
@@ -505,21 +502,26 @@ impl<'a> OpCx<'a> {
     }
 }
 
+// The accessors are inlined: kernels call them on every run.
 impl<'a> Locked<'a> {
+    #[inline]
     fn slot(&self, s: usize) -> &BlobValue {
         match &self.guards[s] {
             Guard::R(g) => g,
             Guard::W(g) => g,
         }
     }
+    #[inline]
     pub fn input(&self, i: usize) -> &BlobValue {
         self.slot(self.io.in_slot[i])
     }
     /// Input `i` as a tensor; a wrong kind names the blob.
+    #[inline]
     pub fn tensor(&self, i: usize) -> Result<&Tensor> {
-        self.input(i)
-            .tensor()
-            .map_err(|e| e.with_blob(&self.io.input_names[i]))
+        match self.input(i) {
+            BlobValue::Tensor(t) => Ok(t),
+            other => Err(other.not_a_tensor().with_blob(&self.io.input_names[i])),
+        }
     }
     pub fn input_name(&self, i: usize) -> &str {
         &self.io.input_names[i]
@@ -527,6 +529,7 @@ impl<'a> Locked<'a> {
     pub fn output_name(&self, i: usize) -> &str {
         &self.io.output_names[i]
     }
+    #[inline]
     pub fn output(&mut self, j: usize) -> &mut BlobValue {
         match &mut self.guards[self.io.out_slot[j]] {
             Guard::W(g) => &mut *g,
@@ -537,10 +540,12 @@ impl<'a> Locked<'a> {
         *self.output(j) = BlobValue::Tensor(v);
     }
     /// Whether input `i` and output `j` are the same blob.
+    #[inline]
     pub fn aliases(&self, i: usize, j: usize) -> bool {
         self.io.in_slot[i] == self.io.out_slot[j]
     }
     /// Output `j` mutably and input `i` shared, when they are different blobs.
+    #[inline]
     pub fn output_and_input(&mut self, j: usize, i: usize) -> Option<(&mut BlobValue, &BlobValue)> {
         let (o, s) = (self.io.out_slot[j], self.io.in_slot[i]);
         if o == s {

@@ -18,7 +18,7 @@
 use crate::blob::{Blob, BlobValue};
 use crate::cancel::CancelToken;
 use crate::error::{from_panic, Error, ErrorKind, Result};
-use crate::ir::{ExecutionStep, NetDef, PlanDef, MAX_NESTING};
+use crate::ir::{ExecutionStep, NetDef, OperatorDef, PlanDef, MAX_NESTING};
 use crate::net::SharedNet;
 use crate::tensor::Tensor;
 use crate::workspace::Workspace;
@@ -350,33 +350,131 @@ fn exec_compiled<'p>(ctx: &PlanCtx<'p>, c: &Compiled<'p>, tok: &CancelToken) -> 
         done: Mutex::new(false),
         cv: Condvar::new(),
     };
+    let running = Running::default();
     let main = std::thread::scope(|s| {
+        let (signal, errors, step_tok, running) = (&signal, &errors, &step_tok, &running);
+        let reporters = Reporters {
+            signal,
+            errors,
+            step_tok,
+            running,
+        };
+        let mut started = true;
         for w in &c.reports {
             let interval = Duration::from_millis(w.step.run_every_ms.unwrap_or(0) as u64);
-            let (signal, errors, step_tok) = (&signal, &errors, &step_tok);
-            s.spawn(move || {
-                reporter_loop(signal, interval, errors, step_tok, || {
-                    guarded(|| w.exec(ctx, step_tok)).map(|_| ())
-                })
+            let what = format!("report step '{}'", w.step.step_name());
+            started = reporters.start(s, &what, interval, move || {
+                guarded(|| w.exec(ctx, step_tok)).map(|_| ())
+            });
+            if !started {
+                break;
+            }
+        }
+        if let (true, Some((net, interval))) = (started, &c.report_net) {
+            let what = format!("report net '{}'", net.name());
+            reporters.start(s, &what, *interval, move || {
+                guarded(|| net.lock(step_tok)?.run(&c.ws, step_tok)).map(|_| ())
             });
         }
-        if let Some((net, interval)) = &c.report_net {
-            let (signal, errors, step_tok) = (&signal, &errors, &step_tok);
-            s.spawn(move || {
-                reporter_loop(signal, *interval, errors, step_tok, || {
-                    guarded(|| net.lock().run(&c.ws, step_tok)).map(|_| ())
-                })
-            });
-        }
-        let main = guarded(|| run_main(ctx, c, &step_tok));
+        let main = guarded(|| run_main(ctx, c, step_tok));
         *signal.done.lock() = true;
         signal.cv.notify_all();
+        running.wait(tok);
         main
     });
-    let main = main.map_err(|e| e.with_step(name))?;
-    match errors.take() {
-        Some(e) => Err(e.with_step(name)),
-        None => Ok(main),
+    // A reporter that failed cancelled the main work: its error is the one
+    // to report, not the cancellation it caused.
+    match (main, errors.take()) {
+        (Err(e), Some(first)) if e.is_cancelled() => Err(first.with_step(name)),
+        (Err(e), _) => Err(e.with_step(name)),
+        (Ok(_), Some(first)) => Err(first.with_step(name)),
+        (Ok(main), None) => Ok(main),
+    }
+}
+
+/// What a step's reporter threads share.
+struct Reporters<'a> {
+    signal: &'a ReportSignal,
+    errors: &'a FirstError,
+    step_tok: &'a CancelToken,
+    running: &'a Running,
+}
+
+impl<'a> Reporters<'a> {
+    /// Starts a reporter running `body`; false (the error recorded, the step
+    /// cancelled) when the thread cannot be started.
+    fn start<'scope>(
+        &self,
+        s: &'scope std::thread::Scope<'scope, '_>,
+        what: &str,
+        interval: Duration,
+        body: impl Fn() -> Result<()> + Send + 'scope,
+    ) -> bool
+    where
+        'a: 'scope,
+    {
+        let Reporters {
+            signal,
+            errors,
+            step_tok,
+            running,
+        } = *self;
+        let leaving = running.enter();
+        let started = std::thread::Builder::new().spawn_scoped(s, move || {
+            let _leaving = leaving;
+            reporter_loop(signal, interval, errors, step_tok, body)
+        });
+        if let Err(e) = started {
+            errors.record(crate::threads::cannot_start(what, &e));
+            step_tok.cancel();
+            return false;
+        }
+        true
+    }
+}
+
+/// Counts the threads a step started and still running, so the thread that
+/// started them waits in slices that look at its token (running its
+/// interrupt check, see `cancel`) instead of blocking in the scope's join.
+#[derive(Default)]
+struct Running {
+    n: Mutex<usize>,
+    all_left: Condvar,
+}
+
+/// Held by a started thread (or by the closure of one that could not
+/// start): counts it out when dropped, also on a panic.
+struct Leaving<'a>(&'a Running);
+
+impl Drop for Leaving<'_> {
+    fn drop(&mut self) {
+        let mut n = self.0.n.lock();
+        *n -= 1;
+        if *n == 0 {
+            self.0.all_left.notify_all();
+        }
+    }
+}
+
+impl Running {
+    fn enter(&self) -> Leaving<'_> {
+        *self.n.lock() += 1;
+        Leaving(self)
+    }
+
+    /// Waits until every thread has left. Cancellation (or an interrupt
+    /// noticed here) reaches them through their tokens, children of `tok`.
+    fn wait(&self, tok: &CancelToken) {
+        let mut n = self.n.lock();
+        while *n > 0 {
+            if self
+                .all_left
+                .wait_for(&mut n, crate::cancel::POLL)
+                .timed_out()
+            {
+                parking_lot::MutexGuard::unlocked(&mut n, || tok.poll());
+            }
+        }
     }
 }
 
@@ -424,7 +522,7 @@ fn run_main<'p>(ctx: &PlanCtx<'p>, c: &Compiled<'p>, tok: &CancelToken) -> Resul
         let mut i = 0i64;
         while !tok.is_cancelled() && c.limit.allows(i) {
             for net in &c.nets {
-                if !net.lock().run(&c.ws, tok)? {
+                if !net.lock(tok)?.run(&c.ws, tok)? {
                     return Ok(false);
                 }
                 if should_stop(c)? {
@@ -433,8 +531,8 @@ fn run_main<'p>(ctx: &PlanCtx<'p>, c: &Compiled<'p>, tok: &CancelToken) -> Resul
             }
             if c.nets.is_empty() && matches!(c.limit, Limit::Unbounded) {
                 // Nothing can ever set the stop blob: wait for cancellation
-                // without burning a core.
-                std::thread::sleep(crate::cancel::POLL);
+                // (or an interrupt) without burning a core.
+                let _ = tok.sleep(crate::cancel::POLL);
             }
             i += 1;
         }
@@ -463,10 +561,13 @@ fn run_main<'p>(ctx: &PlanCtx<'p>, c: &Compiled<'p>, tok: &CancelToken) -> Resul
             let workers = n * instances;
             let iter_tok = tok.child();
             let errors = FirstError::default();
+            let running = Running::default();
             std::thread::scope(|s| {
                 for k in 0..workers {
                     let (w, errors, iter_tok) = (&c.recurring[k % n], &errors, &iter_tok);
-                    s.spawn(move || {
+                    let leaving = running.enter();
+                    let started = std::thread::Builder::new().spawn_scoped(s, move || {
+                        let _leaving = leaving;
                         if errors.failed.load(Ordering::SeqCst) {
                             return;
                         }
@@ -482,7 +583,20 @@ fn run_main<'p>(ctx: &PlanCtx<'p>, c: &Compiled<'p>, tok: &CancelToken) -> Resul
                             }
                         }
                     });
+                    if let Err(e) = started {
+                        // The threads already running are cancelled and
+                        // joined; nothing else of this iteration starts.
+                        let what = format!(
+                            "substep '{}' (thread {} of {workers})",
+                            w.step.step_name(),
+                            k + 1
+                        );
+                        errors.record(crate::threads::cannot_start(&what, &e));
+                        iter_tok.cancel();
+                        break;
+                    }
                 }
+                running.wait(tok);
             });
             if let Some(e) = errors.take() {
                 return Err(e);
@@ -540,6 +654,57 @@ pub fn run_plan(ws: &Arc<Workspace>, plan: &PlanDef, cancel: &CancelToken) -> Re
         }
     }
     Ok(true)
+}
+
+/// Whether running `plan` may run an op matching `pred` on a thread the plan
+/// starts (a concurrent substep or instance, a report step or report net)
+/// rather than on the calling thread. Looks into nets nested in op arguments
+/// (If, While, Do); walks without recursion, as steps may nest deeply.
+pub fn calls_off_thread(plan: &PlanDef, pred: &dyn Fn(&OperatorDef) -> bool) -> bool {
+    let calls = |net: &NetDef| {
+        let mut nets = vec![net];
+        while let Some(n) = nets.pop() {
+            for op in &n.op {
+                if pred(op) {
+                    return true;
+                }
+                for a in &op.arg {
+                    nets.extend(a.n.iter());
+                    nets.extend(a.nets.iter());
+                }
+            }
+        }
+        false
+    };
+    let matching: std::collections::HashSet<&str> = plan
+        .network
+        .iter()
+        .filter(|n| calls(n))
+        .map(|n| n.net_name())
+        .collect();
+    if matching.is_empty() {
+        return false;
+    }
+    let mut steps: Vec<(&ExecutionStep, bool)> =
+        plan.execution_step.iter().map(|s| (s, false)).collect();
+    while let Some((step, off)) = steps.pop() {
+        if step
+            .report_net
+            .as_deref()
+            .is_some_and(|n| matching.contains(n))
+        {
+            return true;
+        }
+        if off && step.network.iter().any(|n| matching.contains(n.as_str())) {
+            return true;
+        }
+        let threads = (step.concurrent_substeps == Some(true) && step.substep.len() > 1)
+            || step.num_concurrent_instances.is_some_and(|n| n > 1);
+        for sub in &step.substep {
+            steps.push((sub, off || threads || sub.run_every_ms.is_some()));
+        }
+    }
+    false
 }
 
 /// Runs a single step as a plan of its own, with the nets given.
@@ -1150,7 +1315,7 @@ mod tests {
         ws.create_net(&net("n", vec![]), false).unwrap();
         assert!(run(&ws, &plan(vec![n], vec![net_step("s", &["n"])])).unwrap());
         assert_eq!(counter(&ws, "c"), 1);
-        assert_eq!(ws.get_net("n").unwrap().lock().num_ops(), 1);
+        assert_eq!(ws.get_net("n").unwrap().lock_now().num_ops(), 1);
     }
 
     #[test]

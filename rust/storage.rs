@@ -358,6 +358,67 @@ pub fn check_replaceable(path: &str) -> Result<()> {
     }
 }
 
+/// Opens `path` for reading if it is a regular file, with its metadata. A
+/// FIFO, device, socket or directory is refused without blocking: the open
+/// itself does not wait (opening a FIFO waits for a writer, in a call that
+/// Ctrl-C cannot interrupt), and the type is checked on the open file, so
+/// nothing can be swapped in between.
+pub fn open_regular(path: impl AsRef<Path>) -> std::io::Result<(File, fs::Metadata)> {
+    #[cfg(unix)]
+    let file = {
+        use std::os::unix::fs::OpenOptionsExt;
+        OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+            .open(path)?
+    };
+    #[cfg(not(unix))]
+    let file = File::open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        return Err(std::io::Error::other(format!(
+            "not a regular file ({})",
+            file_kind(&meta.file_type())
+        )));
+    }
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsRawFd;
+        // Reads block as usual again (O_NONBLOCK has no effect on regular
+        // files on Linux; elsewhere it might).
+        // SAFETY: fcntl on a descriptor this function owns.
+        unsafe {
+            let fd = file.as_raw_fd();
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            if flags >= 0 {
+                libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK);
+            }
+        }
+    }
+    Ok((file, meta))
+}
+
+fn file_kind(t: &fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if t.is_fifo() {
+            return "a FIFO";
+        }
+        if t.is_socket() {
+            return "a socket";
+        }
+        if t.is_char_device() || t.is_block_device() {
+            return "a device";
+        }
+    }
+    if t.is_dir() {
+        "a directory"
+    } else {
+        "not a file"
+    }
+}
+
 #[cfg(unix)]
 fn sync_dir(dir: &Path) -> std::io::Result<()> {
     File::open(dir)?.sync_all()
@@ -423,10 +484,7 @@ pub fn write_file(path: &str, data: &[u8]) -> Result<()> {
 /// opened for reading). Its content is not checked; Load does that.
 pub fn db_exists(path: &str, db_type: &str) -> Result<bool> {
     DbType::parse(db_type)?;
-    Ok(File::open(path)
-        .and_then(|f| f.metadata())
-        .map(|m| m.is_file())
-        .unwrap_or(false))
+    Ok(open_regular(path).is_ok())
 }
 
 // ------------------------------------------------------------ entries --
@@ -965,8 +1023,8 @@ fn read_exact_or_corrupt(
 
 /// Reads the records of a minidb, the values of selected blobs only.
 fn read_minidb(path: &str, select: &dyn Fn(&str) -> bool) -> Result<Vec<MiniRecord>> {
-    let file = File::open(path).map_err(io_error(path))?;
-    let len = file.metadata().map_err(io_error(path))?.len();
+    let (file, meta) = open_regular(path).map_err(io_error(path))?;
+    let len = meta.len();
     if len == 0 {
         return Err(corrupt(
             path,
@@ -1659,8 +1717,8 @@ fn parse_index(path: &str, index: &[u8], tr: &Trailer) -> Result<Vec<IndexEntry>
 }
 
 fn open_ferro(path: &str) -> Result<FerroFile> {
-    let file = File::open(path).map_err(io_error(path))?;
-    let len = file.metadata().map_err(io_error(path))?.len();
+    let (file, meta) = open_regular(path).map_err(io_error(path))?;
+    let len = meta.len();
     let mut r = BufReader::with_capacity(1 << 20, file);
     let mut head = [0u8; HEADER_LEN as usize];
     let n = len.min(HEADER_LEN) as usize;
@@ -2510,6 +2568,50 @@ mod tests {
         fn drop(&mut self) {
             let _ = fs::remove_dir_all(&self.0);
         }
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_fifo_at_a_db_path_is_refused_without_blocking() {
+        let dir = Scratch::new("fifo");
+        let path = dir.file("db");
+        let c = std::ffi::CString::new(path.clone()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // On another thread, so that a blocking open fails the test instead
+        // of hanging it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let p2 = path.clone();
+        std::thread::spawn(move || {
+            let r = (
+                db_exists(&p2, "ferro").unwrap(),
+                list_db(&p2, "ferro").unwrap_err(),
+                load_db(&p2, "minidb").unwrap_err(),
+                verify_db(&p2, "ferro").unwrap_err(),
+            );
+            let _ = tx.send(r);
+        });
+        let (exists, list, load, verify) = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("opening a FIFO blocked");
+        assert!(!exists);
+        for e in [list, load, verify] {
+            assert_eq!(e.kind, ErrorKind::Io);
+            assert!(
+                e.message.contains("not a regular file (a FIFO)"),
+                "{}",
+                e.full_message()
+            );
+            assert_eq!(e.context.file.as_deref(), Some(path.as_str()));
+        }
+        // A directory is refused the same way; a regular file opens.
+        let e = open_regular(&dir.0).unwrap_err();
+        assert!(e.to_string().contains("a directory"), "{e}");
+        fs::write(dir.file("f"), b"abc").unwrap();
+        let (mut f, meta) = open_regular(dir.file("f")).unwrap();
+        let mut got = String::new();
+        f.read_to_string(&mut got).unwrap();
+        assert_eq!((got.as_str(), meta.len()), ("abc", 3));
     }
 
     fn t<T: crate::tensor::Element>(shape: &[usize], v: Vec<T>) -> BlobValue {

@@ -179,6 +179,11 @@ macro_rules! with_array {
     };
 }
 
+#[cold]
+fn wrong_dtype(want: DataType, got: DataType) -> Error {
+    Error::type_error(format!("expected a tensor of dtype {want} but got {got}"))
+}
+
 /// A Rust element type that a tensor can hold.
 pub trait Element: Clone + Default + Send + Sync + std::fmt::Debug + 'static {
     const DTYPE: DataType;
@@ -456,6 +461,7 @@ impl Tensor {
         }
     }
 
+    #[inline]
     pub fn dtype(&self) -> DataType {
         match self {
             Tensor::F32(_) => DataType::Float,
@@ -471,6 +477,7 @@ impl Tensor {
         }
     }
 
+    #[inline]
     pub fn shape(&self) -> &[usize] {
         with_array!(self, a => a.shape())
     }
@@ -542,25 +549,22 @@ impl Tensor {
     }
 
     /// Borrows the array if the dtype is `T`, else a `Type` error naming both.
+    // Inlined (with the error out of line): kernels call it once per run.
+    #[inline]
     pub fn array<T: Element>(&self) -> Result<&ArrayD<T>> {
-        T::view(self).ok_or_else(|| {
-            Error::type_error(format!(
-                "expected a tensor of dtype {} but got {}",
-                T::DTYPE,
-                self.dtype()
-            ))
-        })
+        match T::view(self) {
+            Some(a) => Ok(a),
+            None => Err(wrong_dtype(T::DTYPE, self.dtype())),
+        }
     }
 
+    #[inline]
     pub fn array_mut<T: Element>(&mut self) -> Result<&mut ArrayD<T>> {
         let got = self.dtype();
-        T::view_mut(self).ok_or_else(|| {
-            Error::type_error(format!(
-                "expected a tensor of dtype {} but got {}",
-                T::DTYPE,
-                got
-            ))
-        })
+        match T::view_mut(self) {
+            Some(a) => Ok(a),
+            None => Err(wrong_dtype(T::DTYPE, got)),
+        }
     }
 
     /// The single element of a one-element tensor of dtype `T` (any shape).

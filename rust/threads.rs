@@ -1,10 +1,38 @@
-//! The size of the data-parallel (rayon) pool that kernels use.
+//! Threads: starting them with a typed error, and the size of the
+//! data-parallel (rayon) pool that kernels use.
 //!
 //! Rayon's global pool is built once per process, on first use. A process
 //! that shares its machine with others (a Ray actor given two CPUs, say)
 //! fixes the size before any kernel runs.
 
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
+
+/// Starts a named thread; the OS may refuse (a process or user thread
+/// limit, no memory for its stack).
+pub fn spawn<T: Send + 'static>(
+    name: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::io::Result<std::thread::JoinHandle<T>> {
+    std::thread::Builder::new().name(name.into()).spawn(f)
+}
+
+/// Whether a thread waiting for another may spin briefly before it sleeps:
+/// only when this process can run on more than one CPU (its affinity mask
+/// and CPU quota, as `available_parallelism` reads them, once). On one CPU
+/// the thread it waits for cannot run while it spins, so a spin only delays
+/// both.
+pub fn spinning_pays() -> bool {
+    static PAYS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PAYS.get_or_init(|| std::thread::available_parallelism().is_ok_and(|n| n.get() > 1))
+}
+
+/// The error for a thread the OS would not start, saying what it was for.
+pub fn cannot_start(what: &str, err: &std::io::Error) -> Error {
+    Error::new(
+        ErrorKind::Io,
+        format!("cannot start a thread for {what}: {err}"),
+    )
+}
 
 /// Builds the global kernel pool with `n` threads. Returns `Ok(false)` when
 /// the pool already exists with another size (it cannot be resized), and

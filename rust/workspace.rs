@@ -11,7 +11,7 @@ use crate::blob::{Blob, BlobCell, BlobValue};
 use crate::cancel::CancelToken;
 use crate::error::{Error, ErrorKind, Result};
 use crate::ir::{NetDef, OperatorDef, PlanDef};
-use crate::net::{Net, SharedNet};
+use crate::net::{Net, NetCell, SharedNet};
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -215,7 +215,7 @@ impl Workspace {
                 nets.remove(name);
             }
         }
-        let net = Arc::new(Mutex::new(Net::create(def, self)?));
+        let net = NetCell::new(Net::create(def, self)?);
         self.nets.lock().insert(name.to_string(), net.clone());
         Ok(net)
     }
@@ -252,7 +252,7 @@ impl Workspace {
             )
             .with_net(name)
         })?;
-        let mut net = net.lock();
+        let mut net = net.lock(cancel)?;
         for _ in 0..num_iter {
             cancel.check()?;
             if !net.run(self, cancel)? {

@@ -77,6 +77,7 @@ from ferrocaffe.errors import (
     FerrocaffeError,
     FerrocaffeIOError,
 )
+from ferrocaffe.file_reader import open_regular
 from ferrocaffe.net_builder import ops
 from ferrocaffe.task import (
     Node,
@@ -871,7 +872,7 @@ _MANIFEST_MAX_BYTES = 64 << 20
 
 def _file_crc32(path):
     crc = 0
-    with open(path, 'rb') as f:
+    with open_regular(path) as f:
         while True:
             chunk = f.read(1 << 22)
             if not chunk:
@@ -1993,7 +1994,7 @@ def mmap_db(path, verify=False, skip_objects=False):
     """
     path = os.fspath(path)
     try:
-        f = open(path, 'rb')
+        f = open_regular(path)
     except OSError as e:
         raise FerrocaffeIOError('%s: %s' % (path, e.strerror or e),
                                 file=path) from e
@@ -2037,7 +2038,7 @@ def mmap_db(path, verify=False, skip_objects=False):
 
 def _detect_db_type(path, default=None):
     try:
-        with open(path, 'rb') as f:
+        with open_regular(path) as f:
             magic = f.read(8)
     except OSError:
         return default or DEFAULT_DB_TYPE

@@ -32,11 +32,13 @@ first.
 
 import itertools
 import os
+import stat
 
 import numpy as np
 
 from ferrocaffe import core
 from ferrocaffe.dataio import Reader, Writer
+from ferrocaffe.errors import FerrocaffeIOError
 from ferrocaffe.schema import (
     Field, List, Scalar, Struct, data_type_for_dtype, dtype_for_core_type)
 
@@ -203,8 +205,32 @@ class ParquetReader(Reader):
         net.ResetParquetReader([self.reader_blob], [])
 
 
+def open_regular(path):
+    """Opens ``path`` for binary reading if it is a regular file; anything
+    else (a FIFO, whose open would wait for a writer where Ctrl-C cannot
+    reach it, a device, a directory) raises ``FerrocaffeIOError`` (an
+    ``OSError``) at once. The type is checked on the open file, so nothing
+    can be swapped in between. A missing file raises ``FileNotFoundError``."""
+    path = os.fspath(path)
+    fd = os.open(path, os.O_RDONLY | getattr(os, 'O_NONBLOCK', 0)
+                 | getattr(os, 'O_NOCTTY', 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = ('a FIFO' if stat.S_ISFIFO(mode) else
+                    'a directory' if stat.S_ISDIR(mode) else
+                    'a socket' if stat.S_ISSOCK(mode) else 'a device')
+            raise FerrocaffeIOError(
+                '%s: not a regular file (%s)' % (path, kind), file=path)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, 'rb')
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def _npy_header(path):
-    with open(path, 'rb') as f:
+    with open_regular(path) as f:
         version = np.lib.format.read_magic(f)
         if version == (1, 0):
             shape, _, dtype = np.lib.format.read_array_header_1_0(f)

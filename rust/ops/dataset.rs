@@ -1216,6 +1216,10 @@ fn lock_spinning_unless<T>(
     if let Some(g) = m.try_lock() {
         return Some(g);
     }
+    if !crate::threads::spinning_pays() {
+        // One CPU: the holder cannot release the lock while this spins.
+        return if give_up() { None } else { Some(m.lock()) };
+    }
     let start = std::time::Instant::now();
     loop {
         for _ in 0..32 {

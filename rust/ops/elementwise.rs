@@ -378,6 +378,10 @@ struct Prep {
     b_shape: Shape,
     b_reshaped: bool,
     numel: usize,
+    /// The input shapes this was worked out for (with `dtype`), when it
+    /// succeeded: the next run with the same ones reuses it, since nothing
+    /// else it depends on (broadcast arguments, aliasing) changes.
+    checked: Option<(Shape, Shape)>,
 }
 
 impl Prep {
@@ -388,6 +392,7 @@ impl Prep {
             b_shape: Shape::new(),
             b_reshaped: false,
             numel: 0,
+            checked: None,
         }
     }
 }
@@ -491,6 +496,30 @@ fn legacy_shapes(
 /// before anything is written.
 fn prepare(l: &Locked<'_>, op: &str, bc: &Bcast, allowed: &[DataType], p: &mut Prep) -> Result<()> {
     let (a, b) = (l.tensor(0)?, l.tensor(1)?);
+    if let Some((sa, sb)) = &p.checked {
+        if a.dtype() == p.dtype
+            && b.dtype() == p.dtype
+            && a.shape() == sa.as_slice()
+            && b.shape() == sb.as_slice()
+        {
+            return Ok(());
+        }
+    }
+    p.checked = None;
+    prepare_anew(a, b, l, op, bc, allowed, p)?;
+    p.checked = Some((a.shape().into(), b.shape().into()));
+    Ok(())
+}
+
+fn prepare_anew(
+    a: &Tensor,
+    b: &Tensor,
+    l: &Locked<'_>,
+    op: &str,
+    bc: &Bcast,
+    allowed: &[DataType],
+    p: &mut Prep,
+) -> Result<()> {
     let (an, bn) = (l.input_name(0), l.input_name(1));
     let dtype = a.dtype();
     if !allowed.contains(&dtype) {
@@ -1838,6 +1867,41 @@ mod tests {
         ]);
         run(&w2, def("Add", &["col", "z"], &["c"], vec![])).unwrap();
         assert_eq!(get(&w2, "c").shape(), &[2, 0]);
+    }
+
+    #[test]
+    fn a_kernel_rechecks_inputs_whose_shape_or_dtype_changed() {
+        // One kernel, run again after its inputs change: the checks of the
+        // first run are reused only for the same dtypes and shapes.
+        let w = ws(vec![
+            ("a", t(&[2], vec![1i32, 2])),
+            ("b", t(&[2], vec![10i32, 20])),
+        ]);
+        let d = def("Add", &["a", "b"], &["a"], vec![]);
+        let (mut k, io) = create_operator(&d, &w).unwrap();
+        let tok = CancelToken::new();
+        let mut again = || {
+            k.run(&mut OpCx {
+                io: &io,
+                ws: &w,
+                cancel: &tok,
+            })
+        };
+        assert!(again().unwrap());
+        assert_eq!(get(&w, "a"), t(&[2], vec![11i32, 22]));
+        w.feed("b", BlobValue::Tensor(t(&[3], vec![1i32, 2, 3])));
+        assert_eq!(again().unwrap_err().kind, ErrorKind::Shape);
+        w.feed("b", BlobValue::Tensor(t(&[2], vec![1.0f32, 2.0])));
+        assert_eq!(again().unwrap_err().kind, ErrorKind::Type);
+        // In place, the result must keep A's shape: B [2, 2] would grow it.
+        w.feed("b", BlobValue::Tensor(t(&[2, 2], vec![1i32; 4])));
+        assert_eq!(again().unwrap_err().kind, ErrorKind::Shape);
+        w.feed("b", BlobValue::Tensor(t(&[1], vec![5i32])));
+        assert!(again().unwrap());
+        assert_eq!(get(&w, "a"), t(&[2], vec![16i32, 27]));
+        w.feed("a", BlobValue::Tensor(t(&[3], vec![0i32, 1, 2])));
+        assert!(again().unwrap());
+        assert_eq!(get(&w, "a"), t(&[3], vec![5i32, 6, 7]));
     }
 
     #[test]

@@ -388,16 +388,10 @@ impl ChunkReader for PosFile {
     }
 }
 
-/// Opens a regular file (a FIFO or device would block or never end).
+/// Opens a regular file (a FIFO or device would block or never end; see
+/// `storage::open_regular`).
 fn open_regular(path: &str, what: &str) -> Result<(File, u64)> {
-    let meta = fs::metadata(path).map_err(|e| open_err(path, what, &e))?;
-    if !meta.is_file() {
-        return Err(io_err(
-            path,
-            format!("cannot open {what} '{path}': not a regular file"),
-        ));
-    }
-    let f = File::open(path).map_err(|e| open_err(path, what, &e))?;
+    let (f, meta) = crate::storage::open_regular(path).map_err(|e| open_err(path, what, &e))?;
     Ok((f, meta.len()))
 }
 

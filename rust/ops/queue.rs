@@ -199,8 +199,12 @@ const PREALLOCATED_VALUES: usize = 1024;
 /// then hand records over without a futex sleep and wake-up per record. The
 /// spin is short (about 130 pause instructions, a few microseconds) and never
 /// yields: on an oversubscribed machine, yielding gave whole timeslices away
-/// and made hand-overs far slower than parking.
+/// and made hand-overs far slower than parking. With one CPU to run on, it
+/// is skipped: the other side cannot run while this one spins.
 fn spin_then_give_up(ready: impl Fn() -> bool) -> bool {
+    if !crate::threads::spinning_pays() {
+        return ready();
+    }
     const ROUNDS: u32 = 7;
     for i in 0..ROUNDS {
         if ready() {
@@ -303,7 +307,12 @@ impl BlobsQueue {
             if st.closing {
                 return Ok(None);
             }
-            if cancel.is_cancelled() {
+            // After a first wait, also run the interrupt check (cancel.rs).
+            if if spun {
+                cancel.poll()
+            } else {
+                cancel.is_cancelled()
+            } {
                 return Err(Error::cancelled());
             }
             if !spun {
@@ -399,7 +408,11 @@ impl BlobsQueue {
             if st.closing {
                 return Ok(ReadOutcome::Closed);
             }
-            if cancel.is_cancelled() {
+            if if spun {
+                cancel.poll()
+            } else {
+                cancel.is_cancelled()
+            } {
                 return Err(Error::cancelled());
             }
             if !spun {
