@@ -888,6 +888,19 @@ def _plain_name(name):
             not os.path.isabs(name))
 
 
+def _file_kind(mode):
+    """What a non-regular file is, for messages."""
+    if stat.S_ISFIFO(mode):
+        return 'a FIFO'
+    if stat.S_ISDIR(mode):
+        return 'a directory'
+    if stat.S_ISSOCK(mode):
+        return 'a socket'
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return 'a device'
+    return 'not a file'
+
+
 def _read_regular_file(path, limit):
     """The bytes of the regular file at ``path``.  Opened without blocking,
     so that a FIFO there does not hang the caller; anything but a regular
@@ -896,7 +909,7 @@ def _read_regular_file(path, limit):
     with os.fdopen(fd, 'rb') as f:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, 'not a regular file', path)
+            raise OSError(errno.EINVAL, 'not a regular file (%s)' % _file_kind(st.st_mode), path)
         if st.st_size > limit:
             raise OSError(errno.EFBIG, 'larger than %d bytes' % limit, path)
         return f.read(limit + 1)
