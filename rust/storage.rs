@@ -1983,9 +1983,11 @@ fn read_exact_at(file: &File, mut buf: &mut [u8], mut at: u64) -> std::io::Resul
     Ok(())
 }
 
-/// Tells the kernel the file is read front to back (a larger read-ahead
-/// window). Only a hint.
-fn advise_sequential(file: &File) {
+/// Tells the kernel that `len` bytes from `offset` will be read front to
+/// back, soon: a larger read-ahead window, and reading starts at once for
+/// the whole range, so the disk streams while the threads copy and check.
+/// Only hints.
+fn advise_sequential(file: &File, offset: u64, len: u64) {
     #[cfg(target_os = "linux")]
     {
         use std::ffi::c_int;
@@ -1994,13 +1996,16 @@ fn advise_sequential(file: &File) {
             fn posix_fadvise(fd: c_int, offset: i64, len: i64, advice: c_int) -> c_int;
         }
         const POSIX_FADV_SEQUENTIAL: c_int = 2;
-        // SAFETY: a valid open descriptor; the call only sets a hint.
+        const POSIX_FADV_WILLNEED: c_int = 3;
+        let (offset, len) = (offset as i64, len as i64);
+        // SAFETY: a valid open descriptor; the calls only give hints.
         unsafe {
             posix_fadvise(file.as_raw_fd(), 0, 0, POSIX_FADV_SEQUENTIAL);
+            posix_fadvise(file.as_raw_fd(), offset, len, POSIX_FADV_WILLNEED);
         }
     }
     #[cfg(not(target_os = "linux"))]
-    let _ = file;
+    let _ = (file, offset, len);
 }
 
 /// Checks that the bytes between payloads, and between the last one and
@@ -2124,7 +2129,13 @@ fn load_ferro(path: &str, select: &dyn Fn(&str) -> bool) -> Result<Vec<(String, 
             at += len;
         }
     }
-    advise_sequential(&file);
+    if let (Some(first), Some(last)) = (wanted.first(), wanted.last()) {
+        advise_sequential(
+            &file,
+            first.offset,
+            last.offset + last.length - first.offset,
+        );
+    }
     let workers = rayon::current_num_threads().min(pieces.len());
     if workers > 1 {
         let queue = parking_lot::Mutex::new(pieces.iter_mut());
