@@ -8,10 +8,12 @@
 //!
 //! A run on the thread that receives Ctrl-C has no other thread watching for
 //! it: its root token carries an *interrupt check* (the bindings: "has a
-//! signal arrived?") that only that thread may run. Blocking waits run it at
-//! every slice ([`CancelToken::poll`]); busy loops, which only read their
-//! token, are asked to run it every [`TICK`] by a [`watch`]dog thread that
-//! sets a bit in the token, so the hot path stays one atomic load.
+//! signal arrived?") that only that thread may run, and only where it holds
+//! no lock (the check takes the GIL). Blocking waits run it at every slice
+//! ([`CancelToken::poll_now`]); loops look at their token between units of
+//! work ([`CancelToken::poll`]) and run it when a [`watch`]dog thread has set
+//! a bit in the token, every [`TICK`], so the hot path stays one atomic
+//! load. [`CancelToken::is_cancelled`] never runs it.
 //!
 //! Calls out of the runtime that it cannot interrupt (Python ops) register
 //! themselves ([`ExternalCall`]): the bindings interrupt them their own way,
@@ -45,6 +47,14 @@ struct Inner {
 
 #[derive(Clone)]
 pub struct CancelToken(Arc<Inner>);
+
+/// How far a look at a token goes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Look {
+    Flags,
+    Requested,
+    Now,
+}
 
 impl Default for CancelToken {
     fn default() -> Self {
@@ -100,21 +110,32 @@ impl CancelToken {
             .fetch_or(CANCELLED | ABANDONED, Ordering::SeqCst);
     }
 
+    /// Whether this token or one above it was cancelled. Never runs the
+    /// interrupt check, so it may be called anywhere (an op holding blob
+    /// locks, code holding the GIL).
     pub fn is_cancelled(&self) -> bool {
-        self.look(false)
+        self.look(Look::Flags)
     }
 
-    /// [`Self::is_cancelled`] for a waiter that is blocked anyway: on the
-    /// thread that owns an interrupt check up the chain, runs it now.
+    /// [`Self::is_cancelled`] for a loop between units of work, holding no
+    /// lock: on the owner thread of an interrupt check up the chain, also
+    /// runs the check when the watchdog asked for it (every [`TICK`]).
     pub fn poll(&self) -> bool {
-        self.look(true)
+        self.look(Look::Requested)
     }
 
-    fn look(&self, force: bool) -> bool {
+    /// [`Self::poll`] for a waiter that is blocked anyway and holds no lock:
+    /// runs the interrupt check now.
+    pub fn poll_now(&self) -> bool {
+        self.look(Look::Now)
+    }
+
+    fn look(&self, how: Look) -> bool {
         let mut t = self;
         loop {
             let s = t.0.state.load(Ordering::Relaxed);
-            if (s != 0 || (force && t.0.interrupt.is_some())) && t.slow_look(s, force) {
+            let interrupt = how != Look::Flags && t.0.interrupt.is_some();
+            if (s & CANCELLED != 0) || (interrupt && t.run_check(s, how)) {
                 return true;
             }
             match &t.0.parent {
@@ -124,22 +145,24 @@ impl CancelToken {
         }
     }
 
-    #[cold]
-    fn slow_look(&self, s: u8, force: bool) -> bool {
-        if s & CANCELLED != 0 {
-            return true;
+    /// Runs this token's interrupt check if asked (`how`, or the POLL bit)
+    /// and on its owner thread; true when it reported an interrupt.
+    fn run_check(&self, s: u8, how: Look) -> bool {
+        if how == Look::Requested && s & POLL_REQUESTED == 0 {
+            return false;
         }
         let Some(i) = &self.0.interrupt else {
             return false;
         };
-        if (force || s & POLL_REQUESTED != 0) && i.owner == thread_tag() {
-            self.0.state.fetch_and(!POLL_REQUESTED, Ordering::Relaxed);
-            if (i.check)() {
-                self.cancel();
-                return true;
-            }
+        if i.owner != thread_tag() {
+            return false;
         }
-        self.0.state.load(Ordering::Relaxed) & CANCELLED != 0
+        self.0.state.fetch_and(!POLL_REQUESTED, Ordering::Relaxed);
+        if (i.check)() {
+            self.cancel();
+            return true;
+        }
+        false
     }
 
     /// Whether this token or one above it was abandoned.
@@ -161,9 +184,18 @@ impl CancelToken {
         self.0.state.fetch_or(POLL_REQUESTED, Ordering::Relaxed);
     }
 
-    /// `Err(Cancelled)` once cancelled.
+    /// `Err(Cancelled)` once cancelled (see [`Self::is_cancelled`]).
     pub fn check(&self) -> Result<()> {
         if self.is_cancelled() {
+            Err(Error::cancelled())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// `Err(Cancelled)` once cancelled or interrupted (see [`Self::poll`]).
+    pub fn poll_check(&self) -> Result<()> {
+        if self.poll() {
             Err(Error::cancelled())
         } else {
             Ok(())
@@ -174,7 +206,7 @@ impl CancelToken {
     pub fn sleep(&self, d: Duration) -> Result<()> {
         let end = Instant::now() + d;
         loop {
-            if self.poll() {
+            if self.poll_now() {
                 return Err(Error::cancelled());
             }
             let now = Instant::now();
@@ -428,21 +460,22 @@ mod tests {
         let child = tok.child();
         // Another thread polling the child never runs the owner's check.
         std::thread::scope(|s| {
-            s.spawn(|| assert!(!child.poll()));
+            s.spawn(|| assert!(!child.poll_now()));
         });
         assert_eq!(calls.load(Ordering::SeqCst), 0);
-        // A plain look does not run it until a poll is requested.
-        assert!(!child.is_cancelled());
-        assert_eq!(calls.load(Ordering::SeqCst), 0);
+        // poll() runs it only once a poll is requested, is_cancelled never.
+        assert!(!child.poll());
         tok.request_poll();
         assert!(!child.is_cancelled());
+        assert_eq!(calls.load(Ordering::SeqCst), 0);
+        assert!(!child.poll());
         assert_eq!(calls.load(Ordering::SeqCst), 1);
         // The request was consumed.
-        assert!(!child.is_cancelled());
-        assert_eq!(calls.load(Ordering::SeqCst), 1);
-        // poll() runs it every time; the third call reports an interrupt.
         assert!(!child.poll());
-        assert!(child.poll());
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        // poll_now() runs it every time; the third call reports an interrupt.
+        assert!(!child.poll_now());
+        assert!(child.poll_now());
         assert!(tok.is_cancelled());
     }
 
@@ -452,8 +485,8 @@ mod tests {
         let c2 = calls.clone();
         let tok = CancelToken::with_interrupt_check(move || c2.fetch_add(1, Ordering::SeqCst) >= 3);
         let _w = watch(&tok).unwrap();
-        // A busy loop that only reads its token is interrupted.
-        while !tok.is_cancelled() {
+        // A busy loop that polls its token is interrupted.
+        while !tok.poll() {
             std::hint::spin_loop();
         }
         assert_eq!(calls.load(Ordering::SeqCst), 4);

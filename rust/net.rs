@@ -130,7 +130,7 @@ impl NetCell {
                 ))
                 .with_net(&self.name));
             }
-            if cancel.poll() {
+            if cancel.poll_now() {
                 return Err(Error::cancelled().with_net(&self.name));
             }
             if let Some(g) = self.net.try_lock_for(cancel::POLL) {

@@ -472,7 +472,7 @@ impl Running {
                 .wait_for(&mut n, crate::cancel::POLL)
                 .timed_out()
             {
-                parking_lot::MutexGuard::unlocked(&mut n, || tok.poll());
+                parking_lot::MutexGuard::unlocked(&mut n, || tok.poll_now());
             }
         }
     }
@@ -520,7 +520,7 @@ fn run_main<'p>(ctx: &PlanCtx<'p>, c: &Compiled<'p>, tok: &CancelToken) -> Resul
     if !c.nets.is_empty() || c.step.substep.is_empty() {
         // A net step (or an empty step, which still iterates).
         let mut i = 0i64;
-        while !tok.is_cancelled() && c.limit.allows(i) {
+        while !tok.poll() && c.limit.allows(i) {
             for net in &c.nets {
                 if !net.lock(tok)?.run(&c.ws, tok)? {
                     return Ok(false);
@@ -546,7 +546,7 @@ fn run_main<'p>(ctx: &PlanCtx<'p>, c: &Compiled<'p>, tok: &CancelToken) -> Resul
         c.step.concurrent_substeps.unwrap_or(false) && (c.recurring.len() + c.reports.len()) > 1;
     let sequential = !concurrent && c.step.num_concurrent_instances.is_none_or(|n| n <= 1);
     let mut i = 0i64;
-    while !tok.is_cancelled() && c.limit.allows(i) {
+    while !tok.poll() && c.limit.allows(i) {
         if sequential {
             for w in &c.recurring {
                 if !w.exec(ctx, tok)? {
@@ -648,7 +648,7 @@ pub fn run_plan(ws: &Arc<Workspace>, plan: &PlanDef, cancel: &CancelToken) -> Re
     for step in &plan.execution_step {
         let w = Wrapper::new(&ctx, step, ws)?;
         let ok = w.exec(&ctx, cancel)?;
-        cancel.check()?;
+        cancel.poll_check()?;
         if !ok {
             return Ok(false);
         }

@@ -2287,7 +2287,7 @@ fn check_payload_crc(
 ) -> Result<()> {
     let mut crc = crc32fast::Hasher::new();
     for piece in bytes.chunks(VERIFY_SLICE) {
-        cancel.check()?;
+        cancel.poll_check()?;
         crc.update(piece);
     }
     if crc.finalize() != e.crc {

@@ -254,7 +254,7 @@ impl Workspace {
         })?;
         let mut net = net.lock(cancel)?;
         for _ in 0..num_iter {
-            cancel.check()?;
+            cancel.poll_check()?;
             if !net.run(self, cancel)? {
                 return Ok(false);
             }

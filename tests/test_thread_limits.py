@@ -123,6 +123,22 @@ CASES = {
         unlimited()
         assert workspace.RunPlanInBackground(plan).wait()
     """,
+    # The kernel pool (large elementwise ops) cannot start: the kernel runs
+    # on the calling thread instead, and asking for a size says why not.
+    "kernel_pool": """
+        from ferrocaffe import _core
+        workspace.FeedBlob("a", np.ones(1 << 20, np.float32))
+        workspace.FeedBlob("b", np.full(1 << 20, 2.0, np.float32))
+        workspace.FeedBlob("c", np.zeros(1 << 20, np.float32))  # written in place
+        add = core.Net("add"); add.Add(["a", "b"], ["c"])
+        workspace.CreateNet(add)
+        limited(1)
+        workspace.RunNet("add")
+        assert _core.num_threads() == 1
+        expect_io_error(lambda: _core.set_num_threads(2), "kernel pool")
+        unlimited()
+        assert (workspace.FetchBlob("c") == 3.0).all()
+    """,
 }
 
 
@@ -143,3 +159,4 @@ def test_a_thread_that_cannot_start_is_a_typed_error(name):
         assert child.finish(BOUND_S) == 0, child.describe()
     finally:
         child.kill()
+    assert "panicked" not in "".join(child.stderr), child.describe()

@@ -263,7 +263,7 @@ fn build_while(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 impl Operator for WhileOp {
     fn run(&mut self, cx: &mut OpCx<'_>) -> Result<bool> {
         loop {
-            cx.cancel.check()?;
+            cx.cancel.poll_check()?; // no blob is locked between iterations
             if let Some(c) = &mut self.cond_net {
                 if !c.run(cx.ws, cx.cancel)? {
                     return Ok(false);

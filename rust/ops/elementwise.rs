@@ -44,7 +44,8 @@ use smallvec::SmallVec;
 
 type Shape = SmallVec<[usize; 6]>;
 
-/// Contiguous work of at least this many elements is split across threads.
+/// Contiguous work of at least this many elements is split across threads
+/// (when the kernel pool could be started, `threads::pool_available`).
 /// Handing an op to the pool costs a wake-up of its sleeping threads, tens
 /// of microseconds in a VM: measured there, an Add of 2^16 float32 took 22 us
 /// on the pool and 7 us inline, 2^17 took 29 vs 16 us, and the two broke even
@@ -811,7 +812,7 @@ fn map2<T: Copy + Sync, U: Copy + Default + Send, F: Fn(T, T) -> U + Sync>(
     b: &[T],
     f: F,
 ) {
-    if out.len() >= PAR_MIN_LEN {
+    if out.len() >= PAR_MIN_LEN && crate::threads::pool_available() {
         let stream = streams::<U>(out.len());
         out.par_chunks_mut(PAR_CHUNK)
             .zip(a.par_chunks(PAR_CHUNK))
@@ -861,7 +862,7 @@ fn map2_rep<T: Copy + Sync, U: Copy + Default + Send, F: Fn(T, T) -> U + Sync>(
             map2_rep_seq(o, x, b, 0, &f);
         }
     };
-    if out.len() >= PAR_MIN_LEN {
+    if out.len() >= PAR_MIN_LEN && crate::threads::pool_available() {
         let per = (PAR_CHUNK / m).max(1) * m;
         out.par_chunks_mut(per)
             .zip(a.par_chunks(per))
@@ -883,7 +884,7 @@ fn map1<T: Copy + Sync, U: Copy + Default + Send, G: Fn(T) -> U + Sync>(
             *o = g(x);
         }
     };
-    if out.len() >= PAR_MIN_LEN {
+    if out.len() >= PAR_MIN_LEN && crate::threads::pool_available() {
         let stream = streams::<U>(out.len());
         out.par_chunks_mut(PAR_CHUNK)
             .zip(a.par_chunks(PAR_CHUNK))
@@ -907,7 +908,7 @@ fn upd0<T: Copy + Send, G: Fn(T) -> T + Sync>(out: &mut [T], g: G) {
             *o = g(*o);
         }
     };
-    if out.len() >= PAR_MIN_LEN {
+    if out.len() >= PAR_MIN_LEN && crate::threads::pool_available() {
         out.par_chunks_mut(PAR_CHUNK)
             .with_max_len(TASK_CHUNKS)
             .for_each(seq);
@@ -926,7 +927,7 @@ fn upd1_rep<T: Copy + Send + Sync, G: Fn(T, T) -> T + Sync>(out: &mut [T], b: &[
             }
         }
     };
-    if out.len() >= PAR_MIN_LEN {
+    if out.len() >= PAR_MIN_LEN && crate::threads::pool_available() {
         if m == out.len() {
             out.par_chunks_mut(PAR_CHUNK)
                 .zip(b.par_chunks(PAR_CHUNK))

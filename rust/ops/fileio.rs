@@ -1100,12 +1100,12 @@ fn copy_strings<B: AsRef<[u8]> + Sync>(src: &[B], dst: &mut Vec<Vec<u8>>, filled
         d.extend_from_slice(s.as_ref());
     };
     let slots = &mut dst[start..start + reused];
-    if reused >= PAR {
+    if reused >= PAR && crate::threads::pool_available() {
         slots.par_iter_mut().zip(over.par_iter()).for_each(refill);
     } else {
         slots.iter_mut().zip(over).for_each(refill);
     }
-    if fresh.len() >= PAR {
+    if fresh.len() >= PAR && crate::threads::pool_available() {
         dst.par_extend(fresh.par_iter().map(|b| b.as_ref().to_vec()));
     } else {
         dst.extend(fresh.iter().map(|b| b.as_ref().to_vec()));
@@ -1415,7 +1415,7 @@ impl ParquetReader {
                 (c, decode_column(r, acc, k, lr))
             };
             let mut results: Vec<(usize, std::result::Result<(), String>)> =
-                if jobs.len() > 1 && k >= 2048 {
+                if jobs.len() > 1 && k >= 2048 && crate::threads::pool_available() {
                     // One task per column, the costliest first: a string
                     // column alone can take as long as all the others, and
                     // started last it would finish last.

@@ -307,12 +307,7 @@ impl BlobsQueue {
             if st.closing {
                 return Ok(None);
             }
-            // After a first wait, also run the interrupt check (cancel.rs).
-            if if spun {
-                cancel.poll()
-            } else {
-                cancel.is_cancelled()
-            } {
+            if cancel.is_cancelled() {
                 return Err(Error::cancelled());
             }
             if !spun {
@@ -326,7 +321,12 @@ impl BlobsQueue {
                     continue;
                 }
             }
-            self.signals.not_full.wait_for(&mut st, POLL);
+            if self.signals.not_full.wait_for(&mut st, POLL).timed_out()
+                && MutexGuard::unlocked(&mut st, || cancel.poll_now())
+            {
+                // The interrupt check (cancel.rs) runs without the mutex.
+                return Err(Error::cancelled());
+            }
         }
         Ok(Some(st))
     }
@@ -408,11 +408,7 @@ impl BlobsQueue {
             if st.closing {
                 return Ok(ReadOutcome::Closed);
             }
-            if if spun {
-                cancel.poll()
-            } else {
-                cancel.is_cancelled()
-            } {
+            if cancel.is_cancelled() {
                 return Err(Error::cancelled());
             }
             if !spun {
@@ -435,7 +431,11 @@ impl BlobsQueue {
                     (d - now).min(POLL)
                 }
             };
-            self.signals.not_empty.wait_for(&mut st, slice);
+            if self.signals.not_empty.wait_for(&mut st, slice).timed_out()
+                && MutexGuard::unlocked(&mut st, || cancel.poll_now())
+            {
+                return Err(Error::cancelled());
+            }
         }
     }
 
