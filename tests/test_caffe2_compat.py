@@ -9,16 +9,6 @@ from ferrocaffe import core, errors, utils, workspace
 from ferrocaffe import proto as caffe2_pb2
 
 
-@pytest.fixture
-def fresh():
-    previous = workspace.CurrentWorkspace()
-    workspace.SwitchWorkspace('compat_test', True)
-    workspace.ResetWorkspace()
-    yield
-    workspace.ResetWorkspace()
-    workspace.SwitchWorkspace(previous)
-
-
 def test_a_cpu_only_build_says_so():
     assert workspace.has_gpu_support is False
     assert workspace.has_cuda_support is False
@@ -152,7 +142,7 @@ def test_immediate_mode_runs_ops_as_they_are_made(fresh, capsys):
         assert workspace.FetchImmediate('w').tolist() == [6.0]
         with pytest.raises(errors.BlobNotFoundError):
             net.Add(['missing', 'z'], ['v'])
-        assert workspace.CurrentWorkspace() == 'compat_test'
+        assert workspace.CurrentWorkspace() == fresh
     finally:
         workspace.StopImmediate()
     assert not workspace.IsImmediate()

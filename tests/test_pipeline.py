@@ -394,20 +394,10 @@ def test_three_stage_pipeline_reproduces_plain_python():
     assert got_uid.dtype == np.int64 and got_price.dtype == np.float32
 
 
-def test_pipeline_with_arithmetic_ops_and_dequeue_many():
-    # Caffe2's own scenario: Add/Sub processors, a queue read 3 records at
-    # a time, and a counter bumped once per dequeue.
-    n = 17
-    per_dequeue = 3
-    init_net = core.Net('init')
-    src_values = Struct(('uid', np.array(range(n))),
-                        ('value', 0.1 * np.array(range(n))))
-    with core.NameScope('init'):
-        src_blobs = NewRecord(init_net, src_values)
-        dst_blobs = InitEmptyRecord(init_net, src_values.clone_schema())
-        counter = init_net.Const(0)
-        one = init_net.Const(1)
-
+def caffe2_pipeline_processors(counter, one):
+    """The two processors of Caffe2's pipeline test: uid doubled (value kept),
+    then value zeroed (uid kept) with ``counter += one`` per batch. Outputs
+    are named under fixed scopes, so every thread names them alike."""
     def proc1(rec):
         with core.NameScope('proc1'):
             out = NewRecord(ops, rec)
@@ -422,6 +412,25 @@ def test_pipeline_with_arithmetic_ops_and_dequeue_many():
         ops.Sub([rec.value(), rec.value()], [out.value()])
         ops.Add([counter, one], [counter])
         return out
+
+    return proc1, proc2
+
+
+def test_pipeline_with_arithmetic_ops_and_dequeue_many():
+    # Caffe2's own scenario: Add/Sub processors, a queue read 3 records at
+    # a time, and a counter bumped once per dequeue.
+    n = 17
+    per_dequeue = 3
+    init_net = core.Net('init')
+    src_values = Struct(('uid', np.array(range(n))),
+                        ('value', 0.1 * np.array(range(n))))
+    with core.NameScope('init'):
+        src_blobs = NewRecord(init_net, src_values)
+        dst_blobs = InitEmptyRecord(init_net, src_values.clone_schema())
+        counter = init_net.Const(0)
+        one = init_net.Const(1)
+
+    proc1, proc2 = caffe2_pipeline_processors(counter, one)
 
     src_ds = Dataset(src_blobs)
     dst_ds = Dataset(dst_blobs)
@@ -1001,20 +1010,7 @@ def test_caffe2_pipeline_counter_is_exact_at_any_thread_count(threads):
         counter = init_net.Const(0)
         one = init_net.Const(1)
 
-    def proc1(rec):
-        with core.NameScope('proc1'):
-            out = NewRecord(ops, rec)
-        ops.Add([rec.uid(), rec.uid()], [out.uid()])
-        out.value.set(blob=rec.value(), unsafe=True)
-        return out
-
-    def proc2(rec):
-        with core.NameScope('proc2'):
-            out = NewRecord(ops, rec)
-        out.uid.set(blob=rec.uid(), unsafe=True)
-        ops.Sub([rec.value(), rec.value()], [out.value()])
-        ops.Add([counter, one], [counter])
-        return out
+    proc1, proc2 = caffe2_pipeline_processors(counter, one)
 
     with TaskGroup() as tg:
         out1 = pipe(Dataset(src_blobs).reader(), output=Queue(capacity=11),

@@ -11,16 +11,6 @@ from ferrocaffe.record_queue import RecordQueue
 from ferrocaffe.schema import FeedRecord, NewRecord, Scalar, Struct
 
 
-@pytest.fixture
-def fresh():
-    previous = workspace.CurrentWorkspace()
-    workspace.SwitchWorkspace('record_queue_test', True)
-    workspace.ResetWorkspace()
-    yield
-    workspace.ResetWorkspace()
-    workspace.SwitchWorkspace(previous)
-
-
 def doubled_named(net, record):
     # Every producer names its output alike.
     with core.NameScope('doubled'):

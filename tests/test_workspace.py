@@ -6,7 +6,6 @@ Expected values are written out by hand or computed with numpy from the
 inputs, never read back from the runtime."""
 
 import gc
-import itertools
 import os
 import threading
 
@@ -14,20 +13,6 @@ import numpy as np
 import pytest
 
 from ferrocaffe import core, errors, proto, workspace
-
-_ids = itertools.count()
-
-
-@pytest.fixture
-def fresh():
-    """Switches to a new, empty named workspace and back afterwards."""
-    prev = workspace.CurrentWorkspace()
-    name = f"test_workspace_{os.getpid()}_{next(_ids)}"
-    workspace.SwitchWorkspace(name, True)
-    try:
-        yield name
-    finally:
-        workspace.SwitchWorkspace(prev)
 
 
 def counter_net(name, counter, init):

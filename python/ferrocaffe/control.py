@@ -317,6 +317,16 @@ def _snapshot(name, condition):
     return net, snapshot
 
 
+def _if_else(name, control, condition, first_once, first, second_once, second):
+    """``first`` once by ``first_once``'s rule, else ``second`` by
+    ``second_once``'s, both reading one snapshot of the condition."""
+    net, snapshot = _snapshot(name + '/' + control, condition)
+    return Do(name + '/' + control,
+              Do(name + '/' + control + '-condition', net),
+              first_once(name + '/' + control + '-true', snapshot, first),
+              second_once(name + '/' + control + '-false', snapshot, second))
+
+
 def If(name, condition_blob_or_net, true_nets_or_steps,
        false_nets_or_steps=None):
     """Runs ``true_nets_or_steps`` once if the condition is true, else
@@ -324,11 +334,8 @@ def If(name, condition_blob_or_net, true_nets_or_steps,
     if not false_nets_or_steps:
         return _once_if(name + '/If', condition_blob_or_net,
                         true_nets_or_steps)
-    net, condition = _snapshot(name + '/If', condition_blob_or_net)
-    return Do(name + '/If',
-              Do(name + '/If-condition', net),
-              _once_if(name + '/If-true', condition, true_nets_or_steps),
-              _once_if_not(name + '/If-false', condition, false_nets_or_steps))
+    return _if_else(name, 'If', condition_blob_or_net, _once_if,
+                    true_nets_or_steps, _once_if_not, false_nets_or_steps)
 
 
 def IfNot(name, condition_blob_or_net, true_nets_or_steps,
@@ -338,8 +345,5 @@ def IfNot(name, condition_blob_or_net, true_nets_or_steps,
     if not false_nets_or_steps:
         return _once_if_not(name + '/IfNot', condition_blob_or_net,
                             true_nets_or_steps)
-    net, condition = _snapshot(name + '/IfNot', condition_blob_or_net)
-    return Do(name + '/IfNot',
-              Do(name + '/IfNot-condition', net),
-              _once_if_not(name + '/IfNot-true', condition, true_nets_or_steps),
-              _once_if(name + '/IfNot-false', condition, false_nets_or_steps))
+    return _if_else(name, 'IfNot', condition_blob_or_net, _once_if_not,
+                    true_nets_or_steps, _once_if, false_nets_or_steps)
