@@ -1,6 +1,10 @@
-//! Builders for the plan IR, shared by the unit tests of every module.
+//! Builders for the plan IR and small tensor helpers, shared by the unit
+//! tests of every module.
 
+use crate::blob::BlobValue;
 use crate::ir::{Argument, NetDef, OperatorDef};
+use crate::tensor::Tensor;
+use crate::workspace::Workspace;
 
 pub fn op(ty: &str, ins: &[&str], outs: &[&str], args: Vec<Argument>) -> OperatorDef {
     OperatorDef {
@@ -69,4 +73,33 @@ pub fn in_child(name: &str, body: impl FnOnce()) {
         "the child running {name} failed ({}):\n{text}",
         out.status
     );
+}
+
+/// Feeds tensor `t` into blob `name`.
+pub fn feed(ws: &Workspace, name: &str, t: Tensor) {
+    ws.feed(name, BlobValue::Tensor(t));
+}
+
+/// A copy of the tensor in blob `name`.
+pub fn get(ws: &Workspace, name: &str) -> Tensor {
+    ws.fetch(name).unwrap().tensor().unwrap().clone()
+}
+
+/// A 1-D int32 tensor of `v`.
+pub fn i32s(v: &[i32]) -> Tensor {
+    Tensor::from_vec(&[v.len()], v.to_vec()).unwrap()
+}
+
+/// A 1-D int64 tensor of `v`.
+pub fn i64s(v: &[i64]) -> Tensor {
+    Tensor::from_vec(&[v.len()], v.to_vec()).unwrap()
+}
+
+/// A 1-D byte-string tensor of `v`.
+pub fn strs(v: &[&str]) -> Tensor {
+    Tensor::from_vec(
+        &[v.len()],
+        v.iter().map(|s| s.as_bytes().to_vec()).collect(),
+    )
+    .unwrap()
 }

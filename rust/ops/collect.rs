@@ -435,17 +435,11 @@ mod tests {
     use crate::cancel::CancelToken;
     use crate::error::ErrorKind;
     use crate::ir::{DeviceOption, OperatorDef};
-    use crate::test_util::{int_arg, op};
+    use crate::test_util::{feed, get, int_arg, op};
     use crate::workspace::Workspace;
 
     fn run(ws: &Arc<Workspace>, def: &OperatorDef) -> Result<bool> {
         ws.run_operator_once(def, &CancelToken::new())
-    }
-    fn feed(ws: &Workspace, name: &str, t: Tensor) {
-        ws.feed(name, BlobValue::Tensor(t));
-    }
-    fn get(ws: &Workspace, name: &str) -> Tensor {
-        ws.fetch(name).unwrap().tensor().unwrap().clone()
     }
     fn rows(r: usize, cols: usize, v: Vec<f32>) -> Tensor {
         Tensor::from_vec(&[r, cols], v).unwrap()

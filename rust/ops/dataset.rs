@@ -1361,31 +1361,12 @@ mod tests {
     use crate::cancel::CancelToken;
     use crate::ir::{Argument, ExecutionStep, OperatorDef, PlanDef};
     use crate::net::Net;
-    use crate::test_util::{int_arg, net, op, strings_arg};
+    use crate::test_util::{feed, get, i32s, i64s, int_arg, net, op, strings_arg, strs};
     use crate::workspace::Workspace;
     use std::thread;
 
     fn run(ws: &Arc<Workspace>, def: OperatorDef) -> Result<bool> {
         ws.run_operator_once(&def, &CancelToken::new())
-    }
-    fn feed(ws: &Workspace, name: &str, t: Tensor) {
-        ws.feed(name, BlobValue::Tensor(t));
-    }
-    fn get(ws: &Workspace, name: &str) -> Tensor {
-        ws.fetch(name).unwrap().tensor().unwrap().clone()
-    }
-    fn i32s(v: &[i32]) -> Tensor {
-        Tensor::from_vec(&[v.len()], v.to_vec()).unwrap()
-    }
-    fn i64s(v: &[i64]) -> Tensor {
-        Tensor::from_vec(&[v.len()], v.to_vec()).unwrap()
-    }
-    fn strs(v: &[&str]) -> Tensor {
-        Tensor::from_vec(
-            &[v.len()],
-            v.iter().map(|s| s.as_bytes().to_vec()).collect(),
-        )
-        .unwrap()
     }
     fn mat64(rows: usize, cols: usize, v: &[i64]) -> Tensor {
         Tensor::from_vec(&[rows, cols], v.to_vec()).unwrap()

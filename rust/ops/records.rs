@@ -199,30 +199,11 @@ mod tests {
     use crate::cancel::CancelToken;
     use crate::error::ErrorKind;
     use crate::ir::OperatorDef;
-    use crate::test_util::{int_arg, op, strings_arg};
+    use crate::test_util::{feed, get, i32s, i64s, int_arg, op, strings_arg, strs};
     use crate::workspace::Workspace;
 
     fn run(ws: &Arc<Workspace>, def: &OperatorDef) -> Result<bool> {
         ws.run_operator_once(def, &CancelToken::new())
-    }
-    fn feed(ws: &Workspace, name: &str, t: Tensor) {
-        ws.feed(name, BlobValue::Tensor(t));
-    }
-    fn get(ws: &Workspace, name: &str) -> Tensor {
-        ws.fetch(name).unwrap().tensor().unwrap().clone()
-    }
-    fn i32s(v: &[i32]) -> Tensor {
-        Tensor::from_vec(&[v.len()], v.to_vec()).unwrap()
-    }
-    fn i64s(v: &[i64]) -> Tensor {
-        Tensor::from_vec(&[v.len()], v.to_vec()).unwrap()
-    }
-    fn strs(v: &[&str]) -> Tensor {
-        Tensor::from_vec(
-            &[v.len()],
-            v.iter().map(|s| s.as_bytes().to_vec()).collect(),
-        )
-        .unwrap()
     }
 
     /// Three records: (label, items):
