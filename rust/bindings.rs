@@ -475,7 +475,8 @@ where
 {
     let bytes = a.len().saturating_mul(std::mem::size_of::<T>());
     let src = match a.as_slice() {
-        Some(src) if bytes >= PARALLEL_COPY_BYTES => src,
+        // The pool's threads copy; without a pool, one copy on this thread.
+        Some(src) if bytes >= PARALLEL_COPY_BYTES && crate::threads::pool_available() => src,
         _ => return PyArrayDyn::from_array(py, a).into_any().unbind(),
     };
     // SAFETY: every element is written below before the array is returned.

@@ -2136,7 +2136,8 @@ fn load_ferro(path: &str, select: &dyn Fn(&str) -> bool) -> Result<Vec<(String, 
             last.offset + last.length - first.offset,
         );
     }
-    let workers = rayon::current_num_threads().min(pieces.len());
+    // One reader (this thread) when the kernel pool could not start.
+    let workers = crate::threads::num_threads().min(pieces.len());
     if workers > 1 {
         let queue = parking_lot::Mutex::new(pieces.iter_mut());
         let failed = std::sync::atomic::AtomicBool::new(false);

@@ -84,9 +84,12 @@ def test_closed_session_and_unready_outputs_raise_under_python_O():
             except errors.OutputNotReadyError as e:
                 print('not ready:', e)
     """)
+    # The child imports the ferrocaffe this process imported (the repo's
+    # python/ in a dev build, site-packages once installed).
+    import ferrocaffe
+    package_parent = os.path.dirname(os.path.dirname(ferrocaffe.__file__))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in [os.path.join(os.path.dirname(__file__), '..', 'python'),
-                    os.environ.get('PYTHONPATH')] if p))
+        p for p in [package_parent, os.environ.get('PYTHONPATH')] if p))
     done = subprocess.run([sys.executable, '-O', '-c', script], env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
