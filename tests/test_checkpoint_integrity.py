@@ -2,6 +2,14 @@
 
 * Saves replace only regular files and sweep only their own temporaries
   (issue 17, items 7 and 8).
+* The job state lives in each db: a finished job stays finished, with or
+  without a manifest; the manifest is a rebuildable cache whose damage
+  (fields, names outside the directory) never crashes or deletes anything
+  good; a db of another epoch is refused (issue 11 item 1; issue 17 items
+  6, 14, 15 and "Also").
+* Failed saves name the path and the reason; an opt-in raises.
+* Memory stays flat over thousands of epochs (issue 11 item 4).
+* Large tensors round trip through the parallel load and fetch.
 """
 
 import contextlib
