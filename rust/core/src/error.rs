@@ -9,9 +9,32 @@ use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
-/// What went wrong, coarsely. Each kind maps to one Python exception class.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ErrorKind {
+/// Declares [`ErrorKind`] and its name table from one list, so a kind added
+/// here is named everywhere (Python's `errors._BY_KIND` is checked against
+/// [`ErrorKind::ALL`] by a test below).
+macro_rules! error_kinds {
+    ($($(#[$doc:meta])* $kind:ident,)*) => {
+        /// What went wrong, coarsely. Each kind maps to one Python exception class.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum ErrorKind {
+            $($(#[$doc])* $kind,)*
+        }
+
+        impl ErrorKind {
+            /// Every kind, in declaration order.
+            pub const ALL: &'static [ErrorKind] = &[$(ErrorKind::$kind),*];
+
+            /// The kind's name: the key of its class in `ferrocaffe.errors._BY_KIND`.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(ErrorKind::$kind => stringify!($kind),)*
+                }
+            }
+        }
+    };
+}
+
+error_kinds! {
     /// A blob name that is not visible in the workspace (Python: KeyError).
     BlobNotFound,
     /// A net name that is not defined (Python: KeyError).
@@ -266,5 +289,30 @@ mod tests {
         );
         let e = Error::failed("boom").with_blob("x");
         assert_eq!(e.full_message(), "boom [blob 'x']");
+    }
+
+    /// Python's exception table (`python/ferrocaffe/errors.py`, `_BY_KIND`)
+    /// has exactly one entry per kind: a kind added in Rust without a class
+    /// (or a class for a kind that is gone) fails here, not at run time.
+    #[test]
+    fn python_exception_table_names_every_kind_once() {
+        let src = include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../python/ferrocaffe/errors.py"
+        ));
+        let table = src
+            .split("_BY_KIND = {")
+            .nth(1)
+            .and_then(|rest| rest.split('}').next())
+            .expect("errors.py defines _BY_KIND = {...}");
+        let mut keys: Vec<&str> = table
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix('"')?.split('"').next())
+            .collect();
+        let mut names: Vec<&str> = ErrorKind::ALL.iter().map(|k| k.name()).collect();
+        assert_eq!(keys.len(), names.len(), "one entry per kind: {keys:?}");
+        keys.sort_unstable();
+        names.sort_unstable();
+        assert_eq!(keys, names);
     }
 }
