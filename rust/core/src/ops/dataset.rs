@@ -48,8 +48,12 @@ use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
+/// The codecs of this family's saved objects.
+pub fn codecs() -> Vec<(&'static str, crate::storage::BlobDecoder)> {
+    vec![(CAFFE2_CURSOR_TYPE, decode_cursor)]
+}
+
 pub fn schemas() -> Vec<OpSchema> {
-    crate::storage::register_blob_codec(CAFFE2_CURSOR_TYPE, decode_cursor);
     const FIELDS: crate::operator::ArgDoc = arg!(
         "fields",
         "strings",

@@ -103,9 +103,15 @@ pub const NPY_READER_TAG: &str = "ferrocaffe::NpyReader";
 /// Records per batch when no `batch_size` is given.
 pub const DEFAULT_BATCH_SIZE: i64 = 1024;
 
+/// The codecs of this family's saved objects.
+pub fn codecs() -> Vec<(&'static str, crate::storage::BlobDecoder)> {
+    vec![
+        (PARQUET_READER_TAG, decode_parquet_reader),
+        (NPY_READER_TAG, decode_npy_reader),
+    ]
+}
+
 pub fn schemas() -> Vec<OpSchema> {
-    crate::storage::register_blob_codec(PARQUET_READER_TAG, decode_parquet_reader);
-    crate::storage::register_blob_codec(NPY_READER_TAG, decode_npy_reader);
     const PATH: crate::operator::ArgDoc = arg!(
         "path",
         "string",

@@ -1,5 +1,7 @@
 //! The built-in operators, one family per file. Each file exposes
-//! `schemas()`, the single source of its ops' validation and docs.
+//! `schemas()`, the single source of its ops' validation and docs, and, if
+//! it saves objects, `codecs()`; [`builtin_schemas`] and [`builtin_codecs`]
+//! list the families (`crate::builtins` registers them).
 
 use crate::operator::OpSchema;
 
@@ -47,6 +49,14 @@ pub fn builtin_schemas() -> Vec<OpSchema> {
     v.extend(queue::schemas());
     v.extend(records::schemas());
     v.extend(utility::schemas());
+    v
+}
+
+/// The blob codecs of the families' saved objects (cursors, readers).
+pub fn builtin_codecs() -> Vec<(&'static str, crate::storage::BlobDecoder)> {
+    let mut v = Vec::new();
+    v.extend(dataset::codecs());
+    v.extend(fileio::codecs());
     v
 }
 

@@ -11,7 +11,7 @@ use crate::arg;
 use crate::blob::BlobValue;
 use crate::error::{Error, Result};
 use crate::operator::{OpDefCtx, OpSchema, Operator, MANY};
-use crate::storage::{self, DbType, SaveOptions};
+use crate::storage::{self, SaveOptions};
 use crate::tensor::Tensor;
 use std::collections::{HashMap, HashSet};
 
@@ -85,7 +85,7 @@ fn db_type_arg(ctx: &OpDefCtx<'_>) -> Result<String> {
             ctx.op_type()
         )));
     }
-    DbType::parse(&db_type).map_err(|e| e.with_op(ctx.op_type(), None))?;
+    storage::db_format(&db_type).map_err(|e| e.with_op(ctx.op_type(), None))?;
     Ok(db_type)
 }
 
