@@ -5,22 +5,12 @@
 
 use crate::operator::OpSchema;
 
-/// Applies a generic function to the element type of a dtype.
+/// Applies a generic function to the element type of a dtype (through
+/// [`crate::with_match_dtype!`]).
 macro_rules! by_dtype {
     ($dt:expr, $f:ident ( $($a:expr),* )) => {
-        match $dt {
-            crate::tensor::DataType::Float => $f::<f32>($($a),*),
-            crate::tensor::DataType::Double => $f::<f64>($($a),*),
-            crate::tensor::DataType::Int32 => $f::<i32>($($a),*),
-            crate::tensor::DataType::Int64 => $f::<i64>($($a),*),
-            crate::tensor::DataType::Bool => $f::<bool>($($a),*),
-            crate::tensor::DataType::Uint8 => $f::<u8>($($a),*),
-            crate::tensor::DataType::Int8 => $f::<i8>($($a),*),
-            crate::tensor::DataType::Int16 => $f::<i16>($($a),*),
-            crate::tensor::DataType::Uint16 => $f::<u16>($($a),*),
-            crate::tensor::DataType::String => $f::<Vec<u8>>($($a),*),
-            other => Err(crate::error::Error::type_error(format!("unsupported tensor dtype {other}"))),
-        }
+        crate::with_match_dtype!($dt, |T| $f::<T>($($a),*),
+            else other => Err(crate::tensor::unsupported_dtype(other)))
     };
 }
 

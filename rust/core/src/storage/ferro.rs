@@ -75,13 +75,11 @@ pub(super) fn pod_bytes_mut<T: Pod>(s: &mut [T]) -> &mut [u8] {
 
 /// Element size of a numeric dtype in the ferro format (`None` for strings).
 pub(super) fn item_size(dt: DataType) -> Option<u64> {
-    Some(match dt {
-        DataType::Bool | DataType::Uint8 | DataType::Int8 => 1,
-        DataType::Int16 | DataType::Uint16 => 2,
-        DataType::Float | DataType::Int32 => 4,
-        DataType::Double | DataType::Int64 => 8,
-        _ => return None,
-    })
+    if dt == DataType::Bool {
+        return Some(1); // one byte, 0 or 1
+    }
+    crate::with_match_dtype!(numeric dt, |T| Some(std::mem::size_of::<T>() as u64),
+        else _other => None)
 }
 
 /// A tensor dtype the ferro format stores.

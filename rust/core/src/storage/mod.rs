@@ -1516,18 +1516,10 @@ mod tests {
                 )
             };
         }
-        let t = match dtype {
-            DataType::Float => le!(f32),
-            DataType::Double => le!(f64),
-            DataType::Int32 => le!(i32),
-            DataType::Int64 => le!(i64),
-            DataType::Uint8 => le!(u8),
-            DataType::Int8 => le!(i8),
-            DataType::Int16 => le!(i16),
-            DataType::Uint16 => le!(u16),
+        let t = crate::with_match_dtype!(numeric *dtype, |T| le!(T), else other => match other {
             DataType::Bool => Tensor::from_vec(shape, b.iter().map(|&x| x == 1).collect()),
             other => panic!("{other} cannot be in place"),
-        };
+        });
         Some(BlobValue::Tensor(t.unwrap()))
     }
 
