@@ -1617,6 +1617,7 @@ mod tests {
     use crate::cancel::CancelToken;
     use crate::ir::{Argument, OperatorDef};
     use crate::operator::{create_operator, OpCx};
+    use crate::test_util::{get, run};
     use crate::workspace::Workspace;
     use std::sync::Arc;
 
@@ -1664,14 +1665,6 @@ mod tests {
             ws.feed(n, BlobValue::Tensor(v));
         }
         ws
-    }
-
-    fn run(ws: &Arc<Workspace>, d: OperatorDef) -> Result<bool> {
-        ws.run_operator_once(&d, &CancelToken::new())
-    }
-
-    fn get(ws: &Arc<Workspace>, name: &str) -> Tensor {
-        ws.fetch(name).unwrap().tensor().unwrap().clone()
     }
 
     fn data_ptr(ws: &Arc<Workspace>, name: &str) -> usize {
