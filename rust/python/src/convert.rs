@@ -5,7 +5,7 @@ use crate::errors::{feed_error, to_py_err};
 use ferrocaffe::blob::BlobValue;
 use ferrocaffe::error::Error;
 use ferrocaffe::ir;
-use ferrocaffe::tensor::Tensor;
+use ferrocaffe::tensor::{DataType, Tensor};
 use numpy::ndarray::{ArrayD, IxDyn};
 use numpy::{PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
@@ -41,15 +41,7 @@ pub(crate) fn array_to_tensor(
             }
         };
     }
-    try_dtype!(f32);
-    try_dtype!(f64);
-    try_dtype!(i32);
-    try_dtype!(i64);
-    try_dtype!(bool);
-    try_dtype!(u8);
-    try_dtype!(i8);
-    try_dtype!(i16);
-    try_dtype!(u16);
+    ferrocaffe::with_match_dtype!(each numeric_and_bool, |T| try_dtype!(T));
     if let Ok(a) = obj.cast::<PyArrayDyn<Py<PyAny>>>() {
         let ro = a
             .try_readonly()
@@ -81,7 +73,14 @@ pub(crate) fn array_to_tensor(
     };
     Err(feed_error(
         py,
-        format!("cannot feed {desc} into blob '{name}': supported are numpy arrays of float32, float64, int32, int64, bool, uint8, int8, int16, uint16 and str/bytes, and str or bytes"),
+        format!(
+            "cannot feed {desc} into blob '{name}': supported are numpy arrays of {} and str/bytes, and str or bytes",
+            DataType::NUMERIC_AND_BOOL
+                .iter()
+                .map(|d| d.name())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
         name,
     ))
 }
@@ -116,15 +115,7 @@ pub(crate) fn copy_into_existing(obj: &Bound<'_, PyAny>, blob: &ferrocaffe::blob
             }
         };
     }
-    try_dtype!(f32);
-    try_dtype!(f64);
-    try_dtype!(i32);
-    try_dtype!(i64);
-    try_dtype!(bool);
-    try_dtype!(u8);
-    try_dtype!(i8);
-    try_dtype!(i16);
-    try_dtype!(u16);
+    ferrocaffe::with_match_dtype!(each numeric_and_bool, |T| try_dtype!(T));
     false
 }
 
