@@ -23,6 +23,7 @@ import zlib
 import numpy as np
 import pytest
 
+from _support import EXAMPLES, PKG_PARENT
 from ferrocaffe import _core, core, workspace
 from ferrocaffe.checkpoint import (
     INTERNAL_PREFIX, LATEST, CheckpointManager, FileMetadataHandler, Job, JobRunner,
@@ -39,18 +40,10 @@ from ferrocaffe.schema import ConstRecord, Struct
 from ferrocaffe.session import CompiledRunnable, LocalSession
 from ferrocaffe.task import Cluster, Node, Task, TaskGroup, WorkspaceType
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXAMPLE = os.path.join(REPO, 'examples', 'train_job.py')
+EXAMPLE = os.path.join(EXAMPLES, 'train_job.py')
 
 PER_EPOCH = 3
 START = 100
-
-
-@pytest.fixture(autouse=True)
-def _fresh_task_names():
-    Task._global_names_used.clear()
-    yield
-    Task._global_names_used.clear()
 
 
 # ======================================================= pipeline job ==
@@ -1194,9 +1187,7 @@ def test_cli_as_a_module(tmp_path):
     JobRunner(job, CheckpointManager(ckpt_dir, 'n', 'minidb',
                                      FileMetadataHandler())).train(
         LocalSession(workspace.Workspace()))
-    import ferrocaffe
-    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(ferrocaffe.__file__)))
-    env = dict(os.environ, PYTHONPATH=package_parent)
+    env = dict(os.environ, PYTHONPATH=PKG_PARENT)
     cmd = [sys.executable, '-m', 'ferrocaffe.checkpoint']
     ok = subprocess.run(cmd + ['verify', ckpt_dir], env=env,
                         capture_output=True, text=True)
