@@ -1203,6 +1203,36 @@ def test_cli_as_a_module(tmp_path):
     assert 'DAMAGED' in bad.stdout and 'n.2' in bad.stdout
 
 
+@pytest.mark.parametrize('command', ['ls', 'verify'])
+def test_cli_whose_reader_stops_early_exits_quietly(tmp_path, command):
+    """``python -m ferrocaffe.checkpoint ls DIR | head``: once the reader
+    has gone, the command ends as a Unix tool does (the status of a
+    SIGPIPE death, 128 + 13), with no BrokenPipeError traceback."""
+    ckpt_dir = tmp_path / 'ckpt'
+    ckpt_dir.mkdir()
+    ws = workspace.Workspace()
+    ws.feed_blob('w', np.arange(4, dtype=np.float32))
+    for epoch in range(3):
+        ws.run(core.CreateOperator('Save', ['w'], [],
+                                   db=str(ckpt_dir / ('n.%d' % epoch)),
+                                   db_type='ferro', absolute_path=True))
+    # The read end is closed before the child starts, so its first write
+    # (or the flush at exit) meets a pipe without a reader, as it does once
+    # `head` has read its lines: no race on how much fits the pipe.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [sys.executable, '-m', 'ferrocaffe.checkpoint', command,
+             str(ckpt_dir)],
+            stdout=write_end, stderr=subprocess.PIPE, text=True,
+            env=dict(os.environ, PYTHONPATH=PKG_PARENT), timeout=120)
+    finally:
+        os.close(write_end)
+    assert done.stderr == ''
+    assert done.returncode == 141
+
+
 # ========================================================= the example ==
 
 def example_cmd(workdir, *extra):
