@@ -14,10 +14,9 @@ import textwrap
 import numpy as np
 import pytest
 
-import ferrocaffe as _ferrocaffe
+from _support import PKG_PARENT as PYTHON_DIR
 from ferrocaffe import core, errors, workspace
 
-PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(_ferrocaffe.__file__)))
 CHILD_TIMEOUT = 120.0
 
 
