@@ -16,4 +16,4 @@ SECONDS_PER_FUZZER="${1:-300}"
 CASES="${2:-20000}"
 FERROCAFFE_FUZZ_SECONDS="$SECONDS_PER_FUZZER" PYTHONPATH=python \
     python -m pytest -q -p no:cacheprovider tests/test_properties.py
-PROPTEST_CASES="$CASES" cargo test --lib proptests
+PROPTEST_CASES="$CASES" cargo test -p ferrocaffe --lib proptests

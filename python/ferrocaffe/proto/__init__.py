@@ -1,5 +1,5 @@
 """Caffe2's protobuf messages: :mod:`ferrocaffe.proto.caffe2_pb2` (real
-protobuf classes made from ``proto/caffe2.proto``, the schema the Rust
+protobuf classes made from ``rust/core/proto/caffe2.proto``, the schema the Rust
 runtime is generated from too).
 
 This package also re-exports the classes and enums of ``caffe2_pb2`` (so

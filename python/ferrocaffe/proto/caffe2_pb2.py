@@ -1,6 +1,6 @@
 """Caffe2's protobuf messages (``caffe2_pb2``) as real protobuf classes.
 
-The schema is ``proto/caffe2.proto``, its only copy: the build compiles it
+The schema is ``rust/core/proto/caffe2.proto``, its only copy: the build compiles it
 into the extension as a serialised ``FileDescriptorSet``
 (``_core.CAFFE2_FILE_DESCRIPTOR_SET``), from which the Rust runtime's types
 were generated too. This module loads it into a descriptor pool of its own

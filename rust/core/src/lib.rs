@@ -3,7 +3,8 @@
 //! Layers, bottom up: [`tensor`] and [`blob`] (values), [`workspace`] (named
 //! blobs and nets), [`operator`] and [`ops`] (schemas and kernels), [`net`]
 //! (ordered ops), [`plan`] (the execution-step scheduler). [`ir`] holds the
-//! protobuf plan format. `bindings` (feature `python`) is the thin PyO3 face.
+//! protobuf plan format. This crate knows nothing of Python: the PyO3 face is
+//! the separate crate `rust/python` (`ferrocaffe._core`).
 
 // Errors carry their context by value; they are rare and never on a hot path.
 #![allow(clippy::result_large_err)]
@@ -23,9 +24,6 @@ pub mod tensor;
 mod test_util;
 pub mod threads;
 pub mod workspace;
-
-#[cfg(feature = "python")]
-mod bindings;
 
 pub use blob::{Blob, BlobValue};
 pub use cancel::CancelToken;

@@ -504,19 +504,19 @@ impl<'a> OpCx<'a> {
 
 // The accessors are inlined: kernels call them on every run.
 impl<'a> Locked<'a> {
-    #[inline]
+    #[inline(always)]
     fn slot(&self, s: usize) -> &BlobValue {
         match &self.guards[s] {
             Guard::R(g) => g,
             Guard::W(g) => g,
         }
     }
-    #[inline]
+    #[inline(always)]
     pub fn input(&self, i: usize) -> &BlobValue {
         self.slot(self.io.in_slot[i])
     }
     /// Input `i` as a tensor; a wrong kind names the blob.
-    #[inline]
+    #[inline(always)]
     pub fn tensor(&self, i: usize) -> Result<&Tensor> {
         match self.input(i) {
             BlobValue::Tensor(t) => Ok(t),

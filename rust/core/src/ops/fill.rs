@@ -244,7 +244,7 @@ impl FillShape {
         let fixed = dims_from(ctx, "shape", &shape)?;
         let extra = dims_from(ctx, "extra_shape", &extra)?;
         if !from_input {
-            check_numel(&fixed).map_err(|e| ctx.bad_arg(e.message))?;
+            check_numel(&fixed).map_err(|e| ctx.bad_arg(e.into_message()))?;
         }
         Ok(FillShape {
             fixed,

@@ -9,9 +9,32 @@ use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
-/// What went wrong, coarsely. Each kind maps to one Python exception class.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ErrorKind {
+/// Declares [`ErrorKind`] and its name table from one list, so a kind added
+/// here is named everywhere (Python's `errors._BY_KIND` is checked against
+/// [`ErrorKind::ALL`] by a test below).
+macro_rules! error_kinds {
+    ($($(#[$doc:meta])* $kind:ident,)*) => {
+        /// What went wrong, coarsely. Each kind maps to one Python exception class.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum ErrorKind {
+            $($(#[$doc])* $kind,)*
+        }
+
+        impl ErrorKind {
+            /// Every kind, in declaration order.
+            pub const ALL: &'static [ErrorKind] = &[$(ErrorKind::$kind),*];
+
+            /// The kind's name: the key of its class in `ferrocaffe.errors._BY_KIND`.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(ErrorKind::$kind => stringify!($kind),)*
+                }
+            }
+        }
+    };
+}
+
+error_kinds! {
     /// A blob name that is not visible in the workspace (Python: KeyError).
     BlobNotFound,
     /// A net name that is not defined (Python: KeyError).
@@ -57,8 +80,9 @@ pub struct ErrorContext {
 }
 
 /// The runtime's error.
+/// What went wrong, with its context. Boxed inside [`Error`].
 #[derive(Clone)]
-pub struct Error {
+pub struct ErrorInner {
     pub kind: ErrorKind,
     pub message: String,
     pub context: ErrorContext,
@@ -67,16 +91,43 @@ pub struct Error {
     pub payload: Option<Arc<dyn Any + Send + Sync>>,
 }
 
+/// A ferrocaffe error: one pointer, so a kernel's `Result<bool>` or
+/// `Result<&Tensor>` is returned in registers on the success path (the
+/// unboxed struct made every op's return a ~200-byte copy; W1 paid ~30 of
+/// its ~530 instructions per op for it). Fields read through `Deref`.
+#[derive(Clone)]
+pub struct Error(Box<ErrorInner>);
+
+impl std::ops::Deref for Error {
+    type Target = ErrorInner;
+    #[inline]
+    fn deref(&self) -> &ErrorInner {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Error {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut ErrorInner {
+        &mut self.0
+    }
+}
+
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
+    #[cold]
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Error {
+        Error(Box::new(ErrorInner {
             kind,
             message: message.into(),
             context: ErrorContext::default(),
             payload: None,
-        }
+        }))
+    }
+    /// The message alone, for callers that re-wrap it.
+    pub fn into_message(self) -> String {
+        self.0.message
     }
     pub fn blob_not_found(name: &str) -> Self {
         Error::new(
@@ -238,5 +289,30 @@ mod tests {
         );
         let e = Error::failed("boom").with_blob("x");
         assert_eq!(e.full_message(), "boom [blob 'x']");
+    }
+
+    /// Python's exception table (`python/ferrocaffe/errors.py`, `_BY_KIND`)
+    /// has exactly one entry per kind: a kind added in Rust without a class
+    /// (or a class for a kind that is gone) fails here, not at run time.
+    #[test]
+    fn python_exception_table_names_every_kind_once() {
+        let src = include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../python/ferrocaffe/errors.py"
+        ));
+        let table = src
+            .split("_BY_KIND = {")
+            .nth(1)
+            .and_then(|rest| rest.split('}').next())
+            .expect("errors.py defines _BY_KIND = {...}");
+        let mut keys: Vec<&str> = table
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix('"')?.split('"').next())
+            .collect();
+        let mut names: Vec<&str> = ErrorKind::ALL.iter().map(|k| k.name()).collect();
+        assert_eq!(keys.len(), names.len(), "one entry per kind: {keys:?}");
+        keys.sort_unstable();
+        names.sort_unstable();
+        assert_eq!(keys, names);
     }
 }

@@ -937,7 +937,7 @@ fn assemble_tensor(chunks: &[TensorProto]) -> Result<Tensor> {
             "tensors of serialized objects (data type UNDEFINED) are not supported by ferrocaffe",
         )),
     };
-    t.map_err(|e| bad_data(e.message))
+    t.map_err(|e| bad_data(e.into_message()))
 }
 
 // ---------------------------------------------------------------- minidb --

@@ -244,7 +244,7 @@ fn open_err(path: &str, what: &str, e: &std::io::Error) -> Error {
 }
 
 fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
-    from_panic(p).message
+    from_panic(p).into_message()
 }
 
 // ----------------------------------------------- saved-position encoding --

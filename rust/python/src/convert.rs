@@ -1,0 +1,241 @@
+//! Values across the boundary: numpy arrays, str and bytes to tensors and
+//! back (one copy each way), Python objects in blobs, protobuf bytes, paths.
+
+use crate::errors::{feed_error, to_py_err};
+use ferrocaffe::blob::BlobValue;
+use ferrocaffe::error::Error;
+use ferrocaffe::ir;
+use ferrocaffe::tensor::Tensor;
+use numpy::ndarray::{ArrayD, IxDyn};
+use numpy::{PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyString};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// A str as UTF-8 bytes; a str that has no UTF-8 form is a FeedError.
+pub(crate) fn utf8(py: Python<'_>, s: &Bound<'_, PyString>, blob: &str) -> PyResult<Vec<u8>> {
+    s.to_str().map(|s| s.as_bytes().to_vec()).map_err(|_| {
+        feed_error(
+            py,
+            format!("cannot feed a str that has no UTF-8 encoding into blob '{blob}'"),
+            blob,
+        )
+    })
+}
+
+pub(crate) fn array_to_tensor(
+    py: Python<'_>,
+    obj: &Bound<'_, PyAny>,
+    name: &str,
+) -> PyResult<Tensor> {
+    macro_rules! try_dtype {
+        ($t:ty) => {
+            if let Ok(a) = obj.cast::<PyArrayDyn<$t>>() {
+                let ro = a
+                    .try_readonly()
+                    .map_err(|e| feed_error(py, e.to_string(), name))?;
+                let a = ferrocaffe::tensor::copy_array(ro.as_array())
+                    .map_err(|e| to_py_err(py, e.with_blob(name)))?;
+                return Ok(Tensor::from(a));
+            }
+        };
+    }
+    try_dtype!(f32);
+    try_dtype!(f64);
+    try_dtype!(i32);
+    try_dtype!(i64);
+    try_dtype!(bool);
+    try_dtype!(u8);
+    try_dtype!(i8);
+    try_dtype!(i16);
+    try_dtype!(u16);
+    if let Ok(a) = obj.cast::<PyArrayDyn<Py<PyAny>>>() {
+        let ro = a
+            .try_readonly()
+            .map_err(|e| feed_error(py, e.to_string(), name))?;
+        let view = ro.as_array();
+        let mut out = Vec::with_capacity(view.len());
+        for item in view.iter() {
+            let item = item.bind(py);
+            if let Ok(b) = item.cast::<PyBytes>() {
+                out.push(b.as_bytes().to_vec());
+            } else if let Ok(s) = item.cast::<PyString>() {
+                out.push(utf8(py, s, name)?);
+            } else {
+                return Err(feed_error(
+                    py,
+                    format!("cannot feed an object array holding {}: only str and bytes elements are supported", item.get_type().name()?),
+                    name,
+                ));
+            }
+        }
+        let shape = view.shape().to_vec();
+        return Ok(Tensor::Str(
+            ArrayD::from_shape_vec(IxDyn(&shape), out).expect("shape matches"),
+        ));
+    }
+    let desc = match obj.cast::<PyUntypedArray>() {
+        Ok(a) => format!("a numpy array of dtype {}", a.dtype().str()?),
+        Err(_) => format!("an object of type {}", obj.get_type().name()?),
+    };
+    Err(feed_error(
+        py,
+        format!("cannot feed {desc} into blob '{name}': supported are numpy arrays of float32, float64, int32, int64, bool, uint8, int8, int16, uint16 and str/bytes, and str or bytes"),
+        name,
+    ))
+}
+
+/// Feeding an array over a tensor of the same dtype and shape copies into the
+/// existing buffer (one copy into warm memory, as Caffe2 reused a tensor's
+/// capacity). Only when the blob's lock is free right now: never wait for a
+/// running op while holding the GIL. Returns whether it did.
+pub(crate) fn copy_into_existing(obj: &Bound<'_, PyAny>, blob: &ferrocaffe::blob::Blob) -> bool {
+    macro_rules! try_dtype {
+        ($t:ty) => {
+            if let Ok(a) = obj.cast::<PyArrayDyn<$t>>() {
+                let Ok(ro) = a.try_readonly() else {
+                    return false;
+                };
+                let src = ro.as_array();
+                let Some(mut g) = blob.try_write() else {
+                    return false;
+                };
+                if let BlobValue::Tensor(t) = &mut *g {
+                    if let Some(dst) = <$t as ferrocaffe::tensor::Element>::view_mut(t) {
+                        if dst.shape() == src.shape() {
+                            match (dst.as_slice_mut(), src.as_slice()) {
+                                (Some(d), Some(s)) => d.copy_from_slice(s),
+                                _ => dst.assign(&src),
+                            }
+                            return true;
+                        }
+                    }
+                }
+                return false;
+            }
+        };
+    }
+    try_dtype!(f32);
+    try_dtype!(f64);
+    try_dtype!(i32);
+    try_dtype!(i64);
+    try_dtype!(bool);
+    try_dtype!(u8);
+    try_dtype!(i8);
+    try_dtype!(i16);
+    try_dtype!(u16);
+    false
+}
+
+/// A numpy copy of a tensor. The destination is allocated by numpy itself
+/// (which asks the kernel for huge pages on large arrays), then filled with
+/// one copy: as fast as `arr.copy()` in numpy.
+/// Arrays at least this large are copied out by the kernel pool's threads.
+const PARALLEL_COPY_BYTES: usize = 4 << 20;
+
+/// A numpy copy of `a`. A large contiguous array is copied in parallel
+/// pieces: the copy into fresh memory (page faults included) is what a
+/// fetch costs, and one core does it at a fraction of the memory's speed.
+/// The GIL stays held, as for any copy (the pool's threads do not need it),
+/// so nothing else can see the array before it is complete.
+fn array_to_py<T>(py: Python<'_>, a: &ArrayD<T>) -> Py<PyAny>
+where
+    T: numpy::Element + Copy + Send + Sync,
+{
+    let bytes = a.len().saturating_mul(std::mem::size_of::<T>());
+    let src = match a.as_slice() {
+        // The pool's threads copy; without a pool, one copy on this thread.
+        Some(src) if bytes >= PARALLEL_COPY_BYTES && ferrocaffe::threads::pool_available() => src,
+        _ => return PyArrayDyn::from_array(py, a).into_any().unbind(),
+    };
+    // SAFETY: every element is written below before the array is returned.
+    let out = unsafe { PyArrayDyn::<T>::new(py, a.shape(), false) };
+    // SAFETY: a fresh C-contiguous array of src.len() elements, not yet
+    // shared with Python code.
+    let dst = unsafe { out.as_slice_mut() }.expect("a new array is contiguous");
+    use rayon::prelude::*;
+    let piece = (PARALLEL_COPY_BYTES / std::mem::size_of::<T>()).max(1);
+    dst.par_chunks_mut(piece)
+        .zip(src.par_chunks(piece))
+        .for_each(|(d, s)| d.copy_from_slice(s));
+    out.into_any().unbind()
+}
+
+pub(crate) fn tensor_to_py(py: Python<'_>, t: &Tensor) -> PyResult<Py<PyAny>> {
+    Ok(match t {
+        Tensor::F32(a) => array_to_py(py, a),
+        Tensor::F64(a) => array_to_py(py, a),
+        Tensor::I32(a) => array_to_py(py, a),
+        Tensor::I64(a) => array_to_py(py, a),
+        Tensor::Bool(a) => array_to_py(py, a),
+        Tensor::U8(a) => array_to_py(py, a),
+        Tensor::I8(a) => array_to_py(py, a),
+        Tensor::I16(a) => array_to_py(py, a),
+        Tensor::U16(a) => array_to_py(py, a),
+        Tensor::Str(a) => {
+            let objs = a.map(|b| PyBytes::new(py, b).into_any().unbind());
+            PyArrayDyn::from_owned_array(py, objs).into_any().unbind()
+        }
+    })
+}
+
+pub(crate) fn value_to_py(py: Python<'_>, name: &str, v: &BlobValue) -> PyResult<Py<PyAny>> {
+    Ok(match v {
+        BlobValue::Tensor(t) => tensor_to_py(py, t)?,
+        BlobValue::Bytes(b) => PyBytes::new(py, b).into_any().unbind(),
+        BlobValue::Empty => PyBytes::new(
+            py,
+            format!("{name}, a C++ native class of type nullptr (uninitialized).").as_bytes(),
+        )
+        .into_any()
+        .unbind(),
+        BlobValue::Object(o) => {
+            if let Some(obj) = python_object(py, o) {
+                return Ok(obj);
+            }
+            PyBytes::new(
+                py,
+                format!("{name}, a C++ native class of type {}.", o.kind_name()).as_bytes(),
+            )
+            .into_any()
+            .unbind()
+        }
+    })
+}
+
+/// A Python object stored in a blob (by Python ops, or fed by users).
+#[derive(Debug)]
+pub(crate) struct PyObjectBlob(pub Py<PyAny>);
+
+impl ferrocaffe::blob::BlobObject for PyObjectBlob {
+    fn kind_name(&self) -> &'static str {
+        "PythonObject"
+    }
+}
+
+fn python_object(py: Python<'_>, o: &Arc<dyn ferrocaffe::blob::BlobObject>) -> Option<Py<PyAny>> {
+    let any: Arc<dyn std::any::Any + Send + Sync> = o.clone();
+    any.downcast::<PyObjectBlob>()
+        .ok()
+        .map(|p| p.0.clone_ref(py))
+}
+
+pub(crate) fn decode<M: prost::Message + Default>(
+    py: Python<'_>,
+    bytes: &[u8],
+    what: &str,
+) -> PyResult<M> {
+    ir::decode(bytes, what).map_err(|e| to_py_err(py, e))
+}
+
+/// A path argument (a str or any os.PathLike, such as pathlib.Path) as the
+/// UTF-8 string the core's paths are.
+pub(crate) fn path_string(py: Python<'_>, path: PathBuf) -> PyResult<String> {
+    path.into_os_string().into_string().map_err(|p| {
+        to_py_err(
+            py,
+            Error::invalid_arg(format!("the path {p:?} is not valid UTF-8")),
+        )
+    })
+}

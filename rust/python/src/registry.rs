@@ -1,0 +1,55 @@
+//! The operator registry and the kernel pool, as Python sees them.
+
+use crate::errors::to_py_err;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+/// Every registered operator type, sorted.
+#[pyfunction]
+pub(crate) fn registered_operators() -> Vec<&'static str> {
+    ferrocaffe::operator::registered_ops()
+}
+
+/// An operator's schema as a dict (counts, args, the arguments it accepts
+/// and ignores, doc), or None.
+#[pyfunction]
+pub(crate) fn operator_schema(py: Python<'_>, op_type: &str) -> PyResult<Option<Py<PyDict>>> {
+    let Some(s) = ferrocaffe::operator::schema(op_type) else {
+        return Ok(None);
+    };
+    // usize::MAX (no upper bound) becomes None.
+    let bound = |n: usize| (n != usize::MAX).then_some(n);
+    let d = PyDict::new(py);
+    d.set_item("name", s.name)?;
+    d.set_item("min_inputs", s.min_inputs)?;
+    d.set_item("max_inputs", bound(s.max_inputs))?;
+    d.set_item("min_outputs", s.min_outputs)?;
+    d.set_item("max_outputs", bound(s.max_outputs))?;
+    d.set_item("doc", s.doc)?;
+    let args = PyList::empty(py);
+    for a in s.args {
+        args.append((a.name, a.ty, a.default, a.doc))?;
+    }
+    d.set_item("args", args)?;
+    // Accepted and ignored: the op's own list, then the engine hints.
+    let ignored = PyList::empty(py);
+    for a in s.ignored.iter().chain(ferrocaffe::operator::ENGINE_HINTS) {
+        if !s.args.iter().any(|own| own.name == a.name) {
+            ignored.append((a.name, a.ty, a.default, a.doc))?;
+        }
+    }
+    d.set_item("ignored", ignored)?;
+    Ok(Some(d.unbind()))
+}
+
+/// Fixes the size of the kernel (rayon) pool; see `ferrocaffe::threads`.
+#[pyfunction]
+pub(crate) fn set_num_threads(py: Python<'_>, n: usize) -> PyResult<bool> {
+    ferrocaffe::threads::set_num_threads(n).map_err(|e| to_py_err(py, e))
+}
+
+/// Threads in the kernel (rayon) pool.
+#[pyfunction]
+pub(crate) fn num_threads() -> usize {
+    ferrocaffe::threads::num_threads()
+}

@@ -1,0 +1,120 @@
+//! Dbs and files: list, verify, map, atomic writes.
+
+use crate::convert::{path_string, value_to_py};
+use crate::errors::to_py_err;
+use crate::runner::run_here;
+use ferrocaffe::error::Error;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyString};
+use std::path::PathBuf;
+
+/// The entries of a db: a list of dicts (name, kind, type, dtype, shape, bytes).
+#[pyfunction]
+#[pyo3(signature = (path, db_type=String::from("ferro")))]
+pub(crate) fn list_db(py: Python<'_>, path: PathBuf, db_type: String) -> PyResult<Vec<Py<PyDict>>> {
+    let path = path_string(py, path)?;
+    let entries = run_here(py, move |_| ferrocaffe::storage::list_db(&path, &db_type))?;
+    entries
+        .into_iter()
+        .map(|e| {
+            let d = PyDict::new(py);
+            d.set_item("name", e.name)?;
+            d.set_item("kind", format!("{:?}", e.kind))?;
+            d.set_item("type", e.type_tag)?;
+            d.set_item("dtype", e.dtype.map(|t| t.name()))?;
+            d.set_item("shape", e.shape)?;
+            d.set_item("bytes", e.bytes)?;
+            Ok(d.unbind())
+        })
+        .collect()
+}
+
+/// Checks every checksum of a db; raises CorruptCheckpointError on damage.
+#[pyfunction]
+#[pyo3(signature = (path, db_type=String::from("ferro")))]
+pub(crate) fn verify_db(py: Python<'_>, path: PathBuf, db_type: String) -> PyResult<()> {
+    let path = path_string(py, path)?;
+    run_here(py, move |_| ferrocaffe::storage::verify_db(&path, &db_type))
+}
+
+/// Checks a ferro db held in a uint8 array (a read-only memory map of the
+/// file at `path`, made by `ferrocaffe.checkpoint.mmap_db`) without copying
+/// numeric tensors, and lists its blobs in file order as `(name, kind,
+/// info)`: kind "mapped", info `(dtype, shape, offset)`, for numeric and bool
+/// tensors left in place; "value", info the decoded copy (an object array of
+/// bytes, or bytes), for string tensors and byte strings; "object", info the
+/// Caffe2 type tag, for runtime objects. `verify` also checks every payload's
+/// CRC, reading the whole array (Ctrl-C interrupts it).
+#[pyfunction]
+#[pyo3(signature = (data, path, verify=false))]
+pub(crate) fn map_ferro(
+    py: Python<'_>,
+    data: numpy::PyReadonlyArray1<'_, u8>,
+    path: PathBuf,
+    verify: bool,
+) -> PyResult<Vec<(String, &'static str, Py<PyAny>)>> {
+    use ferrocaffe::storage::MappedData;
+    let path = path_string(py, path)?;
+    let bytes = data.as_slice().map_err(|e| {
+        to_py_err(
+            py,
+            Error::invalid_arg(format!("map_ferro needs a contiguous uint8 array: {e}")),
+        )
+    })?;
+    // Checked on this thread while `data` keeps the array borrowed
+    // read-only. (A mapped file can still be changed by a process writing
+    // it in place, as with any memory map; ferrocaffe never does: saves
+    // replace files by rename.)
+    let blobs = run_here(py, move |cancel| {
+        ferrocaffe::storage::map_ferro(&path, bytes, verify, cancel)
+    })?;
+    blobs
+        .into_iter()
+        .map(|b| {
+            let (kind, info) = match b.data {
+                MappedData::InPlace {
+                    dtype,
+                    shape,
+                    offset,
+                    ..
+                } => (
+                    "mapped",
+                    (dtype.name(), shape, offset)
+                        .into_pyobject(py)?
+                        .into_any()
+                        .unbind(),
+                ),
+                MappedData::Decoded(v) => ("value", value_to_py(py, &b.name, &v)?),
+                MappedData::Object { type_tag } => {
+                    ("object", PyString::new(py, &type_tag).into_any().unbind())
+                }
+            };
+            Ok((b.name, kind, info))
+        })
+        .collect()
+}
+
+#[pyfunction]
+#[pyo3(signature = (path, db_type=String::from("ferro")))]
+pub(crate) fn db_exists(py: Python<'_>, path: PathBuf, db_type: String) -> PyResult<bool> {
+    let path = path_string(py, path)?;
+    run_here(py, move |_| ferrocaffe::storage::db_exists(&path, &db_type))
+}
+
+/// Removes the stale temporaries that interrupted saves of the file at
+/// `path` left beside it (see `storage::sweep_stale_temporaries`).
+#[pyfunction]
+pub(crate) fn sweep_stale_temporaries(py: Python<'_>, path: PathBuf) -> PyResult<usize> {
+    run_here(py, move |_| {
+        ferrocaffe::storage::sweep_stale_temporaries(&path)
+    })
+}
+
+/// Writes `data` to `path` as saves write dbs: a temporary, fsynced and
+/// renamed over `path` (only a regular file is replaced), then the directory
+/// fsynced.
+#[pyfunction]
+pub(crate) fn write_file_atomically(py: Python<'_>, path: PathBuf, data: Vec<u8>) -> PyResult<()> {
+    let path = path_string(py, path)?;
+    run_here(py, move |_| ferrocaffe::storage::write_file(&path, &data))
+}
