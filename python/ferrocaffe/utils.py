@@ -5,8 +5,8 @@ Caffe2 programs import from there.
 
 import numpy as np
 
-from ferrocaffe import proto as caffe2_pb2
 from ferrocaffe import scope
+from ferrocaffe.proto import caffe2_pb2
 
 __all__ = [
     'OPTIMIZER_ITERATION_NAME', 'ITERATION_MUTEX_NAME', 'BuildUniqueMutexIter',
@@ -135,7 +135,10 @@ def NumpyArrayToCaffe2Tensor(arr, name=None):
             'cannot make a TensorProto of a numpy array of dtype %s' %
             arr.dtype)
     tensor.data_type = data_type
-    getattr(tensor, field).extend(arr.flatten().tolist())
+    values = arr.flatten()
+    if values.dtype == np.bool_:  # int32_data holds ints; protobuf refuses bools
+        values = values.astype(np.int32)
+    getattr(tensor, field).extend(values.tolist())
     return tensor
 
 

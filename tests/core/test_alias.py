@@ -176,7 +176,7 @@ for name in %(modules)r:
 print('all_same =', all(same), len(same))
 from caffe2.proto import caffe2_pb2
 import ferrocaffe.proto
-print('pb2_is =', caffe2_pb2 is ferrocaffe.proto)
+print('pb2_is =', caffe2_pb2 is ferrocaffe.proto.caffe2_pb2)
 print('from_is =', core is ferrocaffe.core and task is sys.modules['ferrocaffe.task'])
 
 try:
