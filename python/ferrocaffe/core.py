@@ -21,6 +21,7 @@ import threading
 import traceback
 from collections import OrderedDict, defaultdict, namedtuple
 from itertools import chain
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -133,7 +134,7 @@ def _registry():
     return _REGISTERED_OPERATORS
 
 
-def RefreshRegisteredOperators(trigger_lazy=True):
+def RefreshRegisteredOperators(trigger_lazy: bool = True) -> None:
     """Re-reads the list of registered operators from the runtime."""
     global _REGISTERED_OPERATORS, _REGISTRY_AVAILABLE
     registered = _load_registry()
@@ -141,7 +142,7 @@ def RefreshRegisteredOperators(trigger_lazy=True):
     _REGISTERED_OPERATORS = registered if registered is not None else set()
 
 
-def RegisteredOperators():
+def RegisteredOperators() -> list[str]:
     """The registered operator types, sorted."""
     return sorted(_registry())
 
@@ -168,7 +169,7 @@ def _check_engine_list(what, engines):
     return list(engines)
 
 
-def SetPerOpEnginePref(op_engine_pref):
+def SetPerOpEnginePref(op_engine_pref: Mapping[Any, Mapping[str, Sequence[str]]]) -> None:
     """``{device_type: {op_type: [engine, ...]}}``: recorded, no effect."""
     checked = {}
     for device_type, per_op in dict(op_engine_pref).items():
@@ -179,7 +180,7 @@ def SetPerOpEnginePref(op_engine_pref):
     _PER_OP_ENGINE_PREF.update(checked)
 
 
-def SetGlobalEnginePref(global_engine_pref):
+def SetGlobalEnginePref(global_engine_pref: Mapping[Any, Sequence[str]]) -> None:
     """``{device_type: [engine, ...]}``: recorded, no effect."""
     checked = {
         int(device_type): _check_engine_list("global engine preference", engines)
@@ -189,14 +190,17 @@ def SetGlobalEnginePref(global_engine_pref):
     _GLOBAL_ENGINE_PREF.update(checked)
 
 
-def SetEnginePref(per_op_engine_pref=None, global_engine_pref=None):
+def SetEnginePref(
+    per_op_engine_pref: Mapping[Any, Mapping[str, Sequence[str]]] | None = None,
+    global_engine_pref: Mapping[Any, Sequence[str]] | None = None,
+) -> None:
     """Sets both engine preferences (see :func:`SetPerOpEnginePref` and
     :func:`SetGlobalEnginePref`)."""
     SetPerOpEnginePref(per_op_engine_pref or {})
     SetGlobalEnginePref(global_engine_pref or {})
 
 
-def SetOpEnginePref(op_type, op_pref):
+def SetOpEnginePref(op_type: str, op_pref: Mapping[Any, Sequence[str]]) -> None:
     """``op_pref`` is ``{device_type: [engine, ...]}`` for ``op_type``."""
     for device_type, engines in dict(op_pref).items():
         _PER_OP_ENGINE_PREF.setdefault(int(device_type), {})[str(op_type)] = _check_engine_list(
@@ -204,11 +208,11 @@ def SetOpEnginePref(op_type, op_pref):
         )
 
 
-def IsOperator(op_type):
+def IsOperator(op_type: str) -> bool:
     return IsOperatorWithEngine(op_type, engine="DEFAULT")
 
 
-def InferOpBlobDevices(op):
+def InferOpBlobDevices(op: caffe2_pb2.OperatorDef) -> tuple[list[Any], list[Any]]:
     """``(input devices, output devices)`` of an OperatorDef, one
     DeviceOption per input and output: every blob of an op lives where the
     op runs (its device option; all CPU here)."""
@@ -227,18 +231,18 @@ def InferOpBlobDevices(op):
     return copies(len(op.input)), copies(len(op.output))
 
 
-def InferOpBlobDevicesAsDict(op):
+def InferOpBlobDevicesAsDict(op: caffe2_pb2.OperatorDef) -> tuple[dict[str, Any], dict[str, Any]]:
     """:func:`InferOpBlobDevices` as ``({input: device}, {output: device})``."""
     inputs, outputs = InferOpBlobDevices(op)
     return dict(zip(op.input, inputs)), dict(zip(op.output, outputs))
 
 
-def InferOpDeviceAsBlobDevices(op):
+def InferOpDeviceAsBlobDevices(op: caffe2_pb2.OperatorDef) -> tuple[list[Any], list[Any]]:
     """Like :func:`InferOpBlobDevices`, from the op's own device option."""
     return InferOpBlobDevices(op)
 
 
-def IsOperatorWithEngine(op_type, engine):
+def IsOperatorWithEngine(op_type: str, engine: str) -> bool:
     registered = _registry()
     if not _REGISTRY_AVAILABLE:
         return (not engine or engine == "DEFAULT") and bool(_OP_TYPE_RE.match(op_type))
@@ -247,7 +251,7 @@ def IsOperatorWithEngine(op_type, engine):
         return True
     if _OP_TYPE_RE.match(op_type):
         RefreshRegisteredOperators()
-        return key in _REGISTERED_OPERATORS
+        return key in (_REGISTERED_OPERATORS or ())
     return False
 
 
@@ -298,18 +302,18 @@ def _not_registered(op_type):
 # --------------------------------------------------------------- devices --
 
 
-def IsGPUDeviceType(device_type):
+def IsGPUDeviceType(device_type: int) -> bool:
     return device_type in {caffe2_pb2.CUDA, caffe2_pb2.HIP}
 
 
 def DeviceOption(
-    device_type,
-    device_id=0,
-    random_seed=None,
-    node_name=None,
-    numa_node_id=None,
-    extra_info=None,
-):
+    device_type: int,
+    device_id: int = 0,
+    random_seed: int | None = None,
+    node_name: str | None = None,
+    numa_node_id: int | None = None,
+    extra_info: Sequence[str] | None = None,
+) -> caffe2_pb2.DeviceOption:
     """Builds a DeviceOption proto (``device_id`` is always set)."""
     option = caffe2_pb2.DeviceOption()
     option.device_type = device_type
@@ -326,7 +330,12 @@ def DeviceOption(
     return option
 
 
-def device_option_equal(opt1, opt2, ignore_node_name=True, ignore_random_seed=True):
+def device_option_equal(
+    opt1: caffe2_pb2.DeviceOption | None,
+    opt2: caffe2_pb2.DeviceOption | None,
+    ignore_node_name: bool = True,
+    ignore_random_seed: bool = True,
+) -> bool:
     if not opt1 or not opt2:
         return opt1 == opt2
     if not ignore_node_name and opt1.node_name != opt2.node_name:
@@ -339,7 +348,7 @@ def device_option_equal(opt1, opt2, ignore_node_name=True, ignore_random_seed=Tr
     return opt1.device_id == opt2.device_id
 
 
-def InferBlobDevices(net):
+def InferBlobDevices(net: Net) -> dict[str, Any]:
     """Maps each blob an op of ``net`` writes to that op's device option."""
     mapping = {}
     for op in net.Proto().op:
@@ -358,7 +367,7 @@ class BlobReference:
     to the ref's net with the ref as first input.
     """
 
-    def __init__(self, name, net=None):
+    def __init__(self, name: str | bytes, net: Net | None = None) -> None:
         # No name scope is added here; ScopedBlobReference does that.
         if isinstance(name, str):
             self._name = name
@@ -401,13 +410,13 @@ class BlobReference:
             raise RuntimeError("Cannot add a non-string to BlobReference.")
         return BlobReference(other + self._name, self._from_net)
 
-    def Net(self):
+    def Net(self) -> Net | None:
         return self._from_net
 
-    def GetNameScope(self):
+    def GetNameScope(self) -> str:
         return self._name[: self._name.rfind(scope._NAMESCOPE_SEPARATOR) + 1]
 
-    def GetUnscopedName(self):
+    def GetUnscopedName(self) -> str:
         return self._name[self._name.rfind(scope._NAMESCOPE_SEPARATOR) + 1 :]
 
     def _CreateAndAddToNet(self, op_type, inputs=None, *args, **kwargs):
@@ -418,7 +427,7 @@ class BlobReference:
         inputs = [self] + list(inputs)
         return self._from_net.__getattr__(op_type)(inputs, *args, **kwargs)
 
-    def __getattr__(self, op_type):
+    def __getattr__(self, op_type: str) -> Callable[..., Any]:
         # Private names are never op types; refusing them also keeps copy and
         # pickle from recursing here before __init__ has run.
         if op_type.startswith("_"):
@@ -440,14 +449,14 @@ class BlobReference:
         return sorted(set(chain(dir(type(self)), self.__dict__.keys(), additional)))
 
 
-def ScopedName(name):
+def ScopedName(name: str) -> str:
     """``name`` with the current name scope in front."""
     if isinstance(name, bytes):
         name = name.decode("ascii")
     return scope.CurrentNameScope() + name
 
 
-def ScopedBlobReference(name, *args, **kwargs):
+def ScopedBlobReference(name: str, *args: Any, **kwargs: Any) -> BlobReference:
     """A BlobReference to ``ScopedName(name)``."""
     return BlobReference(ScopedName(name), *args, **kwargs)
 
@@ -590,7 +599,7 @@ def _MakeArgument(key, value):
 ALLOW_UNKNOWN_ARGUMENTS = "ferrocaffe_allow_unknown_arguments"
 
 
-def allow_unknown_arguments(obj, allow=True):
+def allow_unknown_arguments(obj: Any, allow: bool = True) -> Any:
     """Lets the ops of ``obj`` carry arguments their schemas do not know,
     which are then ignored; returns ``obj``.
 
@@ -629,17 +638,17 @@ def allow_unknown_arguments(obj, allow=True):
 
 
 def CreateOperator(
-    operator_type,
-    inputs,
-    outputs,
-    name="",
-    control_input=None,
-    device_option=None,
-    arg=None,
-    engine=None,
-    debug_info=None,
-    **kwargs
-):
+    operator_type: str,
+    inputs: Any,
+    outputs: Any,
+    name: str = "",
+    control_input: Any = None,
+    device_option: caffe2_pb2.DeviceOption | None = None,
+    arg: Sequence[Any] | None = None,
+    engine: str | None = None,
+    debug_info: str | None = None,
+    **kwargs: Any,
+) -> caffe2_pb2.OperatorDef:
     """Builds an OperatorDef. The type is not checked against the registry.
 
     String inputs and outputs get the current name scope; BlobReferences are
@@ -682,7 +691,7 @@ def CreateOperator(
 
     workspace = sys.modules.get("ferrocaffe.workspace")
     is_immediate = getattr(workspace, "IsImmediate", None)
-    if is_immediate is not None and is_immediate():
+    if workspace is not None and is_immediate is not None and is_immediate():
         workspace.RunOperatorImmediate(operator)
     return operator
 
@@ -690,7 +699,7 @@ def CreateOperator(
 try:
     # os.environ's own dict: a lookup in it costs a tenth of os.environ.get,
     # which Net's op methods would otherwise pay for every op.
-    _ENVIRON_DATA = os.environ._data
+    _ENVIRON_DATA = os.environ._data  # type: ignore[attr-defined]  # CPython only
     _CAFFE2_DEBUG_KEY = os.environ.encodekey("CAFFE2_DEBUG")
 
     def _caffe2_debug():
@@ -766,8 +775,15 @@ def _RegisterPythonImpl(f, grad_f=None, python_func_type=None, pass_workspace=Fa
 
 
 def CreatePythonOperator(
-    f, inputs, outputs, grad_f=None, pass_workspace=False, python_func_type=None, *args, **kwargs
-):
+    f: Any,
+    inputs: Any,
+    outputs: Any,
+    grad_f: Any = None,
+    pass_workspace: bool = False,
+    python_func_type: Any = None,
+    *args: Any,
+    **kwargs: Any,
+) -> caffe2_pb2.OperatorDef:
     """A ``Python`` op that calls ``f(inputs, outputs)`` (or
     ``f(inputs, outputs, workspace)`` with ``pass_workspace``)."""
     kwargs["token"] = _RegisterPythonImpl(
@@ -810,7 +826,7 @@ def _ops_within(proto):
     return ops
 
 
-def TrustPickledBuilders(net_or_plan) -> int:
+def TrustPickledBuilders(net_or_plan: Any) -> int:
     """Lets the ``Python`` ops of ``net_or_plan`` (a Net, Plan, or a NetDef,
     PlanDef or OperatorDef, nested nets included) unpickle their
     ``pickled_builder`` when they are built. Returns how many builders it
@@ -837,7 +853,7 @@ def TrustPickledBuilders(net_or_plan) -> int:
 # ------------------------------------------------------------------ nets --
 
 
-def get_net_name(netlike):
+def get_net_name(netlike: Net | caffe2_pb2.NetDef | str) -> str:
     if isinstance(netlike, Net):
         return netlike.Proto().name
     if isinstance(netlike, caffe2_pb2.NetDef):
@@ -845,7 +861,7 @@ def get_net_name(netlike):
     return netlike
 
 
-def output_to_list(op_output):
+def output_to_list(op_output: Any) -> list[Any]:
     """An op's return value (one ref or a tuple of refs) as a list."""
     assert type(op_output) in (list, tuple, BlobReference)
     return [op_output] if isinstance(op_output, BlobReference) else list(op_output)
@@ -862,7 +878,7 @@ def _add_net_to_dict(net_dict, net):
     return True
 
 
-def remap_input(op, blob_name_remapping):
+def remap_input(op: caffe2_pb2.OperatorDef, blob_name_remapping: Mapping[str, str]) -> None:
     new_list = [blob_name_remapping.get(b, b) for b in op.input]
     del op.input[:]
     op.input.extend(new_list)
@@ -883,12 +899,12 @@ class Net:
     """
 
     # process-wide: base name -> how many nets took it
-    _net_names_used_counters = {}
+    _net_names_used_counters: dict[str, int] = {}
     _names_lock = threading.Lock()
-    operator_registry_ = {}
+    operator_registry_: dict[str, Any] = {}
 
     @staticmethod
-    def current_prefix():
+    def current_prefix() -> str:
         # NetBuilder lives in a higher module; it can only be active if that
         # module has been imported, so look for it without importing it.
         net_builder = sys.modules.get("ferrocaffe.net_builder")
@@ -910,12 +926,16 @@ class Net:
             Net._net_names_used_counters[basename] = next_idx + 1
         return basename if next_idx == 0 else "{}_{}".format(basename, next_idx)
 
-    def __init__(self, name_or_proto, inplace=False):
+    def __init__(
+        self,
+        name_or_proto: str | caffe2_pb2.NetDef | Net | None,
+        inplace: bool = False,
+    ) -> None:
         """A new empty net named ``name_or_proto``, or a net over a copy of
         the NetDef ``name_or_proto`` (the NetDef itself if ``inplace``). The
         name is made unique either way."""
-        self._input_record = None
-        self._output_record = None
+        self._input_record: Any = None  # schema records (schema sits above core)
+        self._output_record: Any = None
         # names handed out by NextBlob, so that they are never reused
         self._registered_blob_names = set()
         self._recreate_lookup_tables = False
@@ -960,13 +980,13 @@ class Net:
 
     # -- identity
 
-    def Name(self):
+    def Name(self) -> str:
         return self._proto.name
 
     def __str__(self):
         return self.Name()
 
-    def Proto(self):
+    def Proto(self) -> caffe2_pb2.NetDef:
         """The live NetDef. Callers may edit it, so the lookup tables are
         rebuilt on next use."""
         self._InvalidateLookupTables()
@@ -1000,24 +1020,24 @@ class Net:
 
     # -- attributes (opaque hooks used by task.py)
 
-    def add_attribute(self, name, obj):
+    def add_attribute(self, name: str, obj: Any) -> None:
         """Appends ``obj`` to this net's attribute list ``name``."""
         self._attr_dict[name].append(obj)
 
-    def get_attributes(self, name):
+    def get_attributes(self, name: str) -> list[Any]:
         """The attribute list ``name`` (``[]`` if there is none)."""
         return self._attr_dict.get(name, [])
 
     # -- blob lookups
 
-    def BlobIsDefined(self, blob):
+    def BlobIsDefined(self, blob: str | BlobReference) -> bool:
         """True if an op of this net writes ``blob`` or it is an external input."""
         if self._recreate_lookup_tables:
             self._RecreateLookupTables()
         name = str(blob)
         return name in self._op_outputs or name in self._external_input_map
 
-    def UsesBlob(self, blob):
+    def UsesBlob(self, blob: str | BlobReference) -> bool:
         """True if an op of this net reads ``blob`` or it is an external input."""
         if self._recreate_lookup_tables:
             self._RecreateLookupTables()
@@ -1027,7 +1047,7 @@ class Net:
                 return True
         return blob_name in self._external_input_map
 
-    def UsedBlobNames(self):
+    def UsedBlobNames(self) -> set[str]:
         """Every blob name an op reads or writes, plus the external lists."""
         blob_names = set()
         for op in self._net.op:
@@ -1037,25 +1057,25 @@ class Net:
         blob_names |= set(self._net.external_output)
         return blob_names
 
-    def GetBlobRef(self, blob_name):
+    def GetBlobRef(self, blob_name: str | BlobReference) -> BlobReference:
         """A reference to a blob this net defines; KeyError otherwise."""
         blob_name = str(blob_name)
         if not self.BlobIsDefined(blob_name):
             raise KeyError("Net does not define blob %s" % blob_name)
         return BlobReference(blob_name, self)
 
-    def is_external_input(self, blob):
+    def is_external_input(self, blob: str | BlobReference) -> bool:
         if self._recreate_lookup_tables:
             self._RecreateLookupTables()
         return str(blob) in self._external_input_map
 
     # -- automatic names
 
-    def NextScopedBlob(self, prefix="unnamed"):
+    def NextScopedBlob(self, prefix: str = "unnamed") -> BlobReference:
         """NextBlob of the name-scoped ``prefix``."""
         return self.NextBlob(ScopedName(prefix))
 
-    def NextBlob(self, prefix="unnamed"):
+    def NextBlob(self, prefix: str = "unnamed") -> BlobReference:
         """A blob name not defined in this net nor handed out before:
         ``prefix`` itself, else ``prefix_auto_<i>``."""
         output_blob_base = BlobReference(prefix)
@@ -1067,7 +1087,7 @@ class Net:
         self._registered_blob_names.add(str(output_blob))
         return output_blob
 
-    def NextName(self, prefix=None, output_id=None):
+    def NextName(self, prefix: str | None = None, output_id: int | None = None) -> str:
         """An automatic blob name: ``<net>/<prefix>[:<output_id>]``, with a
         ``_<k>`` suffix (k from 2) when the name-scoped form is already
         defined, or ``<net>_blob_<n>`` without a prefix. No scope is added."""
@@ -1091,7 +1111,7 @@ class Net:
 
     # -- lookup tables
 
-    def PopulateProtoWithFileName(self):
+    def PopulateProtoWithFileName(self) -> None:
         """Names every op this net created through its op methods after the
         line of user code that created it: ``'<file>:<line>:<function>'``."""
         for index, frame in getattr(self, "_op_tracebacks", {}).items():
@@ -1113,7 +1133,7 @@ class Net:
         for op in new_ops:
             self._op_outputs.update([str(o) for o in op.output])
 
-    def extend_ops(self, new_ops):
+    def extend_ops(self, new_ops: Sequence[caffe2_pb2.OperatorDef]) -> None:
         return self._ExtendOps(new_ops)
 
     def _CheckLookupTables(self):
@@ -1133,7 +1153,7 @@ class Net:
 
     # -- external inputs and outputs
 
-    def AddExternalInput(self, *inputs):
+    def AddExternalInput(self, *inputs: Any) -> Any:
         """Declares external inputs. Returns one ref, or a list of refs."""
         assert len(inputs) > 0
         if self._recreate_lookup_tables:
@@ -1154,7 +1174,7 @@ class Net:
             refs.append(_get_blob_ref(input))
         return refs[0] if len(refs) == 1 else refs
 
-    def AddExternalOutput(self, *outputs):
+    def AddExternalOutput(self, *outputs: Any) -> None:
         """Declares external outputs: BlobReferences this net defines."""
         for output in outputs:
             assert isinstance(output, BlobReference)
@@ -1162,38 +1182,38 @@ class Net:
         for output in outputs:
             self.Proto().external_output.extend([str(output)])
 
-    def AddExternalInputs(self, *inputs):
+    def AddExternalInputs(self, *inputs: Any) -> Any:
         return self.AddExternalInput(*inputs)
 
-    def AddExternalOutputs(self, *outputs):
+    def AddExternalOutputs(self, *outputs: Any) -> None:
         self.AddExternalOutput(*outputs)
 
-    def AddScopedExternalInputs(self, *inputs):
+    def AddScopedExternalInputs(self, *inputs: Any) -> Any:
         res = self.AddExternalInput(*[ScopedBlobReference(b) for b in inputs])
         if not isinstance(res, list):
             res = [res]
         return res
 
-    def AddScopedExternalOutputs(self, *outputs):
+    def AddScopedExternalOutputs(self, *outputs: Any) -> None:
         return self.AddExternalOutput(*[ScopedBlobReference(b) for b in outputs])
 
     @property
-    def external_inputs(self):
+    def external_inputs(self) -> list[BlobReference]:
         return [_get_blob_ref(x) for x in self._proto.external_input]
 
     @property
-    def external_outputs(self):
+    def external_outputs(self) -> list[BlobReference]:
         return [_get_blob_ref(x) for x in self._proto.external_output]
 
     # -- records (schema lives in a higher module, imported on use)
 
-    def input_record(self):
+    def input_record(self) -> Any:
         return self._input_record
 
-    def output_record(self):
+    def output_record(self) -> Any:
         return self._output_record
 
-    def set_input_record(self, input_record):
+    def set_input_record(self, input_record: Any) -> Any:
         assert self._input_record is None or (
             input_record.has_blobs()
             and set(input_record.field_blobs()) == set(self._input_record.field_blobs())
@@ -1209,7 +1229,7 @@ class Net:
                 self.AddExternalInput(blob)
         return self._input_record
 
-    def set_output_record(self, record):
+    def set_output_record(self, record: Any) -> None:
         assert self._output_record is None or (
             record.has_blobs()
             and set(record.field_blobs()) == set(self._output_record.field_blobs())
@@ -1225,10 +1245,15 @@ class Net:
 
     # -- whole-net operations
 
-    def AddArgument(self, arg_name, arg_value):
+    def AddArgument(self, arg_name: str, arg_value: Any) -> None:
         self._net.arg.extend([_MakeArgument(arg_name, arg_value)])
 
-    def set_rand_seed(self, seed=100, sequence_seed=True, seed_on_op_def=False):
+    def set_rand_seed(
+        self,
+        seed: int = 100,
+        sequence_seed: bool = True,
+        seed_on_op_def: bool = False,
+    ) -> None:
         """Sets a random seed on every op: ``seed + i`` for op i by default."""
         assert not (sequence_seed and seed_on_op_def), (
             "sequence_seed and seed_on_op_def cannot be both set to True."
@@ -1242,7 +1267,11 @@ class Net:
                 curr_seed = seed
             op.device_option.random_seed = curr_seed
 
-    def AppendNet(self, net, device_option=None):
+    def AppendNet(
+        self,
+        net: Net | caffe2_pb2.NetDef,
+        device_option: caffe2_pb2.DeviceOption | None = None,
+    ) -> Net:
         """Appends ``net``'s ops (copies carrying ``device_option`` if given)
         and merges its external lists. Returns self."""
         assert isinstance(net, Net)
@@ -1264,13 +1293,13 @@ class Net:
 
     def Clone(
         self,
-        name,
-        blob_remap=None,
-        op_id_mask=None,
-        remap_funcs=None,
-        keep_schema=True,
-        update_external_list=False,
-    ):
+        name: str,
+        blob_remap: Mapping[str, str] | None = None,
+        op_id_mask: Sequence[int] | None = None,
+        remap_funcs: Mapping[str, Callable[..., Any]] | None = None,
+        keep_schema: bool = True,
+        update_external_list: bool = False,
+    ) -> Net:
         """A copy of this net named ``name`` (made unique).
 
         ``blob_remap`` renames blobs (inputs, outputs, external lists);
@@ -1355,7 +1384,12 @@ class Net:
 
     # -- convenience ops
 
-    def Const(self, array, blob_out=None, dtype=None):
+    def Const(
+        self,
+        array: Any,
+        blob_out: str | BlobReference | None = None,
+        dtype: Any = None,
+    ) -> BlobReference:
         """A constant: a Python bool becomes a 0-dim BOOL ConstantFill;
         anything else goes through ``np.array(array, dtype)`` and a
         GivenTensor*Fill chosen by the resulting dtype."""
@@ -1380,7 +1414,7 @@ class Net:
             values = [float(v) for v in values]
         return operator([], blob_out or 1, shape=array.shape, values=values)
 
-    def LogInfo(self, *msg_or_blobs):
+    def LogInfo(self, *msg_or_blobs: Any) -> None:
         """Prints each item when the net runs: blobs as they are, anything
         else as a string constant."""
         for msg_or_blob in msg_or_blobs:
@@ -1394,13 +1428,13 @@ class Net:
 
     def Python(
         self,
-        f,
-        grad_f=None,
-        python_func_type=None,
-        pass_workspace=False,
-        grad_output_indices=None,
-        grad_input_indices=None,
-    ):
+        f: Any,
+        grad_f: Any = None,
+        python_func_type: Any = None,
+        pass_workspace: bool = False,
+        grad_output_indices: Sequence[int] | None = None,
+        grad_input_indices: Sequence[int] | None = None,
+    ) -> Callable[..., Any]:
         """Returns ``op(inputs, outputs, **kwargs)`` that adds a ``Python`` op.
 
         ``f`` is a callable ``f(inputs, outputs)`` (``f(inputs, outputs,
@@ -1500,7 +1534,7 @@ class Net:
             return BlobReference(output_names[0], self)
         return tuple(BlobReference(o, self) for o in output_names)
 
-    def __getattr__(self, op_type):
+    def __getattr__(self, op_type: str) -> Callable[..., Any]:
         # Private names are never op types (and refusing them keeps copy and
         # pickle from recursing here before __init__ has run).
         if op_type.startswith("_"):
@@ -1539,7 +1573,7 @@ class ExecutionStep:
     A step becomes immutable once added to a plan or another step.
     """
 
-    _step_names_used = set()
+    _step_names_used: set[str] = set()
     _names_lock = threading.Lock()
 
     @staticmethod
@@ -1553,7 +1587,12 @@ class ExecutionStep:
             ExecutionStep._step_names_used.add(name)
         return name
 
-    def __init__(self, name, nets=None, num_iter=None):
+    def __init__(
+        self,
+        name: str | bytes | None,
+        nets: Net | Sequence[Net] | None = None,
+        num_iter: int | None = None,
+    ) -> None:
         self._step = caffe2_pb2.ExecutionStep()
         if isinstance(name, str):
             name = _utf8(name, "step", step=repr(name))
@@ -1581,14 +1620,14 @@ class ExecutionStep:
             cls = errors.DataTypeError if isinstance(e, TypeError) else errors.InvalidArgumentError
             raise cls(f"step '{name}', field {field}: {e}", step=name) from None
 
-    def get_net(self, name):
+    def get_net(self, name: str) -> Net:
         return self._net_dict[name]
 
     def _as_plan(self):
         # workspace.RunPlan(step) asks the step: workspace sits below core.
         return Plan(self)
 
-    def Name(self):
+    def Name(self) -> str:
         return self._step.name
 
     def __str__(self):
@@ -1602,59 +1641,59 @@ class ExecutionStep:
     def _notify_is_used(self):
         self._is_used = True
 
-    def Proto(self):
+    def Proto(self) -> caffe2_pb2.ExecutionStep:
         return self._step
 
-    def HasNets(self):
+    def HasNets(self) -> bool:
         return len(self._step.network) > 0
 
-    def HasSubsteps(self):
+    def HasSubsteps(self) -> bool:
         return len(self._step.substep) > 0
 
-    def Nets(self):
+    def Nets(self) -> list[Net]:
         return list(self._net_dict.values())
 
-    def Substeps(self):
+    def Substeps(self) -> list[ExecutionStep]:
         return self._substeps
 
-    def SetIter(self, num_iter):
+    def SetIter(self, num_iter: int) -> None:
         self._assert_can_mutate()
         self._set("num_iter", num_iter)
 
-    def SetCreateWorkspace(self, create_workspace):
+    def SetCreateWorkspace(self, create_workspace: bool) -> None:
         self._assert_can_mutate()
         self._set("create_workspace", create_workspace)
 
-    def SetNumConcurrentInstances(self, num_concurrent_instances):
+    def SetNumConcurrentInstances(self, num_concurrent_instances: int) -> None:
         self._assert_can_mutate()
         self._set("num_concurrent_instances", num_concurrent_instances)
 
-    def SetOnlyOnce(self, only_once):
+    def SetOnlyOnce(self, only_once: bool) -> None:
         self._assert_can_mutate()
         self._set("only_once", only_once)
 
-    def SetShouldStopBlob(self, should_stop_blob):
+    def SetShouldStopBlob(self, should_stop_blob: str | BlobReference) -> None:
         assert isinstance(should_stop_blob, BlobReference), (
             "expects BlobReference here, got {}".format(type(should_stop_blob))
         )
         self._assert_can_mutate()
         self._step.should_stop_blob = str(should_stop_blob)
 
-    def RunEveryMillis(self, interval):
+    def RunEveryMillis(self, interval: int) -> None:
         """Runs this step every ``interval`` ms while its sibling substeps
         run, and once more after they finish. Ignored for a top-level step."""
         # Caffe2 bug fixed: upstream skipped the mutability check here.
         self._assert_can_mutate()
         self._set("run_every_ms", interval)
 
-    def SetReportNet(self, report_net, report_interval):
+    def SetReportNet(self, report_net: Net, report_interval: int) -> None:
         """Deprecated: use RunEveryMillis."""
         self._assert_can_mutate()
         _add_net_to_dict(self._net_dict, report_net)
         self._step.report_net = get_net_name(report_net)
         self._set("report_interval", report_interval)
 
-    def AddSubstep(self, substep):
+    def AddSubstep(self, substep: ExecutionStep) -> ExecutionStep:
         """Adds a step (or ExecutionStep proto) as a substep; an empty step
         is dropped. Returns self."""
         self._assert_can_mutate()
@@ -1688,12 +1727,12 @@ class ExecutionStep:
         self._depth = depth
         return self
 
-    def SetConcurrentSubsteps(self, concurrent_substeps):
+    def SetConcurrentSubsteps(self, concurrent_substeps: bool) -> None:
         self._assert_can_mutate()
         assert not self.HasNets(), "Cannot have both network and substeps."
         self._step.concurrent_substeps = concurrent_substeps
 
-    def AddNet(self, net):
+    def AddNet(self, net: Net) -> ExecutionStep:
         """Adds a net to run (a net added twice runs twice). Returns self."""
         self._assert_can_mutate()
         assert not self.HasSubsteps(), "Cannot have both network and substeps."
@@ -1702,12 +1741,17 @@ class ExecutionStep:
         self._step.network.extend([get_net_name(net)])
         return self
 
-    def get_all_attributes(self, name):
+    def get_all_attributes(self, name: str) -> list[Any]:
         """The attributes ``name`` of every net this step (and its substeps) uses."""
         return [attr for net in self._net_dict.values() for attr in net.get_attributes(name)]
 
     @classmethod
-    def create_from_proto(cls, step_proto, net_obj_dict, net_proto_dict):
+    def create_from_proto(
+        cls,
+        step_proto: caffe2_pb2.ExecutionStep,
+        net_obj_dict: dict[str, Net],
+        net_proto_dict: Mapping[str, caffe2_pb2.NetDef],
+    ) -> ExecutionStep:
         """Rebuilds a step (recursively) from its proto. Nets come from
         ``net_obj_dict`` by name, else are created from ``net_proto_dict``."""
         assert isinstance(step_proto, caffe2_pb2.ExecutionStep)
@@ -1715,7 +1759,7 @@ class ExecutionStep:
             len(step_proto.network) == 0 and len(step_proto.substep) > 0
         )
 
-        steps_or_nets = []
+        steps_or_nets: list[Any] = []
         if len(step_proto.substep) > 0:
             for substep_proto in step_proto.substep:
                 steps_or_nets.append(
@@ -1751,7 +1795,7 @@ class ExecutionStep:
         )
 
 
-def add_nets_in_order(step, net_list):
+def add_nets_in_order(step: ExecutionStep, net_list: list[str]) -> None:
     """Appends to ``net_list`` the names of the nets ``step`` runs, depth
     first (substeps, own nets, report net), skipping names already there."""
     proto = step.Proto()
@@ -1768,7 +1812,7 @@ def add_nets_in_order(step, net_list):
 class Plan:
     """A plan: steps plus snapshots of the nets they run."""
 
-    def __init__(self, name_or_step):
+    def __init__(self, name_or_step: str | bytes | ExecutionStep) -> None:
         self._plan = caffe2_pb2.PlanDef()
         self._net_dict = OrderedDict()
         self._steps = []
@@ -1783,20 +1827,20 @@ class Plan:
     def __str__(self):
         return self._plan.name
 
-    def Proto(self):
+    def Proto(self) -> caffe2_pb2.PlanDef:
         return self._plan
 
-    def AddNets(self, nets):
+    def AddNets(self, nets: Sequence[Net]) -> None:
         """Adds copies of the nets' NetDefs as they are now (once per name)."""
         for net in nets:
             if _add_net_to_dict(self._net_dict, net):
                 assert isinstance(net, Net)
                 self._plan.network.add().CopyFrom(net.Proto())
 
-    def Nets(self):
+    def Nets(self) -> list[Net]:
         return list(self._net_dict.values())
 
-    def AddStep(self, step):
+    def AddStep(self, step: ExecutionStep) -> None:
         """Adds a copy of ``step`` (an empty step is dropped) and the nets it
         runs, in order of first use. The step becomes immutable."""
         assert isinstance(step, ExecutionStep)
@@ -1809,15 +1853,15 @@ class Plan:
         add_nets_in_order(step, net_list)
         self.AddNets([step.get_net(n) for n in net_list])
 
-    def Steps(self):
+    def Steps(self) -> list[ExecutionStep]:
         return self._steps
 
-    def get_all_attributes(self, name):
+    def get_all_attributes(self, name: str) -> list[Any]:
         """The attributes ``name`` of every net of this plan."""
         return [attr for net in self._net_dict.values() for attr in net.get_attributes(name)]
 
     @classmethod
-    def create_from_proto(cls, plan_proto):
+    def create_from_proto(cls, plan_proto: caffe2_pb2.PlanDef) -> Plan:
         assert isinstance(plan_proto, caffe2_pb2.PlanDef)
         plan = Plan(plan_proto.name)
         plan._plan.CopyFrom(plan_proto)
@@ -1836,7 +1880,7 @@ class Plan:
         return plan
 
 
-def to_execution_step(step_or_nets, default_name=None):
+def to_execution_step(step_or_nets: Any, default_name: str | None = None) -> ExecutionStep:
     """A step as is; a NetBuilder as a step over its children that stops on
     its stop blob; anything else through ``execution_step``."""
     if isinstance(step_or_nets, ExecutionStep):
@@ -1853,18 +1897,18 @@ def to_execution_step(step_or_nets, default_name=None):
 
 
 def execution_step(
-    default_name,
-    steps_or_nets,
-    num_iter=None,
-    report_net=None,
-    report_interval=None,
-    concurrent_substeps=None,
-    should_stop_blob=None,
-    only_once=None,
-    num_concurrent_instances=None,
-    create_workspace=False,
-    run_every_ms=None,
-):
+    default_name: str | None,
+    steps_or_nets: Any,
+    num_iter: int | None = None,
+    report_net: Net | None = None,
+    report_interval: int | None = None,
+    concurrent_substeps: bool | None = None,
+    should_stop_blob: str | BlobReference | None = None,
+    only_once: bool | None = None,
+    num_concurrent_instances: int | None = None,
+    create_workspace: bool = False,
+    run_every_ms: int | None = None,
+) -> ExecutionStep:
     """Builds an ExecutionStep.
 
     ``steps_or_nets`` may be None, a Net, a step, a list of Nets (each added,
@@ -1913,7 +1957,7 @@ def execution_step(
     return step
 
 
-def scoped_execution_step(name, *args, **kwargs):
+def scoped_execution_step(name: str | None, *args: Any, **kwargs: Any) -> ExecutionStep:
     """``execution_step`` with the name scope added to the step name."""
     default_name = ScopedName(name) if name else name
     return execution_step(default_name, *args, **kwargs)

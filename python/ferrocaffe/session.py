@@ -32,22 +32,34 @@ Blob visibility: tasks on different nodes must be assumed unable to see each
 other's blobs; tasks on one node follow the workspace hierarchy.
 """
 
+from __future__ import annotations
+
 import collections
 import threading
+from types import TracebackType
+from typing import Any, Sequence, TypeVar, Union
 
 from ferrocaffe import core, errors, workspace
-from ferrocaffe.task import Cluster, Task, TaskGroup, WorkspaceType
+from ferrocaffe.task import Cluster, Node, Task, TaskGroup, TaskOutput, WorkspaceType
 
 __all__ = ['CompiledRunnable', 'Session', 'LocalSession']
+
+
+_S = TypeVar('_S', bound='Session')
 
 
 class CompiledRunnable(object):
     """What ``Session.compile`` returns: the compiled object and the session
     class it was compiled for."""
 
-    def __init__(self, obj, session_class):
+    def __init__(self, obj: Any, session_class: type[Session]) -> None:
         self.obj = obj
         self.session_class = session_class
+
+
+# What Session.run and Session.compile take.
+Runnable = Union[TaskGroup, Task, core.Plan, core.ExecutionStep, core.Net,
+                 Sequence[Any], CompiledRunnable]
 
 
 class _CompileCache(object):
@@ -105,14 +117,19 @@ class Session(object):
     outlives its runnable (bounded memory, however many are run).
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._open = True
 
-    def is_open(self):
+    def is_open(self) -> bool:
         return self._open
 
     @classmethod
-    def compile(cls, runnable, workspace_type=None, setup_net_list=None):
+    def compile(
+        cls,
+        runnable: Runnable,
+        workspace_type: str | None = None,
+        setup_net_list: list[Any] | None = None,
+    ) -> CompiledRunnable:
         if isinstance(runnable, CompiledRunnable):
             assert cls == runnable.session_class, (
                 'Runnable was compiled for different session type. ' +
@@ -160,7 +177,12 @@ class Session(object):
         _compile_cache.put(cls, runnable, compiled)
         return compiled
 
-    def run(self, runnable, workspace_type=None, setup_net_list=None):
+    def run(
+        self,
+        runnable: Runnable,
+        workspace_type: str | None = None,
+        setup_net_list: list[Any] | None = None,
+    ) -> None:
         """Runs `runnable`: a TaskGroup, Task, Plan, ExecutionStep, Net or a
         list of nets or steps.
 
@@ -180,12 +202,12 @@ class Session(object):
         self._run_compiled(self.compile(runnable, workspace_type,
                                         setup_net_list).obj)
 
-    def close(self):
+    def close(self) -> None:
         if self.is_open():
             self._do_close()
             self._open = False
 
-    def fetch_output(self, output):
+    def fetch_output(self, output: TaskOutput) -> Any:
         raise NotImplementedError()
 
     def _run_compiled(self, task_group):
@@ -198,12 +220,17 @@ class Session(object):
     def _do_close(self):
         pass
 
-    def __enter__(self):
+    def __enter__(self: _S) -> _S:
         if not self._open:
             raise errors.SessionClosedError('Session already closed.')
         return self
 
-    def __exit__(self, ex_type, value, traceback):
+    def __exit__(
+        self,
+        ex_type: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
         if ex_type is None:
             self.close()
 
@@ -276,16 +303,16 @@ class LocalSession(Session):
         isolate_nodes: give each node its own workspace.
     """
 
-    def __init__(self, ws=None, isolate_nodes=False):
+    def __init__(self, ws: workspace.Workspace | None = None, isolate_nodes: bool = False) -> None:
         Session.__init__(self)
         self._ws = ws if ws is not None else _default_workspace()
         self._isolate_nodes = bool(isolate_nodes)
-        self._node_workspaces = {}
+        self._node_workspaces: dict[str, workspace.Workspace] = {}
         self._node_ws_lock = threading.Lock()
 
-    compile = _SessionCompile(Session.compile.__func__)
+    compile = _SessionCompile(vars(Session)['compile'].__func__)
 
-    def node_workspace(self, node):
+    def node_workspace(self, node: Node | str) -> workspace.Workspace:
         """The workspace of `node` (the session workspace unless the session
         isolates nodes)."""
         if not self._isolate_nodes:
@@ -369,7 +396,7 @@ class LocalSession(Session):
     def _fetch_output(self, output):
         return self._ws.fetch_blob(str(output))
 
-    def fetch_output(self, output):
+    def fetch_output(self, output: TaskOutput | str | core.BlobReference) -> Any:
         """The value of a TaskOutput, or of a blob of the session
         workspace: a copy (writing to it does not change the blob)."""
         if hasattr(output, 'fetch'):

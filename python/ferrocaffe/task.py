@@ -7,10 +7,21 @@ its tasks concurrently.  Each task is placed on a :class:`Node` (by name):
 tasks of one node share that node's workspace.
 """
 
+from __future__ import annotations
+
 from collections import OrderedDict
 from copy import copy
+from types import TracebackType
+from typing import Any, Callable, Mapping, Sequence, TypeVar, Union, cast
 
 from ferrocaffe import context, core, errors, net_builder, schema
+
+# What a task's step may be given as (``core.to_execution_step`` takes it):
+# an ExecutionStep, a Net, a NetBuilder, or a list of them.
+StepLike = Union[core.ExecutionStep, core.Net, net_builder.NetBuilder,
+                 Sequence[Any]]
+# What a task output may name: a blob, a list of blobs, or a schema record.
+OutputLike = Union[str, core.BlobReference, schema.Field, Sequence[Any]]
 
 __all__ = [
     'NODE_KWARGS',
@@ -36,7 +47,7 @@ NODE_KWARGS = ('num_cpus', 'num_gpus', 'memory', 'resources',
                'label_selector', 'node_id', 'soft', 'num_threads')
 
 
-def check_node_kwargs(node, kwargs):
+def check_node_kwargs(node: object, kwargs: Mapping[str, Any]) -> None:
     """Raises InvalidArgumentError, naming the node, for a keyword that is
     not in NODE_KWARGS (with the closest names) or a value of the wrong
     type. ``None`` values mean "not given"."""
@@ -90,23 +101,23 @@ class Cluster(context.DefaultManaged):
     to create one.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         # A list, not a set, to keep the order of first use.
-        self._nodes = []
-        self._node_kwargs = {}
+        self._nodes: list[str] = []
+        self._node_kwargs: dict[str, dict[str, Any]] = {}
 
-    def add_node(self, node):
+    def add_node(self, node: Node) -> None:
         name = str(node)
         if name not in self._nodes:
             self._nodes.append(name)
         self._node_kwargs[name] = _merge_node_kwargs(
             node.kwargs(), self._node_kwargs.get(name))
 
-    def nodes(self):
+    def nodes(self) -> list[str]:
         """The unique node names used within this context, in order."""
         return self._nodes
 
-    def node_kwargs(self):
+    def node_kwargs(self) -> dict[str, dict[str, Any]]:
         return self._node_kwargs
 
     def __repr__(self):
@@ -134,7 +145,7 @@ class Node(context.DefaultManaged):
     name, a keyword's newest value wins.
     """
 
-    def __init__(self, node='local', **kwargs):
+    def __init__(self, node: object = 'local', **kwargs: Any) -> None:
         self._name = str(node)
         # Checked here, before the Cluster records them, so that a typo
         # fails where it is written and never sticks to the node's name.
@@ -148,7 +159,7 @@ class Node(context.DefaultManaged):
     def __repr__(self):
         return 'Node(name={}, kwargs={})'.format(self._name, self._kwargs)
 
-    def kwargs(self):
+    def kwargs(self) -> dict[str, Any]:
         return self._kwargs
 
 
@@ -171,7 +182,11 @@ def _collect_setup(result, into):
         raise TypeError('Unsupported type for setup: %s' % type(result))
 
 
-def get_setup_nets(key, steps_or_nets, target):
+def get_setup_nets(
+    key: str,
+    steps_or_nets: Sequence[Any],
+    target: Any,
+) -> tuple[list[core.Net], list[core.Net]]:
     """
     Gathers the setup objects attached under ``key`` to the given steps or
     nets and returns ``(init_nets, exit_nets)``.
@@ -183,8 +198,8 @@ def get_setup_nets(key, steps_or_nets, target):
     """
     init_net = core.Net(key + '/init')
     exit_net = core.Net(key + '/exit')
-    init_nets = []
-    exit_nets = []
+    init_nets: list[core.Net] = []
+    exit_nets: list[core.Net] = []
     objs = []
     for step_or_net in steps_or_nets:
         if hasattr(step_or_net, 'get_all_attributes'):
@@ -210,7 +225,12 @@ def get_setup_nets(key, steps_or_nets, target):
     return init_nets, exit_nets
 
 
-def add_setup_steps(step, init_nets, exit_nets, name):
+def add_setup_steps(
+    step: core.ExecutionStep,
+    init_nets: Sequence[core.Net],
+    exit_nets: Sequence[core.Net],
+    name: str,
+) -> core.ExecutionStep:
     """Wraps ``step`` between ``<name>:init`` and ``<name>:exit`` steps."""
     if not init_nets and not exit_nets:
         return step
@@ -239,25 +259,25 @@ class TaskGroup(context.Managed):
     """
     LOCAL_SETUP = net_builder.LOCAL_SETUP
 
-    def __init__(self, workspace_type=None):
+    def __init__(self, workspace_type: str | None = None) -> None:
         self._plan_cache = None
-        self._tasks = []
+        self._tasks: list[Task] = []
         self._already_used = False
         self._prev_active = None
-        self._tasks_to_add = []
-        self._report_nets = {}
-        self._report_steps = []
+        self._tasks_to_add: list[Task] = []
+        self._report_nets: dict[str, tuple[core.Net, int]] = {}
+        self._report_steps: list[tuple[str, core.ExecutionStep]] = []
         self._workspace_type = workspace_type
-        self._tasks_by_node = None
-        self._remote_nets = []
+        self._tasks_by_node: tuple[TaskGroup, dict[str, str]] | None = None
+        self._remote_nets: list[core.Net] = []
 
-    def add_remote_net(self, net):
+    def add_remote_net(self, net: core.Net) -> None:
         self._remote_nets.append(net)
 
-    def remote_nets(self):
+    def remote_nets(self) -> list[core.Net]:
         return self._remote_nets
 
-    def add(self, task):
+    def add(self, task: Task) -> None:
         assert not self._already_used, (
             'Cannot add Task to an already used TaskGroup.')
         assert (
@@ -272,7 +292,7 @@ class TaskGroup(context.Managed):
         task._notify_used()
         self._tasks.append(task)
 
-    def tasks(self):
+    def tasks(self) -> list[Task]:
         """Adds the pending tasks, marks the group used and returns them."""
         for task in self._tasks_to_add:
             self.add(task)
@@ -280,17 +300,22 @@ class TaskGroup(context.Managed):
         self._already_used = True
         return self._tasks
 
-    def num_registered_tasks(self):
+    def num_registered_tasks(self) -> int:
         return len(self._tasks_to_add) + len(self._tasks)
 
-    def used_nodes(self):
+    def used_nodes(self) -> list[str]:
         used = []
         for task in self._tasks + self._tasks_to_add:
             if task.node not in used:
                 used.append(task.node)
         return used
 
-    def report_step(self, step=None, node=None, interval_ms=1000):
+    def report_step(
+        self,
+        step: StepLike | None = None,
+        node: Node | str | None = None,
+        interval_ms: int = 1000,
+    ) -> None:
         """
         Adds a step run every `interval_ms` milliseconds on the node while
         the group runs there, and once more after all its tasks finished.
@@ -299,7 +324,12 @@ class TaskGroup(context.Managed):
         step.RunEveryMillis(interval_ms)
         self._report_steps.append((str(node or Node.current(node)), step))
 
-    def report_net(self, net=None, node=None, report_interval=5):
+    def report_net(
+        self,
+        net: core.Net | None = None,
+        node: Node | str | None = None,
+        report_interval: int = 5,
+    ) -> core.Net:
         """
         DEPRECATED. Use report_step instead.
         """
@@ -311,7 +341,7 @@ class TaskGroup(context.Managed):
                 report_interval)
         return self._report_nets[node][0]
 
-    def tasks_by_node(self, node_remap=None):
+    def tasks_by_node(self, node_remap: Callable[[str], str] | None = None) -> TaskGroup:
         """
         Returns a new TaskGroup holding one task per (remapped) node, which
         runs that node's tasks concurrently between the node's local init
@@ -323,21 +353,21 @@ class TaskGroup(context.Managed):
             node_map[task.node] = (
                 node_remap(task.node) if node_remap else task.node)
         if self._tasks_by_node is not None:
-            tasks_by_node, prev_node_map = self._tasks_by_node
+            grouped, prev_node_map = self._tasks_by_node
             assert prev_node_map == node_map, (
                 'Cannot call tasks_by_node multiple times.')
-            return tasks_by_node
+            return grouped
 
         # report_net is deprecated: turn its nets into report steps.
         for node, (net, interval) in list(self._report_nets.items()):
             self.report_step(net, node=node, interval_ms=interval * 1000)
         self._report_nets = {}
 
-        tasks_by_node = OrderedDict()
+        tasks_by_node: OrderedDict[str, list[Task]] = OrderedDict()
         for task in self.tasks():
             tasks_by_node.setdefault(node_map[task.node], []).append(task)
 
-        report_steps_by_node = {}
+        report_steps_by_node: dict[str, list[core.ExecutionStep]] = {}
         for original_node, step in self._report_steps:
             mapped = node_map.get(original_node, original_node)
             report_steps_by_node.setdefault(mapped, []).append(step)
@@ -376,7 +406,7 @@ class TaskGroup(context.Managed):
         self._tasks_by_node = (grouped_by_node, node_map)
         return grouped_by_node
 
-    def to_task(self, node=None):
+    def to_task(self, node: Node | str | None = None) -> Task:
         """All tasks of the group as a single task running on `node`."""
         node = str(Node.current(node))
         tasks = self.tasks_by_node(lambda x: node).tasks()
@@ -386,7 +416,7 @@ class TaskGroup(context.Managed):
             return Task(node=node, group=TaskGroup())
         return tasks[0]
 
-    def workspace_type(self):
+    def workspace_type(self) -> str | None:
         return self._workspace_type
 
     def __repr__(self):
@@ -403,8 +433,8 @@ class TaskOutput(object):
     session and `fetch()` fetches the current value from the workspace.
     """
 
-    def __init__(self, names):
-        self._schema = None
+    def __init__(self, names: OutputLike) -> None:
+        self._schema: schema.Field | None = None
         self._is_scalar = False
         if isinstance(names, schema.Field):
             self._schema = names
@@ -412,11 +442,11 @@ class TaskOutput(object):
         self._is_scalar = type(names) not in (tuple, list)
         if self._is_scalar:
             names = [names]
-        self.names = names
-        self._values = None
-        self._fetch_func = None
+        self.names: Sequence[Any] = names  # type: ignore[assignment]  # a list now
+        self._values: Sequence[Any] | None = None
+        self._fetch_func: Callable[[str], Any] | None = None
 
-    def set(self, values, _fetch_func=None):
+    def set(self, values: Sequence[Any], _fetch_func: Callable[[str], Any] | None = None) -> None:
         if len(values) != len(self.names):
             raise errors.InvalidArgumentError(
                 'TaskOutput of %d blobs given %d values'
@@ -426,7 +456,7 @@ class TaskOutput(object):
 
     # Real exceptions, not asserts: under `python -O` a read before the run
     # must not return None.
-    def get(self):
+    def get(self) -> Any:
         if self._values is None:
             raise errors.OutputNotReadyError('Output value not set yet.')
         if self._is_scalar:
@@ -436,14 +466,14 @@ class TaskOutput(object):
         else:
             return self._values
 
-    def fetch(self):
+    def fetch(self) -> Any:
         """The current value of the output's blobs, fetched again from the
         workspace of the node that ran the task: numpy copies, which a write
         does not change."""
         if self._fetch_func is None:
             raise errors.OutputNotReadyError(
                 'Cannot fetch value for this output.')
-        fetched_vals = [self._fetch_func(v) for v in self._values]
+        fetched_vals = [self._fetch_func(v) for v in self._values or ()]
         if self._is_scalar:
             return fetched_vals[0]
         elif self._schema:
@@ -456,7 +486,7 @@ class TaskOutput(object):
             self.names, self._values)
 
 
-def final_output(blob_or_record):
+def final_output(blob_or_record: OutputLike) -> TaskOutput:
     """
     Adds an output to the active Task (or to a new task if none is active).
     Its value is available once the TaskGroup ran on the task's node.
@@ -468,17 +498,21 @@ def final_output(blob_or_record):
 class TaskOutputList(object):
     """The list of outputs of a task."""
 
-    def __init__(self, outputs=None):
+    def __init__(self, outputs: list[TaskOutput] | None = None) -> None:
         self.outputs = outputs or []
 
-    def names(self):
+    def names(self) -> list[str]:
         """All the blob names of the outputs, in order."""
-        names = []
+        names: list[str] = []
         for o in self.outputs:
             names += o.names
         return names
 
-    def set_values(self, values, _fetch_func=None):
+    def set_values(
+        self,
+        values: Sequence[Any],
+        _fetch_func: Callable[[str], Any] | None = None,
+    ) -> None:
         # Checked before any output is set (a real exception, not an assert).
         if sum(len(o.names) for o in self.outputs) != len(values):
             raise errors.InvalidArgumentError('Wrong number of output values.')
@@ -490,6 +524,9 @@ class TaskOutputList(object):
 
     def __repr__(self):
         return 'TaskOutputList(outputs={})'.format(self.outputs)
+
+
+_T = TypeVar('_T', bound='Task')
 
 
 class Task(context.Managed):
@@ -520,7 +557,7 @@ class Task(context.Managed):
     TASK_INSTANCE_SETUP = net_builder.TASK_INSTANCE_SETUP
     REPORT_STEP = net_builder.REPORT_STEP
     # Full names of the tasks created outside of any TaskGroup.
-    _global_names_used = set()
+    _global_names_used: set[str] = set()
 
     @staticmethod
     def _get_next_name(node, group, name):
@@ -539,9 +576,15 @@ class Task(context.Managed):
         return cur_name
 
     def __init__(
-            self, step=None, outputs=None,
-            workspace_type=None, group=None, node=None, name=None,
-            num_instances=None):
+        self,
+        step: StepLike | None = None,
+        outputs: OutputLike | TaskOutput | Sequence[Any] | None = None,
+        workspace_type: str | None = None,
+        group: TaskGroup | None = None,
+        node: Node | str | None = None,
+        name: str | None = None,
+        num_instances: int | None = None,
+    ) -> None:
         """
         Creates a Task and registers it with the current TaskGroup.
 
@@ -572,10 +615,10 @@ class Task(context.Managed):
             self.group._tasks_to_add.append(self)
 
         self._already_used = False
-        self._step = None
-        self._step_with_setup = None
-        self._outputs = []
-        self._net_builder = None
+        self._step: core.ExecutionStep | None = None
+        self._step_with_setup: core.ExecutionStep | None = None
+        self._outputs: list[TaskOutput] = []
+        self._net_builder: net_builder.NetBuilder | None = None
         if step is not None:
             self.set_step(step)
         if outputs is not None:
@@ -587,7 +630,7 @@ class Task(context.Managed):
         self._report_net = None
         self._num_instances = num_instances
 
-    def __enter__(self):
+    def __enter__(self: _T) -> _T:
         # Checked before entering, so that a refused Task does not stay
         # active.
         self._assert_not_used()
@@ -600,40 +643,51 @@ class Task(context.Managed):
         self._net_builder.__enter__()
         return self
 
-    def __exit__(self, type, value, traceback):
+    def __exit__(
+        self,
+        type: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
         super(Task, self).__exit__(type, value, traceback)
-        self._net_builder.__exit__(type, value, traceback)
+        builder = self._net_builder
+        assert builder is not None  # set by __enter__
+        builder.__exit__(type, value, traceback)
         if type is None:
-            self.set_step(self._net_builder)
+            self.set_step(builder)
         if self.group is not None:
             self.group._tasks_to_add.append(self)
         self._net_builder = None
 
-    def workspace_type(self):
+    def workspace_type(self) -> str | None:
         return self._workspace_type
 
     def _assert_not_used(self):
         assert not self._already_used, (
             'Cannot modify task since it is already been used.')
 
-    def add_output(self, output):
+    def add_output(self, output: OutputLike | TaskOutput) -> TaskOutput:
         self._assert_not_used()
         output = (
             output if isinstance(output, TaskOutput) else TaskOutput(output))
         self._outputs.append(output)
         return output
 
-    def add_outputs(self, outputs):
+    def add_outputs(
+        self,
+        outputs: OutputLike | TaskOutput | Sequence[Any],
+    ) -> TaskOutput | list[TaskOutput]:
         self._assert_not_used()
         if type(outputs) not in (list, tuple):
             return self.add_output(outputs)
-        return [self.add_output(output) for output in outputs]
+        return [self.add_output(output)
+                for output in cast(Sequence[Any], outputs)]
 
-    def set_step(self, step):
+    def set_step(self, step: StepLike) -> None:
         self._assert_not_used()
         self._step = core.to_execution_step(step)
 
-    def get_step(self):
+    def get_step(self) -> core.ExecutionStep:
         """
         The task's complete step (computed once):
 
@@ -686,10 +740,10 @@ class Task(context.Managed):
             self.name)
         return self._step_with_setup
 
-    def output_list(self):
+    def output_list(self) -> TaskOutputList:
         return TaskOutputList(self._outputs)
 
-    def outputs(self):
+    def outputs(self) -> list[TaskOutput]:
         return self._outputs
 
     def _notify_used(self):
@@ -714,14 +768,18 @@ class SetupNets(object):
     One SetupNets object runs only once even if attached to several nets.
     """
 
-    def __init__(self, init_nets=None, exit_nets=None):
+    def __init__(
+        self,
+        init_nets: Sequence[core.Net] | None = None,
+        exit_nets: Sequence[core.Net] | None = None,
+    ) -> None:
         self.init_nets = init_nets
         self.exit_nets = exit_nets
 
-    def setup(self, init_net):
+    def setup(self, init_net: core.Net) -> Sequence[core.Net] | None:
         return self.init_nets
 
-    def exit(self, exit_net):
+    def exit(self, exit_net: core.Net) -> Sequence[core.Net] | None:
         return self.exit_nets
 
     def __repr__(self):

@@ -1,9 +1,12 @@
 """``python -m ferrocaffe.checkpoint {ls,verify} DIR``: inspect a
 checkpoint directory from a shell."""
 
+from __future__ import annotations
+
 import argparse
 import os
 import sys
+from typing import Sequence, TextIO
 
 from ferrocaffe import _core
 from ferrocaffe.checkpoint.manifest import (
@@ -73,18 +76,19 @@ def _cmd_ls(directory, db_type, out):
                 node, os.path.basename(path), dtype,
                 'missing' if size is None else _human(size), e), file=out)
             continue
-        entries = [e for e in entries if e['name'] != JOB_STATE_BLOB]
+        entries = [x for x in entries if x['name'] != JOB_STATE_BLOB]
         print('  %s  %s  %s  %s  %d blobs' % (
             node, os.path.basename(path), dtype, _human(size), len(entries)),
             file=out)
         print('    %s' % _describe_state(path, dtype), file=out)
-        for e in entries:
-            kind = e['kind'].lower()
-            what = e['dtype'] if e['dtype'] else e['type']
-            shape = ('[%s]' % ', '.join(str(d) for d in e['shape'])
+        for entry in entries:
+            kind = entry['kind'].lower()
+            what = entry['dtype'] if entry['dtype'] else entry['type']
+            shape = ('[%s]' % ', '.join(str(d) for d in entry['shape'])
                      if kind == 'tensor' else '')
             print('    %-40s %-7s %-10s %-14s %s' % (
-                e['name'], kind, what, shape, _human(e['bytes'])), file=out)
+                entry['name'], kind, what, shape, _human(entry['bytes'])),
+                file=out)
     return 0
 
 
@@ -136,7 +140,7 @@ def _cmd_verify(directory, db_type, out):
     return 0
 
 
-def main(argv=None, out=None):
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """``python -m ferrocaffe.checkpoint {ls,verify} DIR``."""
     out = out or sys.stdout
     parser = argparse.ArgumentParser(
@@ -168,7 +172,7 @@ def main(argv=None, out=None):
 EXIT_BROKEN_PIPE = 141
 
 
-def run(argv=None):
+def run(argv: Sequence[str] | None = None) -> int:
     """:func:`main` as a command: a reader that stops early
     (``python -m ferrocaffe.checkpoint ls DIR | head``) ends it quietly,
     with the status a Unix tool killed by SIGPIPE has, instead of a

@@ -2,18 +2,24 @@
 stop conditions), :class:`JobRunner` (init, epochs, checkpoints, resume) and
 :func:`epoch_limiter`."""
 
+from __future__ import annotations
+
 import collections
 import inspect
 import operator
 import time
+from typing import Any, Sequence
 
 from ferrocaffe import context, core
-from ferrocaffe.checkpoint.manager import _check_loaded_states
+from ferrocaffe.checkpoint.manager import (
+    CheckpointManager, MultiNodeCheckpointManager, UploadTaskGroupBuilder,
+    _check_loaded_states)
 from ferrocaffe.checkpoint.manifest import (
     FileMetadataHandler, _generation, _latest, _scan)
 from ferrocaffe.checkpoint.progress import _make_progress, _NoProgress
 from ferrocaffe.checkpoint.state import LATEST, logger
 from ferrocaffe.errors import FerrocaffeIOError
+from ferrocaffe.session import Session
 from ferrocaffe.task import Task, TaskGroup, TaskOutput, WorkspaceType
 
 
@@ -50,32 +56,39 @@ class Job(context.Managed):
             the init group uses).
     """
 
-    def __init__(self,
-                 init_group=None, epoch_group=None,
-                 download_group=None, exit_group=None,
-                 stop_conditions=None, nodes_to_checkpoint=None):
-        self.init_group = init_group or TaskGroup(
+    def __init__(
+        self,
+        init_group: TaskGroup | None = None,
+        epoch_group: TaskGroup | None = None,
+        download_group: TaskGroup | None = None,
+        exit_group: TaskGroup | None = None,
+        stop_conditions: list[TaskOutput] | None = None,
+        nodes_to_checkpoint: Sequence[str] | None = None,
+    ) -> None:
+        # TaskGroups, each a CompiledRunnable once ``compile`` ran.
+        self.init_group: Any = init_group or TaskGroup(
             workspace_type=WorkspaceType.GLOBAL)
-        self.epoch_group = epoch_group or TaskGroup()
-        self.download_group = download_group or TaskGroup()
-        self.exit_group = exit_group or TaskGroup()
+        self.epoch_group: Any = epoch_group or TaskGroup()
+        self.download_group: Any = download_group or TaskGroup()
+        self.exit_group: Any = exit_group or TaskGroup()
         self.stop_conditions = stop_conditions or []
         self._nodes_to_checkpoint = nodes_to_checkpoint
         # Shown by JobRunner's progress display: the epoch limit set by
         # epoch_limiter, and the outputs given to track_progress.
-        self.num_epochs = None
-        self.progress_outputs = collections.OrderedDict()
+        self.num_epochs: int | None = None
+        self.progress_outputs: collections.OrderedDict[str, TaskOutput] = (
+            collections.OrderedDict())
 
-    def nodes_to_checkpoint(self):
+    def nodes_to_checkpoint(self) -> list[str]:
         """The nodes whose global workspaces are checkpointed."""
         if self._nodes_to_checkpoint:
-            return self._nodes_to_checkpoint
+            return list(self._nodes_to_checkpoint)
         if isinstance(self.init_group, TaskGroup):
             return self.init_group.used_nodes()
         # Compiled with an empty init group (Caffe2 crashed here).
         return []
 
-    def compile(self, session_class):
+    def compile(self, session_class: type[Session]) -> Job:
         """Compiles the four groups for ``session_class``, in place.  Returns
         the Job itself (Caffe2's newest version returned None, older ones a
         new Job)."""
@@ -86,12 +99,12 @@ class Job(context.Managed):
         self.exit_group = session_class.compile(self.exit_group)
         return self
 
-    def __enter__(self):
+    def __enter__(self) -> Job:
         super(Job, self).__enter__()
         self.epoch_group.__enter__()
         return self
 
-    def __exit__(self, *args):
+    def __exit__(self, *args: Any) -> None:
         self.epoch_group.__exit__(*args)
         super(Job, self).__exit__(*args)
 
@@ -102,7 +115,7 @@ class Job(context.Managed):
         assert isinstance(output, TaskOutput)
         return output
 
-    def add_stop_condition(self, output):
+    def add_stop_condition(self, output: TaskOutput | str | core.BlobReference) -> None:
         """Stops the job after the first epoch at whose end ``output`` (a
         TaskOutput, or a blob, fetched through a new empty Task of the epoch
         group) is true."""
@@ -111,7 +124,11 @@ class Job(context.Managed):
     # Caffe2's older name.
     add_stop_signal = add_stop_condition
 
-    def track_progress(self, batches=None, rows=None):
+    def track_progress(
+        self,
+        batches: TaskOutput | str | core.BlobReference | None = None,
+        rows: TaskOutput | str | core.BlobReference | None = None,
+    ) -> None:
         """Names the blobs (int tensors, cumulative) that count the batches
         and the rows processed, for JobRunner's progress display.  Must be
         called before the job is compiled."""
@@ -171,9 +188,15 @@ class JobRunner(object):
     # How many epochs' timings and failed saves are kept.
     KEEP = 1000
 
-    def __init__(self, job, checkpoint_manager=None, resume_from_epoch=None,
-                 upload_task_group_builder=None, progress=None,
-                 raise_on_save_failure=False):
+    def __init__(
+        self,
+        job: Job,
+        checkpoint_manager: CheckpointManager | MultiNodeCheckpointManager | None = None,
+        resume_from_epoch: int | str | None = None,
+        upload_task_group_builder: UploadTaskGroupBuilder | None = None,
+        progress: bool | None = None,
+        raise_on_save_failure: bool = False,
+    ) -> None:
         self.resume_from_epoch = resume_from_epoch
         self.checkpoint_manager = checkpoint_manager
         self.job = job
@@ -193,7 +216,7 @@ class JobRunner(object):
         self.failed_save_count = 0
         self._generation = 0
 
-    def train(self, session):
+    def train(self, session: Session) -> int:
         """Runs the job in ``session``; returns the last epoch run."""
         cm = self.checkpoint_manager
         job = self.job
@@ -345,7 +368,12 @@ class JobRunner(object):
         while len(record) > self.KEEP:
             del record[next(iter(record))]
 
-    def load_blobs_from_checkpoints(self, blob_names, epoch, session):
+    def load_blobs_from_checkpoints(
+        self,
+        blob_names: Sequence[str],
+        epoch: int,
+        session: Session,
+    ) -> bool:
         """Loads only ``blob_names`` from every node's checkpoint of
         ``epoch`` into the session (e.g. a model for evaluation).  False if
         a checkpoint is missing; CorruptCheckpointError if one holds another
@@ -359,7 +387,12 @@ class JobRunner(object):
             'checkpoint_partial_load')
         return result
 
-    def save_checkpoints(self, epoch, session, _state=None):
+    def save_checkpoints(
+        self,
+        epoch: int,
+        session: Session,
+        _state: dict[str, Any] | None = None,
+    ) -> bool:
         """Saves the checkpoints of ``epoch``, with the job state.  A
         failure is logged (with the path and the operating system's
         reason), recorded in ``failed_saves`` and reported by the return
@@ -452,7 +485,7 @@ def _next_generation(cm):
     return newest + 1
 
 
-def epoch_limiter(job, num_epochs):
+def epoch_limiter(job: Job, num_epochs: int) -> None:
     """Stops ``job`` after epoch ``num_epochs``: the JobRunner stops when
     the number of the epoch that ended (epochs count from 1 and keep their
     numbers across resumes) reaches the limit, kept in ``job.num_epochs``

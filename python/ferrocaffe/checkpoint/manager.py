@@ -1,17 +1,21 @@
 """Checkpoint managers: the Tasks that save and load one node's blobs
 (:class:`CheckpointManager`) or every node's (:class:`MultiNodeCheckpointManager`)."""
 
+from __future__ import annotations
+
 import json
+from typing import Any, Sequence
 
 from ferrocaffe import _core, core
-from ferrocaffe.checkpoint.manifest import latest_valid_epoch
+from ferrocaffe.checkpoint.manifest import MetadataHandler, latest_valid_epoch
 from ferrocaffe.checkpoint.state import (
     DEFAULT_DB_TYPE, INTERNAL_PREFIX, JOB_STATE_BLOB, LATEST,
     _decode_job_state, _new_job_state, _state_load_ops, _state_problem,
     db_name, logger)
 from ferrocaffe.errors import CorruptCheckpointError
 from ferrocaffe.net_builder import ops
-from ferrocaffe.task import Node, Task, TaskGroup, WorkspaceType
+from ferrocaffe.session import Session
+from ferrocaffe.task import Node, Task, TaskGroup, TaskOutput, WorkspaceType
 
 
 def _to_str(name):
@@ -45,8 +49,14 @@ class CheckpointManager(object):
 
     BLOB_NAMES = 'blob_names'
 
-    def __init__(self, db_prefix, node_name, db_type=DEFAULT_DB_TYPE,
-                 metadata_handler=None, _names_blob=None):
+    def __init__(
+        self,
+        db_prefix: str,
+        node_name: str,
+        db_type: str = DEFAULT_DB_TYPE,
+        metadata_handler: MetadataHandler | None = None,
+        _names_blob: str | None = None,
+    ) -> None:
         self._db_prefix = db_prefix
         self._node_name = node_name
         self._db_type = db_type
@@ -54,17 +64,22 @@ class CheckpointManager(object):
         self._net = core.Net('!!checkpoint_mngr')
         self._blob_names = self._net.AddExternalInput(
             _names_blob or self.BLOB_NAMES)
-        self._names_output = None
-        self._path_prefix = None
-        self._path_type = None
-        self._current_db_name = None
+        self._names_output: TaskOutput | None = None
+        self._path_prefix: str | None = None
+        self._path_type: str | None = None
+        self._current_db_name: str | None = None
         self._current_checkpoint_duration = None
-        self._state_output = None
+        self._state_output: TaskOutput | None = None
         # This node's internal blobs (nodes may share one workspace).
         self._internal = INTERNAL_PREFIX + str(node_name) + '/'
 
-    def init(self, nodes=None, retrieve_from_epoch=None, path_prefix=None,
-             path_type=None):
+    def init(
+        self,
+        nodes: Sequence[str] | None = None,
+        retrieve_from_epoch: int | None = None,
+        path_prefix: str | None = None,
+        path_type: str | None = None,
+    ) -> Task:
         """
         A Task, run once after the init group, that records the blobs to
         checkpoint: all of the workspace's (from scratch), or the list stored
@@ -91,14 +106,14 @@ class CheckpointManager(object):
         self._names_output = task.outputs()[0]
         return task
 
-    def blob_list(self):
+    def blob_list(self) -> list[str]:
         """The names of the checkpointed blobs (known once ``init``'s Task
         ran), less the runtime's own."""
         assert self._names_output
         names = (_to_str(n) for n in self._names_output.fetch().tolist())
         return [n for n in names if not n.startswith(INTERNAL_PREFIX)]
 
-    def managers(self):
+    def managers(self) -> list[tuple[str, CheckpointManager]]:
         """``[(node name, manager)]``: this manager, for its node."""
         return [(self._node_name, self)]
 
@@ -133,7 +148,7 @@ class CheckpointManager(object):
         self._current_checkpoint_duration = task.outputs()[0]
         return task
 
-    def collect_checkpoint_stats(self, stats):
+    def collect_checkpoint_stats(self, stats: dict[str, Any]) -> None:
         """Adds ``{db name: duration in ns}`` of the last timed Task."""
         if self._current_db_name and self._current_checkpoint_duration:
             stats[self._current_db_name] = (
@@ -159,15 +174,21 @@ class CheckpointManager(object):
         self._state_output = task.outputs()[1]
         return task
 
-    def loaded_job_states(self):
+    def loaded_job_states(self) -> list[tuple[str, str, dict[str, Any] | None]]:
         """``[(node, db path, job state or None)]`` of the last load Task
         run (see ``load``)."""
         assert self._state_output is not None, 'no load Task was built'
+        assert self._current_db_name is not None  # set with _state_output
         return [(str(self._node_name), self._current_db_name,
                  _decode_job_state(self._state_output.fetch(),
                                    self._current_db_name))]
 
-    def load(self, epoch, path_prefix=None, path_type=None):
+    def load(
+        self,
+        epoch: int,
+        path_prefix: str | None = None,
+        path_type: str | None = None,
+    ) -> Task:
         """A Task that loads every checkpointed blob from the checkpoint of
         ``epoch``, and its job state (see ``loaded_job_states``)."""
         self._current_db_name = db_name(
@@ -178,8 +199,13 @@ class CheckpointManager(object):
         return self._load_task('checkpoint_load', self.blob_list(), db_type,
                                keep_device=True)
 
-    def load_blobs_from_checkpoint(self, blob_names, epoch, path_prefix=None,
-                                   path_type=None):
+    def load_blobs_from_checkpoint(
+        self,
+        blob_names: Sequence[str],
+        epoch: int,
+        path_prefix: str | None = None,
+        path_type: str | None = None,
+    ) -> Task:
         """A Task that loads only ``blob_names`` (those the checkpoint has)
         from the checkpoint of ``epoch``, and its job state."""
         self._current_db_name = db_name(
@@ -190,7 +216,12 @@ class CheckpointManager(object):
         return self._load_task('checkpoint_partial_load', blob_names,
                                db_type, allow_incomplete=True)
 
-    def check_db_exists(self, epoch, path_prefix=None, path_type=None):
+    def check_db_exists(
+        self,
+        epoch: int,
+        path_prefix: str | None = None,
+        path_type: str | None = None,
+    ) -> Task:
         """A Task whose output is whether the checkpoint of ``epoch``
         exists."""
         name = db_name(epoch, self._node_name, self._db_prefix, path_prefix)
@@ -203,8 +234,15 @@ class CheckpointManager(object):
             task.add_output(existence)
         return task
 
-    def load_blobs_locally(self, nodes, blob_names, epoch, session,
-                           path_prefix=None, path_type=None):
+    def load_blobs_locally(
+        self,
+        nodes: Sequence[str],
+        blob_names: Sequence[str],
+        epoch: int,
+        session: Session,
+        path_prefix: str | None = None,
+        path_type: str | None = None,
+    ) -> bool:
         """Loads ``blob_names`` from the checkpoint of ``epoch`` into the
         session; False (nothing loaded) when that checkpoint does not
         exist."""
@@ -213,14 +251,14 @@ class CheckpointManager(object):
         return _load_locally(self, blob_names, epoch, session, path_prefix,
                              path_type)
 
-    def report_checkpoint_stats(self, action_name):
+    def report_checkpoint_stats(self, action_name: str) -> None:
         """Hands the last timed Task's duration to the metadata handler."""
-        all_stats = {}
+        all_stats: dict[str, Any] = {}
         self.collect_checkpoint_stats(all_stats)
         if self._metadata_handler:
             self._metadata_handler.report(action_name, all_stats)
 
-    def save(self, epoch, job_state=None):
+    def save(self, epoch: int, job_state: dict[str, Any] | None = None) -> Task:
         """A Task that saves every checkpointed blob to the checkpoint of
         ``epoch``, with the job state (``job_state``: fields of
         :func:`read_job_state` to set; a JobRunner gives them) in the same
@@ -242,11 +280,11 @@ class CheckpointManager(object):
 
         return self._timed_task('checkpoint_save', body)
 
-    def write_checkpoint_metadata(self, epoch):
+    def write_checkpoint_metadata(self, epoch: int) -> None:
         if self._metadata_handler is not None:
             self._metadata_handler.write(epoch=epoch)
 
-    def get_resume_from_epoch_id(self, user_epoch=None):
+    def get_resume_from_epoch_id(self, user_epoch: int | str | None = None) -> int | str | None:
         """The epoch to resume from (None: start from scratch).  A metadata
         handler has the last word; ``'latest'`` without one is the newest
         epoch whose checkpoint verifies."""
@@ -259,7 +297,12 @@ class CheckpointManager(object):
                 self._db_prefix, [str(self._node_name)], self._db_type)
         return last_epoch
 
-    def set_params(self, nodes, path_prefix=None, path_type=None):
+    def set_params(
+        self,
+        nodes: Sequence[str],
+        path_prefix: str | None = None,
+        path_type: str | None = None,
+    ) -> None:
         if path_prefix:
             self._path_prefix = path_prefix
         if path_type:
@@ -272,7 +315,7 @@ class CheckpointManager(object):
                 path_prefix=self._path_prefix,
                 path_type=self._path_type)
 
-    def cp_accessible(self, epoch=None):
+    def cp_accessible(self, epoch: int | None = None) -> bool:
         """Whether the checkpoints (of ``epoch``, or the directory) can be
         reached; True without a metadata handler."""
         if self._metadata_handler is not None:
@@ -342,15 +385,19 @@ class MultiNodeCheckpointManager(object):
     Args: as for :class:`CheckpointManager`, less ``node_name``.
     """
 
-    def __init__(self, db_prefix, db_type=DEFAULT_DB_TYPE,
-                 metadata_handler=None):
-        self._node_managers = None
+    def __init__(
+        self,
+        db_prefix: str,
+        db_type: str = DEFAULT_DB_TYPE,
+        metadata_handler: MetadataHandler | None = None,
+    ) -> None:
+        self._node_managers: list[tuple[str, CheckpointManager]] | None = None
         self._db_prefix = db_prefix
         self._db_type = db_type
         self._metadata_handler = metadata_handler
-        self._path_prefix = None
-        self._path_type = None
-        self._node_names = None
+        self._path_prefix: str | None = None
+        self._path_type: str | None = None
+        self._node_names: list[str] | None = None
 
     def _create_managers(self, nodes):
         self._node_managers = []
@@ -375,8 +422,13 @@ class MultiNodeCheckpointManager(object):
                     func(node, manager)
             return task_group
 
-    def init(self, nodes, retrieve_from_epoch=None, path_prefix=None,
-             path_type=None):
+    def init(
+        self,
+        nodes: Sequence[str],
+        retrieve_from_epoch: int | None = None,
+        path_prefix: str | None = None,
+        path_type: str | None = None,
+    ) -> TaskGroup:
         """A TaskGroup recording every node's blob list.  A manager that was
         initialized before keeps its lists and returns an empty group (the
         nodes must be the same)."""
@@ -391,26 +443,38 @@ class MultiNodeCheckpointManager(object):
             nodes=[node], retrieve_from_epoch=retrieve_from_epoch,
             path_prefix=path_prefix, path_type=path_type))
 
-    def load(self, epoch, path_prefix=None, path_type=None):
+    def load(
+        self,
+        epoch: int,
+        path_prefix: str | None = None,
+        path_type: str | None = None,
+    ) -> TaskGroup:
         return self._task_group(lambda node, manager: manager.load(
             epoch, path_prefix=path_prefix, path_type=path_type))
 
-    def load_blobs_locally(self, nodes, blob_names, epoch, session,
-                           path_prefix=None, path_type=None):
+    def load_blobs_locally(
+        self,
+        nodes: Sequence[str],
+        blob_names: Sequence[str],
+        epoch: int,
+        session: Session,
+        path_prefix: str | None = None,
+        path_type: str | None = None,
+    ) -> bool:
         """Loads ``blob_names`` from every node's checkpoint of ``epoch``
         into the session; False as soon as one of them does not exist."""
         if self._node_managers is not None:
             assert self._same_nodes(nodes), 'the nodes changed'
         else:
             self._create_managers(nodes)
-        for _, manager in self._node_managers:
+        for _, manager in self._node_managers or []:
             if not _load_locally(manager, blob_names, epoch, session,
                                  path_prefix, path_type):
                 return False
         logger.info('Successfully loaded from checkpoints.')
         return True
 
-    def get_ckpt_db_name(self, node_name, epoch):
+    def get_ckpt_db_name(self, node_name: str, epoch: int) -> str | None:
         """The checkpoint path of ``node_name`` for ``epoch`` (None for an
         unknown node)."""
         for node, manager in self._node_managers or []:
@@ -418,38 +482,38 @@ class MultiNodeCheckpointManager(object):
                 return db_name(epoch, manager._node_name, manager._db_prefix)
         return None
 
-    def managers(self):
+    def managers(self) -> list[tuple[str, CheckpointManager]]:
         """``[(node, CheckpointManager)]``, once ``init`` was called."""
         return list(self._node_managers or [])
 
-    def report_checkpoint_stats(self, action_name):
+    def report_checkpoint_stats(self, action_name: str) -> None:
         """Hands every node's last duration to the metadata handler, so
         that the slowest node shows."""
-        all_stats = {}
+        all_stats: dict[str, Any] = {}
         for _, manager in self._node_managers or []:
             manager.collect_checkpoint_stats(all_stats)
         logger.debug('checkpoint stats: %s', all_stats)
         if self._metadata_handler:
             self._metadata_handler.report(action_name, all_stats)
 
-    def save(self, epoch, job_state=None):
+    def save(self, epoch: int, job_state: dict[str, Any] | None = None) -> TaskGroup:
         """A TaskGroup saving every node's checkpoint of ``epoch``, each
         with the job state (see ``CheckpointManager.save``)."""
         return self._task_group(
             lambda node, manager: manager.save(epoch, job_state))
 
-    def loaded_job_states(self):
+    def loaded_job_states(self) -> list[tuple[str, str, dict[str, Any] | None]]:
         """``[(node, db path, job state or None)]`` of the last load."""
         states = []
         for _, manager in self._node_managers or []:
             states.extend(manager.loaded_job_states())
         return states
 
-    def write_checkpoint_metadata(self, epoch):
+    def write_checkpoint_metadata(self, epoch: int) -> None:
         if self._metadata_handler is not None:
             self._metadata_handler.write(epoch=epoch)
 
-    def get_resume_from_epoch_id(self, user_epoch=None):
+    def get_resume_from_epoch_id(self, user_epoch: int | str | None = None) -> int | str | None:
         last_epoch = user_epoch
         if self._metadata_handler is not None:
             last_epoch = self._metadata_handler.last_epoch(
@@ -459,7 +523,12 @@ class MultiNodeCheckpointManager(object):
                 self._db_prefix, self._node_names or [], self._db_type)
         return last_epoch
 
-    def set_params(self, nodes, path_prefix=None, path_type=None):
+    def set_params(
+        self,
+        nodes: Sequence[str],
+        path_prefix: str | None = None,
+        path_type: str | None = None,
+    ) -> None:
         self._node_names = [str(node) for node in nodes]
         if path_prefix:
             self._path_prefix = path_prefix
@@ -473,7 +542,7 @@ class MultiNodeCheckpointManager(object):
                 path_prefix=self._path_prefix,
                 path_type=self._path_type)
 
-    def cp_accessible(self, epoch=None):
+    def cp_accessible(self, epoch: int | None = None) -> bool:
         if self._metadata_handler is not None:
             return self._metadata_handler.cp_accessible(epoch)
         return True
@@ -483,7 +552,11 @@ class UploadTaskGroupBuilder(object):
     """Builds the TaskGroup that uploads the checkpoints after the last
     epoch.  Subclasses implement ``build``."""
 
-    def build(self, epoch, checkpoint_manager):
+    def build(
+        self,
+        epoch: int,
+        checkpoint_manager: CheckpointManager | MultiNodeCheckpointManager,
+    ) -> TaskGroup:
         """A TaskGroup uploading the checkpoints of ``epoch``, made by
         ``checkpoint_manager`` (single- or multi-node)."""
         raise NotImplementedError()

@@ -4,6 +4,8 @@ say where a job is; :class:`FileMetadataHandler` adds ``manifest.json``
 :func:`latest_valid_epoch` and :func:`find_checkpoints` read a directory
 without a handler."""
 
+from __future__ import annotations
+
 import errno
 import json
 import os
@@ -11,6 +13,7 @@ import re
 import stat
 import time
 import zlib
+from typing import Any, Mapping, Sequence
 
 from ferrocaffe import _core
 from ferrocaffe.checkpoint.state import (
@@ -30,22 +33,28 @@ class MetadataHandler(object):
     duration of each save or load.
     """
 
-    def set_params(self, db_prefix, db_type, node_names, path_prefix=None,
-                   path_type=None):
+    def set_params(
+        self,
+        db_prefix: str,
+        db_type: str,
+        node_names: Sequence[str],
+        path_prefix: str | None = None,
+        path_type: str | None = None,
+    ) -> None:
         pass
 
-    def last_epoch(self, user_epoch=None):
+    def last_epoch(self, user_epoch: int | str | None = None) -> int | str | None:
         """The epoch to resume from, given the user's choice (None, an
         epoch, or ``'latest'``)."""
         return user_epoch
 
-    def cp_accessible(self, epoch=None):
+    def cp_accessible(self, epoch: int | None = None) -> bool:
         return True
 
-    def write(self, epoch):
+    def write(self, epoch: int) -> None:
         pass
 
-    def report(self, action_name, stats):
+    def report(self, action_name: str, stats: Mapping[str, Any]) -> None:
         pass
 
 
@@ -143,7 +152,7 @@ def _check_manifest(manifest, path):
                 _check_job_state(info['state'])
 
 
-def read_manifest(directory):
+def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The manifest of a checkpoint directory as a dict; None when there is
     none.  A manifest that cannot be used (unreadable, not JSON, not a
     manifest, a field of the wrong type or range) raises
@@ -317,46 +326,54 @@ class FileMetadataHandler(MetadataHandler):
     entries.
     """
 
-    def __init__(self, max_to_keep=None, verify=True):
+    def __init__(self, max_to_keep: int | None = None, verify: bool = True) -> None:
         if max_to_keep is not None and int(max_to_keep) < 1:
             raise ValueError('max_to_keep must be None or >= 1, got %r' %
                              (max_to_keep,))
         self.max_to_keep = None if max_to_keep is None else int(max_to_keep)
         self.verify = verify
-        self.db_prefix = None
+        self.db_prefix: str | None = None
         self.db_type = DEFAULT_DB_TYPE
-        self.node_names = []
-        self.path_prefix = None
-        self.path_type = None
-        self.stats = {}
-        self.access_error = None
+        self.node_names: list[str] = []
+        self.path_prefix: str | None = None
+        self.path_type: str | None = None
+        self.stats: dict[str, Any] = {}
+        self.access_error: OSError | None = None
 
-    def set_params(self, db_prefix, db_type, node_names, path_prefix=None,
-                   path_type=None):
+    def set_params(
+        self,
+        db_prefix: str,
+        db_type: str,
+        node_names: Sequence[str],
+        path_prefix: str | None = None,
+        path_type: str | None = None,
+    ) -> None:
         self.db_prefix = db_prefix
         self.db_type = db_type
         self.node_names = [str(n) for n in node_names]
         self.path_prefix = path_prefix
         self.path_type = path_type
 
-    def _require_params(self):
+    def _require_params(self) -> str:
+        """The db prefix, once set_params has given it."""
         if self.db_prefix is None:
             raise RuntimeError('FileMetadataHandler.set_params was not called')
+        return self.db_prefix
 
-    def manifest_path(self):
+    def manifest_path(self) -> str:
         self._require_params()
-        return os.path.join(self.db_prefix, MANIFEST_NAME)
+        return os.path.join(self._require_params(), MANIFEST_NAME)
 
     def _read_manifest(self, what):
         """The manifest, or None (with a warning saying ``what`` happens
         instead) when it is damaged."""
         try:
-            return read_manifest(self.db_prefix)
+            return read_manifest(self._require_params())
         except CorruptCheckpointError as e:
             logger.warning('%s; %s', e, what)
             return None
 
-    def manifest(self):
+    def manifest(self) -> dict[str, Any]:
         """The current manifest (a new, empty one if there is none, or if
         it is damaged: it is then rebuilt by the next save)."""
         self._require_params()
@@ -365,27 +382,27 @@ class FileMetadataHandler(MetadataHandler):
             manifest = {'format': MANIFEST_FORMAT, 'version': 1, 'epochs': []}
         return manifest
 
-    def epochs(self):
+    def epochs(self) -> list[int]:
         """The epochs the manifest lists, oldest first."""
         return sorted(e['epoch'] for e in self.manifest()['epochs'])
 
-    def cp_accessible(self, epoch=None):
+    def cp_accessible(self, epoch: int | None = None) -> bool:
         self._require_params()
         if epoch is not None:
-            return all(os.path.isfile(db_name(epoch, n, self.db_prefix))
+            return all(os.path.isfile(db_name(epoch, n, self._require_params()))
                        for n in self.node_names)
         self.access_error = None
         try:
-            os.makedirs(self.db_prefix, exist_ok=True)
+            os.makedirs(self._require_params(), exist_ok=True)
         except OSError as e:
             if e.filename is None:
-                e.filename = self.db_prefix
+                e.filename = self._require_params()
             self.access_error = e
         else:
-            if not os.access(self.db_prefix, os.W_OK | os.X_OK):
+            if not os.access(self._require_params(), os.W_OK | os.X_OK):
                 self.access_error = OSError(
                     errno.EACCES, 'cannot create files in it',
-                    self.db_prefix)
+                    self._require_params())
         if self.access_error is not None:
             logger.warning('cannot use the checkpoint directory %s: %s',
                            self.access_error.filename,
@@ -411,7 +428,7 @@ class FileMetadataHandler(MetadataHandler):
             info.pop('state', None)
         return info
 
-    def write(self, epoch):
+    def write(self, epoch: int) -> None:
         """Records the (already saved) checkpoints of ``epoch``, reading
         their job states from the dbs, and applies the retention rules (see
         the class)."""
@@ -419,13 +436,13 @@ class FileMetadataHandler(MetadataHandler):
         epoch = int(epoch)
         old = self._read_manifest('rebuilding it from the checkpoint files')
         rebuilding = old is None
-        found = _scan(self.db_prefix, self.node_names, self.db_type, old)
+        found = _scan(self._require_params(), self.node_names, self.db_type, old)
         saved = found.get(epoch, {})
         generations = set()
         for node in self.node_names:
             db = saved.get(node)
             if db is None:
-                path = db_name(epoch, node, self.db_prefix)
+                path = db_name(epoch, node, self._require_params())
                 raise FerrocaffeIOError(
                     'the checkpoint %s just saved is not there' % path,
                     file=path)
@@ -475,12 +492,12 @@ class FileMetadataHandler(MetadataHandler):
             # The dbs were just listed from the files: deleting any on that
             # basis could lose a good one; the next write does it.
             return
-        listed = set()
+        listed: set[str] = set()
         for entry in old['epochs']:
             listed.update(info['file'] for info in entry['dbs'].values())
-        kept = set(kept)
+        keep = set(kept)
         for ep, dbs in found.items():
-            if ep in kept:
+            if ep in keep:
                 continue
             for node, db in dbs.items():
                 ours = os.path.basename(db.path) in listed or (
@@ -488,7 +505,7 @@ class FileMetadataHandler(MetadataHandler):
                 if ours:
                     self._remove(db.path)
 
-    def is_finished(self, epoch):
+    def is_finished(self, epoch: int) -> bool:
         """Whether the manifest records that the job stopped after
         ``epoch`` (the job state in the db says so too; this is for dbs
         written before job states existed)."""
@@ -512,16 +529,16 @@ class FileMetadataHandler(MetadataHandler):
             logger.warning('cannot remove old checkpoint %s: %s', path,
                            e.strerror or e)
 
-    def last_epoch(self, user_epoch=None):
+    def last_epoch(self, user_epoch: int | str | None = None) -> int | str | None:
         if user_epoch != LATEST:
             return user_epoch
         self._require_params()
         manifest = self._read_manifest('looking at the checkpoint files '
                                        'instead')
-        return _latest(self.db_prefix, self.node_names, self.db_type,
+        return _latest(self._require_params(), self.node_names, self.db_type,
                        manifest, self.verify)
 
-    def report(self, action_name, stats):
+    def report(self, action_name: str, stats: Mapping[str, Any]) -> None:
         self.stats[action_name] = dict(stats)
         logger.debug('%s: %s', action_name, stats)
 
@@ -552,10 +569,10 @@ def _check_db(path, db_type, info=None, verify=True):
 _CKPT_FILE = re.compile(r'^(?P<node>[^.].*)\.(?P<epoch>[0-9]+)$')
 
 
-def find_checkpoints(directory):
+def find_checkpoints(directory: str | os.PathLike[str]) -> dict[int, dict[str, str]]:
     """``{epoch: {node: path}}`` of the regular files in ``directory``
     named like checkpoints (``<node>.<epoch>``), whatever their content."""
-    found = {}
+    found: dict[int, dict[str, str]] = {}
     try:
         names = os.listdir(directory)
     except OSError:
@@ -568,8 +585,12 @@ def find_checkpoints(directory):
     return found
 
 
-def latest_valid_epoch(directory, node_names, db_type=DEFAULT_DB_TYPE,
-                       verify=True):
+def latest_valid_epoch(
+    directory: str | os.PathLike[str],
+    node_names: Sequence[str],
+    db_type: str = DEFAULT_DB_TYPE,
+    verify: bool = True,
+) -> int | None:
     """The newest epoch, of the newest run, for which every node in
     ``node_names`` has a checkpoint in ``directory`` that verifies and holds
     that epoch's job state; None if there is none.  Damaged checkpoints are

@@ -1,8 +1,11 @@
 """Memory-mapped loading of ferro dbs (:func:`mmap_db`, a ferrocaffe
 addition): read-only numpy views of the checked bytes, nothing copied."""
 
+from __future__ import annotations
+
 import mmap
 import os
+from typing import Any
 
 import numpy as np
 
@@ -45,7 +48,11 @@ def _advise_random(memory):
     return True
 
 
-def mmap_db(path, verify=False, skip_objects=False):
+def mmap_db(
+    path: str | os.PathLike[str],
+    verify: bool = False,
+    skip_objects: bool = False,
+) -> dict[str, Any]:
     """Opens a ``'ferro'`` db (the default format of Save and of checkpoints)
     memory-mapped: ``{blob name: read-only numpy array}``, in the order the
     blobs are stored.  A ferrocaffe addition (Caffe2 had no such call).
@@ -112,7 +119,7 @@ def mmap_db(path, verify=False, skip_objects=False):
     try:
         blobs = _core.map_ferro(data, path, verify)
     finally:
-        if quick:
+        if quick and memory is not None:
             memory.madvise(mmap.MADV_NORMAL)
     out = {}
     for name, kind, info in blobs:

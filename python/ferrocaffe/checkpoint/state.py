@@ -2,9 +2,12 @@
 ``resume_from_epoch`` constant, and the job state each checkpoint db holds
 in a reserved entry (:func:`read_job_state`)."""
 
+from __future__ import annotations
+
 import json
 import logging
 import os
+from typing import Any
 
 import numpy as np
 
@@ -23,13 +26,18 @@ DEFAULT_DB_TYPE = 'ferro'
 
 # ========================================================== file names ==
 
-def get_ckpt_filename(node_name, epoch):
+def get_ckpt_filename(node_name: str, epoch: int | str) -> str:
     """The file name of ``node_name``'s checkpoint of ``epoch``:
     ``'<node_name>.<epoch>'``."""
     return '%s.%s' % (node_name, epoch)
 
 
-def db_name(epoch, node_name, db_prefix, path_prefix=None):
+def db_name(
+    epoch: int | str,
+    node_name: str,
+    db_prefix: str,
+    path_prefix: str | os.PathLike[str] | None = None,
+) -> str:
     """The db path of a checkpoint: ``path_prefix`` followed directly by the
     file name when a path prefix is given (plain concatenation), else the
     file name inside the directory ``db_prefix``."""
@@ -119,7 +127,10 @@ def _decode_job_state(value, path):
             file=path, blob=JOB_STATE_BLOB) from None
 
 
-def read_job_state(path, db_type=None):
+def read_job_state(
+    path: str | os.PathLike[str],
+    db_type: str | None = None,
+) -> dict[str, Any] | None:
     """The job state stored in the checkpoint db at ``path`` (a dict with
     ``epoch``, ``node``, ``stopped``, ``conditions_met``, ``num_epochs`` and
     ``generation``), or None for a db without one (written by Caffe2 or an
