@@ -422,3 +422,14 @@ def test_encode_net_ops_refuses_what_it_cannot_encode_with_type_errors():
                 (None, [], [], []), ("Copy", ["a"]), 5):
         with pytest.raises((TypeError, IndexError)):
             _core.encode_net_ops([good, bad])
+
+
+def test_an_argument_missing_a_required_field_fails_only_when_serialised():
+    net = core.Net("partial")
+    inner = NetDef(name="inner")
+    # segment.end is required
+    inner.op.add(type="X").arg.add(name="t", t=TensorProto(segment=dict(begin=1)))
+    net.ConstantFill([], "a", shape=[1], inner=inner)  # a NetDef goes into Argument.n
+    assert net.Proto().op[0].arg[1].n.op[0].arg[0].t.segment.begin == 1
+    with pytest.raises(EncodeError, match="segment.end"):
+        net.Proto().SerializeToString()

@@ -738,7 +738,9 @@ def _argument_bytes(key, value, operator_type):
         if cached is not None:
             return cached
     try:
-        data = _MakeArgument(key, value).SerializeToString()
+        # Partial: a nested message missing a required field fails when the
+        # net is serialised, as it did when ops were messages.
+        data = _MakeArgument(key, value).SerializePartialToString()
     except (errors.FerrocaffeError, UnicodeError, ValueError) as e:
         raise _argument_error(key, operator_type, e) from None
     if cacheable:
