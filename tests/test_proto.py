@@ -371,7 +371,7 @@ def test_file_location_names_follow_queued_ops():
 
 
 def test_nets_and_plans_load_from_binary_and_text_files(tmp_path):
-    net = core.Net("from_file")
+    net = core.Net("proto_file_test")  # not "from_file": names are unique per process
     x = net.ConstantFill([], "x", shape=[2], value=3.0)
     net.Scale(x, "y", scale=2.0)
     plan = core.Plan("plan_from_file")
