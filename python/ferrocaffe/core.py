@@ -1223,15 +1223,14 @@ class Net:
         return self._output_record
 
     def set_input_record(self, input_record):
-        from ferrocaffe import schema
-
         assert self._input_record is None or (
             input_record.has_blobs()
             and set(input_record.field_blobs()) == set(self._input_record.field_blobs())
         ), "Input schema cannot be reset"
         if not input_record.has_blobs():
             with NameScope(self.Name()):
-                self._input_record = schema.NewRecord(self, input_record)
+                # schema builds on core: the record makes its own blobs
+                self._input_record = input_record._new_record(self)
         else:
             self._input_record = input_record
         for blob in self._input_record.field_blobs():
@@ -1345,19 +1344,16 @@ class Net:
         new_net = Net(new_proto)
 
         if keep_schema and (self._input_record or self._output_record):
-            from ferrocaffe import schema
-
+            # schema builds on core: the records copy themselves
             if self._input_record:
-                new_net._input_record = schema.from_blob_list(
-                    self._input_record,
+                new_net._input_record = self._input_record._with_blobs(
                     [
                         BlobReference(get_remapped_str(blob), net=new_net)
                         for blob in self._input_record.field_blobs()
                     ],
                 )
             if self._output_record:
-                new_net._output_record = schema.from_blob_list(
-                    self._output_record,
+                new_net._output_record = self._output_record._with_blobs(
                     [
                         BlobReference(get_remapped_str(blob), net=new_net)
                         for blob in self._output_record.field_blobs()
@@ -1614,6 +1610,10 @@ class ExecutionStep:
 
     def get_net(self, name):
         return self._net_dict[name]
+
+    def _as_plan(self):
+        # workspace.RunPlan(step) asks the step: workspace sits below core.
+        return Plan(self)
 
     def Name(self):
         return self._step.name

@@ -19,7 +19,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from . import _core, errors, proto
+from . import _core, errors, proto, scope
 
 __all__ = [
     "Workspace",
@@ -463,10 +463,11 @@ def _kind_of(obj) -> str:
 
 
 def _plan_from_step(step):
-    from . import core  # lazy: workspace sits below core
-
-    if isinstance(step, core.ExecutionStep):
-        return core.Plan(step)
+    # A core.ExecutionStep makes its own plan, nets included: core sits
+    # above this module, which never imports it.
+    as_plan = getattr(step, "_as_plan", None)
+    if as_plan is not None:
+        return as_plan()
     # A bare ExecutionStep proto carries no net definitions: the plan holds
     # only the step, and any net it names fails as undefined.
     from .proto import PlanDef
@@ -637,8 +638,6 @@ def RegisteredOperators() -> list[str]:
 
 def GetNameScope() -> str:
     """The current name scope (the prefix of new blob names)."""
-    from . import scope
-
     return scope.CurrentNameScope()
 
 

@@ -15,13 +15,6 @@ from ferrocaffe.session import LocalSession
 from ferrocaffe.task import Task, TaskGroup, final_output
 
 
-@pytest.fixture(autouse=True)
-def _fresh_task_names():
-    Task._global_names_used.clear()
-    yield
-    Task._global_names_used.clear()
-
-
 def run_builder(nb):
     """Runs the builder's step as a plan in a fresh workspace."""
     plan = core.Plan('test_plan')

@@ -7,13 +7,13 @@ written.
 """
 
 import os
-import threading
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from _support import run_in_thread
 from ferrocaffe import core, errors, workspace
 from ferrocaffe.dataset import Dataset
 from ferrocaffe.file_reader import (
@@ -21,16 +21,9 @@ from ferrocaffe.file_reader import (
 from ferrocaffe.pipeline import pipe
 from ferrocaffe.schema import FeedRecord, List, NewRecord, Scalar, Struct
 from ferrocaffe.session import LocalSession
-from ferrocaffe.task import Task, TaskGroup
+from ferrocaffe.task import TaskGroup
 
 TIMEOUT = 60.0
-
-
-@pytest.fixture(autouse=True)
-def _fresh_task_names():
-    Task._global_names_used.clear()
-    yield
-    Task._global_names_used.clear()
 
 
 # ---------------------------------------------------------------- data --
@@ -67,21 +60,7 @@ def write_parquet(path, recs, row_group_size=None, compression='snappy'):
 def run_with_timeout(fn, timeout=TIMEOUT):
     """Runs fn() on a thread; fails the test if it does not finish in
     time (a hang), re-raises what it raised."""
-    box = {}
-
-    def target():
-        try:
-            box['value'] = fn()
-        except BaseException as e:  # re-raised below
-            box['error'] = e
-
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    t.join(timeout)
-    assert not t.is_alive(), 'the run did not finish in time'
-    if 'error' in box:
-        raise box['error']
-    return box.get('value')
+    return run_in_thread(fn, timeout)
 
 
 def read_net(reader, ws, setup=True):

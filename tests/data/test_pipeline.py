@@ -27,13 +27,6 @@ from ferrocaffe.task import Task, TaskGroup
 TIMEOUT = 60.0
 
 
-@pytest.fixture(autouse=True)
-def _fresh_task_names():
-    Task._global_names_used.clear()
-    yield
-    Task._global_names_used.clear()
-
-
 class Runner(object):
     """Runs ``ws.run(obj)`` on a thread and keeps the outcome."""
 

@@ -31,7 +31,6 @@ import itertools
 import operator
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, assume, event, given, note, settings
 from hypothesis import strategies as st
 
@@ -50,13 +49,6 @@ CMPS = {
 MAX_DEPTH = 3          # nesting of loop / if blocks
 MAX_ITERS = 8          # a loop running more often than this is rejected
 MAX_STEPS = 400        # as is a program executing more statements
-
-
-@pytest.fixture(autouse=True)
-def _fresh_task_names():
-    Task._global_names_used.clear()
-    yield
-    Task._global_names_used.clear()
 
 
 # ------------------------------------------------------------ evaluator --

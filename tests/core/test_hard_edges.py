@@ -14,10 +14,9 @@ import textwrap
 import numpy as np
 import pytest
 
-import ferrocaffe as _ferrocaffe
+from _support import PKG_PARENT as PYTHON_DIR
 from ferrocaffe import core, errors, workspace
 
-PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(_ferrocaffe.__file__)))
 CHILD_TIMEOUT = 120.0
 
 
@@ -108,6 +107,41 @@ def test_outputs_that_cannot_be_allocated_raise_out_of_memory_errors():
     assert str(8 << 31) in got["ConstantFill_int64"]["msg"]
     assert str(4 << 32) in got["Add_broadcast"]["msg"]
     assert str(5000 << 20) in got["Concat_repeated"]["msg"]
+
+
+FETCH_OOM_CHILD = """
+import json, resource
+from ferrocaffe import core, errors, workspace
+
+n = 64 << 20                       # float32 elements: 256 MiB
+net = core.Net("big_fetch")
+net.ConstantFill([], "big", shape=[n], value=1.5)
+workspace.RunNetOnce(net)
+with open("/proc/self/status") as f:
+    vm = int(next(l for l in f if l.startswith("VmSize")).split()[1]) * 1024
+# Room for small things, not for a second copy of the tensor.
+resource.setrlimit(resource.RLIMIT_AS, (vm + (64 << 20), resource.RLIM_INFINITY))
+r = {}
+try:
+    workspace.FetchBlob("big")
+    r["fetch"] = "ran"
+except BaseException as e:
+    r["fetch"] = dict(cls=type(e).__name__, memory=isinstance(e, MemoryError),
+                      runtime=isinstance(e, RuntimeError), blob=getattr(e, "blob", None), msg=str(e))
+resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+a = workspace.FetchBlob("big")     # the blob and the workspace are intact
+r["after"] = [a.shape[0], float(a[0]), float(a[-1])]
+print("RESULT " + json.dumps(r))
+"""
+
+
+def test_a_fetch_that_cannot_be_allocated_is_an_out_of_memory_error():
+    got = child_results(FETCH_OOM_CHILD)
+    r = got["fetch"]
+    assert r != "ran"
+    assert (r["cls"], r["memory"], r["runtime"], r["blob"]) == ("OutOfMemoryError", True, True, "big"), r
+    assert str(4 * (64 << 20)) in r["msg"] and "'big'" in r["msg"], r
+    assert got["after"] == [64 << 20, 1.5, 1.5]
 
 
 def test_out_of_memory_error_is_a_memory_error():

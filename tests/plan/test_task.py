@@ -1,41 +1,16 @@
 """Tests of ferrocaffe.task: nodes, clusters, task groups, outputs and the
 structure and runtime order of a task's step."""
 
-import threading
 
 import pytest
 
+from _support import load_example, run_in_thread
 from ferrocaffe import core, errors, workspace
 from ferrocaffe.net_builder import ops
 from ferrocaffe.session import LocalSession
 from ferrocaffe.task import (
     Cluster, Node, SetupNets, Task, TaskGroup, TaskOutput, TaskOutputList,
     WorkspaceType, add_setup_steps, final_output, get_setup_nets)
-
-
-@pytest.fixture(autouse=True)
-def _fresh_task_names():
-    Task._global_names_used.clear()
-    yield
-    Task._global_names_used.clear()
-
-
-def in_new_thread(fn):
-    """Runs fn in a thread of its own (fresh default Node/Cluster)."""
-    box = {}
-
-    def target():
-        try:
-            box['value'] = fn()
-        except BaseException as e:
-            box['error'] = e
-
-    t = threading.Thread(target=target)
-    t.start()
-    t.join()
-    if 'error' in box:
-        raise box['error']
-    return box['value']
 
 
 def new_session():
@@ -60,7 +35,7 @@ def test_reprs():
             repr(TaskOutputList()),
         ]
 
-    assert in_new_thread(body) == [
+    assert run_in_thread(body) == [
         'Cluster(nodes=[], node_kwargs={})',
         'Node(name=local, kwargs={})',
         'TaskGroup(tasks=[], workspace_type=None, remote_nets=[])',
@@ -83,7 +58,7 @@ def test_repr_with_content():
                     t = Task(outputs=[core.BlobReference('b1')])
         return repr(cluster), repr(tg), repr(t)
 
-    cluster_r, tg_r, task_r = in_new_thread(body)
+    cluster_r, tg_r, task_r = run_in_thread(body)
     assert cluster_r == (
         "Cluster(nodes=['trainer', 'reader'], node_kwargs="
         "{'trainer': {'num_cpus': 2, 'num_gpus': 1}, 'reader': {}})")
@@ -108,7 +83,7 @@ def test_node_defaults_and_cluster_registration():
             Node('a', num_cpus=1)
         return c.nodes(), c.node_kwargs()
 
-    nodes, kwargs = in_new_thread(body)
+    nodes, kwargs = run_in_thread(body)
     assert nodes == ['a', 'b']
     assert kwargs == {'a': {'num_cpus': 1}, 'b': {'memory': 3}}
 
@@ -139,7 +114,7 @@ def test_node_keywords_are_checked_where_they_are_written():
         out.append(dict(cluster.node_kwargs()))
         return out, cluster.nodes()
 
-    out, nodes = in_new_thread(body)
+    out, nodes = run_in_thread(body)
     assert out[:5] == [{}] * 5
     assert out[5] == {'a': {'num_cpus': 4}}
     assert out[6] == {'a': {'num_cpus': 2, 'memory': 1 << 20}}
@@ -163,7 +138,7 @@ def test_task_names_in_group_and_global():
         names.append(Task(step=core.execution_step('mystep', [])).name)
         return names
 
-    assert in_new_thread(body) == [
+    assert run_in_thread(body) == [
         'local/task', 'local/task:1', 'local/x', 'n/task',
         'local/task', 'local/task:1', 'local/mystep']
     assert 'local/task:1' in Task._global_names_used
@@ -272,7 +247,7 @@ def test_final_output_without_task_creates_one():
         tasks = tg.tasks()
         return len(tasks), tasks[0].outputs() == [out]
 
-    assert in_new_thread(body) == (1, True)
+    assert run_in_thread(body) == (1, True)
 
 
 # ------------------------------------------------------ step structure --
@@ -605,19 +580,8 @@ def test_private_tasks_write_back_existing_blobs_only():
 
 # ------------------------------------------------------------- example --
 
-def _load_example(name):
-    import importlib.util
-    import os
-    path = os.path.join(os.path.dirname(__file__), '..', 'examples', name)
-    spec = importlib.util.spec_from_file_location(
-        name.replace('.py', ''), path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_task_example_structure_and_result():
-    example = _load_example('task_example.py')
+    example = load_example('task_example.py')
     tg, task, result = example.build()
     assert task.name == 'trainer/my_task'
     step = task.get_step()
@@ -635,7 +599,7 @@ def test_task_example_structure_and_result():
 
 
 def test_task_example_main_runs():
-    example = _load_example('task_example.py')
+    example = load_example('task_example.py')
     assert as_scalar(example.main()) == 0
 
 

@@ -23,6 +23,7 @@ import zlib
 import numpy as np
 import pytest
 
+from _support import EXAMPLES, PKG_PARENT
 from ferrocaffe import _core, core, workspace
 from ferrocaffe.checkpoint import (
     INTERNAL_PREFIX, LATEST, CheckpointManager, FileMetadataHandler, Job, JobRunner,
@@ -39,18 +40,10 @@ from ferrocaffe.schema import ConstRecord, Struct
 from ferrocaffe.session import CompiledRunnable, LocalSession
 from ferrocaffe.task import Cluster, Node, Task, TaskGroup, WorkspaceType
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXAMPLE = os.path.join(REPO, 'examples', 'train_job.py')
+EXAMPLE = os.path.join(EXAMPLES, 'train_job.py')
 
 PER_EPOCH = 3
 START = 100
-
-
-@pytest.fixture(autouse=True)
-def _fresh_task_names():
-    Task._global_names_used.clear()
-    yield
-    Task._global_names_used.clear()
 
 
 # ======================================================= pipeline job ==
@@ -1194,9 +1187,7 @@ def test_cli_as_a_module(tmp_path):
     JobRunner(job, CheckpointManager(ckpt_dir, 'n', 'minidb',
                                      FileMetadataHandler())).train(
         LocalSession(workspace.Workspace()))
-    import ferrocaffe
-    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(ferrocaffe.__file__)))
-    env = dict(os.environ, PYTHONPATH=package_parent)
+    env = dict(os.environ, PYTHONPATH=PKG_PARENT)
     cmd = [sys.executable, '-m', 'ferrocaffe.checkpoint']
     ok = subprocess.run(cmd + ['verify', ckpt_dir], env=env,
                         capture_output=True, text=True)
@@ -1210,6 +1201,36 @@ def test_cli_as_a_module(tmp_path):
                          capture_output=True, text=True)
     assert bad.returncode == 1
     assert 'DAMAGED' in bad.stdout and 'n.2' in bad.stdout
+
+
+@pytest.mark.parametrize('command', ['ls', 'verify'])
+def test_cli_whose_reader_stops_early_exits_quietly(tmp_path, command):
+    """``python -m ferrocaffe.checkpoint ls DIR | head``: once the reader
+    has gone, the command ends as a Unix tool does (the status of a
+    SIGPIPE death, 128 + 13), with no BrokenPipeError traceback."""
+    ckpt_dir = tmp_path / 'ckpt'
+    ckpt_dir.mkdir()
+    ws = workspace.Workspace()
+    ws.feed_blob('w', np.arange(4, dtype=np.float32))
+    for epoch in range(3):
+        ws.run(core.CreateOperator('Save', ['w'], [],
+                                   db=str(ckpt_dir / ('n.%d' % epoch)),
+                                   db_type='ferro', absolute_path=True))
+    # The read end is closed before the child starts, so its first write
+    # (or the flush at exit) meets a pipe without a reader, as it does once
+    # `head` has read its lines: no race on how much fits the pipe.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [sys.executable, '-m', 'ferrocaffe.checkpoint', command,
+             str(ckpt_dir)],
+            stdout=write_end, stderr=subprocess.PIPE, text=True,
+            env=dict(os.environ, PYTHONPATH=PKG_PARENT), timeout=120)
+    finally:
+        os.close(write_end)
+    assert done.stderr == ''
+    assert done.returncode == 141
 
 
 # ========================================================= the example ==

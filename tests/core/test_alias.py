@@ -10,14 +10,14 @@ import subprocess
 import sys
 import textwrap
 
-import ferrocaffe
+from _support import PKG_PARENT
 
 
 def run_script(source, timeout=120):
     # PYTHONPATH passes through; the directory this process imported
     # ferrocaffe from goes first, so the child finds the same build.
     env = dict(os.environ)
-    paths = [os.path.dirname(os.path.dirname(ferrocaffe.__file__))]
+    paths = [PKG_PARENT]
     if os.environ.get('PYTHONPATH'):
         paths.append(os.environ['PYTHONPATH'])
     env['PYTHONPATH'] = os.pathsep.join(paths)

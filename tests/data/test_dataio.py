@@ -22,14 +22,7 @@ from ferrocaffe.schema import (
     FeedRecord, FetchRecord, List, Map, NewRecord, Scalar, Struct,
     from_blob_list)
 from ferrocaffe.session import LocalSession
-from ferrocaffe.task import Task, TaskGroup, WorkspaceType, final_output
-
-
-@pytest.fixture(autouse=True)
-def _fresh_task_names():
-    Task._global_names_used.clear()
-    yield
-    Task._global_names_used.clear()
+from ferrocaffe.task import TaskGroup, WorkspaceType, final_output
 
 
 def scalar(value):

@@ -5,6 +5,7 @@ import threading
 
 import pytest
 
+from _support import run_in_thread
 from ferrocaffe import context
 
 
@@ -27,22 +28,6 @@ class FreshDefault(context.DefaultManaged):
     pass
 
 
-def run_in_thread(fn):
-    """Runs fn() in a new thread; returns its result or re-raises."""
-    box = {}
-
-    def target():
-        try:
-            box['result'] = fn()
-        except BaseException as e:  # pragma: no cover - reported below
-            box['error'] = e
-
-    t = threading.Thread(target=target)
-    t.start()
-    t.join()
-    if 'error' in box:
-        raise box['error']
-    return box.get('result')
 
 
 # --------------------------------------------------------------- Managed --

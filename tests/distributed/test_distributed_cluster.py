@@ -15,19 +15,16 @@ import numpy as np
 import pytest
 import ray
 
-import ferrocaffe
 from ferrocaffe import workspace
 from ferrocaffe.net_builder import ops
 from ferrocaffe.session import LocalSession
 from ferrocaffe.task import Cluster, Node, Task, TaskGroup, final_output
 
-# The session and name-reset fixtures are test_distributed's; its
+# The session and default-cluster fixtures are test_distributed's; its
 # `session` fixture asks for this module's `cluster`.
 from test_distributed import (  # noqa: F401
-    _fresh_names, instances_reports_and_queues, run_on, session)
-
-PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(
-    ferrocaffe.__file__)))
+    _fresh_cluster, instances_reports_and_queues, run_on, session)
+from _support import PKG_PARENT
 
 
 def ray_cli():

@@ -11,14 +11,7 @@ from ferrocaffe.db_file_reader import DBFileReader
 from ferrocaffe.pipeline import pipe
 from ferrocaffe.schema import Scalar, Struct
 from ferrocaffe.session import LocalSession
-from ferrocaffe.task import Task, TaskGroup
-
-
-@pytest.fixture(autouse=True)
-def _fresh_task_names():
-    Task._global_names_used.clear()
-    yield
-    Task._global_names_used.clear()
+from ferrocaffe.task import TaskGroup
 
 
 def source_reader(ws, values):

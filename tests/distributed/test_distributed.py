@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 import ray
 
-import ferrocaffe
 from ferrocaffe import core, errors, workspace
 from ferrocaffe.checkpoint import (
     FileMetadataHandler, Job, JobRunner, MultiNodeCheckpointManager,
@@ -34,15 +33,14 @@ from ferrocaffe.session import LocalSession
 from ferrocaffe.task import (
     Cluster, Node, Task, TaskGroup, WorkspaceType, final_output)
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(REPO, 'examples'))
+from _support import EXAMPLES, PKG_PARENT  # noqa: E402
+
+sys.path.insert(0, EXAMPLES)
 
 import session_example  # noqa: E402
 import task_example  # noqa: E402
 
 LOOPBACK = '127.0.0.3'
-PKG_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(
-    ferrocaffe.__file__)))
 
 
 @pytest.fixture(scope='module')
@@ -66,11 +64,10 @@ def session(cluster):
 
 
 @pytest.fixture(autouse=True)
-def _fresh_names():
-    Task._global_names_used.clear()
+def _fresh_cluster():
+    # (conftest's _fresh_task_names clears the task names around it)
     with Cluster():
         yield
-    Task._global_names_used.clear()
 
 
 def i64(v):

@@ -21,17 +21,13 @@ import shutil
 import stat
 import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
 import pytest
 
-import ferrocaffe
+from _support import PKG_PARENT as PYTHON_DIR, run_in_thread
 from ferrocaffe import _core, core, errors, workspace
-
-PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(
-    ferrocaffe.__file__)))
 
 DEAD_PID = 4000000000  # above any pid_max: no live process has it
 
@@ -51,21 +47,7 @@ def fed_workspace():
 
 def _run_with_timeout(fn, timeout=20.0):
     """Runs ``fn`` in a thread; fails (instead of hanging) if it blocks."""
-    result = {}
-
-    def target():
-        try:
-            result['value'] = fn()
-        except BaseException as e:  # handed to the test
-            result['error'] = e
-
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    t.join(timeout)
-    assert not t.is_alive(), 'the call blocked'
-    if 'error' in result:
-        raise result['error']
-    return result.get('value')
+    return run_in_thread(fn, timeout)
 
 
 @pytest.mark.parametrize('db_type', ['ferro', 'minidb'])
@@ -191,20 +173,13 @@ from ferrocaffe import proto  # noqa: E402
 from ferrocaffe.checkpoint import (  # noqa: E402
     INTERNAL_PREFIX, JOB_STATE_BLOB, LATEST, CheckpointManager,
     FileMetadataHandler, Job, JobRunner, MultiNodeCheckpointManager,
-    epoch_limiter, latest_valid_epoch, main as checkpoint_cli, mmap_db,
+    epoch_limiter, main as checkpoint_cli, mmap_db,
     read_job_state, read_manifest)
 from ferrocaffe.net_builder import ops  # noqa: E402
 from ferrocaffe.session import LocalSession  # noqa: E402
 from ferrocaffe.task import Cluster, Node, Task  # noqa: E402
 
 STEP = 0.25
-
-
-@pytest.fixture(autouse=True)
-def _fresh_task_names():
-    Task._global_names_used.clear()
-    yield
-    Task._global_names_used.clear()
 
 
 def build_job(num_epochs, nodes=('trainer',), crash_in_exit=False):

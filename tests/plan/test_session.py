@@ -10,18 +10,12 @@ import threading
 import numpy as np
 import pytest
 
+from _support import PKG_PARENT, load_example
 from ferrocaffe import core, errors, workspace
 from ferrocaffe.net_builder import ops
 from ferrocaffe.session import CompiledRunnable, LocalSession, Session
 from ferrocaffe.task import (
     Node, Task, TaskGroup, WorkspaceType, final_output)
-
-
-@pytest.fixture(autouse=True)
-def _fresh_task_names():
-    Task._global_names_used.clear()
-    yield
-    Task._global_names_used.clear()
 
 
 def as_int(value):
@@ -86,10 +80,8 @@ def test_closed_session_and_unready_outputs_raise_under_python_O():
     """)
     # The child imports the ferrocaffe this process imported (the repo's
     # python/ in a dev build, site-packages once installed).
-    import ferrocaffe
-    package_parent = os.path.dirname(os.path.dirname(ferrocaffe.__file__))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in [package_parent, os.environ.get('PYTHONPATH')] if p))
+        p for p in [PKG_PARENT, os.environ.get('PYTHONPATH')] if p))
     done = subprocess.run([sys.executable, '-O', '-c', script], env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -458,17 +450,6 @@ def test_isolated_session_compile_uses_its_mode():
 
 # ------------------------------------------------------------- example --
 
-def _load_example(name):
-    import importlib.util
-    import os
-    path = os.path.join(os.path.dirname(__file__), '..', 'examples', name)
-    spec = importlib.util.spec_from_file_location(
-        name.replace('.py', ''), path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _as_text(value):
     value = np.asarray(value).reshape(-1)[0] if not isinstance(
         value, (bytes, str)) else value
@@ -476,7 +457,7 @@ def _as_text(value):
 
 
 def test_session_example_runs():
-    example = _load_example('session_example.py')
+    example = load_example('session_example.py')
     ws = workspace.Workspace()
     session, net, n1msg = example.main(LocalSession(ws))
     # the plain net ran in the session workspace: 1 + 2
@@ -487,7 +468,7 @@ def test_session_example_runs():
 
 
 def test_session_example_with_isolated_nodes():
-    example = _load_example('session_example.py')
+    example = load_example('session_example.py')
     ws = workspace.Workspace()
     session, net, n1msg = example.main(LocalSession(ws, isolate_nodes=True))
     # the message lives in node1's workspace, where the private task of

@@ -32,12 +32,9 @@ from ferrocaffe.net_builder import ops
 from ferrocaffe.session import LocalSession
 from ferrocaffe.task import Node, Task
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Children import the same ferrocaffe this process imported (the installed
 # package in CI, python/ with a dev build in a checkout).
-import ferrocaffe as _ferrocaffe  # noqa: E402
-
-PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(_ferrocaffe.__file__)))
+from _support import PKG_PARENT as PYTHON_DIR  # noqa: E402
 
 # The child job: SIZE-element state blobs, PER_EPOCH records per epoch.
 ROWS = 32
