@@ -1498,6 +1498,9 @@ class Net:
             outputs = self.NextName(prefix=op_type)
         elif type(outputs) is int:
             outputs = [self.NextName(prefix=op_type, output_id=i) for i in range(outputs)]
+        # A single name becomes a reference made here, for this net: it can
+        # be returned as it is (no second BlobReference per op).
+        single_name = type(outputs) is str
         outputs = _RectifyInputOutput(outputs, net=self)
         if (
             _OPERATOR_FIELD_KEYWORDS.isdisjoint(kwargs)
@@ -1526,7 +1529,7 @@ class Net:
         if len(output_names) == 0:
             return None
         if len(output_names) == 1:
-            return BlobReference(output_names[0], self)
+            return outputs[0] if single_name else BlobReference(output_names[0], self)
         return tuple(BlobReference(o, self) for o in output_names)
 
     def __getattr__(self, op_type):
