@@ -22,7 +22,11 @@ Printed: ms per case, and net / floor, the price of ``core`` per op relative
 to bare protobuf (a ratio measured in the same run, so that load elsewhere on
 the machine moves both). ``--compare DIR`` also times the ``net`` case with
 the ``ferrocaffe`` package in DIR (e.g. the previous commit's python/ with
-its extension) in a child process, interleaved with the others.
+its extension) and with this one, each in a fresh child process warmed up by
+one build (a process that has built many nets pays more for garbage
+collection), interleaved with the others. On a loaded machine the spread is
+wide: read the minimum (what a build costs when nothing interferes) beside
+the median.
 """
 
 from __future__ import annotations
@@ -70,6 +74,7 @@ def timed(fn, *args):
 
 def child(n, trials):
     """The ``net`` case alone, for --compare: prints one result line."""
+    build_with_core(n)  # warm up, as the parent does
     times = [timed(build_with_core, n)[0] for _ in range(trials)]
     print(MARK + json.dumps(times), flush=True)
 
@@ -98,24 +103,23 @@ def main():
         (o.type, list(o.input), list(o.output), len(o.arg)) for o in floor.op]
 
     times = {"net": [], "floor": [], "parse": [], "wrap": []}
-    other = []
+    mine, other = [], []
     for _ in range(args.trials):
         times["net"].append(timed(build_with_core, n)[0])
         times["floor"].append(timed(build_floor, n)[0])
         times["parse"].append(timed(caffe2_pb2.NetDef.FromString, data)[0])
         times["wrap"].append(timed(core.Net, parsed)[0])
         if args.compare:
-            env = dict(os.environ, PYTHONPATH=args.compare)
-            out = subprocess.run(
-                [sys.executable, __file__, "--child", "--ops", str(n), "--trials", "1"],
-                env=env, capture_output=True, text=True, check=True).stdout
-            other.extend(json.loads(line[len(MARK):]) for line in out.splitlines()
-                         if line.startswith(MARK))
-    other = [t for ts in other for t in ts]
+            # Both packages in fresh child processes, one after the other:
+            # a process that has built many nets pays more for garbage
+            # collection, so the parent's own figure is not comparable.
+            here = os.path.dirname(os.path.dirname(os.path.abspath(core.__file__)))
+            mine.extend(_child_times(here, n))
+            other.extend(_child_times(args.compare, n))
 
     def show(name, ts):
         ms = [t * 1e3 for t in ts]
-        print("%-8s median %8.2f ms   range %8.2f - %8.2f ms" % (
+        print("%-16s median %8.2f ms   range %8.2f - %8.2f ms" % (
             name, statistics.median(ms), min(ms), max(ms)))
 
     print("%d ops, %d trials, %d bytes serialised, protobuf %s" % (
@@ -123,11 +127,22 @@ def main():
     for name, ts in times.items():
         show(name, ts)
     if other:
-        show("compare", other)
+        show("net (child)", mine)
+        show("compare (child)", other)
     med = {k: statistics.median(v) for k, v in times.items()}
     print("net / floor: %.2fx" % (med["net"] / med["floor"]))
     if other:
-        print("compare / net: %.2fx" % (statistics.median(other) / med["net"]))
+        print("compare / net, both in child processes: %.2fx" % (
+            statistics.median(other) / statistics.median(mine)))
+
+
+def _child_times(package_dir, n):
+    env = dict(os.environ, PYTHONPATH=package_dir)
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", "--ops", str(n), "--trials", "1"],
+        env=env, capture_output=True, text=True, check=True).stdout
+    return [t for line in out.splitlines() if line.startswith(MARK)
+            for t in json.loads(line[len(MARK):])]
 
 
 def _protobuf_impl():

@@ -99,11 +99,12 @@ GradientSlice = namedtuple("GradientSlice", ["indices", "values"])
 # ------------------------------------------------------ operator registry --
 #
 # The list of operator types comes from the compiled runtime. It is read on
-# first use rather than at import, so that importing core never needs the
-# compiled module; and it is re-read on a miss, because the bindings may
-# register operators (the Python op) after the first read. Only when the
-# registry cannot be read at all (no compiled module) is every CamelCase name
-# accepted, so that nets can still be built and serialised.
+# first use rather than at import, and re-read on a miss, because the
+# bindings may register operators (the Python op) after the first read. Only
+# when the registry cannot be read at all (a compiled module without it) is
+# every CamelCase name accepted, so that nets can still be built and
+# serialised. (The compiled module itself is needed at import: it carries the
+# schema of caffe2_pb2 and the encoder of queued ops.)
 
 _REGISTERED_OPERATORS = None  # a set, loaded lazily; None = not loaded yet
 _REGISTRY_AVAILABLE = None  # False when the compiled registry is missing
@@ -137,6 +138,7 @@ def _registry():
 def RefreshRegisteredOperators(trigger_lazy: bool = True) -> None:
     """Re-reads the list of registered operators from the runtime."""
     global _REGISTERED_OPERATORS, _REGISTRY_AVAILABLE
+    _forget_op_methods()
     registered = _load_registry()
     _REGISTRY_AVAILABLE = registered is not None
     _REGISTERED_OPERATORS = registered if registered is not None else set()
@@ -745,7 +747,9 @@ def _argument_bytes(key, value, operator_type):
         if cached is not None:
             return cached
     try:
-        data = _MakeArgument(key, value).SerializeToString()
+        # Partial: a nested message missing a required field fails when the
+        # net is serialised, as it did when ops were messages.
+        data = _MakeArgument(key, value).SerializePartialToString()
     except (errors.FerrocaffeError, UnicodeError, ValueError) as e:
         raise _argument_error(key, operator_type, e) from None
     if cacheable:
@@ -890,6 +894,32 @@ def _autogen_index(name, prefix):
     return int(digits.group()) if digits else None
 
 
+# The op methods Net.__getattr__ has made (``net.Add``), kept on the class:
+# a later ``net.Add`` is then a plain method lookup, not a failed lookup
+# (an AttributeError built and caught), a registry check and a new closure,
+# which cost more than the rest of adding a small op. Forgotten whenever the
+# registry is re-read, so that an op type no longer registered is refused.
+_OP_METHODS = set()
+
+
+def _op_method(op_type):
+    def op_method(self, *args, **kwargs):
+        return self._CreateAndAddToSelf(op_type, *args, **kwargs)
+
+    op_method.__name__ = op_method.__qualname__ = op_type
+    if op_type not in Net.__dict__:
+        setattr(Net, op_type, op_method)
+        _OP_METHODS.add(op_type)
+    return op_method
+
+
+def _forget_op_methods():
+    for op_type in list(_OP_METHODS):
+        if Net.__dict__.get(op_type) is not None:
+            delattr(Net, op_type)
+    _OP_METHODS.clear()
+
+
 class Net:
     """A network under construction: a NetDef plus naming state.
 
@@ -1016,7 +1046,6 @@ class Net:
         data = _core.encode_net_ops(self._pending)
         del self._pending[:]
         self._proto.MergeFromString(data)
-
 
     # -- attributes (opaque hooks used by task.py)
 
@@ -1503,6 +1532,9 @@ class Net:
             outputs = self.NextName(prefix=op_type)
         elif type(outputs) is int:
             outputs = [self.NextName(prefix=op_type, output_id=i) for i in range(outputs)]
+        # A single name becomes a reference made here, for this net: it can
+        # be returned as it is (no second BlobReference per op).
+        single_name = type(outputs) is str
         outputs = _RectifyInputOutput(outputs, net=self)
         if (
             _OPERATOR_FIELD_KEYWORDS.isdisjoint(kwargs)
@@ -1531,7 +1563,7 @@ class Net:
         if len(output_names) == 0:
             return None
         if len(output_names) == 1:
-            return BlobReference(output_names[0], self)
+            return outputs[0] if single_name else BlobReference(output_names[0], self)
         return tuple(BlobReference(o, self) for o in output_names)
 
     def __getattr__(self, op_type: str) -> Callable[..., Any]:
@@ -1539,11 +1571,9 @@ class Net:
         # pickle from recursing here before __init__ has run).
         if op_type.startswith("_"):
             raise AttributeError("Attribute {} not found.".format(op_type))
-        registered = _REGISTERED_OPERATORS  # a hit needs no IsOperator call
-        if not (registered and op_type in registered) and not IsOperator(op_type) and (
-                not IsOperatorWithEngine(op_type, "CUDNN")):
+        if not IsOperator(op_type) and not IsOperatorWithEngine(op_type, "CUDNN"):
             raise _not_registered(op_type)
-        return lambda *args, **kwargs: self._CreateAndAddToSelf(op_type, *args, **kwargs)
+        return _op_method(op_type).__get__(self, type(self))
 
     def __dir__(self):
         additional = [op for op in _registry() if "_ENGINE_" not in op]

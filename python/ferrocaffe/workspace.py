@@ -162,6 +162,12 @@ def GetNetName(net: Any) -> str:
     return StringifyNetName(net)
 
 
+def _is_tensor_proto(value: Any) -> bool:
+    """A ``caffe2.TensorProto`` message, of our caffe2_pb2 or another's."""
+    descriptor = getattr(type(value), "DESCRIPTOR", None)
+    return getattr(descriptor, "full_name", None) == "caffe2.TensorProto"
+
+
 def _to_feedable(name: str, arr: Any):
     """Turns a user value into what the core accepts (one numpy array,
     bytes or str), or raises FeedError."""
@@ -382,10 +388,12 @@ class Workspace:
 
     def feed_blob(self, name, arr, device_option=None) -> bool:
         name = StringifyBlobName(name)
-        if isinstance(arr, proto.TensorProto):
+        if _is_tensor_proto(arr):
             # Decoded by the runtime with Caffe2's rules (dims, data_type,
-            # the data field of that type, segment).
-            blob = proto.BlobProto(name=name, type="Tensor", tensor=arr)
+            # the data field of that type, segment). Passed serialised, so a
+            # TensorProto of another caffe2_pb2 (Caffe2's own) feeds too.
+            blob = proto.BlobProto(name=name, type="Tensor")
+            blob.tensor.MergeFromString(arr.SerializePartialToString())
             self._core.deserialize_blob(name, blob.SerializeToString())
             return True
         self._core.feed_blob(name, _to_feedable(name, arr))

@@ -371,7 +371,7 @@ def test_file_location_names_follow_queued_ops():
 
 
 def test_nets_and_plans_load_from_binary_and_text_files(tmp_path):
-    net = core.Net("from_file")
+    net = core.Net("proto_file_test")  # not "from_file": names are unique per process
     x = net.ConstantFill([], "x", shape=[2], value=3.0)
     net.Scale(x, "y", scale=2.0)
     plan = core.Plan("plan_from_file")
@@ -422,3 +422,14 @@ def test_encode_net_ops_refuses_what_it_cannot_encode_with_type_errors():
                 (None, [], [], []), ("Copy", ["a"]), 5):
         with pytest.raises((TypeError, IndexError)):
             _core.encode_net_ops([good, bad])
+
+
+def test_an_argument_missing_a_required_field_fails_only_when_serialised():
+    net = core.Net("partial")
+    inner = NetDef(name="inner")
+    # segment.end is required
+    inner.op.add(type="X").arg.add(name="t", t=TensorProto(segment=dict(begin=1)))
+    net.ConstantFill([], "a", shape=[1], inner=inner)  # a NetDef goes into Argument.n
+    assert net.Proto().op[0].arg[1].n.op[0].arg[0].t.segment.begin == 1
+    with pytest.raises(EncodeError, match="segment.end"):
+        net.Proto().SerializeToString()

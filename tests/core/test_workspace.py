@@ -740,6 +740,25 @@ def test_feed_a_tensor_proto_and_serialize_deserialize_blobs(fresh):
         workspace.DeserializeBlob("u", b"\xff\x01")
 
 
+def test_feed_a_tensor_proto_of_another_caffe2_pb2(fresh):
+    # Another build's caffe2_pb2 (as Caffe2's own would be): the same schema
+    # in a pool of its own, so its classes are not ours.
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+    from ferrocaffe import _core, proto
+    pool = descriptor_pool.DescriptorPool()
+    for f in descriptor_pb2.FileDescriptorSet.FromString(_core.CAFFE2_FILE_DESCRIPTOR_SET).file:
+        pool.Add(f)
+    Foreign = message_factory.GetMessageClass(pool.FindMessageTypeByName("caffe2.TensorProto"))
+    assert Foreign is not proto.TensorProto
+    t = Foreign(dims=[3], data_type=2, int32_data=[1, -2, 3])  # INT32
+    workspace.FeedBlob("foreign", t)
+    got = workspace.FetchBlob("foreign")
+    assert got.dtype == np.int32 and got.tolist() == [1, -2, 3]
+    # What is no TensorProto is still refused with FeedError.
+    with pytest.raises(errors.FeedError):
+        workspace.FeedBlob("foreign", proto.NetDef(name="n"))
+
+
 @pytest.mark.parametrize("make", [
     lambda: np.arange(0, 0, dtype=np.int64).reshape(0, 3),
     lambda: np.zeros((0, 3), np.int64),
