@@ -128,7 +128,42 @@ def _core_type(scalar):
     return data_type_for_dtype(dtype)
 
 
-class ParquetReader(Reader):
+class _FileReader(Reader):
+    """What the file readers share: a reader blob made in the init net by
+    ``Create<kind>Reader``, batches read by ``Read<kind>Batch``, rewound by
+    ``Reset<kind>Reader`` (the Rust readers behind them share one batch
+    source interface). Subclasses set ``_kind`` and ``_create_args()``."""
+
+    _kind = None
+
+    def _start(self, batch_size, name, prefix):
+        if int(batch_size) < 1:
+            raise ValueError('batch_size must be >= 1, got %r' % batch_size)
+        self.batch_size = int(batch_size)
+        self.name = name or '%s_%d' % (prefix, next(_names))
+        self.reader_blob = None
+
+    def _create_args(self):
+        raise NotImplementedError
+
+    def setup_ex(self, init_net, finish_net):
+        if self.reader_blob is None:
+            create = getattr(init_net, 'Create%sReader' % self._kind)
+            self.reader_blob = create([], [self.name], **self._create_args())
+
+    def read(self, read_net):
+        assert self.reader_blob is not None, 'setup_ex not called'
+        with core.NameScope(read_net.NextName(self.name)):
+            fields = getattr(read_net, 'Read%sBatch' % self._kind)(
+                [self.reader_blob], self.schema().field_names())
+            fields = core.output_to_list(fields)
+            return (read_net.IsEmpty([fields[0]]), fields)
+
+    def reset(self, net):
+        getattr(net, 'Reset%sReader' % self._kind)([self.reader_blob], [])
+
+
+class ParquetReader(_FileReader):
     """Reads a Parquet file, a folder of them (every file under it, in name
     order, skipping names starting with ``.`` or ``_``) or a list of files
     and folders, ``batch_size`` records at a time.
@@ -142,12 +177,8 @@ class ParquetReader(Reader):
 
     def __init__(self, path, schema_or_columns=None,
                  batch_size=DEFAULT_BATCH_SIZE, name=None, validate=True):
-        if int(batch_size) < 1:
-            raise ValueError('batch_size must be >= 1, got %r' % batch_size)
+        self._start(batch_size, name, 'parquet_reader')
         self.paths = _paths(path)
-        self.batch_size = int(batch_size)
-        self.name = name or 'parquet_reader_%d' % next(_names)
-        self.reader_blob = None
         if isinstance(schema_or_columns, Field):
             cols = _schema_columns(schema_or_columns)
             self.columns = ['.'.join(p) for p, _, _ in cols]
@@ -185,23 +216,12 @@ class ParquetReader(Reader):
             self._is_list = [int(l) for _, _, l in ordered]
         Reader.__init__(self, schema)
 
-    def setup_ex(self, init_net, finish_net):
-        if self.reader_blob is None:
-            self.reader_blob = init_net.CreateParquetReader(
-                [], [self.name], paths=self.paths, columns=self.columns,
-                batch_size=self.batch_size, dtypes=self._dtypes,
-                is_list=self._is_list)
+    _kind = 'Parquet'
 
-    def read(self, read_net):
-        assert self.reader_blob is not None, 'setup_ex not called'
-        with core.NameScope(read_net.NextName(self.name)):
-            fields = read_net.ReadParquetBatch(
-                [self.reader_blob], self.schema().field_names())
-            fields = core.output_to_list(fields)
-            return (read_net.IsEmpty([fields[0]]), fields)
-
-    def reset(self, net):
-        net.ResetParquetReader([self.reader_blob], [])
+    def _create_args(self):
+        return dict(paths=self.paths, columns=self.columns,
+                    batch_size=self.batch_size, dtypes=self._dtypes,
+                    is_list=self._is_list)
 
 
 def open_regular(path):
@@ -238,7 +258,7 @@ def _npy_header(path):
     return shape, dtype
 
 
-class NpyReader(Reader):
+class NpyReader(_FileReader):
     """Reads ``.npy`` files as the columns of one dataset: row ``i`` of each
     file is record ``i``, ``batch_size`` records at a time.
 
@@ -250,8 +270,7 @@ class NpyReader(Reader):
 
     def __init__(self, paths_by_field, batch_size=DEFAULT_BATCH_SIZE,
                  name=None, validate=True):
-        if int(batch_size) < 1:
-            raise ValueError('batch_size must be >= 1, got %r' % batch_size)
+        self._start(batch_size, name, 'npy_reader')
         if isinstance(paths_by_field, (str, bytes, os.PathLike)):
             paths_by_field = [paths_by_field]
         if isinstance(paths_by_field, dict):
@@ -270,9 +289,6 @@ class NpyReader(Reader):
         if not pairs:
             raise ValueError('an NpyReader needs at least one file')
         pairs = [(n, os.fsdecode(p)) for n, p in pairs]
-        self.batch_size = int(batch_size)
-        self.name = name or 'npy_reader_%d' % next(_names)
-        self.reader_blob = None
         if validate:
             # The Rust reader's checks (header, size, rows, dtypes), now.
             _scratch_run(core.CreateOperator(
@@ -289,21 +305,10 @@ class NpyReader(Reader):
         self.paths = [by_field[n] for n in schema.field_names()]
         Reader.__init__(self, schema)
 
-    def setup_ex(self, init_net, finish_net):
-        if self.reader_blob is None:
-            self.reader_blob = init_net.CreateNpyReader(
-                [], [self.name], paths=self.paths, batch_size=self.batch_size)
+    _kind = 'Npy'
 
-    def read(self, read_net):
-        assert self.reader_blob is not None, 'setup_ex not called'
-        with core.NameScope(read_net.NextName(self.name)):
-            fields = read_net.ReadNpyBatch(
-                [self.reader_blob], self.schema().field_names())
-            fields = core.output_to_list(fields)
-            return (read_net.IsEmpty([fields[0]]), fields)
-
-    def reset(self, net):
-        net.ResetNpyReader([self.reader_blob], [])
+    def _create_args(self):
+        return dict(paths=self.paths, batch_size=self.batch_size)
 
 
 class ParquetWriter(Writer):

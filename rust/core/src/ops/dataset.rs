@@ -419,8 +419,6 @@ fn decode_cursor(p: &BlobProto) -> Result<BlobValue> {
     )))
 }
 
-const CURSOR_MAGIC: &[u8; 4] = b"FCTC";
-const CURSOR_VERSION: u8 = 1;
 /// The type string Caffe2 wrote in a cursor's BlobProto.
 pub const CAFFE2_CURSOR_TYPE: &str = "std::unique_ptr<TreeCursor>";
 
@@ -468,78 +466,6 @@ impl TreeCursor {
 
     pub fn reset(&self) {
         self.offsets.lock().clear();
-    }
-
-    /// A self-describing binary form: `FCTC`, version 1, then little-endian
-    /// u32 field count, each field as u32 byte length + UTF-8, u32 offset
-    /// count, and i64 offsets.
-    pub fn to_bytes(&self) -> Vec<u8> {
-        let offsets = self.offsets();
-        let mut b = Vec::with_capacity(
-            16 + self.field_names.iter().map(|n| n.len() + 4).sum::<usize>() + 8 * offsets.len(),
-        );
-        b.extend_from_slice(CURSOR_MAGIC);
-        b.push(CURSOR_VERSION);
-        b.extend_from_slice(&(self.field_names.len() as u32).to_le_bytes());
-        for n in &self.field_names {
-            b.extend_from_slice(&(n.len() as u32).to_le_bytes());
-            b.extend_from_slice(n.as_bytes());
-        }
-        b.extend_from_slice(&(offsets.len() as u32).to_le_bytes());
-        for o in offsets {
-            b.extend_from_slice(&o.to_le_bytes());
-        }
-        b
-    }
-
-    /// Reads [`Self::to_bytes`]'s form back; anything malformed is a
-    /// `CorruptCheckpoint` error.
-    pub fn from_bytes(bytes: &[u8]) -> Result<TreeCursor> {
-        struct Reader<'a>(&'a [u8]);
-        impl Reader<'_> {
-            fn take(&mut self, n: usize) -> Result<&[u8]> {
-                if self.0.len() < n {
-                    return Err(corrupt("a serialised TreeCursor is truncated"));
-                }
-                let (head, rest) = self.0.split_at(n);
-                self.0 = rest;
-                Ok(head)
-            }
-            fn u32(&mut self) -> Result<usize> {
-                Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")) as usize)
-            }
-        }
-        let mut r = Reader(bytes);
-        if r.take(4)? != CURSOR_MAGIC {
-            return Err(corrupt("not a serialised TreeCursor (bad magic)"));
-        }
-        let version = r.take(1)?[0];
-        if version != CURSOR_VERSION {
-            return Err(corrupt(format!(
-                "unsupported TreeCursor format version {version}"
-            )));
-        }
-        let nf = r.u32()?;
-        let mut names = Vec::with_capacity(nf.min(bytes.len()));
-        for _ in 0..nf {
-            let len = r.u32()?;
-            let s = std::str::from_utf8(r.take(len)?)
-                .map_err(|_| corrupt("a TreeCursor field name is not UTF-8"))?;
-            names.push(s.to_string());
-        }
-        let no = r.u32()?;
-        let mut offsets = Vec::with_capacity(no.min(bytes.len() / 8));
-        for _ in 0..no {
-            offsets.push(i64::from_le_bytes(r.take(8)?.try_into().expect("8 bytes")));
-        }
-        if !r.0.is_empty() {
-            return Err(corrupt(format!(
-                "{} unexpected bytes after a serialised TreeCursor",
-                r.0.len()
-            )));
-        }
-        Self::from_parts(names, offsets)
-            .map_err(|e| corrupt(format!("invalid serialised TreeCursor: {}", e.message)))
     }
 
     /// Caffe2's BlobProto layout: type `std::unique_ptr<TreeCursor>`, the
@@ -2350,38 +2276,9 @@ mod tests {
     fn cursor_serialisation_round_trips() {
         let fields: Vec<String> = FIELDS.iter().map(|s| s.to_string()).collect();
         let c = TreeCursor::from_parts(fields.clone(), vec![2, 2, 3, 3, 3]).unwrap();
-        let back = TreeCursor::from_bytes(&c.to_bytes()).unwrap();
-        assert_eq!(
-            (back.field_names.clone(), back.offsets()),
-            (fields.clone(), vec![2, 2, 3, 3, 3])
-        );
         let fresh = TreeCursor::new(fields.clone()).unwrap();
-        assert!(TreeCursor::from_bytes(&fresh.to_bytes())
-            .unwrap()
-            .offsets()
-            .is_empty());
-        // Corruption is detected, never a panic.
-        let bytes = c.to_bytes();
-        for cut in 0..bytes.len() {
-            let e = TreeCursor::from_bytes(&bytes[..cut]).unwrap_err();
-            assert_eq!(e.kind, ErrorKind::CorruptCheckpoint);
-        }
-        let mut extra = bytes.clone();
-        extra.push(0);
-        assert!(TreeCursor::from_bytes(&extra).is_err());
-        let mut bad = bytes.clone();
-        bad[0] = b'X';
-        assert!(TreeCursor::from_bytes(&bad).is_err());
         // Offsets that do not fit the fields are rejected.
-        let wrong = TreeCursor::from_parts(vec!["a".into()], vec![1]).unwrap();
-        let mut b = wrong.to_bytes();
-        let n = b.len();
-        b[n - 12] = 2; // claim two offsets
-        b.extend_from_slice(&5i64.to_le_bytes());
-        assert_eq!(
-            TreeCursor::from_bytes(&b).unwrap_err().kind,
-            ErrorKind::CorruptCheckpoint
-        );
+        assert!(TreeCursor::from_parts(vec!["a".into()], vec![1, 5]).is_err());
         // Caffe2's BlobProto layout.
         let p = c.to_blob_proto("cur");
         assert_eq!(p.r#type.as_deref(), Some(CAFFE2_CURSOR_TYPE));
