@@ -65,6 +65,8 @@ __all__ = [
     "allow_unknown_arguments",
     "ALLOW_UNKNOWN_ARGUMENTS",
     "TrustPickledBuilders",
+    "GradientRegistry",
+    "IR",
 ]
 
 # Convenience redirections, as in Caffe2.
@@ -1303,6 +1305,14 @@ class Net:
                 blob = msg_or_blob
             self.Print(blob, [])
 
+    def AddGradientOperators(self, ys, skip=0):
+        """Appends the backward pass of ``ys`` (a list of losses, or a dict
+        giving some of their gradients) through this net's ops after the
+        first ``skip``; returns {blob: its gradient} (gradients.py)."""
+        grad_ops, input_to_grad = GradientRegistry.GetBackwardPass(self._net.op[skip:], ys)
+        self._ExtendOps(grad_ops)
+        return input_to_grad
+
     def Python(
         self,
         f,
@@ -1799,3 +1809,8 @@ def scoped_execution_step(name, *args, **kwargs):
     """``execution_step`` with the name scope added to the step name."""
     default_name = ScopedName(name) if name else name
     return execution_step(default_name, *args, **kwargs)
+
+
+# The gradient registry and backward pass live in gradients.py, which reaches
+# back to this module only inside functions.
+from ferrocaffe.gradients import GradientRegistry, GradientWrapper, IR  # noqa: E402
