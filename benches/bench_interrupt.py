@@ -2,7 +2,7 @@
 
     PYTHONPATH=python python benches/bench_interrupt.py [--repeat 3] [--only NAME,...]
 
-Runs every scenario of tests/test_interrupt.py (a long loop, concurrent
+Runs every scenario of tests/plan/test_interrupt.py (a long loop, concurrent
 steps, report steps, While, a Python op blocked in ``time.sleep``,
 ``Event().wait()`` or a busy loop on the calling thread and on a plan's
 thread, nested runs) in a fresh child process: once the child says the run

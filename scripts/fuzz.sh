@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the fuzzers for longer than CI does (tests/test_properties.py: valid
+# Runs the fuzzers for longer than CI does (tests/plan/test_properties.py: valid
 # plans with exact counts, random and mutated protobuf bytes at every entry
 # point that accepts them; and the Rust proptests of plan.rs).
 #
@@ -15,5 +15,5 @@ cd "$(dirname "$0")/.."
 SECONDS_PER_FUZZER="${1:-300}"
 CASES="${2:-20000}"
 FERROCAFFE_FUZZ_SECONDS="$SECONDS_PER_FUZZER" PYTHONPATH=python \
-    python -m pytest -q -p no:cacheprovider tests/test_properties.py
+    python -m pytest -q -p no:cacheprovider tests/plan/test_properties.py
 PROPTEST_CASES="$CASES" cargo test -p ferrocaffe --lib proptests

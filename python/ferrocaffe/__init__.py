@@ -22,7 +22,7 @@ __all__ = ["__version__", "errors", "register_caffe2_alias"]
 
 # caffe2 module path -> ferrocaffe module path
 _ALIASES = {
-    "caffe2.proto.caffe2_pb2": "ferrocaffe.proto",
+    "caffe2.proto.caffe2_pb2": "ferrocaffe.proto.caffe2_pb2",
     "caffe2.python.core": "ferrocaffe.core",
     "caffe2.python.workspace": "ferrocaffe.workspace",
     "caffe2.python.scope": "ferrocaffe.scope",

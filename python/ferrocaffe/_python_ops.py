@@ -15,6 +15,7 @@ import pickle
 import threading
 
 from . import errors
+from .workspace import Workspace
 
 _lock = threading.Lock()
 _registry: dict[str, tuple[object, bool]] = {}
@@ -76,6 +77,4 @@ def build(token: str | None, pickled_builder: bytes | None, pass_workspace: bool
 
 
 def _wrap_workspace(core_ws):
-    from .workspace import Workspace
-
     return Workspace._wrap(core_ws)

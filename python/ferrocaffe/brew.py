@@ -62,7 +62,8 @@ def fc(model, blob_in, blob_out, dim_in, dim_out, weight_init=None, bias_init=No
 
 
 def _unary(op_type, doc):
-    def helper(model, blob_in, blob_out, **kwargs):
+    def helper(model, blob_in, blob_out=None, **kwargs):
+        # No blob_out: the net names the output (as Caffe2's helpers do).
         return getattr(model.net, op_type)(blob_in, blob_out, **kwargs)
 
     helper.__name__ = op_type.lower()

@@ -5,7 +5,8 @@ with ``from ferrocaffe import core``. The names, signatures, defaults,
 automatic blob naming and assertion messages follow Caffe2; the few places
 where ferrocaffe deliberately differs are marked "Caffe2 bug fixed" below.
 
-Out of scope here: gradients, ``ClonePartial``, device-copy injection.
+Out of scope here: ``ClonePartial``, device-copy injection. Gradients:
+gradients.py (``GradientRegistry`` below, ``Net.AddGradientOperators``).
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ import re
 import sys
 import threading
 import traceback
-from collections import OrderedDict, defaultdict, namedtuple
+from collections import OrderedDict, defaultdict
 from itertools import chain
 
 import numpy as np
 
-from ferrocaffe import errors
-from ferrocaffe import proto as caffe2_pb2
+from ferrocaffe import _core, errors, gradients
+from ferrocaffe.proto import MAX_NESTING, Message, _utf8, caffe2_pb2
 from ferrocaffe import scope, utils, workspace  # noqa: F401 (Caffe2's core exposes both)
 from ferrocaffe.workspace import GetGlobalInitArgs, GlobalInit  # noqa: F401 (core.GlobalInit, as in Caffe2)
 from ferrocaffe.workspace import C  # noqa: F401 (Caffe2's core exposes its compiled module as core.C)
@@ -94,7 +95,7 @@ class DataType:
     REBATCHING_BUFFER = 15
 
 
-GradientSlice = namedtuple("GradientSlice", ["indices", "values"])
+GradientSlice = gradients.GradientSlice
 
 
 # ------------------------------------------------------ operator registry --
@@ -457,6 +458,8 @@ def ScopedBlobReference(name, *args, **kwargs):
 def _RectifyInputOutput(blobs, net=None):
     """Normalises an op's inputs or outputs to a list of BlobReferences.
     Strings get the name scope; BlobReferences are kept as they are."""
+    if type(blobs) is str:  # the common case first (every op has outputs)
+        return [BlobReference(scope.CurrentNameScope() + blobs, net)]
     if isinstance(blobs, (bytes, str)):
         return [ScopedBlobReference(blobs, net=net)]
     if type(blobs) is BlobReference:
@@ -546,14 +549,14 @@ def _MakeArgument(key, value):
     if type(value) is float:
         argument.f = value
     elif isinstance(value, int):  # bools too: they are stored as ints
-        argument.i = value
+        argument.i = int(value)
     elif isinstance(value, bytes):
         argument.s = value
     elif isinstance(value, str):
         argument.s = value.encode("utf-8")
     elif isinstance(value, caffe2_pb2.NetDef):
         argument.n.CopyFrom(value)
-    elif isinstance(value, caffe2_pb2.Message):
+    elif isinstance(value, Message):
         argument.s = value.SerializeToString()
     elif isinstance(value, float):
         argument.f = value
@@ -569,7 +572,7 @@ def _MakeArgument(key, value):
             )
         elif all(isinstance(v, caffe2_pb2.NetDef) for v in values):
             argument.nets.extend(values)
-        elif all(isinstance(v, caffe2_pb2.Message) for v in values):
+        elif all(isinstance(v, Message) for v in values):
             argument.strings.extend(v.SerializeToString() for v in values)
         else:
             raise ValueError(
@@ -649,15 +652,15 @@ def CreateOperator(
     keyword becomes an Argument (None values are skipped).
     """
     operator = caffe2_pb2.OperatorDef()
-    if os.environ.get("CAFFE2_DEBUG"):
+    if _caffe2_debug():
         operator.debug_info = "".join(traceback.format_stack()[:-1])
 
     operator.type = operator_type
     operator.name = name
     inputs = _RectifyInputOutput(inputs)
     outputs = _RectifyInputOutput(outputs)
-    operator.input.extend([str(i) for i in inputs])
-    operator.output.extend([str(o) for o in outputs])
+    operator.input.extend(_blob_names(inputs))
+    operator.output.extend(_blob_names(outputs))
     if control_input:
         control_input = _RectifyInputOutput(control_input)
         operator.control_input.extend([str(i) for i in control_input])
@@ -677,17 +680,79 @@ def CreateOperator(
         if value is not None:
             try:
                 operator.arg.append(_MakeArgument(key, value))
-            except (errors.FerrocaffeError, UnicodeError) as e:
-                # An int out of int64's range, a str with no UTF-8 form.
-                raise errors.InvalidArgumentError(
-                    f"argument '{key}' of a {operator_type} op: {e}", op=operator_type
-                ) from None
+            except (errors.FerrocaffeError, UnicodeError, ValueError) as e:
+                raise _argument_error(key, operator_type, e) from None
 
     workspace = sys.modules.get("ferrocaffe.workspace")
     is_immediate = getattr(workspace, "IsImmediate", None)
     if is_immediate is not None and is_immediate():
         workspace.RunOperatorImmediate(operator)
     return operator
+
+
+try:
+    # os.environ's own dict: a lookup in it costs a tenth of os.environ.get,
+    # which Net's op methods would otherwise pay for every op.
+    _ENVIRON_DATA = os.environ._data
+    _CAFFE2_DEBUG_KEY = os.environ.encodekey("CAFFE2_DEBUG")
+
+    def _caffe2_debug():
+        return bool(_ENVIRON_DATA.get(_CAFFE2_DEBUG_KEY))
+except AttributeError:  # not CPython's os.environ
+
+    def _caffe2_debug():
+        return bool(os.environ.get("CAFFE2_DEBUG"))
+
+
+def _argument_error(key, operator_type, e):
+    """The typed error for an argument protobuf refused (an int out of
+    int64's range, a str with no UTF-8 form) or that has no Argument form."""
+    return errors.InvalidArgumentError(
+        f"argument '{key}' of a {operator_type} op: {e}", op=operator_type)
+
+
+def _blob_names(refs):
+    """The names of BlobReferences, each checked to have a UTF-8 form
+    (a typed error naming the blob, rather than protobuf's UnicodeError)."""
+    names = [ref._name for ref in refs]
+    for name in names:
+        if not name.isascii():
+            _utf8(name, "blob", blob=repr(name))
+    return names
+
+
+# Serialised Arguments by (name, type, value), for the scalar values ops get
+# again and again (``broadcast=1``, ``shape``-free fills...): the fast path of
+# Net's op methods then costs a dict lookup per argument. Only types whose
+# equal values serialise alike are kept (not tuples: (1, 2) == (1.0, 2.0);
+# not 0.0, equal to -0.0).
+_ARG_BYTES = {}
+_ARG_BYTES_MAX = 4096
+_CACHED_ARG_TYPES = frozenset([int, bool, str, bytes, float])
+
+
+def _argument_bytes(key, value, operator_type):
+    """``_MakeArgument(key, value)`` serialised."""
+    cacheable = type(value) in _CACHED_ARG_TYPES and not (type(value) is float and value == 0.0)
+    if cacheable:
+        cached = _ARG_BYTES.get((key, type(value), value))
+        if cached is not None:
+            return cached
+    try:
+        data = _MakeArgument(key, value).SerializeToString()
+    except (errors.FerrocaffeError, UnicodeError, ValueError) as e:
+        raise _argument_error(key, operator_type, e) from None
+    if cacheable:
+        if len(_ARG_BYTES) >= _ARG_BYTES_MAX:
+            _ARG_BYTES.clear()
+        _ARG_BYTES[(key, type(value), value)] = data
+    return data
+
+
+# CreateOperator's keywords that are fields of the OperatorDef rather than
+# Arguments: an op given any of them takes the general path.
+_OPERATOR_FIELD_KEYWORDS = frozenset(
+    ["name", "control_input", "device_option", "arg", "engine", "debug_info", "random_seed"])
 
 
 def _RegisterPythonImpl(f, grad_f=None, python_func_type=None, pass_workspace=False):
@@ -860,6 +925,8 @@ class Net:
         self._op_outputs = set()
         self._external_input_map = set()
         self._attr_dict = defaultdict(list)
+        # Ops made by the op methods, not yet in the NetDef (see _flush).
+        self._pending = []
         if isinstance(name_or_proto, caffe2_pb2.NetDef):
             proto = name_or_proto
             if inplace:
@@ -882,22 +949,22 @@ class Net:
                 if k is not None
             ]
             self._next_name_index = max(indices) + 1 if indices else 0
-            name = self._net.name
+            name = self._proto.name
         else:
             name = name_or_proto
             if isinstance(name, str):
-                name = caffe2_pb2._utf8(name, "net", net=repr(name))
+                name = _utf8(name, "net", net=repr(name))
             self._net = caffe2_pb2.NetDef()
             self._next_name_index = 0
 
-        self._net.name = Net._get_next_net_name(name)
+        self._proto.name = Net._get_next_net_name(name)
         # cache of the next free _<k> suffix per NextName key
         self._next_blob_name_ids = {}
 
     # -- identity
 
     def Name(self):
-        return self._net.name
+        return self._proto.name
 
     def __str__(self):
         return self.Name()
@@ -907,6 +974,32 @@ class Net:
         rebuilt on next use."""
         self._InvalidateLookupTables()
         return self._net
+
+    # The NetDef lives in _proto. The op methods do not build a protobuf
+    # message per op (that cost several microseconds an op, most of a large
+    # net's build time): they queue the op's fields in _pending, and the
+    # first read of _net (Proto(), a lookup, pickling) serialises the queue
+    # in one call into the runtime and merges it into the NetDef, which
+    # protobuf parses in C. Code that needs only the name or the external
+    # lists reads _proto and does not flush.
+
+    @property
+    def _net(self):
+        if self._pending:
+            self._flush()
+        return self._proto
+
+    @_net.setter
+    def _net(self, proto):
+        self._proto = proto
+
+    def _flush(self):
+        # Emptied in place: a shallow copy of the net shares the queue, as
+        # it shares the NetDef.
+        data = _core.encode_net_ops(self._pending)
+        del self._pending[:]
+        self._proto.MergeFromString(data)
+
 
     # -- attributes (opaque hooks used by task.py)
 
@@ -982,7 +1075,7 @@ class Net:
         ``_<k>`` suffix (k from 2) when the name-scoped form is already
         defined, or ``<net>_blob_<n>`` without a prefix. No scope is added."""
         if prefix:
-            output_name_base = self._net.name + "/" + prefix
+            output_name_base = self._proto.name + "/" + prefix
             output_name = output_name_base
             if output_id is not None:
                 output_name += ":" + str(output_id)
@@ -995,7 +1088,7 @@ class Net:
                 index += 1
                 self._next_blob_name_ids[key] = index
         else:
-            output_name = self._net.name + "_blob_" + str(self._next_name_index)
+            output_name = self._proto.name + "_blob_" + str(self._next_name_index)
             self._next_name_index += 1
         return str(output_name)
 
@@ -1010,6 +1103,7 @@ class Net:
 
     def __getstate__(self):
         # Code objects do not pickle: keep the creation sites as locations.
+        self._net  # the queued ops go into the NetDef first
         state = dict(self.__dict__)
         if "_op_tracebacks" in state:
             state["_op_tracebacks"] = {
@@ -1058,7 +1152,7 @@ class Net:
         refs = []
         for input in inputs:
             input_name = str(input)
-            self._net.external_input.extend([input_name])
+            self._proto.external_input.extend([input_name])
             self._external_input_map.update([input_name])
             refs.append(_get_blob_ref(input))
         return refs[0] if len(refs) == 1 else refs
@@ -1088,11 +1182,11 @@ class Net:
 
     @property
     def external_inputs(self):
-        return [_get_blob_ref(x) for x in self._net.external_input]
+        return [_get_blob_ref(x) for x in self._proto.external_input]
 
     @property
     def external_outputs(self):
-        return [_get_blob_ref(x) for x in self._net.external_output]
+        return [_get_blob_ref(x) for x in self._proto.external_output]
 
     # -- records (schema lives in a higher module, imported on use)
 
@@ -1103,15 +1197,14 @@ class Net:
         return self._output_record
 
     def set_input_record(self, input_record):
-        from ferrocaffe import schema
-
         assert self._input_record is None or (
             input_record.has_blobs()
             and set(input_record.field_blobs()) == set(self._input_record.field_blobs())
         ), "Input schema cannot be reset"
         if not input_record.has_blobs():
             with NameScope(self.Name()):
-                self._input_record = schema.NewRecord(self, input_record)
+                # schema builds on core: the record makes its own blobs
+                self._input_record = input_record._new_record(self)
         else:
             self._input_record = input_record
         for blob in self._input_record.field_blobs():
@@ -1225,19 +1318,16 @@ class Net:
         new_net = Net(new_proto)
 
         if keep_schema and (self._input_record or self._output_record):
-            from ferrocaffe import schema
-
+            # schema builds on core: the records copy themselves
             if self._input_record:
-                new_net._input_record = schema.from_blob_list(
-                    self._input_record,
+                new_net._input_record = self._input_record._with_blobs(
                     [
                         BlobReference(get_remapped_str(blob), net=new_net)
                         for blob in self._input_record.field_blobs()
                     ],
                 )
             if self._output_record:
-                new_net._output_record = schema.from_blob_list(
-                    self._output_record,
+                new_net._output_record = self._output_record._with_blobs(
                     [
                         BlobReference(get_remapped_str(blob), net=new_net)
                         for blob in self._output_record.field_blobs()
@@ -1377,8 +1467,12 @@ class Net:
 
     def _CreateAndAddToSelf(self, op_type, inputs, outputs=None, **kwargs):
         inputs = _RectifyInputOutput(inputs)
+        if self._recreate_lookup_tables:
+            self._RecreateLookupTables()
         for input in inputs:
-            if not self.BlobIsDefined(input):
+            # BlobIsDefined, inlined: this runs for every input of every op.
+            name = input._name
+            if name not in self._op_outputs and name not in self._external_input_map:
                 assert input.Net() != self
                 self.AddExternalInput(input)
         if outputs is None:
@@ -1387,24 +1481,44 @@ class Net:
         elif type(outputs) is int:
             outputs = [self.NextName(prefix=op_type, output_id=i) for i in range(outputs)]
         outputs = _RectifyInputOutput(outputs, net=self)
-        op = CreateOperator(op_type, inputs, outputs, **kwargs)
-        self._ExtendOps([op])
+        if (
+            _OPERATOR_FIELD_KEYWORDS.isdisjoint(kwargs)
+            and scope.CurrentDeviceScope() is None
+            and not _caffe2_debug()
+            and not getattr(sys.modules.get("ferrocaffe.workspace"), "_immediate_mode", False)
+        ):
+            # The common op: queued as its fields and serialised Arguments
+            # (see _flush), with what CreateOperator would check.
+            args = []
+            for key, value in kwargs.items():
+                if value is not None:
+                    args.append(_argument_bytes(key, value, op_type))
+            input_names = _blob_names(inputs)
+            output_names = _blob_names(outputs)
+            self._pending.append((op_type, input_names, output_names, args))
+            self._op_outputs.update(output_names)
+        else:
+            op = CreateOperator(op_type, inputs, outputs, **kwargs)
+            self._ExtendOps([op])
+            output_names = op.output
         # Where the user's code made the op, for PopulateProtoWithFileName.
         # Kept on the net (Caffe2's process-wide table grew forever).
         tracebacks = self.__dict__.setdefault("_op_tracebacks", {})
-        tracebacks[len(self._net.op) - 1] = _user_frame()
-        if len(op.output) == 0:
+        tracebacks[len(self._proto.op) + len(self._pending) - 1] = _user_frame()
+        if len(output_names) == 0:
             return None
-        if len(op.output) == 1:
-            return BlobReference(op.output[0], self)
-        return tuple(BlobReference(o, self) for o in op.output)
+        if len(output_names) == 1:
+            return BlobReference(output_names[0], self)
+        return tuple(BlobReference(o, self) for o in output_names)
 
     def __getattr__(self, op_type):
         # Private names are never op types (and refusing them keeps copy and
         # pickle from recursing here before __init__ has run).
         if op_type.startswith("_"):
             raise AttributeError("Attribute {} not found.".format(op_type))
-        if not IsOperator(op_type) and not IsOperatorWithEngine(op_type, "CUDNN"):
+        registered = _REGISTERED_OPERATORS  # a hit needs no IsOperator call
+        if not (registered and op_type in registered) and not IsOperator(op_type) and (
+                not IsOperatorWithEngine(op_type, "CUDNN")):
             raise _not_registered(op_type)
         return lambda *args, **kwargs: self._CreateAndAddToSelf(op_type, *args, **kwargs)
 
@@ -1418,7 +1532,7 @@ class Net:
 
 #: How many levels of substeps a step may have below it: a PlanDef holding
 #: it is then at most protobuf's MAX_NESTING levels deep.
-_MAX_STEP_DEPTH = caffe2_pb2.MAX_NESTING - 1
+_MAX_STEP_DEPTH = MAX_NESTING - 1
 
 
 def _step_depth(step_proto):
@@ -1453,7 +1567,7 @@ class ExecutionStep:
     def __init__(self, name, nets=None, num_iter=None):
         self._step = caffe2_pb2.ExecutionStep()
         if isinstance(name, str):
-            name = caffe2_pb2._utf8(name, "step", step=repr(name))
+            name = _utf8(name, "step", step=repr(name))
         self._step.name = name or ExecutionStep._get_next_step_name("step")
         self._net_dict = OrderedDict()
         self._is_used = False
@@ -1473,12 +1587,17 @@ class ExecutionStep:
         (an int out of its range) is an error naming the step."""
         try:
             setattr(self._step, field, value)
-        except errors.FerrocaffeError as e:
+        except (TypeError, ValueError) as e:  # protobuf's checks of the value
             name = self._step.name
-            raise type(e)(f"step '{name}', field {field}: {e}", step=name) from None
+            cls = errors.DataTypeError if isinstance(e, TypeError) else errors.InvalidArgumentError
+            raise cls(f"step '{name}', field {field}: {e}", step=name) from None
 
     def get_net(self, name):
         return self._net_dict[name]
+
+    def _as_plan(self):
+        # workspace.RunPlan(step) asks the step: workspace sits below core.
+        return Plan(self)
 
     def Name(self):
         return self._step.name
@@ -1569,7 +1688,7 @@ class ExecutionStep:
             raise errors.InvalidPlanError(
                 f"cannot add step '{proto.name}' to step '{self.Name()}': steps may nest at "
                 f"most {_MAX_STEP_DEPTH} levels deep (protobuf's limit of "
-                f"{caffe2_pb2.MAX_NESTING} levels of messages, inside a plan)",
+                f"{MAX_NESTING} levels of messages, inside a plan)",
                 step=self.Name())
         if isinstance(substep, ExecutionStep):
             substep._notify_is_used()
@@ -1811,6 +1930,21 @@ def scoped_execution_step(name, *args, **kwargs):
     return execution_step(default_name, *args, **kwargs)
 
 
-# The gradient registry and backward pass live in gradients.py, which reaches
-# back to this module only inside functions.
-from ferrocaffe.gradients import GradientRegistry, GradientWrapper, IR  # noqa: E402
+IR = gradients.IR
+GradientWrapper = gradients.GradientWrapper
+
+
+class GradientRegistry(gradients.GradientRegistry):
+    """The gradient makers (gradients.py; one registry shared with it),
+    whose backward pass names blobs with BlobReferences, as Caffe2's does."""
+
+    @classmethod
+    def GetBackwardPass(cls, operators, ys, ys_generate_gradient=False):
+        ops, grads = IR(operators).GetBackwardPass(ys)
+
+        def ref(g):
+            if isinstance(g, GradientSlice):
+                return GradientSlice(BlobReference(g.indices), BlobReference(g.values))
+            return BlobReference(g)
+
+        return ops, {BlobReference(name): ref(g) for name, g in grads.items()}

@@ -16,7 +16,7 @@ Appending while a reader of the same dataset runs is not supported.
 
 import numpy as np
 
-from ferrocaffe import core
+from ferrocaffe import core, workspace
 from ferrocaffe.dataio import Reader, Writer
 from ferrocaffe.schema import (
     InitEmptyRecord, Struct, data_type_for_dtype, from_blob_list,
@@ -166,7 +166,6 @@ def _declared_data_type(dtype):
 def Const(net, value, dtype=None, name=None):
     """An external input of ``net``, with a fresh name, fed with ``value``
     in the current workspace now."""
-    from ferrocaffe import workspace
     assert isinstance(net, core.Net), 'net must be a core.Net instance.'
     value = np.array(value, dtype=dtype)
     blob = net.AddExternalInput(net.NextName(prefix=name))

@@ -73,7 +73,7 @@ except ImportError as _exc:  # pragma: no cover - exercised in a subprocess test
     ) from _exc
 
 import ferrocaffe
-from ferrocaffe import core, errors
+from ferrocaffe import _core, _python_ops, core, errors, workspace
 from ferrocaffe.session import Session, _NodeIsolatedLocalSession
 from ferrocaffe.task import NODE_KWARGS, Cluster, check_node_kwargs
 
@@ -140,7 +140,6 @@ class _NodeActor(object):
     """
 
     def __init__(self, node, num_threads):
-        from ferrocaffe import _core, workspace
         self._core = _core
         self._node = node
         self._pool_sized = None
@@ -163,7 +162,6 @@ class _NodeActor(object):
                 'pool_sized': self._pool_sized}
 
     def run(self, run_id, key, plan_bytes, python_ops, output_names):
-        from ferrocaffe import _python_ops
         if plan_bytes is not None:
             functions, builders = python_ops or ({}, ())
             for token, (payload, pass_ws) in functions.items():
@@ -278,7 +276,6 @@ def _python_ops_of(plan_def):
     the same tokens, and the digests of the pickled builders trusted here
     (made by Net.Python or named by TrustPickledBuilders), which the node
     then trusts too."""
-    from ferrocaffe import _python_ops
     found = {}
     builders = set()
     for net in core._nets_within(plan_def):

@@ -36,7 +36,7 @@ import stat
 
 import numpy as np
 
-from ferrocaffe import core
+from ferrocaffe import core, workspace
 from ferrocaffe.dataio import Reader, Writer
 from ferrocaffe.errors import FerrocaffeIOError
 from ferrocaffe.schema import (
@@ -61,7 +61,6 @@ def _paths(path):
 
 def _scratch_run(op):
     """Runs one operator in a throw-away workspace and returns it."""
-    from ferrocaffe import workspace
     ws = workspace.Workspace()
     ws.run(op)
     return ws

@@ -1,7 +1,9 @@
 """Gradients: the registry of gradient makers and the backward pass (issue 14).
 
-``core.GradientRegistry`` and ``core.IR`` are the classes here, and
-``core.Net.AddGradientOperators`` calls ``GradientRegistry.GetBackwardPass``.
+This module sits below ``core``: ``core.IR`` and ``core.GradientSlice``
+are the ones here, ``core.GradientRegistry`` is the registry here with the
+backward pass's map in BlobReferences, and ``core.Net.AddGradientOperators``
+calls it.
 As in Caffe2:
 
 - a gradient maker is ``f(op, g_output) -> (gradient_ops, g_input)``:
@@ -29,23 +31,15 @@ Caffe2).
 from collections import defaultdict, namedtuple
 
 from ferrocaffe import errors
+from ferrocaffe.proto import caffe2_pb2
 
-__all__ = ["GradientRegistry", "IR", "GradientWrapper"]
+__all__ = ["GradientSlice", "GradientRegistry", "IR", "GradientWrapper"]
 
 AUTOGEN_GRAD_SUFFIX = "_autogen_grad"
 GRAD_SUFFIX = "_grad"
 
-
-def _core():
-    # core imports this module at its end; reaching back lazily keeps the
-    # import order one-way.
-    from ferrocaffe import core
-
-    return core
-
-
-def _GradientSlice():
-    return _core().GradientSlice
+#: A sparse gradient: the rows (``indices``) and their ``values``.
+GradientSlice = namedtuple("GradientSlice", ["indices", "values"])
 
 
 def grad_name(name):
@@ -53,8 +47,22 @@ def grad_name(name):
     return str(name) + GRAD_SUFFIX
 
 
-def _op(op_type, inputs, outputs, **kwargs):
-    return _core().CreateOperator(op_type, [str(i) for i in inputs], [str(o) for o in outputs], **kwargs)
+def _op(op_type, inputs, outputs, **args):
+    """A gradient op. This module sits below ``core`` (whose CreateOperator
+    users' makers call), so the built-in makers build their few argument
+    kinds (ints and floats) here."""
+    op = caffe2_pb2.OperatorDef()
+    op.type = op_type
+    op.input.extend(str(i) for i in inputs)
+    op.output.extend(str(o) for o in outputs)
+    for name, value in args.items():
+        a = op.arg.add()
+        a.name = name
+        if isinstance(value, float):
+            a.f = value
+        else:
+            a.i = int(value)
+    return op
 
 
 class GradientRegistry:
@@ -130,8 +138,9 @@ class GradientRegistry:
 
     @classmethod
     def GetBackwardPass(cls, operators, ys, ys_generate_gradient=False):
-        """(gradient ops, {blob: its gradient}) for the losses ``ys`` (a list,
-        or a dict giving some of their gradients) through ``operators``."""
+        """(gradient ops, {blob name: its gradient's name}) for the losses
+        ``ys`` (a list, or a dict giving some of their gradients) through
+        ``operators``."""
         return IR(operators).GetBackwardPass(ys)
 
 
@@ -172,7 +181,7 @@ class IR:
                 op.is_gradient_op = True
                 ops.append(op)
                 g = op.output[0]
-            elif not isinstance(g, _GradientSlice()):
+            elif not isinstance(g, GradientSlice):
                 g = str(g)
             input_to_grad[y] = g
             # The loss's gradient joins those of its other readers, if any.
@@ -189,7 +198,7 @@ class IR:
             if g is None or name in seen:
                 continue
             seen.add(name)
-            if isinstance(g, _GradientSlice()):
+            if isinstance(g, GradientSlice):
                 raise errors.InvalidArgumentError(
                     f"{op.type}: sparse gradients (GradientSlice) are not supported yet", op=op.type
                 )
@@ -257,17 +266,8 @@ class IR:
                     if sum_ops:
                         all_ops += sum_ops
                         all_to_grad[name] = g
-        BlobReference = _core().BlobReference
-        GradientSlice = _GradientSlice()
-        out = {}
-        for name, g in all_to_grad.items():
-            if g is None:
-                continue
-            if isinstance(g, GradientSlice):
-                g = GradientSlice(BlobReference(g.indices), BlobReference(g.values))
-            else:
-                g = BlobReference(g)
-            out[BlobReference(name)] = g
+        # Names here; core.GradientRegistry hands them out as BlobReferences.
+        out = {name: g for name, g in all_to_grad.items() if g is not None}
         return all_ops, out
 
 

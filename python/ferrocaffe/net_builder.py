@@ -22,7 +22,6 @@ Two families of control flow exist:
   operators (see :mod:`ferrocaffe.control_ops_util`).
 """
 
-import importlib
 import sys
 
 from ferrocaffe import context, core
@@ -40,9 +39,11 @@ LOCAL_SETUP = 'local_setup'
 
 
 def _task_module():
-    # ferrocaffe.task depends on this module, so it is only looked up when
-    # one of the few task-related helpers is actually called.
-    return importlib.import_module('ferrocaffe.task')
+    # The one documented upward import (docs/architecture.md): task builds
+    # on this module, and Caffe2's ops.task_group() / ops.task_reporter()
+    # make or find a TaskGroup, so they import it when called.
+    from ferrocaffe import task
+    return task
 
 
 def _is_task_group(obj):

@@ -32,7 +32,7 @@ the loops start (setup state, queues, counters from ``task_init`` or an
 earlier net) are shared.
 """
 
-from ferrocaffe import core, queue_util
+from ferrocaffe import core, queue_util, schema
 from ferrocaffe.dataio import Reader, Writer
 from ferrocaffe.net_builder import NetBuilder, ops
 from ferrocaffe.schema import Field, as_record
@@ -414,7 +414,6 @@ def _clone_and_bind_net(net, name, prefix, blob_remap=None, inputs=None,
     """Caffe2's ``core.clone_and_bind_net``: a clone of ``net`` named
     ``name`` whose input record is bound to the ``inputs`` record and whose
     internal blobs get ``prefix`` in front.  Returns (net, blob_remap)."""
-    from ferrocaffe import schema
     assert isinstance(net, core.Net)
     if blob_remap is None:
         blob_remap = {}

@@ -29,7 +29,7 @@ from itertools import islice
 
 import numpy as np
 
-from ferrocaffe import core
+from ferrocaffe import core, workspace
 from ferrocaffe.core import BlobReference
 
 logger = logging.getLogger(__name__)
@@ -129,6 +129,17 @@ class Field(object):
 
     def clone_schema(self):
         return self.clone(keep_blobs=False)
+
+    # core.Net's record methods call these two: core sits below this module
+    # and never imports it.
+
+    def _new_record(self, net):
+        """:func:`NewRecord` of this schema in ``net``."""
+        return NewRecord(net, self)
+
+    def _with_blobs(self, values):
+        """:func:`from_blob_list` of this schema and ``values``."""
+        return from_blob_list(self, values)
 
     # -- position inside the parent ----------------------------------------
 
@@ -805,11 +816,6 @@ def as_record(value):
     return _normalize_field(value)
 
 
-def _workspace_module():
-    from ferrocaffe import workspace
-    return workspace
-
-
 def FetchRecord(blob_record, ws=None, throw_on_type_mismatch=False):
     """The record's blobs fetched from ``ws`` (default: the current
     workspace), as a record of numpy arrays with the same schema (copies:
@@ -818,7 +824,7 @@ def FetchRecord(blob_record, ws=None, throw_on_type_mismatch=False):
     field_blobs = blob_record.field_blobs()
     assert all(isinstance(v, BlobReference) for v in field_blobs)
     if ws is None:
-        fetch = _workspace_module().FetchBlob
+        fetch = workspace.FetchBlob
     else:
         def fetch(name):
             return ws.blobs[name].fetch()
@@ -838,7 +844,7 @@ def FeedRecord(blob_record, arrays, ws=None):
         'Values must contain exactly %d ndarrays.' % len(field_blobs))
     for blob, array in zip(field_blobs, arrays):
         if ws is None:
-            _workspace_module().FeedBlob(str(blob), array)
+            workspace.FeedBlob(str(blob), array)
         else:
             ws.create_blob(str(blob))
             ws.blobs[str(blob)].feed(array)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import threading
 
-from ferrocaffe import proto as caffe2_pb2
+from ferrocaffe.proto import caffe2_pb2
 
 __all__ = [
     "CurrentNameScope",

@@ -7,11 +7,10 @@ its tasks concurrently.  Each task is placed on a :class:`Node` (by name):
 tasks of one node share that node's workspace.
 """
 
-import importlib
 from collections import OrderedDict
 from copy import copy
 
-from ferrocaffe import context, core, errors, net_builder
+from ferrocaffe import context, core, errors, net_builder, schema
 
 __all__ = [
     'NODE_KWARGS',
@@ -397,29 +396,6 @@ class TaskGroup(context.Managed):
             self.remote_nets())
 
 
-def _schema_module():
-    try:
-        return importlib.import_module('ferrocaffe.schema')
-    except ImportError:
-        return None
-
-
-def _is_schema_field(obj):
-    schema = _schema_module()
-    field_cls = getattr(schema, 'Field', None) if schema else None
-    if field_cls is not None:
-        return isinstance(obj, field_cls)
-    return (hasattr(obj, 'field_blobs')
-            and not isinstance(obj, (list, tuple, str, bytes)))
-
-
-def _from_blob_list(schema, values):
-    module = _schema_module()
-    if module is not None and hasattr(module, 'from_blob_list'):
-        return module.from_blob_list(schema, values)
-    return values
-
-
 class TaskOutput(object):
     """
     The output of a task: a blob, a list of blobs, or a schema record.
@@ -430,7 +406,7 @@ class TaskOutput(object):
     def __init__(self, names):
         self._schema = None
         self._is_scalar = False
-        if _is_schema_field(names):
+        if isinstance(names, schema.Field):
             self._schema = names
             names = self._schema.field_blobs()
         self._is_scalar = type(names) not in (tuple, list)
@@ -456,7 +432,7 @@ class TaskOutput(object):
         if self._is_scalar:
             return self._values[0]
         elif self._schema:
-            return _from_blob_list(self._schema, self._values)
+            return schema.from_blob_list(self._schema, self._values)
         else:
             return self._values
 
@@ -471,7 +447,7 @@ class TaskOutput(object):
         if self._is_scalar:
             return fetched_vals[0]
         elif self._schema:
-            return _from_blob_list(self._schema, fetched_vals)
+            return schema.from_blob_list(self._schema, fetched_vals)
         else:
             return fetched_vals
 

@@ -5,7 +5,8 @@ Caffe2 programs import from there.
 
 import numpy as np
 
-from ferrocaffe import proto as caffe2_pb2
+from ferrocaffe import scope
+from ferrocaffe.proto import caffe2_pb2
 
 __all__ = [
     'OPTIMIZER_ITERATION_NAME', 'ITERATION_MUTEX_NAME', 'BuildUniqueMutexIter',
@@ -57,17 +58,18 @@ def BuildUniqueMutexIter(init_net, net, iter=None, iter_mutex=None,
     ``init_net`` creates it (an int64 ``[iter_val]`` named ``iter``, default
     'optimizer_iteration') and its mutex, and ``net`` gets an ``AtomicIter``
     that advances it; later calls return the same blob."""
-    from ferrocaffe import core
     iter = iter if iter is not None else OPTIMIZER_ITERATION_NAME
     iter_mutex = iter_mutex if iter_mutex is not None else ITERATION_MUTEX_NAME
     if init_net.BlobIsDefined(iter):
         return init_net.GetBlobRef(iter)
     # The counter stays on the CPU whatever device the model uses.
-    cpu = core.DeviceOption(caffe2_pb2.CPU,
-                            extra_info=['device_type_override:cpu'])
-    with core.DeviceScope(cpu):
+    cpu = caffe2_pb2.DeviceOption()
+    cpu.device_type = caffe2_pb2.CPU
+    cpu.device_id = 0
+    cpu.extra_info.append('device_type_override:cpu')
+    with scope.DeviceScope(cpu):
         iteration = init_net.ConstantFill(
-            [], iter, shape=[1], value=iter_val, dtype=core.DataType.INT64)
+            [], iter, shape=[1], value=iter_val, dtype=_TensorProto.INT64)
         mutex = init_net.CreateMutex([], [iter_mutex])
         net.AtomicIter([mutex, iteration], [iteration])
     return iteration
@@ -78,6 +80,9 @@ def MakeArgument(key, value):
     Python type selects (float -> f, int/bool -> i, str/bytes -> s, a NetDef
     -> n, another message -> s serialised, a list -> floats/ints/strings/
     nets; a float32 ndarray -> floats)."""
+    # The one documented lazy import of core (docs/architecture.md): the
+    # encoding lives with core's op building, its hot path, and core
+    # imports this module (Caffe2's ``core.utils``).
     from ferrocaffe import core
     return core._MakeArgument(key, value)
 
@@ -130,7 +135,10 @@ def NumpyArrayToCaffe2Tensor(arr, name=None):
             'cannot make a TensorProto of a numpy array of dtype %s' %
             arr.dtype)
     tensor.data_type = data_type
-    getattr(tensor, field).extend(arr.flatten().tolist())
+    values = arr.flatten()
+    if values.dtype == np.bool_:  # int32_data holds ints; protobuf refuses bools
+        values = values.astype(np.int32)
+    getattr(tensor, field).extend(values.tolist())
     return tensor
 
 

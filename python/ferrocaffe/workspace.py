@@ -19,7 +19,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from . import _core, errors, proto
+from . import _core, errors, proto, scope
 
 __all__ = [
     "Workspace",
@@ -84,14 +84,21 @@ __all__ = [
 ]
 
 
-def StringifyProto(obj: Any) -> bytes:
+def StringifyProto(obj: Any, message_type: Any = None) -> bytes:
     """Serialises a proto, a ``core.Net``/``Plan``/``ExecutionStep`` or bytes.
     A ``str`` is returned as it is (as Caffe2 did): the calls that need bytes
-    then refuse it with a TypeError."""
+    then refuse it with a TypeError. A path (``os.PathLike``, e.g. a
+    ``pathlib.Path``) names a file holding a ``message_type`` (NetDef,
+    PlanDef...) in protobuf binary or text format (``.pbtxt``)."""
     if isinstance(obj, (bytes, bytearray)):
         return bytes(obj)
     if isinstance(obj, str):
         return obj
+    if isinstance(obj, os.PathLike):
+        if message_type is None:
+            with open(obj, "rb") as f:
+                return f.read()
+        return proto.ReadProtoFromFile(obj, message_type()).SerializeToString()
     if hasattr(obj, "SerializeToString"):
         return obj.SerializeToString()
     if hasattr(obj, "Proto"):
@@ -401,9 +408,9 @@ class Workspace:
         returns it (Caffe2 returned the C.Net)."""
         for b in input_blobs or []:
             self._core.create_blob(StringifyBlobName(b))
-        data = StringifyProto(net)
+        data = StringifyProto(net, proto.NetDef)
         self._core.create_net(data, overwrite)
-        return NetHandle(self, GetNetName(net if not isinstance(net, str) else data))
+        return NetHandle(self, GetNetName(net if not isinstance(net, (str, os.PathLike)) else data))
 
     def run_net(self, name, num_iter: int = 1, allow_fail: bool = False) -> bool:
         name = StringifyNetName(name)
@@ -448,10 +455,11 @@ def _kind_of(obj) -> str:
 
 
 def _plan_from_step(step):
-    from . import core  # lazy: workspace sits below core
-
-    if isinstance(step, core.ExecutionStep):
-        return core.Plan(step)
+    # A core.ExecutionStep makes its own plan, nets included: core sits
+    # above this module, which never imports it.
+    as_plan = getattr(step, "_as_plan", None)
+    if as_plan is not None:
+        return as_plan()
     # A bare ExecutionStep proto carries no net definitions: the plan holds
     # only the step, and any net it names fails as undefined.
     from .proto import PlanDef
@@ -583,13 +591,16 @@ def RunNet(name, num_iter: int = 1, allow_fail: bool = False) -> bool:
 
 
 def RunNetOnce(net) -> bool:
-    ok = current_workspace()._core.run_net_once(StringifyProto(net))
+    data = StringifyProto(net, proto.NetDef)
+    ok = current_workspace()._core.run_net_once(data)
     # The net's name is worked out only for the message of a failure.
-    return ok or _check(ok, False, f"net '{GetNetName(net)}'")
+    return ok or _check(ok, False, f"net '{GetNetName(data if isinstance(net, os.PathLike) else net)}'")
 
 
 def RunOperatorOnce(operator) -> bool:
-    return _check(current_workspace()._core.run_operator_once(StringifyProto(operator)), False, "operator")
+    return _check(
+        current_workspace()._core.run_operator_once(StringifyProto(operator, proto.OperatorDef)),
+        False, "operator")
 
 
 def RunOperatorsOnce(operators) -> bool:
@@ -601,7 +612,7 @@ def RunOperatorsOnce(operators) -> bool:
 def RunPlan(plan_or_step) -> bool:
     if _kind_of(plan_or_step) == "step":
         plan_or_step = _plan_from_step(plan_or_step)
-    return _check(current_workspace()._core.run_plan(StringifyProto(plan_or_step)), False, "plan")
+    return _check(current_workspace()._core.run_plan(StringifyProto(plan_or_step, proto.PlanDef)), False, "plan")
 
 
 def RunPlanInBackground(plan_or_step):
@@ -609,7 +620,7 @@ def RunPlanInBackground(plan_or_step):
     ``is_succeeded()``, ``wait()`` and ``cancel()``."""
     if _kind_of(plan_or_step) == "step":
         plan_or_step = _plan_from_step(plan_or_step)
-    return _core.run_plan_in_background(current_workspace()._core, StringifyProto(plan_or_step))
+    return _core.run_plan_in_background(current_workspace()._core, StringifyProto(plan_or_step, proto.PlanDef))
 
 
 def RegisteredOperators() -> list[str]:
@@ -619,8 +630,6 @@ def RegisteredOperators() -> list[str]:
 
 def GetNameScope() -> str:
     """The current name scope (the prefix of new blob names)."""
-    from . import scope
-
     return scope.CurrentNameScope()
 
 

@@ -11,6 +11,7 @@
 
 pub mod args;
 pub mod blob;
+pub mod builtins;
 pub mod cancel;
 pub mod error;
 pub mod ir;

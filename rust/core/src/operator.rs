@@ -313,15 +313,13 @@ fn edit_distance(a: &str, b: &str) -> usize {
 
 // --------------------------------------------------------------- registry --
 
-static REGISTRY: LazyLock<RwLock<HashMap<&'static str, Arc<OpSchema>>>> = LazyLock::new(|| {
-    let mut m = HashMap::new();
-    for s in crate::ops::builtin_schemas() {
-        m.insert(s.name, Arc::new(s));
-    }
-    RwLock::new(m)
-});
+// Filled explicitly, never as a side effect of a lookup: `crate::builtins`
+// registers the op families (the registry knows none of them), the bindings
+// add `Python`.
+static REGISTRY: LazyLock<RwLock<HashMap<&'static str, Arc<OpSchema>>>> =
+    LazyLock::new(|| RwLock::new(HashMap::new()));
 
-/// Registers (or replaces) an operator. The bindings use this for `Python`.
+/// Registers (or replaces) an operator.
 pub fn register(schema: OpSchema) {
     REGISTRY.write().insert(schema.name, Arc::new(schema));
 }

@@ -139,6 +139,46 @@ impl DataType {
     }
 }
 
+impl DataType {
+    /// The dtypes a tensor can hold, in the order of [`with_match_dtype!`].
+    pub const TENSOR: &'static [DataType] = &[
+        DataType::Float,
+        DataType::Double,
+        DataType::Int32,
+        DataType::Int64,
+        DataType::Bool,
+        DataType::Uint8,
+        DataType::Int8,
+        DataType::Int16,
+        DataType::Uint16,
+        DataType::String,
+    ];
+    /// The number dtypes (`with_match_dtype!(numeric ...)`).
+    pub const NUMERIC: &'static [DataType] = &[
+        DataType::Float,
+        DataType::Double,
+        DataType::Int32,
+        DataType::Int64,
+        DataType::Uint8,
+        DataType::Int8,
+        DataType::Int16,
+        DataType::Uint16,
+    ];
+    /// Numbers and bool (`with_match_dtype!(each numeric_and_bool ...)`):
+    /// what a numpy array can be fed as, besides strings.
+    pub const NUMERIC_AND_BOOL: &'static [DataType] = &[
+        DataType::Float,
+        DataType::Double,
+        DataType::Int32,
+        DataType::Int64,
+        DataType::Bool,
+        DataType::Uint8,
+        DataType::Int8,
+        DataType::Int16,
+        DataType::Uint16,
+    ];
+}
+
 impl std::fmt::Display for DataType {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
@@ -160,6 +200,72 @@ pub enum Tensor {
     Str(ArrayD<Vec<u8>>),
 }
 
+/// The one dtype dispatch (polars' `with_match_physical_*` pattern): binds
+/// the type alias `$T` to the Rust element type of a tensor dtype and
+/// evaluates `$body` for it; any other dtype evaluates the `else` arm.
+///
+/// - `with_match_dtype!(dt, |T| body, else other => fallback)`: the ten
+///   dtypes a tensor holds ([`DataType::TENSOR`]).
+/// - `with_match_dtype!(numeric dt, |T| ..., else ...)`: the eight number
+///   types ([`DataType::NUMERIC`]).
+/// - `with_match_dtype!(numeric_and_bool dt, |T| ..., else ...)`: numbers
+///   and bool ([`DataType::NUMERIC_AND_BOOL`]).
+/// - `with_match_dtype!(each numeric_and_bool, |T| body)`: `body` once per
+///   type, in order (for trying each type in turn).
+///
+/// Error messages name the supported set with [`dtype_list`] over the same
+/// constants, so the text and the dispatch cannot drift apart.
+#[macro_export]
+macro_rules! with_match_dtype {
+    (numeric $dt:expr, |$T:ident| $body:expr, else $other:ident => $fallback:expr) => {
+        $crate::with_match_dtype!(@match $dt, $T, $body, $other, $fallback;
+            Float f32, Double f64, Int32 i32, Int64 i64,
+            Uint8 u8, Int8 i8, Int16 i16, Uint16 u16)
+    };
+    (numeric_and_bool $dt:expr, |$T:ident| $body:expr, else $other:ident => $fallback:expr) => {
+        $crate::with_match_dtype!(@match $dt, $T, $body, $other, $fallback;
+            Float f32, Double f64, Int32 i32, Int64 i64, Bool bool,
+            Uint8 u8, Int8 i8, Int16 i16, Uint16 u16)
+    };
+    (each numeric_and_bool, |$T:ident| $body:expr) => {
+        $crate::with_match_dtype!(@each $T, $body;
+            f32, f64, i32, i64, bool, u8, i8, i16, u16)
+    };
+    ($dt:expr, |$T:ident| $body:expr, else $other:ident => $fallback:expr) => {
+        $crate::with_match_dtype!(@match $dt, $T, $body, $other, $fallback;
+            Float f32, Double f64, Int32 i32, Int64 i64, Bool bool,
+            Uint8 u8, Int8 i8, Int16 i16, Uint16 u16, String Vec<u8>)
+    };
+    (@match $dt:expr, $T:ident, $body:expr, $other:ident, $fallback:expr;
+        $($variant:ident $ty:ty),*) => {
+        match $dt {
+            $($crate::tensor::DataType::$variant => {
+                #[allow(dead_code)]
+                type $T = $ty;
+                $body
+            })*
+            $other => $fallback,
+        }
+    };
+    (@each $T:ident, $body:expr; $($ty:ty),*) => {
+        $({
+            #[allow(dead_code)]
+            type $T = $ty;
+            $body
+        })*
+    };
+}
+
+/// "a, b and c": the names of `dtypes`, for the "supported dtypes" part of
+/// error messages (over [`DataType::TENSOR`], [`DataType::NUMERIC`], ...).
+pub fn dtype_list(dtypes: &[DataType]) -> String {
+    let names: Vec<&str> = dtypes.iter().map(|d| d.name()).collect();
+    match names.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+        _ => names.join(""),
+    }
+}
+
 /// Applies one expression to whichever array a tensor holds.
 #[macro_export]
 macro_rules! with_array {
@@ -177,6 +283,12 @@ macro_rules! with_array {
             $crate::tensor::Tensor::Str($a) => $body,
         }
     };
+}
+
+/// A dtype no tensor holds (float16, undefined).
+#[cold]
+pub fn unsupported_dtype(dt: DataType) -> Error {
+    Error::type_error(format!("unsupported tensor dtype {dt}"))
 }
 
 #[cold]
@@ -501,24 +613,14 @@ impl Tensor {
 
     /// A tensor of default values (0, false, "") of the given dtype and shape.
     pub fn zeros(dtype: DataType, shape: &[usize]) -> Result<Tensor> {
-        let s = shape;
-        Ok(match dtype {
-            DataType::Float => Tensor::F32(default_array(s)?),
-            DataType::Double => Tensor::F64(default_array(s)?),
-            DataType::Int32 => Tensor::I32(default_array(s)?),
-            DataType::Int64 => Tensor::I64(default_array(s)?),
-            DataType::Bool => Tensor::Bool(default_array(s)?),
-            DataType::Uint8 | DataType::Byte => Tensor::U8(default_array(s)?),
-            DataType::Int8 => Tensor::I8(default_array(s)?),
-            DataType::Int16 => Tensor::I16(default_array(s)?),
-            DataType::Uint16 => Tensor::U16(default_array(s)?),
-            DataType::String => Tensor::Str(default_array(s)?),
-            other => {
-                return Err(Error::type_error(format!(
-                    "unsupported tensor dtype {other}"
-                )))
-            }
-        })
+        // Caffe2's legacy BYTE tensors are uint8.
+        let dtype = if dtype == DataType::Byte {
+            DataType::Uint8
+        } else {
+            dtype
+        };
+        crate::with_match_dtype!(dtype, |T| Ok(T::wrap(default_array::<T>(shape)?)),
+            else other => Err(unsupported_dtype(other)))
     }
 
     /// A copy of the tensor, or an `OutOfMemory` error (`clone` aborts

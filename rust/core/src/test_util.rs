@@ -75,6 +75,24 @@ pub fn in_child(name: &str, body: impl FnOnce()) {
     );
 }
 
+/// Runs one op once (a temporary net), as `RunOperatorOnce` does. Takes the
+/// def by value or by reference.
+pub fn run(
+    ws: &std::sync::Arc<Workspace>,
+    def: impl std::borrow::Borrow<OperatorDef>,
+) -> crate::error::Result<bool> {
+    ws.run_operator_once(def.borrow(), &crate::cancel::CancelToken::new())
+}
+
+/// A workspace holding the given tensors.
+pub fn ws_with(inputs: &[(&str, Tensor)]) -> std::sync::Arc<Workspace> {
+    let ws = Workspace::new();
+    for (n, v) in inputs {
+        feed(&ws, n, v.clone());
+    }
+    ws
+}
+
 /// Feeds tensor `t` into blob `name`.
 pub fn feed(ws: &Workspace, name: &str, t: Tensor) {
     ws.feed(name, BlobValue::Tensor(t));

@@ -5,7 +5,7 @@ use crate::errors::{feed_error, to_py_err};
 use ferrocaffe::blob::BlobValue;
 use ferrocaffe::error::Error;
 use ferrocaffe::ir;
-use ferrocaffe::tensor::Tensor;
+use ferrocaffe::tensor::{DataType, Tensor};
 use numpy::ndarray::{ArrayD, IxDyn};
 use numpy::{PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
@@ -41,15 +41,7 @@ pub(crate) fn array_to_tensor(
             }
         };
     }
-    try_dtype!(f32);
-    try_dtype!(f64);
-    try_dtype!(i32);
-    try_dtype!(i64);
-    try_dtype!(bool);
-    try_dtype!(u8);
-    try_dtype!(i8);
-    try_dtype!(i16);
-    try_dtype!(u16);
+    ferrocaffe::with_match_dtype!(each numeric_and_bool, |T| try_dtype!(T));
     if let Ok(a) = obj.cast::<PyArrayDyn<Py<PyAny>>>() {
         let ro = a
             .try_readonly()
@@ -81,7 +73,14 @@ pub(crate) fn array_to_tensor(
     };
     Err(feed_error(
         py,
-        format!("cannot feed {desc} into blob '{name}': supported are numpy arrays of float32, float64, int32, int64, bool, uint8, int8, int16, uint16 and str/bytes, and str or bytes"),
+        format!(
+            "cannot feed {desc} into blob '{name}': supported are numpy arrays of {} and str/bytes, and str or bytes",
+            DataType::NUMERIC_AND_BOOL
+                .iter()
+                .map(|d| d.name())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
         name,
     ))
 }
@@ -116,15 +115,7 @@ pub(crate) fn copy_into_existing(obj: &Bound<'_, PyAny>, blob: &ferrocaffe::blob
             }
         };
     }
-    try_dtype!(f32);
-    try_dtype!(f64);
-    try_dtype!(i32);
-    try_dtype!(i64);
-    try_dtype!(bool);
-    try_dtype!(u8);
-    try_dtype!(i8);
-    try_dtype!(i16);
-    try_dtype!(u16);
+    ferrocaffe::with_match_dtype!(each numeric_and_bool, |T| try_dtype!(T));
     false
 }
 
@@ -134,45 +125,92 @@ pub(crate) fn copy_into_existing(obj: &Bound<'_, PyAny>, blob: &ferrocaffe::blob
 /// Arrays at least this large are copied out by the kernel pool's threads.
 const PARALLEL_COPY_BYTES: usize = 4 << 20;
 
+/// A fresh, uninitialised C-contiguous numpy array. numpy's allocation can
+/// fail (a large fetch under memory pressure): that is a Python MemoryError
+/// here, where `PyArray::new` would panic on the null it gets back.
+fn new_array<'py, T: numpy::Element>(
+    py: Python<'py>,
+    shape: &[usize],
+) -> PyResult<Bound<'py, PyArrayDyn<T>>> {
+    use numpy::npyffi::{self, npy_intp, PY_ARRAY_API};
+    use numpy::PyArrayDescrMethods;
+    let mut dims: Vec<npy_intp> = shape.iter().map(|&d| d as npy_intp).collect();
+    // SAFETY: the arguments are numpy's documented ones for a new array
+    // owning its data (no strides, data or base object given); the dtype
+    // reference is stolen by the call, as `into_dtype_ptr` provides.
+    let ptr = unsafe {
+        PY_ARRAY_API.PyArray_NewFromDescr(
+            py,
+            npyffi::get_type_object(py, npyffi::NpyTypes::PyArray_Type),
+            T::get_dtype(py).into_dtype_ptr(),
+            dims.len() as std::os::raw::c_int,
+            dims.as_mut_ptr(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            0,
+            std::ptr::null_mut(),
+        )
+    };
+    // SAFETY: a new reference (or null with an exception set), of this type.
+    let any = unsafe { Bound::from_owned_ptr_or_err(py, ptr)? };
+    Ok(any.cast_into::<PyArrayDyn<T>>()?)
+}
+
 /// A numpy copy of `a`. A large contiguous array is copied in parallel
 /// pieces: the copy into fresh memory (page faults included) is what a
 /// fetch costs, and one core does it at a fraction of the memory's speed.
 /// The GIL stays held, as for any copy (the pool's threads do not need it),
 /// so nothing else can see the array before it is complete.
-fn array_to_py<T>(py: Python<'_>, a: &ArrayD<T>) -> Py<PyAny>
+fn array_to_py<T>(py: Python<'_>, a: &ArrayD<T>, blob: &str) -> PyResult<Py<PyAny>>
 where
     T: numpy::Element + Copy + Send + Sync,
 {
     let bytes = a.len().saturating_mul(std::mem::size_of::<T>());
-    let src = match a.as_slice() {
-        // The pool's threads copy; without a pool, one copy on this thread.
-        Some(src) if bytes >= PARALLEL_COPY_BYTES && ferrocaffe::threads::pool_available() => src,
-        _ => return PyArrayDyn::from_array(py, a).into_any().unbind(),
-    };
-    // SAFETY: every element is written below before the array is returned.
-    let out = unsafe { PyArrayDyn::<T>::new(py, a.shape(), false) };
-    // SAFETY: a fresh C-contiguous array of src.len() elements, not yet
-    // shared with Python code.
+    let out = new_array::<T>(py, a.shape()).map_err(|err| {
+        if !err.is_instance_of::<pyo3::exceptions::PyMemoryError>(py) {
+            return err;
+        }
+        let e = Error::new(
+            ferrocaffe::error::ErrorKind::OutOfMemory,
+            format!(
+                "cannot allocate {bytes} bytes for a numpy copy of blob '{blob}' (shape {:?})",
+                a.shape()
+            ),
+        )
+        .with_blob(blob);
+        to_py_err(py, e)
+    })?;
+    // SAFETY: a fresh C-contiguous array, not yet shared with Python code;
+    // every element is written below before it is returned.
     let dst = unsafe { out.as_slice_mut() }.expect("a new array is contiguous");
-    use rayon::prelude::*;
-    let piece = (PARALLEL_COPY_BYTES / std::mem::size_of::<T>()).max(1);
-    dst.par_chunks_mut(piece)
-        .zip(src.par_chunks(piece))
-        .for_each(|(d, s)| d.copy_from_slice(s));
-    out.into_any().unbind()
+    match a.as_slice() {
+        // The pool's threads copy; without a pool, one copy on this thread.
+        Some(src) if bytes >= PARALLEL_COPY_BYTES && ferrocaffe::threads::pool_available() => {
+            use rayon::prelude::*;
+            let piece = (PARALLEL_COPY_BYTES / std::mem::size_of::<T>()).max(1);
+            dst.par_chunks_mut(piece)
+                .zip(src.par_chunks(piece))
+                .for_each(|(d, s)| d.copy_from_slice(s));
+        }
+        Some(src) => dst.copy_from_slice(src),
+        // Not in C order (a view an op made): the logical order is C order.
+        None => dst.iter_mut().zip(a.iter()).for_each(|(d, s)| *d = *s),
+    }
+    Ok(out.into_any().unbind())
 }
 
-pub(crate) fn tensor_to_py(py: Python<'_>, t: &Tensor) -> PyResult<Py<PyAny>> {
+/// A numpy copy of a tensor; `blob` names it in an allocation error.
+pub(crate) fn tensor_to_py(py: Python<'_>, t: &Tensor, blob: &str) -> PyResult<Py<PyAny>> {
     Ok(match t {
-        Tensor::F32(a) => array_to_py(py, a),
-        Tensor::F64(a) => array_to_py(py, a),
-        Tensor::I32(a) => array_to_py(py, a),
-        Tensor::I64(a) => array_to_py(py, a),
-        Tensor::Bool(a) => array_to_py(py, a),
-        Tensor::U8(a) => array_to_py(py, a),
-        Tensor::I8(a) => array_to_py(py, a),
-        Tensor::I16(a) => array_to_py(py, a),
-        Tensor::U16(a) => array_to_py(py, a),
+        Tensor::F32(a) => array_to_py(py, a, blob)?,
+        Tensor::F64(a) => array_to_py(py, a, blob)?,
+        Tensor::I32(a) => array_to_py(py, a, blob)?,
+        Tensor::I64(a) => array_to_py(py, a, blob)?,
+        Tensor::Bool(a) => array_to_py(py, a, blob)?,
+        Tensor::U8(a) => array_to_py(py, a, blob)?,
+        Tensor::I8(a) => array_to_py(py, a, blob)?,
+        Tensor::I16(a) => array_to_py(py, a, blob)?,
+        Tensor::U16(a) => array_to_py(py, a, blob)?,
         Tensor::Str(a) => {
             let objs = a.map(|b| PyBytes::new(py, b).into_any().unbind());
             PyArrayDyn::from_owned_array(py, objs).into_any().unbind()
@@ -182,7 +220,7 @@ pub(crate) fn tensor_to_py(py: Python<'_>, t: &Tensor) -> PyResult<Py<PyAny>> {
 
 pub(crate) fn value_to_py(py: Python<'_>, name: &str, v: &BlobValue) -> PyResult<Py<PyAny>> {
     Ok(match v {
-        BlobValue::Tensor(t) => tensor_to_py(py, t)?,
+        BlobValue::Tensor(t) => tensor_to_py(py, t, name)?,
         BlobValue::Bytes(b) => PyBytes::new(py, b).into_any().unbind(),
         BlobValue::Empty => PyBytes::new(
             py,

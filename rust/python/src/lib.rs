@@ -12,13 +12,15 @@
 //! [`runner`] (where calls run, Ctrl-C, background plans), [`convert`]
 //! (numpy arrays, str/bytes, objects, paths), [`workspace`], [`storage`]
 //! (dbs), [`registry`] (operator schemas, thread pool), [`python_op`] (the
-//! `Python` operator).
+//! `Python` operator), [`proto`] (the schema for Python's `caffe2_pb2`,
+//! `core.Net`'s op encoder).
 
 // Errors carry their context by value; they are rare and never on a hot path.
 #![allow(clippy::result_large_err)]
 
 mod convert;
 mod errors;
+mod proto;
 mod python_op;
 mod registry;
 mod runner;
@@ -33,6 +35,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<workspace::PyWorkspace>()?;
     m.add_class::<runner::PyBackgroundPlan>()?;
     m.add_class::<python_op::PyTensorWrapper>()?;
+    ferrocaffe::builtins::register();
     python_op::register_python_op();
     m.add_function(wrap_pyfunction!(runner::run_plan_in_background, m)?)?;
     m.add_function(wrap_pyfunction!(registry::registered_operators, m)?)?;
@@ -45,6 +48,12 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(storage::write_file_atomically, m)?)?;
     m.add_function(wrap_pyfunction!(registry::set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(registry::num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(proto::encode_net_ops, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // caffe2.proto, compiled: Python makes its caffe2_pb2 classes from it.
+    m.add(
+        "CAFFE2_FILE_DESCRIPTOR_SET",
+        pyo3::types::PyBytes::new(m.py(), ferrocaffe::ir::FILE_DESCRIPTOR_SET),
+    )?;
     Ok(())
 }

@@ -123,7 +123,7 @@ impl PyTensorWrapper {
             // as themselves, other objects as a description.
             other => return value_to_py(py, &self.name, &other),
         };
-        let array = tensor_to_py(py, &t)?;
+        let array = tensor_to_py(py, &t, &self.name)?;
         let mut g = self.call.lock();
         if !g.open {
             drop(g);

@@ -48,8 +48,12 @@ use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
+/// The codecs of this family's saved objects.
+pub fn codecs() -> Vec<(&'static str, crate::storage::BlobDecoder)> {
+    vec![(CAFFE2_CURSOR_TYPE, decode_cursor)]
+}
+
 pub fn schemas() -> Vec<OpSchema> {
-    crate::storage::register_blob_codec(CAFFE2_CURSOR_TYPE, decode_cursor);
     const FIELDS: crate::operator::ArgDoc = arg!(
         "fields",
         "strings",
@@ -747,18 +751,11 @@ fn set_rows(out: &mut BlobValue, src: &Tensor, lo: usize, hi: usize) -> Result<(
                     }
                 }};
             }
-            match t {
-                Tensor::F32(a) => copy_rows!(a, f32),
-                Tensor::F64(a) => copy_rows!(a, f64),
-                Tensor::I32(a) => copy_rows!(a, i32),
-                Tensor::I64(a) => copy_rows!(a, i64),
-                Tensor::Bool(a) => copy_rows!(a, bool),
-                Tensor::U8(a) => copy_rows!(a, u8),
-                Tensor::I8(a) => copy_rows!(a, i8),
-                Tensor::I16(a) => copy_rows!(a, i16),
-                Tensor::U16(a) => copy_rows!(a, u16),
-                Tensor::Str(a) => copy_rows!(a, Vec<u8>),
-            }
+            let dtype = t.dtype();
+            crate::with_match_dtype!(dtype, |T| {
+                let a = t.array_mut::<T>()?;
+                copy_rows!(a, T)
+            }, else other => return Err(crate::tensor::unsupported_dtype(other)));
             return Ok(());
         }
     }

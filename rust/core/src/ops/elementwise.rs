@@ -1579,20 +1579,11 @@ fn cast_from<S: Prim>(o: &mut BlobValue, a: ArrayViewD<'_, S>, to: DataType) -> 
 }
 
 fn cast_into(o: &mut BlobValue, src: &Tensor, to: DataType) -> Result<()> {
-    match src {
-        Tensor::F32(a) => cast_from(o, a.view(), to),
-        Tensor::F64(a) => cast_from(o, a.view(), to),
-        Tensor::I32(a) => cast_from(o, a.view(), to),
-        Tensor::I64(a) => cast_from(o, a.view(), to),
-        Tensor::Bool(a) => cast_from(o, a.view(), to),
-        Tensor::U8(a) => cast_from(o, a.view(), to),
-        Tensor::I8(a) => cast_from(o, a.view(), to),
-        Tensor::I16(a) => cast_from(o, a.view(), to),
-        Tensor::U16(a) => cast_from(o, a.view(), to),
-        Tensor::Str(_) => Err(Error::type_error(
-            "Cast: casting to and from strings is not supported",
-        )),
-    }
+    crate::with_match_dtype!(numeric_and_bool src.dtype(),
+    |T| cast_from(o, src.array::<T>()?.view(), to),
+    else _strings => Err(Error::type_error(
+        "Cast: casting to and from strings is not supported",
+    )))
 }
 
 fn cast(l: &mut Locked<'_>, to: DataType) -> Result<()> {
@@ -1633,6 +1624,7 @@ mod tests {
     use crate::cancel::CancelToken;
     use crate::ir::{Argument, OperatorDef};
     use crate::operator::{create_operator, OpCx};
+    use crate::test_util::{get, run};
     use crate::workspace::Workspace;
     use std::sync::Arc;
 
@@ -1680,14 +1672,6 @@ mod tests {
             ws.feed(n, BlobValue::Tensor(v));
         }
         ws
-    }
-
-    fn run(ws: &Arc<Workspace>, d: OperatorDef) -> Result<bool> {
-        ws.run_operator_once(&d, &CancelToken::new())
-    }
-
-    fn get(ws: &Arc<Workspace>, name: &str) -> Tensor {
-        ws.fetch(name).unwrap().tensor().unwrap().clone()
     }
 
     fn data_ptr(ws: &Arc<Workspace>, name: &str) -> usize {

@@ -103,9 +103,15 @@ pub const NPY_READER_TAG: &str = "ferrocaffe::NpyReader";
 /// Records per batch when no `batch_size` is given.
 pub const DEFAULT_BATCH_SIZE: i64 = 1024;
 
+/// The codecs of this family's saved objects.
+pub fn codecs() -> Vec<(&'static str, crate::storage::BlobDecoder)> {
+    vec![
+        (PARQUET_READER_TAG, decode_parquet_reader),
+        (NPY_READER_TAG, decode_npy_reader),
+    ]
+}
+
 pub fn schemas() -> Vec<OpSchema> {
-    crate::storage::register_blob_codec(PARQUET_READER_TAG, decode_parquet_reader);
-    crate::storage::register_blob_codec(NPY_READER_TAG, decode_npy_reader);
     const PATH: crate::operator::ArgDoc = arg!(
         "path",
         "string",
@@ -2913,9 +2919,8 @@ fn reset_npy_reader(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cancel::CancelToken;
-    use crate::ir::{Argument, OperatorDef};
-    use crate::test_util::{int_arg, op};
+    use crate::ir::Argument;
+    use crate::test_util::{get, int_arg, op, run, strs};
     use crate::workspace::Workspace;
     use parquet::data_type::ByteArray;
     use parquet::file::properties::WriterProperties;
@@ -3519,12 +3524,6 @@ mod tests {
             ..Default::default()
         }
     }
-    fn run(ws: &Arc<Workspace>, d: OperatorDef) -> Result<bool> {
-        ws.run_operator_once(&d, &CancelToken::new())
-    }
-    fn get(ws: &Workspace, name: &str) -> Tensor {
-        ws.fetch(name).unwrap().tensor().unwrap().clone()
-    }
 
     #[test]
     fn parquet_ops_read_reset_and_describe() {
@@ -3621,14 +3620,6 @@ mod tests {
     }
 
     // --------------------------------------------------------- writer --
-
-    fn strs(v: &[&str]) -> Tensor {
-        Tensor::from_vec(
-            &[v.len()],
-            v.iter().map(|s| s.as_bytes().to_vec()).collect(),
-        )
-        .unwrap()
-    }
 
     #[test]
     fn written_files_read_back_the_same() {

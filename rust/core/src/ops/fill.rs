@@ -726,15 +726,14 @@ fn gaussian_fill(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 
 #[cfg(test)]
 mod tests {
-    use crate::blob::BlobValue;
     use crate::cancel::CancelToken;
     use crate::error::{Error, ErrorKind, Result};
     use crate::ir::{Argument, DeviceOption, NetDef, OperatorDef};
     use crate::operator::create_operator;
     use crate::tensor::Tensor;
+    use crate::test_util::{feed, get as out, run};
     use crate::workspace::Workspace;
     use ndarray::{ArrayD, IxDyn};
-    use std::sync::Arc;
 
     fn named(n: &str) -> Argument {
         Argument {
@@ -793,15 +792,6 @@ mod tests {
             ..Default::default()
         });
         d
-    }
-    fn feed(ws: &Arc<Workspace>, name: &str, t: Tensor) {
-        ws.feed(name, BlobValue::Tensor(t));
-    }
-    fn run(ws: &Arc<Workspace>, d: &OperatorDef) -> Result<bool> {
-        ws.run_operator_once(d, &CancelToken::new())
-    }
-    fn out(ws: &Arc<Workspace>, name: &str) -> Tensor {
-        ws.fetch(name).unwrap().tensor().unwrap().clone()
     }
     fn t<T: crate::tensor::Element>(shape: &[usize], v: Vec<T>) -> Tensor {
         Tensor::from_vec(shape, v).unwrap()

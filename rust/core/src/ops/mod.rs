@@ -1,24 +1,16 @@
 //! The built-in operators, one family per file. Each file exposes
-//! `schemas()`, the single source of its ops' validation and docs.
+//! `schemas()`, the single source of its ops' validation and docs, and, if
+//! it saves objects, `codecs()`; [`builtin_schemas`] and [`builtin_codecs`]
+//! list the families (`crate::builtins` registers them).
 
 use crate::operator::OpSchema;
 
-/// Applies a generic function to the element type of a dtype.
+/// Applies a generic function to the element type of a dtype (through
+/// [`crate::with_match_dtype!`]).
 macro_rules! by_dtype {
     ($dt:expr, $f:ident ( $($a:expr),* )) => {
-        match $dt {
-            crate::tensor::DataType::Float => $f::<f32>($($a),*),
-            crate::tensor::DataType::Double => $f::<f64>($($a),*),
-            crate::tensor::DataType::Int32 => $f::<i32>($($a),*),
-            crate::tensor::DataType::Int64 => $f::<i64>($($a),*),
-            crate::tensor::DataType::Bool => $f::<bool>($($a),*),
-            crate::tensor::DataType::Uint8 => $f::<u8>($($a),*),
-            crate::tensor::DataType::Int8 => $f::<i8>($($a),*),
-            crate::tensor::DataType::Int16 => $f::<i16>($($a),*),
-            crate::tensor::DataType::Uint16 => $f::<u16>($($a),*),
-            crate::tensor::DataType::String => $f::<Vec<u8>>($($a),*),
-            other => Err(crate::error::Error::type_error(format!("unsupported tensor dtype {other}"))),
-        }
+        crate::with_match_dtype!($dt, |T| $f::<T>($($a),*),
+            else other => Err(crate::tensor::unsupported_dtype(other)))
     };
 }
 
@@ -51,6 +43,14 @@ pub fn builtin_schemas() -> Vec<OpSchema> {
     v.extend(queue::schemas());
     v.extend(records::schemas());
     v.extend(utility::schemas());
+    v
+}
+
+/// The blob codecs of the families' saved objects (cursors, readers).
+pub fn builtin_codecs() -> Vec<(&'static str, crate::storage::BlobDecoder)> {
+    let mut v = Vec::new();
+    v.extend(dataset::codecs());
+    v.extend(fileio::codecs());
     v
 }
 

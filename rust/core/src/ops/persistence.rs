@@ -11,7 +11,7 @@ use crate::arg;
 use crate::blob::BlobValue;
 use crate::error::{Error, Result};
 use crate::operator::{OpDefCtx, OpSchema, Operator, MANY};
-use crate::storage::{self, DbType, SaveOptions};
+use crate::storage::{self, SaveOptions};
 use crate::tensor::Tensor;
 use std::collections::{HashMap, HashSet};
 
@@ -85,7 +85,7 @@ fn db_type_arg(ctx: &OpDefCtx<'_>) -> Result<String> {
             ctx.op_type()
         )));
     }
-    DbType::parse(&db_type).map_err(|e| e.with_op(ctx.op_type(), None))?;
+    storage::db_format(&db_type).map_err(|e| e.with_op(ctx.op_type(), None))?;
     Ok(db_type)
 }
 
@@ -374,11 +374,11 @@ fn db_exists(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 #[cfg(test)]
 mod tests {
     use crate::blob::{BlobMutex, BlobValue, Counter};
-    use crate::cancel::CancelToken;
-    use crate::error::{Error, ErrorKind, Result};
+    use crate::error::{Error, ErrorKind};
     use crate::ir::{Argument, BlobProto, OperatorDef};
     use crate::operator::create_operator;
     use crate::tensor::{Element, Tensor};
+    use crate::test_util::{get as out, run};
     use crate::workspace::Workspace;
     use prost::Message;
     use std::path::PathBuf;
@@ -448,12 +448,6 @@ mod tests {
     }
     fn t<T: Element>(shape: &[usize], v: Vec<T>) -> Tensor {
         Tensor::from_vec(shape, v).unwrap()
-    }
-    fn run(ws: &Arc<Workspace>, d: &OperatorDef) -> Result<bool> {
-        ws.run_operator_once(d, &CancelToken::new())
-    }
-    fn out(ws: &Arc<Workspace>, name: &str) -> Tensor {
-        ws.fetch(name).unwrap().tensor().unwrap().clone()
     }
     fn build_err(ws: &Arc<Workspace>, d: &OperatorDef) -> Error {
         create_operator(d, ws).err().expect("building should fail")

@@ -755,10 +755,10 @@ mod tests {
     use super::*;
     use crate::blob::Counter;
     use crate::error::ErrorKind;
-    use crate::ir::{ExecutionStep, OperatorDef, PlanDef};
+    use crate::ir::{ExecutionStep, PlanDef};
     use crate::net::Net;
     use crate::operator::register;
-    use crate::test_util::{float_arg, int_arg, net, op, strings_arg};
+    use crate::test_util::{feed, float_arg, get, i64s, int_arg, net, op, run, strings_arg};
     use crate::workspace::Workspace;
     use std::sync::Once;
     use std::thread;
@@ -766,18 +766,6 @@ mod tests {
     /// Generous bound for "returns promptly" (no timing benchmarks here).
     const PROMPT: Duration = Duration::from_secs(5);
 
-    fn run(ws: &Arc<Workspace>, def: OperatorDef) -> Result<bool> {
-        ws.run_operator_once(&def, &CancelToken::new())
-    }
-    fn feed(ws: &Workspace, name: &str, t: Tensor) {
-        ws.feed(name, BlobValue::Tensor(t));
-    }
-    fn i64s(v: &[i64]) -> Tensor {
-        Tensor::from_vec(&[v.len()], v.to_vec()).unwrap()
-    }
-    fn get(ws: &Workspace, name: &str) -> Tensor {
-        ws.fetch(name).unwrap().tensor().unwrap().clone()
-    }
     fn status(ws: &Workspace, name: &str) -> bool {
         let t = get(ws, name);
         assert_eq!(t.ndim(), 0, "status is a scalar");

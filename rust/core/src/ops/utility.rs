@@ -769,6 +769,7 @@ mod tests {
     use crate::ir::{Argument, NetDef, OperatorDef};
     use crate::operator::create_operator;
     use crate::tensor::{Element, Tensor};
+    use crate::test_util::{get as out, run, ws_with};
     use crate::workspace::Workspace;
     use ndarray::{ArrayD, IxDyn};
     use std::sync::Arc;
@@ -811,19 +812,6 @@ mod tests {
     }
     fn strs(v: &[&str]) -> Vec<Vec<u8>> {
         v.iter().map(|s| s.as_bytes().to_vec()).collect()
-    }
-    fn ws_with(inputs: &[(&str, Tensor)]) -> Arc<Workspace> {
-        let ws = Workspace::new();
-        for (n, v) in inputs {
-            ws.feed(n, BlobValue::Tensor(v.clone()));
-        }
-        ws
-    }
-    fn run(ws: &Arc<Workspace>, d: &OperatorDef) -> Result<bool> {
-        ws.run_operator_once(d, &CancelToken::new())
-    }
-    fn out(ws: &Arc<Workspace>, name: &str) -> Tensor {
-        ws.fetch(name).unwrap().tensor().unwrap().clone()
     }
     fn kind_blob(e: &Error) -> (ErrorKind, Option<&str>) {
         (e.kind, e.context.blob.as_deref())

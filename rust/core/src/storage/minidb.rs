@@ -1,0 +1,318 @@
+//! `"minidb"`: Caffe2's record format (see the module docs of `storage`).
+
+use super::*;
+
+pub(super) fn minidb_put(w: &mut impl Write, path: &str, key: &str, value: &[u8]) -> Result<()> {
+    let (Ok(kl), Ok(vl)) = (i32::try_from(key.len()), i32::try_from(value.len())) else {
+        return Err(Error::invalid_arg(format!(
+            "a minidb record is limited to 2 GiB, the record '{key}' has {} bytes (use a smaller chunk_size, or db_type 'ferro')",
+            key.len() + value.len()
+        )));
+    };
+    let io = io_error(path);
+    w.write_all(&kl.to_ne_bytes()).map_err(&io)?;
+    w.write_all(&vl.to_ne_bytes()).map_err(&io)?;
+    w.write_all(key.as_bytes()).map_err(&io)?;
+    w.write_all(value).map_err(&io)
+}
+
+pub(super) fn write_minidb(
+    w: &mut impl Write,
+    path: &str,
+    entries: &[(&str, Prepared<'_>)],
+    chunk: usize,
+) -> Result<()> {
+    for (name, p) in entries {
+        let name = *name;
+        let r = match p {
+            Prepared::Tensor(t) => tensor_chunks(name, t, chunk, &mut |key, tp| {
+                let bp = BlobProto {
+                    name: Some(name.to_string()),
+                    r#type: Some(TENSOR_TAG.to_string()),
+                    tensor: Some(tp),
+                    ..Default::default()
+                };
+                minidb_put(w, path, &key, &bp.encode_to_vec())
+            }),
+            Prepared::Bytes(b) => {
+                let bp = BlobProto {
+                    name: Some(name.to_string()),
+                    r#type: Some(STRING_TAG.to_string()),
+                    content: Some(b.to_vec()),
+                    ..Default::default()
+                };
+                minidb_put(w, path, name, &bp.encode_to_vec())
+            }
+            Prepared::Object { proto, .. } => {
+                let mut bp = (**proto).clone();
+                bp.name = Some(name.to_string());
+                if let Some(t) = bp.tensor.as_mut() {
+                    t.name = Some(name.to_string());
+                }
+                minidb_put(w, path, name, &bp.encode_to_vec())
+            }
+        };
+        r.map_err(|e| e.with_blob(name))?;
+    }
+    Ok(())
+}
+
+/// One minidb record: its key, the blob name (the key up to `#%`) and the
+/// value (`None` when not selected, then it was skipped, not read).
+pub(super) struct MiniRecord {
+    key: String,
+    name: String,
+    value: Option<Vec<u8>>,
+    value_len: u64,
+}
+
+pub(super) fn read_exact_or_corrupt(
+    r: &mut impl Read,
+    buf: &mut [u8],
+    path: &str,
+    what: &dyn Fn() -> String,
+) -> Result<()> {
+    r.read_exact(buf).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            corrupt(path, format!("the db is truncated: {}", what()))
+        } else {
+            Error::io(&e, path)
+        }
+    })
+}
+
+/// Reads the records of a minidb, the values of selected blobs only.
+pub(super) fn read_minidb(path: &str, select: &dyn Fn(&str) -> bool) -> Result<Vec<MiniRecord>> {
+    let (file, meta) = open_regular(path).map_err(io_error(path))?;
+    let len = meta.len();
+    if len == 0 {
+        return Err(corrupt(
+            path,
+            "the db file is empty (a minidb written by Save holds at least one record)",
+        ));
+    }
+    let mut r = BufReader::with_capacity(1 << 20, file);
+    let mut out = Vec::new();
+    let mut pos: u64 = 0;
+    while pos < len {
+        let index = out.len();
+        if len - pos < 8 {
+            return Err(corrupt(
+                path,
+                format!("the db is truncated: record #{index} at byte {pos} is cut off (the file has {len} bytes)"),
+            ));
+        }
+        let mut head = [0u8; 8];
+        read_exact_or_corrupt(&mut r, &mut head, path, &|| {
+            format!("record #{index} at byte {pos} is cut off")
+        })?;
+        if pos == 0 && head == *FERRO_MAGIC {
+            return Err(corrupt(
+                path,
+                "this is a ferrocaffe checkpoint, not a minidb: load it with db_type 'ferro'",
+            ));
+        }
+        let kl = i32::from_ne_bytes([head[0], head[1], head[2], head[3]]);
+        let vl = i32::from_ne_bytes([head[4], head[5], head[6], head[7]]);
+        if kl < 0 || vl < 0 {
+            return Err(corrupt(
+                path,
+                format!("record #{index} at byte {pos} has a negative length: the file is damaged or not a minidb"),
+            ));
+        }
+        let need = 8 + kl as u64 + vl as u64;
+        if need > len - pos {
+            return Err(corrupt(
+                path,
+                format!(
+                    "the db is truncated: record #{index} at byte {pos} needs {need} bytes but the file ends {} bytes later",
+                    len - pos
+                ),
+            ));
+        }
+        let mut key = vec![0u8; kl as usize];
+        read_exact_or_corrupt(&mut r, &mut key, path, &|| {
+            format!("record #{index} at byte {pos} is cut off")
+        })?;
+        let key = String::from_utf8(key).map_err(|_| {
+            corrupt(
+                path,
+                format!("record #{index} at byte {pos} has a key that is not UTF-8"),
+            )
+        })?;
+        let name = key[..key.find(CHUNK_SEPARATOR).unwrap_or(key.len())].to_string();
+        let value = if select(&name) {
+            let mut v = vec![0u8; vl as usize];
+            read_exact_or_corrupt(&mut r, &mut v, path, &|| {
+                format!("record #{index} ('{key}') is cut off")
+            })?;
+            Some(v)
+        } else {
+            r.seek_relative(i64::from(vl)).map_err(io_error(path))?;
+            None
+        };
+        out.push(MiniRecord {
+            key,
+            name,
+            value,
+            value_len: vl as u64,
+        });
+        pos += need;
+    }
+    Ok(out)
+}
+
+/// The records of one blob.
+pub(super) enum MiniGroup {
+    Tensor(Vec<TensorProto>, u64),
+    Other(Box<BlobProto>, u64),
+}
+
+/// Parses and groups the selected records by blob name, in file order.
+pub(super) fn group_minidb(
+    path: &str,
+    records: Vec<MiniRecord>,
+) -> Result<Vec<(String, MiniGroup)>> {
+    let mut groups: Vec<(String, MiniGroup)> = Vec::new();
+    let mut at: HashMap<String, usize> = HashMap::new();
+    for rec in records {
+        let Some(value) = rec.value else { continue };
+        let ctx = |e: Error| e.with_blob(&rec.name).with_file(path);
+        let bp = BlobProto::decode(value.as_slice()).map_err(|e| {
+            ctx(bad_data(format!(
+                "cannot parse the record '{}' as a BlobProto: {e}",
+                rec.key
+            )))
+        })?;
+        let is_tensor = bp.r#type.as_deref() == Some(TENSOR_TAG);
+        match at.get(&rec.name) {
+            None => {
+                let g = if is_tensor {
+                    let t = bp.tensor.ok_or_else(|| {
+                        ctx(bad_data(format!(
+                            "the tensor record '{}' holds no tensor",
+                            rec.key
+                        )))
+                    })?;
+                    MiniGroup::Tensor(vec![t], rec.value_len)
+                } else {
+                    MiniGroup::Other(Box::new(bp), rec.value_len)
+                };
+                at.insert(rec.name.clone(), groups.len());
+                groups.push((rec.name, g));
+            }
+            Some(&i) => match (&mut groups[i].1, is_tensor, bp.tensor) {
+                (MiniGroup::Tensor(v, bytes), true, Some(t)) => {
+                    v.push(t);
+                    *bytes += rec.value_len;
+                }
+                _ => {
+                    return Err(ctx(bad_data(format!(
+                        "Blob duplicated: the db holds more than one record for '{}'",
+                        rec.name
+                    ))))
+                }
+            },
+        }
+    }
+    Ok(groups)
+}
+
+pub(super) fn load_minidb(
+    path: &str,
+    select: &dyn Fn(&str) -> bool,
+) -> Result<Vec<(String, BlobValue)>> {
+    let groups = group_minidb(path, read_minidb(path, select)?)?;
+    let mut out = Vec::with_capacity(groups.len());
+    for (name, g) in groups {
+        let v = match g {
+            MiniGroup::Tensor(chunks, _) => assemble_tensor(&chunks).map(BlobValue::Tensor),
+            MiniGroup::Other(bp, _) => decode_object(&bp),
+        };
+        let v = v.map_err(|e| e.with_blob(&name).with_file(path))?;
+        out.push((name, v));
+    }
+    Ok(out)
+}
+
+pub(super) fn list_minidb(path: &str) -> Result<Vec<EntryInfo>> {
+    let groups = group_minidb(path, read_minidb(path, &|_| true)?)?;
+    let mut out = Vec::with_capacity(groups.len());
+    for (name, g) in groups {
+        let info = match g {
+            MiniGroup::Tensor(chunks, bytes) => {
+                let t = &chunks[0];
+                let shape = t
+                    .dims
+                    .iter()
+                    .map(|&d| usize::try_from(d))
+                    .collect::<std::result::Result<Vec<_>, _>>()
+                    .map_err(|_| {
+                        corrupt(path, format!("the tensor has negative dims {:?}", t.dims))
+                            .with_blob(&name)
+                    })?;
+                EntryInfo {
+                    name,
+                    kind: EntryKind::Tensor,
+                    type_tag: TENSOR_TAG.to_string(),
+                    dtype: DataType::from_i32(t.data_type.unwrap_or(1)),
+                    shape,
+                    bytes,
+                }
+            }
+            MiniGroup::Other(bp, bytes) => {
+                let tag = bp.r#type.unwrap_or_default();
+                let kind = if tag == STRING_TAG {
+                    EntryKind::Bytes
+                } else {
+                    EntryKind::Object
+                };
+                EntryInfo {
+                    name,
+                    kind,
+                    type_tag: tag,
+                    dtype: None,
+                    shape: vec![],
+                    bytes,
+                }
+            }
+        };
+        out.push(info);
+    }
+    Ok(out)
+}
+
+/// Caffe2's minidb format.
+pub struct MiniDb;
+
+impl DbFormat for MiniDb {
+    fn name(&self) -> &'static str {
+        "minidb"
+    }
+    fn about(&self) -> &'static str {
+        "Caffe2's file format"
+    }
+    fn allows_chunk_separator(&self) -> bool {
+        false
+    }
+    fn write(
+        &self,
+        w: &mut BufWriter<File>,
+        path: &str,
+        entries: &[(&str, Prepared<'_>)],
+        chunk: usize,
+    ) -> Result<()> {
+        write_minidb(w, path, entries, chunk)
+    }
+    fn load(&self, path: &str, select: &dyn Fn(&str) -> bool) -> Result<Vec<(String, BlobValue)>> {
+        load_minidb(path, select)
+    }
+    fn list(&self, path: &str) -> Result<Vec<EntryInfo>> {
+        list_minidb(path)
+    }
+    /// A minidb has no checksums: it is fully decoded, so damaged numbers
+    /// inside it go unnoticed.
+    fn verify(&self, path: &str) -> Result<()> {
+        load_minidb(path, &|_| true).map(|_| ())
+    }
+}

@@ -1,0 +1,1675 @@
+//! Blob dbs on disk: what Save, Load and DBExists read and write.
+//!
+//! Two formats, chosen by `db_type`:
+//!
+//! * `"ferro"` (the default): a self-checking single file. Layout (every
+//!   integer little-endian):
+//!
+//!   ```text
+//!   [0, 64)        header: magic "FERROCKP" | u32 version (1) | u32 flags (0)
+//!                  | 44 zero bytes | u32 CRC-32 of bytes [0, 60)
+//!   [64, I)        payloads, one per blob, each starting at a multiple of 64,
+//!                  zero padding in between (checked on load)
+//!   [I, I+L)       index (I a multiple of 64), one entry per blob, in file order:
+//!                  u32 name length | name (UTF-8) | u8 kind (1 tensor, 2 bytes,
+//!                  3 object) | u8 dtype (Caffe2 DataType number, tensors only)
+//!                  | u16 0 | u32 ndim | ndim x u64 dims | u64 offset
+//!                  | u64 length | u32 CRC-32 of the payload | u32 tag length
+//!                  | tag (the Caffe2 type tag, objects only)
+//!   [I+L, I+L+48)  trailer: u64 I | u64 L | u64 entry count | u64 file length
+//!                  | u32 CRC-32 of the index | u32 CRC-32 of trailer bytes
+//!                  [0, 36) | magic "FERROEND"
+//!   ```
+//!
+//!   Payloads: numeric tensors are their elements in row-major order,
+//!   little-endian (bool: one byte, 0 or 1), so a payload can be memory-mapped
+//!   or read straight into a tensor; string tensors are `u64 length | bytes`
+//!   per element; byte-string blobs are their bytes; objects are the
+//!   protobuf `BlobProto` from [`BlobObject::serialize`](crate::blob::BlobObject::serialize).
+//!   Every byte of the file is covered by a CRC or must be zero padding, so a
+//!   truncated, extended or bit-flipped file is rejected, never half-read.
+//!   [`map_ferro`] checks a ferro file held in memory (a memory map) and
+//!   says where each tensor lies, so that it can be used in place; it reads
+//!   the payloads (and checks their CRCs) only when asked to verify.
+//!
+//! * `"minidb"`: Caffe2's format, byte for byte, so files move both ways: a
+//!   sequence of records `native-endian i32 key length | i32 value length |
+//!   key | value`, the value a serialized `BlobProto`. Tensors are split into
+//!   records keyed `name#%<chunk>`, each with a segment; other blobs are keyed
+//!   by their name. It has no checksum: truncation inside a record and
+//!   malformed records are detected, bit flips inside data are not.
+//!
+//! Every write is crash-safe: the db is written to
+//! `.<name>.tmp-ferrocaffe-<host>-<pid>-<n>` in the same directory, fsynced,
+//! renamed into place and the directory fsynced, so a db that exists is
+//! complete. Only a regular file is ever replaced (never a FIFO, a device, a
+//! symlink or a directory). When a save of a db starts, the temporaries that
+//! dead processes left for that same db are removed; no other file is.
+//!
+//! Objects (counters, mutexes, cursors, ...) are encoded by their
+//! `BlobObject::serialize` and decoded by the function registered for their
+//! Caffe2 type tag with [`register_blob_codec`] (`crate::builtins` registers
+//! the op families' codecs; nothing registers as a side effect).
+//!
+//! Modules: a format per file ([`Ferro`] in `ferro.rs`, [`MiniDb`] in
+//! `minidb.rs`, behind the [`DbFormat`] trait, listed once in [`FORMATS`]);
+//! `files.rs` (crash-safe writes, regular-file opens), `codecs.rs` (object
+//! codecs), `tensor_proto.rs` (tensors as `TensorProto`s), `mapped.rs`
+//! (a ferro db checked in memory).
+
+use crate::blob::{BlobMutex, BlobValue, Counter};
+use crate::error::{Error, ErrorKind, Result};
+use crate::ir::{BlobProto, Segment, TensorProto};
+use crate::tensor::{DataType, Tensor};
+use ndarray::ArrayD;
+use parking_lot::RwLock;
+use prost::Message;
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
+use std::fs::{self, File, OpenOptions};
+use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, SystemTime};
+
+mod codecs;
+mod ferro;
+mod files;
+mod mapped;
+mod minidb;
+mod tensor_proto;
+
+use codecs::*;
+pub use codecs::{register_blob_codec, BlobDecoder};
+pub use ferro::Ferro;
+use ferro::*;
+use files::*;
+pub use files::{
+    check_replaceable, open_regular, sweep_stale_temporaries, temp_path_for, write_file,
+};
+pub use mapped::{map_ferro, MappedBlob, MappedData};
+pub use minidb::MiniDb;
+use minidb::*;
+use tensor_proto::*;
+
+/// The db type used when none is given by the Python layer.
+pub const DEFAULT_DB_TYPE: &str = "ferro";
+
+/// Caffe2's type tag of tensor blobs.
+pub const TENSOR_TAG: &str = "Tensor";
+/// Caffe2's type tag of `Counter<int64_t>` blobs.
+pub const COUNTER_TAG: &str = "std::unique_ptr<Counter<int64_t>>";
+/// Caffe2's type tag of mutex blobs.
+pub const MUTEX_TAG: &str = "std::unique_ptr<std::mutex>";
+/// Caffe2's type tag of byte-string blobs.
+pub const STRING_TAG: &str = "std::string";
+
+/// Tensors are split into minidb records of this many elements by default
+/// (Caffe2's `caffe2_tensor_chunk_size`).
+pub const DEFAULT_CHUNK_SIZE: usize = 1_000_000;
+
+/// Caffe2's separator between a blob name and its chunk number in db keys.
+pub const CHUNK_SEPARATOR: &str = "#%";
+
+// ------------------------------------------------------------ db formats --
+
+/// A db format: how blobs are written to, read from, listed in and checked
+/// in one file. The registry is [`FORMATS`]; Caffe2's equivalent was
+/// `REGISTER_CAFFE2_DB`. Writes always go through a crash-safe temporary
+/// (see the module docs), which the format only fills.
+pub trait DbFormat: Sync {
+    /// The `db_type` that selects it.
+    fn name(&self) -> &'static str;
+    /// A few words for error messages listing the formats.
+    fn about(&self) -> &'static str;
+    /// Whether blob names may contain [`CHUNK_SEPARATOR`] (a format that
+    /// keys chunks by `name#%i` must refuse them).
+    fn allows_chunk_separator(&self) -> bool {
+        true
+    }
+    /// Writes checked entries to `w` (a temporary beside `path`). `chunk`:
+    /// tensor elements per record, 0 for one record per tensor.
+    fn write(
+        &self,
+        w: &mut BufWriter<File>,
+        path: &str,
+        entries: &[(&str, Prepared<'_>)],
+        chunk: usize,
+    ) -> Result<()>;
+    /// The blobs whose stored name `select` accepts, in file order.
+    fn load(&self, path: &str, select: &dyn Fn(&str) -> bool) -> Result<Vec<(String, BlobValue)>>;
+    /// What the db holds, without (if the format allows) loading its data.
+    fn list(&self, path: &str) -> Result<Vec<EntryInfo>>;
+    /// Checks the db as far as the format can, keeping no data.
+    fn verify(&self, path: &str) -> Result<()>;
+}
+
+/// Every db format, the default first: the one place to add a format.
+pub static FORMATS: &[&dyn DbFormat] = &[&Ferro, &MiniDb];
+
+/// Caffe2 formats that ferrocaffe does not implement (named in errors).
+const CAFFE2_ONLY_FORMATS: &[&str] = &["leveldb", "lmdb", "rocksdb", "zmqdb", "protodb"];
+
+/// The format of a `db_type` argument. Unknown names and Caffe2 formats that
+/// are not implemented (leveldb, lmdb, ...) are `InvalidArgument` errors.
+pub fn db_format(name: &str) -> Result<&'static dyn DbFormat> {
+    if let Some(f) = FORMATS.iter().find(|f| f.name() == name) {
+        return Ok(*f);
+    }
+    let names = || {
+        FORMATS
+            .iter()
+            .map(|f| format!("'{}'", f.name()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    Err(match name {
+        "" => Error::invalid_arg(format!("a db_type is required (supported: {})", names())),
+        s if CAFFE2_ONLY_FORMATS.contains(&s) => {
+            let described: Vec<String> = FORMATS
+                .iter()
+                .map(|f| format!("'{}', {}", f.name(), f.about()))
+                .collect();
+            let list = match described.split_last() {
+                Some((last, rest)) if !rest.is_empty() => {
+                    format!("{}, and {last}", rest.join(", "))
+                }
+                _ => described.join(""),
+            };
+            Error::invalid_arg(format!(
+                "db_type '{s}' is not supported by ferrocaffe (supported: {list})"
+            ))
+        }
+        s => Error::invalid_arg(format!("unknown db_type '{s}' (supported: {})", names())),
+    })
+}
+
+// ---------------------------------------------------------------- errors --
+
+fn corrupt(path: &str, msg: impl Into<String>) -> Error {
+    Error::new(ErrorKind::CorruptCheckpoint, msg).with_file(path)
+}
+
+fn io_error(path: &str) -> impl Fn(std::io::Error) -> Error + '_ {
+    move |e| Error::io(&e, path)
+}
+
+/// Whether a db of this type exists at `path` (Caffe2's DBExists: it can be
+/// opened for reading). Its content is not checked; Load does that.
+pub fn db_exists(path: &str, db_type: &str) -> Result<bool> {
+    db_format(db_type)?;
+    Ok(open_regular(path).is_ok())
+}
+
+// ------------------------------------------------------------ entries --
+
+/// What a db entry holds, as listed by [`list_db`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EntryKind {
+    Tensor,
+    /// A byte-string blob (Caffe2's `std::string`).
+    Bytes,
+    /// A runtime object (counter, mutex, cursor, ...).
+    Object,
+}
+
+impl EntryKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EntryKind::Tensor => "tensor",
+            EntryKind::Bytes => "bytes",
+            EntryKind::Object => "object",
+        }
+    }
+}
+
+/// One blob stored in a db.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EntryInfo {
+    pub name: String,
+    pub kind: EntryKind,
+    /// Caffe2's type tag: "Tensor", "std::string" or the object's tag.
+    pub type_tag: String,
+    /// Tensors only.
+    pub dtype: Option<DataType>,
+    /// Tensors only (empty for 0-dim tensors and other kinds).
+    pub shape: Vec<usize>,
+    /// Bytes the blob takes in the file: its payload (ferro) or the values of
+    /// its records (minidb).
+    pub bytes: u64,
+}
+
+/// Options of [`save_blobs_with`].
+#[derive(Clone, Copy, Debug)]
+pub struct SaveOptions {
+    /// Tensor elements per minidb record (Caffe2's `chunk_size`): -1 means
+    /// the default (1,000,000), 0 one record per tensor. The ferro format
+    /// stores every tensor in one piece and ignores it.
+    pub chunk_size: i64,
+}
+
+impl Default for SaveOptions {
+    fn default() -> Self {
+        SaveOptions { chunk_size: -1 }
+    }
+}
+
+impl SaveOptions {
+    /// Elements per chunk, 0 for no chunking.
+    fn chunk(&self) -> Result<usize> {
+        match self.chunk_size {
+            -1 => Ok(DEFAULT_CHUNK_SIZE),
+            n if n >= 0 => usize::try_from(n)
+                .map_err(|_| Error::invalid_arg(format!("chunk_size {n} is too large"))),
+            n => Err(Error::invalid_arg(format!(
+                "chunk_size must be -1 (the default), 0 (no chunking) or positive, got {n}"
+            ))),
+        }
+    }
+}
+
+/// A blob checked and ready to be written.
+pub enum Prepared<'a> {
+    Tensor(&'a Tensor),
+    Bytes(&'a [u8]),
+    Object { tag: String, proto: Box<BlobProto> },
+}
+
+/// Checks names and kinds and serializes objects, before any file is opened.
+fn prepare<'a>(
+    entries: &[(&'a str, &'a BlobValue)],
+    db: &dyn DbFormat,
+) -> Result<Vec<(&'a str, Prepared<'a>)>> {
+    let mut seen = HashSet::new();
+    let mut out = Vec::with_capacity(entries.len());
+    for &(name, value) in entries {
+        if !seen.insert(name) {
+            return Err(Error::invalid_arg(format!(
+                "the blob name '{name}' is given twice; every saved blob needs its own name"
+            ))
+            .with_blob(name));
+        }
+        if !db.allows_chunk_separator() && name.contains(CHUNK_SEPARATOR) {
+            return Err(Error::invalid_arg(format!(
+                "the blob name '{name}' contains '{CHUNK_SEPARATOR}', Caffe2's chunk separator, so it cannot be stored in a minidb"
+            ))
+            .with_blob(name));
+        }
+        let p = match value {
+            BlobValue::Empty => {
+                return Err(Error::type_error(format!(
+                    "blob '{name}' is empty (it was never written), so there is nothing to save"
+                ))
+                .with_blob(name))
+            }
+            BlobValue::Tensor(t) => Prepared::Tensor(t),
+            BlobValue::Bytes(b) => Prepared::Bytes(b),
+            BlobValue::Object(o) => {
+                let proto = o.serialize().ok_or_else(|| {
+                    Error::type_error(format!(
+                        "blob '{name}' holds a {}, which cannot be saved (no known serializer)",
+                        o.kind_name()
+                    ))
+                    .with_blob(name)
+                })?;
+                let tag = proto.r#type.clone().unwrap_or_default();
+                if tag.is_empty() || tag == TENSOR_TAG {
+                    return Err(Error::internal(format!(
+                        "the serializer of {} gave the type tag '{tag}'; an object needs its own tag",
+                        o.kind_name()
+                    ))
+                    .with_blob(name));
+                }
+                Prepared::Object {
+                    tag,
+                    proto: Box::new(proto),
+                }
+            }
+        };
+        out.push((name, p));
+    }
+    Ok(out)
+}
+
+// ------------------------------------------------------------ public API --
+
+/// Saves blobs to a db, replacing any db at `path` atomically (see the
+/// module docs). Every value must be a tensor, a byte string or an object
+/// with a serializer; names must be unique.
+pub fn save_blobs(path: &str, db_type: &str, entries: &[(String, BlobValue)]) -> Result<()> {
+    save_blobs_with(path, db_type, entries, &SaveOptions::default())
+}
+
+/// [`save_blobs`] with options.
+pub fn save_blobs_with(
+    path: &str,
+    db_type: &str,
+    entries: &[(String, BlobValue)],
+    opts: &SaveOptions,
+) -> Result<()> {
+    let ty = db_format(db_type).map_err(|e| e.with_file(path))?;
+    let refs: Vec<(&str, &BlobValue)> = entries.iter().map(|(n, v)| (n.as_str(), v)).collect();
+    save_blob_refs(path, ty, &refs, opts)
+}
+
+/// [`save_blobs_with`] for borrowed values (e.g. behind read guards).
+pub fn save_blob_refs_with(
+    path: &str,
+    db_type: &str,
+    entries: &[(&str, &BlobValue)],
+    opts: &SaveOptions,
+) -> Result<()> {
+    let ty = db_format(db_type).map_err(|e| e.with_file(path))?;
+    save_blob_refs(path, ty, entries, opts)
+}
+
+fn save_blob_refs(
+    path: &str,
+    ty: &dyn DbFormat,
+    entries: &[(&str, &BlobValue)],
+    opts: &SaveOptions,
+) -> Result<()> {
+    let chunk = opts.chunk().map_err(|e| e.with_file(path))?;
+    let prepared = prepare(entries, ty).map_err(|e| e.with_file(path))?;
+    write_atomically(path, |w| ty.write(w, path, &prepared, chunk))
+}
+
+/// Loads every blob of a db, in file order (minidb chunks reassembled).
+pub fn load_db(path: &str, db_type: &str) -> Result<Vec<(String, BlobValue)>> {
+    load_db_select(path, db_type, &|_| true)
+}
+
+/// Loads the blobs whose stored name `select` accepts; the others are
+/// skipped without being decoded.
+pub fn load_db_select(
+    path: &str,
+    db_type: &str,
+    select: &dyn Fn(&str) -> bool,
+) -> Result<Vec<(String, BlobValue)>> {
+    db_format(db_type)
+        .map_err(|e| e.with_file(path))?
+        .load(path, select)
+}
+
+/// What a db holds, without loading its data (a minidb is parsed in full).
+pub fn list_db(path: &str, db_type: &str) -> Result<Vec<EntryInfo>> {
+    db_format(db_type)
+        .map_err(|e| e.with_file(path))?
+        .list(path)
+}
+
+/// Checks a db without keeping its data: every CRC, the layout and the
+/// padding of a ferro checkpoint; a minidb is fully decoded (it has no
+/// checksums, so damaged numbers inside it go unnoticed).
+pub fn verify_db(path: &str, db_type: &str) -> Result<()> {
+    db_format(db_type)
+        .map_err(|e| e.with_file(path))?
+        .verify(path)
+}
+
+/// Caffe2's `SerializeBlob`: one `BlobProto` (a tensor in a single chunk),
+/// as protobuf bytes.
+pub fn serialize_blob(name: &str, value: &BlobValue) -> Result<Vec<u8>> {
+    let entries = [(name.to_string(), value.clone())];
+    let refs: Vec<(&str, &BlobValue)> = entries.iter().map(|(n, v)| (n.as_str(), v)).collect();
+    let prepared = prepare(&refs, &Ferro)?;
+    let mut out = Vec::new();
+    match &prepared[0].1 {
+        Prepared::Tensor(t) => tensor_chunks(name, t, 0, &mut |_, tp| {
+            let bp = BlobProto {
+                name: Some(name.to_string()),
+                r#type: Some(TENSOR_TAG.to_string()),
+                tensor: Some(tp),
+                ..Default::default()
+            };
+            out = bp.encode_to_vec();
+            Ok(())
+        })?,
+        Prepared::Bytes(b) => {
+            out = BlobProto {
+                name: Some(name.to_string()),
+                r#type: Some(STRING_TAG.to_string()),
+                content: Some(b.to_vec()),
+                ..Default::default()
+            }
+            .encode_to_vec()
+        }
+        Prepared::Object { proto, .. } => {
+            let mut bp = (**proto).clone();
+            bp.name = Some(name.to_string());
+            out = bp.encode_to_vec();
+        }
+    }
+    Ok(out)
+}
+
+/// Caffe2's `DeserializeBlob`: the value of a serialized `BlobProto` (a
+/// tensor must be complete, in one chunk).
+pub fn deserialize_blob(bytes: &[u8]) -> Result<BlobValue> {
+    let bp =
+        BlobProto::decode(bytes).map_err(|e| bad_data(format!("cannot parse a BlobProto: {e}")))?;
+    let name = bp.name.clone().unwrap_or_default();
+    let v = if bp.r#type.as_deref() == Some(TENSOR_TAG) {
+        let t = bp
+            .tensor
+            .ok_or_else(|| bad_data("the tensor blob holds no tensor"))?;
+        assemble_tensor(&[t]).map(BlobValue::Tensor)
+    } else {
+        decode_object(&bp)
+    };
+    v.map_err(|e| e.with_blob(&name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::blob::BlobObject;
+    use ndarray::IxDyn;
+
+    /// A unique scratch directory under the system temp dir, removed on drop.
+    pub(crate) struct Scratch(pub PathBuf);
+
+    impl Scratch {
+        pub(crate) fn new(tag: &str) -> Scratch {
+            static N: AtomicU64 = AtomicU64::new(0);
+            let dir = std::env::temp_dir().join(format!(
+                "ferrocaffe-{tag}-{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ));
+            let _ = fs::remove_dir_all(&dir);
+            fs::create_dir_all(&dir).unwrap();
+            Scratch(dir)
+        }
+        pub(crate) fn file(&self, name: &str) -> String {
+            self.0.join(name).to_string_lossy().into_owned()
+        }
+        fn names(&self) -> Vec<String> {
+            let mut v: Vec<_> = fs::read_dir(&self.0)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_fifo_at_a_db_path_is_refused_without_blocking() {
+        let dir = Scratch::new("fifo");
+        let path = dir.file("db");
+        let c = std::ffi::CString::new(path.clone()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // On another thread, so that a blocking open fails the test instead
+        // of hanging it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let p2 = path.clone();
+        std::thread::spawn(move || {
+            let r = (
+                db_exists(&p2, "ferro").unwrap(),
+                list_db(&p2, "ferro").unwrap_err(),
+                load_db(&p2, "minidb").unwrap_err(),
+                verify_db(&p2, "ferro").unwrap_err(),
+            );
+            let _ = tx.send(r);
+        });
+        let (exists, list, load, verify) = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("opening a FIFO blocked");
+        assert!(!exists);
+        for e in [list, load, verify] {
+            assert_eq!(e.kind, ErrorKind::Io);
+            assert!(
+                e.message.contains("not a regular file (a FIFO)"),
+                "{}",
+                e.full_message()
+            );
+            assert_eq!(e.context.file.as_deref(), Some(path.as_str()));
+        }
+        // A directory is refused the same way; a regular file opens.
+        let e = open_regular(&dir.0).unwrap_err();
+        assert!(e.to_string().contains("a directory"), "{e}");
+        fs::write(dir.file("f"), b"abc").unwrap();
+        let (mut f, meta) = open_regular(dir.file("f")).unwrap();
+        let mut got = String::new();
+        f.read_to_string(&mut got).unwrap();
+        assert_eq!((got.as_str(), meta.len()), ("abc", 3));
+    }
+
+    fn t<T: crate::tensor::Element>(shape: &[usize], v: Vec<T>) -> BlobValue {
+        BlobValue::Tensor(Tensor::from_vec(shape, v).unwrap())
+    }
+
+    /// One blob of every kind and dtype, including 0-dim and empty tensors.
+    fn every_kind() -> Vec<(String, BlobValue)> {
+        vec![
+            (
+                "f32".into(),
+                t(
+                    &[2, 3],
+                    vec![1.5f32, -2.0, 0.0, f32::MAX, f32::MIN_POSITIVE, -0.0],
+                ),
+            ),
+            ("f64".into(), t(&[3], vec![1e300f64, -1.0, 0.25])),
+            ("i32".into(), t(&[2, 2], vec![i32::MIN, -1, 0, i32::MAX])),
+            ("i64".into(), t(&[2], vec![i64::MIN, i64::MAX])),
+            ("bool".into(), t(&[3], vec![true, false, true])),
+            ("u8".into(), t(&[4], vec![0u8, 1, 128, 255])),
+            ("i8".into(), t(&[3], vec![i8::MIN, -1, i8::MAX])),
+            ("i16".into(), t(&[3], vec![i16::MIN, -1, i16::MAX])),
+            ("u16".into(), t(&[2], vec![0u16, u16::MAX])),
+            (
+                "str".into(),
+                t(
+                    &[2, 2],
+                    vec![
+                        b"a".to_vec(),
+                        vec![],
+                        vec![0, 255, 10],
+                        b"hello world".to_vec(),
+                    ],
+                ),
+            ),
+            (
+                "scalar_f32".into(),
+                BlobValue::Tensor(Tensor::scalar(3.25f32)),
+            ),
+            (
+                "scalar_i64".into(),
+                BlobValue::Tensor(Tensor::scalar(-7i64)),
+            ),
+            (
+                "scalar_str".into(),
+                BlobValue::Tensor(Tensor::scalar(b"x".to_vec())),
+            ),
+            (
+                "scalar_bool".into(),
+                BlobValue::Tensor(Tensor::scalar(true)),
+            ),
+            ("empty_f32".into(), t::<f32>(&[0], vec![])),
+            ("empty_2d_i32".into(), t::<i32>(&[3, 0], vec![])),
+            ("empty_str".into(), t::<Vec<u8>>(&[0, 2], vec![])),
+            (
+                "counter".into(),
+                BlobValue::Object(Arc::new(Counter::new(42))),
+            ),
+            (
+                "mutex".into(),
+                BlobValue::Object(Arc::new(BlobMutex::default())),
+            ),
+            ("bytes".into(), BlobValue::Bytes(vec![0, 1, 2, 255])),
+            ("empty_bytes".into(), BlobValue::Bytes(vec![])),
+        ]
+    }
+
+    fn assert_same(a: &[(String, BlobValue)], b: &[(String, BlobValue)]) {
+        assert_eq!(a.len(), b.len(), "entry counts differ");
+        for ((na, va), (nb, vb)) in a.iter().zip(b) {
+            assert_eq!(na, nb);
+            match (va, vb) {
+                (BlobValue::Tensor(x), BlobValue::Tensor(y)) => {
+                    assert_eq!(x.dtype(), y.dtype(), "{na}");
+                    assert_eq!(x.shape(), y.shape(), "{na}");
+                    // Bit-exact for floats (-0.0 and friends).
+                    match (x, y) {
+                        (Tensor::F32(p), Tensor::F32(q)) => {
+                            assert!(
+                                p.iter()
+                                    .zip(q.iter())
+                                    .all(|(u, v)| u.to_bits() == v.to_bits()),
+                                "{na}"
+                            )
+                        }
+                        _ => assert_eq!(x, y, "{na}"),
+                    }
+                }
+                (BlobValue::Bytes(x), BlobValue::Bytes(y)) => assert_eq!(x, y, "{na}"),
+                (BlobValue::Object(x), BlobValue::Object(y)) => {
+                    assert_eq!(x.kind_name(), y.kind_name(), "{na}");
+                    if let (Ok(p), Ok(q)) = (
+                        va.object::<Counter>("Counter"),
+                        vb.object::<Counter>("Counter"),
+                    ) {
+                        assert_eq!(p.get(), q.get(), "{na}");
+                    }
+                }
+                _ => panic!(
+                    "{na}: kinds differ: {} vs {}",
+                    va.kind_name(),
+                    vb.kind_name()
+                ),
+            }
+        }
+    }
+
+    #[test]
+    fn every_kind_round_trips_in_both_formats() {
+        let dir = Scratch::new("storage");
+        let entries = every_kind();
+        for db in ["ferro", "minidb"] {
+            let path = dir.file(&format!("all.{db}"));
+            save_blobs(&path, db, &entries).unwrap();
+            assert_same(&entries, &load_db(&path, db).unwrap());
+            verify_db(&path, db).unwrap();
+            let listed = list_db(&path, db).unwrap();
+            assert_eq!(listed.len(), entries.len());
+            let f32_info = &listed[0];
+            assert_eq!(
+                (f32_info.name.as_str(), f32_info.kind),
+                ("f32", EntryKind::Tensor)
+            );
+            assert_eq!(
+                (f32_info.dtype, f32_info.shape.clone()),
+                (Some(DataType::Float), vec![2, 3])
+            );
+            let counter = listed.iter().find(|e| e.name == "counter").unwrap();
+            assert_eq!(
+                (counter.kind, counter.type_tag.as_str()),
+                (EntryKind::Object, COUNTER_TAG)
+            );
+            let bytes = listed.iter().find(|e| e.name == "bytes").unwrap();
+            assert_eq!(bytes.kind, EntryKind::Bytes);
+            assert!(db_exists(&path, db).unwrap());
+        }
+        // Only the two dbs are left: no temporaries.
+        assert_eq!(
+            dir.names(),
+            vec!["all.ferro".to_string(), "all.minidb".to_string()]
+        );
+    }
+
+    #[test]
+    fn ferro_layout_is_as_documented() {
+        let dir = Scratch::new("storage");
+        let path = dir.file("layout");
+        let big: Vec<f32> = (0..1000).map(|i| i as f32).collect();
+        save_blobs(
+            &path,
+            "ferro",
+            &[
+                ("a".into(), t(&[3], vec![1u8, 2, 3])),
+                ("b".into(), t(&[1000], big.clone())),
+            ],
+        )
+        .unwrap();
+        let bytes = fs::read(&path).unwrap();
+        assert_eq!(&bytes[..8], b"FERROCKP");
+        assert_eq!(le_u32(&bytes, 8), 1);
+        assert_eq!(&bytes[bytes.len() - 8..], b"FERROEND");
+        let tr = &bytes[bytes.len() - 48..];
+        assert_eq!(le_u64(tr, 24), bytes.len() as u64);
+        assert_eq!(le_u64(tr, 16), 2);
+        // Payloads at 64-byte boundaries: "a" at 64, "b" at 128, as raw LE data.
+        assert_eq!(&bytes[64..67], &[1, 2, 3]);
+        assert!(bytes[67..128].iter().all(|&b| b == 0));
+        assert_eq!(&bytes[128..132], &0f32.to_le_bytes());
+        assert_eq!(&bytes[128 + 4 * 999..128 + 4000], &999f32.to_le_bytes());
+        assert_eq!(le_u64(tr, 0), align_up(128 + 4000));
+    }
+
+    #[test]
+    fn non_contiguous_tensors_take_the_portable_path() {
+        let dir = Scratch::new("storage");
+        let a = ndarray::ArrayD::from_shape_vec(IxDyn(&[2, 3]), vec![1i64, 2, 3, 4, 5, 6])
+            .unwrap()
+            .reversed_axes();
+        assert!(a.as_slice().is_none());
+        let b = ndarray::ArrayD::from_shape_vec(IxDyn(&[2, 2]), vec![true, false, false, true])
+            .unwrap()
+            .reversed_axes();
+        let entries = vec![
+            ("t".to_string(), BlobValue::Tensor(Tensor::I64(a.clone()))),
+            ("b".into(), BlobValue::Tensor(Tensor::Bool(b.clone()))),
+        ];
+        for db in ["ferro", "minidb"] {
+            let path = dir.file(db);
+            save_blobs(&path, db, &entries).unwrap();
+            let back = load_db(&path, db).unwrap();
+            assert_eq!(back[0].1.tensor().unwrap(), &Tensor::I64(a.clone()));
+            assert_eq!(back[1].1.tensor().unwrap(), &Tensor::Bool(b.clone()));
+        }
+        // A staging buffer larger than one stage, converted piecewise.
+        let big =
+            ndarray::ArrayD::from_shape_fn(IxDyn(&[300, 300]), |i| (i[0] * 300 + i[1]) as f32)
+                .reversed_axes();
+        let path = dir.file("big");
+        save_blobs(
+            &path,
+            "ferro",
+            &[("big".into(), BlobValue::Tensor(Tensor::F32(big.clone())))],
+        )
+        .unwrap();
+        assert_eq!(
+            load_db(&path, "ferro").unwrap()[0].1.tensor().unwrap(),
+            &Tensor::F32(big)
+        );
+    }
+
+    // ------------------------------------------------ minidb by hand --
+
+    fn varint(mut v: u64, out: &mut Vec<u8>) {
+        while v >= 0x80 {
+            out.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        out.push(v as u8);
+    }
+
+    fn field_varint(field: u32, v: u64, out: &mut Vec<u8>) {
+        varint(u64::from(field) << 3, out);
+        varint(v, out);
+    }
+
+    fn field_bytes(field: u32, b: &[u8], out: &mut Vec<u8>) {
+        varint((u64::from(field) << 3) | 2, out);
+        varint(b.len() as u64, out);
+        out.extend_from_slice(b);
+    }
+
+    fn record(key: &str, value: &[u8], out: &mut Vec<u8>) {
+        out.extend_from_slice(&(key.len() as i32).to_ne_bytes());
+        out.extend_from_slice(&(value.len() as i32).to_ne_bytes());
+        out.extend_from_slice(key.as_bytes());
+        out.extend_from_slice(value);
+    }
+
+    /// A Caffe2 TensorProto chunk, encoded by hand as Caffe2's C++ writes it
+    /// (unpacked dims, packed data, segment).
+    fn hand_tensor(
+        name: &str,
+        dims: &[u64],
+        dtype: u64,
+        data_field: u32,
+        packed: &[u8],
+        seg: (u64, u64),
+    ) -> Vec<u8> {
+        let mut tp = Vec::new();
+        for &d in dims {
+            field_varint(1, d, &mut tp);
+        }
+        field_varint(2, dtype, &mut tp);
+        if !packed.is_empty() {
+            field_bytes(data_field, packed, &mut tp);
+        }
+        field_bytes(7, name.as_bytes(), &mut tp);
+        let mut s = Vec::new();
+        field_varint(1, seg.0, &mut s);
+        field_varint(2, seg.1, &mut s);
+        field_bytes(11, &s, &mut tp);
+        let mut bp = Vec::new();
+        field_bytes(1, name.as_bytes(), &mut bp);
+        field_bytes(2, b"Tensor", &mut bp);
+        field_bytes(3, &tp, &mut bp);
+        bp
+    }
+
+    #[test]
+    fn hand_assembled_minidb_reads_correctly() {
+        let dir = Scratch::new("storage");
+        let mut file = Vec::new();
+        // "w": float [2, 2] in two chunks, written out of order (Caffe2's
+        // threaded serializer may do that).
+        let floats = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        record(
+            "w#%1",
+            &hand_tensor("w", &[2, 2], 1, 3, &floats(&[3.0, 4.0]), (2, 4)),
+            &mut file,
+        );
+        record(
+            "w#%0",
+            &hand_tensor("w", &[2, 2], 1, 3, &floats(&[1.0, 2.0]), (0, 2)),
+            &mut file,
+        );
+        // "ids": int64 [3] (field 10, packed varints).
+        let mut ids = Vec::new();
+        for v in [5i64, -1, 1 << 40] {
+            varint(v as u64, &mut ids);
+        }
+        record(
+            "ids#%0",
+            &hand_tensor("ids", &[3], 10, 10, &ids, (0, 3)),
+            &mut file,
+        );
+        // "flags": bool [2] in int32_data (field 4).
+        record(
+            "flags#%0",
+            &hand_tensor("flags", &[2], 5, 4, &[1, 0], (0, 2)),
+            &mut file,
+        );
+        // "e": an empty int32 tensor [0, 4] still has chunk 0.
+        record(
+            "e#%0",
+            &hand_tensor("e", &[0, 4], 2, 4, &[], (0, 0)),
+            &mut file,
+        );
+        // "names": string [2] (field 6, one entry per element).
+        let mut bp = Vec::new();
+        field_bytes(1, b"names", &mut bp);
+        field_bytes(2, b"Tensor", &mut bp);
+        let mut tp = Vec::new();
+        field_varint(1, 2, &mut tp);
+        field_varint(2, 4, &mut tp);
+        field_bytes(6, b"ab", &mut tp);
+        field_bytes(6, b"", &mut tp);
+        field_bytes(3, &tp, &mut bp);
+        record("names#%0", &bp, &mut file);
+        // "it": a Caffe2 counter (an int64 tensor of dims [1], its own type tag).
+        let mut bp = Vec::new();
+        field_bytes(1, b"it", &mut bp);
+        field_bytes(2, COUNTER_TAG.as_bytes(), &mut bp);
+        let mut tp = Vec::new();
+        field_varint(1, 1, &mut tp);
+        field_varint(2, 10, &mut tp);
+        let mut v = Vec::new();
+        varint(17, &mut v);
+        field_bytes(10, &v, &mut tp);
+        field_bytes(3, &tp, &mut bp);
+        record("it", &bp, &mut file);
+        // "m": a mutex; "s": a std::string blob.
+        let mut bp = Vec::new();
+        field_bytes(1, b"m", &mut bp);
+        field_bytes(2, MUTEX_TAG.as_bytes(), &mut bp);
+        field_bytes(4, b"", &mut bp);
+        record("m", &bp, &mut file);
+        let mut bp = Vec::new();
+        field_bytes(1, b"s", &mut bp);
+        field_bytes(2, b"std::string", &mut bp);
+        field_bytes(4, b"payload\x00bytes", &mut bp);
+        record("s", &bp, &mut file);
+
+        let path = dir.file("hand.minidb");
+        fs::write(&path, &file).unwrap();
+        let got = load_db(&path, "minidb").unwrap();
+        let names: Vec<&str> = got.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["w", "ids", "flags", "e", "names", "it", "m", "s"]);
+        assert_eq!(
+            got[0].1.tensor().unwrap(),
+            &Tensor::from_vec(&[2, 2], vec![1.0f32, 2.0, 3.0, 4.0]).unwrap()
+        );
+        assert_eq!(
+            got[1].1.tensor().unwrap(),
+            &Tensor::from_vec(&[3], vec![5i64, -1, 1 << 40]).unwrap()
+        );
+        assert_eq!(
+            got[2].1.tensor().unwrap(),
+            &Tensor::from_vec(&[2], vec![true, false]).unwrap()
+        );
+        assert_eq!(
+            got[3].1.tensor().unwrap(),
+            &Tensor::from_vec::<i32>(&[0, 4], vec![]).unwrap()
+        );
+        assert_eq!(
+            got[4].1.tensor().unwrap(),
+            &Tensor::from_vec(&[2], vec![b"ab".to_vec(), vec![]]).unwrap()
+        );
+        assert_eq!(got[5].1.object::<Counter>("Counter").unwrap().get(), 17);
+        got[6].1.object::<BlobMutex>("Mutex").unwrap();
+        assert!(matches!(&got[7].1, BlobValue::Bytes(b) if b == b"payload\x00bytes"));
+
+        // Selecting skips the other records without decoding them.
+        let some = load_db_select(&path, "minidb", &|n| n == "ids").unwrap();
+        assert_eq!(some.len(), 1);
+
+        // A missing chunk is Caffe2's "Data size mismatch", naming blob and file.
+        let mut partial = Vec::new();
+        record(
+            "w#%1",
+            &hand_tensor("w", &[2, 2], 1, 3, &floats(&[3.0, 4.0]), (2, 4)),
+            &mut partial,
+        );
+        fs::write(&path, &partial).unwrap();
+        let e = load_db(&path, "minidb").unwrap_err();
+        assert_eq!(e.kind, ErrorKind::CorruptCheckpoint);
+        assert!(
+            e.message
+                .contains("Data size mismatch: expected 4 elements, read 2"),
+            "{e}"
+        );
+        assert_eq!(
+            (e.context.blob.as_deref(), e.context.file.as_deref()),
+            (Some("w"), Some(path.as_str()))
+        );
+        // A chunk whose data does not match its segment.
+        let mut bad = Vec::new();
+        record(
+            "w#%0",
+            &hand_tensor("w", &[2, 2], 1, 3, &floats(&[1.0]), (0, 4)),
+            &mut bad,
+        );
+        fs::write(&path, &bad).unwrap();
+        let e = load_db(&path, "minidb").unwrap_err();
+        assert_eq!(e.kind, ErrorKind::CorruptCheckpoint);
+        assert!(e.message.contains("incorrect data size"), "{e}");
+        // Two records for one non-tensor blob.
+        let mut dup = Vec::new();
+        record("s", &bp, &mut dup);
+        record("s", &bp, &mut dup);
+        fs::write(&path, &dup).unwrap();
+        assert!(load_db(&path, "minidb")
+            .unwrap_err()
+            .message
+            .contains("Blob duplicated"));
+    }
+
+    /// Parses a minidb by hand: (key, value) records.
+    fn parse_records(bytes: &[u8]) -> Vec<(String, Vec<u8>)> {
+        let mut out = Vec::new();
+        let mut at = 0;
+        while at < bytes.len() {
+            let kl = i32::from_ne_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+            let vl = i32::from_ne_bytes(bytes[at + 4..at + 8].try_into().unwrap()) as usize;
+            let key = String::from_utf8(bytes[at + 8..at + 8 + kl].to_vec()).unwrap();
+            out.push((key, bytes[at + 8 + kl..at + 8 + kl + vl].to_vec()));
+            at += 8 + kl + vl;
+        }
+        assert_eq!(at, bytes.len());
+        out
+    }
+
+    #[test]
+    fn saved_minidb_has_caffe2_records() {
+        let dir = Scratch::new("storage");
+        let path = dir.file("saved.minidb");
+        let entries = vec![
+            (
+                "x".to_string(),
+                t(&[2, 5], (0..10).map(|i| i as f32).collect()),
+            ),
+            ("flags".to_string(), t(&[2], vec![true, false])),
+            ("small".to_string(), t(&[2], vec![-3i16, 7])),
+            ("e".to_string(), t::<f64>(&[0], vec![])),
+            (
+                "c".to_string(),
+                BlobValue::Object(Arc::new(Counter::new(9))),
+            ),
+            (
+                "m".to_string(),
+                BlobValue::Object(Arc::new(BlobMutex::default())),
+            ),
+            ("s".to_string(), BlobValue::Bytes(b"hi".to_vec())),
+        ];
+        save_blobs_with(&path, "minidb", &entries, &SaveOptions { chunk_size: 4 }).unwrap();
+        let recs = parse_records(&fs::read(&path).unwrap());
+        let keys: Vec<&str> = recs.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            keys,
+            ["x#%0", "x#%1", "x#%2", "flags#%0", "small#%0", "e#%0", "c", "m", "s"]
+        );
+        let bp = |i: usize| BlobProto::decode(recs[i].1.as_slice()).unwrap();
+        let x1 = bp(1);
+        assert_eq!(
+            (x1.name.as_deref(), x1.r#type.as_deref()),
+            (Some("x"), Some("Tensor"))
+        );
+        let tp = x1.tensor.unwrap();
+        assert_eq!(
+            (tp.dims.clone(), tp.data_type, tp.name.as_deref()),
+            (vec![2, 5], Some(1), Some("x"))
+        );
+        assert_eq!(tp.segment, Some(Segment { begin: 4, end: 8 }));
+        assert_eq!(tp.float_data, vec![4.0, 5.0, 6.0, 7.0]);
+        assert_eq!(
+            bp(2).tensor.unwrap().segment,
+            Some(Segment { begin: 8, end: 10 })
+        );
+        let flags = bp(3).tensor.unwrap();
+        assert_eq!((flags.data_type, flags.int32_data), (Some(5), vec![1, 0]));
+        assert_eq!(bp(4).tensor.unwrap().int32_data, vec![-3, 7]);
+        let e = bp(5).tensor.unwrap();
+        assert_eq!(
+            (e.dims, e.segment, e.data_type),
+            (vec![0], Some(Segment { begin: 0, end: 0 }), Some(13))
+        );
+        let c = bp(6);
+        assert_eq!(c.r#type.as_deref(), Some(COUNTER_TAG));
+        let ct = c.tensor.unwrap();
+        assert_eq!(
+            (ct.dims, ct.data_type, ct.int64_data),
+            (vec![1], Some(10), vec![9])
+        );
+        let m = bp(7);
+        assert_eq!(
+            (m.r#type.as_deref(), m.content),
+            (Some(MUTEX_TAG), Some(vec![]))
+        );
+        let s = bp(8);
+        assert_eq!(
+            (s.r#type.as_deref(), s.content),
+            (Some(STRING_TAG), Some(b"hi".to_vec()))
+        );
+        // Chunks reassemble; chunk_size 0 writes one record per tensor.
+        assert_same(&entries, &load_db(&path, "minidb").unwrap());
+        save_blobs_with(&path, "minidb", &entries, &SaveOptions { chunk_size: 0 }).unwrap();
+        assert_eq!(parse_records(&fs::read(&path).unwrap())[0].0, "x#%0");
+        assert_eq!(parse_records(&fs::read(&path).unwrap())[1].0, "flags#%0");
+        assert!(
+            save_blobs_with(&path, "minidb", &entries, &SaveOptions { chunk_size: -2 }).is_err()
+        );
+    }
+
+    // -------------------------------------------------- damaged files --
+
+    fn small_entries() -> Vec<(String, BlobValue)> {
+        vec![
+            ("a".into(), t(&[3], vec![1.0f32, 2.0, 3.0])),
+            ("b".into(), t(&[2], vec![b"xy".to_vec(), b"z".to_vec()])),
+            ("c".into(), BlobValue::Object(Arc::new(Counter::new(5)))),
+            ("d".into(), BlobValue::Bytes(b"bytes".to_vec())),
+            ("e".into(), t(&[2], vec![true, false])),
+        ]
+    }
+
+    fn assert_corrupt(e: &Error, path: &str) {
+        assert_eq!(e.kind, ErrorKind::CorruptCheckpoint, "{e}");
+        assert_eq!(e.context.file.as_deref(), Some(path), "{e}");
+    }
+
+    #[test]
+    fn ferro_truncation_at_every_offset_is_detected() {
+        let dir = Scratch::new("storage");
+        let good = dir.file("good");
+        save_blobs(&good, "ferro", &small_entries()).unwrap();
+        let bytes = fs::read(&good).unwrap();
+        let path = dir.file("cut");
+        for len in 0..bytes.len() {
+            fs::write(&path, &bytes[..len]).unwrap();
+            let e = load_db(&path, "ferro").unwrap_err();
+            assert_corrupt(&e, &path);
+            assert_corrupt(&verify_db(&path, "ferro").unwrap_err(), &path);
+            assert_corrupt(&list_db(&path, "ferro").unwrap_err(), &path);
+        }
+        // Appended junk is caught too.
+        let mut longer = bytes.clone();
+        longer.extend_from_slice(&[0; 7]);
+        fs::write(&path, &longer).unwrap();
+        assert_corrupt(&load_db(&path, "ferro").unwrap_err(), &path);
+    }
+
+    #[test]
+    fn ferro_bit_flips_anywhere_are_detected() {
+        let dir = Scratch::new("storage");
+        let good = dir.file("good");
+        save_blobs(&good, "ferro", &small_entries()).unwrap();
+        let bytes = fs::read(&good).unwrap();
+        let path = dir.file("flipped");
+        for i in 0..bytes.len() {
+            for bit in 0..8 {
+                let mut b = bytes.clone();
+                b[i] ^= 1 << bit;
+                fs::write(&path, &b).unwrap();
+                let e = load_db(&path, "ferro").unwrap_err();
+                assert_corrupt(&e, &path);
+                assert_corrupt(&verify_db(&path, "ferro").unwrap_err(), &path);
+            }
+        }
+    }
+
+    #[test]
+    fn damaged_data_names_the_blob() {
+        let dir = Scratch::new("storage");
+        let path = dir.file("db");
+        save_blobs(&path, "ferro", &small_entries()).unwrap();
+        let mut b = fs::read(&path).unwrap();
+        b[64] ^= 0x10; // inside blob "a"'s payload
+        fs::write(&path, &b).unwrap();
+        let e = load_db(&path, "ferro").unwrap_err();
+        assert_corrupt(&e, &path);
+        assert_eq!(e.context.blob.as_deref(), Some("a"));
+        assert!(e.full_message().contains("CRC mismatch"), "{e}");
+        // Loading only the other blobs skips the damaged one.
+        assert_eq!(
+            load_db_select(&path, "ferro", &|n| n != "a").unwrap().len(),
+            4
+        );
+    }
+
+    #[test]
+    fn large_tensors_load_in_pieces_and_every_piece_is_checked() {
+        // 20 MiB: three pieces of LOAD_PIECE, read by different threads and
+        // their CRCs combined; small blobs before and after it.
+        let n = (20 << 20) / 4;
+        let big: Vec<i32> = (0..n as i32)
+            .map(|i| i.wrapping_mul(2654435761u32 as i32))
+            .collect();
+        let entries = vec![
+            ("head".to_string(), t(&[3], vec![1.5f64, -2.0, 3.25])),
+            ("big".to_string(), t(&[n / 1024, 1024], big.clone())),
+            ("tail".to_string(), BlobValue::Bytes(b"end".to_vec())),
+        ];
+        let dir = Scratch::new("storage");
+        let path = dir.file("db");
+        save_blobs(&path, "ferro", &entries).unwrap();
+        let got = load_db(&path, "ferro").unwrap();
+        assert_same(&got, &entries);
+        let offset = list_ferro(&path).unwrap();
+        assert_eq!(offset[1].bytes, (n * 4) as u64);
+        let raw = fs::read(&path).unwrap();
+        // A flipped bit in each piece of "big" (its payload starts at 128).
+        for at in [128 + 5, 128 + (9 << 20), 128 + (20 << 20) - 1] {
+            let mut b = raw.clone();
+            b[at] ^= 0x04;
+            fs::write(&path, &b).unwrap();
+            let e = load_db(&path, "ferro").unwrap_err();
+            assert_corrupt(&e, &path);
+            assert_eq!(e.context.blob.as_deref(), Some("big"), "{e}");
+            // Padding is checked too.
+            let mut b = raw.clone();
+            b[128 + (20 << 20) + 3] = 1; // between "big" and "tail"
+            fs::write(&path, &b).unwrap();
+            let e = load_db(&path, "ferro").unwrap_err();
+            assert!(e.full_message().contains("padding"), "{e}");
+        }
+    }
+
+    #[test]
+    fn minidb_truncation_is_an_error_or_a_clean_prefix() {
+        let dir = Scratch::new("storage");
+        let good = dir.file("good");
+        let entries = small_entries();
+        save_blobs_with(&good, "minidb", &entries, &SaveOptions { chunk_size: 2 }).unwrap();
+        let bytes = fs::read(&good).unwrap();
+        let mut boundaries = vec![0];
+        for (k, v) in parse_records(&bytes) {
+            boundaries.push(boundaries.last().unwrap() + 8 + k.len() + v.len());
+        }
+        let path = dir.file("cut");
+        for len in 0..bytes.len() {
+            fs::write(&path, &bytes[..len]).unwrap();
+            match load_db(&path, "minidb") {
+                Err(e) => assert_corrupt(&e, &path),
+                Ok(got) => {
+                    // minidb has no trailer: a cut between records loses whole
+                    // blobs, never data inside one.
+                    assert!(boundaries.contains(&len), "a cut at {len} was not detected");
+                    assert_same(&entries[..got.len()], &got);
+                }
+            }
+        }
+        // Cutting between the two chunks of "a" is a size mismatch, not a short tensor.
+        fs::write(&path, &bytes[..boundaries[1]]).unwrap();
+        assert!(load_db(&path, "minidb")
+            .unwrap_err()
+            .message
+            .contains("Data size mismatch"));
+    }
+
+    #[test]
+    fn empty_missing_and_foreign_files() {
+        let dir = Scratch::new("storage");
+        let empty = dir.file("empty");
+        fs::write(&empty, b"").unwrap();
+        for db in ["ferro", "minidb"] {
+            let e = load_db(&empty, db).unwrap_err();
+            assert_corrupt(&e, &empty);
+            assert!(e.message.contains("empty"), "{e}");
+            let missing = dir.file("missing");
+            let e = load_db(&missing, db).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::Io);
+            assert_eq!(e.context.file.as_deref(), Some(missing.as_str()));
+            assert!(!db_exists(&missing, db).unwrap());
+        }
+        // Each format recognises the other and says so.
+        let f = dir.file("f");
+        let m = dir.file("m");
+        save_blobs(&f, "ferro", &small_entries()).unwrap();
+        save_blobs(&m, "minidb", &small_entries()).unwrap();
+        assert!(load_db(&f, "minidb")
+            .unwrap_err()
+            .message
+            .contains("db_type 'ferro'"));
+        assert!(load_db(&m, "ferro")
+            .unwrap_err()
+            .message
+            .contains("db_type 'minidb'"));
+        let text = dir.file("text");
+        fs::write(&text, b"hello, this is not a db at all").unwrap();
+        assert_corrupt(&load_db(&text, "ferro").unwrap_err(), &text);
+        assert_corrupt(&load_db(&text, "minidb").unwrap_err(), &text);
+    }
+
+    #[test]
+    fn db_types_are_checked() {
+        let dir = Scratch::new("storage");
+        let path = dir.file("x");
+        let e = save_blobs(&path, "hdf5", &small_entries()).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+        assert!(e.message.contains("unknown db_type 'hdf5'"), "{e}");
+        for db in ["leveldb", "lmdb"] {
+            let e = load_db(&path, db).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::InvalidArgument);
+            assert!(
+                e.message
+                    .contains(&format!("db_type '{db}' is not supported")),
+                "{e}"
+            );
+            assert!(db_exists(&path, db).is_err());
+        }
+        assert!(fs::read_dir(&dir.0).unwrap().next().is_none());
+    }
+
+    #[test]
+    fn bad_entries_fail_before_any_file_is_written() {
+        let dir = Scratch::new("storage");
+        let path = dir.file("db");
+        save_blobs(&path, "ferro", &small_entries()).unwrap();
+        let before = fs::read(&path).unwrap();
+        let timer = crate::blob::Timer {
+            name: "t".into(),
+            start: parking_lot::Mutex::new(None),
+        };
+        let cases: Vec<(Vec<(String, BlobValue)>, &str)> = vec![
+            (vec![("a".into(), BlobValue::Empty)], "never written"),
+            (
+                vec![("t".into(), BlobValue::Object(Arc::new(timer)))],
+                "no known serializer",
+            ),
+            (
+                vec![
+                    ("a".into(), BlobValue::Bytes(vec![])),
+                    ("a".into(), BlobValue::Bytes(vec![])),
+                ],
+                "given twice",
+            ),
+        ];
+        for (entries, msg) in cases {
+            for db in ["ferro", "minidb"] {
+                let e = save_blobs(&path, db, &entries).unwrap_err();
+                assert!(e.message.contains(msg), "{e}");
+                assert!(
+                    e.context.blob.is_some() && e.context.file.as_deref() == Some(path.as_str()),
+                    "{e:?}"
+                );
+            }
+        }
+        let e = save_blobs(
+            &path,
+            "minidb",
+            &[("a#%b".into(), BlobValue::Bytes(vec![]))],
+        )
+        .unwrap_err();
+        assert!(e.message.contains("chunk separator"), "{e}");
+        assert_eq!(fs::read(&path).unwrap(), before);
+        assert_eq!(dir.names(), vec!["db".to_string()]);
+        // A directory that does not exist is an Io error naming the file.
+        let nowhere = dir.file("no/such/dir/db");
+        let e = save_blobs(&nowhere, "ferro", &small_entries()).unwrap_err();
+        assert_eq!(
+            (e.kind, e.context.file.as_deref()),
+            (ErrorKind::Io, Some(nowhere.as_str()))
+        );
+    }
+
+    #[test]
+    fn saves_replace_atomically() {
+        let dir = Scratch::new("storage");
+        let path = dir.file("ckpt");
+        save_blobs(&path, "ferro", &[("v".into(), t(&[1], vec![1i32]))]).unwrap();
+        // Concurrent savers of the same path: each file seen is complete.
+        std::thread::scope(|s| {
+            for k in 0..4 {
+                let path = path.clone();
+                s.spawn(move || {
+                    for i in 0..10 {
+                        let v: i32 = k * 100 + i;
+                        save_blobs(&path, "ferro", &[("v".into(), t(&[1000], vec![v; 1000]))])
+                            .unwrap();
+                    }
+                });
+            }
+            let path = path.clone();
+            s.spawn(move || {
+                for _ in 0..50 {
+                    let got = load_db(&path, "ferro").unwrap();
+                    let a = got[0].1.tensor().unwrap().array::<i32>().unwrap().clone();
+                    assert!(a.iter().all(|&x| x == a[0]));
+                }
+            });
+        });
+        assert_eq!(dir.names(), vec!["ckpt".to_string()]);
+    }
+
+    #[test]
+    fn stale_temporaries_are_swept() {
+        let dir = Scratch::new("storage");
+        let me = std::process::id();
+        let host = host_tag();
+        let dead = 4_000_000_000u32; // above any pid_max
+        let touch = |name: &str, age_secs: u64| {
+            let p = dir.0.join(name);
+            let f = File::create(&p).unwrap();
+            f.set_modified(SystemTime::now() - Duration::from_secs(age_secs))
+                .unwrap();
+        };
+        let ours = |target: &str, host: u32, pid: u32, n: u32| {
+            format!(".{target}.tmp-ferrocaffe-{host:08x}-{pid}-{n}")
+        };
+        let other_host = host.wrapping_add(1);
+        touch(&ours("ckpt", host, dead, 0), 0); // dead owner of this host: swept at once
+        touch(&ours("ckpt", host, me, 7), 10); // a live owner: kept
+        touch(&ours("ckpt", host, me, 8), 7200); // over an hour old: swept
+        touch(&ours("ckpt", other_host, dead, 1), 10); // another host's: kept for now
+        touch(&ours("ckpt", other_host, dead, 2), 7200); // ... unless over an hour old
+        touch(&ours("other", host, dead, 3), 7200); // another file's: kept
+        touch(&ours("ckpt.1", host, dead, 4), 7200); // a file whose name extends ours: kept
+        touch(&format!(".ckpt.tmp-{dead}-5"), 7200); // someone else's pattern: kept
+        touch(".thesis.docx.tmp-1-2", 7200);
+        touch("ckpt", 7200);
+        assert_eq!(temp_owner(&ours("a", 0xabc, 12, 3), "a"), Some((0xabc, 12)));
+        assert_eq!(temp_owner(&ours("a", 0xabc, 12, 3), "b"), None);
+        assert_eq!(temp_owner(".a.tmp-ferrocaffe-xyz-12-3", "a"), None);
+        assert_eq!(temp_owner(".a.tmp-12-3", "a"), None);
+        let kept_before = dir.names();
+        assert_eq!(sweep_stale_temporaries(&dir.0.join("ckpt")).unwrap(), 3);
+        let mut want: Vec<String> = kept_before
+            .into_iter()
+            .filter(|n| {
+                *n != ours("ckpt", host, dead, 0)
+                    && *n != ours("ckpt", host, me, 8)
+                    && *n != ours("ckpt", other_host, dead, 2)
+            })
+            .collect();
+        want.sort();
+        assert_eq!(dir.names(), want);
+        // A save sweeps the temporaries of the db it writes, and only those.
+        touch(&ours("x", host, dead, 9), 0);
+        save_blobs(&dir.file("x"), "ferro", &small_entries()).unwrap();
+        let names = dir.names();
+        assert!(!names.contains(&ours("x", host, dead, 9)));
+        assert!(names.contains(&ours("other", host, dead, 3)));
+        assert!(names.contains(&".thesis.docx.tmp-1-2".to_string()));
+        // A temporary is named the way the sweeper recognises.
+        let tmp = temp_path_for(&dir.0.join("y"));
+        let name = tmp.file_name().unwrap().to_str().unwrap();
+        assert_eq!(temp_owner(name, "y"), Some((host, me)));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn saves_replace_only_regular_files() {
+        let dir = Scratch::new("storage");
+        let target = dir.file("real");
+        save_blobs(&target, "ferro", &small_entries()).unwrap();
+        let link = dir.file("link");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let socket = dir.file("socket");
+        let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let sub = dir.file("sub");
+        fs::create_dir(&sub).unwrap();
+        for (path, what) in [
+            (&link, "symbolic link"),
+            (&socket, "not a regular file"),
+            (&sub, "directory"),
+        ] {
+            for db in ["ferro", "minidb"] {
+                let e = save_blobs(path, db, &small_entries()).unwrap_err();
+                assert_eq!(e.kind, ErrorKind::Io, "{e}");
+                assert!(e.to_string().contains(what), "{e}");
+                assert_eq!(e.context.file.as_deref(), Some(path.as_str()));
+            }
+            let e = write_file(path, b"x").unwrap_err();
+            assert!(e.to_string().contains(what), "{e}");
+        }
+        // Nothing was replaced, no temporary is left.
+        assert!(fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert!(fs::metadata(&sub).unwrap().is_dir());
+        assert_eq!(dir.names(), vec!["link", "real", "socket", "sub"]);
+        // A regular file is replaced.
+        write_file(&target, b"plain").unwrap();
+        assert_eq!(fs::read(&target).unwrap(), b"plain");
+    }
+
+    #[derive(Debug)]
+    struct Thing(String);
+
+    impl BlobObject for Thing {
+        fn kind_name(&self) -> &'static str {
+            "Thing"
+        }
+        fn serialize(&self) -> Option<BlobProto> {
+            Some(BlobProto {
+                r#type: Some("test::Thing".into()),
+                content: Some(self.0.as_bytes().to_vec()),
+                ..Default::default()
+            })
+        }
+    }
+
+    fn decode_thing(p: &BlobProto) -> Result<BlobValue> {
+        let s = String::from_utf8(p.content.clone().unwrap_or_default())
+            .map_err(|_| bad_object("not UTF-8"))?;
+        Ok(BlobValue::Object(Arc::new(Thing(s))))
+    }
+
+    #[test]
+    fn registered_codecs_load_objects() {
+        let dir = Scratch::new("storage");
+        let entries = vec![(
+            "thing".to_string(),
+            BlobValue::Object(Arc::new(Thing("state".into()))),
+        )];
+        for db in ["ferro", "minidb"] {
+            let path = dir.file(db);
+            save_blobs(&path, db, &entries).unwrap();
+            if db == "ferro" {
+                // Before registration the tag is unknown: a Type error naming it.
+                let e = load_db(&path, db).unwrap_err();
+                assert_eq!(e.kind, ErrorKind::Type);
+                assert!(e.message.contains("test::Thing"), "{e}");
+                register_blob_codec("test::Thing", decode_thing);
+            }
+            let got = load_db(&path, db).unwrap();
+            assert_eq!(got[0].1.object::<Thing>("Thing").unwrap().0, "state");
+            assert_eq!(list_db(&path, db).unwrap()[0].type_tag, "test::Thing");
+        }
+    }
+
+    #[test]
+    fn serialize_blob_round_trips() {
+        for (name, v) in every_kind() {
+            let bytes = serialize_blob(&name, &v).unwrap();
+            let back = deserialize_blob(&bytes).unwrap();
+            assert_same(&[(name.clone(), v)], &[(name, back)]);
+        }
+        assert_eq!(
+            deserialize_blob(&[0xff, 0xff]).unwrap_err().kind,
+            ErrorKind::CorruptCheckpoint
+        );
+    }
+    // --------------------------------------------------- memory-mapped --
+
+    /// The value a mapped blob stands for, rebuilt from the bytes it points
+    /// at (`None` for objects).
+    fn from_mapped(data: &[u8], m: &MappedData) -> Option<BlobValue> {
+        let MappedData::InPlace {
+            dtype,
+            shape,
+            offset,
+            length,
+        } = m
+        else {
+            return match m {
+                MappedData::Decoded(v) => Some(v.clone()),
+                _ => None,
+            };
+        };
+        assert_eq!(offset % 64, 0);
+        let b = &data[*offset..offset + length];
+        macro_rules! le {
+            ($t:ty) => {
+                Tensor::from_vec(
+                    shape,
+                    b.chunks_exact(std::mem::size_of::<$t>())
+                        .map(|c| <$t>::from_le_bytes(c.try_into().unwrap()))
+                        .collect::<Vec<$t>>(),
+                )
+            };
+        }
+        let t = crate::with_match_dtype!(numeric *dtype, |T| le!(T), else other => match other {
+            DataType::Bool => Tensor::from_vec(shape, b.iter().map(|&x| x == 1).collect()),
+            other => panic!("{other} cannot be in place"),
+        });
+        Some(BlobValue::Tensor(t.unwrap()))
+    }
+
+    #[test]
+    fn every_kind_maps_in_place_or_decoded() {
+        let dir = Scratch::new("storage");
+        let path = dir.file("all");
+        let entries = every_kind();
+        save_blobs(&path, "ferro", &entries).unwrap();
+        let data = fs::read(&path).unwrap();
+        let tok = crate::cancel::CancelToken::new();
+        for verify in [false, true] {
+            let mapped = map_ferro(&path, &data, verify, &tok).unwrap();
+            let names: Vec<_> = mapped.iter().map(|m| m.name.clone()).collect();
+            let want: Vec<_> = entries.iter().map(|(n, _)| n.clone()).collect();
+            assert_eq!(names, want, "file order");
+            let mut got = Vec::new();
+            let mut expected = Vec::new();
+            for (m, (name, v)) in mapped.iter().zip(&entries) {
+                let in_place = matches!(m.data, MappedData::InPlace { .. });
+                match v {
+                    BlobValue::Tensor(t) => assert_eq!(
+                        in_place,
+                        t.dtype() != DataType::String,
+                        "{name}: numeric tensors stay in place, strings are decoded"
+                    ),
+                    BlobValue::Bytes(_) => {
+                        assert!(matches!(m.data, MappedData::Decoded(BlobValue::Bytes(_))))
+                    }
+                    _ => {}
+                }
+                match from_mapped(&data, &m.data) {
+                    Some(back) => {
+                        got.push((name.clone(), back));
+                        expected.push((name.clone(), v.clone()));
+                    }
+                    None => {
+                        let MappedData::Object { type_tag } = &m.data else {
+                            unreachable!()
+                        };
+                        let want = if name == "counter" {
+                            COUNTER_TAG
+                        } else {
+                            MUTEX_TAG
+                        };
+                        assert_eq!(type_tag, want);
+                    }
+                }
+            }
+            assert_eq!(got.len(), entries.len() - 2);
+            assert_same(&expected, &got);
+        }
+    }
+
+    #[test]
+    fn mapped_truncation_at_every_offset_is_detected() {
+        let dir = Scratch::new("storage");
+        let path = dir.file("db");
+        save_blobs(&path, "ferro", &small_entries()).unwrap();
+        let bytes = fs::read(&path).unwrap();
+        let tok = crate::cancel::CancelToken::new();
+        for verify in [false, true] {
+            for len in 0..bytes.len() {
+                let e = map_ferro(&path, &bytes[..len], verify, &tok).unwrap_err();
+                assert_corrupt(&e, &path);
+            }
+            let mut longer = bytes.clone();
+            longer.extend_from_slice(&[0; 64]);
+            assert_corrupt(&map_ferro(&path, &longer, verify, &tok).unwrap_err(), &path);
+        }
+        let e = map_ferro(&path, &[], false, &tok).unwrap_err();
+        assert!(e.message.contains("empty"), "{e}");
+    }
+
+    #[test]
+    fn mapped_bit_flips_are_detected_where_read() {
+        let dir = Scratch::new("storage");
+        let path = dir.file("db");
+        save_blobs(&path, "ferro", &small_entries()).unwrap();
+        let bytes = fs::read(&path).unwrap();
+        let tok = crate::cancel::CancelToken::new();
+        let f = open_ferro(&path).unwrap();
+        // Without verify, only the payloads left in place (numeric and bool
+        // tensors), objects' payloads and the padding go unread.
+        let owner = |i: usize| {
+            f.entries
+                .iter()
+                .find(|e| (e.offset..e.offset + e.length).contains(&(i as u64)))
+        };
+        let unread = |i: usize| {
+            let in_payloads = (HEADER_LEN..f.index_offset).contains(&(i as u64));
+            in_payloads
+                && owner(i).is_none_or(|e| {
+                    e.kind == KIND_OBJECT
+                        || (e.kind == KIND_TENSOR && e.dtype != DataType::String as u8)
+                })
+        };
+        let mut unread_count = 0;
+        for i in 0..bytes.len() {
+            let mut b = bytes.clone();
+            b[i] ^= 1 << (i % 8);
+            let e = map_ferro(&path, &b, true, &tok).unwrap_err();
+            assert_corrupt(&e, &path);
+            if let Some(o) = owner(i) {
+                assert_eq!(e.context.blob.as_deref(), Some(o.name.as_str()), "{e}");
+            }
+            let quick = map_ferro(&path, &b, false, &tok);
+            if unread(i) {
+                unread_count += 1;
+                assert!(quick.is_ok(), "byte {i}");
+            } else {
+                assert_corrupt(&quick.unwrap_err(), &path);
+            }
+        }
+        assert!(unread_count > 64, "{unread_count}");
+    }
+
+    #[test]
+    fn mapping_a_minidb_or_a_foreign_file_is_refused() {
+        let dir = Scratch::new("storage");
+        let tok = crate::cancel::CancelToken::new();
+        let m = dir.file("m");
+        save_blobs(&m, "minidb", &small_entries()).unwrap();
+        let e = map_ferro(&m, &fs::read(&m).unwrap(), false, &tok).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument, "{e}");
+        assert_eq!(e.context.file.as_deref(), Some(m.as_str()));
+        assert!(
+            e.message.contains("minidb") && e.message.contains("'ferro'"),
+            "{e}"
+        );
+        let e = map_ferro("x", b"hello, this is not a db at all", false, &tok).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::CorruptCheckpoint, "{e}");
+    }
+
+    #[test]
+    fn mapped_verify_is_cancellable() {
+        let dir = Scratch::new("storage");
+        let path = dir.file("db");
+        save_blobs(
+            &path,
+            "ferro",
+            &[("x".into(), t(&[1000], vec![1.0f32; 1000]))],
+        )
+        .unwrap();
+        let data = fs::read(&path).unwrap();
+        let tok = crate::cancel::CancelToken::new();
+        tok.cancel();
+        assert!(map_ferro(&path, &data, false, &tok).is_ok());
+        assert!(map_ferro(&path, &data, true, &tok)
+            .unwrap_err()
+            .is_cancelled());
+    }
+}
