@@ -1328,3 +1328,94 @@ fn build_binary_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         Ok(true)
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::error::ErrorKind;
+    use crate::tensor::Tensor;
+    use crate::test_util::{get, i32s, int_arg, op, run, ws_with};
+
+    fn f32s(shape: &[usize], v: &[f32]) -> Tensor {
+        Tensor::from_vec(shape, v.to_vec()).unwrap()
+    }
+
+    fn vals(t: &Tensor) -> Vec<f32> {
+        t.array::<f32>().unwrap().iter().copied().collect()
+    }
+
+    #[test]
+    fn fc_and_its_gradient_by_hand() {
+        // X = [[1, 2], [3, 4]], W = [[1, 0], [1, 1], [0, 2]], b = [0, 1, 2].
+        let ws = ws_with(&[
+            ("x", f32s(&[2, 2], &[1., 2., 3., 4.])),
+            ("w", f32s(&[3, 2], &[1., 0., 1., 1., 0., 2.])),
+            ("b", f32s(&[3], &[0., 1., 2.])),
+        ]);
+        run(&ws, op("FC", &["x", "w", "b"], &["y"], vec![])).unwrap();
+        let y = get(&ws, "y");
+        assert_eq!(y.shape(), &[2, 3]);
+        assert_eq!(vals(&y), vec![1., 4., 6., 3., 8., 10.]);
+        // dY = ones: dW = column sums of X per row, db = 2, dX = row sums of W.
+        crate::test_util::feed(&ws, "dy", f32s(&[2, 3], &[1.; 6]));
+        run(
+            &ws,
+            op("FCGradient", &["x", "w", "dy"], &["dw", "db", "dx"], vec![]),
+        )
+        .unwrap();
+        assert_eq!(vals(&get(&ws, "dw")), vec![4., 6., 4., 6., 4., 6.]);
+        assert_eq!(vals(&get(&ws, "db")), vec![2., 2., 2.]);
+        assert_eq!(vals(&get(&ws, "dx")), vec![2., 3., 2., 3.]);
+    }
+
+    #[test]
+    fn matmul_transposes() {
+        let ws = ws_with(&[
+            ("a", f32s(&[2, 3], &[1., 2., 3., 4., 5., 6.])),
+            ("b", f32s(&[2, 3], &[1., 0., 1., 0., 1., 0.])),
+        ]);
+        run(
+            &ws,
+            op("MatMul", &["a", "b"], &["y"], vec![int_arg("trans_b", 1)]),
+        )
+        .unwrap();
+        assert_eq!(vals(&get(&ws, "y")), vec![4., 2., 10., 5.]);
+        let e = run(&ws, op("MatMul", &["a", "b"], &["z"], vec![])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Shape);
+    }
+
+    #[test]
+    fn add_gradient_sums_over_broadcast_dims() {
+        let ws = ws_with(&[
+            ("dc", f32s(&[2, 3], &[1., 2., 3., 4., 5., 6.])),
+            ("a", f32s(&[2, 3], &[0.; 6])),
+            ("b", f32s(&[3], &[0.; 3])),
+        ]);
+        run(
+            &ws,
+            op("AddGradient", &["dc", "a", "b"], &["da", "db"], vec![]),
+        )
+        .unwrap();
+        assert_eq!(vals(&get(&ws, "da")), vec![1., 2., 3., 4., 5., 6.]);
+        assert_eq!(get(&ws, "db").shape(), &[3]);
+        assert_eq!(vals(&get(&ws, "db")), vec![5., 7., 9.]);
+    }
+
+    #[test]
+    fn softmax_with_loss_of_uniform_logits_is_log_of_classes() {
+        let ws = ws_with(&[("x", f32s(&[2, 4], &[0.; 8])), ("l", i32s(&[1, 3]))]);
+        run(
+            &ws,
+            op("SoftmaxWithLoss", &["x", "l"], &["p", "loss"], vec![]),
+        )
+        .unwrap();
+        let loss = get(&ws, "loss").scalar_value::<f32>().unwrap();
+        assert!((loss - 4f32.ln()).abs() < 1e-6);
+        let bad = ws_with(&[("x", f32s(&[1, 2], &[0.; 2])), ("l", i32s(&[2]))]);
+        let e = run(
+            &bad,
+            op("SoftmaxWithLoss", &["x", "l"], &["p", "loss"], vec![]),
+        )
+        .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+    }
+}
