@@ -10,7 +10,7 @@ current name scope, created and filled in ``model.param_init_net``
 
 from ferrocaffe import core, scope
 
-__all__ = ["Register", "fc", "relu", "sigmoid", "tanh", "softmax", "sum", "has_helper"]
+__all__ = ["Register", "fc", "has_helper", "relu", "sigmoid", "softmax", "sum", "tanh"]
 
 _HELPERS = {}
 
@@ -78,6 +78,6 @@ softmax = _unary("Softmax", "Softmax over each row (axis=1 by default).")
 
 
 @Register
-def sum(model, blob_in, blob_out, **kwargs):  # noqa: A001 (Caffe2's name)
+def sum(model, blob_in, blob_out, **kwargs):
     """Y = the sum of the input blobs."""
     return model.net.Sum(blob_in, blob_out, **kwargs)

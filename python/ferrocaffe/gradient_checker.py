@@ -88,7 +88,7 @@ class GradientChecker:
         workspace.SwitchWorkspace(self._workspace_name, True)
         try:
             inputs = [np.array(x) for x in inputs]
-            loss, grad = self.GetLossAndGrad(
+            _loss, grad = self.GetLossAndGrad(
                 op, grad_ops, inputs, input_names, input_to_check, grad_name, outputs_with_grads
             )
             x = inputs[input_to_check]

@@ -33,7 +33,7 @@ from collections import defaultdict, namedtuple
 from ferrocaffe import errors
 from ferrocaffe.proto import caffe2_pb2
 
-__all__ = ["GradientSlice", "GradientRegistry", "IR", "GradientWrapper"]
+__all__ = ["IR", "GradientRegistry", "GradientSlice", "GradientWrapper"]
 
 AUTOGEN_GRAD_SUFFIX = "_autogen_grad"
 GRAD_SUFFIX = "_grad"
@@ -223,7 +223,7 @@ class IR:
                     first = False
                     inputs.append(gen.grad_op.output[gen.idx])
                 else:
-                    new = "_" + gen.grad_op.output[gen.idx] + "_autosplit_{}".format(cnt)
+                    new = "_" + gen.grad_op.output[gen.idx] + f"_autosplit_{cnt}"
                     cnt += 1
                     gen.grad_op.output[gen.idx] = new
                     inputs.append(new)
@@ -277,10 +277,10 @@ class GradientWrapper:
     def __init__(self, op, g_output):
         self.op, self.g_output = op, g_output
 
-    def I(self, i):  # noqa: E743 (Caffe2's name)
+    def I(self, i):
         return self.op.input[i]
 
-    def O(self, i):  # noqa: E743
+    def O(self, i):
         return self.op.output[i]
 
     def GI(self, i):

@@ -13,7 +13,7 @@ parameter that has a gradient (``model.param_to_grad``, filled by
 
 from ferrocaffe import core, utils
 
-__all__ = ["Optimizer", "SgdOptimizer", "AdamOptimizer", "build_sgd", "build_adam"]
+__all__ = ["AdamOptimizer", "Optimizer", "SgdOptimizer", "build_adam", "build_sgd"]
 
 
 class Optimizer:
@@ -34,7 +34,7 @@ class Optimizer:
         """The learning rate blob (one per optimizer), and the iteration."""
         iteration = utils.BuildUniqueMutexIter(param_init_net, net)
         if self._lr is None:
-            name = "{}_{}_lr_cpu".format(type(self).__name__, self._instance_num)
+            name = f"{type(self).__name__}_{self._instance_num}_lr_cpu"
             self._lr = net.LearningRate(
                 [iteration], name, base_lr=-base_learning_rate, policy=policy, **kwargs
             )

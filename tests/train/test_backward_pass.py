@@ -4,7 +4,6 @@ computes against central differences of the whole net."""
 
 import numpy as np
 import pytest
-
 from ferrocaffe import core, errors, workspace
 from ferrocaffe.gradient_checker import GradientChecker
 

@@ -10,7 +10,6 @@ import textwrap
 
 import numpy as np
 import pytest
-
 from ferrocaffe import brew, model_helper, optimizer, workspace
 
 PYTHON_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python")

@@ -4,11 +4,10 @@ gradient_checker (float64, random shapes from hypothesis)."""
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from ferrocaffe import core, errors, workspace
 from ferrocaffe.gradient_checker import GradientChecker
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 SETTINGS = dict(deadline=None, max_examples=12, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -24,7 +23,7 @@ def run(op_type, inputs, outputs, **kwargs):
 def check_grad(op, inputs, which, outputs_with_grads=(0,), step=1e-6, tol=1e-5):
     gc = GradientChecker(stepsize=step, threshold=tol)
     for i in which:
-        ok, grad, est = gc.CheckSimple(op, inputs, i, list(outputs_with_grads))
+        ok, grad, _est = gc.CheckSimple(op, inputs, i, list(outputs_with_grads))
         assert ok and grad.shape == np.shape(inputs[i])
 
 
