@@ -417,3 +417,42 @@ def _sum_grad(op, g_output):
 def _scale_grad(op, g_output):
     w = GradientWrapper(op, g_output)
     return [_op("Scale", [w.GO(0)], [w.GI(0)])], [w.GI(0)]
+
+
+_register("LeakyRelu")(_output_based("LeakyReluGradient"))
+
+
+@_register("Abs")
+def _abs_grad(op, g_output):
+    w = GradientWrapper(op, g_output)
+    return [_op("AbsGradient", [w.I(0), w.GO(0)], [w.GI(0)])], [w.GI(0)]
+
+
+@_register("Exp", copy_arguments=False)
+def _exp_grad(op, g_output):
+    # d exp(x) = exp(x) dx: the output times its gradient.
+    w = GradientWrapper(op, g_output)
+    return [_op("Mul", [w.O(0), w.GO(0)], [w.GI(0)])], [w.GI(0)]
+
+
+@_register("Log", copy_arguments=False)
+def _log_grad(op, g_output):
+    w = GradientWrapper(op, g_output)
+    return [_op("Div", [w.GO(0), w.I(0)], [w.GI(0)])], [w.GI(0)]
+
+
+@_register("Sqrt", copy_arguments=False)
+def _sqrt_grad(op, g_output):
+    # d sqrt(x) = dx / (2 sqrt(x)).
+    w = GradientWrapper(op, g_output)
+    ops = [
+        _op("Scale", [w.GO(0)], [w.GI(0)], scale=0.5),
+        _op("Div", [w.GI(0), w.O(0)], [w.GI(0)]),
+    ]
+    return ops, [w.GI(0)]
+
+
+@_register("Negative", copy_arguments=False)
+def _negative_grad(op, g_output):
+    w = GradientWrapper(op, g_output)
+    return [_op("Negative", [w.GO(0)], [w.GI(0)])], [w.GI(0)]

@@ -341,3 +341,30 @@ def test_gradient_ops_reject_bad_shapes(fresh):
     with pytest.raises(errors.ShapeError):
         run("FCGradient", {"x": np.zeros((2, 3)), "w": np.zeros((4, 3)), "dy": np.zeros((2, 5))},
             ["dw", "db", "dx"])
+
+
+def test_math_ops_forward(fresh):
+    x = np.array([[0.5, 1.0, 4.0], [2.0, 0.25, 9.0]], np.float32)
+    n = -x + 1.0
+    for op_type, arg, want in [
+        ("Exp", x, np.exp(x)), ("Log", x, np.log(x)), ("Sqrt", x, np.sqrt(x)),
+        ("Negative", x, -x), ("Abs", n, np.abs(n)),
+    ]:
+        (y,) = run(op_type, {"x": arg}, ["y"])
+        np.testing.assert_allclose(y, want, rtol=1e-6, err_msg=op_type)
+    (lr,) = run("LeakyRelu", {"x": n}, ["lr"], alpha=0.2)
+    np.testing.assert_allclose(lr, np.where(n > 0, n, 0.2 * n), rtol=1e-6)
+    (lr0,) = run("LeakyRelu", {"x": n}, ["lr0"])
+    np.testing.assert_allclose(lr0, np.where(n > 0, n, 0.01 * n), rtol=1e-6)
+
+
+@settings(**SETTINGS)
+@given(shape=st.lists(dims, min_size=1, max_size=3), seed=seeds,
+       op_type=st.sampled_from(["Exp", "Log", "Sqrt", "Negative", "Abs", "LeakyRelu"]))
+def test_math_op_gradients(fresh, shape, seed, op_type):
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(0.5, 2.0, shape)
+    if op_type in ("Abs", "LeakyRelu", "Negative"):
+        x = x * rng.choice([-1.0, 1.0], shape)  # both signs, away from the kink at 0
+    kwargs = {"alpha": 0.3} if op_type == "LeakyRelu" else {}
+    check_grad(core.CreateOperator(op_type, ["X"], ["Y"], **kwargs), [x], [0])

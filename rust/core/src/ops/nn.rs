@@ -1,7 +1,8 @@
 //! Layers, activations, losses and their gradient ops (issue 14): FC,
 //! FCTransposed, MatMul, Relu, Sigmoid, Tanh, Softmax, SoftmaxWithLoss,
 //! LabelCrossEntropy, AveragedLoss, SquaredL2Distance, Accuracy,
-//! StopGradient, and the gradients of Add, Sub and Mul.
+//! StopGradient, LeakyRelu, Exp, Log, Sqrt, Abs, Negative, and the
+//! gradients of Add, Sub and Mul.
 //!
 //! Which gradient ops an op's gradient takes (Caffe2's gradient makers) is
 //! decided in Python (`ferrocaffe/gradients.py`), as Caffe2's Python layer
@@ -338,6 +339,8 @@ pub fn schemas() -> Vec<OpSchema> {
         ),
         arg!("axis", "int", "1", "X is flattened to a matrix at this dim"),
     ];
+    const LEAKY_ARGS: &[crate::operator::ArgDoc] =
+        &[arg!("alpha", "float", "0.01", "the slope for X <= 0")];
     const BCAST: &[crate::operator::ArgDoc] = &[
         arg!("broadcast", "int", "0", "as the forward op's broadcast"),
         arg!(
@@ -447,6 +450,20 @@ pub fn schemas() -> Vec<OpSchema> {
             .args(&[arg!("top_k", "int", "1", "a row counts as correct when its label is among its top_k scores")])
             .doc("The fraction of rows of the prediction (N x D) whose label (int32, N) is among the top_k scores (ties go to the lower index), a 0-dim float32."),
         unary("StopGradient", build_stop_gradient, "Y = X; the backward pass stops here."),
+        unary("Exp", build_exp, "Y = exp(X) elementwise."),
+        unary("Log", build_log, "Y = ln(X) elementwise (IEEE: ln 0 = -inf, ln of a negative is NaN)."),
+        unary("Sqrt", build_sqrt, "Y = sqrt(X) elementwise (IEEE: NaN for negatives)."),
+        unary("Negative", build_negative, "Y = -X elementwise."),
+        unary("Abs", build_abs, "Y = |X| elementwise."),
+        OpSchema::new("AbsGradient", build_abs_grad)
+            .inputs(2, 2)
+            .outputs(1, 1)
+            .inplace(InPlace::Allow(allow_1_0))
+            .doc("Gradient of Abs: inputs (X, dY), dX = sign(X) * dY."),
+        unary("LeakyRelu", build_leaky_relu, "Y = X where X > 0, else alpha * X.")
+            .args(LEAKY_ARGS),
+        unary_grad("LeakyReluGradient", build_leaky_relu, "Gradient of LeakyRelu: inputs (Y, dY), dX = dY where Y > 0, else alpha * dY.")
+            .args(LEAKY_ARGS),
         binary_grad("AddGradient", "Gradient of Add: inputs (dC, A, B), outputs (dA, dB), each summed over the dims it was broadcast along."),
         binary_grad("SubGradient", "Gradient of Sub: inputs (dC, A, B), outputs (dA, dB = -dC summed)."),
         binary_grad("MulGradient", "Gradient of Mul: inputs (dC, A, B), outputs (dA = dC * B, dB = dC * A), summed over broadcast dims."),
@@ -633,7 +650,7 @@ fn build_matmul(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 // --------------------------------------------------------- activations --
 
 /// Y = f(X) elementwise.
-fn map_t<T: Real>(l: &mut Locked<'_>, f: fn(T) -> T) -> Result<()> {
+fn map_t<T: Real>(l: &mut Locked<'_>, f: impl Fn(T) -> T) -> Result<()> {
     let y = l.tensor(0)?;
     let y = T::view(y)
         .ok_or_else(|| Error::internal("dtype checked"))?
@@ -643,7 +660,7 @@ fn map_t<T: Real>(l: &mut Locked<'_>, f: fn(T) -> T) -> Result<()> {
 }
 
 /// dX = g(Y, dY) elementwise, inputs (Y, dY).
-fn grad_map_t<T: Real>(l: &mut Locked<'_>, op: &str, g: fn(T, T) -> T) -> Result<()> {
+fn grad_map_t<T: Real>(l: &mut Locked<'_>, op: &str, g: impl Fn(T, T) -> T) -> Result<()> {
     same_shape(op, l, 0, 1)?;
     let (y, dy) = (input::<T>(l, op, 0)?, input::<T>(l, op, 1)?);
     let dx = Zip::from(y).and(dy).map_collect(|&y, &d| g(y, d));
@@ -651,8 +668,9 @@ fn grad_map_t<T: Real>(l: &mut Locked<'_>, op: &str, g: fn(T, T) -> T) -> Result
     Ok(())
 }
 
-macro_rules! activation {
-    ($build:ident, $build_grad:ident, $name:expr, |$x:ident| $f:expr, |$y:ident, $d:ident| $g:expr) => {
+/// `fn $build`: a kernel computing Y = f(X) elementwise.
+macro_rules! unary {
+    ($build:ident, $name:expr, |$x:ident| $f:expr) => {
         fn $build(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             fn f32_(v: f32) -> f32 {
                 let $x = v;
@@ -671,6 +689,13 @@ macro_rules! activation {
                 Ok(true)
             }))
         }
+    };
+}
+
+/// `fn $build_grad`: a kernel computing dX = g(V, dY) elementwise from
+/// inputs (V, dY), V being the forward op's output or input.
+macro_rules! unary_grad {
+    ($build_grad:ident, $name:expr, |$y:ident, $d:ident| $g:expr) => {
         fn $build_grad(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             fn g32(a: f32, b: f32) -> f32 {
                 let ($y, $d) = (a, b);
@@ -693,6 +718,13 @@ macro_rules! activation {
     };
 }
 
+macro_rules! activation {
+    ($build:ident, $build_grad:ident, $name:expr, |$x:ident| $f:expr, |$y:ident, $d:ident| $g:expr) => {
+        unary!($build, $name, |$x| $f);
+        unary_grad!($build_grad, $name, |$y, $d| $g);
+    };
+}
+
 activation!(
     build_relu,
     build_relu_grad,
@@ -709,6 +741,47 @@ activation!(
 );
 activation!(build_tanh, build_tanh_grad, "Tanh", |x| x.tanh(), |y, d| d
     * (1.0 - y * y));
+
+// Math ops. Exp's, Log's, Sqrt's and Negative's gradients are made of
+// other ops (gradients.py), as Caffe2's were; Abs reads its input.
+unary!(build_exp, "Exp", |x| x.exp());
+unary!(build_log, "Log", |x| x.ln());
+unary!(build_sqrt, "Sqrt", |x| x.sqrt());
+unary!(build_negative, "Negative", |x| -x);
+activation!(
+    build_abs,
+    build_abs_grad,
+    "Abs",
+    |x| x.abs(),
+    |x, d| if x > 0.0 {
+        d
+    } else if x < 0.0 {
+        -d
+    } else {
+        0.0
+    }
+);
+
+fn build_leaky_relu(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let alpha = ctx.args.f32("alpha", 0.01)?;
+    let grad = ctx.op_type() == "LeakyReluGradient";
+    let op = ctx.op_type().to_string();
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let a64 = f64::from(alpha);
+        match (real_dtype(&l, &op, 0)?, grad) {
+            (DataType::Float, false) => {
+                map_t::<f32>(&mut l, |x| if x > 0.0 { x } else { alpha * x })
+            }
+            (_, false) => map_t::<f64>(&mut l, |x| if x > 0.0 { x } else { a64 * x }),
+            (DataType::Float, true) => {
+                grad_map_t::<f32>(&mut l, &op, |y, d| if y > 0.0 { d } else { alpha * d })
+            }
+            (_, true) => grad_map_t::<f64>(&mut l, &op, |y, d| if y > 0.0 { d } else { a64 * d }),
+        }?;
+        Ok(true)
+    }))
+}
 
 fn build_stop_gradient(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     Ok(kernel(|cx| {
