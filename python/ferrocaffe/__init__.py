@@ -42,6 +42,10 @@ _ALIASES = {
     "caffe2.python.record_queue": "ferrocaffe.record_queue",
     "caffe2.python.db_file_reader": "ferrocaffe.db_file_reader",
     "caffe2.python.cached_reader": "ferrocaffe.cached_reader",
+    "caffe2.python.model_helper": "ferrocaffe.model_helper",
+    "caffe2.python.brew": "ferrocaffe.brew",
+    "caffe2.python.optimizer": "ferrocaffe.optimizer",
+    "caffe2.python.gradient_checker": "ferrocaffe.gradient_checker",
 }
 _PACKAGES = ("caffe2", "caffe2.python", "caffe2.proto")
 

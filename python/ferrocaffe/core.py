@@ -5,7 +5,8 @@ with ``from ferrocaffe import core``. The names, signatures, defaults,
 automatic blob naming and assertion messages follow Caffe2; the few places
 where ferrocaffe deliberately differs are marked "Caffe2 bug fixed" below.
 
-Out of scope here: gradients, ``ClonePartial``, device-copy injection.
+Out of scope here: ``ClonePartial``, device-copy injection. Gradients:
+gradients.py (``GradientRegistry`` below, ``Net.AddGradientOperators``).
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ import re
 import sys
 import threading
 import traceback
-from collections import OrderedDict, defaultdict, namedtuple
+from collections import OrderedDict, defaultdict
 from itertools import chain
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ferrocaffe import _core, errors
+from ferrocaffe import _core, errors, gradients
 from ferrocaffe.proto import MAX_NESTING, Message, _utf8, caffe2_pb2
 from ferrocaffe import scope, utils, workspace  # noqa: F401 (Caffe2's core exposes both)
 from ferrocaffe.workspace import GetGlobalInitArgs, GlobalInit  # noqa: F401 (core.GlobalInit, as in Caffe2)
@@ -66,6 +67,8 @@ __all__ = [
     "allow_unknown_arguments",
     "ALLOW_UNKNOWN_ARGUMENTS",
     "TrustPickledBuilders",
+    "GradientRegistry",
+    "IR",
 ]
 
 # Convenience redirections, as in Caffe2.
@@ -93,7 +96,7 @@ class DataType:
     REBATCHING_BUFFER = 15
 
 
-GradientSlice = namedtuple("GradientSlice", ["indices", "values"])
+GradientSlice = gradients.GradientSlice
 
 
 # ------------------------------------------------------ operator registry --
@@ -1455,6 +1458,14 @@ class Net:
                 blob = msg_or_blob
             self.Print(blob, [])
 
+    def AddGradientOperators(self, ys, skip=0):
+        """Appends the backward pass of ``ys`` (a list of losses, or a dict
+        giving some of their gradients) through this net's ops after the
+        first ``skip``; returns {blob: its gradient} (gradients.py)."""
+        grad_ops, input_to_grad = GradientRegistry.GetBackwardPass(self._net.op[skip:], ys)
+        self._ExtendOps(grad_ops)
+        return input_to_grad
+
     def Python(
         self,
         f: Any,
@@ -1991,3 +2002,23 @@ def scoped_execution_step(name: str | None, *args: Any, **kwargs: Any) -> Execut
     """``execution_step`` with the name scope added to the step name."""
     default_name = ScopedName(name) if name else name
     return execution_step(default_name, *args, **kwargs)
+
+
+IR = gradients.IR
+GradientWrapper = gradients.GradientWrapper
+
+
+class GradientRegistry(gradients.GradientRegistry):
+    """The gradient makers (gradients.py; one registry shared with it),
+    whose backward pass names blobs with BlobReferences, as Caffe2's does."""
+
+    @classmethod
+    def GetBackwardPass(cls, operators, ys, ys_generate_gradient=False):
+        ops, grads = IR(operators).GetBackwardPass(ys)
+
+        def ref(g):
+            if isinstance(g, GradientSlice):
+                return GradientSlice(BlobReference(g.indices), BlobReference(g.values))
+            return BlobReference(g)
+
+        return ops, {BlobReference(name): ref(g) for name, g in grads.items()}

@@ -153,7 +153,8 @@ def test_caffe2_script_runs_on_ferrocaffe():
 MODULES = ('core', 'workspace', 'net_builder', 'task', 'session', 'context',
            'scope', 'control_ops_util', 'checkpoint', 'dataio', 'pipeline',
            'schema', 'dataset', 'queue_util', 'utils', 'control',
-           'record_queue', 'db_file_reader', 'cached_reader')
+           'record_queue', 'db_file_reader', 'cached_reader', 'model_helper',
+           'brew', 'optimizer', 'gradient_checker')
 
 IDENTITY_SCRIPT = """
 import sys

@@ -19,19 +19,19 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use rand_distr::Normal;
 
-const SHAPE: ArgDoc = arg!(
+pub(super) const SHAPE: ArgDoc = arg!(
     "shape",
     "list of int",
     "[] (a 0-dim scalar)",
     "output shape; only without an input"
 );
-const EXTRA_SHAPE: ArgDoc = arg!(
+pub(super) const EXTRA_SHAPE: ArgDoc = arg!(
     "extra_shape",
     "list of int",
     "[]",
     "dims appended to the shape taken from the input; only with an input"
 );
-const INPUT_AS_SHAPE: ArgDoc = arg!(
+pub(super) const INPUT_AS_SHAPE: ArgDoc = arg!(
     "input_as_shape",
     "bool",
     "false",
@@ -40,7 +40,7 @@ const INPUT_AS_SHAPE: ArgDoc = arg!(
 
 /// Caffe2's model-building code marks init ops with `run_once` (its own
 /// tests fill with `run_once=0`); no filler reads it.
-const FILLER_IGNORED: &[ArgDoc] = &[arg!(
+pub(super) const FILLER_IGNORED: &[ArgDoc] = &[arg!(
     "run_once",
     "int",
     "none",
@@ -48,7 +48,7 @@ const FILLER_IGNORED: &[ArgDoc] = &[arg!(
 )];
 
 /// Input 0 and output 0 may be the same blob (the shape is read first).
-fn in_place_0_0(i: usize, o: usize) -> bool {
+pub(super) fn in_place_0_0(i: usize, o: usize) -> bool {
     i == 0 && o == 0
 }
 
@@ -209,7 +209,7 @@ fn dims_from(ctx: &OpDefCtx<'_>, name: &str, v: &[i64]) -> Result<Vec<usize>> {
 
 /// Caffe2's filler shape rules, parsed once at construction.
 #[derive(Clone, Debug)]
-struct FillShape {
+pub(super) struct FillShape {
     /// The output shape when there is no input.
     fixed: Vec<usize>,
     extra: Vec<usize>,
@@ -218,7 +218,7 @@ struct FillShape {
 }
 
 impl FillShape {
-    fn parse(ctx: &OpDefCtx<'_>) -> Result<FillShape> {
+    pub(super) fn parse(ctx: &OpDefCtx<'_>) -> Result<FillShape> {
         let args = &ctx.args;
         let from_input = ctx.num_inputs() > 0;
         let input_as_shape = args.bool("input_as_shape", false)?;
@@ -255,7 +255,7 @@ impl FillShape {
     }
 
     /// The output shape for this run.
-    fn resolve(&self, l: &Locked<'_>) -> Result<Vec<usize>> {
+    pub(super) fn resolve(&self, l: &Locked<'_>) -> Result<Vec<usize>> {
         if !self.from_input {
             return Ok(self.fixed.clone());
         }

@@ -21,6 +21,8 @@ pub mod dataset;
 pub mod elementwise;
 pub mod fileio;
 pub mod fill;
+pub mod nn;
+pub mod optim;
 pub mod persistence;
 pub mod queue;
 pub mod records;
@@ -35,6 +37,8 @@ pub fn builtin_schemas() -> Vec<OpSchema> {
     v.extend(elementwise::schemas());
     v.extend(fileio::schemas());
     v.extend(fill::schemas());
+    v.extend(nn::schemas());
+    v.extend(optim::schemas());
     v.extend(persistence::schemas());
     v.extend(queue::schemas());
     v.extend(records::schemas());

@@ -1,0 +1,1494 @@
+//! Layers, activations, losses and their gradient ops (issue 14): FC,
+//! FCTransposed, MatMul, Relu, Sigmoid, Tanh, Softmax, SoftmaxWithLoss,
+//! LabelCrossEntropy, AveragedLoss, SquaredL2Distance, Accuracy,
+//! StopGradient, LeakyRelu, Exp, Log, Sqrt, Abs, Negative, and the
+//! gradients of Add, Sub and Mul.
+//!
+//! Which gradient ops an op's gradient takes (Caffe2's gradient makers) is
+//! decided in Python (`ferrocaffe/gradients.py`), as Caffe2's Python layer
+//! did for its own ops; the kernels here only compute.
+//!
+//! Every kernel takes float32 or float64 (float64 is what the gradient
+//! checks use) and computes into new buffers before it writes any output,
+//! so an output that aliases an input (in place) reads the old values and a
+//! failed check leaves every output unchanged. Matrix products go through
+//! `matrixmultiply` on the calling thread: a net's ops already run on
+//! several threads when a plan runs several instances, and a GEMM that
+//! started its own threads on top of those would oversubscribe the cores.
+
+#![allow(clippy::result_large_err)]
+
+use super::kernel;
+use crate::arg;
+use crate::error::{Error, Result};
+use crate::operator::{InPlace, Locked, OpDefCtx, OpSchema, Operator};
+use crate::tensor::{DataType, Element, Tensor};
+use ndarray::{ArrayD, Axis, IxDyn, Zip};
+
+/// The float types the kernels here take.
+pub(crate) trait Real:
+    Element
+    + Copy
+    + PartialOrd
+    + std::fmt::Display
+    + std::ops::Add<Output = Self>
+    + std::ops::Sub<Output = Self>
+    + std::ops::Mul<Output = Self>
+    + std::ops::Div<Output = Self>
+    + std::ops::Neg<Output = Self>
+    + std::ops::AddAssign
+    + std::iter::Sum
+{
+    fn of(v: f64) -> Self;
+    fn exp(self) -> Self;
+    fn ln(self) -> Self;
+    /// C = alpha * A * B + beta * C on strided row-major matrices.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm(
+        m: usize,
+        k: usize,
+        n: usize,
+        alpha: Self,
+        a: &[Self],
+        sa: (isize, isize),
+        b: &[Self],
+        sb: (isize, isize),
+        beta: Self,
+        c: &mut [Self],
+    );
+}
+
+macro_rules! real {
+    ($t:ty, $gemm:path) => {
+        impl Real for $t {
+            fn of(v: f64) -> Self {
+                v as $t
+            }
+            fn exp(self) -> Self {
+                <$t>::exp(self)
+            }
+            fn ln(self) -> Self {
+                <$t>::ln(self)
+            }
+            fn gemm(
+                m: usize,
+                k: usize,
+                n: usize,
+                alpha: Self,
+                a: &[Self],
+                (rsa, csa): (isize, isize),
+                b: &[Self],
+                (rsb, csb): (isize, isize),
+                beta: Self,
+                c: &mut [Self],
+            ) {
+                assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n);
+                // SAFETY: the asserts above bound every index the strides
+                // reach (callers pass the strides of dense m x k, k x n and
+                // m x n matrices, transposed or not), and C does not alias
+                // A or B (it is a fresh buffer).
+                unsafe {
+                    $gemm(
+                        m,
+                        k,
+                        n,
+                        alpha,
+                        a.as_ptr(),
+                        rsa,
+                        csa,
+                        b.as_ptr(),
+                        rsb,
+                        csb,
+                        beta,
+                        c.as_mut_ptr(),
+                        n as isize,
+                        1,
+                    )
+                }
+            }
+        }
+    };
+}
+real!(f32, matrixmultiply::sgemm);
+real!(f64, matrixmultiply::dgemm);
+
+/// Strides of a dense row-major `rows x cols` matrix, read transposed or not.
+fn strides(rows: usize, cols: usize, transposed: bool) -> (isize, isize) {
+    let _ = rows;
+    if transposed {
+        (1, cols as isize)
+    } else {
+        (cols as isize, 1)
+    }
+}
+
+/// C (m x n) = op(A) * op(B), where A is stored `m x k` (or `k x m` when
+/// `ta`) and B `k x n` (or `n x k` when `tb`).
+fn matmul<T: Real>(ta: bool, tb: bool, m: usize, k: usize, n: usize, a: &[T], b: &[T]) -> Vec<T> {
+    let mut c = vec![T::of(0.0); m * n];
+    if m * n == 0 || k == 0 {
+        return c;
+    }
+    let sa = if ta {
+        strides(k, m, true)
+    } else {
+        strides(m, k, false)
+    };
+    let sb = if tb {
+        strides(n, k, true)
+    } else {
+        strides(k, n, false)
+    };
+    T::gemm(m, k, n, T::of(1.0), a, sa, b, sb, T::of(0.0), &mut c);
+    c
+}
+
+// ------------------------------------------------------------- helpers --
+
+const REAL_TYPES: &str = "float32 or float64";
+
+/// Input `i` as an array of `T`, or a type error naming the op and blob.
+fn input<'l, T: Real>(l: &'l Locked<'_>, op: &str, i: usize) -> Result<&'l ArrayD<T>> {
+    let t = l.tensor(i)?;
+    T::view(t).ok_or_else(|| {
+        let name = l.input_name(i);
+        Error::type_error(format!(
+            "{op}: input {i} ('{name}') must be a {} tensor like input 0, got {}",
+            T::DTYPE,
+            t.dtype()
+        ))
+        .with_blob(name)
+    })
+}
+
+/// Input `i` as int32 labels (Caffe2's label type), or a type error.
+fn labels<'l>(l: &'l Locked<'_>, op: &str, i: usize) -> Result<&'l ArrayD<i32>> {
+    let t = l.tensor(i)?;
+    <i32 as Element>::view(t).ok_or_else(|| {
+        let name = l.input_name(i);
+        Error::type_error(format!(
+            "{op}: the label input ('{name}') must be an int32 tensor, got {}",
+            t.dtype()
+        ))
+        .with_blob(name)
+    })
+}
+
+/// The float type of input `i`, or a type error naming the op and blob.
+fn real_dtype(l: &Locked<'_>, op: &str, i: usize) -> Result<DataType> {
+    let t = l.tensor(i)?;
+    match t.dtype() {
+        d @ (DataType::Float | DataType::Double) => Ok(d),
+        other => {
+            let name = l.input_name(i);
+            Err(Error::type_error(format!(
+                "{op}: input {i} ('{name}') must be a {REAL_TYPES} tensor, got {other}"
+            ))
+            .with_blob(name))
+        }
+    }
+}
+
+/// Runs `$f::<T>(args)` for the float type of input `$i`.
+macro_rules! by_real {
+    ($l:expr, $op:expr, $i:expr, $f:ident ( $($a:expr),* )) => {
+        match real_dtype($l, $op, $i)? {
+            DataType::Float => $f::<f32>($($a),*),
+            _ => $f::<f64>($($a),*),
+        }
+    };
+}
+
+fn dense<T: Real>(a: &ArrayD<T>) -> std::borrow::Cow<'_, [T]> {
+    match a.as_slice() {
+        Some(s) => std::borrow::Cow::Borrowed(s),
+        None => std::borrow::Cow::Owned(a.iter().copied().collect()),
+    }
+}
+
+fn array<T: Real>(shape: &[usize], v: Vec<T>) -> Result<ArrayD<T>> {
+    ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|e| Error::internal(e.to_string()))
+}
+
+/// A one-element loss gradient at input `i`, float32 or float64 whatever the
+/// other inputs' type: the backward pass seeds it with a float32
+/// ConstantFill of ones, also for float64 nets.
+fn loss_grad(l: &Locked<'_>, op: &str, i: usize) -> Result<f64> {
+    let t = l.tensor(i)?;
+    let name = l.input_name(i);
+    let v = match t {
+        Tensor::F32(a) if a.len() == 1 => a.iter().next().map(|&v| f64::from(v)),
+        Tensor::F64(a) if a.len() == 1 => a.iter().next().copied(),
+        Tensor::F32(_) | Tensor::F64(_) => {
+            return Err(Error::shape(format!(
+                "{op}: the loss gradient ('{name}', shape {:?}) must have one element",
+                t.shape()
+            ))
+            .with_blob(name))
+        }
+        _ => {
+            return Err(Error::type_error(format!(
+                "{op}: the loss gradient ('{name}') must be a {REAL_TYPES} tensor, got {}",
+                t.dtype()
+            ))
+            .with_blob(name))
+        }
+    };
+    Ok(v.unwrap_or(0.0))
+}
+
+/// Caffe2's canonical axis: `axis` in [-ndim, ndim), negatives from the end.
+fn canonical_axis(op: &str, what: &str, axis: i64, ndim: usize, blob: &str) -> Result<usize> {
+    let n = ndim as i64;
+    let a = if axis < 0 { axis + n } else { axis };
+    if a < 0 || a > n || (a == n && n > 0) {
+        return Err(Error::invalid_arg(format!(
+            "{op}: {what} {axis} is out of range for a tensor of {ndim} dims"
+        ))
+        .with_blob(blob));
+    }
+    Ok(a as usize)
+}
+
+/// (product of dims before `axis`, product of dims from `axis`).
+fn split_at(shape: &[usize], axis: usize) -> (usize, usize) {
+    (
+        shape[..axis].iter().product(),
+        shape[axis..].iter().product(),
+    )
+}
+
+fn same_shape(op: &str, l: &Locked<'_>, i: usize, j: usize) -> Result<()> {
+    let (a, b) = (l.tensor(i)?.shape(), l.tensor(j)?.shape());
+    if a != b {
+        return Err(Error::shape(format!(
+            "{op}: '{}' (shape {a:?}) and '{}' (shape {b:?}) must have the same shape",
+            l.input_name(i),
+            l.input_name(j)
+        ))
+        .with_blob(l.input_name(j)));
+    }
+    Ok(())
+}
+
+fn allow_0_0(i: usize, o: usize) -> bool {
+    i == 0 && o == 0
+}
+fn allow_1_0(i: usize, o: usize) -> bool {
+    i == 1 && o == 0
+}
+fn allow_0_any(i: usize, _o: usize) -> bool {
+    i == 0
+}
+
+pub fn schemas() -> Vec<OpSchema> {
+    const FC_ARGS: &[crate::operator::ArgDoc] = &[
+        arg!(
+            "axis",
+            "int",
+            "1",
+            "X is flattened to a matrix at this dim: (prod of dims before, prod of the rest)"
+        ),
+        arg!(
+            "axis_w",
+            "int",
+            "1",
+            "W is flattened to a matrix at this dim"
+        ),
+    ];
+    const FC_IGNORED: &[crate::operator::ArgDoc] = &[arg!(
+        "float16_compute",
+        "bool",
+        "false",
+        "half-precision compute hint (GPU); accepted and ignored"
+    )];
+    const MATMUL_ARGS: &[crate::operator::ArgDoc] = &[
+        arg!(
+            "axis_a",
+            "int",
+            "1",
+            "A is flattened to a matrix at this dim"
+        ),
+        arg!(
+            "axis_b",
+            "int",
+            "1",
+            "B is flattened to a matrix at this dim"
+        ),
+        arg!("trans_a", "int", "0", "use A transposed"),
+        arg!("trans_b", "int", "0", "use B transposed"),
+    ];
+    const SOFTMAX_ARGS: &[crate::operator::ArgDoc] = &[arg!(
+        "axis",
+        "int",
+        "1",
+        "the input is flattened to a matrix at this dim; softmax runs over each row"
+    )];
+    const SWL_ARGS: &[crate::operator::ArgDoc] = &[
+        arg!(
+            "scale",
+            "float",
+            "1",
+            "multiplies the loss (and its gradient)"
+        ),
+        arg!(
+            "label_prob",
+            "int",
+            "0",
+            "labels are probability rows (float, like X) rather than class indices (int32)"
+        ),
+        arg!("axis", "int", "1", "X is flattened to a matrix at this dim"),
+    ];
+    const LEAKY_ARGS: &[crate::operator::ArgDoc] =
+        &[arg!("alpha", "float", "0.01", "the slope for X <= 0")];
+    const BCAST: &[crate::operator::ArgDoc] = &[
+        arg!("broadcast", "int", "0", "as the forward op's broadcast"),
+        arg!(
+            "axis",
+            "int",
+            "A.ndim - B.ndim",
+            "as the forward op's axis (legacy broadcasting)"
+        ),
+    ];
+    let unary = |name: &'static str, build: crate::operator::BuildFn, doc: &'static str| {
+        OpSchema::new(name, build)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .inplace(InPlace::Allow(allow_0_0))
+            .doc(doc)
+    };
+    let unary_grad = |name: &'static str, build: crate::operator::BuildFn, doc: &'static str| {
+        OpSchema::new(name, build)
+            .inputs(2, 2)
+            .outputs(1, 1)
+            .inplace(InPlace::Allow(allow_1_0))
+            .doc(doc)
+    };
+    let binary_grad = |name: &'static str, doc: &'static str| {
+        OpSchema::new(name, build_binary_grad)
+            .inputs(3, 3)
+            .outputs(2, 2)
+            .inplace(InPlace::Allow(allow_0_any))
+            .args(BCAST)
+            .doc(doc)
+    };
+    vec![
+        OpSchema::new("FC", build_fc)
+            .inputs(3, 3)
+            .outputs(1, 1)
+            .args(FC_ARGS)
+            .ignores(FC_IGNORED)
+            .doc("Y = X * W^T + b: X flattened to M x K at `axis`, W (N x K at `axis_w`), b (N); Y has X's dims before `axis`, then N."),
+        OpSchema::new("FCTransposed", build_fc)
+            .inputs(3, 3)
+            .outputs(1, 1)
+            .args(FC_ARGS)
+            .ignores(FC_IGNORED)
+            .doc("FC with W stored transposed (K x N): Y = X * W + b."),
+        OpSchema::new("FCGradient", build_fc_grad)
+            .inputs(3, 3)
+            .outputs(2, 3)
+            .args(FC_ARGS)
+            .ignores(FC_IGNORED)
+            .doc("Gradient of FC: inputs (X, W, dY), outputs (dW, db[, dX])."),
+        OpSchema::new("FCTransposedGradient", build_fc_grad)
+            .inputs(3, 3)
+            .outputs(2, 3)
+            .args(FC_ARGS)
+            .ignores(FC_IGNORED)
+            .doc("Gradient of FCTransposed: inputs (X, W, dY), outputs (dW, db[, dX])."),
+        OpSchema::new("MatMul", build_matmul)
+            .inputs(2, 2)
+            .outputs(1, 1)
+            .args(MATMUL_ARGS)
+            .doc("Y = op(A) * op(B), A and B flattened to matrices at axis_a and axis_b, op transposing when trans_a / trans_b."),
+        unary("Relu", build_relu, "Y = max(X, 0) elementwise."),
+        unary_grad("ReluGradient", build_relu_grad, "Gradient of Relu: inputs (Y, dY), dX = dY where Y > 0, else 0."),
+        unary("Sigmoid", build_sigmoid, "Y = 1 / (1 + exp(-X)) elementwise."),
+        unary_grad("SigmoidGradient", build_sigmoid_grad, "Gradient of Sigmoid: inputs (Y, dY), dX = dY * Y * (1 - Y)."),
+        unary("Tanh", build_tanh, "Y = tanh(X) elementwise."),
+        unary_grad("TanhGradient", build_tanh_grad, "Gradient of Tanh: inputs (Y, dY), dX = dY * (1 - Y^2)."),
+        unary("Softmax", build_softmax, "Softmax over each row of X flattened to a matrix at `axis`.").args(SOFTMAX_ARGS),
+        unary_grad("SoftmaxGradient", build_softmax_grad, "Gradient of Softmax: inputs (Y, dY), dX = Y * (dY - rowsum(dY * Y)).").args(SOFTMAX_ARGS),
+        OpSchema::new("SoftmaxWithLoss", build_swl)
+            .inputs(2, 3)
+            .outputs(2, 2)
+            .args(SWL_ARGS)
+            .doc("Inputs (logits X (N x D), labels (N int32, or N x D probabilities with label_prob), optional weights (N)); outputs (softmax P, the scalar loss: weighted mean of -log P[label], times scale)."),
+        OpSchema::new("SoftmaxWithLossGradient", build_swl_grad)
+            .inputs(4, 5)
+            .outputs(1, 1)
+            .args(SWL_ARGS)
+            .doc("Gradient of SoftmaxWithLoss: inputs (X, labels[, weights], P, dLoss), output dX."),
+        OpSchema::new("LabelCrossEntropy", build_lce)
+            .inputs(2, 2)
+            .outputs(1, 1)
+            .doc("Y[i] = -log(X[i, label[i]]) for probabilities X (N x D) and int32 labels (N); X is floored at 1e-20."),
+        OpSchema::new("LabelCrossEntropyGradient", build_lce_grad)
+            .inputs(3, 3)
+            .outputs(1, 1)
+            .doc("Gradient of LabelCrossEntropy: inputs (X, label, dY), output dX."),
+        OpSchema::new("AveragedLoss", build_avg_loss)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .doc("The mean of all elements of X, a 0-dim tensor."),
+        OpSchema::new("AveragedLossGradient", build_avg_loss_grad)
+            .inputs(2, 2)
+            .outputs(1, 1)
+            .doc("Gradient of AveragedLoss: inputs (X, dLoss), dX = dLoss / X.size everywhere."),
+        OpSchema::new("SquaredL2Distance", build_l2)
+            .inputs(2, 2)
+            .outputs(1, 1)
+            .doc("Y[i] = 0.5 * sum((X[i] - Y[i])^2) over each row of X and Y (same shape; rows along dim 0)."),
+        OpSchema::new("SquaredL2DistanceGradient", build_l2_grad)
+            .inputs(3, 3)
+            .outputs(2, 2)
+            .doc("Gradient of SquaredL2Distance: inputs (X, Y, dDistance), outputs (dX, dY)."),
+        OpSchema::new("Accuracy", build_accuracy)
+            .inputs(2, 2)
+            .outputs(1, 1)
+            .args(&[arg!("top_k", "int", "1", "a row counts as correct when its label is among its top_k scores")])
+            .doc("The fraction of rows of the prediction (N x D) whose label (int32, N) is among the top_k scores (ties go to the lower index), a 0-dim float32."),
+        unary("StopGradient", build_stop_gradient, "Y = X; the backward pass stops here."),
+        unary("Exp", build_exp, "Y = exp(X) elementwise."),
+        unary("Log", build_log, "Y = ln(X) elementwise (IEEE: ln 0 = -inf, ln of a negative is NaN)."),
+        unary("Sqrt", build_sqrt, "Y = sqrt(X) elementwise (IEEE: NaN for negatives)."),
+        unary("Negative", build_negative, "Y = -X elementwise."),
+        unary("Abs", build_abs, "Y = |X| elementwise."),
+        OpSchema::new("AbsGradient", build_abs_grad)
+            .inputs(2, 2)
+            .outputs(1, 1)
+            .inplace(InPlace::Allow(allow_1_0))
+            .doc("Gradient of Abs: inputs (X, dY), dX = sign(X) * dY."),
+        unary("LeakyRelu", build_leaky_relu, "Y = X where X > 0, else alpha * X.")
+            .args(LEAKY_ARGS),
+        unary_grad("LeakyReluGradient", build_leaky_relu, "Gradient of LeakyRelu: inputs (Y, dY), dX = dY where Y > 0, else alpha * dY.")
+            .args(LEAKY_ARGS),
+        binary_grad("AddGradient", "Gradient of Add: inputs (dC, A, B), outputs (dA, dB), each summed over the dims it was broadcast along."),
+        binary_grad("SubGradient", "Gradient of Sub: inputs (dC, A, B), outputs (dA, dB = -dC summed)."),
+        binary_grad("MulGradient", "Gradient of Mul: inputs (dC, A, B), outputs (dA = dC * B, dB = dC * A), summed over broadcast dims."),
+    ]
+}
+
+// ------------------------------------------------------------------ FC --
+
+struct FcDims {
+    m: usize,
+    k: usize,
+    n: usize,
+    y_shape: Vec<usize>,
+}
+
+fn fc_dims(l: &Locked<'_>, op: &str, axis: i64, axis_w: i64, transposed: bool) -> Result<FcDims> {
+    let (x, w) = (l.tensor(0)?.shape(), l.tensor(1)?.shape());
+    let ax = canonical_axis(op, "axis", axis, x.len(), l.input_name(0))?;
+    let aw = canonical_axis(op, "axis_w", axis_w, w.len(), l.input_name(1))?;
+    let (m, k) = split_at(x, ax);
+    let (w0, w1) = split_at(w, aw);
+    let (kw, n) = if transposed { (w0, w1) } else { (w1, w0) };
+    if k != kw {
+        return Err(Error::shape(format!(
+            "{op}: dimension mismatch: X ('{}') {x:?} flattened at axis {ax} is {m} x {k}, W ('{}') {w:?} flattened at axis_w {aw} has K = {kw}",
+            l.input_name(0),
+            l.input_name(1)
+        ))
+        .with_blob(l.input_name(1)));
+    }
+    let mut y_shape = x[..ax].to_vec();
+    y_shape.push(n);
+    Ok(FcDims { m, k, n, y_shape })
+}
+
+fn fc_t<T: Real>(l: &mut Locked<'_>, op: &str, axis: i64, axis_w: i64, tr: bool) -> Result<()> {
+    let d = fc_dims(l, op, axis, axis_w, tr)?;
+    let (x, w, b) = (
+        input::<T>(l, op, 0)?,
+        input::<T>(l, op, 1)?,
+        input::<T>(l, op, 2)?,
+    );
+    if b.len() != d.n {
+        return Err(Error::shape(format!(
+            "{op}: the bias ('{}', shape {:?}) must have N = {} elements",
+            l.input_name(2),
+            b.shape(),
+            d.n
+        ))
+        .with_blob(l.input_name(2)));
+    }
+    let mut y = matmul(false, !tr, d.m, d.k, d.n, &dense(x), &dense(w));
+    let b = dense(b);
+    for row in y.chunks_mut(d.n.max(1)) {
+        for (v, &bi) in row.iter_mut().zip(b.iter()) {
+            *v += bi;
+        }
+    }
+    let y = array(&d.y_shape, y)?;
+    l.set_output(0, T::wrap(y));
+    Ok(())
+}
+
+fn build_fc(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let axis = ctx.args.i64("axis", 1)?;
+    let axis_w = ctx.args.i64("axis_w", 1)?;
+    let tr = ctx.op_type() == "FCTransposed";
+    let op = ctx.op_type().to_string();
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        by_real!(&l, &op, 0, fc_t(&mut l, &op, axis, axis_w, tr))?;
+        Ok(true)
+    }))
+}
+
+fn fc_grad_t<T: Real>(
+    l: &mut Locked<'_>,
+    op: &str,
+    axis: i64,
+    axis_w: i64,
+    tr: bool,
+    want_dx: bool,
+) -> Result<()> {
+    let d = fc_dims(l, op, axis, axis_w, tr)?;
+    let (x, w, dy) = (
+        input::<T>(l, op, 0)?,
+        input::<T>(l, op, 1)?,
+        input::<T>(l, op, 2)?,
+    );
+    if dy.len() != d.m * d.n {
+        return Err(Error::shape(format!(
+            "{op}: dY ('{}', shape {:?}) must have M x N = {} x {} elements",
+            l.input_name(2),
+            dy.shape(),
+            d.m,
+            d.n
+        ))
+        .with_blob(l.input_name(2)));
+    }
+    let (xs, ws, dys) = (dense(x), dense(w), dense(dy));
+    // FC: dW (N x K) = dY^T X; FCTransposed: dW (K x N) = X^T dY.
+    let dw = if tr {
+        matmul(true, false, d.k, d.m, d.n, &xs, &dys)
+    } else {
+        matmul(true, false, d.n, d.m, d.k, &dys, &xs)
+    };
+    let mut db = vec![T::of(0.0); d.n];
+    for row in dys.chunks(d.n.max(1)) {
+        for (s, &v) in db.iter_mut().zip(row) {
+            *s += v;
+        }
+    }
+    // FC: dX (M x K) = dY W; FCTransposed: dX = dY W^T.
+    let dx = want_dx.then(|| matmul(false, tr, d.m, d.n, d.k, &dys, &ws));
+    let dw = array(w.shape(), dw)?;
+    let db = array(&[d.n], db)?;
+    let dx = dx.map(|v| array(x.shape(), v)).transpose()?;
+    l.set_output(0, T::wrap(dw));
+    l.set_output(1, T::wrap(db));
+    if let Some(dx) = dx {
+        l.set_output(2, T::wrap(dx));
+    }
+    Ok(())
+}
+
+fn build_fc_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let axis = ctx.args.i64("axis", 1)?;
+    let axis_w = ctx.args.i64("axis_w", 1)?;
+    let tr = ctx.op_type() == "FCTransposedGradient";
+    let want_dx = ctx.num_outputs() == 3;
+    let op = ctx.op_type().to_string();
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        by_real!(
+            &l,
+            &op,
+            0,
+            fc_grad_t(&mut l, &op, axis, axis_w, tr, want_dx)
+        )?;
+        Ok(true)
+    }))
+}
+
+// -------------------------------------------------------------- MatMul --
+
+fn matmul_t<T: Real>(l: &mut Locked<'_>, ax: (i64, i64), ta: bool, tb: bool) -> Result<()> {
+    let op = "MatMul";
+    let (a, b) = (input::<T>(l, op, 0)?, input::<T>(l, op, 1)?);
+    let aa = canonical_axis(op, "axis_a", ax.0, a.ndim(), l.input_name(0))?;
+    let ab = canonical_axis(op, "axis_b", ax.1, b.ndim(), l.input_name(1))?;
+    let (a0, a1) = split_at(a.shape(), aa);
+    let (b0, b1) = split_at(b.shape(), ab);
+    let (m, k) = if ta { (a1, a0) } else { (a0, a1) };
+    let (kb, n) = if tb { (b1, b0) } else { (b0, b1) };
+    if k != kb {
+        return Err(Error::shape(format!(
+            "MatMul: dimension mismatch: trans_a: {}, trans_b: {}, A ('{}') {:?} is used as {m} x {k}, B ('{}') {:?} as {kb} x {n}",
+            ta as i32,
+            tb as i32,
+            l.input_name(0),
+            a.shape(),
+            l.input_name(1),
+            b.shape()
+        ))
+        .with_blob(l.input_name(1)));
+    }
+    let y = matmul(ta, tb, m, k, n, &dense(a), &dense(b));
+    let y = array(&[m, n], y)?;
+    l.set_output(0, T::wrap(y));
+    Ok(())
+}
+
+fn build_matmul(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let ax = (ctx.args.i64("axis_a", 1)?, ctx.args.i64("axis_b", 1)?);
+    let ta = ctx.args.i64("trans_a", 0)? != 0;
+    let tb = ctx.args.i64("trans_b", 0)? != 0;
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        by_real!(&l, "MatMul", 0, matmul_t(&mut l, ax, ta, tb))?;
+        Ok(true)
+    }))
+}
+
+// --------------------------------------------------------- activations --
+
+/// Y = f(X) elementwise.
+fn map_t<T: Real>(l: &mut Locked<'_>, f: impl Fn(T) -> T) -> Result<()> {
+    let y = l.tensor(0)?;
+    let y = T::view(y)
+        .ok_or_else(|| Error::internal("dtype checked"))?
+        .mapv(f);
+    l.set_output(0, T::wrap(y));
+    Ok(())
+}
+
+/// dX = g(Y, dY) elementwise, inputs (Y, dY).
+fn grad_map_t<T: Real>(l: &mut Locked<'_>, op: &str, g: impl Fn(T, T) -> T) -> Result<()> {
+    same_shape(op, l, 0, 1)?;
+    let (y, dy) = (input::<T>(l, op, 0)?, input::<T>(l, op, 1)?);
+    let dx = Zip::from(y).and(dy).map_collect(|&y, &d| g(y, d));
+    l.set_output(0, T::wrap(dx));
+    Ok(())
+}
+
+/// `fn $build`: a kernel computing Y = f(X) elementwise.
+macro_rules! unary {
+    ($build:ident, $name:expr, |$x:ident| $f:expr) => {
+        fn $build(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+            fn f32_(v: f32) -> f32 {
+                let $x = v;
+                $f
+            }
+            fn f64_(v: f64) -> f64 {
+                let $x = v;
+                $f
+            }
+            Ok(kernel(|cx| {
+                let mut l = cx.lock();
+                match real_dtype(&l, $name, 0)? {
+                    DataType::Float => map_t::<f32>(&mut l, f32_),
+                    _ => map_t::<f64>(&mut l, f64_),
+                }?;
+                Ok(true)
+            }))
+        }
+    };
+}
+
+/// `fn $build_grad`: a kernel computing dX = g(V, dY) elementwise from
+/// inputs (V, dY), V being the forward op's output or input.
+macro_rules! unary_grad {
+    ($build_grad:ident, $name:expr, |$y:ident, $d:ident| $g:expr) => {
+        fn $build_grad(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+            fn g32(a: f32, b: f32) -> f32 {
+                let ($y, $d) = (a, b);
+                $g
+            }
+            fn g64(a: f64, b: f64) -> f64 {
+                let ($y, $d) = (a, b);
+                $g
+            }
+            const OP: &str = concat!($name, "Gradient");
+            Ok(kernel(|cx| {
+                let mut l = cx.lock();
+                match real_dtype(&l, OP, 0)? {
+                    DataType::Float => grad_map_t::<f32>(&mut l, OP, g32),
+                    _ => grad_map_t::<f64>(&mut l, OP, g64),
+                }?;
+                Ok(true)
+            }))
+        }
+    };
+}
+
+macro_rules! activation {
+    ($build:ident, $build_grad:ident, $name:expr, |$x:ident| $f:expr, |$y:ident, $d:ident| $g:expr) => {
+        unary!($build, $name, |$x| $f);
+        unary_grad!($build_grad, $name, |$y, $d| $g);
+    };
+}
+
+activation!(
+    build_relu,
+    build_relu_grad,
+    "Relu",
+    |x| if x > 0.0 { x } else { 0.0 },
+    |y, d| if y > 0.0 { d } else { 0.0 }
+);
+activation!(
+    build_sigmoid,
+    build_sigmoid_grad,
+    "Sigmoid",
+    |x| 1.0 / (1.0 + (-x).exp()),
+    |y, d| d * y * (1.0 - y)
+);
+activation!(build_tanh, build_tanh_grad, "Tanh", |x| x.tanh(), |y, d| d
+    * (1.0 - y * y));
+
+// Math ops. Exp's, Log's, Sqrt's and Negative's gradients are made of
+// other ops (gradients.py), as Caffe2's were; Abs reads its input.
+unary!(build_exp, "Exp", |x| x.exp());
+unary!(build_log, "Log", |x| x.ln());
+unary!(build_sqrt, "Sqrt", |x| x.sqrt());
+unary!(build_negative, "Negative", |x| -x);
+activation!(
+    build_abs,
+    build_abs_grad,
+    "Abs",
+    |x| x.abs(),
+    |x, d| if x > 0.0 {
+        d
+    } else if x < 0.0 {
+        -d
+    } else {
+        0.0
+    }
+);
+
+fn build_leaky_relu(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let alpha = ctx.args.f32("alpha", 0.01)?;
+    let grad = ctx.op_type() == "LeakyReluGradient";
+    let op = ctx.op_type().to_string();
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let a64 = f64::from(alpha);
+        match (real_dtype(&l, &op, 0)?, grad) {
+            (DataType::Float, false) => {
+                map_t::<f32>(&mut l, |x| if x > 0.0 { x } else { alpha * x })
+            }
+            (_, false) => map_t::<f64>(&mut l, |x| if x > 0.0 { x } else { a64 * x }),
+            (DataType::Float, true) => {
+                grad_map_t::<f32>(&mut l, &op, |y, d| if y > 0.0 { d } else { alpha * d })
+            }
+            (_, true) => grad_map_t::<f64>(&mut l, &op, |y, d| if y > 0.0 { d } else { a64 * d }),
+        }?;
+        Ok(true)
+    }))
+}
+
+fn build_stop_gradient(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    Ok(kernel(|cx| {
+        let mut l = cx.lock();
+        if !l.aliases(0, 0) {
+            let t = l.tensor(0)?.try_clone()?;
+            l.set_output(0, t);
+        }
+        Ok(true)
+    }))
+}
+
+// ------------------------------------------------------------- Softmax --
+
+/// Softmax of each `d`-long row, stable (the row max is subtracted).
+fn softmax_rows<T: Real>(x: &[T], d: usize) -> Vec<T> {
+    let mut p = x.to_vec();
+    for row in p.chunks_mut(d.max(1)) {
+        let mx = row
+            .iter()
+            .copied()
+            .fold(row[0], |a, b| if b > a { b } else { a });
+        let mut s = T::of(0.0);
+        for v in row.iter_mut() {
+            *v = (*v - mx).exp();
+            s += *v;
+        }
+        for v in row.iter_mut() {
+            *v = *v / s;
+        }
+    }
+    p
+}
+
+fn softmax_t<T: Real>(l: &mut Locked<'_>, axis: i64) -> Result<()> {
+    let x = input::<T>(l, "Softmax", 0)?;
+    let ax = canonical_axis("Softmax", "axis", axis, x.ndim(), l.input_name(0))?;
+    let (_, d) = split_at(x.shape(), ax);
+    let p = array(x.shape(), softmax_rows(&dense(x), d))?;
+    l.set_output(0, T::wrap(p));
+    Ok(())
+}
+
+fn build_softmax(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let axis = ctx.args.i64("axis", 1)?;
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        by_real!(&l, "Softmax", 0, softmax_t(&mut l, axis))?;
+        Ok(true)
+    }))
+}
+
+fn softmax_grad_t<T: Real>(l: &mut Locked<'_>, axis: i64) -> Result<()> {
+    let op = "SoftmaxGradient";
+    same_shape(op, l, 0, 1)?;
+    let (y, dy) = (input::<T>(l, op, 0)?, input::<T>(l, op, 1)?);
+    let ax = canonical_axis(op, "axis", axis, y.ndim(), l.input_name(0))?;
+    let (_, d) = split_at(y.shape(), ax);
+    let (ys, dys) = (dense(y), dense(dy));
+    let mut dx = Vec::with_capacity(ys.len());
+    for (yr, dr) in ys.chunks(d.max(1)).zip(dys.chunks(d.max(1))) {
+        let dot: T = yr.iter().zip(dr).map(|(&a, &b)| a * b).sum();
+        dx.extend(yr.iter().zip(dr).map(|(&a, &b)| a * (b - dot)));
+    }
+    let dx = array(y.shape(), dx)?;
+    l.set_output(0, T::wrap(dx));
+    Ok(())
+}
+
+fn build_softmax_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let axis = ctx.args.i64("axis", 1)?;
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        by_real!(&l, "SoftmaxGradient", 0, softmax_grad_t(&mut l, axis))?;
+        Ok(true)
+    }))
+}
+
+// ------------------------------------------------------------- losses --
+
+/// Caffe2 floors probabilities at this before taking their log.
+const LOG_THRESHOLD: f64 = 1e-20;
+
+/// Checks int32 labels (`n` of them, each in [0, d)) at input `i`.
+fn class_labels(l: &Locked<'_>, op: &str, i: usize, n: usize, d: usize) -> Result<Vec<usize>> {
+    let lab = labels(l, op, i)?;
+    let name = l.input_name(i);
+    let ok_shape = lab.len() == n && (lab.ndim() == 1 || (lab.ndim() == 2 && lab.shape()[1] == 1));
+    if !ok_shape {
+        return Err(Error::shape(format!(
+            "{op}: the labels ('{name}', shape {:?}) must be N = {n} values (shape [N] or [N, 1])",
+            lab.shape()
+        ))
+        .with_blob(name));
+    }
+    lab.iter()
+        .map(|&v| {
+            usize::try_from(v).ok().filter(|&u| u < d).ok_or_else(|| {
+                Error::invalid_arg(format!(
+                    "{op}: label seems incorrect: label value {v} is outside [0, {d}) (the number of classes)"
+                ))
+                .with_blob(name)
+            })
+        })
+        .collect()
+}
+
+/// Optional per-row weights at input `i` (float32 or float64 like X).
+fn row_weights<T: Real>(l: &Locked<'_>, op: &str, i: Option<usize>, n: usize) -> Result<Vec<T>> {
+    let Some(i) = i else {
+        return Ok(vec![T::of(1.0); n]);
+    };
+    let w = input::<T>(l, op, i)?;
+    if w.len() != n {
+        return Err(Error::shape(format!(
+            "{op}: the weights ('{}', shape {:?}) must be N = {n} values",
+            l.input_name(i),
+            w.shape()
+        ))
+        .with_blob(l.input_name(i)));
+    }
+    Ok(dense(w).into_owned())
+}
+
+struct SwlSetup<T> {
+    n: usize,
+    d: usize,
+    /// Per row: the target distribution (one-hot for class labels).
+    target: Vec<T>,
+    weights: Vec<T>,
+}
+
+fn swl_setup<T: Real>(
+    l: &Locked<'_>,
+    op: &str,
+    axis: i64,
+    label_prob: bool,
+    weight_at: Option<usize>,
+) -> Result<SwlSetup<T>> {
+    let x = input::<T>(l, op, 0)?;
+    let ax = canonical_axis(op, "axis", axis, x.ndim(), l.input_name(0))?;
+    let (n, d) = split_at(x.shape(), ax);
+    let target = if label_prob {
+        let p = input::<T>(l, op, 1)?;
+        if p.len() != n * d {
+            return Err(Error::shape(format!(
+                "{op}: with label_prob the labels ('{}', shape {:?}) must be N x D = {n} x {d} probabilities",
+                l.input_name(1),
+                p.shape()
+            ))
+            .with_blob(l.input_name(1)));
+        }
+        dense(p).into_owned()
+    } else {
+        let lab = class_labels(l, op, 1, n, d)?;
+        let mut t = vec![T::of(0.0); n * d];
+        for (r, &c) in lab.iter().enumerate() {
+            t[r * d + c] = T::of(1.0);
+        }
+        t
+    };
+    let weights = row_weights::<T>(l, op, weight_at, n)?;
+    Ok(SwlSetup {
+        n,
+        d,
+        target,
+        weights,
+    })
+}
+
+fn swl_t<T: Real>(
+    l: &mut Locked<'_>,
+    ni: usize,
+    axis: i64,
+    label_prob: bool,
+    scale: f32,
+) -> Result<()> {
+    let op = "SoftmaxWithLoss";
+    let w_at = (ni == 3).then_some(2);
+    let s = swl_setup::<T>(l, op, axis, label_prob, w_at)?;
+    let x = input::<T>(l, op, 0)?;
+    let shape = x.shape().to_vec();
+    let p = softmax_rows(&dense(x), s.d);
+    let (mut loss, mut total) = (T::of(0.0), T::of(0.0));
+    for r in 0..s.n {
+        let mut row = T::of(0.0);
+        for c in 0..s.d {
+            let t = s.target[r * s.d + c];
+            if t != T::of(0.0) {
+                let pc = p[r * s.d + c];
+                let pc = if pc < T::of(LOG_THRESHOLD) {
+                    T::of(LOG_THRESHOLD)
+                } else {
+                    pc
+                };
+                row += -(t * pc.ln());
+            }
+        }
+        loss += s.weights[r] * row;
+        total += s.weights[r];
+    }
+    let avg = if total > T::of(0.0) {
+        loss / total * T::of(f64::from(scale))
+    } else {
+        T::of(0.0)
+    };
+    let p = array(&shape, p)?;
+    l.set_output(0, T::wrap(p));
+    l.set_output(1, T::wrap(array(&[], vec![avg])?));
+    Ok(())
+}
+
+fn build_swl(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let axis = ctx.args.i64("axis", 1)?;
+    let label_prob = ctx.args.i64("label_prob", 0)? != 0;
+    let scale = ctx.args.f32("scale", 1.0)?;
+    let ni = ctx.num_inputs();
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        by_real!(
+            &l,
+            "SoftmaxWithLoss",
+            0,
+            swl_t(&mut l, ni, axis, label_prob, scale)
+        )?;
+        Ok(true)
+    }))
+}
+
+fn swl_grad_t<T: Real>(
+    l: &mut Locked<'_>,
+    ni: usize,
+    axis: i64,
+    label_prob: bool,
+    scale: f32,
+) -> Result<()> {
+    let op = "SoftmaxWithLossGradient";
+    let w_at = (ni == 5).then_some(2);
+    let s = swl_setup::<T>(l, op, axis, label_prob, w_at)?;
+    same_shape(op, l, 0, ni - 2)?;
+    let p = dense(input::<T>(l, op, ni - 2)?).into_owned();
+    let dl = T::of(loss_grad(l, op, ni - 1)?);
+    let total: T = s.weights.iter().copied().sum();
+    let k = if total > T::of(0.0) {
+        dl * T::of(f64::from(scale)) / total
+    } else {
+        T::of(0.0)
+    };
+    let mut dx = p;
+    for r in 0..s.n {
+        for c in 0..s.d {
+            let i = r * s.d + c;
+            // d/dx of -sum(t log softmax(x)) is p * sum(t) - t.
+            let tsum: T = s.target[r * s.d..(r + 1) * s.d].iter().copied().sum();
+            dx[i] = (dx[i] * tsum - s.target[i]) * s.weights[r] * k;
+        }
+    }
+    let shape = l.tensor(0)?.shape().to_vec();
+    l.set_output(0, T::wrap(array(&shape, dx)?));
+    Ok(())
+}
+
+fn build_swl_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let axis = ctx.args.i64("axis", 1)?;
+    let label_prob = ctx.args.i64("label_prob", 0)? != 0;
+    let scale = ctx.args.f32("scale", 1.0)?;
+    let ni = ctx.num_inputs();
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        by_real!(
+            &l,
+            "SoftmaxWithLossGradient",
+            0,
+            swl_grad_t(&mut l, ni, axis, label_prob, scale)
+        )?;
+        Ok(true)
+    }))
+}
+
+/// (N, D) of a probability matrix input (2-D, or 1-D as one row).
+fn prob_dims(l: &Locked<'_>, op: &str) -> Result<(usize, usize)> {
+    let x = l.tensor(0)?.shape();
+    match x.len() {
+        1 => Ok((1, x[0])),
+        2 => Ok((x[0], x[1])),
+        _ => Err(Error::shape(format!(
+            "{op}: X ('{}', shape {x:?}) must be 1-D or 2-D",
+            l.input_name(0)
+        ))
+        .with_blob(l.input_name(0))),
+    }
+}
+
+fn floor_p<T: Real>(p: T) -> T {
+    if p < T::of(LOG_THRESHOLD) {
+        T::of(LOG_THRESHOLD)
+    } else {
+        p
+    }
+}
+
+fn lce_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
+    let op = "LabelCrossEntropy";
+    let (n, d) = prob_dims(l, op)?;
+    let lab = class_labels(l, op, 1, n, d)?;
+    let x = dense(input::<T>(l, op, 0)?).into_owned();
+    let y: Vec<T> = lab
+        .iter()
+        .enumerate()
+        .map(|(r, &c)| -floor_p(x[r * d + c]).ln())
+        .collect();
+    l.set_output(0, T::wrap(array(&[n], y)?));
+    Ok(())
+}
+
+fn build_lce(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    Ok(kernel(|cx| {
+        let mut l = cx.lock();
+        by_real!(&l, "LabelCrossEntropy", 0, lce_t(&mut l))?;
+        Ok(true)
+    }))
+}
+
+fn lce_grad_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
+    let op = "LabelCrossEntropyGradient";
+    let (n, d) = prob_dims(l, op)?;
+    let lab = class_labels(l, op, 1, n, d)?;
+    let dy = input::<T>(l, op, 2)?;
+    if dy.len() != n {
+        return Err(Error::shape(format!(
+            "{op}: dY ('{}', shape {:?}) must have N = {n} values",
+            l.input_name(2),
+            dy.shape()
+        ))
+        .with_blob(l.input_name(2)));
+    }
+    let dy = dense(dy).into_owned();
+    let x = input::<T>(l, op, 0)?;
+    let xs = dense(x);
+    let mut dx = vec![T::of(0.0); n * d];
+    for (r, &c) in lab.iter().enumerate() {
+        dx[r * d + c] = -dy[r] / floor_p(xs[r * d + c]);
+    }
+    let dx = array(x.shape(), dx)?;
+    l.set_output(0, T::wrap(dx));
+    Ok(())
+}
+
+fn build_lce_grad(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    Ok(kernel(|cx| {
+        let mut l = cx.lock();
+        by_real!(&l, "LabelCrossEntropyGradient", 0, lce_grad_t(&mut l))?;
+        Ok(true)
+    }))
+}
+
+fn avg_loss_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
+    let x = input::<T>(l, "AveragedLoss", 0)?;
+    let n = x.len();
+    let s: T = x.iter().copied().sum();
+    let avg = if n == 0 {
+        T::of(0.0)
+    } else {
+        s / T::of(n as f64)
+    };
+    l.set_output(0, T::wrap(array(&[], vec![avg])?));
+    Ok(())
+}
+
+fn build_avg_loss(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    Ok(kernel(|cx| {
+        let mut l = cx.lock();
+        by_real!(&l, "AveragedLoss", 0, avg_loss_t(&mut l))?;
+        Ok(true)
+    }))
+}
+
+fn avg_loss_grad_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
+    let op = "AveragedLossGradient";
+    let x = input::<T>(l, op, 0)?;
+    let v = T::of(loss_grad(l, op, 1)?) / T::of(x.len().max(1) as f64);
+    let dx = ArrayD::from_elem(x.raw_dim(), v);
+    l.set_output(0, T::wrap(dx));
+    Ok(())
+}
+
+fn build_avg_loss_grad(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    Ok(kernel(|cx| {
+        let mut l = cx.lock();
+        by_real!(&l, "AveragedLossGradient", 0, avg_loss_grad_t(&mut l))?;
+        Ok(true)
+    }))
+}
+
+/// Rows of a tensor for the distance ops: dim 0 (one row for a 0-dim one).
+fn rows_of(shape: &[usize]) -> usize {
+    shape.first().copied().unwrap_or(1)
+}
+
+fn l2_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
+    let op = "SquaredL2Distance";
+    same_shape(op, l, 0, 1)?;
+    let (x, y) = (input::<T>(l, op, 0)?, input::<T>(l, op, 1)?);
+    let n = rows_of(x.shape());
+    let d = if n == 0 { 0 } else { x.len() / n };
+    let (xs, ys) = (dense(x), dense(y));
+    let out: Vec<T> = (0..n)
+        .map(|r| {
+            let s: T = (0..d)
+                .map(|c| {
+                    let v = xs[r * d + c] - ys[r * d + c];
+                    v * v
+                })
+                .sum();
+            s * T::of(0.5)
+        })
+        .collect();
+    l.set_output(0, T::wrap(array(&[n], out)?));
+    Ok(())
+}
+
+fn build_l2(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    Ok(kernel(|cx| {
+        let mut l = cx.lock();
+        by_real!(&l, "SquaredL2Distance", 0, l2_t(&mut l))?;
+        Ok(true)
+    }))
+}
+
+fn l2_grad_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
+    let op = "SquaredL2DistanceGradient";
+    same_shape(op, l, 0, 1)?;
+    let (x, y, dd) = (
+        input::<T>(l, op, 0)?,
+        input::<T>(l, op, 1)?,
+        input::<T>(l, op, 2)?,
+    );
+    let n = rows_of(x.shape());
+    if dd.len() != n {
+        return Err(Error::shape(format!(
+            "{op}: the distance gradient ('{}', shape {:?}) must have N = {n} values",
+            l.input_name(2),
+            dd.shape()
+        ))
+        .with_blob(l.input_name(2)));
+    }
+    let d = if n == 0 { 0 } else { x.len() / n };
+    let (xs, ys, dds) = (dense(x), dense(y), dense(dd));
+    let dx: Vec<T> = (0..n * d)
+        .map(|i| (xs[i] - ys[i]) * dds[i / d.max(1)])
+        .collect();
+    let dy: Vec<T> = dx.iter().map(|&v| -v).collect();
+    let shape = x.shape().to_vec();
+    l.set_output(0, T::wrap(array(&shape, dx)?));
+    l.set_output(1, T::wrap(array(&shape, dy)?));
+    Ok(())
+}
+
+fn build_l2_grad(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    Ok(kernel(|cx| {
+        let mut l = cx.lock();
+        by_real!(&l, "SquaredL2DistanceGradient", 0, l2_grad_t(&mut l))?;
+        Ok(true)
+    }))
+}
+
+fn accuracy_t<T: Real>(l: &mut Locked<'_>, top_k: usize) -> Result<()> {
+    let op = "Accuracy";
+    let x = input::<T>(l, op, 0)?;
+    if x.ndim() != 2 {
+        return Err(Error::shape(format!(
+            "{op}: the prediction ('{}', shape {:?}) must be 2-D (N x D)",
+            l.input_name(0),
+            x.shape()
+        ))
+        .with_blob(l.input_name(0)));
+    }
+    let (n, d) = (x.shape()[0], x.shape()[1]);
+    let lab = class_labels(l, op, 1, n, d)?;
+    let xs = dense(x);
+    let correct = lab
+        .iter()
+        .enumerate()
+        .filter(|&(r, &c)| {
+            let row = &xs[r * d..(r + 1) * d];
+            let v = row[c];
+            // Scores above the label's, and equal ones at lower indices.
+            let rank = row
+                .iter()
+                .enumerate()
+                .filter(|&(j, &s)| s > v || (s == v && j < c))
+                .count();
+            rank < top_k
+        })
+        .count();
+    let acc = if n == 0 {
+        0.0
+    } else {
+        correct as f32 / n as f32
+    };
+    l.set_output(0, Tensor::F32(array(&[], vec![acc])?));
+    Ok(())
+}
+
+fn build_accuracy(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let top_k = ctx.args.i64("top_k", 1)?;
+    if top_k < 1 {
+        return Err(ctx.bad_arg(format!("top_k must be at least 1, got {top_k}")));
+    }
+    let top_k = top_k as usize;
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        by_real!(&l, "Accuracy", 0, accuracy_t(&mut l, top_k))?;
+        Ok(true)
+    }))
+}
+
+// --------------------------------------------- elementwise gradients --
+
+/// `shape` padded with 1s to `ndim` dims, its dims starting at `offset`.
+fn padded(shape: &[usize], ndim: usize, offset: usize) -> Vec<usize> {
+    let mut p = vec![1; ndim];
+    p[offset..offset + shape.len()].copy_from_slice(shape);
+    p
+}
+
+/// `g` (of the output's shape) summed over the dims `pad` (an input's
+/// shape, padded) was broadcast along, reshaped to `shape`.
+fn reduce_to<T: Real>(g: ArrayD<T>, pad: &[usize], shape: &[usize]) -> Result<ArrayD<T>> {
+    let mut g = g;
+    for ax in (0..pad.len()).rev() {
+        if pad[ax] == 1 && g.shape()[ax] != 1 {
+            g = g
+                .fold_axis(Axis(ax), T::of(0.0), |&s, &v| s + v)
+                .insert_axis(Axis(ax));
+        }
+    }
+    let v: Vec<T> = g.iter().copied().collect();
+    array(shape, v)
+}
+
+fn binary_grad_t<T: Real>(l: &mut Locked<'_>, op: &str, legacy: bool, axis: i64) -> Result<()> {
+    let (dc, a, b) = (
+        input::<T>(l, op, 0)?,
+        input::<T>(l, op, 1)?,
+        input::<T>(l, op, 2)?,
+    );
+    let (sa, sb) = (a.shape().to_vec(), b.shape().to_vec());
+    let mismatch = || {
+        Error::shape(format!(
+            "{op}: A ('{}', shape {sa:?}), B ('{}', shape {sb:?}) and dC ('{}', shape {:?}) do not broadcast as the forward op did",
+            l.input_name(1),
+            l.input_name(2),
+            l.input_name(0),
+            dc.shape()
+        ))
+        .with_blob(l.input_name(0))
+    };
+    // The padded shapes of A and B, and the output's shape.
+    let (pa, pb) = if legacy {
+        let off = if axis < 0 {
+            sa.len().checked_sub(sb.len())
+        } else {
+            Some(axis as usize)
+        };
+        let off = off
+            .filter(|&o| o + sb.len() <= sa.len())
+            .ok_or_else(mismatch)?;
+        (sa.clone(), padded(&sb, sa.len(), off))
+    } else {
+        let nd = sa.len().max(sb.len());
+        (
+            padded(&sa, nd, nd - sa.len()),
+            padded(&sb, nd, nd - sb.len()),
+        )
+    };
+    let mut sc = Vec::with_capacity(pa.len());
+    for (&x, &y) in pa.iter().zip(&pb) {
+        sc.push(match (x, y) {
+            (x, y) if x == y => x,
+            (1, y) => y,
+            (x, 1) => x,
+            _ => return Err(mismatch()),
+        });
+    }
+    if dc.shape() != sc.as_slice() {
+        return Err(mismatch());
+    }
+    let view = |x: &ArrayD<T>, p: &[usize]| -> Result<ArrayD<T>> {
+        let v = array(p, dense(x).into_owned())?;
+        v.broadcast(IxDyn(&sc))
+            .map(|v| v.to_owned())
+            .ok_or_else(mismatch)
+    };
+    let (ga, gb) = match op {
+        "AddGradient" => (dc.to_owned(), dc.to_owned()),
+        "SubGradient" => (dc.to_owned(), dc.mapv(|v| -v)),
+        _ => {
+            let (ab, bb) = (view(a, &pa)?, view(b, &pb)?);
+            (dc * &bb, dc * &ab)
+        }
+    };
+    let da = reduce_to(ga, &pa, &sa)?;
+    let db = reduce_to(gb, &pb, &sb)?;
+    l.set_output(0, T::wrap(da));
+    l.set_output(1, T::wrap(db));
+    Ok(())
+}
+
+fn build_binary_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let legacy = ctx.args.i64("broadcast", 0)? != 0;
+    let axis = ctx.args.i64("axis", -1)?;
+    let op = ctx.op_type().to_string();
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        by_real!(&l, &op, 0, binary_grad_t(&mut l, &op, legacy, axis))?;
+        Ok(true)
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::error::ErrorKind;
+    use crate::tensor::Tensor;
+    use crate::test_util::{get, i32s, int_arg, op, run, ws_with};
+
+    fn f32s(shape: &[usize], v: &[f32]) -> Tensor {
+        Tensor::from_vec(shape, v.to_vec()).unwrap()
+    }
+
+    fn vals(t: &Tensor) -> Vec<f32> {
+        t.array::<f32>().unwrap().iter().copied().collect()
+    }
+
+    #[test]
+    fn fc_and_its_gradient_by_hand() {
+        // X = [[1, 2], [3, 4]], W = [[1, 0], [1, 1], [0, 2]], b = [0, 1, 2].
+        let ws = ws_with(&[
+            ("x", f32s(&[2, 2], &[1., 2., 3., 4.])),
+            ("w", f32s(&[3, 2], &[1., 0., 1., 1., 0., 2.])),
+            ("b", f32s(&[3], &[0., 1., 2.])),
+        ]);
+        run(&ws, op("FC", &["x", "w", "b"], &["y"], vec![])).unwrap();
+        let y = get(&ws, "y");
+        assert_eq!(y.shape(), &[2, 3]);
+        assert_eq!(vals(&y), vec![1., 4., 6., 3., 8., 10.]);
+        // dY = ones: dW = column sums of X per row, db = 2, dX = row sums of W.
+        crate::test_util::feed(&ws, "dy", f32s(&[2, 3], &[1.; 6]));
+        run(
+            &ws,
+            op("FCGradient", &["x", "w", "dy"], &["dw", "db", "dx"], vec![]),
+        )
+        .unwrap();
+        assert_eq!(vals(&get(&ws, "dw")), vec![4., 6., 4., 6., 4., 6.]);
+        assert_eq!(vals(&get(&ws, "db")), vec![2., 2., 2.]);
+        assert_eq!(vals(&get(&ws, "dx")), vec![2., 3., 2., 3.]);
+    }
+
+    #[test]
+    fn matmul_transposes() {
+        let ws = ws_with(&[
+            ("a", f32s(&[2, 3], &[1., 2., 3., 4., 5., 6.])),
+            ("b", f32s(&[2, 3], &[1., 0., 1., 0., 1., 0.])),
+        ]);
+        run(
+            &ws,
+            op("MatMul", &["a", "b"], &["y"], vec![int_arg("trans_b", 1)]),
+        )
+        .unwrap();
+        assert_eq!(vals(&get(&ws, "y")), vec![4., 2., 10., 5.]);
+        let e = run(&ws, op("MatMul", &["a", "b"], &["z"], vec![])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Shape);
+    }
+
+    #[test]
+    fn add_gradient_sums_over_broadcast_dims() {
+        let ws = ws_with(&[
+            ("dc", f32s(&[2, 3], &[1., 2., 3., 4., 5., 6.])),
+            ("a", f32s(&[2, 3], &[0.; 6])),
+            ("b", f32s(&[3], &[0.; 3])),
+        ]);
+        run(
+            &ws,
+            op("AddGradient", &["dc", "a", "b"], &["da", "db"], vec![]),
+        )
+        .unwrap();
+        assert_eq!(vals(&get(&ws, "da")), vec![1., 2., 3., 4., 5., 6.]);
+        assert_eq!(get(&ws, "db").shape(), &[3]);
+        assert_eq!(vals(&get(&ws, "db")), vec![5., 7., 9.]);
+    }
+
+    #[test]
+    fn softmax_with_loss_of_uniform_logits_is_log_of_classes() {
+        let ws = ws_with(&[("x", f32s(&[2, 4], &[0.; 8])), ("l", i32s(&[1, 3]))]);
+        run(
+            &ws,
+            op("SoftmaxWithLoss", &["x", "l"], &["p", "loss"], vec![]),
+        )
+        .unwrap();
+        let loss = get(&ws, "loss").scalar_value::<f32>().unwrap();
+        assert!((loss - 4f32.ln()).abs() < 1e-6);
+        let bad = ws_with(&[("x", f32s(&[1, 2], &[0.; 2])), ("l", i32s(&[2]))]);
+        let e = run(
+            &bad,
+            op("SoftmaxWithLoss", &["x", "l"], &["p", "loss"], vec![]),
+        )
+        .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+    }
+}

@@ -1,0 +1,368 @@
+//! Training support (issue 14): the weight fillers XavierFill and MSRAFill,
+//! LearningRate, and the updates MomentumSGDUpdate and Adam (float32, as
+//! Caffe2's CPU kernels; WeightedSum, the plain SGD update, is in
+//! elementwise.rs).
+
+#![allow(clippy::result_large_err)]
+
+use super::fill::{make_rng, FillShape, EXTRA_SHAPE, FILLER_IGNORED, INPUT_AS_SHAPE, SHAPE};
+use super::kernel;
+use crate::arg;
+use crate::error::{Error, Result};
+use crate::operator::{InPlace, Locked, OpDefCtx, OpSchema, Operator};
+use crate::tensor::{collect_array, DataType, Tensor};
+use ndarray::ArrayD;
+use rand::distr::{Distribution, Uniform};
+use rand_distr::Normal;
+
+fn fill_in_place(i: usize, o: usize) -> bool {
+    i == 0 && o == 0
+}
+
+/// MomentumSGDUpdate: (grad, moment, lr, param) -> (grad, moment, param).
+fn momentum_in_place(i: usize, o: usize) -> bool {
+    matches!((i, o), (0, 0) | (1, 1) | (3, 2))
+}
+
+/// Adam: (param, moment_1, moment_2, grad, lr, iter) -> (param, moment_1, moment_2[, grad]).
+fn adam_in_place(i: usize, o: usize) -> bool {
+    matches!((i, o), (0, 0) | (1, 1) | (2, 2))
+}
+
+pub fn schemas() -> Vec<OpSchema> {
+    const FILL_ARGS: &[crate::operator::ArgDoc] = &[SHAPE, EXTRA_SHAPE, INPUT_AS_SHAPE];
+    let filler = |name: &'static str, build: crate::operator::BuildFn, doc: &'static str| {
+        OpSchema::new(name, build)
+            .inputs(0, 1)
+            .outputs(1, 1)
+            .inplace(InPlace::Allow(fill_in_place))
+            .args(FILL_ARGS)
+            .ignores(FILLER_IGNORED)
+            .doc(doc)
+    };
+    vec![
+        filler(
+            "XavierFill",
+            build_xavier,
+            "Fills a float32 output with samples uniform on [-s, s], s = sqrt(3 / fan_in), fan_in = size / dim 0.",
+        ),
+        filler(
+            "MSRAFill",
+            build_msra,
+            "Fills a float32 output with normal samples of mean 0 and std sqrt(2 / fan_out), fan_out = size / dim 1.",
+        ),
+        OpSchema::new("LearningRate", build_lr)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .args(&[
+                arg!("base_lr", "float", "required", "the rate at iteration 0 (negative to descend with WeightedSum)"),
+                arg!("policy", "string", "required", "fixed, step, exp, inv, multistep or poly"),
+                arg!("gamma", "float", "0", "step, exp, inv, multistep: the decay factor"),
+                arg!("stepsize", "int", "0", "step: iterations per decay"),
+                arg!("stepsizes", "list of int", "[]", "multistep: the iterations at which the rate decays"),
+                arg!("power", "float", "0", "inv and poly: the exponent"),
+                arg!("max_iter", "int", "-1", "poly: the iteration at which the rate reaches 0"),
+            ])
+            .doc("lr = base_lr * policy(iter), a float32 tensor of shape [1], from the int64 iteration counter (Iter's output)."),
+        OpSchema::new("MomentumSGDUpdate", build_momentum)
+            .inputs(4, 4)
+            .outputs(3, 3)
+            .inplace(InPlace::Enforce(momentum_in_place))
+            .args(&[
+                arg!("momentum", "float", "0", "the moment's decay"),
+                arg!("nesterov", "int", "0", "use Nesterov's momentum"),
+            ])
+            .doc("Inputs (grad, moment, lr, param), outputs (grad, moment, param) in place: m = momentum * m + lr * grad, param -= m (Nesterov: param -= (1 + momentum) * m_new - momentum * m_old); grad becomes the step taken."),
+        OpSchema::new("Adam", build_adam)
+            .inputs(6, 6)
+            .outputs(3, 4)
+            .inplace(InPlace::Enforce(adam_in_place))
+            .args(&[
+                arg!("beta1", "float", "0.9", "first moment decay"),
+                arg!("beta2", "float", "0.999", "second moment decay"),
+                arg!("epsilon", "float", "1e-5", "added to the second moment's square root"),
+            ])
+            .doc("Inputs (param, moment_1, moment_2, grad, lr, iter), outputs (param, moment_1, moment_2[, the effective gradient]) in place: t = iter + 1, m1 = b1 m1 + (1 - b1) g, m2 = b2 m2 + (1 - b2) g^2, param += lr * sqrt(1 - b2^t) / (1 - b1^t) * m1 / (sqrt(m2) + epsilon)."),
+    ]
+}
+
+// ------------------------------------------------------------- fillers --
+
+/// Product of the dims after `skip` (the fan) for a filler of `shape`.
+fn fan(op: &str, shape: &[usize], dim: usize, blob: &str) -> Result<usize> {
+    if shape.len() <= dim || shape[dim] == 0 {
+        return Err(Error::shape(format!(
+            "{op}: the output shape {shape:?} needs a non-zero dim {dim} to compute its fan"
+        ))
+        .with_blob(blob));
+    }
+    Ok(shape.iter().product::<usize>() / shape[dim])
+}
+
+fn build_xavier(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let shape = FillShape::parse(ctx)?;
+    let mut rng = make_rng(ctx);
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let shape = shape.resolve(&l)?;
+        let out = l.output_name(0).to_string();
+        let fan_in = fan("XavierFill", &shape, 0, &out)?;
+        let s = (3.0f32 / fan_in as f32).sqrt();
+        let d = Uniform::new_inclusive(-s, s).map_err(|e| Error::internal(e.to_string()))?;
+        let a = collect_array(&shape, std::iter::repeat_with(|| d.sample(&mut rng)))
+            .map_err(|e| e.with_blob(&out))?;
+        l.set_output(0, Tensor::F32(a));
+        Ok(true)
+    }))
+}
+
+fn build_msra(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let shape = FillShape::parse(ctx)?;
+    let mut rng = make_rng(ctx);
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let shape = shape.resolve(&l)?;
+        let out = l.output_name(0).to_string();
+        let fan_out = fan("MSRAFill", &shape, 1, &out)?;
+        let std = (2.0f32 / fan_out as f32).sqrt();
+        let d = Normal::new(0.0f32, std).map_err(|e| Error::internal(e.to_string()))?;
+        let a = collect_array(&shape, std::iter::repeat_with(|| d.sample(&mut rng)))
+            .map_err(|e| e.with_blob(&out))?;
+        l.set_output(0, Tensor::F32(a));
+        Ok(true)
+    }))
+}
+
+// -------------------------------------------------------- LearningRate --
+
+#[derive(Clone, Debug)]
+enum Policy {
+    Fixed,
+    Step { gamma: f64, stepsize: i64 },
+    Exp { gamma: f64 },
+    Inv { gamma: f64, power: f64 },
+    MultiStep { gamma: f64, steps: Vec<i64> },
+    Poly { power: f64, max_iter: i64 },
+}
+
+impl Policy {
+    fn multiplier(&self, iter: i64) -> f64 {
+        match self {
+            Policy::Fixed => 1.0,
+            Policy::Step { gamma, stepsize } => gamma.powf((iter / stepsize) as f64),
+            Policy::Exp { gamma } => gamma.powf(iter as f64),
+            Policy::Inv { gamma, power } => (1.0 + gamma * iter as f64).powf(-power),
+            Policy::MultiStep { gamma, steps } => {
+                gamma.powi(steps.iter().filter(|&&s| iter >= s).count() as i32)
+            }
+            Policy::Poly { power, max_iter } => {
+                (1.0 - iter as f64 / *max_iter as f64).max(0.0).powf(*power)
+            }
+        }
+    }
+}
+
+fn build_lr(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let a = &ctx.args;
+    let base_lr = a
+        .f32_opt("base_lr")?
+        .ok_or_else(|| ctx.bad_arg("LearningRate: base_lr is required"))?;
+    let policy = a
+        .string_opt("policy")?
+        .ok_or_else(|| ctx.bad_arg("LearningRate: must specify a learning rate policy"))?;
+    let gamma = f64::from(a.f32("gamma", 0.0)?);
+    let power = f64::from(a.f32("power", 0.0)?);
+    let p = match policy.as_str() {
+        "fixed" => Policy::Fixed,
+        "step" => {
+            let stepsize = a.i64("stepsize", 0)?;
+            if stepsize <= 0 {
+                return Err(ctx.bad_arg(format!(
+                    "LearningRate: the step policy needs a positive stepsize, got {stepsize}"
+                )));
+            }
+            Policy::Step { gamma, stepsize }
+        }
+        "exp" => Policy::Exp { gamma },
+        "inv" => Policy::Inv { gamma, power },
+        "multistep" => Policy::MultiStep {
+            gamma,
+            steps: a.ints("stepsizes")?.unwrap_or_default(),
+        },
+        "poly" => {
+            let max_iter = a.i64("max_iter", -1)?;
+            if max_iter <= 0 {
+                return Err(ctx.bad_arg(format!(
+                    "LearningRate: the poly policy needs a positive max_iter, got {max_iter}"
+                )));
+            }
+            Policy::Poly { power, max_iter }
+        }
+        other => {
+            return Err(ctx.bad_arg(format!(
+                "LearningRate: unknown learning rate policy: {other} (fixed, step, exp, inv, multistep, poly)"
+            )))
+        }
+    };
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let name = l.input_name(0).to_string();
+        let t = l.tensor(0)?;
+        let iter = match t {
+            Tensor::I64(a) if a.len() == 1 => a.iter().copied().next().unwrap_or(0),
+            _ => {
+                return Err(Error::type_error(format!(
+                    "LearningRate: the iteration ('{name}') must be an int64 tensor of one element (Iter's output), got {} of shape {:?}",
+                    t.dtype(),
+                    t.shape()
+                ))
+                .with_blob(&name))
+            }
+        };
+        let lr = (f64::from(base_lr) * p.multiplier(iter)) as f32;
+        l.set_output(0, Tensor::F32(ArrayD::from_elem(ndarray::IxDyn(&[1]), lr)));
+        Ok(true)
+    }))
+}
+
+// ------------------------------------------------------------- updates --
+
+/// Input `i` as float32, or a type error naming the op and blob.
+fn f32_in<'l>(l: &'l Locked<'_>, op: &str, i: usize, what: &str) -> Result<&'l ArrayD<f32>> {
+    let t = l.tensor(i)?;
+    match t {
+        Tensor::F32(a) => Ok(a),
+        _ => {
+            let name = l.input_name(i);
+            Err(Error::type_error(format!(
+                "{op}: {what} ('{name}') must be a float32 tensor, got {}. To fix: {}",
+                t.dtype(),
+                DataType::Float.conversion_hint(name)
+            ))
+            .with_blob(name))
+        }
+    }
+}
+
+fn check_like(l: &Locked<'_>, op: &str, i: usize, like: usize) -> Result<()> {
+    let (a, b) = (l.tensor(i)?.shape(), l.tensor(like)?.shape());
+    if a != b {
+        let name = l.input_name(i);
+        return Err(Error::shape(format!(
+            "{op}: '{name}' (shape {a:?}) must have the shape of '{}' ({b:?})",
+            l.input_name(like)
+        ))
+        .with_blob(name));
+    }
+    Ok(())
+}
+
+fn scalar_f32(l: &Locked<'_>, op: &str, i: usize, what: &str) -> Result<f32> {
+    let a = f32_in(l, op, i, what)?;
+    if a.len() != 1 {
+        let name = l.input_name(i);
+        return Err(Error::shape(format!(
+            "{op}: {what} ('{name}') must have one element, got shape {:?}",
+            a.shape()
+        ))
+        .with_blob(name));
+    }
+    Ok(a.iter().copied().next().unwrap_or(0.0))
+}
+
+fn build_momentum(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let mu = ctx.args.f32("momentum", 0.0)?;
+    let nesterov = ctx.args.i64("nesterov", 0)? != 0;
+    const OP: &str = "MomentumSGDUpdate";
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        f32_in(&l, OP, 0, "the gradient")?;
+        f32_in(&l, OP, 1, "the moment")?;
+        f32_in(&l, OP, 3, "the parameter")?;
+        check_like(&l, OP, 1, 0)?;
+        check_like(&l, OP, 3, 0)?;
+        let lr = scalar_f32(&l, OP, 2, "the learning rate")?;
+        let g = f32_in(&l, OP, 0, "")?;
+        let m = f32_in(&l, OP, 1, "")?;
+        let p = f32_in(&l, OP, 3, "")?;
+        let (mut ng, mut nm, mut np) = (g.clone(), m.clone(), p.clone());
+        ndarray::Zip::from(&mut ng)
+            .and(&mut nm)
+            .and(&mut np)
+            .for_each(|g, m, p| {
+                let m_old = *m;
+                let m_new = mu * m_old + lr * *g;
+                let step = if nesterov {
+                    (1.0 + mu) * m_new - mu * m_old
+                } else {
+                    m_new
+                };
+                *m = m_new;
+                *g = step;
+                *p -= step;
+            });
+        l.set_output(0, Tensor::F32(ng));
+        l.set_output(1, Tensor::F32(nm));
+        l.set_output(2, Tensor::F32(np));
+        Ok(true)
+    }))
+}
+
+fn build_adam(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let b1 = ctx.args.f32("beta1", 0.9)?;
+    let b2 = ctx.args.f32("beta2", 0.999)?;
+    let eps = ctx.args.f32("epsilon", 1e-5)?;
+    let out_grad = ctx.num_outputs() == 4;
+    const OP: &str = "Adam";
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        f32_in(&l, OP, 0, "the parameter")?;
+        f32_in(&l, OP, 1, "moment_1")?;
+        f32_in(&l, OP, 2, "moment_2")?;
+        f32_in(&l, OP, 3, "the gradient")?;
+        for i in 1..4 {
+            check_like(&l, OP, i, 0)?;
+        }
+        let lr = scalar_f32(&l, OP, 4, "the learning rate")?;
+        let name = l.input_name(5).to_string();
+        let iter = match l.tensor(5)? {
+            Tensor::I64(a) if a.len() == 1 => a.iter().copied().next().unwrap_or(0),
+            t => {
+                return Err(Error::type_error(format!(
+                    "Adam: the iteration ('{name}') must be an int64 tensor of one element, got {} of shape {:?}",
+                    t.dtype(),
+                    t.shape()
+                ))
+                .with_blob(&name))
+            }
+        };
+        let t = (iter + 1) as f64;
+        let corr = ((1.0 - f64::from(b2).powf(t)).sqrt() / (1.0 - f64::from(b1).powf(t))) as f32;
+        let (mut np, mut m1, mut m2) = (
+            f32_in(&l, OP, 0, "")?.clone(),
+            f32_in(&l, OP, 1, "")?.clone(),
+            f32_in(&l, OP, 2, "")?.clone(),
+        );
+        let g = f32_in(&l, OP, 3, "")?;
+        let mut ng = g.clone();
+        ndarray::Zip::from(&mut np)
+            .and(&mut m1)
+            .and(&mut m2)
+            .and(&mut ng)
+            .for_each(|p, a, b, g| {
+                let gv = *g;
+                *a = *a * b1 + gv * (1.0 - b1);
+                *b = *b * b2 + gv * gv * (1.0 - b2);
+                let step = corr * *a / (b.sqrt() + eps);
+                *p += lr * step;
+                *g = step;
+            });
+        l.set_output(0, Tensor::F32(np));
+        l.set_output(1, Tensor::F32(m1));
+        l.set_output(2, Tensor::F32(m2));
+        if out_grad {
+            l.set_output(3, Tensor::F32(ng));
+        }
+        Ok(true)
+    }))
+}
