@@ -1458,7 +1458,7 @@ class Net:
                 blob = msg_or_blob
             self.Print(blob, [])
 
-    def AddGradientOperators(self, ys, skip=0):
+    def AddGradientOperators(self, ys: Any, skip: int = 0) -> dict[BlobReference, Any]:
         """Appends the backward pass of ``ys`` (a list of losses, or a dict
         giving some of their gradients) through this net's ops after the
         first ``skip``; returns {blob: its gradient} (gradients.py)."""
@@ -2013,12 +2013,14 @@ class GradientRegistry(gradients.GradientRegistry):
     whose backward pass names blobs with BlobReferences, as Caffe2's does."""
 
     @classmethod
-    def GetBackwardPass(cls, operators, ys, ys_generate_gradient=False):
+    def GetBackwardPass(
+        cls, operators: Sequence[Any], ys: Any, ys_generate_gradient: bool = False
+    ) -> tuple[list[Any], dict[BlobReference, Any]]:
         ops, grads = IR(operators).GetBackwardPass(ys)
 
-        def ref(g):
-            if isinstance(g, GradientSlice):
-                return GradientSlice(BlobReference(g.indices), BlobReference(g.values))
+        def ref(g: Any) -> Any:
+            if isinstance(g, gradients.GradientSlice):
+                return gradients.GradientSlice(BlobReference(g.indices), BlobReference(g.values))
             return BlobReference(g)
 
         return ops, {BlobReference(name): ref(g) for name, g in grads.items()}

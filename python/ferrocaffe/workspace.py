@@ -394,7 +394,9 @@ class Workspace:
             # TensorProto of another caffe2_pb2 (Caffe2's own) feeds too.
             blob = proto.BlobProto(name=name, type="Tensor")
             blob.tensor.MergeFromString(arr.SerializePartialToString())
-            self._core.deserialize_blob(name, blob.SerializeToString())
+            # Partial: a required field the tensor lacks (a segment's begin)
+            # is the runtime's to refuse, as a typed error.
+            self._core.deserialize_blob(name, blob.SerializePartialToString())
             return True
         self._core.feed_blob(name, _to_feedable(name, arr))
         return True
