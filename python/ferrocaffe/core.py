@@ -101,8 +101,9 @@ GradientSlice = gradients.GradientSlice
 
 # ------------------------------------------------------ operator registry --
 #
-# The list of operator types comes from the compiled runtime. It is read on
-# first use rather than at import, and re-read on a miss, because the
+# The list of operator types comes from the compiled runtime. It is read at
+# import, as Caffe2's core did (programs read `core._REGISTERED_OPERATORS`
+# directly), and re-read on a miss, because the
 # bindings may register operators (the Python op) after the first read. Only
 # when the registry cannot be read at all (a compiled module without it) is
 # every CamelCase name accepted, so that nets can still be built and
@@ -2024,3 +2025,7 @@ class GradientRegistry(gradients.GradientRegistry):
             return BlobReference(g)
 
         return ops, {BlobReference(name): ref(g) for name, g in grads.items()}
+
+
+# Read at import, as Caffe2 did (see "operator registry" above).
+RefreshRegisteredOperators()

@@ -249,3 +249,26 @@ def test_op_schemas_as_caffe2_exposed_them():
 def test_text_where_a_serialised_proto_goes_is_a_type_error(fresh, call):
     with pytest.raises(TypeError):
         call(workspace.C.Workspace())
+
+
+def test_registered_operators_are_a_set_as_soon_as_core_is_imported():
+    # Caffe2 programs read core._REGISTERED_OPERATORS at import time (its
+    # workspace_test does, in a decorator); a fresh interpreter shows
+    # whether the set is there before any op was made.
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    from _support import PKG_PARENT
+
+    code = textwrap.dedent("""
+        from ferrocaffe import core
+        ops = core._REGISTERED_OPERATORS
+        print(type(ops).__name__, "Add" in ops, "NoSuchOp" in ops)
+    """)
+    env = dict(os.environ, PYTHONPATH=PKG_PARENT)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["set", "True", "False"]
