@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from ferrocaffe import brew, model_helper, optimizer, workspace
 
-PYTHON_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python")
+# The child imports the ferrocaffe this process imported (an installed one in CI).
+from _support import PKG_PARENT as PYTHON_DIR  # noqa: E402
 
 
 def blobs(n, rng):
