@@ -1341,7 +1341,8 @@ class Net:
         that hold blob names elsewhere. ``update_external_list`` recomputes
         the external lists from the kept ops.
         """
-        remap_funcs = dict(remap_funcs or {})
+        # Caffe2's default: the nets an If or While op holds are renamed too.
+        remap_funcs = dict(DEFAULT_REMAP_FUNCS if remap_funcs is None else remap_funcs)
         proto = self._net
         new_proto = caffe2_pb2.NetDef()
         new_proto.CopyFrom(proto)
@@ -2025,6 +2026,26 @@ class GradientRegistry(gradients.GradientRegistry):
             return BlobReference(g)
 
         return ops, {BlobReference(name): ref(g) for name, g in grads.items()}
+
+
+def control_op_remap(op: caffe2_pb2.OperatorDef, prefix: str, blob_remap: Mapping[str, str]) -> None:
+    """Applies ``blob_remap`` inside the nets a control op holds (If and
+    AsyncIf: ``then_net``/``else_net``; While: ``loop_net``/``cond_net``),
+    as ``Net.Clone`` does by default; each such net is renamed
+    ``<name>_remapped``."""
+    names = ("then_net", "else_net") if op.type in ("If", "AsyncIf") else ("loop_net", "cond_net")
+    for arg in op.arg:
+        if arg.name in names and arg.HasField("n"):
+            inner = Net(arg.n)
+            remapped = inner.Clone((arg.n.name or "") + "_remapped", blob_remap=blob_remap)
+            arg.n.CopyFrom(remapped.Proto())
+
+
+DEFAULT_REMAP_FUNCS: dict[str, Callable[..., Any]] = {
+    "If": control_op_remap,
+    "AsyncIf": control_op_remap,
+    "While": control_op_remap,
+}
 
 
 # Read at import, as Caffe2 did (see "operator registry" above).

@@ -272,3 +272,31 @@ def test_registered_operators_are_a_set_as_soon_as_core_is_imported():
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["set", "True", "False"]
+
+
+def test_clone_renames_blobs_inside_the_nets_of_control_ops():
+    then_net = core.Net("then_part")
+    then_net.Copy(["cond_in"], "then_out")
+    else_net = core.Net("else_part")
+    else_net.Copy(["other_in"], "else_out")
+    cond = core.Net("cond_part")
+    cond.Copy(["cond_in"], "c")
+    body = core.Net("body_part")
+    body.Copy(["cond_in"], "b")
+    n = core.Net("with_control")
+    n.If(["flag"], [], then_net=then_net.Proto(), else_net=else_net.Proto())
+    n.While([], [], loop_net=body.Proto(), cond_net=cond.Proto())
+    copied = n.Clone("with_control_copy", blob_remap={"cond_in": "renamed", "flag": "flag2"})
+    if_op, while_op = copied.Proto().op
+    assert list(if_op.input) == ["flag2"]
+    nets = {a.name: a.n for a in if_op.arg}
+    assert [list(o.input) for o in nets["then_net"].op] == [["renamed"]]
+    assert [list(o.input) for o in nets["else_net"].op] == [["other_in"]]
+    assert nets["then_net"].name.startswith("then_part_remapped")
+    loops = {a.name: a.n for a in while_op.arg}
+    assert [list(o.input) for o in loops["loop_net"].op] == [["renamed"]]
+    assert [list(o.input) for o in loops["cond_net"].op] == [["renamed"]]
+    # The original is untouched, and an explicit empty table turns it off.
+    assert [list(o.input) for o in n.Proto().op[0].arg[0].n.op] == [["cond_in"]]
+    plain = n.Clone("with_control_plain", blob_remap={"cond_in": "renamed"}, remap_funcs={})
+    assert [list(o.input) for o in plain.Proto().op[0].arg[0].n.op] == [["cond_in"]]
