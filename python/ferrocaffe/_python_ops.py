@@ -32,6 +32,17 @@ def register(func, pass_workspace: bool = False, name: str | None = None) -> str
     return token
 
 
+def gradient_token(token: str) -> str:
+    """The token of the gradient function registered with ``token``'s (the
+    ``PythonGradient`` op carries it)."""
+    return token + ":gradient"
+
+
+def register_gradient(token: str, grad_f, pass_workspace: bool = False) -> str:
+    """Registers ``grad_f`` as the gradient of the function under ``token``."""
+    return register(grad_f, pass_workspace, name=gradient_token(token))
+
+
 def digest(pickled_builder: bytes) -> bytes:
     return hashlib.sha256(bytes(pickled_builder)).digest()
 

@@ -770,16 +770,23 @@ _OPERATOR_FIELD_KEYWORDS = frozenset(
 
 
 def _RegisterPythonImpl(f, grad_f=None, python_func_type=None, pass_workspace=False):
-    """Registers ``f`` with the runtime and returns its token."""
-    if grad_f is not None:
-        raise NotImplementedError("Gradients of Python operators are not supported.")
+    """Registers ``f`` (and ``grad_f``, the function the ``PythonGradient`` op
+    calls) with the runtime and returns the token."""
     if python_func_type:
-        f = python_func_type(f).forward
-    elif isinstance(f, tuple):
-        f = f[0](*f[1], **f[2])
+        func = python_func_type(f)
+        f = func.forward
+        grad_f = func.backward
+    else:
+        if isinstance(f, tuple):
+            f = f[0](*f[1], **f[2])
+        if isinstance(grad_f, tuple):
+            grad_f = grad_f[0](*grad_f[1], **grad_f[2])
     from ferrocaffe import _python_ops
 
-    return _python_ops.register(f, pass_workspace)
+    token = _python_ops.register(f, pass_workspace)
+    if grad_f is not None:
+        _python_ops.register_gradient(token, grad_f, pass_workspace)
+    return token
 
 
 def CreatePythonOperator(
@@ -849,10 +856,10 @@ def TrustPickledBuilders(net_or_plan: Any) -> int:
     proto = net_or_plan.Proto() if hasattr(net_or_plan, "Proto") else net_or_plan
     count = 0
     for op in _ops_within(proto):
-        if op.type != "Python":
+        if op.type not in ("Python", "PythonGradient"):
             continue
         for arg in op.arg:
-            if arg.name == "pickled_builder" and arg.HasField("s"):
+            if arg.name in ("pickled_builder", "pickled_grad_builder") and arg.HasField("s"):
                 _python_ops.trust(arg.s)
                 count += 1
     return count
@@ -1483,8 +1490,11 @@ class Net:
         workspace)`` with ``pass_workspace``), registered process-wide under
         a token; or a tuple ``(builder, args, kwargs)``, pickled into the op,
         so that ``builder(*args, **kwargs)`` makes the callable once per op
-        instance (in each workspace, on each node). Gradients (``grad_f``)
-        are not supported.
+        instance (in each workspace, on each node). ``grad_f`` (a callable,
+        or a builder tuple when ``f`` is one) is what the op's gradient, a
+        ``PythonGradient`` op, calls with inputs ``[inputs..., outputs...,
+        output gradients...]`` and outputs ``[input gradients...]``, narrowed
+        by ``grad_output_indices`` and ``grad_input_indices``.
         """
         assert IsOperator("Python")
 
@@ -1495,27 +1505,27 @@ class Net:
             func, args, kwargs = t
             return pickle.dumps((func, tuple(args), dict(kwargs)))
 
+        from ferrocaffe import _python_ops
+
         f_builder = make_builder(f)
         if f_builder:
             # Made here from the caller's own objects: safe to unpickle when
             # the op is built (builders from anywhere else are not).
-            from ferrocaffe import _python_ops
-
             _python_ops.trust(f_builder)
         grad_f_builder = make_builder(grad_f)
         assert (not grad_f) or ((not f_builder) == (not grad_f_builder)), (
             "A tuple has to be passed to both f and grad_f or neither."
         )
-        if grad_f is not None:
-            raise NotImplementedError("Gradients of Python operators are not supported.")
-
         core_kwargs = {}
         if f_builder:
             core_kwargs["pickled_builder"] = f_builder
             core_kwargs["pass_workspace"] = pass_workspace
+            if grad_f_builder:
+                _python_ops.trust(grad_f_builder)
+                core_kwargs["pickled_grad_builder"] = grad_f_builder
         else:
             core_kwargs["token"] = _RegisterPythonImpl(
-                f, None, python_func_type, pass_workspace=pass_workspace
+                f, grad_f, python_func_type, pass_workspace=pass_workspace
             )
 
         grad_output_indices = grad_output_indices or []

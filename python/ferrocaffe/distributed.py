@@ -280,13 +280,13 @@ def _python_ops_of(plan_def):
     builders = set()
     for net in core._nets_within(plan_def):
         for op in net.op:
-            if op.type != 'Python':
+            if op.type not in ('Python', 'PythonGradient'):
                 continue
             token = None
             for arg in op.arg:
                 if arg.name == 'token' and arg.HasField('s'):
                     token = arg.s.decode() if isinstance(arg.s, bytes) else arg.s
-                if (arg.name == 'pickled_builder' and arg.HasField('s')
+                if (arg.name in ('pickled_builder', 'pickled_grad_builder') and arg.HasField('s')
                         and _python_ops.is_trusted(arg.s)):
                     builders.add(_python_ops.digest(arg.s))
             if not token or token in found:

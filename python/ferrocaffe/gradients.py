@@ -357,6 +357,37 @@ for _t in ("Relu", "Sigmoid", "Tanh", "Softmax"):
     _register(_t)(_output_based(_t + "Gradient"))
 
 
+@_register("Python", copy_arguments=False)
+def _python_grad(op, g_output):
+    """Caffe2's PythonGradient: the gradient function gets the forward
+    inputs, outputs and (the chosen) output gradients, and writes the
+    chosen input gradients."""
+    w = GradientWrapper(op, g_output)
+    args = {a.name: a for a in op.arg}
+    go = list(args["grad_output_indices"].ints) if "grad_output_indices" in args else []
+    gi = list(args["grad_input_indices"].ints) if "grad_input_indices" in args else []
+    go = go or list(range(len(op.output)))
+    gi = gi or list(range(len(op.input)))
+    g = _op("PythonGradient", list(op.input) + list(op.output) + [w.GO(i) for i in go],
+            [w.GI(i) for i in gi])
+    if "token" in args and args["token"].s:
+        from ferrocaffe import _python_ops
+
+        a = g.arg.add()
+        a.name = "token"
+        a.s = _python_ops.gradient_token(args["token"].s.decode()).encode()
+    elif "pickled_grad_builder" in args:
+        a = g.arg.add()
+        a.name = "pickled_builder"
+        a.s = args["pickled_grad_builder"].s
+    if "pass_workspace" in args:
+        g.arg.add().CopyFrom(args["pass_workspace"])
+    grads = [None] * len(op.input)
+    for i in gi:
+        grads[i] = w.GI(i)
+    return [g], grads
+
+
 @_register("SoftmaxWithLoss")
 def _softmax_with_loss_grad(op, g_output):
     w = GradientWrapper(op, g_output)

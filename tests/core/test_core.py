@@ -590,10 +590,8 @@ def test_python_op_with_a_builder_tuple(python_ops):
         net.Python((dict, []))
 
 
-def test_python_op_gradients_are_not_supported(python_ops):
+def test_python_op_gradient_and_function_are_of_one_kind(python_ops):
     net = Net("net")
-    with pytest.raises(NotImplementedError):
-        net.Python(lambda i, o: None, grad_f=lambda i, o: None)
     with pytest.raises(AssertionError, match="A tuple has to be passed to both f and grad_f"):
         net.Python((dict, [], {}), grad_f=lambda i, o: None)
 

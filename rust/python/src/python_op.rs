@@ -338,8 +338,12 @@ fn build_python_op(
 
 pub(crate) fn register_python_op() {
     use ferrocaffe::operator::{InPlace, OpSchema, MANY};
+    for (name, doc) in [
+        ("Python", "Calls a Python function f(inputs, outputs[, workspace]) with tensor wrappers; holds the GIL while it runs."),
+        ("PythonGradient", "The gradient of a Python op (made by AddGradientOperators): calls its grad_f with [inputs, outputs, output gradients] and [input gradients]."),
+    ] {
     ferrocaffe::operator::register(
-        OpSchema::new("Python", build_python_op)
+        OpSchema::new(name, build_python_op)
             .inputs(0, MANY)
             .outputs(0, MANY)
             .inplace(InPlace::Allow(|_, _| true))
@@ -349,10 +353,11 @@ pub(crate) fn register_python_op() {
                 ferrocaffe::arg!("pass_workspace", "bool", "false", "also pass the op's workspace to the function"),
             ])
             .ignores(&[
-                ferrocaffe::arg!("grad_output_indices", "list of int", "[]", "for the gradient op; accepted and ignored (no gradients here)"),
-                ferrocaffe::arg!("grad_input_indices", "list of int", "[]", "for the gradient op; accepted and ignored (no gradients here)"),
-                ferrocaffe::arg!("pickled_grad_builder", "bytes", "", "for the gradient op; accepted and ignored (no gradients here)"),
+                ferrocaffe::arg!("grad_output_indices", "list of int", "[]", "read by the op's gradient maker (AddGradientOperators)"),
+                ferrocaffe::arg!("grad_input_indices", "list of int", "[]", "read by the op's gradient maker (AddGradientOperators)"),
+                ferrocaffe::arg!("pickled_grad_builder", "bytes", "", "read by the op's gradient maker (AddGradientOperators)"),
             ])
-            .doc("Calls a Python function f(inputs, outputs[, workspace]) with tensor wrappers; holds the GIL while it runs."),
+            .doc(doc),
     );
+    }
 }
