@@ -30,7 +30,7 @@ Caffe2).
 
 from collections import defaultdict, namedtuple
 
-from ferrocaffe import errors
+from ferrocaffe import _python_ops, errors
 from ferrocaffe.proto import caffe2_pb2
 
 __all__ = ["IR", "GradientRegistry", "GradientSlice", "GradientWrapper"]
@@ -371,8 +371,6 @@ def _python_grad(op, g_output):
     g = _op("PythonGradient", list(op.input) + list(op.output) + [w.GO(i) for i in go],
             [w.GI(i) for i in gi])
     if "token" in args and args["token"].s:
-        from ferrocaffe import _python_ops
-
         a = g.arg.add()
         a.name = "token"
         a.s = _python_ops.gradient_token(args["token"].s.decode()).encode()
