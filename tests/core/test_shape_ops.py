@@ -152,3 +152,44 @@ def test_lengths_to_segment_ids():
     with pytest.raises(errors.InvalidArgumentError) as ei:
         run_op('LengthsToSegmentIds', ['n'], ['y'])
     check_error(ei, errors.InvalidArgumentError, 'n')
+
+
+@pytest.mark.parametrize('cshape,xshape,yshape', [
+    ((2, 3), (2, 3), (2, 3)), ((2, 1), (3,), (2, 3)), ((), (4,), (1,)), ((3, 1, 2), (1, 4, 1), (2,)),
+])
+@pytest.mark.parametrize('dtype', [np.float32, np.int64, np.uint8, object])
+def test_where_is_numpy_where(cshape, xshape, yshape, dtype):
+    rng = np.random.RandomState(0)
+    c = rng.rand(*cshape) > 0.5
+    if dtype is object:
+        x = np.full(xshape, b'x', dtype=object)
+        y = np.full(yshape, b'y', dtype=object)
+    else:
+        x = (rng.rand(*xshape) * 100).astype(dtype)
+        y = (rng.rand(*yshape) * 100).astype(dtype)
+    workspace.FeedBlob('c', np.asarray(c))
+    workspace.FeedBlob('x', x)
+    workspace.FeedBlob('y', y)
+    run_op('Where', ['c', 'x', 'y'], ['o'])
+    np.testing.assert_array_equal(workspace.FetchBlob('o'), np.where(c, x, y))
+
+
+def test_where_on_rows_and_errors():
+    c = np.array([True, False, True])
+    x = np.arange(6, dtype=np.float64).reshape(3, 2)
+    y = -x
+    workspace.FeedBlob('c', c)
+    workspace.FeedBlob('x', x)
+    workspace.FeedBlob('y', y)
+    run_op('Where', ['c', 'x', 'y'], ['o'], broadcast_on_rows=1)
+    np.testing.assert_array_equal(workspace.FetchBlob('o'), np.where(c[:, None], x, y))
+    workspace.FeedBlob('i', np.array([1, 0, 1], dtype=np.int32))
+    with pytest.raises(errors.DataTypeError) as ei:
+        run_op('Where', ['i', 'x', 'y'], ['o'], broadcast_on_rows=1)
+    check_error(ei, errors.DataTypeError, 'i')
+    workspace.FeedBlob('f', y.astype(np.float32))
+    with pytest.raises(errors.DataTypeError) as ei:
+        run_op('Where', ['c', 'x', 'f'], ['o'], broadcast_on_rows=1)
+    check_error(ei, errors.DataTypeError, 'f')
+    with pytest.raises(errors.ShapeError):
+        run_op('Where', ['c', 'x', 'y'], ['o'])

@@ -1,12 +1,13 @@
-//! Shape and layout ops: Shape, Size, Alias, Range, Transpose, Slice and
-//! LengthsToSegmentIds.
+//! Shape and layout ops: Shape, Size, Alias, Range, Transpose, Slice, Where
+//! and LengthsToSegmentIds.
 
+use super::elementwise::{numpy_shape, Shape};
 use super::kernel;
 use crate::arg;
 use crate::error::{Error, Result};
 use crate::operator::{InPlace, OpDefCtx, OpSchema, Operator};
 use crate::tensor::{copy_array, try_vec, DataType, Element, Tensor};
-use ndarray::{IxDyn, Slice};
+use ndarray::{ArrayViewD, IxDyn, Slice};
 
 fn in_place_0_0(i: usize, o: usize) -> bool {
     i == 0 && o == 0
@@ -69,6 +70,19 @@ pub fn schemas() -> Vec<OpSchema> {
                 "Copies data[starts[0]:ends[0], starts[1]:ends[1], ...]; dims past the given ones are kept whole. \
                  starts and ends come from the arguments or from int32/int64 1-D inputs 1 and 2. A negative index \
                  i means dim + 1 + i; indices past the dim are clipped; end must not be before start.",
+            ),
+        OpSchema::new("Where", where_op)
+            .inputs(3, 3)
+            .outputs(1, 1)
+            .args(&[arg!(
+                "broadcast_on_rows",
+                "bool",
+                "false",
+                "C is 1-D and picks whole rows (its length is X's first dim)"
+            )])
+            .doc(
+                "Inputs (C, X, Y): C[i] ? X[i] : Y[i], with numpy broadcasting of the three (Caffe2 required equal \
+                 shapes; equal shapes give its result). C is bool; X and Y share a dtype, which the output has.",
             ),
         OpSchema::new("LengthsToSegmentIds", lengths_to_segment_ids)
             .inputs(1, 1)
@@ -377,6 +391,77 @@ fn slice(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     }))
 }
 
+// ----------------------------------------------------------------- Where --
+
+fn where_of<T: Element>(
+    c: ArrayViewD<'_, bool>,
+    x: &Tensor,
+    y: &Tensor,
+    shape: &[usize],
+) -> Result<Tensor> {
+    let (x, y) = (x.array::<T>()?, y.array::<T>()?);
+    let sh = IxDyn(shape);
+    let (c, x, y) = match (
+        c.broadcast(sh.clone()),
+        x.broadcast(sh.clone()),
+        y.broadcast(sh),
+    ) {
+        (Some(c), Some(x), Some(y)) => (c, x, y),
+        _ => return Err(Error::internal("Where: broadcast shape checked before")),
+    };
+    let mut out = try_vec(c.len(), format!("{} Where results", c.len()))?;
+    // Iterators of views run in logical (row-major) order, broadcast or not.
+    out.extend(
+        c.iter()
+            .zip(x.iter().zip(y.iter()))
+            .map(|(&c, (x, y))| if c { x.clone() } else { y.clone() }),
+    );
+    Tensor::from_vec(shape, out)
+}
+
+fn where_op(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let on_rows = ctx.args.bool("broadcast_on_rows", false)?;
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let (cn, xn, yn) = (l.input_name(0), l.input_name(1), l.input_name(2));
+        let (c, x, y) = (l.tensor(0)?, l.tensor(1)?, l.tensor(2)?);
+        let c = c.array::<bool>().map_err(|e| e.with_blob(cn))?.view();
+        if x.dtype() != y.dtype() {
+            return Err(Error::type_error(format!(
+                "Where: X ('{xn}') is {} but Y ('{yn}') is {}; they must have one dtype",
+                x.dtype(),
+                y.dtype()
+            ))
+            .with_blob(yn));
+        }
+        let mut xy = Shape::new();
+        numpy_shape("Where", x.shape(), y.shape(), xn, yn, &mut xy)?;
+        // On rows, C of shape [n] is seen as [n, 1, 1, ...] against X.
+        let c = if on_rows {
+            if c.ndim() != 1 || x.ndim() == 0 || c.len() != x.shape()[0] {
+                return Err(Error::shape(format!(
+                    "Where with broadcast_on_rows: C must be 1-D with X's first dim, got C {:?} and X {:?}",
+                    c.shape(),
+                    x.shape()
+                ))
+                .with_blob(cn));
+            }
+            let mut s = vec![1; x.ndim()];
+            s[0] = c.len();
+            c.into_shape_with_order(IxDyn(&s))
+                .map_err(|e| Error::internal(e.to_string()))?
+        } else {
+            c
+        };
+        let mut shape = Shape::new();
+        numpy_shape("Where", c.shape(), &xy, cn, xn, &mut shape)?;
+        let out = crate::with_match_dtype!(x.dtype(), |T| where_of::<T>(c, x, y, &shape),
+            else other => Err(crate::tensor::unsupported_dtype(other)))?;
+        l.set_output(0, out);
+        Ok(true)
+    }))
+}
+
 // --------------------------------------------------- LengthsToSegmentIds --
 
 fn lengths_to_segment_ids(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
@@ -635,6 +720,39 @@ mod tests {
         assert_eq!(kind_blob(&e), (ErrorKind::Type, Some("f")), "{e}");
         let e = run(&ws, op("Slice", &["x"], &["y"], vec![])).unwrap_err();
         assert_eq!(e.kind, ErrorKind::InvalidArgument, "{e}");
+    }
+
+    #[test]
+    fn where_broadcasts() {
+        let ws = ws_with(&[
+            ("c", t(&[2, 1], vec![true, false])),
+            ("x", t(&[3], vec![1i32, 2, 3])),
+            ("y", t(&[2, 3], vec![10i32, 20, 30, 40, 50, 60])),
+            ("r", t(&[2], vec![false, true])),
+            ("f", t(&[3], vec![1.0f32, 2.0, 3.0])),
+            ("i", t(&[2], vec![1i32, 0])),
+        ]);
+        run(&ws, op("Where", &["c", "x", "y"], &["o"], vec![])).unwrap();
+        assert_eq!(get(&ws, "o"), t(&[2, 3], vec![1i32, 2, 3, 40, 50, 60]));
+        let on_rows = Argument {
+            name: Some("broadcast_on_rows".into()),
+            i: Some(1),
+            ..Default::default()
+        };
+        run(
+            &ws,
+            op("Where", &["r", "y", "x"], &["o"], vec![on_rows.clone()]),
+        )
+        .unwrap();
+        assert_eq!(get(&ws, "o"), t(&[2, 3], vec![1i32, 2, 3, 40, 50, 60]));
+        let e = run(&ws, op("Where", &["i", "x", "x"], &["o"], vec![])).unwrap_err();
+        assert_eq!(kind_blob(&e), (ErrorKind::Type, Some("i")), "{e}");
+        let e = run(&ws, op("Where", &["c", "x", "f"], &["o"], vec![])).unwrap_err();
+        assert_eq!(kind_blob(&e), (ErrorKind::Type, Some("f")), "{e}");
+        let e = run(&ws, op("Where", &["r", "x", "x"], &["o"], vec![])).unwrap_err();
+        assert_eq!(kind_blob(&e), (ErrorKind::Shape, Some("x")), "{e}");
+        let e = run(&ws, op("Where", &["c", "x", "y"], &["o"], vec![on_rows])).unwrap_err();
+        assert_eq!(kind_blob(&e), (ErrorKind::Shape, Some("c")), "{e}");
     }
 
     #[test]
