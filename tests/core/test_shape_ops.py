@@ -36,6 +36,8 @@ def test_shape_and_size():
     np.testing.assert_array_equal(s, np.array(x.shape))
     run_op('Shape', ['x'], ['s'], axes=[2, 0])
     np.testing.assert_array_equal(workspace.FetchBlob('s'), [x.shape[2], x.shape[0]])
+    run_op('Shape', ['x'], ['s'], axes=[])
+    np.testing.assert_array_equal(workspace.FetchBlob('s'), np.array(x.shape))
     run_op('Size', ['x'], ['n'])
     n = workspace.FetchBlob('n')
     assert n.dtype == np.int64 and n.shape == () and n == x.size

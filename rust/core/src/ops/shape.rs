@@ -94,7 +94,8 @@ pub fn schemas() -> Vec<OpSchema> {
 // ------------------------------------------------------------ Shape, Size --
 
 fn shape(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
-    let axes = ctx.args.ints("axes")?;
+    // An empty list means every dim, as in Caffe2.
+    let axes = ctx.args.ints("axes")?.filter(|a| !a.is_empty());
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
         let name = l.input_name(0);
@@ -530,6 +531,8 @@ mod tests {
         )
         .unwrap();
         assert_eq!(get(&ws, "y"), t(&[2], vec![3i64, 2]));
+        run(&ws, op("Shape", &["x"], &["y"], vec![ints("axes", &[])])).unwrap();
+        assert_eq!(get(&ws, "y"), t(&[3], vec![2i64, 3, 0]), "no axes: all");
         let e = run(&ws, op("Shape", &["x"], &["y"], vec![ints("axes", &[3])])).unwrap_err();
         assert_eq!(
             kind_blob(&e),
