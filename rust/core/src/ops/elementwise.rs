@@ -42,7 +42,7 @@ use ndarray::{ArrayD, ArrayViewD, ArrayViewMutD, CowArray, IxDyn, Zip};
 use rayon::prelude::*;
 use smallvec::SmallVec;
 
-type Shape = SmallVec<[usize; 6]>;
+pub(super) type Shape = SmallVec<[usize; 6]>;
 
 /// Contiguous work of at least this many elements is split across threads
 /// (when the kernel pool could be started, `threads::pool_available`).
@@ -419,7 +419,7 @@ fn checked_numel(op: &str, shape: &[usize]) -> Result<usize> {
 }
 
 /// numpy's multidirectional broadcasting, aligned from the right.
-fn numpy_shape(
+pub(super) fn numpy_shape(
     op: &str,
     a: &[usize],
     b: &[usize],

@@ -26,6 +26,7 @@ pub mod optim;
 pub mod persistence;
 pub mod queue;
 pub mod records;
+pub mod shape;
 pub mod utility;
 
 pub fn builtin_schemas() -> Vec<OpSchema> {
@@ -42,6 +43,7 @@ pub fn builtin_schemas() -> Vec<OpSchema> {
     v.extend(persistence::schemas());
     v.extend(queue::schemas());
     v.extend(records::schemas());
+    v.extend(shape::schemas());
     v.extend(utility::schemas());
     v
 }

@@ -1,0 +1,776 @@
+//! Shape and layout ops: Shape, Size, Alias, Range, Transpose, Slice, Where
+//! and LengthsToSegmentIds.
+
+use super::elementwise::{numpy_shape, Shape};
+use super::kernel;
+use crate::arg;
+use crate::error::{Error, Result};
+use crate::operator::{InPlace, OpDefCtx, OpSchema, Operator};
+use crate::tensor::{copy_array, try_vec, DataType, Element, Tensor};
+use ndarray::{ArrayViewD, IxDyn, Slice};
+
+fn in_place_0_0(i: usize, o: usize) -> bool {
+    i == 0 && o == 0
+}
+
+pub fn schemas() -> Vec<OpSchema> {
+    vec![
+        OpSchema::new("Shape", shape)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .args(&[arg!(
+                "axes",
+                "ints",
+                "all",
+                "only these dims, in this order (each in [0, ndim))"
+            )])
+            .doc("Outputs the input's dims as a 1-D int64 tensor."),
+        OpSchema::new("Size", size)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .doc("Outputs the input's number of elements as an int64 scalar."),
+        OpSchema::new("Alias", alias)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .inplace(InPlace::Allow(in_place_0_0))
+            .doc(
+                "Makes the output hold the input's content. Caffe2 shares the memory; here the output is a \
+                 copy (see porting.md), so later writes to one are not seen in the other.",
+            ),
+        OpSchema::new("Range", range)
+            .inputs(1, 3)
+            .outputs(1, 1)
+            .doc(
+                "numpy.arange over scalar inputs: (stop), (start, stop) or (start, stop, step), all of one dtype \
+                 (int32, int64, float32 or float64), which the 1-D output has. step must not be 0.",
+            ),
+        OpSchema::new("Transpose", transpose)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .args(&[arg!(
+                "axes",
+                "ints",
+                "reversed dims",
+                "a permutation of the input's dims: output dim i is input dim axes[i]"
+            )])
+            .doc("Permutes the input's dims (any dtype)."),
+        OpSchema::new("Slice", slice)
+            .inputs(1, 3)
+            .outputs(1, 1)
+            .args(&[
+                arg!("starts", "ints", "none", "first index of each leading dim (or input 1)"),
+                arg!(
+                    "ends",
+                    "ints",
+                    "none",
+                    "end of each leading dim, exclusive; negative e means dim + 1 + e, so -1 is the end (or input 2)"
+                ),
+            ])
+            .doc(
+                "Copies data[starts[0]:ends[0], starts[1]:ends[1], ...]; dims past the given ones are kept whole. \
+                 starts and ends come from the arguments or from int32/int64 1-D inputs 1 and 2. A negative index \
+                 i means dim + 1 + i; indices past the dim are clipped; end must not be before start.",
+            ),
+        OpSchema::new("Where", where_op)
+            .inputs(3, 3)
+            .outputs(1, 1)
+            .args(&[arg!(
+                "broadcast_on_rows",
+                "bool",
+                "false",
+                "C is 1-D and picks whole rows (its length is X's first dim)"
+            )])
+            .doc(
+                "Inputs (C, X, Y): C[i] ? X[i] : Y[i], with numpy broadcasting of the three (Caffe2 required equal \
+                 shapes; equal shapes give its result). C is bool; X and Y share a dtype, which the output has.",
+            ),
+        OpSchema::new("LengthsToSegmentIds", lengths_to_segment_ids)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .doc("1-D int32 lengths -> int32 segment ids: i repeated lengths[i] times."),
+    ]
+}
+
+// ------------------------------------------------------------ Shape, Size --
+
+fn shape(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    // An empty list means every dim, as in Caffe2.
+    let axes = ctx.args.ints("axes")?.filter(|a| !a.is_empty());
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let name = l.input_name(0);
+        let dims = l.tensor(0)?.shape();
+        let out: Vec<i64> = match &axes {
+            None => dims.iter().map(|&d| d as i64).collect(),
+            Some(axes) => axes
+                .iter()
+                .map(|&a| {
+                    if a < 0 || a >= dims.len() as i64 {
+                        Err(Error::invalid_arg(format!(
+                            "axis {a} is out of range for an input of {} dims",
+                            dims.len()
+                        ))
+                        .with_blob(name))
+                    } else {
+                        Ok(dims[a as usize] as i64)
+                    }
+                })
+                .collect::<Result<_>>()?,
+        };
+        let t = Tensor::from_vec(&[out.len()], out)?;
+        l.set_output(0, t);
+        Ok(true)
+    }))
+}
+
+fn size(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    Ok(kernel(|cx| {
+        let mut l = cx.lock();
+        let n = l.tensor(0)?.numel() as i64;
+        l.set_output(0, Tensor::scalar(n));
+        Ok(true)
+    }))
+}
+
+// ----------------------------------------------------------------- Alias --
+
+fn alias(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    Ok(kernel(|cx| {
+        let mut l = cx.lock();
+        let t = l.tensor(0)?;
+        if l.aliases(0, 0) {
+            return Ok(true);
+        }
+        let t = t.try_clone()?;
+        l.set_output(0, t);
+        Ok(true)
+    }))
+}
+
+// ----------------------------------------------------------------- Range --
+
+/// The element types Range accepts, with their arithmetic.
+trait RangeElem: Element + Copy + PartialOrd {
+    fn zero() -> Self;
+    fn one() -> Self;
+    /// ceil((stop - start) / step), or None when it does not fit.
+    fn count(start: Self, stop: Self, step: Self) -> Option<usize>;
+    fn nth(start: Self, step: Self, i: usize) -> Self;
+}
+
+macro_rules! range_int {
+    ($($t:ty),*) => {$(
+        impl RangeElem for $t {
+            fn zero() -> Self { 0 }
+            fn one() -> Self { 1 }
+            fn count(start: Self, stop: Self, step: Self) -> Option<usize> {
+                let (d, s) = (stop as i128 - start as i128, step as i128);
+                // ceil(d / s), computed with a positive divisor.
+                let (d, s) = if s < 0 { (-d, -s) } else { (d, s) };
+                let n = (d + s - 1).div_euclid(s);
+                usize::try_from(n.max(0)).ok()
+            }
+            fn nth(start: Self, step: Self, i: usize) -> Self {
+                (start as i128 + step as i128 * i as i128) as $t
+            }
+        }
+    )*};
+}
+range_int!(i32, i64);
+
+macro_rules! range_float {
+    ($($t:ty),*) => {$(
+        impl RangeElem for $t {
+            fn zero() -> Self { 0.0 }
+            fn one() -> Self { 1.0 }
+            fn count(start: Self, stop: Self, step: Self) -> Option<usize> {
+                let n = ((stop as f64 - start as f64) / step as f64).ceil();
+                if n.is_nan() || n >= usize::MAX as f64 { None } else { Some(n.max(0.0) as usize) }
+            }
+            fn nth(start: Self, step: Self, i: usize) -> Self {
+                start + step * i as $t
+            }
+        }
+    )*};
+}
+range_float!(f32, f64);
+
+fn range_of<T: RangeElem>(l: &crate::operator::Locked<'_>, n: usize) -> Result<Tensor> {
+    let mut v = Vec::with_capacity(n);
+    for i in 0..n {
+        let t = l.tensor(i)?;
+        if t.numel() != 1 || t.ndim() > 1 {
+            return Err(Error::shape(format!(
+                "Range's inputs must be scalars, got shape {:?}",
+                t.shape()
+            ))
+            .with_blob(l.input_name(i)));
+        }
+        let a = t.array::<T>().map_err(|e| e.with_blob(l.input_name(i)))?;
+        v.push(*a.iter().next().expect("one element"));
+    }
+    let (start, stop, step) = match v[..] {
+        [stop] => (T::zero(), stop, None),
+        [start, stop] => (start, stop, None),
+        [start, stop, step] => (start, stop, Some(step)),
+        _ => unreachable!("the schema allows 1 to 3 inputs"),
+    };
+    let step = match step {
+        Some(s) if s == T::zero() => {
+            return Err(Error::invalid_arg("step must not be 0").with_blob(l.input_name(2)))
+        }
+        Some(s) => s,
+        None => T::one(),
+    };
+    let count = T::count(start, stop, step).ok_or_else(|| {
+        Error::invalid_arg(format!(
+            "the range {start:?}..{stop:?} by {step:?} is too long"
+        ))
+        .with_blob(l.input_name(0))
+    })?;
+    let mut out = try_vec(count, format!("a range of {count} elements"))?;
+    out.extend((0..count).map(|i| T::nth(start, step, i)));
+    Tensor::from_vec(&[count], out)
+}
+
+fn range(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let n = ctx.num_inputs();
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let dt = l.tensor(0)?.dtype();
+        let t = match dt {
+            DataType::Int32 => range_of::<i32>(&l, n)?,
+            DataType::Int64 => range_of::<i64>(&l, n)?,
+            DataType::Float => range_of::<f32>(&l, n)?,
+            DataType::Double => range_of::<f64>(&l, n)?,
+            other => {
+                return Err(Error::type_error(format!(
+                    "Range supports int32, int64, float32 and float64, got {other}"
+                ))
+                .with_blob(l.input_name(0)))
+            }
+        };
+        l.set_output(0, t);
+        Ok(true)
+    }))
+}
+
+// ------------------------------------------------------------- Transpose --
+
+fn transpose_of<T: Element>(t: &Tensor, axes: &[usize]) -> Result<Tensor> {
+    let a = t.array::<T>()?.view().permuted_axes(IxDyn(axes));
+    Ok(T::wrap(copy_array(a)?))
+}
+
+fn transpose(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let axes = ctx.args.ints("axes")?;
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let name = l.input_name(0);
+        let t = l.tensor(0)?;
+        let nd = t.ndim();
+        let perm: Vec<usize> = match &axes {
+            None => (0..nd).rev().collect(),
+            Some(axes) => {
+                let mut seen = vec![false; nd];
+                let ok = axes.len() == nd
+                    && axes.iter().all(|&a| {
+                        a >= 0
+                            && (a as usize) < nd
+                            && !std::mem::replace(&mut seen[a as usize], true)
+                    });
+                if !ok {
+                    return Err(Error::invalid_arg(format!(
+                        "axes {axes:?} is not a permutation of the {nd} dims of the input"
+                    ))
+                    .with_blob(name));
+                }
+                axes.iter().map(|&a| a as usize).collect()
+            }
+        };
+        let out = crate::with_match_dtype!(t.dtype(), |T| transpose_of::<T>(t, &perm),
+            else other => Err(crate::tensor::unsupported_dtype(other)))?;
+        l.set_output(0, out);
+        Ok(true)
+    }))
+}
+
+// ----------------------------------------------------------------- Slice --
+
+/// The index list of Slice input `i` (int32 or int64, 1-D).
+fn index_input(l: &crate::operator::Locked<'_>, i: usize) -> Result<Vec<i64>> {
+    let name = l.input_name(i);
+    let t = l.tensor(i)?;
+    if t.ndim() != 1 {
+        return Err(Error::shape(format!(
+            "starts and ends must be 1-D, got shape {:?}",
+            t.shape()
+        ))
+        .with_blob(name));
+    }
+    match t.dtype() {
+        DataType::Int32 => Ok(t.array::<i32>()?.iter().map(|&v| v as i64).collect()),
+        DataType::Int64 => Ok(t.array::<i64>()?.iter().copied().collect()),
+        other => Err(Error::type_error(format!(
+            "starts and ends must be int32 or int64, got {other}"
+        ))
+        .with_blob(name)),
+    }
+}
+
+fn slice_of<T: Element>(t: &Tensor, ranges: &[(usize, usize)]) -> Result<Tensor> {
+    let mut v = t.array::<T>()?.view();
+    for (d, &(s, e)) in ranges.iter().enumerate() {
+        v.slice_axis_inplace(ndarray::Axis(d), Slice::from(s..e));
+    }
+    Ok(T::wrap(copy_array(v)?))
+}
+
+fn slice(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let n = ctx.num_inputs();
+    let (starts, ends) = (ctx.args.ints("starts")?, ctx.args.ints("ends")?);
+    match (n, &starts, &ends) {
+        (1, Some(_), Some(_)) | (3, None, None) => {}
+        (2, ..) => {
+            return Err(
+                ctx.bad_arg("Slice takes starts and ends both as inputs or both as arguments")
+            )
+        }
+        (1, ..) => {
+            return Err(ctx.bad_arg("Slice needs the starts and ends arguments (or inputs 1 and 2)"))
+        }
+        _ => {
+            return Err(ctx
+                .bad_arg("Slice takes starts and ends either as arguments or as inputs, not both"))
+        }
+    }
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let name = l.input_name(0);
+        let (starts, ends) = match (&starts, &ends) {
+            (Some(s), Some(e)) => (s.clone(), e.clone()),
+            _ => (index_input(&l, 1)?, index_input(&l, 2)?),
+        };
+        let t = l.tensor(0)?;
+        let dims = t.shape();
+        if starts.len() != ends.len() || starts.len() > dims.len() {
+            return Err(Error::invalid_arg(format!(
+                "{} starts and {} ends for an input of {} dims: they must have one length, at most the dims",
+                starts.len(),
+                ends.len(),
+                dims.len()
+            ))
+            .with_blob(name));
+        }
+        let mut ranges = Vec::with_capacity(dims.len());
+        for (d, &dim) in dims.iter().enumerate() {
+            let Some((&s, &e)) = starts.get(d).zip(ends.get(d)) else {
+                ranges.push((0, dim));
+                continue;
+            };
+            if dim == 0 {
+                ranges.push((0, 0));
+                continue;
+            }
+            let fix = |i: i64| {
+                let i = if i < 0 { dim as i64 + 1 + i } else { i };
+                i.min(dim as i64)
+            };
+            let (s2, e2) = (fix(s), fix(e));
+            if s2 < 0 || e2 < 0 || e2 < s2 {
+                return Err(Error::invalid_arg(format!(
+                    "dim {d} (size {dim}): start {s} and end {e} do not give a valid range"
+                ))
+                .with_blob(name));
+            }
+            ranges.push((s2 as usize, e2 as usize));
+        }
+        let out = crate::with_match_dtype!(t.dtype(), |T| slice_of::<T>(t, &ranges),
+            else other => Err(crate::tensor::unsupported_dtype(other)))?;
+        l.set_output(0, out);
+        Ok(true)
+    }))
+}
+
+// ----------------------------------------------------------------- Where --
+
+fn where_of<T: Element>(
+    c: ArrayViewD<'_, bool>,
+    x: &Tensor,
+    y: &Tensor,
+    shape: &[usize],
+) -> Result<Tensor> {
+    let (x, y) = (x.array::<T>()?, y.array::<T>()?);
+    let sh = IxDyn(shape);
+    let (c, x, y) = match (
+        c.broadcast(sh.clone()),
+        x.broadcast(sh.clone()),
+        y.broadcast(sh),
+    ) {
+        (Some(c), Some(x), Some(y)) => (c, x, y),
+        _ => return Err(Error::internal("Where: broadcast shape checked before")),
+    };
+    let mut out = try_vec(c.len(), format!("{} Where results", c.len()))?;
+    // Iterators of views run in logical (row-major) order, broadcast or not.
+    out.extend(
+        c.iter()
+            .zip(x.iter().zip(y.iter()))
+            .map(|(&c, (x, y))| if c { x.clone() } else { y.clone() }),
+    );
+    Tensor::from_vec(shape, out)
+}
+
+fn where_op(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let on_rows = ctx.args.bool("broadcast_on_rows", false)?;
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let (cn, xn, yn) = (l.input_name(0), l.input_name(1), l.input_name(2));
+        let (c, x, y) = (l.tensor(0)?, l.tensor(1)?, l.tensor(2)?);
+        let c = c.array::<bool>().map_err(|e| e.with_blob(cn))?.view();
+        if x.dtype() != y.dtype() {
+            return Err(Error::type_error(format!(
+                "Where: X ('{xn}') is {} but Y ('{yn}') is {}; they must have one dtype",
+                x.dtype(),
+                y.dtype()
+            ))
+            .with_blob(yn));
+        }
+        let mut xy = Shape::new();
+        numpy_shape("Where", x.shape(), y.shape(), xn, yn, &mut xy)?;
+        // On rows, C of shape [n] is seen as [n, 1, 1, ...] against X.
+        let c = if on_rows {
+            if c.ndim() != 1 || x.ndim() == 0 || c.len() != x.shape()[0] {
+                return Err(Error::shape(format!(
+                    "Where with broadcast_on_rows: C must be 1-D with X's first dim, got C {:?} and X {:?}",
+                    c.shape(),
+                    x.shape()
+                ))
+                .with_blob(cn));
+            }
+            let mut s = vec![1; x.ndim()];
+            s[0] = c.len();
+            c.into_shape_with_order(IxDyn(&s))
+                .map_err(|e| Error::internal(e.to_string()))?
+        } else {
+            c
+        };
+        let mut shape = Shape::new();
+        numpy_shape("Where", c.shape(), &xy, cn, xn, &mut shape)?;
+        let out = crate::with_match_dtype!(x.dtype(), |T| where_of::<T>(c, x, y, &shape),
+            else other => Err(crate::tensor::unsupported_dtype(other)))?;
+        l.set_output(0, out);
+        Ok(true)
+    }))
+}
+
+// --------------------------------------------------- LengthsToSegmentIds --
+
+fn lengths_to_segment_ids(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    Ok(kernel(|cx| {
+        let mut l = cx.lock();
+        let name = l.input_name(0);
+        let a = l.tensor(0)?.array::<i32>().map_err(|e| e.with_blob(name))?;
+        if a.ndim() != 1 {
+            return Err(Error::shape(format!(
+                "the lengths must be a 1-D tensor, got shape {:?}",
+                a.shape()
+            ))
+            .with_blob(name));
+        }
+        let mut total = 0usize;
+        for (i, &len) in a.iter().enumerate() {
+            if len < 0 {
+                return Err(
+                    Error::invalid_arg(format!("length #{i} is negative: {len}")).with_blob(name),
+                );
+            }
+            total += len as usize;
+        }
+        let mut out = try_vec(total, format!("{total} int32 segment ids"))?;
+        for (i, &len) in a.iter().enumerate() {
+            out.extend(std::iter::repeat(i as i32).take(len as usize));
+        }
+        let t = Tensor::from_vec(&[total], out)?;
+        l.set_output(0, t);
+        Ok(true)
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::error::{Error, ErrorKind};
+    use crate::ir::Argument;
+    use crate::tensor::{Element, Tensor};
+    use crate::test_util::{feed, get, op, run, strs, ws_with};
+
+    fn t<T: Element>(shape: &[usize], v: Vec<T>) -> Tensor {
+        Tensor::from_vec(shape, v).unwrap()
+    }
+    fn ints(n: &str, v: &[i64]) -> Argument {
+        Argument {
+            name: Some(n.into()),
+            ints: v.to_vec(),
+            ..Default::default()
+        }
+    }
+    fn kind_blob(e: &Error) -> (ErrorKind, Option<&str>) {
+        (e.kind, e.context.blob.as_deref())
+    }
+
+    #[test]
+    fn shape_and_size() {
+        let ws = ws_with(&[
+            ("x", t(&[2, 3, 0], Vec::<f32>::new())),
+            ("s", strs(&["a", "b"])),
+        ]);
+        run(&ws, op("Shape", &["x"], &["y"], vec![])).unwrap();
+        assert_eq!(get(&ws, "y"), t(&[3], vec![2i64, 3, 0]));
+        run(
+            &ws,
+            op("Shape", &["x"], &["y"], vec![ints("axes", &[1, 0])]),
+        )
+        .unwrap();
+        assert_eq!(get(&ws, "y"), t(&[2], vec![3i64, 2]));
+        run(&ws, op("Shape", &["x"], &["y"], vec![ints("axes", &[])])).unwrap();
+        assert_eq!(get(&ws, "y"), t(&[3], vec![2i64, 3, 0]), "no axes: all");
+        let e = run(&ws, op("Shape", &["x"], &["y"], vec![ints("axes", &[3])])).unwrap_err();
+        assert_eq!(
+            kind_blob(&e),
+            (ErrorKind::InvalidArgument, Some("x")),
+            "{e}"
+        );
+        run(&ws, op("Size", &["x"], &["n"], vec![])).unwrap();
+        assert_eq!(get(&ws, "n"), Tensor::scalar(0i64));
+        run(&ws, op("Size", &["s"], &["n"], vec![])).unwrap();
+        assert_eq!(get(&ws, "n"), Tensor::scalar(2i64));
+    }
+
+    #[test]
+    fn alias_copies() {
+        let ws = ws_with(&[("x", t(&[2], vec![1i32, 2]))]);
+        run(&ws, op("Alias", &["x"], &["y"], vec![])).unwrap();
+        assert_eq!(get(&ws, "y"), t(&[2], vec![1i32, 2]));
+        run(&ws, op("Alias", &["x"], &["x"], vec![])).unwrap();
+        assert_eq!(get(&ws, "x"), t(&[2], vec![1i32, 2]));
+    }
+
+    #[test]
+    fn range_like_arange() {
+        let ws = ws_with(&[
+            ("a", Tensor::scalar(5i32)),
+            ("b", Tensor::scalar(-2i64)),
+            ("c", Tensor::scalar(7i64)),
+            ("d", Tensor::scalar(3i64)),
+            ("e", Tensor::scalar(-3i64)),
+            ("z", Tensor::scalar(0i64)),
+            ("f", Tensor::scalar(0.5f32)),
+            ("g", Tensor::scalar(1.5f32)),
+            ("h", Tensor::scalar(0.25f32)),
+        ]);
+        run(&ws, op("Range", &["a"], &["y"], vec![])).unwrap();
+        assert_eq!(get(&ws, "y"), t(&[5], vec![0i32, 1, 2, 3, 4]));
+        run(&ws, op("Range", &["b", "c", "d"], &["y"], vec![])).unwrap();
+        assert_eq!(get(&ws, "y"), t(&[3], vec![-2i64, 1, 4]));
+        run(&ws, op("Range", &["c", "b", "e"], &["y"], vec![])).unwrap();
+        assert_eq!(get(&ws, "y"), t(&[3], vec![7i64, 4, 1]));
+        run(&ws, op("Range", &["c", "b"], &["y"], vec![])).unwrap();
+        assert_eq!(get(&ws, "y"), t(&[0], Vec::<i64>::new()));
+        run(&ws, op("Range", &["f", "g", "h"], &["y"], vec![])).unwrap();
+        assert_eq!(get(&ws, "y"), t(&[4], vec![0.5f32, 0.75, 1.0, 1.25]));
+        let e = run(&ws, op("Range", &["b", "c", "z"], &["y"], vec![])).unwrap_err();
+        assert_eq!(
+            kind_blob(&e),
+            (ErrorKind::InvalidArgument, Some("z")),
+            "{e}"
+        );
+        let e = run(&ws, op("Range", &["b", "a"], &["y"], vec![])).unwrap_err();
+        assert_eq!(kind_blob(&e), (ErrorKind::Type, Some("a")), "{e}");
+        feed(&ws, "v", t(&[2], vec![1i64, 2]));
+        let e = run(&ws, op("Range", &["v"], &["y"], vec![])).unwrap_err();
+        assert_eq!(kind_blob(&e), (ErrorKind::Shape, Some("v")), "{e}");
+        feed(&ws, "u", Tensor::scalar(3u8));
+        let e = run(&ws, op("Range", &["u"], &["y"], vec![])).unwrap_err();
+        assert_eq!(kind_blob(&e), (ErrorKind::Type, Some("u")), "{e}");
+    }
+
+    #[test]
+    fn transpose_every_dtype() {
+        let ws = ws_with(&[
+            ("x", t(&[2, 3], vec![1i64, 2, 3, 4, 5, 6])),
+            (
+                "s",
+                t(
+                    &[1, 2],
+                    strs(&["a", "b"])
+                        .array::<Vec<u8>>()
+                        .unwrap()
+                        .iter()
+                        .cloned()
+                        .collect(),
+                ),
+            ),
+        ]);
+        run(&ws, op("Transpose", &["x"], &["y"], vec![])).unwrap();
+        assert_eq!(get(&ws, "y"), t(&[3, 2], vec![1i64, 4, 2, 5, 3, 6]));
+        run(&ws, op("Transpose", &["s"], &["y"], vec![])).unwrap();
+        assert_eq!(
+            get(&ws, "y"),
+            t(&[2, 1], vec![b"a".to_vec(), b"b".to_vec()])
+        );
+        feed(&ws, "c", t(&[2, 1, 3], (0..6).map(|v| v as f32).collect()));
+        run(
+            &ws,
+            op("Transpose", &["c"], &["y"], vec![ints("axes", &[1, 2, 0])]),
+        )
+        .unwrap();
+        assert_eq!(
+            get(&ws, "y"),
+            t(&[1, 3, 2], vec![0f32, 3.0, 1.0, 4.0, 2.0, 5.0])
+        );
+        for bad in [&[0, 0, 1][..], &[0, 1], &[0, 1, 3], &[-1, 0, 1]] {
+            let e = run(
+                &ws,
+                op("Transpose", &["c"], &["y"], vec![ints("axes", bad)]),
+            )
+            .unwrap_err();
+            assert_eq!(
+                kind_blob(&e),
+                (ErrorKind::InvalidArgument, Some("c")),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn slice_by_args_and_inputs() {
+        let x = t(&[3, 4], (0..12).collect::<Vec<i32>>());
+        let ws = ws_with(&[
+            ("x", x),
+            ("s", t(&[2], vec![1i64, 0])),
+            ("e", t(&[2], vec![-1i64, 2])),
+            ("f", t(&[2], vec![0.0f32, 1.0])),
+        ]);
+        run(
+            &ws,
+            op(
+                "Slice",
+                &["x"],
+                &["y"],
+                vec![ints("starts", &[0, 1]), ints("ends", &[2, -1])],
+            ),
+        )
+        .unwrap();
+        assert_eq!(get(&ws, "y"), t(&[2, 3], vec![1i32, 2, 3, 5, 6, 7]));
+        run(&ws, op("Slice", &["x", "s", "e"], &["y"], vec![])).unwrap();
+        assert_eq!(get(&ws, "y"), t(&[2, 2], vec![4i32, 5, 8, 9]));
+        run(
+            &ws,
+            op(
+                "Slice",
+                &["x"],
+                &["y"],
+                vec![ints("starts", &[1]), ints("ends", &[9])],
+            ),
+        )
+        .unwrap();
+        assert_eq!(
+            get(&ws, "y"),
+            t(&[2, 4], (4..12).collect::<Vec<i32>>()),
+            "clipped, rest whole"
+        );
+        run(
+            &ws,
+            op(
+                "Slice",
+                &["x"],
+                &["y"],
+                vec![ints("starts", &[-2]), ints("ends", &[-1])],
+            ),
+        )
+        .unwrap();
+        assert_eq!(get(&ws, "y"), t(&[1, 4], (8..12).collect::<Vec<i32>>()));
+        let e = run(
+            &ws,
+            op(
+                "Slice",
+                &["x"],
+                &["y"],
+                vec![ints("starts", &[2]), ints("ends", &[1])],
+            ),
+        )
+        .unwrap_err();
+        assert_eq!(
+            kind_blob(&e),
+            (ErrorKind::InvalidArgument, Some("x")),
+            "{e}"
+        );
+        let e = run(
+            &ws,
+            op(
+                "Slice",
+                &["x"],
+                &["y"],
+                vec![ints("starts", &[0, 0, 0]), ints("ends", &[1, 1, 1])],
+            ),
+        )
+        .unwrap_err();
+        assert_eq!(
+            kind_blob(&e),
+            (ErrorKind::InvalidArgument, Some("x")),
+            "{e}"
+        );
+        let e = run(&ws, op("Slice", &["x", "f", "e"], &["y"], vec![])).unwrap_err();
+        assert_eq!(kind_blob(&e), (ErrorKind::Type, Some("f")), "{e}");
+        let e = run(&ws, op("Slice", &["x"], &["y"], vec![])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument, "{e}");
+    }
+
+    #[test]
+    fn where_broadcasts() {
+        let ws = ws_with(&[
+            ("c", t(&[2, 1], vec![true, false])),
+            ("x", t(&[3], vec![1i32, 2, 3])),
+            ("y", t(&[2, 3], vec![10i32, 20, 30, 40, 50, 60])),
+            ("r", t(&[2], vec![false, true])),
+            ("f", t(&[3], vec![1.0f32, 2.0, 3.0])),
+            ("i", t(&[2], vec![1i32, 0])),
+        ]);
+        run(&ws, op("Where", &["c", "x", "y"], &["o"], vec![])).unwrap();
+        assert_eq!(get(&ws, "o"), t(&[2, 3], vec![1i32, 2, 3, 40, 50, 60]));
+        let on_rows = Argument {
+            name: Some("broadcast_on_rows".into()),
+            i: Some(1),
+            ..Default::default()
+        };
+        run(
+            &ws,
+            op("Where", &["r", "y", "x"], &["o"], vec![on_rows.clone()]),
+        )
+        .unwrap();
+        assert_eq!(get(&ws, "o"), t(&[2, 3], vec![1i32, 2, 3, 40, 50, 60]));
+        let e = run(&ws, op("Where", &["i", "x", "x"], &["o"], vec![])).unwrap_err();
+        assert_eq!(kind_blob(&e), (ErrorKind::Type, Some("i")), "{e}");
+        let e = run(&ws, op("Where", &["c", "x", "f"], &["o"], vec![])).unwrap_err();
+        assert_eq!(kind_blob(&e), (ErrorKind::Type, Some("f")), "{e}");
+        let e = run(&ws, op("Where", &["r", "x", "x"], &["o"], vec![])).unwrap_err();
+        assert_eq!(kind_blob(&e), (ErrorKind::Shape, Some("x")), "{e}");
+        let e = run(&ws, op("Where", &["c", "x", "y"], &["o"], vec![on_rows])).unwrap_err();
+        assert_eq!(kind_blob(&e), (ErrorKind::Shape, Some("c")), "{e}");
+    }
+
+    #[test]
+    fn lengths_to_segment_ids() {
+        let ws = ws_with(&[
+            ("l", t(&[4], vec![2i32, 0, 3, 1])),
+            ("n", t(&[2], vec![1i32, -1])),
+        ]);
+        run(&ws, op("LengthsToSegmentIds", &["l"], &["y"], vec![])).unwrap();
+        assert_eq!(get(&ws, "y"), t(&[6], vec![0i32, 0, 2, 2, 2, 3]));
+        let e = run(&ws, op("LengthsToSegmentIds", &["n"], &["y"], vec![])).unwrap_err();
+        assert_eq!(
+            kind_blob(&e),
+            (ErrorKind::InvalidArgument, Some("n")),
+            "{e}"
+        );
+    }
+}
