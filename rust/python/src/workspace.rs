@@ -213,7 +213,9 @@ impl PyWorkspace {
     fn run_plan(&self, py: Python<'_>, plan: &[u8]) -> PyResult<bool> {
         let def: ir::PlanDef = decode(py, plan, "PlanDef")?;
         let ws = self.ws.clone();
-        if ferrocaffe::plan::calls_off_thread(&def, &|op| matches!(op.op_type(), "Python" | "PythonGradient")) {
+        if ferrocaffe::plan::calls_off_thread(&def, &|op| {
+            matches!(op.op_type(), "Python" | "PythonGradient")
+        }) {
             run_detached(py, move |t| ws.run_plan(&def, t))
         } else {
             run_here(py, move |t| ws.run_plan(&def, t))
