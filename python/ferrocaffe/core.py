@@ -1027,6 +1027,10 @@ class Net:
     def __str__(self):
         return self.Name()
 
+    def __repr__(self):
+        n = len(self.Proto().op)
+        return "<Net %r: %d op%s>" % (self.Name(), n, "" if n == 1 else "s")
+
     def Proto(self) -> caffe2_pb2.NetDef:
         """The live NetDef. Callers may edit it, so the lookup tables are
         rebuilt on next use."""
@@ -1686,6 +1690,16 @@ class ExecutionStep:
     def __str__(self):
         return self._step.name
 
+    def __repr__(self):
+        step = self._step
+        fields = [
+            "%s=%r" % (f.name, v) for f, v in step.ListFields()
+            if f.name not in ("name", "substep", "network")
+        ]
+        fields.append("%d net%s" % (len(step.network), "" if len(step.network) == 1 else "s"))
+        fields.append("%d substep%s" % (len(step.substep), "" if len(step.substep) == 1 else "s"))
+        return "<ExecutionStep %r: %s>" % (step.name, ", ".join(fields))
+
     def _assert_can_mutate(self):
         assert not self._is_used, (
             "Cannot mutate a step that has already been added to a plan/step."
@@ -1879,6 +1893,12 @@ class Plan:
 
     def __str__(self):
         return self._plan.name
+
+    def __repr__(self):
+        n = len(self._plan.execution_step)
+        return "<Plan %r: %d step%s, %d net%s>" % (
+            self._plan.name, n, "" if n == 1 else "s",
+            len(self._plan.network), "" if len(self._plan.network) == 1 else "s")
 
     def Proto(self) -> caffe2_pb2.PlanDef:
         return self._plan

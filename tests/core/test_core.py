@@ -1050,3 +1050,22 @@ def test_net_of_a_thousand_ops_serialises_quickly():
     assert time.perf_counter() - start < 0.05
     assert proto.NetDef.FromString(data) == net.Proto()
     assert net.Proto().op[999].output == ["big/Relu_1000"]
+
+
+def test_nets_steps_and_plans_say_what_they_are_in_repr():
+    net = Net("repr_train")
+    net.ConstantFill([], "x", shape=[1], value=1.0)
+    net.Add(["x", "x"], "y")
+    assert repr(net) == "<Net 'repr_train': 2 ops>"
+    assert repr(Net("repr_one_op_less")) == "<Net 'repr_one_op_less': 0 ops>"
+    step = core.execution_step("repr_loop", net, num_iter=5)
+    assert repr(step) == "<ExecutionStep 'repr_loop': num_iter=5, 1 net, 0 substeps>"
+    other = Net("repr_other")
+    other.ConstantFill([], "z", shape=[1], value=0.0)
+    outer = core.execution_step("repr_outer", [step, core.execution_step("repr_b", other)],
+                                concurrent_substeps=True)
+    # execution_step runs a step once unless told otherwise (num_iter=1), as Caffe2's did.
+    assert repr(outer) == "<ExecutionStep 'repr_outer': num_iter=1, concurrent_substeps=True, 0 nets, 2 substeps>"
+    plan = core.Plan("repr_plan")
+    plan.AddStep(outer)
+    assert repr(plan) == "<Plan 'repr_plan': 1 step, 2 nets>"
