@@ -25,7 +25,7 @@ mmap  the same ferro file opened with ``ferrocaffe.checkpoint.mmap_db``
       shared/peerbench's touch_pages) is timed separately; cold and warm as
       for load; ``mmap_db(verify=True)`` (every CRC, so a full read) is
       reported too.  Target: the open <= 10 ms.
-job   examples/train_job.py at its default size: the wall time of the
+job   examples/linear_job.py at its default size: the wall time of the
       checkpoint saves (Save, fsyncs, manifest rewrite) over the wall time
       of the epochs, and the time per epoch with vs without a checkpoint
       manager.  Target: overhead <= 5% of the epoch time.
@@ -375,13 +375,13 @@ def bench_mmap(args, ws, names, arrays, nbytes, paths):
 
 def bench_job(args):
     sys.path.insert(0, os.path.join(REPO, 'examples'))
-    import train_job
+    import linear_job as train_job
     from ferrocaffe.checkpoint import JobRunner
     from ferrocaffe.session import LocalSession
 
     base = os.path.join(args.dir, 'train_job')
     data_cfg = train_job.Config(workdir=base)
-    print('job: examples/train_job.py at its default size (%d rows, %d per '
+    print('job: examples/linear_job.py at its default size (%d rows, %d per '
           'epoch, %d threads, %d features)' % (
               data_cfg.rows, data_cfg.batches_per_epoch, data_cfg.threads,
               data_cfg.features))

@@ -40,7 +40,7 @@ from ferrocaffe.schema import ConstRecord, Struct
 from ferrocaffe.session import CompiledRunnable, LocalSession
 from ferrocaffe.task import Cluster, Node, Task, TaskGroup, WorkspaceType
 
-EXAMPLE = os.path.join(EXAMPLES, 'train_job.py')
+EXAMPLE = os.path.join(EXAMPLES, 'linear_job.py')
 
 PER_EPOCH = 3
 START = 100
@@ -1249,7 +1249,7 @@ def example_env():
 def read_example_model(workdir):
     sys.path.insert(0, os.path.dirname(EXAMPLE))
     try:
-        import train_job
+        import linear_job as train_job
     finally:
         sys.path.pop(0)
     return train_job.read_model(os.path.join(workdir, 'model'))
@@ -1331,7 +1331,7 @@ def test_example_job_extended_with_more_epochs_equals_one_longer_run(
         'manifest.json', 'trainer.0', 'trainer.1']
     sys.path.insert(0, os.path.dirname(EXAMPLE))
     try:
-        import train_job
+        import linear_job as train_job
     finally:
         sys.path.pop(0)
     train_job.remove_outputs(train_job.Config(workdir=extended))
@@ -1341,7 +1341,7 @@ def test_example_job_extended_with_more_epochs_equals_one_longer_run(
 def test_example_job_with_threads_learns_the_model(tmp_path):
     sys.path.insert(0, os.path.dirname(EXAMPLE))
     try:
-        import train_job
+        import linear_job as train_job
     finally:
         sys.path.pop(0)
     workdir = str(tmp_path / 'threads')

@@ -623,10 +623,10 @@ def test_reader_pipeline_job_on_two_nodes(session, tmp_path):
 
 def test_checkpointing_example_job_gives_the_same_model(cluster, tmp_path,
                                                         capsys):
-    """examples/train_job.py (the main job) on LocalSession and on
+    """examples/linear_job.py (the Hogwild linear job) on LocalSession and on
     RaySession, deterministic with one thread: the same model, bit for
     bit, and the same number of epochs."""
-    import train_job
+    import linear_job as train_job
     args = ['--rows', '3000', '--batches-per-epoch', '1000', '--threads',
             '1', '--no-progress']
     models = {}

@@ -21,17 +21,17 @@ describes, made real.
 Run it; press Ctrl-C during training; run it again: it resumes from the
 last complete checkpoint::
 
-    python examples/train_job.py
-    python examples/train_job.py --fresh          # start over
-    python -m ferrocaffe.checkpoint ls /tmp/ferrocaffe_train_job/checkpoints
+    python examples/linear_job.py
+    python examples/linear_job.py --fresh          # start over
+    python -m ferrocaffe.checkpoint ls /tmp/ferrocaffe_linear_job/checkpoints
 
 A finished run can be extended: run it again with a larger ``--epochs``
 and it goes on from its last epoch (the epoch limit belongs to the job,
 not to its checkpoints; each checkpoint records whether the job had
 stopped there, and why)::
 
-    python examples/train_job.py --epochs 5
-    python examples/train_job.py --epochs 8       # epochs 6, 7 and 8
+    python examples/linear_job.py --epochs 5
+    python examples/linear_job.py --epochs 8       # epochs 6, 7 and 8
 
 A run that stopped because its data was exhausted stays finished: running
 it again only writes the model again.  ``--fresh`` deletes everything the
@@ -74,7 +74,7 @@ from ferrocaffe.schema import Scalar, Struct  # noqa: E402
 from ferrocaffe.session import LocalSession  # noqa: E402
 from ferrocaffe.task import Node, Task  # noqa: E402
 
-DEFAULT_WORKDIR = os.path.join(tempfile.gettempdir(), 'ferrocaffe_train_job')
+DEFAULT_WORKDIR = os.path.join(tempfile.gettempdir(), 'ferrocaffe_linear_job')
 NODE = 'trainer'
 
 
