@@ -195,9 +195,10 @@ class Blob:
         self._ws = ws
         self._name = name
 
-    def fetch(self):
-        """The blob's content, as a copy (see ``Workspace.fetch_blob``)."""
-        return self._ws.fetch_blob(self._name)
+    def fetch(self, copy: bool = True):
+        """The blob's content, as a copy; ``copy=False``: a read-only view
+        of a tensor's buffer (see ``Workspace.fetch_blob``)."""
+        return self._ws.fetch_blob(self._name, copy=copy)
 
     def feed(self, arr, device_option=None) -> bool:
         return self._ws.feed_blob(self._name, arr, device_option)
@@ -231,9 +232,11 @@ class Blob:
 
 
 class TensorHandle:
-    """The tensor in a blob (Caffe2's ``TensorCPU``): ``data`` and ``fetch()``
-    give copies (``data`` is read-only, so a write cannot be lost silently),
-    ``feed(array)`` replaces the content, ``shape`` is its dims."""
+    """The tensor in a blob (Caffe2's ``TensorCPU``): ``fetch()`` gives a
+    copy; ``data`` a read-only view of the tensor's buffer, as Caffe2's
+    ``data`` shared it (read-only here, so a write cannot be lost silently;
+    later writes to the blob do not change it), ``feed(array)`` replaces
+    the content, ``shape`` is its dims."""
 
     __slots__ = ("_blob",)
 
@@ -245,13 +248,11 @@ class TensorHandle:
 
     @property
     def data(self):
-        array = np.array(self._blob.fetch())
-        array.setflags(write=False)
-        return array
+        return np.asarray(self._blob.fetch(copy=False))
 
     @property
     def shape(self) -> tuple:
-        return tuple(np.shape(self._blob.fetch()))
+        return tuple(np.shape(self._blob.fetch(copy=False)))
 
     def feed(self, arr) -> bool:
         return self._blob.feed(arr)
@@ -379,12 +380,21 @@ class Workspace:
     def has_blob(self, name) -> bool:
         return self._core.has_blob(StringifyBlobName(name))
 
-    def fetch_blob(self, name):
+    def fetch_blob(self, name, copy: bool = True):
         """A copy of the blob's content, as Caffe2 returned it: a numpy array
         for a tensor (an object array of bytes for strings), bytes for a byte
-        string. Writing to the array does not change the blob: feed it back
-        with ``feed_blob``."""
-        return self._core.fetch_blob(StringifyBlobName(name))
+        string. The array is writable and its own: writing to it does not
+        change the blob (feed it back with ``feed_blob``).
+
+        ``copy=False`` (new in ferrocaffe) copies nothing for a numeric
+        tensor: the array is a read-only view of the tensor's buffer, kept
+        alive by the array's ``base``. Tensor storage is copy-on-write, so
+        later writes to the blob (ops in place, ``Load``, feeds) copy the
+        buffer first and never change an array already handed out; the blob
+        may be reset or the workspace dropped while the array lives. Writing
+        to the array raises numpy's read-only ``ValueError`` (``np.array(a)``
+        makes a writable copy). String tensors come as read-only copies."""
+        return self._core.fetch_blob(StringifyBlobName(name), copy)
 
     def feed_blob(self, name, arr, device_option=None) -> bool:
         name = StringifyBlobName(name)
@@ -552,16 +562,18 @@ def DeserializeBlob(name, serialized_blob: bytes) -> None:
     current_workspace().deserialize_blob(name, serialized_blob)
 
 
-def FetchBlob(name):
-    """A copy of blob ``name`` of the current workspace (a numpy array for a
-    tensor); writing to it does not change the blob (see
-    ``Workspace.fetch_blob``)."""
-    return current_workspace().fetch_blob(name)
+def FetchBlob(name, copy: bool = True):
+    """A copy of blob ``name`` of the current workspace (a writable numpy
+    array of its own for a tensor, as in Caffe2); writing to it does not
+    change the blob. ``copy=False`` (new in ferrocaffe): a read-only numpy
+    view of the tensor's buffer, nothing copied, unchanged by later writes
+    to the blob (see ``Workspace.fetch_blob``)."""
+    return current_workspace().fetch_blob(name, copy=copy)
 
 
-def FetchBlobs(names):
-    """Copies of the blobs, as ``FetchBlob``."""
-    return [FetchBlob(n) for n in names]
+def FetchBlobs(names, copy: bool = True):
+    """The blobs, as ``FetchBlob`` (copies unless ``copy=False``)."""
+    return [FetchBlob(n, copy=copy) for n in names]
 
 
 def HasBlob(name) -> bool:

@@ -5,6 +5,7 @@
 
 use crate::error::{Error, ErrorKind, Result};
 use ndarray::{ArrayD, IxDyn};
+use std::sync::Arc;
 
 /// Caffe2's `TensorProto.DataType` numbering (kept so plans and checkpoints
 /// written by Caffe2 mean the same thing here).
@@ -188,16 +189,46 @@ impl std::fmt::Display for DataType {
 /// A dense tensor. Strings are byte strings, as Caffe2's `std::string` was.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Tensor {
-    F32(ArrayD<f32>),
-    F64(ArrayD<f64>),
-    I32(ArrayD<i32>),
-    I64(ArrayD<i64>),
-    Bool(ArrayD<bool>),
-    U8(ArrayD<u8>),
-    I8(ArrayD<i8>),
-    I16(ArrayD<i16>),
-    U16(ArrayD<u16>),
-    Str(ArrayD<Vec<u8>>),
+    F32(Shared<f32>),
+    F64(Shared<f64>),
+    I32(Shared<i32>),
+    I64(Shared<i64>),
+    Bool(Shared<bool>),
+    U8(Shared<u8>),
+    I8(Shared<i8>),
+    I16(Shared<i16>),
+    U16(Shared<u16>),
+    Str(Shared<Vec<u8>>),
+}
+
+/// A tensor's storage: an array shared by every clone of the tensor (and
+/// by the numpy arrays a zero-copy fetch hands out), copied on write.
+///
+/// Reading borrows it (`Deref`); writing goes through [`make_unique`]
+/// (which [`Tensor::array_mut`] and [`Element::view_mut`] call): a buffer
+/// that anything else still holds is first copied, fallibly, so a shared
+/// buffer is never written under its other holders. `Tensor::clone` is
+/// therefore O(1) and a clone is a value, as before.
+pub type Shared<T> = Arc<ArrayD<T>>;
+
+/// The array of `a`, to be written: `a`'s own when nothing else holds it,
+/// else a copy of it that replaces it in `a` (copy on write; an
+/// `OutOfMemory` error, never an abort, when the copy cannot be allocated).
+pub fn make_unique<T: Element>(a: &mut Shared<T>) -> Result<&mut ArrayD<T>> {
+    if Arc::get_mut(a).is_none() {
+        *a = Arc::new(copy_array(a.view())?);
+    }
+    Arc::get_mut(a)
+        .ok_or_else(|| Error::internal("a tensor buffer copied on write is still shared"))
+}
+
+/// The array of `a` by value: moved out when nothing else holds it, else
+/// copied (fallibly).
+pub fn into_array<T: Element>(a: Shared<T>) -> Result<ArrayD<T>> {
+    match Arc::try_unwrap(a) {
+        Ok(a) => Ok(a),
+        Err(a) => copy_array(a.view()),
+    }
 }
 
 /// The one dtype dispatch (polars' `with_match_physical_*` pattern): binds
@@ -304,8 +335,19 @@ pub trait Element: Clone + Default + Send + Sync + std::fmt::Debug + 'static {
     /// defaults can come zeroed from the allocator.
     const ZEROED_IS_DEFAULT: bool;
     fn wrap(a: ArrayD<Self>) -> Tensor;
+    /// The array, borrowed, if the tensor's dtype is `Self`.
     fn view(t: &Tensor) -> Option<&ArrayD<Self>>;
-    fn view_mut(t: &mut Tensor) -> Option<&mut ArrayD<Self>>;
+    /// The shared storage, if the tensor's dtype is `Self`.
+    fn shared(t: &Tensor) -> Option<&Shared<Self>>;
+    /// The shared storage, to replace or to [`make_unique`].
+    fn shared_mut(t: &mut Tensor) -> Option<&mut Shared<Self>>;
+    /// The array, to be written, if the tensor's dtype is `Self`: copied
+    /// first if its buffer is shared ([`make_unique`]); `None` also when
+    /// that copy cannot be allocated (use [`Tensor::array_mut`] for the
+    /// error).
+    fn view_mut(t: &mut Tensor) -> Option<&mut ArrayD<Self>> {
+        Self::shared_mut(t).and_then(|a| make_unique(a).ok())
+    }
 }
 
 macro_rules! element {
@@ -314,7 +356,7 @@ macro_rules! element {
             const DTYPE: DataType = DataType::$dt;
             const ZEROED_IS_DEFAULT: bool = $zeroed;
             fn wrap(a: ArrayD<Self>) -> Tensor {
-                Tensor::$var(a)
+                Tensor::$var(Arc::new(a))
             }
             fn view(t: &Tensor) -> Option<&ArrayD<Self>> {
                 match t {
@@ -322,7 +364,13 @@ macro_rules! element {
                     _ => None,
                 }
             }
-            fn view_mut(t: &mut Tensor) -> Option<&mut ArrayD<Self>> {
+            fn shared(t: &Tensor) -> Option<&Shared<Self>> {
+                match t {
+                    Tensor::$var(a) => Some(a),
+                    _ => None,
+                }
+            }
+            fn shared_mut(t: &mut Tensor) -> Option<&mut Shared<Self>> {
                 match t {
                     Tensor::$var(a) => Some(a),
                     _ => None,
@@ -331,6 +379,11 @@ macro_rules! element {
         }
         impl From<ArrayD<$ty>> for Tensor {
             fn from(a: ArrayD<$ty>) -> Tensor {
+                Tensor::$var(Arc::new(a))
+            }
+        }
+        impl From<Shared<$ty>> for Tensor {
+            fn from(a: Shared<$ty>) -> Tensor {
                 Tensor::$var(a)
             }
         }
@@ -564,10 +617,16 @@ impl Tensor {
     pub fn same_bits(&self, other: &Tensor) -> bool {
         match (self, other) {
             (Tensor::F32(a), Tensor::F32(b)) => {
-                a.shape() == b.shape() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+                a.shape() == b.shape()
+                    && a.iter()
+                        .zip(b.iter())
+                        .all(|(x, y)| x.to_bits() == y.to_bits())
             }
             (Tensor::F64(a), Tensor::F64(b)) => {
-                a.shape() == b.shape() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+                a.shape() == b.shape()
+                    && a.iter()
+                        .zip(b.iter())
+                        .all(|(x, y)| x.to_bits() == y.to_bits())
             }
             _ => self == other,
         }
@@ -623,9 +682,16 @@ impl Tensor {
             else other => Err(unsupported_dtype(other)))
     }
 
-    /// A copy of the tensor, or an `OutOfMemory` error (`clone` aborts
-    /// the process when the copy cannot be allocated).
+    /// A copy of the tensor. Storage is copy-on-write, so this shares the
+    /// buffer (O(1), as `clone`); the first write to either copies it.
+    /// Never fails now; kept fallible for its callers.
     pub fn try_clone(&self) -> Result<Tensor> {
+        Ok(self.clone())
+    }
+
+    /// A copy of the tensor in a buffer of its own (row-major), or an
+    /// `OutOfMemory` error.
+    pub fn deep_copy(&self) -> Result<Tensor> {
         Ok(with_array!(self, a => Tensor::from(copy_array(a.view())?)))
     }
 
@@ -660,13 +726,44 @@ impl Tensor {
         }
     }
 
+    /// The array, to be written, if the dtype is `T`, else a `Type` error
+    /// naming both. Copy on write: a buffer shared with anything else (a
+    /// clone of the tensor, a numpy array a zero-copy fetch handed out) is
+    /// first copied, so the other holders never see the write; an
+    /// `OutOfMemory` error when that copy cannot be allocated.
     #[inline]
     pub fn array_mut<T: Element>(&mut self) -> Result<&mut ArrayD<T>> {
         let got = self.dtype();
-        match T::view_mut(self) {
-            Some(a) => Ok(a),
+        match T::shared_mut(self) {
+            Some(a) => make_unique(a),
             None => Err(wrong_dtype(T::DTYPE, got)),
         }
+    }
+
+    /// The shared storage if the dtype is `T`, else a `Type` error naming
+    /// both (to hand the buffer out without copying it).
+    pub fn shared<T: Element>(&self) -> Result<&Shared<T>> {
+        T::shared(self).ok_or_else(|| wrong_dtype(T::DTYPE, self.dtype()))
+    }
+
+    /// Whether nothing else holds this tensor's buffer (a write would not
+    /// copy it).
+    pub fn is_unique(&self) -> bool {
+        with_array!(self, a => Arc::strong_count(a) == 1 && Arc::weak_count(a) == 0)
+    }
+
+    /// Whether the two tensors share one buffer (a clone and its source do
+    /// until either is written).
+    pub fn shares_buffer(&self, other: &Tensor) -> bool {
+        macro_rules! same {
+            ($($v:ident),*) => {
+                match (self, other) {
+                    $((Tensor::$v(a), Tensor::$v(b)) => Arc::ptr_eq(a, b),)*
+                    _ => false,
+                }
+            };
+        }
+        same!(F32, F64, I32, I64, Bool, U8, I8, I16, U16, Str)
     }
 
     /// The single element of a one-element tensor of dtype `T` (any shape).
@@ -715,7 +812,7 @@ impl Tensor {
         macro_rules! app {
             ($a:ident, $T:ty) => {{
                 let b = other.array::<$T>()?;
-                extend_rows($a, b, growth)
+                extend_rows(make_unique($a)?, b, growth)
             }};
         }
         match self {
@@ -915,6 +1012,97 @@ mod tests {
         );
         assert_eq!(t.ndim(), 0);
         assert_eq!(t.numel(), 1);
+    }
+
+    #[test]
+    fn clones_share_the_buffer_until_one_is_written() {
+        let a = Tensor::from_vec(&[2, 2], vec![1.0f32, 2.0, 3.0, 4.0]).unwrap();
+        let mut b = a.clone();
+        assert!(a.shares_buffer(&b));
+        assert!(!a.is_unique());
+        // Reads borrow the one buffer.
+        assert_eq!(
+            a.array::<f32>().unwrap().as_ptr(),
+            b.array::<f32>().unwrap().as_ptr()
+        );
+        // A write copies first: `a` keeps its values and its buffer.
+        let before = a.array::<f32>().unwrap().as_ptr();
+        b.array_mut::<f32>().unwrap()[[0, 1]] = 20.0;
+        assert!(!a.shares_buffer(&b));
+        assert!(a.is_unique() && b.is_unique());
+        assert_eq!(a.array::<f32>().unwrap().as_ptr(), before);
+        assert_eq!(
+            a,
+            Tensor::from_vec(&[2, 2], vec![1.0f32, 2.0, 3.0, 4.0]).unwrap()
+        );
+        assert_eq!(
+            b,
+            Tensor::from_vec(&[2, 2], vec![1.0f32, 20.0, 3.0, 4.0]).unwrap()
+        );
+        // A unique buffer is written in place.
+        let p = b.array::<f32>().unwrap().as_ptr();
+        b.array_mut::<f32>().unwrap()[[1, 1]] = 40.0;
+        assert_eq!(b.array::<f32>().unwrap().as_ptr(), p);
+        // The wrong dtype is still a type error, and copies nothing.
+        let c = a.clone();
+        let mut d = a.clone();
+        assert!(d.array_mut::<i64>().is_err());
+        assert!(d.shares_buffer(&c));
+    }
+
+    #[test]
+    fn every_mutable_path_copies_a_shared_buffer() {
+        let held = Tensor::from_vec(&[2], vec![1i64, 2]).unwrap();
+        // Element::view_mut
+        let mut t = held.clone();
+        <i64 as Element>::view_mut(&mut t).unwrap()[0] = 7;
+        // append_rows
+        let mut u = held.clone();
+        u.append_rows(&Tensor::from_vec(&[1], vec![3i64]).unwrap())
+            .unwrap();
+        let mut w = held.clone();
+        w.append_rows_growing(&Tensor::from_vec(&[1], vec![4i64]).unwrap())
+            .unwrap();
+        // make_unique on the storage itself
+        let mut x = held.clone();
+        if let Tensor::I64(s) = &mut x {
+            make_unique(s).unwrap()[1] = 9;
+        }
+        assert_eq!(held, Tensor::from_vec(&[2], vec![1i64, 2]).unwrap());
+        assert!(held.is_unique());
+        assert_eq!(t, Tensor::from_vec(&[2], vec![7i64, 2]).unwrap());
+        assert_eq!(u, Tensor::from_vec(&[3], vec![1i64, 2, 3]).unwrap());
+        assert_eq!(w, Tensor::from_vec(&[3], vec![1i64, 2, 4]).unwrap());
+        assert_eq!(x, Tensor::from_vec(&[2], vec![1i64, 9]).unwrap());
+        // Strings too (a deep copy of each string).
+        let s = Tensor::from_vec(&[1], vec![b"ab".to_vec()]).unwrap();
+        let mut s2 = s.clone();
+        s2.array_mut::<Vec<u8>>().unwrap()[0].push(b'c');
+        assert_eq!(s.array::<Vec<u8>>().unwrap()[0], b"ab".to_vec());
+        assert_eq!(s2.array::<Vec<u8>>().unwrap()[0], b"abc".to_vec());
+    }
+
+    #[test]
+    fn storage_outlives_its_tensor_and_moves_out_when_unique() {
+        let t = Tensor::from_vec(&[3], vec![1u8, 2, 3]).unwrap();
+        let kept = t.shared::<u8>().unwrap().clone();
+        let p = kept.as_ptr();
+        drop(t);
+        assert_eq!(kept.as_slice().unwrap(), &[1, 2, 3]);
+        // Unique: moved out, same buffer; shared: copied.
+        let other = kept.clone();
+        let copied = into_array(kept).unwrap();
+        assert_ne!(copied.as_ptr(), p);
+        let moved = into_array(other).unwrap();
+        assert_eq!(moved.as_ptr(), p);
+        assert_eq!(copied, moved);
+        assert!(Tensor::scalar(1u8).shared::<f32>().is_err());
+        // try_clone shares; deep_copy does not.
+        let t = Tensor::from_vec(&[2], vec![1.5f64, 2.5]).unwrap();
+        assert!(t.try_clone().unwrap().shares_buffer(&t));
+        let d = t.deep_copy().unwrap();
+        assert!(!d.shares_buffer(&t));
+        assert_eq!(d, t);
     }
 
     #[test]

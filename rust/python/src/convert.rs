@@ -63,7 +63,7 @@ pub(crate) fn array_to_tensor(
             }
         }
         let shape = view.shape().to_vec();
-        return Ok(Tensor::Str(
+        return Ok(Tensor::from(
             ArrayD::from_shape_vec(IxDyn(&shape), out).expect("shape matches"),
         ));
     }
@@ -101,6 +101,12 @@ pub(crate) fn copy_into_existing(obj: &Bound<'_, PyAny>, blob: &ferrocaffe::blob
                     return false;
                 };
                 if let BlobValue::Tensor(t) = &mut *g {
+                    // A buffer shared with fetched arrays stays theirs:
+                    // feed a new tensor instead (copying the old one on
+                    // write would only be overwritten).
+                    if !t.is_unique() {
+                        return false;
+                    }
                     if let Some(dst) = <$t as ferrocaffe::tensor::Element>::view_mut(t) {
                         if dst.shape() == src.shape() {
                             match (dst.as_slice_mut(), src.as_slice()) {
@@ -199,6 +205,91 @@ where
     Ok(out.into_any().unbind())
 }
 
+/// Keeps a tensor's buffer alive for the read-only numpy arrays that view
+/// it (their `base`). It holds a clone of the tensor: the storage is
+/// shared and copy-on-write (`tensor.rs`), so while this object lives any
+/// write to the blob copies the buffer first, and the arrays keep seeing
+/// the values they were fetched with.
+#[pyclass(frozen, module = "ferrocaffe._core", name = "TensorBuffer")]
+pub(crate) struct TensorBuffer {
+    tensor: Tensor,
+}
+
+#[pymethods]
+impl TensorBuffer {
+    fn __repr__(&self) -> String {
+        format!(
+            "<ferrocaffe TensorBuffer {} {:?}>",
+            self.tensor.dtype(),
+            self.tensor.shape()
+        )
+    }
+}
+
+/// A read-only numpy array over `a`'s own buffer, kept alive by a
+/// [`TensorBuffer`] holding `t` (the tensor `a` belongs to).
+fn array_view_py<T>(py: Python<'_>, a: &ArrayD<T>, t: &Tensor) -> PyResult<Py<PyAny>>
+where
+    T: numpy::Element,
+{
+    use numpy::npyffi::{self, npy_intp, PY_ARRAY_API};
+    use numpy::PyArrayDescrMethods;
+    let owner = Bound::new(py, TensorBuffer { tensor: t.clone() })?;
+    let size = std::mem::size_of::<T>() as npy_intp;
+    let mut dims: Vec<npy_intp> = a.shape().iter().map(|&d| d as npy_intp).collect();
+    let mut strides: Vec<npy_intp> = a.strides().iter().map(|&s| s as npy_intp * size).collect();
+    // SAFETY: `data` points at element [0, ..., 0] of `a`, whose buffer the
+    // owner keeps alive (an Arc clone: nothing frees or, copy on write,
+    // writes it while the owner lives) and which covers every index the
+    // dims and byte strides reach. flags = 0: not writeable, not owning
+    // its data; numpy computes the contiguity flags from the strides. The
+    // dtype reference is stolen by the call.
+    let ptr = unsafe {
+        PY_ARRAY_API.PyArray_NewFromDescr(
+            py,
+            npyffi::get_type_object(py, npyffi::NpyTypes::PyArray_Type),
+            T::get_dtype(py).into_dtype_ptr(),
+            dims.len() as std::os::raw::c_int,
+            dims.as_mut_ptr(),
+            strides.as_mut_ptr(),
+            a.as_ptr() as *mut std::ffi::c_void,
+            0,
+            std::ptr::null_mut(),
+        )
+    };
+    // SAFETY: a new reference (or null with an exception set).
+    let arr = unsafe { Bound::from_owned_ptr_or_err(py, ptr)? };
+    // SAFETY: `arr` is a new array; SetBaseObject steals the reference
+    // to the owner given to it (into_ptr), also on failure.
+    let r =
+        unsafe { PY_ARRAY_API.PyArray_SetBaseObject(py, arr.as_ptr().cast(), owner.into_ptr()) };
+    if r != 0 {
+        return Err(PyErr::fetch(py));
+    }
+    Ok(arr.unbind())
+}
+
+/// A read-only numpy array of a tensor without copying it: a view of the
+/// tensor's shared buffer (`fetch_blob(copy=False)`). String tensors, which
+/// numpy holds as bytes objects, are copied into an object array, made
+/// read-only too.
+pub(crate) fn tensor_view_py(py: Python<'_>, t: &Tensor, blob: &str) -> PyResult<Py<PyAny>> {
+    let out = match t {
+        Tensor::Str(_) => tensor_to_py(py, t, blob)?,
+        _ if t.numel() == 0 => tensor_to_py(py, t, blob)?,
+        Tensor::F32(a) => return array_view_py(py, a, t),
+        Tensor::F64(a) => return array_view_py(py, a, t),
+        Tensor::I32(a) => return array_view_py(py, a, t),
+        Tensor::I64(a) => return array_view_py(py, a, t),
+        Tensor::Bool(a) => return array_view_py(py, a, t),
+        Tensor::U8(a) => return array_view_py(py, a, t),
+        Tensor::I8(a) => return array_view_py(py, a, t),
+        Tensor::I16(a) => return array_view_py(py, a, t),
+        Tensor::U16(a) => return array_view_py(py, a, t),
+    };
+    out.bind(py).call_method1("setflags", (false,)).map(|_| out)
+}
+
 /// A numpy copy of a tensor; `blob` names it in an allocation error.
 pub(crate) fn tensor_to_py(py: Python<'_>, t: &Tensor, blob: &str) -> PyResult<Py<PyAny>> {
     Ok(match t {
@@ -218,8 +309,16 @@ pub(crate) fn tensor_to_py(py: Python<'_>, t: &Tensor, blob: &str) -> PyResult<P
     })
 }
 
-pub(crate) fn value_to_py(py: Python<'_>, name: &str, v: &BlobValue) -> PyResult<Py<PyAny>> {
+/// A blob's value for Python: a copy (`copy`), or for a tensor a read-only
+/// view of its shared buffer ([`tensor_view_py`]).
+pub(crate) fn value_to_py(
+    py: Python<'_>,
+    name: &str,
+    v: &BlobValue,
+    copy: bool,
+) -> PyResult<Py<PyAny>> {
     Ok(match v {
+        BlobValue::Tensor(t) if !copy => tensor_view_py(py, t, name)?,
         BlobValue::Tensor(t) => tensor_to_py(py, t, name)?,
         BlobValue::Bytes(b) => PyBytes::new(py, b).into_any().unbind(),
         BlobValue::Empty => PyBytes::new(

@@ -121,7 +121,7 @@ impl PyTensorWrapper {
             }
             // Byte strings come back as (immutable) bytes, Python objects
             // as themselves, other objects as a description.
-            other => return value_to_py(py, &self.name, &other),
+            other => return value_to_py(py, &self.name, &other, true),
         };
         let array = tensor_to_py(py, &t, &self.name)?;
         let mut g = self.call.lock();

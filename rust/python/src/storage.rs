@@ -84,7 +84,7 @@ pub(crate) fn map_ferro(
                         .into_any()
                         .unbind(),
                 ),
-                MappedData::Decoded(v) => ("value", value_to_py(py, &b.name, &v)?),
+                MappedData::Decoded(v) => ("value", value_to_py(py, &b.name, &v, true)?),
                 MappedData::Object { type_tag } => {
                     ("object", PyString::new(py, &type_tag).into_any().unbind())
                 }

@@ -124,10 +124,15 @@ impl PyWorkspace {
 
     /// A copy of a blob's content: a numpy array for tensors, bytes for byte
     /// strings, the object for Python objects, a description otherwise.
-    fn fetch_blob(&self, py: Python<'_>, name: &str) -> PyResult<Py<PyAny>> {
+    /// With `copy=False` a tensor comes as a read-only numpy array viewing
+    /// the tensor's own (shared, copy-on-write) buffer: nothing is copied,
+    /// and later writes to the blob copy the buffer instead of changing
+    /// the array.
+    #[pyo3(signature = (name, copy = true))]
+    fn fetch_blob(&self, py: Python<'_>, name: &str, copy: bool) -> PyResult<Py<PyAny>> {
         let b = self.ws.blob(name).map_err(|e| to_py_err(py, e))?;
         let g = b.read();
-        value_to_py(py, name, &g)
+        value_to_py(py, name, &g, copy)
     }
 
     /// The value of a Counter blob.

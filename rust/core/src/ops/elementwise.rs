@@ -685,7 +685,10 @@ fn with_taken_output<'a, R>(
 fn out_slice<'o, U: Element + Copy>(o: &'o mut BlobValue, shape: &[usize]) -> Result<&'o mut [U]> {
     let reusable = match &*o {
         BlobValue::Tensor(t) => {
-            U::view(t).is_some_and(|a| a.shape() == shape && a.is_standard_layout())
+            // Not a buffer shared with anything else: it would be copied
+            // on write, only to be overwritten.
+            t.is_unique()
+                && U::view(t).is_some_and(|a| a.shape() == shape && a.is_standard_layout())
         }
         _ => false,
     };
@@ -2692,7 +2695,7 @@ mod tests {
             .reversed_axes();
         assert!(!a.is_standard_layout());
         let w = ws(vec![
-            ("a", Tensor::I32(a.clone())),
+            ("a", Tensor::from(a.clone())),
             ("b", t(&[3, 2], vec![10i32, 20, 30, 40, 50, 60])),
             ("r", t(&[2], vec![100i32, 200])),
         ]);
@@ -2710,17 +2713,17 @@ mod tests {
             get(&w, "a"),
             t(&[3, 2], vec![100i32, 203, 101, 204, 102, 205])
         );
-        w.feed("a", BlobValue::Tensor(Tensor::I32(a.clone())));
+        w.feed("a", BlobValue::Tensor(Tensor::from(a.clone())));
         run(&w, def("Sum", &["a", "b"], &["a"], vec![])).unwrap();
         assert_eq!(get(&w, "a"), t(&[3, 2], vec![10i32, 23, 31, 44, 52, 65]));
-        w.feed("a", BlobValue::Tensor(Tensor::I32(a.clone())));
+        w.feed("a", BlobValue::Tensor(Tensor::from(a.clone())));
         run(&w, def("Cast", &["a"], &["c"], vec![as_("to", "INT64")])).unwrap();
         assert_eq!(get(&w, "c"), t(&[3, 2], vec![0i64, 3, 1, 4, 2, 5]));
         // WeightedSum matches elements in row-major order.
         let f = ArrayD::from_shape_vec(IxDyn(&[2, 2]), vec![1.0f32, 2.0, 3.0, 4.0])
             .unwrap()
             .reversed_axes();
-        w.feed("f", BlobValue::Tensor(Tensor::F32(f)));
+        w.feed("f", BlobValue::Tensor(Tensor::from(f)));
         w.feed("g", BlobValue::Tensor(t(&[4], vec![1.0f32, 1.0, 1.0, 1.0])));
         w.feed("one", BlobValue::Tensor(Tensor::scalar(1.0f32)));
         run(

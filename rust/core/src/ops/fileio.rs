@@ -2779,7 +2779,10 @@ fn read_parquet_batch(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             }
             let old = set_output(cx, j, tensors.next());
             spare.push(match old {
-                BlobValue::Tensor(Tensor::Str(a)) => Some(a.into_raw_vec_and_offset().0),
+                // Only a buffer nothing else holds can be reused.
+                BlobValue::Tensor(Tensor::Str(a)) => std::sync::Arc::try_unwrap(a)
+                    .ok()
+                    .map(|a| a.into_raw_vec_and_offset().0),
                 _ => None,
             });
             j += 1;

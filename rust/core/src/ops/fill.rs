@@ -719,7 +719,7 @@ fn gaussian_fill(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         let out = l.output_name(0);
         let samples = std::iter::repeat_with(|| normal.sample(&mut rng));
         let a = collect_array(&shape, samples).map_err(|e| e.with_blob(out))?;
-        l.set_output(0, Tensor::F32(a));
+        l.set_output(0, Tensor::from(a));
         Ok(true)
     }))
 }
@@ -920,7 +920,7 @@ mod tests {
             &[],
         )
         .unwrap();
-        assert_eq!(r, Tensor::I64(ArrayD::zeros(IxDyn(&[3, 0]))));
+        assert_eq!(r, Tensor::from(ArrayD::<i64>::zeros(IxDyn(&[3, 0]))));
     }
 
     #[test]

@@ -1282,7 +1282,7 @@ fn accuracy_t<T: Real>(l: &mut Locked<'_>, top_k: usize) -> Result<()> {
     } else {
         correct as f32 / n as f32
     };
-    l.set_output(0, Tensor::F32(array(&[], vec![acc])?));
+    l.set_output(0, Tensor::from(array(&[], vec![acc])?));
     Ok(())
 }
 

@@ -111,7 +111,7 @@ fn build_xavier(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         let d = Uniform::new_inclusive(-s, s).map_err(|e| Error::internal(e.to_string()))?;
         let a = collect_array(&shape, std::iter::repeat_with(|| d.sample(&mut rng)))
             .map_err(|e| e.with_blob(&out))?;
-        l.set_output(0, Tensor::F32(a));
+        l.set_output(0, Tensor::from(a));
         Ok(true)
     }))
 }
@@ -128,7 +128,7 @@ fn build_msra(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         let d = Normal::new(0.0f32, std).map_err(|e| Error::internal(e.to_string()))?;
         let a = collect_array(&shape, std::iter::repeat_with(|| d.sample(&mut rng)))
             .map_err(|e| e.with_blob(&out))?;
-        l.set_output(0, Tensor::F32(a));
+        l.set_output(0, Tensor::from(a));
         Ok(true)
     }))
 }
@@ -220,7 +220,7 @@ fn build_lr(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             }
         };
         let lr = (f64::from(base_lr) * p.multiplier(iter)) as f32;
-        l.set_output(0, Tensor::F32(ArrayD::from_elem(ndarray::IxDyn(&[1]), lr)));
+        l.set_output(0, Tensor::from(ArrayD::from_elem(ndarray::IxDyn(&[1]), lr)));
         Ok(true)
     }))
 }
@@ -301,9 +301,9 @@ fn build_momentum(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
                 *g = step;
                 *p -= step;
             });
-        l.set_output(0, Tensor::F32(ng));
-        l.set_output(1, Tensor::F32(nm));
-        l.set_output(2, Tensor::F32(np));
+        l.set_output(0, Tensor::from(ng));
+        l.set_output(1, Tensor::from(nm));
+        l.set_output(2, Tensor::from(np));
         Ok(true)
     }))
 }
@@ -357,11 +357,11 @@ fn build_adam(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
                 *p += lr * step;
                 *g = step;
             });
-        l.set_output(0, Tensor::F32(np));
-        l.set_output(1, Tensor::F32(m1));
-        l.set_output(2, Tensor::F32(m2));
+        l.set_output(0, Tensor::from(np));
+        l.set_output(1, Tensor::from(m1));
+        l.set_output(2, Tensor::from(m2));
         if out_grad {
-            l.set_output(3, Tensor::F32(ng));
+            l.set_output(3, Tensor::from(ng));
         }
         Ok(true)
     }))

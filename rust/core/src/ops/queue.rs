@@ -491,9 +491,10 @@ fn check_count(q: &BlobsQueue, given: usize, queue_blob: &str) -> Result<()> {
 /// Writes a bool scalar, reusing the output's buffer when it already is one
 /// (so a status output costs no allocation per run).
 fn set_status(out: &mut BlobValue, v: bool) {
-    if let BlobValue::Tensor(Tensor::Bool(a)) = out {
-        if a.ndim() == 0 {
-            if let Some(x) = a.iter_mut().next() {
+    if let BlobValue::Tensor(t @ Tensor::Bool(_)) = out {
+        if t.ndim() == 0 {
+            // (A buffer shared with a fetched array is copied on write.)
+            if let Some(x) = t.array_mut::<bool>().ok().and_then(|a| a.iter_mut().next()) {
                 *x = v;
                 return;
             }

@@ -1136,7 +1136,7 @@ mod tests {
         r.unwrap();
         assert_eq!(out(&ws, "d"), t(&[3], vec![8i64, 0, 7]));
         // A DATA tensor that is not in standard layout is handled in logical order.
-        let transposed = Tensor::F64(
+        let transposed = Tensor::from(
             ArrayD::from_shape_vec(IxDyn(&[2, 3]), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
                 .unwrap()
                 .reversed_axes(),

@@ -704,14 +704,14 @@ impl Dest {
                 .map_err(|err| Error::internal(err.to_string()))
         }
         Ok(BlobValue::Tensor(match self {
-            Dest::F32(v) => Tensor::F32(arr(e, v)?),
-            Dest::F64(v) => Tensor::F64(arr(e, v)?),
-            Dest::I32(v) => Tensor::I32(arr(e, v)?),
-            Dest::I64(v) => Tensor::I64(arr(e, v)?),
-            Dest::U8(v) => Tensor::U8(arr(e, v)?),
-            Dest::I8(v) => Tensor::I8(arr(e, v)?),
-            Dest::I16(v) => Tensor::I16(arr(e, v)?),
-            Dest::U16(v) => Tensor::U16(arr(e, v)?),
+            Dest::F32(v) => Tensor::from(arr(e, v)?),
+            Dest::F64(v) => Tensor::from(arr(e, v)?),
+            Dest::I32(v) => Tensor::from(arr(e, v)?),
+            Dest::I64(v) => Tensor::from(arr(e, v)?),
+            Dest::U8(v) => Tensor::from(arr(e, v)?),
+            Dest::I8(v) => Tensor::from(arr(e, v)?),
+            Dest::I16(v) => Tensor::from(arr(e, v)?),
+            Dest::U16(v) => Tensor::from(arr(e, v)?),
             Dest::Raw(r) => return decode_payload(path, e, Cow::Owned(r)),
         }))
     }

@@ -727,15 +727,15 @@ mod tests {
             .unwrap()
             .reversed_axes();
         let entries = vec![
-            ("t".to_string(), BlobValue::Tensor(Tensor::I64(a.clone()))),
-            ("b".into(), BlobValue::Tensor(Tensor::Bool(b.clone()))),
+            ("t".to_string(), BlobValue::Tensor(Tensor::from(a.clone()))),
+            ("b".into(), BlobValue::Tensor(Tensor::from(b.clone()))),
         ];
         for db in ["ferro", "minidb"] {
             let path = dir.file(db);
             save_blobs(&path, db, &entries).unwrap();
             let back = load_db(&path, db).unwrap();
-            assert_eq!(back[0].1.tensor().unwrap(), &Tensor::I64(a.clone()));
-            assert_eq!(back[1].1.tensor().unwrap(), &Tensor::Bool(b.clone()));
+            assert_eq!(back[0].1.tensor().unwrap(), &Tensor::from(a.clone()));
+            assert_eq!(back[1].1.tensor().unwrap(), &Tensor::from(b.clone()));
         }
         // A staging buffer larger than one stage, converted piecewise.
         let big =
@@ -745,12 +745,12 @@ mod tests {
         save_blobs(
             &path,
             "ferro",
-            &[("big".into(), BlobValue::Tensor(Tensor::F32(big.clone())))],
+            &[("big".into(), BlobValue::Tensor(Tensor::from(big.clone())))],
         )
         .unwrap();
         assert_eq!(
             load_db(&path, "ferro").unwrap()[0].1.tensor().unwrap(),
-            &Tensor::F32(big)
+            &Tensor::from(big)
         );
     }
 
