@@ -19,6 +19,7 @@ pub mod net;
 pub mod operator;
 pub mod ops;
 pub mod plan;
+pub mod readers;
 pub mod storage;
 pub mod tensor;
 #[cfg(test)]

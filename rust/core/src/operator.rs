@@ -756,7 +756,7 @@ mod tests {
 
     #[test]
     fn schema_argument_lists_do_not_overlap() {
-        for s in crate::ops::builtin_schemas() {
+        for s in crate::builtins::schemas() {
             for a in s.args {
                 assert!(
                     !s.ignored.iter().any(|i| i.name == a.name),

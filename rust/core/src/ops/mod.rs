@@ -19,7 +19,6 @@ pub mod control;
 pub mod counter;
 pub mod dataset;
 pub mod elementwise;
-pub mod fileio;
 pub mod fill;
 pub mod nn;
 pub mod optim;
@@ -36,7 +35,6 @@ pub fn builtin_schemas() -> Vec<OpSchema> {
     v.extend(counter::schemas());
     v.extend(dataset::schemas());
     v.extend(elementwise::schemas());
-    v.extend(fileio::schemas());
     v.extend(fill::schemas());
     v.extend(nn::schemas());
     v.extend(optim::schemas());
@@ -52,7 +50,6 @@ pub fn builtin_schemas() -> Vec<OpSchema> {
 pub fn builtin_codecs() -> Vec<(&'static str, crate::storage::BlobDecoder)> {
     let mut v = Vec::new();
     v.extend(dataset::codecs());
-    v.extend(fileio::codecs());
     v
 }
 
@@ -75,29 +72,4 @@ where
     F: FnMut(&mut crate::operator::OpCx<'_>) -> crate::error::Result<bool> + Send + 'static,
 {
     Box::new(FnOp(f))
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn every_builtin_op_is_registered_once_with_a_doc() {
-        let schemas = super::builtin_schemas();
-        let mut names: Vec<_> = schemas.iter().map(|s| s.name).collect();
-        names.sort_unstable();
-        let before = names.len();
-        names.dedup();
-        assert_eq!(
-            before,
-            names.len(),
-            "an op type is registered by two families"
-        );
-        for s in &schemas {
-            assert!(!s.doc.is_empty(), "op {} has no doc", s.name);
-            assert!(
-                s.min_inputs <= s.max_inputs && s.min_outputs <= s.max_outputs,
-                "op {}",
-                s.name
-            );
-        }
-    }
 }
