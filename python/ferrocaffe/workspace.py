@@ -19,7 +19,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from . import _core, errors, proto, scope
+from . import _core, db, errors, proto, scope
 
 __all__ = [
     "Workspace",
@@ -879,6 +879,8 @@ C = types.SimpleNamespace(
     operator_schema=_core.operator_schema,
     global_init=GlobalInit,
     registered_dbs=lambda: ["ferro", "minidb"],
+    create_db=db.create_db,
+    Mode=db.Mode,
     has_mkldnn=False,
     use_mkldnn=False,
     has_cuda_support=False,
