@@ -32,13 +32,12 @@ first.
 
 import itertools
 import os
-import stat
 
 import numpy as np
 
 from ferrocaffe import core, workspace
 from ferrocaffe.dataio import Reader, Writer
-from ferrocaffe.errors import FerrocaffeIOError
+from ferrocaffe.db import open_regular
 from ferrocaffe.schema import (
     Field, List, Scalar, Struct, data_type_for_dtype, dtype_for_core_type)
 
@@ -222,30 +221,6 @@ class ParquetReader(_FileReader):
         return dict(paths=self.paths, columns=self.columns,
                     batch_size=self.batch_size, dtypes=self._dtypes,
                     is_list=self._is_list)
-
-
-def open_regular(path):
-    """Opens ``path`` for binary reading if it is a regular file; anything
-    else (a FIFO, whose open would wait for a writer where Ctrl-C cannot
-    reach it, a device, a directory) raises ``FerrocaffeIOError`` (an
-    ``OSError``) at once. The type is checked on the open file, so nothing
-    can be swapped in between. A missing file raises ``FileNotFoundError``."""
-    path = os.fspath(path)
-    fd = os.open(path, os.O_RDONLY | getattr(os, 'O_NONBLOCK', 0)
-                 | getattr(os, 'O_NOCTTY', 0))
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = ('a FIFO' if stat.S_ISFIFO(mode) else
-                    'a directory' if stat.S_ISDIR(mode) else
-                    'a socket' if stat.S_ISSOCK(mode) else 'a device')
-            raise FerrocaffeIOError(
-                '%s: not a regular file (%s)' % (path, kind), file=path)
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, 'rb')
-    except BaseException:
-        os.close(fd)
-        raise
 
 
 def _npy_header(path):

@@ -306,6 +306,20 @@ for _t in (
     "Iter", "AtomicIter", "EQ", "NE", "LT", "LE", "GT", "GE", "And", "Or", "Xor", "Not",
 ):
     _register(_t)(_no_gradient)
+_register("Float16ConstantFill")(_no_gradient)
+_register("Float16UniformFill")(_no_gradient)
+
+
+def _convert_maker(grad_type):
+    # A dtype conversion's gradient is the opposite conversion.
+    def maker(op, g_output):
+        w = GradientWrapper(op, g_output)
+        return [_op(grad_type, [w.GO(0)], [w.GI(0)])], [w.GI(0)]
+    return maker
+
+
+_register("FloatToHalf", copy_arguments=False)(_convert_maker("HalfToFloat"))
+_register("HalfToFloat", copy_arguments=False)(_convert_maker("FloatToHalf"))
 
 
 def _fc_maker(grad_type):

@@ -19,7 +19,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from . import _core, errors, proto, scope
+from . import _core, db, errors, proto, scope
 
 __all__ = [
     "Workspace",
@@ -186,6 +186,13 @@ def _to_feedable(name: str, arr: Any):
     )
 
 
+# Caffe2 TensorProto.DataType numbers -> numpy dtypes of tensors Python can make.
+_NUMPY_OF_CAFFE2 = {
+    1: np.float32, 2: np.int32, 5: np.bool_, 6: np.uint8, 7: np.int8,
+    8: np.uint16, 9: np.int16, 10: np.int64, 12: np.float16, 13: np.float64,
+}
+
+
 class Blob:
     """A handle to one blob of a workspace (Caffe2's ``C.Blob``)."""
 
@@ -231,12 +238,32 @@ class Blob:
         return TensorHandle(self)
 
 
+class _WriteThrough(np.ndarray):
+    """``TensorHandle.data``: a copy of the blob's tensor whose item and
+    slice assignments (``data[i] = x``, also through views of it) are
+    written back to the blob at once, as writes to Caffe2's view of the
+    tensor memory were seen in the blob."""
+
+    def __array_finalize__(self, obj):
+        self._root = getattr(obj, "_root", None)
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        root = self._root
+        # Only the array handed out and views of it (a copy made from
+        # them keeps the attribute, not the memory).
+        if root is not None and (self is root or np.may_share_memory(self, root)):
+            root._handle.feed(np.asarray(root))
+
+
 class TensorHandle:
-    """The tensor in a blob (Caffe2's ``TensorCPU``): ``fetch()`` gives a
-    copy; ``data`` a read-only view of the tensor's buffer, as Caffe2's
-    ``data`` shared it (read-only here, so a write cannot be lost silently;
-    later writes to the blob do not change it), ``feed(array)`` replaces
-    the content, ``shape`` is its dims."""
+    """The tensor in a blob (Caffe2's ``TensorCPU``). ``data`` is a numpy
+    copy whose item and slice assignments are written to the blob (Caffe2
+    handed out a view of the memory); other in-place writes to it (``out=``,
+    ``np.copyto``) stay in the copy: feed the array to write those.
+    ``fetch()`` gives a plain copy, ``feed(array)`` replaces the content,
+    ``shape`` is its dims, ``init(dims, dtype)`` makes it a zero tensor,
+    ``reshape(dims)`` (``_reshape``) changes its dims."""
 
     __slots__ = ("_blob",)
 
@@ -248,7 +275,22 @@ class TensorHandle:
 
     @property
     def data(self):
-        return np.asarray(self._blob.fetch(copy=False))
+        value = self._blob.fetch()
+        if not isinstance(value, np.ndarray):
+            raise errors.DataTypeError(
+                f"blob '{self._blob._name}' holds no tensor", blob=self._blob._name)
+        array = np.array(value).view(_WriteThrough)
+        array._root = array
+        array._handle = self
+        return array
+
+    @data.setter
+    def data(self, value) -> None:
+        self.feed(np.asarray(value))
+
+    @property
+    def _shape(self) -> list:
+        return list(np.shape(self._blob.fetch()))
 
     @property
     def shape(self) -> tuple:
@@ -257,8 +299,35 @@ class TensorHandle:
     def feed(self, arr) -> bool:
         return self._blob.feed(arr)
 
+    def init(self, dims, caffe_type) -> None:
+        """Makes the tensor ``dims`` of Caffe2 dtype ``caffe_type``, zeros
+        (Caffe2 left the memory uninitialised). Strings cannot be made here,
+        as in Caffe2 (``DataTypeError``, a ``RuntimeError``)."""
+        dtype = _NUMPY_OF_CAFFE2.get(int(caffe_type))
+        if dtype is None:
+            raise errors.DataTypeError(
+                f"cannot initialise blob '{self._blob._name}' as a tensor of data type "
+                f"{int(caffe_type)} from Python (numbers and bool only)", blob=self._blob._name)
+        self.feed(np.zeros([int(d) for d in dims], dtype))
+
+    def _reshape(self, dims) -> None:
+        """New dims: the same values when the element count is the same,
+        else zeros of the same dtype (Caffe2 left them undefined)."""
+        dims = [int(d) for d in dims]
+        current = self._blob.fetch()
+        if not isinstance(current, np.ndarray):
+            raise errors.DataTypeError(
+                f"blob '{self._blob._name}' holds no tensor", blob=self._blob._name)
+        if int(np.prod(dims)) == current.size:
+            self.feed(current.reshape(dims))
+        else:
+            self.feed(np.zeros(dims, current.dtype))
+
+    def reshape(self, dims) -> None:
+        self._reshape(list(dims))
+
     def __repr__(self) -> str:
-        return f"Blob({self._name!r})"
+        return f"TensorCPU(blob={self._blob._name!r})"
 
 
 class _BlobMap:
@@ -569,6 +638,24 @@ def FetchBlob(name, copy: bool = True):
     view of the tensor's buffer, nothing copied, unchanged by later writes
     to the blob (see ``Workspace.fetch_blob``)."""
     return current_workspace().fetch_blob(name, copy=copy)
+
+
+# The size Caffe2 counted for each string element besides its characters
+# (sizeof(std::string) in a 64-bit libstdc++ build).
+_STRING_HEADER_BYTES = 32
+
+
+def GetBlobSizeBytes(name) -> int:
+    """The bytes a tensor blob's content takes: element count times element
+    size, plus, for strings, their lengths (each element counted as
+    Caffe2's 64-bit ``std::string`` header and its characters); 0 for a
+    blob that holds no tensor, as in Caffe2."""
+    value = FetchBlob(name)
+    if not isinstance(value, np.ndarray):
+        return 0
+    if value.dtype == object:
+        return value.size * _STRING_HEADER_BYTES + sum(len(v) for v in value.flat)
+    return int(value.nbytes)
 
 
 def FetchBlobs(names, copy: bool = True):
@@ -891,6 +978,8 @@ C = types.SimpleNamespace(
     operator_schema=_core.operator_schema,
     global_init=GlobalInit,
     registered_dbs=lambda: ["ferro", "minidb"],
+    create_db=db.create_db,
+    Mode=db.Mode,
     has_mkldnn=False,
     use_mkldnn=False,
     has_cuda_support=False,

@@ -882,11 +882,6 @@ def feed_a_list(ws):
 
 
 @case
-def feed_a_float16_array(ws):
-    return lambda: ws.feed_blob("half", np.zeros(2, np.float16)), Expect(errors.FeedError, TypeError, {"blob": "half"})
-
-
-@case
 def feed_an_object_array_of_ints(ws):
     return lambda: ws.feed_blob("objs", np.array([1, 2], dtype=object)), Expect(
         errors.FeedError, TypeError, {"blob": "objs"}

@@ -191,11 +191,57 @@ def test_objects_serialize_and_bad_bytes_are_refused(fresh):
 def test_blob_tensor_handle(fresh):
     workspace.FeedBlob('m', np.ones((2, 2), np.float32))
     tensor = workspace.C.Workspace.current.blobs['m'].tensor()
-    assert tensor.shape == (2, 2)
-    with pytest.raises(ValueError):
-        tensor.data[0, 0] = 5.0
+    assert tensor.shape == (2, 2) and tensor._shape == [2, 2]
+    tensor.data[0, 0] = 5.0  # reaches the blob, as Caffe2's view did
+    assert workspace.FetchBlob('m').tolist() == [[5.0, 1.0], [1.0, 1.0]]
+    row = tensor.data[1]  # a view of the array handed out
+    row[1] = -2.0
+    assert workspace.FetchBlob('m').tolist() == [[5.0, 1.0], [1.0, -2.0]]
+    copy = tensor.data.copy()  # a copy does not write back
+    copy[0, 0] = 99.0
+    assert workspace.FetchBlob('m')[0, 0] == 5.0
+    tensor.data += 1  # augmented assignment feeds the result
+    assert workspace.FetchBlob('m').tolist() == [[6.0, 2.0], [2.0, -1.0]]
     tensor.feed(np.zeros(3, np.int32))
     assert tensor.fetch().tolist() == [0, 0, 0]
+    fetched = tensor.fetch()
+    fetched[0] = 4
+    assert tensor.fetch().tolist() == [0, 0, 0]  # fetch is a plain copy
+
+
+def test_tensor_init_and_reshape(fresh):
+    workspace.FeedBlob('t', np.arange(6, dtype=np.int64))
+    tensor = workspace.C.Workspace.current.blobs['t'].tensor()
+    tensor.reshape((2, 3))
+    assert workspace.FetchBlob('t').tolist() == [[0, 1, 2], [3, 4, 5]]
+    tensor._reshape([4])  # another count: zeros of the same dtype
+    got = workspace.FetchBlob('t')
+    assert got.dtype == np.int64 and got.tolist() == [0, 0, 0, 0]
+    tensor.init([2, 3], core.DataType.INT32)
+    tensor.data[1, 1] = 100
+    want = np.zeros((2, 3), np.int32)
+    want[1, 1] = 100
+    np.testing.assert_array_equal(workspace.FetchBlob('t'), want)
+    tensor.init([2], core.DataType.FLOAT16)
+    assert workspace.FetchBlob('t').dtype == np.float16
+    with pytest.raises(RuntimeError):
+        tensor.init([3, 4], core.DataType.STRING)
+    workspace.FeedBlob('s', b'bytes')
+    with pytest.raises(errors.DataTypeError):
+        workspace.C.Workspace.current.blobs['s'].tensor().data
+
+
+def test_blob_size_bytes(fresh):
+    for dtype in (np.float16, np.float32, np.float64, np.bool_, np.int8, np.int16,
+                  np.int32, np.int64, np.uint8, np.uint16):
+        workspace.FeedBlob('b', np.zeros((2, 3), dtype))
+        assert workspace.GetBlobSizeBytes('b') == 6 * np.dtype(dtype).itemsize
+    workspace.FeedBlob('s1', np.array([b'Hello World!', b'abcd'], dtype=object))
+    workspace.FeedBlob('s2', np.array([b'element1', b'element2'], dtype=object))
+    assert workspace.GetBlobSizeBytes('s1') - workspace.GetBlobSizeBytes('s2') == 16 - 16
+    assert workspace.GetBlobSizeBytes('s1') == 2 * 32 + 16
+    workspace.FeedBlob('raw', b'abc')
+    assert workspace.GetBlobSizeBytes('raw') == 0
 
 
 def test_op_blob_devices_follow_the_op():

@@ -181,7 +181,6 @@ def test_feed_blob_accepts_blob_references_and_bytes_names(fresh):
 UNSUPPORTED = {
     "list": [1, 2, 3],
     "dict": {"a": 1},
-    "float16": np.zeros(3, np.float16),
     "object_ints": np.array([1, 2], dtype=object),
     "object_none": np.array([None], dtype=object),
     "none": None,

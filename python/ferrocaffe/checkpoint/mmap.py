@@ -20,7 +20,7 @@ from ferrocaffe.file_reader import open_regular
 _MAPPED_DTYPES = {
     name: np.dtype(name).newbyteorder('<')
     for name in ('float32', 'float64', 'int32', 'int64', 'uint8', 'int8',
-                 'int16', 'uint16')
+                 'int16', 'uint16', 'float16')
 }
 _MAPPED_DTYPES['bool'] = np.dtype(np.bool_)
 

@@ -6,6 +6,8 @@
 use crate::error::{Error, ErrorKind, Result};
 use ndarray::{ArrayD, IxDyn};
 use std::sync::Arc;
+/// IEEE 754 half precision, Caffe2's `at::Half` (`TensorProto.FLOAT16`).
+pub use half::f16;
 
 /// Caffe2's `TensorProto.DataType` numbering (kept so plans and checkpoints
 /// written by Caffe2 mean the same thing here).
@@ -153,6 +155,7 @@ impl DataType {
         DataType::Int16,
         DataType::Uint16,
         DataType::String,
+        DataType::Float16,
     ];
     /// The number dtypes (`with_match_dtype!(numeric ...)`).
     pub const NUMERIC: &'static [DataType] = &[
@@ -199,6 +202,9 @@ pub enum Tensor {
     I16(Shared<i16>),
     U16(Shared<u16>),
     Str(Shared<Vec<u8>>),
+    /// float16: stored, fed, fetched, cast, saved and loaded; arithmetic
+    /// kernels take it only where Caffe2's CPU ops did.
+    F16(Shared<f16>),
 }
 
 /// A tensor's storage: an array shared by every clone of the tensor (and
@@ -265,7 +271,8 @@ macro_rules! with_match_dtype {
     ($dt:expr, |$T:ident| $body:expr, else $other:ident => $fallback:expr) => {
         $crate::with_match_dtype!(@match $dt, $T, $body, $other, $fallback;
             Float f32, Double f64, Int32 i32, Int64 i64, Bool bool,
-            Uint8 u8, Int8 i8, Int16 i16, Uint16 u16, String Vec<u8>)
+            Uint8 u8, Int8 i8, Int16 i16, Uint16 u16, String Vec<u8>,
+            Float16 $crate::tensor::f16)
     };
     (@match $dt:expr, $T:ident, $body:expr, $other:ident, $fallback:expr;
         $($variant:ident $ty:ty),*) => {
@@ -312,11 +319,12 @@ macro_rules! with_array {
             $crate::tensor::Tensor::I16($a) => $body,
             $crate::tensor::Tensor::U16($a) => $body,
             $crate::tensor::Tensor::Str($a) => $body,
+            $crate::tensor::Tensor::F16($a) => $body,
         }
     };
 }
 
-/// A dtype no tensor holds (float16, undefined).
+/// A dtype no tensor holds (undefined, the legacy byte type).
 #[cold]
 pub fn unsupported_dtype(dt: DataType) -> Error {
     Error::type_error(format!("unsupported tensor dtype {dt}"))
@@ -400,6 +408,7 @@ element!(i8, I8, Int8, true);
 element!(i16, I16, Int16, true);
 element!(u16, U16, Uint16, true);
 element!(Vec<u8>, Str, String, false);
+element!(f16, F16, Float16, true);
 
 /// Buffers of at least this many bytes ask for transparent huge pages (numpy
 /// does the same for its arrays of 4 MiB or more).
@@ -628,6 +637,9 @@ impl Tensor {
                         .zip(b.iter())
                         .all(|(x, y)| x.to_bits() == y.to_bits())
             }
+            (Tensor::F16(a), Tensor::F16(b)) => {
+                a.shape() == b.shape() && a.iter().zip(b.iter()).all(|(x, y)| x.to_bits() == y.to_bits())
+            }
             _ => self == other,
         }
     }
@@ -645,6 +657,7 @@ impl Tensor {
             Tensor::I16(_) => DataType::Int16,
             Tensor::U16(_) => DataType::Uint16,
             Tensor::Str(_) => DataType::String,
+            Tensor::F16(_) => DataType::Float16,
         }
     }
 
@@ -826,6 +839,7 @@ impl Tensor {
             Tensor::I16(a) => app!(a, i16),
             Tensor::U16(a) => app!(a, u16),
             Tensor::Str(a) => app!(a, Vec<u8>),
+            Tensor::F16(a) => app!(a, f16),
         }
     }
 }

@@ -42,6 +42,7 @@ pub(crate) fn array_to_tensor(
         };
     }
     ferrocaffe::with_match_dtype!(each numeric_and_bool, |T| try_dtype!(T));
+    try_dtype!(ferrocaffe::tensor::f16);
     if let Ok(a) = obj.cast::<PyArrayDyn<Py<PyAny>>>() {
         let ro = a
             .try_readonly()
@@ -74,7 +75,7 @@ pub(crate) fn array_to_tensor(
     Err(feed_error(
         py,
         format!(
-            "cannot feed {desc} into blob '{name}': supported are numpy arrays of {} and str/bytes, and str or bytes",
+            "cannot feed {desc} into blob '{name}': supported are numpy arrays of {}, float16 and str/bytes, and str or bytes",
             DataType::NUMERIC_AND_BOOL
                 .iter()
                 .map(|d| d.name())
@@ -122,6 +123,7 @@ pub(crate) fn copy_into_existing(obj: &Bound<'_, PyAny>, blob: &ferrocaffe::blob
         };
     }
     ferrocaffe::with_match_dtype!(each numeric_and_bool, |T| try_dtype!(T));
+    try_dtype!(ferrocaffe::tensor::f16);
     false
 }
 
@@ -302,6 +304,7 @@ pub(crate) fn tensor_to_py(py: Python<'_>, t: &Tensor, blob: &str) -> PyResult<P
         Tensor::I8(a) => array_to_py(py, a, blob)?,
         Tensor::I16(a) => array_to_py(py, a, blob)?,
         Tensor::U16(a) => array_to_py(py, a, blob)?,
+        Tensor::F16(a) => array_to_py(py, a, blob)?,
         Tensor::Str(a) => {
             let objs = a.map(|b| PyBytes::new(py, b).into_any().unbind());
             PyArrayDyn::from_owned_array(py, objs).into_any().unbind()

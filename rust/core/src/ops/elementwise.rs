@@ -37,7 +37,7 @@ use crate::arg;
 use crate::blob::BlobValue;
 use crate::error::{Error, ErrorKind, Result};
 use crate::operator::{ArgDoc, InPlace, Locked, OpDefCtx, OpSchema, Operator, MANY};
-use crate::tensor::{DataType, Element, Tensor};
+use crate::tensor::{f16, DataType, Element, Tensor};
 use ndarray::{ArrayD, ArrayViewD, ArrayViewMutD, CowArray, IxDyn, Zip};
 use rayon::prelude::*;
 use smallvec::SmallVec;
@@ -186,7 +186,21 @@ pub fn schemas() -> Vec<OpSchema> {
                 "(required)",
                 "the target dtype: a TensorProto.DataType number or its name, such as \"INT64\""
             )])
-            .doc("Y = X converted to dtype `to` (numeric dtypes and bool; float to int truncates toward zero and saturates)."),
+            .doc("Y = X converted to dtype `to` (numeric dtypes, float16 and bool; float to int truncates toward zero and saturates)."),
+        OpSchema::new("FloatToHalf", build_float_to_half)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .args(&[arg!(
+                "clip",
+                "bool",
+                "false",
+                "clip to float16's finite range [-65504, 65504] first (else out-of-range values become infinities)"
+            )])
+            .doc("Y = X (float32) rounded to float16."),
+        OpSchema::new("HalfToFloat", build_half_to_float)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .doc("Y = X (float16) as float32 (exact)."),
     ]
 }
 
@@ -255,6 +269,10 @@ trait Prim: Element + Copy {
     fn to_i16(self) -> i16;
     fn to_u16(self) -> u16;
     fn to_bool(self) -> bool;
+    /// Rounded to the nearest half (numpy's `astype(np.float16)`).
+    fn to_f16(self) -> f16 {
+        f16::from_f64(self.to_f64())
+    }
 }
 
 macro_rules! prim_num {
@@ -284,6 +302,40 @@ macro_rules! prim_num {
 }
 
 prim_num!(f32, f64, i32, i64, u8, i8, i16, u16);
+
+/// float16 converts through float32 (exact), then as float32 does.
+impl Prim for f16 {
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    fn to_f64(self) -> f64 {
+        f16::to_f64(self)
+    }
+    fn to_i32(self) -> i32 {
+        f16::to_f32(self).to_i32()
+    }
+    fn to_i64(self) -> i64 {
+        f16::to_f32(self).to_i64()
+    }
+    fn to_u8(self) -> u8 {
+        f16::to_f32(self).to_u8()
+    }
+    fn to_i8(self) -> i8 {
+        f16::to_f32(self).to_i8()
+    }
+    fn to_i16(self) -> i16 {
+        f16::to_f32(self).to_i16()
+    }
+    fn to_u16(self) -> u16 {
+        f16::to_f32(self).to_u16()
+    }
+    fn to_bool(self) -> bool {
+        f16::to_f32(self) != 0.0
+    }
+    fn to_f16(self) -> f16 {
+        self
+    }
+}
 
 impl Prim for bool {
     fn to_f32(self) -> f32 {
@@ -1554,9 +1606,6 @@ fn parse_to(ctx: &OpDefCtx<'_>) -> Result<DataType> {
         DataType::String => Err(Error::type_error(
             "Cast: casting to and from strings is not supported",
         )),
-        DataType::Float16 => Err(Error::type_error(
-            "Cast: casting to float16 is not supported",
-        )),
         DataType::Byte => Err(Error::type_error(
             "Cast: casting to BYTE is not supported (it is deprecated; use UINT8)",
         )),
@@ -1575,6 +1624,7 @@ fn cast_from<S: Prim>(o: &mut BlobValue, a: ArrayViewD<'_, S>, to: DataType) -> 
         DataType::Int8 => write_unary(o, a, S::to_i8),
         DataType::Int16 => write_unary(o, a, S::to_i16),
         DataType::Uint16 => write_unary(o, a, S::to_u16),
+        DataType::Float16 => write_unary(o, a, S::to_f16),
         other => Err(Error::type_error(format!(
             "Cast: casting to {other} is not supported"
         ))),
@@ -1582,6 +1632,9 @@ fn cast_from<S: Prim>(o: &mut BlobValue, a: ArrayViewD<'_, S>, to: DataType) -> 
 }
 
 fn cast_into(o: &mut BlobValue, src: &Tensor, to: DataType) -> Result<()> {
+    if let Tensor::F16(a) = src {
+        return cast_from(o, a.view(), to);
+    }
     crate::with_match_dtype!(numeric_and_bool src.dtype(),
     |T| cast_from(o, src.array::<T>()?.view(), to),
     else _strings => Err(Error::type_error(
@@ -1610,6 +1663,47 @@ fn cast(l: &mut Locked<'_>, to: DataType) -> Result<()> {
         .output_and_input(0, 0)
         .ok_or_else(|| bug("output unexpectedly aliases the input"))?;
     cast_into(o, i.tensor()?, to)
+}
+
+/// Input 0 of a conversion op, if it holds `want`; else a typed error
+/// naming the op, the dtype and the blob.
+fn conversion_input<'a>(l: &'a Locked<'_>, op: &str, want: DataType) -> Result<&'a Tensor> {
+    let t = l.tensor(0)?;
+    if t.dtype() != want {
+        return Err(unsupported(op, t.dtype(), &[want]).with_blob(l.input_name(0)));
+    }
+    Ok(t)
+}
+
+fn build_float_to_half(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let clip = ctx.args.bool("clip", false)?;
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        conversion_input(&l, "FloatToHalf", DataType::Float)?;
+        let (o, i) = l
+            .output_and_input(0, 0)
+            .ok_or_else(|| bug("output unexpectedly aliases the input"))?;
+        let a = i.tensor()?.array::<f32>()?.view();
+        const MAX: f32 = 65504.0;
+        if clip {
+            write_unary(o, a, |x: f32| f16::from_f32(x.clamp(-MAX, MAX)))
+        } else {
+            write_unary(o, a, f16::from_f32)
+        }?;
+        Ok(true)
+    }))
+}
+
+fn build_half_to_float(_ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        conversion_input(&l, "HalfToFloat", DataType::Float16)?;
+        let (o, i) = l
+            .output_and_input(0, 0)
+            .ok_or_else(|| bug("output unexpectedly aliases the input"))?;
+        write_unary(o, i.tensor()?.array::<f16>()?.view(), f16::to_f32)?;
+        Ok(true)
+    }))
 }
 
 fn build_cast(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
@@ -2673,7 +2767,6 @@ mod tests {
             (vec![ai("to", 0)], ErrorKind::InvalidArgument),
             (vec![af("to", 1.0)], ErrorKind::InvalidArgument),
             (vec![as_("to", "STRING")], ErrorKind::Type),
-            (vec![ai("to", DataType::Float16 as i64)], ErrorKind::Type),
             (vec![as_("to", "BYTE")], ErrorKind::Type),
         ];
         for (args, kind) in cases {

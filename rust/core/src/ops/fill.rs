@@ -1,5 +1,5 @@
 //! Fillers: ConstantFill, the GivenTensor*Fill family, UniformFill,
-//! UniformIntFill and GaussianFill.
+//! UniformIntFill, GaussianFill, Float16ConstantFill and Float16UniformFill.
 //!
 //! All of them share Caffe2's filler shape rules (see [`FillShape`]): with no
 //! input the output shape is the `shape` argument (missing or empty means a
@@ -12,7 +12,7 @@ use crate::arg;
 use crate::args::Args;
 use crate::error::{Error, ErrorKind, Result};
 use crate::operator::{ArgDoc, InPlace, Locked, OpDefCtx, OpSchema, Operator};
-use crate::tensor::{collect_array, copy_array, filled_array, DataType, Element, Tensor};
+use crate::tensor::{collect_array, copy_array, f16, filled_array, DataType, Element, Tensor};
 use ndarray::{ArrayD, IxDyn};
 use rand::distr::{Distribution, Uniform};
 use rand::rngs::StdRng;
@@ -168,6 +168,28 @@ pub fn schemas() -> Vec<OpSchema> {
             ])
             .ignores(FILLER_IGNORED)
             .doc("Fills a float32 output with normal samples."),
+        OpSchema::new("Float16ConstantFill", float16_constant_fill)
+            .inputs(0, 0)
+            .outputs(1, 1)
+            .args(&[
+                arg!("value", "float", "0", "the fill value, rounded to the nearest float16"),
+                SHAPE,
+            ])
+            .ignores(FILLER_IGNORED)
+            .doc("Fills a float16 output of shape `shape` with one value."),
+        OpSchema::new("Float16UniformFill", float16_uniform_fill)
+            .inputs(0, 0)
+            .outputs(1, 1)
+            .args(&[
+                SHAPE,
+                arg!("min", "float", "0", "lower bound (inclusive)"),
+                arg!("max", "float", "1", "upper bound; must exceed min"),
+            ])
+            .ignores(FILLER_IGNORED)
+            .doc(
+                "Fills a float16 output of shape `shape` with float32 samples uniform on [min, max), each \
+                 rounded to the nearest float16 (so max itself can occur).",
+            ),
     ]
 }
 
@@ -695,6 +717,54 @@ fn uniform_fill<T: UniformKind>(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>>
         let a =
             collect_array(&shape, T::samples(&mut rng, lo, hi)).map_err(|e| e.with_blob(out))?;
         l.set_output(0, T::wrap(a));
+        Ok(true)
+    }))
+}
+
+// -------------------------------------------------------- float16 fills --
+
+/// The `shape` argument of a filler that takes no input (a missing or empty
+/// list is a 0-dim scalar).
+fn shape_only(ctx: &OpDefCtx<'_>) -> Result<Vec<usize>> {
+    if ctx.args.field_of("shape") == Some("i") {
+        return Err(ctx.bad_arg("the fill 'shape' argument was a scalar, a list was expected"));
+    }
+    let shape = dims_from(ctx, "shape", &ctx.args.ints("shape")?.unwrap_or_default())?;
+    check_numel(&shape).map_err(|e| ctx.bad_arg(e.into_message()))?;
+    Ok(shape)
+}
+
+fn float16_constant_fill(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let shape = shape_only(ctx)?;
+    let v = f16::from_f32(ctx.args.f32("value", 0.0)?);
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let out = l.output_name(0);
+        let t = filled(&shape, v).map_err(|e| e.with_blob(out))?;
+        l.set_output(0, t);
+        Ok(true)
+    }))
+}
+
+fn float16_uniform_fill(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let shape = shape_only(ctx)?;
+    let min = ctx.args.f32("min", 0.0)?;
+    let max = ctx.args.f32("max", 1.0)?;
+    if !(min.is_finite() && max.is_finite()) {
+        return Err(ctx.bad_arg(format!("min ({min}) and max ({max}) must be finite")));
+    }
+    if min >= max {
+        return Err(ctx.bad_arg(format!(
+            "max value should be bigger than min value: min {min}, max {max}"
+        )));
+    }
+    let mut rng = make_rng(ctx);
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let out = l.output_name(0);
+        let samples = f32::samples(&mut rng, min, max).map(f16::from_f32);
+        let a = collect_array(&shape, samples).map_err(|e| e.with_blob(out))?;
+        l.set_output(0, Tensor::from(a));
         Ok(true)
     }))
 }

@@ -220,6 +220,7 @@ fn print_line(name: &str, t: &Tensor, limit: usize) -> Result<String> {
         Tensor::Bool(a) => join(a, limit, |v| if *v { "1" } else { "0" }.to_string()),
         Tensor::U8(a) => join(a, limit, |v| v.to_string()),
         Tensor::Str(a) => join(a, limit, |v| String::from_utf8_lossy(v).into_owned()),
+        Tensor::F16(a) => join(a, limit, |v| fmt_g(f64::from(*v))),
         Tensor::I8(_) | Tensor::I16(_) | Tensor::U16(_) => {
             return Err(Error::type_error(format!(
                 "Print does not support tensors of dtype {}",

@@ -50,6 +50,13 @@ unsafe impl Pod for f32 {
     }
 }
 
+// SAFETY: a 16-bit float, a `u16` bit pattern inside (see `Pod`).
+unsafe impl Pod for crate::tensor::f16 {
+    fn swap_le(self) -> Self {
+        crate::tensor::f16::from_bits(u16::from_le(self.to_bits()))
+    }
+}
+
 // SAFETY: a primitive float (see `Pod`).
 unsafe impl Pod for f64 {
     fn swap_le(self) -> Self {
@@ -77,6 +84,9 @@ pub(super) fn pod_bytes_mut<T: Pod>(s: &mut [T]) -> &mut [u8] {
 pub(super) fn item_size(dt: DataType) -> Option<u64> {
     if dt == DataType::Bool {
         return Some(1); // one byte, 0 or 1
+    }
+    if dt == DataType::Float16 {
+        return Some(2); // IEEE 754 half, little-endian
     }
     crate::with_match_dtype!(numeric dt, |T| Some(std::mem::size_of::<T>() as u64),
         else _other => None)
@@ -215,6 +225,7 @@ pub(super) fn write_tensor_payload<W: Write>(
         Tensor::I8(a) => write_pod(s, crc, a),
         Tensor::I16(a) => write_pod(s, crc, a),
         Tensor::U16(a) => write_pod(s, crc, a),
+        Tensor::F16(a) => write_pod(s, crc, a),
         Tensor::Bool(a) => {
             let mut buf: Vec<u8> = Vec::with_capacity(STAGE.min(a.len()));
             for &x in a.iter() {
@@ -640,6 +651,7 @@ pub(super) enum Dest {
     I8(Vec<i8>),
     I16(Vec<i16>),
     U16(Vec<u16>),
+    F16(Vec<crate::tensor::f16>),
     Raw(Vec<u8>),
 }
 
@@ -654,6 +666,7 @@ macro_rules! each_dest {
             Dest::I8($v) => $body,
             Dest::I16($v) => $body,
             Dest::U16($v) => $body,
+            Dest::F16($v) => $body,
             Dest::Raw($r) => $raw,
         }
     };
@@ -681,6 +694,7 @@ impl Dest {
             (KIND_TENSOR, Some(DataType::Int8)) => Dest::I8(buf!(i8)),
             (KIND_TENSOR, Some(DataType::Int16)) => Dest::I16(buf!(i16)),
             (KIND_TENSOR, Some(DataType::Uint16)) => Dest::U16(buf!(u16)),
+            (KIND_TENSOR, Some(DataType::Float16)) => Dest::F16(buf!(crate::tensor::f16)),
             _ => Dest::Raw(
                 default_buffer::<u8>(e.length as usize, what())
                     .map_err(|err| err.with_blob(&e.name))?,
@@ -712,6 +726,7 @@ impl Dest {
             Dest::I8(v) => Tensor::from(arr(e, v)?),
             Dest::I16(v) => Tensor::from(arr(e, v)?),
             Dest::U16(v) => Tensor::from(arr(e, v)?),
+            Dest::F16(v) => Tensor::from(arr(e, v)?),
             Dest::Raw(r) => return decode_payload(path, e, Cow::Owned(r)),
         }))
     }

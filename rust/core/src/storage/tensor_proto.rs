@@ -95,6 +95,15 @@ pub(super) fn tensor_chunks(
         Tensor::I8(a) => chunks_of(a, &base, name, chunk, widen::<i8>, emit),
         Tensor::I16(a) => chunks_of(a, &base, name, chunk, widen::<i16>, emit),
         Tensor::U16(a) => chunks_of(a, &base, name, chunk, widen::<u16>, emit),
+        // Caffe2 keeps a half's 16 bits, as a uint16, in int32_data.
+        Tensor::F16(a) => chunks_of(
+            a,
+            &base,
+            name,
+            chunk,
+            |p, s| p.int32_data = s.iter().map(|x| i32::from(x.to_bits())).collect(),
+            emit,
+        ),
         Tensor::Str(a) => chunks_of(
             a,
             &base,
@@ -316,11 +325,18 @@ pub(super) fn assemble_tensor(chunks: &[TensorProto]) -> Result<Tensor> {
                 2,
             )?,
         ),
-        DataType::Float16 => {
-            return Err(Error::type_error(
-                "float16 tensors are not supported by ferrocaffe",
-            ))
-        }
+        // The 16 bits of each half, as a uint16 in int32_data (or, with
+        // Caffe2's caffe2_serialize_fp16_as_bytes, little-endian byte_data).
+        DataType::Float16 => Tensor::from_vec(
+            &shape,
+            gather_small(
+                &segs,
+                dt,
+                |x| u16::try_from(x).ok().map(crate::tensor::f16::from_bits),
+                |b| Some(crate::tensor::f16::from_le_bytes([b[0], b[1]])),
+                2,
+            )?,
+        ),
         DataType::Undefined => return Err(Error::type_error(
             "tensors of serialized objects (data type UNDEFINED) are not supported by ferrocaffe",
         )),
