@@ -288,6 +288,7 @@ pub(crate) fn tensor_view_py(py: Python<'_>, t: &Tensor, blob: &str) -> PyResult
         Tensor::I8(a) => return array_view_py(py, a, t),
         Tensor::I16(a) => return array_view_py(py, a, t),
         Tensor::U16(a) => return array_view_py(py, a, t),
+        Tensor::F16(a) => return array_view_py(py, a, t),
     };
     out.bind(py).call_method1("setflags", (false,)).map(|_| out)
 }
