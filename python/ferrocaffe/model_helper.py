@@ -7,9 +7,15 @@ optimizer's updates). ``brew`` helpers add layers and record their
 parameters in ``params``; ``optimizer.build_*`` read ``param_to_grad``.
 """
 
+from collections import namedtuple
+
 from ferrocaffe import core, scope
 
-__all__ = ["ModelHelper"]
+__all__ = ["ModelHelper", "ParameterInfo"]
+
+#: A parameter and its gradient (a blob, or a core.GradientSlice for a
+#: sparse one), as GetOptimizationParamInfo gives them; unpacks as a pair.
+ParameterInfo = namedtuple("ParameterInfo", ["blob", "grad"])
 
 
 class ModelHelper:
@@ -93,7 +99,7 @@ class ModelHelper:
         """(param, grad) pairs for the optimizer; params without a gradient
         are left out."""
         params = self.GetParams() if params is None else params
-        return [(p, self.param_to_grad[p]) for p in params if p in self.param_to_grad]
+        return [ParameterInfo(p, self.param_to_grad[p]) for p in params if p in self.param_to_grad]
 
     def Proto(self):
         return self.net.Proto()

@@ -40,7 +40,7 @@ pub fn schemas() -> Vec<OpSchema> {
             .ignores(FILLER_IGNORED)
             .doc(doc)
     };
-    vec![
+    let mut v = vec![
         filler(
             "XavierFill",
             build_xavier,
@@ -83,7 +83,9 @@ pub fn schemas() -> Vec<OpSchema> {
                 arg!("epsilon", "float", "1e-5", "added to the second moment's square root"),
             ])
             .doc("Inputs (param, moment_1, moment_2, grad, lr, iter), outputs (param, moment_1, moment_2[, the effective gradient]) in place: t = iter + 1, m1 = b1 m1 + (1 - b1) g, m2 = b2 m2 + (1 - b2) g^2, param += lr * sqrt(1 - b2^t) / (1 - b1^t) * m1 / (sqrt(m2) + epsilon)."),
-    ]
+    ];
+    v.extend(adagrad_schemas());
+    v
 }
 
 // ------------------------------------------------------------- fillers --
@@ -363,6 +365,163 @@ fn build_adam(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         if out_grad {
             l.set_output(3, Tensor::F32(ng));
         }
+        Ok(true)
+    }))
+}
+
+// ------------------------------------------------------- Adagrad family --
+
+/// Adagrad and the sparse ones: param and moment are updated in place.
+fn adagrad_in_place(i: usize, o: usize) -> bool {
+    matches!((i, o), (0, 0) | (1, 1))
+}
+
+fn adagrad_schemas() -> Vec<OpSchema> {
+    const ADAGRAD_ARGS: &[crate::operator::ArgDoc] = &[
+        arg!("epsilon", "float", "1e-5", "added to the moment's square root"),
+        arg!("decay", "float", "1", "the moment's decay before g^2 is added (Adagrad only)"),
+        arg!("weight_decay", "float", "0", "g += weight_decay * param before the update"),
+    ];
+    const SPARSE_ARGS: &[crate::operator::ArgDoc] = &[
+        arg!("epsilon", "float", "1e-5", "added to the moment's square root"),
+        arg!("weight_decay", "float", "0", "g += weight_decay * param (of the row) before the update"),
+    ];
+    vec![
+        OpSchema::new("Adagrad", build_adagrad)
+            .inputs(4, 4)
+            .outputs(2, 4)
+            .inplace(InPlace::Enforce(adagrad_in_place))
+            .args(ADAGRAD_ARGS)
+            .doc("Inputs (param, moment, grad, lr), outputs (param, moment[, effective_lr[, update]]) in place (float32): g = grad + weight_decay * param, moment = decay * moment + g^2, effective_lr = lr / (sqrt(moment) + epsilon), update = effective_lr * g, param += update."),
+        OpSchema::new("SparseAdagrad", build_sparse_adagrad)
+            .inputs(5, 5)
+            .outputs(2, 2)
+            .inplace(InPlace::Enforce(adagrad_in_place))
+            .args(SPARSE_ARGS)
+            .doc("Inputs (param, moment, indices, grad, lr), outputs (param, moment) in place (float32): Adagrad on the rows of param at the indices, grad holding one row per index (applied in order; duplicates update twice)."),
+        OpSchema::new("RowWiseSparseAdagrad", build_sparse_adagrad)
+            .inputs(5, 5)
+            .outputs(2, 2)
+            .inplace(InPlace::Enforce(adagrad_in_place))
+            .args(SPARSE_ARGS)
+            .doc("Inputs (param, moment (1-D, one per row of param), indices, grad, lr), outputs (param, moment) in place (float32): moment[r] += mean(g^2) over the row, param[r] += lr * g / (sqrt(moment[r]) + epsilon)."),
+    ]
+}
+
+fn build_adagrad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    const OP: &str = "Adagrad";
+    let eps = ctx.args.f32("epsilon", 1e-5)?;
+    let decay = ctx.args.f32("decay", 1.0)?;
+    let wd = ctx.args.f32("weight_decay", 0.0)?;
+    let no = ctx.num_outputs();
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        f32_in(&l, OP, 0, "the parameter")?;
+        f32_in(&l, OP, 1, "the moment")?;
+        f32_in(&l, OP, 2, "the gradient")?;
+        check_like(&l, OP, 1, 0)?;
+        check_like(&l, OP, 2, 0)?;
+        let lr = scalar_f32(&l, OP, 3, "the learning rate")?;
+        let mut p = f32_in(&l, OP, 0, "")?.clone();
+        let mut m = f32_in(&l, OP, 1, "")?.clone();
+        let g = f32_in(&l, OP, 2, "")?;
+        let mut eff = g.clone();
+        let mut upd = g.clone();
+        ndarray::Zip::from(&mut p)
+            .and(&mut m)
+            .and(&mut eff)
+            .and(&mut upd)
+            .for_each(|p, m, e, u| {
+                let gi = *u + wd * *p;
+                *m = decay * *m + gi * gi;
+                *e = lr / (m.sqrt() + eps);
+                *u = *e * gi;
+                *p += *u;
+            });
+        l.set_output(0, Tensor::F32(p));
+        l.set_output(1, Tensor::F32(m));
+        if no > 2 {
+            l.set_output(2, Tensor::F32(eff));
+        }
+        if no > 3 {
+            l.set_output(3, Tensor::F32(upd));
+        }
+        Ok(true)
+    }))
+}
+
+fn build_sparse_adagrad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let eps = ctx.args.f32("epsilon", 1e-5)?;
+    let wd = ctx.args.f32("weight_decay", 0.0)?;
+    let row_wise = ctx.op_type() == "RowWiseSparseAdagrad";
+    let op = ctx.op_type().to_string();
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let op = op.as_str();
+        let p = f32_in(&l, op, 0, "the parameter")?;
+        if p.ndim() == 0 {
+            return Err(Error::shape(format!("{op}: the parameter ('{}') must have at least one dim", l.input_name(0))).with_blob(l.input_name(0)));
+        }
+        let nrows = p.shape()[0];
+        let block: usize = p.shape()[1..].iter().product();
+        let m = f32_in(&l, op, 1, "the moment")?;
+        if row_wise {
+            if m.len() != nrows {
+                return Err(Error::shape(format!(
+                    "{op}: the moment ('{}', shape {:?}) must have one value per row of the parameter ({nrows})",
+                    l.input_name(1),
+                    m.shape()
+                ))
+                .with_blob(l.input_name(1)));
+            }
+        } else {
+            check_like(&l, op, 1, 0)?;
+        }
+        let (idx, _) = super::sparse::indices(&l, op, 2)?;
+        let rows = super::sparse::checked_rows(op, &idx, nrows, false, l.input_name(2))?;
+        let g = f32_in(&l, op, 3, "the gradient")?;
+        if g.len() != rows.len() * block {
+            return Err(Error::shape(format!(
+                "{op}: the gradient ('{}', shape {:?}) must have one row of {block} values per index ({} indices)",
+                l.input_name(3),
+                g.shape(),
+                rows.len()
+            ))
+            .with_blob(l.input_name(3)));
+        }
+        let lr = scalar_f32(&l, op, 4, "the learning rate")?;
+        let shape_p = p.shape().to_vec();
+        let shape_m = m.shape().to_vec();
+        let mut pv: Vec<f32> = p.iter().copied().collect();
+        let mut mv: Vec<f32> = m.iter().copied().collect();
+        let gv: Vec<f32> = g.iter().copied().collect();
+        for (i, &r) in rows.iter().enumerate() {
+            let gs: Vec<f32> = (0..block)
+                .map(|j| gv[i * block + j] + wd * pv[r * block + j])
+                .collect();
+            if row_wise {
+                let mean = if block == 0 {
+                    0.0
+                } else {
+                    gs.iter().map(|v| v * v).sum::<f32>() / block as f32
+                };
+                mv[r] += mean;
+                let step = lr / (mv[r].sqrt() + eps);
+                for (j, gj) in gs.iter().enumerate() {
+                    pv[r * block + j] += step * gj;
+                }
+            } else {
+                for (j, gj) in gs.iter().enumerate() {
+                    let k = r * block + j;
+                    mv[k] += gj * gj;
+                    pv[k] += lr * gj / (mv[k].sqrt() + eps);
+                }
+            }
+        }
+        let pa = ArrayD::from_shape_vec(ndarray::IxDyn(&shape_p), pv).map_err(|e| Error::internal(e.to_string()))?;
+        let ma = ArrayD::from_shape_vec(ndarray::IxDyn(&shape_m), mv).map_err(|e| Error::internal(e.to_string()))?;
+        l.set_output(0, Tensor::F32(pa));
+        l.set_output(1, Tensor::F32(ma));
         Ok(true)
     }))
 }
