@@ -13,7 +13,8 @@ parameter that has a gradient (``model.param_to_grad``, filled by
 A parameter whose gradient is sparse (a ``core.GradientSlice`` of indices
 and values, from Gather or SparseLengthsSum) is updated on those rows only:
 SGD with ``ScatterWeightedSum``, Adagrad with ``SparseAdagrad`` (or
-``RowWiseSparseAdagrad`` with ``rowWise=True``); duplicate indices are not
+``RowWiseSparseAdagrad`` with ``rowWise=True``), momentum SGD with
+``SparseMomentumSGDUpdate`` and Adam with ``SparseAdam``; duplicate indices are not
 merged first (Caffe2's default, ``sparse_dedup_aggregator=None``).
 """
 
@@ -40,11 +41,7 @@ class Optimizer:
             param, grad = param.blob, param.grad
         if isinstance(param, str):
             param = core.BlobReference(param)
-        if isinstance(grad, core.GradientSlice) and not self._sparse_ok:
-            raise NotImplementedError(f"{type(self).__name__}: sparse gradients are not supported")
         return self._run(net, param_init_net, param, grad)
-
-    _sparse_ok = True
 
     def build_lr(self, net, param_init_net, base_learning_rate, policy="fixed", **kwargs):
         """The learning rate blob (one per optimizer), and the iteration."""
@@ -83,9 +80,12 @@ class SgdOptimizer(Optimizer):
         )
         if isinstance(grad, core.GradientSlice):
             if self.momentum > 0:
-                raise NotImplementedError(
-                    "SgdOptimizer: momentum with a sparse gradient (SparseMomentumSGDUpdate) is not supported"
+                m = param_init_net.ConstantFill([param], str(param) + "_momentum", value=0.0)
+                net.SparseMomentumSGDUpdate(
+                    [grad.values, m, lr, param, grad.indices], [grad.values, m, param],
+                    momentum=self.momentum, nesterov=int(bool(self.nesterov)),
                 )
+                return
             one = self.ones(param_init_net)
             net.ScatterWeightedSum([param, one, grad.indices, grad.values, lr], param)
             return
@@ -110,12 +110,16 @@ class AdamOptimizer(Optimizer):
         self.policy = policy
         self.init_kwargs = kwargs
 
-    _sparse_ok = False
-
     def _run(self, net, param_init_net, param, grad):
         lr, iteration = self.build_lr(net, param_init_net, self.alpha, policy=self.policy, **self.init_kwargs)
         m1 = param_init_net.ConstantFill([param], str(param) + "_first_moment", value=0.0)
         m2 = param_init_net.ConstantFill([param], str(param) + "_second_moment", value=0.0)
+        if isinstance(grad, core.GradientSlice):
+            net.SparseAdam(
+                [param, m1, m2, grad.indices, grad.values, lr, iteration], [param, m1, m2],
+                beta1=self.beta1, beta2=self.beta2, epsilon=self.epsilon,
+            )
+            return
         net.Adam(
             [param, m1, m2, grad, lr, iteration], [param, m1, m2],
             beta1=self.beta1, beta2=self.beta2, epsilon=self.epsilon,

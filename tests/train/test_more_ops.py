@@ -502,3 +502,60 @@ def test_adagrad_ops_against_numpy(fresh):
     with pytest.raises(errors.InvalidArgumentError):
         workspace.RunOperatorOnce(core.CreateOperator(
             "Adagrad", ["p", "m", "g", "lr"], ["p2", "m"]))
+
+
+@pytest.mark.parametrize("nesterov", [0, 1])
+def test_sparse_momentum_sgd_update_against_numpy(fresh, nesterov):
+    rng = np.random.default_rng(10)
+    p, m = rng.standard_normal((4, 2)).astype(np.float32), rng.standard_normal((4, 2)).astype(np.float32)
+    idx = np.array([3, 1, 3], np.int32)
+    g = rng.standard_normal((3, 2)).astype(np.float32)
+    lr = np.array([0.1], np.float32)
+    for n, v in {"g": g, "m": m, "lr": lr, "p": p, "i": idx}.items():
+        workspace.FeedBlob(n, v)
+    workspace.RunOperatorOnce(core.CreateOperator(
+        "SparseMomentumSGDUpdate", ["g", "m", "lr", "p", "i"], ["g", "m", "p"], momentum=0.9, nesterov=nesterov))
+    wp, wm, wg = p.copy(), m.copy(), g.copy()
+    for k, r in enumerate(idx):
+        m_new = 0.9 * wm[r] + 0.1 * g[k]
+        step = 1.9 * m_new - 0.9 * wm[r] if nesterov else m_new
+        wm[r], wg[k] = m_new, step
+        wp[r] -= step
+    np.testing.assert_allclose(workspace.FetchBlob("m"), wm, rtol=1e-5)
+    np.testing.assert_allclose(workspace.FetchBlob("g"), wg, rtol=1e-5)
+    np.testing.assert_allclose(workspace.FetchBlob("p"), wp, rtol=1e-5)
+
+
+def test_sparse_adam_against_numpy(fresh):
+    rng = np.random.default_rng(11)
+    p = rng.standard_normal((4, 2)).astype(np.float32)
+    m1 = rng.standard_normal((4, 2)).astype(np.float32) * 0.1
+    m2 = np.abs(rng.standard_normal((4, 2))).astype(np.float32) * 0.1
+    idx = np.array([2, 0], np.int64)
+    g = rng.standard_normal((2, 2)).astype(np.float32)
+    for n, v in {"p": p, "m1": m1, "m2": m2, "i": idx, "g": g, "lr": np.array([-0.01], np.float32),
+                 "it": np.array([4], np.int64)}.items():
+        workspace.FeedBlob(n, v)
+    workspace.RunOperatorOnce(core.CreateOperator(
+        "SparseAdam", ["p", "m1", "m2", "i", "g", "lr", "it"], ["p", "m1", "m2"], beta1=0.8, beta2=0.99, epsilon=1e-6))
+    wp, w1, w2 = p.copy(), m1.copy(), m2.copy()
+    corr = np.sqrt(1 - 0.99**5) / (1 - 0.8**5)
+    for k, r in enumerate(idx):
+        w1[r] = 0.8 * w1[r] + 0.2 * g[k]
+        w2[r] = 0.99 * w2[r] + 0.01 * g[k] ** 2
+        wp[r] += -0.01 * corr * w1[r] / (np.sqrt(w2[r]) + 1e-6)
+    np.testing.assert_allclose(workspace.FetchBlob("m1"), w1, rtol=1e-5)
+    np.testing.assert_allclose(workspace.FetchBlob("m2"), w2, rtol=1e-5)
+    np.testing.assert_allclose(workspace.FetchBlob("p"), wp, rtol=1e-5)
+
+
+@settings(**SETTINGS)
+@given(shape=st.lists(dims, min_size=2, max_size=3), seed=seeds, data=st.data())
+def test_softmax_with_axis_gradient(fresh, shape, seed, data):
+    axis = data.draw(st.integers(0, len(shape) - 1))
+    x = np.random.default_rng(seed).standard_normal(shape)
+    (y,) = run("Softmax", {"X": x}, ["Y"], axis=axis)
+    rows = x.reshape(int(np.prod(shape[:axis])), -1)
+    e = np.exp(rows - rows.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(y, (e / e.sum(axis=1, keepdims=True)).reshape(shape), rtol=1e-10)
+    check_grad(core.CreateOperator("Softmax", ["X"], ["Y"], axis=axis), [x], [0])

@@ -92,17 +92,24 @@ def test_sparse_output_gradient_into_a_dense_maker_is_refused(fresh):
         net.AddGradientOperators({y: core.GradientSlice("gi", "gv")})
 
 
-@pytest.mark.parametrize("row_wise", [False, True])
-def test_embedding_model_converges_with_sparse_adagrad(fresh, row_wise):
+@pytest.mark.parametrize("row_wise", [False, True, "adam", "momentum"])
+def test_embedding_model_converges_with_sparse_optimizers(fresh, row_wise):
     rng = np.random.default_rng(0)
     idx, lengths, counts = bags(rng)
     truth = rng.standard_normal(V)
     target = (counts @ truth + 0.5).astype(np.float32).reshape(N, 1)
     # The bag-count matrix with a ones column has full column rank, so
     # (truth, 0.5) is the only zero-loss point: a convex quadratic whose
-    # minimum is 0, which Adagrad approaches; we ask for 1% of the start.
+    # minimum is 0, which each optimizer approaches at a small enough step
+    # (full batch, no noise); we ask for 1% of the start after 300 steps.
     assert np.linalg.matrix_rank(np.hstack([counts, np.ones((N, 1))])) == V + 1
-    if row_wise:
+    if row_wise == "adam":
+        model, _ = embedding_model(optimizer.build_adam, base_learning_rate=0.02)
+        sparse_op = "SparseAdam"
+    elif row_wise == "momentum":
+        model, _ = embedding_model(optimizer.build_sgd, base_learning_rate=0.02, momentum=0.9)
+        sparse_op = "SparseMomentumSGDUpdate"
+    elif row_wise:
         # RowWise is for sparse parameters only (as in Caffe2): one
         # optimizer per kind, called with ParameterInfo objects.
         def build(model):
@@ -113,14 +120,16 @@ def test_embedding_model_converges_with_sparse_adagrad(fresh, row_wise):
                 opt(model.net, model.param_init_net, info)
 
         model, _ = embedding_model(build)
+        sparse_op = "RowWiseSparseAdagrad"
     else:
         model, _ = embedding_model(optimizer.build_adagrad, base_learning_rate=0.3)
+        sparse_op = "SparseAdagrad"
     types = [op.type for op in model.net.Proto().op]
-    assert ("RowWiseSparseAdagrad" if row_wise else "SparseAdagrad") in types and "Adagrad" in types
+    assert sparse_op in types
     for n, v in {"idx": idx, "lengths": lengths, "target": target}.items():
         workspace.FeedBlob(n, v)
     workspace.RunNetOnce(model.param_init_net)
-    if row_wise:
+    if row_wise is True:
         assert workspace.FetchBlob("E_avg_squared_sum").shape == (V,)
     workspace.CreateNet(model.net)
     first = None
@@ -209,3 +218,15 @@ def test_brew_dropout_concat_transpose(fresh):
     workspace.RunNetOnce(model.net)
     np.testing.assert_array_equal(workspace.FetchBlob("t"), np.concatenate([x, x], axis=1).T)
     assert all(brew.has_helper(h) for h in ("dropout", "concat", "transpose", "add_weight_decay"))
+
+
+def test_skip_sparse_optim_and_order_of_calls(fresh):
+    model = model_helper.ModelHelper(name="skip", skip_sparse_optim=True)
+    with pytest.raises(RuntimeError, match="AddGradientOperators"):
+        model.GetOptimizationParamInfo()
+    w = model.param_init_net.ConstantFill([], "W", shape=[5, 2], value=1.0)
+    model.AddParameter(w)
+    v = brew.fc(model, model.net.Gather([w, "i"], "g"), "y", dim_in=2, dim_out=1)
+    model.AddGradientOperators([model.net.AveragedLoss(v, "loss")])
+    assert isinstance(model.param_to_grad[w], core.GradientSlice)
+    assert [str(p.blob) for p in model.GetOptimizationParamInfo()] == ["y_w", "y_b"]

@@ -543,3 +543,59 @@ fn build_front_back_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         Ok(true)
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::error::ErrorKind;
+    use crate::ir::Argument;
+    use crate::tensor::Tensor;
+    use crate::test_util::{get, int_arg, op, run, ws_with};
+
+    fn ints(name: &str, v: &[i64]) -> Argument {
+        Argument {
+            name: Some(name.into()),
+            ints: v.to_vec(),
+            ..Default::default()
+        }
+    }
+
+    fn f32s(shape: &[usize], v: &[f32]) -> Tensor {
+        Tensor::from_vec(shape, v.to_vec()).unwrap()
+    }
+
+    fn vals(t: &Tensor) -> Vec<f32> {
+        t.array::<f32>().unwrap().iter().copied().collect()
+    }
+
+    #[test]
+    fn reshape_copies_dims_infers_one_and_reports_the_old_shape() {
+        let ws = ws_with(&[("x", f32s(&[2, 3], &[1., 2., 3., 4., 5., 6.]))]);
+        run(&ws, op("Reshape", &["x"], &["y", "old"], vec![ints("shape", &[0, -1, 1])])).unwrap();
+        assert_eq!(get(&ws, "y").shape(), &[2, 3, 1]);
+        let old: Vec<i64> = get(&ws, "old").array::<i64>().unwrap().iter().copied().collect();
+        assert_eq!(old, vec![2, 3]);
+        let e = run(&ws, op("Reshape", &["x"], &["y"], vec![ints("shape", &[4, -1])])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Shape);
+    }
+
+    #[test]
+    fn reductions_by_hand() {
+        let ws = ws_with(&[("x", f32s(&[2, 3], &[1., 2., 3., 4., 5., 6.]))]);
+        run(&ws, op("ReduceSum", &["x"], &["s"], vec![ints("axes", &[1]), int_arg("keepdims", 0)])).unwrap();
+        assert_eq!(vals(&get(&ws, "s")), vec![6., 15.]);
+        run(&ws, op("ReduceMean", &["x"], &["m"], vec![ints("axes", &[0])])).unwrap();
+        assert_eq!(get(&ws, "m").shape(), &[1, 3]);
+        assert_eq!(vals(&get(&ws, "m")), vec![2.5, 3.5, 4.5]);
+        run(&ws, op("ReduceFrontSum", &["x"], &["f"], vec![])).unwrap();
+        assert_eq!(vals(&get(&ws, "f")), vec![5., 7., 9.]);
+        run(&ws, op("ReduceBackMean", &["x"], &["b"], vec![])).unwrap();
+        assert_eq!(vals(&get(&ws, "b")), vec![2., 5.]);
+        run(&ws, op("ReduceBackMeanGradient", &["b", "x"], &["db"], vec![])).unwrap();
+        let want = [2. / 3., 2. / 3., 2. / 3., 5. / 3., 5. / 3., 5. / 3.];
+        for (g, w) in vals(&get(&ws, "db")).iter().zip(want) {
+            assert!((g - w).abs() < 1e-6, "{g} vs {w}");
+        }
+        let e = run(&ws, op("ReduceSum", &["x"], &["s"], vec![ints("axes", &[2])])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+    }
+}

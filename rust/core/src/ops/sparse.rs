@@ -381,3 +381,30 @@ fn build_scatter_weighted_sum(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         Ok(true)
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::error::ErrorKind;
+    use crate::tensor::Tensor;
+    use crate::test_util::{get, i32s, i64s, op, run, ws_with};
+
+    fn vals(t: &Tensor) -> Vec<f32> {
+        t.array::<f32>().unwrap().iter().copied().collect()
+    }
+
+    #[test]
+    fn gather_and_sparse_lengths_sum_by_hand() {
+        let data = Tensor::from_vec(&[3, 2], vec![1f32, 2., 3., 4., 5., 6.]).unwrap();
+        let ws = ws_with(&[("d", data), ("i", i64s(&[2, 0, 2])), ("l", i32s(&[1, 2]))]);
+        run(&ws, op("Gather", &["d", "i"], &["g"], vec![])).unwrap();
+        assert_eq!(vals(&get(&ws, "g")), vec![5., 6., 1., 2., 5., 6.]);
+        run(&ws, op("SparseLengthsSum", &["d", "i", "l"], &["s"], vec![])).unwrap();
+        assert_eq!(vals(&get(&ws, "s")), vec![5., 6., 6., 8.]);
+        run(&ws, op("SparseLengthsSumGradient", &["s", "l"], &["v"], vec![])).unwrap();
+        assert_eq!(get(&ws, "v").shape(), &[3, 2]);
+        assert_eq!(vals(&get(&ws, "v")), vec![5., 6., 6., 8., 6., 8.]);
+        let bad = ws_with(&[("d", Tensor::from_vec(&[1, 1], vec![0f32]).unwrap()), ("i", i64s(&[1]))]);
+        let e = run(&bad, op("Gather", &["d", "i"], &["g"], vec![])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+    }
+}
