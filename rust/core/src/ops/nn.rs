@@ -238,7 +238,13 @@ fn loss_grad(l: &Locked<'_>, op: &str, i: usize) -> Result<f64> {
 }
 
 /// Caffe2's canonical axis: `axis` in [-ndim, ndim), negatives from the end.
-pub(crate) fn canonical_axis(op: &str, what: &str, axis: i64, ndim: usize, blob: &str) -> Result<usize> {
+pub(crate) fn canonical_axis(
+    op: &str,
+    what: &str,
+    axis: i64,
+    ndim: usize,
+    blob: &str,
+) -> Result<usize> {
     let n = ndim as i64;
     let a = if axis < 0 { axis + n } else { axis };
     if a < 0 || a > n || (a == n && n > 0) {
@@ -1470,13 +1476,38 @@ pub fn more_schemas() -> Vec<OpSchema> {
         ),
     ];
     const DROPOUT_ARGS: &[crate::operator::ArgDoc] = &[
-        arg!("ratio", "float", "0.5", "the probability of zeroing an element, in [0, 1]"),
-        arg!("is_test", "int", "0", "non-zero: Y = X and the mask is not written"),
+        arg!(
+            "ratio",
+            "float",
+            "0.5",
+            "the probability of zeroing an element, in [0, 1]"
+        ),
+        arg!(
+            "is_test",
+            "int",
+            "0",
+            "non-zero: Y = X and the mask is not written"
+        ),
     ];
     const POW_ARGS: &[crate::operator::ArgDoc] = &[
-        arg!("exponent", "float", "(none)", "the exponent, when there is no second input"),
-        arg!("broadcast", "int", "0", "accepted for Caffe2's legacy form: the exponent input is one element or X's shape"),
-        arg!("axis", "int", "-1", "accepted for Caffe2's legacy form (unused)"),
+        arg!(
+            "exponent",
+            "float",
+            "(none)",
+            "the exponent, when there is no second input"
+        ),
+        arg!(
+            "broadcast",
+            "int",
+            "0",
+            "accepted for Caffe2's legacy form: the exponent input is one element or X's shape"
+        ),
+        arg!(
+            "axis",
+            "int",
+            "-1",
+            "accepted for Caffe2's legacy form (unused)"
+        ),
     ];
     const CLIP_ARGS: &[crate::operator::ArgDoc] = &[
         arg!("min", "float", "lowest float", "the lower bound"),
@@ -1619,7 +1650,9 @@ fn batch_matmul_t<T: Real>(l: &mut Locked<'_>, ta: bool, tb: bool, bcast: bool) 
         return Err(mismatch("A and B need at least 2 dims (1 with broadcast)"));
     }
     if !bcast && (sa.len() != sb.len() || sa[..sa.len() - 2] != sb[..sb.len() - 2]) {
-        return Err(mismatch("the batch dims differ (broadcast=1 broadcasts them)"));
+        return Err(mismatch(
+            "the batch dims differ (broadcast=1 broadcasts them)",
+        ));
     }
     let (ra, ca) = (sa[sa.len() - 2], sa[sa.len() - 1]);
     let (rb, cb) = (sb[sb.len() - 2], sb[sb.len() - 1]);
@@ -1631,14 +1664,23 @@ fn batch_matmul_t<T: Real>(l: &mut Locked<'_>, ta: bool, tb: bool, bcast: bool) 
         return Err(mismatch("dimension mismatch"));
     }
     let (ba, bb) = (&sa[..sa.len() - 2], &sb[..sb.len() - 2]);
-    let batch = broadcast_batch(ba, bb).ok_or_else(|| mismatch("the batch dims do not broadcast"))?;
+    let batch =
+        broadcast_batch(ba, bb).ok_or_else(|| mismatch("the batch dims do not broadcast"))?;
     let nb: usize = batch.iter().product();
     let (ad, bd) = (dense(a), dense(b));
     let mut y = Vec::with_capacity(nb * m * n);
     for i in 0..nb {
         let oa = batch_offset(i, &batch, ba) * m * k;
         let ob = batch_offset(i, &batch, bb) * k * n;
-        y.extend(matmul(ta, tb, m, k, n, &ad[oa..oa + m * k], &bd[ob..ob + k * n]));
+        y.extend(matmul(
+            ta,
+            tb,
+            m,
+            k,
+            n,
+            &ad[oa..oa + m * k],
+            &bd[ob..ob + k * n],
+        ));
     }
     let mut shape = batch;
     if !a_vec {
@@ -1667,8 +1709,8 @@ fn build_batch_matmul(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 fn soft_labels<T: Real>(l: &Locked<'_>, op: &str, n: usize, d: usize) -> Result<Vec<T>> {
     let lab = input::<T>(l, op, 1)?;
     let name = l.input_name(1);
-    let ok = lab.len() == n * d
-        && (lab.ndim() == 1 && n == 1 || lab.ndim() == 2 && lab.shape()[0] == n);
+    let ok =
+        lab.len() == n * d && (lab.ndim() == 1 && n == 1 || lab.ndim() == 2 && lab.shape()[0] == n);
     if !ok {
         return Err(Error::shape(format!(
             "{op}: the labels ('{name}', shape {:?}) must be N x D = {n} x {d} like X",
@@ -1828,9 +1870,9 @@ fn build_sxent(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let log_d = ctx.args.bool("log_D_trick", false)?;
     let unjoined = ctx.args.bool("unjoined_lr_loss", false)?;
     if log_d && unjoined {
-        return Err(ctx.bad_arg(
-            "log_D_trick and unjoined_lr_loss cannot be set as True simultaneously",
-        ));
+        return Err(
+            ctx.bad_arg("log_D_trick and unjoined_lr_loss cannot be set as True simultaneously")
+        );
     }
     let k = if log_d {
         SxentKind::LogDTrick
@@ -1980,7 +2022,8 @@ fn build_dropout(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         }
         let shape = l.tensor(0)?.shape().to_vec();
         let n: usize = shape.iter().product();
-        let u = rand::distr::Uniform::new(0.0f32, 1.0).map_err(|e| Error::internal(e.to_string()))?;
+        let u =
+            rand::distr::Uniform::new(0.0f32, 1.0).map_err(|e| Error::internal(e.to_string()))?;
         let mask: Vec<bool> = (0..n)
             .map(|_| rand::distr::Distribution::sample(&u, &mut rng) >= ratio)
             .collect();
@@ -2089,11 +2132,13 @@ fn build_pow(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let exponent = ctx.args.f32_opt("exponent")?;
     match (exponent.is_some(), ctx.num_inputs()) {
         (true, 2) => {
-            return Err(ctx.bad_arg(
-                "Pow: give the exponent as an argument or as a second input, not both",
-            ))
+            return Err(
+                ctx.bad_arg("Pow: give the exponent as an argument or as a second input, not both")
+            )
         }
-        (false, 1) => return Err(ctx.bad_arg("Pow: the exponent argument is required with one input")),
+        (false, 1) => {
+            return Err(ctx.bad_arg("Pow: the exponent argument is required with one input"))
+        }
         _ => {}
     }
     Ok(kernel(move |cx| {
@@ -2122,7 +2167,11 @@ fn pow_grad_t<T: Powf>(
             let base = input::<T>(l, op, 1)?;
             let shape = base.shape().to_vec();
             if dy.len() != base.len() {
-                return Err(Error::shape(format!("{op}: dY and X must have the same shape, got {} and {shape:?} elements", dy.len())).with_blob(l.input_name(0)));
+                return Err(Error::shape(format!(
+                    "{op}: dY and X must have the same shape, got {} and {shape:?} elements",
+                    dy.len()
+                ))
+                .with_blob(l.input_name(0)));
             }
             let dx: Vec<T> = base
                 .iter()
@@ -2140,7 +2189,10 @@ fn pow_grad_t<T: Powf>(
             let es = exponents::<T>(l, op, 2, &shape)?;
             let y = dense(input::<T>(l, op, 3)?).into_owned();
             if dy.len() != x.len() || y.len() != x.len() {
-                return Err(Error::shape(format!("{op}: dY, X and Y must have the same shape")).with_blob(l.input_name(0)));
+                return Err(
+                    Error::shape(format!("{op}: dY, X and Y must have the same shape"))
+                        .with_blob(l.input_name(0)),
+                );
             }
             let xs = dense(x);
             let dx: Vec<T> = (0..xs.len())
@@ -2203,9 +2255,25 @@ fn build_clip(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         match real_dtype(&l, "Clip", 0)? {
             DataType::Float => {
                 let (a, b) = (lo as f32, hi as f32);
-                map_t::<f32>(&mut l, |x| if x < a { a } else if x > b { b } else { x })
+                map_t::<f32>(&mut l, |x| {
+                    if x < a {
+                        a
+                    } else if x > b {
+                        b
+                    } else {
+                        x
+                    }
+                })
             }
-            _ => map_t::<f64>(&mut l, |x| if x < lo { lo } else if x > hi { hi } else { x }),
+            _ => map_t::<f64>(&mut l, |x| {
+                if x < lo {
+                    lo
+                } else if x > hi {
+                    hi
+                } else {
+                    x
+                }
+            }),
         }?;
         Ok(true)
     }))

@@ -378,13 +378,38 @@ fn adagrad_in_place(i: usize, o: usize) -> bool {
 
 fn adagrad_schemas() -> Vec<OpSchema> {
     const ADAGRAD_ARGS: &[crate::operator::ArgDoc] = &[
-        arg!("epsilon", "float", "1e-5", "added to the moment's square root"),
-        arg!("decay", "float", "1", "the moment's decay before g^2 is added (Adagrad only)"),
-        arg!("weight_decay", "float", "0", "g += weight_decay * param before the update"),
+        arg!(
+            "epsilon",
+            "float",
+            "1e-5",
+            "added to the moment's square root"
+        ),
+        arg!(
+            "decay",
+            "float",
+            "1",
+            "the moment's decay before g^2 is added (Adagrad only)"
+        ),
+        arg!(
+            "weight_decay",
+            "float",
+            "0",
+            "g += weight_decay * param before the update"
+        ),
     ];
     const SPARSE_ARGS: &[crate::operator::ArgDoc] = &[
-        arg!("epsilon", "float", "1e-5", "added to the moment's square root"),
-        arg!("weight_decay", "float", "0", "g += weight_decay * param (of the row) before the update"),
+        arg!(
+            "epsilon",
+            "float",
+            "1e-5",
+            "added to the moment's square root"
+        ),
+        arg!(
+            "weight_decay",
+            "float",
+            "0",
+            "g += weight_decay * param (of the row) before the update"
+        ),
     ];
     vec![
         OpSchema::new("Adagrad", build_adagrad)
@@ -479,7 +504,11 @@ fn build_sparse_adagrad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         let op = op.as_str();
         let p = f32_in(&l, op, 0, "the parameter")?;
         if p.ndim() == 0 {
-            return Err(Error::shape(format!("{op}: the parameter ('{}') must have at least one dim", l.input_name(0))).with_blob(l.input_name(0)));
+            return Err(Error::shape(format!(
+                "{op}: the parameter ('{}') must have at least one dim",
+                l.input_name(0)
+            ))
+            .with_blob(l.input_name(0)));
         }
         let nrows = p.shape()[0];
         let block: usize = p.shape()[1..].iter().product();
@@ -537,8 +566,10 @@ fn build_sparse_adagrad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
                 }
             }
         }
-        let pa = ArrayD::from_shape_vec(ndarray::IxDyn(&shape_p), pv).map_err(|e| Error::internal(e.to_string()))?;
-        let ma = ArrayD::from_shape_vec(ndarray::IxDyn(&shape_m), mv).map_err(|e| Error::internal(e.to_string()))?;
+        let pa = ArrayD::from_shape_vec(ndarray::IxDyn(&shape_p), pv)
+            .map_err(|e| Error::internal(e.to_string()))?;
+        let ma = ArrayD::from_shape_vec(ndarray::IxDyn(&shape_m), mv)
+            .map_err(|e| Error::internal(e.to_string()))?;
         l.set_output(0, Tensor::F32(pa));
         l.set_output(1, Tensor::F32(ma));
         Ok(true)
@@ -547,10 +578,20 @@ fn build_sparse_adagrad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 
 /// (rows of `param` at input `pi`, the row length) for a sparse update
 /// whose indices are input `ii` and gradient rows input `gi`.
-fn sparse_rows(l: &Locked<'_>, op: &str, pi: usize, ii: usize, gi: usize) -> Result<(Vec<usize>, usize)> {
+fn sparse_rows(
+    l: &Locked<'_>,
+    op: &str,
+    pi: usize,
+    ii: usize,
+    gi: usize,
+) -> Result<(Vec<usize>, usize)> {
     let p = f32_in(l, op, pi, "the parameter")?;
     if p.ndim() == 0 {
-        return Err(Error::shape(format!("{op}: the parameter ('{}') must have at least one dim", l.input_name(pi))).with_blob(l.input_name(pi)));
+        return Err(Error::shape(format!(
+            "{op}: the parameter ('{}') must have at least one dim",
+            l.input_name(pi)
+        ))
+        .with_blob(l.input_name(pi)));
     }
     let block: usize = p.shape()[1..].iter().product();
     let (idx, _) = super::sparse::indices(l, op, ii)?;
@@ -597,7 +638,11 @@ fn build_sparse_momentum(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
                 let (gi, k) = (i * block + j, r * block + j);
                 let m_old = m[k];
                 let m_new = mu * m_old + lr * g[gi];
-                let step = if nesterov { (1.0 + mu) * m_new - mu * m_old } else { m_new };
+                let step = if nesterov {
+                    (1.0 + mu) * m_new - mu * m_old
+                } else {
+                    m_new
+                };
                 m[k] = m_new;
                 g[gi] = step;
                 p[k] -= step;

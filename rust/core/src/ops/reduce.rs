@@ -31,7 +31,12 @@ fn in_place_0_0(i: usize, o: usize) -> bool {
 
 pub fn schemas() -> Vec<OpSchema> {
     const REDUCE_ARGS: &[crate::operator::ArgDoc] = &[
-        arg!("axes", "ints", "all dims", "the dims to reduce (negative counts from the end)"),
+        arg!(
+            "axes",
+            "ints",
+            "all dims",
+            "the dims to reduce (negative counts from the end)"
+        ),
         arg!("keepdims", "int", "1", "keep the reduced dims with size 1"),
     ];
     const FRONT_BACK_ARGS: &[crate::operator::ArgDoc] = &[arg!(
@@ -220,7 +225,11 @@ fn build_reshape(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
                 "new shape is specified by the input blob, do not pass in the argument `shape`",
             ))
         }
-        (None, false) => return Err(ctx.bad_arg("argument `shape` is missing (or give the shape as a second input)")),
+        (None, false) => {
+            return Err(
+                ctx.bad_arg("argument `shape` is missing (or give the shape as a second input)")
+            )
+        }
         _ => {}
     }
     let old_out = ctx.num_outputs() == 2;
@@ -237,7 +246,8 @@ fn build_reshape(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         if old_out {
             let dims: Vec<i64> = old.iter().map(|&d| d as i64).collect();
             let n = dims.len();
-            let t = ArrayD::from_shape_vec(IxDyn(&[n]), dims).map_err(|e| Error::internal(e.to_string()))?;
+            let t = ArrayD::from_shape_vec(IxDyn(&[n]), dims)
+                .map_err(|e| Error::internal(e.to_string()))?;
             l.set_output(1, Tensor::I64(t));
         }
         Ok(true)
@@ -363,7 +373,12 @@ fn kept_shape(shape: &[usize], red: &[bool]) -> Vec<usize> {
         .collect()
 }
 
-fn reduce_t<T: Real>(l: &mut Locked<'_>, op: &str, axes: &Option<Vec<i64>>, keep: bool) -> Result<()> {
+fn reduce_t<T: Real>(
+    l: &mut Locked<'_>,
+    op: &str,
+    axes: &Option<Vec<i64>>,
+    keep: bool,
+) -> Result<()> {
     let x = input::<T>(l, op, 0)?;
     let red = reduce_axes(op, axes, x.ndim(), l.input_name(0))?;
     let shape = x.shape().to_vec();
@@ -384,7 +399,12 @@ fn reduce_t<T: Real>(l: &mut Locked<'_>, op: &str, axes: &Option<Vec<i64>>, keep
     let out_shape: Vec<usize> = if keep {
         kept_shape(&shape, &red)
     } else {
-        shape.iter().zip(&red).filter(|(_, &r)| !r).map(|(&d, _)| d).collect()
+        shape
+            .iter()
+            .zip(&red)
+            .filter(|(_, &r)| !r)
+            .map(|(&d, _)| d)
+            .collect()
     };
     let v = dense(&y).into_owned();
     l.set_output(0, T::wrap(array(&out_shape, v)?));
@@ -404,7 +424,12 @@ fn build_reduce(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 
 /// dX (of `x_shape`) = dY (whose elements are those of the kept shape)
 /// broadcast over the reduced dims, times `scale`.
-fn expand_grad<T: Real>(dy: &ArrayD<T>, kept: &[usize], x_shape: &[usize], scale: T) -> Result<ArrayD<T>> {
+fn expand_grad<T: Real>(
+    dy: &ArrayD<T>,
+    kept: &[usize],
+    x_shape: &[usize],
+    scale: T,
+) -> Result<ArrayD<T>> {
     let g = array(kept, dense(dy).into_owned())?;
     let b = g
         .broadcast(IxDyn(x_shape))
@@ -426,7 +451,12 @@ fn reduce_grad_t<T: Real>(l: &mut Locked<'_>, op: &str, axes: &Option<Vec<i64>>)
         ))
         .with_blob(l.input_name(0)));
     }
-    let count: usize = x_shape.iter().zip(&red).filter(|(_, &r)| r).map(|(&d, _)| d).product();
+    let count: usize = x_shape
+        .iter()
+        .zip(&red)
+        .filter(|(_, &r)| r)
+        .map(|(&d, _)| d)
+        .product();
     let scale = if op == "ReduceMeanGradient" {
         T::of(1.0 / count.max(1) as f64)
     } else {
@@ -468,7 +498,10 @@ fn front_back_t<T: Real>(l: &mut Locked<'_>, op: &str, k: usize) -> Result<()> {
     let shape = x.shape().to_vec();
     check_num_reduce(op, k, shape.len(), l.input_name(0))?;
     let split = if front { k } else { shape.len() - k };
-    let (rows, cols): (usize, usize) = (shape[..split].iter().product(), shape[split..].iter().product());
+    let (rows, cols): (usize, usize) = (
+        shape[..split].iter().product(),
+        shape[split..].iter().product(),
+    );
     let xs = dense(x);
     let (out_shape, y): (Vec<usize>, Vec<T>) = if front {
         let mut y = vec![T::of(0.0); cols];
@@ -514,7 +547,10 @@ fn front_back_grad_t<T: Real>(l: &mut Locked<'_>, op: &str, k: usize) -> Result<
     let shape = l.tensor(1)?.shape().to_vec();
     check_num_reduce(op, k, shape.len(), l.input_name(1))?;
     let split = if front { k } else { shape.len() - k };
-    let (rows, cols): (usize, usize) = (shape[..split].iter().product(), shape[split..].iter().product());
+    let (rows, cols): (usize, usize) = (
+        shape[..split].iter().product(),
+        shape[split..].iter().product(),
+    );
     let want = if front { cols } else { rows };
     if dy.len() != want {
         return Err(Error::shape(format!(
@@ -526,9 +562,20 @@ fn front_back_grad_t<T: Real>(l: &mut Locked<'_>, op: &str, k: usize) -> Result<
     }
     let g = dense(dy);
     let count = if front { rows } else { cols };
-    let scale = if mean { T::of(1.0 / count.max(1) as f64) } else { T::of(1.0) };
+    let scale = if mean {
+        T::of(1.0 / count.max(1) as f64)
+    } else {
+        T::of(1.0)
+    };
     let dx: Vec<T> = (0..rows * cols)
-        .map(|i| scale * if front { g[i % cols.max(1)] } else { g[i / cols.max(1)] })
+        .map(|i| {
+            scale
+                * if front {
+                    g[i % cols.max(1)]
+                } else {
+                    g[i / cols.max(1)]
+                }
+        })
         .collect();
     l.set_output(0, T::wrap(array(&shape, dx)?));
     Ok(())
@@ -570,32 +617,71 @@ mod tests {
     #[test]
     fn reshape_copies_dims_infers_one_and_reports_the_old_shape() {
         let ws = ws_with(&[("x", f32s(&[2, 3], &[1., 2., 3., 4., 5., 6.]))]);
-        run(&ws, op("Reshape", &["x"], &["y", "old"], vec![ints("shape", &[0, -1, 1])])).unwrap();
+        run(
+            &ws,
+            op(
+                "Reshape",
+                &["x"],
+                &["y", "old"],
+                vec![ints("shape", &[0, -1, 1])],
+            ),
+        )
+        .unwrap();
         assert_eq!(get(&ws, "y").shape(), &[2, 3, 1]);
-        let old: Vec<i64> = get(&ws, "old").array::<i64>().unwrap().iter().copied().collect();
+        let old: Vec<i64> = get(&ws, "old")
+            .array::<i64>()
+            .unwrap()
+            .iter()
+            .copied()
+            .collect();
         assert_eq!(old, vec![2, 3]);
-        let e = run(&ws, op("Reshape", &["x"], &["y"], vec![ints("shape", &[4, -1])])).unwrap_err();
+        let e = run(
+            &ws,
+            op("Reshape", &["x"], &["y"], vec![ints("shape", &[4, -1])]),
+        )
+        .unwrap_err();
         assert_eq!(e.kind, ErrorKind::Shape);
     }
 
     #[test]
     fn reductions_by_hand() {
         let ws = ws_with(&[("x", f32s(&[2, 3], &[1., 2., 3., 4., 5., 6.]))]);
-        run(&ws, op("ReduceSum", &["x"], &["s"], vec![ints("axes", &[1]), int_arg("keepdims", 0)])).unwrap();
+        run(
+            &ws,
+            op(
+                "ReduceSum",
+                &["x"],
+                &["s"],
+                vec![ints("axes", &[1]), int_arg("keepdims", 0)],
+            ),
+        )
+        .unwrap();
         assert_eq!(vals(&get(&ws, "s")), vec![6., 15.]);
-        run(&ws, op("ReduceMean", &["x"], &["m"], vec![ints("axes", &[0])])).unwrap();
+        run(
+            &ws,
+            op("ReduceMean", &["x"], &["m"], vec![ints("axes", &[0])]),
+        )
+        .unwrap();
         assert_eq!(get(&ws, "m").shape(), &[1, 3]);
         assert_eq!(vals(&get(&ws, "m")), vec![2.5, 3.5, 4.5]);
         run(&ws, op("ReduceFrontSum", &["x"], &["f"], vec![])).unwrap();
         assert_eq!(vals(&get(&ws, "f")), vec![5., 7., 9.]);
         run(&ws, op("ReduceBackMean", &["x"], &["b"], vec![])).unwrap();
         assert_eq!(vals(&get(&ws, "b")), vec![2., 5.]);
-        run(&ws, op("ReduceBackMeanGradient", &["b", "x"], &["db"], vec![])).unwrap();
+        run(
+            &ws,
+            op("ReduceBackMeanGradient", &["b", "x"], &["db"], vec![]),
+        )
+        .unwrap();
         let want = [2. / 3., 2. / 3., 2. / 3., 5. / 3., 5. / 3., 5. / 3.];
         for (g, w) in vals(&get(&ws, "db")).iter().zip(want) {
             assert!((g - w).abs() < 1e-6, "{g} vs {w}");
         }
-        let e = run(&ws, op("ReduceSum", &["x"], &["s"], vec![ints("axes", &[2])])).unwrap_err();
+        let e = run(
+            &ws,
+            op("ReduceSum", &["x"], &["s"], vec![ints("axes", &[2])]),
+        )
+        .unwrap_err();
         assert_eq!(e.kind, ErrorKind::InvalidArgument);
     }
 }

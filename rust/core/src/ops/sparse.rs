@@ -66,7 +66,10 @@ pub(crate) fn indices(l: &Locked<'_>, op: &str, i: usize) -> Result<(Vec<i64>, V
     let t = l.tensor(i)?;
     match t {
         Tensor::I64(a) => Ok((a.iter().copied().collect(), a.shape().to_vec())),
-        Tensor::I32(a) => Ok((a.iter().map(|&v| i64::from(v)).collect(), a.shape().to_vec())),
+        Tensor::I32(a) => Ok((
+            a.iter().map(|&v| i64::from(v)).collect(),
+            a.shape().to_vec(),
+        )),
         _ => {
             let name = l.input_name(i);
             Err(Error::type_error(format!(
@@ -79,7 +82,13 @@ pub(crate) fn indices(l: &Locked<'_>, op: &str, i: usize) -> Result<(Vec<i64>, V
 }
 
 /// Checks each index against `n` rows (negatives from the end if `wrap`).
-pub(crate) fn checked_rows(op: &str, idx: &[i64], n: usize, wrap: bool, blob: &str) -> Result<Vec<usize>> {
+pub(crate) fn checked_rows(
+    op: &str,
+    idx: &[i64],
+    n: usize,
+    wrap: bool,
+    blob: &str,
+) -> Result<Vec<usize>> {
     idx.iter()
         .map(|&v| {
             let w = if wrap && v < 0 { v + n as i64 } else { v };
@@ -95,7 +104,12 @@ pub(crate) fn checked_rows(op: &str, idx: &[i64], n: usize, wrap: bool, blob: &s
 
 // -------------------------------------------------------------- Gather --
 
-fn gather_of<T: Element>(t: &Tensor, axis: usize, rows: &[usize], idx_shape: &[usize]) -> Result<Tensor> {
+fn gather_of<T: Element>(
+    t: &Tensor,
+    axis: usize,
+    rows: &[usize],
+    idx_shape: &[usize],
+) -> Result<Tensor> {
     let a = t.array::<T>()?;
     let shape = a.shape();
     let outer: usize = shape[..axis].iter().product();
@@ -112,7 +126,8 @@ fn gather_of<T: Element>(t: &Tensor, axis: usize, rows: &[usize], idx_shape: &[u
     let mut out_shape = shape[..axis].to_vec();
     out_shape.extend_from_slice(idx_shape);
     out_shape.extend_from_slice(&shape[axis + 1..]);
-    let r = ArrayD::from_shape_vec(IxDyn(&out_shape), out).map_err(|e| Error::internal(e.to_string()))?;
+    let r = ArrayD::from_shape_vec(IxDyn(&out_shape), out)
+        .map_err(|e| Error::internal(e.to_string()))?;
     Ok(T::wrap(r))
 }
 
@@ -129,11 +144,17 @@ fn build_gather(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         let nd = data.ndim();
         let dname = l.input_name(0);
         if nd == 0 {
-            return Err(Error::shape(format!("{op}: DATA ('{dname}') must have at least one dim")).with_blob(dname));
+            return Err(
+                Error::shape(format!("{op}: DATA ('{dname}') must have at least one dim"))
+                    .with_blob(dname),
+            );
         }
         let ax = super::nn::canonical_axis(op, "axis", axis, nd, dname)?;
         if ax >= nd {
-            return Err(Error::invalid_arg(format!("{op}: axis {axis} is out of range for {nd} dims")).with_blob(dname));
+            return Err(Error::invalid_arg(format!(
+                "{op}: axis {axis} is out of range for {nd} dims"
+            ))
+            .with_blob(dname));
         }
         let (idx, idx_shape) = indices(&l, op, 1)?;
         let rows = checked_rows(op, &idx, data.shape()[ax], wrap, l.input_name(1))?;
@@ -164,11 +185,17 @@ fn sparse_to_dense_t<T: Real>(l: &mut Locked<'_>, ni: usize) -> Result<()> {
     let first = if ni == 3 {
         let s = l.tensor(2)?.shape();
         s.first().copied().ok_or_else(|| {
-            Error::shape(format!("{op}: DATA_TO_INFER_DIM ('{}') must have a first dim", l.input_name(2)))
-                .with_blob(l.input_name(2))
+            Error::shape(format!(
+                "{op}: DATA_TO_INFER_DIM ('{}') must have a first dim",
+                l.input_name(2)
+            ))
+            .with_blob(l.input_name(2))
         })?
     } else {
-        idx.iter().copied().max().map_or(0, |m| (m.max(-1) + 1) as usize)
+        idx.iter()
+            .copied()
+            .max()
+            .map_or(0, |m| (m.max(-1) + 1) as usize)
     };
     let rows = checked_rows(op, &idx, first, false, l.input_name(0))?;
     let vs = dense(v);
@@ -215,7 +242,8 @@ fn lengths(l: &Locked<'_>, op: &str, i: usize, total: Option<usize>) -> Result<V
         .iter()
         .map(|&x| {
             usize::try_from(x).map_err(|_| {
-                Error::invalid_arg(format!("{op}: LENGTHS has a negative length {x}")).with_blob(name)
+                Error::invalid_arg(format!("{op}: LENGTHS has a negative length {x}"))
+                    .with_blob(name)
             })
         })
         .collect::<Result<_>>()?;
@@ -235,11 +263,19 @@ fn sls_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
     let op = "SparseLengthsSum";
     let data = input::<T>(l, op, 0)?;
     if data.ndim() == 0 {
-        return Err(Error::shape(format!("{op}: DATA ('{}') must have at least one dim", l.input_name(0))).with_blob(l.input_name(0)));
+        return Err(Error::shape(format!(
+            "{op}: DATA ('{}') must have at least one dim",
+            l.input_name(0)
+        ))
+        .with_blob(l.input_name(0)));
     }
     let (idx, idx_shape) = indices(l, op, 1)?;
     if idx_shape.len() != 1 {
-        return Err(Error::shape(format!("{op}: INDICES ('{}', shape {idx_shape:?}) must be 1-D", l.input_name(1))).with_blob(l.input_name(1)));
+        return Err(Error::shape(format!(
+            "{op}: INDICES ('{}', shape {idx_shape:?}) must be 1-D",
+            l.input_name(1)
+        ))
+        .with_blob(l.input_name(1)));
     }
     let lens = lengths(l, op, 2, Some(idx.len()))?;
     let rows = checked_rows(op, &idx, data.shape()[0], false, l.input_name(1))?;
@@ -345,7 +381,11 @@ fn build_scatter_weighted_sum(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         let mut l = cx.lock();
         let x0 = f32_input(&l, OP, 0)?;
         if x0.ndim() == 0 {
-            return Err(Error::shape(format!("{OP}: X0 ('{}') must have at least one dim", l.input_name(0))).with_blob(l.input_name(0)));
+            return Err(Error::shape(format!(
+                "{OP}: X0 ('{}') must have at least one dim",
+                l.input_name(0)
+            ))
+            .with_blob(l.input_name(0)));
         }
         let w0 = weight(&l, OP, 1)?;
         let (idx, _) = indices(&l, OP, 2)?;
@@ -365,7 +405,10 @@ fn build_scatter_weighted_sum(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
                 ))
                 .with_blob(l.input_name(p)));
             }
-            slices.push((x.iter().copied().collect::<Vec<f32>>(), weight(&l, OP, p + 1)?));
+            slices.push((
+                x.iter().copied().collect::<Vec<f32>>(),
+                weight(&l, OP, p + 1)?,
+            ));
         }
         for (i, &r) in rows.iter().enumerate() {
             for c in 0..inner {
@@ -376,7 +419,8 @@ fn build_scatter_weighted_sum(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
                 out[r * inner + c] = v;
             }
         }
-        let a = ArrayD::from_shape_vec(IxDyn(&shape), out).map_err(|e| Error::internal(e.to_string()))?;
+        let a = ArrayD::from_shape_vec(IxDyn(&shape), out)
+            .map_err(|e| Error::internal(e.to_string()))?;
         l.set_output(0, Tensor::F32(a));
         Ok(true)
     }))
@@ -398,12 +442,23 @@ mod tests {
         let ws = ws_with(&[("d", data), ("i", i64s(&[2, 0, 2])), ("l", i32s(&[1, 2]))]);
         run(&ws, op("Gather", &["d", "i"], &["g"], vec![])).unwrap();
         assert_eq!(vals(&get(&ws, "g")), vec![5., 6., 1., 2., 5., 6.]);
-        run(&ws, op("SparseLengthsSum", &["d", "i", "l"], &["s"], vec![])).unwrap();
+        run(
+            &ws,
+            op("SparseLengthsSum", &["d", "i", "l"], &["s"], vec![]),
+        )
+        .unwrap();
         assert_eq!(vals(&get(&ws, "s")), vec![5., 6., 6., 8.]);
-        run(&ws, op("SparseLengthsSumGradient", &["s", "l"], &["v"], vec![])).unwrap();
+        run(
+            &ws,
+            op("SparseLengthsSumGradient", &["s", "l"], &["v"], vec![]),
+        )
+        .unwrap();
         assert_eq!(get(&ws, "v").shape(), &[3, 2]);
         assert_eq!(vals(&get(&ws, "v")), vec![5., 6., 6., 8., 6., 8.]);
-        let bad = ws_with(&[("d", Tensor::from_vec(&[1, 1], vec![0f32]).unwrap()), ("i", i64s(&[1]))]);
+        let bad = ws_with(&[
+            ("d", Tensor::from_vec(&[1, 1], vec![0f32]).unwrap()),
+            ("i", i64s(&[1])),
+        ]);
         let e = run(&bad, op("Gather", &["d", "i"], &["g"], vec![])).unwrap_err();
         assert_eq!(e.kind, ErrorKind::InvalidArgument);
     }
