@@ -1831,7 +1831,7 @@ fn sxent_t<T: Real>(l: &mut Locked<'_>, op: &str, k: SxentKind, grad: bool) -> R
     let (x, t) = (input::<T>(l, op, off)?, input::<T>(l, op, off + 1)?);
     let shape = x.shape().to_vec();
     let inner = shape.last().copied().unwrap_or(1);
-    let outer = if inner == 0 { 0 } else { x.len() / inner };
+    let outer = x.len().checked_div(inner).unwrap_or(0);
     let (xs, ts) = (dense(x), dense(t));
     if grad {
         let g = input::<T>(l, op, 0)?;
@@ -1898,7 +1898,7 @@ fn l1_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
     same_shape(op, l, 0, 1)?;
     let (x, y) = (input::<T>(l, op, 0)?, input::<T>(l, op, 1)?);
     let n = rows_of(x.shape());
-    let d = if n == 0 { 0 } else { x.len() / n };
+    let d = x.len().checked_div(n).unwrap_or(0);
     let (xs, ys) = (dense(x), dense(y));
     let out: Vec<T> = (0..n)
         .map(|r| {
@@ -1943,7 +1943,7 @@ fn l1_grad_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
         ))
         .with_blob(l.input_name(2)));
     }
-    let d = if n == 0 { 0 } else { x.len() / n };
+    let d = x.len().checked_div(n).unwrap_or(0);
     let (xs, ys, dds) = (dense(x), dense(y), dense(dd));
     let eps = T::of(1e-12);
     let dx: Vec<T> = (0..n * d)
