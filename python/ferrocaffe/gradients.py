@@ -680,16 +680,28 @@ for _t in ("ReduceFrontSum", "ReduceBackSum", "ReduceFrontMean", "ReduceBackMean
 
 @_register("Gather", copy_arguments=False)
 def _gather_grad(op, g_output):
-    """Caffe2's: a GradientSlice (the indices, the output's gradient), or
-    with dense_gradient a SparseToDense shaped like DATA."""
+    """Caffe2's: for axis 0 a GradientSlice (the indices, the output's
+    gradient), or with dense_gradient a SparseToDense shaped like DATA; for
+    another axis a dense BatchGatherGradient."""
     w = GradientWrapper(op, g_output)
-    if _arg_i(op, "axis", 0) != 0:
-        raise errors.InvalidArgumentError(
-            "Gather: the gradient is only available for axis=0", op=op.type
-        )
+    axis = _arg_i(op, "axis", 0)
+    if axis != 0:
+        if _arg(op, "dense_gradient") is not None and not _arg_i(op, "dense_gradient"):
+            raise errors.InvalidArgumentError(
+                "Gather with axis > 0 must use dense_gradient", op=op.type
+            )
+        g = _op("BatchGatherGradient", [w.I(0), w.I(1), w.GO(0)], [w.GI(0)], axis=axis)
+        return [g], [w.GI(0), None]
     if _arg_i(op, "dense_gradient"):
         return [_op("SparseToDense", [w.I(1), w.GO(0), w.I(0)], [w.GI(0)])], [w.GI(0), None]
     return [], [GradientSlice(w.I(1), w.GO(0)), None]
+
+
+@_register("BatchGather", copy_arguments=False)
+def _batch_gather_grad(op, g_output):
+    w = GradientWrapper(op, g_output)
+    g = _op("BatchGatherGradient", [w.I(0), w.I(1), w.GO(0)], [w.GI(0)], axis=_arg_i(op, "axis", 1))
+    return [g], [w.GI(0), None]
 
 
 @_register("SparseLengthsSum", copy_arguments=False)

@@ -559,3 +559,18 @@ def test_softmax_with_axis_gradient(fresh, shape, seed, data):
     e = np.exp(rows - rows.max(axis=1, keepdims=True))
     np.testing.assert_allclose(y, (e / e.sum(axis=1, keepdims=True)).reshape(shape), rtol=1e-10)
     check_grad(core.CreateOperator("Softmax", ["X"], ["Y"], axis=axis), [x], [0])
+
+
+@settings(**SETTINGS)
+@given(outer=dims, n=dims, inner=dims, k=st.integers(1, 5), seed=seeds)
+def test_gather_on_axis_1_and_batch_gather(fresh, outer, n, inner, k, seed):
+    rng = np.random.default_rng(seed)
+    data = rng.standard_normal((outer, n, inner))
+    idx = rng.integers(0, n, k).astype(np.int64)
+    for op_type, kw in (("Gather", {"axis": 1}), ("BatchGather", {})):
+        (y,) = run(op_type, {"D": data, "I": idx}, ["Y"], **kw)
+        np.testing.assert_array_equal(y, np.take(data, idx, axis=1))
+        op = core.CreateOperator(op_type, ["D", "I"], ["Y"], **kw)
+        ops, g = core.GradientRegistry.GetGradientForOp(op, ["Y_grad"])
+        assert ops[0].type == "BatchGatherGradient" and g == ["D_grad", None]
+        check_grad(op, [data, idx], [0])

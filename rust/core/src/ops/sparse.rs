@@ -41,6 +41,19 @@ pub fn schemas() -> Vec<OpSchema> {
                 arg!("dense_gradient", "bool", "false", "the gradient is dense (SparseToDense) instead of a GradientSlice"),
             ])
             .doc("Inputs (DATA, INDICES int32/int64); output DATA's dims before axis, INDICES' dims, DATA's dims after axis: the slices of DATA at the indices (any dtype)."),
+        OpSchema::new("BatchGather", build_gather)
+            .inputs(2, 2)
+            .outputs(1, 1)
+            .args(&[
+                arg!("axis", "int", "1", "the dim of DATA the indices select along"),
+                arg!("match_outer", "bool", "false", "not supported (an error when set)"),
+            ])
+            .doc("Gather along `axis` (default 1): inputs (DATA, INDICES), output DATA's dims before axis, INDICES' dims, DATA's dims after axis."),
+        OpSchema::new("BatchGatherGradient", build_gather_grad)
+            .inputs(3, 3)
+            .outputs(1, 1)
+            .args(&[arg!("axis", "int", "1", "the dim of DATA the indices selected along")])
+            .doc("Dense gradient of a gather along `axis`: inputs (DATA, INDICES, dY), dDATA (DATA's shape) with the rows of dY added at the indices (float32 or float64)."),
         OpSchema::new("SparseToDense", build_sparse_to_dense)
             .inputs(2, 3)
             .outputs(1, 1)
@@ -132,14 +145,15 @@ fn gather_of<T: Element>(
 }
 
 fn build_gather(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
-    let axis = ctx.args.i64("axis", 0)?;
-    let wrap = ctx.args.bool("wrap_indices", false)?;
+    let batch = ctx.op_type() == "BatchGather";
+    let axis = ctx.args.i64("axis", i64::from(batch))?;
+    let wrap = !batch && ctx.args.bool("wrap_indices", false)?;
     if ctx.args.bool("match_outer", false)? {
         return Err(ctx.bad_arg("match_outer is not supported"));
     }
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
-        let op = "Gather";
+        let op = if batch { "BatchGather" } else { "Gather" };
         let data = l.tensor(0)?;
         let nd = data.ndim();
         let dname = l.input_name(0);
@@ -161,6 +175,58 @@ fn build_gather(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         let out = crate::with_match_dtype!(data.dtype(), |T| gather_of::<T>(data, ax, &rows, &idx_shape),
             else other => Err(crate::tensor::unsupported_dtype(other)))?;
         l.set_output(0, out);
+        Ok(true)
+    }))
+}
+
+fn gather_grad_t<T: Real>(l: &mut Locked<'_>, axis: i64) -> Result<()> {
+    let op = "BatchGatherGradient";
+    let shape = l.tensor(0)?.shape().to_vec();
+    let dname = l.input_name(0);
+    let ax = super::nn::canonical_axis(op, "axis", axis, shape.len(), dname)?;
+    if ax >= shape.len() {
+        return Err(Error::invalid_arg(format!(
+            "{op}: axis {axis} is out of range for {} dims",
+            shape.len()
+        ))
+        .with_blob(dname));
+    }
+    let (idx, idx_shape) = indices(l, op, 1)?;
+    let rows = checked_rows(op, &idx, shape[ax], false, l.input_name(1))?;
+    let mut want = shape[..ax].to_vec();
+    want.extend_from_slice(&idx_shape);
+    want.extend_from_slice(&shape[ax + 1..]);
+    let g = input::<T>(l, op, 2)?;
+    if g.shape() != want.as_slice() {
+        return Err(Error::shape(format!(
+            "{op}: dY ('{}', shape {:?}) must have the gathered shape {want:?}",
+            l.input_name(2),
+            g.shape()
+        ))
+        .with_blob(l.input_name(2)));
+    }
+    let outer: usize = shape[..ax].iter().product();
+    let n = shape[ax];
+    let inner: usize = shape[ax + 1..].iter().product();
+    let gs = dense(g);
+    let mut out = vec![T::of(0.0); outer * n * inner];
+    for o in 0..outer {
+        for (j, &r) in rows.iter().enumerate() {
+            let (src, dst) = ((o * rows.len() + j) * inner, (o * n + r) * inner);
+            for c in 0..inner {
+                out[dst + c] += gs[src + c];
+            }
+        }
+    }
+    l.set_output(0, T::wrap(array(&shape, out)?));
+    Ok(())
+}
+
+fn build_gather_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let axis = ctx.args.i64("axis", 1)?;
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        by_real!(&l, "BatchGatherGradient", 2, gather_grad_t(&mut l, axis))?;
         Ok(true)
     }))
 }
