@@ -668,8 +668,10 @@ def _reduce_maker(op, g_output):
 
 
 def _front_back_maker(op, g_output):
+    # With the optional lengths input, the gradient op gets it too.
     w = GradientWrapper(op, g_output)
-    return [_op(op.type + "Gradient", [w.GO(0), w.I(0)], [w.GI(0)])], [w.GI(0)]
+    ins = [w.GO(0), w.I(0)] + list(op.input[1:])
+    return [_op(op.type + "Gradient", ins, [w.GI(0)])], [w.GI(0)] + [None] * (len(op.input) - 1)
 
 
 for _t in ("ReduceSum", "ReduceMean"):

@@ -574,3 +574,21 @@ def test_gather_on_axis_1_and_batch_gather(fresh, outer, n, inner, k, seed):
         ops, g = core.GradientRegistry.GetGradientForOp(op, ["Y_grad"])
         assert ops[0].type == "BatchGatherGradient" and g == ["D_grad", None]
         check_grad(op, [data, idx], [0])
+
+
+@settings(**SETTINGS)
+@given(rows=dims, cols=dims, seed=seeds,
+       op_type=st.sampled_from(["ReduceFrontSum", "ReduceBackSum", "ReduceFrontMean", "ReduceBackMean"]))
+def test_reduce_front_back_with_lengths(fresh, rows, cols, seed, op_type):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, cols))
+    front, mean = "Front" in op_type, "Mean" in op_type
+    full, n_out = (rows, cols) if front else (cols, rows)
+    lengths = rng.integers(0, full + 1, n_out).astype(np.int32)
+    (y,) = run(op_type, {"X": x, "L": lengths}, ["Y"])
+    m = x.T if front else x  # one row per output element
+    want = np.array([m[o, :n].sum() / (n if mean and n else 1) for o, n in enumerate(lengths)])
+    np.testing.assert_allclose(y, want, rtol=1e-12, atol=1e-12)
+    check_grad(core.CreateOperator(op_type, ["X", "L"], ["Y"]), [x, lengths], [0])
+    with pytest.raises(errors.InvalidArgumentError):
+        run(op_type, {"X": x, "L": np.full(n_out, full + 1, np.int32)}, ["Y"])

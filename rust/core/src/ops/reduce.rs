@@ -61,14 +61,14 @@ pub fn schemas() -> Vec<OpSchema> {
     };
     let fb = |name: &'static str, doc: &'static str| {
         OpSchema::new(name, build_front_back)
-            .inputs(1, 1)
+            .inputs(1, 2)
             .outputs(1, 1)
             .args(FRONT_BACK_ARGS)
             .doc(doc)
     };
     let fb_grad = |name: &'static str, doc: &'static str| {
         OpSchema::new(name, build_front_back_grad)
-            .inputs(2, 2)
+            .inputs(2, 3)
             .outputs(1, 1)
             .args(FRONT_BACK_ARGS)
             .doc(doc)
@@ -112,14 +112,14 @@ pub fn schemas() -> Vec<OpSchema> {
         reduce("ReduceMean", "Averages the input over `axes` (float32 or float64)."),
         reduce_grad("ReduceSumGradient", "Gradient of ReduceSum: inputs (dY, X, Y), dX = dY broadcast over the reduced dims."),
         reduce_grad("ReduceMeanGradient", "Gradient of ReduceMean: inputs (dY, X, Y), dX = dY / count broadcast over the reduced dims."),
-        fb("ReduceFrontSum", "Sums over the first num_reduce_dim dims."),
-        fb("ReduceBackSum", "Sums over the last num_reduce_dim dims."),
-        fb("ReduceFrontMean", "Averages over the first num_reduce_dim dims."),
-        fb("ReduceBackMean", "Averages over the last num_reduce_dim dims."),
-        fb_grad("ReduceFrontSumGradient", "Gradient of ReduceFrontSum: inputs (dY, X), dX = dY repeated over the reduced dims."),
-        fb_grad("ReduceBackSumGradient", "Gradient of ReduceBackSum: inputs (dY, X), dX = dY repeated over the reduced dims."),
-        fb_grad("ReduceFrontMeanGradient", "Gradient of ReduceFrontMean: inputs (dY, X), dX = dY / count repeated over the reduced dims."),
-        fb_grad("ReduceBackMeanGradient", "Gradient of ReduceBackMean: inputs (dY, X), dX = dY / count repeated over the reduced dims."),
+        fb("ReduceFrontSum", "Sums over the first num_reduce_dim dims; an optional int32 lengths input (one per output element) sums only the first lengths[j] of them."),
+        fb("ReduceBackSum", "Sums over the last num_reduce_dim dims; an optional int32 lengths input (one per output element) sums only the first lengths[i] of them."),
+        fb("ReduceFrontMean", "Averages over the first num_reduce_dim dims (or the first lengths[j] of them, with a lengths input; 0 for a length of 0)."),
+        fb("ReduceBackMean", "Averages over the last num_reduce_dim dims (or the first lengths[i] of them, with a lengths input; 0 for a length of 0)."),
+        fb_grad("ReduceFrontSumGradient", "Gradient of ReduceFrontSum: inputs (dY, X[, lengths]), dX = dY repeated over the reduced elements counted."),
+        fb_grad("ReduceBackSumGradient", "Gradient of ReduceBackSum: inputs (dY, X[, lengths]), dX = dY repeated over the reduced elements counted."),
+        fb_grad("ReduceFrontMeanGradient", "Gradient of ReduceFrontMean: inputs (dY, X[, lengths]), dX = dY / count over the reduced elements counted."),
+        fb_grad("ReduceBackMeanGradient", "Gradient of ReduceBackMean: inputs (dY, X[, lengths]), dX = dY / count over the reduced elements counted."),
     ]
 }
 
@@ -492,41 +492,111 @@ fn check_num_reduce(op: &str, k: usize, ndim: usize, blob: &str) -> Result<()> {
     Ok(())
 }
 
-fn front_back_t<T: Real>(l: &mut Locked<'_>, op: &str, k: usize) -> Result<()> {
+/// The Front/Back geometry: (rows, cols) of X as a matrix split at the
+/// reduced dims, and the output shape.
+fn fb_dims(
+    op: &str,
+    shape: &[usize],
+    k: usize,
+    front: bool,
+    blob: &str,
+) -> Result<(usize, usize, Vec<usize>)> {
+    check_num_reduce(op, k, shape.len(), blob)?;
+    let split = if front { k } else { shape.len() - k };
+    let rows = shape[..split].iter().product();
+    let cols = shape[split..].iter().product();
+    let out = if front {
+        &shape[split..]
+    } else {
+        &shape[..split]
+    };
+    Ok((rows, cols, out.to_vec()))
+}
+
+/// Per output element, how many of its reduced elements count: the
+/// optional lengths input `i` (int32, one per output element, each at most
+/// `full`), else all `full` of them.
+fn fb_lengths(
+    l: &Locked<'_>,
+    op: &str,
+    i: Option<usize>,
+    n_out: usize,
+    full: usize,
+) -> Result<Vec<usize>> {
+    let Some(i) = i else {
+        return Ok(vec![full; n_out]);
+    };
+    let t = l.tensor(i)?;
+    let name = l.input_name(i);
+    let v: Vec<i64> = match t {
+        Tensor::I32(a) if a.ndim() == 1 => a.iter().map(|&v| i64::from(v)).collect(),
+        Tensor::I64(a) if a.ndim() == 1 => a.iter().copied().collect(),
+        _ => {
+            return Err(Error::type_error(format!(
+                "{op}: the lengths ('{name}') must be a 1-D int32 tensor, got {} of shape {:?}",
+                t.dtype(),
+                t.shape()
+            ))
+            .with_blob(name))
+        }
+    };
+    if v.len() != n_out {
+        return Err(Error::shape(format!(
+            "{op}: the lengths ('{name}') must have {n_out} values (one per output element), got {}",
+            v.len()
+        ))
+        .with_blob(name));
+    }
+    v.iter()
+        .map(|&x| {
+            usize::try_from(x)
+                .ok()
+                .filter(|&u| u <= full)
+                .ok_or_else(|| {
+                    Error::invalid_arg(format!("{op}: length {x} is outside [0, {full}]"))
+                        .with_blob(name)
+                })
+        })
+        .collect()
+}
+
+/// For element `i` of the rows x cols matrix: (its output element, its
+/// position along the reduced dims).
+fn fb_place(i: usize, cols: usize, front: bool) -> (usize, usize) {
+    let (r, c) = (i / cols.max(1), i % cols.max(1));
+    if front {
+        (c, r)
+    } else {
+        (r, c)
+    }
+}
+
+fn front_back_t<T: Real>(
+    l: &mut Locked<'_>,
+    op: &str,
+    k: usize,
+    lens_at: Option<usize>,
+) -> Result<()> {
     let (front, mean) = front_back(op);
     let x = input::<T>(l, op, 0)?;
-    let shape = x.shape().to_vec();
-    check_num_reduce(op, k, shape.len(), l.input_name(0))?;
-    let split = if front { k } else { shape.len() - k };
-    let (rows, cols): (usize, usize) = (
-        shape[..split].iter().product(),
-        shape[split..].iter().product(),
-    );
+    let (rows, cols, out_shape) = fb_dims(op, x.shape(), k, front, l.input_name(0))?;
+    let (n_out, full) = if front { (cols, rows) } else { (rows, cols) };
+    let lens = fb_lengths(l, op, lens_at, n_out, full)?;
     let xs = dense(x);
-    let (out_shape, y): (Vec<usize>, Vec<T>) = if front {
-        let mut y = vec![T::of(0.0); cols];
-        for r in 0..rows {
-            for (c, v) in y.iter_mut().enumerate() {
-                *v += xs[r * cols + c];
+    let mut y = vec![T::of(0.0); n_out];
+    for (i, &v) in xs.iter().enumerate() {
+        let (o, pos) = fb_place(i, cols, front);
+        if pos < lens[o] {
+            y[o] += v;
+        }
+    }
+    if mean {
+        for (v, &n) in y.iter_mut().zip(&lens) {
+            if n > 0 {
+                *v = *v / T::of(n as f64);
             }
         }
-        if mean && rows > 0 {
-            y.iter_mut().for_each(|v| *v = *v / T::of(rows as f64));
-        }
-        (shape[split..].to_vec(), y)
-    } else {
-        let y = (0..rows)
-            .map(|r| {
-                let s: T = xs[r * cols..(r + 1) * cols].iter().copied().sum();
-                if mean && cols > 0 {
-                    s / T::of(cols as f64)
-                } else {
-                    s
-                }
-            })
-            .collect();
-        (shape[..split].to_vec(), y)
-    };
+    }
     l.set_output(0, T::wrap(array(&out_shape, y)?));
     Ok(())
 }
@@ -534,47 +604,45 @@ fn front_back_t<T: Real>(l: &mut Locked<'_>, op: &str, k: usize) -> Result<()> {
 fn build_front_back(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let k: usize = ctx.args.int("num_reduce_dim", 1usize)?;
     let op = ctx.op_type().to_string();
+    let lens_at = (ctx.num_inputs() == 2).then_some(1);
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
-        by_real!(&l, &op, 0, front_back_t(&mut l, &op, k))?;
+        by_real!(&l, &op, 0, front_back_t(&mut l, &op, k, lens_at))?;
         Ok(true)
     }))
 }
 
-fn front_back_grad_t<T: Real>(l: &mut Locked<'_>, op: &str, k: usize) -> Result<()> {
+fn front_back_grad_t<T: Real>(
+    l: &mut Locked<'_>,
+    op: &str,
+    k: usize,
+    lens_at: Option<usize>,
+) -> Result<()> {
     let (front, mean) = front_back(op);
     let dy = input::<T>(l, op, 0)?;
     let shape = l.tensor(1)?.shape().to_vec();
-    check_num_reduce(op, k, shape.len(), l.input_name(1))?;
-    let split = if front { k } else { shape.len() - k };
-    let (rows, cols): (usize, usize) = (
-        shape[..split].iter().product(),
-        shape[split..].iter().product(),
-    );
-    let want = if front { cols } else { rows };
-    if dy.len() != want {
+    let (rows, cols, _) = fb_dims(op, &shape, k, front, l.input_name(1))?;
+    let (n_out, full) = if front { (cols, rows) } else { (rows, cols) };
+    if dy.len() != n_out {
         return Err(Error::shape(format!(
-            "{op}: dY ('{}', shape {:?}) must have {want} elements for X of shape {shape:?}",
+            "{op}: dY ('{}', shape {:?}) must have {n_out} elements for X of shape {shape:?}",
             l.input_name(0),
             dy.shape()
         ))
         .with_blob(l.input_name(0)));
     }
+    let lens = fb_lengths(l, op, lens_at, n_out, full)?;
     let g = dense(dy);
-    let count = if front { rows } else { cols };
-    let scale = if mean {
-        T::of(1.0 / count.max(1) as f64)
-    } else {
-        T::of(1.0)
-    };
     let dx: Vec<T> = (0..rows * cols)
         .map(|i| {
-            scale
-                * if front {
-                    g[i % cols.max(1)]
-                } else {
-                    g[i / cols.max(1)]
-                }
+            let (o, pos) = fb_place(i, cols, front);
+            if pos >= lens[o] {
+                T::of(0.0)
+            } else if mean {
+                g[o] / T::of(lens[o] as f64)
+            } else {
+                g[o]
+            }
         })
         .collect();
     l.set_output(0, T::wrap(array(&shape, dx)?));
@@ -584,9 +652,10 @@ fn front_back_grad_t<T: Real>(l: &mut Locked<'_>, op: &str, k: usize) -> Result<
 fn build_front_back_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let k: usize = ctx.args.int("num_reduce_dim", 1usize)?;
     let op = ctx.op_type().to_string();
+    let lens_at = (ctx.num_inputs() == 3).then_some(2);
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
-        by_real!(&l, &op, 0, front_back_grad_t(&mut l, &op, k))?;
+        by_real!(&l, &op, 0, front_back_grad_t(&mut l, &op, k, lens_at))?;
         Ok(true)
     }))
 }
