@@ -674,6 +674,15 @@ def _front_back_maker(op, g_output):
     return [_op(op.type + "Gradient", ins, [w.GI(0)])], [w.GI(0)] + [None] * (len(op.input) - 1)
 
 
+def _front_back_max_maker(op, g_output):
+    w = GradientWrapper(op, g_output)
+    ins = [w.GO(0), w.I(0), w.O(0)] + list(op.input[1:])
+    return [_op(op.type + "Gradient", ins, [w.GI(0)])], [w.GI(0)] + [None] * (len(op.input) - 1)
+
+
+_register("ReduceFrontMax")(_front_back_max_maker)
+_register("ReduceBackMax")(_front_back_max_maker)
+
 for _t in ("ReduceSum", "ReduceMean"):
     _register(_t)(_reduce_maker)
 for _t in ("ReduceFrontSum", "ReduceBackSum", "ReduceFrontMean", "ReduceBackMean"):

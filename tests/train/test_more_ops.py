@@ -592,3 +592,29 @@ def test_reduce_front_back_with_lengths(fresh, rows, cols, seed, op_type):
     check_grad(core.CreateOperator(op_type, ["X", "L"], ["Y"]), [x, lengths], [0])
     with pytest.raises(errors.InvalidArgumentError):
         run(op_type, {"X": x, "L": np.full(n_out, full + 1, np.int32)}, ["Y"])
+
+
+@settings(**SETTINGS)
+@given(rows=dims, cols=dims, seed=seeds, front=st.booleans(), with_lengths=st.booleans())
+def test_reduce_front_back_max(fresh, rows, cols, seed, front, with_lengths):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, cols))
+    op_type = "ReduceFrontMax" if front else "ReduceBackMax"
+    full, n_out = (rows, cols) if front else (cols, rows)
+    lengths = rng.integers(1, full + 1, n_out).astype(np.int32)
+    m = x.T if front else x
+    inputs = {"X": x, "L": lengths} if with_lengths else {"X": x}
+    (y,) = run(op_type, inputs, ["Y"])
+    want = [m[o, :n].max() for o, n in enumerate(lengths)] if with_lengths else m.max(axis=1)
+    np.testing.assert_array_equal(y, want)
+    check_grad(core.CreateOperator(op_type, list(inputs), ["Y"]), list(inputs.values()), [0])
+
+
+@pytest.mark.parametrize("op_type", ["ReduceFrontSum", "ReduceBackMean"])
+def test_front_back_gradient_takes_x_or_its_shape(fresh, op_type):
+    x = np.random.default_rng(3).standard_normal((2, 3, 4)).astype(np.float32)
+    dy = np.random.default_rng(4).standard_normal((3, 4) if "Front" in op_type else (2, 3)).astype(np.float32)
+    (dx,) = run(op_type + "Gradient", {"dY": dy, "X": x}, ["dX"])
+    (dx1,) = run(op_type + "Gradient", {"dY": dy, "S": np.array(x.shape, np.int64)}, ["dX1"])
+    np.testing.assert_array_equal(dx, dx1)
+    assert dx.shape == x.shape

@@ -1,6 +1,6 @@
 //! Reshapes and reductions (issue 14): Reshape, Flatten, FlattenToVec,
 //! ExpandDims, Squeeze, ResizeLike, ReduceSum, ReduceMean,
-//! ReduceFrontSum/Mean, ReduceBackSum/Mean and their gradient ops.
+//! ReduceFrontSum/Mean/Max, ReduceBackSum/Mean/Max and their gradient ops.
 //!
 //! The reshapes take any dtype and copy (Caffe2 shared the buffer); the
 //! reductions take float32 or float64. Which gradient ops an op's gradient
@@ -116,6 +116,26 @@ pub fn schemas() -> Vec<OpSchema> {
         fb("ReduceBackSum", "Sums over the last num_reduce_dim dims; an optional int32 lengths input (one per output element) sums only the first lengths[i] of them."),
         fb("ReduceFrontMean", "Averages over the first num_reduce_dim dims (or the first lengths[j] of them, with a lengths input; 0 for a length of 0)."),
         fb("ReduceBackMean", "Averages over the last num_reduce_dim dims (or the first lengths[i] of them, with a lengths input; 0 for a length of 0)."),
+        OpSchema::new("ReduceFrontMax", build_front_back_max)
+            .inputs(1, 2)
+            .outputs(1, 1)
+            .args(FRONT_BACK_ARGS)
+            .doc("The maximum over the first num_reduce_dim dims (or the first lengths[j] of them, with a lengths input; -inf for a length of 0)."),
+        OpSchema::new("ReduceBackMax", build_front_back_max)
+            .inputs(1, 2)
+            .outputs(1, 1)
+            .args(FRONT_BACK_ARGS)
+            .doc("The maximum over the last num_reduce_dim dims (or the first lengths[i] of them, with a lengths input; -inf for a length of 0)."),
+        OpSchema::new("ReduceFrontMaxGradient", build_front_back_max)
+            .inputs(3, 4)
+            .outputs(1, 1)
+            .args(FRONT_BACK_ARGS)
+            .doc("Gradient of ReduceFrontMax: inputs (dY, X, Y[, lengths]); each counted element equal to its maximum gets dY."),
+        OpSchema::new("ReduceBackMaxGradient", build_front_back_max)
+            .inputs(3, 4)
+            .outputs(1, 1)
+            .args(FRONT_BACK_ARGS)
+            .doc("Gradient of ReduceBackMax: inputs (dY, X, Y[, lengths]); each counted element equal to its maximum gets dY."),
         fb_grad("ReduceFrontSumGradient", "Gradient of ReduceFrontSum: inputs (dY, X[, lengths]), dX = dY repeated over the reduced elements counted."),
         fb_grad("ReduceBackSumGradient", "Gradient of ReduceBackSum: inputs (dY, X[, lengths]), dX = dY repeated over the reduced elements counted."),
         fb_grad("ReduceFrontMeanGradient", "Gradient of ReduceFrontMean: inputs (dY, X[, lengths]), dX = dY / count over the reduced elements counted."),
@@ -482,6 +502,23 @@ fn front_back(op: &str) -> (bool, bool) {
     (op.starts_with("ReduceFront"), op.contains("Mean"))
 }
 
+/// The shape of X for a Front/Back gradient op: input `i` is X, or (as
+/// Caffe2 also accepts) X's shape as a 1-D int64 tensor.
+fn x_shape(l: &Locked<'_>, op: &str, i: usize) -> Result<Vec<usize>> {
+    match l.tensor(i)? {
+        Tensor::I64(a) if a.ndim() == 1 => a
+            .iter()
+            .map(|&d| {
+                usize::try_from(d).map_err(|_| {
+                    Error::invalid_arg(format!("{op}: the shape input has a negative dim {d}"))
+                        .with_blob(l.input_name(i))
+                })
+            })
+            .collect(),
+        t => Ok(t.shape().to_vec()),
+    }
+}
+
 fn check_num_reduce(op: &str, k: usize, ndim: usize, blob: &str) -> Result<()> {
     if k > ndim {
         return Err(Error::invalid_arg(format!(
@@ -571,6 +608,73 @@ fn fb_place(i: usize, cols: usize, front: bool) -> (usize, usize) {
     }
 }
 
+fn front_back_max_t<T: Real>(
+    l: &mut Locked<'_>,
+    op: &str,
+    k: usize,
+    lens_at: Option<usize>,
+    grad: bool,
+) -> Result<()> {
+    let front = op.starts_with("ReduceFront");
+    let xi = usize::from(grad);
+    let x = input::<T>(l, op, xi)?;
+    let (rows, cols, out_shape) = fb_dims(op, x.shape(), k, front, l.input_name(xi))?;
+    let (n_out, full) = if front { (cols, rows) } else { (rows, cols) };
+    let lens = fb_lengths(l, op, lens_at, n_out, full)?;
+    let xs = dense(x);
+    if grad {
+        // Inputs (dY, X, Y[, lengths]): dY goes to every counted element
+        // equal to its maximum.
+        let (dy, y) = (input::<T>(l, op, 0)?, input::<T>(l, op, 2)?);
+        if dy.len() != n_out || y.len() != n_out {
+            return Err(Error::shape(format!(
+                "{op}: dY ('{}') and Y ('{}') must have {n_out} elements",
+                l.input_name(0),
+                l.input_name(2)
+            ))
+            .with_blob(l.input_name(0)));
+        }
+        let (g, ys) = (dense(dy), dense(y));
+        let dx: Vec<T> = xs
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| {
+                let (o, pos) = fb_place(i, cols, front);
+                if pos < lens[o] && v == ys[o] {
+                    g[o]
+                } else {
+                    T::of(0.0)
+                }
+            })
+            .collect();
+        let shape = x.shape().to_vec();
+        l.set_output(0, T::wrap(array(&shape, dx)?));
+        return Ok(());
+    }
+    let mut y = vec![T::of(f64::NEG_INFINITY); n_out];
+    for (i, &v) in xs.iter().enumerate() {
+        let (o, pos) = fb_place(i, cols, front);
+        if pos < lens[o] && v > y[o] {
+            y[o] = v;
+        }
+    }
+    l.set_output(0, T::wrap(array(&out_shape, y)?));
+    Ok(())
+}
+
+fn build_front_back_max(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let k: usize = ctx.args.int("num_reduce_dim", 1usize)?;
+    let op = ctx.op_type().to_string();
+    let grad = op.ends_with("Gradient");
+    let base = if grad { 3 } else { 1 };
+    let lens_at = (ctx.num_inputs() == base + 1).then_some(base);
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        by_real!(&l, &op, 0, front_back_max_t(&mut l, &op, k, lens_at, grad))?;
+        Ok(true)
+    }))
+}
+
 fn front_back_t<T: Real>(
     l: &mut Locked<'_>,
     op: &str,
@@ -620,7 +724,7 @@ fn front_back_grad_t<T: Real>(
 ) -> Result<()> {
     let (front, mean) = front_back(op);
     let dy = input::<T>(l, op, 0)?;
-    let shape = l.tensor(1)?.shape().to_vec();
+    let shape = x_shape(l, op, 1)?;
     let (rows, cols, _) = fb_dims(op, &shape, k, front, l.input_name(1))?;
     let (n_out, full) = if front { (cols, rows) } else { (rows, cols) };
     if dy.len() != n_out {
