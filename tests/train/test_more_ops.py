@@ -618,3 +618,31 @@ def test_front_back_gradient_takes_x_or_its_shape(fresh, op_type):
     (dx1,) = run(op_type + "Gradient", {"dY": dy, "S": np.array(x.shape, np.int64)}, ["dX1"])
     np.testing.assert_array_equal(dx, dx1)
     assert dx.shape == x.shape
+
+
+@pytest.mark.parametrize("old,new,want", [
+    ((4, 2, 1), (0, -1, 0), (4, 2, 1)),
+    ((4, 3, 2), (-1, 0), (8, 3)),
+    ((0, 0), (0, 0, 0), (0, 0, 0)),  # a 0 past the input's dims stays 0
+    ((2, 0), (-1, 0), (0, 0)),  # empty input: the -1 becomes 0
+    ((4, 0), (1, -1), (1, 0)),
+    ((0,), (0, -1), (0, 0)),
+    ((), (1, -1), (1, 1)),
+])
+def test_reshape_zero_and_missing_dims(fresh, old, new, want):
+    x = np.zeros(old, np.float32)
+    for via_input in (False, True):
+        if via_input:
+            y, s = run("Reshape", {"x": x, "s": np.array(new, np.int64)}, ["y", "s_old"])
+        else:
+            y, s = run("Reshape", {"x": x}, ["y", "s_old"], shape=list(new))
+        assert y.shape == want and list(s) == list(old)
+    # The gradient takes the old shape back.
+    net = core.Net("rg")
+    net.AddExternalInput("x", "dy")
+    out, _ = net.Reshape(["x"], ["y", "old"], shape=list(new))
+    net.AddGradientOperators({out: "dy"})
+    workspace.FeedBlob("x", x)
+    workspace.FeedBlob("dy", np.ones(want, np.float32))
+    workspace.RunNetOnce(net)
+    assert workspace.FetchBlob("x_grad").shape == old

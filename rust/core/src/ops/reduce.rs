@@ -165,7 +165,9 @@ fn set_reshaped(l: &mut Locked<'_>, shape: &[usize]) -> Result<()> {
     Ok(())
 }
 
-/// Caffe2's shape rules: 0 copies the input's dim, one -1 is inferred.
+/// Caffe2's shape rules: 0 copies the input's dim (a 0 past the input's
+/// dims stays 0), one -1 is inferred (0 for an empty input when the other
+/// dims multiply to 0).
 fn resolve_shape(op: &str, want: &[i64], old: &[usize], blob: &str) -> Result<Vec<usize>> {
     let total: usize = old.iter().product();
     let mut out = Vec::with_capacity(want.len());
@@ -181,16 +183,8 @@ fn resolve_shape(op: &str, want: &[i64], old: &[usize], blob: &str) -> Result<Ve
                 }
                 out.push(1);
             }
-            0 => match old.get(i) {
-                Some(&v) => out.push(v),
-                None => {
-                    return Err(Error::invalid_arg(format!(
-                        "{op}: dim {i} of the new shape {want:?} is 0 (copy the input's), but the input {old:?} has only {} dims",
-                        old.len()
-                    ))
-                    .with_blob(blob))
-                }
-            },
+            // 0 copies the input's dim; past the input's dims it is a 0 (Caffe2).
+            0 => out.push(old.get(i).copied().unwrap_or(0)),
             d if d > 0 => out.push(d as usize),
             d => {
                 return Err(Error::invalid_arg(format!(
@@ -202,6 +196,11 @@ fn resolve_shape(op: &str, want: &[i64], old: &[usize], blob: &str) -> Result<Ve
     }
     let known: usize = out.iter().product();
     if let Some(i) = infer {
+        if known == 0 && total == 0 {
+            // An empty input: the missing dim is 0 too (Caffe2).
+            out[i] = 0;
+            return Ok(out);
+        }
         if known == 0 || total % known != 0 {
             return Err(Error::shape(format!(
                 "{op}: cannot infer the -1 of {want:?} for an input of shape {old:?} ({total} elements)"
