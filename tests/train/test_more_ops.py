@@ -308,6 +308,11 @@ def test_gather_forward(fresh):
         run("Gather", {"d": data, "i": np.array([4], np.int32)}, ["y"])
     (w,) = run("Gather", {"d": data, "i": np.array([-1], np.int32)}, ["w"], wrap_indices=1)
     np.testing.assert_array_equal(w, data[[-1]])
+    # Caffe2's rule for an empty DATA: an empty output shaped like it.
+    (e,) = run("Gather", {"e": np.zeros((0, 2, 3), np.float32), "i": np.array([4, 1], np.int32)}, ["eo"])
+    assert e.shape == (0, 2, 3)
+    (e2,) = run("Gather", {"d": data, "i": np.zeros(0, np.int32)}, ["e2"])
+    assert e2.shape == (0, 3)
 
 
 @settings(**SETTINGS)

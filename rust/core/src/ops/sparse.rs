@@ -171,6 +171,15 @@ fn build_gather(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             .with_blob(dname));
         }
         let (idx, idx_shape) = indices(&l, op, 1)?;
+        if data.shape()[ax] == 0 {
+            // Nothing to gather from: Caffe2 gives an empty output shaped
+            // like DATA with its first dim 0, whatever the indices.
+            let mut shape = data.shape().to_vec();
+            shape[0] = 0;
+            let out = Tensor::zeros(data.dtype(), &shape)?;
+            l.set_output(0, out);
+            return Ok(true);
+        }
         let rows = checked_rows(op, &idx, data.shape()[ax], wrap, l.input_name(1))?;
         let out = crate::with_match_dtype!(data.dtype(), |T| gather_of::<T>(data, ax, &rows, &idx_shape),
             else other => Err(crate::tensor::unsupported_dtype(other)))?;
