@@ -18,12 +18,19 @@ SGD with ``ScatterWeightedSum``, Adagrad with ``SparseAdagrad`` (or
 merged first (Caffe2's default, ``sparse_dedup_aggregator=None``).
 """
 
+from collections import namedtuple
+
 from ferrocaffe import core, utils
 
 __all__ = [
-    "AdagradOptimizer", "AdamOptimizer", "Optimizer", "SgdOptimizer", "WeightDecayBuilder",
-    "add_weight_decay", "build_adagrad", "build_adam", "build_sgd",
+    "AdagradOptimizer", "AdamOptimizer", "AuxOptimizerParams", "Optimizer", "SgdOptimizer",
+    "WeightDecayBuilder", "add_weight_decay", "build_adagrad", "build_adam", "build_sgd",
 ]
+
+#: The blobs an optimizer adds besides the parameters: ``local`` ones (one
+#: per parameter, such as moments) and ``shared`` ones (such as the
+#: iteration), as Caffe2's ``get_auxiliary_parameters()`` gives them.
+AuxOptimizerParams = namedtuple("AuxOptimizerParams", ["local", "shared"])
 
 
 class Optimizer:
@@ -34,6 +41,16 @@ class Optimizer:
         self._instance_num = Optimizer._instance_counts.get(cls, 0)
         Optimizer._instance_counts[cls] = self._instance_num + 1
         self._lr = None
+        self._aux_params = AuxOptimizerParams(local=[], shared=[])
+
+    def get_auxiliary_parameters(self):
+        """AuxOptimizerParams(local, shared): the moments and other blobs
+        this optimizer added, for checkpointing or inspection."""
+        return self._aux_params
+
+    def _shared(self, blob):
+        if str(blob) not in {str(b) for b in self._aux_params.shared}:
+            self._aux_params.shared.append(blob)
 
     def __call__(self, net, param_init_net, param, grad=None):
         if grad is None:
@@ -78,9 +95,11 @@ class SgdOptimizer(Optimizer):
         lr, _ = self.build_lr(
             net, param_init_net, self.base_learning_rate * sign, policy=self.policy, **self.init_kwargs
         )
+        self._shared(self.ones(param_init_net))
         if isinstance(grad, core.GradientSlice):
             if self.momentum > 0:
                 m = param_init_net.ConstantFill([param], str(param) + "_momentum", value=0.0)
+                self._aux_params.local.append(m)
                 net.SparseMomentumSGDUpdate(
                     [grad.values, m, lr, param, grad.indices], [grad.values, m, param],
                     momentum=self.momentum, nesterov=int(bool(self.nesterov)),
@@ -91,6 +110,7 @@ class SgdOptimizer(Optimizer):
             return
         if self.momentum > 0:
             m = param_init_net.ConstantFill([param], str(param) + "_momentum", value=0.0)
+            self._aux_params.local.append(m)
             net.MomentumSGDUpdate(
                 [grad, m, lr, param], [grad, m, param],
                 momentum=self.momentum, nesterov=int(bool(self.nesterov)),
@@ -114,6 +134,8 @@ class AdamOptimizer(Optimizer):
         lr, iteration = self.build_lr(net, param_init_net, self.alpha, policy=self.policy, **self.init_kwargs)
         m1 = param_init_net.ConstantFill([param], str(param) + "_first_moment", value=0.0)
         m2 = param_init_net.ConstantFill([param], str(param) + "_second_moment", value=0.0)
+        self._shared(iteration)
+        self._aux_params.local.extend([m1, m2])
         if isinstance(grad, core.GradientSlice):
             net.SparseAdam(
                 [param, m1, m2, grad.indices, grad.values, lr, iteration], [param, m1, m2],
@@ -159,6 +181,7 @@ class AdagradOptimizer(Optimizer):
             )
         else:
             moment = param_init_net.ConstantFill([param], str(param) + "_squared_sum", value=0.0)
+        self._aux_params.local.append(moment)
         args = dict(epsilon=float(self.epsilon), weight_decay=float(self.weight_decay))
         if isinstance(grad, core.GradientSlice):
             op = "RowWiseSparseAdagrad" if self.rowWise else "SparseAdagrad"

@@ -230,3 +230,20 @@ def test_skip_sparse_optim_and_order_of_calls(fresh):
     model.AddGradientOperators([model.net.AveragedLoss(v, "loss")])
     assert isinstance(model.param_to_grad[w], core.GradientSlice)
     assert [str(p.blob) for p in model.GetOptimizationParamInfo()] == ["y_w", "y_b"]
+
+
+def test_optimizers_report_their_auxiliary_blobs(fresh):
+    def aux(build, **kw):
+        model = model_helper.ModelHelper(name="aux")
+        pred = brew.fc(model, "data", "pred", dim_in=3, dim_out=1)
+        model.AddGradientOperators([model.net.AveragedLoss(pred, "loss")])
+        p = build(model, **kw).get_auxiliary_parameters()
+        return sorted(map(str, p.local)), sorted(map(str, p.shared))
+
+    assert aux(optimizer.build_adagrad, base_learning_rate=0.1) == (
+        ["pred_b_squared_sum", "pred_w_squared_sum"], [])
+    assert aux(optimizer.build_adam, base_learning_rate=0.1) == (
+        ["pred_b_first_moment", "pred_b_second_moment", "pred_w_first_moment", "pred_w_second_moment"],
+        ["optimizer_iteration"])
+    assert aux(optimizer.build_sgd, base_learning_rate=0.1, momentum=0.9) == (
+        ["pred_b_momentum", "pred_w_momentum"], ["ONE_0_0"])
