@@ -2,7 +2,9 @@
 //! FCTransposed, MatMul, Relu, Sigmoid, Tanh, Softmax, SoftmaxWithLoss,
 //! LabelCrossEntropy, AveragedLoss, SquaredL2Distance, Accuracy,
 //! StopGradient, LeakyRelu, Exp, Log, Sqrt, Abs, Negative, and the
-//! gradients of Add, Sub and Mul.
+//! gradients of Add, Sub, Mul and Div; then (`more_schemas`) BatchMatMul,
+//! CrossEntropy, SigmoidCrossEntropyWithLogits, L1Distance, Dropout, Pow,
+//! Clip and WeightedSumGradient.
 //!
 //! Which gradient ops an op's gradient takes (Caffe2's gradient makers) is
 //! decided in Python (`ferrocaffe/gradients.py`), as Caffe2's Python layer

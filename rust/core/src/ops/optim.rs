@@ -1,7 +1,9 @@
 //! Training support (issue 14): the weight fillers XavierFill and MSRAFill,
-//! LearningRate, and the updates MomentumSGDUpdate and Adam (float32, as
-//! Caffe2's CPU kernels; WeightedSum, the plain SGD update, is in
-//! elementwise.rs).
+//! LearningRate, and the updates MomentumSGDUpdate, Adam, Adagrad and the
+//! sparse ones (SparseMomentumSGDUpdate, SparseAdam, SparseAdagrad,
+//! RowWiseSparseAdagrad: rows at indices, in order) (float32, as Caffe2's
+//! CPU kernels; WeightedSum, the plain SGD update, is in elementwise.rs,
+//! and ScatterWeightedSum, its sparse form, in sparse.rs).
 
 #![allow(clippy::result_large_err)]
 
