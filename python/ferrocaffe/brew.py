@@ -10,7 +10,10 @@ current name scope, created and filled in ``model.param_init_net``
 
 from ferrocaffe import core, scope
 
-__all__ = ["Register", "fc", "has_helper", "relu", "sigmoid", "softmax", "sum", "tanh"]
+__all__ = [
+    "Register", "add_weight_decay", "concat", "dropout", "fc", "has_helper", "relu", "sigmoid",
+    "softmax", "sum", "tanh", "transpose",
+]
 
 _HELPERS = {}
 
@@ -81,3 +84,44 @@ softmax = _unary("Softmax", "Softmax over each row (axis=1 by default).")
 def sum(model, blob_in, blob_out, **kwargs):
     """Y = the sum of the input blobs."""
     return model.net.Sum(blob_in, blob_out, **kwargs)
+
+
+@Register
+def dropout(model, blob_in, blob_out, use_cudnn=False, **kwargs):
+    """Dropout (``ratio``; ``is_test`` is required, as in Caffe2); the mask
+    goes to ``_<blob_out>_mask``."""
+    if "is_test" not in kwargs:
+        raise AssertionError("Argument 'is_test' is required")
+    kwargs.pop("engine", None)
+    return model.net.Dropout(blob_in, [blob_out, "_" + str(blob_out) + "_mask"], **kwargs)[0]
+
+
+@Register
+def concat(model, blobs_in, blob_out, **kwargs):
+    """Joins the inputs (along ``axis``, or ``order``'s channel dim); the
+    split sizes go to ``_<blob_out>_concat_dims``."""
+    if kwargs.get("order") and kwargs.get("axis"):
+        kwargs.pop("order")
+    return model.net.Concat(blobs_in, [blob_out, "_" + str(blob_out) + "_concat_dims"], **kwargs)[0]
+
+
+@Register
+def transpose(model, blob_in, blob_out, use_cudnn=False, **kwargs):
+    """Permutes the dims (``axes``; reversed by default)."""
+    kwargs.pop("engine", None)
+    return model.net.Transpose(blob_in, blob_out, **kwargs)
+
+
+@Register
+def add_weight_decay(model, weight_decay):
+    """grad += weight_decay * param for each weight (``model.weights``) in
+    the current name scope; run after AddGradientOperators."""
+    if weight_decay <= 0.0:
+        return
+    wd = model.param_init_net.ConstantFill([], "wd", shape=[1], value=float(weight_decay))
+    one = model.param_init_net.ConstantFill([], "ONE", shape=[1], value=1.0)
+    namescope = scope.CurrentNameScope()
+    weights = [w for w in model.weights if not namescope or str(w).startswith(namescope)]
+    for param in weights:
+        grad = model.param_to_grad[param]
+        model.net.WeightedSum([grad, one, param, wd], grad)

@@ -60,6 +60,10 @@ def _op(op_type, inputs, outputs, **args):
         a.name = name
         if isinstance(value, float):
             a.f = value
+        elif isinstance(value, (str, bytes)):
+            a.s = value.encode() if isinstance(value, str) else value
+        elif isinstance(value, (list, tuple)):
+            a.ints.extend(int(v) for v in value)
         else:
             a.i = int(value)
     return op
@@ -73,6 +77,8 @@ class GradientRegistry:
     # (Caffe2's C++ makers, CopyArguments() true); makers registered with
     # RegisterGradient return their ops as they are, as in Caffe2.
     _copy_args = set()
+    # Makers that take a GradientSlice as an output's gradient.
+    _sparse_aware = {"StopGradient"}
 
     @classmethod
     def RegisterGradient(cls, op_type):
@@ -115,6 +121,13 @@ class GradientRegistry:
                 f"{op.type}: {len(g_output)} output gradients given for {len(op.output)} outputs",
                 op=op.type,
             )
+        for name, g in zip(op.output, g_output):
+            if isinstance(g, GradientSlice) and op.type not in cls._sparse_aware:
+                raise errors.InvalidArgumentError(
+                    f"{op.type}: the gradient of output '{name}' is sparse (a GradientSlice), "
+                    "expected dense; turn it dense with SparseToDense (Gather: dense_gradient=1)",
+                    op=op.type,
+                )
         gradient_ops, g_input = maker(op, g_output)
         gradient_ops = list(gradient_ops or [])
         g_input = list(g_input) if g_input is not None else [None] * len(op.input)
@@ -146,6 +159,16 @@ class GradientRegistry:
 
 # (the gradient op or None, which of its outputs, the gradient blob name)
 _Generator = namedtuple("_Generator", ["grad_op", "idx", "gradient"])
+# A sparse gradient's generator: the ops (or None) making its indices and
+# values, which of their outputs, and the GradientSlice.
+_SparseGenerator = namedtuple("_SparseGenerator", ["op_i", "idx_i", "op_v", "idx_v", "gradient"])
+
+
+def _made_by(grad_ops, name):
+    for gop in reversed(grad_ops):
+        if str(name) in gop.output:
+            return gop, list(gop.output).index(str(name))
+    return None, None
 
 
 class IR:
@@ -199,9 +222,12 @@ class IR:
                 continue
             seen.add(name)
             if isinstance(g, GradientSlice):
-                raise errors.InvalidArgumentError(
-                    f"{op.type}: sparse gradients (GradientSlice) are not supported yet", op=op.type
+                op_i, idx_i = _made_by(grad_ops, g.indices)
+                op_v, idx_v = _made_by(grad_ops, g.values)
+                self.gradient_generators[name][in_versions[name]].append(
+                    _SparseGenerator(op_i, idx_i, op_v, idx_v, g)
                 )
+                continue
             made_by = None
             for gop in reversed(grad_ops):
                 if str(g) in gop.output:
@@ -211,10 +237,47 @@ class IR:
                 made_by or _Generator(None, None, str(g))
             )
 
+    def _sparse_sum_ops(self, name, gens):
+        """Caffe2's sum of sparse gradients: their indices and their values
+        concatenated (duplicates are left for the optimizer)."""
+        base = grad_name(name)
+        ins_i, ins_v, cnt_i, cnt_v = [], [], 0, 0
+        for gen in gens:
+            if gen.op_i is not None:
+                new = "_" + gen.op_i.output[gen.idx_i] + f"_autosplit_{cnt_i}"
+                cnt_i += 1
+                gen.op_i.output[gen.idx_i] = new
+                ins_i.append(new)
+            else:
+                ins_i.append(str(gen.gradient.indices))
+            if gen.op_v is not None:
+                new = "_" + gen.op_v.output[gen.idx_v] + f"_autosplit_{cnt_v}"
+                cnt_v += 1
+                gen.op_v.output[gen.idx_v] = new
+                ins_v.append(new)
+            else:
+                ins_v.append(str(gen.gradient.values))
+        out_i, out_v = base + "_indices_concat", base + "_values_concat"
+        ops = [
+            _op("Concat", ins_i, [out_i, out_i + "_split"], axis=0),
+            _op("Concat", ins_v, [out_v, out_v + "_split"], axis=0),
+        ]
+        for o in ops:
+            o.is_gradient_op = True
+        return ops, GradientSlice(out_i, out_v)
+
     def _sum_ops(self, name, version):
         gens = self.gradient_generators[name][version]
         if len(gens) < 2:
             return [], None
+        sparse = [isinstance(g, _SparseGenerator) for g in gens]
+        if all(sparse):
+            return self._sparse_sum_ops(name, gens)
+        if any(sparse):
+            raise errors.InvalidArgumentError(
+                f"Automatic aggregation of a mix of sparse and dense gradients is not supported yet "
+                f"(blob '{name}' gets both)"
+            )
         base = grad_name(name)
         inputs, cnt, first = [], 0, True
         for gen in gens:
@@ -344,16 +407,24 @@ def _arg_i(op, name, default=0):
 
 @_register("MatMul", copy_arguments=False)
 def _matmul_grad(op, g_output):
+    """As Caffe2: each gradient is a MatMul with the forward input it
+    replaces as third input, so that it takes that input's (N-d) shape."""
     w = GradientWrapper(op, g_output)
     a, b, dy = w.I(0), w.I(1), w.GO(0)
     ta, tb = _arg_i(op, "trans_a"), _arg_i(op, "trans_b")
-    # dA = dY op(B)^T (transposed back when trans_a); dB = op(A)^T dY likewise.
-    if ta:
-        da = _op("MatMul", [b, dy], [w.GI(0)], trans_a=1 if tb else 0, trans_b=1)
-        db = _op("MatMul", [dy, a], [w.GI(1)], trans_a=1, trans_b=1) if tb else _op("MatMul", [a, dy], [w.GI(1)])
-    else:
-        da = _op("MatMul", [dy, b], [w.GI(0)], trans_b=0 if tb else 1)
-        db = _op("MatMul", [dy, a], [w.GI(1)], trans_a=1) if tb else _op("MatMul", [a, dy], [w.GI(1)], trans_a=1)
+    ax_a, ax_b = _arg_i(op, "axis_a", 1), _arg_i(op, "axis_b", 1)
+    if ta and tb:  # A'B': dA = B'G', dB = G'A'
+        da = _op("MatMul", [b, dy, a], [w.GI(0)], trans_a=1, trans_b=1, axis_a=ax_b)
+        db = _op("MatMul", [dy, a, b], [w.GI(1)], trans_a=1, trans_b=1, axis_b=ax_a)
+    elif ta:  # A'B: dA = BG', dB = AG
+        da = _op("MatMul", [b, dy, a], [w.GI(0)], trans_b=1, axis_a=ax_b)
+        db = _op("MatMul", [a, dy, b], [w.GI(1)], axis_a=ax_a)
+    elif tb:  # AB': dA = GB, dB = G'A
+        da = _op("MatMul", [dy, b, a], [w.GI(0)], axis_b=ax_b)
+        db = _op("MatMul", [dy, a, b], [w.GI(1)], trans_a=1, axis_b=ax_a)
+    else:  # AB: dA = GB', dB = A'G
+        da = _op("MatMul", [dy, b, a], [w.GI(0)], trans_b=1, axis_b=ax_b)
+        db = _op("MatMul", [a, dy, b], [w.GI(1)], trans_a=1, axis_a=ax_a)
     return [da, db], [w.GI(0), w.GI(1)]
 
 
@@ -499,3 +570,300 @@ def _sqrt_grad(op, g_output):
 def _negative_grad(op, g_output):
     w = GradientWrapper(op, g_output)
     return [_op("Negative", [w.GO(0)], [w.GI(0)])], [w.GI(0)]
+
+
+# --------------------------------------- makers of the second slice (#14) --
+
+
+def _arg(op, name):
+    for a in op.arg:
+        if a.name == name:
+            return a
+    return None
+
+
+def _arg_f(op, name, default=0.0):
+    a = _arg(op, name)
+    if a is None:
+        return default
+    return a.f if a.HasField("f") else float(a.i)
+
+
+@_register("BatchMatMul", copy_arguments=False)
+def _batch_matmul_grad(op, g_output):
+    if _arg_i(op, "broadcast"):
+        raise errors.InvalidArgumentError(
+            "Gradient is currently not supported with broadcast=1 for BatchMatMul.", op=op.type
+        )
+    w = GradientWrapper(op, g_output)
+    a, b, dy = w.I(0), w.I(1), w.GO(0)
+    ta, tb = _arg_i(op, "trans_a"), _arg_i(op, "trans_b")
+    if ta and tb:  # A'B': dA = B'G', dB = G'A'
+        da = _op("BatchMatMul", [b, dy], [w.GI(0)], trans_a=1, trans_b=1)
+        db = _op("BatchMatMul", [dy, a], [w.GI(1)], trans_a=1, trans_b=1)
+    elif ta:  # A'B: dA = BG', dB = AG
+        da = _op("BatchMatMul", [b, dy], [w.GI(0)], trans_b=1)
+        db = _op("BatchMatMul", [a, dy], [w.GI(1)])
+    elif tb:  # AB': dA = GB, dB = G'A
+        da = _op("BatchMatMul", [dy, b], [w.GI(0)])
+        db = _op("BatchMatMul", [dy, a], [w.GI(1)], trans_a=1)
+    else:  # AB: dA = GB', dB = A'G
+        da = _op("BatchMatMul", [dy, b], [w.GI(0)], trans_b=1)
+        db = _op("BatchMatMul", [a, dy], [w.GI(1)], trans_a=1)
+    return [da, db], [w.GI(0), w.GI(1)]
+
+
+@_register("CrossEntropy")
+def _cross_entropy_grad(op, g_output):
+    w = GradientWrapper(op, g_output)
+    return [_op("CrossEntropyGradient", [w.I(0), w.I(1), w.GO(0)], [w.GI(0)])], [w.GI(0), None]
+
+
+@_register("SigmoidCrossEntropyWithLogits")
+def _sigmoid_xent_grad(op, g_output):
+    w = GradientWrapper(op, g_output)
+    ops = [_op("SigmoidCrossEntropyWithLogitsGradient", [w.GO(0), w.I(0), w.I(1)], [w.GI(0)])]
+    return ops, [w.GI(0), None]
+
+
+@_register("L1Distance")
+def _l1_grad(op, g_output):
+    w = GradientWrapper(op, g_output)
+    ops = [_op("L1DistanceGradient", [w.I(0), w.I(1), w.GO(0)], [w.GI(0), w.GI(1)])]
+    return ops, [w.GI(0), w.GI(1)]
+
+
+@_register("Dropout")
+def _dropout_grad(op, g_output):
+    w = GradientWrapper(op, g_output)
+    if _arg_i(op, "is_test"):
+        return [_op("DropoutGrad", [w.GO(0)], [w.GI(0)])], [w.GI(0)]
+    if len(op.output) < 2:
+        raise errors.InvalidArgumentError(
+            "Dropout: the gradient of a training Dropout needs its mask output", op=op.type
+        )
+    return [_op("DropoutGrad", [w.GO(0), w.O(1)], [w.GI(0)])], [w.GI(0)]
+
+
+@_register("Reshape", copy_arguments=False)
+def _reshape_grad(op, g_output):
+    w = GradientWrapper(op, g_output)
+    if len(op.output) > 1:
+        ops = [_op("Reshape", [w.GO(0), w.O(1)], [w.GI(0), "_" + w.GI(0) + "_dims"])]
+    else:
+        ops = [_op("ResizeLike", [w.GO(0), w.I(0)], [w.GI(0)])]
+    return ops, [w.GI(0)] + [None] * (len(op.input) - 1)
+
+
+def _resize_like_grad(op, g_output):
+    w = GradientWrapper(op, g_output)
+    return [_op("ResizeLike", [w.GO(0), w.I(0)], [w.GI(0)])], [w.GI(0)]
+
+
+_register("Flatten", copy_arguments=False)(_resize_like_grad)
+_register("FlattenToVec", copy_arguments=False)(_resize_like_grad)
+
+
+@_register("ExpandDims")
+def _expand_dims_grad(op, g_output):
+    w = GradientWrapper(op, g_output)
+    return [_op("Squeeze", [w.GO(0)], [w.GI(0)])], [w.GI(0)]
+
+
+@_register("Squeeze")
+def _squeeze_grad(op, g_output):
+    w = GradientWrapper(op, g_output)
+    return [_op("ExpandDims", [w.GO(0)], [w.GI(0)])], [w.GI(0)]
+
+
+def _reduce_maker(op, g_output):
+    w = GradientWrapper(op, g_output)
+    return [_op(op.type + "Gradient", [w.GO(0), w.I(0), w.O(0)], [w.GI(0)])], [w.GI(0)]
+
+
+def _front_back_maker(op, g_output):
+    # With the optional lengths input, the gradient op gets it too.
+    w = GradientWrapper(op, g_output)
+    ins = [w.GO(0), w.I(0)] + list(op.input[1:])
+    return [_op(op.type + "Gradient", ins, [w.GI(0)])], [w.GI(0)] + [None] * (len(op.input) - 1)
+
+
+def _front_back_max_maker(op, g_output):
+    w = GradientWrapper(op, g_output)
+    ins = [w.GO(0), w.I(0), w.O(0)] + list(op.input[1:])
+    return [_op(op.type + "Gradient", ins, [w.GI(0)])], [w.GI(0)] + [None] * (len(op.input) - 1)
+
+
+_register("ReduceFrontMax")(_front_back_max_maker)
+_register("ReduceBackMax")(_front_back_max_maker)
+
+for _t in ("ReduceSum", "ReduceMean"):
+    _register(_t)(_reduce_maker)
+for _t in ("ReduceFrontSum", "ReduceBackSum", "ReduceFrontMean", "ReduceBackMean"):
+    _register(_t)(_front_back_maker)
+
+
+@_register("Gather", copy_arguments=False)
+def _gather_grad(op, g_output):
+    """Caffe2's: for axis 0 a GradientSlice (the indices, the output's
+    gradient), or with dense_gradient a SparseToDense shaped like DATA; for
+    another axis a dense BatchGatherGradient."""
+    w = GradientWrapper(op, g_output)
+    axis = _arg_i(op, "axis", 0)
+    if axis != 0:
+        if _arg(op, "dense_gradient") is not None and not _arg_i(op, "dense_gradient"):
+            raise errors.InvalidArgumentError(
+                "Gather with axis > 0 must use dense_gradient", op=op.type
+            )
+        g = _op("BatchGatherGradient", [w.I(0), w.I(1), w.GO(0)], [w.GI(0)], axis=axis)
+        return [g], [w.GI(0), None]
+    if _arg_i(op, "dense_gradient"):
+        return [_op("SparseToDense", [w.I(1), w.GO(0), w.I(0)], [w.GI(0)])], [w.GI(0), None]
+    return [], [GradientSlice(w.I(1), w.GO(0)), None]
+
+
+@_register("BatchGather", copy_arguments=False)
+def _batch_gather_grad(op, g_output):
+    w = GradientWrapper(op, g_output)
+    g = _op("BatchGatherGradient", [w.I(0), w.I(1), w.GO(0)], [w.GI(0)], axis=_arg_i(op, "axis", 1))
+    return [g], [w.GI(0), None]
+
+
+@_register("SparseLengthsSum", copy_arguments=False)
+def _sls_grad(op, g_output):
+    w = GradientWrapper(op, g_output)
+    values = w.I(0) + GRAD_SUFFIX + "_values"
+    ops = [_op("SparseLengthsSumGradient", [w.GO(0), w.I(2)], [values])]
+    return ops, [GradientSlice(w.I(1), values), None, None]
+
+
+@_register("SparseToDense", copy_arguments=False)
+def _sparse_to_dense_grad(op, g_output):
+    w = GradientWrapper(op, g_output)
+    g = [None] * len(op.input)
+    g[1] = w.GI(1)
+    return [_op("Gather", [w.GO(0), w.I(0)], [w.GI(1)])], g
+
+
+@_register("Pow")
+def _pow_grad(op, g_output):
+    w = GradientWrapper(op, g_output)
+    if _arg(op, "exponent") is not None:
+        ins = [w.GO(0), w.O(0)] if w.I(0) == w.O(0) else [w.GO(0), w.I(0), w.O(0)]
+        return [_op("PowGradient", ins, [w.GI(0)])], [w.GI(0)]
+    ops = [_op("PowGradient", [w.GO(0), w.I(0), w.I(1), w.O(0)], [w.GI(0), w.GI(1)])]
+    return ops, [w.GI(0), w.GI(1)]
+
+
+@_register("Clip")
+def _clip_grad(op, g_output):
+    w = GradientWrapper(op, g_output)
+    return [_op("ClipGradient", [w.O(0), w.GO(0)], [w.GI(0)])], [w.GI(0)]
+
+
+def _concat_grad(op, g_output):
+    w = GradientWrapper(op, g_output)
+    if w.GO(0) is None:
+        return [], [None] * len(op.input)
+    grads = [w.GI(i) for i in range(len(op.input))]
+    return [_op("Split", [w.GO(0), w.O(1)], grads)], grads
+
+
+_register("Concat")(_concat_grad)
+_register("DepthConcat")(_concat_grad)
+
+
+def _split_grad(op, g_output):
+    """Concat of the outputs' gradients; an output without one contributes
+    zeros shaped like it (Caffe2 left it out, which misplaces the rest;
+    the zeros are the output scaled by 0, so an inf or NaN in it stays)."""
+    w = GradientWrapper(op, g_output)
+    if all(g is None for g in g_output):
+        return [], [None] * len(op.input)
+    ops, parts = [], []
+    for i, g in enumerate(g_output):
+        if g is None:
+            z = "_" + w.O(i) + "_grad_zeros"
+            # Zeros of the output's shape and dtype (ConstantFill would be float32).
+            ops.append(_op("Scale", [w.O(i)], [z], scale=0.0))
+            parts.append(z)
+        else:
+            parts.append(g)
+    keep = {a.name: a for a in op.arg if a.name in ("axis", "order", "add_axis")}
+    cat = _op("Concat", parts, [w.GI(0), "_" + w.GI(0) + "_dims"])
+    for a in keep.values():
+        cat.arg.add().CopyFrom(a)
+    ops.append(cat)
+    return ops, [w.GI(0)] + [None] * (len(op.input) - 1)
+
+
+_register("Split", copy_arguments=False)(_split_grad)
+_register("DepthSplit", copy_arguments=False)(_split_grad)
+
+
+@_register("Transpose", copy_arguments=False)
+def _transpose_grad(op, g_output):
+    w = GradientWrapper(op, g_output)
+    axes = _arg(op, "axes")
+    if axes is not None and len(axes.ints):
+        inverse = [0] * len(axes.ints)
+        for i, a in enumerate(axes.ints):
+            inverse[a] = i
+        return [_op("Transpose", [w.GO(0)], [w.GI(0)], axes=inverse)], [w.GI(0)]
+    return [_op("Transpose", [w.GO(0)], [w.GI(0)])], [w.GI(0)]
+
+
+@_register("Div")
+def _div_grad(op, g_output):
+    w = GradientWrapper(op, g_output)
+    ins = [w.GO(0), w.I(0), w.I(1), w.O(0)]
+    if w.I(0) == w.I(1):
+        tmp = "_" + w.GI(0) + "_rhs"
+        ops = [_op("DivGradient", ins, [w.GI(0), tmp]), _op("Sum", [w.GI(0), tmp], [w.GI(0)])]
+        return ops, [w.GI(0), w.GI(0)]
+    return [_op("DivGradient", ins, [w.GI(0), w.GI(1)])], [w.GI(0), w.GI(1)]
+
+
+@_register("Cast", copy_arguments=False)
+def _cast_grad(op, g_output):
+    """A Cast back (Caffe2: the forward op must say its ``from_type``)."""
+    w = GradientWrapper(op, g_output)
+    to, from_type = _arg(op, "to"), _arg(op, "from_type")
+    if from_type is None:
+        raise errors.InvalidArgumentError(
+            "Argument 'from_type' of type int or string is required to get the gradient of CastOp",
+            op=op.type,
+        )
+    g = _op("Cast", [w.GO(0)], [w.GI(0)])
+    a = g.arg.add()
+    a.CopyFrom(from_type)
+    a.name = "to"
+    if to is not None:
+        b = g.arg.add()
+        b.CopyFrom(to)
+        b.name = "from_type"
+    return [g], [w.GI(0)]
+
+
+@_register("Copy", copy_arguments=False)
+def _copy_grad(op, g_output):
+    w = GradientWrapper(op, g_output)
+    return [_op("Copy", [w.GO(0)], [w.GI(0)])], [w.GI(0)]
+
+
+@_register("Alias", copy_arguments=False)
+def _alias_grad(op, g_output):
+    return [], [g_output[0]]
+
+
+@_register("WeightedSum")
+def _weighted_sum_grad(op, g_output):
+    w = GradientWrapper(op, g_output)
+    on_w = bool(_arg_i(op, "grad_on_w"))
+    n = len(op.input)
+    outs = [w.GI(i) for i in range(0, n, 2)]
+    if on_w:
+        outs += [w.GI(i) for i in range(1, n, 2)]
+    grads = [w.GI(i) if (i % 2 == 0 or on_w) else None for i in range(n)]
+    return [_op("WeightedSumGradient", [w.GO(0)] + list(op.input), outs)], grads
+

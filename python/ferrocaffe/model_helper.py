@@ -7,9 +7,15 @@ optimizer's updates). ``brew`` helpers add layers and record their
 parameters in ``params``; ``optimizer.build_*`` read ``param_to_grad``.
 """
 
+from collections import namedtuple
+
 from ferrocaffe import core, scope
 
-__all__ = ["ModelHelper"]
+__all__ = ["ModelHelper", "ParameterInfo"]
+
+#: A parameter and its gradient (a blob, or a core.GradientSlice for a
+#: sparse one), as GetOptimizationParamInfo gives them; unpacks as a pair.
+ParameterInfo = namedtuple("ParameterInfo", ["blob", "grad"])
 
 
 class ModelHelper:
@@ -86,14 +92,23 @@ class ModelHelper:
         return self.grad_map
 
     def get_param_to_grad(self, params):
-        """{param: its gradient} for the params that have one."""
+        """{param: its gradient} for the params that have one (a blob, or a
+        core.GradientSlice for a sparse one)."""
+        if not self.gradient_ops_added:
+            raise RuntimeError("You need to run AddGradientOperators first.")
         return {p: self.grad_map[p] for p in params if p in self.grad_map}
 
     def GetOptimizationParamInfo(self, params=None):
-        """(param, grad) pairs for the optimizer; params without a gradient
-        are left out."""
-        params = self.GetParams() if params is None else params
-        return [(p, self.param_to_grad[p]) for p in params if p in self.param_to_grad]
+        """ParameterInfo(blob, grad) of each param with a gradient (of
+        ``params``, default all), leaving out the sparse ones when the model
+        was made with ``skip_sparse_optim=True``."""
+        if not self.gradient_ops_added:
+            raise RuntimeError("Need to call AddGradientOperators first")
+        param_to_grad = self.get_param_to_grad(params) if params else self.param_to_grad
+        return [
+            ParameterInfo(p, g) for p, g in param_to_grad.items()
+            if not (self.skip_sparse_optim and isinstance(g, core.GradientSlice))
+        ]
 
     def Proto(self):
         return self.net.Proto()

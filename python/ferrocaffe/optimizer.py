@@ -1,5 +1,5 @@
 """Parameter updates added to a model's net (Caffe2's ``optimizer``):
-``build_sgd`` and ``build_adam``.
+``build_sgd``, ``build_adam``, ``build_adagrad`` and ``add_weight_decay``.
 
 Each run of the net advances the shared iteration counter
 (``optimizer_iteration``, an ``AtomicIter`` under ``iteration_mutex``),
@@ -9,11 +9,28 @@ parameter that has a gradient (``model.param_to_grad``, filled by
 ``base_lr = -base_learning_rate``: plain SGD adds ``lr * grad`` with
 ``WeightedSum`` and Adam adds its step times ``lr``, while
 ``MomentumSGDUpdate``, which subtracts, gets the rate's sign flipped back.
+
+A parameter whose gradient is sparse (a ``core.GradientSlice`` of indices
+and values, from Gather or SparseLengthsSum) is updated on those rows only:
+SGD with ``ScatterWeightedSum``, Adagrad with ``SparseAdagrad`` (or
+``RowWiseSparseAdagrad`` with ``rowWise=True``), momentum SGD with
+``SparseMomentumSGDUpdate`` and Adam with ``SparseAdam``; duplicate indices are not
+merged first (Caffe2's default, ``sparse_dedup_aggregator=None``).
 """
+
+from collections import namedtuple
 
 from ferrocaffe import core, utils
 
-__all__ = ["AdamOptimizer", "Optimizer", "SgdOptimizer", "build_adam", "build_sgd"]
+__all__ = [
+    "AdagradOptimizer", "AdamOptimizer", "AuxOptimizerParams", "Optimizer", "SgdOptimizer",
+    "WeightDecayBuilder", "add_weight_decay", "build_adagrad", "build_adam", "build_sgd",
+]
+
+#: The blobs an optimizer adds besides the parameters: ``local`` ones (one
+#: per parameter, such as moments) and ``shared`` ones (such as the
+#: iteration), as Caffe2's ``get_auxiliary_parameters()`` gives them.
+AuxOptimizerParams = namedtuple("AuxOptimizerParams", ["local", "shared"])
 
 
 class Optimizer:
@@ -24,10 +41,23 @@ class Optimizer:
         self._instance_num = Optimizer._instance_counts.get(cls, 0)
         Optimizer._instance_counts[cls] = self._instance_num + 1
         self._lr = None
+        self._aux_params = AuxOptimizerParams(local=[], shared=[])
 
-    def __call__(self, net, param_init_net, param, grad):
-        if isinstance(grad, core.GradientSlice):
-            raise NotImplementedError(f"{type(self).__name__}: sparse gradients are not supported yet")
+    def get_auxiliary_parameters(self):
+        """AuxOptimizerParams(local, shared): the moments and other blobs
+        this optimizer added, for checkpointing or inspection."""
+        return self._aux_params
+
+    def _shared(self, blob):
+        if str(blob) not in {str(b) for b in self._aux_params.shared}:
+            self._aux_params.shared.append(blob)
+
+    def __call__(self, net, param_init_net, param, grad=None):
+        if grad is None:
+            # A ParameterInfo-like object (model.GetOptimizationParamInfo()).
+            param, grad = param.blob, param.grad
+        if isinstance(param, str):
+            param = core.BlobReference(param)
         return self._run(net, param_init_net, param, grad)
 
     def build_lr(self, net, param_init_net, base_learning_rate, policy="fixed", **kwargs):
@@ -65,8 +95,22 @@ class SgdOptimizer(Optimizer):
         lr, _ = self.build_lr(
             net, param_init_net, self.base_learning_rate * sign, policy=self.policy, **self.init_kwargs
         )
+        self._shared(self.ones(param_init_net))
+        if isinstance(grad, core.GradientSlice):
+            if self.momentum > 0:
+                m = param_init_net.ConstantFill([param], str(param) + "_momentum", value=0.0)
+                self._aux_params.local.append(m)
+                net.SparseMomentumSGDUpdate(
+                    [grad.values, m, lr, param, grad.indices], [grad.values, m, param],
+                    momentum=self.momentum, nesterov=int(bool(self.nesterov)),
+                )
+                return
+            one = self.ones(param_init_net)
+            net.ScatterWeightedSum([param, one, grad.indices, grad.values, lr], param)
+            return
         if self.momentum > 0:
             m = param_init_net.ConstantFill([param], str(param) + "_momentum", value=0.0)
+            self._aux_params.local.append(m)
             net.MomentumSGDUpdate(
                 [grad, m, lr, param], [grad, m, param],
                 momentum=self.momentum, nesterov=int(bool(self.nesterov)),
@@ -90,16 +134,101 @@ class AdamOptimizer(Optimizer):
         lr, iteration = self.build_lr(net, param_init_net, self.alpha, policy=self.policy, **self.init_kwargs)
         m1 = param_init_net.ConstantFill([param], str(param) + "_first_moment", value=0.0)
         m2 = param_init_net.ConstantFill([param], str(param) + "_second_moment", value=0.0)
+        self._shared(iteration)
+        self._aux_params.local.extend([m1, m2])
+        if isinstance(grad, core.GradientSlice):
+            net.SparseAdam(
+                [param, m1, m2, grad.indices, grad.values, lr, iteration], [param, m1, m2],
+                beta1=self.beta1, beta2=self.beta2, epsilon=self.epsilon,
+            )
+            return
         net.Adam(
             [param, m1, m2, grad, lr, iteration], [param, m1, m2],
             beta1=self.beta1, beta2=self.beta2, epsilon=self.epsilon,
         )
 
 
-def _build(model, optimizer):
+class AdagradOptimizer(Optimizer):
+    """Adagrad (dense: ``Adagrad``; sparse: ``SparseAdagrad``, or
+    ``RowWiseSparseAdagrad`` with ``rowWise=True``, whose moment is one
+    value per row). ``weight_decay`` adds ``weight_decay * param`` to the
+    gradient inside the update op."""
+
+    def __init__(self, alpha=0.01, epsilon=1e-4, decay=1, weight_decay=0.0, policy="fixed",
+                 sparse_dedup_aggregator=None, rowWise=False, engine="", **kwargs):
+        super().__init__()
+        if sparse_dedup_aggregator is not None:
+            raise NotImplementedError("AdagradOptimizer: sparse_dedup_aggregator is not supported")
+        self.alpha = alpha
+        self.epsilon = epsilon
+        self.decay = decay
+        self.weight_decay = weight_decay
+        self.policy = policy
+        self.rowWise = rowWise
+        self.engine = engine
+        self.init_kwargs = kwargs
+
+    def _run(self, net, param_init_net, param, grad):
+        if self.alpha <= 0:
+            return
+        lr, _ = self.build_lr(net, param_init_net, self.alpha, policy=self.policy, **self.init_kwargs)
+        if self.rowWise:
+            # One moment per row: the parameter's first dim, read at init.
+            shape = param_init_net.Shape(param, str(param) + "_shape")
+            num_rows = param_init_net.Slice([shape], str(shape) + "_numrows", starts=[0], ends=[1])
+            moment = param_init_net.ConstantFill(
+                num_rows, str(param) + "_avg_squared_sum", input_as_shape=1, value=0.0
+            )
+        else:
+            moment = param_init_net.ConstantFill([param], str(param) + "_squared_sum", value=0.0)
+        self._aux_params.local.append(moment)
+        args = dict(epsilon=float(self.epsilon), weight_decay=float(self.weight_decay))
+        if isinstance(grad, core.GradientSlice):
+            op = "RowWiseSparseAdagrad" if self.rowWise else "SparseAdagrad"
+            getattr(net, op)([param, moment, grad.indices, grad.values, lr], [param, moment], **args)
+        else:
+            if self.rowWise:
+                raise NotImplementedError(
+                    "AdagradOptimizer: rowWise needs a sparse gradient (as Caffe2's RowWiseSparseAdagrad)"
+                )
+            net.Adagrad([param, moment, grad, lr], [param, moment], decay=float(self.decay), **args)
+
+    def scale_learning_rate(self, scale):
+        self.alpha *= scale
+
+
+class WeightDecayBuilder(Optimizer):
+    """Adds ``weight_decay * param`` to each weight's gradient (L2
+    regularisation), before an optimizer's update."""
+
+    def __init__(self, weight_decay):
+        super().__init__()
+        self.weight_decay = weight_decay
+
+    def _run(self, net, param_init_net, param, grad):
+        if isinstance(grad, core.GradientSlice):
+            raise ValueError("Weight decay does not yet support sparse gradients")
+        one = self.ones(param_init_net)
+        name = "wd_0_0"
+        if param_init_net.BlobIsDefined(name):
+            wd = param_init_net.GetBlobRef(name)
+        else:
+            wd = param_init_net.ConstantFill([], name, shape=[1], value=float(self.weight_decay))
+        net.WeightedSum([grad, one, param, wd], grad)
+
+
+def _build(model, optimizer, weights_only=False):
     for param, grad in model.GetOptimizationParamInfo():
+        if weights_only and param not in model.weights:
+            continue
         optimizer(model.net, model.param_init_net, param, grad)
     return optimizer
+
+
+def add_weight_decay(model, weight_decay):
+    """Adds a decay to the model's weights (``brew.fc``'s ``_w``, not its
+    biases): each weight's gradient += weight_decay * weight."""
+    _build(model, WeightDecayBuilder(weight_decay=weight_decay), weights_only=True)
 
 
 def build_sgd(model, base_learning_rate, max_gradient_norm=None, allow_lr_injection=False, **kwargs):
@@ -115,3 +244,13 @@ def build_adam(model, base_learning_rate, max_gradient_norm=None, allow_lr_injec
     if max_gradient_norm is not None or allow_lr_injection:
         raise NotImplementedError("build_adam: max_gradient_norm and allow_lr_injection are not supported yet")
     return _build(model, AdamOptimizer(alpha=base_learning_rate, **kwargs))
+
+
+def build_adagrad(model, base_learning_rate, parameters=None, max_gradient_norm=None,
+                  allow_lr_injection=False, **kwargs):
+    """Adds Adagrad updates (``base_learning_rate`` is its alpha; sparse
+    gradients get SparseAdagrad, or RowWiseSparseAdagrad with
+    ``rowWise=True``; ``weight_decay`` goes to the update ops)."""
+    if max_gradient_norm is not None or allow_lr_injection:
+        raise NotImplementedError("build_adagrad: max_gradient_norm and allow_lr_injection are not supported yet")
+    return _build(model, AdagradOptimizer(alpha=base_learning_rate, **kwargs))

@@ -145,21 +145,21 @@ def test_sum_passes_gradients_through(fresh):
 
 def test_missing_gradient_is_a_typed_error(fresh):
     net = core.Net("nograd")
-    c = net.Cast("x", "c", to=core.DataType.FLOAT)
+    c = net.EnsureCPUOutput("x", "c")
     loss = net.AveragedLoss(c, "loss")
-    with pytest.raises(errors.InvalidArgumentError, match="no gradient is registered for operator type Cast"):
+    with pytest.raises(errors.InvalidArgumentError, match="no gradient is registered for operator type EnsureCPUOutput"):
         net.AddGradientOperators([loss])
 
 
 def test_python_registered_gradient(fresh):
     # A Python maker for an op without one (Negative-like via Scale).
-    @core.GradientRegistry.RegisterGradient("Cast")
-    def cast_grad(op, g_output):
+    @core.GradientRegistry.RegisterGradient("EnsureCPUOutput")
+    def copy_grad(op, g_output):
         return [core.CreateOperator("Copy", [g_output[0]], [op.input[0] + "_grad"])], [op.input[0] + "_grad"]
 
     try:
         net = core.Net("pygrad")
-        c = net.Cast("x", "c", to=core.DataType.FLOAT)
+        c = net.EnsureCPUOutput("x", "c")
         loss = net.AveragedLoss(c, "loss")
         grads = net.AddGradientOperators([loss])
         assert str(grads[core.BlobReference("x")]) == "x_grad"
@@ -167,7 +167,7 @@ def test_python_registered_gradient(fresh):
         workspace.RunNetOnce(net)
         np.testing.assert_allclose(workspace.FetchBlob("x_grad"), np.full(4, 0.25))
     finally:
-        del core.GradientRegistry.gradient_registry_["Cast"]
+        del core.GradientRegistry.gradient_registry_["EnsureCPUOutput"]
 
 
 def test_gradient_checker_catches_a_wrong_gradient(fresh):

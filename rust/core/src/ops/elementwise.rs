@@ -186,6 +186,12 @@ pub fn schemas() -> Vec<OpSchema> {
                 "(required)",
                 "the target dtype: a TensorProto.DataType number or its name, such as \"INT64\""
             )])
+            .ignores(&[arg!(
+                "from_type",
+                "int or string",
+                "(none)",
+                "the input's dtype; read by the gradient maker (the gradient casts back to it)"
+            )])
             .doc("Y = X converted to dtype `to` (numeric dtypes, float16 and bool; float to int truncates toward zero and saturates)."),
         OpSchema::new("FloatToHalf", build_float_to_half)
             .inputs(1, 1)

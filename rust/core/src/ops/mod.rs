@@ -25,7 +25,9 @@ pub mod optim;
 pub mod persistence;
 pub mod queue;
 pub mod records;
+pub mod reduce;
 pub mod shape;
+pub mod sparse;
 pub mod utility;
 
 pub fn builtin_schemas() -> Vec<OpSchema> {
@@ -37,11 +39,14 @@ pub fn builtin_schemas() -> Vec<OpSchema> {
     v.extend(elementwise::schemas());
     v.extend(fill::schemas());
     v.extend(nn::schemas());
+    v.extend(nn::more_schemas());
     v.extend(optim::schemas());
     v.extend(persistence::schemas());
     v.extend(queue::schemas());
     v.extend(records::schemas());
+    v.extend(reduce::schemas());
     v.extend(shape::schemas());
+    v.extend(sparse::schemas());
     v.extend(utility::schemas());
     v
 }

@@ -2,7 +2,9 @@
 //! FCTransposed, MatMul, Relu, Sigmoid, Tanh, Softmax, SoftmaxWithLoss,
 //! LabelCrossEntropy, AveragedLoss, SquaredL2Distance, Accuracy,
 //! StopGradient, LeakyRelu, Exp, Log, Sqrt, Abs, Negative, and the
-//! gradients of Add, Sub and Mul.
+//! gradients of Add, Sub, Mul and Div; then (`more_schemas`) BatchMatMul,
+//! CrossEntropy, SigmoidCrossEntropyWithLogits, L1Distance, Dropout, Pow,
+//! Clip and WeightedSumGradient.
 //!
 //! Which gradient ops an op's gradient takes (Caffe2's gradient makers) is
 //! decided in Python (`ferrocaffe/gradients.py`), as Caffe2's Python layer
@@ -148,7 +150,7 @@ fn matmul<T: Real>(ta: bool, tb: bool, m: usize, k: usize, n: usize, a: &[T], b:
 const REAL_TYPES: &str = "float32 or float64";
 
 /// Input `i` as an array of `T`, or a type error naming the op and blob.
-fn input<'l, T: Real>(l: &'l Locked<'_>, op: &str, i: usize) -> Result<&'l ArrayD<T>> {
+pub(crate) fn input<'l, T: Real>(l: &'l Locked<'_>, op: &str, i: usize) -> Result<&'l ArrayD<T>> {
     let t = l.tensor(i)?;
     T::view(t).ok_or_else(|| {
         let name = l.input_name(i);
@@ -175,7 +177,7 @@ fn labels<'l>(l: &'l Locked<'_>, op: &str, i: usize) -> Result<&'l ArrayD<i32>> 
 }
 
 /// The float type of input `i`, or a type error naming the op and blob.
-fn real_dtype(l: &Locked<'_>, op: &str, i: usize) -> Result<DataType> {
+pub(crate) fn real_dtype(l: &Locked<'_>, op: &str, i: usize) -> Result<DataType> {
     let t = l.tensor(i)?;
     match t.dtype() {
         d @ (DataType::Float | DataType::Double) => Ok(d),
@@ -199,14 +201,14 @@ macro_rules! by_real {
     };
 }
 
-fn dense<T: Real>(a: &ArrayD<T>) -> std::borrow::Cow<'_, [T]> {
+pub(crate) fn dense<T: Real>(a: &ArrayD<T>) -> std::borrow::Cow<'_, [T]> {
     match a.as_slice() {
         Some(s) => std::borrow::Cow::Borrowed(s),
         None => std::borrow::Cow::Owned(a.iter().copied().collect()),
     }
 }
 
-fn array<T: Real>(shape: &[usize], v: Vec<T>) -> Result<ArrayD<T>> {
+pub(crate) fn array<T: Real>(shape: &[usize], v: Vec<T>) -> Result<ArrayD<T>> {
     ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|e| Error::internal(e.to_string()))
 }
 
@@ -238,7 +240,13 @@ fn loss_grad(l: &Locked<'_>, op: &str, i: usize) -> Result<f64> {
 }
 
 /// Caffe2's canonical axis: `axis` in [-ndim, ndim), negatives from the end.
-fn canonical_axis(op: &str, what: &str, axis: i64, ndim: usize, blob: &str) -> Result<usize> {
+pub(crate) fn canonical_axis(
+    op: &str,
+    what: &str,
+    axis: i64,
+    ndim: usize,
+    blob: &str,
+) -> Result<usize> {
     let n = ndim as i64;
     let a = if axis < 0 { axis + n } else { axis };
     if a < 0 || a > n || (a == n && n > 0) {
@@ -398,7 +406,7 @@ pub fn schemas() -> Vec<OpSchema> {
             .ignores(FC_IGNORED)
             .doc("Gradient of FCTransposed: inputs (X, W, dY), outputs (dW, db[, dX])."),
         OpSchema::new("MatMul", build_matmul)
-            .inputs(2, 2)
+            .inputs(2, 3)
             .outputs(1, 1)
             .args(MATMUL_ARGS)
             .doc("Y = op(A) * op(B), A and B flattened to matrices at axis_a and axis_b, op transposing when trans_a / trans_b."),
@@ -467,6 +475,8 @@ pub fn schemas() -> Vec<OpSchema> {
         binary_grad("AddGradient", "Gradient of Add: inputs (dC, A, B), outputs (dA, dB), each summed over the dims it was broadcast along."),
         binary_grad("SubGradient", "Gradient of Sub: inputs (dC, A, B), outputs (dA, dB = -dC summed)."),
         binary_grad("MulGradient", "Gradient of Mul: inputs (dC, A, B), outputs (dA = dC * B, dB = dC * A), summed over broadcast dims."),
+        binary_grad("DivGradient", "Gradient of Div: inputs (dC, A, B[, C]), outputs (dA = dC / B, dB = -dC * A / B^2), summed over broadcast dims.")
+            .inputs(3, 4),
     ]
 }
 
@@ -609,7 +619,13 @@ fn build_fc_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 
 // -------------------------------------------------------------- MatMul --
 
-fn matmul_t<T: Real>(l: &mut Locked<'_>, ax: (i64, i64), ta: bool, tb: bool) -> Result<()> {
+fn matmul_t<T: Real>(
+    l: &mut Locked<'_>,
+    ax: (i64, i64),
+    ta: bool,
+    tb: bool,
+    ni: usize,
+) -> Result<()> {
     let op = "MatMul";
     let (a, b) = (input::<T>(l, op, 0)?, input::<T>(l, op, 1)?);
     let aa = canonical_axis(op, "axis_a", ax.0, a.ndim(), l.input_name(0))?;
@@ -631,7 +647,22 @@ fn matmul_t<T: Real>(l: &mut Locked<'_>, ax: (i64, i64), ta: bool, tb: bool) -> 
         .with_blob(l.input_name(1)));
     }
     let y = matmul(ta, tb, m, k, n, &dense(a), &dense(b));
-    let y = array(&[m, n], y)?;
+    // A third input (the gradient ops' use) gives the output its shape.
+    let shape = match ni {
+        3 => {
+            let like = l.tensor(2)?.shape().to_vec();
+            if like.iter().product::<usize>() != m * n {
+                return Err(Error::shape(format!(
+                    "MatMul: the product is {m} x {n}, which cannot take the shape {like:?} of '{}'",
+                    l.input_name(2)
+                ))
+                .with_blob(l.input_name(2)));
+            }
+            like
+        }
+        _ => vec![m, n],
+    };
+    let y = array(&shape, y)?;
     l.set_output(0, T::wrap(y));
     Ok(())
 }
@@ -640,9 +671,10 @@ fn build_matmul(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let ax = (ctx.args.i64("axis_a", 1)?, ctx.args.i64("axis_b", 1)?);
     let ta = ctx.args.i64("trans_a", 0)? != 0;
     let tb = ctx.args.i64("trans_b", 0)? != 0;
+    let ni = ctx.num_inputs();
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
-        by_real!(&l, "MatMul", 0, matmul_t(&mut l, ax, ta, tb))?;
+        by_real!(&l, "MatMul", 0, matmul_t(&mut l, ax, ta, tb, ni))?;
         Ok(true)
     }))
 }
@@ -1379,6 +1411,15 @@ fn binary_grad_t<T: Real>(l: &mut Locked<'_>, op: &str, legacy: bool, axis: i64)
     let (ga, gb) = match op {
         "AddGradient" => (dc.to_owned(), dc.to_owned()),
         "SubGradient" => (dc.to_owned(), dc.mapv(|v| -v)),
+        "DivGradient" => {
+            let (ab, bb) = (view(a, &pa)?, view(b, &pb)?);
+            let ga = dc / &bb;
+            let gb = Zip::from(dc)
+                .and(&ab)
+                .and(&bb)
+                .map_collect(|&g, &x, &y| -(g * x) / (y * y));
+            (ga, gb)
+        }
         _ => {
             let (ab, bb) = (view(a, &pa)?, view(b, &pb)?);
             (dc * &bb, dc * &ab)
@@ -1398,6 +1439,929 @@ fn build_binary_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
         by_real!(&l, &op, 0, binary_grad_t(&mut l, &op, legacy, axis))?;
+        Ok(true)
+    }))
+}
+
+// ====================================================================
+// The second slice of issue 14: BatchMatMul, CrossEntropy,
+// SigmoidCrossEntropyWithLogits, L1Distance, Dropout, Pow, Clip and
+// WeightedSumGradient (registered by `more_schemas`).
+
+fn allow_0_0_or_1_0(i: usize, o: usize) -> bool {
+    o == 0 && i <= 1
+}
+
+pub fn more_schemas() -> Vec<OpSchema> {
+    const BMM_ARGS: &[crate::operator::ArgDoc] = &[
+        arg!("trans_a", "int", "0", "transpose the last two dims of A"),
+        arg!("trans_b", "int", "0", "transpose the last two dims of B"),
+        arg!(
+            "broadcast",
+            "int",
+            "0",
+            "numpy.matmul broadcasting of the batch dims (and 1-D inputs); no gradient then"
+        ),
+    ];
+    const SXENT_ARGS: &[crate::operator::ArgDoc] = &[
+        arg!(
+            "log_D_trick",
+            "bool",
+            "false",
+            "GAN trick: the loss of a target t is (2t - 1) * log(sigmoid(x)) (with the sign flipped)"
+        ),
+        arg!(
+            "unjoined_lr_loss",
+            "bool",
+            "false",
+            "the unjoined logistic-regression loss (not with log_D_trick)"
+        ),
+    ];
+    const DROPOUT_ARGS: &[crate::operator::ArgDoc] = &[
+        arg!(
+            "ratio",
+            "float",
+            "0.5",
+            "the probability of zeroing an element, in [0, 1]"
+        ),
+        arg!(
+            "is_test",
+            "int",
+            "0",
+            "non-zero: Y = X and the mask is not written"
+        ),
+    ];
+    const POW_ARGS: &[crate::operator::ArgDoc] = &[
+        arg!(
+            "exponent",
+            "float",
+            "(none)",
+            "the exponent, when there is no second input"
+        ),
+        arg!(
+            "broadcast",
+            "int",
+            "0",
+            "accepted for Caffe2's legacy form: the exponent input is one element or X's shape"
+        ),
+        arg!(
+            "axis",
+            "int",
+            "-1",
+            "accepted for Caffe2's legacy form (unused)"
+        ),
+    ];
+    const CLIP_ARGS: &[crate::operator::ArgDoc] = &[
+        arg!("min", "float", "lowest float", "the lower bound"),
+        arg!("max", "float", "largest float", "the upper bound"),
+    ];
+    vec![
+        OpSchema::new("BatchMatMul", build_batch_matmul)
+            .inputs(2, 2)
+            .outputs(1, 1)
+            .args(BMM_ARGS)
+            .doc("Y[i] = op(A[i]) * op(B[i]) over the batch dims (all but the last two; equal in A and B unless broadcast, which follows numpy.matmul)."),
+        OpSchema::new("CrossEntropy", build_xent)
+            .inputs(2, 2)
+            .outputs(1, 1)
+            .doc("Y[i] = -sum_j label[i, j] * log(max(X[i, j], 1e-20)) for probabilities X (N x D, or D) and soft labels of X's shape in [0, 1]."),
+        OpSchema::new("CrossEntropyGradient", build_xent_grad)
+            .inputs(3, 3)
+            .outputs(1, 1)
+            .doc("Gradient of CrossEntropy: inputs (X, label, dY), dX = -label * dY / max(X, 1e-20)."),
+        OpSchema::new("SigmoidCrossEntropyWithLogits", build_sxent)
+            .inputs(2, 2)
+            .outputs(1, 1)
+            .args(SXENT_ARGS)
+            .doc("Y = the mean over the last dim of the binary cross entropy of sigmoid(logits) against targets (same shape); Y drops the last dim."),
+        OpSchema::new("SigmoidCrossEntropyWithLogitsGradient", build_sxent)
+            .inputs(3, 3)
+            .outputs(1, 1)
+            .args(SXENT_ARGS)
+            .doc("Gradient of SigmoidCrossEntropyWithLogits: inputs (dY, logits, targets), output dlogits."),
+        OpSchema::new("L1Distance", build_l1)
+            .inputs(2, 2)
+            .outputs(1, 1)
+            .doc("Y[i] = sum |X[i] - Y[i]| over each row of X and Y (same shape; rows along dim 0)."),
+        OpSchema::new("L1DistanceGradient", build_l1_grad)
+            .inputs(3, 3)
+            .outputs(2, 2)
+            .doc("Gradient of L1Distance: inputs (X, Y, dDistance), outputs (dX = sign(X - Y) * dDistance, dY = -dX); 0 where |X - Y| <= 1e-12."),
+        OpSchema::new("Dropout", build_dropout)
+            .inputs(1, 1)
+            .outputs(1, 2)
+            .inplace(InPlace::Allow(allow_0_0))
+            .args(DROPOUT_ARGS)
+            .doc("Training: keeps each element with probability 1 - ratio, Y = X * mask / (1 - ratio), mask (bool) the kept ones; is_test: Y = X. Seeded by the device option's random_seed."),
+        OpSchema::new("DropoutGrad", build_dropout_grad)
+            .inputs(1, 2)
+            .outputs(1, 1)
+            .inplace(InPlace::Allow(allow_0_0))
+            .args(DROPOUT_ARGS)
+            .doc("Gradient of Dropout: inputs (dY[, mask]), dX = dY * mask / (1 - ratio) (dX = dY with is_test)."),
+        OpSchema::new("Pow", build_pow)
+            .inputs(1, 2)
+            .outputs(1, 1)
+            .inplace(InPlace::Allow(allow_0_0_or_1_0))
+            .args(POW_ARGS)
+            .doc("Y = X ^ exponent elementwise: the exponent argument, or a second input (one element or X's shape)."),
+        OpSchema::new("PowGradient", build_pow_grad)
+            .inputs(2, 4)
+            .outputs(1, 2)
+            .inplace(InPlace::Allow(allow_0_0))
+            .args(POW_ARGS)
+            .doc("Gradient of Pow: with the exponent argument, inputs (dY, X, Y) (or (dY, Y) after an in-place Pow), output dX = exponent * X^(exponent - 1) * dY; with an exponent input, inputs (dY, X, E, Y), outputs (dX, dE = dY * Y * ln X)."),
+        OpSchema::new("Clip", build_clip)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .inplace(InPlace::Allow(allow_0_0))
+            .args(CLIP_ARGS)
+            .doc("Y = min(max(X, min), max) elementwise."),
+        OpSchema::new("ClipGradient", build_clip_grad)
+            .inputs(2, 2)
+            .outputs(1, 1)
+            .inplace(InPlace::Allow(allow_1_0))
+            .args(CLIP_ARGS)
+            .doc("Gradient of Clip: inputs (Y, dY), dX = dY where min < Y < max, else 0."),
+        OpSchema::new("WeightedSumGradient", build_weighted_sum_grad)
+            .inputs(3, crate::operator::MANY)
+            .outputs(1, crate::operator::MANY)
+            .args(&[arg!("grad_on_w", "bool", "false", "also output the weights' gradients")])
+            .doc("Gradient of WeightedSum: inputs (dY, X0, w0, X1, w1, ...), outputs (dX0, dX1, ...[, dw0, dw1, ...]): dXi = wi * dY (Xi's shape), dwi = sum(dY * Xi) (float32)."),
+    ]
+}
+
+// --------------------------------------------------------- BatchMatMul --
+
+/// Numpy-style broadcast of two batch shapes, or None.
+fn broadcast_batch(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+    let nd = a.len().max(b.len());
+    let pa = padded(a, nd, nd - a.len());
+    let pb = padded(b, nd, nd - b.len());
+    pa.iter()
+        .zip(&pb)
+        .map(|(&x, &y)| match (x, y) {
+            (x, y) if x == y => Some(x),
+            (1, y) => Some(y),
+            (x, 1) => Some(x),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The flat offset, in a batch of shape `shape` (padded to `out`'s rank),
+/// of the batch index `idx` of the broadcast batch `out`.
+fn batch_offset(idx: usize, out: &[usize], shape: &[usize]) -> usize {
+    let pad = padded(shape, out.len(), out.len() - shape.len());
+    let (mut rem, mut off, mut stride) = (idx, 0, 1);
+    for d in (0..out.len()).rev() {
+        let i = rem % out[d].max(1);
+        rem /= out[d].max(1);
+        if pad[d] != 1 {
+            off += i * stride;
+        }
+        stride *= pad[d];
+    }
+    off
+}
+
+fn batch_matmul_t<T: Real>(l: &mut Locked<'_>, ta: bool, tb: bool, bcast: bool) -> Result<()> {
+    let op = "BatchMatMul";
+    let (a, b) = (input::<T>(l, op, 0)?, input::<T>(l, op, 1)?);
+    let (mut sa, mut sb) = (a.shape().to_vec(), b.shape().to_vec());
+    let mismatch = |why: &str| {
+        Error::shape(format!(
+            "{op}: {why}: A ('{}') {:?}, B ('{}') {:?}, trans_a {}, trans_b {}",
+            l.input_name(0),
+            a.shape(),
+            l.input_name(1),
+            b.shape(),
+            ta as i32,
+            tb as i32
+        ))
+        .with_blob(l.input_name(1))
+    };
+    let (a_vec, b_vec) = (bcast && sa.len() == 1, bcast && sb.len() == 1);
+    if a_vec {
+        sa.insert(0, 1);
+    }
+    if b_vec {
+        sb.push(1);
+    }
+    if sa.len() < 2 || sb.len() < 2 {
+        return Err(mismatch("A and B need at least 2 dims (1 with broadcast)"));
+    }
+    if !bcast && (sa.len() != sb.len() || sa[..sa.len() - 2] != sb[..sb.len() - 2]) {
+        return Err(mismatch(
+            "the batch dims differ (broadcast=1 broadcasts them)",
+        ));
+    }
+    let (ra, ca) = (sa[sa.len() - 2], sa[sa.len() - 1]);
+    let (rb, cb) = (sb[sb.len() - 2], sb[sb.len() - 1]);
+    // With a 1-D input the vector is never transposed (numpy's rule).
+    let (ta, tb) = (ta && !a_vec, tb && !b_vec);
+    let (m, k) = if ta { (ca, ra) } else { (ra, ca) };
+    let (kb, n) = if tb { (cb, rb) } else { (rb, cb) };
+    if k != kb {
+        return Err(mismatch("dimension mismatch"));
+    }
+    let (ba, bb) = (&sa[..sa.len() - 2], &sb[..sb.len() - 2]);
+    let batch =
+        broadcast_batch(ba, bb).ok_or_else(|| mismatch("the batch dims do not broadcast"))?;
+    let nb: usize = batch.iter().product();
+    let (ad, bd) = (dense(a), dense(b));
+    let mut y = Vec::with_capacity(nb * m * n);
+    for i in 0..nb {
+        let oa = batch_offset(i, &batch, ba) * m * k;
+        let ob = batch_offset(i, &batch, bb) * k * n;
+        y.extend(matmul(
+            ta,
+            tb,
+            m,
+            k,
+            n,
+            &ad[oa..oa + m * k],
+            &bd[ob..ob + k * n],
+        ));
+    }
+    let mut shape = batch;
+    if !a_vec {
+        shape.push(m);
+    }
+    if !b_vec {
+        shape.push(n);
+    }
+    l.set_output(0, T::wrap(array(&shape, y)?));
+    Ok(())
+}
+
+fn build_batch_matmul(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let ta = ctx.args.i64("trans_a", 0)? != 0;
+    let tb = ctx.args.i64("trans_b", 0)? != 0;
+    let bcast = ctx.args.i64("broadcast", 0)? != 0;
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        by_real!(&l, "BatchMatMul", 0, batch_matmul_t(&mut l, ta, tb, bcast))?;
+        Ok(true)
+    }))
+}
+
+// -------------------------------------------------------- CrossEntropy --
+
+fn soft_labels<T: Real>(l: &Locked<'_>, op: &str, n: usize, d: usize) -> Result<Vec<T>> {
+    let lab = input::<T>(l, op, 1)?;
+    let name = l.input_name(1);
+    let ok =
+        lab.len() == n * d && (lab.ndim() == 1 && n == 1 || lab.ndim() == 2 && lab.shape()[0] == n);
+    if !ok {
+        return Err(Error::shape(format!(
+            "{op}: the labels ('{name}', shape {:?}) must be N x D = {n} x {d} like X",
+            lab.shape()
+        ))
+        .with_blob(name));
+    }
+    let v = dense(lab).into_owned();
+    if v.iter().any(|&p| !(p >= T::of(0.0) && p <= T::of(1.0))) {
+        return Err(Error::invalid_arg(format!(
+            "{op}: soft label seems incorrect: label values must be probabilities between 0 and 1 (use LabelCrossEntropy for class indices)"
+        ))
+        .with_blob(name));
+    }
+    Ok(v)
+}
+
+fn xent_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
+    let op = "CrossEntropy";
+    let (n, d) = prob_dims(l, op)?;
+    let lab = soft_labels::<T>(l, op, n, d)?;
+    let x = dense(input::<T>(l, op, 0)?).into_owned();
+    let y: Vec<T> = (0..n)
+        .map(|r| {
+            -(0..d)
+                .map(|c| lab[r * d + c] * floor_p(x[r * d + c]).ln())
+                .sum::<T>()
+        })
+        .collect();
+    l.set_output(0, T::wrap(array(&[n], y)?));
+    Ok(())
+}
+
+fn build_xent(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    Ok(kernel(|cx| {
+        let mut l = cx.lock();
+        by_real!(&l, "CrossEntropy", 0, xent_t(&mut l))?;
+        Ok(true)
+    }))
+}
+
+fn xent_grad_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
+    let op = "CrossEntropyGradient";
+    let (n, d) = prob_dims(l, op)?;
+    let lab = soft_labels::<T>(l, op, n, d)?;
+    let dy = input::<T>(l, op, 2)?;
+    if dy.len() != n {
+        return Err(Error::shape(format!(
+            "{op}: dY ('{}', shape {:?}) must have N = {n} values",
+            l.input_name(2),
+            dy.shape()
+        ))
+        .with_blob(l.input_name(2)));
+    }
+    let dy = dense(dy).into_owned();
+    let x = input::<T>(l, op, 0)?;
+    let xs = dense(x);
+    let dx: Vec<T> = (0..n * d)
+        .map(|i| -(lab[i] * dy[i / d.max(1)]) / floor_p(xs[i]))
+        .collect();
+    let dx = array(x.shape(), dx)?;
+    l.set_output(0, T::wrap(dx));
+    Ok(())
+}
+
+fn build_xent_grad(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    Ok(kernel(|cx| {
+        let mut l = cx.lock();
+        by_real!(&l, "CrossEntropyGradient", 0, xent_grad_t(&mut l))?;
+        Ok(true)
+    }))
+}
+
+// ------------------------------------------- SigmoidCrossEntropyWithLogits --
+
+#[derive(Clone, Copy)]
+enum SxentKind {
+    Plain,
+    LogDTrick,
+    Unjoined,
+}
+
+/// log(1 + exp(x)) without overflow.
+fn softplus<T: Real>(x: T) -> T {
+    let z = T::of(0.0);
+    let pos = if x > z { x } else { z };
+    let neg_abs = if x > z { -x } else { x };
+    pos + (T::of(1.0) + neg_abs.exp()).ln()
+}
+
+/// The per-element term whose negated mean is the loss.
+fn sxent_term<T: Real>(k: SxentKind, x: T, t: T) -> T {
+    let one = T::of(1.0);
+    match k {
+        // t log s(x) + (1 - t) log(1 - s(x)) = t x - log(1 + e^x)
+        SxentKind::Plain => t * x - softplus(x),
+        // (2t - 1) log s(x)
+        SxentKind::LogDTrick => (T::of(2.0) * t - one) * (x - softplus(x)),
+        // t log s(x) + (1 - t) log(1 - s(x)) with the positive part unjoined
+        SxentKind::Unjoined => t * x - (one - t) * softplus(x),
+    }
+}
+
+/// d term / dx.
+fn sxent_dterm<T: Real>(k: SxentKind, x: T, t: T) -> T {
+    let one = T::of(1.0);
+    let s = one / (one + (-x).exp());
+    match k {
+        SxentKind::Plain => t - s,
+        SxentKind::LogDTrick => (T::of(2.0) * t - one) * (one - s),
+        SxentKind::Unjoined => t - (one - t) * s,
+    }
+}
+
+fn sxent_t<T: Real>(l: &mut Locked<'_>, op: &str, k: SxentKind, grad: bool) -> Result<()> {
+    let off = usize::from(grad);
+    same_shape(op, l, off, off + 1)?;
+    let (x, t) = (input::<T>(l, op, off)?, input::<T>(l, op, off + 1)?);
+    let shape = x.shape().to_vec();
+    let inner = shape.last().copied().unwrap_or(1);
+    let outer = x.len().checked_div(inner).unwrap_or(0);
+    let (xs, ts) = (dense(x), dense(t));
+    if grad {
+        let g = input::<T>(l, op, 0)?;
+        if g.len() != outer {
+            return Err(Error::shape(format!(
+                "{op}: dY ('{}', shape {:?}) must have {outer} values (the logits' shape without its last dim)",
+                l.input_name(0),
+                g.shape()
+            ))
+            .with_blob(l.input_name(0)));
+        }
+        let gs = dense(g);
+        let dx: Vec<T> = (0..outer * inner)
+            .map(|i| {
+                let f = -gs[i / inner] / T::of(inner as f64);
+                f * sxent_dterm(k, xs[i], ts[i])
+            })
+            .collect();
+        l.set_output(0, T::wrap(array(&shape, dx)?));
+    } else {
+        let y: Vec<T> = (0..outer)
+            .map(|r| {
+                let s: T = (0..inner)
+                    .map(|c| sxent_term(k, xs[r * inner + c], ts[r * inner + c]))
+                    .sum();
+                -s / T::of(inner as f64)
+            })
+            .collect();
+        let out_shape = &shape[..shape.len().saturating_sub(1)];
+        l.set_output(0, T::wrap(array(out_shape, y)?));
+    }
+    Ok(())
+}
+
+fn build_sxent(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let log_d = ctx.args.bool("log_D_trick", false)?;
+    let unjoined = ctx.args.bool("unjoined_lr_loss", false)?;
+    if log_d && unjoined {
+        return Err(
+            ctx.bad_arg("log_D_trick and unjoined_lr_loss cannot be set as True simultaneously")
+        );
+    }
+    let k = if log_d {
+        SxentKind::LogDTrick
+    } else if unjoined {
+        SxentKind::Unjoined
+    } else {
+        SxentKind::Plain
+    };
+    let op = ctx.op_type().to_string();
+    let grad = op.ends_with("Gradient");
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let i = usize::from(grad);
+        by_real!(&l, &op, i, sxent_t(&mut l, &op, k, grad))?;
+        Ok(true)
+    }))
+}
+
+// ---------------------------------------------------------- L1Distance --
+
+fn l1_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
+    let op = "L1Distance";
+    same_shape(op, l, 0, 1)?;
+    let (x, y) = (input::<T>(l, op, 0)?, input::<T>(l, op, 1)?);
+    let n = rows_of(x.shape());
+    let d = x.len().checked_div(n).unwrap_or(0);
+    let (xs, ys) = (dense(x), dense(y));
+    let out: Vec<T> = (0..n)
+        .map(|r| {
+            (0..d)
+                .map(|c| {
+                    let v = xs[r * d + c] - ys[r * d + c];
+                    if v < T::of(0.0) {
+                        -v
+                    } else {
+                        v
+                    }
+                })
+                .sum()
+        })
+        .collect();
+    l.set_output(0, T::wrap(array(&[n], out)?));
+    Ok(())
+}
+
+fn build_l1(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    Ok(kernel(|cx| {
+        let mut l = cx.lock();
+        by_real!(&l, "L1Distance", 0, l1_t(&mut l))?;
+        Ok(true)
+    }))
+}
+
+fn l1_grad_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
+    let op = "L1DistanceGradient";
+    same_shape(op, l, 0, 1)?;
+    let (x, y, dd) = (
+        input::<T>(l, op, 0)?,
+        input::<T>(l, op, 1)?,
+        input::<T>(l, op, 2)?,
+    );
+    let n = rows_of(x.shape());
+    if dd.len() != n {
+        return Err(Error::shape(format!(
+            "{op}: the distance gradient ('{}', shape {:?}) must have N = {n} values",
+            l.input_name(2),
+            dd.shape()
+        ))
+        .with_blob(l.input_name(2)));
+    }
+    let d = x.len().checked_div(n).unwrap_or(0);
+    let (xs, ys, dds) = (dense(x), dense(y), dense(dd));
+    let eps = T::of(1e-12);
+    let dx: Vec<T> = (0..n * d)
+        .map(|i| {
+            let v = xs[i] - ys[i];
+            let g = dds[i / d.max(1)];
+            if v > eps {
+                g
+            } else if v < -eps {
+                -g
+            } else {
+                T::of(0.0)
+            }
+        })
+        .collect();
+    let dy: Vec<T> = dx.iter().map(|&v| -v).collect();
+    let shape = x.shape().to_vec();
+    l.set_output(0, T::wrap(array(&shape, dx)?));
+    l.set_output(1, T::wrap(array(&shape, dy)?));
+    Ok(())
+}
+
+fn build_l1_grad(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    Ok(kernel(|cx| {
+        let mut l = cx.lock();
+        by_real!(&l, "L1DistanceGradient", 0, l1_grad_t(&mut l))?;
+        Ok(true)
+    }))
+}
+
+// ------------------------------------------------------------- Dropout --
+
+fn dropout_ratio(ctx: &OpDefCtx<'_>) -> Result<(f32, bool)> {
+    let ratio = ctx.args.f32("ratio", 0.5)?;
+    if !(0.0..=1.0).contains(&ratio) {
+        return Err(ctx.bad_arg(format!("ratio must be in [0, 1], got {ratio}")));
+    }
+    Ok((ratio, ctx.args.i64("is_test", 0)? != 0))
+}
+
+/// 1 / (1 - ratio), or 0 when everything is dropped.
+fn keep_scale(ratio: f32) -> f64 {
+    if ratio >= 1.0 {
+        0.0
+    } else {
+        1.0 / (1.0 - f64::from(ratio))
+    }
+}
+
+fn dropout_t<T: Real>(l: &mut Locked<'_>, mask: &[bool], scale: f64) -> Result<()> {
+    let x = input::<T>(l, "Dropout", 0)?;
+    let s = T::of(scale);
+    let y: Vec<T> = x
+        .iter()
+        .zip(mask)
+        .map(|(&v, &k)| if k { v * s } else { T::of(0.0) })
+        .collect();
+    let shape = x.shape().to_vec();
+    l.set_output(0, T::wrap(array(&shape, y)?));
+    Ok(())
+}
+
+fn build_dropout(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let (ratio, is_test) = dropout_ratio(ctx)?;
+    let mut rng = super::fill::make_rng(ctx);
+    let want_mask = ctx.num_outputs() == 2;
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        real_dtype(&l, "Dropout", 0)?;
+        if is_test {
+            if !l.aliases(0, 0) {
+                let t = l.tensor(0)?.try_clone()?;
+                l.set_output(0, t);
+            }
+            return Ok(true);
+        }
+        let shape = l.tensor(0)?.shape().to_vec();
+        let n: usize = shape.iter().product();
+        let u =
+            rand::distr::Uniform::new(0.0f32, 1.0).map_err(|e| Error::internal(e.to_string()))?;
+        let mask: Vec<bool> = (0..n)
+            .map(|_| rand::distr::Distribution::sample(&u, &mut rng) >= ratio)
+            .collect();
+        let scale = keep_scale(ratio);
+        by_real!(&l, "Dropout", 0, dropout_t(&mut l, &mask, scale))?;
+        if want_mask {
+            let m = ArrayD::from_shape_vec(IxDyn(&shape), mask)
+                .map_err(|e| Error::internal(e.to_string()))?;
+            l.set_output(1, Tensor::from(m));
+        }
+        Ok(true)
+    }))
+}
+
+fn dropout_grad_t<T: Real>(l: &mut Locked<'_>, scale: Option<f64>) -> Result<()> {
+    let op = "DropoutGrad";
+    let dy = input::<T>(l, op, 0)?;
+    let Some(scale) = scale else {
+        let dx = dy.clone();
+        l.set_output(0, T::wrap(dx));
+        return Ok(());
+    };
+    let t = l.tensor(1)?;
+    let name = l.input_name(1);
+    let Tensor::Bool(mask) = t else {
+        return Err(Error::type_error(format!(
+            "{op}: the mask ('{name}') must be a bool tensor (Dropout's second output), got {}",
+            t.dtype()
+        ))
+        .with_blob(name));
+    };
+    if mask.shape() != dy.shape() {
+        return Err(Error::shape(format!(
+            "{op}: the mask ('{name}', shape {:?}) must have dY's shape {:?}",
+            mask.shape(),
+            dy.shape()
+        ))
+        .with_blob(name));
+    }
+    let s = T::of(scale);
+    let dx = Zip::from(dy)
+        .and(mask.view())
+        .map_collect(|&g, &k| if k { g * s } else { T::of(0.0) });
+    l.set_output(0, T::wrap(dx));
+    Ok(())
+}
+
+fn build_dropout_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let (ratio, is_test) = dropout_ratio(ctx)?;
+    let scale = (!is_test && ctx.num_inputs() == 2).then(|| keep_scale(ratio));
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        by_real!(&l, "DropoutGrad", 0, dropout_grad_t(&mut l, scale))?;
+        Ok(true)
+    }))
+}
+
+// ----------------------------------------------------------------- Pow --
+
+trait Powf: Real {
+    fn powf_(self, e: Self) -> Self;
+}
+impl Powf for f32 {
+    fn powf_(self, e: f32) -> f32 {
+        self.powf(e)
+    }
+}
+impl Powf for f64 {
+    fn powf_(self, e: f64) -> f64 {
+        self.powf(e)
+    }
+}
+
+/// The exponent input `i` as one value per element of X (`n` of them).
+fn exponents<T: Real>(l: &Locked<'_>, op: &str, i: usize, x_shape: &[usize]) -> Result<Vec<T>> {
+    let e = input::<T>(l, op, i)?;
+    let n: usize = x_shape.iter().product();
+    if e.len() == 1 {
+        Ok(vec![e.iter().copied().next().unwrap_or(T::of(0.0)); n])
+    } else if e.shape() == x_shape {
+        Ok(dense(e).into_owned())
+    } else {
+        Err(Error::shape(format!(
+            "{op}: the exponent ('{}', shape {:?}) must have one element or X's shape {x_shape:?}",
+            l.input_name(i),
+            e.shape()
+        ))
+        .with_blob(l.input_name(i)))
+    }
+}
+
+fn pow_t<T: Powf>(l: &mut Locked<'_>, exponent: Option<f32>) -> Result<()> {
+    let op = "Pow";
+    let x = input::<T>(l, op, 0)?;
+    let shape = x.shape().to_vec();
+    let es = match exponent {
+        Some(e) => vec![T::of(f64::from(e)); x.len()],
+        None => exponents::<T>(l, op, 1, &shape)?,
+    };
+    let y: Vec<T> = x.iter().zip(&es).map(|(&v, &e)| v.powf_(e)).collect();
+    l.set_output(0, T::wrap(array(&shape, y)?));
+    Ok(())
+}
+
+fn build_pow(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let exponent = ctx.args.f32_opt("exponent")?;
+    match (exponent.is_some(), ctx.num_inputs()) {
+        (true, 2) => {
+            return Err(
+                ctx.bad_arg("Pow: give the exponent as an argument or as a second input, not both")
+            )
+        }
+        (false, 1) => {
+            return Err(ctx.bad_arg("Pow: the exponent argument is required with one input"))
+        }
+        _ => {}
+    }
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        match real_dtype(&l, "Pow", 0)? {
+            DataType::Float => pow_t::<f32>(&mut l, exponent),
+            _ => pow_t::<f64>(&mut l, exponent),
+        }?;
+        Ok(true)
+    }))
+}
+
+fn pow_grad_t<T: Powf>(
+    l: &mut Locked<'_>,
+    exponent: Option<f32>,
+    ni: usize,
+    no: usize,
+) -> Result<()> {
+    let op = "PowGradient";
+    let dy = dense(input::<T>(l, op, 0)?).into_owned();
+    let one = T::of(1.0);
+    match exponent {
+        Some(e) => {
+            let e = T::of(f64::from(e));
+            // (dY, X, Y) or, after an in-place Pow, (dY, Y) with X = Y^(1/e).
+            let base = input::<T>(l, op, 1)?;
+            let shape = base.shape().to_vec();
+            if dy.len() != base.len() {
+                return Err(Error::shape(format!(
+                    "{op}: dY and X must have the same shape, got {} and {shape:?} elements",
+                    dy.len()
+                ))
+                .with_blob(l.input_name(0)));
+            }
+            let dx: Vec<T> = base
+                .iter()
+                .zip(&dy)
+                .map(|(&b, &g)| {
+                    let x = if ni == 2 { b.powf_(one / e) } else { b };
+                    e * x.powf_(e - one) * g
+                })
+                .collect();
+            l.set_output(0, T::wrap(array(&shape, dx)?));
+        }
+        None => {
+            let x = input::<T>(l, op, 1)?;
+            let shape = x.shape().to_vec();
+            let es = exponents::<T>(l, op, 2, &shape)?;
+            let y = dense(input::<T>(l, op, 3)?).into_owned();
+            if dy.len() != x.len() || y.len() != x.len() {
+                return Err(
+                    Error::shape(format!("{op}: dY, X and Y must have the same shape"))
+                        .with_blob(l.input_name(0)),
+                );
+            }
+            let xs = dense(x);
+            let dx: Vec<T> = (0..xs.len())
+                .map(|i| es[i] * xs[i].powf_(es[i] - one) * dy[i])
+                .collect();
+            let de_full: Vec<T> = (0..xs.len()).map(|i| dy[i] * y[i] * xs[i].ln()).collect();
+            let e_in = input::<T>(l, op, 2)?;
+            let e_shape = e_in.shape().to_vec();
+            let de = if e_in.len() == 1 && xs.len() != 1 {
+                vec![de_full.iter().copied().sum()]
+            } else {
+                de_full
+            };
+            l.set_output(0, T::wrap(array(&shape, dx)?));
+            if no > 1 {
+                l.set_output(1, T::wrap(array(&e_shape, de)?));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn build_pow_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let exponent = ctx.args.f32_opt("exponent")?;
+    let (ni, no) = (ctx.num_inputs(), ctx.num_outputs());
+    let ok = match exponent {
+        Some(_) => ni <= 3 && no == 1,
+        None => ni == 4,
+    };
+    if !ok {
+        return Err(ctx.bad_arg(
+            "PowGradient takes (dY, X, Y) or (dY, Y) with the exponent argument, or (dY, X, exponent, Y) without it",
+        ));
+    }
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        match real_dtype(&l, "PowGradient", 0)? {
+            DataType::Float => pow_grad_t::<f32>(&mut l, exponent, ni, no),
+            _ => pow_grad_t::<f64>(&mut l, exponent, ni, no),
+        }?;
+        Ok(true)
+    }))
+}
+
+// ---------------------------------------------------------------- Clip --
+
+fn clip_bounds(ctx: &OpDefCtx<'_>) -> Result<(f64, f64)> {
+    let lo = ctx.args.f32("min", f32::MIN)?;
+    let hi = ctx.args.f32("max", f32::MAX)?;
+    if lo > hi {
+        return Err(ctx.bad_arg(format!("min ({lo}) must not exceed max ({hi})")));
+    }
+    Ok((f64::from(lo), f64::from(hi)))
+}
+
+fn build_clip(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let (lo, hi) = clip_bounds(ctx)?;
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        match real_dtype(&l, "Clip", 0)? {
+            DataType::Float => {
+                let (a, b) = (lo as f32, hi as f32);
+                map_t::<f32>(&mut l, |x| {
+                    if x < a {
+                        a
+                    } else if x > b {
+                        b
+                    } else {
+                        x
+                    }
+                })
+            }
+            _ => map_t::<f64>(&mut l, |x| {
+                if x < lo {
+                    lo
+                } else if x > hi {
+                    hi
+                } else {
+                    x
+                }
+            }),
+        }?;
+        Ok(true)
+    }))
+}
+
+fn build_clip_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let (lo, hi) = clip_bounds(ctx)?;
+    const OP: &str = "ClipGradient";
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        match real_dtype(&l, OP, 0)? {
+            DataType::Float => {
+                let (a, b) = (lo as f32, hi as f32);
+                grad_map_t::<f32>(&mut l, OP, |y, d| if y > a && y < b { d } else { 0.0 })
+            }
+            _ => grad_map_t::<f64>(&mut l, OP, |y, d| if y > lo && y < hi { d } else { 0.0 }),
+        }?;
+        Ok(true)
+    }))
+}
+
+// ------------------------------------------------- WeightedSumGradient --
+
+fn build_weighted_sum_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    const OP: &str = "WeightedSumGradient";
+    let grad_on_w = ctx.args.bool("grad_on_w", false)?;
+    let ni = ctx.num_inputs();
+    if ni % 2 != 1 {
+        return Err(ctx.bad_arg(format!(
+            "{OP} takes dY and then (X, weight) pairs, an odd number of inputs; got {ni}"
+        )));
+    }
+    let pairs = ni / 2;
+    let want = if grad_on_w { 2 * pairs } else { pairs };
+    if ctx.num_outputs() != want {
+        return Err(ctx.bad_arg(format!(
+            "{OP} with {pairs} (X, weight) pairs and grad_on_w={} has {want} outputs, got {}",
+            grad_on_w as i32,
+            ctx.num_outputs()
+        )));
+    }
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let f32_at = |l: &Locked<'_>, i: usize| -> Result<ArrayD<f32>> {
+            let t = l.tensor(i)?;
+            match t {
+                Tensor::F32(a) => Ok((**a).clone()),
+                _ => Err(Error::type_error(format!(
+                    "{OP}: input {i} ('{}') must be a float32 tensor, got {}",
+                    l.input_name(i),
+                    t.dtype()
+                ))
+                .with_blob(l.input_name(i))),
+            }
+        };
+        let dy = f32_at(&l, 0)?;
+        let mut dxs = Vec::with_capacity(pairs);
+        let mut dws = Vec::with_capacity(pairs);
+        for p in 0..pairs {
+            let x = f32_at(&l, 1 + 2 * p)?;
+            let w = f32_at(&l, 2 + 2 * p)?;
+            if w.len() != 1 || x.len() != dy.len() {
+                return Err(Error::shape(format!(
+                    "{OP}: X{p} ('{}', shape {:?}) must have dY's {} elements and its weight ('{}', shape {:?}) one",
+                    l.input_name(1 + 2 * p),
+                    x.shape(),
+                    dy.len(),
+                    l.input_name(2 + 2 * p),
+                    w.shape()
+                ))
+                .with_blob(l.input_name(1 + 2 * p)));
+            }
+            let wv = w.iter().copied().next().unwrap_or(0.0);
+            let dx: Vec<f32> = dy.iter().map(|&g| g * wv).collect();
+            dxs.push(array(x.shape(), dx)?);
+            let dw: f32 = dy.iter().zip(x.iter()).map(|(&g, &v)| g * v).sum();
+            dws.push(array(w.shape(), vec![dw])?);
+        }
+        for (p, dx) in dxs.into_iter().enumerate() {
+            l.set_output(p, Tensor::from(dx));
+        }
+        if grad_on_w {
+            for (p, dw) in dws.into_iter().enumerate() {
+                l.set_output(pairs + p, Tensor::from(dw));
+            }
+        }
         Ok(true)
     }))
 }

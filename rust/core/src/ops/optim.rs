@@ -1,7 +1,9 @@
 //! Training support (issue 14): the weight fillers XavierFill and MSRAFill,
-//! LearningRate, and the updates MomentumSGDUpdate and Adam (float32, as
-//! Caffe2's CPU kernels; WeightedSum, the plain SGD update, is in
-//! elementwise.rs).
+//! LearningRate, and the updates MomentumSGDUpdate, Adam, Adagrad and the
+//! sparse ones (SparseMomentumSGDUpdate, SparseAdam, SparseAdagrad,
+//! RowWiseSparseAdagrad: rows at indices, in order) (float32, as Caffe2's
+//! CPU kernels; WeightedSum, the plain SGD update, is in elementwise.rs,
+//! and ScatterWeightedSum, its sparse form, in sparse.rs).
 
 #![allow(clippy::result_large_err)]
 
@@ -40,7 +42,7 @@ pub fn schemas() -> Vec<OpSchema> {
             .ignores(FILLER_IGNORED)
             .doc(doc)
     };
-    vec![
+    let mut v = vec![
         filler(
             "XavierFill",
             build_xavier,
@@ -83,7 +85,9 @@ pub fn schemas() -> Vec<OpSchema> {
                 arg!("epsilon", "float", "1e-5", "added to the second moment's square root"),
             ])
             .doc("Inputs (param, moment_1, moment_2, grad, lr, iter), outputs (param, moment_1, moment_2[, the effective gradient]) in place: t = iter + 1, m1 = b1 m1 + (1 - b1) g, m2 = b2 m2 + (1 - b2) g^2, param += lr * sqrt(1 - b2^t) / (1 - b1^t) * m1 / (sqrt(m2) + epsilon)."),
-    ]
+    ];
+    v.extend(adagrad_schemas());
+    v
 }
 
 // ------------------------------------------------------------- fillers --
@@ -362,6 +366,345 @@ fn build_adam(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         l.set_output(2, Tensor::from(m2));
         if out_grad {
             l.set_output(3, Tensor::from(ng));
+        }
+        Ok(true)
+    }))
+}
+
+// ------------------------------------------------------- Adagrad family --
+
+/// Adagrad and the sparse ones: param and moment are updated in place.
+fn adagrad_in_place(i: usize, o: usize) -> bool {
+    matches!((i, o), (0, 0) | (1, 1))
+}
+
+fn adagrad_schemas() -> Vec<OpSchema> {
+    const ADAGRAD_ARGS: &[crate::operator::ArgDoc] = &[
+        arg!(
+            "epsilon",
+            "float",
+            "1e-5",
+            "added to the moment's square root"
+        ),
+        arg!(
+            "decay",
+            "float",
+            "1",
+            "the moment's decay before g^2 is added (Adagrad only)"
+        ),
+        arg!(
+            "weight_decay",
+            "float",
+            "0",
+            "g += weight_decay * param before the update"
+        ),
+    ];
+    const SPARSE_ARGS: &[crate::operator::ArgDoc] = &[
+        arg!(
+            "epsilon",
+            "float",
+            "1e-5",
+            "added to the moment's square root"
+        ),
+        arg!(
+            "weight_decay",
+            "float",
+            "0",
+            "g += weight_decay * param (of the row) before the update"
+        ),
+    ];
+    vec![
+        OpSchema::new("Adagrad", build_adagrad)
+            .inputs(4, 4)
+            .outputs(2, 4)
+            .inplace(InPlace::Enforce(adagrad_in_place))
+            .args(ADAGRAD_ARGS)
+            .doc("Inputs (param, moment, grad, lr), outputs (param, moment[, effective_lr[, update]]) in place (float32): g = grad + weight_decay * param, moment = decay * moment + g^2, effective_lr = lr / (sqrt(moment) + epsilon), update = effective_lr * g, param += update."),
+        OpSchema::new("SparseAdagrad", build_sparse_adagrad)
+            .inputs(5, 5)
+            .outputs(2, 2)
+            .inplace(InPlace::Enforce(adagrad_in_place))
+            .args(SPARSE_ARGS)
+            .doc("Inputs (param, moment, indices, grad, lr), outputs (param, moment) in place (float32): Adagrad on the rows of param at the indices, grad holding one row per index (applied in order; duplicates update twice)."),
+        OpSchema::new("SparseMomentumSGDUpdate", build_sparse_momentum)
+            .inputs(5, 5)
+            .outputs(3, 3)
+            .inplace(InPlace::Enforce(momentum_in_place))
+            .args(&[
+                arg!("momentum", "float", "0", "the moment's decay"),
+                arg!("nesterov", "int", "0", "use Nesterov's momentum"),
+            ])
+            .doc("Inputs (grad, moment, lr, param, indices), outputs (grad, moment, param) in place (float32): MomentumSGDUpdate on the rows of moment and param at the indices (grad has one row per index, in order), grad becoming the steps taken."),
+        OpSchema::new("SparseAdam", build_sparse_adam)
+            .inputs(7, 7)
+            .outputs(3, 4)
+            .inplace(InPlace::Enforce(adam_in_place))
+            .args(&[
+                arg!("beta1", "float", "0.9", "first moment decay"),
+                arg!("beta2", "float", "0.999", "second moment decay"),
+                arg!("epsilon", "float", "1e-5", "added to the second moment's square root"),
+            ])
+            .doc("Inputs (param, moment_1, moment_2, indices, grad, lr, iter), outputs (param, moment_1, moment_2[, the effective gradient]) in place (float32): Adam on the rows at the indices (grad has one row per index, in order)."),
+        OpSchema::new("RowWiseSparseAdagrad", build_sparse_adagrad)
+            .inputs(5, 5)
+            .outputs(2, 2)
+            .inplace(InPlace::Enforce(adagrad_in_place))
+            .args(SPARSE_ARGS)
+            .doc("Inputs (param, moment (1-D, one per row of param), indices, grad, lr), outputs (param, moment) in place (float32): moment[r] += mean(g^2) over the row, param[r] += lr * g / (sqrt(moment[r]) + epsilon)."),
+    ]
+}
+
+fn build_adagrad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    const OP: &str = "Adagrad";
+    let eps = ctx.args.f32("epsilon", 1e-5)?;
+    let decay = ctx.args.f32("decay", 1.0)?;
+    let wd = ctx.args.f32("weight_decay", 0.0)?;
+    let no = ctx.num_outputs();
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        f32_in(&l, OP, 0, "the parameter")?;
+        f32_in(&l, OP, 1, "the moment")?;
+        f32_in(&l, OP, 2, "the gradient")?;
+        check_like(&l, OP, 1, 0)?;
+        check_like(&l, OP, 2, 0)?;
+        let lr = scalar_f32(&l, OP, 3, "the learning rate")?;
+        let mut p = f32_in(&l, OP, 0, "")?.clone();
+        let mut m = f32_in(&l, OP, 1, "")?.clone();
+        let g = f32_in(&l, OP, 2, "")?;
+        let mut eff = g.clone();
+        let mut upd = g.clone();
+        ndarray::Zip::from(&mut p)
+            .and(&mut m)
+            .and(&mut eff)
+            .and(&mut upd)
+            .for_each(|p, m, e, u| {
+                let gi = *u + wd * *p;
+                *m = decay * *m + gi * gi;
+                *e = lr / (m.sqrt() + eps);
+                *u = *e * gi;
+                *p += *u;
+            });
+        l.set_output(0, Tensor::from(p));
+        l.set_output(1, Tensor::from(m));
+        if no > 2 {
+            l.set_output(2, Tensor::from(eff));
+        }
+        if no > 3 {
+            l.set_output(3, Tensor::from(upd));
+        }
+        Ok(true)
+    }))
+}
+
+fn build_sparse_adagrad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let eps = ctx.args.f32("epsilon", 1e-5)?;
+    let wd = ctx.args.f32("weight_decay", 0.0)?;
+    let row_wise = ctx.op_type() == "RowWiseSparseAdagrad";
+    let op = ctx.op_type().to_string();
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let op = op.as_str();
+        let p = f32_in(&l, op, 0, "the parameter")?;
+        if p.ndim() == 0 {
+            return Err(Error::shape(format!(
+                "{op}: the parameter ('{}') must have at least one dim",
+                l.input_name(0)
+            ))
+            .with_blob(l.input_name(0)));
+        }
+        let nrows = p.shape()[0];
+        let block: usize = p.shape()[1..].iter().product();
+        let m = f32_in(&l, op, 1, "the moment")?;
+        if row_wise {
+            if m.len() != nrows {
+                return Err(Error::shape(format!(
+                    "{op}: the moment ('{}', shape {:?}) must have one value per row of the parameter ({nrows})",
+                    l.input_name(1),
+                    m.shape()
+                ))
+                .with_blob(l.input_name(1)));
+            }
+        } else {
+            check_like(&l, op, 1, 0)?;
+        }
+        let (idx, _) = super::sparse::indices(&l, op, 2)?;
+        let rows = super::sparse::checked_rows(op, &idx, nrows, false, l.input_name(2))?;
+        let g = f32_in(&l, op, 3, "the gradient")?;
+        if g.len() != rows.len() * block {
+            return Err(Error::shape(format!(
+                "{op}: the gradient ('{}', shape {:?}) must have one row of {block} values per index ({} indices)",
+                l.input_name(3),
+                g.shape(),
+                rows.len()
+            ))
+            .with_blob(l.input_name(3)));
+        }
+        let lr = scalar_f32(&l, op, 4, "the learning rate")?;
+        let shape_p = p.shape().to_vec();
+        let shape_m = m.shape().to_vec();
+        let mut pv: Vec<f32> = p.iter().copied().collect();
+        let mut mv: Vec<f32> = m.iter().copied().collect();
+        let gv: Vec<f32> = g.iter().copied().collect();
+        for (i, &r) in rows.iter().enumerate() {
+            let gs: Vec<f32> = (0..block)
+                .map(|j| gv[i * block + j] + wd * pv[r * block + j])
+                .collect();
+            if row_wise {
+                let mean = if block == 0 {
+                    0.0
+                } else {
+                    gs.iter().map(|v| v * v).sum::<f32>() / block as f32
+                };
+                mv[r] += mean;
+                let step = lr / (mv[r].sqrt() + eps);
+                for (j, gj) in gs.iter().enumerate() {
+                    pv[r * block + j] += step * gj;
+                }
+            } else {
+                for (j, gj) in gs.iter().enumerate() {
+                    let k = r * block + j;
+                    mv[k] += gj * gj;
+                    pv[k] += lr * gj / (mv[k].sqrt() + eps);
+                }
+            }
+        }
+        let pa = ArrayD::from_shape_vec(ndarray::IxDyn(&shape_p), pv)
+            .map_err(|e| Error::internal(e.to_string()))?;
+        let ma = ArrayD::from_shape_vec(ndarray::IxDyn(&shape_m), mv)
+            .map_err(|e| Error::internal(e.to_string()))?;
+        l.set_output(0, Tensor::from(pa));
+        l.set_output(1, Tensor::from(ma));
+        Ok(true)
+    }))
+}
+
+/// (rows of `param` at input `pi`, the row length) for a sparse update
+/// whose indices are input `ii` and gradient rows input `gi`.
+fn sparse_rows(
+    l: &Locked<'_>,
+    op: &str,
+    pi: usize,
+    ii: usize,
+    gi: usize,
+) -> Result<(Vec<usize>, usize)> {
+    let p = f32_in(l, op, pi, "the parameter")?;
+    if p.ndim() == 0 {
+        return Err(Error::shape(format!(
+            "{op}: the parameter ('{}') must have at least one dim",
+            l.input_name(pi)
+        ))
+        .with_blob(l.input_name(pi)));
+    }
+    let block: usize = p.shape()[1..].iter().product();
+    let (idx, _) = super::sparse::indices(l, op, ii)?;
+    let rows = super::sparse::checked_rows(op, &idx, p.shape()[0], false, l.input_name(ii))?;
+    let g = f32_in(l, op, gi, "the gradient")?;
+    if g.len() != rows.len() * block {
+        return Err(Error::shape(format!(
+            "{op}: the gradient ('{}', shape {:?}) must have one row of {block} values per index ({} indices)",
+            l.input_name(gi),
+            g.shape(),
+            rows.len()
+        ))
+        .with_blob(l.input_name(gi)));
+    }
+    Ok((rows, block))
+}
+
+fn vec_of(l: &Locked<'_>, op: &str, i: usize) -> Result<(Vec<f32>, Vec<usize>)> {
+    let a = f32_in(l, op, i, "")?;
+    Ok((a.iter().copied().collect(), a.shape().to_vec()))
+}
+
+fn arr(shape: &[usize], v: Vec<f32>) -> Result<Tensor> {
+    ArrayD::from_shape_vec(ndarray::IxDyn(shape), v)
+        .map(Tensor::from)
+        .map_err(|e| Error::internal(e.to_string()))
+}
+
+fn build_sparse_momentum(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let mu = ctx.args.f32("momentum", 0.0)?;
+    let nesterov = ctx.args.i64("nesterov", 0)? != 0;
+    const OP: &str = "SparseMomentumSGDUpdate";
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let (rows, block) = sparse_rows(&l, OP, 3, 4, 0)?;
+        f32_in(&l, OP, 1, "the moment")?;
+        check_like(&l, OP, 1, 3)?;
+        let lr = scalar_f32(&l, OP, 2, "the learning rate")?;
+        let (mut g, gs) = vec_of(&l, OP, 0)?;
+        let (mut m, ms) = vec_of(&l, OP, 1)?;
+        let (mut p, ps) = vec_of(&l, OP, 3)?;
+        for (i, &r) in rows.iter().enumerate() {
+            for j in 0..block {
+                let (gi, k) = (i * block + j, r * block + j);
+                let m_old = m[k];
+                let m_new = mu * m_old + lr * g[gi];
+                let step = if nesterov {
+                    (1.0 + mu) * m_new - mu * m_old
+                } else {
+                    m_new
+                };
+                m[k] = m_new;
+                g[gi] = step;
+                p[k] -= step;
+            }
+        }
+        l.set_output(0, arr(&gs, g)?);
+        l.set_output(1, arr(&ms, m)?);
+        l.set_output(2, arr(&ps, p)?);
+        Ok(true)
+    }))
+}
+
+fn build_sparse_adam(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let b1 = ctx.args.f32("beta1", 0.9)?;
+    let b2 = ctx.args.f32("beta2", 0.999)?;
+    let eps = ctx.args.f32("epsilon", 1e-5)?;
+    let out_grad = ctx.num_outputs() == 4;
+    const OP: &str = "SparseAdam";
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let (rows, block) = sparse_rows(&l, OP, 0, 3, 4)?;
+        for i in 1..3 {
+            f32_in(&l, OP, i, "a moment")?;
+            check_like(&l, OP, i, 0)?;
+        }
+        let lr = scalar_f32(&l, OP, 5, "the learning rate")?;
+        let name = l.input_name(6).to_string();
+        let iter = match l.tensor(6)? {
+            Tensor::I64(a) if a.len() == 1 => a.iter().copied().next().unwrap_or(0),
+            t => {
+                return Err(Error::type_error(format!(
+                    "{OP}: the iteration ('{name}') must be an int64 tensor of one element, got {} of shape {:?}",
+                    t.dtype(),
+                    t.shape()
+                ))
+                .with_blob(&name))
+            }
+        };
+        let t = (iter + 1) as f64;
+        let corr = ((1.0 - f64::from(b2).powf(t)).sqrt() / (1.0 - f64::from(b1).powf(t))) as f32;
+        let (mut p, ps) = vec_of(&l, OP, 0)?;
+        let (mut m1, m1s) = vec_of(&l, OP, 1)?;
+        let (mut m2, m2s) = vec_of(&l, OP, 2)?;
+        let (mut g, gs) = vec_of(&l, OP, 4)?;
+        for (i, &r) in rows.iter().enumerate() {
+            for j in 0..block {
+                let (gi, k) = (i * block + j, r * block + j);
+                let gv = g[gi];
+                m1[k] = m1[k] * b1 + gv * (1.0 - b1);
+                m2[k] = m2[k] * b2 + gv * gv * (1.0 - b2);
+                let step = corr * m1[k] / (m2[k].sqrt() + eps);
+                p[k] += lr * step;
+                g[gi] = step;
+            }
+        }
+        l.set_output(0, arr(&ps, p)?);
+        l.set_output(1, arr(&m1s, m1)?);
+        l.set_output(2, arr(&m2s, m2)?);
+        if out_grad {
+            l.set_output(3, arr(&gs, g)?);
         }
         Ok(true)
     }))

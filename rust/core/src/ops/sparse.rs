@@ -1,0 +1,540 @@
+//! Sparse lookups and their gradients (issue 14): Gather, SparseToDense,
+//! SparseLengthsSum, SparseLengthsSumGradient and ScatterWeightedSum.
+//!
+//! Gather's and SparseLengthsSum's gradients are sparse, as in Caffe2: a
+//! `GradientSlice` of (indices, values) made in `ferrocaffe/gradients.py`;
+//! SparseToDense turns one into a dense tensor, ScatterWeightedSum and the
+//! sparse optimizers (optim.rs) apply one to a parameter.
+
+#![allow(clippy::result_large_err)]
+
+use super::kernel;
+use super::nn::{array, dense, input, real_dtype, Real};
+use crate::arg;
+use crate::error::{Error, Result};
+use crate::operator::{InPlace, Locked, OpDefCtx, OpSchema, Operator, MANY};
+use crate::tensor::{DataType, Element, Tensor};
+use ndarray::{ArrayD, IxDyn};
+
+macro_rules! by_real {
+    ($l:expr, $op:expr, $i:expr, $f:ident ( $($a:expr),* )) => {
+        match real_dtype($l, $op, $i)? {
+            DataType::Float => $f::<f32>($($a),*),
+            _ => $f::<f64>($($a),*),
+        }
+    };
+}
+
+fn in_place_0_0(i: usize, o: usize) -> bool {
+    i == 0 && o == 0
+}
+
+pub fn schemas() -> Vec<OpSchema> {
+    vec![
+        OpSchema::new("Gather", build_gather)
+            .inputs(2, 2)
+            .outputs(1, 1)
+            .args(&[
+                arg!("axis", "int", "0", "the dim of DATA the indices select along"),
+                arg!("wrap_indices", "bool", "false", "negative indices count from the end"),
+                arg!("match_outer", "bool", "false", "not supported (an error when set)"),
+                arg!("dense_gradient", "bool", "false", "the gradient is dense (SparseToDense) instead of a GradientSlice"),
+            ])
+            .doc("Inputs (DATA, INDICES int32/int64); output DATA's dims before axis, INDICES' dims, DATA's dims after axis: the slices of DATA at the indices (any dtype)."),
+        OpSchema::new("BatchGather", build_gather)
+            .inputs(2, 2)
+            .outputs(1, 1)
+            .args(&[
+                arg!("axis", "int", "1", "the dim of DATA the indices select along"),
+                arg!("match_outer", "bool", "false", "not supported (an error when set)"),
+            ])
+            .doc("Gather along `axis` (default 1): inputs (DATA, INDICES), output DATA's dims before axis, INDICES' dims, DATA's dims after axis."),
+        OpSchema::new("BatchGatherGradient", build_gather_grad)
+            .inputs(3, 3)
+            .outputs(1, 1)
+            .args(&[arg!("axis", "int", "1", "the dim of DATA the indices selected along")])
+            .doc("Dense gradient of a gather along `axis`: inputs (DATA, INDICES, dY), dDATA (DATA's shape) with the rows of dY added at the indices (float32 or float64)."),
+        OpSchema::new("SparseToDense", build_sparse_to_dense)
+            .inputs(2, 3)
+            .outputs(1, 1)
+            .doc("Inputs (INDICES, VALUES[, DATA_TO_INFER_DIM]): output row INDICES[i] is the sum of the VALUES rows at i (VALUES has INDICES' dims then the row's); the first dim is DATA_TO_INFER_DIM's first, else max(INDICES) + 1. Float32 or float64."),
+        OpSchema::new("SparseLengthsSum", build_sls)
+            .inputs(3, 3)
+            .outputs(1, 1)
+            .doc("Inputs (DATA, INDICES int32/int64, LENGTHS int32): output row i is the sum of the DATA rows at the next LENGTHS[i] indices (float32 or float64)."),
+        OpSchema::new("SparseLengthsSumGradient", build_sls_grad)
+            .inputs(2, 2)
+            .outputs(1, 1)
+            .doc("Gradient of SparseLengthsSum: inputs (dY, LENGTHS), output the gradient's values: row j is dY's row of the segment j falls in (a GradientSlice with the indices)."),
+        OpSchema::new("ScatterWeightedSum", build_scatter_weighted_sum)
+            .inputs(5, MANY)
+            .outputs(1, 1)
+            .inplace(InPlace::Enforce(in_place_0_0))
+            .doc("Inputs (X0, W0, INDICES, X1, W1, ...), output X0 in place: for each i in order, X0[INDICES[i]] = W0 * X0[INDICES[i]] + sum_k Wk * Xk[i] (float32; weights of one element)."),
+    ]
+}
+
+/// Input `i` as int64 indices (int32 or int64 tensors).
+pub(crate) fn indices(l: &Locked<'_>, op: &str, i: usize) -> Result<(Vec<i64>, Vec<usize>)> {
+    let t = l.tensor(i)?;
+    match t {
+        Tensor::I64(a) => Ok((a.iter().copied().collect(), a.shape().to_vec())),
+        Tensor::I32(a) => Ok((
+            a.iter().map(|&v| i64::from(v)).collect(),
+            a.shape().to_vec(),
+        )),
+        _ => {
+            let name = l.input_name(i);
+            Err(Error::type_error(format!(
+                "{op}: the indices ('{name}') must be an int32 or int64 tensor, got {}",
+                t.dtype()
+            ))
+            .with_blob(name))
+        }
+    }
+}
+
+/// Checks each index against `n` rows (negatives from the end if `wrap`).
+pub(crate) fn checked_rows(
+    op: &str,
+    idx: &[i64],
+    n: usize,
+    wrap: bool,
+    blob: &str,
+) -> Result<Vec<usize>> {
+    idx.iter()
+        .map(|&v| {
+            let w = if wrap && v < 0 { v + n as i64 } else { v };
+            usize::try_from(w).ok().filter(|&u| u < n).ok_or_else(|| {
+                Error::invalid_arg(format!(
+                    "{op}: index {v} is out of range for a dim of size {n}"
+                ))
+                .with_blob(blob)
+            })
+        })
+        .collect()
+}
+
+// -------------------------------------------------------------- Gather --
+
+fn gather_of<T: Element>(
+    t: &Tensor,
+    axis: usize,
+    rows: &[usize],
+    idx_shape: &[usize],
+) -> Result<Tensor> {
+    let a = t.array::<T>()?;
+    let shape = a.shape();
+    let outer: usize = shape[..axis].iter().product();
+    let n = shape[axis];
+    let inner: usize = shape[axis + 1..].iter().product();
+    let src: Vec<T> = a.iter().cloned().collect();
+    let mut out = Vec::with_capacity(outer * rows.len() * inner);
+    for o in 0..outer {
+        for &r in rows {
+            let s = (o * n + r) * inner;
+            out.extend_from_slice(&src[s..s + inner]);
+        }
+    }
+    let mut out_shape = shape[..axis].to_vec();
+    out_shape.extend_from_slice(idx_shape);
+    out_shape.extend_from_slice(&shape[axis + 1..]);
+    let r = ArrayD::from_shape_vec(IxDyn(&out_shape), out)
+        .map_err(|e| Error::internal(e.to_string()))?;
+    Ok(T::wrap(r))
+}
+
+fn build_gather(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let batch = ctx.op_type() == "BatchGather";
+    let axis = ctx.args.i64("axis", i64::from(batch))?;
+    let wrap = !batch && ctx.args.bool("wrap_indices", false)?;
+    if ctx.args.bool("match_outer", false)? {
+        return Err(ctx.bad_arg("match_outer is not supported"));
+    }
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let op = if batch { "BatchGather" } else { "Gather" };
+        let data = l.tensor(0)?;
+        let nd = data.ndim();
+        let dname = l.input_name(0);
+        if nd == 0 {
+            return Err(
+                Error::shape(format!("{op}: DATA ('{dname}') must have at least one dim"))
+                    .with_blob(dname),
+            );
+        }
+        let ax = super::nn::canonical_axis(op, "axis", axis, nd, dname)?;
+        if ax >= nd {
+            return Err(Error::invalid_arg(format!(
+                "{op}: axis {axis} is out of range for {nd} dims"
+            ))
+            .with_blob(dname));
+        }
+        let (idx, idx_shape) = indices(&l, op, 1)?;
+        if data.shape()[ax] == 0 {
+            // Nothing to gather from: Caffe2 gives an empty output shaped
+            // like DATA with its first dim 0, whatever the indices.
+            let mut shape = data.shape().to_vec();
+            shape[0] = 0;
+            let out = Tensor::zeros(data.dtype(), &shape)?;
+            l.set_output(0, out);
+            return Ok(true);
+        }
+        let rows = checked_rows(op, &idx, data.shape()[ax], wrap, l.input_name(1))?;
+        let out = crate::with_match_dtype!(data.dtype(), |T| gather_of::<T>(data, ax, &rows, &idx_shape),
+            else other => Err(crate::tensor::unsupported_dtype(other)))?;
+        l.set_output(0, out);
+        Ok(true)
+    }))
+}
+
+fn gather_grad_t<T: Real>(l: &mut Locked<'_>, axis: i64) -> Result<()> {
+    let op = "BatchGatherGradient";
+    let shape = l.tensor(0)?.shape().to_vec();
+    let dname = l.input_name(0);
+    let ax = super::nn::canonical_axis(op, "axis", axis, shape.len(), dname)?;
+    if ax >= shape.len() {
+        return Err(Error::invalid_arg(format!(
+            "{op}: axis {axis} is out of range for {} dims",
+            shape.len()
+        ))
+        .with_blob(dname));
+    }
+    let (idx, idx_shape) = indices(l, op, 1)?;
+    let rows = checked_rows(op, &idx, shape[ax], false, l.input_name(1))?;
+    let mut want = shape[..ax].to_vec();
+    want.extend_from_slice(&idx_shape);
+    want.extend_from_slice(&shape[ax + 1..]);
+    let g = input::<T>(l, op, 2)?;
+    if g.shape() != want.as_slice() {
+        return Err(Error::shape(format!(
+            "{op}: dY ('{}', shape {:?}) must have the gathered shape {want:?}",
+            l.input_name(2),
+            g.shape()
+        ))
+        .with_blob(l.input_name(2)));
+    }
+    let outer: usize = shape[..ax].iter().product();
+    let n = shape[ax];
+    let inner: usize = shape[ax + 1..].iter().product();
+    let gs = dense(g);
+    let mut out = vec![T::of(0.0); outer * n * inner];
+    for o in 0..outer {
+        for (j, &r) in rows.iter().enumerate() {
+            let (src, dst) = ((o * rows.len() + j) * inner, (o * n + r) * inner);
+            for c in 0..inner {
+                out[dst + c] += gs[src + c];
+            }
+        }
+    }
+    l.set_output(0, T::wrap(array(&shape, out)?));
+    Ok(())
+}
+
+fn build_gather_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let axis = ctx.args.i64("axis", 1)?;
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        by_real!(&l, "BatchGatherGradient", 2, gather_grad_t(&mut l, axis))?;
+        Ok(true)
+    }))
+}
+
+// ------------------------------------------------------- SparseToDense --
+
+fn sparse_to_dense_t<T: Real>(l: &mut Locked<'_>, ni: usize) -> Result<()> {
+    let op = "SparseToDense";
+    let (idx, idx_shape) = indices(l, op, 0)?;
+    let v = input::<T>(l, op, 1)?;
+    let k = idx_shape.len();
+    if v.ndim() < k || v.shape()[..k] != idx_shape[..] {
+        return Err(Error::shape(format!(
+            "{op}: VALUES ('{}', shape {:?}) must start with the dims of INDICES {idx_shape:?}",
+            l.input_name(1),
+            v.shape()
+        ))
+        .with_blob(l.input_name(1)));
+    }
+    let row_shape = v.shape()[k..].to_vec();
+    let inner: usize = row_shape.iter().product();
+    let first = if ni == 3 {
+        let s = l.tensor(2)?.shape();
+        s.first().copied().ok_or_else(|| {
+            Error::shape(format!(
+                "{op}: DATA_TO_INFER_DIM ('{}') must have a first dim",
+                l.input_name(2)
+            ))
+            .with_blob(l.input_name(2))
+        })?
+    } else {
+        idx.iter()
+            .copied()
+            .max()
+            .map_or(0, |m| (m.max(-1) + 1) as usize)
+    };
+    let rows = checked_rows(op, &idx, first, false, l.input_name(0))?;
+    let vs = dense(v);
+    let mut out = vec![T::of(0.0); first * inner];
+    for (i, &r) in rows.iter().enumerate() {
+        for c in 0..inner {
+            out[r * inner + c] += vs[i * inner + c];
+        }
+    }
+    let mut shape = vec![first];
+    shape.extend(row_shape);
+    l.set_output(0, T::wrap(array(&shape, out)?));
+    Ok(())
+}
+
+fn build_sparse_to_dense(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let ni = ctx.num_inputs();
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        by_real!(&l, "SparseToDense", 1, sparse_to_dense_t(&mut l, ni))?;
+        Ok(true)
+    }))
+}
+
+// ---------------------------------------------------- SparseLengthsSum --
+
+/// Lengths input `i` (int32, 1-D, non-negative), checked to sum to `total`.
+fn lengths(l: &Locked<'_>, op: &str, i: usize, total: Option<usize>) -> Result<Vec<usize>> {
+    let t = l.tensor(i)?;
+    let name = l.input_name(i);
+    let v: Vec<i64> = match t {
+        Tensor::I32(a) if a.ndim() == 1 => a.iter().map(|&v| i64::from(v)).collect(),
+        Tensor::I64(a) if a.ndim() == 1 => a.iter().copied().collect(),
+        _ => {
+            return Err(Error::type_error(format!(
+                "{op}: LENGTHS ('{name}') must be a 1-D int32 tensor, got {} of shape {:?}",
+                t.dtype(),
+                t.shape()
+            ))
+            .with_blob(name))
+        }
+    };
+    let out: Vec<usize> = v
+        .iter()
+        .map(|&x| {
+            usize::try_from(x).map_err(|_| {
+                Error::invalid_arg(format!("{op}: LENGTHS has a negative length {x}"))
+                    .with_blob(name)
+            })
+        })
+        .collect::<Result<_>>()?;
+    if let Some(total) = total {
+        let s: usize = out.iter().sum();
+        if s != total {
+            return Err(Error::invalid_arg(format!(
+                "{op}: the lengths sum to {s}, but there are {total} indices"
+            ))
+            .with_blob(name));
+        }
+    }
+    Ok(out)
+}
+
+fn sls_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
+    let op = "SparseLengthsSum";
+    let data = input::<T>(l, op, 0)?;
+    if data.ndim() == 0 {
+        return Err(Error::shape(format!(
+            "{op}: DATA ('{}') must have at least one dim",
+            l.input_name(0)
+        ))
+        .with_blob(l.input_name(0)));
+    }
+    let (idx, idx_shape) = indices(l, op, 1)?;
+    if idx_shape.len() != 1 {
+        return Err(Error::shape(format!(
+            "{op}: INDICES ('{}', shape {idx_shape:?}) must be 1-D",
+            l.input_name(1)
+        ))
+        .with_blob(l.input_name(1)));
+    }
+    let lens = lengths(l, op, 2, Some(idx.len()))?;
+    let rows = checked_rows(op, &idx, data.shape()[0], false, l.input_name(1))?;
+    let inner: usize = data.shape()[1..].iter().product();
+    let ds = dense(data);
+    let mut out = vec![T::of(0.0); lens.len() * inner];
+    let mut k = 0;
+    for (s, &n) in lens.iter().enumerate() {
+        for &r in &rows[k..k + n] {
+            for c in 0..inner {
+                out[s * inner + c] += ds[r * inner + c];
+            }
+        }
+        k += n;
+    }
+    let mut shape = vec![lens.len()];
+    shape.extend_from_slice(&data.shape()[1..]);
+    l.set_output(0, T::wrap(array(&shape, out)?));
+    Ok(())
+}
+
+fn build_sls(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    Ok(kernel(|cx| {
+        let mut l = cx.lock();
+        by_real!(&l, "SparseLengthsSum", 0, sls_t(&mut l))?;
+        Ok(true)
+    }))
+}
+
+fn sls_grad_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
+    let op = "SparseLengthsSumGradient";
+    let dy = input::<T>(l, op, 0)?;
+    let lens = lengths(l, op, 1, None)?;
+    if dy.ndim() == 0 || dy.shape()[0] != lens.len() {
+        return Err(Error::shape(format!(
+            "{op}: dY ('{}', shape {:?}) must have one row per length ({})",
+            l.input_name(0),
+            dy.shape(),
+            lens.len()
+        ))
+        .with_blob(l.input_name(0)));
+    }
+    let inner: usize = dy.shape()[1..].iter().product();
+    let total: usize = lens.iter().sum();
+    let g = dense(dy);
+    let mut out = Vec::with_capacity(total * inner);
+    for (s, &n) in lens.iter().enumerate() {
+        for _ in 0..n {
+            out.extend_from_slice(&g[s * inner..(s + 1) * inner]);
+        }
+    }
+    let mut shape = vec![total];
+    shape.extend_from_slice(&dy.shape()[1..]);
+    l.set_output(0, T::wrap(array(&shape, out)?));
+    Ok(())
+}
+
+fn build_sls_grad(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    Ok(kernel(|cx| {
+        let mut l = cx.lock();
+        by_real!(&l, "SparseLengthsSumGradient", 0, sls_grad_t(&mut l))?;
+        Ok(true)
+    }))
+}
+
+// -------------------------------------------------- ScatterWeightedSum --
+
+fn f32_input<'l>(l: &'l Locked<'_>, op: &str, i: usize) -> Result<&'l ArrayD<f32>> {
+    let t = l.tensor(i)?;
+    match t {
+        Tensor::F32(a) => Ok(a),
+        _ => Err(Error::type_error(format!(
+            "{op}: input {i} ('{}') must be a float32 tensor, got {}",
+            l.input_name(i),
+            t.dtype()
+        ))
+        .with_blob(l.input_name(i))),
+    }
+}
+
+fn weight(l: &Locked<'_>, op: &str, i: usize) -> Result<f32> {
+    let w = f32_input(l, op, i)?;
+    if w.len() != 1 {
+        return Err(Error::shape(format!(
+            "{op}: the weight ('{}', shape {:?}) must have one element",
+            l.input_name(i),
+            w.shape()
+        ))
+        .with_blob(l.input_name(i)));
+    }
+    Ok(w.iter().copied().next().unwrap_or(0.0))
+}
+
+fn build_scatter_weighted_sum(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    const OP: &str = "ScatterWeightedSum";
+    let ni = ctx.num_inputs();
+    if ni % 2 != 1 {
+        return Err(ctx.bad_arg(format!(
+            "{OP} takes (X0, W0, INDICES) and then (X, W) pairs, an odd number of inputs; got {ni}"
+        )));
+    }
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let x0 = f32_input(&l, OP, 0)?;
+        if x0.ndim() == 0 {
+            return Err(Error::shape(format!(
+                "{OP}: X0 ('{}') must have at least one dim",
+                l.input_name(0)
+            ))
+            .with_blob(l.input_name(0)));
+        }
+        let w0 = weight(&l, OP, 1)?;
+        let (idx, _) = indices(&l, OP, 2)?;
+        let rows = checked_rows(OP, &idx, x0.shape()[0], false, l.input_name(2))?;
+        let inner: usize = x0.shape()[1..].iter().product();
+        let mut out: Vec<f32> = x0.iter().copied().collect();
+        let shape = x0.shape().to_vec();
+        let mut slices = Vec::new();
+        for p in (3..ni).step_by(2) {
+            let x = f32_input(&l, OP, p)?;
+            if x.len() != rows.len() * inner {
+                return Err(Error::shape(format!(
+                    "{OP}: '{}' (shape {:?}) must have one row of {inner} values per index ({} indices)",
+                    l.input_name(p),
+                    x.shape(),
+                    rows.len()
+                ))
+                .with_blob(l.input_name(p)));
+            }
+            slices.push((
+                x.iter().copied().collect::<Vec<f32>>(),
+                weight(&l, OP, p + 1)?,
+            ));
+        }
+        for (i, &r) in rows.iter().enumerate() {
+            for c in 0..inner {
+                let mut v = w0 * out[r * inner + c];
+                for (x, w) in &slices {
+                    v += w * x[i * inner + c];
+                }
+                out[r * inner + c] = v;
+            }
+        }
+        let a = ArrayD::from_shape_vec(IxDyn(&shape), out)
+            .map_err(|e| Error::internal(e.to_string()))?;
+        l.set_output(0, Tensor::from(a));
+        Ok(true)
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::error::ErrorKind;
+    use crate::tensor::Tensor;
+    use crate::test_util::{get, i32s, i64s, op, run, ws_with};
+
+    fn vals(t: &Tensor) -> Vec<f32> {
+        t.array::<f32>().unwrap().iter().copied().collect()
+    }
+
+    #[test]
+    fn gather_and_sparse_lengths_sum_by_hand() {
+        let data = Tensor::from_vec(&[3, 2], vec![1f32, 2., 3., 4., 5., 6.]).unwrap();
+        let ws = ws_with(&[("d", data), ("i", i64s(&[2, 0, 2])), ("l", i32s(&[1, 2]))]);
+        run(&ws, op("Gather", &["d", "i"], &["g"], vec![])).unwrap();
+        assert_eq!(vals(&get(&ws, "g")), vec![5., 6., 1., 2., 5., 6.]);
+        run(
+            &ws,
+            op("SparseLengthsSum", &["d", "i", "l"], &["s"], vec![]),
+        )
+        .unwrap();
+        assert_eq!(vals(&get(&ws, "s")), vec![5., 6., 6., 8.]);
+        run(
+            &ws,
+            op("SparseLengthsSumGradient", &["s", "l"], &["v"], vec![]),
+        )
+        .unwrap();
+        assert_eq!(get(&ws, "v").shape(), &[3, 2]);
+        assert_eq!(vals(&get(&ws, "v")), vec![5., 6., 6., 8., 6., 8.]);
+        let bad = ws_with(&[
+            ("d", Tensor::from_vec(&[1, 1], vec![0f32]).unwrap()),
+            ("i", i64s(&[1])),
+        ]);
+        let e = run(&bad, op("Gather", &["d", "i"], &["g"], vec![])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+    }
+}
