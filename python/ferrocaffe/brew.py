@@ -10,7 +10,7 @@ current name scope, created and filled in ``model.param_init_net``
 
 from ferrocaffe import core, scope
 
-__all__ = ["Register", "fc", "has_helper", "relu", "sigmoid", "softmax", "sum", "tanh"]
+__all__ = ["Register", "accuracy", "db_input", "fc", "has_helper", "relu", "sigmoid", "softmax", "sum", "tanh"]
 
 _HELPERS = {}
 
@@ -81,3 +81,20 @@ softmax = _unary("Softmax", "Softmax over each row (axis=1 by default).")
 def sum(model, blob_in, blob_out, **kwargs):
     """Y = the sum of the input blobs."""
     return model.net.Sum(blob_in, blob_out, **kwargs)
+
+
+@Register
+def db_input(model, blobs_out, batch_size, db, db_type):
+    """Reads batches of ``batch_size`` TensorProtos records from the db at
+    ``db``: a ``CreateDB`` in ``model.param_init_net`` opens it (the
+    reader blob is ``dbreader_<db>``) and a ``TensorProtosDBInput`` in
+    ``model.net`` writes one blob of ``blobs_out`` per tensor of a record."""
+    reader = model.param_init_net.CreateDB([], "dbreader_" + str(db), db=db, db_type=db_type)
+    return model.net.TensorProtosDBInput(reader, blobs_out, batch_size=batch_size)
+
+
+@Register
+def accuracy(model, blob_in, blob_out, **kwargs):
+    """The share of rows of ``blob_in[0]`` (scores) whose largest score (or
+    one of the ``top_k`` largest) is at the label ``blob_in[1]``."""
+    return model.net.Accuracy(blob_in, blob_out, **kwargs)

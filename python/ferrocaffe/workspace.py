@@ -19,7 +19,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from . import _core, errors, proto, scope
+from . import _core, _db, errors, proto, scope
 
 __all__ = [
     "Workspace",
@@ -878,7 +878,12 @@ C = types.SimpleNamespace(
     registered_operators=_core.registered_operators,
     operator_schema=_core.operator_schema,
     global_init=GlobalInit,
-    registered_dbs=lambda: ["ferro", "minidb"],
+    registered_dbs=_db.registered_dbs,
+    create_db=_db.create_db,
+    Mode=_db.Mode,
+    DB=_db.DB,
+    Transaction=_db.Transaction,
+    Cursor=_db.Cursor,
     has_mkldnn=False,
     use_mkldnn=False,
     has_cuda_support=False,

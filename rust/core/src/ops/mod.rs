@@ -18,6 +18,7 @@ pub mod collect;
 pub mod control;
 pub mod counter;
 pub mod dataset;
+pub mod db;
 pub mod elementwise;
 pub mod fileio;
 pub mod fill;
@@ -35,6 +36,7 @@ pub fn builtin_schemas() -> Vec<OpSchema> {
     v.extend(control::schemas());
     v.extend(counter::schemas());
     v.extend(dataset::schemas());
+    v.extend(db::schemas());
     v.extend(elementwise::schemas());
     v.extend(fileio::schemas());
     v.extend(fill::schemas());
@@ -52,6 +54,7 @@ pub fn builtin_schemas() -> Vec<OpSchema> {
 pub fn builtin_codecs() -> Vec<(&'static str, crate::storage::BlobDecoder)> {
     let mut v = Vec::new();
     v.extend(dataset::codecs());
+    v.extend(db::codecs());
     v.extend(fileio::codecs());
     v
 }

@@ -89,7 +89,7 @@ pub use files::{
     check_replaceable, open_regular, sweep_stale_temporaries, temp_path_for, write_file,
 };
 pub use mapped::{map_ferro, MappedBlob, MappedData};
-pub use minidb::MiniDb;
+pub use minidb::{tensor_from_proto, MiniDb, MiniDbRecords};
 use minidb::*;
 use tensor_proto::*;
 
