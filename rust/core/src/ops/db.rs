@@ -257,12 +257,17 @@ fn tensor_protos_db_input(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             .map_err(|e| e.with_blob(reader_name))?;
         let path = r.path().to_string();
         let nout = cx.num_outputs();
-        let mut columns: Vec<Vec<Tensor>> = (0..nout).map(|_| Vec::with_capacity(batch.max(1))).collect();
+        let mut columns: Vec<Vec<Tensor>> = (0..nout)
+            .map(|_| Vec::with_capacity(batch.max(1)))
+            .collect();
         for (key, value) in r.read(batch.max(1))? {
             let bad = |msg: String| {
-                Error::new(ErrorKind::CorruptCheckpoint, format!("the record '{key}': {msg}"))
-                    .with_file(&path)
-                    .with_blob(reader_name)
+                Error::new(
+                    ErrorKind::CorruptCheckpoint,
+                    format!("the record '{key}': {msg}"),
+                )
+                .with_file(&path)
+                .with_blob(reader_name)
             };
             let protos = TensorProtos::decode(value.as_slice())
                 .map_err(|e| bad(format!("cannot parse it as TensorProtos: {e}")))?;
@@ -275,14 +280,16 @@ fn tensor_protos_db_input(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
                 .with_blob(reader_name));
             }
             for (column, tp) in columns.iter_mut().zip(&protos.protos) {
-                let t = storage::tensor_from_proto(tp)
-                    .map_err(|e| bad(e.message.clone()))?;
+                let t = storage::tensor_from_proto(tp).map_err(|e| bad(e.message.clone()))?;
                 column.push(t);
             }
         }
         for (j, column) in columns.into_iter().enumerate() {
             let out = if batch == 0 {
-                column.into_iter().next().ok_or_else(|| Error::internal("no record read"))?
+                column
+                    .into_iter()
+                    .next()
+                    .ok_or_else(|| Error::internal("no record read"))?
             } else {
                 let first = &column[0];
                 if let Some(other) = column
@@ -372,14 +379,38 @@ mod tests {
         write_db(&path, 5);
         let ws = Workspace::new();
         let p = path.to_str().unwrap();
-        run(&ws, op("CreateDB", &[], &["r"], vec![str_arg("db", p), str_arg("db_type", "minidb")])).unwrap();
-        let read = op("TensorProtosDBInput", &["r"], &["x", "y"], vec![int_arg("batch_size", 3)]);
+        run(
+            &ws,
+            op(
+                "CreateDB",
+                &[],
+                &["r"],
+                vec![str_arg("db", p), str_arg("db_type", "minidb")],
+            ),
+        )
+        .unwrap();
+        let read = op(
+            "TensorProtosDBInput",
+            &["r"],
+            &["x", "y"],
+            vec![int_arg("batch_size", 3)],
+        );
         run(&ws, read.clone()).unwrap();
         assert_eq!(get(&ws, "x").array::<f32>().unwrap().shape(), &[3, 2]);
         run(&ws, read).unwrap();
-        let x: Vec<f32> = get(&ws, "x").array::<f32>().unwrap().iter().copied().collect();
+        let x: Vec<f32> = get(&ws, "x")
+            .array::<f32>()
+            .unwrap()
+            .iter()
+            .copied()
+            .collect();
         assert_eq!(x, vec![3.0, -3.0, 4.0, -4.0, 0.0, -0.0]);
-        let y: Vec<i32> = get(&ws, "y").array::<i32>().unwrap().iter().copied().collect();
+        let y: Vec<i32> = get(&ws, "y")
+            .array::<i32>()
+            .unwrap()
+            .iter()
+            .copied()
+            .collect();
         assert_eq!(y, vec![0, 1, 0]);
         assert_eq!(get(&ws, "y").array::<i32>().unwrap().shape(), &[3, 1]);
     }
@@ -392,9 +423,22 @@ mod tests {
         let ws = Workspace::new();
         let e = run(&ws, op("CreateDB", &[], &["r"], vec![str_arg("db", p)])).unwrap_err();
         assert!(e.to_string().contains("'leveldb'"), "{e}");
-        let e = run(&ws, op("CreateDB", &[], &["r"], vec![str_arg("db_type", "minidb")])).unwrap_err();
+        let e = run(
+            &ws,
+            op("CreateDB", &[], &["r"], vec![str_arg("db_type", "minidb")]),
+        )
+        .unwrap_err();
         assert_eq!(e.kind, ErrorKind::InvalidArgument);
-        run(&ws, op("CreateDB", &[], &["r"], vec![str_arg("db", p), str_arg("db_type", "minidb")])).unwrap();
+        run(
+            &ws,
+            op(
+                "CreateDB",
+                &[],
+                &["r"],
+                vec![str_arg("db", p), str_arg("db_type", "minidb")],
+            ),
+        )
+        .unwrap();
         let e = run(&ws, op("TensorProtosDBInput", &["r"], &["x"], vec![])).unwrap_err();
         assert!(e.to_string().contains("holds 2 tensors"), "{e}");
         let e = run(
@@ -403,7 +447,12 @@ mod tests {
                 "CreateDB",
                 &[],
                 &["s"],
-                vec![str_arg("db", p), str_arg("db_type", "minidb"), int_arg("shard_id", 2), int_arg("num_shards", 3)],
+                vec![
+                    str_arg("db", p),
+                    str_arg("db_type", "minidb"),
+                    int_arg("shard_id", 2),
+                    int_arg("num_shards", 3),
+                ],
             ),
         )
         .unwrap_err();
