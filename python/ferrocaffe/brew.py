@@ -11,8 +11,8 @@ current name scope, created and filled in ``model.param_init_net``
 from ferrocaffe import core, scope
 
 __all__ = [
-    "Register", "add_weight_decay", "concat", "dropout", "fc", "has_helper", "relu", "sigmoid",
-    "softmax", "sum", "tanh", "transpose",
+    "Register", "accuracy", "add_weight_decay", "concat", "db_input", "dropout", "fc", "has_helper",
+    "relu", "sigmoid", "softmax", "sum", "tanh", "transpose",
 ]
 
 _HELPERS = {}
@@ -125,3 +125,20 @@ def add_weight_decay(model, weight_decay):
     for param in weights:
         grad = model.param_to_grad[param]
         model.net.WeightedSum([grad, one, param, wd], grad)
+
+
+@Register
+def db_input(model, blobs_out, batch_size, db, db_type):
+    """Reads batches of ``batch_size`` TensorProtos records from the db at
+    ``db``: a ``CreateDB`` in ``model.param_init_net`` opens it (the
+    reader blob is ``dbreader_<db>``) and a ``TensorProtosDBInput`` in
+    ``model.net`` writes one blob of ``blobs_out`` per tensor of a record."""
+    reader = model.param_init_net.CreateDB([], "dbreader_" + str(db), db=db, db_type=db_type)
+    return model.net.TensorProtosDBInput(reader, blobs_out, batch_size=batch_size)
+
+
+@Register
+def accuracy(model, blob_in, blob_out, **kwargs):
+    """The share of rows of ``blob_in[0]`` (scores) whose largest score (or
+    one of the ``top_k`` largest) is at the label ``blob_in[1]``."""
+    return model.net.Accuracy(blob_in, blob_out, **kwargs)

@@ -1,7 +1,7 @@
 """Tests of ferrocaffe.checkpoint: Job, the checkpoint managers, JobRunner,
 epoch_limiter, metadata handlers and the built-in manifest, the progress
 display, the command line, Save/Load round trips of every blob kind, and
-the example job (examples/train_job.py).
+the example job (examples/linear_job.py).
 
 The pipeline job reads a file of numbers, three records per epoch, and
 adds them to a total; every expected value is computed here in plain

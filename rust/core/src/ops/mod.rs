@@ -18,6 +18,7 @@ pub mod collect;
 pub mod control;
 pub mod counter;
 pub mod dataset;
+pub mod db;
 pub mod elementwise;
 pub mod fill;
 pub mod nn;
@@ -36,6 +37,7 @@ pub fn builtin_schemas() -> Vec<OpSchema> {
     v.extend(control::schemas());
     v.extend(counter::schemas());
     v.extend(dataset::schemas());
+    v.extend(db::schemas());
     v.extend(elementwise::schemas());
     v.extend(fill::schemas());
     v.extend(nn::schemas());
@@ -55,6 +57,7 @@ pub fn builtin_schemas() -> Vec<OpSchema> {
 pub fn builtin_codecs() -> Vec<(&'static str, crate::storage::BlobDecoder)> {
     let mut v = Vec::new();
     v.extend(dataset::codecs());
+    v.extend(db::codecs());
     v
 }
 

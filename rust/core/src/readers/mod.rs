@@ -290,30 +290,30 @@ fn open_regular(path: &str, what: &str) -> Result<(File, u64)> {
 
 // ----------------------------------------------- saved-position encoding --
 
-struct Enc(Vec<u8>);
+pub(crate) struct Enc(pub(crate) Vec<u8>);
 
 impl Enc {
-    fn new(magic: &[u8; 4]) -> Enc {
+    pub(crate) fn new(magic: &[u8; 4]) -> Enc {
         let mut v = magic.to_vec();
         v.push(1); // format version
         Enc(v)
     }
-    fn u64(&mut self, v: u64) {
+    pub(crate) fn u64(&mut self, v: u64) {
         self.0.extend_from_slice(&v.to_le_bytes());
     }
-    fn str(&mut self, s: &str) {
+    pub(crate) fn str(&mut self, s: &str) {
         self.u64(s.len() as u64);
         self.0.extend_from_slice(s.as_bytes());
     }
 }
 
-struct Dec<'a> {
+pub(crate) struct Dec<'a> {
     what: &'static str,
     rest: &'a [u8],
 }
 
 impl<'a> Dec<'a> {
-    fn new(what: &'static str, magic: &[u8; 4], bytes: &'a [u8]) -> Result<Dec<'a>> {
+    pub(crate) fn new(what: &'static str, magic: &[u8; 4], bytes: &'a [u8]) -> Result<Dec<'a>> {
         let mut d = Dec { what, rest: bytes };
         if d.take(4)? != magic {
             return Err(d.bad("bad magic"));
@@ -324,13 +324,13 @@ impl<'a> Dec<'a> {
         }
         Ok(d)
     }
-    fn bad(&self, msg: &str) -> Error {
+    pub(crate) fn bad(&self, msg: &str) -> Error {
         Error::new(
             ErrorKind::CorruptCheckpoint,
             format!("a saved {} is malformed: {msg}", self.what),
         )
     }
-    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8]> {
         if self.rest.len() < n {
             return Err(self.bad("truncated"));
         }
@@ -338,24 +338,24 @@ impl<'a> Dec<'a> {
         self.rest = rest;
         Ok(head)
     }
-    fn u64(&mut self) -> Result<u64> {
+    pub(crate) fn u64(&mut self) -> Result<u64> {
         Ok(u64::from_le_bytes(
             self.take(8)?.try_into().expect("8 bytes"),
         ))
     }
-    fn len(&mut self) -> Result<usize> {
+    pub(crate) fn len(&mut self) -> Result<usize> {
         let n = self.u64()?;
         usize::try_from(n)
             .ok()
             .filter(|&n| n <= self.rest.len())
             .ok_or_else(|| self.bad("a length is out of range"))
     }
-    fn str(&mut self) -> Result<String> {
+    pub(crate) fn str(&mut self) -> Result<String> {
         let n = self.len()?;
         let b = self.take(n)?;
         String::from_utf8(b.to_vec()).map_err(|_| self.bad("a string is not UTF-8"))
     }
-    fn finish(&self) -> Result<()> {
+    pub(crate) fn finish(&self) -> Result<()> {
         if !self.rest.is_empty() {
             return Err(self.bad(&format!("{} unexpected trailing bytes", self.rest.len())));
         }

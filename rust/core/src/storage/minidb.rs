@@ -64,6 +64,8 @@ pub(super) struct MiniRecord {
     name: String,
     value: Option<Vec<u8>>,
     value_len: u64,
+    /// Where the value starts in the file.
+    value_at: u64,
 }
 
 pub(super) fn read_exact_or_corrupt(
@@ -156,6 +158,7 @@ pub(super) fn read_minidb(path: &str, select: &dyn Fn(&str) -> bool) -> Result<V
             name,
             value,
             value_len: vl as u64,
+            value_at: pos + 8 + kl as u64,
         });
         pos += need;
     }
@@ -280,6 +283,73 @@ pub(super) fn list_minidb(path: &str) -> Result<Vec<EntryInfo>> {
         out.push(info);
     }
     Ok(out)
+}
+
+/// A minidb read as Caffe2's key-value db: its records in file order, each
+/// value read when asked for (a positioned read; the file stays open).
+/// `TensorProtosDBInput`'s DB reader walks it.
+pub struct MiniDbRecords {
+    path: String,
+    file: File,
+    /// (key, value offset, value length) of each record.
+    index: Vec<(String, u64, usize)>,
+}
+
+impl MiniDbRecords {
+    /// Opens `path` and reads its record headers (the values are skipped).
+    pub fn open(path: &str) -> Result<MiniDbRecords> {
+        let records = read_minidb(path, &|_| false)?;
+        let (file, _) = open_regular(path).map_err(io_error(path))?;
+        let index = records
+            .into_iter()
+            .map(|r| (r.key, r.value_at, r.value_len as usize))
+            .collect();
+        Ok(MiniDbRecords {
+            path: path.to_string(),
+            file,
+            index,
+        })
+    }
+
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.index.is_empty()
+    }
+
+    /// The key of record `i` (`i < len()`).
+    pub fn key(&self, i: usize) -> &str {
+        &self.index[i].0
+    }
+
+    /// The value of record `i` (`i < len()`), read from the file now.
+    pub fn value(&self, i: usize) -> Result<Vec<u8>> {
+        use std::os::unix::fs::FileExt;
+        let (key, at, len) = &self.index[i];
+        let mut v = vec![0u8; *len];
+        self.file.read_exact_at(&mut v, *at).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                corrupt(
+                    &self.path,
+                    format!("the record '{key}' is cut off: the file shrank after it was opened"),
+                )
+            } else {
+                Error::io(&e, &self.path)
+            }
+        })?;
+        Ok(v)
+    }
+}
+
+/// One `TensorProto` (a whole tensor, not a chunk) as a tensor.
+pub fn tensor_from_proto(tp: &TensorProto) -> Result<Tensor> {
+    assemble_tensor(std::slice::from_ref(tp))
 }
 
 /// Caffe2's minidb format.

@@ -89,8 +89,8 @@ pub use files::{
     check_replaceable, open_regular, sweep_stale_temporaries, temp_path_for, write_file,
 };
 pub use mapped::{map_ferro, MappedBlob, MappedData};
-pub use minidb::MiniDb;
 use minidb::*;
+pub use minidb::{tensor_from_proto, MiniDb, MiniDbRecords};
 use tensor_proto::*;
 
 /// The db type used when none is given by the Python layer.

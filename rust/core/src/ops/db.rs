@@ -1,0 +1,470 @@
+//! Input from key-value dbs (Caffe2's `caffe2/db` and
+//! `TensorProtosDBInput`): `CreateDB` opens a db for reading and writes a
+//! DB reader blob; `TensorProtosDBInput` reads `TensorProtos` records from
+//! it, `batch_size` at a time, one output per tensor of a record.
+//!
+//! The db type is `minidb` (Caffe2's own record file, read by
+//! [`storage::MiniDbRecords`]); Caffe2's leveldb, lmdb and rocksdb are not
+//! available. As Caffe2's `DBReader::Read`, a reader hands out its records
+//! in file order and starts over at the first one after the last (with
+//! `num_shards`, reader `shard_id` takes records `shard_id`,
+//! `shard_id + num_shards`, ...). Unlike Caffe2, a batch is read atomically
+//! (two ops sharing a reader never interleave their records), and there is
+//! no prefetch thread: the op reads its batch when it runs.
+
+use crate::readers::{Dec, Enc};
+use super::kernel;
+use crate::arg;
+use crate::blob::{BlobObject, BlobValue};
+use crate::error::{Error, ErrorKind, Result};
+use crate::ir::{BlobProto, TensorProtos};
+use crate::operator::{OpDefCtx, OpSchema, Operator, MANY};
+use crate::storage::{self, MiniDbRecords};
+use crate::tensor::{concatenate, Element, Tensor};
+use parking_lot::Mutex;
+use prost::Message;
+use std::fmt;
+use std::sync::Arc;
+
+/// The type tag of a saved [`DbReader`].
+pub const DB_READER_TAG: &str = "ferrocaffe::DBReader";
+
+/// The db types `CreateDB` opens.
+pub const READABLE_DB_TYPES: &[&str] = &["minidb"];
+
+pub fn codecs() -> Vec<(&'static str, crate::storage::BlobDecoder)> {
+    vec![(DB_READER_TAG, decode_db_reader)]
+}
+
+pub fn schemas() -> Vec<OpSchema> {
+    vec![
+        OpSchema::new("CreateDB", create_db)
+            .inputs(0, 0)
+            .outputs(1, 1)
+            .args(&[
+                arg!("db", "string", "(required)", "the db's path"),
+                arg!("db_type", "string", "\"leveldb\"", "the db's type; ferrocaffe reads 'minidb'"),
+                arg!("num_shards", "int", "1", "read every num_shards-th record ..."),
+                arg!("shard_id", "int", "0", "... starting with this one (0 <= shard_id < num_shards)"),
+            ])
+            .doc(
+                "Opens a db for reading and writes a DB reader: the input of TensorProtosDBInput. \
+                 The reader hands out the records in order and starts over after the last.",
+            ),
+        OpSchema::new("TensorProtosDBInput", tensor_protos_db_input)
+            .inputs(1, 1)
+            .outputs(1, MANY)
+            .args(&[arg!(
+                "batch_size",
+                "int",
+                "0",
+                "records per batch: each output is [batch_size, ...] (the records' tensors stacked along a new \
+                 first axis); 0: one record, its tensors as they are"
+            )])
+            .doc(
+                "Input a DB reader (CreateDB) whose records are serialized TensorProtos, each holding one tensor \
+                 per output; outputs the next batch_size records' tensors. The db is read in a cycle.",
+            ),
+    ]
+}
+
+/// A reader over a key-value db (Caffe2's `db::DBReader`).
+pub struct DbReader {
+    db_type: String,
+    records: MiniDbRecords,
+    num_shards: usize,
+    shard_id: usize,
+    /// The index of the next record.
+    pos: Mutex<usize>,
+}
+
+impl fmt::Debug for DbReader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "DBReader({} '{}', shard {} of {}, at record {:?} of {})",
+            self.db_type,
+            self.records.path(),
+            self.shard_id,
+            self.num_shards,
+            self.pos.try_lock().map(|p| *p),
+            self.records.len()
+        )
+    }
+}
+
+impl BlobObject for DbReader {
+    fn kind_name(&self) -> &'static str {
+        "DBReader"
+    }
+    fn serialize(&self) -> Option<BlobProto> {
+        Some(object_proto(DB_READER_TAG, self.to_bytes()))
+    }
+}
+
+const DB_READER_MAGIC: &[u8; 4] = b"FCDB";
+
+impl DbReader {
+    pub fn open(db_type: &str, path: &str, num_shards: usize, shard_id: usize) -> Result<DbReader> {
+        check_db_type(db_type)?;
+        if num_shards == 0 || shard_id >= num_shards {
+            return Err(Error::invalid_arg(format!(
+                "a DB reader needs 0 <= shard_id < num_shards, got shard_id {shard_id} and num_shards {num_shards}"
+            )));
+        }
+        let records = MiniDbRecords::open(path)?;
+        if shard_id >= records.len() {
+            return Err(Error::invalid_arg(format!(
+                "the db has fewer records ({}) than the reader's shard_id ({shard_id})",
+                records.len()
+            ))
+            .with_file(path));
+        }
+        Ok(DbReader {
+            db_type: db_type.to_string(),
+            records,
+            num_shards,
+            shard_id,
+            pos: Mutex::new(shard_id),
+        })
+    }
+
+    pub fn path(&self) -> &str {
+        self.records.path()
+    }
+
+    /// The next `n` records, `(key, value)`, taken at once: the position
+    /// moves only if every value was read.
+    pub fn read(&self, n: usize) -> Result<Vec<(String, Vec<u8>)>> {
+        let mut pos = self.pos.lock();
+        let mut at = *pos;
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            out.push((self.records.key(at).to_string(), self.records.value(at)?));
+            at += self.num_shards;
+            if at >= self.records.len() {
+                at = self.shard_id;
+            }
+        }
+        *pos = at;
+        Ok(out)
+    }
+
+    fn to_bytes(&self) -> Vec<u8> {
+        let mut e = Enc::new(DB_READER_MAGIC);
+        e.str(&self.db_type);
+        e.str(self.records.path());
+        e.u64(self.num_shards as u64);
+        e.u64(self.shard_id as u64);
+        e.u64(self.records.len() as u64);
+        e.u64(*self.pos.lock() as u64);
+        e.0
+    }
+
+    pub fn from_bytes(bytes: &[u8]) -> Result<DbReader> {
+        let mut d = Dec::new("DBReader", DB_READER_MAGIC, bytes)?;
+        let db_type = d.str()?;
+        let path = d.str()?;
+        let int = |d: &mut Dec<'_>| -> Result<usize> {
+            usize::try_from(d.u64()?).map_err(|_| d.bad("a number is out of range"))
+        };
+        let num_shards = int(&mut d)?;
+        let shard_id = int(&mut d)?;
+        let len = int(&mut d)?;
+        let pos = int(&mut d)?;
+        d.finish()?;
+        if num_shards == 0 || shard_id >= num_shards || pos >= len {
+            return Err(d.bad("its shard or position is out of range"));
+        }
+        let r = DbReader::open(&db_type, &path, num_shards, shard_id)?;
+        if r.records.len() != len {
+            return Err(Error::invalid_arg(format!(
+                "cannot restore a DB reader: '{path}' now holds {} records but held {len} when the reader was saved",
+                r.records.len()
+            ))
+            .with_file(&path));
+        }
+        *r.pos.lock() = pos;
+        Ok(r)
+    }
+}
+
+fn decode_db_reader(p: &BlobProto) -> Result<BlobValue> {
+    let r = DbReader::from_bytes(p.content.as_deref().unwrap_or_default())?;
+    Ok(BlobValue::Object(Arc::new(r)))
+}
+
+fn check_db_type(db_type: &str) -> Result<()> {
+    if READABLE_DB_TYPES.contains(&db_type) {
+        return Ok(());
+    }
+    Err(Error::invalid_arg(format!(
+        "cannot open a db of type '{db_type}': ferrocaffe reads key-value dbs of type {} \
+         (Caffe2's leveldb, lmdb and rocksdb are not available)",
+        READABLE_DB_TYPES
+            .iter()
+            .map(|t| format!("'{t}'"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )))
+}
+
+// ------------------------------------------------------------------- ops --
+
+fn create_db(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let db = ctx.args.string("db", "")?;
+    if db.is_empty() {
+        return Err(ctx.bad_arg("Must specify a db name (argument 'db')"));
+    }
+    let db_type = ctx.args.string("db_type", "leveldb")?;
+    check_db_type(&db_type).map_err(|e| e.with_op(ctx.op_type(), None))?;
+    let num_shards = ctx.args.i64("num_shards", 1)?;
+    let shard_id = ctx.args.i64("shard_id", 0)?;
+    if num_shards < 1 || shard_id < 0 || shard_id >= num_shards {
+        return Err(ctx.bad_arg(format!(
+            "needs num_shards >= 1 and 0 <= shard_id < num_shards, got num_shards {num_shards} and shard_id {shard_id}"
+        )));
+    }
+    let (num_shards, shard_id) = (num_shards as usize, shard_id as usize);
+    Ok(kernel(move |cx| {
+        let r = DbReader::open(&db_type, &db, num_shards, shard_id)?;
+        cx.output_blob(0).set(BlobValue::Object(Arc::new(r)));
+        Ok(true)
+    }))
+}
+
+fn stack<T: Element>(items: &[Tensor]) -> Result<Tensor> {
+    let views = items
+        .iter()
+        .map(|t| Ok(t.array::<T>()?.view().insert_axis(ndarray::Axis(0))))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(T::wrap(concatenate(0, &views)?))
+}
+
+fn tensor_protos_db_input(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let batch = ctx.args.i64("batch_size", 0)?;
+    if batch < 0 {
+        return Err(ctx.bad_arg(format!("batch_size must be >= 0, got {batch}")));
+    }
+    let batch = usize::try_from(batch)
+        .map_err(|_| ctx.bad_arg(format!("batch_size {batch} is too large")))?;
+    Ok(kernel(move |cx| {
+        let reader_name = &cx.io.input_names[0];
+        let r = cx
+            .input_blob(0)
+            .read()
+            .object::<DbReader>("DBReader")
+            .map_err(|e| e.with_blob(reader_name))?;
+        let path = r.path().to_string();
+        let nout = cx.num_outputs();
+        let mut columns: Vec<Vec<Tensor>> = (0..nout)
+            .map(|_| Vec::with_capacity(batch.max(1)))
+            .collect();
+        for (key, value) in r.read(batch.max(1))? {
+            let bad = |msg: String| {
+                Error::new(
+                    ErrorKind::CorruptCheckpoint,
+                    format!("the record '{key}': {msg}"),
+                )
+                .with_file(&path)
+                .with_blob(reader_name)
+            };
+            let protos = TensorProtos::decode(value.as_slice())
+                .map_err(|e| bad(format!("cannot parse it as TensorProtos: {e}")))?;
+            if protos.protos.len() != nout {
+                return Err(Error::invalid_arg(format!(
+                    "the record '{key}' holds {} tensors but the op has {nout} outputs (one per tensor)",
+                    protos.protos.len()
+                ))
+                .with_file(&path)
+                .with_blob(reader_name));
+            }
+            for (column, tp) in columns.iter_mut().zip(&protos.protos) {
+                let t = storage::tensor_from_proto(tp).map_err(|e| bad(e.message.clone()))?;
+                column.push(t);
+            }
+        }
+        for (j, column) in columns.into_iter().enumerate() {
+            let out = if batch == 0 {
+                column
+                    .into_iter()
+                    .next()
+                    .ok_or_else(|| Error::internal("no record read"))?
+            } else {
+                let first = &column[0];
+                if let Some(other) = column
+                    .iter()
+                    .find(|t| t.dtype() != first.dtype() || t.shape() != first.shape())
+                {
+                    return Err(Error::shape(format!(
+                        "the records of a batch must hold tensors of one shape and type for output {j} ('{}'): \
+                         {:?} {} and {:?} {} were read",
+                        cx.io.output_names[j],
+                        first.shape(),
+                        first.dtype(),
+                        other.shape(),
+                        other.dtype()
+                    ))
+                    .with_file(&path)
+                    .with_blob(reader_name));
+                }
+                by_dtype!(first.dtype(), stack(&column))?
+            };
+            cx.output_blob(j).set(BlobValue::Tensor(out));
+        }
+        Ok(true)
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::TensorProto;
+    use crate::test_util::{get, op, run};
+    use crate::workspace::Workspace;
+    use std::io::Write;
+
+    fn scratch(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("ferrocaffe-db-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir.join("db")
+    }
+
+    fn str_arg(name: &str, v: &str) -> crate::ir::Argument {
+        crate::ir::Argument {
+            name: Some(name.into()),
+            s: Some(v.as_bytes().to_vec()),
+            ..Default::default()
+        }
+    }
+
+    fn int_arg(name: &str, v: i64) -> crate::ir::Argument {
+        crate::ir::Argument {
+            name: Some(name.into()),
+            i: Some(v),
+            ..Default::default()
+        }
+    }
+
+    /// A minidb of `n` records: record i holds a float [2] (i, -i) and an
+    /// int32 scalar-shaped [1] label i % 3.
+    fn write_db(path: &std::path::Path, n: usize) {
+        let mut f = std::fs::File::create(path).unwrap();
+        for i in 0..n {
+            let x = TensorProto {
+                dims: vec![2],
+                data_type: Some(1),
+                float_data: vec![i as f32, -(i as f32)],
+                ..Default::default()
+            };
+            let y = TensorProto {
+                dims: vec![1],
+                data_type: Some(2),
+                int32_data: vec![(i % 3) as i32],
+                ..Default::default()
+            };
+            let v = TensorProtos { protos: vec![x, y] }.encode_to_vec();
+            let k = format!("{i:04}");
+            f.write_all(&(k.len() as i32).to_ne_bytes()).unwrap();
+            f.write_all(&(v.len() as i32).to_ne_bytes()).unwrap();
+            f.write_all(k.as_bytes()).unwrap();
+            f.write_all(&v).unwrap();
+        }
+    }
+
+    #[test]
+    fn batches_cycle_through_the_records() {
+        let path = scratch("cycle");
+        write_db(&path, 5);
+        let ws = Workspace::new();
+        let p = path.to_str().unwrap();
+        run(
+            &ws,
+            op(
+                "CreateDB",
+                &[],
+                &["r"],
+                vec![str_arg("db", p), str_arg("db_type", "minidb")],
+            ),
+        )
+        .unwrap();
+        let read = op(
+            "TensorProtosDBInput",
+            &["r"],
+            &["x", "y"],
+            vec![int_arg("batch_size", 3)],
+        );
+        run(&ws, read.clone()).unwrap();
+        assert_eq!(get(&ws, "x").array::<f32>().unwrap().shape(), &[3, 2]);
+        run(&ws, read).unwrap();
+        let x: Vec<f32> = get(&ws, "x")
+            .array::<f32>()
+            .unwrap()
+            .iter()
+            .copied()
+            .collect();
+        assert_eq!(x, vec![3.0, -3.0, 4.0, -4.0, 0.0, -0.0]);
+        let y: Vec<i32> = get(&ws, "y")
+            .array::<i32>()
+            .unwrap()
+            .iter()
+            .copied()
+            .collect();
+        assert_eq!(y, vec![0, 1, 0]);
+        assert_eq!(get(&ws, "y").array::<i32>().unwrap().shape(), &[3, 1]);
+    }
+
+    #[test]
+    fn bad_arguments_and_mismatched_outputs_are_errors() {
+        let path = scratch("errors");
+        write_db(&path, 2);
+        let p = path.to_str().unwrap();
+        let ws = Workspace::new();
+        let e = run(&ws, op("CreateDB", &[], &["r"], vec![str_arg("db", p)])).unwrap_err();
+        assert!(e.to_string().contains("'leveldb'"), "{e}");
+        let e = run(
+            &ws,
+            op("CreateDB", &[], &["r"], vec![str_arg("db_type", "minidb")]),
+        )
+        .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+        run(
+            &ws,
+            op(
+                "CreateDB",
+                &[],
+                &["r"],
+                vec![str_arg("db", p), str_arg("db_type", "minidb")],
+            ),
+        )
+        .unwrap();
+        let e = run(&ws, op("TensorProtosDBInput", &["r"], &["x"], vec![])).unwrap_err();
+        assert!(e.to_string().contains("holds 2 tensors"), "{e}");
+        let e = run(
+            &ws,
+            op(
+                "CreateDB",
+                &[],
+                &["s"],
+                vec![
+                    str_arg("db", p),
+                    str_arg("db_type", "minidb"),
+                    int_arg("shard_id", 2),
+                    int_arg("num_shards", 3),
+                ],
+            ),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("fewer records"), "{e}");
+    }
+}
+
+/// A saved object's BlobProto: its type tag and content.
+fn object_proto(tag: &str, content: Vec<u8>) -> crate::ir::BlobProto {
+    crate::ir::BlobProto {
+        r#type: Some(tag.to_string()),
+        content: Some(content),
+        ..Default::default()
+    }
+}
