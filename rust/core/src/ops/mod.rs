@@ -16,14 +16,17 @@ macro_rules! by_dtype {
 
 pub mod collect;
 pub mod control;
+pub mod conv;
 pub mod counter;
 pub mod dataset;
 pub mod elementwise;
 pub mod fileio;
 pub mod fill;
 pub mod nn;
+pub mod norm;
 pub mod optim;
 pub mod persistence;
+pub mod pool;
 pub mod queue;
 pub mod records;
 pub mod shape;
@@ -33,14 +36,17 @@ pub fn builtin_schemas() -> Vec<OpSchema> {
     let mut v = Vec::new();
     v.extend(collect::schemas());
     v.extend(control::schemas());
+    v.extend(conv::schemas());
     v.extend(counter::schemas());
     v.extend(dataset::schemas());
     v.extend(elementwise::schemas());
     v.extend(fileio::schemas());
     v.extend(fill::schemas());
     v.extend(nn::schemas());
+    v.extend(norm::schemas());
     v.extend(optim::schemas());
     v.extend(persistence::schemas());
+    v.extend(pool::schemas());
     v.extend(queue::schemas());
     v.extend(records::schemas());
     v.extend(shape::schemas());

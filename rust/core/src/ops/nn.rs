@@ -148,7 +148,7 @@ fn matmul<T: Real>(ta: bool, tb: bool, m: usize, k: usize, n: usize, a: &[T], b:
 const REAL_TYPES: &str = "float32 or float64";
 
 /// Input `i` as an array of `T`, or a type error naming the op and blob.
-fn input<'l, T: Real>(l: &'l Locked<'_>, op: &str, i: usize) -> Result<&'l ArrayD<T>> {
+pub(crate) fn input<'l, T: Real>(l: &'l Locked<'_>, op: &str, i: usize) -> Result<&'l ArrayD<T>> {
     let t = l.tensor(i)?;
     T::view(t).ok_or_else(|| {
         let name = l.input_name(i);
@@ -175,7 +175,7 @@ fn labels<'l>(l: &'l Locked<'_>, op: &str, i: usize) -> Result<&'l ArrayD<i32>> 
 }
 
 /// The float type of input `i`, or a type error naming the op and blob.
-fn real_dtype(l: &Locked<'_>, op: &str, i: usize) -> Result<DataType> {
+pub(crate) fn real_dtype(l: &Locked<'_>, op: &str, i: usize) -> Result<DataType> {
     let t = l.tensor(i)?;
     match t.dtype() {
         d @ (DataType::Float | DataType::Double) => Ok(d),
@@ -199,14 +199,14 @@ macro_rules! by_real {
     };
 }
 
-fn dense<T: Real>(a: &ArrayD<T>) -> std::borrow::Cow<'_, [T]> {
+pub(crate) fn dense<T: Real>(a: &ArrayD<T>) -> std::borrow::Cow<'_, [T]> {
     match a.as_slice() {
         Some(s) => std::borrow::Cow::Borrowed(s),
         None => std::borrow::Cow::Owned(a.iter().copied().collect()),
     }
 }
 
-fn array<T: Real>(shape: &[usize], v: Vec<T>) -> Result<ArrayD<T>> {
+pub(crate) fn array<T: Real>(shape: &[usize], v: Vec<T>) -> Result<ArrayD<T>> {
     ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|e| Error::internal(e.to_string()))
 }
 
