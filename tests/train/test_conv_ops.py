@@ -489,3 +489,41 @@ def test_channel_shuffle_and_gradient(fresh, n, group, k, hw, order):
     (y,) = run("ChannelShuffle", {"x": xs}, ["y"], group=group, order=order)
     np.testing.assert_array_equal(to_nchw(y) if order == "NHWC" else y, ref)
     check_grad(core.CreateOperator("ChannelShuffle", ["x"], ["y"], group=group, order=order), [xs], [0])
+
+
+@pytest.mark.parametrize("n,order,group", [(1, "NCHW", 1), (4, "NCHW", 2), (1, "NHWC", 1), (3, "NHWC", 1)])
+def test_conv_large_shapes_forward_and_gradients_match_numpy(fresh, n, order, group):
+    """Shapes large enough for the parallel paths (the images of a batch on
+    the kernel pool; one image's products split by rows); the gradients
+    against numpy: dW by einsum over the input's windows, dX as the
+    transposed convolution of dY."""
+    rng = np.random.default_rng(n)
+    c, m, h, k, s, p = 16, 32, 17, 3, 2, 1
+    x = rng.standard_normal((n, c, h, h))
+    w = rng.standard_normal((m, c // group, k, k))
+    b = rng.standard_normal(m)
+    y_ref = conv_ref(x, w, b, [s, s], [p] * 4, [1, 1], group)
+    o = y_ref.shape[-1]
+    dy = rng.standard_normal(y_ref.shape)
+    xp = np.pad(x, [(0, 0), (0, 0), (p, p), (p, p)])
+    cg, mg = c // group, m // group
+    dw_ref = np.zeros_like(w)
+    for kk in np.ndindex(k, k):
+        patch = xp[(slice(None), slice(None)) + window_slices(kk, [1, 1], [s, s], [o, o])]
+        for g in range(group):
+            dw_ref[(slice(g * mg, (g + 1) * mg), slice(None)) + kk] = np.einsum(
+                "nmij,ncij->mc", dy[:, g * mg:(g + 1) * mg], patch[:, g * cg:(g + 1) * cg])
+    adj = h + 2 * p - ((o - 1) * s + k)
+    # Conv's filter (M, C/group, k, k) is the transposed conv's from M to C.
+    dx_ref = conv_transpose_ref(dy, w, None, [s, s], [p] * 4, [adj, adj], group)
+    if order == "NHWC":
+        x, w, dy = to_nhwc(x), to_nhwc(w), to_nhwc(dy)
+    args = dict(kernel=k, stride=s, pad=p, order=order, group=group)
+    (y,) = run("Conv", {"x": x, "w": w, "b": b}, ["y"], **args)
+    dw, db, dx = run("ConvGradient", {"x": x, "w": w, "dy": dy}, ["dw", "db", "dx"], **args)
+    if order == "NHWC":
+        y, dw, dx, dy = to_nchw(y), to_nchw(dw), to_nchw(dx), to_nchw(dy)
+    np.testing.assert_allclose(y, y_ref, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(dw, dw_ref, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(db, dy.sum(axis=(0, 2, 3)), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(dx, dx_ref, rtol=1e-10, atol=1e-10)

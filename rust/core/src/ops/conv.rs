@@ -143,6 +143,45 @@ fn gemm<T: Float>(
     }
 }
 
+/// `gemm`, split by blocks of C's rows across the kernel pool when `par`
+/// (a single image: the pool is otherwise idle) and the product is large.
+fn pgemm<T: Float>(
+    par: bool,
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[T],
+    sa: (usize, usize),
+    b: &[T],
+    sb: (usize, usize),
+    beta: T,
+    c: &mut [T],
+    sc: (usize, usize),
+) {
+    let threads = rayon::current_num_threads();
+    if !par
+        || threads < 2
+        || sc.1 != 1
+        || m < 16
+        || m.saturating_mul(n).saturating_mul(k) < PAR_MACS
+    {
+        return gemm(m, k, n, a, sa, b, sb, beta, c, sc);
+    }
+    // Row blocks of a multiple of 8 (the kernels' tile), one per thread.
+    let rows = m.div_ceil(threads).div_ceil(8) * 8;
+    let reach_c = reach(m, n, sc);
+    c[..reach_c]
+        .par_chunks_mut(rows * sc.0)
+        .enumerate()
+        .for_each(|(i, cb)| {
+            let r0 = i * rows;
+            if r0 < m {
+                let mr = rows.min(m - r0);
+                gemm(mr, k, n, &a[r0 * sa.0..], sa, b, sb, beta, cb, sc);
+            }
+        });
+}
+
 /// Runs `$f::<T>(args)` for the float type of input `$i`.
 macro_rules! by_float {
     ($l:expr, $op:expr, $i:expr, $f:ident ( $($a:expr),* )) => {
@@ -740,6 +779,8 @@ struct Plan {
     cin: usize,
     cout: usize,
     order: Order,
+    /// Split each product across the kernel pool (when the images are not).
+    par: bool,
 }
 
 impl Plan {
@@ -791,7 +832,8 @@ impl Plan {
                         im2col_nchw(&self.g, src, cg, col);
                         col
                     };
-                    gemm(
+                    pgemm(
+                        self.par,
                         mg,
                         rows,
                         p,
@@ -811,7 +853,8 @@ impl Plan {
                         im2col_nhwc(&self.g, img, self.cin, g * cg, cg, col);
                         (col, (rows, 1))
                     };
-                    gemm(
+                    pgemm(
+                        self.par,
                         p,
                         rows,
                         mg,
@@ -848,16 +891,41 @@ impl Plan {
                     let dst = &mut img[g * cg * pin..(g + 1) * cg * pin];
                     let csg = &cs[g * mg * p..];
                     if self.g.identity() {
-                        gemm(rows, mg, p, wg, (1, rows), csg, (p, 1), zero, dst, (p, 1));
+                        pgemm(
+                            self.par,
+                            rows,
+                            mg,
+                            p,
+                            wg,
+                            (1, rows),
+                            csg,
+                            (p, 1),
+                            zero,
+                            dst,
+                            (p, 1),
+                        );
                     } else {
-                        gemm(rows, mg, p, wg, (1, rows), csg, (p, 1), zero, col, (p, 1));
+                        pgemm(
+                            self.par,
+                            rows,
+                            mg,
+                            p,
+                            wg,
+                            (1, rows),
+                            csg,
+                            (p, 1),
+                            zero,
+                            col,
+                            (p, 1),
+                        );
                         col2im_nchw(&self.g, col, cg, dst);
                     }
                 }
                 Order::Nhwc => {
                     let csg = &cs[g * mg..];
                     if self.g.identity() {
-                        gemm(
+                        pgemm(
+                            self.par,
                             p,
                             mg,
                             rows,
@@ -870,7 +938,8 @@ impl Plan {
                             (self.cin, 1),
                         );
                     } else {
-                        gemm(
+                        pgemm(
+                            self.par,
                             p,
                             mg,
                             rows,
@@ -910,7 +979,8 @@ impl Plan {
                         im2col_nchw(&self.g, src, cg, col);
                         col
                     };
-                    gemm(
+                    pgemm(
+                        self.par,
                         mg,
                         p,
                         rows,
@@ -930,7 +1000,8 @@ impl Plan {
                         im2col_nhwc(&self.g, img, self.cin, g * cg, cg, col);
                         (col, (rows, 1))
                     };
-                    gemm(
+                    pgemm(
+                        self.par,
                         mg,
                         p,
                         rows,
@@ -1185,6 +1256,7 @@ fn conv_setup(
                 cin: c,
                 cout: rows,
                 order,
+                par: false,
             },
             n,
             y_shape,
@@ -1207,6 +1279,7 @@ fn conv_setup(
                 cin: m,
                 cout: c,
                 order,
+                par: false,
             },
             n,
             y_shape,
@@ -1283,7 +1356,9 @@ impl ConvArgs {
                 )));
             }
         }
-        conv_setup(l, &self.op, &self.win, self.group, adj.as_deref())
+        let mut s = conv_setup(l, &self.op, &self.win, self.group, adj.as_deref())?;
+        s.plan.par = !parallel(s.n, s.plan.macs()) && crate::threads::pool_available();
+        Ok(s)
     }
 }
 
