@@ -8,21 +8,69 @@ current name scope, created and filled in ``model.param_init_net``
 ``model.params``.
 """
 
+import contextlib
+import copy
+import functools
+import inspect
+
 from ferrocaffe import core, scope
 
 __all__ = [
-    "Register", "accuracy", "add_weight_decay", "concat", "db_input", "dropout", "fc", "has_helper",
-    "relu", "sigmoid", "softmax", "sum", "tanh", "transpose",
+    "Register", "accuracy", "add_weight_decay", "arg_scope", "average_pool", "concat", "conv",
+    "conv_nd", "conv_transpose", "db_input", "dropout", "fc", "get_current_scope", "group_conv",
+    "has_helper", "lrn", "max_pool", "relu", "sigmoid", "softmax", "spatial_bn", "sum", "tanh",
+    "transpose",
 ]
 
 _HELPERS = {}
+_SCOPES = [{}]
+
+
+def get_current_scope():
+    """{helper name: default keyword arguments} set by ``arg_scope``."""
+    return _SCOPES[-1]
+
+
+@contextlib.contextmanager
+def arg_scope(single_helper_or_list, **kwargs):
+    """Within the block, the given helpers get ``kwargs`` as defaults (the
+    call's own arguments win), as Caffe2's ``brew.arg_scope``."""
+    helpers = single_helper_or_list if isinstance(single_helper_or_list, list) else [single_helper_or_list]
+    new = copy.deepcopy(get_current_scope())
+    for helper in helpers:
+        if not callable(helper):
+            raise TypeError(f"arg_scope is only supported for functions, got {helper!r}")
+        new.setdefault(helper.__name__, {}).update(kwargs)
+    _SCOPES.append(new)
+    try:
+        yield
+    finally:
+        _SCOPES.pop()
 
 
 def Register(helper):
-    """Adds ``helper`` as ``brew.<its name>``."""
-    _HELPERS[helper.__name__] = helper
-    globals()[helper.__name__] = helper
-    return helper
+    """Adds ``helper`` as ``brew.<its name>``. As in Caffe2, a call gets the
+    model's ``arg_scope`` (only the names the helper takes, unless it takes
+    ``**kwargs``), then ``brew.arg_scope``'s, then its own arguments."""
+    name = helper.__name__
+    params = inspect.signature(helper).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+    @functools.wraps(helper)
+    def scoped(*args, **kwargs):
+        model = args[0] if args else kwargs.get("model")
+        if model is None:
+            raise RuntimeError(f"brew.{name}: the first argument must be the model")
+        new = copy.deepcopy(dict(getattr(model, "arg_scope", None) or {}))
+        if not takes_any:
+            new = {k: v for k, v in new.items() if k in params}
+        new.update(get_current_scope().get(name, {}))
+        new.update(kwargs)
+        return helper(*args, **new)
+
+    _HELPERS[name] = scoped
+    globals()[name] = scoped
+    return scoped
 
 
 def has_helper(helper_or_name):
@@ -142,3 +190,146 @@ def accuracy(model, blob_in, blob_out, **kwargs):
     """The share of rows of ``blob_in[0]`` (scores) whose largest score (or
     one of the ``top_k`` largest) is at the label ``blob_in[1]``."""
     return model.net.Accuracy(blob_in, blob_out, **kwargs)
+# ------------------------------------------------ convolutional nets (issue 15) --
+# Caffe2's helpers (caffe2/python/helpers/conv.py, pooling.py,
+# normalization.py). The model's arg_scope (order, use_cudnn, ...) and
+# brew.arg_scope's reach them through Register's wrapper.
+
+
+def _conv_base(model, is_nd, blob_in, blob_out, dim_in, dim_out, kernel, weight_init=None,
+               bias_init=None, WeightInitializer=None, BiasInitializer=None, group=1,
+               transform_inputs=None, use_cudnn=False, order="NCHW", cudnn_exhaustive_search=False,
+               ws_nbytes_limit=None, float16_compute=False, **kwargs):
+    if WeightInitializer is not None or BiasInitializer is not None:
+        raise NotImplementedError("brew.conv: WeightInitializer/BiasInitializer are not supported yet; use weight_init/bias_init")
+    kernels = list(kernel) if is_nd else ([kernel, kernel] if isinstance(kernel, int) else list(kernel))
+    use_bias = not kwargs.pop("no_bias", False)
+    if order == "NCHW":
+        w_shape = [dim_out, int(dim_in / group)] + kernels
+    else:
+        w_shape = [dim_out] + kernels + [int(dim_in / group)]
+    w = _param(model, str(blob_out) + "_w", w_shape, _init(weight_init, ("XavierFill", {})))
+    model.weights.append(w)
+    inputs = [blob_in, w]
+    if use_bias:
+        b = _param(model, str(blob_out) + "_b", [dim_out], _init(bias_init, ("ConstantFill", {})))
+        model.biases.append(b)
+        inputs.append(b)
+    if use_cudnn:
+        kwargs["engine"] = "CUDNN"
+        kwargs["exhaustive_search"] = cudnn_exhaustive_search
+        if ws_nbytes_limit:
+            kwargs["ws_nbytes_limit"] = ws_nbytes_limit
+    if transform_inputs is not None:
+        transform_inputs(model, blob_out, inputs)
+    if float16_compute:
+        kwargs["float16_compute"] = True
+    if group != 1:
+        kwargs["group"] = group
+    if is_nd:
+        return model.net.Conv(inputs, blob_out, kernels=kernels, order=order, **kwargs)
+    if isinstance(kernel, (list, tuple)):
+        return model.net.Conv(inputs, blob_out, kernel_h=kernel[0], kernel_w=kernel[1], order=order, **kwargs)
+    return model.net.Conv(inputs, blob_out, kernel=kernel, order=order, **kwargs)
+
+
+@Register
+def conv(model, blob_in, blob_out, dim_in, dim_out, kernel, weight_init=None, bias_init=None,
+         WeightInitializer=None, BiasInitializer=None, group=1, transform_inputs=None, **kwargs):
+    """2-D convolution: W (dim_out, dim_in / group, kernel, kernel) in NCHW
+    ((dim_out, kernel, kernel, dim_in / group) in NHWC), XavierFill; b
+    (dim_out), zeros, unless no_bias. ``kernel`` is an int or [h, w]."""
+    return _conv_base(model, False, blob_in, blob_out, dim_in, dim_out, kernel, weight_init, bias_init,
+                      WeightInitializer, BiasInitializer, group, transform_inputs, **kwargs)
+
+
+@Register
+def conv_nd(model, blob_in, blob_out, dim_in, dim_out, kernel, weight_init=None, bias_init=None,
+            WeightInitializer=None, BiasInitializer=None, group=1, transform_inputs=None,
+            order="NCHW", **kwargs):
+    """N-D convolution: ``kernel`` is a list, one size per spatial dim."""
+    return _conv_base(model, True, blob_in, blob_out, dim_in, dim_out, kernel, weight_init, bias_init,
+                      WeightInitializer, BiasInitializer, group, transform_inputs, order=order, **kwargs)
+
+
+@Register
+def group_conv(model, blob_in, blob_out, dim_in, dim_out, kernel, weight_init=None, bias_init=None,
+               group=1, **kwargs):
+    """conv with ``group`` groups of channels."""
+    return conv(model, blob_in, blob_out, dim_in, dim_out, kernel, weight_init=weight_init,
+                bias_init=bias_init, group=group, **kwargs)
+
+
+@Register
+def conv_transpose(model, blob_in, blob_out, dim_in, dim_out, kernel, weight_init=None, bias_init=None,
+                   use_cudnn=False, order="NCHW", cudnn_exhaustive_search=False, ws_nbytes_limit=None,
+                   **kwargs):
+    """Transposed convolution: W (dim_in, dim_out, kernel, kernel) in NCHW
+    ((dim_in, kernel, kernel, dim_out) in NHWC), b (dim_out)."""
+    w_shape = [dim_in, dim_out, kernel, kernel] if order == "NCHW" else [dim_in, kernel, kernel, dim_out]
+    w = _param(model, str(blob_out) + "_w", w_shape, _init(weight_init, ("XavierFill", {})))
+    b = _param(model, str(blob_out) + "_b", [dim_out], _init(bias_init, ("ConstantFill", {})))
+    model.weights.append(w)
+    model.biases.append(b)
+    if use_cudnn:
+        kwargs["engine"] = "CUDNN"
+        kwargs["exhaustive_search"] = cudnn_exhaustive_search
+        if ws_nbytes_limit:
+            kwargs["ws_nbytes_limit"] = ws_nbytes_limit
+    return model.net.ConvTranspose([blob_in, w, b], blob_out, kernel=kernel, order=order, **kwargs)
+
+
+@Register
+def max_pool(model, blob_in, blob_out, use_cudnn=False, order="NCHW", **kwargs):
+    """MaxPool (kernel, stride, pad, ... as the op)."""
+    if use_cudnn:
+        kwargs["engine"] = "CUDNN"
+    return model.net.MaxPool(blob_in, blob_out, order=order, **kwargs)
+
+
+@Register
+def average_pool(model, blob_in, blob_out, use_cudnn=False, order="NCHW", **kwargs):
+    """AveragePool (kernel, stride, pad, ... as the op)."""
+    if use_cudnn:
+        kwargs["engine"] = "CUDNN"
+    return model.net.AveragePool(blob_in, blob_out, order=order, **kwargs)
+
+
+@Register
+def lrn(model, blob_in, blob_out, order="NCHW", use_cudnn=False, **kwargs):
+    """LRN (size, alpha, beta, bias); on CPU its scale goes to
+    ``_<blob_out>_scale``, and Y is returned."""
+    out = model.net.LRN(blob_in, [blob_out, "_" + str(blob_out) + "_scale"], order=order, **kwargs)
+    return out[0]
+
+
+@Register
+def spatial_bn(model, blob_in, blob_out, dim_in, init_scale=1.0, init_bias=0.0, ScaleInitializer=None,
+               BiasInitializer=None, RunningMeanInitializer=None, RunningVarianceInitializer=None,
+               order="NCHW", **kwargs):
+    """SpatialBN with scale ``<blob_out>_s`` (init_scale), bias ``_b``
+    (init_bias), trained; running mean ``_rm`` (zeros) and variance
+    ``_riv`` (ones), computed params; saved statistics ``_sm``, ``_siv``.
+    With is_test=1 the op has Y only."""
+    if any(i is not None for i in (ScaleInitializer, BiasInitializer, RunningMeanInitializer,
+                                   RunningVarianceInitializer)):
+        raise NotImplementedError("brew.spatial_bn: the *Initializer arguments are not supported yet; use init_scale/init_bias")
+    blob_out = blob_out or model.net.NextName()
+    name = str(blob_out)
+
+    def blob(suffix, value):
+        full = scope.CurrentNameScope() + name + "_" + suffix
+        if model.init_params:
+            return model.param_init_net.ConstantFill([], full, shape=[dim_in], value=value)
+        return core.BlobReference(full)
+
+    scale, bias = blob("s", init_scale), blob("b", init_bias)
+    rm, riv = blob("rm", 0.0), blob("riv", 1.0)
+    model.AddParameter(scale)
+    model.AddParameter(bias)
+    model._computed_params.extend([core.BlobReference(str(rm)), core.BlobReference(str(riv))])
+    ins = [blob_in, scale, bias, rm, riv]
+    if kwargs.get("is_test"):
+        return model.net.SpatialBN(ins, [blob_out], order=order, **kwargs)
+    outs = [blob_out, rm, riv, name + "_sm", name + "_siv"]
+    return model.net.SpatialBN(ins, outs, order=order, **kwargs)[0]

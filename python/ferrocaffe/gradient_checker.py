@@ -95,7 +95,8 @@ class GradientChecker:
         previous = workspace.CurrentWorkspace()
         workspace.SwitchWorkspace(self._workspace_name, True)
         try:
-            inputs = [np.array(x) for x in inputs]
+            # C order: the perturbations below write through reshape(-1).
+            inputs = [np.array(x, order="C") for x in inputs]
             _loss, grad = self.GetLossAndGrad(
                 op, grad_ops, inputs, input_names, input_to_check, grad_name, outputs_with_grads
             )

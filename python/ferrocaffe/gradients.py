@@ -867,3 +867,60 @@ def _weighted_sum_grad(op, g_output):
     grads = [w.GI(i) if (i % 2 == 0 or on_w) else None for i in range(n)]
     return [_op("WeightedSumGradient", [w.GO(0)] + list(op.input), outs)], grads
 
+# ------------------------------------------------ convolutional nets (issue 15) --
+# Caffe2's makers for Conv, ConvTranspose, pooling, SpatialBN, LRN and
+# ChannelShuffle; the gradient ops take the forward op's arguments.
+
+
+def _conv_maker(grad_type):
+    def maker(op, g_output):
+        w = GradientWrapper(op, g_output)
+        dx = not _arg_i(op, "no_gradient_to_input", 0)
+        ins = [w.I(0), w.I(1), w.GO(0)]
+        if len(op.input) == 3:
+            outs = [w.GI(1), w.GI(2)] + ([w.GI(0)] if dx else [])
+            g = _op(grad_type or op.type + "Gradient", ins, outs)
+            return [g], [w.GI(0) if dx else None, w.GI(1), w.GI(2)]
+        outs = [w.GI(1)] + ([w.GI(0)] if dx else [])
+        g = _op(grad_type or op.type + "Gradient", ins, outs, no_bias=1)
+        return [g], [w.GI(0) if dx else None, w.GI(1)]
+
+    return maker
+
+
+for _t in ("Conv", "Conv1D", "Conv2D", "Conv3D", "ConvTranspose"):
+    _register(_t)(_conv_maker(None))
+
+
+def _pool_grad(op, g_output):
+    w = GradientWrapper(op, g_output)
+    return [_op(op.type + "Gradient", [w.I(0), w.O(0), w.GO(0)], [w.GI(0)])], [w.GI(0)]
+
+
+for _t in ("MaxPool", "AveragePool"):
+    for _d in ("", "1D", "2D", "3D"):
+        _register(_t + _d)(_pool_grad)
+
+
+@_register("SpatialBN")
+def _spatial_bn_grad(op, g_output):
+    w = GradientWrapper(op, g_output)
+    if _arg_i(op, "is_test", 0):
+        # Inference statistics: the estimated mean and variance.
+        ins = [w.I(0), w.I(1), w.GO(0), w.I(3), w.I(4)]
+    else:
+        ins = [w.I(0), w.I(1), w.GO(0), w.O(3), w.O(4)]
+    g = _op("SpatialBNGradient", ins, [w.GI(0), w.GI(1), w.GI(2)])
+    return [g], [w.GI(0), w.GI(1), w.GI(2), None, None]
+
+
+@_register("LRN")
+def _lrn_grad(op, g_output):
+    w = GradientWrapper(op, g_output)
+    return [_op("LRNGradient", [w.I(0), w.O(0), w.GO(0)], [w.GI(0)])], [w.GI(0)]
+
+
+@_register("ChannelShuffle")
+def _channel_shuffle_grad(op, g_output):
+    w = GradientWrapper(op, g_output)
+    return [_op("ChannelShuffleGradient", [w.GO(0)], [w.GI(0)])], [w.GI(0)]

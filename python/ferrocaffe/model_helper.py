@@ -47,7 +47,9 @@ class ModelHelper:
         self.biases = []
         self.grad_map = {}
         self.gradient_ops_added = False
-        self._arg_scope = dict(arg_scope or {})
+        # Caffe2's defaults; brew's helpers take them as keyword defaults.
+        self._arg_scope = {"order": "NCHW", "use_cudnn": True, "cudnn_exhaustive_search": False}
+        self._arg_scope.update(arg_scope or {})
 
     @property
     def arg_scope(self):

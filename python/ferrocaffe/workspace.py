@@ -81,6 +81,7 @@ __all__ = [
     "RunOperatorImmediate",
     "FetchImmediate",
     "FeedImmediate",
+    "Predictor",
 ]
 
 
@@ -563,6 +564,90 @@ def _check(ok: bool, allow_fail: bool, what: str) -> bool:
     if not ok and not allow_fail:
         raise errors.PlanFailedError(f"{what} failed: an operator reported failure")
     return ok
+
+
+# --------------------------------------------------------------- Predictor --
+
+
+def _read_netdef(net: Any, what: str) -> Any:
+    """A NetDef from a NetDef, a ``core.Net``, a path, or its serialised
+    bytes in protobuf binary or text format (a ``str`` is text)."""
+    if isinstance(net, proto.NetDef):
+        return net
+    if hasattr(net, "Proto") and not isinstance(net, (bytes, bytearray, str)):
+        return net.Proto()
+    if isinstance(net, os.PathLike):
+        return proto.ReadProtoFromFile(net, proto.NetDef())
+    if isinstance(net, str):
+        net = net.encode("utf-8")
+    if not isinstance(net, (bytes, bytearray)):
+        raise TypeError(f"Predictor: {what} must be a NetDef, a Net or its serialised bytes, not {type(net).__name__}")
+    data = bytes(net)
+    m = proto.NetDef()
+    failures = []
+    # Text first: binary parsing of text bytes can succeed with garbage,
+    # text parsing of binary bytes fails.
+    try:
+        from google.protobuf import text_format
+
+        text_format.Parse(data.decode("utf-8"), m)
+        return m
+    except Exception as e:  # noqa: BLE001 - any text failure: try binary
+        failures.append(f"as text: {e}")
+        m.Clear()
+    try:
+        m.ParseFromString(data)
+        return m
+    except Exception as e:  # noqa: BLE001
+        failures.append(f"as binary: {e}")
+    raise errors.InvalidArgumentError(f"Predictor: cannot read the {what} NetDef: " + "; ".join(failures))
+
+
+class Predictor:
+    """Caffe2's ``Predictor``: ``Predictor(init_net, predict_net)`` runs
+    ``init_net`` once in a child of the current workspace (the parameters
+    stay there) and creates ``predict_net``; ``run(inputs)`` feeds the inputs
+    (a list, in the order of ``predict_net``'s external inputs that
+    ``init_net`` did not make, or a dict by name), runs the net (in the
+    runtime: no Python per op) and returns its external outputs, in order.
+    The nets are NetDefs, ``core.Net``s, or their serialised bytes (protobuf
+    binary or text format)."""
+
+    def __init__(self, init_net: Any, predict_net: Any) -> None:
+        init = _read_netdef(init_net, "init")
+        pred = _read_netdef(predict_net, "predict")
+        self._ws = Workspace(current_workspace())
+        self._ws._core.run_net_once(init.SerializeToString())
+        made = set(self._ws._core.local_blobs())
+        self.input_names = [n for n in pred.external_input if n not in made]
+        self.output_names = list(pred.external_output)
+        if not pred.name:
+            pred.name = "predict_net"
+        for name in self.input_names:
+            self._ws._core.create_blob(name)
+        self._ws._core.create_net(pred.SerializeToString(), True)
+        self._net = pred.name
+
+    def run(self, inputs: Any) -> list:
+        if isinstance(inputs, dict):
+            unknown = [k for k in inputs if k not in self.input_names]
+            if unknown:
+                raise errors.InvalidArgumentError(
+                    f"Predictor.run: {unknown} are not inputs of the predict net (its inputs: {self.input_names})")
+            items = list(inputs.items())
+        else:
+            inputs = list(inputs)
+            if len(inputs) > len(self.input_names):
+                raise errors.InvalidArgumentError(
+                    f"Predictor.run: {len(inputs)} inputs given, the predict net takes {len(self.input_names)} "
+                    f"({self.input_names})")
+            items = list(zip(self.input_names, inputs))
+        for name, value in items:
+            if not isinstance(value, np.ndarray):
+                raise TypeError(f"Predictor.run: input '{name}' must be a numpy array, not {type(value).__name__}")
+            self._ws._core.feed_blob(name, _to_feedable(name, value))
+        _check(self._ws._core.run_net(self._net, 1), False, f"net '{self._net}'")
+        return [self._ws._core.fetch_blob(n) for n in self.output_names]
 
 
 # ---------------------------------------------------- process-wide registry --

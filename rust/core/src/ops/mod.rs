@@ -16,14 +16,17 @@ macro_rules! by_dtype {
 
 pub mod collect;
 pub mod control;
+pub mod conv;
 pub mod counter;
 pub mod dataset;
 pub mod db;
 pub mod elementwise;
 pub mod fill;
 pub mod nn;
+pub mod norm;
 pub mod optim;
 pub mod persistence;
+pub mod pool;
 pub mod queue;
 pub mod records;
 pub mod reduce;
@@ -35,6 +38,7 @@ pub fn builtin_schemas() -> Vec<OpSchema> {
     let mut v = Vec::new();
     v.extend(collect::schemas());
     v.extend(control::schemas());
+    v.extend(conv::schemas());
     v.extend(counter::schemas());
     v.extend(dataset::schemas());
     v.extend(db::schemas());
@@ -42,8 +46,10 @@ pub fn builtin_schemas() -> Vec<OpSchema> {
     v.extend(fill::schemas());
     v.extend(nn::schemas());
     v.extend(nn::more_schemas());
+    v.extend(norm::schemas());
     v.extend(optim::schemas());
     v.extend(persistence::schemas());
+    v.extend(pool::schemas());
     v.extend(queue::schemas());
     v.extend(records::schemas());
     v.extend(reduce::schemas());

@@ -1,0 +1,1668 @@
+//! Convolutions (issue 15): `Conv` (1-, 2- and 3-D, groups, dilations,
+//! NCHW and NHWC, bias optional), `ConvTranspose`, their gradients, and the
+//! window geometry (kernel, strides, pads, dilations, Caffe2's legacy pads)
+//! that the pooling ops (`ops/pool.rs`) share.
+//!
+//! A convolution is an im2col (the input's windows laid out as a matrix)
+//! and a GEMM per image and group; a 1x1 window with stride 1 and no pad
+//! skips the im2col. `ConvTranspose` is the adjoint of `Conv` on the same
+//! filter layout, so both ops and both gradients are three routines: the
+//! forward product (`fwd`), its adjoint (`adj`, a GEMM then col2im) and
+//! the filter gradient (`wgrad`). Images of a batch run on the kernel pool
+//! (rayon) when the batch has several and the work is large enough: the
+//! pool's size bounds the threads whatever the number of concurrent
+//! instances calling it (see BENCHMARKS.md, "Conv (issue 15)").
+//!
+//! Like `nn.rs`, every kernel takes float32 or float64 and computes into new
+//! buffers before it writes an output.
+
+#![allow(clippy::result_large_err, clippy::too_many_arguments)]
+
+use super::kernel;
+use super::nn::{array, dense, input, real_dtype, Real};
+use crate::arg;
+use crate::error::{Error, Result};
+use crate::operator::{ArgDoc, Locked, OpDefCtx, OpSchema, Operator};
+use crate::tensor::DataType;
+use rayon::prelude::*;
+
+// ---------------------------------------------------------------- floats --
+
+/// What the convolution family needs beyond [`Real`]: a GEMM with general
+/// strides (C included), square roots and powers.
+pub(crate) trait Float: Real + Send + Sync {
+    fn sqrt(self) -> Self;
+    fn powf(self, e: Self) -> Self;
+    #[doc(hidden)]
+    unsafe fn raw_gemm(
+        m: usize,
+        k: usize,
+        n: usize,
+        a: *const Self,
+        sa: (isize, isize),
+        b: *const Self,
+        sb: (isize, isize),
+        beta: Self,
+        c: *mut Self,
+        sc: (isize, isize),
+    );
+}
+
+macro_rules! float {
+    ($t:ty, $gemm:path) => {
+        impl Float for $t {
+            fn sqrt(self) -> Self {
+                <$t>::sqrt(self)
+            }
+            fn powf(self, e: Self) -> Self {
+                <$t>::powf(self, e)
+            }
+            unsafe fn raw_gemm(
+                m: usize,
+                k: usize,
+                n: usize,
+                a: *const Self,
+                sa: (isize, isize),
+                b: *const Self,
+                sb: (isize, isize),
+                beta: Self,
+                c: *mut Self,
+                sc: (isize, isize),
+            ) {
+                // SAFETY: the caller (`gemm`) checked every index the
+                // strides reach against the slices' lengths.
+                unsafe {
+                    $gemm(
+                        m, k, n, 1.0, a, sa.0, sa.1, b, sb.0, sb.1, beta, c, sc.0, sc.1,
+                    )
+                }
+            }
+        }
+    };
+}
+float!(f32, matrixmultiply::sgemm);
+float!(f64, matrixmultiply::dgemm);
+
+/// One past the last index a `rows x cols` matrix with strides `s` reaches.
+fn reach(rows: usize, cols: usize, s: (usize, usize)) -> usize {
+    if rows == 0 || cols == 0 {
+        0
+    } else {
+        (rows - 1) * s.0 + (cols - 1) * s.1 + 1
+    }
+}
+
+/// C (m x n, strides sc) = A (m x k, strides sa) * B (k x n, strides sb)
+/// + beta * C, on the calling thread (`matrixmultiply`).
+fn gemm<T: Float>(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[T],
+    sa: (usize, usize),
+    b: &[T],
+    sb: (usize, usize),
+    beta: T,
+    c: &mut [T],
+    sc: (usize, usize),
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(c.len() >= reach(m, n, sc), "gemm: C is too short");
+    if k == 0 {
+        // Empty sum: C = beta * C.
+        for i in 0..m {
+            for j in 0..n {
+                let v = &mut c[i * sc.0 + j * sc.1];
+                *v = *v * beta;
+            }
+        }
+        return;
+    }
+    assert!(
+        a.len() >= reach(m, k, sa) && b.len() >= reach(k, n, sb),
+        "gemm: an operand is too short"
+    );
+    let is = |s: (usize, usize)| (s.0 as isize, s.1 as isize);
+    // SAFETY: the asserts bound every index the strides reach; C is a
+    // mutable slice, so it aliases neither A nor B.
+    unsafe {
+        T::raw_gemm(
+            m,
+            k,
+            n,
+            a.as_ptr(),
+            is(sa),
+            b.as_ptr(),
+            is(sb),
+            beta,
+            c.as_mut_ptr(),
+            is(sc),
+        )
+    }
+}
+
+/// `gemm`, split by blocks of C's rows across the kernel pool when `par`
+/// (a single image: the pool is otherwise idle) and the product is large.
+fn pgemm<T: Float>(
+    par: bool,
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[T],
+    sa: (usize, usize),
+    b: &[T],
+    sb: (usize, usize),
+    beta: T,
+    c: &mut [T],
+    sc: (usize, usize),
+) {
+    let threads = rayon::current_num_threads();
+    if !par
+        || threads < 2
+        || sc.1 != 1
+        || m < 16
+        || m.saturating_mul(n).saturating_mul(k) < PAR_MACS
+    {
+        return gemm(m, k, n, a, sa, b, sb, beta, c, sc);
+    }
+    // Row blocks of a multiple of 8 (the kernels' tile), one per thread.
+    let rows = m.div_ceil(threads).div_ceil(8) * 8;
+    let reach_c = reach(m, n, sc);
+    c[..reach_c]
+        .par_chunks_mut(rows * sc.0)
+        .enumerate()
+        .for_each(|(i, cb)| {
+            let r0 = i * rows;
+            if r0 < m {
+                let mr = rows.min(m - r0);
+                gemm(mr, k, n, &a[r0 * sa.0..], sa, b, sb, beta, cb, sc);
+            }
+        });
+}
+
+/// Runs `$f::<T>(args)` for the float type of input `$i`.
+macro_rules! by_float {
+    ($l:expr, $op:expr, $i:expr, $f:ident ( $($a:expr),* )) => {
+        match real_dtype($l, $op, $i)? {
+            DataType::Float => $f::<f32>($($a),*),
+            _ => $f::<f64>($($a),*),
+        }
+    };
+}
+pub(crate) use by_float;
+
+// -------------------------------------------------------------- geometry --
+
+/// NCHW (channels after the batch dim) or NHWC (channels last).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Order {
+    Nchw,
+    Nhwc,
+}
+
+pub(crate) fn parse_order(ctx: &OpDefCtx<'_>) -> Result<Order> {
+    match ctx.args.string("order", "NCHW")?.as_str() {
+        "NCHW" => Ok(Order::Nchw),
+        "NHWC" => Ok(Order::Nhwc),
+        other => Err(ctx.bad_arg(format!(
+            "order must be \"NCHW\" or \"NHWC\", got \"{other}\""
+        ))),
+    }
+}
+
+/// A per-dim argument as given: not at all, one value for every dim, or one
+/// per dim.
+#[derive(Clone, Debug)]
+enum Dims {
+    Unset,
+    One(usize),
+    List(Vec<usize>),
+}
+
+impl Dims {
+    /// The values for `nd` dims (`per` values per dim: 2 for pads).
+    fn resolve(&self, what: &str, nd: usize, per: usize, default: usize) -> Result<Vec<usize>> {
+        match self {
+            Dims::Unset => Ok(vec![default; nd * per]),
+            Dims::One(v) => Ok(vec![*v; nd * per]),
+            Dims::List(v) if v.len() == nd * per => Ok(v.clone()),
+            Dims::List(v) => Err(Error::invalid_arg(format!(
+                "{what} has {} values; a {nd}-D window needs {}",
+                v.len(),
+                nd * per
+            ))),
+        }
+    }
+}
+
+/// Caffe2's `legacy_pad` (caffe2_legacy.proto): explicit pads, VALID, SAME,
+/// or Caffe's pooling sizes (rounded up).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Legacy {
+    NotSet,
+    Valid,
+    Same,
+    CaffePooling,
+}
+
+/// The window arguments of a conv or pooling op, parsed at creation.
+#[derive(Clone, Debug)]
+pub(crate) struct Window {
+    kernel: Dims,
+    stride: Dims,
+    dilation: Dims,
+    pads: Dims,
+    legacy: Legacy,
+    pub(crate) global: bool,
+    pub(crate) order: Order,
+}
+
+fn non_negative(ctx: &OpDefCtx<'_>, name: &str, v: i64) -> Result<usize> {
+    usize::try_from(v).map_err(|_| ctx.bad_arg(format!("{name} must be >= 0, got {v}")))
+}
+
+/// `list` (repeated), else `one` (a single int), else the `parts` (each
+/// defaulting to `part_default`; all required when `part_default` is None).
+fn dims_arg(
+    ctx: &OpDefCtx<'_>,
+    list: &str,
+    one: &str,
+    parts: &[&str],
+    part_default: Option<usize>,
+) -> Result<Dims> {
+    let given: Vec<&str> = [list, one]
+        .into_iter()
+        .chain(parts.iter().copied())
+        .filter(|n| ctx.args.has(n))
+        .collect();
+    if given.len() > 1 && (given.contains(&list) || given.contains(&one)) {
+        return Err(ctx.bad_arg(format!(
+            "give one of {list}, {one} or {}, not {}",
+            parts.join("/"),
+            given.join(" and ")
+        )));
+    }
+    if let Some(v) = ctx.args.ints(list)? {
+        let v = v
+            .into_iter()
+            .map(|x| non_negative(ctx, list, x))
+            .collect::<Result<Vec<_>>>()?;
+        return Ok(Dims::List(v));
+    }
+    if let Some(v) = ctx.args.i64_opt(one)? {
+        return Ok(Dims::One(non_negative(ctx, one, v)?));
+    }
+    if given.is_empty() {
+        return Ok(Dims::Unset);
+    }
+    let mut v = Vec::with_capacity(parts.len());
+    for p in parts {
+        match (ctx.args.i64_opt(p)?, part_default) {
+            (Some(x), _) => v.push(non_negative(ctx, p, x)?),
+            (None, Some(d)) => v.push(d),
+            (None, None) => {
+                return Err(ctx.bad_arg(format!("{} must be given together", parts.join(" and "))))
+            }
+        }
+    }
+    Ok(Dims::List(v))
+}
+
+impl Window {
+    /// Parses kernel(s), stride(s), pad(s), dilation(s), legacy_pad,
+    /// global_pooling and order as Caffe2's ConvPoolOpBase did.
+    pub(crate) fn parse(ctx: &OpDefCtx<'_>, dilations: bool) -> Result<Window> {
+        let kernel = dims_arg(ctx, "kernels", "kernel", &["kernel_h", "kernel_w"], None)?;
+        let stride = dims_arg(ctx, "strides", "stride", &["stride_h", "stride_w"], Some(1))?;
+        let dilation = if dilations {
+            dims_arg(
+                ctx,
+                "dilations",
+                "dilation",
+                &["dilation_h", "dilation_w"],
+                Some(1),
+            )?
+        } else {
+            Dims::Unset
+        };
+        let pads = dims_arg(
+            ctx,
+            "pads",
+            "pad",
+            &["pad_t", "pad_l", "pad_b", "pad_r"],
+            Some(0),
+        )?;
+        let legacy = match ctx.args.i64("legacy_pad", 0)? {
+            0 => Legacy::NotSet,
+            1 => Legacy::Valid,
+            2 => Legacy::Same,
+            3 => Legacy::CaffePooling,
+            other => {
+                return Err(ctx.bad_arg(format!(
+                    "legacy_pad must be 0 (NOTSET), 1 (VALID), 2 (SAME) or 3 (CAFFE_LEGACY_POOLING), got {other}"
+                )))
+            }
+        };
+        if matches!(legacy, Legacy::Valid | Legacy::Same) && !matches!(pads, Dims::Unset) {
+            return Err(ctx.bad_arg(
+                "If you use legacy padding VALID or SAME, you should not specify any specific padding values.",
+            ));
+        }
+        let global = ctx.args.i64("global_pooling", 0)? != 0;
+        if global
+            && (!matches!(stride, Dims::Unset)
+                || !matches!(pads, Dims::Unset)
+                || !matches!(dilation, Dims::Unset))
+        {
+            return Err(
+                ctx.bad_arg("If global_pooling is set pad, dilation and stride shouldn't be set.")
+            );
+        }
+        for (what, d) in [
+            ("kernel", &kernel),
+            ("stride", &stride),
+            ("dilation", &dilation),
+        ] {
+            let zero = match d {
+                Dims::One(v) => *v == 0,
+                Dims::List(v) => v.contains(&0),
+                Dims::Unset => false,
+            };
+            if zero && !(what == "kernel" && global) {
+                return Err(ctx.bad_arg(format!("{what} must be > 0 in every dim")));
+            }
+        }
+        Ok(Window {
+            kernel,
+            stride,
+            dilation,
+            pads,
+            legacy,
+            global,
+            order: parse_order(ctx)?,
+        })
+    }
+
+    /// The number of spatial dims the arguments fix, if any.
+    fn fixed_nd(&self) -> Option<usize> {
+        match (&self.kernel, &self.stride, &self.dilation) {
+            (Dims::List(v), _, _) | (_, Dims::List(v), _) | (_, _, Dims::List(v)) => Some(v.len()),
+            _ => match &self.pads {
+                Dims::List(v) => Some(v.len() / 2),
+                _ => None,
+            },
+        }
+    }
+
+    /// The geometry for an input of spatial dims `ins`: `filter` is the
+    /// filter's spatial dims (conv ops; the kernel may then be left out),
+    /// `transposed` computes ConvTranspose's output size (with `adj`).
+    pub(crate) fn geometry(
+        &self,
+        ins: &[usize],
+        filter: Option<&[usize]>,
+        transposed: Option<&[usize]>,
+    ) -> Result<Geo> {
+        let nd = ins.len();
+        if !(1..=3).contains(&nd) {
+            return Err(Error::shape(format!(
+                "only 1-, 2- and 3-D windows are supported; the input has {nd} spatial dims"
+            )));
+        }
+        if let Some(f) = self.fixed_nd() {
+            if f != nd {
+                return Err(Error::invalid_arg(format!(
+                    "the window arguments describe {f} spatial dims; the input has {nd}"
+                )));
+            }
+        }
+        let kernel = if self.global {
+            ins.to_vec()
+        } else {
+            match (&self.kernel, filter) {
+                (Dims::Unset, Some(f)) => f.to_vec(),
+                (Dims::Unset, None) => {
+                    return Err(Error::invalid_arg(
+                        "If you are doing convolution or pooling, you will need to set explicitly the kernel size.",
+                    ))
+                }
+                (k, _) => k.resolve("kernels", nd, 1, 0)?,
+            }
+        };
+        if let Some(f) = filter {
+            if f != kernel.as_slice() {
+                return Err(Error::shape(format!(
+                    "the kernel {kernel:?} does not match the filter's spatial dims {f:?}"
+                )));
+            }
+        }
+        let stride = self.stride.resolve("strides", nd, 1, 1)?;
+        let dilation = self.dilation.resolve("dilations", nd, 1, 1)?;
+        let mut pads = if self.global {
+            vec![0; 2 * nd]
+        } else {
+            self.pads.resolve("pads", nd, 2, 0)?
+        };
+        let mut outs = Vec::with_capacity(nd);
+        for i in 0..nd {
+            let (mut ph, mut pt) = (pads[i], pads[nd + i]);
+            let o = match transposed {
+                None => out_size(
+                    ins[i],
+                    kernel[i],
+                    stride[i],
+                    dilation[i],
+                    self.legacy,
+                    &mut ph,
+                    &mut pt,
+                )?,
+                Some(adj) => {
+                    if self.legacy != Legacy::NotSet {
+                        return Err(Error::invalid_arg(
+                            "ConvTranspose takes explicit pads only (legacy_pad unset)",
+                        ));
+                    }
+                    let full = (ins[i].max(1) - 1) * stride[i]
+                        + dilation[i] * (kernel[i] - 1)
+                        + 1
+                        + adj[i];
+                    if ins[i] == 0 {
+                        0
+                    } else {
+                        full.checked_sub(ph + pt).ok_or_else(|| {
+                            Error::invalid_arg(format!(
+                                "the pads ({ph} + {pt}) are larger than the output ({full}) in spatial dim {i}"
+                            ))
+                        })?
+                    }
+                }
+            };
+            pads[i] = ph;
+            pads[nd + i] = pt;
+            outs.push(o);
+        }
+        // Right-align into three dims: a 2-D window is a 3-D one of depth 1.
+        let lift = |v: &[usize], fill: usize| -> [usize; 3] {
+            let mut a = [fill; 3];
+            a[3 - nd..].copy_from_slice(v);
+            a
+        };
+        let (ins3, outs3) = (lift(ins, 1), lift(&outs, 1));
+        let g = Geo {
+            nd,
+            k: lift(&kernel, 1),
+            s: lift(&stride, 1),
+            d: lift(&dilation, 1),
+            ph: lift(&pads[..nd], 0),
+            pt: lift(&pads[nd..], 0),
+            // For ConvTranspose the image side is its output.
+            ins: if transposed.is_some() { outs3 } else { ins3 },
+            outs: if transposed.is_some() { ins3 } else { outs3 },
+        };
+        Ok(g)
+    }
+}
+
+/// The output size along one dim, and its pads (which VALID, SAME and
+/// Caffe's legacy pooling compute), as Caffe2's ComputeSizeAndPad.
+fn out_size(
+    len: usize,
+    k: usize,
+    s: usize,
+    d: usize,
+    legacy: Legacy,
+    ph: &mut usize,
+    pt: &mut usize,
+) -> Result<usize> {
+    let dk = d * (k - 1) + 1;
+    let too_small = |avail: usize| {
+        Error::shape(format!(
+            "the input ({len} with pads, {avail}) is smaller than the dilated kernel ({dk})"
+        ))
+    };
+    match legacy {
+        Legacy::NotSet => {
+            let avail = len + *ph + *pt;
+            if avail < dk {
+                return Err(too_small(avail));
+            }
+            Ok((avail - dk) / s + 1)
+        }
+        Legacy::Valid => {
+            (*ph, *pt) = (0, 0);
+            if len < dk {
+                return Err(too_small(len));
+            }
+            Ok((len - dk) / s + 1)
+        }
+        Legacy::Same => {
+            if d != 1 {
+                return Err(Error::invalid_arg(
+                    "Dilation not supported for legacy padding.",
+                ));
+            }
+            let target = len.div_ceil(s);
+            let needed = ((target.max(1) - 1) * s + k).saturating_sub(len);
+            *ph = needed / 2;
+            *pt = needed - *ph;
+            let avail = len + needed;
+            if avail < dk {
+                return Err(too_small(avail));
+            }
+            Ok((avail - dk) / s + 1)
+        }
+        Legacy::CaffePooling => {
+            let avail = len + 2 * *ph;
+            if avail < k {
+                return Err(too_small(avail));
+            }
+            let mut out = (avail - k).div_ceil(s) + 1;
+            if *ph > 0 && (out - 1) * s >= len + *ph {
+                out -= 1;
+            }
+            let standard = (avail - k) / s + 1;
+            *pt = *ph + s * (out - standard);
+            Ok(out)
+        }
+    }
+}
+
+/// A window geometry in three dims (fewer dims are padded with size 1 at
+/// the front): `ins` the image side (the input of Conv and pooling, the
+/// output of ConvTranspose), `outs` the other side.
+#[derive(Clone, Debug)]
+pub(crate) struct Geo {
+    pub(crate) nd: usize,
+    pub(crate) ins: [usize; 3],
+    pub(crate) outs: [usize; 3],
+    pub(crate) k: [usize; 3],
+    pub(crate) s: [usize; 3],
+    pub(crate) d: [usize; 3],
+    pub(crate) ph: [usize; 3],
+    pub(crate) pt: [usize; 3],
+}
+
+impl Geo {
+    pub(crate) fn ksize(&self) -> usize {
+        self.k.iter().product()
+    }
+    pub(crate) fn in_len(&self) -> usize {
+        self.ins.iter().product()
+    }
+    pub(crate) fn out_len(&self) -> usize {
+        self.outs.iter().product()
+    }
+    /// 1x1 window, stride 1, no pads: the im2col matrix is the image.
+    fn identity(&self) -> bool {
+        self.k == [1; 3] && self.s == [1; 3] && self.ph == [0; 3] && self.ins == self.outs
+    }
+    /// The image index of tap `a` of output `o` along dim `dim`, if inside.
+    #[inline]
+    pub(crate) fn tap(&self, dim: usize, o: usize, a: usize) -> Option<usize> {
+        let i = (o * self.s[dim] + a * self.d[dim]) as isize - self.ph[dim] as isize;
+        (i >= 0 && (i as usize) < self.ins[dim]).then_some(i as usize)
+    }
+}
+
+/// The outputs `lo..hi` (of `n`) whose tap `o * s + off` falls in `0..len`.
+fn valid_range(n: usize, s: usize, off: isize, len: usize) -> (usize, usize) {
+    let lo = if off >= 0 {
+        0
+    } else {
+        ((-off) as usize).div_ceil(s).min(n)
+    };
+    let end = len as isize - off;
+    let hi = if end <= 0 {
+        0
+    } else {
+        (end as usize).div_ceil(s).min(n)
+    };
+    (lo, hi.max(lo))
+}
+
+/// NCHW im2col: `cg` channels of one image (`x`) to a (cg * K) x P matrix.
+fn im2col_nchw<T: Float>(g: &Geo, x: &[T], cg: usize, col: &mut [T]) {
+    let [i0, i1, i2] = g.ins;
+    let [o0, o1, o2] = g.outs;
+    let p = o0 * o1 * o2;
+    let zero = T::of(0.0);
+    let mut r = 0;
+    for c in 0..cg {
+        let xc = &x[c * i0 * i1 * i2..(c + 1) * i0 * i1 * i2];
+        for a in 0..g.k[0] {
+            for b in 0..g.k[1] {
+                for e in 0..g.k[2] {
+                    let row = &mut col[r * p..(r + 1) * p];
+                    r += 1;
+                    let off = (e * g.d[2]) as isize - g.ph[2] as isize;
+                    let (lo, hi) = valid_range(o2, g.s[2], off, i2);
+                    let mut o = 0;
+                    for z in 0..o0 {
+                        let zi = g.tap(0, z, a);
+                        for y in 0..o1 {
+                            let out = &mut row[o..o + o2];
+                            o += o2;
+                            let (Some(zi), Some(yi)) = (zi, g.tap(1, y, b)) else {
+                                out.fill(zero);
+                                continue;
+                            };
+                            let xr = &xc[(zi * i1 + yi) * i2..(zi * i1 + yi + 1) * i2];
+                            out[..lo].fill(zero);
+                            out[hi..].fill(zero);
+                            if hi == lo {
+                                continue;
+                            }
+                            if g.s[2] == 1 {
+                                let start = (lo as isize + off) as usize;
+                                out[lo..hi].copy_from_slice(&xr[start..start + hi - lo]);
+                            } else {
+                                for (w, v) in out[lo..hi].iter_mut().enumerate() {
+                                    *v = xr[(((lo + w) * g.s[2]) as isize + off) as usize];
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The adjoint of [`im2col_nchw`]: adds each column entry to its pixel of
+/// `x` (which the caller zeroed).
+fn col2im_nchw<T: Float>(g: &Geo, col: &[T], cg: usize, x: &mut [T]) {
+    let [i0, i1, i2] = g.ins;
+    let [o0, o1, o2] = g.outs;
+    let p = o0 * o1 * o2;
+    let mut r = 0;
+    for c in 0..cg {
+        let xc = &mut x[c * i0 * i1 * i2..(c + 1) * i0 * i1 * i2];
+        for a in 0..g.k[0] {
+            for b in 0..g.k[1] {
+                for e in 0..g.k[2] {
+                    let row = &col[r * p..(r + 1) * p];
+                    r += 1;
+                    let off = (e * g.d[2]) as isize - g.ph[2] as isize;
+                    let (lo, hi) = valid_range(o2, g.s[2], off, i2);
+                    let mut o = 0;
+                    for z in 0..o0 {
+                        let zi = g.tap(0, z, a);
+                        for y in 0..o1 {
+                            let src = &row[o..o + o2];
+                            o += o2;
+                            let (Some(zi), Some(yi)) = (zi, g.tap(1, y, b)) else {
+                                continue;
+                            };
+                            let xr = &mut xc[(zi * i1 + yi) * i2..(zi * i1 + yi + 1) * i2];
+                            for (w, &v) in src[lo..hi].iter().enumerate() {
+                                xr[(((lo + w) * g.s[2]) as isize + off) as usize] += v;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// NHWC im2col: channels `c0..c0 + cg` of one image (`x`, `ctot` channels
+/// per pixel) to a P x (K * cg) matrix.
+fn im2col_nhwc<T: Float>(g: &Geo, x: &[T], ctot: usize, c0: usize, cg: usize, col: &mut [T]) {
+    let [_, i1, i2] = g.ins;
+    let [o0, o1, o2] = g.outs;
+    let zero = T::of(0.0);
+    let mut j = 0;
+    for z in 0..o0 {
+        for y in 0..o1 {
+            for w in 0..o2 {
+                for a in 0..g.k[0] {
+                    let zi = g.tap(0, z, a);
+                    for b in 0..g.k[1] {
+                        let yi = g.tap(1, y, b);
+                        for e in 0..g.k[2] {
+                            let dst = &mut col[j..j + cg];
+                            j += cg;
+                            match (zi, yi, g.tap(2, w, e)) {
+                                (Some(zi), Some(yi), Some(xi)) => {
+                                    let at = ((zi * i1 + yi) * i2 + xi) * ctot + c0;
+                                    dst.copy_from_slice(&x[at..at + cg]);
+                                }
+                                _ => dst.fill(zero),
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The adjoint of [`im2col_nhwc`] (adds into `x`, which the caller zeroed).
+fn col2im_nhwc<T: Float>(g: &Geo, col: &[T], ctot: usize, c0: usize, cg: usize, x: &mut [T]) {
+    let [_, i1, i2] = g.ins;
+    let [o0, o1, o2] = g.outs;
+    let mut j = 0;
+    for z in 0..o0 {
+        for y in 0..o1 {
+            for w in 0..o2 {
+                for a in 0..g.k[0] {
+                    let zi = g.tap(0, z, a);
+                    for b in 0..g.k[1] {
+                        let yi = g.tap(1, y, b);
+                        for e in 0..g.k[2] {
+                            let src = &col[j..j + cg];
+                            j += cg;
+                            if let (Some(zi), Some(yi), Some(xi)) = (zi, yi, g.tap(2, w, e)) {
+                                let at = ((zi * i1 + yi) * i2 + xi) * ctot + c0;
+                                for (d, &v) in x[at..at + cg].iter_mut().zip(src) {
+                                    *d += v;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------ the products --
+
+/// One convolution's shapes. The filter's rows are the `cout` channels of
+/// the col side (Conv's output, ConvTranspose's input); its columns, per
+/// group, the `cin / group` channels of the image side times the window.
+struct Plan {
+    g: Geo,
+    group: usize,
+    cin: usize,
+    cout: usize,
+    order: Order,
+    /// Split each product across the kernel pool (when the images are not).
+    par: bool,
+}
+
+impl Plan {
+    fn cg(&self) -> usize {
+        self.cin / self.group
+    }
+    fn mg(&self) -> usize {
+        self.cout / self.group
+    }
+    fn rows(&self) -> usize {
+        self.cg() * self.g.ksize()
+    }
+    fn img_len(&self) -> usize {
+        self.cin * self.g.in_len()
+    }
+    fn col_len(&self) -> usize {
+        self.cout * self.g.out_len()
+    }
+    fn scratch<T: Float>(&self) -> Vec<T> {
+        if self.g.identity() {
+            Vec::new()
+        } else {
+            vec![T::of(0.0); self.rows() * self.g.out_len()]
+        }
+    }
+    /// Multiply-adds of one image's product.
+    fn macs(&self) -> usize {
+        self.cout * self.rows() * self.g.out_len()
+    }
+
+    /// The col side of one image: out = W * im2col(img).
+    fn fwd<T: Float>(&self, img: &[T], w: &[T], out: &mut [T], col: &mut [T]) {
+        let (cg, mg, rows, p, pin) = (
+            self.cg(),
+            self.mg(),
+            self.rows(),
+            self.g.out_len(),
+            self.g.in_len(),
+        );
+        let zero = T::of(0.0);
+        for g in 0..self.group {
+            let wg = &w[g * mg * rows..(g + 1) * mg * rows];
+            match self.order {
+                Order::Nchw => {
+                    let src = &img[g * cg * pin..(g + 1) * cg * pin];
+                    let colv: &[T] = if self.g.identity() {
+                        src
+                    } else {
+                        im2col_nchw(&self.g, src, cg, col);
+                        col
+                    };
+                    pgemm(
+                        self.par,
+                        mg,
+                        rows,
+                        p,
+                        wg,
+                        (rows, 1),
+                        colv,
+                        (p, 1),
+                        zero,
+                        &mut out[g * mg * p..],
+                        (p, 1),
+                    );
+                }
+                Order::Nhwc => {
+                    let (a, sa): (&[T], _) = if self.g.identity() {
+                        (&img[g * cg..], (self.cin, 1))
+                    } else {
+                        im2col_nhwc(&self.g, img, self.cin, g * cg, cg, col);
+                        (col, (rows, 1))
+                    };
+                    pgemm(
+                        self.par,
+                        p,
+                        rows,
+                        mg,
+                        a,
+                        sa,
+                        wg,
+                        (1, rows),
+                        zero,
+                        &mut out[g * mg..],
+                        (self.cout, 1),
+                    );
+                }
+            }
+        }
+    }
+
+    /// The adjoint of `fwd`: img = col2im(W^T * cs), for one image.
+    fn adj<T: Float>(&self, cs: &[T], w: &[T], img: &mut [T], col: &mut [T]) {
+        let (cg, mg, rows, p, pin) = (
+            self.cg(),
+            self.mg(),
+            self.rows(),
+            self.g.out_len(),
+            self.g.in_len(),
+        );
+        let zero = T::of(0.0);
+        if !self.g.identity() {
+            img.fill(zero);
+        }
+        for g in 0..self.group {
+            let wg = &w[g * mg * rows..(g + 1) * mg * rows];
+            match self.order {
+                Order::Nchw => {
+                    let dst = &mut img[g * cg * pin..(g + 1) * cg * pin];
+                    let csg = &cs[g * mg * p..];
+                    if self.g.identity() {
+                        pgemm(
+                            self.par,
+                            rows,
+                            mg,
+                            p,
+                            wg,
+                            (1, rows),
+                            csg,
+                            (p, 1),
+                            zero,
+                            dst,
+                            (p, 1),
+                        );
+                    } else {
+                        pgemm(
+                            self.par,
+                            rows,
+                            mg,
+                            p,
+                            wg,
+                            (1, rows),
+                            csg,
+                            (p, 1),
+                            zero,
+                            col,
+                            (p, 1),
+                        );
+                        col2im_nchw(&self.g, col, cg, dst);
+                    }
+                }
+                Order::Nhwc => {
+                    let csg = &cs[g * mg..];
+                    if self.g.identity() {
+                        pgemm(
+                            self.par,
+                            p,
+                            mg,
+                            rows,
+                            csg,
+                            (self.cout, 1),
+                            wg,
+                            (rows, 1),
+                            zero,
+                            &mut img[g * cg..],
+                            (self.cin, 1),
+                        );
+                    } else {
+                        pgemm(
+                            self.par,
+                            p,
+                            mg,
+                            rows,
+                            csg,
+                            (self.cout, 1),
+                            wg,
+                            (rows, 1),
+                            zero,
+                            col,
+                            (rows, 1),
+                        );
+                        col2im_nhwc(&self.g, col, self.cin, g * cg, cg, img);
+                    }
+                }
+            }
+        }
+    }
+
+    /// dW += cs * im2col(img)^T for one image.
+    fn wgrad<T: Float>(&self, img: &[T], cs: &[T], dw: &mut [T], col: &mut [T]) {
+        let (cg, mg, rows, p, pin) = (
+            self.cg(),
+            self.mg(),
+            self.rows(),
+            self.g.out_len(),
+            self.g.in_len(),
+        );
+        let one = T::of(1.0);
+        for g in 0..self.group {
+            let dwg = &mut dw[g * mg * rows..(g + 1) * mg * rows];
+            match self.order {
+                Order::Nchw => {
+                    let src = &img[g * cg * pin..(g + 1) * cg * pin];
+                    let colv: &[T] = if self.g.identity() {
+                        src
+                    } else {
+                        im2col_nchw(&self.g, src, cg, col);
+                        col
+                    };
+                    pgemm(
+                        self.par,
+                        mg,
+                        p,
+                        rows,
+                        &cs[g * mg * p..],
+                        (p, 1),
+                        colv,
+                        (1, p),
+                        one,
+                        dwg,
+                        (rows, 1),
+                    );
+                }
+                Order::Nhwc => {
+                    let (b, sb): (&[T], _) = if self.g.identity() {
+                        (&img[g * cg..], (self.cin, 1))
+                    } else {
+                        im2col_nhwc(&self.g, img, self.cin, g * cg, cg, col);
+                        (col, (rows, 1))
+                    };
+                    pgemm(
+                        self.par,
+                        mg,
+                        p,
+                        rows,
+                        &cs[g * mg..],
+                        (1, self.cout),
+                        b,
+                        sb,
+                        one,
+                        dwg,
+                        (rows, 1),
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Images run on the kernel pool when there are several and the work
+/// (multiply-adds) pays for the hand-off.
+const PAR_MACS: usize = 1 << 20;
+
+fn parallel(n: usize, macs_per_image: usize) -> bool {
+    n > 1
+        && macs_per_image.saturating_mul(n) >= PAR_MACS
+        && crate::threads::pool_available()
+        && rayon::current_num_threads() > 1
+}
+
+/// `f(i, src_i, dst_i, scratch)` for each image i.
+fn per_image<T: Float>(
+    plan: &Plan,
+    n: usize,
+    src: &[T],
+    src_len: usize,
+    dst: &mut [T],
+    dst_len: usize,
+    f: impl Fn(&[T], &mut [T], &mut [T]) + Sync + Send,
+) {
+    if dst_len == 0 {
+        return;
+    }
+    if parallel(n, plan.macs()) {
+        dst.par_chunks_mut(dst_len).enumerate().for_each_init(
+            || plan.scratch::<T>(),
+            |col, (i, d)| f(&src[i * src_len..(i + 1) * src_len], d, col),
+        );
+    } else {
+        let mut col = plan.scratch::<T>();
+        for (i, d) in dst.chunks_mut(dst_len).enumerate() {
+            f(&src[i * src_len..(i + 1) * src_len], d, &mut col);
+        }
+    }
+}
+
+/// Sum over images of `wgrad(img_i, cs_i)`, into a fresh dW.
+fn weight_grad<T: Float>(plan: &Plan, n: usize, img: &[T], cs: &[T], w_len: usize) -> Vec<T> {
+    let (il, cl) = (plan.img_len(), plan.col_len());
+    let one = |i: usize, acc: &mut Vec<T>, col: &mut Vec<T>| {
+        plan.wgrad(
+            &img[i * il..(i + 1) * il],
+            &cs[i * cl..(i + 1) * cl],
+            acc,
+            col,
+        );
+    };
+    if parallel(n, plan.macs()) {
+        (0..n)
+            .into_par_iter()
+            .fold(
+                || (vec![T::of(0.0); w_len], plan.scratch::<T>()),
+                |(mut acc, mut col), i| {
+                    one(i, &mut acc, &mut col);
+                    (acc, col)
+                },
+            )
+            .map(|(acc, _)| acc)
+            .reduce_with(|mut a, b| {
+                for (x, y) in a.iter_mut().zip(b) {
+                    *x += y;
+                }
+                a
+            })
+            .unwrap_or_else(|| vec![T::of(0.0); w_len])
+    } else {
+        let mut acc = vec![T::of(0.0); w_len];
+        let mut col = plan.scratch::<T>();
+        for i in 0..n {
+            one(i, &mut acc, &mut col);
+        }
+        acc
+    }
+}
+
+/// Adds `b[c]` to every pixel of channel c (images of `ch` channels and
+/// `sp` pixels).
+fn add_bias<T: Float>(y: &mut [T], b: &[T], ch: usize, sp: usize, order: Order) {
+    let img = ch * sp;
+    if img == 0 {
+        return;
+    }
+    for im in y.chunks_mut(img) {
+        match order {
+            Order::Nchw => {
+                for (plane, &bc) in im.chunks_mut(sp.max(1)).zip(b) {
+                    for v in plane {
+                        *v += bc;
+                    }
+                }
+            }
+            Order::Nhwc => {
+                for px in im.chunks_mut(ch) {
+                    for (v, &bc) in px.iter_mut().zip(b) {
+                        *v += bc;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The per-channel sums of images of `ch` channels and `sp` pixels.
+fn channel_sums<T: Float>(y: &[T], ch: usize, sp: usize, order: Order) -> Vec<T> {
+    let mut s = vec![T::of(0.0); ch];
+    let img = ch * sp;
+    if img == 0 {
+        return s;
+    }
+    for im in y.chunks(img) {
+        match order {
+            Order::Nchw => {
+                for (plane, acc) in im.chunks(sp).zip(s.iter_mut()) {
+                    for &v in plane {
+                        *acc += v;
+                    }
+                }
+            }
+            Order::Nhwc => {
+                for px in im.chunks(ch) {
+                    for (acc, &v) in s.iter_mut().zip(px) {
+                        *acc += v;
+                    }
+                }
+            }
+        }
+    }
+    s
+}
+
+// ---------------------------------------------------------- shape checks --
+
+/// (N, C, spatial dims) of an image tensor in `order`.
+pub(crate) fn split_image(
+    op: &str,
+    what: &str,
+    name: &str,
+    shape: &[usize],
+    order: Order,
+) -> Result<(usize, usize, Vec<usize>)> {
+    if !(3..=5).contains(&shape.len()) {
+        return Err(Error::shape(format!(
+            "{op}: {what} ('{name}', shape {shape:?}) must have 3 to 5 dims: N, C and 1 to 3 spatial dims ({order:?})"
+        ))
+        .with_blob(name));
+    }
+    let nd = shape.len() - 2;
+    Ok(match order {
+        Order::Nchw => (shape[0], shape[1], shape[2..].to_vec()),
+        Order::Nhwc => (shape[0], shape[nd + 1], shape[1..=nd].to_vec()),
+    })
+}
+
+/// The shape of an image tensor (N, C, spatial dims) in `order`.
+pub(crate) fn image_shape(n: usize, c: usize, sp: &[usize], order: Order) -> Vec<usize> {
+    let mut s = vec![n];
+    match order {
+        Order::Nchw => {
+            s.push(c);
+            s.extend_from_slice(sp);
+        }
+        Order::Nhwc => {
+            s.extend_from_slice(sp);
+            s.push(c);
+        }
+    }
+    s
+}
+
+fn geo_err(op: &str, name: &str, e: Error) -> Error {
+    Error::new(e.kind, format!("{op}: {}", e.message)).with_blob(name)
+}
+
+/// The filter's (rows, per-group image channels, spatial dims).
+fn split_filter(
+    op: &str,
+    name: &str,
+    shape: &[usize],
+    nd: usize,
+    order: Order,
+) -> Result<(usize, usize, Vec<usize>)> {
+    if shape.len() != nd + 2 {
+        return Err(Error::shape(format!(
+            "{op}: the filter ('{name}', shape {shape:?}) must have {} dims for a {nd}-D input",
+            nd + 2
+        ))
+        .with_blob(name));
+    }
+    Ok(match order {
+        Order::Nchw => (shape[0], shape[1], shape[2..].to_vec()),
+        Order::Nhwc => (shape[0], shape[nd + 1], shape[1..=nd].to_vec()),
+    })
+}
+
+/// The plan of a Conv or ConvTranspose op from its input and filter.
+struct ConvSetup {
+    plan: Plan,
+    n: usize,
+    /// The output's shape (Y for the forward ops).
+    y_shape: Vec<usize>,
+    /// Channels the bias adds to.
+    bias_ch: usize,
+}
+
+fn conv_setup(
+    l: &Locked<'_>,
+    op: &str,
+    win: &Window,
+    group: usize,
+    transposed: Option<&[usize]>,
+) -> Result<ConvSetup> {
+    let (xs, ws) = (l.tensor(0)?.shape(), l.tensor(1)?.shape());
+    let (xn, wn) = (l.input_name(0), l.input_name(1));
+    let order = win.order;
+    let (n, c, sp) = split_image(op, "X", xn, xs, order)?;
+    let nd = sp.len();
+    let (rows, per_group, ksp) = split_filter(op, wn, ws, nd, order)?;
+    let g = win
+        .geometry(&sp, Some(&ksp), transposed)
+        .map_err(|e| geo_err(op, wn, e))?;
+    if transposed.is_none() {
+        // Conv: X has C = per_group * group channels; W has M rows.
+        if c != per_group * group || rows % group != 0 {
+            return Err(Error::shape(format!(
+                "{op}: X ('{xn}', shape {xs:?}) has {c} channels and the filter ('{wn}', shape {ws:?}) expects {per_group} per group x group {group}, with M = {rows} divisible by group"
+            ))
+            .with_blob(wn));
+        }
+        let y_shape = image_shape(n, rows, &g.outs[3 - nd..], order);
+        Ok(ConvSetup {
+            plan: Plan {
+                g,
+                group,
+                cin: c,
+                cout: rows,
+                order,
+                par: false,
+            },
+            n,
+            y_shape,
+            bias_ch: rows,
+        })
+    } else {
+        // ConvTranspose: W is (C, M / group, kernel); X has the C channels.
+        if rows != c || c % group != 0 {
+            return Err(Error::shape(format!(
+                "{op}: X ('{xn}', shape {xs:?}) has {c} channels and the filter ('{wn}', shape {ws:?}) has {rows} (they must match, divisible by group {group})"
+            ))
+            .with_blob(wn));
+        }
+        let m = per_group * group;
+        let y_shape = image_shape(n, m, &g.ins[3 - nd..], order);
+        Ok(ConvSetup {
+            plan: Plan {
+                g,
+                group,
+                cin: m,
+                cout: c,
+                order,
+                par: false,
+            },
+            n,
+            y_shape,
+            bias_ch: m,
+        })
+    }
+}
+
+fn check_len(op: &str, l: &Locked<'_>, i: usize, what: &str, want: usize) -> Result<()> {
+    let t = l.tensor(i)?;
+    if t.shape().iter().product::<usize>() != want {
+        return Err(Error::shape(format!(
+            "{op}: {what} ('{}', shape {:?}) must have {want} elements",
+            l.input_name(i),
+            t.shape()
+        ))
+        .with_blob(l.input_name(i)));
+    }
+    Ok(())
+}
+
+// --------------------------------------------------------------- kernels --
+
+struct ConvArgs {
+    win: Window,
+    group: usize,
+    /// ConvTranspose's `adj` per dim (None for Conv).
+    adj: Option<Dims>,
+    op: String,
+    num_inputs: usize,
+    num_outputs: usize,
+}
+
+impl ConvArgs {
+    fn parse(ctx: &OpDefCtx<'_>, transposed: bool) -> Result<ConvArgs> {
+        let group = ctx.args.i64("group", 1)?;
+        if group < 1 {
+            return Err(ctx.bad_arg(format!("group must be >= 1, got {group}")));
+        }
+        let adj = if transposed {
+            Some(dims_arg(ctx, "adjs", "adj", &["adj_h", "adj_w"], Some(0))?)
+        } else {
+            None
+        };
+        Ok(ConvArgs {
+            win: Window::parse(ctx, !transposed)?,
+            group: group as usize,
+            adj,
+            op: ctx.op_type().to_string(),
+            num_inputs: ctx.num_inputs(),
+            num_outputs: ctx.num_outputs(),
+        })
+    }
+    fn adj(&self, nd: usize) -> Result<Option<Vec<usize>>> {
+        self.adj
+            .as_ref()
+            .map(|a| a.resolve("adjs", nd, 1, 0))
+            .transpose()
+            .map_err(|e| Error::new(e.kind, format!("{}: {}", self.op, e.message)))
+    }
+    fn setup(&self, l: &Locked<'_>) -> Result<ConvSetup> {
+        let nd = l.tensor(0)?.shape().len().saturating_sub(2);
+        let adj = self.adj(nd)?;
+        if let Some(a) = &adj {
+            let s = self
+                .win
+                .stride
+                .resolve("strides", nd, 1, 1)
+                .unwrap_or_default();
+            if a.iter().zip(&s).any(|(a, s)| a >= s) {
+                return Err(Error::invalid_arg(format!(
+                    "{}: adj {a:?} must be smaller than the strides {s:?}",
+                    self.op
+                )));
+            }
+        }
+        let mut s = conv_setup(l, &self.op, &self.win, self.group, adj.as_deref())?;
+        s.plan.par = !parallel(s.n, s.plan.macs()) && crate::threads::pool_available();
+        Ok(s)
+    }
+}
+
+fn conv_t<T: Float>(l: &mut Locked<'_>, a: &ConvArgs) -> Result<()> {
+    let op = a.op.as_str();
+    let transposed = a.adj.is_some();
+    let s = a.setup(l)?;
+    let x = dense(input::<T>(l, op, 0)?);
+    let w = dense(input::<T>(l, op, 1)?);
+    let bias = if a.num_inputs == 3 {
+        check_len(op, l, 2, "the bias", s.bias_ch)?;
+        Some(dense(input::<T>(l, op, 2)?).into_owned())
+    } else {
+        None
+    };
+    let p = &s.plan;
+    let y_len: usize = s.y_shape.iter().product();
+    let mut y = vec![T::of(0.0); y_len];
+    if transposed {
+        per_image(
+            p,
+            s.n,
+            &x,
+            p.col_len(),
+            &mut y,
+            p.img_len(),
+            |xi, yi, col| p.adj(xi, &w, yi, col),
+        );
+    } else {
+        per_image(
+            p,
+            s.n,
+            &x,
+            p.img_len(),
+            &mut y,
+            p.col_len(),
+            |xi, yi, col| p.fwd(xi, &w, yi, col),
+        );
+    }
+    if let Some(b) = bias {
+        let sp = if transposed {
+            p.g.in_len()
+        } else {
+            p.g.out_len()
+        };
+        add_bias(&mut y, &b, s.bias_ch, sp, p.order);
+    }
+    l.set_output(0, T::wrap(array(&s.y_shape, y)?));
+    Ok(())
+}
+
+fn build_conv(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let transposed = ctx.op_type().starts_with("ConvTranspose");
+    let a = ConvArgs::parse(ctx, transposed)?;
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        by_float!(&l, &a.op, 0, conv_t(&mut l, &a))?;
+        Ok(true)
+    }))
+}
+
+fn conv_grad_t<T: Float>(l: &mut Locked<'_>, a: &ConvArgs, no_bias: bool) -> Result<()> {
+    let op = a.op.as_str();
+    let transposed = a.adj.is_some();
+    let s = a.setup(l)?;
+    let y_len: usize = s.y_shape.iter().product();
+    check_len(op, l, 2, "dY", y_len)?;
+    let dys = l.tensor(2)?.shape().to_vec();
+    if dys != s.y_shape {
+        return Err(Error::shape(format!(
+            "{op}: dY ('{}', shape {dys:?}) must have the forward output's shape {:?}",
+            l.input_name(2),
+            s.y_shape
+        ))
+        .with_blob(l.input_name(2)));
+    }
+    let (x, w, dy) = (
+        input::<T>(l, op, 0)?,
+        input::<T>(l, op, 1)?,
+        input::<T>(l, op, 2)?,
+    );
+    let (x_shape, w_shape) = (x.shape().to_vec(), w.shape().to_vec());
+    let (x, w, dy) = (dense(x), dense(w), dense(dy));
+    let p = &s.plan;
+    // Conv: image side X, col side dY; ConvTranspose: image side dY, col side X.
+    let dw = if transposed {
+        weight_grad(p, s.n, &dy, &x, w.len())
+    } else {
+        weight_grad(p, s.n, &x, &dy, w.len())
+    };
+    let sp = if transposed {
+        p.g.in_len()
+    } else {
+        p.g.out_len()
+    };
+    let db = (!no_bias).then(|| channel_sums(&dy, s.bias_ch, sp, p.order));
+    let want_dx = a.num_outputs == if no_bias { 2 } else { 3 };
+    let dx = if want_dx {
+        let mut dx = vec![T::of(0.0); x.len()];
+        if transposed {
+            per_image(
+                p,
+                s.n,
+                &dy,
+                p.img_len(),
+                &mut dx,
+                p.col_len(),
+                |d, o, col| p.fwd(d, &w, o, col),
+            );
+        } else {
+            per_image(
+                p,
+                s.n,
+                &dy,
+                p.col_len(),
+                &mut dx,
+                p.img_len(),
+                |d, o, col| p.adj(d, &w, o, col),
+            );
+        }
+        Some(array(&x_shape, dx)?)
+    } else {
+        None
+    };
+    l.set_output(0, T::wrap(array(&w_shape, dw)?));
+    let mut next = 1;
+    if let Some(db) = db {
+        l.set_output(1, T::wrap(array(&[s.bias_ch], db)?));
+        next = 2;
+    }
+    if let Some(dx) = dx {
+        l.set_output(next, T::wrap(dx));
+    }
+    Ok(())
+}
+
+fn build_conv_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let transposed = ctx.op_type().starts_with("ConvTranspose");
+    let a = ConvArgs::parse(ctx, transposed)?;
+    let no_bias = ctx.args.i64("no_bias", 0)? != 0;
+    let no = ctx.num_outputs();
+    if no_bias && no > 2 {
+        return Err(ctx.bad_arg(format!(
+            "with no_bias the outputs are (dW[, dX]); got {no} outputs"
+        )));
+    }
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        by_float!(&l, &a.op, 0, conv_grad_t(&mut l, &a, no_bias))?;
+        Ok(true)
+    }))
+}
+
+// --------------------------------------------------------------- schemas --
+
+/// The window arguments of conv and pooling ops.
+pub(crate) const WINDOW_ARGS: &[ArgDoc] = &[
+    arg!("kernel", "int", "none", "the window size in every spatial dim (2-D)"),
+    arg!("kernels", "list of int", "none", "the window size per spatial dim (N-D)"),
+    arg!("kernel_h", "int", "none", "window height (with kernel_w)"),
+    arg!("kernel_w", "int", "none", "window width (with kernel_h)"),
+    arg!("stride", "int", "1", "the stride in every spatial dim"),
+    arg!("strides", "list of int", "1s", "the stride per spatial dim"),
+    arg!("stride_h", "int", "1", "vertical stride"),
+    arg!("stride_w", "int", "1", "horizontal stride"),
+    arg!("pad", "int", "0", "zero padding at both ends of every spatial dim"),
+    arg!("pads", "list of int", "0s", "pads: the heads of each spatial dim, then the tails"),
+    arg!("pad_t", "int", "0", "top pad"),
+    arg!("pad_l", "int", "0", "left pad"),
+    arg!("pad_b", "int", "0", "bottom pad"),
+    arg!("pad_r", "int", "0", "right pad"),
+    arg!("dilation", "int", "1", "the dilation in every spatial dim"),
+    arg!("dilations", "list of int", "1s", "the dilation per spatial dim"),
+    arg!("dilation_h", "int", "1", "vertical dilation"),
+    arg!("dilation_w", "int", "1", "horizontal dilation"),
+    arg!("legacy_pad", "int", "0", "0 NOTSET (explicit pads), 1 VALID, 2 SAME, 3 CAFFE_LEGACY_POOLING (output size rounded up)"),
+    arg!("order", "string", "\"NCHW\"", "NCHW (channels after the batch dim) or NHWC (channels last)"),
+    arg!("global_pooling", "int", "0", "the window is the whole image (pooling)"),
+    arg!("group", "int", "1", "groups of channels convolved separately (conv)"),
+    arg!("count_include_pad", "bool", "false", "AveragePool divides by the window's size including pads"),
+    arg!("no_gradient_to_input", "int", "0", "Conv, ConvTranspose: the backward pass computes no dX"),
+    arg!("no_bias", "int", "0", "gradient ops: the forward op had no bias; outputs (dW[, dX])"),
+    arg!("adj", "int", "0", "ConvTranspose: extra output size at the tail of every spatial dim"),
+    arg!("adjs", "list of int", "0s", "ConvTranspose: adj per spatial dim"),
+    arg!("adj_h", "int", "0", "ConvTranspose: vertical adj"),
+    arg!("adj_w", "int", "0", "ConvTranspose: horizontal adj"),
+];
+
+/// Engine and memory hints that Caffe2 conv nets carry; accepted and ignored.
+pub(crate) const CONV_IGNORED: &[ArgDoc] = &[
+    arg!(
+        "shared_buffer",
+        "int",
+        "0",
+        "share the im2col buffer between ops (a memory hint); accepted and ignored"
+    ),
+    arg!(
+        "float16_compute",
+        "bool",
+        "false",
+        "half-precision compute hint (GPU); accepted and ignored"
+    ),
+    arg!(
+        "engine",
+        "string",
+        "\"\"",
+        "engine hint given as an argument; accepted and ignored"
+    ),
+];
+
+pub fn schemas() -> Vec<OpSchema> {
+    let conv = |name: &'static str, doc: &'static str| {
+        OpSchema::new(name, build_conv)
+            .inputs(2, 3)
+            .outputs(1, 1)
+            .args(WINDOW_ARGS)
+            .ignores(CONV_IGNORED)
+            .doc(doc)
+    };
+    let grad = |name: &'static str, doc: &'static str| {
+        OpSchema::new(name, build_conv_grad)
+            .inputs(3, 3)
+            .outputs(1, 3)
+            .args(WINDOW_ARGS)
+            .ignores(CONV_IGNORED)
+            .doc(doc)
+    };
+    const CONV_DOC: &str = "Convolution: inputs (X, filter W[, bias b]); NCHW: X (N, C, spatial), W (M, C / group, kernel), Y (N, M, out spatial); NHWC: X (N, spatial, C), W (M, kernel, C / group); 1 to 3 spatial dims. The kernel may be left out (read from W).";
+    const CONV_GRAD_DOC: &str =
+        "Gradient of Conv: inputs (X, W, dY), outputs (dW, db[, dX]), or (dW[, dX]) with no_bias.";
+    const CT_DOC: &str = "Transposed convolution (the adjoint of Conv): inputs (X, W[, bias]); NCHW: X (N, C, spatial), W (C, M / group, kernel), Y (N, M, (in - 1) * stride - pads + kernel + adj); NHWC: W (C, kernel, M / group).";
+    const CT_GRAD_DOC: &str = "Gradient of ConvTranspose: inputs (X, W, dY), outputs (dW, db[, dX]), or (dW[, dX]) with no_bias.";
+    vec![
+        conv("Conv", CONV_DOC),
+        conv("Conv1D", "Conv on 1 spatial dim."),
+        conv("Conv2D", "Conv on 2 spatial dims."),
+        conv("Conv3D", "Conv on 3 spatial dims."),
+        grad("ConvGradient", CONV_GRAD_DOC),
+        grad("Conv1DGradient", CONV_GRAD_DOC),
+        grad("Conv2DGradient", CONV_GRAD_DOC),
+        grad("Conv3DGradient", CONV_GRAD_DOC),
+        conv("ConvTranspose", CT_DOC),
+        grad("ConvTransposeGradient", CT_GRAD_DOC),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::error::ErrorKind;
+    use crate::tensor::Tensor;
+    use crate::test_util::{get, int_arg, op, run, ws_with};
+
+    fn f32s(shape: &[usize], v: &[f32]) -> Tensor {
+        Tensor::from_vec(shape, v.to_vec()).unwrap()
+    }
+
+    fn vals(t: &Tensor) -> Vec<f32> {
+        t.array::<f32>().unwrap().iter().copied().collect()
+    }
+
+    #[test]
+    fn conv_by_hand() {
+        // X 1x1x3x3 = 1..9, W 1x1x2x2 = ones, b = 1: Y = window sums + 1.
+        let x: Vec<f32> = (1..=9).map(|v| v as f32).collect();
+        let ws = ws_with(&[
+            ("x", f32s(&[1, 1, 3, 3], &x)),
+            ("w", f32s(&[1, 1, 2, 2], &[1.; 4])),
+            ("b", f32s(&[1], &[1.])),
+        ]);
+        run(
+            &ws,
+            op("Conv", &["x", "w", "b"], &["y"], vec![int_arg("kernel", 2)]),
+        )
+        .unwrap();
+        assert_eq!(vals(&get(&ws, "y")), vec![13., 17., 25., 29.]);
+        // pad 1, stride 2: corners of a 4x4 padded window grid.
+        run(
+            &ws,
+            op(
+                "Conv",
+                &["x", "w"],
+                &["y2"],
+                vec![
+                    int_arg("kernel", 2),
+                    int_arg("pad", 1),
+                    int_arg("stride", 2),
+                ],
+            ),
+        )
+        .unwrap();
+        assert_eq!(get(&ws, "y2").shape(), &[1, 1, 2, 2]);
+        assert_eq!(vals(&get(&ws, "y2")), vec![1., 5., 11., 28.]);
+        // A kernel that does not match the filter is a shape error.
+        let e = run(
+            &ws,
+            op("Conv", &["x", "w"], &["y3"], vec![int_arg("kernel", 3)]),
+        )
+        .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Shape);
+        let e = run(
+            &ws,
+            op("Conv", &["x", "w"], &["y3"], vec![int_arg("stride", -1)]),
+        )
+        .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+    }
+}
