@@ -31,6 +31,7 @@ _ALIASES = {
     "caffe2.python.control_ops_util": "ferrocaffe.control_ops_util",
     "caffe2.python.task": "ferrocaffe.task",
     "caffe2.python.net_printer": "ferrocaffe.net_printer",
+    "caffe2.python.net_drawer": "ferrocaffe.net_drawer",
     "caffe2.python.session": "ferrocaffe.session",
     "caffe2.python.checkpoint": "ferrocaffe.checkpoint",
     "caffe2.python.dataio": "ferrocaffe.dataio",
