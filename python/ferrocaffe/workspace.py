@@ -14,12 +14,13 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 import types
 from typing import Any, Iterable
 
 import numpy as np
 
-from . import _core, errors, proto, scope
+from . import _core, errors, profiler, proto, scope
 
 __all__ = [
     "Workspace",
@@ -48,6 +49,7 @@ __all__ = [
     "RunOperatorsOnce",
     "RunPlan",
     "RunPlanInBackground",
+    "BenchmarkNet",
     "StringifyProto",
     "StringifyBlobName",
     "StringifyNetName",
@@ -422,19 +424,32 @@ class Workspace:
         self._core.create_net(data, overwrite)
         return NetHandle(self, GetNetName(net if not isinstance(net, (str, os.PathLike)) else data))
 
-    def run_net(self, name, num_iter: int = 1, allow_fail: bool = False) -> bool:
+    def run_net(self, name, num_iter: int = 1, allow_fail: bool = False, trace=None) -> bool:
+        """Runs the net created here as ``name`` ``num_iter`` times. False
+        if an op failed softly and ``allow_fail``; otherwise that raises
+        ``PlanFailedError``. ``trace``: a path to write a timeline of this
+        call to (``ferrocaffe.profile``)."""
         name = StringifyNetName(name)
         num_iter = _int64(num_iter, "num_iter", net=name)
-        ok = self._core.run_net(name, num_iter)
+        with _traced(trace):
+            ok = self._core.run_net(name, num_iter)
         return _check(ok, allow_fail, f"net '{name}'")
+
+    def benchmark_net(self, name, warmup_runs: int, main_runs: int, run_individual: bool) -> list[float]:
+        """See :func:`BenchmarkNet`; times the net created here."""
+        return _benchmark(self, name, warmup_runs, main_runs, run_individual)
 
     def _run_plan_bytes(self, data: bytes) -> bool:
         """Runs a serialised PlanDef (what ``run`` does with a Plan, minus
         the serialising)."""
         return _check(self._core.run_plan(data), False, "plan")
 
-    def run(self, obj) -> bool:
-        """Runs a Plan, ExecutionStep, Net or one of their protos once."""
+    def run(self, obj, trace=None) -> bool:
+        """Runs a Plan, ExecutionStep, Net or one of their protos once.
+        ``trace``: a path to write a timeline of this call to."""
+        if trace is not None:
+            with _traced(trace):
+                return self.run(obj)
         kind = _kind_of(obj)
         if kind == "plan":
             return _check(self._core.run_plan(StringifyProto(obj)), False, "plan")
@@ -596,8 +611,12 @@ def Nets() -> list[str]:
     return current_workspace()._core.nets()
 
 
-def RunNet(name, num_iter: int = 1, allow_fail: bool = False) -> bool:
-    return current_workspace().run_net(name, num_iter, allow_fail)
+def RunNet(name, num_iter: int = 1, allow_fail: bool = False, trace=None) -> bool:
+    """Runs the net ``name`` (a name, Net or NetDef of a net created with
+    CreateNet) of the current workspace ``num_iter`` times. A soft failure
+    returns False with ``allow_fail``, else raises ``PlanFailedError``.
+    ``trace``: a path to write a timeline of this call to."""
+    return current_workspace().run_net(name, num_iter, allow_fail, trace=trace)
 
 
 def RunNetOnce(net) -> bool:
@@ -619,10 +638,152 @@ def RunOperatorsOnce(operators) -> bool:
     return True
 
 
-def RunPlan(plan_or_step) -> bool:
+def RunPlan(plan_or_step, trace=None, progress=None) -> bool:
+    """Runs a Plan or ExecutionStep (or a PlanDef, serialised or not) in
+    the current workspace until it ends; True, or an exception (a failed
+    op's error, ``PlanFailedError`` for a soft failure, KeyboardInterrupt
+    on Ctrl-C).
+
+    ``trace``: a path to write a timeline of this call to (see
+    ``ferrocaffe.profile``). ``progress``: a tqdm bar over the iterations
+    of the plan's looping top-level steps (``num_iter``), shown after a
+    second; None (the default) shows it only on a terminal (stderr, not
+    in CI) and only when those steps have a known length; False never."""
     if _kind_of(plan_or_step) == "step":
         plan_or_step = _plan_from_step(plan_or_step)
-    return _check(current_workspace()._core.run_plan(StringifyProto(plan_or_step, proto.PlanDef)), False, "plan")
+    data = StringifyProto(plan_or_step, proto.PlanDef)
+    ws = current_workspace()
+    with _traced(trace):
+        counted = _progress_plan(data, progress)
+        if counted is None:
+            ok = ws._core.run_plan(data)
+        else:
+            ok = _run_with_progress(ws, *counted)
+    return _check(ok, False, "plan")
+
+
+_progress_ids = iter(range(1, 1 << 62))
+
+
+def _progress_wanted() -> bool:
+    import sys
+    if os.environ.get("CI") or os.environ.get("TERM") == "dumb":
+        return False
+    try:
+        return bool(sys.stderr.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def _progress_plan(data: bytes, progress):
+    """``(plan bytes with a counter, total, counter, net)`` when a bar is to
+    be shown, else None. The plan gets a first step creating a counter and
+    a net counting it up at the end of each iteration of its top-level
+    steps with a ``num_iter`` (steps with concurrent substeps or instances
+    are not counted: their units run at once)."""
+    if progress is False or (progress is None and not _progress_wanted()):
+        return None
+    try:
+        import tqdm  # noqa: F401
+    except ImportError:
+        return None
+    plan = proto.PlanDef.FromString(data)
+    counted = [s for s in plan.execution_step
+               if s.HasField("num_iter") and s.num_iter > 1 and not s.concurrent_substeps
+               and s.num_concurrent_instances <= 1]
+    total = sum(s.num_iter for s in counted)
+    if total <= 1:
+        return None
+    n = next(_progress_ids)
+    counter = "__ferrocaffe_progress_%d" % n
+    net_name = "__ferrocaffe_progress_net_%d" % n
+    init_name = "__ferrocaffe_progress_init_%d" % n
+    init = plan.network.add(name=init_name)
+    init.op.add(type="CreateCounter", output=[counter])
+    tick = plan.network.add(name=net_name)
+    tick.op.add(type="CountUp", input=[counter], output=[counter + "_prev"])
+    for step in counted:
+        if step.substep:
+            step.substep.add(name="progress", network=[net_name])
+        else:
+            step.network.append(net_name)
+    first = proto.ExecutionStep(name="progress_init", network=[init_name])
+    steps = [first] + list(plan.execution_step)
+    del plan.execution_step[:]
+    plan.execution_step.extend(steps)
+    return plan.SerializeToString(), total, counter, (init_name, net_name, counter + "_prev")
+
+
+def _run_with_progress(ws, data, total, counter, made):
+    import sys
+    import tqdm
+    handle = _core.run_plan_in_background(ws._core, data)
+    bar = tqdm.tqdm(total=total, unit="it", file=sys.stderr, delay=1.0, leave=False)
+    try:
+        while not handle.is_done():
+            time.sleep(0.1)
+            if ws._core.has_blob(counter):
+                try:
+                    bar.n = ws._core.fetch_counter(counter)
+                    bar.refresh()
+                except errors.FerrocaffeError:
+                    pass
+        return handle.wait()
+    except KeyboardInterrupt:
+        handle.cancel()
+        with contextlib.suppress(BaseException):
+            handle.wait()
+        raise
+    finally:
+        bar.close()
+        for name in made[:2]:
+            ws._core.delete_net(name)
+        for name in (counter, made[2]):
+            ws._core.remove_blob(name)
+
+
+def _traced(path):
+    """A profile written to ``path``, or nothing when ``path`` is None."""
+    return contextlib.nullcontext() if path is None else profiler.profile(path)
+
+
+def BenchmarkNet(name, warmup_runs: int, main_runs: int, run_individual: bool) -> list[float]:
+    """Times the net ``name`` of the current workspace, as Caffe2 did:
+    ``warmup_runs`` untimed runs, ``main_runs`` timed runs and, with
+    ``run_individual``, ``main_runs`` more runs timing every op. Prints a
+    table (the run time, then the ops slowest first and the time per op
+    type) and returns the milliseconds per run, followed by each op's mean
+    milliseconds per run (in net order) when ``run_individual``."""
+    return _benchmark(current_workspace(), name, warmup_runs, main_runs, run_individual)
+
+
+def _benchmark(ws, name, warmup_runs, main_runs, run_individual):
+    name = StringifyNetName(name)
+    warmup_runs = _int64(warmup_runs, "warmup_runs", net=name)
+    main_runs = _int64(main_runs, "main_runs", net=name)
+    if warmup_runs < 0 or main_runs < 0:
+        raise errors.InvalidArgumentError(
+            f"BenchmarkNet of net '{name}': warmup_runs and main_runs must be >= 0, "
+            f"got {warmup_runs} and {main_runs}")
+    times, types_ = ws._core.benchmark_net(name, warmup_runs, main_runs, bool(run_individual))
+    per_run = times[0]
+    print(f"net '{name}': {per_run:.6f} ms per run over {main_runs} runs "
+          f"({(1000.0 / per_run) if per_run else float('inf'):.1f} runs/s; {warmup_runs} warmup)")
+    if run_individual:
+        total = sum(times[1:])
+        rows = [{"type": t, "net": name, "index": k, "calls": main_runs,
+                 "total_ms": ms * main_runs, "mean_ms": ms,
+                 "percent": 100.0 * ms / total if total else 0.0}
+                for k, (t, ms) in enumerate(zip(types_, times[1:]))]
+        rows.sort(key=lambda r: -r["mean_ms"])
+        print(profiler.format_op_table(rows))
+        by_type: dict[str, float] = {}
+        for r in rows:
+            by_type[r["type"]] = by_type.get(r["type"], 0.0) + r["mean_ms"]
+        print("time per op type (ms per run):")
+        for t, ms in sorted(by_type.items(), key=lambda kv: -kv[1]):
+            print(f"  {t:<24} {ms:12.6f} {100.0 * ms / total if total else 0.0:6.1f}%")
+    return list(times)
 
 
 def RunPlanInBackground(plan_or_step):
