@@ -51,7 +51,7 @@ __all__ = [
     'OP_STYLE', 'BLOB_STYLE', 'NET_STYLE', 'GRAPHVIZ_INSTALL_HINT',
     'GetOpNodeProducer', 'GetBlobNodeProducer', 'GetPydotGraph',
     'GetPydotGraphMinimal', 'GetOperatorMapForPlan', 'GetPlanGraph',
-    'GetGraphInJson', 'GetGraphPngSafe', 'render', 'has_graphviz', 'main',
+    'GetGraphInJson', 'GetGraphPngSafe', 'render', 'has_graphviz', 'plan_def', 'main',
 ]
 
 OP_STYLE = {
@@ -267,6 +267,13 @@ def _as_plan_def(obj: Any) -> Any:
                     'ExecutionStep, Task, TaskGroup or Job' % type(obj).__name__)
 
 
+def plan_def(obj: Any) -> Any:
+    """The PlanDef a PlanDef, ``core.Plan``, step, Task, TaskGroup or Job
+    runs as (a Job: one step per non-empty group, ``init_group``,
+    ``epoch_group``, ``exit_group``, and every net of them)."""
+    return _as_plan_def(obj)
+
+
 def _step_label(step) -> str:
     lines = [step.name or '(unnamed step)']
     if step.HasField('num_iter') and step.num_iter != 1:
@@ -274,7 +281,7 @@ def _step_label(step) -> str:
     if step.should_stop_blob:
         lines.append('Stopper: %s' % step.should_stop_blob)
     if step.HasField('run_every_ms'):
-        lines.append('every %d ms' % step.run_every_ms)
+        lines.append('report step: every %d ms' % step.run_every_ms)
     if step.report_net:
         lines.append('Reporter: %s (every %d s)' % (step.report_net, step.report_interval))
     if step.concurrent_substeps:

@@ -202,12 +202,16 @@ class Blob:
         return self._ws.fetch_blob(self._name)
 
     def feed(self, arr, device_option=None) -> bool:
+        """Feeds ``arr`` into the blob (see ``Workspace.feed_blob``)."""
         return self._ws.feed_blob(self._name, arr, device_option)
 
     def is_tensor(self) -> bool:
+        """Whether the blob holds a tensor."""
         return self._ws._core.blob_kind(self._name).startswith("Tensor")
 
     def kind(self) -> str:
+        """What the blob holds: ``"Tensor<float32>"``, ``"Counter"``,
+        ``"bytes"``, ..."""
         return self._ws._core.blob_kind(self._name)
 
     def serialize(self, name=None) -> bytes:
@@ -243,19 +247,23 @@ class TensorHandle:
         self._blob = blob
 
     def fetch(self):
+        """A copy of the tensor (see ``Workspace.fetch_blob``)."""
         return self._blob.fetch()
 
     @property
     def data(self):
+        """A read-only copy of the tensor."""
         array = np.array(self._blob.fetch())
         array.setflags(write=False)
         return array
 
     @property
     def shape(self) -> tuple:
+        """The tensor's dims."""
         return tuple(np.shape(self._blob.fetch()))
 
     def feed(self, arr) -> bool:
+        """Replaces the tensor's content with ``arr``."""
         return self._blob.feed(arr)
 
     def __repr__(self) -> str:
@@ -304,9 +312,11 @@ class NetHandle:
 
     @property
     def name(self) -> str:
+        """The net's name."""
         return self._name
 
     def Name(self) -> str:
+        """The net's name (Caffe2's spelling)."""
         return self._name
 
     def run(self) -> bool:
@@ -358,14 +368,17 @@ class Workspace:
 
     @property
     def root_folder(self) -> str:
+        """The folder relative db paths of Save and Load resolve against."""
         return self._core.root_folder
 
     @property
     def parent(self) -> "Workspace | None":
+        """The parent workspace (None for a root workspace)."""
         return self._parent
 
     @property
     def blobs(self) -> _BlobMap:
+        """``{name: Blob}`` of every visible blob (a read-only mapping)."""
         return _BlobMap(self)
 
     @property
@@ -374,11 +387,14 @@ class Workspace:
         return {name: NetHandle(self, name) for name in self._core.nets()}
 
     def create_blob(self, name) -> Blob:
+        """Creates an empty blob (nothing if one of that name is visible)
+        and returns its handle."""
         name = StringifyBlobName(name)
         self._core.create_blob(name)
         return Blob(self, name)
 
     def has_blob(self, name) -> bool:
+        """Whether a blob of that name is visible here (own or a parent's)."""
         return self._core.has_blob(StringifyBlobName(name))
 
     def fetch_blob(self, name):
@@ -389,6 +405,9 @@ class Workspace:
         return self._core.fetch_blob(StringifyBlobName(name))
 
     def feed_blob(self, name, arr, device_option=None) -> bool:
+        """Feeds a numpy array, Python scalar, str, bytes or ``TensorProto``
+        into blob ``name`` (created if needed); True. Wrong types raise
+        ``FeedError``."""
         name = StringifyBlobName(name)
         if _is_tensor_proto(arr):
             # Decoded by the runtime with Caffe2's rules (dims, data_type,
@@ -404,15 +423,20 @@ class Workspace:
         return True
 
     def serialize_blob(self, name) -> bytes:
+        """The blob as one serialised ``BlobProto``."""
         return self._core.serialize_blob(StringifyBlobName(name))
 
     def deserialize_blob(self, name, serialized_blob: bytes) -> None:
+        """Stores the value of a serialised ``BlobProto`` in blob ``name``;
+        malformed bytes raise a typed error and leave the blob as it was."""
         self._core.deserialize_blob(StringifyBlobName(name), bytes(serialized_blob))
 
     def reset_blob(self, name) -> None:
+        """Empties the blob (it keeps existing)."""
         self._core.reset_blob(StringifyBlobName(name))
 
     def remove_blob(self, name) -> bool:
+        """Removes the blob from this workspace; whether it existed."""
         return self._core.remove_blob(StringifyBlobName(name))
 
     def create_net(self, net, overwrite: bool = False, input_blobs: Iterable | None = None) -> "NetHandle":
@@ -514,14 +538,18 @@ def current_workspace() -> Workspace:
 
 
 def CurrentWorkspace() -> str:
+    """The name of the current workspace."""
     return _current_name
 
 
 def Workspaces() -> list[str]:
+    """The names of every workspace of the process-wide registry."""
     return list(_workspaces)
 
 
 def SwitchWorkspace(name: str, create_if_missing: bool = False) -> None:
+    """Makes the named workspace current; ``create_if_missing`` creates an
+    empty one, otherwise an unknown name raises ``WorkspaceNotFoundError``."""
     global _current_name
     name = StringifyBlobName(name)
     with _lock:
@@ -535,6 +563,8 @@ def SwitchWorkspace(name: str, create_if_missing: bool = False) -> None:
 
 
 def RootFolder() -> str:
+    """The root folder of the current workspace (where relative db paths
+    of Save and Load resolve)."""
     return current_workspace().root_folder
 
 
@@ -553,6 +583,9 @@ def ResetWorkspace(root_folder: str | None = None) -> bool:
 
 
 def FeedBlob(name, arr, device_option=None) -> bool:
+    """Feeds ``arr`` (a numpy array, a Python scalar, str, bytes or a
+    ``TensorProto``) into blob ``name`` of the current workspace, creating
+    it if needed; True. Wrong types raise ``FeedError``."""
     return current_workspace().feed_blob(name, arr, device_option)
 
 
@@ -580,23 +613,30 @@ def FetchBlobs(names):
 
 
 def HasBlob(name) -> bool:
+    """Whether blob ``name`` is visible in the current workspace (its own
+    or a parent's)."""
     return current_workspace().has_blob(name)
 
 
 def Blobs() -> list[str]:
+    """The names of every blob visible in the current workspace, sorted."""
     return current_workspace()._core.blobs()
 
 
 def CreateBlob(name) -> bool:
+    """Creates an empty blob ``name`` in the current workspace (nothing if
+    one is visible already); True."""
     current_workspace().create_blob(name)
     return True
 
 
 def ResetBlob(name) -> None:
+    """Empties blob ``name`` of the current workspace (it keeps existing)."""
     current_workspace().reset_blob(name)
 
 
 def RemoveBlob(name) -> bool:
+    """Removes blob ``name`` from the current workspace; whether it existed."""
     return current_workspace().remove_blob(name)
 
 
@@ -608,6 +648,7 @@ def CreateNet(net, overwrite: bool = False, input_blobs=None) -> bool:
 
 
 def Nets() -> list[str]:
+    """The names of the nets created in the current workspace."""
     return current_workspace()._core.nets()
 
 
@@ -620,6 +661,9 @@ def RunNet(name, num_iter: int = 1, allow_fail: bool = False, trace=None) -> boo
 
 
 def RunNetOnce(net) -> bool:
+    """Creates ``net`` (a Net or NetDef) in the current workspace, runs it
+    once and drops it; True, or the failed op's error (``PlanFailedError``
+    for a soft failure)."""
     data = StringifyProto(net, proto.NetDef)
     ok = current_workspace()._core.run_net_once(data)
     # The net's name is worked out only for the message of a failure.
@@ -627,12 +671,16 @@ def RunNetOnce(net) -> bool:
 
 
 def RunOperatorOnce(operator) -> bool:
+    """Runs one operator (an OperatorDef) once in the current workspace;
+    True, or its error."""
     return _check(
         current_workspace()._core.run_operator_once(StringifyProto(operator, proto.OperatorDef)),
         False, "operator")
 
 
 def RunOperatorsOnce(operators) -> bool:
+    """Runs each OperatorDef of ``operators`` once, in order; True, or the
+    first error."""
     for op in operators:
         RunOperatorOnce(op)
     return True
@@ -864,21 +912,25 @@ def StopImmediate() -> None:
 
 
 def ImmediateBlobs() -> list[str]:
+    """The blobs of the immediate-mode workspace."""
     with WorkspaceGuard(_IMMEDIATE_WORKSPACE):
         return Blobs()
 
 
 def RunOperatorImmediate(op) -> None:
+    """Runs ``op`` once in the immediate-mode workspace."""
     with WorkspaceGuard(_IMMEDIATE_WORKSPACE):
         RunOperatorOnce(op)
 
 
 def FetchImmediate(*args, **kwargs):
+    """``FetchBlob`` in the immediate-mode workspace."""
     with WorkspaceGuard(_IMMEDIATE_WORKSPACE):
         return FetchBlob(*args, **kwargs)
 
 
 def FeedImmediate(*args, **kwargs):
+    """``FeedBlob`` in the immediate-mode workspace."""
     with WorkspaceGuard(_IMMEDIATE_WORKSPACE):
         return FeedBlob(*args, **kwargs)
 
@@ -922,30 +974,37 @@ GpuDeviceType = 1  # caffe2_pb2.CUDA
 
 
 def NumCudaDevices() -> int:
+    """Always 0: ferrocaffe runs on CPUs only."""
     return 0
 
 
 def NumGpuDevices() -> int:
+    """Always 0: ferrocaffe runs on CPUs only."""
     return 0
 
 
 def GetCUDAVersion() -> int:
+    """Always 0: there is no CUDA build."""
     return 0
 
 
 def GetCuDNNVersion() -> int:
+    """Always 0: there is no cuDNN build."""
     return 0
 
 
 def GetDeviceProperties(device_id):
+    """None: there are no GPU devices."""
     return None
 
 
 def GetGpuPeerAccessPattern():
+    """An empty pattern: there are no GPU devices."""
     return np.array([])
 
 
 def GetGPUMemoryInfo():
+    """None: there are no GPU devices."""
     return None
 
 
@@ -1014,16 +1073,20 @@ class OpSchema:
 
     @staticmethod
     def get(op_type: str) -> "OpSchema | None":
+        """The schema of ``op_type``, or None when no such op is registered."""
         raw = _core.operator_schema(op_type)
         return None if raw is None else OpSchema(raw)
 
     def num_inputs_allowed(self, n: int) -> bool:
+        """Whether the op accepts ``n`` inputs."""
         return self.min_input <= n <= self.max_input
 
     def num_outputs_allowed(self, n: int) -> bool:
+        """Whether the op accepts ``n`` outputs."""
         return self.min_output <= n <= self.max_output
 
     def num_inputs_outputs_allowed(self, n_in: int, n_out: int) -> bool:
+        """Whether the op accepts ``n_in`` inputs with ``n_out`` outputs."""
         return self.num_inputs_allowed(n_in) and self.num_outputs_allowed(n_out)
 
     def __repr__(self) -> str:
