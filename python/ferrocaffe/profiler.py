@@ -86,19 +86,22 @@ def is_profiling() -> bool:
 
 
 @contextlib.contextmanager
-def profile(path: str | os.PathLike[str] | None = None) -> Iterator[Trace]:
+def profile(path: str | os.PathLike[str] | None = None, ops: bool = True) -> Iterator[Trace]:
     """Records a timeline of every run in this process while the block
     runs; on leaving it the :class:`Trace` holds the events and, given a
-    ``path``, they are written there (also when the block raised)."""
+    ``path``, they are written there (also when the block raised).
+    ``ops=False`` records each net run as one span, without its ops (the
+    cheaper choice for nets of many tiny ops)."""
     trace = Trace(path)
-    since = trace_start()
+    ops = bool(ops)
+    since = trace_start(ops)
     try:
         yield trace
     finally:
         try:
             trace.events = json.loads(trace_json(since))
         finally:
-            trace_stop()
+            trace_stop(ops)
         if trace.path is not None:
             trace.save(trace.path)
 

@@ -203,3 +203,16 @@ def test_benchmark_net_errors_are_typed(fresh):
     workspace.CreateNet(net)
     with pytest.raises(ferrocaffe.errors.InvalidArgumentError, match='main_runs'):
         workspace.BenchmarkNet('tl_bench2', 1, -1, False)
+
+
+def test_a_profile_without_ops_records_net_runs_only(fresh):
+    net = core.Net('tl_noops')
+    net.ConstantFill([], ['n'], shape=[1], value=1.0)
+    net.Relu(['n'], ['n2'])
+    workspace.CreateNet(net)
+    with ferrocaffe.profile(ops=False) as trace:
+        workspace.RunNet('tl_noops', 3)
+    check_format(trace.events)
+    spans = [e for e in trace.events if e['ph'] == 'X']
+    assert [e['cat'] for e in spans] == ['net'] * 3
+    assert all(e['args']['ops'] == 2 for e in spans)

@@ -4,7 +4,7 @@ use crate::cancel::{self, CancelToken};
 use crate::error::{from_panic, Error, ErrorKind, Result};
 use crate::ir::{NetDef, OperatorDef, MAX_NESTING};
 use crate::operator::{allows_unknown_args, create_operator_with, OpCx, OpIo, Operator};
-use crate::trace::{self, NetNames};
+use crate::trace::{self, NetNames, Stamps};
 use crate::workspace::Workspace;
 use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashSet;
@@ -298,15 +298,23 @@ impl Net {
         if trace::on() {
             return self.run_traced(ws, cancel);
         }
-        self.run_ops::<false>(ws, cancel, &mut Vec::new())
+        self.run_ops::<false>(ws, cancel, &mut Stamps::new())
     }
 
     #[cold]
     fn run_traced(&mut self, ws: &Arc<Workspace>, cancel: &CancelToken) -> Result<bool> {
-        let mut stamps = Vec::with_capacity(self.ops.len() + 1);
-        let r = self.run_ops::<true>(ws, cancel, &mut stamps);
+        let r;
+        let mut stamps;
+        let timed_ops = trace::ops_on();
+        if timed_ops {
+            stamps = Stamps::with_capacity(self.ops.len() + 1);
+            r = self.run_ops::<true>(ws, cancel, &mut stamps);
+        } else {
+            stamps = smallvec::smallvec![trace::now()];
+            r = self.run_ops::<false>(ws, cancel, &mut Stamps::new());
+        }
         stamps.push(trace::now());
-        trace::record_net_run(&self.names, stamps, matches!(r, Ok(true)));
+        trace::record_net_run(&self.names, stamps, matches!(r, Ok(true)), timed_ops);
         r
     }
 
@@ -317,7 +325,7 @@ impl Net {
         &mut self,
         ws: &Arc<Workspace>,
         cancel: &CancelToken,
-        stamps: &mut Vec<u64>,
+        stamps: &mut Stamps,
     ) -> Result<bool> {
         self.run_ops::<true>(ws, cancel, stamps)
     }
@@ -332,7 +340,7 @@ impl Net {
         &mut self,
         ws: &Arc<Workspace>,
         cancel: &CancelToken,
-        stamps: &mut Vec<u64>,
+        stamps: &mut Stamps,
     ) -> Result<bool> {
         let _nested = Nested::enter(&self.name)?;
         for (k, slot) in self.ops.iter_mut().enumerate() {

@@ -20,6 +20,7 @@
 //! own window and the buffers are emptied when the last one stops.
 
 use parking_lot::Mutex;
+use smallvec::SmallVec;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -27,9 +28,12 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 static ON: AtomicBool = AtomicBool::new(false);
+/// Whether net runs time each op (set while any recording asks for ops).
+static OPS: AtomicBool = AtomicBool::new(false);
 /// Bumped when a recording starts from nothing: older events are dropped.
 static GENERATION: AtomicU64 = AtomicU64::new(0);
-static DEPTH: Mutex<usize> = Mutex::new(0);
+/// Recordings under way, and how many of them want each op timed.
+static DEPTH: Mutex<(usize, usize)> = Mutex::new((0, 0));
 static NEXT_LANE: AtomicUsize = AtomicUsize::new(1);
 
 /// Whether a timeline is being recorded (one relaxed load).
@@ -43,11 +47,21 @@ fn epoch() -> Instant {
     *EPOCH.get_or_init(Instant::now)
 }
 
+/// Whether net runs time each op (read only when [`on`]).
+#[inline]
+pub fn ops_on() -> bool {
+    OPS.load(Ordering::Relaxed)
+}
+
 /// Nanoseconds since the process's trace epoch.
 #[inline]
 pub fn now() -> u64 {
     epoch().elapsed().as_nanos() as u64
 }
+
+/// The timestamps of one net run (inline for small nets and for runs
+/// whose ops are not timed: no allocation).
+pub type Stamps = SmallVec<[u64; 4]>;
 
 /// Names of a net and its ops, shared by every run's record.
 #[derive(Debug)]
@@ -67,7 +81,7 @@ pub enum Detail {
 
 #[derive(Debug)]
 struct Span {
-    name: String,
+    name: Arc<str>,
     cat: &'static str,
     start: u64,
     end: u64,
@@ -78,8 +92,10 @@ struct Span {
 struct NetRun {
     names: Arc<NetNames>,
     /// The start of each op that ran, then the end of the last one.
-    stamps: Vec<u64>,
+    stamps: Stamps,
     ok: bool,
+    /// Whether `stamps` times each op (else only the run).
+    timed_ops: bool,
 }
 
 #[derive(Default)]
@@ -121,27 +137,41 @@ fn with_buffer(f: impl FnOnce(&mut Buffer)) {
 }
 
 /// Starts recording (or joins the recording under way); returns the start
-/// time, the beginning of this recording's window.
-pub fn start() -> u64 {
+/// time, the beginning of this recording's window. With `ops`, net runs
+/// time each op; without, a net run is one span.
+pub fn start(ops: bool) -> u64 {
     let mut depth = DEPTH.lock();
-    if *depth == 0 {
+    if depth.0 == 0 {
         GENERATION.fetch_add(1, Ordering::AcqRel);
         prune();
         ON.store(true, Ordering::Release);
     }
-    *depth += 1;
+    depth.0 += 1;
+    if ops {
+        depth.1 += 1;
+        OPS.store(true, Ordering::Release);
+    }
     now()
 }
 
-/// Ends one recording; the last one stops recording and empties the
-/// buffers. Without a recording under way, does nothing.
-pub fn stop() {
+/// Ends one recording (`ops` as it was started); the last one stops
+/// recording and empties the buffers. Without a recording under way, does
+/// nothing.
+pub fn stop(ops: bool) {
     let mut depth = DEPTH.lock();
-    if *depth == 0 {
+    if depth.0 == 0 {
         return;
     }
-    *depth -= 1;
-    if *depth == 0 {
+    depth.0 -= 1;
+    if ops && depth.1 > 0 {
+        depth.1 -= 1;
+        if depth.1 == 0 {
+            OPS.store(false, Ordering::Release);
+        }
+    }
+    if depth.0 == 0 {
+        OPS.store(false, Ordering::Release);
+        depth.1 = 0;
         ON.store(false, Ordering::Release);
         for b in BUFFERS.lock().iter() {
             let mut b = b.lock();
@@ -187,7 +217,7 @@ pub fn thread_label() -> Option<String> {
 
 /// A span being timed; recorded when dropped.
 pub struct SpanGuard {
-    name: String,
+    name: Arc<str>,
     cat: &'static str,
     start: u64,
     detail: Detail,
@@ -204,7 +234,7 @@ impl Drop for SpanGuard {
     fn drop(&mut self) {
         let end = now();
         let span = Span {
-            name: std::mem::take(&mut self.name),
+            name: self.name.clone(),
             cat: self.cat,
             start: self.start,
             end,
@@ -222,7 +252,40 @@ pub fn span(cat: &'static str, name: impl FnOnce() -> String) -> Option<SpanGuar
         return None;
     }
     Some(SpanGuard {
-        name: name(),
+        name: name().into(),
+        cat,
+        start: now(),
+        detail: Detail::None,
+    })
+}
+
+thread_local! {
+    /// The last name [`span_str`] shared on this thread.
+    static LAST_NAME: std::cell::RefCell<Option<Arc<str>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// [`span`] named `name`, sharing the name with this thread's previous
+/// span of the same name (a loop's iterations allocate nothing for it).
+#[inline]
+pub fn span_str(cat: &'static str, name: &str) -> Option<SpanGuard> {
+    if !on() {
+        return None;
+    }
+    let name = LAST_NAME
+        .try_with(|last| {
+            let mut last = last.borrow_mut();
+            match &*last {
+                Some(n) if **n == *name => n.clone(),
+                _ => {
+                    let n: Arc<str> = name.into();
+                    *last = Some(n.clone());
+                    n
+                }
+            }
+        })
+        .unwrap_or_else(|_| name.into());
+    Some(SpanGuard {
+        name,
         cat,
         start: now(),
         detail: Detail::None,
@@ -238,7 +301,7 @@ pub fn record(cat: &'static str, name: String, start: u64, detail: Detail) {
     let end = now();
     with_buffer(|b| {
         b.spans.push(Span {
-            name,
+            name: name.into(),
             cat,
             start,
             end,
@@ -248,13 +311,21 @@ pub fn record(cat: &'static str, name: String, start: u64, detail: Detail) {
 }
 
 /// Records one run of a net: `stamps` holds the start of each op that ran
-/// and then the end of the last one.
-pub fn record_net_run(names: &Arc<NetNames>, stamps: Vec<u64>, ok: bool) {
+/// and then the end of the last one, or (ops not timed) the run's start
+/// and end only.
+pub fn record_net_run(names: &Arc<NetNames>, stamps: Stamps, ok: bool, timed_ops: bool) {
     if stamps.is_empty() {
         return;
     }
     let names = names.clone();
-    with_buffer(|b| b.runs.push(NetRun { names, stamps, ok }));
+    with_buffer(|b| {
+        b.runs.push(NetRun {
+            names,
+            stamps,
+            ok,
+            timed_ops,
+        })
+    });
 }
 
 fn escape(out: &mut String, s: &str) {
@@ -344,7 +415,8 @@ pub fn json_since(since: u64) -> String {
             let st = &r.stamps;
             arg.clear();
             arg.push_str("\"ops\":");
-            let _ = write!(arg, "{}", st.len() - 1);
+            let ran = if r.timed_ops { st.len() - 1 } else { r.names.ops.len() };
+            let _ = write!(arg, "{ran}");
             if !r.ok {
                 arg.push_str(",\"failed\":true");
             }
@@ -357,6 +429,9 @@ pub fn json_since(since: u64) -> String {
                 st[st.len() - 1],
                 &arg,
             );
+            if !r.timed_ops {
+                continue;
+            }
             for (k, w) in st.windows(2).enumerate() {
                 let ty = r.names.ops.get(k).map(|s| &**s).unwrap_or("?");
                 arg.clear();
@@ -400,17 +475,17 @@ mod tests {
     fn off_records_nothing_and_on_records_spans_and_net_runs() {
         let _g = TEST_LOCK.lock();
         assert!(span("x", || unreachable!("no name is made when off")).is_none());
-        let t0 = start();
+        let t0 = start(true);
         {
             let _s = span("step", || "outer".into());
             let names = Arc::new(NetNames {
                 net: "n\"et".into(),
                 ops: vec!["Add".into(), "Mul".into()],
             });
-            record_net_run(&names, vec![now(), now(), now()], true);
+            record_net_run(&names, smallvec::smallvec![now(), now(), now()], true, true);
         }
         let json = json_since(t0);
-        stop();
+        stop(true);
         assert!(
             json.contains("\"name\":\"outer\",\"cat\":\"step\""),
             "{json}"

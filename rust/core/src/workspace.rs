@@ -306,7 +306,7 @@ impl Workspace {
         let types: Vec<String> = net.op_types().map(str::to_string).collect();
         if individual {
             let mut sums = vec![0u64; types.len()];
-            let mut stamps = Vec::with_capacity(types.len() + 1);
+            let mut stamps = crate::trace::Stamps::with_capacity(types.len() + 1);
             for _ in 0..main {
                 cancel.poll_check()?;
                 stamps.clear();

@@ -4,16 +4,20 @@
 use pyo3::prelude::*;
 
 /// Starts recording a timeline (or joins the recording under way); returns
-/// the start of this recording's window (ns on the trace clock).
+/// the start of this recording's window (ns on the trace clock). `ops`:
+/// time each op of every net run.
 #[pyfunction]
-pub(crate) fn trace_start() -> u64 {
-    ferrocaffe::trace::start()
+#[pyo3(signature = (ops=true))]
+pub(crate) fn trace_start(ops: bool) -> u64 {
+    ferrocaffe::trace::start(ops)
 }
 
-/// Ends one recording; the last one stops recording and forgets the spans.
+/// Ends one recording (`ops` as started); the last one stops recording and
+/// forgets the spans.
 #[pyfunction]
-pub(crate) fn trace_stop() {
-    ferrocaffe::trace::stop()
+#[pyo3(signature = (ops=true))]
+pub(crate) fn trace_stop(ops: bool) {
+    ferrocaffe::trace::stop(ops)
 }
 
 /// Whether a timeline is being recorded.

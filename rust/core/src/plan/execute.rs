@@ -80,7 +80,7 @@ pub(super) fn exec_compiled<'p>(
     tok: &CancelToken,
 ) -> Result<bool> {
     let name = c.step.step_name();
-    let _span = trace::span("step", || name.to_string());
+    let _span = trace::span_str("step", name);
     if c.reports.is_empty() && c.report_net.is_none() {
         return run_main(ctx, c, tok).map_err(|e| e.with_step(name));
     }
@@ -273,7 +273,7 @@ fn lane_label(what: &str) -> String {
 
 /// A span for one iteration of a step's loop (when recording).
 fn iteration_span(c: &Compiled<'_>, i: i64) -> Option<trace::SpanGuard> {
-    let mut span = trace::span("iteration", || c.step.step_name().to_string())?;
+    let mut span = trace::span_str("iteration", c.step.step_name())?;
     span.set_detail(Detail::Iteration(i));
     Some(span)
 }
@@ -331,7 +331,7 @@ fn run_main<'p>(ctx: &PlanCtx<'p>, c: &Compiled<'p>, tok: &CancelToken) -> Resul
                         let _leaving = leaving;
                         let _span = lane.map(|lane| {
                             trace::label_thread(lane);
-                            trace::span("instance", || w.step.step_name().to_string()).map(
+                            trace::span_str("instance", w.step.step_name()).map(
                                 |mut span| {
                                     span.set_detail(Detail::Instance { k, of: workers });
                                     span
