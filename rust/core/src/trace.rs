@@ -415,7 +415,11 @@ pub fn json_since(since: u64) -> String {
             let st = &r.stamps;
             arg.clear();
             arg.push_str("\"ops\":");
-            let ran = if r.timed_ops { st.len() - 1 } else { r.names.ops.len() };
+            let ran = if r.timed_ops {
+                st.len() - 1
+            } else {
+                r.names.ops.len()
+            };
             let _ = write!(arg, "{ran}");
             if !r.ok {
                 arg.push_str(",\"failed\":true");

@@ -331,12 +331,10 @@ fn run_main<'p>(ctx: &PlanCtx<'p>, c: &Compiled<'p>, tok: &CancelToken) -> Resul
                         let _leaving = leaving;
                         let _span = lane.map(|lane| {
                             trace::label_thread(lane);
-                            trace::span_str("instance", w.step.step_name()).map(
-                                |mut span| {
-                                    span.set_detail(Detail::Instance { k, of: workers });
-                                    span
-                                },
-                            )
+                            trace::span_str("instance", w.step.step_name()).map(|mut span| {
+                                span.set_detail(Detail::Instance { k, of: workers });
+                                span
+                            })
                         });
                         if errors.failed.load(Ordering::SeqCst) {
                             return;
