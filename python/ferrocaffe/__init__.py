@@ -4,6 +4,8 @@ Modules mirror ``caffe2.python``: ``core``, ``workspace``, ``context``,
 ``net_builder``, ``task``, ``session``, ``checkpoint``, ``dataio``,
 ``pipeline``, ``schema``, ``dataset``, ``queue_util``, plus ``errors`` and
 ``file_reader`` (Parquet and ``.npy`` readers).
+``with ferrocaffe.profile(path):`` records a timeline of every run
+(``profiler``); ``net_drawer`` draws nets and plans.
 Call :func:`register_caffe2_alias` to let unmodified
 ``from caffe2.python import ...`` code run on ferrocaffe.
 """
@@ -17,8 +19,9 @@ import sys
 
 from . import errors
 from ._core import __version__
+from .profiler import profile
 
-__all__ = ["__version__", "errors", "register_caffe2_alias"]
+__all__ = ["__version__", "errors", "profile", "register_caffe2_alias"]
 
 # caffe2 module path -> ferrocaffe module path
 _ALIASES = {
@@ -31,6 +34,7 @@ _ALIASES = {
     "caffe2.python.control_ops_util": "ferrocaffe.control_ops_util",
     "caffe2.python.task": "ferrocaffe.task",
     "caffe2.python.net_printer": "ferrocaffe.net_printer",
+    "caffe2.python.net_drawer": "ferrocaffe.net_drawer",
     "caffe2.python.session": "ferrocaffe.session",
     "caffe2.python.checkpoint": "ferrocaffe.checkpoint",
     "caffe2.python.dataio": "ferrocaffe.dataio",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections.abc
 import difflib
 import importlib
+import inspect
 import os
 import pickle
 import re
@@ -913,11 +914,50 @@ def _autogen_index(name, prefix):
 _OP_METHODS = set()
 
 
+_P = inspect.Parameter
+_OP_SIGNATURE = inspect.Signature([
+    _P("self", _P.POSITIONAL_OR_KEYWORD), _P("inputs", _P.POSITIONAL_OR_KEYWORD),
+    _P("outputs", _P.POSITIONAL_OR_KEYWORD, default=None), _P("args", _P.VAR_KEYWORD)])
+
+
+def _op_doc(op_type):
+    """The doc of ``Net.<op_type>`` (what ``help(net.Add)`` shows): the
+    registry's schema of the op, its input and output counts and its
+    arguments."""
+    schema = _core.operator_schema(op_type)
+    head = (
+        "Adds %s '%s' operator to the net and returns its outputs "
+        "(BlobReferences): inputs and outputs are blob names or "
+        "BlobReferences (outputs may be omitted, or a count), ``args`` the "
+        "op's arguments.\n\n" % ("an" if op_type[:1] in "AEIOU" else "a", op_type))
+    if schema is None:
+        return head
+
+    def count(lo, hi):
+        if hi is None:
+            return "%d or more" % lo
+        return str(lo) if lo == hi else "%d to %d" % (lo, hi)
+
+    lines = [head + (schema["doc"] or "").strip(), "",
+             "Inputs: %s. Outputs: %s." % (
+                 count(schema["min_inputs"], schema["max_inputs"]),
+                 count(schema["min_outputs"], schema["max_outputs"]))]
+    if schema["args"]:
+        lines += ["", "Arguments:"]
+        for name, ty, default, doc in schema["args"]:
+            extra = ", required" if default == "required" else (
+                ", default %s" % default if default not in (None, "") else "")
+            lines.append("    %s (%s%s)%s" % (name, ty, extra, ": " + doc if doc else ""))
+    return "\n".join(lines)
+
+
 def _op_method(op_type):
     def op_method(self, *args, **kwargs):
         return self._CreateAndAddToSelf(op_type, *args, **kwargs)
 
     op_method.__name__ = op_method.__qualname__ = op_type
+    op_method.__doc__ = _op_doc(op_type)
+    op_method.__signature__ = _OP_SIGNATURE
     if op_type not in Net.__dict__:
         setattr(Net, op_type, op_method)
         _OP_METHODS.add(op_type)

@@ -385,6 +385,16 @@ class RaySession(Session):
         self._nodes = {}
         self._nodes_lock = threading.Lock()
         self._run_lock = threading.Lock()
+        self._address = address
+
+    def __repr__(self):
+        with self._nodes_lock:
+            nodes = sorted(self._nodes)
+        return '<RaySession %s, cluster %s, %d node%s%s>' % (
+            'open' if self.is_open() else 'closed',
+            self._address or 'local/joined', len(nodes),
+            '' if len(nodes) == 1 else 's',
+            (': ' + ', '.join(nodes)) if nodes else '')
 
     # -- compile ----------------------------------------------------------
 

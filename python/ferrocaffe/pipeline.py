@@ -32,6 +32,10 @@ the loops start (setup state, queues, counters from ``task_init`` or an
 earlier net) are shared.
 """
 
+import sys
+
+import numpy as np
+
 from ferrocaffe import core, queue_util, schema
 from ferrocaffe.dataio import Reader, Writer
 from ferrocaffe.net_builder import NetBuilder, ops
@@ -120,7 +124,7 @@ def normalize_processor_output(output):
 
 
 def pipe(input, output=None, num_threads=1, processor=None, name=None,
-         capacity=None, group=None, num_runtime_threads=1):
+         capacity=None, group=None, num_runtime_threads=1, progress=False):
     """
     Adds a Task that reads ``input`` until it ends, passes each record
     through ``processor`` and writes the result to ``output``.
@@ -139,12 +143,18 @@ def pipe(input, output=None, num_threads=1, processor=None, name=None,
         capacity: capacity of the queue created when ``output`` is None.
         group: the TaskGroup to add the Task to (default: the active one).
         num_runtime_threads: concurrent instances of the Task at run time.
+        progress: True draws a tqdm bar of the records piped (and their
+            rate) on stderr while the Task runs, when stderr is a terminal;
+            a text stream draws it there. The bar is updated by a report
+            net of the Task (every 0.2 s) whose Python op lives in this
+            process: not for Tasks run on other processes (RaySession).
 
     Returns:
         The output queue, a Reader (``num_threads=0``) or None.
     """
     result, _ = _pipe_step(input, output, num_threads, processor, name,
-                           capacity, group, num_runtime_threads)
+                           capacity, group, num_runtime_threads,
+                           progress=progress)
     return result
 
 
@@ -202,8 +212,54 @@ def _timer_nets(profiler_name):
     return timer_start_net, timer_end_net
 
 
+class _PipeBar(object):
+    """The tqdm bar of a pipe's records, drawn by the Task's reporter."""
+
+    def __init__(self, name, progress):
+        self.name = name
+        self.progress = progress
+        self.bar = None
+        self.closed = False
+
+    def update(self, inputs, outputs):
+        count = int(np.asarray(inputs[0].data).reshape(-1)[0])
+        if self.closed:
+            return
+        if self.bar is None:
+            import tqdm
+            forced = self.progress is not True
+            self.bar = tqdm.tqdm(
+                desc=self.name, unit='rec', file=self.progress if forced else sys.stderr,
+                disable=False if forced else None, leave=True)
+        self.bar.n = count
+        self.bar.refresh()
+
+    def close(self, inputs, outputs):
+        if self.bar is not None and not self.closed:
+            self.bar.close()
+        self.closed = True
+
+
+def _add_progress(name, progress, end_net):
+    """Counts the pipe's records (a counter bumped by ``end_net``, the
+    loop body's last net, which the iteration that finds no more data does
+    not reach) and reports them to a bar."""
+    init_net = core.Net('progress_init')
+    counter = init_net.CreateCounter([], [core.ScopedBlobReference('pipe_progress')],
+                                     init_count=0)
+    with ops.task_init():  # before the reporter starts
+        ops.net(init_net)
+    end_net.CountUp([counter], 1)
+    bar = _PipeBar(name, progress)
+    with ops.task_reporter(interval_ms=200, name='pipe_progress'):
+        ops.Python(bar.update)([ops.RetrieveCount([counter])], [])
+    with ops.task_exit():
+        ops.Python(bar.close)([], [])
+    return counter
+
+
 def _runtime_threads_task(name, group, final_outputs, reader, num_threads,
-                          output, capacity, input=None):
+                          output, capacity, input=None, progress=False):
     """One Task whose loop runs as ``num_threads`` concurrent instances."""
     profiler_name = _profiler_name(name, input, output)
 
@@ -234,10 +290,14 @@ def _runtime_threads_task(name, group, final_outputs, reader, num_threads,
             ops.net(init_net)
 
         timer_start_net, timer_end_net = _timer_nets(profiler_name)
+        progress_end = []
+        if progress:
+            progress_end = [core.Net('progress_end')]
+            _add_progress(name, progress, progress_end[0])
         ops.net(core.execution_step(
             'body',
             [timer_start_net] + list(read_nets) + list(write_nets)
-            + [timer_end_net],
+            + [timer_end_net] + progress_end,
             should_stop_blob=status))
         ops.net(timer_end_net)
 
@@ -250,7 +310,7 @@ def _runtime_threads_task(name, group, final_outputs, reader, num_threads,
 
 
 def _static_threads_task(name, group, final_outputs, reader, num_threads,
-                         output, capacity, input=None):
+                         output, capacity, input=None, progress=False):
     """One Task running ``num_threads`` loops, each built separately (the
     processor is called once per loop), as concurrent substeps."""
     profiler_name = _profiler_name(name, input, output)
@@ -264,6 +324,7 @@ def _static_threads_task(name, group, final_outputs, reader, num_threads,
         writer = None
 
         steps = []
+        progress_end = core.Net('progress_end') if progress else None
         for thread_id in range(num_threads):
             with NetBuilder(name='t:%d' % thread_id) as nb:
                 init_net = core.Net('init')
@@ -292,7 +353,7 @@ def _static_threads_task(name, group, final_outputs, reader, num_threads,
                 ops.net(core.execution_step(
                     'body',
                     [timer_start_net] + list(read_nets) + list(write_nets)
-                    + [timer_end_net],
+                    + [timer_end_net] + ([progress_end] if progress else []),
                     should_stop_blob=status))
                 ops.net(timer_end_net)
                 ops.net(exit_net)
@@ -308,6 +369,8 @@ def _static_threads_task(name, group, final_outputs, reader, num_threads,
             thread_step.SetCreateWorkspace(True)
             steps.append(thread_step)
         ops.net(global_init_net)
+        if progress:
+            _add_progress(name, progress, progress_end)
         ops.net(core.execution_step('body', steps, concurrent_substeps=True))
         ops.net(global_exit_net)
     return out_queue, task
@@ -315,7 +378,7 @@ def _static_threads_task(name, group, final_outputs, reader, num_threads,
 
 def _pipe_step(input, output=None, num_threads=1, processor=None, name=None,
                capacity=None, group=None, num_runtime_threads=None,
-               final_outputs=None):
+               final_outputs=None, progress=False):
     assert num_threads <= 1 or num_runtime_threads <= 1, (
         'Only one of num_threads or num_runtime_threads must be set.')
 
@@ -342,9 +405,11 @@ def _pipe_step(input, output=None, num_threads=1, processor=None, name=None,
 
     if num_threads > 1:
         return _static_threads_task(name, group, final_outputs, reader,
-                                    num_threads, output, capacity, input)
+                                    num_threads, output, capacity, input,
+                                    progress)
     return _runtime_threads_task(name, group, final_outputs, reader,
-                                 num_runtime_threads, output, capacity, input)
+                                 num_runtime_threads, output, capacity, input,
+                                 progress)
 
 
 class ProcessingReader(Reader):

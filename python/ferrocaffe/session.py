@@ -312,6 +312,16 @@ class LocalSession(Session):
 
     compile = _SessionCompile(vars(Session)['compile'].__func__)
 
+    def __repr__(self) -> str:
+        ws = self._ws._core
+        parts = ['open' if self.is_open() else 'closed',
+                 'workspace with %d blobs, %d nets' % (len(ws.local_blobs()), len(ws.nets()))]
+        if self._isolate_nodes:
+            with self._node_ws_lock:
+                nodes = sorted(self._node_workspaces)
+            parts.append('isolated nodes: %s' % (', '.join(nodes) or 'none yet'))
+        return '<%s %s>' % (type(self).__name__, ', '.join(parts))
+
     def node_workspace(self, node: Node | str) -> workspace.Workspace:
         """The workspace of `node` (the session workspace unless the session
         isolates nodes)."""

@@ -14,12 +14,13 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 import types
 from typing import Any, Iterable
 
 import numpy as np
 
-from . import _core, db, errors, proto, scope
+from . import _core, db, errors, profiler, proto, scope
 
 __all__ = [
     "Workspace",
@@ -48,6 +49,7 @@ __all__ = [
     "RunOperatorsOnce",
     "RunPlan",
     "RunPlanInBackground",
+    "BenchmarkNet",
     "StringifyProto",
     "StringifyBlobName",
     "StringifyNetName",
@@ -209,12 +211,16 @@ class Blob:
         return self._ws.fetch_blob(self._name, copy=copy)
 
     def feed(self, arr, device_option=None) -> bool:
+        """Feeds ``arr`` into the blob (see ``Workspace.feed_blob``)."""
         return self._ws.feed_blob(self._name, arr, device_option)
 
     def is_tensor(self) -> bool:
+        """Whether the blob holds a tensor."""
         return self._ws._core.blob_kind(self._name).startswith("Tensor")
 
     def kind(self) -> str:
+        """What the blob holds: ``"Tensor<float32>"``, ``"Counter"``,
+        ``"bytes"``, ..."""
         return self._ws._core.blob_kind(self._name)
 
     def serialize(self, name=None) -> bytes:
@@ -272,6 +278,7 @@ class TensorHandle:
         self._blob = blob
 
     def fetch(self):
+        """A copy of the tensor (see ``Workspace.fetch_blob``)."""
         return self._blob.fetch()
 
     @property
@@ -280,7 +287,7 @@ class TensorHandle:
         if not isinstance(value, np.ndarray):
             raise errors.DataTypeError(
                 f"blob '{self._blob._name}' holds no tensor", blob=self._blob._name)
-        array = np.array(value).view(_WriteThrough)
+        array = value.view(_WriteThrough)
         array._root = array
         array._handle = self
         return array
@@ -295,9 +302,11 @@ class TensorHandle:
 
     @property
     def shape(self) -> tuple:
+        """The tensor's dims."""
         return tuple(np.shape(self._blob.fetch(copy=False)))
 
     def feed(self, arr) -> bool:
+        """Replaces the tensor's content with ``arr``."""
         return self._blob.feed(arr)
 
     def init(self, dims, caffe_type) -> None:
@@ -373,9 +382,11 @@ class NetHandle:
 
     @property
     def name(self) -> str:
+        """The net's name."""
         return self._name
 
     def Name(self) -> str:
+        """The net's name (Caffe2's spelling)."""
         return self._name
 
     def run(self) -> bool:
@@ -427,14 +438,17 @@ class Workspace:
 
     @property
     def root_folder(self) -> str:
+        """The folder relative db paths of Save and Load resolve against."""
         return self._core.root_folder
 
     @property
     def parent(self) -> "Workspace | None":
+        """The parent workspace (None for a root workspace)."""
         return self._parent
 
     @property
     def blobs(self) -> _BlobMap:
+        """``{name: Blob}`` of every visible blob (a read-only mapping)."""
         return _BlobMap(self)
 
     @property
@@ -443,11 +457,14 @@ class Workspace:
         return {name: NetHandle(self, name) for name in self._core.nets()}
 
     def create_blob(self, name) -> Blob:
+        """Creates an empty blob (nothing if one of that name is visible)
+        and returns its handle."""
         name = StringifyBlobName(name)
         self._core.create_blob(name)
         return Blob(self, name)
 
     def has_blob(self, name) -> bool:
+        """Whether a blob of that name is visible here (own or a parent's)."""
         return self._core.has_blob(StringifyBlobName(name))
 
     def fetch_blob(self, name, copy: bool = True):
@@ -467,6 +484,9 @@ class Workspace:
         return self._core.fetch_blob(StringifyBlobName(name), copy)
 
     def feed_blob(self, name, arr, device_option=None) -> bool:
+        """Feeds a numpy array, Python scalar, str, bytes or ``TensorProto``
+        into blob ``name`` (created if needed); True. Wrong types raise
+        ``FeedError``."""
         name = StringifyBlobName(name)
         if _is_tensor_proto(arr):
             # Decoded by the runtime with Caffe2's rules (dims, data_type,
@@ -482,15 +502,20 @@ class Workspace:
         return True
 
     def serialize_blob(self, name) -> bytes:
+        """The blob as one serialised ``BlobProto``."""
         return self._core.serialize_blob(StringifyBlobName(name))
 
     def deserialize_blob(self, name, serialized_blob: bytes) -> None:
+        """Stores the value of a serialised ``BlobProto`` in blob ``name``;
+        malformed bytes raise a typed error and leave the blob as it was."""
         self._core.deserialize_blob(StringifyBlobName(name), bytes(serialized_blob))
 
     def reset_blob(self, name) -> None:
+        """Empties the blob (it keeps existing)."""
         self._core.reset_blob(StringifyBlobName(name))
 
     def remove_blob(self, name) -> bool:
+        """Removes the blob from this workspace; whether it existed."""
         return self._core.remove_blob(StringifyBlobName(name))
 
     def create_net(self, net, overwrite: bool = False, input_blobs: Iterable | None = None) -> "NetHandle":
@@ -502,19 +527,32 @@ class Workspace:
         self._core.create_net(data, overwrite)
         return NetHandle(self, GetNetName(net if not isinstance(net, (str, os.PathLike)) else data))
 
-    def run_net(self, name, num_iter: int = 1, allow_fail: bool = False) -> bool:
+    def run_net(self, name, num_iter: int = 1, allow_fail: bool = False, trace=None) -> bool:
+        """Runs the net created here as ``name`` ``num_iter`` times. False
+        if an op failed softly and ``allow_fail``; otherwise that raises
+        ``PlanFailedError``. ``trace``: a path to write a timeline of this
+        call to (``ferrocaffe.profile``)."""
         name = StringifyNetName(name)
         num_iter = _int64(num_iter, "num_iter", net=name)
-        ok = self._core.run_net(name, num_iter)
+        with _traced(trace):
+            ok = self._core.run_net(name, num_iter)
         return _check(ok, allow_fail, f"net '{name}'")
+
+    def benchmark_net(self, name, warmup_runs: int, main_runs: int, run_individual: bool) -> list[float]:
+        """See :func:`BenchmarkNet`; times the net created here."""
+        return _benchmark(self, name, warmup_runs, main_runs, run_individual)
 
     def _run_plan_bytes(self, data: bytes) -> bool:
         """Runs a serialised PlanDef (what ``run`` does with a Plan, minus
         the serialising)."""
         return _check(self._core.run_plan(data), False, "plan")
 
-    def run(self, obj) -> bool:
-        """Runs a Plan, ExecutionStep, Net or one of their protos once."""
+    def run(self, obj, trace=None) -> bool:
+        """Runs a Plan, ExecutionStep, Net or one of their protos once.
+        ``trace``: a path to write a timeline of this call to."""
+        if trace is not None:
+            with _traced(trace):
+                return self.run(obj)
         kind = _kind_of(obj)
         if kind == "plan":
             return _check(self._core.run_plan(StringifyProto(obj)), False, "plan")
@@ -663,14 +701,18 @@ def current_workspace() -> Workspace:
 
 
 def CurrentWorkspace() -> str:
+    """The name of the current workspace."""
     return _current_name
 
 
 def Workspaces() -> list[str]:
+    """The names of every workspace of the process-wide registry."""
     return list(_workspaces)
 
 
 def SwitchWorkspace(name: str, create_if_missing: bool = False) -> None:
+    """Makes the named workspace current; ``create_if_missing`` creates an
+    empty one, otherwise an unknown name raises ``WorkspaceNotFoundError``."""
     global _current_name
     name = StringifyBlobName(name)
     with _lock:
@@ -684,6 +726,8 @@ def SwitchWorkspace(name: str, create_if_missing: bool = False) -> None:
 
 
 def RootFolder() -> str:
+    """The root folder of the current workspace (where relative db paths
+    of Save and Load resolve)."""
     return current_workspace().root_folder
 
 
@@ -702,6 +746,9 @@ def ResetWorkspace(root_folder: str | None = None) -> bool:
 
 
 def FeedBlob(name, arr, device_option=None) -> bool:
+    """Feeds ``arr`` (a numpy array, a Python scalar, str, bytes or a
+    ``TensorProto``) into blob ``name`` of the current workspace, creating
+    it if needed; True. Wrong types raise ``FeedError``."""
     return current_workspace().feed_blob(name, arr, device_option)
 
 
@@ -749,23 +796,30 @@ def FetchBlobs(names, copy: bool = True):
 
 
 def HasBlob(name) -> bool:
+    """Whether blob ``name`` is visible in the current workspace (its own
+    or a parent's)."""
     return current_workspace().has_blob(name)
 
 
 def Blobs() -> list[str]:
+    """The names of every blob visible in the current workspace, sorted."""
     return current_workspace()._core.blobs()
 
 
 def CreateBlob(name) -> bool:
+    """Creates an empty blob ``name`` in the current workspace (nothing if
+    one is visible already); True."""
     current_workspace().create_blob(name)
     return True
 
 
 def ResetBlob(name) -> None:
+    """Empties blob ``name`` of the current workspace (it keeps existing)."""
     current_workspace().reset_blob(name)
 
 
 def RemoveBlob(name) -> bool:
+    """Removes blob ``name`` from the current workspace; whether it existed."""
     return current_workspace().remove_blob(name)
 
 
@@ -777,14 +831,22 @@ def CreateNet(net, overwrite: bool = False, input_blobs=None) -> bool:
 
 
 def Nets() -> list[str]:
+    """The names of the nets created in the current workspace."""
     return current_workspace()._core.nets()
 
 
-def RunNet(name, num_iter: int = 1, allow_fail: bool = False) -> bool:
-    return current_workspace().run_net(name, num_iter, allow_fail)
+def RunNet(name, num_iter: int = 1, allow_fail: bool = False, trace=None) -> bool:
+    """Runs the net ``name`` (a name, Net or NetDef of a net created with
+    CreateNet) of the current workspace ``num_iter`` times. A soft failure
+    returns False with ``allow_fail``, else raises ``PlanFailedError``.
+    ``trace``: a path to write a timeline of this call to."""
+    return current_workspace().run_net(name, num_iter, allow_fail, trace=trace)
 
 
 def RunNetOnce(net) -> bool:
+    """Creates ``net`` (a Net or NetDef) in the current workspace, runs it
+    once and drops it; True, or the failed op's error (``PlanFailedError``
+    for a soft failure)."""
     data = StringifyProto(net, proto.NetDef)
     ok = current_workspace()._core.run_net_once(data)
     # The net's name is worked out only for the message of a failure.
@@ -792,21 +854,167 @@ def RunNetOnce(net) -> bool:
 
 
 def RunOperatorOnce(operator) -> bool:
+    """Runs one operator (an OperatorDef) once in the current workspace;
+    True, or its error."""
     return _check(
         current_workspace()._core.run_operator_once(StringifyProto(operator, proto.OperatorDef)),
         False, "operator")
 
 
 def RunOperatorsOnce(operators) -> bool:
+    """Runs each OperatorDef of ``operators`` once, in order; True, or the
+    first error."""
     for op in operators:
         RunOperatorOnce(op)
     return True
 
 
-def RunPlan(plan_or_step) -> bool:
+def RunPlan(plan_or_step, trace=None, progress=None) -> bool:
+    """Runs a Plan or ExecutionStep (or a PlanDef, serialised or not) in
+    the current workspace until it ends; True, or an exception (a failed
+    op's error, ``PlanFailedError`` for a soft failure, KeyboardInterrupt
+    on Ctrl-C).
+
+    ``trace``: a path to write a timeline of this call to (see
+    ``ferrocaffe.profile``). ``progress``: a tqdm bar over the iterations
+    of the plan's looping top-level steps (``num_iter``), shown after a
+    second; None (the default) shows it only on a terminal (stderr, not
+    in CI) and only when those steps have a known length; False never."""
     if _kind_of(plan_or_step) == "step":
         plan_or_step = _plan_from_step(plan_or_step)
-    return _check(current_workspace()._core.run_plan(StringifyProto(plan_or_step, proto.PlanDef)), False, "plan")
+    data = StringifyProto(plan_or_step, proto.PlanDef)
+    ws = current_workspace()
+    with _traced(trace):
+        counted = _progress_plan(data, progress)
+        if counted is None:
+            ok = ws._core.run_plan(data)
+        else:
+            ok = _run_with_progress(ws, *counted)
+    return _check(ok, False, "plan")
+
+
+_progress_ids = iter(range(1, 1 << 62))
+
+
+def _progress_wanted() -> bool:
+    import sys
+    if os.environ.get("CI") or os.environ.get("TERM") == "dumb":
+        return False
+    try:
+        return bool(sys.stderr.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def _progress_plan(data: bytes, progress):
+    """``(plan bytes with a counter, total, counter, net)`` when a bar is to
+    be shown, else None. The plan gets a first step creating a counter and
+    a net counting it up at the end of each iteration of its top-level
+    steps with a ``num_iter`` (steps with concurrent substeps or instances
+    are not counted: their units run at once)."""
+    if progress is False or (progress is None and not _progress_wanted()):
+        return None
+    try:
+        import tqdm  # noqa: F401
+    except ImportError:
+        return None
+    plan = proto.PlanDef.FromString(data)
+    counted = [s for s in plan.execution_step
+               if s.HasField("num_iter") and s.num_iter > 1 and not s.concurrent_substeps
+               and s.num_concurrent_instances <= 1]
+    total = sum(s.num_iter for s in counted)
+    if total <= 1:
+        return None
+    n = next(_progress_ids)
+    counter = "__ferrocaffe_progress_%d" % n
+    net_name = "__ferrocaffe_progress_net_%d" % n
+    init_name = "__ferrocaffe_progress_init_%d" % n
+    init = plan.network.add(name=init_name)
+    init.op.add(type="CreateCounter", output=[counter])
+    tick = plan.network.add(name=net_name)
+    tick.op.add(type="CountUp", input=[counter], output=[counter + "_prev"])
+    for step in counted:
+        if step.substep:
+            step.substep.add(name="progress", network=[net_name])
+        else:
+            step.network.append(net_name)
+    first = proto.ExecutionStep(name="progress_init", network=[init_name])
+    steps = [first] + list(plan.execution_step)
+    del plan.execution_step[:]
+    plan.execution_step.extend(steps)
+    return plan.SerializeToString(), total, counter, (init_name, net_name, counter + "_prev")
+
+
+def _run_with_progress(ws, data, total, counter, made):
+    import sys
+    import tqdm
+    handle = _core.run_plan_in_background(ws._core, data)
+    bar = tqdm.tqdm(total=total, unit="it", file=sys.stderr, delay=1.0, leave=False)
+    try:
+        while not handle.is_done():
+            time.sleep(0.1)
+            if ws._core.has_blob(counter):
+                try:
+                    bar.n = ws._core.fetch_counter(counter)
+                    bar.refresh()
+                except errors.FerrocaffeError:
+                    pass
+        return handle.wait()
+    except KeyboardInterrupt:
+        handle.cancel()
+        with contextlib.suppress(BaseException):
+            handle.wait()
+        raise
+    finally:
+        bar.close()
+        for name in made[:2]:
+            ws._core.delete_net(name)
+        for name in (counter, made[2]):
+            ws._core.remove_blob(name)
+
+
+def _traced(path):
+    """A profile written to ``path``, or nothing when ``path`` is None."""
+    return contextlib.nullcontext() if path is None else profiler.profile(path)
+
+
+def BenchmarkNet(name, warmup_runs: int, main_runs: int, run_individual: bool) -> list[float]:
+    """Times the net ``name`` of the current workspace, as Caffe2 did:
+    ``warmup_runs`` untimed runs, ``main_runs`` timed runs and, with
+    ``run_individual``, ``main_runs`` more runs timing every op. Prints a
+    table (the run time, then the ops slowest first and the time per op
+    type) and returns the milliseconds per run, followed by each op's mean
+    milliseconds per run (in net order) when ``run_individual``."""
+    return _benchmark(current_workspace(), name, warmup_runs, main_runs, run_individual)
+
+
+def _benchmark(ws, name, warmup_runs, main_runs, run_individual):
+    name = StringifyNetName(name)
+    warmup_runs = _int64(warmup_runs, "warmup_runs", net=name)
+    main_runs = _int64(main_runs, "main_runs", net=name)
+    if warmup_runs < 0 or main_runs < 0:
+        raise errors.InvalidArgumentError(
+            f"BenchmarkNet of net '{name}': warmup_runs and main_runs must be >= 0, "
+            f"got {warmup_runs} and {main_runs}")
+    times, types_ = ws._core.benchmark_net(name, warmup_runs, main_runs, bool(run_individual))
+    per_run = times[0]
+    print(f"net '{name}': {per_run:.6f} ms per run over {main_runs} runs "
+          f"({(1000.0 / per_run) if per_run else float('inf'):.1f} runs/s; {warmup_runs} warmup)")
+    if run_individual:
+        total = sum(times[1:])
+        rows = [{"type": t, "net": name, "index": k, "calls": main_runs,
+                 "total_ms": ms * main_runs, "mean_ms": ms,
+                 "percent": 100.0 * ms / total if total else 0.0}
+                for k, (t, ms) in enumerate(zip(types_, times[1:]))]
+        rows.sort(key=lambda r: -r["mean_ms"])
+        print(profiler.format_op_table(rows))
+        by_type: dict[str, float] = {}
+        for r in rows:
+            by_type[r["type"]] = by_type.get(r["type"], 0.0) + r["mean_ms"]
+        print("time per op type (ms per run):")
+        for t, ms in sorted(by_type.items(), key=lambda kv: -kv[1]):
+            print(f"  {t:<24} {ms:12.6f} {100.0 * ms / total if total else 0.0:6.1f}%")
+    return list(times)
 
 
 def RunPlanInBackground(plan_or_step):
@@ -887,21 +1095,25 @@ def StopImmediate() -> None:
 
 
 def ImmediateBlobs() -> list[str]:
+    """The blobs of the immediate-mode workspace."""
     with WorkspaceGuard(_IMMEDIATE_WORKSPACE):
         return Blobs()
 
 
 def RunOperatorImmediate(op) -> None:
+    """Runs ``op`` once in the immediate-mode workspace."""
     with WorkspaceGuard(_IMMEDIATE_WORKSPACE):
         RunOperatorOnce(op)
 
 
 def FetchImmediate(*args, **kwargs):
+    """``FetchBlob`` in the immediate-mode workspace."""
     with WorkspaceGuard(_IMMEDIATE_WORKSPACE):
         return FetchBlob(*args, **kwargs)
 
 
 def FeedImmediate(*args, **kwargs):
+    """``FeedBlob`` in the immediate-mode workspace."""
     with WorkspaceGuard(_IMMEDIATE_WORKSPACE):
         return FeedBlob(*args, **kwargs)
 
@@ -945,30 +1157,37 @@ GpuDeviceType = 1  # caffe2_pb2.CUDA
 
 
 def NumCudaDevices() -> int:
+    """Always 0: ferrocaffe runs on CPUs only."""
     return 0
 
 
 def NumGpuDevices() -> int:
+    """Always 0: ferrocaffe runs on CPUs only."""
     return 0
 
 
 def GetCUDAVersion() -> int:
+    """Always 0: there is no CUDA build."""
     return 0
 
 
 def GetCuDNNVersion() -> int:
+    """Always 0: there is no cuDNN build."""
     return 0
 
 
 def GetDeviceProperties(device_id):
+    """None: there are no GPU devices."""
     return None
 
 
 def GetGpuPeerAccessPattern():
+    """An empty pattern: there are no GPU devices."""
     return np.array([])
 
 
 def GetGPUMemoryInfo():
+    """None: there are no GPU devices."""
     return None
 
 
@@ -1037,16 +1256,20 @@ class OpSchema:
 
     @staticmethod
     def get(op_type: str) -> "OpSchema | None":
+        """The schema of ``op_type``, or None when no such op is registered."""
         raw = _core.operator_schema(op_type)
         return None if raw is None else OpSchema(raw)
 
     def num_inputs_allowed(self, n: int) -> bool:
+        """Whether the op accepts ``n`` inputs."""
         return self.min_input <= n <= self.max_input
 
     def num_outputs_allowed(self, n: int) -> bool:
+        """Whether the op accepts ``n`` outputs."""
         return self.min_output <= n <= self.max_output
 
     def num_inputs_outputs_allowed(self, n_in: int, n_out: int) -> bool:
+        """Whether the op accepts ``n_in`` inputs with ``n_out`` outputs."""
         return self.num_inputs_allowed(n_in) and self.num_outputs_allowed(n_out)
 
     def __repr__(self) -> str:

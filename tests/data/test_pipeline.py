@@ -1035,3 +1035,25 @@ def test_blobs_a_thread_creates_do_not_outlive_the_run():
     assert 'twice/v' not in ws.blobs
     (got,) = fetch_dataset(ws, dst)
     assert sorted(got.tolist()) == [2 * v for v in range(10)]
+
+
+@pytest.mark.parametrize('num_threads,num_runtime_threads', [(1, 1), (1, 3), (2, 1)])
+def test_pipe_progress_counts_the_records_piped(num_threads, num_runtime_threads):
+    import io
+    ws = workspace.Workspace()
+    session = LocalSession(ws)
+    n = 23
+    uids = np.arange(n, dtype=np.int64)
+    src = make_source(ws, session, uid=uids)
+    dst = make_destination(session, src.content(), scope='dst_progress')
+    stream = io.StringIO()
+    with TaskGroup() as tg:
+        pipe(src.reader(batch_size=1), dst.writer(), num_threads=num_threads,
+             num_runtime_threads=num_runtime_threads, progress=stream,
+             name='progress_pipe')
+    session.run(tg)
+    # Every record reached the destination, once.
+    assert sorted(fetch_dataset(ws, dst)[0].tolist()) == uids.tolist()
+    # The bar's last line counts them all (the reporter's final run).
+    last = stream.getvalue().replace('\r', '\n').strip().splitlines()[-1]
+    assert last.startswith('progress_pipe: %drec' % n), stream.getvalue()

@@ -146,6 +146,20 @@ def test_num_cpus_sizes_the_nodes_kernel_pool(session):
     assert session.node_info('big')['num_threads'] == 2
 
 
+def test_repr_names_the_state_and_the_nodes(session):
+    assert repr(session) == '<RaySession open, cluster local/joined, 0 nodes>'
+    with TaskGroup() as tg:
+        with Node('rep_b'), Task():
+            ops.Const(1)
+        with Node('rep_a'), Task():
+            ops.Const(1)
+    session.run(tg)
+    assert repr(session) == ('<RaySession open, cluster local/joined, 2 nodes: '
+                             'rep_a, rep_b>')
+    session.close()
+    assert repr(session).startswith('<RaySession closed')
+
+
 # ==================================================== Caffe2's contract ==
 
 def test_nodes_are_processes_that_do_not_share_blobs(session):

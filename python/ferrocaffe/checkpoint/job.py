@@ -10,7 +10,9 @@ import operator
 import time
 from typing import Any, Sequence
 
-from ferrocaffe import context, core
+import numpy as np
+
+from ferrocaffe import context, core, profiler
 from ferrocaffe.checkpoint.manager import (
     CheckpointManager, MultiNodeCheckpointManager, UploadTaskGroupBuilder,
     _check_loaded_states)
@@ -78,6 +80,9 @@ class Job(context.Managed):
         self.num_epochs: int | None = None
         self.progress_outputs: collections.OrderedDict[str, TaskOutput] = (
             collections.OrderedDict())
+        # Logged by JobRunner(summary=...) after every epoch (track_scalars).
+        self.scalar_outputs: collections.OrderedDict[str, TaskOutput] = (
+            collections.OrderedDict())
 
     def nodes_to_checkpoint(self) -> list[str]:
         """The nodes whose global workspaces are checkpointed."""
@@ -136,6 +141,15 @@ class Job(context.Managed):
             if value is not None:
                 self.progress_outputs[key] = self._epoch_output(value)
 
+    def track_scalars(self, **outputs: TaskOutput | str | core.BlobReference) -> None:
+        """Names blobs (or TaskOutputs) holding one number each, fetched at
+        the end of every epoch and logged under their keyword (``loss=``,
+        ``accuracy=``, ``lr=``, ...) by a JobRunner given a ``summary``
+        logger (``ferrocaffe.tensorboard.ScalarLogger``). Must be called
+        before the job is compiled."""
+        for key, value in outputs.items():
+            self.scalar_outputs[key] = self._epoch_output(value)
+
 
 # ============================================================ JobRunner ==
 
@@ -183,6 +197,16 @@ class JobRunner(object):
             the bar on.
         raise_on_save_failure: raise the first failed save's exception
             instead of going on without that checkpoint.
+        summary: a scalar logger (``ferrocaffe.tensorboard.ScalarLogger``,
+            or anything with ``add_scalar(tag, value, step)``): after each
+            epoch it gets ``job/epoch_seconds``, ``job/rows_per_second``
+            (with ``track_progress(rows=...)``), the ``track_progress``
+            counts and every ``track_scalars`` value (under its name); after
+            each save ``job/checkpoint_save_seconds``. The step is the
+            epoch.
+
+    While a timeline is recorded (``ferrocaffe.profile``), each epoch and
+    each checkpoint save is a span of it.
     """
 
     # How many epochs' timings and failed saves are kept.
@@ -196,6 +220,7 @@ class JobRunner(object):
         upload_task_group_builder: UploadTaskGroupBuilder | None = None,
         progress: bool | None = None,
         raise_on_save_failure: bool = False,
+        summary: Any = None,
     ) -> None:
         self.resume_from_epoch = resume_from_epoch
         self.checkpoint_manager = checkpoint_manager
@@ -203,6 +228,7 @@ class JobRunner(object):
         self.upload_task_group_builder = upload_task_group_builder
         self.progress = progress
         self.raise_on_save_failure = bool(raise_on_save_failure)
+        self.summary = summary
         self._reset()
         self._progress = _NoProgress()
 
@@ -215,6 +241,7 @@ class JobRunner(object):
         self.failed_saves = []
         self.failed_save_count = 0
         self._generation = 0
+        self._rows_seen = 0
 
     def train(self, session: Session) -> int:
         """Runs the job in ``session``; returns the last epoch run."""
@@ -264,6 +291,8 @@ class JobRunner(object):
         self.resumed_from_epoch = resume
 
         from_scratch = resume is None
+        # Rows counted before this run's first epoch (unknown on a resume).
+        self._rows_seen = 0 if from_scratch else None
         if from_scratch:
             session.run(job.init_group)
 
@@ -348,8 +377,11 @@ class JobRunner(object):
             logger.info('Starting epoch %d', epoch)
             self._progress.epoch_started(epoch)
             start = time.perf_counter()
-            session.run(job.epoch_group)
+            with profiler.span('epoch %d' % epoch, 'epoch'):
+                session.run(job.epoch_group)
             self._note(self.epoch_seconds, epoch, time.perf_counter() - start)
+            if self.summary is not None:
+                self._log_epoch(job, epoch)
             logger.info('Finished epoch %d', epoch)
             met = any(o.fetch() for o in job.stop_conditions)
             stop = bool(met) or (limit is not None and epoch >= limit)
@@ -361,6 +393,26 @@ class JobRunner(object):
                 logger.info('Stopping')
                 return epoch
             epoch += 1
+
+    def _log_epoch(self, job, epoch):
+        """Logs the epoch's scalars to ``self.summary``."""
+        seconds = self.epoch_seconds[epoch]
+        log = self.summary.add_scalar
+        log('job/epoch_seconds', seconds, epoch)
+        for key, output in list(job.progress_outputs.items()):
+            value = _scalar(output)
+            if value is None:
+                continue
+            log('job/%s' % key, value, epoch)
+            if key == 'rows':
+                before = self._rows_seen
+                self._rows_seen = value
+                if before is not None and seconds > 0:
+                    log('job/rows_per_second', (value - before) / seconds, epoch)
+        for key, output in list(job.scalar_outputs.items()):
+            value = _scalar(output)
+            if value is not None:
+                log(key, value, epoch)
 
     def _note(self, record, epoch, value):
         """Records ``value`` for ``epoch``, keeping the last KEEP."""
@@ -407,14 +459,15 @@ class JobRunner(object):
         state['generation'] = self._generation
         start = time.perf_counter()
         try:
-            if not cm.cp_accessible(epoch=None):
-                raise _inaccessible(cm)
-            logger.info('Saving checkpoints for epoch %d', epoch)
-            if _takes_job_state(cm.save):
-                session.run(cm.save(epoch, job_state=state))
-            else:  # a manager written for Caffe2's protocol
-                session.run(cm.save(epoch))
-            cm.write_checkpoint_metadata(epoch)
+            with profiler.span('checkpoint save (epoch %d)' % epoch, 'checkpoint'):
+                if not cm.cp_accessible(epoch=None):
+                    raise _inaccessible(cm)
+                logger.info('Saving checkpoints for epoch %d', epoch)
+                if _takes_job_state(cm.save):
+                    session.run(cm.save(epoch, job_state=state))
+                else:  # a manager written for Caffe2's protocol
+                    session.run(cm.save(epoch))
+                cm.write_checkpoint_metadata(epoch)
             self.last_checkpoint_epoch = epoch
             logger.info('Checkpoints saved')
             cm.report_checkpoint_stats('checkpoint_save')
@@ -431,7 +484,21 @@ class JobRunner(object):
         seconds = time.perf_counter() - start
         self._note(self.save_seconds, epoch, seconds)
         self._progress.checkpoint(epoch, seconds, True)
+        if self.summary is not None:
+            self.summary.add_scalar('job/checkpoint_save_seconds', seconds, epoch)
         return True
+
+
+def _scalar(output):
+    """The one number a TaskOutput holds, or None (not set, not a number)."""
+    try:
+        arr = np.asarray(output.fetch())
+    except Exception:  # not fetched yet, or not fetchable
+        return None
+    if arr.size != 1 or arr.dtype == object:
+        return None
+    value = arr.reshape(-1)[0]
+    return int(value) if arr.dtype.kind in 'iub' else float(value)
 
 
 def _handler_of(checkpoint_manager):

@@ -25,6 +25,7 @@ pub mod tensor;
 #[cfg(test)]
 mod test_util;
 pub mod threads;
+pub mod trace;
 pub mod workspace;
 
 pub use blob::{Blob, BlobValue};

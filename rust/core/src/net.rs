@@ -4,6 +4,7 @@ use crate::cancel::{self, CancelToken};
 use crate::error::{from_panic, Error, ErrorKind, Result};
 use crate::ir::{NetDef, OperatorDef, MAX_NESTING};
 use crate::operator::{allows_unknown_args, create_operator_with, OpCx, OpIo, Operator};
+use crate::trace::{self, NetNames, Stamps};
 use crate::workspace::Workspace;
 use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashSet;
@@ -159,6 +160,8 @@ struct OpSlot {
 pub struct Net {
     name: String,
     ops: Vec<OpSlot>,
+    /// The names a timeline or a per-op timing reports (`trace.rs`).
+    names: Arc<NetNames>,
 }
 
 impl std::fmt::Debug for Net {
@@ -272,7 +275,11 @@ impl Net {
                 kernel,
             });
         }
-        Ok(Net { name, ops })
+        let names = Arc::new(NetNames {
+            net: name.as_str().into(),
+            ops: ops.iter().map(|o| o.op_type.as_str().into()).collect(),
+        });
+        Ok(Net { name, ops, names })
     }
 
     pub fn name(&self) -> &str {
@@ -285,9 +292,61 @@ impl Net {
 
     /// Runs the ops in order. `Ok(false)` when an op failed softly; later ops
     /// do not run. Errors (and caught panics) carry the op, its index and the net.
+    /// While a timeline is recorded (`trace::on`, one relaxed load), each op
+    /// is timed and the run recorded.
     pub fn run(&mut self, ws: &Arc<Workspace>, cancel: &CancelToken) -> Result<bool> {
+        if trace::on() {
+            return self.run_traced(ws, cancel);
+        }
+        self.run_ops::<false>(ws, cancel, &mut Stamps::new())
+    }
+
+    #[cold]
+    fn run_traced(&mut self, ws: &Arc<Workspace>, cancel: &CancelToken) -> Result<bool> {
+        let r;
+        let mut stamps;
+        let timed_ops = trace::ops_on();
+        if timed_ops {
+            stamps = Stamps::with_capacity(self.ops.len() + 1);
+            r = self.run_ops::<true>(ws, cancel, &mut stamps);
+        } else {
+            stamps = smallvec::smallvec![trace::now()];
+            r = self.run_ops::<false>(ws, cancel, &mut Stamps::new());
+        }
+        stamps.push(trace::now());
+        trace::record_net_run(&self.names, stamps, matches!(r, Ok(true)), timed_ops);
+        r
+    }
+
+    /// [`Net::run`] timing every op: `stamps` gets the start of each op that
+    /// runs (`trace::now`, ns), the caller adds the end. The per-op timing
+    /// of `Workspace::benchmark_net`.
+    pub fn run_timed(
+        &mut self,
+        ws: &Arc<Workspace>,
+        cancel: &CancelToken,
+        stamps: &mut Stamps,
+    ) -> Result<bool> {
+        self.run_ops::<true>(ws, cancel, stamps)
+    }
+
+    /// The op types, in order.
+    pub fn op_types(&self) -> impl Iterator<Item = &str> {
+        self.ops.iter().map(|o| o.op_type.as_str())
+    }
+
+    #[inline(always)]
+    fn run_ops<const TIMED: bool>(
+        &mut self,
+        ws: &Arc<Workspace>,
+        cancel: &CancelToken,
+        stamps: &mut Stamps,
+    ) -> Result<bool> {
         let _nested = Nested::enter(&self.name)?;
         for (k, slot) in self.ops.iter_mut().enumerate() {
+            if TIMED {
+                stamps.push(trace::now());
+            }
             let mut cx = OpCx {
                 io: &slot.io,
                 ws,

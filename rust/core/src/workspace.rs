@@ -265,6 +265,65 @@ impl Workspace {
         Ok(true)
     }
 
+    /// Times a net created earlier (Caffe2's `NetBase::TEST_Benchmark`):
+    /// `warmup` runs, then `main` timed runs; with `individual`, `main` more
+    /// runs timing each op. Returns the milliseconds per main run, then
+    /// (with `individual`) each op's mean milliseconds per run, and the op
+    /// types. A run that fails, or fails softly, is an error.
+    pub fn benchmark_net(
+        self: &Arc<Self>,
+        name: &str,
+        warmup: usize,
+        main: usize,
+        individual: bool,
+        cancel: &CancelToken,
+    ) -> Result<(Vec<f64>, Vec<String>)> {
+        let net = self.get_net(name).ok_or_else(|| {
+            Error::new(
+                ErrorKind::NetNotFound,
+                format!("net '{name}' does not exist in this workspace"),
+            )
+            .with_net(name)
+        })?;
+        let mut net = net.lock(cancel)?;
+        let failed =
+            || Error::failed("a benchmark run failed (an op returned false)").with_net(name);
+        for _ in 0..warmup {
+            cancel.poll_check()?;
+            if !net.run(self, cancel)? {
+                return Err(failed());
+            }
+        }
+        let start = std::time::Instant::now();
+        for _ in 0..main {
+            cancel.poll_check()?;
+            if !net.run(self, cancel)? {
+                return Err(failed());
+            }
+        }
+        let per_run = |total: f64| if main == 0 { 0.0 } else { total / main as f64 };
+        let mut times = vec![per_run(start.elapsed().as_secs_f64() * 1e3)];
+        let types: Vec<String> = net.op_types().map(str::to_string).collect();
+        if individual {
+            let mut sums = vec![0u64; types.len()];
+            let mut stamps = crate::trace::Stamps::with_capacity(types.len() + 1);
+            for _ in 0..main {
+                cancel.poll_check()?;
+                stamps.clear();
+                let ok = net.run_timed(self, cancel, &mut stamps)?;
+                stamps.push(crate::trace::now());
+                if !ok {
+                    return Err(failed());
+                }
+                for (k, w) in stamps.windows(2).enumerate() {
+                    sums[k] += w[1] - w[0];
+                }
+            }
+            times.extend(sums.iter().map(|&ns| per_run(ns as f64 / 1e6)));
+        }
+        Ok((times, types))
+    }
+
     /// Builds a temporary net, runs it once and drops it.
     pub fn run_net_once(self: &Arc<Self>, def: &NetDef, cancel: &CancelToken) -> Result<bool> {
         Net::create(def, self)?.run(self, cancel)

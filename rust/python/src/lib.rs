@@ -12,7 +12,7 @@
 //! [`runner`] (where calls run, Ctrl-C, background plans), [`convert`]
 //! (numpy arrays, str/bytes, objects, paths), [`workspace`], [`storage`]
 //! (dbs), [`registry`] (operator schemas, thread pool), [`python_op`] (the
-//! `Python` operator), [`proto`] (the schema for Python's `caffe2_pb2`,
+//! `Python` operator), [`trace`] (the timeline), [`proto`] (the schema for Python's `caffe2_pb2`,
 //! `core.Net`'s op encoder).
 
 // Errors carry their context by value; they are rare and never on a hot path.
@@ -25,6 +25,7 @@ mod python_op;
 mod registry;
 mod runner;
 mod storage;
+mod trace;
 mod workspace;
 
 use pyo3::prelude::*;
@@ -49,6 +50,12 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(registry::set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(registry::num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(proto::encode_net_ops, m)?)?;
+    m.add_function(wrap_pyfunction!(trace::trace_start, m)?)?;
+    m.add_function(wrap_pyfunction!(trace::trace_stop, m)?)?;
+    m.add_function(wrap_pyfunction!(trace::trace_on, m)?)?;
+    m.add_function(wrap_pyfunction!(trace::trace_now, m)?)?;
+    m.add_function(wrap_pyfunction!(trace::trace_json, m)?)?;
+    m.add_function(wrap_pyfunction!(trace::trace_record, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // caffe2.proto, compiled: Python makes its caffe2_pb2 classes from it.
     m.add(

@@ -202,6 +202,23 @@ impl PyWorkspace {
         run_here(py, move |t| ws.run_net(&name, n, t))
     }
 
+    /// Times a created net (Caffe2's `TEST_Benchmark`): `(times, op_types)`,
+    /// times in ms: per main run, then (with `run_individual`) per op.
+    fn benchmark_net(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        warmup_runs: usize,
+        main_runs: usize,
+        run_individual: bool,
+    ) -> PyResult<(Vec<f64>, Vec<String>)> {
+        let ws = self.ws.clone();
+        let name = name.to_string();
+        run_here(py, move |t| {
+            ws.benchmark_net(&name, warmup_runs, main_runs, run_individual, t)
+        })
+    }
+
     fn run_net_once(&self, py: Python<'_>, net: &[u8]) -> PyResult<bool> {
         let def: ir::NetDef = decode(py, net, "NetDef")?;
         let ws = self.ws.clone();

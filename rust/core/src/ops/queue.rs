@@ -303,6 +303,7 @@ impl BlobsQueue {
     fn wait_writable(&self, cancel: &CancelToken) -> Result<Option<MutexGuard<'_, State>>> {
         let mut st = self.state.lock();
         let mut spun = false;
+        let mut _wait = None; // the timeline's span of the wait, if recorded
         while self.full(&st) {
             if st.closing {
                 return Ok(None);
@@ -311,6 +312,7 @@ impl BlobsQueue {
                 return Err(Error::cancelled());
             }
             if !spun {
+                _wait = crate::trace::span("queue", || "queue wait (full)".to_string());
                 spun = true;
                 let limit = self.capacity * self.num_blobs;
                 let free = || {
@@ -393,6 +395,7 @@ impl BlobsQueue {
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut st = self.state.lock();
         let mut spun = false;
+        let mut _wait = None; // the timeline's span of the wait, if recorded
         loop {
             if !st.values.is_empty() {
                 for slot in out.iter_mut() {
@@ -412,6 +415,7 @@ impl BlobsQueue {
                 return Err(Error::cancelled());
             }
             if !spun {
+                _wait = crate::trace::span("queue", || "queue wait (empty)".to_string());
                 spun = true;
                 let ready = || {
                     self.signals.filled.load(Ordering::Acquire) > 0

@@ -8,6 +8,7 @@ use crate::blob::BlobValue;
 use crate::cancel::CancelToken;
 use crate::error::{from_panic, Error, Result};
 use crate::tensor::Tensor;
+use crate::trace::{self, Detail};
 use parking_lot::{Condvar, Mutex};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -79,6 +80,7 @@ pub(super) fn exec_compiled<'p>(
     tok: &CancelToken,
 ) -> Result<bool> {
     let name = c.step.step_name();
+    let _span = trace::span_str("step", name);
     if c.reports.is_empty() && c.report_net.is_none() {
         return run_main(ctx, c, tok).map_err(|e| e.with_step(name));
     }
@@ -102,6 +104,7 @@ pub(super) fn exec_compiled<'p>(
             let interval = Duration::from_millis(w.step.run_every_ms.unwrap_or(0) as u64);
             let what = format!("report step '{}'", w.step.step_name());
             started = reporters.start(s, &what, interval, move || {
+                let _span = trace::span("report", || format!("report step {}", w.step.step_name()));
                 guarded(|| w.exec(ctx, step_tok)).map(|_| ())
             });
             if !started {
@@ -111,6 +114,7 @@ pub(super) fn exec_compiled<'p>(
         if let (true, Some((net, interval))) = (started, &c.report_net) {
             let what = format!("report net '{}'", net.name());
             reporters.start(s, &what, *interval, move || {
+                let _span = trace::span("report", || format!("report net {}", net.name()));
                 guarded(|| net.lock(step_tok)?.run(&c.ws, step_tok)).map(|_| ())
             });
         }
@@ -158,8 +162,12 @@ impl<'a> Reporters<'a> {
             running,
         } = *self;
         let leaving = running.enter();
+        let lane = trace::on().then(|| lane_label(what));
         let started = std::thread::Builder::new().spawn_scoped(s, move || {
             let _leaving = leaving;
+            if let Some(lane) = lane {
+                trace::label_thread(lane);
+            }
             reporter_loop(signal, interval, errors, step_tok, body)
         });
         if let Err(e) = started {
@@ -254,11 +262,28 @@ fn reporter_loop(
     }
 }
 
+/// The timeline lane of a thread started by this one: its label under this
+/// thread's (`trace.rs`).
+fn lane_label(what: &str) -> String {
+    match trace::thread_label() {
+        Some(parent) => format!("{parent} / {what}"),
+        None => what.to_string(),
+    }
+}
+
+/// A span for one iteration of a step's loop (when recording).
+fn iteration_span(c: &Compiled<'_>, i: i64) -> Option<trace::SpanGuard> {
+    let mut span = trace::span_str("iteration", c.step.step_name())?;
+    span.set_detail(Detail::Iteration(i));
+    Some(span)
+}
+
 fn run_main<'p>(ctx: &PlanCtx<'p>, c: &Compiled<'p>, tok: &CancelToken) -> Result<bool> {
     if c.kind == StepKind::Nets {
         // A net step (or an empty step, which still iterates).
         let mut i = 0i64;
         while !tok.poll() && c.limit.allows(i) {
+            let _span = iteration_span(c, i);
             for net in &c.nets {
                 if !net.lock(tok)?.run(&c.ws, tok)? {
                     return Ok(false);
@@ -278,6 +303,7 @@ fn run_main<'p>(ctx: &PlanCtx<'p>, c: &Compiled<'p>, tok: &CancelToken) -> Resul
     }
     let mut i = 0i64;
     while !tok.poll() && c.limit.allows(i) {
+        let _span = iteration_span(c, i);
         if c.kind == StepKind::Sequential {
             for w in &c.recurring {
                 if !w.exec(ctx, tok)? {
@@ -299,8 +325,17 @@ fn run_main<'p>(ctx: &PlanCtx<'p>, c: &Compiled<'p>, tok: &CancelToken) -> Resul
                 for k in 0..workers {
                     let (w, errors, iter_tok) = (&c.recurring[k % n], &errors, &iter_tok);
                     let leaving = running.enter();
+                    let lane =
+                        trace::on().then(|| lane_label(&format!("{} #{}", w.step.step_name(), k)));
                     let started = std::thread::Builder::new().spawn_scoped(s, move || {
                         let _leaving = leaving;
+                        let _span = lane.map(|lane| {
+                            trace::label_thread(lane);
+                            trace::span_str("instance", w.step.step_name()).map(|mut span| {
+                                span.set_detail(Detail::Instance { k, of: workers });
+                                span
+                            })
+                        });
                         if errors.failed.load(Ordering::SeqCst) {
                             return;
                         }
