@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import enum
 import os
+import shutil
 import stat
 import struct
 import tempfile
@@ -162,10 +163,19 @@ class DB:
             fd, self._tmp = tempfile.mkstemp(
                 prefix="." + os.path.basename(self._path) + ".tmp-ferrocaffe-", dir=folder)
             self._file = os.fdopen(fd, "wb")
+            if self._mode == Mode.write and os.path.exists(self._path):
+                # Mode.write appends to an existing db, as Caffe2's minidb
+                # did (Mode.new starts over); the records written so far are
+                # copied into the new file, which replaces the old at close.
+                with open_regular(self._path) as old:
+                    shutil.copyfileobj(old, self._file)
 
     def _writable(self):
         if self._file is None:
-            raise InvalidArgumentError(f"{self._path}: the db is not open for writing")
+            if self._mode == Mode.read:
+                raise InvalidArgumentError(
+                    f"{self._path}: the db is open for reading, not writing")
+            raise InvalidArgumentError(f"{self._path}: the db is closed")
         return self._file
 
     def _put(self, key: bytes, value: bytes) -> None:

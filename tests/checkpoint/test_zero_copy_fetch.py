@@ -184,15 +184,18 @@ def test_strings_bytes_and_the_default_copy(fresh):
     np.testing.assert_array_equal(c, x + 1)
 
 
-def test_tensor_handle_data_is_a_read_only_view(fresh):
+def test_tensor_handle_data_is_a_snapshot_whose_writes_reach_the_blob(fresh):
+    # Blob.tensor().data (Caffe2's TensorCPU.data): later ops do not change
+    # an array already handed out; item writes through it reach the blob.
     x = np.arange(8, dtype=np.float32)
     ws = workspace.current_workspace()
     ws.feed_blob("x", x)
     h = ws.blobs["x"].tensor()
     d = h.data
-    assert not d.flags.writeable
     np.testing.assert_array_equal(d, x)
     run("Scale", ["x"], ["x"], scale=-1.0)
     np.testing.assert_array_equal(d, x)
     np.testing.assert_array_equal(h.data, -x)
+    h.data[3] = 100.0
+    np.testing.assert_array_equal(ws.fetch_blob("x"), [0, -1, -2, 100, -4, -5, -6, -7])
     assert h.shape == (8,)
