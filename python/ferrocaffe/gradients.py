@@ -715,12 +715,19 @@ def _batch_gather_grad(op, g_output):
     return [g], [w.GI(0), None]
 
 
-@_register("SparseLengthsSum", copy_arguments=False)
 def _sls_grad(op, g_output):
+    """Sparse: the values of a GradientSlice over the indices (Caffe2's
+    ``GI_V``, ``<data>_grad_values``); dense Lengths*: the data's gradient."""
     w = GradientWrapper(op, g_output)
-    values = w.I(0) + GRAD_SUFFIX + "_values"
-    ops = [_op("SparseLengthsSumGradient", [w.GO(0), w.I(2)], [values])]
-    return ops, [GradientSlice(w.I(1), values), None, None]
+    if op.type.startswith("Sparse"):
+        values = w.I(0) + GRAD_SUFFIX + "_values"
+        ops = [_op(op.type + "Gradient", [w.GO(0), w.I(2)], [values])]
+        return ops, [GradientSlice(w.I(1), values), None, None]
+    return [_op(op.type + "Gradient", [w.GO(0), w.I(1)], [w.GI(0)])], [w.GI(0), None]
+
+
+for _t in ("SparseLengthsSum", "SparseLengthsMean", "LengthsSum", "LengthsMean"):
+    _register(_t, copy_arguments=False)(_sls_grad)
 
 
 @_register("SparseToDense", copy_arguments=False)

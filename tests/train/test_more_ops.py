@@ -651,3 +651,32 @@ def test_reshape_zero_and_missing_dims(fresh, old, new, want):
     workspace.FeedBlob("dy", np.ones(want, np.float32))
     workspace.RunNetOnce(net)
     assert workspace.FetchBlob("x_grad").shape == old
+
+
+@settings(**SETTINGS)
+@given(n=dims, d=dims, lengths=st.lists(st.integers(0, 3), min_size=1, max_size=4), seed=seeds,
+       op_type=st.sampled_from(["SparseLengthsMean", "LengthsSum", "LengthsMean"]))
+def test_lengths_reducers(fresh, n, d, lengths, seed, op_type):
+    rng = np.random.default_rng(seed)
+    sparse, mean = op_type.startswith("Sparse"), "Mean" in op_type
+    lens = np.array(lengths, np.int32)
+    data = rng.standard_normal((n if sparse else int(lens.sum()), d))
+    idx = rng.integers(0, n, int(lens.sum())).astype(np.int32) if sparse else np.arange(int(lens.sum()))
+    want, k = [], 0
+    for m in lengths:
+        rows = data[idx[k:k + m]]
+        want.append(rows.mean(axis=0) if mean and m else rows.sum(axis=0))
+        k += m
+    names = ["D", "I", "L"] if sparse else ["D", "L"]
+    inputs = [data, idx, lens] if sparse else [data, lens]
+    (y,) = run(op_type, dict(zip(names, inputs)), ["Y"])
+    np.testing.assert_allclose(y, np.array(want).reshape(len(lengths), d), rtol=1e-12, atol=1e-12)
+    op = core.CreateOperator(op_type, names, ["Y"])
+    _, g = core.GradientRegistry.GetGradientForOp(op, ["Y_grad"])
+    assert isinstance(g[0], core.GradientSlice) == sparse
+    check_grad(op, inputs, [0])
+
+
+def test_lengths_sum_checks_the_lengths(fresh):
+    with pytest.raises(errors.InvalidArgumentError, match="sum to"):
+        run("LengthsSum", {"D": np.zeros((3, 2), np.float32), "L": np.array([1, 1], np.int32)}, ["Y"])
