@@ -191,7 +191,9 @@ pub(crate) fn real_dtype(l: &Locked<'_>, op: &str, i: usize) -> Result<DataType>
     }
 }
 
-/// Runs `$f::<T>(args)` for the float type of input `$i`.
+/// Runs `$f::<T>(args)` for the float type of input `$i` (the caller
+/// has `real_dtype` and `DataType` in scope; reduce.rs and sparse.rs use it
+/// too).
 macro_rules! by_real {
     ($l:expr, $op:expr, $i:expr, $f:ident ( $($a:expr),* )) => {
         match real_dtype($l, $op, $i)? {
@@ -200,6 +202,7 @@ macro_rules! by_real {
         }
     };
 }
+pub(crate) use by_real;
 
 pub(crate) fn dense<T: Real>(a: &ArrayD<T>) -> std::borrow::Cow<'_, [T]> {
     match a.as_slice() {

@@ -9,21 +9,12 @@
 #![allow(clippy::result_large_err)]
 
 use super::kernel;
-use super::nn::{array, canonical_axis, dense, input, real_dtype, Real};
+use super::nn::{array, by_real, canonical_axis, dense, input, real_dtype, Real};
 use crate::arg;
 use crate::error::{Error, Result};
 use crate::operator::{InPlace, Locked, OpDefCtx, OpSchema, Operator};
 use crate::tensor::{DataType, Element, Tensor};
 use ndarray::{ArrayD, IxDyn};
-
-macro_rules! by_real {
-    ($l:expr, $op:expr, $i:expr, $f:ident ( $($a:expr),* )) => {
-        match real_dtype($l, $op, $i)? {
-            DataType::Float => $f::<f32>($($a),*),
-            _ => $f::<f64>($($a),*),
-        }
-    };
-}
 
 fn in_place_0_0(i: usize, o: usize) -> bool {
     i == 0 && o == 0

@@ -10,21 +10,13 @@
 #![allow(clippy::result_large_err)]
 
 use super::kernel;
-use super::nn::{array, dense, input, real_dtype, Real};
+use super::nn::{array, by_real, dense, input, real_dtype, Real};
+use super::optim::f32_in;
 use crate::arg;
 use crate::error::{Error, Result};
 use crate::operator::{InPlace, Locked, OpDefCtx, OpSchema, Operator, MANY};
 use crate::tensor::{DataType, Element, Tensor};
 use ndarray::{ArrayD, IxDyn};
-
-macro_rules! by_real {
-    ($l:expr, $op:expr, $i:expr, $f:ident ( $($a:expr),* )) => {
-        match real_dtype($l, $op, $i)? {
-            DataType::Float => $f::<f32>($($a),*),
-            _ => $f::<f64>($($a),*),
-        }
-    };
-}
 
 fn in_place_0_0(i: usize, o: usize) -> bool {
     i == 0 && o == 0
@@ -466,21 +458,8 @@ fn build_sls_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 
 // -------------------------------------------------- ScatterWeightedSum --
 
-fn f32_input<'l>(l: &'l Locked<'_>, op: &str, i: usize) -> Result<&'l ArrayD<f32>> {
-    let t = l.tensor(i)?;
-    match t {
-        Tensor::F32(a) => Ok(a),
-        _ => Err(Error::type_error(format!(
-            "{op}: input {i} ('{}') must be a float32 tensor, got {}",
-            l.input_name(i),
-            t.dtype()
-        ))
-        .with_blob(l.input_name(i))),
-    }
-}
-
 fn weight(l: &Locked<'_>, op: &str, i: usize) -> Result<f32> {
-    let w = f32_input(l, op, i)?;
+    let w = f32_in(l, op, i, "the weight")?;
     if w.len() != 1 {
         return Err(Error::shape(format!(
             "{op}: the weight ('{}', shape {:?}) must have one element",
@@ -502,7 +481,7 @@ fn build_scatter_weighted_sum(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     }
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
-        let x0 = f32_input(&l, OP, 0)?;
+        let x0 = f32_in(&l, OP, 0, "X0")?;
         if x0.ndim() == 0 {
             return Err(Error::shape(format!(
                 "{OP}: X0 ('{}') must have at least one dim",
@@ -518,7 +497,7 @@ fn build_scatter_weighted_sum(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         let shape = x0.shape().to_vec();
         let mut slices = Vec::new();
         for p in (3..ni).step_by(2) {
-            let x = f32_input(&l, OP, p)?;
+            let x = f32_in(&l, OP, p, "a slice")?;
             if x.len() != rows.len() * inner {
                 return Err(Error::shape(format!(
                     "{OP}: '{}' (shape {:?}) must have one row of {inner} values per index ({} indices)",
