@@ -680,3 +680,16 @@ def test_lengths_reducers(fresh, n, d, lengths, seed, op_type):
 def test_lengths_sum_checks_the_lengths(fresh):
     with pytest.raises(errors.InvalidArgumentError, match="sum to"):
         run("LengthsSum", {"D": np.zeros((3, 2), np.float32), "L": np.array([1, 1], np.int32)}, ["Y"])
+
+
+def test_huge_sizes_from_inputs_are_typed_errors(fresh):
+    dy = np.ones(3, np.float32)
+    with pytest.raises(errors.OutOfMemoryError):
+        run("ReduceFrontSumGradient", {"dY": dy, "S": np.array([2**45, 3], np.int64)}, ["dX"])
+    with pytest.raises(errors.InvalidArgumentError, match="too many"):
+        run("ReduceFrontSumGradient", {"dY": dy, "S": np.array([2**62, 2**62, 3], np.int64)}, ["dX"])
+    with pytest.raises((errors.OutOfMemoryError, errors.InvalidArgumentError)):
+        run("SparseToDense", {"i": np.array([2**61], np.int64), "v": np.ones((1, 4), np.float32)}, ["d"])
+    # The workspace is still usable.
+    (y,) = run("ReduceFrontSum", {"X": np.ones((2, 3), np.float32)}, ["Y"])
+    np.testing.assert_array_equal(y, [2, 2, 2])

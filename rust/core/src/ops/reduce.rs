@@ -530,8 +530,20 @@ fn fb_dims(
 ) -> Result<(usize, usize, Vec<usize>)> {
     check_num_reduce(op, k, shape.len(), blob)?;
     let split = if front { k } else { shape.len() - k };
-    let rows = shape[..split].iter().product();
-    let cols = shape[split..].iter().product();
+    // A shape given as an int64 input could overflow or ask for too much.
+    let product = |dims: &[usize]| {
+        dims.iter()
+            .try_fold(1usize, |a, &d| a.checked_mul(d))
+            .ok_or_else(|| {
+                Error::invalid_arg(format!("{op}: the shape {shape:?} has too many elements"))
+                    .with_blob(blob)
+            })
+    };
+    let (rows, cols) = (product(&shape[..split])?, product(&shape[split..])?);
+    rows.checked_mul(cols).ok_or_else(|| {
+        Error::invalid_arg(format!("{op}: the shape {shape:?} has too many elements"))
+            .with_blob(blob)
+    })?;
     let out = if front {
         &shape[split..]
     } else {
@@ -727,18 +739,18 @@ fn front_back_grad_t<T: Real>(
     }
     let lens = fb_lengths(l, op, lens_at, n_out, full)?;
     let g = dense(dy);
-    let dx: Vec<T> = (0..rows * cols)
-        .map(|i| {
-            let (o, pos) = fb_place(i, cols, front);
-            if pos >= lens[o] {
-                T::of(0.0)
-            } else if mean {
-                g[o] / T::of(lens[o] as f64)
-            } else {
-                g[o]
-            }
-        })
-        .collect();
+    let mut dx =
+        crate::tensor::try_vec::<T>(rows * cols, format!("the gradient of shape {shape:?}"))?;
+    dx.extend((0..rows * cols).map(|i| {
+        let (o, pos) = fb_place(i, cols, front);
+        if pos >= lens[o] {
+            T::of(0.0)
+        } else if mean {
+            g[o] / T::of(lens[o] as f64)
+        } else {
+            g[o]
+        }
+    }));
     l.set_output(0, T::wrap(array(&shape, dx)?));
     Ok(())
 }

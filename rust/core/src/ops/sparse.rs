@@ -291,7 +291,14 @@ fn sparse_to_dense_t<T: Real>(l: &mut Locked<'_>, ni: usize) -> Result<()> {
     };
     let rows = checked_rows(op, &idx, first, false, l.input_name(0))?;
     let vs = dense(v);
-    let mut out = vec![T::of(0.0); first * inner];
+    let n = first.checked_mul(inner).ok_or_else(|| {
+        Error::invalid_arg(format!(
+            "{op}: an output of {first} rows of {inner} is too large"
+        ))
+        .with_blob(l.input_name(0))
+    })?;
+    let mut out = crate::tensor::try_vec::<T>(n, format!("{op}'s output of {first} rows"))?;
+    out.resize(n, T::of(0.0));
     for (i, &r) in rows.iter().enumerate() {
         for c in 0..inner {
             out[r * inner + c] += vs[i * inner + c];
