@@ -1673,7 +1673,11 @@ fn batch_matmul_t<T: Real>(l: &mut Locked<'_>, ta: bool, tb: bool, bcast: bool) 
         broadcast_batch(ba, bb).ok_or_else(|| mismatch("the batch dims do not broadcast"))?;
     let nb: usize = batch.iter().product();
     let (ad, bd) = (dense(a), dense(b));
-    let mut y = Vec::with_capacity(nb * m * n);
+    let total = nb
+        .checked_mul(m)
+        .and_then(|v| v.checked_mul(n))
+        .ok_or_else(|| mismatch("the output would have too many elements"))?;
+    let mut y = crate::tensor::try_vec::<T>(total, format!("{op}'s output"))?;
     for i in 0..nb {
         let oa = batch_offset(i, &batch, ba) * m * k;
         let ob = batch_offset(i, &batch, bb) * k * n;

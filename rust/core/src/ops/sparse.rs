@@ -146,7 +146,11 @@ fn gather_of<T: Element>(
     let n = shape[axis];
     let inner: usize = shape[axis + 1..].iter().product();
     let src: Vec<T> = a.iter().cloned().collect();
-    let mut out = Vec::with_capacity(outer * rows.len() * inner);
+    let total = outer
+        .checked_mul(rows.len())
+        .and_then(|v| v.checked_mul(inner))
+        .ok_or_else(|| Error::invalid_arg("Gather: the output would have too many elements"))?;
+    let mut out = crate::tensor::try_vec::<T>(total, "Gather's output")?;
     for o in 0..outer {
         for &r in rows {
             let s = (o * n + r) * inner;
