@@ -612,6 +612,13 @@ def _sigmoid_xent_grad(op, g_output):
     return ops, [w.GI(0), None]
 
 
+@_register("WeightedSigmoidCrossEntropyWithLogits")
+def _weighted_sigmoid_xent_grad(op, g_output):
+    w = GradientWrapper(op, g_output)
+    ins = [w.GO(0), w.I(0), w.I(1), w.I(2)]
+    return [_op("WeightedSigmoidCrossEntropyWithLogitsGradient", ins, [w.GI(0)])], [w.GI(0), None, None]
+
+
 @_register("L1Distance")
 def _l1_grad(op, g_output):
     w = GradientWrapper(op, g_output)

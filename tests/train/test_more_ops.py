@@ -693,3 +693,16 @@ def test_huge_sizes_from_inputs_are_typed_errors(fresh):
     # The workspace is still usable.
     (y,) = run("ReduceFrontSum", {"X": np.ones((2, 3), np.float32)}, ["Y"])
     np.testing.assert_array_equal(y, [2, 2, 2])
+
+
+@settings(**SETTINGS)
+@given(shape=st.lists(dims, min_size=1, max_size=3), seed=seeds)
+def test_weighted_sigmoid_cross_entropy_with_logits(fresh, shape, seed):
+    rng = np.random.default_rng(seed)
+    x, t, w = rng.standard_normal(shape) * 2, rng.uniform(0, 1, shape), rng.uniform(0, 2, shape)
+    (y,) = run("WeightedSigmoidCrossEntropyWithLogits", {"X": x, "T": t, "W": w}, ["Y"])
+    s = 1 / (1 + np.exp(-x))
+    want = -(w * (t * np.log(s) + (1 - t) * np.log(1 - s))).mean(axis=-1)
+    np.testing.assert_allclose(y, want, rtol=1e-9, atol=1e-12)
+    op = core.CreateOperator("WeightedSigmoidCrossEntropyWithLogits", ["X", "T", "W"], ["Y"])
+    check_grad(op, [x, t, w], [0])
