@@ -17,7 +17,13 @@ As in Caffe2:
   summed by a ``Sum`` op placed after the gradient ops of its first reader,
   the extra gradients renamed ``_x_grad_autosplit_<n>``;
 - ops are played forward in SSA form (an in-place op makes a new version of
-  its output), so the gradient of each version is the one used.
+  its output), so the gradient of each version is the one used;
+- a sparse gradient is a ``GradientSlice`` (indices, values), as Gather's and
+  SparseLengthsSum's makers give; several for one blob are summed by
+  concatenating their indices and their values
+  (``x_grad_indices_concat``, ``x_grad_values_concat``); a blob may not get
+  both sparse and dense gradients, nor a maker a sparse output gradient
+  unless it takes one.
 
 Caffe2 kept most makers in C++ beside the kernels; here every maker is
 Python, registered below, so built-in and user gradients go through one
