@@ -706,3 +706,15 @@ def test_weighted_sigmoid_cross_entropy_with_logits(fresh, shape, seed):
     np.testing.assert_allclose(y, want, rtol=1e-9, atol=1e-12)
     op = core.CreateOperator("WeightedSigmoidCrossEntropyWithLogits", ["X", "T", "W"], ["Y"])
     check_grad(op, [x, t, w], [0])
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_reduce_sum_of_integers(fresh, dtype):
+    x = np.arange(24, dtype=dtype).reshape(2, 3, 4)
+    (y,) = run("ReduceSum", {"X": x}, ["Y"], axes=[0, 2], keepdims=0)
+    assert y.dtype == dtype
+    np.testing.assert_array_equal(y, x.sum(axis=(0, 2)))
+    (z,) = run("ReduceSum", {"X": x}, ["Z"])
+    np.testing.assert_array_equal(z, x.sum(keepdims=True))
+    with pytest.raises(errors.DataTypeError):
+        run("ReduceMean", {"X": x}, ["M"])
