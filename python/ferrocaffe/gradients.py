@@ -17,7 +17,13 @@ As in Caffe2:
   summed by a ``Sum`` op placed after the gradient ops of its first reader,
   the extra gradients renamed ``_x_grad_autosplit_<n>``;
 - ops are played forward in SSA form (an in-place op makes a new version of
-  its output), so the gradient of each version is the one used.
+  its output), so the gradient of each version is the one used;
+- a sparse gradient is a ``GradientSlice`` (indices, values), as Gather's and
+  SparseLengthsSum's makers give; several for one blob are summed by
+  concatenating their indices and their values
+  (``x_grad_indices_concat``, ``x_grad_values_concat``); a blob may not get
+  both sparse and dense gradients, nor a maker a sparse output gradient
+  unless it takes one.
 
 Caffe2 kept most makers in C++ beside the kernels; here every maker is
 Python, registered below, so built-in and user gradients go through one
@@ -626,6 +632,13 @@ def _sigmoid_xent_grad(op, g_output):
     return ops, [w.GI(0), None]
 
 
+@_register("WeightedSigmoidCrossEntropyWithLogits")
+def _weighted_sigmoid_xent_grad(op, g_output):
+    w = GradientWrapper(op, g_output)
+    ins = [w.GO(0), w.I(0), w.I(1), w.I(2)]
+    return [_op("WeightedSigmoidCrossEntropyWithLogitsGradient", ins, [w.GI(0)])], [w.GI(0), None, None]
+
+
 @_register("L1Distance")
 def _l1_grad(op, g_output):
     w = GradientWrapper(op, g_output)
@@ -729,12 +742,19 @@ def _batch_gather_grad(op, g_output):
     return [g], [w.GI(0), None]
 
 
-@_register("SparseLengthsSum", copy_arguments=False)
 def _sls_grad(op, g_output):
+    """Sparse: the values of a GradientSlice over the indices (Caffe2's
+    ``GI_V``, ``<data>_grad_values``); dense Lengths*: the data's gradient."""
     w = GradientWrapper(op, g_output)
-    values = w.I(0) + GRAD_SUFFIX + "_values"
-    ops = [_op("SparseLengthsSumGradient", [w.GO(0), w.I(2)], [values])]
-    return ops, [GradientSlice(w.I(1), values), None, None]
+    if op.type.startswith("Sparse"):
+        values = w.I(0) + GRAD_SUFFIX + "_values"
+        ops = [_op(op.type + "Gradient", [w.GO(0), w.I(2)], [values])]
+        return ops, [GradientSlice(w.I(1), values), None, None]
+    return [_op(op.type + "Gradient", [w.GO(0), w.I(1)], [w.GI(0)])], [w.GI(0), None]
+
+
+for _t in ("SparseLengthsSum", "SparseLengthsMean", "LengthsSum", "LengthsMean"):
+    _register(_t, copy_arguments=False)(_sls_grad)
 
 
 @_register("SparseToDense", copy_arguments=False)

@@ -651,3 +651,70 @@ def test_reshape_zero_and_missing_dims(fresh, old, new, want):
     workspace.FeedBlob("dy", np.ones(want, np.float32))
     workspace.RunNetOnce(net)
     assert workspace.FetchBlob("x_grad").shape == old
+
+
+@settings(**SETTINGS)
+@given(n=dims, d=dims, lengths=st.lists(st.integers(0, 3), min_size=1, max_size=4), seed=seeds,
+       op_type=st.sampled_from(["SparseLengthsMean", "LengthsSum", "LengthsMean"]))
+def test_lengths_reducers(fresh, n, d, lengths, seed, op_type):
+    rng = np.random.default_rng(seed)
+    sparse, mean = op_type.startswith("Sparse"), "Mean" in op_type
+    lens = np.array(lengths, np.int32)
+    data = rng.standard_normal((n if sparse else int(lens.sum()), d))
+    idx = rng.integers(0, n, int(lens.sum())).astype(np.int32) if sparse else np.arange(int(lens.sum()))
+    want, k = [], 0
+    for m in lengths:
+        rows = data[idx[k:k + m]]
+        want.append(rows.mean(axis=0) if mean and m else rows.sum(axis=0))
+        k += m
+    names = ["D", "I", "L"] if sparse else ["D", "L"]
+    inputs = [data, idx, lens] if sparse else [data, lens]
+    (y,) = run(op_type, dict(zip(names, inputs)), ["Y"])
+    np.testing.assert_allclose(y, np.array(want).reshape(len(lengths), d), rtol=1e-12, atol=1e-12)
+    op = core.CreateOperator(op_type, names, ["Y"])
+    _, g = core.GradientRegistry.GetGradientForOp(op, ["Y_grad"])
+    assert isinstance(g[0], core.GradientSlice) == sparse
+    check_grad(op, inputs, [0])
+
+
+def test_lengths_sum_checks_the_lengths(fresh):
+    with pytest.raises(errors.InvalidArgumentError, match="sum to"):
+        run("LengthsSum", {"D": np.zeros((3, 2), np.float32), "L": np.array([1, 1], np.int32)}, ["Y"])
+
+
+def test_huge_sizes_from_inputs_are_typed_errors(fresh):
+    dy = np.ones(3, np.float32)
+    with pytest.raises(errors.OutOfMemoryError):
+        run("ReduceFrontSumGradient", {"dY": dy, "S": np.array([2**45, 3], np.int64)}, ["dX"])
+    with pytest.raises(errors.InvalidArgumentError, match="too many"):
+        run("ReduceFrontSumGradient", {"dY": dy, "S": np.array([2**62, 2**62, 3], np.int64)}, ["dX"])
+    with pytest.raises((errors.OutOfMemoryError, errors.InvalidArgumentError)):
+        run("SparseToDense", {"i": np.array([2**61], np.int64), "v": np.ones((1, 4), np.float32)}, ["d"])
+    # The workspace is still usable.
+    (y,) = run("ReduceFrontSum", {"X": np.ones((2, 3), np.float32)}, ["Y"])
+    np.testing.assert_array_equal(y, [2, 2, 2])
+
+
+@settings(**SETTINGS)
+@given(shape=st.lists(dims, min_size=1, max_size=3), seed=seeds)
+def test_weighted_sigmoid_cross_entropy_with_logits(fresh, shape, seed):
+    rng = np.random.default_rng(seed)
+    x, t, w = rng.standard_normal(shape) * 2, rng.uniform(0, 1, shape), rng.uniform(0, 2, shape)
+    (y,) = run("WeightedSigmoidCrossEntropyWithLogits", {"X": x, "T": t, "W": w}, ["Y"])
+    s = 1 / (1 + np.exp(-x))
+    want = -(w * (t * np.log(s) + (1 - t) * np.log(1 - s))).mean(axis=-1)
+    np.testing.assert_allclose(y, want, rtol=1e-9, atol=1e-12)
+    op = core.CreateOperator("WeightedSigmoidCrossEntropyWithLogits", ["X", "T", "W"], ["Y"])
+    check_grad(op, [x, t, w], [0])
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_reduce_sum_of_integers(fresh, dtype):
+    x = np.arange(24, dtype=dtype).reshape(2, 3, 4)
+    (y,) = run("ReduceSum", {"X": x}, ["Y"], axes=[0, 2], keepdims=0)
+    assert y.dtype == dtype
+    np.testing.assert_array_equal(y, x.sum(axis=(0, 2)))
+    (z,) = run("ReduceSum", {"X": x}, ["Z"])
+    np.testing.assert_array_equal(z, x.sum(keepdims=True))
+    with pytest.raises(errors.DataTypeError):
+        run("ReduceMean", {"X": x}, ["M"])

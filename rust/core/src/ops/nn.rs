@@ -3,7 +3,7 @@
 //! LabelCrossEntropy, AveragedLoss, SquaredL2Distance, Accuracy,
 //! StopGradient, LeakyRelu, Exp, Log, Sqrt, Abs, Negative, and the
 //! gradients of Add, Sub, Mul and Div; then (`more_schemas`) BatchMatMul,
-//! CrossEntropy, SigmoidCrossEntropyWithLogits, L1Distance, Dropout, Pow,
+//! CrossEntropy, (Weighted)SigmoidCrossEntropyWithLogits, L1Distance, Dropout, Pow,
 //! Clip and WeightedSumGradient.
 //!
 //! Which gradient ops an op's gradient takes (Caffe2's gradient makers) is
@@ -191,7 +191,9 @@ pub(crate) fn real_dtype(l: &Locked<'_>, op: &str, i: usize) -> Result<DataType>
     }
 }
 
-/// Runs `$f::<T>(args)` for the float type of input `$i`.
+/// Runs `$f::<T>(args)` for the float type of input `$i` (the caller
+/// has `real_dtype` and `DataType` in scope; reduce.rs and sparse.rs use it
+/// too).
 macro_rules! by_real {
     ($l:expr, $op:expr, $i:expr, $f:ident ( $($a:expr),* )) => {
         match real_dtype($l, $op, $i)? {
@@ -200,6 +202,7 @@ macro_rules! by_real {
         }
     };
 }
+pub(crate) use by_real;
 
 pub(crate) fn dense<T: Real>(a: &ArrayD<T>) -> std::borrow::Cow<'_, [T]> {
     match a.as_slice() {
@@ -1539,6 +1542,14 @@ pub fn more_schemas() -> Vec<OpSchema> {
             .outputs(1, 1)
             .args(SXENT_ARGS)
             .doc("Gradient of SigmoidCrossEntropyWithLogits: inputs (dY, logits, targets), output dlogits."),
+        OpSchema::new("WeightedSigmoidCrossEntropyWithLogits", build_sxent)
+            .inputs(3, 3)
+            .outputs(1, 1)
+            .doc("SigmoidCrossEntropyWithLogits with a weight per element: inputs (logits, targets, weights), all of one shape; Y = -mean over the last dim of weights * (t log s(x) + (1 - t) log(1 - s(x)))."),
+        OpSchema::new("WeightedSigmoidCrossEntropyWithLogitsGradient", build_sxent)
+            .inputs(4, 4)
+            .outputs(1, 1)
+            .doc("Gradient of WeightedSigmoidCrossEntropyWithLogits: inputs (dY, logits, targets, weights), output dlogits."),
         OpSchema::new("L1Distance", build_l1)
             .inputs(2, 2)
             .outputs(1, 1)
@@ -1670,7 +1681,11 @@ fn batch_matmul_t<T: Real>(l: &mut Locked<'_>, ta: bool, tb: bool, bcast: bool) 
         broadcast_batch(ba, bb).ok_or_else(|| mismatch("the batch dims do not broadcast"))?;
     let nb: usize = batch.iter().product();
     let (ad, bd) = (dense(a), dense(b));
-    let mut y = Vec::with_capacity(nb * m * n);
+    let total = nb
+        .checked_mul(m)
+        .and_then(|v| v.checked_mul(n))
+        .ok_or_else(|| mismatch("the output would have too many elements"))?;
+    let mut y = crate::tensor::try_vec::<T>(total, format!("{op}'s output"))?;
     for i in 0..nb {
         let oa = batch_offset(i, &batch, ba) * m * k;
         let ob = batch_offset(i, &batch, bb) * k * n;
@@ -1835,6 +1850,15 @@ fn sxent_t<T: Real>(l: &mut Locked<'_>, op: &str, k: SxentKind, grad: bool) -> R
     let inner = shape.last().copied().unwrap_or(1);
     let outer = x.len().checked_div(inner).unwrap_or(0);
     let (xs, ts) = (dense(x), dense(t));
+    // WeightedSigmoidCrossEntropyWithLogits: a weight per element after
+    // the targets.
+    let ws: Option<Vec<T>> = if op.starts_with("Weighted") {
+        same_shape(op, l, off, off + 2)?;
+        Some(dense(input::<T>(l, op, off + 2)?).into_owned())
+    } else {
+        None
+    };
+    let w_at = |i: usize| ws.as_ref().map_or(T::of(1.0), |w| w[i]);
     if grad {
         let g = input::<T>(l, op, 0)?;
         if g.len() != outer {
@@ -1849,7 +1873,7 @@ fn sxent_t<T: Real>(l: &mut Locked<'_>, op: &str, k: SxentKind, grad: bool) -> R
         let dx: Vec<T> = (0..outer * inner)
             .map(|i| {
                 let f = -gs[i / inner] / T::of(inner as f64);
-                f * sxent_dterm(k, xs[i], ts[i])
+                f * sxent_dterm(k, xs[i], ts[i]) * w_at(i)
             })
             .collect();
         l.set_output(0, T::wrap(array(&shape, dx)?));
@@ -1857,7 +1881,10 @@ fn sxent_t<T: Real>(l: &mut Locked<'_>, op: &str, k: SxentKind, grad: bool) -> R
         let y: Vec<T> = (0..outer)
             .map(|r| {
                 let s: T = (0..inner)
-                    .map(|c| sxent_term(k, xs[r * inner + c], ts[r * inner + c]))
+                    .map(|c| {
+                        let i = r * inner + c;
+                        sxent_term(k, xs[i], ts[i]) * w_at(i)
+                    })
                     .sum();
                 -s / T::of(inner as f64)
             })
@@ -1869,8 +1896,10 @@ fn sxent_t<T: Real>(l: &mut Locked<'_>, op: &str, k: SxentKind, grad: bool) -> R
 }
 
 fn build_sxent(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
-    let log_d = ctx.args.bool("log_D_trick", false)?;
-    let unjoined = ctx.args.bool("unjoined_lr_loss", false)?;
+    // The weighted op has Caffe2's plain loss only (no such arguments).
+    let weighted = ctx.op_type().starts_with("Weighted");
+    let log_d = !weighted && ctx.args.bool("log_D_trick", false)?;
+    let unjoined = !weighted && ctx.args.bool("unjoined_lr_loss", false)?;
     if log_d && unjoined {
         return Err(
             ctx.bad_arg("log_D_trick and unjoined_lr_loss cannot be set as True simultaneously")

@@ -232,7 +232,12 @@ fn build_lr(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 // ------------------------------------------------------------- updates --
 
 /// Input `i` as float32, or a type error naming the op and blob.
-fn f32_in<'l>(l: &'l Locked<'_>, op: &str, i: usize, what: &str) -> Result<&'l ArrayD<f32>> {
+pub(super) fn f32_in<'l>(
+    l: &'l Locked<'_>,
+    op: &str,
+    i: usize,
+    what: &str,
+) -> Result<&'l ArrayD<f32>> {
     let t = l.tensor(i)?;
     match t {
         Tensor::F32(a) => Ok(a),

@@ -9,21 +9,12 @@
 #![allow(clippy::result_large_err)]
 
 use super::kernel;
-use super::nn::{array, canonical_axis, dense, input, real_dtype, Real};
+use super::nn::{array, by_real, canonical_axis, dense, input, real_dtype, Real};
 use crate::arg;
 use crate::error::{Error, Result};
 use crate::operator::{InPlace, Locked, OpDefCtx, OpSchema, Operator};
 use crate::tensor::{DataType, Element, Tensor};
 use ndarray::{ArrayD, IxDyn};
-
-macro_rules! by_real {
-    ($l:expr, $op:expr, $i:expr, $f:ident ( $($a:expr),* )) => {
-        match real_dtype($l, $op, $i)? {
-            DataType::Float => $f::<f32>($($a),*),
-            _ => $f::<f64>($($a),*),
-        }
-    };
-}
 
 fn in_place_0_0(i: usize, o: usize) -> bool {
     i == 0 && o == 0
@@ -108,7 +99,7 @@ pub fn schemas() -> Vec<OpSchema> {
             .outputs(1, 1)
             .inplace(InPlace::Allow(in_place_0_0))
             .doc("Y = X reshaped to the shape of the second input (same number of elements)."),
-        reduce("ReduceSum", "Sums the input over `axes` (float32 or float64)."),
+        reduce("ReduceSum", "Sums the input over `axes` (float32, float64, int32 or int64; integers wrap)."),
         reduce("ReduceMean", "Averages the input over `axes` (float32 or float64)."),
         reduce_grad("ReduceSumGradient", "Gradient of ReduceSum: inputs (dY, X, Y), dX = dY broadcast over the reduced dims."),
         reduce_grad("ReduceMeanGradient", "Gradient of ReduceMean: inputs (dY, X, Y), dX = dY / count broadcast over the reduced dims."),
@@ -436,10 +427,50 @@ fn build_reduce(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let op = ctx.op_type().to_string();
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
-        by_real!(&l, &op, 0, reduce_t(&mut l, &op, &axes, keep))?;
+        // ReduceSum also sums int32 and int64 tensors (wrapping), as Caffe2's.
+        let dt = l.tensor(0)?.dtype();
+        match (op.as_str(), dt) {
+            ("ReduceSum", DataType::Int32) => reduce_sum_int!(l, i32, &axes, keep),
+            ("ReduceSum", DataType::Int64) => reduce_sum_int!(l, i64, &axes, keep),
+            _ => by_real!(&l, &op, 0, reduce_t(&mut l, &op, &axes, keep))?,
+        }
         Ok(true)
     }))
 }
+
+/// ReduceSum of an integer tensor: `$l`'s input 0 as `$t`, summed with
+/// wrapping over the reduced dims.
+macro_rules! reduce_sum_int {
+    ($l:ident, $t:ty, $axes:expr, $keep:expr) => {{
+        let x =
+            <$t as Element>::view($l.tensor(0)?).ok_or_else(|| Error::internal("dtype checked"))?;
+        let red = reduce_axes("ReduceSum", $axes, x.ndim(), $l.input_name(0))?;
+        let shape = x.shape().to_vec();
+        let mut y = x.clone();
+        for ax in (0..shape.len()).rev() {
+            if red[ax] {
+                y = y
+                    .fold_axis(ndarray::Axis(ax), 0, |&s: &$t, &v: &$t| s.wrapping_add(v))
+                    .insert_axis(ndarray::Axis(ax));
+            }
+        }
+        let out_shape: Vec<usize> = if $keep {
+            kept_shape(&shape, &red)
+        } else {
+            shape
+                .iter()
+                .zip(&red)
+                .filter(|(_, &r)| !r)
+                .map(|(&d, _)| d)
+                .collect()
+        };
+        let v: Vec<$t> = y.iter().copied().collect();
+        let a = ArrayD::from_shape_vec(IxDyn(&out_shape), v)
+            .map_err(|e| Error::internal(e.to_string()))?;
+        $l.set_output(0, <$t as Element>::wrap(a));
+    }};
+}
+use reduce_sum_int;
 
 /// dX (of `x_shape`) = dY (whose elements are those of the kept shape)
 /// broadcast over the reduced dims, times `scale`.
@@ -539,8 +570,20 @@ fn fb_dims(
 ) -> Result<(usize, usize, Vec<usize>)> {
     check_num_reduce(op, k, shape.len(), blob)?;
     let split = if front { k } else { shape.len() - k };
-    let rows = shape[..split].iter().product();
-    let cols = shape[split..].iter().product();
+    // A shape given as an int64 input could overflow or ask for too much.
+    let product = |dims: &[usize]| {
+        dims.iter()
+            .try_fold(1usize, |a, &d| a.checked_mul(d))
+            .ok_or_else(|| {
+                Error::invalid_arg(format!("{op}: the shape {shape:?} has too many elements"))
+                    .with_blob(blob)
+            })
+    };
+    let (rows, cols) = (product(&shape[..split])?, product(&shape[split..])?);
+    rows.checked_mul(cols).ok_or_else(|| {
+        Error::invalid_arg(format!("{op}: the shape {shape:?} has too many elements"))
+            .with_blob(blob)
+    })?;
     let out = if front {
         &shape[split..]
     } else {
@@ -736,18 +779,18 @@ fn front_back_grad_t<T: Real>(
     }
     let lens = fb_lengths(l, op, lens_at, n_out, full)?;
     let g = dense(dy);
-    let dx: Vec<T> = (0..rows * cols)
-        .map(|i| {
-            let (o, pos) = fb_place(i, cols, front);
-            if pos >= lens[o] {
-                T::of(0.0)
-            } else if mean {
-                g[o] / T::of(lens[o] as f64)
-            } else {
-                g[o]
-            }
-        })
-        .collect();
+    let mut dx =
+        crate::tensor::try_vec::<T>(rows * cols, format!("the gradient of shape {shape:?}"))?;
+    dx.extend((0..rows * cols).map(|i| {
+        let (o, pos) = fb_place(i, cols, front);
+        if pos >= lens[o] {
+            T::of(0.0)
+        } else if mean {
+            g[o] / T::of(lens[o] as f64)
+        } else {
+            g[o]
+        }
+    }));
     l.set_output(0, T::wrap(array(&shape, dx)?));
     Ok(())
 }

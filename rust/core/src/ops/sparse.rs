@@ -1,5 +1,6 @@
-//! Sparse lookups and their gradients (issue 14): Gather, SparseToDense,
-//! SparseLengthsSum, SparseLengthsSumGradient and ScatterWeightedSum.
+//! Sparse lookups and their gradients (issue 14): Gather, BatchGather,
+//! SparseToDense, SparseLengthsSum/Mean, LengthsSum/Mean, their gradient
+//! ops, and ScatterWeightedSum.
 //!
 //! Gather's and SparseLengthsSum's gradients are sparse, as in Caffe2: a
 //! `GradientSlice` of (indices, values) made in `ferrocaffe/gradients.py`;
@@ -9,21 +10,13 @@
 #![allow(clippy::result_large_err)]
 
 use super::kernel;
-use super::nn::{array, dense, input, real_dtype, Real};
+use super::nn::{array, by_real, dense, input, real_dtype, Real};
+use super::optim::f32_in;
 use crate::arg;
 use crate::error::{Error, Result};
 use crate::operator::{InPlace, Locked, OpDefCtx, OpSchema, Operator, MANY};
 use crate::tensor::{DataType, Element, Tensor};
 use ndarray::{ArrayD, IxDyn};
-
-macro_rules! by_real {
-    ($l:expr, $op:expr, $i:expr, $f:ident ( $($a:expr),* )) => {
-        match real_dtype($l, $op, $i)? {
-            DataType::Float => $f::<f32>($($a),*),
-            _ => $f::<f64>($($a),*),
-        }
-    };
-}
 
 fn in_place_0_0(i: usize, o: usize) -> bool {
     i == 0 && o == 0
@@ -66,6 +59,30 @@ pub fn schemas() -> Vec<OpSchema> {
             .inputs(2, 2)
             .outputs(1, 1)
             .doc("Gradient of SparseLengthsSum: inputs (dY, LENGTHS), output the gradient's values: row j is dY's row of the segment j falls in (a GradientSlice with the indices)."),
+        OpSchema::new("SparseLengthsMean", build_sls)
+            .inputs(3, 3)
+            .outputs(1, 1)
+            .doc("Inputs (DATA, INDICES int32/int64, LENGTHS int32): output row i is the mean of the DATA rows at the next LENGTHS[i] indices (0 for an empty segment)."),
+        OpSchema::new("SparseLengthsMeanGradient", build_sls_grad)
+            .inputs(2, 2)
+            .outputs(1, 1)
+            .doc("Gradient of SparseLengthsMean: inputs (dY, LENGTHS), output the gradient's values: row j is dY's row of its segment divided by the segment's length."),
+        OpSchema::new("LengthsSum", build_sls)
+            .inputs(2, 2)
+            .outputs(1, 1)
+            .doc("Inputs (DATA, LENGTHS int32 summing to DATA's first dim): output row i is the sum of the next LENGTHS[i] rows of DATA."),
+        OpSchema::new("LengthsSumGradient", build_sls_grad)
+            .inputs(2, 2)
+            .outputs(1, 1)
+            .doc("Gradient of LengthsSum: inputs (dY, LENGTHS), dDATA: each row gets dY's row of its segment."),
+        OpSchema::new("LengthsMean", build_sls)
+            .inputs(2, 2)
+            .outputs(1, 1)
+            .doc("Inputs (DATA, LENGTHS int32 summing to DATA's first dim): output row i is the mean of the next LENGTHS[i] rows of DATA (0 for an empty segment)."),
+        OpSchema::new("LengthsMeanGradient", build_sls_grad)
+            .inputs(2, 2)
+            .outputs(1, 1)
+            .doc("Gradient of LengthsMean: inputs (dY, LENGTHS), dDATA: each row gets dY's row of its segment divided by the segment's length."),
         OpSchema::new("ScatterWeightedSum", build_scatter_weighted_sum)
             .inputs(5, MANY)
             .outputs(1, 1)
@@ -129,7 +146,11 @@ fn gather_of<T: Element>(
     let n = shape[axis];
     let inner: usize = shape[axis + 1..].iter().product();
     let src: Vec<T> = a.iter().cloned().collect();
-    let mut out = Vec::with_capacity(outer * rows.len() * inner);
+    let total = outer
+        .checked_mul(rows.len())
+        .and_then(|v| v.checked_mul(inner))
+        .ok_or_else(|| Error::invalid_arg("Gather: the output would have too many elements"))?;
+    let mut out = crate::tensor::try_vec::<T>(total, "Gather's output")?;
     for o in 0..outer {
         for &r in rows {
             let s = (o * n + r) * inner;
@@ -274,7 +295,14 @@ fn sparse_to_dense_t<T: Real>(l: &mut Locked<'_>, ni: usize) -> Result<()> {
     };
     let rows = checked_rows(op, &idx, first, false, l.input_name(0))?;
     let vs = dense(v);
-    let mut out = vec![T::of(0.0); first * inner];
+    let n = first.checked_mul(inner).ok_or_else(|| {
+        Error::invalid_arg(format!(
+            "{op}: an output of {first} rows of {inner} is too large"
+        ))
+        .with_blob(l.input_name(0))
+    })?;
+    let mut out = crate::tensor::try_vec::<T>(n, format!("{op}'s output of {first} rows"))?;
+    out.resize(n, T::of(0.0));
     for (i, &r) in rows.iter().enumerate() {
         for c in 0..inner {
             out[r * inner + c] += vs[i * inner + c];
@@ -334,8 +362,13 @@ fn lengths(l: &Locked<'_>, op: &str, i: usize, total: Option<usize>) -> Result<V
     Ok(out)
 }
 
-fn sls_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
-    let op = "SparseLengthsSum";
+/// (whether the op reads INDICES, whether it averages) of a lengths reducer.
+fn lengths_kind(op: &str) -> (bool, bool) {
+    (op.starts_with("Sparse"), op.contains("Mean"))
+}
+
+fn sls_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
+    let (sparse, mean) = lengths_kind(op);
     let data = input::<T>(l, op, 0)?;
     if data.ndim() == 0 {
         return Err(Error::shape(format!(
@@ -344,16 +377,20 @@ fn sls_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
         ))
         .with_blob(l.input_name(0)));
     }
-    let (idx, idx_shape) = indices(l, op, 1)?;
-    if idx_shape.len() != 1 {
-        return Err(Error::shape(format!(
-            "{op}: INDICES ('{}', shape {idx_shape:?}) must be 1-D",
-            l.input_name(1)
-        ))
-        .with_blob(l.input_name(1)));
-    }
-    let lens = lengths(l, op, 2, Some(idx.len()))?;
-    let rows = checked_rows(op, &idx, data.shape()[0], false, l.input_name(1))?;
+    let rows = if sparse {
+        let (idx, idx_shape) = indices(l, op, 1)?;
+        if idx_shape.len() != 1 {
+            return Err(Error::shape(format!(
+                "{op}: INDICES ('{}', shape {idx_shape:?}) must be 1-D",
+                l.input_name(1)
+            ))
+            .with_blob(l.input_name(1)));
+        }
+        checked_rows(op, &idx, data.shape()[0], false, l.input_name(1))?
+    } else {
+        (0..data.shape()[0]).collect()
+    };
+    let lens = lengths(l, op, if sparse { 2 } else { 1 }, Some(rows.len()))?;
     let inner: usize = data.shape()[1..].iter().product();
     let ds = dense(data);
     let mut out = vec![T::of(0.0); lens.len() * inner];
@@ -364,6 +401,12 @@ fn sls_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
                 out[s * inner + c] += ds[r * inner + c];
             }
         }
+        if mean && n > 0 {
+            let d = T::of(n as f64);
+            for v in &mut out[s * inner..(s + 1) * inner] {
+                *v = *v / d;
+            }
+        }
         k += n;
     }
     let mut shape = vec![lens.len()];
@@ -372,16 +415,17 @@ fn sls_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
     Ok(())
 }
 
-fn build_sls(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
-    Ok(kernel(|cx| {
+fn build_sls(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let op = ctx.op_type().to_string();
+    Ok(kernel(move |cx| {
         let mut l = cx.lock();
-        by_real!(&l, "SparseLengthsSum", 0, sls_t(&mut l))?;
+        by_real!(&l, &op, 0, sls_t(&mut l, &op))?;
         Ok(true)
     }))
 }
 
-fn sls_grad_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
-    let op = "SparseLengthsSumGradient";
+fn sls_grad_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
+    let (_, mean) = lengths_kind(op);
     let dy = input::<T>(l, op, 0)?;
     let lens = lengths(l, op, 1, None)?;
     if dy.ndim() == 0 || dy.shape()[0] != lens.len() {
@@ -398,8 +442,14 @@ fn sls_grad_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
     let g = dense(dy);
     let mut out = Vec::with_capacity(total * inner);
     for (s, &n) in lens.iter().enumerate() {
+        let row = &g[s * inner..(s + 1) * inner];
+        let d = T::of(n.max(1) as f64);
         for _ in 0..n {
-            out.extend_from_slice(&g[s * inner..(s + 1) * inner]);
+            if mean {
+                out.extend(row.iter().map(|&v| v / d));
+            } else {
+                out.extend_from_slice(row);
+            }
         }
     }
     let mut shape = vec![total];
@@ -408,31 +458,19 @@ fn sls_grad_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
     Ok(())
 }
 
-fn build_sls_grad(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
-    Ok(kernel(|cx| {
+fn build_sls_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let op = ctx.op_type().to_string();
+    Ok(kernel(move |cx| {
         let mut l = cx.lock();
-        by_real!(&l, "SparseLengthsSumGradient", 0, sls_grad_t(&mut l))?;
+        by_real!(&l, &op, 0, sls_grad_t(&mut l, &op))?;
         Ok(true)
     }))
 }
 
 // -------------------------------------------------- ScatterWeightedSum --
 
-fn f32_input<'l>(l: &'l Locked<'_>, op: &str, i: usize) -> Result<&'l ArrayD<f32>> {
-    let t = l.tensor(i)?;
-    match t {
-        Tensor::F32(a) => Ok(a),
-        _ => Err(Error::type_error(format!(
-            "{op}: input {i} ('{}') must be a float32 tensor, got {}",
-            l.input_name(i),
-            t.dtype()
-        ))
-        .with_blob(l.input_name(i))),
-    }
-}
-
 fn weight(l: &Locked<'_>, op: &str, i: usize) -> Result<f32> {
-    let w = f32_input(l, op, i)?;
+    let w = f32_in(l, op, i, "the weight")?;
     if w.len() != 1 {
         return Err(Error::shape(format!(
             "{op}: the weight ('{}', shape {:?}) must have one element",
@@ -454,7 +492,7 @@ fn build_scatter_weighted_sum(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     }
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
-        let x0 = f32_input(&l, OP, 0)?;
+        let x0 = f32_in(&l, OP, 0, "X0")?;
         if x0.ndim() == 0 {
             return Err(Error::shape(format!(
                 "{OP}: X0 ('{}') must have at least one dim",
@@ -470,7 +508,7 @@ fn build_scatter_weighted_sum(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         let shape = x0.shape().to_vec();
         let mut slices = Vec::new();
         for p in (3..ni).step_by(2) {
-            let x = f32_input(&l, OP, p)?;
+            let x = f32_in(&l, OP, p, "a slice")?;
             if x.len() != rows.len() * inner {
                 return Err(Error::shape(format!(
                     "{OP}: '{}' (shape {:?}) must have one row of {inner} values per index ({} indices)",
