@@ -534,8 +534,11 @@ class Workspace:
         call to (``ferrocaffe.profile``)."""
         name = StringifyNetName(name)
         num_iter = _int64(num_iter, "num_iter", net=name)
-        with _traced(trace):
+        if trace is None:  # the hot path: no context manager
             ok = self._core.run_net(name, num_iter)
+        else:
+            with profiler.profile(trace):
+                ok = self._core.run_net(name, num_iter)
         return _check(ok, allow_fail, f"net '{name}'")
 
     def benchmark_net(self, name, warmup_runs: int, main_runs: int, run_individual: bool) -> list[float]:
@@ -551,7 +554,7 @@ class Workspace:
         """Runs a Plan, ExecutionStep, Net or one of their protos once.
         ``trace``: a path to write a timeline of this call to."""
         if trace is not None:
-            with _traced(trace):
+            with profiler.profile(trace):
                 return self.run(obj)
         kind = _kind_of(obj)
         if kind == "plan":
@@ -884,26 +887,37 @@ def RunPlan(plan_or_step, trace=None, progress=None) -> bool:
         plan_or_step = _plan_from_step(plan_or_step)
     data = StringifyProto(plan_or_step, proto.PlanDef)
     ws = current_workspace()
-    with _traced(trace):
-        counted = _progress_plan(data, progress)
-        if counted is None:
-            ok = ws._core.run_plan(data)
-        else:
-            ok = _run_with_progress(ws, *counted)
+    if trace is not None:
+        with profiler.profile(trace):
+            return RunPlan(data, progress=progress)
+    counted = _progress_plan(data, progress)
+    if counted is None:
+        ok = ws._core.run_plan(data)
+    else:
+        ok = _run_with_progress(ws, *counted)
     return _check(ok, False, "plan")
 
 
 _progress_ids = iter(range(1, 1 << 62))
 
 
+_progress_on_terminal: bool | None = None
+
+
 def _progress_wanted() -> bool:
-    import sys
-    if os.environ.get("CI") or os.environ.get("TERM") == "dumb":
-        return False
-    try:
-        return bool(sys.stderr.isatty())
-    except (AttributeError, ValueError):
-        return False
+    """Whether bars are drawn by default: stderr is a terminal, not in CI
+    (decided once per process: RunPlan's hot path pays no system call)."""
+    global _progress_on_terminal
+    if _progress_on_terminal is None:
+        import sys
+        if os.environ.get("CI") or os.environ.get("TERM") == "dumb":
+            _progress_on_terminal = False
+        else:
+            try:
+                _progress_on_terminal = bool(sys.stderr.isatty())
+            except (AttributeError, ValueError):
+                _progress_on_terminal = False
+    return _progress_on_terminal
 
 
 def _progress_plan(data: bytes, progress):
@@ -971,11 +985,6 @@ def _run_with_progress(ws, data, total, counter, made):
             ws._core.delete_net(name)
         for name in (counter, made[2]):
             ws._core.remove_blob(name)
-
-
-def _traced(path):
-    """A profile written to ``path``, or nothing when ``path`` is None."""
-    return contextlib.nullcontext() if path is None else profiler.profile(path)
 
 
 def BenchmarkNet(name, warmup_runs: int, main_runs: int, run_individual: bool) -> list[float]:
