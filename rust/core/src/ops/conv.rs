@@ -807,11 +807,16 @@ impl Plan {
         }
     }
     /// Blocks of output lines (pairs of the first two output dims) whose
-    /// window matrix has about `COL_BLOCK` elements (at least one line).
+    /// window matrix has about `COL_BLOCK` elements (at least `MIN_COLS`
+    /// columns, at least one line).
     fn line_blocks(&self) -> impl Iterator<Item = (usize, usize)> {
         let lines = self.g.outs[0] * self.g.outs[1];
         let per_line = (self.rows() * self.g.outs[2]).max(1);
-        let step = (COL_BLOCK / per_line).max(1);
+        // At least MIN_COLS columns: each block packs the filter again, and
+        // narrow products run below the GEMM kernel's speed.
+        let step = (COL_BLOCK / per_line)
+            .max(MIN_COLS.div_ceil(self.g.outs[2].max(1)))
+            .max(1);
         (0..lines)
             .step_by(step)
             .map(move |l0| (l0, (l0 + step).min(lines)))
@@ -1066,6 +1071,8 @@ impl Plan {
 /// Elements of a block of the window matrix (512 KiB of float32): small
 /// enough to stay in the L2 cache between im2col and the product.
 const COL_BLOCK: usize = 1 << 17;
+/// The fewest columns of a block of the window matrix.
+const MIN_COLS: usize = 256;
 
 /// Images run on the kernel pool when there are several and the work
 /// (multiply-adds) pays for the hand-off.
