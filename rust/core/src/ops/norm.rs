@@ -29,11 +29,7 @@ fn channels(op: &str, l: &Locked<'_>, order: Order) -> Result<(usize, usize, usi
         Order::Nhwc => s[s.len() - 1],
     };
     let n = s[0];
-    let hw = if n * c == 0 {
-        0
-    } else {
-        s.iter().product::<usize>() / (n * c)
-    };
+    let hw = s.iter().product::<usize>().checked_div(n * c).unwrap_or(0);
     Ok((n, c, hw))
 }
 

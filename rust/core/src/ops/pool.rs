@@ -129,7 +129,7 @@ fn argmax<T: Float>(x: &[T], idx: &[usize]) -> Option<usize> {
     let mut best: Option<usize> = None;
     for &i in idx {
         match best {
-            Some(b) if !(x[i] > x[b]) => {}
+            Some(b) if x[i].partial_cmp(&x[b]) != Some(std::cmp::Ordering::Greater) => {}
             _ => best = Some(i),
         }
     }
