@@ -11,7 +11,8 @@ convolutions are 3x3 with pad 1, so the two poolings leave 2x2 maps:
 Training: SGD with momentum 0.9, learning rate 0.05, batches of 64, on
 1,437 of the 1,797 images; the other 360 are the test set. With the
 default 12 epochs the test accuracy is at least 0.95 (it prints it; the
-script exits non-zero below that).
+script exits non-zero below that): 0.99 in 1.4 s of training with a
+release build, seed 0.
 
     pip install scikit-learn          # the digits data set
     PYTHONPATH=python python examples/lenet_digits.py [--epochs 12]

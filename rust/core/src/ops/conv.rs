@@ -622,11 +622,13 @@ fn valid_range(n: usize, s: usize, off: isize, len: usize) -> (usize, usize) {
     (lo, hi.max(lo))
 }
 
-/// NCHW im2col: `cg` channels of one image (`x`) to a (cg * K) x P matrix.
-fn im2col_nchw<T: Float>(g: &Geo, x: &[T], cg: usize, col: &mut [T]) {
+/// NCHW im2col of `cg` channels of one image (`x`), for the output lines
+/// (pairs of the first two output dims) `l0..l1`: a (cg * K) x
+/// ((l1 - l0) * last output dim) matrix.
+fn im2col_nchw_lines<T: Float>(g: &Geo, x: &[T], cg: usize, l0: usize, l1: usize, col: &mut [T]) {
     let [i0, i1, i2] = g.ins;
-    let [o0, o1, o2] = g.outs;
-    let p = o0 * o1 * o2;
+    let [_, o1, o2] = g.outs;
+    let p = (l1 - l0) * o2;
     let zero = T::of(0.0);
     let mut r = 0;
     for c in 0..cg {
@@ -638,13 +640,11 @@ fn im2col_nchw<T: Float>(g: &Geo, x: &[T], cg: usize, col: &mut [T]) {
                     r += 1;
                     let off = (e * g.d[2]) as isize - g.ph[2] as isize;
                     let (lo, hi) = valid_range(o2, g.s[2], off, i2);
-                    let mut o = 0;
-                    for z in 0..o0 {
-                        let zi = g.tap(0, z, a);
-                        for y in 0..o1 {
-                            let out = &mut row[o..o + o2];
-                            o += o2;
-                            let (Some(zi), Some(yi)) = (zi, g.tap(1, y, b)) else {
+                    for (j, line) in (l0..l1).enumerate() {
+                        let (z, y) = (line / o1, line % o1);
+                        {
+                            let out = &mut row[j * o2..(j + 1) * o2];
+                            let (Some(zi), Some(yi)) = (g.tap(0, z, a), g.tap(1, y, b)) else {
                                 out.fill(zero);
                                 continue;
                             };
@@ -670,7 +670,7 @@ fn im2col_nchw<T: Float>(g: &Geo, x: &[T], cg: usize, col: &mut [T]) {
     }
 }
 
-/// The adjoint of [`im2col_nchw`]: adds each column entry to its pixel of
+/// The adjoint of [`im2col_nchw_lines`] over every line: adds each column entry to its pixel of
 /// `x` (which the caller zeroed).
 fn col2im_nchw<T: Float>(g: &Geo, col: &[T], cg: usize, x: &mut [T]) {
     let [i0, i1, i2] = g.ins;
@@ -806,6 +806,21 @@ impl Plan {
             vec![T::of(0.0); self.rows() * self.g.out_len()]
         }
     }
+    /// Blocks of output lines (pairs of the first two output dims) whose
+    /// window matrix has about `COL_BLOCK` elements (at least `MIN_COLS`
+    /// columns, at least one line).
+    fn line_blocks(&self) -> impl Iterator<Item = (usize, usize)> {
+        let lines = self.g.outs[0] * self.g.outs[1];
+        let per_line = (self.rows() * self.g.outs[2]).max(1);
+        // At least MIN_COLS columns: each block packs the filter again, and
+        // narrow products run below the GEMM kernel's speed.
+        let step = (COL_BLOCK / per_line)
+            .max(MIN_COLS.div_ceil(self.g.outs[2].max(1)))
+            .max(1);
+        (0..lines)
+            .step_by(step)
+            .map(move |l0| (l0, (l0 + step).min(lines)))
+    }
     /// Multiply-adds of one image's product.
     fn macs(&self) -> usize {
         self.cout * self.rows() * self.g.out_len()
@@ -826,25 +841,43 @@ impl Plan {
             match self.order {
                 Order::Nchw => {
                     let src = &img[g * cg * pin..(g + 1) * cg * pin];
-                    let colv: &[T] = if self.g.identity() {
-                        src
-                    } else {
-                        im2col_nchw(&self.g, src, cg, col);
-                        col
-                    };
-                    pgemm(
-                        self.par,
-                        mg,
-                        rows,
-                        p,
-                        wg,
-                        (rows, 1),
-                        colv,
-                        (p, 1),
-                        zero,
-                        &mut out[g * mg * p..],
-                        (p, 1),
-                    );
+                    let outg = &mut out[g * mg * p..];
+                    if self.g.identity() {
+                        pgemm(
+                            self.par,
+                            mg,
+                            rows,
+                            p,
+                            wg,
+                            (rows, 1),
+                            src,
+                            (p, 1),
+                            zero,
+                            outg,
+                            (p, 1),
+                        );
+                        continue;
+                    }
+                    // Blocks of output lines, so that the window matrix
+                    // stays in cache between im2col and the product.
+                    for (l0, l1) in self.line_blocks() {
+                        let nc = (l1 - l0) * self.g.outs[2];
+                        im2col_nchw_lines(&self.g, src, cg, l0, l1, col);
+                        let c0 = l0 * self.g.outs[2];
+                        pgemm(
+                            self.par,
+                            mg,
+                            rows,
+                            nc,
+                            wg,
+                            (rows, 1),
+                            col,
+                            (nc, 1),
+                            zero,
+                            &mut outg[c0..],
+                            (p, 1),
+                        );
+                    }
                 }
                 Order::Nhwc => {
                     let (a, sa): (&[T], _) = if self.g.identity() {
@@ -973,25 +1006,41 @@ impl Plan {
             match self.order {
                 Order::Nchw => {
                     let src = &img[g * cg * pin..(g + 1) * cg * pin];
-                    let colv: &[T] = if self.g.identity() {
-                        src
-                    } else {
-                        im2col_nchw(&self.g, src, cg, col);
-                        col
-                    };
-                    pgemm(
-                        self.par,
-                        mg,
-                        p,
-                        rows,
-                        &cs[g * mg * p..],
-                        (p, 1),
-                        colv,
-                        (1, p),
-                        one,
-                        dwg,
-                        (rows, 1),
-                    );
+                    let csg = &cs[g * mg * p..];
+                    if self.g.identity() {
+                        pgemm(
+                            self.par,
+                            mg,
+                            p,
+                            rows,
+                            csg,
+                            (p, 1),
+                            src,
+                            (1, p),
+                            one,
+                            dwg,
+                            (rows, 1),
+                        );
+                        continue;
+                    }
+                    for (l0, l1) in self.line_blocks() {
+                        let nc = (l1 - l0) * self.g.outs[2];
+                        im2col_nchw_lines(&self.g, src, cg, l0, l1, col);
+                        let c0 = l0 * self.g.outs[2];
+                        pgemm(
+                            self.par,
+                            mg,
+                            nc,
+                            rows,
+                            &csg[c0..],
+                            (p, 1),
+                            col,
+                            (1, nc),
+                            one,
+                            dwg,
+                            (rows, 1),
+                        );
+                    }
                 }
                 Order::Nhwc => {
                     let (b, sb): (&[T], _) = if self.g.identity() {
@@ -1018,6 +1067,12 @@ impl Plan {
         }
     }
 }
+
+/// Elements of a block of the window matrix (512 KiB of float32): small
+/// enough to stay in the L2 cache between im2col and the product.
+const COL_BLOCK: usize = 1 << 17;
+/// The fewest columns of a block of the window matrix.
+const MIN_COLS: usize = 256;
 
 /// Images run on the kernel pool when there are several and the work
 /// (multiply-adds) pays for the hand-off.

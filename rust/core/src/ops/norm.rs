@@ -29,11 +29,7 @@ fn channels(op: &str, l: &Locked<'_>, order: Order) -> Result<(usize, usize, usi
         Order::Nhwc => s[s.len() - 1],
     };
     let n = s[0];
-    let hw = if n * c == 0 {
-        0
-    } else {
-        s.iter().product::<usize>() / (n * c)
-    };
+    let hw = s.iter().product::<usize>().checked_div(n * c).unwrap_or(0);
     Ok((n, c, hw))
 }
 
@@ -510,4 +506,46 @@ pub fn schemas() -> Vec<OpSchema> {
             .args(SHUFFLE_ARGS)
             .doc("Gradient of ChannelShuffle: input dY, output dX (the inverse shuffle)."),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::tensor::Tensor;
+    use crate::test_util::{get, int_arg, op, run, ws_with};
+
+    #[test]
+    fn channel_shuffle_by_hand() {
+        // 6 channels as 2 groups of 3: (0 1 2)(3 4 5) -> 0 3 1 4 2 5.
+        let x: Vec<f32> = (0..6).map(|v| v as f32).collect();
+        let ws = ws_with(&[("x", Tensor::from_vec(&[1, 6, 1], x).unwrap())]);
+        run(
+            &ws,
+            op("ChannelShuffle", &["x"], &["y"], vec![int_arg("group", 2)]),
+        )
+        .unwrap();
+        let y: Vec<f32> = get(&ws, "y")
+            .array::<f32>()
+            .unwrap()
+            .iter()
+            .copied()
+            .collect();
+        assert_eq!(y, vec![0., 3., 1., 4., 2., 5.]);
+        run(
+            &ws,
+            op(
+                "ChannelShuffleGradient",
+                &["y"],
+                &["z"],
+                vec![int_arg("group", 2)],
+            ),
+        )
+        .unwrap();
+        let z: Vec<f32> = get(&ws, "z")
+            .array::<f32>()
+            .unwrap()
+            .iter()
+            .copied()
+            .collect();
+        assert_eq!(z, (0..6).map(|v| v as f32).collect::<Vec<_>>());
+    }
 }

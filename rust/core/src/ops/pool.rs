@@ -129,7 +129,7 @@ fn argmax<T: Float>(x: &[T], idx: &[usize]) -> Option<usize> {
     let mut best: Option<usize> = None;
     for &i in idx {
         match best {
-            Some(b) if !(x[i] > x[b]) => {}
+            Some(b) if x[i].partial_cmp(&x[b]) != Some(std::cmp::Ordering::Greater) => {}
             _ => best = Some(i),
         }
     }
@@ -257,4 +257,52 @@ pub fn schemas() -> Vec<OpSchema> {
         grad("AveragePool2DGradient", AVG_G),
         grad("AveragePool3DGradient", AVG_G),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::error::ErrorKind;
+    use crate::tensor::Tensor;
+    use crate::test_util::{get, int_arg, op, run, ws_with};
+
+    fn vals(t: &Tensor) -> Vec<f32> {
+        t.array::<f32>().unwrap().iter().copied().collect()
+    }
+
+    #[test]
+    fn pooling_by_hand() {
+        // X 1x1x3x3 = 1..9; kernel 2, stride 1, pad 1 at the tails only.
+        let x: Vec<f32> = (1..=9).map(|v| v as f32).collect();
+        let ws = ws_with(&[("x", Tensor::from_vec(&[1, 1, 3, 3], x).unwrap())]);
+        run(
+            &ws,
+            op("MaxPool", &["x"], &["m"], vec![int_arg("kernel", 2)]),
+        )
+        .unwrap();
+        assert_eq!(vals(&get(&ws, "m")), vec![5., 6., 8., 9.]);
+        let pads = vec![
+            int_arg("kernel", 2),
+            int_arg("pad_t", 0),
+            int_arg("pad_l", 0),
+            int_arg("pad_b", 1),
+            int_arg("pad_r", 1),
+        ];
+        run(&ws, op("AveragePool", &["x"], &["a"], pads.clone())).unwrap();
+        // The last row and column average the taps inside the image.
+        assert_eq!(
+            vals(&get(&ws, "a")),
+            vec![3., 4., 4.5, 6., 7., 7.5, 7.5, 8.5, 9.]
+        );
+        let mut cip = pads;
+        cip.push(int_arg("count_include_pad", 1));
+        run(&ws, op("AveragePool", &["x"], &["c"], cip)).unwrap();
+        assert_eq!(vals(&get(&ws, "c"))[8], 9. / 4.);
+        // A window larger than the padded input is a shape error.
+        let e = run(
+            &ws,
+            op("MaxPool", &["x"], &["e"], vec![int_arg("kernel", 4)]),
+        )
+        .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Shape);
+    }
 }
