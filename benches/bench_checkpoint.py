@@ -9,15 +9,17 @@ save  64 float32 tensors (2048 x 1024 each, 512 MiB of random data) written
       by a Save op (db_type 'ferro', then 'minidb'), which fsyncs the file
       and its directory; baseline: ``dd if=/dev/zero of=F bs=1M count=512
       conv=fsync`` (its own reported time).  Target: save >= 0.80 x dd.
-load  the same data read back by a Load op into a new workspace, alone and
-      followed by ``fetch_blob`` of every tensor (a numpy copy each: what
-      the peer harness's W5 times); baselines: ``dd if=F of=/dev/null
-      bs=1M`` (its own reported time), one ``readinto`` of the whole file
-      into a new bytearray, and ``np.load`` of the 64 tensors saved as .npy
-      files.  Both cold (the files evicted from the page cache with
-      posix_fadvise(DONTNEED) after an fsync) and warm, all interleaved.
-      Targets: Load >= np.load; Load + fetch cold >= 0.90 x dd, warm >= 5
-      GB/s.
+load  the same data read back by a Load op into a new workspace, alone,
+      followed by ``fetch_blob`` of every tensor (the default: a writable
+      numpy copy each, what the peer harness's W5 times), and followed by
+      ``fetch_blob(name, copy=False)`` of every tensor (a read-only view of
+      the tensor's copy-on-write buffer); baselines: ``dd if=F
+      of=/dev/null bs=1M`` (its own reported time), one ``readinto`` of
+      the whole file into a new bytearray, and ``np.load`` of the 64
+      tensors saved as .npy files.  Both cold (the files evicted from the
+      page cache with posix_fadvise(DONTNEED) after an fsync) and warm, all
+      interleaved.  Targets: Load >= np.load; Load + fetch cold >= 0.90 x
+      dd, warm >= 5 GB/s (both fetches are reported against them).
 mmap  the same ferro file opened with ``ferrocaffe.checkpoint.mmap_db``
       (read-only numpy views of the mapped file, nothing copied); baseline:
       ``np.load(mmap_mode='r')`` of the 64 .npy files.  The open is timed
@@ -200,7 +202,8 @@ def readinto_seconds(path):
     return elapsed
 
 
-LOAD_KEYS = ('dd', 'readinto', 'numpy', 'ferro', 'ferro+fetch', 'minidb')
+LOAD_KEYS = ('dd', 'readinto', 'numpy', 'ferro', 'ferro+fetch', 'ferro+view',
+             'minidb')
 
 
 def bench_load(args, ws, names, arrays, nbytes, paths):
@@ -210,16 +213,16 @@ def bench_load(args, ws, names, arrays, nbytes, paths):
         if not os.path.exists(p):
             ws.run(save_op(names, p, t))
     ops = {t: load_op(names, p, t) for t, p in paths.items()}
-    fetch_split = []
+    fetch_split = {True: [], False: []}
 
-    def load_ferrocaffe(t, fetch=False):
+    def load_ferrocaffe(t, fetch=False, copy=True):
         target = workspace.Workspace()
         start = time.perf_counter()
         target.run(ops[t])
         loaded = time.perf_counter()
         if fetch:
-            out = [target.fetch_blob(n) for n in names]
-            fetch_split.append(time.perf_counter() - loaded)
+            out = [target.fetch_blob(n, copy=copy) for n in names]
+            fetch_split[copy].append(time.perf_counter() - loaded)
             assert out[7][5, 9] == arrays[7][5, 9]
             del out
         elapsed = time.perf_counter() - start
@@ -244,6 +247,8 @@ def bench_load(args, ws, names, arrays, nbytes, paths):
             return load_numpy()
         if key == 'ferro+fetch':
             return load_ferrocaffe('ferro', fetch=True)
+        if key == 'ferro+view':
+            return load_ferrocaffe('ferro', fetch=True, copy=False)
         return load_ferrocaffe(key)
 
     def files(key):
@@ -254,7 +259,8 @@ def bench_load(args, ws, names, arrays, nbytes, paths):
     results = {}
     for cold in (True, False):
         times = {k: [] for k in LOAD_KEYS}
-        del fetch_split[:]
+        for split in fetch_split.values():
+            del split[:]
         for _ in range(args.repeat):
             for key in LOAD_KEYS:
                 if cold:
@@ -274,17 +280,22 @@ def bench_load(args, ws, names, arrays, nbytes, paths):
         both = show('Load + fetch_blob x %d, ferro, %s' % (
             NUM_TENSORS, state), nbytes, times['ferro+fetch'])
         print('    of which fetch_blob: median %.3f s' % (
-            statistics.median(fetch_split)))
+            statistics.median(fetch_split[True])))
+        view = show('Load + fetch_blob(copy=False), %s' % state, nbytes,
+                    times['ferro+view'])
+        print('    of which fetch_blob(copy=False): median %.6f s' % (
+            statistics.median(fetch_split[False])))
         minidb = show('Load, minidb, %s' % state, nbytes, times['minidb'])
         print('  ratio Load(ferro) / np.load, %s  = %.2f  (target >= 1.0)' % (
             state, base / ferro))
         print('  ratio Load(ferro) / dd, %s       = %.2f' % (state, dd / ferro))
-        print('  ratio Load+fetch / dd, %s        = %.2f%s' % (
-            state, dd / both, '  (target >= 0.90)' if cold else ''))
-        print('  ratio Load+fetch / readinto, %s  = %.2f' % (state, raw / both))
-        if not cold:
-            print('  Load+fetch, warm                 = %.2f GB/s  '
-                  '(target >= 5)' % (nbytes / both / 1e9))
+        for label, t in (('Load+fetch', both), ('Load+fetch(copy=False)', view)):
+            print('  ratio %s / dd, %s = %.2f%s' % (
+                label, state, dd / t, '  (target >= 0.90)' if cold else ''))
+            print('  ratio %s / readinto, %s = %.2f' % (label, state, raw / t))
+            if not cold:
+                print('  %s, warm = %.2f GB/s  (target >= 5)' % (
+                    label, nbytes / t / 1e9))
         print('  ratio Load(minidb) / np.load, %s = %.2f' % (
             state, base / minidb))
         results[state] = base / ferro

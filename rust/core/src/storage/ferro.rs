@@ -3,6 +3,7 @@
 
 use super::mapped::check_zero_padding;
 use super::*;
+use std::mem::MaybeUninit;
 
 pub(super) const FERRO_MAGIC: &[u8; 8] = b"FERROCKP";
 pub(super) const FERRO_END_MAGIC: &[u8; 8] = b"FERROEND";
@@ -25,7 +26,7 @@ pub(super) fn align_up(x: u64) -> u64 {
 /// # Safety
 /// Implemented only for primitive integers and floats: they have no padding
 /// bytes and every bit pattern is a valid value, so a slice of them may be
-/// viewed as bytes and filled from bytes (see `pod_bytes`, `pod_bytes_mut`).
+/// viewed as bytes and filled from bytes (see `pod_bytes`, `spare_bytes`).
 pub(super) unsafe trait Pod: Copy + Default + Send + Sync + 'static {
     /// Little-endian to native or back (the identity on little-endian hosts).
     fn swap_le(self) -> Self;
@@ -69,15 +70,6 @@ pub(super) fn pod_bytes<T: Pod>(s: &[T]) -> &[u8] {
     // SAFETY: `T: Pod` has no padding, so all `size_of_val(s)` bytes are
     // initialized; `u8` has alignment 1; the view borrows `s`.
     unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<u8>(), std::mem::size_of_val(s)) }
-}
-
-/// The memory of a slice of numbers, as writable bytes (the read fast path:
-/// one read straight into a tensor's buffer).
-pub(super) fn pod_bytes_mut<T: Pod>(s: &mut [T]) -> &mut [u8] {
-    // SAFETY: as in `pod_bytes`, and every bit pattern is a valid `T`, so any
-    // bytes stored through the view leave valid values; the view borrows `s`
-    // mutably, so nothing else can observe it meanwhile.
-    unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(s)) }
 }
 
 /// Element size of a numeric dtype in the ferro format (`None` for strings).
@@ -641,7 +633,8 @@ pub(super) fn check_crc(path: &str, e: &IndexEntry, crc: u32) -> Result<()> {
 // ------------------------------------------------------ parallel loading --
 
 /// Where a loaded payload goes: a numeric tensor's own buffer (read into
-/// in place), or bytes to decode.
+/// in place), or bytes to decode. Each vector is empty, with exactly the
+/// payload's capacity, until every byte was read ([`Dest::set_read`]).
 pub(super) enum Dest {
     F32(Vec<f32>),
     F64(Vec<f64>),
@@ -672,17 +665,42 @@ macro_rules! each_dest {
     };
 }
 
+/// An empty vector with room for exactly `n` elements, advised to use huge
+/// pages when large. Not zeroed: the reads write every byte before the
+/// elements exist ([`Dest::set_read`]), so memory the allocator reuses is
+/// not touched twice, and fresh memory is faulted in by the read itself
+/// (zeroing it first, as `calloc` would for a reused heap chunk, doubled
+/// the writes of a load).
+fn uninit_buffer<T>(n: usize, what: String) -> Result<Vec<T>> {
+    let v: Vec<T> = crate::tensor::try_vec(n, what)?;
+    crate::tensor::advise_huge_pages(
+        v.as_ptr().cast(),
+        n.saturating_mul(std::mem::size_of::<T>()),
+    );
+    Ok(v)
+}
+
+/// The spare capacity of `v` as bytes (not yet initialised).
+fn spare_bytes<T: Pod>(v: &mut Vec<T>) -> &mut [MaybeUninit<u8>] {
+    let spare = v.spare_capacity_mut();
+    let len = std::mem::size_of_val(spare);
+    // SAFETY: any T's storage can be viewed as bytes that may be
+    // uninitialised (MaybeUninit<u8> has no validity requirement and
+    // alignment 1); the slice covers exactly the spare capacity, borrowed
+    // mutably from `v`.
+    unsafe { std::slice::from_raw_parts_mut(spare.as_mut_ptr().cast::<MaybeUninit<u8>>(), len) }
+}
+
 impl Dest {
-    /// A buffer for entry `e`: numeric tensors get fresh pages advised to be
+    /// A buffer for entry `e`: numeric tensors get memory advised to be
     /// huge (4 KiB page faults cost as much as the copy itself).
     /// Allocation failure is an error naming the blob, never an abort.
     pub(super) fn for_entry(e: &IndexEntry) -> Result<Dest> {
-        use crate::tensor::default_buffer;
         let n = e.numel() as usize;
         let what = || format!("the payload of blob '{}'", e.name);
         macro_rules! buf {
             ($t:ty) => {
-                default_buffer::<$t>(n, what()).map_err(|err| err.with_blob(&e.name))?
+                uninit_buffer::<$t>(n, what()).map_err(|err| err.with_blob(&e.name))?
             };
         }
         Ok(match (e.kind, ferro_dtype(e.dtype)) {
@@ -696,14 +714,25 @@ impl Dest {
             (KIND_TENSOR, Some(DataType::Uint16)) => Dest::U16(buf!(u16)),
             (KIND_TENSOR, Some(DataType::Float16)) => Dest::F16(buf!(crate::tensor::f16)),
             _ => Dest::Raw(
-                default_buffer::<u8>(e.length as usize, what())
+                uninit_buffer::<u8>(e.length as usize, what())
                     .map_err(|err| err.with_blob(&e.name))?,
             ),
         })
     }
 
-    pub(super) fn bytes_mut(&mut self) -> &mut [u8] {
-        each_dest!(self, v => pod_bytes_mut(v), raw r => r)
+    /// The bytes to read into: the whole (uninitialised) capacity.
+    pub(super) fn bytes_mut(&mut self) -> &mut [MaybeUninit<u8>] {
+        each_dest!(self, v => spare_bytes(v), raw r => spare_bytes(r))
+    }
+
+    /// Marks every element as read.
+    ///
+    /// # Safety
+    /// Every byte of [`Dest::bytes_mut`] must have been written.
+    pub(super) unsafe fn set_read(&mut self) {
+        // SAFETY: the capacity is initialised (the caller's promise), and
+        // every bit pattern is a valid Pod number.
+        each_dest!(self, v => unsafe { v.set_len(v.capacity()) }, raw r => unsafe { r.set_len(r.capacity()) })
     }
 
     /// The value, once every byte was read and the CRC checked.
@@ -741,27 +770,78 @@ pub(super) const LOAD_PIECE: usize = 8 << 20;
 pub(super) struct Piece<'a> {
     pub(super) entry: usize,
     pub(super) at: u64,
-    pub(super) dst: &'a mut [u8],
+    pub(super) dst: &'a mut [MaybeUninit<u8>],
     pub(super) crc: crc32fast::Hasher,
     pub(super) result: Result<()>,
 }
 
 /// Reads a piece with positioned reads, in slices checksummed while they
-/// are still in the cache.
+/// are still in the cache. On success every byte of `p.dst` was written.
 pub(super) fn read_piece(file: &File, path: &str, e: &IndexEntry, p: &mut Piece<'_>) -> Result<()> {
     let mut at = p.at;
     for slice in p.dst.chunks_mut(READ_SLICE) {
-        read_exact_at(file, slice, at).map_err(|err| {
+        let read = read_exact_at_uninit(file, slice, at).map_err(|err| {
             if err.kind() == std::io::ErrorKind::UnexpectedEof {
                 corrupt(path, format!("the db is truncated: {}", cut_off(e))).with_blob(&e.name)
             } else {
                 Error::io(&err, path).with_blob(&e.name)
             }
         })?;
-        p.crc.update(slice);
-        at += slice.len() as u64;
+        p.crc.update(read);
+        at += read.len() as u64;
     }
     Ok(())
+}
+
+/// Fills `buf` (maybe uninitialised) with the bytes at `at`, returning it
+/// as initialised bytes.
+#[cfg(unix)]
+pub(super) fn read_exact_at_uninit<'b>(
+    file: &File,
+    buf: &'b mut [MaybeUninit<u8>],
+    at: u64,
+) -> std::io::Result<&'b [u8]> {
+    use std::os::unix::io::AsRawFd;
+    let mut done = 0usize;
+    while done < buf.len() {
+        let off = libc::off_t::try_from(at + done as u64)
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+        // SAFETY: the destination is the unwritten tail of `buf`, valid for
+        // writes of that many bytes; pread writes at most that many.
+        let n = unsafe {
+            libc::pread(
+                file.as_raw_fd(),
+                buf[done..].as_mut_ptr().cast::<libc::c_void>(),
+                buf.len() - done,
+                off,
+            )
+        };
+        match n {
+            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            n if n > 0 => done += n as usize,
+            _ => {
+                let err = std::io::Error::last_os_error();
+                if err.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(err);
+                }
+            }
+        }
+    }
+    // SAFETY: every byte of `buf` was written by pread above.
+    Ok(unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), buf.len()) })
+}
+
+#[cfg(not(unix))]
+pub(super) fn read_exact_at_uninit<'b>(
+    file: &File,
+    buf: &'b mut [MaybeUninit<u8>],
+    at: u64,
+) -> std::io::Result<&'b [u8]> {
+    buf.fill(MaybeUninit::new(0));
+    // SAFETY: every byte was just initialised.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<u8>(), buf.len()) };
+    read_exact_at(file, bytes, at)?;
+    Ok(bytes)
 }
 
 #[cfg(unix)]
@@ -988,9 +1068,12 @@ pub(super) fn load_ferro(
         }
     }
     let mut out = Vec::with_capacity(wanted.len());
-    for ((e, d), crc) in wanted.into_iter().zip(dests).zip(crcs) {
+    for ((e, mut d), crc) in wanted.into_iter().zip(dests).zip(crcs) {
         let crc = crc.unwrap_or_default().finalize();
         check_crc(path, e, crc)?;
+        // SAFETY: every piece of every buffer was read in full (the loop
+        // above returned on the first piece that was not).
+        unsafe { d.set_read() };
         out.push((e.name.clone(), d.into_value(path, e)?));
     }
     Ok(out)
