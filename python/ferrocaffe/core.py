@@ -711,6 +711,8 @@ try:
     def _caffe2_debug():
         return bool(_ENVIRON_DATA.get(_CAFFE2_DEBUG_KEY))
 except AttributeError:  # not CPython's os.environ
+    _ENVIRON_DATA = os.environ
+    _CAFFE2_DEBUG_KEY = "CAFFE2_DEBUG"
 
     def _caffe2_debug():
         return bool(os.environ.get("CAFFE2_DEBUG"))
@@ -913,11 +915,30 @@ def _autogen_index(name, prefix):
 _OP_METHODS = set()
 
 
-def _op_method(op_type):
-    def op_method(self, *args, **kwargs):
-        return self._CreateAndAddToSelf(op_type, *args, **kwargs)
+# What the op methods (``_core.OpMethod``, in rust/python/src/proto.rs) read
+# from Python, made once when the first one is made.
+_NET_OP_HELPERS: _core.NetOpHelpers | None = None
 
-    op_method.__name__ = op_method.__qualname__ = op_type
+
+def _op_method(op_type):
+    # net.Add(...) adds the common op in one call into the extension (the
+    # inputs and outputs named, the arguments encoded, the op queued in
+    # _pending as a serialised OperatorDef, exactly as _CreateAndAddToSelf
+    # would); any other op goes through _CreateAndAddToSelf.
+    global _NET_OP_HELPERS
+    if _NET_OP_HELPERS is None:
+        _NET_OP_HELPERS = _core.NetOpHelpers(
+            BlobReference,
+            _user_frame,
+            _argument_bytes,
+            scope._threadlocal_scope,
+            scope.CurrentNameScope,
+            _ENVIRON_DATA,
+            _CAFFE2_DEBUG_KEY,
+            _OPERATOR_FIELD_KEYWORDS | {"inputs", "outputs"},
+            sys.modules,
+        )
+    op_method = _core.OpMethod(op_type, _NET_OP_HELPERS)
     if op_type not in Net.__dict__:
         setattr(Net, op_type, op_method)
         _OP_METHODS.add(op_type)
