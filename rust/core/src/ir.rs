@@ -225,12 +225,48 @@ mod tests {
     #[test]
     fn scalar_args_encode_as_prost_does() {
         let cases = [
-            (ScalarArg::I(-5), Argument { i: Some(-5), ..Default::default() }),
-            (ScalarArg::I(0), Argument { i: Some(0), ..Default::default() }),
-            (ScalarArg::F(-0.0), Argument { f: Some(-0.0), ..Default::default() }),
-            (ScalarArg::F(2.5), Argument { f: Some(2.5), ..Default::default() }),
-            (ScalarArg::S(b""), Argument { s: Some(vec![]), ..Default::default() }),
-            (ScalarArg::S("é".as_bytes()), Argument { s: Some("é".into()), ..Default::default() }),
+            (
+                ScalarArg::I(-5),
+                Argument {
+                    i: Some(-5),
+                    ..Default::default()
+                },
+            ),
+            (
+                ScalarArg::I(0),
+                Argument {
+                    i: Some(0),
+                    ..Default::default()
+                },
+            ),
+            (
+                ScalarArg::F(-0.0),
+                Argument {
+                    f: Some(-0.0),
+                    ..Default::default()
+                },
+            ),
+            (
+                ScalarArg::F(2.5),
+                Argument {
+                    f: Some(2.5),
+                    ..Default::default()
+                },
+            ),
+            (
+                ScalarArg::S(b""),
+                Argument {
+                    s: Some(vec![]),
+                    ..Default::default()
+                },
+            ),
+            (
+                ScalarArg::S("é".as_bytes()),
+                Argument {
+                    s: Some("é".into()),
+                    ..Default::default()
+                },
+            ),
         ];
         for (value, mut want) in cases {
             want.name = Some("k".into());

@@ -284,7 +284,10 @@ fn add_op_fast<'py>(
             }
         }
     }
-    if net.getattr(intern!(py, "_recreate_lookup_tables"))?.is_truthy()? {
+    if net
+        .getattr(intern!(py, "_recreate_lookup_tables"))?
+        .is_truthy()?
+    {
         return Ok(None);
     }
     let blob_ref = h.blob_reference.bind(py);
@@ -312,13 +315,14 @@ fn add_op_fast<'py>(
         prefix = Some(p.clone());
         Ok(p)
     };
-    let scoped = |s: &Bound<'py, PyString>, p: &Bound<'py, PyString>| -> PyResult<Bound<'py, PyString>> {
-        if p.to_str()?.is_empty() {
-            Ok(s.clone())
-        } else {
-            Ok(p.add(s)?.cast_into::<PyString>()?)
-        }
-    };
+    let scoped =
+        |s: &Bound<'py, PyString>, p: &Bound<'py, PyString>| -> PyResult<Bound<'py, PyString>> {
+            if p.to_str()?.is_empty() {
+                Ok(s.clone())
+            } else {
+                Ok(p.add(s)?.cast_into::<PyString>()?)
+            }
+        };
     let op_outputs = net.getattr(intern!(py, "_op_outputs"))?;
     let op_outputs = op_outputs.cast::<PySet>()?;
     let external = net.getattr(intern!(py, "_external_input_map"))?;
@@ -392,10 +396,22 @@ fn add_op_fast<'py>(
     }
     let arg_refs: Vec<&[u8]> = order
         .iter()
-        .map(|&(mine, i)| if mine { arg_bytes[i].as_slice() } else { py_args[i].as_bytes() })
+        .map(|&(mine, i)| {
+            if mine {
+                arg_bytes[i].as_slice()
+            } else {
+                py_args[i].as_bytes()
+            }
+        })
         .collect();
-    let ins_str: Vec<&str> = in_names.iter().map(|s| s.to_str()).collect::<PyResult<_>>()?;
-    let outs_str: Vec<&str> = out_names.iter().map(|s| s.to_str()).collect::<PyResult<_>>()?;
+    let ins_str: Vec<&str> = in_names
+        .iter()
+        .map(|s| s.to_str())
+        .collect::<PyResult<_>>()?;
+    let outs_str: Vec<&str> = out_names
+        .iter()
+        .map(|s| s.to_str())
+        .collect::<PyResult<_>>()?;
     let mut op = Vec::with_capacity(64);
     ir::encode_op_fields(
         &mut op,
@@ -414,7 +430,12 @@ fn add_op_fast<'py>(
         op_outputs.add(n)?;
     }
     // Where the user's code made the op, for PopulateProtoWithFileName.
-    let index = net.getattr(intern!(py, "_proto"))?.getattr(intern!(py, "op"))?.len()? + pending.len() - 1;
+    let index = net
+        .getattr(intern!(py, "_proto"))?
+        .getattr(intern!(py, "op"))?
+        .len()?
+        + pending.len()
+        - 1;
     let dict = net.getattr(intern!(py, "__dict__"))?;
     let dict = dict.cast::<PyDict>()?;
     let key = intern!(py, "_op_tracebacks");
@@ -431,9 +452,15 @@ fn add_op_fast<'py>(
     Ok(Some(match out_names.len() {
         0 => py.None(),
         1 => make_ref(&out_names[0])?.unbind(),
-        _ => PyTuple::new(py, out_names.iter().map(make_ref).collect::<PyResult<Vec<_>>>()?)?
-            .into_any()
-            .unbind(),
+        _ => PyTuple::new(
+            py,
+            out_names
+                .iter()
+                .map(make_ref)
+                .collect::<PyResult<Vec<_>>>()?,
+        )?
+        .into_any()
+        .unbind(),
     }))
 }
 
