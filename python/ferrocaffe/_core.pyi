@@ -51,6 +51,31 @@ class BackgroundPlan:
     def cancel(self) -> None: ...
     def wait(self) -> bool: ...
 
+class NetOpHelpers:
+    """What core.Net's op methods read from Python (made once by core)."""
+
+    def __init__(
+        self,
+        blob_reference: type,
+        user_frame: Any,
+        argument_bytes: Any,
+        scope_local: Any,
+        current_name_scope: Any,
+        environ: Any,
+        debug_key: Any,
+        field_keywords: frozenset[str],
+        modules: dict[str, Any],
+    ) -> None: ...
+
+class OpMethod:
+    """``Net.<OpType>``: an op method kept on the Net class."""
+
+    def __init__(self, op_type: str, helpers: NetOpHelpers) -> None: ...
+
+class BoundOpMethod:
+    """An op method bound to a net: ``net.Add([a, b], "c", broadcast=1)``
+    (called with the op's inputs, outputs and arguments)."""
+
 class TensorWrapper:
     """A blob as seen by a Python op (Caffe2's TensorCPU)."""
 

@@ -712,6 +712,8 @@ try:
     def _caffe2_debug():
         return bool(_ENVIRON_DATA.get(_CAFFE2_DEBUG_KEY))
 except AttributeError:  # not CPython's os.environ
+    _ENVIRON_DATA = os.environ
+    _CAFFE2_DEBUG_KEY = "CAFFE2_DEBUG"
 
     def _caffe2_debug():
         return bool(os.environ.get("CAFFE2_DEBUG"))
@@ -951,9 +953,35 @@ def _op_doc(op_type):
     return "\n".join(lines)
 
 
+# What the op methods (``_core.OpMethod``, in rust/python/src/proto.rs) read
+# from Python, made once when the first one is made.
+_NET_OP_HELPERS: _core.NetOpHelpers | None = None
+
+
 def _op_method(op_type):
+    # net.Add(...) adds the common op in one call into the extension (the
+    # inputs and outputs named, the arguments encoded, the op queued in
+    # _pending as a serialised OperatorDef, exactly as _CreateAndAddToSelf
+    # would); any other op goes through _CreateAndAddToSelf.
+    global _NET_OP_HELPERS
+    if _NET_OP_HELPERS is None:
+        _NET_OP_HELPERS = _core.NetOpHelpers(
+            BlobReference,
+            _user_frame,
+            _argument_bytes,
+            scope._threadlocal_scope,
+            scope.CurrentNameScope,
+            _ENVIRON_DATA,
+            _CAFFE2_DEBUG_KEY,
+            _OPERATOR_FIELD_KEYWORDS | {"inputs", "outputs"},
+            sys.modules,
+        )
+    fast = _core.OpMethod(op_type, _NET_OP_HELPERS)
+
+    # A plain function around the fast method, so that help(net.Add) and
+    # inspect show the op's schema and signature.
     def op_method(self, *args, **kwargs):
-        return self._CreateAndAddToSelf(op_type, *args, **kwargs)
+        return fast.__get__(self, Net)(*args, **kwargs)
 
     op_method.__name__ = op_method.__qualname__ = op_type
     op_method.__doc__ = _op_doc(op_type)

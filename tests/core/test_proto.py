@@ -18,7 +18,7 @@ import pytest
 from google.protobuf import descriptor_pb2, text_format
 from google.protobuf import message as pb_message
 
-from ferrocaffe import _core, core, proto, workspace
+from ferrocaffe import _core, core, errors, proto, workspace
 from ferrocaffe.proto import (
     Argument,
     BlobProto,
@@ -315,6 +315,75 @@ def test_op_methods_serialise_as_create_operator_does():
     assert got[4].arg[0].HasField("i") and got[5].arg[0].HasField("f")
     assert math.copysign(1.0, got[1].arg[1].f) == -1.0 and got[6].arg[0].f == 0.0
     assert math.isnan(got[7].arg[0].f)
+
+
+def _build(add):
+    """Ops of many shapes through ``add(net, op_type, *args, **kwargs)``;
+    returns the net and what each call returned."""
+    core.Net._reset_used_names()  # both nets are named "paths"
+    net = core.Net("paths")
+    x = net.AddExternalInput("x")
+    out = []
+    out.append(add(net, "Add", [x, "x"], "a", broadcast=1))
+    out.append(add(net, "Relu", x))  # one automatic name
+    out.append(add(net, "Relu", x, None))
+    out.append(add(net, "Split", "a", 2, axis=0))  # two automatic names
+    out.append(add(net, "Add", ("a", x), core.BlobReference("ref"), broadcast=True))
+    out.append(add(net, "Copy", "a", ["b"], tag="é", blob=b"\xff", neg=-(2 ** 63), f=1e-3))
+    out.append(add(net, "Copy", "undefined", "c"))  # becomes an external input
+    with core.NameScope("s"):
+        out.append(add(net, "Copy", "b", "d"))  # names get the scope
+        out.append(add(net, "Relu", "s/d"))
+    out.append(add(net, "Split", x, ["e", "f"]))
+    out.append(add(net, "Print", "e", []))
+    out.append(add(net, "Scale", "e", "g", scale=1e300))  # beyond float32: inf
+    out.append(add(net, "Scale", "e", "h", scale=np.float32(2), shape=[1, 2], names=["a"]))
+    return net, out
+
+
+def test_op_methods_do_what_create_and_add_to_self_does():
+    fast, got = _build(lambda net, t, *a, **kw: getattr(net, t)(*a, **kw))
+    slow, want = _build(lambda net, t, *a, **kw: net._CreateAndAddToSelf(t, *a, **kw))
+    assert fast.Proto().SerializeToString() == slow.Proto().SerializeToString()
+
+    def shape(r):
+        if isinstance(r, tuple):
+            return tuple(shape(x) for x in r)
+        if r is None:
+            return None
+        assert type(r) is core.BlobReference and r.Net() is not None
+        return str(r)
+
+    assert [shape(r) for r in got] == [shape(r) for r in want]
+    assert got[0] == "a" and got[3] == ("paths/Split:0", "paths/Split:1")
+    assert got[7] == "s/d" and got[10] is None
+    assert all(r.Net() is fast for r in got[:3])
+    # Names given as str inside the scope get it, inputs too (s/b is not
+    # defined, so it becomes an external input, as "undefined" does).
+    assert set(fast.Proto().external_input) == {"x", "undefined", "s/b", "s/s/d"}
+    assert sorted(fast._op_tracebacks) == list(range(len(fast.Proto().op)))
+    fast.PopulateProtoWithFileName()
+    assert all(op.name.startswith(__file__ + ":") for op in fast.Proto().op)
+
+
+def test_op_methods_refuse_what_create_and_add_to_self_refuses():
+    net = core.Net("bad")
+    x = net.AddExternalInput("x")
+    with pytest.raises(errors.InvalidArgumentError, match="'big'"):
+        net.Copy(x, "y", big=2 ** 64)
+    with pytest.raises(errors.InvalidArgumentError, match="'bad'"):
+        net.Copy(x, "y", bad="\ud800")
+    with pytest.raises(TypeError):
+        net.Copy([x, 3], "y")
+    with pytest.raises(TypeError):
+        net.Copy(x, "y", "z")
+    assert not net.BlobIsDefined("y") and len(net.Proto().op) == 0
+    # A device scope, an engine or an op name take the general path.
+    with core.DeviceScope(core.DeviceOption(caffe2_pb2.CPU)):
+        net.Copy(x, "d")
+    net.Copy(x, "e", engine="E", name="n")
+    ops = net.Proto().op
+    assert ops[0].HasField("device_option") and (ops[1].engine, ops[1].name) == ("E", "n")
 
 
 def test_edits_between_op_calls_keep_the_order():

@@ -110,18 +110,50 @@ fn put_len_delimited(out: &mut Vec<u8>, tag: u32, bytes: &[u8]) {
 /// `scratch` is reused between calls.
 pub fn append_net_op(out: &mut Vec<u8>, scratch: &mut Vec<u8>, fields: &OpFields<'_>) {
     scratch.clear();
+    encode_op_fields(scratch, fields);
+    append_net_op_bytes(out, scratch);
+}
+
+/// Appends the serialised OperatorDef with `fields` (as [`append_net_op`]
+/// writes it, without the `NetDef.op` framing).
+pub fn encode_op_fields(out: &mut Vec<u8>, fields: &OpFields<'_>) {
     for s in fields.inputs {
-        put_len_delimited(scratch, 1, s.as_bytes());
+        put_len_delimited(out, 1, s.as_bytes());
     }
     for s in fields.outputs {
-        put_len_delimited(scratch, 2, s.as_bytes());
+        put_len_delimited(out, 2, s.as_bytes());
     }
-    put_len_delimited(scratch, 3, fields.name.as_bytes());
-    put_len_delimited(scratch, 4, fields.op_type.as_bytes());
+    put_len_delimited(out, 3, fields.name.as_bytes());
+    put_len_delimited(out, 4, fields.op_type.as_bytes());
     for a in fields.args {
-        put_len_delimited(scratch, 5, a);
+        put_len_delimited(out, 5, a);
     }
-    append_net_op_bytes(out, scratch);
+}
+
+/// A value of a scalar `Argument` (the fields `core.Net`'s op methods set
+/// for a Python int, bool, float, str or bytes).
+pub enum ScalarArg<'a> {
+    F(f32),
+    I(i64),
+    S(&'a [u8]),
+}
+
+/// Appends the serialised `Argument` named `name` holding `value`, byte for
+/// byte what protobuf writes (fields in number order).
+pub fn encode_scalar_arg(out: &mut Vec<u8>, name: &str, value: ScalarArg<'_>) {
+    use prost::encoding::{encode_key, encode_varint, WireType};
+    put_len_delimited(out, 1, name.as_bytes());
+    match value {
+        ScalarArg::F(f) => {
+            encode_key(2, WireType::ThirtyTwoBit, out);
+            out.extend_from_slice(&f.to_le_bytes());
+        }
+        ScalarArg::I(i) => {
+            encode_key(3, WireType::Varint, out);
+            encode_varint(i as u64, out);
+        }
+        ScalarArg::S(s) => put_len_delimited(out, 4, s),
+    }
 }
 
 /// Appends one `NetDef.op` entry (field 2) holding the serialised
@@ -188,6 +220,60 @@ mod tests {
         append_net_op_bytes(&mut out, &encode(&bare));
         assert_eq!(out, encode(&expected));
         assert_eq!(decode::<NetDef>(&out, "net").unwrap(), expected);
+    }
+
+    #[test]
+    fn scalar_args_encode_as_prost_does() {
+        let cases = [
+            (
+                ScalarArg::I(-5),
+                Argument {
+                    i: Some(-5),
+                    ..Default::default()
+                },
+            ),
+            (
+                ScalarArg::I(0),
+                Argument {
+                    i: Some(0),
+                    ..Default::default()
+                },
+            ),
+            (
+                ScalarArg::F(-0.0),
+                Argument {
+                    f: Some(-0.0),
+                    ..Default::default()
+                },
+            ),
+            (
+                ScalarArg::F(2.5),
+                Argument {
+                    f: Some(2.5),
+                    ..Default::default()
+                },
+            ),
+            (
+                ScalarArg::S(b""),
+                Argument {
+                    s: Some(vec![]),
+                    ..Default::default()
+                },
+            ),
+            (
+                ScalarArg::S("é".as_bytes()),
+                Argument {
+                    s: Some("é".into()),
+                    ..Default::default()
+                },
+            ),
+        ];
+        for (value, mut want) in cases {
+            want.name = Some("k".into());
+            let mut out = Vec::new();
+            encode_scalar_arg(&mut out, "k", value);
+            assert_eq!(out, encode(&want));
+        }
     }
 
     #[test]

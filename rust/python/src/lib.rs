@@ -36,6 +36,9 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<workspace::PyWorkspace>()?;
     m.add_class::<runner::PyBackgroundPlan>()?;
     m.add_class::<python_op::PyTensorWrapper>()?;
+    m.add_class::<proto::NetOpHelpers>()?;
+    m.add_class::<proto::OpMethod>()?;
+    m.add_class::<proto::BoundOpMethod>()?;
     ferrocaffe::builtins::register();
     python_op::register_python_op();
     m.add_function(wrap_pyfunction!(runner::run_plan_in_background, m)?)?;
