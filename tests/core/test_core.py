@@ -1038,16 +1038,13 @@ def test_plan_attributes_and_round_trips():
     assert p.network[0].op == plan.Proto().network[0].op
 
 
-def test_net_of_a_thousand_ops_serialises_quickly():
-    import time
-
+def test_net_of_a_thousand_ops_round_trips():
+    # (Its speed is benches/bench_proto.py's business, not a test's.)
     net = Net("big")
     x = net.AddExternalInput("x")
     for _ in range(1000):
         x = net.Relu(x)
-    start = time.perf_counter()
     data = net.Proto().SerializeToString()
-    assert time.perf_counter() - start < 0.05
     assert proto.NetDef.FromString(data) == net.Proto()
     assert net.Proto().op[999].output == ["big/Relu_1000"]
 
