@@ -37,7 +37,7 @@ use crate::arg;
 use crate::blob::BlobValue;
 use crate::error::{Error, ErrorKind, Result};
 use crate::operator::{ArgDoc, InPlace, Locked, OpDefCtx, OpSchema, Operator, MANY};
-use crate::tensor::{f16, DataType, Element, Tensor};
+use crate::tensor::{copy_array, f16, DataType, Element, Tensor};
 use ndarray::{ArrayD, ArrayViewD, ArrayViewMutD, CowArray, IxDyn, Zip};
 use rayon::prelude::*;
 use smallvec::SmallVec;
@@ -187,6 +187,12 @@ pub fn schemas() -> Vec<OpSchema> {
                 "the target dtype: a TensorProto.DataType number or its name, such as \"INT64\""
             )])
             .doc("Y = X converted to dtype `to` (numeric dtypes, float16 and bool; float to int truncates toward zero and saturates)."),
+        OpSchema::new("ScaleBlobs", build_scale_blobs)
+            .inputs(1, MANY)
+            .outputs(1, MANY)
+            .inplace(InPlace::Allow(same_position))
+            .args(&[arg!("scale", "float", "1.0", "the factor to multiply by")])
+            .doc("Y_i = scale * X_i for each of n inputs and n outputs (float32 or float64 tensors); Y_i may be X_i."),
         OpSchema::new("FloatToHalf", build_float_to_half)
             .inputs(1, 1)
             .outputs(1, 1)
@@ -1574,6 +1580,52 @@ fn build_scale(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             }
             other => Err(unsupported("Scale", other, SCALE_TYPES)),
         }?;
+        Ok(true)
+    }))
+}
+
+fn same_position(i: usize, o: usize) -> bool {
+    i == o
+}
+
+fn build_scale_blobs(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let (ni, no) = (ctx.num_inputs(), ctx.num_outputs());
+    if ni != no {
+        return Err(ctx.bad_arg(format!(
+            "operator def did not pass schema checking: ScaleBlobs takes as many outputs as inputs, got {ni} inputs and {no} outputs"
+        )));
+    }
+    let s = ctx.args.f32("scale", 1.0)?;
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        // Every input is read before any output is written, so outputs
+        // that name other inputs see the old values.
+        let mut outs = Vec::with_capacity(ni);
+        for i in 0..ni {
+            let t = l.tensor(i)?;
+            let name = l.input_name(i);
+            // Copies allocated fallibly, then scaled in place.
+            let y = match t {
+                Tensor::F32(a) => {
+                    let mut y = copy_array(a.view()).map_err(|e| e.with_blob(name))?;
+                    y.mapv_inplace(|x| x * s);
+                    Tensor::F32(y)
+                }
+                Tensor::F64(a) => {
+                    let s = f64::from(s);
+                    let mut y = copy_array(a.view()).map_err(|e| e.with_blob(name))?;
+                    y.mapv_inplace(|x| x * s);
+                    Tensor::F64(y)
+                }
+                other => {
+                    return Err(unsupported("ScaleBlobs", other.dtype(), SCALE_TYPES).with_blob(name))
+                }
+            };
+            outs.push(y);
+        }
+        for (j, y) in outs.into_iter().enumerate() {
+            l.set_output(j, y);
+        }
         Ok(true)
     }))
 }

@@ -25,6 +25,7 @@ pub mod nn;
 pub mod optim;
 pub mod persistence;
 pub mod queue;
+pub mod rebatching;
 pub mod records;
 pub mod shape;
 pub mod utility;
@@ -42,6 +43,7 @@ pub fn builtin_schemas() -> Vec<OpSchema> {
     v.extend(optim::schemas());
     v.extend(persistence::schemas());
     v.extend(queue::schemas());
+    v.extend(rebatching::schemas());
     v.extend(records::schemas());
     v.extend(shape::schemas());
     v.extend(utility::schemas());
