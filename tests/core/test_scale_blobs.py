@@ -1,4 +1,4 @@
-"""ScaleBlobs (issue 13): n inputs scaled into n outputs, in place or not,
+"""ScaleBlobs and the Copy gradient (issue 13): n inputs scaled into n outputs, in place or not,
 float32 and float64; expected values from numpy."""
 
 import numpy as np
@@ -35,3 +35,17 @@ def test_bad_inputs(fresh):
     assert e.value.blob == "i"
     with pytest.raises(errors.InvalidArgumentError):
         workspace.RunOperatorOnce(core.CreateOperator("ScaleBlobs", ["i"], ["o", "p"]))
+
+
+def test_copy_gradient_is_copy_on_device_like(fresh):
+    net = core.Net("g")
+    net.Copy(["x"], ["y"])
+    net.AveragedLoss(["y"], ["loss"])
+    grads = net.AddGradientOperators(["loss"])
+    ops = net.Proto().op
+    assert ops[-1].type == "CopyOnDeviceLike"
+    assert list(ops[-1].input) == ["y_grad", "x"] and list(ops[-1].output) == ["x_grad"]
+    x = np.arange(6, dtype=np.float32)
+    workspace.FeedBlob("x", x)
+    workspace.RunNetOnce(net)
+    np.testing.assert_array_equal(workspace.FetchBlob(grads["x"]), np.full(6, 1 / 6, np.float32))
