@@ -318,6 +318,24 @@ def _convert_maker(grad_type):
     return maker
 
 
+@_register("Cast", copy_arguments=False)
+def _cast_grad(op, g_output):
+    # A Cast back to the input's dtype, which the op must name (from_type).
+    args = {a.name: a for a in op.arg}
+    if "from_type" not in args or "to" not in args:
+        raise errors.InvalidArgumentError(
+            "the gradient of Cast needs its argument 'from_type' (the input's dtype)", op="Cast")
+
+    def value(a):  # a DataType number, also when given by name
+        if a.HasField("s"):
+            return caffe2_pb2.TensorProto.DataType.Value(a.s.decode().upper())
+        return a.i
+    w = GradientWrapper(op, g_output)
+    back = _op("Cast", [w.GO(0)], [w.GI(0)], to=value(args["from_type"]),
+               from_type=value(args["to"]))
+    return [back], [w.GI(0)]
+
+
 @_register("Copy", copy_arguments=False)
 def _copy_grad(op, g_output):
     # The gradient goes back to the input's device: CopyOnDeviceLike.

@@ -180,12 +180,20 @@ pub fn schemas() -> Vec<OpSchema> {
             .inputs(1, 1)
             .outputs(1, 1)
             .inplace(a)
-            .args(&[arg!(
-                "to",
-                "int or string",
-                "(required)",
-                "the target dtype: a TensorProto.DataType number or its name, such as \"INT64\""
-            )])
+            .args(&[
+                arg!(
+                    "to",
+                    "int or string",
+                    "(required)",
+                    "the target dtype: a TensorProto.DataType number or its name, such as \"INT64\""
+                ),
+                arg!(
+                    "from_type",
+                    "int or string",
+                    "none",
+                    "the input's dtype; only the gradient reads it (a Cast back to it)"
+                ),
+            ])
             .doc("Y = X converted to dtype `to` (numeric dtypes, float16 and bool; float to int truncates toward zero and saturates)."),
         OpSchema::new("ScaleBlobs", build_scale_blobs)
             .inputs(1, MANY)
