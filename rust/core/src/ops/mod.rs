@@ -28,6 +28,7 @@ pub mod queue;
 pub mod rebatching;
 pub mod records;
 pub mod shape;
+pub mod textfile;
 pub mod utility;
 
 pub fn builtin_schemas() -> Vec<OpSchema> {
@@ -44,6 +45,7 @@ pub fn builtin_schemas() -> Vec<OpSchema> {
     v.extend(persistence::schemas());
     v.extend(queue::schemas());
     v.extend(rebatching::schemas());
+    v.extend(textfile::schemas());
     v.extend(records::schemas());
     v.extend(shape::schemas());
     v.extend(utility::schemas());

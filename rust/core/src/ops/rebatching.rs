@@ -343,3 +343,63 @@ fn close(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         Ok(true)
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(v: i32) -> Item {
+        vec![Tensor::from_vec(&[2], vec![v, -v]).unwrap()]
+    }
+
+    #[test]
+    fn rebatches_drains_after_close_then_fails() {
+        let q = RebatchingQueue::new(8, 1);
+        let tok = CancelToken::new();
+        assert!(q.enqueue((0..5).map(item).collect(), &tok).unwrap());
+        let two = q.dequeue(2, &tok).unwrap();
+        let stacked = stack(&two, 0).unwrap();
+        assert_eq!(
+            stacked,
+            Tensor::from_vec(&[2, 2], vec![0, 0, 1, -1]).unwrap()
+        );
+        q.close();
+        assert!(!q.enqueue(vec![item(9)], &tok).unwrap());
+        let rest = q.dequeue(10, &tok).unwrap();
+        assert_eq!(rest.len(), 3, "a closed queue drains in a shorter batch");
+        assert!(q.dequeue(1, &tok).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_full_queue_blocks_until_a_consumer_takes_and_cancel_unblocks() {
+        let q = Arc::new(RebatchingQueue::new(2, 1));
+        let tok = CancelToken::new();
+        let producer = {
+            let (q, tok) = (q.clone(), tok.clone());
+            std::thread::spawn(move || q.enqueue((0..6).map(item).collect(), &tok))
+        };
+        let mut got = Vec::new();
+        while got.len() < 6 {
+            got.extend(q.dequeue(3, &tok).unwrap());
+        }
+        assert!(producer.join().unwrap().unwrap());
+        let firsts: Vec<i32> = got
+            .iter()
+            .map(|e| e[0].array::<i32>().unwrap()[[0]])
+            .collect();
+        assert_eq!(firsts, vec![0, 1, 2, 3, 4, 5]);
+        let waiting = {
+            let (q, tok) = (q.clone(), tok.clone());
+            std::thread::spawn(move || q.dequeue(1, &tok))
+        };
+        tok.cancel();
+        assert!(waiting.join().unwrap().unwrap_err().is_cancelled());
+    }
+
+    #[test]
+    fn stacking_elements_of_different_shapes_is_an_error() {
+        let a = vec![Tensor::from_vec(&[1], vec![1.0f32]).unwrap()];
+        let b = vec![Tensor::from_vec(&[2], vec![1.0f32, 2.0]).unwrap()];
+        assert!(stack(&[a, b], 0).is_err());
+    }
+}
