@@ -300,3 +300,15 @@ def test_cast_gradient_casts_back_to_from_type(fresh):
     bare.AveragedLoss(["z"], ["l"])
     with pytest.raises(errors.InvalidArgumentError, match="from_type"):
         bare.AddGradientOperators(["l"])
+
+
+def test_scatter_assign_moves_halves(fresh):
+    data = np.zeros((4, 2), np.float16)
+    workspace.FeedBlob("d", data)
+    workspace.FeedBlob("i", np.array([2, 0], np.int64))
+    workspace.FeedBlob("s", np.array([[1.5, -2.0], [0.25, 8.0]], np.float16))
+    workspace.RunOperatorOnce(core.CreateOperator("ScatterAssign", ["d", "i", "s"], ["d"]))
+    want = data.copy()
+    want[[2, 0]] = np.array([[1.5, -2.0], [0.25, 8.0]], np.float16)
+    got = workspace.FetchBlob("d")
+    assert got.dtype == np.float16 and bits(got).tolist() == bits(want).tolist()

@@ -419,13 +419,14 @@ fn scatter_assign(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             if !matches!(
                 dtype,
                 DataType::Float
+                    | DataType::Float16
                     | DataType::Double
                     | DataType::Uint8
                     | DataType::Int32
                     | DataType::Int64
             ) {
                 return Err(Error::type_error(format!(
-                    "ScatterAssign does not support DATA of dtype {dtype} (float32, float64, uint8, int32, int64)"
+                    "ScatterAssign does not support DATA of dtype {dtype} (float32, float16, float64, uint8, int32, int64)"
                 ))
                 .with_blob(&dn));
             }
