@@ -221,7 +221,7 @@ fn range_of<T: RangeElem>(l: &crate::operator::Locked<'_>, n: usize) -> Result<T
     };
     let step = match step {
         Some(s) if s == T::zero() => {
-            return Err(Error::invalid_arg("step must not be 0").with_blob(l.input_name(2)))
+            return Err(Error::invalid_arg("Step size cannot be 0").with_blob(l.input_name(2)))
         }
         Some(s) => s,
         None => T::one(),
