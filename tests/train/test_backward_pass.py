@@ -145,14 +145,16 @@ def test_sum_passes_gradients_through(fresh):
 
 def test_missing_gradient_is_a_typed_error(fresh):
     net = core.Net("nograd")
-    c = net.Cast("x", "c", to=core.DataType.FLOAT)
-    loss = net.AveragedLoss(c, "loss")
-    with pytest.raises(errors.InvalidArgumentError, match="no gradient is registered for operator type Cast"):
+    net.TrimDataset(["x"], ["x"], fields=["a"], multiple_of=2)
+    loss = net.AveragedLoss("x", "loss")
+    with pytest.raises(errors.InvalidArgumentError, match="no gradient is registered for operator type TrimDataset"):
         net.AddGradientOperators([loss])
 
 
 def test_python_registered_gradient(fresh):
-    # A Python maker for an op without one (Negative-like via Scale).
+    # A Python maker replacing Cast's (restored afterwards).
+    previous = core.GradientRegistry.gradient_registry_.get("Cast")
+
     @core.GradientRegistry.RegisterGradient("Cast")
     def cast_grad(op, g_output):
         return [core.CreateOperator("Copy", [g_output[0]], [op.input[0] + "_grad"])], [op.input[0] + "_grad"]
@@ -168,6 +170,8 @@ def test_python_registered_gradient(fresh):
         np.testing.assert_allclose(workspace.FetchBlob("x_grad"), np.full(4, 0.25))
     finally:
         del core.GradientRegistry.gradient_registry_["Cast"]
+        if previous is not None:
+            core.GradientRegistry.gradient_registry_["Cast"] = previous
 
 
 def test_gradient_checker_catches_a_wrong_gradient(fresh):
