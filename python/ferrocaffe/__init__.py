@@ -47,6 +47,7 @@ _ALIASES = {
     "caffe2.python.record_queue": "ferrocaffe.record_queue",
     "caffe2.python.db_file_reader": "ferrocaffe.db_file_reader",
     "caffe2.python.cached_reader": "ferrocaffe.cached_reader",
+    "caffe2.python.text_file_reader": "ferrocaffe.text_file_reader",
     "caffe2.python.model_helper": "ferrocaffe.model_helper",
     "caffe2.python.brew": "ferrocaffe.brew",
     "caffe2.python.optimizer": "ferrocaffe.optimizer",

@@ -387,6 +387,13 @@ def _convert_maker(grad_type):
     return maker
 
 
+@_register("Copy", copy_arguments=False)
+def _copy_grad(op, g_output):
+    # The gradient goes back to the input's device: CopyOnDeviceLike.
+    w = GradientWrapper(op, g_output)
+    return [_op("CopyOnDeviceLike", [w.GO(0), w.I(0)], [w.GI(0)])], [w.GI(0)]
+
+
 _register("FloatToHalf", copy_arguments=False)(_convert_maker("HalfToFloat"))
 _register("HalfToFloat", copy_arguments=False)(_convert_maker("FloatToHalf"))
 
@@ -863,12 +870,6 @@ def _cast_grad(op, g_output):
         b.CopyFrom(to)
         b.name = "from_type"
     return [g], [w.GI(0)]
-
-
-@_register("Copy", copy_arguments=False)
-def _copy_grad(op, g_output):
-    w = GradientWrapper(op, g_output)
-    return [_op("Copy", [w.GO(0)], [w.GI(0)])], [w.GI(0)]
 
 
 @_register("Alias", copy_arguments=False)

@@ -793,6 +793,101 @@ def GetBlobSizeBytes(name) -> int:
     return int(value.nbytes)
 
 
+def _caffe2_type_of(value) -> int | None:
+    """The TensorProto.DataType of a fetched tensor (None for non-tensors)."""
+    if not isinstance(value, np.ndarray):
+        return None
+    if value.dtype == object:
+        return proto.TensorProto.STRING
+    for code, dtype in _NUMPY_OF_CAFFE2.items():
+        if value.dtype == dtype:
+            return code
+    return None
+
+
+def _net_protos(nets, nets_proto: bool) -> list:
+    out = []
+    for n in nets:
+        net = n if nets_proto else n.Proto()
+        if isinstance(net, (bytes, str)):
+            parsed = proto.NetDef()
+            parsed.ParseFromString(net if isinstance(net, bytes) else net.encode())
+            net = parsed
+        out.append(net)
+    return out
+
+
+def _infer_shapes(net_protos, known: dict) -> bytes:
+    """The serialised ``TensorShapes`` for ``known`` ({name: (dims, type)})
+    after the nets' ops: ferrocaffe has no per-op shape inference yet, so
+    every blob an op writes is reported with ``unknown_shape`` (as Caffe2
+    did for ops without an inference function); the others keep their
+    known shape and type."""
+    written = []
+    for net in net_protos:
+        for op in net.op:
+            for name in op.output:
+                known.pop(name, None)
+                written.append(name)
+    shapes = proto.TensorShapes()
+    for name, (dims, dtype) in known.items():
+        shapes.shapes.add(name=name, dims=list(dims), data_type=dtype)
+    for name in dict.fromkeys(written):
+        shapes.shapes.add(name=name, unknown_shape=True)
+    return shapes.SerializeToString()
+
+
+def _known_from_workspace(net_protos) -> dict:
+    known = {}
+    for net in net_protos:
+        for op in net.op:
+            for name in list(op.input) + list(op.output):
+                if name in known or not HasBlob(name):
+                    continue
+                value = FetchBlob(name)
+                dtype = _caffe2_type_of(value)
+                if dtype is not None:
+                    known[name] = (list(value.shape), dtype)
+    return known
+
+
+def _infer_from_workspace(net_protos_bytes) -> bytes:
+    nets = _net_protos(net_protos_bytes, True)
+    return _infer_shapes(nets, _known_from_workspace(nets))
+
+
+def _infer_from_map(net_protos_bytes, blob_dimensions, blob_types=None) -> bytes:
+    nets = _net_protos(net_protos_bytes, True)
+    types = blob_types or {}
+    known = {name: (list(dims), types.get(name, proto.TensorProto.FLOAT))
+             for name, dims in blob_dimensions.items()}
+    return _infer_shapes(nets, known)
+
+
+def InferShapesAndTypes(nets, blob_dimensions=None, nets_proto=False, blob_types=None):
+    """``(shapes, types)``: dicts keyed by blob name of the dims and
+    TensorProto.DataType of the blobs the nets read, from the workspace or
+    from ``blob_dimensions`` (with ``blob_types``, default FLOAT), as
+    Caffe2 returned them. Blobs the nets' ops write are left out (unknown):
+    ferrocaffe has no per-op shape inference yet."""
+    net_protos = _net_protos(nets, nets_proto)
+    if blob_dimensions is None:
+        if blob_types is not None:
+            raise errors.InvalidArgumentError("blob_types needs blob_dimensions")
+        data = _infer_shapes(net_protos, _known_from_workspace(net_protos))
+    else:
+        data = _infer_from_map([n.SerializeToString() for n in net_protos],
+                               blob_dimensions, blob_types)
+    parsed = proto.TensorShapes()
+    parsed.ParseFromString(data)
+    shapes, types = {}, {}
+    for ts in parsed.shapes:
+        if not ts.unknown_shape:
+            shapes[ts.name] = list(ts.dims)
+            types[ts.name] = ts.data_type
+    return shapes, types
+
+
 def FetchBlobs(names, copy: bool = True):
     """The blobs, as ``FetchBlob`` (copies unless ``copy=False``)."""
     return [FetchBlob(n, copy=copy) for n in names]
@@ -1296,6 +1391,8 @@ C = types.SimpleNamespace(
     global_init=GlobalInit,
     registered_dbs=lambda: ["ferro", "minidb"],
     create_db=db.create_db,
+    infer_shapes_and_types_from_workspace=lambda nets: _infer_from_workspace(nets),
+    infer_shapes_and_types_from_map=lambda nets, dims, types=None: _infer_from_map(nets, dims, types),
     Mode=db.Mode,
     DB=db.DB,
     Transaction=db.Transaction,

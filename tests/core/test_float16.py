@@ -278,3 +278,37 @@ def test_float16_round_trips_through_a_saved_dataset_like_blob_list(fresh, tmp_p
     for i, n in enumerate(names):
         want = (np.arange(5) * (i + 1) / 7).astype(np.float16)
         assert bits(workspace.FetchBlob(n)).tolist() == bits(want).tolist()
+
+
+def test_cast_gradient_casts_back_to_from_type(fresh):
+    net = core.Net("g")
+    net.Cast(["x"], ["h"], to=core.DataType.FLOAT16, from_type="FLOAT")
+    net.Cast(["h"], ["y"], to=core.DataType.FLOAT, from_type=core.DataType.FLOAT16)
+    net.AveragedLoss(["y"], ["loss"])
+    grads = net.AddGradientOperators(["loss"])
+    casts = [op for op in net.Proto().op[4:] if op.type == "Cast"]
+    assert [{a.name: a.i for a in op.arg} for op in casts] == [
+        {"to": core.DataType.FLOAT16, "from_type": core.DataType.FLOAT},
+        {"to": core.DataType.FLOAT, "from_type": core.DataType.FLOAT16},
+    ]
+    workspace.FeedBlob("x", np.arange(4, dtype=np.float32))
+    workspace.RunNetOnce(net)
+    g = workspace.FetchBlob(grads["x"])
+    assert g.dtype == np.float32 and g.tolist() == [0.25] * 4
+    bare = core.Net("bare")
+    bare.Cast(["x"], ["z"], to=core.DataType.DOUBLE)
+    bare.AveragedLoss(["z"], ["l"])
+    with pytest.raises(errors.InvalidArgumentError, match="from_type"):
+        bare.AddGradientOperators(["l"])
+
+
+def test_scatter_assign_moves_halves(fresh):
+    data = np.zeros((4, 2), np.float16)
+    workspace.FeedBlob("d", data)
+    workspace.FeedBlob("i", np.array([2, 0], np.int64))
+    workspace.FeedBlob("s", np.array([[1.5, -2.0], [0.25, 8.0]], np.float16))
+    workspace.RunOperatorOnce(core.CreateOperator("ScatterAssign", ["d", "i", "s"], ["d"]))
+    want = data.copy()
+    want[[2, 0]] = np.array([[1.5, -2.0], [0.25, 8.0]], np.float16)
+    got = workspace.FetchBlob("d")
+    assert got.dtype == np.float16 and bits(got).tolist() == bits(want).tolist()

@@ -76,8 +76,8 @@ def test_range_errors():
     with pytest.raises(errors.DataTypeError) as ei:
         run_op('Range', ['a', 'b'], ['y'])
     check_error(ei, errors.DataTypeError, 'b')
-    with pytest.raises(errors.InvalidArgumentError) as ei:
-        run_op('Range', ['a', 'a', 'z'], ['y'])
+    with pytest.raises(errors.InvalidArgumentError, match='Step size cannot be 0') as ei:
+        run_op('Range', ['a', 'a', 'z'], ['y'])  # Caffe2's message
     check_error(ei, errors.InvalidArgumentError, 'z')
 
 

@@ -128,6 +128,18 @@ pub fn schemas() -> Vec<OpSchema> {
                  next batch_size entries of `indices` (int64), located with the ComputeOffset matrix `offsets`. At the \
                  end the outputs are empty. Thread safe.",
             ),
+        OpSchema::new("TrimDataset", trim_dataset)
+            .inputs(1, MANY)
+            .outputs(1, MANY)
+            .inplace(InPlace::Enforce(|i, o| i == o))
+            .args(&[
+                FIELDS,
+                arg!("multiple_of", "int", "(required)", "keep the largest number of top-level records that is a multiple of this, >= 1"),
+            ])
+            .doc(
+                "Shrinks the dataset's fields in place (outputs = inputs) to the first k top-level records, k the largest \
+                 multiple of `multiple_of` not above the record count; nested fields keep the rows of those records.",
+            ),
         OpSchema::new("CheckDatasetConsistency", check_dataset_consistency)
             .inputs(1, MANY)
             .outputs(0, 0)
@@ -1001,6 +1013,50 @@ fn read_random_batch(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         };
         for (j, t) in batch.into_iter().enumerate() {
             l.set_output(j, t);
+        }
+        Ok(true)
+    }))
+}
+
+fn trim_dataset(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let it = TreeIterator::new(&fields_arg(ctx)?).map_err(|e| e.with_op(ctx.op_type(), None))?;
+    if ctx.num_inputs() != it.num_fields() || ctx.num_outputs() != it.num_fields() {
+        return Err(ctx.bad_arg(format!(
+            "expected {} fields as inputs and outputs, got {} and {}",
+            it.num_fields(),
+            ctx.num_inputs(),
+            ctx.num_outputs()
+        )));
+    }
+    let multiple_of = match ctx.args.i64_opt("multiple_of")? {
+        Some(m) if m >= 1 => m,
+        Some(m) => return Err(ctx.bad_arg(format!("multiple_of must be >= 1, got {m}"))),
+        None => return Err(ctx.bad_arg("TrimDataset requires the argument 'multiple_of'")),
+    };
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let trimmed = {
+            let (fields, names) = field_inputs(&l, 0, it.num_fields())?;
+            let cols = columns(&it, &fields, &names, false)?;
+            let records = cols.limits[0];
+            let keep = records / multiple_of * multiple_of;
+            if keep == records {
+                return Ok(true);
+            }
+            let mut offsets = vec![0i64; it.num_domains()];
+            let mut sizes = vec![0i64; it.num_domains()];
+            it.advance(&cols, &mut offsets, &mut sizes, keep)?;
+            fields
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    let rows = offsets[it.domain[i]] as usize;
+                    gather_rows(t, &[(0, rows)]).map_err(|e| e.with_blob(names[i]))
+                })
+                .collect::<Result<Vec<_>>>()?
+        };
+        for (i, t) in trimmed.into_iter().enumerate() {
+            l.set_output(i, t);
         }
         Ok(true)
     }))

@@ -37,7 +37,7 @@ use crate::arg;
 use crate::blob::BlobValue;
 use crate::error::{Error, ErrorKind, Result};
 use crate::operator::{ArgDoc, InPlace, Locked, OpDefCtx, OpSchema, Operator, MANY};
-use crate::tensor::{f16, DataType, Element, Tensor};
+use crate::tensor::{copy_array, f16, DataType, Element, Tensor};
 use ndarray::{ArrayD, ArrayViewD, ArrayViewMutD, CowArray, IxDyn, Zip};
 use rayon::prelude::*;
 use smallvec::SmallVec;
@@ -180,19 +180,27 @@ pub fn schemas() -> Vec<OpSchema> {
             .inputs(1, 1)
             .outputs(1, 1)
             .inplace(a)
-            .args(&[arg!(
-                "to",
-                "int or string",
-                "(required)",
-                "the target dtype: a TensorProto.DataType number or its name, such as \"INT64\""
-            )])
-            .ignores(&[arg!(
-                "from_type",
-                "int or string",
-                "(none)",
-                "the input's dtype; read by the gradient maker (the gradient casts back to it)"
-            )])
+            .args(&[
+                arg!(
+                    "to",
+                    "int or string",
+                    "(required)",
+                    "the target dtype: a TensorProto.DataType number or its name, such as \"INT64\""
+                ),
+                arg!(
+                    "from_type",
+                    "int or string",
+                    "none",
+                    "the input's dtype; only the gradient reads it (a Cast back to it)"
+                ),
+            ])
             .doc("Y = X converted to dtype `to` (numeric dtypes, float16 and bool; float to int truncates toward zero and saturates)."),
+        OpSchema::new("ScaleBlobs", build_scale_blobs)
+            .inputs(1, MANY)
+            .outputs(1, MANY)
+            .inplace(InPlace::Allow(same_position))
+            .args(&[arg!("scale", "float", "1.0", "the factor to multiply by")])
+            .doc("Y_i = scale * X_i for each of n inputs and n outputs (float32 or float64 tensors); Y_i may be X_i."),
         OpSchema::new("FloatToHalf", build_float_to_half)
             .inputs(1, 1)
             .outputs(1, 1)
@@ -1587,6 +1595,52 @@ fn build_scale(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     }))
 }
 
+fn same_position(i: usize, o: usize) -> bool {
+    i == o
+}
+
+fn build_scale_blobs(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let (ni, no) = (ctx.num_inputs(), ctx.num_outputs());
+    if ni != no {
+        return Err(ctx.bad_arg(format!(
+            "operator def did not pass schema checking: ScaleBlobs takes as many outputs as inputs, got {ni} inputs and {no} outputs"
+        )));
+    }
+    let s = ctx.args.f32("scale", 1.0)?;
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        // Every input is read before any output is written, so outputs
+        // that name other inputs see the old values.
+        let mut outs = Vec::with_capacity(ni);
+        for i in 0..ni {
+            let t = l.tensor(i)?;
+            let name = l.input_name(i);
+            // Copies allocated fallibly, then scaled in place.
+            let y = match t {
+                Tensor::F32(a) => {
+                    let mut y = copy_array(a.view()).map_err(|e| e.with_blob(name))?;
+                    y.mapv_inplace(|x| x * s);
+                    Tensor::from(y)
+                }
+                Tensor::F64(a) => {
+                    let s = f64::from(s);
+                    let mut y = copy_array(a.view()).map_err(|e| e.with_blob(name))?;
+                    y.mapv_inplace(|x| x * s);
+                    Tensor::from(y)
+                }
+                other => {
+                    return Err(unsupported("ScaleBlobs", other.dtype(), SCALE_TYPES).with_blob(name))
+                }
+            };
+            outs.push(y);
+        }
+        for (j, y) in outs.into_iter().enumerate() {
+            l.set_output(j, y);
+        }
+        Ok(true)
+    }))
+}
+
 // --------------------------------------------------------------------- Cast --
 
 fn parse_to(ctx: &OpDefCtx<'_>) -> Result<DataType> {
@@ -2889,7 +2943,7 @@ mod tests {
     #[test]
     fn every_schema_is_documented() {
         let all = schemas();
-        assert_eq!(all.len(), 20); // with FloatToHalf and HalfToFloat
+        assert_eq!(all.len(), 21);
         for s in &all {
             assert!(!s.doc.is_empty(), "{}", s.name);
         }

@@ -168,6 +168,22 @@ pub fn schemas() -> Vec<OpSchema> {
             ])
             .ignores(FILLER_IGNORED)
             .doc("Fills a float32 output with normal samples."),
+        OpSchema::new("DiagonalFill", diagonal_fill)
+            .inputs(0, 1)
+            .outputs(1, 1)
+            .inplace(InPlace::Allow(in_place_0_0))
+            .args(&[
+                arg!("value", "float or int", "0", "the value on the diagonal, read with the field rule of its dtype"),
+                arg!("dtype", "int (TensorProto.DataType)", "FLOAT, or inferred from value's field", "output dtype (numbers and bool)"),
+                SHAPE,
+                EXTRA_SHAPE,
+                INPUT_AS_SHAPE,
+            ])
+            .ignores(FILLER_IGNORED)
+            .doc(
+                "A zero tensor of at least 2 dims (all equal when more than 2) with `value` on its main diagonal \
+                 (elements whose indices are all equal). Shape rules as ConstantFill.",
+            ),
         OpSchema::new("Float16ConstantFill", float16_constant_fill)
             .inputs(0, 0)
             .outputs(1, 1)
@@ -717,6 +733,64 @@ fn uniform_fill<T: UniformKind>(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>>
         let a =
             collect_array(&shape, T::samples(&mut rng, lo, hi)).map_err(|e| e.with_blob(out))?;
         l.set_output(0, T::wrap(a));
+        Ok(true)
+    }))
+}
+
+// ----------------------------------------------------------- DiagonalFill --
+
+fn diagonal_fill(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let shape = FillShape::parse(ctx)?;
+    let dtype = constant_fill_dtype(ctx)?;
+    if dtype == DataType::String {
+        return Err(ctx.bad_arg("DiagonalFill fills numbers and bool, not strings"));
+    }
+    let value = Value::from_args(&ctx.args, dtype);
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let out = l.output_name(0).to_string();
+        let shape = shape.resolve(&l)?;
+        if shape.len() < 2 || (shape.len() > 2 && shape.iter().any(|&d| d != shape[0])) {
+            return Err(Error::shape(format!(
+                "DiagonalFill needs at least 2 dims, all equal when more than 2; got {shape:?}"
+            ))
+            .with_blob(&out));
+        }
+        // Element k of the diagonal is at k * step in row-major order.
+        let n = *shape.iter().min().expect("two dims at least");
+        let step = if shape.len() == 2 {
+            shape[1] + 1
+        } else {
+            (0..shape.len()).fold(0usize, |acc, _| acc * shape[0] + 1)
+        };
+        let v = value.clone().map_err(|e| e.with_blob(&out))?;
+        let zero = match &v {
+            Value::F32(_) => Value::F32(0.0),
+            Value::F64(_) => Value::F64(0.0),
+            Value::Bool(_) => Value::Bool(false),
+            Value::I8(_) => Value::I8(0),
+            Value::I16(_) => Value::I16(0),
+            Value::I32(_) => Value::I32(0),
+            Value::I64(_) => Value::I64(0),
+            Value::U8(_) => Value::U8(0),
+            Value::U16(_) => Value::U16(0),
+            Value::Str(_) => return Err(Error::type_error("DiagonalFill cannot fill strings").with_blob(&out)),
+        };
+        let mut t = zero.fill(&shape).map_err(|e| e.with_blob(&out))?;
+        let diag = v.fill(&[n]).map_err(|e| e.with_blob(&out))?;
+        fn put<T: Element>(t: &mut Tensor, diag: &Tensor, step: usize) -> Result<()> {
+            let d = diag.array::<T>()?;
+            let a = t.array_mut::<T>()?;
+            let flat = a
+                .as_slice_mut()
+                .ok_or_else(|| Error::internal("a fresh tensor is contiguous"))?;
+            for (k, x) in d.iter().enumerate() {
+                flat[k * step] = x.clone();
+            }
+            Ok(())
+        }
+        by_dtype!(t.dtype(), put(&mut t, &diag, step)).map_err(|e| e.with_blob(&out))?;
+        l.set_output(0, t);
         Ok(true)
     }))
 }

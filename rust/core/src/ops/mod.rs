@@ -28,10 +28,12 @@ pub mod optim;
 pub mod persistence;
 pub mod pool;
 pub mod queue;
+pub mod rebatching;
 pub mod records;
 pub mod reduce;
 pub mod shape;
 pub mod sparse;
+pub mod textfile;
 pub mod utility;
 
 pub fn builtin_schemas() -> Vec<OpSchema> {
@@ -51,6 +53,8 @@ pub fn builtin_schemas() -> Vec<OpSchema> {
     v.extend(persistence::schemas());
     v.extend(pool::schemas());
     v.extend(queue::schemas());
+    v.extend(rebatching::schemas());
+    v.extend(textfile::schemas());
     v.extend(records::schemas());
     v.extend(reduce::schemas());
     v.extend(shape::schemas());

@@ -88,6 +88,10 @@ pub fn schemas() -> Vec<OpSchema> {
             .inputs(1, 1)
             .outputs(1, 1)
             .doc("1-D int32 lengths -> int32 segment ids: i repeated lengths[i] times."),
+        OpSchema::new("LengthsRangeFill", lengths_to_segment_ids)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .doc("1-D int32 lengths -> int32 ranges 0..lengths[i], concatenated."),
     ]
 }
 
@@ -217,7 +221,7 @@ fn range_of<T: RangeElem>(l: &crate::operator::Locked<'_>, n: usize) -> Result<T
     };
     let step = match step {
         Some(s) if s == T::zero() => {
-            return Err(Error::invalid_arg("step must not be 0").with_blob(l.input_name(2)))
+            return Err(Error::invalid_arg("Step size cannot be 0").with_blob(l.input_name(2)))
         }
         Some(s) => s,
         None => T::one(),
@@ -465,8 +469,11 @@ fn where_op(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 
 // --------------------------------------------------- LengthsToSegmentIds --
 
-fn lengths_to_segment_ids(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
-    Ok(kernel(|cx| {
+/// LengthsToSegmentIds (segment `i` repeated `lengths[i]` times) and
+/// LengthsRangeFill (`0..lengths[i]` for each segment).
+fn lengths_to_segment_ids(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let ranges = ctx.op_type() == "LengthsRangeFill";
+    Ok(kernel(move |cx| {
         let mut l = cx.lock();
         let name = l.input_name(0);
         let a = l.tensor(0)?.array::<i32>().map_err(|e| e.with_blob(name))?;
@@ -488,7 +495,11 @@ fn lengths_to_segment_ids(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         }
         let mut out = try_vec(total, format!("{total} int32 segment ids"))?;
         for (i, &len) in a.iter().enumerate() {
-            out.extend(std::iter::repeat(i as i32).take(len as usize));
+            if ranges {
+                out.extend(0..len);
+            } else {
+                out.extend(std::iter::repeat(i as i32).take(len as usize));
+            }
         }
         let t = Tensor::from_vec(&[total], out)?;
         l.set_output(0, t);
@@ -766,6 +777,8 @@ mod tests {
         ]);
         run(&ws, op("LengthsToSegmentIds", &["l"], &["y"], vec![])).unwrap();
         assert_eq!(get(&ws, "y"), t(&[6], vec![0i32, 0, 2, 2, 2, 3]));
+        run(&ws, op("LengthsRangeFill", &["l"], &["r"], vec![])).unwrap();
+        assert_eq!(get(&ws, "r"), t(&[6], vec![0i32, 1, 0, 1, 2, 0]));
         let e = run(&ws, op("LengthsToSegmentIds", &["n"], &["y"], vec![])).unwrap_err();
         assert_eq!(
             kind_blob(&e),

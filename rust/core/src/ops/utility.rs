@@ -75,6 +75,11 @@ pub fn schemas() -> Vec<OpSchema> {
             .outputs(1, 1)
             .inplace(InPlace::Allow(in_place_0_0))
             .doc("Copies a tensor to a CPU tensor; everything is on the CPU here, so this is Copy."),
+        OpSchema::new("CopyOnDeviceLike", copy)
+            .inputs(2, 2)
+            .outputs(1, 1)
+            .doc("Copies input 0 to the device of input 1; everything is on the CPU here, so this is Copy of input 0 \
+                  (Copy's gradient op)."),
         OpSchema::new("Print", print)
             .inputs(1, 1)
             .outputs(0, 0)
@@ -414,13 +419,14 @@ fn scatter_assign(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             if !matches!(
                 dtype,
                 DataType::Float
+                    | DataType::Float16
                     | DataType::Double
                     | DataType::Uint8
                     | DataType::Int32
                     | DataType::Int64
             ) {
                 return Err(Error::type_error(format!(
-                    "ScatterAssign does not support DATA of dtype {dtype} (float32, float64, uint8, int32, int64)"
+                    "ScatterAssign does not support DATA of dtype {dtype} (float32, float16, float64, uint8, int32, int64)"
                 ))
                 .with_blob(&dn));
             }
