@@ -861,14 +861,15 @@ def _cast_grad(op, g_output):
             "Argument 'from_type' of type int or string is required to get the gradient of CastOp",
             op=op.type,
         )
-    g = _op("Cast", [w.GO(0)], [w.GI(0)])
-    a = g.arg.add()
-    a.CopyFrom(from_type)
-    a.name = "to"
+    def number(a):  # a DataType number, also when the op gave its name
+        if a.HasField("s"):
+            return caffe2_pb2.TensorProto.DataType.Value(a.s.decode().upper())
+        return a.i
+
+    # As Caffe2's maker: both arguments as DataType numbers.
+    g = _op("Cast", [w.GO(0)], [w.GI(0)], to=number(from_type))
     if to is not None:
-        b = g.arg.add()
-        b.CopyFrom(to)
-        b.name = "from_type"
+        g.arg.add(name="from_type", i=number(to))
     return [g], [w.GI(0)]
 
 
