@@ -4,10 +4,10 @@
 //! an `i64` tensor gets a `Type` error naming both dtypes.
 
 use crate::error::{Error, ErrorKind, Result};
-use ndarray::{ArrayD, IxDyn};
-use std::sync::Arc;
 /// IEEE 754 half precision, Caffe2's `at::Half` (`TensorProto.FLOAT16`).
 pub use half::f16;
+use ndarray::{ArrayD, IxDyn};
+use std::sync::Arc;
 
 /// Caffe2's `TensorProto.DataType` numbering (kept so plans and checkpoints
 /// written by Caffe2 mean the same thing here).
@@ -638,7 +638,10 @@ impl Tensor {
                         .all(|(x, y)| x.to_bits() == y.to_bits())
             }
             (Tensor::F16(a), Tensor::F16(b)) => {
-                a.shape() == b.shape() && a.iter().zip(b.iter()).all(|(x, y)| x.to_bits() == y.to_bits())
+                a.shape() == b.shape()
+                    && a.iter()
+                        .zip(b.iter())
+                        .all(|(x, y)| x.to_bits() == y.to_bits())
             }
             _ => self == other,
         }

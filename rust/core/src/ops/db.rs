@@ -12,13 +12,13 @@
 //! (two ops sharing a reader never interleave their records), and there is
 //! no prefetch thread: the op reads its batch when it runs.
 
-use crate::readers::{Dec, Enc};
 use super::kernel;
 use crate::arg;
 use crate::blob::{BlobObject, BlobValue};
 use crate::error::{Error, ErrorKind, Result};
 use crate::ir::{BlobProto, TensorProtos};
 use crate::operator::{OpDefCtx, OpSchema, Operator, MANY};
+use crate::readers::{Dec, Enc};
 use crate::storage::{self, MiniDbRecords};
 use crate::tensor::{concatenate, Element, Tensor};
 use parking_lot::Mutex;

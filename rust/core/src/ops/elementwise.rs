@@ -1629,7 +1629,9 @@ fn build_scale_blobs(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
                     Tensor::from(y)
                 }
                 other => {
-                    return Err(unsupported("ScaleBlobs", other.dtype(), SCALE_TYPES).with_blob(name))
+                    return Err(
+                        unsupported("ScaleBlobs", other.dtype(), SCALE_TYPES).with_blob(name)
+                    )
                 }
             };
             outs.push(y);

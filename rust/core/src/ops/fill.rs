@@ -774,7 +774,9 @@ fn diagonal_fill(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             Value::I64(_) => Value::I64(0),
             Value::U8(_) => Value::U8(0),
             Value::U16(_) => Value::U16(0),
-            Value::Str(_) => return Err(Error::type_error("DiagonalFill cannot fill strings").with_blob(&out)),
+            Value::Str(_) => {
+                return Err(Error::type_error("DiagonalFill cannot fill strings").with_blob(&out))
+            }
         };
         let mut t = zero.fill(&shape).map_err(|e| e.with_blob(&out))?;
         let diag = v.fill(&[n]).map_err(|e| e.with_blob(&out))?;

@@ -246,7 +246,11 @@ fn enqueue(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         for i in 1..=n {
             let v = cx.input_blob(i).read();
             let name = &cx.io.input_names[i];
-            inputs.push(v.tensor().and_then(Tensor::try_clone).map_err(|e| e.with_blob(name))?);
+            inputs.push(
+                v.tensor()
+                    .and_then(Tensor::try_clone)
+                    .map_err(|e| e.with_blob(name))?,
+            );
         }
         let elements = if batch {
             let rows = |i: usize| inputs[i].shape().first().copied();

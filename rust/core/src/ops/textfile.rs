@@ -127,7 +127,8 @@ fn create(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         .ok_or_else(|| ctx.bad_arg(format!("num_passes must be >= 1, got {num_passes}")))?;
     let codes = ctx.args.ints("field_types")?.unwrap_or_default();
     if codes.is_empty() {
-        return Err(ctx.bad_arg("CreateTextFileReader requires the argument 'field_types' (one per column)"));
+        return Err(ctx
+            .bad_arg("CreateTextFileReader requires the argument 'field_types' (one per column)"));
     }
     let types = codes
         .iter()
@@ -188,9 +189,10 @@ fn parse_column(r: &TextFileReader, picked: &[usize], col: usize) -> Result<Tens
         std::str::from_utf8(s).ok()?.trim().parse().ok()
     }
     Ok(match r.types[col] {
-        DataType::String => {
-            Tensor::from_vec(&[n], picked.iter().map(|&i| r.rows[i][col].clone()).collect())?
-        }
+        DataType::String => Tensor::from_vec(
+            &[n],
+            picked.iter().map(|&i| r.rows[i][col].clone()).collect(),
+        )?,
         DataType::Float => Tensor::from_vec(
             &[n],
             picked
