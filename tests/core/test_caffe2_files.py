@@ -11,7 +11,7 @@ import tomllib
 import numpy as np
 import pytest
 
-from _support import REPO as REPO_ROOT
+from _support import PKG_PARENT, REPO as REPO_ROOT
 from ferrocaffe import core, proto, run_plan, workspace
 from ferrocaffe.proto import caffe2_pb2
 
@@ -126,8 +126,10 @@ def test_a_serialised_plan_runs(fresh, tmp_path):
 
 
 def run_cli(*args):
+    # The child imports the ferrocaffe this process imported (an installed
+    # one in a clean clone, whose python/ has no built extension).
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.join(REPO_ROOT, "python"), os.environ.get("PYTHONPATH", "")]))
+        [PKG_PARENT, os.environ.get("PYTHONPATH", "")]))
     return subprocess.run([sys.executable, "-m", "ferrocaffe.run_plan", *map(os.fspath, args)],
                           capture_output=True, text=True, env=env, timeout=120)
 
