@@ -103,6 +103,16 @@ pub fn get(ws: &Workspace, name: &str) -> Tensor {
     ws.fetch(name).unwrap().tensor().unwrap().clone()
 }
 
+/// A float32 tensor of `shape` holding `v`.
+pub fn f32s(shape: &[usize], v: &[f32]) -> Tensor {
+    Tensor::from_vec(shape, v.to_vec()).unwrap()
+}
+
+/// The values of a float32 tensor, in order.
+pub fn vals(t: &Tensor) -> Vec<f32> {
+    t.array::<f32>().unwrap().iter().copied().collect()
+}
+
 /// A 1-D int32 tensor of `v`.
 pub fn i32s(v: &[i32]) -> Tensor {
     Tensor::from_vec(&[v.len()], v.to_vec()).unwrap()

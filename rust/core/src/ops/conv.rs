@@ -1663,16 +1663,7 @@ pub fn schemas() -> Vec<OpSchema> {
 #[cfg(test)]
 mod tests {
     use crate::error::ErrorKind;
-    use crate::tensor::Tensor;
-    use crate::test_util::{get, int_arg, op, run, ws_with};
-
-    fn f32s(shape: &[usize], v: &[f32]) -> Tensor {
-        Tensor::from_vec(shape, v.to_vec()).unwrap()
-    }
-
-    fn vals(t: &Tensor) -> Vec<f32> {
-        t.array::<f32>().unwrap().iter().copied().collect()
-    }
+    use crate::test_util::{f32s, get, int_arg, op, run, vals, ws_with};
 
     #[test]
     fn conv_by_hand() {

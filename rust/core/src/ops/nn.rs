@@ -2398,16 +2398,7 @@ fn build_weighted_sum_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 #[cfg(test)]
 mod tests {
     use crate::error::ErrorKind;
-    use crate::tensor::Tensor;
-    use crate::test_util::{get, i32s, int_arg, op, run, ws_with};
-
-    fn f32s(shape: &[usize], v: &[f32]) -> Tensor {
-        Tensor::from_vec(shape, v.to_vec()).unwrap()
-    }
-
-    fn vals(t: &Tensor) -> Vec<f32> {
-        t.array::<f32>().unwrap().iter().copied().collect()
-    }
+    use crate::test_util::{f32s, get, i32s, int_arg, op, run, vals, ws_with};
 
     #[test]
     fn fc_and_its_gradient_by_hand() {

@@ -263,11 +263,7 @@ pub fn schemas() -> Vec<OpSchema> {
 mod tests {
     use crate::error::ErrorKind;
     use crate::tensor::Tensor;
-    use crate::test_util::{get, int_arg, op, run, ws_with};
-
-    fn vals(t: &Tensor) -> Vec<f32> {
-        t.array::<f32>().unwrap().iter().copied().collect()
-    }
+    use crate::test_util::{get, int_arg, op, run, vals, ws_with};
 
     #[test]
     fn pooling_by_hand() {

@@ -810,8 +810,7 @@ fn build_front_back_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 mod tests {
     use crate::error::ErrorKind;
     use crate::ir::Argument;
-    use crate::tensor::Tensor;
-    use crate::test_util::{get, int_arg, op, run, ws_with};
+    use crate::test_util::{f32s, get, int_arg, op, run, vals, ws_with};
 
     fn ints(name: &str, v: &[i64]) -> Argument {
         Argument {
@@ -819,14 +818,6 @@ mod tests {
             ints: v.to_vec(),
             ..Default::default()
         }
-    }
-
-    fn f32s(shape: &[usize], v: &[f32]) -> Tensor {
-        Tensor::from_vec(shape, v.to_vec()).unwrap()
-    }
-
-    fn vals(t: &Tensor) -> Vec<f32> {
-        t.array::<f32>().unwrap().iter().copied().collect()
     }
 
     #[test]

@@ -543,11 +543,7 @@ fn build_scatter_weighted_sum(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 mod tests {
     use crate::error::ErrorKind;
     use crate::tensor::Tensor;
-    use crate::test_util::{get, i32s, i64s, op, run, ws_with};
-
-    fn vals(t: &Tensor) -> Vec<f32> {
-        t.array::<f32>().unwrap().iter().copied().collect()
-    }
+    use crate::test_util::{get, i32s, i64s, op, run, vals, ws_with};
 
     #[test]
     fn gather_and_sparse_lengths_sum_by_hand() {
