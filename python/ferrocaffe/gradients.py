@@ -373,6 +373,10 @@ for _t in (
     "StopGradient", "Accuracy", "ConstantFill", "GivenTensorFill", "UniformFill",
     "UniformIntFill", "GaussianFill", "XavierFill", "MSRAFill", "LearningRate",
     "Iter", "AtomicIter", "EQ", "NE", "LT", "LE", "GT", "GE", "And", "Or", "Xor", "Not",
+    "DiagonalFill", "GivenTensorBoolFill", "GivenTensorIntFill", "GivenTensorInt64Fill",
+    "GivenTensorDoubleFill",
+    # A db's records: brew.db_input's data need no StopGradient, as in Caffe2.
+    "TensorProtosDBInput",
 ):
     _register(_t)(_no_gradient)
 _register("Float16ConstantFill")(_no_gradient)

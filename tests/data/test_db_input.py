@@ -181,3 +181,41 @@ def test_a_db_reader_is_saved_and_restored_with_its_position(fresh, tmp_path):
     workspace.RunOperatorOnce(core.CreateOperator("Load", [], ["r"], db=ckpt, db_type="ferro", absolute_path=True))
     workspace.RunOperatorOnce(read)
     np.testing.assert_array_equal(workspace.FetchBlob("y"), ys[[2, 3]])
+
+
+def test_a_model_trains_on_db_input_without_stop_gradient(fresh, tmp_path):
+    # As in Caffe2, TensorProtosDBInput has no gradient (NO_GRADIENT): a
+    # gradient reaching its outputs stops there, so a model reading its
+    # data with brew.db_input needs no StopGradient. The SGD step on the
+    # one batch read is checked against numpy.
+    path = tmp_path / "db"
+    xs, _ = records(4, seed=5)
+    xs = xs.reshape(4, 6)
+    targets = np.arange(4, dtype=np.float32).reshape(4, 1)
+    db = C.create_db("minidb", str(path), C.Mode.new)
+    t = db.new_transaction()
+    for i in range(4):
+        t.put("r%d" % i, tensor_protos(xs[i], targets[i]))
+    t.commit()
+    db.close()
+    model = model_helper.ModelHelper(name="db_sgd")
+    data, target = brew.db_input(model, ["data", "target"], batch_size=4, db=str(path), db_type="minidb")
+    pred = brew.fc(model, data, "pred", dim_in=6, dim_out=1)
+    dist = model.SquaredL2Distance([pred, target], "dist")
+    loss = model.AveragedLoss(dist, "loss")
+    grads = model.AddGradientOperators([loss])
+    assert not any(op.type == "TensorProtosDBInput" for op in model.net.Proto().op[3:])
+    assert str(grads[core.BlobReference("pred_w")]) == "pred_w_grad"
+    for name in ("data", "target"):
+        assert core.BlobReference(name) in grads  # FC's maker still names one
+    workspace.RunNetOnce(model.param_init_net)
+    w0, b0 = workspace.FetchBlob("pred_w"), workspace.FetchBlob("pred_b")
+    workspace.RunNetOnce(model.net)
+    # loss = mean over rows of 0.5 * (x w + b - t)^2
+    r = xs.astype(np.float64) @ w0.T.astype(np.float64) + b0 - targets
+    np.testing.assert_allclose(workspace.FetchBlob("pred_w_grad"), (r * xs).mean(0, keepdims=True), rtol=1e-5)
+    np.testing.assert_allclose(workspace.FetchBlob("pred_b_grad"), r.mean(0), rtol=1e-5)
+    for op_type in ("TensorProtosDBInput", "DiagonalFill", "GivenTensorIntFill",
+                    "GivenTensorInt64Fill", "GivenTensorBoolFill", "GivenTensorDoubleFill"):
+        op = core.CreateOperator(op_type, ["a"], ["b"])
+        assert core.GradientRegistry.GetGradientForOp(op, ["b_grad"]) == ([], [None])
