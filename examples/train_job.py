@@ -11,7 +11,7 @@ accuracy.
   ``model_helper.ModelHelper``, ``brew.fc`` / ``brew.relu``,
   ``SoftmaxWithLoss``, ``AddGradientOperators`` and
   ``optimizer.build_sgd`` (momentum 0.9): 64 -> 128 -> 64 -> 10 by default
-  (``--hidden``).
+  (``--hidden``; examples/lenet_digits.py trains LeNet in this same job).
 * The **init group** runs the model's ``param_init_net`` (seeded fillers)
   and creates the reader of the training file.
 * The **epoch group** pipes the training file through ``--threads``
@@ -86,17 +86,55 @@ TEST_IMAGES = 360
 TRAIN_IMAGES = 1797 - TEST_IMAGES
 
 
+class MLP(object):
+    """The example's network: fully connected layers of ``hidden`` widths
+    with ReLU, then the 10 class scores.
+
+    A network for the job is any object with ``add_layers(model, data)``
+    (from the input rows, ``(N, 64)`` float32, to the class scores; returns
+    the scores' blob), ``describe()``, and the class methods
+    ``add_arguments(parser, default)`` and ``from_args(args)`` (its command
+    line options): examples/lenet_digits.py trains LeNet in this same job.
+    """
+
+    def __init__(self, hidden=(128, 64)):
+        self.hidden = tuple(hidden)
+
+    def add_layers(self, model, data):
+        h, dim = data, PIXELS
+        for i, width in enumerate(self.hidden):
+            h = brew.fc(model, h, 'fc%d' % (i + 1), dim_in=dim, dim_out=width)
+            h = brew.relu(model, h, h)
+            dim = width
+        return brew.fc(model, h, 'pred', dim_in=dim, dim_out=CLASSES)
+
+    def describe(self):
+        return ' -> '.join(
+            str(d) for d in (PIXELS,) + self.hidden + (CLASSES,))
+
+    @classmethod
+    def add_arguments(cls, parser, default):
+        parser.add_argument(
+            '--hidden', type=int, nargs='*', default=list(default.hidden),
+            help='widths of the hidden layers (default: %(default)s)')
+
+    @classmethod
+    def from_args(cls, args):
+        return cls(args.hidden)
+
+
 class Config(object):
-    """The job's sizes and paths (the defaults are the example's)."""
+    """The job's network, sizes and paths (the defaults are the
+    example's)."""
 
     def __init__(self, workdir=DEFAULT_WORKDIR, epochs=20, threads=2,
-                 batch_size=64, hidden=(128, 64), lr=0.1, momentum=0.9,
+                 batch_size=64, network=None, lr=0.1, momentum=0.9,
                  seed=0, max_to_keep=3, read_delay=0.0):
         self.workdir = workdir
         self.epochs = epochs
         self.threads = threads
         self.batch_size = batch_size
-        self.hidden = tuple(hidden)
+        self.network = network if network is not None else MLP()
         self.lr = lr
         self.momentum = momentum
         self.seed = seed
@@ -178,16 +216,6 @@ class EpochReader(Reader):
 
 # ----------------------------------------------------------------- model --
 
-def add_layers(model, data, hidden):
-    """The network: fully connected layers with ReLU, then 10 scores."""
-    h, dim = data, PIXELS
-    for i, width in enumerate(hidden):
-        h = brew.fc(model, h, 'fc%d' % (i + 1), dim_in=dim, dim_out=width)
-        h = brew.relu(model, h, h)
-        dim = width
-    return brew.fc(model, h, 'pred', dim_in=dim, dim_out=CLASSES)
-
-
 def build_train_model(cfg):
     """The training model: its net reads its input record (``data``,
     ``label``), computes the loss, the gradients and the SGD updates."""
@@ -195,7 +223,7 @@ def build_train_model(cfg):
     rec = model.net.set_input_record(Struct(
         ('data', Scalar((np.float32, (PIXELS,)))),
         ('label', Scalar(np.int32))))
-    pred = add_layers(model, rec.data(), cfg.hidden)
+    pred = cfg.network.add_layers(model, rec.data())
     _, loss = model.net.SoftmaxWithLoss([pred, rec.label()],
                                         ['softmax', 'loss'])
     model.AddGradientOperators([loss])
@@ -213,7 +241,7 @@ def build_train_model(cfg):
 def build_test_model(cfg, data, label):
     """The same layers on the trained parameters, and their accuracy."""
     model = model_helper.ModelHelper(name='test', init_params=False)
-    pred = add_layers(model, data, cfg.hidden)
+    pred = cfg.network.add_layers(model, data)
     softmax = brew.softmax(model, pred, 'test_softmax')
     model.Accuracy([softmax, label], 'test_accuracy')
     return model
@@ -288,9 +316,12 @@ def remove_outputs(cfg):
         pass
 
 
-def parse_args(argv=None):
-    d = Config()
-    p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+def parse_args(argv=None, defaults=None, description=None):
+    """The command line; ``defaults`` (a Config) gives the default values
+    and the network, whose own options it adds."""
+    d = defaults if defaults is not None else Config()
+    p = argparse.ArgumentParser(
+        description=description or __doc__.split('\n\n')[0])
     p.add_argument('--workdir', default=d.workdir,
                    help='data, checkpoints and model (default: %(default)s)')
     p.add_argument('--epochs', type=int, default=d.epochs,
@@ -300,8 +331,7 @@ def parse_args(argv=None):
                    help='pipeline threads (default: %(default)s; 1 is '
                         'deterministic)')
     p.add_argument('--batch-size', type=int, default=d.batch_size)
-    p.add_argument('--hidden', type=int, nargs='*', default=list(d.hidden),
-                   help='widths of the hidden layers (default: %(default)s)')
+    type(d.network).add_arguments(p, d.network)
     p.add_argument('--lr', type=float, default=d.lr)
     p.add_argument('--momentum', type=float, default=d.momentum)
     p.add_argument('--seed', type=int, default=d.seed)
@@ -320,15 +350,22 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def config_from_args(args, defaults=None):
+    d = defaults if defaults is not None else Config()
+    return Config(workdir=args.workdir, epochs=args.epochs,
+                  threads=args.threads, batch_size=args.batch_size,
+                  network=type(d.network).from_args(args), lr=args.lr,
+                  momentum=args.momentum, seed=args.seed,
+                  max_to_keep=d.max_to_keep, read_delay=args.read_delay)
+
+
+def train(cfg, args):
+    """Runs the job (from the newest checkpoint that verifies, if any) and
+    prints what it did; returns the model db's blobs (``read_model``), or
+    None when Ctrl-C stopped it."""
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format='%(levelname)s %(name)s: %(message)s')
-    cfg = Config(workdir=args.workdir, epochs=args.epochs,
-                 threads=args.threads, batch_size=args.batch_size,
-                 hidden=args.hidden, lr=args.lr, momentum=args.momentum,
-                 seed=args.seed, read_delay=args.read_delay)
     if args.fresh:
         remove_outputs(cfg)
     print('workdir %s' % cfg.workdir, flush=True)
@@ -354,7 +391,7 @@ def main(argv=None):
         print('run the same command again to resume from the last complete '
               'checkpoint (epoch %s)' % runner.last_checkpoint_epoch,
               file=sys.stderr, flush=True)
-        return 130
+        return None
     finally:
         session.close()
     elapsed = time.time() - start
@@ -368,11 +405,17 @@ def main(argv=None):
     print('trained through epoch %d in %.1fs; %d failed checkpoint saves' % (
         last_epoch, elapsed, len(runner.failed_saves)))
     print('network %s, %d parameters, model written to %s' % (
-        ' -> '.join(str(d) for d in (PIXELS,) + cfg.hidden + (CLASSES,)),
-        sum(model[p].size for p in params), cfg.model_path))
+        cfg.network.describe(), sum(model[p].size for p in params),
+        cfg.model_path))
     print('test accuracy %.2f%% on %d held-out digits' % (
-        100.0 * float(model['test_accuracy']), TEST_IMAGES))
-    return 0
+        100.0 * float(model['test_accuracy']), TEST_IMAGES), flush=True)
+    return model
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    model = train(config_from_args(args), args)
+    return 130 if model is None else 0
 
 
 if __name__ == '__main__':
