@@ -768,6 +768,28 @@ for _t in ("SparseLengthsSum", "SparseLengthsMean", "LengthsSum", "LengthsMean")
     _register(_t, copy_arguments=False)(_sls_grad)
 
 
+def _weighted_sls_grad(op, g_output):
+    """(Sparse)LengthsWeightedSum: the DATA gradient from (SCALARS, dY,
+    LENGTHS), sparse over the indices for the Sparse op; with
+    ``grad_on_weights`` the ``...WithMainInputGradient`` op also reads
+    DATA (and INDICES) and gives SCALARS' gradient."""
+    w = GradientWrapper(op, g_output)
+    sparse = op.type.startswith("Sparse")
+    lengths = w.I(3 if sparse else 2)
+    d_data = w.I(0) + GRAD_SUFFIX + "_values" if sparse else w.GI(0)
+    g_input = [None] * len(op.input)
+    g_input[0] = GradientSlice(w.I(2), d_data) if sparse else d_data
+    if _arg_i(op, "grad_on_weights", 0):
+        ins = [w.I(1), w.GO(0), lengths, w.I(0)] + ([w.I(2)] if sparse else [])
+        g_input[1] = w.GI(1)
+        return [_op(op.type + "WithMainInputGradient", ins, [d_data, w.GI(1)])], g_input
+    return [_op(op.type + "Gradient", [w.I(1), w.GO(0), lengths], [d_data])], g_input
+
+
+for _t in ("SparseLengthsWeightedSum", "LengthsWeightedSum"):
+    _register(_t)(_weighted_sls_grad)
+
+
 @_register("SparseToDense", copy_arguments=False)
 def _sparse_to_dense_grad(op, g_output):
     w = GradientWrapper(op, g_output)

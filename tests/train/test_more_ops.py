@@ -677,6 +677,73 @@ def test_lengths_reducers(fresh, n, d, lengths, seed, op_type):
     check_grad(op, inputs, [0])
 
 
+def weighted_sls_ref(data, weights, idx, lengths):
+    out, k = [], 0
+    for n in lengths:
+        rows = data[idx[k:k + n]] * weights[k:k + n].reshape((n,) + (1,) * (data.ndim - 1))
+        out.append(rows.sum(axis=0))
+        k += n
+    return np.array(out).reshape((len(lengths),) + data.shape[1:])
+
+
+@settings(**SETTINGS)
+@given(n=dims, inner=st.lists(dims, min_size=0, max_size=2), lengths=st.lists(st.integers(0, 3), min_size=1, max_size=4),
+       seed=seeds, sparse=st.booleans(), grad_on_weights=st.booleans())
+def test_lengths_weighted_sum(fresh, n, inner, lengths, seed, sparse, grad_on_weights):
+    rng = np.random.default_rng(seed)
+    lens = np.array(lengths, np.int32)
+    total = int(lens.sum())
+    data = rng.standard_normal(((n if sparse else total),) + tuple(inner))
+    weights = rng.standard_normal(total)
+    idx = rng.integers(0, n, total).astype(np.int32) if sparse else np.arange(total)
+    op_type = "SparseLengthsWeightedSum" if sparse else "LengthsWeightedSum"
+    names = ["D", "W", "I", "L"] if sparse else ["D", "W", "L"]
+    inputs = [data, weights, idx, lens] if sparse else [data, weights, lens]
+    (y,) = run(op_type, dict(zip(names, inputs)), ["Y"])
+    np.testing.assert_allclose(y, weighted_sls_ref(data, weights, idx, lengths), rtol=1e-12, atol=1e-12)
+
+    op = core.CreateOperator(op_type, names, ["Y"], grad_on_weights=int(grad_on_weights))
+    ops, g = core.GradientRegistry.GetGradientForOp(op, ["Y_grad"])
+    # Caffe2's makers: (SCALARS, dY, LENGTHS) -> the DATA gradient (its
+    # values, sparse over INDICES); with grad_on_weights the
+    # ...WithMainInputGradient op also reads DATA (and INDICES) and gives
+    # SCALARS' gradient.
+    d_data = "D_grad_values" if sparse else "D_grad"
+    if grad_on_weights:
+        want_in = ["W", "Y_grad", names[-1], "D"] + (["I"] if sparse else [])
+        assert [(o.type, list(o.input), list(o.output)) for o in ops] == [
+            (op_type + "WithMainInputGradient", want_in, [d_data, "W_grad"])]
+    else:
+        assert [(o.type, list(o.input), list(o.output)) for o in ops] == [
+            (op_type + "Gradient", ["W", "Y_grad", names[-1]], [d_data])]
+    assert g[0] == (core.GradientSlice("I", d_data) if sparse else d_data)
+    assert g[1] == ("W_grad" if grad_on_weights else None)
+    assert all(x is None for x in g[2:])
+    check_grad(op, inputs, [0, 1] if grad_on_weights else [0])
+
+
+def test_lengths_weighted_sum_errors(fresh):
+    data = np.zeros((3, 2), np.float32)
+    ones = np.ones(2, np.float32)
+    with pytest.raises(errors.ShapeError, match="SCALARS"):
+        run("SparseLengthsWeightedSum", {"D": data, "W": np.ones(3, np.float32), "I": np.array([0, 1], np.int32),
+                                         "L": np.array([2], np.int32)}, ["Y"])
+    with pytest.raises(errors.ShapeError, match="SCALARS"):
+        run("LengthsWeightedSum", {"D": data, "W": ones, "L": np.array([3], np.int32)}, ["Y"])
+    with pytest.raises(errors.DataTypeError, match="'W'"):
+        run("SparseLengthsWeightedSum", {"D": data, "W": ones.astype(np.float64), "I": np.array([0, 1], np.int32),
+                                         "L": np.array([2], np.int32)}, ["Y"])
+    with pytest.raises(errors.InvalidArgumentError, match="out of range"):
+        run("SparseLengthsWeightedSum", {"D": data, "W": ones, "I": np.array([0, 3], np.int32),
+                                         "L": np.array([2], np.int32)}, ["Y"])
+    with pytest.raises(errors.InvalidArgumentError, match="sum to"):
+        run("SparseLengthsWeightedSum", {"D": data, "W": ones, "I": np.array([0, 1], np.int32),
+                                         "L": np.array([1], np.int32)}, ["Y"])
+    with pytest.raises(errors.InvalidArgumentError, match="grad_on_weight"):
+        workspace.RunOperatorOnce(core.CreateOperator(
+            "SparseLengthsWeightedSum", ["D", "W", "I", "L"], ["Y"], grad_on_weight=1))
+
+
 def test_lengths_sum_checks_the_lengths(fresh):
     with pytest.raises(errors.InvalidArgumentError, match="sum to"):
         run("LengthsSum", {"D": np.zeros((3, 2), np.float32), "L": np.array([1, 1], np.int32)}, ["Y"])

@@ -142,6 +142,52 @@ def test_embedding_model_converges_with_sparse_optimizers(fresh, row_wise):
     assert last < 0.01 * first, (first, last)
 
 
+def test_weighted_bags_train_with_sparse_adagrad(fresh):
+    # SparseLengthsWeightedSum over per-token weights: E gets a
+    # GradientSlice (values = weight x dY of the bag), updated by
+    # SparseAdagrad; grad_on_weights gives the fed weights a gradient
+    # (dY of the bag . E's row), checked against numpy after one step.
+    rng = np.random.default_rng(1)
+    idx, lengths, _ = bags(rng)
+    weights = rng.uniform(0.5, 2.0, len(idx)).astype(np.float32)
+    counts = np.zeros((N, V))
+    bag = np.repeat(np.arange(N), lengths)
+    np.add.at(counts, (bag, idx), weights)
+    assert np.linalg.matrix_rank(np.hstack([counts, np.ones((N, 1))])) == V + 1
+    truth = rng.standard_normal(V)
+    target = (counts @ truth + 0.5).astype(np.float32).reshape(N, 1)
+
+    model = model_helper.ModelHelper(name="weighted_emb")
+    e = model.param_init_net.GaussianFill([], "E", shape=[V, 1], std=0.1)
+    b = model.param_init_net.ConstantFill([], "b", shape=[1], value=0.0)
+    model.AddParameter(e)
+    model.AddParameter(b)
+    s = model.net.SparseLengthsWeightedSum([e, "w", "idx", "lengths"], "s", grad_on_weights=1)
+    pred = model.net.Add([s, b], "pred")
+    dist = model.net.SquaredL2Distance([pred, "target"], "dist")
+    loss = model.net.AveragedLoss(dist, "loss")
+    grads = model.AddGradientOperators([loss])
+    g = grads[core.BlobReference("E")]
+    assert (str(g.indices), str(g.values)) == ("idx", "E_grad_values")
+    assert str(grads[core.BlobReference("w")]) == "w_grad"
+    optimizer.build_adagrad(model, base_learning_rate=0.3)
+    assert "SparseAdagrad" in [op.type for op in model.net.Proto().op]
+    for n, v in {"idx": idx, "lengths": lengths, "target": target, "w": weights}.items():
+        workspace.FeedBlob(n, v)
+    workspace.RunNetOnce(model.param_init_net)
+    e0 = workspace.FetchBlob("E")[:, 0].astype(np.float64)
+    workspace.CreateNet(model.net)
+    workspace.RunNet(model.net)
+    dy = (counts @ e0 - target[:, 0]) / N  # d loss / d pred (b starts at 0)
+    np.testing.assert_allclose(workspace.FetchBlob("w_grad"), dy[bag] * e0[idx], rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(workspace.FetchBlob("E_grad_values")[:, 0], dy[bag] * weights, rtol=1e-4, atol=1e-7)
+    first = float(workspace.FetchBlob("loss"))
+    for _ in range(300):
+        workspace.RunNet(model.net)
+    last = float(workspace.FetchBlob("loss"))
+    assert last < 0.01 * first, (first, last)
+
+
 def test_sparse_sgd_updates_only_the_rows(fresh):
     rng = np.random.default_rng(1)
     idx, lengths, _ = bags(rng)

@@ -1,6 +1,6 @@
 //! Sparse lookups and their gradients (issue 14): Gather, BatchGather,
-//! SparseToDense, SparseLengthsSum/Mean, LengthsSum/Mean, their gradient
-//! ops, and ScatterWeightedSum.
+//! SparseToDense, SparseLengthsSum/Mean/WeightedSum,
+//! LengthsSum/Mean/WeightedSum, their gradient ops, and ScatterWeightedSum.
 //!
 //! Gather's and SparseLengthsSum's gradients are sparse, as in Caffe2: a
 //! `GradientSlice` of (indices, values) made in `ferrocaffe/gradients.py`;
@@ -83,6 +83,36 @@ pub fn schemas() -> Vec<OpSchema> {
             .inputs(2, 2)
             .outputs(1, 1)
             .doc("Gradient of LengthsMean: inputs (dY, LENGTHS), dDATA: each row gets dY's row of its segment divided by the segment's length."),
+        OpSchema::new("SparseLengthsWeightedSum", build_wsls)
+            .inputs(4, 4)
+            .outputs(1, 1)
+            .args(&[GRAD_ON_WEIGHTS])
+            .doc("Inputs (DATA, SCALARS, INDICES int32/int64, LENGTHS int32): output row i is the sum of SCALARS[j] * DATA[INDICES[j]] over the next LENGTHS[i] positions j (SCALARS 1-D, one per index, DATA's float type)."),
+        OpSchema::new("SparseLengthsWeightedSumGradient", build_wsls_grad)
+            .inputs(3, 3)
+            .outputs(1, 1)
+            .args(&[GRAD_ON_WEIGHTS])
+            .doc("Gradient of SparseLengthsWeightedSum: inputs (SCALARS, dY, LENGTHS), output the gradient's values: row j is SCALARS[j] times dY's row of the segment j falls in (a GradientSlice with the indices)."),
+        OpSchema::new("SparseLengthsWeightedSumWithMainInputGradient", build_wsls_grad)
+            .inputs(5, 5)
+            .outputs(2, 2)
+            .args(&[GRAD_ON_WEIGHTS])
+            .doc("Gradient of SparseLengthsWeightedSum with grad_on_weights: inputs (SCALARS, dY, LENGTHS, DATA, INDICES), outputs the DATA gradient's values (as without grad_on_weights) and dSCALARS: element j is the dot product of dY's row of j's segment and DATA[INDICES[j]]."),
+        OpSchema::new("LengthsWeightedSum", build_wsls)
+            .inputs(3, 3)
+            .outputs(1, 1)
+            .args(&[GRAD_ON_WEIGHTS])
+            .doc("Inputs (DATA, SCALARS, LENGTHS int32 summing to DATA's first dim): output row i is the sum of SCALARS[j] * DATA[j] over the next LENGTHS[i] rows j (SCALARS 1-D, one per row)."),
+        OpSchema::new("LengthsWeightedSumGradient", build_wsls_grad)
+            .inputs(3, 3)
+            .outputs(1, 1)
+            .args(&[GRAD_ON_WEIGHTS])
+            .doc("Gradient of LengthsWeightedSum: inputs (SCALARS, dY, LENGTHS), dDATA: row j is SCALARS[j] times dY's row of its segment."),
+        OpSchema::new("LengthsWeightedSumWithMainInputGradient", build_wsls_grad)
+            .inputs(4, 4)
+            .outputs(2, 2)
+            .args(&[GRAD_ON_WEIGHTS])
+            .doc("Gradient of LengthsWeightedSum with grad_on_weights: inputs (SCALARS, dY, LENGTHS, DATA), outputs dDATA and dSCALARS (element j: the dot product of dY's row of j's segment and DATA[j])."),
         OpSchema::new("ScatterWeightedSum", build_scatter_weighted_sum)
             .inputs(5, MANY)
             .outputs(1, 1)
@@ -467,6 +497,182 @@ fn build_sls_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     }))
 }
 
+// -------------------------------------------- SparseLengthsWeightedSum --
+
+const GRAD_ON_WEIGHTS: crate::operator::ArgDoc = arg!(
+    "grad_on_weights",
+    "bool",
+    "false",
+    "the gradient also gives SCALARS' gradient (the ...WithMainInputGradient op)"
+);
+
+/// SCALARS (input `i`): 1-D, one weight per position (`n`).
+fn scalars<'l, T: Real>(l: &'l Locked<'_>, op: &str, i: usize, n: usize) -> Result<&'l ArrayD<T>> {
+    let w = input::<T>(l, op, i)?;
+    if w.ndim() != 1 || w.len() != n {
+        let name = l.input_name(i);
+        return Err(Error::shape(format!(
+            "{op}: SCALARS ('{name}', shape {:?}) must be 1-D with one weight per index ({n})",
+            w.shape()
+        ))
+        .with_blob(name));
+    }
+    Ok(w)
+}
+
+/// The rows of DATA (input 0) the positions read: INDICES (input 2) for
+/// the sparse op, every row for the dense one.
+fn weighted_rows(l: &Locked<'_>, op: &str, sparse: bool, idx_input: usize) -> Result<Vec<usize>> {
+    let n = l.tensor(0)?.shape().first().copied().ok_or_else(|| {
+        Error::shape(format!(
+            "{op}: DATA ('{}') must have at least one dim",
+            l.input_name(0)
+        ))
+        .with_blob(l.input_name(0))
+    })?;
+    if !sparse {
+        return Ok((0..n).collect());
+    }
+    weighted_rows_of(l, op, n, idx_input)
+}
+
+fn wsls_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
+    let sparse = op.starts_with("Sparse");
+    let data = input::<T>(l, op, 0)?;
+    let rows = weighted_rows(l, op, sparse, 2)?;
+    let lens = lengths(l, op, if sparse { 3 } else { 2 }, Some(rows.len()))?;
+    let w = dense(scalars::<T>(l, op, 1, rows.len())?);
+    let inner: usize = data.shape()[1..].iter().product();
+    let ds = dense(data);
+    let mut out = vec![T::of(0.0); lens.len() * inner];
+    let mut j = 0;
+    for (s, &n) in lens.iter().enumerate() {
+        let dst = &mut out[s * inner..(s + 1) * inner];
+        for (&r, &wj) in rows[j..j + n].iter().zip(&w[j..j + n]) {
+            for (o, &x) in dst.iter_mut().zip(&ds[r * inner..(r + 1) * inner]) {
+                *o += wj * x;
+            }
+        }
+        j += n;
+    }
+    let mut shape = vec![lens.len()];
+    shape.extend_from_slice(&data.shape()[1..]);
+    l.set_output(0, T::wrap(array(&shape, out)?));
+    Ok(())
+}
+
+fn build_wsls(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let op = ctx.op_type().to_string();
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        by_real!(&l, &op, 0, wsls_t(&mut l, &op))?;
+        Ok(true)
+    }))
+}
+
+/// (SCALARS, dY, LENGTHS[, DATA[, INDICES]]) -> (dDATA or its values[,
+/// dSCALARS]).
+fn wsls_grad_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
+    let with_main = op.contains("WithMainInput");
+    let sparse = op.starts_with("Sparse");
+    let dy = input::<T>(l, op, 1)?;
+    let lens = lengths(l, op, 2, None)?;
+    if dy.ndim() == 0 || dy.shape()[0] != lens.len() {
+        return Err(Error::shape(format!(
+            "{op}: dY ('{}', shape {:?}) must have one row per length ({})",
+            l.input_name(1),
+            dy.shape(),
+            lens.len()
+        ))
+        .with_blob(l.input_name(1)));
+    }
+    let total: usize = lens.iter().sum();
+    let w = dense(scalars::<T>(l, op, 0, total)?);
+    let inner: usize = dy.shape()[1..].iter().product();
+    let g = dense(dy);
+    let mut d_data = Vec::with_capacity(total * inner);
+    let mut j = 0;
+    for (s, &n) in lens.iter().enumerate() {
+        let row = &g[s * inner..(s + 1) * inner];
+        for &wj in &w[j..j + n] {
+            d_data.extend(row.iter().map(|&v| wj * v));
+        }
+        j += n;
+    }
+    let mut shape = vec![total];
+    shape.extend_from_slice(&dy.shape()[1..]);
+    let d_scalars = if with_main {
+        let data = input::<T>(l, op, 3)?;
+        if data.ndim() == 0 || data.shape()[1..] != dy.shape()[1..] {
+            return Err(Error::shape(format!(
+                "{op}: DATA ('{}', shape {:?}) must have dY's dims after the first ({:?})",
+                l.input_name(3),
+                data.shape(),
+                &dy.shape()[1..]
+            ))
+            .with_blob(l.input_name(3)));
+        }
+        let rows = if sparse {
+            weighted_rows_of(l, op, data.shape()[0], 4)?
+        } else {
+            (0..data.shape()[0]).collect()
+        };
+        if rows.len() != total {
+            return Err(Error::invalid_arg(format!(
+                "{op}: the lengths sum to {total}, but there are {} {}",
+                rows.len(),
+                if sparse { "indices" } else { "rows of DATA" }
+            ))
+            .with_blob(l.input_name(2)));
+        }
+        let ds = dense(data);
+        let mut out = Vec::with_capacity(total);
+        let mut j = 0;
+        for (s, &n) in lens.iter().enumerate() {
+            let row = &g[s * inner..(s + 1) * inner];
+            for &r in &rows[j..j + n] {
+                let x = &ds[r * inner..(r + 1) * inner];
+                out.push(
+                    row.iter()
+                        .zip(x)
+                        .fold(T::of(0.0), |acc, (&a, &b)| acc + a * b),
+                );
+            }
+            j += n;
+        }
+        Some(out)
+    } else {
+        None
+    };
+    l.set_output(0, T::wrap(array(&shape, d_data)?));
+    if let Some(v) = d_scalars {
+        l.set_output(1, T::wrap(array(&[total], v)?));
+    }
+    Ok(())
+}
+
+/// INDICES (input `i`, 1-D) checked against DATA's `n` rows.
+fn weighted_rows_of(l: &Locked<'_>, op: &str, n: usize, i: usize) -> Result<Vec<usize>> {
+    let (idx, idx_shape) = indices(l, op, i)?;
+    if idx_shape.len() != 1 {
+        return Err(Error::shape(format!(
+            "{op}: INDICES ('{}', shape {idx_shape:?}) must be 1-D",
+            l.input_name(i)
+        ))
+        .with_blob(l.input_name(i)));
+    }
+    checked_rows(op, &idx, n, false, l.input_name(i))
+}
+
+fn build_wsls_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let op = ctx.op_type().to_string();
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        by_real!(&l, &op, 1, wsls_grad_t(&mut l, &op))?;
+        Ok(true)
+    }))
+}
+
 // -------------------------------------------------- ScatterWeightedSum --
 
 fn weight(l: &Locked<'_>, op: &str, i: usize) -> Result<f32> {
@@ -543,7 +749,7 @@ fn build_scatter_weighted_sum(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 mod tests {
     use crate::error::ErrorKind;
     use crate::tensor::Tensor;
-    use crate::test_util::{get, i32s, i64s, op, run, vals, ws_with};
+    use crate::test_util::{f32s, get, i32s, i64s, int_arg, op, run, vals, ws_with};
 
     #[test]
     fn gather_and_sparse_lengths_sum_by_hand() {
@@ -570,5 +776,110 @@ mod tests {
         ]);
         let e = run(&bad, op("Gather", &["d", "i"], &["g"], vec![])).unwrap_err();
         assert_eq!(e.kind, ErrorKind::InvalidArgument);
+    }
+
+    #[test]
+    fn sparse_lengths_weighted_sum_and_gradients_by_hand() {
+        // DATA rows [1, 2], [3, 4], [5, 6]; positions (index, weight):
+        // segment 0 = (2, 0.5); segment 1 = (0, 2), (2, -1).
+        let ws = ws_with(&[
+            ("d", f32s(&[3, 2], &[1., 2., 3., 4., 5., 6.])),
+            ("w", f32s(&[3], &[0.5, 2., -1.])),
+            ("i", i64s(&[2, 0, 2])),
+            ("l", i32s(&[1, 2])),
+            ("dy", f32s(&[2, 2], &[1., 10., 100., 1000.])),
+        ]);
+        let grad_on = || vec![int_arg("grad_on_weights", 1)];
+        run(
+            &ws,
+            op(
+                "SparseLengthsWeightedSum",
+                &["d", "w", "i", "l"],
+                &["y"],
+                grad_on(),
+            ),
+        )
+        .unwrap();
+        assert_eq!(vals(&get(&ws, "y")), vec![2.5, 3., -3., -2.]);
+        run(
+            &ws,
+            op(
+                "SparseLengthsWeightedSumGradient",
+                &["w", "dy", "l"],
+                &["v"],
+                vec![],
+            ),
+        )
+        .unwrap();
+        assert_eq!(get(&ws, "v").shape(), &[3, 2]);
+        assert_eq!(
+            vals(&get(&ws, "v")),
+            vec![0.5, 5., 200., 2000., -100., -1000.]
+        );
+        run(
+            &ws,
+            op(
+                "SparseLengthsWeightedSumWithMainInputGradient",
+                &["w", "dy", "l", "d", "i"],
+                &["v2", "dw"],
+                grad_on(),
+            ),
+        )
+        .unwrap();
+        assert_eq!(vals(&get(&ws, "v2")), vals(&get(&ws, "v")));
+        // dw[j] = dY[segment of j] . DATA[INDICES[j]]
+        assert_eq!(vals(&get(&ws, "dw")), vec![65., 2100., 6500.]);
+        // The dense op weighs DATA's own rows.
+        run(
+            &ws,
+            op("LengthsWeightedSum", &["d", "w", "l"], &["z"], vec![]),
+        )
+        .unwrap();
+        assert_eq!(vals(&get(&ws, "z")), vec![0.5, 1., 1., 2.]);
+        run(
+            &ws,
+            op(
+                "LengthsWeightedSumWithMainInputGradient",
+                &["w", "dy", "l", "d"],
+                &["dd", "dw2"],
+                vec![],
+            ),
+        )
+        .unwrap();
+        assert_eq!(
+            vals(&get(&ws, "dd")),
+            vec![0.5, 5., 200., 2000., -100., -1000.]
+        );
+        assert_eq!(vals(&get(&ws, "dw2")), vec![21., 4300., 6500.]);
+        // One weight per index, lengths summing to the indices.
+        let short = ws_with(&[
+            ("d", f32s(&[3, 2], &[0.; 6])),
+            ("w", f32s(&[2], &[1., 1.])),
+            ("i", i64s(&[2, 0, 2])),
+            ("l", i32s(&[1, 2])),
+        ]);
+        let e = run(
+            &short,
+            op(
+                "SparseLengthsWeightedSum",
+                &["d", "w", "i", "l"],
+                &["y"],
+                vec![],
+            ),
+        )
+        .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Shape);
+        assert!(e.to_string().contains("SCALARS"), "{e}");
+        let e = run(
+            &short,
+            op(
+                "SparseLengthsWeightedSum",
+                &["d", "w", "i", "w"],
+                &["y"],
+                vec![],
+            ),
+        )
+        .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Type);
     }
 }
