@@ -956,10 +956,21 @@ def _spatial_bn_grad(op, g_output):
     if _arg_i(op, "is_test", 0):
         # Inference statistics: the estimated mean and variance.
         ins = [w.I(0), w.I(1), w.GO(0), w.I(3), w.I(4)]
+    elif _arg_i(op, "num_batches", 1) > 1:
+        # Statistics of several batches: as in Caffe2, the scale and bias
+        # gradients of all of them (ChannelBackpropStats, summed) must be
+        # in the blobs named for this op's scale and bias gradients; the
+        # gradient op replaces them by this batch's share.
+        if len(op.input) != 7:
+            raise errors.InvalidArgumentError(
+                f"SpatialBN with num_batches > 1 takes 7 inputs (the sums and sums of squares), got {len(op.input)}",
+                op=op.type,
+            )
+        ins = [w.I(0), w.I(1), w.GO(0), w.O(3), w.O(4), w.GI(1), w.GI(2)]
     else:
         ins = [w.I(0), w.I(1), w.GO(0), w.O(3), w.O(4)]
     g = _op("SpatialBNGradient", ins, [w.GI(0), w.GI(1), w.GI(2)])
-    return [g], [w.GI(0), w.GI(1), w.GI(2), None, None]
+    return [g], [w.GI(0), w.GI(1), w.GI(2)] + [None] * (len(op.input) - 3)
 
 
 @_register("LRN")

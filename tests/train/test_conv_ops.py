@@ -445,6 +445,116 @@ def test_spatial_bn_needs_in_place_running_stats(fresh):
             ["y"], is_test=1)
 
 
+def bn_over_batches_ref(xs, scale, bias, eps, order):
+    """numpy: batch normalisation of the batches xs concatenated along N
+    (statistics over all of them), split back into the batches."""
+    x = np.concatenate(xs)
+    ch = 1 if order == "NCHW" else x.ndim - 1
+    axes = tuple(i for i in range(x.ndim) if i != ch)
+    shape = [1] * x.ndim
+    shape[ch] = -1
+    mu, var = x.mean(axis=axes), x.var(axis=axes)
+    y = (x - mu.reshape(shape)) / np.sqrt(var.reshape(shape) + eps) * scale.reshape(shape) + bias.reshape(shape)
+    return np.split(y, len(xs)), mu, var
+
+
+@settings(**GRAD_SETTINGS)
+@given(k=st.integers(2, 3), n=st.integers(1, 2), c=st.integers(1, 3), sp=st.lists(st.integers(1, 3), min_size=1, max_size=2),
+       order=st.sampled_from(["NCHW", "NHWC"]), seed=st.integers(0, 2**31 - 1))
+def test_spatial_bn_over_several_batches(fresh, k, n, c, sp, order, seed):
+    # Caffe2's multi-batch batch normalisation (data_parallel_model's
+    # combined SpatialBN): each of k batches adds its ChannelStats, every
+    # SpatialBN(num_batches=k) normalises with the statistics of all of
+    # them; backward, each batch's ChannelBackpropStats are summed into the
+    # blobs the gradient maker names for the scale and bias gradients.
+    # Checked against numpy over the concatenated batches, the input
+    # gradient by central differences of that numpy forward pass.
+    rng = np.random.default_rng(seed)
+    shape = (n, c, *sp) if order == "NCHW" else (n, *sp, c)
+    xs = [rng.standard_normal(shape) * 2 + 1 for _ in range(k)]
+    gs = [rng.standard_normal(shape) for _ in range(k)]
+    scale, bias = rng.standard_normal(c), rng.standard_normal(c)
+    eps, mom = float(np.float32(1e-3)), float(np.float32(0.8))
+    args = dict(order=order, epsilon=eps, momentum=mom, num_batches=k)
+    fwd, ops = [], []
+    for b in range(k):
+        workspace.FeedBlob("x%d" % b, xs[b])
+        workspace.FeedBlob("y%d_grad" % b, gs[b])
+        for name, v in (("s", scale), ("b", bias), ("rm", np.zeros(c)), ("rv", np.ones(c))):
+            workspace.FeedBlob("%s%d" % (name, b), v)
+        fwd.append(core.CreateOperator("ChannelStats", ["x%d" % b], ["sum%d" % b, "sumsq%d" % b], order=order))
+    fwd.append(core.CreateOperator("Sum", ["sum%d" % b for b in range(k)], "sums"))
+    fwd.append(core.CreateOperator("Sum", ["sumsq%d" % b for b in range(k)], "sumsq"))
+    for b in range(k):
+        op = core.CreateOperator(
+            "SpatialBN", ["x%d" % b, "s%d" % b, "b%d" % b, "rm%d" % b, "rv%d" % b, "sums", "sumsq"],
+            ["y%d" % b, "rm%d" % b, "rv%d" % b, "sm%d" % b, "sis%d" % b], **args)
+        fwd.append(op)
+        ops.append(op)
+    for op in fwd:
+        workspace.RunOperatorOnce(op)
+    want, mu, var = bn_over_batches_ref(xs, scale, bias, eps, order)
+    for b in range(k):
+        np.testing.assert_allclose(workspace.FetchBlob("y%d" % b), want[b], rtol=1e-9, atol=1e-9)
+        np.testing.assert_allclose(workspace.FetchBlob("sm%d" % b), mu, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(workspace.FetchBlob("sis%d" % b), 1 / np.sqrt(var + eps), rtol=1e-9)
+        np.testing.assert_allclose(workspace.FetchBlob("rm%d" % b), (1 - mom) * mu, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(workspace.FetchBlob("rv%d" % b), mom + (1 - mom) * var, rtol=1e-9)
+
+    bwd = [core.CreateOperator("ChannelBackpropStats", ["x%d" % b, "sm%d" % b, "sis%d" % b, "y%d_grad" % b],
+                               ["ds%d" % b, "db%d" % b], order=order) for b in range(k)]
+    for b in range(k):
+        grad_ops, g = core.GradientRegistry.GetGradientForOp(ops[b], ["y%d_grad" % b, None, None, None, None])
+        assert [list(o.input) for o in grad_ops] == [
+            ["x%d" % b, "s%d" % b, "y%d_grad" % b, "sm%d" % b, "sis%d" % b, "s%d_grad" % b, "b%d_grad" % b]]
+        assert g == ["x%d_grad" % b, "s%d_grad" % b, "b%d_grad" % b, None, None, None, None]
+        bwd.append(core.CreateOperator("Sum", ["ds%d" % i for i in range(k)], "s%d_grad" % b))
+        bwd.append(core.CreateOperator("Sum", ["db%d" % i for i in range(k)], "b%d_grad" % b))
+        bwd.extend(grad_ops)
+    for op in bwd:
+        workspace.RunOperatorOnce(op)
+
+    def loss(x_all):
+        ys, _, _ = bn_over_batches_ref(np.split(x_all, k), scale, bias, eps, order)
+        return sum(float((y * g).sum()) for y, g in zip(ys, gs))
+
+    x_all, h = np.concatenate(xs), 1e-6
+    numeric = np.zeros_like(x_all)
+    for i in np.ndindex(*x_all.shape):
+        up, down = x_all.copy(), x_all.copy()
+        up[i] += h
+        down[i] -= h
+        numeric[i] = (loss(up) - loss(down)) / (2 * h)
+    ch = 1 if order == "NCHW" else len(shape) - 1
+    axes = tuple(i for i in range(len(shape)) if i != ch)
+    xhat = (x_all - mu.reshape([-1 if i == ch else 1 for i in range(len(shape))])) / np.sqrt(
+        var.reshape([-1 if i == ch else 1 for i in range(len(shape))]) + eps)
+    g_all = np.concatenate(gs)
+    for b, numeric_b in enumerate(np.split(numeric, k)):
+        np.testing.assert_allclose(workspace.FetchBlob("x%d_grad" % b), numeric_b, rtol=1e-5, atol=1e-6)
+        # Each batch's share of the scale and bias gradients.
+        np.testing.assert_allclose(workspace.FetchBlob("s%d_grad" % b), (g_all * xhat).sum(axis=axes) / k, rtol=1e-9)
+        np.testing.assert_allclose(workspace.FetchBlob("b%d_grad" % b), g_all.sum(axis=axes) / k, rtol=1e-9)
+
+
+def test_spatial_bn_several_batches_errors(fresh):
+    x = np.ones((2, 3, 2))
+    ins = {"x": x, "s": np.ones(3), "b": np.ones(3), "m": np.ones(3), "v": np.ones(3)}
+    with pytest.raises(errors.InvalidArgumentError, match="7 inputs"):
+        run("SpatialBN", ins, ["y", "m", "v", "sm", "sis"], num_batches=2)
+    with pytest.raises(errors.InvalidArgumentError, match="num_batches must be >= 1"):
+        run("SpatialBN", ins, ["y", "m", "v", "sm", "sis"], num_batches=0)
+    with pytest.raises(errors.ShapeError, match="sums"):
+        run("SpatialBN", dict(ins, sums=np.ones(2), sumsq=np.ones(3)), ["y", "m", "v", "sm", "sis"], num_batches=2)
+    with pytest.raises(errors.InvalidArgumentError, match="7 inputs"):
+        core.GradientRegistry.GetGradientForOp(
+            core.CreateOperator("SpatialBN", list(ins), ["y", "m", "v", "sm", "sis"], num_batches=2),
+            ["y_grad", None, None, None, None])
+    # With is_test the statistics are the given ones, whatever num_batches.
+    (y,) = run("SpatialBN", ins, ["y"], is_test=1, num_batches=2, epsilon=1.0)
+    np.testing.assert_allclose(y, np.full_like(x, 1.0))
+
+
 # ------------------------------------------------------------------ LRN --
 
 

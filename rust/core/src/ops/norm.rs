@@ -1,8 +1,10 @@
 //! Normalisation and channel ops of convolutional nets (issue 15):
 //! `SpatialBN` (batch normalisation per channel, training and test),
-//! `LRN` (local response normalisation across channels), `ChannelShuffle`,
-//! and their gradients. Channels are dim 1 (`order` NCHW) or the last dim
-//! (NHWC); float32 or float64.
+//! with `num_batches` the statistics of several batches (`ChannelStats`,
+//! `ChannelBackpropStats` compute each batch's), `LRN` (local response
+//! normalisation across channels), `ChannelShuffle`, and their gradients.
+//! Channels are dim 1 (`order` NCHW) or the last dim (NHWC); float32 or
+//! float64.
 
 #![allow(clippy::result_large_err)]
 
@@ -76,6 +78,9 @@ struct BnArgs {
     epsilon: f64,
     momentum: f64,
     order: Order,
+    /// Batches whose statistics are given (training with 7 inputs: the
+    /// sums, or the summed scale and bias gradients); 1: this batch's.
+    num_batches: usize,
     op: String,
 }
 
@@ -90,18 +95,38 @@ impl BnArgs {
         if !(0.0..=1.0).contains(&momentum) {
             return Err(ctx.bad_arg(format!("momentum must be in [0, 1], got {momentum}")));
         }
-        if ctx.args.i64("num_batches", 1)? != 1 {
-            return Err(ctx.bad_arg(
-                "num_batches other than 1 (statistics summed over several batches) is not supported",
-            ));
-        }
-        Ok(BnArgs {
+        let num_batches = ctx.args.i64("num_batches", 1)?;
+        let num_batches = usize::try_from(num_batches)
+            .ok()
+            .filter(|&b| b >= 1)
+            .ok_or_else(|| ctx.bad_arg(format!("num_batches must be >= 1, got {num_batches}")))?;
+        let a = BnArgs {
             is_test,
             epsilon,
             momentum,
             order: parse_order(ctx)?,
+            num_batches,
             op: ctx.op_type().to_string(),
-        })
+        };
+        let ni = ctx.num_inputs();
+        if a.multi_batch() && ni != 7 {
+            let what = if a.op == "SpatialBN" {
+                "the per-channel sums and sums of squares of all the batches"
+            } else {
+                "the scale and bias gradients summed over all the batches"
+            };
+            return Err(ctx.bad_arg(format!(
+                "num_batches = {num_batches} in training takes 7 inputs, inputs 5 and 6 {what}; got {ni} inputs"
+            )));
+        }
+        Ok(a)
+    }
+}
+
+impl BnArgs {
+    /// Training from statistics of several batches (inputs 5 and 6).
+    fn multi_batch(&self) -> bool {
+        !self.is_test && self.num_batches > 1
     }
 }
 
@@ -118,6 +143,25 @@ fn bn_t<T: Float>(l: &mut Locked<'_>, a: &BnArgs) -> Result<()> {
     let eps = T::of(a.epsilon);
     let (mean, var) = if a.is_test {
         (rmean.clone(), rvar.clone())
+    } else if a.multi_batch() {
+        // Statistics of num_batches batches of this one's size, from their
+        // summed per-channel sums and sums of squares. A variance that
+        // cancellation made negative is taken as 0.
+        let sums = vec_input::<T>(l, op, 5, "the sums", c)?;
+        let sumsq = vec_input::<T>(l, op, 6, "the sums of squares", c)?;
+        let m = T::of((a.num_batches * n * hw).max(1) as f64);
+        let mean: Vec<T> = sums.iter().map(|&s| s / m).collect();
+        let var = (0..c)
+            .map(|i| {
+                let v = (sumsq[i] - sums[i] * mean[i]) / m;
+                if v > T::of(0.0) {
+                    v
+                } else {
+                    T::of(0.0)
+                }
+            })
+            .collect();
+        (mean, var)
     } else {
         let m = T::of((n * hw).max(1) as f64);
         let mut sum = vec![T::of(0.0); c];
@@ -192,27 +236,50 @@ fn bn_grad_t<T: Float>(l: &mut Locked<'_>, a: &BnArgs) -> Result<()> {
         .with_blob(l.input_name(2)));
     }
     let (x, dy) = (dense(xa), dense(dya));
-    let mut dbias = vec![T::of(0.0); c];
-    let mut dscale = vec![T::of(0.0); c];
-    for_each_channel(n, c, hw, a.order, |ch, i| {
-        dbias[ch] += dy[i];
-        dscale[ch] += dy[i] * (x[i] - mean[ch]) * rstd[ch];
-    });
+    // The scale and bias gradients over every batch the statistics cover:
+    // this batch's, or (several batches) the sums given as inputs 5 and 6.
+    let (dscale, dbias) = if a.multi_batch() {
+        (
+            vec_input::<T>(l, op, 5, "the summed scale gradient", c)?,
+            vec_input::<T>(l, op, 6, "the summed bias gradient", c)?,
+        )
+    } else {
+        let mut dbias = vec![T::of(0.0); c];
+        let mut dscale = vec![T::of(0.0); c];
+        for_each_channel(n, c, hw, a.order, |ch, i| {
+            dbias[ch] += dy[i];
+            dscale[ch] += dy[i] * (x[i] - mean[ch]) * rstd[ch];
+        });
+        (dscale, dbias)
+    };
     let mut dx = vec![T::of(0.0); x.len()];
     if a.is_test {
         for_each_channel(n, c, hw, a.order, |ch, i| {
             dx[i] = dy[i] * scale[ch] * rstd[ch]
         });
     } else {
-        let m = T::of((n * hw).max(1) as f64);
+        let m = T::of((a.num_batches * n * hw).max(1) as f64);
         for_each_channel(n, c, hw, a.order, |ch, i| {
             let xhat = (x[i] - mean[ch]) * rstd[ch];
             dx[i] = scale[ch] * rstd[ch] * (dy[i] - (dbias[ch] + xhat * dscale[ch]) / m);
         });
     }
+    // Each batch reports its share of the summed gradients (Caffe2's
+    // contract: summing the batches' outputs gives the whole gradient).
+    let share = T::of(if a.multi_batch() {
+        a.num_batches as f64
+    } else {
+        1.0
+    });
     l.set_output(0, T::wrap(array(&shape, dx)?));
-    l.set_output(1, T::wrap(array(&[c], dscale)?));
-    l.set_output(2, T::wrap(array(&[c], dbias)?));
+    l.set_output(
+        1,
+        T::wrap(array(&[c], dscale.iter().map(|&v| v / share).collect())?),
+    );
+    l.set_output(
+        2,
+        T::wrap(array(&[c], dbias.iter().map(|&v| v / share).collect())?),
+    );
     Ok(())
 }
 
@@ -227,6 +294,70 @@ fn build_bn_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 
 fn bn_inplace(i: usize, o: usize) -> bool {
     (i == 3 && o == 1) || (i == 4 && o == 2)
+}
+
+/// SpatialBNGradient's summed scale and bias gradients (inputs 5 and 6)
+/// may be its outputs 1 and 2 (Caffe2's maker names them so).
+fn bn_grad_inplace(i: usize, o: usize) -> bool {
+    (i == 5 && o == 1) || (i == 6 && o == 2)
+}
+
+// --------------------------------------------- ChannelStats (multi-batch BN) --
+
+/// ChannelStats: X -> (per-channel sum, sum of squares);
+/// ChannelBackpropStats: (X, saved mean, saved inverse std, dY) -> (scale
+/// gradient, bias gradient) of this batch. Their sums over batches feed
+/// SpatialBN and SpatialBNGradient with num_batches.
+fn channel_stats_t<T: Float>(l: &mut Locked<'_>, op: &str, order: Order) -> Result<()> {
+    let (n, c, hw) = channels(op, l, order)?;
+    let backprop = op == "ChannelBackpropStats";
+    let (mean, rstd) = if backprop {
+        (
+            vec_input::<T>(l, op, 1, "the saved mean", c)?,
+            vec_input::<T>(l, op, 2, "the saved inverse std", c)?,
+        )
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    let xa = input::<T>(l, op, 0)?;
+    let x = dense(xa);
+    let mut a = vec![T::of(0.0); c];
+    let mut b = vec![T::of(0.0); c];
+    if backprop {
+        let dya = input::<T>(l, op, 3)?;
+        if dya.shape() != xa.shape() {
+            return Err(Error::shape(format!(
+                "{op}: dY ('{}', shape {:?}) must have X's shape {:?}",
+                l.input_name(3),
+                dya.shape(),
+                xa.shape()
+            ))
+            .with_blob(l.input_name(3)));
+        }
+        let dy = dense(dya);
+        for_each_channel(n, c, hw, order, |ch, i| {
+            a[ch] += dy[i] * (x[i] - mean[ch]) * rstd[ch];
+            b[ch] += dy[i];
+        });
+    } else {
+        for_each_channel(n, c, hw, order, |ch, i| {
+            a[ch] += x[i];
+            b[ch] += x[i] * x[i];
+        });
+    }
+    l.set_output(0, T::wrap(array(&[c], a)?));
+    l.set_output(1, T::wrap(array(&[c], b)?));
+    Ok(())
+}
+
+fn build_channel_stats(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let op = ctx.op_type().to_string();
+    let order = parse_order(ctx)?;
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        by_float!(&l, &op, 0, channel_stats_t(&mut l, &op, order))?;
+        Ok(true)
+    }))
 }
 
 // ------------------------------------------------------------------- LRN --
@@ -452,9 +583,10 @@ const BN_ARGS: &[ArgDoc] = &[
         "num_batches",
         "int",
         "1",
-        "only 1 (statistics of this batch) is supported"
+        "in training, > 1: the statistics (SpatialBN) or the scale and bias gradients (SpatialBNGradient) of that many batches of this one's size are given, summed, as inputs 5 and 6"
     ),
 ];
+const ORDER_ARG: &[ArgDoc] = &[arg!("order", "string", "\"NCHW\"", "NCHW or NHWC")];
 const LRN_ARGS: &[ArgDoc] = &[
     arg!("size", "int", "none", "channels in the window (odd)"),
     arg!("alpha", "float", "0", "scale of the sum of squares"),
@@ -475,16 +607,27 @@ const SHUFFLE_ARGS: &[ArgDoc] = &[
 pub fn schemas() -> Vec<OpSchema> {
     vec![
         OpSchema::new("SpatialBN", build_bn)
-            .inputs(5, 5)
+            .inputs(5, 7)
             .outputs(1, 5)
             .inplace(InPlace::Enforce(bn_inplace))
             .args(BN_ARGS)
-            .doc("Batch normalisation per channel: inputs (X, scale, bias, mean, var); with is_test, output Y from the given statistics; else outputs (Y, running mean, running var (in place on inputs 3 and 4), saved mean, saved inverse std) from the batch's statistics (biased variance)."),
+            .doc("Batch normalisation per channel: inputs (X, scale, bias, mean, var[, sums, sums of squares]); with is_test, output Y from the given statistics; else outputs (Y, running mean, running var (in place on inputs 3 and 4), saved mean, saved inverse std) from the batch's statistics (biased variance), or with num_batches > 1 from the per-channel sums and sums of squares of num_batches batches (inputs 5 and 6, e.g. ChannelStats summed)."),
         OpSchema::new("SpatialBNGradient", build_bn_grad)
-            .inputs(5, 5)
+            .inputs(5, 7)
             .outputs(3, 3)
+            .inplace(InPlace::Allow(bn_grad_inplace))
             .args(BN_ARGS)
-            .doc("Gradient of SpatialBN: inputs (X, scale, dY, saved mean, saved inverse std) (with is_test: the estimated mean and variance), outputs (dX, dscale, dbias)."),
+            .doc("Gradient of SpatialBN: inputs (X, scale, dY, saved mean, saved inverse std[, summed dscale, summed dbias]) (with is_test: the estimated mean and variance), outputs (dX, dscale, dbias); with num_batches > 1 the scale and bias gradients of all the batches are given (e.g. ChannelBackpropStats summed) and each output is its share (divided by num_batches)."),
+        OpSchema::new("ChannelStats", build_channel_stats)
+            .inputs(1, 1)
+            .outputs(2, 2)
+            .args(ORDER_ARG)
+            .doc("Per-channel sum and sum of squares of X (outputs (sum, sumsq), C elements each): the statistics SpatialBN with num_batches takes, summed over the batches."),
+        OpSchema::new("ChannelBackpropStats", build_channel_stats)
+            .inputs(4, 4)
+            .outputs(2, 2)
+            .args(ORDER_ARG)
+            .doc("Inputs (X, saved mean, saved inverse std, dY): this batch's SpatialBN scale gradient (sum of dY * (X - mean) * inverse std per channel) and bias gradient (sum of dY), which SpatialBNGradient with num_batches takes, summed over the batches."),
         OpSchema::new("LRN", build_lrn)
             .inputs(1, 1)
             .outputs(1, 2)
@@ -510,8 +653,9 @@ pub fn schemas() -> Vec<OpSchema> {
 
 #[cfg(test)]
 mod tests {
+    use crate::error::ErrorKind;
     use crate::tensor::Tensor;
-    use crate::test_util::{get, int_arg, op, run, ws_with};
+    use crate::test_util::{f32s, float_arg, get, int_arg, op, run, vals, ws_with};
 
     #[test]
     fn channel_shuffle_by_hand() {
@@ -547,5 +691,102 @@ mod tests {
             .copied()
             .collect();
         assert_eq!(z, (0..6).map(|v| v as f32).collect::<Vec<_>>());
+    }
+
+    fn close(got: &[f32], want: &[f32]) {
+        assert_eq!(got.len(), want.len(), "{got:?} vs {want:?}");
+        for (g, w) in got.iter().zip(want) {
+            assert!((g - w).abs() < 1e-5, "{got:?} vs {want:?}");
+        }
+    }
+
+    #[test]
+    fn spatial_bn_over_two_batches_by_hand() {
+        // One channel; this batch X = [1, 3], the other [5, 7]: sums 16,
+        // squares 84, so over 4 values mean 4 and variance 5; epsilon 4
+        // makes the inverse std 1/3. Scale 3, bias 1: Y = X - 3.
+        let ws = ws_with(&[
+            ("x", f32s(&[1, 1, 2], &[1., 3.])),
+            ("x2", f32s(&[1, 1, 2], &[5., 7.])),
+            ("s", f32s(&[1], &[3.])),
+            ("b", f32s(&[1], &[1.])),
+            ("rm", f32s(&[1], &[0.])),
+            ("rv", f32s(&[1], &[0.])),
+            ("dy", f32s(&[1, 1, 2], &[1., 2.])),
+            ("dy2", f32s(&[1, 1, 2], &[3., 4.])),
+        ]);
+        run(&ws, op("ChannelStats", &["x"], &["sum1", "sq1"], vec![])).unwrap();
+        run(&ws, op("ChannelStats", &["x2"], &["sum2", "sq2"], vec![])).unwrap();
+        close(&vals(&get(&ws, "sum1")), &[4.]);
+        close(&vals(&get(&ws, "sq1")), &[10.]);
+        run(&ws, op("Add", &["sum1", "sum2"], &["sums"], vec![])).unwrap();
+        run(&ws, op("Add", &["sq1", "sq2"], &["sumsq"], vec![])).unwrap();
+        let args = || {
+            vec![
+                int_arg("num_batches", 2),
+                float_arg("epsilon", 4.0),
+                float_arg("momentum", 0.5),
+            ]
+        };
+        run(
+            &ws,
+            op(
+                "SpatialBN",
+                &["x", "s", "b", "rm", "rv", "sums", "sumsq"],
+                &["y", "rm", "rv", "mean", "rstd"],
+                args(),
+            ),
+        )
+        .unwrap();
+        close(&vals(&get(&ws, "y")), &[-2., 0.]);
+        close(&vals(&get(&ws, "mean")), &[4.]);
+        close(&vals(&get(&ws, "rstd")), &[1. / 3.]);
+        close(&vals(&get(&ws, "rm")), &[2.]);
+        close(&vals(&get(&ws, "rv")), &[2.5]);
+
+        // Backward: the batches' scale and bias gradients, summed:
+        // dscale = sum dY (X - 4) / 3 = 10/3, dbias = 10.
+        let stats = |x: &str, dy: &str, outs: &[&str]| {
+            op(
+                "ChannelBackpropStats",
+                &[x, "mean", "rstd", dy],
+                outs,
+                vec![],
+            )
+        };
+        run(&ws, stats("x", "dy", &["ds1", "db1"])).unwrap();
+        run(&ws, stats("x2", "dy2", &["ds2", "db2"])).unwrap();
+        close(&vals(&get(&ws, "ds1")), &[-5. / 3.]);
+        close(&vals(&get(&ws, "db1")), &[3.]);
+        run(&ws, op("Add", &["ds1", "ds2"], &["s_grad"], vec![])).unwrap();
+        run(&ws, op("Add", &["db1", "db2"], &["b_grad"], vec![])).unwrap();
+        run(
+            &ws,
+            op(
+                "SpatialBNGradient",
+                &["x", "s", "dy", "mean", "rstd", "s_grad", "b_grad"],
+                &["x_grad", "s_grad", "b_grad"],
+                args(),
+            ),
+        )
+        .unwrap();
+        // dX = dY - (10 + xhat * 10/3) / 4 with xhat = (X - 4) / 3.
+        close(&vals(&get(&ws, "x_grad")), &[-2. / 3., -2. / 9.]);
+        close(&vals(&get(&ws, "s_grad")), &[5. / 3.]);
+        close(&vals(&get(&ws, "b_grad")), &[5.]);
+
+        // Several batches need the two inputs.
+        let e = run(
+            &ws,
+            op(
+                "SpatialBN",
+                &["x", "s", "b", "rm", "rv"],
+                &["y", "rm", "rv", "mean", "rstd"],
+                args(),
+            ),
+        )
+        .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+        assert!(e.to_string().contains("7 inputs"), "{e}");
     }
 }
