@@ -408,15 +408,7 @@ fn sls_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
         .with_blob(l.input_name(0)));
     }
     let rows = if sparse {
-        let (idx, idx_shape) = indices(l, op, 1)?;
-        if idx_shape.len() != 1 {
-            return Err(Error::shape(format!(
-                "{op}: INDICES ('{}', shape {idx_shape:?}) must be 1-D",
-                l.input_name(1)
-            ))
-            .with_blob(l.input_name(1)));
-        }
-        checked_rows(op, &idx, data.shape()[0], false, l.input_name(1))?
+        index_rows(l, op, data.shape()[0], 1)?
     } else {
         (0..data.shape()[0]).collect()
     };
@@ -533,7 +525,7 @@ fn weighted_rows(l: &Locked<'_>, op: &str, sparse: bool, idx_input: usize) -> Re
     if !sparse {
         return Ok((0..n).collect());
     }
-    weighted_rows_of(l, op, n, idx_input)
+    index_rows(l, op, n, idx_input)
 }
 
 fn wsls_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
@@ -613,7 +605,7 @@ fn wsls_grad_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
             .with_blob(l.input_name(3)));
         }
         let rows = if sparse {
-            weighted_rows_of(l, op, data.shape()[0], 4)?
+            index_rows(l, op, data.shape()[0], 4)?
         } else {
             (0..data.shape()[0]).collect()
         };
@@ -652,7 +644,7 @@ fn wsls_grad_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
 }
 
 /// INDICES (input `i`, 1-D) checked against DATA's `n` rows.
-fn weighted_rows_of(l: &Locked<'_>, op: &str, n: usize, i: usize) -> Result<Vec<usize>> {
+fn index_rows(l: &Locked<'_>, op: &str, n: usize, i: usize) -> Result<Vec<usize>> {
     let (idx, idx_shape) = indices(l, op, i)?;
     if idx_shape.len() != 1 {
         return Err(Error::shape(format!(
