@@ -98,6 +98,26 @@ pub fn schemas() -> Vec<OpSchema> {
             .outputs(2, 2)
             .args(&[GRAD_ON_WEIGHTS])
             .doc("Gradient of SparseLengthsWeightedSum with grad_on_weights: inputs (SCALARS, dY, LENGTHS, DATA, INDICES), outputs the DATA gradient's values (as without grad_on_weights) and dSCALARS: element j is the dot product of dY's row of j's segment and DATA[INDICES[j]]."),
+        // Newer Caffe2's names for the sparse gradients (its makers passed
+        // INDICES too, which the CPU kernels do not read): nets it wrote run.
+        OpSchema::new("SparseLengthsIndicesInGradientSumGradient", build_sls_grad)
+            .inputs(3, 3)
+            .outputs(1, 1)
+            .doc("SparseLengthsSumGradient with INDICES as a third input (not read): inputs (dY, LENGTHS, INDICES)."),
+        OpSchema::new("SparseLengthsIndicesInGradientMeanGradient", build_sls_grad)
+            .inputs(3, 3)
+            .outputs(1, 1)
+            .doc("SparseLengthsMeanGradient with INDICES as a third input (not read): inputs (dY, LENGTHS, INDICES)."),
+        OpSchema::new("SparseLengthsIndicesInGradientWeightedSumGradient", build_wsls_grad)
+            .inputs(4, 4)
+            .outputs(1, 1)
+            .args(&[GRAD_ON_WEIGHTS])
+            .doc("SparseLengthsWeightedSumGradient with INDICES as a fourth input (not read): inputs (SCALARS, dY, LENGTHS, INDICES)."),
+        OpSchema::new("SparseLengthsIndicesInGradientWeightedSumWithMainInputGradient", build_wsls_grad)
+            .inputs(5, 5)
+            .outputs(2, 2)
+            .args(&[GRAD_ON_WEIGHTS])
+            .doc("SparseLengthsWeightedSumWithMainInputGradient under newer Caffe2's name: inputs (SCALARS, dY, LENGTHS, DATA, INDICES), outputs (the DATA gradient's values, dSCALARS)."),
         OpSchema::new("LengthsWeightedSum", build_wsls)
             .inputs(3, 3)
             .outputs(1, 1)
@@ -821,6 +841,45 @@ mod tests {
         assert_eq!(vals(&get(&ws, "v2")), vals(&get(&ws, "v")));
         // dw[j] = dY[segment of j] . DATA[INDICES[j]]
         assert_eq!(vals(&get(&ws, "dw")), vec![65., 2100., 6500.]);
+        // Newer Caffe2's names give the same (INDICES passed, not read).
+        let newer = "SparseLengthsIndicesInGradientWeightedSum";
+        run(
+            &ws,
+            op(
+                &format!("{newer}Gradient"),
+                &["w", "dy", "l", "i"],
+                &["v3"],
+                vec![],
+            ),
+        )
+        .unwrap();
+        assert_eq!(vals(&get(&ws, "v3")), vals(&get(&ws, "v")));
+        let with_main = format!("{newer}WithMainInputGradient");
+        run(
+            &ws,
+            op(
+                &with_main,
+                &["w", "dy", "l", "d", "i"],
+                &["v4", "dw4"],
+                vec![],
+            ),
+        )
+        .unwrap();
+        assert_eq!(vals(&get(&ws, "dw4")), vec![65., 2100., 6500.]);
+        run(
+            &ws,
+            op(
+                "SparseLengthsIndicesInGradientSumGradient",
+                &["dy", "l", "i"],
+                &["v5"],
+                vec![],
+            ),
+        )
+        .unwrap();
+        assert_eq!(
+            vals(&get(&ws, "v5")),
+            vec![1., 10., 100., 1000., 100., 1000.]
+        );
         // The dense op weighs DATA's own rows.
         run(
             &ws,
