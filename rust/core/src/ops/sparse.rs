@@ -87,7 +87,10 @@ pub fn schemas() -> Vec<OpSchema> {
             .inputs(5, MANY)
             .outputs(1, 1)
             .inplace(InPlace::Enforce(in_place_0_0))
-            .doc("Inputs (X0, W0, INDICES, X1, W1, ...), output X0 in place: for each i in order, X0[INDICES[i]] = W0 * X0[INDICES[i]] + sum_k Wk * Xk[i] (float32; weights of one element)."),
+            .infer(|_, ins, n| Ok(crate::shapes::rules::same_as_input(ins, 0, n)))
+            .doc("Inputs (X0, W0, INDICES, X1, W1, ...), output X0 in place: each row X0[INDICES[i]] is scaled by W0 \
+                  (a repeated index scales its row again), then for each pair k and each i in order \
+                  X0[INDICES[i]] += Wk * Xk[i] (float32; weights of one element)."),
     ]
 }
 
@@ -523,13 +526,19 @@ fn build_scatter_weighted_sum(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
                 weight(&l, OP, p + 1)?,
             ));
         }
-        for (i, &r) in rows.iter().enumerate() {
-            for c in 0..inner {
-                let mut v = w0 * out[r * inner + c];
-                for (x, w) in &slices {
-                    v += w * x[i * inner + c];
+        // Caffe2's order: every indexed row is scaled by W0 first (a
+        // repeated index scales its row again), then each (X, W) pair adds
+        // W * X[i] to row INDICES[i].
+        for &r in &rows {
+            for v in &mut out[r * inner..(r + 1) * inner] {
+                *v *= w0;
+            }
+        }
+        for (x, w) in &slices {
+            for (i, &r) in rows.iter().enumerate() {
+                for c in 0..inner {
+                    out[r * inner + c] += w * x[i * inner + c];
                 }
-                out[r * inner + c] = v;
             }
         }
         let a = ArrayD::from_shape_vec(IxDyn(&shape), out)

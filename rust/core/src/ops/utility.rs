@@ -4,9 +4,11 @@
 
 use super::kernel;
 use crate::arg;
+use crate::args::Args;
 use crate::blob::BlobValue;
 use crate::error::{Error, ErrorKind, Result};
-use crate::operator::{InPlace, OpDefCtx, OpSchema, Operator, MANY};
+use crate::operator::{InPlace, OpDefCtx, OpSchema, Operator, ShapeInfo, MANY};
+use crate::shapes::rules;
 use crate::tensor::{concatenate, copy_array, try_vec, DataType, Element, Tensor};
 use ndarray::{ArrayViewD, Axis};
 use std::io::Write;
@@ -104,11 +106,13 @@ pub fn schemas() -> Vec<OpSchema> {
         OpSchema::new("LengthsToRanges", lengths_to_ranges)
             .inputs(1, 1)
             .outputs(1, 1)
+            .infer(lengths_to_ranges_infer)
             .doc("1-D int32 lengths -> int32 [N, 2] rows (offset, length), offsets a running sum from 0."),
         OpSchema::new("ScatterAssign", scatter_assign)
             .inputs(3, 3)
             .outputs(1, 1)
             .inplace(InPlace::Enforce(in_place_0_0))
+            .infer(|_, ins, n| Ok(rules::same_as_input(ins, 0, n)))
             .doc(
                 "Inputs (DATA, INDICES, SLICES), output DATA (in place): row INDICES[i] of DATA becomes slice i. \
                  Indices are int32 or int64 and bounds-checked; the last of duplicate indices wins.",
@@ -117,16 +121,19 @@ pub fn schemas() -> Vec<OpSchema> {
             .inputs(1, MANY)
             .outputs(2, 2)
             .args(CONCAT_ARGS)
+            .infer(concat_infer)
             .doc("Joins the inputs along an axis; outputs (concat, split_info: int32 size of each input along the axis)."),
         OpSchema::new("DepthConcat", concat)
             .inputs(1, MANY)
             .outputs(2, 2)
             .args(CONCAT_ARGS)
+            .infer(concat_infer)
             .doc("Caffe2's old name for Concat."),
         OpSchema::new("Split", split)
             .inputs(1, 2)
             .outputs(1, MANY)
             .args(SPLIT_ARGS)
+            .infer(split_infer)
             .doc(
                 "Splits the input along an axis into the outputs. The sizes come from the `split` argument, or from an \
                  optional second input (int32, one per output), or else are equal (the axis must divide evenly). With \
@@ -136,6 +143,7 @@ pub fn schemas() -> Vec<OpSchema> {
             .inputs(1, 2)
             .outputs(1, MANY)
             .args(SPLIT_ARGS)
+            .infer(split_infer)
             .doc("Caffe2's old name for Split."),
     ]
 }
@@ -327,6 +335,18 @@ fn is_empty(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 
 // ------------------------------------------------------- LengthsToRanges --
 
+fn lengths_to_ranges_infer(
+    _: &Args<'_>,
+    ins: &[Option<ShapeInfo>],
+    _: usize,
+) -> Result<Vec<Option<ShapeInfo>>> {
+    Ok(vec![rules::known(ins, 0).map(|t| {
+        let mut dims = t.dims.clone();
+        dims.push(2);
+        ShapeInfo::new(dims, DataType::Int32)
+    })])
+}
+
 fn lengths_to_ranges(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     Ok(kernel(|cx| {
         let mut l = cx.lock();
@@ -514,9 +534,13 @@ fn concat_typed<T: Element>(
 /// of `order` (NCHW: 1, NHWC: 3; `add_axis` is then ignored, as in Caffe2);
 /// giving both is an error. `verb` names the op's action in the message.
 fn axis_args(ctx: &OpDefCtx<'_>, verb: &str) -> Result<(i64, bool)> {
-    let args = &ctx.args;
+    axis_of(&ctx.args, verb).map_err(|e| e.with_op(ctx.op_type(), None))
+}
+
+/// [`axis_args`] from the arguments alone (shape inference has no context).
+fn axis_of(args: &Args<'_>, verb: &str) -> Result<(i64, bool)> {
     if args.has("axis") && args.has("order") {
-        return Err(ctx.bad_arg(format!(
+        return Err(Error::invalid_arg(format!(
             "you cannot give both the axis to {verb} along and the order"
         )));
     }
@@ -532,11 +556,85 @@ fn axis_args(ctx: &OpDefCtx<'_>, verb: &str) -> Result<(i64, bool)> {
     } else if order.eq_ignore_ascii_case("NHWC") {
         3
     } else {
-        return Err(ctx.bad_arg(format!(
+        return Err(Error::invalid_arg(format!(
             "unsupported storage order '{order}' (NCHW or NHWC)"
         )));
     };
     Ok((axis, false))
+}
+
+/// Concat's outputs: the inputs joined along the axis, and one int32 size
+/// per input.
+fn concat_infer(
+    args: &Args<'_>,
+    ins: &[Option<ShapeInfo>],
+    n_out: usize,
+) -> Result<Vec<Option<ShapeInfo>>> {
+    let (axis, add_axis) = axis_of(args, "concat")?;
+    let Some(ins) = ins.iter().cloned().collect::<Option<Vec<ShapeInfo>>>() else {
+        return Ok(vec![None; n_out]);
+    };
+    let first = &ins[0];
+    let canon = rules::canonical_axis(axis, first.dims.len() + usize::from(add_axis))?;
+    let mut dims = first.dims.clone();
+    for t in &ins[1..] {
+        let same = t.dims.len() == first.dims.len()
+            && (0..dims.len()).all(|i| (i == canon && !add_axis) || t.dims[i] == first.dims[i]);
+        if t.dtype != first.dtype || !same {
+            return Err(Error::shape("the inputs cannot be joined"));
+        }
+        if !add_axis {
+            dims[canon] += t.dims[canon];
+        }
+    }
+    if add_axis {
+        dims.insert(canon, ins.len() as i64);
+    }
+    Ok(vec![
+        Some(ShapeInfo::new(dims, first.dtype)),
+        Some(ShapeInfo::new(vec![ins.len() as i64], DataType::Int32)),
+    ][..n_out.min(2)]
+        .to_vec())
+}
+
+/// Split's outputs, when the sizes are arguments or equal parts (with a
+/// sizes input they depend on its values: unknown, as in Caffe2).
+fn split_infer(
+    args: &Args<'_>,
+    ins: &[Option<ShapeInfo>],
+    n_out: usize,
+) -> Result<Vec<Option<ShapeInfo>>> {
+    let (axis, add_axis) = axis_of(args, "split")?;
+    let input = match rules::known(ins, 0) {
+        Some(t) if ins.len() == 1 => t,
+        _ => return Ok(vec![None; n_out]),
+    };
+    let canon = rules::canonical_axis(axis, input.dims.len())?;
+    let channels = input.dims[canon];
+    let no = n_out as i64;
+    let mut out = Vec::with_capacity(n_out);
+    if add_axis {
+        if channels != no {
+            return Err(Error::invalid_arg("one output per index of the axis"));
+        }
+        let mut dims = input.dims.clone();
+        dims.remove(canon);
+        return Ok(vec![Some(ShapeInfo::new(dims, input.dtype)); n_out]);
+    }
+    let sizes = match args.ints("split")?.filter(|v| !v.is_empty()) {
+        Some(v) => v,
+        None if no > 0 && channels % no == 0 => vec![channels / no; n_out],
+        None => return Err(Error::invalid_arg("the axis does not divide evenly")),
+    };
+    if sizes.len() != n_out || sizes.iter().sum::<i64>() != channels {
+        return Err(Error::invalid_arg("the split sizes do not match"));
+    }
+    for s in sizes {
+        let mut dims = input.dims.clone();
+        dims[canon] = s;
+        out.push(Some(ShapeInfo::new(dims, input.dtype)));
+    }
+    Ok(out)
 }
 
 fn concat(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
