@@ -946,3 +946,20 @@ def _lrn_grad(op, g_output):
 def _channel_shuffle_grad(op, g_output):
     w = GradientWrapper(op, g_output)
     return [_op("ChannelShuffleGradient", [w.GO(0)], [w.GI(0)])], [w.GI(0)]
+
+
+@_register("PackSegments")
+def _pack_segments_grad(op, g_output):
+    """UnpackSegments of the packed gradient (the presence mask has none),
+    with PackSegments' arguments, as Caffe2."""
+    w = GradientWrapper(op, g_output)
+    if w.GO(0) is None:
+        return [], [None, None]
+    return [_op("UnpackSegments", [w.I(0), w.GO(0)], [w.GI(1)])], [None, w.GI(1)]
+
+
+@_register("UnpackSegments")
+def _unpack_segments_grad(op, g_output):
+    """PackSegments of the gradient, with UnpackSegments' arguments, as Caffe2."""
+    w = GradientWrapper(op, g_output)
+    return [_op("PackSegments", [w.I(0), w.GO(0)], [w.GI(1)])], [None, w.GI(1)]
