@@ -963,3 +963,18 @@ def _unpack_segments_grad(op, g_output):
     """PackSegments of the gradient, with UnpackSegments' arguments, as Caffe2."""
     w = GradientWrapper(op, g_output)
     return [_op("PackSegments", [w.I(0), w.GO(0)], [w.GI(1)])], [None, w.GI(1)]
+
+
+def _min_max_grad(op, g_output):
+    """``<Op>Gradient(Y, dY, X0, X1, ...)``: each input equal to the result
+    gets the whole gradient, as Caffe2."""
+    w = GradientWrapper(op, g_output)
+    if w.GO(0) is None:
+        return [], [None] * len(op.input)
+    grads = [w.GI(i) for i in range(len(op.input))]
+    ins = [w.O(0), w.GO(0)] + [w.I(i) for i in range(len(op.input))]
+    return [_op(op.type + "Gradient", ins, grads)], grads
+
+
+_register("Max")(_min_max_grad)
+_register("Min")(_min_max_grad)
