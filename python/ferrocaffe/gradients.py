@@ -723,6 +723,11 @@ for _t in ("ReduceFrontSum", "ReduceBackSum", "ReduceFrontMean", "ReduceBackMean
     _register(_t)(_front_back_maker)
 
 
+def _match_outer(op):
+    """The gather's ``match_outer``, for its gradient op (only when set)."""
+    return {"match_outer": 1} if _arg_i(op, "match_outer", 0) else {}
+
+
 @_register("Gather", copy_arguments=False)
 def _gather_grad(op, g_output):
     """Caffe2's: for axis 0 a GradientSlice (the indices, the output's
@@ -735,7 +740,8 @@ def _gather_grad(op, g_output):
             raise errors.InvalidArgumentError(
                 "Gather with axis > 0 must use dense_gradient", op=op.type
             )
-        g = _op("BatchGatherGradient", [w.I(0), w.I(1), w.GO(0)], [w.GI(0)], axis=axis)
+        g = _op("BatchGatherGradient", [w.I(0), w.I(1), w.GO(0)], [w.GI(0)], axis=axis,
+                **_match_outer(op))
         return [g], [w.GI(0), None]
     if _arg_i(op, "dense_gradient"):
         return [_op("SparseToDense", [w.I(1), w.GO(0), w.I(0)], [w.GI(0)])], [w.GI(0), None]
@@ -745,7 +751,8 @@ def _gather_grad(op, g_output):
 @_register("BatchGather", copy_arguments=False)
 def _batch_gather_grad(op, g_output):
     w = GradientWrapper(op, g_output)
-    g = _op("BatchGatherGradient", [w.I(0), w.I(1), w.GO(0)], [w.GI(0)], axis=_arg_i(op, "axis", 1))
+    g = _op("BatchGatherGradient", [w.I(0), w.I(1), w.GO(0)], [w.GI(0)], axis=_arg_i(op, "axis", 1),
+            **_match_outer(op))
     return [g], [w.GI(0), None]
 
 
