@@ -985,3 +985,22 @@ def _min_max_grad(op, g_output):
 
 _register("Max")(_min_max_grad)
 _register("Min")(_min_max_grad)
+
+
+@_register("NanCheck", copy_arguments=False)
+def _nan_check_grad(op, g_output):
+    """The gradient is checked the same way on its way back, as Caffe2."""
+    w = GradientWrapper(op, g_output)
+    if w.GO(0) is None:
+        return [], [None] * len(op.input)
+    return [_op("NanCheck", [w.GO(0)], [w.GI(0)])], [w.GI(0)] + [None] * (len(op.input) - 1)
+
+
+@_register("SplitByLengths", copy_arguments=False)
+def _split_by_lengths_grad(op, g_output):
+    """Split's gradient: the outputs' gradients joined along the axis
+    (SplitByLengths' default axis is 0, Concat's 1)."""
+    ops, grads = _split_grad(op, g_output)
+    if ops and _arg(op, "axis") is None:
+        ops[-1].arg.add(name="axis", i=0)
+    return ops, grads

@@ -7,7 +7,7 @@ use crate::arg;
 use crate::args::Args;
 use crate::blob::BlobValue;
 use crate::error::{Error, ErrorKind, Result};
-use crate::operator::{InPlace, OpDefCtx, OpSchema, Operator, ShapeInfo, MANY};
+use crate::operator::{InPlace, Locked, OpDefCtx, OpSchema, Operator, ShapeInfo, MANY};
 use crate::shapes::rules;
 use crate::tensor::{concatenate, copy_array, try_vec, DataType, Element, Tensor};
 use ndarray::{ArrayViewD, Axis};
@@ -99,6 +99,36 @@ pub fn schemas() -> Vec<OpSchema> {
             .outputs(1, 1)
             .args(&[arg!("include_shared", "bool", "true", "also list the blobs visible from parent workspaces")])
             .doc("Outputs the sorted names of the blobs in the op's workspace as a 1-D string tensor."),
+        OpSchema::new("NanCheck", nan_check)
+            .inputs(1, MANY)
+            .outputs(1, 1)
+            .inplace(InPlace::Allow(in_place_0_0))
+            .infer(|_, ins, n| Ok(rules::same_as_input(ins, 0, n)))
+            .doc(
+                "Y = X (input 0, float32, float64 or float16), after checking that X holds no NaN or infinity: one \
+                 that does is an InvalidArgumentError naming the first such element. Further inputs are only named \
+                 in that error (Caffe2 printed them).",
+            ),
+        OpSchema::new("LengthsGather", lengths_gather)
+            .inputs(3, 3)
+            .outputs(1, 1)
+            .doc(
+                "Inputs (ITEMS, LENGTHS int32/int64, INDICES int32/int64): LENGTHS cuts ITEMS' rows into consecutive \
+                 segments (they must add up to its first dim); the output is the segments INDICES names, one after \
+                 another (any dtype).",
+            ),
+        OpSchema::new("SplitByLengths", split_by_lengths)
+            .inputs(2, 2)
+            .outputs(1, MANY)
+            .args(&[
+                arg!("axis", "int", "0", "the axis to split along (negative counts from the end)"),
+                arg!("use_scaling_lengths", "bool", "false", "scale the lengths up so that they add up to the axis (by the whole factor dim / sum)"),
+            ])
+            .doc(
+                "Inputs (DATA, LENGTHS int32/int64): the lengths, whose count must be a multiple k of the outputs' \
+                 count n, cut DATA along axis into consecutive parts; output i takes the parts i*k/n .. (i+1)*k/n. \
+                 The lengths must add up to the axis.",
+            ),
         OpSchema::new("IsEmpty", is_empty)
             .inputs(1, 1)
             .outputs(1, 1)
@@ -329,6 +359,201 @@ fn is_empty(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         let mut l = cx.lock();
         let empty = l.tensor(0)?.numel() == 0;
         l.set_output(0, Tensor::scalar(empty));
+        Ok(true)
+    }))
+}
+
+// --------------------------------------------------------------- NanCheck --
+
+fn first_bad<T: Copy + Into<f64>>(a: &ndarray::ArrayD<T>) -> Option<(usize, f64)> {
+    a.iter()
+        .map(|&v| v.into())
+        .enumerate()
+        .find(|(_, v)| !v.is_finite())
+}
+
+fn nan_check(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let others: Vec<String> = ctx.def.input[1..].to_vec();
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let name = l.input_name(0);
+        let t = l.tensor(0)?;
+        let bad = match t {
+            Tensor::F32(a) => first_bad(&**a),
+            Tensor::F64(a) => first_bad(&**a),
+            Tensor::F16(a) => a
+                .iter()
+                .map(|v| f64::from(v.to_f32()))
+                .enumerate()
+                .find(|(_, v)| !v.is_finite()),
+            other => {
+                return Err(Error::type_error(format!(
+                    "NanCheck takes float32, float64 or float16, got {}",
+                    other.dtype()
+                ))
+                .with_blob(name))
+            }
+        };
+        if let Some((i, v)) = bad {
+            return Err(Error::invalid_arg(format!(
+                "the tensor holds {v} at flat index {i} (of {} elements){}",
+                t.numel(),
+                if others.is_empty() {
+                    String::new()
+                } else {
+                    format!("; also checked with: {}", others.join(", "))
+                }
+            ))
+            .with_blob(name));
+        }
+        if !l.aliases(0, 0) {
+            let t = t.clone();
+            l.set_output(0, t);
+        }
+        Ok(true)
+    }))
+}
+
+// ---------------------------------------------------------- LengthsGather --
+
+/// Input `i` as non-negative integers (int32 or int64), naming `what`.
+fn non_negative(l: &Locked<'_>, i: usize, what: &str) -> Result<Vec<usize>> {
+    let name = l.input_name(i);
+    let raw: Vec<i64> = match l.tensor(i)? {
+        Tensor::I32(a) => a.iter().map(|&v| i64::from(v)).collect(),
+        Tensor::I64(a) => a.iter().copied().collect(),
+        other => {
+            return Err(Error::type_error(format!(
+                "the {what} must be int32 or int64, got {}",
+                other.dtype()
+            ))
+            .with_blob(name))
+        }
+    };
+    raw.iter()
+        .enumerate()
+        .map(|(k, &v)| {
+            usize::try_from(v).map_err(|_| {
+                Error::invalid_arg(format!("{what} #{k} is negative: {v}")).with_blob(name)
+            })
+        })
+        .collect()
+}
+
+fn take_rows<T: Element>(t: &Tensor, axis: usize, ranges: &[(usize, usize)]) -> Result<Tensor> {
+    let a = t.array::<T>()?;
+    let views: Vec<_> = ranges
+        .iter()
+        .map(|&(lo, len)| a.slice_axis(Axis(axis), ndarray::Slice::from(lo..lo + len)))
+        .collect();
+    if views.is_empty() {
+        let mut shape = a.shape().to_vec();
+        shape[axis] = 0;
+        return Tensor::zeros(T::DTYPE, &shape);
+    }
+    Ok(T::wrap(concatenate(axis, &views)?))
+}
+
+fn lengths_gather(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    Ok(kernel(|cx| {
+        let mut l = cx.lock();
+        let lens = non_negative(&l, 1, "length")?;
+        let idx = non_negative(&l, 2, "index")?;
+        let out = {
+            let name = l.input_name(0);
+            let items = l.tensor(0)?;
+            if items.ndim() == 0 {
+                return Err(Error::shape("the items must be at least 1-D").with_blob(name));
+            }
+            let mut starts = Vec::with_capacity(lens.len());
+            let mut total = 0usize;
+            for &n in &lens {
+                starts.push(total);
+                total = total.saturating_add(n);
+            }
+            if total != items.shape()[0] {
+                return Err(Error::invalid_arg(format!(
+                    "the lengths add up to {total} but the items have {} rows",
+                    items.shape()[0]
+                ))
+                .with_blob(l.input_name(1)));
+            }
+            let ranges = idx
+                .iter()
+                .map(|&i| {
+                    lens.get(i).map(|&n| (starts[i], n)).ok_or_else(|| {
+                        Error::new(
+                            ErrorKind::IndexOutOfRange,
+                            format!("index {i} is out of range for {} lengths", lens.len()),
+                        )
+                        .with_blob(l.input_name(2))
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            by_dtype!(items.dtype(), take_rows(items, 0, &ranges)).map_err(|e| e.with_blob(name))?
+        };
+        l.set_output(0, out);
+        Ok(true)
+    }))
+}
+
+// --------------------------------------------------------- SplitByLengths --
+
+fn split_by_lengths(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let axis = ctx.args.i64("axis", 0)?;
+    let scaling = ctx.args.bool("use_scaling_lengths", false)?;
+    let no = ctx.num_outputs();
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let mut lens = non_negative(&l, 1, "length")?;
+        let outs = {
+            let name = l.input_name(0);
+            let data = l.tensor(0)?;
+            let canon = rules::canonical_axis(axis, data.ndim()).map_err(|e| e.with_blob(name))?;
+            let dim = data.shape()[canon];
+            let lname = l.input_name(1);
+            if lens.len() % no != 0 {
+                return Err(Error::invalid_arg(format!(
+                    "the number of lengths ({}) must be a multiple of the number of outputs ({no})",
+                    lens.len()
+                ))
+                .with_blob(lname));
+            }
+            let sum = lens
+                .iter()
+                .try_fold(0usize, |a, &b| a.checked_add(b))
+                .unwrap_or(usize::MAX);
+            if scaling && sum > 0 && sum != dim {
+                if dim % sum != 0 {
+                    return Err(Error::invalid_arg(format!(
+                        "with use_scaling_lengths the lengths' sum ({sum}) must divide dim {canon} ({dim})"
+                    ))
+                    .with_blob(lname));
+                }
+                let f = dim / sum;
+                lens.iter_mut().for_each(|n| *n *= f);
+            } else if sum != dim {
+                return Err(Error::invalid_arg(format!(
+                    "the lengths add up to {sum} but dim {canon} of the data is {dim}"
+                ))
+                .with_blob(lname));
+            }
+            let per = lens.len() / no;
+            let mut start = 0;
+            let mut outs = Vec::with_capacity(no);
+            for chunk in 0..no {
+                let len: usize = lens[chunk * per..(chunk + 1) * per].iter().sum();
+                outs.push(
+                    by_dtype!(data.dtype(), take_rows(data, canon, &[(start, len)]))
+                        .map_err(|e| e.with_blob(name))?,
+                );
+                start += len;
+            }
+            outs
+        };
+        for (o, t) in outs.into_iter().enumerate() {
+            l.set_output(o, t);
+        }
         Ok(true)
     }))
 }
