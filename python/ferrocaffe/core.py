@@ -48,6 +48,7 @@ __all__ = [
     "InferOpBlobDevices",
     "InferOpBlobDevicesAsDict",
     "InferOpDeviceAsBlobDevices",
+    "InjectCrossDeviceCopies",
     "GlobalInit",
     "GetGlobalInitArgs",
     "SetPerOpEnginePref",
@@ -362,6 +363,34 @@ def InferBlobDevices(net: Net) -> dict[str, Any]:
         for b in op.output:
             mapping[b] = op.device_option
     return mapping
+
+
+def InjectCrossDeviceCopies(
+    net: Net,
+    blob_to_device: Mapping[str, Any] | None = None,
+    blob_remap: Mapping[str, str] | None = None,
+    placeHolderOps: Sequence[str] | None = None,
+) -> tuple[Net, dict[str, Any]]:
+    """``(new_net, blob_to_device)``: a copy of ``net`` with the copies a
+    blob needs to reach another device, and each blob's device after it.
+    Every device here is the CPU, so no copy is ever needed: the ops are
+    kept as they are (a non-CPU op is an ``InvalidArgumentError``, as when
+    such a net is created). ``blob_to_device`` carries the devices of
+    blobs made by earlier nets; ``blob_remap`` and ``placeHolderOps``
+    (op types without a schema, such as send/receive markers) are accepted
+    for Caffe2's signature."""
+    devices = dict(blob_to_device or {})
+    for op in net.Proto().op:
+        if op.device_option.device_type != caffe2_pb2.CPU:
+            raise errors.InvalidArgumentError(
+                "op %s of net %r runs on device type %d: ferrocaffe runs on the CPU only"
+                % (op.type, net.Name(), op.device_option.device_type),
+                op=op.type,
+            )
+        for b in list(op.input) + list(op.output):
+            devices[b] = op.device_option
+    new_net = net.Clone(net.Name() + "_cross_device", keep_schema=True)
+    return new_net, devices
 
 
 # -------------------------------------------------------- blob references --
@@ -1494,6 +1523,120 @@ class Net:
                 if ob not in used_outputs:
                     new_net.Proto().external_output.extend([ob])
         return new_net
+
+    def ClonePartial(
+        self,
+        name: str,
+        inputs: Mapping[Any, Any] | Sequence[Any],
+        outputs: Sequence[Any],
+        remap_funcs: Mapping[str, Callable[..., Any]] | None = None,
+    ) -> tuple[Net, list[BlobReference]]:
+        """A net named ``name`` holding only the ops needed to compute
+        ``outputs`` from ``inputs``, and references to its outputs.
+
+        ``inputs`` is a dict (or a list of pairs) from blobs of this net to
+        the names they take in the clone, or a list of blobs keeping their
+        names; each means the blob's last value in this net. Blobs the kept
+        ops read that nothing kept writes (and that are not inputs) keep
+        their names and become external inputs; every other blob is renamed
+        ``name/<blob>``. An input that a kept op would have to compute is an
+        ``AssertionError``, as in Caffe2.
+        """
+        if isinstance(inputs, Mapping):
+            input_map = {str(k): str(v) for k, v in inputs.items()}
+        elif all(isinstance(i, tuple) and len(i) == 2 for i in inputs):
+            input_map = {str(k): str(v) for k, v in inputs}
+        else:
+            input_map = {str(i): str(i) for i in inputs}
+        output_names = [str(o) for o in outputs]
+        for o in output_names:
+            assert self.BlobIsDefined(o), "{} is not defined".format(o)
+        ops = list(self._net.op)
+        # Each blob version is (name, n): n counts the writes before it.
+        version: dict[str, int] = {}
+        reads, writer = [], {}
+        for i, op in enumerate(ops):
+            reads.append([(b, version.get(b, 0)) for b in op.input])
+            for b in op.output:
+                version[b] = version.get(b, 0) + 1
+                writer[(b, version[b])] = i
+        given = {(b, version.get(b, 0)) for b in input_map}
+
+        def needed(targets, stop):
+            seen, todo = set(), list(targets)
+            while todo:
+                v = todo.pop()
+                if v in stop or v not in writer or writer[v] in seen:
+                    continue
+                seen.add(writer[v])
+                todo.extend(reads[writer[v]])
+            return seen
+
+        used = needed([(o, version.get(o, 0)) for o in output_names], given)
+        assert not used & needed(given, set()), (
+            "Cannot partially clone net: some of the ops required would generate the given input."
+        )
+        kept = sorted(used)
+        produced = {(b, v) for (b, v), i in writer.items() if i in used}
+        undefined = []
+        for i in kept:
+            for v in reads[i]:
+                if v not in produced and v not in given and v[0] not in undefined:
+                    undefined.append(v[0])
+        prefix = (name + "/") if name else ""
+        every = set(version) | {b for r in reads for b, _ in r} | set(self._net.external_input)
+        mapping = {
+            b: input_map[b] if b in input_map else b if b in undefined else prefix + b
+            for b in every
+        }
+        new_net = self.Clone(name, mapping, kept, remap_funcs)
+        new_in = [mapping[b] for b in input_map] + undefined
+        new_out = [mapping[o] for o in output_names]
+        proto = new_net.Proto()
+        del proto.external_input[:]
+        proto.external_input.extend(new_in)
+        new_net._external_input_map = set(new_in)
+        del proto.external_output[:]
+        proto.external_output.extend(new_out)
+        return new_net, [new_net.GetBlobRef(o) for o in new_out]
+
+    def reroute_tensor(
+        self,
+        tensor: str | BlobReference,
+        new_producer: caffe2_pb2.OperatorDef,
+        can_modify: Sequence[caffe2_pb2.OperatorDef] | None = None,
+    ) -> int:
+        """Puts ``new_producer`` (an op reading ``tensor``) right after the op
+        that writes ``tensor`` (first, if it is an external input), and makes
+        the ops equal to one in ``can_modify`` read the new op's first output
+        instead of ``tensor``. Returns how many ops were changed."""
+        name = str(tensor)
+        ops = list(self._net.op)
+        if name in self._external_input_map:
+            at = 0
+        else:
+            writers = [i for i, op in enumerate(ops) if name in op.output]
+            if not writers:
+                raise errors.BlobNotFoundError(
+                    "net %r has no op that writes %r and it is not an external input" % (self.Name(), name),
+                    blob=name,
+                )
+            at = writers[-1] + 1
+        new_name = new_producer.output[0]
+        changed = 0
+        modifiable = list(can_modify or [])
+        for op in ops:
+            if op in modifiable:
+                remap_input(op, {name: new_name})
+                changed += 1
+        producer = caffe2_pb2.OperatorDef()
+        producer.CopyFrom(new_producer)
+        ops.insert(at, producer)
+        proto = self._net
+        del proto.op[:]
+        proto.op.extend(ops)
+        self._InvalidateLookupTables()
+        return changed
 
     # -- convenience ops
 

@@ -727,6 +727,11 @@ for _t in ("ReduceFrontSum", "ReduceBackSum", "ReduceFrontMean", "ReduceBackMean
     _register(_t)(_front_back_maker)
 
 
+def _match_outer(op):
+    """The gather's ``match_outer``, for its gradient op (only when set)."""
+    return {"match_outer": 1} if _arg_i(op, "match_outer", 0) else {}
+
+
 @_register("Gather", copy_arguments=False)
 def _gather_grad(op, g_output):
     """Caffe2's: for axis 0 a GradientSlice (the indices, the output's
@@ -739,7 +744,8 @@ def _gather_grad(op, g_output):
             raise errors.InvalidArgumentError(
                 "Gather with axis > 0 must use dense_gradient", op=op.type
             )
-        g = _op("BatchGatherGradient", [w.I(0), w.I(1), w.GO(0)], [w.GI(0)], axis=axis)
+        g = _op("BatchGatherGradient", [w.I(0), w.I(1), w.GO(0)], [w.GI(0)], axis=axis,
+                **_match_outer(op))
         return [g], [w.GI(0), None]
     if _arg_i(op, "dense_gradient"):
         return [_op("SparseToDense", [w.I(1), w.GO(0), w.I(0)], [w.GI(0)])], [w.GI(0), None]
@@ -749,7 +755,8 @@ def _gather_grad(op, g_output):
 @_register("BatchGather", copy_arguments=False)
 def _batch_gather_grad(op, g_output):
     w = GradientWrapper(op, g_output)
-    g = _op("BatchGatherGradient", [w.I(0), w.I(1), w.GO(0)], [w.GI(0)], axis=_arg_i(op, "axis", 1))
+    g = _op("BatchGatherGradient", [w.I(0), w.I(1), w.GO(0)], [w.GI(0)], axis=_arg_i(op, "axis", 1),
+            **_match_outer(op))
     return [g], [w.GI(0), None]
 
 
@@ -983,3 +990,54 @@ def _lrn_grad(op, g_output):
 def _channel_shuffle_grad(op, g_output):
     w = GradientWrapper(op, g_output)
     return [_op("ChannelShuffleGradient", [w.GO(0)], [w.GI(0)])], [w.GI(0)]
+
+
+@_register("PackSegments")
+def _pack_segments_grad(op, g_output):
+    """UnpackSegments of the packed gradient (the presence mask has none),
+    with PackSegments' arguments, as Caffe2."""
+    w = GradientWrapper(op, g_output)
+    if w.GO(0) is None:
+        return [], [None, None]
+    return [_op("UnpackSegments", [w.I(0), w.GO(0)], [w.GI(1)])], [None, w.GI(1)]
+
+
+@_register("UnpackSegments")
+def _unpack_segments_grad(op, g_output):
+    """PackSegments of the gradient, with UnpackSegments' arguments, as Caffe2."""
+    w = GradientWrapper(op, g_output)
+    return [_op("PackSegments", [w.I(0), w.GO(0)], [w.GI(1)])], [None, w.GI(1)]
+
+
+def _min_max_grad(op, g_output):
+    """``<Op>Gradient(Y, dY, X0, X1, ...)``: each input equal to the result
+    gets the whole gradient, as Caffe2."""
+    w = GradientWrapper(op, g_output)
+    if w.GO(0) is None:
+        return [], [None] * len(op.input)
+    grads = [w.GI(i) for i in range(len(op.input))]
+    ins = [w.O(0), w.GO(0)] + [w.I(i) for i in range(len(op.input))]
+    return [_op(op.type + "Gradient", ins, grads)], grads
+
+
+_register("Max")(_min_max_grad)
+_register("Min")(_min_max_grad)
+
+
+@_register("NanCheck", copy_arguments=False)
+def _nan_check_grad(op, g_output):
+    """The gradient is checked the same way on its way back, as Caffe2."""
+    w = GradientWrapper(op, g_output)
+    if w.GO(0) is None:
+        return [], [None] * len(op.input)
+    return [_op("NanCheck", [w.GO(0)], [w.GI(0)])], [w.GI(0)] + [None] * (len(op.input) - 1)
+
+
+@_register("SplitByLengths", copy_arguments=False)
+def _split_by_lengths_grad(op, g_output):
+    """Split's gradient: the outputs' gradients joined along the axis
+    (SplitByLengths' default axis is 0, Concat's 1)."""
+    ops, grads = _split_grad(op, g_output)
+    if ops and _arg(op, "axis") is None:
+        ops[-1].arg.add(name="axis", i=0)
+    return ops, grads

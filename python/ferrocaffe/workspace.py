@@ -818,63 +818,62 @@ def _net_protos(nets, nets_proto: bool) -> list:
 
 
 def _infer_shapes(net_protos, known: dict) -> bytes:
-    """The serialised ``TensorShapes`` for ``known`` ({name: (dims, type)})
-    after the nets' ops: ferrocaffe has no per-op shape inference yet, so
-    every blob an op writes is reported with ``unknown_shape`` (as Caffe2
-    did for ops without an inference function); the others keep their
-    known shape and type."""
-    written = []
-    for net in net_protos:
-        for op in net.op:
-            for name in op.output:
-                known.pop(name, None)
-                written.append(name)
+    """The serialised ``TensorShapes`` of every blob after the nets' ops,
+    from ``known`` ({name: (dims, type)}, or None for a blob whose shape is
+    unknown): each op's schema infers its outputs (``_core.infer_shapes``;
+    an op without inference makes its outputs unknown, as in Caffe2)."""
+    inferred = _core.infer_shapes([n.SerializeToString() for n in net_protos], known)
     shapes = proto.TensorShapes()
-    for name, (dims, dtype) in known.items():
-        shapes.shapes.add(name=name, dims=list(dims), data_type=dtype)
-    for name in dict.fromkeys(written):
-        shapes.shapes.add(name=name, unknown_shape=True)
+    for name in sorted(inferred):
+        known_shape = inferred[name]
+        if known_shape is None:
+            shapes.shapes.add(name=name, unknown_shape=True)
+        else:
+            dims, dtype = known_shape
+            shapes.shapes.add(name=name, dims=list(dims), data_type=dtype)
     return shapes.SerializeToString()
 
 
-def _known_from_workspace(net_protos) -> dict:
-    known = {}
-    for net in net_protos:
-        for op in net.op:
-            for name in list(op.input) + list(op.output):
-                if name in known or not HasBlob(name):
-                    continue
-                value = FetchBlob(name)
-                dtype = _caffe2_type_of(value)
-                if dtype is not None:
-                    known[name] = (list(value.shape), dtype)
-    return known
+def _known_from_workspace() -> dict:
+    """Every blob of the current workspace, as Caffe2 started: a tensor's
+    dims and type, None for anything else."""
+    return current_workspace()._core.blob_shapes()
 
 
 def _infer_from_workspace(net_protos_bytes) -> bytes:
-    nets = _net_protos(net_protos_bytes, True)
-    return _infer_shapes(nets, _known_from_workspace(nets))
+    return _infer_shapes(_net_protos(net_protos_bytes, True), _known_from_workspace())
 
 
 def _infer_from_map(net_protos_bytes, blob_dimensions, blob_types=None) -> bytes:
+    """As Caffe2: without ``blob_types`` every blob is FLOAT; with them, a
+    blob they leave out is UNDEFINED. Dims must be >= 0."""
     nets = _net_protos(net_protos_bytes, True)
-    types = blob_types or {}
-    known = {name: (list(dims), types.get(name, proto.TensorProto.FLOAT))
-             for name, dims in blob_dimensions.items()}
+    known = {}
+    for name, dims in blob_dimensions.items():
+        dims = [int(d) for d in dims]
+        if any(d < 0 for d in dims):
+            raise errors.InvalidArgumentError(
+                "blob %r has a negative dim: %r" % (name, dims))
+        if blob_types is None:
+            dtype = proto.TensorProto.FLOAT
+        else:
+            dtype = int(blob_types.get(name, proto.TensorProto.UNDEFINED))
+        known[name] = (dims, dtype)
     return _infer_shapes(nets, known)
 
 
 def InferShapesAndTypes(nets, blob_dimensions=None, nets_proto=False, blob_types=None):
     """``(shapes, types)``: dicts keyed by blob name of the dims and
-    TensorProto.DataType of the blobs the nets read, from the workspace or
-    from ``blob_dimensions`` (with ``blob_types``, default FLOAT), as
-    Caffe2 returned them. Blobs the nets' ops write are left out (unknown):
-    ferrocaffe has no per-op shape inference yet."""
+    TensorProto.DataType of every blob known after the nets' ops, starting
+    from the workspace's tensors or from ``blob_dimensions`` (with
+    ``blob_types``), as Caffe2 returned them. Each op's schema infers its
+    outputs; a blob whose shape cannot be known without running the nets
+    is left out."""
     net_protos = _net_protos(nets, nets_proto)
     if blob_dimensions is None:
         if blob_types is not None:
             raise errors.InvalidArgumentError("blob_types needs blob_dimensions")
-        data = _infer_shapes(net_protos, _known_from_workspace(net_protos))
+        data = _infer_shapes(net_protos, _known_from_workspace())
     else:
         data = _infer_from_map([n.SerializeToString() for n in net_protos],
                                blob_dimensions, blob_types)

@@ -219,3 +219,37 @@ def test_a_model_trains_on_db_input_without_stop_gradient(fresh, tmp_path):
                     "GivenTensorInt64Fill", "GivenTensorBoolFill", "GivenTensorDoubleFill"):
         op = core.CreateOperator(op_type, ["a"], ["b"])
         assert core.GradientRegistry.GetGradientForOp(op, ["b_grad"]) == ([], [None])
+
+
+def test_blobs_queue_db_feeds_tensor_protos_db_input(fresh):
+    """CreateBlobsQueueDB: records taken from a blobs queue, each value a
+    byte string or a one-element string tensor, in queue order."""
+    xs, ys = records(6, seed=3)
+    init = core.Net("init")
+    q = init.CreateBlobsQueue([], "q", capacity=10, num_blobs=1)
+    reader = init.CreateBlobsQueueDB([q], "qreader", value_blob_index=0, timeout_secs=0.5)
+    workspace.RunNetOnce(init)
+    for i, (x, y) in enumerate(zip(xs, ys)):
+        value = tensor_protos(x, np.array(y, np.int32))
+        workspace.FeedBlob("rec", value if i % 2 else np.array([value], dtype=object))
+        workspace.RunOperatorOnce(core.CreateOperator("EnqueueBlobs", [q, "rec"], ["rec"]))
+    net = core.Net("read")
+    net.TensorProtosDBInput([reader], ["x", "y"], batch_size=3)
+    for b in range(2):
+        workspace.RunNetOnce(net)
+        np.testing.assert_array_equal(workspace.FetchBlob("x"), xs[3 * b:3 * b + 3])
+        np.testing.assert_array_equal(workspace.FetchBlob("y"), ys[3 * b:3 * b + 3])
+    # Empty and closed: the read fails instead of waiting.
+    workspace.RunOperatorOnce(core.CreateOperator("CloseBlobsQueue", [q], []))
+    with pytest.raises(RuntimeError, match="closed and empty"):
+        workspace.RunNetOnce(net)
+    with pytest.raises(InvalidArgumentError, match="out of range"):
+        workspace.RunOperatorOnce(core.CreateOperator("CreateBlobsQueueDB", [q], ["r2"], value_blob_index=1))
+    workspace.FeedBlob("rec", np.zeros(2, np.float32))
+    q2 = core.Net("q2")
+    q2.CreateBlobsQueue([], "q2", capacity=2, num_blobs=1)
+    q2.CreateBlobsQueueDB(["q2"], "r3")
+    workspace.RunNetOnce(q2)
+    workspace.RunOperatorOnce(core.CreateOperator("EnqueueBlobs", ["q2", "rec"], ["rec"]))
+    with pytest.raises(DataTypeError, match="byte string"):
+        workspace.RunOperatorOnce(core.CreateOperator("TensorProtosDBInput", ["r3"], ["x", "y"], batch_size=1))

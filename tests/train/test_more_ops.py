@@ -377,6 +377,26 @@ def test_sparse_to_dense_and_scatter_weighted_sum(fresh):
     np.testing.assert_allclose(workspace.FetchBlob("x0"), want)
 
 
+def test_scatter_weighted_sum_scales_a_repeated_row_once_per_index(fresh):
+    # Caffe2's order: every indexed row is scaled by W0 (twice for an index
+    # given twice), then each W * X[i] is added to row INDICES[i].
+    x0 = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
+    x1 = np.array([[10.0, 20.0], [30.0, 40.0], [50.0, 60.0]], np.float32)
+    idx = np.array([0, 0, 1], np.int32)
+    for n, v in {"x0": x0, "w0": np.array([3.0], np.float32), "i": idx,
+                 "x1": x1, "w1": np.array([0.5], np.float32)}.items():
+        workspace.FeedBlob(n, v)
+    workspace.RunOperatorOnce(core.CreateOperator("ScatterWeightedSum", ["x0", "w0", "i", "x1", "w1"], ["x0"]))
+    want = x0.copy()
+    for r in idx:
+        want[r] *= 3.0
+    for k, r in enumerate(idx):
+        want[r] += 0.5 * x1[k]
+    # By hand: row 0 = 9 * [1, 2] + 0.5 * ([10, 20] + [30, 40]).
+    np.testing.assert_allclose(want[0], [29.0, 48.0])
+    np.testing.assert_allclose(workspace.FetchBlob("x0"), want)
+
+
 # ---------------------------------------------------------- math ops --
 
 

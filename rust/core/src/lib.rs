@@ -20,6 +20,7 @@ pub mod operator;
 pub mod ops;
 pub mod plan;
 pub mod readers;
+pub mod shapes;
 pub mod storage;
 pub mod tensor;
 #[cfg(test)]

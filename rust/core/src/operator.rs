@@ -52,6 +52,26 @@ macro_rules! arg {
 
 pub type BuildFn = fn(&OpDefCtx<'_>) -> Result<Box<dyn Operator>>;
 
+/// What shape inference knows of a tensor: its dims and dtype.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShapeInfo {
+    pub dims: Vec<i64>,
+    pub dtype: crate::tensor::DataType,
+}
+
+impl ShapeInfo {
+    pub fn new(dims: Vec<i64>, dtype: crate::tensor::DataType) -> ShapeInfo {
+        ShapeInfo { dims, dtype }
+    }
+}
+
+/// An op's shape inference: from its arguments and what is known of its
+/// inputs (`None`: unknown), what is known of each of its outputs (one
+/// entry per output of the definition, `None` where it cannot be known
+/// without running the op). An error means the definition cannot run with
+/// such inputs; the walk then reports the outputs unknown.
+pub type InferFn = fn(&Args<'_>, &[Option<ShapeInfo>], usize) -> Result<Vec<Option<ShapeInfo>>>;
+
 /// Hints that Caffe2 nets written for other engines (cuDNN, MIOpen, MKL-DNN)
 /// carry on any op, often on every op of a net (model helpers put them in an
 /// `arg_scope`). Every op accepts and ignores them: none changes what a CPU
@@ -119,6 +139,8 @@ pub struct OpSchema {
     pub ignored: &'static [ArgDoc],
     pub doc: &'static str,
     pub build: BuildFn,
+    /// Shape inference ([`crate::shapes`]); `None`: the outputs are unknown.
+    pub infer: Option<InferFn>,
 }
 
 pub const MANY: usize = usize::MAX;
@@ -136,7 +158,13 @@ impl OpSchema {
             ignored: &[],
             doc: "",
             build,
+            infer: None,
         }
+    }
+    /// The op's shape inference (see [`InferFn`]).
+    pub const fn infer(mut self, f: InferFn) -> Self {
+        self.infer = Some(f);
+        self
     }
     pub const fn inputs(mut self, min: usize, max: usize) -> Self {
         self.min_inputs = min;

@@ -11,7 +11,7 @@ pub(crate) fn registered_operators() -> Vec<&'static str> {
 }
 
 /// An operator's schema as a dict (counts, args, the arguments it accepts
-/// and ignores, doc), or None.
+/// and ignores, doc, whether it infers its outputs' shapes), or None.
 #[pyfunction]
 pub(crate) fn operator_schema(py: Python<'_>, op_type: &str) -> PyResult<Option<Py<PyDict>>> {
     let Some(s) = ferrocaffe::operator::schema(op_type) else {
@@ -26,6 +26,7 @@ pub(crate) fn operator_schema(py: Python<'_>, op_type: &str) -> PyResult<Option<
     d.set_item("min_outputs", s.min_outputs)?;
     d.set_item("max_outputs", bound(s.max_outputs))?;
     d.set_item("doc", s.doc)?;
+    d.set_item("infers_shapes", s.infer.is_some())?;
     let args = PyList::empty(py);
     for a in s.args {
         args.append((a.name, a.ty, a.default, a.doc))?;
@@ -52,4 +53,45 @@ pub(crate) fn set_num_threads(py: Python<'_>, n: usize) -> PyResult<bool> {
 #[pyfunction]
 pub(crate) fn num_threads() -> usize {
     ferrocaffe::threads::num_threads()
+}
+
+/// What a blob is known to be for shape inference: `(dims, TensorProto
+/// data type)`, or None (unknown).
+pub(crate) type PyShape = Option<(Vec<i64>, i32)>;
+
+pub(crate) fn shape_to_py(s: &Option<ferrocaffe::operator::ShapeInfo>) -> PyShape {
+    s.as_ref().map(|s| (s.dims.clone(), s.dtype as i32))
+}
+
+/// Shape and type inference (`ferrocaffe::shapes`): what is known of every
+/// blob after the nets' ops, starting from `known`.
+#[pyfunction]
+pub(crate) fn infer_shapes(
+    py: Python<'_>,
+    nets: Vec<Vec<u8>>,
+    known: std::collections::HashMap<String, PyShape>,
+) -> PyResult<std::collections::HashMap<String, PyShape>> {
+    use ferrocaffe::operator::ShapeInfo;
+    use ferrocaffe::tensor::DataType;
+    let defs = nets
+        .iter()
+        .map(|b| crate::convert::decode::<ferrocaffe::ir::NetDef>(py, b, "NetDef"))
+        .collect::<PyResult<Vec<_>>>()?;
+    let mut map: ferrocaffe::shapes::ShapeMap = known
+        .into_iter()
+        .map(|(name, s)| {
+            let info = s.map(|(dims, code)| {
+                ShapeInfo::new(
+                    dims,
+                    DataType::from_i32(code).unwrap_or(DataType::Undefined),
+                )
+            });
+            (name, info)
+        })
+        .collect();
+    ferrocaffe::shapes::infer_nets(&defs, &mut map);
+    Ok(map
+        .iter()
+        .map(|(k, v)| (k.clone(), shape_to_py(v)))
+        .collect())
 }

@@ -69,6 +69,26 @@ impl PyWorkspace {
         self.ws.blob_names()
     }
 
+    /// Every visible blob as shape inference starts from it: a tensor's
+    /// `(dims, TensorProto data type)`, None for anything else.
+    fn blob_shapes(&self) -> std::collections::HashMap<String, crate::registry::PyShape> {
+        self.ws
+            .blob_names()
+            .into_iter()
+            .filter_map(|name| {
+                let b = self.ws.get_blob(&name)?;
+                let s = match &*b.read() {
+                    BlobValue::Tensor(t) => Some((
+                        t.shape().iter().map(|&d| d as i64).collect(),
+                        t.dtype() as i32,
+                    )),
+                    _ => None,
+                };
+                Some((name, s))
+            })
+            .collect()
+    }
+
     fn local_blobs(&self) -> Vec<String> {
         self.ws.local_blob_names()
     }

@@ -15,10 +15,11 @@
 
 use super::kernel;
 use crate::arg;
+use crate::args::Args;
 use crate::blob::{BlobMutex, BlobObject, BlobValue};
 use crate::error::{Error, Result};
-use crate::operator::{InPlace, Locked, OpDefCtx, OpSchema, Operator, MANY};
-use crate::tensor::{Element, Tensor};
+use crate::operator::{InPlace, Locked, OpDefCtx, OpSchema, Operator, ShapeInfo, MANY};
+use crate::tensor::{DataType, Element, Tensor};
 use ndarray::{Axis, Slice};
 use parking_lot::Mutex;
 use rand::Rng;
@@ -57,6 +58,7 @@ pub fn schemas() -> Vec<OpSchema> {
             .outputs(2, 3)
             .inplace(InPlace::Enforce(last_n_in_place))
             .args(&[arg!("num_to_collect", "int", "required", "the number of rows to keep, > 0")])
+            .infer(last_n_infer)
             .doc(
                 "Inputs (last_n, next, data[, mutex[, num_visited]]), outputs (last_n, next[, num_visited]), in place: \
                  keeps the last num_to_collect rows (dim 0) of the data seen, in a ring buffer whose next slot is the \
@@ -155,6 +157,34 @@ fn num_to_collect(ctx: &OpDefCtx<'_>) -> Result<usize> {
         )));
     }
     Ok(n as usize)
+}
+
+/// Caffe2's inference: the buffer as it is once full (num_to_collect rows
+/// of the data's row shape and dtype, though a buffer not yet full holds
+/// fewer), `next` unchanged, `num_visited` one int64.
+fn last_n_infer(
+    args: &Args<'_>,
+    ins: &[Option<ShapeInfo>],
+    n_out: usize,
+) -> Result<Vec<Option<ShapeInfo>>> {
+    let n = args.i64("num_to_collect", -1)?;
+    if n <= 0 {
+        return Err(Error::invalid_arg("num_to_collect must be > 0"));
+    }
+    let buffer = match ins.get(2).and_then(|s| s.as_ref()) {
+        Some(d) if !d.dims.is_empty() => {
+            let mut dims = d.dims.clone();
+            dims[0] = n;
+            Some(ShapeInfo::new(dims, d.dtype))
+        }
+        Some(_) => return Err(Error::shape("the data must be at least 1-D")),
+        None => None,
+    };
+    let mut out = vec![buffer, ins.get(1).cloned().flatten()];
+    if n_out > 2 {
+        out.push(Some(ShapeInfo::new(vec![1], DataType::Int64)));
+    }
+    Ok(out)
 }
 
 fn collect_tensor(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {

@@ -13,6 +13,7 @@
 //! no prefetch thread: the op reads its batch when it runs.
 
 use super::kernel;
+use super::queue::{BlobsQueue, ReadOutcome};
 use crate::arg;
 use crate::blob::{BlobObject, BlobValue};
 use crate::error::{Error, ErrorKind, Result};
@@ -25,6 +26,7 @@ use parking_lot::Mutex;
 use prost::Message;
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// The type tag of a saved [`DbReader`].
 pub const DB_READER_TAG: &str = "ferrocaffe::DBReader";
@@ -38,6 +40,19 @@ pub fn codecs() -> Vec<(&'static str, crate::storage::BlobDecoder)> {
 
 pub fn schemas() -> Vec<OpSchema> {
     vec![
+        OpSchema::new("CreateBlobsQueueDB", create_blobs_queue_db)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .args(&[
+                arg!("key_blob_index", "int", "-1 (keys are empty)", "the record's blob holding the key"),
+                arg!("value_blob_index", "int", "0", "the record's blob holding the value"),
+                arg!("timeout_secs", "float", "0 (wait for good)", "how long a read waits for a record"),
+            ])
+            .doc(
+                "Input a blobs queue; outputs a DB reader (for TensorProtosDBInput) whose records are taken from \
+                 the queue, each value a byte string or a one-element string tensor. A read that finds the queue \
+                 closed and empty, or waits longer than timeout_secs, fails.",
+            ),
         OpSchema::new("CreateDB", create_db)
             .inputs(0, 0)
             .outputs(1, 1)
@@ -211,6 +226,118 @@ fn check_db_type(db_type: &str) -> Result<()> {
 
 // ------------------------------------------------------------------- ops --
 
+/// A DB whose records are taken from a blobs queue (Caffe2's
+/// `BlobsQueueDB`): read once each, in queue order.
+pub struct QueueDb {
+    queue: Arc<BlobsQueue>,
+    queue_name: String,
+    key_index: Option<usize>,
+    value_index: usize,
+    timeout: Option<Duration>,
+}
+
+impl fmt::Debug for QueueDb {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "BlobsQueueDB(queue '{}')", self.queue_name)
+    }
+}
+
+impl BlobObject for QueueDb {
+    fn kind_name(&self) -> &'static str {
+        "BlobsQueueDB"
+    }
+}
+
+/// A record's blob as bytes: a byte string or a one-element string tensor.
+fn record_bytes(v: &BlobValue, what: &str) -> Result<Vec<u8>> {
+    match v {
+        BlobValue::Bytes(b) => Ok(b.to_vec()),
+        BlobValue::Tensor(Tensor::Str(a)) if a.len() == 1 => {
+            Ok(a.iter().next().cloned().unwrap_or_default())
+        }
+        other => Err(Error::type_error(format!(
+            "the record's {what} must be a byte string or a one-element string tensor, got {}",
+            other.kind_name()
+        ))),
+    }
+}
+
+impl QueueDb {
+    /// The next `n` records, each `(key, value)`.
+    fn read(
+        &self,
+        n: usize,
+        cancel: &crate::cancel::CancelToken,
+    ) -> Result<Vec<(String, Vec<u8>)>> {
+        let mut out = Vec::with_capacity(n);
+        let mut slots = vec![BlobValue::Empty; self.queue.num_blobs()];
+        for _ in 0..n {
+            match self.queue.blocking_read(&mut slots, self.timeout, cancel)? {
+                ReadOutcome::Read => {}
+                ReadOutcome::Closed => {
+                    return Err(Error::new(
+                        ErrorKind::OperatorFailed,
+                        format!("the queue '{}' is closed and empty", self.queue_name),
+                    ))
+                }
+                ReadOutcome::TimedOut => {
+                    return Err(Error::new(
+                        ErrorKind::OperatorFailed,
+                        format!(
+                            "no record came from the queue '{}' in time",
+                            self.queue_name
+                        ),
+                    ))
+                }
+            }
+            let key = match self.key_index {
+                Some(k) => String::from_utf8_lossy(&record_bytes(&slots[k], "key")?).into_owned(),
+                None => String::new(),
+            };
+            out.push((key, record_bytes(&slots[self.value_index], "value")?));
+        }
+        Ok(out)
+    }
+}
+
+fn create_blobs_queue_db(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let key_index = usize::try_from(ctx.args.i64("key_blob_index", -1)?).ok();
+    let value_index = ctx.args.i64("value_blob_index", 0)?;
+    let value_index = usize::try_from(value_index)
+        .map_err(|_| ctx.bad_arg(format!("value_blob_index must be >= 0, got {value_index}")))?;
+    let secs = ctx.args.f32("timeout_secs", 0.0)?;
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(ctx.bad_arg(format!("timeout_secs must be finite and >= 0, got {secs}")));
+    }
+    let timeout = (secs > 0.0).then(|| Duration::from_secs_f32(secs));
+    Ok(kernel(move |cx| {
+        let name = cx.io.input_names[0].clone();
+        let queue = cx
+            .input_blob(0)
+            .read()
+            .object::<BlobsQueue>("BlobsQueue")
+            .map_err(|e| e.with_blob(&name))?;
+        for i in key_index.iter().chain(std::iter::once(&value_index)) {
+            if *i >= queue.num_blobs() {
+                return Err(Error::invalid_arg(format!(
+                    "the queue's records have {} blobs; index {i} is out of range",
+                    queue.num_blobs()
+                ))
+                .with_blob(&name));
+            }
+        }
+        let db = QueueDb {
+            queue,
+            queue_name: name,
+            key_index,
+            value_index,
+            timeout,
+        };
+        cx.output_blob(0).set(BlobValue::Object(Arc::new(db)));
+        Ok(true)
+    }))
+}
+
 fn create_db(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let db = ctx.args.string("db", "")?;
     if db.is_empty() {
@@ -250,17 +377,29 @@ fn tensor_protos_db_input(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         .map_err(|_| ctx.bad_arg(format!("batch_size {batch} is too large")))?;
     Ok(kernel(move |cx| {
         let reader_name = &cx.io.input_names[0];
-        let r = cx
-            .input_blob(0)
-            .read()
-            .object::<DbReader>("DBReader")
-            .map_err(|e| e.with_blob(reader_name))?;
-        let path = r.path().to_string();
+        let value = cx.input_blob(0).read();
+        let (path, records) = match value.object::<QueueDb>("BlobsQueueDB") {
+            Ok(q) => {
+                drop(value);
+                (
+                    q.queue_name.clone(),
+                    q.read(batch.max(1), cx.cancel)
+                        .map_err(|e| e.with_blob(reader_name))?,
+                )
+            }
+            Err(_) => {
+                let r = value
+                    .object::<DbReader>("DBReader")
+                    .map_err(|e| e.with_blob(reader_name))?;
+                drop(value);
+                (r.path().to_string(), r.read(batch.max(1))?)
+            }
+        };
         let nout = cx.num_outputs();
         let mut columns: Vec<Vec<Tensor>> = (0..nout)
             .map(|_| Vec::with_capacity(batch.max(1)))
             .collect();
-        for (key, value) in r.read(batch.max(1))? {
+        for (key, value) in records {
             let bad = |msg: String| {
                 Error::new(
                     ErrorKind::CorruptCheckpoint,

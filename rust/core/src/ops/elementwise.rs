@@ -159,6 +159,26 @@ pub fn schemas() -> Vec<OpSchema> {
             .outputs(1, 1)
             .inplace(a)
             .doc("Y = X0 + X1 + ... of tensors with one dtype (float32, float64, int32, int64) and identical shapes (no broadcasting); one input is a copy."),
+        OpSchema::new("Max", build_min_max::<true>)
+            .inputs(1, MANY)
+            .outputs(1, 1)
+            .inplace(a)
+            .infer(|_, ins, n| Ok(crate::shapes::rules::same_as_input(ins, 0, n)))
+            .doc("Y = the elementwise largest of X0, X1, ... (float32, float64, int32, int64; one dtype, identical shapes, no broadcasting). A NaN in X0 stays; a later one does not replace a number."),
+        OpSchema::new("Min", build_min_max::<false>)
+            .inputs(1, MANY)
+            .outputs(1, 1)
+            .inplace(a)
+            .infer(|_, ins, n| Ok(crate::shapes::rules::same_as_input(ins, 0, n)))
+            .doc("Y = the elementwise smallest of X0, X1, ... (as Max)."),
+        OpSchema::new("MaxGradient", build_min_max_grad)
+            .inputs(3, MANY)
+            .outputs(1, MANY)
+            .doc("Inputs (Y, dY, X0, X1, ...) of Max, outputs (dX0, dX1, ...): dXi = dY where Xi equals Y, else 0 (every input equal to the max gets the whole gradient, as Caffe2)."),
+        OpSchema::new("MinGradient", build_min_max_grad)
+            .inputs(3, MANY)
+            .outputs(1, MANY)
+            .doc("Inputs (Y, dY, X0, X1, ...) of Min, outputs (dX0, dX1, ...): dXi = dY where Xi equals Y, else 0."),
         OpSchema::new("WeightedSum", build_weighted_sum)
             .inputs(2, MANY)
             .outputs(1, 1)
@@ -1454,6 +1474,128 @@ fn build_sum(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         let n = cx.num_inputs();
         let mut l = cx.lock();
         sum(&mut l, n)?;
+        Ok(true)
+    }))
+}
+
+// ------------------------------------------------------------- Max / Min --
+
+const MIN_MAX_TYPES: &[DataType] = SUM_TYPES;
+
+/// Checks that inputs `from..n` are tensors of input `from`'s dtype (one of
+/// `types`) and shape, naming `op`.
+fn check_alike(l: &Locked<'_>, op: &str, from: usize, n: usize, types: &[DataType]) -> Result<()> {
+    let x0 = l.tensor(from)?;
+    let n0 = l.input_name(from);
+    if !types.contains(&x0.dtype()) {
+        return Err(unsupported(op, x0.dtype(), types).with_blob(n0));
+    }
+    for i in from + 1..n {
+        let xi = l.tensor(i)?;
+        let ni = l.input_name(i);
+        if xi.dtype() != x0.dtype() {
+            return Err(Error::type_error(format!(
+                "{op}: all inputs must have the same dtype, but input {from} ('{n0}') is {} and input {i} ('{ni}') is {}. {}",
+                x0.dtype(),
+                xi.dtype(),
+                dtype_fix((n0, x0.dtype()), (ni, xi.dtype()))
+            ))
+            .with_blob(ni));
+        }
+        if xi.shape() != x0.shape() {
+            return Err(Error::shape(format!(
+                "{op}: all inputs must have identical shapes (no broadcasting), but input {from} ('{n0}') has shape {:?} \
+                 and input {i} ('{ni}') has shape {:?}",
+                x0.shape(),
+                xi.shape()
+            ))
+            .with_blob(ni));
+        }
+    }
+    Ok(())
+}
+
+fn min_max_t<T: Element + PartialOrd + Copy, const MAX: bool>(
+    l: &Locked<'_>,
+    n: usize,
+) -> Result<Tensor> {
+    let mut y = copy_array(l.tensor(0)?.array::<T>()?.view())?;
+    for i in 1..n {
+        let x = l.tensor(i)?.array::<T>()?;
+        y.zip_mut_with(x, |a, &b| {
+            if (MAX && b > *a) || (!MAX && b < *a) {
+                *a = b;
+            }
+        });
+    }
+    Ok(T::wrap(y))
+}
+
+fn build_min_max<const MAX: bool>(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let op = if MAX { "Max" } else { "Min" };
+    Ok(kernel(move |cx| {
+        let n = cx.num_inputs();
+        let mut l = cx.lock();
+        check_alike(&l, op, 0, n, MIN_MAX_TYPES)?;
+        let y = match l.tensor(0)?.dtype() {
+            DataType::Float => min_max_t::<f32, MAX>(&l, n),
+            DataType::Double => min_max_t::<f64, MAX>(&l, n),
+            DataType::Int32 => min_max_t::<i32, MAX>(&l, n),
+            DataType::Int64 => min_max_t::<i64, MAX>(&l, n),
+            other => Err(unsupported(op, other, MIN_MAX_TYPES)),
+        }?;
+        l.set_output(0, y);
+        Ok(true)
+    }))
+}
+
+fn min_max_grad_t<T: Element + PartialEq + Copy + Default>(
+    l: &Locked<'_>,
+    n: usize,
+) -> Result<Vec<Tensor>> {
+    let y = l.tensor(0)?.array::<T>()?;
+    let dy = l.tensor(1)?.array::<T>()?;
+    (2..n)
+        .map(|i| {
+            let x = l.tensor(i)?.array::<T>()?;
+            let mut g = copy_array(dy.view())?;
+            ndarray::Zip::from(&mut g)
+                .and(x)
+                .and(y)
+                .for_each(|g, &x, &y| {
+                    if x != y {
+                        *g = T::default();
+                    }
+                });
+            Ok(T::wrap(g))
+        })
+        .collect()
+}
+
+fn build_min_max_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let op = ctx.op_type().to_string();
+    if ctx.num_outputs() + 2 != ctx.num_inputs() {
+        return Err(ctx.bad_arg(format!(
+            "{op} takes (Y, dY, X0, ..., Xn-1) and gives one gradient per X: {} inputs need {} outputs, got {}",
+            ctx.num_inputs(),
+            ctx.num_inputs().saturating_sub(2),
+            ctx.num_outputs()
+        )));
+    }
+    Ok(kernel(move |cx| {
+        let n = cx.num_inputs();
+        let mut l = cx.lock();
+        check_alike(&l, &op, 0, n, MIN_MAX_TYPES)?;
+        let grads = match l.tensor(0)?.dtype() {
+            DataType::Float => min_max_grad_t::<f32>(&l, n),
+            DataType::Double => min_max_grad_t::<f64>(&l, n),
+            DataType::Int32 => min_max_grad_t::<i32>(&l, n),
+            DataType::Int64 => min_max_grad_t::<i64>(&l, n),
+            other => Err(unsupported(&op, other, MIN_MAX_TYPES)),
+        }?;
+        for (o, g) in grads.into_iter().enumerate() {
+            l.set_output(o, g);
+        }
         Ok(true)
     }))
 }

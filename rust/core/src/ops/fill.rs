@@ -11,7 +11,7 @@ use super::kernel;
 use crate::arg;
 use crate::args::Args;
 use crate::error::{Error, ErrorKind, Result};
-use crate::operator::{ArgDoc, InPlace, Locked, OpDefCtx, OpSchema, Operator};
+use crate::operator::{ArgDoc, InPlace, InferFn, Locked, OpDefCtx, OpSchema, Operator, ShapeInfo};
 use crate::tensor::{collect_array, copy_array, f16, filled_array, DataType, Element, Tensor};
 use ndarray::{ArrayD, IxDyn};
 use rand::distr::{Distribution, Uniform};
@@ -64,9 +64,22 @@ const TYPED_GIVEN_IGNORED: &[ArgDoc] = &[
     ),
 ];
 
+/// Inference for a filler whose name fixes its dtype.
+macro_rules! infer_as {
+    ($dtype:expr) => {
+        |args: &Args<'_>, ins: &[Option<ShapeInfo>], _: usize| infer_fill(args, ins, $dtype)
+    };
+}
+
 /// The schema shared by the typed GivenTensor*Fill variants.
-fn given(name: &'static str, values: &'static [ArgDoc], doc: &'static str) -> OpSchema {
+fn given(
+    name: &'static str,
+    values: &'static [ArgDoc],
+    infer: InferFn,
+    doc: &'static str,
+) -> OpSchema {
     OpSchema::new(name, given_tensor_fill)
+        .infer(infer)
         .inputs(0, 1)
         .outputs(1, 1)
         .inplace(InPlace::Allow(in_place_0_0))
@@ -97,6 +110,7 @@ pub fn schemas() -> Vec<OpSchema> {
                 EXTRA_SHAPE,
                 INPUT_AS_SHAPE,
             ])
+            .infer(|a, ins, _| infer_fill(a, ins, constant_fill_dtype(a)?))
             .ignores(FILLER_IGNORED)
             .doc(
                 "Fills the output with one value. Input 0 (optional) gives the shape; input 1 (optional, one \
@@ -118,14 +132,15 @@ pub fn schemas() -> Vec<OpSchema> {
                 EXTRA_SHAPE,
                 INPUT_AS_SHAPE,
             ])
+            .infer(|a, ins, _| infer_fill(a, ins, given_fill_dtype(a)?))
             .ignores(FILLER_IGNORED)
             .doc("Fills the output (float32 unless `dtype` says otherwise) with the given flat values, row-major."),
-        given("GivenTensorDoubleFill", FLOAT_VALUES_ARGS, "Fills a float64 output with the given flat values."),
-        given("GivenTensorInt16Fill", INT_VALUES_ARGS, "Fills an int16 output with the given flat values."),
-        given("GivenTensorIntFill", INT_VALUES_ARGS, "Fills an int32 output with the given flat values."),
-        given("GivenTensorInt64Fill", INT_VALUES_ARGS, "Fills an int64 output with the given flat values."),
-        given("GivenTensorBoolFill", INT_VALUES_ARGS, "Fills a bool output with the given flat values (non-zero is true)."),
-        given("GivenTensorStringFill", STRING_VALUES_ARGS, "Fills a string output with the given flat values."),
+        given("GivenTensorDoubleFill", FLOAT_VALUES_ARGS, infer_as!(DataType::Double), "Fills a float64 output with the given flat values."),
+        given("GivenTensorInt16Fill", INT_VALUES_ARGS, infer_as!(DataType::Int16), "Fills an int16 output with the given flat values."),
+        given("GivenTensorIntFill", INT_VALUES_ARGS, infer_as!(DataType::Int32), "Fills an int32 output with the given flat values."),
+        given("GivenTensorInt64Fill", INT_VALUES_ARGS, infer_as!(DataType::Int64), "Fills an int64 output with the given flat values."),
+        given("GivenTensorBoolFill", INT_VALUES_ARGS, infer_as!(DataType::Bool), "Fills a bool output with the given flat values (non-zero is true)."),
+        given("GivenTensorStringFill", STRING_VALUES_ARGS, infer_as!(DataType::String), "Fills a string output with the given flat values."),
         OpSchema::new("UniformFill", uniform_fill::<f32>)
             .inputs(0, 3)
             .outputs(1, 1)
@@ -137,6 +152,7 @@ pub fn schemas() -> Vec<OpSchema> {
                 EXTRA_SHAPE,
                 INPUT_AS_SHAPE,
             ])
+            .infer(infer_uniform::<{ DataType::Float as i32 }>)
             .ignores(FILLER_IGNORED)
             .doc(
                 "Fills a float32 output with samples uniform on [min, max). Takes 0, 1 or 3 inputs: (shape source, \
@@ -153,6 +169,7 @@ pub fn schemas() -> Vec<OpSchema> {
                 EXTRA_SHAPE,
                 INPUT_AS_SHAPE,
             ])
+            .infer(infer_uniform::<{ DataType::Int32 as i32 }>)
             .ignores(FILLER_IGNORED)
             .doc("UniformFill for int32, with both bounds included."),
         OpSchema::new("GaussianFill", gaussian_fill)
@@ -166,6 +183,7 @@ pub fn schemas() -> Vec<OpSchema> {
                 EXTRA_SHAPE,
                 INPUT_AS_SHAPE,
             ])
+            .infer(infer_as!(DataType::Float))
             .ignores(FILLER_IGNORED)
             .doc("Fills a float32 output with normal samples."),
         OpSchema::new("DiagonalFill", diagonal_fill)
@@ -179,6 +197,7 @@ pub fn schemas() -> Vec<OpSchema> {
                 EXTRA_SHAPE,
                 INPUT_AS_SHAPE,
             ])
+            .infer(|a, ins, _| infer_fill(a, ins, constant_fill_dtype(a)?))
             .ignores(FILLER_IGNORED)
             .doc(
                 "A zero tensor of at least 2 dims (all equal when more than 2) with `value` on its main diagonal \
@@ -191,6 +210,7 @@ pub fn schemas() -> Vec<OpSchema> {
                 arg!("value", "float", "0", "the fill value, rounded to the nearest float16"),
                 SHAPE,
             ])
+            .infer(infer_as!(DataType::Float16))
             .ignores(FILLER_IGNORED)
             .doc("Fills a float16 output of shape `shape` with one value."),
         OpSchema::new("Float16UniformFill", float16_uniform_fill)
@@ -201,6 +221,7 @@ pub fn schemas() -> Vec<OpSchema> {
                 arg!("min", "float", "0", "lower bound (inclusive)"),
                 arg!("max", "float", "1", "upper bound; must exceed min"),
             ])
+            .infer(infer_as!(DataType::Float16))
             .ignores(FILLER_IGNORED)
             .doc(
                 "Fills a float16 output of shape `shape` with float32 samples uniform on [min, max), each \
@@ -229,6 +250,51 @@ const VALUES_STRINGS: ArgDoc = arg!(
 );
 
 // ------------------------------------------------------------ shape rules --
+
+/// The fillers' output dims as shape inference sees them: the `shape`
+/// argument without an input, the input's dims and `extra_shape` with one,
+/// unknown when the shape is the input's contents (`input_as_shape`).
+fn fill_dims(args: &Args<'_>, ins: &[Option<ShapeInfo>]) -> Result<Option<Vec<i64>>> {
+    let dims = if ins.is_empty() {
+        args.ints("shape")?.unwrap_or_default()
+    } else if args.bool("input_as_shape", false)? {
+        return Ok(None);
+    } else {
+        let Some(input) = &ins[0] else {
+            return Ok(None);
+        };
+        let mut d = input.dims.clone();
+        d.extend(args.ints("extra_shape")?.unwrap_or_default());
+        d
+    };
+    if dims.iter().any(|&d| d < 0) {
+        return Err(Error::invalid_arg("a negative dimension"));
+    }
+    Ok(Some(dims))
+}
+
+/// A filler's inference, for an output dtype that the op's arguments decide.
+fn infer_fill(
+    args: &Args<'_>,
+    ins: &[Option<ShapeInfo>],
+    dtype: DataType,
+) -> Result<Vec<Option<ShapeInfo>>> {
+    Ok(vec![fill_dims(args, ins)?.map(|d| ShapeInfo::new(d, dtype))])
+}
+
+/// UniformFill's and UniformIntFill's inference: with bounds as inputs, a
+/// min above max empties the output, so the shape is then unknown.
+fn infer_uniform<const DTYPE: i32>(
+    args: &Args<'_>,
+    ins: &[Option<ShapeInfo>],
+    _: usize,
+) -> Result<Vec<Option<ShapeInfo>>> {
+    if ins.len() == 3 {
+        return Ok(vec![None]);
+    }
+    let dtype = DataType::from_i32(DTYPE).unwrap_or(DataType::Undefined);
+    infer_fill(args, ins, dtype)
+}
 
 /// Largest element count a filler will allocate (keeps byte counts in isize).
 const MAX_NUMEL: usize = (isize::MAX as usize) / 32;
@@ -439,13 +505,12 @@ impl Value {
 
 /// ConstantFill's output dtype: the `dtype` argument, else inferred from the
 /// field `value` is given in, else FLOAT.
-fn constant_fill_dtype(ctx: &OpDefCtx<'_>) -> Result<DataType> {
-    let args = &ctx.args;
+fn constant_fill_dtype(args: &Args<'_>) -> Result<DataType> {
     if !args.has("dtype") && args.has("value") {
         return match args.field_of("value") {
             Some("f") => Ok(DataType::Float),
             Some("i") => Ok(DataType::Int64),
-            _ => Err(ctx.bad_arg(
+            _ => Err(Error::invalid_arg(
                 "argument 'value' is of unexpected type: without 'dtype' it must be a float (f) or an int (i); \
                  a string value needs dtype STRING",
             )),
@@ -453,9 +518,9 @@ fn constant_fill_dtype(ctx: &OpDefCtx<'_>) -> Result<DataType> {
     }
     let code = args.int::<i32>("dtype", DataType::Float as i32)?;
     match DataType::from_i32(code) {
-        Some(DataType::Undefined) => {
-            Err(ctx.bad_arg("ConstantFill cannot have an undefined 'dtype' argument"))
-        }
+        Some(DataType::Undefined) => Err(Error::invalid_arg(
+            "ConstantFill cannot have an undefined 'dtype' argument",
+        )),
         Some(
             dt @ (DataType::Float
             | DataType::Double
@@ -468,13 +533,15 @@ fn constant_fill_dtype(ctx: &OpDefCtx<'_>) -> Result<DataType> {
             | DataType::Uint16
             | DataType::String),
         ) => Ok(dt),
-        _ => Err(ctx.bad_arg(format!("unexpected 'dtype' argument value: {code}"))),
+        _ => Err(Error::invalid_arg(format!(
+            "unexpected 'dtype' argument value: {code}"
+        ))),
     }
 }
 
 fn constant_fill(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let shape = FillShape::parse(ctx)?;
-    let dtype = constant_fill_dtype(ctx)?;
+    let dtype = constant_fill_dtype(&ctx.args).map_err(|e| e.with_op(ctx.op_type(), None))?;
     // As in Caffe2, a `value` in the wrong field for the dtype (or one that
     // does not fit it) only fails when the op runs.
     let value = Value::from_args(&ctx.args, dtype);
@@ -556,18 +623,20 @@ fn given_values(ctx: &OpDefCtx<'_>, dtype: DataType) -> Result<Tensor> {
 }
 
 /// GivenTensorFill's optional `dtype`: an int enum or a name such as "INT64".
-fn given_fill_dtype(ctx: &OpDefCtx<'_>) -> Result<DataType> {
-    match ctx.args.field_of("dtype") {
-        None if !ctx.args.has("dtype") => Ok(DataType::Float),
+fn given_fill_dtype(args: &Args<'_>) -> Result<DataType> {
+    match args.field_of("dtype") {
+        None if !args.has("dtype") => Ok(DataType::Float),
         Some("s") => {
-            let name = ctx.args.string("dtype", "FLOAT")?;
-            DataType::from_name(&name)
-                .ok_or_else(|| ctx.bad_arg(format!("unknown 'dtype' argument value: '{name}'")))
+            let name = args.string("dtype", "FLOAT")?;
+            DataType::from_name(&name).ok_or_else(|| {
+                Error::invalid_arg(format!("unknown 'dtype' argument value: '{name}'"))
+            })
         }
         _ => {
-            let code = ctx.args.int::<i32>("dtype", DataType::Float as i32)?;
-            DataType::from_i32(code)
-                .ok_or_else(|| ctx.bad_arg(format!("unexpected 'dtype' argument value: {code}")))
+            let code = args.int::<i32>("dtype", DataType::Float as i32)?;
+            DataType::from_i32(code).ok_or_else(|| {
+                Error::invalid_arg(format!("unexpected 'dtype' argument value: {code}"))
+            })
         }
     }
 }
@@ -575,7 +644,9 @@ fn given_fill_dtype(ctx: &OpDefCtx<'_>) -> Result<DataType> {
 fn given_tensor_fill(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let shape = FillShape::parse(ctx)?;
     let dtype = match ctx.op_type() {
-        "GivenTensorFill" => given_fill_dtype(ctx)?,
+        "GivenTensorFill" => {
+            given_fill_dtype(&ctx.args).map_err(|e| e.with_op(ctx.op_type(), None))?
+        }
         "GivenTensorDoubleFill" => DataType::Double,
         "GivenTensorInt16Fill" => DataType::Int16,
         "GivenTensorIntFill" => DataType::Int32,
@@ -741,7 +812,7 @@ fn uniform_fill<T: UniformKind>(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>>
 
 fn diagonal_fill(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let shape = FillShape::parse(ctx)?;
-    let dtype = constant_fill_dtype(ctx)?;
+    let dtype = constant_fill_dtype(&ctx.args).map_err(|e| e.with_op(ctx.op_type(), None))?;
     if dtype == DataType::String {
         return Err(ctx.bad_arg("DiagonalFill fills numbers and bool, not strings"));
     }

@@ -25,6 +25,7 @@ pub mod fill;
 pub mod nn;
 pub mod norm;
 pub mod optim;
+pub mod pack;
 pub mod persistence;
 pub mod pool;
 pub mod queue;
@@ -50,6 +51,7 @@ pub fn builtin_schemas() -> Vec<OpSchema> {
     v.extend(nn::more_schemas());
     v.extend(norm::schemas());
     v.extend(optim::schemas());
+    v.extend(pack::schemas());
     v.extend(persistence::schemas());
     v.extend(pool::schemas());
     v.extend(queue::schemas());

@@ -98,6 +98,12 @@ pub fn schemas() -> Vec<OpSchema> {
             .inputs(2, 2)
             .outputs(1, 1)
             .inplace(InPlace::Allow(in_place_0_0))
+            .infer(|_, ins, _| {
+                Ok(vec![match (&ins[0], &ins[1]) {
+                    (Some(x), Some(like)) => Some(crate::operator::ShapeInfo::new(like.dims.clone(), x.dtype)),
+                    _ => None,
+                }])
+            })
             .doc("Y = X reshaped to the shape of the second input (same number of elements)."),
         reduce("ReduceSum", "Sums the input over `axes` (float32, float64, int32 or int64; integers wrap)."),
         reduce("ReduceMean", "Averages the input over `axes` (float32 or float64)."),

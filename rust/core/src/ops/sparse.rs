@@ -30,7 +30,7 @@ pub fn schemas() -> Vec<OpSchema> {
             .args(&[
                 arg!("axis", "int", "0", "the dim of DATA the indices select along"),
                 arg!("wrap_indices", "bool", "false", "negative indices count from the end"),
-                arg!("match_outer", "bool", "false", "not supported (an error when set)"),
+                arg!("match_outer", "bool", "false", "INDICES starts with DATA's dims before axis, and each of those outer positions takes its own indices"),
                 arg!("dense_gradient", "bool", "false", "the gradient is dense (SparseToDense) instead of a GradientSlice"),
             ])
             .doc("Inputs (DATA, INDICES int32/int64); output DATA's dims before axis, INDICES' dims, DATA's dims after axis: the slices of DATA at the indices (any dtype)."),
@@ -39,13 +39,17 @@ pub fn schemas() -> Vec<OpSchema> {
             .outputs(1, 1)
             .args(&[
                 arg!("axis", "int", "1", "the dim of DATA the indices select along"),
-                arg!("match_outer", "bool", "false", "not supported (an error when set)"),
+                arg!("match_outer", "bool", "false", "INDICES starts with DATA's dims before axis, and each of those outer positions takes its own indices"),
             ])
-            .doc("Gather along `axis` (default 1): inputs (DATA, INDICES), output DATA's dims before axis, INDICES' dims, DATA's dims after axis."),
+            .doc("Gather along `axis` (default 1): inputs (DATA, INDICES), output DATA's dims before axis, INDICES' dims, DATA's dims after axis \
+                  (with match_outer: INDICES' dims from axis on)."),
         OpSchema::new("BatchGatherGradient", build_gather_grad)
             .inputs(3, 3)
             .outputs(1, 1)
-            .args(&[arg!("axis", "int", "1", "the dim of DATA the indices selected along")])
+            .args(&[
+                arg!("axis", "int", "1", "the dim of DATA the indices selected along"),
+                arg!("match_outer", "bool", "false", "the gather's match_outer"),
+            ])
             .doc("Dense gradient of a gather along `axis`: inputs (DATA, INDICES, dY), dDATA (DATA's shape) with the rows of dY added at the indices (float32 or float64)."),
         OpSchema::new("SparseToDense", build_sparse_to_dense)
             .inputs(2, 3)
@@ -137,7 +141,10 @@ pub fn schemas() -> Vec<OpSchema> {
             .inputs(5, MANY)
             .outputs(1, 1)
             .inplace(InPlace::Enforce(in_place_0_0))
-            .doc("Inputs (X0, W0, INDICES, X1, W1, ...), output X0 in place: for each i in order, X0[INDICES[i]] = W0 * X0[INDICES[i]] + sum_k Wk * Xk[i] (float32; weights of one element)."),
+            .infer(|_, ins, n| Ok(crate::shapes::rules::same_as_input(ins, 0, n)))
+            .doc("Inputs (X0, W0, INDICES, X1, W1, ...), output X0 in place: each row X0[INDICES[i]] is scaled by W0 \
+                  (a repeated index scales its row again), then for each pair k and each i in order \
+                  X0[INDICES[i]] += Wk * Xk[i] (float32; weights of one element)."),
     ]
 }
 
@@ -184,11 +191,59 @@ pub(crate) fn checked_rows(
 
 // -------------------------------------------------------------- Gather --
 
+/// The rows of `axis` that outer position `o` takes: all of `rows`, or with
+/// `match_outer` its own block of `rows.len() / outer`.
+fn rows_of(rows: &[usize], o: usize, outer: usize, match_outer: bool) -> &[usize] {
+    if match_outer {
+        let k = rows.len() / outer.max(1);
+        &rows[o * k..(o + 1) * k]
+    } else {
+        rows
+    }
+}
+
+/// The gathered shape: DATA's dims before `axis`, the indices' dims (from
+/// `axis` on with `match_outer`), DATA's dims after `axis`.
+fn gathered_shape(
+    shape: &[usize],
+    axis: usize,
+    idx_shape: &[usize],
+    match_outer: bool,
+) -> Vec<usize> {
+    let mut out = shape[..axis].to_vec();
+    out.extend_from_slice(if match_outer {
+        &idx_shape[axis..]
+    } else {
+        idx_shape
+    });
+    out.extend_from_slice(&shape[axis + 1..]);
+    out
+}
+
+/// With `match_outer`, the indices must start with DATA's dims before `axis`.
+fn check_match_outer(
+    op: &str,
+    shape: &[usize],
+    axis: usize,
+    idx_shape: &[usize],
+    blob: &str,
+) -> Result<()> {
+    if idx_shape.len() < axis || idx_shape[..axis] != shape[..axis] {
+        return Err(Error::shape(format!(
+            "{op}: with match_outer the indices (shape {idx_shape:?}) must start with DATA's dims before axis {axis}: {:?}",
+            &shape[..axis]
+        ))
+        .with_blob(blob));
+    }
+    Ok(())
+}
+
 fn gather_of<T: Element>(
     t: &Tensor,
     axis: usize,
     rows: &[usize],
     idx_shape: &[usize],
+    match_outer: bool,
 ) -> Result<Tensor> {
     let a = t.array::<T>()?;
     let shape = a.shape();
@@ -196,20 +251,23 @@ fn gather_of<T: Element>(
     let n = shape[axis];
     let inner: usize = shape[axis + 1..].iter().product();
     let src: Vec<T> = a.iter().cloned().collect();
+    let per = if match_outer {
+        rows.len() / outer.max(1)
+    } else {
+        rows.len()
+    };
     let total = outer
-        .checked_mul(rows.len())
+        .checked_mul(per)
         .and_then(|v| v.checked_mul(inner))
         .ok_or_else(|| Error::invalid_arg("Gather: the output would have too many elements"))?;
     let mut out = crate::tensor::try_vec::<T>(total, "Gather's output")?;
     for o in 0..outer {
-        for &r in rows {
+        for &r in rows_of(rows, o, outer, match_outer) {
             let s = (o * n + r) * inner;
             out.extend_from_slice(&src[s..s + inner]);
         }
     }
-    let mut out_shape = shape[..axis].to_vec();
-    out_shape.extend_from_slice(idx_shape);
-    out_shape.extend_from_slice(&shape[axis + 1..]);
+    let out_shape = gathered_shape(shape, axis, idx_shape, match_outer);
     let r = ArrayD::from_shape_vec(IxDyn(&out_shape), out)
         .map_err(|e| Error::internal(e.to_string()))?;
     Ok(T::wrap(r))
@@ -219,9 +277,7 @@ fn build_gather(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let batch = ctx.op_type() == "BatchGather";
     let axis = ctx.args.i64("axis", i64::from(batch))?;
     let wrap = !batch && ctx.args.bool("wrap_indices", false)?;
-    if ctx.args.bool("match_outer", false)? {
-        return Err(ctx.bad_arg("match_outer is not supported"));
-    }
+    let match_outer = ctx.args.bool("match_outer", false)?;
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
         let op = if batch { "BatchGather" } else { "Gather" };
@@ -251,15 +307,18 @@ fn build_gather(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             l.set_output(0, out);
             return Ok(true);
         }
+        if match_outer {
+            check_match_outer(op, data.shape(), ax, &idx_shape, l.input_name(1))?;
+        }
         let rows = checked_rows(op, &idx, data.shape()[ax], wrap, l.input_name(1))?;
-        let out = crate::with_match_dtype!(data.dtype(), |T| gather_of::<T>(data, ax, &rows, &idx_shape),
+        let out = crate::with_match_dtype!(data.dtype(), |T| gather_of::<T>(data, ax, &rows, &idx_shape, match_outer),
             else other => Err(crate::tensor::unsupported_dtype(other)))?;
         l.set_output(0, out);
         Ok(true)
     }))
 }
 
-fn gather_grad_t<T: Real>(l: &mut Locked<'_>, axis: i64) -> Result<()> {
+fn gather_grad_t<T: Real>(l: &mut Locked<'_>, axis: i64, match_outer: bool) -> Result<()> {
     let op = "BatchGatherGradient";
     let shape = l.tensor(0)?.shape().to_vec();
     let dname = l.input_name(0);
@@ -272,10 +331,11 @@ fn gather_grad_t<T: Real>(l: &mut Locked<'_>, axis: i64) -> Result<()> {
         .with_blob(dname));
     }
     let (idx, idx_shape) = indices(l, op, 1)?;
+    if match_outer {
+        check_match_outer(op, &shape, ax, &idx_shape, l.input_name(1))?;
+    }
     let rows = checked_rows(op, &idx, shape[ax], false, l.input_name(1))?;
-    let mut want = shape[..ax].to_vec();
-    want.extend_from_slice(&idx_shape);
-    want.extend_from_slice(&shape[ax + 1..]);
+    let want = gathered_shape(&shape, ax, &idx_shape, match_outer);
     let g = input::<T>(l, op, 2)?;
     if g.shape() != want.as_slice() {
         return Err(Error::shape(format!(
@@ -291,8 +351,9 @@ fn gather_grad_t<T: Real>(l: &mut Locked<'_>, axis: i64) -> Result<()> {
     let gs = dense(g);
     let mut out = vec![T::of(0.0); outer * n * inner];
     for o in 0..outer {
-        for (j, &r) in rows.iter().enumerate() {
-            let (src, dst) = ((o * rows.len() + j) * inner, (o * n + r) * inner);
+        let mine = rows_of(&rows, o, outer, match_outer);
+        for (j, &r) in mine.iter().enumerate() {
+            let (src, dst) = ((o * mine.len() + j) * inner, (o * n + r) * inner);
             for c in 0..inner {
                 out[dst + c] += gs[src + c];
             }
@@ -304,9 +365,15 @@ fn gather_grad_t<T: Real>(l: &mut Locked<'_>, axis: i64) -> Result<()> {
 
 fn build_gather_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let axis = ctx.args.i64("axis", 1)?;
+    let match_outer = ctx.args.bool("match_outer", false)?;
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
-        by_real!(&l, "BatchGatherGradient", 2, gather_grad_t(&mut l, axis))?;
+        by_real!(
+            &l,
+            "BatchGatherGradient",
+            2,
+            gather_grad_t(&mut l, axis, match_outer)
+        )?;
         Ok(true)
     }))
 }
@@ -741,13 +808,19 @@ fn build_scatter_weighted_sum(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
                 weight(&l, OP, p + 1)?,
             ));
         }
-        for (i, &r) in rows.iter().enumerate() {
-            for c in 0..inner {
-                let mut v = w0 * out[r * inner + c];
-                for (x, w) in &slices {
-                    v += w * x[i * inner + c];
+        // Caffe2's order: every indexed row is scaled by W0 first (a
+        // repeated index scales its row again), then each (X, W) pair adds
+        // W * X[i] to row INDICES[i].
+        for &r in &rows {
+            for v in &mut out[r * inner..(r + 1) * inner] {
+                *v *= w0;
+            }
+        }
+        for (x, w) in &slices {
+            for (i, &r) in rows.iter().enumerate() {
+                for c in 0..inner {
+                    out[r * inner + c] += w * x[i * inner + c];
                 }
-                out[r * inner + c] = v;
             }
         }
         let a = ArrayD::from_shape_vec(IxDyn(&shape), out)

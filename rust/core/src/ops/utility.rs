@@ -4,9 +4,11 @@
 
 use super::kernel;
 use crate::arg;
+use crate::args::Args;
 use crate::blob::BlobValue;
 use crate::error::{Error, ErrorKind, Result};
-use crate::operator::{InPlace, OpDefCtx, OpSchema, Operator, MANY};
+use crate::operator::{InPlace, Locked, OpDefCtx, OpSchema, Operator, ShapeInfo, MANY};
+use crate::shapes::rules;
 use crate::tensor::{concatenate, copy_array, try_vec, DataType, Element, Tensor};
 use ndarray::{ArrayViewD, Axis};
 use std::io::Write;
@@ -97,6 +99,36 @@ pub fn schemas() -> Vec<OpSchema> {
             .outputs(1, 1)
             .args(&[arg!("include_shared", "bool", "true", "also list the blobs visible from parent workspaces")])
             .doc("Outputs the sorted names of the blobs in the op's workspace as a 1-D string tensor."),
+        OpSchema::new("NanCheck", nan_check)
+            .inputs(1, MANY)
+            .outputs(1, 1)
+            .inplace(InPlace::Allow(in_place_0_0))
+            .infer(|_, ins, n| Ok(rules::same_as_input(ins, 0, n)))
+            .doc(
+                "Y = X (input 0, float32, float64 or float16), after checking that X holds no NaN or infinity: one \
+                 that does is an InvalidArgumentError naming the first such element. Further inputs are only named \
+                 in that error (Caffe2 printed them).",
+            ),
+        OpSchema::new("LengthsGather", lengths_gather)
+            .inputs(3, 3)
+            .outputs(1, 1)
+            .doc(
+                "Inputs (ITEMS, LENGTHS int32/int64, INDICES int32/int64): LENGTHS cuts ITEMS' rows into consecutive \
+                 segments (they must add up to its first dim); the output is the segments INDICES names, one after \
+                 another (any dtype).",
+            ),
+        OpSchema::new("SplitByLengths", split_by_lengths)
+            .inputs(2, 2)
+            .outputs(1, MANY)
+            .args(&[
+                arg!("axis", "int", "0", "the axis to split along (negative counts from the end)"),
+                arg!("use_scaling_lengths", "bool", "false", "scale the lengths up so that they add up to the axis (by the whole factor dim / sum)"),
+            ])
+            .doc(
+                "Inputs (DATA, LENGTHS int32/int64): the lengths, whose count must be a multiple k of the outputs' \
+                 count n, cut DATA along axis into consecutive parts; output i takes the parts i*k/n .. (i+1)*k/n. \
+                 The lengths must add up to the axis.",
+            ),
         OpSchema::new("IsEmpty", is_empty)
             .inputs(1, 1)
             .outputs(1, 1)
@@ -104,11 +136,13 @@ pub fn schemas() -> Vec<OpSchema> {
         OpSchema::new("LengthsToRanges", lengths_to_ranges)
             .inputs(1, 1)
             .outputs(1, 1)
+            .infer(lengths_to_ranges_infer)
             .doc("1-D int32 lengths -> int32 [N, 2] rows (offset, length), offsets a running sum from 0."),
         OpSchema::new("ScatterAssign", scatter_assign)
             .inputs(3, 3)
             .outputs(1, 1)
             .inplace(InPlace::Enforce(in_place_0_0))
+            .infer(|_, ins, n| Ok(rules::same_as_input(ins, 0, n)))
             .doc(
                 "Inputs (DATA, INDICES, SLICES), output DATA (in place): row INDICES[i] of DATA becomes slice i. \
                  Indices are int32 or int64 and bounds-checked; the last of duplicate indices wins.",
@@ -117,16 +151,19 @@ pub fn schemas() -> Vec<OpSchema> {
             .inputs(1, MANY)
             .outputs(2, 2)
             .args(CONCAT_ARGS)
+            .infer(concat_infer)
             .doc("Joins the inputs along an axis; outputs (concat, split_info: int32 size of each input along the axis)."),
         OpSchema::new("DepthConcat", concat)
             .inputs(1, MANY)
             .outputs(2, 2)
             .args(CONCAT_ARGS)
+            .infer(concat_infer)
             .doc("Caffe2's old name for Concat."),
         OpSchema::new("Split", split)
             .inputs(1, 2)
             .outputs(1, MANY)
             .args(SPLIT_ARGS)
+            .infer(split_infer)
             .doc(
                 "Splits the input along an axis into the outputs. The sizes come from the `split` argument, or from an \
                  optional second input (int32, one per output), or else are equal (the axis must divide evenly). With \
@@ -136,6 +173,7 @@ pub fn schemas() -> Vec<OpSchema> {
             .inputs(1, 2)
             .outputs(1, MANY)
             .args(SPLIT_ARGS)
+            .infer(split_infer)
             .doc("Caffe2's old name for Split."),
     ]
 }
@@ -325,7 +363,214 @@ fn is_empty(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     }))
 }
 
+// --------------------------------------------------------------- NanCheck --
+
+fn first_bad<T: Copy + Into<f64>>(a: &ndarray::ArrayD<T>) -> Option<(usize, f64)> {
+    a.iter()
+        .map(|&v| v.into())
+        .enumerate()
+        .find(|(_, v)| !v.is_finite())
+}
+
+fn nan_check(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let others: Vec<String> = ctx.def.input[1..].to_vec();
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let name = l.input_name(0);
+        let t = l.tensor(0)?;
+        let bad = match t {
+            Tensor::F32(a) => first_bad(&**a),
+            Tensor::F64(a) => first_bad(&**a),
+            Tensor::F16(a) => a
+                .iter()
+                .map(|v| f64::from(v.to_f32()))
+                .enumerate()
+                .find(|(_, v)| !v.is_finite()),
+            other => {
+                return Err(Error::type_error(format!(
+                    "NanCheck takes float32, float64 or float16, got {}",
+                    other.dtype()
+                ))
+                .with_blob(name))
+            }
+        };
+        if let Some((i, v)) = bad {
+            return Err(Error::invalid_arg(format!(
+                "the tensor holds {v} at flat index {i} (of {} elements){}",
+                t.numel(),
+                if others.is_empty() {
+                    String::new()
+                } else {
+                    format!("; also checked with: {}", others.join(", "))
+                }
+            ))
+            .with_blob(name));
+        }
+        if !l.aliases(0, 0) {
+            let t = t.clone();
+            l.set_output(0, t);
+        }
+        Ok(true)
+    }))
+}
+
+// ---------------------------------------------------------- LengthsGather --
+
+/// Input `i` as non-negative integers (int32 or int64), naming `what`.
+fn non_negative(l: &Locked<'_>, i: usize, what: &str) -> Result<Vec<usize>> {
+    let name = l.input_name(i);
+    let raw: Vec<i64> = match l.tensor(i)? {
+        Tensor::I32(a) => a.iter().map(|&v| i64::from(v)).collect(),
+        Tensor::I64(a) => a.iter().copied().collect(),
+        other => {
+            return Err(Error::type_error(format!(
+                "the {what} must be int32 or int64, got {}",
+                other.dtype()
+            ))
+            .with_blob(name))
+        }
+    };
+    raw.iter()
+        .enumerate()
+        .map(|(k, &v)| {
+            usize::try_from(v).map_err(|_| {
+                Error::invalid_arg(format!("{what} #{k} is negative: {v}")).with_blob(name)
+            })
+        })
+        .collect()
+}
+
+fn take_rows<T: Element>(t: &Tensor, axis: usize, ranges: &[(usize, usize)]) -> Result<Tensor> {
+    let a = t.array::<T>()?;
+    let views: Vec<_> = ranges
+        .iter()
+        .map(|&(lo, len)| a.slice_axis(Axis(axis), ndarray::Slice::from(lo..lo + len)))
+        .collect();
+    if views.is_empty() {
+        let mut shape = a.shape().to_vec();
+        shape[axis] = 0;
+        return Tensor::zeros(T::DTYPE, &shape);
+    }
+    Ok(T::wrap(concatenate(axis, &views)?))
+}
+
+fn lengths_gather(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    Ok(kernel(|cx| {
+        let mut l = cx.lock();
+        let lens = non_negative(&l, 1, "length")?;
+        let idx = non_negative(&l, 2, "index")?;
+        let out = {
+            let name = l.input_name(0);
+            let items = l.tensor(0)?;
+            if items.ndim() == 0 {
+                return Err(Error::shape("the items must be at least 1-D").with_blob(name));
+            }
+            let mut starts = Vec::with_capacity(lens.len());
+            let mut total = 0usize;
+            for &n in &lens {
+                starts.push(total);
+                total = total.saturating_add(n);
+            }
+            if total != items.shape()[0] {
+                return Err(Error::invalid_arg(format!(
+                    "the lengths add up to {total} but the items have {} rows",
+                    items.shape()[0]
+                ))
+                .with_blob(l.input_name(1)));
+            }
+            let ranges = idx
+                .iter()
+                .map(|&i| {
+                    lens.get(i).map(|&n| (starts[i], n)).ok_or_else(|| {
+                        Error::new(
+                            ErrorKind::IndexOutOfRange,
+                            format!("index {i} is out of range for {} lengths", lens.len()),
+                        )
+                        .with_blob(l.input_name(2))
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            by_dtype!(items.dtype(), take_rows(items, 0, &ranges)).map_err(|e| e.with_blob(name))?
+        };
+        l.set_output(0, out);
+        Ok(true)
+    }))
+}
+
+// --------------------------------------------------------- SplitByLengths --
+
+fn split_by_lengths(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let axis = ctx.args.i64("axis", 0)?;
+    let scaling = ctx.args.bool("use_scaling_lengths", false)?;
+    let no = ctx.num_outputs();
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let mut lens = non_negative(&l, 1, "length")?;
+        let outs = {
+            let name = l.input_name(0);
+            let data = l.tensor(0)?;
+            let canon = rules::canonical_axis(axis, data.ndim()).map_err(|e| e.with_blob(name))?;
+            let dim = data.shape()[canon];
+            let lname = l.input_name(1);
+            if lens.len() % no != 0 {
+                return Err(Error::invalid_arg(format!(
+                    "the number of lengths ({}) must be a multiple of the number of outputs ({no})",
+                    lens.len()
+                ))
+                .with_blob(lname));
+            }
+            let sum = lens
+                .iter()
+                .try_fold(0usize, |a, &b| a.checked_add(b))
+                .unwrap_or(usize::MAX);
+            if scaling && sum > 0 && sum != dim {
+                if dim % sum != 0 {
+                    return Err(Error::invalid_arg(format!(
+                        "with use_scaling_lengths the lengths' sum ({sum}) must divide dim {canon} ({dim})"
+                    ))
+                    .with_blob(lname));
+                }
+                let f = dim / sum;
+                lens.iter_mut().for_each(|n| *n *= f);
+            } else if sum != dim {
+                return Err(Error::invalid_arg(format!(
+                    "the lengths add up to {sum} but dim {canon} of the data is {dim}"
+                ))
+                .with_blob(lname));
+            }
+            let per = lens.len() / no;
+            let mut start = 0;
+            let mut outs = Vec::with_capacity(no);
+            for chunk in 0..no {
+                let len: usize = lens[chunk * per..(chunk + 1) * per].iter().sum();
+                outs.push(
+                    by_dtype!(data.dtype(), take_rows(data, canon, &[(start, len)]))
+                        .map_err(|e| e.with_blob(name))?,
+                );
+                start += len;
+            }
+            outs
+        };
+        for (o, t) in outs.into_iter().enumerate() {
+            l.set_output(o, t);
+        }
+        Ok(true)
+    }))
+}
+
 // ------------------------------------------------------- LengthsToRanges --
+
+fn lengths_to_ranges_infer(
+    _: &Args<'_>,
+    ins: &[Option<ShapeInfo>],
+    _: usize,
+) -> Result<Vec<Option<ShapeInfo>>> {
+    Ok(vec![rules::known(ins, 0).map(|t| {
+        let mut dims = t.dims.clone();
+        dims.push(2);
+        ShapeInfo::new(dims, DataType::Int32)
+    })])
+}
 
 fn lengths_to_ranges(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     Ok(kernel(|cx| {
@@ -514,9 +759,13 @@ fn concat_typed<T: Element>(
 /// of `order` (NCHW: 1, NHWC: 3; `add_axis` is then ignored, as in Caffe2);
 /// giving both is an error. `verb` names the op's action in the message.
 fn axis_args(ctx: &OpDefCtx<'_>, verb: &str) -> Result<(i64, bool)> {
-    let args = &ctx.args;
+    axis_of(&ctx.args, verb).map_err(|e| e.with_op(ctx.op_type(), None))
+}
+
+/// [`axis_args`] from the arguments alone (shape inference has no context).
+fn axis_of(args: &Args<'_>, verb: &str) -> Result<(i64, bool)> {
     if args.has("axis") && args.has("order") {
-        return Err(ctx.bad_arg(format!(
+        return Err(Error::invalid_arg(format!(
             "you cannot give both the axis to {verb} along and the order"
         )));
     }
@@ -532,11 +781,85 @@ fn axis_args(ctx: &OpDefCtx<'_>, verb: &str) -> Result<(i64, bool)> {
     } else if order.eq_ignore_ascii_case("NHWC") {
         3
     } else {
-        return Err(ctx.bad_arg(format!(
+        return Err(Error::invalid_arg(format!(
             "unsupported storage order '{order}' (NCHW or NHWC)"
         )));
     };
     Ok((axis, false))
+}
+
+/// Concat's outputs: the inputs joined along the axis, and one int32 size
+/// per input.
+fn concat_infer(
+    args: &Args<'_>,
+    ins: &[Option<ShapeInfo>],
+    n_out: usize,
+) -> Result<Vec<Option<ShapeInfo>>> {
+    let (axis, add_axis) = axis_of(args, "concat")?;
+    let Some(ins) = ins.iter().cloned().collect::<Option<Vec<ShapeInfo>>>() else {
+        return Ok(vec![None; n_out]);
+    };
+    let first = &ins[0];
+    let canon = rules::canonical_axis(axis, first.dims.len() + usize::from(add_axis))?;
+    let mut dims = first.dims.clone();
+    for t in &ins[1..] {
+        let same = t.dims.len() == first.dims.len()
+            && (0..dims.len()).all(|i| (i == canon && !add_axis) || t.dims[i] == first.dims[i]);
+        if t.dtype != first.dtype || !same {
+            return Err(Error::shape("the inputs cannot be joined"));
+        }
+        if !add_axis {
+            dims[canon] += t.dims[canon];
+        }
+    }
+    if add_axis {
+        dims.insert(canon, ins.len() as i64);
+    }
+    Ok(vec![
+        Some(ShapeInfo::new(dims, first.dtype)),
+        Some(ShapeInfo::new(vec![ins.len() as i64], DataType::Int32)),
+    ][..n_out.min(2)]
+        .to_vec())
+}
+
+/// Split's outputs, when the sizes are arguments or equal parts (with a
+/// sizes input they depend on its values: unknown, as in Caffe2).
+fn split_infer(
+    args: &Args<'_>,
+    ins: &[Option<ShapeInfo>],
+    n_out: usize,
+) -> Result<Vec<Option<ShapeInfo>>> {
+    let (axis, add_axis) = axis_of(args, "split")?;
+    let input = match rules::known(ins, 0) {
+        Some(t) if ins.len() == 1 => t,
+        _ => return Ok(vec![None; n_out]),
+    };
+    let canon = rules::canonical_axis(axis, input.dims.len())?;
+    let channels = input.dims[canon];
+    let no = n_out as i64;
+    let mut out = Vec::with_capacity(n_out);
+    if add_axis {
+        if channels != no {
+            return Err(Error::invalid_arg("one output per index of the axis"));
+        }
+        let mut dims = input.dims.clone();
+        dims.remove(canon);
+        return Ok(vec![Some(ShapeInfo::new(dims, input.dtype)); n_out]);
+    }
+    let sizes = match args.ints("split")?.filter(|v| !v.is_empty()) {
+        Some(v) => v,
+        None if no > 0 && channels % no == 0 => vec![channels / no; n_out],
+        None => return Err(Error::invalid_arg("the axis does not divide evenly")),
+    };
+    if sizes.len() != n_out || sizes.iter().sum::<i64>() != channels {
+        return Err(Error::invalid_arg("the split sizes do not match"));
+    }
+    for s in sizes {
+        let mut dims = input.dims.clone();
+        dims[canon] = s;
+        out.push(Some(ShapeInfo::new(dims, input.dtype)));
+    }
+    Ok(out)
 }
 
 fn concat(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
