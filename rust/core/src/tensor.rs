@@ -148,6 +148,8 @@ impl DataType {
     pub const TENSOR: &'static [DataType] = crate::with_match_dtype!(dtypes all);
     /// Every dtype but strings (the set `fixed`).
     pub const FIXED: &'static [DataType] = crate::with_match_dtype!(dtypes fixed);
+    /// The numbers, float16 included (the set `pod`).
+    pub const POD: &'static [DataType] = crate::with_match_dtype!(dtypes pod);
     /// The number dtypes (the set `numeric`).
     pub const NUMERIC: &'static [DataType] = crate::with_match_dtype!(dtypes numeric);
     /// Numbers and bool (the set `numeric_and_bool`): what a numpy array can
@@ -227,7 +229,8 @@ pub fn into_array<T: Element>(a: Shared<T>) -> Result<ArrayD<T>> {
 ///
 /// The sets, each listed once below (`@set`), in the order error messages
 /// name them: `all` (every dtype a tensor holds, [`DataType::TENSOR`]),
-/// `fixed` (all but strings: what numpy holds in its own buffers),
+/// `fixed` (all but strings: what numpy holds in its own buffers), `pod`
+/// (the numbers, float16 included: stored as their own bytes),
 /// `numeric_and_bool`, `numeric`, `integers`, `arith_and_bool`, `arith`
 /// (int32, int64, float32, float64), `ints` (int32, int64) and `floats`
 /// (float32, float64); each has a [`DataType`] constant made from the same
@@ -235,7 +238,8 @@ pub fn into_array<T: Element>(a: Shared<T>) -> Result<ArrayD<T>> {
 /// [`dtype_list`] or [`unsupported_dtype_of`]), so the text and the dispatch
 /// cannot drift apart.
 ///
-/// - `with_match_dtype!(dt, |T| body, else other => fallback)`: all dtypes.
+/// - `with_match_dtype!(dt, |T| body, else other => fallback)`: all dtypes
+///   (`else` takes one or more match arms).
 /// - `with_match_dtype!(SET dt, |T| body, else other => fallback)`: the
 ///   dtypes of a set (`numeric dt`, `floats dt`, ...).
 /// - `with_match_dtype!(tensor SET t, |a: T| body, else other => fallback)`:
@@ -255,6 +259,9 @@ macro_rules! with_match_dtype {
         Float16 F16 $crate::tensor::f16} };
     (@set fixed, $($k:tt)*) => { $crate::with_match_dtype!{@$($k)*;
         Float F32 f32, Double F64 f64, Int32 I32 i32, Int64 I64 i64, Bool Bool bool,
+        Uint8 U8 u8, Int8 I8 i8, Int16 I16 i16, Uint16 U16 u16, Float16 F16 $crate::tensor::f16} };
+    (@set pod, $($k:tt)*) => { $crate::with_match_dtype!{@$($k)*;
+        Float F32 f32, Double F64 f64, Int32 I32 i32, Int64 I64 i64,
         Uint8 U8 u8, Int8 I8 i8, Int16 I16 i16, Uint16 U16 u16, Float16 F16 $crate::tensor::f16} };
     (@set numeric_and_bool, $($k:tt)*) => { $crate::with_match_dtype!{@$($k)*;
         Float F32 f32, Double F64 f64, Int32 I32 i32, Int64 I64 i64, Bool Bool bool,
@@ -277,44 +284,47 @@ macro_rules! with_match_dtype {
     (each $set:ident, |$T:ident| $body:expr) => {
         $crate::with_match_dtype!{@set $set, each $T, $body}
     };
-    (tensor $set:ident $t:expr, |$a:ident : $T:ident| $body:expr, else $other:pat => $fallback:expr) => {
-        $crate::with_match_dtype!{@set $set, tmatch $t, $a, $T, $body, $other, $fallback}
+    (tensor $set:ident $t:expr, |$a:ident : $T:ident| $body:expr, else $($other:pat => $fallback:expr),+ $(,)?) => {
+        $crate::with_match_dtype!{@set $set, tmatch $t, $a, $T, $body, $($other => $fallback),+}
     };
-    (enum $E:ident, $set:ident $t:expr, |$a:ident : $T:ident| $body:expr, else $other:pat => $fallback:expr) => {
-        $crate::with_match_dtype!{@set $set, ematch $E, $t, $a, $T, $body, $other, $fallback}
+    (enum $E:ident, $set:ident $t:expr, |$a:ident : $T:ident| $body:expr, else $($other:pat => $fallback:expr),+ $(,)?) => {
+        $crate::with_match_dtype!{@set $set, ematch $E, $t, $a, $T, $body, $($other => $fallback),+}
     };
-    (wrap $E:ident, $set:ident $dt:expr, |$T:ident| $body:expr, else $other:pat => $fallback:expr) => {
-        $crate::with_match_dtype!{@set $set, wrap $E, $dt, $T, $body, $other, $fallback}
+    (wrap $E:ident, $set:ident $dt:expr, |$T:ident| $body:expr, else $($other:pat => $fallback:expr),+ $(,)?) => {
+        $crate::with_match_dtype!{@set $set, wrap $E, $dt, $T, $body, $($other => $fallback),+}
     };
     (tensor $t:expr, |$a:ident : $T:ident| $body:expr) => {
         $crate::with_match_dtype!{@set all, tmatch_all $t, $a, $T, $body}
     };
-    (fixed $dt:expr, |$T:ident| $body:expr, else $other:pat => $fallback:expr) => {
-        $crate::with_match_dtype!{@set fixed, match $dt, $T, $body, $other, $fallback}
+    (fixed $dt:expr, |$T:ident| $body:expr, else $($other:pat => $fallback:expr),+ $(,)?) => {
+        $crate::with_match_dtype!{@set fixed, match $dt, $T, $body, $($other => $fallback),+}
     };
-    (numeric_and_bool $dt:expr, |$T:ident| $body:expr, else $other:pat => $fallback:expr) => {
-        $crate::with_match_dtype!{@set numeric_and_bool, match $dt, $T, $body, $other, $fallback}
+    (pod $dt:expr, |$T:ident| $body:expr, else $($other:pat => $fallback:expr),+ $(,)?) => {
+        $crate::with_match_dtype!{@set pod, match $dt, $T, $body, $($other => $fallback),+}
     };
-    (numeric $dt:expr, |$T:ident| $body:expr, else $other:pat => $fallback:expr) => {
-        $crate::with_match_dtype!{@set numeric, match $dt, $T, $body, $other, $fallback}
+    (numeric_and_bool $dt:expr, |$T:ident| $body:expr, else $($other:pat => $fallback:expr),+ $(,)?) => {
+        $crate::with_match_dtype!{@set numeric_and_bool, match $dt, $T, $body, $($other => $fallback),+}
     };
-    (integers $dt:expr, |$T:ident| $body:expr, else $other:pat => $fallback:expr) => {
-        $crate::with_match_dtype!{@set integers, match $dt, $T, $body, $other, $fallback}
+    (numeric $dt:expr, |$T:ident| $body:expr, else $($other:pat => $fallback:expr),+ $(,)?) => {
+        $crate::with_match_dtype!{@set numeric, match $dt, $T, $body, $($other => $fallback),+}
     };
-    (arith_and_bool $dt:expr, |$T:ident| $body:expr, else $other:pat => $fallback:expr) => {
-        $crate::with_match_dtype!{@set arith_and_bool, match $dt, $T, $body, $other, $fallback}
+    (integers $dt:expr, |$T:ident| $body:expr, else $($other:pat => $fallback:expr),+ $(,)?) => {
+        $crate::with_match_dtype!{@set integers, match $dt, $T, $body, $($other => $fallback),+}
     };
-    (arith $dt:expr, |$T:ident| $body:expr, else $other:pat => $fallback:expr) => {
-        $crate::with_match_dtype!{@set arith, match $dt, $T, $body, $other, $fallback}
+    (arith_and_bool $dt:expr, |$T:ident| $body:expr, else $($other:pat => $fallback:expr),+ $(,)?) => {
+        $crate::with_match_dtype!{@set arith_and_bool, match $dt, $T, $body, $($other => $fallback),+}
     };
-    (ints $dt:expr, |$T:ident| $body:expr, else $other:pat => $fallback:expr) => {
-        $crate::with_match_dtype!{@set ints, match $dt, $T, $body, $other, $fallback}
+    (arith $dt:expr, |$T:ident| $body:expr, else $($other:pat => $fallback:expr),+ $(,)?) => {
+        $crate::with_match_dtype!{@set arith, match $dt, $T, $body, $($other => $fallback),+}
     };
-    (floats $dt:expr, |$T:ident| $body:expr, else $other:pat => $fallback:expr) => {
-        $crate::with_match_dtype!{@set floats, match $dt, $T, $body, $other, $fallback}
+    (ints $dt:expr, |$T:ident| $body:expr, else $($other:pat => $fallback:expr),+ $(,)?) => {
+        $crate::with_match_dtype!{@set ints, match $dt, $T, $body, $($other => $fallback),+}
     };
-    ($dt:expr, |$T:ident| $body:expr, else $other:pat => $fallback:expr) => {
-        $crate::with_match_dtype!{@set all, match $dt, $T, $body, $other, $fallback}
+    (floats $dt:expr, |$T:ident| $body:expr, else $($other:pat => $fallback:expr),+ $(,)?) => {
+        $crate::with_match_dtype!{@set floats, match $dt, $T, $body, $($other => $fallback),+}
+    };
+    ($dt:expr, |$T:ident| $body:expr, else $($other:pat => $fallback:expr),+ $(,)?) => {
+        $crate::with_match_dtype!{@set all, match $dt, $T, $body, $($other => $fallback),+}
     };
 
     // The expansions.
@@ -322,7 +332,7 @@ macro_rules! with_match_dtype {
         &[$($crate::tensor::DataType::$v),*]
     };
     (@impls $m:ident; $($v:ident $tv:ident $ty:ty),*) => { $m!{$($ty),*} };
-    (@match $dt:expr, $T:ident, $body:expr, $other:pat, $fallback:expr;
+    (@match $dt:expr, $T:ident, $body:expr, $($other:pat => $fallback:expr),+;
         $($v:ident $tv:ident $ty:ty),*) => {
         match $dt {
             $($crate::tensor::DataType::$v => {
@@ -330,11 +340,11 @@ macro_rules! with_match_dtype {
                 type $T = $ty;
                 $body
             })*
-            #[allow(unreachable_patterns)]
-            $other => $fallback,
+            $(#[allow(unreachable_patterns)]
+            $other => $fallback,)+
         }
     };
-    (@tmatch $t:expr, $a:ident, $T:ident, $body:expr, $other:pat, $fallback:expr;
+    (@tmatch $t:expr, $a:ident, $T:ident, $body:expr, $($other:pat => $fallback:expr),+;
         $($v:ident $tv:ident $ty:ty),*) => {
         match $t {
             $($crate::tensor::Tensor::$tv($a) => {
@@ -342,11 +352,11 @@ macro_rules! with_match_dtype {
                 type $T = $ty;
                 $body
             })*
-            #[allow(unreachable_patterns)]
-            $other => $fallback,
+            $(#[allow(unreachable_patterns)]
+            $other => $fallback,)+
         }
     };
-    (@ematch $E:ident, $t:expr, $a:ident, $T:ident, $body:expr, $other:pat, $fallback:expr;
+    (@ematch $E:ident, $t:expr, $a:ident, $T:ident, $body:expr, $($other:pat => $fallback:expr),+;
         $($v:ident $tv:ident $ty:ty),*) => {
         match $t {
             $($E::$tv($a) => {
@@ -354,11 +364,11 @@ macro_rules! with_match_dtype {
                 type $T = $ty;
                 $body
             })*
-            #[allow(unreachable_patterns)]
-            $other => $fallback,
+            $(#[allow(unreachable_patterns)]
+            $other => $fallback,)+
         }
     };
-    (@wrap $E:ident, $dt:expr, $T:ident, $body:expr, $other:pat, $fallback:expr;
+    (@wrap $E:ident, $dt:expr, $T:ident, $body:expr, $($other:pat => $fallback:expr),+;
         $($v:ident $tv:ident $ty:ty),*) => {
         match $dt {
             $($crate::tensor::DataType::$v => {
@@ -366,8 +376,8 @@ macro_rules! with_match_dtype {
                 type $T = $ty;
                 $E::$tv($body)
             })*
-            #[allow(unreachable_patterns)]
-            $other => $fallback,
+            $(#[allow(unreachable_patterns)]
+            $other => $fallback,)+
         }
     };
     (@tmatch_all $t:expr, $a:ident, $T:ident, $body:expr;
@@ -395,6 +405,16 @@ pub fn dtype_list(dtypes: &[DataType]) -> String {
     let names: Vec<&str> = dtypes.iter().map(|d| d.name()).collect();
     match names.split_last() {
         Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+        _ => names.join(""),
+    }
+}
+
+/// "a, b or c": the names of `dtypes` as alternatives ("must be a float32
+/// or float64 tensor").
+pub fn dtype_choice(dtypes: &[DataType]) -> String {
+    let names: Vec<&str> = dtypes.iter().map(|d| d.name()).collect();
+    match names.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
         _ => names.join(""),
     }
 }

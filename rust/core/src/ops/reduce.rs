@@ -212,8 +212,10 @@ fn shape_input(l: &Locked<'_>, op: &str, i: usize) -> Result<Vec<i64>> {
     let t = l.tensor(i)?;
     let name = l.input_name(i);
     let v: Vec<i64> = match t {
-        Tensor::I64(a) if a.ndim() == 1 => a.iter().copied().collect(),
-        Tensor::I32(a) if a.ndim() == 1 => a.iter().map(|&v| i64::from(v)).collect(),
+        t if t.ndim() == 1 && DataType::INTS.contains(&t.dtype()) => {
+            crate::with_match_dtype!(tensor ints t, |a: T| a.iter().map(|&v| i64::from(v)).collect(),
+                else _ => Vec::new())
+        }
         _ => {
             return Err(Error::type_error(format!(
                 "{op}: the new shape ('{name}') must be a 1-D int32 or int64 tensor, got {} of shape {:?}",
@@ -628,8 +630,10 @@ fn fb_lengths(
     let t = l.tensor(i)?;
     let name = l.input_name(i);
     let v: Vec<i64> = match t {
-        Tensor::I32(a) if a.ndim() == 1 => a.iter().map(|&v| i64::from(v)).collect(),
-        Tensor::I64(a) if a.ndim() == 1 => a.iter().copied().collect(),
+        t if t.ndim() == 1 && DataType::INTS.contains(&t.dtype()) => {
+            crate::with_match_dtype!(tensor ints t, |a: T| a.iter().map(|&v| i64::from(v)).collect(),
+                else _ => Vec::new())
+        }
         _ => {
             return Err(Error::type_error(format!(
                 "{op}: the lengths ('{name}') must be a 1-D int32 tensor, got {} of shape {:?}",

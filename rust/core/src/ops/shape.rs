@@ -307,14 +307,12 @@ fn index_input(l: &crate::operator::Locked<'_>, i: usize) -> Result<Vec<i64>> {
         ))
         .with_blob(name));
     }
-    match t.dtype() {
-        DataType::Int32 => Ok(t.array::<i32>()?.iter().map(|&v| v as i64).collect()),
-        DataType::Int64 => Ok(t.array::<i64>()?.iter().copied().collect()),
-        other => Err(Error::type_error(format!(
-            "starts and ends must be int32 or int64, got {other}"
+    crate::with_match_dtype!(ints t.dtype(), |T| Ok(t.array::<T>()?.iter().map(|&v| i64::from(v)).collect()),
+        else other => Err(Error::type_error(format!(
+            "starts and ends must be {}, got {other}",
+            crate::tensor::dtype_choice(DataType::INTS)
         ))
-        .with_blob(name)),
-    }
+        .with_blob(name)))
 }
 
 fn slice_of<T: Element>(t: &Tensor, ranges: &[(usize, usize)]) -> Result<Tensor> {

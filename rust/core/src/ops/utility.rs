@@ -501,27 +501,20 @@ fn scatter_assign(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
                     .with_blob(&iname)
                 })
             };
-            let rows = match indices {
-                Tensor::I32(a) => a
-                    .iter()
-                    .map(|&v| i64::from(v))
-                    .enumerate()
-                    .map(check)
-                    .collect::<Result<Vec<_>>>()?,
-                Tensor::I64(a) => a
-                    .iter()
-                    .copied()
-                    .enumerate()
-                    .map(check)
-                    .collect::<Result<Vec<_>>>()?,
-                other => {
-                    return Err(Error::type_error(format!(
-                        "INDICES must be int32 or int64, got {}",
-                        other.dtype()
-                    ))
-                    .with_blob(&iname))
-                }
-            };
+            let rows = crate::with_match_dtype!(tensor ints indices, |a: T| a
+                .iter()
+                .map(|&v| i64::from(v))
+                .enumerate()
+                .map(check)
+                .collect::<Result<Vec<_>>>()?,
+            else other => {
+                return Err(Error::type_error(format!(
+                    "INDICES must be {}, got {}",
+                    crate::tensor::dtype_choice(DataType::INTS),
+                    other.dtype()
+                ))
+                .with_blob(&iname))
+            });
             (dtype, rows, block)
         };
         let (out, slices) = l.output_and_input(0, 2).ok_or_else(|| {
