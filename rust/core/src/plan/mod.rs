@@ -16,10 +16,14 @@
 //! cancels siblings, so a stuck sibling can never hang the plan.
 
 //!
-//! Two halves, as tract does plans: `compile.rs` validates each step, decides
-//! its [`StepKind`](compile::StepKind) and binds it to a workspace (an
-//! immutable `Compiled` step); `execute.rs` runs compiled steps with the
-//! per-run state (errors, threads, tokens).
+//! Two halves, as tract does plans: `compile.rs` makes the immutable,
+//! workspace-free [`CompiledPlan`](compile::CompiledPlan) (every step
+//! validated, its [`StepKind`](compile::StepKind), limit, nets and report
+//! periods decided once); `execute.rs` holds the per-run state: a
+//! [`PlanState`](execute::PlanState) binds the compiled plan to a
+//! workspace, a [`StepState`](execute::StepState) is a compiled step bound
+//! to it (nets created, stop blob resolved), and each execution makes its
+//! own errors, threads and tokens.
 
 mod compile;
 mod execute;
@@ -28,7 +32,8 @@ use crate::cancel::CancelToken;
 use crate::error::{Error, Result};
 use crate::ir::{ExecutionStep, NetDef, OperatorDef, PlanDef, MAX_NESTING};
 use crate::workspace::Workspace;
-use compile::{PlanCtx, Wrapper};
+use compile::CompiledPlan;
+use execute::{PlanState, SubstepState};
 use std::sync::Arc;
 
 /// Refuses steps nested more than [`MAX_NESTING`] levels inside the plan,
@@ -55,17 +60,21 @@ fn check_nesting(plan: &PlanDef) -> Result<()> {
     Ok(())
 }
 
-/// Runs a plan: its top-level steps in order, each compiled just before it
-/// runs. `Ok(false)` is a soft failure; a cancelled run is `Err(Cancelled)`.
+/// Runs a plan: compiles it once, then runs its top-level steps in order,
+/// each bound to the workspace just before it runs (a step that did not
+/// compile fails when it is reached, as in Caffe2). `Ok(false)` is a soft
+/// failure; a cancelled run is `Err(Cancelled)`.
 pub fn run_plan(ws: &Arc<Workspace>, plan: &PlanDef, cancel: &CancelToken) -> Result<bool> {
     if plan.execution_step.is_empty() {
         return Ok(true);
     }
     check_nesting(plan)?;
-    let ctx = PlanCtx::new(ws, plan)?;
-    for step in &plan.execution_step {
-        let w = Wrapper::new(&ctx, step, ws)?;
-        let ok = w.exec(&ctx, cancel)?;
+    let compiled = CompiledPlan::compile(plan)?;
+    let run = PlanState::new(ws, &compiled);
+    for step in &compiled.steps {
+        let step = step.as_ref().map_err(Clone::clone)?;
+        let w = SubstepState::new(&run, step, ws)?;
+        let ok = w.exec(&run, cancel)?;
         cancel.poll_check()?;
         if !ok {
             return Ok(false);
