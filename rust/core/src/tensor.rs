@@ -143,44 +143,30 @@ impl DataType {
 }
 
 impl DataType {
-    /// The dtypes a tensor can hold, in the order of [`with_match_dtype!`].
-    pub const TENSOR: &'static [DataType] = &[
-        DataType::Float,
-        DataType::Double,
-        DataType::Int32,
-        DataType::Int64,
-        DataType::Bool,
-        DataType::Uint8,
-        DataType::Int8,
-        DataType::Int16,
-        DataType::Uint16,
-        DataType::String,
-        DataType::Float16,
-    ];
-    /// The number dtypes (`with_match_dtype!(numeric ...)`).
-    pub const NUMERIC: &'static [DataType] = &[
-        DataType::Float,
-        DataType::Double,
-        DataType::Int32,
-        DataType::Int64,
-        DataType::Uint8,
-        DataType::Int8,
-        DataType::Int16,
-        DataType::Uint16,
-    ];
-    /// Numbers and bool (`with_match_dtype!(each numeric_and_bool ...)`):
-    /// what a numpy array can be fed as, besides strings.
-    pub const NUMERIC_AND_BOOL: &'static [DataType] = &[
-        DataType::Float,
-        DataType::Double,
-        DataType::Int32,
-        DataType::Int64,
-        DataType::Bool,
-        DataType::Uint8,
-        DataType::Int8,
-        DataType::Int16,
-        DataType::Uint16,
-    ];
+    /// The dtypes a tensor can hold, in the order of [`with_match_dtype!`]
+    /// (its `all` set).
+    pub const TENSOR: &'static [DataType] = crate::with_match_dtype!(dtypes all);
+    /// Every dtype but strings (the set `fixed`).
+    pub const FIXED: &'static [DataType] = crate::with_match_dtype!(dtypes fixed);
+    /// The numbers, float16 included (the set `pod`).
+    pub const POD: &'static [DataType] = crate::with_match_dtype!(dtypes pod);
+    /// The number dtypes (the set `numeric`).
+    pub const NUMERIC: &'static [DataType] = crate::with_match_dtype!(dtypes numeric);
+    /// Numbers and bool (the set `numeric_and_bool`): what a numpy array can
+    /// be fed as, besides strings.
+    pub const NUMERIC_AND_BOOL: &'static [DataType] =
+        crate::with_match_dtype!(dtypes numeric_and_bool);
+    /// The integer dtypes (the set `integers`).
+    pub const INTEGERS: &'static [DataType] = crate::with_match_dtype!(dtypes integers);
+    /// int32 and int64 (the set `ints`, Caffe2's `IntTypes`).
+    pub const INTS: &'static [DataType] = crate::with_match_dtype!(dtypes ints);
+    /// int32, int64, float32 and float64 (the set `arith`, Caffe2's
+    /// `NumericTypes`): what its arithmetic kernels take.
+    pub const ARITH: &'static [DataType] = crate::with_match_dtype!(dtypes arith);
+    /// bool and the `arith` types (the set `arith_and_bool`: comparisons).
+    pub const ARITH_AND_BOOL: &'static [DataType] = crate::with_match_dtype!(dtypes arith_and_bool);
+    /// float32 and float64 (the set `floats`).
+    pub const FLOATS: &'static [DataType] = crate::with_match_dtype!(dtypes floats);
 }
 
 impl std::fmt::Display for DataType {
@@ -241,51 +227,170 @@ pub fn into_array<T: Element>(a: Shared<T>) -> Result<ArrayD<T>> {
 /// the type alias `$T` to the Rust element type of a tensor dtype and
 /// evaluates `$body` for it; any other dtype evaluates the `else` arm.
 ///
-/// - `with_match_dtype!(dt, |T| body, else other => fallback)`: the ten
-///   dtypes a tensor holds ([`DataType::TENSOR`]).
-/// - `with_match_dtype!(numeric dt, |T| ..., else ...)`: the eight number
-///   types ([`DataType::NUMERIC`]).
-/// - `with_match_dtype!(numeric_and_bool dt, |T| ..., else ...)`: numbers
-///   and bool ([`DataType::NUMERIC_AND_BOOL`]).
-/// - `with_match_dtype!(each numeric_and_bool, |T| body)`: `body` once per
-///   type, in order (for trying each type in turn).
+/// The sets, each listed once below (`@set`), in the order error messages
+/// name them: `all` (every dtype a tensor holds, [`DataType::TENSOR`]),
+/// `fixed` (all but strings: what numpy holds in its own buffers), `pod`
+/// (the numbers, float16 included: stored as their own bytes),
+/// `numeric_and_bool`, `numeric`, `integers`, `arith_and_bool`, `arith`
+/// (int32, int64, float32, float64), `ints` (int32, int64) and `floats`
+/// (float32, float64); each has a [`DataType`] constant made from the same
+/// list (`with_match_dtype!(dtypes SET)`), which error messages name (with
+/// [`dtype_list`] or [`unsupported_dtype_of`]), so the text and the dispatch
+/// cannot drift apart.
 ///
-/// Error messages name the supported set with [`dtype_list`] over the same
-/// constants, so the text and the dispatch cannot drift apart.
+/// - `with_match_dtype!(dt, |T| body, else other => fallback)`: all dtypes
+///   (`else` takes one or more match arms).
+/// - `with_match_dtype!(SET dt, |T| body, else other => fallback)`: the
+///   dtypes of a set (`numeric dt`, `floats dt`, ...).
+/// - `with_match_dtype!(tensor SET t, |a: T| body, else other => fallback)`:
+///   over a `&Tensor` (or `&mut Tensor`, or `Tensor`), binding `a` to the
+///   variant's storage; `with_match_dtype!(tensor t, |a: T| body)` for all.
+/// - `with_match_dtype!(each SET, |T| body)`: `body` once per type, in
+///   order (for trying each type in turn).
+/// - `with_match_dtype!(dtypes SET)`: the set as a `&[DataType]`.
+/// - `with_match_dtype!(impl SET, m)`: `m!(t1, t2, ...)` with the set's
+///   element types (to implement a trait for each).
 #[macro_export]
 macro_rules! with_match_dtype {
-    (numeric $dt:expr, |$T:ident| $body:expr, else $other:ident => $fallback:expr) => {
-        $crate::with_match_dtype!(@match $dt, $T, $body, $other, $fallback;
-            Float f32, Double f64, Int32 i32, Int64 i64,
-            Uint8 u8, Int8 i8, Int16 i16, Uint16 u16)
+    // The sets: DataType variant, Tensor variant, element type.
+    (@set all, $($k:tt)*) => { $crate::with_match_dtype!{@$($k)*;
+        Float F32 f32, Double F64 f64, Int32 I32 i32, Int64 I64 i64, Bool Bool bool,
+        Uint8 U8 u8, Int8 I8 i8, Int16 I16 i16, Uint16 U16 u16, String Str Vec<u8>,
+        Float16 F16 $crate::tensor::f16} };
+    (@set fixed, $($k:tt)*) => { $crate::with_match_dtype!{@$($k)*;
+        Float F32 f32, Double F64 f64, Int32 I32 i32, Int64 I64 i64, Bool Bool bool,
+        Uint8 U8 u8, Int8 I8 i8, Int16 I16 i16, Uint16 U16 u16, Float16 F16 $crate::tensor::f16} };
+    (@set pod, $($k:tt)*) => { $crate::with_match_dtype!{@$($k)*;
+        Float F32 f32, Double F64 f64, Int32 I32 i32, Int64 I64 i64,
+        Uint8 U8 u8, Int8 I8 i8, Int16 I16 i16, Uint16 U16 u16, Float16 F16 $crate::tensor::f16} };
+    (@set numeric_and_bool, $($k:tt)*) => { $crate::with_match_dtype!{@$($k)*;
+        Float F32 f32, Double F64 f64, Int32 I32 i32, Int64 I64 i64, Bool Bool bool,
+        Uint8 U8 u8, Int8 I8 i8, Int16 I16 i16, Uint16 U16 u16} };
+    (@set numeric, $($k:tt)*) => { $crate::with_match_dtype!{@$($k)*;
+        Float F32 f32, Double F64 f64, Int32 I32 i32, Int64 I64 i64,
+        Uint8 U8 u8, Int8 I8 i8, Int16 I16 i16, Uint16 U16 u16} };
+    (@set integers, $($k:tt)*) => { $crate::with_match_dtype!{@$($k)*;
+        Int32 I32 i32, Int64 I64 i64, Uint8 U8 u8, Int8 I8 i8, Int16 I16 i16, Uint16 U16 u16} };
+    (@set arith_and_bool, $($k:tt)*) => { $crate::with_match_dtype!{@$($k)*;
+        Bool Bool bool, Int32 I32 i32, Int64 I64 i64, Float F32 f32, Double F64 f64} };
+    (@set arith, $($k:tt)*) => { $crate::with_match_dtype!{@$($k)*;
+        Int32 I32 i32, Int64 I64 i64, Float F32 f32, Double F64 f64} };
+    (@set ints, $($k:tt)*) => { $crate::with_match_dtype!{@$($k)*; Int32 I32 i32, Int64 I64 i64} };
+    (@set floats, $($k:tt)*) => { $crate::with_match_dtype!{@$($k)*; Float F32 f32, Double F64 f64} };
+
+    // The forms.
+    (dtypes $set:ident) => { $crate::with_match_dtype!{@set $set, dtypes} };
+    (impl $set:ident, $m:ident) => { $crate::with_match_dtype!{@set $set, impls $m} };
+    (each $set:ident, |$T:ident| $body:expr) => {
+        $crate::with_match_dtype!{@set $set, each $T, $body}
     };
-    (numeric_and_bool $dt:expr, |$T:ident| $body:expr, else $other:ident => $fallback:expr) => {
-        $crate::with_match_dtype!(@match $dt, $T, $body, $other, $fallback;
-            Float f32, Double f64, Int32 i32, Int64 i64, Bool bool,
-            Uint8 u8, Int8 i8, Int16 i16, Uint16 u16)
+    (tensor $set:ident $t:expr, |$a:ident : $T:ident| $body:expr, else $($other:pat => $fallback:expr),+ $(,)?) => {
+        $crate::with_match_dtype!{@set $set, tmatch $t, $a, $T, $body, $($other => $fallback),+}
     };
-    (each numeric_and_bool, |$T:ident| $body:expr) => {
-        $crate::with_match_dtype!(@each $T, $body;
-            f32, f64, i32, i64, bool, u8, i8, i16, u16)
+    (enum $E:ident, $set:ident $t:expr, |$a:ident : $T:ident| $body:expr, else $($other:pat => $fallback:expr),+ $(,)?) => {
+        $crate::with_match_dtype!{@set $set, ematch $E, $t, $a, $T, $body, $($other => $fallback),+}
     };
-    ($dt:expr, |$T:ident| $body:expr, else $other:ident => $fallback:expr) => {
-        $crate::with_match_dtype!(@match $dt, $T, $body, $other, $fallback;
-            Float f32, Double f64, Int32 i32, Int64 i64, Bool bool,
-            Uint8 u8, Int8 i8, Int16 i16, Uint16 u16, String Vec<u8>,
-            Float16 $crate::tensor::f16)
+    (wrap $E:ident, $set:ident $dt:expr, |$T:ident| $body:expr, else $($other:pat => $fallback:expr),+ $(,)?) => {
+        $crate::with_match_dtype!{@set $set, wrap $E, $dt, $T, $body, $($other => $fallback),+}
     };
-    (@match $dt:expr, $T:ident, $body:expr, $other:ident, $fallback:expr;
-        $($variant:ident $ty:ty),*) => {
+    (tensor $t:expr, |$a:ident : $T:ident| $body:expr) => {
+        $crate::with_match_dtype!{@set all, tmatch_all $t, $a, $T, $body}
+    };
+    (fixed $dt:expr, |$T:ident| $body:expr, else $($other:pat => $fallback:expr),+ $(,)?) => {
+        $crate::with_match_dtype!{@set fixed, match $dt, $T, $body, $($other => $fallback),+}
+    };
+    (pod $dt:expr, |$T:ident| $body:expr, else $($other:pat => $fallback:expr),+ $(,)?) => {
+        $crate::with_match_dtype!{@set pod, match $dt, $T, $body, $($other => $fallback),+}
+    };
+    (numeric_and_bool $dt:expr, |$T:ident| $body:expr, else $($other:pat => $fallback:expr),+ $(,)?) => {
+        $crate::with_match_dtype!{@set numeric_and_bool, match $dt, $T, $body, $($other => $fallback),+}
+    };
+    (numeric $dt:expr, |$T:ident| $body:expr, else $($other:pat => $fallback:expr),+ $(,)?) => {
+        $crate::with_match_dtype!{@set numeric, match $dt, $T, $body, $($other => $fallback),+}
+    };
+    (integers $dt:expr, |$T:ident| $body:expr, else $($other:pat => $fallback:expr),+ $(,)?) => {
+        $crate::with_match_dtype!{@set integers, match $dt, $T, $body, $($other => $fallback),+}
+    };
+    (arith_and_bool $dt:expr, |$T:ident| $body:expr, else $($other:pat => $fallback:expr),+ $(,)?) => {
+        $crate::with_match_dtype!{@set arith_and_bool, match $dt, $T, $body, $($other => $fallback),+}
+    };
+    (arith $dt:expr, |$T:ident| $body:expr, else $($other:pat => $fallback:expr),+ $(,)?) => {
+        $crate::with_match_dtype!{@set arith, match $dt, $T, $body, $($other => $fallback),+}
+    };
+    (ints $dt:expr, |$T:ident| $body:expr, else $($other:pat => $fallback:expr),+ $(,)?) => {
+        $crate::with_match_dtype!{@set ints, match $dt, $T, $body, $($other => $fallback),+}
+    };
+    (floats $dt:expr, |$T:ident| $body:expr, else $($other:pat => $fallback:expr),+ $(,)?) => {
+        $crate::with_match_dtype!{@set floats, match $dt, $T, $body, $($other => $fallback),+}
+    };
+    ($dt:expr, |$T:ident| $body:expr, else $($other:pat => $fallback:expr),+ $(,)?) => {
+        $crate::with_match_dtype!{@set all, match $dt, $T, $body, $($other => $fallback),+}
+    };
+
+    // The expansions.
+    (@dtypes; $($v:ident $tv:ident $ty:ty),*) => {
+        &[$($crate::tensor::DataType::$v),*]
+    };
+    (@impls $m:ident; $($v:ident $tv:ident $ty:ty),*) => { $m!{$($ty),*} };
+    (@match $dt:expr, $T:ident, $body:expr, $($other:pat => $fallback:expr),+;
+        $($v:ident $tv:ident $ty:ty),*) => {
         match $dt {
-            $($crate::tensor::DataType::$variant => {
+            $($crate::tensor::DataType::$v => {
                 #[allow(dead_code)]
                 type $T = $ty;
                 $body
             })*
-            $other => $fallback,
+            $(#[allow(unreachable_patterns)]
+            $other => $fallback,)+
         }
     };
-    (@each $T:ident, $body:expr; $($ty:ty),*) => {
+    (@tmatch $t:expr, $a:ident, $T:ident, $body:expr, $($other:pat => $fallback:expr),+;
+        $($v:ident $tv:ident $ty:ty),*) => {
+        match $t {
+            $($crate::tensor::Tensor::$tv($a) => {
+                #[allow(dead_code)]
+                type $T = $ty;
+                $body
+            })*
+            $(#[allow(unreachable_patterns)]
+            $other => $fallback,)+
+        }
+    };
+    (@ematch $E:ident, $t:expr, $a:ident, $T:ident, $body:expr, $($other:pat => $fallback:expr),+;
+        $($v:ident $tv:ident $ty:ty),*) => {
+        match $t {
+            $($E::$tv($a) => {
+                #[allow(dead_code)]
+                type $T = $ty;
+                $body
+            })*
+            $(#[allow(unreachable_patterns)]
+            $other => $fallback,)+
+        }
+    };
+    (@wrap $E:ident, $dt:expr, $T:ident, $body:expr, $($other:pat => $fallback:expr),+;
+        $($v:ident $tv:ident $ty:ty),*) => {
+        match $dt {
+            $($crate::tensor::DataType::$v => {
+                #[allow(dead_code)]
+                type $T = $ty;
+                $E::$tv($body)
+            })*
+            $(#[allow(unreachable_patterns)]
+            $other => $fallback,)+
+        }
+    };
+    (@tmatch_all $t:expr, $a:ident, $T:ident, $body:expr;
+        $($v:ident $tv:ident $ty:ty),*) => {
+        match $t {
+            $($crate::tensor::Tensor::$tv($a) => {
+                #[allow(dead_code)]
+                type $T = $ty;
+                $body
+            })*
+        }
+    };
+    (@each $T:ident, $body:expr; $($v:ident $tv:ident $ty:ty),*) => {
         $({
             #[allow(dead_code)]
             type $T = $ty;
@@ -304,23 +409,21 @@ pub fn dtype_list(dtypes: &[DataType]) -> String {
     }
 }
 
+/// "a, b or c": the names of `dtypes` as alternatives ("must be a float32
+/// or float64 tensor").
+pub fn dtype_choice(dtypes: &[DataType]) -> String {
+    let names: Vec<&str> = dtypes.iter().map(|d| d.name()).collect();
+    match names.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+        _ => names.join(""),
+    }
+}
+
 /// Applies one expression to whichever array a tensor holds.
 #[macro_export]
 macro_rules! with_array {
     ($t:expr, $a:ident => $body:expr) => {
-        match $t {
-            $crate::tensor::Tensor::F32($a) => $body,
-            $crate::tensor::Tensor::F64($a) => $body,
-            $crate::tensor::Tensor::I32($a) => $body,
-            $crate::tensor::Tensor::I64($a) => $body,
-            $crate::tensor::Tensor::Bool($a) => $body,
-            $crate::tensor::Tensor::U8($a) => $body,
-            $crate::tensor::Tensor::I8($a) => $body,
-            $crate::tensor::Tensor::I16($a) => $body,
-            $crate::tensor::Tensor::U16($a) => $body,
-            $crate::tensor::Tensor::Str($a) => $body,
-            $crate::tensor::Tensor::F16($a) => $body,
-        }
+        $crate::with_match_dtype!(tensor $t, |$a: _T| $body)
     };
 }
 

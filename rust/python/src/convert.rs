@@ -29,20 +29,16 @@ pub(crate) fn array_to_tensor(
     obj: &Bound<'_, PyAny>,
     name: &str,
 ) -> PyResult<Tensor> {
-    macro_rules! try_dtype {
-        ($t:ty) => {
-            if let Ok(a) = obj.cast::<PyArrayDyn<$t>>() {
-                let ro = a
-                    .try_readonly()
-                    .map_err(|e| feed_error(py, e.to_string(), name))?;
-                let a = ferrocaffe::tensor::copy_array(ro.as_array())
-                    .map_err(|e| to_py_err(py, e.with_blob(name)))?;
-                return Ok(Tensor::from(a));
-            }
-        };
-    }
-    ferrocaffe::with_match_dtype!(each numeric_and_bool, |T| try_dtype!(T));
-    try_dtype!(ferrocaffe::tensor::f16);
+    ferrocaffe::with_match_dtype!(each fixed, |T| {
+        if let Ok(a) = obj.cast::<PyArrayDyn<T>>() {
+            let ro = a
+                .try_readonly()
+                .map_err(|e| feed_error(py, e.to_string(), name))?;
+            let a = ferrocaffe::tensor::copy_array(ro.as_array())
+                .map_err(|e| to_py_err(py, e.with_blob(name)))?;
+            return Ok(Tensor::from(a));
+        }
+    });
     if let Ok(a) = obj.cast::<PyArrayDyn<Py<PyAny>>>() {
         let ro = a
             .try_readonly()
@@ -91,39 +87,35 @@ pub(crate) fn array_to_tensor(
 /// capacity). Only when the blob's lock is free right now: never wait for a
 /// running op while holding the GIL. Returns whether it did.
 pub(crate) fn copy_into_existing(obj: &Bound<'_, PyAny>, blob: &ferrocaffe::blob::Blob) -> bool {
-    macro_rules! try_dtype {
-        ($t:ty) => {
-            if let Ok(a) = obj.cast::<PyArrayDyn<$t>>() {
-                let Ok(ro) = a.try_readonly() else {
+    ferrocaffe::with_match_dtype!(each fixed, |T| {
+        if let Ok(a) = obj.cast::<PyArrayDyn<T>>() {
+            let Ok(ro) = a.try_readonly() else {
+                return false;
+            };
+            let src = ro.as_array();
+            let Some(mut g) = blob.try_write() else {
+                return false;
+            };
+            if let BlobValue::Tensor(t) = &mut *g {
+                // A buffer shared with fetched arrays stays theirs:
+                // feed a new tensor instead (copying the old one on
+                // write would only be overwritten).
+                if !t.is_unique() {
                     return false;
-                };
-                let src = ro.as_array();
-                let Some(mut g) = blob.try_write() else {
-                    return false;
-                };
-                if let BlobValue::Tensor(t) = &mut *g {
-                    // A buffer shared with fetched arrays stays theirs:
-                    // feed a new tensor instead (copying the old one on
-                    // write would only be overwritten).
-                    if !t.is_unique() {
-                        return false;
-                    }
-                    if let Some(dst) = <$t as ferrocaffe::tensor::Element>::view_mut(t) {
-                        if dst.shape() == src.shape() {
-                            match (dst.as_slice_mut(), src.as_slice()) {
-                                (Some(d), Some(s)) => d.copy_from_slice(s),
-                                _ => dst.assign(&src),
-                            }
-                            return true;
+                }
+                if let Some(dst) = <T as ferrocaffe::tensor::Element>::view_mut(t) {
+                    if dst.shape() == src.shape() {
+                        match (dst.as_slice_mut(), src.as_slice()) {
+                            (Some(d), Some(s)) => d.copy_from_slice(s),
+                            _ => dst.assign(&src),
                         }
+                        return true;
                     }
                 }
-                return false;
             }
-        };
-    }
-    ferrocaffe::with_match_dtype!(each numeric_and_bool, |T| try_dtype!(T));
-    try_dtype!(ferrocaffe::tensor::f16);
+            return false;
+        }
+    });
     false
 }
 
@@ -276,41 +268,23 @@ where
 /// numpy holds as bytes objects, are copied into an object array, made
 /// read-only too.
 pub(crate) fn tensor_view_py(py: Python<'_>, t: &Tensor, blob: &str) -> PyResult<Py<PyAny>> {
-    let out = match t {
-        Tensor::Str(_) => tensor_to_py(py, t, blob)?,
-        _ if t.numel() == 0 => tensor_to_py(py, t, blob)?,
-        Tensor::F32(a) => return array_view_py(py, a, t),
-        Tensor::F64(a) => return array_view_py(py, a, t),
-        Tensor::I32(a) => return array_view_py(py, a, t),
-        Tensor::I64(a) => return array_view_py(py, a, t),
-        Tensor::Bool(a) => return array_view_py(py, a, t),
-        Tensor::U8(a) => return array_view_py(py, a, t),
-        Tensor::I8(a) => return array_view_py(py, a, t),
-        Tensor::I16(a) => return array_view_py(py, a, t),
-        Tensor::U16(a) => return array_view_py(py, a, t),
-        Tensor::F16(a) => return array_view_py(py, a, t),
-    };
+    if t.numel() != 0 {
+        ferrocaffe::with_match_dtype!(tensor fixed t, |a: T| return array_view_py(py, a, t),
+            else Tensor::Str(_) => {});
+    }
+    let out = tensor_to_py(py, t, blob)?;
     out.bind(py).call_method1("setflags", (false,)).map(|_| out)
 }
 
 /// A numpy copy of a tensor; `blob` names it in an allocation error.
 pub(crate) fn tensor_to_py(py: Python<'_>, t: &Tensor, blob: &str) -> PyResult<Py<PyAny>> {
-    Ok(match t {
-        Tensor::F32(a) => array_to_py(py, a, blob)?,
-        Tensor::F64(a) => array_to_py(py, a, blob)?,
-        Tensor::I32(a) => array_to_py(py, a, blob)?,
-        Tensor::I64(a) => array_to_py(py, a, blob)?,
-        Tensor::Bool(a) => array_to_py(py, a, blob)?,
-        Tensor::U8(a) => array_to_py(py, a, blob)?,
-        Tensor::I8(a) => array_to_py(py, a, blob)?,
-        Tensor::I16(a) => array_to_py(py, a, blob)?,
-        Tensor::U16(a) => array_to_py(py, a, blob)?,
-        Tensor::F16(a) => array_to_py(py, a, blob)?,
-        Tensor::Str(a) => {
+    Ok(
+        ferrocaffe::with_match_dtype!(tensor fixed t, |a: T| array_to_py(py, a, blob)?,
+        else Tensor::Str(a) => {
             let objs = a.map(|b| PyBytes::new(py, b).into_any().unbind());
             PyArrayDyn::from_owned_array(py, objs).into_any().unbind()
-        }
-    })
+        }),
+    )
 }
 
 /// A blob's value for Python: a copy (`copy`), or for a tensor a read-only

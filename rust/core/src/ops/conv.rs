@@ -23,7 +23,6 @@ use super::nn::{array, dense, input, real_dtype, Real};
 use crate::arg;
 use crate::error::{Error, Result};
 use crate::operator::{ArgDoc, Locked, OpDefCtx, OpSchema, Operator};
-use crate::tensor::DataType;
 use rayon::prelude::*;
 
 // ---------------------------------------------------------------- floats --
@@ -185,10 +184,8 @@ fn pgemm<T: Float>(
 /// Runs `$f::<T>(args)` for the float type of input `$i`.
 macro_rules! by_float {
     ($l:expr, $op:expr, $i:expr, $f:ident ( $($a:expr),* )) => {
-        match real_dtype($l, $op, $i)? {
-            DataType::Float => $f::<f32>($($a),*),
-            _ => $f::<f64>($($a),*),
-        }
+        crate::with_match_dtype!(floats real_dtype($l, $op, $i)?, |T| $f::<T>($($a),*),
+            else other => Err(crate::tensor::unsupported_dtype(other)))
     };
 }
 pub(crate) use by_float;

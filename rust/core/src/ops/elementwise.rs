@@ -69,27 +69,11 @@ const STREAM_BLOCK: usize = 1024;
 /// Largest element count of a result (keeps byte sizes far below isize::MAX).
 const MAX_NUMEL: usize = (isize::MAX as usize) / 16;
 
-const ARITH_TYPES: &[DataType] = &[
-    DataType::Int32,
-    DataType::Int64,
-    DataType::Float,
-    DataType::Double,
-];
-const CMP_TYPES: &[DataType] = &[
-    DataType::Bool,
-    DataType::Int32,
-    DataType::Int64,
-    DataType::Float,
-    DataType::Double,
-];
+const ARITH_TYPES: &[DataType] = DataType::ARITH;
+const CMP_TYPES: &[DataType] = DataType::ARITH_AND_BOOL;
 const BOOL_TYPES: &[DataType] = &[DataType::Bool];
-const SUM_TYPES: &[DataType] = &[
-    DataType::Float,
-    DataType::Double,
-    DataType::Int32,
-    DataType::Int64,
-];
-const SCALE_TYPES: &[DataType] = &[DataType::Float, DataType::Double];
+const SUM_TYPES: &[DataType] = DataType::ARITH;
+const SCALE_TYPES: &[DataType] = DataType::FLOATS;
 
 const BCAST_ARGS: &[ArgDoc] = &[
     arg!(
@@ -289,8 +273,8 @@ macro_rules! num_float {
     )*};
 }
 
-num_int!(i32, i64);
-num_float!(f32, f64);
+crate::with_match_dtype!(impl ints, num_int);
+crate::with_match_dtype!(impl floats, num_float);
 
 /// Conversions for Cast, with Rust `as` semantics (see the module docs).
 trait Prim: Element + Copy {
@@ -335,7 +319,7 @@ macro_rules! prim_num {
     )*};
 }
 
-prim_num!(f32, f64, i32, i64, u8, i8, i16, u16);
+crate::with_match_dtype!(impl numeric, prim_num);
 
 /// float16 converts through float32 (exact), then as float32 does.
 impl Prim for f16 {
@@ -1324,12 +1308,9 @@ fn build_arith(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         "Div" => (Arith::Div, "Div"),
         other => return Err(ctx.bad_arg(format!("'{other}' is not an arithmetic op"))),
     };
-    binary_kernel(ctx, name, ARITH_TYPES, move |l, p| match p.dtype {
-        DataType::Float => arith_t::<f32>(l, p, op),
-        DataType::Double => arith_t::<f64>(l, p, op),
-        DataType::Int32 => arith_t::<i32>(l, p, op),
-        DataType::Int64 => arith_t::<i64>(l, p, op),
-        other => Err(unsupported(name, other, ARITH_TYPES)),
+    binary_kernel(ctx, name, ARITH_TYPES, move |l, p| {
+        crate::with_match_dtype!(arith p.dtype, |T| arith_t::<T>(l, p, op),
+            else other => Err(unsupported(name, other, ARITH_TYPES)))
     })
 }
 
@@ -1366,13 +1347,9 @@ fn build_cmp(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         "GE" => (Cmp::Ge, "GE"),
         other => return Err(ctx.bad_arg(format!("'{other}' is not a comparison op"))),
     };
-    binary_kernel(ctx, name, CMP_TYPES, move |l, p| match p.dtype {
-        DataType::Bool => cmp_t::<bool>(l, p, op),
-        DataType::Int32 => cmp_t::<i32>(l, p, op),
-        DataType::Int64 => cmp_t::<i64>(l, p, op),
-        DataType::Float => cmp_t::<f32>(l, p, op),
-        DataType::Double => cmp_t::<f64>(l, p, op),
-        other => Err(unsupported(name, other, CMP_TYPES)),
+    binary_kernel(ctx, name, CMP_TYPES, move |l, p| {
+        crate::with_match_dtype!(arith_and_bool p.dtype, |T| cmp_t::<T>(l, p, op),
+            else other => Err(unsupported(name, other, CMP_TYPES)))
     })
 }
 
@@ -1460,13 +1437,8 @@ fn sum(l: &mut Locked<'_>, n: usize) -> Result<()> {
             .with_blob(ni));
         }
     }
-    match dtype {
-        DataType::Float => sum_t::<f32>(l, n),
-        DataType::Double => sum_t::<f64>(l, n),
-        DataType::Int32 => sum_t::<i32>(l, n),
-        DataType::Int64 => sum_t::<i64>(l, n),
-        other => Err(unsupported("Sum", other, SUM_TYPES)),
-    }
+    crate::with_match_dtype!(arith dtype, |T| sum_t::<T>(l, n),
+        else other => Err(unsupported("Sum", other, SUM_TYPES)))
 }
 
 fn build_sum(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
@@ -1725,14 +1697,10 @@ fn build_scale(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let s = ctx.args.f32("scale", 1.0)?;
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
-        match unary_dtype(&l, "Scale", SCALE_TYPES)? {
-            DataType::Float => unary_same::<f32, _>(&mut l, move |x| x * s),
-            DataType::Double => {
-                let s = f64::from(s);
-                unary_same::<f64, _>(&mut l, move |x| x * s)
-            }
-            other => Err(unsupported("Scale", other, SCALE_TYPES)),
-        }?;
+        crate::with_match_dtype!(floats unary_dtype(&l, "Scale", SCALE_TYPES)?, |T| {
+            let s = T::from(s);
+            unary_same::<T, _>(&mut l, move |x| x * s)
+        }, else other => Err(unsupported("Scale", other, SCALE_TYPES)))?;
         Ok(true)
     }))
 }
@@ -1758,24 +1726,14 @@ fn build_scale_blobs(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             let t = l.tensor(i)?;
             let name = l.input_name(i);
             // Copies allocated fallibly, then scaled in place.
-            let y = match t {
-                Tensor::F32(a) => {
-                    let mut y = copy_array(a.view()).map_err(|e| e.with_blob(name))?;
-                    y.mapv_inplace(|x| x * s);
-                    Tensor::from(y)
-                }
-                Tensor::F64(a) => {
-                    let s = f64::from(s);
-                    let mut y = copy_array(a.view()).map_err(|e| e.with_blob(name))?;
-                    y.mapv_inplace(|x| x * s);
-                    Tensor::from(y)
-                }
-                other => {
-                    return Err(
-                        unsupported("ScaleBlobs", other.dtype(), SCALE_TYPES).with_blob(name)
-                    )
-                }
-            };
+            let y = crate::with_match_dtype!(tensor floats t, |a: T| {
+                let s = T::from(s);
+                let mut y = copy_array(a.view()).map_err(|e| e.with_blob(name))?;
+                y.mapv_inplace(|x| x * s);
+                Tensor::from(y)
+            }, else other => {
+                return Err(unsupported("ScaleBlobs", other.dtype(), SCALE_TYPES).with_blob(name))
+            });
             outs.push(y);
         }
         for (j, y) in outs.into_iter().enumerate() {

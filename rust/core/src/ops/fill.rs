@@ -429,77 +429,51 @@ pub(super) fn make_rng(ctx: &OpDefCtx<'_>) -> StdRng {
 
 // ----------------------------------------------------------- ConstantFill --
 
-/// A ConstantFill value of the op's dtype.
+/// A ConstantFill value of the op's dtype: a tensor of one element.
 #[derive(Clone, Debug, PartialEq)]
-enum Value {
-    F32(f32),
-    F64(f64),
-    Bool(bool),
-    I8(i8),
-    I16(i16),
-    I32(i32),
-    I64(i64),
-    U8(u8),
-    U16(u16),
-    Str(Vec<u8>),
-}
+struct Value(Tensor);
 
 impl Value {
     /// Reads `value` with the field rule of `dtype` (float types need `f`,
     /// integer and bool types need `i`, strings need `s`).
     fn from_args(args: &Args<'_>, dtype: DataType) -> Result<Value> {
-        Ok(match dtype {
-            DataType::Float => Value::F32(args.f32("value", 0.0)?),
-            DataType::Double => Value::F64(f64::from(args.f32("value", 0.0)?)),
-            DataType::Bool => Value::Bool(args.bool("value", false)?),
-            DataType::Int8 => Value::I8(args.int("value", 0)?),
-            DataType::Int16 => Value::I16(args.int("value", 0)?),
-            DataType::Int32 => Value::I32(args.int("value", 0)?),
-            DataType::Int64 => Value::I64(args.int("value", 0)?),
-            DataType::Uint8 => Value::U8(args.int("value", 0)?),
-            DataType::Uint16 => Value::U16(args.int("value", 0)?),
-            DataType::String => Value::Str(args.bytes_opt("value")?.unwrap_or_default()),
+        let v = crate::with_match_dtype!(integers dtype,
+        |T| Tensor::scalar::<T>(args.int("value", 0)?),
+        else other => match other {
+            DataType::Float => Tensor::scalar(args.f32("value", 0.0)?),
+            DataType::Double => Tensor::scalar(f64::from(args.f32("value", 0.0)?)),
+            DataType::Bool => Tensor::scalar(args.bool("value", false)?),
+            DataType::String => Tensor::scalar(args.bytes_opt("value")?.unwrap_or_default()),
             other => {
                 return Err(Error::invalid_arg(format!(
                     "ConstantFill does not support dtype {other}"
                 )))
             }
-        })
+        });
+        Ok(Value(v))
     }
 
     /// The single element of a value tensor, which must have the same dtype.
     fn overridden_by(&self, t: &Tensor) -> Result<Value> {
-        Ok(match self {
-            Value::F32(_) => Value::F32(t.scalar_value()?),
-            Value::F64(_) => Value::F64(t.scalar_value()?),
-            Value::Bool(_) => Value::Bool(t.scalar_value()?),
-            Value::I8(_) => Value::I8(t.scalar_value()?),
-            Value::I16(_) => Value::I16(t.scalar_value()?),
-            Value::I32(_) => Value::I32(t.scalar_value()?),
-            Value::I64(_) => Value::I64(t.scalar_value()?),
-            Value::U8(_) => Value::U8(t.scalar_value()?),
-            Value::U16(_) => Value::U16(t.scalar_value()?),
-            Value::Str(_) => {
-                return Err(Error::invalid_arg(
-                    "ConstantFill cannot take a string value from a tensor input",
-                ))
-            }
-        })
+        crate::with_match_dtype!(tensor numeric_and_bool &self.0,
+        |_a: T| Ok(Value(Tensor::scalar(t.scalar_value::<T>()?))),
+        else _strings => Err(Error::invalid_arg(
+            "ConstantFill cannot take a string value from a tensor input",
+        )))
+    }
+
+    /// A value of the same dtype holding its zero (`None` for strings).
+    fn zero(&self) -> Option<Value> {
+        crate::with_match_dtype!(tensor numeric_and_bool &self.0,
+            |_a: T| Some(Value(Tensor::scalar(T::default()))),
+            else _strings => None)
     }
 
     fn fill(self, shape: &[usize]) -> Result<Tensor> {
-        match self {
-            Value::F32(v) => filled(shape, v),
-            Value::F64(v) => filled(shape, v),
-            Value::Bool(v) => filled(shape, v),
-            Value::I8(v) => filled(shape, v),
-            Value::I16(v) => filled(shape, v),
-            Value::I32(v) => filled(shape, v),
-            Value::I64(v) => filled(shape, v),
-            Value::U8(v) => filled(shape, v),
-            Value::U16(v) => filled(shape, v),
-            Value::Str(v) => filled(shape, v),
-        }
+        crate::with_match_dtype!(tensor & self.0, |_a: T| filled(
+            shape,
+            self.0.scalar_value::<T>()?
+        ))
     }
 }
 
@@ -835,19 +809,8 @@ fn diagonal_fill(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             (0..shape.len()).fold(0usize, |acc, _| acc * shape[0] + 1)
         };
         let v = value.clone().map_err(|e| e.with_blob(&out))?;
-        let zero = match &v {
-            Value::F32(_) => Value::F32(0.0),
-            Value::F64(_) => Value::F64(0.0),
-            Value::Bool(_) => Value::Bool(false),
-            Value::I8(_) => Value::I8(0),
-            Value::I16(_) => Value::I16(0),
-            Value::I32(_) => Value::I32(0),
-            Value::I64(_) => Value::I64(0),
-            Value::U8(_) => Value::U8(0),
-            Value::U16(_) => Value::U16(0),
-            Value::Str(_) => {
-                return Err(Error::type_error("DiagonalFill cannot fill strings").with_blob(&out))
-            }
+        let Some(zero) = v.zero() else {
+            return Err(Error::type_error("DiagonalFill cannot fill strings").with_blob(&out));
         };
         let mut t = zero.fill(&shape).map_err(|e| e.with_blob(&out))?;
         let diag = v.fill(&[n]).map_err(|e| e.with_blob(&out))?;

@@ -147,7 +147,10 @@ fn matmul<T: Real>(ta: bool, tb: bool, m: usize, k: usize, n: usize, a: &[T], b:
 
 // ------------------------------------------------------------- helpers --
 
-const REAL_TYPES: &str = "float32 or float64";
+/// "float32 or float64", for type errors (the set `floats`).
+fn real_types() -> String {
+    crate::tensor::dtype_choice(DataType::FLOATS)
+}
 
 /// Input `i` as an array of `T`, or a type error naming the op and blob.
 pub(crate) fn input<'l, T: Real>(l: &'l Locked<'_>, op: &str, i: usize) -> Result<&'l ArrayD<T>> {
@@ -180,11 +183,12 @@ fn labels<'l>(l: &'l Locked<'_>, op: &str, i: usize) -> Result<&'l ArrayD<i32>> 
 pub(crate) fn real_dtype(l: &Locked<'_>, op: &str, i: usize) -> Result<DataType> {
     let t = l.tensor(i)?;
     match t.dtype() {
-        d @ (DataType::Float | DataType::Double) => Ok(d),
+        d if DataType::FLOATS.contains(&d) => Ok(d),
         other => {
             let name = l.input_name(i);
             Err(Error::type_error(format!(
-                "{op}: input {i} ('{name}') must be a {REAL_TYPES} tensor, got {other}"
+                "{op}: input {i} ('{name}') must be a {} tensor, got {other}",
+                real_types()
             ))
             .with_blob(name))
         }
@@ -196,10 +200,8 @@ pub(crate) fn real_dtype(l: &Locked<'_>, op: &str, i: usize) -> Result<DataType>
 /// too).
 macro_rules! by_real {
     ($l:expr, $op:expr, $i:expr, $f:ident ( $($a:expr),* )) => {
-        match real_dtype($l, $op, $i)? {
-            DataType::Float => $f::<f32>($($a),*),
-            _ => $f::<f64>($($a),*),
-        }
+        crate::with_match_dtype!(floats real_dtype($l, $op, $i)?, |T| $f::<T>($($a),*),
+            else other => Err(crate::tensor::unsupported_dtype(other)))
     };
 }
 pub(crate) use by_real;
@@ -221,24 +223,23 @@ pub(crate) fn array<T: Real>(shape: &[usize], v: Vec<T>) -> Result<ArrayD<T>> {
 fn loss_grad(l: &Locked<'_>, op: &str, i: usize) -> Result<f64> {
     let t = l.tensor(i)?;
     let name = l.input_name(i);
-    let v = match t {
-        Tensor::F32(a) if a.len() == 1 => a.iter().next().map(|&v| f64::from(v)),
-        Tensor::F64(a) if a.len() == 1 => a.iter().next().copied(),
-        Tensor::F32(_) | Tensor::F64(_) => {
+    let v = crate::with_match_dtype!(tensor floats t, |a: T| {
+        if a.len() != 1 {
             return Err(Error::shape(format!(
                 "{op}: the loss gradient ('{name}', shape {:?}) must have one element",
                 t.shape()
             ))
-            .with_blob(name))
+            .with_blob(name));
         }
-        _ => {
-            return Err(Error::type_error(format!(
-                "{op}: the loss gradient ('{name}') must be a {REAL_TYPES} tensor, got {}",
-                t.dtype()
-            ))
-            .with_blob(name))
-        }
-    };
+        a.iter().next().map(|&v| f64::from(v))
+    }, else _ => {
+        return Err(Error::type_error(format!(
+            "{op}: the loss gradient ('{name}') must be a {} tensor, got {}",
+            real_types(),
+            t.dtype()
+        ))
+        .with_blob(name))
+    });
     Ok(v.unwrap_or(0.0))
 }
 
@@ -803,17 +804,14 @@ fn build_leaky_relu(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let op = ctx.op_type().to_string();
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
-        let a64 = f64::from(alpha);
-        match (real_dtype(&l, &op, 0)?, grad) {
-            (DataType::Float, false) => {
-                map_t::<f32>(&mut l, |x| if x > 0.0 { x } else { alpha * x })
+        crate::with_match_dtype!(floats real_dtype(&l, &op, 0)?, |T| {
+            let (a, zero) = (T::of(f64::from(alpha)), T::of(0.0));
+            if grad {
+                grad_map_t::<T>(&mut l, &op, |y, d| if y > zero { d } else { a * d })
+            } else {
+                map_t::<T>(&mut l, |x| if x > zero { x } else { a * x })
             }
-            (_, false) => map_t::<f64>(&mut l, |x| if x > 0.0 { x } else { a64 * x }),
-            (DataType::Float, true) => {
-                grad_map_t::<f32>(&mut l, &op, |y, d| if y > 0.0 { d } else { alpha * d })
-            }
-            (_, true) => grad_map_t::<f64>(&mut l, &op, |y, d| if y > 0.0 { d } else { a64 * d }),
-        }?;
+        }, else other => Err(crate::tensor::unsupported_dtype(other)))?;
         Ok(true)
     }))
 }
@@ -2174,10 +2172,7 @@ fn build_pow(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     }
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
-        match real_dtype(&l, "Pow", 0)? {
-            DataType::Float => pow_t::<f32>(&mut l, exponent),
-            _ => pow_t::<f64>(&mut l, exponent),
-        }?;
+        by_real!(&l, "Pow", 0, pow_t(&mut l, exponent))?;
         Ok(true)
     }))
 }
@@ -2260,10 +2255,7 @@ fn build_pow_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     }
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
-        match real_dtype(&l, "PowGradient", 0)? {
-            DataType::Float => pow_grad_t::<f32>(&mut l, exponent, ni, no),
-            _ => pow_grad_t::<f64>(&mut l, exponent, ni, no),
-        }?;
+        by_real!(&l, "PowGradient", 0, pow_grad_t(&mut l, exponent, ni, no))?;
         Ok(true)
     }))
 }
@@ -2283,29 +2275,18 @@ fn build_clip(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let (lo, hi) = clip_bounds(ctx)?;
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
-        match real_dtype(&l, "Clip", 0)? {
-            DataType::Float => {
-                let (a, b) = (lo as f32, hi as f32);
-                map_t::<f32>(&mut l, |x| {
-                    if x < a {
-                        a
-                    } else if x > b {
-                        b
-                    } else {
-                        x
-                    }
-                })
-            }
-            _ => map_t::<f64>(&mut l, |x| {
-                if x < lo {
-                    lo
-                } else if x > hi {
-                    hi
+        crate::with_match_dtype!(floats real_dtype(&l, "Clip", 0)?, |T| {
+            let (a, b) = (T::of(lo), T::of(hi));
+            map_t::<T>(&mut l, |x| {
+                if x < a {
+                    a
+                } else if x > b {
+                    b
                 } else {
                     x
                 }
-            }),
-        }?;
+            })
+        }, else other => Err(crate::tensor::unsupported_dtype(other)))?;
         Ok(true)
     }))
 }
@@ -2315,13 +2296,10 @@ fn build_clip_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     const OP: &str = "ClipGradient";
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
-        match real_dtype(&l, OP, 0)? {
-            DataType::Float => {
-                let (a, b) = (lo as f32, hi as f32);
-                grad_map_t::<f32>(&mut l, OP, |y, d| if y > a && y < b { d } else { 0.0 })
-            }
-            _ => grad_map_t::<f64>(&mut l, OP, |y, d| if y > lo && y < hi { d } else { 0.0 }),
-        }?;
+        crate::with_match_dtype!(floats real_dtype(&l, OP, 0)?, |T| {
+            let (a, b, zero) = (T::of(lo), T::of(hi), T::of(0.0));
+            grad_map_t::<T>(&mut l, OP, |y, d| if y > a && y < b { d } else { zero })
+        }, else other => Err(crate::tensor::unsupported_dtype(other)))?;
         Ok(true)
     }))
 }

@@ -14,7 +14,6 @@ use super::nn::{array, dense, input, real_dtype};
 use crate::arg;
 use crate::error::{Error, Result};
 use crate::operator::{ArgDoc, InPlace, Locked, OpDefCtx, OpSchema, Operator};
-use crate::tensor::DataType;
 
 /// (N, C, pixels per image) of a tensor with channels at `order`'s place.
 fn channels(op: &str, l: &Locked<'_>, order: Order) -> Result<(usize, usize, usize)> {

@@ -18,7 +18,6 @@ use super::kernel;
 use super::nn::{array, dense, input, real_dtype};
 use crate::error::{Error, Result};
 use crate::operator::{Locked, OpDefCtx, OpSchema, Operator};
-use crate::tensor::DataType;
 
 struct PoolArgs {
     win: Window,

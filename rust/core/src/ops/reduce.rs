@@ -218,8 +218,10 @@ fn shape_input(l: &Locked<'_>, op: &str, i: usize) -> Result<Vec<i64>> {
     let t = l.tensor(i)?;
     let name = l.input_name(i);
     let v: Vec<i64> = match t {
-        Tensor::I64(a) if a.ndim() == 1 => a.iter().copied().collect(),
-        Tensor::I32(a) if a.ndim() == 1 => a.iter().map(|&v| i64::from(v)).collect(),
+        t if t.ndim() == 1 && DataType::INTS.contains(&t.dtype()) => {
+            crate::with_match_dtype!(tensor ints t, |a: T| a.iter().map(|&v| i64::from(v)).collect(),
+                else _ => Vec::new())
+        }
         _ => {
             return Err(Error::type_error(format!(
                 "{op}: the new shape ('{name}') must be a 1-D int32 or int64 tensor, got {} of shape {:?}",
@@ -435,48 +437,68 @@ fn build_reduce(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         let mut l = cx.lock();
         // ReduceSum also sums int32 and int64 tensors (wrapping), as Caffe2's.
         let dt = l.tensor(0)?.dtype();
-        match (op.as_str(), dt) {
-            ("ReduceSum", DataType::Int32) => reduce_sum_int!(l, i32, &axes, keep),
-            ("ReduceSum", DataType::Int64) => reduce_sum_int!(l, i64, &axes, keep),
-            _ => by_real!(&l, &op, 0, reduce_t(&mut l, &op, &axes, keep))?,
+        if op == "ReduceSum" {
+            crate::with_match_dtype!(ints dt, |T| reduce_sum_int::<T>(&mut l, &axes, keep)?,
+                else _other => by_real!(&l, &op, 0, reduce_t(&mut l, &op, &axes, keep))?)
+        } else {
+            by_real!(&l, &op, 0, reduce_t(&mut l, &op, &axes, keep))?
         }
         Ok(true)
     }))
 }
 
-/// ReduceSum of an integer tensor: `$l`'s input 0 as `$t`, summed with
-/// wrapping over the reduced dims.
-macro_rules! reduce_sum_int {
-    ($l:ident, $t:ty, $axes:expr, $keep:expr) => {{
-        let x =
-            <$t as Element>::view($l.tensor(0)?).ok_or_else(|| Error::internal("dtype checked"))?;
-        let red = reduce_axes("ReduceSum", $axes, x.ndim(), $l.input_name(0))?;
-        let shape = x.shape().to_vec();
-        let mut y = x.clone();
-        for ax in (0..shape.len()).rev() {
-            if red[ax] {
-                y = y
-                    .fold_axis(ndarray::Axis(ax), 0, |&s: &$t, &v: &$t| s.wrapping_add(v))
-                    .insert_axis(ndarray::Axis(ax));
+/// Integer types ReduceSum sums with wrapping, as Caffe2's C++ did.
+trait WrappingSum: Element + Copy {
+    fn wrapping_plus(self, o: Self) -> Self;
+}
+
+macro_rules! wrapping_sum {
+    ($($t:ty),*) => {$(
+        impl WrappingSum for $t {
+            fn wrapping_plus(self, o: Self) -> Self {
+                self.wrapping_add(o)
             }
         }
-        let out_shape: Vec<usize> = if $keep {
-            kept_shape(&shape, &red)
-        } else {
-            shape
-                .iter()
-                .zip(&red)
-                .filter(|(_, &r)| !r)
-                .map(|(&d, _)| d)
-                .collect()
-        };
-        let v: Vec<$t> = y.iter().copied().collect();
-        let a = ArrayD::from_shape_vec(IxDyn(&out_shape), v)
-            .map_err(|e| Error::internal(e.to_string()))?;
-        $l.set_output(0, <$t as Element>::wrap(a));
-    }};
+    )*};
 }
-use reduce_sum_int;
+crate::with_match_dtype!(impl ints, wrapping_sum);
+
+/// ReduceSum of an integer tensor: input 0 summed with wrapping over the
+/// reduced dims.
+fn reduce_sum_int<T: WrappingSum>(
+    l: &mut Locked<'_>,
+    axes: &Option<Vec<i64>>,
+    keep: bool,
+) -> Result<()> {
+    let x = T::view(l.tensor(0)?).ok_or_else(|| Error::internal("dtype checked"))?;
+    let red = reduce_axes("ReduceSum", axes, x.ndim(), l.input_name(0))?;
+    let shape = x.shape().to_vec();
+    let mut y = x.clone();
+    for ax in (0..shape.len()).rev() {
+        if red[ax] {
+            y = y
+                .fold_axis(ndarray::Axis(ax), T::default(), |&s: &T, &v: &T| {
+                    s.wrapping_plus(v)
+                })
+                .insert_axis(ndarray::Axis(ax));
+        }
+    }
+    let out_shape: Vec<usize> = if keep {
+        kept_shape(&shape, &red)
+    } else {
+        shape
+            .iter()
+            .zip(&red)
+            .filter(|(_, &r)| !r)
+            .map(|(&d, _)| d)
+            .collect()
+    };
+    let v: Vec<T> = y.iter().copied().collect();
+    let a =
+        ArrayD::from_shape_vec(IxDyn(&out_shape), v).map_err(|e| Error::internal(e.to_string()))?;
+    l.set_output(0, T::wrap(a));
+    Ok(())
+}
 
 /// dX (of `x_shape`) = dY (whose elements are those of the kept shape)
 /// broadcast over the reduced dims, times `scale`.
@@ -614,8 +636,10 @@ fn fb_lengths(
     let t = l.tensor(i)?;
     let name = l.input_name(i);
     let v: Vec<i64> = match t {
-        Tensor::I32(a) if a.ndim() == 1 => a.iter().map(|&v| i64::from(v)).collect(),
-        Tensor::I64(a) if a.ndim() == 1 => a.iter().copied().collect(),
+        t if t.ndim() == 1 && DataType::INTS.contains(&t.dtype()) => {
+            crate::with_match_dtype!(tensor ints t, |a: T| a.iter().map(|&v| i64::from(v)).collect(),
+                else _ => Vec::new())
+        }
         _ => {
             return Err(Error::type_error(format!(
                 "{op}: the lengths ('{name}') must be a 1-D int32 tensor, got {} of shape {:?}",

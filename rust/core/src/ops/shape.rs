@@ -180,7 +180,7 @@ macro_rules! range_int {
         }
     )*};
 }
-range_int!(i32, i64);
+crate::with_match_dtype!(impl ints, range_int);
 
 macro_rules! range_float {
     ($($t:ty),*) => {$(
@@ -197,7 +197,7 @@ macro_rules! range_float {
         }
     )*};
 }
-range_float!(f32, f64);
+crate::with_match_dtype!(impl floats, range_float);
 
 fn range_of<T: RangeElem>(l: &crate::operator::Locked<'_>, n: usize) -> Result<Tensor> {
     let mut v = Vec::with_capacity(n);
@@ -242,18 +242,13 @@ fn range(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
         let dt = l.tensor(0)?.dtype();
-        let t = match dt {
-            DataType::Int32 => range_of::<i32>(&l, n)?,
-            DataType::Int64 => range_of::<i64>(&l, n)?,
-            DataType::Float => range_of::<f32>(&l, n)?,
-            DataType::Double => range_of::<f64>(&l, n)?,
-            other => {
-                return Err(Error::type_error(format!(
-                    "Range supports int32, int64, float32 and float64, got {other}"
-                ))
-                .with_blob(l.input_name(0)))
-            }
-        };
+        let t = crate::with_match_dtype!(arith dt, |T| range_of::<T>(&l, n)?, else other => {
+            return Err(Error::type_error(format!(
+                "Range supports {}, got {other}",
+                crate::tensor::dtype_list(DataType::ARITH)
+            ))
+            .with_blob(l.input_name(0)));
+        });
         l.set_output(0, t);
         Ok(true)
     }))
@@ -312,14 +307,12 @@ fn index_input(l: &crate::operator::Locked<'_>, i: usize) -> Result<Vec<i64>> {
         ))
         .with_blob(name));
     }
-    match t.dtype() {
-        DataType::Int32 => Ok(t.array::<i32>()?.iter().map(|&v| v as i64).collect()),
-        DataType::Int64 => Ok(t.array::<i64>()?.iter().copied().collect()),
-        other => Err(Error::type_error(format!(
-            "starts and ends must be int32 or int64, got {other}"
+    crate::with_match_dtype!(ints t.dtype(), |T| Ok(t.array::<T>()?.iter().map(|&v| i64::from(v)).collect()),
+        else other => Err(Error::type_error(format!(
+            "starts and ends must be {}, got {other}",
+            crate::tensor::dtype_choice(DataType::INTS)
         ))
-        .with_blob(name)),
-    }
+        .with_blob(name)))
 }
 
 fn slice_of<T: Element>(t: &Tensor, ranges: &[(usize, usize)]) -> Result<Tensor> {

@@ -151,21 +151,16 @@ pub fn schemas() -> Vec<OpSchema> {
 /// Input `i` as int64 indices (int32 or int64 tensors).
 pub(crate) fn indices(l: &Locked<'_>, op: &str, i: usize) -> Result<(Vec<i64>, Vec<usize>)> {
     let t = l.tensor(i)?;
-    match t {
-        Tensor::I64(a) => Ok((a.iter().copied().collect(), a.shape().to_vec())),
-        Tensor::I32(a) => Ok((
-            a.iter().map(|&v| i64::from(v)).collect(),
-            a.shape().to_vec(),
-        )),
-        _ => {
-            let name = l.input_name(i);
-            Err(Error::type_error(format!(
-                "{op}: the indices ('{name}') must be an int32 or int64 tensor, got {}",
-                t.dtype()
-            ))
-            .with_blob(name))
-        }
-    }
+    crate::with_match_dtype!(tensor ints t,
+    |a: T| Ok((a.iter().map(|&v| i64::from(v)).collect(), a.shape().to_vec())),
+    else _ => {
+        let name = l.input_name(i);
+        Err(Error::type_error(format!(
+            "{op}: the indices ('{name}') must be an int32 or int64 tensor, got {}",
+            t.dtype()
+        ))
+        .with_blob(name))
+    })
 }
 
 /// Checks each index against `n` rows (negatives from the end if `wrap`).
@@ -447,8 +442,10 @@ fn lengths(l: &Locked<'_>, op: &str, i: usize, total: Option<usize>) -> Result<V
     let t = l.tensor(i)?;
     let name = l.input_name(i);
     let v: Vec<i64> = match t {
-        Tensor::I32(a) if a.ndim() == 1 => a.iter().map(|&v| i64::from(v)).collect(),
-        Tensor::I64(a) if a.ndim() == 1 => a.iter().copied().collect(),
+        t if t.ndim() == 1 && DataType::INTS.contains(&t.dtype()) => {
+            crate::with_match_dtype!(tensor ints t, |a: T| a.iter().map(|&v| i64::from(v)).collect(),
+                else _ => Vec::new())
+        }
         _ => {
             return Err(Error::type_error(format!(
                 "{op}: LENGTHS ('{name}') must be a 1-D int32 tensor, got {} of shape {:?}",

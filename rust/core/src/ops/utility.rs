@@ -240,6 +240,58 @@ fn fmt_g(v: f64) -> String {
     }
 }
 
+/// The dtypes Print writes (Caffe2's Print took no int8, int16 or uint16).
+const PRINTED: &[DataType] = &[
+    DataType::Float,
+    DataType::Double,
+    DataType::Int32,
+    DataType::Int64,
+    DataType::Bool,
+    DataType::Uint8,
+    DataType::String,
+    DataType::Float16,
+];
+
+/// How Print writes one element.
+trait Printed {
+    fn printed(&self) -> String;
+}
+
+macro_rules! printed_float {
+    ($($t:ty),*) => {$(
+        impl Printed for $t {
+            fn printed(&self) -> String {
+                fmt_g(f64::from(*self))
+            }
+        }
+    )*};
+}
+crate::with_match_dtype!(impl floats, printed_float);
+printed_float!(crate::tensor::f16);
+
+macro_rules! printed_int {
+    ($($t:ty),*) => {$(
+        impl Printed for $t {
+            fn printed(&self) -> String {
+                self.to_string()
+            }
+        }
+    )*};
+}
+crate::with_match_dtype!(impl integers, printed_int);
+
+impl Printed for bool {
+    fn printed(&self) -> String {
+        if *self { "1" } else { "0" }.to_string()
+    }
+}
+
+impl Printed for Vec<u8> {
+    fn printed(&self) -> String {
+        String::from_utf8_lossy(self).into_owned()
+    }
+}
+
 /// The meta prefix: `Tensor <name> of type <dtype>. Dims: (d0,d1,): `.
 fn print_meta(name: &str, t: &Tensor) -> String {
     let dims: String = t.shape().iter().map(|d| format!("{d},")).collect();
@@ -255,23 +307,16 @@ fn print_line(name: &str, t: &Tensor, limit: usize) -> Result<String> {
     fn join<T>(a: &ndarray::ArrayD<T>, limit: usize, f: impl Fn(&T) -> String) -> String {
         a.iter().take(limit).map(f).collect::<Vec<_>>().join(",")
     }
-    let values = match t {
-        Tensor::F32(a) => join(a, limit, |v| fmt_g(f64::from(*v))),
-        Tensor::F64(a) => join(a, limit, |v| fmt_g(*v)),
-        Tensor::I32(a) => join(a, limit, |v| v.to_string()),
-        Tensor::I64(a) => join(a, limit, |v| v.to_string()),
-        Tensor::Bool(a) => join(a, limit, |v| if *v { "1" } else { "0" }.to_string()),
-        Tensor::U8(a) => join(a, limit, |v| v.to_string()),
-        Tensor::Str(a) => join(a, limit, |v| String::from_utf8_lossy(v).into_owned()),
-        Tensor::F16(a) => join(a, limit, |v| fmt_g(f64::from(*v))),
-        Tensor::I8(_) | Tensor::I16(_) | Tensor::U16(_) => {
+    let values = crate::with_match_dtype!(tensor t, |a: T| {
+        if !PRINTED.contains(&T::DTYPE) {
             return Err(Error::type_error(format!(
                 "Print does not support tensors of dtype {}",
                 t.dtype()
             ))
-            .with_blob(name))
+            .with_blob(name));
         }
-    };
+        join(a, limit, Printed::printed)
+    });
     s.push_str(&values);
     Ok(s)
 }
@@ -701,27 +746,20 @@ fn scatter_assign(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
                     .with_blob(&iname)
                 })
             };
-            let rows = match indices {
-                Tensor::I32(a) => a
-                    .iter()
-                    .map(|&v| i64::from(v))
-                    .enumerate()
-                    .map(check)
-                    .collect::<Result<Vec<_>>>()?,
-                Tensor::I64(a) => a
-                    .iter()
-                    .copied()
-                    .enumerate()
-                    .map(check)
-                    .collect::<Result<Vec<_>>>()?,
-                other => {
-                    return Err(Error::type_error(format!(
-                        "INDICES must be int32 or int64, got {}",
-                        other.dtype()
-                    ))
-                    .with_blob(&iname))
-                }
-            };
+            let rows = crate::with_match_dtype!(tensor ints indices, |a: T| a
+                .iter()
+                .map(|&v| i64::from(v))
+                .enumerate()
+                .map(check)
+                .collect::<Result<Vec<_>>>()?,
+            else other => {
+                return Err(Error::type_error(format!(
+                    "INDICES must be {}, got {}",
+                    crate::tensor::dtype_choice(DataType::INTS),
+                    other.dtype()
+                ))
+                .with_blob(&iname))
+            });
             (dtype, rows, block)
         };
         let (out, slices) = l.output_and_input(0, 2).ok_or_else(|| {

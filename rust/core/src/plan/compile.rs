@@ -1,103 +1,17 @@
-//! Compiling a step: validating it, deciding its [`StepKind`] and limit,
-//! binding it to a workspace (nets created, stop blob resolved). Where a new
-//! step kind goes: [`StepKind`], decided in [`compile`], run in
-//! `execute::run_main`.
+//! Compiling a plan: every step validated, its [`StepKind`], limit, nets,
+//! stop blob name and report period decided once, into an immutable
+//! [`CompiledPlan`] that knows no workspace. Running it (binding it to a
+//! workspace: nets created, stop blobs resolved) is `execute.rs`'s
+//! per-run state. Where a new step kind goes: [`StepKind`], decided in
+//! [`CompiledStep::compile`], run in `execute::run_main`.
 
-use super::execute::exec_compiled;
-use crate::blob::{Blob, BlobValue};
-use crate::cancel::CancelToken;
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
 use crate::ir::{ExecutionStep, NetDef, PlanDef};
-use crate::net::SharedNet;
-use crate::tensor::Tensor;
-use crate::workspace::Workspace;
-use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
-/// Plan-wide state: the net definitions and the GLOBAL_WORKSPACE_ID counter.
-pub(super) struct PlanCtx<'p> {
-    pub(super) defs: HashMap<&'p str, (&'p NetDef, AtomicBool)>,
-    pub(super) create_lock: Mutex<()>,
-    pub(super) gws_seq: AtomicI32,
-}
-
-impl<'p> PlanCtx<'p> {
-    pub(super) fn new(ws: &Workspace, plan: &'p PlanDef) -> Result<Self> {
-        let mut defs = HashMap::new();
-        for net in &plan.network {
-            let name = net.net_name();
-            // A net that already exists in the workspace is re-created once
-            // by this plan (Caffe2's needsOverride).
-            if defs
-                .insert(name, (net, AtomicBool::new(ws.has_net(name))))
-                .is_some()
-            {
-                return Err(Error::invalid_plan(format!(
-                    "the plan defines two nets named '{name}'"
-                ))
-                .with_net(name));
-            }
-        }
-        Ok(PlanCtx {
-            defs,
-            create_lock: Mutex::new(()),
-            gws_seq: AtomicI32::new(0),
-        })
-    }
-
-    /// The net of that name in `ws`, created from the plan's definition the
-    /// first time (nets are per workspace, never inherited).
-    pub(super) fn net(
-        &self,
-        ws: &Arc<Workspace>,
-        step: &ExecutionStep,
-        name: &str,
-    ) -> Result<SharedNet> {
-        let (def, needs_override) = self.defs.get(name).ok_or_else(|| {
-            Error::invalid_plan(format!(
-                "ExecutionStep '{}' uses undefined net '{name}'",
-                step.step_name()
-            ))
-            .with_net(name)
-        })?;
-        let _g = self.create_lock.lock();
-        if needs_override.swap(false, Ordering::SeqCst) {
-            return ws.create_net(def, true);
-        }
-        match ws.get_net(name) {
-            Some(n) => Ok(n),
-            None => ws.create_net(def, true),
-        }
-    }
-
-    pub(super) fn child_workspace(&self, parent: &Arc<Workspace>) -> Result<Arc<Workspace>> {
-        let child = Workspace::new_child(parent);
-        if let Some(node) = parent.get_blob("NODE_ID") {
-            let node_id = match &*node.read() {
-                BlobValue::Tensor(t @ Tensor::I32(_)) => Some(t.scalar_value::<i32>()?),
-                _ => None,
-            };
-            if let Some(node_id) = node_id {
-                let seq = self.gws_seq.fetch_add(1, Ordering::SeqCst);
-                if seq >= 1 << 16 {
-                    return Err(Error::invalid_plan(
-                        "more than 65535 child workspaces in one plan run with NODE_ID set",
-                    ));
-                }
-                let id = seq + (node_id << 16);
-                child
-                    .create_local_blob("GLOBAL_WORKSPACE_ID")
-                    .set(BlobValue::Tensor(Tensor::scalar(id)));
-            }
-        }
-        Ok(child)
-    }
-}
-
-#[derive(Clone, Copy)]
+/// How many times a step's main work runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Limit {
     Count(i64),
     OnlyOnce,
@@ -125,27 +39,63 @@ pub(super) enum StepKind {
     Concurrent { workers: usize },
 }
 
-/// A step bound to a workspace: its nets created, its stop blob resolved,
-/// its [`StepKind`] decided. Immutable while it runs; what changes during a
-/// run (errors, threads, tokens) lives in `execute.rs`.
-pub(super) struct Compiled<'p> {
-    pub(super) step: &'p ExecutionStep,
-    pub(super) ws: Arc<Workspace>,
-    pub(super) recurring: Vec<Wrapper<'p>>,
-    pub(super) reports: Vec<Wrapper<'p>>,
-    pub(super) nets: Vec<SharedNet>,
-    pub(super) stop_blob: Option<Blob>,
-    pub(super) report_net: Option<(SharedNet, Duration)>,
-    pub(super) limit: Limit,
-    pub(super) kind: StepKind,
+/// A plan compiled from its definition, once: its nets by name and its
+/// top-level steps. Immutable, and bound to no workspace.
+pub(super) struct CompiledPlan<'p> {
+    pub(super) nets: HashMap<&'p str, &'p NetDef>,
+    /// Each top-level step, or the error that compiling it gave: as in
+    /// Caffe2, a step's error is reported when the plan reaches it, after
+    /// the steps before it ran.
+    pub(super) steps: Vec<Result<CompiledStep<'p>>>,
 }
 
-/// A step as seen by its parent: compiled once, or (with `create_workspace`)
-/// compiled afresh in a new child workspace on every execution.
-pub(super) struct Wrapper<'p> {
-    pub(super) step: &'p ExecutionStep,
-    pub(super) parent_ws: Arc<Workspace>,
-    pub(super) eager: Option<Compiled<'p>>,
+/// A step compiled from its definition: validated, its kind and limit
+/// decided, its nets checked against the plan's. Immutable; what a run
+/// binds or counts lives in `execute.rs`.
+#[derive(Debug)]
+pub(super) struct CompiledStep<'p> {
+    pub(super) name: &'p str,
+    pub(super) kind: StepKind,
+    pub(super) limit: Limit,
+    /// Runs in a child workspace made afresh for each execution.
+    pub(super) create_workspace: bool,
+    /// The nets of a net step, in order.
+    pub(super) nets: Vec<&'p str>,
+    /// The substeps that make up the main work, in order.
+    pub(super) recurring: Vec<CompiledStep<'p>>,
+    /// The report substeps (`run_every_ms`), each run on a thread of its own.
+    pub(super) reports: Vec<CompiledStep<'p>>,
+    /// As a report substep: its period.
+    pub(super) report_every: Option<Duration>,
+    /// The report net and its period.
+    pub(super) report_net: Option<(&'p str, Duration)>,
+    pub(super) stop_blob: Option<&'p str>,
+}
+
+impl<'p> CompiledPlan<'p> {
+    /// Compiles every step of `plan`. The plan's own errors (two nets of
+    /// one name) are returned here; a step's are kept for when it is reached.
+    pub(super) fn compile(plan: &'p PlanDef) -> Result<Self> {
+        let mut nets = HashMap::new();
+        for net in &plan.network {
+            let name = net.net_name();
+            if nets.insert(name, net).is_some() {
+                return Err(Error::invalid_plan(format!(
+                    "the plan defines two nets named '{name}'"
+                ))
+                .with_net(name));
+            }
+        }
+        let mut compiled = CompiledPlan {
+            nets,
+            steps: Vec::with_capacity(plan.execution_step.len()),
+        };
+        for step in &plan.execution_step {
+            let c = CompiledStep::compile(&compiled.nets, step);
+            compiled.steps.push(c);
+        }
+        Ok(compiled)
+    }
 }
 
 pub(super) fn validate(step: &ExecutionStep) -> Result<Limit> {
@@ -196,111 +146,73 @@ pub(super) fn validate(step: &ExecutionStep) -> Result<Limit> {
     }
 }
 
-pub(super) fn compile<'p>(
-    ctx: &PlanCtx<'p>,
-    step: &'p ExecutionStep,
-    parent_ws: &Arc<Workspace>,
-) -> Result<Compiled<'p>> {
-    let name = step.step_name();
-    let limit = validate(step).map_err(|e| e.with_step(name))?;
-    let ws = if step.create_workspace.unwrap_or(false) {
-        ctx.child_workspace(parent_ws)?
-    } else {
-        parent_ws.clone()
-    };
-    let mut recurring = Vec::new();
-    let mut reports = Vec::new();
-    let mut nets = Vec::new();
-    if !step.substep.is_empty() {
-        for sub in &step.substep {
-            let w = Wrapper::new(ctx, sub, &ws)?;
-            if sub.run_every_ms.is_some() {
-                reports.push(w);
-            } else {
-                recurring.push(w);
-            }
-        }
-    } else {
-        for n in &step.network {
-            nets.push(ctx.net(&ws, step, n).map_err(|e| e.with_step(name))?);
-        }
-    }
-    let stop_blob = match &step.should_stop_blob {
-        None => None,
-        Some(b) => Some(ws.get_blob(b).ok_or_else(|| {
-            Error::new(
-                ErrorKind::BlobNotFound,
-                format!("should_stop_blob '{b}' does not exist"),
-            )
-            .with_blob(b)
-            .with_step(name)
-        })?),
-    };
-    let report_net = match &step.report_net {
-        None => None,
-        Some(n) => {
-            let secs = step.report_interval.unwrap_or(0) as u64;
-            Some((
-                ctx.net(&ws, step, n).map_err(|e| e.with_step(name))?,
-                Duration::from_secs(secs),
-            ))
-        }
-    };
-    let kind = if !nets.is_empty() || step.substep.is_empty() {
-        StepKind::Nets
-    } else {
-        let concurrent =
-            step.concurrent_substeps.unwrap_or(false) && (recurring.len() + reports.len()) > 1;
-        if !concurrent && step.num_concurrent_instances.is_none_or(|n| n <= 1) {
-            StepKind::Sequential
-        } else {
-            let instances = step.num_concurrent_instances.map_or(1, |n| n as usize);
-            StepKind::Concurrent {
-                workers: recurring.len() * instances,
-            }
-        }
-    };
-    Ok(Compiled {
-        step,
-        ws,
-        recurring,
-        reports,
-        nets,
-        stop_blob,
-        report_net,
-        limit,
-        kind,
-    })
-}
-
-impl<'p> Wrapper<'p> {
-    pub(super) fn new(
-        ctx: &PlanCtx<'p>,
+impl<'p> CompiledStep<'p> {
+    /// Compiles `step` and its substeps (recursively: the plan's nesting
+    /// was bounded by `check_nesting`), checking the nets it names against
+    /// the plan's `nets`.
+    pub(super) fn compile(
+        nets: &HashMap<&'p str, &'p NetDef>,
         step: &'p ExecutionStep,
-        parent_ws: &Arc<Workspace>,
     ) -> Result<Self> {
-        let eager = if step.create_workspace.unwrap_or(false) {
-            // Still validate now, so a malformed step fails before anything runs.
-            validate(step).map_err(|e| e.with_step(step.step_name()))?;
-            None
-        } else {
-            Some(compile(ctx, step, parent_ws)?)
+        let name = step.step_name();
+        let limit = validate(step).map_err(|e| e.with_step(name))?;
+        let known = |net: &'p str| -> Result<&'p str> {
+            if nets.contains_key(net) {
+                Ok(net)
+            } else {
+                Err(Error::invalid_plan(format!(
+                    "ExecutionStep '{name}' uses undefined net '{net}'"
+                ))
+                .with_net(net)
+                .with_step(name))
+            }
         };
-        Ok(Wrapper {
-            step,
-            parent_ws: parent_ws.clone(),
-            eager,
-        })
-    }
-
-    pub(super) fn exec(&self, ctx: &PlanCtx<'p>, tok: &CancelToken) -> Result<bool> {
-        match &self.eager {
-            Some(c) => exec_compiled(ctx, c, tok),
-            None => {
-                // The child workspace lives exactly as long as this execution.
-                let c = compile(ctx, self.step, &self.parent_ws)?;
-                exec_compiled(ctx, &c, tok)
+        let mut recurring = Vec::new();
+        let mut reports = Vec::new();
+        for sub in &step.substep {
+            let c = CompiledStep::compile(nets, sub)?;
+            if c.report_every.is_some() {
+                reports.push(c);
+            } else {
+                recurring.push(c);
             }
         }
+        let step_nets = step
+            .network
+            .iter()
+            .map(|n| known(n))
+            .collect::<Result<Vec<_>>>()?;
+        let report_net = match &step.report_net {
+            None => None,
+            Some(n) => {
+                let secs = step.report_interval.unwrap_or(0) as u64;
+                Some((known(n)?, Duration::from_secs(secs)))
+            }
+        };
+        let kind = if !step_nets.is_empty() || step.substep.is_empty() {
+            StepKind::Nets
+        } else {
+            let concurrent = step.concurrent_substeps.unwrap_or(false) && step.substep.len() > 1;
+            if !concurrent && step.num_concurrent_instances.is_none_or(|n| n <= 1) {
+                StepKind::Sequential
+            } else {
+                let instances = step.num_concurrent_instances.map_or(1, |n| n as usize);
+                StepKind::Concurrent {
+                    workers: recurring.len() * instances,
+                }
+            }
+        };
+        Ok(CompiledStep {
+            name,
+            kind,
+            limit,
+            create_workspace: step.create_workspace.unwrap_or(false),
+            nets: step_nets,
+            recurring,
+            reports,
+            report_every: step.run_every_ms.map(|ms| Duration::from_millis(ms as u64)),
+            report_net,
+            stop_blob: step.should_stop_blob.as_deref(),
+        })
     }
 }

@@ -1,27 +1,209 @@
-//! Executing a compiled step: loops, stop blobs, concurrent substeps and
-//! instances on scoped threads, report steps and nets on reporter threads.
-//! The per-run state (first error, running threads, report signal, cancel
-//! tokens) is made here for each execution; the compiled step is only read.
+//! Executing a compiled plan: the per-run state. A [`PlanState`] binds the
+//! immutable [`CompiledPlan`] to a workspace for one run (which nets it
+//! re-creates, the GLOBAL_WORKSPACE_ID counter); a [`StepState`] is a
+//! compiled step bound to a workspace (its nets created, its stop blob
+//! resolved, its substeps bound). Running one: loops, stop blobs,
+//! concurrent substeps and instances on scoped threads, report steps and
+//! nets on reporter threads; the first error, the running threads, the
+//! report signal and the cancel tokens are made for each execution.
 
-use super::compile::{Compiled, Limit, PlanCtx, StepKind};
-use crate::blob::BlobValue;
+use super::compile::{CompiledPlan, CompiledStep, Limit, StepKind};
+use crate::blob::{Blob, BlobValue};
 use crate::cancel::CancelToken;
-use crate::error::{from_panic, Error, Result};
+use crate::error::{from_panic, Error, ErrorKind, Result};
+use crate::net::SharedNet;
 use crate::tensor::Tensor;
 use crate::trace::{self, Detail};
+use crate::workspace::Workspace;
 use parking_lot::{Condvar, Mutex};
+use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// One run of a compiled plan in a workspace.
+pub(super) struct PlanState<'c> {
+    pub(super) plan: &'c CompiledPlan<'c>,
+    /// The plan's nets that already existed in the workspace when the run
+    /// began: re-created once by this run (Caffe2's needsOverride).
+    needs_override: HashMap<&'c str, AtomicBool>,
+    create_lock: Mutex<()>,
+    gws_seq: AtomicI32,
+}
+
+impl<'c> PlanState<'c> {
+    pub(super) fn new(ws: &Workspace, plan: &'c CompiledPlan<'c>) -> Self {
+        PlanState {
+            plan,
+            needs_override: plan
+                .nets
+                .keys()
+                .map(|&name| (name, AtomicBool::new(ws.has_net(name))))
+                .collect(),
+            create_lock: Mutex::new(()),
+            gws_seq: AtomicI32::new(0),
+        }
+    }
+
+    /// The net of that name in `ws`, created from the plan's definition the
+    /// first time (nets are per workspace, never inherited).
+    fn net(&self, ws: &Arc<Workspace>, name: &str) -> Result<SharedNet> {
+        let (Some(def), Some(needs_override)) =
+            (self.plan.nets.get(name), self.needs_override.get(name))
+        else {
+            return Err(Error::internal(format!(
+                "a compiled step names the net '{name}', which its plan does not define"
+            )));
+        };
+        let _g = self.create_lock.lock();
+        if needs_override.swap(false, Ordering::SeqCst) {
+            return ws.create_net(def, true);
+        }
+        match ws.get_net(name) {
+            Some(n) => Ok(n),
+            None => ws.create_net(def, true),
+        }
+    }
+
+    fn child_workspace(&self, parent: &Arc<Workspace>) -> Result<Arc<Workspace>> {
+        let child = Workspace::new_child(parent);
+        if let Some(node) = parent.get_blob("NODE_ID") {
+            let node_id = match &*node.read() {
+                BlobValue::Tensor(t @ Tensor::I32(_)) => Some(t.scalar_value::<i32>()?),
+                _ => None,
+            };
+            if let Some(node_id) = node_id {
+                let seq = self.gws_seq.fetch_add(1, Ordering::SeqCst);
+                if seq >= 1 << 16 {
+                    return Err(Error::invalid_plan(
+                        "more than 65535 child workspaces in one plan run with NODE_ID set",
+                    ));
+                }
+                let id = seq + (node_id << 16);
+                child
+                    .create_local_blob("GLOBAL_WORKSPACE_ID")
+                    .set(BlobValue::Tensor(Tensor::scalar(id)));
+            }
+        }
+        Ok(child)
+    }
+}
+
+/// A compiled step bound to a workspace: its nets created, its stop blob
+/// resolved, its substeps bound. Only read while it runs.
+pub(super) struct StepState<'c> {
+    pub(super) c: &'c CompiledStep<'c>,
+    pub(super) ws: Arc<Workspace>,
+    recurring: Vec<SubstepState<'c>>,
+    reports: Vec<SubstepState<'c>>,
+    nets: Vec<SharedNet>,
+    stop_blob: Option<Blob>,
+    report_net: Option<SharedNet>,
+}
+
+impl<'c> StepState<'c> {
+    /// Binds `c` to `parent_ws` (or to a new child of it, with
+    /// `create_workspace`): substeps first, then nets, the stop blob and
+    /// the report net, as Caffe2's compiled step did.
+    pub(super) fn bind(
+        run: &PlanState<'c>,
+        c: &'c CompiledStep<'c>,
+        parent_ws: &Arc<Workspace>,
+    ) -> Result<Self> {
+        let name = c.name;
+        let ws = if c.create_workspace {
+            run.child_workspace(parent_ws)?
+        } else {
+            parent_ws.clone()
+        };
+        let bind_all = |steps: &'c [CompiledStep<'c>]| {
+            steps
+                .iter()
+                .map(|s| SubstepState::new(run, s, &ws))
+                .collect::<Result<Vec<_>>>()
+        };
+        let recurring = bind_all(&c.recurring)?;
+        let reports = bind_all(&c.reports)?;
+        let nets = c
+            .nets
+            .iter()
+            .map(|n| run.net(&ws, n).map_err(|e| e.with_step(name)))
+            .collect::<Result<Vec<_>>>()?;
+        let stop_blob = match c.stop_blob {
+            None => None,
+            Some(b) => Some(ws.get_blob(b).ok_or_else(|| {
+                Error::new(
+                    ErrorKind::BlobNotFound,
+                    format!("should_stop_blob '{b}' does not exist"),
+                )
+                .with_blob(b)
+                .with_step(name)
+            })?),
+        };
+        let report_net = match c.report_net {
+            None => None,
+            Some((n, _)) => Some(run.net(&ws, n).map_err(|e| e.with_step(name))?),
+        };
+        Ok(StepState {
+            c,
+            ws,
+            recurring,
+            reports,
+            nets,
+            stop_blob,
+            report_net,
+        })
+    }
+}
+
+/// A substep as its parent holds it: bound once, or (with
+/// `create_workspace`) bound afresh in a new child workspace on every
+/// execution.
+pub(super) struct SubstepState<'c> {
+    c: &'c CompiledStep<'c>,
+    parent_ws: Arc<Workspace>,
+    bound: Option<StepState<'c>>,
+}
+
+impl<'c> SubstepState<'c> {
+    pub(super) fn new(
+        run: &PlanState<'c>,
+        c: &'c CompiledStep<'c>,
+        parent_ws: &Arc<Workspace>,
+    ) -> Result<Self> {
+        let bound = if c.create_workspace {
+            None
+        } else {
+            Some(StepState::bind(run, c, parent_ws)?)
+        };
+        Ok(SubstepState {
+            c,
+            parent_ws: parent_ws.clone(),
+            bound,
+        })
+    }
+
+    pub(super) fn exec(&self, run: &PlanState<'c>, tok: &CancelToken) -> Result<bool> {
+        match &self.bound {
+            Some(b) => exec_step(run, b, tok),
+            None => {
+                // The child workspace lives exactly as long as this execution.
+                let b = StepState::bind(run, self.c, &self.parent_ws)?;
+                exec_step(run, &b, tok)
+            }
+        }
+    }
+}
 
 /// Reads a stop blob: empty means "don't stop"; otherwise it must be a
 /// one-element bool tensor.
-fn should_stop(c: &Compiled<'_>) -> Result<bool> {
+fn should_stop(c: &StepState<'_>) -> Result<bool> {
     let Some(b) = &c.stop_blob else {
         return Ok(false);
     };
     let v = b.read();
-    let name = c.step.should_stop_blob.as_deref().unwrap_or("");
+    let name = c.c.stop_blob.unwrap_or("");
     match &*v {
         BlobValue::Empty => Ok(false),
         BlobValue::Tensor(Tensor::Bool(a)) if a.len() == 1 => {
@@ -36,7 +218,7 @@ fn should_stop(c: &Compiled<'_>) -> Result<bool> {
             }
         ))
         .with_blob(name)
-        .with_step(c.step.step_name())),
+        .with_step(c.c.name)),
     }
 }
 
@@ -74,15 +256,15 @@ struct ReportSignal {
     cv: Condvar,
 }
 
-pub(super) fn exec_compiled<'p>(
-    ctx: &PlanCtx<'p>,
-    c: &Compiled<'p>,
+pub(super) fn exec_step<'c>(
+    run: &PlanState<'c>,
+    c: &StepState<'c>,
     tok: &CancelToken,
 ) -> Result<bool> {
-    let name = c.step.step_name();
+    let name = c.c.name;
     let _span = trace::span_str("step", name);
     if c.reports.is_empty() && c.report_net.is_none() {
-        return run_main(ctx, c, tok).map_err(|e| e.with_step(name));
+        return run_main(run, c, tok).map_err(|e| e.with_step(name));
     }
     let step_tok = tok.child();
     let errors = FirstError::default();
@@ -101,24 +283,24 @@ pub(super) fn exec_compiled<'p>(
         };
         let mut started = true;
         for w in &c.reports {
-            let interval = Duration::from_millis(w.step.run_every_ms.unwrap_or(0) as u64);
-            let what = format!("report step '{}'", w.step.step_name());
+            let interval = w.c.report_every.unwrap_or_default();
+            let what = format!("report step '{}'", w.c.name);
             started = reporters.start(s, &what, interval, move || {
-                let _span = trace::span("report", || format!("report step {}", w.step.step_name()));
-                guarded(|| w.exec(ctx, step_tok)).map(|_| ())
+                let _span = trace::span("report", || format!("report step {}", w.c.name));
+                guarded(|| w.exec(run, step_tok)).map(|_| ())
             });
             if !started {
                 break;
             }
         }
-        if let (true, Some((net, interval))) = (started, &c.report_net) {
+        if let (true, Some(net), Some((_, interval))) = (started, &c.report_net, c.c.report_net) {
             let what = format!("report net '{}'", net.name());
-            reporters.start(s, &what, *interval, move || {
+            reporters.start(s, &what, interval, move || {
                 let _span = trace::span("report", || format!("report net {}", net.name()));
                 guarded(|| net.lock(step_tok)?.run(&c.ws, step_tok)).map(|_| ())
             });
         }
-        let main = guarded(|| run_main(ctx, c, step_tok));
+        let main = guarded(|| run_main(run, c, step_tok));
         *signal.done.lock() = true;
         signal.cv.notify_all();
         running.wait(tok);
@@ -272,17 +454,18 @@ fn lane_label(what: &str) -> String {
 }
 
 /// A span for one iteration of a step's loop (when recording).
-fn iteration_span(c: &Compiled<'_>, i: i64) -> Option<trace::SpanGuard> {
-    let mut span = trace::span_str("iteration", c.step.step_name())?;
+fn iteration_span(c: &StepState<'_>, i: i64) -> Option<trace::SpanGuard> {
+    let mut span = trace::span_str("iteration", c.c.name)?;
     span.set_detail(Detail::Iteration(i));
     Some(span)
 }
 
-fn run_main<'p>(ctx: &PlanCtx<'p>, c: &Compiled<'p>, tok: &CancelToken) -> Result<bool> {
-    if c.kind == StepKind::Nets {
+fn run_main<'c>(run: &PlanState<'c>, c: &StepState<'c>, tok: &CancelToken) -> Result<bool> {
+    let (kind, limit) = (c.c.kind, c.c.limit);
+    if kind == StepKind::Nets {
         // A net step (or an empty step, which still iterates).
         let mut i = 0i64;
-        while !tok.poll() && c.limit.allows(i) {
+        while !tok.poll() && limit.allows(i) {
             let _span = iteration_span(c, i);
             for net in &c.nets {
                 if !net.lock(tok)?.run(&c.ws, tok)? {
@@ -292,7 +475,7 @@ fn run_main<'p>(ctx: &PlanCtx<'p>, c: &Compiled<'p>, tok: &CancelToken) -> Resul
                     return Ok(true);
                 }
             }
-            if c.nets.is_empty() && matches!(c.limit, Limit::Unbounded) {
+            if c.nets.is_empty() && matches!(limit, Limit::Unbounded) {
                 // Nothing can ever set the stop blob: wait for cancellation
                 // (or an interrupt) without burning a core.
                 let _ = tok.sleep(crate::cancel::POLL);
@@ -302,11 +485,11 @@ fn run_main<'p>(ctx: &PlanCtx<'p>, c: &Compiled<'p>, tok: &CancelToken) -> Resul
         return Ok(true);
     }
     let mut i = 0i64;
-    while !tok.poll() && c.limit.allows(i) {
+    while !tok.poll() && limit.allows(i) {
         let _span = iteration_span(c, i);
-        if c.kind == StepKind::Sequential {
+        if kind == StepKind::Sequential {
             for w in &c.recurring {
-                if !w.exec(ctx, tok)? {
+                if !w.exec(run, tok)? {
                     return Ok(false);
                 }
                 if should_stop(c)? {
@@ -315,7 +498,7 @@ fn run_main<'p>(ctx: &PlanCtx<'p>, c: &Compiled<'p>, tok: &CancelToken) -> Resul
             }
         } else {
             let n = c.recurring.len();
-            let StepKind::Concurrent { workers } = c.kind else {
+            let StepKind::Concurrent { workers } = kind else {
                 unreachable!("a substep step is sequential or concurrent")
             };
             let iter_tok = tok.child();
@@ -325,13 +508,12 @@ fn run_main<'p>(ctx: &PlanCtx<'p>, c: &Compiled<'p>, tok: &CancelToken) -> Resul
                 for k in 0..workers {
                     let (w, errors, iter_tok) = (&c.recurring[k % n], &errors, &iter_tok);
                     let leaving = running.enter();
-                    let lane =
-                        trace::on().then(|| lane_label(&format!("{} #{}", w.step.step_name(), k)));
+                    let lane = trace::on().then(|| lane_label(&format!("{} #{}", w.c.name, k)));
                     let started = std::thread::Builder::new().spawn_scoped(s, move || {
                         let _leaving = leaving;
                         let _span = lane.map(|lane| {
                             trace::label_thread(lane);
-                            trace::span_str("instance", w.step.step_name()).map(|mut span| {
+                            trace::span_str("instance", w.c.name).map(|mut span| {
                                 span.set_detail(Detail::Instance { k, of: workers });
                                 span
                             })
@@ -339,7 +521,7 @@ fn run_main<'p>(ctx: &PlanCtx<'p>, c: &Compiled<'p>, tok: &CancelToken) -> Resul
                         if errors.failed.load(Ordering::SeqCst) {
                             return;
                         }
-                        match guarded(|| w.exec(ctx, iter_tok)) {
+                        match guarded(|| w.exec(run, iter_tok)) {
                             Ok(true) => {}
                             Ok(false) => {
                                 errors.soft_fail();
@@ -354,11 +536,8 @@ fn run_main<'p>(ctx: &PlanCtx<'p>, c: &Compiled<'p>, tok: &CancelToken) -> Resul
                     if let Err(e) = started {
                         // The threads already running are cancelled and
                         // joined; nothing else of this iteration starts.
-                        let what = format!(
-                            "substep '{}' (thread {} of {workers})",
-                            w.step.step_name(),
-                            k + 1
-                        );
+                        let what =
+                            format!("substep '{}' (thread {} of {workers})", w.c.name, k + 1);
                         errors.record(crate::threads::cannot_start(&what, &e));
                         iter_tok.cancel();
                         break;

@@ -16,10 +16,14 @@
 //! cancels siblings, so a stuck sibling can never hang the plan.
 
 //!
-//! Two halves, as tract does plans: `compile.rs` validates each step, decides
-//! its [`StepKind`](compile::StepKind) and binds it to a workspace (an
-//! immutable `Compiled` step); `execute.rs` runs compiled steps with the
-//! per-run state (errors, threads, tokens).
+//! Two halves, as tract does plans: `compile.rs` makes the immutable,
+//! workspace-free [`CompiledPlan`](compile::CompiledPlan) (every step
+//! validated, its [`StepKind`](compile::StepKind), limit, nets and report
+//! periods decided once); `execute.rs` holds the per-run state: a
+//! [`PlanState`](execute::PlanState) binds the compiled plan to a
+//! workspace, a [`StepState`](execute::StepState) is a compiled step bound
+//! to it (nets created, stop blob resolved), and each execution makes its
+//! own errors, threads and tokens.
 
 mod compile;
 mod execute;
@@ -28,7 +32,8 @@ use crate::cancel::CancelToken;
 use crate::error::{Error, Result};
 use crate::ir::{ExecutionStep, NetDef, OperatorDef, PlanDef, MAX_NESTING};
 use crate::workspace::Workspace;
-use compile::{PlanCtx, Wrapper};
+use compile::CompiledPlan;
+use execute::{PlanState, SubstepState};
 use std::sync::Arc;
 
 /// Refuses steps nested more than [`MAX_NESTING`] levels inside the plan,
@@ -55,17 +60,21 @@ fn check_nesting(plan: &PlanDef) -> Result<()> {
     Ok(())
 }
 
-/// Runs a plan: its top-level steps in order, each compiled just before it
-/// runs. `Ok(false)` is a soft failure; a cancelled run is `Err(Cancelled)`.
+/// Runs a plan: compiles it once, then runs its top-level steps in order,
+/// each bound to the workspace just before it runs (a step that did not
+/// compile fails when it is reached, as in Caffe2). `Ok(false)` is a soft
+/// failure; a cancelled run is `Err(Cancelled)`.
 pub fn run_plan(ws: &Arc<Workspace>, plan: &PlanDef, cancel: &CancelToken) -> Result<bool> {
     if plan.execution_step.is_empty() {
         return Ok(true);
     }
     check_nesting(plan)?;
-    let ctx = PlanCtx::new(ws, plan)?;
-    for step in &plan.execution_step {
-        let w = Wrapper::new(&ctx, step, ws)?;
-        let ok = w.exec(&ctx, cancel)?;
+    let compiled = CompiledPlan::compile(plan)?;
+    let run = PlanState::new(ws, &compiled);
+    for step in &compiled.steps {
+        let step = step.as_ref().map_err(Clone::clone)?;
+        let w = SubstepState::new(&run, step, ws)?;
+        let ok = w.exec(&run, cancel)?;
         cancel.poll_check()?;
         if !ok {
             return Ok(false);
@@ -383,6 +392,85 @@ mod tests {
         assert!(e.message.contains("two nets named 'n'"));
         // The workspace still works.
         assert!(run(&ws, &plan(vec![n()], vec![net_step("ok", &["n"])])).unwrap());
+    }
+
+    /// A plan compiles without a workspace: kinds, limits and report
+    /// periods are decided from the definition alone.
+    #[test]
+    fn a_plan_compiles_without_a_workspace() {
+        let worker = |name: &str| net_step(name, &["n"]);
+        let mut conc = ExecutionStep {
+            substep: vec![worker("a"), worker("b")],
+            concurrent_substeps: Some(true),
+            num_concurrent_instances: Some(3),
+            ..step("conc")
+        };
+        conc.substep.push(ExecutionStep {
+            run_every_ms: Some(20),
+            ..worker("rep")
+        });
+        let seq = ExecutionStep {
+            substep: vec![worker("x")],
+            should_stop_blob: Some("stop".into()),
+            only_once: Some(true),
+            ..step("seq")
+        };
+        let p = plan(
+            vec![net("n", vec![])],
+            vec![conc, seq, net_step("bad", &["missing"])],
+        );
+        let c = compile::CompiledPlan::compile(&p).unwrap();
+        let conc = c.steps[0].as_ref().unwrap();
+        // Two recurring substeps, three instances each; the report step
+        // runs on a thread of its own and is no worker.
+        assert_eq!(conc.kind, compile::StepKind::Concurrent { workers: 6 });
+        assert_eq!(conc.recurring.len(), 2);
+        assert_eq!(
+            conc.reports[0].report_every,
+            Some(Duration::from_millis(20))
+        );
+        assert_eq!(conc.recurring[0].kind, compile::StepKind::Nets);
+        assert_eq!(conc.recurring[0].nets, vec!["n"]);
+        let seq = c.steps[1].as_ref().unwrap();
+        assert_eq!(seq.kind, compile::StepKind::Sequential);
+        assert_eq!(seq.limit, compile::Limit::OnlyOnce);
+        assert_eq!(seq.stop_blob, Some("stop"));
+        let e = c.steps[2].as_ref().unwrap_err();
+        assert!(e.message.contains("uses undefined net 'missing'"));
+    }
+
+    /// As in Caffe2, a top-level step that does not compile fails when the
+    /// plan reaches it, after the steps before it ran; inside one top-level
+    /// step, everything (create_workspace substeps too) is checked before
+    /// any of it runs.
+    #[test]
+    fn a_step_that_does_not_compile_fails_when_reached() {
+        let ws = Workspace::new();
+        let counting = || net("n", vec![op("Iter", &[], &["it"], vec![])]);
+        let p = plan(
+            vec![counting()],
+            vec![net_step("first", &["n"]), net_step("second", &["missing"])],
+        );
+        let e = run(&ws, &p).unwrap_err();
+        assert_eq!(e.context.step.as_deref(), Some("second"));
+        assert_eq!(i64_of(&ws, "it"), 1);
+        let ws = Workspace::new();
+        let inner = ExecutionStep {
+            create_workspace: Some(true),
+            substep: vec![net_step("deep", &["missing"])],
+            ..step("child")
+        };
+        let p = plan(
+            vec![counting()],
+            vec![ExecutionStep {
+                substep: vec![net_step("runs_first", &["n"]), inner],
+                ..step("outer")
+            }],
+        );
+        let e = run(&ws, &p).unwrap_err();
+        assert_eq!(e.context.step.as_deref(), Some("deep"));
+        // Nothing of "outer" was bound (no net made its output) or ran.
+        assert!(ws.get_blob("it").is_none());
     }
 
     #[test]

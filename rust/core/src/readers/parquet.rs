@@ -615,6 +615,9 @@ impl ColReader {
     }
 }
 
+/// A column's values: one variant per number type and bool, named like
+/// `Tensor`'s (so `with_match_dtype!(enum Values, ...)` dispatches over
+/// it), and the byte strings of every other column.
 pub(super) enum Values {
     Bool(Vec<bool>),
     I8(Vec<i8>),
@@ -643,18 +646,8 @@ struct Acc {
 impl Values {
     /// No values of `dtype` (strings for any dtype without a numeric vector).
     pub(super) fn empty(dtype: DataType) -> Values {
-        match dtype {
-            DataType::Bool => Values::Bool(Vec::new()),
-            DataType::Int8 => Values::I8(Vec::new()),
-            DataType::Int16 => Values::I16(Vec::new()),
-            DataType::Uint8 => Values::U8(Vec::new()),
-            DataType::Uint16 => Values::U16(Vec::new()),
-            DataType::Int32 => Values::I32(Vec::new()),
-            DataType::Int64 => Values::I64(Vec::new()),
-            DataType::Float => Values::F32(Vec::new()),
-            DataType::Double => Values::F64(Vec::new()),
-            _ => Values::Bytes(Vec::new()),
-        }
+        crate::with_match_dtype!(wrap Values, numeric_and_bool dtype, |T| Vec::<T>::new(),
+            else _ => Values::Bytes(Vec::new()))
     }
 }
 
@@ -668,18 +661,12 @@ impl Acc {
         let cap = if spec.list { 0 } else { n };
         let what = || format!("a batch of {n} records of column '{}'", spec.name);
         let mut values = Values::empty(spec.dtype);
-        macro_rules! reserve {
-            ($($v:ident),*) => {
-                match &mut values {
-                    $(Values::$v(v) => *v = try_vec(cap, what())?,)*
-                    Values::Bytes(v) => match old {
-                        Some(o) => *v = o,
-                        None => *v = try_vec(cap, what())?,
-                    },
-                }
-            };
-        }
-        reserve!(Bool, I8, I16, U8, U16, I32, I64, F32, F64);
+        crate::with_match_dtype!(enum Values, numeric_and_bool &mut values,
+        |v: T| *v = try_vec(cap, what())?,
+        else Values::Bytes(v) => match old {
+            Some(o) => *v = o,
+            None => *v = try_vec(cap, what())?,
+        });
         Ok(Acc {
             values,
             strings: 0,
@@ -698,21 +685,14 @@ impl Acc {
         if let Some(l) = self.lengths {
             out.push(Tensor::from_vec(&[l.len()], l)?);
         }
-        out.push(match self.values {
-            Values::Bool(v) => Tensor::from_vec(&[v.len()], v)?,
-            Values::I8(v) => Tensor::from_vec(&[v.len()], v)?,
-            Values::I16(v) => Tensor::from_vec(&[v.len()], v)?,
-            Values::U8(v) => Tensor::from_vec(&[v.len()], v)?,
-            Values::U16(v) => Tensor::from_vec(&[v.len()], v)?,
-            Values::I32(v) => Tensor::from_vec(&[v.len()], v)?,
-            Values::I64(v) => Tensor::from_vec(&[v.len()], v)?,
-            Values::F32(v) => Tensor::from_vec(&[v.len()], v)?,
-            Values::F64(v) => Tensor::from_vec(&[v.len()], v)?,
-            Values::Bytes(mut v) => {
+        out.push(
+            crate::with_match_dtype!(enum Values, numeric_and_bool self.values,
+            |v: T| Tensor::from_vec(&[v.len()], v)?,
+            else Values::Bytes(mut v) => {
                 v.truncate(self.strings);
                 Tensor::from_vec(&[v.len()], v)?
-            }
-        });
+            }),
+        );
         Ok(())
     }
 }

@@ -42,7 +42,7 @@ macro_rules! pod_int {
         }
     )*};
 }
-pod_int!(u8, i8, i16, u16, i32, i64);
+crate::with_match_dtype!(impl integers, pod_int);
 
 // SAFETY: a primitive float (see `Pod`).
 unsafe impl Pod for f32 {
@@ -77,10 +77,8 @@ pub(super) fn item_size(dt: DataType) -> Option<u64> {
     if dt == DataType::Bool {
         return Some(1); // one byte, 0 or 1
     }
-    if dt == DataType::Float16 {
-        return Some(2); // IEEE 754 half, little-endian
-    }
-    crate::with_match_dtype!(numeric dt, |T| Some(std::mem::size_of::<T>() as u64),
+    // float16: an IEEE 754 half, little-endian.
+    crate::with_match_dtype!(pod dt, |T| Some(std::mem::size_of::<T>() as u64),
         else _other => None)
 }
 
@@ -208,35 +206,25 @@ pub(super) fn write_tensor_payload<W: Write>(
     crc: &mut crc32fast::Hasher,
     t: &Tensor,
 ) -> Result<()> {
-    match t {
-        Tensor::F32(a) => write_pod(s, crc, a),
-        Tensor::F64(a) => write_pod(s, crc, a),
-        Tensor::I32(a) => write_pod(s, crc, a),
-        Tensor::I64(a) => write_pod(s, crc, a),
-        Tensor::U8(a) => write_pod(s, crc, a),
-        Tensor::I8(a) => write_pod(s, crc, a),
-        Tensor::I16(a) => write_pod(s, crc, a),
-        Tensor::U16(a) => write_pod(s, crc, a),
-        Tensor::F16(a) => write_pod(s, crc, a),
-        Tensor::Bool(a) => {
-            let mut buf: Vec<u8> = Vec::with_capacity(STAGE.min(a.len()));
-            for &x in a.iter() {
-                buf.push(u8::from(x));
-                if buf.len() == STAGE {
-                    s.put_crc(crc, &buf)?;
-                    buf.clear();
-                }
+    crate::with_match_dtype!(tensor pod t, |a: T| write_pod(s, crc, a), else
+    Tensor::Bool(a) => {
+        let mut buf: Vec<u8> = Vec::with_capacity(STAGE.min(a.len()));
+        for &x in a.iter() {
+            buf.push(u8::from(x));
+            if buf.len() == STAGE {
+                s.put_crc(crc, &buf)?;
+                buf.clear();
             }
-            s.put_crc(crc, &buf)
         }
-        Tensor::Str(a) => {
-            for x in a.iter() {
-                s.put_crc(crc, &(x.len() as u64).to_le_bytes())?;
-                s.put_crc(crc, x)?;
-            }
-            Ok(())
+        s.put_crc(crc, &buf)
+    },
+    Tensor::Str(a) => {
+        for x in a.iter() {
+            s.put_crc(crc, &(x.len() as u64).to_le_bytes())?;
+            s.put_crc(crc, x)?;
         }
-    }
+        Ok(())
+    })
 }
 
 pub(super) fn write_ferro(
@@ -650,18 +638,7 @@ pub(super) enum Dest {
 
 macro_rules! each_dest {
     ($d:expr, $v:ident => $body:expr, raw $r:ident => $raw:expr) => {
-        match $d {
-            Dest::F32($v) => $body,
-            Dest::F64($v) => $body,
-            Dest::I32($v) => $body,
-            Dest::I64($v) => $body,
-            Dest::U8($v) => $body,
-            Dest::I8($v) => $body,
-            Dest::I16($v) => $body,
-            Dest::U16($v) => $body,
-            Dest::F16($v) => $body,
-            Dest::Raw($r) => $raw,
-        }
+        crate::with_match_dtype!(enum Dest, pod $d, |$v: _T| $body, else Dest::Raw($r) => $raw)
     };
 }
 
@@ -703,20 +680,17 @@ impl Dest {
                 uninit_buffer::<$t>(n, what()).map_err(|err| err.with_blob(&e.name))?
             };
         }
-        Ok(match (e.kind, ferro_dtype(e.dtype)) {
-            (KIND_TENSOR, Some(DataType::Float)) => Dest::F32(buf!(f32)),
-            (KIND_TENSOR, Some(DataType::Double)) => Dest::F64(buf!(f64)),
-            (KIND_TENSOR, Some(DataType::Int32)) => Dest::I32(buf!(i32)),
-            (KIND_TENSOR, Some(DataType::Int64)) => Dest::I64(buf!(i64)),
-            (KIND_TENSOR, Some(DataType::Uint8)) => Dest::U8(buf!(u8)),
-            (KIND_TENSOR, Some(DataType::Int8)) => Dest::I8(buf!(i8)),
-            (KIND_TENSOR, Some(DataType::Int16)) => Dest::I16(buf!(i16)),
-            (KIND_TENSOR, Some(DataType::Uint16)) => Dest::U16(buf!(u16)),
-            (KIND_TENSOR, Some(DataType::Float16)) => Dest::F16(buf!(crate::tensor::f16)),
-            _ => Dest::Raw(
+        let raw = || -> Result<Dest> {
+            Ok(Dest::Raw(
                 uninit_buffer::<u8>(e.length as usize, what())
                     .map_err(|err| err.with_blob(&e.name))?,
-            ),
+            ))
+        };
+        Ok(match (e.kind, ferro_dtype(e.dtype)) {
+            (KIND_TENSOR, Some(dt)) => {
+                crate::with_match_dtype!(wrap Dest, pod dt, |T| buf!(T), else _ => raw()?)
+            }
+            _ => raw()?,
         })
     }
 
@@ -746,18 +720,10 @@ impl Dest {
             ArrayD::from_shape_vec(ndarray::IxDyn(&e.shape()), v)
                 .map_err(|err| Error::internal(err.to_string()))
         }
-        Ok(BlobValue::Tensor(match self {
-            Dest::F32(v) => Tensor::from(arr(e, v)?),
-            Dest::F64(v) => Tensor::from(arr(e, v)?),
-            Dest::I32(v) => Tensor::from(arr(e, v)?),
-            Dest::I64(v) => Tensor::from(arr(e, v)?),
-            Dest::U8(v) => Tensor::from(arr(e, v)?),
-            Dest::I8(v) => Tensor::from(arr(e, v)?),
-            Dest::I16(v) => Tensor::from(arr(e, v)?),
-            Dest::U16(v) => Tensor::from(arr(e, v)?),
-            Dest::F16(v) => Tensor::from(arr(e, v)?),
-            Dest::Raw(r) => return decode_payload(path, e, Cow::Owned(r)),
-        }))
+        Ok(BlobValue::Tensor(
+            each_dest!(self, v => Tensor::from(arr(e, v)?),
+            raw r => return decode_payload(path, e, Cow::Owned(r))),
+        ))
     }
 }
 
