@@ -73,7 +73,7 @@ from ferrocaffe.checkpoint import (  # noqa: E402
 from ferrocaffe.dataio import Reader, ReaderWithDelay  # noqa: E402
 from ferrocaffe.file_reader import NpyReader  # noqa: E402
 from ferrocaffe.net_builder import ops  # noqa: E402
-from ferrocaffe.pipeline import pipe  # noqa: E402
+from ferrocaffe.pipeline import NetProcessor, pipe  # noqa: E402
 from ferrocaffe.schema import Scalar, Struct  # noqa: E402
 from ferrocaffe.session import LocalSession  # noqa: E402
 from ferrocaffe.task import Node, Task  # noqa: E402
@@ -249,11 +249,17 @@ def build_test_model(cfg, data, label):
 
 # ------------------------------------------------------------------- job --
 
-def build_job(cfg):
-    """The Job, and the names of the blobs the model db holds."""
+def build_job(cfg, model=None, track_loss=False):
+    """The Job, and the names of the blobs the model db holds. ``model``:
+    the training model (``build_train_model(cfg)`` when None).
+    ``track_loss``: the loss of the first pipe thread's last batch of each
+    epoch is kept where the job can fetch it, and tracked
+    (``Job.track_scalars``: a JobRunner given a ``summary`` logs it as
+    ``train/loss``)."""
     make_data(cfg)
     train_reader = make_reader(cfg, 'train', cfg.batch_size, 'train_reader')
-    model = build_train_model(cfg)
+    if model is None:
+        model = build_train_model(cfg)
     params = [str(p) for p in model.GetParams()]
 
     with Job() as job, Node(NODE):
@@ -267,9 +273,20 @@ def build_job(cfg):
         source = EpochReader(train_reader)
         if cfg.read_delay:
             source = ReaderWithDelay(source, cfg.read_delay)
-        pipe(source, num_threads=cfg.threads, processor=model.net,
+        processor = NetProcessor(model.net)
+        pipe(source, num_threads=cfg.threads, processor=processor,
              name='train')
         epoch_limiter(job, cfg.epochs)
+
+        if track_loss:
+            # Each of the pipe's threads runs a clone of the net whose own
+            # blobs are renamed (NetProcessor.blob_maps). A blob made under
+            # such a name before the threads start is shared, not made
+            # again by the thread: the first thread's loss is tracked.
+            loss = processor.blob_maps()[0]['loss']
+            with job.init_group, Task(name='init_loss'):
+                ops.ConstantFill([], [loss], shape=[], value=0.0)
+            job.track_scalars(**{'train/loss': loss})
 
         with job.exit_group, Task(name='evaluate_and_write_model'):
             test_reader = make_reader(cfg, 'test', TEST_IMAGES, 'test_reader')
@@ -342,6 +359,13 @@ def parse_args(argv=None, defaults=None, description=None):
                    help='delete what earlier runs made in the workdir '
                         '(checkpoints, model, data) and start over')
     p.add_argument('--no-progress', action='store_true')
+    p.add_argument('--tensorboard', metavar='LOGDIR', default=None,
+                   help="write TensorBoard logs to LOGDIR: the training "
+                        "loss, epoch times, rows per second, checkpoint "
+                        "save times, the test accuracy and the training "
+                        "net's graph (needs pip install "
+                        "'ferrocaffe[tensorboard]'; then tensorboard "
+                        "--logdir LOGDIR)")
     p.add_argument('--session', choices=['local', 'ray'], default='local',
                    help="'ray' runs the job's node as a Ray actor (needs "
                         "pip install 'ferrocaffe[ray]'; joins the cluster "
@@ -375,10 +399,17 @@ def train(cfg, args):
         print('checkpoints found up to epoch %d: resuming from the newest '
               'one that verifies' % max(epochs), flush=True)
 
-    job, params = build_job(cfg)
+    model = build_train_model(cfg)
+    job, params = build_job(cfg, model, track_loss=bool(args.tensorboard))
+    summary = None
+    if args.tensorboard:
+        from ferrocaffe.tensorboard import ScalarLogger
+        summary = ScalarLogger(args.tensorboard)
+        summary.add_graph([model.param_init_net, model.net])
     runner = JobRunner(job, checkpoint_manager(cfg),
                        resume_from_epoch='latest',
-                       progress=False if args.no_progress else None)
+                       progress=False if args.no_progress else None,
+                       summary=summary)
     if args.session == 'ray':
         from ferrocaffe.distributed import RaySession
         session = RaySession()
@@ -391,12 +422,20 @@ def train(cfg, args):
         print('run the same command again to resume from the last complete '
               'checkpoint (epoch %s)' % runner.last_checkpoint_epoch,
               file=sys.stderr, flush=True)
+        if summary is not None:
+            summary.close()
         return None
     finally:
         session.close()
     elapsed = time.time() - start
 
     model = read_model(cfg.model_path)
+    if summary is not None:
+        summary.add_scalar('test/accuracy', float(model['test_accuracy']),
+                           last_epoch)
+        summary.close()
+        print('TensorBoard logs in %s (tensorboard --logdir %s)' % (
+            args.tensorboard, args.tensorboard))
     if runner.resumed_from_epoch is not None:
         print('resumed from epoch %d' % runner.resumed_from_epoch)
         if runner.epoch is None:

@@ -8,7 +8,10 @@ The file holds a ``PlanDef`` in protobuf binary (``.pb``) or text format
 (``.pbtxt``; see ``proto.ReadProtoFromFile``). The plan runs in a fresh
 workspace (``--root-folder`` sets its root folder, where relative db paths
 of ``Save``/``Load`` resolve). A progress line goes to standard error before
-and after the run. Exit status: 0 when the plan ran, 1 when it failed
+and after the run, and, when standard error is a terminal and the plan's
+length is known (its looping top-level steps have a ``num_iter``), a tqdm
+bar over their iterations while it runs (``--no-progress``: never;
+``--progress``: also when not on a terminal). Exit status: 0 when the plan ran, 1 when it failed
 (the error, with the op, net and step, is printed), 2 when the file cannot
 be read or is not a plan, 130 on Ctrl-C.
 """
@@ -39,7 +42,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--root-folder", dest="root_folder", default=None,
                    help="root folder of the workspace the plan runs in")
     p.add_argument("-q", "--quiet", action="store_true",
-                   help="no progress lines, only errors")
+                   help="no progress lines or bar, only errors")
+    bar = p.add_mutually_exclusive_group()
+    bar.add_argument("--progress", dest="progress", action="store_const", const=True,
+                     default=None,
+                     help="draw the progress bar even when standard error is not a terminal")
+    bar.add_argument("--no-progress", dest="progress", action="store_const", const=False,
+                     help="no progress bar")
     return p
 
 
@@ -85,7 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{_count_steps(plan.execution_step)} steps)")
     start = time.monotonic()
     try:
-        workspace.Workspace(root_folder=args.root_folder).run(plan)
+        progress = False if args.quiet else args.progress
+        workspace.Workspace(root_folder=args.root_folder).run(plan, progress=progress)
     except KeyboardInterrupt:
         print(f"{_PROG}: interrupted: plan '{name}' from {path!r}", file=sys.stderr, flush=True)
         return 130

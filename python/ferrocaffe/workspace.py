@@ -550,17 +550,24 @@ class Workspace:
         the serialising)."""
         return _check(self._core.run_plan(data), False, "plan")
 
-    def run(self, obj, trace=None) -> bool:
+    def run(self, obj, trace=None, progress=False) -> bool:
         """Runs a Plan, ExecutionStep, Net or one of their protos once.
-        ``trace``: a path to write a timeline of this call to."""
+        ``trace``: a path to write a timeline of this call to.
+        ``progress`` (plans and steps): a tqdm bar as ``RunPlan`` draws it;
+        False (the default) never, None on a terminal when the plan's
+        length is known, True whenever it is known."""
         if trace is not None:
             with profiler.profile(trace):
-                return self.run(obj)
+                return self.run(obj, progress=progress)
         kind = _kind_of(obj)
         if kind == "plan":
-            return _check(self._core.run_plan(StringifyProto(obj)), False, "plan")
+            data = StringifyProto(obj)
+            counted = _progress_plan(data, progress)
+            if counted is not None:
+                return _check(_run_with_progress(self, *counted), False, "plan")
+            return _check(self._core.run_plan(data), False, "plan")
         if kind == "step":
-            return self.run(_plan_from_step(obj))
+            return self.run(_plan_from_step(obj), progress=progress)
         if kind == "net":
             ok = self._core.run_net_once(StringifyProto(obj))
             return ok or _check(ok, False, f"net '{GetNetName(obj)}'")
@@ -1067,7 +1074,11 @@ def _run_with_progress(ws, data, total, counter, made):
                     bar.refresh()
                 except errors.FerrocaffeError:
                     pass
-        return handle.wait()
+        ok = handle.wait()
+        with contextlib.suppress(errors.FerrocaffeError):
+            bar.n = ws._core.fetch_counter(counter)     # the last count, at the end
+            bar.refresh()
+        return ok
     except KeyboardInterrupt:
         handle.cancel()
         with contextlib.suppress(BaseException):

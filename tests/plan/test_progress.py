@@ -69,3 +69,38 @@ def test_a_failure_under_a_bar_is_the_plans_error(fresh):
     with pytest.raises(errors.FerrocaffeError):
         workspace.RunPlan(plan, progress=True)
     assert not [b for b in workspace.Blobs() if 'progress' in b]
+
+
+def test_the_run_plan_command_draws_a_bar_when_asked_or_on_a_terminal(fresh, tmp_path,
+                                                                        monkeypatch, capsys):
+    from ferrocaffe import run_plan
+    import tqdm
+    bars = []
+
+    class Recording(tqdm.tqdm):
+        def __init__(self, *args, **kwargs):
+            kwargs['file'] = io.StringIO()
+            super().__init__(*args, **kwargs)
+            bars.append(self)
+
+    path = tmp_path / 'counting.pb'
+    path.write_bytes(counting_plan(4, 3).Proto().SerializeToString())
+    monkeypatch.setattr(tqdm, 'tqdm', Recording)
+    # Standard error is not a terminal here: no bar unless asked for.
+    assert run_plan.main([str(path)]) == 0
+    assert run_plan.main([str(path), '--no-progress']) == 0
+    assert run_plan.main([str(path), '--progress', '--quiet']) == 0
+    assert bars == []
+    assert run_plan.main([str(path), '--progress']) == 0
+    [bar] = bars
+    assert bar.total == 7 and bar.n == 7
+    # A plan of unknown length gets none, even when asked.
+    once = core.Plan('pg_cmd_once')
+    net = core.Net('pg_cmd_once_net')
+    net.ConstantFill([], ['z'], shape=[1], value=1.0)
+    once.AddStep(core.execution_step('pg_cmd_once_step', [net]))
+    path.write_bytes(once.Proto().SerializeToString())
+    assert run_plan.main([str(path), '--progress']) == 0
+    assert len(bars) == 1
+    err = capsys.readouterr().err
+    assert "finished in" in err
