@@ -66,12 +66,14 @@ class NetOpHelpers:
         debug_key: Any,
         field_keywords: frozenset[str],
         modules: dict[str, Any],
+        package_dir: str | None = None,
     ) -> None: ...
 
 class OpMethod:
     """``Net.<OpType>``: an op method kept on the Net class."""
 
     def __init__(self, op_type: str, helpers: NetOpHelpers) -> None: ...
+    def call(self, net: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None) -> Any: ...
 
 class BoundOpMethod:
     """An op method bound to a net: ``net.Add([a, b], "c", broadcast=1)``

@@ -403,17 +403,48 @@ class BlobReference:
     to the ref's net with the ref as first input.
     """
 
+    # Slots (and a ``meta`` dict made when first read): a net's op methods
+    # return one reference per op, so each costs one object, not three, to
+    # make and for the garbage collector to visit. ``__dict__`` keeps
+    # arbitrary attributes working, as on Caffe2's class.
+    __slots__ = ("_name", "_from_net", "_meta", "__dict__", "__weakref__")
+    _name: str
+    _from_net: Net | None
+    _meta: dict[str, Any]
+
     def __init__(self, name: str | bytes, net: Net | None = None) -> None:
         # No name scope is added here; ScopedBlobReference does that.
-        if isinstance(name, str):
-            self._name = name
-        elif isinstance(name, bytes):
-            self._name = name.decode("utf-8")
-        else:
-            self._name = str(name)
+        if type(name) is not str:
+            name = (name.decode("utf-8") if isinstance(name, bytes)
+                    else name if isinstance(name, str) else str(name))
+        self._name = name
         self._from_net = net
-        # free-form metadata that helpers may attach
-        self.meta = {}
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """Free-form metadata that helpers may attach."""
+        try:
+            return self._meta
+        except AttributeError:
+            self._meta = {}
+            return self._meta
+
+    @meta.setter
+    def meta(self, value: dict[str, Any]) -> None:
+        self._meta = value
+
+    def __getstate__(self):
+        state = dict(getattr(self, "__dict__", ()))
+        state["_name"] = self._name
+        state["_from_net"] = self._from_net
+        if hasattr(self, "_meta"):
+            state["meta"] = self._meta
+        return state
+
+    def __setstate__(self, state):
+        # (Also the plain __dict__ the class pickled before it had slots.)
+        for key, value in state.items():
+            setattr(self, key, value)
 
     def __hash__(self):
         return hash(self._name)
@@ -1004,13 +1035,14 @@ def _op_method(op_type):
             _CAFFE2_DEBUG_KEY,
             _OPERATOR_FIELD_KEYWORDS | {"inputs", "outputs"},
             sys.modules,
+            _PACKAGE_DIR,
         )
-    fast = _core.OpMethod(op_type, _NET_OP_HELPERS)
+    call = _core.OpMethod(op_type, _NET_OP_HELPERS).call
 
     # A plain function around the fast method, so that help(net.Add) and
     # inspect show the op's schema and signature.
     def op_method(self, *args, **kwargs):
-        return fast.__get__(self, Net)(*args, **kwargs)
+        return call(self, args, kwargs)
 
     op_method.__name__ = op_method.__qualname__ = op_type
     op_method.__doc__ = _op_doc(op_type)
@@ -1080,8 +1112,13 @@ class Net:
         self._op_outputs = set()
         self._external_input_map = set()
         self._attr_dict = defaultdict(list)
-        # Ops made by the op methods, not yet in the NetDef (see _flush).
+        # Ops made by the op methods, not yet in the NetDef (see _flush),
+        # and where the user's code made each (see _user_frame).
         self._pending = []
+        self._pending_sites = []
+        # NetDef op index -> creation site, for PopulateProtoWithFileName.
+        # Kept on the net (Caffe2's process-wide table grew forever).
+        self._op_tracebacks = {}
         if isinstance(name_or_proto, caffe2_pb2.NetDef):
             proto = name_or_proto
             if inplace:
@@ -1155,9 +1192,15 @@ class Net:
     def _flush(self):
         # Emptied in place: a shallow copy of the net shares the queue, as
         # it shares the NetDef.
+        # The creation sites get their op indices here, not per op (the
+        # length of the NetDef's op list costs as much as half an op).
+        base = len(self._proto.op)
         data = _core.encode_net_ops(self._pending)
         del self._pending[:]
         self._proto.MergeFromString(data)
+        sites = self._pending_sites
+        self._op_tracebacks.update(zip(range(base, base + len(sites)), sites))
+        del sites[:]
 
     # -- attributes (opaque hooks used by task.py)
 
@@ -1255,9 +1298,10 @@ class Net:
     def PopulateProtoWithFileName(self) -> None:
         """Names every op this net created through its op methods after the
         line of user code that created it: ``'<file>:<line>:<function>'``."""
+        ops = self._net.op  # the queued ops first: they get their indices
         for index, frame in getattr(self, "_op_tracebacks", {}).items():
-            if frame is not None and index < len(self._net.op):
-                self._net.op[index].name = ":".join(map(str, _frame_location(*frame)))
+            if frame is not None and index < len(ops):
+                ops[index].name = ":".join(map(str, _frame_location(*frame)))
 
     def __getstate__(self):
         # Code objects do not pickle: keep the creation sites as locations.
@@ -1268,6 +1312,12 @@ class Net:
                 i: None if f is None else _frame_location(*f) for i, f in state["_op_tracebacks"].items()
             }
         return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        # (A net pickled before creation sites were queued with the ops.)
+        self.__dict__.setdefault("_pending_sites", [])
+        self.__dict__.setdefault("_op_tracebacks", {})
 
     def _ExtendOps(self, new_ops):
         self._net.op.extend(new_ops)
@@ -1789,15 +1839,15 @@ class Net:
             input_names = _blob_names(inputs)
             output_names = _blob_names(outputs)
             self._pending.append((op_type, input_names, output_names, args))
+            # Where the user's code made the op: its index is known when
+            # the queue is flushed.
+            self._pending_sites.append(_user_frame())
             self._op_outputs.update(output_names)
         else:
             op = CreateOperator(op_type, inputs, outputs, **kwargs)
             self._ExtendOps([op])
             output_names = op.output
-        # Where the user's code made the op, for PopulateProtoWithFileName.
-        # Kept on the net (Caffe2's process-wide table grew forever).
-        tracebacks = self.__dict__.setdefault("_op_tracebacks", {})
-        tracebacks[len(self._proto.op) + len(self._pending) - 1] = _user_frame()
+            self._op_tracebacks[len(self._proto.op) - 1] = _user_frame()
         if len(output_names) == 0:
             return None
         if len(output_names) == 1:

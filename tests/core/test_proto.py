@@ -11,7 +11,9 @@ import copy
 import math
 import pickle
 import struct
+import sys
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -413,6 +415,59 @@ def test_copies_and_pickles_of_a_net_with_queued_ops():
     net.ConstantFill([], "q", shape=[1])
     back = pickle.loads(pickle.dumps(net))
     assert [op.output[0] for op in back.Proto().op] == ["a", "b", "c", "q"]
+
+
+def test_creation_sites_of_queued_ops_name_the_user_lines():
+    net = core.Net("sites")
+    x = net.AddExternalInput("x")
+    lines = []
+    net.Relu(x, "a")
+    lines.append(sys._getframe().f_lineno - 1)
+    net.Proto().op[0].type = "Relu"  # flushed: the next op's index follows
+    net.Copy("a", "b")
+    lines.append(sys._getframe().f_lineno - 1)
+    net.Copy(x, "c", engine="E")  # the general path, straight into the NetDef
+    lines.append(sys._getframe().f_lineno - 1)
+    net.Copy("c", "d")  # still queued when the names are filled in
+    lines.append(sys._getframe().f_lineno - 1)
+    net.PopulateProtoWithFileName()
+    here = "test_creation_sites_of_queued_ops_name_the_user_lines"
+    assert [op.name for op in net.Proto().op] == [
+        "%s:%d:%s" % (__file__, line, here) for line in lines]
+    # A pickled net keeps the sites as locations; ops added after unpickling
+    # get theirs.
+    back = pickle.loads(pickle.dumps(net))
+    back.Copy("d", "e")
+    line = sys._getframe().f_lineno - 1
+    back.PopulateProtoWithFileName()
+    assert [op.name for op in back.Proto().op] == [
+        "%s:%d:%s" % (__file__, n, here) for n in lines + [line]]
+
+
+class _NamedRef(core.BlobReference):
+    pass
+
+
+def test_blob_reference_keeps_caffe2s_attributes():
+    ref = core.BlobReference("a")
+    assert ref.meta == {} and ref.meta is ref.meta
+    ref.meta["shape"] = [2]
+    ref.note = "any attribute"
+    assert weakref.ref(ref)() is ref
+    for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+        back = pickle.loads(pickle.dumps(ref, protocol=protocol))
+        assert (back, back.meta, back.note, back.Net()) == ("a", {"shape": [2]}, "any attribute", None)
+    deep = copy.deepcopy(ref)
+    assert deep.meta == {"shape": [2]} and deep.meta is not ref.meta
+    shallow = copy.copy(ref)
+    assert shallow.meta is ref.meta and shallow == "a"
+    net = core.Net("refs")
+    sub = _NamedRef("b", net)
+    sub.extra = 1
+    assert isinstance(sub, core.BlobReference) and sub.Net() is net
+    back = pickle.loads(pickle.dumps(sub))
+    assert type(back) is _NamedRef and back.extra == 1 and back == "b"
+    assert core.BlobReference(b"c") == "c" and str(core.BlobReference(3)) == "3"
 
 
 def test_a_net_built_by_op_methods_runs():

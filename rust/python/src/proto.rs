@@ -71,6 +71,9 @@ pub struct NetOpHelpers {
     blob_reference: Py<PyAny>,
     /// `core._user_frame`: where the user's code made the op.
     user_frame: Py<PyAny>,
+    /// The package's directory (`core._PACKAGE_DIR`): given, the op
+    /// methods find the user's frame themselves, as `_user_frame` does.
+    package_dir: Option<String>,
     /// `core._argument_bytes(key, value, op_type)`: the general encoder.
     argument_bytes: Py<PyAny>,
     /// `scope._threadlocal_scope`, and `scope.CurrentNameScope` for a
@@ -92,6 +95,8 @@ pub struct NetOpHelpers {
 #[pymethods]
 impl NetOpHelpers {
     #[new]
+    #[pyo3(signature = (blob_reference, user_frame, argument_bytes, scope_local,
+        current_name_scope, environ, debug_key, field_keywords, modules, package_dir=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         blob_reference: Py<PyAny>,
@@ -103,10 +108,12 @@ impl NetOpHelpers {
         debug_key: Py<PyAny>,
         field_keywords: Py<PyAny>,
         modules: Py<PyAny>,
+        package_dir: Option<String>,
     ) -> Self {
         NetOpHelpers {
             blob_reference,
             user_frame,
+            package_dir,
             argument_bytes,
             scope_local,
             current_name_scope,
@@ -139,6 +146,20 @@ impl OpMethod {
     #[getter]
     fn __name__(&self, py: Python<'_>) -> Py<PyString> {
         self.op_type.clone_ref(py)
+    }
+
+    /// `net.<OpType>(*args, **kwargs)` given the net, the positional
+    /// arguments as a tuple and the keywords as a dict (or None): what
+    /// `core`'s op methods call, with no bound object made per call.
+    #[pyo3(signature = (net, args, kwargs=None))]
+    fn call<'py>(
+        &self,
+        py: Python<'py>,
+        net: &Bound<'py, PyAny>,
+        args: &Bound<'py, PyTuple>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Py<PyAny>> {
+        call_op(py, net, self, args, kwargs)
     }
 
     fn __get__(
@@ -185,22 +206,32 @@ impl BoundOpMethod {
         args: &Bound<'py, PyTuple>,
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Py<PyAny>> {
-        let net = self.net.bind(py);
-        let method = self.method.get();
-        let op_type = method.op_type.bind(py);
-        if let Some(r) = add_op_fast(py, net, op_type, method.helpers.get(), args, kwargs)? {
-            return Ok(r);
-        }
-        let mut all = Vec::with_capacity(args.len() + 1);
-        all.push(op_type.clone().into_any());
-        all.extend(args.iter());
-        net.call_method(
-            pyo3::intern!(py, "_CreateAndAddToSelf"),
-            PyTuple::new(py, all)?,
-            kwargs,
-        )
-        .map(Bound::unbind)
+        call_op(py, self.net.bind(py), self.method.get(), args, kwargs)
     }
+}
+
+/// Adds the op `method` names to `net`: the common op here
+/// ([`add_op_fast`]), any other through `Net._CreateAndAddToSelf`.
+fn call_op<'py>(
+    py: Python<'py>,
+    net: &Bound<'py, PyAny>,
+    method: &OpMethod,
+    args: &Bound<'py, PyTuple>,
+    kwargs: Option<&Bound<'py, PyDict>>,
+) -> PyResult<Py<PyAny>> {
+    let op_type = method.op_type.bind(py);
+    if let Some(r) = add_op_fast(py, net, op_type, method.helpers.get(), args, kwargs)? {
+        return Ok(r);
+    }
+    let mut all = Vec::with_capacity(args.len() + 1);
+    all.push(op_type.clone().into_any());
+    all.extend(args.iter());
+    net.call_method(
+        pyo3::intern!(py, "_CreateAndAddToSelf"),
+        PyTuple::new(py, all)?,
+        kwargs,
+    )
+    .map(Bound::unbind)
 }
 
 /// A blob given as an input or output, as the fast path takes it: a str
@@ -252,7 +283,7 @@ fn add_op_fast<'py>(
     };
     let fields = h.field_keywords.bind(py);
     if let Some(kw) = kwargs {
-        for k in kw.keys() {
+        for (k, _) in kw.iter() {
             if fields.contains(&k)? {
                 return Ok(None);
             }
@@ -284,12 +315,35 @@ fn add_op_fast<'py>(
             }
         }
     }
-    if net
-        .getattr(intern!(py, "_recreate_lookup_tables"))?
-        .is_truthy()?
-    {
+    // The net's state, read from its __dict__ (an attribute lookup on a
+    // Net goes through the class and its __getattr__ hook first); a net
+    // whose state is not there, or not of the usual types, takes the
+    // general path.
+    let Ok(dict) = net.getattr(intern!(py, "__dict__"))?.cast_into::<PyDict>() else {
         return Ok(None);
+    };
+    match dict.get_item(intern!(py, "_recreate_lookup_tables"))? {
+        Some(v) if !v.is_truthy()? => {}
+        _ => return Ok(None),
     }
+    let state =
+        |key: &Bound<'py, PyString>| -> PyResult<Option<Bound<'py, PyAny>>> { dict.get_item(key) };
+    let Some(Ok(op_outputs)) = state(intern!(py, "_op_outputs"))?.map(|s| s.cast_into::<PySet>())
+    else {
+        return Ok(None);
+    };
+    let Some(Ok(external)) =
+        state(intern!(py, "_external_input_map"))?.map(|s| s.cast_into::<PySet>())
+    else {
+        return Ok(None);
+    };
+    let Some(Ok(pending)) = state(intern!(py, "_pending"))?.map(|s| s.cast_into::<PyList>()) else {
+        return Ok(None);
+    };
+    let Some(Ok(sites)) = state(intern!(py, "_pending_sites"))?.map(|s| s.cast_into::<PyList>())
+    else {
+        return Ok(None);
+    };
     let blob_ref = h.blob_reference.bind(py);
     let Some(ins) = blobs(&inputs, blob_ref) else {
         return Ok(None);
@@ -323,10 +377,6 @@ fn add_op_fast<'py>(
                 Ok(p.add(s)?.cast_into::<PyString>()?)
             }
         };
-    let op_outputs = net.getattr(intern!(py, "_op_outputs"))?;
-    let op_outputs = op_outputs.cast::<PySet>()?;
-    let external = net.getattr(intern!(py, "_external_input_map"))?;
-    let external = external.cast::<PySet>()?;
     let name_attr = intern!(py, "_name");
     let mut in_names = Vec::with_capacity(ins.len());
     for b in &ins {
@@ -423,31 +473,17 @@ fn add_op_fast<'py>(
             args: &arg_refs,
         },
     );
-    let pending = net.getattr(intern!(py, "_pending"))?;
-    let pending = pending.cast::<PyList>()?;
+    // Where the user's code made the op, for PopulateProtoWithFileName:
+    // queued beside the op (`Net._flush` gives it the op's index).
+    let site = match &h.package_dir {
+        Some(dir) => user_frame(py, dir)?,
+        None => h.user_frame.bind(py).call0()?,
+    };
     pending.append(PyBytes::new(py, &op))?;
+    sites.append(site)?;
     for n in &out_names {
         op_outputs.add(n)?;
     }
-    // Where the user's code made the op, for PopulateProtoWithFileName.
-    let index = net
-        .getattr(intern!(py, "_proto"))?
-        .getattr(intern!(py, "op"))?
-        .len()?
-        + pending.len()
-        - 1;
-    let dict = net.getattr(intern!(py, "__dict__"))?;
-    let dict = dict.cast::<PyDict>()?;
-    let key = intern!(py, "_op_tracebacks");
-    let tracebacks = match dict.get_item(key)? {
-        Some(t) => t,
-        None => {
-            let t = PyDict::new(py).into_any();
-            dict.set_item(key, &t)?;
-            t
-        }
-    };
-    tracebacks.set_item(index, h.user_frame.bind(py).call0()?)?;
     let make_ref = |name: &Bound<'py, PyString>| blob_ref.call1((name, net));
     Ok(Some(match out_names.len() {
         0 => py.None(),
@@ -462,6 +498,38 @@ fn add_op_fast<'py>(
         .into_any()
         .unbind(),
     }))
+}
+
+/// `core._user_frame()` without a Python call: `(code, instruction
+/// offset)` of the innermost Python frame whose file is not under
+/// `package_dir`, or None.
+fn user_frame<'py>(py: Python<'py>, package_dir: &str) -> PyResult<Bound<'py, PyAny>> {
+    use pyo3::intern;
+    // SAFETY: the GIL is held; PyEval_GetFrame returns a borrowed reference
+    // to the running Python frame (the caller's), or NULL when there is none.
+    let current = unsafe { pyo3::ffi::PyEval_GetFrame() };
+    if current.is_null() {
+        return Ok(py.None().into_bound(py));
+    }
+    // SAFETY: a valid, borrowed frame object (checked non-null above).
+    let mut frame = unsafe { Bound::from_borrowed_ptr(py, current.cast()) };
+    loop {
+        let code = frame.getattr(intern!(py, "f_code"))?;
+        let file = code.getattr(intern!(py, "co_filename"))?;
+        let inside = match file.cast::<PyString>() {
+            Ok(f) => f.to_str().is_ok_and(|f| f.starts_with(package_dir)),
+            Err(_) => false,
+        };
+        if !inside {
+            let offset = frame.getattr(intern!(py, "f_lasti"))?;
+            return Ok(PyTuple::new(py, [code, offset])?.into_any());
+        }
+        let back = frame.getattr(intern!(py, "f_back"))?;
+        if back.is_none() {
+            return Ok(back);
+        }
+        frame = back;
+    }
 }
 
 /// The serialised Argument for a keyword whose value is exactly an int
