@@ -145,3 +145,35 @@ def test_a_loaded_tensor_survives_the_file_being_rewritten_or_truncated(
     assert path in str(info.value)
     for k, v in data.items():
         np.testing.assert_array_equal(ws.fetch_blob(k), v)
+
+
+@pytest.mark.parametrize('value, expected', [
+    ('8', 8 * MIB), ('0', 0), (None, 1 << 30), ('not a number', 1 << 30)])
+def test_the_limit_comes_from_the_environment(value, expected):
+    import subprocess
+    import sys
+
+    import ferrocaffe
+
+    env = dict(os.environ)
+    env.pop('FERROCAFFE_BUFFER_CACHE_MIB', None)
+    if value is not None:
+        env['FERROCAFFE_BUFFER_CACHE_MIB'] = value
+    env['PYTHONPATH'] = os.path.dirname(os.path.dirname(ferrocaffe.__file__))
+    code = ('import numpy as np\n'
+            'from ferrocaffe import _core, workspace\n'
+            'ws = workspace.Workspace()\n'
+            'ws.feed_blob("x", np.ones((4, 1 << 20), np.float32))\n'
+            'del ws\n'
+            'held = _core.buffer_cache_bytes()\n'
+            'print(_core.set_buffer_cache_limit(0), held)\n')
+    out = subprocess.run([sys.executable, '-c', code], env=env,
+                         capture_output=True, text=True, check=True).stdout
+    limit, held = map(int, out.split())
+    assert limit == expected
+    # The freed 16 MiB tensor is kept under the default limit, not over
+    # an 8 MiB one; nothing is kept with the cache off.
+    if expected >= 16 * MIB:
+        assert held >= 16 * MIB
+    else:
+        assert held <= expected

@@ -298,25 +298,13 @@ impl Default for Cache {
     }
 }
 
-/// `FERROCAFFE_BUFFER_CACHE_MIB`, read without allocating (this runs
-/// inside the allocator).
+/// `FERROCAFFE_BUFFER_CACHE_MIB` in MiB. This runs inside the allocator
+/// (freeing a large block, before the cache's lock is taken): the small
+/// allocations of reading the variable go straight to the system allocator.
 fn limit_from_env() -> Option<usize> {
-    #[cfg(unix)]
-    {
-        // SAFETY: a NUL-terminated name; getenv returns NULL or a
-        // NUL-terminated string, read at once (before any setenv could
-        // change it on this path, which only reads).
-        let p = unsafe { libc::getenv(c"FERROCAFFE_BUFFER_CACHE_MIB".as_ptr()) };
-        if p.is_null() {
-            return None;
-        }
-        // SAFETY: non-null, NUL-terminated (getenv's contract).
-        let s = unsafe { std::ffi::CStr::from_ptr(p) };
-        let mib: usize = s.to_str().ok()?.trim().parse().ok()?;
-        Some(mib.saturating_mul(1 << 20).min(UNSET - 1))
-    }
-    #[cfg(not(unix))]
-    None
+    let v = std::env::var_os("FERROCAFFE_BUFFER_CACHE_MIB")?;
+    let mib: usize = v.to_str()?.trim().parse().ok()?;
+    Some(mib.saturating_mul(1 << 20).min(UNSET - 1))
 }
 
 static CACHE: Cache = Cache::new();
