@@ -203,7 +203,7 @@ def readinto_seconds(path):
 
 
 LOAD_KEYS = ('dd', 'readinto', 'numpy', 'ferro', 'ferro+fetch', 'ferro+view',
-             'minidb')
+             'ferro+view,nocache', 'minidb')
 
 
 def bench_load(args, ws, names, arrays, nbytes, paths):
@@ -215,7 +215,9 @@ def bench_load(args, ws, names, arrays, nbytes, paths):
     ops = {t: load_op(names, p, t) for t, p in paths.items()}
     fetch_split = {True: [], False: []}
 
-    def load_ferrocaffe(t, fetch=False, copy=True):
+    def load_ferrocaffe(t, fetch=False, copy=True, cache=True):
+        if not cache:  # fresh memory, as in the first Load of a process
+            limit = _core.set_buffer_cache_limit(0)
         target = workspace.Workspace()
         start = time.perf_counter()
         target.run(ops[t])
@@ -228,6 +230,8 @@ def bench_load(args, ws, names, arrays, nbytes, paths):
         elapsed = time.perf_counter() - start
         assert target.blobs['t07'].fetch()[5, 9] == arrays[7][5, 9]
         del target
+        if not cache:
+            _core.set_buffer_cache_limit(limit)
         return elapsed
 
     def load_numpy():
@@ -249,6 +253,9 @@ def bench_load(args, ws, names, arrays, nbytes, paths):
             return load_ferrocaffe('ferro', fetch=True)
         if key == 'ferro+view':
             return load_ferrocaffe('ferro', fetch=True, copy=False)
+        if key == 'ferro+view,nocache':
+            return load_ferrocaffe('ferro', fetch=True, copy=False,
+                                   cache=False)
         return load_ferrocaffe(key)
 
     def files(key):
@@ -285,11 +292,14 @@ def bench_load(args, ws, names, arrays, nbytes, paths):
                     times['ferro+view'])
         print('    of which fetch_blob(copy=False): median %.6f s' % (
             statistics.median(fetch_split[False])))
+        nocache = show('  the same, buffer cache off, %s' % state, nbytes,
+                       times['ferro+view,nocache'])
         minidb = show('Load, minidb, %s' % state, nbytes, times['minidb'])
         print('  ratio Load(ferro) / np.load, %s  = %.2f  (target >= 1.0)' % (
             state, base / ferro))
         print('  ratio Load(ferro) / dd, %s       = %.2f' % (state, dd / ferro))
-        for label, t in (('Load+fetch', both), ('Load+fetch(copy=False)', view)):
+        for label, t in (('Load+fetch', both), ('Load+fetch(copy=False)', view),
+                         ('Load+fetch(copy=False), cache off', nocache)):
             print('  ratio %s / dd, %s = %.2f%s' % (
                 label, state, dd / t, '  (target >= 0.90)' if cold else ''))
             print('  ratio %s / readinto, %s = %.2f' % (label, state, raw / t))

@@ -9,6 +9,7 @@
 // Errors carry their context by value; they are rare and never on a hot path.
 #![allow(clippy::result_large_err)]
 
+pub mod alloc;
 pub mod args;
 pub mod blob;
 pub mod builtins;
@@ -28,6 +29,11 @@ mod test_util;
 pub mod threads;
 pub mod trace;
 pub mod workspace;
+
+/// Tensors and every other allocation go through the system allocator with
+/// a cache of freed large blocks in front (`alloc`).
+#[global_allocator]
+static GLOBAL: alloc::FerroAlloc = alloc::FerroAlloc;
 
 pub use blob::{Blob, BlobValue};
 pub use cancel::CancelToken;

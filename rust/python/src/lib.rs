@@ -53,6 +53,8 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(storage::write_file_atomically, m)?)?;
     m.add_function(wrap_pyfunction!(registry::set_num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(registry::num_threads, m)?)?;
+    m.add_function(wrap_pyfunction!(registry::set_buffer_cache_limit, m)?)?;
+    m.add_function(wrap_pyfunction!(registry::buffer_cache_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(proto::encode_net_ops, m)?)?;
     m.add_function(wrap_pyfunction!(trace::trace_start, m)?)?;
     m.add_function(wrap_pyfunction!(trace::trace_stop, m)?)?;

@@ -49,6 +49,20 @@ pub(crate) fn set_num_threads(py: Python<'_>, n: usize) -> PyResult<bool> {
     ferrocaffe::threads::set_num_threads(n).map_err(|e| to_py_err(py, e))
 }
 
+/// Sets the limit in bytes of the cache of freed large buffers (0 turns
+/// it off and gives back what it holds); returns the previous limit. See
+/// `ferrocaffe::alloc`.
+#[pyfunction]
+pub(crate) fn set_buffer_cache_limit(nbytes: usize) -> usize {
+    ferrocaffe::alloc::set_limit(nbytes)
+}
+
+/// Bytes of freed large buffers the cache holds now.
+#[pyfunction]
+pub(crate) fn buffer_cache_bytes() -> usize {
+    ferrocaffe::alloc::cached_bytes()
+}
+
 /// Threads in the kernel (rayon) pool.
 #[pyfunction]
 pub(crate) fn num_threads() -> usize {

@@ -1,0 +1,506 @@
+//! The global allocator: the system allocator, plus a bounded cache of
+//! freed large blocks that the next allocation of the same size reuses.
+//!
+//! Why: on a virtual machine, the first touch of a fresh page costs a fault,
+//! a zeroing and often the host backing it again, and in the Load of a
+//! checkpoint those first touches cost several times the copy from the page
+//! cache (BENCHMARKS.md, "Checkpoints"). A buffer freed by one Load (a
+//! dropped workspace, a replaced blob) and taken again by the next is
+//! already resident, so the read is a plain copy.
+//!
+//! The rules, which keep the cache from changing what a program can see:
+//! - Only blocks of at least [`MIN_CACHED`] bytes are kept, at most
+//!   `SLOTS` of them and at most the limit in bytes (1 GiB by default;
+//!   `FERROCAFFE_BUFFER_CACHE_MIB` in the environment when the first large
+//!   block is freed, or [`set_limit`]; 0 turns the cache off and empties it).
+//! - A block is reused only for exactly its size and alignment (the layout
+//!   it was allocated with, so it goes back to the system allocator exactly
+//!   as it came); `alloc_zeroed` zeroes a reused block.
+//! - A miss gives back at least as many cached bytes as it allocates, so the
+//!   cache never raises the process's memory above its previous peak; a
+//!   block unused for `DECAY` is given back at the next large allocation or
+//!   free.
+//! - The lock is only ever tried: a thread that finds it taken goes
+//!   straight to the system allocator, so nothing waits on the cache (and a
+//!   child forked while another thread held it simply does not use it).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, TryLockError};
+use std::time::{Duration, Instant};
+
+/// Blocks smaller than this go straight to the system allocator.
+pub const MIN_CACHED: usize = 1 << 20;
+/// The default limit in bytes.
+pub const DEFAULT_LIMIT: usize = 1 << 30;
+/// Most blocks kept.
+const SLOTS: usize = 256;
+/// A block kept longer than this without reuse is given back.
+const DECAY: Duration = Duration::from_secs(10);
+/// The limit before it is first read from the environment.
+const UNSET: usize = usize::MAX;
+
+#[derive(Clone, Copy)]
+struct Slot {
+    /// The block's address; 0 for an empty slot.
+    addr: usize,
+    size: usize,
+    align: usize,
+    freed: Option<Instant>,
+}
+
+const EMPTY: Slot = Slot {
+    addr: 0,
+    size: 0,
+    align: 0,
+    freed: None,
+};
+
+struct State {
+    slots: [Slot; SLOTS],
+    bytes: usize,
+}
+
+/// Blocks taken out of the cache under its lock, given back to the system
+/// allocator after the lock is released (a `munmap` can take a while).
+struct Evicted {
+    blocks: [(usize, usize, usize); SLOTS],
+    n: usize,
+}
+
+impl Evicted {
+    fn new() -> Self {
+        Evicted {
+            blocks: [(0, 0, 0); SLOTS],
+            n: 0,
+        }
+    }
+    fn push(&mut self, s: Slot) {
+        self.blocks[self.n] = (s.addr, s.size, s.align);
+        self.n += 1;
+    }
+    fn release(&self, free: unsafe fn(*mut u8, Layout)) {
+        for &(addr, size, align) in &self.blocks[..self.n] {
+            // The layout is the one the block was allocated with (it was
+            // valid then, so it is now).
+            if let Ok(layout) = Layout::from_size_align(size, align) {
+                // SAFETY: the block was allocated with this layout by the
+                // allocator `free` belongs to, and is no longer in the cache
+                // nor in use (it was freed by its owner before it was cached).
+                unsafe { free(addr as *mut u8, layout) };
+            }
+        }
+    }
+}
+
+/// A cache of freed blocks (see the module docs). The global allocator
+/// uses one static instance; tests make their own.
+pub struct Cache {
+    state: Mutex<State>,
+    limit: AtomicUsize,
+}
+
+impl State {
+    fn evict(&mut self, i: usize, out: &mut Evicted) {
+        let s = std::mem::replace(&mut self.slots[i], EMPTY);
+        self.bytes -= s.size;
+        out.push(s);
+    }
+    /// Evicts blocks unused for longer than `DECAY`.
+    fn expire(&mut self, now: Instant, out: &mut Evicted) {
+        for i in 0..SLOTS {
+            let s = self.slots[i];
+            if s.addr != 0
+                && s.freed
+                    .is_some_and(|t| now.saturating_duration_since(t) > DECAY)
+            {
+                self.evict(i, out);
+            }
+        }
+    }
+    /// The index of the oldest block.
+    fn oldest(&self) -> Option<usize> {
+        (0..SLOTS)
+            .filter(|&i| self.slots[i].addr != 0)
+            .min_by_key(|&i| self.slots[i].freed)
+    }
+    /// Evicts the oldest blocks until at most `keep` bytes remain.
+    fn shrink_to(&mut self, keep: usize, out: &mut Evicted) {
+        while self.bytes > keep {
+            match self.oldest() {
+                Some(i) => self.evict(i, out),
+                None => break,
+            }
+        }
+    }
+}
+
+/// Gives a block back to [`System`].
+///
+/// # Safety
+/// `ptr` must be a live [`System`] block of `layout` that nothing uses.
+unsafe fn free_system(ptr: *mut u8, layout: Layout) {
+    // SAFETY: the caller's promise.
+    unsafe { System.dealloc(ptr, layout) }
+}
+
+impl Cache {
+    /// An empty cache; its limit is read from the environment on first use.
+    pub const fn new() -> Self {
+        Cache::with_limit(UNSET)
+    }
+
+    /// An empty cache with a fixed limit in bytes.
+    pub const fn with_limit(limit: usize) -> Self {
+        Cache {
+            state: Mutex::new(State {
+                slots: [EMPTY; SLOTS],
+                bytes: 0,
+            }),
+            limit: AtomicUsize::new(limit),
+        }
+    }
+
+    fn limit(&self) -> usize {
+        let l = self.limit.load(Ordering::Relaxed);
+        if l != UNSET {
+            return l;
+        }
+        let l = limit_from_env().unwrap_or(DEFAULT_LIMIT);
+        // A concurrent `set_limit` wins.
+        match self
+            .limit
+            .compare_exchange(UNSET, l, Ordering::Relaxed, Ordering::Relaxed)
+        {
+            Ok(_) => l,
+            Err(now) => now,
+        }
+    }
+
+    /// Runs `f` on the state if the lock is free (never waits), then gives
+    /// back what `f` evicted, outside the lock.
+    fn with_state<R>(
+        &self,
+        free: unsafe fn(*mut u8, Layout),
+        f: impl FnOnce(&mut State, &mut Evicted) -> R,
+    ) -> Option<R> {
+        let mut out = Evicted::new();
+        let r = {
+            let mut st = match self.state.try_lock() {
+                Ok(st) => st,
+                Err(TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(TryLockError::WouldBlock) => return None,
+            };
+            f(&mut st, &mut out)
+        };
+        out.release(free);
+        Some(r)
+    }
+
+    /// A cached block of exactly `layout`, most recently freed first; on a
+    /// miss, gives back at least `layout.size()` cached bytes (the caller
+    /// allocates that much afresh). `free` gives a block back to the
+    /// allocator the cache's blocks came from.
+    pub fn take(
+        &self,
+        layout: Layout,
+        now: Instant,
+        free: unsafe fn(*mut u8, Layout),
+    ) -> Option<*mut u8> {
+        if layout.size() < MIN_CACHED {
+            return None;
+        }
+        self.with_state(free, |st, out| {
+            st.expire(now, out);
+            let hit = (0..SLOTS)
+                .filter(|&i| {
+                    let s = &st.slots[i];
+                    s.addr != 0 && s.size == layout.size() && s.align == layout.align()
+                })
+                .max_by_key(|&i| st.slots[i].freed);
+            match hit {
+                Some(i) => {
+                    let s = std::mem::replace(&mut st.slots[i], EMPTY);
+                    st.bytes -= s.size;
+                    Some(s.addr as *mut u8)
+                }
+                None => {
+                    st.shrink_to(st.bytes.saturating_sub(layout.size()), out);
+                    None
+                }
+            }
+        })
+        .flatten()
+    }
+
+    /// Keeps a freed block; `false` when it does not fit (the caller frees it).
+    pub fn put(
+        &self,
+        ptr: *mut u8,
+        layout: Layout,
+        now: Instant,
+        free: unsafe fn(*mut u8, Layout),
+    ) -> bool {
+        let limit = self.limit();
+        if layout.size() < MIN_CACHED || layout.size() > limit {
+            return false;
+        }
+        self.with_state(free, |st, out| {
+            st.expire(now, out);
+            st.shrink_to(limit - layout.size(), out);
+            let slot = match (0..SLOTS).find(|&i| st.slots[i].addr == 0) {
+                Some(i) => i,
+                None => match st.oldest() {
+                    Some(i) => {
+                        st.evict(i, out);
+                        i
+                    }
+                    None => return false,
+                },
+            };
+            st.slots[slot] = Slot {
+                addr: ptr as usize,
+                size: layout.size(),
+                align: layout.align(),
+                freed: Some(now),
+            };
+            st.bytes += layout.size();
+            true
+        })
+        .unwrap_or(false)
+    }
+
+    /// Sets the limit (0 turns the cache off), gives back what exceeds it,
+    /// and returns the previous limit.
+    pub fn set_limit(&self, limit: usize, free: unsafe fn(*mut u8, Layout)) -> usize {
+        let limit = limit.min(UNSET - 1);
+        let old = self.limit();
+        self.limit.store(limit, Ordering::Relaxed);
+        // Another thread in the cache at this instant keeps its block; the
+        // next `put` or `take` trims to the new limit.
+        let _ = self.with_state(free, |st, out| st.shrink_to(limit, out));
+        old
+    }
+
+    /// Bytes held in the cache now.
+    pub fn cached_bytes(&self) -> usize {
+        match self.state.try_lock() {
+            Ok(st) => st.bytes,
+            Err(TryLockError::Poisoned(p)) => p.into_inner().bytes,
+            Err(TryLockError::WouldBlock) => 0,
+        }
+    }
+}
+
+impl Default for Cache {
+    fn default() -> Self {
+        Cache::new()
+    }
+}
+
+/// `FERROCAFFE_BUFFER_CACHE_MIB` in MiB. This runs inside the allocator
+/// (freeing a large block, before the cache's lock is taken): the small
+/// allocations of reading the variable go straight to the system allocator.
+fn limit_from_env() -> Option<usize> {
+    let v = std::env::var_os("FERROCAFFE_BUFFER_CACHE_MIB")?;
+    let mib: usize = v.to_str()?.trim().parse().ok()?;
+    Some(mib.saturating_mul(1 << 20).min(UNSET - 1))
+}
+
+static CACHE: Cache = Cache::new();
+
+/// The process's allocator (installed in `lib.rs`): [`System`] with the
+/// large-block cache in front.
+pub struct FerroAlloc;
+
+// SAFETY: every block handed out was allocated by `System` with the same
+// layout as requested (the cache reuses only exact layouts, and only blocks
+// their owners freed); blocks are given back to `System` with the layout
+// they were allocated with; realloc is System's on a System block.
+unsafe impl GlobalAlloc for FerroAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if layout.size() >= MIN_CACHED {
+            if let Some(p) = CACHE.take(layout, Instant::now(), free_system) {
+                return p;
+            }
+        }
+        // SAFETY: the caller's layout, non-zero size (GlobalAlloc's contract).
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        if layout.size() >= MIN_CACHED {
+            if let Some(p) = CACHE.take(layout, Instant::now(), free_system) {
+                // SAFETY: a block of `layout.size()` bytes, now the caller's.
+                unsafe { p.write_bytes(0, layout.size()) };
+                return p;
+            }
+        }
+        // SAFETY: as in `alloc`.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        if layout.size() >= MIN_CACHED && CACHE.put(ptr, layout, Instant::now(), free_system) {
+            return;
+        }
+        // SAFETY: a System block of this layout (see the impl's comment).
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: every live block is a System block of `layout`.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+/// Sets the cache's limit in bytes (0 turns it off and empties it);
+/// returns the previous limit.
+pub fn set_limit(bytes: usize) -> usize {
+    CACHE.set_limit(bytes, free_system)
+}
+
+/// Bytes of freed blocks the cache holds now.
+pub fn cached_bytes() -> usize {
+    CACHE.cached_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    unsafe fn sys_free(ptr: *mut u8, layout: Layout) {
+        // SAFETY: the tests only cache System blocks of this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    fn block(size: usize, align: usize) -> (*mut u8, Layout) {
+        let layout = Layout::from_size_align(size, align).unwrap();
+        // SAFETY: non-zero size.
+        let p = unsafe { System.alloc(layout) };
+        assert!(!p.is_null());
+        (p, layout)
+    }
+
+    #[test]
+    fn a_freed_block_is_reused_for_exactly_its_layout() {
+        let c = Cache::with_limit(64 << 20);
+        let now = Instant::now();
+        let (p, l) = block(3 << 20, 64);
+        assert!(c.put(p, l, now, sys_free));
+        assert_eq!(c.cached_bytes(), 3 << 20);
+        // Another alignment or size is a miss, which gives back at least
+        // as many bytes as it asks for.
+        let other = Layout::from_size_align(3 << 20, 4096).unwrap();
+        assert_eq!(c.take(other, now, sys_free), None);
+        assert_eq!(c.cached_bytes(), 0);
+        let (p, l) = block(3 << 20, 64);
+        assert!(c.put(p, l, now, sys_free));
+        let (q, lq) = block(2 << 20, 64);
+        assert!(c.put(q, lq, now + Duration::from_millis(1), sys_free));
+        assert_eq!(c.take(l, now, sys_free), Some(p));
+        assert_eq!(c.take(l, now, sys_free), None);
+        // The 3 MiB miss gave back the 2 MiB block.
+        assert_eq!(c.cached_bytes(), 0);
+        // SAFETY: `p` came back out of the cache: ours again.
+        unsafe { sys_free(p, l) };
+    }
+
+    #[test]
+    fn the_most_recently_freed_block_comes_back_first() {
+        let c = Cache::with_limit(64 << 20);
+        let now = Instant::now();
+        let (a, l) = block(1 << 20, 8);
+        let (b, _) = block(1 << 20, 8);
+        assert!(c.put(a, l, now, sys_free));
+        assert!(c.put(b, l, now + Duration::from_millis(5), sys_free));
+        assert_eq!(c.take(l, now, sys_free), Some(b));
+        assert_eq!(c.take(l, now, sys_free), Some(a));
+        // SAFETY: both came back out of the cache.
+        unsafe {
+            sys_free(a, l);
+            sys_free(b, l);
+        }
+    }
+
+    #[test]
+    fn small_blocks_and_blocks_over_the_limit_are_not_kept() {
+        let c = Cache::with_limit(4 << 20);
+        let now = Instant::now();
+        let (p, l) = block(MIN_CACHED - 1, 8);
+        assert!(!c.put(p, l, now, sys_free));
+        let (q, lq) = block(5 << 20, 8);
+        assert!(!c.put(q, lq, now, sys_free));
+        assert_eq!(c.cached_bytes(), 0);
+        // SAFETY: refused, so still ours.
+        unsafe {
+            sys_free(p, l);
+            sys_free(q, lq);
+        }
+    }
+
+    #[test]
+    fn the_limit_evicts_the_oldest_blocks() {
+        let c = Cache::with_limit(4 << 20);
+        let t = Instant::now();
+        let blocks: Vec<_> = (0..3).map(|_| block(2 << 20, 8)).collect();
+        for (i, &(p, l)) in blocks.iter().enumerate() {
+            assert!(c.put(p, l, t + Duration::from_millis(i as u64), sys_free));
+        }
+        assert_eq!(c.cached_bytes(), 4 << 20);
+        let l = blocks[0].1;
+        // The first was given back; the other two remain, newest first.
+        assert_eq!(c.take(l, t, sys_free), Some(blocks[2].0));
+        assert_eq!(c.take(l, t, sys_free), Some(blocks[1].0));
+        // SAFETY: both came back out of the cache.
+        unsafe {
+            sys_free(blocks[1].0, l);
+            sys_free(blocks[2].0, l);
+        }
+    }
+
+    #[test]
+    fn blocks_unused_for_the_decay_time_are_given_back() {
+        let c = Cache::with_limit(64 << 20);
+        let t = Instant::now();
+        let (p, l) = block(1 << 20, 8);
+        assert!(c.put(p, l, t, sys_free));
+        assert_eq!(
+            c.take(l, t + DECAY + Duration::from_secs(1), sys_free),
+            None
+        );
+        assert_eq!(c.cached_bytes(), 0);
+    }
+
+    #[test]
+    fn a_zero_limit_empties_and_turns_off_the_cache() {
+        let c = Cache::with_limit(64 << 20);
+        let t = Instant::now();
+        let (p, l) = block(1 << 20, 8);
+        assert!(c.put(p, l, t, sys_free));
+        assert_eq!(c.set_limit(0, sys_free), 64 << 20);
+        assert_eq!(c.cached_bytes(), 0);
+        let (q, lq) = block(1 << 20, 8);
+        assert!(!c.put(q, lq, t, sys_free));
+        // SAFETY: refused, so still ours.
+        unsafe { sys_free(q, lq) };
+    }
+
+    #[test]
+    fn the_global_allocator_zeroes_a_reused_block_and_keeps_contents_otherwise() {
+        // An unusual size, so that no other test's blocks match.
+        let n = (3 << 20) + 4096 * 7 + 24;
+        let mut v = vec![0xABu8; n];
+        v[n - 1] = 7;
+        drop(v);
+        let z = vec![0u8; n];
+        assert!(z.iter().all(|&b| b == 0));
+        drop(z);
+        let mut w: Vec<u8> = Vec::with_capacity(n);
+        w.extend(std::iter::repeat_n(5u8, n));
+        assert!(w.iter().all(|&b| b == 5));
+        // Growing a block the cache handed out is a plain realloc.
+        w.resize(2 * n, 9);
+        assert!(w[..n].iter().all(|&b| b == 5) && w[n..].iter().all(|&b| b == 9));
+    }
+}
