@@ -11,7 +11,7 @@
 //! nine taps' products; the output transform (A^T m A) turns the 16 sums
 //! back into the tile's 2x2 outputs. That is 16 multiply-adds per tile and
 //! channel pair instead of 36, for a rounding error a few times im2col's
-//! (see the tests in `tests/cnn/test_winograd.py`).
+//! (see `tests/train/test_winograd.py` and the tests below).
 //!
 //! Tiles (of every image) are processed in blocks whose transformed input
 //! stays near the cache; blocks run on the kernel pool.
