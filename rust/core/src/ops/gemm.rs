@@ -144,6 +144,13 @@ struct CPtr<T>(*mut T);
 unsafe impl<T: Send> Send for CPtr<T> {}
 unsafe impl<T: Send> Sync for CPtr<T> {}
 
+impl<T> CPtr<T> {
+    /// The pointer (a method, so that closures capture the whole `CPtr`).
+    fn get(self) -> *mut T {
+        self.0
+    }
+}
+
 /// How many blocks to split an `m x k x n` product into on `threads`
 /// threads: 1 (no split) below [`PAR_MACS`] or on one thread.
 fn blocks(m: usize, k: usize, n: usize, threads: usize) -> usize {
@@ -194,7 +201,6 @@ pub(crate) fn par_gemm<T: Gemm>(
     let cp = CPtr(c.as_mut_ptr());
     let is = |s: (usize, usize)| (s.0 as isize, s.1 as isize);
     (0..len.div_ceil(step)).into_par_iter().for_each(|i| {
-        let cp = cp;
         let (lo, hi) = (i * step, ((i + 1) * step).min(len));
         // SAFETY: the assert above bounds every index of A, B and C; block
         // i reads rows (columns) lo..hi of A (B) and writes only rows
@@ -213,7 +219,7 @@ pub(crate) fn par_gemm<T: Gemm>(
                     b.as_ptr(),
                     is(sb),
                     beta,
-                    cp.0.add(lo * sc.0),
+                    cp.get().add(lo * sc.0),
                     is(sc),
                 )
             } else {
@@ -227,7 +233,7 @@ pub(crate) fn par_gemm<T: Gemm>(
                     b.as_ptr().add(lo * sb.1),
                     is(sb),
                     beta,
-                    cp.0.add(lo * sc.1),
+                    cp.get().add(lo * sc.1),
                     is(sc),
                 )
             }

@@ -19,9 +19,9 @@
 use super::conv::Float;
 use rayon::prelude::*;
 
-/// One correlation: `y[n][k][oy][ox] = sum over c, a, b of x[n][c][oy + a
-/// - pt][ox + b - pl] * filter(k, c, a, b)`, taps outside the input being
-/// zero (pads on any side, or none).
+/// One correlation: `y[n][k][oy][ox]` is the sum over c, a, b of
+/// `x[n][c][oy + a - pt][ox + b - pl] * filter(k, c, a, b)`, taps outside
+/// the input being zero (pads on any side, or none).
 pub(crate) struct Wino {
     pub(crate) n: usize,
     /// Input channels.
