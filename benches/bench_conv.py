@@ -3,6 +3,7 @@
     PROFILE=release bash scripts/dev_build.sh
     pip install '.[bench]'        # onnxruntime and onnx
     PYTHONPATH=python python benches/bench_conv.py [REPS] [--quick]
+    BENCH_ONLY=3x3 PYTHONPATH=python python benches/bench_conv.py   # shapes whose name has "3x3"
 
 Shapes: LeNet's two convolutions (Caffe2's MNIST tutorial) and ResNet-18's
 (conv1 7x7/2, a 3x3 of each stage, the 3x3/2 into stage 2), float32 NCHW,
@@ -75,7 +76,10 @@ def child(threads, reps, batches):
     so.inter_op_num_threads = 1
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     rng = np.random.default_rng(0)
+    only = os.environ.get("BENCH_ONLY", "")
     for name, ci, co, h, k, s, p in SHAPES:
+        if only not in name:
+            continue
         for n in batches:
             x = rng.standard_normal((n, ci, h, h), dtype=np.float32)
             w = rng.standard_normal((co, ci, k, k), dtype=np.float32) * 0.1
@@ -124,6 +128,7 @@ def main():
         child(threads, reps, batches)
         return
     batches = "1,32"
+    print(f"load average {os.getloadavg()[0]:.1f} {os.getloadavg()[1]:.1f}", flush=True)
     print(f"{'shape':20} {'N':>3} {'thr':>3} {'ours GF/s':>10} {'ORT GF/s':>9} {'ratio':>6} "
           f"{'bwd GF/s':>9} {'bwd ratio':>9}")
     for threads in (1, 2):
@@ -139,6 +144,7 @@ def main():
                   + ("" if r["err"] < 1e-4 else f"  MISMATCH {r['err']:.1e}"), flush=True)
         if proc.wait() != 0:
             raise SystemExit(f"the {threads}-thread child failed")
+    print(f"load average {os.getloadavg()[0]:.1f} {os.getloadavg()[1]:.1f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@
 
 use super::kernel;
 use super::nn::{array, dense, input, real_dtype, Real};
+use super::winograd::Wino;
 use crate::arg;
 use crate::error::{Error, Result};
 use crate::operator::{ArgDoc, Locked, OpDefCtx, OpSchema, Operator};
@@ -27,28 +28,15 @@ use rayon::prelude::*;
 
 // ---------------------------------------------------------------- floats --
 
-/// What the convolution family needs beyond [`Real`]: a GEMM with general
-/// strides (C included), square roots and powers.
+/// What the convolution family needs beyond [`Real`]: square roots and
+/// powers (the GEMM is [`Real`]'s, `ops::gemm`).
 pub(crate) trait Float: Real + Send + Sync {
     fn sqrt(self) -> Self;
     fn powf(self, e: Self) -> Self;
-    #[doc(hidden)]
-    unsafe fn raw_gemm(
-        m: usize,
-        k: usize,
-        n: usize,
-        a: *const Self,
-        sa: (isize, isize),
-        b: *const Self,
-        sb: (isize, isize),
-        beta: Self,
-        c: *mut Self,
-        sc: (isize, isize),
-    );
 }
 
 macro_rules! float {
-    ($t:ty, $gemm:path) => {
+    ($t:ty) => {
         impl Float for $t {
             fn sqrt(self) -> Self {
                 <$t>::sqrt(self)
@@ -56,43 +44,14 @@ macro_rules! float {
             fn powf(self, e: Self) -> Self {
                 <$t>::powf(self, e)
             }
-            unsafe fn raw_gemm(
-                m: usize,
-                k: usize,
-                n: usize,
-                a: *const Self,
-                sa: (isize, isize),
-                b: *const Self,
-                sb: (isize, isize),
-                beta: Self,
-                c: *mut Self,
-                sc: (isize, isize),
-            ) {
-                // SAFETY: the caller (`gemm`) checked every index the
-                // strides reach against the slices' lengths.
-                unsafe {
-                    $gemm(
-                        m, k, n, 1.0, a, sa.0, sa.1, b, sb.0, sb.1, beta, c, sc.0, sc.1,
-                    )
-                }
-            }
         }
     };
 }
-float!(f32, matrixmultiply::sgemm);
-float!(f64, matrixmultiply::dgemm);
-
-/// One past the last index a `rows x cols` matrix with strides `s` reaches.
-fn reach(rows: usize, cols: usize, s: (usize, usize)) -> usize {
-    if rows == 0 || cols == 0 {
-        0
-    } else {
-        (rows - 1) * s.0 + (cols - 1) * s.1 + 1
-    }
-}
+float!(f32);
+float!(f64);
 
 /// C (m x n, strides sc) = A (m x k, strides sa) * B (k x n, strides sb)
-/// + beta * C, on the calling thread (`matrixmultiply`).
+/// + beta * C, on the calling thread.
 fn gemm<T: Float>(
     m: usize,
     k: usize,
@@ -105,45 +64,12 @@ fn gemm<T: Float>(
     c: &mut [T],
     sc: (usize, usize),
 ) {
-    if m == 0 || n == 0 {
-        return;
-    }
-    assert!(c.len() >= reach(m, n, sc), "gemm: C is too short");
-    if k == 0 {
-        // Empty sum: C = beta * C.
-        for i in 0..m {
-            for j in 0..n {
-                let v = &mut c[i * sc.0 + j * sc.1];
-                *v = *v * beta;
-            }
-        }
-        return;
-    }
-    assert!(
-        a.len() >= reach(m, k, sa) && b.len() >= reach(k, n, sb),
-        "gemm: an operand is too short"
-    );
-    let is = |s: (usize, usize)| (s.0 as isize, s.1 as isize);
-    // SAFETY: the asserts bound every index the strides reach; C is a
-    // mutable slice, so it aliases neither A nor B.
-    unsafe {
-        T::raw_gemm(
-            m,
-            k,
-            n,
-            a.as_ptr(),
-            is(sa),
-            b.as_ptr(),
-            is(sb),
-            beta,
-            c.as_mut_ptr(),
-            is(sc),
-        )
-    }
+    super::gemm::gemm(m, k, n, T::of(1.0), a, sa, b, sb, beta, c, sc)
 }
 
-/// `gemm`, split by blocks of C's rows across the kernel pool when `par`
-/// (a single image: the pool is otherwise idle) and the product is large.
+/// `gemm`, split into blocks of C across the kernel pool when `par` (a
+/// single image: the pool is otherwise idle) and the product is large
+/// (`ops::gemm::par_gemm`).
 fn pgemm<T: Float>(
     par: bool,
     m: usize,
@@ -157,28 +83,11 @@ fn pgemm<T: Float>(
     c: &mut [T],
     sc: (usize, usize),
 ) {
-    let threads = rayon::current_num_threads();
-    if !par
-        || threads < 2
-        || sc.1 != 1
-        || m < 16
-        || m.saturating_mul(n).saturating_mul(k) < PAR_MACS
-    {
-        return gemm(m, k, n, a, sa, b, sb, beta, c, sc);
+    if par {
+        super::gemm::par_gemm(m, k, n, T::of(1.0), a, sa, b, sb, beta, c, sc)
+    } else {
+        gemm(m, k, n, a, sa, b, sb, beta, c, sc)
     }
-    // Row blocks of a multiple of 8 (the kernels' tile), one per thread.
-    let rows = m.div_ceil(threads).div_ceil(8) * 8;
-    let reach_c = reach(m, n, sc);
-    c[..reach_c]
-        .par_chunks_mut(rows * sc.0)
-        .enumerate()
-        .for_each(|(i, cb)| {
-            let r0 = i * rows;
-            if r0 < m {
-                let mr = rows.min(m - r0);
-                gemm(mr, k, n, &a[r0 * sa.0..], sa, b, sb, beta, cb, sc);
-            }
-        });
 }
 
 /// Runs `$f::<T>(args)` for the float type of input `$i`.
@@ -1108,6 +1017,107 @@ fn per_image<T: Float>(
     }
 }
 
+/// The Winograd correlation (`ops/winograd.rs`) that computes `fwd`
+/// (or, with `adjoint`, `adj`) for `n` images of this plan, when the
+/// plan takes one: float32, one group, a 2-D 3x3 window with stride and
+/// dilation 1, and a product large enough for it to measure faster than
+/// im2col + GEMM (BENCHMARKS.md, "Conv (issue 15)").
+fn winograd_for<T: Float>(p: &Plan, n: usize, adjoint: bool) -> Option<Wino> {
+    let g = &p.g;
+    let eligible = T::DTYPE == DataType::Float
+        && p.group == 1
+        && g.k == [1, 3, 3]
+        && g.s == [1; 3]
+        && g.d == [1; 3]
+        && g.ins[0] == 1
+        && g.outs[0] == 1
+        && g.ph[0] == 0
+        && winograd_pays(p, n);
+    if !eligible {
+        return None;
+    }
+    let nhwc = p.order == Order::Nhwc;
+    let (ph, pw) = (g.ph[1] as isize, g.ph[2] as isize);
+    Some(if adjoint {
+        // img[iy] = sum over a of cs[iy - a + ph] * w[a]: a correlation of
+        // the col side with the flipped filter, offset by 2 - ph.
+        Wino {
+            n,
+            c: p.cout,
+            k: p.cin,
+            h: g.outs[1],
+            w: g.outs[2],
+            oh: g.ins[1],
+            ow: g.ins[2],
+            pt: 2 - ph,
+            pl: 2 - pw,
+            nhwc,
+        }
+    } else {
+        Wino {
+            n,
+            c: p.cin,
+            k: p.cout,
+            h: g.ins[1],
+            w: g.ins[2],
+            oh: g.outs[1],
+            ow: g.outs[2],
+            pt: ph,
+            pl: pw,
+            nhwc,
+        }
+    })
+}
+
+/// Whether Winograd beats im2col + GEMM for `n` images of this plan.
+/// Measured (BENCHMARKS.md "Conv (issue 15)", CPU time on one thread):
+/// im2col's GEMM runs near full speed once an image has a few hundred
+/// output pixels (ResNet-18's 56x56, 28x28 and 14x14 layers: 70-80 GF/s,
+/// which this Winograd, its transforms included, did not beat), and slows
+/// down for small images (7x7: 52 GF/s), where Winograd's GEMMs, over the
+/// tiles of the whole batch, ran at 77 GF/s equivalent. Its filter
+/// transform costs as much as the products of ~100 tiles, so the batch
+/// must hold enough of them.
+fn winograd_pays(p: &Plan, n: usize) -> bool {
+    let tiles = n * p.g.outs[1].div_ceil(2) * p.g.outs[2].div_ceil(2);
+    p.g.out_len() <= WINO_MAX_PIXELS && tiles >= WINO_MIN_TILES
+}
+
+/// The most output pixels per image for which Winograd is chosen.
+const WINO_MAX_PIXELS: usize = 64;
+/// The fewest tiles (2x2 outputs, over the batch) for which it is chosen.
+const WINO_MIN_TILES: usize = 256;
+
+/// Filter tap (a, b) of window column `c` of filter row `k` (the plan's
+/// filter layout: NCHW `[k][c][a][b]`, NHWC `[k][a][b][c]`).
+fn tap3<T: Float>(p: &Plan, w: &[T], k: usize, c: usize, a: usize, b: usize) -> T {
+    let rows = p.rows();
+    match p.order {
+        Order::Nchw => w[k * rows + c * 9 + a * 3 + b],
+        Order::Nhwc => w[k * rows + (a * 3 + b) * p.cin + c],
+    }
+}
+
+/// `fwd` for each of `n` images (`src` the image side, `dst` the col side).
+fn run_fwd<T: Float>(p: &Plan, n: usize, src: &[T], w: &[T], dst: &mut [T]) {
+    if let Some(wino) = winograd_for::<T>(p, n, false) {
+        return wino.run(src, |k, c, a, b| tap3(p, w, k, c, a, b), dst);
+    }
+    per_image(p, n, src, p.img_len(), dst, p.col_len(), |s, d, col| {
+        p.fwd(s, w, d, col)
+    });
+}
+
+/// `adj` for each of `n` images (`src` the col side, `dst` the image side).
+fn run_adj<T: Float>(p: &Plan, n: usize, src: &[T], w: &[T], dst: &mut [T]) {
+    if let Some(wino) = winograd_for::<T>(p, n, true) {
+        return wino.run(src, |k, c, a, b| tap3(p, w, c, k, 2 - a, 2 - b), dst);
+    }
+    per_image(p, n, src, p.col_len(), dst, p.img_len(), |s, d, col| {
+        p.adj(s, w, d, col)
+    });
+}
+
 /// Sum over images of `wgrad(img_i, cs_i)`, into a fresh dW.
 fn weight_grad<T: Float>(plan: &Plan, n: usize, img: &[T], cs: &[T], w_len: usize) -> Vec<T> {
     let (il, cl) = (plan.img_len(), plan.col_len());
@@ -1430,25 +1440,9 @@ fn conv_t<T: Float>(l: &mut Locked<'_>, a: &ConvArgs) -> Result<()> {
     let y_len: usize = s.y_shape.iter().product();
     let mut y = vec![T::of(0.0); y_len];
     if transposed {
-        per_image(
-            p,
-            s.n,
-            &x,
-            p.col_len(),
-            &mut y,
-            p.img_len(),
-            |xi, yi, col| p.adj(xi, &w, yi, col),
-        );
+        run_adj(p, s.n, &x, &w, &mut y);
     } else {
-        per_image(
-            p,
-            s.n,
-            &x,
-            p.img_len(),
-            &mut y,
-            p.col_len(),
-            |xi, yi, col| p.fwd(xi, &w, yi, col),
-        );
+        run_fwd(p, s.n, &x, &w, &mut y);
     }
     if let Some(b) = bias {
         let sp = if transposed {
@@ -1511,25 +1505,9 @@ fn conv_grad_t<T: Float>(l: &mut Locked<'_>, a: &ConvArgs, no_bias: bool) -> Res
     let dx = if want_dx {
         let mut dx = vec![T::of(0.0); x.len()];
         if transposed {
-            per_image(
-                p,
-                s.n,
-                &dy,
-                p.img_len(),
-                &mut dx,
-                p.col_len(),
-                |d, o, col| p.fwd(d, &w, o, col),
-            );
+            run_fwd(p, s.n, &dy, &w, &mut dx);
         } else {
-            per_image(
-                p,
-                s.n,
-                &dy,
-                p.col_len(),
-                &mut dx,
-                p.img_len(),
-                |d, o, col| p.adj(d, &w, o, col),
-            );
+            run_adj(p, s.n, &dy, &w, &mut dx);
         }
         Some(array(&x_shape, dx)?)
     } else {

@@ -22,6 +22,7 @@ pub mod dataset;
 pub mod db;
 pub mod elementwise;
 pub mod fill;
+pub(crate) mod gemm;
 pub mod nn;
 pub mod norm;
 pub mod optim;
@@ -36,6 +37,7 @@ pub mod shape;
 pub mod sparse;
 pub mod textfile;
 pub mod utility;
+pub(crate) mod winograd;
 
 pub fn builtin_schemas() -> Vec<OpSchema> {
     let mut v = Vec::new();

@@ -14,9 +14,9 @@
 //! checks use) and computes into new buffers before it writes any output,
 //! so an output that aliases an input (in place) reads the old values and a
 //! failed check leaves every output unchanged. Matrix products go through
-//! `matrixmultiply` on the calling thread: a net's ops already run on
-//! several threads when a plan runs several instances, and a GEMM that
-//! started its own threads on top of those would oversubscribe the cores.
+//! `ops::gemm` (`matrixmultiply`; a large product is split across the
+//! kernel pool, whose size bounds the threads however many plan instances
+//! run ops at once, so a GEMM never oversubscribes the cores).
 
 #![allow(clippy::result_large_err)]
 
@@ -40,28 +40,15 @@ pub(crate) trait Real:
     + std::ops::Neg<Output = Self>
     + std::ops::AddAssign
     + std::iter::Sum
+    + super::gemm::Gemm
 {
     fn of(v: f64) -> Self;
     fn exp(self) -> Self;
     fn ln(self) -> Self;
-    /// C = alpha * A * B + beta * C on strided row-major matrices.
-    #[allow(clippy::too_many_arguments)]
-    fn gemm(
-        m: usize,
-        k: usize,
-        n: usize,
-        alpha: Self,
-        a: &[Self],
-        sa: (isize, isize),
-        b: &[Self],
-        sb: (isize, isize),
-        beta: Self,
-        c: &mut [Self],
-    );
 }
 
 macro_rules! real {
-    ($t:ty, $gemm:path) => {
+    ($t:ty) => {
         impl Real for $t {
             fn of(v: f64) -> Self {
                 v as $t
@@ -72,55 +59,19 @@ macro_rules! real {
             fn ln(self) -> Self {
                 <$t>::ln(self)
             }
-            fn gemm(
-                m: usize,
-                k: usize,
-                n: usize,
-                alpha: Self,
-                a: &[Self],
-                (rsa, csa): (isize, isize),
-                b: &[Self],
-                (rsb, csb): (isize, isize),
-                beta: Self,
-                c: &mut [Self],
-            ) {
-                assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n);
-                // SAFETY: the asserts above bound every index the strides
-                // reach (callers pass the strides of dense m x k, k x n and
-                // m x n matrices, transposed or not), and C does not alias
-                // A or B (it is a fresh buffer).
-                unsafe {
-                    $gemm(
-                        m,
-                        k,
-                        n,
-                        alpha,
-                        a.as_ptr(),
-                        rsa,
-                        csa,
-                        b.as_ptr(),
-                        rsb,
-                        csb,
-                        beta,
-                        c.as_mut_ptr(),
-                        n as isize,
-                        1,
-                    )
-                }
-            }
         }
     };
 }
-real!(f32, matrixmultiply::sgemm);
-real!(f64, matrixmultiply::dgemm);
+real!(f32);
+real!(f64);
 
 /// Strides of a dense row-major `rows x cols` matrix, read transposed or not.
-fn strides(rows: usize, cols: usize, transposed: bool) -> (isize, isize) {
+fn strides(rows: usize, cols: usize, transposed: bool) -> (usize, usize) {
     let _ = rows;
     if transposed {
-        (1, cols as isize)
+        (1, cols)
     } else {
-        (cols as isize, 1)
+        (cols, 1)
     }
 }
 
@@ -141,7 +92,19 @@ fn matmul<T: Real>(ta: bool, tb: bool, m: usize, k: usize, n: usize, a: &[T], b:
     } else {
         strides(k, n, false)
     };
-    T::gemm(m, k, n, T::of(1.0), a, sa, b, sb, T::of(0.0), &mut c);
+    super::gemm::par_gemm(
+        m,
+        k,
+        n,
+        T::of(1.0),
+        a,
+        sa,
+        b,
+        sb,
+        T::of(0.0),
+        &mut c,
+        (n, 1),
+    );
     c
 }
 

@@ -1,0 +1,293 @@
+//! Matrix products for the kernels (`nn.rs`, `conv.rs`, `winograd.rs`):
+//! `matrixmultiply` on strided matrices, bounds checked once, and split
+//! into blocks of C's rows or columns across the kernel pool (rayon) when
+//! the product is large enough to pay for the hand-off (issue 14; the
+//! threshold was chosen by measurement, BENCHMARKS.md "GEMM (issue 14)").
+//!
+//! The split never adds threads: the blocks run on the process-wide kernel
+//! pool, whose size (`RAYON_NUM_THREADS`, `threads::set_num_threads`) bounds
+//! the threads however many plan instances call it at once. A caller
+//! outside the pool waits while the pool's threads run the blocks; a caller
+//! on one of the pool's threads runs blocks itself and lets idle threads
+//! steal the rest.
+
+use rayon::prelude::*;
+
+/// The element types `matrixmultiply` multiplies.
+pub(crate) trait Gemm: Copy + Send + Sync + std::ops::Mul<Output = Self> + 'static {
+    /// `matrixmultiply`'s product on raw pointers.
+    ///
+    /// # Safety
+    /// Every index the strides reach must be inside the buffers, and C must
+    /// alias neither A nor B.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn raw(
+        m: usize,
+        k: usize,
+        n: usize,
+        alpha: Self,
+        a: *const Self,
+        sa: (isize, isize),
+        b: *const Self,
+        sb: (isize, isize),
+        beta: Self,
+        c: *mut Self,
+        sc: (isize, isize),
+    );
+}
+
+macro_rules! gemm_impl {
+    ($t:ty, $f:path) => {
+        impl Gemm for $t {
+            unsafe fn raw(
+                m: usize,
+                k: usize,
+                n: usize,
+                alpha: Self,
+                a: *const Self,
+                sa: (isize, isize),
+                b: *const Self,
+                sb: (isize, isize),
+                beta: Self,
+                c: *mut Self,
+                sc: (isize, isize),
+            ) {
+                // SAFETY: forwarded from the caller's contract.
+                unsafe {
+                    $f(
+                        m, k, n, alpha, a, sa.0, sa.1, b, sb.0, sb.1, beta, c, sc.0, sc.1,
+                    )
+                }
+            }
+        }
+    };
+}
+gemm_impl!(f32, matrixmultiply::sgemm);
+gemm_impl!(f64, matrixmultiply::dgemm);
+
+/// One past the last index a `rows x cols` matrix with strides `s` reaches.
+pub(crate) fn reach(rows: usize, cols: usize, s: (usize, usize)) -> usize {
+    if rows == 0 || cols == 0 {
+        0
+    } else {
+        (rows - 1) * s.0 + (cols - 1) * s.1 + 1
+    }
+}
+
+/// Products of at least this many multiply-adds are split across the pool
+/// (the conv kernels' threshold for the same hand-off; not re-tuned, see
+/// BENCHMARKS.md "GEMM (issue 14)").
+pub(crate) const PAR_MACS: usize = 1 << 20;
+
+/// C (m x n, strides sc) = alpha * A (m x k, strides sa) * B (k x n,
+/// strides sb) + beta * C, on the calling thread.
+///
+/// Panics (a bug in the calling kernel, caught per op by `Net::run`) if an
+/// operand is shorter than its strides reach.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm<T: Gemm>(
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: T,
+    a: &[T],
+    sa: (usize, usize),
+    b: &[T],
+    sb: (usize, usize),
+    beta: T,
+    c: &mut [T],
+    sc: (usize, usize),
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(c.len() >= reach(m, n, sc), "gemm: C is too short");
+    if k == 0 {
+        // Empty sum: C = beta * C.
+        for i in 0..m {
+            for j in 0..n {
+                let v = &mut c[i * sc.0 + j * sc.1];
+                *v = *v * beta;
+            }
+        }
+        return;
+    }
+    assert!(
+        a.len() >= reach(m, k, sa) && b.len() >= reach(k, n, sb),
+        "gemm: an operand is too short"
+    );
+    let is = |s: (usize, usize)| (s.0 as isize, s.1 as isize);
+    // SAFETY: the asserts bound every index the strides reach; C is a
+    // mutable slice, so it aliases neither A nor B.
+    unsafe {
+        T::raw(
+            m,
+            k,
+            n,
+            alpha,
+            a.as_ptr(),
+            is(sa),
+            b.as_ptr(),
+            is(sb),
+            beta,
+            c.as_mut_ptr(),
+            is(sc),
+        )
+    }
+}
+
+/// C's base pointer, shared by the blocks of one split product (each
+/// writes a disjoint set of C's elements).
+#[derive(Clone, Copy)]
+struct CPtr<T>(*mut T);
+// SAFETY: the blocks that share it write disjoint elements (see `par_gemm`).
+unsafe impl<T: Send> Send for CPtr<T> {}
+unsafe impl<T: Send> Sync for CPtr<T> {}
+
+impl<T> CPtr<T> {
+    /// The pointer (a method, so that closures capture the whole `CPtr`).
+    fn get(self) -> *mut T {
+        self.0
+    }
+}
+
+/// How many blocks to split an `m x k x n` product into on `threads`
+/// threads: 1 (no split) below [`PAR_MACS`] or on one thread.
+fn blocks(m: usize, k: usize, n: usize, threads: usize) -> usize {
+    if threads < 2 || m.saturating_mul(k).saturating_mul(n) < PAR_MACS {
+        return 1;
+    }
+    // One block per thread (more would pack B again for each, and rayon's
+    // stealing already balances two halves), each at least 16 wide.
+    threads.min(m.max(n) / 16).max(1)
+}
+
+/// [`gemm`], split into blocks of C's rows (or columns, when C is wider
+/// than tall) across the kernel pool when the product is large enough.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn par_gemm<T: Gemm>(
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: T,
+    a: &[T],
+    sa: (usize, usize),
+    b: &[T],
+    sb: (usize, usize),
+    beta: T,
+    c: &mut [T],
+    sc: (usize, usize),
+) {
+    let threads = if crate::threads::pool_available() {
+        rayon::current_num_threads()
+    } else {
+        1
+    };
+    let parts = if k == 0 { 1 } else { blocks(m, k, n, threads) };
+    // The blocks write disjoint elements only if C's strides map distinct
+    // (row, column) pairs to distinct indices: row- or column-major.
+    let distinct = (sc.1 >= 1 && sc.0 >= n * sc.1) || (sc.0 >= 1 && sc.1 >= m * sc.0);
+    if parts < 2 || !distinct {
+        return gemm(m, k, n, alpha, a, sa, b, sb, beta, c, sc);
+    }
+    assert!(
+        c.len() >= reach(m, n, sc) && a.len() >= reach(m, k, sa) && b.len() >= reach(k, n, sb),
+        "gemm: an operand is too short"
+    );
+    let by_rows = m >= n;
+    let len = if by_rows { m } else { n };
+    // Blocks of a multiple of 8 (the kernels' tile).
+    let step = len.div_ceil(parts).div_ceil(8) * 8;
+    let cp = CPtr(c.as_mut_ptr());
+    let is = |s: (usize, usize)| (s.0 as isize, s.1 as isize);
+    (0..len.div_ceil(step)).into_par_iter().for_each(|i| {
+        let (lo, hi) = (i * step, ((i + 1) * step).min(len));
+        // SAFETY: the assert above bounds every index of A, B and C; block
+        // i reads rows (columns) lo..hi of A (B) and writes only rows
+        // (columns) lo..hi of C, which no other block writes (C's strides
+        // are distinct, checked above), and C, a mutable slice, aliases
+        // neither A nor B.
+        unsafe {
+            if by_rows {
+                T::raw(
+                    hi - lo,
+                    k,
+                    n,
+                    alpha,
+                    a.as_ptr().add(lo * sa.0),
+                    is(sa),
+                    b.as_ptr(),
+                    is(sb),
+                    beta,
+                    cp.get().add(lo * sc.0),
+                    is(sc),
+                )
+            } else {
+                T::raw(
+                    m,
+                    k,
+                    hi - lo,
+                    alpha,
+                    a.as_ptr(),
+                    is(sa),
+                    b.as_ptr().add(lo * sb.1),
+                    is(sb),
+                    beta,
+                    cp.get().add(lo * sc.1),
+                    is(sc),
+                )
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The textbook triple loop.
+    fn naive(m: usize, k: usize, n: usize, a: &[f64], b: &[f64]) -> Vec<f64> {
+        let mut c = vec![0.0; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                c[i * n + j] = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
+            }
+        }
+        c
+    }
+
+    #[test]
+    fn split_products_match_the_triple_loop() {
+        // Tall, wide, odd sizes, each above the split threshold.
+        for &(m, k, n) in &[
+            (300, 70, 61),
+            (33, 90, 517),
+            (129, 128, 127),
+            (8, 200, 1000),
+        ] {
+            let a: Vec<f64> = (0..m * k).map(|i| ((i * 7 % 13) as f64) - 6.0).collect();
+            let b: Vec<f64> = (0..k * n).map(|i| ((i * 5 % 11) as f64) - 5.0).collect();
+            let want = naive(m, k, n, &a, &b);
+            let mut c = vec![1.0; m * n];
+            par_gemm(m, k, n, 1.0, &a, (k, 1), &b, (n, 1), 0.0, &mut c, (n, 1));
+            assert_eq!(c, want, "{m}x{k}x{n}");
+            // Column-major C, beta = 1 accumulates.
+            let mut ct = vec![0.0; m * n];
+            par_gemm(m, k, n, 1.0, &a, (k, 1), &b, (n, 1), 1.0, &mut ct, (1, m));
+            par_gemm(m, k, n, 1.0, &a, (k, 1), &b, (n, 1), 1.0, &mut ct, (1, m));
+            for i in 0..m {
+                for j in 0..n {
+                    assert_eq!(ct[j * m + i], 2.0 * want[i * n + j]);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn blocks_only_for_large_products_on_several_threads() {
+        assert_eq!(blocks(64, 64, 64, 2), 1);
+        assert_eq!(blocks(512, 512, 512, 1), 1);
+        assert_eq!(blocks(512, 512, 512, 2), 2);
+        assert_eq!(blocks(16, 1 << 20, 16, 4), 1);
+    }
+}
