@@ -24,6 +24,7 @@ use super::winograd::Wino;
 use crate::arg;
 use crate::error::{Error, Result};
 use crate::operator::{ArgDoc, Locked, OpDefCtx, OpSchema, Operator};
+use crate::tensor::DataType;
 use rayon::prelude::*;
 
 // ---------------------------------------------------------------- floats --
