@@ -52,6 +52,11 @@ _ALIASES = {
     "caffe2.python.brew": "ferrocaffe.brew",
     "caffe2.python.optimizer": "ferrocaffe.optimizer",
     "caffe2.python.gradient_checker": "ferrocaffe.gradient_checker",
+    "caffe2.python.cnn": "ferrocaffe.cnn",
+    "caffe2.python.optimizer_context": "ferrocaffe.optimizer_context",
+    "caffe2.python.modeling": "ferrocaffe.modeling",
+    "caffe2.python.modeling.parameter_info": "ferrocaffe.modeling.parameter_info",
+    "caffe2.python.modeling.initializers": "ferrocaffe.modeling.initializers",
 }
 _PACKAGES = ("caffe2", "caffe2.python", "caffe2.proto")
 
