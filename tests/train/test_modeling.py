@@ -166,3 +166,17 @@ def test_register_twice_and_unsupported_optimizers(fresh):
     for name in ("build_ftrl", "build_rms_prop", "build_yellowfin", "build_adadelta"):
         with pytest.raises(NotImplementedError, match=name):
             getattr(optimizer, name)(model, base_learning_rate=0.1)
+
+
+def test_layout_conversions():
+    from ferrocaffe import utils
+    x = np.arange(2 * 3 * 4 * 5).reshape(2, 3, 4, 5)
+    y = utils.NCHW2NHWC(x)
+    assert y.shape == (2, 4, 5, 3)
+    # element (n, c, h, w) lands at (n, h, w, c)
+    assert y[1, 2, 4, 0] == x[1, 0, 2, 4] and y[0, 3, 1, 2] == x[0, 2, 3, 1]
+    np.testing.assert_array_equal(utils.NHWC2NCHW(y), x)
+    z = np.arange(6).reshape(1, 2, 3)  # 1-D spatial
+    assert utils.NCHW2NHWC(z).tolist() == [[[0, 3], [1, 4], [2, 5]]]
+    with pytest.raises(ValueError):
+        utils.NCHW2NHWC(np.zeros(3))
