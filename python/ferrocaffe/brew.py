@@ -216,6 +216,10 @@ def _conv_base(model, is_nd, blob_in, blob_out, dim_in, dim_out, kernel, weight_
         b = _param(model, str(blob_out) + "_b", [dim_out], _init(bias_init, ("ConstantFill", {})),
                    BiasInitializer, ParameterTags.BIAS)
         inputs.append(b)
+    engine = kwargs.get("engine")
+    if bool(use_cudnn) != (engine == "CUDNN") and engine is not None:
+        # As Caffe2's brew: an engine that contradicts use_cudnn is an error.
+        raise ValueError(f"brew.conv: use_cudnn={use_cudnn} contradicts engine={engine!r}")
     if use_cudnn:
         kwargs["engine"] = "CUDNN"
         kwargs["exhaustive_search"] = cudnn_exhaustive_search

@@ -180,3 +180,43 @@ def test_layout_conversions():
     assert utils.NCHW2NHWC(z).tolist() == [[[0, 3], [1, 4], [2, 5]]]
     with pytest.raises(ValueError):
         utils.NCHW2NHWC(np.zeros(3))
+
+
+def test_conv_engine_follows_use_cudnn(fresh):
+    model = model_helper.ModelHelper(name="eng")
+    brew.conv(model, "x", "a", 2, 2, 3, use_cudnn=True)
+    brew.conv(model, "x", "b", 2, 2, 3, use_cudnn=False)
+    brew.conv(model, "x", "c", 2, 2, 3, use_cudnn=False, engine="")
+    assert [op.engine for op in model.net.Proto().op] == ["CUDNN", "", ""]
+    with pytest.raises(ValueError):
+        brew.conv(model, "x", "d", 2, 2, 3, use_cudnn=False, engine="CUDNN")
+    with pytest.raises(ValueError):
+        brew.conv(model, "x", "e", 2, 2, 3, use_cudnn=True, engine="")
+
+
+def test_cudnn_hints_accepted_on_conv_and_pool(fresh):
+    x = np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4)
+    w = np.ones((1, 1, 2, 2), np.float32)
+    workspace.FeedBlob("x", x)
+    workspace.FeedBlob("w", w)
+    workspace.RunOperatorOnce(core.CreateOperator(
+        "Conv", ["x", "w"], ["y"], kernel=2, force_algo_fwd=1, force_algo_dgrad=0, force_algo_wgrad=2,
+        cudnn_state=3))
+    # each output sums a 2x2 window
+    expected = np.array([[x[0, 0, i:i + 2, j:j + 2].sum() for j in range(3)] for i in range(3)])
+    np.testing.assert_allclose(workspace.FetchBlob("y")[0, 0], expected)
+    workspace.RunOperatorOnce(core.CreateOperator("MaxPool", ["x"], ["p"], kernel=2, stride=2, deterministic=1))
+    np.testing.assert_array_equal(workspace.FetchBlob("p")[0, 0], [[5, 7], [13, 15]])
+
+
+def test_alias_of_the_c_extension_module():
+    import importlib
+    import types
+
+    import ferrocaffe
+    ferrocaffe.register_caffe2_alias()
+    C = importlib.import_module("caffe2.python._import_c_extension")
+    assert isinstance(C, types.ModuleType)
+    assert C.has_cuda_support is False and "Conv" in C.registered_operators()
+    assert not hasattr(C, "cudnn_convolution_fwd_algo_count")
+    assert importlib.import_module("caffe2.python.cnn").CNNModelHelper is cnn.CNNModelHelper
