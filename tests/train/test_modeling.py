@@ -220,3 +220,51 @@ def test_alias_of_the_c_extension_module():
     assert C.has_cuda_support is False and "Conv" in C.registered_operators()
     assert not hasattr(C, "cudnn_convolution_fwd_algo_count")
     assert importlib.import_module("caffe2.python.cnn").CNNModelHelper is cnn.CNNModelHelper
+
+
+def test_update_ops_write_other_blobs(fresh):
+    """Adam and MomentumSGDUpdate may write new blobs (Caffe2 allowed, not
+    enforced, in place); SparseMomentumSGDUpdate's gradient output too."""
+    p = np.array([1.0, -2.0], np.float32)
+    g = np.array([0.5, 0.25], np.float32)
+    m1 = np.array([0.1, 0.0], np.float32)
+    m2 = np.array([0.01, 0.04], np.float32)
+    for name, v in (("p", p), ("g", g), ("m1", m1), ("m2", m2), ("lr", np.array([-0.1], np.float32)),
+                    ("it", np.array([0], np.int64))):
+        workspace.FeedBlob(name, v)
+    workspace.RunOperatorOnce(core.CreateOperator(
+        "Adam", ["p", "m1", "m2", "g", "lr", "it"], ["p2", "n1", "n2", "step"], beta1=0.5, beta2=0.75,
+        epsilon=0.01))
+    e1 = 0.5 * m1 + 0.5 * g
+    e2 = 0.75 * m2 + 0.25 * g * g
+    step = (np.sqrt(1 - 0.75) / (1 - 0.5)) * e1 / (np.sqrt(e2) + 0.01)
+    np.testing.assert_allclose(workspace.FetchBlob("n1"), e1, rtol=1e-6)
+    np.testing.assert_allclose(workspace.FetchBlob("n2"), e2, rtol=1e-6)
+    np.testing.assert_allclose(workspace.FetchBlob("step"), step, rtol=1e-5)
+    np.testing.assert_allclose(workspace.FetchBlob("p2"), p - 0.1 * step, rtol=1e-5)
+    np.testing.assert_array_equal(workspace.FetchBlob("p"), p)  # inputs untouched
+    workspace.FeedBlob("lr", np.array([0.1], np.float32))
+    workspace.RunOperatorOnce(core.CreateOperator(
+        "MomentumSGDUpdate", ["g", "m1", "lr", "p"], ["adj", "m", "q"], momentum=0.9, nesterov=0))
+    adj = 0.1 * g + 0.9 * m1
+    np.testing.assert_allclose(workspace.FetchBlob("adj"), adj, rtol=1e-6)
+    np.testing.assert_allclose(workspace.FetchBlob("q"), p - adj, rtol=1e-6)
+    # Sparse: rows 1 then 0 of a 2x2 parameter; moment and param stay in place.
+    P = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
+    M = np.zeros((2, 2), np.float32)
+    G = np.array([[1.0, 1.0], [2.0, 0.0]], np.float32)
+    for name, v in (("P", P), ("M", M), ("G", G), ("I", np.array([1, 0], np.int64))):
+        workspace.FeedBlob(name, v)
+    workspace.RunOperatorOnce(core.CreateOperator(
+        "SparseMomentumSGDUpdate", ["G", "M", "lr", "P", "I"], ["adjusted", "M", "P"], momentum=0.5,
+        nesterov=0))
+    np.testing.assert_allclose(workspace.FetchBlob("adjusted"), 0.1 * G, rtol=1e-6)
+    np.testing.assert_allclose(workspace.FetchBlob("P"), [[1.0 - 0.2, 2.0], [3.0 - 0.1, 4.0 - 0.1]], rtol=1e-6)
+    with pytest.raises(ferrocaffe_errors().InvalidArgumentError, match="in-place"):
+        workspace.RunOperatorOnce(core.CreateOperator(
+            "SparseMomentumSGDUpdate", ["G", "M", "lr", "P", "I"], ["G", "M2", "P"], momentum=0.5))
+
+
+def ferrocaffe_errors():
+    from ferrocaffe import errors
+    return errors

@@ -26,6 +26,12 @@ pub enum InPlace {
     Allow(fn(usize, usize) -> bool),
     /// `f(input, output)` says which pairs must share a name (and only those may).
     Enforce(fn(usize, usize) -> bool),
+    /// `enforce` pairs must share a name; `allow` pairs may (Caffe2's
+    /// `EnforceInplace` and `AllowInplace` on one op).
+    EnforceAllow {
+        enforce: fn(usize, usize) -> bool,
+        allow: fn(usize, usize) -> bool,
+    },
 }
 
 /// One documented argument.
@@ -199,6 +205,13 @@ impl OpSchema {
                     InPlace::Never => !same,
                     InPlace::Allow(f) => !same || f(i, o),
                     InPlace::Enforce(f) => same == f(i, o) || (!f(i, o) && !same),
+                    InPlace::EnforceAllow { enforce, allow } => {
+                        if enforce(i, o) {
+                            same
+                        } else {
+                            !same || allow(i, o)
+                        }
+                    }
                 };
                 if !ok {
                     let msg = if same {

@@ -26,6 +26,12 @@ fn momentum_in_place(i: usize, o: usize) -> bool {
     matches!((i, o), (0, 0) | (1, 1) | (3, 2))
 }
 
+/// SparseMomentumSGDUpdate updates moment and param in place; its
+/// gradient output may be another blob (as Caffe2's).
+fn sparse_momentum_in_place(i: usize, o: usize) -> bool {
+    matches!((i, o), (1, 1) | (3, 2))
+}
+
 /// Adam: (param, moment_1, moment_2, grad, lr, iter) -> (param, moment_1, moment_2[, grad]).
 fn adam_in_place(i: usize, o: usize) -> bool {
     matches!((i, o), (0, 0) | (1, 1) | (2, 2))
@@ -69,22 +75,22 @@ pub fn schemas() -> Vec<OpSchema> {
         OpSchema::new("MomentumSGDUpdate", build_momentum)
             .inputs(4, 4)
             .outputs(3, 3)
-            .inplace(InPlace::Enforce(momentum_in_place))
+            .inplace(InPlace::Allow(momentum_in_place))
             .args(&[
                 arg!("momentum", "float", "0", "the moment's decay"),
                 arg!("nesterov", "int", "0", "use Nesterov's momentum"),
             ])
-            .doc("Inputs (grad, moment, lr, param), outputs (grad, moment, param) in place: m = momentum * m + lr * grad, param -= m (Nesterov: param -= (1 + momentum) * m_new - momentum * m_old); grad becomes the step taken."),
+            .doc("Inputs (grad, moment, lr, param), outputs (grad, moment, param), in place or not: m = momentum * m + lr * grad, param -= m (Nesterov: param -= (1 + momentum) * m_new - momentum * m_old); grad becomes the step taken."),
         OpSchema::new("Adam", build_adam)
             .inputs(6, 6)
             .outputs(3, 4)
-            .inplace(InPlace::Enforce(adam_in_place))
+            .inplace(InPlace::Allow(adam_in_place))
             .args(&[
                 arg!("beta1", "float", "0.9", "first moment decay"),
                 arg!("beta2", "float", "0.999", "second moment decay"),
                 arg!("epsilon", "float", "1e-5", "added to the second moment's square root"),
             ])
-            .doc("Inputs (param, moment_1, moment_2, grad, lr, iter), outputs (param, moment_1, moment_2[, the effective gradient]) in place: t = iter + 1, m1 = b1 m1 + (1 - b1) g, m2 = b2 m2 + (1 - b2) g^2, param += lr * sqrt(1 - b2^t) / (1 - b1^t) * m1 / (sqrt(m2) + epsilon)."),
+            .doc("Inputs (param, moment_1, moment_2, grad, lr, iter), outputs (param, moment_1, moment_2[, the effective gradient]), in place or not: t = iter + 1, m1 = b1 m1 + (1 - b1) g, m2 = b2 m2 + (1 - b2) g^2, param += lr * sqrt(1 - b2^t) / (1 - b1^t) * m1 / (sqrt(m2) + epsilon)."),
     ];
     v.extend(adagrad_schemas());
     v
@@ -434,7 +440,10 @@ fn adagrad_schemas() -> Vec<OpSchema> {
         OpSchema::new("SparseMomentumSGDUpdate", build_sparse_momentum)
             .inputs(5, 5)
             .outputs(3, 3)
-            .inplace(InPlace::Enforce(momentum_in_place))
+            .inplace(InPlace::EnforceAllow {
+                enforce: sparse_momentum_in_place,
+                allow: momentum_in_place,
+            })
             .args(&[
                 arg!("momentum", "float", "0", "the moment's decay"),
                 arg!("nesterov", "int", "0", "use Nesterov's momentum"),
