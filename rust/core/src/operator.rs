@@ -663,6 +663,37 @@ mod tests {
     }
 
     #[test]
+    fn enforce_allow_requires_some_pairs_and_permits_others() {
+        fn must(i: usize, o: usize) -> bool {
+            (i, o) == (1, 1)
+        }
+        fn may(i: usize, o: usize) -> bool {
+            (i, o) == (0, 0)
+        }
+        let schema = OpSchema::new("PairTest", |_| Err(Error::internal("not built")))
+            .inputs(2, 2)
+            .outputs(2, 2)
+            .inplace(InPlace::EnforceAllow {
+                enforce: must,
+                allow: may,
+            });
+        // (1, 1) in place, (0, 0) either way.
+        assert!(schema
+            .verify(&op("PairTest", &["a", "b"], &["a", "b"], vec![]))
+            .is_ok());
+        assert!(schema
+            .verify(&op("PairTest", &["a", "b"], &["c", "b"], vec![]))
+            .is_ok());
+        // (1, 1) not in place; (0, 1) and (1, 0) never.
+        for outs in [["a", "c"], ["c", "a"], ["b", "b"]] {
+            let e = schema
+                .verify(&op("PairTest", &["a", "b"], &outs, vec![]))
+                .expect_err("should be refused");
+            assert_eq!(e.kind, ErrorKind::InvalidArgument, "{outs:?}: {e}");
+        }
+    }
+
+    #[test]
     fn an_unknown_argument_names_the_op_the_argument_and_the_closest_names() {
         let e = build_error(&op("ConstantFill", &[], &["c"], vec![int_arg("shap", 2)]));
         assert_eq!(e.kind, ErrorKind::InvalidArgument);
