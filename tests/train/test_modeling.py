@@ -268,3 +268,19 @@ def test_update_ops_write_other_blobs(fresh):
 def ferrocaffe_errors():
     from ferrocaffe import errors
     return errors
+
+
+@pytest.mark.parametrize("nesterov", [0, 1])
+def test_momentum_sgd_without_parameter(fresh, nesterov):
+    g = np.array([1.0, -2.0, 0.5], np.float32)
+    m = np.array([0.5, 0.5, -1.0], np.float32)
+    for name, v in (("g", g), ("m", m), ("lr", np.array([0.2], np.float32))):
+        workspace.FeedBlob(name, v)
+    workspace.RunOperatorOnce(core.CreateOperator(
+        "MomentumSGD", ["g", "m", "lr"], ["g_out", "m"], momentum=0.5, nesterov=nesterov))
+    m_new = 0.5 * m + 0.2 * g  # by hand: [0.45, -0.15, -0.4]
+    np.testing.assert_allclose(m_new, [0.45, -0.15, -0.4], rtol=1e-6)
+    step = 1.5 * m_new - 0.5 * m if nesterov else m_new
+    np.testing.assert_allclose(workspace.FetchBlob("m"), m_new, rtol=1e-6)
+    np.testing.assert_allclose(workspace.FetchBlob("g_out"), step, rtol=1e-6)
+    np.testing.assert_array_equal(workspace.FetchBlob("g"), g)

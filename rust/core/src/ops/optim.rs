@@ -81,6 +81,15 @@ pub fn schemas() -> Vec<OpSchema> {
                 arg!("nesterov", "int", "0", "use Nesterov's momentum"),
             ])
             .doc("Inputs (grad, moment, lr, param), outputs (grad, moment, param), in place or not: m = momentum * m + lr * grad, param -= m (Nesterov: param -= (1 + momentum) * m_new - momentum * m_old); grad becomes the step taken."),
+        OpSchema::new("MomentumSGD", build_momentum_sgd)
+            .inputs(3, 3)
+            .outputs(2, 2)
+            .inplace(InPlace::Allow(adam_in_place))
+            .args(&[
+                arg!("momentum", "float", "0", "the moment's decay"),
+                arg!("nesterov", "int", "0", "use Nesterov's momentum"),
+            ])
+            .doc("Inputs (grad, moment, lr), outputs (grad, moment), in place or not: m = momentum * m + lr * grad; grad becomes the step (m, or with Nesterov (1 + momentum) * m_new - momentum * m_old). MomentumSGDUpdate without the parameter."),
         OpSchema::new("Adam", build_adam)
             .inputs(6, 6)
             .outputs(3, 4)
@@ -286,39 +295,56 @@ fn scalar_f32(l: &Locked<'_>, op: &str, i: usize, what: &str) -> Result<f32> {
 }
 
 fn build_momentum(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    momentum_kernel(ctx, "MomentumSGDUpdate", true)
+}
+
+fn build_momentum_sgd(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    momentum_kernel(ctx, "MomentumSGD", false)
+}
+
+/// MomentumSGDUpdate (grad, moment, lr, param) -> (grad, moment, param) and
+/// MomentumSGD (grad, moment, lr) -> (grad, moment): the same step, the
+/// first also subtracting it from the parameter.
+fn momentum_kernel(
+    ctx: &OpDefCtx<'_>,
+    op: &'static str,
+    with_param: bool,
+) -> Result<Box<dyn Operator>> {
     let mu = ctx.args.f32("momentum", 0.0)?;
     let nesterov = ctx.args.i64("nesterov", 0)? != 0;
-    const OP: &str = "MomentumSGDUpdate";
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
-        f32_in(&l, OP, 0, "the gradient")?;
-        f32_in(&l, OP, 1, "the moment")?;
-        f32_in(&l, OP, 3, "the parameter")?;
-        check_like(&l, OP, 1, 0)?;
-        check_like(&l, OP, 3, 0)?;
-        let lr = scalar_f32(&l, OP, 2, "the learning rate")?;
-        let g = f32_in(&l, OP, 0, "")?;
-        let m = f32_in(&l, OP, 1, "")?;
-        let p = f32_in(&l, OP, 3, "")?;
-        let (mut ng, mut nm, mut np) = (g.clone(), m.clone(), p.clone());
-        ndarray::Zip::from(&mut ng)
-            .and(&mut nm)
-            .and(&mut np)
-            .for_each(|g, m, p| {
-                let m_old = *m;
-                let m_new = mu * m_old + lr * *g;
-                let step = if nesterov {
-                    (1.0 + mu) * m_new - mu * m_old
-                } else {
-                    m_new
-                };
-                *m = m_new;
-                *g = step;
-                *p -= step;
-            });
+        f32_in(&l, op, 0, "the gradient")?;
+        f32_in(&l, op, 1, "the moment")?;
+        check_like(&l, op, 1, 0)?;
+        if with_param {
+            f32_in(&l, op, 3, "the parameter")?;
+            check_like(&l, op, 3, 0)?;
+        }
+        let lr = scalar_f32(&l, op, 2, "the learning rate")?;
+        let (mut ng, mut nm) = (
+            f32_in(&l, op, 0, "")?.clone(),
+            f32_in(&l, op, 1, "")?.clone(),
+        );
+        ndarray::Zip::from(&mut ng).and(&mut nm).for_each(|g, m| {
+            let m_old = *m;
+            let m_new = mu * m_old + lr * *g;
+            *m = m_new;
+            *g = if nesterov {
+                (1.0 + mu) * m_new - mu * m_old
+            } else {
+                m_new
+            };
+        });
+        if with_param {
+            let mut np = f32_in(&l, op, 3, "")?.clone();
+            ndarray::Zip::from(&mut np)
+                .and(&ng)
+                .for_each(|p, step| *p -= *step);
+            l.set_output(2, Tensor::from(np));
+        }
         l.set_output(0, Tensor::from(ng));
         l.set_output(1, Tensor::from(nm));
-        l.set_output(2, Tensor::from(np));
         Ok(true)
     }))
 }
