@@ -16,6 +16,7 @@ import importlib
 import importlib.abc
 import importlib.util
 import sys
+import types
 
 from . import errors
 from ._core import __version__
@@ -52,6 +53,14 @@ _ALIASES = {
     "caffe2.python.brew": "ferrocaffe.brew",
     "caffe2.python.optimizer": "ferrocaffe.optimizer",
     "caffe2.python.gradient_checker": "ferrocaffe.gradient_checker",
+    "caffe2.python.cnn": "ferrocaffe.cnn",
+    # Caffe2's compiled module (workspace.C there): a module holding the
+    # attributes of ferrocaffe's workspace.C namespace.
+    "caffe2.python._import_c_extension": "ferrocaffe.workspace:C",
+    "caffe2.python.optimizer_context": "ferrocaffe.optimizer_context",
+    "caffe2.python.modeling": "ferrocaffe.modeling",
+    "caffe2.python.modeling.parameter_info": "ferrocaffe.modeling.parameter_info",
+    "caffe2.python.modeling.initializers": "ferrocaffe.modeling.initializers",
 }
 _PACKAGES = ("caffe2", "caffe2.python", "caffe2.proto")
 
@@ -63,6 +72,11 @@ class _AliasLoader(importlib.abc.Loader):
     def create_module(self, spec):
         if self.target is None:
             return None  # a plain namespace package
+        if ":" in self.target:
+            module_name, attr = self.target.split(":")
+            module = types.ModuleType(spec.name)
+            module.__dict__.update(vars(getattr(importlib.import_module(module_name), attr)))
+            return module
         return importlib.import_module(self.target)
 
     def exec_module(self, module):

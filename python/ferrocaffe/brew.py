@@ -13,12 +13,14 @@ import copy
 import functools
 import inspect
 
-from ferrocaffe import core, scope
+from ferrocaffe import control_ops_util, core, scope
+from ferrocaffe.modeling import initializers
+from ferrocaffe.modeling.parameter_info import ParameterTags
 
 __all__ = [
-    "Register", "accuracy", "add_weight_decay", "arg_scope", "average_pool", "concat", "conv",
+    "Register", "accuracy", "add_weight_decay", "arg_scope", "average_pool", "concat", "cond", "conv",
     "conv_nd", "conv_transpose", "db_input", "dropout", "fc", "get_current_scope", "group_conv",
-    "has_helper", "lrn", "max_pool", "relu", "sigmoid", "softmax", "spatial_bn", "sum", "tanh",
+    "has_helper", "loop", "lrn", "max_pool", "relu", "sigmoid", "softmax", "spatial_bn", "sum", "tanh",
     "transpose",
 ]
 
@@ -51,8 +53,11 @@ def arg_scope(single_helper_or_list, **kwargs):
 def Register(helper):
     """Adds ``helper`` as ``brew.<its name>``. As in Caffe2, a call gets the
     model's ``arg_scope`` (only the names the helper takes, unless it takes
-    ``**kwargs``), then ``brew.arg_scope``'s, then its own arguments."""
+    ``**kwargs``), then ``brew.arg_scope``'s, then its own arguments.
+    A name already registered raises AttributeError."""
     name = helper.__name__
+    if name in _HELPERS:
+        raise AttributeError(f"Helper {name} already exists. Please change your helper name.")
     params = inspect.signature(helper).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
@@ -78,16 +83,16 @@ def has_helper(helper_or_name):
     return name in _HELPERS
 
 
-def _param(model, name, shape, init):
-    """A parameter blob filled by ``init`` = (op type, kwargs)."""
-    op_type, kwargs = init
-    full = scope.CurrentNameScope() + name
+def _param(model, name, shape, init, initializer_class=None, tags=None):
+    """A parameter blob made by ``model.create_param``: filled by ``init`` =
+    (op type, kwargs) through ``initializer_class`` (default
+    ``Initializer``), or left to the workspace when the model was made with
+    ``init_params=False``."""
     if model.init_params:
-        blob = getattr(model.param_init_net, op_type)([], full, shape=list(shape), **kwargs)
+        initializer = initializers.update_initializer(initializer_class, init, None)
     else:
-        blob = core.BlobReference(full)
-    model.AddParameter(blob)
-    return blob
+        initializer = initializers.ExternalInitializer()
+    return model.create_param(param_name=name, shape=list(shape), initializer=initializer, tags=tags)
 
 
 def _init(init, default):
@@ -103,12 +108,10 @@ def fc(model, blob_in, blob_out, dim_in, dim_out, weight_init=None, bias_init=No
        float16_compute=False, **kwargs):
     """Y = X W^T + b with W (dim_out x dim_in, XavierFill by default) and
     b (dim_out, zeros by default)."""
-    if WeightInitializer is not None or BiasInitializer is not None:
-        raise NotImplementedError("brew.fc: WeightInitializer/BiasInitializer are not supported yet; use weight_init/bias_init")
-    w = _param(model, str(blob_out) + "_w", [dim_out, dim_in], _init(weight_init, ("XavierFill", {})))
-    b = _param(model, str(blob_out) + "_b", [dim_out], _init(bias_init, ("ConstantFill", {})))
-    model.weights.append(w)
-    model.biases.append(b)
+    w = _param(model, str(blob_out) + "_w", [dim_out, dim_in], _init(weight_init, ("XavierFill", {})),
+               WeightInitializer, ParameterTags.WEIGHT)
+    b = _param(model, str(blob_out) + "_b", [dim_out], _init(bias_init, ("ConstantFill", {})),
+               BiasInitializer, ParameterTags.BIAS)
     return model.net.FC([blob_in, w, b], blob_out, **kwargs)
 
 
@@ -200,21 +203,23 @@ def _conv_base(model, is_nd, blob_in, blob_out, dim_in, dim_out, kernel, weight_
                bias_init=None, WeightInitializer=None, BiasInitializer=None, group=1,
                transform_inputs=None, use_cudnn=False, order="NCHW", cudnn_exhaustive_search=False,
                ws_nbytes_limit=None, float16_compute=False, **kwargs):
-    if WeightInitializer is not None or BiasInitializer is not None:
-        raise NotImplementedError("brew.conv: WeightInitializer/BiasInitializer are not supported yet; use weight_init/bias_init")
     kernels = list(kernel) if is_nd else ([kernel, kernel] if isinstance(kernel, int) else list(kernel))
     use_bias = not kwargs.pop("no_bias", False)
     if order == "NCHW":
         w_shape = [dim_out, int(dim_in / group)] + kernels
     else:
         w_shape = [dim_out] + kernels + [int(dim_in / group)]
-    w = _param(model, str(blob_out) + "_w", w_shape, _init(weight_init, ("XavierFill", {})))
-    model.weights.append(w)
+    w = _param(model, str(blob_out) + "_w", w_shape, _init(weight_init, ("XavierFill", {})),
+               WeightInitializer, ParameterTags.WEIGHT)
     inputs = [blob_in, w]
     if use_bias:
-        b = _param(model, str(blob_out) + "_b", [dim_out], _init(bias_init, ("ConstantFill", {})))
-        model.biases.append(b)
+        b = _param(model, str(blob_out) + "_b", [dim_out], _init(bias_init, ("ConstantFill", {})),
+                   BiasInitializer, ParameterTags.BIAS)
         inputs.append(b)
+    engine = kwargs.get("engine")
+    if bool(use_cudnn) != (engine == "CUDNN") and engine is not None:
+        # As Caffe2's brew: an engine that contradicts use_cudnn is an error.
+        raise ValueError(f"brew.conv: use_cudnn={use_cudnn} contradicts engine={engine!r}")
     if use_cudnn:
         kwargs["engine"] = "CUDNN"
         kwargs["exhaustive_search"] = cudnn_exhaustive_search
@@ -267,10 +272,10 @@ def conv_transpose(model, blob_in, blob_out, dim_in, dim_out, kernel, weight_ini
     """Transposed convolution: W (dim_in, dim_out, kernel, kernel) in NCHW
     ((dim_in, kernel, kernel, dim_out) in NHWC), b (dim_out)."""
     w_shape = [dim_in, dim_out, kernel, kernel] if order == "NCHW" else [dim_in, kernel, kernel, dim_out]
-    w = _param(model, str(blob_out) + "_w", w_shape, _init(weight_init, ("XavierFill", {})))
-    b = _param(model, str(blob_out) + "_b", [dim_out], _init(bias_init, ("ConstantFill", {})))
-    model.weights.append(w)
-    model.biases.append(b)
+    w = _param(model, str(blob_out) + "_w", w_shape, _init(weight_init, ("XavierFill", {})),
+               tags=ParameterTags.WEIGHT)
+    b = _param(model, str(blob_out) + "_b", [dim_out], _init(bias_init, ("ConstantFill", {})),
+               tags=ParameterTags.BIAS)
     if use_cudnn:
         kwargs["engine"] = "CUDNN"
         kwargs["exhaustive_search"] = cudnn_exhaustive_search
@@ -333,3 +338,21 @@ def spatial_bn(model, blob_in, blob_out, dim_in, init_scale=1.0, init_bias=0.0, 
         return model.net.SpatialBN(ins, [blob_out], order=order, **kwargs)
     outs = [blob_out, rm, riv, name + "_sm", name + "_siv"]
     return model.net.SpatialBN(ins, outs, order=order, **kwargs)[0]
+
+
+@Register
+def cond(model, cond_blob, external_blobs, then_model, else_model=None):
+    """An ``If`` op in ``model.net`` running ``then_model.net`` (else
+    ``else_model.net``) on ``cond_blob``; ``external_blobs`` are the blobs
+    the branches share with the outer net."""
+    control_ops_util.add_if_op(model.net, cond_blob, external_blobs, then_model.net,
+                               else_model.net if else_model else None)
+
+
+@Register
+def loop(model, cond_blob, external_blobs, loop_model, cond_model=None):
+    """A ``While`` op in ``model.net``: ``loop_model.net`` runs while
+    ``cond_blob`` holds (``cond_model.net`` recomputes it before each
+    test)."""
+    control_ops_util.add_while_op(model.net, cond_blob, external_blobs, loop_model.net,
+                                  cond_model.net if cond_model else None)

@@ -10,6 +10,8 @@ parameters in ``params``; ``optimizer.build_*`` read ``param_to_grad``.
 from collections import namedtuple
 
 from ferrocaffe import core, scope
+from ferrocaffe.modeling.parameter_info import ParameterTags
+from ferrocaffe.optimizer_context import DEFAULT_OPTIM, OptimizerContext
 
 __all__ = ["ModelHelper", "ParameterInfo"]
 
@@ -34,11 +36,16 @@ class ModelHelper:
             self.param_init_net = param_model.param_init_net
             self.param_to_grad = param_model.param_to_grad
             self.params = param_model.params
+            self._parameters_info = param_model._parameters_info
             self._computed_params = param_model._computed_params
         else:
             self.param_init_net = core.Net(self.name + "_init")
             self.param_to_grad = {}
             self.params = []
+            # {param BlobReference: modeling.parameter_info.ParameterInfo}
+            # of the parameters create_param made (shared with a
+            # param_model's models).
+            self._parameters_info = {}
             self._computed_params = []
         self.init_params = init_params
         self.allow_not_known_ops = allow_not_known_ops
@@ -79,9 +86,97 @@ class ModelHelper:
     def GetAllParams(self, namescope=None):
         return self.GetParams(namescope) + self.GetComputedParams(namescope)
 
+    @staticmethod
+    def _normalize_tags(tags):
+        if tags is None:
+            return set()
+        return set(tags) if isinstance(tags, (list, tuple, set)) else {tags}
+
     def AddParameter(self, param, tags=None):
-        """Records ``param`` as trainable (brew's layers call this)."""
-        self.params.append(core.BlobReference(str(param)) if not isinstance(param, core.BlobReference) else param)
+        """Records ``param``: trainable, or computed with the tag
+        ``ParameterTags.COMPUTED_PARAM``; WEIGHT and BIAS tags also list it
+        in ``weights`` / ``biases``."""
+        if not isinstance(param, core.BlobReference):
+            param = core.BlobReference(str(param))
+        tags = self._normalize_tags(tags)
+        if ParameterTags.COMPUTED_PARAM in tags:
+            self._computed_params.append(param)
+        else:
+            self.params.append(param)
+        if ParameterTags.WEIGHT in tags:
+            self.weights.append(param)
+        if ParameterTags.BIAS in tags:
+            self.biases.append(param)
+
+    def create_param(self, param_name, shape, initializer, tags=None):
+        """Creates (once) the parameter ``param_name`` with ``initializer``
+        (a ``modeling.initializers`` object) and returns its blob. A str
+        name is taken in the current name scope, a BlobReference as is; a
+        name created before returns the same blob (its shape must agree).
+        An optimizer chosen by an active ``UseOptimizer`` block (for one of
+        the tags, else DEFAULT) is recorded in the parameter's info."""
+        if isinstance(param_name, core.BlobReference):
+            param_name = str(param_name)
+        elif isinstance(param_name, str):
+            param_name = scope.CurrentNameScope() + param_name
+        else:
+            raise TypeError(f"Unsupported type for param_name: {type(param_name).__name__}")
+        key = core.BlobReference(param_name)
+        if key in self._parameters_info:
+            info = self._parameters_info[key]
+            if list(info.shape) != list(shape):
+                raise AssertionError(f"parameter {param_name} exists with shape {info.shape}, asked for {shape}")
+            return info.blob
+        info = initializer.create_param(param_name=key, init_net=self.param_init_net, shape=shape)
+        context = OptimizerContext.current()
+        for tag in sorted(self._normalize_tags(tags)):
+            if context.has_optimizer(tag):
+                info.optimizer = context.get_optimizer(tag)
+        if not info.optimizer and context.has_optimizer(DEFAULT_OPTIM):
+            info.optimizer = context.get_optimizer(DEFAULT_OPTIM)
+        self._parameters_info[info.blob] = info
+        self.AddParameter(info.blob, tags)
+        return info.blob
+
+    def get_param_info(self, param):
+        """The ParameterInfo create_param made for ``param`` (or None)."""
+        if not isinstance(param, core.BlobReference):
+            raise AssertionError(f"Param {param} is not a BlobReference")
+        return self._parameters_info.get(param, None)
+
+    def _Validate(self):
+        """Names listed more than once in ``params``, sorted."""
+        seen, dupes = set(), set()
+        for p in map(str, self.params):
+            (dupes if p in seen else seen).add(p)
+        return sorted(dupes)
+
+    def Validate(self):
+        dupes = self._Validate()
+        assert dupes == [], "Duplicate params: {}".format(dupes)
+
+    def GetCompleteNet(self):
+        """One net: ``param_init_net``'s ops (their ``debug_info`` ending
+        in ``/param_init_net``) then ``net``'s, with ``net``'s type."""
+        complete = self.param_init_net.Clone(self.name + "_complete_net", keep_schema=True)
+        for op in complete.Proto().op:
+            op.debug_info = op.debug_info + "/param_init_net"
+        complete.AppendNet(self.net)
+        if self.net.Proto().HasField("type"):
+            complete.Proto().type = self.net.Proto().type
+        return complete
+
+    def ConstructInitTrainNetfromNet(self, net):
+        """Splits a ``GetCompleteNet`` net back into ``param_init_net`` and
+        ``net`` (by the ``/param_init_net`` mark), each with external
+        lists recomputed from its ops."""
+        init_ops, train_ops = [], []
+        for i, op in enumerate(net.Proto().op):
+            (init_ops if op.debug_info.endswith("/param_init_net") else train_ops).append(i)
+        self.param_init_net = net.Clone(net.Name() + "/generated_param_init_net", keep_schema=True,
+                                        op_id_mask=init_ops, update_external_list=True)
+        self.net = net.Clone(net.Name() + "/generated_net", keep_schema=True,
+                             op_id_mask=train_ops, update_external_list=True)
 
     def AddGradientOperators(self, *args, **kwargs):
         """``net.AddGradientOperators`` once; fills ``param_to_grad`` and

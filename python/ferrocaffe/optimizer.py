@@ -24,7 +24,9 @@ from ferrocaffe import core, utils
 
 __all__ = [
     "AdagradOptimizer", "AdamOptimizer", "AuxOptimizerParams", "Optimizer", "SgdOptimizer",
-    "WeightDecayBuilder", "add_weight_decay", "build_adagrad", "build_adam", "build_sgd",
+    "WeightDecayBuilder", "add_weight_decay", "build_adadelta", "build_adagrad", "build_adam",
+    "build_decay_adagrad", "build_fp16_sgd", "build_ftrl", "build_gftrl", "build_multi_precision_sgd",
+    "build_rms_prop", "build_sgd", "build_storm", "build_wngrad", "build_yellowfin",
 ]
 
 #: The blobs an optimizer adds besides the parameters: ``local`` ones (one
@@ -254,3 +256,27 @@ def build_adagrad(model, base_learning_rate, parameters=None, max_gradient_norm=
     if max_gradient_norm is not None or allow_lr_injection:
         raise NotImplementedError("build_adagrad: max_gradient_norm and allow_lr_injection are not supported yet")
     return _build(model, AdagradOptimizer(alpha=base_learning_rate, **kwargs))
+
+
+def _not_yet(name):
+    def build(model, *args, **kwargs):
+        raise NotImplementedError(
+            f"{name}: this optimizer is not supported yet (build_sgd, build_adam and build_adagrad are)"
+        )
+    build.__name__ = name
+    build.__doc__ = f"Caffe2's {name}; not supported yet (raises NotImplementedError)."
+    return build
+
+
+# Caffe2's other optimizers: the names exist (so code importing them loads),
+# building one raises NotImplementedError.
+build_multi_precision_sgd = _not_yet("build_multi_precision_sgd")
+build_fp16_sgd = _not_yet("build_fp16_sgd")
+build_ftrl = _not_yet("build_ftrl")
+build_gftrl = _not_yet("build_gftrl")
+build_wngrad = _not_yet("build_wngrad")
+build_storm = _not_yet("build_storm")
+build_adadelta = _not_yet("build_adadelta")
+build_decay_adagrad = _not_yet("build_decay_adagrad")
+build_yellowfin = _not_yet("build_yellowfin")
+build_rms_prop = _not_yet("build_rms_prop")

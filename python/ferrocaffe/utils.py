@@ -12,7 +12,7 @@ __all__ = [
     'OPTIMIZER_ITERATION_NAME', 'ITERATION_MUTEX_NAME', 'BuildUniqueMutexIter',
     'MakeArgument', 'ArgsToDict', 'NumpyArrayToCaffe2Tensor',
     'Caffe2TensorToNumpyArray', 'GetContentFromProto',
-    'GetContentFromProtoString', 'EnumClassKeyVals',
+    'GetContentFromProtoString', 'EnumClassKeyVals', 'NCHW2NHWC', 'NHWC2NCHW',
 ]
 
 _TensorProto = caffe2_pb2.TensorProto
@@ -204,3 +204,19 @@ def EnumClassKeyVals(cls):
     attributes."""
     return {k: v for k, v in vars(cls).items()
             if k.isupper() and not k.startswith('_')}
+
+
+def NCHW2NHWC(tensor):
+    """The array with its channel axis (1) moved last: (N, C, *spatial) ->
+    (N, *spatial, C); a view, as numpy's transpose gives."""
+    if tensor.ndim < 2:
+        raise ValueError(f"NCHW2NHWC needs at least 2 dims (N, C, ...), got shape {tensor.shape}")
+    return tensor.transpose((0,) + tuple(range(2, tensor.ndim)) + (1,))
+
+
+def NHWC2NCHW(tensor):
+    """The array with its last axis (channels) moved to axis 1: (N,
+    *spatial, C) -> (N, C, *spatial); a view."""
+    if tensor.ndim < 1:
+        raise ValueError("NHWC2NCHW needs at least 1 dim, got a scalar")
+    return tensor.transpose((0, tensor.ndim - 1) + tuple(range(1, tensor.ndim - 1)))

@@ -200,10 +200,15 @@ def test_momentum_sgd_update(fresh, nesterov):
     np.testing.assert_allclose(workspace.FetchBlob("m"), m_new, rtol=1e-6)
     np.testing.assert_allclose(workspace.FetchBlob("g"), step, rtol=1e-5)
     np.testing.assert_allclose(workspace.FetchBlob("p"), p - step, rtol=1e-5)
+    # Outputs may be other blobs (Caffe2 allowed in place, did not enforce
+    # it); an output may not overwrite another input, though.
+    workspace.RunOperatorOnce(core.CreateOperator(
+        "MomentumSGDUpdate", ["g", "m", "lr", "p"], ["g2", "m2", "p2"], momentum=0.0))
+    np.testing.assert_allclose(workspace.FetchBlob("g2"), 0.1 * step, rtol=1e-5)
+    np.testing.assert_allclose(workspace.FetchBlob("p2"), p - step - 0.1 * step, rtol=1e-5)
     with pytest.raises(errors.InvalidArgumentError):
-        core.CreateOperator("MomentumSGDUpdate", ["g", "m", "lr", "p"], ["g2", "m", "p"])
         workspace.RunOperatorOnce(core.CreateOperator(
-            "MomentumSGDUpdate", ["g", "m", "lr", "p"], ["g2", "m", "p"]))
+            "MomentumSGDUpdate", ["g", "m", "lr", "p"], ["m", "g", "p"]))
 
 
 def test_adam(fresh):

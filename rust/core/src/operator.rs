@@ -26,6 +26,12 @@ pub enum InPlace {
     Allow(fn(usize, usize) -> bool),
     /// `f(input, output)` says which pairs must share a name (and only those may).
     Enforce(fn(usize, usize) -> bool),
+    /// `enforce` pairs must share a name; `allow` pairs may (Caffe2's
+    /// `EnforceInplace` and `AllowInplace` on one op).
+    EnforceAllow {
+        enforce: fn(usize, usize) -> bool,
+        allow: fn(usize, usize) -> bool,
+    },
 }
 
 /// One documented argument.
@@ -227,6 +233,13 @@ impl OpSchema {
                     InPlace::Never => !same,
                     InPlace::Allow(f) => !same || f(i, o),
                     InPlace::Enforce(f) => same == f(i, o) || (!f(i, o) && !same),
+                    InPlace::EnforceAllow { enforce, allow } => {
+                        if enforce(i, o) {
+                            same
+                        } else {
+                            !same || allow(i, o)
+                        }
+                    }
                 };
                 if !ok {
                     let msg = if same {
@@ -675,6 +688,37 @@ mod tests {
         create_operator(def, &ws)
             .err()
             .expect("building should fail")
+    }
+
+    #[test]
+    fn enforce_allow_requires_some_pairs_and_permits_others() {
+        fn must(i: usize, o: usize) -> bool {
+            (i, o) == (1, 1)
+        }
+        fn may(i: usize, o: usize) -> bool {
+            (i, o) == (0, 0)
+        }
+        let schema = OpSchema::new("PairTest", |_| Err(Error::internal("not built")))
+            .inputs(2, 2)
+            .outputs(2, 2)
+            .inplace(InPlace::EnforceAllow {
+                enforce: must,
+                allow: may,
+            });
+        // (1, 1) in place, (0, 0) either way.
+        assert!(schema
+            .verify(&op("PairTest", &["a", "b"], &["a", "b"], vec![]))
+            .is_ok());
+        assert!(schema
+            .verify(&op("PairTest", &["a", "b"], &["c", "b"], vec![]))
+            .is_ok());
+        // (1, 1) not in place; (0, 1) and (1, 0) never.
+        for outs in [["a", "c"], ["c", "a"], ["b", "b"]] {
+            let e = schema
+                .verify(&op("PairTest", &["a", "b"], &outs, vec![]))
+                .expect_err("should be refused");
+            assert_eq!(e.kind, ErrorKind::InvalidArgument, "{outs:?}: {e}");
+        }
     }
 
     #[test]

@@ -1598,6 +1598,36 @@ pub(crate) const CONV_IGNORED: &[ArgDoc] = &[
         "\"\"",
         "engine hint given as an argument; accepted and ignored"
     ),
+    arg!(
+        "force_algo_fwd",
+        "int",
+        "-1",
+        "cuDNN forward algorithm choice; accepted and ignored"
+    ),
+    arg!(
+        "force_algo_dgrad",
+        "int",
+        "-1",
+        "cuDNN data-gradient algorithm choice; accepted and ignored"
+    ),
+    arg!(
+        "force_algo_wgrad",
+        "int",
+        "-1",
+        "cuDNN filter-gradient algorithm choice; accepted and ignored"
+    ),
+    arg!(
+        "cudnn_state",
+        "int",
+        "0",
+        "cuDNN state slot (GPU); accepted and ignored"
+    ),
+    arg!(
+        "deterministic",
+        "bool",
+        "false",
+        "cuDNN deterministic-algorithm hint (pooling); accepted and ignored"
+    ),
 ];
 
 pub fn schemas() -> Vec<OpSchema> {

@@ -26,6 +26,12 @@ fn momentum_in_place(i: usize, o: usize) -> bool {
     matches!((i, o), (0, 0) | (1, 1) | (3, 2))
 }
 
+/// SparseMomentumSGDUpdate updates moment and param in place; its
+/// gradient output may be another blob (as Caffe2's).
+fn sparse_momentum_in_place(i: usize, o: usize) -> bool {
+    matches!((i, o), (1, 1) | (3, 2))
+}
+
 /// Adam: (param, moment_1, moment_2, grad, lr, iter) -> (param, moment_1, moment_2[, grad]).
 fn adam_in_place(i: usize, o: usize) -> bool {
     matches!((i, o), (0, 0) | (1, 1) | (2, 2))
@@ -69,22 +75,31 @@ pub fn schemas() -> Vec<OpSchema> {
         OpSchema::new("MomentumSGDUpdate", build_momentum)
             .inputs(4, 4)
             .outputs(3, 3)
-            .inplace(InPlace::Enforce(momentum_in_place))
+            .inplace(InPlace::Allow(momentum_in_place))
             .args(&[
                 arg!("momentum", "float", "0", "the moment's decay"),
                 arg!("nesterov", "int", "0", "use Nesterov's momentum"),
             ])
-            .doc("Inputs (grad, moment, lr, param), outputs (grad, moment, param) in place: m = momentum * m + lr * grad, param -= m (Nesterov: param -= (1 + momentum) * m_new - momentum * m_old); grad becomes the step taken."),
+            .doc("Inputs (grad, moment, lr, param), outputs (grad, moment, param), in place or not: m = momentum * m + lr * grad, param -= m (Nesterov: param -= (1 + momentum) * m_new - momentum * m_old); grad becomes the step taken."),
+        OpSchema::new("MomentumSGD", build_momentum_sgd)
+            .inputs(3, 3)
+            .outputs(2, 2)
+            .inplace(InPlace::Allow(adam_in_place))
+            .args(&[
+                arg!("momentum", "float", "0", "the moment's decay"),
+                arg!("nesterov", "int", "0", "use Nesterov's momentum"),
+            ])
+            .doc("Inputs (grad, moment, lr), outputs (grad, moment), in place or not: m = momentum * m + lr * grad; grad becomes the step (m, or with Nesterov (1 + momentum) * m_new - momentum * m_old). MomentumSGDUpdate without the parameter."),
         OpSchema::new("Adam", build_adam)
             .inputs(6, 6)
             .outputs(3, 4)
-            .inplace(InPlace::Enforce(adam_in_place))
+            .inplace(InPlace::Allow(adam_in_place))
             .args(&[
                 arg!("beta1", "float", "0.9", "first moment decay"),
                 arg!("beta2", "float", "0.999", "second moment decay"),
                 arg!("epsilon", "float", "1e-5", "added to the second moment's square root"),
             ])
-            .doc("Inputs (param, moment_1, moment_2, grad, lr, iter), outputs (param, moment_1, moment_2[, the effective gradient]) in place: t = iter + 1, m1 = b1 m1 + (1 - b1) g, m2 = b2 m2 + (1 - b2) g^2, param += lr * sqrt(1 - b2^t) / (1 - b1^t) * m1 / (sqrt(m2) + epsilon)."),
+            .doc("Inputs (param, moment_1, moment_2, grad, lr, iter), outputs (param, moment_1, moment_2[, the effective gradient]), in place or not: t = iter + 1, m1 = b1 m1 + (1 - b1) g, m2 = b2 m2 + (1 - b2) g^2, param += lr * sqrt(1 - b2^t) / (1 - b1^t) * m1 / (sqrt(m2) + epsilon)."),
     ];
     v.extend(adagrad_schemas());
     v
@@ -280,39 +295,56 @@ fn scalar_f32(l: &Locked<'_>, op: &str, i: usize, what: &str) -> Result<f32> {
 }
 
 fn build_momentum(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    momentum_kernel(ctx, "MomentumSGDUpdate", true)
+}
+
+fn build_momentum_sgd(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    momentum_kernel(ctx, "MomentumSGD", false)
+}
+
+/// MomentumSGDUpdate (grad, moment, lr, param) -> (grad, moment, param) and
+/// MomentumSGD (grad, moment, lr) -> (grad, moment): the same step, the
+/// first also subtracting it from the parameter.
+fn momentum_kernel(
+    ctx: &OpDefCtx<'_>,
+    op: &'static str,
+    with_param: bool,
+) -> Result<Box<dyn Operator>> {
     let mu = ctx.args.f32("momentum", 0.0)?;
     let nesterov = ctx.args.i64("nesterov", 0)? != 0;
-    const OP: &str = "MomentumSGDUpdate";
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
-        f32_in(&l, OP, 0, "the gradient")?;
-        f32_in(&l, OP, 1, "the moment")?;
-        f32_in(&l, OP, 3, "the parameter")?;
-        check_like(&l, OP, 1, 0)?;
-        check_like(&l, OP, 3, 0)?;
-        let lr = scalar_f32(&l, OP, 2, "the learning rate")?;
-        let g = f32_in(&l, OP, 0, "")?;
-        let m = f32_in(&l, OP, 1, "")?;
-        let p = f32_in(&l, OP, 3, "")?;
-        let (mut ng, mut nm, mut np) = (g.clone(), m.clone(), p.clone());
-        ndarray::Zip::from(&mut ng)
-            .and(&mut nm)
-            .and(&mut np)
-            .for_each(|g, m, p| {
-                let m_old = *m;
-                let m_new = mu * m_old + lr * *g;
-                let step = if nesterov {
-                    (1.0 + mu) * m_new - mu * m_old
-                } else {
-                    m_new
-                };
-                *m = m_new;
-                *g = step;
-                *p -= step;
-            });
+        f32_in(&l, op, 0, "the gradient")?;
+        f32_in(&l, op, 1, "the moment")?;
+        check_like(&l, op, 1, 0)?;
+        if with_param {
+            f32_in(&l, op, 3, "the parameter")?;
+            check_like(&l, op, 3, 0)?;
+        }
+        let lr = scalar_f32(&l, op, 2, "the learning rate")?;
+        let (mut ng, mut nm) = (
+            f32_in(&l, op, 0, "")?.clone(),
+            f32_in(&l, op, 1, "")?.clone(),
+        );
+        ndarray::Zip::from(&mut ng).and(&mut nm).for_each(|g, m| {
+            let m_old = *m;
+            let m_new = mu * m_old + lr * *g;
+            *m = m_new;
+            *g = if nesterov {
+                (1.0 + mu) * m_new - mu * m_old
+            } else {
+                m_new
+            };
+        });
+        if with_param {
+            let mut np = f32_in(&l, op, 3, "")?.clone();
+            ndarray::Zip::from(&mut np)
+                .and(&ng)
+                .for_each(|p, step| *p -= *step);
+            l.set_output(2, Tensor::from(np));
+        }
         l.set_output(0, Tensor::from(ng));
         l.set_output(1, Tensor::from(nm));
-        l.set_output(2, Tensor::from(np));
         Ok(true)
     }))
 }
@@ -434,7 +466,10 @@ fn adagrad_schemas() -> Vec<OpSchema> {
         OpSchema::new("SparseMomentumSGDUpdate", build_sparse_momentum)
             .inputs(5, 5)
             .outputs(3, 3)
-            .inplace(InPlace::Enforce(momentum_in_place))
+            .inplace(InPlace::EnforceAllow {
+                enforce: sparse_momentum_in_place,
+                allow: momentum_in_place,
+            })
             .args(&[
                 arg!("momentum", "float", "0", "the moment's decay"),
                 arg!("nesterov", "int", "0", "use Nesterov's momentum"),
