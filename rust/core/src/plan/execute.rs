@@ -271,9 +271,10 @@ fn lane_label(what: &str) -> String {
     }
 }
 
-/// A span for one iteration of a step's loop (when recording).
-fn iteration_span(c: &Compiled<'_>, i: i64) -> Option<trace::SpanGuard> {
-    let mut span = trace::span_str("iteration", c.step.step_name())?;
+/// A span for one iteration of a step's loop (when recording), from
+/// `from` (the previous iteration's end) or now.
+fn iteration_span(c: &Compiled<'_>, i: i64, from: Option<u64>) -> Option<trace::SpanGuard> {
+    let mut span = trace::span_str_from("iteration", c.step.step_name(), from)?;
     span.set_detail(Detail::Iteration(i));
     Some(span)
 }
@@ -282,8 +283,11 @@ fn run_main<'p>(ctx: &PlanCtx<'p>, c: &Compiled<'p>, tok: &CancelToken) -> Resul
     if c.kind == StepKind::Nets {
         // A net step (or an empty step, which still iterates).
         let mut i = 0i64;
+        // Recorded iterations end where their last net run ended, and the
+        // next one starts there: no clock reads beyond the nets' own.
+        let mut from = None;
         while !tok.poll() && c.limit.allows(i) {
-            let _span = iteration_span(c, i);
+            let span = iteration_span(c, i, from);
             for net in &c.nets {
                 if !net.lock(tok)?.run(&c.ws, tok)? {
                     return Ok(false);
@@ -297,13 +301,14 @@ fn run_main<'p>(ctx: &PlanCtx<'p>, c: &Compiled<'p>, tok: &CancelToken) -> Resul
                 // (or an interrupt) without burning a core.
                 let _ = tok.sleep(crate::cancel::POLL);
             }
+            from = span.map(trace::SpanGuard::end_after_nets);
             i += 1;
         }
         return Ok(true);
     }
     let mut i = 0i64;
     while !tok.poll() && c.limit.allows(i) {
-        let _span = iteration_span(c, i);
+        let _span = iteration_span(c, i, None);
         if c.kind == StepKind::Sequential {
             for w in &c.recurring {
                 if !w.exec(ctx, tok)? {
