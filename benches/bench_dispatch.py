@@ -31,71 +31,19 @@ its processes run with ``PYTHONPATH=DIR``.
 from __future__ import annotations
 
 import argparse
-import gc
-import json
 import os
 import statistics
-import subprocess
 import sys
-import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-MARK = "RESULT "
-
-CASES = {
-    # name: (workload, size, timed runs, warmup runs, unit)
-    "W1": ("chain", 1000, 200, 20, "ns/op"),
-    "N100": ("chain", 100, 2000, 200, "ns/op"),
-    "W2": ("loop", 100_000, 5, 1, "ns/iter"),
-}
+from dispatch_runner import CASES, interleaved, report, spawn, summary, time_case
 
 
 def child(case, pin):
     if pin is not None:
         os.sched_setaffinity(0, {pin})       # before any thread starts
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    import numpy as np
-    from ferrocaffe import core, workspace
-    sys.path.insert(0, HERE)
-    import workloads
-
-    kind, n, runs, warmup, _ = CASES[case]
-    run, value = getattr(workloads, kind)(np, core, workspace, n)
-    got = value(run())
-    assert abs(got - n) < 0.5, (case, got)
-    for _ in range(warmup):
-        run()
-    gc.collect()
-    gc.disable()
-    clock = time.perf_counter_ns
-    samples = []
-    for _ in range(runs):
-        t0 = clock()
-        run()
-        samples.append(clock() - t0)
-    gc.enable()
-    print(MARK + json.dumps({"per_unit": statistics.median(samples) / n,
-                             "best": min(samples) / n}), flush=True)
-
-
-def spawn(build_path, case, pin):
-    env = dict(os.environ)
-    if build_path:
-        env["PYTHONPATH"] = os.pathsep.join([build_path] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", case]
-    if pin is not None:
-        cmd += ["--pin", str(pin)]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    if out.returncode != 0:
-        raise RuntimeError(f"{case} failed: {out.stderr[-2000:]}")
-    line = [x for x in out.stdout.splitlines() if x.startswith(MARK)][-1]
-    return json.loads(line[len(MARK):])["per_unit"]
-
-
-def summary(values):
-    med = statistics.median(values)
-    worst = max(abs(v / med - 1) for v in values)
-    return med, min(values), max(values), worst
+    result, _ = time_case(case)
+    report(result)
 
 
 def main():
@@ -114,18 +62,15 @@ def main():
     cases = args.cases.split(",")
     builds = [("this", None)] + ([("other", os.path.abspath(args.compare))] if args.compare else [])
     placements = [("pinned", args.cpu), ("free", None)]
-    got = {}
-    print(f"{len(os.sched_getaffinity(0))} CPUs; {args.processes} fresh processes per case, placement and build; "
-          f"load average at start {os.getloadavg()[0]:.2f}", flush=True)
-    for r in range(args.processes):
-        # Rotate the order from round to round, so no configuration always
-        # runs first (or right after the same neighbour).
-        order = [(b, c, p) for b in builds for c in cases for p in placements]
-        k = r % len(order)
-        for (bname, bpath), case, (pname, pin) in order[k:] + order[:k]:
-            got.setdefault((bname, case, pname), []).append(spawn(bpath, case, pin))
-        print(f"  round {r + 1}/{args.processes} done", flush=True)
-    print(f"load average at end {os.getloadavg()[0]:.2f}\n")
+
+    def run_one(config):
+        (_, bpath), case, (_, pin) = config
+        extra = ["--pin", str(pin)] if pin is not None else []
+        return spawn(__file__, [case] + extra, bpath)["per_unit"]
+
+    configs = [(b, c, p) for b in builds for c in cases for p in placements]
+    got = {(b[0], c, p[0]): v for (b, c, p), v in
+           interleaved(configs, args.processes, run_one).items()}
 
     print("| build | case | placement | median | processes min..max | worst distance from median |")
     print("|---|---|---|---|---|---|")
@@ -154,4 +99,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

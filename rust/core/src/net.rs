@@ -4,7 +4,7 @@ use crate::cancel::{self, CancelToken};
 use crate::error::{from_panic, Error, ErrorKind, Result};
 use crate::ir::{NetDef, OperatorDef, MAX_NESTING};
 use crate::operator::{allows_unknown_args, create_operator_with, OpCx, OpIo, Operator};
-use crate::trace::{self, NetNames, Stamps};
+use crate::trace::{self, NetNames, NetRecord, OpClock, Stamps};
 use crate::workspace::Workspace;
 use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashSet;
@@ -298,28 +298,27 @@ impl Net {
         if trace::on() {
             return self.run_traced(ws, cancel);
         }
-        self.run_ops::<false>(ws, cancel, &mut Stamps::new())
+        self.run_ops::<false, _>(ws, cancel, &mut Stamps::new())
     }
 
     #[cold]
     fn run_traced(&mut self, ws: &Arc<Workspace>, cancel: &CancelToken) -> Result<bool> {
-        let r;
-        let mut stamps;
         let timed_ops = trace::ops_on();
-        if timed_ops {
-            stamps = Stamps::with_capacity(self.ops.len() + 1);
-            r = self.run_ops::<true>(ws, cancel, &mut stamps);
+        let Some(mut rec) = NetRecord::open(&self.names, timed_ops) else {
+            return self.run_ops::<false, _>(ws, cancel, &mut Stamps::new());
+        };
+        let r = if timed_ops {
+            self.run_ops::<true, _>(ws, cancel, &mut rec)
         } else {
-            stamps = smallvec::smallvec![trace::now()];
-            r = self.run_ops::<false>(ws, cancel, &mut Stamps::new());
-        }
-        stamps.push(trace::now());
-        trace::record_net_run(&self.names, stamps, matches!(r, Ok(true)), timed_ops);
+            rec.stamp();
+            self.run_ops::<false, _>(ws, cancel, &mut rec)
+        };
+        rec.close(matches!(r, Ok(true)));
         r
     }
 
     /// [`Net::run`] timing every op: `stamps` gets the start of each op that
-    /// runs (`trace::now`, ns), the caller adds the end. The per-op timing
+    /// runs (`trace::now`, clock ticks: `trace::ticks_to_ns`), the caller adds the end. The per-op timing
     /// of `Workspace::benchmark_net`.
     pub fn run_timed(
         &mut self,
@@ -327,7 +326,7 @@ impl Net {
         cancel: &CancelToken,
         stamps: &mut Stamps,
     ) -> Result<bool> {
-        self.run_ops::<true>(ws, cancel, stamps)
+        self.run_ops::<true, _>(ws, cancel, stamps)
     }
 
     /// The op types, in order.
@@ -336,16 +335,16 @@ impl Net {
     }
 
     #[inline(always)]
-    fn run_ops<const TIMED: bool>(
+    fn run_ops<const TIMED: bool, C: OpClock>(
         &mut self,
         ws: &Arc<Workspace>,
         cancel: &CancelToken,
-        stamps: &mut Stamps,
+        stamps: &mut C,
     ) -> Result<bool> {
         let _nested = Nested::enter(&self.name)?;
         for (k, slot) in self.ops.iter_mut().enumerate() {
             if TIMED {
-                stamps.push(trace::now());
+                stamps.op_start();
             }
             let mut cx = OpCx {
                 io: &slot.io,

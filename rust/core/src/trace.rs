@@ -3,11 +3,26 @@
 //! as Chrome trace-event JSON, which Perfetto and `chrome://tracing` open.
 //!
 //! Off (the default), a net run and a step unit look at one relaxed atomic
-//! ([`on`]) and record nothing. On, a net run takes one timestamp per op
-//! into a vector and hands the vector over once per run; other spans are
-//! pushed as they end. Each thread pushes into a buffer of its own (a
-//! mutex nobody else takes while recording), registered once, so threads
-//! never contend; [`json_since`] reads every buffer.
+//! ([`on`]) and record nothing. On, each thread appends fixed-size records
+//! to buffers of its own, taking no lock and allocating nothing per event:
+//!
+//! - the clock ([`now`]) is the CPU's time-stamp counter on x86_64 when it
+//!   is invariant (one `rdtsc`, no system call), calibrated against
+//!   `Instant` only when the trace is written; elsewhere `Instant`;
+//! - a net run reserves its record when it starts (a header, the net, and
+//!   a slot per op): each op stores one timestamp, its start, which is the
+//!   end of the op before it; the run's end closes the record;
+//! - a span is a record of five words (kind, name, start, end, detail);
+//! - names are numbers into the thread's own table (a net's names are
+//!   shared once per thread and net, a span's name once per thread and
+//!   distinct text), resolved only when the trace is written.
+//!
+//! A thread's records live in chunks (the first small, the rest 4 MiB on
+//! huge pages) that only that thread writes and frees; a chunk's `used`
+//! count is published (one release store) after each record is reserved,
+//! and a record still open (a net run under way) is skipped by readers
+//! until its header is finished. [`json_since`] reads every thread's
+//! chunks under their lock, which the owner takes only to add a chunk.
 //!
 //! Lanes: a span goes to its thread's lane. A thread started for a
 //! concurrent substep instance or a reporter is given a label
@@ -17,15 +32,18 @@
 //!
 //! Recording is counted ([`start`] / [`stop`]): nested recordings (a
 //! per-call option inside a session-wide one) each read the spans of their
-//! own window and the buffers are emptied when the last one stops.
+//! own window. When the last one stops, a thread's records are dropped by
+//! that thread (the stopping thread at once, others when they next record
+//! or end), so no thread frees memory another is writing.
 
 use parking_lot::Mutex;
-use smallvec::SmallVec;
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt::Write as _;
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 static ON: AtomicBool = AtomicBool::new(false);
 /// Whether net runs time each op (set while any recording asks for ops).
@@ -42,26 +60,153 @@ pub fn on() -> bool {
     ON.load(Ordering::Relaxed)
 }
 
-fn epoch() -> Instant {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    *EPOCH.get_or_init(Instant::now)
-}
-
 /// Whether net runs time each op (read only when [`on`]).
 #[inline]
 pub fn ops_on() -> bool {
     OPS.load(Ordering::Relaxed)
 }
 
-/// Nanoseconds since the process's trace epoch.
-#[inline]
-pub fn now() -> u64 {
-    epoch().elapsed().as_nanos() as u64
+// ---------------------------------------------------------------- the clock
+
+struct Clock {
+    /// Whether [`now`] reads the time-stamp counter (else ns since `instant`).
+    tsc: bool,
+    /// The anchor: `instant` and the counter read at the same moment.
+    instant: Instant,
+    tsc0: u64,
 }
 
-/// The timestamps of one net run (inline for small nets and for runs
-/// whose ops are not timed: no allocation).
-pub type Stamps = SmallVec<[u64; 4]>;
+fn clock() -> &'static Clock {
+    static CLOCK: OnceLock<Clock> = OnceLock::new();
+    CLOCK.get_or_init(|| {
+        let tsc = tsc_usable();
+        let (instant, tsc0) = if tsc { anchor() } else { (Instant::now(), 0) };
+        Clock { tsc, instant, tsc0 }
+    })
+}
+
+/// Whether the time-stamp counter ticks at a constant rate in every power
+/// state (CPUID's "invariant TSC"), so it measures time on any core.
+/// `FERROCAFFE_TRACE_CLOCK=instant` forces the portable clock.
+#[cfg(target_arch = "x86_64")]
+fn tsc_usable() -> bool {
+    use std::arch::x86_64::__cpuid;
+    if std::env::var_os("FERROCAFFE_TRACE_CLOCK").is_some_and(|v| v == "instant") {
+        return false;
+    }
+    #[allow(unused_unsafe)]
+    // SAFETY: every x86_64 CPU has CPUID; leaf 0x8000_0007 is read only
+    // when the highest extended leaf says it exists.
+    unsafe {
+        __cpuid(0x8000_0000).eax >= 0x8000_0007 && __cpuid(0x8000_0007).edx & (1 << 8) != 0
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn tsc_usable() -> bool {
+    false
+}
+
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn rdtsc() -> u64 {
+    #[allow(unused_unsafe)]
+    // SAFETY: RDTSC exists on every x86_64 CPU; it only reads the counter.
+    unsafe {
+        std::arch::x86_64::_rdtsc()
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn rdtsc() -> u64 {
+    0
+}
+
+/// An `Instant` and the counter read at (nearly) the same moment: the
+/// counter read before and after it, closest pair of a few tries.
+fn anchor() -> (Instant, u64) {
+    let mut best = (Instant::now(), 0, u64::MAX);
+    for _ in 0..5 {
+        let a = rdtsc();
+        let i = Instant::now();
+        let b = rdtsc();
+        if b.wrapping_sub(a) < best.2 {
+            best = (i, a / 2 + b / 2, b.wrapping_sub(a));
+        }
+    }
+    (best.0, best.1)
+}
+
+/// Now, on the trace clock: counter ticks (x86_64) or ns. Only
+/// differences and [`to_ns`] / [`ticks_to_ns`] mean anything.
+#[inline(always)]
+pub fn now() -> u64 {
+    let c = clock();
+    if c.tsc {
+        return rdtsc();
+    }
+    c.instant.elapsed().as_nanos() as u64
+}
+
+/// How trace clock values become ns since the anchor, measured now (the
+/// counter's rate against `Instant` over at least 20 ms since the anchor;
+/// waits out the rest of those 20 ms right after the process started).
+#[derive(Clone, Copy)]
+struct Scale {
+    tsc0: u64,
+    ns_per_tick: f64,
+}
+
+fn scale() -> Scale {
+    let c = clock();
+    if !c.tsc {
+        return Scale {
+            tsc0: 0,
+            ns_per_tick: 1.0,
+        };
+    }
+    let min = Duration::from_millis(20);
+    if let Some(rest) = min.checked_sub(c.instant.elapsed()) {
+        std::thread::sleep(rest);
+    }
+    let (i, t) = anchor();
+    let ns = i.duration_since(c.instant).as_nanos() as f64;
+    let ticks = t.saturating_sub(c.tsc0).max(1) as f64;
+    Scale {
+        tsc0: c.tsc0,
+        ns_per_tick: ns / ticks,
+    }
+}
+
+impl Scale {
+    fn ns(&self, t: u64) -> u64 {
+        (t.saturating_sub(self.tsc0) as f64 * self.ns_per_tick) as u64
+    }
+}
+
+/// A duration on the trace clock (a difference of [`now`]s) in ns.
+pub fn ticks_to_ns(ticks: u64) -> u64 {
+    let s = scale();
+    (ticks as f64 * s.ns_per_tick) as u64
+}
+
+// ---------------------------------------------------------------- records
+
+/// The timestamps of one net run when timed outside a recording
+/// (`Workspace::benchmark_net`).
+pub type Stamps = smallvec::SmallVec<[u64; 4]>;
+
+/// Takes the start of each op of a net run ([`Stamps`] or a [`NetRecord`]).
+pub trait OpClock {
+    fn op_start(&mut self);
+}
+
+impl OpClock for Stamps {
+    #[inline(always)]
+    fn op_start(&mut self) {
+        self.push(now());
+    }
+}
 
 /// Names of a net and its ops, shared by every run's record.
 #[derive(Debug)]
@@ -79,61 +224,278 @@ pub enum Detail {
     Text(String),
 }
 
-#[derive(Debug)]
-struct Span {
-    name: Arc<str>,
-    cat: &'static str,
-    start: u64,
-    end: u64,
-    detail: Detail,
+// A record is words of a chunk. Word 0, the header: bits 0-7 the kind,
+// 8-15 flags, 32-63 the record's length in words.
+const OPEN: u64 = 0; // a net run under way: skipped by readers
+const RUN: u64 = 1; // [hdr, net id | stamps << 32, stamp...]
+const SPAN: u64 = 2; // [hdr, name id | cat id << 32, start, end, detail]
+const OK: u64 = 1 << 8; // RUN: the run succeeded
+const TIMED: u64 = 1 << 9; // RUN: the stamps time each op
+const DETAIL_SHIFT: u64 = 8; // SPAN: the detail's kind in bits 8-9
+const SPAN_WORDS: usize = 5;
+
+fn header(kind: u64, flags: u64, len: usize) -> u64 {
+    kind | flags | ((len as u64) << 32)
 }
 
-#[derive(Debug)]
-struct NetRun {
-    names: Arc<NetNames>,
-    /// The start of each op that ran, then the end of the last one.
-    stamps: Stamps,
-    ok: bool,
-    /// Whether `stamps` times each op (else only the run).
-    timed_ops: bool,
+const FIRST_CHUNK: usize = 1 << 14; // words: 128 KiB
+const CHUNK: usize = 1 << 19; // words: 4 MiB, on huge pages
+
+struct Chunk {
+    words: Box<[AtomicU64]>,
+    /// Words reserved so far (published after each reservation).
+    used: AtomicUsize,
+}
+
+impl Chunk {
+    /// A zeroed chunk of `n` words (pages untouched until written), or
+    /// `None` when memory is short (the events are then not recorded).
+    fn new(n: usize) -> Option<Box<Chunk>> {
+        let layout = std::alloc::Layout::array::<AtomicU64>(n).ok()?;
+        // SAFETY: the layout has a non-zero size (n > 0); zeroed memory is
+        // a valid `[AtomicU64]`, and the box frees it with the same layout.
+        let words = unsafe {
+            let p = std::alloc::alloc_zeroed(layout) as *mut AtomicU64;
+            if p.is_null() {
+                return None;
+            }
+            Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, n))
+        };
+        crate::tensor::advise_huge_pages(words.as_ptr() as *const u8, n * 8);
+        Some(Box::new(Chunk {
+            words,
+            used: AtomicUsize::new(0),
+        }))
+    }
 }
 
 #[derive(Default)]
-struct Buffer {
-    generation: u64,
-    lane: usize,
-    label: Option<String>,
-    spans: Vec<Span>,
-    runs: Vec<NetRun>,
+struct Names {
+    nets: Vec<Arc<NetNames>>,
+    strs: Vec<Arc<str>>,
+}
+
+/// What readers see of a thread.
+struct Shared {
+    chunks: Mutex<Vec<Box<Chunk>>>,
+    names: Mutex<Names>,
+    lane: AtomicUsize,
+    label: Mutex<Option<String>>,
+    /// The recording generation its records belong to.
+    generation: AtomicU64,
 }
 
 /// Every thread's buffer, registered on first use while recording.
-static BUFFERS: Mutex<Vec<Arc<Mutex<Buffer>>>> = Mutex::new(Vec::new());
+static BUFFERS: Mutex<Vec<Arc<Shared>>> = Mutex::new(Vec::new());
 /// Lane of each thread label.
 static LANES: Mutex<Option<HashMap<String, usize>>> = Mutex::new(None);
 
-thread_local! {
-    static MINE: Arc<Mutex<Buffer>> = {
-        let b = Arc::new(Mutex::new(Buffer {
-            lane: NEXT_LANE.fetch_add(1, Ordering::Relaxed),
-            ..Default::default()
-        }));
-        BUFFERS.lock().push(b.clone());
-        b
-    };
+/// What only the thread itself touches.
+struct Local {
+    shared: Arc<Shared>,
+    generation: u64,
+    /// The chunk being filled (owned by `shared.chunks`), the next free
+    /// word in it and its length.
+    chunk: *const Chunk,
+    pos: usize,
+    cap: usize,
+    /// Net records and span guards of this thread not yet finished: while
+    /// any is, its chunk and names stay.
+    open: usize,
+    /// The end of the last net run this thread recorded.
+    last_end: u64,
+    last_net: (usize, u32),
+    net_ids: HashMap<usize, u32>,
+    recent: [(Option<Arc<str>>, u32); 4],
+    next_recent: usize,
+    str_ids: HashMap<Arc<str>, u32>,
+    cat_ids: Vec<(usize, u32)>,
 }
 
-fn with_buffer(f: impl FnOnce(&mut Buffer)) {
-    let generation = GENERATION.load(Ordering::Acquire);
-    let _ = MINE.try_with(|b| {
-        let mut b = b.lock();
-        if b.generation != generation {
-            b.generation = generation;
-            b.spans.clear();
-            b.runs.clear();
+thread_local! {
+    static LOCAL: RefCell<Option<Local>> = const { RefCell::new(None) };
+}
+
+fn with_local<R>(f: impl FnOnce(&mut Local) -> R) -> Option<R> {
+    LOCAL
+        .try_with(|l| {
+            let mut l = l.try_borrow_mut().ok()?;
+            let l = l.get_or_insert_with(Local::new);
+            // Before any name is looked up: a new recording drops the names.
+            l.renew();
+            Some(f(l))
+        })
+        .ok()
+        .flatten()
+}
+
+impl Local {
+    fn new() -> Local {
+        let shared = Arc::new(Shared {
+            chunks: Mutex::new(Vec::new()),
+            names: Mutex::new(Names::default()),
+            lane: AtomicUsize::new(NEXT_LANE.fetch_add(1, Ordering::Relaxed)),
+            label: Mutex::new(None),
+            generation: AtomicU64::new(u64::MAX),
+        });
+        BUFFERS.lock().push(shared.clone());
+        Local {
+            shared,
+            generation: u64::MAX,
+            chunk: std::ptr::null(),
+            pos: 0,
+            cap: 0,
+            open: 0,
+            last_end: 0,
+            last_net: (0, 0),
+            net_ids: HashMap::new(),
+            recent: Default::default(),
+            next_recent: 0,
+            str_ids: HashMap::new(),
+            cat_ids: Vec::new(),
         }
-        f(&mut b)
-    });
+    }
+
+    /// Drops the records and names (keeping the first chunk when `keep`),
+    /// unless some are still open.
+    fn clear(&mut self, keep: bool) {
+        if self.open > 0 {
+            return;
+        }
+        {
+            let mut chunks = self.shared.chunks.lock();
+            chunks.truncate(keep as usize);
+            match chunks.first() {
+                Some(c) => {
+                    c.used.store(0, Ordering::Release);
+                    self.chunk = &**c;
+                    self.cap = c.words.len();
+                }
+                None => {
+                    self.chunk = std::ptr::null();
+                    self.cap = 0;
+                }
+            }
+            self.pos = 0;
+        }
+        *self.shared.names.lock() = Names::default();
+        self.last_net = (0, 0);
+        self.net_ids.clear();
+        self.recent = Default::default();
+        self.str_ids.clear();
+        self.cat_ids.clear();
+    }
+
+    /// Follows a new recording: older records are dropped (when none is open).
+    #[inline]
+    fn renew(&mut self) {
+        let g = GENERATION.load(Ordering::Acquire);
+        if g != self.generation {
+            self.clear(true);
+            self.generation = g;
+            self.shared.generation.store(g, Ordering::Release);
+        }
+    }
+
+    /// `n` words for a record whose header is `hdr` (written and published
+    /// here), or `None` when no memory is left for it. Called through
+    /// [`with_local`], which has renewed the buffer.
+    #[inline]
+    fn reserve(&mut self, n: usize, hdr: u64) -> Option<*const AtomicU64> {
+        if self.pos + n > self.cap {
+            let size = if self.chunk.is_null() {
+                FIRST_CHUNK
+            } else {
+                CHUNK
+            };
+            let chunk = Chunk::new(size.max(n))?;
+            self.chunk = &*chunk;
+            self.cap = chunk.words.len();
+            self.pos = 0;
+            self.shared.chunks.lock().push(chunk);
+        }
+        // SAFETY: `chunk` is owned by `shared.chunks`, which only this
+        // thread shrinks (in `clear`, when nothing is open), so it is alive.
+        let chunk = unsafe { &*self.chunk };
+        let at = &chunk.words[self.pos..self.pos + n];
+        at[0].store(hdr, Ordering::Relaxed);
+        self.pos += n;
+        chunk.used.store(self.pos, Ordering::Release);
+        Some(at.as_ptr())
+    }
+
+    fn net_id(&mut self, names: &Arc<NetNames>) -> u32 {
+        let key = Arc::as_ptr(names) as usize;
+        if self.last_net.0 == key {
+            return self.last_net.1;
+        }
+        let id = match self.net_ids.get(&key) {
+            Some(&id) => id,
+            None => {
+                let mut table = self.shared.names.lock();
+                table.nets.push(names.clone());
+                let id = (table.nets.len() - 1) as u32;
+                self.net_ids.insert(key, id);
+                id
+            }
+        };
+        self.last_net = (key, id);
+        id
+    }
+
+    fn str_id(&mut self, s: &str) -> u32 {
+        for (name, id) in &self.recent {
+            if name.as_deref() == Some(s) {
+                return *id;
+            }
+        }
+        let (name, id) = match self.str_ids.get_key_value(s) {
+            Some((name, &id)) => (name.clone(), id),
+            None => {
+                let name: Arc<str> = s.into();
+                let mut table = self.shared.names.lock();
+                table.strs.push(name.clone());
+                let id = (table.strs.len() - 1) as u32;
+                self.str_ids.insert(name.clone(), id);
+                (name, id)
+            }
+        };
+        self.recent[self.next_recent] = (Some(name), id);
+        self.next_recent = (self.next_recent + 1) % self.recent.len();
+        id
+    }
+
+    fn cat_id(&mut self, cat: &'static str) -> u32 {
+        let key = cat.as_ptr() as usize ^ (cat.len() << 48);
+        if let Some(&(_, id)) = self.cat_ids.iter().find(|(k, _)| *k == key) {
+            return id;
+        }
+        let id = self.str_id(cat);
+        self.cat_ids.push((key, id));
+        id
+    }
+
+    fn push_span(&mut self, name: u32, cat: u32, start: u64, end: u64, detail: (u64, u64)) {
+        let hdr = header(SPAN, detail.0 << DETAIL_SHIFT, SPAN_WORDS);
+        if let Some(p) = self.reserve(SPAN_WORDS, header(OPEN, 0, SPAN_WORDS)) {
+            // SAFETY: `reserve` gave SPAN_WORDS words of a live chunk.
+            let w = unsafe { std::slice::from_raw_parts(p, SPAN_WORDS) };
+            w[1].store(name as u64 | (cat as u64) << 32, Ordering::Relaxed);
+            w[2].store(start, Ordering::Relaxed);
+            w[3].store(end, Ordering::Relaxed);
+            w[4].store(detail.1, Ordering::Relaxed);
+            w[0].store(hdr, Ordering::Release);
+        }
+    }
+
+    fn detail(&mut self, d: &Detail) -> (u64, u64) {
+        match d {
+            Detail::None => (0, 0),
+            Detail::Iteration(i) => (1, *i as u64),
+            Detail::Instance { k, of } => (2, (*k as u64) << 32 | (*of as u64 & 0xffff_ffff)),
+            Detail::Text(t) => (3, self.str_id(t) as u64),
+        }
+    }
 }
 
 /// Starts recording (or joins the recording under way); returns the start
@@ -155,7 +517,8 @@ pub fn start(ops: bool) -> u64 {
 }
 
 /// Ends one recording (`ops` as it was started); the last one stops
-/// recording and empties the buffers. Without a recording under way, does
+/// recording and drops this thread's records (other threads drop theirs
+/// when they next record or end). Without a recording under way, does
 /// nothing.
 pub fn stop(ops: bool) {
     let mut depth = DEPTH.lock();
@@ -173,11 +536,14 @@ pub fn stop(ops: bool) {
         OPS.store(false, Ordering::Release);
         depth.1 = 0;
         ON.store(false, Ordering::Release);
-        for b in BUFFERS.lock().iter() {
-            let mut b = b.lock();
-            b.spans = Vec::new();
-            b.runs = Vec::new();
-        }
+        // Only a thread that has a buffer has records to drop.
+        let _ = LOCAL.try_with(|l| {
+            if let Ok(mut l) = l.try_borrow_mut() {
+                if let Some(l) = l.as_mut() {
+                    l.clear(false);
+                }
+            }
+        });
         prune();
         *LANES.lock() = None;
     }
@@ -201,9 +567,9 @@ pub fn label_thread(label: String) {
             .entry(label.clone())
             .or_insert_with(|| NEXT_LANE.fetch_add(1, Ordering::Relaxed))
     };
-    with_buffer(|b| {
-        b.lane = lane;
-        b.label = Some(label);
+    with_local(|l| {
+        l.shared.lane.store(lane, Ordering::Relaxed);
+        *l.shared.label.lock() = Some(label);
     });
 }
 
@@ -212,15 +578,24 @@ pub fn thread_label() -> Option<String> {
     if !on() {
         return None;
     }
-    MINE.try_with(|b| b.lock().label.clone()).ok().flatten()
+    LOCAL
+        .try_with(|l| {
+            let l = l.try_borrow().ok()?;
+            let label = l.as_ref()?.shared.label.lock().clone();
+            label
+        })
+        .ok()
+        .flatten()
 }
 
-/// A span being timed; recorded when dropped.
+/// A span being timed; recorded when dropped (on the thread that made it).
 pub struct SpanGuard {
-    name: Arc<str>,
-    cat: &'static str,
+    name: u32,
+    cat: u32,
     start: u64,
     detail: Detail,
+    done: bool,
+    _here: PhantomData<*const ()>,
 }
 
 impl SpanGuard {
@@ -228,20 +603,56 @@ impl SpanGuard {
     pub fn set_detail(&mut self, detail: Detail) {
         self.detail = detail;
     }
+
+    /// Ends the span where the last net run this thread recorded inside it
+    /// ended (now, if none did), and returns that end: in a loop of nets,
+    /// the next iteration starts there ([`span_str_from`]), so the loop's
+    /// spans cost no clock reads of their own.
+    pub fn end_after_nets(mut self) -> u64 {
+        self.finish(true)
+    }
+
+    fn finish(&mut self, after_nets: bool) -> u64 {
+        if self.done {
+            return self.start;
+        }
+        self.done = true;
+        let detail = std::mem::replace(&mut self.detail, Detail::None);
+        let (name, cat, start) = (self.name, self.cat, self.start);
+        with_local(|l| {
+            l.open -= 1;
+            let end = if after_nets && l.last_end > start {
+                l.last_end
+            } else {
+                now()
+            };
+            let d = l.detail(&detail);
+            l.push_span(name, cat, start, end, d);
+            end
+        })
+        .unwrap_or_else(now)
+    }
 }
 
 impl Drop for SpanGuard {
     fn drop(&mut self) {
-        let end = now();
-        let span = Span {
-            name: self.name.clone(),
-            cat: self.cat,
-            start: self.start,
-            end,
-            detail: std::mem::replace(&mut self.detail, Detail::None),
-        };
-        with_buffer(|b| b.spans.push(span));
+        self.finish(false);
     }
+}
+
+fn guard(cat: &'static str, name: &str, start: Option<u64>) -> Option<SpanGuard> {
+    let (name, cat) = with_local(|l| {
+        l.open += 1;
+        (l.str_id(name), l.cat_id(cat))
+    })?;
+    Some(SpanGuard {
+        name,
+        cat,
+        start: start.unwrap_or_else(now),
+        detail: Detail::None,
+        done: false,
+        _here: PhantomData,
+    })
 }
 
 /// A span from now until the guard is dropped, or `None` (nothing made, not
@@ -251,45 +662,23 @@ pub fn span(cat: &'static str, name: impl FnOnce() -> String) -> Option<SpanGuar
     if !on() {
         return None;
     }
-    Some(SpanGuard {
-        name: name().into(),
-        cat,
-        start: now(),
-        detail: Detail::None,
-    })
+    guard(cat, &name(), None)
 }
 
-thread_local! {
-    /// The last name [`span_str`] shared on this thread.
-    static LAST_NAME: std::cell::RefCell<Option<Arc<str>>> = const { std::cell::RefCell::new(None) };
-}
-
-/// [`span`] named `name`, sharing the name with this thread's previous
-/// span of the same name (a loop's iterations allocate nothing for it).
+/// [`span`] named `name` (a loop's iterations allocate nothing for it).
 #[inline]
 pub fn span_str(cat: &'static str, name: &str) -> Option<SpanGuard> {
+    span_str_from(cat, name, None)
+}
+
+/// [`span_str`] starting at `start` (the end of the span before it on this
+/// thread, from [`SpanGuard::end_after_nets`]) rather than now.
+#[inline]
+pub fn span_str_from(cat: &'static str, name: &str, start: Option<u64>) -> Option<SpanGuard> {
     if !on() {
         return None;
     }
-    let name = LAST_NAME
-        .try_with(|last| {
-            let mut last = last.borrow_mut();
-            match &*last {
-                Some(n) if **n == *name => n.clone(),
-                _ => {
-                    let n: Arc<str> = name.into();
-                    *last = Some(n.clone());
-                    n
-                }
-            }
-        })
-        .unwrap_or_else(|_| name.into());
-    Some(SpanGuard {
-        name,
-        cat,
-        start: now(),
-        detail: Detail::None,
-    })
+    guard(cat, name, start)
 }
 
 /// Records a span that started at `start` (from [`now`]) and ends now, on
@@ -299,34 +688,105 @@ pub fn record(cat: &'static str, name: String, start: u64, detail: Detail) {
         return;
     }
     let end = now();
-    with_buffer(|b| {
-        b.spans.push(Span {
-            name: name.into(),
-            cat,
-            start,
-            end,
-            detail,
-        })
+    with_local(|l| {
+        let (name, cat) = (l.str_id(&name), l.cat_id(cat));
+        let d = l.detail(&detail);
+        l.push_span(name, cat, start, end, d);
     });
 }
 
-/// Records one run of a net: `stamps` holds the start of each op that ran
-/// and then the end of the last one, or (ops not timed) the run's start
-/// and end only.
-pub fn record_net_run(names: &Arc<NetNames>, stamps: Stamps, ok: bool, timed_ops: bool) {
-    if stamps.is_empty() {
-        return;
-    }
-    let names = names.clone();
-    with_buffer(|b| {
-        b.runs.push(NetRun {
-            names,
-            stamps,
-            ok,
-            timed_ops,
-        })
-    });
+/// One net run being recorded: reserved when the run starts, with a slot
+/// for the start of each op and one for the end ([`NetRecord::close`];
+/// a record dropped unclosed is closed as failed).
+pub struct NetRecord {
+    words: *const AtomicU64,
+    /// Slots for stamps, and stamps taken.
+    cap: usize,
+    n: usize,
+    timed: bool,
+    closed: bool,
+    _here: PhantomData<*const ()>,
 }
+
+impl NetRecord {
+    /// Opens the record of a run of the net named by `names`; with `timed`,
+    /// room to time each of its ops. `None` when this thread cannot record.
+    pub fn open(names: &Arc<NetNames>, timed: bool) -> Option<NetRecord> {
+        let cap = if timed { names.ops.len() + 1 } else { 2 };
+        let len = 2 + cap;
+        let words = with_local(|l| {
+            let id = l.net_id(names);
+            let words = l.reserve(len, header(OPEN, 0, len))?;
+            l.open += 1;
+            // SAFETY: `reserve` gave `len` words of a live chunk.
+            unsafe { &*words.add(1) }.store(id as u64, Ordering::Relaxed);
+            Some(words)
+        })??;
+        Some(NetRecord {
+            words,
+            cap,
+            n: 0,
+            timed,
+            closed: false,
+            _here: PhantomData,
+        })
+    }
+
+    /// Takes a stamp (the start of the next op, or of the run).
+    #[inline(always)]
+    pub fn stamp(&mut self) {
+        if self.n < self.cap {
+            // SAFETY: slot 2 + n < 2 + cap lies in the reserved record,
+            // which stays alive while the record is open.
+            unsafe { &*self.words.add(2 + self.n) }.store(now(), Ordering::Relaxed);
+            self.n += 1;
+        }
+    }
+
+    /// Ends the run (the last stamp) and publishes its record.
+    pub fn close(mut self, ok: bool) {
+        self.finish(ok);
+    }
+
+    fn finish(&mut self, ok: bool) {
+        if self.closed {
+            return;
+        }
+        self.closed = true;
+        if self.n == self.cap {
+            self.n -= 1; // keep room for the end (cannot happen: an op per slot)
+        }
+        let end = now();
+        // SAFETY: slot 2 + n < 2 + cap lies in the reserved record.
+        unsafe { &*self.words.add(2 + self.n) }.store(end, Ordering::Relaxed);
+        self.n += 1;
+        // SAFETY: words 0 and 1 are the record's own (see `open`).
+        let (hdr, w1) = unsafe { (&*self.words, &*self.words.add(1)) };
+        let id = w1.load(Ordering::Relaxed) & 0xffff_ffff;
+        w1.store(id | (self.n as u64) << 32, Ordering::Relaxed);
+        let flags = if ok { OK } else { 0 } | if self.timed { TIMED } else { 0 };
+        hdr.store(header(RUN, flags, 2 + self.cap), Ordering::Release);
+        with_local(|l| {
+            l.open -= 1;
+            l.last_end = end;
+        });
+    }
+}
+
+impl OpClock for NetRecord {
+    #[inline(always)]
+    fn op_start(&mut self) {
+        self.stamp();
+    }
+}
+
+impl Drop for NetRecord {
+    fn drop(&mut self) {
+        self.finish(false);
+    }
+}
+
+// ---------------------------------------------------------------- writing
 
 fn escape(out: &mut String, s: &str) {
     out.push('"');
@@ -346,34 +806,35 @@ fn escape(out: &mut String, s: &str) {
     out.push('"');
 }
 
-fn us(ns: u64) -> String {
-    format!("{}.{:03}", ns / 1000, ns % 1000)
+struct Writer {
+    out: String,
+    scale: Scale,
 }
 
-fn complete(
-    out: &mut String,
-    name: &str,
-    cat: &str,
-    lane: usize,
-    start: u64,
-    end: u64,
-    args: &str,
-) {
-    if !out.ends_with('[') {
-        out.push_str(",\n");
+impl Writer {
+    #[allow(clippy::too_many_arguments)]
+    fn complete(&mut self, name: &str, cat: &str, lane: usize, start: u64, end: u64, args: &str) {
+        let out = &mut self.out;
+        if !out.ends_with('[') {
+            out.push_str(",\n");
+        }
+        out.push_str("{\"name\":");
+        escape(out, name);
+        let (s, e) = (self.scale.ns(start), self.scale.ns(end));
+        let d = e.saturating_sub(s);
+        let _ = write!(
+            out,
+            ",\"cat\":\"{cat}\",\"ph\":\"X\",\"pid\":1,\"tid\":{lane},\"ts\":{}.{:03},\"dur\":{}.{:03}",
+            s / 1000,
+            s % 1000,
+            d / 1000,
+            d % 1000
+        );
+        if !args.is_empty() {
+            let _ = write!(out, ",\"args\":{{{args}}}");
+        }
+        out.push('}');
     }
-    out.push_str("{\"name\":");
-    escape(out, name);
-    let _ = write!(
-        out,
-        ",\"cat\":\"{cat}\",\"ph\":\"X\",\"pid\":1,\"tid\":{lane},\"ts\":{},\"dur\":{}",
-        us(start),
-        us(end.saturating_sub(start))
-    );
-    if !args.is_empty() {
-        let _ = write!(out, ",\"args\":{{{args}}}");
-    }
-    out.push('}');
 }
 
 /// The JSON array of trace events (complete events, `"ph": "X"`, in
@@ -382,74 +843,110 @@ fn complete(
 pub fn json_since(since: u64) -> String {
     let generation = GENERATION.load(Ordering::Acquire);
     let buffers: Vec<_> = BUFFERS.lock().clone();
-    let mut out = String::from("[");
+    let mut w = Writer {
+        out: String::from("["),
+        scale: scale(),
+    };
     let mut lanes: HashMap<usize, String> = HashMap::new();
     let mut arg = String::new();
     for b in &buffers {
-        let b = b.lock();
-        if b.generation != generation {
+        if b.generation.load(Ordering::Acquire) != generation {
             continue;
         }
-        let lane = b.lane;
-        let mut used = false;
-        for s in b.spans.iter().filter(|s| s.start >= since) {
-            used = true;
-            arg.clear();
-            match &s.detail {
-                Detail::None => {}
-                Detail::Iteration(i) => {
-                    let _ = write!(arg, "\"iteration\":{i}");
+        let chunks = b.chunks.lock();
+        let names = b.names.lock();
+        let lane = b.lane.load(Ordering::Relaxed);
+        let text = |id: u64| names.strs.get(id as usize).map(|s| &**s).unwrap_or("?");
+        let mut used_lane = false;
+        for c in chunks.iter() {
+            let used = c.used.load(Ordering::Acquire).min(c.words.len());
+            let words = &c.words[..used];
+            let mut i = 0;
+            while i < used {
+                let hdr = words[i].load(Ordering::Acquire);
+                let len = (hdr >> 32) as usize;
+                if len == 0 || i + len > used {
+                    break;
                 }
-                Detail::Instance { k, of } => {
-                    let _ = write!(arg, "\"instance\":{k},\"of\":{of}");
-                }
-                Detail::Text(t) => {
-                    arg.push_str("\"detail\":");
-                    escape(&mut arg, t);
+                let rec = &words[i..i + len];
+                i += len;
+                let word = |k: usize| rec[k].load(Ordering::Relaxed);
+                match hdr & 0xff {
+                    SPAN => {
+                        let (start, end) = (word(2), word(3));
+                        if start < since {
+                            continue;
+                        }
+                        used_lane = true;
+                        arg.clear();
+                        let d = word(4);
+                        match (hdr >> DETAIL_SHIFT) & 3 {
+                            1 => {
+                                let _ = write!(arg, "\"iteration\":{}", d as i64);
+                            }
+                            2 => {
+                                let _ = write!(
+                                    arg,
+                                    "\"instance\":{},\"of\":{}",
+                                    d >> 32,
+                                    d & 0xffff_ffff
+                                );
+                            }
+                            3 => {
+                                arg.push_str("\"detail\":");
+                                escape(&mut arg, text(d));
+                            }
+                            _ => {}
+                        }
+                        let ids = word(1);
+                        let (name, cat) = (text(ids & 0xffff_ffff), text(ids >> 32));
+                        w.complete(name, cat, lane, start, end, &arg);
+                    }
+                    RUN => {
+                        let ids = word(1);
+                        let n = ((ids >> 32) as usize).min(len - 2);
+                        if n == 0 || word(2) < since {
+                            continue;
+                        }
+                        let Some(net) = names.nets.get((ids & 0xffff_ffff) as usize) else {
+                            continue;
+                        };
+                        used_lane = true;
+                        let st: Vec<u64> = (0..n).map(|k| word(2 + k)).collect();
+                        let timed = hdr & TIMED != 0;
+                        let ran = if timed { n - 1 } else { net.ops.len() };
+                        arg.clear();
+                        let _ = write!(arg, "\"ops\":{ran}");
+                        if hdr & OK == 0 {
+                            arg.push_str(",\"failed\":true");
+                        }
+                        w.complete(&net.net, "net", lane, st[0], st[n - 1], &arg);
+                        if !timed {
+                            continue;
+                        }
+                        for (k, p) in st.windows(2).enumerate() {
+                            let ty = net.ops.get(k).map(|s| &**s).unwrap_or("?");
+                            arg.clear();
+                            arg.push_str("\"net\":");
+                            escape(&mut arg, &net.net);
+                            let _ = write!(arg, ",\"index\":{k}");
+                            w.complete(ty, "op", lane, p[0], p[1], &arg);
+                        }
+                    }
+                    _ => {} // OPEN: a run still under way
                 }
             }
-            complete(&mut out, &s.name, s.cat, lane, s.start, s.end, &arg);
         }
-        for r in b.runs.iter().filter(|r| r.stamps[0] >= since) {
-            used = true;
-            let st = &r.stamps;
-            arg.clear();
-            arg.push_str("\"ops\":");
-            let ran = if r.timed_ops {
-                st.len() - 1
-            } else {
-                r.names.ops.len()
-            };
-            let _ = write!(arg, "{ran}");
-            if !r.ok {
-                arg.push_str(",\"failed\":true");
-            }
-            complete(
-                &mut out,
-                &r.names.net,
-                "net",
-                lane,
-                st[0],
-                st[st.len() - 1],
-                &arg,
-            );
-            if !r.timed_ops {
-                continue;
-            }
-            for (k, w) in st.windows(2).enumerate() {
-                let ty = r.names.ops.get(k).map(|s| &**s).unwrap_or("?");
-                arg.clear();
-                arg.push_str("\"net\":");
-                escape(&mut arg, &r.names.net);
-                let _ = write!(arg, ",\"index\":{k}");
-                complete(&mut out, ty, "op", lane, w[0], w[1], &arg);
-            }
-        }
-        if used {
-            let label = b.label.clone().unwrap_or_else(|| format!("thread {lane}"));
+        if used_lane {
+            let label = b
+                .label
+                .lock()
+                .clone()
+                .unwrap_or_else(|| format!("thread {lane}"));
             lanes.entry(lane).or_insert(label);
         }
     }
+    let mut out = w.out;
     let mut lanes: Vec<_> = lanes.into_iter().collect();
     lanes.sort();
     for (lane, label) in lanes {
@@ -486,7 +983,10 @@ mod tests {
                 net: "n\"et".into(),
                 ops: vec!["Add".into(), "Mul".into()],
             });
-            record_net_run(&names, smallvec::smallvec![now(), now(), now()], true, true);
+            let mut rec = NetRecord::open(&names, true).unwrap();
+            rec.op_start();
+            rec.op_start();
+            rec.close(true);
         }
         let json = json_since(t0);
         stop(true);
@@ -501,5 +1001,96 @@ mod tests {
         assert!(json.contains("\"name\":\"Mul\",\"cat\":\"op\""), "{json}");
         assert!(json.contains("\"thread_name\""), "{json}");
         assert!(!on());
+    }
+
+    #[test]
+    fn iterations_of_a_loop_of_nets_share_their_boundaries() {
+        let _g = TEST_LOCK.lock();
+        let t0 = start(true);
+        let names = Arc::new(NetNames {
+            net: "body".into(),
+            ops: vec!["Add".into()],
+        });
+        let mut from = None;
+        for _ in 0..3 {
+            let span = span_str_from("iteration", "loop", from).unwrap();
+            let mut rec = NetRecord::open(&names, true).unwrap();
+            rec.op_start();
+            rec.close(true);
+            from = Some(span.end_after_nets());
+        }
+        // No net ran in this one: it ends now, after it started.
+        let empty = span_str_from("iteration", "empty", from).unwrap();
+        let e = empty.end_after_nets();
+        assert!(e > from.unwrap());
+        let json = json_since(t0);
+        stop(true);
+        let field = |ev: &str, key: &str| -> f64 {
+            let at = ev.find(&format!("\"{key}\":")).unwrap() + key.len() + 3;
+            let rest = &ev[at..];
+            rest[..rest.find([',', '}']).unwrap()].parse().unwrap()
+        };
+        let spans = |name: &str, cat: &str| -> Vec<(f64, f64)> {
+            json.split('\n')
+                .filter(|ev| ev.contains(&format!("\"name\":\"{name}\",\"cat\":\"{cat}\"")))
+                .map(|ev| (field(ev, "ts"), field(ev, "ts") + field(ev, "dur")))
+                .collect()
+        };
+        let its = spans("loop", "iteration");
+        let nets = spans("body", "net");
+        assert_eq!((its.len(), nets.len()), (3, 3), "{json}");
+        for k in 0..3 {
+            // Each iteration ends where its net run ended, holds it, and
+            // the next starts where it ended.
+            assert!((its[k].1 - nets[k].1).abs() < 1e-6, "{json}");
+            assert!(its[k].0 <= nets[k].0, "{json}");
+            if k > 0 {
+                assert!((its[k].0 - its[k - 1].1).abs() < 1e-6, "{json}");
+            }
+        }
+    }
+
+    #[test]
+    fn records_span_chunks_and_open_runs_are_skipped() {
+        let _g = TEST_LOCK.lock();
+        let t0 = start(true);
+        let names = Arc::new(NetNames {
+            net: "big".into(),
+            ops: (0..3000).map(|k| format!("Op{k}").into()).collect(),
+        });
+        // Enough runs to fill several chunks; one left open while reading.
+        for _ in 0..400 {
+            let mut rec = NetRecord::open(&names, true).unwrap();
+            for _ in 0..3000 {
+                rec.op_start();
+            }
+            rec.close(true);
+        }
+        let open = NetRecord::open(&names, true).unwrap();
+        let json = json_since(t0);
+        drop(open);
+        stop(true);
+        assert_eq!(json.matches("\"name\":\"big\"").count(), 400);
+        assert_eq!(json.matches("\"name\":\"Op2999\"").count(), 400);
+        // A thread whose first record is a span of its own (as Python
+        // records them) names it, though its buffer is new.
+        let t1 = start(false);
+        std::thread::spawn(|| record("python", "first".into(), now(), Detail::Text("d".into())))
+            .join()
+            .unwrap();
+        record("python", "second".into(), now(), Detail::Iteration(7));
+        let json = json_since(t1);
+        stop(false);
+        assert!(
+            json.contains("\"name\":\"first\",\"cat\":\"python\"")
+                && json.contains("\"detail\":\"d\""),
+            "{json}"
+        );
+        assert!(
+            json.contains("\"name\":\"second\"") && json.contains("\"iteration\":7"),
+            "{json}"
+        );
+        let d = ticks_to_ns(1_000_000);
+        assert!(d > 0);
     }
 }

@@ -319,7 +319,10 @@ impl Workspace {
                     sums[k] += w[1] - w[0];
                 }
             }
-            times.extend(sums.iter().map(|&ns| per_run(ns as f64 / 1e6)));
+            times.extend(
+                sums.iter()
+                    .map(|&t| per_run(crate::trace::ticks_to_ns(t) as f64 / 1e6)),
+            );
         }
         Ok((times, types))
     }

@@ -4,7 +4,7 @@
 use pyo3::prelude::*;
 
 /// Starts recording a timeline (or joins the recording under way); returns
-/// the start of this recording's window (ns on the trace clock). `ops`:
+/// the start of this recording's window (on the trace clock). `ops`:
 /// time each op of every net run.
 #[pyfunction]
 #[pyo3(signature = (ops=true))]
@@ -26,7 +26,7 @@ pub(crate) fn trace_on() -> bool {
     ferrocaffe::trace::on()
 }
 
-/// Now, on the trace clock (ns).
+/// Now, on the trace clock (counter ticks or ns: only for `trace_record`).
 #[pyfunction]
 pub(crate) fn trace_now() -> u64 {
     ferrocaffe::trace::now()

@@ -453,9 +453,10 @@ fn lane_label(what: &str) -> String {
     }
 }
 
-/// A span for one iteration of a step's loop (when recording).
-fn iteration_span(c: &StepState<'_>, i: i64) -> Option<trace::SpanGuard> {
-    let mut span = trace::span_str("iteration", c.c.name)?;
+/// A span for one iteration of a step's loop (when recording), from
+/// `from` (the previous iteration's end) or now.
+fn iteration_span(c: &StepState<'_>, i: i64, from: Option<u64>) -> Option<trace::SpanGuard> {
+    let mut span = trace::span_str_from("iteration", c.c.name, from)?;
     span.set_detail(Detail::Iteration(i));
     Some(span)
 }
@@ -465,8 +466,11 @@ fn run_main<'c>(run: &PlanState<'c>, c: &StepState<'c>, tok: &CancelToken) -> Re
     if kind == StepKind::Nets {
         // A net step (or an empty step, which still iterates).
         let mut i = 0i64;
+        // Recorded iterations end where their last net run ended, and the
+        // next one starts there: no clock reads beyond the nets' own.
+        let mut from = None;
         while !tok.poll() && limit.allows(i) {
-            let _span = iteration_span(c, i);
+            let span = iteration_span(c, i, from);
             for net in &c.nets {
                 if !net.lock(tok)?.run(&c.ws, tok)? {
                     return Ok(false);
@@ -480,13 +484,14 @@ fn run_main<'c>(run: &PlanState<'c>, c: &StepState<'c>, tok: &CancelToken) -> Re
                 // (or an interrupt) without burning a core.
                 let _ = tok.sleep(crate::cancel::POLL);
             }
+            from = span.map(trace::SpanGuard::end_after_nets);
             i += 1;
         }
         return Ok(true);
     }
     let mut i = 0i64;
     while !tok.poll() && limit.allows(i) {
-        let _span = iteration_span(c, i);
+        let _span = iteration_span(c, i, None);
         if kind == StepKind::Sequential {
             for w in &c.recurring {
                 if !w.exec(run, tok)? {
