@@ -1,26 +1,30 @@
-"""Conv forward and backward (issue 15) against ONNX Runtime's CPU Conv.
+"""Conv forward and backward (issue 15) against ONNX Runtime's CPU Conv and
+PyTorch's (oneDNN / ATen) conv2d with autograd.
 
     PROFILE=release bash scripts/dev_build.sh
-    pip install '.[bench]'        # onnxruntime and onnx
-    PYTHONPATH=python python benches/bench_conv.py [REPS] [--quick]
+    pip install '.[bench]'        # onnxruntime, onnx and torch
+    PYTHONPATH=python python benches/bench_conv.py [REPS]
+    BENCH_TORCH_PATH=/tmp/torchenv:/tmp/torchenv-cuda:/tmp/torchenv-cuda2 ...  # torch from pip --target folders
     BENCH_ONLY=3x3 PYTHONPATH=python python benches/bench_conv.py   # shapes whose name has "3x3"
 
 Shapes: LeNet's two convolutions (Caffe2's MNIST tutorial) and ResNet-18's
 (conv1 7x7/2, a 3x3 of each stage, the 3x3/2 into stage 2), float32 NCHW,
 batch 1 and 32, on 1 and 2 threads. Each thread count runs in a child
 process (our kernel pool is sized by RAYON_NUM_THREADS when it starts;
-ONNX Runtime gets intra_op_num_threads). Per case the child alternates
-REPS trials of ours and of the peer and keeps each one's best time.
+ONNX Runtime gets intra_op_num_threads; PyTorch torch.set_num_threads and
+OMP_NUM_THREADS). Per case the child alternates REPS trials of ours and of
+each peer and keeps each one's best time.
 
 Printed: GFLOP/s (2 * multiply-adds / time) of our Conv forward, of ONNX
-Runtime's Conv (MLAS), their ratio (peer time / our time: above 1 we are
-faster), and our backward (ConvGradient: dW, db and dX; ONNX Runtime
-inference has no gradient, so its ratio is against twice the peer's
-forward time, the cost of the backward's two products at the peer's speed).
-
-PyTorch is not the peer here: PyPI's torch wheel (539 MB) needs the CUDA
-libraries (several GB of nvidia-* wheels) to import, and its CPU-only
-wheels are not on PyPI.
+Runtime's Conv (MLAS) and of PyTorch's conv2d (no_grad), the ratios (peer
+time / our time: above 1 we are faster); then our backward (ConvGradient:
+dW, db and dX) and PyTorch's (torch.autograd.grad of the conv's output for
+dX, dW and db, the same three), with the ratio against PyTorch's backward
+and, as before, against twice ONNX Runtime's forward time (ORT inference
+has no gradient; the backward is two products of the forward's size).
+Both outputs and all three gradients are checked against PyTorch (the
+forward also against ONNX Runtime) before timing. Without torch (see
+torch_peer.py for BENCH_TORCH_PATH) the PyTorch columns print "-".
 """
 
 from __future__ import annotations
@@ -63,6 +67,11 @@ def best_of(f, reps):
     return best
 
 
+def rel_err(a, b):
+    import numpy as np
+    return float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-12))
+
+
 def child(threads, reps, batches):
     import numpy as np
     import onnx
@@ -70,6 +79,13 @@ def child(threads, reps, batches):
     from onnx import TensorProto, helper
 
     from ferrocaffe import core, workspace
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from torch_peer import import_torch
+    torch = import_torch()
+    if torch is not None:
+        torch.set_num_threads(threads)
+        F = torch.nn.functional
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
@@ -108,14 +124,38 @@ def child(threads, reps, batches):
             # Same answer first.
             workspace.RunNet(fwd.Name())
             ref = sess.run(None, feeds)[0]
-            err = float(np.max(np.abs(workspace.FetchBlob("y") - ref)) / (np.max(np.abs(ref)) + 1e-12))
+            err = rel_err(workspace.FetchBlob("y"), ref)
+            pt_fwd = pt_bwd = None
+            if torch is not None:
+                tx, tw, tb = (torch.from_numpy(v).requires_grad_() for v in (x, w, b))
+                tdy = torch.from_numpy(dy)
+                ty = F.conv2d(tx, tw, tb, stride=s, padding=p)
+
+                def pt_fwd():
+                    with torch.no_grad():
+                        F.conv2d(tx, tw, tb, stride=s, padding=p)
+
+                def pt_bwd():
+                    return torch.autograd.grad(ty, (tx, tw, tb), tdy, retain_graph=True)
+
+                err = max(err, rel_err(workspace.FetchBlob("y"), ty.detach().numpy()))
+                workspace.RunNet(bwd.Name())
+                gx, gw, gb = pt_bwd()
+                for blob, g in (("dx", gx), ("dw", gw), ("db", gb)):
+                    err = max(err, rel_err(workspace.FetchBlob(blob), g.numpy()))
             ours, peer, back = float("inf"), float("inf"), float("inf")
+            tfwd, tbwd = float("inf"), float("inf")
             r = max(1, reps if flops(n, ci, co, h, k, s, p) < 2e9 else max(2, reps // 2))
             for _ in range(r):
                 ours = min(ours, best_of(lambda: workspace.RunNet(fwd.Name()), 1))
                 peer = min(peer, best_of(lambda: sess.run(None, feeds), 1))
                 back = min(back, best_of(lambda: workspace.RunNet(bwd.Name()), 1))
+                if torch is not None:
+                    tfwd = min(tfwd, best_of(pt_fwd, 1))
+                    tbwd = min(tbwd, best_of(pt_bwd, 1))
             print(json.dumps(dict(name=name, n=n, threads=threads, ours=ours, peer=peer, back=back,
+                                  torch_fwd=tfwd if torch is not None else None,
+                                  torch_bwd=tbwd if torch is not None else None,
                                   gflop=flops(n, ci, co, h, k, s, p) / 1e9, err=err)), flush=True)
 
 
@@ -128,9 +168,15 @@ def main():
         child(threads, reps, batches)
         return
     batches = "1,32"
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from torch_peer import import_torch
+    import onnxruntime
+    torch = import_torch()
+    print(f"onnxruntime {onnxruntime.__version__}; torch "
+          + (f"{torch.__version__} (oneDNN {torch.backends.mkldnn.is_available()})" if torch else "not importable"))
     print(f"load average {os.getloadavg()[0]:.1f} {os.getloadavg()[1]:.1f}", flush=True)
-    print(f"{'shape':20} {'N':>3} {'thr':>3} {'ours GF/s':>10} {'ORT GF/s':>9} {'ratio':>6} "
-          f"{'bwd GF/s':>9} {'bwd ratio':>9}")
+    print(f"{'shape':18} {'N':>3} {'thr':>3} {'ours GF/s':>9} {'ORT GF/s':>8} {'xORT':>5} {'PT GF/s':>7} "
+          f"{'xPT':>5} | {'bwd GF/s':>8} {'PT bwd':>7} {'xPT':>5} {'x2ORT':>5}")
     for threads in (1, 2):
         env = dict(os.environ, RAYON_NUM_THREADS=str(threads), BENCH_THREADS=str(threads),
                    BENCH_BATCHES=batches, OMP_NUM_THREADS=str(threads))
@@ -139,8 +185,12 @@ def main():
         for line in proc.stdout:
             r = json.loads(line)
             g = r["gflop"]
-            print(f"{r['name']:20} {r['n']:>3} {r['threads']:>3} {g / r['ours']:>10.1f} {g / r['peer']:>9.1f} "
-                  f"{r['peer'] / r['ours']:>6.2f} {2 * g / r['back']:>9.1f} {2 * r['peer'] / r['back']:>9.2f}"
+            tf, tb = r["torch_fwd"], r["torch_bwd"]
+            pt = (f"{g / tf:>7.1f} {tf / r['ours']:>5.2f}" if tf else f"{'-':>7} {'-':>5}")
+            ptb = (f"{2 * g / tb:>7.1f} {tb / r['back']:>5.2f}" if tb else f"{'-':>7} {'-':>5}")
+            print(f"{r['name']:18} {r['n']:>3} {r['threads']:>3} {g / r['ours']:>9.1f} {g / r['peer']:>8.1f} "
+                  f"{r['peer'] / r['ours']:>5.2f} {pt} | {2 * g / r['back']:>8.1f} {ptb} "
+                  f"{2 * r['peer'] / r['back']:>5.2f}"
                   + ("" if r["err"] < 1e-4 else f"  MISMATCH {r['err']:.1e}"), flush=True)
         if proc.wait() != 0:
             raise SystemExit(f"the {threads}-thread child failed")

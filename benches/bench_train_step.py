@@ -15,7 +15,8 @@ the other, so an idle pool of one cannot take the CPU from the other.
 
     python benches/bench_train_step.py [--steps 2000] [--repeats 5]
 
-PyTorch comes from the ``bench`` extra (``pip install ".[bench]"``).
+PyTorch comes from the ``bench`` extra (``pip install ".[bench]"``), or
+from the folders named in ``BENCH_TORCH_PATH`` (see torch_peer.py).
 Prints the median time per step of each, and PyTorch / ferrocaffe (above 1:
 ferrocaffe is faster).
 """
@@ -28,6 +29,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from torch_peer import import_torch  # noqa: E402
 HIDDEN = (128, 64)
 PIXELS, CLASSES = 64, 10
 
@@ -80,7 +83,7 @@ def bench_ferrocaffe(batch, threads, steps, repeats):
 
 
 def bench_torch(batch, threads, steps, repeats):
-    import torch
+    torch = import_torch()
     torch.set_num_threads(threads)
     layers, dim = [], PIXELS
     for width in HIDDEN:
@@ -135,7 +138,10 @@ def main():
     args = p.parse_args()
     if args.child:
         return child(args)
-    import torch
+    torch = import_torch()
+    if torch is None:
+        raise SystemExit('torch does not import: pip install ".[bench]", '
+                         'or set BENCH_TORCH_PATH (torch_peer.py)')
     print('network %s, SGD momentum 0.9 (Nesterov); torch %s' % (
         ' -> '.join(map(str, (PIXELS,) + HIDDEN + (CLASSES,))),
         torch.__version__))
