@@ -637,3 +637,27 @@ def test_conv_large_shapes_forward_and_gradients_match_numpy(fresh, n, order, gr
     np.testing.assert_allclose(dw, dw_ref, rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(db, dy.sum(axis=(0, 2, 3)), rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(dx, dx_ref, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(
+    "c, m, hw, k, stride, pad, group",
+    [
+        (16, 32, (32, 32), 3, 1, 1, 1),  # two line blocks
+        (8, 24, (45, 37), 3, 2, 0, 1),  # odd sizes, stride 2
+        (12, 12, (40, 40), 5, 1, 2, 3),  # groups
+        (3, 64, (64, 64), 7, 2, 3, 1),  # a ResNet stem on a small image
+    ],
+)
+def test_a_single_large_image_split_over_the_pool_matches_numpy(fresh, dtype, c, m, hw, k, stride, pad, group):
+    # One image with a large enough product goes to the kernel pool block
+    # of output lines by block of output lines (im2col and product each);
+    # every block must land in its own columns.
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((1, c, *hw)).astype(dtype)
+    w = rng.standard_normal((m, c // group, k, k)).astype(dtype)
+    b = rng.standard_normal(m).astype(dtype)
+    (y,) = run("Conv", {"x": x, "w": w, "b": b}, ["y"], kernel=k, stride=stride, pad=pad, group=group)
+    ref = conv_ref(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64), [stride] * 2, [pad] * 4, [1, 1], group)
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(y, ref, rtol=tol, atol=tol * np.sqrt(c * k * k))

@@ -767,6 +767,31 @@ impl Plan {
                     }
                     // Blocks of output lines, so that the window matrix
                     // stays in cache between im2col and the product.
+                    let o2 = self.g.outs[2];
+                    if self.par && self.macs() >= PAR_MACS && o2 > 0 {
+                        // One image alone: its line blocks (im2col and
+                        // product each) go to the pool's threads.
+                        let bounds: Vec<(usize, usize)> =
+                            self.line_blocks().map(|(l0, l1)| (l0 * o2, l1 * o2)).collect();
+                        if bounds.len() > 1 {
+                            super::gemm::par_column_blocks(
+                                mg,
+                                rows,
+                                p,
+                                T::of(1.0),
+                                zero,
+                                wg,
+                                (rows, 1),
+                                &bounds,
+                                Vec::new,
+                                |c0, c1, col| {
+                                    im2col_nchw_lines(&self.g, src, cg, c0 / o2, c1 / o2, col)
+                                },
+                                &mut outg[..mg * p],
+                            );
+                            continue;
+                        }
+                    }
                     for (l0, l1) in self.line_blocks() {
                         let nc = (l1 - l0) * self.g.outs[2];
                         im2col_nchw_lines(&self.g, src, cg, l0, l1, col);

@@ -241,6 +241,76 @@ pub(crate) fn par_gemm<T: Gemm>(
     });
 }
 
+/// C (`m x n`, row-major with row stride `n`) = A (`m x k`, strides `sa`)
+/// times a B that is made one column block at a time: for each block
+/// `[c0, c1)` of `bounds`, `fill(c0, c1, buf)` writes B's columns `c0..c1`
+/// as a row-major `k x (c1 - c0)` matrix into `buf` (a scratch buffer of
+/// each pool thread, from `scratch`), and the block's product goes to C's
+/// columns `c0..c1`. The blocks run on the kernel pool: the making of B
+/// (an im2col) is split with the product, which a single large product
+/// split by [`par_gemm`] cannot do. C is overwritten (beta 0).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn par_column_blocks<T: Gemm>(
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: T,
+    zero: T,
+    a: &[T],
+    sa: (usize, usize),
+    bounds: &[(usize, usize)],
+    scratch: impl Fn() -> Vec<T> + Sync + Send,
+    fill: impl Fn(usize, usize, &mut [T]) + Sync + Send,
+    c: &mut [T],
+) {
+    assert!(
+        c.len() >= reach(m, n, (n, 1)) && a.len() >= reach(m, k, sa),
+        "par_column_blocks: an operand is too short"
+    );
+    assert!(
+        bounds.iter().all(|&(c0, c1)| c0 <= c1 && c1 <= n),
+        "par_column_blocks: a block outside C"
+    );
+    // Blocks must not overlap: each writes its own columns of C.
+    let mut sorted = bounds.to_vec();
+    sorted.sort_unstable();
+    assert!(
+        sorted.windows(2).all(|w| w[0].1 <= w[1].0),
+        "par_column_blocks: overlapping blocks"
+    );
+    let cp = CPtr(c.as_mut_ptr());
+    let is = |s: (usize, usize)| (s.0 as isize, s.1 as isize);
+    bounds.par_iter().for_each_init(scratch, |buf, &(c0, c1)| {
+        let nc = c1 - c0;
+        if nc == 0 || m == 0 {
+            return;
+        }
+        if buf.len() < k * nc {
+            buf.resize(k * nc, zero);
+        }
+        fill(c0, c1, &mut buf[..k * nc]);
+        // SAFETY: the asserts above bound A and C (rows < m, columns
+        // c0..c1 <= n, row stride n); B is this thread's `k x nc` buffer;
+        // blocks do not overlap, so no two threads write one element of C,
+        // and C (a mutable slice) aliases neither A nor a scratch buffer.
+        unsafe {
+            T::raw(
+                m,
+                k,
+                nc,
+                alpha,
+                a.as_ptr(),
+                is(sa),
+                buf.as_ptr(),
+                (nc as isize, 1),
+                zero,
+                cp.get().add(c0),
+                (n as isize, 1),
+            )
+        }
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
