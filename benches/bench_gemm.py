@@ -81,7 +81,15 @@ def start(code, env):
                             stdout=subprocess.PIPE, text=True)
 
 
+# The two children live side by side, and OpenBLAS's workers keep spinning
+# for a while after a call (rayon's too, briefly): a trial that followed the
+# other child's at once would share the second vCPU with those spinning
+# threads. Each request waits this long first.
+SETTLE = 0.3
+
+
 def ask(proc, m, n, k, calls):
+    time.sleep(SETTLE)
     proc.stdin.write(f"{m} {n} {k} {calls}\n")
     proc.stdin.flush()
     return float(proc.stdout.readline())
