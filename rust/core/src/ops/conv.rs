@@ -771,8 +771,10 @@ impl Plan {
                     if self.par && self.macs() >= PAR_MACS && o2 > 0 {
                         // One image alone: its line blocks (im2col and
                         // product each) go to the pool's threads.
-                        let bounds: Vec<(usize, usize)> =
-                            self.line_blocks().map(|(l0, l1)| (l0 * o2, l1 * o2)).collect();
+                        let bounds: Vec<(usize, usize)> = self
+                            .line_blocks()
+                            .map(|(l0, l1)| (l0 * o2, l1 * o2))
+                            .collect();
                         if bounds.len() > 1 {
                             super::gemm::par_column_blocks(
                                 mg,
