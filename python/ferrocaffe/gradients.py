@@ -377,6 +377,8 @@ for _t in (
     "GivenTensorDoubleFill",
     # A db's records: brew.db_input's data need no StopGradient, as in Caffe2.
     "TensorProtosDBInput",
+    # Indices map keys to ids: nothing to differentiate.
+    "IntIndexCreate", "LongIndexCreate", "StringIndexCreate", "IndexGet",
 ):
     _register(_t)(_no_gradient)
 _register("Float16ConstantFill")(_no_gradient)

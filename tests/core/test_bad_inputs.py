@@ -554,6 +554,20 @@ def last_n_window_buffer_of_another_dtype(ws):
 
 
 @case
+def index_get_with_keys_of_another_dtype(ws):
+    feed(ws, keys=np.ones(2, np.int32))
+    n = net(("LongIndexCreate", [], ["ix"], {}), ("IndexGet", ["ix", "keys"], ["ids"], {}))
+    return lambda: ws.run(n), Expect(errors.DataTypeError, TypeError, {"op": "IndexGet", "blob": "keys"})
+
+
+@case
+def index_load_of_repeated_keys(ws):
+    feed(ws, items=np.array([3, 4, 3], np.int64))
+    n = net(("LongIndexCreate", [], ["ix"], {}), ("IndexLoad", ["ix", "items"], ["ix"], {}))
+    return lambda: ws.run(n), Expect(errors.InvalidArgumentError, ValueError, {"op": "IndexLoad", "blob": "items"})
+
+
+@case
 def lengths_to_ranges_of_a_matrix(ws):
     feed(ws, lens=np.ones((2, 2), np.int32))
     n = net(("LengthsToRanges", ["lens"], ["r"], {}))

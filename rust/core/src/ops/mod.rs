@@ -23,6 +23,7 @@ pub mod db;
 pub mod elementwise;
 pub mod fill;
 pub(crate) mod gemm;
+pub mod index;
 pub mod nn;
 pub mod norm;
 pub mod optim;
@@ -49,6 +50,7 @@ pub fn builtin_schemas() -> Vec<OpSchema> {
     v.extend(db::schemas());
     v.extend(elementwise::schemas());
     v.extend(fill::schemas());
+    v.extend(index::schemas());
     v.extend(nn::schemas());
     v.extend(nn::more_schemas());
     v.extend(norm::schemas());
@@ -72,6 +74,7 @@ pub fn builtin_codecs() -> Vec<(&'static str, crate::storage::BlobDecoder)> {
     let mut v = Vec::new();
     v.extend(dataset::codecs());
     v.extend(db::codecs());
+    v.extend(index::codecs());
     v
 }
 
