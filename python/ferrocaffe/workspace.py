@@ -64,6 +64,7 @@ __all__ = [
     "has_cuda_support",
     "has_hip_support",
     "has_gpu_support",
+    "has_fbgemm",
     "GpuDeviceType",
     "NumCudaDevices",
     "NumGpuDevices",
@@ -1265,6 +1266,10 @@ is_asan = False
 has_cuda_support = False
 has_hip_support = False
 has_gpu_support = False
+# No fbgemm kernels (Caffe2's fbgemm-only ops are not provided); Save's
+# bfloat16 storage (BlobSerializationOptions.FLOAT_BFLOAT16), which needed
+# fbgemm in Caffe2, works here regardless.
+has_fbgemm = False
 # As in a CPU-only Caffe2 build: code builds CUDA device options even
 # without a GPU (ops placed on one are refused when a net is created).
 GpuDeviceType = 1  # caffe2_pb2.CUDA
@@ -1412,5 +1417,6 @@ C = types.SimpleNamespace(
     has_cuda_support=False,
     has_hip_support=False,
     has_gpu_support=False,
+    has_fbgemm=False,
     is_asan=False,
 )

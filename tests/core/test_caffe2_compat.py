@@ -14,6 +14,7 @@ def test_a_cpu_only_build_says_so():
     assert workspace.has_cuda_support is False
     assert workspace.has_hip_support is False
     assert workspace.is_asan is False
+    assert workspace.has_fbgemm is False and workspace.C.has_fbgemm is False
     assert workspace.GpuDeviceType == caffe2_pb2.CUDA
     assert workspace.NumGpuDevices() == 0 and workspace.NumCudaDevices() == 0
     assert workspace.C.has_mkldnn is False and workspace.C.use_mkldnn is False

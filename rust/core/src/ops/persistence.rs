@@ -30,6 +30,15 @@ pub fn schemas() -> Vec<OpSchema> {
                 arg!("strip_prefix", "string", "\"\"", "stored name = the input name after the first occurrence of this (names without it are kept)"),
                 arg!("blob_name_overrides", "list of strings", "[]", "stored names, one per input; not with strip_prefix"),
                 arg!("chunk_size", "int", "-1", "tensor elements per minidb record: -1 = 1,000,000, 0 = no chunking; ignored by 'ferro'"),
+                arg!(
+                    "options",
+                    "string (a serialized SerializationOptions)",
+                    "none",
+                    "per-blob options, the first whose blob_name_regex matches the whole stored name (empty: every \
+                     blob) applies: chunk_size (0 = 1,000,000, -1 = no chunking; before the chunk_size argument, which \
+                     applies to the blobs no option matches) and float_format (FLOAT_BFLOAT16: float32 tensors stored \
+                     as bfloat16 in a minidb; ferro keeps every bit)"
+                ),
             ])
             .doc(
                 "Writes its inputs to a new db, replacing any db at that path atomically (a db that exists is \
@@ -152,7 +161,10 @@ fn save(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     }
     // Caffe2 fixes the path when the op is built.
     let path = full_path(&ctx.ws.root_folder(), &db, absolute);
-    let opts = SaveOptions { chunk_size };
+    let opts = SaveOptions {
+        chunk_size,
+        per_blob: serialization_options(ctx)?,
+    };
     Ok(kernel(move |cx| {
         // Write straight from the blobs (no copy of the data), holding their
         // read locks in the global lock order for the duration of the save:
@@ -167,6 +179,54 @@ fn save(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         storage::save_blob_refs_with(&path, &db_type, &entries, &opts)?;
         Ok(true)
     }))
+}
+
+/// Save's `options` argument (Caffe2's serialized `SerializationOptions`),
+/// checked when the op is built.
+fn serialization_options(ctx: &OpDefCtx<'_>) -> Result<Vec<storage::BlobOptions>> {
+    use prost::Message;
+    let Some(bytes) = ctx.args.bytes_opt("options")? else {
+        return Ok(Vec::new());
+    };
+    if bytes.is_empty() {
+        return Ok(Vec::new());
+    }
+    let parsed = crate::ir::SerializationOptions::decode(bytes.as_slice())
+        .map_err(|e| ctx.bad_arg(format!("unable to parse serialization options: {e}")))?;
+    let mut out = Vec::with_capacity(parsed.options.len());
+    for (i, o) in parsed.options.iter().enumerate() {
+        let regex = o.blob_name_regex.as_deref().unwrap_or("");
+        let pattern = if regex.is_empty() {
+            None
+        } else {
+            Some(regex::Regex::new(&format!("^(?:{regex})$")).map_err(|e| {
+                ctx.bad_arg(format!(
+                    "options entry {i}: blob_name_regex '{regex}' is not a valid regular expression: {e}"
+                ))
+            })?)
+        };
+        let chunk_size = o.chunk_size.unwrap_or(0);
+        if chunk_size < -1 {
+            return Err(ctx.bad_arg(format!(
+                "options entry {i}: chunk_size must be 0 (the default), -1 (no chunking) or positive, got {chunk_size}"
+            )));
+        }
+        let bfloat16 = match o.float_format.unwrap_or(0) {
+            0 | 1 => false,
+            2 => true,
+            f => {
+                return Err(ctx.bad_arg(format!(
+                    "options entry {i}: float_format must be FLOAT_DEFAULT (0), FLOAT_PROTOBUF (1) or FLOAT_BFLOAT16 (2), got {f}"
+                )))
+            }
+        };
+        out.push(storage::BlobOptions {
+            pattern,
+            chunk_size,
+            bfloat16,
+        });
+    }
+    Ok(out)
 }
 
 // ------------------------------------------------------------------ Load --

@@ -1127,9 +1127,9 @@ impl DbFormat for Ferro {
         w: &mut BufWriter<File>,
         path: &str,
         entries: &[(&str, Prepared<'_>)],
-        _chunk: usize,
+        _opts: &SaveOptions,
     ) -> Result<()> {
-        // Every tensor is stored in one piece.
+        // Every tensor is stored in one piece, every bit kept.
         write_ferro(w, path, entries)
     }
     fn load(&self, path: &str, select: &dyn Fn(&str) -> bool) -> Result<Vec<(String, BlobValue)>> {

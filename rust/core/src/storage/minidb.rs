@@ -20,20 +20,23 @@ pub(super) fn write_minidb(
     w: &mut impl Write,
     path: &str,
     entries: &[(&str, Prepared<'_>)],
-    chunk: usize,
+    opts: &SaveOptions,
 ) -> Result<()> {
     for (name, p) in entries {
         let name = *name;
         let r = match p {
-            Prepared::Tensor(t) => tensor_chunks(name, t, chunk, &mut |key, tp| {
-                let bp = BlobProto {
-                    name: Some(name.to_string()),
-                    r#type: Some(TENSOR_TAG.to_string()),
-                    tensor: Some(tp),
-                    ..Default::default()
-                };
-                minidb_put(w, path, &key, &bp.encode_to_vec())
-            }),
+            Prepared::Tensor(t) => {
+                let (chunk, bfloat16) = opts.for_blob(name)?;
+                tensor_chunks(name, t, chunk, bfloat16, &mut |key, tp| {
+                    let bp = BlobProto {
+                        name: Some(name.to_string()),
+                        r#type: Some(TENSOR_TAG.to_string()),
+                        tensor: Some(tp),
+                        ..Default::default()
+                    };
+                    minidb_put(w, path, &key, &bp.encode_to_vec())
+                })
+            }
             Prepared::Bytes(b) => {
                 let bp = BlobProto {
                     name: Some(name.to_string()),
@@ -370,9 +373,9 @@ impl DbFormat for MiniDb {
         w: &mut BufWriter<File>,
         path: &str,
         entries: &[(&str, Prepared<'_>)],
-        chunk: usize,
+        opts: &SaveOptions,
     ) -> Result<()> {
-        write_minidb(w, path, entries, chunk)
+        write_minidb(w, path, entries, opts)
     }
     fn load(&self, path: &str, select: &dyn Fn(&str) -> bool) -> Result<Vec<(String, BlobValue)>> {
         load_minidb(path, select)

@@ -128,14 +128,14 @@ pub trait DbFormat: Sync {
     fn allows_chunk_separator(&self) -> bool {
         true
     }
-    /// Writes checked entries to `w` (a temporary beside `path`). `chunk`:
-    /// tensor elements per record, 0 for one record per tensor.
+    /// Writes checked entries to `w` (a temporary beside `path`), with the
+    /// options (chunking, float format) that apply to the format.
     fn write(
         &self,
         w: &mut BufWriter<File>,
         path: &str,
         entries: &[(&str, Prepared<'_>)],
-        chunk: usize,
+        opts: &SaveOptions,
     ) -> Result<()>;
     /// The blobs whose stored name `select` accepts, in file order.
     fn load(&self, path: &str, select: &dyn Fn(&str) -> bool) -> Result<Vec<(String, BlobValue)>>;
@@ -241,31 +241,63 @@ pub struct EntryInfo {
 }
 
 /// Options of [`save_blobs_with`].
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct SaveOptions {
-    /// Tensor elements per minidb record (Caffe2's `chunk_size`): -1 means
-    /// the default (1,000,000), 0 one record per tensor. The ferro format
-    /// stores every tensor in one piece and ignores it.
+    /// Tensor elements per minidb record for the blobs no `per_blob` rule
+    /// matches (Caffe2's `chunk_size` argument): -1 means the default
+    /// (1,000,000), 0 one record per tensor. The ferro format stores every
+    /// tensor in one piece and ignores it.
     pub chunk_size: i64,
+    /// Caffe2's `SerializationOptions`: the first rule whose pattern matches
+    /// a blob's stored name applies to it.
+    pub per_blob: Vec<BlobOptions>,
+}
+
+/// One of Caffe2's `BlobSerializationOptions`, checked.
+#[derive(Clone, Debug)]
+pub struct BlobOptions {
+    /// Matched against the whole stored name; `None` matches every blob.
+    pub pattern: Option<regex::Regex>,
+    /// Tensor elements per minidb record, in the option's convention: 0 the
+    /// default (1,000,000), -1 one record per tensor.
+    pub chunk_size: i64,
+    /// Store float32 tensors as bfloat16 (Caffe2's `FLOAT_BFLOAT16`; minidb
+    /// only, the ferro format keeps every bit).
+    pub bfloat16: bool,
 }
 
 impl Default for SaveOptions {
     fn default() -> Self {
-        SaveOptions { chunk_size: -1 }
+        SaveOptions {
+            chunk_size: -1,
+            per_blob: Vec::new(),
+        }
     }
 }
 
 impl SaveOptions {
-    /// Elements per chunk, 0 for no chunking.
-    fn chunk(&self) -> Result<usize> {
-        match self.chunk_size {
-            -1 => Ok(DEFAULT_CHUNK_SIZE),
-            n if n >= 0 => usize::try_from(n)
-                .map_err(|_| Error::invalid_arg(format!("chunk_size {n} is too large"))),
-            n => Err(Error::invalid_arg(format!(
-                "chunk_size must be -1 (the default), 0 (no chunking) or positive, got {n}"
-            ))),
-        }
+    /// Elements per chunk (0 for no chunking) and whether floats go as
+    /// bfloat16, for the blob stored as `name`.
+    fn for_blob(&self, name: &str) -> Result<(usize, bool)> {
+        let rule = self.per_blob.iter().find(|r| match &r.pattern {
+            None => true,
+            Some(re) => re.is_match(name),
+        });
+        let chunk = match rule {
+            Some(r) => match r.chunk_size {
+                0 => DEFAULT_CHUNK_SIZE as i64,
+                -1 => 0,
+                n => n,
+            },
+            None if self.chunk_size == -1 => DEFAULT_CHUNK_SIZE as i64,
+            None => self.chunk_size,
+        };
+        let chunk = usize::try_from(chunk).map_err(|_| {
+            Error::invalid_arg(format!(
+                "chunk_size must be -1 (the default), 0 (no chunking) or positive, got {chunk}"
+            ))
+        })?;
+        Ok((chunk, rule.is_some_and(|r| r.bfloat16)))
     }
 }
 
@@ -370,9 +402,12 @@ fn save_blob_refs(
     entries: &[(&str, &BlobValue)],
     opts: &SaveOptions,
 ) -> Result<()> {
-    let chunk = opts.chunk().map_err(|e| e.with_file(path))?;
+    for (name, _) in entries {
+        opts.for_blob(name)
+            .map_err(|e| e.with_file(path).with_blob(name))?;
+    }
     let prepared = prepare(entries, ty).map_err(|e| e.with_file(path))?;
-    write_atomically(path, |w| ty.write(w, path, &prepared, chunk))
+    write_atomically(path, |w| ty.write(w, path, &prepared, opts))
 }
 
 /// Loads every blob of a db, in file order (minidb chunks reassembled).
@@ -416,7 +451,7 @@ pub fn serialize_blob(name: &str, value: &BlobValue) -> Result<Vec<u8>> {
     let prepared = prepare(&refs, &Ferro)?;
     let mut out = Vec::new();
     match &prepared[0].1 {
-        Prepared::Tensor(t) => tensor_chunks(name, t, 0, &mut |_, tp| {
+        Prepared::Tensor(t) => tensor_chunks(name, t, 0, false, &mut |_, tp| {
             let bp = BlobProto {
                 name: Some(name.to_string()),
                 r#type: Some(TENSOR_TAG.to_string()),
@@ -997,7 +1032,16 @@ mod tests {
             ),
             ("s".to_string(), BlobValue::Bytes(b"hi".to_vec())),
         ];
-        save_blobs_with(&path, "minidb", &entries, &SaveOptions { chunk_size: 4 }).unwrap();
+        save_blobs_with(
+            &path,
+            "minidb",
+            &entries,
+            &SaveOptions {
+                chunk_size: 4,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         let recs = parse_records(&fs::read(&path).unwrap());
         let keys: Vec<&str> = recs.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(
@@ -1048,12 +1092,28 @@ mod tests {
         );
         // Chunks reassemble; chunk_size 0 writes one record per tensor.
         assert_same(&entries, &load_db(&path, "minidb").unwrap());
-        save_blobs_with(&path, "minidb", &entries, &SaveOptions { chunk_size: 0 }).unwrap();
+        save_blobs_with(
+            &path,
+            "minidb",
+            &entries,
+            &SaveOptions {
+                chunk_size: 0,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         assert_eq!(parse_records(&fs::read(&path).unwrap())[0].0, "x#%0");
         assert_eq!(parse_records(&fs::read(&path).unwrap())[1].0, "flags#%0");
-        assert!(
-            save_blobs_with(&path, "minidb", &entries, &SaveOptions { chunk_size: -2 }).is_err()
-        );
+        assert!(save_blobs_with(
+            &path,
+            "minidb",
+            &entries,
+            &SaveOptions {
+                chunk_size: -2,
+                ..Default::default()
+            }
+        )
+        .is_err());
     }
 
     // -------------------------------------------------- damaged files --
@@ -1175,7 +1235,16 @@ mod tests {
         let dir = Scratch::new("storage");
         let good = dir.file("good");
         let entries = small_entries();
-        save_blobs_with(&good, "minidb", &entries, &SaveOptions { chunk_size: 2 }).unwrap();
+        save_blobs_with(
+            &good,
+            "minidb",
+            &entries,
+            &SaveOptions {
+                chunk_size: 2,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         let bytes = fs::read(&good).unwrap();
         let mut boundaries = vec![0];
         for (k, v) in parse_records(&bytes) {

@@ -41,11 +41,14 @@ pub(super) fn chunks_of<T: Clone>(
 
 /// Caffe2's TensorSerializer: one TensorProto per chunk of `chunk` elements
 /// (0: a single chunk), each with the full dims and its segment, the data in
-/// Caffe2's per-dtype field. `emit` gets the key `name#%<chunk>`.
+/// Caffe2's per-dtype field. `emit` gets the key `name#%<chunk>`. With
+/// `bfloat16`, float32 data goes as bfloat16 in `raw_data` (Caffe2's
+/// `FMT_BFLOAT16`); other dtypes are unaffected.
 pub(super) fn tensor_chunks(
     name: &str,
     t: &Tensor,
     chunk: usize,
+    bfloat16: bool,
     emit: &mut Emit<'_>,
 ) -> Result<()> {
     let base = TensorProto {
@@ -58,6 +61,21 @@ pub(super) fn tensor_chunks(
         p.int32_data = s.iter().map(|&x| x.into()).collect();
     }
     match t {
+        Tensor::F32(a) if bfloat16 => chunks_of(
+            a,
+            &base,
+            name,
+            chunk,
+            |p, s| {
+                p.data_format = Some(FMT_BFLOAT16);
+                p.raw_data = Some(
+                    s.iter()
+                        .flat_map(|&x| to_bfloat16(x).to_le_bytes())
+                        .collect(),
+                );
+            },
+            emit,
+        ),
         Tensor::F32(a) => chunks_of(
             a,
             &base,
@@ -113,6 +131,63 @@ pub(super) fn tensor_chunks(
             emit,
         ),
     }
+}
+
+/// Caffe2's `TensorProto.FMT_BFLOAT16` (`data_format`).
+const FMT_BFLOAT16: u32 = 1;
+
+/// The bfloat16 bits of a float: rounded to nearest, ties to even, NaN kept
+/// a NaN (Caffe2's reference conversion rounded ties away from zero and
+/// could turn a NaN into -0.0 or 0.0).
+pub(super) fn to_bfloat16(x: f32) -> u16 {
+    half::bf16::from_f32(x).to_bits()
+}
+
+fn from_bfloat16(b: u16) -> f32 {
+    f32::from_bits(u32::from(b) << 16)
+}
+
+/// Float chunks, each in its own format: `float_data`, or bfloat16 in
+/// `raw_data`.
+fn gather_floats(segs: &[Seg<'_>]) -> Result<Vec<f32>> {
+    let mut out = Vec::new();
+    for &(b, e, p) in segs {
+        match p.data_format.unwrap_or(0) {
+            0 => {
+                if p.float_data.len() != e - b {
+                    return Err(bad_data(format!(
+                        "incorrect data size: the chunk [{b}, {e}) of a float tensor holds {} values",
+                        p.float_data.len()
+                    )));
+                }
+                out.try_reserve(e - b)
+                    .map_err(|_| crate::tensor::alloc_error((e - b) * 4, "a float tensor"))?;
+                out.extend_from_slice(&p.float_data);
+            }
+            FMT_BFLOAT16 => {
+                let raw = p.raw_data.as_deref().unwrap_or_default();
+                if raw.len() != (e - b) * 2 {
+                    return Err(bad_data(format!(
+                        "incorrect data size in serialized bfloat16 data: the chunk [{b}, {e}) holds {} bytes, {} expected",
+                        raw.len(),
+                        (e - b) * 2
+                    )));
+                }
+                out.try_reserve(e - b)
+                    .map_err(|_| crate::tensor::alloc_error((e - b) * 4, "a float tensor"))?;
+                out.extend(
+                    raw.chunks_exact(2)
+                        .map(|c| from_bfloat16(u16::from_le_bytes([c[0], c[1]]))),
+                );
+            }
+            f => {
+                return Err(bad_data(format!(
+                    "unsupported serialization format {f} when deserializing float data"
+                )))
+            }
+        }
+    }
+    Ok(out)
 }
 
 pub(super) fn bad_data(msg: impl Into<String>) -> Error {
@@ -263,7 +338,7 @@ pub(super) fn assemble_tensor(chunks: &[TensorProto]) -> Result<Tensor> {
     let dt = DataType::from_i32(code)
         .ok_or_else(|| bad_data(format!("unknown tensor data type {code}")))?;
     let t = match dt {
-        DataType::Float => Tensor::from_vec(&shape, gather(&segs, |p| &p.float_data, Some, dt)?),
+        DataType::Float => Tensor::from_vec(&shape, gather_floats(&segs)?),
         DataType::Double => Tensor::from_vec(&shape, gather(&segs, |p| &p.double_data, Some, dt)?),
         DataType::Int32 => Tensor::from_vec(&shape, gather(&segs, |p| &p.int32_data, Some, dt)?),
         DataType::Int64 => Tensor::from_vec(&shape, gather(&segs, |p| &p.int64_data, Some, dt)?),
