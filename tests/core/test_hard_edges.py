@@ -381,3 +381,31 @@ def test_ints_that_do_not_fit_are_typed_errors_naming_what_they_are():
     for setter in (step.SetIter, step.SetNumConcurrentInstances, step.RunEveryMillis):
         with pytest.raises(errors.InvalidArgumentError, match="step 'later'"):
             setter(1 << 64)
+
+
+# ---------------------------------------------------------- Cast to STRING --
+
+def test_cast_to_string_writes_what_cpp_to_string_wrote():
+    """Caffe2's CPU Cast to STRING used std::to_string: integers and bool in
+    decimal, floats as printf's %f (six decimals); from STRING is refused."""
+    ws = workspace.Workspace()
+    ints = np.array([[0, -7], [2 ** 31 - 1, 42]], dtype=np.int32)
+    floats = np.array([1.5, -0.25, 1e10, np.inf], dtype=np.float32)
+    ws.create_blob('i').feed(ints)
+    ws.create_blob('f').feed(floats)
+    ws.create_blob('b').feed(np.array([True, False]))
+    net = core.Net('cast_to_string')
+    net.Cast(['i'], ['si'], to=core.DataType.STRING)
+    net.Cast(['f'], ['sf'], to='STRING')
+    net.Cast(['b'], ['sb'], to=core.DataType.STRING)
+    assert ws.run(net)
+    si = ws.blobs['si'].fetch()
+    assert si.shape == (2, 2)
+    assert si.ravel().tolist() == [str(int(x)).encode() for x in ints.ravel()]
+    assert ws.blobs['sf'].fetch().tolist() == [('%f' % x).encode() for x in floats.astype(float)]
+    assert ws.blobs['sb'].fetch().tolist() == [b'1', b'0']
+    bad = core.Net('cast_from_string')
+    bad.Cast(['si'], ['x'], to=core.DataType.INT32)
+    with pytest.raises(errors.DataTypeError, match='from strings') as e:
+        ws.run(bad)
+    assert e.value.blob == 'si' and e.value.op == 'Cast'

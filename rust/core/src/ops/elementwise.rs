@@ -198,7 +198,11 @@ pub fn schemas() -> Vec<OpSchema> {
                     "the input's dtype; only the gradient reads it (a Cast back to it)"
                 ),
             ])
-            .doc("Y = X converted to dtype `to` (numeric dtypes, float16 and bool; float to int truncates toward zero and saturates)."),
+            .doc(
+                "Y = X converted to dtype `to` (numeric dtypes, float16 and bool; float to int truncates toward zero and \
+                 saturates). To STRING, each element is written as C++'s std::to_string did (integers and bool in \
+                 decimal, floats with six decimals); from STRING is not supported.",
+            ),
         OpSchema::new("ScaleBlobs", build_scale_blobs)
             .inputs(1, MANY)
             .outputs(1, MANY)
@@ -1765,9 +1769,6 @@ fn parse_to(ctx: &OpDefCtx<'_>) -> Result<DataType> {
         DataType::Undefined => {
             Err(ctx.bad_arg("Cast: 'to' must be a DataType other than UNDEFINED"))
         }
-        DataType::String => Err(Error::type_error(
-            "Cast: casting to and from strings is not supported",
-        )),
         DataType::Byte => Err(Error::type_error(
             "Cast: casting to BYTE is not supported (it is deprecated; use UINT8)",
         )),
@@ -1793,14 +1794,59 @@ fn cast_from<S: Prim>(o: &mut BlobValue, a: ArrayViewD<'_, S>, to: DataType) -> 
     }
 }
 
+/// A float as C++'s `std::to_string` wrote it (printf's `%f`: six decimals,
+/// `inf`, `nan`).
+fn float_text(x: f64) -> Vec<u8> {
+    if x.is_nan() {
+        return if x.is_sign_negative() {
+            b"-nan".to_vec()
+        } else {
+            b"nan".to_vec()
+        };
+    }
+    format!("{x:.6}").into_bytes()
+}
+
+/// Cast to STRING: each element's text, as Caffe2's `caffe2::to_string`.
+fn cast_to_strings(o: &mut BlobValue, src: &Tensor) -> Result<()> {
+    fn texts<T: Prim>(a: ArrayViewD<'_, T>, f: impl Fn(T) -> Vec<u8>) -> Result<Tensor> {
+        let mut v = crate::tensor::try_vec(a.len(), "the strings of a Cast")?;
+        v.extend(a.iter().map(|&x| f(x)));
+        Tensor::from_vec(a.shape(), v)
+    }
+    let float = matches!(
+        src.dtype(),
+        DataType::Float | DataType::Double | DataType::Float16
+    );
+    let t = if let Tensor::F16(a) = src {
+        texts(a.view(), |x| float_text(x.to_f64()))?
+    } else {
+        crate::with_match_dtype!(numeric_and_bool src.dtype(), |T| {
+            let a = src.array::<T>()?.view();
+            if float {
+                texts(a, |x: T| float_text(x.to_f64()))?
+            } else {
+                texts(a, |x: T| x.to_i64().to_string().into_bytes())?
+            }
+        }, else _strings => return Err(Error::type_error(
+            "Cast: casting from strings is not supported",
+        )))
+    };
+    *o = BlobValue::Tensor(t);
+    Ok(())
+}
+
 fn cast_into(o: &mut BlobValue, src: &Tensor, to: DataType) -> Result<()> {
+    if to == DataType::String {
+        return cast_to_strings(o, src);
+    }
     if let Tensor::F16(a) = src {
         return cast_from(o, a.view(), to);
     }
     crate::with_match_dtype!(numeric_and_bool src.dtype(),
     |T| cast_from(o, src.array::<T>()?.view(), to),
     else _strings => Err(Error::type_error(
-        "Cast: casting to and from strings is not supported",
+        "Cast: casting from strings is not supported",
     )))
 }
 
@@ -1808,7 +1854,7 @@ fn cast(l: &mut Locked<'_>, to: DataType) -> Result<()> {
     let src = l.tensor(0)?;
     if src.dtype() == DataType::String {
         return Err(
-            Error::type_error("Cast: casting to and from strings is not supported")
+            Error::type_error("Cast: casting from strings is not supported")
                 .with_blob(l.input_name(0)),
         );
     }
@@ -2928,7 +2974,6 @@ mod tests {
             (vec![ai("to", 11)], ErrorKind::InvalidArgument),
             (vec![ai("to", 0)], ErrorKind::InvalidArgument),
             (vec![af("to", 1.0)], ErrorKind::InvalidArgument),
-            (vec![as_("to", "STRING")], ErrorKind::Type),
             (vec![as_("to", "BYTE")], ErrorKind::Type),
         ];
         for (args, kind) in cases {
@@ -2938,6 +2983,36 @@ mod tests {
         let e = run(&w, def("Cast", &["s"], &["y"], vec![as_("to", "INT32")])).unwrap_err();
         assert_eq!(e.kind, ErrorKind::Type);
         assert_eq!(e.context.blob.as_deref(), Some("s"));
+        let e = run(&w, def("Cast", &["s"], &["y"], vec![as_("to", "STRING")])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Type);
+    }
+
+    #[test]
+    fn cast_to_string_writes_std_to_string_text() {
+        let w = ws(vec![
+            ("i", t(&[2, 2], vec![0i32, -7, 2147483647, 42])),
+            ("b", t(&[2], vec![true, false])),
+            ("f", t(&[4], vec![1.5f32, -0.25, f32::INFINITY, f32::NAN])),
+            ("d", t(&[1], vec![1e20f64])),
+        ]);
+        let strs = |v: &[&str]| v.iter().map(|s| s.as_bytes().to_vec()).collect::<Vec<_>>();
+        run(&w, def("Cast", &["i"], &["y"], vec![ai("to", 4)])).unwrap();
+        assert_eq!(
+            get(&w, "y"),
+            t(&[2, 2], strs(&["0", "-7", "2147483647", "42"]))
+        );
+        run(&w, def("Cast", &["b"], &["y"], vec![as_("to", "STRING")])).unwrap();
+        assert_eq!(get(&w, "y"), t(&[2], strs(&["1", "0"])));
+        run(&w, def("Cast", &["f"], &["y"], vec![as_("to", "STRING")])).unwrap();
+        assert_eq!(
+            get(&w, "y"),
+            t(&[4], strs(&["1.500000", "-0.250000", "inf", "nan"]))
+        );
+        run(&w, def("Cast", &["d"], &["d"], vec![as_("to", "STRING")])).unwrap();
+        assert_eq!(
+            get(&w, "d"),
+            t(&[1], strs(&["100000000000000000000.000000"]))
+        );
     }
 
     // -------------------------------------------------- layouts and sizes --
