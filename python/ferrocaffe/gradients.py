@@ -379,6 +379,7 @@ for _t in (
     "TensorProtosDBInput",
     # Indices map keys to ids: nothing to differentiate.
     "IntIndexCreate", "LongIndexCreate", "StringIndexCreate", "IndexGet",
+    "FloatToFused8BitRowwiseQuantized",
 ):
     _register(_t)(_no_gradient)
 _register("Float16ConstantFill")(_no_gradient)

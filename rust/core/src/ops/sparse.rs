@@ -1,6 +1,8 @@
 //! Sparse lookups and their gradients (issue 14): Gather, BatchGather,
 //! SparseToDense, SparseLengthsSum/Mean/WeightedSum,
-//! LengthsSum/Mean/WeightedSum, their gradient ops, and ScatterWeightedSum.
+//! LengthsSum/Mean/WeightedSum, their gradient ops, ScatterWeightedSum, and
+//! Caffe2's fused 8-bit rowwise tables (FloatToFused8BitRowwiseQuantized,
+//! Fused8BitRowwiseQuantizedToFloat, GatherFused8BitRowwise).
 //!
 //! Gather's and SparseLengthsSum's gradients are sparse, as in Caffe2: a
 //! `GradientSlice` of (indices, values) made in `ferrocaffe/gradients.py`;
@@ -24,6 +26,25 @@ fn in_place_0_0(i: usize, o: usize) -> bool {
 
 pub fn schemas() -> Vec<OpSchema> {
     vec![
+        OpSchema::new("FloatToFused8BitRowwiseQuantized", build_to_fused8)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .doc(
+                "Input float32 (at least 1-D; each row along the last dim is quantized on its own) -> uint8 of the same \
+                 dims with 8 more columns: per row, round((x - min) * 255 / (max - min + 1e-8)), then the scale \
+                 (max - min) / 255 and the bias min as little-endian float32s.",
+            ),
+        OpSchema::new("Fused8BitRowwiseQuantizedToFloat", build_from_fused8)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .doc("Input uint8 from FloatToFused8BitRowwiseQuantized -> float32 with 8 fewer columns: value * scale + bias per row."),
+        OpSchema::new("GatherFused8BitRowwise", build_gather_fused8)
+            .inputs(2, 2)
+            .outputs(1, 1)
+            .doc(
+                "Inputs (DATA, a uint8 matrix from FloatToFused8BitRowwiseQuantized with more than 8 columns; INDICES, an \
+                 int32/int64 vector) -> float32 [len(INDICES), columns - 8]: the de-quantized rows at the indices.",
+            ),
         OpSchema::new("Gather", build_gather)
             .inputs(2, 2)
             .outputs(1, 1)
@@ -1003,4 +1024,171 @@ mod tests {
         .unwrap_err();
         assert_eq!(e.kind, ErrorKind::Type);
     }
+}
+
+// ------------------------------------------- fused 8-bit rowwise tensors --
+//
+// Caffe2's layout: each row is its values quantized to one byte each, then
+// the row's scale and bias as little-endian float32s (8 bytes).
+
+/// Quantizes one row into `out` (`row.len() + 8` bytes).
+fn quantize_row(row: &[f32], out: &mut [u8]) {
+    let (min, max) = row
+        .iter()
+        .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &x| {
+            (lo.min(x), hi.max(x))
+        });
+    let (min, range) = if row.is_empty() {
+        (0.0, 0.0)
+    } else {
+        (min, max - min)
+    };
+    let inverse = 255.0f32 / (range + 1e-8f32);
+    let n = row.len();
+    for (o, &x) in out[..n].iter_mut().zip(row) {
+        // Round half to even, as C's lrintf; the value lies in [0, 255].
+        *o = ((x - min) * inverse).round_ties_even().clamp(0.0, 255.0) as u8;
+    }
+    out[n..n + 4].copy_from_slice(&(range / 255.0f32).to_le_bytes());
+    out[n + 4..n + 8].copy_from_slice(&min.to_le_bytes());
+}
+
+/// De-quantizes one fused row (values, scale, bias) into `out`.
+fn dequantize_row(row: &[u8], out: &mut [f32]) {
+    let n = row.len() - 8;
+    let f = |at: usize| f32::from_le_bytes([row[at], row[at + 1], row[at + 2], row[at + 3]]);
+    let (scale, bias) = (f(n), f(n + 4));
+    for (o, &q) in out.iter_mut().zip(&row[..n]) {
+        *o = f32::from(q) * scale + bias;
+    }
+}
+
+fn build_to_fused8(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    Ok(kernel(|cx| {
+        let mut l = cx.lock();
+        let op = "FloatToFused8BitRowwiseQuantized";
+        let name = l.input_name(0).to_string();
+        let t = l.tensor(0)?;
+        if t.dtype() != DataType::Float {
+            return Err(crate::tensor::unsupported_dtype(t.dtype())
+                .with_op(op, None)
+                .with_blob(&name));
+        }
+        let a = t.array::<f32>()?;
+        if a.ndim() == 0 {
+            return Err(Error::shape(format!(
+                "{op}: the input must have at least one dim, got a scalar"
+            ))
+            .with_blob(&name));
+        }
+        if let Some(x) = a.iter().find(|x| !x.is_finite()) {
+            return Err(Error::invalid_arg(format!(
+                "{op}: cannot quantize the non-finite value {x}"
+            ))
+            .with_blob(&name));
+        }
+        let cols = a.shape()[a.ndim() - 1];
+        let flat = crate::tensor::copy_array(a.view())?;
+        let flat = flat
+            .as_slice()
+            .ok_or_else(|| Error::internal("a copied array is contiguous"))?;
+        let rows: usize = a.shape()[..a.ndim() - 1].iter().product();
+        let mut out =
+            crate::tensor::default_buffer::<u8>(rows * (cols + 8), "a fused 8-bit tensor")?;
+        for r in 0..rows {
+            quantize_row(
+                &flat[r * cols..(r + 1) * cols],
+                &mut out[r * (cols + 8)..(r + 1) * (cols + 8)],
+            );
+        }
+        let mut shape = a.shape().to_vec();
+        *shape.last_mut().expect("at least one dim") += 8;
+        let y = Tensor::from_vec(&shape, out)?;
+        l.set_output(0, y);
+        Ok(true)
+    }))
+}
+
+/// A fused uint8 input with at least one dim of at least 8 columns.
+fn fused_input<'a>(l: &'a Locked<'_>, op: &str, i: usize) -> Result<&'a ArrayD<u8>> {
+    let name = l.input_name(i);
+    let t = l.tensor(i)?;
+    if t.dtype() != DataType::Uint8 {
+        return Err(Error::type_error(format!(
+            "{op}: '{name}' must be a uint8 tensor from FloatToFused8BitRowwiseQuantized, got {}",
+            t.dtype()
+        ))
+        .with_blob(name));
+    }
+    let a = t.array::<u8>()?;
+    if a.ndim() == 0 || a.shape()[a.ndim() - 1] < 8 {
+        return Err(Error::shape(format!(
+            "{op}: '{name}' (shape {:?}) must have rows of at least 8 bytes (the scale and bias)",
+            a.shape()
+        ))
+        .with_blob(name));
+    }
+    Ok(a)
+}
+
+fn build_from_fused8(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    Ok(kernel(|cx| {
+        let mut l = cx.lock();
+        let a = fused_input(&l, "Fused8BitRowwiseQuantizedToFloat", 0)?;
+        let cols = a.shape()[a.ndim() - 1];
+        let rows: usize = a.shape()[..a.ndim() - 1].iter().product();
+        let flat = crate::tensor::copy_array(a.view())?;
+        let flat = flat
+            .as_slice()
+            .ok_or_else(|| Error::internal("a copied array is contiguous"))?;
+        let n = cols - 8;
+        let mut out = crate::tensor::default_buffer::<f32>(rows * n, "a de-quantized tensor")?;
+        for r in 0..rows {
+            dequantize_row(
+                &flat[r * cols..(r + 1) * cols],
+                &mut out[r * n..(r + 1) * n],
+            );
+        }
+        let mut shape = a.shape().to_vec();
+        *shape.last_mut().expect("at least one dim") = n;
+        let y = Tensor::from_vec(&shape, out)?;
+        l.set_output(0, y);
+        Ok(true)
+    }))
+}
+
+fn build_gather_fused8(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    Ok(kernel(|cx| {
+        let mut l = cx.lock();
+        let op = "GatherFused8BitRowwise";
+        let a = fused_input(&l, op, 0)?;
+        if a.ndim() != 2 || a.shape()[1] <= 8 {
+            let name = l.input_name(0);
+            return Err(Error::shape(format!(
+                "{op}: DATA ('{name}', shape {:?}) must be a matrix with more than 8 columns",
+                a.shape()
+            ))
+            .with_blob(name));
+        }
+        let (n_rows, cols) = (a.shape()[0], a.shape()[1]);
+        let rows = index_rows(&l, op, n_rows, 1)?;
+        let flat = crate::tensor::copy_array(a.view())?;
+        let flat = flat
+            .as_slice()
+            .ok_or_else(|| Error::internal("a copied array is contiguous"))?;
+        let n = cols - 8;
+        let mut out = crate::tensor::default_buffer::<f32>(
+            rows.len() * n,
+            "GatherFused8BitRowwise's output",
+        )?;
+        for (i, &r) in rows.iter().enumerate() {
+            dequantize_row(
+                &flat[r * cols..(r + 1) * cols],
+                &mut out[i * n..(i + 1) * n],
+            );
+        }
+        let y = Tensor::from_vec(&[rows.len(), n], out)?;
+        l.set_output(0, y);
+        Ok(true)
+    }))
 }
