@@ -89,3 +89,18 @@ def test_bad_inputs_are_typed_errors():
     with pytest.raises(errors.InvalidArgumentError, match="out of range") as e:
         run_op('GatherFused8BitRowwise', ['q', 'ind'], ['g'])
     assert e.value.op == 'GatherFused8BitRowwise' and e.value.blob == 'ind'
+
+
+def test_shape_inference_agrees_with_a_run():
+    workspace.FeedBlob('x', np.random.default_rng(1).random((4, 3)).astype(np.float32))
+    workspace.FeedBlob('ind', np.array([1, 3], np.int64))
+    net = core.Net('fused_shapes')
+    net.FloatToFused8BitRowwiseQuantized('x', 'q')
+    net.Fused8BitRowwiseQuantizedToFloat('q', 'y')
+    net.GatherFused8BitRowwise(['q', 'ind'], 'g')
+    shapes, types = workspace.InferShapesAndTypes([net])
+    workspace.RunNetOnce(net)
+    for name in ('q', 'y', 'g'):
+        got = workspace.FetchBlob(name)
+        assert shapes[name] == list(got.shape)
+    assert shapes['q'] == [4, 11] and shapes['y'] == [4, 3] and shapes['g'] == [2, 3]

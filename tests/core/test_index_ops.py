@@ -197,3 +197,17 @@ def test_bad_input_is_a_typed_error_naming_op_and_blob():
         run_op('IntIndexCreate', [], ['bad'], max_elements=0)
     with pytest.raises(errors.InvalidArgumentError, match='in-place'):
         run_op('IndexFreeze', ['ix'], ['other'])
+
+
+def test_shape_inference_of_get_and_size():
+    from ferrocaffe.proto import caffe2_pb2
+    workspace.FeedBlob('keys', np.zeros((2, 3), np.int64))
+    net = core.Net('index_shapes')
+    net.LongIndexCreate([], 'ix')
+    net.IndexGet(['ix', 'keys'], 'ids')
+    net.IndexSize('ix', 'n')
+    shapes, types = workspace.InferShapesAndTypes([net])
+    assert shapes['ids'] == [2, 3] and types['ids'] == caffe2_pb2.TensorProto.INT64
+    assert shapes['n'] == [] and types['n'] == caffe2_pb2.TensorProto.INT64
+    workspace.RunNetOnce(net)
+    assert workspace.FetchBlob('ids').shape == (2, 3) and workspace.FetchBlob('n').shape == ()

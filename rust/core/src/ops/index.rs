@@ -12,7 +12,7 @@ use crate::arg;
 use crate::blob::{BlobObject, BlobValue};
 use crate::error::{Error, ErrorKind, Result};
 use crate::ir::{BlobProto, TensorProto};
-use crate::operator::{ArgDoc, InPlace, OpCx, OpDefCtx, OpSchema, Operator};
+use crate::operator::{ArgDoc, InPlace, OpCx, OpDefCtx, OpSchema, Operator, ShapeInfo};
 use crate::tensor::{DataType, Tensor};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -62,6 +62,10 @@ pub fn schemas() -> Vec<OpSchema> {
         OpSchema::new("IndexGet", index_get)
             .inputs(2, 2)
             .outputs(1, 1)
+            .infer(|_, ins, _| {
+                let keys = crate::shapes::rules::known(ins, 1);
+                Ok(vec![keys.map(|k| ShapeInfo::new(k.dims.clone(), DataType::Int64))])
+            })
             .doc(
                 "Inputs (handle, keys) -> indices: an int64 tensor of the keys' shape holding each key's id. A frozen \
                  index gives 0 for unknown keys; otherwise unknown keys get the next ids, in order of first appearance. \
@@ -89,6 +93,7 @@ pub fn schemas() -> Vec<OpSchema> {
         OpSchema::new("IndexSize", index_size)
             .inputs(1, 1)
             .outputs(1, 1)
+            .infer(|_, _, _| Ok(vec![Some(ShapeInfo::new(vec![], DataType::Int64))]))
             .doc("Input handle -> an int64 scalar: the number of ids in use, counting the reserved id 0 (keys + 1)."),
     ]
 }

@@ -16,7 +16,7 @@ use super::nn::{array, by_real, dense, input, real_dtype, Real};
 use super::optim::f32_in;
 use crate::arg;
 use crate::error::{Error, Result};
-use crate::operator::{InPlace, Locked, OpDefCtx, OpSchema, Operator, MANY};
+use crate::operator::{InPlace, Locked, OpDefCtx, OpSchema, Operator, ShapeInfo, MANY};
 use crate::tensor::{DataType, Element, Tensor};
 use ndarray::{ArrayD, IxDyn};
 
@@ -29,6 +29,7 @@ pub fn schemas() -> Vec<OpSchema> {
         OpSchema::new("FloatToFused8BitRowwiseQuantized", build_to_fused8)
             .inputs(1, 1)
             .outputs(1, 1)
+            .infer(|_, ins, _| Ok(vec![fused_shape(ins, DataType::Float, 8, DataType::Uint8)]))
             .doc(
                 "Input float32 (at least 1-D; each row along the last dim is quantized on its own) -> uint8 of the same \
                  dims with 8 more columns: per row, round((x - min) * 255 / (max - min + 1e-8)), then the scale \
@@ -37,10 +38,21 @@ pub fn schemas() -> Vec<OpSchema> {
         OpSchema::new("Fused8BitRowwiseQuantizedToFloat", build_from_fused8)
             .inputs(1, 1)
             .outputs(1, 1)
+            .infer(|_, ins, _| Ok(vec![fused_shape(ins, DataType::Uint8, -8, DataType::Float)]))
             .doc("Input uint8 from FloatToFused8BitRowwiseQuantized -> float32 with 8 fewer columns: value * scale + bias per row."),
         OpSchema::new("GatherFused8BitRowwise", build_gather_fused8)
             .inputs(2, 2)
             .outputs(1, 1)
+            .infer(|_, ins, _| {
+                use crate::shapes::rules::known;
+                let (Some(d), Some(i)) = (known(ins, 0), known(ins, 1)) else {
+                    return Ok(vec![None]);
+                };
+                if d.dtype != DataType::Uint8 || d.dims.len() != 2 || d.dims[1] <= 8 || i.dims.len() != 1 {
+                    return Err(Error::shape("GatherFused8BitRowwise needs a uint8 matrix of more than 8 columns and a vector of indices"));
+                }
+                Ok(vec![Some(ShapeInfo::new(vec![i.dims[0], d.dims[1] - 8], DataType::Float))])
+            })
             .doc(
                 "Inputs (DATA, a uint8 matrix from FloatToFused8BitRowwiseQuantized with more than 8 columns; INDICES, an \
                  int32/int64 vector) -> float32 [len(INDICES), columns - 8]: the de-quantized rows at the indices.",
@@ -1030,6 +1042,24 @@ mod tests {
 //
 // Caffe2's layout: each row is its values quantized to one byte each, then
 // the row's scale and bias as little-endian float32s (8 bytes).
+
+/// Shape inference of the conversions: input 0 of dtype `from`, its last
+/// dim changed by `delta` (staying >= 0), dtype `to`.
+fn fused_shape(
+    ins: &[Option<ShapeInfo>],
+    from: DataType,
+    delta: i64,
+    to: DataType,
+) -> Option<ShapeInfo> {
+    let x = crate::shapes::rules::known(ins, 0)?;
+    let last = *x.dims.last()?;
+    if x.dtype != from || last + delta < 0 {
+        return None;
+    }
+    let mut dims = x.dims.clone();
+    *dims.last_mut()? = last + delta;
+    Some(ShapeInfo::new(dims, to))
+}
 
 /// Quantizes one row into `out` (`row.len() + 8` bytes).
 fn quantize_row(row: &[f32], out: &mut [u8]) {
