@@ -661,3 +661,31 @@ def test_a_single_large_image_split_over_the_pool_matches_numpy(fresh, dtype, c,
     ref = conv_ref(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64), [stride] * 2, [pad] * 4, [1, 1], group)
     tol = 1e-4 if dtype == np.float32 else 1e-10
     np.testing.assert_allclose(y, ref, rtol=tol, atol=tol * np.sqrt(c * k * k))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(
+    "c, m, hw, k, stride, pad, group",
+    [
+        (16, 32, (32, 32), 3, 1, 1, 1),  # several line blocks
+        (5, 64, (45, 37), 3, 2, 0, 1),  # odd sizes, stride 2, channel blocks of unequal size
+        (12, 12, (40, 40), 5, 1, 2, 3),  # groups
+        (3, 64, (64, 64), 7, 2, 3, 1),  # a ResNet stem on a small image
+    ],
+)
+def test_a_single_large_image_input_gradient_split_over_the_pool_matches_numpy(
+        fresh, dtype, c, m, hw, k, stride, pad, group):
+    # One image with a large enough product computes dX on the kernel pool
+    # in blocks of input channels (each its own rows of the window matrix
+    # and its own channels of dX); dX is the transposed convolution of dY.
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((1, c, *hw)).astype(dtype)
+    w = rng.standard_normal((m, c // group, k, k)).astype(dtype)
+    out = [(s + 2 * pad - k) // stride + 1 for s in hw]
+    dy = rng.standard_normal((1, m, *out)).astype(dtype)
+    args = dict(kernel=k, stride=stride, pad=pad, group=group)
+    dw, db, dx = run("ConvGradient", {"x": x, "w": w, "dy": dy}, ["dw", "db", "dx"], **args)
+    adjs = [s + 2 * pad - ((o - 1) * stride + k) for s, o in zip(hw, out)]
+    ref = conv_transpose_ref(dy.astype(np.float64), w.astype(np.float64), None, [stride] * 2, [pad] * 4, adjs, group)
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(dx, ref, rtol=tol, atol=tol * np.sqrt(m * k * k))

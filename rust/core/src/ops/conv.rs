@@ -577,12 +577,16 @@ fn im2col_nchw_lines<T: Float>(g: &Geo, x: &[T], cg: usize, l0: usize, l1: usize
     }
 }
 
-/// The adjoint of [`im2col_nchw_lines`] over every line: adds each column entry to its pixel of
-/// `x` (which the caller zeroed).
-fn col2im_nchw<T: Float>(g: &Geo, col: &[T], cg: usize, x: &mut [T]) {
+/// The adjoint of [`im2col_nchw_lines`]: adds each entry of the window
+/// matrix of output lines `l0..l1` (`cg * K` rows of `(l1 - l0) * last
+/// output dim` columns) to its pixel of `x` (`cg` channels; the caller
+/// zeroed it before the first block). Per pixel, the additions come in the
+/// order (row of the window matrix, line), so that cutting the channels
+/// into blocks does not change a result.
+fn col2im_nchw_lines<T: Float>(g: &Geo, col: &[T], cg: usize, l0: usize, l1: usize, x: &mut [T]) {
     let [i0, i1, i2] = g.ins;
-    let [o0, o1, o2] = g.outs;
-    let p = o0 * o1 * o2;
+    let [_, o1, o2] = g.outs;
+    let p = (l1 - l0) * o2;
     let mut r = 0;
     for c in 0..cg {
         let xc = &mut x[c * i0 * i1 * i2..(c + 1) * i0 * i1 * i2];
@@ -593,16 +597,19 @@ fn col2im_nchw<T: Float>(g: &Geo, col: &[T], cg: usize, x: &mut [T]) {
                     r += 1;
                     let off = (e * g.d[2]) as isize - g.ph[2] as isize;
                     let (lo, hi) = valid_range(o2, g.s[2], off, i2);
-                    let mut o = 0;
-                    for z in 0..o0 {
-                        let zi = g.tap(0, z, a);
-                        for y in 0..o1 {
-                            let src = &row[o..o + o2];
-                            o += o2;
-                            let (Some(zi), Some(yi)) = (zi, g.tap(1, y, b)) else {
-                                continue;
-                            };
-                            let xr = &mut xc[(zi * i1 + yi) * i2..(zi * i1 + yi + 1) * i2];
+                    for (j, line) in (l0..l1).enumerate() {
+                        let (z, y) = (line / o1, line % o1);
+                        let (Some(zi), Some(yi)) = (g.tap(0, z, a), g.tap(1, y, b)) else {
+                            continue;
+                        };
+                        let src = &row[j * o2..(j + 1) * o2];
+                        let xr = &mut xc[(zi * i1 + yi) * i2..(zi * i1 + yi + 1) * i2];
+                        if g.s[2] == 1 {
+                            let start = (lo as isize + off) as usize;
+                            for (d, &v) in xr[start..start + hi - lo].iter_mut().zip(&src[lo..hi]) {
+                                *d += v;
+                            }
+                        } else {
                             for (w, &v) in src[lo..hi].iter().enumerate() {
                                 xr[(((lo + w) * g.s[2]) as isize + off) as usize] += v;
                             }
@@ -872,20 +879,7 @@ impl Plan {
                             (p, 1),
                         );
                     } else {
-                        pgemm(
-                            self.par,
-                            rows,
-                            mg,
-                            p,
-                            wg,
-                            (1, rows),
-                            csg,
-                            (p, 1),
-                            zero,
-                            col,
-                            (p, 1),
-                        );
-                        col2im_nchw(&self.g, col, cg, dst);
+                        self.adj_nchw_blocks(csg, wg, dst, col);
                     }
                 }
                 Order::Nhwc => {
@@ -922,6 +916,69 @@ impl Plan {
                     }
                 }
             }
+        }
+    }
+
+    /// `adj` of one group, NCHW, through a window matrix: for each block
+    /// of output lines, col = W^T * cs (its columns of it), then col2im of
+    /// that block (the block stays in cache between the two). One large
+    /// image alone on a pool of several threads cuts its `cg` channels into
+    /// blocks that run on the pool, each over every line block with a
+    /// scratch buffer of its own: a channel's pixels take additions only
+    /// from its own rows of the window matrix, so the blocks write disjoint
+    /// parts of `dst`, and each pixel sees the same additions in the same
+    /// order as on one thread.
+    fn adj_nchw_blocks<T: Float>(&self, csg: &[T], wg: &[T], dst: &mut [T], col: &mut [T]) {
+        let (cg, mg, rows, p, pin) = (
+            self.cg(),
+            self.mg(),
+            self.rows(),
+            self.g.out_len(),
+            self.g.in_len(),
+        );
+        let (ks, o2) = (self.g.ksize(), self.g.outs[2]);
+        let zero = T::of(0.0);
+        let lines: Vec<(usize, usize)> = self.line_blocks().collect();
+        // Channels c0..c0 + nc into `dst` (their pixels), `buf` at least
+        // nc * K x (widest block) elements.
+        let run = |c0: usize, nc: usize, dst: &mut [T], buf: &mut [T]| {
+            for &(l0, l1) in &lines {
+                let w = (l1 - l0) * o2;
+                let m = nc * ks;
+                gemm(
+                    m,
+                    mg,
+                    w,
+                    &wg[c0 * ks..],
+                    (1, rows),
+                    &csg[l0 * o2..],
+                    (p, 1),
+                    zero,
+                    &mut buf[..m * w],
+                    (w, 1),
+                );
+                col2im_nchw_lines(&self.g, &buf[..m * w], nc, l0, l1, dst);
+            }
+        };
+        let threads = rayon::current_num_threads();
+        if self.par && self.macs() >= PAR_MACS && threads > 1 && cg > 1 && pin > 0 {
+            // Two blocks per thread (fewer when there are fewer channels),
+            // so that one descheduled thread holds up less of the work.
+            let per = cg.div_ceil((2 * threads).min(cg));
+            let widest = lines
+                .iter()
+                .map(|&(l0, l1)| (l1 - l0) * o2)
+                .max()
+                .unwrap_or(0);
+            dst[..cg * pin]
+                .par_chunks_mut(per * pin)
+                .enumerate()
+                .for_each_init(
+                    || vec![zero; per * ks * widest],
+                    |buf, (i, d)| run(i * per, d.len() / pin.max(1), d, buf),
+                );
+        } else {
+            run(0, cg, &mut dst[..cg * pin], col);
         }
     }
 
@@ -1743,5 +1800,127 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.kind, ErrorKind::InvalidArgument);
+    }
+
+    /// dX of a 2-D convolution (NCHW) by its definition: every product
+    /// w[m, c, a, b] * dy[n, m, y, x] added to the input pixel its tap
+    /// reads.
+    #[allow(clippy::too_many_arguments)]
+    fn dx_by_definition(
+        n: usize,
+        c: usize,
+        m: usize,
+        (h, w): (usize, usize),
+        k: usize,
+        (s, p, d, group): (usize, usize, usize, usize),
+        wt: &[f64],
+        dy: &[f64],
+    ) -> Vec<f64> {
+        let oh = (h + 2 * p - d * (k - 1) - 1) / s + 1;
+        let ow = (w + 2 * p - d * (k - 1) - 1) / s + 1;
+        let (cg, mg) = (c / group, m / group);
+        let mut dx = vec![0.0; n * c * h * w];
+        for i in 0..n {
+            for mo in 0..m {
+                let g = mo / mg;
+                for ci in 0..cg {
+                    let cc = g * cg + ci;
+                    for a in 0..k {
+                        for b in 0..k {
+                            let wv = wt[((mo * cg + ci) * k + a) * k + b];
+                            for y in 0..oh {
+                                let yi = (y * s + a * d) as isize - p as isize;
+                                if yi < 0 || yi >= h as isize {
+                                    continue;
+                                }
+                                for x in 0..ow {
+                                    let xi = (x * s + b * d) as isize - p as isize;
+                                    if xi < 0 || xi >= w as isize {
+                                        continue;
+                                    }
+                                    dx[((i * c + cc) * h + yi as usize) * w + xi as usize] +=
+                                        wv * dy[((i * m + mo) * oh + y) * ow + x];
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        dx
+    }
+
+    #[test]
+    fn input_gradient_of_one_large_image_is_the_same_on_one_and_two_threads() {
+        // Shapes whose single image takes the split of its channels over
+        // the pool (at least 2^20 multiply-adds): several line blocks, odd
+        // sizes with stride 2 and channel blocks of unequal size, groups,
+        // dilation, few channels; and a batch of two (images on the pool).
+        use crate::tensor::Tensor;
+        for &(n, c, m, hw, k, s, p, d, group) in &[
+            (1, 16, 32, (32, 32), 3, 1, 1, 1, 1),
+            (1, 5, 64, (45, 37), 3, 2, 0, 1, 1),
+            (1, 12, 12, (40, 40), 5, 1, 2, 1, 3),
+            (1, 6, 32, (30, 30), 3, 1, 2, 2, 1),
+            (1, 3, 16, (64, 64), 7, 2, 3, 1, 1),
+            (2, 16, 32, (32, 32), 3, 1, 1, 1, 1),
+        ] {
+            let oh = (hw.0 + 2 * p - d * (k - 1) - 1) / s + 1;
+            let ow = (hw.1 + 2 * p - d * (k - 1) - 1) / s + 1;
+            let val = |i: usize, salt: usize| (((i * 7919 + salt) % 1009) as f64) / 504.5 - 1.0;
+            let x: Vec<f64> = (0..n * c * hw.0 * hw.1).map(|i| val(i, 1)).collect();
+            let w: Vec<f64> = (0..m * (c / group) * k * k).map(|i| val(i, 2)).collect();
+            let dy: Vec<f64> = (0..n * m * oh * ow).map(|i| val(i, 3)).collect();
+            let ws = ws_with(&[
+                ("x", Tensor::from_vec(&[n, c, hw.0, hw.1], x).unwrap()),
+                (
+                    "w",
+                    Tensor::from_vec(&[m, c / group, k, k], w.clone()).unwrap(),
+                ),
+                ("dy", Tensor::from_vec(&[n, m, oh, ow], dy.clone()).unwrap()),
+            ]);
+            let on = |threads: usize| {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let out = format!("dx{threads}");
+                pool.install(|| {
+                    run(
+                        &ws,
+                        op(
+                            "ConvGradient",
+                            &["x", "w", "dy"],
+                            &["dw", "db", &out],
+                            vec![
+                                int_arg("kernel", k as i64),
+                                int_arg("stride", s as i64),
+                                int_arg("pad", p as i64),
+                                int_arg("dilation", d as i64),
+                                int_arg("group", group as i64),
+                            ],
+                        ),
+                    )
+                })
+                .unwrap();
+                get(&ws, &out)
+                    .array::<f64>()
+                    .unwrap()
+                    .iter()
+                    .copied()
+                    .collect::<Vec<f64>>()
+            };
+            let (one, two) = (on(1), on(2));
+            let want = dx_by_definition(n, c, m, hw, k, (s, p, d, group), &w, &dy);
+            let case = (n, c, m, hw, k, s, p, d, group);
+            // The same additions in the same order on either pool.
+            assert_eq!(one, two, "{case:?}");
+            let err = one
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f64::max);
+            assert!(err < 1e-10, "{case:?}: off by {err}");
+        }
     }
 }
