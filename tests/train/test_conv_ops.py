@@ -673,11 +673,12 @@ def test_a_single_large_image_split_over_the_pool_matches_numpy(fresh, dtype, c,
         (3, 64, (64, 64), 7, 2, 3, 1),  # a ResNet stem on a small image
     ],
 )
-def test_a_single_large_image_input_gradient_split_over_the_pool_matches_numpy(
+def test_a_single_large_image_gradients_split_over_the_pool_match_numpy(
         fresh, dtype, c, m, hw, k, stride, pad, group):
-    # One image with a large enough product computes dX on the kernel pool
-    # in blocks of input channels (each its own rows of the window matrix
-    # and its own channels of dX); dX is the transposed convolution of dY.
+    # One image with a large enough product computes dX and dW on the
+    # kernel pool in blocks of input channels (each its own rows of the
+    # window matrix, its own channels of dX and its own columns of dW); dX
+    # is the transposed convolution of dY, dW an einsum over the windows.
     rng = np.random.default_rng(11)
     x = rng.standard_normal((1, c, *hw)).astype(dtype)
     w = rng.standard_normal((m, c // group, k, k)).astype(dtype)
@@ -687,5 +688,15 @@ def test_a_single_large_image_input_gradient_split_over_the_pool_matches_numpy(
     dw, db, dx = run("ConvGradient", {"x": x, "w": w, "dy": dy}, ["dw", "db", "dx"], **args)
     adjs = [s + 2 * pad - ((o - 1) * stride + k) for s, o in zip(hw, out)]
     ref = conv_transpose_ref(dy.astype(np.float64), w.astype(np.float64), None, [stride] * 2, [pad] * 4, adjs, group)
+    xp = np.pad(x.astype(np.float64), [(0, 0), (0, 0), (pad, pad), (pad, pad)])
+    cg, mg = c // group, m // group
+    dw_ref = np.zeros(w.shape)
+    for kk in np.ndindex(k, k):
+        patch = xp[(slice(None), slice(None)) + window_slices(kk, [1, 1], [stride] * 2, out)]
+        for g in range(group):
+            dw_ref[(slice(g * mg, (g + 1) * mg), slice(None)) + kk] = np.einsum(
+                "nmij,ncij->mc", dy[:, g * mg:(g + 1) * mg].astype(np.float64), patch[:, g * cg:(g + 1) * cg])
     tol = 1e-4 if dtype == np.float32 else 1e-10
     np.testing.assert_allclose(dx, ref, rtol=tol, atol=tol * np.sqrt(m * k * k))
+    np.testing.assert_allclose(dw, dw_ref, rtol=tol, atol=tol * np.sqrt(np.prod(out)))
+    np.testing.assert_allclose(db, dy.astype(np.float64).sum(axis=(0, 2, 3)), rtol=tol, atol=tol * np.sqrt(np.prod(out)))

@@ -919,6 +919,87 @@ impl Plan {
         }
     }
 
+    /// Channels per block when one large image alone (NCHW, through a
+    /// window matrix) splits its input channels across a pool of several
+    /// threads (`adj` and `wgrad`): two blocks per thread, fewer when there
+    /// are fewer channels, so that one descheduled thread holds up less of
+    /// the work. None: no split.
+    fn channel_blocks(&self) -> Option<usize> {
+        let (cg, threads) = (self.cg(), rayon::current_num_threads());
+        (self.par
+            && self.macs() >= PAR_MACS
+            && threads > 1
+            && cg > 1
+            && self.g.in_len() > 0
+            && !self.g.identity())
+        .then(|| cg.div_ceil((2 * threads).min(cg)))
+    }
+
+    /// `wgrad` of one group, NCHW, with its input channels in blocks of
+    /// `per` on the pool: dW's columns of channels c0.. are cs times the
+    /// window matrix's rows of those channels, so each block builds only
+    /// its own rows (im2col by line blocks, as on one thread) and
+    /// accumulates its own columns of dW, in the same order as on one
+    /// thread; the blocks are copied into `dwg` at the end.
+    fn wgrad_nchw_split<T: Float>(&self, src: &[T], csg: &[T], dwg: &mut [T], per: usize) {
+        let (cg, mg, rows, p, pin) = (
+            self.cg(),
+            self.mg(),
+            self.rows(),
+            self.g.out_len(),
+            self.g.in_len(),
+        );
+        let (ks, o2) = (self.g.ksize(), self.g.outs[2]);
+        let (zero, one) = (T::of(0.0), T::of(1.0));
+        let lines: Vec<(usize, usize)> = self.line_blocks().collect();
+        let widest = lines
+            .iter()
+            .map(|&(l0, l1)| (l1 - l0) * o2)
+            .max()
+            .unwrap_or(0);
+        let starts: Vec<usize> = (0..cg).step_by(per).collect();
+        let before: &[T] = dwg;
+        let blocks: Vec<(usize, Vec<T>)> = starts
+            .into_par_iter()
+            .map_init(
+                || vec![zero; per * ks * widest],
+                |buf, c0| {
+                    let r = per.min(cg - c0) * ks;
+                    let mut acc = vec![zero; mg * r];
+                    for (i, a) in acc.chunks_mut(r).enumerate() {
+                        let at = i * rows + c0 * ks;
+                        a.copy_from_slice(&before[at..at + r]);
+                    }
+                    for &(l0, l1) in &lines {
+                        let w = (l1 - l0) * o2;
+                        let col = &mut buf[..r * w];
+                        im2col_nchw_lines(&self.g, &src[c0 * pin..], r / ks, l0, l1, col);
+                        gemm(
+                            mg,
+                            w,
+                            r,
+                            &csg[l0 * o2..],
+                            (p, 1),
+                            col,
+                            (1, w),
+                            one,
+                            &mut acc,
+                            (r, 1),
+                        );
+                    }
+                    (c0, acc)
+                },
+            )
+            .collect();
+        for (c0, acc) in blocks {
+            let r = acc.len() / mg.max(1);
+            for (i, a) in acc.chunks(r.max(1)).enumerate() {
+                let at = i * rows + c0 * ks;
+                dwg[at..at + r].copy_from_slice(a);
+            }
+        }
+    }
+
     /// `adj` of one group, NCHW, through a window matrix: for each block
     /// of output lines, col = W^T * cs (its columns of it), then col2im of
     /// that block (the block stays in cache between the two). One large
@@ -960,11 +1041,7 @@ impl Plan {
                 col2im_nchw_lines(&self.g, &buf[..m * w], nc, l0, l1, dst);
             }
         };
-        let threads = rayon::current_num_threads();
-        if self.par && self.macs() >= PAR_MACS && threads > 1 && cg > 1 && pin > 0 {
-            // Two blocks per thread (fewer when there are fewer channels),
-            // so that one descheduled thread holds up less of the work.
-            let per = cg.div_ceil((2 * threads).min(cg));
+        if let Some(per) = self.channel_blocks() {
             let widest = lines
                 .iter()
                 .map(|&(l0, l1)| (l1 - l0) * o2)
@@ -1012,6 +1089,10 @@ impl Plan {
                             dwg,
                             (rows, 1),
                         );
+                        continue;
+                    }
+                    if let Some(per) = self.channel_blocks() {
+                        self.wgrad_nchw_split(src, csg, dwg, per);
                         continue;
                     }
                     for (l0, l1) in self.line_blocks() {
@@ -1850,8 +1931,56 @@ mod tests {
         dx
     }
 
+    /// dW of the same convolution by its definition: every product
+    /// x[n, c, tap] * dy[n, m, y, x] added to the filter entry of the tap.
+    #[allow(clippy::too_many_arguments)]
+    fn dw_by_definition(
+        n: usize,
+        c: usize,
+        m: usize,
+        (h, w): (usize, usize),
+        k: usize,
+        (s, p, d, group): (usize, usize, usize, usize),
+        x: &[f64],
+        dy: &[f64],
+    ) -> Vec<f64> {
+        let oh = (h + 2 * p - d * (k - 1) - 1) / s + 1;
+        let ow = (w + 2 * p - d * (k - 1) - 1) / s + 1;
+        let (cg, mg) = (c / group, m / group);
+        let mut dw = vec![0.0; m * cg * k * k];
+        for i in 0..n {
+            for mo in 0..m {
+                let g = mo / mg;
+                for ci in 0..cg {
+                    for a in 0..k {
+                        for b in 0..k {
+                            let mut acc = 0.0;
+                            for y in 0..oh {
+                                let yi = (y * s + a * d) as isize - p as isize;
+                                if yi < 0 || yi >= h as isize {
+                                    continue;
+                                }
+                                for xo in 0..ow {
+                                    let xi = (xo * s + b * d) as isize - p as isize;
+                                    if xi < 0 || xi >= w as isize {
+                                        continue;
+                                    }
+                                    acc += x[((i * c + g * cg + ci) * h + yi as usize) * w
+                                        + xi as usize]
+                                        * dy[((i * m + mo) * oh + y) * ow + xo];
+                                }
+                            }
+                            dw[((mo * cg + ci) * k + a) * k + b] += acc;
+                        }
+                    }
+                }
+            }
+        }
+        dw
+    }
+
     #[test]
-    fn input_gradient_of_one_large_image_is_the_same_on_one_and_two_threads() {
+    fn gradients_of_one_large_image_are_the_same_on_one_and_two_threads() {
         // Shapes whose single image takes the split of its channels over
         // the pool (at least 2^20 multiply-adds): several line blocks, odd
         // sizes with stride 2 and channel blocks of unequal size, groups,
@@ -1869,6 +1998,7 @@ mod tests {
             let ow = (hw.1 + 2 * p - d * (k - 1) - 1) / s + 1;
             let val = |i: usize, salt: usize| (((i * 7919 + salt) % 1009) as f64) / 504.5 - 1.0;
             let x: Vec<f64> = (0..n * c * hw.0 * hw.1).map(|i| val(i, 1)).collect();
+            let x0 = x.clone();
             let w: Vec<f64> = (0..m * (c / group) * k * k).map(|i| val(i, 2)).collect();
             let dy: Vec<f64> = (0..n * m * oh * ow).map(|i| val(i, 3)).collect();
             let ws = ws_with(&[
@@ -1884,14 +2014,18 @@ mod tests {
                     .num_threads(threads)
                     .build()
                     .unwrap();
-                let out = format!("dx{threads}");
+                let (dwo, dbo, out) = (
+                    format!("dw{threads}"),
+                    format!("db{threads}"),
+                    format!("dx{threads}"),
+                );
                 pool.install(|| {
                     run(
                         &ws,
                         op(
                             "ConvGradient",
                             &["x", "w", "dy"],
-                            &["dw", "db", &out],
+                            &[&dwo, &dbo, &out],
                             vec![
                                 int_arg("kernel", k as i64),
                                 int_arg("stride", s as i64),
@@ -1903,24 +2037,50 @@ mod tests {
                     )
                 })
                 .unwrap();
-                get(&ws, &out)
-                    .array::<f64>()
-                    .unwrap()
-                    .iter()
-                    .copied()
-                    .collect::<Vec<f64>>()
+                let f = |b: &str| -> Vec<f64> {
+                    get(&ws, b)
+                        .array::<f64>()
+                        .unwrap()
+                        .iter()
+                        .copied()
+                        .collect()
+                };
+                (f(&dwo), f(&dbo), f(&out))
             };
             let (one, two) = (on(1), on(2));
-            let want = dx_by_definition(n, c, m, hw, k, (s, p, d, group), &w, &dy);
+            let geo = (s, p, d, group);
+            let want_dx = dx_by_definition(n, c, m, hw, k, geo, &w, &dy);
+            let want_dw = dw_by_definition(n, c, m, hw, k, geo, &x0, &dy);
+            let sp = oh * ow;
+            let want_db: Vec<f64> = (0..m)
+                .map(|mo| {
+                    (0..n)
+                        .map(|i| {
+                            dy[(i * m + mo) * sp..(i * m + mo + 1) * sp]
+                                .iter()
+                                .sum::<f64>()
+                        })
+                        .sum()
+                })
+                .collect();
             let case = (n, c, m, hw, k, s, p, d, group);
-            // The same additions in the same order on either pool.
-            assert_eq!(one, two, "{case:?}");
-            let err = one
-                .iter()
-                .zip(&want)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0, f64::max);
-            assert!(err < 1e-10, "{case:?}: off by {err}");
+            // The same additions in the same order on either pool (a batch
+            // sums its images' dW in the order the pool's threads finish).
+            assert!(one.2 == two.2 && one.1 == two.1, "{case:?}: dX or db");
+            assert!(n > 1 || one.0 == two.0, "{case:?}: dW");
+            for (got, want, what) in [
+                (&one.0, &want_dw, "dW"),
+                (&one.1, &want_db, "db"),
+                (&one.2, &want_dx, "dX"),
+            ] {
+                assert_eq!(got.len(), want.len(), "{case:?} {what}");
+                let err = got
+                    .iter()
+                    .zip(want)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0, f64::max);
+                assert!(err < 1e-9, "{case:?}: {what} off by {err}");
+            }
         }
     }
 }
