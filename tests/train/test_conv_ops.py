@@ -649,15 +649,20 @@ def test_conv_large_shapes_forward_and_gradients_match_numpy(fresh, n, order, gr
         (3, 64, (64, 64), 7, 2, 3, 1),  # a ResNet stem on a small image
     ],
 )
-def test_a_single_large_image_split_over_the_pool_matches_numpy(fresh, dtype, c, m, hw, k, stride, pad, group):
+@pytest.mark.parametrize("order", ["NCHW", "NHWC"])
+def test_a_single_large_image_split_over_the_pool_matches_numpy(fresh, order, dtype, c, m, hw, k, stride, pad, group):
     # One image with a large enough product goes to the kernel pool block
-    # of output lines by block of output lines (im2col and product each);
-    # every block must land in its own columns.
+    # by block (NCHW: of output lines; NHWC: of output pixels), im2col and
+    # product each; every block must land in its own columns (NCHW) or
+    # rows (NHWC) of the output.
     rng = np.random.default_rng(7)
     x = rng.standard_normal((1, c, *hw)).astype(dtype)
     w = rng.standard_normal((m, c // group, k, k)).astype(dtype)
     b = rng.standard_normal(m).astype(dtype)
-    (y,) = run("Conv", {"x": x, "w": w, "b": b}, ["y"], kernel=k, stride=stride, pad=pad, group=group)
+    xs, ws = (to_nhwc(x), to_nhwc(w)) if order == "NHWC" else (x, w)
+    (y,) = run("Conv", {"x": xs, "w": ws, "b": b}, ["y"], kernel=k, stride=stride, pad=pad, group=group, order=order)
+    if order == "NHWC":
+        y = to_nchw(y)
     ref = conv_ref(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64), [stride] * 2, [pad] * 4, [1, 1], group)
     tol = 1e-4 if dtype == np.float32 else 1e-10
     np.testing.assert_allclose(y, ref, rtol=tol, atol=tol * np.sqrt(c * k * k))

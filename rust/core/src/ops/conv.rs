@@ -624,28 +624,41 @@ fn col2im_nchw_lines<T: Float>(g: &Geo, col: &[T], cg: usize, l0: usize, l1: usi
 /// NHWC im2col: channels `c0..c0 + cg` of one image (`x`, `ctot` channels
 /// per pixel) to a P x (K * cg) matrix.
 fn im2col_nhwc<T: Float>(g: &Geo, x: &[T], ctot: usize, c0: usize, cg: usize, col: &mut [T]) {
+    let p = g.outs.iter().product();
+    im2col_nhwc_pixels(g, x, ctot, c0, cg, 0, p, col)
+}
+
+/// The rows `j0..j1` (output pixels, flattened) of [`im2col_nhwc`]'s
+/// matrix: a (j1 - j0) x (K * cg) matrix.
+fn im2col_nhwc_pixels<T: Float>(
+    g: &Geo,
+    x: &[T],
+    ctot: usize,
+    c0: usize,
+    cg: usize,
+    j0: usize,
+    j1: usize,
+    col: &mut [T],
+) {
     let [_, i1, i2] = g.ins;
-    let [o0, o1, o2] = g.outs;
+    let [_, o1, o2] = g.outs;
     let zero = T::of(0.0);
     let mut j = 0;
-    for z in 0..o0 {
-        for y in 0..o1 {
-            for w in 0..o2 {
-                for a in 0..g.k[0] {
-                    let zi = g.tap(0, z, a);
-                    for b in 0..g.k[1] {
-                        let yi = g.tap(1, y, b);
-                        for e in 0..g.k[2] {
-                            let dst = &mut col[j..j + cg];
-                            j += cg;
-                            match (zi, yi, g.tap(2, w, e)) {
-                                (Some(zi), Some(yi), Some(xi)) => {
-                                    let at = ((zi * i1 + yi) * i2 + xi) * ctot + c0;
-                                    dst.copy_from_slice(&x[at..at + cg]);
-                                }
-                                _ => dst.fill(zero),
-                            }
+    for pix in j0..j1 {
+        let (z, y, w) = (pix / (o1 * o2), (pix / o2) % o1, pix % o2);
+        for a in 0..g.k[0] {
+            let zi = g.tap(0, z, a);
+            for b in 0..g.k[1] {
+                let yi = g.tap(1, y, b);
+                for e in 0..g.k[2] {
+                    let dst = &mut col[j..j + cg];
+                    j += cg;
+                    match (zi, yi, g.tap(2, w, e)) {
+                        (Some(zi), Some(yi), Some(xi)) => {
+                            let at = ((zi * i1 + yi) * i2 + xi) * ctot + c0;
+                            dst.copy_from_slice(&x[at..at + cg]);
                         }
+                        _ => dst.fill(zero),
                     }
                 }
             }
@@ -821,6 +834,46 @@ impl Plan {
                     }
                 }
                 Order::Nhwc => {
+                    if let Some(per) = self.pixel_blocks() {
+                        // One image alone: blocks of output pixels (im2col
+                        // and product each, its own rows of `out`) go to
+                        // the pool's threads.
+                        let cout = self.cout;
+                        out[..p * cout]
+                            .par_chunks_mut(per * cout)
+                            .enumerate()
+                            .for_each_init(
+                                || vec![zero; per * rows],
+                                |buf, (i, o)| {
+                                    let np = o.len() / cout;
+                                    let col = &mut buf[..np * rows];
+                                    let j0 = i * per;
+                                    im2col_nhwc_pixels(
+                                        &self.g,
+                                        img,
+                                        self.cin,
+                                        g * cg,
+                                        cg,
+                                        j0,
+                                        j0 + np,
+                                        col,
+                                    );
+                                    gemm(
+                                        np,
+                                        rows,
+                                        mg,
+                                        col,
+                                        (rows, 1),
+                                        wg,
+                                        (1, rows),
+                                        zero,
+                                        &mut o[g * mg..],
+                                        (cout, 1),
+                                    );
+                                },
+                            );
+                        continue;
+                    }
                     let (a, sa): (&[T], _) = if self.g.identity() {
                         (&img[g * cg..], (self.cin, 1))
                     } else {
@@ -917,6 +970,29 @@ impl Plan {
                 }
             }
         }
+    }
+
+    /// Output pixels per block when one large image alone (NHWC, through a
+    /// window matrix) splits its forward product across a pool of several
+    /// threads: blocks of about `COL_BLOCK` elements of the window matrix,
+    /// at least two per thread and at least `MIN_COLS` pixels. None: no
+    /// split.
+    fn pixel_blocks(&self) -> Option<usize> {
+        let (p, rows, threads) = (self.g.out_len(), self.rows(), rayon::current_num_threads());
+        if !(self.par
+            && self.macs() >= PAR_MACS
+            && threads > 1
+            && p > 1
+            && self.cout > 0
+            && !self.g.identity())
+        {
+            return None;
+        }
+        let per = (COL_BLOCK / rows.max(1))
+            .max(MIN_COLS)
+            .min(p.div_ceil(2 * threads))
+            .max(1);
+        Some(per)
     }
 
     /// Channels per block when one large image alone (NCHW, through a
@@ -2081,6 +2157,86 @@ mod tests {
                     .fold(0.0, f64::max);
                 assert!(err < 1e-9, "{case:?}: {what} off by {err}");
             }
+        }
+    }
+
+    #[test]
+    fn nhwc_forward_of_one_large_image_is_the_same_on_one_and_two_threads() {
+        // One NHWC image whose product takes the split into blocks of
+        // output pixels (uneven last block, stride 2, groups), against the
+        // definition: y[pixel, m] = b[m] + sum of x[tap, c] * w[m, tap, c].
+        use crate::tensor::Tensor;
+        for &(c, m, (h, w), k, s, p, group) in &[
+            (16, 32, (33, 31), 3, 1, 1, 1),
+            (5, 64, (45, 37), 3, 2, 0, 1),
+            (12, 12, (40, 40), 5, 1, 2, 3),
+        ] {
+            let (oh, ow) = ((h + 2 * p - k) / s + 1, (w + 2 * p - k) / s + 1);
+            let (cg, mg) = (c / group, m / group);
+            let val = |i: usize, salt: usize| (((i * 7919 + salt) % 1009) as f64) / 504.5 - 1.0;
+            let x: Vec<f64> = (0..h * w * c).map(|i| val(i, 1)).collect();
+            let wt: Vec<f64> = (0..m * k * k * cg).map(|i| val(i, 2)).collect();
+            let b: Vec<f64> = (0..m).map(|i| val(i, 3)).collect();
+            let ws = ws_with(&[
+                ("x", Tensor::from_vec(&[1, h, w, c], x.clone()).unwrap()),
+                ("w", Tensor::from_vec(&[m, k, k, cg], wt.clone()).unwrap()),
+                ("b", Tensor::from_vec(&[m], b.clone()).unwrap()),
+            ]);
+            let on = |threads: usize| -> Vec<f64> {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let out = format!("y{threads}");
+                pool.install(|| {
+                    let mut args = vec![
+                        int_arg("kernel", k as i64),
+                        int_arg("stride", s as i64),
+                        int_arg("pad", p as i64),
+                        int_arg("group", group as i64),
+                    ];
+                    args.push(crate::ir::Argument {
+                        name: Some("order".into()),
+                        s: Some(b"NHWC".to_vec()),
+                        ..Default::default()
+                    });
+                    run(&ws, op("Conv", &["x", "w", "b"], &[&out], args))
+                })
+                .unwrap();
+                get(&ws, &out)
+                    .array::<f64>()
+                    .unwrap()
+                    .iter()
+                    .copied()
+                    .collect()
+            };
+            let (one, two) = (on(1), on(2));
+            let case = (c, m, (h, w), k, s, p, group);
+            assert!(one == two, "{case:?}");
+            let mut err: f64 = 0.0;
+            for (y, xo) in (0..oh).flat_map(|y| (0..ow).map(move |xo| (y, xo))) {
+                for mo in 0..m {
+                    let g = mo / mg;
+                    let mut acc = b[mo];
+                    for a in 0..k {
+                        for e in 0..k {
+                            let (yi, xi) = (
+                                (y * s + a) as isize - p as isize,
+                                (xo * s + e) as isize - p as isize,
+                            );
+                            if yi < 0 || xi < 0 || yi >= h as isize || xi >= w as isize {
+                                continue;
+                            }
+                            for ci in 0..cg {
+                                acc += x[(yi as usize * w + xi as usize) * c + g * cg + ci]
+                                    * wt[((mo * k + a) * k + e) * cg + ci];
+                            }
+                        }
+                    }
+                    err = err.max((one[(y * ow + xo) * m + mo] - acc).abs());
+                }
+            }
+            assert!(err < 1e-10, "{case:?}: off by {err}");
         }
     }
 }
