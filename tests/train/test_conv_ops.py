@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from ferrocaffe import core, errors, workspace
 from ferrocaffe.gradient_checker import GradientChecker
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 SETTINGS = dict(deadline=None, max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -286,6 +286,10 @@ def test_conv_bad_input_is_a_typed_error(fresh):
 
 @settings(**SETTINGS)
 @given(c=conv_cases(transposed=True))
+# A tap of the window that no output pixel reaches (pad 2 on one side of a
+# one-pixel image).
+@example(c=dict(nd=1, group=1, cg=1, mg=1, n=1, k=[3], s=[1], d=[1], p=[0, 2], sp=[1], adj=[0], order="NCHW",
+                bias=False, seed=0))
 def test_conv_transpose_forward_matches_numpy(fresh, c):
     x, w, b = conv_inputs(c, transposed=True)
     expected = conv_transpose_ref(x, w, b, c["s"], c["p"], c["adj"], c["group"])

@@ -597,6 +597,9 @@ fn col2im_nchw_lines<T: Float>(g: &Geo, col: &[T], cg: usize, l0: usize, l1: usi
                     r += 1;
                     let off = (e * g.d[2]) as isize - g.ph[2] as isize;
                     let (lo, hi) = valid_range(o2, g.s[2], off, i2);
+                    if hi == lo {
+                        continue;
+                    }
                     for (j, line) in (l0..l1).enumerate() {
                         let (z, y) = (line / o1, line % o1);
                         let (Some(zi), Some(yi)) = (g.tap(0, z, a), g.tap(1, y, b)) else {
