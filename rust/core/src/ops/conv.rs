@@ -1087,7 +1087,9 @@ impl Plan {
     /// scratch buffer of its own: a channel's pixels take additions only
     /// from its own rows of the window matrix, so the blocks write disjoint
     /// parts of `dst`, and each pixel sees the same additions in the same
-    /// order as on one thread.
+    /// order as on one thread (the same values too, where the GEMM computes
+    /// an element the same way whatever the height of the block, as
+    /// `matrixmultiply` does: the tests check it bitwise in float64).
     fn adj_nchw_blocks<T: Float>(&self, csg: &[T], wg: &[T], dst: &mut [T], col: &mut [T]) {
         let (cg, mg, rows, p, pin) = (
             self.cg(),
