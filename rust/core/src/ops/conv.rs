@@ -11,7 +11,10 @@
 //! the filter gradient (`wgrad`). Images of a batch run on the kernel pool
 //! (rayon) when the batch has several and the work is large enough: the
 //! pool's size bounds the threads whatever the number of concurrent
-//! instances calling it (see BENCHMARKS.md, "Conv (issue 15)").
+//! instances calling it (see BENCHMARKS.md, "Conv (issue 15)"). One large
+//! image alone hands blocks to the pool instead: NCHW forward by blocks of
+//! output lines, NCHW dX and dW by blocks of input channels, NHWC forward
+//! by blocks of output pixels (each block its own part of the output).
 //!
 //! Like `nn.rs`, every kernel takes float32 or float64 and computes into new
 //! buffers before it writes an output.
