@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from ferrocaffe import core, errors, workspace
 from ferrocaffe.gradient_checker import GradientChecker
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 SETTINGS = dict(deadline=None, max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -286,6 +286,10 @@ def test_conv_bad_input_is_a_typed_error(fresh):
 
 @settings(**SETTINGS)
 @given(c=conv_cases(transposed=True))
+# A tap of the window that no output pixel reaches (pad 2 on one side of a
+# one-pixel image).
+@example(c=dict(nd=1, group=1, cg=1, mg=1, n=1, k=[3], s=[1], d=[1], p=[0, 2], sp=[1], adj=[0], order="NCHW",
+                bias=False, seed=0))
 def test_conv_transpose_forward_matches_numpy(fresh, c):
     x, w, b = conv_inputs(c, transposed=True)
     expected = conv_transpose_ref(x, w, b, c["s"], c["p"], c["adj"], c["group"])
@@ -649,15 +653,59 @@ def test_conv_large_shapes_forward_and_gradients_match_numpy(fresh, n, order, gr
         (3, 64, (64, 64), 7, 2, 3, 1),  # a ResNet stem on a small image
     ],
 )
-def test_a_single_large_image_split_over_the_pool_matches_numpy(fresh, dtype, c, m, hw, k, stride, pad, group):
+@pytest.mark.parametrize("order", ["NCHW", "NHWC"])
+def test_a_single_large_image_split_over_the_pool_matches_numpy(fresh, order, dtype, c, m, hw, k, stride, pad, group):
     # One image with a large enough product goes to the kernel pool block
-    # of output lines by block of output lines (im2col and product each);
-    # every block must land in its own columns.
+    # by block (NCHW: of output lines; NHWC: of output pixels), im2col and
+    # product each; every block must land in its own columns (NCHW) or
+    # rows (NHWC) of the output.
     rng = np.random.default_rng(7)
     x = rng.standard_normal((1, c, *hw)).astype(dtype)
     w = rng.standard_normal((m, c // group, k, k)).astype(dtype)
     b = rng.standard_normal(m).astype(dtype)
-    (y,) = run("Conv", {"x": x, "w": w, "b": b}, ["y"], kernel=k, stride=stride, pad=pad, group=group)
+    xs, ws = (to_nhwc(x), to_nhwc(w)) if order == "NHWC" else (x, w)
+    (y,) = run("Conv", {"x": xs, "w": ws, "b": b}, ["y"], kernel=k, stride=stride, pad=pad, group=group, order=order)
+    if order == "NHWC":
+        y = to_nchw(y)
     ref = conv_ref(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64), [stride] * 2, [pad] * 4, [1, 1], group)
     tol = 1e-4 if dtype == np.float32 else 1e-10
     np.testing.assert_allclose(y, ref, rtol=tol, atol=tol * np.sqrt(c * k * k))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(
+    "c, m, hw, k, stride, pad, group",
+    [
+        (16, 32, (32, 32), 3, 1, 1, 1),  # several line blocks
+        (5, 64, (45, 37), 3, 2, 0, 1),  # odd sizes, stride 2, channel blocks of unequal size
+        (12, 12, (40, 40), 5, 1, 2, 3),  # groups
+        (3, 64, (64, 64), 7, 2, 3, 1),  # a ResNet stem on a small image
+    ],
+)
+def test_a_single_large_image_gradients_split_over_the_pool_match_numpy(
+        fresh, dtype, c, m, hw, k, stride, pad, group):
+    # One image with a large enough product computes dX and dW on the
+    # kernel pool in blocks of input channels (each its own rows of the
+    # window matrix, its own channels of dX and its own columns of dW); dX
+    # is the transposed convolution of dY, dW an einsum over the windows.
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((1, c, *hw)).astype(dtype)
+    w = rng.standard_normal((m, c // group, k, k)).astype(dtype)
+    out = [(s + 2 * pad - k) // stride + 1 for s in hw]
+    dy = rng.standard_normal((1, m, *out)).astype(dtype)
+    args = dict(kernel=k, stride=stride, pad=pad, group=group)
+    dw, db, dx = run("ConvGradient", {"x": x, "w": w, "dy": dy}, ["dw", "db", "dx"], **args)
+    adjs = [s + 2 * pad - ((o - 1) * stride + k) for s, o in zip(hw, out)]
+    ref = conv_transpose_ref(dy.astype(np.float64), w.astype(np.float64), None, [stride] * 2, [pad] * 4, adjs, group)
+    xp = np.pad(x.astype(np.float64), [(0, 0), (0, 0), (pad, pad), (pad, pad)])
+    cg, mg = c // group, m // group
+    dw_ref = np.zeros(w.shape)
+    for kk in np.ndindex(k, k):
+        patch = xp[(slice(None), slice(None)) + window_slices(kk, [1, 1], [stride] * 2, out)]
+        for g in range(group):
+            dw_ref[(slice(g * mg, (g + 1) * mg), slice(None)) + kk] = np.einsum(
+                "nmij,ncij->mc", dy[:, g * mg:(g + 1) * mg].astype(np.float64), patch[:, g * cg:(g + 1) * cg])
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    np.testing.assert_allclose(dx, ref, rtol=tol, atol=tol * np.sqrt(m * k * k))
+    np.testing.assert_allclose(dw, dw_ref, rtol=tol, atol=tol * np.sqrt(np.prod(out)))
+    np.testing.assert_allclose(db, dy.astype(np.float64).sum(axis=(0, 2, 3)), rtol=tol, atol=tol * np.sqrt(np.prod(out)))

@@ -11,7 +11,10 @@
 //! the filter gradient (`wgrad`). Images of a batch run on the kernel pool
 //! (rayon) when the batch has several and the work is large enough: the
 //! pool's size bounds the threads whatever the number of concurrent
-//! instances calling it (see BENCHMARKS.md, "Conv (issue 15)").
+//! instances calling it (see BENCHMARKS.md, "Conv (issue 15)"). One large
+//! image alone hands blocks to the pool instead: NCHW forward by blocks of
+//! output lines, NCHW dX and dW by blocks of input channels, NHWC forward
+//! by blocks of output pixels (each block its own part of the output).
 //!
 //! Like `nn.rs`, every kernel takes float32 or float64 and computes into new
 //! buffers before it writes an output.
@@ -577,12 +580,16 @@ fn im2col_nchw_lines<T: Float>(g: &Geo, x: &[T], cg: usize, l0: usize, l1: usize
     }
 }
 
-/// The adjoint of [`im2col_nchw_lines`] over every line: adds each column entry to its pixel of
-/// `x` (which the caller zeroed).
-fn col2im_nchw<T: Float>(g: &Geo, col: &[T], cg: usize, x: &mut [T]) {
+/// The adjoint of [`im2col_nchw_lines`]: adds each entry of the window
+/// matrix of output lines `l0..l1` (`cg * K` rows of `(l1 - l0) * last
+/// output dim` columns) to its pixel of `x` (`cg` channels; the caller
+/// zeroed it before the first block). Per pixel, the additions come in the
+/// order (row of the window matrix, line), so that cutting the channels
+/// into blocks does not change a result.
+fn col2im_nchw_lines<T: Float>(g: &Geo, col: &[T], cg: usize, l0: usize, l1: usize, x: &mut [T]) {
     let [i0, i1, i2] = g.ins;
-    let [o0, o1, o2] = g.outs;
-    let p = o0 * o1 * o2;
+    let [_, o1, o2] = g.outs;
+    let p = (l1 - l0) * o2;
     let mut r = 0;
     for c in 0..cg {
         let xc = &mut x[c * i0 * i1 * i2..(c + 1) * i0 * i1 * i2];
@@ -593,16 +600,22 @@ fn col2im_nchw<T: Float>(g: &Geo, col: &[T], cg: usize, x: &mut [T]) {
                     r += 1;
                     let off = (e * g.d[2]) as isize - g.ph[2] as isize;
                     let (lo, hi) = valid_range(o2, g.s[2], off, i2);
-                    let mut o = 0;
-                    for z in 0..o0 {
-                        let zi = g.tap(0, z, a);
-                        for y in 0..o1 {
-                            let src = &row[o..o + o2];
-                            o += o2;
-                            let (Some(zi), Some(yi)) = (zi, g.tap(1, y, b)) else {
-                                continue;
-                            };
-                            let xr = &mut xc[(zi * i1 + yi) * i2..(zi * i1 + yi + 1) * i2];
+                    if hi == lo {
+                        continue;
+                    }
+                    for (j, line) in (l0..l1).enumerate() {
+                        let (z, y) = (line / o1, line % o1);
+                        let (Some(zi), Some(yi)) = (g.tap(0, z, a), g.tap(1, y, b)) else {
+                            continue;
+                        };
+                        let src = &row[j * o2..(j + 1) * o2];
+                        let xr = &mut xc[(zi * i1 + yi) * i2..(zi * i1 + yi + 1) * i2];
+                        if g.s[2] == 1 {
+                            let start = (lo as isize + off) as usize;
+                            for (d, &v) in xr[start..start + hi - lo].iter_mut().zip(&src[lo..hi]) {
+                                *d += v;
+                            }
+                        } else {
                             for (w, &v) in src[lo..hi].iter().enumerate() {
                                 xr[(((lo + w) * g.s[2]) as isize + off) as usize] += v;
                             }
@@ -617,28 +630,41 @@ fn col2im_nchw<T: Float>(g: &Geo, col: &[T], cg: usize, x: &mut [T]) {
 /// NHWC im2col: channels `c0..c0 + cg` of one image (`x`, `ctot` channels
 /// per pixel) to a P x (K * cg) matrix.
 fn im2col_nhwc<T: Float>(g: &Geo, x: &[T], ctot: usize, c0: usize, cg: usize, col: &mut [T]) {
+    let p = g.outs.iter().product();
+    im2col_nhwc_pixels(g, x, ctot, c0, cg, 0, p, col)
+}
+
+/// The rows `j0..j1` (output pixels, flattened) of [`im2col_nhwc`]'s
+/// matrix: a (j1 - j0) x (K * cg) matrix.
+fn im2col_nhwc_pixels<T: Float>(
+    g: &Geo,
+    x: &[T],
+    ctot: usize,
+    c0: usize,
+    cg: usize,
+    j0: usize,
+    j1: usize,
+    col: &mut [T],
+) {
     let [_, i1, i2] = g.ins;
-    let [o0, o1, o2] = g.outs;
+    let [_, o1, o2] = g.outs;
     let zero = T::of(0.0);
     let mut j = 0;
-    for z in 0..o0 {
-        for y in 0..o1 {
-            for w in 0..o2 {
-                for a in 0..g.k[0] {
-                    let zi = g.tap(0, z, a);
-                    for b in 0..g.k[1] {
-                        let yi = g.tap(1, y, b);
-                        for e in 0..g.k[2] {
-                            let dst = &mut col[j..j + cg];
-                            j += cg;
-                            match (zi, yi, g.tap(2, w, e)) {
-                                (Some(zi), Some(yi), Some(xi)) => {
-                                    let at = ((zi * i1 + yi) * i2 + xi) * ctot + c0;
-                                    dst.copy_from_slice(&x[at..at + cg]);
-                                }
-                                _ => dst.fill(zero),
-                            }
+    for pix in j0..j1 {
+        let (z, y, w) = (pix / (o1 * o2), (pix / o2) % o1, pix % o2);
+        for a in 0..g.k[0] {
+            let zi = g.tap(0, z, a);
+            for b in 0..g.k[1] {
+                let yi = g.tap(1, y, b);
+                for e in 0..g.k[2] {
+                    let dst = &mut col[j..j + cg];
+                    j += cg;
+                    match (zi, yi, g.tap(2, w, e)) {
+                        (Some(zi), Some(yi), Some(xi)) => {
+                            let at = ((zi * i1 + yi) * i2 + xi) * ctot + c0;
+                            dst.copy_from_slice(&x[at..at + cg]);
                         }
+                        _ => dst.fill(zero),
                     }
                 }
             }
@@ -814,6 +840,46 @@ impl Plan {
                     }
                 }
                 Order::Nhwc => {
+                    if let Some(per) = self.pixel_blocks() {
+                        // One image alone: blocks of output pixels (im2col
+                        // and product each, its own rows of `out`) go to
+                        // the pool's threads.
+                        let cout = self.cout;
+                        out[..p * cout]
+                            .par_chunks_mut(per * cout)
+                            .enumerate()
+                            .for_each_init(
+                                || vec![zero; per * rows],
+                                |buf, (i, o)| {
+                                    let np = o.len() / cout;
+                                    let col = &mut buf[..np * rows];
+                                    let j0 = i * per;
+                                    im2col_nhwc_pixels(
+                                        &self.g,
+                                        img,
+                                        self.cin,
+                                        g * cg,
+                                        cg,
+                                        j0,
+                                        j0 + np,
+                                        col,
+                                    );
+                                    gemm(
+                                        np,
+                                        rows,
+                                        mg,
+                                        col,
+                                        (rows, 1),
+                                        wg,
+                                        (1, rows),
+                                        zero,
+                                        &mut o[g * mg..],
+                                        (cout, 1),
+                                    );
+                                },
+                            );
+                        continue;
+                    }
                     let (a, sa): (&[T], _) = if self.g.identity() {
                         (&img[g * cg..], (self.cin, 1))
                     } else {
@@ -872,20 +938,7 @@ impl Plan {
                             (p, 1),
                         );
                     } else {
-                        pgemm(
-                            self.par,
-                            rows,
-                            mg,
-                            p,
-                            wg,
-                            (1, rows),
-                            csg,
-                            (p, 1),
-                            zero,
-                            col,
-                            (p, 1),
-                        );
-                        col2im_nchw(&self.g, col, cg, dst);
+                        self.adj_nchw_blocks(csg, wg, dst, col);
                     }
                 }
                 Order::Nhwc => {
@@ -925,6 +978,171 @@ impl Plan {
         }
     }
 
+    /// Output pixels per block when one large image alone (NHWC, through a
+    /// window matrix) splits its forward product across a pool of several
+    /// threads: blocks of about `COL_BLOCK` elements of the window matrix,
+    /// at least two per thread and at least `MIN_COLS` pixels. None: no
+    /// split.
+    fn pixel_blocks(&self) -> Option<usize> {
+        let (p, rows, threads) = (self.g.out_len(), self.rows(), rayon::current_num_threads());
+        if !(self.par
+            && self.macs() >= PAR_MACS
+            && threads > 1
+            && p > 1
+            && self.cout > 0
+            && !self.g.identity())
+        {
+            return None;
+        }
+        let per = (COL_BLOCK / rows.max(1))
+            .max(MIN_COLS)
+            .min(p.div_ceil(2 * threads))
+            .max(1);
+        Some(per)
+    }
+
+    /// Channels per block when one large image alone (NCHW, through a
+    /// window matrix) splits its input channels across a pool of several
+    /// threads (`adj` and `wgrad`): two blocks per thread, fewer when there
+    /// are fewer channels, so that one descheduled thread holds up less of
+    /// the work. None: no split.
+    fn channel_blocks(&self) -> Option<usize> {
+        let (cg, threads) = (self.cg(), rayon::current_num_threads());
+        (self.par
+            && self.macs() >= PAR_MACS
+            && threads > 1
+            && cg > 1
+            && self.g.in_len() > 0
+            && !self.g.identity())
+        .then(|| cg.div_ceil((2 * threads).min(cg)))
+    }
+
+    /// `wgrad` of one group, NCHW, with its input channels in blocks of
+    /// `per` on the pool: dW's columns of channels c0.. are cs times the
+    /// window matrix's rows of those channels, so each block builds only
+    /// its own rows (im2col by line blocks, as on one thread) and
+    /// accumulates its own columns of dW, in the same order as on one
+    /// thread; the blocks are copied into `dwg` at the end.
+    fn wgrad_nchw_split<T: Float>(&self, src: &[T], csg: &[T], dwg: &mut [T], per: usize) {
+        let (cg, mg, rows, p, pin) = (
+            self.cg(),
+            self.mg(),
+            self.rows(),
+            self.g.out_len(),
+            self.g.in_len(),
+        );
+        let (ks, o2) = (self.g.ksize(), self.g.outs[2]);
+        let (zero, one) = (T::of(0.0), T::of(1.0));
+        let lines: Vec<(usize, usize)> = self.line_blocks().collect();
+        let widest = lines
+            .iter()
+            .map(|&(l0, l1)| (l1 - l0) * o2)
+            .max()
+            .unwrap_or(0);
+        let starts: Vec<usize> = (0..cg).step_by(per).collect();
+        let before: &[T] = dwg;
+        let blocks: Vec<(usize, Vec<T>)> = starts
+            .into_par_iter()
+            .map_init(
+                || vec![zero; per * ks * widest],
+                |buf, c0| {
+                    let r = per.min(cg - c0) * ks;
+                    let mut acc = vec![zero; mg * r];
+                    for (i, a) in acc.chunks_mut(r).enumerate() {
+                        let at = i * rows + c0 * ks;
+                        a.copy_from_slice(&before[at..at + r]);
+                    }
+                    for &(l0, l1) in &lines {
+                        let w = (l1 - l0) * o2;
+                        let col = &mut buf[..r * w];
+                        im2col_nchw_lines(&self.g, &src[c0 * pin..], r / ks, l0, l1, col);
+                        gemm(
+                            mg,
+                            w,
+                            r,
+                            &csg[l0 * o2..],
+                            (p, 1),
+                            col,
+                            (1, w),
+                            one,
+                            &mut acc,
+                            (r, 1),
+                        );
+                    }
+                    (c0, acc)
+                },
+            )
+            .collect();
+        for (c0, acc) in blocks {
+            let r = acc.len() / mg.max(1);
+            for (i, a) in acc.chunks(r.max(1)).enumerate() {
+                let at = i * rows + c0 * ks;
+                dwg[at..at + r].copy_from_slice(a);
+            }
+        }
+    }
+
+    /// `adj` of one group, NCHW, through a window matrix: for each block
+    /// of output lines, col = W^T * cs (its columns of it), then col2im of
+    /// that block (the block stays in cache between the two). One large
+    /// image alone on a pool of several threads cuts its `cg` channels into
+    /// blocks that run on the pool, each over every line block with a
+    /// scratch buffer of its own: a channel's pixels take additions only
+    /// from its own rows of the window matrix, so the blocks write disjoint
+    /// parts of `dst`, and each pixel sees the same additions in the same
+    /// order as on one thread (the same values too, where the GEMM computes
+    /// an element the same way whatever the height of the block, as
+    /// `matrixmultiply` does: the tests check it bitwise in float64).
+    fn adj_nchw_blocks<T: Float>(&self, csg: &[T], wg: &[T], dst: &mut [T], col: &mut [T]) {
+        let (cg, mg, rows, p, pin) = (
+            self.cg(),
+            self.mg(),
+            self.rows(),
+            self.g.out_len(),
+            self.g.in_len(),
+        );
+        let (ks, o2) = (self.g.ksize(), self.g.outs[2]);
+        let zero = T::of(0.0);
+        let lines: Vec<(usize, usize)> = self.line_blocks().collect();
+        // Channels c0..c0 + nc into `dst` (their pixels), `buf` at least
+        // nc * K x (widest block) elements.
+        let run = |c0: usize, nc: usize, dst: &mut [T], buf: &mut [T]| {
+            for &(l0, l1) in &lines {
+                let w = (l1 - l0) * o2;
+                let m = nc * ks;
+                gemm(
+                    m,
+                    mg,
+                    w,
+                    &wg[c0 * ks..],
+                    (1, rows),
+                    &csg[l0 * o2..],
+                    (p, 1),
+                    zero,
+                    &mut buf[..m * w],
+                    (w, 1),
+                );
+                col2im_nchw_lines(&self.g, &buf[..m * w], nc, l0, l1, dst);
+            }
+        };
+        if let Some(per) = self.channel_blocks() {
+            let widest = lines
+                .iter()
+                .map(|&(l0, l1)| (l1 - l0) * o2)
+                .max()
+                .unwrap_or(0);
+            dst[..cg * pin]
+                .par_chunks_mut(per * pin)
+                .enumerate()
+                .for_each_init(
+                    || vec![zero; per * ks * widest],
+                    |buf, (i, d)| run(i * per, d.len() / pin.max(1), d, buf),
+                );
+        } else {
+            run(0, cg, &mut dst[..cg * pin], col);
+        }
+    }
+
     /// dW += cs * im2col(img)^T for one image.
     fn wgrad<T: Float>(&self, img: &[T], cs: &[T], dw: &mut [T], col: &mut [T]) {
         let (cg, mg, rows, p, pin) = (
@@ -955,6 +1173,10 @@ impl Plan {
                             dwg,
                             (rows, 1),
                         );
+                        continue;
+                    }
+                    if let Some(per) = self.channel_blocks() {
+                        self.wgrad_nchw_split(src, csg, dwg, per);
                         continue;
                     }
                     for (l0, l1) in self.line_blocks() {
@@ -1743,5 +1965,286 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.kind, ErrorKind::InvalidArgument);
+    }
+
+    /// dX of a 2-D convolution (NCHW) by its definition: every product
+    /// w[m, c, a, b] * dy[n, m, y, x] added to the input pixel its tap
+    /// reads.
+    #[allow(clippy::too_many_arguments)]
+    fn dx_by_definition(
+        n: usize,
+        c: usize,
+        m: usize,
+        (h, w): (usize, usize),
+        k: usize,
+        (s, p, d, group): (usize, usize, usize, usize),
+        wt: &[f64],
+        dy: &[f64],
+    ) -> Vec<f64> {
+        let oh = (h + 2 * p - d * (k - 1) - 1) / s + 1;
+        let ow = (w + 2 * p - d * (k - 1) - 1) / s + 1;
+        let (cg, mg) = (c / group, m / group);
+        let mut dx = vec![0.0; n * c * h * w];
+        for i in 0..n {
+            for mo in 0..m {
+                let g = mo / mg;
+                for ci in 0..cg {
+                    let cc = g * cg + ci;
+                    for a in 0..k {
+                        for b in 0..k {
+                            let wv = wt[((mo * cg + ci) * k + a) * k + b];
+                            for y in 0..oh {
+                                let yi = (y * s + a * d) as isize - p as isize;
+                                if yi < 0 || yi >= h as isize {
+                                    continue;
+                                }
+                                for x in 0..ow {
+                                    let xi = (x * s + b * d) as isize - p as isize;
+                                    if xi < 0 || xi >= w as isize {
+                                        continue;
+                                    }
+                                    dx[((i * c + cc) * h + yi as usize) * w + xi as usize] +=
+                                        wv * dy[((i * m + mo) * oh + y) * ow + x];
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        dx
+    }
+
+    /// dW of the same convolution by its definition: every product
+    /// x[n, c, tap] * dy[n, m, y, x] added to the filter entry of the tap.
+    #[allow(clippy::too_many_arguments)]
+    fn dw_by_definition(
+        n: usize,
+        c: usize,
+        m: usize,
+        (h, w): (usize, usize),
+        k: usize,
+        (s, p, d, group): (usize, usize, usize, usize),
+        x: &[f64],
+        dy: &[f64],
+    ) -> Vec<f64> {
+        let oh = (h + 2 * p - d * (k - 1) - 1) / s + 1;
+        let ow = (w + 2 * p - d * (k - 1) - 1) / s + 1;
+        let (cg, mg) = (c / group, m / group);
+        let mut dw = vec![0.0; m * cg * k * k];
+        for i in 0..n {
+            for mo in 0..m {
+                let g = mo / mg;
+                for ci in 0..cg {
+                    for a in 0..k {
+                        for b in 0..k {
+                            let mut acc = 0.0;
+                            for y in 0..oh {
+                                let yi = (y * s + a * d) as isize - p as isize;
+                                if yi < 0 || yi >= h as isize {
+                                    continue;
+                                }
+                                for xo in 0..ow {
+                                    let xi = (xo * s + b * d) as isize - p as isize;
+                                    if xi < 0 || xi >= w as isize {
+                                        continue;
+                                    }
+                                    acc += x[((i * c + g * cg + ci) * h + yi as usize) * w
+                                        + xi as usize]
+                                        * dy[((i * m + mo) * oh + y) * ow + xo];
+                                }
+                            }
+                            dw[((mo * cg + ci) * k + a) * k + b] += acc;
+                        }
+                    }
+                }
+            }
+        }
+        dw
+    }
+
+    #[test]
+    fn gradients_of_one_large_image_are_the_same_on_one_and_two_threads() {
+        // Shapes whose single image takes the split of its channels over
+        // the pool (at least 2^20 multiply-adds): several line blocks, odd
+        // sizes with stride 2 and channel blocks of unequal size, groups,
+        // dilation, few channels; and a batch of two (images on the pool).
+        use crate::tensor::Tensor;
+        for &(n, c, m, hw, k, s, p, d, group) in &[
+            (1, 16, 32, (32, 32), 3, 1, 1, 1, 1),
+            (1, 5, 64, (45, 37), 3, 2, 0, 1, 1),
+            (1, 12, 12, (40, 40), 5, 1, 2, 1, 3),
+            (1, 6, 32, (30, 30), 3, 1, 2, 2, 1),
+            (1, 3, 16, (64, 64), 7, 2, 3, 1, 1),
+            (2, 16, 32, (32, 32), 3, 1, 1, 1, 1),
+        ] {
+            let oh = (hw.0 + 2 * p - d * (k - 1) - 1) / s + 1;
+            let ow = (hw.1 + 2 * p - d * (k - 1) - 1) / s + 1;
+            let val = |i: usize, salt: usize| (((i * 7919 + salt) % 1009) as f64) / 504.5 - 1.0;
+            let x: Vec<f64> = (0..n * c * hw.0 * hw.1).map(|i| val(i, 1)).collect();
+            let x0 = x.clone();
+            let w: Vec<f64> = (0..m * (c / group) * k * k).map(|i| val(i, 2)).collect();
+            let dy: Vec<f64> = (0..n * m * oh * ow).map(|i| val(i, 3)).collect();
+            let ws = ws_with(&[
+                ("x", Tensor::from_vec(&[n, c, hw.0, hw.1], x).unwrap()),
+                (
+                    "w",
+                    Tensor::from_vec(&[m, c / group, k, k], w.clone()).unwrap(),
+                ),
+                ("dy", Tensor::from_vec(&[n, m, oh, ow], dy.clone()).unwrap()),
+            ]);
+            let on = |threads: usize| {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let (dwo, dbo, out) = (
+                    format!("dw{threads}"),
+                    format!("db{threads}"),
+                    format!("dx{threads}"),
+                );
+                pool.install(|| {
+                    run(
+                        &ws,
+                        op(
+                            "ConvGradient",
+                            &["x", "w", "dy"],
+                            &[&dwo, &dbo, &out],
+                            vec![
+                                int_arg("kernel", k as i64),
+                                int_arg("stride", s as i64),
+                                int_arg("pad", p as i64),
+                                int_arg("dilation", d as i64),
+                                int_arg("group", group as i64),
+                            ],
+                        ),
+                    )
+                })
+                .unwrap();
+                let f = |b: &str| -> Vec<f64> {
+                    get(&ws, b)
+                        .array::<f64>()
+                        .unwrap()
+                        .iter()
+                        .copied()
+                        .collect()
+                };
+                (f(&dwo), f(&dbo), f(&out))
+            };
+            let (one, two) = (on(1), on(2));
+            let geo = (s, p, d, group);
+            let want_dx = dx_by_definition(n, c, m, hw, k, geo, &w, &dy);
+            let want_dw = dw_by_definition(n, c, m, hw, k, geo, &x0, &dy);
+            let sp = oh * ow;
+            let want_db: Vec<f64> = (0..m)
+                .map(|mo| {
+                    (0..n)
+                        .map(|i| {
+                            dy[(i * m + mo) * sp..(i * m + mo + 1) * sp]
+                                .iter()
+                                .sum::<f64>()
+                        })
+                        .sum()
+                })
+                .collect();
+            let case = (n, c, m, hw, k, s, p, d, group);
+            // The same additions in the same order on either pool (a batch
+            // sums its images' dW in the order the pool's threads finish).
+            assert!(one.2 == two.2 && one.1 == two.1, "{case:?}: dX or db");
+            assert!(n > 1 || one.0 == two.0, "{case:?}: dW");
+            for (got, want, what) in [
+                (&one.0, &want_dw, "dW"),
+                (&one.1, &want_db, "db"),
+                (&one.2, &want_dx, "dX"),
+            ] {
+                assert_eq!(got.len(), want.len(), "{case:?} {what}");
+                let err = got
+                    .iter()
+                    .zip(want)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0, f64::max);
+                assert!(err < 1e-9, "{case:?}: {what} off by {err}");
+            }
+        }
+    }
+
+    #[test]
+    fn nhwc_forward_of_one_large_image_is_the_same_on_one_and_two_threads() {
+        // One NHWC image whose product takes the split into blocks of
+        // output pixels (uneven last block, stride 2, groups), against the
+        // definition: y[pixel, m] = b[m] + sum of x[tap, c] * w[m, tap, c].
+        use crate::tensor::Tensor;
+        for &(c, m, (h, w), k, s, p, group) in &[
+            (16, 32, (33, 31), 3, 1, 1, 1),
+            (5, 64, (45, 37), 3, 2, 0, 1),
+            (12, 12, (40, 40), 5, 1, 2, 3),
+        ] {
+            let (oh, ow) = ((h + 2 * p - k) / s + 1, (w + 2 * p - k) / s + 1);
+            let (cg, mg) = (c / group, m / group);
+            let val = |i: usize, salt: usize| (((i * 7919 + salt) % 1009) as f64) / 504.5 - 1.0;
+            let x: Vec<f64> = (0..h * w * c).map(|i| val(i, 1)).collect();
+            let wt: Vec<f64> = (0..m * k * k * cg).map(|i| val(i, 2)).collect();
+            let b: Vec<f64> = (0..m).map(|i| val(i, 3)).collect();
+            let ws = ws_with(&[
+                ("x", Tensor::from_vec(&[1, h, w, c], x.clone()).unwrap()),
+                ("w", Tensor::from_vec(&[m, k, k, cg], wt.clone()).unwrap()),
+                ("b", Tensor::from_vec(&[m], b.clone()).unwrap()),
+            ]);
+            let on = |threads: usize| -> Vec<f64> {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let out = format!("y{threads}");
+                pool.install(|| {
+                    let mut args = vec![
+                        int_arg("kernel", k as i64),
+                        int_arg("stride", s as i64),
+                        int_arg("pad", p as i64),
+                        int_arg("group", group as i64),
+                    ];
+                    args.push(crate::ir::Argument {
+                        name: Some("order".into()),
+                        s: Some(b"NHWC".to_vec()),
+                        ..Default::default()
+                    });
+                    run(&ws, op("Conv", &["x", "w", "b"], &[&out], args))
+                })
+                .unwrap();
+                get(&ws, &out)
+                    .array::<f64>()
+                    .unwrap()
+                    .iter()
+                    .copied()
+                    .collect()
+            };
+            let (one, two) = (on(1), on(2));
+            let case = (c, m, (h, w), k, s, p, group);
+            assert!(one == two, "{case:?}");
+            let mut err: f64 = 0.0;
+            for (y, xo) in (0..oh).flat_map(|y| (0..ow).map(move |xo| (y, xo))) {
+                for mo in 0..m {
+                    let g = mo / mg;
+                    let mut acc = b[mo];
+                    for a in 0..k {
+                        for e in 0..k {
+                            let (yi, xi) = (
+                                (y * s + a) as isize - p as isize,
+                                (xo * s + e) as isize - p as isize,
+                            );
+                            if yi < 0 || xi < 0 || yi >= h as isize || xi >= w as isize {
+                                continue;
+                            }
+                            for ci in 0..cg {
+                                acc += x[(yi as usize * w + xi as usize) * c + g * cg + ci]
+                                    * wt[((mo * k + a) * k + e) * cg + ci];
+                            }
+                        }
+                    }
+                    err = err.max((one[(y * ow + xo) * m + mo] - acc).abs());
+                }
+            }
+            assert!(err < 1e-10, "{case:?}: off by {err}");
+        }
     }
 }
