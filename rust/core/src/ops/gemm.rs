@@ -13,6 +13,20 @@
 
 use rayon::prelude::*;
 
+mod small;
+
+/// float32 products at most this many multiply-adds, or with at most
+/// [`SMALL_N`] columns in C, go to `small` (where the CPU has AVX2 and FMA);
+/// larger ones to `matrixmultiply`, whose packing pays off there (measured,
+/// BENCHMARKS.md "GEMM (issue 14)").
+const SMALL_MACS: usize = 1 << 21;
+const SMALL_N: usize = 16;
+
+/// Whether an `m x k x n` float32 product runs on `small`.
+fn use_small(m: usize, k: usize, n: usize) -> bool {
+    (n <= SMALL_N || m.saturating_mul(k).saturating_mul(n) <= SMALL_MACS) && small::available()
+}
+
 /// The element types `matrixmultiply` multiplies.
 pub(crate) trait Gemm: Copy + Send + Sync + std::ops::Mul<Output = Self> + 'static {
     /// `matrixmultiply`'s product on raw pointers.
@@ -62,8 +76,35 @@ macro_rules! gemm_impl {
         }
     };
 }
-gemm_impl!(f32, matrixmultiply::sgemm);
 gemm_impl!(f64, matrixmultiply::dgemm);
+
+impl Gemm for f32 {
+    unsafe fn raw(
+        m: usize,
+        k: usize,
+        n: usize,
+        alpha: Self,
+        a: *const Self,
+        sa: (isize, isize),
+        b: *const Self,
+        sb: (isize, isize),
+        beta: Self,
+        c: *mut Self,
+        sc: (isize, isize),
+    ) {
+        // SAFETY: forwarded from the caller's contract; `use_small` checked
+        // that the CPU runs the small kernel.
+        unsafe {
+            if use_small(m, k, n) {
+                small::sgemm(m, k, n, alpha, a, sa, b, sb, beta, c, sc)
+            } else {
+                matrixmultiply::sgemm(
+                    m, k, n, alpha, a, sa.0, sa.1, b, sb.0, sb.1, beta, c, sc.0, sc.1,
+                )
+            }
+        }
+    }
+}
 
 /// One past the last index a `rows x cols` matrix with strides `s` reaches.
 pub(crate) fn reach(rows: usize, cols: usize, s: (usize, usize)) -> usize {
@@ -351,6 +392,149 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// C = alpha op(A) op(B) + beta C0 by the triple loop, in f64 (exact
+    /// for the small integers used here), with A stored `m x k` (or `k x m`
+    /// when `ta`), B `k x n` (or `n x k` when `tb`).
+    #[allow(clippy::too_many_arguments)]
+    fn reference(
+        ta: bool,
+        tb: bool,
+        m: usize,
+        k: usize,
+        n: usize,
+        alpha: f32,
+        a: &[f32],
+        b: &[f32],
+        beta: f32,
+        c0: &[f32],
+    ) -> Vec<f32> {
+        let at = |i: usize, p: usize| f64::from(if ta { a[p * m + i] } else { a[i * k + p] });
+        let bt = |p: usize, j: usize| f64::from(if tb { b[j * k + p] } else { b[p * n + j] });
+        let mut c = vec![0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                let s: f64 = (0..k).map(|p| at(i, p) * bt(p, j)).sum();
+                c[i * n + j] =
+                    (f64::from(alpha) * s + f64::from(beta) * f64::from(c0[i * n + j])) as f32;
+            }
+        }
+        c
+    }
+
+    /// float32 through `gemm` (the small kernel where the CPU runs it, else
+    /// `matrixmultiply`) against the triple loop: odd sizes, either operand
+    /// transposed, C row-major, column-major or padded, alpha and beta.
+    fn check_f32(m: usize, k: usize, n: usize) {
+        let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32) - 6.0).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32) - 5.0).collect();
+        let c0: Vec<f32> = (0..m * n).map(|i| ((i * 3 % 7) as f32) - 3.0).collect();
+        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+            let sa = if ta { (1, m) } else { (k, 1) };
+            let sb = if tb { (1, k) } else { (n, 1) };
+            // beta 0 must not read C: start from NaN.
+            let want = reference(ta, tb, m, k, n, 1.0, &a, &b, 0.0, &c0);
+            let mut c = vec![f32::NAN; m * n];
+            gemm(m, k, n, 1.0, &a, sa, &b, sb, 0.0, &mut c, (n, 1));
+            assert_eq!(c, want, "{m}x{k}x{n} ta {ta} tb {tb}");
+            // alpha 2, beta -1 on a column-major C.
+            let want = reference(ta, tb, m, k, n, 2.0, &a, &b, -1.0, &c0);
+            let mut ct = vec![0f32; m * n];
+            for i in 0..m {
+                for j in 0..n {
+                    ct[j * m + i] = c0[i * n + j];
+                }
+            }
+            gemm(m, k, n, 2.0, &a, sa, &b, sb, -1.0, &mut ct, (1, m));
+            for i in 0..m {
+                for j in 0..n {
+                    assert_eq!(
+                        ct[j * m + i],
+                        want[i * n + j],
+                        "{m}x{k}x{n} col-major ({i}, {j})"
+                    );
+                }
+            }
+            // A row-major C with 3 spare columns, which must stay untouched.
+            let ld = n + 3;
+            let mut cp = vec![7f32; m * ld];
+            for i in 0..m {
+                cp[i * ld..i * ld + n].copy_from_slice(&c0[i * n..(i + 1) * n]);
+            }
+            gemm(m, k, n, 2.0, &a, sa, &b, sb, -1.0, &mut cp, (ld, 1));
+            for i in 0..m {
+                assert_eq!(
+                    &cp[i * ld..i * ld + n],
+                    &want[i * n..(i + 1) * n],
+                    "{m}x{k}x{n} padded"
+                );
+                assert_eq!(
+                    &cp[i * ld + n..(i + 1) * ld],
+                    &[7.0; 3],
+                    "{m}x{k}x{n} padding"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn f32_small_and_odd_products_match_the_triple_loop() {
+        for m in [1, 2, 5, 6, 7, 13] {
+            for n in [1, 3, 8, 9, 10, 15, 16, 17, 24, 33] {
+                for k in [1, 2, 7, 16] {
+                    check_f32(m, k, n);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn f32_thin_and_mlp_shapes_match_the_triple_loop() {
+        // The MLP's shapes (issue 14's benchmark), thin C, a deep k, and B
+        // rows too far apart to be read in place (n > 128).
+        for &(m, k, n) in &[
+            (256, 128, 10),
+            (64, 64, 128),
+            (128, 256, 64),
+            (64, 64, 64),
+            (37, 300, 10),
+            (300, 37, 5),
+            (9, 20, 200),
+            (70, 33, 129),
+        ] {
+            check_f32(m, k, n);
+        }
+    }
+
+    #[test]
+    fn f32_split_products_match_the_triple_loop() {
+        // Blocks of a split float32 product run on the small kernel.
+        for &(m, k, n) in &[(300, 70, 61), (33, 90, 517), (4000, 300, 10)] {
+            let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32) - 6.0).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32) - 5.0).collect();
+            let want = reference(false, false, m, k, n, 1.0, &a, &b, 0.0, &vec![0.0; m * n]);
+            let mut c = vec![f32::NAN; m * n];
+            par_gemm(m, k, n, 1.0, &a, (k, 1), &b, (n, 1), 0.0, &mut c, (n, 1));
+            assert_eq!(c, want, "{m}x{k}x{n}");
+        }
+    }
+
+    #[test]
+    fn f32_empty_sum_scales_c() {
+        let mut c = vec![2f32; 6];
+        gemm(2, 0, 3, 1.0, &[], (0, 1), &[], (3, 1), 0.5, &mut c, (3, 1));
+        assert_eq!(c, vec![1f32; 6]);
+    }
+
+    #[test]
+    fn the_small_kernel_takes_small_and_thin_products() {
+        let on = small::available();
+        assert_eq!(use_small(64, 64, 64), on);
+        assert_eq!(use_small(128, 128, 128), on);
+        assert_eq!(use_small(4096, 4096, 10), on);
+        assert!(!use_small(256, 256, 256));
+        assert!(!use_small(1024, 17, 1024));
     }
 
     #[test]
