@@ -1,17 +1,19 @@
 //! Matrix products for the kernels (`nn.rs`, `conv.rs`, `winograd.rs`):
-//! `matrixmultiply` on strided matrices, bounds checked once, and split
-//! into blocks of C's rows or columns across the kernel pool (rayon) when
-//! the product is large enough to pay for the hand-off (issue 14; the
-//! threshold was chosen by measurement, BENCHMARKS.md "GEMM (issue 14)").
+//! float32 products that are small or have few columns on `small` (AVX2 +
+//! FMA, detected at run time), the others on `matrixmultiply`, on strided
+//! matrices, bounds checked once; [`par_gemm`] splits a large product into
+//! chunks of C's rows or columns that the caller and idle threads of the
+//! kernel pool (rayon) claim one at a time (issue 14; thresholds chosen by
+//! measurement, BENCHMARKS.md "GEMM (issue 14)").
 //!
-//! The split never adds threads: the blocks run on the process-wide kernel
-//! pool, whose size (`RAYON_NUM_THREADS`, `threads::set_num_threads`) bounds
-//! the threads however many plan instances call it at once. A caller
-//! outside the pool waits while the pool's threads run the blocks; a caller
-//! on one of the pool's threads runs blocks itself and lets idle threads
-//! steal the rest.
+//! The split never runs more threads than the kernel pool has
+//! (`RAYON_NUM_THREADS`, `threads::set_num_threads`): the caller works on
+//! its own product and counts as one of them, and a caller borrows only the
+//! pool threads that no other caller in `par_gemm` stands for, so several
+//! plan instances multiplying at once each keep to their own thread.
 
 use rayon::prelude::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 mod small;
 
@@ -192,19 +194,148 @@ impl<T> CPtr<T> {
     }
 }
 
-/// How many blocks to split an `m x k x n` product into on `threads`
-/// threads: 1 (no split) below [`PAR_MACS`] or on one thread.
-fn blocks(m: usize, k: usize, n: usize, threads: usize) -> usize {
-    if threads < 2 || m.saturating_mul(k).saturating_mul(n) < PAR_MACS {
-        return 1;
+/// Callers inside [`par_gemm`] now, on any thread: each runs its own
+/// product's chunks, so a split borrows only the pool threads that no other
+/// caller stands for (several plan instances multiplying at once keep to
+/// one thread each, as before the split).
+static CALLERS: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts a caller in [`CALLERS`] while it lives.
+struct Caller;
+impl Caller {
+    /// Enters, returning how many callers are in now (this one included).
+    fn enter() -> (Caller, usize) {
+        (Caller, CALLERS.fetch_add(1, Ordering::AcqRel) + 1)
     }
-    // One block per thread (more would pack B again for each, and rayon's
-    // stealing already balances two halves), each at least 16 wide.
-    threads.min(m.max(n) / 16).max(1)
+}
+impl Drop for Caller {
+    fn drop(&mut self) {
+        CALLERS.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
-/// [`gemm`], split into blocks of C's rows (or columns, when C is wider
-/// than tall) across the kernel pool when the product is large enough.
+/// How many pool threads may help one `m x k x n` product whose caller
+/// finds `callers` callers (itself included) in [`par_gemm`], on a pool of
+/// `threads`: none below [`PAR_MACS`], else one fewer than the pool's
+/// threads less the other callers (the caller works too), so the threads
+/// multiplying stay within the pool's size.
+fn helpers(m: usize, k: usize, n: usize, threads: usize, callers: usize) -> usize {
+    if m.saturating_mul(k).saturating_mul(n) < PAR_MACS || m.max(n) < 2 * CHUNK {
+        return 0;
+    }
+    threads.saturating_sub(callers)
+}
+
+/// A split product is cut into chunks of C's rows (or columns) a multiple
+/// of this long (the small kernel's 6-row tile and `matrixmultiply`'s 8 and
+/// 16), which the caller and its helpers claim one at a time.
+const CHUNK: usize = 48;
+
+/// The shared state of one split product: its operands as raw pointers,
+/// and counters of the chunks claimed and done.
+struct Split<T> {
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: T,
+    beta: T,
+    a: *const T,
+    sa: (isize, isize),
+    b: *const T,
+    sb: (isize, isize),
+    c: *mut T,
+    sc: (isize, isize),
+    by_rows: bool,
+    len: usize,
+    step: usize,
+    chunks: usize,
+    next: AtomicUsize,
+    done: AtomicUsize,
+    /// The caller, woken when the last chunk is done.
+    caller: std::thread::Thread,
+}
+// SAFETY: A and B are only read; each chunk writes its own rows (columns)
+// of C, claimed by exactly one thread (`next`); the caller does not return
+// (nor free the buffers) before every chunk is done, and a helper that
+// starts later claims no chunk, so it touches only the counters.
+unsafe impl<T: Send> Send for Split<T> {}
+unsafe impl<T: Send> Sync for Split<T> {}
+
+impl<T: Gemm> Split<T> {
+    /// Claims and runs chunks until none is left.
+    ///
+    /// # Safety
+    /// The buffers are alive and in bounds for every chunk not yet done
+    /// (the caller of `par_gemm` waits for them).
+    unsafe fn work(&self) {
+        loop {
+            let i = self.next.fetch_add(1, Ordering::Relaxed);
+            if i >= self.chunks {
+                return;
+            }
+            let (lo, hi) = (i * self.step, ((i + 1) * self.step).min(self.len));
+            let off = |s: (isize, isize)| {
+                if self.by_rows {
+                    lo as isize * s.0
+                } else {
+                    lo as isize * s.1
+                }
+            };
+            // SAFETY: chunk i reads rows (columns) lo..hi of A (B), all of
+            // B (A), and writes only rows (columns) lo..hi of C, claimed by
+            // this thread alone; bounds were checked by `par_gemm`.
+            unsafe {
+                if self.by_rows {
+                    T::raw(
+                        hi - lo,
+                        self.k,
+                        self.n,
+                        self.alpha,
+                        self.a.offset(off(self.sa)),
+                        self.sa,
+                        self.b,
+                        self.sb,
+                        self.beta,
+                        self.c.offset(off(self.sc)),
+                        self.sc,
+                    )
+                } else {
+                    T::raw(
+                        self.m,
+                        self.k,
+                        hi - lo,
+                        self.alpha,
+                        self.a,
+                        self.sa,
+                        self.b.offset(off(self.sb)),
+                        self.sb,
+                        self.beta,
+                        self.c.offset(off(self.sc)),
+                        self.sc,
+                    )
+                }
+            }
+            if self.done.fetch_add(1, Ordering::AcqRel) + 1 == self.chunks {
+                self.caller.unpark();
+            }
+        }
+    }
+}
+
+/// How long (spin-loop iterations) a caller that has run out of chunks
+/// spins for its helpers' last ones before it sleeps: a few microseconds,
+/// about one chunk's time.
+const SPIN: usize = 1 << 12;
+
+/// [`gemm`], split across the kernel pool when the product is large enough
+/// and the pool has threads no other caller stands for: C's rows (or
+/// columns, when C is wider than tall) are cut into chunks; the caller
+/// hands the product to the helpers (`rayon::spawn`, which wakes sleeping
+/// pool threads) and claims chunks itself at once, so a helper that wakes
+/// late only takes fewer chunks (the product never waits for a pool thread
+/// to wake, which takes longer than a small product on a VM); then it waits
+/// for the chunks still running (spinning briefly, when another CPU can run
+/// them, then parked).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn par_gemm<T: Gemm>(
     m: usize,
@@ -219,16 +350,20 @@ pub(crate) fn par_gemm<T: Gemm>(
     c: &mut [T],
     sc: (usize, usize),
 ) {
+    if m == 0 || n == 0 || k == 0 || m.saturating_mul(k).saturating_mul(n) < PAR_MACS {
+        return gemm(m, k, n, alpha, a, sa, b, sb, beta, c, sc);
+    }
+    let (_caller, callers) = Caller::enter();
     let threads = if crate::threads::pool_available() {
         rayon::current_num_threads()
     } else {
         1
     };
-    let parts = if k == 0 { 1 } else { blocks(m, k, n, threads) };
-    // The blocks write disjoint elements only if C's strides map distinct
+    let helpers = helpers(m, k, n, threads, callers);
+    // The chunks write disjoint elements only if C's strides map distinct
     // (row, column) pairs to distinct indices: row- or column-major.
     let distinct = (sc.1 >= 1 && sc.0 >= n * sc.1) || (sc.0 >= 1 && sc.1 >= m * sc.0);
-    if parts < 2 || !distinct {
+    if helpers == 0 || !distinct {
         return gemm(m, k, n, alpha, a, sa, b, sb, beta, c, sc);
     }
     assert!(
@@ -237,49 +372,54 @@ pub(crate) fn par_gemm<T: Gemm>(
     );
     let by_rows = m >= n;
     let len = if by_rows { m } else { n };
-    // Blocks of a multiple of 8 (the kernels' tile).
-    let step = len.div_ceil(parts).div_ceil(8) * 8;
-    let cp = CPtr(c.as_mut_ptr());
+    // About two chunks per thread, so that a helper that wakes late still
+    // finds work, and the threads finish together.
+    let step = len.div_ceil(2 * (helpers + 1)).div_ceil(CHUNK).max(1) * CHUNK;
+    let chunks = len.div_ceil(step);
     let is = |s: (usize, usize)| (s.0 as isize, s.1 as isize);
-    (0..len.div_ceil(step)).into_par_iter().for_each(|i| {
-        let (lo, hi) = (i * step, ((i + 1) * step).min(len));
-        // SAFETY: the assert above bounds every index of A, B and C; block
-        // i reads rows (columns) lo..hi of A (B) and writes only rows
-        // (columns) lo..hi of C, which no other block writes (C's strides
-        // are distinct, checked above), and C, a mutable slice, aliases
-        // neither A nor B.
-        unsafe {
-            if by_rows {
-                T::raw(
-                    hi - lo,
-                    k,
-                    n,
-                    alpha,
-                    a.as_ptr().add(lo * sa.0),
-                    is(sa),
-                    b.as_ptr(),
-                    is(sb),
-                    beta,
-                    cp.get().add(lo * sc.0),
-                    is(sc),
-                )
-            } else {
-                T::raw(
-                    m,
-                    k,
-                    hi - lo,
-                    alpha,
-                    a.as_ptr(),
-                    is(sa),
-                    b.as_ptr().add(lo * sb.1),
-                    is(sb),
-                    beta,
-                    cp.get().add(lo * sc.1),
-                    is(sc),
-                )
-            }
-        }
+    let split = std::sync::Arc::new(Split {
+        m,
+        k,
+        n,
+        alpha,
+        beta,
+        a: a.as_ptr(),
+        sa: is(sa),
+        b: b.as_ptr(),
+        sb: is(sb),
+        c: c.as_mut_ptr(),
+        sc: is(sc),
+        by_rows,
+        len,
+        step,
+        chunks,
+        next: AtomicUsize::new(0),
+        done: AtomicUsize::new(0),
+        caller: std::thread::current(),
     });
+    for _ in 0..helpers.min(chunks - 1) {
+        let s = split.clone();
+        // SAFETY: see `Split`: this function returns only when every chunk
+        // is done.
+        rayon::spawn(move || unsafe { s.work() });
+    }
+    // SAFETY: the buffers outlive this call, which waits for every chunk.
+    unsafe { split.work() };
+    let mut spins = if crate::threads::spinning_pays() {
+        SPIN
+    } else {
+        0
+    };
+    while split.done.load(Ordering::Acquire) < chunks {
+        if spins > 0 {
+            spins -= 1;
+            std::hint::spin_loop();
+        } else {
+            // The last chunk's helper unparks us; the timeout only guards
+            // against a wake-up consumed elsewhere.
+            std::thread::park_timeout(std::time::Duration::from_millis(1));
+        }
+    }
 }
 
 /// C (`m x n`, row-major with row stride `n`) = A (`m x k`, strides `sa`)
@@ -521,6 +661,40 @@ mod tests {
     }
 
     #[test]
+    fn concurrent_split_products_match_the_triple_loop() {
+        // Several callers at once (plan instances): each gets its own
+        // product right, whichever chunks the pool's threads take.
+        let (m, k, n) = (200, 90, 150);
+        let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32) - 6.0).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32) - 5.0).collect();
+        let want = reference(false, false, m, k, n, 1.0, &a, &b, 0.0, &vec![0.0; m * n]);
+        std::thread::scope(|s| {
+            for t in 0..4 {
+                let (a, b, want) = (&a, &b, &want);
+                s.spawn(move || {
+                    for r in 0..20 {
+                        let mut c = vec![f32::NAN; m * n];
+                        if (t + r) % 2 == 0 {
+                            par_gemm(m, k, n, 1.0, a, (k, 1), b, (n, 1), 0.0, &mut c, (n, 1));
+                        } else {
+                            // Column-major C: the split goes by columns.
+                            par_gemm(n, k, m, 1.0, b, (1, n), a, (1, k), 0.0, &mut c, (m, 1));
+                            let mut ct = vec![0f32; m * n];
+                            for i in 0..m {
+                                for j in 0..n {
+                                    ct[i * n + j] = c[j * m + i];
+                                }
+                            }
+                            c = ct;
+                        }
+                        assert_eq!(&c, want, "caller {t} run {r}");
+                    }
+                });
+            }
+        });
+    }
+
+    #[test]
     fn f32_empty_sum_scales_c() {
         let mut c = vec![2f32; 6];
         gemm(2, 0, 3, 1.0, &[], (0, 1), &[], (3, 1), 0.5, &mut c, (3, 1));
@@ -538,10 +712,15 @@ mod tests {
     }
 
     #[test]
-    fn blocks_only_for_large_products_on_several_threads() {
-        assert_eq!(blocks(64, 64, 64, 2), 1);
-        assert_eq!(blocks(512, 512, 512, 1), 1);
-        assert_eq!(blocks(512, 512, 512, 2), 2);
-        assert_eq!(blocks(16, 1 << 20, 16, 4), 1);
+    fn helpers_only_for_large_products_and_free_pool_threads() {
+        // Too small, or a pool of one: none.
+        assert_eq!(helpers(64, 64, 64, 2, 1), 0);
+        assert_eq!(helpers(512, 512, 512, 1, 1), 0);
+        // One caller on two threads: one helper; two callers: none.
+        assert_eq!(helpers(512, 512, 512, 2, 1), 1);
+        assert_eq!(helpers(512, 512, 512, 2, 2), 0);
+        assert_eq!(helpers(512, 512, 512, 4, 2), 2);
+        // Too thin to cut into two chunks.
+        assert_eq!(helpers(16, 1 << 20, 16, 4, 1), 0);
     }
 }
