@@ -226,10 +226,11 @@ fn helpers(m: usize, k: usize, n: usize, threads: usize, callers: usize) -> usiz
     threads.saturating_sub(callers)
 }
 
-/// A split product is cut into chunks of C's rows (or columns) a multiple
-/// of this long (the small kernel's 6-row tile and `matrixmultiply`'s 8 and
-/// 16), which the caller and its helpers claim one at a time.
-const CHUNK: usize = 48;
+/// A split product is cut into chunks of C's rows a multiple of this long
+/// (of the small kernel's 6-row tile and `matrixmultiply`'s 8), or of C's
+/// columns a multiple of twice this (of the small kernel's 16-column
+/// strip), which the caller and its helpers claim one at a time.
+const CHUNK: usize = 24;
 
 /// The shared state of one split product: its operands as raw pointers,
 /// and counters of the chunks claimed and done.
@@ -323,9 +324,9 @@ impl<T: Gemm> Split<T> {
 }
 
 /// How long (spin-loop iterations) a caller that has run out of chunks
-/// spins for its helpers' last ones before it sleeps: a few microseconds,
-/// about one chunk's time.
-const SPIN: usize = 1 << 12;
+/// spins for its helpers' last ones before it sleeps: at most some tens of
+/// microseconds (a `pause` takes 10-140 cycles), about one chunk's time.
+const SPIN: usize = 1 << 10;
 
 /// [`gemm`], split across the kernel pool when the product is large enough
 /// and the pool has threads no other caller stands for: C's rows (or
@@ -372,9 +373,11 @@ pub(crate) fn par_gemm<T: Gemm>(
     );
     let by_rows = m >= n;
     let len = if by_rows { m } else { n };
-    // About two chunks per thread, so that a helper that wakes late still
-    // finds work, and the threads finish together.
-    let step = len.div_ceil(2 * (helpers + 1)).div_ceil(CHUNK).max(1) * CHUNK;
+    // About four chunks per thread, so that a helper that wakes late still
+    // finds work, and the threads finish together (measured against two:
+    // BENCHMARKS.md "GEMM (issue 14)").
+    let unit = if by_rows { CHUNK } else { 2 * CHUNK };
+    let step = len.div_ceil(4 * (helpers + 1)).div_ceil(unit).max(1) * unit;
     let chunks = len.div_ceil(step);
     let is = |s: (usize, usize)| (s.0 as isize, s.1 as isize);
     let split = std::sync::Arc::new(Split {
