@@ -50,6 +50,14 @@ pub(crate) trait Gemm: Copy + Send + Sync + std::ops::Mul<Output = Self> + 'stat
         c: *mut Self,
         sc: (isize, isize),
     );
+
+    /// Whether [`Gemm::raw`] copies all of B (`k x n`, strides `sb`) into
+    /// panels on every call (`matrixmultiply` does), which a product split
+    /// into many chunks would pay once per chunk.
+    fn copies_b(m: usize, k: usize, n: usize, sb: (usize, usize)) -> bool {
+        let _ = (m, k, n, sb);
+        true
+    }
 }
 
 macro_rules! gemm_impl {
@@ -105,6 +113,10 @@ impl Gemm for f32 {
                 )
             }
         }
+    }
+
+    fn copies_b(m: usize, k: usize, n: usize, sb: (usize, usize)) -> bool {
+        !(use_small(m, k, n) && small::reads_b_in_place(sb))
     }
 }
 
@@ -374,10 +386,19 @@ pub(crate) fn par_gemm<T: Gemm>(
     let by_rows = m >= n;
     let len = if by_rows { m } else { n };
     // About four chunks per thread, so that a helper that wakes late still
-    // finds work, and the threads finish together (measured against two:
-    // BENCHMARKS.md "GEMM (issue 14)").
+    // finds work and the threads finish together; but one per thread when
+    // the kernel would copy B (or, split by columns, A) again for each
+    // chunk (measured: BENCHMARKS.md "GEMM (issue 14)").
     let unit = if by_rows { CHUNK } else { 2 * CHUNK };
-    let step = len.div_ceil(4 * (helpers + 1)).div_ceil(unit).max(1) * unit;
+    let cut = |per: usize| len.div_ceil(per * (helpers + 1)).div_ceil(unit).max(1) * unit;
+    let fine = cut(4);
+    // (`matrixmultiply` copies A too, so `copies_b` answers for both.)
+    let copies = if by_rows {
+        T::copies_b(fine, k, n, sb)
+    } else {
+        T::copies_b(m, k, fine, sb)
+    };
+    let step = if copies { cut(1) } else { fine };
     let chunks = len.div_ceil(step);
     let is = |s: (usize, usize)| (s.0 as isize, s.1 as isize);
     let split = std::sync::Arc::new(Split {
@@ -712,6 +733,13 @@ mod tests {
         assert_eq!(use_small(4096, 4096, 10), on);
         assert!(!use_small(256, 256, 256));
         assert!(!use_small(1024, 17, 1024));
+        // Split products: chunks on the small kernel read B in place unless
+        // B is transposed or its rows are far apart; f64 always copies.
+        assert_eq!(<f32 as Gemm>::copies_b(64, 64, 64, (64, 1)), !on);
+        assert!(<f32 as Gemm>::copies_b(64, 64, 64, (1, 64)));
+        assert!(<f32 as Gemm>::copies_b(64, 64, 256, (256, 1)));
+        assert!(<f32 as Gemm>::copies_b(256, 256, 256, (256, 1)));
+        assert!(<f64 as Gemm>::copies_b(64, 64, 64, (64, 1)));
     }
 
     #[test]

@@ -21,7 +21,7 @@ mod x86 {
     /// elements apart: the rows of a strip of a wider B (a power of two
     /// apart, typically) fall into a few L1 sets and evict each other, so
     /// they are copied together first.
-    const IN_PLACE_ROW: isize = 128;
+    pub const IN_PLACE_ROW: isize = 128;
 
     /// Lanes `lo..lo + 8` of a tile `w` columns wide, as a mask for
     /// `maskload`/`maskstore`.
@@ -212,6 +212,20 @@ mod x86 {
                 j += NR;
             }
         }
+    }
+}
+
+/// Whether the kernel reads B (`k x n`, strides `sb`) in place, without
+/// copying any strip but a last, narrower one.
+pub(crate) fn reads_b_in_place(sb: (usize, usize)) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        sb.1 == 1 && sb.0 as isize <= x86::IN_PLACE_ROW
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = sb;
+        false
     }
 }
 
