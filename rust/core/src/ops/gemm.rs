@@ -1,17 +1,33 @@
 //! Matrix products for the kernels (`nn.rs`, `conv.rs`, `winograd.rs`):
-//! `matrixmultiply` on strided matrices, bounds checked once, and split
-//! into blocks of C's rows or columns across the kernel pool (rayon) when
-//! the product is large enough to pay for the hand-off (issue 14; the
-//! threshold was chosen by measurement, BENCHMARKS.md "GEMM (issue 14)").
+//! float32 products that are small or have few columns on `small` (AVX2 +
+//! FMA, detected at run time), the others on `matrixmultiply`, on strided
+//! matrices, bounds checked once; [`par_gemm`] splits a large product into
+//! chunks of C's rows or columns that the caller and idle threads of the
+//! kernel pool (rayon) claim one at a time (issue 14; thresholds chosen by
+//! measurement, BENCHMARKS.md "GEMM (issue 14)").
 //!
-//! The split never adds threads: the blocks run on the process-wide kernel
-//! pool, whose size (`RAYON_NUM_THREADS`, `threads::set_num_threads`) bounds
-//! the threads however many plan instances call it at once. A caller
-//! outside the pool waits while the pool's threads run the blocks; a caller
-//! on one of the pool's threads runs blocks itself and lets idle threads
-//! steal the rest.
+//! The split never runs more threads than the kernel pool has
+//! (`RAYON_NUM_THREADS`, `threads::set_num_threads`): the caller works on
+//! its own product and counts as one of them, and a caller borrows only the
+//! pool threads that no other caller in `par_gemm` stands for, so several
+//! plan instances multiplying at once each keep to their own thread.
 
 use rayon::prelude::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+mod small;
+
+/// float32 products at most this many multiply-adds, or with at most
+/// [`SMALL_N`] columns in C, go to `small` (where the CPU has AVX2 and FMA);
+/// larger ones to `matrixmultiply`, whose packing pays off there (measured,
+/// BENCHMARKS.md "GEMM (issue 14)").
+const SMALL_MACS: usize = 1 << 21;
+const SMALL_N: usize = 16;
+
+/// Whether an `m x k x n` float32 product runs on `small`.
+fn use_small(m: usize, k: usize, n: usize) -> bool {
+    (n <= SMALL_N || m.saturating_mul(k).saturating_mul(n) <= SMALL_MACS) && small::available()
+}
 
 /// The element types `matrixmultiply` multiplies.
 pub(crate) trait Gemm: Copy + Send + Sync + std::ops::Mul<Output = Self> + 'static {
@@ -34,6 +50,14 @@ pub(crate) trait Gemm: Copy + Send + Sync + std::ops::Mul<Output = Self> + 'stat
         c: *mut Self,
         sc: (isize, isize),
     );
+
+    /// Whether [`Gemm::raw`] copies all of B (`k x n`, strides `sb`) into
+    /// panels on every call (`matrixmultiply` does), which a product split
+    /// into many chunks would pay once per chunk.
+    fn copies_b(m: usize, k: usize, n: usize, sb: (usize, usize)) -> bool {
+        let _ = (m, k, n, sb);
+        true
+    }
 }
 
 macro_rules! gemm_impl {
@@ -62,8 +86,39 @@ macro_rules! gemm_impl {
         }
     };
 }
-gemm_impl!(f32, matrixmultiply::sgemm);
 gemm_impl!(f64, matrixmultiply::dgemm);
+
+impl Gemm for f32 {
+    unsafe fn raw(
+        m: usize,
+        k: usize,
+        n: usize,
+        alpha: Self,
+        a: *const Self,
+        sa: (isize, isize),
+        b: *const Self,
+        sb: (isize, isize),
+        beta: Self,
+        c: *mut Self,
+        sc: (isize, isize),
+    ) {
+        // SAFETY: forwarded from the caller's contract; `use_small` checked
+        // that the CPU runs the small kernel.
+        unsafe {
+            if use_small(m, k, n) {
+                small::sgemm(m, k, n, alpha, a, sa, b, sb, beta, c, sc)
+            } else {
+                matrixmultiply::sgemm(
+                    m, k, n, alpha, a, sa.0, sa.1, b, sb.0, sb.1, beta, c, sc.0, sc.1,
+                )
+            }
+        }
+    }
+
+    fn copies_b(m: usize, k: usize, n: usize, sb: (usize, usize)) -> bool {
+        !(use_small(m, k, n) && small::reads_b_in_place(sb))
+    }
+}
 
 /// One past the last index a `rows x cols` matrix with strides `s` reaches.
 pub(crate) fn reach(rows: usize, cols: usize, s: (usize, usize)) -> usize {
@@ -151,19 +206,149 @@ impl<T> CPtr<T> {
     }
 }
 
-/// How many blocks to split an `m x k x n` product into on `threads`
-/// threads: 1 (no split) below [`PAR_MACS`] or on one thread.
-fn blocks(m: usize, k: usize, n: usize, threads: usize) -> usize {
-    if threads < 2 || m.saturating_mul(k).saturating_mul(n) < PAR_MACS {
-        return 1;
+/// Callers inside [`par_gemm`] now, on any thread: each runs its own
+/// product's chunks, so a split borrows only the pool threads that no other
+/// caller stands for (several plan instances multiplying at once keep to
+/// one thread each, as before the split).
+static CALLERS: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts a caller in [`CALLERS`] while it lives.
+struct Caller;
+impl Caller {
+    /// Enters, returning how many callers are in now (this one included).
+    fn enter() -> (Caller, usize) {
+        (Caller, CALLERS.fetch_add(1, Ordering::AcqRel) + 1)
     }
-    // One block per thread (more would pack B again for each, and rayon's
-    // stealing already balances two halves), each at least 16 wide.
-    threads.min(m.max(n) / 16).max(1)
+}
+impl Drop for Caller {
+    fn drop(&mut self) {
+        CALLERS.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
-/// [`gemm`], split into blocks of C's rows (or columns, when C is wider
-/// than tall) across the kernel pool when the product is large enough.
+/// How many pool threads may help one `m x k x n` product whose caller
+/// finds `callers` callers (itself included) in [`par_gemm`], on a pool of
+/// `threads`: none below [`PAR_MACS`], else one fewer than the pool's
+/// threads less the other callers (the caller works too), so the threads
+/// multiplying stay within the pool's size.
+fn helpers(m: usize, k: usize, n: usize, threads: usize, callers: usize) -> usize {
+    if m.saturating_mul(k).saturating_mul(n) < PAR_MACS || m.max(n) < 2 * CHUNK {
+        return 0;
+    }
+    threads.saturating_sub(callers)
+}
+
+/// A split product is cut into chunks of C's rows a multiple of this long
+/// (of the small kernel's 6-row tile and `matrixmultiply`'s 8), or of C's
+/// columns a multiple of twice this (of the small kernel's 16-column
+/// strip), which the caller and its helpers claim one at a time.
+const CHUNK: usize = 24;
+
+/// The shared state of one split product: its operands as raw pointers,
+/// and counters of the chunks claimed and done.
+struct Split<T> {
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: T,
+    beta: T,
+    a: *const T,
+    sa: (isize, isize),
+    b: *const T,
+    sb: (isize, isize),
+    c: *mut T,
+    sc: (isize, isize),
+    by_rows: bool,
+    len: usize,
+    step: usize,
+    chunks: usize,
+    next: AtomicUsize,
+    done: AtomicUsize,
+    /// The caller, woken when the last chunk is done.
+    caller: std::thread::Thread,
+}
+// SAFETY: A and B are only read; each chunk writes its own rows (columns)
+// of C, claimed by exactly one thread (`next`); the caller does not return
+// (nor free the buffers) before every chunk is done, and a helper that
+// starts later claims no chunk, so it touches only the counters.
+unsafe impl<T: Send> Send for Split<T> {}
+unsafe impl<T: Send> Sync for Split<T> {}
+
+impl<T: Gemm> Split<T> {
+    /// Claims and runs chunks until none is left.
+    ///
+    /// # Safety
+    /// The buffers are alive and in bounds for every chunk not yet done
+    /// (the caller of `par_gemm` waits for them).
+    unsafe fn work(&self) {
+        loop {
+            let i = self.next.fetch_add(1, Ordering::Relaxed);
+            if i >= self.chunks {
+                return;
+            }
+            let (lo, hi) = (i * self.step, ((i + 1) * self.step).min(self.len));
+            let off = |s: (isize, isize)| {
+                if self.by_rows {
+                    lo as isize * s.0
+                } else {
+                    lo as isize * s.1
+                }
+            };
+            // SAFETY: chunk i reads rows (columns) lo..hi of A (B), all of
+            // B (A), and writes only rows (columns) lo..hi of C, claimed by
+            // this thread alone; bounds were checked by `par_gemm`.
+            unsafe {
+                if self.by_rows {
+                    T::raw(
+                        hi - lo,
+                        self.k,
+                        self.n,
+                        self.alpha,
+                        self.a.offset(off(self.sa)),
+                        self.sa,
+                        self.b,
+                        self.sb,
+                        self.beta,
+                        self.c.offset(off(self.sc)),
+                        self.sc,
+                    )
+                } else {
+                    T::raw(
+                        self.m,
+                        self.k,
+                        hi - lo,
+                        self.alpha,
+                        self.a,
+                        self.sa,
+                        self.b.offset(off(self.sb)),
+                        self.sb,
+                        self.beta,
+                        self.c.offset(off(self.sc)),
+                        self.sc,
+                    )
+                }
+            }
+            if self.done.fetch_add(1, Ordering::AcqRel) + 1 == self.chunks {
+                self.caller.unpark();
+            }
+        }
+    }
+}
+
+/// How long (spin-loop iterations) a caller that has run out of chunks
+/// spins for its helpers' last ones before it sleeps: at most some tens of
+/// microseconds (a `pause` takes 10-140 cycles), about one chunk's time.
+const SPIN: usize = 1 << 10;
+
+/// [`gemm`], split across the kernel pool when the product is large enough
+/// and the pool has threads no other caller stands for: C's rows (or
+/// columns, when C is wider than tall) are cut into chunks; the caller
+/// hands the product to the helpers (`rayon::spawn`, which wakes sleeping
+/// pool threads) and claims chunks itself at once, so a helper that wakes
+/// late only takes fewer chunks (the product never waits for a pool thread
+/// to wake, which takes longer than a small product on a VM); then it waits
+/// for the chunks still running (spinning briefly, when another CPU can run
+/// them, then parked).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn par_gemm<T: Gemm>(
     m: usize,
@@ -178,16 +363,20 @@ pub(crate) fn par_gemm<T: Gemm>(
     c: &mut [T],
     sc: (usize, usize),
 ) {
+    if m == 0 || n == 0 || k == 0 || m.saturating_mul(k).saturating_mul(n) < PAR_MACS {
+        return gemm(m, k, n, alpha, a, sa, b, sb, beta, c, sc);
+    }
+    let (_caller, callers) = Caller::enter();
     let threads = if crate::threads::pool_available() {
         rayon::current_num_threads()
     } else {
         1
     };
-    let parts = if k == 0 { 1 } else { blocks(m, k, n, threads) };
-    // The blocks write disjoint elements only if C's strides map distinct
+    let helpers = helpers(m, k, n, threads, callers);
+    // The chunks write disjoint elements only if C's strides map distinct
     // (row, column) pairs to distinct indices: row- or column-major.
     let distinct = (sc.1 >= 1 && sc.0 >= n * sc.1) || (sc.0 >= 1 && sc.1 >= m * sc.0);
-    if parts < 2 || !distinct {
+    if helpers == 0 || !distinct {
         return gemm(m, k, n, alpha, a, sa, b, sb, beta, c, sc);
     }
     assert!(
@@ -196,49 +385,65 @@ pub(crate) fn par_gemm<T: Gemm>(
     );
     let by_rows = m >= n;
     let len = if by_rows { m } else { n };
-    // Blocks of a multiple of 8 (the kernels' tile).
-    let step = len.div_ceil(parts).div_ceil(8) * 8;
-    let cp = CPtr(c.as_mut_ptr());
+    // About four chunks per thread, so that a helper that wakes late still
+    // finds work and the threads finish together; but one per thread when
+    // the kernel would copy B (or, split by columns, A) again for each
+    // chunk (measured: BENCHMARKS.md "GEMM (issue 14)").
+    let unit = if by_rows { CHUNK } else { 2 * CHUNK };
+    let cut = |per: usize| len.div_ceil(per * (helpers + 1)).div_ceil(unit).max(1) * unit;
+    let fine = cut(4);
+    // (`matrixmultiply` copies A too, so `copies_b` answers for both.)
+    let copies = if by_rows {
+        T::copies_b(fine, k, n, sb)
+    } else {
+        T::copies_b(m, k, fine, sb)
+    };
+    let step = if copies { cut(1) } else { fine };
+    let chunks = len.div_ceil(step);
     let is = |s: (usize, usize)| (s.0 as isize, s.1 as isize);
-    (0..len.div_ceil(step)).into_par_iter().for_each(|i| {
-        let (lo, hi) = (i * step, ((i + 1) * step).min(len));
-        // SAFETY: the assert above bounds every index of A, B and C; block
-        // i reads rows (columns) lo..hi of A (B) and writes only rows
-        // (columns) lo..hi of C, which no other block writes (C's strides
-        // are distinct, checked above), and C, a mutable slice, aliases
-        // neither A nor B.
-        unsafe {
-            if by_rows {
-                T::raw(
-                    hi - lo,
-                    k,
-                    n,
-                    alpha,
-                    a.as_ptr().add(lo * sa.0),
-                    is(sa),
-                    b.as_ptr(),
-                    is(sb),
-                    beta,
-                    cp.get().add(lo * sc.0),
-                    is(sc),
-                )
-            } else {
-                T::raw(
-                    m,
-                    k,
-                    hi - lo,
-                    alpha,
-                    a.as_ptr(),
-                    is(sa),
-                    b.as_ptr().add(lo * sb.1),
-                    is(sb),
-                    beta,
-                    cp.get().add(lo * sc.1),
-                    is(sc),
-                )
-            }
-        }
+    let split = std::sync::Arc::new(Split {
+        m,
+        k,
+        n,
+        alpha,
+        beta,
+        a: a.as_ptr(),
+        sa: is(sa),
+        b: b.as_ptr(),
+        sb: is(sb),
+        c: c.as_mut_ptr(),
+        sc: is(sc),
+        by_rows,
+        len,
+        step,
+        chunks,
+        next: AtomicUsize::new(0),
+        done: AtomicUsize::new(0),
+        caller: std::thread::current(),
     });
+    for _ in 0..helpers.min(chunks - 1) {
+        let s = split.clone();
+        // SAFETY: see `Split`: this function returns only when every chunk
+        // is done.
+        rayon::spawn(move || unsafe { s.work() });
+    }
+    // SAFETY: the buffers outlive this call, which waits for every chunk.
+    unsafe { split.work() };
+    let mut spins = if crate::threads::spinning_pays() {
+        SPIN
+    } else {
+        0
+    };
+    while split.done.load(Ordering::Acquire) < chunks {
+        if spins > 0 {
+            spins -= 1;
+            std::hint::spin_loop();
+        } else {
+            // The last chunk's helper unparks us; the timeout only guards
+            // against a wake-up consumed elsewhere.
+            std::thread::park_timeout(std::time::Duration::from_millis(1));
+        }
+    }
 }
 
 /// C (`m x n`, row-major with row stride `n`) = A (`m x k`, strides `sa`)
@@ -353,11 +558,200 @@ mod tests {
         }
     }
 
+    /// C = alpha op(A) op(B) + beta C0 by the triple loop, in f64 (exact
+    /// for the small integers used here), with A stored `m x k` (or `k x m`
+    /// when `ta`), B `k x n` (or `n x k` when `tb`).
+    #[allow(clippy::too_many_arguments)]
+    fn reference(
+        ta: bool,
+        tb: bool,
+        m: usize,
+        k: usize,
+        n: usize,
+        alpha: f32,
+        a: &[f32],
+        b: &[f32],
+        beta: f32,
+        c0: &[f32],
+    ) -> Vec<f32> {
+        let at = |i: usize, p: usize| f64::from(if ta { a[p * m + i] } else { a[i * k + p] });
+        let bt = |p: usize, j: usize| f64::from(if tb { b[j * k + p] } else { b[p * n + j] });
+        let mut c = vec![0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                let s: f64 = (0..k).map(|p| at(i, p) * bt(p, j)).sum();
+                c[i * n + j] =
+                    (f64::from(alpha) * s + f64::from(beta) * f64::from(c0[i * n + j])) as f32;
+            }
+        }
+        c
+    }
+
+    /// float32 through `gemm` (the small kernel where the CPU runs it, else
+    /// `matrixmultiply`) against the triple loop: odd sizes, either operand
+    /// transposed, C row-major, column-major or padded, alpha and beta.
+    fn check_f32(m: usize, k: usize, n: usize) {
+        let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32) - 6.0).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32) - 5.0).collect();
+        let c0: Vec<f32> = (0..m * n).map(|i| ((i * 3 % 7) as f32) - 3.0).collect();
+        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+            let sa = if ta { (1, m) } else { (k, 1) };
+            let sb = if tb { (1, k) } else { (n, 1) };
+            // beta 0 must not read C: start from NaN.
+            let want = reference(ta, tb, m, k, n, 1.0, &a, &b, 0.0, &c0);
+            let mut c = vec![f32::NAN; m * n];
+            gemm(m, k, n, 1.0, &a, sa, &b, sb, 0.0, &mut c, (n, 1));
+            assert_eq!(c, want, "{m}x{k}x{n} ta {ta} tb {tb}");
+            // alpha 2, beta -1 on a column-major C.
+            let want = reference(ta, tb, m, k, n, 2.0, &a, &b, -1.0, &c0);
+            let mut ct = vec![0f32; m * n];
+            for i in 0..m {
+                for j in 0..n {
+                    ct[j * m + i] = c0[i * n + j];
+                }
+            }
+            gemm(m, k, n, 2.0, &a, sa, &b, sb, -1.0, &mut ct, (1, m));
+            for i in 0..m {
+                for j in 0..n {
+                    assert_eq!(
+                        ct[j * m + i],
+                        want[i * n + j],
+                        "{m}x{k}x{n} col-major ({i}, {j})"
+                    );
+                }
+            }
+            // A row-major C with 3 spare columns, which must stay untouched.
+            let ld = n + 3;
+            let mut cp = vec![7f32; m * ld];
+            for i in 0..m {
+                cp[i * ld..i * ld + n].copy_from_slice(&c0[i * n..(i + 1) * n]);
+            }
+            gemm(m, k, n, 2.0, &a, sa, &b, sb, -1.0, &mut cp, (ld, 1));
+            for i in 0..m {
+                assert_eq!(
+                    &cp[i * ld..i * ld + n],
+                    &want[i * n..(i + 1) * n],
+                    "{m}x{k}x{n} padded"
+                );
+                assert_eq!(
+                    &cp[i * ld + n..(i + 1) * ld],
+                    &[7.0; 3],
+                    "{m}x{k}x{n} padding"
+                );
+            }
+        }
+    }
+
     #[test]
-    fn blocks_only_for_large_products_on_several_threads() {
-        assert_eq!(blocks(64, 64, 64, 2), 1);
-        assert_eq!(blocks(512, 512, 512, 1), 1);
-        assert_eq!(blocks(512, 512, 512, 2), 2);
-        assert_eq!(blocks(16, 1 << 20, 16, 4), 1);
+    fn f32_small_and_odd_products_match_the_triple_loop() {
+        for m in [1, 2, 5, 6, 7, 13] {
+            for n in [1, 3, 8, 9, 10, 15, 16, 17, 24, 33] {
+                for k in [1, 2, 7, 16] {
+                    check_f32(m, k, n);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn f32_thin_and_mlp_shapes_match_the_triple_loop() {
+        // The MLP's shapes (issue 14's benchmark), thin C, a deep k, and B
+        // rows too far apart to be read in place (n > 128).
+        for &(m, k, n) in &[
+            (256, 128, 10),
+            (64, 64, 128),
+            (128, 256, 64),
+            (64, 64, 64),
+            (37, 300, 10),
+            (300, 37, 5),
+            (9, 20, 200),
+            (70, 33, 129),
+        ] {
+            check_f32(m, k, n);
+        }
+    }
+
+    #[test]
+    fn f32_split_products_match_the_triple_loop() {
+        // Blocks of a split float32 product run on the small kernel.
+        for &(m, k, n) in &[(300, 70, 61), (33, 90, 517), (4000, 300, 10)] {
+            let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32) - 6.0).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32) - 5.0).collect();
+            let want = reference(false, false, m, k, n, 1.0, &a, &b, 0.0, &vec![0.0; m * n]);
+            let mut c = vec![f32::NAN; m * n];
+            par_gemm(m, k, n, 1.0, &a, (k, 1), &b, (n, 1), 0.0, &mut c, (n, 1));
+            assert_eq!(c, want, "{m}x{k}x{n}");
+        }
+    }
+
+    #[test]
+    fn concurrent_split_products_match_the_triple_loop() {
+        // Several callers at once (plan instances): each gets its own
+        // product right, whichever chunks the pool's threads take.
+        let (m, k, n) = (200, 90, 150);
+        let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32) - 6.0).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32) - 5.0).collect();
+        let want = reference(false, false, m, k, n, 1.0, &a, &b, 0.0, &vec![0.0; m * n]);
+        std::thread::scope(|s| {
+            for t in 0..4 {
+                let (a, b, want) = (&a, &b, &want);
+                s.spawn(move || {
+                    for r in 0..20 {
+                        let mut c = vec![f32::NAN; m * n];
+                        if (t + r) % 2 == 0 {
+                            par_gemm(m, k, n, 1.0, a, (k, 1), b, (n, 1), 0.0, &mut c, (n, 1));
+                        } else {
+                            // Column-major C: the split goes by columns.
+                            par_gemm(n, k, m, 1.0, b, (1, n), a, (1, k), 0.0, &mut c, (m, 1));
+                            let mut ct = vec![0f32; m * n];
+                            for i in 0..m {
+                                for j in 0..n {
+                                    ct[i * n + j] = c[j * m + i];
+                                }
+                            }
+                            c = ct;
+                        }
+                        assert_eq!(&c, want, "caller {t} run {r}");
+                    }
+                });
+            }
+        });
+    }
+
+    #[test]
+    fn f32_empty_sum_scales_c() {
+        let mut c = vec![2f32; 6];
+        gemm(2, 0, 3, 1.0, &[], (0, 1), &[], (3, 1), 0.5, &mut c, (3, 1));
+        assert_eq!(c, vec![1f32; 6]);
+    }
+
+    #[test]
+    fn the_small_kernel_takes_small_and_thin_products() {
+        let on = small::available();
+        assert_eq!(use_small(64, 64, 64), on);
+        assert_eq!(use_small(128, 128, 128), on);
+        assert_eq!(use_small(4096, 4096, 10), on);
+        assert!(!use_small(256, 256, 256));
+        assert!(!use_small(1024, 17, 1024));
+        // Split products: chunks on the small kernel read B in place unless
+        // B is transposed or its rows are far apart; f64 always copies.
+        assert_eq!(<f32 as Gemm>::copies_b(64, 64, 64, (64, 1)), !on);
+        assert!(<f32 as Gemm>::copies_b(64, 64, 64, (1, 64)));
+        assert!(<f32 as Gemm>::copies_b(64, 64, 256, (256, 1)));
+        assert!(<f32 as Gemm>::copies_b(256, 256, 256, (256, 1)));
+        assert!(<f64 as Gemm>::copies_b(64, 64, 64, (64, 1)));
+    }
+
+    #[test]
+    fn helpers_only_for_large_products_and_free_pool_threads() {
+        // Too small, or a pool of one: none.
+        assert_eq!(helpers(64, 64, 64, 2, 1), 0);
+        assert_eq!(helpers(512, 512, 512, 1, 1), 0);
+        // One caller on two threads: one helper; two callers: none.
+        assert_eq!(helpers(512, 512, 512, 2, 1), 1);
+        assert_eq!(helpers(512, 512, 512, 2, 2), 0);
+        assert_eq!(helpers(512, 512, 512, 4, 2), 2);
+        // Too thin to cut into two chunks.
+        assert_eq!(helpers(16, 1 << 20, 16, 4, 1), 0);
     }
 }

@@ -14,9 +14,10 @@
 //! checks use) and computes into new buffers before it writes any output,
 //! so an output that aliases an input (in place) reads the old values and a
 //! failed check leaves every output unchanged. Matrix products go through
-//! `ops::gemm` (`matrixmultiply`; a large product is split across the
-//! kernel pool, whose size bounds the threads however many plan instances
-//! run ops at once, so a GEMM never oversubscribes the cores).
+//! `ops::gemm` (`matrixmultiply`, or a small-product float32 kernel; a
+//! large product is split between its caller and the kernel pool, whose
+//! size bounds the threads however many plan instances run ops at once,
+//! so a GEMM never oversubscribes the cores).
 
 #![allow(clippy::result_large_err)]
 
