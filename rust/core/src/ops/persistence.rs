@@ -16,7 +16,7 @@ use crate::tensor::Tensor;
 use std::collections::{HashMap, HashSet};
 
 const DB_TYPE_DOC: &str =
-    "'ferro' (ferrocaffe's checked format) or 'minidb' (Caffe2's); leveldb and lmdb are not supported";
+    "'ferro' (ferrocaffe's checked format), 'minidb' or 'leveldb'/'LevelDB' (Caffe2's); lmdb and rocksdb are not supported";
 
 pub fn schemas() -> Vec<OpSchema> {
     vec![
@@ -728,11 +728,8 @@ mod tests {
         assert!(e.message.contains("'db'"), "{e}");
         let e = build_err(&ws, &op("Save", &["w"], &[], vec![a_s("db", "x")]));
         assert!(e.message.contains("db_type"), "{e}");
-        let e = build_err(&ws, &save_op(&["w"], "x", "leveldb", vec![]));
-        assert!(
-            e.message.contains("db_type 'leveldb' is not supported"),
-            "{e}"
-        );
+        let e = build_err(&ws, &save_op(&["w"], "x", "lmdb", vec![]));
+        assert!(e.message.contains("db_type 'lmdb' is not supported"), "{e}");
         let e = build_err(&ws, &save_op(&["w"], "x", "parquet", vec![]));
         assert!(e.message.contains("unknown db_type 'parquet'"), "{e}");
         let e = build_err(
