@@ -78,6 +78,7 @@ fn read_all(path: &str) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
             "the directory is not a LevelDB (it has no CURRENT file)",
         ));
     }
+    check_files(path)?;
     guarded(path, || {
         let opts = Options {
             create_if_missing: false,
@@ -281,6 +282,174 @@ impl DbFormat for LevelDb {
     }
 }
 
+// ------------------------------------------------------ integrity check --
+//
+// rusty-leveldb skips a block whose CRC is wrong (and stops recovering a log
+// at a bad record) without an error, which would drop records silently. So
+// before a db is opened, every block of its tables and every record of its
+// logs and manifests is checked against its CRC-32C here (LevelDB's file
+// formats: `table_format.md` and `log_format.md` of LevelDB's docs).
+
+/// LevelDB's table magic number (the footer's last 8 bytes, little-endian).
+const TABLE_MAGIC: u64 = 0xdb47_7524_8b80_fb57;
+const LOG_BLOCK: usize = 32768;
+
+fn unmask_crc(m: u32) -> u32 {
+    let rot = m.wrapping_sub(0xa282_ead8);
+    rot.rotate_right(17)
+}
+
+fn varint(b: &[u8], at: &mut usize) -> Option<u64> {
+    let mut v: u64 = 0;
+    for shift in (0..64).step_by(7) {
+        let byte = *b.get(*at)?;
+        *at += 1;
+        v |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            return Some(v);
+        }
+    }
+    None
+}
+
+/// A table block's contents (decompressed), after checking its CRC.
+fn table_block(b: &[u8], off: u64, size: u64) -> std::result::Result<Vec<u8>, String> {
+    let (off, size) = (off as usize, size as usize);
+    let end = off
+        .checked_add(size)
+        .and_then(|e| e.checked_add(5))
+        .filter(|&e| e <= b.len())
+        .ok_or_else(|| format!("a block at byte {off} runs past the end of the file"))?;
+    let data = &b[off..off + size];
+    let kind = b[off + size];
+    let want = unmask_crc(u32::from_le_bytes([
+        b[end - 4],
+        b[end - 3],
+        b[end - 2],
+        b[end - 1],
+    ]));
+    let got = crc32c::crc32c_append(crc32c::crc32c(data), &[kind]);
+    if got != want {
+        return Err(format!("the block at byte {off} fails its CRC"));
+    }
+    match kind {
+        0 => Ok(data.to_vec()),
+        1 => snap::raw::Decoder::new()
+            .decompress_vec(data)
+            .map_err(|e| format!("the block at byte {off} does not decompress: {e}")),
+        k => Err(format!(
+            "the block at byte {off} has an unknown compression {k}"
+        )),
+    }
+}
+
+/// Checks a table's footer, index and every data block it points to.
+fn check_table(b: &[u8]) -> std::result::Result<(), String> {
+    if b.len() < 48 {
+        return Err("the table is shorter than its footer".into());
+    }
+    let foot = &b[b.len() - 48..];
+    let mut magic = [0u8; 8];
+    magic.copy_from_slice(&foot[40..]);
+    if u64::from_le_bytes(magic) != TABLE_MAGIC {
+        return Err("the table has no LevelDB footer".into());
+    }
+    let mut at = 0;
+    let handles: Option<[u64; 4]> = (|| {
+        Some([
+            varint(foot, &mut at)?,
+            varint(foot, &mut at)?,
+            varint(foot, &mut at)?,
+            varint(foot, &mut at)?,
+        ])
+    })();
+    let [meta_off, meta_size, index_off, index_size] =
+        handles.ok_or("the table's footer is malformed")?;
+    table_block(b, meta_off, meta_size)?;
+    let index = table_block(b, index_off, index_size)?;
+    let bad_index = || "the table's index block is malformed".to_string();
+    if index.len() < 4 {
+        return Err(bad_index());
+    }
+    let n = index.len() - 4;
+    let restarts =
+        u32::from_le_bytes([index[n], index[n + 1], index[n + 2], index[n + 3]]) as usize;
+    let entries_end = restarts
+        .checked_mul(4)
+        .and_then(|r| n.checked_sub(r))
+        .ok_or_else(bad_index)?;
+    let e = &index[..entries_end];
+    let mut at = 0;
+    while at < e.len() {
+        let _shared = varint(e, &mut at).ok_or_else(bad_index)?;
+        let key_len = varint(e, &mut at).ok_or_else(bad_index)? as usize;
+        let value_len = varint(e, &mut at).ok_or_else(bad_index)? as usize;
+        at = at
+            .checked_add(key_len)
+            .filter(|&a| a.saturating_add(value_len) <= e.len())
+            .ok_or_else(bad_index)?;
+        let v = &e[at..at + value_len];
+        at += value_len;
+        let mut vat = 0;
+        let off = varint(v, &mut vat).ok_or_else(bad_index)?;
+        let size = varint(v, &mut vat).ok_or_else(bad_index)?;
+        table_block(b, off, size)?;
+    }
+    Ok(())
+}
+
+/// Checks every record of a LevelDB log (a `.log` or a `MANIFEST`).
+fn check_log(b: &[u8]) -> std::result::Result<(), String> {
+    let mut block = 0;
+    while block < b.len() {
+        let end = (block + LOG_BLOCK).min(b.len());
+        let mut at = block;
+        while end - at >= 7 {
+            let len = usize::from(u16::from_le_bytes([b[at + 4], b[at + 5]]));
+            let kind = b[at + 6];
+            if kind == 0 && len == 0 {
+                // Zero padding (preallocated space) up to the block's end.
+                break;
+            }
+            if at + 7 + len > end {
+                return Err(format!("the log record at byte {at} is cut off"));
+            }
+            let want = unmask_crc(u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]));
+            let got = crc32c::crc32c_append(crc32c::crc32c(&[kind]), &b[at + 7..at + 7 + len]);
+            if got != want {
+                return Err(format!("the log record at byte {at} fails its CRC"));
+            }
+            at += 7 + len;
+        }
+        if end - at > 0 && end == b.len() && b[at..end].iter().any(|&x| x != 0) {
+            return Err(format!("the log ends inside a record header at byte {at}"));
+        }
+        block += LOG_BLOCK;
+    }
+    Ok(())
+}
+
+/// Checks every table, log and manifest of the LevelDB directory `path`.
+fn check_files(path: &str) -> Result<()> {
+    for entry in fs::read_dir(path).map_err(io_error(path))? {
+        let entry = entry.map_err(io_error(path))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let table = name.ends_with(".ldb") || name.ends_with(".sst");
+        let log = name.ends_with(".log") && name != "LOG" || name.starts_with("MANIFEST-");
+        if !table && !log {
+            continue;
+        }
+        let bytes = fs::read(entry.path()).map_err(io_error(path))?;
+        let checked = if table {
+            check_table(&bytes)
+        } else {
+            check_log(&bytes)
+        };
+        checked.map_err(|m| corrupt(path, format!("the LevelDB is damaged: {name}: {m}")))?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::tests::Scratch;
@@ -344,6 +513,26 @@ mod tests {
         let p = s.file("db");
         let big: Vec<f32> = (0..20_000).map(|i| i as f32 * 0.5).collect();
         save_blobs(&p, "leveldb", &[("x".to_string(), t(&[20_000], big))]).unwrap();
+        // Flip bytes in the middle of every table (the data is in tables).
+        let mut flipped = 0;
+        for entry in fs::read_dir(&p).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let mut b = fs::read(&path).unwrap();
+            if (name.ends_with(".ldb") || name.ends_with(".sst")) && b.len() > 1024 {
+                flipped += 1;
+                let mid = b.len() / 2;
+                for x in &mut b[mid..mid + 64] {
+                    *x ^= 0x5a;
+                }
+                fs::write(&path, b).unwrap();
+            }
+        }
+        assert!(flipped > 0);
+        let e = load_db(&p, "leveldb").unwrap_err();
+        assert_eq!(e.kind, ErrorKind::CorruptCheckpoint, "{e}");
+        assert!(e.to_string().contains(&p), "{e}");
+
         // Without its CURRENT file, a directory is not a LevelDB.
         fs::remove_file(Path::new(&p).join("CURRENT")).unwrap();
         let e = load_db(&p, "leveldb").unwrap_err();
@@ -355,6 +544,52 @@ mod tests {
         assert_eq!(load_db(&plain, "leveldb").unwrap_err().kind, ErrorKind::Io);
         assert!(save_blobs(&plain, "leveldb", &[("a".into(), t(&[1], vec![1f32]))]).is_err());
         assert_eq!(fs::read(&plain).unwrap(), b"not a db");
+    }
+
+    /// A db whose records are still in its log (as another writer may leave
+    /// it): read through the log, and a damaged log record is an error.
+    #[test]
+    fn records_in_a_log_are_checked_too() {
+        let s = Scratch::new("ldb-log");
+        let p = s.file("db");
+        let big: Vec<f32> = (0..30_000).map(|i| i as f32).collect();
+        let entries = [("x".to_string(), t(&[30_000], big.clone()))];
+        let refs: Vec<(&str, &BlobValue)> = entries.iter().map(|(n, v)| (n.as_str(), v)).collect();
+        let prepared = prepare(&refs, &LevelDb).unwrap();
+        {
+            let mut db = DB::open(&p, options()).unwrap();
+            write_records(&prepared, &SaveOptions::default(), &mut |k, v| {
+                db.put(k.as_bytes(), v).map_err(|e| ldb_error(&p, e))
+            })
+            .unwrap();
+            db.flush().unwrap();
+            // Dropped without a compaction: the record stays in the log.
+        }
+        let log = fs::read_dir(&p)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|f| f.extension().is_some_and(|x| x == "log"))
+            .unwrap();
+        let intact = fs::read(&log).unwrap();
+        assert!(intact.len() > 3 * LOG_BLOCK, "{}", intact.len());
+        let copy = s.file("copy");
+        fs::create_dir(&copy).unwrap();
+        for e in fs::read_dir(&p).unwrap() {
+            let e = e.unwrap();
+            fs::copy(e.path(), Path::new(&copy).join(e.file_name())).unwrap();
+        }
+        let back = load_db(&p, "leveldb").unwrap();
+        assert_eq!(
+            back[0].1.tensor().unwrap(),
+            &Tensor::from_vec(&[30_000], big).unwrap()
+        );
+
+        let mut b = intact;
+        b[LOG_BLOCK + 100] ^= 1;
+        fs::write(Path::new(&copy).join(log.file_name().unwrap()), b).unwrap();
+        let e = load_db(&copy, "leveldb").unwrap_err();
+        assert_eq!(e.kind, ErrorKind::CorruptCheckpoint, "{e}");
+        assert!(e.message.contains("fails its CRC"), "{e}");
     }
 
     #[test]
