@@ -34,7 +34,7 @@ def read_all(ws, session, reader, threads=4):
     return sorted(ws.fetch_blob(str(dst.get_blobs()[0])).tolist())
 
 
-@pytest.mark.parametrize('db_type', ['minidb', 'ferro'])
+@pytest.mark.parametrize('db_type', ['minidb', 'ferro', 'leveldb', 'LevelDB'])
 def test_the_cache_is_built_once_and_read_back(tmp_path, db_type):
     ws = workspace.Workspace()
     session = LocalSession(ws)
