@@ -538,6 +538,63 @@ mod tests {
         assert_eq!(get(&ws, "y").array::<i32>().unwrap().shape(), &[3, 1]);
     }
 
+    /// Caffe2's LevelDB data dbs: TensorProtos records, read in key order.
+    #[test]
+    fn a_leveldb_of_tensor_protos_is_read_in_key_order() {
+        let path = scratch("leveldb");
+        let p = path.to_str().unwrap();
+        // Written out of order; keys sort bytewise: "a", "b", "c".
+        let recs: Vec<(Vec<u8>, Vec<u8>)> = [("c", 3.0f32), ("a", 1.0), ("b", 2.0)]
+            .iter()
+            .map(|(k, x)| {
+                let t = TensorProto {
+                    dims: vec![1],
+                    data_type: Some(1),
+                    float_data: vec![*x],
+                    ..Default::default()
+                };
+                (
+                    k.as_bytes().to_vec(),
+                    TensorProtos { protos: vec![t] }.encode_to_vec(),
+                )
+            })
+            .collect();
+        storage::write_leveldb_records(p, &recs).unwrap();
+        let ws = Workspace::new();
+        run(
+            &ws,
+            op(
+                "CreateDB",
+                &[],
+                &["r"],
+                vec![str_arg("db", p), str_arg("db_type", "LevelDB")],
+            ),
+        )
+        .unwrap();
+        let read = op(
+            "TensorProtosDBInput",
+            &["r"],
+            &["x"],
+            vec![int_arg("batch_size", 2)],
+        );
+        run(&ws, read.clone()).unwrap();
+        let x: Vec<f32> = get(&ws, "x")
+            .array::<f32>()
+            .unwrap()
+            .iter()
+            .copied()
+            .collect();
+        assert_eq!(x, vec![1.0, 2.0]);
+        run(&ws, read).unwrap();
+        let x: Vec<f32> = get(&ws, "x")
+            .array::<f32>()
+            .unwrap()
+            .iter()
+            .copied()
+            .collect();
+        assert_eq!(x, vec![3.0, 1.0]);
+    }
+
     #[test]
     fn bad_arguments_and_mismatched_outputs_are_errors() {
         let path = scratch("errors");

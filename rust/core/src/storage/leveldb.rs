@@ -117,12 +117,12 @@ fn records(path: &str, select: &dyn Fn(&str) -> bool) -> Result<Vec<MiniRecord>>
         .collect()
 }
 
-/// Writes `entries` as a new LevelDB in the (new, empty) directory `dir`.
+/// Writes a new LevelDB in the (new, empty) directory `dir`, its records
+/// given by `fill`.
 fn write_dir(
     dir: &Path,
     path: &str,
-    entries: &[(&str, Prepared<'_>)],
-    opts: &SaveOptions,
+    fill: &mut dyn FnMut(&mut dyn FnMut(&[u8], &[u8]) -> Result<()>) -> Result<()>,
 ) -> Result<()> {
     guarded(path, || {
         let o = Options {
@@ -131,10 +131,7 @@ fn write_dir(
             ..options()
         };
         let mut db = DB::open(dir, o).map_err(|s| ldb_error(path, s))?;
-        write_records(entries, opts, &mut |key, value| {
-            db.put(key.as_bytes(), value)
-                .map_err(|s| ldb_error(path, s))
-        })?;
+        fill(&mut |key, value| db.put(key, value).map_err(|s| ldb_error(path, s)))?;
         // Everything into tables, whose blocks carry CRCs that every read
         // checks (a damaged log would be skipped silently on recovery).
         db.compact_range(b"", b"\xff")
@@ -164,7 +161,22 @@ fn temp_dir_for(path: &Path, shown: &str) -> Result<PathBuf> {
     }
 }
 
-fn save_leveldb(path: &str, entries: &[(&str, Prepared<'_>)], opts: &SaveOptions) -> Result<()> {
+/// Writes a LevelDB at `path` whose records are `records` (raw keys and
+/// values, as Caffe2's `Transaction::Put`), crash-safely as a save does,
+/// replacing a LevelDB there.
+pub fn write_leveldb_records(path: &str, records: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
+    save_leveldb(path, &mut |put| {
+        for (k, v) in records {
+            put(k, v)?;
+        }
+        Ok(())
+    })
+}
+
+fn save_leveldb(
+    path: &str,
+    fill: &mut dyn FnMut(&mut dyn FnMut(&[u8], &[u8]) -> Result<()>) -> Result<()>,
+) -> Result<()> {
     let p = Path::new(path);
     if p.file_name().is_none() {
         return Err(Error::invalid_arg(format!("'{path}' does not name a db")).with_file(path));
@@ -189,7 +201,7 @@ fn save_leveldb(path: &str, entries: &[(&str, Prepared<'_>)], opts: &SaveOptions
     let parent = dir_of(p);
     let tmp = temp_dir_for(p, path)?;
     let result = (|| {
-        write_dir(&tmp, path, entries, opts)?;
+        write_dir(&tmp, path, fill)?;
         if replacing {
             // Two renames: a directory cannot be renamed over a full one.
             let old = temp_path_for(p);
@@ -262,7 +274,9 @@ impl DbFormat for LevelDb {
         false
     }
     fn save(&self, path: &str, entries: &[(&str, Prepared<'_>)], opts: &SaveOptions) -> Result<()> {
-        save_leveldb(path, entries, opts)
+        save_leveldb(path, &mut |put| {
+            write_records(entries, opts, &mut |key, value| put(key.as_bytes(), value))
+        })
     }
     fn exists(&self, path: &str) -> bool {
         is_leveldb(Path::new(path))

@@ -89,7 +89,7 @@ use files::*;
 pub use files::{
     check_replaceable, open_regular, sweep_stale_temporaries, temp_path_for, write_file,
 };
-pub use leveldb::{LevelDb, LevelDbRecords};
+pub use leveldb::{write_leveldb_records, LevelDb, LevelDbRecords};
 pub use mapped::{map_ferro, MappedBlob, MappedData};
 use minidb::*;
 pub use minidb::{tensor_from_proto, MiniDb, MiniDbRecords};
