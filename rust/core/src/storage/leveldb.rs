@@ -117,13 +117,14 @@ fn records(path: &str, select: &dyn Fn(&str) -> bool) -> Result<Vec<MiniRecord>>
         .collect()
 }
 
+/// Stores one record (key, value).
+type Put<'a> = dyn FnMut(&[u8], &[u8]) -> Result<()> + 'a;
+/// Gives a db its records through a [`Put`].
+type Fill<'a> = dyn FnMut(&mut Put<'_>) -> Result<()> + 'a;
+
 /// Writes a new LevelDB in the (new, empty) directory `dir`, its records
 /// given by `fill`.
-fn write_dir(
-    dir: &Path,
-    path: &str,
-    fill: &mut dyn FnMut(&mut dyn FnMut(&[u8], &[u8]) -> Result<()>) -> Result<()>,
-) -> Result<()> {
+fn write_dir(dir: &Path, path: &str, fill: &mut Fill<'_>) -> Result<()> {
     guarded(path, || {
         let o = Options {
             create_if_missing: true,
@@ -173,10 +174,7 @@ pub fn write_leveldb_records(path: &str, records: &[(Vec<u8>, Vec<u8>)]) -> Resu
     })
 }
 
-fn save_leveldb(
-    path: &str,
-    fill: &mut dyn FnMut(&mut dyn FnMut(&[u8], &[u8]) -> Result<()>) -> Result<()>,
-) -> Result<()> {
+fn save_leveldb(path: &str, fill: &mut Fill<'_>) -> Result<()> {
     let p = Path::new(path);
     if p.file_name().is_none() {
         return Err(Error::invalid_arg(format!("'{path}' does not name a db")).with_file(path));
