@@ -1,15 +1,13 @@
 """A reader whose records are cached in a db file (Caffe2's
 ``caffe2.python.cached_reader``).
 
-    cached = CachedReader(source_reader, db_path='/tmp/cache.db',
-                          db_type='minidb')
+    cached = CachedReader(source_reader, db_path='/tmp/cache.db')
     session.run(cached.build_cache_step())   # reads the source once
     pipe(cached, out_dataset.writer())        # later reads come from the db
 
 ``build_cache_step`` does nothing when the db already exists (unless
-``overwrite``), so a job can build its cache on first run only. Caffe2's
-default ``db_type`` was LevelDB, which ferrocaffe does not have: the
-default here is ``'minidb'`` (Caffe2's own simple format).
+``overwrite``), so a job can build its cache on first run only. The
+default ``db_type`` is Caffe2's, ``'LevelDB'`` (a LevelDB directory).
 """
 
 import os
@@ -29,13 +27,13 @@ class CachedReader(DBFileReader):
     Args:
         original_reader: the reader the cache is built from.
         db_path: the cache db.
-        db_type: its format (default 'minidb').
+        db_type: its format (default 'LevelDB', as Caffe2).
         name, batch_size, loop_over: as for DBFileReader.
     """
 
     default_name_suffix = 'cached_reader'
 
-    def __init__(self, original_reader, db_path, db_type='minidb', name=None,
+    def __init__(self, original_reader, db_path, db_type='LevelDB', name=None,
                  batch_size=100, loop_over=False):
         if original_reader is None:
             raise ValueError("original_reader can't be None")

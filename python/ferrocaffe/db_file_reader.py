@@ -9,7 +9,7 @@ it in batches, in a shuffled order, once or endlessly (``loop_over``).
     pipe(reader, out_dataset.writer())
 
 ``db_type`` is one of ``workspace.C.registered_dbs()`` (``'ferro'``,
-``'minidb'``); Caffe2's LevelDB and LMDB are not available.
+``'minidb'``, ``'leveldb'``/``'LevelDB'``); Caffe2's LMDB is not available.
 """
 
 import os

@@ -1404,7 +1404,7 @@ C = types.SimpleNamespace(
     registered_operators=_core.registered_operators,
     operator_schema=_core.operator_schema,
     global_init=GlobalInit,
-    registered_dbs=lambda: ["ferro", "minidb"],
+    registered_dbs=_core.registered_dbs,
     create_db=db.create_db,
     infer_shapes_and_types_from_workspace=lambda nets: _infer_from_workspace(nets),
     infer_shapes_and_types_from_map=lambda nets, dims, types=None: _infer_from_map(nets, dims, types),

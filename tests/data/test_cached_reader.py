@@ -34,7 +34,7 @@ def read_all(ws, session, reader, threads=4):
     return sorted(ws.fetch_blob(str(dst.get_blobs()[0])).tolist())
 
 
-@pytest.mark.parametrize('db_type', ['minidb', 'ferro'])
+@pytest.mark.parametrize('db_type', ['minidb', 'ferro', 'leveldb', 'LevelDB'])
 def test_the_cache_is_built_once_and_read_back(tmp_path, db_type):
     ws = workspace.Workspace()
     session = LocalSession(ws)
@@ -63,13 +63,13 @@ def test_a_db_file_reader_finds_its_fields_in_the_db(tmp_path):
     ws = workspace.Workspace()
     session = LocalSession(ws)
     path = str(tmp_path / 'sample.db')
-    cached = CachedReader(source_reader(ws, range(30)), path)
+    cached = CachedReader(source_reader(ws, range(30)), path)  # Caffe2's default: LevelDB
     session.run(cached.build_cache_step())
 
     previous = workspace.CurrentWorkspace()
     workspace.SwitchWorkspace('db_file_reader_test', True)
     try:
-        reader = DBFileReader(db_path=path, db_type='minidb', batch_size=4)
+        reader = DBFileReader(db_path=path, db_type='LevelDB', batch_size=4)
         assert reader.name == 'sample_db_file_reader'
         assert reader.schema().field_names() == ['uid']
         current = workspace.current_workspace()
@@ -80,8 +80,8 @@ def test_a_db_file_reader_finds_its_fields_in_the_db(tmp_path):
 
 
 def test_unknown_db_types_and_reads_before_setup_are_refused(tmp_path):
-    with pytest.raises(errors.InvalidArgumentError, match='LevelDB'):
-        DBFileReader(db_path=str(tmp_path / 'x.db'), db_type='LevelDB',
+    with pytest.raises(errors.InvalidArgumentError, match='lmdb'):
+        DBFileReader(db_path=str(tmp_path / 'x.db'), db_type='lmdb',
                      field_names=['uid'])
     reader = DBFileReader(db_path=str(tmp_path / 'x.db'), db_type='minidb',
                           field_names=['uid'])

@@ -142,7 +142,8 @@ def test_the_writer_writes_caffe2s_minidb_layout(tmp_path):
 def test_errors_name_the_problem(fresh, tmp_path):
     path = tmp_path / "db"
     write_by_hand(path, [tensor_protos(np.zeros(2, np.float32)), tensor_protos(np.zeros(3, np.float32))])
-    with pytest.raises(InvalidArgumentError, match="leveldb"):
+    # The default db_type is Caffe2's "leveldb": a minidb file is not a LevelDB directory.
+    with pytest.raises(FerrocaffeIOError, match="not a LevelDB"):
         workspace.RunOperatorOnce(core.CreateOperator("CreateDB", [], ["r"], db=str(path)))
     with pytest.raises(InvalidArgumentError, match="db name"):
         workspace.RunOperatorOnce(core.CreateOperator("CreateDB", [], ["r"], db_type="minidb"))

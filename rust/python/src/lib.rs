@@ -49,6 +49,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(storage::map_ferro, m)?)?;
     m.add_function(wrap_pyfunction!(storage::verify_db, m)?)?;
     m.add_function(wrap_pyfunction!(storage::db_exists, m)?)?;
+    m.add_function(wrap_pyfunction!(storage::registered_dbs, m)?)?;
     m.add_function(wrap_pyfunction!(storage::sweep_stale_temporaries, m)?)?;
     m.add_function(wrap_pyfunction!(storage::write_file_atomically, m)?)?;
     m.add_function(wrap_pyfunction!(registry::set_num_threads, m)?)?;

@@ -94,6 +94,13 @@ pub(crate) fn map_ferro(
         .collect()
 }
 
+/// Every `db_type` name the core's formats accept (Caffe2's
+/// `registered_dbs()`), from `storage::FORMATS`.
+#[pyfunction]
+pub(crate) fn registered_dbs() -> Vec<&'static str> {
+    ferrocaffe::storage::registered_dbs()
+}
+
 #[pyfunction]
 #[pyo3(signature = (path, db_type=String::from("ferro")))]
 pub(crate) fn db_exists(py: Python<'_>, path: PathBuf, db_type: String) -> PyResult<bool> {

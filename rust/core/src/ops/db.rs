@@ -3,10 +3,11 @@
 //! DB reader blob; `TensorProtosDBInput` reads `TensorProtos` records from
 //! it, `batch_size` at a time, one output per tensor of a record.
 //!
-//! The db type is `minidb` (Caffe2's own record file, read by
-//! [`storage::MiniDbRecords`]); Caffe2's leveldb, lmdb and rocksdb are not
+//! The db type is any key-value format of `storage::FORMATS`: `minidb`
+//! (Caffe2's own record file) or `leveldb`/`LevelDB`, each read through the
+//! format's [`storage::KvRecords`]; Caffe2's lmdb and rocksdb are not
 //! available. As Caffe2's `DBReader::Read`, a reader hands out its records
-//! in file order and starts over at the first one after the last (with
+//! in the db's order (a minidb's file order, a LevelDB's key order) and starts over at the first one after the last (with
 //! `num_shards`, reader `shard_id` takes records `shard_id`,
 //! `shard_id + num_shards`, ...). Unlike Caffe2, a batch is read atomically
 //! (two ops sharing a reader never interleave their records), and there is
@@ -20,7 +21,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::ir::{BlobProto, TensorProtos};
 use crate::operator::{OpDefCtx, OpSchema, Operator, MANY};
 use crate::readers::{Dec, Enc};
-use crate::storage::{self, MiniDbRecords};
+use crate::storage::{self, KvRecords};
 use crate::tensor::{concatenate, Element, Tensor};
 use parking_lot::Mutex;
 use prost::Message;
@@ -30,9 +31,6 @@ use std::time::Duration;
 
 /// The type tag of a saved [`DbReader`].
 pub const DB_READER_TAG: &str = "ferrocaffe::DBReader";
-
-/// The db types `CreateDB` opens.
-pub const READABLE_DB_TYPES: &[&str] = &["minidb"];
 
 pub fn codecs() -> Vec<(&'static str, crate::storage::BlobDecoder)> {
     vec![(DB_READER_TAG, decode_db_reader)]
@@ -58,7 +56,7 @@ pub fn schemas() -> Vec<OpSchema> {
             .outputs(1, 1)
             .args(&[
                 arg!("db", "string", "(required)", "the db's path"),
-                arg!("db_type", "string", "\"leveldb\"", "the db's type; ferrocaffe reads 'minidb'"),
+                arg!("db_type", "string", "\"leveldb\"", "the db's type: 'minidb' or 'leveldb'/'LevelDB'"),
                 arg!("num_shards", "int", "1", "read every num_shards-th record ..."),
                 arg!("shard_id", "int", "0", "... starting with this one (0 <= shard_id < num_shards)"),
             ])
@@ -86,7 +84,7 @@ pub fn schemas() -> Vec<OpSchema> {
 /// A reader over a key-value db (Caffe2's `db::DBReader`).
 pub struct DbReader {
     db_type: String,
-    records: MiniDbRecords,
+    records: Box<dyn KvRecords>,
     num_shards: usize,
     shard_id: usize,
     /// The index of the next record.
@@ -121,13 +119,14 @@ const DB_READER_MAGIC: &[u8; 4] = b"FCDB";
 
 impl DbReader {
     pub fn open(db_type: &str, path: &str, num_shards: usize, shard_id: usize) -> Result<DbReader> {
-        check_db_type(db_type)?;
         if num_shards == 0 || shard_id >= num_shards {
             return Err(Error::invalid_arg(format!(
                 "a DB reader needs 0 <= shard_id < num_shards, got shard_id {shard_id} and num_shards {num_shards}"
             )));
         }
-        let records = MiniDbRecords::open(path)?;
+        let records = storage::db_format(db_type)
+            .map_err(|e| e.with_file(path))?
+            .records(path)?;
         if shard_id >= records.len() {
             return Err(Error::invalid_arg(format!(
                 "the db has fewer records ({}) than the reader's shard_id ({shard_id})",
@@ -207,21 +206,6 @@ impl DbReader {
 fn decode_db_reader(p: &BlobProto) -> Result<BlobValue> {
     let r = DbReader::from_bytes(p.content.as_deref().unwrap_or_default())?;
     Ok(BlobValue::Object(Arc::new(r)))
-}
-
-fn check_db_type(db_type: &str) -> Result<()> {
-    if READABLE_DB_TYPES.contains(&db_type) {
-        return Ok(());
-    }
-    Err(Error::invalid_arg(format!(
-        "cannot open a db of type '{db_type}': ferrocaffe reads key-value dbs of type {} \
-         (Caffe2's leveldb, lmdb and rocksdb are not available)",
-        READABLE_DB_TYPES
-            .iter()
-            .map(|t| format!("'{t}'"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    )))
 }
 
 // ------------------------------------------------------------------- ops --
@@ -344,7 +328,7 @@ fn create_db(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         return Err(ctx.bad_arg("Must specify a db name (argument 'db')"));
     }
     let db_type = ctx.args.string("db_type", "leveldb")?;
-    check_db_type(&db_type).map_err(|e| e.with_op(ctx.op_type(), None))?;
+    storage::db_format(&db_type).map_err(|e| e.with_op(ctx.op_type(), None))?;
     let num_shards = ctx.args.i64("num_shards", 1)?;
     let shard_id = ctx.args.i64("shard_id", 0)?;
     if num_shards < 1 || shard_id < 0 || shard_id >= num_shards {
@@ -554,14 +538,74 @@ mod tests {
         assert_eq!(get(&ws, "y").array::<i32>().unwrap().shape(), &[3, 1]);
     }
 
+    /// Caffe2's LevelDB data dbs: TensorProtos records, read in key order.
+    #[test]
+    fn a_leveldb_of_tensor_protos_is_read_in_key_order() {
+        let path = scratch("leveldb");
+        let p = path.to_str().unwrap();
+        // Written out of order; keys sort bytewise: "a", "b", "c".
+        let recs: Vec<(Vec<u8>, Vec<u8>)> = [("c", 3.0f32), ("a", 1.0), ("b", 2.0)]
+            .iter()
+            .map(|(k, x)| {
+                let t = TensorProto {
+                    dims: vec![1],
+                    data_type: Some(1),
+                    float_data: vec![*x],
+                    ..Default::default()
+                };
+                (
+                    k.as_bytes().to_vec(),
+                    TensorProtos { protos: vec![t] }.encode_to_vec(),
+                )
+            })
+            .collect();
+        storage::write_leveldb_records(p, &recs).unwrap();
+        let ws = Workspace::new();
+        run(
+            &ws,
+            op(
+                "CreateDB",
+                &[],
+                &["r"],
+                vec![str_arg("db", p), str_arg("db_type", "LevelDB")],
+            ),
+        )
+        .unwrap();
+        let read = op(
+            "TensorProtosDBInput",
+            &["r"],
+            &["x"],
+            vec![int_arg("batch_size", 2)],
+        );
+        run(&ws, read.clone()).unwrap();
+        let x: Vec<f32> = get(&ws, "x")
+            .array::<f32>()
+            .unwrap()
+            .iter()
+            .copied()
+            .collect();
+        assert_eq!(x, vec![1.0, 2.0]);
+        run(&ws, read).unwrap();
+        let x: Vec<f32> = get(&ws, "x")
+            .array::<f32>()
+            .unwrap()
+            .iter()
+            .copied()
+            .collect();
+        assert_eq!(x, vec![3.0, 1.0]);
+    }
+
     #[test]
     fn bad_arguments_and_mismatched_outputs_are_errors() {
         let path = scratch("errors");
         write_db(&path, 2);
         let p = path.to_str().unwrap();
         let ws = Workspace::new();
+        // The default db_type is Caffe2's 'leveldb': a minidb file is not one.
         let e = run(&ws, op("CreateDB", &[], &["r"], vec![str_arg("db", p)])).unwrap_err();
-        assert!(e.to_string().contains("'leveldb'"), "{e}");
+        assert_eq!(e.kind, ErrorKind::Io);
+        assert!(e.to_string().contains("not a LevelDB"), "{e}");
+        assert!(e.to_string().contains(p), "{e}");
         let e = run(
             &ws,
             op("CreateDB", &[], &["r"], vec![str_arg("db_type", "minidb")]),

@@ -13,10 +13,11 @@ use crate::error::{Error, Result};
 use crate::operator::{OpDefCtx, OpSchema, Operator, MANY};
 use crate::storage::{self, SaveOptions};
 use crate::tensor::Tensor;
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 
 const DB_TYPE_DOC: &str =
-    "'ferro' (ferrocaffe's checked format) or 'minidb' (Caffe2's); leveldb and lmdb are not supported";
+    "'ferro' (ferrocaffe's checked format), 'minidb' or 'leveldb'/'LevelDB' (Caffe2's); lmdb and rocksdb are not supported";
 
 pub fn schemas() -> Vec<OpSchema> {
     vec![
@@ -43,6 +44,24 @@ pub fn schemas() -> Vec<OpSchema> {
             .doc(
                 "Writes its inputs to a new db, replacing any db at that path atomically (a db that exists is \
                  complete). Tensors, byte strings and objects with a serializer (counters, mutexes, cursors) can be saved.",
+            ),
+        OpSchema::new("Checkpoint", checkpoint)
+            .inputs(1, MANY)
+            .outputs(0, 0)
+            .args(&[
+                arg!("db", "string", "required", "the db path pattern, a printf format with one integer conversion (e.g. %05d) that the iteration fills; see absolute_path"),
+                arg!("db_type", "string", "required", DB_TYPE_DOC),
+                arg!("every", "int", "1", "save only at iterations that are a multiple of this (positive)"),
+                arg!("absolute_path", "int", "0", "non-zero: use db as is; else '<workspace root folder>/<db>'"),
+                arg!("strip_prefix", "string", "\"\"", "as for Save"),
+                arg!("blob_name_overrides", "list of strings", "[]", "as for Save"),
+                arg!("chunk_size", "int", "-1", "as for Save"),
+                arg!("options", "string (a serialized SerializationOptions)", "none", "as for Save"),
+            ])
+            .doc(
+                "Input 0 is the iteration (an int64 tensor, as written by Iter). When it is a multiple of every, \
+                 saves every input (the iteration too) as Save does, to the db named by the db pattern formatted \
+                 with the iteration; otherwise does nothing.",
             ),
         OpSchema::new("Load", load)
             .inputs(0, MANY)
@@ -113,9 +132,122 @@ fn strip<'a>(name: &'a str, prefix: &str) -> &'a str {
 // ------------------------------------------------------------------ Save --
 
 fn save(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    save_op(ctx, None)
+}
+
+/// Caffe2's Checkpoint: a Save whose db path is a pattern formatted with the
+/// iteration (input 0), run every `every` iterations.
+fn checkpoint(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let every = ctx.args.i64("every", 1)?;
+    if every <= 0 {
+        return Err(ctx.bad_arg(format!(
+            "Checkpoint interval should be positive: 'every' is {every}"
+        )));
+    }
+    let db = ctx.args.string("db", "")?;
+    // The pattern is checked now, with a sample iteration.
+    format_iteration(&db, 0).map_err(|m| ctx.bad_arg(m))?;
+    save_op(ctx, Some(every))
+}
+
+/// Caffe2's `FormatString(pattern, iter)` for the patterns that make sense
+/// with one integer: exactly one conversion among %d, %i, %u (with l, ll or
+/// j length modifiers), with flags `-`, `0`, `+`, ` ` and a width; `%%` is
+/// a percent sign. Anything else is refused (C's sprintf would read garbage).
+pub(crate) fn format_iteration(pattern: &str, iter: i64) -> std::result::Result<String, String> {
+    let bad = |why: &str| {
+        format!("the checkpoint db pattern '{pattern}' {why}: it needs exactly one integer conversion such as %d or %05d")
+    };
+    let mut out = String::new();
+    let mut used = false;
+    let mut chars = pattern.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        if chars.peek() == Some(&'%') {
+            chars.next();
+            out.push('%');
+            continue;
+        }
+        let (mut left, mut zero, mut plus, mut space) = (false, false, false, false);
+        while let Some(&f) = chars.peek() {
+            match f {
+                '-' => left = true,
+                '0' => zero = true,
+                '+' => plus = true,
+                ' ' => space = true,
+                _ => break,
+            }
+            chars.next();
+        }
+        let mut width = String::new();
+        while let Some(&d) = chars.peek().filter(|d| d.is_ascii_digit()) {
+            width.push(d);
+            chars.next();
+        }
+        while matches!(chars.peek(), Some('l') | Some('j')) {
+            chars.next();
+        }
+        let conv = chars.next();
+        if !matches!(conv, Some('d') | Some('i') | Some('u')) {
+            return Err(bad("has a conversion that is not an integer one"));
+        }
+        if used {
+            return Err(bad("has more than one conversion"));
+        }
+        used = true;
+        let width: usize = if width.is_empty() {
+            0
+        } else {
+            width
+                .parse()
+                .ok()
+                .filter(|w| *w <= 4096)
+                .ok_or_else(|| bad("has a width that is too large"))?
+        };
+        let mut digits = if conv == Some('u') {
+            (iter as u64).to_string()
+        } else {
+            iter.unsigned_abs().to_string()
+        };
+        let sign = if conv != Some('u') && iter < 0 {
+            "-"
+        } else if plus && conv != Some('u') {
+            "+"
+        } else if space && conv != Some('u') {
+            " "
+        } else {
+            ""
+        };
+        let len = sign.len() + digits.len();
+        if len < width {
+            if left {
+                digits = format!("{sign}{digits}{}", " ".repeat(width - len));
+            } else if zero {
+                digits = format!("{sign}{}{digits}", "0".repeat(width - len));
+            } else {
+                digits = format!("{}{sign}{digits}", " ".repeat(width - len));
+            }
+        } else {
+            digits = format!("{sign}{digits}");
+        }
+        out.push_str(&digits);
+    }
+    if !used {
+        return Err(bad("has no conversion"));
+    }
+    Ok(out)
+}
+
+fn save_op(ctx: &OpDefCtx<'_>, every: Option<i64>) -> Result<Box<dyn Operator>> {
+    let op_name = ctx.op_type();
     let db = ctx.args.string("db", "")?;
     if db.is_empty() {
-        return Err(ctx.bad_arg("Save needs a non-empty 'db' argument (Must specify a db name.)"));
+        return Err(ctx.bad_arg(format!(
+            "{op_name} needs a non-empty 'db' argument (Must specify a db name.)"
+        )));
     }
     let db_type = db_type_arg(ctx)?;
     let absolute = ctx.args.bool("absolute_path", false)?;
@@ -159,8 +291,10 @@ fn save(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
                 .with_blob(n));
         }
     }
-    // Caffe2 fixes the path when the op is built.
-    let path = full_path(&ctx.ws.root_folder(), &db, absolute);
+    // Caffe2 fixes the path when the op is built (a checkpoint's pattern is
+    // filled in when it runs).
+    let root = ctx.ws.root_folder();
+    let path = full_path(&root, &db, absolute);
     let opts = SaveOptions {
         chunk_size,
         per_blob: serialization_options(ctx)?,
@@ -170,6 +304,32 @@ fn save(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         // read locks in the global lock order for the duration of the save:
         // writers of these blobs wait, readers do not.
         let locked = cx.lock();
+        let path = match every {
+            None => Cow::Borrowed(path.as_str()),
+            Some(every) => {
+                let t = locked
+                    .input(0)
+                    .tensor()
+                    .map_err(|e| e.with_blob(&names[0]))?;
+                let iter = t
+                    .array::<i64>()
+                    .ok()
+                    .and_then(|a| a.iter().copied().next())
+                    .ok_or_else(|| {
+                        Error::type_error(format!(
+                            "Checkpoint's input 0 must be the iteration, an int64 tensor with an element; got {} of shape {:?}",
+                            t.dtype(),
+                            t.shape()
+                        ))
+                        .with_blob(&names[0])
+                    })?;
+                if iter % every != 0 {
+                    return Ok(true);
+                }
+                let db = format_iteration(&db, iter).map_err(Error::invalid_arg)?;
+                Cow::Owned(full_path(&root, &db, absolute))
+            }
+        };
         let entries: Vec<(&str, &BlobValue)> = names
             .iter()
             .enumerate()
@@ -728,11 +888,8 @@ mod tests {
         assert!(e.message.contains("'db'"), "{e}");
         let e = build_err(&ws, &op("Save", &["w"], &[], vec![a_s("db", "x")]));
         assert!(e.message.contains("db_type"), "{e}");
-        let e = build_err(&ws, &save_op(&["w"], "x", "leveldb", vec![]));
-        assert!(
-            e.message.contains("db_type 'leveldb' is not supported"),
-            "{e}"
-        );
+        let e = build_err(&ws, &save_op(&["w"], "x", "lmdb", vec![]));
+        assert!(e.message.contains("db_type 'lmdb' is not supported"), "{e}");
         let e = build_err(&ws, &save_op(&["w"], "x", "parquet", vec![]));
         assert!(e.message.contains("unknown db_type 'parquet'"), "{e}");
         let e = build_err(
@@ -984,6 +1141,92 @@ mod tests {
         let e = run(&l, &load_op(&["a"], "nope", "ferro", vec![])).unwrap_err();
         assert_eq!(e.kind, ErrorKind::Io);
         assert_eq!(e.context.file.as_deref(), Some(dir.file("nope").as_str()));
+    }
+
+    #[test]
+    fn every_kind_round_trips_through_leveldb() {
+        for db_type in ["leveldb", "LevelDB"] {
+            let dir = Scratch::new();
+            let ws = filled(&dir);
+            run(
+                &ws,
+                &save_op(&ALL, "ldb", db_type, vec![a_i("chunk_size", 2)]),
+            )
+            .unwrap();
+            assert!(std::path::Path::new(&dir.file("ldb"))
+                .join("CURRENT")
+                .is_file());
+            let fresh = Workspace::with_root(&dir.root());
+            run(&fresh, &load_op(&ALL, "ldb", "leveldb", vec![])).unwrap();
+            check_restored(&fresh);
+        }
+    }
+
+    #[test]
+    fn checkpoint_saves_every_n_iterations_to_the_formatted_path() {
+        let dir = Scratch::new();
+        let ws = filled(&dir);
+        let d = op(
+            "Checkpoint",
+            &["it", "w"],
+            &[],
+            vec![
+                a_s("db", "ck_%05d"),
+                a_s("db_type", "leveldb"),
+                a_i("every", 10),
+            ],
+        );
+        for i in 1..=25i64 {
+            ws.feed("it", BlobValue::Tensor(t(&[1], vec![i])));
+            run(&ws, &d).unwrap();
+        }
+        let mut made: Vec<String> = std::fs::read_dir(&dir.0)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        made.sort();
+        assert_eq!(made, ["ck_00010", "ck_00020"]);
+        let fresh = Workspace::with_root(&dir.root());
+        run(
+            &fresh,
+            &load_op(&["it", "w"], "ck_00020", "leveldb", vec![]),
+        )
+        .unwrap();
+        assert_eq!(out(&fresh, "it"), t(&[1], vec![20i64]));
+        assert_eq!(
+            out(&fresh, "w"),
+            t(&[2, 3], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0])
+        );
+        let bad = |args: Vec<Argument>| build_err(&ws, &op("Checkpoint", &["it"], &[], args));
+        let e = bad(vec![
+            a_s("db", "x_%d"),
+            a_s("db_type", "leveldb"),
+            a_i("every", 0),
+        ]);
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
+        let e = bad(vec![a_s("db", "x_%s"), a_s("db_type", "minidb")]);
+        assert!(e.message.contains("integer conversion"), "{e}");
+        ws.feed("f", BlobValue::Tensor(t(&[1], vec![1.0f32])));
+        let d = op(
+            "Checkpoint",
+            &["f"],
+            &[],
+            vec![a_s("db", "y%d"), a_s("db_type", "minidb")],
+        );
+        assert_eq!(run(&ws, &d).unwrap_err().kind, ErrorKind::Type);
+    }
+
+    #[test]
+    fn checkpoint_patterns_follow_printf() {
+        use super::format_iteration as f;
+        assert_eq!(f("a_%05d", 42).unwrap(), "a_00042");
+        assert_eq!(f("%d%%", -3).unwrap(), "-3%");
+        assert_eq!(f("[%4d]", 7).unwrap(), "[   7]");
+        assert_eq!(f("[%-4d]", 7).unwrap(), "[7   ]");
+        assert_eq!(f("%lld", 123).unwrap(), "123");
+        assert_eq!(f("%05d", -42).unwrap(), "-0042");
+        assert!(f("plain", 1).is_err());
+        assert!(f("%d_%d", 1).is_err());
     }
 
     #[test]

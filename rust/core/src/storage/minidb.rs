@@ -22,6 +22,20 @@ pub(super) fn write_minidb(
     entries: &[(&str, Prepared<'_>)],
     opts: &SaveOptions,
 ) -> Result<()> {
+    write_records(entries, opts, &mut |key, value| {
+        minidb_put(w, path, key, value)
+    })
+}
+
+/// Caffe2's key-value layout of blobs, shared by the record formats (minidb,
+/// LevelDB): each value a serialized `BlobProto`; a tensor split into
+/// records keyed `name#%<chunk>` (one segment each) unless chunking is off
+/// for it, any other blob one record keyed by its name. `put` stores a record.
+pub(super) fn write_records(
+    entries: &[(&str, Prepared<'_>)],
+    opts: &SaveOptions,
+    put: &mut dyn FnMut(&str, &[u8]) -> Result<()>,
+) -> Result<()> {
     for (name, p) in entries {
         let name = *name;
         let r = match p {
@@ -34,7 +48,7 @@ pub(super) fn write_minidb(
                         tensor: Some(tp),
                         ..Default::default()
                     };
-                    minidb_put(w, path, &key, &bp.encode_to_vec())
+                    put(&key, &bp.encode_to_vec())
                 })
             }
             Prepared::Bytes(b) => {
@@ -44,7 +58,7 @@ pub(super) fn write_minidb(
                     content: Some(b.to_vec()),
                     ..Default::default()
                 };
-                minidb_put(w, path, name, &bp.encode_to_vec())
+                put(name, &bp.encode_to_vec())
             }
             Prepared::Object { proto, .. } => {
                 let mut bp = (**proto).clone();
@@ -52,7 +66,7 @@ pub(super) fn write_minidb(
                 if let Some(t) = bp.tensor.as_mut() {
                     t.name = Some(name.to_string());
                 }
-                minidb_put(w, path, name, &bp.encode_to_vec())
+                put(name, &bp.encode_to_vec())
             }
         };
         r.map_err(|e| e.with_blob(name))?;
@@ -63,12 +77,28 @@ pub(super) fn write_minidb(
 /// One minidb record: its key, the blob name (the key up to `#%`) and the
 /// value (`None` when not selected, then it was skipped, not read).
 pub(super) struct MiniRecord {
-    key: String,
-    name: String,
-    value: Option<Vec<u8>>,
-    value_len: u64,
-    /// Where the value starts in the file.
-    value_at: u64,
+    pub(super) key: String,
+    pub(super) name: String,
+    pub(super) value: Option<Vec<u8>>,
+    pub(super) value_len: u64,
+    /// Where the value starts in the file (0 for formats without one).
+    pub(super) value_at: u64,
+}
+
+impl MiniRecord {
+    /// A record read whole (a LevelDB entry): `value` kept if `keep`.
+    pub(super) fn whole(key: String, value: Vec<u8>, keep: &dyn Fn(&str) -> bool) -> MiniRecord {
+        let name = key[..key.find(CHUNK_SEPARATOR).unwrap_or(key.len())].to_string();
+        let value_len = value.len() as u64;
+        let value = keep(&name).then_some(value);
+        MiniRecord {
+            key,
+            name,
+            value,
+            value_len,
+            value_at: 0,
+        }
+    }
 }
 
 pub(super) fn read_exact_or_corrupt(
@@ -228,7 +258,15 @@ pub(super) fn load_minidb(
     path: &str,
     select: &dyn Fn(&str) -> bool,
 ) -> Result<Vec<(String, BlobValue)>> {
-    let groups = group_minidb(path, read_minidb(path, select)?)?;
+    load_records(path, read_minidb(path, select)?)
+}
+
+/// The blobs of Caffe2 key-value records (minidb, LevelDB), in record order.
+pub(super) fn load_records(
+    path: &str,
+    records: Vec<MiniRecord>,
+) -> Result<Vec<(String, BlobValue)>> {
+    let groups = group_minidb(path, records)?;
     let mut out = Vec::with_capacity(groups.len());
     for (name, g) in groups {
         let v = match g {
@@ -242,7 +280,12 @@ pub(super) fn load_minidb(
 }
 
 pub(super) fn list_minidb(path: &str) -> Result<Vec<EntryInfo>> {
-    let groups = group_minidb(path, read_minidb(path, &|_| true)?)?;
+    list_records(path, read_minidb(path, &|_| true)?)
+}
+
+/// What Caffe2 key-value records (minidb, LevelDB) hold.
+pub(super) fn list_records(path: &str, records: Vec<MiniRecord>) -> Result<Vec<EntryInfo>> {
+    let groups = group_minidb(path, records)?;
     let mut out = Vec::with_capacity(groups.len());
     for (name, g) in groups {
         let info = match g {
@@ -350,6 +393,21 @@ impl MiniDbRecords {
     }
 }
 
+impl KvRecords for MiniDbRecords {
+    fn path(&self) -> &str {
+        MiniDbRecords::path(self)
+    }
+    fn len(&self) -> usize {
+        MiniDbRecords::len(self)
+    }
+    fn key(&self, i: usize) -> &str {
+        MiniDbRecords::key(self, i)
+    }
+    fn value(&self, i: usize) -> Result<Vec<u8>> {
+        MiniDbRecords::value(self, i)
+    }
+}
+
 /// One `TensorProto` (a whole tensor, not a chunk) as a tensor.
 pub fn tensor_from_proto(tp: &TensorProto) -> Result<Tensor> {
     assemble_tensor(std::slice::from_ref(tp))
@@ -387,5 +445,8 @@ impl DbFormat for MiniDb {
     /// inside it go unnoticed.
     fn verify(&self, path: &str) -> Result<()> {
         load_minidb(path, &|_| true).map(|_| ())
+    }
+    fn records(&self, path: &str) -> Result<Box<dyn KvRecords>> {
+        Ok(Box::new(MiniDbRecords::open(path)?))
     }
 }

@@ -76,6 +76,7 @@ use std::time::{Duration, SystemTime};
 mod codecs;
 mod ferro;
 mod files;
+mod leveldb;
 mod mapped;
 mod minidb;
 mod tensor_proto;
@@ -88,6 +89,7 @@ use files::*;
 pub use files::{
     check_replaceable, open_regular, sweep_stale_temporaries, temp_path_for, write_file,
 };
+pub use leveldb::{write_leveldb_records, LevelDb, LevelDbRecords};
 pub use mapped::{map_ferro, MappedBlob, MappedData};
 use minidb::*;
 pub use minidb::{tensor_from_proto, MiniDb, MiniDbRecords};
@@ -115,12 +117,20 @@ pub const CHUNK_SEPARATOR: &str = "#%";
 // ------------------------------------------------------------ db formats --
 
 /// A db format: how blobs are written to, read from, listed in and checked
-/// in one file. The registry is [`FORMATS`]; Caffe2's equivalent was
-/// `REGISTER_CAFFE2_DB`. Writes always go through a crash-safe temporary
-/// (see the module docs), which the format only fills.
+/// in one file (or one directory). The registry is [`FORMATS`]; Caffe2's
+/// equivalent was `REGISTER_CAFFE2_DB`. A single-file format implements
+/// [`write`](DbFormat::write) and writes go through a crash-safe temporary
+/// (see the module docs), which the format only fills; a format stored
+/// otherwise (LevelDB, a directory) implements [`save`](DbFormat::save) and
+/// [`exists`](DbFormat::exists) itself.
 pub trait DbFormat: Sync {
     /// The `db_type` that selects it.
     fn name(&self) -> &'static str;
+    /// Other `db_type` names that select it (Caffe2 registered some formats
+    /// twice, e.g. "LevelDB" and "leveldb").
+    fn aliases(&self) -> &'static [&'static str] {
+        &[]
+    }
     /// A few words for error messages listing the formats.
     fn about(&self) -> &'static str;
     /// Whether blob names may contain [`CHUNK_SEPARATOR`] (a format that
@@ -132,11 +142,36 @@ pub trait DbFormat: Sync {
     /// options (chunking, float format) that apply to the format.
     fn write(
         &self,
-        w: &mut BufWriter<File>,
-        path: &str,
-        entries: &[(&str, Prepared<'_>)],
-        opts: &SaveOptions,
-    ) -> Result<()>;
+        _w: &mut BufWriter<File>,
+        _path: &str,
+        _entries: &[(&str, Prepared<'_>)],
+        _opts: &SaveOptions,
+    ) -> Result<()> {
+        Err(Error::internal(format!(
+            "the '{}' db format is not a single file",
+            self.name()
+        )))
+    }
+    /// Writes the db at `path`, replacing any db there (by default through
+    /// a crash-safe temporary file filled by [`write`](DbFormat::write)).
+    fn save(&self, path: &str, entries: &[(&str, Prepared<'_>)], opts: &SaveOptions) -> Result<()> {
+        write_atomically(path, |w| self.write(w, path, entries, opts))
+    }
+    /// Whether a db of this format can be opened at `path` (by default: a
+    /// regular file is there).
+    fn exists(&self, path: &str) -> bool {
+        open_regular(path).is_ok()
+    }
+    /// The db as Caffe2's key-value records, for a DB reader (`CreateDB`);
+    /// formats that are not key-value dbs refuse.
+    fn records(&self, path: &str) -> Result<Box<dyn KvRecords>> {
+        Err(Error::invalid_arg(format!(
+            "cannot open a db of type '{}' as a key-value db (a DB reader reads {})",
+            self.name(),
+            kv_formats()
+        ))
+        .with_file(path))
+    }
     /// The blobs whose stored name `select` accepts, in file order.
     fn load(&self, path: &str, select: &dyn Fn(&str) -> bool) -> Result<Vec<(String, BlobValue)>>;
     /// What the db holds, without (if the format allows) loading its data.
@@ -146,15 +181,51 @@ pub trait DbFormat: Sync {
 }
 
 /// Every db format, the default first: the one place to add a format.
-pub static FORMATS: &[&dyn DbFormat] = &[&Ferro, &MiniDb];
+pub static FORMATS: &[&dyn DbFormat] = &[&Ferro, &MiniDb, &LevelDb];
+
+/// Every `db_type` name [`FORMATS`] accepts (names and aliases), in order:
+/// Caffe2's `registered_dbs()`.
+pub fn registered_dbs() -> Vec<&'static str> {
+    FORMATS
+        .iter()
+        .flat_map(|f| std::iter::once(f.name()).chain(f.aliases().iter().copied()))
+        .collect()
+}
+
+/// The formats a DB reader can walk, for messages.
+fn kv_formats() -> String {
+    FORMATS
+        .iter()
+        .filter(|f| f.name() != Ferro.name())
+        .map(|f| format!("'{}'", f.name()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A db read as Caffe2's key-value records, in the db's order (a minidb's
+/// file order, a LevelDB's key order); what a DB reader walks.
+pub trait KvRecords: Send + Sync {
+    fn path(&self) -> &str;
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The key of record `i` (`i < len()`).
+    fn key(&self, i: usize) -> &str;
+    /// The value of record `i` (`i < len()`).
+    fn value(&self, i: usize) -> Result<Vec<u8>>;
+}
 
 /// Caffe2 formats that ferrocaffe does not implement (named in errors).
-const CAFFE2_ONLY_FORMATS: &[&str] = &["leveldb", "lmdb", "rocksdb", "zmqdb", "protodb"];
+const CAFFE2_ONLY_FORMATS: &[&str] = &["lmdb", "rocksdb", "zmqdb", "protodb"];
 
 /// The format of a `db_type` argument. Unknown names and Caffe2 formats that
 /// are not implemented (leveldb, lmdb, ...) are `InvalidArgument` errors.
 pub fn db_format(name: &str) -> Result<&'static dyn DbFormat> {
-    if let Some(f) = FORMATS.iter().find(|f| f.name() == name) {
+    if let Some(f) = FORMATS
+        .iter()
+        .find(|f| f.name() == name || f.aliases().contains(&name))
+    {
         return Ok(*f);
     }
     let names = || {
@@ -198,8 +269,7 @@ fn io_error(path: &str) -> impl Fn(std::io::Error) -> Error + '_ {
 /// Whether a db of this type exists at `path` (Caffe2's DBExists: it can be
 /// opened for reading). Its content is not checked; Load does that.
 pub fn db_exists(path: &str, db_type: &str) -> Result<bool> {
-    db_format(db_type)?;
-    Ok(open_regular(path).is_ok())
+    Ok(db_format(db_type)?.exists(path))
 }
 
 // ------------------------------------------------------------ entries --
@@ -407,7 +477,7 @@ fn save_blob_refs(
             .map_err(|e| e.with_file(path).with_blob(name))?;
     }
     let prepared = prepare(entries, ty).map_err(|e| e.with_file(path))?;
-    write_atomically(path, |w| ty.write(w, path, &prepared, opts))
+    ty.save(path, &prepared, opts)
 }
 
 /// Loads every blob of a db, in file order (minidb chunks reassembled).
@@ -1312,7 +1382,7 @@ mod tests {
         let e = save_blobs(&path, "hdf5", &small_entries()).unwrap_err();
         assert_eq!(e.kind, ErrorKind::InvalidArgument);
         assert!(e.message.contains("unknown db_type 'hdf5'"), "{e}");
-        for db in ["leveldb", "lmdb"] {
+        for db in ["lmdb", "rocksdb"] {
             let e = load_db(&path, db).unwrap_err();
             assert_eq!(e.kind, ErrorKind::InvalidArgument);
             assert!(
