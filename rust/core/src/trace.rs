@@ -17,8 +17,9 @@
 //!   shared once per thread and net, a span's name once per thread and
 //!   distinct text), resolved only when the trace is written.
 //!
-//! A thread's records live in chunks (the first small, the rest 4 MiB on
-//! huge pages) that only that thread writes and frees; a chunk's `used`
+//! A thread's records live in chunks (the first small, the rest 4 MiB
+//! mapped on 2 MiB boundaries for huge pages, and kept as spares for the
+//! next recording when dropped) that only that thread writes and frees; a chunk's `used`
 //! count is published (one release store) after each record is reserved,
 //! and a record still open (a net run under way) is skipped by readers
 //! until its header is finished. [`json_since`] reads every thread's
@@ -239,34 +240,143 @@ fn header(kind: u64, flags: u64, len: usize) -> u64 {
 }
 
 const FIRST_CHUNK: usize = 1 << 14; // words: 128 KiB
-const CHUNK: usize = 1 << 19; // words: 4 MiB, on huge pages
+const CHUNK: usize = 1 << 19; // words: 4 MiB, two huge pages
+/// Full chunks kept for the next recording when a thread drops its
+/// records (32 MiB at most): their pages are already mapped, so a
+/// recording after the first writes without page faults.
+const SPARE_MAX: usize = 8;
+static SPARE: Mutex<Vec<Box<Chunk>>> = Mutex::new(Vec::new());
 
 struct Chunk {
-    words: Box<[AtomicU64]>,
+    words: std::ptr::NonNull<AtomicU64>,
+    len: usize,
+    /// Whether `words` was mapped by `map_huge` (else the global allocator).
+    mapped: bool,
     /// Words reserved so far (published after each reservation).
     used: AtomicUsize,
 }
 
+// SAFETY: a chunk owns its words, which are atomics.
+unsafe impl Send for Chunk {}
+// SAFETY: as above: shared access only goes through the atomics.
+unsafe impl Sync for Chunk {}
+
 impl Chunk {
-    /// A zeroed chunk of `n` words (pages untouched until written), or
-    /// `None` when memory is short (the events are then not recorded).
+    /// A chunk of `n` words (pages untouched until written), or `None` when
+    /// memory is short (the events are then not recorded). A full-size one
+    /// is a spare chunk when there is one, else fresh memory aligned to
+    /// huge pages: a page fault per 2 MiB instead of one per 4 KiB (on this
+    /// project's VM, about 190 us against 3.2 us each, so 6 ns instead of
+    /// 56 ns for the 72 bytes a recorded loop iteration writes).
     fn new(n: usize) -> Option<Box<Chunk>> {
+        if n == CHUNK {
+            if let Some(c) = SPARE.lock().pop() {
+                return Some(c);
+            }
+        }
+        let bytes = n.checked_mul(8)?;
+        if let Some(p) = map_huge(bytes) {
+            return Some(Box::new(Chunk {
+                words: p.cast(),
+                len: n,
+                mapped: true,
+                used: AtomicUsize::new(0),
+            }));
+        }
         let layout = std::alloc::Layout::array::<AtomicU64>(n).ok()?;
         // SAFETY: the layout has a non-zero size (n > 0); zeroed memory is
-        // a valid `[AtomicU64]`, and the box frees it with the same layout.
-        let words = unsafe {
-            let p = std::alloc::alloc_zeroed(layout) as *mut AtomicU64;
-            if p.is_null() {
-                return None;
-            }
-            Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, n))
-        };
-        crate::tensor::advise_huge_pages(words.as_ptr() as *const u8, n * 8);
+        // a valid `[AtomicU64]`; `Drop` frees it with the same layout.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) } as *mut AtomicU64;
         Some(Box::new(Chunk {
-            words,
+            words: std::ptr::NonNull::new(p)?,
+            len: n,
+            mapped: false,
             used: AtomicUsize::new(0),
         }))
     }
+
+    fn words(&self) -> &[AtomicU64] {
+        // SAFETY: `words` holds `len` initialised atomics owned by the chunk.
+        unsafe { std::slice::from_raw_parts(self.words.as_ptr(), self.len) }
+    }
+
+    /// Keeps chunks as spares (up to [`SPARE_MAX`]), frees the rest. Their
+    /// old words are not cleared: readers look only below `used`.
+    fn recycle(chunks: Vec<Box<Chunk>>) {
+        let mut spare = SPARE.lock();
+        for c in chunks {
+            if c.len == CHUNK && spare.len() < SPARE_MAX {
+                c.used.store(0, Ordering::Relaxed);
+                spare.push(c);
+            }
+        }
+    }
+}
+
+impl Drop for Chunk {
+    fn drop(&mut self) {
+        let p = self.words.as_ptr();
+        if self.mapped {
+            unmap(p as *mut u8, self.len * 8);
+        } else if let Ok(layout) = std::alloc::Layout::array::<AtomicU64>(self.len) {
+            // SAFETY: allocated in `Chunk::new` with this layout.
+            unsafe { std::alloc::dealloc(p as *mut u8, layout) }
+        }
+    }
+}
+
+const HUGE: usize = 2 << 20;
+
+/// `bytes` (a multiple of 2 MiB) of zeroed memory starting on a 2 MiB
+/// boundary, advised to be backed by huge pages, or `None` (other sizes,
+/// other systems, or no memory).
+#[cfg(target_os = "linux")]
+fn map_huge(bytes: usize) -> Option<std::ptr::NonNull<u8>> {
+    if bytes == 0 || bytes % HUGE != 0 {
+        return None;
+    }
+    let over = bytes.checked_add(HUGE)?;
+    // SAFETY: an anonymous private mapping of fresh memory; the parts
+    // outside the aligned range are unmapped at once and never used.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            over,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        if p == libc::MAP_FAILED {
+            return None;
+        }
+        let start = p as usize;
+        let aligned = start.next_multiple_of(HUGE);
+        if aligned > start {
+            libc::munmap(p, aligned - start);
+        }
+        let tail = start + over - (aligned + bytes);
+        if tail > 0 {
+            libc::munmap((aligned + bytes) as *mut libc::c_void, tail);
+        }
+        libc::madvise(aligned as *mut libc::c_void, bytes, libc::MADV_HUGEPAGE);
+        std::ptr::NonNull::new(aligned as *mut u8)
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn map_huge(_bytes: usize) -> Option<std::ptr::NonNull<u8>> {
+    None
+}
+
+fn unmap(p: *mut u8, bytes: usize) {
+    #[cfg(target_os = "linux")]
+    // SAFETY: `p` and `bytes` are a range `map_huge` mapped, unmapped once.
+    unsafe {
+        libc::munmap(p as *mut libc::c_void, bytes);
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (p, bytes);
 }
 
 #[derive(Default)]
@@ -364,12 +474,14 @@ impl Local {
         }
         {
             let mut chunks = self.shared.chunks.lock();
-            chunks.truncate(keep as usize);
+            let keep = (keep as usize).min(chunks.len());
+            let rest = chunks.split_off(keep);
+            Chunk::recycle(rest);
             match chunks.first() {
                 Some(c) => {
                     c.used.store(0, Ordering::Release);
                     self.chunk = &**c;
-                    self.cap = c.words.len();
+                    self.cap = c.len;
                 }
                 None => {
                     self.chunk = std::ptr::null();
@@ -410,14 +522,14 @@ impl Local {
             };
             let chunk = Chunk::new(size.max(n))?;
             self.chunk = &*chunk;
-            self.cap = chunk.words.len();
+            self.cap = chunk.len;
             self.pos = 0;
             self.shared.chunks.lock().push(chunk);
         }
         // SAFETY: `chunk` is owned by `shared.chunks`, which only this
         // thread shrinks (in `clear`, when nothing is open), so it is alive.
         let chunk = unsafe { &*self.chunk };
-        let at = &chunk.words[self.pos..self.pos + n];
+        let at = &chunk.words()[self.pos..self.pos + n];
         at[0].store(hdr, Ordering::Relaxed);
         self.pos += n;
         chunk.used.store(self.pos, Ordering::Release);
@@ -859,8 +971,8 @@ pub fn json_since(since: u64) -> String {
         let text = |id: u64| names.strs.get(id as usize).map(|s| &**s).unwrap_or("?");
         let mut used_lane = false;
         for c in chunks.iter() {
-            let used = c.used.load(Ordering::Acquire).min(c.words.len());
-            let words = &c.words[..used];
+            let used = c.used.load(Ordering::Acquire).min(c.len);
+            let words = &c.words()[..used];
             let mut i = 0;
             while i < used {
                 let hdr = words[i].load(Ordering::Acquire);
@@ -1048,6 +1160,49 @@ mod tests {
                 assert!((its[k].0 - its[k - 1].1).abs() < 1e-6, "{json}");
             }
         }
+    }
+
+    #[test]
+    fn a_second_recording_reuses_the_chunks_of_the_first_and_sees_only_its_own_records() {
+        let _g = TEST_LOCK.lock();
+        let net = |name: &str, ops: usize| {
+            Arc::new(NetNames {
+                net: name.into(),
+                ops: (0..ops).map(|k| format!("{name}{k}").into()).collect(),
+            })
+        };
+        let run = |names: &Arc<NetNames>| {
+            let mut rec = NetRecord::open(names, true).unwrap();
+            for _ in 0..names.ops.len() {
+                rec.op_start();
+            }
+            rec.close(true);
+        };
+        let (a, b) = (net("first", 1000), net("second", 500));
+        // 1200 runs of 1003 words: the small chunk and three full ones.
+        let t0 = start(true);
+        for _ in 0..1200 {
+            run(&a);
+        }
+        let json_a = json_since(t0);
+        stop(true);
+        let spare = SPARE.lock().len();
+        assert!(spare >= 2, "{spare} spare chunks");
+        // 700 runs of 503 words: the small chunk and one spare.
+        let t1 = start(true);
+        for _ in 0..700 {
+            run(&b);
+        }
+        let json_b = json_since(t1);
+        assert_eq!(SPARE.lock().len(), spare - 1);
+        stop(true);
+        assert_eq!(json_a.matches("\"name\":\"first\",").count(), 1200);
+        assert_eq!(json_a.matches("\"name\":\"first999\",").count(), 1200);
+        assert_eq!(json_a.matches("\"cat\":\"op\"").count(), 1200 * 1000);
+        assert_eq!(json_b.matches("\"name\":\"second\",").count(), 700);
+        assert_eq!(json_b.matches("\"name\":\"second499\",").count(), 700);
+        assert_eq!(json_b.matches("\"cat\":\"op\"").count(), 700 * 500);
+        assert!(!json_b.contains("first"), "a record of the first recording");
     }
 
     #[test]
