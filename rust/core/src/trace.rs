@@ -38,7 +38,7 @@
 //! or end), so no thread frees memory another is writing.
 
 use parking_lot::Mutex;
-use std::cell::RefCell;
+use std::cell::UnsafeCell;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::marker::PhantomData;
@@ -423,20 +423,33 @@ struct Local {
 }
 
 thread_local! {
-    static LOCAL: RefCell<Option<Local>> = const { RefCell::new(None) };
+    /// This thread's buffer: made on first use, never replaced or removed
+    /// until the thread ends, so its address is fixed. Every access is a
+    /// short `&mut` that calls nothing which accesses it again (no
+    /// callback, no recording), on this thread only: [`with_local`],
+    /// [`local`], and the pointers kept by [`NetRecord`] and [`SpanGuard`]
+    /// (neither `Send`), dereferenced only in their own methods.
+    static LOCAL: UnsafeCell<Option<Local>> = const { UnsafeCell::new(None) };
+}
+
+/// This thread's buffer (made if need be), following the recording under
+/// way, or `None` while the thread is ending.
+#[inline]
+fn local() -> Option<std::ptr::NonNull<Local>> {
+    LOCAL
+        .try_with(|l| {
+            // SAFETY: see `LOCAL`: no other reference to it is alive.
+            let l = unsafe { &mut *l.get() }.get_or_insert_with(Local::new);
+            // Before any name is looked up: a new recording drops the names.
+            l.renew();
+            std::ptr::NonNull::from(l)
+        })
+        .ok()
 }
 
 fn with_local<R>(f: impl FnOnce(&mut Local) -> R) -> Option<R> {
-    LOCAL
-        .try_with(|l| {
-            let mut l = l.try_borrow_mut().ok()?;
-            let l = l.get_or_insert_with(Local::new);
-            // Before any name is looked up: a new recording drops the names.
-            l.renew();
-            Some(f(l))
-        })
-        .ok()
-        .flatten()
+    // SAFETY: see `LOCAL`; `f` is trace code that does not reach it again.
+    local().map(|mut l| f(unsafe { l.as_mut() }))
 }
 
 impl Local {
@@ -650,10 +663,9 @@ pub fn stop(ops: bool) {
         ON.store(false, Ordering::Release);
         // Only a thread that has a buffer has records to drop.
         let _ = LOCAL.try_with(|l| {
-            if let Ok(mut l) = l.try_borrow_mut() {
-                if let Some(l) = l.as_mut() {
-                    l.clear(false);
-                }
+            // SAFETY: see `LOCAL`.
+            if let Some(l) = unsafe { &mut *l.get() } {
+                l.clear(false);
             }
         });
         prune();
@@ -692,8 +704,9 @@ pub fn thread_label() -> Option<String> {
     }
     LOCAL
         .try_with(|l| {
-            let l = l.try_borrow().ok()?;
-            let label = l.as_ref()?.shared.label.lock().clone();
+            // SAFETY: see `LOCAL`.
+            let l = unsafe { &*l.get() }.as_ref()?;
+            let label = l.shared.label.lock().clone();
             label
         })
         .ok()
@@ -702,12 +715,14 @@ pub fn thread_label() -> Option<String> {
 
 /// A span being timed; recorded when dropped (on the thread that made it).
 pub struct SpanGuard {
+    /// This thread's buffer (see `LOCAL`; the pointer makes the guard
+    /// neither `Send` nor `Sync`).
+    local: std::ptr::NonNull<Local>,
     name: u32,
     cat: u32,
     start: u64,
     detail: Detail,
     done: bool,
-    _here: PhantomData<*const ()>,
 }
 
 impl SpanGuard {
@@ -731,18 +746,18 @@ impl SpanGuard {
         self.done = true;
         let detail = std::mem::replace(&mut self.detail, Detail::None);
         let (name, cat, start) = (self.name, self.cat, self.start);
-        with_local(|l| {
-            l.open -= 1;
-            let end = if after_nets && l.last_end > start {
-                l.last_end
-            } else {
-                now()
-            };
-            let d = l.detail(&detail);
-            l.push_span(name, cat, start, end, d);
-            end
-        })
-        .unwrap_or_else(now)
+        // SAFETY: see `LOCAL`: the buffer of this thread (the guard is not
+        // `Send`), which outlives the guard; no other reference is alive.
+        let l = unsafe { self.local.as_mut() };
+        l.open -= 1;
+        let end = if after_nets && l.last_end > start {
+            l.last_end
+        } else {
+            now()
+        };
+        let d = l.detail(&detail);
+        l.push_span(name, cat, start, end, d);
+        end
     }
 }
 
@@ -753,18 +768,72 @@ impl Drop for SpanGuard {
 }
 
 fn guard(cat: &'static str, name: &str, start: Option<u64>) -> Option<SpanGuard> {
-    let (name, cat) = with_local(|l| {
-        l.open += 1;
-        (l.str_id(name), l.cat_id(cat))
-    })?;
+    let mut local = local()?;
+    // SAFETY: see `LOCAL`.
+    let l = unsafe { local.as_mut() };
+    l.open += 1;
+    let (name, cat) = (l.str_id(name), l.cat_id(cat));
     Some(SpanGuard {
+        local,
         name,
         cat,
         start: start.unwrap_or_else(now),
         detail: Detail::None,
         done: false,
-        _here: PhantomData,
     })
+}
+
+/// The spans of a loop's iterations (category `iteration`, detail the
+/// iteration's number), their name looked up once per recording rather
+/// than once per iteration.
+pub struct Iterations<'a> {
+    name: &'a str,
+    /// The recording (generation) the ids belong to, the name's and the
+    /// category's ids in this thread's table.
+    ids: Option<(u64, u32, u32)>,
+    /// The ids are this thread's.
+    _here: PhantomData<*const ()>,
+}
+
+impl<'a> Iterations<'a> {
+    pub fn new(name: &'a str) -> Iterations<'a> {
+        Iterations {
+            name,
+            ids: None,
+            _here: PhantomData,
+        }
+    }
+
+    /// The span of iteration `i`, from `from` ([`SpanGuard::end_after_nets`]
+    /// of the iteration before) or now; `None` when not recording.
+    #[inline]
+    pub fn begin(&mut self, i: i64, from: Option<u64>) -> Option<SpanGuard> {
+        if !on() {
+            return None;
+        }
+        let mut local = local()?;
+        // SAFETY: see `LOCAL`.
+        let l = unsafe { local.as_mut() };
+        let (name, cat) = match self.ids {
+            // Names are dropped only by a new recording (a new generation)
+            // or by `stop` when nothing is open.
+            Some((g, name, cat)) if g == l.generation => (name, cat),
+            _ => {
+                let (name, cat) = (l.str_id(self.name), l.cat_id("iteration"));
+                self.ids = Some((l.generation, name, cat));
+                (name, cat)
+            }
+        };
+        l.open += 1;
+        Some(SpanGuard {
+            local,
+            name,
+            cat,
+            start: from.unwrap_or_else(now),
+            detail: Detail::Iteration(i),
+            done: false,
+        })
+    }
 }
 
 /// A span from now until the guard is dropped, or `None` (nothing made, not
@@ -811,6 +880,9 @@ pub fn record(cat: &'static str, name: String, start: u64, detail: Detail) {
 /// for the start of each op and one for the end ([`NetRecord::close`];
 /// a record dropped unclosed is closed as failed).
 pub struct NetRecord {
+    /// This thread's buffer (see `LOCAL`; the pointer makes the record
+    /// neither `Send` nor `Sync`).
+    local: std::ptr::NonNull<Local>,
     words: *const AtomicU64,
     /// Slots for stamps, and stamps taken.
     cap: usize,
@@ -826,15 +898,16 @@ impl NetRecord {
     pub fn open(names: &Arc<NetNames>, timed: bool) -> Option<NetRecord> {
         let cap = if timed { names.ops.len() + 1 } else { 2 };
         let len = 2 + cap;
-        let words = with_local(|l| {
-            let id = l.net_id(names);
-            let words = l.reserve(len, header(OPEN, 0, len))?;
-            l.open += 1;
-            // SAFETY: `reserve` gave `len` words of a live chunk.
-            unsafe { &*words.add(1) }.store(id as u64, Ordering::Relaxed);
-            Some(words)
-        })??;
+        let mut local = local()?;
+        // SAFETY: see `LOCAL`.
+        let l = unsafe { local.as_mut() };
+        let id = l.net_id(names);
+        let words = l.reserve(len, header(OPEN, 0, len))?;
+        l.open += 1;
+        // SAFETY: `reserve` gave `len` words of a live chunk.
+        unsafe { &*words.add(1) }.store(id as u64, Ordering::Relaxed);
         Some(NetRecord {
+            local,
             words,
             cap,
             n: 0,
@@ -878,10 +951,11 @@ impl NetRecord {
         w1.store(id | (self.n as u64) << 32, Ordering::Relaxed);
         let flags = if ok { OK } else { 0 } | if self.timed { TIMED } else { 0 };
         hdr.store(header(RUN, flags, 2 + self.cap), Ordering::Release);
-        with_local(|l| {
-            l.open -= 1;
-            l.last_end = end;
-        });
+        // SAFETY: see `LOCAL`: this thread's buffer (the record is not
+        // `Send`), which outlives the record; no other reference is alive.
+        let l = unsafe { self.local.as_mut() };
+        l.open -= 1;
+        l.last_end = end;
     }
 }
 
@@ -1124,8 +1198,9 @@ mod tests {
             ops: vec!["Add".into()],
         });
         let mut from = None;
-        for _ in 0..3 {
-            let span = span_str_from("iteration", "loop", from).unwrap();
+        let mut loop_spans = Iterations::new("loop");
+        for i in 0..3 {
+            let span = loop_spans.begin(i, from).unwrap();
             let mut rec = NetRecord::open(&names, true).unwrap();
             rec.op_start();
             rec.close(true);
@@ -1151,6 +1226,9 @@ mod tests {
         let its = spans("loop", "iteration");
         let nets = spans("body", "net");
         assert_eq!((its.len(), nets.len()), (3, 3), "{json}");
+        for i in 0..3 {
+            assert!(json.contains(&format!("\"iteration\":{i}}}")), "{json}");
+        }
         for k in 0..3 {
             // Each iteration ends where its net run ended, holds it, and
             // the next starts where it ended.
