@@ -19,8 +19,8 @@
 //!
 //! A thread's records live in chunks (the first small, the rest 4 MiB
 //! mapped on 2 MiB boundaries for huge pages, and kept as spares for the
-//! next recording when dropped) that only that thread writes and frees; a chunk's `used`
-//! count is published (one release store) after each record is reserved,
+//! next recording when dropped) that only that thread writes and frees;
+//! a chunk's `used` count is published (one release store) after each record is reserved,
 //! and a record still open (a net run under way) is skipped by readers
 //! until its header is finished. [`json_since`] reads every thread's
 //! chunks under their lock, which the owner takes only to add a chunk.
@@ -245,6 +245,9 @@ const CHUNK: usize = 1 << 19; // words: 4 MiB, two huge pages
 /// records (32 MiB at most): their pages are already mapped, so a
 /// recording after the first writes without page faults.
 const SPARE_MAX: usize = 8;
+// Boxed: a thread keeps a pointer to the chunk it fills (`Local::chunk`),
+// which must not move when the vector grows.
+#[allow(clippy::vec_box)]
 static SPARE: Mutex<Vec<Box<Chunk>>> = Mutex::new(Vec::new());
 
 struct Chunk {
@@ -266,8 +269,9 @@ impl Chunk {
     /// memory is short (the events are then not recorded). A full-size one
     /// is a spare chunk when there is one, else fresh memory aligned to
     /// huge pages: a page fault per 2 MiB instead of one per 4 KiB (on this
-    /// project's VM, about 190 us against 3.2 us each, so 6 ns instead of
-    /// 56 ns for the 72 bytes a recorded loop iteration writes).
+    /// project's VM the first touch of a recorded loop iteration's 72 bytes
+    /// then costs it about 6 ns of CPU time instead of 17: BENCHMARKS.md,
+    /// "Timeline overhead").
     fn new(n: usize) -> Option<Box<Chunk>> {
         if n == CHUNK {
             if let Some(c) = SPARE.lock().pop() {
@@ -302,6 +306,7 @@ impl Chunk {
 
     /// Keeps chunks as spares (up to [`SPARE_MAX`]), frees the rest. Their
     /// old words are not cleared: readers look only below `used`.
+    #[allow(clippy::vec_box)] // see `SPARE`
     fn recycle(chunks: Vec<Box<Chunk>>) {
         let mut spare = SPARE.lock();
         for c in chunks {
@@ -387,6 +392,7 @@ struct Names {
 
 /// What readers see of a thread.
 struct Shared {
+    #[allow(clippy::vec_box)] // see `SPARE`
     chunks: Mutex<Vec<Box<Chunk>>>,
     names: Mutex<Names>,
     lane: AtomicUsize,
