@@ -433,8 +433,9 @@ thread_local! {
     /// until the thread ends, so its address is fixed. Every access is a
     /// short `&mut` that calls nothing which accesses it again (no
     /// callback, no recording), on this thread only: [`with_local`],
-    /// [`local`], and the pointers kept by [`NetRecord`] and [`SpanGuard`]
-    /// (neither `Send`), dereferenced only in their own methods.
+    /// [`local`], and the pointers kept by [`NetRecord`], [`SpanGuard`]
+    /// and [`Iterations`] (none `Send`), dereferenced only in their own
+    /// methods.
     static LOCAL: UnsafeCell<Option<Local>> = const { UnsafeCell::new(None) };
 }
 
@@ -794,19 +795,20 @@ fn guard(cat: &'static str, name: &str, start: Option<u64>) -> Option<SpanGuard>
 /// than once per iteration.
 pub struct Iterations<'a> {
     name: &'a str,
+    /// This thread's buffer once looked up (see `LOCAL`; the pointer makes
+    /// this neither `Send` nor `Sync`: the ids below are this thread's).
+    local: Option<std::ptr::NonNull<Local>>,
     /// The recording (generation) the ids belong to, the name's and the
     /// category's ids in this thread's table.
     ids: Option<(u64, u32, u32)>,
-    /// The ids are this thread's.
-    _here: PhantomData<*const ()>,
 }
 
 impl<'a> Iterations<'a> {
     pub fn new(name: &'a str) -> Iterations<'a> {
         Iterations {
             name,
+            local: None,
             ids: None,
-            _here: PhantomData,
         }
     }
 
@@ -817,7 +819,15 @@ impl<'a> Iterations<'a> {
         if !on() {
             return None;
         }
-        let mut local = local()?;
+        let mut local = match self.local {
+            Some(mut l) => {
+                // SAFETY: see `LOCAL`: this thread's buffer (`self` is not
+                // `Send`), alive until the thread ends.
+                unsafe { l.as_mut() }.renew();
+                l
+            }
+            None => *self.local.insert(local()?),
+        };
         // SAFETY: see `LOCAL`.
         let l = unsafe { local.as_mut() };
         let (name, cat) = match self.ids {
