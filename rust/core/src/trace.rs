@@ -364,9 +364,21 @@ fn map_huge(bytes: usize) -> Option<std::ptr::NonNull<u8>> {
         if tail > 0 {
             libc::munmap((aligned + bytes) as *mut libc::c_void, tail);
         }
-        libc::madvise(aligned as *mut libc::c_void, bytes, libc::MADV_HUGEPAGE);
+        if huge_pages() {
+            libc::madvise(aligned as *mut libc::c_void, bytes, libc::MADV_HUGEPAGE);
+        }
         std::ptr::NonNull::new(aligned as *mut u8)
     }
+}
+
+/// Whether record chunks ask for huge pages: `FERROCAFFE_TRACE_HUGE_PAGES=0`
+/// keeps 4 KiB pages (fresh huge pages sometimes cost more on a VM whose
+/// host reclaims the guest's free memory: BENCHMARKS.md, "Timeline
+/// overhead").
+#[cfg(target_os = "linux")]
+fn huge_pages() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("FERROCAFFE_TRACE_HUGE_PAGES").is_none_or(|v| v != "0"))
 }
 
 #[cfg(not(target_os = "linux"))]
