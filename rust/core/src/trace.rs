@@ -18,8 +18,8 @@
 //!   distinct text), resolved only when the trace is written.
 //!
 //! A thread's records live in chunks (the first small, the rest 4 MiB
-//! mapped on 2 MiB boundaries for huge pages, and kept as spares for the
-//! next recording when dropped) that only that thread writes and frees;
+//! mapped on 2 MiB boundaries, and kept as spares for the next recording
+//! when dropped) that only that thread writes and frees;
 //! a chunk's `used` count is published (one release store) after each record is reserved,
 //! and a record still open (a net run under way) is skipped by readers
 //! until its header is finished. [`json_since`] reads every thread's
@@ -268,10 +268,7 @@ impl Chunk {
     /// A chunk of `n` words (pages untouched until written), or `None` when
     /// memory is short (the events are then not recorded). A full-size one
     /// is a spare chunk when there is one, else fresh memory aligned to
-    /// huge pages: a page fault per 2 MiB instead of one per 4 KiB (on this
-    /// project's VM the first touch of a recorded loop iteration's 72 bytes
-    /// then costs it about 6 ns of CPU time instead of 17: BENCHMARKS.md,
-    /// "Timeline overhead").
+    /// 2 MiB (huge pages if asked for: [`huge_pages`]).
     fn new(n: usize) -> Option<Box<Chunk>> {
         if n == CHUNK {
             if let Some(c) = SPARE.lock().pop() {
@@ -333,8 +330,8 @@ impl Drop for Chunk {
 const HUGE: usize = 2 << 20;
 
 /// `bytes` (a multiple of 2 MiB) of zeroed memory starting on a 2 MiB
-/// boundary, advised to be backed by huge pages, or `None` (other sizes,
-/// other systems, or no memory).
+/// boundary (advised to be backed by huge pages if [`huge_pages`]), or
+/// `None` (other sizes, other systems, or no memory).
 #[cfg(target_os = "linux")]
 fn map_huge(bytes: usize) -> Option<std::ptr::NonNull<u8>> {
     if bytes == 0 || bytes % HUGE != 0 {
@@ -371,14 +368,14 @@ fn map_huge(bytes: usize) -> Option<std::ptr::NonNull<u8>> {
     }
 }
 
-/// Whether record chunks ask for huge pages: `FERROCAFFE_TRACE_HUGE_PAGES=0`
-/// keeps 4 KiB pages (fresh huge pages sometimes cost more on a VM whose
-/// host reclaims the guest's free memory: BENCHMARKS.md, "Timeline
+/// Whether record chunks ask for huge pages (`FERROCAFFE_TRACE_HUGE_PAGES=1`;
+/// by default not: on this project's VM fresh huge pages cost a recorded
+/// loop more than 4 KiB pages in most processes, BENCHMARKS.md, "Timeline
 /// overhead").
 #[cfg(target_os = "linux")]
 fn huge_pages() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("FERROCAFFE_TRACE_HUGE_PAGES").is_none_or(|v| v != "0"))
+    *ON.get_or_init(|| std::env::var_os("FERROCAFFE_TRACE_HUGE_PAGES").is_some_and(|v| v == "1"))
 }
 
 #[cfg(not(target_os = "linux"))]
