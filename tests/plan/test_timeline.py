@@ -216,3 +216,35 @@ def test_a_profile_without_ops_records_net_runs_only(fresh):
     spans = [e for e in trace.events if e['ph'] == 'X']
     assert [e['cat'] for e in spans] == ['net'] * 3
     assert all(e['args']['ops'] == 2 for e in spans)
+
+
+def loop_trace_summary(events, n):
+    """Checks a trace of one run of a loop of `n` iterations over a one-Add
+    net; returns the iteration numbers seen."""
+    check_format(events)
+    spans = [e for e in events if e['ph'] == 'X']
+    iters = [e for e in spans if e['cat'] == 'iteration']
+    assert all(e['name'] == 'tl_many' for e in iters)
+    nets = [e for e in spans if e['cat'] == 'net']
+    assert len(nets) == n and all(e['name'] == 'tl_count' for e in nets)
+    adds = [e for e in spans if e['cat'] == 'op']
+    assert len(adds) == n and all(e['name'] == 'Add' for e in adds)
+    assert sorted(e['cat'] for e in spans if e['cat'] not in ('iteration', 'net', 'op')) == [
+        'step']
+    return sorted(e['args']['iteration'] for e in iters)
+
+
+def test_two_profiles_in_a_row_each_record_their_own_loop(fresh):
+    # 40,000 iterations write more than one buffer chunk (4 MiB); the
+    # second profile writes into the chunks the first one left.
+    ws_blob = np.zeros([1], dtype=np.float32)
+    workspace.FeedBlob('tl_c', ws_blob)
+    workspace.FeedBlob('tl_one', np.ones([1], dtype=np.float32))
+    net = core.Net('tl_count')
+    net.Add(['tl_c', 'tl_one'], ['tl_c'])
+    for n in (40_000, 30_000):
+        plan = core.Plan(core.execution_step('tl_many', [net], num_iter=n))
+        with ferrocaffe.profile() as trace:
+            workspace.RunPlan(plan)
+        assert loop_trace_summary(trace.events, n) == list(range(n))
+    assert workspace.FetchBlob('tl_c')[0] == 70_000

@@ -17,9 +17,10 @@
 //!   shared once per thread and net, a span's name once per thread and
 //!   distinct text), resolved only when the trace is written.
 //!
-//! A thread's records live in chunks (the first small, the rest 4 MiB on
-//! huge pages) that only that thread writes and frees; a chunk's `used`
-//! count is published (one release store) after each record is reserved,
+//! A thread's records live in chunks (the first small, the rest 4 MiB
+//! mapped on 2 MiB boundaries, and kept as spares for the next recording
+//! when dropped) that only that thread writes and frees;
+//! a chunk's `used` count is published (one release store) after each record is reserved,
 //! and a record still open (a net run under way) is skipped by readers
 //! until its header is finished. [`json_since`] reads every thread's
 //! chunks under their lock, which the owner takes only to add a chunk.
@@ -37,7 +38,7 @@
 //! or end), so no thread frees memory another is writing.
 
 use parking_lot::Mutex;
-use std::cell::RefCell;
+use std::cell::UnsafeCell;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::marker::PhantomData;
@@ -239,34 +240,157 @@ fn header(kind: u64, flags: u64, len: usize) -> u64 {
 }
 
 const FIRST_CHUNK: usize = 1 << 14; // words: 128 KiB
-const CHUNK: usize = 1 << 19; // words: 4 MiB, on huge pages
+const CHUNK: usize = 1 << 19; // words: 4 MiB, two huge pages
+/// Full chunks kept for the next recording when a thread drops its
+/// records (32 MiB at most): their pages are already mapped, so a
+/// recording after the first writes without page faults.
+const SPARE_MAX: usize = 8;
+// Boxed: a thread keeps a pointer to the chunk it fills (`Local::chunk`),
+// which must not move when the vector grows.
+#[allow(clippy::vec_box)]
+static SPARE: Mutex<Vec<Box<Chunk>>> = Mutex::new(Vec::new());
 
 struct Chunk {
-    words: Box<[AtomicU64]>,
+    words: std::ptr::NonNull<AtomicU64>,
+    len: usize,
+    /// Whether `words` was mapped by `map_huge` (else the global allocator).
+    mapped: bool,
     /// Words reserved so far (published after each reservation).
     used: AtomicUsize,
 }
 
+// SAFETY: a chunk owns its words, which are atomics.
+unsafe impl Send for Chunk {}
+// SAFETY: as above: shared access only goes through the atomics.
+unsafe impl Sync for Chunk {}
+
 impl Chunk {
-    /// A zeroed chunk of `n` words (pages untouched until written), or
-    /// `None` when memory is short (the events are then not recorded).
+    /// A chunk of `n` words (pages untouched until written), or `None` when
+    /// memory is short (the events are then not recorded). A full-size one
+    /// is a spare chunk when there is one, else fresh memory aligned to
+    /// 2 MiB (huge pages if asked for: [`huge_pages`]).
     fn new(n: usize) -> Option<Box<Chunk>> {
+        if n == CHUNK {
+            if let Some(c) = SPARE.lock().pop() {
+                return Some(c);
+            }
+        }
+        let bytes = n.checked_mul(8)?;
+        if let Some(p) = map_huge(bytes) {
+            return Some(Box::new(Chunk {
+                words: p.cast(),
+                len: n,
+                mapped: true,
+                used: AtomicUsize::new(0),
+            }));
+        }
         let layout = std::alloc::Layout::array::<AtomicU64>(n).ok()?;
         // SAFETY: the layout has a non-zero size (n > 0); zeroed memory is
-        // a valid `[AtomicU64]`, and the box frees it with the same layout.
-        let words = unsafe {
-            let p = std::alloc::alloc_zeroed(layout) as *mut AtomicU64;
-            if p.is_null() {
-                return None;
-            }
-            Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, n))
-        };
-        crate::tensor::advise_huge_pages(words.as_ptr() as *const u8, n * 8);
+        // a valid `[AtomicU64]`; `Drop` frees it with the same layout.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) } as *mut AtomicU64;
         Some(Box::new(Chunk {
-            words,
+            words: std::ptr::NonNull::new(p)?,
+            len: n,
+            mapped: false,
             used: AtomicUsize::new(0),
         }))
     }
+
+    fn words(&self) -> &[AtomicU64] {
+        // SAFETY: `words` holds `len` initialised atomics owned by the chunk.
+        unsafe { std::slice::from_raw_parts(self.words.as_ptr(), self.len) }
+    }
+
+    /// Keeps chunks as spares (up to [`SPARE_MAX`]), frees the rest. Their
+    /// old words are not cleared: readers look only below `used`.
+    #[allow(clippy::vec_box)] // see `SPARE`
+    fn recycle(chunks: Vec<Box<Chunk>>) {
+        let mut spare = SPARE.lock();
+        for c in chunks {
+            if c.len == CHUNK && spare.len() < SPARE_MAX {
+                c.used.store(0, Ordering::Relaxed);
+                spare.push(c);
+            }
+        }
+    }
+}
+
+impl Drop for Chunk {
+    fn drop(&mut self) {
+        let p = self.words.as_ptr();
+        if self.mapped {
+            unmap(p as *mut u8, self.len * 8);
+        } else if let Ok(layout) = std::alloc::Layout::array::<AtomicU64>(self.len) {
+            // SAFETY: allocated in `Chunk::new` with this layout.
+            unsafe { std::alloc::dealloc(p as *mut u8, layout) }
+        }
+    }
+}
+
+const HUGE: usize = 2 << 20;
+
+/// `bytes` (a multiple of 2 MiB) of zeroed memory starting on a 2 MiB
+/// boundary (advised to be backed by huge pages if [`huge_pages`]), or
+/// `None` (other sizes, other systems, or no memory).
+#[cfg(target_os = "linux")]
+fn map_huge(bytes: usize) -> Option<std::ptr::NonNull<u8>> {
+    if bytes == 0 || bytes % HUGE != 0 {
+        return None;
+    }
+    let over = bytes.checked_add(HUGE)?;
+    // SAFETY: an anonymous private mapping of fresh memory; the parts
+    // outside the aligned range are unmapped at once and never used.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            over,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        if p == libc::MAP_FAILED {
+            return None;
+        }
+        let start = p as usize;
+        let aligned = start.next_multiple_of(HUGE);
+        if aligned > start {
+            libc::munmap(p, aligned - start);
+        }
+        let tail = start + over - (aligned + bytes);
+        if tail > 0 {
+            libc::munmap((aligned + bytes) as *mut libc::c_void, tail);
+        }
+        if huge_pages() {
+            libc::madvise(aligned as *mut libc::c_void, bytes, libc::MADV_HUGEPAGE);
+        }
+        std::ptr::NonNull::new(aligned as *mut u8)
+    }
+}
+
+/// Whether record chunks ask for huge pages (`FERROCAFFE_TRACE_HUGE_PAGES=1`;
+/// by default not: on this project's VM fresh huge pages cost a recorded
+/// loop more than 4 KiB pages in most processes, BENCHMARKS.md, "Timeline
+/// overhead").
+#[cfg(target_os = "linux")]
+fn huge_pages() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("FERROCAFFE_TRACE_HUGE_PAGES").is_some_and(|v| v == "1"))
+}
+
+#[cfg(not(target_os = "linux"))]
+fn map_huge(_bytes: usize) -> Option<std::ptr::NonNull<u8>> {
+    None
+}
+
+fn unmap(p: *mut u8, bytes: usize) {
+    #[cfg(target_os = "linux")]
+    // SAFETY: `p` and `bytes` are a range `map_huge` mapped, unmapped once.
+    unsafe {
+        libc::munmap(p as *mut libc::c_void, bytes);
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = (p, bytes);
 }
 
 #[derive(Default)]
@@ -277,6 +401,7 @@ struct Names {
 
 /// What readers see of a thread.
 struct Shared {
+    #[allow(clippy::vec_box)] // see `SPARE`
     chunks: Mutex<Vec<Box<Chunk>>>,
     names: Mutex<Names>,
     lane: AtomicUsize,
@@ -313,20 +438,34 @@ struct Local {
 }
 
 thread_local! {
-    static LOCAL: RefCell<Option<Local>> = const { RefCell::new(None) };
+    /// This thread's buffer: made on first use, never replaced or removed
+    /// until the thread ends, so its address is fixed. Every access is a
+    /// short `&mut` that calls nothing which accesses it again (no
+    /// callback, no recording), on this thread only: [`with_local`],
+    /// [`local`], and the pointers kept by [`NetRecord`], [`SpanGuard`]
+    /// and [`Iterations`] (none `Send`), dereferenced only in their own
+    /// methods.
+    static LOCAL: UnsafeCell<Option<Local>> = const { UnsafeCell::new(None) };
+}
+
+/// This thread's buffer (made if need be), following the recording under
+/// way, or `None` while the thread is ending.
+#[inline]
+fn local() -> Option<std::ptr::NonNull<Local>> {
+    LOCAL
+        .try_with(|l| {
+            // SAFETY: see `LOCAL`: no other reference to it is alive.
+            let l = unsafe { &mut *l.get() }.get_or_insert_with(Local::new);
+            // Before any name is looked up: a new recording drops the names.
+            l.renew();
+            std::ptr::NonNull::from(l)
+        })
+        .ok()
 }
 
 fn with_local<R>(f: impl FnOnce(&mut Local) -> R) -> Option<R> {
-    LOCAL
-        .try_with(|l| {
-            let mut l = l.try_borrow_mut().ok()?;
-            let l = l.get_or_insert_with(Local::new);
-            // Before any name is looked up: a new recording drops the names.
-            l.renew();
-            Some(f(l))
-        })
-        .ok()
-        .flatten()
+    // SAFETY: see `LOCAL`; `f` is trace code that does not reach it again.
+    local().map(|mut l| f(unsafe { l.as_mut() }))
 }
 
 impl Local {
@@ -364,12 +503,14 @@ impl Local {
         }
         {
             let mut chunks = self.shared.chunks.lock();
-            chunks.truncate(keep as usize);
+            let keep = (keep as usize).min(chunks.len());
+            let rest = chunks.split_off(keep);
+            Chunk::recycle(rest);
             match chunks.first() {
                 Some(c) => {
                     c.used.store(0, Ordering::Release);
                     self.chunk = &**c;
-                    self.cap = c.words.len();
+                    self.cap = c.len;
                 }
                 None => {
                     self.chunk = std::ptr::null();
@@ -410,14 +551,14 @@ impl Local {
             };
             let chunk = Chunk::new(size.max(n))?;
             self.chunk = &*chunk;
-            self.cap = chunk.words.len();
+            self.cap = chunk.len;
             self.pos = 0;
             self.shared.chunks.lock().push(chunk);
         }
         // SAFETY: `chunk` is owned by `shared.chunks`, which only this
         // thread shrinks (in `clear`, when nothing is open), so it is alive.
         let chunk = unsafe { &*self.chunk };
-        let at = &chunk.words[self.pos..self.pos + n];
+        let at = &chunk.words()[self.pos..self.pos + n];
         at[0].store(hdr, Ordering::Relaxed);
         self.pos += n;
         chunk.used.store(self.pos, Ordering::Release);
@@ -538,10 +679,9 @@ pub fn stop(ops: bool) {
         ON.store(false, Ordering::Release);
         // Only a thread that has a buffer has records to drop.
         let _ = LOCAL.try_with(|l| {
-            if let Ok(mut l) = l.try_borrow_mut() {
-                if let Some(l) = l.as_mut() {
-                    l.clear(false);
-                }
+            // SAFETY: see `LOCAL`.
+            if let Some(l) = unsafe { &mut *l.get() } {
+                l.clear(false);
             }
         });
         prune();
@@ -580,8 +720,9 @@ pub fn thread_label() -> Option<String> {
     }
     LOCAL
         .try_with(|l| {
-            let l = l.try_borrow().ok()?;
-            let label = l.as_ref()?.shared.label.lock().clone();
+            // SAFETY: see `LOCAL`.
+            let l = unsafe { &*l.get() }.as_ref()?;
+            let label = l.shared.label.lock().clone();
             label
         })
         .ok()
@@ -590,12 +731,14 @@ pub fn thread_label() -> Option<String> {
 
 /// A span being timed; recorded when dropped (on the thread that made it).
 pub struct SpanGuard {
+    /// This thread's buffer (see `LOCAL`; the pointer makes the guard
+    /// neither `Send` nor `Sync`).
+    local: std::ptr::NonNull<Local>,
     name: u32,
     cat: u32,
     start: u64,
     detail: Detail,
     done: bool,
-    _here: PhantomData<*const ()>,
 }
 
 impl SpanGuard {
@@ -619,18 +762,18 @@ impl SpanGuard {
         self.done = true;
         let detail = std::mem::replace(&mut self.detail, Detail::None);
         let (name, cat, start) = (self.name, self.cat, self.start);
-        with_local(|l| {
-            l.open -= 1;
-            let end = if after_nets && l.last_end > start {
-                l.last_end
-            } else {
-                now()
-            };
-            let d = l.detail(&detail);
-            l.push_span(name, cat, start, end, d);
-            end
-        })
-        .unwrap_or_else(now)
+        // SAFETY: see `LOCAL`: the buffer of this thread (the guard is not
+        // `Send`), which outlives the guard; no other reference is alive.
+        let l = unsafe { self.local.as_mut() };
+        l.open -= 1;
+        let end = if after_nets && l.last_end > start {
+            l.last_end
+        } else {
+            now()
+        };
+        let d = l.detail(&detail);
+        l.push_span(name, cat, start, end, d);
+        end
     }
 }
 
@@ -641,18 +784,81 @@ impl Drop for SpanGuard {
 }
 
 fn guard(cat: &'static str, name: &str, start: Option<u64>) -> Option<SpanGuard> {
-    let (name, cat) = with_local(|l| {
-        l.open += 1;
-        (l.str_id(name), l.cat_id(cat))
-    })?;
+    let mut local = local()?;
+    // SAFETY: see `LOCAL`.
+    let l = unsafe { local.as_mut() };
+    l.open += 1;
+    let (name, cat) = (l.str_id(name), l.cat_id(cat));
     Some(SpanGuard {
+        local,
         name,
         cat,
         start: start.unwrap_or_else(now),
         detail: Detail::None,
         done: false,
-        _here: PhantomData,
     })
+}
+
+/// The spans of a loop's iterations (category `iteration`, detail the
+/// iteration's number), their name looked up once per recording rather
+/// than once per iteration.
+pub struct Iterations<'a> {
+    name: &'a str,
+    /// This thread's buffer once looked up (see `LOCAL`; the pointer makes
+    /// this neither `Send` nor `Sync`: the ids below are this thread's).
+    local: Option<std::ptr::NonNull<Local>>,
+    /// The recording (generation) the ids belong to, the name's and the
+    /// category's ids in this thread's table.
+    ids: Option<(u64, u32, u32)>,
+}
+
+impl<'a> Iterations<'a> {
+    pub fn new(name: &'a str) -> Iterations<'a> {
+        Iterations {
+            name,
+            local: None,
+            ids: None,
+        }
+    }
+
+    /// The span of iteration `i`, from `from` ([`SpanGuard::end_after_nets`]
+    /// of the iteration before) or now; `None` when not recording.
+    #[inline]
+    pub fn begin(&mut self, i: i64, from: Option<u64>) -> Option<SpanGuard> {
+        if !on() {
+            return None;
+        }
+        let mut local = match self.local {
+            Some(mut l) => {
+                // SAFETY: see `LOCAL`: this thread's buffer (`self` is not
+                // `Send`), alive until the thread ends.
+                unsafe { l.as_mut() }.renew();
+                l
+            }
+            None => *self.local.insert(local()?),
+        };
+        // SAFETY: see `LOCAL`.
+        let l = unsafe { local.as_mut() };
+        let (name, cat) = match self.ids {
+            // Names are dropped only by a new recording (a new generation)
+            // or by `stop` when nothing is open.
+            Some((g, name, cat)) if g == l.generation => (name, cat),
+            _ => {
+                let (name, cat) = (l.str_id(self.name), l.cat_id("iteration"));
+                self.ids = Some((l.generation, name, cat));
+                (name, cat)
+            }
+        };
+        l.open += 1;
+        Some(SpanGuard {
+            local,
+            name,
+            cat,
+            start: from.unwrap_or_else(now),
+            detail: Detail::Iteration(i),
+            done: false,
+        })
+    }
 }
 
 /// A span from now until the guard is dropped, or `None` (nothing made, not
@@ -699,6 +905,9 @@ pub fn record(cat: &'static str, name: String, start: u64, detail: Detail) {
 /// for the start of each op and one for the end ([`NetRecord::close`];
 /// a record dropped unclosed is closed as failed).
 pub struct NetRecord {
+    /// This thread's buffer (see `LOCAL`; the pointer makes the record
+    /// neither `Send` nor `Sync`).
+    local: std::ptr::NonNull<Local>,
     words: *const AtomicU64,
     /// Slots for stamps, and stamps taken.
     cap: usize,
@@ -714,15 +923,16 @@ impl NetRecord {
     pub fn open(names: &Arc<NetNames>, timed: bool) -> Option<NetRecord> {
         let cap = if timed { names.ops.len() + 1 } else { 2 };
         let len = 2 + cap;
-        let words = with_local(|l| {
-            let id = l.net_id(names);
-            let words = l.reserve(len, header(OPEN, 0, len))?;
-            l.open += 1;
-            // SAFETY: `reserve` gave `len` words of a live chunk.
-            unsafe { &*words.add(1) }.store(id as u64, Ordering::Relaxed);
-            Some(words)
-        })??;
+        let mut local = local()?;
+        // SAFETY: see `LOCAL`.
+        let l = unsafe { local.as_mut() };
+        let id = l.net_id(names);
+        let words = l.reserve(len, header(OPEN, 0, len))?;
+        l.open += 1;
+        // SAFETY: `reserve` gave `len` words of a live chunk.
+        unsafe { &*words.add(1) }.store(id as u64, Ordering::Relaxed);
         Some(NetRecord {
+            local,
             words,
             cap,
             n: 0,
@@ -766,10 +976,11 @@ impl NetRecord {
         w1.store(id | (self.n as u64) << 32, Ordering::Relaxed);
         let flags = if ok { OK } else { 0 } | if self.timed { TIMED } else { 0 };
         hdr.store(header(RUN, flags, 2 + self.cap), Ordering::Release);
-        with_local(|l| {
-            l.open -= 1;
-            l.last_end = end;
-        });
+        // SAFETY: see `LOCAL`: this thread's buffer (the record is not
+        // `Send`), which outlives the record; no other reference is alive.
+        let l = unsafe { self.local.as_mut() };
+        l.open -= 1;
+        l.last_end = end;
     }
 }
 
@@ -859,8 +1070,8 @@ pub fn json_since(since: u64) -> String {
         let text = |id: u64| names.strs.get(id as usize).map(|s| &**s).unwrap_or("?");
         let mut used_lane = false;
         for c in chunks.iter() {
-            let used = c.used.load(Ordering::Acquire).min(c.words.len());
-            let words = &c.words[..used];
+            let used = c.used.load(Ordering::Acquire).min(c.len);
+            let words = &c.words()[..used];
             let mut i = 0;
             while i < used {
                 let hdr = words[i].load(Ordering::Acquire);
@@ -1012,8 +1223,9 @@ mod tests {
             ops: vec!["Add".into()],
         });
         let mut from = None;
-        for _ in 0..3 {
-            let span = span_str_from("iteration", "loop", from).unwrap();
+        let mut loop_spans = Iterations::new("loop");
+        for i in 0..3 {
+            let span = loop_spans.begin(i, from).unwrap();
             let mut rec = NetRecord::open(&names, true).unwrap();
             rec.op_start();
             rec.close(true);
@@ -1039,6 +1251,9 @@ mod tests {
         let its = spans("loop", "iteration");
         let nets = spans("body", "net");
         assert_eq!((its.len(), nets.len()), (3, 3), "{json}");
+        for i in 0..3 {
+            assert!(json.contains(&format!("\"iteration\":{i}}}")), "{json}");
+        }
         for k in 0..3 {
             // Each iteration ends where its net run ended, holds it, and
             // the next starts where it ended.
@@ -1048,6 +1263,49 @@ mod tests {
                 assert!((its[k].0 - its[k - 1].1).abs() < 1e-6, "{json}");
             }
         }
+    }
+
+    #[test]
+    fn a_second_recording_reuses_the_chunks_of_the_first_and_sees_only_its_own_records() {
+        let _g = TEST_LOCK.lock();
+        let net = |name: &str, ops: usize| {
+            Arc::new(NetNames {
+                net: name.into(),
+                ops: (0..ops).map(|k| format!("{name}{k}").into()).collect(),
+            })
+        };
+        let run = |names: &Arc<NetNames>| {
+            let mut rec = NetRecord::open(names, true).unwrap();
+            for _ in 0..names.ops.len() {
+                rec.op_start();
+            }
+            rec.close(true);
+        };
+        let (a, b) = (net("first", 1000), net("second", 500));
+        // 1200 runs of 1003 words: the small chunk and three full ones.
+        let t0 = start(true);
+        for _ in 0..1200 {
+            run(&a);
+        }
+        let json_a = json_since(t0);
+        stop(true);
+        let spare = SPARE.lock().len();
+        assert!(spare >= 2, "{spare} spare chunks");
+        // 700 runs of 503 words: the small chunk and one spare.
+        let t1 = start(true);
+        for _ in 0..700 {
+            run(&b);
+        }
+        let json_b = json_since(t1);
+        assert_eq!(SPARE.lock().len(), spare - 1);
+        stop(true);
+        assert_eq!(json_a.matches("\"name\":\"first\",").count(), 1200);
+        assert_eq!(json_a.matches("\"name\":\"first999\",").count(), 1200);
+        assert_eq!(json_a.matches("\"cat\":\"op\"").count(), 1200 * 1000);
+        assert_eq!(json_b.matches("\"name\":\"second\",").count(), 700);
+        assert_eq!(json_b.matches("\"name\":\"second499\",").count(), 700);
+        assert_eq!(json_b.matches("\"cat\":\"op\"").count(), 700 * 500);
+        assert!(!json_b.contains("first"), "a record of the first recording");
     }
 
     #[test]

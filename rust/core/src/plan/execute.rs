@@ -453,14 +453,6 @@ fn lane_label(what: &str) -> String {
     }
 }
 
-/// A span for one iteration of a step's loop (when recording), from
-/// `from` (the previous iteration's end) or now.
-fn iteration_span(c: &StepState<'_>, i: i64, from: Option<u64>) -> Option<trace::SpanGuard> {
-    let mut span = trace::span_str_from("iteration", c.c.name, from)?;
-    span.set_detail(Detail::Iteration(i));
-    Some(span)
-}
-
 fn run_main<'c>(run: &PlanState<'c>, c: &StepState<'c>, tok: &CancelToken) -> Result<bool> {
     let (kind, limit) = (c.c.kind, c.c.limit);
     if kind == StepKind::Nets {
@@ -469,8 +461,9 @@ fn run_main<'c>(run: &PlanState<'c>, c: &StepState<'c>, tok: &CancelToken) -> Re
         // Recorded iterations end where their last net run ended, and the
         // next one starts there: no clock reads beyond the nets' own.
         let mut from = None;
+        let mut spans = trace::Iterations::new(c.c.name);
         while !tok.poll() && limit.allows(i) {
-            let span = iteration_span(c, i, from);
+            let span = spans.begin(i, from);
             for net in &c.nets {
                 if !net.lock(tok)?.run(&c.ws, tok)? {
                     return Ok(false);
@@ -490,8 +483,9 @@ fn run_main<'c>(run: &PlanState<'c>, c: &StepState<'c>, tok: &CancelToken) -> Re
         return Ok(true);
     }
     let mut i = 0i64;
+    let mut spans = trace::Iterations::new(c.c.name);
     while !tok.poll() && limit.allows(i) {
-        let _span = iteration_span(c, i, None);
+        let _span = spans.begin(i, None);
         if kind == StepKind::Sequential {
             for w in &c.recurring {
                 if !w.exec(run, tok)? {
