@@ -185,7 +185,7 @@ fn b4_workspace(n: usize, huge: bool) -> Arc<Workspace> {
     for (name, zero) in [("a", false), ("b", false), ("c", true)] {
         ws.feed(
             name,
-            BlobValue::Tensor(Tensor::F32(b4_array(n, zero, huge))),
+            BlobValue::Tensor(Tensor::from(b4_array(n, zero, huge))),
         );
     }
     let net = NetDef {
