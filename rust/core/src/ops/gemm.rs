@@ -280,12 +280,14 @@ impl<T: Gemm> Split<T> {
     /// # Safety
     /// The buffers are alive and in bounds for every chunk not yet done
     /// (the caller of `par_gemm` waits for them).
-    unsafe fn work(&self) {
+    unsafe fn work(&self) -> bool {
+        let mut ran = false;
         loop {
             let i = self.next.fetch_add(1, Ordering::Relaxed);
             if i >= self.chunks {
-                return;
+                return ran;
             }
+            ran = true;
             let (lo, hi) = (i * self.step, ((i + 1) * self.step).min(self.len));
             let off = |s: (isize, isize)| {
                 if self.by_rows {
@@ -333,6 +335,66 @@ impl<T: Gemm> Split<T> {
             }
         }
     }
+}
+
+/// A split product's chunks as lingering pool threads run them.
+trait Chunks: Send + Sync {
+    /// Claims and runs chunks until none is left; whether it ran any.
+    fn run(&self) -> bool;
+}
+impl<T: Gemm> Chunks for Split<T> {
+    fn run(&self) -> bool {
+        // SAFETY: `par_gemm` returns only when every chunk is done, and a
+        // thread that comes later claims none (see `Split`).
+        unsafe { self.work() }
+    }
+}
+
+/// The newest split product offered to lingering pool threads, and a
+/// counter of offers they watch without taking the lock.
+static PENDING: parking_lot::Mutex<Option<std::sync::Arc<dyn Chunks>>> =
+    parking_lot::Mutex::new(None);
+static PUBLISHED: AtomicUsize = AtomicUsize::new(0);
+/// Pool threads lingering now.
+static LINGERING: AtomicUsize = AtomicUsize::new(0);
+/// How long a pool thread that has run a chunk waits, spinning, for the
+/// next split product before it goes back to the pool (and may sleep):
+/// a training step's products follow each other within microseconds, and
+/// waking a sleeping thread costs tens to hundreds of them on a VM.
+const LINGER: std::time::Duration = std::time::Duration::from_micros(60);
+
+/// Spins for up to [`LINGER`] after a chunk, running the chunks of any
+/// product offered meanwhile (and lingering again after them).
+fn linger() {
+    if !crate::threads::spinning_pays() {
+        return;
+    }
+    LINGERING.fetch_add(1, Ordering::AcqRel);
+    let mut seen = PUBLISHED.load(Ordering::Acquire);
+    let start = std::time::Instant::now();
+    let mut until = start + LINGER;
+    // Never more than this in all, so jobs queued on the pool behind a
+    // thread that keeps finding products wait at most about this long.
+    let cap = start + 20 * LINGER;
+    let mut polls = 0u32;
+    loop {
+        let now = PUBLISHED.load(Ordering::Acquire);
+        if now != seen {
+            seen = now;
+            let offered = PENDING.lock().clone();
+            if let Some(p) = offered {
+                if p.run() {
+                    until = (std::time::Instant::now() + LINGER).min(cap);
+                }
+            }
+        }
+        std::hint::spin_loop();
+        polls += 1;
+        if polls % 64 == 0 && std::time::Instant::now() >= until {
+            break;
+        }
+    }
+    LINGERING.fetch_sub(1, Ordering::AcqRel);
 }
 
 /// How long (spin-loop iterations) a caller that has run out of chunks
@@ -421,11 +483,25 @@ pub(crate) fn par_gemm<T: Gemm>(
         done: AtomicUsize::new(0),
         caller: std::thread::current(),
     });
-    for _ in 0..helpers.min(chunks - 1) {
+    // Pool threads that have just finished a chunk of an earlier product
+    // linger briefly (see `linger`) and take this one's chunks at once;
+    // only the helpers not lingering are woken through the pool.
+    let wanted = helpers.min(chunks - 1);
+    let lingering = LINGERING.load(Ordering::Acquire).min(wanted);
+    if lingering > 0 {
+        *PENDING.lock() = Some(split.clone());
+        PUBLISHED.fetch_add(1, Ordering::Release);
+    }
+    for _ in lingering..wanted {
         let s = split.clone();
         // SAFETY: see `Split`: this function returns only when every chunk
         // is done.
-        rayon::spawn(move || unsafe { s.work() });
+        rayon::spawn(move || {
+            if unsafe { s.work() } {
+                drop(s);
+                linger();
+            }
+        });
     }
     // SAFETY: the buffers outlive this call, which waits for every chunk.
     unsafe { split.work() };
@@ -434,6 +510,14 @@ pub(crate) fn par_gemm<T: Gemm>(
     } else {
         0
     };
+    if lingering > 0 {
+        let mut slot = PENDING.lock();
+        if slot.as_ref().is_some_and(|p| {
+            std::ptr::addr_eq(std::sync::Arc::as_ptr(p), std::sync::Arc::as_ptr(&split))
+        }) {
+            *slot = None;
+        }
+    }
     while split.done.load(Ordering::Acquire) < chunks {
         if spins > 0 {
             spins -= 1;
