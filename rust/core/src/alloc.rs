@@ -24,7 +24,7 @@
 //!   straight to the system allocator, so nothing waits on the cache (and a
 //!   child forked while another thread held it simply does not use it).
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, TryLockError};
 use std::time::{Duration, Instant};
@@ -135,14 +135,105 @@ impl State {
     }
 }
 
-/// Gives a block back to [`System`].
+/// Where the allocator gets memory: [`System`](std::alloc::System), except that on Unix large
+/// blocks (at least [`MIN_CACHED`] bytes, alignment at most a page) come
+/// straight from the C library, uninitialised ones on a page boundary
+/// (`posix_memalign`), so that a checkpoint's payload can be read into them
+/// with direct I/O (`storage::ferro`). A block freed or resized by the C
+/// library (`free`, `realloc`) may have come from `malloc`, `calloc`,
+/// `realloc` or `posix_memalign` alike (POSIX), and `System` itself takes
+/// blocks of alignment 16 or less from `malloc` and resizes them with
+/// `realloc`, so blocks that cross the size threshold by `realloc` stay
+/// valid for both. Alignment to a page is a property of fresh large blocks
+/// only (a `realloc` or `calloc` gives `malloc`'s alignment): readers check
+/// the address before relying on it.
+mod sys {
+    use super::MIN_CACHED;
+    use std::alloc::{GlobalAlloc, Layout, System};
+
+    /// The page size assumed for large blocks.
+    pub const PAGE: usize = 4096;
+    /// `malloc`'s alignment on the 64-bit Unix targets (what `System`
+    /// relies on to use `malloc`/`realloc` for a layout).
+    #[cfg(unix)]
+    const MALLOC_ALIGN: usize = 16;
+
+    #[cfg(unix)]
+    fn large(layout: Layout) -> bool {
+        layout.size() >= MIN_CACHED && layout.align() <= MALLOC_ALIGN
+    }
+
+    /// # Safety
+    /// As [`GlobalAlloc::alloc`].
+    pub unsafe fn alloc(layout: Layout) -> *mut u8 {
+        #[cfg(unix)]
+        if large(layout) {
+            let mut p: *mut libc::c_void = std::ptr::null_mut();
+            // SAFETY: PAGE is a power of two and a multiple of the size of
+            // a pointer; `p` is written only on success.
+            let rc = unsafe { libc::posix_memalign(&mut p, PAGE, layout.size()) };
+            return if rc == 0 { p.cast() } else { std::ptr::null_mut() };
+        }
+        // SAFETY: the caller's layout.
+        unsafe { System.alloc(layout) }
+    }
+
+    /// # Safety
+    /// As [`GlobalAlloc::alloc_zeroed`].
+    pub unsafe fn alloc_zeroed(layout: Layout) -> *mut u8 {
+        #[cfg(unix)]
+        if large(layout) {
+            // SAFETY: a non-zero size; calloc maps fresh zero pages for
+            // large sizes rather than writing them.
+            return unsafe { libc::calloc(1, layout.size()) }.cast();
+        }
+        // SAFETY: the caller's layout.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    /// # Safety
+    /// `ptr` must be a live block of `layout` from this module.
+    pub unsafe fn dealloc(ptr: *mut u8, layout: Layout) {
+        #[cfg(unix)]
+        if large(layout) {
+            // SAFETY: a block of the C library's allocator (see the module
+            // docs), freed once.
+            return unsafe { libc::free(ptr.cast()) };
+        }
+        // SAFETY: a System block of `layout` (small blocks never leave
+        // System, except by a realloc, which System does with `realloc`
+        // as well).
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    /// # Safety
+    /// As [`GlobalAlloc::realloc`], on a block from this module.
+    pub unsafe fn realloc(ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        #[cfg(unix)]
+        if layout.align() <= MALLOC_ALIGN && (layout.size() >= MIN_CACHED || new_size >= MIN_CACHED) {
+            // SAFETY: a block of the C library's allocator of at least
+            // malloc's alignment, which realloc keeps; new_size is non-zero.
+            return unsafe { libc::realloc(ptr.cast(), new_size) }.cast();
+        }
+        // SAFETY: a System block of `layout` (as in `dealloc`).
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+/// Gives a block back to the system allocator.
 ///
 /// # Safety
-/// `ptr` must be a live [`System`] block of `layout` that nothing uses.
+/// `ptr` must be a live block of `layout` from [`sys`] that nothing uses.
 unsafe fn free_system(ptr: *mut u8, layout: Layout) {
     // SAFETY: the caller's promise.
-    unsafe { System.dealloc(ptr, layout) }
+    unsafe { sys::dealloc(ptr, layout) }
 }
+
+/// Whether large blocks from the allocator start on a page (used by the
+/// checkpoint loader to choose direct I/O; it checks each address too).
+pub const LARGE_BLOCKS_ON_A_PAGE: bool = cfg!(unix);
+/// The page size large blocks are aligned to.
+pub const PAGE: usize = sys::PAGE;
 
 impl Cache {
     /// An empty cache; its limit is read from the environment on first use.
@@ -309,14 +400,15 @@ fn limit_from_env() -> Option<usize> {
 
 static CACHE: Cache = Cache::new();
 
-/// The process's allocator (installed in `lib.rs`): [`System`] with the
-/// large-block cache in front.
+/// The process's allocator (installed in `lib.rs`): [`System`](std::alloc::System) (large blocks
+/// from the C library on a page, see [`sys`]) with the large-block cache in
+/// front.
 pub struct FerroAlloc;
 
-// SAFETY: every block handed out was allocated by `System` with the same
+// SAFETY: every block handed out was allocated by `sys` with the same
 // layout as requested (the cache reuses only exact layouts, and only blocks
-// their owners freed); blocks are given back to `System` with the layout
-// they were allocated with; realloc is System's on a System block.
+// their owners freed); blocks are given back to `sys` with the layout they
+// were allocated with; realloc is `sys`'s on a `sys` block.
 unsafe impl GlobalAlloc for FerroAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if layout.size() >= MIN_CACHED {
@@ -325,7 +417,7 @@ unsafe impl GlobalAlloc for FerroAlloc {
             }
         }
         // SAFETY: the caller's layout, non-zero size (GlobalAlloc's contract).
-        unsafe { System.alloc(layout) }
+        unsafe { sys::alloc(layout) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
@@ -337,20 +429,20 @@ unsafe impl GlobalAlloc for FerroAlloc {
             }
         }
         // SAFETY: as in `alloc`.
-        unsafe { System.alloc_zeroed(layout) }
+        unsafe { sys::alloc_zeroed(layout) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         if layout.size() >= MIN_CACHED && CACHE.put(ptr, layout, Instant::now(), free_system) {
             return;
         }
-        // SAFETY: a System block of this layout (see the impl's comment).
-        unsafe { System.dealloc(ptr, layout) }
+        // SAFETY: a `sys` block of this layout (see the impl's comment).
+        unsafe { sys::dealloc(ptr, layout) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: every live block is a System block of `layout`.
-        unsafe { System.realloc(ptr, layout, new_size) }
+        // SAFETY: every live block is a `sys` block of `layout`.
+        unsafe { sys::realloc(ptr, layout, new_size) }
     }
 }
 
@@ -368,6 +460,7 @@ pub fn cached_bytes() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::alloc::System;
 
     unsafe fn sys_free(ptr: *mut u8, layout: Layout) {
         // SAFETY: the tests only cache System blocks of this layout.
@@ -380,6 +473,29 @@ mod tests {
         let p = unsafe { System.alloc(layout) };
         assert!(!p.is_null());
         (p, layout)
+    }
+
+    #[test]
+    fn large_blocks_start_on_a_page_and_keep_their_bytes_across_realloc() {
+        // Through the global allocator (FerroAlloc in this crate's tests).
+        let mut v: Vec<u8> = Vec::with_capacity(3 << 20);
+        if LARGE_BLOCKS_ON_A_PAGE {
+            assert_eq!(v.as_ptr() as usize % PAGE, 0);
+        }
+        v.extend((0..3 << 20).map(|i: usize| (i % 251) as u8));
+        // Grow past the capacity (realloc of a large block), then shrink
+        // below the threshold (realloc down to a small block), then grow a
+        // small block past the threshold.
+        v.reserve_exact(5 << 20);
+        assert!(v.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+        v.truncate(1000);
+        v.shrink_to_fit();
+        assert!(v.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+        v.reserve_exact(2 << 20);
+        assert!(v.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+        drop(v);
+        let z: Vec<u64> = vec![0; 1 << 18];
+        assert!(z.iter().all(|&x| x == 0));
     }
 
     #[test]

@@ -56,6 +56,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(registry::num_threads, m)?)?;
     m.add_function(wrap_pyfunction!(registry::set_buffer_cache_limit, m)?)?;
     m.add_function(wrap_pyfunction!(registry::buffer_cache_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(registry::direct_io_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(proto::encode_net_ops, m)?)?;
     m.add_function(wrap_pyfunction!(trace::trace_start, m)?)?;
     m.add_function(wrap_pyfunction!(trace::trace_stop, m)?)?;

@@ -63,6 +63,14 @@ pub(crate) fn buffer_cache_bytes() -> usize {
     ferrocaffe::alloc::cached_bytes()
 }
 
+/// Payload bytes that Load ops of this process read with direct I/O (by the
+/// disk straight into tensor memory, for checkpoints not in the page cache;
+/// `FERROCAFFE_DIRECT_IO=0` turns that off).
+#[pyfunction]
+pub(crate) fn direct_io_bytes() -> u64 {
+    ferrocaffe::storage::direct_bytes_read()
+}
+
 /// Threads in the kernel (rayon) pool.
 #[pyfunction]
 pub(crate) fn num_threads() -> usize {

@@ -1,13 +1,19 @@
 //! `"ferro"`: the checked, aligned, mmap-ready format (see the module docs of
 //! `storage`), and its parallel loader.
 
+use super::direct::{self, Direct, DIRECT_ALIGN};
 use super::mapped::check_zero_padding;
 use super::*;
 use std::mem::MaybeUninit;
 
 pub(super) const FERRO_MAGIC: &[u8; 8] = b"FERROCKP";
 pub(super) const FERRO_END_MAGIC: &[u8; 8] = b"FERROEND";
-pub(super) const FERRO_VERSION: u32 = 1;
+/// The version written. Version 1 (read too) placed every payload at a
+/// multiple of [`ALIGN`]; version 2 places large numeric payloads on a page
+/// ([`page_payload`]), so that they can be read with direct I/O.
+pub(super) const FERRO_VERSION: u32 = 2;
+/// The oldest version read.
+pub(super) const FERRO_MIN_VERSION: u32 = 1;
 pub(super) const HEADER_LEN: u64 = 64;
 pub(super) const TRAILER_LEN: u64 = 48;
 pub(super) const ALIGN: u64 = 64;
@@ -19,6 +25,33 @@ pub(super) const MIN_ENTRY_LEN: u64 = 4 + 4 + 4 + 8 + 8 + 4 + 4;
 
 pub(super) fn align_up(x: u64) -> u64 {
     x.div_ceil(ALIGN) * ALIGN
+}
+
+/// Where a version-2 file starts a large numeric payload: on a multiple of
+/// this, the largest logical block size of common disks, so that the
+/// payload can be read with `O_DIRECT` straight into page-aligned memory.
+pub(super) const PAGE_ALIGN: u64 = 4096;
+/// Numeric payloads of at least this many bytes start on a page in version
+/// 2 (the global allocator puts blocks of this size on a page too:
+/// `alloc::MIN_CACHED`); smaller ones at a multiple of [`ALIGN`].
+pub(super) const PAGE_PAYLOAD_MIN: u64 = 1 << 20;
+
+/// Whether a payload of `kind`, `dtype` and `length` starts on a page in a
+/// file of `version`.
+pub(super) fn page_payload(version: u32, kind: u8, dtype: u8, length: u64) -> bool {
+    version >= 2
+        && kind == KIND_TENSOR
+        && ferro_dtype(dtype).and_then(item_size).is_some()
+        && length >= PAGE_PAYLOAD_MIN
+}
+
+/// The offset at which a payload that follows byte `end` starts.
+pub(super) fn payload_offset(version: u32, end: u64, kind: u8, dtype: u8, length: u64) -> u64 {
+    if page_payload(version, kind, dtype, length) {
+        end.div_ceil(PAGE_ALIGN) * PAGE_ALIGN
+    } else {
+        align_up(end)
+    }
 }
 
 /// Plain numeric element types, written and read as raw bytes.
@@ -138,10 +171,10 @@ pub(super) fn encode_index(entries: &[IndexEntry]) -> Vec<u8> {
     b
 }
 
-pub(super) fn ferro_header() -> [u8; HEADER_LEN as usize] {
+pub(super) fn ferro_header(version: u32) -> [u8; HEADER_LEN as usize] {
     let mut h = [0u8; HEADER_LEN as usize];
     h[..8].copy_from_slice(FERRO_MAGIC);
-    h[8..12].copy_from_slice(&FERRO_VERSION.to_le_bytes());
+    h[8..12].copy_from_slice(&version.to_le_bytes());
     // [12, 16) flags and [16, 60) reserved stay zero.
     let crc = crc32fast::hash(&h[..60]);
     h[60..64].copy_from_slice(&crc.to_le_bytes());
@@ -166,8 +199,11 @@ impl<W: Write> Sink<'_, W> {
         self.put(b)
     }
     pub(super) fn pad(&mut self) -> Result<()> {
-        let n = (align_up(self.pos) - self.pos) as usize;
-        self.put(&[0u8; ALIGN as usize][..n])
+        self.pad_to(align_up(self.pos))
+    }
+    pub(super) fn pad_to(&mut self, offset: u64) -> Result<()> {
+        let n = (offset - self.pos) as usize;
+        self.put(&[0u8; PAGE_ALIGN as usize][..n])
     }
 }
 
@@ -232,11 +268,32 @@ pub(super) fn write_ferro(
     path: &str,
     entries: &[(&str, Prepared<'_>)],
 ) -> Result<()> {
+    write_ferro_version(w, path, entries, FERRO_VERSION)
+}
+
+/// Writes a file of `version` (older versions: for the tests that read them).
+pub(super) fn write_ferro_version(
+    w: &mut impl Write,
+    path: &str,
+    entries: &[(&str, Prepared<'_>)],
+    version: u32,
+) -> Result<()> {
     let mut s = Sink { w, pos: 0, path };
-    s.put(&ferro_header())?;
+    s.put(&ferro_header(version))?;
     let mut index = Vec::with_capacity(entries.len());
     for (name, p) in entries {
-        s.pad()?;
+        if let Prepared::Tensor(t) = p {
+            let size = item_size(t.dtype()).map_or(0, |n| n.saturating_mul(t.numel() as u64));
+            s.pad_to(payload_offset(
+                version,
+                s.pos,
+                KIND_TENSOR,
+                t.dtype() as i32 as u8,
+                size,
+            ))?;
+        } else {
+            s.pad()?;
+        }
         let offset = s.pos;
         let mut crc = crc32fast::Hasher::new();
         let (kind, dtype, dims, tag) = match p {
@@ -381,7 +438,8 @@ pub(super) struct Trailer {
 
 /// Checks a ferro file's header: `head` is its first `min(len, 64)` bytes,
 /// `len` its length.
-pub(super) fn check_header(path: &str, head: &[u8], len: u64) -> Result<()> {
+/// Returns the file's format version.
+pub(super) fn check_header(path: &str, head: &[u8], len: u64) -> Result<u32> {
     if len == 0 {
         return Err(corrupt(path, "the checkpoint file is empty"));
     }
@@ -410,18 +468,18 @@ pub(super) fn check_header(path: &str, head: &[u8], len: u64) -> Result<()> {
         ));
     }
     let version = le_u32(head, 8);
-    if version != FERRO_VERSION {
+    if !(FERRO_MIN_VERSION..=FERRO_VERSION).contains(&version) {
         return Err(corrupt(
             path,
             format!(
-                "the checkpoint has format version {version}; this build of ferrocaffe reads version {FERRO_VERSION}"
+                "the checkpoint has format version {version}; this build of ferrocaffe reads versions {FERRO_MIN_VERSION} to {FERRO_VERSION}"
             ),
         ));
     }
     if head[12..60].iter().any(|&b| b != 0) {
         return Err(corrupt(path, "the checkpoint's header has unknown flags"));
     }
-    Ok(())
+    Ok(version)
 }
 
 /// Checks a ferro file's trailer (its last 48 bytes; the header checked out,
@@ -470,7 +528,12 @@ pub(super) fn check_trailer(path: &str, t: &[u8], len: u64) -> Result<Trailer> {
 
 /// Checks and parses the index bytes the trailer points at, and the layout
 /// they describe.
-pub(super) fn parse_index(path: &str, index: &[u8], tr: &Trailer) -> Result<Vec<IndexEntry>> {
+pub(super) fn parse_index(
+    path: &str,
+    version: u32,
+    index: &[u8],
+    tr: &Trailer,
+) -> Result<Vec<IndexEntry>> {
     if crc32fast::hash(index) != tr.index_crc {
         return Err(corrupt(
             path,
@@ -491,28 +554,27 @@ pub(super) fn parse_index(path: &str, index: &[u8], tr: &Trailer) -> Result<Vec<
     if c.at != index.len() {
         return Err(corrupt(path, "the checkpoint's index has trailing bytes"));
     }
-    check_layout(path, &entries, tr.index_offset)?;
+    check_layout(path, version, &entries, tr.index_offset)?;
     Ok(entries)
 }
 
 pub(super) fn open_ferro(path: &str) -> Result<FerroFile> {
     let (file, meta) = open_regular(path).map_err(io_error(path))?;
     let len = meta.len();
-    let mut r = BufReader::with_capacity(1 << 20, file);
+    // Positioned reads of just the header, trailer and index (a buffered
+    // reader would read a megabyte of payloads into the page cache, which
+    // a direct Load then reads again).
     let mut head = [0u8; HEADER_LEN as usize];
     let n = len.min(HEADER_LEN) as usize;
-    r.read_exact(&mut head[..n]).map_err(io_error(path))?;
-    check_header(path, &head[..n], len)?;
-    r.seek(SeekFrom::Start(len - TRAILER_LEN))
-        .map_err(io_error(path))?;
+    read_exact_at(&file, &mut head[..n], 0).map_err(io_error(path))?;
+    let version = check_header(path, &head[..n], len)?;
     let mut t = [0u8; TRAILER_LEN as usize];
-    r.read_exact(&mut t).map_err(io_error(path))?;
+    read_exact_at(&file, &mut t, len - TRAILER_LEN).map_err(io_error(path))?;
     let tr = check_trailer(path, &t, len)?;
-    r.seek(SeekFrom::Start(tr.index_offset))
-        .map_err(io_error(path))?;
     let mut index = vec![0u8; tr.index_len as usize];
-    r.read_exact(&mut index).map_err(io_error(path))?;
-    let entries = parse_index(path, &index, &tr)?;
+    read_exact_at(&file, &mut index, tr.index_offset).map_err(io_error(path))?;
+    let entries = parse_index(path, version, &index, &tr)?;
+    let mut r = BufReader::with_capacity(1 << 20, file);
     r.seek(SeekFrom::Start(HEADER_LEN))
         .map_err(io_error(path))?;
     Ok(FerroFile {
@@ -522,9 +584,16 @@ pub(super) fn open_ferro(path: &str) -> Result<FerroFile> {
     })
 }
 
-/// Payloads are packed in index order at 64-byte boundaries before the index,
-/// names are unique, and every length fits its kind, dtype and shape.
-pub(super) fn check_layout(path: &str, entries: &[IndexEntry], index_offset: u64) -> Result<()> {
+/// Payloads are packed in index order before the index, each at the first
+/// 64-byte boundary after the previous one (the first page boundary for a
+/// large numeric payload of a version-2 file), names are unique, and every
+/// length fits its kind, dtype and shape.
+pub(super) fn check_layout(
+    path: &str,
+    version: u32,
+    entries: &[IndexEntry],
+    index_offset: u64,
+) -> Result<()> {
     let mut end = HEADER_LEN;
     let mut names = HashSet::new();
     for e in entries {
@@ -535,7 +604,7 @@ pub(super) fn check_layout(path: &str, entries: &[IndexEntry], index_offset: u64
                 e.name
             )));
         }
-        if e.offset != align_up(end)
+        if e.offset != payload_offset(version, end, e.kind, e.dtype, e.length)
             || e.offset
                 .checked_add(e.length)
                 .is_none_or(|x| x > index_offset)
@@ -578,7 +647,7 @@ pub(super) fn check_layout(path: &str, entries: &[IndexEntry], index_offset: u64
 impl FerroFile {
     /// Reads and checks the zero padding before `offset` (the reader is at `pos`).
     pub(super) fn padding(&mut self, path: &str, pos: u64, offset: u64) -> Result<()> {
-        let mut pad = [0u8; ALIGN as usize];
+        let mut pad = [0u8; PAGE_ALIGN as usize];
         let pad = &mut pad[..(offset - pos) as usize];
         read_exact_or_corrupt(&mut self.r, pad, path, &|| {
             format!("the file ends inside padding at byte {pos}")
@@ -742,10 +811,35 @@ pub(super) struct Piece<'a> {
 }
 
 /// Reads a piece with positioned reads, in slices checksummed while they
-/// are still in the cache. On success every byte of `p.dst` was written.
-pub(super) fn read_piece(file: &File, path: &str, e: &IndexEntry, p: &mut Piece<'_>) -> Result<()> {
+/// are still in the cache; a piece that is mostly not in the page cache is
+/// read with direct I/O when it can be (`storage::direct`), then checksummed.
+/// On success every byte of `p.dst` was written.
+pub(super) fn read_piece(
+    file: &File,
+    direct: Option<&Direct>,
+    path: &str,
+    e: &IndexEntry,
+    p: &mut Piece<'_>,
+) -> Result<()> {
     let mut at = p.at;
-    for slice in p.dst.chunks_mut(READ_SLICE) {
+    let mut rest = &mut p.dst[..];
+    let whole = rest.len() / DIRECT_ALIGN * DIRECT_ALIGN;
+    if let Some(d) = direct {
+        if whole > 0
+            && at % DIRECT_ALIGN as u64 == 0
+            && rest.as_ptr() as usize % DIRECT_ALIGN == 0
+            && !d.mostly_cached(at, whole)
+        {
+            let n = d.read(&mut rest[..whole], at);
+            let (read, tail) = rest.split_at_mut(n);
+            // SAFETY: `Direct::read` wrote the first `n` bytes.
+            let read = unsafe { std::slice::from_raw_parts(read.as_ptr().cast::<u8>(), n) };
+            p.crc.update(read);
+            at += n as u64;
+            rest = tail;
+        }
+    }
+    for slice in rest.chunks_mut(READ_SLICE) {
         let read = read_exact_at_uninit(file, slice, at).map_err(|err| {
             if err.kind() == std::io::ErrorKind::UnexpectedEof {
                 corrupt(path, format!("the db is truncated: {}", cut_off(e))).with_blob(&e.name)
@@ -876,7 +970,7 @@ pub(super) fn check_gaps(
         .chain(std::iter::once((index_offset, index_offset)));
     for (start, end) in ends {
         if start > pos {
-            let mut pad = [0u8; ALIGN as usize];
+            let mut pad = [0u8; PAGE_ALIGN as usize];
             let pad = &mut pad[..(start - pos) as usize];
             read_exact_at(file, pad, pos).map_err(|err| {
                 if err.kind() == std::io::ErrorKind::UnexpectedEof {
@@ -974,16 +1068,30 @@ pub(super) fn load_ferro(
     } = open_ferro(path)?;
     let file = r.into_inner();
     let wanted: Vec<&IndexEntry> = entries.iter().filter(|e| select(&e.name)).collect();
+    let direct = if direct::enabled()
+        && wanted
+            .iter()
+            .any(|e| e.offset % DIRECT_ALIGN as u64 == 0 && e.length >= DIRECT_ALIGN as u64)
+    {
+        file.metadata()
+            .ok()
+            .and_then(|m| Direct::open(&file, m.len()))
+    } else {
+        None
+    };
     // Start the disk before anything else (the buffers' allocation, the
-    // padding checks), so that it streams while they run.
-    if let (Some(first), Some(last)) = (wanted.first(), wanted.last()) {
+    // padding checks), so that it streams while they run; not when payloads
+    // may be read directly (the read-ahead would read them twice), and then
+    // the padding is read without read-ahead.
+    if let (Some(first), Some(last), None) = (wanted.first(), wanted.last(), &direct) {
         advise_sequential(
             &file,
             first.offset,
             last.offset + last.length - first.offset,
         );
     }
-    check_gaps(&file, path, &entries, index_offset)?;
+    let gaps = direct.as_ref().map_or(&file, |d| d.random());
+    check_gaps(gaps, path, &entries, index_offset)?;
     let mut dests = wanted
         .iter()
         .map(|e| Dest::for_entry(e))
@@ -1015,7 +1123,7 @@ pub(super) fn load_ferro(
                     if failed.load(Ordering::Relaxed) {
                         continue; // an earlier piece failed: the load fails
                     }
-                    p.result = read_piece(&file, path, wanted[p.entry], p);
+                    p.result = read_piece(&file, direct.as_ref(), path, wanted[p.entry], p);
                     if p.result.is_err() {
                         failed.store(true, Ordering::Relaxed);
                     }
@@ -1024,7 +1132,7 @@ pub(super) fn load_ferro(
         });
     } else {
         for p in &mut pieces {
-            p.result = read_piece(&file, path, wanted[p.entry], p);
+            p.result = read_piece(&file, direct.as_ref(), path, wanted[p.entry], p);
             if p.result.is_err() {
                 break;
             }

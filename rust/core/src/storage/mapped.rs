@@ -95,11 +95,16 @@ pub fn map_ferro(
         )
         .with_file(path));
     }
-    check_header(path, head, len)?;
+    let version = check_header(path, head, len)?;
     let tr = check_trailer(path, &data[data.len() - TRAILER_LEN as usize..], len)?;
     // The trailer checked out, so the index lies inside `data`.
     let index_at = tr.index_offset as usize;
-    let entries = parse_index(path, &data[index_at..index_at + tr.index_len as usize], &tr)?;
+    let entries = parse_index(
+        path,
+        version,
+        &data[index_at..index_at + tr.index_len as usize],
+        &tr,
+    )?;
     let mut out = Vec::with_capacity(entries.len());
     let mut pos = HEADER_LEN as usize;
     for e in &entries {

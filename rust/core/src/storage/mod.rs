@@ -6,10 +6,14 @@
 //!   integer little-endian):
 //!
 //!   ```text
-//!   [0, 64)        header: magic "FERROCKP" | u32 version (1) | u32 flags (0)
-//!                  | 44 zero bytes | u32 CRC-32 of bytes [0, 60)
-//!   [64, I)        payloads, one per blob, each starting at a multiple of 64,
-//!                  zero padding in between (checked on load)
+//!   [0, 64)        header: magic "FERROCKP" | u32 version (2; 1 is read
+//!                  too) | u32 flags (0) | 44 zero bytes | u32 CRC-32 of
+//!                  bytes [0, 60)
+//!   [64, I)        payloads, one per blob, each starting at the first
+//!                  multiple of 64 after the previous one; in version 2 a
+//!                  numeric tensor of 1 MiB or more starts at the first
+//!                  multiple of 4096 instead (so that it can be read with
+//!                  direct I/O); zero padding in between (checked on load)
 //!   [I, I+L)       index (I a multiple of 64), one entry per blob, in file order:
 //!                  u32 name length | name (UTF-8) | u8 kind (1 tensor, 2 bytes,
 //!                  3 object) | u8 dtype (Caffe2 DataType number, tensors only)
@@ -75,6 +79,8 @@ use std::time::{Duration, SystemTime};
 
 mod codecs;
 mod ferro;
+mod direct;
+pub use direct::direct_bytes_read;
 mod files;
 mod leveldb;
 mod mapped;
@@ -808,7 +814,7 @@ mod tests {
         .unwrap();
         let bytes = fs::read(&path).unwrap();
         assert_eq!(&bytes[..8], b"FERROCKP");
-        assert_eq!(le_u32(&bytes, 8), 1);
+        assert_eq!(le_u32(&bytes, 8), 2);
         assert_eq!(&bytes[bytes.len() - 8..], b"FERROEND");
         let tr = &bytes[bytes.len() - 48..];
         assert_eq!(le_u64(tr, 24), bytes.len() as u64);
@@ -819,6 +825,130 @@ mod tests {
         assert_eq!(&bytes[128..132], &0f32.to_le_bytes());
         assert_eq!(&bytes[128 + 4 * 999..128 + 4000], &999f32.to_le_bytes());
         assert_eq!(le_u64(tr, 0), align_up(128 + 4000));
+    }
+
+    #[test]
+    fn large_numeric_payloads_start_on_a_page_in_version_2() {
+        let dir = Scratch::new("storage");
+        let path = dir.file("db");
+        // 1 MiB of f32 (the threshold) after 3 bytes, then a 1 MiB string
+        // tensor's worth of bytes (not numeric: 64-byte aligned), then 1 MiB
+        // less 4 bytes of i32 (below the threshold: 64-byte aligned).
+        let big: Vec<f32> = (0..1 << 18).map(|i| i as f32).collect();
+        let under: Vec<i32> = (0..(1 << 18) - 1).collect();
+        save_blobs(
+            &path,
+            "ferro",
+            &[
+                ("a".into(), t(&[3], vec![1u8, 2, 3])),
+                ("big".into(), t(&[1 << 18], big.clone())),
+                ("bytes".into(), BlobValue::Bytes(vec![7u8; 1 << 20])),
+                ("under".into(), t(&[(1 << 18) - 1], under.clone())),
+            ],
+        )
+        .unwrap();
+        let bytes = fs::read(&path).unwrap();
+        // "a" at 64 (3 bytes); "big" at the first page after 67: 4096.
+        assert!(bytes[67..4096].iter().all(|&b| b == 0));
+        assert_eq!(&bytes[4096..4100], &0f32.to_le_bytes());
+        let big_end = 4096 + (4 << 18);
+        assert_eq!(&bytes[big_end - 4..big_end], &(((1 << 18) - 1) as f32).to_le_bytes());
+        // "bytes" at the next multiple of 64 (big_end is one), "under" after it.
+        assert_eq!(bytes[big_end], 7);
+        let under_at = big_end + (1 << 20);
+        assert_eq!(&bytes[under_at..under_at + 4], &0i32.to_le_bytes());
+        let got = load_db(&path, "ferro").unwrap();
+        assert_same(&got[1..2], &[("big".into(), t(&[1 << 18], big))]);
+        assert_same(&got[3..], &[("under".into(), t(&[(1 << 18) - 1], under))]);
+        verify_db(&path, "ferro").unwrap();
+        // A nonzero byte in the page padding before "big" is damage.
+        let mut b = bytes.clone();
+        b[4000] = 1;
+        fs::write(&path, &b).unwrap();
+        assert!(load_db(&path, "ferro").unwrap_err().full_message().contains("padding"));
+        assert!(verify_db(&path, "ferro").unwrap_err().full_message().contains("padding"));
+    }
+
+    /// Writes `path`'s dirty pages and drops it from the page cache.
+    #[cfg(target_os = "linux")]
+    fn evict(path: &str) {
+        use std::os::unix::io::AsRawFd;
+        let f = fs::File::open(path).unwrap();
+        f.sync_all().unwrap();
+        // SAFETY: a valid open descriptor; the call only drops clean pages.
+        let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        assert_eq!(rc, 0);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn uncached_payloads_are_read_directly_and_still_checked() {
+        // Direct reads change nothing a Load returns or detects: the same
+        // values, a damaged byte anywhere is still a CRC error naming the
+        // blob, a warm file is read from the cache, and direct reads can be
+        // turned off.
+        let n = (20 << 20) / 4 + 3; // three pieces, the last not page-sized
+        let big: Vec<f32> = (0..n).map(|i| ((i * 7919) % 100_003) as f32 - 5.0).collect();
+        let entries = vec![
+            ("head".to_string(), t(&[3], vec![1.5f64, -2.0, 3.25])),
+            ("big".to_string(), t(&[n], big)),
+            ("tail".to_string(), BlobValue::Bytes(b"end".to_vec())),
+        ];
+        let dir = Scratch::new("storage");
+        let path = dir.file("db");
+        save_blobs(&path, "ferro", &entries).unwrap();
+        let direct_here = {
+            let f = fs::File::open(&path).unwrap();
+            direct::Direct::open(&f, f.metadata().unwrap().len()).is_some()
+        };
+        evict(&path);
+        let before = direct_bytes_read();
+        assert_same(&load_db(&path, "ferro").unwrap(), &entries);
+        let cold = direct_bytes_read() - before;
+        if direct_here {
+            // Every whole page of "big" (the other payloads are too small).
+            assert_eq!(cold, (n as u64 * 4) / 4096 * 4096);
+        }
+        // Warm (read through the cache): no direct reads.
+        let _ = fs::read(&path).unwrap();
+        let before = direct_bytes_read();
+        assert_same(&load_db(&path, "ferro").unwrap(), &entries);
+        assert_eq!(direct_bytes_read(), before);
+        // A flipped bit in each piece of an evicted file.
+        let raw = fs::read(&path).unwrap();
+        for at in [4096 + 5, 4096 + (9 << 20), 4096 + n * 4 - 1] {
+            let mut b = raw.clone();
+            b[at] ^= 0x20;
+            fs::write(&path, &b).unwrap();
+            evict(&path);
+            let e = load_db(&path, "ferro").unwrap_err();
+            assert_corrupt(&e, &path);
+            assert_eq!(e.context.blob.as_deref(), Some("big"), "{e}");
+        }
+    }
+
+    #[test]
+    fn version_1_files_still_load() {
+        // Version 1 placed every payload at a multiple of 64, large ones too.
+        let dir = Scratch::new("storage");
+        let path = dir.file("db");
+        let n = (3 << 20) / 4 + 5;
+        let big: Vec<f32> = (0..n).map(|i| (i % 977) as f32 * 0.5).collect();
+        let entries = [
+            ("a".to_string(), t(&[3], vec![1u8, 2, 3])),
+            ("big".to_string(), t(&[n], big.clone())),
+        ];
+        let refs: Vec<(&str, &BlobValue)> = entries.iter().map(|(k, v)| (k.as_str(), v)).collect();
+        let prepared = prepare(&refs, &ferro::Ferro).unwrap();
+        let mut file = fs::File::create(&path).unwrap();
+        ferro::write_ferro_version(&mut file, &path, &prepared, 1).unwrap();
+        drop(file);
+        let bytes = fs::read(&path).unwrap();
+        assert_eq!(le_u32(&bytes, 8), 1);
+        assert_eq!(&bytes[128..132], &0f32.to_le_bytes()); // "big" at 128
+        assert_same(&load_db(&path, "ferro").unwrap(), &entries);
+        verify_db(&path, "ferro").unwrap();
+        assert_eq!(list_db(&path, "ferro").unwrap()[1].bytes, (n * 4) as u64);
     }
 
     #[test]
@@ -1283,8 +1413,9 @@ mod tests {
         let offset = list_ferro(&path).unwrap();
         assert_eq!(offset[1].bytes, (n * 4) as u64);
         let raw = fs::read(&path).unwrap();
-        // A flipped bit in each piece of "big" (its payload starts at 128).
-        for at in [128 + 5, 128 + (9 << 20), 128 + (20 << 20) - 1] {
+        // A flipped bit in each piece of "big" (its payload starts on the
+        // first page).
+        for at in [4096 + 5, 4096 + (9 << 20), 4096 + (20 << 20) - 1] {
             let mut b = raw.clone();
             b[at] ^= 0x04;
             fs::write(&path, &b).unwrap();
@@ -1293,7 +1424,7 @@ mod tests {
             assert_eq!(e.context.blob.as_deref(), Some("big"), "{e}");
             // Padding is checked too.
             let mut b = raw.clone();
-            b[128 + (20 << 20) + 3] = 1; // between "big" and "tail"
+            b[4096 + (20 << 20) + 3] = 1; // between "big" and "tail"
             fs::write(&path, &b).unwrap();
             let e = load_db(&path, "ferro").unwrap_err();
             assert!(e.full_message().contains("padding"), "{e}");
