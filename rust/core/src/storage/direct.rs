@@ -225,6 +225,33 @@ impl Direct {
     }
 }
 
+/// The file behind `file`, opened again (the same file even if its path
+/// was replaced since) for a reader of its own: its own offset and
+/// read-ahead state, sequential hint given. `None` where that is not
+/// possible (the caller shares `file`).
+#[cfg(target_os = "linux")]
+pub(super) fn reopen(file: &File) -> Option<File> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    use std::os::unix::io::AsRawFd;
+    let own = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOCTTY | libc::O_NONBLOCK)
+        .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
+        .ok()?;
+    let (a, b) = (file.metadata().ok()?, own.metadata().ok()?);
+    if (a.dev(), a.ino()) != (b.dev(), b.ino()) {
+        return None;
+    }
+    // SAFETY: a valid open descriptor; only a hint.
+    unsafe { libc::posix_fadvise(own.as_raw_fd(), 0, 0, libc::POSIX_FADV_SEQUENTIAL) };
+    Some(own)
+}
+
+#[cfg(not(target_os = "linux"))]
+pub(super) fn reopen(_file: &File) -> Option<File> {
+    None
+}
+
 #[cfg(target_os = "linux")]
 fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.

@@ -1114,18 +1114,43 @@ pub(super) fn load_ferro(
     // One reader (this thread) when the kernel pool could not start.
     let workers = crate::threads::num_threads().min(pieces.len());
     if workers > 1 {
-        let queue = parking_lot::Mutex::new(pieces.iter_mut());
+        // Each worker reads a contiguous run of pieces (about the same
+        // number of bytes each) in file order, through a descriptor of its
+        // own where it can: the kernel then sees `workers` sequential
+        // streams, each with its own read-ahead. (Pieces handed out in turn
+        // from one queue on one descriptor interleaved two readers 8 MiB
+        // apart in one read-ahead state: measured slower cold.)
+        let total: u64 = pieces.iter().map(|p| p.dst.len() as u64).sum();
+        let mut runs: Vec<&mut [Piece<'_>]> = Vec::with_capacity(workers);
+        let mut rest = &mut pieces[..];
+        let mut taken = 0u64;
+        for w in 1..workers as u64 {
+            let goal = total * w / workers as u64;
+            let mut n = 0;
+            while n < rest.len() && taken < goal {
+                taken += rest[n].dst.len() as u64;
+                n += 1;
+            }
+            let (run, tail) = rest.split_at_mut(n);
+            runs.push(run);
+            rest = tail;
+        }
+        runs.push(rest);
         let failed = std::sync::atomic::AtomicBool::new(false);
+        let (file, direct, failed, wanted) = (&file, direct.as_ref(), &failed, &wanted);
         rayon::scope(|s| {
-            for _ in 0..workers {
-                s.spawn(|_| loop {
-                    let Some(p) = queue.lock().next() else { break };
-                    if failed.load(Ordering::Relaxed) {
-                        continue; // an earlier piece failed: the load fails
-                    }
-                    p.result = read_piece(&file, direct.as_ref(), path, wanted[p.entry], p);
-                    if p.result.is_err() {
-                        failed.store(true, Ordering::Relaxed);
+            for run in runs {
+                s.spawn(move |_| {
+                    let own = if run.is_empty() { None } else { direct::reopen(file) };
+                    let fd = own.as_ref().unwrap_or(file);
+                    for p in run {
+                        if failed.load(Ordering::Relaxed) {
+                            break; // another piece failed: the load fails
+                        }
+                        p.result = read_piece(fd, direct, path, wanted[p.entry], p);
+                        if p.result.is_err() {
+                            failed.store(true, Ordering::Relaxed);
+                        }
                     }
                 });
             }
