@@ -1,0 +1,164 @@
+"""Divergences from Caffe2 that its own operator tests found (the training
+oracle in docs/porting.md): Pow's legacy broadcast, DivGradient's inputs,
+the gradient checker with in-place ops, and shape inference of the
+elementwise ops. Expected values are numpy's or worked out by hand."""
+
+import numpy as np
+import pytest
+from ferrocaffe import core, errors, workspace
+from ferrocaffe.gradient_checker import GradientChecker
+
+
+def run(op, inputs):
+    for name, v in inputs.items():
+        workspace.FeedBlob(name, v)
+    workspace.RunOperatorOnce(op)
+    return [workspace.FetchBlob(o) for o in op.output]
+
+
+def check_grad(op, inputs, which, step=1e-6, tol=1e-5):
+    gc = GradientChecker(stepsize=step, threshold=tol)
+    for i in which:
+        ok, grad, _ = gc.CheckSimple(op, inputs, i, [0])
+        assert ok and grad.shape == np.shape(inputs[i])
+
+
+# -------------------------------------------------- Pow, legacy broadcast --
+
+# (exponent shape, axis, how numpy sees the exponent against X [2, 3, 4, 5])
+POW_CASES = [
+    ((4, 5), None, (1, 1, 4, 5)),
+    ((3, 4), 1, (1, 3, 4, 1)),
+    ((2,), 0, (2, 1, 1, 1)),
+    ((1, 4, 1), 1, (1, 1, 4, 1)),
+]
+
+
+@pytest.mark.parametrize("e_shape,axis,seen", POW_CASES)
+def test_pow_legacy_broadcast_forward_and_gradient(fresh, e_shape, axis, seen):
+    rng = np.random.default_rng(5)
+    x = rng.uniform(1.0, 2.0, (2, 3, 4, 5))
+    e = rng.uniform(2.0, 3.0, e_shape)
+    kw = {"broadcast": 1} if axis is None else {"broadcast": 1, "axis": axis}
+    op = core.CreateOperator("Pow", ["X", "E"], ["Z"], **kw)
+    (z,) = run(op, {"X": x, "E": e})
+    np.testing.assert_allclose(z, x ** e.reshape(seen), rtol=1e-12)
+    # The gradient op, against d/dE sum(Z) = sum over the broadcast dims of
+    # Z * ln X, and d/dX = E * X^(E-1).
+    g_ops, g_in = core.GradientRegistry.GetGradientForOp(op, ["Z_grad"])
+    workspace.FeedBlob("Z_grad", np.ones_like(z))
+    workspace.RunOperatorsOnce(g_ops)
+    dx, de = workspace.FetchBlob(str(g_in[0])), workspace.FetchBlob(str(g_in[1]))
+    np.testing.assert_allclose(dx, e.reshape(seen) * x ** (e.reshape(seen) - 1), rtol=1e-10)
+    full = z * np.log(x)
+    axes = tuple(i for i, d in enumerate(seen) if d == 1)
+    np.testing.assert_allclose(de, full.sum(axis=axes, keepdims=True).reshape(e_shape), rtol=1e-10)
+
+
+def test_pow_legacy_broadcast_gradient_check(fresh):
+    rng = np.random.default_rng(2)
+    x = rng.uniform(1.0, 2.0, (2, 3, 2))
+    e = rng.uniform(1.5, 2.5, (3,))
+    check_grad(core.CreateOperator("Pow", ["X", "E"], ["Z"], broadcast=1, axis=1), [x, e], [0, 1])
+
+
+def test_pow_broadcast_errors_name_the_exponent(fresh):
+    x = np.ones((2, 3, 4), np.float32)
+    with pytest.raises(errors.ShapeError, match="'E'"):
+        run(core.CreateOperator("Pow", ["X", "E"], ["Z"], broadcast=1),
+            {"X": x, "E": np.ones((3, 5), np.float32)})
+    with pytest.raises(errors.ShapeError, match="broadcast=1"):
+        run(core.CreateOperator("Pow", ["X", "E"], ["Z"]),
+            {"X": x, "E": np.ones((3, 4), np.float32)})
+    with pytest.raises(errors.ShapeError):
+        run(core.CreateOperator("Pow", ["X", "E"], ["Z"], broadcast=1, axis=2),
+            {"X": x, "E": np.ones((3, 4), np.float32)})
+
+
+# ---------------------------------------------------------- DivGradient --
+
+def test_div_gradient_legacy_three_inputs(fresh):
+    # Caffe2's legacy form: inputs (B, C, dC) with C = A / B.
+    b = np.array([[2.0, 4.0]], np.float32)
+    c = np.array([[3.0, -1.0]], np.float32)
+    dc = np.array([[1.0, 2.0]], np.float32)
+    da, db = run(core.CreateOperator("DivGradient", ["B", "C", "dC"], ["dA", "dB"]),
+                 {"B": b, "C": c, "dC": dc})
+    np.testing.assert_allclose(da, [[0.5, 0.5]])        # dC / B
+    np.testing.assert_allclose(db, [[-1.5, 0.5]])       # -dC * C / B
+
+
+def test_div_gradient_uses_the_output_so_in_place_div_is_right(fresh):
+    a = np.array([[1.0, 2.0], [3.0, 4.0]])
+    b = np.array([2.0, -4.0])
+    # dB = -sum over rows of dC * C / B with dC = C = A / B (loss 0.5 |C|^2).
+    c = a / b
+    want_db = -(c * c / b).sum(axis=0)
+    op = core.CreateOperator("Div", ["A", "B"], ["A"])  # in place on A
+    g_ops, g_in = core.GradientRegistry.GetGradientForOp(op, ["A_grad"])
+    (out,) = run(op, {"A": a, "B": b})
+    np.testing.assert_allclose(out, c)
+    workspace.FeedBlob("A_grad", c)
+    workspace.RunOperatorsOnce(g_ops)
+    np.testing.assert_allclose(workspace.FetchBlob(str(g_in[1])), want_db)
+    np.testing.assert_allclose(workspace.FetchBlob(str(g_in[0])), c / b)
+
+
+@pytest.mark.parametrize("op_type", ["Add", "Sub", "Div"])
+def test_gradient_checker_feeds_every_input_before_each_run(fresh, op_type):
+    """An op that writes an input in place must see the inputs it was given
+    at every perturbation (Caffe2's checker fed them all each time)."""
+    rng = np.random.default_rng(9)
+    a = rng.uniform(1.0, 2.0, (3, 2))
+    b = rng.uniform(1.0, 2.0, (2,))
+    check_grad(core.CreateOperator(op_type, ["A", "B"], ["A"]), [a, b], [0, 1])
+
+
+# ------------------------------------------------------ shape inference --
+
+def infer(op, inputs):
+    for name, v in inputs.items():
+        workspace.FeedBlob(name, v)
+    net = core.Net("infer")
+    net.Proto().op.extend([op])
+    return workspace.InferShapesAndTypes([net])
+
+
+@pytest.mark.parametrize("op_type", ["Relu", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt",
+                                     "Abs", "Negative", "LeakyRelu", "Softmax"])
+def test_unary_ops_infer_their_input_shape(fresh, op_type):
+    shapes, types = infer(core.CreateOperator(op_type, ["X"], ["Y"]),
+                          {"X": np.ones((2, 0, 3), np.float64)})
+    assert shapes["Y"] == [2, 0, 3] and types["Y"] == core.DataType.DOUBLE
+
+
+def test_gradient_ops_infer_dy_shape(fresh):
+    shapes, _ = infer(core.CreateOperator("ReluGradient", ["Y", "dY"], ["dX"]),
+                      {"Y": np.ones((4, 5), np.float32), "dY": np.ones((4, 5), np.float32)})
+    assert shapes["dX"] == [4, 5]
+
+
+@pytest.mark.parametrize("a,b,kw,want", [
+    ((2, 3, 4), (4,), {}, [2, 3, 4]),
+    ((3, 1), (1, 5), {}, [3, 5]),
+    ((4,), (2, 1, 4), {}, [2, 1, 4]),
+    ((0, 3), (1, 3), {}, [0, 3]),
+    ((2, 3, 4), (3,), {"broadcast": 1, "axis": 1}, [2, 3, 4]),
+])
+def test_binary_ops_infer_the_broadcast_shape(fresh, a, b, kw, want):
+    ins = {"A": np.ones(a, np.float32), "B": np.ones(b, np.float32)}
+    for op_type in ["Add", "Sub", "Mul", "Div"]:
+        shapes, types = infer(core.CreateOperator(op_type, ["A", "B"], ["C"], **kw), ins)
+        assert shapes["C"] == want and types["C"] == core.DataType.FLOAT, op_type
+        assert list(run(core.CreateOperator(op_type, ["A", "B"], ["C"], **kw), ins)[0].shape) == want
+    for op_type in ["EQ", "LT", "GE"]:
+        shapes, types = infer(core.CreateOperator(op_type, ["A", "B"], ["C"], **kw), ins)
+        assert shapes["C"] == want and types["C"] == core.DataType.BOOL, op_type
+
+
+def test_binary_ops_that_do_not_broadcast_are_left_unknown(fresh):
+    shapes, _ = infer(core.CreateOperator("Add", ["A", "B"], ["C"]),
+                      {"A": np.ones((2, 3), np.float32), "B": np.ones((4,), np.float32)})
+    assert "C" not in shapes
+    shapes, _ = infer(core.CreateOperator("Not", ["X"], ["Y"]), {"X": np.ones((5,), bool)})
+    assert shapes["Y"] == [5]
