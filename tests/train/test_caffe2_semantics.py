@@ -162,3 +162,47 @@ def test_binary_ops_that_do_not_broadcast_are_left_unknown(fresh):
     assert "C" not in shapes
     shapes, _ = infer(core.CreateOperator("Not", ["X"], ["Y"]), {"X": np.ones((5,), bool)})
     assert shapes["Y"] == [5]
+
+
+# -------------------------------------------------------------- Reshape --
+
+@pytest.mark.parametrize("old,shape,want", [
+    ((4, 0), [0, -1], [0, 0]),    # Caffe2's documented example
+    ((0,), [1, -1], [1, 0]),
+    ((0,), [0, -1], [0, 0]),
+    ((2, 0, 3), [0, 3], [0, 3]),
+    ((2, 3), [0, -1], [2, 3]),    # not empty: 0 copies the input's dim
+])
+def test_reshape_keeps_zeros_of_an_empty_tensor(fresh, old, shape, want):
+    x = np.zeros(old, np.float32)
+    op = core.CreateOperator("Reshape", ["X"], ["Y", "old_shape"], shape=shape)
+    y, old_shape = run(op, {"X": x})
+    assert list(y.shape) == want and old_shape.tolist() == list(old)
+    # The gradient reshapes dY back to the old shape (whose 0s stay 0).
+    g_ops, g_in = core.GradientRegistry.GetGradientForOp(op, ["Y_grad", None])
+    workspace.FeedBlob("Y_grad", np.zeros(want, np.float32))
+    workspace.RunOperatorsOnce(g_ops)
+    assert workspace.FetchBlob(str(g_in[0])).shape == old
+
+
+# ------------------------------------------------ SoftmaxWithLoss only_loss --
+
+def test_softmax_with_loss_accepts_only_loss(fresh):
+    x = np.array([[1.0, 2.0, 3.0], [0.5, 0.5, -1.0]], np.float32)
+    label = np.array([2, 0], np.int32)
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    p = e / e.sum(axis=1, keepdims=True)
+    want_loss = -np.log(p[[0, 1], label]).mean()
+    for only_loss in (0, 1):
+        op = core.CreateOperator("SoftmaxWithLoss", ["X", "label"], ["P", "loss"],
+                                 only_loss=only_loss)
+        probs, loss = run(op, {"X": x, "label": label})
+        np.testing.assert_allclose(probs, p, rtol=1e-6)
+        np.testing.assert_allclose(loss, want_loss, rtol=1e-6)
+        # The gradient (only_loss copied to it) is P - onehot, averaged.
+        g_ops, g_in = core.GradientRegistry.GetGradientForOp(op, [None, "loss_grad"])
+        workspace.FeedBlob("loss_grad", np.array(1.0, np.float32))
+        workspace.RunOperatorsOnce(g_ops)
+        onehot = np.eye(3)[label]
+        np.testing.assert_allclose(workspace.FetchBlob(str(g_in[0])), (p - onehot) / 2, rtol=1e-5,
+                                   atol=1e-7)

@@ -314,6 +314,12 @@ pub fn schemas() -> Vec<OpSchema> {
             "labels are probability rows (float, like X) rather than class indices (int32)"
         ),
         arg!("axis", "int", "1", "X is flattened to a matrix at this dim"),
+        arg!(
+            "only_loss",
+            "bool",
+            "false",
+            "accepted and ignored: Caffe2's gradient then wrote dX into P's buffer (a memory trick); the values are the same"
+        ),
     ];
     const LEAKY_ARGS: &[crate::operator::ArgDoc] =
         &[arg!("alpha", "float", "0.01", "the slope for X <= 0")];
