@@ -206,3 +206,28 @@ def test_softmax_with_loss_accepts_only_loss(fresh):
         onehot = np.eye(3)[label]
         np.testing.assert_allclose(workspace.FetchBlob(str(g_in[0])), (p - onehot) / 2, rtol=1e-5,
                                    atol=1e-7)
+
+
+@pytest.mark.parametrize("label_shape", [(2, 2), (2, 2, 1), (4,)])
+def test_softmax_with_loss_labels_shaped_like_x_before_axis(fresh, label_shape):
+    """With axis=2, X [2, 2, 3] is 4 rows of 3 classes; Caffe2 took the 4
+    labels as X's first two dims (optionally with a trailing 1)."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 2, 3)).astype(np.float32)
+    label = np.array([0, 2, 1, 1], np.int32)
+    rows = x.reshape(4, 3)
+    e = np.exp(rows - rows.max(axis=1, keepdims=True))
+    p = e / e.sum(axis=1, keepdims=True)
+    want = -np.log(p[np.arange(4), label]).mean()
+    op = core.CreateOperator("SoftmaxWithLoss", ["X", "label"], ["P", "loss"], axis=2)
+    if label_shape == (4,):
+        # Neither X's leading dims nor 2 dims: refused, naming the labels.
+        with pytest.raises(errors.ShapeError, match="'label'"):
+            run(op, {"X": x, "label": label.reshape(label_shape)})
+        return
+    probs, loss = run(op, {"X": x, "label": label.reshape(label_shape)})
+    np.testing.assert_allclose(probs, p.reshape(2, 2, 3), rtol=1e-5)
+    np.testing.assert_allclose(loss, want, rtol=1e-5)
+    ok, _, _ = GradientChecker(stepsize=1e-6, threshold=1e-5).CheckSimple(
+        op, [x.astype(np.float64), label.reshape(label_shape)], 0, [1])
+    assert ok

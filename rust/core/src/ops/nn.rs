@@ -872,15 +872,39 @@ fn build_softmax_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 /// Caffe2 floors probabilities at this before taking their log.
 const LOG_THRESHOLD: f64 = 1e-20;
 
-/// Checks int32 labels (`n` of them, each in [0, d)) at input `i`.
-fn class_labels(l: &Locked<'_>, op: &str, i: usize, n: usize, d: usize) -> Result<Vec<usize>> {
+/// Checks int32 labels (`n` of them, each in [0, d)) at input `i`: shaped
+/// [N] or [N, 1], or, for an op that flattens X at `axis` (SoftmaxWithLoss),
+/// as Caffe2 allowed there: `axis` dims holding N values, or X's leading
+/// dims (N values in all) followed by dims of size 1.
+fn class_labels(
+    l: &Locked<'_>,
+    op: &str,
+    i: usize,
+    n: usize,
+    d: usize,
+    axis: Option<usize>,
+) -> Result<Vec<usize>> {
     let lab = labels(l, op, i)?;
     let name = l.input_name(i);
-    let ok_shape = lab.len() == n && (lab.ndim() == 1 || (lab.ndim() == 2 && lab.shape()[1] == 1));
+    let shape = lab.shape();
+    let ok_shape = match axis {
+        None => lab.len() == n && (lab.ndim() == 1 || (lab.ndim() == 2 && shape[1] == 1)),
+        Some(ax) if lab.ndim() == ax => lab.len() == n,
+        Some(ax) => {
+            lab.ndim() > ax
+                && shape[..ax].iter().product::<usize>() == n
+                && shape[ax..].iter().all(|&s| s == 1)
+        }
+    };
     if !ok_shape {
+        let want = match axis {
+            Some(ax) if ax != 1 => {
+                format!("{ax} dims holding N values, or those followed by dims of size 1")
+            }
+            _ => "shape [N] or [N, 1]".to_string(),
+        };
         return Err(Error::shape(format!(
-            "{op}: the labels ('{name}', shape {:?}) must be N = {n} values (shape [N] or [N, 1])",
-            lab.shape()
+            "{op}: the labels ('{name}', shape {shape:?}) must be N = {n} values ({want})"
         ))
         .with_blob(name));
     }
@@ -943,7 +967,7 @@ fn swl_setup<T: Real>(
         }
         dense(p).into_owned()
     } else {
-        let lab = class_labels(l, op, 1, n, d)?;
+        let lab = class_labels(l, op, 1, n, d, Some(ax))?;
         let mut t = vec![T::of(0.0); n * d];
         for (r, &c) in lab.iter().enumerate() {
             t[r * d + c] = T::of(1.0);
@@ -1093,7 +1117,7 @@ fn floor_p<T: Real>(p: T) -> T {
 fn lce_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
     let op = "LabelCrossEntropy";
     let (n, d) = prob_dims(l, op)?;
-    let lab = class_labels(l, op, 1, n, d)?;
+    let lab = class_labels(l, op, 1, n, d, None)?;
     let x = dense(input::<T>(l, op, 0)?).into_owned();
     let y: Vec<T> = lab
         .iter()
@@ -1115,7 +1139,7 @@ fn build_lce(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 fn lce_grad_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
     let op = "LabelCrossEntropyGradient";
     let (n, d) = prob_dims(l, op)?;
-    let lab = class_labels(l, op, 1, n, d)?;
+    let lab = class_labels(l, op, 1, n, d, None)?;
     let dy = input::<T>(l, op, 2)?;
     if dy.len() != n {
         return Err(Error::shape(format!(
@@ -1267,7 +1291,7 @@ fn accuracy_t<T: Real>(l: &mut Locked<'_>, top_k: usize) -> Result<()> {
         .with_blob(l.input_name(0)));
     }
     let (n, d) = (x.shape()[0], x.shape()[1]);
-    let lab = class_labels(l, op, 1, n, d)?;
+    let lab = class_labels(l, op, 1, n, d, None)?;
     let xs = dense(x);
     let correct = lab
         .iter()
