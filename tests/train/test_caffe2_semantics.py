@@ -231,3 +231,59 @@ def test_softmax_with_loss_labels_shaped_like_x_before_axis(fresh, label_shape):
     ok, _, _ = GradientChecker(stepsize=1e-6, threshold=1e-5).CheckSimple(
         op, [x.astype(np.float64), label.reshape(label_shape)], 0, [1])
     assert ok
+
+
+# ------------------------------------ optimizer: gradient clipping, injection --
+
+def test_sum_sqr_elements(fresh):
+    x = np.array([[1.0, -2.0], [3.0, 0.5]])
+    (s,) = run(core.CreateOperator("SumSqrElements", ["X"], ["S"]), {"X": x})
+    assert s.shape == () and s == 1 + 4 + 9 + 0.25
+    (m,) = run(core.CreateOperator("SumSqrElements", ["X"], ["M"], average=1), {"X": x})
+    assert m == pytest.approx((1 + 4 + 9 + 0.25) / 4)
+
+
+def _linear_model(build, **kw):
+    from ferrocaffe import brew, model_helper, optimizer
+    model = model_helper.ModelHelper(name="clip")
+    fc = brew.fc(model, "data", "fc", dim_in=3, dim_out=2)
+    dist = model.net.SquaredL2Distance([fc, "label"], "dist")
+    loss = model.net.AveragedLoss(dist, "loss")
+    model.AddGradientOperators([loss])
+    opt = getattr(optimizer, build)(model, base_learning_rate=0.1, **kw)
+    rng = np.random.default_rng(0)
+    workspace.FeedBlob("data", rng.standard_normal((4, 3)).astype(np.float32) * 5)
+    workspace.FeedBlob("label", rng.standard_normal((4, 2)).astype(np.float32))
+    workspace.RunNetOnce(model.param_init_net)
+    workspace.CreateNet(model.net)
+    return model, opt
+
+
+def test_build_sgd_clips_by_the_global_gradient_norm(fresh):
+    model, opt = _linear_model("build_sgd", max_gradient_norm=1.0)
+    assert opt._lr_multiplier is not None
+    before = {p: workspace.FetchBlob(str(p)).copy() for p in model.params}
+    workspace.RunNet(model.net.Proto().name)
+    grads = {p: workspace.FetchBlob(str(model.param_to_grad[p])) for p in model.params}
+    norm = np.sqrt(sum(float(np.sum(g.astype(np.float64) ** 2)) for g in grads.values()))
+    ratio = 1.0 / max(1.0, norm)
+    assert ratio < 1.0  # the data is large enough for clipping to act
+    np.testing.assert_allclose(workspace.FetchBlob("norm_clipped_grad_update/norm_ratio"),
+                               ratio, rtol=1e-5)
+    for p in model.params:  # plain SGD: p -= lr * ratio * grad
+        np.testing.assert_allclose(workspace.FetchBlob(str(p)),
+                                   before[p] - 0.1 * ratio * grads[p], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("build", ["build_sgd", "build_adam", "build_adagrad"])
+def test_lr_injection_scales_every_update(fresh, build):
+    from ferrocaffe import optimizer
+    model, opt = _linear_model(build, max_gradient_norm=1.0, allow_lr_injection=True)
+    assert optimizer.get_lr_injection() == 1
+    optimizer.set_lr_injection(0)
+    assert optimizer.get_lr_injection() == 0
+    before = {p: workspace.FetchBlob(str(p)).copy() for p in model.params}
+    workspace.RunNet(model.net.Proto().name)
+    assert workspace.FetchBlob("lr_multiplier") == 0
+    for p in model.params:  # a zero rate changes nothing
+        np.testing.assert_array_equal(workspace.FetchBlob(str(p)), before[p])

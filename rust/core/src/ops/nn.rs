@@ -418,6 +418,15 @@ pub fn schemas() -> Vec<OpSchema> {
             .inputs(1, 1)
             .outputs(1, 1)
             .doc("The mean of all elements of X, a 0-dim tensor."),
+        OpSchema::new("SumSqrElements", build_sum_sqr)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .args(&[arg!("average", "bool", "false", "divide the sum by the number of elements")])
+            .infer(|_, ins, _| {
+                Ok(vec![crate::shapes::rules::known(ins, 0)
+                    .map(|x| crate::operator::ShapeInfo::new(vec![], x.dtype))])
+            })
+            .doc("The sum of the squares of X's elements (float32 or float64), a 0-dim tensor; with average, their mean (0 for an empty X)."),
         OpSchema::new("AveragedLossGradient", build_avg_loss_grad)
             .inputs(2, 2)
             .outputs(1, 1)
@@ -1186,6 +1195,27 @@ fn build_avg_loss(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     Ok(kernel(|cx| {
         let mut l = cx.lock();
         by_real!(&l, "AveragedLoss", 0, avg_loss_t(&mut l))?;
+        Ok(true)
+    }))
+}
+
+fn sum_sqr_t<T: Real>(l: &mut Locked<'_>, average: bool) -> Result<()> {
+    let x = input::<T>(l, "SumSqrElements", 0)?;
+    let s: T = x.iter().map(|&v| v * v).sum();
+    let out = if average && !x.is_empty() {
+        s / T::of(x.len() as f64)
+    } else {
+        s
+    };
+    l.set_output(0, T::wrap(array(&[], vec![out])?));
+    Ok(())
+}
+
+fn build_sum_sqr(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let average = ctx.args.i64("average", 0)? != 0;
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        by_real!(&l, "SumSqrElements", 0, sum_sqr_t(&mut l, average))?;
         Ok(true)
     }))
 }
