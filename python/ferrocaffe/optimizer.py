@@ -23,7 +23,7 @@ SGD with ``ScatterWeightedSum``, Adagrad with ``SparseAdagrad`` (or
 merged first (Caffe2's default, ``sparse_dedup_aggregator=None``).
 """
 
-from collections import namedtuple
+from collections import defaultdict, namedtuple
 
 import numpy as np
 
@@ -47,13 +47,16 @@ _LEARNING_RATE_INJECTION = "lr_injection"
 AuxOptimizerParams = namedtuple("AuxOptimizerParams", ["local", "shared"])
 
 
-class Optimizer:
-    _instance_counts = {}
+#: How many optimizers of each class were made (Caffe2's
+#: ``_optimizer_instance_count``): the number in an optimizer's blob names.
+_optimizer_instance_count = defaultdict(int)
 
+
+class Optimizer:
     def __init__(self):
         cls = type(self).__name__
-        self._instance_num = Optimizer._instance_counts.get(cls, 0)
-        Optimizer._instance_counts[cls] = self._instance_num + 1
+        self._instance_num = _optimizer_instance_count[cls]
+        _optimizer_instance_count[cls] += 1
         self._lr = None
         self._lr_multiplier = None
         self._aux_params = AuxOptimizerParams(local=[], shared=[])
@@ -256,7 +259,8 @@ def _calc_norm_ratio(model, params, name_scope, max_gradient_norm):
         return model.net.Div([clip_norm, max_norm], "norm_ratio")
 
 
-def _build(model, optimizer, weights_only=False, max_gradient_norm=None, allow_lr_injection=False):
+def _build(model, optimizer, weights_only=False, use_param_info_optim=True,
+           max_gradient_norm=None, allow_lr_injection=False):
     params = [(param, grad) for param, grad in model.GetOptimizationParamInfo()
               if not (weights_only and param not in model.weights)]
     lr_multiplier = None
@@ -275,7 +279,14 @@ def _build(model, optimizer, weights_only=False, max_gradient_norm=None, allow_l
     if lr_multiplier is not None:
         optimizer.add_lr_multiplier(lr_multiplier)
     for param, grad in params:
-        optimizer(model.net, model.param_init_net, param, grad)
+        # A parameter made in a UseOptimizer block keeps that optimizer.
+        info = (model.get_param_info(param) if use_param_info_optim
+                and isinstance(param, core.BlobReference) and hasattr(model, "get_param_info")
+                else None)
+        if info is not None and info.optimizer:
+            info.optimizer(model.net, model.param_init_net, param, grad)
+        else:
+            optimizer(model.net, model.param_init_net, param, grad)
     return optimizer
 
 
@@ -294,7 +305,8 @@ def set_lr_injection(lr_injection_value):
 def add_weight_decay(model, weight_decay):
     """Adds a decay to the model's weights (``brew.fc``'s ``_w``, not its
     biases): each weight's gradient += weight_decay * weight."""
-    _build(model, WeightDecayBuilder(weight_decay=weight_decay), weights_only=True)
+    _build(model, WeightDecayBuilder(weight_decay=weight_decay), weights_only=True,
+           use_param_info_optim=False)
 
 
 def build_sgd(model, base_learning_rate, max_gradient_norm=None, allow_lr_injection=False, **kwargs):

@@ -287,3 +287,32 @@ def test_lr_injection_scales_every_update(fresh, build):
     assert workspace.FetchBlob("lr_multiplier") == 0
     for p in model.params:  # a zero rate changes nothing
         np.testing.assert_array_equal(workspace.FetchBlob(str(p)), before[p])
+
+
+def test_parameters_made_under_use_optimizer_keep_their_optimizer(fresh):
+    """Caffe2's _build: a parameter whose info names an optimizer (a
+    UseOptimizer block) is updated by it; the others by the one built."""
+    from ferrocaffe import brew, model_helper, optimizer
+    from ferrocaffe.optimizer_context import UseOptimizer
+    count = optimizer._optimizer_instance_count["SgdOptimizer"]
+    model = model_helper.ModelHelper(name="ctx")
+    with UseOptimizer({"WEIGHT": optimizer.SgdOptimizer(0.5), "BIAS": optimizer.SgdOptimizer(0.25)}):
+        fc = brew.fc(model, "data", "a", dim_in=2, dim_out=2)
+    out = brew.fc(model, fc, "b", dim_in=2, dim_out=1)
+    loss = model.net.AveragedLoss(out, "loss")
+    model.AddGradientOperators([loss])
+    optimizer.build_sgd(model, 0.125)
+    rates = {op.output[0]: next(a.f for a in op.arg if a.name == "base_lr")
+             for op in model.net.Proto().op if op.type == "LearningRate"}
+    assert rates == {"SgdOptimizer_%d_lr_cpu" % count: -0.5,
+                     "SgdOptimizer_%d_lr_cpu" % (count + 1): -0.25,
+                     "SgdOptimizer_%d_lr_cpu" % (count + 2): -0.125}
+    workspace.FeedBlob("data", np.array([[1.0, 2.0]], np.float32))
+    workspace.RunNetOnce(model.param_init_net)
+    before = {str(p): workspace.FetchBlob(str(p)).copy() for p in model.params}
+    workspace.RunNetOnce(model.net)
+    lr = {"a_w": 0.5, "a_b": 0.25, "b_w": 0.125, "b_b": 0.125}
+    for p in model.params:
+        g = workspace.FetchBlob(str(model.param_to_grad[p]))
+        np.testing.assert_allclose(workspace.FetchBlob(str(p)), before[str(p)] - lr[str(p)] * g,
+                                   rtol=1e-6, atol=1e-7)
