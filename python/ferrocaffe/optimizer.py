@@ -34,7 +34,7 @@ __all__ = [
     "WeightDecayBuilder", "add_weight_decay", "build_adadelta", "build_adagrad", "build_adam",
     "build_decay_adagrad", "build_fp16_sgd", "build_ftrl", "build_gftrl", "build_multi_precision_sgd",
     "build_rms_prop", "build_sgd", "build_storm", "build_wngrad", "build_yellowfin",
-    "get_lr_injection", "set_lr_injection",
+    "get_lr_injection", "get_param_device", "set_lr_injection",
 ]
 
 #: The blob ``allow_lr_injection`` multiplies every learning rate by
@@ -241,6 +241,33 @@ class WeightDecayBuilder(Optimizer):
         else:
             wd = param_init_net.ConstantFill([], name, shape=[1], value=float(self.weight_decay))
         net.WeightedSum([grad, one, param, wd], grad)
+
+
+def _get_param_to_device(model):
+    """Each blob's device, as the ops of the model's nets place it
+    (Caffe2's helper; every device is the CPU here)."""
+    param_to_device = core.InferBlobDevices(model.net)
+    param_to_device.update(core.InferBlobDevices(model.param_init_net))
+    return param_to_device
+
+
+def get_param_device(param_name, grad, param_to_device=None, default_device=None):
+    """The device of a parameter: its own, else its gradient's (the values,
+    then the indices, of a sparse one), else ``default_device``; an
+    AssertionError if none is known (Caffe2's)."""
+    device = default_device
+    param_to_device = param_to_device or {}
+    if str(param_name) in param_to_device:
+        device = param_to_device[str(param_name)]
+    elif isinstance(grad, core.GradientSlice):
+        for name in (str(grad.values), str(grad.indices)):
+            if name in param_to_device:
+                device = param_to_device[name]
+                break
+    elif str(grad) in param_to_device:
+        device = param_to_device[str(grad)]
+    assert device is not None, f"Cannot infer device for {param_name}: no op creates it"
+    return device
 
 
 def _calc_norm_ratio(model, params, name_scope, max_gradient_norm):

@@ -316,3 +316,20 @@ def test_parameters_made_under_use_optimizer_keep_their_optimizer(fresh):
         g = workspace.FetchBlob(str(model.param_to_grad[p]))
         np.testing.assert_allclose(workspace.FetchBlob(str(p)), before[str(p)] - lr[str(p)] * g,
                                    rtol=1e-6, atol=1e-7)
+
+
+def test_param_devices_come_from_the_nets(fresh):
+    from ferrocaffe import brew, model_helper, optimizer
+    from ferrocaffe.proto import caffe2_pb2
+    model = model_helper.ModelHelper(name="dev")
+    brew.fc(model, "data", "y", dim_in=2, dim_out=1)
+    devices = optimizer._get_param_to_device(model)
+    assert devices["y_w"].device_type == caffe2_pb2.CPU
+    assert optimizer.get_param_device("y_w", "y_w_grad", devices) == devices["y_w"]
+    # Unknown: the gradient's device, else the default, else an error.
+    assert optimizer.get_param_device("p", "y_b", devices) == devices["y_b"]
+    assert optimizer.get_param_device("p", "g", devices, default_device="d") == "d"
+    slice_ = core.GradientSlice(indices="y_b", values="nothing")
+    assert optimizer.get_param_device("p", slice_, devices) == devices["y_b"]
+    with pytest.raises(AssertionError, match="Cannot infer device for p"):
+        optimizer.get_param_device("p", "g", devices)
