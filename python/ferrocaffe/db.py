@@ -1,6 +1,14 @@
 """Key-value dbs (Caffe2's ``C.create_db``, ``C.Mode``): the records of a
-``minidb`` file, written through transactions and read through cursors, as
-Caffe2's Python binding exposed its C++ ``DB`` classes.
+db, written through transactions and read through cursors, as Caffe2's
+Python binding exposed its C++ ``DB`` classes. Every type of
+``registered_dbs()`` opens: ``minidb`` here in Python, the others
+(``leveldb``/``LevelDB``, ``ferro``) through the core's formats, read whole
+when opened and written whole, crash-safely, when the db is closed. A
+LevelDB keeps its keys sorted (a cursor walks them in that order, ``seek``
+finds the first key at or after the one given; a key put twice keeps its
+last value); a ``ferro`` db holds blobs, so its records are those a minidb
+of the same blobs would hold (a serialized ``BlobProto`` per blob, keyed by
+its name) and only such records can be written to it.
 
 A record is a key and a value, both bytes: a serialised ``BlobProto`` in
 the dbs ``Save`` writes, a serialised ``TensorProtos`` in the data dbs
@@ -17,6 +25,7 @@ the file; paths that are not regular files (a FIFO) are refused at once.
 
 from __future__ import annotations
 
+import bisect
 import enum
 import os
 import shutil
@@ -24,6 +33,7 @@ import stat
 import struct
 import tempfile
 
+from . import _core
 from .errors import CorruptCheckpointError, FerrocaffeIOError, InvalidArgumentError
 
 __all__ = ["Mode", "DB", "Cursor", "Transaction", "create_db", "open_regular"]
@@ -130,6 +140,28 @@ class Cursor:
         return self._record[1]
 
 
+class _RecordsCursor(Cursor):
+    """A cursor over records read whole from a core format (``_records``);
+    ``sorted_keys``: the format keeps its keys sorted (LevelDB), so ``seek``
+    finds the first key at or after the one given."""
+
+    def __init__(self, db: "DB", sorted_keys: bool):
+        self._sorted = sorted_keys
+        super().__init__(db)
+
+    def _read(self) -> None:
+        records = self._db._records
+        self._record = (*records[self._at], self._at + 1) if self._at < len(records) else None
+
+    def seek(self, key) -> None:
+        key = _bytes(key, "key")
+        if not self._sorted:
+            Cursor.seek(self, key)
+            return
+        self._at = bisect.bisect_left([k for k, _ in self._db._records], key)
+        self._read()
+
+
 class Transaction:
     """Adds records to a db opened for writing."""
 
@@ -144,17 +176,35 @@ class Transaction:
 
 
 class DB:
-    """A minidb file opened for reading or writing (``create_db``)."""
+    """A db opened for reading or writing (``create_db``)."""
 
     def __init__(self, db_type: str, source, mode: Mode):
-        if db_type != "minidb":
+        if db_type not in _core.registered_dbs():
             raise InvalidArgumentError(
-                f"unknown key-value db type {db_type!r}: ferrocaffe has 'minidb' "
-                "(the 'ferro' format holds blobs, written by Save)")
+                f"unknown key-value db type {db_type!r} (supported: "
+                + ", ".join(repr(n) for n in _core.registered_dbs()) + ")")
+        self._type = db_type
         self._path = os.fspath(source)
         self._mode = Mode(mode)
         self._file = None
         self._tmp = None
+        # A db of a core format (not minidb): its records, read whole for
+        # reading, or gathered until close for writing (``_open`` while
+        # not yet written).
+        self._records: list[tuple[bytes, bytes]] | None = None
+        self._open = False
+        if db_type != "minidb":
+            if self._mode == Mode.read:
+                self._records = [(bytes(k), bytes(v))
+                                 for k, v in _core.read_kv_db(self._path, db_type)]
+                return
+            # Mode.write adds to an existing db, as Caffe2's did; Mode.new
+            # starts over.
+            self._records = []
+            if self._mode == Mode.write and _core.db_exists(self._path, db_type):
+                self._records = list(_core.read_kv_db(self._path, db_type))
+            self._open = True
+            return
         if self._mode == Mode.read:
             with open_regular(self._path) as f:
                 self._data = f.read()
@@ -170,34 +220,46 @@ class DB:
                 with open_regular(self._path) as old:
                     shutil.copyfileobj(old, self._file)
 
-    def _writable(self):
-        if self._file is None:
-            if self._mode == Mode.read:
-                raise InvalidArgumentError(
-                    f"{self._path}: the db is open for reading, not writing")
+    def _check_writable(self) -> None:
+        if self._mode == Mode.read:
+            raise InvalidArgumentError(
+                f"{self._path}: the db is open for reading, not writing")
+        if self._file is None and not self._open:
             raise InvalidArgumentError(f"{self._path}: the db is closed")
-        return self._file
 
     def _put(self, key: bytes, value: bytes) -> None:
-        f = self._writable()
-        f.write(_HEADER.pack(len(key), len(value)))
-        f.write(key)
-        f.write(value)
+        self._check_writable()
+        if self._file is None:
+            assert self._records is not None
+            self._records.append((key, value))
+            return
+        self._file.write(_HEADER.pack(len(key), len(value)))
+        self._file.write(key)
+        self._file.write(value)
 
     def _flush(self) -> None:
-        self._writable().flush()
+        self._check_writable()
+        if self._file is not None:
+            self._file.flush()
 
     def new_cursor(self) -> Cursor:
         if self._mode != Mode.read:
             raise InvalidArgumentError(f"{self._path}: the db is open for writing, not reading")
+        if self._records is not None:
+            return _RecordsCursor(self, sorted_keys=self._type.lower() == "leveldb")
         return Cursor(self)
 
     def new_transaction(self) -> Transaction:
-        self._writable()
+        self._check_writable()
         return Transaction(self)
 
     def close(self) -> None:
         """Closes the db; one open for writing gets its final name now."""
+        if self._open:
+            self._open = False
+            records, self._records = self._records or [], None
+            _core.write_kv_db(self._path, self._type, records)
+            return
         f, self._file = self._file, None
         if f is None:
             return
@@ -222,6 +284,7 @@ class DB:
 
 
 def create_db(db_type: str, source, mode) -> DB:
-    """Opens the db at ``source``: ``Mode.read`` reads it, ``Mode.write``
-    and ``Mode.new`` start it empty."""
+    """Opens the db of type ``db_type`` (any of ``registered_dbs()``) at
+    ``source``: ``Mode.read`` reads it, ``Mode.write`` adds to it (or
+    starts it), ``Mode.new`` starts it empty."""
     return DB(db_type, source, mode)

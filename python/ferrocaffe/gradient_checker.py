@@ -40,10 +40,13 @@ class GradientChecker:
             loss += 0.5 * float(np.sum(y * y))
         return loss
 
-    def GetLossAndGrad(self, op, grad_ops, inputs, input_names, input_to_check,
-                       grad_name, outputs_with_grads):
+    def _feed(self, input_names, inputs):
         for name, value in zip(input_names, inputs):
             workspace.FeedBlob(name, value)
+
+    def GetLossAndGrad(self, op, grad_ops, inputs, input_names, input_to_check,
+                       grad_name, outputs_with_grads):
+        self._feed(input_names, inputs)
         loss = self._loss(op, outputs_with_grads)
         for i in outputs_with_grads:
             y = workspace.FetchBlob(op.output[i])
@@ -103,17 +106,19 @@ class GradientChecker:
             x = inputs[input_to_check]
             estimate = np.zeros(x.shape, dtype=np.float64)
             flat = x.reshape(-1)
+            # Every input is fed before each run, as Caffe2's checker did: an
+            # op that writes one of its inputs in place would otherwise see
+            # its own output the next time.
             for k in range(flat.size):
                 orig = flat[k]
                 flat[k] = orig + self._stepsize
-                workspace.FeedBlob(input_names[input_to_check], x)
+                self._feed(input_names, inputs)
                 pos = self._loss(op, outputs_with_grads)
                 flat[k] = orig - self._stepsize
-                workspace.FeedBlob(input_names[input_to_check], x)
+                self._feed(input_names, inputs)
                 neg = self._loss(op, outputs_with_grads)
                 flat[k] = orig
                 estimate.reshape(-1)[k] = (pos - neg) / (2 * self._stepsize)
-            workspace.FeedBlob(input_names[input_to_check], x)
         finally:
             workspace.ResetWorkspace()
             workspace.SwitchWorkspace(previous)

@@ -1,6 +1,11 @@
 """Parameter updates added to a model's net (Caffe2's ``optimizer``):
 ``build_sgd``, ``build_adam``, ``build_adagrad`` and ``add_weight_decay``.
 
+``max_gradient_norm`` multiplies the learning rate by
+``clip / max(clip, global norm of every gradient)`` (blobs under
+``norm_clipped_grad_update/``), and ``allow_lr_injection`` by the blob
+``lr_injection`` (``set_lr_injection``), as Caffe2's ``_build`` did.
+
 Each run of the net advances the shared iteration counter
 (``optimizer_iteration``, an ``AtomicIter`` under ``iteration_mutex``),
 computes the learning rate with ``LearningRate`` from it, and updates every
@@ -18,16 +23,23 @@ SGD with ``ScatterWeightedSum``, Adagrad with ``SparseAdagrad`` (or
 merged first (Caffe2's default, ``sparse_dedup_aggregator=None``).
 """
 
-from collections import namedtuple
+from collections import defaultdict, namedtuple
 
-from ferrocaffe import core, utils
+import numpy as np
+
+from ferrocaffe import core, utils, workspace
 
 __all__ = [
     "AdagradOptimizer", "AdamOptimizer", "AuxOptimizerParams", "Optimizer", "SgdOptimizer",
     "WeightDecayBuilder", "add_weight_decay", "build_adadelta", "build_adagrad", "build_adam",
     "build_decay_adagrad", "build_fp16_sgd", "build_ftrl", "build_gftrl", "build_multi_precision_sgd",
     "build_rms_prop", "build_sgd", "build_storm", "build_wngrad", "build_yellowfin",
+    "get_lr_injection", "get_param_device", "set_lr_injection",
 ]
+
+#: The blob ``allow_lr_injection`` multiplies every learning rate by
+#: (Caffe2's name); ``set_lr_injection`` feeds it.
+_LEARNING_RATE_INJECTION = "lr_injection"
 
 #: The blobs an optimizer adds besides the parameters: ``local`` ones (one
 #: per parameter, such as moments) and ``shared`` ones (such as the
@@ -35,15 +47,25 @@ __all__ = [
 AuxOptimizerParams = namedtuple("AuxOptimizerParams", ["local", "shared"])
 
 
-class Optimizer:
-    _instance_counts = {}
+#: How many optimizers of each class were made (Caffe2's
+#: ``_optimizer_instance_count``): the number in an optimizer's blob names.
+_optimizer_instance_count = defaultdict(int)
 
+
+class Optimizer:
     def __init__(self):
         cls = type(self).__name__
-        self._instance_num = Optimizer._instance_counts.get(cls, 0)
-        Optimizer._instance_counts[cls] = self._instance_num + 1
+        self._instance_num = _optimizer_instance_count[cls]
+        _optimizer_instance_count[cls] += 1
         self._lr = None
+        self._lr_multiplier = None
         self._aux_params = AuxOptimizerParams(local=[], shared=[])
+
+    def add_lr_multiplier(self, lr_multiplier):
+        """Every learning rate this optimizer builds from now on is
+        multiplied by the blob ``lr_multiplier`` (one element), as Caffe2's;
+        None removes the multiplier."""
+        self._lr_multiplier = lr_multiplier
 
     def get_auxiliary_parameters(self):
         """AuxOptimizerParams(local, shared): the moments and other blobs
@@ -66,10 +88,12 @@ class Optimizer:
         """The learning rate blob (one per optimizer), and the iteration."""
         iteration = utils.BuildUniqueMutexIter(param_init_net, net)
         if self._lr is None:
-            name = f"{type(self).__name__}_{self._instance_num}_lr_cpu"
+            prefix = f"{type(self).__name__}_{self._instance_num}"
             self._lr = net.LearningRate(
-                [iteration], name, base_lr=-base_learning_rate, policy=policy, **kwargs
+                [iteration], prefix + "_lr_cpu", base_lr=-base_learning_rate, policy=policy, **kwargs
             )
+            if self._lr_multiplier is not None:
+                self._lr = net.Mul([self._lr, self._lr_multiplier], prefix + "_scaled_lr", broadcast=1)
         return self._lr, iteration
 
     @staticmethod
@@ -219,33 +243,110 @@ class WeightDecayBuilder(Optimizer):
         net.WeightedSum([grad, one, param, wd], grad)
 
 
-def _build(model, optimizer, weights_only=False):
-    for param, grad in model.GetOptimizationParamInfo():
-        if weights_only and param not in model.weights:
-            continue
-        optimizer(model.net, model.param_init_net, param, grad)
+def _get_param_to_device(model):
+    """Each blob's device, as the ops of the model's nets place it
+    (Caffe2's helper; every device is the CPU here)."""
+    param_to_device = core.InferBlobDevices(model.net)
+    param_to_device.update(core.InferBlobDevices(model.param_init_net))
+    return param_to_device
+
+
+def get_param_device(param_name, grad, param_to_device=None, default_device=None):
+    """The device of a parameter: its own, else its gradient's (the values,
+    then the indices, of a sparse one), else ``default_device``; an
+    AssertionError if none is known (Caffe2's)."""
+    device = default_device
+    param_to_device = param_to_device or {}
+    if str(param_name) in param_to_device:
+        device = param_to_device[str(param_name)]
+    elif isinstance(grad, core.GradientSlice):
+        for name in (str(grad.values), str(grad.indices)):
+            if name in param_to_device:
+                device = param_to_device[name]
+                break
+    elif str(grad) in param_to_device:
+        device = param_to_device[str(grad)]
+    assert device is not None, f"Cannot infer device for {param_name}: no op creates it"
+    return device
+
+
+def _calc_norm_ratio(model, params, name_scope, max_gradient_norm):
+    """``clip_norm / max(clip_norm, global norm of the gradients)``, a blob
+    (Caffe2's global-norm clipping: the learning rate is multiplied by it)."""
+    with core.NameScope(name_scope):
+        squared_sums = []
+        for i, (_param, grad) in enumerate(params):
+            values = grad.values if isinstance(grad, core.GradientSlice) else grad
+            squared_sums.append(model.net.SumSqrElements(values, f"grad_{i}_squared_sum"))
+        full_sum = model.net.Sum(squared_sums, "grad_squared_full_sum")
+        global_norm = model.net.Pow(full_sum, "global_norm", exponent=0.5)
+        clip_norm = model.param_init_net.ConstantFill(
+            [], "clip_norm", shape=[], value=float(max_gradient_norm))
+        max_norm = model.net.Max([global_norm, clip_norm], "max_norm")
+        return model.net.Div([clip_norm, max_norm], "norm_ratio")
+
+
+def _build(model, optimizer, weights_only=False, use_param_info_optim=True,
+           max_gradient_norm=None, allow_lr_injection=False):
+    params = [(param, grad) for param, grad in model.GetOptimizationParamInfo()
+              if not (weights_only and param not in model.weights)]
+    lr_multiplier = None
+    if max_gradient_norm is not None:
+        lr_multiplier = _calc_norm_ratio(model, params, "norm_clipped_grad_update", max_gradient_norm)
+    if allow_lr_injection:
+        if model.param_init_net.BlobIsDefined(_LEARNING_RATE_INJECTION):
+            lr_injection = model.param_init_net.GetBlobRef(_LEARNING_RATE_INJECTION)
+        else:
+            lr_injection = model.param_init_net.ConstantFill(
+                [], _LEARNING_RATE_INJECTION, shape=[1], value=1.0)
+        if lr_multiplier is None:
+            lr_multiplier = lr_injection
+        else:
+            lr_multiplier = model.net.Mul([lr_multiplier, lr_injection], "lr_multiplier", broadcast=1)
+    if lr_multiplier is not None:
+        optimizer.add_lr_multiplier(lr_multiplier)
+    for param, grad in params:
+        # A parameter made in a UseOptimizer block keeps that optimizer.
+        info = (model.get_param_info(param) if use_param_info_optim
+                and isinstance(param, core.BlobReference) and hasattr(model, "get_param_info")
+                else None)
+        if info is not None and info.optimizer:
+            info.optimizer(model.net, model.param_init_net, param, grad)
+        else:
+            optimizer(model.net, model.param_init_net, param, grad)
     return optimizer
+
+
+def get_lr_injection():
+    """The current learning-rate injection (``allow_lr_injection``)."""
+    return workspace.FetchBlob(_LEARNING_RATE_INJECTION)
+
+
+def set_lr_injection(lr_injection_value):
+    """Sets the learning-rate injection that every rate of an optimizer
+    built with ``allow_lr_injection=True`` is multiplied by."""
+    workspace.FeedBlob(_LEARNING_RATE_INJECTION,
+                       np.array([float(lr_injection_value)], dtype=np.float32))
 
 
 def add_weight_decay(model, weight_decay):
     """Adds a decay to the model's weights (``brew.fc``'s ``_w``, not its
     biases): each weight's gradient += weight_decay * weight."""
-    _build(model, WeightDecayBuilder(weight_decay=weight_decay), weights_only=True)
+    _build(model, WeightDecayBuilder(weight_decay=weight_decay), weights_only=True,
+           use_param_info_optim=False)
 
 
 def build_sgd(model, base_learning_rate, max_gradient_norm=None, allow_lr_injection=False, **kwargs):
     """Adds SGD updates (``momentum`` > 0: MomentumSGDUpdate) of every
     parameter with a gradient; returns the optimizer."""
-    if max_gradient_norm is not None or allow_lr_injection:
-        raise NotImplementedError("build_sgd: max_gradient_norm and allow_lr_injection are not supported yet")
-    return _build(model, SgdOptimizer(base_learning_rate, **kwargs))
+    return _build(model, SgdOptimizer(base_learning_rate, **kwargs),
+                  max_gradient_norm=max_gradient_norm, allow_lr_injection=allow_lr_injection)
 
 
 def build_adam(model, base_learning_rate, max_gradient_norm=None, allow_lr_injection=False, **kwargs):
     """Adds Adam updates (``base_learning_rate`` is Adam's alpha)."""
-    if max_gradient_norm is not None or allow_lr_injection:
-        raise NotImplementedError("build_adam: max_gradient_norm and allow_lr_injection are not supported yet")
-    return _build(model, AdamOptimizer(alpha=base_learning_rate, **kwargs))
+    return _build(model, AdamOptimizer(alpha=base_learning_rate, **kwargs),
+                  max_gradient_norm=max_gradient_norm, allow_lr_injection=allow_lr_injection)
 
 
 def build_adagrad(model, base_learning_rate, parameters=None, max_gradient_norm=None,
@@ -253,9 +354,8 @@ def build_adagrad(model, base_learning_rate, parameters=None, max_gradient_norm=
     """Adds Adagrad updates (``base_learning_rate`` is its alpha; sparse
     gradients get SparseAdagrad, or RowWiseSparseAdagrad with
     ``rowWise=True``; ``weight_decay`` goes to the update ops)."""
-    if max_gradient_norm is not None or allow_lr_injection:
-        raise NotImplementedError("build_adagrad: max_gradient_norm and allow_lr_injection are not supported yet")
-    return _build(model, AdagradOptimizer(alpha=base_learning_rate, **kwargs))
+    return _build(model, AdagradOptimizer(alpha=base_learning_rate, **kwargs),
+                  max_gradient_norm=max_gradient_norm, allow_lr_injection=allow_lr_injection)
 
 
 def _not_yet(name):

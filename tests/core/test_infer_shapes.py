@@ -1,7 +1,8 @@
 """workspace.InferShapesAndTypes (issue 13): the shapes and types of the
 workspace's blobs or a given map, and of what the nets' ops write where
 their schema infers it (Concat, Split, LengthsToRanges, ScatterAssign,
-ScatterWeightedSum, ResizeLike, LastNWindowCollector); other ops' outputs
+ScatterWeightedSum, ResizeLike, LastNWindowCollector, the elementwise
+ops); other ops' outputs
 are unknown, never reported wrong. Expected shapes are those numpy gives
 for the same operation, checked against a run of the net."""
 
@@ -18,12 +19,13 @@ def test_from_the_workspace(fresh):
     workspace.FeedBlob("i", np.zeros(4, np.int64))
     workspace.FeedBlob("h", np.zeros(1, np.float16))
     net = core.Net("n")
-    net.Relu("x", "y")
+    net.Relu("x", "y")  # elementwise: the input's shape and type
     net.Copy("i", "j")
     net.Copy("h", "h")  # written in place: unknown afterwards
+    net.LengthsToSegmentIds("i", "s")  # depends on the data: unknown
     shapes, types = workspace.InferShapesAndTypes([net])
-    assert shapes == {"x": [2, 3], "i": [4]}
-    assert types == {"x": TP.FLOAT, "i": TP.INT64}
+    assert shapes == {"x": [2, 3], "i": [4], "y": [2, 3]}
+    assert types == {"x": TP.FLOAT, "i": TP.INT64, "y": TP.FLOAT}
 
 
 def test_from_a_map_and_protos(fresh):
@@ -31,24 +33,27 @@ def test_from_a_map_and_protos(fresh):
     net.Relu("a", "b")
     shapes, types = workspace.InferShapesAndTypes(
         [net.Proto()], {"a": [5, 1], "c": [2]}, nets_proto=True, blob_types={"c": TP.INT32})
-    assert shapes == {"a": [5, 1], "c": [2]}
+    assert shapes == {"a": [5, 1], "c": [2], "b": [5, 1]}
     # As Caffe2: with blob_types, a blob they leave out is UNDEFINED ...
-    assert types == {"a": TP.UNDEFINED, "c": TP.INT32}
+    assert types == {"a": TP.UNDEFINED, "c": TP.INT32, "b": TP.UNDEFINED}
     # ... and without them every blob is FLOAT.
     _, types = workspace.InferShapesAndTypes([net.Proto()], {"a": [5, 1]}, nets_proto=True)
-    assert types == {"a": TP.FLOAT}
+    assert types == {"a": TP.FLOAT, "b": TP.FLOAT}
 
 
 def test_the_c_functions_return_tensor_shapes(fresh):
     workspace.FeedBlob("x", np.zeros((3,), np.float64))
+    workspace.FeedBlob("l", np.array([2, 1], np.int32))
     net = core.Net("n")
     net.Relu("x", "y")
+    net.LengthsToSegmentIds("l", "s")
     data = workspace.C.infer_shapes_and_types_from_workspace([net.Proto().SerializeToString()])
     parsed = caffe2_pb2.TensorShapes()
     parsed.ParseFromString(data)
     by_name = {s.name: s for s in parsed.shapes}
     assert list(by_name["x"].dims) == [3] and by_name["x"].data_type == TP.DOUBLE
-    assert by_name["y"].unknown_shape
+    assert list(by_name["y"].dims) == [3] and by_name["y"].data_type == TP.DOUBLE
+    assert by_name["s"].unknown_shape
 
 
 def _check_against_a_run(net, expected):

@@ -1,7 +1,8 @@
 """Key-value dbs (issue 13): Caffe2's ``workspace.C.create_db`` with
 transactions and cursors over minidb files, TensorProtos records as
 Caffe2's data tools wrote them, and minidbs written by ``Save`` read back
-record by record. The file layout is checked by hand-parsing."""
+record by record. The file layout is checked by hand-parsing. Every other
+type of ``registered_dbs()`` (LevelDB directories, ferro files) opens too."""
 
 import os
 
@@ -98,8 +99,10 @@ def test_a_saved_minidb_reads_as_blob_protos(fresh, tmp_path):
 
 
 def test_bad_input_is_a_typed_error(tmp_path):
-    with pytest.raises(errors.InvalidArgumentError, match="leveldb"):
-        C.create_db("leveldb", os.fspath(tmp_path / "x"), C.Mode.read)
+    with pytest.raises(errors.InvalidArgumentError, match="lmdb"):
+        C.create_db("lmdb", os.fspath(tmp_path / "x"), C.Mode.read)
+    with pytest.raises(errors.FerrocaffeIOError, match="missing"):
+        C.create_db("leveldb", os.fspath(tmp_path / "missing"), C.Mode.read)
     with pytest.raises(FileNotFoundError):
         C.create_db("minidb", os.fspath(tmp_path / "missing"), C.Mode.read)
     path = tmp_path / "trunc.minidb"
@@ -125,3 +128,109 @@ def test_bad_input_is_a_typed_error(tmp_path):
     assert not c.valid()
     with pytest.raises(errors.InvalidArgumentError):
         c.key()
+
+
+def read_records(db_type, path):
+    cursor = C.create_db(db_type, path, C.Mode.read).new_cursor()
+    got = []
+    while cursor.valid():
+        got.append((cursor.key(), cursor.value()))
+        cursor.next()
+    return got
+
+
+def test_every_registered_db_type_opens():
+    assert {"ferro", "minidb", "leveldb", "LevelDB"} <= set(C.registered_dbs())
+
+
+@pytest.mark.parametrize("db_type", ["leveldb", "LevelDB"])
+def test_leveldb_records_round_trip_on_disk(tmp_path, db_type):
+    """Any bytes as keys and values; LevelDB keeps its keys sorted bytewise,
+    so a cursor walks them in that order whatever order they were put in."""
+    path = os.fspath(tmp_path / "kv.leveldb")
+    rng = np.random.default_rng(3)
+    records = {b"key%02d" % i: rng.bytes(int(rng.integers(0, 40))) for i in range(20)}
+    records[b"\xff\x00binary"] = b"\x00\x01"
+    records[b""] = b"empty key"
+    order = list(records)
+    rng.shuffle(order)
+    db = C.create_db(db_type, path, C.Mode.new)
+    for k in order:
+        t = db.new_transaction()
+        t.put(k, records[k])
+        t.commit()
+    assert not os.path.exists(path)  # written whole when closed
+    db.close()
+    assert os.path.isfile(os.path.join(path, "CURRENT"))  # a LevelDB directory
+    expected = sorted(records.items())
+    assert read_records("leveldb", path) == expected
+    cursor = C.create_db("LevelDB", path, C.Mode.read).new_cursor()
+    cursor.seek(b"key05")
+    assert (cursor.key(), cursor.value()) == (b"key05", records[b"key05"])
+    cursor.seek(b"key05a")  # the first key at or after it
+    assert cursor.key() == b"key06"
+    cursor.seek(b"\xff\xff")
+    assert not cursor.valid()
+    # Mode.write adds to the db (a key put again keeps its last value);
+    # Mode.new starts over.
+    with C.create_db(db_type, path, C.Mode.write) as db:
+        db.new_transaction().put(b"key03", b"new")
+        db.new_transaction().put("zzz", "last")
+    records[b"key03"] = b"new"
+    records[b"zzz"] = b"last"
+    assert read_records("leveldb", path) == sorted(records.items())
+    with C.create_db(db_type, path, C.Mode.new) as db:
+        db.new_transaction().put(b"only", b"one")
+    assert read_records("leveldb", path) == [(b"only", b"one")]
+
+
+def test_tensor_protos_written_to_a_leveldb_feed_tensor_protos_db_input(fresh, tmp_path):
+    path = os.fspath(tmp_path / "data.leveldb")
+    images = np.arange(24, dtype=np.float32).reshape(4, 2, 3) / 5
+    with C.create_db("leveldb", path, C.Mode.new) as db:
+        for i in (2, 0, 3, 1):  # put out of order: read back in key order
+            protos = caffe2_pb2.TensorProtos()
+            protos.protos.extend([utils.NumpyArrayToCaffe2Tensor(images[i]),
+                                  utils.NumpyArrayToCaffe2Tensor(np.array([i], np.int32))])
+            db.new_transaction().put("%08d" % i, protos.SerializeToString())
+    workspace.RunOperatorOnce(core.CreateOperator(
+        "CreateDB", [], ["reader"], db=path, db_type="leveldb"))
+    workspace.RunOperatorOnce(core.CreateOperator(
+        "TensorProtosDBInput", ["reader"], ["x", "y"], batch_size=4))
+    np.testing.assert_array_equal(workspace.FetchBlob("x"), images)
+    assert workspace.FetchBlob("y").tolist() == [[0], [1], [2], [3]]
+
+
+@pytest.mark.parametrize("db_type", ["ferro", "minidb", "leveldb"])
+def test_saved_blobs_copied_record_by_record_load_in_every_format(fresh, tmp_path, db_type):
+    """A db written by Save, read with a cursor and written record by record
+    into a db of another type, loads the same blobs (a ferro db's records are
+    its blobs as serialized BlobProtos, as in a minidb)."""
+    w = np.arange(6, dtype=np.float32).reshape(2, 3) * 1.5
+    b = np.array([7, -8], dtype=np.int64)
+    workspace.FeedBlob("w", w)
+    workspace.FeedBlob("b", b)
+    src = os.fspath(tmp_path / ("src." + db_type))
+    workspace.RunOperatorOnce(core.CreateOperator(
+        "Save", ["w", "b"], [], db=src, db_type=db_type, absolute_path=1))
+    records = read_records(db_type, src)
+    assert sorted(k for k, _ in records) == [b"b#%0", b"w#%0"]
+    for target in C.registered_dbs():
+        dst = os.fspath(tmp_path / ("dst-" + db_type + "-" + target))
+        with C.create_db(target, dst, C.Mode.new) as db:
+            for k, v in records:
+                db.new_transaction().put(k, v)
+        workspace.ResetWorkspace()
+        workspace.RunOperatorOnce(core.CreateOperator(
+            "Load", [], ["w", "b"], db=dst, db_type=target, absolute_path=1))
+        np.testing.assert_array_equal(workspace.FetchBlob("w"), w)
+        np.testing.assert_array_equal(workspace.FetchBlob("b"), b)
+
+
+def test_a_ferro_db_takes_only_blob_records(tmp_path):
+    path = os.fspath(tmp_path / "x.ferro")
+    db = C.create_db("ferro", path, C.Mode.new)
+    db.new_transaction().put(b"k", b"\xff\xff not a BlobProto")
+    with pytest.raises(errors.InvalidArgumentError, match="BlobProto"):
+        db.close()
+    assert not os.path.exists(path)

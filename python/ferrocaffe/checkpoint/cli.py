@@ -12,7 +12,7 @@ from ferrocaffe import _core
 from ferrocaffe.checkpoint.manifest import (
     _check_db, find_checkpoints, read_manifest)
 from ferrocaffe.checkpoint.state import (
-    JOB_STATE_BLOB, _detect_db_type, _state_problem, read_job_state)
+    JOB_STATE_BLOB, _db_size, _detect_db_type, _state_problem, read_job_state)
 from ferrocaffe.errors import CorruptCheckpointError, FerrocaffeError
 
 
@@ -68,7 +68,7 @@ def _cmd_ls(directory, db_type, out):
             current = epoch
             print('epoch %d%s' % (epoch, '' if listed else
                                   '  (not in the manifest)'), file=out)
-        size = os.path.getsize(path) if os.path.exists(path) else None
+        size = _db_size(path) if os.path.exists(path) else None
         try:
             entries = _core.list_db(path, dtype)
         except Exception as e:
@@ -152,7 +152,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             ('verify', 'check every checkpoint; exit status 1 on damage')):
         p = sub.add_parser(name, help=text, description=text)
         p.add_argument('directory')
-        p.add_argument('--db-type', choices=['ferro', 'minidb'], default=None,
+        p.add_argument('--db-type', choices=_core.registered_dbs(), default=None,
                        help='the db format (default: from the manifest or '
                             'the files)')
     args = parser.parse_args(argv)

@@ -40,8 +40,10 @@ class CheckpointManager(object):
     Args:
         db_prefix: the directory of the checkpoints.
         node_name: the node checkpointed.
-        db_type: ``'ferro'`` (ferrocaffe's checked format, the default) or
-            ``'minidb'`` (Caffe2's).
+        db_type: any of ``workspace.C.registered_dbs()``: ``'ferro'``
+            (ferrocaffe's checked format, the default), ``'minidb'`` or
+            ``'leveldb'``/``'LevelDB'`` (Caffe2's; a LevelDB checkpoint is a
+            directory).
         metadata_handler: an object with ``report``, ``write``,
             ``last_epoch``, ``set_params`` and ``cp_accessible`` (see
             :class:`MetadataHandler`), or None.

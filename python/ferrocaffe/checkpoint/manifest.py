@@ -10,6 +10,7 @@ import errno
 import json
 import os
 import re
+import shutil
 import stat
 import time
 import zlib
@@ -17,8 +18,8 @@ from typing import Any, Mapping, Sequence
 
 from ferrocaffe import _core
 from ferrocaffe.checkpoint.state import (
-    DEFAULT_DB_TYPE, LATEST, _check_job_state, _is_count, _state_problem,
-    db_name, logger, read_job_state)
+    DEFAULT_DB_TYPE, LATEST, _check_job_state, _db_present, _db_size,
+    _is_count, _is_leveldb, _state_problem, db_name, logger, read_job_state)
 from ferrocaffe.errors import (
     CorruptCheckpointError, FerrocaffeError, FerrocaffeIOError)
 from ferrocaffe.file_reader import open_regular
@@ -127,7 +128,7 @@ def _check_manifest(manifest, path):
         if epoch in seen:
             raise ValueError('epoch %d is listed twice' % epoch)
         seen.add(epoch)
-        if entry.get('db_type', 'ferro') not in ('ferro', 'minidb'):
+        if entry.get('db_type', 'ferro') not in _core.registered_dbs():
             raise ValueError('epoch %d: bad db_type' % epoch)
         dbs = entry.get('dbs')
         if not isinstance(dbs, dict):
@@ -216,7 +217,7 @@ def _scan(directory, node_names, db_type, manifest=None):
             cached = db.info is not None and 'state' in db.info
             if cached:
                 try:
-                    cached = os.stat(path).st_size == db.info.get('bytes')
+                    cached = _db_size(path) == db.info.get('bytes')
                 except OSError:
                     cached = False
             if cached:
@@ -389,7 +390,7 @@ class FileMetadataHandler(MetadataHandler):
     def cp_accessible(self, epoch: int | None = None) -> bool:
         self._require_params()
         if epoch is not None:
-            return all(os.path.isfile(db_name(epoch, n, self._require_params()))
+            return all(_db_present(db_name(epoch, n, self._require_params()))
                        for n in self.node_names)
         self.access_error = None
         try:
@@ -414,13 +415,14 @@ class FileMetadataHandler(MetadataHandler):
         """The manifest record of a db (``new``: just saved, so nothing
         cached about it holds)."""
         info = None if new else db.info
-        size = os.stat(db.path).st_size
+        size = _db_size(db.path)
         if info is not None and info.get('bytes') == size:
             info = dict(info)
         else:
             info = {'file': os.path.basename(db.path), 'bytes': size}
-            if self.db_type != 'ferro':
-                # minidb has no checksums of its own.
+            if self.db_type == 'minidb':
+                # minidb has no checksums of its own (ferro and LevelDB
+                # have one per blob or block, which verify_db checks).
                 info['crc32'] = _file_crc32(db.path)
         if db.state is not None:
             info['state'] = db.state
@@ -522,7 +524,10 @@ class FileMetadataHandler(MetadataHandler):
     @staticmethod
     def _remove(path):
         try:
-            os.unlink(path)
+            if _is_leveldb(path):
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
         except FileNotFoundError:
             pass
         except OSError as e:
@@ -547,7 +552,7 @@ def _check_db(path, db_type, info=None, verify=True):
     """None if the db at ``path`` is sound, else a description of the
     problem.  ``info`` is its manifest record (size, CRC)."""
     try:
-        size = os.stat(path).st_size
+        size = _db_size(path)
     except OSError as e:
         return '%s: %s' % (path, e.strerror or e)
     if info is not None and 'bytes' in info and size != info['bytes']:
@@ -570,8 +575,9 @@ _CKPT_FILE = re.compile(r'^(?P<node>[^.].*)\.(?P<epoch>[0-9]+)$')
 
 
 def find_checkpoints(directory: str | os.PathLike[str]) -> dict[int, dict[str, str]]:
-    """``{epoch: {node: path}}`` of the regular files in ``directory``
-    named like checkpoints (``<node>.<epoch>``), whatever their content."""
+    """``{epoch: {node: path}}`` of the regular files (and LevelDB
+    directories) in ``directory`` named like checkpoints
+    (``<node>.<epoch>``), whatever their content."""
     found: dict[int, dict[str, str]] = {}
     try:
         names = os.listdir(directory)
@@ -580,7 +586,7 @@ def find_checkpoints(directory: str | os.PathLike[str]) -> dict[int, dict[str, s
     for name in names:
         m = _CKPT_FILE.match(name)
         path = os.path.join(directory, name)
-        if m and os.path.isfile(path):
+        if m and _db_present(path):
             found.setdefault(int(m.group('epoch')), {})[m.group('node')] = path
     return found
 

@@ -168,7 +168,35 @@ def _state_problem(state, path, epoch, node):
     return None
 
 
+def _is_leveldb(path) -> bool:
+    """Whether ``path`` is a LevelDB directory (it has LevelDB's CURRENT
+    file): a checkpoint of db type ``'leveldb'``."""
+    return (os.path.isdir(path) and not os.path.islink(path)
+            and os.path.isfile(os.path.join(path, 'CURRENT')))
+
+
+def _db_present(path) -> bool:
+    """Whether a db is at ``path``: a regular file (ferro, minidb) or a
+    LevelDB directory."""
+    return os.path.isfile(path) or _is_leveldb(path)
+
+
+def _db_size(path) -> int:
+    """The bytes of the db at ``path``: a file's size, or the sum of the
+    sizes of a LevelDB directory's files.  A missing db raises OSError."""
+    if not _is_leveldb(path):
+        return os.stat(path).st_size
+    total = 0
+    with os.scandir(path) as entries:
+        for e in entries:
+            if e.is_file(follow_symlinks=False):
+                total += e.stat(follow_symlinks=False).st_size
+    return total
+
+
 def _detect_db_type(path, default=None):
+    if _is_leveldb(path):
+        return 'leveldb'
     try:
         with open_regular(path) as f:
             magic = f.read(8)

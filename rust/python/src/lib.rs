@@ -50,6 +50,8 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(storage::verify_db, m)?)?;
     m.add_function(wrap_pyfunction!(storage::db_exists, m)?)?;
     m.add_function(wrap_pyfunction!(storage::registered_dbs, m)?)?;
+    m.add_function(wrap_pyfunction!(storage::read_kv_db, m)?)?;
+    m.add_function(wrap_pyfunction!(storage::write_kv_db, m)?)?;
     m.add_function(wrap_pyfunction!(storage::sweep_stale_temporaries, m)?)?;
     m.add_function(wrap_pyfunction!(storage::write_file_atomically, m)?)?;
     m.add_function(wrap_pyfunction!(registry::set_num_threads, m)?)?;

@@ -5,7 +5,7 @@ use crate::errors::to_py_err;
 use crate::runner::run_here;
 use ferrocaffe::error::Error;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyString};
+use pyo3::types::{PyBytes, PyDict, PyString};
 use std::path::PathBuf;
 
 /// The entries of a db: a list of dicts (name, kind, type, dtype, shape, bytes).
@@ -99,6 +99,39 @@ pub(crate) fn map_ferro(
 #[pyfunction]
 pub(crate) fn registered_dbs() -> Vec<&'static str> {
     ferrocaffe::storage::registered_dbs()
+}
+
+/// The key-value records of a db of any registered type, `[(key, value)]`
+/// as bytes, in the db's order (`workspace.C.create_db`'s cursor; see
+/// `storage::DbFormat::read_kv`).
+#[pyfunction]
+pub(crate) fn read_kv_db(
+    py: Python<'_>,
+    path: PathBuf,
+    db_type: String,
+) -> PyResult<Vec<(Py<PyBytes>, Py<PyBytes>)>> {
+    let path = path_string(py, path)?;
+    let records = run_here(py, move |_| ferrocaffe::storage::read_kv(&path, &db_type))?;
+    Ok(records
+        .into_iter()
+        .map(|(k, v)| (PyBytes::new(py, &k).unbind(), PyBytes::new(py, &v).unbind()))
+        .collect())
+}
+
+/// Writes `records` (`(key, value)` bytes pairs) as the db at `path`,
+/// crash-safely, replacing a db of that type there
+/// (`storage::DbFormat::write_kv`).
+#[pyfunction]
+pub(crate) fn write_kv_db(
+    py: Python<'_>,
+    path: PathBuf,
+    db_type: String,
+    records: Vec<(Vec<u8>, Vec<u8>)>,
+) -> PyResult<()> {
+    let path = path_string(py, path)?;
+    run_here(py, move |_| {
+        ferrocaffe::storage::write_kv(&path, &db_type, &records)
+    })
 }
 
 #[pyfunction]

@@ -496,46 +496,49 @@ mod tests {
         }
     }
 
+    /// The CreateDB op that opens `path` (of `db_type`) into the reader `r`.
+    fn create_db_op(path: &str, db_type: &str) -> crate::ir::OperatorDef {
+        op(
+            "CreateDB",
+            &[],
+            &["r"],
+            vec![str_arg("db", path), str_arg("db_type", db_type)],
+        )
+    }
+
+    /// Runs TensorProtosDBInput on the reader `r` (batch_size `batch`).
+    fn read_batch(ws: &Arc<Workspace>, outputs: &[&str], batch: i64) {
+        let read = op(
+            "TensorProtosDBInput",
+            &["r"],
+            outputs,
+            vec![int_arg("batch_size", batch)],
+        );
+        run(ws, read).unwrap();
+    }
+
+    /// The shape and values of the tensor in blob `name`.
+    fn values<T: Element + Copy>(ws: &Arc<Workspace>, name: &str) -> (Vec<usize>, Vec<T>) {
+        let t = get(ws, name);
+        let a = t.array::<T>().unwrap();
+        (a.shape().to_vec(), a.iter().copied().collect())
+    }
+
     #[test]
     fn batches_cycle_through_the_records() {
         let path = scratch("cycle");
         write_db(&path, 5);
         let ws = Workspace::new();
-        let p = path.to_str().unwrap();
-        run(
-            &ws,
-            op(
-                "CreateDB",
-                &[],
-                &["r"],
-                vec![str_arg("db", p), str_arg("db_type", "minidb")],
-            ),
-        )
-        .unwrap();
-        let read = op(
-            "TensorProtosDBInput",
-            &["r"],
-            &["x", "y"],
-            vec![int_arg("batch_size", 3)],
+        run(&ws, create_db_op(path.to_str().unwrap(), "minidb")).unwrap();
+        read_batch(&ws, &["x", "y"], 3);
+        assert_eq!(values::<f32>(&ws, "x").0, [3, 2]);
+        // Records 3, 4 and (starting over) 0; labels i % 3.
+        read_batch(&ws, &["x", "y"], 3);
+        assert_eq!(
+            values::<f32>(&ws, "x").1,
+            vec![3.0, -3.0, 4.0, -4.0, 0.0, -0.0]
         );
-        run(&ws, read.clone()).unwrap();
-        assert_eq!(get(&ws, "x").array::<f32>().unwrap().shape(), &[3, 2]);
-        run(&ws, read).unwrap();
-        let x: Vec<f32> = get(&ws, "x")
-            .array::<f32>()
-            .unwrap()
-            .iter()
-            .copied()
-            .collect();
-        assert_eq!(x, vec![3.0, -3.0, 4.0, -4.0, 0.0, -0.0]);
-        let y: Vec<i32> = get(&ws, "y")
-            .array::<i32>()
-            .unwrap()
-            .iter()
-            .copied()
-            .collect();
-        assert_eq!(y, vec![0, 1, 0]);
-        assert_eq!(get(&ws, "y").array::<i32>().unwrap().shape(), &[3, 1]);
+        assert_eq!(values::<i32>(&ws, "y"), (vec![3, 1], vec![0, 1, 0]));
     }
 
     /// Caffe2's LevelDB data dbs: TensorProtos records, read in key order.
@@ -561,38 +564,11 @@ mod tests {
             .collect();
         storage::write_leveldb_records(p, &recs).unwrap();
         let ws = Workspace::new();
-        run(
-            &ws,
-            op(
-                "CreateDB",
-                &[],
-                &["r"],
-                vec![str_arg("db", p), str_arg("db_type", "LevelDB")],
-            ),
-        )
-        .unwrap();
-        let read = op(
-            "TensorProtosDBInput",
-            &["r"],
-            &["x"],
-            vec![int_arg("batch_size", 2)],
-        );
-        run(&ws, read.clone()).unwrap();
-        let x: Vec<f32> = get(&ws, "x")
-            .array::<f32>()
-            .unwrap()
-            .iter()
-            .copied()
-            .collect();
-        assert_eq!(x, vec![1.0, 2.0]);
-        run(&ws, read).unwrap();
-        let x: Vec<f32> = get(&ws, "x")
-            .array::<f32>()
-            .unwrap()
-            .iter()
-            .copied()
-            .collect();
-        assert_eq!(x, vec![3.0, 1.0]);
+        run(&ws, create_db_op(p, "LevelDB")).unwrap();
+        read_batch(&ws, &["x"], 2);
+        assert_eq!(values::<f32>(&ws, "x").1, vec![1.0, 2.0]);
+        read_batch(&ws, &["x"], 2);
+        assert_eq!(values::<f32>(&ws, "x").1, vec![3.0, 1.0]);
     }
 
     #[test]
@@ -612,16 +588,7 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.kind, ErrorKind::InvalidArgument);
-        run(
-            &ws,
-            op(
-                "CreateDB",
-                &[],
-                &["r"],
-                vec![str_arg("db", p), str_arg("db_type", "minidb")],
-            ),
-        )
-        .unwrap();
+        run(&ws, create_db_op(p, "minidb")).unwrap();
         let e = run(&ws, op("TensorProtosDBInput", &["r"], &["x"], vec![])).unwrap_err();
         assert!(e.to_string().contains("holds 2 tensors"), "{e}");
         let e = run(

@@ -36,7 +36,7 @@ use super::kernel;
 use crate::arg;
 use crate::blob::BlobValue;
 use crate::error::{Error, ErrorKind, Result};
-use crate::operator::{ArgDoc, InPlace, Locked, OpDefCtx, OpSchema, Operator, MANY};
+use crate::operator::{ArgDoc, InPlace, Locked, OpDefCtx, OpSchema, Operator, ShapeInfo, MANY};
 use crate::tensor::{copy_array, f16, DataType, Element, Tensor};
 use ndarray::{ArrayD, ArrayViewD, ArrayViewMutD, CowArray, IxDyn, Zip};
 use rayon::prelude::*;
@@ -100,18 +100,67 @@ fn in_place_a_or_b(i: usize, o: usize) -> bool {
     o == 0 && i <= 1
 }
 
+/// A binary op whose output is bool (comparisons and logic).
 fn binary_schema(
     name: &'static str,
     build: crate::operator::BuildFn,
     inplace: InPlace,
     doc: &'static str,
 ) -> OpSchema {
+    binary_schema_typed(name, build, inplace, doc, binary_infer::<true>)
+}
+
+/// An arithmetic binary op: its output has A's type.
+fn arith_schema(name: &'static str, inplace: InPlace, doc: &'static str) -> OpSchema {
+    binary_schema_typed(name, build_arith, inplace, doc, binary_infer::<false>)
+}
+
+fn binary_schema_typed(
+    name: &'static str,
+    build: crate::operator::BuildFn,
+    inplace: InPlace,
+    doc: &'static str,
+    infer: crate::operator::InferFn,
+) -> OpSchema {
     OpSchema::new(name, build)
         .inputs(2, 2)
         .outputs(1, 1)
         .inplace(inplace)
         .args(BCAST_ARGS)
+        .infer(infer)
         .doc(doc)
+}
+
+/// The output of a binary op from its inputs' (Caffe2's
+/// `ElementwiseOpShapeInference`): A's shape with legacy `broadcast`, else
+/// numpy's broadcast of A and B (unknown if they do not broadcast: running
+/// the op says why); A's type, or bool for comparisons and logic.
+fn binary_infer<const BOOL_OUT: bool>(
+    args: &crate::args::Args<'_>,
+    ins: &[Option<ShapeInfo>],
+    _: usize,
+) -> Result<Vec<Option<ShapeInfo>>> {
+    use crate::shapes::rules::known;
+    let (Some(a), Some(b)) = (known(ins, 0), known(ins, 1)) else {
+        return Ok(vec![None]);
+    };
+    let dtype = if BOOL_OUT { DataType::Bool } else { a.dtype };
+    if args.i64("broadcast", 0)? != 0 {
+        return Ok(vec![Some(ShapeInfo::new(a.dims.clone(), dtype))]);
+    }
+    let nd = a.dims.len().max(b.dims.len());
+    let mut dims = vec![0i64; nd];
+    for k in 0..nd {
+        let at = |d: &[i64]| if k < d.len() { d[d.len() - 1 - k] } else { 1 };
+        let (da, db) = (at(&a.dims), at(&b.dims));
+        dims[nd - 1 - k] = match (da, db) {
+            _ if da == db => da,
+            (1, _) => db,
+            (_, 1) => da,
+            _ => return Ok(vec![None]),
+        };
+    }
+    Ok(vec![Some(ShapeInfo::new(dims, dtype))])
 }
 
 pub fn schemas() -> Vec<OpSchema> {
@@ -119,12 +168,11 @@ pub fn schemas() -> Vec<OpSchema> {
     let a = InPlace::Allow(in_place_a);
     let never = InPlace::Never;
     vec![
-        binary_schema("Add", build_arith, ab, "C = A + B elementwise (int32, int64, float32, float64; integers wrap), with broadcasting."),
-        binary_schema("Sub", build_arith, ab, "C = A - B elementwise (int32, int64, float32, float64; integers wrap), with broadcasting."),
-        binary_schema("Mul", build_arith, ab, "C = A * B elementwise (int32, int64, float32, float64; integers wrap), with broadcasting."),
-        binary_schema(
+        arith_schema("Add", ab, "C = A + B elementwise (int32, int64, float32, float64; integers wrap), with broadcasting."),
+        arith_schema("Sub", ab, "C = A - B elementwise (int32, int64, float32, float64; integers wrap), with broadcasting."),
+        arith_schema("Mul", ab, "C = A * B elementwise (int32, int64, float32, float64; integers wrap), with broadcasting."),
+        arith_schema(
             "Div",
-            build_arith,
             a,
             "C = A / B elementwise (int32, int64, float32, float64); integers truncate toward zero and a zero divisor is an error.",
         ),
@@ -137,7 +185,11 @@ pub fn schemas() -> Vec<OpSchema> {
         binary_schema("And", build_logic, a, "C = A and B elementwise on bool tensors, with broadcasting."),
         binary_schema("Or", build_logic, a, "C = A or B elementwise on bool tensors, with broadcasting."),
         binary_schema("Xor", build_logic, a, "C = A xor B elementwise on bool tensors, with broadcasting."),
-        OpSchema::new("Not", build_not).inputs(1, 1).outputs(1, 1).doc("Y = not X elementwise on a bool tensor."),
+        OpSchema::new("Not", build_not)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .infer(|_, ins, n| Ok(crate::shapes::rules::same_as_input(ins, 0, n)))
+            .doc("Y = not X elementwise on a bool tensor."),
         OpSchema::new("Sum", build_sum)
             .inputs(1, MANY)
             .outputs(1, 1)

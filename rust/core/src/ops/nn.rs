@@ -314,6 +314,12 @@ pub fn schemas() -> Vec<OpSchema> {
             "labels are probability rows (float, like X) rather than class indices (int32)"
         ),
         arg!("axis", "int", "1", "X is flattened to a matrix at this dim"),
+        arg!(
+            "only_loss",
+            "bool",
+            "false",
+            "accepted and ignored: Caffe2's gradient then wrote dX into P's buffer (a memory trick); the values are the same"
+        ),
     ];
     const LEAKY_ARGS: &[crate::operator::ArgDoc] =
         &[arg!("alpha", "float", "0.01", "the slope for X <= 0")];
@@ -326,11 +332,14 @@ pub fn schemas() -> Vec<OpSchema> {
             "as the forward op's axis (legacy broadcasting)"
         ),
     ];
+    // Elementwise: the output is its input's shape and type (Caffe2's
+    // IdenticalTypeAndShape), the gradient dY's.
     let unary = |name: &'static str, build: crate::operator::BuildFn, doc: &'static str| {
         OpSchema::new(name, build)
             .inputs(1, 1)
             .outputs(1, 1)
             .inplace(InPlace::Allow(allow_0_0))
+            .infer(|_, ins, n| Ok(crate::shapes::rules::same_as_input(ins, 0, n)))
             .doc(doc)
     };
     let unary_grad = |name: &'static str, build: crate::operator::BuildFn, doc: &'static str| {
@@ -338,6 +347,7 @@ pub fn schemas() -> Vec<OpSchema> {
             .inputs(2, 2)
             .outputs(1, 1)
             .inplace(InPlace::Allow(allow_1_0))
+            .infer(|_, ins, n| Ok(crate::shapes::rules::same_as_input(ins, 1, n)))
             .doc(doc)
     };
     let binary_grad = |name: &'static str, doc: &'static str| {
@@ -408,6 +418,15 @@ pub fn schemas() -> Vec<OpSchema> {
             .inputs(1, 1)
             .outputs(1, 1)
             .doc("The mean of all elements of X, a 0-dim tensor."),
+        OpSchema::new("SumSqrElements", build_sum_sqr)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .args(&[arg!("average", "bool", "false", "divide the sum by the number of elements")])
+            .infer(|_, ins, _| {
+                Ok(vec![crate::shapes::rules::known(ins, 0)
+                    .map(|x| crate::operator::ShapeInfo::new(vec![], x.dtype))])
+            })
+            .doc("The sum of the squares of X's elements (float32 or float64), a 0-dim tensor; with average, their mean (0 for an empty X)."),
         OpSchema::new("AveragedLossGradient", build_avg_loss_grad)
             .inputs(2, 2)
             .outputs(1, 1)
@@ -443,7 +462,7 @@ pub fn schemas() -> Vec<OpSchema> {
         binary_grad("AddGradient", "Gradient of Add: inputs (dC, A, B), outputs (dA, dB), each summed over the dims it was broadcast along."),
         binary_grad("SubGradient", "Gradient of Sub: inputs (dC, A, B), outputs (dA, dB = -dC summed)."),
         binary_grad("MulGradient", "Gradient of Mul: inputs (dC, A, B), outputs (dA = dC * B, dB = dC * A), summed over broadcast dims."),
-        binary_grad("DivGradient", "Gradient of Div: inputs (dC, A, B[, C]), outputs (dA = dC / B, dB = -dC * A / B^2), summed over broadcast dims.")
+        binary_grad("DivGradient", "Gradient of Div: inputs (dC, A, B, C) (C = A / B, the forward output), outputs (dA = dC / B, dB = -dC * C / B), summed over broadcast dims; also Caffe2's legacy three inputs (B, C, dC).")
             .inputs(3, 4),
     ]
 }
@@ -862,15 +881,39 @@ fn build_softmax_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 /// Caffe2 floors probabilities at this before taking their log.
 const LOG_THRESHOLD: f64 = 1e-20;
 
-/// Checks int32 labels (`n` of them, each in [0, d)) at input `i`.
-fn class_labels(l: &Locked<'_>, op: &str, i: usize, n: usize, d: usize) -> Result<Vec<usize>> {
+/// Checks int32 labels (`n` of them, each in [0, d)) at input `i`: shaped
+/// [N] or [N, 1], or, for an op that flattens X at `axis` (SoftmaxWithLoss),
+/// as Caffe2 allowed there: `axis` dims holding N values, or X's leading
+/// dims (N values in all) followed by dims of size 1.
+fn class_labels(
+    l: &Locked<'_>,
+    op: &str,
+    i: usize,
+    n: usize,
+    d: usize,
+    axis: Option<usize>,
+) -> Result<Vec<usize>> {
     let lab = labels(l, op, i)?;
     let name = l.input_name(i);
-    let ok_shape = lab.len() == n && (lab.ndim() == 1 || (lab.ndim() == 2 && lab.shape()[1] == 1));
+    let shape = lab.shape();
+    let ok_shape = match axis {
+        None => lab.len() == n && (lab.ndim() == 1 || (lab.ndim() == 2 && shape[1] == 1)),
+        Some(ax) if lab.ndim() == ax => lab.len() == n,
+        Some(ax) => {
+            lab.ndim() > ax
+                && shape[..ax].iter().product::<usize>() == n
+                && shape[ax..].iter().all(|&s| s == 1)
+        }
+    };
     if !ok_shape {
+        let want = match axis {
+            Some(ax) if ax != 1 => {
+                format!("{ax} dims holding N values, or those followed by dims of size 1")
+            }
+            _ => "shape [N] or [N, 1]".to_string(),
+        };
         return Err(Error::shape(format!(
-            "{op}: the labels ('{name}', shape {:?}) must be N = {n} values (shape [N] or [N, 1])",
-            lab.shape()
+            "{op}: the labels ('{name}', shape {shape:?}) must be N = {n} values ({want})"
         ))
         .with_blob(name));
     }
@@ -933,7 +976,7 @@ fn swl_setup<T: Real>(
         }
         dense(p).into_owned()
     } else {
-        let lab = class_labels(l, op, 1, n, d)?;
+        let lab = class_labels(l, op, 1, n, d, Some(ax))?;
         let mut t = vec![T::of(0.0); n * d];
         for (r, &c) in lab.iter().enumerate() {
             t[r * d + c] = T::of(1.0);
@@ -1083,7 +1126,7 @@ fn floor_p<T: Real>(p: T) -> T {
 fn lce_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
     let op = "LabelCrossEntropy";
     let (n, d) = prob_dims(l, op)?;
-    let lab = class_labels(l, op, 1, n, d)?;
+    let lab = class_labels(l, op, 1, n, d, None)?;
     let x = dense(input::<T>(l, op, 0)?).into_owned();
     let y: Vec<T> = lab
         .iter()
@@ -1105,7 +1148,7 @@ fn build_lce(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 fn lce_grad_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
     let op = "LabelCrossEntropyGradient";
     let (n, d) = prob_dims(l, op)?;
-    let lab = class_labels(l, op, 1, n, d)?;
+    let lab = class_labels(l, op, 1, n, d, None)?;
     let dy = input::<T>(l, op, 2)?;
     if dy.len() != n {
         return Err(Error::shape(format!(
@@ -1152,6 +1195,27 @@ fn build_avg_loss(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     Ok(kernel(|cx| {
         let mut l = cx.lock();
         by_real!(&l, "AveragedLoss", 0, avg_loss_t(&mut l))?;
+        Ok(true)
+    }))
+}
+
+fn sum_sqr_t<T: Real>(l: &mut Locked<'_>, average: bool) -> Result<()> {
+    let x = input::<T>(l, "SumSqrElements", 0)?;
+    let s: T = x.iter().map(|&v| v * v).sum();
+    let out = if average && !x.is_empty() {
+        s / T::of(x.len() as f64)
+    } else {
+        s
+    };
+    l.set_output(0, T::wrap(array(&[], vec![out])?));
+    Ok(())
+}
+
+fn build_sum_sqr(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let average = ctx.args.i64("average", 0)? != 0;
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        by_real!(&l, "SumSqrElements", 0, sum_sqr_t(&mut l, average))?;
         Ok(true)
     }))
 }
@@ -1257,7 +1321,7 @@ fn accuracy_t<T: Real>(l: &mut Locked<'_>, top_k: usize) -> Result<()> {
         .with_blob(l.input_name(0)));
     }
     let (n, d) = (x.shape()[0], x.shape()[1]);
-    let lab = class_labels(l, op, 1, n, d)?;
+    let lab = class_labels(l, op, 1, n, d, None)?;
     let xs = dense(x);
     let correct = lab
         .iter()
@@ -1320,22 +1384,35 @@ fn reduce_to<T: Real>(g: ArrayD<T>, pad: &[usize], shape: &[usize]) -> Result<Ar
     array(shape, v)
 }
 
-fn binary_grad_t<T: Real>(l: &mut Locked<'_>, op: &str, legacy: bool, axis: i64) -> Result<()> {
+fn binary_grad_t<T: Real>(
+    l: &mut Locked<'_>,
+    op: &str,
+    legacy: bool,
+    axis: i64,
+    num_inputs: usize,
+) -> Result<()> {
+    // DivGradient's dB is -dC * C / B from the forward output C = A / B
+    // (Caffe2's), which stays right after an in-place Div overwrote A: its
+    // inputs are (dC, A, B, C), or Caffe2's legacy three (B, C, dC), where
+    // C (A's shape) stands in for A.
+    let legacy_div = op == "DivGradient" && num_inputs == 3;
+    let (ic, ia, ib) = if legacy_div { (2, 1, 0) } else { (0, 1, 2) };
     let (dc, a, b) = (
-        input::<T>(l, op, 0)?,
-        input::<T>(l, op, 1)?,
-        input::<T>(l, op, 2)?,
+        input::<T>(l, op, ic)?,
+        input::<T>(l, op, ia)?,
+        input::<T>(l, op, ib)?,
     );
     let (sa, sb) = (a.shape().to_vec(), b.shape().to_vec());
+    let (a_role, c_name) = if legacy_div { ("C", ia) } else { ("A", ia) };
     let mismatch = || {
         Error::shape(format!(
-            "{op}: A ('{}', shape {sa:?}), B ('{}', shape {sb:?}) and dC ('{}', shape {:?}) do not broadcast as the forward op did",
-            l.input_name(1),
-            l.input_name(2),
-            l.input_name(0),
+            "{op}: {a_role} ('{}', shape {sa:?}), B ('{}', shape {sb:?}) and dC ('{}', shape {:?}) do not broadcast as the forward op did",
+            l.input_name(c_name),
+            l.input_name(ib),
+            l.input_name(ic),
             dc.shape()
         ))
-        .with_blob(l.input_name(0))
+        .with_blob(l.input_name(ic))
     };
     // The padded shapes of A and B, and the output's shape.
     let (pa, pb) = if legacy {
@@ -1377,12 +1454,26 @@ fn binary_grad_t<T: Real>(l: &mut Locked<'_>, op: &str, legacy: bool, axis: i64)
         "AddGradient" => (dc.to_owned(), dc.to_owned()),
         "SubGradient" => (dc.to_owned(), dc.mapv(|v| -v)),
         "DivGradient" => {
-            let (ab, bb) = (view(a, &pa)?, view(b, &pb)?);
+            let c = if legacy_div {
+                a.view()
+            } else {
+                let c = input::<T>(l, op, 3)?;
+                if c.shape() != sc.as_slice() {
+                    return Err(Error::shape(format!(
+                        "{op}: C ('{}', shape {:?}) must have the forward output's shape {sc:?}",
+                        l.input_name(3),
+                        c.shape()
+                    ))
+                    .with_blob(l.input_name(3)));
+                }
+                c.view()
+            };
+            let bb = view(b, &pb)?;
             let ga = dc / &bb;
             let gb = Zip::from(dc)
-                .and(&ab)
+                .and(&c)
                 .and(&bb)
-                .map_collect(|&g, &x, &y| -(g * x) / (y * y));
+                .map_collect(|&g, &c, &y| -(g * c) / y);
             (ga, gb)
         }
         _ => {
@@ -1401,9 +1492,10 @@ fn build_binary_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let legacy = ctx.args.i64("broadcast", 0)? != 0;
     let axis = ctx.args.i64("axis", -1)?;
     let op = ctx.op_type().to_string();
+    let ni = ctx.num_inputs();
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
-        by_real!(&l, &op, 0, binary_grad_t(&mut l, &op, legacy, axis))?;
+        by_real!(&l, &op, 0, binary_grad_t(&mut l, &op, legacy, axis, ni))?;
         Ok(true)
     }))
 }
@@ -1467,13 +1559,13 @@ pub fn more_schemas() -> Vec<OpSchema> {
             "broadcast",
             "int",
             "0",
-            "accepted for Caffe2's legacy form: the exponent input is one element or X's shape"
+            "non-zero: Caffe2's legacy broadcast: the exponent input's shape is a run of X's dims (from axis), each equal or 1"
         ),
         arg!(
             "axis",
             "int",
             "-1",
-            "accepted for Caffe2's legacy form (unused)"
+            "with broadcast: the X dim the exponent's first dim lines up with (-1: its last dims line up with X's)"
         ),
     ];
     const CLIP_ARGS: &[crate::operator::ArgDoc] = &[
@@ -1537,13 +1629,14 @@ pub fn more_schemas() -> Vec<OpSchema> {
             .outputs(1, 1)
             .inplace(InPlace::Allow(allow_0_0_or_1_0))
             .args(POW_ARGS)
-            .doc("Y = X ^ exponent elementwise: the exponent argument, or a second input (one element or X's shape)."),
+            .infer(|_, ins, n| Ok(crate::shapes::rules::same_as_input(ins, 0, n)))
+            .doc("Y = X ^ exponent elementwise: the exponent argument, or a second input (one element, X's shape, or with broadcast=1 a run of X's dims from axis)."),
         OpSchema::new("PowGradient", build_pow_grad)
             .inputs(2, 4)
             .outputs(1, 2)
             .inplace(InPlace::Allow(allow_0_0))
             .args(POW_ARGS)
-            .doc("Gradient of Pow: with the exponent argument, inputs (dY, X, Y) (or (dY, Y) after an in-place Pow), output dX = exponent * X^(exponent - 1) * dY; with an exponent input, inputs (dY, X, E, Y), outputs (dX, dE = dY * Y * ln X)."),
+            .doc("Gradient of Pow: with the exponent argument, inputs (dY, X, Y) (or (dY, Y) after an in-place Pow), output dX = exponent * X^(exponent - 1) * dY; with an exponent input, inputs (dY, X, E, Y), outputs (dX, dE = dY * Y * ln X, summed over the dims E was broadcast along)."),
         OpSchema::new("Clip", build_clip)
             .inputs(1, 1)
             .outputs(1, 1)
@@ -2090,17 +2183,66 @@ impl Powf for f64 {
     }
 }
 
+/// Where the exponent input lies among X's dims: with Caffe2's legacy
+/// `broadcast`, its dims padded with 1s to X's rank, starting at `axis` (-1:
+/// at the end); else `None`.
+#[derive(Clone, Copy)]
+struct PowBroadcast(Option<i64>);
+
+impl PowBroadcast {
+    fn of(ctx: &OpDefCtx<'_>) -> Result<PowBroadcast> {
+        let on = ctx.args.i64("broadcast", 0)? != 0;
+        let axis = ctx.args.i64("axis", -1)?;
+        Ok(PowBroadcast(on.then_some(axis)))
+    }
+
+    /// The exponent's shape padded to X's rank, if it broadcasts to X.
+    fn padded(self, e_shape: &[usize], x_shape: &[usize]) -> Option<Vec<usize>> {
+        let axis = self.0?;
+        let off = if axis < 0 {
+            x_shape.len().checked_sub(e_shape.len())?
+        } else {
+            usize::try_from(axis).ok()?
+        };
+        if off + e_shape.len() > x_shape.len() {
+            return None;
+        }
+        let p = padded(e_shape, x_shape.len(), off);
+        p.iter()
+            .zip(x_shape)
+            .all(|(&e, &x)| e == x || e == 1)
+            .then_some(p)
+    }
+}
+
 /// The exponent input `i` as one value per element of X (`n` of them).
-fn exponents<T: Real>(l: &Locked<'_>, op: &str, i: usize, x_shape: &[usize]) -> Result<Vec<T>> {
+fn exponents<T: Real>(
+    l: &Locked<'_>,
+    op: &str,
+    i: usize,
+    x_shape: &[usize],
+    bc: PowBroadcast,
+) -> Result<Vec<T>> {
     let e = input::<T>(l, op, i)?;
     let n: usize = x_shape.iter().product();
     if e.len() == 1 {
         Ok(vec![e.iter().copied().next().unwrap_or(T::of(0.0)); n])
     } else if e.shape() == x_shape {
         Ok(dense(e).into_owned())
+    } else if let Some(p) = bc.padded(e.shape(), x_shape) {
+        let v = array(&p, dense(e).into_owned())?;
+        let b = v.broadcast(IxDyn(x_shape)).ok_or_else(|| {
+            Error::internal(format!("{op}: cannot broadcast {p:?} to {x_shape:?}"))
+        })?;
+        Ok(b.iter().copied().collect())
     } else {
+        let how = if bc.0.is_some() {
+            ", X's shape, or a run of X's dims (each equal or 1) starting at axis"
+        } else {
+            " or X's shape (or set broadcast=1)"
+        };
         Err(Error::shape(format!(
-            "{op}: the exponent ('{}', shape {:?}) must have one element or X's shape {x_shape:?}",
+            "{op}: the exponent ('{}', shape {:?}) must have one element{how}; X has shape {x_shape:?}",
             l.input_name(i),
             e.shape()
         ))
@@ -2108,13 +2250,13 @@ fn exponents<T: Real>(l: &Locked<'_>, op: &str, i: usize, x_shape: &[usize]) -> 
     }
 }
 
-fn pow_t<T: Powf>(l: &mut Locked<'_>, exponent: Option<f32>) -> Result<()> {
+fn pow_t<T: Powf>(l: &mut Locked<'_>, exponent: Option<f32>, bc: PowBroadcast) -> Result<()> {
     let op = "Pow";
     let x = input::<T>(l, op, 0)?;
     let shape = x.shape().to_vec();
     let es = match exponent {
         Some(e) => vec![T::of(f64::from(e)); x.len()],
-        None => exponents::<T>(l, op, 1, &shape)?,
+        None => exponents::<T>(l, op, 1, &shape, bc)?,
     };
     let y: Vec<T> = x.iter().zip(&es).map(|(&v, &e)| v.powf_(e)).collect();
     l.set_output(0, T::wrap(array(&shape, y)?));
@@ -2134,9 +2276,10 @@ fn build_pow(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         }
         _ => {}
     }
+    let bc = PowBroadcast::of(ctx)?;
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
-        by_real!(&l, "Pow", 0, pow_t(&mut l, exponent))?;
+        by_real!(&l, "Pow", 0, pow_t(&mut l, exponent, bc))?;
         Ok(true)
     }))
 }
@@ -2146,6 +2289,7 @@ fn pow_grad_t<T: Powf>(
     exponent: Option<f32>,
     ni: usize,
     no: usize,
+    bc: PowBroadcast,
 ) -> Result<()> {
     let op = "PowGradient";
     let dy = dense(input::<T>(l, op, 0)?).into_owned();
@@ -2176,7 +2320,7 @@ fn pow_grad_t<T: Powf>(
         None => {
             let x = input::<T>(l, op, 1)?;
             let shape = x.shape().to_vec();
-            let es = exponents::<T>(l, op, 2, &shape)?;
+            let es = exponents::<T>(l, op, 2, &shape, bc)?;
             let y = dense(input::<T>(l, op, 3)?).into_owned();
             if dy.len() != x.len() || y.len() != x.len() {
                 return Err(
@@ -2193,8 +2337,15 @@ fn pow_grad_t<T: Powf>(
             let e_shape = e_in.shape().to_vec();
             let de = if e_in.len() == 1 && xs.len() != 1 {
                 vec![de_full.iter().copied().sum()]
-            } else {
+            } else if e_shape == shape {
                 de_full
+            } else {
+                // Broadcast (legacy): summed over the dims E was repeated along.
+                let p = bc.padded(&e_shape, &shape).ok_or_else(|| {
+                    Error::internal(format!("{op}: the exponent's shape {e_shape:?} was accepted but does not broadcast"))
+                })?;
+                let full = array(&shape, de_full)?;
+                dense(&reduce_to(full, &p, &e_shape)?).into_owned()
             };
             l.set_output(0, T::wrap(array(&shape, dx)?));
             if no > 1 {
@@ -2217,9 +2368,15 @@ fn build_pow_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             "PowGradient takes (dY, X, Y) or (dY, Y) with the exponent argument, or (dY, X, exponent, Y) without it",
         ));
     }
+    let bc = PowBroadcast::of(ctx)?;
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
-        by_real!(&l, "PowGradient", 0, pow_grad_t(&mut l, exponent, ni, no))?;
+        by_real!(
+            &l,
+            "PowGradient",
+            0,
+            pow_grad_t(&mut l, exponent, ni, no, bc)
+        )?;
         Ok(true)
     }))
 }

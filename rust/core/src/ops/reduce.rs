@@ -163,10 +163,13 @@ fn set_reshaped(l: &mut Locked<'_>, shape: &[usize]) -> Result<()> {
 }
 
 /// Caffe2's shape rules: 0 copies the input's dim (a 0 past the input's
-/// dims stays 0), one -1 is inferred (0 for an empty input when the other
-/// dims multiply to 0).
+/// dims stays 0, and so does every 0 when the input is empty), one -1 is
+/// inferred (0 for an empty input when the other dims multiply to 0).
 fn resolve_shape(op: &str, want: &[i64], old: &[usize], blob: &str) -> Result<Vec<usize>> {
     let total: usize = old.iter().product();
+    // Caffe2's documented rule: "When the tensor is empty, dimension of 0
+    // will remain to be 0" ([4, 0] reshaped to [0, -1] is [0, 0]).
+    let copy_zeros = total != 0;
     let mut out = Vec::with_capacity(want.len());
     let mut infer = None;
     for (i, &d) in want.iter().enumerate() {
@@ -181,7 +184,8 @@ fn resolve_shape(op: &str, want: &[i64], old: &[usize], blob: &str) -> Result<Ve
                 out.push(1);
             }
             // 0 copies the input's dim; past the input's dims it is a 0 (Caffe2).
-            0 => out.push(old.get(i).copied().unwrap_or(0)),
+            0 if copy_zeros => out.push(old.get(i).copied().unwrap_or(0)),
+            0 => out.push(0),
             d if d > 0 => out.push(d as usize),
             d => {
                 return Err(Error::invalid_arg(format!(

@@ -1281,4 +1281,10 @@ impl DbFormat for Ferro {
     fn verify(&self, path: &str) -> Result<()> {
         verify_ferro(path)
     }
+    fn read_kv(&self, path: &str) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        blobs_as_kv(path, &load_ferro(path, &|_| true)?)
+    }
+    fn write_kv(&self, path: &str, records: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
+        save_kv_as_blobs(path, self, records)
+    }
 }

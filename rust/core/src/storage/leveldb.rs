@@ -292,6 +292,14 @@ impl DbFormat for LevelDb {
     fn records(&self, path: &str) -> Result<Box<dyn KvRecords>> {
         Ok(Box::new(LevelDbRecords::open(path)?))
     }
+    /// Any bytes, in key order.
+    fn read_kv(&self, path: &str) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        read_all(path)
+    }
+    /// A key given twice keeps its last value (LevelDB's `Put`).
+    fn write_kv(&self, path: &str, records: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
+        write_leveldb_records(path, records)
+    }
 }
 
 // ------------------------------------------------------ integrity check --
@@ -602,6 +610,71 @@ mod tests {
         let e = load_db(&copy, "leveldb").unwrap_err();
         assert_eq!(e.kind, ErrorKind::CorruptCheckpoint, "{e}");
         assert!(e.message.contains("fails its CRC"), "{e}");
+    }
+
+    #[test]
+    fn raw_records_round_trip_in_key_order() {
+        let s = Scratch::new("ldb-kv");
+        let p = s.file("db");
+        // Any bytes as keys and values; a key given twice keeps its last value.
+        let recs: Vec<(Vec<u8>, Vec<u8>)> = vec![
+            (b"k2".to_vec(), b"two".to_vec()),
+            (vec![0xff, 0x00], vec![1, 2, 3]),
+            (b"k1".to_vec(), b"one".to_vec()),
+            (b"k2".to_vec(), b"TWO".to_vec()),
+            (b"".to_vec(), b"".to_vec()),
+        ];
+        write_kv(&p, "LevelDB", &recs).unwrap();
+        assert!(Path::new(&p).join("CURRENT").is_file());
+        let back = read_kv(&p, "leveldb").unwrap();
+        let want: Vec<(Vec<u8>, Vec<u8>)> = vec![
+            (b"".to_vec(), b"".to_vec()),
+            (b"k1".to_vec(), b"one".to_vec()),
+            (b"k2".to_vec(), b"TWO".to_vec()),
+            (vec![0xff, 0x00], vec![1, 2, 3]),
+        ];
+        assert_eq!(back, want);
+        // An empty db, written over the first.
+        write_kv(&p, "leveldb", &[]).unwrap();
+        assert!(read_kv(&p, "leveldb").unwrap().is_empty());
+    }
+
+    #[test]
+    fn saved_blobs_read_as_records_in_every_format_and_back() {
+        let s = Scratch::new("kv-all");
+        let entries = vec![
+            ("w".to_string(), t(&[2, 2], vec![1.0f32, 2.0, 3.0, 4.0])),
+            ("s".to_string(), BlobValue::Bytes(b"xyz".to_vec())),
+        ];
+        for (i, f) in FORMATS.iter().enumerate() {
+            let a = s.file(&format!("a{i}"));
+            save_blobs(&a, f.name(), &entries).unwrap();
+            let recs = read_kv(&a, f.name()).unwrap();
+            let mut keys: Vec<&[u8]> = recs.iter().map(|(k, _)| k.as_slice()).collect();
+            keys.sort();
+            assert_eq!(keys, [b"s".as_slice(), b"w#%0".as_slice()], "{}", f.name());
+            // The records written again, in this format and the others, hold
+            // the same blobs.
+            for g in FORMATS {
+                let b = s.file(&format!("b{i}-{}", g.name()));
+                write_kv(&b, g.name(), &recs).unwrap();
+                let mut back = load_db(&b, g.name()).unwrap();
+                back.sort_by(|x, y| x.0.cmp(&y.0));
+                assert_eq!(back.len(), 2);
+                assert!(matches!(&back[0].1, BlobValue::Bytes(v) if v == b"xyz"));
+                assert_eq!(
+                    back[1].1.tensor().unwrap(),
+                    &Tensor::from_vec(&[2, 2], vec![1.0f32, 2.0, 3.0, 4.0]).unwrap()
+                );
+            }
+        }
+        // ferro holds blobs: a value that is not a BlobProto is refused.
+        let c = s.file("c");
+        let e = write_kv(&c, "ferro", &[(b"k".to_vec(), vec![0xff; 3])]).unwrap_err();
+        assert!(e.to_string().contains("BlobProto"), "{e}");
+        assert!(!Path::new(&c).exists());
+        let e = read_kv(&c, "rocksdb").unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
     }
 
     #[test]

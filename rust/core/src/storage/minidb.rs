@@ -3,16 +3,22 @@
 use super::*;
 
 pub(super) fn minidb_put(w: &mut impl Write, path: &str, key: &str, value: &[u8]) -> Result<()> {
+    minidb_put_raw(w, path, key.as_bytes(), value)
+}
+
+/// One record, its key any bytes (Caffe2's `Transaction::Put`).
+fn minidb_put_raw(w: &mut impl Write, path: &str, key: &[u8], value: &[u8]) -> Result<()> {
     let (Ok(kl), Ok(vl)) = (i32::try_from(key.len()), i32::try_from(value.len())) else {
         return Err(Error::invalid_arg(format!(
-            "a minidb record is limited to 2 GiB, the record '{key}' has {} bytes (use a smaller chunk_size, or db_type 'ferro')",
+            "a minidb record is limited to 2 GiB, the record '{}' has {} bytes (use a smaller chunk_size, or db_type 'ferro')",
+            String::from_utf8_lossy(key),
             key.len() + value.len()
         )));
     };
     let io = io_error(path);
     w.write_all(&kl.to_ne_bytes()).map_err(&io)?;
     w.write_all(&vl.to_ne_bytes()).map_err(&io)?;
-    w.write_all(key.as_bytes()).map_err(&io)?;
+    w.write_all(key).map_err(&io)?;
     w.write_all(value).map_err(&io)
 }
 
@@ -448,5 +454,24 @@ impl DbFormat for MiniDb {
     }
     fn records(&self, path: &str) -> Result<Box<dyn KvRecords>> {
         Ok(Box::new(MiniDbRecords::open(path)?))
+    }
+    /// Keys must be UTF-8 here (the Python `db` module reads any bytes);
+    /// an empty file is a db without records.
+    fn read_kv(&self, path: &str) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let (_, meta) = open_regular(path).map_err(io_error(path))?;
+        if meta.len() == 0 {
+            return Ok(Vec::new());
+        }
+        Ok(read_minidb(path, &|_| true)?
+            .into_iter()
+            .map(|r| (r.key.into_bytes(), r.value.unwrap_or_default()))
+            .collect())
+    }
+    fn write_kv(&self, path: &str, records: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
+        write_atomically(path, |w| {
+            records
+                .iter()
+                .try_for_each(|(k, v)| minidb_put_raw(w, path, k, v))
+        })
     }
 }

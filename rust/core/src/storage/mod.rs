@@ -184,6 +184,84 @@ pub trait DbFormat: Sync {
     fn list(&self, path: &str) -> Result<Vec<EntryInfo>>;
     /// Checks the db as far as the format can, keeping no data.
     fn verify(&self, path: &str) -> Result<()>;
+    /// The db's key-value records as they are stored (Caffe2's
+    /// `DB::NewCursor`: what `workspace.C.create_db(..., Mode.read)`
+    /// walks), in the db's order. A blob format that is not a record store
+    /// (ferro) gives each blob as the record a minidb of it would hold: its
+    /// name and its serialized `BlobProto`, a tensor in one record.
+    fn read_kv(&self, path: &str) -> Result<Vec<(Vec<u8>, Vec<u8>)>>;
+    /// Writes `records` as the db at `path` (Caffe2's `Transaction::Put`
+    /// then `Commit`), crash-safely, replacing a db of this format there. A
+    /// blob format (ferro) takes records as a minidb holds them: each key a
+    /// blob name (`name#%<chunk>` for a tensor's chunks), each value a
+    /// serialized `BlobProto`; other records are refused with an error.
+    fn write_kv(&self, path: &str, records: &[(Vec<u8>, Vec<u8>)]) -> Result<()>;
+}
+
+/// The records of the blobs in `blobs`, as Caffe2's minidb or LevelDB would
+/// hold them (each tensor in one record): [`DbFormat::read_kv`] of a blob
+/// format.
+fn blobs_as_kv(path: &str, blobs: &[(String, BlobValue)]) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let refs: Vec<(&str, &BlobValue)> = blobs.iter().map(|(n, v)| (n.as_str(), v)).collect();
+    let prepared = prepare(&refs, &MiniDb).map_err(|e| e.with_file(path))?;
+    let opts = SaveOptions {
+        chunk_size: 0,
+        per_blob: Vec::new(),
+    };
+    let mut out = Vec::with_capacity(prepared.len());
+    write_records(&prepared, &opts, &mut |key, value| {
+        out.push((key.as_bytes().to_vec(), value.to_vec()));
+        Ok(())
+    })
+    .map_err(|e| e.with_file(path))?;
+    Ok(out)
+}
+
+/// Saves key-value records that are serialized `BlobProto`s (keyed as in a
+/// minidb) as the blobs they hold, in the blob format `fmt`:
+/// [`DbFormat::write_kv`] of a blob format.
+fn save_kv_as_blobs(path: &str, fmt: &dyn DbFormat, records: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
+    let records = records
+        .iter()
+        .map(|(k, v)| {
+            let key = String::from_utf8(k.clone()).map_err(|_| {
+                Error::invalid_arg(format!(
+                    "a '{}' db holds blobs: the key {:?} is not UTF-8, so not a blob name",
+                    fmt.name(),
+                    String::from_utf8_lossy(k)
+                ))
+                .with_file(path)
+            })?;
+            Ok(MiniRecord::whole(key, v.clone(), &|_| true))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let blobs = load_records(path, records).map_err(|mut e| {
+        // Records the caller gives, not a damaged file: a bad argument.
+        e.kind = ErrorKind::InvalidArgument;
+        e.message = format!(
+            "a '{}' db holds blobs, so each value must be a serialized BlobProto: {}",
+            fmt.name(),
+            e.message
+        );
+        e
+    })?;
+    let refs: Vec<(&str, &BlobValue)> = blobs.iter().map(|(n, v)| (n.as_str(), v)).collect();
+    save_blob_refs(path, fmt, &refs, &SaveOptions::default())
+}
+
+/// The raw key-value records of the db at `path` (see [`DbFormat::read_kv`]).
+pub fn read_kv(path: &str, db_type: &str) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    db_format(db_type)
+        .map_err(|e| e.with_file(path))?
+        .read_kv(path)
+}
+
+/// Writes raw key-value records as the db at `path` (see
+/// [`DbFormat::write_kv`]).
+pub fn write_kv(path: &str, db_type: &str, records: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
+    db_format(db_type)
+        .map_err(|e| e.with_file(path))?
+        .write_kv(path, records)
 }
 
 /// Every db format, the default first: the one place to add a format.
