@@ -13,6 +13,10 @@
 //!   a slot per op): each op stores one timestamp, its start, which is the
 //!   end of the op before it; the run's end closes the record;
 //! - a span is a record of five words (kind, name, start, end, detail);
+//! - a loop whose iteration is one run of one net shares records between
+//!   its iterations ([`LoopRecord`]): an iteration adds only its run's
+//!   stamps, as 4-byte differences, and the writer expands them into the
+//!   iteration, net and op events the records above would give;
 //! - names are numbers into the thread's own table (a net's names are
 //!   shared once per thread and net, a span's name once per thread and
 //!   distinct text), resolved only when the trace is written.
@@ -1236,7 +1240,8 @@ impl<'a> LoopRecord<'a> {
         self.slots += 1;
         if self.half {
             self.cur |= (v as u64) << 32;
-            self.word(LOOP_HEAD + self.pos).store(self.cur, Ordering::Relaxed);
+            self.word(LOOP_HEAD + self.pos)
+                .store(self.cur, Ordering::Relaxed);
             self.pos += 1;
             self.half = false;
         } else {
@@ -1284,7 +1289,8 @@ impl<'a> LoopRecord<'a> {
         }
         self.stamp_at(t);
         if self.half {
-            self.word(LOOP_HEAD + self.pos).store(self.cur, Ordering::Relaxed);
+            self.word(LOOP_HEAD + self.pos)
+                .store(self.cur, Ordering::Relaxed);
         }
         if !ok {
             // Before the run is published: a reader that sees it sees this.
@@ -1510,7 +1516,8 @@ pub fn json_since(since: u64) -> String {
                         if len < LOOP_HEAD {
                             continue;
                         }
-                        let slots = (rec[4].load(Ordering::Acquire) as usize).min(2 * (len - LOOP_HEAD));
+                        let slots =
+                            (rec[4].load(Ordering::Acquire) as usize).min(2 * (len - LOOP_HEAD));
                         let hdr = rec[0].load(Ordering::Acquire);
                         let ids = word(1);
                         let Some(net) = names.nets.get((ids & 0xffff_ffff) as usize) else {
@@ -1524,8 +1531,9 @@ pub fn json_since(since: u64) -> String {
                             (0..slots).map(|k| (word(LOOP_HEAD + k / 2) >> (32 * (k % 2))) as u32),
                         );
                         let (first, mut start) = (word(2) as i64, word(3));
-                        let runs = stamps.chunks(per).filter(|r| r.len() >= 2);
-                        let n = runs.clone().count();
+                        // Every run has `per` stamps but the last, when it failed.
+                        let runs = stamps.chunks(per);
+                        let n = runs.len();
                         for (j, run) in runs.enumerate() {
                             let last = j + 1 == n;
                             let (s, e) = (run[0], run[run.len() - 1]);
@@ -1699,8 +1707,17 @@ mod tests {
             .filter(|ev| ev.contains("\"ph\":\"X\""))
             .map(|ev| {
                 let ts = num(ev, "ts");
-                let args = ev.find("\"args\":").map(|a| ev[a + 7..].to_string()).unwrap_or_default();
-                (text(ev, "name"), text(ev, "cat"), ts, ts + num(ev, "dur"), args)
+                let args = ev
+                    .find("\"args\":")
+                    .map(|a| ev[a + 7..].to_string())
+                    .unwrap_or_default();
+                (
+                    text(ev, "name"),
+                    text(ev, "cat"),
+                    ts,
+                    ts + num(ev, "dur"),
+                    args,
+                )
             })
             .collect()
     }
@@ -1783,7 +1800,11 @@ mod tests {
             assert_eq!(it.4, format!("{{\"iteration\":{k}}}}}"));
             assert_eq!(net.0, "body");
             let last = k == n as usize;
-            let args = if last { "{\"ops\":2,\"failed\":true}}" } else { "{\"ops\":2}}" };
+            let args = if last {
+                "{\"ops\":2,\"failed\":true}}"
+            } else {
+                "{\"ops\":2}}"
+            };
             assert_eq!(net.4, args, "{k}");
             // The iteration holds its run and (but the last, left after
             // its run) ends where the run ended; the next starts there.
@@ -1851,9 +1872,18 @@ mod tests {
         stop(true);
         let ev = events(&json);
         let nets = ev.iter().filter(|e| e.1 == "net").count();
-        let its: Vec<_> = ev.iter().filter(|e| e.1 == "iteration").map(|e| e.4.clone()).collect();
+        let its: Vec<_> = ev
+            .iter()
+            .filter(|e| e.1 == "iteration")
+            .map(|e| e.4.clone())
+            .collect();
         assert_eq!(nets, 3, "{json}");
-        assert!(its.iter().all(|a| ["2", "3", "4"].iter().any(|k| *a == format!("{{\"iteration\":{k}}}}}"))), "{json}");
+        assert!(
+            its.iter().all(|a| ["2", "3", "4"]
+                .iter()
+                .any(|k| *a == format!("{{\"iteration\":{k}}}}}"))),
+            "{json}"
+        );
         assert!(json.contains("\"thread_name\""), "{json}");
     }
 
