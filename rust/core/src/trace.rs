@@ -1041,6 +1041,12 @@ impl Drop for NetRecord {
     }
 }
 
+/// Slot words a run of `per` stamps may take (each escaped, 3 slots), the
+/// word a slot left by the run before may share included.
+fn run_words(per: usize) -> usize {
+    (3 * per).div_ceil(2) + 1
+}
+
 // Iteration states of a [`LoopRecord`].
 const IDLE: u8 = 0; // not recorded (not recording, or no room)
 const BEGUN: u8 = 1; // started, its net run not recorded yet
@@ -1150,18 +1156,17 @@ impl<'a> LoopRecord<'a> {
         }
         let timed = ops_on() && !names.ops.is_empty();
         let per = if timed { names.ops.len() + 1 } else { 2 };
-        if self.words.is_null()
+        if (self.words.is_null()
             || self.timed != timed
             || self.net != Arc::as_ptr(names) as usize
             || self.next_i != self.i
             || self.failed
-            || self.pos + (3 * per + 1) / 2 + 1 > self.cap
-            || GENERATION.load(Ordering::Relaxed) != self.generation
+            || self.pos + run_words(per) > self.cap
+            || GENERATION.load(Ordering::Relaxed) != self.generation)
+            && self.reopen(names, timed, per).is_none()
         {
-            if self.reopen(names, timed, per).is_none() {
-                self.state = IDLE;
-                return None;
-            }
+            self.state = IDLE;
+            return None;
         }
         self.state = RAN;
         Some(timed)
@@ -1194,7 +1199,7 @@ impl<'a> LoopRecord<'a> {
             }
         };
         let net = l.net_id(names);
-        let cap = self.next_cap.max((3 * per + 1) / 2 + 1);
+        let cap = self.next_cap.max(run_words(per));
         let len = LOOP_HEAD + cap;
         let words = l.reserve(len, header(OPEN, 0, len))?;
         l.open += 1;
