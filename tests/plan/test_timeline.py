@@ -248,3 +248,94 @@ def test_two_profiles_in_a_row_each_record_their_own_loop(fresh):
             workspace.RunPlan(plan)
         assert loop_trace_summary(trace.events, n) == list(range(n))
     assert workspace.FetchBlob('tl_c')[0] == 70_000
+
+
+def test_a_loop_over_one_net_writes_each_iteration_its_run_and_ops(fresh):
+    # A step whose iteration is one run of one net shares its records
+    # between iterations (trace.rs, LoopRecord); the trace still has every
+    # iteration, net run and op, nested and back to back.
+    workspace.FeedBlob('tl_v', np.zeros([3], dtype=np.float32))
+    workspace.FeedBlob('tl_d', np.full([3], 2.0, dtype=np.float32))
+    net = core.Net('tl_body')
+    net.Add(['tl_v', 'tl_d'], ['tl_v'])
+    net.Mul(['tl_v', 'tl_d'], ['tl_w'])
+    net.Relu(['tl_w'], ['tl_r'])
+    n = 300
+    plan = core.Plan(core.execution_step('tl_steps', [net], num_iter=n))
+    for ops in (True, False):
+        with ferrocaffe.profile(ops=ops) as trace:
+            workspace.RunPlan(plan)
+        check_format(trace.events)
+        spans = [e for e in trace.events if e['ph'] == 'X']
+        iters = [e for e in spans if e['cat'] == 'iteration']
+        nets = [e for e in spans if e['cat'] == 'net']
+        op_spans = [e for e in spans if e['cat'] == 'op']
+        assert [e['args']['iteration'] for e in iters] == list(range(n))
+        assert all(e['name'] == 'tl_steps' for e in iters)
+        assert [(e['name'], e['args']) for e in nets] == [('tl_body', {'ops': 3})] * n
+        assert len({e['tid'] for e in spans}) == 1
+        if not ops:
+            assert op_spans == []
+        else:
+            assert [(e['name'], e['args']) for e in op_spans] == [
+                ('Add', {'net': 'tl_body', 'index': 0}),
+                ('Mul', {'net': 'tl_body', 'index': 1}),
+                ('Relu', {'net': 'tl_body', 'index': 2})] * n
+        for k in range(n):
+            it, run = iters[k], nets[k]
+            it_start, it_end = ns(it['ts']), ns(it['ts']) + ns(it['dur'])
+            run_start, run_end = ns(run['ts']), ns(run['ts']) + ns(run['dur'])
+            # Written to the ns: equal clock values give equal times.
+            assert it_start <= run_start and abs(it_end - run_end) <= 1
+            if k > 0:
+                prev = iters[k - 1]
+                assert abs(it_start - (ns(prev['ts']) + ns(prev['dur']))) <= 1
+            if ops:
+                trio = op_spans[3 * k:3 * k + 3]
+                assert abs(ns(trio[0]['ts']) - run_start) <= 1
+                for a, b in zip(trio, trio[1:]):
+                    assert abs(ns(a['ts']) + ns(a['dur']) - ns(b['ts'])) <= 1
+                last = trio[2]
+                assert abs(ns(last['ts']) + ns(last['dur']) - run_end) <= 1
+    # 2 * n additions of 2.0 to zeros, then times 2, then relu.
+    np.testing.assert_array_equal(workspace.FetchBlob('tl_r'), np.full([3], 4.0 * 2 * n))
+
+
+def test_a_loop_over_one_net_left_by_its_stop_blob_or_a_failure(fresh):
+    workspace.FeedBlob('tl_acc', np.zeros([1], dtype=np.float32))
+    workspace.FeedBlob('tl_one', np.ones([1], dtype=np.float32))
+    workspace.FeedBlob('tl_three', np.full([1], 3.0, dtype=np.float32))
+    net = core.Net('tl_count3')
+    net.Add(['tl_acc', 'tl_one'], ['tl_acc'])
+    net.GE(['tl_acc', 'tl_three'], ['tl_stop'])
+    step = core.execution_step('tl_until3', [net],
+                               should_stop_blob=core.BlobReference('tl_stop'))
+    with ferrocaffe.profile() as trace:
+        workspace.RunPlan(core.Plan(step))
+    check_format(trace.events)
+    spans = [e for e in trace.events if e['ph'] == 'X']
+    iters = [e for e in spans if e['cat'] == 'iteration']
+    nets = [e for e in spans if e['cat'] == 'net']
+    assert [e['args']['iteration'] for e in iters] == [0, 1, 2]
+    assert [e['args'] for e in nets] == [{'ops': 2}] * 3
+    assert [e['name'] for e in spans if e['cat'] == 'op'] == ['Add', 'GE'] * 3
+    # The last iteration ends after its run (it read the stop blob).
+    assert ns(iters[2]['ts']) + ns(iters[2]['dur']) >= ns(nets[2]['ts']) + ns(nets[2]['dur'])
+    assert workspace.FetchBlob('tl_acc')[0] == 3.0
+
+    # A run that fails in its second op ends the loop: its net run is
+    # marked failed, counts the ops that ran, and its iteration is written.
+    workspace.FeedBlob('tl_two', np.ones([2], dtype=np.float32))
+    workspace.FeedBlob('tl_bad', np.ones([3], dtype=np.float32))
+    bad = core.Net('tl_fails')
+    bad.Add(['tl_acc', 'tl_one'], ['tl_acc'])
+    bad.Add(['tl_two', 'tl_bad'], ['tl_sum'])    # [2] + [3]: no broadcast
+    bad.Relu(['tl_sum'], ['tl_relu'])
+    with ferrocaffe.profile() as trace:
+        with pytest.raises(ferrocaffe.errors.FerrocaffeError):
+            workspace.RunPlan(core.Plan(core.execution_step('tl_failing', [bad], num_iter=5)))
+    check_format(trace.events)
+    spans = [e for e in trace.events if e['ph'] == 'X']
+    assert [e['args'] for e in spans if e['cat'] == 'iteration'] == [{'iteration': 0}]
+    assert [e['args'] for e in spans if e['cat'] == 'net'] == [{'ops': 2, 'failed': True}]
+    assert [e['name'] for e in spans if e['cat'] == 'op'] == ['Add', 'Add']

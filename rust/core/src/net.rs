@@ -317,6 +317,29 @@ impl Net {
         r
     }
 
+    /// [`Net::run`] as the one net of a loop's iteration: while the loop
+    /// records its iterations, the run (and each op, when ops are timed)
+    /// goes into the loop's record (`trace::LoopRecord`) rather than a
+    /// record of its own.
+    pub fn run_in_loop(
+        &mut self,
+        ws: &Arc<Workspace>,
+        cancel: &CancelToken,
+        rec: &mut trace::LoopRecord<'_>,
+    ) -> Result<bool> {
+        let Some(timed) = rec.begin_run(&self.names) else {
+            return self.run(ws, cancel);
+        };
+        let r = if timed {
+            self.run_ops::<true, _>(ws, cancel, rec)
+        } else {
+            rec.stamp();
+            self.run_ops::<false, _>(ws, cancel, rec)
+        };
+        rec.end_run(matches!(r, Ok(true)));
+        r
+    }
+
     /// [`Net::run`] timing every op: `stamps` gets the start of each op that
     /// runs (`trace::now`, clock ticks: `trace::ticks_to_ns`), the caller adds the end. The per-op timing
     /// of `Workspace::benchmark_net`.

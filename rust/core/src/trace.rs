@@ -13,6 +13,10 @@
 //!   a slot per op): each op stores one timestamp, its start, which is the
 //!   end of the op before it; the run's end closes the record;
 //! - a span is a record of five words (kind, name, start, end, detail);
+//! - a loop whose iteration is one run of one net shares records between
+//!   its iterations ([`LoopRecord`]): an iteration adds only its run's
+//!   stamps, as 4-byte differences, and the writer expands them into the
+//!   iteration, net and op events the records above would give;
 //! - names are numbers into the thread's own table (a net's names are
 //!   shared once per thread and net, a span's name once per thread and
 //!   distinct text), resolved only when the trace is written.
@@ -234,6 +238,46 @@ const OK: u64 = 1 << 8; // RUN: the run succeeded
 const TIMED: u64 = 1 << 9; // RUN: the stamps time each op
 const DETAIL_SHIFT: u64 = 8; // SPAN: the detail's kind in bits 8-9
 const SPAN_WORDS: usize = 5;
+// The iterations of a loop over one net, each with its net run (and ops),
+// in one record ([`LoopRecord`]): [hdr, net id | step name id << 32, first
+// iteration, start of the first, slots published, end of the last,
+// slots...]. The slots are u32s, two a word (low half first): each stamp
+// (the runs' stamps, as in a RUN record) is its difference from the stamp
+// before it (the first from the start), or [`ESC`] and the difference's
+// low and high halves when it does not fit. An iteration starts where the
+// run before it ended and ends where its own run ended, the last one at
+// word 5 when `ENDED`. The header's kind is LOOP (not OPEN) while the loop
+// runs: readers read the slots published so far.
+const LOOP: u64 = 3;
+const FAILED: u64 = 1 << 10; // LOOP: the last run failed
+const ENDED: u64 = 1 << 11; // LOOP: the last iteration ended at word 5 (TIMED as in RUN)
+const LOOP_HEAD: usize = 6;
+/// Slot words of a loop's first record; each next record of the same loop
+/// has twice as many, up to [`LOOP_MAX`] (a loop of few iterations takes
+/// little memory, a long one few records).
+const LOOP_FIRST: usize = 8;
+const LOOP_MAX: usize = 2048;
+const ESC: u32 = u32::MAX;
+
+/// The stamps of a loop record's `slots`, the first stamp measured from
+/// `base` (see [`LOOP`]).
+fn decode_stamps(base: u64, slots: impl IntoIterator<Item = u32>) -> Vec<u64> {
+    let mut out = Vec::new();
+    let mut t = base;
+    let mut it = slots.into_iter();
+    while let Some(v) = it.next() {
+        let d = if v == ESC {
+            let lo = it.next().unwrap_or(0) as u64;
+            let hi = it.next().unwrap_or(0) as u64;
+            lo | hi << 32
+        } else {
+            v as u64
+        };
+        t = t.wrapping_add(d);
+        out.push(t);
+    }
+    out
+}
 
 fn header(kind: u64, flags: u64, len: usize) -> u64 {
     kind | flags | ((len as u64) << 32)
@@ -997,6 +1041,334 @@ impl Drop for NetRecord {
     }
 }
 
+/// Slot words a run of `per` stamps may take (each escaped, 3 slots), the
+/// word a slot left by the run before may share included.
+fn run_words(per: usize) -> usize {
+    (3 * per).div_ceil(2) + 1
+}
+
+// Iteration states of a [`LoopRecord`].
+const IDLE: u8 = 0; // not recorded (not recording, or no room)
+const BEGUN: u8 = 1; // started, its net run not recorded yet
+const RAN: u8 = 2; // its net run recorded
+const DONE: u8 = 3; // ended where its run ended
+
+/// The iterations of a loop whose iteration is one run of one net (a net
+/// step with one net), each with its net run and the run's ops, recorded
+/// in shared records ([`LOOP`]): an iteration costs its run's stamps (one
+/// per op and the end, or the start and the end) as 4-byte differences, and
+/// no record, name or thread-local lookup of its own. The trace written
+/// has the same events as for [`Iterations`] and [`NetRecord`]s. Use:
+/// [`LoopRecord::begin`] where an iteration starts, the net runs with
+/// [`LoopRecord::begin_run`], the record as its [`OpClock`] and
+/// [`LoopRecord::end_run`] (`Net::run_in_loop`), [`LoopRecord::end`] where
+/// the iteration ends as usual; dropped, the record ends an iteration
+/// still under way there (an early return).
+pub struct LoopRecord<'a> {
+    name: &'a str,
+    /// This thread's buffer once looked up (see `LOCAL`; the pointer makes
+    /// this neither `Send` nor `Sync`).
+    local: Option<std::ptr::NonNull<Local>>,
+    /// The recording (generation) `name_id` belongs to.
+    ids: Option<(u64, u32)>,
+    state: u8,
+    i: i64,
+    /// Where the iteration under way started (while `state` is BEGUN).
+    start: u64,
+    /// The last stamp (the end of the last run recorded).
+    last: u64,
+    // The open record: null `words` when none.
+    words: *const AtomicU64,
+    /// Slot words, the word being filled, whether its low half is, and
+    /// its value so far.
+    cap: usize,
+    pos: usize,
+    half: bool,
+    cur: u64,
+    slots: u64,
+    /// Stamps per run, and what the open record is for.
+    per: usize,
+    timed: bool,
+    failed: bool,
+    generation: u64,
+    net: usize,
+    next_i: i64,
+    next_cap: usize,
+}
+
+impl<'a> LoopRecord<'a> {
+    /// The record of a loop step named `name` (nothing is looked up or
+    /// reserved until an iteration is recorded).
+    pub fn new(name: &'a str) -> LoopRecord<'a> {
+        LoopRecord {
+            name,
+            local: None,
+            ids: None,
+            state: IDLE,
+            i: 0,
+            start: 0,
+            last: 0,
+            words: std::ptr::null(),
+            cap: 0,
+            pos: 0,
+            half: false,
+            cur: 0,
+            slots: 0,
+            per: 0,
+            timed: false,
+            failed: false,
+            generation: 0,
+            net: 0,
+            next_i: 0,
+            next_cap: LOOP_FIRST,
+        }
+    }
+
+    /// Iteration `i` starts: where the one before it ended, or now.
+    #[inline]
+    pub fn begin(&mut self, i: i64) {
+        if !on() {
+            if !self.words.is_null() {
+                self.close(None);
+            }
+            self.state = IDLE;
+            return;
+        }
+        if self.state == DONE {
+            self.start = self.last;
+        } else {
+            if !self.words.is_null() {
+                self.close(None);
+            }
+            self.start = now();
+        }
+        self.state = BEGUN;
+        self.i = i;
+    }
+
+    /// The run of the net named by `names` in the iteration begun starts:
+    /// `Some(timed)` (whether to time each op: then a stamp per op, else
+    /// one now) when it is recorded here, `None` when it is not.
+    #[inline]
+    pub fn begin_run(&mut self, names: &Arc<NetNames>) -> Option<bool> {
+        if self.state != BEGUN {
+            return None;
+        }
+        let timed = ops_on() && !names.ops.is_empty();
+        let per = if timed { names.ops.len() + 1 } else { 2 };
+        if (self.words.is_null()
+            || self.timed != timed
+            || self.net != Arc::as_ptr(names) as usize
+            || self.next_i != self.i
+            || self.failed
+            || self.pos + run_words(per) > self.cap
+            || GENERATION.load(Ordering::Relaxed) != self.generation)
+            && self.reopen(names, timed, per).is_none()
+        {
+            self.state = IDLE;
+            return None;
+        }
+        self.state = RAN;
+        Some(timed)
+    }
+
+    /// Closes the open record, if any, and opens one for runs of `names`
+    /// from iteration `self.i`, which started at `self.start`.
+    #[cold]
+    fn reopen(&mut self, names: &Arc<NetNames>, timed: bool, per: usize) -> Option<()> {
+        if !self.words.is_null() {
+            self.close(None);
+        }
+        let mut local = match self.local {
+            Some(mut l) => {
+                // SAFETY: see `LOCAL`: this thread's buffer (`self` is not
+                // `Send`), alive until the thread ends.
+                unsafe { l.as_mut() }.renew();
+                l
+            }
+            None => *self.local.insert(local()?),
+        };
+        // SAFETY: see `LOCAL`.
+        let l = unsafe { local.as_mut() };
+        let name = match self.ids {
+            Some((g, name)) if g == l.generation => name,
+            _ => {
+                let name = l.str_id(self.name);
+                self.ids = Some((l.generation, name));
+                name
+            }
+        };
+        let net = l.net_id(names);
+        let cap = self.next_cap.max(run_words(per));
+        let len = LOOP_HEAD + cap;
+        let words = l.reserve(len, header(OPEN, 0, len))?;
+        l.open += 1;
+        self.next_cap = (self.next_cap * 2).min(LOOP_MAX);
+        // SAFETY: `reserve` gave `len` words of a live chunk.
+        let w = unsafe { std::slice::from_raw_parts(words, LOOP_HEAD) };
+        w[1].store(net as u64 | (name as u64) << 32, Ordering::Relaxed);
+        w[2].store(self.i as u64, Ordering::Relaxed);
+        w[3].store(self.start, Ordering::Relaxed);
+        w[4].store(0, Ordering::Relaxed);
+        let flags = if timed { TIMED } else { 0 };
+        w[0].store(header(LOOP, flags, len), Ordering::Release);
+        self.words = words;
+        self.cap = cap;
+        self.pos = 0;
+        self.half = false;
+        self.cur = 0;
+        self.slots = 0;
+        self.last = self.start;
+        self.per = per;
+        self.timed = timed;
+        self.failed = false;
+        self.generation = l.generation;
+        self.net = Arc::as_ptr(names) as usize;
+        self.next_i = self.i;
+        Some(())
+    }
+
+    #[inline(always)]
+    fn word(&self, k: usize) -> &AtomicU64 {
+        // SAFETY: `words` is an open record of LOOP_HEAD + cap words, kept
+        // alive while open (`Local::open`); callers pass k < LOOP_HEAD + cap.
+        unsafe { &*self.words.add(k) }
+    }
+
+    /// One slot (room was made for every slot of a run in `begin_run`;
+    /// the check keeps a run with more stamps than that inside the record).
+    #[inline(always)]
+    fn put(&mut self, v: u32) {
+        if self.pos >= self.cap {
+            return;
+        }
+        self.slots += 1;
+        if self.half {
+            self.cur |= (v as u64) << 32;
+            self.word(LOOP_HEAD + self.pos)
+                .store(self.cur, Ordering::Relaxed);
+            self.pos += 1;
+            self.half = false;
+        } else {
+            self.cur = v as u64;
+            self.half = true;
+        }
+    }
+
+    #[cold]
+    fn put_long(&mut self, d: u64) {
+        self.put(ESC);
+        self.put(d as u32);
+        self.put((d >> 32) as u32);
+    }
+
+    /// A stamp at `t` (a run's start or end, or an op's start).
+    #[inline(always)]
+    fn stamp_at(&mut self, t: u64) {
+        let d = t.wrapping_sub(self.last);
+        self.last = t;
+        if d < ESC as u64 {
+            self.put(d as u32);
+        } else {
+            self.put_long(d);
+        }
+    }
+
+    /// A stamp now.
+    #[inline(always)]
+    pub fn stamp(&mut self) {
+        self.stamp_at(now());
+    }
+
+    /// The run started by [`LoopRecord::begin_run`] ends now (`ok`: it
+    /// succeeded); its stamps are published.
+    #[inline]
+    pub fn end_run(&mut self, ok: bool) {
+        self.end_run_at(now(), ok);
+    }
+
+    #[inline(always)]
+    fn end_run_at(&mut self, t: u64, ok: bool) {
+        if self.state != RAN {
+            return;
+        }
+        self.stamp_at(t);
+        if self.half {
+            self.word(LOOP_HEAD + self.pos)
+                .store(self.cur, Ordering::Relaxed);
+        }
+        if !ok {
+            // Before the run is published: a reader that sees it sees this.
+            self.failed = true;
+            let hdr = self.word(0).load(Ordering::Relaxed);
+            self.word(0).store(hdr | FAILED, Ordering::Release);
+        }
+        self.next_i = self.i + 1;
+        self.word(4).store(self.slots, Ordering::Release);
+    }
+
+    /// The iteration ends as usual: where its net run ended (the next one
+    /// starts there).
+    #[inline]
+    pub fn end(&mut self) {
+        if self.state == RAN {
+            self.state = DONE;
+        }
+    }
+
+    /// Publishes the open record for good (the last iteration ending at
+    /// `end` rather than where its run ended, when given).
+    fn close(&mut self, end: Option<u64>) {
+        if self.words.is_null() {
+            return;
+        }
+        let mut hdr = self.word(0).load(Ordering::Relaxed);
+        if let Some(e) = end {
+            self.word(5).store(e, Ordering::Relaxed);
+            hdr |= ENDED;
+        }
+        self.word(0).store(hdr, Ordering::Release);
+        self.words = std::ptr::null();
+        if let Some(mut l) = self.local {
+            // SAFETY: see `LOCAL`.
+            let l = unsafe { l.as_mut() };
+            l.open -= 1;
+            l.last_end = self.last;
+        }
+    }
+}
+
+impl OpClock for LoopRecord<'_> {
+    #[inline(always)]
+    fn op_start(&mut self) {
+        self.stamp();
+    }
+}
+
+impl Drop for LoopRecord<'_> {
+    fn drop(&mut self) {
+        match self.state {
+            // Left after its run (a stop blob, a failure): it ends now.
+            RAN => self.close(Some(now())),
+            // Left before a run was recorded: a span of its own.
+            BEGUN => {
+                let end = now();
+                self.close(None);
+                let (name, start, i) = (self.name, self.start, self.i);
+                let local = self.local.or_else(local);
+                if let Some(mut l) = local {
+                    // SAFETY: see `LOCAL`.
+                    let l = unsafe { l.as_mut() };
+                    l.renew();
+                    let (name, cat) = (l.str_id(name), l.cat_id("iteration"));
+                    l.push_span(name, cat, start, end, (1, i as u64));
+                }
+            }
+            _ => self.close(None),
+        }
+    }
+}
+
 // ---------------------------------------------------------------- writing
 
 fn escape(out: &mut String, s: &str) {
@@ -1144,6 +1516,62 @@ pub fn json_since(since: u64) -> String {
                             w.complete(ty, "op", lane, p[0], p[1], &arg);
                         }
                     }
+                    LOOP => {
+                        // The slots published, then the flags that go with them.
+                        if len < LOOP_HEAD {
+                            continue;
+                        }
+                        let slots =
+                            (rec[4].load(Ordering::Acquire) as usize).min(2 * (len - LOOP_HEAD));
+                        let hdr = rec[0].load(Ordering::Acquire);
+                        let ids = word(1);
+                        let Some(net) = names.nets.get((ids & 0xffff_ffff) as usize) else {
+                            continue;
+                        };
+                        let step = text(ids >> 32);
+                        let timed = hdr & TIMED != 0;
+                        let per = if timed { net.ops.len() + 1 } else { 2 };
+                        let stamps = decode_stamps(
+                            word(3),
+                            (0..slots).map(|k| (word(LOOP_HEAD + k / 2) >> (32 * (k % 2))) as u32),
+                        );
+                        let (first, mut start) = (word(2) as i64, word(3));
+                        // Every run has `per` stamps but the last, when it failed.
+                        let runs = stamps.chunks(per);
+                        let n = runs.len();
+                        for (j, run) in runs.enumerate() {
+                            let last = j + 1 == n;
+                            let (s, e) = (run[0], run[run.len() - 1]);
+                            if s >= since {
+                                used_lane = true;
+                                let ran = if timed { run.len() - 1 } else { net.ops.len() };
+                                arg.clear();
+                                let _ = write!(arg, "\"ops\":{ran}");
+                                if last && hdr & FAILED != 0 {
+                                    arg.push_str(",\"failed\":true");
+                                }
+                                w.complete(&net.net, "net", lane, s, e, &arg);
+                                if timed {
+                                    for (k, p) in run.windows(2).enumerate() {
+                                        let ty = net.ops.get(k).map(|s| &**s).unwrap_or("?");
+                                        arg.clear();
+                                        arg.push_str("\"net\":");
+                                        escape(&mut arg, &net.net);
+                                        let _ = write!(arg, ",\"index\":{k}");
+                                        w.complete(ty, "op", lane, p[0], p[1], &arg);
+                                    }
+                                }
+                            }
+                            let end = if last && hdr & ENDED != 0 { word(5) } else { e };
+                            if start >= since {
+                                used_lane = true;
+                                arg.clear();
+                                let _ = write!(arg, "\"iteration\":{}", first + j as i64);
+                                w.complete(step, "iteration", lane, start, end, &arg);
+                            }
+                            start = e;
+                        }
+                    }
                     _ => {} // OPEN: a run still under way
                 }
             }
@@ -1263,6 +1691,205 @@ mod tests {
                 assert!((its[k].0 - its[k - 1].1).abs() < 1e-6, "{json}");
             }
         }
+    }
+
+    /// The complete events of a trace: (name, cat, ts, end, args), times in
+    /// ns as written (µs with three decimals).
+    fn events(json: &str) -> Vec<(String, String, u64, u64, String)> {
+        let num = |ev: &str, key: &str| -> u64 {
+            let at = ev.find(&format!("\"{key}\":")).unwrap() + key.len() + 3;
+            let rest = &ev[at..];
+            let v = &rest[..rest.find([',', '}']).unwrap()];
+            let (a, b) = v.split_once('.').unwrap();
+            a.parse::<u64>().unwrap() * 1000 + b.parse::<u64>().unwrap()
+        };
+        let text = |ev: &str, key: &str| -> String {
+            let at = ev.find(&format!("\"{key}\":\"")).unwrap() + key.len() + 4;
+            let rest = &ev[at..];
+            rest[..rest.find('"').unwrap()].to_string()
+        };
+        json.split(",\n")
+            .filter(|ev| ev.contains("\"ph\":\"X\""))
+            .map(|ev| {
+                let ts = num(ev, "ts");
+                let args = ev
+                    .find("\"args\":")
+                    .map(|a| ev[a + 7..].to_string())
+                    .unwrap_or_default();
+                (
+                    text(ev, "name"),
+                    text(ev, "cat"),
+                    ts,
+                    ts + num(ev, "dur"),
+                    args,
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn loop_stamps_decode_from_differences_and_escapes() {
+        // 1000 + 5; then a difference of 2^40 + 3 (escaped: low, high);
+        // then one of -3 (wrapping, escaped); then 7.
+        let big = (1u64 << 40) + 3;
+        let back = 3u64.wrapping_neg();
+        let slots = [
+            5,
+            ESC,
+            big as u32,
+            (big >> 32) as u32,
+            ESC,
+            back as u32,
+            (back >> 32) as u32,
+            7,
+        ];
+        let t1 = 1005u64;
+        let t2 = t1 + big;
+        let t3 = t2 - 3;
+        assert_eq!(decode_stamps(1000, slots), vec![t1, t2, t3, t3 + 7]);
+        // A difference of exactly ESC is escaped too (ESC alone is never one).
+        assert_eq!(decode_stamps(0, [ESC, ESC, 0]), vec![ESC as u64]);
+    }
+
+    #[test]
+    fn a_loop_record_writes_every_iteration_with_its_net_run_and_ops() {
+        let _g = TEST_LOCK.lock();
+        let names = Arc::new(NetNames {
+            net: "body".into(),
+            ops: vec!["A".into(), "B".into()],
+        });
+        // Recorded without ops, and with ops in a nested recording for the
+        // first 150 iterations (then off: the runs are one span each).
+        let t0 = start(false);
+        start(true);
+        let n = 300;
+        {
+            let mut rec = LoopRecord::new("loop");
+            for i in 0..n {
+                if i == 150 {
+                    stop(true);
+                }
+                rec.begin(i);
+                let timed = rec.begin_run(&names).unwrap();
+                assert_eq!(timed, i < 150);
+                rec.stamp();
+                if timed {
+                    rec.stamp();
+                }
+                rec.end_run(true);
+                rec.end();
+            }
+            // The last one fails and the loop is left after it.
+            rec.begin(n);
+            assert_eq!(rec.begin_run(&names), Some(false));
+            rec.stamp();
+            rec.end_run(false);
+        }
+        // An iteration left before its net ran: a span of its own.
+        {
+            let mut rec = LoopRecord::new("early");
+            rec.begin(0);
+        }
+        let json = json_since(t0);
+        stop(false);
+        let ev = events(&json);
+        let of = |cat: &str| ev.iter().filter(|e| e.1 == cat).collect::<Vec<_>>();
+        let (its, nets, ops) = (of("iteration"), of("net"), of("op"));
+        assert_eq!(its.len(), n as usize + 2, "{json}");
+        assert_eq!(nets.len(), n as usize + 1);
+        assert_eq!(ops.len(), 150 * 2);
+        let early = its.iter().find(|e| e.0 == "early").unwrap();
+        assert_eq!(early.4, "{\"iteration\":0}}");
+        let its: Vec<_> = its.into_iter().filter(|e| e.0 == "loop").collect();
+        for (k, (it, net)) in its.iter().zip(&nets).enumerate() {
+            assert_eq!(it.4, format!("{{\"iteration\":{k}}}}}"));
+            assert_eq!(net.0, "body");
+            let last = k == n as usize;
+            let args = if last {
+                "{\"ops\":2,\"failed\":true}}"
+            } else {
+                "{\"ops\":2}}"
+            };
+            assert_eq!(net.4, args, "{k}");
+            // The iteration holds its run and (but the last, left after
+            // its run) ends where the run ended; the next starts there.
+            assert!(it.2 <= net.2 && net.3 <= it.3, "{k}: {it:?} {net:?}");
+            if !last {
+                assert_eq!(it.3, net.3, "{k}");
+                assert_eq!(its[k + 1].2, it.3, "{k}");
+            }
+            if k < 150 {
+                let (a, b) = (ops[2 * k], ops[2 * k + 1]);
+                assert_eq!((a.0.as_str(), b.0.as_str()), ("A", "B"));
+                assert_eq!(a.4, "{\"net\":\"body\",\"index\":0}}");
+                assert_eq!(b.4, "{\"net\":\"body\",\"index\":1}}");
+                assert_eq!((a.2, a.3, b.3), (net.2, b.2, net.3), "{k}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_loop_record_keeps_long_differences_and_follows_a_new_recording() {
+        let _g = TEST_LOCK.lock();
+        let names = Arc::new(NetNames {
+            net: "slow".into(),
+            ops: vec!["Wait".into()],
+        });
+        let t0 = start(true);
+        let mut rec = LoopRecord::new("ticks");
+        rec.begin(0);
+        let t = rec.start;
+        // Op 0 of iteration 0 takes 2^40 ticks (an escaped difference),
+        // that of iteration 1 10^6.
+        let (long, short) = (1u64 << 40, 1_000_000u64);
+        let stamps = [t + 10, t + 10 + long, t + 15 + long, t + 15 + long + short];
+        for i in 0..2usize {
+            if i > 0 {
+                rec.begin(i as i64);
+            }
+            assert_eq!(rec.begin_run(&names), Some(true));
+            rec.stamp_at(stamps[2 * i]);
+            rec.end_run_at(stamps[2 * i + 1], true);
+            rec.end();
+        }
+        let ev = events(&json_since(t0));
+        let ops: Vec<_> = ev.iter().filter(|e| e.1 == "op").collect();
+        let its: Vec<_> = ev.iter().filter(|e| e.1 == "iteration").collect();
+        assert_eq!((ops.len(), its.len()), (2, 2));
+        let (d0, d1) = ((ops[0].3 - ops[0].2) as f64, (ops[1].3 - ops[1].2) as f64);
+        let want = long as f64 / short as f64;
+        assert!((d0 / d1 / want - 1.0).abs() < 1e-3, "{d0} {d1}");
+        assert_eq!(its[1].2, ops[0].3);
+        // A new recording (stop, start) while the loop runs: the loop's
+        // later iterations go to it, on this thread's lane, and none of the
+        // earlier ones.
+        stop(true);
+        let t1 = start(true);
+        for i in 2..5 {
+            rec.begin(i);
+            assert_eq!(rec.begin_run(&names), Some(true));
+            rec.stamp();
+            rec.end_run(true);
+            rec.end();
+        }
+        drop(rec);
+        let json = json_since(t1);
+        stop(true);
+        let ev = events(&json);
+        let nets = ev.iter().filter(|e| e.1 == "net").count();
+        let its: Vec<_> = ev
+            .iter()
+            .filter(|e| e.1 == "iteration")
+            .map(|e| e.4.clone())
+            .collect();
+        assert_eq!(nets, 3, "{json}");
+        assert!(
+            its.iter().all(|a| ["2", "3", "4"]
+                .iter()
+                .any(|k| *a == format!("{{\"iteration\":{k}}}}}"))),
+            "{json}"
+        );
+        assert!(json.contains("\"thread_name\""), "{json}");
     }
 
     #[test]

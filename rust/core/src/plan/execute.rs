@@ -458,6 +458,23 @@ fn run_main<'c>(run: &PlanState<'c>, c: &StepState<'c>, tok: &CancelToken) -> Re
     if kind == StepKind::Nets {
         // A net step (or an empty step, which still iterates).
         let mut i = 0i64;
+        if let [net] = &c.nets[..] {
+            // One net: its runs and the iterations share a loop record
+            // (`trace::LoopRecord`), which writes the same events.
+            let mut rec = trace::LoopRecord::new(c.c.name);
+            while !tok.poll() && limit.allows(i) {
+                rec.begin(i);
+                if !net.lock(tok)?.run_in_loop(&c.ws, tok, &mut rec)? {
+                    return Ok(false);
+                }
+                if should_stop(c)? {
+                    return Ok(true);
+                }
+                rec.end();
+                i += 1;
+            }
+            return Ok(true);
+        }
         // Recorded iterations end where their last net run ended, and the
         // next one starts there: no clock reads beyond the nets' own.
         let mut from = None;
