@@ -23,21 +23,44 @@ mod small;
 /// BENCHMARKS.md "GEMM (issue 14)").
 const SMALL_MACS: usize = 1 << 21;
 const SMALL_N: usize = 16;
+/// ... and products up to this many multiply-adds whose strips of B (`k x
+/// 16`) stay in L1 and whose A stays in L2 ([`SMALL_K`], [`SMALL_A`]):
+/// there the small kernel, which copies each strip of B once and never
+/// packs A, kept up with `matrixmultiply` on one thread (256^3: 1.06 vs
+/// 0.99x numpy) and lets a split product be cut into column strips that
+/// copy B once in all (BENCHMARKS.md "Shared operands and balanced chunks").
+const SMALL_FIT_MACS: usize = 1 << 24;
+const SMALL_K: usize = 256;
+const SMALL_A: usize = 1 << 17;
 
 /// Whether an `m x k x n` float32 product runs on `small`.
 fn use_small(m: usize, k: usize, n: usize) -> bool {
-    (n <= SMALL_N || m.saturating_mul(k).saturating_mul(n) <= SMALL_MACS) && small::available()
+    let macs = m.saturating_mul(k).saturating_mul(n);
+    let fits = k <= SMALL_K && m.saturating_mul(k) <= SMALL_A && macs <= SMALL_FIT_MACS;
+    (n <= SMALL_N || macs <= SMALL_MACS || fits) && small::available()
 }
 
-/// The element types `matrixmultiply` multiplies.
+/// The element types the kernels multiply.
 pub(crate) trait Gemm: Copy + Send + Sync + std::ops::Mul<Output = Self> + 'static {
-    /// `matrixmultiply`'s product on raw pointers.
+    /// Whether an `m x k x n` product of this type runs on `small` (on
+    /// this CPU). A split product asks once, for the whole product, so
+    /// every chunk runs the kernel the calling thread alone would have run
+    /// and the result has the same bits whatever the pool's size.
+    fn small(m: usize, k: usize, n: usize) -> bool {
+        let _ = (m, k, n);
+        false
+    }
+
+    /// C = alpha A B + beta C on raw pointers: on `small` if `small` (only
+    /// where [`Gemm::small`] said so for some product), else on
+    /// `matrixmultiply`.
     ///
     /// # Safety
     /// Every index the strides reach must be inside the buffers, and C must
     /// alias neither A nor B.
     #[allow(clippy::too_many_arguments)]
     unsafe fn raw(
+        small: bool,
         m: usize,
         k: usize,
         n: usize,
@@ -50,46 +73,11 @@ pub(crate) trait Gemm: Copy + Send + Sync + std::ops::Mul<Output = Self> + 'stat
         c: *mut Self,
         sc: (isize, isize),
     );
-
-    /// Whether [`Gemm::raw`] copies all of B (`k x n`, strides `sb`) into
-    /// panels on every call (`matrixmultiply` does), which a product split
-    /// into many chunks would pay once per chunk.
-    fn copies_b(m: usize, k: usize, n: usize, sb: (usize, usize)) -> bool {
-        let _ = (m, k, n, sb);
-        true
-    }
 }
 
-macro_rules! gemm_impl {
-    ($t:ty, $f:path) => {
-        impl Gemm for $t {
-            unsafe fn raw(
-                m: usize,
-                k: usize,
-                n: usize,
-                alpha: Self,
-                a: *const Self,
-                sa: (isize, isize),
-                b: *const Self,
-                sb: (isize, isize),
-                beta: Self,
-                c: *mut Self,
-                sc: (isize, isize),
-            ) {
-                // SAFETY: forwarded from the caller's contract.
-                unsafe {
-                    $f(
-                        m, k, n, alpha, a, sa.0, sa.1, b, sb.0, sb.1, beta, c, sc.0, sc.1,
-                    )
-                }
-            }
-        }
-    };
-}
-gemm_impl!(f64, matrixmultiply::dgemm);
-
-impl Gemm for f32 {
+impl Gemm for f64 {
     unsafe fn raw(
+        _small: bool,
         m: usize,
         k: usize,
         n: usize,
@@ -102,10 +90,38 @@ impl Gemm for f32 {
         c: *mut Self,
         sc: (isize, isize),
     ) {
-        // SAFETY: forwarded from the caller's contract; `use_small` checked
-        // that the CPU runs the small kernel.
+        // SAFETY: forwarded from the caller's contract.
         unsafe {
-            if use_small(m, k, n) {
+            matrixmultiply::dgemm(
+                m, k, n, alpha, a, sa.0, sa.1, b, sb.0, sb.1, beta, c, sc.0, sc.1,
+            )
+        }
+    }
+}
+
+impl Gemm for f32 {
+    fn small(m: usize, k: usize, n: usize) -> bool {
+        use_small(m, k, n)
+    }
+
+    unsafe fn raw(
+        small: bool,
+        m: usize,
+        k: usize,
+        n: usize,
+        alpha: Self,
+        a: *const Self,
+        sa: (isize, isize),
+        b: *const Self,
+        sb: (isize, isize),
+        beta: Self,
+        c: *mut Self,
+        sc: (isize, isize),
+    ) {
+        // SAFETY: forwarded from the caller's contract; `small` only where
+        // `use_small` found the CPU runs the small kernel.
+        unsafe {
+            if small {
                 small::sgemm(m, k, n, alpha, a, sa, b, sb, beta, c, sc)
             } else {
                 matrixmultiply::sgemm(
@@ -113,10 +129,6 @@ impl Gemm for f32 {
                 )
             }
         }
-    }
-
-    fn copies_b(m: usize, k: usize, n: usize, sb: (usize, usize)) -> bool {
-        !(use_small(m, k, n) && small::reads_b_in_place(sb))
     }
 }
 
@@ -176,6 +188,7 @@ pub(crate) fn gemm<T: Gemm>(
     // mutable slice, so it aliases neither A nor B.
     unsafe {
         T::raw(
+            T::small(m, k, n),
             m,
             k,
             n,
@@ -238,10 +251,8 @@ fn helpers(m: usize, k: usize, n: usize, threads: usize, callers: usize) -> usiz
     threads.saturating_sub(callers)
 }
 
-/// A split product is cut into chunks of C's rows a multiple of this long
-/// (of the small kernel's 6-row tile and `matrixmultiply`'s 8), or of C's
-/// columns a multiple of twice this (of the small kernel's 16-column
-/// strip), which the caller and its helpers claim one at a time.
+/// A product is split only if C has at least twice this many rows or
+/// columns.
 const CHUNK: usize = 24;
 
 /// The shared state of one split product: its operands as raw pointers,
@@ -258,9 +269,12 @@ struct Split<T> {
     sb: (isize, isize),
     c: *mut T,
     sc: (isize, isize),
+    /// The kernel of every chunk, chosen for the whole product.
+    small: bool,
     by_rows: bool,
     len: usize,
-    step: usize,
+    /// Chunk boundaries are multiples of this (but the last).
+    unit: usize,
     chunks: usize,
     next: AtomicUsize,
     done: AtomicUsize,
@@ -275,6 +289,51 @@ unsafe impl<T: Send> Send for Split<T> {}
 unsafe impl<T: Send> Sync for Split<T> {}
 
 impl<T: Gemm> Split<T> {
+    /// The split of a product for `workers` threads (see [`plan`]); the
+    /// operands were checked by the caller (`par_gemm`), which must keep
+    /// them alive until every chunk is done.
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        m: usize,
+        k: usize,
+        n: usize,
+        alpha: T,
+        a: &[T],
+        sa: (usize, usize),
+        b: &[T],
+        sb: (usize, usize),
+        beta: T,
+        c: &mut [T],
+        sc: (usize, usize),
+        workers: usize,
+    ) -> Self {
+        let small = T::small(m, k, n);
+        let (by_rows, unit, chunks) = plan(m, n, sb, small, workers);
+        let len = if by_rows { m } else { n };
+        let is = |s: (usize, usize)| (s.0 as isize, s.1 as isize);
+        Split {
+            m,
+            k,
+            n,
+            alpha,
+            beta,
+            a: a.as_ptr(),
+            sa: is(sa),
+            b: b.as_ptr(),
+            sb: is(sb),
+            c: c.as_mut_ptr(),
+            sc: is(sc),
+            small,
+            by_rows,
+            len,
+            unit,
+            chunks,
+            next: AtomicUsize::new(0),
+            done: AtomicUsize::new(0),
+            caller: std::thread::current(),
+        }
+    }
+
     /// Claims and runs chunks until none is left.
     ///
     /// # Safety
@@ -288,7 +347,8 @@ impl<T: Gemm> Split<T> {
                 return ran;
             }
             ran = true;
-            let (lo, hi) = (i * self.step, ((i + 1) * self.step).min(self.len));
+            let at = |i| bound(i, self.len, self.chunks, self.unit);
+            let (lo, hi) = (at(i), at(i + 1));
             let off = |s: (isize, isize)| {
                 if self.by_rows {
                     lo as isize * s.0
@@ -302,6 +362,7 @@ impl<T: Gemm> Split<T> {
             unsafe {
                 if self.by_rows {
                     T::raw(
+                        self.small,
                         hi - lo,
                         self.k,
                         self.n,
@@ -316,6 +377,7 @@ impl<T: Gemm> Split<T> {
                     )
                 } else {
                     T::raw(
+                        self.small,
                         self.m,
                         self.k,
                         hi - lo,
@@ -402,6 +464,57 @@ fn linger() {
 /// microseconds (a `pause` takes 10-140 cycles), about one chunk's time.
 const SPIN: usize = 1 << 10;
 
+/// How a split `m x n` product (B's strides `sb`, on the small kernel if
+/// `small`) is cut for `workers` threads (the caller and its helpers):
+/// whether by C's rows, the unit chunk boundaries are multiples of, and
+/// how many chunks (see [`bound`]).
+fn plan(
+    m: usize,
+    n: usize,
+    sb: (usize, usize),
+    small: bool,
+    workers: usize,
+) -> (bool, usize, usize) {
+    if small && n >= 2 * small::STRIP * workers {
+        // The small kernel by C's column strips (16 wide): a chunk copies
+        // only its own strips of B, if any (a strip it cannot read in
+        // place), and reads A in place, so no operand is copied twice
+        // however many chunks there are; about four chunks per thread, so
+        // that a helper that wakes late still finds work and the threads
+        // finish together. (Row chunks sharing one packed copy of B, made
+        // strip by strip by whichever chunk needed it first, measured
+        // slower: BENCHMARKS.md "Shared operands and balanced chunks".)
+        (false, small::STRIP, (4 * workers).min(n / small::STRIP))
+    } else {
+        // C's rows (or columns, when C is wider than tall): four chunks
+        // per thread where the kernel reads the other operand in place,
+        // one per thread where it would copy it again for each chunk
+        // (`matrixmultiply` packs both operands on every call); chunk
+        // boundaries on the kernel's tile (small: 6 rows; 16 for both
+        // kernels' columns and `matrixmultiply`'s rows, its AVX-512 tile,
+        // a multiple of its AVX2 one).
+        let by_rows = m >= n;
+        let len = if by_rows { m } else { n };
+        let in_place = small && (!by_rows || small::reads_b_in_place(sb));
+        let unit = if by_rows && small { 6 } else { 16 };
+        let per = if in_place { 4 } else { 1 };
+        (by_rows, unit, (per * workers).min(len / unit).max(1))
+    }
+}
+
+/// Where chunk `i` of `chunks` over `len` rows (columns) starts: `i /
+/// chunks` of the way, rounded down to a multiple of `unit`, so chunks
+/// differ by less than two units (a fixed chunk length rounded up would leave
+/// one thread `len / 2 + unit` of `len`: 144 of 256 rows at 256^3). With
+/// `chunks <= len / unit`, none is empty.
+fn bound(i: usize, len: usize, chunks: usize, unit: usize) -> usize {
+    if i >= chunks {
+        len
+    } else {
+        i * len / chunks / unit * unit
+    }
+}
+
 /// [`gemm`], split across the kernel pool when the product is large enough
 /// and the pool has threads no other caller stands for: C's rows (or
 /// columns, when C is wider than tall) are cut into chunks; the caller
@@ -445,44 +558,21 @@ pub(crate) fn par_gemm<T: Gemm>(
         c.len() >= reach(m, n, sc) && a.len() >= reach(m, k, sa) && b.len() >= reach(k, n, sb),
         "gemm: an operand is too short"
     );
-    let by_rows = m >= n;
-    let len = if by_rows { m } else { n };
-    // About four chunks per thread, so that a helper that wakes late still
-    // finds work and the threads finish together; but one per thread when
-    // the kernel would copy B (or, split by columns, A) again for each
-    // chunk (measured: BENCHMARKS.md "GEMM (issue 14)").
-    let unit = if by_rows { CHUNK } else { 2 * CHUNK };
-    let cut = |per: usize| len.div_ceil(per * (helpers + 1)).div_ceil(unit).max(1) * unit;
-    let fine = cut(4);
-    // (`matrixmultiply` copies A too, so `copies_b` answers for both.)
-    let copies = if by_rows {
-        T::copies_b(fine, k, n, sb)
-    } else {
-        T::copies_b(m, k, fine, sb)
-    };
-    let step = if copies { cut(1) } else { fine };
-    let chunks = len.div_ceil(step);
-    let is = |s: (usize, usize)| (s.0 as isize, s.1 as isize);
-    let split = std::sync::Arc::new(Split {
+    let split = std::sync::Arc::new(Split::new(
         m,
         k,
         n,
         alpha,
+        a,
+        sa,
+        b,
+        sb,
         beta,
-        a: a.as_ptr(),
-        sa: is(sa),
-        b: b.as_ptr(),
-        sb: is(sb),
-        c: c.as_mut_ptr(),
-        sc: is(sc),
-        by_rows,
-        len,
-        step,
-        chunks,
-        next: AtomicUsize::new(0),
-        done: AtomicUsize::new(0),
-        caller: std::thread::current(),
-    });
+        c,
+        sc,
+        helpers + 1,
+    ));
+    let chunks = split.chunks;
     // Pool threads that have just finished a chunk of an earlier product
     // linger briefly (see `linger`) and take this one's chunks at once;
     // only the helpers not lingering are woken through the pool.
@@ -584,6 +674,7 @@ pub(crate) fn par_column_blocks<T: Gemm>(
         // and C (a mutable slice) aliases neither A nor a scratch buffer.
         unsafe {
             T::raw(
+                T::small(m, k, nc),
                 m,
                 k,
                 nc,
@@ -769,6 +860,82 @@ mod tests {
     }
 
     #[test]
+    fn f32_split_products_equal_one_thread_bitwise() {
+        // Fractional values (rounding matters): a split product must give
+        // the same bits as the whole product on the calling thread, for
+        // B read in place, B wider than 128 columns, B transposed, and a
+        // column-major C.
+        for &(m, k, n) in &[
+            (256, 64, 128),
+            (256, 256, 256),
+            (300, 70, 200),
+            (130, 256, 190),
+            (100, 40, 300),
+        ] {
+            let a: Vec<f32> = (0..m * k)
+                .map(|i| ((i * 37 % 101) as f32) / 97.0 - 0.5)
+                .collect();
+            let b: Vec<f32> = (0..k * n)
+                .map(|i| ((i * 53 % 103) as f32) / 89.0 - 0.5)
+                .collect();
+            for (sb, sc) in [((n, 1), (n, 1)), ((1, k), (n, 1)), ((n, 1), (1, m))] {
+                let c0: Vec<f32> = (0..m * n).map(|i| (i % 7) as f32 / 3.0).collect();
+                let mut one = c0.clone();
+                gemm(m, k, n, 1.5, &a, (k, 1), &b, sb, 0.5, &mut one, sc);
+                let mut split = c0.clone();
+                par_gemm(m, k, n, 1.5, &a, (k, 1), &b, sb, 0.5, &mut split, sc);
+                // The chunks of a split for two and for three threads, all
+                // run here (whether `par_gemm` split depends on the pool and
+                // on the other tests running).
+                for workers in [2, 3] {
+                    let mut chunked = c0.clone();
+                    let s = Split::new(
+                        m,
+                        k,
+                        n,
+                        1.5,
+                        &a,
+                        (k, 1),
+                        &b,
+                        sb,
+                        0.5,
+                        &mut chunked,
+                        sc,
+                        workers,
+                    );
+                    // SAFETY: the operands outlive `s`, run on this thread.
+                    assert!(unsafe { s.work() });
+                    assert_eq!(s.done.load(Ordering::Relaxed), s.chunks);
+                    assert!(
+                        one.iter()
+                            .zip(&chunked)
+                            .all(|(x, y)| x.to_bits() == y.to_bits()),
+                        "{m}x{k}x{n} sb {sb:?} sc {sc:?} chunked for {workers}"
+                    );
+                }
+                assert!(
+                    one.iter()
+                        .zip(&split)
+                        .all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{m}x{k}x{n} sb {sb:?} sc {sc:?}"
+                );
+                // And right: against the triple loop in f64, loosely.
+                let at = |i: usize, p: usize| f64::from(a[i * k + p]);
+                let bt = |p: usize, j: usize| f64::from(b[p * sb.0 + j * sb.1]);
+                for &(i, j) in &[(0, 0), (m - 1, n - 1), (m / 2, n / 3), (7, n - 1)] {
+                    let s: f64 = (0..k).map(|p| at(i, p) * bt(p, j)).sum();
+                    let want = 1.5 * s + 0.5 * f64::from(c0[i * sc.0 + j * sc.1]);
+                    let got = f64::from(split[i * sc.0 + j * sc.1]);
+                    assert!(
+                        (got - want).abs() < 1e-3,
+                        "{m}x{k}x{n} ({i}, {j}): {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
     fn concurrent_split_products_match_the_triple_loop() {
         // Several callers at once (plan instances): each gets its own
         // product right, whichever chunks the pool's threads take.
@@ -815,15 +982,44 @@ mod tests {
         assert_eq!(use_small(64, 64, 64), on);
         assert_eq!(use_small(128, 128, 128), on);
         assert_eq!(use_small(4096, 4096, 10), on);
-        assert!(!use_small(256, 256, 256));
         assert!(!use_small(1024, 17, 1024));
-        // Split products: chunks on the small kernel read B in place unless
-        // B is transposed or its rows are far apart; f64 always copies.
-        assert_eq!(<f32 as Gemm>::copies_b(64, 64, 64, (64, 1)), !on);
-        assert!(<f32 as Gemm>::copies_b(64, 64, 64, (1, 64)));
-        assert!(<f32 as Gemm>::copies_b(64, 64, 256, (256, 1)));
-        assert!(<f32 as Gemm>::copies_b(256, 256, 256, (256, 1)));
-        assert!(<f64 as Gemm>::copies_b(64, 64, 64, (64, 1)));
+        // Products whose B strips stay in L1 and A in L2, up to 2^24.
+        assert_eq!(use_small(256, 256, 256), on);
+        assert_eq!(use_small(1024, 128, 128), on);
+        assert!(!use_small(1024, 256, 64));
+        assert!(!use_small(512, 512, 512));
+        assert!(!use_small(64, 257, 1024));
+        assert!(!<f64 as Gemm>::small(64, 64, 64));
+    }
+
+    #[test]
+    fn split_plans_cut_balanced_chunks() {
+        // 256^3 and the MLP's 256x128x64 on two threads, small kernel:
+        // column strips, four chunks per thread.
+        assert_eq!(plan(256, 256, (256, 1), true, 2), (false, 16, 8));
+        assert_eq!(plan(256, 128, (128, 1), true, 2), (false, 16, 8));
+        // Too few columns for strips: rows, on the 6-row tile, four per
+        // thread if B is read in place, else one.
+        assert_eq!(plan(4000, 10, (10, 1), true, 2), (true, 6, 8));
+        assert_eq!(plan(4000, 10, (1, 4000), true, 2), (true, 6, 2));
+        // `matrixmultiply`: one chunk per thread, rows or columns.
+        assert_eq!(plan(512, 512, (512, 1), false, 2), (true, 16, 2));
+        assert_eq!(plan(100, 900, (900, 1), false, 3), (false, 16, 3));
+        // Boundaries: 128/128 rows (not 144/112), on the unit, chunks
+        // within two units of each other, none empty, the last at len.
+        let cuts = |len, chunks, unit| -> Vec<usize> {
+            (0..=chunks).map(|i| bound(i, len, chunks, unit)).collect()
+        };
+        assert_eq!(cuts(256, 2, 16), vec![0, 128, 256]);
+        for &(len, chunks, unit) in &[(256, 8, 6), (300, 8, 16), (1000, 7, 6), (50, 8, 6)] {
+            let chunks = chunks.min(len / unit);
+            let c = cuts(len, chunks, unit);
+            assert_eq!((c[0], c[chunks]), (0, len));
+            assert!(c[..chunks].iter().all(|x| x % unit == 0), "{c:?}");
+            let sizes: Vec<usize> = c.windows(2).map(|w| w[1] - w[0]).collect();
+            let (lo, hi) = (sizes.iter().min().unwrap(), sizes.iter().max().unwrap());
+            assert!(*lo > 0 && hi - lo < 2 * unit, "{sizes:?}");
+        }
     }
 
     #[test]

@@ -16,7 +16,7 @@ mod x86 {
     /// Rows of C per tile.
     pub const MR: usize = 6;
     /// Columns of C per tile (two vectors of 8).
-    pub const NR: usize = 16;
+    pub const NR: usize = super::STRIP;
     /// B's strips are read in place only when its rows are at most this many
     /// elements apart: the rows of a strip of a wider B (a power of two
     /// apart, typically) fall into a few L1 sets and evict each other, so
@@ -180,13 +180,9 @@ mod x86 {
                 let w = (n - j).min(NR);
                 let cj = c.offset(j as isize * sc.1);
                 let wide = if w > 8 { 16 } else { 8 };
-                if sb.1 == 1 && w == wide && sb.0 <= IN_PLACE_ROW {
-                    let bj = b.add(j);
-                    if wide == 16 {
-                        strip::<2, false>(m, k, alpha, a, sa, bj, sb.0, beta, cj, sc, w)
-                    } else {
-                        strip::<1, false>(m, k, alpha, a, sa, bj, sb.0, beta, cj, sc, w)
-                    }
+                // B's strip in place, or copied (zero-padded) into `pad`.
+                let (bj, sbj) = if sb.1 == 1 && w == wide && sb.0 <= IN_PLACE_ROW {
+                    (b.add(j), sb.0)
                 } else {
                     pad.clear();
                     pad.resize(k * wide, 0.0);
@@ -196,24 +192,23 @@ mod x86 {
                             *x = *row.offset(jj as isize * sb.1);
                         }
                     }
-                    let bp = pad.as_ptr();
-                    let sw = wide as isize;
-                    match (wide, w == wide) {
-                        (16, true) => {
-                            strip::<2, false>(m, k, alpha, a, sa, bp, sw, beta, cj, sc, w)
-                        }
-                        (16, false) => {
-                            strip::<2, true>(m, k, alpha, a, sa, bp, sw, beta, cj, sc, w)
-                        }
-                        (_, true) => strip::<1, false>(m, k, alpha, a, sa, bp, sw, beta, cj, sc, w),
-                        _ => strip::<1, true>(m, k, alpha, a, sa, bp, sw, beta, cj, sc, w),
-                    }
+                    (pad.as_ptr(), wide as isize)
+                };
+                match (wide, w == wide) {
+                    (16, true) => strip::<2, false>(m, k, alpha, a, sa, bj, sbj, beta, cj, sc, w),
+                    (16, false) => strip::<2, true>(m, k, alpha, a, sa, bj, sbj, beta, cj, sc, w),
+                    (_, true) => strip::<1, false>(m, k, alpha, a, sa, bj, sbj, beta, cj, sc, w),
+                    _ => strip::<1, true>(m, k, alpha, a, sa, bj, sbj, beta, cj, sc, w),
                 }
                 j += NR;
             }
         }
     }
 }
+
+/// Columns of C per strip (the tile's width), the unit a product split by
+/// columns is cut in.
+pub(crate) const STRIP: usize = 16;
 
 /// Whether the kernel reads B (`k x n`, strides `sb`) in place, without
 /// copying any strip but a last, narrower one.
