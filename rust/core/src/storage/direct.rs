@@ -15,7 +15,16 @@
 //! - fewer than half of the piece's pages are in the page cache (`mincore`
 //!   on a mapping of the file: a warm Load still copies from memory, and
 //!   pages written but not yet on disk are always taken from the cache);
-//! - `FERROCAFFE_DIRECT_IO` is not `0` (read when a Load starts).
+//! - `FERROCAFFE_DIRECT_IO=1` is set (read when a Load starts).
+//!
+//! Off by default. Measured on this VM (BENCHMARKS.md, "Checkpoints"),
+//! once each load worker read its own contiguous run of pieces through its
+//! own descriptor, ordinary cold reads kept up with `dd` as well as direct
+//! ones did, and they leave the file in the page cache: a second Load of the
+//! same file (another process, an evaluation after training, the peer
+//! harness's warm load right after its cold one) is then a copy from
+//! memory. Direct reads are for checkpoints that should not take the page
+//! cache (larger than it, or read once while other data must stay cached).
 //!
 //! Anything the direct path cannot do (a file system without `O_DIRECT`, an
 //! `EINVAL` for an alignment the device wants bigger, a short read at the
@@ -40,11 +49,22 @@ pub fn direct_bytes_read() -> u64 {
 /// The alignment of offsets, lengths and addresses for direct reads.
 pub(super) const DIRECT_ALIGN: usize = 4096;
 
-/// Whether direct reads are allowed (`FERROCAFFE_DIRECT_IO`, default on).
+/// Turns direct reads on for this process's Loads (the Rust tests: the
+/// environment cannot be changed safely while other tests run).
+#[cfg(test)]
+pub(super) static FORCE_FOR_TESTS: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Whether direct reads were asked for (`FERROCAFFE_DIRECT_IO=1`; off by
+/// default, see the module docs).
 pub(super) fn enabled() -> bool {
-    !matches!(
+    #[cfg(test)]
+    if FORCE_FOR_TESTS.load(Ordering::Relaxed) {
+        return true;
+    }
+    matches!(
         std::env::var("FERROCAFFE_DIRECT_IO").as_deref().map(str::trim),
-        Ok("0") | Ok("false") | Ok("off") | Ok("no")
+        Ok("1") | Ok("true") | Ok("on") | Ok("yes")
     )
 }
 

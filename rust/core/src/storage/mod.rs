@@ -975,6 +975,7 @@ mod tests {
         let dir = Scratch::new("storage");
         let path = dir.file("db");
         save_blobs(&path, "ferro", &entries).unwrap();
+        direct::FORCE_FOR_TESTS.store(true, std::sync::atomic::Ordering::Relaxed);
         let direct_here = {
             let f = fs::File::open(&path).unwrap();
             direct::Direct::open(&f, f.metadata().unwrap().len()).is_some()
