@@ -172,7 +172,11 @@ mod sys {
             // SAFETY: PAGE is a power of two and a multiple of the size of
             // a pointer; `p` is written only on success.
             let rc = unsafe { libc::posix_memalign(&mut p, PAGE, layout.size()) };
-            return if rc == 0 { p.cast() } else { std::ptr::null_mut() };
+            return if rc == 0 {
+                p.cast()
+            } else {
+                std::ptr::null_mut()
+            };
         }
         // SAFETY: the caller's layout.
         unsafe { System.alloc(layout) }
@@ -210,7 +214,8 @@ mod sys {
     /// As [`GlobalAlloc::realloc`], on a block from this module.
     pub unsafe fn realloc(ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         #[cfg(unix)]
-        if layout.align() <= MALLOC_ALIGN && (layout.size() >= MIN_CACHED || new_size >= MIN_CACHED) {
+        if layout.align() <= MALLOC_ALIGN && (layout.size() >= MIN_CACHED || new_size >= MIN_CACHED)
+        {
             // SAFETY: a block of the C library's allocator of at least
             // malloc's alignment, which realloc keeps; new_size is non-zero.
             return unsafe { libc::realloc(ptr.cast(), new_size) }.cast();

@@ -63,7 +63,9 @@ pub(super) fn enabled() -> bool {
         return true;
     }
     matches!(
-        std::env::var("FERROCAFFE_DIRECT_IO").as_deref().map(str::trim),
+        std::env::var("FERROCAFFE_DIRECT_IO")
+            .as_deref()
+            .map(str::trim),
         Ok("1") | Ok("true") | Ok("on") | Ok("yes")
     )
 }

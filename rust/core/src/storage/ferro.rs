@@ -1141,7 +1141,11 @@ pub(super) fn load_ferro(
         rayon::scope(|s| {
             for run in runs {
                 s.spawn(move |_| {
-                    let own = if run.is_empty() { None } else { direct::reopen(file) };
+                    let own = if run.is_empty() {
+                        None
+                    } else {
+                        direct::reopen(file)
+                    };
                     let fd = own.as_ref().unwrap_or(file);
                     for p in run {
                         if failed.load(Ordering::Relaxed) {

@@ -78,8 +78,8 @@ use std::sync::{Arc, LazyLock};
 use std::time::{Duration, SystemTime};
 
 mod codecs;
-mod ferro;
 mod direct;
+mod ferro;
 pub use direct::direct_bytes_read;
 mod files;
 mod leveldb;
@@ -930,7 +930,10 @@ mod tests {
         assert!(bytes[67..4096].iter().all(|&b| b == 0));
         assert_eq!(&bytes[4096..4100], &0f32.to_le_bytes());
         let big_end = 4096 + (4 << 18);
-        assert_eq!(&bytes[big_end - 4..big_end], &(((1 << 18) - 1) as f32).to_le_bytes());
+        assert_eq!(
+            &bytes[big_end - 4..big_end],
+            &(((1 << 18) - 1) as f32).to_le_bytes()
+        );
         // "bytes" at the next multiple of 64 (big_end is one), "under" after it.
         assert_eq!(bytes[big_end], 7);
         let under_at = big_end + (1 << 20);
@@ -943,8 +946,14 @@ mod tests {
         let mut b = bytes.clone();
         b[4000] = 1;
         fs::write(&path, &b).unwrap();
-        assert!(load_db(&path, "ferro").unwrap_err().full_message().contains("padding"));
-        assert!(verify_db(&path, "ferro").unwrap_err().full_message().contains("padding"));
+        assert!(load_db(&path, "ferro")
+            .unwrap_err()
+            .full_message()
+            .contains("padding"));
+        assert!(verify_db(&path, "ferro")
+            .unwrap_err()
+            .full_message()
+            .contains("padding"));
     }
 
     /// Writes `path`'s dirty pages and drops it from the page cache.
@@ -966,7 +975,9 @@ mod tests {
         // blob, a warm file is read from the cache, and direct reads can be
         // turned off.
         let n = (20 << 20) / 4 + 3; // three pieces, the last not page-sized
-        let big: Vec<f32> = (0..n).map(|i| ((i * 7919) % 100_003) as f32 - 5.0).collect();
+        let big: Vec<f32> = (0..n)
+            .map(|i| ((i * 7919) % 100_003) as f32 - 5.0)
+            .collect();
         let entries = vec![
             ("head".to_string(), t(&[3], vec![1.5f64, -2.0, 3.25])),
             ("big".to_string(), t(&[n], big)),
