@@ -104,29 +104,10 @@ impl Direct {
     /// replaced since), and maps it; `None` when any of it is not possible.
     #[cfg(target_os = "linux")]
     pub(super) fn open(file: &File, len: u64) -> Option<Direct> {
-        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
         use std::os::unix::io::AsRawFd;
         let len = usize::try_from(len).ok().filter(|&n| n > 0)?;
-        let direct = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECT | libc::O_NOCTTY | libc::O_NONBLOCK)
-            .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
-            .ok()?;
-        let random = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOCTTY | libc::O_NONBLOCK)
-            .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
-            .ok()?;
-        let (a, b, c) = (
-            file.metadata().ok()?,
-            direct.metadata().ok()?,
-            random.metadata().ok()?,
-        );
-        if (a.dev(), a.ino()) != (b.dev(), b.ino()) || (a.dev(), a.ino()) != (c.dev(), c.ino()) {
-            return None;
-        }
-        // SAFETY: a valid open descriptor; only a hint.
-        unsafe { libc::posix_fadvise(random.as_raw_fd(), 0, 0, libc::POSIX_FADV_RANDOM) };
+        let direct = reopen_as(file, libc::O_DIRECT, None)?;
+        let random = reopen_as(file, 0, Some(libc::POSIX_FADV_RANDOM))?;
         // SAFETY: a fresh read-only shared mapping of an open file; nothing
         // reads through it (a file truncated later cannot fault us).
         let map = unsafe {
@@ -253,19 +234,30 @@ impl Direct {
 /// possible (the caller shares `file`).
 #[cfg(target_os = "linux")]
 pub(super) fn reopen(file: &File) -> Option<File> {
+    reopen_as(file, 0, Some(libc::POSIX_FADV_SEQUENTIAL))
+}
+
+/// The file behind `file` opened again for reading through
+/// `/proc/self/fd` (the same file even if its path was replaced since;
+/// checked by device and inode), with extra open `flags` and an optional
+/// `posix_fadvise` hint for the whole file; `None` where that fails.
+#[cfg(target_os = "linux")]
+fn reopen_as(file: &File, flags: libc::c_int, advice: Option<libc::c_int>) -> Option<File> {
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     use std::os::unix::io::AsRawFd;
     let own = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NOCTTY | libc::O_NONBLOCK)
+        .custom_flags(flags | libc::O_NOCTTY | libc::O_NONBLOCK)
         .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
         .ok()?;
     let (a, b) = (file.metadata().ok()?, own.metadata().ok()?);
     if (a.dev(), a.ino()) != (b.dev(), b.ino()) {
         return None;
     }
-    // SAFETY: a valid open descriptor; only a hint.
-    unsafe { libc::posix_fadvise(own.as_raw_fd(), 0, 0, libc::POSIX_FADV_SEQUENTIAL) };
+    if let Some(advice) = advice {
+        // SAFETY: a valid open descriptor; only a hint.
+        unsafe { libc::posix_fadvise(own.as_raw_fd(), 0, 0, advice) };
+    }
     Some(own)
 }
 
