@@ -1395,6 +1395,19 @@ struct Writer {
 }
 
 impl Writer {
+    /// The op events of one timed net run: op `k` spans `stamps[k]` to
+    /// `stamps[k + 1]` (`arg` is scratch space).
+    fn ops(&mut self, net: &NetNames, lane: usize, stamps: &[u64], arg: &mut String) {
+        for (k, p) in stamps.windows(2).enumerate() {
+            let ty = net.ops.get(k).map(|s| &**s).unwrap_or("?");
+            arg.clear();
+            arg.push_str("\"net\":");
+            escape(arg, &net.net);
+            let _ = write!(arg, ",\"index\":{k}");
+            self.complete(ty, "op", lane, p[0], p[1], arg);
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn complete(&mut self, name: &str, cat: &str, lane: usize, start: u64, end: u64, args: &str) {
         let out = &mut self.out;
@@ -1507,14 +1520,7 @@ pub fn json_since(since: u64) -> String {
                         if !timed {
                             continue;
                         }
-                        for (k, p) in st.windows(2).enumerate() {
-                            let ty = net.ops.get(k).map(|s| &**s).unwrap_or("?");
-                            arg.clear();
-                            arg.push_str("\"net\":");
-                            escape(&mut arg, &net.net);
-                            let _ = write!(arg, ",\"index\":{k}");
-                            w.complete(ty, "op", lane, p[0], p[1], &arg);
-                        }
+                        w.ops(net, lane, &st, &mut arg);
                     }
                     LOOP => {
                         // The slots published, then the flags that go with them.
@@ -1552,14 +1558,7 @@ pub fn json_since(since: u64) -> String {
                                 }
                                 w.complete(&net.net, "net", lane, s, e, &arg);
                                 if timed {
-                                    for (k, p) in run.windows(2).enumerate() {
-                                        let ty = net.ops.get(k).map(|s| &**s).unwrap_or("?");
-                                        arg.clear();
-                                        arg.push_str("\"net\":");
-                                        escape(&mut arg, &net.net);
-                                        let _ = write!(arg, ",\"index\":{k}");
-                                        w.complete(ty, "op", lane, p[0], p[1], &arg);
-                                    }
+                                    w.ops(net, lane, &run, &mut arg);
                                 }
                             }
                             let end = if last && hdr & ENDED != 0 { word(5) } else { e };
