@@ -135,20 +135,26 @@ impl State {
     }
 }
 
-/// Where the allocator gets memory: [`System`](std::alloc::System), except that on Unix large
-/// blocks (at least [`MIN_CACHED`] bytes, alignment at most a page) come
-/// straight from the C library, uninitialised ones on a page boundary
-/// (`posix_memalign`), so that a checkpoint's payload can be read into them
-/// with direct I/O (`storage::ferro`). A block freed or resized by the C
-/// library (`free`, `realloc`) may have come from `malloc`, `calloc`,
-/// `realloc` or `posix_memalign` alike (POSIX), and `System` itself takes
-/// blocks of alignment 16 or less from `malloc` and resizes them with
-/// `realloc`, so blocks that cross the size threshold by `realloc` stay
-/// valid for both. Alignment to a page is a property of fresh large blocks
-/// only (a `realloc` or `calloc` gives `malloc`'s alignment): readers check
-/// the address before relying on it.
+/// Where the allocator gets memory: [`System`](std::alloc::System), except that on Unix
+/// fresh blocks of at least [`LINE_MIN`] bytes (alignment at most
+/// `malloc`'s) come straight from the C library on a boundary: a page for
+/// large uninitialised blocks (at least [`MIN_CACHED`] bytes, `posix_memalign`),
+/// so that a checkpoint's payload can be read into them with direct I/O
+/// (`storage::ferro`), and a cache line for the rest, so that a tensor's
+/// rows start on a line. Why the line: the small GEMM kernel reads 16-float
+/// strips of B's rows, and a B that starts 16 bytes past a line splits every
+/// other load across two lines: 64x128x64 ran at 96 GF/s against 106 with
+/// the line-aligned operand (BENCHMARKS.md, "GEMM: operands on a cache
+/// line"), and numpy's arrays start anywhere `malloc` puts them.
+/// A block freed or resized by the C library (`free`, `realloc`) may have
+/// come from `malloc`, `calloc`, `realloc` or `posix_memalign` alike
+/// (POSIX), and `System` itself takes blocks of alignment 16 or less from
+/// `malloc` and resizes them with `realloc`, so blocks that cross a size
+/// threshold by `realloc` stay valid for both. The alignment is a property
+/// of fresh blocks only (a `realloc`, or a large `calloc`, gives `malloc`'s):
+/// it is a speed hint, and readers that rely on it check the address.
 mod sys {
-    use super::MIN_CACHED;
+    use super::{LINE_MIN, MIN_CACHED};
     use std::alloc::{GlobalAlloc, Layout, System};
 
     /// The page size assumed for large blocks.
@@ -158,25 +164,43 @@ mod sys {
     #[cfg(unix)]
     const MALLOC_ALIGN: usize = 16;
 
+    /// The cache line blocks of [`LINE_MIN`] bytes or more start on.
+    pub const LINE: usize = 64;
+
+    /// Blocks the C library serves directly (on a line or a page): at least
+    /// [`LINE_MIN`] bytes, of at most `malloc`'s alignment.
     #[cfg(unix)]
-    fn large(layout: Layout) -> bool {
-        layout.size() >= MIN_CACHED && layout.align() <= MALLOC_ALIGN
+    fn ours(size: usize, align: usize) -> bool {
+        size >= LINE_MIN && align <= MALLOC_ALIGN
+    }
+
+    /// # Safety
+    /// `align` a power of two and a multiple of the size of a pointer;
+    /// `size` non-zero.
+    #[cfg(unix)]
+    unsafe fn memalign(align: usize, size: usize) -> *mut u8 {
+        let mut p: *mut libc::c_void = std::ptr::null_mut();
+        // SAFETY: the caller's alignment; `p` is written only on success.
+        let rc = unsafe { libc::posix_memalign(&mut p, align, size) };
+        if rc == 0 {
+            p.cast()
+        } else {
+            std::ptr::null_mut()
+        }
     }
 
     /// # Safety
     /// As [`GlobalAlloc::alloc`].
     pub unsafe fn alloc(layout: Layout) -> *mut u8 {
         #[cfg(unix)]
-        if large(layout) {
-            let mut p: *mut libc::c_void = std::ptr::null_mut();
-            // SAFETY: PAGE is a power of two and a multiple of the size of
-            // a pointer; `p` is written only on success.
-            let rc = unsafe { libc::posix_memalign(&mut p, PAGE, layout.size()) };
-            return if rc == 0 {
-                p.cast()
+        if ours(layout.size(), layout.align()) {
+            let align = if layout.size() >= MIN_CACHED {
+                PAGE
             } else {
-                std::ptr::null_mut()
+                LINE
             };
+            // SAFETY: both are powers of two, multiples of a pointer's size.
+            return unsafe { memalign(align, layout.size()) };
         }
         // SAFETY: the caller's layout.
         unsafe { System.alloc(layout) }
@@ -186,10 +210,20 @@ mod sys {
     /// As [`GlobalAlloc::alloc_zeroed`].
     pub unsafe fn alloc_zeroed(layout: Layout) -> *mut u8 {
         #[cfg(unix)]
-        if large(layout) {
-            // SAFETY: a non-zero size; calloc maps fresh zero pages for
-            // large sizes rather than writing them.
-            return unsafe { libc::calloc(1, layout.size()) }.cast();
+        if ours(layout.size(), layout.align()) {
+            if layout.size() >= MIN_CACHED {
+                // SAFETY: a non-zero size; calloc maps fresh zero pages for
+                // large sizes rather than writing them.
+                return unsafe { libc::calloc(1, layout.size()) }.cast();
+            }
+            // SAFETY: as in `alloc`; the block is zeroed before it is
+            // handed out.
+            let p = unsafe { memalign(LINE, layout.size()) };
+            if !p.is_null() {
+                // SAFETY: a fresh block of `layout.size()` bytes.
+                unsafe { p.write_bytes(0, layout.size()) };
+            }
+            return p;
         }
         // SAFETY: the caller's layout.
         unsafe { System.alloc_zeroed(layout) }
@@ -199,7 +233,7 @@ mod sys {
     /// `ptr` must be a live block of `layout` from this module.
     pub unsafe fn dealloc(ptr: *mut u8, layout: Layout) {
         #[cfg(unix)]
-        if large(layout) {
+        if ours(layout.size(), layout.align()) {
             // SAFETY: a block of the C library's allocator (see the module
             // docs), freed once.
             return unsafe { libc::free(ptr.cast()) };
@@ -214,8 +248,7 @@ mod sys {
     /// As [`GlobalAlloc::realloc`], on a block from this module.
     pub unsafe fn realloc(ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         #[cfg(unix)]
-        if layout.align() <= MALLOC_ALIGN && (layout.size() >= MIN_CACHED || new_size >= MIN_CACHED)
-        {
+        if ours(layout.size().max(new_size), layout.align()) {
             // SAFETY: a block of the C library's allocator of at least
             // malloc's alignment, which realloc keeps; new_size is non-zero.
             return unsafe { libc::realloc(ptr.cast(), new_size) }.cast();
@@ -239,6 +272,8 @@ unsafe fn free_system(ptr: *mut u8, layout: Layout) {
 pub const LARGE_BLOCKS_ON_A_PAGE: bool = cfg!(unix);
 /// The page size large blocks are aligned to.
 pub const PAGE: usize = sys::PAGE;
+/// Fresh blocks of at least this many bytes start on a cache line (Unix).
+pub const LINE_MIN: usize = 512;
 
 impl Cache {
     /// An empty cache; its limit is read from the environment on first use.
@@ -501,6 +536,30 @@ mod tests {
         drop(v);
         let z: Vec<u64> = vec![0; 1 << 18];
         assert!(z.iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn fresh_blocks_from_the_line_threshold_start_on_a_cache_line() {
+        // Through the global allocator; many blocks, since malloc alone
+        // puts one on a line by chance one time in four.
+        let mut keep = Vec::new();
+        for i in 0..64 {
+            let n = LINE_MIN / 4 + 3 * i;
+            let v: Vec<f32> = Vec::with_capacity(n);
+            let z: Vec<f32> = vec![0.0; n];
+            if cfg!(unix) {
+                assert_eq!(v.as_ptr() as usize % 64, 0, "{n} floats");
+                assert_eq!(z.as_ptr() as usize % 64, 0, "{n} zeroed floats");
+            }
+            assert!(z.iter().all(|&x| x == 0.0));
+            keep.push((v, z));
+        }
+        // Growing a small block across the threshold and back keeps its bytes.
+        let mut v: Vec<u16> = (0..100).collect();
+        v.extend(100..2000);
+        v.truncate(50);
+        v.shrink_to_fit();
+        assert!(v.iter().enumerate().all(|(i, &x)| x == i as u16));
     }
 
     #[test]
