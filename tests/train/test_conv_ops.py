@@ -415,7 +415,10 @@ def test_spatial_bn_training_and_test(fresh, n, c, sp, order, seed):
         y, (x - mu.reshape(bshape)) / np.sqrt(v.reshape(bshape) + eps) * scale.reshape(bshape) + bias.reshape(bshape),
         rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(rm, mom * mean + (1 - mom) * mu, rtol=1e-12)
-    np.testing.assert_allclose(rv, mom * var + (1 - mom) * v, rtol=1e-12)
+    # The running variance takes the unbiased estimate (Caffe2's rule).
+    size = x.size // c
+    unbiased = v * size / (size - 1) if size > 1 else v
+    np.testing.assert_allclose(rv, mom * var + (1 - mom) * unbiased, rtol=1e-12)
     np.testing.assert_allclose(sm, mu, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(sis, 1 / np.sqrt(v + eps), rtol=1e-12)
     (yt,) = run("SpatialBN", {"x": x, "s": scale, "b": bias, "m": mean, "v": var}, ["yt"], is_test=1,
@@ -447,6 +450,63 @@ def test_spatial_bn_needs_in_place_running_stats(fresh):
     with pytest.raises(errors.ShapeError, match="scale"):
         run("SpatialBN", {"x": x, "s": np.ones(2), "b": np.ones(3), "m": np.ones(3), "v": np.ones(3)},
             ["y"], is_test=1)
+
+
+def test_spatial_bn_writes_y_over_x_and_saved_statistics_over_the_sums(fresh):
+    # Caffe2's schema allows Y in place on X, and (several batches) the
+    # saved mean and inverse std in place on the sums.
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 2, 4))
+    scale, bias = np.array([1.5, -0.5]), np.array([0.25, 2.0])
+    mu, v = x.mean(axis=(0, 2)), x.var(axis=(0, 2))
+    want = (x - mu[None, :, None]) / np.sqrt(v[None, :, None] + 1.0) * scale[None, :, None] + bias[None, :, None]
+    y, rm, rv, sm, sis = run("SpatialBN", {"x": x, "s": scale, "b": bias, "rm": np.zeros(2), "rv": np.ones(2)},
+                             ["x", "rm", "rv", "sm", "sis"], epsilon=1.0, momentum=0.5)
+    np.testing.assert_allclose(y, want, rtol=1e-12)
+    np.testing.assert_allclose(rv, 0.5 + 0.5 * v * 12 / 11, rtol=1e-12)
+    sums, sumsq = x.sum(axis=(0, 2)) * 2, (x * x).sum(axis=(0, 2)) * 2
+    y, _, _, sm, sis = run(
+        "SpatialBN", {"x": x, "s": scale, "b": bias, "rm": np.zeros(2), "rv": np.ones(2), "bm": sums, "bv": sumsq},
+        ["y", "rm", "rv", "bm", "bv"], epsilon=1.0, momentum=0.5, num_batches=2)
+    np.testing.assert_allclose(y, want, rtol=1e-9)
+    np.testing.assert_allclose(sm, mu, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(sis, 1 / np.sqrt(v + 1.0), rtol=1e-9)
+
+
+def test_spatial_bn_on_an_empty_batch_keeps_the_running_statistics(fresh):
+    x = np.zeros((0, 3, 2))
+    ins = {"x": x, "s": np.ones(3), "b": np.ones(3), "rm": np.array([1.0, 2.0, 3.0]), "rv": np.array([4.0, 5.0, 6.0])}
+    y, rm, rv, sm, sis = run("SpatialBN", ins, ["y", "rm", "rv", "sm", "sis"], momentum=0.5)
+    assert y.shape == (0, 3, 2)
+    np.testing.assert_array_equal(rm, [1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(rv, [4.0, 5.0, 6.0])
+    np.testing.assert_array_equal(sm, np.zeros(3))
+    np.testing.assert_array_equal(sis, np.zeros(3))
+    (yt,) = run("SpatialBN", ins, ["yt"], is_test=1)
+    assert yt.shape == (0, 3, 2)
+    # Backward, an empty batch has zero scale and bias gradients, even when
+    # it is given other batches' sums.
+    grad_ins = {"x": x, "s": np.ones(3), "dy": x, "sm": np.ones(3), "sis": np.ones(3),
+                "dss": np.full(3, 7.0), "dbs": np.full(3, 9.0)}
+    dx, ds, db = run("SpatialBNGradient", grad_ins, ["dx", "ds", "db"], num_batches=2)
+    assert dx.shape == (0, 3, 2)
+    np.testing.assert_array_equal(ds, np.zeros(3))
+    np.testing.assert_array_equal(db, np.zeros(3))
+
+
+def test_spatial_bn_starts_uninitialised_running_statistics_at_zero(fresh):
+    # One element per channel: no unbiased variance exists, the biased one
+    # (0) is kept (Caffe2 multiplied it by infinity).
+    x = np.array([[[2.0]], [[4.0]]]).reshape(2, 1, 1)
+    y, rm, rv, sm, sis = run("SpatialBN", {"x": x, "s": np.ones(1), "b": np.zeros(1), "rm": np.zeros(0),
+                                           "rv": np.zeros(0)}, ["y", "rm", "rv", "sm", "sis"], momentum=0.75,
+                             epsilon=1e-5)
+    np.testing.assert_allclose(rm, [0.25 * 3.0])
+    np.testing.assert_allclose(rv, [0.25 * 1.0 * 2 / 1])
+    x1 = np.array([[[7.0]]])
+    _, _, rv1, _, _ = run("SpatialBN", {"x": x1, "s": np.ones(1), "b": np.zeros(1), "rm": np.zeros(1),
+                                        "rv": np.ones(1)}, ["y", "rm", "rv", "sm", "sis"], momentum=0.75)
+    np.testing.assert_allclose(rv1, [0.75])
 
 
 def bn_over_batches_ref(xs, scale, bias, eps, order):
@@ -503,7 +563,9 @@ def test_spatial_bn_over_several_batches(fresh, k, n, c, sp, order, seed):
         np.testing.assert_allclose(workspace.FetchBlob("sm%d" % b), mu, rtol=1e-9, atol=1e-12)
         np.testing.assert_allclose(workspace.FetchBlob("sis%d" % b), 1 / np.sqrt(var + eps), rtol=1e-9)
         np.testing.assert_allclose(workspace.FetchBlob("rm%d" % b), (1 - mom) * mu, rtol=1e-9, atol=1e-12)
-        np.testing.assert_allclose(workspace.FetchBlob("rv%d" % b), mom + (1 - mom) * var, rtol=1e-9)
+        size = k * xs[0].size // c
+        np.testing.assert_allclose(workspace.FetchBlob("rv%d" % b), mom + (1 - mom) * var * size / (size - 1),
+                                   rtol=1e-9)
 
     bwd = [core.CreateOperator("ChannelBackpropStats", ["x%d" % b, "sm%d" % b, "sis%d" % b, "y%d_grad" % b],
                                ["ds%d" % b, "db%d" % b], order=order) for b in range(k)]

@@ -134,12 +134,33 @@ fn bn_t<T: Float>(l: &mut Locked<'_>, a: &BnArgs) -> Result<()> {
     let (n, c, hw) = channels(op, l, a.order)?;
     let scale = vec_input::<T>(l, op, 1, "the scale", c)?;
     let bias = vec_input::<T>(l, op, 2, "the bias", c)?;
-    let rmean = vec_input::<T>(l, op, 3, "the mean", c)?;
-    let rvar = vec_input::<T>(l, op, 4, "the variance", c)?;
+    // In training, running statistics never initialised (empty blobs)
+    // start at zero, as Caffe2's deprecated path did.
+    let running = |l: &Locked<'_>, i: usize, what: &str| -> Result<Vec<T>> {
+        if !a.is_test && l.tensor(i)?.numel() == 0 {
+            Ok(vec![T::of(0.0); c])
+        } else {
+            vec_input::<T>(l, op, i, what, c)
+        }
+    };
+    let rmean = running(l, 3, "the mean")?;
+    let rvar = running(l, 4, "the variance")?;
     let xa = input::<T>(l, op, 0)?;
     let shape = xa.shape().to_vec();
     let x = dense(xa);
     let eps = T::of(a.epsilon);
+    if n == 0 {
+        // An empty batch: an empty Y; in training the running statistics
+        // stay as they were and the saved ones are zeros (Caffe2's rule).
+        l.set_output(0, T::wrap(array(&shape, Vec::new())?));
+        if !a.is_test {
+            l.set_output(1, T::wrap(array(&[c], rmean)?));
+            l.set_output(2, T::wrap(array(&[c], rvar)?));
+            l.set_output(3, T::wrap(array(&[c], vec![T::of(0.0); c])?));
+            l.set_output(4, T::wrap(array(&[c], vec![T::of(0.0); c])?));
+        }
+        return Ok(());
+    }
     let (mean, var) = if a.is_test {
         (rmean.clone(), rvar.clone())
     } else if a.multi_batch() {
@@ -183,8 +204,20 @@ fn bn_t<T: Float>(l: &mut Locked<'_>, a: &BnArgs) -> Result<()> {
     l.set_output(0, T::wrap(array(&shape, y)?));
     if !a.is_test {
         let (mo, keep) = (T::of(a.momentum), T::of(1.0 - a.momentum));
+        // The running variance takes the unbiased estimate, size / (size -
+        // 1) times the batch's (Caffe2's rule); with a single element per
+        // channel there is none, and the biased one (0) is kept where
+        // Caffe2 multiplied 0 by infinity.
+        let size = a.num_batches * n * hw;
+        let unbias = if size > 1 {
+            T::of(size as f64 / (size - 1) as f64)
+        } else {
+            T::of(1.0)
+        };
         let rm: Vec<T> = (0..c).map(|i| rmean[i] * mo + mean[i] * keep).collect();
-        let rv: Vec<T> = (0..c).map(|i| rvar[i] * mo + var[i] * keep).collect();
+        let rv: Vec<T> = (0..c)
+            .map(|i| rvar[i] * mo + var[i] * unbias * keep)
+            .collect();
         l.set_output(1, T::wrap(array(&[c], rm)?));
         l.set_output(2, T::wrap(array(&[c], rv)?));
         l.set_output(3, T::wrap(array(&[c], mean)?));
@@ -237,7 +270,11 @@ fn bn_grad_t<T: Float>(l: &mut Locked<'_>, a: &BnArgs) -> Result<()> {
     let (x, dy) = (dense(xa), dense(dya));
     // The scale and bias gradients over every batch the statistics cover:
     // this batch's, or (several batches) the sums given as inputs 5 and 6.
-    let (dscale, dbias) = if a.multi_batch() {
+    let (dscale, dbias) = if n == 0 {
+        // An empty batch contributes nothing, whatever it was given (Caffe2's
+        // rule): dX is empty and the scale and bias gradients are zeros.
+        (vec![T::of(0.0); c], vec![T::of(0.0); c])
+    } else if a.multi_batch() {
         (
             vec_input::<T>(l, op, 5, "the summed scale gradient", c)?,
             vec_input::<T>(l, op, 6, "the summed bias gradient", c)?,
@@ -293,6 +330,12 @@ fn build_bn_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 
 fn bn_inplace(i: usize, o: usize) -> bool {
     (i == 3 && o == 1) || (i == 4 && o == 2)
+}
+
+/// SpatialBN may write Y over X, and the saved statistics over the sums
+/// it was given (Caffe2's `AllowInplace`).
+fn bn_allow_inplace(i: usize, o: usize) -> bool {
+    (i == 0 && o == 0) || (i == 5 && o == 3) || (i == 6 && o == 4)
 }
 
 /// SpatialBNGradient's summed scale and bias gradients (inputs 5 and 6)
@@ -608,7 +651,10 @@ pub fn schemas() -> Vec<OpSchema> {
         OpSchema::new("SpatialBN", build_bn)
             .inputs(5, 7)
             .outputs(1, 5)
-            .inplace(InPlace::Enforce(bn_inplace))
+            .inplace(InPlace::EnforceAllow {
+                enforce: bn_inplace,
+                allow: bn_allow_inplace,
+            })
             .args(BN_ARGS)
             .doc("Batch normalisation per channel: inputs (X, scale, bias, mean, var[, sums, sums of squares]); with is_test, output Y from the given statistics; else outputs (Y, running mean, running var (in place on inputs 3 and 4), saved mean, saved inverse std) from the batch's statistics (biased variance), or with num_batches > 1 from the per-channel sums and sums of squares of num_batches batches (inputs 5 and 6, e.g. ChannelStats summed)."),
         OpSchema::new("SpatialBNGradient", build_bn_grad)
@@ -741,7 +787,8 @@ mod tests {
         close(&vals(&get(&ws, "mean")), &[4.]);
         close(&vals(&get(&ws, "rstd")), &[1. / 3.]);
         close(&vals(&get(&ws, "rm")), &[2.]);
-        close(&vals(&get(&ws, "rv")), &[2.5]);
+        // The running variance takes the unbiased 5 * 4 / 3.
+        close(&vals(&get(&ws, "rv")), &[0.5 * 5. * 4. / 3.]);
 
         // Backward: the batches' scale and bias gradients, summed:
         // dscale = sum dY (X - 4) / 3 = 10/3, dbias = 10.
