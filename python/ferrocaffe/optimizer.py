@@ -1,5 +1,6 @@
 """Parameter updates added to a model's net (Caffe2's ``optimizer``):
-``build_sgd``, ``build_adam``, ``build_adagrad`` and ``add_weight_decay``.
+``build_sgd``, ``build_adam``, ``build_adagrad``, ``build_rms_prop``,
+``build_adadelta`` and ``add_weight_decay``.
 
 ``max_gradient_norm`` multiplies the learning rate by
 ``clip / max(clip, global norm of every gradient)`` (blobs under
@@ -30,7 +31,8 @@ import numpy as np
 from ferrocaffe import core, utils, workspace
 
 __all__ = [
-    "AdagradOptimizer", "AdamOptimizer", "AuxOptimizerParams", "Optimizer", "SgdOptimizer",
+    "AdadeltaOptimizer", "AdagradOptimizer", "AdamOptimizer", "AuxOptimizerParams", "Optimizer",
+    "RmsPropOptimizer", "SgdOptimizer",
     "WeightDecayBuilder", "add_weight_decay", "build_adadelta", "build_adagrad", "build_adam",
     "build_decay_adagrad", "build_fp16_sgd", "build_ftrl", "build_gftrl", "build_multi_precision_sgd",
     "build_rms_prop", "build_sgd", "build_storm", "build_wngrad", "build_yellowfin",
@@ -223,6 +225,81 @@ class AdagradOptimizer(Optimizer):
         self.alpha *= scale
 
 
+class RmsPropOptimizer(Optimizer):
+    """RMSProp: the ``RmsProp`` op turns each gradient into a step
+    (``mom = momentum * mom + grad / sqrt(epsilon + mean_squares)``, its
+    rate 1) and the parameter moves by ``-lr`` times it. Dense gradients
+    only, as in Caffe2. Caffe2 then applied the step with
+    ``MomentumSGDUpdate`` writing into the same ``_momentum`` blob, which
+    replaced RMSProp's moment with ``lr`` times it on every run (wrong with
+    ``momentum`` > 0); here the moment stays RMSProp's own and the step is
+    applied with ``WeightedSum`` (the same parameters when ``momentum`` is
+    0, Caffe2's default)."""
+
+    def __init__(self, alpha=0.01, decay=0.9, momentum=0.0, epsilon=1e-5, policy="fixed", engine="",
+                 **kwargs):
+        super().__init__()
+        self.alpha = alpha
+        self.decay = decay
+        self.momentum = momentum
+        self.epsilon = epsilon
+        self.policy = policy
+        self.engine = engine
+        self.init_kwargs = kwargs
+
+    def _run(self, net, param_init_net, param, grad):
+        assert self.alpha > 0
+        assert not isinstance(grad, core.GradientSlice), "RmsPropOptimizer doesn't support sparse gradients"
+        one = self.ones(param_init_net)
+        lr, _ = self.build_lr(net, param_init_net, self.alpha, policy=self.policy, **self.init_kwargs)
+        step = str(param) + "_grad_o"
+        ms = param_init_net.ConstantFill([param], str(param) + "_mean_squares", value=0.0)
+        mom = param_init_net.ConstantFill([param], str(param) + "_momentum", value=0.0)
+        self._aux_params.local.extend([ms, mom])
+        net.RmsProp([grad, ms, mom, one], [step, ms, mom], decay=float(self.decay),
+                    momentum=float(self.momentum), epsilon=float(self.epsilon))
+        net.WeightedSum([param, one, step, lr], param)
+
+    def scale_learning_rate(self, scale):
+        self.alpha *= scale
+
+
+class AdadeltaOptimizer(Optimizer):
+    """Adadelta (``Adadelta``; sparse gradients: ``SparseAdadelta`` on
+    their rows, duplicates applied in turn): two moments per parameter,
+    ``_squared_moment`` and ``_squared_moment_update``.
+    ``sparse_dedup_aggregator`` is not supported (as for Adagrad)."""
+
+    def __init__(self, alpha=0.01, epsilon=1e-4, decay=0.95, policy="fixed", sparse_dedup_aggregator=None,
+                 engine="", **kwargs):
+        super().__init__()
+        if sparse_dedup_aggregator is not None:
+            raise NotImplementedError("AdadeltaOptimizer: sparse_dedup_aggregator is not supported")
+        self.alpha = alpha
+        self.epsilon = epsilon
+        self.decay = decay
+        self.policy = policy
+        self.engine = engine
+        self.init_kwargs = kwargs
+
+    def _run(self, net, param_init_net, param, grad):
+        if self.alpha <= 0:
+            return
+        lr, _ = self.build_lr(net, param_init_net, self.alpha, policy=self.policy, **self.init_kwargs)
+        moment = param_init_net.ConstantFill([param], str(param) + "_squared_moment", value=0.0)
+        moment_update = param_init_net.ConstantFill([param], str(param) + "_squared_moment_update", value=0.0)
+        self._aux_params.local.extend([moment, moment_update])
+        args = dict(epsilon=float(self.epsilon), decay=float(self.decay))
+        if isinstance(grad, core.GradientSlice):
+            net.SparseAdadelta([param, moment, moment_update, grad.indices, grad.values, lr],
+                               [param, moment, moment_update], **args)
+        else:
+            net.Adadelta([param, moment, moment_update, grad, lr], [param, moment, moment_update], **args)
+
+    def scale_learning_rate(self, scale):
+        self.alpha *= scale
+
+
 class WeightDecayBuilder(Optimizer):
     """Adds ``weight_decay * param`` to each weight's gradient (L2
     regularisation), before an optimizer's update."""
@@ -358,10 +435,26 @@ def build_adagrad(model, base_learning_rate, parameters=None, max_gradient_norm=
                   max_gradient_norm=max_gradient_norm, allow_lr_injection=allow_lr_injection)
 
 
+def build_rms_prop(model, base_learning_rate, max_gradient_norm=None, allow_lr_injection=False, **kwargs):
+    """Adds RMSProp updates (``decay``, ``momentum``, ``epsilon``) of every
+    parameter with a dense gradient; returns the optimizer."""
+    return _build(model, RmsPropOptimizer(alpha=base_learning_rate, **kwargs),
+                  max_gradient_norm=max_gradient_norm, allow_lr_injection=allow_lr_injection)
+
+
+def build_adadelta(model, base_learning_rate, parameters=None, max_gradient_norm=None,
+                   allow_lr_injection=False, **kwargs):
+    """Adds Adadelta updates (``epsilon``, ``decay``; sparse gradients on
+    their rows); returns the optimizer."""
+    return _build(model, AdadeltaOptimizer(alpha=base_learning_rate, **kwargs),
+                  max_gradient_norm=max_gradient_norm, allow_lr_injection=allow_lr_injection)
+
+
 def _not_yet(name):
     def build(model, *args, **kwargs):
         raise NotImplementedError(
-            f"{name}: this optimizer is not supported yet (build_sgd, build_adam and build_adagrad are)"
+            f"{name}: this optimizer is not supported yet (build_sgd, build_adam, build_adagrad, "
+            "build_rms_prop and build_adadelta are)"
         )
     build.__name__ = name
     build.__doc__ = f"Caffe2's {name}; not supported yet (raises NotImplementedError)."
@@ -376,7 +469,5 @@ build_ftrl = _not_yet("build_ftrl")
 build_gftrl = _not_yet("build_gftrl")
 build_wngrad = _not_yet("build_wngrad")
 build_storm = _not_yet("build_storm")
-build_adadelta = _not_yet("build_adadelta")
 build_decay_adagrad = _not_yet("build_decay_adagrad")
 build_yellowfin = _not_yet("build_yellowfin")
-build_rms_prop = _not_yet("build_rms_prop")

@@ -1,7 +1,8 @@
 //! Training support (issue 14): the weight fillers XavierFill and MSRAFill,
 //! LearningRate, and the updates MomentumSGDUpdate, Adam, Adagrad and the
 //! sparse ones (SparseMomentumSGDUpdate, SparseAdam, SparseAdagrad,
-//! RowWiseSparseAdagrad: rows at indices, in order) (float32, as Caffe2's
+//! RowWiseSparseAdagrad: rows at indices, in order), RmsProp, Adadelta and
+//! SparseAdadelta (float32, as Caffe2's
 //! CPU kernels; WeightedSum, the plain SGD update, is in elementwise.rs,
 //! and ScatterWeightedSum, its sparse form, in sparse.rs).
 
@@ -102,6 +103,7 @@ pub fn schemas() -> Vec<OpSchema> {
             .doc("Inputs (param, moment_1, moment_2, grad, lr, iter), outputs (param, moment_1, moment_2[, the effective gradient]), in place or not: t = iter + 1, m1 = b1 m1 + (1 - b1) g, m2 = b2 m2 + (1 - b2) g^2, param += lr * sqrt(1 - b2^t) / (1 - b1^t) * m1 / (sqrt(m2) + epsilon)."),
     ];
     v.extend(adagrad_schemas());
+    v.extend(adaptive_schemas());
     v
 }
 
@@ -660,6 +662,144 @@ fn arr(shape: &[usize], v: Vec<f32>) -> Result<Tensor> {
     ArrayD::from_shape_vec(ndarray::IxDyn(shape), v)
         .map(Tensor::from)
         .map_err(|e| Error::internal(e.to_string()))
+}
+
+// ------------------------------------------------ RmsProp and Adadelta --
+
+/// RmsProp: (grad, mean_squares, mom, lr) -> (grad_o, mean_squares, mom).
+fn rmsprop_in_place(i: usize, o: usize) -> bool {
+    matches!((i, o), (0, 0) | (1, 1) | (2, 2))
+}
+
+/// Adadelta: (param, moment, moment_delta, grad, lr) -> the first three.
+fn adadelta_in_place(i: usize, o: usize) -> bool {
+    matches!((i, o), (0, 0) | (1, 1) | (2, 2))
+}
+
+fn adaptive_schemas() -> Vec<OpSchema> {
+    const ADADELTA_ARGS: &[crate::operator::ArgDoc] = &[
+        arg!("epsilon", "float", "1e-5", "added inside both square roots"),
+        arg!("decay", "float", "0.95", "the moments' decay, in (0, 1)"),
+    ];
+    vec![
+        OpSchema::new("RmsProp", build_rmsprop)
+            .inputs(4, 4)
+            .outputs(3, 3)
+            .inplace(InPlace::Allow(rmsprop_in_place))
+            .args(&[
+                arg!("decay", "float", "0.9", "the mean square's decay"),
+                arg!("momentum", "float", "0", "the moment's decay"),
+                arg!("epsilon", "float", "1e-5", "added to the mean square before its square root"),
+            ])
+            .doc("Inputs (grad, mean_squares, mom, lr), outputs (grad_o, mean_squares_o, mom_o), in place or not (float32): ms = ms + (1 - decay) * (grad^2 - ms), mom = momentum * mom + lr * grad / sqrt(epsilon + ms), grad_o = mom. No gradient."),
+        OpSchema::new("Adadelta", build_adadelta)
+            .inputs(5, 5)
+            .outputs(3, 3)
+            .inplace(InPlace::Allow(adadelta_in_place))
+            .args(ADADELTA_ARGS)
+            .doc("Inputs (param, moment, moment_delta, grad, lr), outputs (param, moment, moment_delta), in place or not (float32): moment = decay * moment + (1 - decay) * g^2, step = sqrt(moment_delta + epsilon) / sqrt(moment + epsilon) * g, param += lr * step, moment_delta = decay * moment_delta + (1 - decay) * step^2."),
+        OpSchema::new("SparseAdadelta", build_adadelta)
+            .inputs(6, 6)
+            .outputs(3, 3)
+            .inplace(InPlace::Enforce(adadelta_in_place))
+            .args(ADADELTA_ARGS)
+            .doc("Inputs (param, moment, moment_delta, indices, grad, lr), outputs (param, moment, moment_delta) in place (float32): Adadelta on the rows at the indices (grad has one row per index, applied in order)."),
+    ]
+}
+
+fn build_rmsprop(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    const OP: &str = "RmsProp";
+    let decay = ctx.args.f32("decay", 0.9)?;
+    let momentum = ctx.args.f32("momentum", 0.0)?;
+    let eps = ctx.args.f32("epsilon", 1e-5)?;
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        f32_in(&l, OP, 0, "the gradient")?;
+        f32_in(&l, OP, 1, "the mean squares")?;
+        f32_in(&l, OP, 2, "the moment")?;
+        check_like(&l, OP, 1, 0)?;
+        check_like(&l, OP, 2, 0)?;
+        let lr = scalar_f32(&l, OP, 3, "the learning rate")?;
+        let g = f32_in(&l, OP, 0, "")?;
+        let mut ms = f32_in(&l, OP, 1, "")?.clone();
+        let mut mom = f32_in(&l, OP, 2, "")?.clone();
+        ndarray::Zip::from(&mut ms)
+            .and(&mut mom)
+            .and(g)
+            .for_each(|ms, mom, &gi| {
+                *ms += (1.0 - decay) * (gi * gi - *ms);
+                *mom = momentum * *mom + lr * gi / (eps + *ms).sqrt();
+            });
+        l.set_output(0, Tensor::from(mom.clone()));
+        l.set_output(1, Tensor::from(ms));
+        l.set_output(2, Tensor::from(mom));
+        Ok(true)
+    }))
+}
+
+/// One Adadelta step of element `(w, h, d)` with gradient `g`.
+#[inline]
+fn adadelta_step(w: &mut f32, h: &mut f32, d: &mut f32, g: f32, lr: f32, eps: f32, decay: f32) {
+    *h = decay * *h + (1.0 - decay) * g * g;
+    let step = ((*d + eps).sqrt() / (*h + eps).sqrt()) * g;
+    *w += lr * step;
+    *d = decay * *d + (1.0 - decay) * step * step;
+}
+
+fn build_adadelta(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let eps = ctx.args.f32("epsilon", 1e-5)?;
+    let decay = ctx.args.f32("decay", 0.95)?;
+    if eps < 0.0 {
+        return Err(ctx.bad_arg(format!("epsilon must be >= 0, got {eps}")));
+    }
+    if !(decay > 0.0 && decay < 1.0) {
+        return Err(ctx.bad_arg(format!("decay must be in (0, 1), got {decay}")));
+    }
+    let sparse = ctx.op_type() == "SparseAdadelta";
+    let op = ctx.op_type().to_string();
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let op = op.as_str();
+        f32_in(&l, op, 0, "the parameter")?;
+        f32_in(&l, op, 1, "the moment")?;
+        f32_in(&l, op, 2, "the moment delta")?;
+        check_like(&l, op, 1, 0)?;
+        check_like(&l, op, 2, 0)?;
+        let (gi, li) = if sparse { (4, 5) } else { (3, 4) };
+        let lr = scalar_f32(&l, op, li, "the learning rate")?;
+        let (mut w, shape) = vec_of(&l, op, 0)?;
+        let (mut h, _) = vec_of(&l, op, 1)?;
+        let (mut d, _) = vec_of(&l, op, 2)?;
+        if sparse {
+            let (rows, block) = sparse_rows(&l, op, 0, 3, gi)?;
+            let (g, _) = vec_of(&l, op, gi)?;
+            for (i, &r) in rows.iter().enumerate() {
+                for j in 0..block {
+                    let k = r * block + j;
+                    adadelta_step(
+                        &mut w[k],
+                        &mut h[k],
+                        &mut d[k],
+                        g[i * block + j],
+                        lr,
+                        eps,
+                        decay,
+                    );
+                }
+            }
+        } else {
+            f32_in(&l, op, gi, "the gradient")?;
+            check_like(&l, op, gi, 0)?;
+            let (g, _) = vec_of(&l, op, gi)?;
+            for k in 0..w.len() {
+                adadelta_step(&mut w[k], &mut h[k], &mut d[k], g[k], lr, eps, decay);
+            }
+        }
+        l.set_output(0, arr(&shape, w)?);
+        l.set_output(1, arr(&shape, h)?);
+        l.set_output(2, arr(&shape, d)?);
+        Ok(true)
+    }))
 }
 
 fn build_sparse_momentum(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
