@@ -28,7 +28,7 @@ from collections import defaultdict, namedtuple
 
 import numpy as np
 
-from ferrocaffe import core, utils, workspace
+from ferrocaffe import core, scope, utils, workspace
 
 __all__ = [
     "AdadeltaOptimizer", "AdagradOptimizer", "AdamOptimizer", "AuxOptimizerParams", "Optimizer",
@@ -59,8 +59,8 @@ class Optimizer:
         cls = type(self).__name__
         self._instance_num = _optimizer_instance_count[cls]
         _optimizer_instance_count[cls] += 1
-        self._lr = None
         self._lr_multiplier = None
+        self._local_lr_multiplier = None
         self._aux_params = AuxOptimizerParams(local=[], shared=[])
 
     def add_lr_multiplier(self, lr_multiplier):
@@ -86,17 +86,73 @@ class Optimizer:
             param = core.BlobReference(param)
         return self._run(net, param_init_net, param, grad)
 
-    def build_lr(self, net, param_init_net, base_learning_rate, policy="fixed", **kwargs):
-        """The learning rate blob (one per optimizer), and the iteration."""
-        iteration = utils.BuildUniqueMutexIter(param_init_net, net)
-        if self._lr is None:
-            prefix = f"{type(self).__name__}_{self._instance_num}"
-            self._lr = net.LearningRate(
-                [iteration], prefix + "_lr_cpu", base_lr=-base_learning_rate, policy=policy, **kwargs
+    def get_cpu_blob_name(self, base_str, node_name=""):
+        """``<class>_<instance>_<base_str><node_name>_cpu``: a blob name of
+        this optimizer's (Caffe2's naming)."""
+        return f"{type(self).__name__}_{self._instance_num}_{base_str}{node_name}_cpu"
+
+    def make_unique_blob_name(self, base_str):
+        """A blob name unique to this optimizer instance (every device is
+        the CPU here; a device scope's node name is kept)."""
+        current = scope.CurrentDeviceScope()
+        return self.get_cpu_blob_name(base_str, getattr(current, "node_name", "") if current else "")
+
+    def build_lr(self, net, param_init_net, base_learning_rate, learning_rate_blob=None, policy="fixed",
+                 iter_val=0, **kwargs):
+        """The learning rate blob for the next update, and the iteration.
+        The rate (``LearningRate`` with ``base_lr = -base_learning_rate``)
+        is made once per optimizer, then scaled by the global multiplier
+        (``add_lr_multiplier``) and by the current parameter's local one
+        (LARS's factor), as Caffe2's."""
+        if learning_rate_blob is None:
+            learning_rate_blob = self.make_unique_blob_name("lr")
+        iteration = utils.BuildUniqueMutexIter(param_init_net, net, iter_val=iter_val)
+        if not net.BlobIsDefined(learning_rate_blob):
+            lr = net.LearningRate(
+                [iteration], learning_rate_blob, base_lr=-base_learning_rate, policy=policy, **kwargs
             )
-            if self._lr_multiplier is not None:
-                self._lr = net.Mul([self._lr, self._lr_multiplier], prefix + "_scaled_lr", broadcast=1)
-        return self._lr, iteration
+        else:
+            lr = net.GetBlobRef(learning_rate_blob)
+        if self._lr_multiplier is not None:
+            scaled = self.make_unique_blob_name("scaled_lr")
+            if net.BlobIsDefined(scaled):
+                lr = net.GetBlobRef(scaled)
+            else:
+                lr = net.Mul([lr, self._lr_multiplier], scaled, broadcast=1)
+        if self._local_lr_multiplier is not None:
+            lr = net.Mul([lr, self._local_lr_multiplier], self.make_unique_blob_name("local_scaled_lr"),
+                         broadcast=1)
+        return lr, iteration
+
+    def _add_local_lr_multiplier(self, local_lr_multiplier, is_gpu_blob=False):
+        """The learning rate of the updates built next is also multiplied by
+        this blob (LARS's per-layer factor), until cleared."""
+        self._local_lr_multiplier = local_lr_multiplier
+
+    def _clear_local_lr_multiplier(self):
+        self._local_lr_multiplier = None
+
+    def create_lars_inputs(self, param_init_net, weight_decay, trust, lr_max):
+        """The constant inputs of ``Lars``: blobs ``weight_decay``, ``trust``
+        and ``lr_max`` of one element each."""
+        wd = param_init_net.ConstantFill([], "weight_decay", shape=[1], value=float(weight_decay))
+        trust = param_init_net.ConstantFill([], "trust", shape=[1], value=float(trust))
+        lr_max = param_init_net.ConstantFill([], "lr_max", shape=[1], value=float(lr_max))
+        return wd, trust, lr_max
+
+    def _lars(self, net, param_init_net, param, grad, lars):
+        """Multiplies the next update's rate by ``Lars`` of the parameter
+        and its dense gradient (offset ``lars``, trust 1, no ceiling, no
+        floor), as Caffe2's optimizers with ``lars`` did; sparse gradients
+        are left alone (as in Caffe2)."""
+        self._clear_local_lr_multiplier()
+        if lars is None or isinstance(grad, core.GradientSlice):
+            return
+        assert lars >= 0, f"Lars offset must be nonnegative, got {lars}"
+        wd, trust, lr_max = self.create_lars_inputs(param_init_net, 0.0, 1.0, float(np.finfo(np.float32).max))
+        factor = net.Lars([param, grad, wd, trust, lr_max], self.make_unique_blob_name(str(param) + "_lars"),
+                          offset=float(lars), lr_min=0.0)
+        self._add_local_lr_multiplier(factor)
 
     @staticmethod
     def ones(param_init_net):
@@ -107,17 +163,24 @@ class Optimizer:
 
 
 class SgdOptimizer(Optimizer):
-    def __init__(self, base_learning_rate=0.01, policy="fixed", momentum=0.0, nesterov=True, **kwargs):
+    def __init__(self, base_learning_rate=0.01, policy="fixed", momentum=0.0, nesterov=True,
+                 sparse_dedup_aggregator=None, lars=None, **kwargs):
         super().__init__()
+        if sparse_dedup_aggregator is not None:
+            raise NotImplementedError("SgdOptimizer: sparse_dedup_aggregator is not supported")
         self.base_learning_rate = base_learning_rate
         self.policy = policy
         self.momentum = momentum
         self.nesterov = nesterov
+        self.lars = lars
         self.init_kwargs = kwargs
 
     def _run(self, net, param_init_net, param, grad):
         if self.base_learning_rate == 0:
             return
+        assert self.base_learning_rate > 0, (
+            f"Expect positive base learning rate, got {self.base_learning_rate}")
+        self._lars(net, param_init_net, param, grad, self.lars)
         # MomentumSGDUpdate subtracts; WeightedSum adds (build_lr negates).
         sign = -1 if self.momentum else 1
         lr, _ = self.build_lr(
@@ -180,10 +243,11 @@ class AdagradOptimizer(Optimizer):
     """Adagrad (dense: ``Adagrad``; sparse: ``SparseAdagrad``, or
     ``RowWiseSparseAdagrad`` with ``rowWise=True``, whose moment is one
     value per row). ``weight_decay`` adds ``weight_decay * param`` to the
-    gradient inside the update op."""
+    gradient inside the update op; ``lars`` (an offset) scales each dense
+    update's rate by ``Lars``."""
 
     def __init__(self, alpha=0.01, epsilon=1e-4, decay=1, weight_decay=0.0, policy="fixed",
-                 sparse_dedup_aggregator=None, rowWise=False, engine="", **kwargs):
+                 sparse_dedup_aggregator=None, rowWise=False, engine="", lars=None, **kwargs):
         super().__init__()
         if sparse_dedup_aggregator is not None:
             raise NotImplementedError("AdagradOptimizer: sparse_dedup_aggregator is not supported")
@@ -194,11 +258,15 @@ class AdagradOptimizer(Optimizer):
         self.policy = policy
         self.rowWise = rowWise
         self.engine = engine
+        self.lars = lars
         self.init_kwargs = kwargs
 
     def _run(self, net, param_init_net, param, grad):
         if self.alpha <= 0:
             return
+        if self.lars is not None and not isinstance(grad, core.GradientSlice):
+            assert self.weight_decay == 0, "weight decay is not implemented for LARS yet"
+        self._lars(net, param_init_net, param, grad, self.lars)
         lr, _ = self.build_lr(net, param_init_net, self.alpha, policy=self.policy, **self.init_kwargs)
         if self.rowWise:
             # One moment per row: the parameter's first dim, read at init.

@@ -1,8 +1,8 @@
 //! Training support (issue 14): the weight fillers XavierFill and MSRAFill,
 //! LearningRate, and the updates MomentumSGDUpdate, Adam, Adagrad and the
 //! sparse ones (SparseMomentumSGDUpdate, SparseAdam, SparseAdagrad,
-//! RowWiseSparseAdagrad: rows at indices, in order), RmsProp, Adadelta and
-//! SparseAdadelta (float32, as Caffe2's
+//! RowWiseSparseAdagrad: rows at indices, in order), RmsProp, Adadelta,
+//! SparseAdadelta and Lars (a layer's learning-rate factor) (float32, as Caffe2's
 //! CPU kernels; WeightedSum, the plain SGD update, is in elementwise.rs,
 //! and ScatterWeightedSum, its sparse form, in sparse.rs).
 
@@ -704,7 +704,60 @@ fn adaptive_schemas() -> Vec<OpSchema> {
             .inplace(InPlace::Enforce(adadelta_in_place))
             .args(ADADELTA_ARGS)
             .doc("Inputs (param, moment, moment_delta, indices, grad, lr), outputs (param, moment, moment_delta) in place (float32): Adadelta on the rows at the indices (grad has one row per index, applied in order)."),
+        OpSchema::new("Lars", build_lars)
+            .inputs(5, 5)
+            .outputs(1, 1)
+            .args(&[
+                arg!("offset", "float", "0.5", "added to the ratio of norms, >= 0"),
+                arg!("lr_min", "float", "0.02", "the least factor, >= 0"),
+            ])
+            .doc("Layer-wise adaptive rate scaling: inputs (X, dX, wd, trust, lr_max) (float32; the last three of one element), output the factor [1] = clip(trust / (|dX| / |X| + wd + offset), lr_min, lr_max), 1 clipped when |X| = 0 (L2 norms). No gradient."),
     ]
+}
+
+fn build_lars(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    const OP: &str = "Lars";
+    let offset = ctx.args.f32("offset", 0.5)?;
+    let lr_min = ctx.args.f32("lr_min", 0.02)?;
+    if offset < 0.0 || lr_min < 0.0 {
+        return Err(ctx.bad_arg(format!(
+            "offset and lr_min must be >= 0, got offset {offset}, lr_min {lr_min}"
+        )));
+    }
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let x = f32_in(&l, OP, 0, "the parameter")?;
+        let dx = f32_in(&l, OP, 1, "the gradient")?;
+        if x.len() != dx.len() {
+            return Err(Error::shape(format!(
+                "Lars: the gradient ('{}', shape {:?}) must have as many elements as the parameter ('{}', shape {:?})",
+                l.input_name(1),
+                dx.shape(),
+                l.input_name(0),
+                x.shape()
+            ))
+            .with_blob(l.input_name(1)));
+        }
+        // Norms accumulated in float64, so a large layer loses nothing.
+        let norm = |a: &ArrayD<f32>| {
+            a.iter()
+                .map(|&v| (v as f64) * (v as f64))
+                .sum::<f64>()
+                .sqrt()
+        };
+        let (xn, dxn) = (norm(x), norm(dx));
+        let wd = scalar_f32(&l, OP, 2, "the weight decay")? as f64;
+        let trust = scalar_f32(&l, OP, 3, "the trust")? as f64;
+        let lr_max = scalar_f32(&l, OP, 4, "lr_max")? as f64;
+        let val = if xn > 0.0 {
+            trust / (dxn / xn + wd + offset as f64)
+        } else {
+            1.0
+        };
+        let out = val.min(lr_max).max(lr_min as f64) as f32;
+        l.set_output(0, arr(&[1], vec![out])?);
+        Ok(true)
+    }))
 }
 
 fn build_rmsprop(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {

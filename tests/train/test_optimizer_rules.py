@@ -1,5 +1,5 @@
-"""RmsProp and Adadelta (ops and optimizers), against plain numpy models of
-Caffe2's update rules written here."""
+"""RmsProp, Adadelta and LARS (ops and optimizers), against plain numpy
+models of Caffe2's update rules written here."""
 
 import numpy as np
 import pytest
@@ -153,3 +153,39 @@ def test_rms_prop_refuses_sparse_gradients(fresh):
     model.AddGradientOperators([loss])
     with pytest.raises(AssertionError, match="sparse"):
         optimizer.build_rms_prop(model, base_learning_rate=0.1)
+
+
+def test_lars_factor_by_hand(fresh):
+    ins = {"x": [3.0, 4.0], "dx": [0.0, 1.0], "wd": [0.1], "trust": [2.0], "lr_max": [10.0]}
+    # |x| = 5, |dx| = 1: 2 / (1/5 + 0.1 + 0.5) = 2.5.
+    (f,) = run("Lars", ins, ["f"], offset=0.5, lr_min=0.0)
+    np.testing.assert_allclose(f, [2.5], rtol=1e-6)
+    (f,) = run("Lars", dict(ins, lr_max=[1.0]), ["f"], offset=0.5, lr_min=0.0)
+    np.testing.assert_allclose(f, [1.0])
+    (f,) = run("Lars", ins, ["f"], offset=0.5, lr_min=3.0)
+    np.testing.assert_allclose(f, [3.0])
+    # A zero parameter: the factor is 1 (then clipped); defaults offset 0.5, lr_min 0.02.
+    (f,) = run("Lars", dict(ins, x=[0.0, 0.0]), ["f"])
+    np.testing.assert_allclose(f, [1.0])
+    with pytest.raises(errors.ShapeError, match="as many elements"):
+        run("Lars", dict(ins, dx=[1.0, 2.0, 3.0]), ["f"])
+    with pytest.raises(errors.InvalidArgumentError, match="offset"):
+        run("Lars", ins, ["f"], offset=-1.0)
+
+
+@pytest.mark.parametrize("build", ["build_sgd", "build_adagrad"])
+def test_lars_scales_each_layers_rate(fresh, build):
+    # One step from w = 0.5 (b = 0): w's rate is lr / (|dw| / |w| + 0.5);
+    # b's norm is 0, so its factor is 1.
+    model, _, x, t = _linear(getattr(optimizer, build), base_learning_rate=0.1, lars=0.5)
+    workspace.RunNet(model.net.Proto().name)
+    w, b = np.full((1, 3), 0.5), np.zeros(1)
+    gw, gb = _grads(w, b, x, t)
+    fw = 1.0 / (np.linalg.norm(gw) / np.linalg.norm(w) + 0.5)
+    if build == "build_sgd":
+        want_w, want_b = w - 0.1 * fw * gw, b - 0.1 * gb
+    else:  # Adagrad's first step: g / (sqrt(g^2) + eps)
+        want_w = w - 0.1 * fw * gw / (np.abs(gw) + 1e-4)
+        want_b = b - 0.1 * gb / (np.abs(gb) + 1e-4)
+    np.testing.assert_allclose(workspace.FetchBlob("y_w"), want_w, rtol=1e-5)
+    np.testing.assert_allclose(workspace.FetchBlob("y_b"), want_b, rtol=1e-5, atol=1e-7)
