@@ -20,7 +20,7 @@ from ferrocaffe.modeling.parameter_info import ParameterTags
 __all__ = [
     "Register", "accuracy", "add_weight_decay", "arg_scope", "average_pool", "concat", "cond", "conv",
     "conv_nd", "conv_transpose", "db_input", "dropout", "fc", "get_current_scope", "group_conv",
-    "has_helper", "loop", "lrn", "max_pool", "relu", "sigmoid", "softmax", "spatial_bn", "sum", "tanh",
+    "has_helper", "layer_norm", "loop", "lrn", "max_pool", "relu", "sigmoid", "softmax", "spatial_bn", "sum", "tanh",
     "transpose",
 ]
 
@@ -338,6 +338,28 @@ def spatial_bn(model, blob_in, blob_out, dim_in, init_scale=1.0, init_bias=0.0, 
         return model.net.SpatialBN(ins, [blob_out], order=order, **kwargs)
     outs = [blob_out, rm, riv, name + "_sm", name + "_siv"]
     return model.net.SpatialBN(ins, outs, order=order, **kwargs)[0]
+
+
+@Register
+def layer_norm(model, blob_in, blob_out, dim_in, axis=1, epsilon=1e-4, initial_scale=1.0, initial_bias=0.0):
+    """LayerNorm of ``blob_in`` over its dims from ``axis`` with a learned
+    scale ``<blob_out>_scale`` (initial_scale, a WEIGHT) and bias
+    ``<blob_out>_bias`` (initial_bias, a BIAS), both of shape ``dim_in`` (an
+    int or a list); returns (normalised, mean, std), the last two named
+    ``<blob_out>_mean`` and ``<blob_out>_std`` (Caffe2's helper)."""
+    shape = [dim_in] if isinstance(dim_in, int) else list(dim_in)
+    scale = model.create_param(
+        param_name=f"{blob_out}_scale", shape=shape,
+        initializer=initializers.Initializer("ConstantFill", value=float(initial_scale)),
+        tags=ParameterTags.WEIGHT)
+    bias = model.create_param(
+        param_name=f"{blob_out}_bias", shape=shape,
+        initializer=initializers.Initializer("ConstantFill", value=float(initial_bias)),
+        tags=ParameterTags.BIAS)
+    normalized, mean, std = model.net.LayerNorm(
+        [blob_in, scale, bias], [blob_out, f"{blob_out}_mean", f"{blob_out}_std"],
+        axis=axis, epsilon=float(epsilon), elementwise_affine=True)
+    return normalized, mean, std
 
 
 @Register

@@ -983,6 +983,19 @@ def _spatial_bn_grad(op, g_output):
     return [g], [w.GI(0), w.GI(1), w.GI(2)] + [None] * (len(op.input) - 3)
 
 
+@_register("LayerNorm")
+def _layer_norm_grad(op, g_output):
+    # Inputs (dY, Y, mean, std, X[, gamma]) -> (dX[, dgamma, dbeta]), as
+    # Caffe2's maker.
+    w = GradientWrapper(op, g_output)
+    ins = [w.GO(0), w.O(0), w.O(1), w.O(2), w.I(0)]
+    outs = [w.GI(0)]
+    if _arg_i(op, "elementwise_affine", 0):
+        ins.append(w.I(1))
+        outs += [w.GI(1), w.GI(2)]
+    return [_op("LayerNormGradient", ins, outs)], outs
+
+
 @_register("LRN")
 def _lrn_grad(op, g_output):
     w = GradientWrapper(op, g_output)

@@ -2,7 +2,8 @@
 //! `SpatialBN` (batch normalisation per channel, training and test),
 //! with `num_batches` the statistics of several batches (`ChannelStats`,
 //! `ChannelBackpropStats` compute each batch's), `LRN` (local response
-//! normalisation across channels), `ChannelShuffle`, and their gradients.
+//! normalisation across channels), `ChannelShuffle`, `LayerNorm`
+//! (normalisation over the dims from an axis on), and their gradients.
 //! Channels are dim 1 (`order` NCHW) or the last dim (NHWC); float32 or
 //! float64.
 
@@ -688,12 +689,228 @@ pub fn schemas() -> Vec<OpSchema> {
             .outputs(1, 1)
             .args(SHUFFLE_ARGS)
             .doc("Shuffles channels: viewed as (group, C / group), transposed to (C / group, group)."),
+        OpSchema::new("LayerNorm", build_layer_norm)
+            .inputs(1, 3)
+            .outputs(3, 3)
+            .args(LAYER_NORM_ARGS)
+            .doc("Normalises X over its dims from `axis` on: inputs (X[, gamma, beta] with elementwise_affine, each of X's shape from axis), outputs (Y, mean, std), mean and std of shape X.shape[:axis] + [1], std = sqrt(var + epsilon) (biased variance); Y = (X - mean) / std (* gamma + beta)."),
+        OpSchema::new("LayerNormGradient", build_layer_norm_grad)
+            .inputs(5, 6)
+            .outputs(1, 3)
+            .args(LAYER_NORM_ARGS)
+            .doc("Gradient of LayerNorm: inputs (dY, Y, mean, std, X[, gamma]), outputs (dX[, dgamma, dbeta])."),
         OpSchema::new("ChannelShuffleGradient", build_shuffle)
             .inputs(1, 1)
             .outputs(1, 1)
             .args(SHUFFLE_ARGS)
             .doc("Gradient of ChannelShuffle: input dY, output dX (the inverse shuffle)."),
     ]
+}
+
+// ------------------------------------------------------------- LayerNorm --
+
+const LAYER_NORM_ARGS: &[ArgDoc] = &[
+    arg!(
+        "axis",
+        "int",
+        "1",
+        "the first normalised dim (negative: from the end)"
+    ),
+    arg!("epsilon", "float", "1e-5", "added to the variance"),
+    arg!(
+        "elementwise_affine",
+        "bool",
+        "0",
+        "inputs gamma and beta scale and shift Y"
+    ),
+];
+
+struct LnArgs {
+    axis: i64,
+    epsilon: f64,
+    affine: bool,
+    op: String,
+}
+
+impl LnArgs {
+    fn parse(ctx: &OpDefCtx<'_>) -> Result<Self> {
+        let affine = ctx.args.bool("elementwise_affine", false)?;
+        let a = LnArgs {
+            axis: ctx.args.i64("axis", 1)?,
+            epsilon: ctx.args.f32("epsilon", 1e-5)? as f64,
+            affine,
+            op: ctx.op_type().to_string(),
+        };
+        let ni = ctx.num_inputs();
+        let want = match (a.op.as_str(), affine) {
+            ("LayerNorm", true) => 3,
+            ("LayerNorm", false) => 1,
+            (_, true) => 6,
+            _ => 5,
+        };
+        if ni != want {
+            return Err(ctx.bad_arg(format!(
+                "{} takes {want} inputs with elementwise_affine = {}; got {ni}",
+                a.op, affine as i32
+            )));
+        }
+        let no = ctx.num_outputs();
+        if a.op == "LayerNormGradient" && no != if affine { 3 } else { 1 } {
+            return Err(ctx.bad_arg(format!(
+                "LayerNormGradient has {} outputs with elementwise_affine = {}; got {no}",
+                if affine { 3 } else { 1 },
+                affine as i32
+            )));
+        }
+        Ok(a)
+    }
+
+    /// (rows M, row length N, the moments' shape) of X (input `xi`).
+    fn split(&self, l: &Locked<'_>, xi: usize) -> Result<(usize, usize, Vec<usize>)> {
+        let shape = l.tensor(xi)?.shape().to_vec();
+        let axis =
+            super::nn::canonical_axis(&self.op, "axis", self.axis, shape.len(), l.input_name(xi))?;
+        let m: usize = shape[..axis].iter().product();
+        let n: usize = shape[axis..].iter().product();
+        let mut moments = shape[..axis].to_vec();
+        moments.push(1);
+        Ok((m, n, moments))
+    }
+}
+
+/// Input `i` with exactly `len` elements (gamma, beta, mean, std).
+fn sized<'l, T: Float>(
+    l: &'l Locked<'_>,
+    op: &str,
+    i: usize,
+    what: &str,
+    len: usize,
+) -> Result<std::borrow::Cow<'l, [T]>> {
+    let a = input::<T>(l, op, i)?;
+    if a.len() != len {
+        return Err(Error::shape(format!(
+            "{op}: {what} ('{}', shape {:?}) must have {len} elements",
+            l.input_name(i),
+            a.shape()
+        ))
+        .with_blob(l.input_name(i)));
+    }
+    Ok(dense(a))
+}
+
+fn layer_norm_t<T: Float>(l: &mut Locked<'_>, a: &LnArgs) -> Result<()> {
+    let op = a.op.as_str();
+    let (m, n, mshape) = a.split(l, 0)?;
+    let xa = input::<T>(l, op, 0)?;
+    let shape = xa.shape().to_vec();
+    let x = dense(xa);
+    let affine = if a.affine {
+        Some((
+            sized::<T>(l, op, 1, "gamma", n)?.into_owned(),
+            sized::<T>(l, op, 2, "beta", n)?.into_owned(),
+        ))
+    } else {
+        None
+    };
+    let (mut mean, mut std) = (vec![T::of(0.0); m], vec![T::of(0.0); m]);
+    let mut y = vec![T::of(0.0); x.len()];
+    let inv_n = T::of(1.0 / n.max(1) as f64);
+    for r in 0..m {
+        let row = &x[r * n..(r + 1) * n];
+        let mu = row.iter().fold(T::of(0.0), |s, &v| s + v) * inv_n;
+        let var = row.iter().fold(T::of(0.0), |s, &v| s + (v - mu) * (v - mu)) * inv_n;
+        let sd = (var + T::of(a.epsilon)).sqrt();
+        let inv = T::of(1.0) / sd;
+        for (j, (&v, o)) in row.iter().zip(&mut y[r * n..(r + 1) * n]).enumerate() {
+            let z = (v - mu) * inv;
+            *o = match &affine {
+                Some((g, b)) => z * g[j] + b[j],
+                None => z,
+            };
+        }
+        mean[r] = mu;
+        std[r] = sd;
+    }
+    l.set_output(0, T::wrap(array(&shape, y)?));
+    l.set_output(1, T::wrap(array(&mshape, mean)?));
+    l.set_output(2, T::wrap(array(&mshape, std)?));
+    Ok(())
+}
+
+fn build_layer_norm(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let a = LnArgs::parse(ctx)?;
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        by_float!(&l, &a.op, 0, layer_norm_t(&mut l, &a))?;
+        Ok(true)
+    }))
+}
+
+fn layer_norm_grad_t<T: Float>(l: &mut Locked<'_>, a: &LnArgs) -> Result<()> {
+    let op = a.op.as_str();
+    // Inputs (dY, Y, mean, std, X[, gamma]).
+    let (m, n, _) = a.split(l, 4)?;
+    let xa = input::<T>(l, op, 4)?;
+    let shape = xa.shape().to_vec();
+    let x = dense(xa);
+    let dya = input::<T>(l, op, 0)?;
+    if dya.shape() != shape.as_slice() {
+        return Err(Error::shape(format!(
+            "{op}: dY ('{}', shape {:?}) must have X's shape {shape:?}",
+            l.input_name(0),
+            dya.shape()
+        ))
+        .with_blob(l.input_name(0)));
+    }
+    let dy = dense(dya);
+    let mean = sized::<T>(l, op, 2, "the mean", m)?;
+    let std = sized::<T>(l, op, 3, "the std", m)?;
+    let gamma = if a.affine {
+        Some(sized::<T>(l, op, 5, "gamma", n)?)
+    } else {
+        None
+    };
+    let mut dx = vec![T::of(0.0); x.len()];
+    let (mut dgamma, mut dbeta) = (vec![T::of(0.0); n], vec![T::of(0.0); n]);
+    let inv_n = T::of(1.0 / n.max(1) as f64);
+    let mut g = vec![T::of(0.0); n];
+    let mut xhat = vec![T::of(0.0); n];
+    for r in 0..m {
+        let inv = T::of(1.0) / std[r];
+        let (mut sg, mut sgx) = (T::of(0.0), T::of(0.0));
+        for j in 0..n {
+            let k = r * n + j;
+            xhat[j] = (x[k] - mean[r]) * inv;
+            g[j] = match &gamma {
+                Some(gm) => dy[k] * gm[j],
+                None => dy[k],
+            };
+            sg = sg + g[j];
+            sgx = sgx + g[j] * xhat[j];
+            dgamma[j] = dgamma[j] + dy[k] * xhat[j];
+            dbeta[j] = dbeta[j] + dy[k];
+        }
+        let (mg, mgx) = (sg * inv_n, sgx * inv_n);
+        for j in 0..n {
+            dx[r * n + j] = (g[j] - mg - xhat[j] * mgx) * inv;
+        }
+    }
+    l.set_output(0, T::wrap(array(&shape, dx)?));
+    if a.affine {
+        let gshape = l.tensor(5)?.shape().to_vec();
+        l.set_output(1, T::wrap(array(&gshape, dgamma)?));
+        l.set_output(2, T::wrap(array(&gshape, dbeta)?));
+    }
+    Ok(())
+}
+
+fn build_layer_norm_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let a = LnArgs::parse(ctx)?;
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        by_float!(&l, &a.op, 4, layer_norm_grad_t(&mut l, &a))?;
+        Ok(true)
+    }))
 }
 
 #[cfg(test)]
