@@ -380,6 +380,8 @@ for _t in (
     # Indices map keys to ids: nothing to differentiate.
     "IntIndexCreate", "LongIndexCreate", "StringIndexCreate", "IndexGet",
     "FloatToFused8BitRowwiseQuantized",
+    # Indices and one-hot codes: nothing to differentiate.
+    "ArgMax", "ArgMin", "OneHot",
 ):
     _register(_t)(_no_gradient)
 _register("Float16ConstantFill")(_no_gradient)
@@ -981,6 +983,33 @@ def _spatial_bn_grad(op, g_output):
         ins = [w.I(0), w.I(1), w.GO(0), w.O(3), w.O(4)]
     g = _op("SpatialBNGradient", ins, [w.GI(0), w.GI(1), w.GI(2)])
     return [g], [w.GI(0), w.GI(1), w.GI(2)] + [None] * (len(op.input) - 3)
+
+
+@_register("Tile")
+def _tile_grad(op, g_output):
+    # TileGradient gets Tile's tiles and axis inputs too, when it had them.
+    w = GradientWrapper(op, g_output)
+    ins = [w.GO(0)] + [w.I(i) for i in range(1, len(op.input))]
+    return [_op("TileGradient", ins, [w.GI(0)])], [w.GI(0)] + [None] * (len(op.input) - 1)
+
+
+@_register("Expand")
+def _expand_grad(op, g_output):
+    w = GradientWrapper(op, g_output)
+    return [_op("ExpandGradient", [w.GO(0), w.I(0)], [w.GI(0)])], [w.GI(0), None]
+
+
+@_register("TopK")
+def _top_k_grad(op, g_output):
+    # (dValues, indices, X) -> dX; the indices carry no gradient.
+    w = GradientWrapper(op, g_output)
+    return [_op("TopKGradient", [w.GO(0), w.O(1), w.I(0)], [w.GI(0)])], [w.GI(0)]
+
+
+@_register("BooleanMask")
+def _boolean_mask_grad(op, g_output):
+    w = GradientWrapper(op, g_output)
+    return [_op("BooleanMaskGradient", [w.I(1), w.GO(0)], [w.GI(0)])], [w.GI(0), None]
 
 
 @_register("LayerNorm")

@@ -1,5 +1,5 @@
-//! Shape and layout ops: Shape, Size, Alias, Range, Transpose, Slice, Where
-//! and LengthsToSegmentIds.
+//! Shape and layout ops: Shape, Size, Alias, Range, Transpose, Slice, Where,
+//! LengthsToSegmentIds, Tile and Expand (and the last two's gradients).
 
 use super::elementwise::{numpy_shape, Shape};
 use super::kernel;
@@ -92,8 +92,41 @@ pub fn schemas() -> Vec<OpSchema> {
             .inputs(1, 1)
             .outputs(1, 1)
             .doc("1-D int32 lengths -> int32 ranges 0..lengths[i], concatenated."),
+        OpSchema::new("Tile", tile)
+            .inputs(1, 3)
+            .outputs(1, 1)
+            .args(TILE_ARGS)
+            .doc("Repeats X `tiles` times along `axis` (X concatenated with itself), any dtype; tiles and axis from the arguments or from one-element int32/int64 inputs 1 and 2."),
+        OpSchema::new("TileGradient", tile)
+            .inputs(1, 3)
+            .outputs(1, 1)
+            .args(TILE_ARGS)
+            .doc("Gradient of Tile: input dY (and Tile's tiles and axis inputs), output dX, the sum of dY's `tiles` blocks along `axis` (float32 or float64)."),
+        OpSchema::new("Expand", expand)
+            .inputs(2, 2)
+            .outputs(1, 1)
+            .doc("Broadcasts X (any dtype) to numpy's broadcast of X's shape with input 1, a 1-D int32/int64 shape (Caffe2's Expand: a 1 in the shape keeps X's dim)."),
+        OpSchema::new("ExpandGradient", expand_grad)
+            .inputs(2, 2)
+            .outputs(1, 1)
+            .doc("Gradient of Expand: inputs (dY, X), output dX: dY summed over the dims X was broadcast along (float32 or float64)."),
     ]
 }
+
+const TILE_ARGS: &[crate::operator::ArgDoc] = &[
+    arg!(
+        "tiles",
+        "int",
+        "1",
+        "how many copies (>= 0), unless input 1 gives it"
+    ),
+    arg!(
+        "axis",
+        "int",
+        "0",
+        "the dim tiled (negative: from the end), unless input 2 gives it"
+    ),
+];
 
 // ------------------------------------------------------------ Shape, Size --
 
@@ -289,6 +322,222 @@ fn transpose(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         };
         let out = crate::with_match_dtype!(t.dtype(), |T| transpose_of::<T>(t, &perm),
             else other => Err(crate::tensor::unsupported_dtype(other)))?;
+        l.set_output(0, out);
+        Ok(true)
+    }))
+}
+
+// ------------------------------------------------------- Tile and Expand --
+
+/// The one int32/int64 value of input `i` (Tile's tiles and axis inputs).
+fn scalar_int(l: &crate::operator::Locked<'_>, op: &str, i: usize, what: &str) -> Result<i64> {
+    let name = l.input_name(i);
+    let t = l.tensor(i)?;
+    let v: Vec<i64> = crate::with_match_dtype!(ints t.dtype(), |T| t.array::<T>()?.iter().map(|&v| i64::from(v)).collect(),
+        else other => return Err(Error::type_error(format!("{op}: {what} ('{name}') must be int32 or int64, got {other}")).with_blob(name)));
+    match v.as_slice() {
+        [x] => Ok(*x),
+        _ => Err(Error::shape(format!(
+            "{op}: {what} ('{name}') must have one element, got shape {:?}",
+            t.shape()
+        ))
+        .with_blob(name)),
+    }
+}
+
+/// (outer, block, inner) of X viewed as [outer, block at `axis`, inner].
+fn around(shape: &[usize], axis: usize) -> (usize, usize, usize) {
+    (
+        shape[..axis].iter().product(),
+        shape[axis],
+        shape[axis + 1..].iter().product(),
+    )
+}
+
+fn tile_of<T: Element>(t: &Tensor, axis: usize, tiles: usize) -> Result<Tensor> {
+    let a = t.array::<T>()?;
+    let x: Vec<T> = a.iter().cloned().collect();
+    let (outer, d, inner) = around(a.shape(), axis);
+    let chunk = d * inner;
+    let mut y: Vec<T> = Vec::with_capacity(x.len() * tiles);
+    for o in 0..outer {
+        for _ in 0..tiles {
+            y.extend_from_slice(&x[o * chunk..(o + 1) * chunk]);
+        }
+    }
+    let mut shape = a.shape().to_vec();
+    shape[axis] *= tiles;
+    Ok(T::wrap(
+        ndarray::ArrayD::from_shape_vec(IxDyn(&shape), y)
+            .map_err(|e| Error::internal(e.to_string()))?,
+    ))
+}
+
+fn tile_grad_of<T: Element + std::ops::Add<Output = T>>(
+    t: &Tensor,
+    axis: usize,
+    tiles: usize,
+) -> Result<Tensor> {
+    let a = t.array::<T>()?;
+    let dy: Vec<T> = a.iter().cloned().collect();
+    let mut shape = a.shape().to_vec();
+    let (outer, d, inner) = around(&shape, axis);
+    if tiles == 0 || d % tiles != 0 {
+        return Err(Error::shape(format!(
+            "TileGradient: dim {axis} of dY (shape {shape:?}) is not a multiple of tiles = {tiles}"
+        )));
+    }
+    let chunk = d / tiles * inner;
+    let mut dx: Vec<T> = Vec::with_capacity(outer * chunk);
+    for o in 0..outer {
+        let base = o * d * inner;
+        let mut acc: Vec<T> = dy[base..base + chunk].to_vec();
+        for r in 1..tiles {
+            let from = base + r * chunk;
+            for (s, v) in acc.iter_mut().zip(&dy[from..from + chunk]) {
+                *s = s.clone() + v.clone();
+            }
+        }
+        dx.extend(acc);
+    }
+    shape[axis] /= tiles;
+    Ok(T::wrap(
+        ndarray::ArrayD::from_shape_vec(IxDyn(&shape), dx)
+            .map_err(|e| Error::internal(e.to_string()))?,
+    ))
+}
+
+fn tile(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let op = ctx.op_type().to_string();
+    let (tiles_arg, axis_arg) = (ctx.args.i64("tiles", 1)?, ctx.args.i64("axis", 0)?);
+    let n = ctx.num_inputs();
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let op = op.as_str();
+        let tiles = if n > 1 {
+            scalar_int(&l, op, 1, "tiles")?
+        } else {
+            tiles_arg
+        };
+        let axis = if n > 2 {
+            scalar_int(&l, op, 2, "axis")?
+        } else {
+            axis_arg
+        };
+        let name = l.input_name(0);
+        let t = l.tensor(0)?;
+        if tiles < 0 {
+            return Err(
+                Error::invalid_arg(format!("{op}: tiles must be >= 0, got {tiles}"))
+                    .with_blob(name),
+            );
+        }
+        if t.ndim() == 0 {
+            return Err(Error::shape(format!(
+                "{op}: the input ('{name}') must have at least one dim"
+            ))
+            .with_blob(name));
+        }
+        let axis = super::nn::canonical_axis(op, "axis", axis, t.ndim(), name)?;
+        let out = if op == "Tile" {
+            crate::with_match_dtype!(t.dtype(), |T| tile_of::<T>(t, axis, tiles as usize),
+                else other => Err(crate::tensor::unsupported_dtype(other)))
+        } else {
+            crate::with_match_dtype!(arith t.dtype(), |T| tile_grad_of::<T>(t, axis, tiles as usize),
+                else other => Err(crate::tensor::unsupported_dtype(other)))
+        }
+        .map_err(|e| e.with_blob(name))?;
+        l.set_output(0, out);
+        Ok(true)
+    }))
+}
+
+fn expand(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let shape_name = l.input_name(1);
+        let st = l.tensor(1)?;
+        if st.ndim() != 1 {
+            return Err(Error::shape(format!(
+                "Expand: the shape ('{shape_name}') must be 1-D, got shape {:?}",
+                st.shape()
+            ))
+            .with_blob(shape_name));
+        }
+        let dims: Vec<i64> = crate::with_match_dtype!(ints st.dtype(), |T| st.array::<T>()?.iter().map(|&v| i64::from(v)).collect(),
+            else other => return Err(Error::type_error(format!("Expand: the shape ('{shape_name}') must be int32 or int64, got {other}")).with_blob(shape_name)));
+        let want: Vec<usize> = dims
+            .into_iter()
+            .map(|d| {
+                usize::try_from(d).map_err(|_| {
+                    Error::invalid_arg(format!(
+                        "Expand: the shape must not have negative dims, got {d}"
+                    ))
+                    .with_blob(l.input_name(1))
+                })
+            })
+            .collect::<Result<_>>()?;
+        let name = l.input_name(0);
+        let t = l.tensor(0)?;
+        let mut out = Shape::new();
+        numpy_shape("Expand", t.shape(), &want, name, l.input_name(1), &mut out)?;
+        let y = crate::with_match_dtype!(t.dtype(), |T| {
+            let a = t.array::<T>()?;
+            let v = a.broadcast(IxDyn(&out)).ok_or_else(|| {
+                Error::shape(format!("Expand: cannot broadcast shape {:?} to {:?}", a.shape(), &out[..]))
+            })?;
+            copy_array(v).map(T::wrap)
+        }, else other => Err(crate::tensor::unsupported_dtype(other)))?;
+        l.set_output(0, y);
+        Ok(true)
+    }))
+}
+
+fn expand_grad_of<T: Element + std::ops::Add<Output = T> + Default>(
+    dy: &Tensor,
+    xs: &[usize],
+) -> Result<Tensor> {
+    let mut g = dy.array::<T>()?.clone();
+    let nd = g.ndim();
+    if xs.len() > nd {
+        return Err(Error::shape(format!(
+            "ExpandGradient: X (shape {xs:?}) has more dims than dY (shape {:?})",
+            g.shape()
+        )));
+    }
+    let pad: Vec<usize> = std::iter::repeat_n(1, nd - xs.len())
+        .chain(xs.iter().copied())
+        .collect();
+    for ax in (0..nd).rev() {
+        if pad[ax] == 1 && g.shape()[ax] != 1 {
+            g = g
+                .fold_axis(ndarray::Axis(ax), T::default(), |s, v| {
+                    s.clone() + v.clone()
+                })
+                .insert_axis(ndarray::Axis(ax));
+        } else if pad[ax] != g.shape()[ax] {
+            return Err(Error::shape(format!(
+                "ExpandGradient: dY (shape {:?}) is not X's shape {xs:?} broadcast",
+                dy.shape()
+            )));
+        }
+    }
+    let v: Vec<T> = g.iter().cloned().collect();
+    Ok(T::wrap(
+        ndarray::ArrayD::from_shape_vec(IxDyn(xs), v)
+            .map_err(|e| Error::internal(e.to_string()))?,
+    ))
+}
+
+fn expand_grad(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let name = l.input_name(0);
+        let xs = l.tensor(1)?.shape().to_vec();
+        let dy = l.tensor(0)?;
+        let out = crate::with_match_dtype!(arith dy.dtype(), |T| expand_grad_of::<T>(dy, &xs),
+            else other => Err(crate::tensor::unsupported_dtype(other)))
+        .map_err(|e| e.with_blob(name))?;
         l.set_output(0, out);
         Ok(true)
     }))
