@@ -1012,6 +1012,12 @@ def _boolean_mask_grad(op, g_output):
     return [_op("BooleanMaskGradient", [w.I(1), w.GO(0)], [w.GI(0)])], [w.GI(0), None]
 
 
+@_register("Normalize")
+def _normalize_grad(op, g_output):
+    w = GradientWrapper(op, g_output)
+    return [_op("NormalizeGradient", [w.I(0), w.GO(0)], [w.GI(0)])], [w.GI(0)]
+
+
 @_register("LayerNorm")
 def _layer_norm_grad(op, g_output):
     # Inputs (dY, Y, mean, std, X[, gamma]) -> (dX[, dgamma, dbeta]), as

@@ -3,7 +3,8 @@
 //! with `num_batches` the statistics of several batches (`ChannelStats`,
 //! `ChannelBackpropStats` compute each batch's), `LRN` (local response
 //! normalisation across channels), `ChannelShuffle`, `LayerNorm`
-//! (normalisation over the dims from an axis on), and their gradients.
+//! (normalisation over the dims from an axis on), `Normalize` and
+//! `NormalizeL1` (unit norm along an axis), and their gradients.
 //! Channels are dim 1 (`order` NCHW) or the last dim (NHWC); float32 or
 //! float64.
 
@@ -699,6 +700,21 @@ pub fn schemas() -> Vec<OpSchema> {
             .outputs(1, 3)
             .args(LAYER_NORM_ARGS)
             .doc("Gradient of LayerNorm: inputs (dY, Y, mean, std, X[, gamma]), outputs (dX[, dgamma, dbeta])."),
+        OpSchema::new("Normalize", build_normalize)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .args(AXIS_LAST)
+            .doc("L2 normalisation along `axis`: Y = X / max(|X|, 1e-12), the norm over that dim (float32 or float64)."),
+        OpSchema::new("NormalizeGradient", build_normalize)
+            .inputs(2, 2)
+            .outputs(1, 1)
+            .args(AXIS_LAST)
+            .doc("Gradient of Normalize: inputs (X, dY), output dX = dY / n - X (X . dY) / n^3, n = max(|X|, 1e-12) along `axis`."),
+        OpSchema::new("NormalizeL1", build_normalize)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .args(AXIS_LAST)
+            .doc("L1 normalisation along `axis`: Y = X / sum |X| over that dim (a zero row stays zero). No gradient."),
         OpSchema::new("ChannelShuffleGradient", build_shuffle)
             .inputs(1, 1)
             .outputs(1, 1)
@@ -909,6 +925,102 @@ fn build_layer_norm_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
         by_float!(&l, &a.op, 4, layer_norm_grad_t(&mut l, &a))?;
+        Ok(true)
+    }))
+}
+
+// ------------------------------------------------------------- Normalize --
+
+const AXIS_LAST: &[ArgDoc] = &[arg!(
+    "axis",
+    "int",
+    "-1",
+    "the dim normalised (negative: from the end)"
+)];
+
+/// Normalize, NormalizeGradient and NormalizeL1 over the rows along `axis`
+/// (element `(o, j, i)` of X viewed as [outer, dim, inner]).
+fn normalize_t<T: Float>(l: &mut Locked<'_>, op: &str, axis: i64) -> Result<()> {
+    let xa = input::<T>(l, op, 0)?;
+    let shape = xa.shape().to_vec();
+    let name = l.input_name(0);
+    if shape.is_empty() {
+        return Err(
+            Error::shape(format!("{op}: X ('{name}') must have at least one dim")).with_blob(name),
+        );
+    }
+    let ax = super::nn::canonical_axis(op, "axis", axis, shape.len(), name)?;
+    let (outer, d, inner) = (
+        shape[..ax].iter().product::<usize>(),
+        shape[ax],
+        shape[ax + 1..].iter().product::<usize>(),
+    );
+    let x = dense(xa);
+    let grad = op == "NormalizeGradient";
+    let dy = if grad {
+        let g = input::<T>(l, op, 1)?;
+        if g.shape() != shape.as_slice() {
+            return Err(Error::shape(format!(
+                "{op}: dY ('{}', shape {:?}) must have X's shape {shape:?}",
+                l.input_name(1),
+                g.shape()
+            ))
+            .with_blob(l.input_name(1)));
+        }
+        Some(dense(g))
+    } else {
+        None
+    };
+    let mut out = vec![T::of(0.0); x.len()];
+    let eps = T::of(1e-12);
+    for o in 0..outer {
+        for i in 0..inner {
+            let at = |j: usize| (o * d + j) * inner + i;
+            if op == "NormalizeL1" {
+                let n = (0..d).fold(T::of(0.0), |s, j| {
+                    let v = x[at(j)];
+                    s + if v < T::of(0.0) { T::of(0.0) - v } else { v }
+                });
+                for j in 0..d {
+                    out[at(j)] = if n != T::of(0.0) {
+                        x[at(j)] / n
+                    } else {
+                        x[at(j)]
+                    };
+                }
+                continue;
+            }
+            let sq = (0..d).fold(T::of(0.0), |s, j| s + x[at(j)] * x[at(j)]);
+            let mut n = sq.sqrt();
+            if n < eps {
+                n = eps;
+            }
+            match &dy {
+                None => {
+                    for j in 0..d {
+                        out[at(j)] = x[at(j)] / n;
+                    }
+                }
+                Some(g) => {
+                    let dot = (0..d).fold(T::of(0.0), |s, j| s + x[at(j)] * g[at(j)]);
+                    let n3 = n * n * n;
+                    for j in 0..d {
+                        out[at(j)] = g[at(j)] / n - x[at(j)] * dot / n3;
+                    }
+                }
+            }
+        }
+    }
+    l.set_output(0, T::wrap(array(&shape, out)?));
+    Ok(())
+}
+
+fn build_normalize(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let axis = ctx.args.i64("axis", -1)?;
+    let op = ctx.op_type().to_string();
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        by_float!(&l, &op, 0, normalize_t(&mut l, &op, axis))?;
         Ok(true)
     }))
 }

@@ -1,5 +1,5 @@
-"""LayerNorm and its gradient against a numpy model written here, and
-brew.layer_norm."""
+"""LayerNorm, Normalize and NormalizeL1 (and the gradients) against numpy
+models written here, and brew.layer_norm."""
 
 import numpy as np
 import pytest
@@ -102,3 +102,22 @@ def test_brew_layer_norm_trains_its_scale_and_bias(fresh):
     # loss = mean(y): dscale = sum over rows of z / 6, dbias = 2 / 6.
     np.testing.assert_allclose(workspace.FetchBlob(str(grads["ln_scale"])), z.sum(axis=0) / 6, atol=1e-6)
     np.testing.assert_allclose(workspace.FetchBlob(str(grads["ln_bias"])), np.full(3, 2 / 6), rtol=1e-6)
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_normalize_and_normalize_l1_match_numpy(fresh, axis):
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((3, 4, 2))
+    x[1, :, 0] = 0.0 if axis == 1 else x[1, :, 0]  # a zero row along axis 1
+    workspace.FeedBlob("x", x)
+    workspace.RunOperatorOnce(core.CreateOperator("Normalize", ["x"], ["y"], axis=axis))
+    n = np.maximum(np.sqrt((x * x).sum(axis=axis, keepdims=True)), 1e-12)
+    np.testing.assert_allclose(workspace.FetchBlob("y"), x / n, rtol=1e-12)
+    workspace.RunOperatorOnce(core.CreateOperator("NormalizeL1", ["x"], ["z"], axis=axis))
+    n1 = np.abs(x).sum(axis=axis, keepdims=True)
+    np.testing.assert_allclose(workspace.FetchBlob("z"), np.where(n1 == 0, x, x / np.where(n1 == 0, 1, n1)),
+                               rtol=1e-12)
+    op = core.CreateOperator("Normalize", ["x"], ["y"], axis=axis)
+    ok, grad, est = GradientChecker(stepsize=1e-6, threshold=1e-5).CheckSimple(op, [rng.standard_normal((3, 4, 2))],
+                                                                           0, [0])
+    assert ok, (grad, est)
