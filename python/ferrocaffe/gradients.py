@@ -724,8 +724,20 @@ def _front_back_max_maker(op, g_output):
 _register("ReduceFrontMax")(_front_back_max_maker)
 _register("ReduceBackMax")(_front_back_max_maker)
 
-for _t in ("ReduceSum", "ReduceMean"):
+for _t in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceL1", "ReduceL2"):
     _register(_t)(_reduce_maker)
+
+
+@_register("DotProduct")
+def _dot_product_grad(op, g_output):
+    w = GradientWrapper(op, g_output)
+    ins = [w.I(0), w.I(1), w.GO(0)]
+    if w.I(0) == w.I(1):
+        # DotProduct(x, x): both gradients go to one blob, summed here.
+        tmp = "_" + w.GI(0) + "_rhs"
+        ops = [_op("DotProductGradient", ins, [w.GI(0), tmp]), _op("Sum", [w.GI(0), tmp], [w.GI(0)])]
+        return ops, [w.GI(0), w.GI(0)]
+    return [_op("DotProductGradient", ins, [w.GI(0), w.GI(1)])], [w.GI(0), w.GI(1)]
 for _t in ("ReduceFrontSum", "ReduceBackSum", "ReduceFrontMean", "ReduceBackMean"):
     _register(_t)(_front_back_maker)
 
@@ -958,6 +970,7 @@ def _pool_grad(op, g_output):
 for _t in ("MaxPool", "AveragePool"):
     for _d in ("", "1D", "2D", "3D"):
         _register(_t + _d)(_pool_grad)
+_register("LpPool")(_pool_grad)
 
 
 @_register("SpatialBN")
