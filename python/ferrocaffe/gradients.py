@@ -380,6 +380,8 @@ for _t in (
     # Indices map keys to ids: nothing to differentiate.
     "IntIndexCreate", "LongIndexCreate", "StringIndexCreate", "IndexGet",
     "FloatToFused8BitRowwiseQuantized",
+    # A shape made of lengths.
+    "LengthsToShape",
 ):
     _register(_t)(_no_gradient)
 _register("Float16ConstantFill")(_no_gradient)

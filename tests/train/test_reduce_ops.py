@@ -435,3 +435,23 @@ def test_lp_pool_default_p_global_and_errors(fresh):
         run("LpPool", {"X": x}, ["Y"], kernel=2, p=-1.0)
     with pytest.raises(errors.DataTypeError, match="LpPool"):
         run("LpPool", {"X": x.astype(np.int32)}, ["Y"], kernel=2)
+
+
+# -------------------------------------------------------- LengthsToShape --
+
+
+def test_lengths_to_shape_feeds_reshape(fresh):
+    (s,) = run("LengthsToShape", {"L": np.array([4, 4, 4], dtype=np.int32)}, ["S"])
+    assert s.dtype == np.int32
+    np.testing.assert_array_equal(s, [3, 4])
+    (y, _old) = run("Reshape", {"X": np.arange(12, dtype=np.float32), "S": s}, ["Y", "old"])
+    assert y.shape == (3, 4)
+    with pytest.raises(errors.InvalidArgumentError, match="all lengths must be the same") as e:
+        run("LengthsToShape", {"L": np.array([4, 5], dtype=np.int32)}, ["S"])
+    assert e.value.blob == "L"
+    with pytest.raises(errors.DataTypeError, match="1-D int32"):
+        run("LengthsToShape", {"L": np.array([[4]], dtype=np.int32)}, ["S"])
+    net = core.Net("no_grad")
+    net.LengthsToShape(["L"], ["S"])
+    ops, g_in = core.GradientRegistry.GetGradientForOp(net.Proto().op[0], ["S_grad"])
+    assert ops == [] and g_in == [None]

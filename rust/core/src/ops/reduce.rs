@@ -1,5 +1,5 @@
 //! Reshapes and reductions (issue 14): Reshape, Flatten, FlattenToVec,
-//! ExpandDims, Squeeze, ResizeLike, ReduceSum, ReduceMean, ReduceMax,
+//! ExpandDims, Squeeze, ResizeLike, LengthsToShape, ReduceSum, ReduceMean, ReduceMax,
 //! ReduceMin, ReduceL1, ReduceL2, ReduceFrontSum/Mean/Max,
 //! ReduceBackSum/Mean/Max and their gradient ops; SumReduceLike; the
 //! row-wise DotProduct and its gradient.
@@ -120,6 +120,11 @@ pub fn schemas() -> Vec<OpSchema> {
             .inplace(InPlace::Allow(in_place_0_0))
             .args(&[arg!("dims", "ints", "[]", "the input dims (each of size 1, >= 0) to remove")])
             .doc("Removes the dims `dims`, each of which must have size 1."),
+        OpSchema::new("LengthsToShape", build_lengths_to_shape)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .infer(|_, _, _| Ok(vec![Some(crate::operator::ShapeInfo::new(vec![2], DataType::Int32))]))
+            .doc("The shape [len(lengths), lengths[0]] (int32) of 1-D int32 lengths that are all equal (a shape for Reshape); [0, 0] for no lengths."),
         OpSchema::new("ResizeLike", build_resize_like)
             .inputs(2, 2)
             .outputs(1, 1)
@@ -410,6 +415,43 @@ fn build_expand_squeeze(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
                 .collect()
         };
         set_reshaped(&mut l, &new)?;
+        Ok(true)
+    }))
+}
+
+fn build_lengths_to_shape(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    Ok(kernel(|cx| {
+        let mut l = cx.lock();
+        let t = l.tensor(0)?;
+        let name = l.input_name(0);
+        let lengths = match t {
+            Tensor::I32(a) if a.ndim() == 1 => a,
+            _ => {
+                return Err(Error::type_error(format!(
+                    "LengthsToShape: the lengths ('{name}') must be a 1-D int32 tensor, got {} of shape {:?}",
+                    t.dtype(),
+                    t.shape()
+                ))
+                .with_blob(name))
+            }
+        };
+        let first = lengths.first().copied().unwrap_or(0);
+        if let Some(other) = lengths.iter().find(|&&v| v != first) {
+            return Err(Error::invalid_arg(format!(
+                "LengthsToShape: all lengths must be the same, got {first} and {other}"
+            ))
+            .with_blob(name));
+        }
+        let n = i32::try_from(lengths.len()).map_err(|_| {
+            Error::invalid_arg(format!(
+                "LengthsToShape: {} lengths do not fit an int32 shape",
+                lengths.len()
+            ))
+            .with_blob(name)
+        })?;
+        let out = ArrayD::from_shape_vec(IxDyn(&[2]), vec![n, first])
+            .map_err(|e| Error::internal(e.to_string()))?;
+        l.set_output(0, Tensor::from(out));
         Ok(true)
     }))
 }
@@ -1506,6 +1548,33 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.kind, ErrorKind::Shape);
+    }
+
+    #[test]
+    fn lengths_to_shape_by_hand() {
+        let ws = ws_with(&[
+            ("l", crate::test_util::i32s(&[200, 200, 200])),
+            ("bad", crate::test_util::i32s(&[2, 3])),
+            ("none", crate::test_util::i32s(&[])),
+        ]);
+        run(&ws, op("LengthsToShape", &["l"], &["s"], vec![])).unwrap();
+        let s: Vec<i32> = get(&ws, "s")
+            .array::<i32>()
+            .unwrap()
+            .iter()
+            .copied()
+            .collect();
+        assert_eq!(s, vec![3, 200]);
+        run(&ws, op("LengthsToShape", &["none"], &["s"], vec![])).unwrap();
+        let s: Vec<i32> = get(&ws, "s")
+            .array::<i32>()
+            .unwrap()
+            .iter()
+            .copied()
+            .collect();
+        assert_eq!(s, vec![0, 0]);
+        let e = run(&ws, op("LengthsToShape", &["bad"], &["s"], vec![])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
     }
 
     #[test]
