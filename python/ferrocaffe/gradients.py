@@ -730,16 +730,25 @@ for _t in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceL1", "Red
     _register(_t)(_reduce_maker)
 
 
-@_register("DotProduct")
-def _dot_product_grad(op, g_output):
-    w = GradientWrapper(op, g_output)
-    ins = [w.I(0), w.I(1), w.GO(0)]
-    if w.I(0) == w.I(1):
-        # DotProduct(x, x): both gradients go to one blob, summed here.
-        tmp = "_" + w.GI(0) + "_rhs"
-        ops = [_op("DotProductGradient", ins, [w.GI(0), tmp]), _op("Sum", [w.GI(0), tmp], [w.GI(0)])]
-        return ops, [w.GI(0), w.GI(0)]
-    return [_op("DotProductGradient", ins, [w.GI(0), w.GI(1)])], [w.GI(0), w.GI(1)]
+def _pair_maker(grad_type):
+    """Row-wise ops of (X, Y): the gradient op takes (X, Y, dZ) and gives
+    (dX, dY)."""
+
+    def maker(op, g_output):
+        w = GradientWrapper(op, g_output)
+        ins = [w.I(0), w.I(1), w.GO(0)]
+        if w.I(0) == w.I(1):
+            # f(x, x): both gradients go to one blob, summed here.
+            tmp = "_" + w.GI(0) + "_rhs"
+            ops = [_op(grad_type, ins, [w.GI(0), tmp]), _op("Sum", [w.GI(0), tmp], [w.GI(0)])]
+            return ops, [w.GI(0), w.GI(0)]
+        return [_op(grad_type, ins, [w.GI(0), w.GI(1)])], [w.GI(0), w.GI(1)]
+
+    return maker
+
+
+for _t in ("DotProduct", "CosineSimilarity", "DotProductWithPadding"):
+    _register(_t)(_pair_maker(_t + "Gradient"))
 for _t in ("ReduceFrontSum", "ReduceBackSum", "ReduceFrontMean", "ReduceBackMean"):
     _register(_t)(_front_back_maker)
 

@@ -455,3 +455,72 @@ def test_lengths_to_shape_feeds_reshape(fresh):
     net.LengthsToShape(["L"], ["S"])
     ops, g_in = core.GradientRegistry.GetGradientForOp(net.Proto().op[0], ["S_grad"])
     assert ops == [] and g_in == [None]
+
+
+# ---------------------------------- CosineSimilarity, DotProductWithPadding --
+
+
+@settings(**SETTINGS)
+@given(shape=st.lists(st.integers(1, 4), min_size=1, max_size=3), seed=st.integers(0, 1000))
+def test_cosine_similarity_matches_numpy_and_gradient(fresh, shape, seed):
+    rs = np.random.RandomState(seed)
+    x, y = rs.randn(*shape), rs.randn(*shape)
+    (z,) = run("CosineSimilarity", {"X": x, "Y": y}, ["Z"])
+    xr, yr = x.reshape(shape[0], -1), y.reshape(shape[0], -1)
+    want = (xr * yr).sum(1) / np.sqrt((xr * xr).sum(1) * (yr * yr).sum(1))
+    np.testing.assert_allclose(z, want, rtol=1e-10)
+    op = core.CreateOperator("CosineSimilarity", ["X", "Y"], ["Z"])
+    check_grad(op, [x, y], [0, 1], step=1e-6, tol=1e-5)
+
+
+def test_cosine_similarity_of_zero_rows(fresh):
+    # The squared norms have a floor of 1e-12 (Caffe2's): a zero row gives 0.
+    x = np.array([[0.0, 0.0], [1.0, 2.0]], dtype=np.float32)
+    (z,) = run("CosineSimilarity", {"X": x, "Y": x}, ["Z"])
+    np.testing.assert_allclose(z, [0.0, 1.0], rtol=1e-6)
+
+
+def padded_dot_ref(x, y, pad_value, replicate):
+    n = x.shape[0]
+    xr, yr = x.reshape(n, -1), y.reshape(n, -1)
+    if xr.shape[1] < yr.shape[1]:
+        xr, yr = yr, xr
+    d = yr.shape[1]
+    if replicate:
+        return np.array([sum(xr[i, j:j + d] @ yr[i] for j in range(0, xr.shape[1], d)) for i in range(n)])
+    return (xr[:, :d] * yr).sum(1) + pad_value * xr[:, d:].sum(1)
+
+
+@settings(**SETTINGS)
+@given(
+    n=st.integers(1, 3),
+    short=st.integers(1, 3),
+    times=st.integers(1, 3),
+    extra=st.integers(0, 2),
+    x_longer=st.booleans(),
+    replicate=st.booleans(),
+    pad_value=st.sampled_from([0.0, 1.5]),
+    seed=st.integers(0, 1000),
+)
+def test_dot_product_with_padding(fresh, n, short, times, extra, x_longer, replicate, pad_value, seed):
+    rs = np.random.RandomState(seed)
+    long = short * times if replicate else short + extra
+    x, y = rs.randn(n, long), rs.randn(n, short)
+    if not x_longer:
+        x, y = y, x
+    kw = dict(pad_value=pad_value, replicate=int(replicate))
+    (z,) = run("DotProductWithPadding", {"X": x, "Y": y}, ["Z"], **kw)
+    np.testing.assert_allclose(z, padded_dot_ref(x, y, pad_value, replicate), rtol=1e-10)
+    op = core.CreateOperator("DotProductWithPadding", ["X", "Y"], ["Z"], **kw)
+    ops, _ = core.GradientRegistry.GetGradientForOp(op, ["Z_grad"])
+    assert {a.name for a in ops[0].arg} == {"pad_value", "replicate"}
+    check_grad(op, [x, y], [0, 1], step=1e-6, tol=1e-5)
+
+
+def test_dot_product_with_padding_errors(fresh):
+    x, y = np.ones((2, 3), np.float32), np.ones((2, 2), np.float32)
+    with pytest.raises(errors.ShapeError, match="whole number") as e:
+        run("DotProductWithPadding", {"X": x, "Y": y}, ["Z"], replicate=1)
+    assert e.value.blob == "Y"
+    with pytest.raises(errors.ShapeError, match="first dim"):
+        run("DotProductWithPadding", {"X": x, "Y": np.ones((3, 2), np.float32)}, ["Z"])
