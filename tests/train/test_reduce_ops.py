@@ -89,6 +89,9 @@ def test_reduce_keepdims_defaults_to_1_and_axes_to_all(fresh):
     assert y.shape == (1, 1, 1) and y.item() == np.abs(x).sum()
     (y,) = run("ReduceMax", {"X": x}, ["Y"], axes=[0, 2], keepdims=0)
     np.testing.assert_array_equal(y, x.max(axis=(0, 2)))
+    # An empty axes list reduces every dim, as Caffe2.
+    (y,) = run("ReduceMin", {"X": x}, ["Y"], axes=[], keepdims=0)
+    assert y.shape == () and y.item() == x.min()
 
 
 @pytest.mark.parametrize("op_type", ["ReduceMax", "ReduceMin"])

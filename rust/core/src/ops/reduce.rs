@@ -1,9 +1,9 @@
 //! Reshapes and reductions (issue 14): Reshape, Flatten, FlattenToVec,
-//! ExpandDims, Squeeze, ResizeLike, LengthsToShape, ReduceSum, ReduceMean, ReduceMax,
-//! ReduceMin, ReduceL1, ReduceL2, ReduceFrontSum/Mean/Max,
+//! ExpandDims, Squeeze, ResizeLike, LengthsToShape, ReduceSum, ReduceMean,
+//! ReduceMax, ReduceMin, ReduceL1, ReduceL2, ReduceFrontSum/Mean/Max,
 //! ReduceBackSum/Mean/Max and their gradient ops; SumReduceLike; the
-//! row-wise DotProduct, CosineSimilarity and DotProductWithPadding and their
-//! gradients.
+//! row-wise DotProduct, CosineSimilarity and DotProductWithPadding and
+//! their gradients.
 //!
 //! The reshapes take any dtype and copy (Caffe2 shared the buffer); the
 //! reductions take float32 or float64 (ReduceSum, ReduceMax and ReduceMin
@@ -569,6 +569,11 @@ fn typed<'l, T: Element>(l: &'l Locked<'_>, op: &str, i: usize) -> Result<&'l Ar
     })
 }
 
+/// The `axes` argument; `None` (every dim) when absent or empty, as Caffe2.
+fn axes_arg(args: &crate::args::Args<'_>) -> Result<Option<Vec<i64>>> {
+    Ok(args.ints("axes")?.filter(|a| !a.is_empty()))
+}
+
 /// The reduced dims (sorted, deduplicated) of a `ndim`-dim input.
 fn reduce_axes(op: &str, axes: &Option<Vec<i64>>, ndim: usize, blob: &str) -> Result<Vec<bool>> {
     let mut red = vec![axes.is_none(); ndim];
@@ -774,7 +779,7 @@ fn reduce_sum_int<T: WrappingSum>(
 }
 
 fn build_reduce(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
-    let axes = ctx.args.ints("axes")?;
+    let axes = axes_arg(&ctx.args)?;
     let keep = ctx.args.i64("keepdims", 1)? != 0;
     let op = ctx.op_type().to_string();
     let r = Reducer::of(&op)?;
@@ -809,7 +814,7 @@ fn reduce_infer(
     let Some(x) = known(ins, 0) else {
         return Ok(vec![None]);
     };
-    let axes = args.ints("axes")?;
+    let axes = axes_arg(args)?;
     let keep = args.i64("keepdims", 1)? != 0;
     let mut red = vec![axes.is_none(); x.dims.len()];
     for &a in axes.iter().flatten() {
@@ -940,7 +945,7 @@ fn extreme_grad_t<T: Extremum>(
 }
 
 fn build_reduce_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
-    let axes = ctx.args.ints("axes")?;
+    let axes = axes_arg(&ctx.args)?;
     let op = ctx.op_type().to_string();
     let r = Reducer::of(&op)?;
     Ok(kernel(move |cx| {
@@ -1669,8 +1674,13 @@ mod tests {
         assert_eq!(vals(&get(&ws, "mn")), vec![1., -5., -6.]);
         run(&ws, op("ReduceL1", &["x"], &["l1"], axis1())).unwrap();
         assert_eq!(vals(&get(&ws, "l1")), vec![9., 12.]);
-        // All dims by default, kept as 1s: sqrt(1+25+9+16+4+36) = sqrt(91).
-        run(&ws, op("ReduceL2", &["x"], &["l2"], vec![])).unwrap();
+        // All dims when axes is empty (or absent), kept as 1s:
+        // sqrt(1+25+9+16+4+36) = sqrt(91).
+        run(
+            &ws,
+            op("ReduceL2", &["x"], &["l2"], vec![ints("axes", &[])]),
+        )
+        .unwrap();
         assert_eq!(get(&ws, "l2").shape(), &[1, 1]);
         assert!((vals(&get(&ws, "l2"))[0] - 91f32.sqrt()).abs() < 1e-5);
         // Integers: the max of int32 values, and no float-only op takes them.
