@@ -117,7 +117,11 @@ fn real_types() -> String {
 }
 
 /// Input `i` as an array of `T`, or a type error naming the op and blob.
-pub(crate) fn input<'l, T: Real>(l: &'l Locked<'_>, op: &str, i: usize) -> Result<&'l ArrayD<T>> {
+pub(crate) fn input<'l, T: Element>(
+    l: &'l Locked<'_>,
+    op: &str,
+    i: usize,
+) -> Result<&'l ArrayD<T>> {
     let t = l.tensor(i)?;
     T::view(t).ok_or_else(|| {
         let name = l.input_name(i);

@@ -203,33 +203,30 @@ fn pool_t<T: Float>(l: &mut Locked<'_>, a: &PoolArgs) -> Result<()> {
     Ok(())
 }
 
-fn pool_grad_t<T: Float>(l: &mut Locked<'_>, a: &PoolArgs) -> Result<()> {
-    let s = setup(l, a)?;
-    let dys = l.tensor(2)?.shape().to_vec();
-    if dys != s.y_shape {
+/// Input `i` (`what`: Y or dY) of a gradient op has the pooled shape.
+fn check_pooled(l: &Locked<'_>, a: &PoolArgs, s: &Setup, i: usize, what: &str) -> Result<()> {
+    let shape = l.tensor(i)?.shape();
+    if shape != s.y_shape.as_slice() {
         return Err(Error::shape(format!(
-            "{}: dY ('{}', shape {dys:?}) must have the pooled shape {:?}",
+            "{}: {what} ('{}', shape {shape:?}) must have the pooled shape {:?}",
             a.op,
-            l.input_name(2),
+            l.input_name(i),
             s.y_shape
         ))
-        .with_blob(l.input_name(2)));
+        .with_blob(l.input_name(i)));
     }
+    Ok(())
+}
+
+fn pool_grad_t<T: Float>(l: &mut Locked<'_>, a: &PoolArgs) -> Result<()> {
+    let s = setup(l, a)?;
+    check_pooled(l, a, &s, 2, "dY")?;
     let x = dense(input::<T>(l, &a.op, 0)?);
     let dy = dense(input::<T>(l, &a.op, 2)?);
     let mut dx = vec![T::of(0.0); x.len()];
     let zero = T::of(0.0);
     if let Kind::Lp(p) = a.kind {
-        let ys = l.tensor(1)?.shape().to_vec();
-        if ys != s.y_shape {
-            return Err(Error::shape(format!(
-                "{}: Y ('{}', shape {ys:?}) must have the pooled shape {:?}",
-                a.op,
-                l.input_name(1),
-                s.y_shape
-            ))
-            .with_blob(l.input_name(1)));
-        }
+        check_pooled(l, a, &s, 1, "Y")?;
         // dy/dx_j = sign(x_j) (|x_j| / y)^(p-1); 0 where x_j or the norm y
         // is 0 (Caffe2's x |x|^(p-2) / y^(p-1) is NaN there).
         let y = dense(input::<T>(l, &a.op, 1)?);

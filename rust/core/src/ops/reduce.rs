@@ -554,21 +554,6 @@ fn dtype_error(l: &Locked<'_>, op: &str, i: usize, got: DataType, allowed: &[Dat
     .with_blob(name)
 }
 
-/// Input `i` as an array of `T` (any element type), or a type error naming
-/// the op and blob.
-fn typed<'l, T: Element>(l: &'l Locked<'_>, op: &str, i: usize) -> Result<&'l ArrayD<T>> {
-    let t = l.tensor(i)?;
-    T::view(t).ok_or_else(|| {
-        let name = l.input_name(i);
-        Error::type_error(format!(
-            "{op}: input {i} ('{name}') must be a {} tensor like input 0, got {}",
-            T::DTYPE,
-            t.dtype()
-        ))
-        .with_blob(name)
-    })
-}
-
 /// The `axes` argument; `None` (every dim) when absent or empty, as Caffe2.
 fn axes_arg(args: &crate::args::Args<'_>) -> Result<Option<Vec<i64>>> {
     Ok(args.ints("axes")?.filter(|a| !a.is_empty()))
@@ -598,6 +583,29 @@ fn kept_shape(shape: &[usize], red: &[bool]) -> Vec<usize> {
         .zip(red)
         .map(|(&d, &r)| if r { 1 } else { d })
         .collect()
+}
+
+/// Input 0 of a Reduce op, its reduced dims and the output shape.
+fn reduce_input<'l, T: Element>(
+    l: &'l Locked<'_>,
+    op: &str,
+    axes: &Option<Vec<i64>>,
+    keep: bool,
+) -> Result<(&'l ArrayD<T>, Vec<bool>, Vec<usize>)> {
+    let x = input::<T>(l, op, 0)?;
+    let red = reduce_axes(op, axes, x.ndim(), l.input_name(0))?;
+    let out = reduced_shape(x.shape(), &red, keep);
+    Ok((x, red, out))
+}
+
+/// How many elements each output of a reduction of `shape` over `red` sums.
+fn reduced_count(shape: &[usize], red: &[bool]) -> usize {
+    shape
+        .iter()
+        .zip(red)
+        .filter(|(_, &r)| r)
+        .map(|(&d, _)| d)
+        .product()
 }
 
 /// The output shape: the reduced dims kept as 1 (`keep`) or dropped.
@@ -676,21 +684,13 @@ fn reduce_t<T: Float>(
     axes: &Option<Vec<i64>>,
     keep: bool,
 ) -> Result<()> {
-    let x = input::<T>(l, op, 0)?;
-    let red = reduce_axes(op, axes, x.ndim(), l.input_name(0))?;
-    let out = reduced_shape(x.shape(), &red, keep);
+    let (x, red, out) = reduce_input::<T>(l, op, axes, keep)?;
     let zero = T::of(0.0);
     let add = |s: &T, v: &T| *s + *v;
     let y = match r {
         Reducer::Sum => fold_reduced(x.view(), &red, zero, add),
         Reducer::Mean => {
-            let count: usize = x
-                .shape()
-                .iter()
-                .zip(&red)
-                .filter(|(_, &r)| r)
-                .map(|(&d, _)| d)
-                .product();
+            let count = reduced_count(x.shape(), &red);
             let c = T::of(count as f64);
             let mut y = fold_reduced(x.view(), &red, zero, add);
             y.mapv_inplace(|v| if count == 0 { T::of(f64::NAN) } else { v / c });
@@ -733,9 +733,7 @@ fn reduce_extreme_t<T: Extremum>(
     axes: &Option<Vec<i64>>,
     keep: bool,
 ) -> Result<()> {
-    let x = typed::<T>(l, op, 0)?;
-    let red = reduce_axes(op, axes, x.ndim(), l.input_name(0))?;
-    let out = reduced_shape(x.shape(), &red, keep);
+    let (x, red, out) = reduce_input::<T>(l, op, axes, keep)?;
     let init = if max { T::LOWEST } else { T::HIGHEST };
     let y = fold_reduced(x.view(), &red, init, |s, v| {
         let nan = v.partial_cmp(v).is_none();
@@ -771,9 +769,7 @@ fn reduce_sum_int<T: WrappingSum>(
     axes: &Option<Vec<i64>>,
     keep: bool,
 ) -> Result<()> {
-    let x = typed::<T>(l, "ReduceSum", 0)?;
-    let red = reduce_axes("ReduceSum", axes, x.ndim(), l.input_name(0))?;
-    let out = reduced_shape(x.shape(), &red, keep);
+    let (x, red, out) = reduce_input::<T>(l, "ReduceSum", axes, keep)?;
     let y = fold_reduced(x.view(), &red, T::default(), |s, v| s.wrapping_plus(*v));
     set_reduced(l, &y, &out)
 }
@@ -886,12 +882,7 @@ fn reduce_grad_t<T: Float>(
     let dx = match r {
         Reducer::Sum => g.to_owned(),
         Reducer::Mean => {
-            let count: usize = x_shape
-                .iter()
-                .zip(&red)
-                .filter(|(_, &r)| r)
-                .map(|(&d, _)| d)
-                .product();
+            let count = reduced_count(&x_shape, &red);
             let scale = T::of(1.0 / count.max(1) as f64);
             g.mapv(|v| v * scale)
         }
@@ -925,9 +916,9 @@ fn extreme_grad_t<T: Extremum>(
     axes: &Option<Vec<i64>>,
 ) -> Result<()> {
     let (dy, x, y) = (
-        typed::<T>(l, op, 0)?,
-        typed::<T>(l, op, 1)?,
-        typed::<T>(l, op, 2)?,
+        input::<T>(l, op, 0)?,
+        input::<T>(l, op, 1)?,
+        input::<T>(l, op, 2)?,
     );
     let x_shape = x.shape().to_vec();
     let red = reduce_axes(op, axes, x_shape.len(), l.input_name(1))?;
