@@ -382,6 +382,8 @@ for _t in (
     "FloatToFused8BitRowwiseQuantized",
     # Indices and one-hot codes: nothing to differentiate.
     "ArgMax", "ArgMin", "OneHot",
+    # A shape made of lengths.
+    "LengthsToShape",
 ):
     _register(_t)(_no_gradient)
 _register("Float16ConstantFill")(_no_gradient)
@@ -726,8 +728,29 @@ def _front_back_max_maker(op, g_output):
 _register("ReduceFrontMax")(_front_back_max_maker)
 _register("ReduceBackMax")(_front_back_max_maker)
 
-for _t in ("ReduceSum", "ReduceMean"):
+for _t in ("ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceL1", "ReduceL2"):
     _register(_t)(_reduce_maker)
+
+
+def _pair_maker(grad_type):
+    """Row-wise ops of (X, Y): the gradient op takes (X, Y, dZ) and gives
+    (dX, dY)."""
+
+    def maker(op, g_output):
+        w = GradientWrapper(op, g_output)
+        ins = [w.I(0), w.I(1), w.GO(0)]
+        if w.I(0) == w.I(1):
+            # f(x, x): both gradients go to one blob, summed here.
+            tmp = "_" + w.GI(0) + "_rhs"
+            ops = [_op(grad_type, ins, [w.GI(0), tmp]), _op("Sum", [w.GI(0), tmp], [w.GI(0)])]
+            return ops, [w.GI(0), w.GI(0)]
+        return [_op(grad_type, ins, [w.GI(0), w.GI(1)])], [w.GI(0), w.GI(1)]
+
+    return maker
+
+
+for _t in ("DotProduct", "CosineSimilarity", "DotProductWithPadding"):
+    _register(_t)(_pair_maker(_t + "Gradient"))
 for _t in ("ReduceFrontSum", "ReduceBackSum", "ReduceFrontMean", "ReduceBackMean"):
     _register(_t)(_front_back_maker)
 
@@ -960,6 +983,7 @@ def _pool_grad(op, g_output):
 for _t in ("MaxPool", "AveragePool"):
     for _d in ("", "1D", "2D", "3D"):
         _register(_t + _d)(_pool_grad)
+_register("LpPool")(_pool_grad)
 
 
 @_register("SpatialBN")

@@ -456,42 +456,50 @@ impl Bcast {
         // All four are read (with the field rules) even when broadcast is 0,
         // as Caffe2 did; they are only interpreted in legacy mode.
         let legacy = ctx.args.bool("broadcast", false)?;
-        let axis = ctx.args.i64("axis", -1)?;
-        let axis_str = ctx.args.string("axis_str", "")?;
-        let order = ctx.args.string("order", "NCHW")?;
         if !legacy {
+            ctx.args.i64("axis", -1)?;
+            ctx.args.string("axis_str", "")?;
+            ctx.args.string("order", "NCHW")?;
             return Ok(Bcast { legacy, axis: None });
         }
-        let axis = if axis != -1 {
-            if !axis_str.is_empty() {
-                return Err(ctx.bad_arg("args axis and axis_str cannot be used simultaneously"));
-            }
-            match usize::try_from(axis) {
-                Ok(a) => Some(a),
-                Err(_) => {
-                    return Err(ctx.bad_arg(format!(
-                        "broadcast axis must be >= 0 (or -1 for the default), got {axis}"
-                    )))
-                }
-            }
-        } else if !axis_str.is_empty() {
-            if axis_str.chars().count() != 1 {
-                return Err(ctx.bad_arg(format!(
-                    "unsupported axis string '{axis_str}': it must be a single letter"
-                )));
-            }
-            match order.find(axis_str.as_str()) {
-                Some(pos) => Some(pos),
-                None => {
-                    return Err(ctx.bad_arg(format!(
-                        "unrecognizable axis string '{axis_str}' from order string '{order}'"
-                    )))
-                }
-            }
-        } else {
-            None
+        Ok(Bcast {
+            legacy,
+            axis: legacy_axis(ctx)?,
+        })
+    }
+}
+
+/// Caffe2's legacy-broadcasting axis from the arguments `axis`, `axis_str`
+/// and `order` (the binary ops, their gradients and SumReduceLike): where
+/// B's dims start in A, `None` for the default (aligned to A's end).
+pub(super) fn legacy_axis(ctx: &OpDefCtx<'_>) -> Result<Option<usize>> {
+    let axis = ctx.args.i64("axis", -1)?;
+    let axis_str = ctx.args.string("axis_str", "")?;
+    let order = ctx.args.string("order", "NCHW")?;
+    if axis != -1 {
+        if !axis_str.is_empty() {
+            return Err(ctx.bad_arg("args axis and axis_str cannot be used simultaneously"));
+        }
+        return match usize::try_from(axis) {
+            Ok(a) => Ok(Some(a)),
+            Err(_) => Err(ctx.bad_arg(format!(
+                "broadcast axis must be >= 0 (or -1 for the default), got {axis}"
+            ))),
         };
-        Ok(Bcast { legacy, axis })
+    }
+    if axis_str.is_empty() {
+        return Ok(None);
+    }
+    if axis_str.chars().count() != 1 {
+        return Err(ctx.bad_arg(format!(
+            "unsupported axis string '{axis_str}': it must be a single letter"
+        )));
+    }
+    match order.find(axis_str.as_str()) {
+        Some(pos) => Ok(Some(pos)),
+        None => Err(ctx.bad_arg(format!(
+            "unrecognizable axis string '{axis_str}' from order string '{order}'"
+        ))),
     }
 }
 
@@ -573,7 +581,7 @@ pub(super) fn numpy_shape(
 
 /// Caffe2's legacy broadcasting of B onto A: the result has A's shape and B
 /// is seen with shape `bs` (0-dim when it has one element).
-fn legacy_shapes(
+pub(super) fn legacy_shapes(
     op: &str,
     a: &[usize],
     b: &[usize],

@@ -117,7 +117,11 @@ fn real_types() -> String {
 }
 
 /// Input `i` as an array of `T`, or a type error naming the op and blob.
-pub(crate) fn input<'l, T: Real>(l: &'l Locked<'_>, op: &str, i: usize) -> Result<&'l ArrayD<T>> {
+pub(crate) fn input<'l, T: Element>(
+    l: &'l Locked<'_>,
+    op: &str,
+    i: usize,
+) -> Result<&'l ArrayD<T>> {
     let t = l.tensor(i)?;
     T::view(t).ok_or_else(|| {
         let name = l.input_name(i);
@@ -330,6 +334,18 @@ pub fn schemas() -> Vec<OpSchema> {
             "int",
             "A.ndim - B.ndim",
             "as the forward op's axis (legacy broadcasting)"
+        ),
+        arg!(
+            "axis_str",
+            "string",
+            "\"\"",
+            "as the forward op's axis_str (legacy broadcasting)"
+        ),
+        arg!(
+            "order",
+            "string",
+            "\"NCHW\"",
+            "as the forward op's order (legacy broadcasting)"
         ),
     ];
     // Elementwise: the output is its input's shape and type (Caffe2's
@@ -1388,7 +1404,7 @@ fn binary_grad_t<T: Real>(
     l: &mut Locked<'_>,
     op: &str,
     legacy: bool,
-    axis: i64,
+    axis: Option<usize>,
     num_inputs: usize,
 ) -> Result<()> {
     // DivGradient's dB is -dC * C / B from the forward output C = A / B
@@ -1415,12 +1431,11 @@ fn binary_grad_t<T: Real>(
         .with_blob(l.input_name(ic))
     };
     // The padded shapes of A and B, and the output's shape.
-    let (pa, pb) = if legacy {
-        let off = if axis < 0 {
-            sa.len().checked_sub(sb.len())
-        } else {
-            Some(axis as usize)
-        };
+    let (pa, pb) = if legacy && sb.iter().product::<usize>() == 1 {
+        // One element broadcasts whatever its dims (as the forward op).
+        (sa.clone(), vec![1; sa.len()])
+    } else if legacy {
+        let off = axis.or_else(|| sa.len().checked_sub(sb.len()));
         let off = off
             .filter(|&o| o + sb.len() <= sa.len())
             .ok_or_else(mismatch)?;
@@ -1490,7 +1505,12 @@ fn binary_grad_t<T: Real>(
 
 fn build_binary_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let legacy = ctx.args.i64("broadcast", 0)? != 0;
-    let axis = ctx.args.i64("axis", -1)?;
+    // The forward op's axis, axis_str and order, read as it read them.
+    let axis = if legacy {
+        super::elementwise::legacy_axis(ctx)?
+    } else {
+        None
+    };
     let op = ctx.op_type().to_string();
     let ni = ctx.num_inputs();
     Ok(kernel(move |cx| {

@@ -1,11 +1,12 @@
-//! Pooling (issue 15): `MaxPool` and `AveragePool` (1- to 3-D, NCHW and
-//! NHWC, `global_pooling`, Caffe2's legacy pads, `count_include_pad`) and
-//! their gradients. The window arguments and their geometry are
-//! `conv.rs`'s.
+//! Pooling (issue 15): `MaxPool`, `AveragePool` and `LpPool` (1- to 3-D,
+//! NCHW and NHWC, `global_pooling`, Caffe2's legacy pads,
+//! `count_include_pad`) and their gradients. The window arguments and their
+//! geometry are `conv.rs`'s.
 //!
 //! A window's taps that fall in the padding are skipped: a max is over the
 //! taps inside the image, an average divides by their number (or, with
-//! `count_include_pad`, by the taps inside the padded image, as Caffe2).
+//! `count_include_pad`, by the taps inside the padded image, as Caffe2), an
+//! Lp norm is over the taps inside (the zero padding adds nothing).
 //! `MaxPoolGradient` gives each window's gradient to its first largest
 //! input (Caffe2 gave it to every input equal to the max; see porting.md).
 
@@ -16,23 +17,45 @@ use super::conv::{
 };
 use super::kernel;
 use super::nn::{array, dense, input, real_dtype};
+use super::reduce::{abs, sign};
 use crate::error::{Error, Result};
 use crate::operator::{Locked, OpDefCtx, OpSchema, Operator};
 
+/// What a window's output is.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Max,
+    Average,
+    /// The Lp norm, (sum of |x|^p)^(1/p), with p > 0.
+    Lp(f64),
+}
+
 struct PoolArgs {
     win: Window,
-    max: bool,
+    kind: Kind,
     count_include_pad: bool,
     op: String,
 }
 
 impl PoolArgs {
     fn parse(ctx: &OpDefCtx<'_>) -> Result<PoolArgs> {
+        let ty = ctx.op_type();
+        let kind = if ty.starts_with("MaxPool") {
+            Kind::Max
+        } else if ty.starts_with("LpPool") {
+            let p = ctx.args.f32("p", 2.0)?;
+            if !(p.is_finite() && p > 0.0) {
+                return Err(ctx.bad_arg(format!("argument `p` must be a positive number, got {p}")));
+            }
+            Kind::Lp(f64::from(p))
+        } else {
+            Kind::Average
+        };
         Ok(PoolArgs {
             win: Window::parse(ctx, true)?,
-            max: ctx.op_type().starts_with("MaxPool"),
+            kind,
             count_include_pad: ctx.args.bool("count_include_pad", false)?,
-            op: ctx.op_type().to_string(),
+            op: ty.to_string(),
         })
     }
 }
@@ -135,14 +158,33 @@ fn argmax<T: Float>(x: &[T], idx: &[usize]) -> Option<usize> {
     best
 }
 
+/// LpPool's arguments: the window's and `p`.
+fn lp_args() -> &'static [crate::operator::ArgDoc] {
+    static ARGS: std::sync::OnceLock<Vec<crate::operator::ArgDoc>> = std::sync::OnceLock::new();
+    ARGS.get_or_init(|| {
+        let mut v = WINDOW_ARGS.to_vec();
+        v.push(crate::arg!(
+            "p",
+            "float",
+            "2.0",
+            "LpPool: the norm's p (> 0)"
+        ));
+        v
+    })
+}
+
 fn pool_t<T: Float>(l: &mut Locked<'_>, a: &PoolArgs) -> Result<()> {
     let s = setup(l, a)?;
     let x = dense(input::<T>(l, &a.op, 0)?);
     let mut y = vec![T::of(0.0); s.y_shape.iter().product()];
     let zero = T::of(0.0);
     each_window(&s, |idx, padded, o| {
-        y[o] = if a.max {
+        y[o] = if a.kind == Kind::Max {
             argmax(&x, idx).map_or(zero, |i| x[i])
+        } else if let Kind::Lp(p) = a.kind {
+            let p = T::of(p);
+            let sum: T = idx.iter().map(|&i| abs(x[i]).powf(p)).sum();
+            sum.powf(T::of(1.0) / p)
         } else {
             let count = if a.count_include_pad {
                 padded
@@ -161,23 +203,48 @@ fn pool_t<T: Float>(l: &mut Locked<'_>, a: &PoolArgs) -> Result<()> {
     Ok(())
 }
 
-fn pool_grad_t<T: Float>(l: &mut Locked<'_>, a: &PoolArgs) -> Result<()> {
-    let s = setup(l, a)?;
-    let dys = l.tensor(2)?.shape().to_vec();
-    if dys != s.y_shape {
+/// Input `i` (`what`: Y or dY) of a gradient op has the pooled shape.
+fn check_pooled(l: &Locked<'_>, a: &PoolArgs, s: &Setup, i: usize, what: &str) -> Result<()> {
+    let shape = l.tensor(i)?.shape();
+    if shape != s.y_shape.as_slice() {
         return Err(Error::shape(format!(
-            "{}: dY ('{}', shape {dys:?}) must have the pooled shape {:?}",
+            "{}: {what} ('{}', shape {shape:?}) must have the pooled shape {:?}",
             a.op,
-            l.input_name(2),
+            l.input_name(i),
             s.y_shape
         ))
-        .with_blob(l.input_name(2)));
+        .with_blob(l.input_name(i)));
     }
+    Ok(())
+}
+
+fn pool_grad_t<T: Float>(l: &mut Locked<'_>, a: &PoolArgs) -> Result<()> {
+    let s = setup(l, a)?;
+    check_pooled(l, a, &s, 2, "dY")?;
     let x = dense(input::<T>(l, &a.op, 0)?);
     let dy = dense(input::<T>(l, &a.op, 2)?);
     let mut dx = vec![T::of(0.0); x.len()];
+    let zero = T::of(0.0);
+    if let Kind::Lp(p) = a.kind {
+        check_pooled(l, a, &s, 1, "Y")?;
+        // dy/dx_j = sign(x_j) (|x_j| / y)^(p-1); 0 where x_j or the norm y
+        // is 0 (Caffe2's x |x|^(p-2) / y^(p-1) is NaN there).
+        let y = dense(input::<T>(l, &a.op, 1)?);
+        let e = T::of(p - 1.0);
+        each_window(&s, |idx, _, o| {
+            if y[o] != zero {
+                for &i in idx {
+                    if x[i] != zero {
+                        dx[i] += dy[o] * sign(x[i]) * (abs(x[i]) / y[o]).powf(e);
+                    }
+                }
+            }
+        });
+        l.set_output(0, T::wrap(array(&s.x_shape, dx)?));
+        return Ok(());
+    }
     each_window(&s, |idx, padded, o| {
-        if a.max {
+        if a.kind == Kind::Max {
             if let Some(i) = argmax(&x, idx) {
                 dx[i] += dy[o];
             }
@@ -238,6 +305,8 @@ pub fn schemas() -> Vec<OpSchema> {
     const AVG: &str = "Average pooling over windows of X; the divisor counts the taps inside the image, or inside the padded image with count_include_pad.";
     const MAX_G: &str = "Gradient of MaxPool: inputs (X, Y, dY), output dX: each window's gradient goes to its first largest input.";
     const AVG_G: &str = "Gradient of AveragePool: inputs (X, Y, dY), output dX.";
+    const LP: &str = "Lp pooling: each window's (sum of |x|^p)^(1/p) over its taps inside the image (argument p, float, default 2.0); windows as MaxPool's.";
+    const LP_G: &str = "Gradient of LpPool: inputs (X, Y, dY), output dX = dY * sign(X) * (|X| / Y)^(p-1) (0 where X or Y is 0).";
     vec![
         fwd("MaxPool", MAX),
         fwd("MaxPool1D", MAX),
@@ -255,6 +324,8 @@ pub fn schemas() -> Vec<OpSchema> {
         grad("AveragePool1DGradient", AVG_G),
         grad("AveragePool2DGradient", AVG_G),
         grad("AveragePool3DGradient", AVG_G),
+        fwd("LpPool", LP).args(lp_args()),
+        grad("LpPoolGradient", LP_G).args(lp_args()),
     ]
 }
 
@@ -299,5 +370,56 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.kind, ErrorKind::Shape);
+    }
+
+    #[test]
+    fn lp_pool_by_hand() {
+        let x: Vec<f32> = (1..=9).map(|v| v as f32).collect();
+        let ws = ws_with(&[("x", Tensor::from_vec(&[1, 1, 3, 3], x).unwrap())]);
+        run(
+            &ws,
+            op("LpPool", &["x"], &["y"], vec![int_arg("kernel", 2)]),
+        )
+        .unwrap();
+        let want = [46f32, 74., 154., 206.].map(f32::sqrt);
+        for (g, w) in vals(&get(&ws, "y")).iter().zip(want) {
+            assert!((g - w).abs() < 1e-5, "{g} vs {w}");
+        }
+        let p1 = vec![int_arg("kernel", 2), crate::test_util::float_arg("p", 1.0)];
+        run(&ws, op("LpPool", &["x"], &["y1"], p1)).unwrap();
+        assert_eq!(vals(&get(&ws, "y1")), vec![12., 16., 24., 28.]);
+        // dY/dX = X / Y for p = 2: [3, 4] pooled to 5. NHWC, kernel 1x2.
+        let w2 = ws_with(&[
+            (
+                "x",
+                Tensor::from_vec(&[1, 1, 2, 1], vec![3f32, 4.]).unwrap(),
+            ),
+            ("dy", Tensor::from_vec(&[1, 1, 1, 1], vec![10f32]).unwrap()),
+        ]);
+        let args = || {
+            let mut a = vec![int_arg("kernel_h", 1), int_arg("kernel_w", 2)];
+            a.push(crate::ir::Argument {
+                name: Some("order".into()),
+                s: Some(b"NHWC".to_vec()),
+                ..Default::default()
+            });
+            a
+        };
+        run(&w2, op("LpPool", &["x"], &["y"], args())).unwrap();
+        assert_eq!(vals(&get(&w2, "y")), vec![5.]);
+        run(
+            &w2,
+            op("LpPoolGradient", &["x", "y", "dy"], &["dx"], args()),
+        )
+        .unwrap();
+        let dx = vals(&get(&w2, "dx"));
+        assert!(
+            (dx[0] - 6.).abs() < 1e-5 && (dx[1] - 8.).abs() < 1e-5,
+            "{dx:?}"
+        );
+        // p must be positive.
+        let bad = vec![int_arg("kernel", 2), crate::test_util::float_arg("p", 0.0)];
+        let e = run(&ws, op("LpPool", &["x"], &["y"], bad)).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
     }
 }
