@@ -1042,6 +1042,28 @@ def _normalize_grad(op, g_output):
     return [_op("NormalizeGradient", [w.I(0), w.GO(0)], [w.GI(0)])], [w.GI(0)]
 
 
+@_register("SumElements")
+def _sum_elements_grad(op, g_output):
+    w = GradientWrapper(op, g_output)
+    return [_op("SumElementsGradient", [w.I(0), w.GO(0)], [w.GI(0)])], [w.GI(0)]
+
+
+@_register("Mean")
+def _mean_grad(op, g_output):
+    # One gradient op gives every input its share, dY / n.
+    w = GradientWrapper(op, g_output)
+    outs = [w.GI(i) for i in range(len(op.input))]
+    return [_op("MeanGradient", [w.GO(0)], outs)], outs
+
+
+@_register("Moments")
+def _moments_grad(op, g_output):
+    # (dmean, dvariance, X, mean) -> dX; both output gradients are needed,
+    # as in Caffe2.
+    w = GradientWrapper(op, g_output)
+    return [_op("MomentsGradient", [w.GO(0), w.GO(1), w.I(0), w.O(0)], [w.GI(0)])], [w.GI(0)]
+
+
 @_register("LayerNorm")
 def _layer_norm_grad(op, g_output):
     # Inputs (dY, Y, mean, std, X[, gamma]) -> (dX[, dgamma, dbeta]), as

@@ -527,3 +527,50 @@ def test_dot_product_with_padding_errors(fresh):
     assert e.value.blob == "Y"
     with pytest.raises(errors.ShapeError, match="first dim"):
         run("DotProductWithPadding", {"X": x, "Y": np.ones((3, 2), np.float32)}, ["Z"])
+
+
+# --------------------------------------------- SumElements, Mean, Moments --
+
+
+@pytest.mark.parametrize("average", [False, True])
+def test_sum_elements_and_its_gradient(fresh, average):
+    x = np.random.default_rng(1).standard_normal((2, 3, 2))
+    workspace.FeedBlob("x", x)
+    workspace.RunOperatorOnce(core.CreateOperator("SumElements", ["x"], ["s"], average=int(average)))
+    s = workspace.FetchBlob("s")
+    assert s.shape == ()
+    np.testing.assert_allclose(s, x.mean() if average else x.sum(), rtol=1e-12)
+    op = core.CreateOperator("SumElements", ["x"], ["s"], average=int(average))
+    ok, grad, est = GradientChecker(stepsize=1e-6, threshold=1e-6).CheckSimple(op, [x], 0, [0])
+    assert ok, (grad, est)
+
+
+def test_mean_of_inputs_and_its_gradient(fresh):
+    rng = np.random.default_rng(2)
+    xs = [rng.standard_normal((3, 2)) for _ in range(3)]
+    for i, x in enumerate(xs):
+        workspace.FeedBlob("x%d" % i, x)
+    workspace.RunOperatorOnce(core.CreateOperator("Mean", ["x0", "x1", "x2"], ["m"]))
+    np.testing.assert_allclose(workspace.FetchBlob("m"), (xs[0] + xs[1] + xs[2]) / 3, rtol=1e-12)
+    op = core.CreateOperator("Mean", ["x0", "x1", "x2"], ["m"])
+    for i in range(3):
+        ok, grad, est = GradientChecker(stepsize=1e-6, threshold=1e-6).CheckSimple(op, xs, i, [0])
+        assert ok, (i, grad, est)
+    workspace.FeedBlob("bad", np.ones((2, 2)))
+    with pytest.raises(errors.ShapeError, match="input 1"):
+        workspace.RunOperatorOnce(core.CreateOperator("Mean", ["x0", "bad"], ["m"]))
+
+
+@pytest.mark.parametrize("axes,keep", [(None, 1), ([1], 1), ([0, 2], 0), ([-1], 0)])
+def test_moments_and_its_gradient(fresh, axes, keep):
+    x = np.random.default_rng(3).standard_normal((2, 3, 4))
+    kw = dict(keepdims=keep) if axes is None else dict(axes=axes, keepdims=keep)
+    workspace.FeedBlob("x", x)
+    workspace.RunOperatorOnce(core.CreateOperator("Moments", ["x"], ["m", "v"], **kw))
+    ax = None if axes is None else tuple(axes)
+    np.testing.assert_allclose(workspace.FetchBlob("m"), x.mean(axis=ax, keepdims=bool(keep)), rtol=1e-12)
+    np.testing.assert_allclose(workspace.FetchBlob("v"), x.var(axis=ax, keepdims=bool(keep)), rtol=1e-12)
+    # Both outputs feed the checked loss.
+    op = core.CreateOperator("Moments", ["x"], ["m", "v"], **kw)
+    ok, grad, est = GradientChecker(stepsize=1e-6, threshold=1e-5).CheckSimple(op, [x], 0, [0, 1])
+    assert ok, (grad, est)

@@ -3,7 +3,8 @@
 //! ReduceMax, ReduceMin, ReduceL1, ReduceL2, ReduceFrontSum/Mean/Max,
 //! ReduceBackSum/Mean/Max and their gradient ops; SumReduceLike; the
 //! row-wise DotProduct, CosineSimilarity and DotProductWithPadding and
-//! their gradients.
+//! their gradients; SumElements, Mean (of several inputs) and Moments
+//! (mean and variance over axes) and their gradients.
 //!
 //! The reshapes take any dtype and copy (Caffe2 shared the buffer); the
 //! reductions take float32 or float64 (ReduceSum, ReduceMax and ReduceMin
@@ -236,6 +237,35 @@ pub fn schemas() -> Vec<OpSchema> {
             .args(PADDING_ARGS)
             .infer(pair_grad_infer)
             .doc("Gradient of DotProductWithPadding: inputs (X, Y, dZ), outputs (dX, dY)."),
+        OpSchema::new("SumElements", build_sum_elements)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .args(&[arg!("average", "bool", "0", "divide the sum by the number of elements")])
+            .doc("The sum (or with average the mean) of every element of X, a 0-dim tensor (float32 or float64)."),
+        OpSchema::new("SumElementsGradient", build_sum_elements_grad)
+            .inputs(2, 2)
+            .outputs(1, 1)
+            .args(&[arg!("average", "bool", "0", "SumElements' average")])
+            .doc("Gradient of SumElements: inputs (X, dY) with dY one element, output dX of X's shape filled with dY (divided by X's size with average)."),
+        OpSchema::new("Mean", build_mean)
+            .inputs(1, usize::MAX)
+            .outputs(1, 1)
+            .inplace(InPlace::Allow(in_place_0_0))
+            .doc("The elementwise mean of its inputs, all of one shape and one float dtype."),
+        OpSchema::new("MeanGradient", build_mean_grad)
+            .inputs(1, 1)
+            .outputs(1, usize::MAX)
+            .doc("Gradient of Mean: input dY, outputs each input's gradient, dY / the number of inputs."),
+        OpSchema::new("Moments", build_moments)
+            .inputs(1, 1)
+            .outputs(2, 2)
+            .args(REDUCE_ARGS)
+            .doc("The mean and (biased) variance of X over `axes` (all dims when absent): outputs (mean, variance), float32 or float64."),
+        OpSchema::new("MomentsGradient", build_moments_grad)
+            .inputs(4, 4)
+            .outputs(1, 1)
+            .args(REDUCE_ARGS)
+            .doc("Gradient of Moments: inputs (dmean, dvariance, X, mean), output dX = (dmean + 2 dvariance (X - mean)) / count."),
     ]
 }
 
@@ -1559,6 +1589,212 @@ fn build_dot_padded(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
         by_float!(&l, &op, 0, dot_padded_t(&mut l, p, grad))?;
+        Ok(true)
+    }))
+}
+
+// ------------------------------------------- SumElements, Mean, Moments --
+
+/// The index into the kept (reduced, keepdims) shape of element `idx`.
+fn kept_index(idx: &[usize], red: &[bool]) -> Vec<usize> {
+    idx.iter()
+        .zip(red)
+        .map(|(&i, &r)| if r { 0 } else { i })
+        .collect()
+}
+
+fn sum_elements_t<T: Real>(l: &mut Locked<'_>, average: bool) -> Result<()> {
+    let x = input::<T>(l, "SumElements", 0)?;
+    let s: T = x.iter().copied().sum();
+    let out = if average && !x.is_empty() {
+        s / T::of(x.len() as f64)
+    } else {
+        s
+    };
+    l.set_output(0, T::wrap(array(&[], vec![out])?));
+    Ok(())
+}
+
+fn build_sum_elements(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let average = ctx.args.bool("average", false)?;
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        by_real!(&l, "SumElements", 0, sum_elements_t(&mut l, average))?;
+        Ok(true)
+    }))
+}
+
+fn sum_elements_grad_t<T: Real>(l: &mut Locked<'_>, average: bool) -> Result<()> {
+    const OP: &str = "SumElementsGradient";
+    let x = input::<T>(l, OP, 0)?;
+    let shape = x.shape().to_vec();
+    let n = x.len();
+    let dy = input::<T>(l, OP, 1)?;
+    if dy.len() != 1 {
+        return Err(Error::shape(format!(
+            "{OP}: dY ('{}', shape {:?}) must have one element",
+            l.input_name(1),
+            dy.shape()
+        ))
+        .with_blob(l.input_name(1)));
+    }
+    let mut g = dy.iter().copied().next().unwrap_or(T::of(0.0));
+    if average && n > 0 {
+        g = g / T::of(n as f64);
+    }
+    l.set_output(0, T::wrap(array(&shape, vec![g; n])?));
+    Ok(())
+}
+
+fn build_sum_elements_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let average = ctx.args.bool("average", false)?;
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        by_real!(
+            &l,
+            "SumElementsGradient",
+            0,
+            sum_elements_grad_t(&mut l, average)
+        )?;
+        Ok(true)
+    }))
+}
+
+fn mean_t<T: Real>(l: &mut Locked<'_>, k: usize) -> Result<()> {
+    let x0 = input::<T>(l, "Mean", 0)?;
+    let shape = x0.shape().to_vec();
+    let mut acc: Vec<T> = dense(x0).into_owned();
+    for i in 1..k {
+        let xi = input::<T>(l, "Mean", i)?;
+        if xi.shape() != shape.as_slice() {
+            return Err(Error::shape(format!(
+                "Mean: input {i} ('{}', shape {:?}) must have input 0's shape {shape:?}",
+                l.input_name(i),
+                xi.shape()
+            ))
+            .with_blob(l.input_name(i)));
+        }
+        for (a, &v) in acc.iter_mut().zip(dense(xi).iter()) {
+            *a = *a + v;
+        }
+    }
+    let inv = T::of(1.0 / k as f64);
+    acc.iter_mut().for_each(|a| *a = *a * inv);
+    l.set_output(0, T::wrap(array(&shape, acc)?));
+    Ok(())
+}
+
+fn build_mean(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let k = ctx.num_inputs();
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        by_real!(&l, "Mean", 0, mean_t(&mut l, k))?;
+        Ok(true)
+    }))
+}
+
+fn mean_grad_t<T: Real>(l: &mut Locked<'_>, k: usize) -> Result<()> {
+    let dy = input::<T>(l, "MeanGradient", 0)?;
+    let inv = T::of(1.0 / k as f64);
+    let g = dy.mapv(|v| v * inv);
+    for i in 0..k {
+        l.set_output(i, T::wrap(g.clone()));
+    }
+    Ok(())
+}
+
+fn build_mean_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let k = ctx.num_outputs();
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        by_real!(&l, "MeanGradient", 0, mean_grad_t(&mut l, k))?;
+        Ok(true)
+    }))
+}
+
+fn moments_t<T: Real>(l: &mut Locked<'_>, axes: &Option<Vec<i64>>, keep: bool) -> Result<()> {
+    let (x, red, out) = reduce_input::<T>(l, "Moments", axes, keep)?;
+    let count: usize = x
+        .shape()
+        .iter()
+        .zip(&red)
+        .filter(|(_, &r)| r)
+        .map(|(&d, _)| d)
+        .product();
+    let kept = kept_shape(x.shape(), &red);
+    let inv = T::of(1.0 / count.max(1) as f64);
+    let mut mean = ArrayD::<T>::from_elem(IxDyn(&kept), T::of(0.0));
+    let mut var = ArrayD::<T>::from_elem(IxDyn(&kept), T::of(0.0));
+    for (idx, &v) in x.indexed_iter() {
+        let k = kept_index(ndarray::Dimension::slice(&idx), &red);
+        mean[IxDyn(&k)] = mean[IxDyn(&k)] + v;
+    }
+    mean.mapv_inplace(|s| s * inv);
+    for (idx, &v) in x.indexed_iter() {
+        let k = kept_index(ndarray::Dimension::slice(&idx), &red);
+        let d = v - mean[IxDyn(&k)];
+        var[IxDyn(&k)] = var[IxDyn(&k)] + d * d;
+    }
+    var.mapv_inplace(|s| s * inv);
+    let mean_v: Vec<T> = mean.iter().copied().collect();
+    let var_v: Vec<T> = var.iter().copied().collect();
+    l.set_output(0, T::wrap(array(&out, mean_v)?));
+    l.set_output(1, T::wrap(array(&out, var_v)?));
+    Ok(())
+}
+
+fn build_moments(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let axes = axes_arg(&ctx.args)?;
+    let keep = ctx.args.i64("keepdims", 1)? != 0;
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        by_real!(&l, "Moments", 0, moments_t(&mut l, &axes, keep))?;
+        Ok(true)
+    }))
+}
+
+fn moments_grad_t<T: Real>(l: &mut Locked<'_>, axes: &Option<Vec<i64>>) -> Result<()> {
+    const OP: &str = "MomentsGradient";
+    let x = input::<T>(l, OP, 2)?;
+    let red = reduce_axes(OP, axes, x.ndim(), l.input_name(2))?;
+    let kept = kept_shape(x.shape(), &red);
+    let count: usize = x
+        .shape()
+        .iter()
+        .zip(&red)
+        .filter(|(_, &r)| r)
+        .map(|(&d, _)| d)
+        .product();
+    let want: usize = kept.iter().product();
+    let get = |i: usize, what: &str| -> Result<ArrayD<T>> {
+        let a = input::<T>(l, OP, i)?;
+        if a.len() != want {
+            return Err(Error::shape(format!(
+                "{OP}: {what} ('{}', shape {:?}) must have the reduced shape {kept:?}",
+                l.input_name(i),
+                a.shape()
+            ))
+            .with_blob(l.input_name(i)));
+        }
+        array(&kept, a.iter().copied().collect())
+    };
+    let (dm, dv, mean) = (get(0, "dmean")?, get(1, "dvariance")?, get(3, "the mean")?);
+    let inv = T::of(1.0 / count.max(1) as f64);
+    let mut dx = x.clone();
+    for (idx, v) in dx.indexed_iter_mut() {
+        let k = kept_index(ndarray::Dimension::slice(&idx), &red);
+        let k = IxDyn(&k);
+        *v = (dm[&k] + T::of(2.0) * dv[&k] * (*v - mean[&k])) * inv;
+    }
+    l.set_output(0, T::wrap(dx));
+    Ok(())
+}
+
+fn build_moments_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let axes = axes_arg(&ctx.args)?;
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        by_real!(&l, "MomentsGradient", 2, moments_grad_t(&mut l, &axes))?;
         Ok(true)
     }))
 }
