@@ -803,6 +803,43 @@ for _t in ("SparseLengthsSum", "SparseLengthsMean", "LengthsSum", "LengthsMean")
     _register(_t, copy_arguments=False)(_sls_grad)
 
 
+def _segment_grad(op, g_output):
+    """{Sorted,Unsorted}Segment{Sum,Mean}: the data's gradient from (dY,
+    SEGMENT_IDS); the Sparse* forms give it as the values of a GradientSlice
+    over INDICES (Caffe2's makers)."""
+    w = GradientWrapper(op, g_output)
+    sparse = op.type.startswith("Sparse")
+    name = (op.type[len("Sparse"):] if sparse else op.type) + "Gradient"
+    ids = w.I(2 if sparse else 1)
+    if sparse:
+        values = w.I(0) + GRAD_SUFFIX + "_values"
+        return [_op(name, [w.GO(0), ids], [values])], [GradientSlice(w.I(1), values), None, None]
+    return [_op(name, [w.GO(0), ids], [w.GI(0)])], [w.GI(0), None]
+
+
+for _t in ("SortedSegmentSum", "SortedSegmentMean", "UnsortedSegmentSum", "UnsortedSegmentMean"):
+    _register(_t)(_segment_grad)
+    _register("Sparse" + _t)(_segment_grad)
+
+
+def _segment_range_grad(op, g_output):
+    # (DATA, Y, dY, SEGMENT_IDS) -> dDATA.
+    w = GradientWrapper(op, g_output)
+    return [_op(op.type + "Gradient", [w.I(0), w.O(0), w.GO(0), w.I(1)], [w.GI(0)])], [w.GI(0), None]
+
+
+for _t in ("Sum", "Mean", "Max", "LogSumExp", "LogMeanExp"):
+    _register("SortedSegmentRange" + _t)(_segment_range_grad)
+
+
+@_register("LengthsMax")
+def _lengths_max_grad(op, g_output):
+    # (Y, dY, LENGTHS, DATA) -> dDATA.
+    w = GradientWrapper(op, g_output)
+    return ([_op("LengthsMaxWithMainInputAndForwardOutputGradient", [w.O(0), w.GO(0), w.I(1), w.I(0)],
+                 [w.GI(0)])], [w.GI(0), None])
+
+
 def _weighted_sls_grad(op, g_output):
     """(Sparse)LengthsWeightedSum: the DATA gradient from (SCALARS, dY,
     LENGTHS), sparse over the indices for the Sparse op; with

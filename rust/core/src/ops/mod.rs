@@ -34,6 +34,7 @@ pub mod queue;
 pub mod rebatching;
 pub mod records;
 pub mod reduce;
+pub mod segment;
 pub mod select;
 pub mod shape;
 pub mod sparse;
@@ -64,6 +65,7 @@ pub fn builtin_schemas() -> Vec<OpSchema> {
     v.extend(textfile::schemas());
     v.extend(records::schemas());
     v.extend(reduce::schemas());
+    v.extend(segment::schemas());
     v.extend(select::schemas());
     v.extend(shape::schemas());
     v.extend(sparse::schemas());
