@@ -324,3 +324,27 @@ def test_extreme_inputs_stay_finite(fresh):
     np.testing.assert_allclose(dx[[0, 4]], [0.0, 1.0], atol=1e-12)
     (y,) = run(core.CreateOperator("Sign", ["X"], ["Y"]), {"X": np.array([np.nan, -0.0, 2.0])})
     assert np.isnan(y[0]) and y[1] == 0 and y[2] == 1
+
+
+def test_brew_prelu_learns_its_slope(fresh):
+    from ferrocaffe import brew, model_helper
+
+    model = model_helper.ModelHelper(name="prelu")
+    y = brew.prelu(model, "x", "y", num_channels=3)
+    loss = model.net.AveragedLoss(y, "loss")
+    model.AddGradientOperators([loss])
+    assert [str(p) for p in model.params] == ["y_slope"]
+    x = np.random.default_rng(3).uniform(-2, 2, size=(2, 3, 4))
+    workspace.FeedBlob("x", x)
+    workspace.RunNetOnce(model.param_init_net)
+    np.testing.assert_array_equal(workspace.FetchBlob("y_slope"), np.full(3, 0.25, np.float32))
+    workspace.FeedBlob("x", x.astype(np.float32))
+    workspace.RunNetOnce(model.net)
+    np.testing.assert_allclose(workspace.FetchBlob("y"), np.where(x > 0, x, 0.25 * x), rtol=1e-6)
+    # d mean(y) / d slope[c] = the sum of channel c's negative inputs / size.
+    want = np.where(x < 0, x, 0.0).sum(axis=(0, 2)) / x.size
+    np.testing.assert_allclose(workspace.FetchBlob("y_slope_grad"), want, rtol=1e-5)
+    model2 = model_helper.ModelHelper(name="prelu2")
+    brew.prelu(model2, "x", "z", slope_init=("ConstantFill", {"value": 0.5}))
+    workspace.RunNetOnce(model2.param_init_net)
+    np.testing.assert_array_equal(workspace.FetchBlob("z_slope"), np.full(1, 0.5, np.float32))
