@@ -44,6 +44,11 @@ REFS = {
     "Softsign": (lambda x: x / (1.0 + np.abs(x)), (-5, 5), {}),
     "HardSigmoid": (lambda x, alpha=0.2, beta=0.5: np.clip(alpha * x + beta, 0.0, 1.0), (-5, 5), {"alpha": 0.25, "beta": 0.375}),
     "Mish": (lambda x: x * np.tanh(_softplus(x)), (-4, 4), {}),
+    "Selu": (lambda x, alpha=1.6732632, scale=1.050701: scale * np.where(x > 0, x, alpha * (np.exp(x) - 1.0)),
+             (-3, 3), {"alpha": 1.5, "scale": 1.25}),
+    "Softplus": (_softplus, (-5, 5), {}),
+    "Logit": (lambda x, eps=1e-6: np.log(np.clip(x, eps, 1 - eps) / (1 - np.clip(x, eps, 1 - eps))),
+              (0.01, 0.99), {"eps": 0.125}),
     "Sqr": (lambda x: x * x, (-3, 3), {}),
     "Cube": (lambda x: x**3, (-3, 3), {}),
     "Cbrt": (np.cbrt, (0.5, 8), {}),
@@ -64,7 +69,8 @@ REFS = {
 
 # Caffe2's gradient op inputs, of X, Y (the forward output) and dY.
 GRAD_READS = {
-    "Elu": ("Y", "dY"), "ReluN": ("Y", "dY"), "HardSigmoid": ("Y", "dY"), "Reciprocal": ("Y", "dY"),
+    "Elu": ("Y", "dY"), "ReluN": ("Y", "dY"), "Selu": ("Y", "dY"), "Softplus": ("Y", "dY"),
+    "HardSigmoid": ("Y", "dY"), "Reciprocal": ("Y", "dY"), "Logit": ("X", "dY"),
     "Swish": ("X", "Y", "dY"), "Mish": ("X", "Y", "dY"),
     "Gelu": ("dY", "X"), "Cube": ("dY", "X"), "Sinh": ("dY", "X"), "Cosh": ("dY", "X"),
     "Cbrt": ("dY", "Y"), "Rsqrt": ("dY", "Y"),
@@ -73,11 +79,13 @@ GRAD_READS = {
 }
 
 # Where Caffe2's schema allowed Y over X.
-INPLACE = {"Elu", "ReluN", "Softsign", "HardSigmoid", "Sqr", "Cbrt", "Rsqrt", "Reciprocal"}
+INPLACE = {"Elu", "Selu", "Softplus", "Logit", "ReluN", "Softsign", "HardSigmoid", "Sqr", "Cbrt", "Rsqrt",
+           "Reciprocal"}
 
 # Points where the function has a kink: inputs are moved away from them
 # before a gradient check.
-KINKS = {"Elu": [0.0], "ReluN": [0.0, 2.5], "HardSigmoid": [-1.5, 2.5], "Softsign": [0.0]}
+KINKS = {"Elu": [0.0], "Selu": [0.0], "Logit": [0.125, 0.875], "ReluN": [0.0, 2.5], "HardSigmoid": [-1.5, 2.5],
+         "Softsign": [0.0]}
 
 
 def draw(rng, shape, lo, hi, dtype=np.float64):
@@ -115,11 +123,15 @@ def test_forward_matches_numpy(fresh, op_type, dtype, shape, seed):
 def test_default_arguments(fresh):
     x = np.linspace(-8, 8, 33)
     # Caffe2's defaults, float32 as its arguments are.
+    f32 = lambda v: float(np.float32(v))  # noqa: E731
     defaults = {"Elu": {"alpha": 1.0}, "ReluN": {"n": 6.0}, "Gelu": {"fast_gelu": False},
+                "Selu": {"alpha": f32(1.6732632423543772), "scale": f32(1.0507009873554805)},
+                "Logit": {"eps": f32(1e-6)},
                 "HardSigmoid": {"alpha": float(np.float32(0.2)), "beta": 0.5}}
     for op_type, args in defaults.items():
-        (y,) = run(core.CreateOperator(op_type, ["X"], ["Y"]), {"X": x})
-        np.testing.assert_allclose(y, REFS[op_type][0](x, **args), rtol=1e-12, atol=1e-12)
+        xs = 1 / (1 + np.exp(-x)) if op_type == "Logit" else x
+        (y,) = run(core.CreateOperator(op_type, ["X"], ["Y"]), {"X": xs})
+        np.testing.assert_allclose(y, REFS[op_type][0](xs, **args), rtol=1e-12, atol=1e-12)
     (y,) = run(core.CreateOperator("Gelu", ["X"], ["Y"], fast_gelu=True), {"X": x})
     np.testing.assert_allclose(y, _fast_gelu(x), rtol=1e-12, atol=1e-12)
     # The approximation is close to the exact function, and not equal.
@@ -312,6 +324,10 @@ def test_gradient_op_errors(fresh):
             {"X": np.ones(3), "Y": np.ones(4), "dY": np.ones(3)})
     with pytest.raises(errors.InvalidArgumentError, match="n must be greater than 0"):
         run(core.CreateOperator("ReluN", ["X"], ["Y"], n=0.0), {"X": np.ones(3)})
+    with pytest.raises(errors.InvalidArgumentError, match="scale must be greater than 1"):
+        run(core.CreateOperator("Selu", ["X"], ["Y"], scale=1.0), {"X": np.ones(3)})
+    with pytest.raises(errors.InvalidArgumentError, match="eps must be in"):
+        run(core.CreateOperator("Logit", ["X"], ["Y"], eps=0.5), {"X": np.ones(3)})
 
 
 def test_extreme_inputs_stay_finite(fresh):

@@ -1,6 +1,6 @@
 //! Activations and elementwise math beyond issue 14's (those are in
 //! `nn.rs`): Elu, PRelu, Swish, Gelu, ReluN, Softsign, HardSigmoid, Mish,
-//! Sqr, Cube, Cbrt, Rsqrt, Reciprocal, Log1p, Sin, Cos, Tan, Asin, Acos,
+//! Selu, Softplus, Logit, Sqr, Cube, Cbrt, Rsqrt, Reciprocal, Log1p, Sin, Cos, Tan, Asin, Acos,
 //! Atan, Sinh, Cosh, Erf and Sign, with their gradient ops.
 //!
 //! Each op here but PRelu is one row of [`OPS`]: its forward function, the
@@ -130,6 +130,26 @@ const HARD_SIGMOID_ARGS: &[ArgDoc] = &[
     arg!("alpha", "float", "0.2", "the slope"),
     arg!("beta", "float", "0.5", "the offset"),
 ];
+const SELU_ARGS: &[ArgDoc] = &[
+    arg!(
+        "alpha",
+        "float",
+        "1.6732632",
+        "Y = scale * alpha * (exp(X) - 1) for X <= 0"
+    ),
+    arg!(
+        "scale",
+        "float",
+        "1.0507010",
+        "the factor of both branches (must be > 1)"
+    ),
+];
+const LOGIT_ARGS: &[ArgDoc] = &[arg!(
+    "eps",
+    "float",
+    "1e-6",
+    "X is clamped to [eps, 1 - eps] (0 <= eps < 0.5)"
+)];
 const GELU_ARGS: &[ArgDoc] = &[arg!(
     "fast_gelu",
     "bool",
@@ -160,6 +180,27 @@ fn params(ctx: &OpDefCtx<'_>, name: &str) -> Result<Params> {
             b: f64::from(a.f32("beta", 0.5)?),
             ..Params::default()
         },
+        "Selu" => {
+            let scale = a.f32("scale", 1.050_701)?;
+            if scale.is_nan() || scale <= 1.0 {
+                return Err(ctx.bad_arg(format!("scale must be greater than 1, got {scale}")));
+            }
+            Params {
+                a: f64::from(a.f32("alpha", 1.673_263_2)?),
+                b: f64::from(scale),
+                ..Params::default()
+            }
+        }
+        "Logit" => {
+            let eps = a.f32("eps", 1e-6)?;
+            if !(0.0..0.5).contains(&eps) {
+                return Err(ctx.bad_arg(format!("eps must be in [0, 0.5), got {eps}")));
+            }
+            Params {
+                a: f64::from(eps),
+                ..Params::default()
+            }
+        }
         "Gelu" => Params {
             flag: a.bool("fast_gelu", false)?,
             ..Params::default()
@@ -314,6 +355,57 @@ static OPS: &[UnaryDef] = &[
             inplace: true,
             g: mish_grad,
             doc: "Gradient of Mish, inputs (X, Y, dY): dX = dY * (t + X * (1 - t^2) * sigmoid(X)), t = tanh(ln(1 + exp(X))).",
+        }),
+    },
+    UnaryDef {
+        name: "Selu",
+        f: |x, p| if x > 0.0 { p.b * x } else { p.b * p.a * x.exp_m1() },
+        inplace: true,
+        args: SELU_ARGS,
+        doc: "Y = scale * X for X > 0, scale * alpha * (exp(X) - 1) elsewhere.",
+        grad: Some(GradDef {
+            name: "SeluGradient",
+            reads: Reads::YDy,
+            inplace: true,
+            g: |y, _, d, p| if y > 0.0 { p.b * d } else { d * (y + p.a * p.b) },
+            doc: "Gradient of Selu, inputs (Y, dY): dX = scale * dY where Y > 0, else dY * (Y + scale * alpha).",
+        }),
+    },
+    UnaryDef {
+        name: "Softplus",
+        f: |x, _| softplus(x),
+        inplace: true,
+        args: &[],
+        doc: "Y = ln(1 + exp(X)) elementwise.",
+        grad: Some(GradDef {
+            name: "SoftplusGradient",
+            reads: Reads::YDy,
+            inplace: true,
+            g: |y, _, d, _| -d * (-y).exp_m1(),
+            doc: "Gradient of Softplus, inputs (Y, dY): dX = dY * (1 - exp(-Y)).",
+        }),
+    },
+    UnaryDef {
+        name: "Logit",
+        f: |x, p| {
+            let x = x.max(p.a).min(1.0 - p.a);
+            (x / (1.0 - x)).ln()
+        },
+        inplace: true,
+        args: LOGIT_ARGS,
+        doc: "Y = ln(X / (1 - X)) elementwise, X clamped to [eps, 1 - eps].",
+        grad: Some(GradDef {
+            name: "LogitGradient",
+            reads: Reads::XDy,
+            inplace: false,
+            g: |x, _, d, p| {
+                if x < p.a || x > 1.0 - p.a {
+                    0.0
+                } else {
+                    d / (x * (1.0 - x))
+                }
+            },
+            doc: "Gradient of Logit, inputs (X, dY): dX = dY / (X * (1 - X)) inside [eps, 1 - eps], else 0.",
         }),
     },
     UnaryDef {
@@ -895,8 +987,8 @@ mod tests {
     #[test]
     fn gradients_match_central_differences() {
         let p = Params {
-            a: 0.3,
-            b: 0.4,
+            a: 0.05,
+            b: 1.25,
             flag: false,
         };
         let h = 1e-6;
