@@ -364,3 +364,9 @@ def test_brew_prelu_learns_its_slope(fresh):
     brew.prelu(model2, "x", "z", slope_init=("ConstantFill", {"value": 0.5}))
     workspace.RunNetOnce(model2.param_init_net)
     np.testing.assert_array_equal(workspace.FetchBlob("z_slope"), np.full(1, 0.5, np.float32))
+
+
+@pytest.mark.parametrize("op_type", ["ReluN", "HardSigmoid", "Logit", "Elu", "Softsign", "Gelu"])
+def test_nan_propagates(fresh, op_type):
+    (y,) = run(core.CreateOperator(op_type, ["X"], ["Y"]), {"X": np.array([np.nan, 0.25])})
+    assert np.isnan(y[0]) and np.isfinite(y[1])

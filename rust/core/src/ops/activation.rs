@@ -300,7 +300,7 @@ static OPS: &[UnaryDef] = &[
     },
     UnaryDef {
         name: "ReluN",
-        f: |x, p| x.max(0.0).min(p.a),
+        f: |x, p| x.clamp(0.0, p.a),
         inplace: true,
         args: RELU_N_ARGS,
         doc: "Y = min(max(X, 0), n) elementwise.",
@@ -331,7 +331,7 @@ static OPS: &[UnaryDef] = &[
     },
     UnaryDef {
         name: "HardSigmoid",
-        f: |x, p| (x * p.a + p.b).min(1.0).max(0.0),
+        f: |x, p| (x * p.a + p.b).clamp(0.0, 1.0),
         inplace: true,
         args: HARD_SIGMOID_ARGS,
         doc: "Y = max(0, min(1, alpha * X + beta)) elementwise.",
@@ -388,7 +388,7 @@ static OPS: &[UnaryDef] = &[
     UnaryDef {
         name: "Logit",
         f: |x, p| {
-            let x = x.max(p.a).min(1.0 - p.a);
+            let x = x.clamp(p.a, 1.0 - p.a);
             (x / (1.0 - x)).ln()
         },
         inplace: true,
