@@ -613,6 +613,7 @@ for _t, _reads in (
     ("HardSigmoid", ("Y", "dY")),
     ("Reciprocal", ("Y", "dY")),
     ("Selu", ("Y", "dY")),
+    ("ThresholdedRelu", ("Y", "dY")),
     ("Softplus", ("Y", "dY")),
     ("Logit", ("X", "dY")),
     ("Swish", ("X", "Y", "dY")),

@@ -41,6 +41,7 @@ REFS = {
     "Swish": (lambda x: x / (1.0 + np.exp(-x)), (-4, 4), {}),
     "Gelu": (lambda x, fast_gelu=False: _fast_gelu(x) if fast_gelu else x * _phi(x), (-3, 3), {}),
     "ReluN": (lambda x, n=6.0: np.minimum(np.maximum(x, 0.0), n), (-2, 8), {"n": 2.5}),
+    "ThresholdedRelu": (lambda x, alpha=1.0: np.where(x > alpha, x, 0.0), (-3, 3), {"alpha": -0.5}),
     "Softsign": (lambda x: x / (1.0 + np.abs(x)), (-5, 5), {}),
     "HardSigmoid": (lambda x, alpha=0.2, beta=0.5: np.clip(alpha * x + beta, 0.0, 1.0), (-5, 5), {"alpha": 0.25, "beta": 0.375}),
     "Mish": (lambda x: x * np.tanh(_softplus(x)), (-4, 4), {}),
@@ -70,7 +71,7 @@ REFS = {
 # Caffe2's gradient op inputs, of X, Y (the forward output) and dY.
 GRAD_READS = {
     "Elu": ("Y", "dY"), "ReluN": ("Y", "dY"), "Selu": ("Y", "dY"), "Softplus": ("Y", "dY"),
-    "HardSigmoid": ("Y", "dY"), "Reciprocal": ("Y", "dY"), "Logit": ("X", "dY"),
+    "HardSigmoid": ("Y", "dY"), "Reciprocal": ("Y", "dY"), "Logit": ("X", "dY"), "ThresholdedRelu": ("Y", "dY"),
     "Swish": ("X", "Y", "dY"), "Mish": ("X", "Y", "dY"),
     "Gelu": ("dY", "X"), "Cube": ("dY", "X"), "Sinh": ("dY", "X"), "Cosh": ("dY", "X"),
     "Cbrt": ("dY", "Y"), "Rsqrt": ("dY", "Y"),
@@ -79,12 +80,12 @@ GRAD_READS = {
 }
 
 # Where Caffe2's schema allowed Y over X.
-INPLACE = {"Elu", "Selu", "Softplus", "Logit", "ReluN", "Softsign", "HardSigmoid", "Sqr", "Cbrt", "Rsqrt",
+INPLACE = {"Elu", "Selu", "ThresholdedRelu", "Softplus", "Logit", "ReluN", "Softsign", "HardSigmoid", "Sqr", "Cbrt", "Rsqrt",
            "Reciprocal"}
 
 # Points where the function has a kink: inputs are moved away from them
 # before a gradient check.
-KINKS = {"Elu": [0.0], "Selu": [0.0], "Logit": [0.125, 0.875], "ReluN": [0.0, 2.5], "HardSigmoid": [-1.5, 2.5],
+KINKS = {"Elu": [0.0], "Selu": [0.0], "ThresholdedRelu": [-0.5, 0.0], "Logit": [0.125, 0.875], "ReluN": [0.0, 2.5], "HardSigmoid": [-1.5, 2.5],
          "Softsign": [0.0]}
 
 
@@ -124,7 +125,7 @@ def test_default_arguments(fresh):
     x = np.linspace(-8, 8, 33)
     # Caffe2's defaults, float32 as its arguments are.
     f32 = lambda v: float(np.float32(v))  # noqa: E731
-    defaults = {"Elu": {"alpha": 1.0}, "ReluN": {"n": 6.0}, "Gelu": {"fast_gelu": False},
+    defaults = {"Elu": {"alpha": 1.0}, "ThresholdedRelu": {"alpha": 1.0}, "ReluN": {"n": 6.0}, "Gelu": {"fast_gelu": False},
                 "Selu": {"alpha": f32(1.6732632423543772), "scale": f32(1.0507009873554805)},
                 "Logit": {"eps": f32(1e-6)},
                 "HardSigmoid": {"alpha": float(np.float32(0.2)), "beta": 0.5}}

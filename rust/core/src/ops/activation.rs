@@ -1,6 +1,6 @@
 //! Activations and elementwise math beyond issue 14's (those are in
 //! `nn.rs`): Elu, PRelu, Swish, Gelu, ReluN, Softsign, HardSigmoid, Mish,
-//! Selu, Softplus, Logit, Sqr, Cube, Cbrt, Rsqrt, Reciprocal, Log1p, Sin, Cos, Tan, Asin, Acos,
+//! Selu, Softplus, Logit, ThresholdedRelu, Sqr, Cube, Cbrt, Rsqrt, Reciprocal, Log1p, Sin, Cos, Tan, Asin, Acos,
 //! Atan, Sinh, Cosh, Erf and Sign, with their gradient ops.
 //!
 //! Each op here but PRelu is one row of [`OPS`]: its forward function, the
@@ -120,6 +120,12 @@ const ELU_ARGS: &[ArgDoc] = &[arg!(
     "1.0",
     "Y = alpha * (exp(X) - 1) for X < 0"
 )];
+const THRESHOLDED_ARGS: &[ArgDoc] = &[arg!(
+    "alpha",
+    "float",
+    "1.0",
+    "Y = X where X > alpha, else 0"
+)];
 const RELU_N_ARGS: &[ArgDoc] = &[arg!(
     "n",
     "float",
@@ -175,6 +181,10 @@ fn params(ctx: &OpDefCtx<'_>, name: &str) -> Result<Params> {
                 ..Params::default()
             }
         }
+        "ThresholdedRelu" => Params {
+            a: f64::from(a.f32("alpha", 1.0)?),
+            ..Params::default()
+        },
         "HardSigmoid" => Params {
             a: f64::from(a.f32("alpha", 0.2)?),
             b: f64::from(a.f32("beta", 0.5)?),
@@ -310,6 +320,22 @@ static OPS: &[UnaryDef] = &[
             inplace: true,
             g: |y, _, d, p| if y > 0.0 && y < p.a { d } else { 0.0 },
             doc: "Gradient of ReluN, inputs (Y, dY): dX = dY where 0 < Y < n, else 0.",
+        }),
+    },
+    UnaryDef {
+        name: "ThresholdedRelu",
+        f: |x, p| if x > p.a || x.is_nan() { x } else { 0.0 },
+        inplace: true,
+        args: THRESHOLDED_ARGS,
+        doc: "Y = X where X > alpha, else 0.",
+        grad: Some(GradDef {
+            name: "ThresholdedReluGradient",
+            reads: Reads::YDy,
+            inplace: true,
+            // Y is 0 exactly where X <= alpha (or X = 0): also right for a
+            // negative alpha, where Caffe2's `Y > 0` dropped X in (alpha, 0).
+            g: |y, _, d, _| if y != 0.0 { d } else { 0.0 },
+            doc: "Gradient of ThresholdedRelu, inputs (Y, dY): dX = dY where Y != 0, else 0.",
         }),
     },
     UnaryDef {
