@@ -371,3 +371,17 @@ def test_brew_prelu_learns_its_slope(fresh):
 def test_nan_propagates(fresh, op_type):
     (y,) = run(core.CreateOperator(op_type, ["X"], ["Y"]), {"X": np.array([np.nan, 0.25])})
     assert np.isnan(y[0]) and np.isfinite(y[1])
+
+
+def test_large_tensors_split_across_threads(fresh):
+    # 2^17 + 3 elements: computed in chunks on the kernel pool, in order.
+    rng = np.random.default_rng(11)
+    x = rng.uniform(-3, 3, size=(2**17 + 3,))
+    dy = rng.uniform(-1, 1, size=x.shape)
+    (y,) = run(core.CreateOperator("Elu", ["X"], ["Y"], alpha=0.5), {"X": x})
+    np.testing.assert_allclose(y, np.where(x < 0, 0.5 * np.expm1(x), x), rtol=1e-12)
+    (dx,) = run(core.CreateOperator("SwishGradient", ["X", "Y", "dY"], ["dX"]),
+                {"X": x.reshape(-1, 1), "Y": x.reshape(-1, 1), "dY": dy.reshape(-1, 1)})
+    s = 1 / (1 + np.exp(-x))
+    np.testing.assert_allclose(dx.ravel(), dy * (x + s * (1 - x)), rtol=1e-10, atol=1e-12)
+    assert dx.shape == (2**17 + 3, 1)

@@ -24,10 +24,9 @@ use crate::arg;
 use crate::error::{Error, Result};
 use crate::operator::{ArgDoc, InPlace, Locked, OpDefCtx, OpSchema, Operator};
 use crate::shapes::rules::same_as_input;
-use ndarray::Zip;
 
 /// The float types the kernels take, widened to float64 to compute.
-trait Float: Real {
+trait Float: Real + Send + Sync {
     fn wide(self) -> f64;
 }
 impl Float for f32 {
@@ -675,9 +674,35 @@ fn lookup(op_type: &str) -> Result<(&'static UnaryDef, bool)> {
         .ok_or_else(|| Error::internal(format!("{op_type}: not an op of ops/activation.rs")))
 }
 
+/// Tensors of at least this many elements are computed in chunks on the
+/// kernel pool.
+const PAR_MIN: usize = 1 << 15;
+
+/// `out[i] = at(i)` for every `i`, split across the kernel pool (rayon)
+/// when `out` is large.
+fn fill<T: Float>(n: usize, at: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    let mut out = vec![T::of(0.0); n];
+    if n >= PAR_MIN && rayon::current_num_threads() > 1 {
+        use rayon::prelude::*;
+        let chunk = PAR_MIN / 4;
+        out.par_chunks_mut(chunk).enumerate().for_each(|(k, o)| {
+            for (j, v) in o.iter_mut().enumerate() {
+                *v = at(k * chunk + j);
+            }
+        });
+    } else {
+        for (i, v) in out.iter_mut().enumerate() {
+            *v = at(i);
+        }
+    }
+    out
+}
+
 fn forward_t<T: Float>(l: &mut Locked<'_>, op: &str, f: Fwd, p: &Params) -> Result<()> {
     let x = input::<T>(l, op, 0)?;
-    let y = x.mapv(|v| T::of(f(v.wide(), p)));
+    let xs = dense(x);
+    let y = fill(xs.len(), |i| T::of(f(xs[i].wide(), p)));
+    let y = array(x.shape(), y)?;
     l.set_output(0, T::wrap(y));
     Ok(())
 }
@@ -687,23 +712,19 @@ fn backward_t<T: Float>(l: &mut Locked<'_>, op: &str, gd: &GradDef, p: &Params) 
     for &i in vals {
         same_shape(op, l, dyi, i)?;
     }
-    if let Reads::XYDy = gd.reads {
-        same_shape(op, l, 0, 1)?;
-    }
     let dy = input::<T>(l, op, dyi)?;
     let v0 = input::<T>(l, op, vals[0])?;
     let g = gd.g;
+    let (ds, v0s) = (dense(dy), dense(v0));
     let dx = if let [_, i1] = vals {
-        let v1 = input::<T>(l, op, *i1)?;
-        Zip::from(v0)
-            .and(v1)
-            .and(dy)
-            .map_collect(|&a, &b, &d| T::of(g(a.wide(), b.wide(), d.wide(), p)))
+        let v1s = dense(input::<T>(l, op, *i1)?);
+        fill(ds.len(), |i| {
+            T::of(g(v0s[i].wide(), v1s[i].wide(), ds[i].wide(), p))
+        })
     } else {
-        Zip::from(v0)
-            .and(dy)
-            .map_collect(|&a, &d| T::of(g(a.wide(), 0.0, d.wide(), p)))
+        fill(ds.len(), |i| T::of(g(v0s[i].wide(), 0.0, ds[i].wide(), p)))
     };
+    let dx = array(dy.shape(), dx)?;
     l.set_output(0, T::wrap(dx));
     Ok(())
 }
