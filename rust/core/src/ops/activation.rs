@@ -53,6 +53,43 @@ type Fwd = fn(f64, &Params) -> f64;
 /// dX = g(v0, v1, dY, params): v0 and v1 the gradient op's value inputs in
 /// the order it takes them (v1 is 0 for an op that reads one).
 type Bwd = fn(f64, f64, f64, &Params) -> f64;
+/// A forward kernel: Y from X (input 0), by a row's function.
+type FwdRun = fn(&mut Locked<'_>, &str, &Params) -> Result<()>;
+/// A gradient kernel: dX from the gradient op's inputs.
+type BwdRun = fn(&mut Locked<'_>, &str, &GradDef, &Params) -> Result<()>;
+
+/// `(function, kernel)` of a row: the kernel is compiled for this function
+/// (so a simple one is inlined into the loop), dispatched on X's dtype.
+macro_rules! fwd {
+    (|$x:tt, $p:tt| $e:expr) => {{
+        #[allow(unused_variables)]
+        fn scalar($x: f64, $p: &Params) -> f64 {
+            $e
+        }
+        fn run(l: &mut Locked<'_>, op: &str, p: &Params) -> Result<()> {
+            crate::with_match_dtype!(floats real_dtype(l, op, 0)?,
+                |T| forward_t::<T>(l, op, |x| scalar(x, p)),
+                else other => Err(crate::tensor::unsupported_dtype(other)))
+        }
+        (scalar as Fwd, run as FwdRun)
+    }};
+}
+
+/// `(function, kernel)` of a gradient row, dispatched on dY's dtype.
+macro_rules! bwd {
+    (|$a:tt, $b:tt, $d:tt, $p:tt| $e:expr) => {{
+        #[allow(unused_variables)]
+        fn scalar($a: f64, $b: f64, $d: f64, $p: &Params) -> f64 {
+            $e
+        }
+        fn run(l: &mut Locked<'_>, op: &str, gd: &GradDef, p: &Params) -> Result<()> {
+            crate::with_match_dtype!(floats real_dtype(l, op, gd.reads.dy())?,
+                |T| backward_t::<T>(l, op, gd, |a, b, d| scalar(a, b, d, p)),
+                else other => Err(crate::tensor::unsupported_dtype(other)))
+        }
+        (scalar as Bwd, run as BwdRun)
+    }};
+}
 
 /// What a gradient op reads, in its input order.
 #[derive(Clone, Copy)]
@@ -99,13 +136,15 @@ struct GradDef {
     reads: Reads,
     /// Caffe2 allowed dX to be written over dY.
     inplace: bool,
-    g: Bwd,
+    /// The function, and the kernel that applies it (`bwd!`).
+    g: (Bwd, BwdRun),
     doc: &'static str,
 }
 
 struct UnaryDef {
     name: &'static str,
-    f: Fwd,
+    /// The function, and the kernel that applies it (`fwd!`).
+    f: (Fwd, FwdRun),
     /// Caffe2 allowed Y to be written over X.
     inplace: bool,
     args: &'static [ArgDoc],
@@ -267,7 +306,7 @@ fn mish_grad(x: f64, _y: f64, d: f64, _: &Params) -> f64 {
 static OPS: &[UnaryDef] = &[
     UnaryDef {
         name: "Elu",
-        f: |x, p| if x < 0.0 { p.a * x.exp_m1() } else { x },
+        f: fwd!(|x, p| if x < 0.0 { p.a * x.exp_m1() } else { x }),
         inplace: true,
         args: ELU_ARGS,
         doc: "Y = X for X >= 0, alpha * (exp(X) - 1) below.",
@@ -275,13 +314,13 @@ static OPS: &[UnaryDef] = &[
             name: "EluGradient",
             reads: Reads::YDy,
             inplace: true,
-            g: |y, _, d, p| if y < 0.0 { d * (y + p.a) } else { d },
+            g: bwd!(|y, _, d, p| if y < 0.0 { d * (y + p.a) } else { d }),
             doc: "Gradient of Elu, inputs (Y, dY): dX = dY where Y >= 0, else dY * (Y + alpha).",
         }),
     },
     UnaryDef {
         name: "Swish",
-        f: |x, _| x * sigmoid(x),
+        f: fwd!(|x, _| x * sigmoid(x)),
         inplace: false,
         args: &[],
         doc: "Y = X / (1 + exp(-X)) elementwise.",
@@ -289,13 +328,13 @@ static OPS: &[UnaryDef] = &[
             name: "SwishGradient",
             reads: Reads::XYDy,
             inplace: true,
-            g: |x, y, d, _| d * (y + sigmoid(x) * (1.0 - y)),
+            g: bwd!(|x, y, d, _| d * (y + sigmoid(x) * (1.0 - y))),
             doc: "Gradient of Swish, inputs (X, Y, dY): dX = dY * (Y + sigmoid(X) * (1 - Y)).",
         }),
     },
     UnaryDef {
         name: "Gelu",
-        f: gelu,
+        f: fwd!(|x, p| gelu(x, p)),
         inplace: false,
         args: GELU_ARGS,
         doc: "Y = X * P(N(0, 1) <= X) elementwise, or its tanh approximation with fast_gelu.",
@@ -303,13 +342,13 @@ static OPS: &[UnaryDef] = &[
             name: "GeluGradient",
             reads: Reads::DyX,
             inplace: false,
-            g: gelu_grad,
+            g: bwd!(|x, b, d, p| gelu_grad(x, b, d, p)),
             doc: "Gradient of Gelu, inputs (dY, X) (of its approximation with fast_gelu).",
         }),
     },
     UnaryDef {
         name: "ReluN",
-        f: |x, p| x.clamp(0.0, p.a),
+        f: fwd!(|x, p| x.clamp(0.0, p.a)),
         inplace: true,
         args: RELU_N_ARGS,
         doc: "Y = min(max(X, 0), n) elementwise.",
@@ -317,13 +356,13 @@ static OPS: &[UnaryDef] = &[
             name: "ReluNGradient",
             reads: Reads::YDy,
             inplace: true,
-            g: |y, _, d, p| if y > 0.0 && y < p.a { d } else { 0.0 },
+            g: bwd!(|y, _, d, p| if y > 0.0 && y < p.a { d } else { 0.0 }),
             doc: "Gradient of ReluN, inputs (Y, dY): dX = dY where 0 < Y < n, else 0.",
         }),
     },
     UnaryDef {
         name: "ThresholdedRelu",
-        f: |x, p| if x > p.a || x.is_nan() { x } else { 0.0 },
+        f: fwd!(|x, p| if x > p.a || x.is_nan() { x } else { 0.0 }),
         inplace: true,
         args: THRESHOLDED_ARGS,
         doc: "Y = X where X > alpha, else 0.",
@@ -333,13 +372,13 @@ static OPS: &[UnaryDef] = &[
             inplace: true,
             // Y is 0 exactly where X <= alpha (or X = 0): also right for a
             // negative alpha, where Caffe2's `Y > 0` dropped X in (alpha, 0).
-            g: |y, _, d, _| if y != 0.0 { d } else { 0.0 },
+            g: bwd!(|y, _, d, _| if y != 0.0 { d } else { 0.0 }),
             doc: "Gradient of ThresholdedRelu, inputs (Y, dY): dX = dY where Y != 0, else 0.",
         }),
     },
     UnaryDef {
         name: "Softsign",
-        f: |x, _| x / (1.0 + x.abs()),
+        f: fwd!(|x, _| x / (1.0 + x.abs())),
         inplace: true,
         args: &[],
         doc: "Y = X / (1 + |X|) elementwise.",
@@ -347,16 +386,16 @@ static OPS: &[UnaryDef] = &[
             name: "SoftsignGradient",
             reads: Reads::XDy,
             inplace: true,
-            g: |x, _, d, _| {
+            g: bwd!(|x, _, d, _| {
                 let s = 1.0 + x.abs();
                 d / (s * s)
-            },
+            }),
             doc: "Gradient of Softsign, inputs (X, dY): dX = dY / (1 + |X|)^2.",
         }),
     },
     UnaryDef {
         name: "HardSigmoid",
-        f: |x, p| (x * p.a + p.b).clamp(0.0, 1.0),
+        f: fwd!(|x, p| (x * p.a + p.b).clamp(0.0, 1.0)),
         inplace: true,
         args: HARD_SIGMOID_ARGS,
         doc: "Y = max(0, min(1, alpha * X + beta)) elementwise.",
@@ -364,13 +403,13 @@ static OPS: &[UnaryDef] = &[
             name: "HardSigmoidGradient",
             reads: Reads::YDy,
             inplace: true,
-            g: |y, _, d, p| if y > 0.0 && y < 1.0 { d * p.a } else { 0.0 },
+            g: bwd!(|y, _, d, p| if y > 0.0 && y < 1.0 { d * p.a } else { 0.0 }),
             doc: "Gradient of HardSigmoid, inputs (Y, dY): dX = alpha * dY where 0 < Y < 1, else 0.",
         }),
     },
     UnaryDef {
         name: "Mish",
-        f: |x, _| x * softplus(x).tanh(),
+        f: fwd!(|x, _| x * softplus(x).tanh()),
         inplace: false,
         args: &[],
         doc: "Y = X * tanh(ln(1 + exp(X))) elementwise.",
@@ -378,13 +417,13 @@ static OPS: &[UnaryDef] = &[
             name: "MishGradient",
             reads: Reads::XYDy,
             inplace: true,
-            g: mish_grad,
+            g: bwd!(|x, y, d, p| mish_grad(x, y, d, p)),
             doc: "Gradient of Mish, inputs (X, Y, dY): dX = dY * (t + X * (1 - t^2) * sigmoid(X)), t = tanh(ln(1 + exp(X))).",
         }),
     },
     UnaryDef {
         name: "Selu",
-        f: |x, p| if x > 0.0 { p.b * x } else { p.b * p.a * x.exp_m1() },
+        f: fwd!(|x, p| if x > 0.0 { p.b * x } else { p.b * p.a * x.exp_m1() }),
         inplace: true,
         args: SELU_ARGS,
         doc: "Y = scale * X for X > 0, scale * alpha * (exp(X) - 1) elsewhere.",
@@ -392,13 +431,13 @@ static OPS: &[UnaryDef] = &[
             name: "SeluGradient",
             reads: Reads::YDy,
             inplace: true,
-            g: |y, _, d, p| if y > 0.0 { p.b * d } else { d * (y + p.a * p.b) },
+            g: bwd!(|y, _, d, p| if y > 0.0 { p.b * d } else { d * (y + p.a * p.b) }),
             doc: "Gradient of Selu, inputs (Y, dY): dX = scale * dY where Y > 0, else dY * (Y + scale * alpha).",
         }),
     },
     UnaryDef {
         name: "Softplus",
-        f: |x, _| softplus(x),
+        f: fwd!(|x, _| softplus(x)),
         inplace: true,
         args: &[],
         doc: "Y = ln(1 + exp(X)) elementwise.",
@@ -406,16 +445,16 @@ static OPS: &[UnaryDef] = &[
             name: "SoftplusGradient",
             reads: Reads::YDy,
             inplace: true,
-            g: |y, _, d, _| -d * (-y).exp_m1(),
+            g: bwd!(|y, _, d, _| -d * (-y).exp_m1()),
             doc: "Gradient of Softplus, inputs (Y, dY): dX = dY * (1 - exp(-Y)).",
         }),
     },
     UnaryDef {
         name: "Logit",
-        f: |x, p| {
+        f: fwd!(|x, p| {
             let x = x.clamp(p.a, 1.0 - p.a);
             (x / (1.0 - x)).ln()
-        },
+        }),
         inplace: true,
         args: LOGIT_ARGS,
         doc: "Y = ln(X / (1 - X)) elementwise, X clamped to [eps, 1 - eps].",
@@ -423,19 +462,19 @@ static OPS: &[UnaryDef] = &[
             name: "LogitGradient",
             reads: Reads::XDy,
             inplace: false,
-            g: |x, _, d, p| {
+            g: bwd!(|x, _, d, p| {
                 if x < p.a || x > 1.0 - p.a {
                     0.0
                 } else {
                     d / (x * (1.0 - x))
                 }
-            },
+            }),
             doc: "Gradient of Logit, inputs (X, dY): dX = dY / (X * (1 - X)) inside [eps, 1 - eps], else 0.",
         }),
     },
     UnaryDef {
         name: "Sqr",
-        f: |x, _| x * x,
+        f: fwd!(|x, _| x * x),
         inplace: true,
         args: &[],
         doc: "Y = X^2 elementwise (its gradient is made of Scale and Mul).",
@@ -443,7 +482,7 @@ static OPS: &[UnaryDef] = &[
     },
     UnaryDef {
         name: "Cube",
-        f: |x, _| x * x * x,
+        f: fwd!(|x, _| x * x * x),
         inplace: false,
         args: &[],
         doc: "Y = X^3 elementwise.",
@@ -451,13 +490,13 @@ static OPS: &[UnaryDef] = &[
             name: "CubeGradient",
             reads: Reads::DyX,
             inplace: false,
-            g: |x, _, d, _| 3.0 * d * x * x,
+            g: bwd!(|x, _, d, _| 3.0 * d * x * x),
             doc: "Gradient of Cube, inputs (dY, X): dX = 3 * dY * X^2.",
         }),
     },
     UnaryDef {
         name: "Cbrt",
-        f: |x, _| x.cbrt(),
+        f: fwd!(|x, _| x.cbrt()),
         inplace: true,
         args: &[],
         doc: "Y = the cube root of X elementwise (negative for negative X).",
@@ -465,13 +504,13 @@ static OPS: &[UnaryDef] = &[
             name: "CbrtGradient",
             reads: Reads::DyY,
             inplace: true,
-            g: |y, _, d, _| d / (3.0 * y * y),
+            g: bwd!(|y, _, d, _| d / (3.0 * y * y)),
             doc: "Gradient of Cbrt, inputs (dY, Y): dX = dY / (3 * Y^2).",
         }),
     },
     UnaryDef {
         name: "Rsqrt",
-        f: |x, _| 1.0 / x.sqrt(),
+        f: fwd!(|x, _| 1.0 / x.sqrt()),
         inplace: true,
         args: &[],
         doc: "Y = 1 / sqrt(X) elementwise (IEEE: inf at 0, NaN for negatives).",
@@ -479,13 +518,13 @@ static OPS: &[UnaryDef] = &[
             name: "RsqrtGradient",
             reads: Reads::DyY,
             inplace: true,
-            g: |y, _, d, _| -0.5 * d * y * y * y,
+            g: bwd!(|y, _, d, _| -0.5 * d * y * y * y),
             doc: "Gradient of Rsqrt, inputs (dY, Y): dX = -0.5 * dY * Y^3.",
         }),
     },
     UnaryDef {
         name: "Reciprocal",
-        f: |x, _| 1.0 / x,
+        f: fwd!(|x, _| 1.0 / x),
         inplace: true,
         args: &[],
         doc: "Y = 1 / X elementwise (IEEE: inf at 0).",
@@ -493,13 +532,13 @@ static OPS: &[UnaryDef] = &[
             name: "ReciprocalGradient",
             reads: Reads::YDy,
             inplace: true,
-            g: |y, _, d, _| -d * y * y,
+            g: bwd!(|y, _, d, _| -d * y * y),
             doc: "Gradient of Reciprocal, inputs (Y, dY): dX = -dY * Y^2.",
         }),
     },
     UnaryDef {
         name: "Log1p",
-        f: |x, _| x.ln_1p(),
+        f: fwd!(|x, _| x.ln_1p()),
         inplace: false,
         args: &[],
         doc: "Y = ln(1 + X) elementwise, accurate for small X.",
@@ -507,13 +546,13 @@ static OPS: &[UnaryDef] = &[
             name: "Log1pGradient",
             reads: Reads::XDy,
             inplace: false,
-            g: |x, _, d, _| d / (1.0 + x),
+            g: bwd!(|x, _, d, _| d / (1.0 + x)),
             doc: "Gradient of Log1p, inputs (X, dY): dX = dY / (1 + X).",
         }),
     },
     UnaryDef {
         name: "Sin",
-        f: |x, _| x.sin(),
+        f: fwd!(|x, _| x.sin()),
         inplace: false,
         args: &[],
         doc: "Y = sin(X) elementwise.",
@@ -521,13 +560,13 @@ static OPS: &[UnaryDef] = &[
             name: "SinGradient",
             reads: Reads::XDy,
             inplace: false,
-            g: |x, _, d, _| d * x.cos(),
+            g: bwd!(|x, _, d, _| d * x.cos()),
             doc: "Gradient of Sin, inputs (X, dY): dX = dY * cos(X).",
         }),
     },
     UnaryDef {
         name: "Cos",
-        f: |x, _| x.cos(),
+        f: fwd!(|x, _| x.cos()),
         inplace: false,
         args: &[],
         doc: "Y = cos(X) elementwise.",
@@ -535,13 +574,13 @@ static OPS: &[UnaryDef] = &[
             name: "CosGradient",
             reads: Reads::XDy,
             inplace: false,
-            g: |x, _, d, _| -d * x.sin(),
+            g: bwd!(|x, _, d, _| -d * x.sin()),
             doc: "Gradient of Cos, inputs (X, dY): dX = -dY * sin(X).",
         }),
     },
     UnaryDef {
         name: "Tan",
-        f: |x, _| x.tan(),
+        f: fwd!(|x, _| x.tan()),
         inplace: false,
         args: &[],
         doc: "Y = tan(X) elementwise.",
@@ -549,16 +588,16 @@ static OPS: &[UnaryDef] = &[
             name: "TanGradient",
             reads: Reads::XDy,
             inplace: false,
-            g: |x, _, d, _| {
+            g: bwd!(|x, _, d, _| {
                 let c = x.cos();
                 d / (c * c)
-            },
+            }),
             doc: "Gradient of Tan, inputs (X, dY): dX = dY / cos(X)^2.",
         }),
     },
     UnaryDef {
         name: "Asin",
-        f: |x, _| x.asin(),
+        f: fwd!(|x, _| x.asin()),
         inplace: false,
         args: &[],
         doc: "Y = arcsin(X) elementwise (NaN outside [-1, 1]).",
@@ -566,13 +605,13 @@ static OPS: &[UnaryDef] = &[
             name: "AsinGradient",
             reads: Reads::XDy,
             inplace: false,
-            g: |x, _, d, _| d / (1.0 - x * x).sqrt(),
+            g: bwd!(|x, _, d, _| d / (1.0 - x * x).sqrt()),
             doc: "Gradient of Asin, inputs (X, dY): dX = dY / sqrt(1 - X^2).",
         }),
     },
     UnaryDef {
         name: "Acos",
-        f: |x, _| x.acos(),
+        f: fwd!(|x, _| x.acos()),
         inplace: false,
         args: &[],
         doc: "Y = arccos(X) elementwise (NaN outside [-1, 1]).",
@@ -580,13 +619,13 @@ static OPS: &[UnaryDef] = &[
             name: "AcosGradient",
             reads: Reads::XDy,
             inplace: false,
-            g: |x, _, d, _| -d / (1.0 - x * x).sqrt(),
+            g: bwd!(|x, _, d, _| -d / (1.0 - x * x).sqrt()),
             doc: "Gradient of Acos, inputs (X, dY): dX = -dY / sqrt(1 - X^2).",
         }),
     },
     UnaryDef {
         name: "Atan",
-        f: |x, _| x.atan(),
+        f: fwd!(|x, _| x.atan()),
         inplace: false,
         args: &[],
         doc: "Y = arctan(X) elementwise.",
@@ -594,13 +633,13 @@ static OPS: &[UnaryDef] = &[
             name: "AtanGradient",
             reads: Reads::XDy,
             inplace: false,
-            g: |x, _, d, _| d / (1.0 + x * x),
+            g: bwd!(|x, _, d, _| d / (1.0 + x * x)),
             doc: "Gradient of Atan, inputs (X, dY): dX = dY / (1 + X^2).",
         }),
     },
     UnaryDef {
         name: "Sinh",
-        f: |x, _| x.sinh(),
+        f: fwd!(|x, _| x.sinh()),
         inplace: false,
         args: &[],
         doc: "Y = sinh(X) elementwise.",
@@ -608,13 +647,13 @@ static OPS: &[UnaryDef] = &[
             name: "SinhGradient",
             reads: Reads::DyX,
             inplace: false,
-            g: |x, _, d, _| d * x.cosh(),
+            g: bwd!(|x, _, d, _| d * x.cosh()),
             doc: "Gradient of Sinh, inputs (dY, X): dX = dY * cosh(X).",
         }),
     },
     UnaryDef {
         name: "Cosh",
-        f: |x, _| x.cosh(),
+        f: fwd!(|x, _| x.cosh()),
         inplace: false,
         args: &[],
         doc: "Y = cosh(X) elementwise.",
@@ -622,13 +661,13 @@ static OPS: &[UnaryDef] = &[
             name: "CoshGradient",
             reads: Reads::DyX,
             inplace: false,
-            g: |x, _, d, _| d * x.sinh(),
+            g: bwd!(|x, _, d, _| d * x.sinh()),
             doc: "Gradient of Cosh, inputs (dY, X): dX = dY * sinh(X).",
         }),
     },
     UnaryDef {
         name: "Erf",
-        f: |x, _| libm::erf(x),
+        f: fwd!(|x, _| libm::erf(x)),
         inplace: false,
         args: &[],
         doc: "Y = erf(X) elementwise (the Gauss error function).",
@@ -636,13 +675,13 @@ static OPS: &[UnaryDef] = &[
             name: "ErfGradient",
             reads: Reads::XDy,
             inplace: false,
-            g: |x, _, d, _| d * std::f64::consts::FRAC_2_SQRT_PI * (-x * x).exp(),
+            g: bwd!(|x, _, d, _| d * std::f64::consts::FRAC_2_SQRT_PI * (-x * x).exp()),
             doc: "Gradient of Erf, inputs (X, dY): dX = dY * 2 / sqrt(pi) * exp(-X^2).",
         }),
     },
     UnaryDef {
         name: "Sign",
-        f: |x, _| {
+        f: fwd!(|x, _| {
             if x > 0.0 {
                 1.0
             } else if x < 0.0 {
@@ -650,7 +689,7 @@ static OPS: &[UnaryDef] = &[
             } else {
                 x * 0.0
             }
-        },
+        }),
         inplace: false,
         args: &[],
         doc: "Y = -1, 0 or 1 by the sign of X elementwise (NaN stays NaN, -0 stays -0); no gradient.",
@@ -677,52 +716,99 @@ fn lookup(op_type: &str) -> Result<(&'static UnaryDef, bool)> {
 /// Tensors of at least this many elements are computed in chunks on the
 /// kernel pool.
 const PAR_MIN: usize = 1 << 15;
+const CHUNK: usize = 1 << 13;
 
-/// `out[i] = at(i)` for every `i`, split across the kernel pool (rayon)
-/// when `out` is large.
-fn fill<T: Float>(n: usize, at: impl Fn(usize) -> T + Sync) -> Vec<T> {
-    let mut out = vec![T::of(0.0); n];
-    if n >= PAR_MIN && rayon::current_num_threads() > 1 {
-        use rayon::prelude::*;
-        let chunk = PAR_MIN / 4;
-        out.par_chunks_mut(chunk).enumerate().for_each(|(k, o)| {
-            for (j, v) in o.iter_mut().enumerate() {
-                *v = at(k * chunk + j);
+fn parallel(n: usize) -> bool {
+    n >= PAR_MIN && rayon::current_num_threads() > 1
+}
+
+/// `f` of each element of `a`.
+fn map1<T: Float>(a: &[T], f: impl Fn(T) -> T + Sync) -> Vec<T> {
+    if !parallel(a.len()) {
+        return a.iter().map(|&v| f(v)).collect();
+    }
+    use rayon::prelude::*;
+    let mut out = vec![T::of(0.0); a.len()];
+    out.par_chunks_mut(CHUNK)
+        .zip(a.par_chunks(CHUNK))
+        .for_each(|(o, a)| {
+            for (o, &v) in o.iter_mut().zip(a) {
+                *o = f(v);
             }
         });
-    } else {
-        for (i, v) in out.iter_mut().enumerate() {
-            *v = at(i);
-        }
-    }
     out
 }
 
-fn forward_t<T: Float>(l: &mut Locked<'_>, op: &str, f: Fwd, p: &Params) -> Result<()> {
+/// `f` of each pair of elements of `a` and `b` (one length).
+fn map2<T: Float>(a: &[T], b: &[T], f: impl Fn(T, T) -> T + Sync) -> Vec<T> {
+    if !parallel(a.len()) {
+        return a.iter().zip(b).map(|(&u, &v)| f(u, v)).collect();
+    }
+    use rayon::prelude::*;
+    let mut out = vec![T::of(0.0); a.len()];
+    out.par_chunks_mut(CHUNK)
+        .zip(a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK)))
+        .for_each(|(o, (a, b))| {
+            for ((o, &u), &v) in o.iter_mut().zip(a).zip(b) {
+                *o = f(u, v);
+            }
+        });
+    out
+}
+
+/// `f` of each triple of elements of `a`, `b` and `c` (one length).
+fn map3<T: Float>(a: &[T], b: &[T], c: &[T], f: impl Fn(T, T, T) -> T + Sync) -> Vec<T> {
+    if !parallel(a.len()) {
+        return a
+            .iter()
+            .zip(b)
+            .zip(c)
+            .map(|((&u, &v), &w)| f(u, v, w))
+            .collect();
+    }
+    use rayon::prelude::*;
+    let mut out = vec![T::of(0.0); a.len()];
+    out.par_chunks_mut(CHUNK)
+        .zip(
+            a.par_chunks(CHUNK)
+                .zip(b.par_chunks(CHUNK))
+                .zip(c.par_chunks(CHUNK)),
+        )
+        .for_each(|(o, ((a, b), c))| {
+            for (((o, &u), &v), &w) in o.iter_mut().zip(a).zip(b).zip(c) {
+                *o = f(u, v, w);
+            }
+        });
+    out
+}
+
+fn forward_t<T: Float>(l: &mut Locked<'_>, op: &str, f: impl Fn(f64) -> f64 + Sync) -> Result<()> {
     let x = input::<T>(l, op, 0)?;
-    let xs = dense(x);
-    let y = fill(xs.len(), |i| T::of(f(xs[i].wide(), p)));
+    let y = map1(&dense(x), |v| T::of(f(v.wide())));
     let y = array(x.shape(), y)?;
     l.set_output(0, T::wrap(y));
     Ok(())
 }
 
-fn backward_t<T: Float>(l: &mut Locked<'_>, op: &str, gd: &GradDef, p: &Params) -> Result<()> {
+fn backward_t<T: Float>(
+    l: &mut Locked<'_>,
+    op: &str,
+    gd: &GradDef,
+    g: impl Fn(f64, f64, f64) -> f64 + Sync,
+) -> Result<()> {
     let (dyi, vals) = (gd.reads.dy(), gd.reads.values());
     for &i in vals {
         same_shape(op, l, dyi, i)?;
     }
     let dy = input::<T>(l, op, dyi)?;
-    let v0 = input::<T>(l, op, vals[0])?;
-    let g = gd.g;
-    let (ds, v0s) = (dense(dy), dense(v0));
+    let (ds, v0s) = (dense(dy), dense(input::<T>(l, op, vals[0])?));
     let dx = if let [_, i1] = vals {
         let v1s = dense(input::<T>(l, op, *i1)?);
-        fill(ds.len(), |i| {
-            T::of(g(v0s[i].wide(), v1s[i].wide(), ds[i].wide(), p))
+        map3(&v0s, &v1s, &ds, |a, b, d| {
+            T::of(g(a.wide(), b.wide(), d.wide()))
         })
     } else {
-        fill(ds.len(), |i| T::of(g(v0s[i].wide(), 0.0, ds[i].wide(), p)))
+        map2(&v0s, &ds, |a, d| T::of(g(a.wide(), 0.0, d.wide())))
     };
     let dx = array(dy.shape(), dx)?;
     l.set_output(0, T::wrap(dx));
@@ -738,22 +824,17 @@ fn build(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             .grad
             .as_ref()
             .ok_or_else(|| Error::internal("no gradient"))?;
-        // The dtype is dY's: the value inputs must match it.
-        let dyi = gd.reads.dy();
+        let run = gd.g.1;
         Ok(kernel(move |cx| {
             let mut l = cx.lock();
-            crate::with_match_dtype!(floats real_dtype(&l, &op, dyi)?,
-                |T| backward_t::<T>(&mut l, &op, gd, &p),
-                else other => Err(crate::tensor::unsupported_dtype(other)))?;
+            run(&mut l, &op, gd, &p)?;
             Ok(true)
         }))
     } else {
-        let f = def.f;
+        let run = def.f.1;
         Ok(kernel(move |cx| {
             let mut l = cx.lock();
-            crate::with_match_dtype!(floats real_dtype(&l, &op, 0)?,
-                |T| forward_t::<T>(&mut l, &op, f, &p),
-                else other => Err(crate::tensor::unsupported_dtype(other)))?;
+            run(&mut l, &op, &p)?;
             Ok(true)
         }))
     }
@@ -996,10 +1077,10 @@ mod tests {
     use super::*;
 
     fn f(name: &str) -> Fwd {
-        lookup(name).unwrap().0.f
+        lookup(name).unwrap().0.f.0
     }
     fn g(name: &str) -> Bwd {
-        lookup(name).unwrap().0.grad.as_ref().unwrap().g
+        lookup(name).unwrap().0.grad.as_ref().unwrap().g.0
     }
 
     #[test]
@@ -1063,8 +1144,8 @@ mod tests {
             let (d, _) = lookup(name).unwrap();
             let gd = d.grad.as_ref().unwrap();
             for &x in &[0.3, 0.7, -0.45] {
-                let (xv, yv) = (x, (d.f)(x, &p));
-                let num = ((d.f)(x + h, &p) - (d.f)(x - h, &p)) / (2.0 * h);
+                let (xv, yv) = (x, (d.f.0)(x, &p));
+                let num = ((d.f.0)(x + h, &p) - (d.f.0)(x - h, &p)) / (2.0 * h);
                 if num.is_nan() {
                     // Outside the domain (Rsqrt of a negative).
                     assert!(yv.is_nan(), "{name} at {x}");
@@ -1075,7 +1156,7 @@ mod tests {
                     Reads::XDy | Reads::DyX => (xv, 0.0),
                     Reads::XYDy => (xv, yv),
                 };
-                let got = (gd.g)(a, b, 1.0, &p);
+                let got = (gd.g.0)(a, b, 1.0, &p);
                 assert!(
                     (got - num).abs() < 1e-6 * (1.0 + num.abs()),
                     "{name} at {x}: {got} vs {num}"
