@@ -1,16 +1,18 @@
 //! Activations and elementwise math beyond issue 14's (those are in
 //! `nn.rs`): Elu, PRelu, Swish, Gelu, ReluN, Softsign, HardSigmoid, Mish,
-//! Selu, Softplus, Logit, ThresholdedRelu, Sqr, Cube, Cbrt, Rsqrt, Reciprocal, Log1p, Sin, Cos, Tan, Asin, Acos,
-//! Atan, Sinh, Cosh, Erf and Sign, with their gradient ops.
+//! Selu, Softplus, Logit, ThresholdedRelu, Sqr, Cube, Cbrt, Rsqrt,
+//! Reciprocal, Log1p, Sin, Cos, Tan, Asin, Acos, Atan, Sinh, Cosh, Erf and
+//! Sign, with their gradient ops.
 //!
 //! Each op here but PRelu is one row of [`OPS`]: its forward function, the
 //! inputs its gradient op reads (Caffe2's: some read X, some Y, in
 //! Caffe2's order), the gradient's function and where Caffe2 allowed the op
-//! in place. One forward kernel and one gradient kernel serve every row:
-//! they take float32 or float64 (any other dtype is a `DataTypeError`
-//! naming the op and blob) and evaluate the row's function in float64, so
-//! float32 results are the exactly rounded values of the formula. The
-//! output has its input's shape and type (Caffe2's
+//! in place. `fwd!` and `bwd!` compile one kernel per function over the
+//! generic loops `forward_t` and `backward_t`: they take float32 or float64
+//! (any other dtype is a `DataTypeError` naming the op and blob), evaluate
+//! the function in float64, so float32 results are the exactly rounded
+//! values of the formula, and split large tensors across the kernel pool.
+//! The output has its input's shape and type (Caffe2's
 //! `IdenticalTypeAndShape`); a gradient op's inputs must all have one shape.
 //! Which gradient ops an op's gradient takes is decided in Python
 //! (`ferrocaffe/gradients.py`), as for the other families.
