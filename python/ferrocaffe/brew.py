@@ -20,7 +20,8 @@ from ferrocaffe.modeling.parameter_info import ParameterTags
 __all__ = [
     "Register", "accuracy", "add_weight_decay", "arg_scope", "average_pool", "concat", "cond", "conv",
     "conv_nd", "conv_transpose", "db_input", "dropout", "fc", "get_current_scope", "group_conv",
-    "has_helper", "layer_norm", "loop", "lrn", "max_pool", "relu", "sigmoid", "softmax", "spatial_bn", "sum", "tanh",
+    "has_helper", "layer_norm", "loop", "lrn", "max_pool", "prelu", "relu", "sigmoid", "softmax", "spatial_bn",
+    "sum", "tanh",
     "transpose",
 ]
 
@@ -129,6 +130,17 @@ relu = _unary("Relu", "Y = max(X, 0).")
 sigmoid = _unary("Sigmoid", "Y = 1 / (1 + exp(-X)).")
 tanh = _unary("Tanh", "Y = tanh(X).")
 softmax = _unary("Softmax", "Softmax over each row (axis=1 by default).")
+
+
+@Register
+def prelu(model, blob_in, blob_out, num_channels=1, slope_init=None, **kwargs):
+    """PRelu with a learned slope ``<blob_out>_slope`` (``num_channels``
+    values, ConstantFill 0.25 by default; ``slope_init`` = (op type,
+    kwargs)). As Caffe2's helper, other keyword arguments are dropped, so
+    the op runs in its default NCHW order."""
+    slope = _param(model, str(blob_out) + "_slope", [num_channels],
+                   _init(slope_init, ("ConstantFill", {"value": 0.25})))
+    return model.net.PRelu([blob_in, slope], [blob_out])
 
 
 @Register

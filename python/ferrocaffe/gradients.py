@@ -596,6 +596,72 @@ def _negative_grad(op, g_output):
     return [_op("Negative", [w.GO(0)], [w.GI(0)])], [w.GI(0)]
 
 
+# ------------------------------- activations and math (ops/activation.rs) --
+
+
+def _reads_maker(grad_type, reads):
+    """One gradient op reading ``reads`` (of "X", the forward input, "Y", its
+    output, and "dY"), in Caffe2's order for that op, and writing dX."""
+
+    def maker(op, g_output):
+        w = GradientWrapper(op, g_output)
+        pick = {"X": w.I(0), "Y": w.O(0), "dY": w.GO(0)}
+        return [_op(grad_type, [pick[r] for r in reads], [w.GI(0)])], [w.GI(0)]
+
+    return maker
+
+
+for _t, _reads in (
+    ("Elu", ("Y", "dY")),
+    ("ReluN", ("Y", "dY")),
+    ("HardSigmoid", ("Y", "dY")),
+    ("Reciprocal", ("Y", "dY")),
+    ("Selu", ("Y", "dY")),
+    ("ThresholdedRelu", ("Y", "dY")),
+    ("Softplus", ("Y", "dY")),
+    ("Logit", ("X", "dY")),
+    ("Swish", ("X", "Y", "dY")),
+    ("Mish", ("X", "Y", "dY")),
+    ("Gelu", ("dY", "X")),
+    ("Cube", ("dY", "X")),
+    ("Sinh", ("dY", "X")),
+    ("Cosh", ("dY", "X")),
+    ("Cbrt", ("dY", "Y")),
+    ("Rsqrt", ("dY", "Y")),
+    ("Softsign", ("X", "dY")),
+    ("Log1p", ("X", "dY")),
+    ("Sin", ("X", "dY")),
+    ("Cos", ("X", "dY")),
+    ("Tan", ("X", "dY")),
+    ("Asin", ("X", "dY")),
+    ("Acos", ("X", "dY")),
+    ("Atan", ("X", "dY")),
+    ("Erf", ("X", "dY")),
+):
+    _register(_t)(_reads_maker(_t + "Gradient", _reads))
+
+_register("Sign")(_no_gradient)
+
+
+@_register("PRelu")
+def _prelu_grad(op, g_output):
+    w = GradientWrapper(op, g_output)
+    ops = [_op("PReluGradient", [w.O(0), w.GO(0), w.I(0), w.I(1)], [w.GI(0), w.GI(1)])]
+    return ops, [w.GI(0), w.GI(1)]
+
+
+@_register("Sqr", copy_arguments=False)
+def _sqr_grad(op, g_output):
+    # d x^2 = 2 x dx. Caffe2 scaled dY in place, changing a blob other
+    # readers of dY may use; here the scaled copy is dX's.
+    w = GradientWrapper(op, g_output)
+    ops = [
+        _op("Scale", [w.GO(0)], [w.GI(0)], scale=2.0),
+        _op("Mul", [w.GI(0), w.I(0)], [w.GI(0)]),
+    ]
+    return ops, [w.GI(0)]
+
+
 # --------------------------------------- makers of the second slice (#14) --
 
 

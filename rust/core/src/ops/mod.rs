@@ -14,6 +14,7 @@ macro_rules! by_dtype {
     };
 }
 
+pub mod activation;
 pub mod collect;
 pub mod control;
 pub mod conv;
@@ -44,6 +45,7 @@ pub(crate) mod winograd;
 
 pub fn builtin_schemas() -> Vec<OpSchema> {
     let mut v = Vec::new();
+    v.extend(activation::schemas());
     v.extend(collect::schemas());
     v.extend(control::schemas());
     v.extend(conv::schemas());

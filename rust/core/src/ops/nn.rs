@@ -238,7 +238,7 @@ fn split_at(shape: &[usize], axis: usize) -> (usize, usize) {
     )
 }
 
-fn same_shape(op: &str, l: &Locked<'_>, i: usize, j: usize) -> Result<()> {
+pub(crate) fn same_shape(op: &str, l: &Locked<'_>, i: usize, j: usize) -> Result<()> {
     let (a, b) = (l.tensor(i)?.shape(), l.tensor(j)?.shape());
     if a != b {
         return Err(Error::shape(format!(
