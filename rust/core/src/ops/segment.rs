@@ -99,26 +99,26 @@ pub fn schemas() -> Vec<OpSchema> {
     }
     for (name, grad_name) in RANGE_OPS {
         v.push(
-            OpSchema::new(name, build_range)
+            OpSchema::new(name, build_span_reduce)
                 .inputs(2, 2)
                 .outputs(1, 1)
                 .doc("Inputs (DATA, SEGMENT_IDS: one non-decreasing id per row of DATA): output row s reduces DATA's rows of segment s (sum, mean, max, log-sum-exp or log-mean-exp, elementwise)."),
         );
         v.push(
-            OpSchema::new(grad_name, build_range_grad)
+            OpSchema::new(grad_name, build_span_grad)
                 .inputs(4, 4)
                 .outputs(1, 1)
                 .doc("Gradient of SortedSegmentRange: inputs (DATA, Y, dY, SEGMENT_IDS), output dDATA (Max: every element equal to its segment's max gets dY)."),
         );
     }
     v.push(
-        OpSchema::new("LengthsMax", build_lengths_max)
+        OpSchema::new("LengthsMax", build_span_reduce)
             .inputs(2, 2)
             .outputs(1, 1)
             .doc("Inputs (DATA, LENGTHS): output row s is the elementwise max of the next LENGTHS[s] rows of DATA (zeros for an empty segment)."),
     );
     v.push(
-        OpSchema::new("LengthsMaxWithMainInputAndForwardOutputGradient", build_lengths_max_grad)
+        OpSchema::new("LengthsMaxWithMainInputAndForwardOutputGradient", build_span_grad)
             .inputs(4, 4)
             .outputs(1, 1)
             .doc("Gradient of LengthsMax: inputs (Y, dY, LENGTHS, DATA), output dDATA: dY where an element equals its segment's max, else 0."),
@@ -321,7 +321,9 @@ enum Red {
 }
 
 fn red_of(op: &str) -> Red {
-    let base = op.trim_end_matches("Gradient");
+    let base = op
+        .trim_end_matches("Gradient")
+        .trim_end_matches("WithMainInputAndForwardOutput");
     if base.ends_with("LogSumExp") {
         Red::LogSumExp
     } else if base.ends_with("LogMeanExp") {
@@ -385,7 +387,8 @@ fn red_grad<T: Real>(red: Red, n: usize, x: T, y: T, dy: T) -> T {
                 T::of(0.0)
             }
         }
-        // d/dx log(sum exp) = exp(x - y); log-mean-exp has the same slope.
+        // d/dx log(sum exp) = exp(x - y); log-mean-exp is log-sum-exp -
+        // log n, so the same slope is exp(x - y) / n from its own y.
         Red::LogSumExp => dy * (x - y).exp(),
         Red::LogMeanExp => dy * (x - y).exp() / T::of(n as f64),
     }
@@ -403,40 +406,83 @@ fn spans(seg: &[usize], k: usize) -> Vec<(usize, usize)> {
     out
 }
 
-fn range_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
-    let red = red_of(op);
-    let sname = l.input_name(1);
-    let seg = ids(l, op, 1, "SEGMENT_IDS")?;
-    sorted_check(op, &seg, sname)?;
-    let d = input::<T>(l, op, 0)?;
-    if d.ndim() == 0 || d.shape()[0] != seg.len() {
-        return Err(Error::shape(format!(
-            "{op}: DATA ('{}', shape {:?}) must have one row per segment id ({})",
-            l.input_name(0),
-            d.shape(),
-            seg.len()
-        ))
-        .with_blob(l.input_name(0)));
+/// The segments of DATA (input `di`) and its row length: consecutive
+/// spans from sorted SEGMENT_IDS or from LENGTHS (input `si`).
+fn data_spans<T: Real>(
+    l: &Locked<'_>,
+    op: &str,
+    di: usize,
+    si: usize,
+    by_lengths: bool,
+) -> Result<(Vec<(usize, usize)>, usize, Vec<usize>)> {
+    let what = if by_lengths { "LENGTHS" } else { "SEGMENT_IDS" };
+    let v = ids(l, op, si, what)?;
+    let d = input::<T>(l, op, di)?;
+    let (dname, sname) = (l.input_name(di), l.input_name(si));
+    if d.ndim() == 0 {
+        return Err(
+            Error::shape(format!("{op}: DATA ('{dname}') must have at least one dim"))
+                .with_blob(dname),
+        );
     }
-    let k = seg.last().map_or(0, |&m| m + 1);
-    let inner: usize = d.shape()[1..].iter().product();
-    let x = dense(d);
-    let mut out = vec![T::of(0.0); k * inner];
-    for (s, (start, n)) in spans(&seg, k).into_iter().enumerate() {
+    let rows = d.shape()[0];
+    let sp = if by_lengths {
+        let total: usize = v.iter().sum();
+        if total != rows {
+            return Err(Error::invalid_arg(format!(
+                "{op}: LENGTHS ('{sname}') sum to {total}, but DATA has {rows} rows"
+            ))
+            .with_blob(sname));
+        }
+        let mut start = 0;
+        v.iter()
+            .map(|&n| {
+                start += n;
+                (start - n, n)
+            })
+            .collect()
+    } else {
+        sorted_check(op, &v, sname)?;
+        if rows != v.len() {
+            return Err(Error::shape(format!(
+                "{op}: DATA ('{dname}', shape {:?}) must have one row per segment id ({})",
+                d.shape(),
+                v.len()
+            ))
+            .with_blob(dname));
+        }
+        spans(&v, v.last().map_or(0, |&m| m + 1))
+    };
+    Ok((sp, d.shape()[1..].iter().product(), d.shape().to_vec()))
+}
+
+/// SortedSegmentRange* and LengthsMax: inputs (DATA, SEGMENT_IDS or
+/// LENGTHS), one output row per segment.
+fn span_reduce_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
+    let (sp, inner, dshape) = data_spans::<T>(l, op, 0, 1, op == "LengthsMax")?;
+    let x = dense(input::<T>(l, op, 0)?);
+    let mut out = vec![T::of(0.0); sp.len() * inner];
+    for (s, &(start, n)) in sp.iter().enumerate() {
         let at = |r: usize, j: usize| x[(start + r) * inner + j];
-        reduce_rows(red, n, inner, at, &mut out[s * inner..(s + 1) * inner]);
+        reduce_rows(
+            red_of(op),
+            n,
+            inner,
+            at,
+            &mut out[s * inner..(s + 1) * inner],
+        );
     }
-    let mut shape = vec![k];
-    shape.extend_from_slice(&d.shape()[1..]);
+    let mut shape = vec![sp.len()];
+    shape.extend_from_slice(&dshape[1..]);
     l.set_output(0, T::wrap(array(&shape, out)?));
     Ok(())
 }
 
-fn build_range(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+fn build_span_reduce(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let op = ctx.op_type().to_string();
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
-        by_real!(&l, &op, 0, range_t(&mut l, &op))?;
+        by_real!(&l, &op, 0, span_reduce_t(&mut l, &op))?;
         Ok(true)
     }))
 }
@@ -463,7 +509,7 @@ fn spans_grad<T: Real>(
     dx
 }
 
-/// Checks dY and Y against the `k` x inner output shape.
+/// Checks dY or Y (input `i`) against the `k` x inner output shape.
 fn check_out<T: Real>(l: &Locked<'_>, op: &str, i: usize, k: usize, inner: usize) -> Result<()> {
     let a = input::<T>(l, op, i)?;
     if a.len() != k * inner || a.shape().first() != Some(&k) {
@@ -477,138 +523,36 @@ fn check_out<T: Real>(l: &Locked<'_>, op: &str, i: usize, k: usize, inner: usize
     Ok(())
 }
 
-fn range_grad_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
-    // Inputs (DATA, Y, dY, SEGMENT_IDS), as Caffe2's.
-    let red = red_of(op);
-    let seg = ids(l, op, 3, "SEGMENT_IDS")?;
-    sorted_check(op, &seg, l.input_name(3))?;
-    let d = input::<T>(l, op, 0)?;
-    if d.ndim() == 0 || d.shape()[0] != seg.len() {
-        return Err(Error::shape(format!(
-            "{op}: DATA ('{}', shape {:?}) must have one row per segment id ({})",
-            l.input_name(0),
-            d.shape(),
-            seg.len()
-        ))
-        .with_blob(l.input_name(0)));
-    }
-    let k = seg.last().map_or(0, |&m| m + 1);
-    let inner: usize = d.shape()[1..].iter().product();
-    check_out::<T>(l, op, 1, k, inner)?;
-    check_out::<T>(l, op, 2, k, inner)?;
-    let shape = d.shape().to_vec();
+/// The gradients of SortedSegmentRange* (inputs DATA, Y, dY, SEGMENT_IDS)
+/// and of LengthsMax (Y, dY, LENGTHS, DATA), Caffe2's input orders.
+fn span_grad_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
+    let by_lengths = op.starts_with("LengthsMax");
+    let (xi, yi, dyi, si) = if by_lengths {
+        (3, 0, 1, 2)
+    } else {
+        (0, 1, 2, 3)
+    };
+    let (sp, inner, shape) = data_spans::<T>(l, op, xi, si, by_lengths)?;
+    check_out::<T>(l, op, yi, sp.len(), inner)?;
+    check_out::<T>(l, op, dyi, sp.len(), inner)?;
     let dx = spans_grad(
-        red,
-        &spans(&seg, k),
-        inner,
-        &dense(d),
-        &dense(input::<T>(l, op, 1)?),
-        &dense(input::<T>(l, op, 2)?),
-    );
-    l.set_output(0, T::wrap(array(&shape, dx)?));
-    Ok(())
-}
-
-fn build_range_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
-    let op = ctx.op_type().to_string();
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_real!(&l, &op, 0, range_grad_t(&mut l, &op))?;
-        Ok(true)
-    }))
-}
-
-/// Consecutive spans of `lens`, which must cover `rows`.
-fn length_spans(op: &str, lens: &[usize], rows: usize, name: &str) -> Result<Vec<(usize, usize)>> {
-    let total: usize = lens.iter().sum();
-    if total != rows {
-        return Err(Error::invalid_arg(format!(
-            "{op}: LENGTHS ('{name}') sum to {total}, but DATA has {rows} rows"
-        ))
-        .with_blob(name));
-    }
-    let mut start = 0;
-    Ok(lens
-        .iter()
-        .map(|&n| {
-            let s = (start, n);
-            start += n;
-            s
-        })
-        .collect())
-}
-
-fn lengths_max_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
-    const OP: &str = "LengthsMax";
-    let lens = ids(l, OP, 1, "LENGTHS")?;
-    let d = input::<T>(l, OP, 0)?;
-    if d.ndim() == 0 {
-        return Err(Error::shape(format!(
-            "{OP}: DATA ('{}') must have at least one dim",
-            l.input_name(0)
-        ))
-        .with_blob(l.input_name(0)));
-    }
-    let sp = length_spans(OP, &lens, d.shape()[0], l.input_name(1))?;
-    let inner: usize = d.shape()[1..].iter().product();
-    let x = dense(d);
-    let mut out = vec![T::of(0.0); lens.len() * inner];
-    for (s, &(start, n)) in sp.iter().enumerate() {
-        let at = |r: usize, j: usize| x[(start + r) * inner + j];
-        reduce_rows(Red::Max, n, inner, at, &mut out[s * inner..(s + 1) * inner]);
-    }
-    let mut shape = vec![lens.len()];
-    shape.extend_from_slice(&d.shape()[1..]);
-    l.set_output(0, T::wrap(array(&shape, out)?));
-    Ok(())
-}
-
-fn build_lengths_max(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_real!(&l, "LengthsMax", 0, lengths_max_t(&mut l))?;
-        Ok(true)
-    }))
-}
-
-fn lengths_max_grad_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
-    // Inputs (Y, dY, LENGTHS, DATA), as Caffe2's.
-    const OP: &str = "LengthsMaxWithMainInputAndForwardOutputGradient";
-    let lens = ids(l, OP, 2, "LENGTHS")?;
-    let d = input::<T>(l, OP, 3)?;
-    if d.ndim() == 0 {
-        return Err(Error::shape(format!(
-            "{OP}: DATA ('{}') must have at least one dim",
-            l.input_name(3)
-        ))
-        .with_blob(l.input_name(3)));
-    }
-    let sp = length_spans(OP, &lens, d.shape()[0], l.input_name(2))?;
-    let inner: usize = d.shape()[1..].iter().product();
-    check_out::<T>(l, OP, 0, lens.len(), inner)?;
-    check_out::<T>(l, OP, 1, lens.len(), inner)?;
-    let shape = d.shape().to_vec();
-    let dx = spans_grad(
-        Red::Max,
+        red_of(op),
         &sp,
         inner,
-        &dense(d),
-        &dense(input::<T>(l, OP, 0)?),
-        &dense(input::<T>(l, OP, 1)?),
+        &dense(input::<T>(l, op, xi)?),
+        &dense(input::<T>(l, op, yi)?),
+        &dense(input::<T>(l, op, dyi)?),
     );
     l.set_output(0, T::wrap(array(&shape, dx)?));
     Ok(())
 }
 
-fn build_lengths_max_grad(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+fn build_span_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let op = ctx.op_type().to_string();
+    let data = if op.starts_with("LengthsMax") { 3 } else { 0 };
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
-        by_real!(
-            &l,
-            "LengthsMaxWithMainInputAndForwardOutputGradient",
-            3,
-            lengths_max_grad_t(&mut l)
-        )?;
+        by_real!(&l, &op, data, span_grad_t(&mut l, &op))?;
         Ok(true)
     }))
 }
