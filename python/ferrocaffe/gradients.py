@@ -380,8 +380,8 @@ for _t in (
     # Indices map keys to ids: nothing to differentiate.
     "IntIndexCreate", "LongIndexCreate", "StringIndexCreate", "IndexGet",
     "FloatToFused8BitRowwiseQuantized",
-    # Indices and one-hot codes: nothing to differentiate.
-    "ArgMax", "ArgMin", "OneHot",
+    # Indices, one-hot codes and bit patterns: nothing to differentiate.
+    "ArgMax", "ArgMin", "OneHot", "BitwiseAnd", "BitwiseOr", "BitwiseXor",
     # A shape made of lengths.
     "LengthsToShape",
 ):

@@ -128,3 +128,17 @@ def test_boolean_mask_and_its_gradient(fresh):
         run("BooleanMask", {"x": x, "m": np.array([True, False])}, ["y"])
     with pytest.raises(errors.DataTypeError, match="bool"):
         run("BooleanMask", {"x": x, "m": np.array([1, 0, 1, 1], np.int32)}, ["y"])
+
+
+@pytest.mark.parametrize("op,ref", [("BitwiseAnd", np.bitwise_and), ("BitwiseOr", np.bitwise_or),
+                                    ("BitwiseXor", np.bitwise_xor)])
+@pytest.mark.parametrize("dtype", [np.bool_, np.int32, np.int64])
+def test_bitwise_ops_match_numpy(fresh, op, ref, dtype):
+    rng = np.random.default_rng(5)
+    a = rng.integers(-50, 50, (3, 4)).astype(dtype)
+    b = rng.integers(-50, 50, (4,)).astype(dtype)  # broadcast over rows
+    (c,) = run(op, {"a": a, "b": b}, ["c"])
+    assert c.dtype == a.dtype
+    np.testing.assert_array_equal(c, ref(a, b))
+    with pytest.raises(errors.DataTypeError):
+        run(op, {"a": a.astype(np.float32), "b": b.astype(np.float32)}, ["c"])

@@ -185,6 +185,9 @@ pub fn schemas() -> Vec<OpSchema> {
         binary_schema("And", build_logic, a, "C = A and B elementwise on bool tensors, with broadcasting."),
         binary_schema("Or", build_logic, a, "C = A or B elementwise on bool tensors, with broadcasting."),
         binary_schema("Xor", build_logic, a, "C = A xor B elementwise on bool tensors, with broadcasting."),
+        binary_schema_typed("BitwiseAnd", build_bitwise, a, "C = A & B elementwise (bool, int32 or int64, both one type, which C has), with broadcasting.", binary_infer::<false>),
+        binary_schema_typed("BitwiseOr", build_bitwise, a, "C = A | B elementwise (bool, int32 or int64, both one type, which C has), with broadcasting.", binary_infer::<false>),
+        binary_schema_typed("BitwiseXor", build_bitwise, a, "C = A ^ B elementwise (bool, int32 or int64, both one type, which C has), with broadcasting.", binary_infer::<false>),
         OpSchema::new("Not", build_not)
             .inputs(1, 1)
             .outputs(1, 1)
@@ -1437,6 +1440,38 @@ fn build_logic(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         Logic::And => exec_same::<bool, _>(l, p, |a, b| a & b),
         Logic::Or => exec_same::<bool, _>(l, p, |a, b| a | b),
         Logic::Xor => exec_same::<bool, _>(l, p, |a, b| a ^ b),
+    })
+}
+
+const BITWISE_TYPES: &[DataType] = &[DataType::Bool, DataType::Int32, DataType::Int64];
+
+fn bitwise_t<T>(l: &mut Locked<'_>, p: &Prep, op: Logic) -> Result<()>
+where
+    T: Element
+        + Copy
+        + std::ops::BitAnd<Output = T>
+        + std::ops::BitOr<Output = T>
+        + std::ops::BitXor<Output = T>,
+{
+    match op {
+        Logic::And => exec_same::<T, _>(l, p, |a, b| a & b),
+        Logic::Or => exec_same::<T, _>(l, p, |a, b| a | b),
+        Logic::Xor => exec_same::<T, _>(l, p, |a, b| a ^ b),
+    }
+}
+
+fn build_bitwise(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let (op, name) = match ctx.op_type() {
+        "BitwiseAnd" => (Logic::And, "BitwiseAnd"),
+        "BitwiseOr" => (Logic::Or, "BitwiseOr"),
+        "BitwiseXor" => (Logic::Xor, "BitwiseXor"),
+        other => return Err(ctx.bad_arg(format!("'{other}' is not a bitwise op"))),
+    };
+    binary_kernel(ctx, name, BITWISE_TYPES, move |l, p| match p.dtype {
+        DataType::Bool => bitwise_t::<bool>(l, p, op),
+        DataType::Int32 => bitwise_t::<i32>(l, p, op),
+        DataType::Int64 => bitwise_t::<i64>(l, p, op),
+        other => Err(unsupported(name, other, BITWISE_TYPES)),
     })
 }
 
