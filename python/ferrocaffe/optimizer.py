@@ -1,6 +1,7 @@
 """Parameter updates added to a model's net (Caffe2's ``optimizer``):
 ``build_sgd``, ``build_adam``, ``build_adagrad``, ``build_rms_prop``,
-``build_adadelta`` and ``add_weight_decay``.
+``build_adadelta``, ``build_wngrad``, ``build_storm``,
+``build_decay_adagrad`` and ``add_weight_decay``.
 
 ``max_gradient_norm`` multiplies the learning rate by
 ``clip / max(clip, global norm of every gradient)`` (blobs under
@@ -31,8 +32,8 @@ import numpy as np
 from ferrocaffe import core, scope, utils, workspace
 
 __all__ = [
-    "AdadeltaOptimizer", "AdagradOptimizer", "AdamOptimizer", "AuxOptimizerParams", "Optimizer",
-    "RmsPropOptimizer", "SgdOptimizer",
+    "AdadeltaOptimizer", "AdagradOptimizer", "AdamOptimizer", "AuxOptimizerParams", "DecayAdagradOptimizer",
+    "Optimizer", "RmsPropOptimizer", "SgdOptimizer", "StormOptimizer", "WngradOptimizer",
     "WeightDecayBuilder", "add_weight_decay", "build_adadelta", "build_adagrad", "build_adam",
     "build_decay_adagrad", "build_fp16_sgd", "build_ftrl", "build_gftrl", "build_multi_precision_sgd",
     "build_rms_prop", "build_sgd", "build_storm", "build_wngrad", "build_yellowfin",
@@ -368,6 +369,145 @@ class AdadeltaOptimizer(Optimizer):
         self.alpha *= scale
 
 
+class WngradOptimizer(Optimizer):
+    """WNGrad: one accumulator per parameter (``<param>_moment``, shape [1],
+    starting at ``moment_init``); each step moves the parameter by
+    ``lr / (b + epsilon) * grad`` and grows ``b`` by
+    ``sum(grad^2) / (b + epsilon)`` (op ``Wngrad``; sparse gradients:
+    ``SparseWngrad`` on their rows). ``output_effective_lr`` (and
+    ``output_effective_lr_and_update``) add the outputs
+    ``<param>_effective_lr`` (and ``<param>_update``) to dense updates;
+    ``lars`` scales dense updates' rates, as Caffe2's."""
+
+    def __init__(self, alpha=1.0, epsilon=1e-9, policy="fixed", sparse_dedup_aggregator=None, engine="",
+                 moment_init=100.0, lars=None, output_effective_lr=False,
+                 output_effective_lr_and_update=False, **kwargs):
+        super().__init__()
+        if sparse_dedup_aggregator is not None:
+            raise NotImplementedError("WngradOptimizer: sparse_dedup_aggregator is not supported")
+        self.alpha = alpha
+        self.epsilon = epsilon
+        self.policy = policy
+        self.engine = engine
+        self.moment_init = moment_init
+        self.lars = lars
+        self.output_effective_lr = output_effective_lr
+        self.output_effective_lr_and_update = output_effective_lr_and_update
+        self.init_kwargs = kwargs
+
+    def _run(self, net, param_init_net, param, grad):
+        if self.alpha <= 0:
+            return
+        self._lars(net, param_init_net, param, grad, self.lars)
+        lr, _ = self.build_lr(net, param_init_net, self.alpha, policy=self.policy, **self.init_kwargs)
+        moment = param_init_net.ConstantFill([], str(param) + "_moment", shape=[1],
+                                             value=float(self.moment_init))
+        self._aux_params.local.append(moment)
+        if isinstance(grad, core.GradientSlice):
+            net.SparseWngrad([param, moment, grad.indices, grad.values, lr], [param, moment],
+                             epsilon=float(self.epsilon))
+            return
+        outputs = [param, moment]
+        if self.output_effective_lr_and_update:
+            outputs += [str(param) + "_effective_lr", str(param) + "_update"]
+        elif self.output_effective_lr:
+            outputs.append(str(param) + "_effective_lr")
+        net.Wngrad([param, moment, grad, lr], outputs, epsilon=float(self.epsilon))
+
+    def scale_learning_rate(self, scale):
+        self.alpha *= scale
+
+
+class StormOptimizer(Optimizer):
+    """STORM (op ``Storm``; sparse gradients: ``SparseStorm`` on their
+    rows): a moment per parameter (``<param>_moment``) and a running sum of
+    squared gradients (``<param>_grad_sq_sum``, shape [1], starting at
+    ``grad_sq_init``); the rate is ``lr * (beta + grad_sq_sum)^(-1/3)``.
+    ``lr`` is the paper's k, ``momentum`` its c; ``lars`` scales dense
+    updates' rates, as Caffe2's."""
+
+    def __init__(self, lr=0.1, momentum=10.0, beta=0.1, grad_sq_init=0.01, policy="fixed",
+                 sparse_dedup_aggregator=None, lars=None, **kwargs):
+        super().__init__()
+        if sparse_dedup_aggregator is not None:
+            raise NotImplementedError("StormOptimizer: sparse_dedup_aggregator is not supported")
+        self.lr = lr
+        self.momentum = momentum
+        self.beta = beta
+        self.grad_sq_init = grad_sq_init
+        self.policy = policy
+        self.lars = lars
+        self.init_kwargs = kwargs
+
+    def _run(self, net, param_init_net, param, grad):
+        if self.lr <= 0:
+            return
+        self._lars(net, param_init_net, param, grad, self.lars)
+        lr, _ = self.build_lr(net, param_init_net, self.lr, policy=self.policy, **self.init_kwargs)
+        moment = param_init_net.ConstantFill([param], str(param) + "_moment", value=0.0)
+        grad_sq_sum = param_init_net.ConstantFill([], str(param) + "_grad_sq_sum", shape=[1],
+                                                  value=float(self.grad_sq_init))
+        self._aux_params.local.extend([moment, grad_sq_sum])
+        args = dict(momentum=float(self.momentum), beta=float(self.beta))
+        if isinstance(grad, core.GradientSlice):
+            net.SparseStorm([param, moment, grad_sq_sum, grad.values, grad.indices, lr],
+                            [param, moment, grad_sq_sum], **args)
+        else:
+            net.Storm([param, moment, grad_sq_sum, grad, lr], [param, moment, grad_sq_sum], **args)
+
+    def scale_learning_rate(self, scale):
+        self.lr *= scale
+
+
+class DecayAdagradOptimizer(Optimizer):
+    """Decay Adagrad (op ``DecayAdagrad``): a first moment decayed by
+    ``beta1`` and bias-corrected (``bias_correction_first``), a second
+    moment summing ``grad^2`` and ``weight_decay`` applied with the step;
+    the moments are ``<param>_first_mo1ment`` (Caffe2's spelling, kept so
+    checkpoints match) and ``<param>_second_moment``, the iteration shared.
+    A sparse gradient gets ``SparseAdagrad`` with ``<param>_squared_sum``,
+    as Caffe2's. ``ema_options`` (Caffe2's EMA op) is not supported
+    (``NotImplementedError``)."""
+
+    def __init__(self, alpha=0.01, beta1=0.0, beta2=0.999, epsilon=0.1, weight_decay=0.0, ema_options=None,
+                 bias_correction_first=True, policy="fixed", engine="", **kwargs):
+        super().__init__()
+        if ema_options:
+            raise NotImplementedError("DecayAdagradOptimizer: ema_options is not supported")
+        self.alpha = alpha
+        self.beta1 = beta1
+        self.beta2 = beta2
+        self.epsilon = epsilon
+        self.weight_decay = weight_decay
+        self.bias_correction_first = bias_correction_first
+        self.policy = policy
+        self.engine = engine
+        self.ema_enabled = False
+        self.init_kwargs = kwargs
+
+    def _run(self, net, param_init_net, param, grad):
+        if self.alpha <= 0:
+            return
+        lr, iteration = self.build_lr(net, param_init_net, self.alpha, policy=self.policy, **self.init_kwargs)
+        if isinstance(grad, core.GradientSlice):
+            moment = param_init_net.ConstantFill([param], str(param) + "_squared_sum", value=0.0)
+            self._aux_params.local.append(moment)
+            net.SparseAdagrad([param, moment, grad.indices, grad.values, lr], [param, moment],
+                              epsilon=float(self.epsilon))
+            return
+        m1 = param_init_net.ConstantFill([param], str(param) + "_first_mo1ment", value=0.0)
+        m2 = param_init_net.ConstantFill([param], str(param) + "_second_moment", value=0.0)
+        self._shared(iteration)
+        self._aux_params.local.extend([m1, m2])
+        net.DecayAdagrad([param, m1, m2, grad, lr, iteration], [param, m1, m2], beta1=float(self.beta1),
+                         beta2=float(self.beta2), epsilon=float(self.epsilon),
+                         weight_decay=float(self.weight_decay),
+                         bias_correction_first=int(bool(self.bias_correction_first)))
+
+    def scale_learning_rate(self, scale):
+        self.alpha *= scale
+
+
 class WeightDecayBuilder(Optimizer):
     """Adds ``weight_decay * param`` to each weight's gradient (L2
     regularisation), before an optimizer's update."""
@@ -518,11 +658,34 @@ def build_adadelta(model, base_learning_rate, parameters=None, max_gradient_norm
                   max_gradient_norm=max_gradient_norm, allow_lr_injection=allow_lr_injection)
 
 
+def build_wngrad(model, base_learning_rate, parameters=None, max_gradient_norm=None, allow_lr_injection=False,
+                 **kwargs):
+    """Adds WNGrad updates (``base_learning_rate`` is its alpha;
+    ``epsilon``, ``moment_init``; sparse gradients on their rows)."""
+    return _build(model, WngradOptimizer(alpha=base_learning_rate, **kwargs),
+                  max_gradient_norm=max_gradient_norm, allow_lr_injection=allow_lr_injection)
+
+
+def build_storm(model, base_learning_rate, parameters=None, max_gradient_norm=None, allow_lr_injection=False,
+                **kwargs):
+    """Adds STORM updates (``base_learning_rate`` is its lr, the paper's
+    k; ``momentum``, ``beta``, ``grad_sq_init``)."""
+    return _build(model, StormOptimizer(lr=base_learning_rate, **kwargs),
+                  max_gradient_norm=max_gradient_norm, allow_lr_injection=allow_lr_injection)
+
+
+def build_decay_adagrad(model, base_learning_rate, max_gradient_norm=None, allow_lr_injection=False, **kwargs):
+    """Adds Decay Adagrad updates (``beta1``, ``epsilon``,
+    ``weight_decay``, ``bias_correction_first``)."""
+    return _build(model, DecayAdagradOptimizer(alpha=base_learning_rate, **kwargs),
+                  max_gradient_norm=max_gradient_norm, allow_lr_injection=allow_lr_injection)
+
+
 def _not_yet(name):
     def build(model, *args, **kwargs):
         raise NotImplementedError(
             f"{name}: this optimizer is not supported yet (build_sgd, build_adam, build_adagrad, "
-            "build_rms_prop and build_adadelta are)"
+            "build_rms_prop, build_adadelta, build_wngrad, build_storm and build_decay_adagrad are)"
         )
     build.__name__ = name
     build.__doc__ = f"Caffe2's {name}; not supported yet (raises NotImplementedError)."
@@ -535,7 +698,4 @@ build_multi_precision_sgd = _not_yet("build_multi_precision_sgd")
 build_fp16_sgd = _not_yet("build_fp16_sgd")
 build_ftrl = _not_yet("build_ftrl")
 build_gftrl = _not_yet("build_gftrl")
-build_wngrad = _not_yet("build_wngrad")
-build_storm = _not_yet("build_storm")
-build_decay_adagrad = _not_yet("build_decay_adagrad")
 build_yellowfin = _not_yet("build_yellowfin")

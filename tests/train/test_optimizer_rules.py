@@ -189,3 +189,211 @@ def test_lars_scales_each_layers_rate(fresh, build):
         want_b = b - 0.1 * gb / (np.abs(gb) + 1e-4)
     np.testing.assert_allclose(workspace.FetchBlob("y_w"), want_w, rtol=1e-5)
     np.testing.assert_allclose(workspace.FetchBlob("y_b"), want_b, rtol=1e-5, atol=1e-7)
+
+
+# ------------------------------------------------ Wngrad, Storm, DecayAdagrad --
+
+def wngrad_ref(w, b, g, lr, eps):
+    rate = lr / (b + eps)
+    return w + rate * g, b + np.sum(g.astype(np.float64) ** 2) / (b + eps), rate
+
+
+def storm_ref(w, m, s, g, lr, momentum, beta):
+    s = s + np.sum(g.astype(np.float64) ** 2)
+    nlr = lr * (beta + s) ** (-1.0 / 3.0)
+    a = momentum * nlr * nlr
+    m = g + (1 - a) * (m - g)
+    return w + nlr * m, m, s
+
+
+def decay_adagrad_ref(w, m1, m2, g, lr, t, beta1, eps, wd, correct=True):
+    m1 = beta1 * m1 + (1 - beta1) * g
+    m2 = m2 + g * g
+    c = 1 - beta1 ** t if correct else 1.0
+    return w + lr * (m1 / c / (np.sqrt(m2) + eps) + wd * w), m1, m2
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_wngrad_op_matches_the_rule(fresh, in_place):
+    rng = np.random.default_rng(3)
+    w, g = (rng.standard_normal((2, 3)).astype(np.float32) for _ in range(2))
+    outs = ["w", "b", "elr", "upd"] if in_place else ["w_o", "b_o", "elr", "upd"]
+    got = run("Wngrad", {"w": w, "b": [2.5], "g": g, "lr": [-0.5]}, outs, epsilon=0.1)
+    ew, eb, rate = wngrad_ref(w, 2.5, g, -0.5, 0.1)
+    np.testing.assert_allclose(got[0], ew, rtol=1e-5)
+    np.testing.assert_allclose(got[1], [eb], rtol=1e-5)
+    np.testing.assert_allclose(got[2], [rate], rtol=1e-6)
+    np.testing.assert_allclose(got[3], rate * g, rtol=1e-5)
+    # Default epsilon 1e-5; two outputs.
+    w_o, b_o = run("Wngrad", {"w": [1.0, 2.0], "b": [1.0], "g": [3.0, 4.0], "lr": [1.0]}, ["w2", "b2"])
+    np.testing.assert_allclose(w_o, [1 + 3 / (1 + 1e-5), 2 + 4 / (1 + 1e-5)], rtol=1e-6)
+    np.testing.assert_allclose(b_o, [1 + 25 / (1 + 1e-5)], rtol=1e-6)
+
+
+def test_sparse_wngrad_updates_rows_and_the_accumulator(fresh):
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((4, 2)).astype(np.float32)
+    idx = np.array([3, 1, 3], np.int32)
+    g = rng.standard_normal((3, 2)).astype(np.float32)
+    got = run("SparseWngrad", {"w": w, "b": [4.0], "idx": idx, "g": g, "lr": [-1.0]}, ["w", "b"], epsilon=0.5)
+    ew = w.copy()
+    for i, r in enumerate(idx):  # the old accumulator for every row; duplicates add twice
+        ew[r] += -1.0 / 4.5 * g[i]
+    np.testing.assert_allclose(got[0], ew, rtol=1e-5)
+    np.testing.assert_allclose(got[1], [4.0 + np.sum(g.astype(np.float64) ** 2) / 4.5], rtol=1e-5)
+    np.testing.assert_array_equal(got[0][[0, 2]], w[[0, 2]])
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_storm_op_matches_the_rule(fresh, in_place):
+    rng = np.random.default_rng(5)
+    w, m, g = (rng.standard_normal(5).astype(np.float32) for _ in range(3))
+    outs = ["w", "m", "s"] if in_place else ["w_o", "m_o", "s_o"]
+    got = run("Storm", {"w": w, "m": m, "s": [0.3], "g": g, "lr": [-0.2]}, outs, momentum=5.0, beta=0.2)
+    for a, b in zip(got, storm_ref(w, m, 0.3, g, -0.2, 5.0, 0.2)):
+        np.testing.assert_allclose(a, np.reshape(b, np.shape(a)), rtol=1e-5)
+    # Defaults momentum 10, beta 0.1.
+    got = run("Storm", {"w1": [1.0], "m1": [0.0], "s1": [0.0], "g1": [0.5], "lr1": [1.0]}, ["a", "b", "c"])
+    for a, b in zip(got, storm_ref(np.array([1.0]), np.array([0.0]), 0.0, np.array([0.5]), 1.0, 10.0, 0.1)):
+        np.testing.assert_allclose(a, np.reshape(b, np.shape(a)), rtol=1e-5)
+
+
+def test_sparse_storm_updates_rows_in_turn(fresh):
+    rng = np.random.default_rng(6)
+    w, m = (rng.standard_normal((4, 3)).astype(np.float32) for _ in range(2))
+    idx = np.array([0, 2, 0], np.int64)
+    g = rng.standard_normal((3, 3)).astype(np.float32)
+    # Inputs (param, moment, grad_sq_sum, grad, indices, lr): grad before indices.
+    got = run("SparseStorm", {"w": w, "m": m, "s": [1.0], "g": g, "idx": idx, "lr": [-0.1]}, ["w", "m", "s"],
+              momentum=2.0, beta=0.5)
+    s = 1.0 + np.sum(g.astype(np.float64) ** 2)
+    nlr = -0.1 * (0.5 + s) ** (-1.0 / 3.0)
+    a = 2.0 * nlr * nlr
+    ew, em = w.copy(), m.copy()
+    for i, r in enumerate(idx):
+        em[r] = g[i] + (1 - a) * (em[r] - g[i])
+        ew[r] += nlr * em[r]
+    np.testing.assert_allclose(got[0], ew, rtol=1e-5)
+    np.testing.assert_allclose(got[1], em, rtol=1e-5)
+    np.testing.assert_allclose(got[2], [s], rtol=1e-6)
+    np.testing.assert_array_equal(got[0][[1, 3]], w[[1, 3]])
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("correct", [True, False])
+def test_decay_adagrad_op_matches_the_rule(fresh, in_place, correct):
+    rng = np.random.default_rng(7)
+    w, m1, g = (rng.standard_normal(6).astype(np.float32) for _ in range(3))
+    m2 = np.abs(rng.standard_normal(6)).astype(np.float32)
+    outs = ["w", "m1", "m2"] if in_place else ["w_o", "m1_o", "m2_o"]
+    got = run("DecayAdagrad", {"w": w, "m1": m1, "m2": m2, "g": g, "lr": [-0.3], "it": np.array([2], np.int64)},
+              outs, beta1=0.5, epsilon=0.01, weight_decay=0.1, bias_correction_first=correct)
+    for a, b in zip(got, decay_adagrad_ref(w, m1, m2, g, -0.3, 3, 0.5, 0.01, 0.1, correct)):
+        np.testing.assert_allclose(a, b, rtol=1e-5)
+    # Defaults beta1 0.9, epsilon 1e-5, weight decay 0, corrected; beta2 is unused.
+    for beta2 in (0.999, 0.5):
+        got = run("DecayAdagrad", {"w": w, "m1": m1, "m2": m2, "g": g, "lr": [-0.3],
+                                   "it": np.array([0], np.int64)}, ["a", "b", "c"], beta2=beta2)
+        np.testing.assert_allclose(got[0], decay_adagrad_ref(w, m1, m2, g, -0.3, 1, 0.9, 1e-5, 0.0)[0], rtol=1e-5)
+
+
+def test_new_rules_typed_errors(fresh):
+    with pytest.raises(errors.ShapeError, match="seq_b"):
+        run("Wngrad", {"w": np.ones(3), "b": [1.0, 2.0], "g": np.ones(3), "lr": [0.1]}, ["w", "b"])
+    with pytest.raises(errors.ShapeError, match="'g'"):
+        run("Wngrad", {"w": np.ones(3), "b": [1.0], "g": np.ones(4), "lr": [0.1]}, ["w", "b"])
+    with pytest.raises(errors.ShapeError, match="one row"):
+        run("SparseWngrad", {"w": np.ones((3, 2)), "b": [1.0], "i": np.array([0, 1]), "g": np.ones((3, 2)),
+                             "lr": [0.1]}, ["w", "b"])
+    with pytest.raises(errors.InvalidArgumentError):
+        run("SparseWngrad", {"w": np.ones((3, 2)), "b": [1.0], "i": np.array([0]), "g": np.ones((1, 2)),
+                             "lr": [0.1]}, ["w2", "b"])
+    with pytest.raises(errors.ShapeError, match="grad_sq_sum"):
+        run("Storm", {"w": np.ones(3), "m": np.ones(3), "s": np.ones(2), "g": np.ones(3), "lr": [0.1]},
+            ["w", "m", "s"])
+    with pytest.raises(errors.ShapeError, match="'m'"):
+        run("Storm", {"w": np.ones(3), "m": np.ones(2), "s": [1.0], "g": np.ones(3), "lr": [0.1]},
+            ["w", "m", "s"])
+    with pytest.raises(errors.InvalidArgumentError, match="out of range"):
+        run("SparseStorm", {"w": np.ones((2, 2)), "m": np.ones((2, 2)), "s": [1.0], "g": np.ones((1, 2)),
+                            "i": np.array([5]), "lr": [0.1]}, ["w", "m", "s"])
+    ins = {"w": np.ones(3), "m1": np.ones(3), "m2": np.ones(3), "g": np.ones(3), "lr": [0.1],
+           "it": np.array([1], np.int32)}
+    with pytest.raises(errors.DataTypeError, match="iteration"):
+        run("DecayAdagrad", ins, ["w", "m1", "m2"])
+    with pytest.raises(errors.DataTypeError, match="moment_2"):
+        run("DecayAdagrad", dict(ins, m2=np.ones(3, np.int64), it=np.array([1], np.int64)), ["w", "m1", "m2"])
+
+
+def test_build_wngrad_takes_wngrad_steps(fresh):
+    model, opt, x, t = _linear(optimizer.build_wngrad, base_learning_rate=0.5, moment_init=2.0, epsilon=1e-3,
+                               output_effective_lr_and_update=True)
+    w, b = np.full((1, 3), 0.5), np.zeros(1)
+    acc = {"w": 2.0, "b": 2.0}
+    for _ in range(4):
+        workspace.RunNet(model.net.Proto().name)
+        gw, gb = _grads(w, b, x, t)
+        w, acc["w"], rate_w = wngrad_ref(w, acc["w"], gw, -0.5, 1e-3)
+        b, acc["b"], _ = wngrad_ref(b, acc["b"], gb, -0.5, 1e-3)
+    np.testing.assert_allclose(workspace.FetchBlob("y_w"), w, rtol=1e-4)
+    np.testing.assert_allclose(workspace.FetchBlob("y_b"), b, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(workspace.FetchBlob("y_w_moment"), [acc["w"]], rtol=1e-4)
+    np.testing.assert_allclose(workspace.FetchBlob("y_w_effective_lr"), [rate_w], rtol=1e-4)
+    assert workspace.FetchBlob("y_w_update").shape == (1, 3)
+    assert {str(p) for p in opt.get_auxiliary_parameters().local} == {"y_w_moment", "y_b_moment"}
+
+
+def test_build_storm_takes_storm_steps(fresh):
+    model, opt, x, t = _linear(optimizer.build_storm, base_learning_rate=0.2, momentum=3.0, beta=0.5,
+                               grad_sq_init=0.1)
+    w, b = np.full((1, 3), 0.5), np.zeros(1)
+    st = {"w": (np.zeros((1, 3)), 0.1), "b": (np.zeros(1), 0.1)}
+    for _ in range(4):
+        workspace.RunNet(model.net.Proto().name)
+        gw, gb = _grads(w, b, x, t)
+        w, *st["w"] = storm_ref(w, *st["w"], gw, -0.2, 3.0, 0.5)
+        b, *st["b"] = storm_ref(b, *st["b"], gb, -0.2, 3.0, 0.5)
+    np.testing.assert_allclose(workspace.FetchBlob("y_w"), w, rtol=1e-4)
+    np.testing.assert_allclose(workspace.FetchBlob("y_b"), b, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(workspace.FetchBlob("y_w_grad_sq_sum"), [st["w"][1]], rtol=1e-4)
+    assert {str(p) for p in opt.get_auxiliary_parameters().local} == {
+        "y_w_moment", "y_w_grad_sq_sum", "y_b_moment", "y_b_grad_sq_sum"}
+
+
+def test_build_decay_adagrad_takes_steps_with_the_iteration(fresh):
+    model, opt, x, t = _linear(optimizer.build_decay_adagrad, base_learning_rate=0.1, beta1=0.5, epsilon=0.01,
+                               weight_decay=0.05)
+    w, b = np.full((1, 3), 0.5), np.zeros(1)
+    st = {k: (np.zeros_like(v), np.zeros_like(v)) for k, v in (("w", w), ("b", b))}
+    for it in range(1, 5):
+        workspace.RunNet(model.net.Proto().name)
+        # The iteration blob reads `it` after the net's AtomicIter: t = it + 1.
+        assert workspace.FetchBlob("optimizer_iteration")[0] == it
+        gw, gb = _grads(w, b, x, t)
+        w, *st["w"] = decay_adagrad_ref(w, *st["w"], gw, -0.1, it + 1, 0.5, 0.01, 0.05)
+        b, *st["b"] = decay_adagrad_ref(b, *st["b"], gb, -0.1, it + 1, 0.5, 0.01, 0.05)
+    np.testing.assert_allclose(workspace.FetchBlob("y_w"), w, rtol=1e-4)
+    np.testing.assert_allclose(workspace.FetchBlob("y_b"), b, rtol=1e-4, atol=1e-6)
+    aux = opt.get_auxiliary_parameters()
+    assert {str(p) for p in aux.local} == {
+        "y_w_first_mo1ment", "y_w_second_moment", "y_b_first_mo1ment", "y_b_second_moment"}
+    assert [str(p) for p in aux.shared] == ["optimizer_iteration"]
+    with pytest.raises(NotImplementedError, match="ema_options"):
+        optimizer.DecayAdagradOptimizer(ema_options={"ema_start": 1})
+
+
+@pytest.mark.parametrize("build", ["build_wngrad", "build_storm", "build_decay_adagrad"])
+def test_new_optimizers_update_sparse_rows_only(fresh, build):
+    model = model_helper.ModelHelper(name="emb")
+    table = model.param_init_net.ConstantFill([], "table", shape=[4, 2], value=1.0)
+    model.params.append(table)
+    rows = model.net.Gather([table, "idx"], "rows")
+    loss = model.net.AveragedLoss(rows, "loss")
+    model.AddGradientOperators([loss])
+    getattr(optimizer, build)(model, base_learning_rate=0.1)
+    workspace.FeedBlob("idx", np.array([2, 0, 2], np.int32))
+    workspace.RunNetOnce(model.param_init_net)
+    workspace.RunNetOnce(model.net)
+    got = workspace.FetchBlob("table")
+    np.testing.assert_array_equal(got[[1, 3]], np.ones((2, 2)))
+    assert (got[[0, 2]] < 1).all() and (got[2] < got[0]).all()  # row 2 stepped twice

@@ -270,7 +270,7 @@ pub(super) fn f32_in<'l>(
     }
 }
 
-fn check_like(l: &Locked<'_>, op: &str, i: usize, like: usize) -> Result<()> {
+pub(super) fn check_like(l: &Locked<'_>, op: &str, i: usize, like: usize) -> Result<()> {
     let (a, b) = (l.tensor(i)?.shape(), l.tensor(like)?.shape());
     if a != b {
         let name = l.input_name(i);
@@ -283,7 +283,7 @@ fn check_like(l: &Locked<'_>, op: &str, i: usize, like: usize) -> Result<()> {
     Ok(())
 }
 
-fn scalar_f32(l: &Locked<'_>, op: &str, i: usize, what: &str) -> Result<f32> {
+pub(super) fn scalar_f32(l: &Locked<'_>, op: &str, i: usize, what: &str) -> Result<f32> {
     let a = f32_in(l, op, i, what)?;
     if a.len() != 1 {
         let name = l.input_name(i);
@@ -622,7 +622,7 @@ fn build_sparse_adagrad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 
 /// (rows of `param` at input `pi`, the row length) for a sparse update
 /// whose indices are input `ii` and gradient rows input `gi`.
-fn sparse_rows(
+pub(super) fn sparse_rows(
     l: &Locked<'_>,
     op: &str,
     pi: usize,
@@ -653,12 +653,12 @@ fn sparse_rows(
     Ok((rows, block))
 }
 
-fn vec_of(l: &Locked<'_>, op: &str, i: usize) -> Result<(Vec<f32>, Vec<usize>)> {
+pub(super) fn vec_of(l: &Locked<'_>, op: &str, i: usize) -> Result<(Vec<f32>, Vec<usize>)> {
     let a = f32_in(l, op, i, "")?;
     Ok((a.iter().copied().collect(), a.shape().to_vec()))
 }
 
-fn arr(shape: &[usize], v: Vec<f32>) -> Result<Tensor> {
+pub(super) fn arr(shape: &[usize], v: Vec<f32>) -> Result<Tensor> {
     ArrayD::from_shape_vec(ndarray::IxDyn(shape), v)
         .map(Tensor::from)
         .map_err(|e| Error::internal(e.to_string()))
