@@ -1,7 +1,8 @@
 """Parameter updates added to a model's net (Caffe2's ``optimizer``):
 ``build_sgd``, ``build_adam``, ``build_adagrad``, ``build_rms_prop``,
 ``build_adadelta``, ``build_wngrad``, ``build_storm``,
-``build_decay_adagrad`` and ``add_weight_decay``.
+``build_decay_adagrad``, ``build_ftrl``, ``build_gftrl`` and
+``add_weight_decay``.
 
 ``max_gradient_norm`` multiplies the learning rate by
 ``clip / max(clip, global norm of every gradient)`` (blobs under
@@ -33,6 +34,7 @@ from ferrocaffe import core, scope, utils, workspace
 
 __all__ = [
     "AdadeltaOptimizer", "AdagradOptimizer", "AdamOptimizer", "AuxOptimizerParams", "DecayAdagradOptimizer",
+    "FtrlOptimizer", "GFtrlOptimizer",
     "Optimizer", "RmsPropOptimizer", "SgdOptimizer", "StormOptimizer", "WngradOptimizer",
     "WeightDecayBuilder", "add_weight_decay", "build_adadelta", "build_adagrad", "build_adam",
     "build_decay_adagrad", "build_fp16_sgd", "build_ftrl", "build_gftrl", "build_multi_precision_sgd",
@@ -508,6 +510,55 @@ class DecayAdagradOptimizer(Optimizer):
         self.alpha *= scale
 
 
+class FtrlOptimizer(Optimizer):
+    """FTRL-proximal (op ``Ftrl``; sparse gradients: ``SparseFtrl`` on their
+    rows): one blob ``<param>_ftrl_nz`` of the parameter's shape plus a
+    last dim of 2, holding each coordinate's (n, z). No learning-rate
+    schedule: ``alpha`` goes to the op, as Caffe2's. ``engine`` is passed
+    on (every engine runs the same kernel here)."""
+
+    _op = "Ftrl"
+    _suffix = "_ftrl_nz"
+
+    def __init__(self, alpha=0.01, beta=1e-4, lambda1=0, lambda2=0, sparse_dedup_aggregator=None, engine=""):
+        super().__init__()
+        if sparse_dedup_aggregator is not None:
+            raise NotImplementedError(f"{type(self).__name__}: sparse_dedup_aggregator is not supported")
+        self.alpha = alpha
+        self.beta = beta
+        self.lambda1 = lambda1
+        self.lambda2 = lambda2
+        self.engine = engine
+
+    def _run(self, net, param_init_net, param, grad):
+        if self.alpha <= 0:
+            return
+        nz = param_init_net.ConstantFill([param], str(param) + self._suffix, extra_shape=[2], value=0.0)
+        self._aux_params.local.append(nz)
+        args = dict(alpha=float(self.alpha), beta=float(self.beta), lambda1=float(self.lambda1),
+                    lambda2=float(self.lambda2))
+        if self.engine:
+            args["engine"] = self.engine
+        if isinstance(grad, core.GradientSlice):
+            if self._op != "Ftrl":
+                raise NotImplementedError(f"{type(self).__name__} doesn't support sparse gradients")
+            net.SparseFtrl([param, nz, grad.indices, grad.values], [param, nz], **args)
+        else:
+            getattr(net, self._op)([param, nz, grad], [param, nz], **args)
+
+    def scale_learning_rate(self, scale):
+        self.alpha *= scale
+
+
+class GFtrlOptimizer(FtrlOptimizer):
+    """Group-lasso FTRL (op ``GFtrl``, dense gradients only): the L1 term
+    acts on each input feature's column of the parameter as a group;
+    state ``<param>_gftrl_nz``."""
+
+    _op = "GFtrl"
+    _suffix = "_gftrl_nz"
+
+
 class WeightDecayBuilder(Optimizer):
     """Adds ``weight_decay * param`` to each weight's gradient (L2
     regularisation), before an optimizer's update."""
@@ -681,11 +732,24 @@ def build_decay_adagrad(model, base_learning_rate, max_gradient_norm=None, allow
                   max_gradient_norm=max_gradient_norm, allow_lr_injection=allow_lr_injection)
 
 
+def build_ftrl(model, engine="SIMD", **kwargs):
+    """Adds FTRL updates (``alpha``, ``beta``, ``lambda1``, ``lambda2``).
+    Caffe2 asserted that the ``SIMD`` engine was built; here every engine
+    runs the same kernel."""
+    return _build(model, FtrlOptimizer(engine=engine, **kwargs))
+
+
+def build_gftrl(model, engine="", **kwargs):
+    """Adds group-lasso FTRL updates (dense gradients)."""
+    return _build(model, GFtrlOptimizer(engine=engine, **kwargs))
+
+
 def _not_yet(name):
     def build(model, *args, **kwargs):
         raise NotImplementedError(
             f"{name}: this optimizer is not supported yet (build_sgd, build_adam, build_adagrad, "
-            "build_rms_prop, build_adadelta, build_wngrad, build_storm and build_decay_adagrad are)"
+            "build_rms_prop, build_adadelta, build_wngrad, build_storm, build_decay_adagrad, build_ftrl and "
+            "build_gftrl are)"
         )
     build.__name__ = name
     build.__doc__ = f"Caffe2's {name}; not supported yet (raises NotImplementedError)."
@@ -696,6 +760,4 @@ def _not_yet(name):
 # building one raises NotImplementedError.
 build_multi_precision_sgd = _not_yet("build_multi_precision_sgd")
 build_fp16_sgd = _not_yet("build_fp16_sgd")
-build_ftrl = _not_yet("build_ftrl")
-build_gftrl = _not_yet("build_gftrl")
 build_yellowfin = _not_yet("build_yellowfin")

@@ -397,3 +397,118 @@ def test_new_optimizers_update_sparse_rows_only(fresh, build):
     got = workspace.FetchBlob("table")
     np.testing.assert_array_equal(got[[1, 3]], np.ones((2, 2)))
     assert (got[[0, 2]] < 1).all() and (got[2] < got[0]).all()  # row 2 stepped twice
+
+
+# ------------------------------------------------------------ Ftrl, GFtrl --
+
+def ftrl_ref(w, nz, g, alpha, beta, l1, l2):
+    n, z = nz[..., 0], nz[..., 1]
+    nn = n + g * g
+    z = z + g - (np.sqrt(nn) - np.sqrt(n)) / alpha * w
+    denom = (beta + np.sqrt(nn)) / alpha + l2
+    nw = np.where(np.abs(z) > l1, (l1 * np.sign(z) - z) / denom, 0.0)
+    return nw, np.stack([nn, z], axis=-1)
+
+
+def gftrl_ref(w, nz, g, alpha, beta, l1, l2):
+    n, z = nz[..., 0], nz[..., 1]
+    nn = n + g * g
+    z = z + g - (np.sqrt(nn) - np.sqrt(n)) / alpha * w
+    d = w.shape[0]
+    norm = np.sqrt((z.reshape(d, -1) ** 2).sum(axis=0))  # one per column
+    zc = z.reshape(d, -1)
+    safe = np.where(norm > 0, norm, 1.0)
+    nw = np.where(norm > l1 * np.sqrt(d), zc * (l1 * np.sqrt(d) / safe - 1), 0.0)
+    nw = nw / ((beta + np.sqrt(nn.reshape(d, -1))) / alpha + l2)
+    return nw.reshape(w.shape), np.stack([nn, z], axis=-1)
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("alpha_input", [False, True])
+def test_ftrl_op_matches_the_rule(fresh, in_place, alpha_input):
+    rng = np.random.default_rng(8)
+    w, g = (rng.standard_normal((2, 3)).astype(np.float32) for _ in range(2))
+    nz = np.stack([np.abs(rng.standard_normal((2, 3))), rng.standard_normal((2, 3))], -1).astype(np.float32)
+    w[0, 0] = 0.0
+    g[0, 0] = 0.01  # |z| under lambda1: the weight is 0
+    nz[0, 0] = [1.0, 0.0]
+    ins = {"w": w, "nz": nz, "g": g}
+    args = dict(beta=0.5, lambda1=0.1, lambda2=0.2)
+    if alpha_input:
+        ins["a"] = [0.3]
+    else:
+        args["alpha"] = 0.3
+    outs = ["w", "nz"] if in_place else ["w_o", "nz_o"]
+    got = run("Ftrl", ins, outs, **args)
+    ew, enz = ftrl_ref(w, nz, g, 0.3, 0.5, 0.1, 0.2)
+    assert got[0][0, 0] == 0.0
+    np.testing.assert_allclose(got[0], ew, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(got[1], enz, rtol=1e-5, atol=1e-7)
+    # Defaults alpha 0.005, beta 1, lambda1 = lambda2 = 0.001.
+    got = run("Ftrl", {"w": w, "nz": nz, "g": g}, ["w2", "nz2"])
+    np.testing.assert_allclose(got[0], ftrl_ref(w, nz, g, 0.005, 1.0, 0.001, 0.001)[0], rtol=1e-5, atol=1e-7)
+
+
+def test_sparse_ftrl_updates_rows_in_turn(fresh):
+    rng = np.random.default_rng(9)
+    w = rng.standard_normal((4, 2)).astype(np.float32)
+    nz = np.zeros((4, 2, 2), np.float32)
+    idx = np.array([1, 3, 1], np.int64)
+    g = rng.standard_normal((3, 2)).astype(np.float32)
+    got = run("SparseFtrl", {"w": w, "nz": nz, "i": idx, "g": g}, ["w", "nz"], alpha=0.5, beta=0.1,
+              lambda1=0.0, lambda2=0.0)
+    ew, enz = w.copy(), nz.copy()
+    for k, r in enumerate(idx):
+        ew[r], enz[r] = ftrl_ref(ew[r], enz[r], g[k], 0.5, 0.1, 0.0, 0.0)
+    np.testing.assert_allclose(got[0], ew, rtol=1e-5)
+    np.testing.assert_allclose(got[1], enz, rtol=1e-5)
+    np.testing.assert_array_equal(got[0][[0, 2]], w[[0, 2]])
+
+
+def test_gftrl_op_zeroes_whole_columns(fresh):
+    rng = np.random.default_rng(10)
+    w = rng.standard_normal((3, 4)).astype(np.float32)
+    g = rng.standard_normal((3, 4)).astype(np.float32)
+    g[:, 1] = 0.0
+    w[:, 1] = 1e-3  # column 1's z stays tiny: the group is zeroed
+    nz = np.zeros((3, 4, 2), np.float32)
+    got = run("GFtrl", {"w": w, "nz": nz, "g": g}, ["w_o", "nz_o"], alpha=0.5, beta=1.0, lambda1=0.1, lambda2=0.0)
+    ew, enz = gftrl_ref(w, nz, g, 0.5, 1.0, 0.1, 0.0)
+    np.testing.assert_allclose(got[0], ew, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(got[1], enz, rtol=1e-5, atol=1e-7)
+    np.testing.assert_array_equal(got[0][:, 1], 0.0)
+    assert (got[0][:, [0, 2, 3]] != 0).all()
+
+
+def test_ftrl_typed_errors(fresh):
+    ins = {"w": np.ones(3), "nz": np.zeros((3, 2)), "g": np.ones(3)}
+    with pytest.raises(errors.InvalidArgumentError, match="both input and argument"):
+        run("Ftrl", dict(ins, a=[0.1]), ["w", "nz"], alpha=0.2)
+    with pytest.raises(errors.InvalidArgumentError, match="alpha"):
+        run("Ftrl", ins, ["w", "nz"], alpha=0.0)
+    with pytest.raises(errors.InvalidArgumentError, match="alpha"):
+        run("Ftrl", dict(ins, a=[-1.0]), ["w", "nz"])
+    with pytest.raises(errors.ShapeError, match="n_z"):
+        run("Ftrl", dict(ins, nz=np.zeros(3)), ["w", "nz"])
+    with pytest.raises(errors.ShapeError, match="'g'"):
+        run("GFtrl", dict(ins, g=np.ones(2)), ["w", "nz"])
+    with pytest.raises(errors.InvalidArgumentError):  # SparseFtrl is in place
+        run("SparseFtrl", {"w": np.ones((3, 1)), "nz": np.zeros((3, 1, 2)), "i": np.array([0]),
+                           "g": np.ones((1, 1))}, ["w2", "nz"])
+
+
+@pytest.mark.parametrize("build", ["build_ftrl", "build_gftrl"])
+def test_build_ftrl_takes_ftrl_steps(fresh, build):
+    ref = ftrl_ref if build == "build_ftrl" else gftrl_ref
+    model, opt, x, t = _linear(getattr(optimizer, build), alpha=0.5, beta=0.1, lambda1=0.01, lambda2=0.01)
+    w, b = np.full((1, 3), 0.5), np.zeros(1)
+    nzw, nzb = np.zeros((1, 3, 2)), np.zeros((1, 2))
+    for _ in range(3):
+        workspace.RunNet(model.net.Proto().name)
+        gw, gb = _grads(w, b, x, t)
+        w, nzw = ref(w, nzw, gw, 0.5, 0.1, 0.01, 0.01)
+        b, nzb = ref(b, nzb, gb, 0.5, 0.1, 0.01, 0.01)
+    np.testing.assert_allclose(workspace.FetchBlob("y_w"), w, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(workspace.FetchBlob("y_b"), b, rtol=1e-4, atol=1e-6)
+    suffix = "_ftrl_nz" if build == "build_ftrl" else "_gftrl_nz"
+    assert {str(p) for p in opt.get_auxiliary_parameters().local} == {"y_w" + suffix, "y_b" + suffix}
