@@ -215,31 +215,68 @@ class SgdOptimizer(Optimizer):
 
 
 class AdamOptimizer(Optimizer):
-    def __init__(self, alpha=0.001, beta1=0.9, beta2=0.999, epsilon=1e-8, policy="fixed", **kwargs):
+    """Adam (dense: ``Adam``; sparse: ``SparseAdam``, or
+    ``RowWiseSparseAdam`` with ``rowWise=True``, whose second moment
+    ``<param>_avg_second_moment`` is one value per row). ``enableRAdam``
+    rectifies the step (RAdam) in ``Adam`` and ``SparseAdam``; Caffe2 passed
+    it to ``SparseAdam`` only, silently running plain Adam for dense
+    gradients. ``use_lr_adaption`` (Caffe2's LearningRateAdaption op) and
+    ``sparse_dedup_aggregator`` are not supported."""
+
+    def __init__(self, alpha=0.001, beta1=0.9, beta2=0.999, epsilon=1e-8, policy="fixed", use_lr_adaption=False,
+                 lr_alpha=0.01, normalized_lr_adaption=True, sparse_dedup_aggregator=None, rowWise=False, engine="",
+                 enableRAdam=False, **kwargs):
         super().__init__()
+        if use_lr_adaption:
+            raise NotImplementedError("AdamOptimizer: use_lr_adaption is not supported")
+        if sparse_dedup_aggregator is not None:
+            raise NotImplementedError("AdamOptimizer: sparse_dedup_aggregator is not supported")
         self.alpha = alpha
         self.beta1 = beta1
         self.beta2 = beta2
         self.epsilon = epsilon
         self.policy = policy
+        self.use_lr_adaption = use_lr_adaption
+        self.lr_alpha = lr_alpha
+        self.normalized_lr_adaption = normalized_lr_adaption
+        self.rowWise = rowWise
+        self.engine = engine
+        self.enableRAdam = enableRAdam
         self.init_kwargs = kwargs
 
     def _run(self, net, param_init_net, param, grad):
+        if self.alpha <= 0:
+            return
         lr, iteration = self.build_lr(net, param_init_net, self.alpha, policy=self.policy, **self.init_kwargs)
         m1 = param_init_net.ConstantFill([param], str(param) + "_first_moment", value=0.0)
-        m2 = param_init_net.ConstantFill([param], str(param) + "_second_moment", value=0.0)
+        if self.rowWise:
+            shape = param_init_net.Shape(param, str(param) + "_shape")
+            num_rows = param_init_net.Slice([shape], str(shape) + "_numrows", starts=[0], ends=[1])
+            m2 = param_init_net.ConstantFill(num_rows, str(param) + "_avg_second_moment", input_as_shape=1,
+                                             value=0.0)
+        else:
+            m2 = param_init_net.ConstantFill([param], str(param) + "_second_moment", value=0.0)
         self._shared(iteration)
         self._aux_params.local.extend([m1, m2])
+        if self.rowWise:
+            assert isinstance(grad, core.GradientSlice), (
+                "AdamOptimizer: rowWise=True needs a sparse gradient (RowWiseSparseAdam); "
+                "dense Adam has no row-wise form")
+        args = dict(beta1=float(self.beta1), beta2=float(self.beta2), epsilon=float(self.epsilon))
         if isinstance(grad, core.GradientSlice):
-            net.SparseAdam(
-                [param, m1, m2, grad.indices, grad.values, lr, iteration], [param, m1, m2],
-                beta1=self.beta1, beta2=self.beta2, epsilon=self.epsilon,
-            )
+            if self.rowWise:
+                assert not self.enableRAdam, "RowWiseSparseAdam does not support RAdam"
+                net.RowWiseSparseAdam([param, m1, m2, grad.indices, grad.values, lr, iteration], [param, m1, m2],
+                                      **args)
+            else:
+                net.SparseAdam([param, m1, m2, grad.indices, grad.values, lr, iteration], [param, m1, m2],
+                               enableRAdam=bool(self.enableRAdam), **args)
             return
-        net.Adam(
-            [param, m1, m2, grad, lr, iteration], [param, m1, m2],
-            beta1=self.beta1, beta2=self.beta2, epsilon=self.epsilon,
-        )
+        net.Adam([param, m1, m2, grad, lr, iteration], [param, m1, m2], enableRAdam=bool(self.enableRAdam),
+                 **args)
+
+    def scale_learning_rate(self, scale):
+        self.alpha *= scale
 
 
 class AdagradOptimizer(Optimizer):

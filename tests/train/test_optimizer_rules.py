@@ -512,3 +512,124 @@ def test_build_ftrl_takes_ftrl_steps(fresh, build):
     np.testing.assert_allclose(workspace.FetchBlob("y_b"), b, rtol=1e-4, atol=1e-6)
     suffix = "_ftrl_nz" if build == "build_ftrl" else "_gftrl_nz"
     assert {str(p) for p in opt.get_auxiliary_parameters().local} == {"y_w" + suffix, "y_b" + suffix}
+
+
+# ------------------------------------------------- RAdam, RowWiseSparseAdam --
+
+def radam_step(m1, m2, t, b1, b2, eps, radam=True):
+    """What lr multiplies: Adam's bias-corrected step, rectified (RAdam)."""
+    first = 1 / (1 - b1 ** t)
+    corr = np.sqrt(1 - b2 ** t) * first
+    if not radam:
+        return corr * m1 / (np.sqrt(m2) + eps)
+    rho_inf = 2 / (1 - b2) - 1
+    rho_t = rho_inf - 2 * t * b2 ** t / (1 - b2 ** t)
+    if rho_t < 5:
+        return first * m1
+    r_t = np.sqrt((rho_t - 4) * (rho_t - 2) / rho_t * rho_inf / ((rho_inf - 4) * (rho_inf - 2)))
+    return r_t * corr * m1 / (np.sqrt(m2) + eps)
+
+
+@pytest.mark.parametrize("it", [0, 3, 10, 500])  # rho_t < 5 for the first iterations, then rectified
+def test_adam_with_radam_matches_the_rule(fresh, it):
+    rng = np.random.default_rng(11)
+    w, m1, g = (rng.standard_normal(5).astype(np.float32) for _ in range(3))
+    m2 = np.abs(rng.standard_normal(5)).astype(np.float32)
+    ins = {"w": w, "m1": m1, "m2": m2, "g": g, "lr": [-0.1], "it": np.array([it], np.int64)}
+    got = run("Adam", ins, ["w_o", "m1_o", "m2_o", "step"], beta1=0.8, beta2=0.9, epsilon=1e-3, enableRAdam=True)
+    em1 = 0.8 * m1 + 0.2 * g
+    em2 = 0.9 * m2 + 0.1 * g * g
+    step = radam_step(em1, em2, it + 1, 0.8, 0.9, 1e-3)
+    np.testing.assert_allclose(got[3], step, rtol=1e-5)
+    np.testing.assert_allclose(got[0], w - 0.1 * step, rtol=1e-5)
+    np.testing.assert_allclose(got[1], em1, rtol=1e-6)
+    np.testing.assert_allclose(got[2], em2, rtol=1e-6)
+    # Without the flag: plain Adam.
+    got = run("Adam", ins, ["w2", "a", "b"], beta1=0.8, beta2=0.9, epsilon=1e-3)
+    np.testing.assert_allclose(got[0], w - 0.1 * radam_step(em1, em2, it + 1, 0.8, 0.9, 1e-3, False), rtol=1e-5)
+
+
+@pytest.mark.parametrize("it", [1, 40])
+def test_sparse_adam_with_radam_updates_rows_in_turn(fresh, it):
+    rng = np.random.default_rng(12)
+    w, m1 = (rng.standard_normal((4, 2)).astype(np.float32) for _ in range(2))
+    m2 = np.abs(rng.standard_normal((4, 2))).astype(np.float32)
+    idx = np.array([2, 0, 2], np.int64)
+    g = rng.standard_normal((3, 2)).astype(np.float32)
+    got = run("SparseAdam", {"w": w, "m1": m1, "m2": m2, "i": idx, "g": g, "lr": [-0.5],
+                             "it": np.array([it], np.int64)}, ["w", "m1", "m2"], beta2=0.9, enableRAdam=True)
+    ew, em1, em2 = w.copy(), m1.copy(), m2.copy()
+    for k, r in enumerate(idx):
+        em1[r] = 0.9 * em1[r] + 0.1 * g[k]
+        em2[r] = 0.9 * em2[r] + 0.1 * g[k] ** 2
+        ew[r] -= 0.5 * radam_step(em1[r], em2[r], it + 1, 0.9, 0.9, 1e-5)
+    for a, b in zip(got, (ew, em1, em2)):
+        np.testing.assert_allclose(a, b, rtol=1e-5)
+
+
+def test_row_wise_sparse_adam_keeps_one_second_moment_per_row(fresh):
+    rng = np.random.default_rng(13)
+    w, m1 = (rng.standard_normal((4, 3)).astype(np.float32) for _ in range(2))
+    m2 = np.abs(rng.standard_normal(4)).astype(np.float32)
+    idx = np.array([1, 3, 1], np.int32)
+    g = rng.standard_normal((3, 3)).astype(np.float32)
+    got = run("RowWiseSparseAdam", {"w": w, "m1": m1, "m2": m2, "i": idx, "g": g, "lr": [-0.2],
+                                    "it": np.array([4], np.int64)}, ["w", "m1", "m2", "step"], epsilon=1e-4)
+    ew, em1, em2 = w.copy(), m1.copy(), m2.copy()
+    steps = np.zeros_like(g)
+    for k, r in enumerate(idx):
+        em2[r] = 0.999 * em2[r] + 0.001 * np.mean(g[k] ** 2)
+        em1[r] = 0.9 * em1[r] + 0.1 * g[k]
+        steps[k] = radam_step(em1[r], em2[r], 5, 0.9, 0.999, 1e-4, radam=False)
+        ew[r] -= 0.2 * steps[k]
+    for a, b in zip(got, (ew, em1, em2, steps)):
+        np.testing.assert_allclose(a, b, rtol=1e-5)
+    np.testing.assert_array_equal(got[0][[0, 2]], w[[0, 2]])
+    with pytest.raises(errors.ShapeError, match="one value per row"):
+        run("RowWiseSparseAdam", {"w": w, "m1": m1, "m2": np.ones((4, 3)), "i": idx, "g": g, "lr": [-0.2],
+                                  "it": np.array([4], np.int64)}, ["w", "m1", "m2"])
+    with pytest.raises(errors.DataTypeError, match="iteration"):
+        run("RowWiseSparseAdam", {"w": w, "m1": m1, "m2": m2, "i": idx, "g": g, "lr": [-0.2],
+                                  "it": np.array([4.0])}, ["w", "m1", "m2"])
+
+
+def test_build_adam_with_radam_takes_rectified_steps(fresh):
+    model, opt, x, t = _linear(optimizer.build_adam, base_learning_rate=0.1, beta2=0.9, enableRAdam=True)
+    w, b = np.full((1, 3), 0.5), np.zeros(1)
+    st = {k: (np.zeros_like(v), np.zeros_like(v)) for k, v in (("w", w), ("b", b))}
+    for it in range(1, 9):  # the first steps are unrectified (rho_t < 5), the later ones rectified
+        workspace.RunNet(model.net.Proto().name)
+        gw, gb = _grads(w, b, x, t)
+        for name, g in (("w", gw), ("b", gb)):
+            m1, m2 = st[name]
+            m1, m2 = 0.9 * m1 + 0.1 * g, 0.9 * m2 + 0.1 * g * g
+            st[name] = (m1, m2)
+            step = radam_step(m1, m2, it + 1, 0.9, 0.9, 1e-8)
+            if name == "w":
+                w = w - 0.1 * step
+            else:
+                b = b - 0.1 * step
+    np.testing.assert_allclose(workspace.FetchBlob("y_w"), w, rtol=1e-4)
+    np.testing.assert_allclose(workspace.FetchBlob("y_b"), b, rtol=1e-4, atol=1e-6)
+
+
+def test_build_adam_row_wise_on_a_sparse_table(fresh):
+    model = model_helper.ModelHelper(name="emb")
+    table = model.param_init_net.ConstantFill([], "table", shape=[4, 2], value=1.0)
+    model.params.append(table)
+    rows = model.net.Gather([table, "idx"], "rows")
+    loss = model.net.AveragedLoss(rows, "loss")
+    model.AddGradientOperators([loss])
+    opt = optimizer.build_adam(model, base_learning_rate=0.1, rowWise=True)
+    workspace.FeedBlob("idx", np.array([2, 0], np.int32))
+    workspace.RunNetOnce(model.param_init_net)
+    workspace.RunNetOnce(model.net)
+    assert workspace.FetchBlob("table_avg_second_moment").shape == (4,)
+    got = workspace.FetchBlob("table")
+    np.testing.assert_array_equal(got[[1, 3]], np.ones((2, 2)))
+    assert (got[[0, 2]] < 1).all()
+    assert {str(p) for p in opt.get_auxiliary_parameters().local} == {"table_first_moment",
+                                                                       "table_avg_second_moment"}
+    model2, *_ = _linear(lambda m, **kw: m, )
+    with pytest.raises(AssertionError, match="rowWise"):
+        optimizer.build_adam(model2, base_learning_rate=0.1, rowWise=True)
