@@ -34,7 +34,7 @@ from ferrocaffe import core, scope, utils, workspace
 
 __all__ = [
     "AdadeltaOptimizer", "AdagradOptimizer", "AdamOptimizer", "AuxOptimizerParams", "DecayAdagradOptimizer",
-    "FtrlOptimizer", "GFtrlOptimizer",
+    "FtrlOptimizer", "GFtrlOptimizer", "MultiPrecisionSgdOptimizer",
     "Optimizer", "RmsPropOptimizer", "SgdOptimizer", "StormOptimizer", "WngradOptimizer",
     "WeightDecayBuilder", "add_weight_decay", "build_adadelta", "build_adagrad", "build_adam",
     "build_decay_adagrad", "build_fp16_sgd", "build_ftrl", "build_gftrl", "build_multi_precision_sgd",
@@ -212,6 +212,45 @@ class SgdOptimizer(Optimizer):
         else:
             one = self.ones(param_init_net)
             net.WeightedSum([param, one, grad, lr], param)
+
+
+class MultiPrecisionSgdOptimizer(SgdOptimizer):
+    """SGD for float16 parameters kept with a float32 master copy (Caffe2's
+    multi-precision SGD): given a parameter-info object whose ``blob_copy``
+    maps ``core.DataType.FLOAT`` to the float32 copy, the float16 gradient is
+    converted (``HalfToFloat``, ``<grad>_fp32``), ``MomentumSGDUpdate``
+    updates the copy and its ``<param>_momentum``, and ``FloatToHalf``
+    writes the parameter back. Any other parameter (every one
+    ``model.GetOptimizationParamInfo()`` gives here, as ferrocaffe's
+    ``ParameterInfo`` has no ``blob_copy``) gets ``SgdOptimizer``'s update,
+    as in Caffe2."""
+
+    def __init__(self, base_learning_rate=0.1, momentum=0.0, policy="fixed", nesterov=True,
+                 sparse_dedup_aggregator=None, **kwargs):
+        super().__init__(base_learning_rate=base_learning_rate, policy=policy, momentum=momentum,
+                         nesterov=nesterov, sparse_dedup_aggregator=sparse_dedup_aggregator, **kwargs)
+
+    def __call__(self, net, param_init_net, param, grad=None):
+        copies = getattr(param, "blob_copy", None) if grad is None else None
+        fp32 = copies.get(core.DataType.FLOAT) if copies else None
+        if fp32 is None:
+            return super().__call__(net, param_init_net, param, grad)
+        param, grad = param.blob, param.grad
+        if self.base_learning_rate == 0:
+            return None
+        assert self.base_learning_rate > 0, (
+            f"Expect positive base learning rate, got {self.base_learning_rate}")
+        assert not isinstance(grad, core.GradientSlice), "MultiPrecisionSgd does not support sparse gradients"
+        # MomentumSGDUpdate subtracts: the rate stays positive.
+        lr, _ = self.build_lr(net, param_init_net, -self.base_learning_rate, policy=self.policy,
+                              **self.init_kwargs)
+        momentum = param_init_net.ConstantFill([fp32], str(param) + "_momentum", value=0.0)
+        self._aux_params.local.append(momentum)
+        grad_fp32 = net.HalfToFloat(grad, str(grad) + "_fp32")
+        net.MomentumSGDUpdate([grad_fp32, momentum, lr, fp32], [grad_fp32, momentum, fp32],
+                              momentum=float(self.momentum), nesterov=int(bool(self.nesterov)))
+        net.FloatToHalf(fp32, param)
+        return None
 
 
 class AdamOptimizer(Optimizer):
@@ -781,12 +820,20 @@ def build_gftrl(model, engine="", **kwargs):
     return _build(model, GFtrlOptimizer(engine=engine, **kwargs))
 
 
+def build_multi_precision_sgd(model, base_learning_rate, max_gradient_norm=None, allow_lr_injection=False,
+                              **kwargs):
+    """Adds multi-precision SGD updates (``MultiPrecisionSgdOptimizer``);
+    returns the optimizer."""
+    return _build(model, MultiPrecisionSgdOptimizer(base_learning_rate, **kwargs),
+                  max_gradient_norm=max_gradient_norm, allow_lr_injection=allow_lr_injection)
+
+
 def _not_yet(name):
     def build(model, *args, **kwargs):
         raise NotImplementedError(
             f"{name}: this optimizer is not supported yet (build_sgd, build_adam, build_adagrad, "
-            "build_rms_prop, build_adadelta, build_wngrad, build_storm, build_decay_adagrad, build_ftrl and "
-            "build_gftrl are)"
+            "build_rms_prop, build_adadelta, build_wngrad, build_storm, build_decay_adagrad, build_ftrl, "
+            "build_gftrl and build_multi_precision_sgd are)"
         )
     build.__name__ = name
     build.__doc__ = f"Caffe2's {name}; not supported yet (raises NotImplementedError)."
@@ -795,6 +842,5 @@ def _not_yet(name):
 
 # Caffe2's other optimizers: the names exist (so code importing them loads),
 # building one raises NotImplementedError.
-build_multi_precision_sgd = _not_yet("build_multi_precision_sgd")
 build_fp16_sgd = _not_yet("build_fp16_sgd")
 build_yellowfin = _not_yet("build_yellowfin")

@@ -633,3 +633,48 @@ def test_build_adam_row_wise_on_a_sparse_table(fresh):
     model2, *_ = _linear(lambda m, **kw: m, )
     with pytest.raises(AssertionError, match="rowWise"):
         optimizer.build_adam(model2, base_learning_rate=0.1, rowWise=True)
+
+
+# ------------------------------------------------------- multi-precision SGD --
+
+def test_build_multi_precision_sgd_on_float32_params_is_momentum_sgd(fresh):
+    model, opt, x, t = _linear(optimizer.build_multi_precision_sgd, base_learning_rate=0.1, momentum=0.5)
+    w, b = np.full((1, 3), 0.5), np.zeros(1)
+    mom = {"w": np.zeros((1, 3)), "b": np.zeros(1)}
+    for _ in range(3):
+        workspace.RunNet(model.net.Proto().name)
+        gw, gb = _grads(w, b, x, t)
+        steps = {}
+        for name, g in (("w", gw), ("b", gb)):
+            new = 0.5 * mom[name] + 0.1 * g
+            steps[name] = 1.5 * new - 0.5 * mom[name]  # Nesterov, the default
+            mom[name] = new
+        w, b = w - steps["w"], b - steps["b"]
+    np.testing.assert_allclose(workspace.FetchBlob("y_w"), w, rtol=1e-5)
+    np.testing.assert_allclose(workspace.FetchBlob("y_b"), b, rtol=1e-5, atol=1e-7)
+    assert isinstance(opt, optimizer.MultiPrecisionSgdOptimizer)
+
+
+def test_multi_precision_sgd_updates_the_float32_copy_of_a_half_param(fresh):
+    from collections import namedtuple
+    info = namedtuple("Info", ["blob", "grad", "blob_copy"])
+    net, init = core.Net("mp"), core.Net("mp_init")
+    opt = optimizer.MultiPrecisionSgdOptimizer(base_learning_rate=0.25, momentum=0.5, nesterov=False)
+    opt(net, init, info(core.BlobReference("w16"), core.BlobReference("g16"),
+                        {core.DataType.FLOAT: core.BlobReference("w32")}))
+    w32 = np.array([1.0, -2.0, 0.5], np.float32)
+    g = np.array([0.5, 1.0, -4.0], np.float16)
+    workspace.FeedBlob("w32", w32)
+    workspace.FeedBlob("w16", w32.astype(np.float16))
+    workspace.RunNetOnce(init)
+    m = np.zeros(3, np.float32)
+    for _ in range(2):
+        workspace.FeedBlob("g16", g)
+        workspace.RunNetOnce(net)
+        m = 0.5 * m + 0.25 * g.astype(np.float32)
+        w32 = w32 - m
+    np.testing.assert_allclose(workspace.FetchBlob("w32"), w32, rtol=1e-6)
+    got16 = workspace.FetchBlob("w16")
+    assert got16.dtype == np.float16
+    np.testing.assert_array_equal(got16, w32.astype(np.float16))
+    assert [str(p) for p in opt.get_auxiliary_parameters().local] == ["w16_momentum"]
