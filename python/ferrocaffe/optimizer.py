@@ -34,7 +34,7 @@ from ferrocaffe import core, scope, utils, workspace
 
 __all__ = [
     "AdadeltaOptimizer", "AdagradOptimizer", "AdamOptimizer", "AuxOptimizerParams", "DecayAdagradOptimizer",
-    "FtrlOptimizer", "GFtrlOptimizer", "MultiPrecisionSgdOptimizer",
+    "FP16SgdOptimizer", "FtrlOptimizer", "GFtrlOptimizer", "MultiPrecisionSgdOptimizer",
     "Optimizer", "RmsPropOptimizer", "SgdOptimizer", "StormOptimizer", "WngradOptimizer",
     "WeightDecayBuilder", "add_weight_decay", "build_adadelta", "build_adagrad", "build_adam",
     "build_decay_adagrad", "build_fp16_sgd", "build_ftrl", "build_gftrl", "build_multi_precision_sgd",
@@ -250,6 +250,61 @@ class MultiPrecisionSgdOptimizer(SgdOptimizer):
         net.MomentumSGDUpdate([grad_fp32, momentum, lr, fp32], [grad_fp32, momentum, fp32],
                               momentum=float(self.momentum), nesterov=int(bool(self.nesterov)))
         net.FloatToHalf(fp32, param)
+        return None
+
+
+class FP16SgdOptimizer(SgdOptimizer):
+    """Momentum SGD with weight decay fused into the update (Caffe2's FP16
+    SGD). A parameter-info object whose ``blob_copy`` holds a float32 copy
+    (``core.DataType.FLOAT``) or a float16 one (``FLOAT16``) is updated in
+    float16 with ``FP16MomentumSGDUpdate``; any other parameter (a name
+    containing ``spatbn``, ``fp32_update=True``, or no ``blob_copy``, which
+    is every one ``model.GetOptimizationParamInfo()`` gives here) in float32
+    with ``FP32MomentumSGDUpdate`` and ``<param>_momentum_fp32``. As in
+    Caffe2 the float16 ``<param>_momentum`` made from it is the local
+    auxiliary blob. Dense gradients only."""
+
+    def __init__(self, base_learning_rate=0.1, momentum=0.0, policy="fixed", nesterov=True, weight_decay=0.0001,
+                 sparse_dedup_aggregator=None, **kwargs):
+        super().__init__(base_learning_rate=base_learning_rate, policy=policy, momentum=momentum,
+                         nesterov=nesterov, sparse_dedup_aggregator=sparse_dedup_aggregator, **kwargs)
+        self.weight_decay = weight_decay
+
+    def __call__(self, net, param_init_net, param, grad=None, fp32_update=False):
+        copies = None
+        if grad is None:
+            copies = getattr(param, "blob_copy", None)
+            param, grad = param.blob, param.grad
+        if isinstance(param, str):
+            param = core.BlobReference(param)
+        if "spatbn" in str(param):
+            fp32_update = True
+        half = False
+        param_fp32 = param
+        if not fp32_update and copies:
+            if core.DataType.FLOAT in copies:
+                param_fp32, half = copies[core.DataType.FLOAT], True
+            elif core.DataType.FLOAT16 in copies:
+                param, half = copies[core.DataType.FLOAT16], True
+            else:
+                raise AssertionError(
+                    f"Unrecognized parameter format to be updated by FP16 Optimizer. Parameter: {param}")
+        if self.base_learning_rate == 0:
+            return None
+        assert self.base_learning_rate > 0, (
+            f"Expect positive base learning rate, got {self.base_learning_rate}")
+        assert not isinstance(grad, core.GradientSlice), "FP16Sgd does not support sparse gradients"
+        lr, _ = self.build_lr(net, param_init_net, -self.base_learning_rate, policy=self.policy,
+                              **self.init_kwargs)
+        momentum_fp32 = param_init_net.ConstantFill([param_fp32], str(param) + "_momentum_fp32", value=0.0)
+        momentum = param_init_net.FloatToHalf(momentum_fp32, str(param) + "_momentum")
+        self._aux_params.local.append(momentum)
+        args = dict(momentum=float(self.momentum), nesterov=int(bool(self.nesterov)),
+                    weight_decay=float(self.weight_decay))
+        if half:
+            net.FP16MomentumSGDUpdate([grad, momentum, lr, param], [grad, momentum, param], **args)
+        else:
+            net.FP32MomentumSGDUpdate([grad, momentum_fp32, lr, param], [grad, momentum_fp32, param], **args)
         return None
 
 
@@ -828,12 +883,19 @@ def build_multi_precision_sgd(model, base_learning_rate, max_gradient_norm=None,
                   max_gradient_norm=max_gradient_norm, allow_lr_injection=allow_lr_injection)
 
 
+def build_fp16_sgd(model, base_learning_rate, **kwargs):
+    """Adds FP16 SGD updates (``FP16SgdOptimizer``: momentum SGD with
+    ``weight_decay``, default 1e-4, in the update op); returns the
+    optimizer."""
+    return _build(model, FP16SgdOptimizer(base_learning_rate, **kwargs))
+
+
 def _not_yet(name):
     def build(model, *args, **kwargs):
         raise NotImplementedError(
             f"{name}: this optimizer is not supported yet (build_sgd, build_adam, build_adagrad, "
             "build_rms_prop, build_adadelta, build_wngrad, build_storm, build_decay_adagrad, build_ftrl, "
-            "build_gftrl and build_multi_precision_sgd are)"
+            "build_gftrl, build_multi_precision_sgd and build_fp16_sgd are)"
         )
     build.__name__ = name
     build.__doc__ = f"Caffe2's {name}; not supported yet (raises NotImplementedError)."
@@ -842,5 +904,4 @@ def _not_yet(name):
 
 # Caffe2's other optimizers: the names exist (so code importing them loads),
 # building one raises NotImplementedError.
-build_fp16_sgd = _not_yet("build_fp16_sgd")
 build_yellowfin = _not_yet("build_yellowfin")

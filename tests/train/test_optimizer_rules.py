@@ -678,3 +678,77 @@ def test_multi_precision_sgd_updates_the_float32_copy_of_a_half_param(fresh):
     assert got16.dtype == np.float16
     np.testing.assert_array_equal(got16, w32.astype(np.float16))
     assert [str(p) for p in opt.get_auxiliary_parameters().local] == ["w16_momentum"]
+
+
+# ------------------------------------------ FP32/FP16MomentumSGDUpdate, FP16 SGD --
+
+def wd_momentum_ref(g, m, lr, p, mu, nesterov, wd):
+    g = g + wd * p
+    new = mu * m + lr * g
+    step = (1 + mu) * new - mu * m if nesterov else new
+    return step, new, p - step
+
+
+@pytest.mark.parametrize("nesterov", [0, 1])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_fp32_momentum_sgd_update_matches_the_rule(fresh, nesterov, in_place):
+    rng = np.random.default_rng(14)
+    g, m, p = (rng.standard_normal(5).astype(np.float32) for _ in range(3))  # odd: every element is updated
+    outs = ["g", "m", "p"] if in_place else ["g_o", "m_o", "p_o"]
+    got = run("FP32MomentumSGDUpdate", {"g": g, "m": m, "lr": [0.3], "p": p}, outs, momentum=0.7,
+              nesterov=nesterov, weight_decay=0.05)
+    for a, b in zip(got, wd_momentum_ref(g, m, 0.3, p, 0.7, nesterov, 0.05)):
+        np.testing.assert_allclose(a, b, rtol=1e-5)
+
+
+def test_fp16_momentum_sgd_update_rounds_a_float32_computation(fresh):
+    rng = np.random.default_rng(15)
+    g, m, p = (rng.standard_normal((2, 3)).astype(np.float16) for _ in range(3))
+    workspace.FeedBlob("lr", np.array([0.3], np.float32))
+    for name, v in (("g", g), ("m", m), ("p", p)):
+        workspace.FeedBlob(name, v)
+    workspace.RunOperatorOnce(core.CreateOperator("FP16MomentumSGDUpdate", ["g", "m", "lr", "p"], ["g", "m", "p"],
+                                                  momentum=0.5, nesterov=1, weight_decay=0.1))
+    want = wd_momentum_ref(*(v.astype(np.float32) for v in (g, m)), np.float32(0.3), p.astype(np.float32),
+                           np.float32(0.5), 1, np.float32(0.1))
+    for name, w in zip(("g", "m", "p"), want):
+        got = workspace.FetchBlob(name)
+        assert got.dtype == np.float16
+        np.testing.assert_array_equal(got, w.astype(np.float16))
+    with pytest.raises(errors.DataTypeError, match="float16"):
+        run("FP16MomentumSGDUpdate", {"g2": np.ones(2), "m2": np.ones(2), "lr2": [0.1], "p2": np.ones(2)},
+            ["g2", "m2", "p2"])
+    with pytest.raises(errors.ShapeError, match="'m3'"):
+        run("FP32MomentumSGDUpdate", {"g3": np.ones(2), "m3": np.ones(3), "lr3": [0.1], "p3": np.ones(2)},
+            ["g3", "m3", "p3"])
+
+
+def test_build_fp16_sgd_on_float32_params_decays_weights_in_the_update(fresh):
+    model, opt, x, t = _linear(optimizer.build_fp16_sgd, base_learning_rate=0.1, momentum=0.5, weight_decay=0.01)
+    w, b = np.full((1, 3), 0.5), np.zeros(1)
+    mom = {"w": np.zeros((1, 3)), "b": np.zeros(1)}
+    for _ in range(3):
+        workspace.RunNet(model.net.Proto().name)
+        gw, gb = _grads(w, b, x, t)
+        _, mom["w"], w = wd_momentum_ref(gw, mom["w"], 0.1, w, 0.5, True, 0.01)
+        _, mom["b"], b = wd_momentum_ref(gb, mom["b"], 0.1, b, 0.5, True, 0.01)
+    np.testing.assert_allclose(workspace.FetchBlob("y_w"), w, rtol=1e-5)
+    np.testing.assert_allclose(workspace.FetchBlob("y_b"), b, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(workspace.FetchBlob("y_w_momentum_fp32"), mom["w"], rtol=1e-5)
+    assert {str(p) for p in opt.get_auxiliary_parameters().local} == {"y_w_momentum", "y_b_momentum"}
+
+
+def test_fp16_sgd_updates_a_half_param_with_a_float32_copy(fresh):
+    from collections import namedtuple
+    info = namedtuple("Info", ["blob", "grad", "blob_copy"])
+    net, init = core.Net("h"), core.Net("h_init")
+    opt = optimizer.FP16SgdOptimizer(base_learning_rate=0.5, momentum=0.0, weight_decay=0.0)
+    opt(net, init, info(core.BlobReference("w16"), core.BlobReference("g16"),
+                        {core.DataType.FLOAT: core.BlobReference("w32")}))
+    workspace.FeedBlob("w32", np.array([1.0, 2.0], np.float32))
+    workspace.FeedBlob("w16", np.array([1.0, 2.0], np.float16))
+    workspace.RunNetOnce(init)
+    workspace.FeedBlob("g16", np.array([0.5, -1.0], np.float16))
+    workspace.RunNetOnce(net)
+    np.testing.assert_array_equal(workspace.FetchBlob("w16"), np.array([0.75, 2.5], np.float16))
+    assert workspace.FetchBlob("w16_momentum").dtype == np.float16

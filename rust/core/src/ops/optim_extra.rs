@@ -3,7 +3,9 @@
 //! SparseStorm (momentum with a cube-root adaptive rate) and DecayAdagrad
 //! (Adagrad with a bias-corrected first moment and weight decay), Ftrl,
 //! SparseFtrl and GFtrl (FTRL-proximal; GFtrl with a group lasso over each
-//! input feature's column).
+//! input feature's column), and FP32MomentumSGDUpdate and
+//! FP16MomentumSGDUpdate (MomentumSGDUpdate with weight decay, on float32
+//! or float16 data; Caffe2 had them for CUDA only).
 //! The sparse ones update the rows at the indices in order (a repeated
 //! index updates its row twice).
 
@@ -15,6 +17,11 @@ use crate::arg;
 use crate::error::{Error, Result};
 use crate::operator::{InPlace, Locked, OpDefCtx, OpSchema, Operator};
 use crate::tensor::Tensor;
+
+/// (grad, moment, lr, param) -> (grad, moment, param).
+fn momentum_in_place(i: usize, o: usize) -> bool {
+    matches!((i, o), (0, 0) | (1, 1) | (3, 2))
+}
 
 fn first_two(i: usize, o: usize) -> bool {
     matches!((i, o), (0, 0) | (1, 1))
@@ -56,7 +63,35 @@ pub fn schemas() -> Vec<OpSchema> {
         arg!("lambda1", "float", "0.001", "the L1 strength"),
         arg!("lambda2", "float", "0.001", "the L2 strength"),
     ];
+    const MOMENTUM_ARGS: &[crate::operator::ArgDoc] = &[
+        arg!("momentum", "float", "0", "the moment's decay"),
+        arg!("nesterov", "int", "0", "use Nesterov's momentum"),
+        arg!(
+            "weight_decay",
+            "float",
+            "0",
+            "grad += weight_decay * param before the step"
+        ),
+        arg!(
+            "fp32_update",
+            "int",
+            "0",
+            "accepted; the arithmetic is float32 either way"
+        ),
+    ];
     vec![
+        OpSchema::new("FP32MomentumSGDUpdate", build_wd_momentum)
+            .inputs(4, 4)
+            .outputs(3, 3)
+            .inplace(InPlace::Allow(momentum_in_place))
+            .args(MOMENTUM_ARGS)
+            .doc("Inputs (grad, moment, lr, param), outputs (grad, moment, param), in place or not (float32): g = grad + weight_decay * param, then MomentumSGDUpdate's rule with g (m = momentum * m + lr * g, param -= the step, grad becomes the step)."),
+        OpSchema::new("FP16MomentumSGDUpdate", build_wd_momentum)
+            .inputs(4, 4)
+            .outputs(3, 3)
+            .inplace(InPlace::Allow(momentum_in_place))
+            .args(MOMENTUM_ARGS)
+            .doc("FP32MomentumSGDUpdate on float16 grad, moment and param (lr float32): computed in float32, each output rounded once to float16."),
         OpSchema::new("Ftrl", build_ftrl)
             .inputs(3, 4)
             .outputs(2, 2)
@@ -398,6 +433,86 @@ fn build_ftrl(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         }
         l.set_output(0, arr(&ws, w)?);
         l.set_output(1, arr(&nzs, nz)?);
+        Ok(true)
+    }))
+}
+
+/// Input `i` as float32 values: float32 data, or (for the float16 op)
+/// float16 data widened.
+fn values(
+    l: &Locked<'_>,
+    op: &str,
+    i: usize,
+    half: bool,
+    what: &str,
+) -> Result<(Vec<f32>, Vec<usize>)> {
+    if !half {
+        f32_in(l, op, i, what)?;
+        return vec_of(l, op, i);
+    }
+    match l.tensor(i)? {
+        Tensor::F16(a) => Ok((a.iter().map(|v| v.to_f32()).collect(), a.shape().to_vec())),
+        t => Err(Error::type_error(format!(
+            "{op}: {what} ('{}') must be a float16 tensor, got {}",
+            l.input_name(i),
+            t.dtype()
+        ))
+        .with_blob(l.input_name(i))),
+    }
+}
+
+fn out(shape: &[usize], v: Vec<f32>, half: bool) -> Result<Tensor> {
+    if !half {
+        return arr(shape, v);
+    }
+    let h: Vec<crate::tensor::f16> = v.into_iter().map(crate::tensor::f16::from_f32).collect();
+    ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(shape), h)
+        .map(Tensor::from)
+        .map_err(|e| Error::internal(e.to_string()))
+}
+
+fn build_wd_momentum(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let half = ctx.op_type() == "FP16MomentumSGDUpdate";
+    let op = ctx.op_type().to_string();
+    let mu = ctx.args.f32("momentum", 0.0)?;
+    let nesterov = ctx.args.i64("nesterov", 0)? != 0;
+    let wd = ctx.args.f32("weight_decay", 0.0)?;
+    ctx.args.i64("fp32_update", 0)?;
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let op = op.as_str();
+        // The element checks name the blobs in input order.
+        let (mut g, gs) = values(&l, op, 0, half, "the gradient")?;
+        let (mut m, ms) = values(&l, op, 1, half, "the moment")?;
+        let (mut p, ps) = values(&l, op, 3, half, "the parameter")?;
+        for (i, n) in [(1, m.len()), (3, p.len())] {
+            if n != g.len() {
+                return Err(Error::shape(format!(
+                    "{op}: '{}' ({n} elements) must have as many elements as the gradient '{}' ({})",
+                    l.input_name(i),
+                    l.input_name(0),
+                    g.len()
+                ))
+                .with_blob(l.input_name(i)));
+            }
+        }
+        let lr = scalar_f32(&l, op, 2, "the learning rate")?;
+        for k in 0..g.len() {
+            let gk = g[k] + wd * p[k];
+            let old = m[k];
+            let new = mu * old + lr * gk;
+            m[k] = new;
+            let step = if nesterov {
+                (1.0 + mu) * new - mu * old
+            } else {
+                new
+            };
+            g[k] = step;
+            p[k] -= step;
+        }
+        l.set_output(0, out(&gs, g, half)?);
+        l.set_output(1, out(&ms, m, half)?);
+        l.set_output(2, out(&ps, p, half)?);
         Ok(true)
     }))
 }
