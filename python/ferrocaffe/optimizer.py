@@ -378,10 +378,14 @@ class AdagradOptimizer(Optimizer):
     ``RowWiseSparseAdagrad`` with ``rowWise=True``, whose moment is one
     value per row). ``weight_decay`` adds ``weight_decay * param`` to the
     gradient inside the update op; ``lars`` (an offset) scales each dense
-    update's rate by ``Lars``."""
+    update's rate by ``Lars``. ``counter_halflife`` > 0 keeps each row's
+    decayed update count (``<param>_update_counter``, float64, and
+    ``<param>_prev_update_iter``, int64) with ``RowWiseCounter`` after
+    each sparse update, as Caffe2's."""
 
     def __init__(self, alpha=0.01, epsilon=1e-4, decay=1, weight_decay=0.0, policy="fixed",
-                 sparse_dedup_aggregator=None, rowWise=False, engine="", lars=None, **kwargs):
+                 sparse_dedup_aggregator=None, rowWise=False, engine="", lars=None, counter_halflife=-1,
+                 **kwargs):
         super().__init__()
         if sparse_dedup_aggregator is not None:
             raise NotImplementedError("AdagradOptimizer: sparse_dedup_aggregator is not supported")
@@ -393,6 +397,7 @@ class AdagradOptimizer(Optimizer):
         self.rowWise = rowWise
         self.engine = engine
         self.lars = lars
+        self.counter_halflife = counter_halflife
         self.init_kwargs = kwargs
 
     def _run(self, net, param_init_net, param, grad):
@@ -401,7 +406,9 @@ class AdagradOptimizer(Optimizer):
         if self.lars is not None and not isinstance(grad, core.GradientSlice):
             assert self.weight_decay == 0, "weight decay is not implemented for LARS yet"
         self._lars(net, param_init_net, param, grad, self.lars)
-        lr, _ = self.build_lr(net, param_init_net, self.alpha, policy=self.policy, **self.init_kwargs)
+        lr, iteration = self.build_lr(net, param_init_net, self.alpha, policy=self.policy, **self.init_kwargs)
+        if self.counter_halflife > 0:
+            self._shared(iteration)
         if self.rowWise:
             # One moment per row: the parameter's first dim, read at init.
             shape = param_init_net.Shape(param, str(param) + "_shape")
@@ -412,10 +419,24 @@ class AdagradOptimizer(Optimizer):
         else:
             moment = param_init_net.ConstantFill([param], str(param) + "_squared_sum", value=0.0)
         self._aux_params.local.append(moment)
+        counters = None
+        if self.counter_halflife > 0:
+            # Each row's decayed update count and last update's iteration.
+            shape = param_init_net.Shape(param, str(param) + "_shape")
+            num_rows = param_init_net.Slice([shape], str(shape) + "_numrows", starts=[0], ends=[1])
+            counter = param_init_net.ConstantFill(num_rows, str(param) + "_update_counter", input_as_shape=1,
+                                                  value=0.0, dtype=core.DataType.DOUBLE)
+            prev_iter = param_init_net.ConstantFill(num_rows, str(param) + "_prev_update_iter", input_as_shape=1,
+                                                    value=0, dtype=core.DataType.INT64)
+            self._aux_params.local.extend([counter, prev_iter])
+            counters = (prev_iter, counter)
         args = dict(epsilon=float(self.epsilon), weight_decay=float(self.weight_decay))
         if isinstance(grad, core.GradientSlice):
             op = "RowWiseSparseAdagrad" if self.rowWise else "SparseAdagrad"
             getattr(net, op)([param, moment, grad.indices, grad.values, lr], [param, moment], **args)
+            if counters is not None:
+                net.RowWiseCounter([counters[0], counters[1], grad.indices, iteration], list(counters),
+                                   counter_halflife=int(self.counter_halflife))
         else:
             if self.rowWise:
                 raise NotImplementedError(

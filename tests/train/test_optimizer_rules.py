@@ -752,3 +752,62 @@ def test_fp16_sgd_updates_a_half_param_with_a_float32_copy(fresh):
     workspace.RunNetOnce(net)
     np.testing.assert_array_equal(workspace.FetchBlob("w16"), np.array([0.75, 2.5], np.float16))
     assert workspace.FetchBlob("w16_momentum").dtype == np.float16
+
+
+# ---------------------------------------------------------- RowWiseCounter --
+
+def test_row_wise_counter_decays_each_rows_count(fresh):
+    prev = np.array([0, 3, 10, 0], np.int64)
+    counter = np.array([0.0, 2.0, 1.0, 5.0])
+    idx = np.array([1, 2, 1], np.int32)
+    workspace.FeedBlob("prev", prev)
+    workspace.FeedBlob("cnt", counter)
+    workspace.FeedBlob("idx", idx)
+    workspace.FeedBlob("it", np.array([7], np.int64))
+    workspace.RunOperatorOnce(core.CreateOperator("RowWiseCounter", ["prev", "cnt", "idx", "it"], ["prev", "cnt"],
+                                                  counter_halflife=4))
+    ep, ec = prev.copy(), counter.copy()
+    for r in idx:  # in order: the repeat sees delta 0
+        delta = max(0, 7 - ep[r])
+        ec[r] = 1.0 + 0.5 ** (delta / 4) * ec[r]
+        ep[r] = max(7, ep[r])
+    got_c = workspace.FetchBlob("cnt")
+    assert got_c.dtype == np.float64
+    np.testing.assert_allclose(got_c, ec, rtol=1e-12)
+    np.testing.assert_array_equal(workspace.FetchBlob("prev"), ep)
+    assert ec[2] == 2.0  # row 2 was updated "later" (10 > 7): no decay, prev kept
+    # counter_halflife <= 0 (the default) leaves both alone.
+    workspace.RunOperatorOnce(core.CreateOperator("RowWiseCounter", ["prev", "cnt", "idx", "it"], ["prev", "cnt"]))
+    np.testing.assert_array_equal(workspace.FetchBlob("cnt"), got_c)
+    workspace.FeedBlob("idx", np.array([4], np.int32))  # one past the end
+    with pytest.raises(errors.InvalidArgumentError, match="out of range"):
+        workspace.RunOperatorOnce(core.CreateOperator("RowWiseCounter", ["prev", "cnt", "idx", "it"],
+                                                      ["prev", "cnt"], counter_halflife=4))
+    workspace.FeedBlob("cnt32", counter.astype(np.float32))
+    with pytest.raises(errors.DataTypeError, match="float64"):
+        workspace.RunOperatorOnce(core.CreateOperator("RowWiseCounter", ["prev", "cnt32", "idx", "it"],
+                                                      ["prev", "cnt32"], counter_halflife=4))
+
+
+def test_row_wise_adagrad_with_counter_counts_row_updates(fresh):
+    model = model_helper.ModelHelper(name="emb")
+    table = model.param_init_net.ConstantFill([], "table", shape=[4, 2], value=1.0)
+    model.params.append(table)
+    rows = model.net.Gather([table, "idx"], "rows")
+    loss = model.net.AveragedLoss(rows, "loss")
+    model.AddGradientOperators([loss])
+    opt = optimizer.build_adagrad(model, base_learning_rate=0.1, rowWise=True, counter_halflife=2)
+    workspace.FeedBlob("idx", np.array([2, 0], np.int32))
+    workspace.RunNetOnce(model.param_init_net)
+    workspace.CreateNet(model.net)
+    for _ in range(3):
+        workspace.RunNet(model.net.Proto().name)
+    # Three runs at iterations 1, 2, 3: c = 1 + 2^(-1/2) c each time.
+    c = 0.0
+    for _ in range(3):
+        c = 1 + 0.5 ** 0.5 * c
+    np.testing.assert_allclose(workspace.FetchBlob("table_update_counter"), [c, 0, c, 0], rtol=1e-12)
+    np.testing.assert_array_equal(workspace.FetchBlob("table_prev_update_iter"), [3, 0, 3, 0])
+    aux = opt.get_auxiliary_parameters()
+    assert "optimizer_iteration" in {str(p) for p in aux.shared}
+    assert {"table_update_counter", "table_prev_update_iter"} <= {str(p) for p in aux.local}

@@ -5,7 +5,8 @@
 //! SparseFtrl and GFtrl (FTRL-proximal; GFtrl with a group lasso over each
 //! input feature's column), and FP32MomentumSGDUpdate and
 //! FP16MomentumSGDUpdate (MomentumSGDUpdate with weight decay, on float32
-//! or float16 data; Caffe2 had them for CUDA only).
+//! or float16 data; Caffe2 had them for CUDA only), and RowWiseCounter
+//! (row-wise Adagrad's decayed count of each row's updates).
 //! The sparse ones update the rows at the indices in order (a repeated
 //! index updates its row twice).
 
@@ -80,6 +81,12 @@ pub fn schemas() -> Vec<OpSchema> {
         ),
     ];
     vec![
+        OpSchema::new("RowWiseCounter", build_row_counter)
+            .inputs(4, 4)
+            .outputs(2, 2)
+            .inplace(InPlace::Enforce(first_two))
+            .args(&[arg!("counter_halflife", "int", "-1", "iterations for a count to halve; <= 0 turns the op off")])
+            .doc("Inputs (prev_iter int64, update_counter float64, indices, iter int64 [1]), outputs (prev_iter, update_counter) in place: for each index in order, counter = 1 + 2^(-max(0, iter - prev_iter) / counter_halflife) * counter and prev_iter = max(iter, prev_iter)."),
         OpSchema::new("FP32MomentumSGDUpdate", build_wd_momentum)
             .inputs(4, 4)
             .outputs(3, 3)
@@ -513,6 +520,67 @@ fn build_wd_momentum(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         l.set_output(0, out(&gs, g, half)?);
         l.set_output(1, out(&ms, m, half)?);
         l.set_output(2, out(&ps, p, half)?);
+        Ok(true)
+    }))
+}
+
+fn build_row_counter(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    const OP: &str = "RowWiseCounter";
+    let halflife = ctx.args.i64("counter_halflife", -1)?;
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let prev = match l.tensor(0)? {
+            Tensor::I64(a) => a.clone(),
+            t => {
+                return Err(Error::type_error(format!(
+                    "{OP}: prev_iter ('{}') must be an int64 tensor, got {}",
+                    l.input_name(0),
+                    t.dtype()
+                ))
+                .with_blob(l.input_name(0)))
+            }
+        };
+        let counter = match l.tensor(1)? {
+            Tensor::F64(a) => a.clone(),
+            t => {
+                return Err(Error::type_error(format!(
+                    "{OP}: update_counter ('{}') must be a float64 tensor, got {}",
+                    l.input_name(1),
+                    t.dtype()
+                ))
+                .with_blob(l.input_name(1)))
+            }
+        };
+        if prev.len() != counter.len() {
+            return Err(Error::shape(format!(
+                "{OP}: prev_iter ('{}', {} elements) and update_counter ('{}', {} elements) must have as many elements",
+                l.input_name(0),
+                prev.len(),
+                l.input_name(1),
+                counter.len()
+            ))
+            .with_blob(l.input_name(1)));
+        }
+        let now = iteration(&l, OP, 3)?;
+        let (idx, _) = super::sparse::indices(&l, OP, 2)?;
+        let rows = super::sparse::checked_rows(OP, &idx, counter.len(), false, l.input_name(2))?;
+        let (ps, cs) = (prev.shape().to_vec(), counter.shape().to_vec());
+        let mut pv: Vec<i64> = prev.iter().copied().collect();
+        let mut cv: Vec<f64> = counter.iter().copied().collect();
+        if halflife > 0 {
+            let rate = std::f64::consts::LN_2 / halflife as f64;
+            for r in rows {
+                let delta = now.saturating_sub(pv[r]).max(0);
+                cv[r] = 1.0 + (-(delta as f64) * rate).exp() * cv[r];
+                pv[r] = pv[r].max(now);
+            }
+        }
+        let pa = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&ps), pv)
+            .map_err(|e| Error::internal(e.to_string()))?;
+        let ca = ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&cs), cv)
+            .map_err(|e| Error::internal(e.to_string()))?;
+        l.set_output(0, Tensor::from(pa));
+        l.set_output(1, Tensor::from(ca));
         Ok(true)
     }))
 }
