@@ -1,8 +1,8 @@
 """Parameter updates added to a model's net (Caffe2's ``optimizer``):
-``build_sgd``, ``build_adam``, ``build_adagrad``, ``build_rms_prop``,
-``build_adadelta``, ``build_wngrad``, ``build_storm``,
-``build_decay_adagrad``, ``build_ftrl``, ``build_gftrl`` and
-``add_weight_decay``.
+``build_sgd``, ``build_multi_precision_sgd``, ``build_fp16_sgd``,
+``build_adam``, ``build_adagrad``, ``build_rms_prop``, ``build_adadelta``,
+``build_wngrad``, ``build_storm``, ``build_decay_adagrad``, ``build_ftrl``,
+``build_gftrl``, ``build_yellowfin`` and ``add_weight_decay``.
 
 ``max_gradient_norm`` multiplies the learning rate by
 ``clip / max(clip, global norm of every gradient)`` (blobs under
@@ -35,6 +35,7 @@ from ferrocaffe import core, scope, utils, workspace
 __all__ = [
     "AdadeltaOptimizer", "AdagradOptimizer", "AdamOptimizer", "AuxOptimizerParams", "DecayAdagradOptimizer",
     "FP16SgdOptimizer", "FtrlOptimizer", "GFtrlOptimizer", "MultiPrecisionSgdOptimizer",
+    "YellowFinOptimizer",
     "Optimizer", "RmsPropOptimizer", "SgdOptimizer", "StormOptimizer", "WngradOptimizer",
     "WeightDecayBuilder", "add_weight_decay", "build_adadelta", "build_adagrad", "build_adam",
     "build_decay_adagrad", "build_fp16_sgd", "build_ftrl", "build_gftrl", "build_multi_precision_sgd",
@@ -711,6 +712,49 @@ class GFtrlOptimizer(FtrlOptimizer):
     _suffix = "_gftrl_nz"
 
 
+class YellowFinOptimizer(Optimizer):
+    """YellowFin (arXiv 1706.03471; op ``YellowFin``): momentum SGD whose
+    rate and momentum are tuned per parameter from moving averages kept in
+    ``<param>_moment``, ``_lr_avg`` (from ``alpha``), ``_mu_avg`` (from
+    ``mu``), ``_curv_win`` (``curv_win_width`` values), ``_g_avg``,
+    ``_g2_avg`` and ``_scalars_memory`` (5 values); the iteration is
+    shared. Dense gradients only (``AssertionError``, as Caffe2)."""
+
+    def __init__(self, alpha=0.1, mu=0.0, beta=0.999, curv_win_width=20, zero_debias=True, epsilon=0.1 ** 6,
+                 policy="fixed", sparse_dedup_aggregator=None, **kwargs):
+        super().__init__()
+        self.alpha = alpha
+        self.mu = mu
+        self.beta = beta
+        self.curv_win_width = curv_win_width
+        self.zero_debias = zero_debias
+        self.epsilon = epsilon
+        self.policy = policy
+        self.sparse_dedup_aggregator = sparse_dedup_aggregator
+        self.init_kwargs = kwargs
+
+    def _run(self, net, param_init_net, param, grad):
+        name = str(param)
+        moment = param_init_net.ConstantFill([param], name + "_moment", value=0.0)
+        curv_win = param_init_net.ConstantFill([], name + "_curv_win", shape=[self.curv_win_width], value=0.0)
+        g_avg = param_init_net.ConstantFill([param], name + "_g_avg", value=0.0)
+        g2_avg = param_init_net.ConstantFill([param], name + "_g2_avg", value=0.0)
+        lr_avg = param_init_net.ConstantFill([], name + "_lr_avg", shape=[1], value=float(self.alpha))
+        mu_avg = param_init_net.ConstantFill([], name + "_mu_avg", shape=[1], value=float(self.mu))
+        scalars = param_init_net.ConstantFill([], name + "_scalars_memory", shape=[5], value=0.0)
+        assert self.alpha > 0
+        assert not isinstance(grad, core.GradientSlice), "YellowFin does not support sparse gradients"
+        iteration = utils.BuildUniqueMutexIter(param_init_net, net, iter_val=0)
+        self._shared(iteration)
+        self._aux_params.local.extend([moment, lr_avg, mu_avg, curv_win, g_avg, g2_avg, scalars])
+        state = [param, moment, lr_avg, mu_avg, curv_win, g_avg, g2_avg, scalars]
+        net.YellowFin(state + [grad, iteration], state, beta=float(self.beta), epsilon=float(self.epsilon),
+                      curv_win_width=int(self.curv_win_width), zero_debias=bool(self.zero_debias))
+
+    def scale_learning_rate(self, scale):
+        self.alpha *= scale
+
+
 class WeightDecayBuilder(Optimizer):
     """Adds ``weight_decay * param`` to each weight's gradient (L2
     regularisation), before an optimizer's update."""
@@ -911,18 +955,7 @@ def build_fp16_sgd(model, base_learning_rate, **kwargs):
     return _build(model, FP16SgdOptimizer(base_learning_rate, **kwargs))
 
 
-def _not_yet(name):
-    def build(model, *args, **kwargs):
-        raise NotImplementedError(
-            f"{name}: this optimizer is not supported yet (build_sgd, build_adam, build_adagrad, "
-            "build_rms_prop, build_adadelta, build_wngrad, build_storm, build_decay_adagrad, build_ftrl, "
-            "build_gftrl, build_multi_precision_sgd and build_fp16_sgd are)"
-        )
-    build.__name__ = name
-    build.__doc__ = f"Caffe2's {name}; not supported yet (raises NotImplementedError)."
-    return build
-
-
-# Caffe2's other optimizers: the names exist (so code importing them loads),
-# building one raises NotImplementedError.
-build_yellowfin = _not_yet("build_yellowfin")
+def build_yellowfin(model, base_learning_rate=0.1, **kwargs):
+    """Adds YellowFin updates (``base_learning_rate`` is the initial rate;
+    ``mu``, ``beta``, ``curv_win_width``, ``zero_debias``, ``epsilon``)."""
+    return _build(model, YellowFinOptimizer(alpha=base_learning_rate, **kwargs))

@@ -811,3 +811,102 @@ def test_row_wise_adagrad_with_counter_counts_row_updates(fresh):
     aux = opt.get_auxiliary_parameters()
     assert "optimizer_iteration" in {str(p) for p in aux.shared}
     assert {"table_update_counter", "table_prev_update_iter"} <= {str(p) for p in aux.local}
+
+
+# --------------------------------------------------------------- YellowFin --
+
+def yellowfin_ref(state, g, it, beta, eps, width, nesterov=False, zero_debias=True):
+    """One YellowFin step in float64, written from the paper's tuner as
+    Caffe2 applies it: step with the current (lr, mu), then the averages."""
+    w, m, lr, mu, curv, g_avg, g2_avg, mem = (np.array(v, np.float64).ravel() for v in state)
+    g = g.astype(np.float64).ravel()
+    new = mu * m + lr * g
+    w = w - ((1 + mu) * new - mu * m if nesterov else new)
+    m = new
+    f = 1 / (1 - beta ** it) if zero_debias else 1.0
+
+    def ma(avg, x):
+        avg = beta * avg + (1 - beta) * x
+        return avg, f * avg
+
+    g_avg, g_deb = ma(g_avg, g)
+    g2_avg, _ = ma(g2_avg, g * g)
+    n2 = max(eps, float(g @ g))
+    mem[1], n2_deb = ma(mem[1], n2)
+    mem[0], _ = ma(mem[0], np.sqrt(n2))
+    curv = curv.copy()
+    curv[(it - 1) % width] = np.log(n2)
+    valid = curv[:min(width, it)]
+    mem[2], lo = ma(mem[2], valid.min())
+    mem[3], hi = ma(mem[3], valid.max())
+    lo, hi = max(eps, np.exp(lo)), max(eps, np.exp(hi))
+    var = max(eps, n2_deb - float(g_deb @ g_deb))
+    mem[4], dist = ma(mem[4], mem[0] / mem[1])
+    if it > 1:
+        ratio = np.sqrt(hi / lo)
+        limit = (ratio - 1) / (ratio + 1)
+        p = (dist * lo) ** 2 / (2 * var)
+        w3 = (-np.sqrt(p * p + 4 / 27 * p ** 3) - p) / 2
+        root = np.cbrt(w3) - p / 3 / np.cbrt(w3) + 1
+        new_mu = max(root ** 2, limit ** 2)
+        new_lr = (1 - np.sqrt(new_mu)) ** 2 / lo
+        mu, _ = ma(mu, new_mu)
+        lr, _ = ma(lr, new_lr)
+    return [w, m, lr, mu, curv, g_avg, g2_avg, mem]
+
+
+@pytest.mark.parametrize("nesterov", [0, 1])
+def test_yellowfin_op_matches_the_rule_over_steps(fresh, nesterov):
+    rng = np.random.default_rng(16)
+    names = ["w", "m", "lr", "mu", "curv", "ga", "g2a", "mem"]
+    state = [rng.standard_normal(4), np.zeros(4), [0.1], [0.2], np.zeros(3), np.zeros(4), np.zeros(4), np.zeros(5)]
+    for name, v in zip(names, state):
+        workspace.FeedBlob(name, np.asarray(v, np.float32))
+    ref = [np.asarray(v, np.float64) for v in state]
+    for it in range(1, 6):  # past the 3-wide curvature window
+        g = rng.standard_normal(4).astype(np.float32)
+        workspace.FeedBlob("g", g)
+        workspace.FeedBlob("it", np.array([it], np.int64))
+        workspace.RunOperatorOnce(core.CreateOperator("YellowFin", names + ["g", "it"], names, beta=0.9,
+                                                      curv_win_width=3, epsilon=1e-6, nesterov=nesterov))
+        ref = yellowfin_ref(ref, g, it, 0.9, 1e-6, 3, nesterov=bool(nesterov))
+        for name, want in zip(names, ref):
+            np.testing.assert_allclose(workspace.FetchBlob(name), np.reshape(want, -1), rtol=2e-4, atol=1e-6,
+                                       err_msg=f"{name} at iteration {it}")
+    assert workspace.FetchBlob("lr")[0] != np.float32(0.1)  # tuned from iteration 2 on
+
+
+def test_yellowfin_typed_errors(fresh):
+    names = ["w", "m", "lr", "mu", "curv", "ga", "g2a", "mem"]
+    vals = [np.ones(2), np.zeros(2), [0.1], [0.0], np.zeros(20), np.zeros(2), np.zeros(2), np.zeros(5)]
+    for name, v in zip(names, vals):
+        workspace.FeedBlob(name, np.asarray(v, np.float32))
+    workspace.FeedBlob("g", np.ones(2, np.float32))
+    workspace.FeedBlob("it", np.array([0], np.int64))
+    op = core.CreateOperator("YellowFin", names + ["g", "it"], names)
+    with pytest.raises(errors.InvalidArgumentError, match=">= 1"):
+        workspace.RunOperatorOnce(op)
+    workspace.FeedBlob("it", np.array([1], np.int64))
+    workspace.FeedBlob("curv", np.zeros(3, np.float32))
+    with pytest.raises(errors.ShapeError, match="curv_win"):
+        workspace.RunOperatorOnce(op)
+    with pytest.raises(errors.InvalidArgumentError, match="curv_win_width"):
+        workspace.RunOperatorOnce(core.CreateOperator("YellowFin", names + ["g", "it"], names, curv_win_width=0))
+
+
+def test_build_yellowfin_state_blobs(fresh):
+    model, opt, x, t = _linear(optimizer.build_yellowfin, base_learning_rate=0.05, curv_win_width=4)
+    w, b = np.full((1, 3), 0.5), np.zeros(1)
+    st = {"w": [w, np.zeros((1, 3)), [0.05], [0.0], np.zeros(4), np.zeros((1, 3)), np.zeros((1, 3)), np.zeros(5)],
+          "b": [b, np.zeros(1), [0.05], [0.0], np.zeros(4), np.zeros(1), np.zeros(1), np.zeros(5)]}
+    for it in range(1, 4):
+        workspace.RunNet(model.net.Proto().name)
+        gw, gb = _grads(st["w"][0], st["b"][0], x, t)
+        st["w"] = yellowfin_ref(st["w"], gw, it, 0.999, 1e-6, 4)
+        st["w"][0] = st["w"][0].reshape(1, 3)
+        st["b"] = yellowfin_ref(st["b"], gb, it, 0.999, 1e-6, 4)
+    np.testing.assert_allclose(workspace.FetchBlob("y_w"), st["w"][0], rtol=1e-4)
+    np.testing.assert_allclose(workspace.FetchBlob("y_w_lr_avg"), np.reshape(st["w"][2], -1), rtol=1e-3)
+    assert {str(p) for p in opt.get_auxiliary_parameters().local} >= {
+        "y_w_moment", "y_w_lr_avg", "y_w_mu_avg", "y_w_curv_win", "y_w_g_avg", "y_w_g2_avg", "y_w_scalars_memory"}
+    assert [str(p) for p in opt.get_auxiliary_parameters().shared] == ["optimizer_iteration"]

@@ -6,7 +6,8 @@
 //! input feature's column), and FP32MomentumSGDUpdate and
 //! FP16MomentumSGDUpdate (MomentumSGDUpdate with weight decay, on float32
 //! or float16 data; Caffe2 had them for CUDA only), and RowWiseCounter
-//! (row-wise Adagrad's decayed count of each row's updates).
+//! (row-wise Adagrad's decayed count of each row's updates), and YellowFin
+//! (momentum SGD tuning its own rate and momentum).
 //! The sparse ones update the rows at the indices in order (a repeated
 //! index updates its row twice).
 
@@ -22,6 +23,10 @@ use crate::tensor::Tensor;
 /// (grad, moment, lr, param) -> (grad, moment, param).
 fn momentum_in_place(i: usize, o: usize) -> bool {
     matches!((i, o), (0, 0) | (1, 1) | (3, 2))
+}
+
+fn yf_in_place(i: usize, o: usize) -> bool {
+    i == o && i < 8
 }
 
 fn first_two(i: usize, o: usize) -> bool {
@@ -81,6 +86,18 @@ pub fn schemas() -> Vec<OpSchema> {
         ),
     ];
     vec![
+        OpSchema::new("YellowFin", build_yellowfin)
+            .inputs(10, 10)
+            .outputs(8, 8)
+            .inplace(InPlace::Allow(yf_in_place))
+            .args(&[
+                arg!("beta", "float", "0.999", "the moving averages' decay"),
+                arg!("curv_win_width", "int", "20", "how many recent log squared gradient norms give the curvature range (>= 1)"),
+                arg!("epsilon", "float", "1e-6", "the floor of norms, curvatures and the variance"),
+                arg!("nesterov", "int", "0", "use Nesterov's momentum for the step"),
+                arg!("zero_debias", "bool", "true", "divide the averages by 1 - beta^iter"),
+            ])
+            .doc("Inputs (param, moment, lr, mu, curv_win, g_avg, g2_avg, scalars_memory, grad, iter), outputs the first eight, in place or not (float32; lr and mu [1], curv_win [curv_win_width], scalars_memory [5], iter int64 >= 1): a momentum SGD step with the current lr and mu, then the moving averages of grad, grad^2, the squared norm, the norm, the curvature range and the distance are updated and, from iteration 2 on, lr and mu move toward YellowFin's tuned values (arXiv 1706.03471)."),
         OpSchema::new("RowWiseCounter", build_row_counter)
             .inputs(4, 4)
             .outputs(2, 2)
@@ -581,6 +598,148 @@ fn build_row_counter(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             .map_err(|e| Error::internal(e.to_string()))?;
         l.set_output(0, Tensor::from(pa));
         l.set_output(1, Tensor::from(ca));
+        Ok(true)
+    }))
+}
+
+fn build_yellowfin(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    const OP: &str = "YellowFin";
+    let beta = f64::from(ctx.args.f32("beta", 0.999)?);
+    let width = ctx.args.i64("curv_win_width", 20)?;
+    let eps = f64::from(ctx.args.f32("epsilon", 1e-6)?);
+    let nesterov = ctx.args.i64("nesterov", 0)? != 0;
+    let zero_debias = ctx.args.bool("zero_debias", true)?;
+    if width < 1 {
+        return Err(ctx.bad_arg(format!("curv_win_width must be >= 1, got {width}")));
+    }
+    let width = width as usize;
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let names = [
+            "the parameter",
+            "the moment",
+            "lr",
+            "mu",
+            "curv_win",
+            "g_avg",
+            "g2_avg",
+            "scalars_memory",
+            "the gradient",
+        ];
+        for (i, what) in names.iter().enumerate() {
+            f32_in(&l, OP, i, what)?;
+        }
+        for i in [1, 5, 6, 8] {
+            check_like(&l, OP, i, 0)?;
+        }
+        let lr_in = f64::from(scalar_f32(&l, OP, 2, "lr")?);
+        let mu_in = f64::from(scalar_f32(&l, OP, 3, "mu")?);
+        for (i, n) in [(4, width), (7, 5)] {
+            let a = f32_in(&l, OP, i, names[i])?;
+            if a.len() != n {
+                return Err(Error::shape(format!(
+                    "{OP}: {} ('{}', shape {:?}) must have {n} elements",
+                    names[i],
+                    l.input_name(i),
+                    a.shape()
+                ))
+                .with_blob(l.input_name(i)));
+            }
+        }
+        let iter = iteration(&l, OP, 9)?;
+        if iter < 1 {
+            return Err(Error::invalid_arg(format!(
+                "{OP}: the iteration ('{}') must be >= 1 (the net's Iter runs first), got {iter}",
+                l.input_name(9)
+            ))
+            .with_blob(l.input_name(9)));
+        }
+        let (mut w, ws) = vec_of(&l, OP, 0)?;
+        let (mut m, _) = vec_of(&l, OP, 1)?;
+        let (curv_in, cs) = vec_of(&l, OP, 4)?;
+        let (mut g_avg, _) = vec_of(&l, OP, 5)?;
+        let (mut g2_avg, _) = vec_of(&l, OP, 6)?;
+        let (mem_in, mems) = vec_of(&l, OP, 7)?;
+        let (g, _) = vec_of(&l, OP, 8)?;
+        let lrs = l.tensor(2)?.shape().to_vec();
+        let mus = l.tensor(3)?.shape().to_vec();
+
+        // The step, with the rate and momentum tuned so far.
+        for k in 0..w.len() {
+            let old = f64::from(m[k]);
+            let new = mu_in * old + lr_in * f64::from(g[k]);
+            m[k] = new as f32;
+            let step = if nesterov {
+                (1.0 + mu_in) * new - mu_in * old
+            } else {
+                new
+            };
+            w[k] = (f64::from(w[k]) - step) as f32;
+        }
+
+        // The moving averages (`avg` updated, its debiased value returned).
+        let debias = if zero_debias {
+            1.0 / (1.0 - beta.powf(iter as f64))
+        } else {
+            1.0
+        };
+        let ma = |avg: &mut f64, x: f64| {
+            *avg = beta * *avg + (1.0 - beta) * x;
+            debias * *avg
+        };
+        let mut g_deb_sq = 0.0;
+        let mut norm2 = 0.0;
+        for k in 0..g.len() {
+            let gk = f64::from(g[k]);
+            let mut a = f64::from(g_avg[k]);
+            let d = ma(&mut a, gk);
+            g_avg[k] = a as f32;
+            g_deb_sq += d * d;
+            let mut b = f64::from(g2_avg[k]);
+            ma(&mut b, gk * gk);
+            g2_avg[k] = b as f32;
+            norm2 += gk * gk;
+        }
+        let norm2 = norm2.max(eps);
+        let mut mem: Vec<f64> = mem_in.iter().map(|&v| f64::from(v)).collect();
+        let norm2_deb = ma(&mut mem[1], norm2);
+        ma(&mut mem[0], norm2.sqrt());
+        let mut curv = curv_in.clone();
+        curv[(iter as usize - 1) % width] = norm2.ln() as f32;
+        let valid = width.min(iter as usize);
+        let lo = curv[..valid].iter().copied().fold(f32::INFINITY, f32::min);
+        let hi = curv[..valid]
+            .iter()
+            .copied()
+            .fold(f32::NEG_INFINITY, f32::max);
+        let min_deb = ma(&mut mem[2], f64::from(lo)).exp().max(eps);
+        let max_deb = ma(&mut mem[3], f64::from(hi)).exp().max(eps);
+        let variance = (norm2_deb - g_deb_sq).max(eps);
+        let distance = mem[0] / mem[1];
+        let distance_deb = ma(&mut mem[4], distance);
+        let (mut lr_avg, mut mu_avg) = (lr_in, mu_in);
+        if iter > 1 {
+            // The cubic's real root gives the momentum; the curvature range bounds it.
+            let ratio = (max_deb / min_deb).sqrt();
+            let mu_limit = (ratio - 1.0) / (ratio + 1.0);
+            let pre = distance_deb * min_deb;
+            let p = pre * pre / (2.0 * variance);
+            let w3 = (-(p * p + 4.0 / 27.0 * p * p * p).sqrt() - p) / 2.0;
+            let wr = w3.signum() * w3.abs().cbrt();
+            let root = wr - p / 3.0 / wr + 1.0;
+            let mu = (root * root).max(mu_limit * mu_limit);
+            let lr = (1.0 - mu.sqrt()).powi(2) / min_deb;
+            ma(&mut mu_avg, mu);
+            ma(&mut lr_avg, lr);
+        }
+        l.set_output(0, arr(&ws, w)?);
+        l.set_output(1, arr(&ws, m)?);
+        l.set_output(2, arr(&lrs, vec![lr_avg as f32])?);
+        l.set_output(3, arr(&mus, vec![mu_avg as f32])?);
+        l.set_output(4, arr(&cs, curv)?);
+        l.set_output(5, arr(&ws, g_avg)?);
+        l.set_output(6, arr(&ws, g2_avg)?);
+        l.set_output(7, arr(&mems, mem.into_iter().map(|v| v as f32).collect())?);
         Ok(true)
     }))
 }
