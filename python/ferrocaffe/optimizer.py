@@ -1,6 +1,8 @@
 """Parameter updates added to a model's net (Caffe2's ``optimizer``):
-``build_sgd``, ``build_adam``, ``build_adagrad``, ``build_rms_prop``,
-``build_adadelta`` and ``add_weight_decay``.
+``build_sgd``, ``build_multi_precision_sgd``, ``build_fp16_sgd``,
+``build_adam``, ``build_adagrad``, ``build_rms_prop``, ``build_adadelta``,
+``build_wngrad``, ``build_storm``, ``build_decay_adagrad``, ``build_ftrl``,
+``build_gftrl``, ``build_yellowfin`` and ``add_weight_decay``.
 
 ``max_gradient_norm`` multiplies the learning rate by
 ``clip / max(clip, global norm of every gradient)`` (blobs under
@@ -31,8 +33,10 @@ import numpy as np
 from ferrocaffe import core, scope, utils, workspace
 
 __all__ = [
-    "AdadeltaOptimizer", "AdagradOptimizer", "AdamOptimizer", "AuxOptimizerParams", "Optimizer",
-    "RmsPropOptimizer", "SgdOptimizer",
+    "AdadeltaOptimizer", "AdagradOptimizer", "AdamOptimizer", "AuxOptimizerParams", "DecayAdagradOptimizer",
+    "FP16SgdOptimizer", "FtrlOptimizer", "GFtrlOptimizer", "MultiPrecisionSgdOptimizer",
+    "YellowFinOptimizer",
+    "Optimizer", "RmsPropOptimizer", "SgdOptimizer", "StormOptimizer", "WngradOptimizer",
     "WeightDecayBuilder", "add_weight_decay", "build_adadelta", "build_adagrad", "build_adam",
     "build_decay_adagrad", "build_fp16_sgd", "build_ftrl", "build_gftrl", "build_multi_precision_sgd",
     "build_rms_prop", "build_sgd", "build_storm", "build_wngrad", "build_yellowfin",
@@ -211,32 +215,163 @@ class SgdOptimizer(Optimizer):
             net.WeightedSum([param, one, grad, lr], param)
 
 
+class MultiPrecisionSgdOptimizer(SgdOptimizer):
+    """SGD for float16 parameters kept with a float32 master copy (Caffe2's
+    multi-precision SGD): given a parameter-info object whose ``blob_copy``
+    maps ``core.DataType.FLOAT`` to the float32 copy, the float16 gradient is
+    converted (``HalfToFloat``, ``<grad>_fp32``), ``MomentumSGDUpdate``
+    updates the copy and its ``<param>_momentum``, and ``FloatToHalf``
+    writes the parameter back. Any other parameter (every one
+    ``model.GetOptimizationParamInfo()`` gives here, as ferrocaffe's
+    ``ParameterInfo`` has no ``blob_copy``) gets ``SgdOptimizer``'s update,
+    as in Caffe2."""
+
+    def __init__(self, base_learning_rate=0.1, momentum=0.0, policy="fixed", nesterov=True,
+                 sparse_dedup_aggregator=None, **kwargs):
+        super().__init__(base_learning_rate=base_learning_rate, policy=policy, momentum=momentum,
+                         nesterov=nesterov, sparse_dedup_aggregator=sparse_dedup_aggregator, **kwargs)
+
+    def __call__(self, net, param_init_net, param, grad=None):
+        copies = getattr(param, "blob_copy", None) if grad is None else None
+        fp32 = copies.get(core.DataType.FLOAT) if copies else None
+        if fp32 is None:
+            return super().__call__(net, param_init_net, param, grad)
+        param, grad = param.blob, param.grad
+        if self.base_learning_rate == 0:
+            return None
+        assert self.base_learning_rate > 0, (
+            f"Expect positive base learning rate, got {self.base_learning_rate}")
+        assert not isinstance(grad, core.GradientSlice), "MultiPrecisionSgd does not support sparse gradients"
+        # MomentumSGDUpdate subtracts: the rate stays positive.
+        lr, _ = self.build_lr(net, param_init_net, -self.base_learning_rate, policy=self.policy,
+                              **self.init_kwargs)
+        momentum = param_init_net.ConstantFill([fp32], str(param) + "_momentum", value=0.0)
+        self._aux_params.local.append(momentum)
+        grad_fp32 = net.HalfToFloat(grad, str(grad) + "_fp32")
+        net.MomentumSGDUpdate([grad_fp32, momentum, lr, fp32], [grad_fp32, momentum, fp32],
+                              momentum=float(self.momentum), nesterov=int(bool(self.nesterov)))
+        net.FloatToHalf(fp32, param)
+        return None
+
+
+class FP16SgdOptimizer(SgdOptimizer):
+    """Momentum SGD with weight decay fused into the update (Caffe2's FP16
+    SGD). A parameter-info object whose ``blob_copy`` holds a float32 copy
+    (``core.DataType.FLOAT``) or a float16 one (``FLOAT16``) is updated in
+    float16 with ``FP16MomentumSGDUpdate``; any other parameter (a name
+    containing ``spatbn``, ``fp32_update=True``, or no ``blob_copy``, which
+    is every one ``model.GetOptimizationParamInfo()`` gives here) in float32
+    with ``FP32MomentumSGDUpdate`` and ``<param>_momentum_fp32``. As in
+    Caffe2 the float16 ``<param>_momentum`` made from it is the local
+    auxiliary blob. Dense gradients only."""
+
+    def __init__(self, base_learning_rate=0.1, momentum=0.0, policy="fixed", nesterov=True, weight_decay=0.0001,
+                 sparse_dedup_aggregator=None, **kwargs):
+        super().__init__(base_learning_rate=base_learning_rate, policy=policy, momentum=momentum,
+                         nesterov=nesterov, sparse_dedup_aggregator=sparse_dedup_aggregator, **kwargs)
+        self.weight_decay = weight_decay
+
+    def __call__(self, net, param_init_net, param, grad=None, fp32_update=False):
+        copies = None
+        if grad is None:
+            copies = getattr(param, "blob_copy", None)
+            param, grad = param.blob, param.grad
+        if isinstance(param, str):
+            param = core.BlobReference(param)
+        if "spatbn" in str(param):
+            fp32_update = True
+        half = False
+        param_fp32 = param
+        if not fp32_update and copies:
+            if core.DataType.FLOAT in copies:
+                param_fp32, half = copies[core.DataType.FLOAT], True
+            elif core.DataType.FLOAT16 in copies:
+                param, half = copies[core.DataType.FLOAT16], True
+            else:
+                raise AssertionError(
+                    f"Unrecognized parameter format to be updated by FP16 Optimizer. Parameter: {param}")
+        if self.base_learning_rate == 0:
+            return None
+        assert self.base_learning_rate > 0, (
+            f"Expect positive base learning rate, got {self.base_learning_rate}")
+        assert not isinstance(grad, core.GradientSlice), "FP16Sgd does not support sparse gradients"
+        lr, _ = self.build_lr(net, param_init_net, -self.base_learning_rate, policy=self.policy,
+                              **self.init_kwargs)
+        momentum_fp32 = param_init_net.ConstantFill([param_fp32], str(param) + "_momentum_fp32", value=0.0)
+        momentum = param_init_net.FloatToHalf(momentum_fp32, str(param) + "_momentum")
+        self._aux_params.local.append(momentum)
+        args = dict(momentum=float(self.momentum), nesterov=int(bool(self.nesterov)),
+                    weight_decay=float(self.weight_decay))
+        if half:
+            net.FP16MomentumSGDUpdate([grad, momentum, lr, param], [grad, momentum, param], **args)
+        else:
+            net.FP32MomentumSGDUpdate([grad, momentum_fp32, lr, param], [grad, momentum_fp32, param], **args)
+        return None
+
+
 class AdamOptimizer(Optimizer):
-    def __init__(self, alpha=0.001, beta1=0.9, beta2=0.999, epsilon=1e-8, policy="fixed", **kwargs):
+    """Adam (dense: ``Adam``; sparse: ``SparseAdam``, or
+    ``RowWiseSparseAdam`` with ``rowWise=True``, whose second moment
+    ``<param>_avg_second_moment`` is one value per row). ``enableRAdam``
+    rectifies the step (RAdam) in ``Adam`` and ``SparseAdam``; Caffe2 passed
+    it to ``SparseAdam`` only, silently running plain Adam for dense
+    gradients. ``use_lr_adaption`` (Caffe2's LearningRateAdaption op) and
+    ``sparse_dedup_aggregator`` are not supported."""
+
+    def __init__(self, alpha=0.001, beta1=0.9, beta2=0.999, epsilon=1e-8, policy="fixed", use_lr_adaption=False,
+                 lr_alpha=0.01, normalized_lr_adaption=True, sparse_dedup_aggregator=None, rowWise=False, engine="",
+                 enableRAdam=False, **kwargs):
         super().__init__()
+        if use_lr_adaption:
+            raise NotImplementedError("AdamOptimizer: use_lr_adaption is not supported")
+        if sparse_dedup_aggregator is not None:
+            raise NotImplementedError("AdamOptimizer: sparse_dedup_aggregator is not supported")
         self.alpha = alpha
         self.beta1 = beta1
         self.beta2 = beta2
         self.epsilon = epsilon
         self.policy = policy
+        self.use_lr_adaption = use_lr_adaption
+        self.lr_alpha = lr_alpha
+        self.normalized_lr_adaption = normalized_lr_adaption
+        self.rowWise = rowWise
+        self.engine = engine
+        self.enableRAdam = enableRAdam
         self.init_kwargs = kwargs
 
     def _run(self, net, param_init_net, param, grad):
+        if self.alpha <= 0:
+            return
         lr, iteration = self.build_lr(net, param_init_net, self.alpha, policy=self.policy, **self.init_kwargs)
         m1 = param_init_net.ConstantFill([param], str(param) + "_first_moment", value=0.0)
-        m2 = param_init_net.ConstantFill([param], str(param) + "_second_moment", value=0.0)
+        if self.rowWise:
+            shape = param_init_net.Shape(param, str(param) + "_shape")
+            num_rows = param_init_net.Slice([shape], str(shape) + "_numrows", starts=[0], ends=[1])
+            m2 = param_init_net.ConstantFill(num_rows, str(param) + "_avg_second_moment", input_as_shape=1,
+                                             value=0.0)
+        else:
+            m2 = param_init_net.ConstantFill([param], str(param) + "_second_moment", value=0.0)
         self._shared(iteration)
         self._aux_params.local.extend([m1, m2])
+        if self.rowWise:
+            assert isinstance(grad, core.GradientSlice), (
+                "AdamOptimizer: rowWise=True needs a sparse gradient (RowWiseSparseAdam); "
+                "dense Adam has no row-wise form")
+        args = dict(beta1=float(self.beta1), beta2=float(self.beta2), epsilon=float(self.epsilon))
         if isinstance(grad, core.GradientSlice):
-            net.SparseAdam(
-                [param, m1, m2, grad.indices, grad.values, lr, iteration], [param, m1, m2],
-                beta1=self.beta1, beta2=self.beta2, epsilon=self.epsilon,
-            )
+            if self.rowWise:
+                assert not self.enableRAdam, "RowWiseSparseAdam does not support RAdam"
+                net.RowWiseSparseAdam([param, m1, m2, grad.indices, grad.values, lr, iteration], [param, m1, m2],
+                                      **args)
+            else:
+                net.SparseAdam([param, m1, m2, grad.indices, grad.values, lr, iteration], [param, m1, m2],
+                               enableRAdam=bool(self.enableRAdam), **args)
             return
-        net.Adam(
-            [param, m1, m2, grad, lr, iteration], [param, m1, m2],
-            beta1=self.beta1, beta2=self.beta2, epsilon=self.epsilon,
-        )
+        net.Adam([param, m1, m2, grad, lr, iteration], [param, m1, m2], enableRAdam=bool(self.enableRAdam),
+                 **args)
+
+    def scale_learning_rate(self, scale):
+        self.alpha *= scale
 
 
 class AdagradOptimizer(Optimizer):
@@ -244,10 +379,14 @@ class AdagradOptimizer(Optimizer):
     ``RowWiseSparseAdagrad`` with ``rowWise=True``, whose moment is one
     value per row). ``weight_decay`` adds ``weight_decay * param`` to the
     gradient inside the update op; ``lars`` (an offset) scales each dense
-    update's rate by ``Lars``."""
+    update's rate by ``Lars``. ``counter_halflife`` > 0 keeps each row's
+    decayed update count (``<param>_update_counter``, float64, and
+    ``<param>_prev_update_iter``, int64) with ``RowWiseCounter`` after
+    each sparse update, as Caffe2's."""
 
     def __init__(self, alpha=0.01, epsilon=1e-4, decay=1, weight_decay=0.0, policy="fixed",
-                 sparse_dedup_aggregator=None, rowWise=False, engine="", lars=None, **kwargs):
+                 sparse_dedup_aggregator=None, rowWise=False, engine="", lars=None, counter_halflife=-1,
+                 **kwargs):
         super().__init__()
         if sparse_dedup_aggregator is not None:
             raise NotImplementedError("AdagradOptimizer: sparse_dedup_aggregator is not supported")
@@ -259,6 +398,7 @@ class AdagradOptimizer(Optimizer):
         self.rowWise = rowWise
         self.engine = engine
         self.lars = lars
+        self.counter_halflife = counter_halflife
         self.init_kwargs = kwargs
 
     def _run(self, net, param_init_net, param, grad):
@@ -267,7 +407,9 @@ class AdagradOptimizer(Optimizer):
         if self.lars is not None and not isinstance(grad, core.GradientSlice):
             assert self.weight_decay == 0, "weight decay is not implemented for LARS yet"
         self._lars(net, param_init_net, param, grad, self.lars)
-        lr, _ = self.build_lr(net, param_init_net, self.alpha, policy=self.policy, **self.init_kwargs)
+        lr, iteration = self.build_lr(net, param_init_net, self.alpha, policy=self.policy, **self.init_kwargs)
+        if self.counter_halflife > 0:
+            self._shared(iteration)
         if self.rowWise:
             # One moment per row: the parameter's first dim, read at init.
             shape = param_init_net.Shape(param, str(param) + "_shape")
@@ -278,10 +420,24 @@ class AdagradOptimizer(Optimizer):
         else:
             moment = param_init_net.ConstantFill([param], str(param) + "_squared_sum", value=0.0)
         self._aux_params.local.append(moment)
+        counters = None
+        if self.counter_halflife > 0:
+            # Each row's decayed update count and last update's iteration.
+            shape = param_init_net.Shape(param, str(param) + "_shape")
+            num_rows = param_init_net.Slice([shape], str(shape) + "_numrows", starts=[0], ends=[1])
+            counter = param_init_net.ConstantFill(num_rows, str(param) + "_update_counter", input_as_shape=1,
+                                                  value=0.0, dtype=core.DataType.DOUBLE)
+            prev_iter = param_init_net.ConstantFill(num_rows, str(param) + "_prev_update_iter", input_as_shape=1,
+                                                    value=0, dtype=core.DataType.INT64)
+            self._aux_params.local.extend([counter, prev_iter])
+            counters = (prev_iter, counter)
         args = dict(epsilon=float(self.epsilon), weight_decay=float(self.weight_decay))
         if isinstance(grad, core.GradientSlice):
             op = "RowWiseSparseAdagrad" if self.rowWise else "SparseAdagrad"
             getattr(net, op)([param, moment, grad.indices, grad.values, lr], [param, moment], **args)
+            if counters is not None:
+                net.RowWiseCounter([counters[0], counters[1], grad.indices, iteration], list(counters),
+                                   counter_halflife=int(self.counter_halflife))
         else:
             if self.rowWise:
                 raise NotImplementedError(
@@ -363,6 +519,237 @@ class AdadeltaOptimizer(Optimizer):
                                [param, moment, moment_update], **args)
         else:
             net.Adadelta([param, moment, moment_update, grad, lr], [param, moment, moment_update], **args)
+
+    def scale_learning_rate(self, scale):
+        self.alpha *= scale
+
+
+class WngradOptimizer(Optimizer):
+    """WNGrad: one accumulator per parameter (``<param>_moment``, shape [1],
+    starting at ``moment_init``); each step moves the parameter by
+    ``lr / (b + epsilon) * grad`` and grows ``b`` by
+    ``sum(grad^2) / (b + epsilon)`` (op ``Wngrad``; sparse gradients:
+    ``SparseWngrad`` on their rows). ``output_effective_lr`` (and
+    ``output_effective_lr_and_update``) add the outputs
+    ``<param>_effective_lr`` (and ``<param>_update``) to dense updates;
+    ``lars`` scales dense updates' rates, as Caffe2's."""
+
+    def __init__(self, alpha=1.0, epsilon=1e-9, policy="fixed", sparse_dedup_aggregator=None, engine="",
+                 moment_init=100.0, lars=None, output_effective_lr=False,
+                 output_effective_lr_and_update=False, **kwargs):
+        super().__init__()
+        if sparse_dedup_aggregator is not None:
+            raise NotImplementedError("WngradOptimizer: sparse_dedup_aggregator is not supported")
+        self.alpha = alpha
+        self.epsilon = epsilon
+        self.policy = policy
+        self.engine = engine
+        self.moment_init = moment_init
+        self.lars = lars
+        self.output_effective_lr = output_effective_lr
+        self.output_effective_lr_and_update = output_effective_lr_and_update
+        self.init_kwargs = kwargs
+
+    def _run(self, net, param_init_net, param, grad):
+        if self.alpha <= 0:
+            return
+        self._lars(net, param_init_net, param, grad, self.lars)
+        lr, _ = self.build_lr(net, param_init_net, self.alpha, policy=self.policy, **self.init_kwargs)
+        moment = param_init_net.ConstantFill([], str(param) + "_moment", shape=[1],
+                                             value=float(self.moment_init))
+        self._aux_params.local.append(moment)
+        if isinstance(grad, core.GradientSlice):
+            net.SparseWngrad([param, moment, grad.indices, grad.values, lr], [param, moment],
+                             epsilon=float(self.epsilon))
+            return
+        outputs = [param, moment]
+        if self.output_effective_lr_and_update:
+            outputs += [str(param) + "_effective_lr", str(param) + "_update"]
+        elif self.output_effective_lr:
+            outputs.append(str(param) + "_effective_lr")
+        net.Wngrad([param, moment, grad, lr], outputs, epsilon=float(self.epsilon))
+
+    def scale_learning_rate(self, scale):
+        self.alpha *= scale
+
+
+class StormOptimizer(Optimizer):
+    """STORM (op ``Storm``; sparse gradients: ``SparseStorm`` on their
+    rows): a moment per parameter (``<param>_moment``) and a running sum of
+    squared gradients (``<param>_grad_sq_sum``, shape [1], starting at
+    ``grad_sq_init``); the rate is ``lr * (beta + grad_sq_sum)^(-1/3)``.
+    ``lr`` is the paper's k, ``momentum`` its c; ``lars`` scales dense
+    updates' rates, as Caffe2's."""
+
+    def __init__(self, lr=0.1, momentum=10.0, beta=0.1, grad_sq_init=0.01, policy="fixed",
+                 sparse_dedup_aggregator=None, lars=None, **kwargs):
+        super().__init__()
+        if sparse_dedup_aggregator is not None:
+            raise NotImplementedError("StormOptimizer: sparse_dedup_aggregator is not supported")
+        self.lr = lr
+        self.momentum = momentum
+        self.beta = beta
+        self.grad_sq_init = grad_sq_init
+        self.policy = policy
+        self.lars = lars
+        self.init_kwargs = kwargs
+
+    def _run(self, net, param_init_net, param, grad):
+        if self.lr <= 0:
+            return
+        self._lars(net, param_init_net, param, grad, self.lars)
+        lr, _ = self.build_lr(net, param_init_net, self.lr, policy=self.policy, **self.init_kwargs)
+        moment = param_init_net.ConstantFill([param], str(param) + "_moment", value=0.0)
+        grad_sq_sum = param_init_net.ConstantFill([], str(param) + "_grad_sq_sum", shape=[1],
+                                                  value=float(self.grad_sq_init))
+        self._aux_params.local.extend([moment, grad_sq_sum])
+        args = dict(momentum=float(self.momentum), beta=float(self.beta))
+        if isinstance(grad, core.GradientSlice):
+            net.SparseStorm([param, moment, grad_sq_sum, grad.values, grad.indices, lr],
+                            [param, moment, grad_sq_sum], **args)
+        else:
+            net.Storm([param, moment, grad_sq_sum, grad, lr], [param, moment, grad_sq_sum], **args)
+
+    def scale_learning_rate(self, scale):
+        self.lr *= scale
+
+
+class DecayAdagradOptimizer(Optimizer):
+    """Decay Adagrad (op ``DecayAdagrad``): a first moment decayed by
+    ``beta1`` and bias-corrected (``bias_correction_first``), a second
+    moment summing ``grad^2`` and ``weight_decay`` applied with the step;
+    the moments are ``<param>_first_mo1ment`` (Caffe2's spelling, kept so
+    checkpoints match) and ``<param>_second_moment``, the iteration shared.
+    A sparse gradient gets ``SparseAdagrad`` with ``<param>_squared_sum``,
+    as Caffe2's. ``ema_options`` (Caffe2's EMA op) is not supported
+    (``NotImplementedError``)."""
+
+    def __init__(self, alpha=0.01, beta1=0.0, beta2=0.999, epsilon=0.1, weight_decay=0.0, ema_options=None,
+                 bias_correction_first=True, policy="fixed", engine="", **kwargs):
+        super().__init__()
+        if ema_options:
+            raise NotImplementedError("DecayAdagradOptimizer: ema_options is not supported")
+        self.alpha = alpha
+        self.beta1 = beta1
+        self.beta2 = beta2
+        self.epsilon = epsilon
+        self.weight_decay = weight_decay
+        self.bias_correction_first = bias_correction_first
+        self.policy = policy
+        self.engine = engine
+        self.ema_enabled = False
+        self.init_kwargs = kwargs
+
+    def _run(self, net, param_init_net, param, grad):
+        if self.alpha <= 0:
+            return
+        lr, iteration = self.build_lr(net, param_init_net, self.alpha, policy=self.policy, **self.init_kwargs)
+        if isinstance(grad, core.GradientSlice):
+            moment = param_init_net.ConstantFill([param], str(param) + "_squared_sum", value=0.0)
+            self._aux_params.local.append(moment)
+            net.SparseAdagrad([param, moment, grad.indices, grad.values, lr], [param, moment],
+                              epsilon=float(self.epsilon))
+            return
+        m1 = param_init_net.ConstantFill([param], str(param) + "_first_mo1ment", value=0.0)
+        m2 = param_init_net.ConstantFill([param], str(param) + "_second_moment", value=0.0)
+        self._shared(iteration)
+        self._aux_params.local.extend([m1, m2])
+        net.DecayAdagrad([param, m1, m2, grad, lr, iteration], [param, m1, m2], beta1=float(self.beta1),
+                         beta2=float(self.beta2), epsilon=float(self.epsilon),
+                         weight_decay=float(self.weight_decay),
+                         bias_correction_first=int(bool(self.bias_correction_first)))
+
+    def scale_learning_rate(self, scale):
+        self.alpha *= scale
+
+
+class FtrlOptimizer(Optimizer):
+    """FTRL-proximal (op ``Ftrl``; sparse gradients: ``SparseFtrl`` on their
+    rows): one blob ``<param>_ftrl_nz`` of the parameter's shape plus a
+    last dim of 2, holding each coordinate's (n, z). No learning-rate
+    schedule: ``alpha`` goes to the op, as Caffe2's. ``engine`` is passed
+    on (every engine runs the same kernel here)."""
+
+    _op = "Ftrl"
+    _suffix = "_ftrl_nz"
+
+    def __init__(self, alpha=0.01, beta=1e-4, lambda1=0, lambda2=0, sparse_dedup_aggregator=None, engine=""):
+        super().__init__()
+        if sparse_dedup_aggregator is not None:
+            raise NotImplementedError(f"{type(self).__name__}: sparse_dedup_aggregator is not supported")
+        self.alpha = alpha
+        self.beta = beta
+        self.lambda1 = lambda1
+        self.lambda2 = lambda2
+        self.engine = engine
+
+    def _run(self, net, param_init_net, param, grad):
+        if self.alpha <= 0:
+            return
+        nz = param_init_net.ConstantFill([param], str(param) + self._suffix, extra_shape=[2], value=0.0)
+        self._aux_params.local.append(nz)
+        args = dict(alpha=float(self.alpha), beta=float(self.beta), lambda1=float(self.lambda1),
+                    lambda2=float(self.lambda2))
+        if self.engine:
+            args["engine"] = self.engine
+        if isinstance(grad, core.GradientSlice):
+            if self._op != "Ftrl":
+                raise NotImplementedError(f"{type(self).__name__} doesn't support sparse gradients")
+            net.SparseFtrl([param, nz, grad.indices, grad.values], [param, nz], **args)
+        else:
+            getattr(net, self._op)([param, nz, grad], [param, nz], **args)
+
+    def scale_learning_rate(self, scale):
+        self.alpha *= scale
+
+
+class GFtrlOptimizer(FtrlOptimizer):
+    """Group-lasso FTRL (op ``GFtrl``, dense gradients only): the L1 term
+    acts on each input feature's column of the parameter as a group;
+    state ``<param>_gftrl_nz``."""
+
+    _op = "GFtrl"
+    _suffix = "_gftrl_nz"
+
+
+class YellowFinOptimizer(Optimizer):
+    """YellowFin (arXiv 1706.03471; op ``YellowFin``): momentum SGD whose
+    rate and momentum are tuned per parameter from moving averages kept in
+    ``<param>_moment``, ``_lr_avg`` (from ``alpha``), ``_mu_avg`` (from
+    ``mu``), ``_curv_win`` (``curv_win_width`` values), ``_g_avg``,
+    ``_g2_avg`` and ``_scalars_memory`` (5 values); the iteration is
+    shared. Dense gradients only (``AssertionError``, as Caffe2)."""
+
+    def __init__(self, alpha=0.1, mu=0.0, beta=0.999, curv_win_width=20, zero_debias=True, epsilon=0.1 ** 6,
+                 policy="fixed", sparse_dedup_aggregator=None, **kwargs):
+        super().__init__()
+        self.alpha = alpha
+        self.mu = mu
+        self.beta = beta
+        self.curv_win_width = curv_win_width
+        self.zero_debias = zero_debias
+        self.epsilon = epsilon
+        self.policy = policy
+        self.sparse_dedup_aggregator = sparse_dedup_aggregator
+        self.init_kwargs = kwargs
+
+    def _run(self, net, param_init_net, param, grad):
+        name = str(param)
+        moment = param_init_net.ConstantFill([param], name + "_moment", value=0.0)
+        curv_win = param_init_net.ConstantFill([], name + "_curv_win", shape=[self.curv_win_width], value=0.0)
+        g_avg = param_init_net.ConstantFill([param], name + "_g_avg", value=0.0)
+        g2_avg = param_init_net.ConstantFill([param], name + "_g2_avg", value=0.0)
+        lr_avg = param_init_net.ConstantFill([], name + "_lr_avg", shape=[1], value=float(self.alpha))
+        mu_avg = param_init_net.ConstantFill([], name + "_mu_avg", shape=[1], value=float(self.mu))
+        scalars = param_init_net.ConstantFill([], name + "_scalars_memory", shape=[5], value=0.0)
+        assert self.alpha > 0
+        assert not isinstance(grad, core.GradientSlice), "YellowFin does not support sparse gradients"
+        iteration = utils.BuildUniqueMutexIter(param_init_net, net, iter_val=0)
+        self._shared(iteration)
+        self._aux_params.local.extend([moment, lr_avg, mu_avg, curv_win, g_avg, g2_avg, scalars])
+        state = [param, moment, lr_avg, mu_avg, curv_win, g_avg, g2_avg, scalars]
+        net.YellowFin(state + [grad, iteration], state, beta=float(self.beta), epsilon=float(self.epsilon),
+                      curv_win_width=int(self.curv_win_width), zero_debias=bool(self.zero_debias))
 
     def scale_learning_rate(self, scale):
         self.alpha *= scale
@@ -518,24 +905,57 @@ def build_adadelta(model, base_learning_rate, parameters=None, max_gradient_norm
                   max_gradient_norm=max_gradient_norm, allow_lr_injection=allow_lr_injection)
 
 
-def _not_yet(name):
-    def build(model, *args, **kwargs):
-        raise NotImplementedError(
-            f"{name}: this optimizer is not supported yet (build_sgd, build_adam, build_adagrad, "
-            "build_rms_prop and build_adadelta are)"
-        )
-    build.__name__ = name
-    build.__doc__ = f"Caffe2's {name}; not supported yet (raises NotImplementedError)."
-    return build
+def build_wngrad(model, base_learning_rate, parameters=None, max_gradient_norm=None, allow_lr_injection=False,
+                 **kwargs):
+    """Adds WNGrad updates (``base_learning_rate`` is its alpha;
+    ``epsilon``, ``moment_init``; sparse gradients on their rows)."""
+    return _build(model, WngradOptimizer(alpha=base_learning_rate, **kwargs),
+                  max_gradient_norm=max_gradient_norm, allow_lr_injection=allow_lr_injection)
 
 
-# Caffe2's other optimizers: the names exist (so code importing them loads),
-# building one raises NotImplementedError.
-build_multi_precision_sgd = _not_yet("build_multi_precision_sgd")
-build_fp16_sgd = _not_yet("build_fp16_sgd")
-build_ftrl = _not_yet("build_ftrl")
-build_gftrl = _not_yet("build_gftrl")
-build_wngrad = _not_yet("build_wngrad")
-build_storm = _not_yet("build_storm")
-build_decay_adagrad = _not_yet("build_decay_adagrad")
-build_yellowfin = _not_yet("build_yellowfin")
+def build_storm(model, base_learning_rate, parameters=None, max_gradient_norm=None, allow_lr_injection=False,
+                **kwargs):
+    """Adds STORM updates (``base_learning_rate`` is its lr, the paper's
+    k; ``momentum``, ``beta``, ``grad_sq_init``)."""
+    return _build(model, StormOptimizer(lr=base_learning_rate, **kwargs),
+                  max_gradient_norm=max_gradient_norm, allow_lr_injection=allow_lr_injection)
+
+
+def build_decay_adagrad(model, base_learning_rate, max_gradient_norm=None, allow_lr_injection=False, **kwargs):
+    """Adds Decay Adagrad updates (``beta1``, ``epsilon``,
+    ``weight_decay``, ``bias_correction_first``)."""
+    return _build(model, DecayAdagradOptimizer(alpha=base_learning_rate, **kwargs),
+                  max_gradient_norm=max_gradient_norm, allow_lr_injection=allow_lr_injection)
+
+
+def build_ftrl(model, engine="SIMD", **kwargs):
+    """Adds FTRL updates (``alpha``, ``beta``, ``lambda1``, ``lambda2``).
+    Caffe2 asserted that the ``SIMD`` engine was built; here every engine
+    runs the same kernel."""
+    return _build(model, FtrlOptimizer(engine=engine, **kwargs))
+
+
+def build_gftrl(model, engine="", **kwargs):
+    """Adds group-lasso FTRL updates (dense gradients)."""
+    return _build(model, GFtrlOptimizer(engine=engine, **kwargs))
+
+
+def build_multi_precision_sgd(model, base_learning_rate, max_gradient_norm=None, allow_lr_injection=False,
+                              **kwargs):
+    """Adds multi-precision SGD updates (``MultiPrecisionSgdOptimizer``);
+    returns the optimizer."""
+    return _build(model, MultiPrecisionSgdOptimizer(base_learning_rate, **kwargs),
+                  max_gradient_norm=max_gradient_norm, allow_lr_injection=allow_lr_injection)
+
+
+def build_fp16_sgd(model, base_learning_rate, **kwargs):
+    """Adds FP16 SGD updates (``FP16SgdOptimizer``: momentum SGD with
+    ``weight_decay``, default 1e-4, in the update op); returns the
+    optimizer."""
+    return _build(model, FP16SgdOptimizer(base_learning_rate, **kwargs))
+
+
+def build_yellowfin(model, base_learning_rate=0.1, **kwargs):
+    """Adds YellowFin updates (``base_learning_rate`` is the initial rate;
+    ``mu``, ``beta``, ``curv_win_width``, ``zero_debias``, ``epsilon``)."""
+    return _build(model, YellowFinOptimizer(alpha=base_learning_rate, **kwargs))

@@ -28,6 +28,7 @@ pub mod index;
 pub mod nn;
 pub mod norm;
 pub mod optim;
+pub mod optim_extra;
 pub mod pack;
 pub mod persistence;
 pub mod pool;
@@ -59,6 +60,7 @@ pub fn builtin_schemas() -> Vec<OpSchema> {
     v.extend(nn::more_schemas());
     v.extend(norm::schemas());
     v.extend(optim::schemas());
+    v.extend(optim_extra::schemas());
     v.extend(pack::schemas());
     v.extend(persistence::schemas());
     v.extend(pool::schemas());

@@ -38,6 +38,58 @@ fn adam_in_place(i: usize, o: usize) -> bool {
     matches!((i, o), (0, 0) | (1, 1) | (2, 2))
 }
 
+const RADAM_ARG: crate::operator::ArgDoc = arg!(
+    "enableRAdam",
+    "bool",
+    "false",
+    "rectified Adam: the step times r_t while rho_t >= 5, else the bias-corrected first moment"
+);
+
+/// Adam's step for a given iteration: `step(m1, m2)` is what `lr`
+/// multiplies, with RAdam's rectification when enabled.
+#[derive(Clone, Copy)]
+pub(super) struct AdamStep {
+    /// Multiplies m1 / (sqrt(m2) + epsilon); None: the step is `first * m1`.
+    scale: Option<f32>,
+    first: f32,
+    eps: f32,
+}
+
+impl AdamStep {
+    pub(super) fn new(b1: f32, b2: f32, eps: f32, iter: i64, radam: bool) -> AdamStep {
+        let t = (iter + 1) as f64;
+        let (b1, b2) = (f64::from(b1), f64::from(b2));
+        let first = 1.0 / (1.0 - b1.powf(t));
+        let corr = (1.0 - b2.powf(t)).sqrt() * first;
+        let scale = if radam {
+            let rho_inf = 2.0 / (1.0 - b2) - 1.0;
+            let rho_t = rho_inf - 2.0 * t * b2.powf(t) / (1.0 - b2.powf(t));
+            if rho_t >= 5.0 {
+                let r_t = ((rho_t - 4.0) * (rho_t - 2.0) / rho_t).sqrt()
+                    * (rho_inf / ((rho_inf - 4.0) * (rho_inf - 2.0))).sqrt();
+                Some((r_t * corr) as f32)
+            } else {
+                None
+            }
+        } else {
+            Some(corr as f32)
+        };
+        AdamStep {
+            scale,
+            first: first as f32,
+            eps,
+        }
+    }
+
+    #[inline]
+    pub(super) fn step(&self, m1: f32, m2: f32) -> f32 {
+        match self.scale {
+            Some(c) => c * m1 / (m2.sqrt() + self.eps),
+            None => self.first * m1,
+        }
+    }
+}
+
 pub fn schemas() -> Vec<OpSchema> {
     const FILL_ARGS: &[crate::operator::ArgDoc] = &[SHAPE, EXTRA_SHAPE, INPUT_AS_SHAPE];
     let filler = |name: &'static str, build: crate::operator::BuildFn, doc: &'static str| {
@@ -99,8 +151,9 @@ pub fn schemas() -> Vec<OpSchema> {
                 arg!("beta1", "float", "0.9", "first moment decay"),
                 arg!("beta2", "float", "0.999", "second moment decay"),
                 arg!("epsilon", "float", "1e-5", "added to the second moment's square root"),
+                RADAM_ARG,
             ])
-            .doc("Inputs (param, moment_1, moment_2, grad, lr, iter), outputs (param, moment_1, moment_2[, the effective gradient]), in place or not: t = iter + 1, m1 = b1 m1 + (1 - b1) g, m2 = b2 m2 + (1 - b2) g^2, param += lr * sqrt(1 - b2^t) / (1 - b1^t) * m1 / (sqrt(m2) + epsilon)."),
+            .doc("Inputs (param, moment_1, moment_2, grad, lr, iter), outputs (param, moment_1, moment_2[, the effective gradient]), in place or not: t = iter + 1, m1 = b1 m1 + (1 - b1) g, m2 = b2 m2 + (1 - b2) g^2, param += lr * sqrt(1 - b2^t) / (1 - b1^t) * m1 / (sqrt(m2) + epsilon). With enableRAdam, the step is rectified: times r_t while rho_t >= 5, else m1 / (1 - b1^t)."),
     ];
     v.extend(adagrad_schemas());
     v.extend(adaptive_schemas());
@@ -270,7 +323,7 @@ pub(super) fn f32_in<'l>(
     }
 }
 
-fn check_like(l: &Locked<'_>, op: &str, i: usize, like: usize) -> Result<()> {
+pub(super) fn check_like(l: &Locked<'_>, op: &str, i: usize, like: usize) -> Result<()> {
     let (a, b) = (l.tensor(i)?.shape(), l.tensor(like)?.shape());
     if a != b {
         let name = l.input_name(i);
@@ -283,7 +336,7 @@ fn check_like(l: &Locked<'_>, op: &str, i: usize, like: usize) -> Result<()> {
     Ok(())
 }
 
-fn scalar_f32(l: &Locked<'_>, op: &str, i: usize, what: &str) -> Result<f32> {
+pub(super) fn scalar_f32(l: &Locked<'_>, op: &str, i: usize, what: &str) -> Result<f32> {
     let a = f32_in(l, op, i, what)?;
     if a.len() != 1 {
         let name = l.input_name(i);
@@ -355,6 +408,7 @@ fn build_adam(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let b1 = ctx.args.f32("beta1", 0.9)?;
     let b2 = ctx.args.f32("beta2", 0.999)?;
     let eps = ctx.args.f32("epsilon", 1e-5)?;
+    let radam = ctx.args.bool("enableRAdam", false)?;
     let out_grad = ctx.num_outputs() == 4;
     const OP: &str = "Adam";
     Ok(kernel(move |cx| {
@@ -367,20 +421,8 @@ fn build_adam(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             check_like(&l, OP, i, 0)?;
         }
         let lr = scalar_f32(&l, OP, 4, "the learning rate")?;
-        let name = l.input_name(5).to_string();
-        let iter = match l.tensor(5)? {
-            Tensor::I64(a) if a.len() == 1 => a.iter().copied().next().unwrap_or(0),
-            t => {
-                return Err(Error::type_error(format!(
-                    "Adam: the iteration ('{name}') must be an int64 tensor of one element, got {} of shape {:?}",
-                    t.dtype(),
-                    t.shape()
-                ))
-                .with_blob(&name))
-            }
-        };
-        let t = (iter + 1) as f64;
-        let corr = ((1.0 - f64::from(b2).powf(t)).sqrt() / (1.0 - f64::from(b1).powf(t))) as f32;
+        let iter = super::optim_extra::iteration(&l, OP, 5)?;
+        let rule = AdamStep::new(b1, b2, eps, iter, radam);
         let (mut np, mut m1, mut m2) = (
             f32_in(&l, OP, 0, "")?.clone(),
             f32_in(&l, OP, 1, "")?.clone(),
@@ -396,7 +438,7 @@ fn build_adam(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
                 let gv = *g;
                 *a = *a * b1 + gv * (1.0 - b1);
                 *b = *b * b2 + gv * gv * (1.0 - b2);
-                let step = corr * *a / (b.sqrt() + eps);
+                let step = rule.step(*a, *b);
                 *p += lr * step;
                 *g = step;
             });
@@ -485,8 +527,19 @@ fn adagrad_schemas() -> Vec<OpSchema> {
                 arg!("beta1", "float", "0.9", "first moment decay"),
                 arg!("beta2", "float", "0.999", "second moment decay"),
                 arg!("epsilon", "float", "1e-5", "added to the second moment's square root"),
+                RADAM_ARG,
             ])
-            .doc("Inputs (param, moment_1, moment_2, indices, grad, lr, iter), outputs (param, moment_1, moment_2[, the effective gradient]) in place (float32): Adam on the rows at the indices (grad has one row per index, in order)."),
+            .doc("Inputs (param, moment_1, moment_2, indices, grad, lr, iter), outputs (param, moment_1, moment_2[, the effective gradient]) in place (float32): Adam (or RAdam with enableRAdam) on the rows at the indices (grad has one row per index, in order)."),
+        OpSchema::new("RowWiseSparseAdam", build_sparse_adam)
+            .inputs(7, 7)
+            .outputs(3, 4)
+            .inplace(InPlace::Enforce(adam_in_place))
+            .args(&[
+                arg!("beta1", "float", "0.9", "first moment decay"),
+                arg!("beta2", "float", "0.999", "second moment decay"),
+                arg!("epsilon", "float", "1e-5", "added to the second moment's square root"),
+            ])
+            .doc("Inputs (param, moment_1, moment_2, indices, grad, lr, iter), outputs (param, moment_1, moment_2[, the effective gradient]) in place (float32): SparseAdam with one second moment per row of param (moment_2 of param's dim 0 elements), fed the mean of the row's squared gradient."),
         OpSchema::new("RowWiseSparseAdagrad", build_sparse_adagrad)
             .inputs(5, 5)
             .outputs(2, 2)
@@ -622,7 +675,7 @@ fn build_sparse_adagrad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 
 /// (rows of `param` at input `pi`, the row length) for a sparse update
 /// whose indices are input `ii` and gradient rows input `gi`.
-fn sparse_rows(
+pub(super) fn sparse_rows(
     l: &Locked<'_>,
     op: &str,
     pi: usize,
@@ -653,12 +706,12 @@ fn sparse_rows(
     Ok((rows, block))
 }
 
-fn vec_of(l: &Locked<'_>, op: &str, i: usize) -> Result<(Vec<f32>, Vec<usize>)> {
+pub(super) fn vec_of(l: &Locked<'_>, op: &str, i: usize) -> Result<(Vec<f32>, Vec<usize>)> {
     let a = f32_in(l, op, i, "")?;
     Ok((a.iter().copied().collect(), a.shape().to_vec()))
 }
 
-fn arr(shape: &[usize], v: Vec<f32>) -> Result<Tensor> {
+pub(super) fn arr(shape: &[usize], v: Vec<f32>) -> Result<Tensor> {
     ArrayD::from_shape_vec(ndarray::IxDyn(shape), v)
         .map(Tensor::from)
         .map_err(|e| Error::internal(e.to_string()))
@@ -890,45 +943,64 @@ fn build_sparse_momentum(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     }))
 }
 
+/// SparseAdam (optionally RAdam) and RowWiseSparseAdam (one second
+/// moment per row, fed the row's mean squared gradient).
 fn build_sparse_adam(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let b1 = ctx.args.f32("beta1", 0.9)?;
     let b2 = ctx.args.f32("beta2", 0.999)?;
     let eps = ctx.args.f32("epsilon", 1e-5)?;
+    let row_wise = ctx.op_type() == "RowWiseSparseAdam";
+    let radam = !row_wise && ctx.args.bool("enableRAdam", false)?;
     let out_grad = ctx.num_outputs() == 4;
-    const OP: &str = "SparseAdam";
+    let op = ctx.op_type().to_string();
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
-        let (rows, block) = sparse_rows(&l, OP, 0, 3, 4)?;
-        for i in 1..3 {
-            f32_in(&l, OP, i, "a moment")?;
-            check_like(&l, OP, i, 0)?;
-        }
-        let lr = scalar_f32(&l, OP, 5, "the learning rate")?;
-        let name = l.input_name(6).to_string();
-        let iter = match l.tensor(6)? {
-            Tensor::I64(a) if a.len() == 1 => a.iter().copied().next().unwrap_or(0),
-            t => {
-                return Err(Error::type_error(format!(
-                    "{OP}: the iteration ('{name}') must be an int64 tensor of one element, got {} of shape {:?}",
-                    t.dtype(),
-                    t.shape()
+        let op = op.as_str();
+        let (rows, block) = sparse_rows(&l, op, 0, 3, 4)?;
+        f32_in(&l, op, 1, "moment_1")?;
+        check_like(&l, op, 1, 0)?;
+        let m2_in = f32_in(&l, op, 2, "moment_2")?;
+        if row_wise {
+            let n = l.tensor(0)?.shape()[0];
+            if m2_in.len() != n {
+                return Err(Error::shape(format!(
+                    "{op}: moment_2 ('{}', shape {:?}) must hold one value per row of the parameter ({n})",
+                    l.input_name(2),
+                    m2_in.shape()
                 ))
-                .with_blob(&name))
+                .with_blob(l.input_name(2)));
             }
-        };
-        let t = (iter + 1) as f64;
-        let corr = ((1.0 - f64::from(b2).powf(t)).sqrt() / (1.0 - f64::from(b1).powf(t))) as f32;
-        let (mut p, ps) = vec_of(&l, OP, 0)?;
-        let (mut m1, m1s) = vec_of(&l, OP, 1)?;
-        let (mut m2, m2s) = vec_of(&l, OP, 2)?;
-        let (mut g, gs) = vec_of(&l, OP, 4)?;
+        } else {
+            check_like(&l, op, 2, 0)?;
+        }
+        let lr = scalar_f32(&l, op, 5, "the learning rate")?;
+        let iter = super::optim_extra::iteration(&l, op, 6)?;
+        let rule = AdamStep::new(b1, b2, eps, iter, radam);
+        let (mut p, ps) = vec_of(&l, op, 0)?;
+        let (mut m1, m1s) = vec_of(&l, op, 1)?;
+        let (mut m2, m2s) = vec_of(&l, op, 2)?;
+        let (mut g, gs) = vec_of(&l, op, 4)?;
         for (i, &r) in rows.iter().enumerate() {
+            if row_wise {
+                let row = &g[i * block..(i + 1) * block];
+                let mean = if block == 0 {
+                    0.0
+                } else {
+                    row.iter().map(|v| v * v).sum::<f32>() / block as f32
+                };
+                m2[r] = m2[r] * b2 + mean * (1.0 - b2);
+            }
             for j in 0..block {
                 let (gi, k) = (i * block + j, r * block + j);
                 let gv = g[gi];
                 m1[k] = m1[k] * b1 + gv * (1.0 - b1);
-                m2[k] = m2[k] * b2 + gv * gv * (1.0 - b2);
-                let step = corr * m1[k] / (m2[k].sqrt() + eps);
+                let v = if row_wise {
+                    m2[r]
+                } else {
+                    m2[k] = m2[k] * b2 + gv * gv * (1.0 - b2);
+                    m2[k]
+                };
+                let step = rule.step(m1[k], v);
                 p[k] += lr * step;
                 g[gi] = step;
             }
