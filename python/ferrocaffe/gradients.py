@@ -505,6 +505,17 @@ def _softmax_with_loss_grad(op, g_output):
     return [_op("SoftmaxWithLossGradient", ins, [w.GI(0)])], g_in
 
 
+@_register("SpatialSoftmaxWithLoss")
+def _spatial_softmax_with_loss_grad(op, g_output):
+    # (X, labels[, weights], P, dLoss) -> dX, as Caffe2's maker.
+    w = GradientWrapper(op, g_output)
+    if w.GO(1) is None:
+        return [], [None] * len(op.input)
+    ins = list(op.input) + [w.O(0), w.GO(1)]
+    return ([_op("SpatialSoftmaxWithLossGradient", ins, [w.GI(0)])],
+            [w.GI(0)] + [None] * (len(op.input) - 1))
+
+
 @_register("LabelCrossEntropy")
 def _lce_grad(op, g_output):
     w = GradientWrapper(op, g_output)

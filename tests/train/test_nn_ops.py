@@ -373,3 +373,56 @@ def test_math_op_gradients(fresh, shape, seed, op_type):
         x = x * rng.choice([-1.0, 1.0], shape)  # both signs, away from the kink at 0
     kwargs = {"alpha": 0.3} if op_type == "LeakyRelu" else {}
     check_grad(core.CreateOperator(op_type, ["X"], ["Y"], **kwargs), [x], [0])
+
+
+# ------------------------------------------------- SpatialSoftmaxWithLoss --
+
+
+def spatial_swl_ref(x, labels, weights=None):
+    """numpy: softmax over dim 1 at each pixel; loss = weighted mean of
+    -log p[label] over the pixels whose label is not -1."""
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    p = e / e.sum(axis=1, keepdims=True)
+    w = np.ones(labels.shape) if weights is None else weights
+    total = wsum = 0.0
+    for i, y, xx in np.ndindex(*labels.shape):
+        t = labels[i, y, xx]
+        if t != -1:
+            total += -np.log(max(p[i, t, y, xx], 1e-20)) * w[i, y, xx]
+            wsum += w[i, y, xx]
+    return p, (total / wsum if wsum else 0.0)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_spatial_softmax_with_loss_and_its_gradient(fresh, weighted):
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, 3, 2, 2))
+    labels = rng.integers(0, 3, (2, 2, 2)).astype(np.int32)
+    labels[0, 1, 1] = -1  # a pixel that does not count
+    inputs = {"x": x, "t": labels}
+    w = None
+    if weighted:
+        w = rng.random((2, 2, 2)) + 0.5
+        inputs["w"] = w
+    p, loss = run("SpatialSoftmaxWithLoss", inputs, ["p", "loss"])
+    want_p, want_loss = spatial_swl_ref(x, labels, w)
+    np.testing.assert_allclose(p, want_p, rtol=1e-12)
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-12)
+    op = core.CreateOperator("SpatialSoftmaxWithLoss", list(inputs), ["p", "loss"])
+    ok, grad, est = GradientChecker(stepsize=1e-6, threshold=1e-5).CheckSimple(op, list(inputs.values()), 0, [1])
+    assert ok, (grad, est)
+    # The -1 pixel gets no gradient.
+    assert np.all(grad[0, :, 1, 1] == 0)
+
+
+def test_spatial_softmax_with_loss_errors(fresh):
+    x = np.zeros((1, 2, 2, 2))
+    with pytest.raises(errors.InvalidArgumentError, match="label 2 is outside"):
+        run("SpatialSoftmaxWithLoss", {"x": x, "t": np.full((1, 2, 2), 2, np.int32)}, ["p", "l"])
+    with pytest.raises(errors.ShapeError, match=r"must have shape \[1, 2, 2\]"):
+        run("SpatialSoftmaxWithLoss", {"x": x, "t": np.zeros((1, 2), np.int32)}, ["p", "l"])
+    with pytest.raises(errors.ShapeError, match="4 dims"):
+        run("SpatialSoftmaxWithLoss", {"x": np.zeros((2, 2)), "t": np.zeros((2,), np.int32)}, ["p", "l"])
+    # Every pixel ignored: the loss is 0.
+    _, loss = run("SpatialSoftmaxWithLoss", {"x": x, "t": np.full((1, 2, 2), -1, np.int32)}, ["p", "l"])
+    assert loss == 0.0

@@ -422,6 +422,16 @@ pub fn schemas() -> Vec<OpSchema> {
             .outputs(1, 1)
             .args(SWL_ARGS)
             .doc("Gradient of SoftmaxWithLoss: inputs (X, labels[, weights], P, dLoss), output dX."),
+        OpSchema::new("SpatialSoftmaxWithLoss", build_spatial_swl)
+            .inputs(2, 3)
+            .outputs(2, 2)
+            .args(&[arg!("scale", "float", "1", "multiplies the gradient (as Caffe2's, not the loss)")])
+            .doc("Inputs (logits X (N x D x H x W), labels (N x H x W int32; -1: a pixel that does not count), optional weights (N x H x W)); outputs (P: the softmax over D at each pixel, the scalar loss: the weighted mean of -log P[label] over the counted pixels, 0 when none count)."),
+        OpSchema::new("SpatialSoftmaxWithLossGradient", build_spatial_swl_grad)
+            .inputs(4, 5)
+            .outputs(1, 1)
+            .args(&[arg!("scale", "float", "1", "multiplies the gradient")])
+            .doc("Gradient of SpatialSoftmaxWithLoss: inputs (X, labels[, weights], P, dLoss), output dX = (P - onehot(label)) * weight * scale / total weight * dLoss, 0 at pixels labelled -1."),
         OpSchema::new("LabelCrossEntropy", build_lce)
             .inputs(2, 2)
             .outputs(1, 1)
@@ -2510,6 +2520,175 @@ fn build_weighted_sum_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
                 l.set_output(pairs + p, Tensor::from(dw));
             }
         }
+        Ok(true)
+    }))
+}
+
+// ---------------------------------------------- SpatialSoftmaxWithLoss --
+
+/// (N, D, H * W) of the logits, with the labels (and weights) checked
+/// against N x H x W.
+fn spatial_dims(l: &Locked<'_>, op: &str, weights: Option<usize>) -> Result<(usize, usize, usize)> {
+    let xs = l.tensor(0)?.shape().to_vec();
+    if xs.len() != 4 {
+        return Err(Error::shape(format!(
+            "{op}: the logits ('{}', shape {xs:?}) must have 4 dims (N, D, H, W)",
+            l.input_name(0)
+        ))
+        .with_blob(l.input_name(0)));
+    }
+    let want = [xs[0], xs[2], xs[3]];
+    for i in std::iter::once(1).chain(weights) {
+        let s = l.tensor(i)?.shape();
+        if s != want {
+            return Err(Error::shape(format!(
+                "{op}: input {i} ('{}', shape {s:?}) must have shape {want:?} (N, H, W)",
+                l.input_name(i)
+            ))
+            .with_blob(l.input_name(i)));
+        }
+    }
+    Ok((xs[0], xs[1], xs[2] * xs[3]))
+}
+
+/// Each pixel's (label or None for -1, weight), with labels checked.
+fn spatial_labels<T: Real>(
+    l: &Locked<'_>,
+    op: &str,
+    d: usize,
+    weights: Option<usize>,
+) -> Result<Vec<(Option<usize>, T)>> {
+    let lab = labels(l, op, 1)?;
+    let w: Option<Vec<T>> = match weights {
+        Some(i) => Some(dense(input::<T>(l, op, i)?).into_owned()),
+        None => None,
+    };
+    lab.iter()
+        .enumerate()
+        .map(|(k, &t)| {
+            let wt = w.as_ref().map_or(T::of(1.0), |w| w[k]);
+            if t == -1 {
+                Ok((None, wt))
+            } else if t >= 0 && (t as usize) < d {
+                Ok((Some(t as usize), wt))
+            } else {
+                Err(
+                    Error::invalid_arg(format!("{op}: label {t} is outside [0, {d}) (and not -1)"))
+                        .with_blob(l.input_name(1)),
+                )
+            }
+        })
+        .collect()
+}
+
+fn spatial_swl_t<T: Real>(l: &mut Locked<'_>, weights: Option<usize>) -> Result<()> {
+    const OP: &str = "SpatialSoftmaxWithLoss";
+    let (n, d, hw) = spatial_dims(l, OP, weights)?;
+    let lab = spatial_labels::<T>(l, OP, d, weights)?;
+    let xa = input::<T>(l, OP, 0)?;
+    let shape = xa.shape().to_vec();
+    let x = dense(xa);
+    let mut p = vec![T::of(0.0); x.len()];
+    let (mut total, mut wsum) = (T::of(0.0), T::of(0.0));
+    let floor = T::of(1e-20);
+    for i in 0..n {
+        for q in 0..hw {
+            let at = |c: usize| (i * d + c) * hw + q;
+            let m = (0..d).fold(x[at(0)], |m, c| if x[at(c)] > m { x[at(c)] } else { m });
+            let mut z = T::of(0.0);
+            for c in 0..d {
+                p[at(c)] = (x[at(c)] - m).exp();
+                z = z + p[at(c)];
+            }
+            for c in 0..d {
+                p[at(c)] = p[at(c)] / z;
+            }
+            if let (Some(t), wt) = lab[i * hw + q] {
+                let pt = if p[at(t)] > floor { p[at(t)] } else { floor };
+                wsum += wt;
+                total += -pt.ln() * wt;
+            }
+        }
+    }
+    let loss = if wsum != T::of(0.0) {
+        total / wsum
+    } else {
+        T::of(0.0)
+    };
+    l.set_output(0, T::wrap(array(&shape, p)?));
+    l.set_output(1, T::wrap(array(&[], vec![loss])?));
+    Ok(())
+}
+
+fn build_spatial_swl(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let weights = (ctx.num_inputs() > 2).then_some(2);
+    ctx.args.f32("scale", 1.0)?;
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        by_real!(
+            &l,
+            "SpatialSoftmaxWithLoss",
+            0,
+            spatial_swl_t(&mut l, weights)
+        )?;
+        Ok(true)
+    }))
+}
+
+fn spatial_swl_grad_t<T: Real>(l: &mut Locked<'_>, ni: usize, scale: f64) -> Result<()> {
+    const OP: &str = "SpatialSoftmaxWithLossGradient";
+    // Inputs (X, labels[, weights], P, dLoss).
+    let weights = (ni > 4).then_some(2);
+    let (n, d, hw) = spatial_dims(l, OP, weights)?;
+    let lab = spatial_labels::<T>(l, OP, d, weights)?;
+    let pa = input::<T>(l, OP, ni - 2)?;
+    let shape = l.tensor(0)?.shape().to_vec();
+    if pa.shape() != shape.as_slice() {
+        return Err(Error::shape(format!(
+            "{OP}: P ('{}', shape {:?}) must have the logits' shape {shape:?}",
+            l.input_name(ni - 2),
+            pa.shape()
+        ))
+        .with_blob(l.input_name(ni - 2)));
+    }
+    let g = T::of(loss_grad(l, OP, ni - 1)?);
+    let p = dense(pa);
+    let wsum = lab
+        .iter()
+        .filter(|(t, _)| t.is_some())
+        .fold(T::of(0.0), |s, &(_, w)| s + w);
+    let norm = if wsum > T::of(0.0) {
+        T::of(scale) / wsum
+    } else {
+        T::of(1.0)
+    };
+    let mut dx = vec![T::of(0.0); p.len()];
+    for i in 0..n {
+        for q in 0..hw {
+            if let (Some(t), wt) = lab[i * hw + q] {
+                for c in 0..d {
+                    let k = (i * d + c) * hw + q;
+                    let v = if c == t { p[k] - T::of(1.0) } else { p[k] };
+                    dx[k] = v * wt * norm * g;
+                }
+            }
+        }
+    }
+    l.set_output(0, T::wrap(array(&shape, dx)?));
+    Ok(())
+}
+
+fn build_spatial_swl_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let ni = ctx.num_inputs();
+    let scale = ctx.args.f32("scale", 1.0)? as f64;
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        by_real!(
+            &l,
+            "SpatialSoftmaxWithLossGradient",
+            0,
+            spatial_swl_grad_t(&mut l, ni, scale)
+        )?;
         Ok(true)
     }))
 }
