@@ -23,7 +23,7 @@ fn fill_in_place(i: usize, o: usize) -> bool {
 }
 
 /// MomentumSGDUpdate: (grad, moment, lr, param) -> (grad, moment, param).
-fn momentum_in_place(i: usize, o: usize) -> bool {
+pub(super) fn momentum_in_place(i: usize, o: usize) -> bool {
     matches!((i, o), (0, 0) | (1, 1) | (3, 2))
 }
 
@@ -33,7 +33,9 @@ fn sparse_momentum_in_place(i: usize, o: usize) -> bool {
     matches!((i, o), (1, 1) | (3, 2))
 }
 
-/// Adam: (param, moment_1, moment_2, grad, lr, iter) -> (param, moment_1, moment_2[, grad]).
+/// Outputs 0, 1 and 2 over inputs 0, 1 and 2: Adam's (param, moment_1,
+/// moment_2, ...), RmsProp's (grad, mean_squares, mom, lr) and Adadelta's
+/// (param, moment, moment_delta, ...) state.
 fn adam_in_place(i: usize, o: usize) -> bool {
     matches!((i, o), (0, 0) | (1, 1) | (2, 2))
 }
@@ -455,7 +457,7 @@ fn build_adam(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 // ------------------------------------------------------- Adagrad family --
 
 /// Adagrad and the sparse ones: param and moment are updated in place.
-fn adagrad_in_place(i: usize, o: usize) -> bool {
+pub(super) fn adagrad_in_place(i: usize, o: usize) -> bool {
     matches!((i, o), (0, 0) | (1, 1))
 }
 
@@ -719,16 +721,6 @@ pub(super) fn arr(shape: &[usize], v: Vec<f32>) -> Result<Tensor> {
 
 // ------------------------------------------------ RmsProp and Adadelta --
 
-/// RmsProp: (grad, mean_squares, mom, lr) -> (grad_o, mean_squares, mom).
-fn rmsprop_in_place(i: usize, o: usize) -> bool {
-    matches!((i, o), (0, 0) | (1, 1) | (2, 2))
-}
-
-/// Adadelta: (param, moment, moment_delta, grad, lr) -> the first three.
-fn adadelta_in_place(i: usize, o: usize) -> bool {
-    matches!((i, o), (0, 0) | (1, 1) | (2, 2))
-}
-
 fn adaptive_schemas() -> Vec<OpSchema> {
     const ADADELTA_ARGS: &[crate::operator::ArgDoc] = &[
         arg!("epsilon", "float", "1e-5", "added inside both square roots"),
@@ -738,7 +730,7 @@ fn adaptive_schemas() -> Vec<OpSchema> {
         OpSchema::new("RmsProp", build_rmsprop)
             .inputs(4, 4)
             .outputs(3, 3)
-            .inplace(InPlace::Allow(rmsprop_in_place))
+            .inplace(InPlace::Allow(adam_in_place))
             .args(&[
                 arg!("decay", "float", "0.9", "the mean square's decay"),
                 arg!("momentum", "float", "0", "the moment's decay"),
@@ -748,13 +740,13 @@ fn adaptive_schemas() -> Vec<OpSchema> {
         OpSchema::new("Adadelta", build_adadelta)
             .inputs(5, 5)
             .outputs(3, 3)
-            .inplace(InPlace::Allow(adadelta_in_place))
+            .inplace(InPlace::Allow(adam_in_place))
             .args(ADADELTA_ARGS)
             .doc("Inputs (param, moment, moment_delta, grad, lr), outputs (param, moment, moment_delta), in place or not (float32): moment = decay * moment + (1 - decay) * g^2, step = sqrt(moment_delta + epsilon) / sqrt(moment + epsilon) * g, param += lr * step, moment_delta = decay * moment_delta + (1 - decay) * step^2."),
         OpSchema::new("SparseAdadelta", build_adadelta)
             .inputs(6, 6)
             .outputs(3, 3)
-            .inplace(InPlace::Enforce(adadelta_in_place))
+            .inplace(InPlace::Enforce(adam_in_place))
             .args(ADADELTA_ARGS)
             .doc("Inputs (param, moment, moment_delta, indices, grad, lr), outputs (param, moment, moment_delta) in place (float32): Adadelta on the rows at the indices (grad has one row per index, applied in order)."),
         OpSchema::new("Lars", build_lars)

@@ -14,23 +14,16 @@
 #![allow(clippy::result_large_err)]
 
 use super::kernel;
-use super::optim::{arr, check_like, f32_in, scalar_f32, sparse_rows, vec_of};
+use super::optim::{
+    adagrad_in_place, arr, check_like, f32_in, momentum_in_place, scalar_f32, sparse_rows, vec_of,
+};
 use crate::arg;
 use crate::error::{Error, Result};
 use crate::operator::{InPlace, Locked, OpDefCtx, OpSchema, Operator};
 use crate::tensor::Tensor;
 
-/// (grad, moment, lr, param) -> (grad, moment, param).
-fn momentum_in_place(i: usize, o: usize) -> bool {
-    matches!((i, o), (0, 0) | (1, 1) | (3, 2))
-}
-
 fn yf_in_place(i: usize, o: usize) -> bool {
     i == o && i < 8
-}
-
-fn first_two(i: usize, o: usize) -> bool {
-    matches!((i, o), (0, 0) | (1, 1))
 }
 
 fn first_three(i: usize, o: usize) -> bool {
@@ -101,7 +94,7 @@ pub fn schemas() -> Vec<OpSchema> {
         OpSchema::new("RowWiseCounter", build_row_counter)
             .inputs(4, 4)
             .outputs(2, 2)
-            .inplace(InPlace::Enforce(first_two))
+            .inplace(InPlace::Enforce(adagrad_in_place))
             .args(&[arg!("counter_halflife", "int", "-1", "iterations for a count to halve; <= 0 turns the op off")])
             .doc("Inputs (prev_iter int64, update_counter float64, indices, iter int64 [1]), outputs (prev_iter, update_counter) in place: for each index in order, counter = 1 + 2^(-max(0, iter - prev_iter) / counter_halflife) * counter and prev_iter = max(iter, prev_iter)."),
         OpSchema::new("FP32MomentumSGDUpdate", build_wd_momentum)
@@ -119,31 +112,31 @@ pub fn schemas() -> Vec<OpSchema> {
         OpSchema::new("Ftrl", build_ftrl)
             .inputs(3, 4)
             .outputs(2, 2)
-            .inplace(InPlace::Allow(first_two))
+            .inplace(InPlace::Allow(adagrad_in_place))
             .args(FTRL_ARGS)
             .doc("Inputs (var, n_z, grad[, alpha]), outputs (var, n_z), in place or not (float32; n_z holds (n, z) pairs, twice var's size): n' = n + g^2, sigma = (sqrt(n') - sqrt(n)) / alpha, z += g - sigma * var, var = |z| > lambda1 ? (lambda1 sign(z) - z) / ((beta + sqrt(n')) / alpha + lambda2) : 0."),
         OpSchema::new("SparseFtrl", build_ftrl)
             .inputs(4, 5)
             .outputs(2, 2)
-            .inplace(InPlace::Enforce(first_two))
+            .inplace(InPlace::Enforce(adagrad_in_place))
             .args(FTRL_ARGS)
             .doc("Inputs (var, n_z, indices, grad[, alpha]), outputs (var, n_z) in place (float32): Ftrl on the rows of var at the indices (grad has one row per index, applied in order)."),
         OpSchema::new("GFtrl", build_ftrl)
             .inputs(3, 4)
             .outputs(2, 2)
-            .inplace(InPlace::Allow(first_two))
+            .inplace(InPlace::Allow(adagrad_in_place))
             .args(FTRL_ARGS)
             .doc("Group-lasso FTRL: inputs (var, n_z, grad[, alpha]), outputs (var, n_z), in place or not (float32; var seen as [grad dim 0, rest]): n and z as Ftrl's; per column j with |z_j| the L2 norm of its new z and d the row count, var = |z_j| > lambda1 sqrt(d) ? z (lambda1 sqrt(d) / |z_j| - 1) / ((beta + sqrt(n')) / alpha + lambda2) : 0."),
         OpSchema::new("Wngrad", build_wngrad)
             .inputs(4, 4)
             .outputs(2, 4)
-            .inplace(InPlace::Allow(first_two))
+            .inplace(InPlace::Allow(adagrad_in_place))
             .args(WNGRAD_ARGS)
             .doc("Inputs (param, seq_b, grad, lr), outputs (param, seq_b[, effective_lr[, update]]), in place or not (float32; seq_b and lr of one element): effective_lr = lr / (seq_b + epsilon), update = effective_lr * grad, param += update, seq_b += sum(grad^2) / (seq_b + epsilon)."),
         OpSchema::new("SparseWngrad", build_wngrad)
             .inputs(5, 5)
             .outputs(2, 2)
-            .inplace(InPlace::Enforce(first_two))
+            .inplace(InPlace::Enforce(adagrad_in_place))
             .args(WNGRAD_ARGS)
             .doc("Inputs (param, seq_b, indices, grad, lr), outputs (param, seq_b) in place (float32): Wngrad on the rows at the indices (grad has one row per index), seq_b growing by the sum of every grad value squared over (seq_b + epsilon)."),
         OpSchema::new("Storm", build_storm)
