@@ -47,6 +47,20 @@ const RADAM_ARG: crate::operator::ArgDoc = arg!(
     "rectified Adam: the step times r_t while rho_t >= 5, else the bias-corrected first moment"
 );
 
+/// Adam's, SparseAdam's and (without `enableRAdam`) RowWiseSparseAdam's
+/// arguments.
+const ADAM_ARGS: &[crate::operator::ArgDoc] = &[
+    arg!("beta1", "float", "0.9", "first moment decay"),
+    arg!("beta2", "float", "0.999", "second moment decay"),
+    arg!(
+        "epsilon",
+        "float",
+        "1e-5",
+        "added to the second moment's square root"
+    ),
+    RADAM_ARG,
+];
+
 /// Adam's step for a given iteration: `step(m1, m2)` is what `lr`
 /// multiplies, with RAdam's rectification when enabled.
 #[derive(Clone, Copy)]
@@ -149,12 +163,7 @@ pub fn schemas() -> Vec<OpSchema> {
             .inputs(6, 6)
             .outputs(3, 4)
             .inplace(InPlace::Allow(adam_in_place))
-            .args(&[
-                arg!("beta1", "float", "0.9", "first moment decay"),
-                arg!("beta2", "float", "0.999", "second moment decay"),
-                arg!("epsilon", "float", "1e-5", "added to the second moment's square root"),
-                RADAM_ARG,
-            ])
+            .args(ADAM_ARGS)
             .doc("Inputs (param, moment_1, moment_2, grad, lr, iter), outputs (param, moment_1, moment_2[, the effective gradient]), in place or not: t = iter + 1, m1 = b1 m1 + (1 - b1) g, m2 = b2 m2 + (1 - b2) g^2, param += lr * sqrt(1 - b2^t) / (1 - b1^t) * m1 / (sqrt(m2) + epsilon). With enableRAdam, the step is rectified: times r_t while rho_t >= 5, else m1 / (1 - b1^t)."),
     ];
     v.extend(adagrad_schemas());
@@ -525,22 +534,13 @@ fn adagrad_schemas() -> Vec<OpSchema> {
             .inputs(7, 7)
             .outputs(3, 4)
             .inplace(InPlace::Enforce(adam_in_place))
-            .args(&[
-                arg!("beta1", "float", "0.9", "first moment decay"),
-                arg!("beta2", "float", "0.999", "second moment decay"),
-                arg!("epsilon", "float", "1e-5", "added to the second moment's square root"),
-                RADAM_ARG,
-            ])
+            .args(ADAM_ARGS)
             .doc("Inputs (param, moment_1, moment_2, indices, grad, lr, iter), outputs (param, moment_1, moment_2[, the effective gradient]) in place (float32): Adam (or RAdam with enableRAdam) on the rows at the indices (grad has one row per index, in order)."),
         OpSchema::new("RowWiseSparseAdam", build_sparse_adam)
             .inputs(7, 7)
             .outputs(3, 4)
             .inplace(InPlace::Enforce(adam_in_place))
-            .args(&[
-                arg!("beta1", "float", "0.9", "first moment decay"),
-                arg!("beta2", "float", "0.999", "second moment decay"),
-                arg!("epsilon", "float", "1e-5", "added to the second moment's square root"),
-            ])
+            .args(&ADAM_ARGS[..3])
             .doc("Inputs (param, moment_1, moment_2, indices, grad, lr, iter), outputs (param, moment_1, moment_2[, the effective gradient]) in place (float32): SparseAdam with one second moment per row of param (moment_2 of param's dim 0 elements), fed the mean of the row's squared gradient."),
         OpSchema::new("RowWiseSparseAdagrad", build_sparse_adagrad)
             .inputs(5, 5)
