@@ -144,13 +144,20 @@ def test_build_adadelta_takes_adadelta_steps(fresh):
         "y_w_squared_moment", "y_w_squared_moment_update", "y_b_squared_moment", "y_b_squared_moment_update"}
 
 
-def test_rms_prop_refuses_sparse_gradients(fresh):
+def _sparse_table_model():
+    """A 4 x 2 table of ones read by Gather at the blob "idx", averaged into
+    the loss: its gradient is a GradientSlice."""
     model = model_helper.ModelHelper(name="emb")
     table = model.param_init_net.ConstantFill([], "table", shape=[4, 2], value=1.0)
     model.params.append(table)
     rows = model.net.Gather([table, "idx"], "rows")
     loss = model.net.AveragedLoss(rows, "loss")
     model.AddGradientOperators([loss])
+    return model
+
+
+def test_rms_prop_refuses_sparse_gradients(fresh):
+    model = _sparse_table_model()
     with pytest.raises(AssertionError, match="sparse"):
         optimizer.build_rms_prop(model, base_learning_rate=0.1)
 
@@ -384,12 +391,7 @@ def test_build_decay_adagrad_takes_steps_with_the_iteration(fresh):
 
 @pytest.mark.parametrize("build", ["build_wngrad", "build_storm", "build_decay_adagrad"])
 def test_new_optimizers_update_sparse_rows_only(fresh, build):
-    model = model_helper.ModelHelper(name="emb")
-    table = model.param_init_net.ConstantFill([], "table", shape=[4, 2], value=1.0)
-    model.params.append(table)
-    rows = model.net.Gather([table, "idx"], "rows")
-    loss = model.net.AveragedLoss(rows, "loss")
-    model.AddGradientOperators([loss])
+    model = _sparse_table_model()
     getattr(optimizer, build)(model, base_learning_rate=0.1)
     workspace.FeedBlob("idx", np.array([2, 0, 2], np.int32))
     workspace.RunNetOnce(model.param_init_net)
@@ -614,12 +616,7 @@ def test_build_adam_with_radam_takes_rectified_steps(fresh):
 
 
 def test_build_adam_row_wise_on_a_sparse_table(fresh):
-    model = model_helper.ModelHelper(name="emb")
-    table = model.param_init_net.ConstantFill([], "table", shape=[4, 2], value=1.0)
-    model.params.append(table)
-    rows = model.net.Gather([table, "idx"], "rows")
-    loss = model.net.AveragedLoss(rows, "loss")
-    model.AddGradientOperators([loss])
+    model = _sparse_table_model()
     opt = optimizer.build_adam(model, base_learning_rate=0.1, rowWise=True)
     workspace.FeedBlob("idx", np.array([2, 0], np.int32))
     workspace.RunNetOnce(model.param_init_net)
@@ -790,12 +787,7 @@ def test_row_wise_counter_decays_each_rows_count(fresh):
 
 
 def test_row_wise_adagrad_with_counter_counts_row_updates(fresh):
-    model = model_helper.ModelHelper(name="emb")
-    table = model.param_init_net.ConstantFill([], "table", shape=[4, 2], value=1.0)
-    model.params.append(table)
-    rows = model.net.Gather([table, "idx"], "rows")
-    loss = model.net.AveragedLoss(rows, "loss")
-    model.AddGradientOperators([loss])
+    model = _sparse_table_model()
     opt = optimizer.build_adagrad(model, base_learning_rate=0.1, rowWise=True, counter_halflife=2)
     workspace.FeedBlob("idx", np.array([2, 0], np.int32))
     workspace.RunNetOnce(model.param_init_net)
