@@ -1068,7 +1068,9 @@ class Net:
     (that many auto-named outputs), or names/refs.
     """
 
-    # process-wide: base name -> how many nets took it
+    # process-wide: every net name handed out, and per base name where
+    # the search for a free "<base>_<k>" resumes
+    _net_names_used: set[str] = set()
     _net_names_used_counters: dict[str, int] = {}
     _names_lock = threading.Lock()
     operator_registry_: dict[str, Any] = {}
@@ -1086,15 +1088,25 @@ class Net:
     @staticmethod
     def _reset_used_names():
         with Net._names_lock:
+            Net._net_names_used = set()
             Net._net_names_used_counters = {}
 
     @staticmethod
     def _get_next_net_name(basename):
+        """``basename``, or ``<basename>_<k>`` for the smallest k free: a
+        name no net of this process had (as in Caffe2 1.x; its later
+        counter per base name could hand out "test_1" twice, once for the
+        second "test" and once for a net named "test_1")."""
         basename = "/".join(x for x in [Net.current_prefix(), basename] if x)
         with Net._names_lock:
-            next_idx = Net._net_names_used_counters.get(basename, 0)
-            Net._net_names_used_counters[basename] = next_idx + 1
-        return basename if next_idx == 0 else "{}_{}".format(basename, next_idx)
+            idx = Net._net_names_used_counters.get(basename, 0)
+            name = basename if idx == 0 else "{}_{}".format(basename, idx)
+            while name in Net._net_names_used:
+                idx += 1
+                name = "{}_{}".format(basename, idx)
+            Net._net_names_used_counters[basename] = idx + 1
+            Net._net_names_used.add(name)
+        return name
 
     def __init__(
         self,

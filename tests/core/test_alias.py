@@ -226,3 +226,18 @@ def test_registering_twice_is_harmless():
     assert r['finders'] == '1'
     assert r['same_core'] == 'True'
     assert r['b'] == str([6, 8])
+
+
+def test_the_package_namespace_shows_its_api_only():
+    # No helper modules (sys, types, importlib) or __future__ names leak
+    # into dir(ferrocaffe).
+    import ferrocaffe
+
+    import types
+
+    public = {n for n in dir(ferrocaffe) if not n.startswith('_')
+              and not (isinstance(getattr(ferrocaffe, n), types.ModuleType)
+                       and getattr(ferrocaffe, n).__name__ == 'ferrocaffe.' + n)}
+    # (submodules appear once imported, as in any package)
+    assert public == {'profile', 'register_caffe2_alias'}
+    assert set(ferrocaffe.__all__) <= public | {'__version__', 'errors'}
