@@ -231,9 +231,11 @@ class GradientRegistry:
 # maker does in place, and the names stay Caffe2's everywhere Caffe2 was
 # right.
 
-# A repeated input's later occurrences are shown to the maker under a
-# placeholder name, so that each occurrence gets its own gradient names;
-# the placeholder is taken out of every name afterwards.
+# A repeated input's later occurrences, and an input the op overwrites in
+# place, are shown to the maker under a placeholder name ("x\0<k>\0"), so
+# that each read gets gradient names of its own and a read of the input is
+# told from a read of the output; the placeholder is taken out of every
+# name afterwards.
 _DUP = re.compile("\x00[0-9]+\x00")
 
 
