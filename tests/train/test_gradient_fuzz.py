@@ -283,6 +283,7 @@ def check_net(net, ys, seed):
                     f"differences\nforward net:\n{net.Proto()}\nys: {[y.name for y in ys]}\n"
                     f"backward ops:\n{grad_net.Proto()}"
                 )
+    CHECKED.append(len(net.Proto().op))
 
 
 @settings(max_examples=EXAMPLES, **SETTINGS)
@@ -293,8 +294,13 @@ def _fuzz_gradients(case):
     check_net(net, ys, seed)
 
 
+CHECKED = []  # one entry per net checked to the end (redrawn ones not counted)
+
+
 def test_random_nets_have_the_gradients_of_central_differences(fresh):
     deadline = time.monotonic() + FUZZ_SECONDS
     _fuzz_gradients()
     while time.monotonic() < deadline:
         _fuzz_gradients()
+    print(f"gradient fuzzer: {len(CHECKED)} random nets checked against central differences")
+    assert CHECKED
