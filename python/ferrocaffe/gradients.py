@@ -883,25 +883,68 @@ def _python_grad(op, g_output):
     return [g], grads
 
 
-@_register("SoftmaxWithLoss")
+def _args_of(op, names):
+    """The forward op's arguments among ``names`` (for a gradient op that
+    takes only those)."""
+    return [a for a in op.arg if a.name in names]
+
+
+def _summed(ops, parts, out):
+    """``ops`` then the Sum of ``parts`` (gradient blobs) into ``out``; one
+    part is written to ``out`` directly by the op that makes it."""
+    if len(parts) == 1:
+        for g in ops:
+            g.output[:] = [out if o == parts[0] else o for o in g.output]
+        return ops
+    return ops + [_op("Sum", parts, [out])]
+
+
+@_register("SoftmaxWithLoss", copy_arguments=False)
 def _softmax_with_loss_grad(op, g_output):
+    """Caffe2's SoftmaxWithLossGradient for the loss; the gradient of the
+    softmax output P (Caffe2 dropped it) adds SoftmaxGradient(P, dP)."""
     w = GradientWrapper(op, g_output)
-    ins = list(op.input) + [w.O(0), w.GO(1)]
-    g_in = [w.GI(0)] + [None] * (len(op.input) - 1)
-    if w.GO(1) is None:
+    tmp = "_" + w.GI(0)
+    ops, parts = [], []
+    if w.GO(1) is not None:
+        g = _op("SoftmaxWithLossGradient", list(op.input) + [w.O(0), w.GO(1)], [tmp + "_loss"])
+        g.arg.extend(_args_of(op, ("scale", "label_prob", "axis", "only_loss")))
+        ops.append(g)
+        parts.append(tmp + "_loss")
+    if w.GO(0) is not None:
+        g = _op("SoftmaxGradient", [w.O(0), w.GO(0)], [tmp + "_P"])
+        g.arg.extend(_args_of(op, ("axis",)))
+        ops.append(g)
+        parts.append(tmp + "_P")
+    if not parts:
         return [], [None] * len(op.input)
-    return [_op("SoftmaxWithLossGradient", ins, [w.GI(0)])], g_in
+    return _summed(ops, parts, w.GI(0)), [w.GI(0)] + [None] * (len(op.input) - 1)
 
 
-@_register("SpatialSoftmaxWithLoss")
+@_register("SpatialSoftmaxWithLoss", copy_arguments=False)
 def _spatial_softmax_with_loss_grad(op, g_output):
-    # (X, labels[, weights], P, dLoss) -> dX, as Caffe2's maker.
+    """(X, labels[, weights], P, dLoss) -> dX, as Caffe2's maker; the
+    gradient of P (Caffe2 dropped it) adds P * (dP - sum over D of P dP)."""
     w = GradientWrapper(op, g_output)
-    if w.GO(1) is None:
+    tmp = "_" + w.GI(0)
+    ops, parts = [], []
+    if w.GO(1) is not None:
+        g = _op("SpatialSoftmaxWithLossGradient", list(op.input) + [w.O(0), w.GO(1)], [tmp + "_loss"])
+        g.arg.extend(_args_of(op, ("scale",)))
+        ops.append(g)
+        parts.append(tmp + "_loss")
+    if w.GO(0) is not None:
+        p, dp = w.O(0), w.GO(0)
+        ops += [
+            _op("Mul", [p, dp], [tmp + "_P_dP"]),
+            _op("ReduceSum", [tmp + "_P_dP"], [tmp + "_P_dP_sum"], axes=[1], keepdims=1),
+            _op("Sub", [dp, tmp + "_P_dP_sum"], [tmp + "_dP_centred"]),
+            _op("Mul", [p, tmp + "_dP_centred"], [tmp + "_P"]),
+        ]
+        parts.append(tmp + "_P")
+    if not parts:
         return [], [None] * len(op.input)
-    ins = list(op.input) + [w.O(0), w.GO(1)]
-    return ([_op("SpatialSoftmaxWithLossGradient", ins, [w.GI(0)])],
-            [w.GI(0)] + [None] * (len(op.input) - 1))
+    return _summed(ops, parts, w.GI(0)), [w.GI(0)] + [None] * (len(op.input) - 1)
 
 
 @_register("LabelCrossEntropy")
@@ -1074,13 +1117,16 @@ def _arg_f(op, name, default=0.0):
 
 @_register("BatchMatMul", copy_arguments=False)
 def _batch_matmul_grad(op, g_output):
-    if _arg_i(op, "broadcast"):
-        raise errors.InvalidArgumentError(
-            "Gradient is currently not supported with broadcast=1 for BatchMatMul.", op=op.type
-        )
     w = GradientWrapper(op, g_output)
     a, b, dy = w.I(0), w.I(1), w.GO(0)
     ta, tb = _arg_i(op, "trans_a"), _arg_i(op, "trans_b")
+    if _arg_i(op, "broadcast"):
+        # Caffe2 refused broadcast=1. The products of each batch summed over
+        # the batch dims an operand was broadcast along, a 1-D operand taken
+        # as BatchMatMul takes it: one op, as the ranks are not known here.
+        g = _op("BatchMatMulGradient", [a, b, dy], [w.GI(0), w.GI(1)], trans_a=ta, trans_b=tb,
+                broadcast=1)
+        return [g], [w.GI(0), w.GI(1)]
     if ta and tb:  # A'B': dA = B'G', dB = G'A'
         da = _op("BatchMatMul", [b, dy], [w.GI(0)], trans_a=1, trans_b=1)
         db = _op("BatchMatMul", [dy, a], [w.GI(1)], trans_a=1, trans_b=1)
@@ -1160,6 +1206,27 @@ def _expand_dims_grad(op, g_output):
     return [_op("Squeeze", [w.GO(0)], [w.GI(0)])], [w.GI(0)]
 
 
+@_register("Slice")
+def _slice_grad(op, g_output):
+    """Caffe2's SliceGradient: (data[, starts, ends], dY) -> d data, with
+    Slice's arguments."""
+    w = GradientWrapper(op, g_output)
+    ins = [w.I(i) for i in range(len(op.input))] + [w.GO(0)]
+    return [_op("SliceGradient", ins, [w.GI(0)])], [w.GI(0)] + [None] * (len(op.input) - 1)
+
+
+@_register("SumReduceLike", copy_arguments=False)
+def _sum_reduce_like_grad(op, g_output):
+    """Caffe2 had no maker. C = A summed down to B's shape, so A's gradient
+    is C's broadcast back onto A's shape (zeros shaped like A plus dC, with
+    the legacy broadcast of SumReduceLike's axis); B gives only a shape."""
+    w = GradientWrapper(op, g_output)
+    zeros = "_" + w.GI(0) + "_zeros"
+    add = _op("Add", [zeros, w.GO(0)], [w.GI(0)], broadcast=1)
+    add.arg.extend(a for a in op.arg if a.name in ("axis", "axis_str", "order"))
+    return [_op("ConstantFill", [w.I(0)], [zeros], value=0.0), add], [w.GI(0), None]
+
+
 @_register("Squeeze")
 def _squeeze_grad(op, g_output):
     w = GradientWrapper(op, g_output)
@@ -1226,8 +1293,12 @@ def _gather_grad(op, g_output):
             raise errors.InvalidArgumentError(
                 "Gather with axis > 0 must use dense_gradient", op=op.type
             )
+    if axis != 0 or _arg_i(op, "wrap_indices"):
+        # With wrap_indices (which Caffe2's maker left out) the gradient is
+        # dense whatever the axis: a GradientSlice's indices name rows.
+        wrap = {"wrap_indices": 1} if _arg_i(op, "wrap_indices") else {}
         g = _op("BatchGatherGradient", [w.I(0), w.I(1), w.GO(0)], [w.GI(0)], axis=axis,
-                **_match_outer(op))
+                **_match_outer(op), **wrap)
         return [g], [w.GI(0), None]
     if _arg_i(op, "dense_gradient"):
         return [_op("SparseToDense", [w.I(1), w.GO(0), w.I(0)], [w.GI(0)])], [w.GI(0), None]
@@ -1475,9 +1546,24 @@ for _t in ("MaxPool", "AveragePool"):
 _register("LpPool")(_pool_grad)
 
 
+def _only_first_output(op, g_output, what):
+    """A maker that differentiates output 0 only: a gradient given for
+    another output is an error (Caffe2 dropped it silently)."""
+    for name, g in zip(op.output[1:], g_output[1:]):
+        if g is not None:
+            raise errors.InvalidArgumentError(
+                f"{op.type}: output '{name}' ({what}) has a gradient, but {op.type}'s gradient "
+                f"takes only that of output '{op.output[0]}'; stop it with StopGradient",
+                op=op.type, blob=name,
+            )
+
+
 @_register("SpatialBN")
 def _spatial_bn_grad(op, g_output):
+    _only_first_output(op, g_output, "a statistic")
     w = GradientWrapper(op, g_output)
+    if w.GO(0) is None:
+        return [], [None] * len(op.input)
     if _arg_i(op, "is_test", 0):
         # Inference statistics: the estimated mean and variance.
         ins = [w.I(0), w.I(1), w.GO(0), w.I(3), w.I(4)]
@@ -1545,30 +1631,83 @@ def _mean_grad(op, g_output):
     return [_op("MeanGradient", [w.GO(0)], outs)], outs
 
 
-@_register("Moments")
+@_register("Moments", copy_arguments=False)
 def _moments_grad(op, g_output):
-    # (dmean, dvariance, X, mean) -> dX; both output gradients are needed,
-    # as in Caffe2.
+    """(dmean, dvariance, X, mean) -> dX, as Caffe2; an output without a
+    gradient (only the mean, or only the variance, used) gets zeros shaped
+    like it (Caffe2 passed None on and the backward net failed)."""
     w = GradientWrapper(op, g_output)
-    return [_op("MomentsGradient", [w.GO(0), w.GO(1), w.I(0), w.O(0)], [w.GI(0)])], [w.GI(0)]
+    if w.GO(0) is None and w.GO(1) is None:
+        return [], [None]
+    ops, gos = [], []
+    for i in range(2):
+        if w.GO(i) is None:
+            z = "_" + w.O(i) + "_grad_zeros"
+            ops.append(_op("ConstantFill", [w.O(i)], [z], value=0.0))
+            gos.append(z)
+        else:
+            gos.append(w.GO(i))
+    g = _op("MomentsGradient", gos + [w.I(0), w.O(0)], [w.GI(0)])
+    g.arg.extend(a for a in op.arg if a.name in ("axes", "keepdims"))
+    return ops + [g], [w.GI(0)]
 
 
-@_register("LayerNorm")
+@_register("LayerNorm", copy_arguments=False)
 def _layer_norm_grad(op, g_output):
-    # Inputs (dY, Y, mean, std, X[, gamma]) -> (dX[, dgamma, dbeta]), as
-    # Caffe2's maker.
+    """Inputs (dY, Y, mean, std, X[, gamma]) -> (dX[, dgamma, dbeta]), as
+    Caffe2's maker. The gradients of the mean and std outputs (Caffe2
+    dropped them) add, on X and the statistics flattened to 2-D at
+    ``axis``, MomentsGradient's dX for dmean and dvariance = dstd / (2 std)."""
     w = GradientWrapper(op, g_output)
-    ins = [w.GO(0), w.O(0), w.O(1), w.O(2), w.I(0)]
-    outs = [w.GI(0)]
-    if _arg_i(op, "elementwise_affine", 0):
-        ins.append(w.I(1))
-        outs += [w.GI(1), w.GI(2)]
-    return [_op("LayerNormGradient", ins, outs)], outs
+    affine = _arg_i(op, "elementwise_affine", 0)
+    tmp = "_" + w.GI(0)
+    ops, parts = [], []
+    outs = [w.GI(0)] + ([w.GI(1), w.GI(2)] if affine else [])
+    if w.GO(0) is not None:
+        ins = [w.GO(0), w.O(0), w.O(1), w.O(2), w.I(0)] + ([w.I(1)] if affine else [])
+        g = _op("LayerNormGradient", ins, [tmp + "_Y"] + outs[1:])
+        g.arg.extend(_args_of(op, ("axis", "epsilon", "elementwise_affine")))
+        ops.append(g)
+        parts.append(tmp + "_Y")
+    if w.GO(1) is not None or w.GO(2) is not None:
+        flat = {}
+        for name in (w.I(0), w.O(1), w.O(2), w.GO(1), w.GO(2)):
+            if name is not None:
+                f = _op("Flatten", [name], [tmp + "_flat_" + _strip(name)])
+                f.arg.extend(_args_of(op, ("axis",)))
+                ops.append(f)
+                flat[name] = f.output[0]
+        mean2, std2 = flat[w.O(1)], flat[w.O(2)]
+        if w.GO(1) is None:
+            dmean = tmp + "_dmean_zeros"
+            ops.append(_op("ConstantFill", [mean2], [dmean], value=0.0))
+        else:
+            dmean = flat[w.GO(1)]
+        if w.GO(2) is None:
+            dvar = tmp + "_dvar_zeros"
+            ops.append(_op("ConstantFill", [std2], [dvar], value=0.0))
+        else:
+            dvar = tmp + "_dvar"
+            ops += [_op("Div", [flat[w.GO(2)], std2], [dvar]), _op("Scale", [dvar], [dvar], scale=0.5)]
+        ops += [
+            _op("MomentsGradient", [dmean, dvar, flat[w.I(0)], mean2], [tmp + "_stats_flat"],
+                axes=[1], keepdims=1),
+            _op("ResizeLike", [tmp + "_stats_flat", w.I(0)], [tmp + "_stats"]),
+        ]
+        parts.append(tmp + "_stats")
+    if not parts:
+        return [], [None] * len(op.input)
+    # gamma and beta move Y only
+    grads = [w.GI(0)] + (outs[1:] if w.GO(0) is not None else [])
+    return _summed(ops, parts, w.GI(0)), grads + [None] * (len(op.input) - len(grads))
 
 
 @_register("LRN")
 def _lrn_grad(op, g_output):
+    _only_first_output(op, g_output, "the scale")
     w = GradientWrapper(op, g_output)
+    if w.GO(0) is None:
+        return [], [None]
     return [_op("LRNGradient", [w.I(0), w.O(0), w.GO(0)], [w.GI(0)])], [w.GI(0)]
 
 
