@@ -6,33 +6,33 @@ How each is differentiated:
 
 - ``Do`` runs its net in an inner workspace. Its gradient is a ``Do``
   marked ``is_gradient_op`` that runs the backward pass of that net in the
-  workspace the forward ``Do`` ran in (kept in the scope blob, Caffe2's
-  workspace stack), so the net's own blobs are there; the output gradients
-  come in and the input gradients go out through blob bindings, written by
-  copies at the end of its net (``<inner>/_DO_OPERATOR_INNER_GRAD_`` and
-  ``<inner>/_DO_OPERATOR_INNER_GRAD_COPY_``, Caffe2's names).
-- ``If``: the backward pass of each branch runs in the branch the forward
-  op took (its nets read the condition again, at its forward version); an
-  input one branch gives no gradient gets zeros there.
+  workspace the forward ``Do`` ran in, which the scope blob kept (Caffe2's
+  workspace stack; the runtime keeps it only when the net also holds the
+  gradient ``Do``), so the net's own blobs are there. The output gradients
+  come in and the input gradients go out through blob bindings, the latter
+  written by copies at the end of its net (``<inner>/_DO_OPERATOR_INNER_GRAD_``
+  and ``<inner>/_DO_OPERATOR_INNER_GRAD_COPY_``, Caffe2's names). A kept
+  workspace also holds the forwarded blobs' values as the run found them
+  (``<inner>/_DO_OPERATOR_FORWARD_INPUT_``) and as it left them, so the net
+  may read a blob and then overwrite it.
+- ``If``: an ``If`` on the same condition whose branches run the backward
+  passes of the forward branches; an input one branch gives no gradient
+  gets zeros there. A branch not run by a ``Do`` runs in the If's
+  workspace, so its gradient may not need a value it overwrote (an error
+  says so).
 - ``While`` whose loop body is one ``Do`` (as ``add_while_op``,
-  ``NetBuilder``'s ``WhileNet`` and ``brew.loop`` build it): the forward
-  ``Do`` keeps each iteration's workspace, and the gradient ``While`` runs
-  the body's gradient ``Do`` once per kept workspace, last iteration first
-  (``HasScope`` is its condition). A blob the body reads and writes carries
-  its gradient from one iteration to the one before; a blob the body only
-  reads (a weight) adds up its gradients over the iterations; a blob the
-  body writes without reading it gets zero. Where the body's gradient reads
-  a blob the loop writes, the ``Do`` must keep a copy of it at each
-  iteration (``copy_external_blobs``, which ``add_while_op`` sets).
+  ``NetBuilder``'s ``WhileNet`` and ``brew.loop`` build it): each iteration's
+  workspace is kept, and the gradient ``While`` runs the body's gradient
+  ``Do`` once per kept workspace, last iteration first (``HasScope`` is its
+  condition). A blob the body reads and writes carries its gradient from
+  one iteration to the one before; a blob the body only reads (a weight)
+  adds up its gradients over the iterations; a blob the body writes without
+  reading it passes nothing back. The ``cond_net`` is not differentiated: a
+  gradient that would flow through it is an error.
 
-Differences from Caffe2 (docs/porting.md, "Gradients through control
-flow"): a loop-invariant input's gradient is the sum over the iterations
-(Caffe2 kept the first iteration's), a blob the body overwrites without
-reading gets no gradient from the iterations before (Caffe2 passed the same
-one to every iteration), gradients that do not flow (a sparse gradient, a
-gradient through the ``cond_net``) are errors rather than wrong values, and
-the gradient ``Do`` takes the scope blob as its last input only (it writes
-no forward blob).
+Names written here carry a placeholder (``_fresh``) that the backward pass
+strips, so that they differ from every name read: the blobs are still
+called ``x_grad`` wherever that name is free.
 """
 
 import itertools
@@ -52,9 +52,6 @@ _INNER_GRAD = "/_DO_OPERATOR_INNER_GRAD_"
 _INNER_GRAD_COPY = "/_DO_OPERATOR_INNER_GRAD_COPY_"
 _FORWARD_INPUT = "/_DO_OPERATOR_FORWARD_INPUT_"
 
-# Names a maker writes are made distinct from every name it reads by a
-# placeholder (the backward pass strips it: the blob is still named
-# ``x_grad`` where that is free).
 _count = itertools.count(1000)
 
 
@@ -207,6 +204,36 @@ def disambiguate_grad_if_op_output(grad_op, idx, new_grad_output):
     grad_op.output[idx] = new_grad_output
 
 
+def _start_ops(net_ops, inputs):
+    """A net's ops as the backward pass sees them, and for each of
+    ``inputs`` that the net writes, the name under which its ops read it
+    before that: ``<name>/_DO_OPERATOR_FORWARD_INPUT_``, its value as the
+    net started. So the gradient of that value is the gradient under that
+    name (a blob's later values have gradients of their own), and a Do's
+    kept workspace holds the value under that name, so that a loop body may
+    read a blob it then overwrites (``h = tanh(h w)``). An op holding nets
+    that reads and writes the blob keeps its name (its maker reads inside
+    its nets): a first op makes the blob from the start value, so that all
+    of that value's gradient gathers there."""
+    ops = [caffe2_pb2.OperatorDef() for _ in net_ops]
+    for new, old in zip(ops, net_ops):
+        new.CopyFrom(old)
+    written = {n for op in ops for n in op.output}
+    start = {n: n + _FORWARD_INPUT for n in sorted(set(inputs) & written)}
+    seen, merge = set(), []
+    for op in ops:
+        if not _carries_nets(op):
+            for i, n in enumerate(op.input):
+                if n in start and n not in seen:
+                    op.input[i] = start[n]
+        else:
+            reads = {n: start[n] for n in op.input if n in start and n not in seen}
+            merge += [n for n in reads if n in op.output]
+            _rename([op], {n: s for n, s in reads.items() if n not in op.output})
+        seen.update(op.output)
+    return [_op("Sum", [start[n]], [n]) for n in dict.fromkeys(merge)] + ops, start
+
+
 # ------------------------------------------------------------------ Do --
 
 
@@ -240,34 +267,6 @@ class _Do:
         self.inputs = {self.inner_of[a] for a in outer[:len(op.input) - 1] if a in self.inner_of}
         self.reuse = bool(_arg_int(op, "reuse_workspace"))
 
-    def backward_ops(self):
-        """The net's ops as the backward pass sees them, and for each blob
-        bound to an input that the net writes, the name under which its
-        ops read it before that: ``<inner>/_DO_OPERATOR_FORWARD_INPUT_``,
-        its value as the run started, which the kept workspace holds. (So a
-        loop body may read a blob it then overwrites, as ``h = tanh(h w)``
-        does.) An op holding nets that reads and writes the blob keeps its
-        name (its maker reads inside its nets); a first op then makes the
-        blob from the start value, so that all of that value's gradient
-        gathers there."""
-        ops = [caffe2_pb2.OperatorDef() for _ in self.net.op]
-        for new, old in zip(ops, self.net.op):
-            new.CopyFrom(old)
-        written = {n for op in ops for n in op.output}
-        start = {n: n + _FORWARD_INPUT for n in sorted(self.inputs & written)}
-        seen, merge = set(), []
-        for op in ops:
-            if not _carries_nets(op):
-                for i, n in enumerate(op.input):
-                    if n in start and n not in seen:
-                        op.input[i] = start[n]
-            else:
-                reads = {n: start[n] for n in op.input if n in start and n not in seen}
-                merge += [n for n in reads if n in op.output]
-                only_read = {n: s for n, s in reads.items() if n not in op.output}
-                _rename([op], only_read)
-            seen.update(op.output)
-        return [_op("Sum", [start[n]], [n]) for n in dict.fromkeys(merge)] + ops, start
 
 
 def _do_backward(op, g_output, out_name=None):
@@ -283,7 +282,7 @@ def _do_backward(op, g_output, out_name=None):
         init[d.inner_of[o]] = ig
     if not init:
         return None
-    fwd_ops, start = d.backward_ops()
+    fwd_ops, start = _start_ops(d.net.op, d.inputs)
     grad_ops, grad_map = IR(fwd_ops).GetBackwardPass(init)
     _dense(op, grad_map, "the net of Do")
 
@@ -355,14 +354,27 @@ def gen_if_gradient(op, g_output):
     # names, so that they never write over one; the names are put back below.
     private = {g: _fresh(g) for g in dict.fromkeys(given.values())}
     init = {o: private[g] for o, g in given.items()}
+    inputs = [_strip(n) for n in op.input[1:]]
     branches = []
     for net, what in ((then_net, "then_net"), (else_net, "else_net")):
         if net is None:
             branches.append(([], dict(init)))  # no else: the outputs pass through
             continue
-        ops, grad_map = IR(list(net.op)).GetBackwardPass(dict(init))
+        fwd_ops, start = _start_ops(net.op, inputs)
+        ops, grad_map = IR(fwd_ops).GetBackwardPass(dict(init))
         _dense(op, grad_map, f"the If's {what}")
-        branches.append((list(ops), dict(grad_map)))
+        # The branches run in the If's workspace, which keeps no value a
+        # branch overwrote.
+        gone = {s: n for n, s in start.items()}
+        for g in ops:
+            for n in g.input:
+                if n in gone:
+                    raise _error(op, f"the gradient of its {what} needs '{gone[n]}' as it was "
+                                     "before the branch overwrote it, and the If's workspace keeps "
+                                     "no copy (a branch run by a Do, as IfNet and add_if_op make, "
+                                     "keeps one)")
+        grad_map = {a: grad_map.get(start.get(a, a)) for a in inputs + list(given)}
+        branches.append((list(ops), {a: g for a, g in grad_map.items() if g is not None}))
 
     # A blob a branch writes must not be one the gradient If reads.
     shown = set(given.values())
