@@ -271,6 +271,9 @@ class _Do:
 
 def _do_backward(op, g_output, out_name=None):
     d = _Do(op)
+    if d.reuse:
+        raise _error(op, "a Do with reuse_workspace has no gradient: its workspace is kept for "
+                         "the next run, not for the gradient")
     given = _output_gradients(op, g_output, skip_last=True)
     # one inner name per outer gradient blob, bound to it
     init, inner_given, outer_given = {}, {}, {}
@@ -306,15 +309,13 @@ def _do_backward(op, g_output, out_name=None):
         return None
     inner_ops = list(grad_ops) + copies
 
+    # The net reads the output gradients through bindings, and every other
+    # blob in the kept workspace: the net's own blobs, and the forwarded
+    # blobs' values as the run left them (not the outer blobs, which later
+    # ops may have changed).
     reads, _ = _reads_writes(inner_ops)
-    bound, saved = [], []
-    for n in reads:
-        if n in outer_given:
-            bound.append((n, outer_given[n]))
-        elif n in d.outer_of:
-            bound.append((n, d.outer_of[n]))
-        else:
-            saved.append(n)  # the forward net's own blob, in its workspace
+    bound = [(n, outer_given[n]) for n in reads if n in outer_given]
+    saved = [n for n in reads if n not in outer_given]
     in_names = list(dict.fromkeys(o for _, o in bound))
     out_names = [o for _, o in published]
     inner_blobs = [n for n, _ in bound] + [p for p, _ in published]

@@ -363,6 +363,75 @@ def test_brew_loop(fresh, n):
     check(model.net, "loss", {"y": w ** n, "w": n * y0 * w ** max(n - 1, 0)})
 
 
+@pytest.mark.parametrize("c", [True, False])
+def test_if_then_while_on_its_outputs(fresh, c):
+    """The While overwrites what the If wrote, and the If's gradient reads
+    it (Tanh's gradient reads its output): from the branch's kept workspace,
+    not the overwritten blob. Sum passes one gradient to both outputs."""
+    x, w = np.array([0.4, -0.3]), np.array([0.9, 1.1])
+    feed({"x": x, "w": w, "c": np.array(c), "n": np.array(2, np.int64)})
+    with NetBuilder(_use_control_ops=True, initial_scope=["x", "w", "c", "n"]) as nb:
+        ops.ConstantFill([], "a", shape=[2], value=0.0, dtype=DOUBLE)
+        ops.ConstantFill([], "b", shape=[2], value=0.0, dtype=DOUBLE)
+        with ops.IfNet("c"):
+            ops.Mul(["x", "w"], "a")
+            ops.Mul(["x", "x"], "b")
+        with ops.Else():
+            ops.Tanh("x", "a")
+        ops.Copy(ops.Const(np.array(0, np.int64)), "i")
+        ops.Copy(ops.Const(np.array(1, np.int64)), "one")
+        with ops.WhileNet():
+            with ops.Condition():
+                ops.Add(["i", "one"], "i")
+                ops.LE(["i", "n"])
+            ops.Mul(["a", "w"], "a")
+            ops.Mul(["b", "w"], "b")
+        ops.Sum(["a", "b"], "s")
+        ops.SumElements("s", "loss")
+    if c:  # loss = sum(x w^3 + x^2 w^2)
+        want = {"x": (w + 2 * x) * w * w, "w": 3 * x * w * w + 2 * x * x * w}
+    else:  # loss = sum(tanh(x) w^2)
+        want = {"x": (1 - np.tanh(x) ** 2) * w * w, "w": 2 * np.tanh(x) * w}
+    check(nb.get()[0], "loss", want)
+
+
+def test_nested_loops(fresh):
+    """A WhileNet in a WhileNet's body, and a blob the outer body writes
+    without reading it (its gradient reaches the last iteration only)."""
+    x, w = np.array([0.4, -0.3]), np.array([0.9, 1.1])
+    feed({"x0": x, "w": w, "n": np.array(2, np.int64), "m": np.array(3, np.int64)})
+    with NetBuilder(_use_control_ops=True, initial_scope=["x0", "w", "n", "m"]) as nb:
+        ops.Copy("x0", "h")
+        ops.ConstantFill([], "out", shape=[2], value=0.0, dtype=DOUBLE)
+        ops.Copy(ops.Const(np.array(0, np.int64)), "i")
+        ops.Copy(ops.Const(np.array(1, np.int64)), "one")
+        with ops.WhileNet():
+            with ops.Condition():
+                ops.Add(["i", "one"], "i")
+                ops.LE(["i", "n"])
+            ops.Copy(ops.Const(np.array(0, np.int64)), "j")
+            with ops.WhileNet():
+                with ops.Condition():
+                    ops.Add(["j", "one"], "j")
+                    ops.LE(["j", "m"])
+                ops.Mul(["h", "w"], "t")
+                ops.Sin("t", "h")
+            ops.Mul(["h", "h"], "out")
+        ops.Mul(["out", "w"], "p")
+        ops.Sum(["p", "h"], "q")
+        ops.SumElements("q", "loss")
+    hs = [x]
+    for _ in range(6):
+        hs.append(np.sin(hs[-1] * w))
+    # loss = sum(h6^2 w + h6)
+    dh, dw = 2 * hs[6] * w + 1, hs[6] ** 2
+    for k in range(6, 0, -1):
+        dt = dh * np.cos(hs[k - 1] * w)
+        dw = dw + dt * hs[k - 1]
+        dh = dt * w
+    check(nb.get()[0], "loss", {"x0": dh, "w": dw})
+
+
 def test_do_with_blobs_of_its_own(fresh):
     x, w = np.array([0.3, -1.2, 2.0]), np.array([1.5, 0.5, -0.5])
     feed({"x": x, "w": w})
@@ -444,6 +513,18 @@ def test_gradient_do_needs_the_forward_workspace(fresh):
         else:
             with pytest.raises(errors.FerrocaffeError, match="holds no workspace of a forward run"):
                 workspace.RunNetOnce(backward)
+
+
+def test_do_reusing_its_workspace_is_refused(fresh):
+    inner = core.Net("inner")
+    inner.Sqr("a", "b")
+    net = core.Net("reuse")
+    net.CreateScope([], "scope")
+    net.Do(["x", "scope"], ["y", "scope"], net=inner.Proto(), inner_blobs=["a", "b"],
+           outer_blobs_idx=[0, 1], reuse_workspace=True)
+    net.SumElements("y", "loss")
+    with pytest.raises(errors.InvalidArgumentError, match="reuse_workspace has no gradient"):
+        net.AddGradientOperators(["loss"])
 
 
 def test_sparse_gradient_into_an_if_is_refused(fresh):

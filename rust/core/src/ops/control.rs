@@ -274,23 +274,20 @@ impl Operator for DoOp {
 
 impl DoOp {
     /// Runs the gradient net in the workspace of the last forward run kept
-    /// in the scope (or the reused one), taking it off the stack. Its
-    /// bindings map the gradients in and out; a forward blob the kept
-    /// workspace has a copy of is read there (Caffe2's skip of defined blobs).
+    /// in the scope, taking it off the stack. Its bindings map the
+    /// gradients in and out; a blob the kept workspace has a copy of is
+    /// read there (Caffe2's skip of defined blobs).
     fn run_gradient(&self, cx: &mut OpCx<'_>, scope: &WorkspaceScope, scope_name: &str) -> Result<bool> {
         let popped = scope.stack.lock().pop();
-        let fwd = match popped {
-            Some(ws) => ws,
-            None => scope.kept.lock().as_ref().map(|(ws, _)| ws.clone()).ok_or_else(|| {
-                Error::invalid_arg(format!(
-                    "gradient Do: scope blob '{scope_name}' holds no workspace of a forward run: the \
-                     forward Do did not run (as many times), or did not keep its workspace (it keeps \
-                     it when the net that runs it also holds this gradient Do, or when the scope's \
-                     CreateScope has keep_workspaces=1)"
-                ))
-                .with_blob(scope_name)
-            })?,
-        };
+        let fwd = popped.ok_or_else(|| {
+            Error::invalid_arg(format!(
+                "gradient Do: scope blob '{scope_name}' holds no workspace of a forward run: the \
+                 forward Do did not run (as many times), or did not keep its workspace (it keeps \
+                 it when the net that runs it also holds this gradient Do, or when the scope's \
+                 CreateScope has keep_workspaces=1)"
+            ))
+            .with_blob(scope_name)
+        })?;
         if let Some(missing) = self.saved.iter().find(|n| !fwd.has_blob(n)) {
             return Err(Error::invalid_arg(format!(
                 "gradient Do: the forward run's workspace has no blob '{missing}', which the gradient reads"
