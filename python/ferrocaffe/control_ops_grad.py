@@ -268,7 +268,6 @@ class _Do:
         self.reuse = bool(_arg_int(op, "reuse_workspace"))
 
 
-
 def _do_backward(op, g_output, out_name=None):
     d = _Do(op)
     if d.reuse:
@@ -462,7 +461,6 @@ def gen_while_gradient(op, g_output):
     cond = _strip(op.input[0])
     cond_writes = _written_by(_net_arg(op, "cond_net")) | {cond}
     body_out = list(body.output[:-1])
-    body_in = list(dict.fromkeys(_strip(n) for n in body.input[:-1]))
     given = _output_gradients(op, g_output)
     for o in given:
         if o not in body_out:
@@ -495,7 +493,7 @@ def gen_while_gradient(op, g_output):
         return [], [None] * len(op.input)
     body_grad_ops, body_g_input = made
     got = {_strip(body.input[k]) for k, g in enumerate(body_g_input) if g}
-    for a in got:
+    for a in sorted(got | set(carried)):
         if a in cond_writes:
             raise _error(op, f"the loop body's gradient flows into '{a}', which the cond_net "
                              "writes; gradients do not flow through the cond_net")
@@ -537,7 +535,7 @@ def gen_while_gradient(op, g_output):
         if k == 0 or a in seen:
             continue
         seen.add(a)
-        if a in carried and a in body_in:
+        if a in carried:
             g_input[k] = carried[a]
         elif a in read_only:
             g_input[k] = read_only[a]
