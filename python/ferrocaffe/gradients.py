@@ -229,7 +229,12 @@ class GradientRegistry:
 # contribution not yet summed): then it gets a fresh one. So no gradient op
 # can overwrite a gradient that another reader still sees, whatever its
 # maker does in place, and the names stay Caffe2's everywhere Caffe2 was
-# right.
+# right. An op carrying nets (a gradient If, While or Do, control_ops_grad)
+# is read as its maker wrote it: its nets are renamed with its inputs and
+# outputs by the names the maker gave (``_rename_in_nets``; a Do's net has
+# names of its own), and since its nets may write an output before their
+# last read of an input, it writes in place only where the maker wrote one
+# name as both (a loop carries that blob).
 
 # A repeated input's later occurrences are shown to the maker under a
 # placeholder name, so that each occurrence gets its own gradient names;

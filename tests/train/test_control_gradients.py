@@ -156,13 +156,20 @@ def test_brew_cond(fresh, c):
     else_model.net.Sqr("x", "tmp")
     else_model.net.Add(["tmp", "w"], "y")
     brew.cond(model, "cond", ["x", "w", "y"], then_model, else_model)
-    model.net.Mul(["y", "y"], "p")
+    model.net.Mul(["y", "x"], "p")
     model.net.SumElements("p", "loss")
-    if c:  # loss = sum((xw)^2)
-        want = {"x": 2 * x * w * w, "w": 2 * x * x * w}
-    else:  # loss = sum((x^2 + w)^2)
-        want = {"x": 2 * (x * x + w) * 2 * x, "w": 2 * (x * x + w)}
+    if c:  # loss = sum(x^2 w)
+        want = {"x": 2 * x * w, "w": x * x}
+    else:  # loss = sum((x^2 + w) x)
+        want = {"x": 3 * x * x + w, "w": x}
+    n = len(model.net.Proto().op)
     check(model.net, "loss", want)
+    # Mul's gradient for x comes first, so the If's is renamed to be summed
+    # with it: in the If's nets too (the gradient Do there writes it).
+    (g_if,) = [op for op in model.net.Proto().op[n:] if op.type == "If"]
+    assert "_x_grad_autosplit_0" in g_if.output
+    for arg in g_if.arg:
+        assert "_x_grad_autosplit_0" in [o for op in arg.n.op for o in op.output]
 
 
 def test_if_training_learns_each_branch(fresh):
