@@ -1,6 +1,6 @@
 """Gradients of the control-flow operators ``If``, ``While`` and ``Do``
-(Caffe2's ``caffe2.python.control_ops_grad``). Importing
-``ferrocaffe.gradients`` registers them, as Caffe2's core did.
+(Caffe2's ``caffe2.python.control_ops_grad``), registered in the gradient
+registry when ``core`` imports this module, as Caffe2's core did.
 
 How each is differentiated:
 

@@ -1679,7 +1679,3 @@ def _split_by_lengths_grad(op, g_output):
     if ops and _arg(op, "axis") is None:
         ops[-1].arg.add(name="axis", i=0)
     return ops, grads
-
-
-# The makers of If, While and Do (Caffe2 registered them from its core).
-from ferrocaffe import control_ops_grad  # noqa: E402,F401
