@@ -18,11 +18,11 @@ use crate::arg;
 use crate::blob::{BlobObject, BlobValue};
 use crate::error::{Error, Result};
 use crate::ir::NetDef;
+use crate::ir::{Argument, OperatorDef};
 use crate::net::Net;
 use crate::operator::{InPlace, OpCx, OpDefCtx, OpSchema, Operator, MANY};
 use crate::tensor::Tensor;
 use crate::workspace::Workspace;
-use crate::ir::{Argument, OperatorDef};
 use parking_lot::Mutex;
 use std::borrow::Cow;
 use std::collections::HashSet;
@@ -94,10 +94,11 @@ impl BlobObject for WorkspaceScope {
 fn create_scope(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let keep = ctx.args.bool("keep_workspaces", false)?;
     Ok(super::kernel(move |cx| {
-        cx.output_blob(0).set(BlobValue::Object(Arc::new(WorkspaceScope {
-            keep,
-            ..WorkspaceScope::default()
-        })));
+        cx.output_blob(0)
+            .set(BlobValue::Object(Arc::new(WorkspaceScope {
+                keep,
+                ..WorkspaceScope::default()
+            })));
         Ok(true)
     }))
 }
@@ -155,7 +156,11 @@ fn build_do(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             ctx.bad_arg("the last input and the last output of Do must be the same scope blob")
         );
     }
-    let outputs = if scope_out { &ctx.def.output[..no - 1] } else { &ctx.def.output[..] };
+    let outputs = if scope_out {
+        &ctx.def.output[..no - 1]
+    } else {
+        &ctx.def.output[..]
+    };
     let outer: Vec<&str> = ctx.def.input[..ni - 1]
         .iter()
         .chain(outputs.iter())
@@ -191,7 +196,9 @@ fn build_do(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     }
     let reuse = ctx.args.bool("reuse_workspace", false)?;
     if gradient && reuse {
-        return Err(ctx.bad_arg("a gradient Do cannot reuse_workspace: it runs in the workspace the forward Do kept"));
+        return Err(ctx.bad_arg(
+            "a gradient Do cannot reuse_workspace: it runs in the workspace the forward Do kept",
+        ));
     }
     ctx.args.bool("copy_external_blobs", false)?;
     let saved = ctx.args.string_list("saved_fwd_blobs")?.unwrap_or_default();
@@ -252,7 +259,8 @@ impl Operator for DoOp {
             for inner in &self.inputs {
                 if let Some(b) = ws.get_blob(inner) {
                     let v = b.get();
-                    ws.create_local_blob(&format!("{inner}{FORWARD_INPUT}")).set(v);
+                    ws.create_local_blob(&format!("{inner}{FORWARD_INPUT}"))
+                        .set(v);
                 }
             }
         }
@@ -277,7 +285,12 @@ impl DoOp {
     /// in the scope, taking it off the stack. Its bindings map the
     /// gradients in and out; a blob the kept workspace has a copy of is
     /// read there (Caffe2's skip of defined blobs).
-    fn run_gradient(&self, cx: &mut OpCx<'_>, scope: &WorkspaceScope, scope_name: &str) -> Result<bool> {
+    fn run_gradient(
+        &self,
+        cx: &mut OpCx<'_>,
+        scope: &WorkspaceScope,
+        scope_name: &str,
+    ) -> Result<bool> {
         let popped = scope.stack.lock().pop();
         let fwd = popped.ok_or_else(|| {
             Error::invalid_arg(format!(
@@ -331,7 +344,10 @@ pub fn keep_scopes(def: &NetDef) -> Option<Cow<'_, NetDef>> {
     fn mark_op(op: &mut OperatorDef, scopes: &HashSet<String>) {
         if op.op_type() == "CreateScope"
             && op.output.first().is_some_and(|s| scopes.contains(s))
-            && !op.arg.iter().any(|a| a.name.as_deref() == Some("keep_workspaces"))
+            && !op
+                .arg
+                .iter()
+                .any(|a| a.name.as_deref() == Some("keep_workspaces"))
         {
             op.arg.push(Argument {
                 name: Some("keep_workspaces".to_string()),
@@ -437,5 +453,83 @@ impl Operator for WhileOp {
                 return Ok(false);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_util::{net, op};
+
+    fn with_net(mut o: OperatorDef, name: &str, n: NetDef) -> OperatorDef {
+        o.arg.push(Argument {
+            name: Some(name.into()),
+            n: Some(n),
+            ..Argument::default()
+        });
+        o
+    }
+
+    fn keeps(def: &NetDef) -> Vec<bool> {
+        fn walk(def: &NetDef, out: &mut Vec<bool>) {
+            for o in &def.op {
+                if o.op_type() == "CreateScope" {
+                    out.push(
+                        o.arg
+                            .iter()
+                            .any(|a| a.name.as_deref() == Some("keep_workspaces")),
+                    );
+                }
+                for a in &o.arg {
+                    for n in a.n.iter().chain(a.nets.iter()) {
+                        walk(n, out);
+                    }
+                }
+            }
+        }
+        let mut out = Vec::new();
+        walk(def, &mut out);
+        out
+    }
+
+    #[test]
+    fn keep_scopes_marks_the_scopes_a_gradient_do_reads() {
+        // The body's scope is created inside the loop body (a nested net),
+        // its gradient Do sits in the gradient While's loop_net.
+        let body = net("body", vec![op("CreateScope", &[], &["inner"], vec![])]);
+        let fwd_do = with_net(op("Do", &["x", "s"], &["x", "s"], vec![]), "net", body);
+        let fwd_while = with_net(
+            op("While", &["c", "x", "s"], &["x", "s"], vec![]),
+            "loop_net",
+            net("l", vec![fwd_do]),
+        );
+        let mut grad_do = op("Do", &["g", "inner"], &["h"], vec![]);
+        grad_do.is_gradient_op = Some(true);
+        let mut grad_outer = with_net(
+            op("Do", &["g", "s"], &["h"], vec![]),
+            "net",
+            net("gb", vec![grad_do]),
+        );
+        grad_outer.is_gradient_op = Some(true);
+        let grad_while = with_net(
+            op("While", &["hc", "g", "s"], &["g"], vec![]),
+            "loop_net",
+            net("gl", vec![grad_outer]),
+        );
+        let forward_only = net(
+            "f",
+            vec![
+                op("CreateScope", &[], &["s"], vec![]),
+                op("CreateScope", &[], &["other"], vec![]),
+                fwd_while,
+            ],
+        );
+        assert!(keep_scopes(&forward_only).is_none());
+        let mut both = forward_only.clone();
+        both.op.push(grad_while);
+        let marked = keep_scopes(&both).expect("a gradient Do");
+        // s and inner (in the body) are read by gradient Dos; other is not.
+        assert_eq!(keeps(&marked), vec![true, false, true]);
+        assert_eq!(keeps(&both), vec![false, false, false]);
     }
 }
