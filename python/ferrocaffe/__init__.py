@@ -32,6 +32,7 @@ _ALIASES = {
     "caffe2.python.context": "ferrocaffe.context",
     "caffe2.python.net_builder": "ferrocaffe.net_builder",
     "caffe2.python.control_ops_util": "ferrocaffe.control_ops_util",
+    "caffe2.python.control_ops_grad": "ferrocaffe.control_ops_grad",
     "caffe2.python.task": "ferrocaffe.task",
     "caffe2.python.net_printer": "ferrocaffe.net_printer",
     "caffe2.python.net_drawer": "ferrocaffe.net_drawer",

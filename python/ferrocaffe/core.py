@@ -28,6 +28,9 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ferrocaffe import _core, errors, gradients
+# The gradient makers of If, While and Do register themselves (Caffe2's core
+# imported control_ops_grad too).
+from ferrocaffe import control_ops_grad  # noqa: F401
 from ferrocaffe.proto import MAX_NESTING, Message, _utf8, caffe2_pb2
 from ferrocaffe import scope, utils, workspace  # noqa: F401 (Caffe2's core exposes both)
 from ferrocaffe.workspace import GetGlobalInitArgs, GlobalInit  # noqa: F401 (core.GlobalInit, as in Caffe2)

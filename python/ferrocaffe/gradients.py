@@ -229,7 +229,12 @@ class GradientRegistry:
 # contribution not yet summed): then it gets a fresh one. So no gradient op
 # can overwrite a gradient that another reader still sees, whatever its
 # maker does in place, and the names stay Caffe2's everywhere Caffe2 was
-# right.
+# right. An op carrying nets (a gradient If, While or Do, control_ops_grad)
+# is read as its maker wrote it: its nets are renamed with its inputs and
+# outputs by the names the maker gave (``_rename_in_nets``; a Do's net has
+# names of its own), and since its nets may write an output before their
+# last read of an input, it writes in place only where the maker wrote one
+# name as both (a loop carries that blob).
 
 # A repeated input's later occurrences, and an input the op overwrites in
 # place, are shown to the maker under a placeholder name ("x\0<k>\0"), so
@@ -262,8 +267,9 @@ class _Value:
 
 
 # An op of the backward pass: the OperatorDef (names filled in at the end)
-# and the values it reads and writes.
-_Step = namedtuple("_Step", ["op", "ins", "outs"])
+# and the values it reads and writes; for an op carrying nets, ``raw`` is
+# the names its maker gave its inputs and outputs (the nets use them).
+_Step = namedtuple("_Step", ["op", "ins", "outs", "raw"], defaults=(None,))
 # One contribution to a blob version's gradient: the value (a _Value, or a
 # GradientSlice of two), whether this reader's gradient ops made it (else it
 # passed through; for a GradientSlice, a flag per part), and the device
@@ -333,8 +339,8 @@ class IR:
             v = self._fixed_values[name] = _Value(name, fixed=True)
         return v
 
-    def _emit(self, op, ins, outs):
-        self._steps.append(_Step(op, ins, outs))
+    def _emit(self, op, ins, outs, raw=None):
+        self._steps.append(_Step(op, ins, outs, raw))
 
     # -- the seeds --
 
@@ -470,11 +476,13 @@ class IR:
                 v = local[raw] = _Value(cell=cell)
                 made[id(v)] = gop.device_option
                 outs.append(v)
+            # The nets an op carries name blobs as its maker did.
+            raw_names = list(gop.input) + list(gop.output) if _carries_nets(gop) else None
             for i, raw in enumerate(gop.input):
                 gop.input[i] = _strip(raw)
             for i, raw in enumerate(gop.output):
                 gop.output[i] = _strip(raw)
-            self._emit(gop, ins, outs)
+            self._emit(gop, ins, outs, raw_names)
 
         def resolve(raw):
             raw = str(raw)
@@ -673,18 +681,47 @@ class _Naming:
         if last > t:
             return False
         # The op reads the holder's value for the last time: in place, if
-        # its schema allows each such pair.
+        # its schema allows each such pair. An op carrying nets may write
+        # an output before its nets' last read of an input, so it writes in
+        # place only where its maker said so (``_in_place_pairs``).
+        if st.raw is not None:
+            return False
         for i, v in enumerate(st.ins):
             if v is cur and _inplace_ok(st.op.type, i, j) is False:
                 return False
         return True
 
+    def _in_place_pairs(self, t, st):
+        """For an op carrying nets: output index -> the input value it
+        must overwrite, where the maker wrote one name as both (a loop
+        carries it: its nets read and write it under that name)."""
+        n_in = len(st.ins)
+        raw_in, raw_out = st.raw[:n_in], st.raw[n_in:]
+        pairs = {}
+        for j, raw in enumerate(raw_out):
+            if raw in raw_in:
+                v = st.ins[raw_in.index(raw)]
+                held = self.holder.get(v.name)
+                if held is not v or self.last.get(id(v), -1) != t:
+                    raise errors.InvalidArgumentError(
+                        f"the gradient op {st.op.type} reads and writes '{_strip(raw)}' in its nets, "
+                        f"but the value it reads (blob '{v.name}') is "
+                        + ("a forward blob" if held is self.FORWARD else "still needed after it")
+                        + "; its gradient maker must write such a blob through a copy of its own",
+                        op=st.op.type, blob=v.name,
+                    )
+                pairs[j] = v
+        return pairs
+
     def run(self):
         for t, st in enumerate(self.steps):
             taken = set()
+            pairs = self._in_place_pairs(t, st) if st.raw is not None else {}
             for j, v in enumerate(st.outs):
                 name = v.want
-                if not self._free(name, t, st, j, taken):
+                if j in pairs:
+                    name = pairs[j].name
+                elif not self._free(name, t, st, j, taken):
                     k = 1
                     while f"_{name}_{k}" in self.used:
                         k += 1
@@ -693,8 +730,13 @@ class _Naming:
                 v.name = name
                 self.holder[name] = v
                 taken.add(name)
-            renamed = {old: v.name for old, v in zip(list(st.op.input) + list(st.op.output),
-                                                     st.ins + st.outs) if old != v.name}
+            if st.raw is not None:
+                # Every name the maker gave, renamed or not (its nets may
+                # use placeholder names, which are stripped).
+                renamed = {old: v.name for old, v in zip(st.raw, st.ins + st.outs)}
+            else:
+                renamed = {old: v.name for old, v in zip(list(st.op.input) + list(st.op.output),
+                                                         st.ins + st.outs) if old != v.name}
             del st.op.input[:]
             st.op.input.extend(v.name for v in st.ins)
             del st.op.output[:]
@@ -703,23 +745,35 @@ class _Naming:
                 _rename_in_nets(st.op, renamed)
 
 
-def _rename_in_nets(op, renamed):
+def _carries_nets(op):
+    """Whether an op holds nets among its arguments (If, While, Do, ...)."""
+    return any(a.HasField("n") or len(a.nets) for a in op.arg)
+
+
+def _rename_in_nets(op, renamed, other=_strip):
     """Applies ``renamed`` (old name -> new) inside the nets an op carries
     as arguments (If's then_net/else_net, While's loop_net, ...), which read
-    and write the op's blobs by name."""
+    and write the op's blobs by name; another name becomes ``other(name)``
+    (a placeholder name left in them is stripped). A ``Do``'s net has names
+    of its own (its inner blobs), bound to the op's inputs and outputs: only
+    those are renamed."""
+    if op.type == "Do":
+        return
+
+    def new(name):
+        return renamed[name] if name in renamed else other(name)
+
     for a in op.arg:
         nets = ([a.n] if a.HasField("n") else []) + list(a.nets)
         for net in nets:
             for inner in net.op:
                 for field in (inner.input, inner.output):
                     for i, name in enumerate(field):
-                        if name in renamed:
-                            field[i] = renamed[name]
-                _rename_in_nets(inner, renamed)
+                        field[i] = new(name)
+                _rename_in_nets(inner, renamed, other)
             for field in (net.external_input, net.external_output):
                 for i, name in enumerate(field):
-                    if name in renamed:
-                        field[i] = renamed[name]
+                    field[i] = new(name)
 
 
 def _inplace_ok(op_type, i, o):

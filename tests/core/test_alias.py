@@ -154,7 +154,7 @@ MODULES = ('core', 'workspace', 'net_builder', 'task', 'session', 'context',
            'scope', 'control_ops_util', 'checkpoint', 'dataio', 'pipeline',
            'schema', 'dataset', 'queue_util', 'utils', 'control',
            'record_queue', 'db_file_reader', 'cached_reader', 'model_helper',
-           'brew', 'optimizer', 'gradient_checker')
+           'brew', 'optimizer', 'gradient_checker', 'control_ops_grad')
 
 IDENTITY_SCRIPT = """
 import sys
