@@ -1071,9 +1071,8 @@ class Net:
     (that many auto-named outputs), or names/refs.
     """
 
-    # process-wide: every net name handed out, and per base name where
-    # the search for a free "<base>_<k>" resumes
-    _net_names_used: set[str] = set()
+    # process-wide: per base name asked for, where the search for a free
+    # "<base>_<k>" resumes (every "<base>_<k>" below it is taken)
     _net_names_used_counters: dict[str, int] = {}
     _names_lock = threading.Lock()
     operator_registry_: dict[str, Any] = {}
@@ -1091,8 +1090,18 @@ class Net:
     @staticmethod
     def _reset_used_names():
         with Net._names_lock:
-            Net._net_names_used = set()
             Net._net_names_used_counters = {}
+
+    @staticmethod
+    def _name_taken(name):
+        """Whether a net of this process had ``name``: it was asked for as
+        a base name, or it is ``<base>_<k>`` below its base's counter. (The
+        memory this takes grows with the base names, not with the nets.)"""
+        counters = Net._net_names_used_counters
+        if name in counters:
+            return True
+        base, _, k = name.rpartition("_")
+        return bool(base) and k.isdigit() and str(int(k)) == k and 0 < int(k) < counters.get(base, 0)
 
     @staticmethod
     def _get_next_net_name(basename):
@@ -1104,11 +1113,10 @@ class Net:
         with Net._names_lock:
             idx = Net._net_names_used_counters.get(basename, 0)
             name = basename if idx == 0 else "{}_{}".format(basename, idx)
-            while name in Net._net_names_used:
+            while Net._name_taken(name):
                 idx += 1
                 name = "{}_{}".format(basename, idx)
             Net._net_names_used_counters[basename] = idx + 1
-            Net._net_names_used.add(name)
         return name
 
     def __init__(
