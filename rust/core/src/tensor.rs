@@ -557,7 +557,101 @@ pub fn advise_huge_pages(ptr: *const u8, len: usize) {
 // here, fallibly: a size that passes the element-count checks but that the
 // system cannot provide is an `OutOfMemory` error (Python: MemoryError) that
 // the op, its net and its output blob name, never an abort of the process
-// (Rust's infallible allocations abort on failure).
+// (Rust's infallible allocations abort on failure: `vec![x; n]`,
+// `Vec::with_capacity`, `collect`, ndarray's constructors). Sizes are
+// counted with the checked arithmetic below ([`checked_numel`],
+// [`size_mul`], [`size_add`]): a count that overflows is a `Shape` error
+// (or the caller's `InvalidArgument`, naming its argument), never a
+// panic, nor a wrapped size that allocates the wrong amount.
+//
+// Kernels use: [`zeroed_vec`] (a tensor's buffer of zeros, its shape
+// checked), [`default_buffer`] (n zeros), [`filled_vec`] (n copies of a
+// value: scratch of any type), [`try_vec`] (room for n), [`try_collect`]
+// (an iterator's items), and the array helpers [`default_array`],
+// [`filled_array`], [`collect_array`], [`copy_array`], [`concatenate`].
+
+/// The error for a size that overflows: `what` says what was being
+/// sized, from what (an op's argument or input, named).
+#[cold]
+pub fn size_overflow(what: impl std::fmt::Display) -> Error {
+    Error::shape(format!(
+        "{what}: the size overflows (more elements than any tensor can hold)"
+    ))
+}
+
+/// `a * b`, or a [`size_overflow`] error for `what`.
+#[inline]
+pub fn size_mul(a: usize, b: usize, what: impl FnOnce() -> String) -> Result<usize> {
+    a.checked_mul(b).ok_or_else(|| size_overflow(what()))
+}
+
+/// `a + b`, or a [`size_overflow`] error for `what`.
+#[inline]
+pub fn size_add(a: usize, b: usize, what: impl FnOnce() -> String) -> Result<usize> {
+    a.checked_add(b).ok_or_else(|| size_overflow(what()))
+}
+
+/// The number of elements of `shape`, if the shape is one a `T` tensor can
+/// have: the product of its non-zero dims, in bytes, fits in `isize` (the
+/// most one allocation can hold; ndarray's rule, so a zero dim does not
+/// excuse the others). Else a `Shape` error naming `what` (the tensor:
+/// "Tile's output", "the filter 'W'") and the shape.
+pub fn checked_numel<T>(shape: &[usize], what: impl std::fmt::Display) -> Result<usize> {
+    let item = std::mem::size_of::<T>().max(1);
+    let fits = shape
+        .iter()
+        .filter(|&&d| d != 0)
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .and_then(|n| n.checked_mul(item))
+        .is_some_and(|b| b <= isize::MAX as usize);
+    if !fits {
+        return Err(Error::shape(format!(
+            "{what}: the shape {shape:?} has too many elements (more than any tensor can hold)"
+        )));
+    }
+    Ok(shape.iter().product())
+}
+
+/// A buffer of zeros (default values) for a `T` tensor of `shape` (its
+/// count checked by [`checked_numel`]), or an `OutOfMemory` error. The
+/// errors name `what` (the tensor: "Conv's output").
+pub fn zeroed_vec<T: Element>(shape: &[usize], what: impl std::fmt::Display) -> Result<Vec<T>> {
+    let n = checked_numel::<T>(shape, &what)?;
+    default_buffer(
+        n,
+        format!("{what} ({} tensor of shape {shape:?})", T::DTYPE),
+    )
+}
+
+/// `n` copies of `value` (scratch of any type), or an `OutOfMemory`
+/// error for `what`.
+pub fn filled_vec<T: Clone>(n: usize, value: T, what: impl std::fmt::Display) -> Result<Vec<T>> {
+    let mut v = try_vec(n, what)?;
+    v.resize(n, value);
+    Ok(v)
+}
+
+/// The items of `it` in a fallibly allocated `Vec` (room for its lower
+/// size hint is reserved first; more, if it yields more, fallibly too).
+pub fn try_collect<T>(
+    it: impl IntoIterator<Item = T>,
+    what: impl std::fmt::Display,
+) -> Result<Vec<T>> {
+    let it = it.into_iter();
+    let mut v = try_vec(it.size_hint().0, &what)?;
+    for x in it {
+        if v.len() == v.capacity() {
+            v.try_reserve(1).map_err(|_| {
+                alloc_error(
+                    (v.len() + 1).saturating_mul(std::mem::size_of::<T>()),
+                    &what,
+                )
+            })?;
+        }
+        v.push(x);
+    }
+    Ok(v)
+}
 
 /// The `OutOfMemory` error for `what` (a tensor of a dtype and shape, a
 /// buffer), naming the size asked for.
@@ -569,7 +663,13 @@ pub fn alloc_error(bytes: usize, what: impl std::fmt::Display) -> Error {
 }
 
 fn tensor_what<T: Element>(shape: &[usize]) -> String {
-    format!("a {} tensor of shape {shape:?}", T::DTYPE)
+    let name = T::DTYPE.to_string();
+    let article = if name.starts_with(['a', 'e', 'i', 'o', 'u']) {
+        "an"
+    } else {
+        "a"
+    };
+    format!("{article} {name} tensor of shape {shape:?}")
 }
 
 /// An empty `Vec` with room for `n` elements, or an `OutOfMemory` error
@@ -609,17 +709,9 @@ pub fn default_buffer<T: Element>(n: usize, what: impl std::fmt::Display) -> Res
     Ok(v)
 }
 
-/// The element count of `shape`, if its bytes fit in `isize` (the most any
-/// allocation can hold); else a `Shape` error.
-fn checked_count<T>(shape: &[usize]) -> Result<usize> {
-    shape
-        .iter()
-        .try_fold(1usize, |n, &d| n.checked_mul(d))
-        .filter(|&n| {
-            n.checked_mul(std::mem::size_of::<T>().max(1))
-                .is_some_and(|b| b <= isize::MAX as usize)
-        })
-        .ok_or_else(|| Error::shape(format!("shape {shape:?} has too many elements")))
+/// [`checked_numel`] for a tensor named by its dtype and shape.
+fn checked_count<T: Element>(shape: &[usize]) -> Result<usize> {
+    checked_numel::<T>(shape, format_args!("a {} tensor", T::DTYPE))
 }
 
 /// An array of default values of `shape`, on a [`default_buffer`].
@@ -821,7 +913,7 @@ impl Tensor {
 
     /// Builds a tensor from a shape and flat row-major values.
     pub fn from_vec<T: Element>(shape: &[usize], values: Vec<T>) -> Result<Tensor> {
-        let n: usize = shape.iter().product();
+        let n = checked_count::<T>(shape)?;
         if n != values.len() {
             return Err(Error::shape(format!(
                 "shape {:?} holds {} elements but {} values were given",

@@ -43,6 +43,8 @@ pub(crate) trait Real:
     + std::iter::Sum
     + super::gemm::Gemm
 {
+    /// The most negative finite value.
+    const LOWEST: Self;
     fn of(v: f64) -> Self;
     fn exp(self) -> Self;
     fn ln(self) -> Self;
@@ -51,6 +53,7 @@ pub(crate) trait Real:
 macro_rules! real {
     ($t:ty) => {
         impl Real for $t {
+            const LOWEST: Self = <$t>::MIN;
             fn of(v: f64) -> Self {
                 v as $t
             }
@@ -78,10 +81,34 @@ fn strides(rows: usize, cols: usize, transposed: bool) -> (usize, usize) {
 
 /// C (m x n) = op(A) * op(B), where A is stored `m x k` (or `k x m` when
 /// `ta`) and B `k x n` (or `n x k` when `tb`).
-fn matmul<T: Real>(ta: bool, tb: bool, m: usize, k: usize, n: usize, a: &[T], b: &[T]) -> Vec<T> {
-    let mut c = vec![T::of(0.0); m * n];
+fn matmul<T: Real>(
+    ta: bool,
+    tb: bool,
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[T],
+    b: &[T],
+) -> Result<Vec<T>> {
+    let mut c = crate::tensor::zeroed_vec::<T>(&[m, n], format_args!("a {m} x {n} product"))?;
+    matmul_into(ta, tb, m, k, n, a, b, &mut c);
+    Ok(c)
+}
+
+/// [`matmul`] into `c` (m x n, zeroed).
+#[allow(clippy::too_many_arguments)]
+fn matmul_into<T: Real>(
+    ta: bool,
+    tb: bool,
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[T],
+    b: &[T],
+    c: &mut [T],
+) {
     if m * n == 0 || k == 0 {
-        return c;
+        return;
     }
     let sa = if ta {
         strides(k, m, true)
@@ -93,20 +120,7 @@ fn matmul<T: Real>(ta: bool, tb: bool, m: usize, k: usize, n: usize, a: &[T], b:
     } else {
         strides(k, n, false)
     };
-    super::gemm::par_gemm(
-        m,
-        k,
-        n,
-        T::of(1.0),
-        a,
-        sa,
-        b,
-        sb,
-        T::of(0.0),
-        &mut c,
-        (n, 1),
-    );
-    c
+    super::gemm::par_gemm(m, k, n, T::of(1.0), a, sa, b, sb, T::of(0.0), c, (n, 1));
 }
 
 // ------------------------------------------------------------- helpers --
@@ -538,7 +552,7 @@ fn fc_t<T: Real>(l: &mut Locked<'_>, op: &str, axis: i64, axis_w: i64, tr: bool)
         ))
         .with_blob(l.input_name(2)));
     }
-    let mut y = matmul(false, !tr, d.m, d.k, d.n, &dense(x), &dense(w));
+    let mut y = matmul(false, !tr, d.m, d.k, d.n, &dense(x), &dense(w))?;
     let b = dense(b);
     for row in y.chunks_mut(d.n.max(1)) {
         for (v, &bi) in row.iter_mut().zip(b.iter()) {
@@ -576,7 +590,7 @@ fn fc_grad_t<T: Real>(
         input::<T>(l, op, 1)?,
         input::<T>(l, op, 2)?,
     );
-    if dy.len() != d.m * d.n {
+    if Some(dy.len()) != d.m.checked_mul(d.n) {
         return Err(Error::shape(format!(
             "{op}: dY ('{}', shape {:?}) must have M x N = {} x {} elements",
             l.input_name(2),
@@ -589,18 +603,20 @@ fn fc_grad_t<T: Real>(
     let (xs, ws, dys) = (dense(x), dense(w), dense(dy));
     // FC: dW (N x K) = dY^T X; FCTransposed: dW (K x N) = X^T dY.
     let dw = if tr {
-        matmul(true, false, d.k, d.m, d.n, &xs, &dys)
+        matmul(true, false, d.k, d.m, d.n, &xs, &dys)?
     } else {
-        matmul(true, false, d.n, d.m, d.k, &dys, &xs)
+        matmul(true, false, d.n, d.m, d.k, &dys, &xs)?
     };
-    let mut db = vec![T::of(0.0); d.n];
+    let mut db = crate::tensor::default_buffer::<T>(d.n, "FC's bias gradient")?;
     for row in dys.chunks(d.n.max(1)) {
         for (s, &v) in db.iter_mut().zip(row) {
             *s += v;
         }
     }
     // FC: dX (M x K) = dY W; FCTransposed: dX = dY W^T.
-    let dx = want_dx.then(|| matmul(false, tr, d.m, d.n, d.k, &dys, &ws));
+    let dx = want_dx
+        .then(|| matmul(false, tr, d.m, d.n, d.k, &dys, &ws))
+        .transpose()?;
     let dw = array(w.shape(), dw)?;
     let db = array(&[d.n], db)?;
     let dx = dx.map(|v| array(x.shape(), v)).transpose()?;
@@ -659,12 +675,12 @@ fn matmul_t<T: Real>(
         ))
         .with_blob(l.input_name(1)));
     }
-    let y = matmul(ta, tb, m, k, n, &dense(a), &dense(b));
+    let y = matmul(ta, tb, m, k, n, &dense(a), &dense(b))?;
     // A third input (the gradient ops' use) gives the output its shape.
     let shape = match ni {
         3 => {
             let like = l.tensor(2)?.shape().to_vec();
-            if like.iter().product::<usize>() != m * n {
+            if like.iter().product::<usize>() != y.len() {
                 return Err(Error::shape(format!(
                     "MatMul: the product is {m} x {n}, which cannot take the shape {like:?} of '{}'",
                     l.input_name(2)
@@ -1764,25 +1780,18 @@ fn batch_matmul_t<T: Real>(l: &mut Locked<'_>, ta: bool, tb: bool, bcast: bool) 
     let (ba, bb) = (&sa[..sa.len() - 2], &sb[..sb.len() - 2]);
     let batch =
         broadcast_batch(ba, bb).ok_or_else(|| mismatch("the batch dims do not broadcast"))?;
+    let mut full = batch.clone();
+    full.extend([m, n]);
+    let total = crate::tensor::checked_numel::<T>(&full, format_args!("{op}'s output"))?;
     let nb: usize = batch.iter().product();
     let (ad, bd) = (dense(a), dense(b));
-    let total = nb
-        .checked_mul(m)
-        .and_then(|v| v.checked_mul(n))
-        .ok_or_else(|| mismatch("the output would have too many elements"))?;
-    let mut y = crate::tensor::try_vec::<T>(total, format!("{op}'s output"))?;
-    for i in 0..nb {
-        let oa = batch_offset(i, &batch, ba) * m * k;
-        let ob = batch_offset(i, &batch, bb) * k * n;
-        y.extend(matmul(
-            ta,
-            tb,
-            m,
-            k,
-            n,
-            &ad[oa..oa + m * k],
-            &bd[ob..ob + k * n],
-        ));
+    let mut y = crate::tensor::default_buffer::<T>(total, format!("{op}'s output"))?;
+    if m * n > 0 {
+        for (i, c) in y.chunks_mut(m * n).enumerate().take(nb) {
+            let oa = batch_offset(i, &batch, ba) * m * k;
+            let ob = batch_offset(i, &batch, bb) * k * n;
+            matmul_into(ta, tb, m, k, n, &ad[oa..oa + m * k], &bd[ob..ob + k * n], c);
+        }
     }
     let mut shape = batch;
     if !a_vec {

@@ -324,7 +324,15 @@ fn resolve_shape(op: &str, want: &[i64], old: &[usize], blob: &str) -> Result<Ve
             }
         }
     }
-    let known: usize = out.iter().product();
+    // The new shape is the user's (an argument or an input): one whose
+    // size overflows is refused as such, not multiplied (Caffe2's int64
+    // product wrapped).
+    let known = crate::tensor::checked_numel::<u8>(&out, "").map_err(|_| {
+        Error::invalid_arg(format!(
+            "{op}: the new shape {want:?} has too many elements (more than any tensor can hold)"
+        ))
+        .with_blob(blob)
+    })?;
     if let Some(i) = infer {
         if known == 0 && total == 0 {
             // An empty input: the missing dim is 0 too (Caffe2).
@@ -1026,19 +1034,15 @@ fn fb_dims(
     check_num_reduce(op, k, shape.len(), blob)?;
     let split = if front { k } else { shape.len() - k };
     // A shape given as an int64 input could overflow or ask for too much.
-    let product = |dims: &[usize]| {
-        dims.iter()
-            .try_fold(1usize, |a, &d| a.checked_mul(d))
-            .ok_or_else(|| {
-                Error::invalid_arg(format!("{op}: the shape {shape:?} has too many elements"))
-                    .with_blob(blob)
-            })
-    };
-    let (rows, cols) = (product(&shape[..split])?, product(&shape[split..])?);
-    rows.checked_mul(cols).ok_or_else(|| {
+    let too_many = |_| {
         Error::invalid_arg(format!("{op}: the shape {shape:?} has too many elements"))
             .with_blob(blob)
-    })?;
+    };
+    crate::tensor::checked_numel::<u8>(shape, "").map_err(too_many)?;
+    let (rows, cols) = (
+        shape[..split].iter().product::<usize>(),
+        shape[split..].iter().product::<usize>(),
+    );
     let out = if front {
         &shape[split..]
     } else {

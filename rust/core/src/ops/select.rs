@@ -462,14 +462,14 @@ fn unmasked_rows<T: Element>(g: &Tensor, mask: &[bool]) -> Result<Tensor> {
             a.shape()
         )));
     }
-    let gv: Vec<T> = a.iter().cloned().collect();
+    let gv = crate::tensor::try_collect(a.iter().cloned(), "BooleanMaskGradient's dY")?;
     let row: usize = a.shape()[1..].iter().product();
-    let mut dx = vec![T::default(); mask.len() * row];
+    let mut shape = a.shape().to_vec();
+    shape[0] = mask.len();
+    let mut dx = crate::tensor::zeroed_vec::<T>(&shape, "BooleanMaskGradient's output")?;
     for (k, (r, _)) in mask.iter().enumerate().filter(|(_, &m)| m).enumerate() {
         dx[r * row..(r + 1) * row].clone_from_slice(&gv[k * row..(k + 1) * row]);
     }
-    let mut shape = a.shape().to_vec();
-    shape[0] = mask.len();
     Ok(T::wrap(array(&shape, dx)?))
 }
 

@@ -6,7 +6,7 @@ use super::kernel;
 use crate::arg;
 use crate::error::{Error, Result};
 use crate::operator::{InPlace, OpDefCtx, OpSchema, Operator};
-use crate::tensor::{copy_array, try_vec, DataType, Element, Tensor};
+use crate::tensor::{checked_numel, copy_array, try_collect, try_vec, DataType, Element, Tensor};
 use ndarray::{ArrayViewD, IxDyn, Slice};
 
 fn in_place_0_0(i: usize, o: usize) -> bool {
@@ -356,17 +356,30 @@ fn around(shape: &[usize], axis: usize) -> (usize, usize, usize) {
 
 fn tile_of<T: Element>(t: &Tensor, axis: usize, tiles: usize) -> Result<Tensor> {
     let a = t.array::<T>()?;
-    let x: Vec<T> = a.iter().cloned().collect();
+    let mut shape = a.shape().to_vec();
+    let too_large = || {
+        Error::invalid_arg(format!(
+            "Tile: tiles = {tiles} is too large: {tiles} copies of the input (shape {:?}) along axis {axis} are more elements than any tensor can hold",
+            a.shape()
+        ))
+    };
+    shape[axis] = shape[axis].checked_mul(tiles).ok_or_else(too_large)?;
+    let n = checked_numel::<T>(&shape, "Tile's output").map_err(|_| too_large())?;
     let (outer, d, inner) = around(a.shape(), axis);
     let chunk = d * inner;
-    let mut y: Vec<T> = Vec::with_capacity(x.len() * tiles);
-    for o in 0..outer {
-        for _ in 0..tiles {
-            y.extend_from_slice(&x[o * chunk..(o + 1) * chunk]);
+    let mut y: Vec<T> = try_vec(n, format_args!("Tile's output (shape {shape:?})"))?;
+    if chunk > 0 {
+        let x = a.as_slice();
+        let x: std::borrow::Cow<'_, [T]> = match x {
+            Some(x) => x.into(),
+            None => crate::tensor::try_collect(a.iter().cloned(), "Tile's input")?.into(),
+        };
+        for o in 0..outer {
+            for _ in 0..tiles {
+                y.extend_from_slice(&x[o * chunk..(o + 1) * chunk]);
+            }
         }
     }
-    let mut shape = a.shape().to_vec();
-    shape[axis] *= tiles;
     Ok(T::wrap(
         ndarray::ArrayD::from_shape_vec(IxDyn(&shape), y)
             .map_err(|e| Error::internal(e.to_string()))?,
@@ -379,7 +392,7 @@ fn tile_grad_of<T: Element + std::ops::Add<Output = T>>(
     tiles: usize,
 ) -> Result<Tensor> {
     let a = t.array::<T>()?;
-    let dy: Vec<T> = a.iter().cloned().collect();
+    let dy = crate::tensor::try_collect(a.iter().cloned(), "TileGradient's dY")?;
     let mut shape = a.shape().to_vec();
     let (outer, d, inner) = around(&shape, axis);
     if tiles == 0 || d % tiles != 0 {
@@ -388,10 +401,10 @@ fn tile_grad_of<T: Element + std::ops::Add<Output = T>>(
         )));
     }
     let chunk = d / tiles * inner;
-    let mut dx: Vec<T> = Vec::with_capacity(outer * chunk);
+    let mut dx: Vec<T> = try_vec(outer * chunk, "TileGradient's output")?;
     for o in 0..outer {
         let base = o * d * inner;
-        let mut acc: Vec<T> = dy[base..base + chunk].to_vec();
+        let mut acc: Vec<T> = try_collect(dy[base..base + chunk].iter().cloned(), "a tile")?;
         for r in 1..tiles {
             let from = base + r * chunk;
             for (s, v) in acc.iter_mut().zip(&dy[from..from + chunk]) {
