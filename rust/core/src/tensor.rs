@@ -567,8 +567,9 @@ pub fn advise_huge_pages(ptr: *const u8, len: usize) {
 // Kernels use: [`zeroed_vec`] (a tensor's buffer of zeros, its shape
 // checked), [`default_buffer`] (n zeros), [`filled_vec`] (n copies of a
 // value: scratch of any type), [`try_vec`] (room for n), [`try_collect`]
-// (an iterator's items), and the array helpers [`default_array`],
-// [`filled_array`], [`collect_array`], [`copy_array`], [`concatenate`].
+// (an iterator's items), [`try_to_vec`] (a copy of a slice), and the array helpers [`default_array`],
+// [`filled_array`], [`collect_array`], [`copy_array`], [`map_array`],
+// [`zip_map_array`], [`fold_axis_array`], [`concatenate`].
 
 /// The error for a size that overflows: `what` says what was being
 /// sized, from what (an op's argument or input, named).
@@ -628,6 +629,14 @@ pub fn zeroed_vec<T: Element>(shape: &[usize], what: impl std::fmt::Display) -> 
 pub fn filled_vec<T: Clone>(n: usize, value: T, what: impl std::fmt::Display) -> Result<Vec<T>> {
     let mut v = try_vec(n, what)?;
     v.resize(n, value);
+    Ok(v)
+}
+
+/// A copy of `s` in a fallibly allocated `Vec` (`to_vec` aborts when it
+/// cannot allocate).
+pub fn try_to_vec<T: Clone>(s: &[T], what: impl std::fmt::Display) -> Result<Vec<T>> {
+    let mut v = try_vec(s.len(), what)?;
+    v.extend_from_slice(s);
     Ok(v)
 }
 
@@ -758,6 +767,66 @@ pub fn collect_array<T: Element>(
     let mut v = try_vec(n, tensor_what::<T>(shape))?;
     v.extend(values.into_iter().take(n));
     ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|e| Error::shape(e.to_string()))
+}
+
+/// `f` of each element of `a` (row-major), in a fallibly allocated array
+/// of `a`'s shape (ndarray's `map`/`mapv` abort when they cannot allocate).
+pub fn map_array<A, U: Element>(
+    a: ndarray::ArrayViewD<'_, A>,
+    f: impl FnMut(&A) -> U,
+) -> Result<ArrayD<U>> {
+    let mut v = try_vec(a.len(), tensor_what::<U>(a.shape()))?;
+    match a.as_slice() {
+        Some(s) => v.extend(s.iter().map(f)),
+        None => v.extend(a.iter().map(f)),
+    }
+    ArrayD::from_shape_vec(a.raw_dim(), v).map_err(|e| Error::internal(format!("mapping: {e}")))
+}
+
+/// `f` of each pair of elements of `a` and `b` (one shape, checked by the
+/// caller), in a fallibly allocated array (ndarray's `Zip::map_collect`
+/// aborts when it cannot allocate).
+pub fn zip_map_array<A, B, U: Element>(
+    a: ndarray::ArrayViewD<'_, A>,
+    b: ndarray::ArrayViewD<'_, B>,
+    mut f: impl FnMut(&A, &B) -> U,
+) -> Result<ArrayD<U>> {
+    if a.shape() != b.shape() {
+        return Err(Error::shape(format!(
+            "mapping shapes {:?} and {:?} together",
+            a.shape(),
+            b.shape()
+        )));
+    }
+    let mut v = try_vec(a.len(), tensor_what::<U>(a.shape()))?;
+    match (a.as_slice(), b.as_slice()) {
+        (Some(x), Some(y)) => v.extend(x.iter().zip(y).map(|(x, y)| f(x, y))),
+        _ => v.extend(a.iter().zip(b.iter()).map(|(x, y)| f(x, y))),
+    }
+    ArrayD::from_shape_vec(a.raw_dim(), v).map_err(|e| Error::internal(format!("mapping: {e}")))
+}
+
+/// `a` folded along `axis` (kept, of length 1), each result
+/// `f(...f(f(init, a[0]), a[1])..., a[n-1])` as ndarray's `fold_axis`, in
+/// a fallibly allocated array (`fold_axis` aborts when it cannot allocate).
+pub fn fold_axis_array<T: Element>(
+    a: ndarray::ArrayViewD<'_, T>,
+    axis: usize,
+    init: T,
+    f: impl Fn(&T, &T) -> T,
+) -> Result<ArrayD<T>> {
+    let mut shape = a.shape().to_vec();
+    shape[axis] = 1;
+    let mut out = filled_array(&shape, init)?;
+    {
+        let mut o = out.index_axis_mut(ndarray::Axis(axis), 0);
+        for lane in a.axis_iter(ndarray::Axis(axis)) {
+            ndarray::Zip::from(&mut o)
+                .and(&lane)
+                .for_each(|o, x| *o = f(o, x));
+        }
+    }
+    Ok(out)
 }
 
 /// An owned copy of `a` (row-major), or an `OutOfMemory` error. A large

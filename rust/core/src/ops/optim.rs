@@ -639,13 +639,14 @@ fn build_sparse_adagrad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         let lr = scalar_f32(&l, op, 4, "the learning rate")?;
         let shape_p = p.shape().to_vec();
         let shape_m = m.shape().to_vec();
-        let mut pv: Vec<f32> = p.iter().copied().collect();
-        let mut mv: Vec<f32> = m.iter().copied().collect();
-        let gv: Vec<f32> = g.iter().copied().collect();
+        let mut pv: Vec<f32> = crate::tensor::try_collect(p.iter().copied(), "a kernel buffer")?;
+        let mut mv: Vec<f32> = crate::tensor::try_collect(m.iter().copied(), "a kernel buffer")?;
+        let gv: Vec<f32> = crate::tensor::try_collect(g.iter().copied(), "a kernel buffer")?;
         for (i, &r) in rows.iter().enumerate() {
-            let gs: Vec<f32> = (0..block)
-                .map(|j| gv[i * block + j] + wd * pv[r * block + j])
-                .collect();
+            let gs: Vec<f32> = crate::tensor::try_collect(
+                (0..block).map(|j| gv[i * block + j] + wd * pv[r * block + j]),
+                "a kernel buffer",
+            )?;
             if row_wise {
                 let mean = if block == 0 {
                     0.0
@@ -710,7 +711,10 @@ pub(super) fn sparse_rows(
 
 pub(super) fn vec_of(l: &Locked<'_>, op: &str, i: usize) -> Result<(Vec<f32>, Vec<usize>)> {
     let a = f32_in(l, op, i, "")?;
-    Ok((a.iter().copied().collect(), a.shape().to_vec()))
+    Ok((
+        crate::tensor::try_collect(a.iter().copied(), "a kernel buffer")?,
+        a.shape().to_vec(),
+    ))
 }
 
 pub(super) fn arr(shape: &[usize], v: Vec<f32>) -> Result<Tensor> {

@@ -132,10 +132,13 @@ fn ids(l: &Locked<'_>, op: &str, i: usize, what: &str) -> Result<Vec<usize>> {
     let t = l.tensor(i)?;
     let name = l.input_name(i);
     let raw: Vec<i64> = match (t.ndim(), t.dtype()) {
-        (1, crate::tensor::DataType::Int32) => {
-            t.array::<i32>()?.iter().map(|&v| v as i64).collect()
+        (1, crate::tensor::DataType::Int32) => crate::tensor::try_collect(
+            t.array::<i32>()?.iter().map(|&v| v as i64),
+            "a kernel buffer",
+        )?,
+        (1, crate::tensor::DataType::Int64) => {
+            crate::tensor::try_collect(t.array::<i64>()?.iter().copied(), "a kernel buffer")?
         }
-        (1, crate::tensor::DataType::Int64) => t.array::<i64>()?.iter().copied().collect(),
         _ => {
             return Err(Error::type_error(format!(
                 "{op}: {what} ('{name}') must be a 1-D int32 or int64 tensor, got {} of shape {:?}",
@@ -211,7 +214,7 @@ fn segment_t<T: Real>(l: &mut Locked<'_>, op: &str, num: Option<i64>) -> Result<
         }
         idx
     } else {
-        (0..d.shape()[0]).collect()
+        crate::tensor::try_collect(0..d.shape()[0], "a kernel buffer")?
     };
     if rows.len() != seg.len() {
         return Err(Error::shape(format!(

@@ -510,32 +510,40 @@ fn expand_grad_of<T: Element + std::ops::Add<Output = T> + Default>(
     dy: &Tensor,
     xs: &[usize],
 ) -> Result<Tensor> {
-    let mut g = dy.array::<T>()?.clone();
-    let nd = g.ndim();
+    let a = dy.array::<T>()?;
+    let nd = a.ndim();
     if xs.len() > nd {
         return Err(Error::shape(format!(
             "ExpandGradient: X (shape {xs:?}) has more dims than dY (shape {:?})",
-            g.shape()
+            a.shape()
         )));
     }
     let pad: Vec<usize> = std::iter::repeat_n(1, nd - xs.len())
         .chain(xs.iter().copied())
         .collect();
+    // Folded from a view of dY: nothing is copied until the first fold.
+    let mut g: Option<ndarray::ArrayD<T>> = None;
     for ax in (0..nd).rev() {
-        if pad[ax] == 1 && g.shape()[ax] != 1 {
-            g = g
-                .fold_axis(ndarray::Axis(ax), T::default(), |s, v| {
-                    s.clone() + v.clone()
-                })
-                .insert_axis(ndarray::Axis(ax));
-        } else if pad[ax] != g.shape()[ax] {
+        let len = g.as_ref().map_or(a.shape()[ax], |g| g.shape()[ax]);
+        if pad[ax] == 1 && len != 1 {
+            let v = g.as_ref().map_or_else(|| a.view(), |g| g.view());
+            g = Some(crate::tensor::fold_axis_array(
+                v,
+                ax,
+                T::default(),
+                |s, v| s.clone() + v.clone(),
+            )?);
+        } else if pad[ax] != len {
             return Err(Error::shape(format!(
                 "ExpandGradient: dY (shape {:?}) is not X's shape {xs:?} broadcast",
                 dy.shape()
             )));
         }
     }
-    let v: Vec<T> = g.iter().cloned().collect();
+    let v: Vec<T> = match &g {
+        Some(g) => try_collect(g.iter().cloned(), "ExpandGradient's output")?,
+        None => try_collect(a.iter().cloned(), "ExpandGradient's output")?,
+    };
     Ok(T::wrap(
         ndarray::ArrayD::from_shape_vec(IxDyn(xs), v)
             .map_err(|e| Error::internal(e.to_string()))?,

@@ -185,7 +185,7 @@ pub fn schemas() -> Vec<OpSchema> {
 pub(crate) fn indices(l: &Locked<'_>, op: &str, i: usize) -> Result<(Vec<i64>, Vec<usize>)> {
     let t = l.tensor(i)?;
     crate::with_match_dtype!(tensor ints t,
-    |a: T| Ok((a.iter().map(|&v| i64::from(v)).collect(), a.shape().to_vec())),
+    |a: T| Ok((crate::tensor::try_collect(a.iter().map(|&v| i64::from(v)), "a kernel buffer")?, a.shape().to_vec())),
     else _ => {
         let name = l.input_name(i);
         Err(Error::type_error(format!(
@@ -278,7 +278,7 @@ fn gather_of<T: Element>(
     let outer: usize = shape[..axis].iter().product();
     let n = shape[axis];
     let inner: usize = shape[axis + 1..].iter().product();
-    let src: Vec<T> = a.iter().cloned().collect();
+    let src: Vec<T> = crate::tensor::try_collect(a.iter().cloned(), "a kernel buffer")?;
     let per = if match_outer {
         rows.len() / outer.max(1)
     } else {
@@ -545,7 +545,7 @@ fn sls_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
     let rows = if sparse {
         index_rows(l, op, data.shape()[0], 1)?
     } else {
-        (0..data.shape()[0]).collect()
+        crate::tensor::try_collect(0..data.shape()[0], "a kernel buffer")?
     };
     let lens = lengths(l, op, if sparse { 2 } else { 1 }, Some(rows.len()))?;
     let inner: usize = data.shape()[1..].iter().product();
@@ -659,7 +659,7 @@ fn weighted_rows(l: &Locked<'_>, op: &str, sparse: bool, idx_input: usize) -> Re
         .with_blob(l.input_name(0))
     })?;
     if !sparse {
-        return Ok((0..n).collect());
+        return Ok(crate::tensor::try_collect(0..n, "a kernel buffer")?);
     }
     index_rows(l, op, n, idx_input)
 }
@@ -744,7 +744,7 @@ fn wsls_grad_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
         let rows = if sparse {
             index_rows(l, op, data.shape()[0], 4)?
         } else {
-            (0..data.shape()[0]).collect()
+            crate::tensor::try_collect(0..data.shape()[0], "a kernel buffer")?
         };
         if rows.len() != total {
             return Err(Error::invalid_arg(format!(
@@ -839,7 +839,7 @@ fn build_scatter_weighted_sum(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         let (idx, _) = indices(&l, OP, 2)?;
         let rows = checked_rows(OP, &idx, x0.shape()[0], false, l.input_name(2))?;
         let inner: usize = x0.shape()[1..].iter().product();
-        let mut out: Vec<f32> = x0.iter().copied().collect();
+        let mut out: Vec<f32> = crate::tensor::try_collect(x0.iter().copied(), "a kernel buffer")?;
         let shape = x0.shape().to_vec();
         let mut slices = Vec::new();
         for p in (3..ni).step_by(2) {
