@@ -969,6 +969,43 @@ impl Tensor {
         Ok(self.clone())
     }
 
+    /// The same elements (row-major) in the shape `shape`, which must hold
+    /// as many; the buffer is moved, not copied, when nothing else holds
+    /// it and it is in row-major order.
+    pub fn into_shape(self, shape: &[usize]) -> Result<Tensor> {
+        let n = checked_numel::<u8>(shape, "the new shape")?;
+        if n != self.numel() {
+            return Err(Error::shape(format!(
+                "a tensor of shape {:?} cannot take the shape {shape:?}",
+                self.shape()
+            )));
+        }
+        fn reshaped<T: Element>(a: Shared<T>, shape: &[usize]) -> Result<Shared<T>> {
+            let a = into_array(a)?;
+            let a = if a.is_standard_layout() {
+                a
+            } else {
+                copy_array(a.view())?
+            };
+            a.into_shape_with_order(IxDyn(shape))
+                .map(Arc::new)
+                .map_err(|e| Error::internal(format!("reshaping: {e}")))
+        }
+        Ok(match self {
+            Tensor::F32(a) => Tensor::F32(reshaped(a, shape)?),
+            Tensor::F64(a) => Tensor::F64(reshaped(a, shape)?),
+            Tensor::I32(a) => Tensor::I32(reshaped(a, shape)?),
+            Tensor::I64(a) => Tensor::I64(reshaped(a, shape)?),
+            Tensor::Bool(a) => Tensor::Bool(reshaped(a, shape)?),
+            Tensor::U8(a) => Tensor::U8(reshaped(a, shape)?),
+            Tensor::I8(a) => Tensor::I8(reshaped(a, shape)?),
+            Tensor::I16(a) => Tensor::I16(reshaped(a, shape)?),
+            Tensor::U16(a) => Tensor::U16(reshaped(a, shape)?),
+            Tensor::Str(a) => Tensor::Str(reshaped(a, shape)?),
+            Tensor::F16(a) => Tensor::F16(reshaped(a, shape)?),
+        })
+    }
+
     /// A copy of the tensor in a buffer of its own (row-major), or an
     /// `OutOfMemory` error.
     pub fn deep_copy(&self) -> Result<Tensor> {
@@ -1282,6 +1319,81 @@ pub fn prefault_for_write(start: usize, end: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The one checked size rule (issue 28): ndarray's (the product of the
+    /// non-zero dims, in bytes, fits in isize), so a zero dim does not
+    /// excuse overflowing others.
+    #[test]
+    fn checked_numel_follows_ndarrays_rule() {
+        assert_eq!(checked_numel::<f32>(&[2, 3], "t").unwrap(), 6);
+        assert_eq!(checked_numel::<f32>(&[0, 1 << 40], "t").unwrap(), 0);
+        for bad in [
+            &[1usize << 62, 1 << 62, 0][..],
+            &[1 << 62, 2],
+            &[usize::MAX],
+        ] {
+            let e = checked_numel::<f32>(bad, "Reshape's output").unwrap_err();
+            assert_eq!(e.kind, ErrorKind::Shape);
+            assert!(
+                e.message.starts_with("Reshape's output: the shape"),
+                "{}",
+                e.message
+            );
+        }
+        // 2^61 float32 elements are 2^63 bytes: one more than isize holds.
+        assert!(checked_numel::<f32>(&[1 << 61], "t").is_err());
+        assert!(checked_numel::<u8>(&[1 << 61], "t").is_ok());
+    }
+
+    /// A buffer that cannot be had is an OutOfMemory error naming its size,
+    /// not an abort (2^56 bytes: more than any machine maps).
+    #[test]
+    fn unallocatable_buffers_are_out_of_memory_errors() {
+        let huge = 1usize << 54;
+        let errs = [
+            zeroed_vec::<f32>(&[huge], "Tile's output").unwrap_err(),
+            filled_vec(huge, 1.5f32, "scratch").unwrap_err(),
+            default_buffer::<f64>(huge / 2, "scratch").unwrap_err(),
+            try_collect((0..huge).map(|i| i as f32), "scratch").unwrap_err(),
+        ];
+        for e in errs {
+            assert_eq!(e.kind, ErrorKind::OutOfMemory, "{}", e.message);
+            assert!(e.message.contains(&(huge * 4).to_string()), "{}", e.message);
+        }
+    }
+
+    /// The fallible array helpers give what ndarray's own would.
+    #[test]
+    fn fallible_array_helpers_match_ndarray() {
+        let a =
+            ArrayD::from_shape_vec(IxDyn(&[2, 3, 4]), (0..24).map(|v| v as f64).collect()).unwrap();
+        for axis in 0..3 {
+            let want = a.fold_axis(ndarray::Axis(axis), 0.5, |s, v| s * 0.5 + v);
+            let got = fold_axis_array(a.view(), axis, 0.5, |s, v| s * 0.5 + v).unwrap();
+            assert_eq!(got.index_axis(ndarray::Axis(axis), 0), want);
+        }
+        let t = a.view().reversed_axes();
+        assert_eq!(
+            map_array(t.view(), |v| v * 2.0).unwrap(),
+            t.mapv(|v| v * 2.0)
+        );
+        assert_eq!(
+            zip_map_array(t.view(), t.view(), |x, y| x - y).unwrap(),
+            ArrayD::<f64>::zeros(t.raw_dim())
+        );
+        let moved = Tensor::from(a.clone()).into_shape(&[4, 6]).unwrap();
+        assert_eq!(moved.shape(), &[4, 6]);
+        assert_eq!(
+            moved
+                .array::<f64>()
+                .unwrap()
+                .iter()
+                .copied()
+                .collect::<Vec<_>>(),
+            a.iter().copied().collect::<Vec<_>>()
+        );
+        assert!(Tensor::from(a).into_shape(&[5, 5]).is_err());
+    }
 
     #[test]
     fn wrong_dtype_names_both() {

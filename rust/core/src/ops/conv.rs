@@ -369,6 +369,7 @@ impl Window {
             let dk = (kernel[i].max(1) - 1)
                 .checked_mul(dilation[i])
                 .and_then(|v| v.checked_add(1))
+                .filter(|&v| v <= isize::MAX as usize)
                 .ok_or_else(|| {
                     too_large(
                         "dilations",
@@ -471,8 +472,14 @@ impl Window {
 
 /// The error for a window argument that makes a size overflow.
 fn too_large(arg: &str, what: String) -> Error {
+    let names = match arg {
+        "pads" => "`pad`/`pads`",
+        "strides" => "`stride`/`strides`",
+        "dilations" => "`dilation`/`dilations`",
+        _ => "`kernel`/`kernels`",
+    };
     Error::invalid_arg(format!(
-        "the argument `{arg}` is too large: {what} overflows (more elements than any tensor can hold)"
+        "the argument {names} is too large: {what} overflows (more elements than any tensor can hold)"
     ))
 }
 
@@ -2056,6 +2063,65 @@ pub fn schemas() -> Vec<OpSchema> {
 mod tests {
     use crate::error::ErrorKind;
     use crate::test_util::{f32s, get, int_arg, op, run, vals, ws_with};
+
+    /// Window arguments whose sizes overflow are refused, naming the
+    /// argument (issue 28: they wrapped, or panicked in debug builds), and
+    /// a kernel read from a filter with a 0 spatial dim is a shape error.
+    #[test]
+    fn overflowing_windows_and_empty_kernels_are_refused() {
+        let ws = ws_with(&[
+            ("x", f32s(&[1, 1, 5, 5], &[1.; 25])),
+            ("w", f32s(&[3, 1, 3, 3], &[1.; 27])),
+            ("wt", f32s(&[1, 3, 3, 3], &[1.; 27])),
+            ("w0", f32s(&[3, 1, 0, 3], &[])),
+            ("w4", f32s(&[1, 1, 4, 4], &[1.; 16])),
+        ]);
+        let cases = [
+            (
+                "Conv",
+                "w",
+                vec![int_arg("kernel", 3), int_arg("pad", 1 << 62)],
+                "`pad`/`pads`",
+            ),
+            (
+                "Conv",
+                "w",
+                vec![int_arg("kernel", 3), int_arg("pad", i64::MAX)],
+                "`pad`/`pads`",
+            ),
+            (
+                "ConvTranspose",
+                "wt",
+                vec![int_arg("kernel", 3), int_arg("stride", 1 << 62)],
+                "`stride`/`strides`",
+            ),
+            (
+                "MaxPool",
+                "",
+                vec![int_arg("kernel", 1), int_arg("pad", i64::MAX)],
+                "`pad`/`pads`",
+            ),
+            (
+                "Conv",
+                "w4",
+                vec![int_arg("kernel", 4), int_arg("dilation", i64::MAX)],
+                "`dilation`/`dilations`",
+            ),
+        ];
+        for (ty, w, args, arg) in cases {
+            let ins: Vec<&str> = if w.is_empty() {
+                vec!["x"]
+            } else {
+                vec!["x", w]
+            };
+            let e = run(&ws, op(ty, &ins, &["y"], args)).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::InvalidArgument, "{ty}: {}", e.message);
+            assert!(e.message.contains(arg), "{ty}: {}", e.message);
+        }
+        let e = run(&ws, op("Conv", &["x", "w0"], &["y"], vec![])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Shape, "{}", e.message);
+        assert!(e.message.contains("must all be > 0"), "{}", e.message);
+    }
 
     #[test]
     fn conv_by_hand() {

@@ -88,11 +88,8 @@ struct BnArgs {
 impl BnArgs {
     fn parse(ctx: &OpDefCtx<'_>) -> Result<BnArgs> {
         let is_test = ctx.args.i64("is_test", 0)? != 0;
-        let epsilon = f64::from(ctx.args.f32("epsilon", 1e-5)?);
+        let epsilon = f64::from(ctx.epsilon(1e-5)?);
         let momentum = f64::from(ctx.args.f32("momentum", 0.9)?);
-        if epsilon <= 0.0 {
-            return Err(ctx.bad_arg(format!("epsilon must be > 0, got {epsilon}")));
-        }
         if !(0.0..=1.0).contains(&momentum) {
             return Err(ctx.bad_arg(format!("momentum must be in [0, 1], got {momentum}")));
         }
@@ -788,7 +785,7 @@ impl LnArgs {
         let affine = ctx.args.bool("elementwise_affine", false)?;
         let a = LnArgs {
             axis: ctx.args.i64("axis", 1)?,
-            epsilon: ctx.args.f32("epsilon", 1e-5)? as f64,
+            epsilon: ctx.epsilon(1e-5)? as f64,
             affine,
             op: ctx.op_type().to_string(),
         };

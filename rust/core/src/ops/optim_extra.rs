@@ -206,7 +206,7 @@ fn sum_sq(g: &[f32]) -> f64 {
 }
 
 fn build_wngrad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
-    let eps = ctx.args.f32("epsilon", 1e-5)?;
+    let eps = ctx.epsilon(1e-5)?;
     let sparse = ctx.op_type() == "SparseWngrad";
     let op = ctx.op_type().to_string();
     let n_out = ctx.num_outputs();
@@ -304,7 +304,7 @@ fn build_decay_adagrad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     const OP: &str = "DecayAdagrad";
     let b1 = ctx.args.f32("beta1", 0.9)?;
     ctx.args.f32("beta2", 0.999)?;
-    let eps = ctx.args.f32("epsilon", 1e-5)?;
+    let eps = ctx.epsilon(1e-5)?;
     let wd = ctx.args.f32("weight_decay", 0.0)?;
     let corr_first = ctx.args.bool("bias_correction_first", true)?;
     Ok(kernel(move |cx| {
@@ -620,7 +620,7 @@ fn build_yellowfin(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     const OP: &str = "YellowFin";
     let beta = f64::from(ctx.args.f32("beta", 0.999)?);
     let width = ctx.args.i64("curv_win_width", 20)?;
-    let eps = f64::from(ctx.args.f32("epsilon", 1e-6)?);
+    let eps = f64::from(ctx.epsilon(1e-6)?);
     let nesterov = ctx.args.i64("nesterov", 0)? != 0;
     let zero_debias = ctx.args.bool("zero_debias", true)?;
     if width < 1 {
