@@ -336,13 +336,19 @@ pub(crate) fn tensor_to_py(py: Python<'_>, t: &Tensor, blob: &str) -> PyResult<P
     Ok(
         ferrocaffe::with_match_dtype!(tensor fixed t, |a: T| array_to_py(py, a, blob)?,
         else Tensor::Str(a) => {
-            // rust-numpy builds arrays of at most VIEW_MAX_DIMS dims: a
-            // flat one, reshaped by numpy.
-            let objs: Vec<Py<PyAny>> =
-                a.iter().map(|b| PyBytes::new(py, b).into_any().unbind()).collect();
-            let flat = numpy::PyArray1::from_vec(py, objs).into_any();
-            flat.call_method1("reshape", (pyo3::types::PyTuple::new(py, a.shape())?,))?
-                .unbind()
+            if a.ndim() <= VIEW_MAX_DIMS {
+                let objs = a.map(|b| PyBytes::new(py, b).into_any().unbind());
+                PyArrayDyn::from_owned_array(py, objs).into_any().unbind()
+            } else {
+                // rust-numpy builds arrays of at most VIEW_MAX_DIMS dims: a
+                // flat one, reshaped (and copied, to own its data) by numpy.
+                let objs: Vec<Py<PyAny>> =
+                    a.iter().map(|b| PyBytes::new(py, b).into_any().unbind()).collect();
+                let flat = numpy::PyArray1::from_vec(py, objs).into_any();
+                flat.call_method1("reshape", (pyo3::types::PyTuple::new(py, a.shape())?,))?
+                    .call_method0("copy")?
+                    .unbind()
+            }
         }),
     )
 }
