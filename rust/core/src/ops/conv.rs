@@ -1578,11 +1578,11 @@ fn add_bias<T: Float>(y: &mut [T], b: &[T], ch: usize, sp: usize, order: Order) 
 }
 
 /// The per-channel sums of images of `ch` channels and `sp` pixels.
-fn channel_sums<T: Float>(y: &[T], ch: usize, sp: usize, order: Order) -> Vec<T> {
-    let mut s = vec![T::of(0.0); ch];
+fn channel_sums<T: Float>(y: &[T], ch: usize, sp: usize, order: Order) -> Result<Vec<T>> {
+    let mut s = crate::tensor::default_buffer::<T>(ch, "a bias gradient")?;
     let img = ch * sp;
     if img == 0 {
-        return s;
+        return Ok(s);
     }
     for im in y.chunks(img) {
         match order {
@@ -1602,7 +1602,7 @@ fn channel_sums<T: Float>(y: &[T], ch: usize, sp: usize, order: Order) -> Vec<T>
             }
         }
     }
-    s
+    Ok(s)
 }
 
 // ---------------------------------------------------------- shape checks --
@@ -1894,7 +1894,9 @@ fn conv_grad_t<T: Float>(l: &mut Locked<'_>, a: &ConvArgs, no_bias: bool) -> Res
     } else {
         p.g.out_len()
     };
-    let db = (!no_bias).then(|| channel_sums(&dy, s.bias_ch, sp, p.order));
+    let db = (!no_bias)
+        .then(|| channel_sums(&dy, s.bias_ch, sp, p.order))
+        .transpose()?;
     let want_dx = a.num_outputs == if no_bias { 2 } else { 3 };
     let dx = if want_dx {
         let mut dx = crate::tensor::zeroed_vec::<T>(&x_shape, format_args!("{op}'s dX"))?;

@@ -112,7 +112,7 @@ fn arg_of<T: Element + PartialOrd>(
             a.shape()
         )));
     }
-    let mut out = Vec::with_capacity(outer * inner);
+    let mut out = crate::tensor::try_vec(outer * inner, "ArgMax/ArgMin's output")?;
     for o in 0..outer {
         for i in 0..inner {
             let at = |j: usize| &x[(o * d + j) * inner + i];
