@@ -224,8 +224,10 @@ def build_train_model(cfg):
         ('data', Scalar((np.float32, (PIXELS,)))),
         ('label', Scalar(np.int32))))
     pred = cfg.network.add_layers(model, rec.data())
-    _, loss = model.net.SoftmaxWithLoss([pred, rec.label()],
-                                        ['softmax', 'loss'])
+    softmax, loss = model.net.SoftmaxWithLoss([pred, rec.label()],
+                                              ['softmax', 'loss'])
+    # The batch's accuracy, for the progress display (no gradient).
+    model.Accuracy([softmax, rec.label()], 'accuracy')
     model.AddGradientOperators([loss])
     # The rate drops tenfold every 10 epochs (in iterations: batches).
     batches = -(-TRAIN_IMAGES // cfg.batch_size)
@@ -249,13 +251,14 @@ def build_test_model(cfg, data, label):
 
 # ------------------------------------------------------------------- job --
 
-def build_job(cfg, model=None, track_loss=False):
+def build_job(cfg, model=None, track_loss=True):
     """The Job, and the names of the blobs the model db holds. ``model``:
     the training model (``build_train_model(cfg)`` when None).
-    ``track_loss``: the loss of the first pipe thread's last batch of each
-    epoch is kept where the job can fetch it, and tracked
-    (``Job.track_scalars``: a JobRunner given a ``summary`` logs it as
-    ``train/loss``)."""
+    ``track_loss``: the loss and accuracy of the first pipe thread's last
+    batch of each epoch are kept where the job can fetch them, and tracked
+    (``Job.track_scalars``: the JobRunner's progress shows them, and a
+    JobRunner given a ``summary`` logs them as ``train/loss`` and
+    ``train/accuracy``)."""
     make_data(cfg)
     train_reader = make_reader(cfg, 'train', cfg.batch_size, 'train_reader')
     if model is None:
@@ -283,10 +286,14 @@ def build_job(cfg, model=None, track_loss=False):
             # blobs are renamed (NetProcessor.blob_maps). A blob made under
             # such a name before the threads start is shared, not made
             # again by the thread: the first thread's loss is tracked.
-            loss = processor.blob_maps()[0]['loss']
+            names = processor.blob_maps()[0]
+            tracked = {'train/loss': names['loss']}
+            if 'accuracy' in names:
+                tracked['train/accuracy'] = names['accuracy']
             with job.init_group, Task(name='init_loss'):
-                ops.ConstantFill([], [loss], shape=[], value=0.0)
-            job.track_scalars(**{'train/loss': loss})
+                for blob in tracked.values():
+                    ops.ConstantFill([], [blob], shape=[], value=0.0)
+            job.track_scalars(**tracked)
 
         with job.exit_group, Task(name='evaluate_and_write_model'):
             test_reader = make_reader(cfg, 'test', TEST_IMAGES, 'test_reader')
@@ -305,6 +312,31 @@ def checkpoint_manager(cfg):
     return CheckpointManager(
         cfg.checkpoint_dir, NODE, 'ferro',
         metadata_handler=FileMetadataHandler(max_to_keep=cfg.max_to_keep))
+
+
+def checkpoint_misfits(cfg, model):
+    """``[(blob, shape in the newest checkpoint, shape in the model)]`` for
+    the model's parameters whose shapes differ (a checkpoint of another
+    network, e.g. other ``--hidden`` widths); empty when there is no
+    checkpoint or it fits."""
+    epochs = {e: n[NODE] for e, n in find_checkpoints(cfg.checkpoint_dir).items()
+              if NODE in n}
+    if not epochs:
+        return []
+    path = epochs[max(epochs)]
+    try:
+        saved = {e['name']: tuple(e['shape']) for e in _core.list_db(path, 'ferro')}
+    except Exception:  # a damaged newest checkpoint: the runner skips it
+        return []
+    ws = workspace.Workspace()
+    ws.run(model.param_init_net)
+    misfits = []
+    for p in model.GetParams():
+        want = tuple(ws.fetch_blob(str(p)).shape)
+        have = saved.get(str(p))
+        if have is not None and have != want:
+            misfits.append((str(p), have, want))
+    return misfits
 
 
 def read_model(path):
@@ -386,21 +418,31 @@ def config_from_args(args, defaults=None):
 def train(cfg, args):
     """Runs the job (from the newest checkpoint that verifies, if any) and
     prints what it did; returns the model db's blobs (``read_model``), or
-    None when Ctrl-C stopped it."""
+    None when Ctrl-C stopped it. Checkpoints of another network in the
+    workdir stop it before training (SystemExit 2, saying how to start
+    over)."""
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format='%(levelname)s %(name)s: %(message)s')
     if args.fresh:
         remove_outputs(cfg)
     print('workdir %s' % cfg.workdir, flush=True)
+    model = build_train_model(cfg)
+    misfits = checkpoint_misfits(cfg, model)
+    if misfits:
+        blob, have, want = misfits[0]
+        print('the checkpoints in %s were made by another network: %s has '
+              'shape %s there and %s in this one (%s); run with --fresh to '
+              'start over, or give another --workdir' % (
+                  cfg.checkpoint_dir, blob, list(have), list(want),
+                  cfg.network.describe()), file=sys.stderr, flush=True)
+        raise SystemExit(2)
     epochs = [e for e, nodes in find_checkpoints(cfg.checkpoint_dir).items()
               if NODE in nodes]
     if epochs:
         print('checkpoints found up to epoch %d: resuming from the newest '
               'one that verifies' % max(epochs), flush=True)
-
-    model = build_train_model(cfg)
-    job, params = build_job(cfg, model, track_loss=bool(args.tensorboard))
+    job, params = build_job(cfg, model)
     summary = None
     if args.tensorboard:
         from ferrocaffe.tensorboard import ScalarLogger
@@ -453,7 +495,14 @@ def train(cfg, args):
 
 def main(argv=None):
     args = parse_args(argv)
-    model = train(config_from_args(args), args)
+    try:
+        model = train(config_from_args(args), args)
+    except KeyboardInterrupt:
+        # Before the job started (writing the data, building the nets):
+        # nothing to resume yet, and the data files are whole or absent.
+        print('interrupted before training started; run the same command '
+              'again to start', file=sys.stderr, flush=True)
+        return 130
     return 130 if model is None else 0
 
 

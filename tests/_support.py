@@ -5,7 +5,10 @@ Imported as a top-level module (`from _support import ...`), like
 
 import importlib.util
 import os
+import shutil
 import threading
+
+import pytest
 
 import ferrocaffe
 
@@ -46,3 +49,19 @@ def run_in_thread(fn, timeout=None):
     if 'error' in box:
         raise box['error']
     return box.get('value')
+
+
+# CI (.ci/run installs the system programs some tests need) sets this, so
+# that a missing program fails those tests there instead of skipping them.
+REQUIRE_PROGRAMS = bool(os.environ.get('FERROCAFFE_REQUIRE_PROGRAMS')
+                        or os.environ.get('FERROCAFFE_REQUIRE_BROWSER')
+                        or os.environ.get('CI'))
+
+
+def needs_program(name, install):
+    """A mark that skips a test (with a one-line reason) when the system
+    program `name` is not on PATH, unless CI requires the program: then the
+    test runs and fails on its absence. `install` says how to get it."""
+    missing = shutil.which(name) is None
+    return pytest.mark.skipif(missing and not REQUIRE_PROGRAMS,
+                              reason=f'needs the {name} program ({install})')

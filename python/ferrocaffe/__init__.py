@@ -10,13 +10,12 @@ Call :func:`register_caffe2_alias` to let unmodified
 ``from caffe2.python import ...`` code run on ferrocaffe.
 """
 
-from __future__ import annotations
-
-import importlib
-import importlib.abc
-import importlib.util
-import sys
-import types
+# Imported under private names: dir(ferrocaffe) shows the package's API only.
+import importlib as _importlib
+import importlib.abc as _importlib_abc
+import importlib.util as _importlib_util
+import sys as _sys
+import types as _types
 
 from . import errors
 from ._core import __version__
@@ -33,6 +32,7 @@ _ALIASES = {
     "caffe2.python.context": "ferrocaffe.context",
     "caffe2.python.net_builder": "ferrocaffe.net_builder",
     "caffe2.python.control_ops_util": "ferrocaffe.control_ops_util",
+    "caffe2.python.control_ops_grad": "ferrocaffe.control_ops_grad",
     "caffe2.python.task": "ferrocaffe.task",
     "caffe2.python.net_printer": "ferrocaffe.net_printer",
     "caffe2.python.net_drawer": "ferrocaffe.net_drawer",
@@ -53,6 +53,9 @@ _ALIASES = {
     "caffe2.python.brew": "ferrocaffe.brew",
     "caffe2.python.optimizer": "ferrocaffe.optimizer",
     "caffe2.python.gradient_checker": "ferrocaffe.gradient_checker",
+    "caffe2.python.device_checker": "ferrocaffe.device_checker",
+    "caffe2.python.hip_test_util": "ferrocaffe.hip_test_util",
+    "caffe2.python.mkl_test_util": "ferrocaffe.mkl_test_util",
     "caffe2.python.cnn": "ferrocaffe.cnn",
     # Caffe2's compiled module (workspace.C there): a module holding the
     # attributes of ferrocaffe's workspace.C namespace.
@@ -65,7 +68,7 @@ _ALIASES = {
 _PACKAGES = ("caffe2", "caffe2.python", "caffe2.proto")
 
 
-class _AliasLoader(importlib.abc.Loader):
+class _AliasLoader(_importlib_abc.Loader):
     def __init__(self, target: str | None):
         self.target = target
 
@@ -74,27 +77,27 @@ class _AliasLoader(importlib.abc.Loader):
             return None  # a plain namespace package
         if ":" in self.target:
             module_name, attr = self.target.split(":")
-            module = types.ModuleType(spec.name)
-            module.__dict__.update(vars(getattr(importlib.import_module(module_name), attr)))
+            module = _types.ModuleType(spec.name)
+            module.__dict__.update(vars(getattr(_importlib.import_module(module_name), attr)))
             return module
-        return importlib.import_module(self.target)
+        return _importlib.import_module(self.target)
 
     def exec_module(self, module):
         if self.target is None:
             module.__path__ = []
 
 
-class _AliasFinder(importlib.abc.MetaPathFinder):
+class _AliasFinder(_importlib_abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
         if fullname in _PACKAGES:
-            return importlib.util.spec_from_loader(fullname, _AliasLoader(None), is_package=True)
+            return _importlib_util.spec_from_loader(fullname, _AliasLoader(None), is_package=True)
         if fullname in _ALIASES:
-            return importlib.util.spec_from_loader(fullname, _AliasLoader(_ALIASES[fullname]))
+            return _importlib_util.spec_from_loader(fullname, _AliasLoader(_ALIASES[fullname]))
         return None
 
 
 def register_caffe2_alias() -> None:
     """Makes ``caffe2.python.<module>`` (and ``caffe2.proto.caffe2_pb2``) import
     the matching ferrocaffe module, so unmodified Caffe2 scripts run. Idempotent."""
-    if not any(isinstance(f, _AliasFinder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AliasFinder())
+    if not any(isinstance(f, _AliasFinder) for f in _sys.meta_path):
+        _sys.meta_path.insert(0, _AliasFinder())

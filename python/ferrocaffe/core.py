@@ -28,6 +28,9 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ferrocaffe import _core, errors, gradients
+# The gradient makers of If, While and Do register themselves (Caffe2's core
+# imported control_ops_grad too).
+from ferrocaffe import control_ops_grad  # noqa: F401
 from ferrocaffe.proto import MAX_NESTING, Message, _utf8, caffe2_pb2
 from ferrocaffe import scope, utils, workspace  # noqa: F401 (Caffe2's core exposes both)
 from ferrocaffe.workspace import GetGlobalInitArgs, GlobalInit  # noqa: F401 (core.GlobalInit, as in Caffe2)
@@ -1068,7 +1071,8 @@ class Net:
     (that many auto-named outputs), or names/refs.
     """
 
-    # process-wide: base name -> how many nets took it
+    # process-wide: per base name asked for, where the search for a free
+    # "<base>_<k>" resumes (every "<base>_<k>" below it is taken)
     _net_names_used_counters: dict[str, int] = {}
     _names_lock = threading.Lock()
     operator_registry_: dict[str, Any] = {}
@@ -1089,12 +1093,31 @@ class Net:
             Net._net_names_used_counters = {}
 
     @staticmethod
+    def _name_taken(name):
+        """Whether a net of this process had ``name``: it was asked for as
+        a base name, or it is ``<base>_<k>`` below its base's counter. (The
+        memory this takes grows with the base names, not with the nets.)"""
+        counters = Net._net_names_used_counters
+        if name in counters:
+            return True
+        base, _, k = name.rpartition("_")
+        return bool(base) and k.isdigit() and str(int(k)) == k and 0 < int(k) < counters.get(base, 0)
+
+    @staticmethod
     def _get_next_net_name(basename):
+        """``basename``, or ``<basename>_<k>`` for the smallest k free: a
+        name no net of this process had (as in Caffe2 1.x; its later
+        counter per base name could hand out "test_1" twice, once for the
+        second "test" and once for a net named "test_1")."""
         basename = "/".join(x for x in [Net.current_prefix(), basename] if x)
         with Net._names_lock:
-            next_idx = Net._net_names_used_counters.get(basename, 0)
-            Net._net_names_used_counters[basename] = next_idx + 1
-        return basename if next_idx == 0 else "{}_{}".format(basename, next_idx)
+            idx = Net._net_names_used_counters.get(basename, 0)
+            name = basename if idx == 0 else "{}_{}".format(basename, idx)
+            while Net._name_taken(name):
+                idx += 1
+                name = "{}_{}".format(basename, idx)
+            Net._net_names_used_counters[basename] = idx + 1
+        return name
 
     def __init__(
         self,

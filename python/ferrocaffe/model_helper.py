@@ -7,13 +7,14 @@ optimizer's updates). ``brew`` helpers add layers and record their
 parameters in ``params``; ``optimizer.build_*`` read ``param_to_grad``.
 """
 
+import logging
 from collections import namedtuple
 
 from ferrocaffe import core, errors, scope
 from ferrocaffe.modeling.parameter_info import ParameterTags
 from ferrocaffe.optimizer_context import DEFAULT_OPTIM, OptimizerContext
 
-__all__ = ["ModelHelper", "ParameterInfo"]
+__all__ = ["ModelHelper", "ParameterInfo", "ExtractPredictorNet"]
 
 #: A parameter and its gradient (a blob, or a core.GradientSlice for a
 #: sparse one), as GetOptimizationParamInfo gives them; unpacks as a pair.
@@ -220,3 +221,87 @@ class ModelHelper:
         if not core.IsOperator(op_type):
             raise AttributeError(f"Method {op_type} is not a registered operator.")
         return getattr(self.net, op_type)
+
+
+def ExtractPredictorNet(net_proto, input_blobs, output_blobs, device=None, renames=None,
+                        disabled_inputs=None):
+    """A prediction net cut out of a model's net (Caffe2's): the ops from
+    the first that reads one of ``input_blobs`` (StopGradient aside) to the
+    last that writes one of ``output_blobs``, keeping those whose inputs are
+    known (the net's external inputs, ``input_blobs`` and earlier kept
+    ops' outputs); so input, loss and gradient ops fall away. ``renames``
+    renames blobs, ``device`` sets every kept op's device, and branches
+    reading a blob of ``disabled_inputs`` are left out. An op with
+    ``is_test=0`` is refused (a train model's op, such as SpatialBN's).
+    Returns ``(net, blobs to export)``: the new net (external inputs and
+    outputs set) and the external inputs other than the inputs, that is
+    the parameters a predictor needs."""
+    renames = dict(renames or {})
+    predict_net = core.Net(net_proto.name + "_predict")
+    proto = predict_net.Proto()
+    net_inputs, net_outputs = set(net_proto.external_input), set(net_proto.external_output)
+    input_blobs = {str(b) for b in input_blobs}
+    output_blobs = {str(b) for b in output_blobs}
+    known = (net_inputs | input_blobs) - set(disabled_inputs or ())
+    ext_in, ext_out = set(input_blobs), set(output_blobs)
+    ops = list(net_proto.op)
+    starts = [j for j, op in enumerate(ops) if input_blobs & set(op.input) and op.type != "StopGradient"]
+    if not starts:
+        raise errors.InvalidArgumentError(f"No ops with input={input_blobs}")
+    ends = [j for j, op in enumerate(ops) if output_blobs & set(op.output)]
+    if not ends:
+        raise errors.InvalidArgumentError(f"No ops with output={output_blobs}")
+
+    def renamed(names):
+        new = [renames.get(n, n) for n in names]
+        del names[:]
+        names.extend(new)
+
+    def place(op):
+        if device is not None:
+            op.device_option.device_type = device.device_type
+            op.device_option.device_id = device.device_id
+
+    for op in ops[min(starts):max(ends) + 1]:
+        if not known.issuperset(op.input):
+            logging.getLogger(__name__).debug(
+                "Op %s had unknown inputs: %s", op.type, set(op.input) - known)
+            continue
+        op = _copy_op(op)
+        if op.type == "RecurrentNetwork":
+            for a in op.arg:
+                if a.name == "backward_step_net":
+                    a.ClearField("n")
+                elif a.name == "step_net":
+                    for step_op in a.n.op:
+                        renamed(step_op.input)
+                        renamed(step_op.output)
+                        place(step_op)
+                    renamed(a.n.external_input)
+                    renamed(a.n.external_output)
+                    ext_in |= set(a.n.external_input) & net_inputs
+        place(op)
+        for a in op.arg:
+            if a.name == "is_test" and a.i == 0:
+                raise errors.InvalidArgumentError(
+                    "An operator had is_test=0, did you try to extract a predictor from a "
+                    f"train model (instead of test model)? Op was: {op}", op=op.type)
+        proto.op.add().CopyFrom(op)
+        known |= set(op.output)
+        ext_in |= set(op.input) & net_inputs
+        ext_out |= set(op.output) & net_outputs
+    proto.external_input.extend(sorted(ext_in))
+    proto.external_output.extend(sorted(ext_out))
+    renamed(proto.external_input)
+    renamed(proto.external_output)
+    for op in proto.op:
+        renamed(op.input)
+        renamed(op.output)
+    inputs = {renames.get(b, b) for b in input_blobs}
+    return predict_net, list(set(proto.external_input) - inputs)
+
+
+def _copy_op(op):
+    copy = type(op)()
+    copy.CopyFrom(op)
+    return copy

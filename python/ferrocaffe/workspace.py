@@ -16,6 +16,7 @@ import tempfile
 import threading
 import time
 import types
+from collections.abc import Mapping
 from typing import Any, Iterable
 
 import numpy as np
@@ -341,8 +342,10 @@ class TensorHandle:
         return f"TensorCPU(blob={self._blob._name!r})"
 
 
-class _BlobMap:
-    """``ws.blobs``: a read-only mapping of name to :class:`Blob`."""
+class _BlobMap(Mapping):
+    """``ws.blobs``: a read-only mapping of name to :class:`Blob` (a
+    ``Mapping``, so it compares equal to a dict of the same items, as
+    Caffe2's dict did: ``ws.blobs == {}`` for an empty workspace)."""
 
     def __init__(self, ws: "Workspace"):
         self._ws = ws

@@ -1149,8 +1149,22 @@ def test_cli_ls_and_verify(tmp_path):
         assert 'epoch %d' % epoch in text
         assert 'n.%d' % epoch in text
     assert 'epoch 1' not in text
-    assert str(outputs[0]) in text and 'int64' in text
-    assert 'blob_names' in text and 'reader_0' in text
+    assert 'reader_0' in text and 'int64' in text
+    # The job's runtime blobs (task outputs, the list of names) are left
+    # out unless asked for.
+    assert 'blob_names' not in text and 'runtime blobs not shown' in text
+    out = io.StringIO()
+    assert checkpoint_cli(['ls', '--all', ckpt_dir], out=out) == 0
+    assert 'blob_names' in out.getvalue() and str(outputs[0]) in out.getvalue()
+    # Every blob row's columns line up (one table per db).
+    first_db = out.getvalue().split('job state')[1].split('\n  n')[0]
+    rows = [line for line in first_db.splitlines()[1:] if ' tensor ' in line or ' object ' in line]
+    kind_at = {r.index(' tensor ' if ' tensor ' in r else ' object ') for r in rows}
+    assert len(rows) > 3 and len(kind_at) == 1, rows
+    # A work dir that holds the checkpoint directory is enough.
+    out = io.StringIO()
+    assert checkpoint_cli(['ls', str(tmp_path)], out=out) == 0
+    assert 'showing %s' % ckpt_dir in out.getvalue() and 'n.4' in out.getvalue()
 
     out = io.StringIO()
     assert checkpoint_cli(['verify', ckpt_dir], out=out) == 0
@@ -1180,7 +1194,9 @@ def test_cli_ls_and_verify(tmp_path):
 
     empty = str(tmp_path / 'empty')
     os.makedirs(empty)
-    assert checkpoint_cli(['ls', empty], out=io.StringIO()) == 0
+    out = io.StringIO()
+    assert checkpoint_cli(['ls', empty], out=out) == 2
+    assert 'no checkpoints in %s or the directories below it' % empty in out.getvalue()
     assert checkpoint_cli(['verify', empty], out=io.StringIO()) == 2
     assert checkpoint_cli(['verify', str(tmp_path / 'nope')],
                           out=io.StringIO()) == 2
@@ -1422,3 +1438,18 @@ def test_leveldb_checkpoints_resume_rotate_and_verify(tmp_path, db_type,
         db_type=db_type)
     assert runner.resumed_from_epoch == 3
     assert (last, total) == (4, 145)
+
+
+def test_the_interrupt_warning_names_the_epoch_resume_goes_on_with():
+    # Ctrl-C after an epoch's checkpoint was saved but before the next
+    # epoch began once read "interrupted during epoch 4; the last complete
+    # checkpoint is epoch 4".
+    from ferrocaffe.checkpoint.job import _interrupted_message as msg
+
+    assert msg(4, 4) == ("interrupted after the checkpoint of epoch 4 was complete; "
+                         "resume_from_epoch='latest' goes on with epoch 5")
+    assert msg(5, 4) == ("interrupted during epoch 5; the last complete checkpoint is "
+                         "epoch 4; resume_from_epoch='latest' goes on with epoch 5")
+    assert msg(None, 0).startswith('interrupted before the first epoch; the last complete '
+                                   'checkpoint is epoch 0')
+    assert 'starts from scratch' in msg(None, None)

@@ -154,7 +154,7 @@ MODULES = ('core', 'workspace', 'net_builder', 'task', 'session', 'context',
            'scope', 'control_ops_util', 'checkpoint', 'dataio', 'pipeline',
            'schema', 'dataset', 'queue_util', 'utils', 'control',
            'record_queue', 'db_file_reader', 'cached_reader', 'model_helper',
-           'brew', 'optimizer', 'gradient_checker')
+           'brew', 'optimizer', 'gradient_checker', 'control_ops_grad')
 
 IDENTITY_SCRIPT = """
 import sys
@@ -226,3 +226,18 @@ def test_registering_twice_is_harmless():
     assert r['finders'] == '1'
     assert r['same_core'] == 'True'
     assert r['b'] == str([6, 8])
+
+
+def test_the_package_namespace_shows_its_api_only():
+    # No helper modules (sys, types, importlib) or __future__ names leak
+    # into dir(ferrocaffe).
+    import ferrocaffe
+
+    import types
+
+    public = {n for n in dir(ferrocaffe) if not n.startswith('_')
+              and not (isinstance(getattr(ferrocaffe, n), types.ModuleType)
+                       and getattr(ferrocaffe, n).__name__ == 'ferrocaffe.' + n)}
+    # (submodules appear once imported, as in any package)
+    assert public == {'profile', 'register_caffe2_alias'}
+    assert set(ferrocaffe.__all__) <= public | {'__version__', 'errors'}

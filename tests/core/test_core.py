@@ -1066,3 +1066,16 @@ def test_nets_steps_and_plans_say_what_they_are_in_repr():
     plan = core.Plan("repr_plan")
     plan.AddStep(outer)
     assert repr(plan) == "<Plan 'repr_plan': 1 step, 2 nets>"
+
+
+def test_net_names_are_unique_in_the_process_even_against_suffixed_names():
+    # Caffe2's later counter per base name gave "test_1" twice: to the
+    # second "test" and to a net named "test_1" (optimizer_test's testSparse
+    # then failed: a net named 'test_1' already exists in this workspace).
+    names = [Net(n).Name() for n in ("test", "test", "test_1", "test", "test_1")]
+    assert names == ["test", "test_1", "test_1_1", "test_2", "test_1_2"]
+    assert len(set(names)) == len(names)
+    # nets made from a NetDef (Clone too) get a free name as well
+    proto = Net("x").Proto()
+    assert Net(proto).Name() == "x_1"
+    assert Net("n").Clone("test").Name() == "test_3"

@@ -772,3 +772,14 @@ def test_empty_arrays_of_any_layout_feed_and_refeed(fresh, make):
         workspace.FeedBlob("empty", arr)
         got = workspace.FetchBlob("empty")
         assert got.shape == arr.shape and got.dtype == arr.dtype
+
+
+def test_c_workspace_blobs_compare_equal_to_a_dict():
+    # Caffe2's workspace_test: ws.blobs == {} on a new C.Workspace.
+    from ferrocaffe import workspace
+
+    ws = workspace.C.Workspace()
+    assert ws.blobs == {} and ws.nets == {}
+    ws.create_blob("a")
+    assert ws.blobs != {} and "a" in ws.blobs and list(ws.blobs) == ["a"]
+    assert dict(ws.blobs).keys() == {"a"}

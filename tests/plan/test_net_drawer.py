@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ET
 import pydot
 import pytest
 
-from _support import PKG_PARENT, load_example
+from _support import PKG_PARENT, load_example, needs_program
 from ferrocaffe import core, net_drawer
 from ferrocaffe.proto import caffe2_pb2
 from ferrocaffe.session import LocalSession
@@ -165,6 +165,11 @@ def plan_step_names(step, into):
     return into
 
 
+# The pictures need Graphviz's `dot`; a machine without it skips them
+# (.ci/run installs it, and CI fails them if it is missing).
+needs_dot = needs_program('dot', 'apt-get install graphviz')
+
+
 @pytest.fixture
 def linear_job(tmp_path):
     example = load_example('linear_job.py')
@@ -173,6 +178,7 @@ def linear_job(tmp_path):
     return example.build_job(cfg)
 
 
+@needs_dot
 def test_the_main_jobs_plans_and_nets_drawn_hold_every_step_and_op(linear_job, tmp_path):
     job = linear_job
     graph = net_drawer.GetPlanGraph(job)
@@ -231,6 +237,7 @@ def test_graph_in_json(tmp_path):
     assert len(g['edges']) == 10  # Add reads x twice: two edges
 
 
+@needs_dot
 @pytest.mark.parametrize('binary', [False, True])
 def test_command_line_draws_a_plan_file(tmp_path, binary):
     plan = loop_plan().Proto()

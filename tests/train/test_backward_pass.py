@@ -46,7 +46,8 @@ def test_mlp_backward_ops_and_values(fresh):
         ("ReluGradient", ["r", "r_grad"], ["h_grad"]),
         ("FCGradient", ["x", "w1", "h_grad"], ["w1_grad", "b1_grad", "x_grad"]),
     ]
-    assert all(op.is_gradient_op for op in net.Proto().op[n_fwd:])
+    # As Caffe2: the built-in makers' ops are marked, the seed is not.
+    assert [op.is_gradient_op for op in net.Proto().op[n_fwd:]] == [False, True, True, True, True]
     assert {str(k): str(v) for k, v in grads.items()} == {
         "loss": "loss_autogen_grad", "y": "y_grad", "r": "r_grad", "h": "h_grad",
         "w2": "w2_grad", "b2": "b2_grad", "x": "x_grad", "w1": "w1_grad", "b1": "b1_grad",
@@ -92,21 +93,35 @@ def test_blob_read_twice_gets_summed_gradients(fresh):
 def test_in_place_ops_use_the_right_versions(fresh):
     net = core.Net("inplace")
     net.FC(["x", "w", "b"], "h")
-    net.Relu("h", "h")
+    net.Scale("h", "h", scale=2.0)
     net.Tanh("h", "h")
     loss = net.AveragedLoss("h", "loss")
     forward = net.Clone("inplace_forward")
     n = len(net.Proto().op)
     net.AddGradientOperators([loss])
-    assert ops_of(net, n)[1:3] == [
+    assert ops_of(net, n)[1:4] == [
         ("AveragedLossGradient", ["h", "loss_autogen_grad"], ["h_grad"]),
         ("TanhGradient", ["h", "h_grad"], ["h_grad"]),
+        ("Scale", ["h_grad"], ["h_grad"]),
     ]
     rng = np.random.default_rng(1)
     for k, v in {"x": rng.standard_normal((3, 4)), "w": rng.standard_normal((2, 4)), "b": rng.standard_normal(2)}.items():
         workspace.FeedBlob(k, v)
     workspace.RunNetOnce(net)
     np.testing.assert_allclose(workspace.FetchBlob("w_grad"), numeric_grad(forward, "loss", "w"), rtol=1e-5, atol=1e-7)
+
+
+def test_a_gradient_that_needs_an_overwritten_version_is_refused(fresh):
+    # Relu's gradient reads Relu's output, which Tanh then overwrote in
+    # place: Caffe2's rule (and ours) is an error naming the versions, not
+    # a gradient computed from the wrong values.
+    net = core.Net("overwritten")
+    net.FC(["x", "w", "b"], "h")
+    net.Relu("h", "h")
+    net.Tanh("h", "h")
+    loss = net.AveragedLoss("h", "loss")
+    with pytest.raises(errors.InvalidArgumentError, match='needs output "h" at version 1, but currently we have version 2'):
+        net.AddGradientOperators([loss])
 
 
 def test_stop_gradient_and_skip(fresh):

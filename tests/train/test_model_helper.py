@@ -162,3 +162,41 @@ def test_caffe2_program_runs_through_the_alias(tmp_path):
                          env={**os.environ, "PYTHONPATH": PYTHON_DIR})
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["True", "True", "True"]
+
+
+def test_extract_predictor_net_cuts_the_prediction_out_of_a_train_net(fresh):
+    import numpy as np
+    from ferrocaffe import brew, core, errors, model_helper, workspace
+
+    model = model_helper.ModelHelper(name="train")
+    h = brew.fc(model, "xx/data", "a", dim_in=4, dim_out=6)
+    h = brew.relu(model, h, "a_relu")
+    pred = brew.fc(model, h, "pred", dim_in=6, dim_out=3)
+    softmax, loss = model.net.SoftmaxWithLoss([pred, "label"], ["softmax", "loss"])
+    model.AddGradientOperators([loss])
+    net, export = model_helper.ExtractPredictorNet(
+        net_proto=model.net.Proto(), input_blobs=["xx/data"], output_blobs=["pred"],
+        renames={"xx/data": "image"})
+    ops = net.Proto().op
+    assert [op.type for op in ops] == ["FC", "Relu", "FC"]
+    assert ops[0].input[0] == "image"
+    assert set(export) == {str(p) for p in model.params}
+    assert "image" in net.Proto().external_input and "image" not in export
+    assert set(net.Proto().external_output) == {"pred"}
+    # It computes what the train net's forward part does.
+    workspace.RunNetOnce(model.param_init_net)
+    x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
+    workspace.FeedBlob("xx/data", x)
+    workspace.FeedBlob("label", np.array([0, 2], np.int32))
+    workspace.RunNetOnce(model.net)
+    want = workspace.FetchBlob("pred")
+    workspace.FeedBlob("image", x)
+    workspace.RunNetOnce(net)
+    np.testing.assert_allclose(workspace.FetchBlob("pred"), want, rtol=1e-6)
+
+    train_bn = core.Net("bn")
+    train_bn.SpatialBN(["x", "s", "b", "m", "v"], ["y", "m", "v", "sm", "sv"], is_test=0)
+    with pytest.raises(errors.InvalidArgumentError, match="is_test=0"):
+        model_helper.ExtractPredictorNet(train_bn.Proto(), ["x"], ["y"])
+    with pytest.raises(errors.InvalidArgumentError, match="No ops with input"):
+        model_helper.ExtractPredictorNet(train_bn.Proto(), ["nothing"], ["y"])

@@ -10,7 +10,7 @@ names, and the screenshots (`--screenshot`, in the test's tmp dir;
 Needs the `chromium` program (Debian: `apt-get install chromium`) and the
 `tensorboard` package (in the `test` extra); .ci/run installs both. Where
 either is missing the test is skipped, except when the variable
-`FERROCAFFE_REQUIRE_BROWSER` (.ci/run sets it) or `CI` is set: then that
+`FERROCAFFE_REQUIRE_PROGRAMS` (.ci/run sets it) or `CI` is set: then that
 is a failure, so CI really runs it.
 
     pytest tests/train/test_tensorboard_browser.py --basetemp /tmp/tb_e2e
@@ -31,7 +31,7 @@ import urllib.request
 
 import pytest
 
-from _support import EXAMPLES, PKG_PARENT
+from _support import EXAMPLES, PKG_PARENT, REQUIRE_PROGRAMS
 
 EXAMPLE = os.path.join(EXAMPLES, 'train_job.py')
 CHROMIUM = shutil.which('chromium') or shutil.which('chromium-browser')
@@ -40,7 +40,7 @@ MISSING = [what for what, ok in (('the chromium program', CHROMIUM),
                                  ('the tensorboard package', HAVE_TENSORBOARD))
            if not ok]
 
-if MISSING and (os.environ.get('FERROCAFFE_REQUIRE_BROWSER') or os.environ.get('CI')):
+if MISSING and REQUIRE_PROGRAMS:
     raise RuntimeError('CI must run the TensorBoard browser check, but '
                        + ' and '.join(MISSING) + ' are missing (.ci/run installs them)')
 pytestmark = pytest.mark.skipif(

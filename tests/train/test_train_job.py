@@ -199,3 +199,56 @@ def test_fresh_removes_everything_the_job_made(tmp_path, train_job):
         '--no-progress')
     train_job.remove_outputs(train_job.Config(workdir=str(workdir)))
     assert os.listdir(workdir) == ['mine']
+
+
+def test_a_checkpoint_of_another_network_is_refused_before_training(tmp_path):
+    # Other --hidden widths on an existing workdir: the job stops before
+    # training, says which blob differs and how to start over.
+    run(tmp_path, '--epochs', '1', '--hidden', '32', '--no-progress')
+    done = subprocess.run(
+        [sys.executable, EXAMPLE, '--workdir', str(tmp_path), '--epochs', '2',
+         '--hidden', '16', '--no-progress'],
+        env=env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert 'fc1_w has shape [32, 64] there and [16, 64] in this one' in done.stderr
+    assert '--fresh' in done.stderr and 'Traceback' not in done.stderr
+    assert 'trained through' not in done.stdout
+    # and --fresh does start over with the new widths
+    out = run(tmp_path, '--epochs', '1', '--hidden', '16', '--no-progress', '--fresh')
+    assert '64 -> 16 -> 10' in out
+
+
+def test_ctrl_c_while_the_data_is_written_says_so_without_a_traceback(tmp_path):
+    # SIGINT right after start: the first run is still building the nets
+    # or writing the data files (the example prints its workdir first).
+    p = subprocess.Popen(
+        [sys.executable, EXAMPLE, '--workdir', str(tmp_path), '--epochs', '1',
+         '--no-progress'],
+        env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout.readline().startswith('workdir ')
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=300)
+    assert p.returncode in (0, 130), err
+    assert 'Traceback' not in err, err
+    if p.returncode == 130:
+        assert 'run the same command again' in err
+
+
+def test_progress_shows_the_loss_and_accuracy_of_each_epoch(tmp_path, train_job):
+    # The progress bar (drawn on a stream given to the runner) carries the
+    # tracked training loss and accuracy once an epoch has finished.
+    import io
+    from ferrocaffe import workspace
+    from ferrocaffe.checkpoint import JobRunner
+    from ferrocaffe.session import LocalSession
+
+    cfg = train_job.Config(workdir=str(tmp_path), epochs=2, threads=1,
+                           network=train_job.MLP((16,)))
+    job, _ = train_job.build_job(cfg)
+    stream = io.StringIO()
+    runner = JobRunner(job, train_job.checkpoint_manager(cfg), progress=stream)
+    runner.train(LocalSession(workspace.Workspace()))
+    text = stream.getvalue()
+    assert 'train/loss ' in text and 'train/accuracy ' in text, text
+    loss = float(text.rsplit('train/loss ', 1)[1].split(',')[0])
+    assert 0.0 < loss < 3.0

@@ -1,5 +1,8 @@
 """``python -m ferrocaffe.checkpoint {ls,verify} DIR``: inspect a
-checkpoint directory from a shell."""
+checkpoint directory from a shell. DIR may also be a job's work dir: the
+one directory with checkpoints below it is inspected. ``ls`` leaves out
+the job's runtime blobs (task outputs, the list of names) unless given
+``--all``."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from typing import Sequence, TextIO
 
 from ferrocaffe import _core
 from ferrocaffe.checkpoint.manifest import (
-    _check_db, find_checkpoints, read_manifest)
+    MANIFEST_NAME, _check_db, find_checkpoints, read_manifest)
 from ferrocaffe.checkpoint.state import (
     JOB_STATE_BLOB, _db_size, _detect_db_type, _state_problem, read_job_state)
 from ferrocaffe.errors import CorruptCheckpointError, FerrocaffeError
@@ -48,11 +51,69 @@ def _inventory(directory, db_type=None):
     return manifest, rows
 
 
-def _cmd_ls(directory, db_type, out):
+# Blobs the job machinery makes, not the model: task outputs
+# (``<node>/<task>:output/...``) and the checkpoint's own list of names.
+def _is_runtime_blob(name):
+    return ':output/' in name or name == 'blob_names'
+
+
+def _below(directory, depth=2):
+    """The directories under ``directory`` (``depth`` levels down) that hold
+    checkpoints, nearest first."""
+    found, level = [], [directory]
+    for _ in range(depth):
+        nxt = []
+        for d in level:
+            try:
+                subs = sorted(e.path for e in os.scandir(d) if e.is_dir())
+            except OSError:
+                continue
+            for sub in subs:
+                if (os.path.exists(os.path.join(sub, MANIFEST_NAME))
+                        or find_checkpoints(sub)):
+                    found.append(sub)
+                else:
+                    nxt.append(sub)
+        level = nxt
+    return found
+
+
+def _locate(directory, out):
+    """The checkpoint directory to inspect: ``directory`` itself, or the one
+    directory with checkpoints below it (a job's work dir holds them in
+    ``checkpoints/``); None, having said why, when there is none or no
+    single one."""
+    try:
+        if read_manifest(directory) is not None or find_checkpoints(directory):
+            return directory
+    except CorruptCheckpointError:
+        return directory  # a damaged manifest: the commands report it
+
+    below = _below(directory)
+    if len(below) == 1:
+        print('(no checkpoints in %s itself; showing %s)' % (directory, below[0]), file=out)
+        return below[0]
+    if below:
+        print('no checkpoints in %s itself; below it: %s' % (directory, ', '.join(below)),
+              file=out)
+    else:
+        print('no checkpoints in %s or the directories below it' % directory, file=out)
+    return None
+
+
+def _table(rows, out, indent='    '):
+    """Prints rows of cells in columns as wide as their widest cell."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        cells = [c.ljust(w) for c, w in zip(r[:-1], widths)] + [r[-1]]
+        print(indent + '  '.join(cells).rstrip(), file=out)
+
+
+def _cmd_ls(directory, db_type, out, show_all=False):
     manifest, rows = _inventory(directory, db_type)
     if not rows:
         print('no checkpoints in %s' % directory, file=out)
-        return 0
+        return 2
     if manifest is not None:
         print('%s: manifest lists epochs %s (latest %s, max_to_keep %s)' % (
             directory,
@@ -81,14 +142,21 @@ def _cmd_ls(directory, db_type, out):
             node, os.path.basename(path), dtype, _human(size), len(entries)),
             file=out)
         print('    %s' % _describe_state(path, dtype), file=out)
+        hidden = [x for x in entries if _is_runtime_blob(x['name'])]
+        if not show_all:
+            entries = [x for x in entries if not _is_runtime_blob(x['name'])]
+        table = []
         for entry in entries:
             kind = entry['kind'].lower()
             what = entry['dtype'] if entry['dtype'] else entry['type']
             shape = ('[%s]' % ', '.join(str(d) for d in entry['shape'])
                      if kind == 'tensor' else '')
-            print('    %-40s %-7s %-10s %-14s %s' % (
-                entry['name'], kind, what, shape, _human(entry['bytes'])),
-                file=out)
+            table.append((entry['name'], kind, what, shape, _human(entry['bytes'])))
+        if table:
+            _table(table, out)
+        if hidden and not show_all:
+            print('    (%d runtime blobs not shown: task outputs and the list of '
+                  'names; --all shows them)' % len(hidden), file=out)
     return 0
 
 
@@ -155,14 +223,21 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         p.add_argument('--db-type', choices=_core.registered_dbs(), default=None,
                        help='the db format (default: from the manifest or '
                             'the files)')
+        if name == 'ls':
+            p.add_argument('--all', action='store_true',
+                           help="also list the job's runtime blobs (task outputs, "
+                                'the list of names)')
     args = parser.parse_args(argv)
     if not os.path.isdir(args.directory):
         print('%s is not a directory' % args.directory, file=sys.stderr)
         return 2
+    directory = _locate(args.directory, out)
+    if directory is None:
+        return 2
     try:
         if args.command == 'ls':
-            return _cmd_ls(args.directory, args.db_type, out)
-        return _cmd_verify(args.directory, args.db_type, out)
+            return _cmd_ls(directory, args.db_type, out, args.all)
+        return _cmd_verify(directory, args.db_type, out)
     except CorruptCheckpointError as e:
         print('error: %s' % e, file=sys.stderr)
         return 1

@@ -151,6 +151,23 @@ class Job(context.Managed):
             self.scalar_outputs[key] = self._epoch_output(value)
 
 
+def _interrupted_message(epoch, last_checkpoint):
+    """What a Ctrl-C left: ``epoch`` is the epoch running (None before the
+    first), ``last_checkpoint`` the last complete checkpoint's epoch."""
+    if last_checkpoint is None:
+        return ('interrupted before any checkpoint was complete; '
+                "resume_from_epoch='latest' starts from scratch")
+    if epoch is not None and last_checkpoint >= epoch:
+        return ('interrupted after the checkpoint of epoch %d was complete; '
+                "resume_from_epoch='latest' goes on with epoch %d"
+                % (last_checkpoint, last_checkpoint + 1))
+    where = ('before the first epoch' if epoch is None
+             else 'during epoch %d' % epoch)
+    return ('interrupted %s; the last complete checkpoint is epoch %d; '
+            "resume_from_epoch='latest' goes on with epoch %d"
+            % (where, last_checkpoint, last_checkpoint + 1))
+
+
 # ============================================================ JobRunner ==
 
 class JobRunner(object):
@@ -271,10 +288,8 @@ class JobRunner(object):
                         self.last_checkpoint_epoch is None
                         or committed > self.last_checkpoint_epoch):
                     self.last_checkpoint_epoch = committed
-                logger.warning(
-                    'interrupted during epoch %s; the last complete '
-                    "checkpoint is epoch %s; resume_from_epoch='latest' goes "
-                    'on from there', self.epoch, self.last_checkpoint_epoch)
+                logger.warning('%s', _interrupted_message(
+                    self.epoch, self.last_checkpoint_epoch))
             raise
         finally:
             self._progress.close()

@@ -70,9 +70,10 @@ def _count(value):
 
 
 class _Progress(object):
-    """A tqdm bar over epochs; its text shows the batches and rows counted
-    by the job's ``track_progress`` blobs (polled while an epoch runs), the
-    rows per second and the last checkpoint with its save time."""
+    """A tqdm bar over epochs; its text shows the job's ``track_scalars``
+    values after the last epoch (a loss, an accuracy), the batches and rows
+    counted by its ``track_progress`` blobs (polled while an epoch runs),
+    the rows per second and the last checkpoint with its save time."""
 
     POLL_SECONDS = 0.5
     RATE_WINDOW = 5.0
@@ -87,6 +88,7 @@ class _Progress(object):
         self._counts = {}
         self._samples = collections.deque()
         self._ckpt = None
+        self._scalars = {}  # the track_scalars values after the last epoch
         self._stop = threading.Event()
         self._thread = None
 
@@ -115,7 +117,16 @@ class _Progress(object):
 
     def epoch_finished(self, epoch):
         self._sample()
+        scalars = {}
+        for key, output in list(self._job.scalar_outputs.items()):
+            try:
+                value = np.asarray(output.fetch(), dtype=np.float64).reshape(-1)
+            except Exception:  # not set, or not a number
+                continue
+            if value.size == 1:
+                scalars[key] = float(value[0])
         with self._lock:
+            self._scalars = scalars
             if self._bar is not None:
                 self._bar.update(1)
             self._redraw()
@@ -173,7 +184,7 @@ class _Progress(object):
         if self._epoch is not None:
             self._bar.set_description_str('epoch %d' % self._epoch,
                                           refresh=False)
-        parts = []
+        parts = ['%s %.4g' % (key, value) for key, value in self._scalars.items()]
         if 'batches' in self._counts:
             parts.append('batches %s' % format(self._counts['batches'], ','))
         rate_key = 'rows' if 'rows' in self._counts else 'batches'

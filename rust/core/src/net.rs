@@ -209,6 +209,10 @@ impl Net {
     /// arguments are allowed when the enclosing net allowed them
     /// (`allow_unknown_args`) or this net's own arguments allow them.
     pub fn create_with(def: &NetDef, ws: &Arc<Workspace>, allow_unknown_args: bool) -> Result<Net> {
+        // The scopes this net's gradient Do ops read keep their forward
+        // workspaces (ops::control::keep_scopes).
+        let marked = crate::ops::control::keep_scopes(def);
+        let def: &NetDef = marked.as_deref().unwrap_or(def);
         let allow_unknown_args = allow_unknown_args || allows_unknown_args(&def.arg);
         let name = def.net_name().to_string();
         let _nested = Nested::enter(&name)?;

@@ -209,6 +209,23 @@ impl OpSchema {
         }
     }
 
+    /// Whether input `i` and output `o` may be the same blob (in-place).
+    pub fn may_share(&self, i: usize, o: usize) -> bool {
+        match self.inplace {
+            InPlace::Never => false,
+            InPlace::Allow(f) | InPlace::Enforce(f) => f(i, o),
+            InPlace::EnforceAllow { enforce, allow } => enforce(i, o) || allow(i, o),
+        }
+    }
+
+    /// Whether input `i` and output `o` must be the same blob.
+    pub fn must_share(&self, i: usize, o: usize) -> bool {
+        match self.inplace {
+            InPlace::Never | InPlace::Allow(_) => false,
+            InPlace::Enforce(f) | InPlace::EnforceAllow { enforce: f, .. } => f(i, o),
+        }
+    }
+
     /// Checks counts and in-place rules of a definition against this schema.
     pub fn verify(&self, def: &OperatorDef) -> Result<()> {
         let (ni, no) = (def.input.len(), def.output.len());
@@ -229,17 +246,10 @@ impl OpSchema {
         for (i, iname) in def.input.iter().enumerate() {
             for (o, oname) in def.output.iter().enumerate() {
                 let same = iname == oname;
-                let ok = match self.inplace {
-                    InPlace::Never => !same,
-                    InPlace::Allow(f) => !same || f(i, o),
-                    InPlace::Enforce(f) => same == f(i, o) || (!f(i, o) && !same),
-                    InPlace::EnforceAllow { enforce, allow } => {
-                        if enforce(i, o) {
-                            same
-                        } else {
-                            !same || allow(i, o)
-                        }
-                    }
+                let ok = if same {
+                    self.may_share(i, o)
+                } else {
+                    !self.must_share(i, o)
                 };
                 if !ok {
                     let msg = if same {

@@ -171,6 +171,11 @@ impl Workspace {
         }
     }
 
+    /// Whether `name` is a local blob (not a forwarded or parent one).
+    pub fn has_local_blob(&self, name: &str) -> bool {
+        self.blobs.read().contains_key(name)
+    }
+
     pub fn local_blob_names(&self) -> Vec<String> {
         let mut v: Vec<_> = self.blobs.read().keys().cloned().collect();
         v.sort();

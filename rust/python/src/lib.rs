@@ -44,6 +44,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(runner::run_plan_in_background, m)?)?;
     m.add_function(wrap_pyfunction!(registry::registered_operators, m)?)?;
     m.add_function(wrap_pyfunction!(registry::operator_schema, m)?)?;
+    m.add_function(wrap_pyfunction!(registry::operator_allows_inplace, m)?)?;
     m.add_function(wrap_pyfunction!(registry::infer_shapes, m)?)?;
     m.add_function(wrap_pyfunction!(storage::list_db, m)?)?;
     m.add_function(wrap_pyfunction!(storage::map_ferro, m)?)?;

@@ -43,6 +43,14 @@ pub(crate) fn operator_schema(py: Python<'_>, op_type: &str) -> PyResult<Option<
     Ok(Some(d.unbind()))
 }
 
+/// Whether `op_type`'s input `input` and output `output` may be one blob
+/// (in-place), or None for an unregistered type. The backward pass asks
+/// before it names a gradient op's output after an input it consumes.
+#[pyfunction]
+pub(crate) fn operator_allows_inplace(op_type: &str, input: usize, output: usize) -> Option<bool> {
+    ferrocaffe::operator::schema(op_type).map(|s| s.may_share(input, output))
+}
+
 /// Fixes the size of the kernel (rayon) pool; see `ferrocaffe::threads`.
 #[pyfunction]
 pub(crate) fn set_num_threads(py: Python<'_>, n: usize) -> PyResult<bool> {

@@ -4,17 +4,28 @@
 //! `Do` runs a net in a workspace that sees only explicitly forwarded blobs.
 //! Unlike Caffe2, it does not push a new workspace onto a stack that grows on
 //! every loop iteration: the inner workspace lives for one run (or, with
-//! `reuse_workspace`, one workspace is kept in the scope blob and reused).
+//! `reuse_workspace`, one workspace is kept in the scope blob and reused) --
+//! unless a gradient needs it. A gradient `Do` (`is_gradient_op`, made by
+//! `control_ops_grad`) runs the backward pass of the forward `Do`'s net in
+//! the workspace that `Do` ran in, so a scope blob whose `CreateScope` has
+//! `keep_workspaces` keeps each forward run's workspace on a stack (Caffe2's
+//! workspace stack) until a gradient `Do` takes it. `keep_workspaces` is set
+//! on every `CreateScope` of a net (nested nets included) that also holds a
+//! gradient `Do` on that scope blob (`keep_scopes`), so nets without
+//! gradients keep nothing.
 
 use crate::arg;
 use crate::blob::{BlobObject, BlobValue};
 use crate::error::{Error, Result};
 use crate::ir::NetDef;
+use crate::ir::{Argument, OperatorDef};
 use crate::net::Net;
 use crate::operator::{InPlace, OpCx, OpDefCtx, OpSchema, Operator, MANY};
 use crate::tensor::Tensor;
 use crate::workspace::Workspace;
 use parking_lot::Mutex;
+use std::borrow::Cow;
+use std::collections::HashSet;
 use std::sync::Arc;
 
 pub fn schemas() -> Vec<OpSchema> {
@@ -22,7 +33,13 @@ pub fn schemas() -> Vec<OpSchema> {
         OpSchema::new("CreateScope", create_scope)
             .inputs(0, 0)
             .outputs(1, 1)
-            .doc("Creates a scope blob that Do ops use to keep (with reuse_workspace) their inner workspace."),
+            .args(&[arg!(
+                "keep_workspaces",
+                "bool",
+                "false",
+                "keep the workspace of each run of a Do on this scope for a gradient Do (set by the net when it holds one)"
+            )])
+            .doc("Creates a scope blob that Do ops use to keep (with reuse_workspace) their inner workspace, or (with keep_workspaces) each run's for the gradient."),
         OpSchema::new("HasScope", has_scope).inputs(1, 1).outputs(1, 1).doc("Outputs whether the scope blob holds a kept workspace."),
         OpSchema::new("Do", build_do)
             .inputs(1, MANY)
@@ -33,9 +50,10 @@ pub fn schemas() -> Vec<OpSchema> {
                 arg!("inner_blobs", "strings", "required", "names of the forwarded blobs inside the net"),
                 arg!("outer_blobs_idx", "ints", "required", "for each inner blob, its index in inputs + outputs"),
                 arg!("reuse_workspace", "bool", "false", "keep one inner workspace in the scope blob across runs"),
-                arg!("copy_external_blobs", "bool", "false", "accepted for Caffe2 compatibility (no effect: inner workspaces are not kept)"),
+                arg!("copy_external_blobs", "bool", "false", "accepted for Caffe2 compatibility (a workspace kept for the gradient always holds the forwarded blobs' values)"),
+                arg!("saved_fwd_blobs", "strings", "none", "(gradient Do) the forward net's own blobs its net reads from the kept workspace"),
             ])
-            .doc("Runs `net` in a workspace that sees only the forwarded blobs; the last input and output are the scope blob."),
+            .doc("Runs `net` in a workspace that sees only the forwarded blobs; the last input and output are the scope blob. A gradient Do (is_gradient_op) runs in the workspace the last forward run kept in the scope (its last input; its outputs are all gradients)."),
         OpSchema::new("If", build_if)
             .inputs(1, MANY)
             .outputs(0, MANY)
@@ -57,10 +75,14 @@ pub fn schemas() -> Vec<OpSchema> {
     ]
 }
 
-/// What a scope blob holds: the kept inner workspace of a reusing Do.
+/// What a scope blob holds: the kept inner workspace of a reusing Do, and
+/// (with `keep`) the workspaces of the forward runs a gradient Do has not
+/// taken yet, the last on top.
 #[derive(Debug, Default)]
 pub struct WorkspaceScope {
     kept: Mutex<Option<(Arc<Workspace>, Arc<Mutex<Net>>)>>,
+    keep: bool,
+    stack: Mutex<Vec<Arc<Workspace>>>,
 }
 
 impl BlobObject for WorkspaceScope {
@@ -69,10 +91,14 @@ impl BlobObject for WorkspaceScope {
     }
 }
 
-fn create_scope(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
-    Ok(super::kernel(|cx| {
+fn create_scope(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let keep = ctx.args.bool("keep_workspaces", false)?;
+    Ok(super::kernel(move |cx| {
         cx.output_blob(0)
-            .set(BlobValue::Object(Arc::new(WorkspaceScope::default())));
+            .set(BlobValue::Object(Arc::new(WorkspaceScope {
+                keep,
+                ..WorkspaceScope::default()
+            })));
         Ok(true)
     }))
 }
@@ -84,17 +110,25 @@ fn has_scope(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             .read()
             .object::<WorkspaceScope>("WorkspaceStack")
             .map_err(|e| e.with_blob(&cx.io.input_names[0]))?;
-        let has = scope.kept.lock().is_some();
+        let has = scope.kept.lock().is_some() || !scope.stack.lock().is_empty();
         cx.output_blob(0)
             .set(BlobValue::Tensor(Tensor::scalar(has)));
         Ok(true)
     }))
 }
 
+/// Where a kept workspace holds a forwarded input's value as the run
+/// started (control_ops_grad reads it under this name).
+const FORWARD_INPUT: &str = "/_DO_OPERATOR_FORWARD_INPUT_";
+
 struct DoOp {
     net: NetDef,
     mapping: Vec<(String, String)>,
+    /// The inner names bound to inputs.
+    inputs: Vec<String>,
     reuse: bool,
+    gradient: bool,
+    saved: Vec<String>,
     allow_unknown_args: bool,
 }
 
@@ -113,14 +147,23 @@ fn build_do(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         )));
     }
     let (ni, no) = (ctx.num_inputs(), ctx.num_outputs());
-    if ctx.input_name(ni - 1) != ctx.output_name(no - 1) {
+    let gradient = ctx.def.is_gradient_op.unwrap_or(false);
+    // A gradient Do writes gradients only: the scope blob is its last input
+    // (and its last output too in Caffe2's layout, which is accepted).
+    let scope_out = no > 0 && ctx.input_name(ni - 1) == ctx.output_name(no - 1);
+    if !scope_out && !gradient {
         return Err(
             ctx.bad_arg("the last input and the last output of Do must be the same scope blob")
         );
     }
+    let outputs = if scope_out {
+        &ctx.def.output[..no - 1]
+    } else {
+        &ctx.def.output[..]
+    };
     let outer: Vec<&str> = ctx.def.input[..ni - 1]
         .iter()
-        .chain(ctx.def.output[..no - 1].iter())
+        .chain(outputs.iter())
         .map(|s| s.as_str())
         .collect();
     let mut mapping = Vec::new();
@@ -152,11 +195,26 @@ fn build_do(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         )));
     }
     let reuse = ctx.args.bool("reuse_workspace", false)?;
+    if gradient && reuse {
+        return Err(ctx.bad_arg(
+            "a gradient Do cannot reuse_workspace: it runs in the workspace the forward Do kept",
+        ));
+    }
     ctx.args.bool("copy_external_blobs", false)?;
+    let saved = ctx.args.string_list("saved_fwd_blobs")?.unwrap_or_default();
+    let input_names = &ctx.def.input[..ni - 1];
+    let inputs = mapping
+        .iter()
+        .filter(|(_, outer)| input_names.contains(outer))
+        .map(|(inner, _)| inner.clone())
+        .collect();
     Ok(Box::new(DoOp {
         net,
         mapping,
+        inputs,
         reuse,
+        gradient,
+        saved,
         allow_unknown_args: ctx.allow_unknown_args,
     }))
 }
@@ -174,6 +232,9 @@ impl Operator for DoOp {
             .read()
             .object::<WorkspaceScope>("WorkspaceStack")
             .map_err(|e| e.with_blob(&scope_name))?;
+        if self.gradient {
+            return self.run_gradient(cx, &scope, &scope_name);
+        }
         if self.reuse {
             let mut kept = scope.kept.lock();
             if kept.is_none() {
@@ -187,11 +248,127 @@ impl Operator for DoOp {
             let ok = net.lock().run(&ws, cx.cancel)?;
             return Ok(ok);
         }
-        // A fresh inner workspace for this run only: nothing accumulates.
+        // A fresh inner workspace for this run only: nothing accumulates,
+        // unless the scope keeps it for a gradient Do. A kept workspace also
+        // holds the forwarded inputs as the run found them and every
+        // forwarded blob as the run left them (values, not bindings: a loop
+        // changes them; tensors are shared until one side writes), which is
+        // what Caffe2's copy_external_blobs kept.
         let ws = Workspace::new_forwarding(cx.ws, &self.mapping)?;
+        if scope.keep {
+            for inner in &self.inputs {
+                if let Some(b) = ws.get_blob(inner) {
+                    let v = b.get();
+                    ws.create_local_blob(&format!("{inner}{FORWARD_INPUT}"))
+                        .set(v);
+                }
+            }
+        }
+        let mut net = Net::create_with(&self.net, &ws, self.allow_unknown_args)?;
+        let ok = net.run(&ws, cx.cancel)?;
+        if ok && scope.keep {
+            drop(net);
+            for (inner, _) in &self.mapping {
+                if let Some(b) = ws.get_blob(inner) {
+                    let v = b.get();
+                    ws.create_local_blob(inner).set(v);
+                }
+            }
+            scope.stack.lock().push(ws);
+        }
+        Ok(ok)
+    }
+}
+
+impl DoOp {
+    /// Runs the gradient net in the workspace of the last forward run kept
+    /// in the scope, taking it off the stack. Its bindings map the
+    /// gradients in and out; a blob the kept workspace has a copy of is
+    /// read there (Caffe2's skip of defined blobs).
+    fn run_gradient(
+        &self,
+        cx: &mut OpCx<'_>,
+        scope: &WorkspaceScope,
+        scope_name: &str,
+    ) -> Result<bool> {
+        let popped = scope.stack.lock().pop();
+        let fwd = popped.ok_or_else(|| {
+            Error::invalid_arg(format!(
+                "gradient Do: scope blob '{scope_name}' holds no workspace of a forward run: the \
+                 forward Do did not run (as many times), or did not keep its workspace (it keeps \
+                 it when the net that runs it also holds this gradient Do, or when the scope's \
+                 CreateScope has keep_workspaces=1)"
+            ))
+            .with_blob(scope_name)
+        })?;
+        if let Some(missing) = self.saved.iter().find(|n| !fwd.has_blob(n)) {
+            return Err(Error::invalid_arg(format!(
+                "gradient Do: the forward run's workspace has no blob '{missing}', which the gradient reads"
+            ))
+            .with_blob(missing));
+        }
+        let ws = Workspace::new_child(&fwd);
+        for (inner, outer) in &self.mapping {
+            if !fwd.has_local_blob(inner) {
+                ws.add_blob_mapping(inner, cx.ws, outer)?;
+            }
+        }
         let mut net = Net::create_with(&self.net, &ws, self.allow_unknown_args)?;
         net.run(&ws, cx.cancel)
     }
+}
+
+/// `def` with `keep_workspaces` set on each CreateScope (nested nets
+/// included) whose scope blob a gradient Do of `def` reads, or None when
+/// `def` holds no gradient Do.
+pub fn keep_scopes(def: &NetDef) -> Option<Cow<'_, NetDef>> {
+    fn gradient_scopes(def: &NetDef, out: &mut HashSet<String>) {
+        for op in &def.op {
+            if op.op_type() == "Do" && op.is_gradient_op.unwrap_or(false) {
+                if let Some(s) = op.input.last() {
+                    out.insert(s.clone());
+                }
+            }
+            for a in &op.arg {
+                for n in a.n.iter().chain(a.nets.iter()) {
+                    gradient_scopes(n, out);
+                }
+            }
+        }
+    }
+    fn mark(def: &mut NetDef, scopes: &HashSet<String>) {
+        for op in &mut def.op {
+            mark_op(op, scopes);
+        }
+    }
+    fn mark_op(op: &mut OperatorDef, scopes: &HashSet<String>) {
+        if op.op_type() == "CreateScope"
+            && op.output.first().is_some_and(|s| scopes.contains(s))
+            && !op
+                .arg
+                .iter()
+                .any(|a| a.name.as_deref() == Some("keep_workspaces"))
+        {
+            op.arg.push(Argument {
+                name: Some("keep_workspaces".to_string()),
+                i: Some(1),
+                ..Argument::default()
+            });
+        }
+        for a in &mut op.arg {
+            for n in a.n.iter_mut().chain(a.nets.iter_mut()) {
+                mark(n, scopes);
+            }
+        }
+    }
+    let mut scopes = HashSet::new();
+    gradient_scopes(def, &mut scopes);
+    if scopes.is_empty() {
+        return None;
+    }
+    let mut marked = def.clone();
+    mark(&mut marked, &scopes);
+    Some(Cow::Owned(marked))
 }
 
 /// Reads a condition blob without keeping it locked (the nets we run next
@@ -276,5 +453,83 @@ impl Operator for WhileOp {
                 return Ok(false);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_util::{net, op};
+
+    fn with_net(mut o: OperatorDef, name: &str, n: NetDef) -> OperatorDef {
+        o.arg.push(Argument {
+            name: Some(name.into()),
+            n: Some(n),
+            ..Argument::default()
+        });
+        o
+    }
+
+    fn keeps(def: &NetDef) -> Vec<bool> {
+        fn walk(def: &NetDef, out: &mut Vec<bool>) {
+            for o in &def.op {
+                if o.op_type() == "CreateScope" {
+                    out.push(
+                        o.arg
+                            .iter()
+                            .any(|a| a.name.as_deref() == Some("keep_workspaces")),
+                    );
+                }
+                for a in &o.arg {
+                    for n in a.n.iter().chain(a.nets.iter()) {
+                        walk(n, out);
+                    }
+                }
+            }
+        }
+        let mut out = Vec::new();
+        walk(def, &mut out);
+        out
+    }
+
+    #[test]
+    fn keep_scopes_marks_the_scopes_a_gradient_do_reads() {
+        // The body's scope is created inside the loop body (a nested net),
+        // its gradient Do sits in the gradient While's loop_net.
+        let body = net("body", vec![op("CreateScope", &[], &["inner"], vec![])]);
+        let fwd_do = with_net(op("Do", &["x", "s"], &["x", "s"], vec![]), "net", body);
+        let fwd_while = with_net(
+            op("While", &["c", "x", "s"], &["x", "s"], vec![]),
+            "loop_net",
+            net("l", vec![fwd_do]),
+        );
+        let mut grad_do = op("Do", &["g", "inner"], &["h"], vec![]);
+        grad_do.is_gradient_op = Some(true);
+        let mut grad_outer = with_net(
+            op("Do", &["g", "s"], &["h"], vec![]),
+            "net",
+            net("gb", vec![grad_do]),
+        );
+        grad_outer.is_gradient_op = Some(true);
+        let grad_while = with_net(
+            op("While", &["hc", "g", "s"], &["g"], vec![]),
+            "loop_net",
+            net("gl", vec![grad_outer]),
+        );
+        let forward_only = net(
+            "f",
+            vec![
+                op("CreateScope", &[], &["s"], vec![]),
+                op("CreateScope", &[], &["other"], vec![]),
+                fwd_while,
+            ],
+        );
+        assert!(keep_scopes(&forward_only).is_none());
+        let mut both = forward_only.clone();
+        both.op.push(grad_while);
+        let marked = keep_scopes(&both).expect("a gradient Do");
+        // s and inner (in the body) are read by gradient Dos; other is not.
+        assert_eq!(keeps(&marked), vec![true, false, true]);
+        assert_eq!(keeps(&both), vec![false, false, false]);
     }
 }

@@ -110,7 +110,20 @@ pub fn schemas() -> Vec<OpSchema> {
                 EXTRA_SHAPE,
                 INPUT_AS_SHAPE,
             ])
-            .infer(|a, ins, _| infer_fill(a, ins, constant_fill_dtype(a)?))
+            .infer(|a, ins, _| {
+                let like = ins.first().and_then(|i| i.as_ref()).map(|i| i.dtype);
+                let dtype = match like {
+                    Some(DataType::Double)
+                        if !a.has("dtype")
+                            && !a.bool("input_as_shape", false)?
+                            && a.field_of("value") != Some("i") =>
+                    {
+                        DataType::Double
+                    }
+                    _ => constant_fill_dtype(a)?,
+                };
+                infer_fill(a, ins, dtype)
+            })
             .ignores(FILLER_IGNORED)
             .doc(
                 "Fills the output with one value. Input 0 (optional) gives the shape; input 1 (optional, one \
@@ -197,7 +210,20 @@ pub fn schemas() -> Vec<OpSchema> {
                 EXTRA_SHAPE,
                 INPUT_AS_SHAPE,
             ])
-            .infer(|a, ins, _| infer_fill(a, ins, constant_fill_dtype(a)?))
+            .infer(|a, ins, _| {
+                let like = ins.first().and_then(|i| i.as_ref()).map(|i| i.dtype);
+                let dtype = match like {
+                    Some(DataType::Double)
+                        if !a.has("dtype")
+                            && !a.bool("input_as_shape", false)?
+                            && a.field_of("value") != Some("i") =>
+                    {
+                        DataType::Double
+                    }
+                    _ => constant_fill_dtype(a)?,
+                };
+                infer_fill(a, ins, dtype)
+            })
             .ignores(FILLER_IGNORED)
             .doc(
                 "A zero tensor of at least 2 dims (all equal when more than 2) with `value` on its main diagonal \
@@ -356,6 +382,11 @@ impl FillShape {
             input_as_shape,
             from_input,
         })
+    }
+
+    /// Whether the input is read as the shape (else its shape is used).
+    pub(super) fn input_as_shape(&self) -> bool {
+        self.input_as_shape
     }
 
     /// The output shape for this run.
@@ -519,12 +550,24 @@ fn constant_fill(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     // As in Caffe2, a `value` in the wrong field for the dtype (or one that
     // does not fit it) only fails when the op runs.
     let value = Value::from_args(&ctx.args, dtype);
+    // Ones (or any float value) shaped like a float64 input, with no dtype
+    // asked for, are float64: the backward pass seeds a loss's gradient
+    // this way (Caffe2 made them float32 whatever the input).
+    let like_double = (ctx.num_inputs() > 0
+        && !shape.input_as_shape()
+        && !ctx.args.has("dtype")
+        && ctx.args.field_of("value") != Some("i"))
+    .then(|| Value::from_args(&ctx.args, DataType::Double));
     let has_value_input = ctx.num_inputs() == 2;
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
         let out = l.output_name(0).to_string();
         let shape = shape.resolve(&l)?;
-        let mut v = value.clone().map_err(|e| e.with_blob(&out))?;
+        let mut v = match &like_double {
+            Some(d) if l.tensor(0)?.dtype() == DataType::Double => d.clone(),
+            _ => value.clone(),
+        }
+        .map_err(|e| e.with_blob(&out))?;
         if has_value_input {
             let name = l.input_name(1);
             v = v

@@ -439,8 +439,8 @@ pub fn schemas() -> Vec<OpSchema> {
         OpSchema::new("SpatialSoftmaxWithLoss", build_spatial_swl)
             .inputs(2, 3)
             .outputs(2, 2)
-            .args(&[arg!("scale", "float", "1", "multiplies the gradient (as Caffe2's, not the loss)")])
-            .doc("Inputs (logits X (N x D x H x W), labels (N x H x W int32; -1: a pixel that does not count), optional weights (N x H x W)); outputs (P: the softmax over D at each pixel, the scalar loss: the weighted mean of -log P[label] over the counted pixels, 0 when none count)."),
+            .args(&[arg!("scale", "float", "1", "multiplies the loss and so its gradient (Caffe2 scaled the gradient only)")])
+            .doc("Inputs (logits X (N x D x H x W), labels (N x H x W int32; -1: a pixel that does not count), optional weights (N x H x W)); outputs (P: the softmax over D at each pixel, the scalar loss: scale times the weighted mean of -log P[label] over the counted pixels, 0 when none count)."),
         OpSchema::new("SpatialSoftmaxWithLossGradient", build_spatial_swl_grad)
             .inputs(4, 5)
             .outputs(1, 1)
@@ -610,7 +610,7 @@ fn fc_grad_t<T: Real>(
     let mut db = crate::tensor::default_buffer::<T>(d.n, "FC's bias gradient")?;
     for row in dys.chunks(d.n.max(1)) {
         for (s, &v) in db.iter_mut().zip(row) {
-            *s += v;
+            *s = *s + v;
         }
     }
     // FC: dX (M x K) = dY W; FCTransposed: dX = dY W^T.
@@ -1628,7 +1628,7 @@ pub fn more_schemas() -> Vec<OpSchema> {
             "broadcast",
             "int",
             "0",
-            "numpy.matmul broadcasting of the batch dims (and 1-D inputs); no gradient then"
+            "numpy.matmul broadcasting of the batch dims (and 1-D inputs)"
         ),
     ];
     const SXENT_ARGS: &[crate::operator::ArgDoc] = &[
@@ -1689,6 +1689,11 @@ pub fn more_schemas() -> Vec<OpSchema> {
             .outputs(1, 1)
             .args(BMM_ARGS)
             .doc("Y[i] = op(A[i]) * op(B[i]) over the batch dims (all but the last two; equal in A and B unless broadcast, which follows numpy.matmul)."),
+        OpSchema::new("BatchMatMulGradient", build_batch_matmul_grad)
+            .inputs(3, 3)
+            .outputs(2, 2)
+            .args(BMM_ARGS)
+            .doc("Gradient of BatchMatMul with broadcast (not in Caffe2, whose maker refused broadcast=1): inputs (A, B, dY), outputs (dA, dB): each batch's products, summed over the batch dims A (B) was broadcast along; a 1-D operand as BatchMatMul takes it."),
         OpSchema::new("CrossEntropy", build_xent)
             .inputs(2, 2)
             .outputs(1, 1)
@@ -1802,71 +1807,204 @@ fn batch_offset(idx: usize, out: &[usize], shape: &[usize]) -> usize {
     off
 }
 
+/// BatchMatMul's operands seen as batches of matrices: a 1-D operand (with
+/// broadcast) is a matrix of one row (A) or one column (B), never
+/// transposed (numpy's rule); `batch` is the broadcast batch.
+struct BmmDims {
+    a_vec: bool,
+    b_vec: bool,
+    ta: bool,
+    tb: bool,
+    m: usize,
+    k: usize,
+    n: usize,
+    ba: Vec<usize>,
+    bb: Vec<usize>,
+    batch: Vec<usize>,
+}
+
+impl BmmDims {
+    fn of(
+        l: &Locked<'_>,
+        op: &str,
+        (a, b): (&[usize], &[usize]),
+        ta: bool,
+        tb: bool,
+        bcast: bool,
+    ) -> Result<Self> {
+        let (mut sa, mut sb) = (a.to_vec(), b.to_vec());
+        let mismatch = |why: &str| {
+            Error::shape(format!(
+                "{op}: {why}: A ('{}') {a:?}, B ('{}') {b:?}, trans_a {}, trans_b {}",
+                l.input_name(0),
+                l.input_name(1),
+                ta as i32,
+                tb as i32
+            ))
+            .with_blob(l.input_name(1))
+        };
+        let (a_vec, b_vec) = (bcast && sa.len() == 1, bcast && sb.len() == 1);
+        if a_vec {
+            sa.insert(0, 1);
+        }
+        if b_vec {
+            sb.push(1);
+        }
+        if sa.len() < 2 || sb.len() < 2 {
+            return Err(mismatch("A and B need at least 2 dims (1 with broadcast)"));
+        }
+        if !bcast && (sa.len() != sb.len() || sa[..sa.len() - 2] != sb[..sb.len() - 2]) {
+            return Err(mismatch(
+                "the batch dims differ (broadcast=1 broadcasts them)",
+            ));
+        }
+        let (ra, ca) = (sa[sa.len() - 2], sa[sa.len() - 1]);
+        let (rb, cb) = (sb[sb.len() - 2], sb[sb.len() - 1]);
+        // With a 1-D input the vector is never transposed (numpy's rule).
+        let (ta, tb) = (ta && !a_vec, tb && !b_vec);
+        let (m, k) = if ta { (ca, ra) } else { (ra, ca) };
+        let (kb, n) = if tb { (cb, rb) } else { (rb, cb) };
+        if k != kb {
+            return Err(mismatch("dimension mismatch"));
+        }
+        let (ba, bb) = (sa[..sa.len() - 2].to_vec(), sb[..sb.len() - 2].to_vec());
+        let batch =
+            broadcast_batch(&ba, &bb).ok_or_else(|| mismatch("the batch dims do not broadcast"))?;
+        let nb: usize = batch.iter().product();
+        nb.checked_mul(m)
+            .and_then(|v| v.checked_mul(n))
+            .and_then(|v| v.checked_mul(k.max(1)))
+            .ok_or_else(|| mismatch("the products would have too many elements"))?;
+        Ok(BmmDims {
+            a_vec,
+            b_vec,
+            ta,
+            tb,
+            m,
+            k,
+            n,
+            ba,
+            bb,
+            batch,
+        })
+    }
+
+    /// The output's shape: the batch, then m and n (each left out for a
+    /// 1-D operand).
+    fn out_shape(&self) -> Vec<usize> {
+        let mut shape = self.batch.clone();
+        if !self.a_vec {
+            shape.push(self.m);
+        }
+        if !self.b_vec {
+            shape.push(self.n);
+        }
+        shape
+    }
+}
+
 fn batch_matmul_t<T: Real>(l: &mut Locked<'_>, ta: bool, tb: bool, bcast: bool) -> Result<()> {
     let op = "BatchMatMul";
     let (a, b) = (input::<T>(l, op, 0)?, input::<T>(l, op, 1)?);
-    let (mut sa, mut sb) = (a.shape().to_vec(), b.shape().to_vec());
-    let mismatch = |why: &str| {
-        Error::shape(format!(
-            "{op}: {why}: A ('{}') {:?}, B ('{}') {:?}, trans_a {}, trans_b {}",
-            l.input_name(0),
-            a.shape(),
-            l.input_name(1),
-            b.shape(),
-            ta as i32,
-            tb as i32
-        ))
-        .with_blob(l.input_name(1))
-    };
-    let (a_vec, b_vec) = (bcast && sa.len() == 1, bcast && sb.len() == 1);
-    if a_vec {
-        sa.insert(0, 1);
-    }
-    if b_vec {
-        sb.push(1);
-    }
-    if sa.len() < 2 || sb.len() < 2 {
-        return Err(mismatch("A and B need at least 2 dims (1 with broadcast)"));
-    }
-    if !bcast && (sa.len() != sb.len() || sa[..sa.len() - 2] != sb[..sb.len() - 2]) {
-        return Err(mismatch(
-            "the batch dims differ (broadcast=1 broadcasts them)",
-        ));
-    }
-    let (ra, ca) = (sa[sa.len() - 2], sa[sa.len() - 1]);
-    let (rb, cb) = (sb[sb.len() - 2], sb[sb.len() - 1]);
-    // With a 1-D input the vector is never transposed (numpy's rule).
-    let (ta, tb) = (ta && !a_vec, tb && !b_vec);
-    let (m, k) = if ta { (ca, ra) } else { (ra, ca) };
-    let (kb, n) = if tb { (cb, rb) } else { (rb, cb) };
-    if k != kb {
-        return Err(mismatch("dimension mismatch"));
-    }
-    let (ba, bb) = (&sa[..sa.len() - 2], &sb[..sb.len() - 2]);
-    let batch =
-        broadcast_batch(ba, bb).ok_or_else(|| mismatch("the batch dims do not broadcast"))?;
-    let mut full = batch.clone();
-    full.extend([m, n]);
-    let total = crate::tensor::checked_numel::<T>(&full, format_args!("{op}'s output"))?;
-    let nb: usize = batch.iter().product();
+    let d = BmmDims::of(l, op, (a.shape(), b.shape()), ta, tb, bcast)?;
+    let (m, k, n) = (d.m, d.k, d.n);
+    let total = crate::tensor::checked_numel::<T>(&d.out_shape(), format_args!("{op}'s output"))?;
+    let nb: usize = d.batch.iter().product();
     let (ad, bd) = (dense(a), dense(b));
     let mut y = crate::tensor::default_buffer::<T>(total, format!("{op}'s output"))?;
     if m * n > 0 {
         for (i, c) in y.chunks_mut(m * n).enumerate().take(nb) {
-            let oa = batch_offset(i, &batch, ba) * m * k;
-            let ob = batch_offset(i, &batch, bb) * k * n;
-            matmul_into(ta, tb, m, k, n, &ad[oa..oa + m * k], &bd[ob..ob + k * n], c);
+            let oa = batch_offset(i, &d.batch, &d.ba) * m * k;
+            let ob = batch_offset(i, &d.batch, &d.bb) * k * n;
+            matmul_into(
+                d.ta,
+                d.tb,
+                m,
+                k,
+                n,
+                &ad[oa..oa + m * k],
+                &bd[ob..ob + k * n],
+                c,
+            );
         }
     }
-    let mut shape = batch;
-    if !a_vec {
-        shape.push(m);
-    }
-    if !b_vec {
-        shape.push(n);
-    }
-    l.set_output(0, T::wrap(array(&shape, y)?));
+    l.set_output(0, T::wrap(array(&d.out_shape(), y)?));
     Ok(())
+}
+
+/// BatchMatMulGradient (inputs A, B, dY; outputs dA, dB): each batch's
+/// products, summed into the batch of A (of B) it was broadcast from.
+fn batch_matmul_grad_t<T: Real>(l: &mut Locked<'_>, ta: bool, tb: bool, bcast: bool) -> Result<()> {
+    let op = "BatchMatMulGradient";
+    let (a, b, dy) = (
+        input::<T>(l, op, 0)?,
+        input::<T>(l, op, 1)?,
+        input::<T>(l, op, 2)?,
+    );
+    let d = BmmDims::of(l, op, (a.shape(), b.shape()), ta, tb, bcast)?;
+    let (m, k, n) = (d.m, d.k, d.n);
+    if dy.shape() != d.out_shape().as_slice() {
+        return Err(Error::shape(format!(
+            "{op}: dY ('{}') has shape {:?}, but BatchMatMul's output has shape {:?}",
+            l.input_name(2),
+            dy.shape(),
+            d.out_shape()
+        ))
+        .with_blob(l.input_name(2)));
+    }
+    let nb: usize = d.batch.iter().product();
+    let (ad, bd, gd) = (dense(a), dense(b), dense(dy));
+    let mut da = crate::tensor::default_buffer::<T>(a.len(), format!("{op}'s dA"))?;
+    let mut db = crate::tensor::default_buffer::<T>(b.len(), format!("{op}'s dB"))?;
+    for i in 0..nb {
+        let oa = batch_offset(i, &d.batch, &d.ba) * m * k;
+        let ob = batch_offset(i, &d.batch, &d.bb) * k * n;
+        let (ai, bi, gi) = (
+            &ad[oa..oa + m * k],
+            &bd[ob..ob + k * n],
+            &gd[i * m * n..(i + 1) * m * n],
+        );
+        // Y = op(A) op(B): d op(A) = dY op(B)^T, d op(B) = op(A)^T dY,
+        // each stored the way its operand is.
+        let ga = match (d.ta, d.tb) {
+            (false, false) => matmul(false, true, m, n, k, gi, bi),
+            (false, true) => matmul(false, false, m, n, k, gi, bi),
+            (true, false) => matmul(false, true, k, n, m, bi, gi),
+            (true, true) => matmul(true, true, k, n, m, bi, gi),
+        }?;
+        let gb = match (d.ta, d.tb) {
+            (false, false) => matmul(true, false, k, m, n, ai, gi),
+            (true, false) => matmul(false, false, k, m, n, ai, gi),
+            (false, true) => matmul(true, false, n, m, k, gi, ai),
+            (true, true) => matmul(true, true, n, m, k, gi, ai),
+        }?;
+        for (s, v) in da[oa..oa + m * k].iter_mut().zip(ga) {
+            *s = *s + v;
+        }
+        for (s, v) in db[ob..ob + k * n].iter_mut().zip(gb) {
+            *s = *s + v;
+        }
+    }
+    let (sa, sb) = (a.shape().to_vec(), b.shape().to_vec());
+    l.set_output(0, T::wrap(array(&sa, da)?));
+    l.set_output(1, T::wrap(array(&sb, db)?));
+    Ok(())
+}
+
+fn build_batch_matmul_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let ta = ctx.args.i64("trans_a", 0)? != 0;
+    let tb = ctx.args.i64("trans_b", 0)? != 0;
+    let bcast = ctx.args.i64("broadcast", 0)? != 0;
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        by_real!(
+            &l,
+            "BatchMatMulGradient",
+            0,
+            batch_matmul_grad_t(&mut l, ta, tb, bcast)
+        )?;
+        Ok(true)
+    }))
 }
 
 fn build_batch_matmul(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
@@ -2687,7 +2825,7 @@ fn spatial_labels<T: Real>(
         .collect()
 }
 
-fn spatial_swl_t<T: Real>(l: &mut Locked<'_>, weights: Option<usize>) -> Result<()> {
+fn spatial_swl_t<T: Real>(l: &mut Locked<'_>, weights: Option<usize>, scale: f64) -> Result<()> {
     const OP: &str = "SpatialSoftmaxWithLoss";
     let (n, d, hw) = spatial_dims(l, OP, weights)?;
     let lab = spatial_labels::<T>(l, OP, d, weights)?;
@@ -2717,7 +2855,7 @@ fn spatial_swl_t<T: Real>(l: &mut Locked<'_>, weights: Option<usize>) -> Result<
         }
     }
     let loss = if wsum != T::of(0.0) {
-        total / wsum
+        total / wsum * T::of(scale)
     } else {
         T::of(0.0)
     };
@@ -2728,14 +2866,14 @@ fn spatial_swl_t<T: Real>(l: &mut Locked<'_>, weights: Option<usize>) -> Result<
 
 fn build_spatial_swl(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let weights = (ctx.num_inputs() > 2).then_some(2);
-    ctx.args.f32("scale", 1.0)?;
+    let scale = ctx.args.f32("scale", 1.0)? as f64;
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
         by_real!(
             &l,
             "SpatialSoftmaxWithLoss",
             0,
-            spatial_swl_t(&mut l, weights)
+            spatial_swl_t(&mut l, weights, scale)
         )?;
         Ok(true)
     }))
@@ -2859,6 +2997,72 @@ mod tests {
         assert_eq!(vals(&get(&ws, "da")), vec![1., 2., 3., 4., 5., 6.]);
         assert_eq!(get(&ws, "db").shape(), &[3]);
         assert_eq!(vals(&get(&ws, "db")), vec![5., 7., 9.]);
+    }
+
+    #[test]
+    fn batch_matmul_gradient_sums_over_broadcast_batches() {
+        // A (2 x 1 x 2) broadcast against B (2 x 1): Y[b] = A[b] B, so
+        // dA[b] = dY[b] B^T and dB = sum_b A[b]^T dY[b].
+        let ws = ws_with(&[
+            ("a", f32s(&[2, 1, 2], &[1., 2., 3., 4.])),
+            ("b", f32s(&[2, 1], &[5., 6.])),
+            ("dy", f32s(&[2, 1, 1], &[1., 10.])),
+        ]);
+        run(
+            &ws,
+            op(
+                "BatchMatMulGradient",
+                &["a", "b", "dy"],
+                &["da", "db"],
+                vec![int_arg("broadcast", 1)],
+            ),
+        )
+        .unwrap();
+        assert_eq!(get(&ws, "da").shape(), &[2, 1, 2]);
+        assert_eq!(vals(&get(&ws, "da")), vec![5., 6., 50., 60.]);
+        assert_eq!(get(&ws, "db").shape(), &[2, 1]);
+        assert_eq!(vals(&get(&ws, "db")), vec![1. + 30., 2. + 40.]);
+        // A 1-D A is one row, never transposed: Y = a B (B 2 x 1 -> Y 1-D).
+        let ws = ws_with(&[
+            ("a", f32s(&[2], &[1., 2.])),
+            ("b", f32s(&[2, 1], &[5., 6.])),
+            ("dy", f32s(&[1], &[3.])),
+        ]);
+        let args = vec![int_arg("broadcast", 1), int_arg("trans_a", 1)];
+        run(
+            &ws,
+            op(
+                "BatchMatMulGradient",
+                &["a", "b", "dy"],
+                &["da", "db"],
+                args.clone(),
+            ),
+        )
+        .unwrap();
+        assert_eq!(get(&ws, "da").shape(), &[2]);
+        assert_eq!(vals(&get(&ws, "da")), vec![15., 18.]);
+        assert_eq!(vals(&get(&ws, "db")), vec![3., 6.]);
+        // dY of another shape than the product's is an error naming it.
+        let bad = ws_with(&[
+            ("a", f32s(&[2], &[1., 2.])),
+            ("b", f32s(&[2, 1], &[5., 6.])),
+            ("dy", f32s(&[2], &[3., 4.])),
+        ]);
+        let e = run(
+            &bad,
+            op(
+                "BatchMatMulGradient",
+                &["a", "b", "dy"],
+                &["da", "db"],
+                args,
+            ),
+        )
+        .unwrap_err();
+        assert_eq!(
+            (e.kind, e.context.blob.as_deref()),
+            (ErrorKind::Shape, Some("dy")),
+            "{e}"
+        );
     }
 
     #[test]

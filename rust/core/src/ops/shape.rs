@@ -1,5 +1,6 @@
 //! Shape and layout ops: Shape, Size, Alias, Range, Transpose, Slice, Where,
-//! LengthsToSegmentIds, Tile and Expand (and the last two's gradients).
+//! LengthsToSegmentIds, Tile and Expand (and the gradients of Slice, Tile and
+//! Expand).
 
 use super::elementwise::{numpy_shape, Shape};
 use super::kernel;
@@ -57,19 +58,20 @@ pub fn schemas() -> Vec<OpSchema> {
         OpSchema::new("Slice", slice)
             .inputs(1, 3)
             .outputs(1, 1)
-            .args(&[
-                arg!("starts", "ints", "none", "first index of each leading dim (or input 1)"),
-                arg!(
-                    "ends",
-                    "ints",
-                    "none",
-                    "end of each leading dim, exclusive; negative e means dim + 1 + e, so -1 is the end (or input 2)"
-                ),
-            ])
+            .args(SLICE_ARGS)
             .doc(
                 "Copies data[starts[0]:ends[0], starts[1]:ends[1], ...]; dims past the given ones are kept whole. \
                  starts and ends come from the arguments or from int32/int64 1-D inputs 1 and 2. A negative index \
                  i means dim + 1 + i; indices past the dim are clipped; end must not be before start.",
+            ),
+        OpSchema::new("SliceGradient", slice)
+            .inputs(2, 4)
+            .outputs(1, 1)
+            .args(SLICE_ARGS)
+            .doc(
+                "Gradient of Slice (Caffe2's SliceGradient): inputs (data, dY) or (data, starts, ends, dY), \
+                 output dX, zeros of data's shape with dY written where Slice took its output from (float32 or \
+                 float64 dY; data gives only the shape).",
             ),
         OpSchema::new("Where", where_op)
             .inputs(3, 3)
@@ -112,6 +114,21 @@ pub fn schemas() -> Vec<OpSchema> {
             .doc("Gradient of Expand: inputs (dY, X), output dX: dY summed over the dims X was broadcast along (float32 or float64)."),
     ]
 }
+
+const SLICE_ARGS: &[crate::operator::ArgDoc] = &[
+    arg!(
+        "starts",
+        "ints",
+        "none",
+        "first index of each leading dim (or input 1)"
+    ),
+    arg!(
+        "ends",
+        "ints",
+        "none",
+        "end of each leading dim, exclusive; negative e means dim + 1 + e, so -1 is the end (or input 2)"
+    ),
+];
 
 const TILE_ARGS: &[crate::operator::ArgDoc] = &[
     arg!(
@@ -593,22 +610,96 @@ fn slice_of<T: Element>(t: &Tensor, ranges: &[(usize, usize)]) -> Result<Tensor>
     Ok(T::wrap(copy_array(v)?))
 }
 
+/// The range Slice takes along each dim of an input of shape `dims`.
+fn slice_ranges(
+    dims: &[usize],
+    starts: &[i64],
+    ends: &[i64],
+    name: &str,
+) -> Result<Vec<(usize, usize)>> {
+    if starts.len() != ends.len() || starts.len() > dims.len() {
+        return Err(Error::invalid_arg(format!(
+            "{} starts and {} ends for an input of {} dims: they must have one length, at most the dims",
+            starts.len(),
+            ends.len(),
+            dims.len()
+        ))
+        .with_blob(name));
+    }
+    let mut ranges = Vec::with_capacity(dims.len());
+    for (d, &dim) in dims.iter().enumerate() {
+        let Some((&s, &e)) = starts.get(d).zip(ends.get(d)) else {
+            ranges.push((0, dim));
+            continue;
+        };
+        if dim == 0 {
+            ranges.push((0, 0));
+            continue;
+        }
+        let fix = |i: i64| {
+            let i = if i < 0 { dim as i64 + 1 + i } else { i };
+            i.min(dim as i64)
+        };
+        let (s2, e2) = (fix(s), fix(e));
+        if s2 < 0 || e2 < 0 || e2 < s2 {
+            return Err(Error::invalid_arg(format!(
+                "dim {d} (size {dim}): start {s} and end {e} do not give a valid range"
+            ))
+            .with_blob(name));
+        }
+        ranges.push((s2 as usize, e2 as usize));
+    }
+    Ok(ranges)
+}
+
+/// SliceGradient: zeros of the data's shape, dY written over the ranges.
+fn slice_grad_of<T: Element>(
+    dims: &[usize],
+    dy: &Tensor,
+    ranges: &[(usize, usize)],
+) -> Result<Tensor> {
+    let mut dx = Tensor::zeros(T::DTYPE, dims)?;
+    {
+        let a = dx.array_mut::<T>()?;
+        let mut v = a.view_mut();
+        for (d, &(s, e)) in ranges.iter().enumerate() {
+            v.slice_axis_inplace(ndarray::Axis(d), Slice::from(s..e));
+        }
+        let g = dy.array::<T>()?;
+        if g.shape() != v.shape() {
+            return Err(Error::shape(format!(
+                "SliceGradient: dY has shape {:?}, but the slice of data (shape {dims:?}) has shape {:?}",
+                g.shape(),
+                v.shape()
+            )));
+        }
+        v.assign(g);
+    }
+    Ok(dx)
+}
+
 fn slice(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
-    let n = ctx.num_inputs();
+    let grad = ctx.op_type() == "SliceGradient";
+    // SliceGradient's inputs are Slice's, then dY.
+    let n = ctx.num_inputs() - usize::from(grad);
     let (starts, ends) = (ctx.args.ints("starts")?, ctx.args.ints("ends")?);
+    let what = ctx.op_type().to_string();
     match (n, &starts, &ends) {
         (1, Some(_), Some(_)) | (3, None, None) => {}
         (2, ..) => {
-            return Err(
-                ctx.bad_arg("Slice takes starts and ends both as inputs or both as arguments")
-            )
+            return Err(ctx.bad_arg(format!(
+                "{what} takes starts and ends both as inputs or both as arguments"
+            )))
         }
         (1, ..) => {
-            return Err(ctx.bad_arg("Slice needs the starts and ends arguments (or inputs 1 and 2)"))
+            return Err(ctx.bad_arg(format!(
+                "{what} needs the starts and ends arguments (or inputs 1 and 2)"
+            )))
         }
         _ => {
-            return Err(ctx
-                .bad_arg("Slice takes starts and ends either as arguments or as inputs, not both"))
+            return Err(ctx.bad_arg(format!(
+                "{what} takes starts and ends either as arguments or as inputs, not both"
+            )))
         }
     }
     Ok(kernel(move |cx| {
@@ -619,41 +710,20 @@ fn slice(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             _ => (index_input(&l, 1)?, index_input(&l, 2)?),
         };
         let t = l.tensor(0)?;
-        let dims = t.shape();
-        if starts.len() != ends.len() || starts.len() > dims.len() {
-            return Err(Error::invalid_arg(format!(
-                "{} starts and {} ends for an input of {} dims: they must have one length, at most the dims",
-                starts.len(),
-                ends.len(),
-                dims.len()
-            ))
-            .with_blob(name));
-        }
-        let mut ranges = Vec::with_capacity(dims.len());
-        for (d, &dim) in dims.iter().enumerate() {
-            let Some((&s, &e)) = starts.get(d).zip(ends.get(d)) else {
-                ranges.push((0, dim));
-                continue;
-            };
-            if dim == 0 {
-                ranges.push((0, 0));
-                continue;
-            }
-            let fix = |i: i64| {
-                let i = if i < 0 { dim as i64 + 1 + i } else { i };
-                i.min(dim as i64)
-            };
-            let (s2, e2) = (fix(s), fix(e));
-            if s2 < 0 || e2 < 0 || e2 < s2 {
-                return Err(Error::invalid_arg(format!(
-                    "dim {d} (size {dim}): start {s} and end {e} do not give a valid range"
-                ))
-                .with_blob(name));
-            }
-            ranges.push((s2 as usize, e2 as usize));
-        }
-        let out = crate::with_match_dtype!(t.dtype(), |T| slice_of::<T>(t, &ranges),
-            else other => Err(crate::tensor::unsupported_dtype(other)))?;
+        let ranges = slice_ranges(t.shape(), &starts, &ends, name)?;
+        let out = if grad {
+            let dims = t.shape().to_vec();
+            let dy_name = l.input_name(n);
+            let dy = l.tensor(n)?;
+            crate::with_match_dtype!(floats dy.dtype(), |T| slice_grad_of::<T>(&dims, dy, &ranges),
+            else other => Err(Error::type_error(format!(
+                "SliceGradient: dY must be float32 or float64, got {other}"
+            ))))
+            .map_err(|e| e.with_blob(dy_name))?
+        } else {
+            crate::with_match_dtype!(t.dtype(), |T| slice_of::<T>(t, &ranges),
+                else other => Err(crate::tensor::unsupported_dtype(other)))?
+        };
         l.set_output(0, out);
         Ok(true)
     }))
@@ -996,6 +1066,55 @@ mod tests {
         let e = run(&ws, op("Slice", &["x", "f", "e"], &["y"], vec![])).unwrap_err();
         assert_eq!(kind_blob(&e), (ErrorKind::Type, Some("f")), "{e}");
         let e = run(&ws, op("Slice", &["x"], &["y"], vec![])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument, "{e}");
+    }
+
+    #[test]
+    fn slice_gradient_puts_dy_where_slice_took_it() {
+        let ws = ws_with(&[
+            ("x", t(&[2, 3], vec![0.0f64; 6])),
+            ("dy", t(&[1, 2], vec![7.0f64, 8.0])),
+            ("s", t(&[2], vec![1i32, 1])),
+            ("e", t(&[2], vec![2i32, -1])),
+            ("i", t(&[2, 3], vec![0i32; 6])),
+        ]);
+        run(
+            &ws,
+            op(
+                "SliceGradient",
+                &["x", "dy"],
+                &["dx"],
+                vec![ints("starts", &[1, 1]), ints("ends", &[2, -1])],
+            ),
+        )
+        .unwrap();
+        let want = t(&[2, 3], vec![0.0f64, 0.0, 0.0, 0.0, 7.0, 8.0]);
+        assert_eq!(get(&ws, "dx"), want);
+        run(
+            &ws,
+            op("SliceGradient", &["x", "s", "e", "dy"], &["dx"], vec![]),
+        )
+        .unwrap();
+        assert_eq!(get(&ws, "dx"), want, "starts and ends as inputs");
+        // DATA gives only the shape: an int32 DATA is fine.
+        run(
+            &ws,
+            op("SliceGradient", &["i", "s", "e", "dy"], &["dx"], vec![]),
+        )
+        .unwrap();
+        assert_eq!(get(&ws, "dx"), want);
+        let e = run(
+            &ws,
+            op(
+                "SliceGradient",
+                &["x", "dy"],
+                &["dx"],
+                vec![ints("starts", &[0, 0]), ints("ends", &[2, -1])],
+            ),
+        )
+        .unwrap_err();
+        assert_eq!(kind_blob(&e), (ErrorKind::Shape, Some("dy")), "{e}");
+        let e = run(&ws, op("SliceGradient", &["x", "s", "dy"], &["dx"], vec![])).unwrap_err();
         assert_eq!(e.kind, ErrorKind::InvalidArgument, "{e}");
     }
 

@@ -82,6 +82,7 @@ pub fn schemas() -> Vec<OpSchema> {
             .args(&[
                 arg!("axis", "int", "1", "the dim of DATA the indices selected along"),
                 arg!("match_outer", "bool", "false", "the gather's match_outer"),
+                arg!("wrap_indices", "bool", "false", "the gather's wrap_indices: negative indices count from the end"),
             ])
             .doc("Dense gradient of a gather along `axis`: inputs (DATA, INDICES, dY), dDATA (DATA's shape) with the rows of dY added at the indices (float32 or float64)."),
         OpSchema::new("SparseToDense", build_sparse_to_dense)
@@ -346,7 +347,12 @@ fn build_gather(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     }))
 }
 
-fn gather_grad_t<T: Real>(l: &mut Locked<'_>, axis: i64, match_outer: bool) -> Result<()> {
+fn gather_grad_t<T: Real>(
+    l: &mut Locked<'_>,
+    axis: i64,
+    match_outer: bool,
+    wrap: bool,
+) -> Result<()> {
     let op = "BatchGatherGradient";
     let shape = l.tensor(0)?.shape().to_vec();
     let dname = l.input_name(0);
@@ -362,7 +368,7 @@ fn gather_grad_t<T: Real>(l: &mut Locked<'_>, axis: i64, match_outer: bool) -> R
     if match_outer {
         check_match_outer(op, &shape, ax, &idx_shape, l.input_name(1))?;
     }
-    let rows = checked_rows(op, &idx, shape[ax], false, l.input_name(1))?;
+    let rows = checked_rows(op, &idx, shape[ax], wrap, l.input_name(1))?;
     let want = gathered_shape(&shape, ax, &idx_shape, match_outer);
     let g = input::<T>(l, op, 2)?;
     if g.shape() != want.as_slice() {
@@ -394,13 +400,14 @@ fn gather_grad_t<T: Real>(l: &mut Locked<'_>, axis: i64, match_outer: bool) -> R
 fn build_gather_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let axis = ctx.args.i64("axis", 1)?;
     let match_outer = ctx.args.bool("match_outer", false)?;
+    let wrap = ctx.args.bool("wrap_indices", false)?;
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
         by_real!(
             &l,
             "BatchGatherGradient",
             2,
-            gather_grad_t(&mut l, axis, match_outer)
+            gather_grad_t(&mut l, axis, match_outer, wrap)
         )?;
         Ok(true)
     }))
