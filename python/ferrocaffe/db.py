@@ -34,7 +34,7 @@ import struct
 import tempfile
 
 from . import _core
-from .errors import CorruptCheckpointError, FerrocaffeIOError, InvalidArgumentError
+from .errors import CorruptCheckpointError, FerrocaffeIOError, InvalidArgumentError, io_error
 
 __all__ = ["Mode", "DB", "Cursor", "Transaction", "create_db", "open_regular"]
 
@@ -53,10 +53,15 @@ def open_regular(path):
     else (a FIFO, whose open would wait for a writer where Ctrl-C cannot
     reach it, a device, a directory) raises ``FerrocaffeIOError`` (an
     ``OSError``) at once. The type is checked on the open file, so nothing
-    can be swapped in between. A missing file raises ``FileNotFoundError``."""
+    can be swapped in between. A file that cannot be opened raises
+    ``FerrocaffeIOError`` naming it (``MissingFileError``, also a
+    ``FileNotFoundError``, when it does not exist)."""
     path = os.fspath(path)
-    fd = os.open(path, os.O_RDONLY | getattr(os, 'O_NONBLOCK', 0)
-                 | getattr(os, 'O_NOCTTY', 0))
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, 'O_NONBLOCK', 0)
+                     | getattr(os, 'O_NOCTTY', 0))
+    except OSError as e:
+        raise io_error(e, path) from None
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):

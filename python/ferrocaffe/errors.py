@@ -15,6 +15,10 @@ of a distributed session. The message names them too.
 
 from __future__ import annotations
 
+import errno as _errno
+
+from google.protobuf.message import DecodeError as _DecodeError
+
 __all__ = [
     "FerrocaffeError",
     "BlobNotFoundError",
@@ -32,6 +36,8 @@ __all__ = [
     "PlanFailedError",
     "CancelledError",
     "FerrocaffeIOError",
+    "MissingFileError",
+    "ProtoDecodeError",
     "CorruptCheckpointError",
     "OutOfMemoryError",
     "InternalError",
@@ -122,6 +128,28 @@ class CancelledError(FerrocaffeError):
 
 class FerrocaffeIOError(FerrocaffeError, OSError):
     """A file could not be read or written."""
+
+
+class MissingFileError(FerrocaffeIOError, FileNotFoundError):
+    """A file or db that does not exist (also a ``FileNotFoundError``)."""
+
+
+class ProtoDecodeError(InvalidPlanError, _DecodeError):
+    """Bytes, or a file, that hold no protobuf message of the expected type
+    (also protobuf's ``DecodeError``, which code written for Caffe2 caught)."""
+
+
+def io_error(e: OSError, path=None, what: str = "") -> FerrocaffeIOError:
+    """``e`` (an ``OSError`` of ``open`` or ``stat``) as a ferrocaffe error
+    naming ``path``: a ``MissingFileError`` when it does not exist, else a
+    ``FerrocaffeIOError``; ``errno``, ``strerror`` and ``filename`` kept.
+    ``what``: what the file is, for the message ("the plan file")."""
+    path = e.filename if path is None else path
+    cls = MissingFileError if e.errno == _errno.ENOENT else FerrocaffeIOError
+    reason = e.strerror or str(e)
+    err = cls(f"{what + ' ' if what else ''}{path!r}: {reason}", file=str(path))
+    err.errno, err.strerror, err.filename = e.errno, e.strerror, path
+    return err
 
 
 class CorruptCheckpointError(FerrocaffeError, ValueError):

@@ -193,7 +193,8 @@ class ModelHelper:
         """{param: its gradient} for the params that have one (a blob, or a
         core.GradientSlice for a sparse one)."""
         if not self.gradient_ops_added:
-            raise RuntimeError("You need to run AddGradientOperators first.")
+            raise errors.InvalidArgumentError(
+                f"model '{self.name}' has no gradients: you need to run AddGradientOperators first.")
         return {p: self.grad_map[p] for p in params if p in self.grad_map}
 
     def GetOptimizationParamInfo(self, params=None):
@@ -201,7 +202,9 @@ class ModelHelper:
         ``params``, default all), leaving out the sparse ones when the model
         was made with ``skip_sparse_optim=True``."""
         if not self.gradient_ops_added:
-            raise RuntimeError("Need to call AddGradientOperators first")
+            raise errors.InvalidArgumentError(
+                f"model '{self.name}' has no gradients to optimize: need to call "
+                "AddGradientOperators first")
         param_to_grad = self.get_param_to_grad(params) if params else self.param_to_grad
         return [
             ParameterInfo(p, g) for p, g in param_to_grad.items()

@@ -633,7 +633,8 @@ def _read_netdef(net: Any, what: str) -> Any:
     if isinstance(net, str):
         net = net.encode("utf-8")
     if not isinstance(net, (bytes, bytearray)):
-        raise TypeError(f"Predictor: {what} must be a NetDef, a Net or its serialised bytes, not {type(net).__name__}")
+        raise errors.DataTypeError(
+            f"Predictor: {what} must be a NetDef, a Net, a path or its serialised bytes, not {type(net).__name__}")
     data = bytes(net)
     m = proto.NetDef()
     failures = []
@@ -696,7 +697,9 @@ class Predictor:
             items = list(zip(self.input_names, inputs))
         for name, value in items:
             if not isinstance(value, np.ndarray):
-                raise TypeError(f"Predictor.run: input '{name}' must be a numpy array, not {type(value).__name__}")
+                raise errors.FeedError(
+                    f"Predictor.run: input '{name}' must be a numpy array, not {type(value).__name__}",
+                    blob=name)
             self._ws._core.feed_blob(name, _to_feedable(name, value))
         _check(self._ws._core.run_net(self._net, 1), False, f"net '{self._net}'")
         return [self._ws._core.fetch_blob(n) for n in self.output_names]
@@ -822,7 +825,11 @@ def _net_protos(nets, nets_proto: bool) -> list:
         net = n if nets_proto else n.Proto()
         if isinstance(net, (bytes, str)):
             parsed = proto.NetDef()
-            parsed.ParseFromString(net if isinstance(net, bytes) else net.encode())
+            try:
+                parsed.ParseFromString(net if isinstance(net, bytes) else net.encode())
+            except proto.DecodeError as e:
+                raise errors.ProtoDecodeError(
+                    f"net {len(out)} of {len(nets)} is not a serialised NetDef: {e}") from None
             net = parsed
         out.append(net)
     return out

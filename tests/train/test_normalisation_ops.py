@@ -66,9 +66,10 @@ def test_layer_norm_gradients_match_central_differences(fresh, rows, cols, affin
 
 
 def test_layer_norm_by_hand_and_bad_inputs(fresh):
-    # One row [1, 3]: mean 2, variance 1, epsilon 0 -> y = [-1, 1], std 1.
+    # One row [1, 3]: mean 2, variance 1, epsilon 1e-30 (1 + 1e-30 is 1)
+    # -> y = [-1, 1], std 1. (An epsilon must be > 0: test_hostile_arguments.)
     workspace.FeedBlob("x", np.array([[1.0, 3.0]], np.float32))
-    workspace.RunOperatorOnce(core.CreateOperator("LayerNorm", ["x"], ["y", "m", "s"], epsilon=0.0))
+    workspace.RunOperatorOnce(core.CreateOperator("LayerNorm", ["x"], ["y", "m", "s"], epsilon=1e-30))
     np.testing.assert_allclose(workspace.FetchBlob("y"), [[-1.0, 1.0]])
     np.testing.assert_allclose(workspace.FetchBlob("m"), [[2.0]])
     np.testing.assert_allclose(workspace.FetchBlob("s"), [[1.0]])

@@ -489,12 +489,16 @@ class JobRunner(object):
         except Exception as ex:
             logger.warning('Unable to write checkpoint for epoch %d: %s',
                            epoch, ex)
-            self.failed_saves.append((epoch, ex))
-            del self.failed_saves[:-self.KEEP]
             self.failed_save_count += 1
             self._progress.checkpoint(epoch, None, False)
             if self.raise_on_save_failure:
+                self.failed_saves.append((epoch, ex))
                 raise
+            # Kept without its traceback: the frames would keep this
+            # save's Tasks, nets and session state alive, ~30 KB a failed
+            # save (issue 28). The message and attributes stay.
+            self.failed_saves.append((epoch, _detached(ex)))
+            del self.failed_saves[:-self.KEEP]
             return False
         seconds = time.perf_counter() - start
         self._note(self.save_seconds, epoch, seconds)
@@ -525,6 +529,18 @@ def _takes_job_state(save):
         return 'job_state' in inspect.signature(save).parameters
     except (TypeError, ValueError):
         return False
+
+
+def _detached(ex: BaseException) -> BaseException:
+    """``ex`` without its traceback, nor those of the exceptions it
+    chains, so that keeping it keeps no frame (and no frame's locals)."""
+    seen = set()
+    e: BaseException | None = ex
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        e.__traceback__ = None
+        e = e.__cause__ or e.__context__
+    return ex
 
 
 def _inaccessible(cm):

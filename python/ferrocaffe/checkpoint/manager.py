@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any, Sequence
 
 from ferrocaffe import _core, core
@@ -12,7 +13,7 @@ from ferrocaffe.checkpoint.state import (
     DEFAULT_DB_TYPE, INTERNAL_PREFIX, JOB_STATE_BLOB, LATEST,
     _decode_job_state, _new_job_state, _state_load_ops, _state_problem,
     db_name, logger)
-from ferrocaffe.errors import CorruptCheckpointError
+from ferrocaffe.errors import CorruptCheckpointError, io_error
 from ferrocaffe.net_builder import ops
 from ferrocaffe.session import Session
 from ferrocaffe.task import Node, Task, TaskGroup, TaskOutput, WorkspaceType
@@ -264,9 +265,11 @@ class CheckpointManager(object):
         """A Task that saves every checkpointed blob to the checkpoint of
         ``epoch``, with the job state (``job_state``: fields of
         :func:`read_job_state` to set; a JobRunner gives them) in the same
-        atomic write."""
+        atomic write. The checkpoint directory is created first when it does
+        not exist (a FerrocaffeIOError naming it when it cannot be)."""
         self._current_db_name = db_name(epoch, self._node_name,
                                         self._db_prefix)
+        _make_folder(self._current_db_name)
         logger.info('Saving to %s', self._current_db_name)
         state = json.dumps(_new_job_state(
             epoch, self._node_name, **(job_state or {})), sort_keys=True)
@@ -323,6 +326,19 @@ class CheckpointManager(object):
         if self._metadata_handler is not None:
             return self._metadata_handler.cp_accessible(epoch)
         return True
+
+
+def _make_folder(db_path: str) -> None:
+    """Creates the folder a checkpoint is saved into, and its parents, when
+    they do not exist (as TensorFlow's and Orbax's checkpoint managers do;
+    ``db_prefix`` is a path every node reaches: docs/distributed.md). A
+    folder that cannot be made is a FerrocaffeIOError naming it."""
+    folder = os.path.dirname(os.path.abspath(db_path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        raise io_error(e, e.filename or folder,
+                       'cannot create the checkpoint directory') from None
 
 
 def _stored_names_key(path, db_type, wanted):

@@ -16,6 +16,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError, EncodeError, Message
 
 from .. import errors
+from ..db import open_regular
 from . import caffe2_pb2
 from .caffe2_pb2 import (  # noqa: F401  (re-exported)
     CPU,
@@ -110,9 +111,13 @@ def ReadProtoFromFile(path, message):
     and returns it: protobuf binary, or text format (Caffe2's
     ``ReadProtoFromFile`` tries both). A name ending in ``.pbtxt``,
     ``.prototxt`` or ``.txt`` is tried as text first. A file that is neither
-    raises ``google.protobuf.message.DecodeError`` naming it."""
+    raises ``errors.ProtoDecodeError`` (also protobuf's ``DecodeError``)
+    naming it; one that cannot be opened, or is not a regular file (a FIFO
+    would block), ``errors.FerrocaffeIOError`` (``MissingFileError``, a
+    ``FileNotFoundError``, when it does not exist)."""
     path = os.fspath(path)
-    with open(path, "rb") as f:
+    # A regular file only: a FIFO's open would wait for a writer forever.
+    with open_regular(path) as f:
         data = f.read()
 
     def binary():
@@ -130,8 +135,9 @@ def ReadProtoFromFile(path, message):
         except (DecodeError, text_format.ParseError, UnicodeDecodeError) as e:
             message.Clear()
             failures.append(f"as {read.__name__}: {e}")
-    raise DecodeError(
-        "cannot read a {} from {!r}: {}".format(message.DESCRIPTOR.name, path, "; ".join(failures)))
+    raise errors.ProtoDecodeError(
+        "cannot read a {} from {!r}: {}".format(message.DESCRIPTOR.name, path, "; ".join(failures)),
+        file=str(path))
 
 
 def WriteProtoToTextFile(message, path):

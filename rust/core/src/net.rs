@@ -385,10 +385,11 @@ impl Net {
                 Ok(true) => {}
                 Ok(false) => return Ok(false),
                 Err(mut e) => {
-                    // An allocation that failed inside a kernel without
-                    // naming its blob was for the op's only output.
+                    // An allocation that failed inside a kernel was for
+                    // the op's only output (or the scratch computing it),
+                    // whichever input the kernel's error path named.
                     if e.kind == ErrorKind::OutOfMemory && slot.io.output_names.len() == 1 {
-                        e = e.with_blob(&slot.io.output_names[0]);
+                        e.context.blob = Some(slot.io.output_names[0].clone());
                     }
                     return Err(e.with_op(&slot.op_type, Some(k)).with_net(&self.name));
                 }

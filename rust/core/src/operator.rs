@@ -421,6 +421,19 @@ impl<'a> OpDefCtx<'a> {
     pub fn bad_arg(&self, msg: impl Into<String>) -> Error {
         Error::invalid_arg(msg).with_op(self.op_type(), None)
     }
+
+    /// The `epsilon` argument (`default` when absent), under the one rule
+    /// every op with an epsilon follows: it must be > 0 (Caffe2's, from
+    /// SpatialBN; a NaN is refused too). A negative one made LayerNorm's
+    /// square roots NaN, and the optimizers' denominators 0 or negative.
+    pub fn epsilon(&self, default: f32) -> Result<f32> {
+        let eps = self.args.f32("epsilon", default)?;
+        if eps > 0.0 {
+            Ok(eps)
+        } else {
+            Err(self.bad_arg(format!("epsilon must be > 0, got {eps}")))
+        }
+    }
 }
 
 /// The blobs an op is bound to, and the order in which it locks them.

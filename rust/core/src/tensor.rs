@@ -557,7 +557,110 @@ pub fn advise_huge_pages(ptr: *const u8, len: usize) {
 // here, fallibly: a size that passes the element-count checks but that the
 // system cannot provide is an `OutOfMemory` error (Python: MemoryError) that
 // the op, its net and its output blob name, never an abort of the process
-// (Rust's infallible allocations abort on failure).
+// (Rust's infallible allocations abort on failure: `vec![x; n]`,
+// `Vec::with_capacity`, `collect`, ndarray's constructors). Sizes are
+// counted with the checked arithmetic below ([`checked_numel`],
+// [`size_mul`], [`size_add`]): a count that overflows is a `Shape` error
+// (or the caller's `InvalidArgument`, naming its argument), never a
+// panic, nor a wrapped size that allocates the wrong amount.
+//
+// Kernels use: [`zeroed_vec`] (a tensor's buffer of zeros, its shape
+// checked), [`default_buffer`] (n zeros), [`filled_vec`] (n copies of a
+// value: scratch of any type), [`try_vec`] (room for n), [`try_collect`]
+// (an iterator's items), [`try_to_vec`] (a copy of a slice), and the array helpers [`default_array`],
+// [`filled_array`], [`collect_array`], [`copy_array`], [`map_array`],
+// [`zip_map_array`], [`fold_axis_array`], [`concatenate`].
+
+/// The error for a size that overflows: `what` says what was being
+/// sized, from what (an op's argument or input, named).
+#[cold]
+pub fn size_overflow(what: impl std::fmt::Display) -> Error {
+    Error::shape(format!(
+        "{what}: the size overflows (more elements than any tensor can hold)"
+    ))
+}
+
+/// `a * b`, or a [`size_overflow`] error for `what`.
+#[inline]
+pub fn size_mul(a: usize, b: usize, what: impl FnOnce() -> String) -> Result<usize> {
+    a.checked_mul(b).ok_or_else(|| size_overflow(what()))
+}
+
+/// `a + b`, or a [`size_overflow`] error for `what`.
+#[inline]
+pub fn size_add(a: usize, b: usize, what: impl FnOnce() -> String) -> Result<usize> {
+    a.checked_add(b).ok_or_else(|| size_overflow(what()))
+}
+
+/// The number of elements of `shape`, if the shape is one a `T` tensor can
+/// have: the product of its non-zero dims, in bytes, fits in `isize` (the
+/// most one allocation can hold; ndarray's rule, so a zero dim does not
+/// excuse the others). Else a `Shape` error naming `what` (the tensor:
+/// "Tile's output", "the filter 'W'") and the shape.
+pub fn checked_numel<T>(shape: &[usize], what: impl std::fmt::Display) -> Result<usize> {
+    let item = std::mem::size_of::<T>().max(1);
+    let fits = shape
+        .iter()
+        .filter(|&&d| d != 0)
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .and_then(|n| n.checked_mul(item))
+        .is_some_and(|b| b <= isize::MAX as usize);
+    if !fits {
+        return Err(Error::shape(format!(
+            "{what}: the shape {shape:?} has too many elements (more than any tensor can hold)"
+        )));
+    }
+    Ok(shape.iter().product())
+}
+
+/// A buffer of zeros (default values) for a `T` tensor of `shape` (its
+/// count checked by [`checked_numel`]), or an `OutOfMemory` error. The
+/// errors name `what` (the tensor: "Conv's output").
+pub fn zeroed_vec<T: Element>(shape: &[usize], what: impl std::fmt::Display) -> Result<Vec<T>> {
+    let n = checked_numel::<T>(shape, &what)?;
+    default_buffer(
+        n,
+        format!("{what} ({} tensor of shape {shape:?})", T::DTYPE),
+    )
+}
+
+/// `n` copies of `value` (scratch of any type), or an `OutOfMemory`
+/// error for `what`.
+pub fn filled_vec<T: Clone>(n: usize, value: T, what: impl std::fmt::Display) -> Result<Vec<T>> {
+    let mut v = try_vec(n, what)?;
+    v.resize(n, value);
+    Ok(v)
+}
+
+/// A copy of `s` in a fallibly allocated `Vec` (`to_vec` aborts when it
+/// cannot allocate).
+pub fn try_to_vec<T: Clone>(s: &[T], what: impl std::fmt::Display) -> Result<Vec<T>> {
+    let mut v = try_vec(s.len(), what)?;
+    v.extend_from_slice(s);
+    Ok(v)
+}
+
+/// The items of `it` in a fallibly allocated `Vec` (room for its lower
+/// size hint is reserved first; more, if it yields more, fallibly too).
+pub fn try_collect<T>(
+    it: impl IntoIterator<Item = T>,
+    what: impl std::fmt::Display,
+) -> Result<Vec<T>> {
+    let it = it.into_iter();
+    let mut v = try_vec(it.size_hint().0, &what)?;
+    for x in it {
+        if v.len() == v.capacity() {
+            v.try_reserve(1).map_err(|_| {
+                alloc_error(
+                    (v.len() + 1).saturating_mul(std::mem::size_of::<T>()),
+                    &what,
+                )
+            })?;
+        }
+        v.push(x);
+    }
+    Ok(v)
+}
 
 /// The `OutOfMemory` error for `what` (a tensor of a dtype and shape, a
 /// buffer), naming the size asked for.
@@ -569,7 +672,13 @@ pub fn alloc_error(bytes: usize, what: impl std::fmt::Display) -> Error {
 }
 
 fn tensor_what<T: Element>(shape: &[usize]) -> String {
-    format!("a {} tensor of shape {shape:?}", T::DTYPE)
+    let name = T::DTYPE.to_string();
+    let article = if name.starts_with(['a', 'e', 'i', 'o', 'u']) {
+        "an"
+    } else {
+        "a"
+    };
+    format!("{article} {name} tensor of shape {shape:?}")
 }
 
 /// An empty `Vec` with room for `n` elements, or an `OutOfMemory` error
@@ -609,17 +718,9 @@ pub fn default_buffer<T: Element>(n: usize, what: impl std::fmt::Display) -> Res
     Ok(v)
 }
 
-/// The element count of `shape`, if its bytes fit in `isize` (the most any
-/// allocation can hold); else a `Shape` error.
-fn checked_count<T>(shape: &[usize]) -> Result<usize> {
-    shape
-        .iter()
-        .try_fold(1usize, |n, &d| n.checked_mul(d))
-        .filter(|&n| {
-            n.checked_mul(std::mem::size_of::<T>().max(1))
-                .is_some_and(|b| b <= isize::MAX as usize)
-        })
-        .ok_or_else(|| Error::shape(format!("shape {shape:?} has too many elements")))
+/// [`checked_numel`] for a tensor named by its dtype and shape.
+fn checked_count<T: Element>(shape: &[usize]) -> Result<usize> {
+    checked_numel::<T>(shape, format_args!("a {} tensor", T::DTYPE))
 }
 
 /// An array of default values of `shape`, on a [`default_buffer`].
@@ -666,6 +767,66 @@ pub fn collect_array<T: Element>(
     let mut v = try_vec(n, tensor_what::<T>(shape))?;
     v.extend(values.into_iter().take(n));
     ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|e| Error::shape(e.to_string()))
+}
+
+/// `f` of each element of `a` (row-major), in a fallibly allocated array
+/// of `a`'s shape (ndarray's `map`/`mapv` abort when they cannot allocate).
+pub fn map_array<A, U: Element>(
+    a: ndarray::ArrayViewD<'_, A>,
+    f: impl FnMut(&A) -> U,
+) -> Result<ArrayD<U>> {
+    let mut v = try_vec(a.len(), tensor_what::<U>(a.shape()))?;
+    match a.as_slice() {
+        Some(s) => v.extend(s.iter().map(f)),
+        None => v.extend(a.iter().map(f)),
+    }
+    ArrayD::from_shape_vec(a.raw_dim(), v).map_err(|e| Error::internal(format!("mapping: {e}")))
+}
+
+/// `f` of each pair of elements of `a` and `b` (one shape, checked by the
+/// caller), in a fallibly allocated array (ndarray's `Zip::map_collect`
+/// aborts when it cannot allocate).
+pub fn zip_map_array<A, B, U: Element>(
+    a: ndarray::ArrayViewD<'_, A>,
+    b: ndarray::ArrayViewD<'_, B>,
+    mut f: impl FnMut(&A, &B) -> U,
+) -> Result<ArrayD<U>> {
+    if a.shape() != b.shape() {
+        return Err(Error::shape(format!(
+            "mapping shapes {:?} and {:?} together",
+            a.shape(),
+            b.shape()
+        )));
+    }
+    let mut v = try_vec(a.len(), tensor_what::<U>(a.shape()))?;
+    match (a.as_slice(), b.as_slice()) {
+        (Some(x), Some(y)) => v.extend(x.iter().zip(y).map(|(x, y)| f(x, y))),
+        _ => v.extend(a.iter().zip(b.iter()).map(|(x, y)| f(x, y))),
+    }
+    ArrayD::from_shape_vec(a.raw_dim(), v).map_err(|e| Error::internal(format!("mapping: {e}")))
+}
+
+/// `a` folded along `axis` (kept, of length 1), each result
+/// `f(...f(f(init, a[0]), a[1])..., a[n-1])` as ndarray's `fold_axis`, in
+/// a fallibly allocated array (`fold_axis` aborts when it cannot allocate).
+pub fn fold_axis_array<T: Element>(
+    a: ndarray::ArrayViewD<'_, T>,
+    axis: usize,
+    init: T,
+    f: impl Fn(&T, &T) -> T,
+) -> Result<ArrayD<T>> {
+    let mut shape = a.shape().to_vec();
+    shape[axis] = 1;
+    let mut out = filled_array(&shape, init)?;
+    {
+        let mut o = out.index_axis_mut(ndarray::Axis(axis), 0);
+        for lane in a.axis_iter(ndarray::Axis(axis)) {
+            ndarray::Zip::from(&mut o)
+                .and(&lane)
+                .for_each(|o, x| *o = f(o, x));
+        }
+    }
+    Ok(out)
 }
 
 /// An owned copy of `a` (row-major), or an `OutOfMemory` error. A large
@@ -808,6 +969,43 @@ impl Tensor {
         Ok(self.clone())
     }
 
+    /// The same elements (row-major) in the shape `shape`, which must hold
+    /// as many; the buffer is moved, not copied, when nothing else holds
+    /// it and it is in row-major order.
+    pub fn into_shape(self, shape: &[usize]) -> Result<Tensor> {
+        let n = checked_numel::<u8>(shape, "the new shape")?;
+        if n != self.numel() {
+            return Err(Error::shape(format!(
+                "a tensor of shape {:?} cannot take the shape {shape:?}",
+                self.shape()
+            )));
+        }
+        fn reshaped<T: Element>(a: Shared<T>, shape: &[usize]) -> Result<Shared<T>> {
+            let a = into_array(a)?;
+            let a = if a.is_standard_layout() {
+                a
+            } else {
+                copy_array(a.view())?
+            };
+            a.into_shape_with_order(IxDyn(shape))
+                .map(Arc::new)
+                .map_err(|e| Error::internal(format!("reshaping: {e}")))
+        }
+        Ok(match self {
+            Tensor::F32(a) => Tensor::F32(reshaped(a, shape)?),
+            Tensor::F64(a) => Tensor::F64(reshaped(a, shape)?),
+            Tensor::I32(a) => Tensor::I32(reshaped(a, shape)?),
+            Tensor::I64(a) => Tensor::I64(reshaped(a, shape)?),
+            Tensor::Bool(a) => Tensor::Bool(reshaped(a, shape)?),
+            Tensor::U8(a) => Tensor::U8(reshaped(a, shape)?),
+            Tensor::I8(a) => Tensor::I8(reshaped(a, shape)?),
+            Tensor::I16(a) => Tensor::I16(reshaped(a, shape)?),
+            Tensor::U16(a) => Tensor::U16(reshaped(a, shape)?),
+            Tensor::Str(a) => Tensor::Str(reshaped(a, shape)?),
+            Tensor::F16(a) => Tensor::F16(reshaped(a, shape)?),
+        })
+    }
+
     /// A copy of the tensor in a buffer of its own (row-major), or an
     /// `OutOfMemory` error.
     pub fn deep_copy(&self) -> Result<Tensor> {
@@ -821,7 +1019,7 @@ impl Tensor {
 
     /// Builds a tensor from a shape and flat row-major values.
     pub fn from_vec<T: Element>(shape: &[usize], values: Vec<T>) -> Result<Tensor> {
-        let n: usize = shape.iter().product();
+        let n = checked_count::<T>(shape)?;
         if n != values.len() {
             return Err(Error::shape(format!(
                 "shape {:?} holds {} elements but {} values were given",
@@ -1121,6 +1319,81 @@ pub fn prefault_for_write(start: usize, end: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The one checked size rule (issue 28): ndarray's (the product of the
+    /// non-zero dims, in bytes, fits in isize), so a zero dim does not
+    /// excuse overflowing others.
+    #[test]
+    fn checked_numel_follows_ndarrays_rule() {
+        assert_eq!(checked_numel::<f32>(&[2, 3], "t").unwrap(), 6);
+        assert_eq!(checked_numel::<f32>(&[0, 1 << 40], "t").unwrap(), 0);
+        for bad in [
+            &[1usize << 62, 1 << 62, 0][..],
+            &[1 << 62, 2],
+            &[usize::MAX],
+        ] {
+            let e = checked_numel::<f32>(bad, "Reshape's output").unwrap_err();
+            assert_eq!(e.kind, ErrorKind::Shape);
+            assert!(
+                e.message.starts_with("Reshape's output: the shape"),
+                "{}",
+                e.message
+            );
+        }
+        // 2^61 float32 elements are 2^63 bytes: one more than isize holds.
+        assert!(checked_numel::<f32>(&[1 << 61], "t").is_err());
+        assert!(checked_numel::<u8>(&[1 << 61], "t").is_ok());
+    }
+
+    /// A buffer that cannot be had is an OutOfMemory error naming its size,
+    /// not an abort (2^56 bytes: more than any machine maps).
+    #[test]
+    fn unallocatable_buffers_are_out_of_memory_errors() {
+        let huge = 1usize << 54;
+        let errs = [
+            zeroed_vec::<f32>(&[huge], "Tile's output").unwrap_err(),
+            filled_vec(huge, 1.5f32, "scratch").unwrap_err(),
+            default_buffer::<f64>(huge / 2, "scratch").unwrap_err(),
+            try_collect((0..huge).map(|i| i as f32), "scratch").unwrap_err(),
+        ];
+        for e in errs {
+            assert_eq!(e.kind, ErrorKind::OutOfMemory, "{}", e.message);
+            assert!(e.message.contains(&(huge * 4).to_string()), "{}", e.message);
+        }
+    }
+
+    /// The fallible array helpers give what ndarray's own would.
+    #[test]
+    fn fallible_array_helpers_match_ndarray() {
+        let a =
+            ArrayD::from_shape_vec(IxDyn(&[2, 3, 4]), (0..24).map(|v| v as f64).collect()).unwrap();
+        for axis in 0..3 {
+            let want = a.fold_axis(ndarray::Axis(axis), 0.5, |s, v| s * 0.5 + v);
+            let got = fold_axis_array(a.view(), axis, 0.5, |s, v| s * 0.5 + v).unwrap();
+            assert_eq!(got.index_axis(ndarray::Axis(axis), 0), want);
+        }
+        let t = a.view().reversed_axes();
+        assert_eq!(
+            map_array(t.view(), |v| v * 2.0).unwrap(),
+            t.mapv(|v| v * 2.0)
+        );
+        assert_eq!(
+            zip_map_array(t.view(), t.view(), |x, y| x - y).unwrap(),
+            ArrayD::<f64>::zeros(t.raw_dim())
+        );
+        let moved = Tensor::from(a.clone()).into_shape(&[4, 6]).unwrap();
+        assert_eq!(moved.shape(), &[4, 6]);
+        assert_eq!(
+            moved
+                .array::<f64>()
+                .unwrap()
+                .iter()
+                .copied()
+                .collect::<Vec<_>>(),
+            a.iter().copied().collect::<Vec<_>>()
+        );
+        assert!(Tensor::from(a).into_shape(&[5, 5]).is_err());
+    }
 
     #[test]
     fn wrong_dtype_names_both() {

@@ -24,11 +24,54 @@ pub(crate) fn utf8(py: Python<'_>, s: &Bound<'_, PyString>, blob: &str) -> PyRes
     })
 }
 
+/// The most dims rust-numpy's views of a numpy array take (its `as_array`
+/// panics above this); numpy 2 makes arrays of up to 64. An array with more
+/// is read through a flat (1-D) view and given its shape back in the tensor.
+const VIEW_MAX_DIMS: usize = 32;
+
+/// The most dims a numpy array can have (numpy's `MAXDIMS`: 64 in numpy
+/// 2, 32 before), read once.
+pub(crate) fn numpy_max_dims(py: Python<'_>) -> usize {
+    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| {
+        ["numpy._core.multiarray", "numpy.core.multiarray"]
+            .iter()
+            .find_map(|m| {
+                py.import(*m)
+                    .and_then(|m| m.getattr("MAXDIMS"))
+                    .and_then(|v| v.extract::<usize>())
+                    .ok()
+            })
+            .unwrap_or(VIEW_MAX_DIMS)
+    })
+}
+
+/// The error for a tensor with more dims than numpy arrays can have.
+fn too_many_dims(py: Python<'_>, blob: &str, ndim: usize) -> PyErr {
+    let max = numpy_max_dims(py);
+    to_py_err(
+        py,
+        Error::shape(format!(
+            "cannot fetch blob '{blob}' as a numpy array: its tensor has {ndim} dims, and numpy arrays have at most {max}"
+        ))
+        .with_blob(blob),
+    )
+}
+
 pub(crate) fn array_to_tensor(
     py: Python<'_>,
     obj: &Bound<'_, PyAny>,
     name: &str,
 ) -> PyResult<Tensor> {
+    if let Ok(a) = obj.cast::<PyUntypedArray>() {
+        if a.ndim() > VIEW_MAX_DIMS {
+            let shape = a.shape().to_vec();
+            let flat = obj.call_method1("reshape", (-1,))?;
+            return array_to_tensor(py, &flat, name)?
+                .into_shape(&shape)
+                .map_err(|e| to_py_err(py, e.with_blob(name)));
+        }
+    }
     ferrocaffe::with_match_dtype!(each fixed, |T| {
         if let Ok(a) = obj.cast::<PyArrayDyn<T>>() {
             let ro = a
@@ -87,6 +130,12 @@ pub(crate) fn array_to_tensor(
 /// capacity). Only when the blob's lock is free right now: never wait for a
 /// running op while holding the GIL. Returns whether it did.
 pub(crate) fn copy_into_existing(obj: &Bound<'_, PyAny>, blob: &ferrocaffe::blob::Blob) -> bool {
+    if obj
+        .cast::<PyUntypedArray>()
+        .is_ok_and(|a| a.ndim() > VIEW_MAX_DIMS)
+    {
+        return false;
+    }
     ferrocaffe::with_match_dtype!(each fixed, |T| {
         if let Ok(a) = obj.cast::<PyArrayDyn<T>>() {
             let Ok(ro) = a.try_readonly() else {
@@ -268,6 +317,9 @@ where
 /// numpy holds as bytes objects, are copied into an object array, made
 /// read-only too.
 pub(crate) fn tensor_view_py(py: Python<'_>, t: &Tensor, blob: &str) -> PyResult<Py<PyAny>> {
+    if t.ndim() > numpy_max_dims(py) {
+        return Err(too_many_dims(py, blob, t.ndim()));
+    }
     if t.numel() != 0 {
         ferrocaffe::with_match_dtype!(tensor fixed t, |a: T| return array_view_py(py, a, t),
             else Tensor::Str(_) => {});
@@ -278,11 +330,25 @@ pub(crate) fn tensor_view_py(py: Python<'_>, t: &Tensor, blob: &str) -> PyResult
 
 /// A numpy copy of a tensor; `blob` names it in an allocation error.
 pub(crate) fn tensor_to_py(py: Python<'_>, t: &Tensor, blob: &str) -> PyResult<Py<PyAny>> {
+    if t.ndim() > numpy_max_dims(py) {
+        return Err(too_many_dims(py, blob, t.ndim()));
+    }
     Ok(
         ferrocaffe::with_match_dtype!(tensor fixed t, |a: T| array_to_py(py, a, blob)?,
         else Tensor::Str(a) => {
-            let objs = a.map(|b| PyBytes::new(py, b).into_any().unbind());
-            PyArrayDyn::from_owned_array(py, objs).into_any().unbind()
+            if a.ndim() <= VIEW_MAX_DIMS {
+                let objs = a.map(|b| PyBytes::new(py, b).into_any().unbind());
+                PyArrayDyn::from_owned_array(py, objs).into_any().unbind()
+            } else {
+                // rust-numpy builds arrays of at most VIEW_MAX_DIMS dims: a
+                // flat one, reshaped (and copied, to own its data) by numpy.
+                let objs: Vec<Py<PyAny>> =
+                    a.iter().map(|b| PyBytes::new(py, b).into_any().unbind()).collect();
+                let flat = numpy::PyArray1::from_vec(py, objs).into_any();
+                flat.call_method1("reshape", (pyo3::types::PyTuple::new(py, a.shape())?,))?
+                    .call_method0("copy")?
+                    .unbind()
+            }
         }),
     )
 }

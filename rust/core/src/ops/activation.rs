@@ -26,6 +26,7 @@ use crate::arg;
 use crate::error::{Error, Result};
 use crate::operator::{ArgDoc, InPlace, Locked, OpDefCtx, OpSchema, Operator};
 use crate::shapes::rules::same_as_input;
+use crate::tensor::{default_buffer, try_collect};
 
 /// The float types the kernels take, widened to float64 to compute.
 trait Float: Real + Send + Sync {
@@ -718,6 +719,8 @@ fn lookup(op_type: &str) -> Result<(&'static UnaryDef, bool)> {
 /// Tensors of at least this many elements are computed in chunks on the
 /// kernel pool.
 const PAR_MIN: usize = 1 << 15;
+/// What the activations' buffers are named in an `OutOfMemory` error.
+const OUTPUT: &str = "an activation's output";
 const CHUNK: usize = 1 << 13;
 
 fn parallel(n: usize) -> bool {
@@ -725,12 +728,12 @@ fn parallel(n: usize) -> bool {
 }
 
 /// `f` of each element of `a`.
-fn map1<T: Float>(a: &[T], f: impl Fn(T) -> T + Sync) -> Vec<T> {
+fn map1<T: Float>(a: &[T], f: impl Fn(T) -> T + Sync) -> Result<Vec<T>> {
     if !parallel(a.len()) {
-        return a.iter().map(|&v| f(v)).collect();
+        return try_collect(a.iter().map(|&v| f(v)), OUTPUT);
     }
     use rayon::prelude::*;
-    let mut out = vec![T::of(0.0); a.len()];
+    let mut out = default_buffer(a.len(), OUTPUT)?;
     out.par_chunks_mut(CHUNK)
         .zip(a.par_chunks(CHUNK))
         .for_each(|(o, a)| {
@@ -738,16 +741,16 @@ fn map1<T: Float>(a: &[T], f: impl Fn(T) -> T + Sync) -> Vec<T> {
                 *o = f(v);
             }
         });
-    out
+    Ok(out)
 }
 
 /// `f` of each pair of elements of `a` and `b` (one length).
-fn map2<T: Float>(a: &[T], b: &[T], f: impl Fn(T, T) -> T + Sync) -> Vec<T> {
+fn map2<T: Float>(a: &[T], b: &[T], f: impl Fn(T, T) -> T + Sync) -> Result<Vec<T>> {
     if !parallel(a.len()) {
-        return a.iter().zip(b).map(|(&u, &v)| f(u, v)).collect();
+        return try_collect(a.iter().zip(b).map(|(&u, &v)| f(u, v)), OUTPUT);
     }
     use rayon::prelude::*;
-    let mut out = vec![T::of(0.0); a.len()];
+    let mut out = default_buffer(a.len(), OUTPUT)?;
     out.par_chunks_mut(CHUNK)
         .zip(a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK)))
         .for_each(|(o, (a, b))| {
@@ -755,21 +758,19 @@ fn map2<T: Float>(a: &[T], b: &[T], f: impl Fn(T, T) -> T + Sync) -> Vec<T> {
                 *o = f(u, v);
             }
         });
-    out
+    Ok(out)
 }
 
 /// `f` of each triple of elements of `a`, `b` and `c` (one length).
-fn map3<T: Float>(a: &[T], b: &[T], c: &[T], f: impl Fn(T, T, T) -> T + Sync) -> Vec<T> {
+fn map3<T: Float>(a: &[T], b: &[T], c: &[T], f: impl Fn(T, T, T) -> T + Sync) -> Result<Vec<T>> {
     if !parallel(a.len()) {
-        return a
-            .iter()
-            .zip(b)
-            .zip(c)
-            .map(|((&u, &v), &w)| f(u, v, w))
-            .collect();
+        return try_collect(
+            a.iter().zip(b).zip(c).map(|((&u, &v), &w)| f(u, v, w)),
+            OUTPUT,
+        );
     }
     use rayon::prelude::*;
-    let mut out = vec![T::of(0.0); a.len()];
+    let mut out = default_buffer(a.len(), OUTPUT)?;
     out.par_chunks_mut(CHUNK)
         .zip(
             a.par_chunks(CHUNK)
@@ -781,12 +782,12 @@ fn map3<T: Float>(a: &[T], b: &[T], c: &[T], f: impl Fn(T, T, T) -> T + Sync) ->
                 *o = f(u, v, w);
             }
         });
-    out
+    Ok(out)
 }
 
 fn forward_t<T: Float>(l: &mut Locked<'_>, op: &str, f: impl Fn(f64) -> f64 + Sync) -> Result<()> {
     let x = input::<T>(l, op, 0)?;
-    let y = map1(&dense(x), |v| T::of(f(v.wide())));
+    let y = map1(&dense(x), |v| T::of(f(v.wide())))?;
     let y = array(x.shape(), y)?;
     l.set_output(0, T::wrap(y));
     Ok(())
@@ -808,9 +809,9 @@ fn backward_t<T: Float>(
         let v1s = dense(input::<T>(l, op, *i1)?);
         map3(&v0s, &v1s, &ds, |a, b, d| {
             T::of(g(a.wide(), b.wide(), d.wide()))
-        })
+        })?
     } else {
-        map2(&v0s, &ds, |a, d| T::of(g(a.wide(), 0.0, d.wide())))
+        map2(&v0s, &ds, |a, d| T::of(g(a.wide(), 0.0, d.wide())))?
     };
     let dx = array(dy.shape(), dx)?;
     l.set_output(0, T::wrap(dx));
@@ -926,17 +927,16 @@ fn prelu_t<T: Float>(l: &mut Locked<'_>, order: Order) -> Result<()> {
     let (c, inner) = prelu_channels(l, op, order, w.len())?;
     let (xs, ws) = (dense(x), dense(w));
     let zero = T::of(0.0);
-    let y: Vec<T> = xs
-        .iter()
-        .enumerate()
-        .map(|(i, &v)| {
+    let y: Vec<T> = crate::tensor::try_collect(
+        xs.iter().enumerate().map(|(i, &v)| {
             if v > zero {
                 v
             } else {
                 ws[channel(i, c, inner)] * v
             }
-        })
-        .collect();
+        }),
+        "a kernel buffer",
+    )?;
     let y = array(x.shape(), y)?;
     l.set_output(0, T::wrap(y));
     Ok(())
@@ -980,12 +980,9 @@ fn prelu_grad_t<T: Float>(l: &mut Locked<'_>, order: Order) -> Result<()> {
     };
     let (dys, xs, ws) = (dense(dy), dense(x), dense(w));
     let zero = T::of(0.0);
-    let mut dw = vec![0.0f64; ws.len()];
-    let dx: Vec<T> = xs
-        .iter()
-        .zip(dys.iter())
-        .enumerate()
-        .map(|(i, (&xv, &d))| {
+    let mut dw = crate::tensor::default_buffer::<f64>(ws.len(), "a kernel buffer")?;
+    let dx: Vec<T> = crate::tensor::try_collect(
+        xs.iter().zip(dys.iter()).enumerate().map(|(i, (&xv, &d))| {
             if xv > zero {
                 d
             } else {
@@ -993,10 +990,14 @@ fn prelu_grad_t<T: Float>(l: &mut Locked<'_>, order: Order) -> Result<()> {
                 dw[ch] += (d * xv).wide();
                 ws[ch] * d
             }
-        })
-        .collect();
+        }),
+        "a kernel buffer",
+    )?;
     let dx = array(x.shape(), dx)?;
-    let dw = array(w.shape(), dw.into_iter().map(T::of).collect())?;
+    let dw = array(
+        w.shape(),
+        crate::tensor::try_collect(dw.into_iter().map(T::of), "a kernel buffer")?,
+    )?;
     l.set_output(0, T::wrap(dx));
     l.set_output(1, T::wrap(dw));
     Ok(())

@@ -347,6 +347,13 @@ impl Window {
                     "the kernel {kernel:?} does not match the filter's spatial dims {f:?}"
                 )));
             }
+            // A kernel read from the filter is checked here (the
+            // arguments are checked when the op is created).
+            if f.contains(&0) && !self.global {
+                return Err(Error::shape(format!(
+                    "the filter's spatial dims {f:?} (the kernel) must all be > 0"
+                )));
+            }
         }
         let stride = self.stride.resolve("strides", nd, 1, 1)?;
         let dilation = self.dilation.resolve("dilations", nd, 1, 1)?;
@@ -358,12 +365,28 @@ impl Window {
         let mut outs = Vec::with_capacity(nd);
         for i in 0..nd {
             let (mut ph, mut pt) = (pads[i], pads[nd + i]);
+            // The dilated kernel: dilation * (kernel - 1) + 1.
+            let dk = (kernel[i].max(1) - 1)
+                .checked_mul(dilation[i])
+                .and_then(|v| v.checked_add(1))
+                .filter(|&v| v <= isize::MAX as usize)
+                .ok_or_else(|| {
+                    too_large(
+                        "dilations",
+                        format!(
+                            "the dilated kernel ({} x ({} - 1) + 1) in spatial dim {i}",
+                            dilation[i], kernel[i]
+                        ),
+                    )
+                })?;
             let o = match transposed {
                 None => out_size(
+                    i,
                     ins[i],
                     kernel[i],
                     stride[i],
                     dilation[i],
+                    dk,
                     self.legacy,
                     &mut ph,
                     &mut pt,
@@ -374,24 +397,56 @@ impl Window {
                             "ConvTranspose takes explicit pads only (legacy_pad unset)",
                         ));
                     }
-                    let full = (ins[i].max(1) - 1) * stride[i]
-                        + dilation[i] * (kernel[i] - 1)
-                        + 1
-                        + adj[i];
+                    // (in - 1) * stride + dilated kernel + adj.
+                    let full = (ins[i].max(1) - 1)
+                        .checked_mul(stride[i])
+                        .and_then(|v| v.checked_add(dk))
+                        .and_then(|v| v.checked_add(adj[i]))
+                        .filter(|&v| v <= isize::MAX as usize)
+                        .ok_or_else(|| {
+                            too_large(
+                                "strides",
+                                format!(
+                                    "the output size ({} - 1) x {} + {dk} + {} in spatial dim {i}",
+                                    ins[i], stride[i], adj[i]
+                                ),
+                            )
+                        })?;
                     if ins[i] == 0 {
                         0
                     } else {
-                        full.checked_sub(ph + pt).ok_or_else(|| {
-                            Error::invalid_arg(format!(
-                                "the pads ({ph} + {pt}) are larger than the output ({full}) in spatial dim {i}"
-                            ))
-                        })?
+                        ph.checked_add(pt)
+                            .and_then(|p| full.checked_sub(p))
+                            .ok_or_else(|| {
+                                Error::invalid_arg(format!(
+                                    "the pads ({ph} + {pt}) are larger than the output ({full}) in spatial dim {i}"
+                                ))
+                            })?
                     }
                 }
             };
             pads[i] = ph;
             pads[nd + i] = pt;
             outs.push(o);
+        }
+        // Every size the kernels compute from the geometry (the window, the
+        // image side and the other side, and their products with the
+        // channels, which the conv ops check) fits in memory's addressing:
+        // the kernels multiply them unchecked.
+        let outs_arg = if transposed.is_some() {
+            "strides"
+        } else {
+            "pads"
+        };
+        for (arg, what, dims) in [
+            (Some("kernel"), "the window", &kernel[..]),
+            (None, "the input's spatial dims", ins),
+            (Some(outs_arg), "the output's spatial dims", &outs[..]),
+        ] {
+            crate::tensor::checked_numel::<f64>(dims, what).map_err(|e| match arg {
+                Some(arg) => too_large(arg, format!("{what} {dims:?}")),
+                None => e,
+            })?;
         }
         // Right-align into three dims: a 2-D window is a 3-D one of depth 1.
         let lift = |v: &[usize], fill: usize| -> [usize; 3] {
@@ -415,26 +470,54 @@ impl Window {
     }
 }
 
-/// The output size along one dim, and its pads (which VALID, SAME and
-/// Caffe's legacy pooling compute), as Caffe2's ComputeSizeAndPad.
+/// The error for a window argument that makes a size overflow.
+fn too_large(arg: &str, what: String) -> Error {
+    let names = match arg {
+        "pads" => "`pad`/`pads`",
+        "strides" => "`stride`/`strides`",
+        "dilations" => "`dilation`/`dilations`",
+        _ => "`kernel`/`kernels`",
+    };
+    Error::invalid_arg(format!(
+        "the argument {names} is too large: {what} overflows (more elements than any tensor can hold)"
+    ))
+}
+
+/// The output size along dim `i` (input `len`, kernel `k`, stride `s`,
+/// dilation `d`, dilated kernel `dk`), and its pads (which VALID, SAME and Caffe's
+/// legacy pooling compute), as Caffe2's ComputeSizeAndPad, in checked
+/// arithmetic.
+#[allow(clippy::too_many_arguments)]
 fn out_size(
+    i: usize,
     len: usize,
     k: usize,
     s: usize,
     d: usize,
+    dk: usize,
     legacy: Legacy,
     ph: &mut usize,
     pt: &mut usize,
 ) -> Result<usize> {
-    let dk = d * (k - 1) + 1;
     let too_small = |avail: usize| {
         Error::shape(format!(
             "the input ({len} with pads, {avail}) is smaller than the dilated kernel ({dk})"
         ))
     };
+    let padded = |a: usize, b: usize| {
+        len.checked_add(a)
+            .and_then(|v| v.checked_add(b))
+            .filter(|&v| v <= isize::MAX as usize)
+            .ok_or_else(|| {
+                too_large(
+                    "pads",
+                    format!("the padded input {len} + {a} + {b} in spatial dim {i}"),
+                )
+            })
+    };
     match legacy {
         Legacy::NotSet => {
-            let avail = len + *ph + *pt;
+            let avail = padded(*ph, *pt)?;
             if avail < dk {
                 return Err(too_small(avail));
             }
@@ -454,26 +537,35 @@ fn out_size(
                 ));
             }
             let target = len.div_ceil(s);
-            let needed = ((target.max(1) - 1) * s + k).saturating_sub(len);
+            let needed = (target.max(1) - 1)
+                .checked_mul(s)
+                .and_then(|v| v.checked_add(k))
+                .ok_or_else(|| {
+                    too_large("strides", format!("the SAME padding in spatial dim {i}"))
+                })?
+                .saturating_sub(len);
             *ph = needed / 2;
             *pt = needed - *ph;
-            let avail = len + needed;
+            let avail = padded(needed, 0)?;
             if avail < dk {
                 return Err(too_small(avail));
             }
             Ok((avail - dk) / s + 1)
         }
         Legacy::CaffePooling => {
-            let avail = len + 2 * *ph;
+            let avail = padded(*ph, *ph)?;
             if avail < k {
                 return Err(too_small(avail));
             }
             let mut out = (avail - k).div_ceil(s) + 1;
-            if *ph > 0 && (out - 1) * s >= len + *ph {
+            if *ph > 0 && (out - 1).checked_mul(s).is_none_or(|v| v >= len + *ph) {
                 out -= 1;
             }
             let standard = (avail - k) / s + 1;
-            *pt = *ph + s * (out - standard);
+            *pt = (out - standard)
+                .checked_mul(s)
+                .and_then(|v| v.checked_add(*ph))
+                .ok_or_else(|| too_large("pads", format!("the tail pad in spatial dim {i}")))?;
             Ok(out)
         }
     }
@@ -732,12 +824,15 @@ impl Plan {
     fn col_len(&self) -> usize {
         self.cout * self.g.out_len()
     }
-    fn scratch<T: Float>(&self) -> Vec<T> {
+    /// The window matrix of one image (none when the matrix is the image).
+    fn scratch<T: Float>(&self) -> Result<Vec<T>> {
         if self.g.identity() {
-            Vec::new()
-        } else {
-            vec![T::of(0.0); self.rows() * self.g.out_len()]
+            return Ok(Vec::new());
         }
+        let n = crate::tensor::size_mul(self.rows(), self.g.out_len(), || {
+            "the window matrix of a convolution".to_string()
+        })?;
+        crate::tensor::default_buffer(n, "the window matrix of a convolution")
     }
     /// Blocks of output lines (pairs of the first two output dims) whose
     /// window matrix has about `COL_BLOCK` elements (at least `MIN_COLS`
@@ -756,11 +851,13 @@ impl Plan {
     }
     /// Multiply-adds of one image's product.
     fn macs(&self) -> usize {
-        self.cout * self.rows() * self.g.out_len()
+        self.cout
+            .saturating_mul(self.rows())
+            .saturating_mul(self.g.out_len())
     }
 
     /// The col side of one image: out = W * im2col(img).
-    fn fwd<T: Float>(&self, img: &[T], w: &[T], out: &mut [T], col: &mut [T]) {
+    fn fwd<T: Float>(&self, img: &[T], w: &[T], out: &mut [T], col: &mut [T]) -> Result<()> {
         let (cg, mg, rows, p, pin) = (
             self.cg(),
             self.mg(),
@@ -848,9 +945,10 @@ impl Plan {
                         out[..p * cout]
                             .par_chunks_mut(per * cout)
                             .enumerate()
-                            .for_each_init(
-                                || vec![zero; per * rows],
+                            .try_for_each_init(
+                                || block_buffer::<T>(per, rows),
                                 |buf, (i, o)| {
+                                    let buf = buf.as_mut().map_err(|e| e.clone())?;
                                     let np = o.len() / cout;
                                     let col = &mut buf[..np * rows];
                                     let j0 = i * per;
@@ -876,8 +974,9 @@ impl Plan {
                                         &mut o[g * mg..],
                                         (cout, 1),
                                     );
+                                    Ok(())
                                 },
-                            );
+                            )?;
                         continue;
                     }
                     let (a, sa): (&[T], _) = if self.g.identity() {
@@ -902,10 +1001,11 @@ impl Plan {
                 }
             }
         }
+        Ok(())
     }
 
     /// The adjoint of `fwd`: img = col2im(W^T * cs), for one image.
-    fn adj<T: Float>(&self, cs: &[T], w: &[T], img: &mut [T], col: &mut [T]) {
+    fn adj<T: Float>(&self, cs: &[T], w: &[T], img: &mut [T], col: &mut [T]) -> Result<()> {
         let (cg, mg, rows, p, pin) = (
             self.cg(),
             self.mg(),
@@ -938,7 +1038,7 @@ impl Plan {
                             (p, 1),
                         );
                     } else {
-                        self.adj_nchw_blocks(csg, wg, dst, col);
+                        self.adj_nchw_blocks(csg, wg, dst, col)?;
                     }
                 }
                 Order::Nhwc => {
@@ -976,6 +1076,7 @@ impl Plan {
                 }
             }
         }
+        Ok(())
     }
 
     /// Output pixels per block when one large image alone (NHWC, through a
@@ -1023,7 +1124,13 @@ impl Plan {
     /// its own rows (im2col by line blocks, as on one thread) and
     /// accumulates its own columns of dW, in the same order as on one
     /// thread; the blocks are copied into `dwg` at the end.
-    fn wgrad_nchw_split<T: Float>(&self, src: &[T], csg: &[T], dwg: &mut [T], per: usize) {
+    fn wgrad_nchw_split<T: Float>(
+        &self,
+        src: &[T],
+        csg: &[T],
+        dwg: &mut [T],
+        per: usize,
+    ) -> Result<()> {
         let (cg, mg, rows, p, pin) = (
             self.cg(),
             self.mg(),
@@ -1044,10 +1151,12 @@ impl Plan {
         let blocks: Vec<(usize, Vec<T>)> = starts
             .into_par_iter()
             .map_init(
-                || vec![zero; per * ks * widest],
-                |buf, c0| {
+                || block_buffer::<T>(per * ks, widest),
+                |buf, c0| -> Result<(usize, Vec<T>)> {
+                    let buf = buf.as_mut().map_err(|e| e.clone())?;
                     let r = per.min(cg - c0) * ks;
-                    let mut acc = vec![zero; mg * r];
+                    let mut acc =
+                        crate::tensor::filled_vec(mg * r, zero, "a filter gradient block")?;
                     for (i, a) in acc.chunks_mut(r).enumerate() {
                         let at = i * rows + c0 * ks;
                         a.copy_from_slice(&before[at..at + r]);
@@ -1069,10 +1178,10 @@ impl Plan {
                             (r, 1),
                         );
                     }
-                    (c0, acc)
+                    Ok((c0, acc))
                 },
             )
-            .collect();
+            .collect::<Result<_>>()?;
         for (c0, acc) in blocks {
             let r = acc.len() / mg.max(1);
             for (i, a) in acc.chunks(r.max(1)).enumerate() {
@@ -1080,6 +1189,7 @@ impl Plan {
                 dwg[at..at + r].copy_from_slice(a);
             }
         }
+        Ok(())
     }
 
     /// `adj` of one group, NCHW, through a window matrix: for each block
@@ -1093,7 +1203,13 @@ impl Plan {
     /// order as on one thread (the same values too, where the GEMM computes
     /// an element the same way whatever the height of the block, as
     /// `matrixmultiply` does: the tests check it bitwise in float64).
-    fn adj_nchw_blocks<T: Float>(&self, csg: &[T], wg: &[T], dst: &mut [T], col: &mut [T]) {
+    fn adj_nchw_blocks<T: Float>(
+        &self,
+        csg: &[T],
+        wg: &[T],
+        dst: &mut [T],
+        col: &mut [T],
+    ) -> Result<()> {
         let (cg, mg, rows, p, pin) = (
             self.cg(),
             self.mg(),
@@ -1134,17 +1250,22 @@ impl Plan {
             dst[..cg * pin]
                 .par_chunks_mut(per * pin)
                 .enumerate()
-                .for_each_init(
-                    || vec![zero; per * ks * widest],
-                    |buf, (i, d)| run(i * per, d.len() / pin.max(1), d, buf),
-                );
+                .try_for_each_init(
+                    || block_buffer::<T>(per * ks, widest),
+                    |buf, (i, d)| {
+                        let buf = buf.as_mut().map_err(|e| e.clone())?;
+                        run(i * per, d.len() / pin.max(1), d, buf);
+                        Ok(())
+                    },
+                )
         } else {
             run(0, cg, &mut dst[..cg * pin], col);
+            Ok(())
         }
     }
 
     /// dW += cs * im2col(img)^T for one image.
-    fn wgrad<T: Float>(&self, img: &[T], cs: &[T], dw: &mut [T], col: &mut [T]) {
+    fn wgrad<T: Float>(&self, img: &[T], cs: &[T], dw: &mut [T], col: &mut [T]) -> Result<()> {
         let (cg, mg, rows, p, pin) = (
             self.cg(),
             self.mg(),
@@ -1176,7 +1297,7 @@ impl Plan {
                         continue;
                     }
                     if let Some(per) = self.channel_blocks() {
-                        self.wgrad_nchw_split(src, csg, dwg, per);
+                        self.wgrad_nchw_split(src, csg, dwg, per)?;
                         continue;
                     }
                     for (l0, l1) in self.line_blocks() {
@@ -1221,7 +1342,15 @@ impl Plan {
                 }
             }
         }
+        Ok(())
     }
+}
+
+/// A block of a window matrix (`rows` x `cols`) for one of the pool's
+/// threads.
+fn block_buffer<T: Float>(rows: usize, cols: usize) -> Result<Vec<T>> {
+    let n = crate::tensor::size_mul(rows, cols, || "a block of a window matrix".to_string())?;
+    crate::tensor::default_buffer(n, "a block of a window matrix")
 }
 
 /// Elements of a block of the window matrix (512 KiB of float32): small
@@ -1249,21 +1378,25 @@ fn per_image<T: Float>(
     src_len: usize,
     dst: &mut [T],
     dst_len: usize,
-    f: impl Fn(&[T], &mut [T], &mut [T]) + Sync + Send,
-) {
+    f: impl Fn(&[T], &mut [T], &mut [T]) -> Result<()> + Sync + Send,
+) -> Result<()> {
     if dst_len == 0 {
-        return;
+        return Ok(());
     }
     if parallel(n, plan.macs()) {
-        dst.par_chunks_mut(dst_len).enumerate().for_each_init(
+        dst.par_chunks_mut(dst_len).enumerate().try_for_each_init(
             || plan.scratch::<T>(),
-            |col, (i, d)| f(&src[i * src_len..(i + 1) * src_len], d, col),
-        );
+            |col, (i, d)| match col {
+                Ok(col) => f(&src[i * src_len..(i + 1) * src_len], d, col),
+                Err(e) => Err(e.clone()),
+            },
+        )
     } else {
-        let mut col = plan.scratch::<T>();
+        let mut col = plan.scratch::<T>()?;
         for (i, d) in dst.chunks_mut(dst_len).enumerate() {
-            f(&src[i * src_len..(i + 1) * src_len], d, &mut col);
+            f(&src[i * src_len..(i + 1) * src_len], d, &mut col)?;
         }
+        Ok(())
     }
 }
 
@@ -1349,61 +1482,71 @@ fn tap3<T: Float>(p: &Plan, w: &[T], k: usize, c: usize, a: usize, b: usize) -> 
 }
 
 /// `fwd` for each of `n` images (`src` the image side, `dst` the col side).
-fn run_fwd<T: Float>(p: &Plan, n: usize, src: &[T], w: &[T], dst: &mut [T]) {
+fn run_fwd<T: Float>(p: &Plan, n: usize, src: &[T], w: &[T], dst: &mut [T]) -> Result<()> {
     if let Some(wino) = winograd_for::<T>(p, n, false) {
-        return wino.run(src, |k, c, a, b| tap3(p, w, k, c, a, b), dst);
+        wino.run(src, |k, c, a, b| tap3(p, w, k, c, a, b), dst);
+        return Ok(());
     }
     per_image(p, n, src, p.img_len(), dst, p.col_len(), |s, d, col| {
         p.fwd(s, w, d, col)
-    });
+    })
 }
 
 /// `adj` for each of `n` images (`src` the col side, `dst` the image side).
-fn run_adj<T: Float>(p: &Plan, n: usize, src: &[T], w: &[T], dst: &mut [T]) {
+fn run_adj<T: Float>(p: &Plan, n: usize, src: &[T], w: &[T], dst: &mut [T]) -> Result<()> {
     if let Some(wino) = winograd_for::<T>(p, n, true) {
-        return wino.run(src, |k, c, a, b| tap3(p, w, c, k, 2 - a, 2 - b), dst);
+        wino.run(src, |k, c, a, b| tap3(p, w, c, k, 2 - a, 2 - b), dst);
+        return Ok(());
     }
     per_image(p, n, src, p.col_len(), dst, p.img_len(), |s, d, col| {
         p.adj(s, w, d, col)
-    });
+    })
 }
 
 /// Sum over images of `wgrad(img_i, cs_i)`, into a fresh dW.
-fn weight_grad<T: Float>(plan: &Plan, n: usize, img: &[T], cs: &[T], w_len: usize) -> Vec<T> {
+fn weight_grad<T: Float>(
+    plan: &Plan,
+    n: usize,
+    img: &[T],
+    cs: &[T],
+    w_len: usize,
+) -> Result<Vec<T>> {
     let (il, cl) = (plan.img_len(), plan.col_len());
-    let one = |i: usize, acc: &mut Vec<T>, col: &mut Vec<T>| {
+    let one = |i: usize, acc: &mut Vec<T>, col: &mut Vec<T>| -> Result<()> {
         plan.wgrad(
             &img[i * il..(i + 1) * il],
             &cs[i * cl..(i + 1) * cl],
             acc,
             col,
-        );
+        )
     };
+    let acc = || crate::tensor::default_buffer::<T>(w_len, "a filter gradient");
     if parallel(n, plan.macs()) {
         (0..n)
             .into_par_iter()
             .fold(
-                || (vec![T::of(0.0); w_len], plan.scratch::<T>()),
-                |(mut acc, mut col), i| {
-                    one(i, &mut acc, &mut col);
-                    (acc, col)
+                || -> Result<(Vec<T>, Vec<T>)> { Ok((acc()?, plan.scratch::<T>()?)) },
+                |state, i| {
+                    let (mut acc, mut col) = state?;
+                    one(i, &mut acc, &mut col)?;
+                    Ok((acc, col))
                 },
             )
-            .map(|(acc, _)| acc)
-            .reduce_with(|mut a, b| {
+            .map(|r| r.map(|(acc, _)| acc))
+            .try_reduce_with(|mut a, b| {
                 for (x, y) in a.iter_mut().zip(b) {
                     *x += y;
                 }
-                a
+                Ok(a)
             })
-            .unwrap_or_else(|| vec![T::of(0.0); w_len])
+            .unwrap_or_else(acc)
     } else {
-        let mut acc = vec![T::of(0.0); w_len];
-        let mut col = plan.scratch::<T>();
+        let mut acc = acc()?;
+        let mut col = plan.scratch::<T>()?;
         for i in 0..n {
-            one(i, &mut acc, &mut col);
+            one(i, &mut acc, &mut col)?;
         }
-        acc
+        Ok(acc)
     }
 }
 
@@ -1435,11 +1578,11 @@ fn add_bias<T: Float>(y: &mut [T], b: &[T], ch: usize, sp: usize, order: Order) 
 }
 
 /// The per-channel sums of images of `ch` channels and `sp` pixels.
-fn channel_sums<T: Float>(y: &[T], ch: usize, sp: usize, order: Order) -> Vec<T> {
-    let mut s = vec![T::of(0.0); ch];
+fn channel_sums<T: Float>(y: &[T], ch: usize, sp: usize, order: Order) -> Result<Vec<T>> {
+    let mut s = crate::tensor::default_buffer::<T>(ch, "a bias gradient")?;
     let img = ch * sp;
     if img == 0 {
-        return s;
+        return Ok(s);
     }
     for im in y.chunks(img) {
         match order {
@@ -1459,7 +1602,7 @@ fn channel_sums<T: Float>(y: &[T], ch: usize, sp: usize, order: Order) -> Vec<T>
             }
         }
     }
-    s
+    Ok(s)
 }
 
 // ---------------------------------------------------------- shape checks --
@@ -1561,6 +1704,7 @@ fn conv_setup(
             .with_blob(wn));
         }
         let y_shape = image_shape(n, rows, &g.outs[3 - nd..], order);
+        crate::tensor::checked_numel::<f64>(&y_shape, format_args!("{op}'s output"))?;
         Ok(ConvSetup {
             plan: Plan {
                 g,
@@ -1584,6 +1728,7 @@ fn conv_setup(
         }
         let m = per_group * group;
         let y_shape = image_shape(n, m, &g.ins[3 - nd..], order);
+        crate::tensor::checked_numel::<f64>(&y_shape, format_args!("{op}'s output"))?;
         Ok(ConvSetup {
             plan: Plan {
                 g,
@@ -1687,12 +1832,11 @@ fn conv_t<T: Float>(l: &mut Locked<'_>, a: &ConvArgs) -> Result<()> {
         None
     };
     let p = &s.plan;
-    let y_len: usize = s.y_shape.iter().product();
-    let mut y = vec![T::of(0.0); y_len];
+    let mut y = crate::tensor::zeroed_vec::<T>(&s.y_shape, format_args!("{op}'s output"))?;
     if transposed {
-        run_adj(p, s.n, &x, &w, &mut y);
+        run_adj(p, s.n, &x, &w, &mut y)?;
     } else {
-        run_fwd(p, s.n, &x, &w, &mut y);
+        run_fwd(p, s.n, &x, &w, &mut y)?;
     }
     if let Some(b) = bias {
         let sp = if transposed {
@@ -1741,23 +1885,25 @@ fn conv_grad_t<T: Float>(l: &mut Locked<'_>, a: &ConvArgs, no_bias: bool) -> Res
     let p = &s.plan;
     // Conv: image side X, col side dY; ConvTranspose: image side dY, col side X.
     let dw = if transposed {
-        weight_grad(p, s.n, &dy, &x, w.len())
+        weight_grad(p, s.n, &dy, &x, w.len())?
     } else {
-        weight_grad(p, s.n, &x, &dy, w.len())
+        weight_grad(p, s.n, &x, &dy, w.len())?
     };
     let sp = if transposed {
         p.g.in_len()
     } else {
         p.g.out_len()
     };
-    let db = (!no_bias).then(|| channel_sums(&dy, s.bias_ch, sp, p.order));
+    let db = (!no_bias)
+        .then(|| channel_sums(&dy, s.bias_ch, sp, p.order))
+        .transpose()?;
     let want_dx = a.num_outputs == if no_bias { 2 } else { 3 };
     let dx = if want_dx {
-        let mut dx = vec![T::of(0.0); x.len()];
+        let mut dx = crate::tensor::zeroed_vec::<T>(&x_shape, format_args!("{op}'s dX"))?;
         if transposed {
-            run_fwd(p, s.n, &dy, &w, &mut dx);
+            run_fwd(p, s.n, &dy, &w, &mut dx)?;
         } else {
-            run_adj(p, s.n, &dy, &w, &mut dx);
+            run_adj(p, s.n, &dy, &w, &mut dx)?;
         }
         Some(array(&x_shape, dx)?)
     } else {
@@ -1919,6 +2065,65 @@ pub fn schemas() -> Vec<OpSchema> {
 mod tests {
     use crate::error::ErrorKind;
     use crate::test_util::{f32s, get, int_arg, op, run, vals, ws_with};
+
+    /// Window arguments whose sizes overflow are refused, naming the
+    /// argument (issue 28: they wrapped, or panicked in debug builds), and
+    /// a kernel read from a filter with a 0 spatial dim is a shape error.
+    #[test]
+    fn overflowing_windows_and_empty_kernels_are_refused() {
+        let ws = ws_with(&[
+            ("x", f32s(&[1, 1, 5, 5], &[1.; 25])),
+            ("w", f32s(&[3, 1, 3, 3], &[1.; 27])),
+            ("wt", f32s(&[1, 3, 3, 3], &[1.; 27])),
+            ("w0", f32s(&[3, 1, 0, 3], &[])),
+            ("w4", f32s(&[1, 1, 4, 4], &[1.; 16])),
+        ]);
+        let cases = [
+            (
+                "Conv",
+                "w",
+                vec![int_arg("kernel", 3), int_arg("pad", 1 << 62)],
+                "`pad`/`pads`",
+            ),
+            (
+                "Conv",
+                "w",
+                vec![int_arg("kernel", 3), int_arg("pad", i64::MAX)],
+                "`pad`/`pads`",
+            ),
+            (
+                "ConvTranspose",
+                "wt",
+                vec![int_arg("kernel", 3), int_arg("stride", 1 << 62)],
+                "`stride`/`strides`",
+            ),
+            (
+                "MaxPool",
+                "",
+                vec![int_arg("kernel", 1), int_arg("pad", i64::MAX)],
+                "`pad`/`pads`",
+            ),
+            (
+                "Conv",
+                "w4",
+                vec![int_arg("kernel", 4), int_arg("dilation", i64::MAX)],
+                "`dilation`/`dilations`",
+            ),
+        ];
+        for (ty, w, args, arg) in cases {
+            let ins: Vec<&str> = if w.is_empty() {
+                vec!["x"]
+            } else {
+                vec!["x", w]
+            };
+            let e = run(&ws, op(ty, &ins, &["y"], args)).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::InvalidArgument, "{ty}: {}", e.message);
+            assert!(e.message.contains(arg), "{ty}: {}", e.message);
+        }
+        let e = run(&ws, op("Conv", &["x", "w0"], &["y"], vec![])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Shape, "{}", e.message);
+        assert!(e.message.contains("must all be > 0"), "{}", e.message);
+    }
 
     #[test]
     fn conv_by_hand() {

@@ -888,7 +888,8 @@ impl Operator for SortAndShuffleOp {
                 let keys = t
                     .array::<i32>()
                     .map_err(|e| e.with_blob(l.input_name(f + 1)))?;
-                let keys: Vec<i32> = keys.iter().copied().collect();
+                let keys: Vec<i32> =
+                    crate::tensor::try_collect(keys.iter().copied(), "a kernel buffer")?;
                 idx.sort_by_key(|&i| keys[i as usize]);
             }
             let chunk = bs * shuffle_size;
@@ -900,7 +901,8 @@ impl Operator for SortAndShuffleOp {
                 }
             }
             let num_batches = size / bs;
-            let mut order: Vec<usize> = (0..num_batches).collect();
+            let mut order: Vec<usize> =
+                crate::tensor::try_collect(0..num_batches, "a kernel buffer")?;
             caffe2_shuffle(&mut order);
             let mut out = try_vec(size, format!("{size} int64 indices"))?;
             for b in order {
@@ -946,7 +948,7 @@ fn read_random_batch(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
                 .with_blob(mat_name));
             }
             let (mat_rows, width) = (mat.shape()[0], mat.shape()[1]);
-            let mat: Vec<i64> = mat.iter().copied().collect();
+            let mat: Vec<i64> = crate::tensor::try_collect(mat.iter().copied(), "a kernel buffer")?;
             let n = idx.len() as i64;
             let first = {
                 let mut offsets = cursor.offsets.lock();

@@ -152,7 +152,8 @@ impl DbReader {
     pub fn read(&self, n: usize) -> Result<Vec<(String, Vec<u8>)>> {
         let mut pos = self.pos.lock();
         let mut at = *pos;
-        let mut out = Vec::with_capacity(n);
+        // n records are read (in a cycle): room for them, fallibly.
+        let mut out = crate::tensor::try_vec(n, format_args!("a batch of {n} records"))?;
         for _ in 0..n {
             out.push((self.records.key(at).to_string(), self.records.value(at)?));
             at += self.num_shards;
@@ -253,7 +254,8 @@ impl QueueDb {
         n: usize,
         cancel: &crate::cancel::CancelToken,
     ) -> Result<Vec<(String, Vec<u8>)>> {
-        let mut out = Vec::with_capacity(n);
+        // Up to n records, as the queue has them: the batch size is a bound.
+        let mut out = Vec::with_capacity(n.min(1024));
         let mut slots = vec![BlobValue::Empty; self.queue.num_blobs()];
         for _ in 0..n {
             match self.queue.blocking_read(&mut slots, self.timeout, cancel)? {
@@ -381,7 +383,7 @@ fn tensor_protos_db_input(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         };
         let nout = cx.num_outputs();
         let mut columns: Vec<Vec<Tensor>> = (0..nout)
-            .map(|_| Vec::with_capacity(batch.max(1)))
+            .map(|_| Vec::with_capacity(records.len()))
             .collect();
         for (key, value) in records {
             let bad = |msg: String| {

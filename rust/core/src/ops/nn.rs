@@ -26,7 +26,7 @@ use crate::arg;
 use crate::error::{Error, Result};
 use crate::operator::{InPlace, Locked, OpDefCtx, OpSchema, Operator};
 use crate::tensor::{DataType, Element, Tensor};
-use ndarray::{ArrayD, Axis, IxDyn, Zip};
+use ndarray::{ArrayD, IxDyn};
 
 /// The float types the kernels here take.
 pub(crate) trait Real:
@@ -43,6 +43,8 @@ pub(crate) trait Real:
     + std::iter::Sum
     + super::gemm::Gemm
 {
+    /// The most negative finite value.
+    const LOWEST: Self;
     fn of(v: f64) -> Self;
     fn exp(self) -> Self;
     fn ln(self) -> Self;
@@ -51,6 +53,7 @@ pub(crate) trait Real:
 macro_rules! real {
     ($t:ty) => {
         impl Real for $t {
+            const LOWEST: Self = <$t>::MIN;
             fn of(v: f64) -> Self {
                 v as $t
             }
@@ -78,10 +81,34 @@ fn strides(rows: usize, cols: usize, transposed: bool) -> (usize, usize) {
 
 /// C (m x n) = op(A) * op(B), where A is stored `m x k` (or `k x m` when
 /// `ta`) and B `k x n` (or `n x k` when `tb`).
-fn matmul<T: Real>(ta: bool, tb: bool, m: usize, k: usize, n: usize, a: &[T], b: &[T]) -> Vec<T> {
-    let mut c = vec![T::of(0.0); m * n];
+fn matmul<T: Real>(
+    ta: bool,
+    tb: bool,
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[T],
+    b: &[T],
+) -> Result<Vec<T>> {
+    let mut c = crate::tensor::zeroed_vec::<T>(&[m, n], format_args!("a {m} x {n} product"))?;
+    matmul_into(ta, tb, m, k, n, a, b, &mut c);
+    Ok(c)
+}
+
+/// [`matmul`] into `c` (m x n, zeroed).
+#[allow(clippy::too_many_arguments)]
+fn matmul_into<T: Real>(
+    ta: bool,
+    tb: bool,
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[T],
+    b: &[T],
+    c: &mut [T],
+) {
     if m * n == 0 || k == 0 {
-        return c;
+        return;
     }
     let sa = if ta {
         strides(k, m, true)
@@ -93,20 +120,7 @@ fn matmul<T: Real>(ta: bool, tb: bool, m: usize, k: usize, n: usize, a: &[T], b:
     } else {
         strides(k, n, false)
     };
-    super::gemm::par_gemm(
-        m,
-        k,
-        n,
-        T::of(1.0),
-        a,
-        sa,
-        b,
-        sb,
-        T::of(0.0),
-        &mut c,
-        (n, 1),
-    );
-    c
+    super::gemm::par_gemm(m, k, n, T::of(1.0), a, sa, b, sb, T::of(0.0), c, (n, 1));
 }
 
 // ------------------------------------------------------------- helpers --
@@ -538,7 +552,7 @@ fn fc_t<T: Real>(l: &mut Locked<'_>, op: &str, axis: i64, axis_w: i64, tr: bool)
         ))
         .with_blob(l.input_name(2)));
     }
-    let mut y = matmul(false, !tr, d.m, d.k, d.n, &dense(x), &dense(w));
+    let mut y = matmul(false, !tr, d.m, d.k, d.n, &dense(x), &dense(w))?;
     let b = dense(b);
     for row in y.chunks_mut(d.n.max(1)) {
         for (v, &bi) in row.iter_mut().zip(b.iter()) {
@@ -576,7 +590,7 @@ fn fc_grad_t<T: Real>(
         input::<T>(l, op, 1)?,
         input::<T>(l, op, 2)?,
     );
-    if dy.len() != d.m * d.n {
+    if Some(dy.len()) != d.m.checked_mul(d.n) {
         return Err(Error::shape(format!(
             "{op}: dY ('{}', shape {:?}) must have M x N = {} x {} elements",
             l.input_name(2),
@@ -589,18 +603,20 @@ fn fc_grad_t<T: Real>(
     let (xs, ws, dys) = (dense(x), dense(w), dense(dy));
     // FC: dW (N x K) = dY^T X; FCTransposed: dW (K x N) = X^T dY.
     let dw = if tr {
-        matmul(true, false, d.k, d.m, d.n, &xs, &dys)
+        matmul(true, false, d.k, d.m, d.n, &xs, &dys)?
     } else {
-        matmul(true, false, d.n, d.m, d.k, &dys, &xs)
+        matmul(true, false, d.n, d.m, d.k, &dys, &xs)?
     };
-    let mut db = vec![T::of(0.0); d.n];
+    let mut db = crate::tensor::default_buffer::<T>(d.n, "FC's bias gradient")?;
     for row in dys.chunks(d.n.max(1)) {
         for (s, &v) in db.iter_mut().zip(row) {
             *s = *s + v;
         }
     }
     // FC: dX (M x K) = dY W; FCTransposed: dX = dY W^T.
-    let dx = want_dx.then(|| matmul(false, tr, d.m, d.n, d.k, &dys, &ws));
+    let dx = want_dx
+        .then(|| matmul(false, tr, d.m, d.n, d.k, &dys, &ws))
+        .transpose()?;
     let dw = array(w.shape(), dw)?;
     let db = array(&[d.n], db)?;
     let dx = dx.map(|v| array(x.shape(), v)).transpose()?;
@@ -659,12 +675,12 @@ fn matmul_t<T: Real>(
         ))
         .with_blob(l.input_name(1)));
     }
-    let y = matmul(ta, tb, m, k, n, &dense(a), &dense(b));
+    let y = matmul(ta, tb, m, k, n, &dense(a), &dense(b))?;
     // A third input (the gradient ops' use) gives the output its shape.
     let shape = match ni {
         3 => {
             let like = l.tensor(2)?.shape().to_vec();
-            if like.iter().product::<usize>() != m * n {
+            if like.iter().product::<usize>() != y.len() {
                 return Err(Error::shape(format!(
                     "MatMul: the product is {m} x {n}, which cannot take the shape {like:?} of '{}'",
                     l.input_name(2)
@@ -697,9 +713,8 @@ fn build_matmul(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 /// Y = f(X) elementwise.
 fn map_t<T: Real>(l: &mut Locked<'_>, f: impl Fn(T) -> T) -> Result<()> {
     let y = l.tensor(0)?;
-    let y = T::view(y)
-        .ok_or_else(|| Error::internal("dtype checked"))?
-        .mapv(f);
+    let x = T::view(y).ok_or_else(|| Error::internal("dtype checked"))?;
+    let y = crate::tensor::map_array(x.view(), |&v| f(v))?;
     l.set_output(0, T::wrap(y));
     Ok(())
 }
@@ -708,7 +723,7 @@ fn map_t<T: Real>(l: &mut Locked<'_>, f: impl Fn(T) -> T) -> Result<()> {
 fn grad_map_t<T: Real>(l: &mut Locked<'_>, op: &str, g: impl Fn(T, T) -> T) -> Result<()> {
     same_shape(op, l, 0, 1)?;
     let (y, dy) = (input::<T>(l, op, 0)?, input::<T>(l, op, 1)?);
-    let dx = Zip::from(y).and(dy).map_collect(|&y, &d| g(y, d));
+    let dx = crate::tensor::zip_map_array(y.view(), dy.view(), |&y, &d| g(y, d))?;
     l.set_output(0, T::wrap(dx));
     Ok(())
 }
@@ -839,8 +854,8 @@ fn build_stop_gradient(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 // ------------------------------------------------------------- Softmax --
 
 /// Softmax of each `d`-long row, stable (the row max is subtracted).
-fn softmax_rows<T: Real>(x: &[T], d: usize) -> Vec<T> {
-    let mut p = x.to_vec();
+fn softmax_rows<T: Real>(x: &[T], d: usize) -> Result<Vec<T>> {
+    let mut p = crate::tensor::try_to_vec(x, "a softmax")?;
     for row in p.chunks_mut(d.max(1)) {
         let mx = row
             .iter()
@@ -855,14 +870,14 @@ fn softmax_rows<T: Real>(x: &[T], d: usize) -> Vec<T> {
             *v = *v / s;
         }
     }
-    p
+    Ok(p)
 }
 
 fn softmax_t<T: Real>(l: &mut Locked<'_>, axis: i64) -> Result<()> {
     let x = input::<T>(l, "Softmax", 0)?;
     let ax = canonical_axis("Softmax", "axis", axis, x.ndim(), l.input_name(0))?;
     let (_, d) = split_at(x.shape(), ax);
-    let p = array(x.shape(), softmax_rows(&dense(x), d))?;
+    let p = array(x.shape(), softmax_rows(&dense(x), d)?)?;
     l.set_output(0, T::wrap(p));
     Ok(())
 }
@@ -883,7 +898,7 @@ fn softmax_grad_t<T: Real>(l: &mut Locked<'_>, axis: i64) -> Result<()> {
     let ax = canonical_axis(op, "axis", axis, y.ndim(), l.input_name(0))?;
     let (_, d) = split_at(y.shape(), ax);
     let (ys, dys) = (dense(y), dense(dy));
-    let mut dx = Vec::with_capacity(ys.len());
+    let mut dx = crate::tensor::try_vec(ys.len(), "SoftmaxGradient's output")?;
     for (yr, dr) in ys.chunks(d.max(1)).zip(dys.chunks(d.max(1))) {
         let dot: T = yr.iter().zip(dr).map(|(&a, &b)| a * b).sum();
         dx.extend(yr.iter().zip(dr).map(|(&a, &b)| a * (b - dot)));
@@ -958,7 +973,7 @@ fn class_labels(
 /// Optional per-row weights at input `i` (float32 or float64 like X).
 fn row_weights<T: Real>(l: &Locked<'_>, op: &str, i: Option<usize>, n: usize) -> Result<Vec<T>> {
     let Some(i) = i else {
-        return Ok(vec![T::of(1.0); n]);
+        return crate::tensor::filled_vec(n, T::of(1.0), "a kernel buffer");
     };
     let w = input::<T>(l, op, i)?;
     if w.len() != n {
@@ -969,7 +984,7 @@ fn row_weights<T: Real>(l: &Locked<'_>, op: &str, i: Option<usize>, n: usize) ->
         ))
         .with_blob(l.input_name(i)));
     }
-    Ok(dense(w).into_owned())
+    Ok(crate::tensor::try_to_vec(&dense(w), "a kernel buffer")?)
 }
 
 struct SwlSetup<T> {
@@ -1000,10 +1015,10 @@ fn swl_setup<T: Real>(
             ))
             .with_blob(l.input_name(1)));
         }
-        dense(p).into_owned()
+        crate::tensor::try_to_vec(&dense(p), "a kernel buffer")?
     } else {
         let lab = class_labels(l, op, 1, n, d, Some(ax))?;
-        let mut t = vec![T::of(0.0); n * d];
+        let mut t = crate::tensor::default_buffer::<T>(n * d, "a kernel buffer")?;
         for (r, &c) in lab.iter().enumerate() {
             t[r * d + c] = T::of(1.0);
         }
@@ -1030,7 +1045,7 @@ fn swl_t<T: Real>(
     let s = swl_setup::<T>(l, op, axis, label_prob, w_at)?;
     let x = input::<T>(l, op, 0)?;
     let shape = x.shape().to_vec();
-    let p = softmax_rows(&dense(x), s.d);
+    let p = softmax_rows(&dense(x), s.d)?;
     let (mut loss, mut total) = (T::of(0.0), T::of(0.0));
     for r in 0..s.n {
         let mut row = T::of(0.0);
@@ -1088,7 +1103,7 @@ fn swl_grad_t<T: Real>(
     let w_at = (ni == 5).then_some(2);
     let s = swl_setup::<T>(l, op, axis, label_prob, w_at)?;
     same_shape(op, l, 0, ni - 2)?;
-    let p = dense(input::<T>(l, op, ni - 2)?).into_owned();
+    let p = crate::tensor::try_to_vec(&dense(input::<T>(l, op, ni - 2)?), "a kernel buffer")?;
     let dl = T::of(loss_grad(l, op, ni - 1)?);
     let total: T = s.weights.iter().copied().sum();
     let k = if total > T::of(0.0) {
@@ -1153,12 +1168,13 @@ fn lce_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
     let op = "LabelCrossEntropy";
     let (n, d) = prob_dims(l, op)?;
     let lab = class_labels(l, op, 1, n, d, None)?;
-    let x = dense(input::<T>(l, op, 0)?).into_owned();
-    let y: Vec<T> = lab
-        .iter()
-        .enumerate()
-        .map(|(r, &c)| -floor_p(x[r * d + c]).ln())
-        .collect();
+    let x = crate::tensor::try_to_vec(&dense(input::<T>(l, op, 0)?), "a kernel buffer")?;
+    let y: Vec<T> = crate::tensor::try_collect(
+        lab.iter()
+            .enumerate()
+            .map(|(r, &c)| -floor_p(x[r * d + c]).ln()),
+        "a kernel buffer",
+    )?;
     l.set_output(0, T::wrap(array(&[n], y)?));
     Ok(())
 }
@@ -1184,10 +1200,10 @@ fn lce_grad_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
         ))
         .with_blob(l.input_name(2)));
     }
-    let dy = dense(dy).into_owned();
+    let dy = crate::tensor::try_to_vec(&dense(dy), "a kernel buffer")?;
     let x = input::<T>(l, op, 0)?;
     let xs = dense(x);
-    let mut dx = vec![T::of(0.0); n * d];
+    let mut dx = crate::tensor::default_buffer::<T>(n * d, "a kernel buffer")?;
     for (r, &c) in lab.iter().enumerate() {
         dx[r * d + c] = -dy[r] / floor_p(xs[r * d + c]);
     }
@@ -1250,7 +1266,7 @@ fn avg_loss_grad_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
     let op = "AveragedLossGradient";
     let x = input::<T>(l, op, 0)?;
     let v = T::of(loss_grad(l, op, 1)?) / T::of(x.len().max(1) as f64);
-    let dx = ArrayD::from_elem(x.raw_dim(), v);
+    let dx = crate::tensor::filled_array(x.shape(), v)?;
     l.set_output(0, T::wrap(dx));
     Ok(())
 }
@@ -1275,8 +1291,8 @@ fn l2_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
     let n = rows_of(x.shape());
     let d = if n == 0 { 0 } else { x.len() / n };
     let (xs, ys) = (dense(x), dense(y));
-    let out: Vec<T> = (0..n)
-        .map(|r| {
+    let out: Vec<T> = crate::tensor::try_collect(
+        (0..n).map(|r| {
             let s: T = (0..d)
                 .map(|c| {
                     let v = xs[r * d + c] - ys[r * d + c];
@@ -1284,8 +1300,9 @@ fn l2_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
                 })
                 .sum();
             s * T::of(0.5)
-        })
-        .collect();
+        }),
+        "a kernel buffer",
+    )?;
     l.set_output(0, T::wrap(array(&[n], out)?));
     Ok(())
 }
@@ -1317,10 +1334,11 @@ fn l2_grad_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
     }
     let d = if n == 0 { 0 } else { x.len() / n };
     let (xs, ys, dds) = (dense(x), dense(y), dense(dd));
-    let dx: Vec<T> = (0..n * d)
-        .map(|i| (xs[i] - ys[i]) * dds[i / d.max(1)])
-        .collect();
-    let dy: Vec<T> = dx.iter().map(|&v| -v).collect();
+    let dx: Vec<T> = crate::tensor::try_collect(
+        (0..n * d).map(|i| (xs[i] - ys[i]) * dds[i / d.max(1)]),
+        "a kernel buffer",
+    )?;
+    let dy: Vec<T> = crate::tensor::try_collect(dx.iter().map(|&v| -v), "a kernel buffer")?;
     let shape = x.shape().to_vec();
     l.set_output(0, T::wrap(array(&shape, dx)?));
     l.set_output(1, T::wrap(array(&shape, dy)?));
@@ -1401,12 +1419,10 @@ fn reduce_to<T: Real>(g: ArrayD<T>, pad: &[usize], shape: &[usize]) -> Result<Ar
     let mut g = g;
     for ax in (0..pad.len()).rev() {
         if pad[ax] == 1 && g.shape()[ax] != 1 {
-            g = g
-                .fold_axis(Axis(ax), T::of(0.0), |&s, &v| s + v)
-                .insert_axis(Axis(ax));
+            g = crate::tensor::fold_axis_array(g.view(), ax, T::of(0.0), |&s, &v| s + v)?;
         }
     }
-    let v: Vec<T> = g.iter().copied().collect();
+    let v: Vec<T> = crate::tensor::try_collect(g.iter().copied(), "a kernel buffer")?;
     array(shape, v)
 }
 
@@ -1469,48 +1485,113 @@ fn binary_grad_t<T: Real>(
     if dc.shape() != sc.as_slice() {
         return Err(mismatch());
     }
-    let view = |x: &ArrayD<T>, p: &[usize]| -> Result<ArrayD<T>> {
-        let v = array(p, dense(x).into_owned())?;
-        v.broadcast(IxDyn(&sc))
-            .map(|v| v.to_owned())
-            .ok_or_else(mismatch)
-    };
-    let (ga, gb) = match op {
-        "AddGradient" => (dc.to_owned(), dc.to_owned()),
-        "SubGradient" => (dc.to_owned(), dc.mapv(|v| -v)),
-        "DivGradient" => {
-            let c = if legacy_div {
-                a.view()
-            } else {
-                let c = input::<T>(l, op, 3)?;
-                if c.shape() != sc.as_slice() {
-                    return Err(Error::shape(format!(
-                        "{op}: C ('{}', shape {:?}) must have the forward output's shape {sc:?}",
-                        l.input_name(3),
-                        c.shape()
-                    ))
-                    .with_blob(l.input_name(3)));
-                }
-                c.view()
-            };
-            let bb = view(b, &pb)?;
-            let ga = dc / &bb;
-            let gb = Zip::from(dc)
-                .and(&c)
-                .and(&bb)
-                .map_collect(|&g, &c, &y| -(g * c) / y);
-            (ga, gb)
+    let c = if op != "DivGradient" {
+        None
+    } else if legacy_div {
+        Some(a)
+    } else {
+        let c = input::<T>(l, op, 3)?;
+        if c.shape() != sc.as_slice() {
+            return Err(Error::shape(format!(
+                "{op}: C ('{}', shape {:?}) must have the forward output's shape {sc:?}",
+                l.input_name(3),
+                c.shape()
+            ))
+            .with_blob(l.input_name(3)));
         }
-        _ => {
-            let (ab, bb) = (view(a, &pa)?, view(b, &pb)?);
-            (dc * &bb, dc * &ab)
-        }
+        Some(c)
     };
-    let da = reduce_to(ga, &pa, &sa)?;
-    let db = reduce_to(gb, &pb, &sb)?;
-    l.set_output(0, T::wrap(da));
-    l.set_output(1, T::wrap(db));
+    let kind = match op {
+        "AddGradient" => GradKind::Add,
+        "SubGradient" => GradKind::Sub,
+        "DivGradient" => GradKind::Div,
+        _ => GradKind::Mul,
+    };
+    let (da, db) = broadcast_grads(
+        kind,
+        &dense(dc),
+        (&dense(a), &pa),
+        (&dense(b), &pb),
+        c.map(dense).as_deref(),
+        &sc,
+    )?;
+    l.set_output(0, T::wrap(array(&sa, da)?));
+    l.set_output(1, T::wrap(array(&sb, db)?));
     Ok(())
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum GradKind {
+    Add,
+    Sub,
+    Mul,
+    Div,
+}
+
+/// The gradients (dA, dB) of C = A op B (A and B broadcast to C's shape
+/// `sc` from their padded shapes), each summed over the dims its input was
+/// broadcast along, in one row-major pass over dC into two buffers of the
+/// inputs' sizes (no output-sized intermediate). `c` is the forward
+/// output, for Div.
+fn broadcast_grads<T: Real>(
+    kind: GradKind,
+    dc: &[T],
+    (a, pa): (&[T], &[usize]),
+    (b, pb): (&[T], &[usize]),
+    c: Option<&[T]>,
+    sc: &[usize],
+) -> Result<(Vec<T>, Vec<T>)> {
+    let mut da = crate::tensor::default_buffer::<T>(a.len(), "the gradient dA")?;
+    let mut db = crate::tensor::default_buffer::<T>(b.len(), "the gradient dB")?;
+    // Row-major strides of A and B over C's dims, 0 where broadcast.
+    let strides = |p: &[usize]| {
+        let mut st = vec![0; p.len()];
+        let mut acc = 1;
+        for k in (0..p.len()).rev() {
+            st[k] = if p[k] == 1 { 0 } else { acc };
+            acc *= p[k];
+        }
+        st
+    };
+    let (sta, stb) = (strides(pa), strides(pb));
+    let nd = sc.len();
+    let mut idx = vec![0usize; nd];
+    let (mut oa, mut ob) = (0usize, 0usize);
+    for (i, &g) in dc.iter().enumerate() {
+        match kind {
+            GradKind::Add => {
+                da[oa] += g;
+                db[ob] += g;
+            }
+            GradKind::Sub => {
+                da[oa] += g;
+                db[ob] += -g;
+            }
+            GradKind::Mul => {
+                da[oa] += g * b[ob];
+                db[ob] += g * a[oa];
+            }
+            GradKind::Div => {
+                let y = b[ob];
+                let cv = c.map_or(T::of(0.0), |c| c[i]);
+                da[oa] += g / y;
+                db[ob] += -(g * cv) / y;
+            }
+        }
+        // Next index, row-major.
+        for k in (0..nd).rev() {
+            idx[k] += 1;
+            oa += sta[k];
+            ob += stb[k];
+            if idx[k] < sc[k] {
+                break;
+            }
+            oa -= sta[k] * idx[k];
+            ob -= stb[k] * idx[k];
+            idx[k] = 0;
+        }
+    }
+    Ok((da, db))
 }
 
 fn build_binary_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
@@ -1827,21 +1908,25 @@ fn batch_matmul_t<T: Real>(l: &mut Locked<'_>, ta: bool, tb: bool, bcast: bool) 
     let (a, b) = (input::<T>(l, op, 0)?, input::<T>(l, op, 1)?);
     let d = BmmDims::of(l, op, (a.shape(), b.shape()), ta, tb, bcast)?;
     let (m, k, n) = (d.m, d.k, d.n);
+    let total = crate::tensor::checked_numel::<T>(&d.out_shape(), format_args!("{op}'s output"))?;
     let nb: usize = d.batch.iter().product();
     let (ad, bd) = (dense(a), dense(b));
-    let mut y = crate::tensor::try_vec::<T>(nb * m * n, format!("{op}'s output"))?;
-    for i in 0..nb {
-        let oa = batch_offset(i, &d.batch, &d.ba) * m * k;
-        let ob = batch_offset(i, &d.batch, &d.bb) * k * n;
-        y.extend(matmul(
-            d.ta,
-            d.tb,
-            m,
-            k,
-            n,
-            &ad[oa..oa + m * k],
-            &bd[ob..ob + k * n],
-        ));
+    let mut y = crate::tensor::default_buffer::<T>(total, format!("{op}'s output"))?;
+    if m * n > 0 {
+        for (i, c) in y.chunks_mut(m * n).enumerate().take(nb) {
+            let oa = batch_offset(i, &d.batch, &d.ba) * m * k;
+            let ob = batch_offset(i, &d.batch, &d.bb) * k * n;
+            matmul_into(
+                d.ta,
+                d.tb,
+                m,
+                k,
+                n,
+                &ad[oa..oa + m * k],
+                &bd[ob..ob + k * n],
+                c,
+            );
+        }
     }
     l.set_output(0, T::wrap(array(&d.out_shape(), y)?));
     Ok(())
@@ -1886,13 +1971,13 @@ fn batch_matmul_grad_t<T: Real>(l: &mut Locked<'_>, ta: bool, tb: bool, bcast: b
             (false, true) => matmul(false, false, m, n, k, gi, bi),
             (true, false) => matmul(false, true, k, n, m, bi, gi),
             (true, true) => matmul(true, true, k, n, m, bi, gi),
-        };
+        }?;
         let gb = match (d.ta, d.tb) {
             (false, false) => matmul(true, false, k, m, n, ai, gi),
             (true, false) => matmul(false, false, k, m, n, ai, gi),
             (false, true) => matmul(true, false, n, m, k, gi, ai),
             (true, true) => matmul(true, true, n, m, k, gi, ai),
-        };
+        }?;
         for (s, v) in da[oa..oa + m * k].iter_mut().zip(ga) {
             *s = *s + v;
         }
@@ -1947,7 +2032,7 @@ fn soft_labels<T: Real>(l: &Locked<'_>, op: &str, n: usize, d: usize) -> Result<
         ))
         .with_blob(name));
     }
-    let v = dense(lab).into_owned();
+    let v = crate::tensor::try_to_vec(&dense(lab), "a kernel buffer")?;
     if v.iter().any(|&p| !(p >= T::of(0.0) && p <= T::of(1.0))) {
         return Err(Error::invalid_arg(format!(
             "{op}: soft label seems incorrect: label values must be probabilities between 0 and 1 (use LabelCrossEntropy for class indices)"
@@ -1961,14 +2046,15 @@ fn xent_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
     let op = "CrossEntropy";
     let (n, d) = prob_dims(l, op)?;
     let lab = soft_labels::<T>(l, op, n, d)?;
-    let x = dense(input::<T>(l, op, 0)?).into_owned();
-    let y: Vec<T> = (0..n)
-        .map(|r| {
+    let x = crate::tensor::try_to_vec(&dense(input::<T>(l, op, 0)?), "a kernel buffer")?;
+    let y: Vec<T> = crate::tensor::try_collect(
+        (0..n).map(|r| {
             -(0..d)
                 .map(|c| lab[r * d + c] * floor_p(x[r * d + c]).ln())
                 .sum::<T>()
-        })
-        .collect();
+        }),
+        "a kernel buffer",
+    )?;
     l.set_output(0, T::wrap(array(&[n], y)?));
     Ok(())
 }
@@ -1994,12 +2080,13 @@ fn xent_grad_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
         ))
         .with_blob(l.input_name(2)));
     }
-    let dy = dense(dy).into_owned();
+    let dy = crate::tensor::try_to_vec(&dense(dy), "a kernel buffer")?;
     let x = input::<T>(l, op, 0)?;
     let xs = dense(x);
-    let dx: Vec<T> = (0..n * d)
-        .map(|i| -(lab[i] * dy[i / d.max(1)]) / floor_p(xs[i]))
-        .collect();
+    let dx: Vec<T> = crate::tensor::try_collect(
+        (0..n * d).map(|i| -(lab[i] * dy[i / d.max(1)]) / floor_p(xs[i])),
+        "a kernel buffer",
+    )?;
     let dx = array(x.shape(), dx)?;
     l.set_output(0, T::wrap(dx));
     Ok(())
@@ -2066,7 +2153,10 @@ fn sxent_t<T: Real>(l: &mut Locked<'_>, op: &str, k: SxentKind, grad: bool) -> R
     // the targets.
     let ws: Option<Vec<T>> = if op.starts_with("Weighted") {
         same_shape(op, l, off, off + 2)?;
-        Some(dense(input::<T>(l, op, off + 2)?).into_owned())
+        Some(crate::tensor::try_to_vec(
+            &dense(input::<T>(l, op, off + 2)?),
+            "a kernel buffer",
+        )?)
     } else {
         None
     };
@@ -2082,16 +2172,17 @@ fn sxent_t<T: Real>(l: &mut Locked<'_>, op: &str, k: SxentKind, grad: bool) -> R
             .with_blob(l.input_name(0)));
         }
         let gs = dense(g);
-        let dx: Vec<T> = (0..outer * inner)
-            .map(|i| {
+        let dx: Vec<T> = crate::tensor::try_collect(
+            (0..outer * inner).map(|i| {
                 let f = -gs[i / inner] / T::of(inner as f64);
                 f * sxent_dterm(k, xs[i], ts[i]) * w_at(i)
-            })
-            .collect();
+            }),
+            "a kernel buffer",
+        )?;
         l.set_output(0, T::wrap(array(&shape, dx)?));
     } else {
-        let y: Vec<T> = (0..outer)
-            .map(|r| {
+        let y: Vec<T> = crate::tensor::try_collect(
+            (0..outer).map(|r| {
                 let s: T = (0..inner)
                     .map(|c| {
                         let i = r * inner + c;
@@ -2099,8 +2190,9 @@ fn sxent_t<T: Real>(l: &mut Locked<'_>, op: &str, k: SxentKind, grad: bool) -> R
                     })
                     .sum();
                 -s / T::of(inner as f64)
-            })
-            .collect();
+            }),
+            "a kernel buffer",
+        )?;
         let out_shape = &shape[..shape.len().saturating_sub(1)];
         l.set_output(0, T::wrap(array(out_shape, y)?));
     }
@@ -2143,8 +2235,8 @@ fn l1_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
     let n = rows_of(x.shape());
     let d = x.len().checked_div(n).unwrap_or(0);
     let (xs, ys) = (dense(x), dense(y));
-    let out: Vec<T> = (0..n)
-        .map(|r| {
+    let out: Vec<T> = crate::tensor::try_collect(
+        (0..n).map(|r| {
             (0..d)
                 .map(|c| {
                     let v = xs[r * d + c] - ys[r * d + c];
@@ -2155,8 +2247,9 @@ fn l1_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
                     }
                 })
                 .sum()
-        })
-        .collect();
+        }),
+        "a kernel buffer",
+    )?;
     l.set_output(0, T::wrap(array(&[n], out)?));
     Ok(())
 }
@@ -2189,8 +2282,8 @@ fn l1_grad_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
     let d = x.len().checked_div(n).unwrap_or(0);
     let (xs, ys, dds) = (dense(x), dense(y), dense(dd));
     let eps = T::of(1e-12);
-    let dx: Vec<T> = (0..n * d)
-        .map(|i| {
+    let dx: Vec<T> = crate::tensor::try_collect(
+        (0..n * d).map(|i| {
             let v = xs[i] - ys[i];
             let g = dds[i / d.max(1)];
             if v > eps {
@@ -2200,9 +2293,10 @@ fn l1_grad_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
             } else {
                 T::of(0.0)
             }
-        })
-        .collect();
-    let dy: Vec<T> = dx.iter().map(|&v| -v).collect();
+        }),
+        "a kernel buffer",
+    )?;
+    let dy: Vec<T> = crate::tensor::try_collect(dx.iter().map(|&v| -v), "a kernel buffer")?;
     let shape = x.shape().to_vec();
     l.set_output(0, T::wrap(array(&shape, dx)?));
     l.set_output(1, T::wrap(array(&shape, dy)?));
@@ -2239,11 +2333,12 @@ fn keep_scale(ratio: f32) -> f64 {
 fn dropout_t<T: Real>(l: &mut Locked<'_>, mask: &[bool], scale: f64) -> Result<()> {
     let x = input::<T>(l, "Dropout", 0)?;
     let s = T::of(scale);
-    let y: Vec<T> = x
-        .iter()
-        .zip(mask)
-        .map(|(&v, &k)| if k { v * s } else { T::of(0.0) })
-        .collect();
+    let y: Vec<T> = crate::tensor::try_collect(
+        x.iter()
+            .zip(mask)
+            .map(|(&v, &k)| if k { v * s } else { T::of(0.0) }),
+        "a kernel buffer",
+    )?;
     let shape = x.shape().to_vec();
     l.set_output(0, T::wrap(array(&shape, y)?));
     Ok(())
@@ -2267,9 +2362,10 @@ fn build_dropout(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         let n: usize = shape.iter().product();
         let u =
             rand::distr::Uniform::new(0.0f32, 1.0).map_err(|e| Error::internal(e.to_string()))?;
-        let mask: Vec<bool> = (0..n)
-            .map(|_| rand::distr::Distribution::sample(&u, &mut rng) >= ratio)
-            .collect();
+        let mask: Vec<bool> = crate::tensor::try_collect(
+            (0..n).map(|_| rand::distr::Distribution::sample(&u, &mut rng) >= ratio),
+            "a kernel buffer",
+        )?;
         let scale = keep_scale(ratio);
         by_real!(&l, "Dropout", 0, dropout_t(&mut l, &mask, scale))?;
         if want_mask {
@@ -2285,8 +2381,9 @@ fn dropout_grad_t<T: Real>(l: &mut Locked<'_>, scale: Option<f64>) -> Result<()>
     let op = "DropoutGrad";
     let dy = input::<T>(l, op, 0)?;
     let Some(scale) = scale else {
-        let dx = dy.clone();
-        l.set_output(0, T::wrap(dx));
+        // dX = dY: the buffer is shared (copy on write), not copied.
+        let dx = l.tensor(0)?.clone();
+        l.set_output(0, dx);
         return Ok(());
     };
     let t = l.tensor(1)?;
@@ -2307,9 +2404,12 @@ fn dropout_grad_t<T: Real>(l: &mut Locked<'_>, scale: Option<f64>) -> Result<()>
         .with_blob(name));
     }
     let s = T::of(scale);
-    let dx = Zip::from(dy)
-        .and(mask.view())
-        .map_collect(|&g, &k| if k { g * s } else { T::of(0.0) });
+    let dx =
+        crate::tensor::zip_map_array(
+            dy.view(),
+            mask.view(),
+            |&g, &k| if k { g * s } else { T::of(0.0) },
+        )?;
     l.set_output(0, T::wrap(dx));
     Ok(())
 }
@@ -2383,15 +2483,19 @@ fn exponents<T: Real>(
     let e = input::<T>(l, op, i)?;
     let n: usize = x_shape.iter().product();
     if e.len() == 1 {
-        Ok(vec![e.iter().copied().next().unwrap_or(T::of(0.0)); n])
+        crate::tensor::filled_vec(
+            n,
+            e.iter().copied().next().unwrap_or(T::of(0.0)),
+            "a kernel buffer",
+        )
     } else if e.shape() == x_shape {
-        Ok(dense(e).into_owned())
+        Ok(crate::tensor::try_to_vec(&dense(e), "a kernel buffer")?)
     } else if let Some(p) = bc.padded(e.shape(), x_shape) {
-        let v = array(&p, dense(e).into_owned())?;
+        let v = array(&p, crate::tensor::try_to_vec(&dense(e), "a kernel buffer")?)?;
         let b = v.broadcast(IxDyn(x_shape)).ok_or_else(|| {
             Error::internal(format!("{op}: cannot broadcast {p:?} to {x_shape:?}"))
         })?;
-        Ok(b.iter().copied().collect())
+        crate::tensor::try_collect(b.iter().copied(), "a broadcast exponent")
     } else {
         let how = if bc.0.is_some() {
             ", X's shape, or a run of X's dims (each equal or 1) starting at axis"
@@ -2412,10 +2516,13 @@ fn pow_t<T: Powf>(l: &mut Locked<'_>, exponent: Option<f32>, bc: PowBroadcast) -
     let x = input::<T>(l, op, 0)?;
     let shape = x.shape().to_vec();
     let es = match exponent {
-        Some(e) => vec![T::of(f64::from(e)); x.len()],
+        Some(e) => crate::tensor::filled_vec(x.len(), T::of(f64::from(e)), "a kernel buffer")?,
         None => exponents::<T>(l, op, 1, &shape, bc)?,
     };
-    let y: Vec<T> = x.iter().zip(&es).map(|(&v, &e)| v.powf_(e)).collect();
+    let y: Vec<T> = crate::tensor::try_collect(
+        x.iter().zip(&es).map(|(&v, &e)| v.powf_(e)),
+        "a kernel buffer",
+    )?;
     l.set_output(0, T::wrap(array(&shape, y)?));
     Ok(())
 }
@@ -2449,7 +2556,7 @@ fn pow_grad_t<T: Powf>(
     bc: PowBroadcast,
 ) -> Result<()> {
     let op = "PowGradient";
-    let dy = dense(input::<T>(l, op, 0)?).into_owned();
+    let dy = crate::tensor::try_to_vec(&dense(input::<T>(l, op, 0)?), "a kernel buffer")?;
     let one = T::of(1.0);
     match exponent {
         Some(e) => {
@@ -2464,21 +2571,20 @@ fn pow_grad_t<T: Powf>(
                 ))
                 .with_blob(l.input_name(0)));
             }
-            let dx: Vec<T> = base
-                .iter()
-                .zip(&dy)
-                .map(|(&b, &g)| {
+            let dx: Vec<T> = crate::tensor::try_collect(
+                base.iter().zip(&dy).map(|(&b, &g)| {
                     let x = if ni == 2 { b.powf_(one / e) } else { b };
                     e * x.powf_(e - one) * g
-                })
-                .collect();
+                }),
+                "a kernel buffer",
+            )?;
             l.set_output(0, T::wrap(array(&shape, dx)?));
         }
         None => {
             let x = input::<T>(l, op, 1)?;
             let shape = x.shape().to_vec();
             let es = exponents::<T>(l, op, 2, &shape, bc)?;
-            let y = dense(input::<T>(l, op, 3)?).into_owned();
+            let y = crate::tensor::try_to_vec(&dense(input::<T>(l, op, 3)?), "a kernel buffer")?;
             if dy.len() != x.len() || y.len() != x.len() {
                 return Err(
                     Error::shape(format!("{op}: dY, X and Y must have the same shape"))
@@ -2486,10 +2592,14 @@ fn pow_grad_t<T: Powf>(
                 );
             }
             let xs = dense(x);
-            let dx: Vec<T> = (0..xs.len())
-                .map(|i| es[i] * xs[i].powf_(es[i] - one) * dy[i])
-                .collect();
-            let de_full: Vec<T> = (0..xs.len()).map(|i| dy[i] * y[i] * xs[i].ln()).collect();
+            let dx: Vec<T> = crate::tensor::try_collect(
+                (0..xs.len()).map(|i| es[i] * xs[i].powf_(es[i] - one) * dy[i]),
+                "a kernel buffer",
+            )?;
+            let de_full: Vec<T> = crate::tensor::try_collect(
+                (0..xs.len()).map(|i| dy[i] * y[i] * xs[i].ln()),
+                "a kernel buffer",
+            )?;
             let e_in = input::<T>(l, op, 2)?;
             let e_shape = e_in.shape().to_vec();
             let de = if e_in.len() == 1 && xs.len() != 1 {
@@ -2502,7 +2612,10 @@ fn pow_grad_t<T: Powf>(
                     Error::internal(format!("{op}: the exponent's shape {e_shape:?} was accepted but does not broadcast"))
                 })?;
                 let full = array(&shape, de_full)?;
-                dense(&reduce_to(full, &p, &e_shape)?).into_owned()
+                crate::tensor::try_to_vec(
+                    &dense(&reduce_to(full, &p, &e_shape)?),
+                    "a kernel buffer",
+                )?
             };
             l.set_output(0, T::wrap(array(&shape, dx)?));
             if no > 1 {
@@ -2604,10 +2717,10 @@ fn build_weighted_sum_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     }
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
-        let f32_at = |l: &Locked<'_>, i: usize| -> Result<ArrayD<f32>> {
+        fn f32_at<'l>(l: &'l Locked<'_>, i: usize) -> Result<&'l ArrayD<f32>> {
             let t = l.tensor(i)?;
             match t {
-                Tensor::F32(a) => Ok((**a).clone()),
+                Tensor::F32(a) => Ok(&**a),
                 _ => Err(Error::type_error(format!(
                     "{OP}: input {i} ('{}') must be a float32 tensor, got {}",
                     l.input_name(i),
@@ -2615,7 +2728,7 @@ fn build_weighted_sum_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
                 ))
                 .with_blob(l.input_name(i))),
             }
-        };
+        }
         let dy = f32_at(&l, 0)?;
         let mut dxs = Vec::with_capacity(pairs);
         let mut dws = Vec::with_capacity(pairs);
@@ -2634,7 +2747,8 @@ fn build_weighted_sum_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
                 .with_blob(l.input_name(1 + 2 * p)));
             }
             let wv = w.iter().copied().next().unwrap_or(0.0);
-            let dx: Vec<f32> = dy.iter().map(|&g| g * wv).collect();
+            let dx: Vec<f32> =
+                crate::tensor::try_collect(dy.iter().map(|&g| g * wv), "a kernel buffer")?;
             dxs.push(array(x.shape(), dx)?);
             let dw: f32 = dy.iter().zip(x.iter()).map(|(&g, &v)| g * v).sum();
             dws.push(array(w.shape(), vec![dw])?);
@@ -2687,7 +2801,10 @@ fn spatial_labels<T: Real>(
 ) -> Result<Vec<(Option<usize>, T)>> {
     let lab = labels(l, op, 1)?;
     let w: Option<Vec<T>> = match weights {
-        Some(i) => Some(dense(input::<T>(l, op, i)?).into_owned()),
+        Some(i) => Some(crate::tensor::try_to_vec(
+            &dense(input::<T>(l, op, i)?),
+            "a kernel buffer",
+        )?),
         None => None,
     };
     lab.iter()
@@ -2715,7 +2832,7 @@ fn spatial_swl_t<T: Real>(l: &mut Locked<'_>, weights: Option<usize>, scale: f64
     let xa = input::<T>(l, OP, 0)?;
     let shape = xa.shape().to_vec();
     let x = dense(xa);
-    let mut p = vec![T::of(0.0); x.len()];
+    let mut p = crate::tensor::default_buffer::<T>(x.len(), "a kernel buffer")?;
     let (mut total, mut wsum) = (T::of(0.0), T::of(0.0));
     let floor = T::of(1e-20);
     for i in 0..n {
@@ -2789,7 +2906,7 @@ fn spatial_swl_grad_t<T: Real>(l: &mut Locked<'_>, ni: usize, scale: f64) -> Res
     } else {
         T::of(1.0)
     };
-    let mut dx = vec![T::of(0.0); p.len()];
+    let mut dx = crate::tensor::default_buffer::<T>(p.len(), "a kernel buffer")?;
     for i in 0..n {
         for q in 0..hw {
             if let (Some(t), wt) = lab[i * hw + q] {

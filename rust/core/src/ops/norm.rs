@@ -69,7 +69,7 @@ fn vec_input<T: Float>(l: &Locked<'_>, op: &str, i: usize, what: &str, c: usize)
         ))
         .with_blob(l.input_name(i)));
     }
-    Ok(dense(v).into_owned())
+    Ok(crate::tensor::try_to_vec(&dense(v), "a kernel buffer")?)
 }
 
 // ------------------------------------------------------------- SpatialBN --
@@ -88,11 +88,8 @@ struct BnArgs {
 impl BnArgs {
     fn parse(ctx: &OpDefCtx<'_>) -> Result<BnArgs> {
         let is_test = ctx.args.i64("is_test", 0)? != 0;
-        let epsilon = f64::from(ctx.args.f32("epsilon", 1e-5)?);
+        let epsilon = f64::from(ctx.epsilon(1e-5)?);
         let momentum = f64::from(ctx.args.f32("momentum", 0.9)?);
-        if epsilon <= 0.0 {
-            return Err(ctx.bad_arg(format!("epsilon must be > 0, got {epsilon}")));
-        }
         if !(0.0..=1.0).contains(&momentum) {
             return Err(ctx.bad_arg(format!("momentum must be in [0, 1], got {momentum}")));
         }
@@ -140,7 +137,7 @@ fn bn_t<T: Float>(l: &mut Locked<'_>, a: &BnArgs) -> Result<()> {
     // start at zero, as Caffe2's deprecated path did.
     let running = |l: &Locked<'_>, i: usize, what: &str| -> Result<Vec<T>> {
         if !a.is_test && l.tensor(i)?.numel() == 0 {
-            Ok(vec![T::of(0.0); c])
+            Ok(crate::tensor::default_buffer::<T>(c, "a kernel buffer")?)
         } else {
             vec_input::<T>(l, op, i, what, c)
         }
@@ -158,8 +155,20 @@ fn bn_t<T: Float>(l: &mut Locked<'_>, a: &BnArgs) -> Result<()> {
         if !a.is_test {
             l.set_output(1, T::wrap(array(&[c], rmean)?));
             l.set_output(2, T::wrap(array(&[c], rvar)?));
-            l.set_output(3, T::wrap(array(&[c], vec![T::of(0.0); c])?));
-            l.set_output(4, T::wrap(array(&[c], vec![T::of(0.0); c])?));
+            l.set_output(
+                3,
+                T::wrap(array(
+                    &[c],
+                    crate::tensor::default_buffer::<T>(c, "a kernel buffer")?,
+                )?),
+            );
+            l.set_output(
+                4,
+                T::wrap(array(
+                    &[c],
+                    crate::tensor::default_buffer::<T>(c, "a kernel buffer")?,
+                )?),
+            );
         }
         return Ok(());
     }
@@ -172,7 +181,8 @@ fn bn_t<T: Float>(l: &mut Locked<'_>, a: &BnArgs) -> Result<()> {
         let sums = vec_input::<T>(l, op, 5, "the sums", c)?;
         let sumsq = vec_input::<T>(l, op, 6, "the sums of squares", c)?;
         let m = T::of((a.num_batches * n * hw).max(1) as f64);
-        let mean: Vec<T> = sums.iter().map(|&s| s / m).collect();
+        let mean: Vec<T> =
+            crate::tensor::try_collect(sums.iter().map(|&s| s / m), "a kernel buffer")?;
         let var = (0..c)
             .map(|i| {
                 let v = (sumsq[i] - sums[i] * mean[i]) / m;
@@ -186,20 +196,31 @@ fn bn_t<T: Float>(l: &mut Locked<'_>, a: &BnArgs) -> Result<()> {
         (mean, var)
     } else {
         let m = T::of((n * hw).max(1) as f64);
-        let mut sum = vec![T::of(0.0); c];
+        let mut sum = crate::tensor::default_buffer::<T>(c, "a kernel buffer")?;
         for_each_channel(n, c, hw, a.order, |ch, i| sum[ch] += x[i]);
-        let mean: Vec<T> = sum.iter().map(|&s| s / m).collect();
-        let mut sq = vec![T::of(0.0); c];
+        let mean: Vec<T> =
+            crate::tensor::try_collect(sum.iter().map(|&s| s / m), "a kernel buffer")?;
+        let mut sq = crate::tensor::default_buffer::<T>(c, "a kernel buffer")?;
         for_each_channel(n, c, hw, a.order, |ch, i| {
             let d = x[i] - mean[ch];
             sq[ch] += d * d;
         });
-        (mean, sq.iter().map(|&s| s / m).collect())
+        (
+            mean,
+            crate::tensor::try_collect(sq.iter().map(|&s| s / m), "a kernel buffer")?,
+        )
     };
-    let rstd: Vec<T> = var.iter().map(|&v| T::of(1.0) / (v + eps).sqrt()).collect();
-    let alpha: Vec<T> = (0..c).map(|i| scale[i] * rstd[i]).collect();
-    let beta: Vec<T> = (0..c).map(|i| bias[i] - alpha[i] * mean[i]).collect();
-    let mut y = vec![T::of(0.0); x.len()];
+    let rstd: Vec<T> = crate::tensor::try_collect(
+        var.iter().map(|&v| T::of(1.0) / (v + eps).sqrt()),
+        "a kernel buffer",
+    )?;
+    let alpha: Vec<T> =
+        crate::tensor::try_collect((0..c).map(|i| scale[i] * rstd[i]), "a kernel buffer")?;
+    let beta: Vec<T> = crate::tensor::try_collect(
+        (0..c).map(|i| bias[i] - alpha[i] * mean[i]),
+        "a kernel buffer",
+    )?;
+    let mut y = crate::tensor::default_buffer::<T>(x.len(), "a kernel buffer")?;
     for_each_channel(n, c, hw, a.order, |ch, i| {
         y[i] = x[i] * alpha[ch] + beta[ch]
     });
@@ -216,10 +237,14 @@ fn bn_t<T: Float>(l: &mut Locked<'_>, a: &BnArgs) -> Result<()> {
         } else {
             T::of(1.0)
         };
-        let rm: Vec<T> = (0..c).map(|i| rmean[i] * mo + mean[i] * keep).collect();
-        let rv: Vec<T> = (0..c)
-            .map(|i| rvar[i] * mo + var[i] * unbias * keep)
-            .collect();
+        let rm: Vec<T> = crate::tensor::try_collect(
+            (0..c).map(|i| rmean[i] * mo + mean[i] * keep),
+            "a kernel buffer",
+        )?;
+        let rv: Vec<T> = crate::tensor::try_collect(
+            (0..c).map(|i| rvar[i] * mo + var[i] * unbias * keep),
+            "a kernel buffer",
+        )?;
         l.set_output(1, T::wrap(array(&[c], rm)?));
         l.set_output(2, T::wrap(array(&[c], rv)?));
         l.set_output(3, T::wrap(array(&[c], mean)?));
@@ -275,22 +300,25 @@ fn bn_grad_t<T: Float>(l: &mut Locked<'_>, a: &BnArgs) -> Result<()> {
     let (dscale, dbias) = if n == 0 {
         // An empty batch contributes nothing, whatever it was given (Caffe2's
         // rule): dX is empty and the scale and bias gradients are zeros.
-        (vec![T::of(0.0); c], vec![T::of(0.0); c])
+        (
+            crate::tensor::default_buffer::<T>(c, "a kernel buffer")?,
+            crate::tensor::default_buffer::<T>(c, "a kernel buffer")?,
+        )
     } else if a.multi_batch() {
         (
             vec_input::<T>(l, op, 5, "the summed scale gradient", c)?,
             vec_input::<T>(l, op, 6, "the summed bias gradient", c)?,
         )
     } else {
-        let mut dbias = vec![T::of(0.0); c];
-        let mut dscale = vec![T::of(0.0); c];
+        let mut dbias = crate::tensor::default_buffer::<T>(c, "a kernel buffer")?;
+        let mut dscale = crate::tensor::default_buffer::<T>(c, "a kernel buffer")?;
         for_each_channel(n, c, hw, a.order, |ch, i| {
             dbias[ch] += dy[i];
             dscale[ch] += dy[i] * (x[i] - mean[ch]) * rstd[ch];
         });
         (dscale, dbias)
     };
-    let mut dx = vec![T::of(0.0); x.len()];
+    let mut dx = crate::tensor::default_buffer::<T>(x.len(), "a kernel buffer")?;
     if a.is_test {
         for_each_channel(n, c, hw, a.order, |ch, i| {
             dx[i] = dy[i] * scale[ch] * rstd[ch]
@@ -365,8 +393,8 @@ fn channel_stats_t<T: Float>(l: &mut Locked<'_>, op: &str, order: Order) -> Resu
     };
     let xa = input::<T>(l, op, 0)?;
     let x = dense(xa);
-    let mut a = vec![T::of(0.0); c];
-    let mut b = vec![T::of(0.0); c];
+    let mut a = crate::tensor::default_buffer::<T>(c, "a kernel buffer")?;
+    let mut b = crate::tensor::default_buffer::<T>(c, "a kernel buffer")?;
     if backprop {
         let dya = input::<T>(l, op, 3)?;
         if dya.shape() != xa.shape() {
@@ -450,10 +478,10 @@ impl LrnArgs {
     }
 
     /// scale = bias + alpha / size * (sum of x^2 over the channel window).
-    fn scale<T: Float>(&self, x: &[T], n: usize, c: usize, hw: usize) -> Vec<T> {
+    fn scale<T: Float>(&self, x: &[T], n: usize, c: usize, hw: usize) -> Result<Vec<T>> {
         let pre = (self.size - 1) / 2;
         let k = T::of(self.alpha / self.size as f64);
-        let mut s = vec![T::of(0.0); x.len()];
+        let mut s = crate::tensor::default_buffer::<T>(x.len(), "a kernel buffer")?;
         self.rows(n, c, hw, |base, st| {
             for ch in 0..c {
                 let lo = ch.saturating_sub(pre);
@@ -462,7 +490,7 @@ impl LrnArgs {
                 s[base + ch * st] = T::of(self.bias) + k * sq;
             }
         });
-        s
+        Ok(s)
     }
 }
 
@@ -471,9 +499,12 @@ fn lrn_t<T: Float>(l: &mut Locked<'_>, a: &LrnArgs, want_scale: bool) -> Result<
     let xa = input::<T>(l, &a.op, 0)?;
     let shape = xa.shape().to_vec();
     let x = dense(xa);
-    let s = a.scale(&x, n, c, hw);
+    let s = a.scale(&x, n, c, hw)?;
     let nb = T::of(-a.beta);
-    let y: Vec<T> = x.iter().zip(&s).map(|(&v, &sc)| v * sc.powf(nb)).collect();
+    let y: Vec<T> = crate::tensor::try_collect(
+        x.iter().zip(&s).map(|(&v, &sc)| v * sc.powf(nb)),
+        "a kernel buffer",
+    )?;
     l.set_output(0, T::wrap(array(&shape, y)?));
     if want_scale {
         l.set_output(1, T::wrap(array(&shape, s)?));
@@ -508,15 +539,16 @@ fn lrn_grad_t<T: Float>(l: &mut Locked<'_>, a: &LrnArgs) -> Result<()> {
     }
     let x = dense(xa);
     let (y, dy) = (dense(input::<T>(l, op, 1)?), dense(input::<T>(l, op, 2)?));
-    let s = a.scale(&x, n, c, hw);
+    let s = a.scale(&x, n, c, hw)?;
     let nb = T::of(-a.beta);
     // ratio_c = dY_c * Y_c / scale_c; dX_j = dY_j scale_j^-beta
     //   - 2 alpha beta / size * X_j * (sum of ratio_c over the windows c holding j).
-    let ratio: Vec<T> = (0..x.len()).map(|i| dy[i] * y[i] / s[i]).collect();
+    let ratio: Vec<T> =
+        crate::tensor::try_collect((0..x.len()).map(|i| dy[i] * y[i] / s[i]), "a kernel buffer")?;
     let k = T::of(2.0 * a.alpha * a.beta / a.size as f64);
     let pre = (a.size - 1) / 2;
     let post = a.size - 1 - pre;
-    let mut dx = vec![T::of(0.0); x.len()];
+    let mut dx = crate::tensor::default_buffer::<T>(x.len(), "a kernel buffer")?;
     a.rows(n, c, hw, |base, st| {
         for j in 0..c {
             let lo = j.saturating_sub(post);
@@ -568,7 +600,7 @@ fn shuffle_t<T: Float>(
             (oc % group) * k + oc / group
         }
     };
-    let mut y = vec![T::of(0.0); x.len()];
+    let mut y = crate::tensor::default_buffer::<T>(x.len(), "a kernel buffer")?;
     match order {
         Order::Nchw => {
             for b in 0..n {
@@ -753,7 +785,7 @@ impl LnArgs {
         let affine = ctx.args.bool("elementwise_affine", false)?;
         let a = LnArgs {
             axis: ctx.args.i64("axis", 1)?,
-            epsilon: ctx.args.f32("epsilon", 1e-5)? as f64,
+            epsilon: ctx.epsilon(1e-5)? as f64,
             affine,
             op: ctx.op_type().to_string(),
         };
@@ -828,8 +860,11 @@ fn layer_norm_t<T: Float>(l: &mut Locked<'_>, a: &LnArgs) -> Result<()> {
     } else {
         None
     };
-    let (mut mean, mut std) = (vec![T::of(0.0); m], vec![T::of(0.0); m]);
-    let mut y = vec![T::of(0.0); x.len()];
+    let (mut mean, mut std) = (
+        crate::tensor::default_buffer::<T>(m, "a kernel buffer")?,
+        crate::tensor::default_buffer::<T>(m, "a kernel buffer")?,
+    );
+    let mut y = crate::tensor::default_buffer::<T>(x.len(), "a kernel buffer")?;
     let inv_n = T::of(1.0 / n.max(1) as f64);
     for r in 0..m {
         let row = &x[r * n..(r + 1) * n];
@@ -886,11 +921,14 @@ fn layer_norm_grad_t<T: Float>(l: &mut Locked<'_>, a: &LnArgs) -> Result<()> {
     } else {
         None
     };
-    let mut dx = vec![T::of(0.0); x.len()];
-    let (mut dgamma, mut dbeta) = (vec![T::of(0.0); n], vec![T::of(0.0); n]);
+    let mut dx = crate::tensor::default_buffer::<T>(x.len(), "a kernel buffer")?;
+    let (mut dgamma, mut dbeta) = (
+        crate::tensor::default_buffer::<T>(n, "a kernel buffer")?,
+        crate::tensor::default_buffer::<T>(n, "a kernel buffer")?,
+    );
     let inv_n = T::of(1.0 / n.max(1) as f64);
-    let mut g = vec![T::of(0.0); n];
-    let mut xhat = vec![T::of(0.0); n];
+    let mut g = crate::tensor::default_buffer::<T>(n, "a kernel buffer")?;
+    let mut xhat = crate::tensor::default_buffer::<T>(n, "a kernel buffer")?;
     for r in 0..m {
         let inv = T::of(1.0) / std[r];
         let (mut sg, mut sgx) = (T::of(0.0), T::of(0.0));
@@ -971,7 +1009,7 @@ fn normalize_t<T: Float>(l: &mut Locked<'_>, op: &str, axis: i64) -> Result<()> 
     } else {
         None
     };
-    let mut out = vec![T::of(0.0); x.len()];
+    let mut out = crate::tensor::default_buffer::<T>(x.len(), "a kernel buffer")?;
     let eps = T::of(1e-12);
     for o in 0..outer {
         for i in 0..inner {

@@ -418,7 +418,7 @@ fn momentum_kernel(
 fn build_adam(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let b1 = ctx.args.f32("beta1", 0.9)?;
     let b2 = ctx.args.f32("beta2", 0.999)?;
-    let eps = ctx.args.f32("epsilon", 1e-5)?;
+    let eps = ctx.epsilon(1e-5)?;
     let radam = ctx.args.bool("enableRAdam", false)?;
     let out_grad = ctx.num_outputs() == 4;
     const OP: &str = "Adam";
@@ -553,7 +553,7 @@ fn adagrad_schemas() -> Vec<OpSchema> {
 
 fn build_adagrad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     const OP: &str = "Adagrad";
-    let eps = ctx.args.f32("epsilon", 1e-5)?;
+    let eps = ctx.epsilon(1e-5)?;
     let decay = ctx.args.f32("decay", 1.0)?;
     let wd = ctx.args.f32("weight_decay", 0.0)?;
     let no = ctx.num_outputs();
@@ -594,7 +594,7 @@ fn build_adagrad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 }
 
 fn build_sparse_adagrad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
-    let eps = ctx.args.f32("epsilon", 1e-5)?;
+    let eps = ctx.epsilon(1e-5)?;
     let wd = ctx.args.f32("weight_decay", 0.0)?;
     let row_wise = ctx.op_type() == "RowWiseSparseAdagrad";
     let op = ctx.op_type().to_string();
@@ -639,13 +639,14 @@ fn build_sparse_adagrad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         let lr = scalar_f32(&l, op, 4, "the learning rate")?;
         let shape_p = p.shape().to_vec();
         let shape_m = m.shape().to_vec();
-        let mut pv: Vec<f32> = p.iter().copied().collect();
-        let mut mv: Vec<f32> = m.iter().copied().collect();
-        let gv: Vec<f32> = g.iter().copied().collect();
+        let mut pv: Vec<f32> = crate::tensor::try_collect(p.iter().copied(), "a kernel buffer")?;
+        let mut mv: Vec<f32> = crate::tensor::try_collect(m.iter().copied(), "a kernel buffer")?;
+        let gv: Vec<f32> = crate::tensor::try_collect(g.iter().copied(), "a kernel buffer")?;
         for (i, &r) in rows.iter().enumerate() {
-            let gs: Vec<f32> = (0..block)
-                .map(|j| gv[i * block + j] + wd * pv[r * block + j])
-                .collect();
+            let gs: Vec<f32> = crate::tensor::try_collect(
+                (0..block).map(|j| gv[i * block + j] + wd * pv[r * block + j]),
+                "a kernel buffer",
+            )?;
             if row_wise {
                 let mean = if block == 0 {
                     0.0
@@ -710,7 +711,10 @@ pub(super) fn sparse_rows(
 
 pub(super) fn vec_of(l: &Locked<'_>, op: &str, i: usize) -> Result<(Vec<f32>, Vec<usize>)> {
     let a = f32_in(l, op, i, "")?;
-    Ok((a.iter().copied().collect(), a.shape().to_vec()))
+    Ok((
+        crate::tensor::try_collect(a.iter().copied(), "a kernel buffer")?,
+        a.shape().to_vec(),
+    ))
 }
 
 pub(super) fn arr(shape: &[usize], v: Vec<f32>) -> Result<Tensor> {
@@ -809,7 +813,7 @@ fn build_rmsprop(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     const OP: &str = "RmsProp";
     let decay = ctx.args.f32("decay", 0.9)?;
     let momentum = ctx.args.f32("momentum", 0.0)?;
-    let eps = ctx.args.f32("epsilon", 1e-5)?;
+    let eps = ctx.epsilon(1e-5)?;
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
         f32_in(&l, OP, 0, "the gradient")?;
@@ -845,11 +849,8 @@ fn adadelta_step(w: &mut f32, h: &mut f32, d: &mut f32, g: f32, lr: f32, eps: f3
 }
 
 fn build_adadelta(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
-    let eps = ctx.args.f32("epsilon", 1e-5)?;
+    let eps = ctx.epsilon(1e-5)?;
     let decay = ctx.args.f32("decay", 0.95)?;
-    if eps < 0.0 {
-        return Err(ctx.bad_arg(format!("epsilon must be >= 0, got {eps}")));
-    }
     if !(decay > 0.0 && decay < 1.0) {
         return Err(ctx.bad_arg(format!("decay must be in (0, 1), got {decay}")));
     }
@@ -940,7 +941,7 @@ fn build_sparse_momentum(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 fn build_sparse_adam(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let b1 = ctx.args.f32("beta1", 0.9)?;
     let b2 = ctx.args.f32("beta2", 0.999)?;
-    let eps = ctx.args.f32("epsilon", 1e-5)?;
+    let eps = ctx.epsilon(1e-5)?;
     let row_wise = ctx.op_type() == "RowWiseSparseAdam";
     let radam = !row_wise && ctx.args.bool("enableRAdam", false)?;
     let out_grad = ctx.num_outputs() == 4;

@@ -194,7 +194,10 @@ fn dense_grad(l: &Locked<'_>, op: &str, gi: usize) -> Result<Vec<f32>> {
         ))
         .with_blob(l.input_name(gi)));
     }
-    Ok(g.iter().copied().collect())
+    Ok(crate::tensor::try_collect(
+        g.iter().copied(),
+        "a kernel buffer",
+    )?)
 }
 
 /// Sum of squares, accumulated in float64.
@@ -203,7 +206,7 @@ fn sum_sq(g: &[f32]) -> f64 {
 }
 
 fn build_wngrad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
-    let eps = ctx.args.f32("epsilon", 1e-5)?;
+    let eps = ctx.epsilon(1e-5)?;
     let sparse = ctx.op_type() == "SparseWngrad";
     let op = ctx.op_type().to_string();
     let n_out = ctx.num_outputs();
@@ -241,7 +244,13 @@ fn build_wngrad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             l.set_output(2, arr(&bs, vec![rate])?);
         }
         if n_out > 3 {
-            l.set_output(3, arr(&gs, g.iter().map(|v| rate * v).collect())?);
+            l.set_output(
+                3,
+                arr(
+                    &gs,
+                    crate::tensor::try_collect(g.iter().map(|v| rate * v), "a kernel buffer")?,
+                )?,
+            );
         }
         Ok(true)
     }))
@@ -268,7 +277,11 @@ fn build_storm(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             (rows, block, vec_of(&l, op, 3)?.0)
         } else {
             let g = dense_grad(&l, op, 3)?;
-            ((0..w.len()).collect(), 1, g)
+            (
+                crate::tensor::try_collect(0..w.len(), "a kernel buffer")?,
+                1,
+                g,
+            )
         };
         let ns = s + sum_sq(&g) as f32;
         let nlr = (f64::from(lr) * (f64::from(beta) + f64::from(ns)).powf(-1.0 / 3.0)) as f32;
@@ -291,7 +304,7 @@ fn build_decay_adagrad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     const OP: &str = "DecayAdagrad";
     let b1 = ctx.args.f32("beta1", 0.9)?;
     ctx.args.f32("beta2", 0.999)?;
-    let eps = ctx.args.f32("epsilon", 1e-5)?;
+    let eps = ctx.epsilon(1e-5)?;
     let wd = ctx.args.f32("weight_decay", 0.0)?;
     let corr_first = ctx.args.bool("bias_correction_first", true)?;
     Ok(kernel(move |cx| {
@@ -421,7 +434,8 @@ fn build_ftrl(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             let cols = if rows == 0 { 0 } else { g.len() / rows };
             let thresh = p.lambda1 * (rows as f32).sqrt();
             for j in 0..cols {
-                let ks: Vec<usize> = (0..rows).map(|i| i * cols + j).collect();
+                let ks: Vec<usize> =
+                    crate::tensor::try_collect((0..rows).map(|i| i * cols + j), "a kernel buffer")?;
                 let news: Vec<(f32, f32)> = ks
                     .iter()
                     .map(|&k| p.nz(w[k], nz[2 * k], nz[2 * k + 1], g[k]))
@@ -468,7 +482,10 @@ fn values(
         return vec_of(l, op, i);
     }
     match l.tensor(i)? {
-        Tensor::F16(a) => Ok((a.iter().map(|v| v.to_f32()).collect(), a.shape().to_vec())),
+        Tensor::F16(a) => Ok((
+            crate::tensor::try_collect(a.iter().map(|v| v.to_f32()), "a kernel buffer")?,
+            a.shape().to_vec(),
+        )),
         t => Err(Error::type_error(format!(
             "{op}: {what} ('{}') must be a float16 tensor, got {}",
             l.input_name(i),
@@ -482,7 +499,10 @@ fn out(shape: &[usize], v: Vec<f32>, half: bool) -> Result<Tensor> {
     if !half {
         return arr(shape, v);
     }
-    let h: Vec<crate::tensor::f16> = v.into_iter().map(crate::tensor::f16::from_f32).collect();
+    let h: Vec<crate::tensor::f16> = crate::tensor::try_collect(
+        v.into_iter().map(crate::tensor::f16::from_f32),
+        "a kernel buffer",
+    )?;
     ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(shape), h)
         .map(Tensor::from)
         .map_err(|e| Error::internal(e.to_string()))
@@ -575,8 +595,9 @@ fn build_row_counter(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         let (idx, _) = super::sparse::indices(&l, OP, 2)?;
         let rows = super::sparse::checked_rows(OP, &idx, counter.len(), false, l.input_name(2))?;
         let (ps, cs) = (prev.shape().to_vec(), counter.shape().to_vec());
-        let mut pv: Vec<i64> = prev.iter().copied().collect();
-        let mut cv: Vec<f64> = counter.iter().copied().collect();
+        let mut pv: Vec<i64> = crate::tensor::try_collect(prev.iter().copied(), "a kernel buffer")?;
+        let mut cv: Vec<f64> =
+            crate::tensor::try_collect(counter.iter().copied(), "a kernel buffer")?;
         if halflife > 0 {
             let rate = std::f64::consts::LN_2 / halflife as f64;
             for r in rows {
@@ -599,7 +620,7 @@ fn build_yellowfin(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     const OP: &str = "YellowFin";
     let beta = f64::from(ctx.args.f32("beta", 0.999)?);
     let width = ctx.args.i64("curv_win_width", 20)?;
-    let eps = f64::from(ctx.args.f32("epsilon", 1e-6)?);
+    let eps = f64::from(ctx.epsilon(1e-6)?);
     let nesterov = ctx.args.i64("nesterov", 0)? != 0;
     let zero_debias = ctx.args.bool("zero_debias", true)?;
     if width < 1 {
@@ -694,7 +715,8 @@ fn build_yellowfin(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             norm2 += gk * gk;
         }
         let norm2 = norm2.max(eps);
-        let mut mem: Vec<f64> = mem_in.iter().map(|&v| f64::from(v)).collect();
+        let mut mem: Vec<f64> =
+            crate::tensor::try_collect(mem_in.iter().map(|&v| f64::from(v)), "a kernel buffer")?;
         let norm2_deb = ma(&mut mem[1], norm2);
         ma(&mut mem[0], norm2.sqrt());
         let mut curv = curv_in.clone();
@@ -732,7 +754,13 @@ fn build_yellowfin(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         l.set_output(4, arr(&cs, curv)?);
         l.set_output(5, arr(&ws, g_avg)?);
         l.set_output(6, arr(&ws, g2_avg)?);
-        l.set_output(7, arr(&mems, mem.into_iter().map(|v| v as f32).collect())?);
+        l.set_output(
+            7,
+            arr(
+                &mems,
+                crate::tensor::try_collect(mem.into_iter().map(|v| v as f32), "a kernel buffer")?,
+            )?,
+        );
         Ok(true)
     }))
 }

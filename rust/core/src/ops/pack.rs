@@ -59,8 +59,10 @@ fn lengths(l: &Locked<'_>) -> Result<Vec<usize>> {
         .with_blob(name));
     }
     let raw: Vec<i64> = match t {
-        Tensor::I32(a) => a.iter().map(|&v| i64::from(v)).collect(),
-        Tensor::I64(a) => a.iter().copied().collect(),
+        Tensor::I32(a) => {
+            crate::tensor::try_collect(a.iter().map(|&v| i64::from(v)), "a kernel buffer")?
+        }
+        Tensor::I64(a) => crate::tensor::try_collect(a.iter().copied(), "a kernel buffer")?,
         other => {
             return Err(Error::type_error(format!(
                 "the lengths must be int32 or int64, got {}",

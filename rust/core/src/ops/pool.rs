@@ -20,6 +20,7 @@ use super::nn::{array, dense, input, real_dtype};
 use super::reduce::{abs, sign};
 use crate::error::{Error, Result};
 use crate::operator::{Locked, OpDefCtx, OpSchema, Operator};
+use crate::tensor::{checked_numel, try_collect, try_vec, zeroed_vec};
 
 /// What a window's output is.
 #[derive(Clone, Copy, PartialEq)]
@@ -67,19 +68,24 @@ struct Taps {
     padded: Vec<usize>,
 }
 
-fn taps(g: &Geo, dim: usize) -> Taps {
+fn taps(g: &Geo, dim: usize) -> Result<Taps> {
+    // The geometry checked that the padded input fits in an isize.
     let limit = g.ins[dim] + g.ph[dim] + g.pt[dim];
-    let mut inside = Vec::with_capacity(g.outs[dim]);
-    let mut padded = Vec::with_capacity(g.outs[dim]);
+    let what = "the pooling windows' taps";
+    let mut inside = try_vec(g.outs[dim], what)?;
+    let mut padded = try_vec(g.outs[dim], what)?;
     for o in 0..g.outs[dim] {
-        inside.push((0..g.k[dim]).filter_map(|a| g.tap(dim, o, a)).collect());
+        inside.push(try_collect(
+            (0..g.k[dim]).filter_map(|a| g.tap(dim, o, a)),
+            what,
+        )?);
         padded.push(
             (0..g.k[dim])
                 .filter(|&a| o * g.s[dim] + a * g.d[dim] < limit)
                 .count(),
         );
     }
-    Taps { inside, padded }
+    Ok(Taps { inside, padded })
 }
 
 struct Setup {
@@ -100,6 +106,7 @@ fn setup(l: &Locked<'_>, a: &PoolArgs) -> Result<Setup> {
         .geometry(&sp, None, None)
         .map_err(|e| Error::new(e.kind, format!("{}: {}", a.op, e.message)).with_blob(name))?;
     let y_shape = image_shape(n, c, &g.outs[3 - g.nd..], a.win.order);
+    checked_numel::<f64>(&y_shape, format_args!("{}'s output", a.op))?;
     Ok(Setup {
         g,
         n,
@@ -112,12 +119,12 @@ fn setup(l: &Locked<'_>, a: &PoolArgs) -> Result<Setup> {
 
 /// Calls `f(x offsets of the window's taps inside the image, taps inside
 /// the padded image, y offset)` for every output of every plane.
-fn each_window(s: &Setup, mut f: impl FnMut(&[usize], usize, usize)) {
+fn each_window(s: &Setup, mut f: impl FnMut(&[usize], usize, usize)) -> Result<()> {
     let g = &s.g;
-    let t: Vec<Taps> = (0..3).map(|d| taps(g, d)).collect();
+    let t = [taps(g, 0)?, taps(g, 1)?, taps(g, 2)?];
     let (pin, pout) = (g.in_len(), g.out_len());
     let [_, i1, i2] = g.ins;
-    let mut idx = Vec::with_capacity(g.ksize());
+    let mut idx = try_vec(g.ksize(), "a pooling window")?;
     for b in 0..s.n {
         for ch in 0..s.c {
             let (ib, ob, st) = match s.order {
@@ -144,6 +151,7 @@ fn each_window(s: &Setup, mut f: impl FnMut(&[usize], usize, usize)) {
             }
         }
     }
+    Ok(())
 }
 
 /// The position (in `idx`) of the first largest value, if any.
@@ -176,7 +184,7 @@ fn lp_args() -> &'static [crate::operator::ArgDoc] {
 fn pool_t<T: Float>(l: &mut Locked<'_>, a: &PoolArgs) -> Result<()> {
     let s = setup(l, a)?;
     let x = dense(input::<T>(l, &a.op, 0)?);
-    let mut y = vec![T::of(0.0); s.y_shape.iter().product()];
+    let mut y = zeroed_vec::<T>(&s.y_shape, format_args!("{}'s output", a.op))?;
     let zero = T::of(0.0);
     each_window(&s, |idx, padded, o| {
         y[o] = if a.kind == Kind::Max {
@@ -198,7 +206,7 @@ fn pool_t<T: Float>(l: &mut Locked<'_>, a: &PoolArgs) -> Result<()> {
                 sum / T::of(count as f64)
             }
         };
-    });
+    })?;
     l.set_output(0, T::wrap(array(&s.y_shape, y)?));
     Ok(())
 }
@@ -223,7 +231,7 @@ fn pool_grad_t<T: Float>(l: &mut Locked<'_>, a: &PoolArgs) -> Result<()> {
     check_pooled(l, a, &s, 2, "dY")?;
     let x = dense(input::<T>(l, &a.op, 0)?);
     let dy = dense(input::<T>(l, &a.op, 2)?);
-    let mut dx = vec![T::of(0.0); x.len()];
+    let mut dx = zeroed_vec::<T>(&s.x_shape, format_args!("{}'s dX", a.op))?;
     let zero = T::of(0.0);
     if let Kind::Lp(p) = a.kind {
         check_pooled(l, a, &s, 1, "Y")?;
@@ -239,7 +247,7 @@ fn pool_grad_t<T: Float>(l: &mut Locked<'_>, a: &PoolArgs) -> Result<()> {
                     }
                 }
             }
-        });
+        })?;
         l.set_output(0, T::wrap(array(&s.x_shape, dx)?));
         return Ok(());
     }
@@ -261,7 +269,7 @@ fn pool_grad_t<T: Float>(l: &mut Locked<'_>, a: &PoolArgs) -> Result<()> {
                 }
             }
         }
-    });
+    })?;
     l.set_output(0, T::wrap(array(&s.x_shape, dx)?));
     Ok(())
 }

@@ -19,8 +19,8 @@ use super::nn::{array, by_real, canonical_axis, dense, input, real_dtype, Real};
 use crate::arg;
 use crate::error::{Error, Result};
 use crate::operator::{InPlace, Locked, OpDefCtx, OpSchema, Operator};
-use crate::tensor::{DataType, Element, Tensor};
-use ndarray::{ArrayD, Axis, IxDyn, Zip};
+use crate::tensor::{map_array, DataType, Element, Tensor};
+use ndarray::{ArrayD, IxDyn, Zip};
 
 fn in_place_0_0(i: usize, o: usize) -> bool {
     i == 0 && o == 0
@@ -273,7 +273,7 @@ pub fn schemas() -> Vec<OpSchema> {
 
 fn reshaped_of<T: Element>(t: &Tensor, shape: &[usize]) -> Result<Tensor> {
     let a = t.array::<T>()?;
-    let v: Vec<T> = a.iter().cloned().collect();
+    let v: Vec<T> = crate::tensor::try_collect(a.iter().cloned(), "a kernel buffer")?;
     let r = ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|e| Error::internal(e.to_string()))?;
     Ok(T::wrap(r))
 }
@@ -324,7 +324,15 @@ fn resolve_shape(op: &str, want: &[i64], old: &[usize], blob: &str) -> Result<Ve
             }
         }
     }
-    let known: usize = out.iter().product();
+    // The new shape is the user's (an argument or an input): one whose
+    // size overflows is refused as such, not multiplied (Caffe2's int64
+    // product wrapped).
+    let known = crate::tensor::checked_numel::<u8>(&out, "").map_err(|_| {
+        Error::invalid_arg(format!(
+            "{op}: the new shape {want:?} has too many elements (more than any tensor can hold)"
+        ))
+        .with_blob(blob)
+    })?;
     if let Some(i) = infer {
         if known == 0 && total == 0 {
             // An empty input: the missing dim is 0 too (Caffe2).
@@ -395,7 +403,8 @@ fn build_reshape(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         let new = resolve_shape("Reshape", &want, &old, &name)?;
         set_reshaped(&mut l, &new)?;
         if old_out {
-            let dims: Vec<i64> = old.iter().map(|&d| d as i64).collect();
+            let dims: Vec<i64> =
+                crate::tensor::try_collect(old.iter().map(|&d| d as i64), "a kernel buffer")?;
             let n = dims.len();
             let t = ArrayD::from_shape_vec(IxDyn(&[n]), dims)
                 .map_err(|e| Error::internal(e.to_string()))?;
@@ -439,7 +448,8 @@ fn build_expand_squeeze(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             return Err(ctx.bad_arg(format!("dimension must be non-negative, got dims {dims:?}")));
         }
     }
-    let dims: Vec<usize> = dims.into_iter().map(|d| d as usize).collect();
+    let dims: Vec<usize> =
+        crate::tensor::try_collect(dims.into_iter().map(|d| d as usize), "a kernel buffer")?;
     let op = ctx.op_type().to_string();
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
@@ -653,24 +663,26 @@ fn reduced_shape(shape: &[usize], red: &[bool], keep: bool) -> Vec<usize> {
 
 /// `x` folded with `f(acc, v)` from `init` over the dims `red` marks, which
 /// stay with size 1. `f` must be associative (each dim is folded in turn).
-fn fold_reduced<T: Clone>(
+fn fold_reduced<T: Element>(
     x: ndarray::ArrayViewD<'_, T>,
     red: &[bool],
     init: T,
     f: impl Fn(&T, &T) -> T,
-) -> ArrayD<T> {
+) -> Result<ArrayD<T>> {
     let mut y: Option<ArrayD<T>> = None;
     for ax in (0..red.len()).rev() {
         if red[ax] {
-            let a = Axis(ax);
             let next = match &y {
-                Some(y) => y.fold_axis(a, init.clone(), &f),
-                None => x.fold_axis(a, init.clone(), &f),
+                Some(y) => crate::tensor::fold_axis_array(y.view(), ax, init.clone(), &f)?,
+                None => crate::tensor::fold_axis_array(x.view(), ax, init.clone(), &f)?,
             };
-            y = Some(next.insert_axis(a));
+            y = Some(next);
         }
     }
-    y.unwrap_or_else(|| x.to_owned())
+    match y {
+        Some(y) => Ok(y),
+        None => crate::tensor::copy_array(x),
+    }
 }
 
 /// Sets output 0 to the elements of `y` with the shape `shape`.
@@ -679,7 +691,7 @@ fn set_reduced<T: Element + Copy>(
     y: &ArrayD<T>,
     shape: &[usize],
 ) -> Result<()> {
-    let v: Vec<T> = y.iter().copied().collect();
+    let v: Vec<T> = crate::tensor::try_collect(y.iter().copied(), "a kernel buffer")?;
     let a = ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|e| Error::internal(e.to_string()))?;
     l.set_output(0, T::wrap(a));
     Ok(())
@@ -718,17 +730,17 @@ fn reduce_t<T: Float>(
     let zero = T::of(0.0);
     let add = |s: &T, v: &T| *s + *v;
     let y = match r {
-        Reducer::Sum => fold_reduced(x.view(), &red, zero, add),
+        Reducer::Sum => fold_reduced(x.view(), &red, zero, add)?,
         Reducer::Mean => {
             let count = reduced_count(x.shape(), &red);
             let c = T::of(count as f64);
-            let mut y = fold_reduced(x.view(), &red, zero, add);
+            let mut y = fold_reduced(x.view(), &red, zero, add)?;
             y.mapv_inplace(|v| if count == 0 { T::of(f64::NAN) } else { v / c });
             y
         }
-        Reducer::L1 => fold_reduced(x.mapv(abs).view(), &red, zero, add),
+        Reducer::L1 => fold_reduced(map_array(x.view(), |&v| abs(v))?.view(), &red, zero, add)?,
         Reducer::L2 => {
-            let mut y = fold_reduced(x.mapv(|v| v * v).view(), &red, zero, add);
+            let mut y = fold_reduced(map_array(x.view(), |&v| v * v)?.view(), &red, zero, add)?;
             y.mapv_inplace(Float::sqrt);
             y
         }
@@ -772,7 +784,7 @@ fn reduce_extreme_t<T: Extremum>(
         } else {
             *s
         }
-    });
+    })?;
     set_reduced(l, &y, &out)
 }
 
@@ -800,7 +812,7 @@ fn reduce_sum_int<T: WrappingSum>(
     keep: bool,
 ) -> Result<()> {
     let (x, red, out) = reduce_input::<T>(l, "ReduceSum", axes, keep)?;
-    let y = fold_reduced(x.view(), &red, T::default(), |s, v| s.wrapping_plus(*v));
+    let y = fold_reduced(x.view(), &red, T::default(), |s, v| s.wrapping_plus(*v))?;
     set_reduced(l, &y, &out)
 }
 
@@ -884,8 +896,11 @@ fn check_reduced(
 
 /// The elements of `v` (a reduced tensor) with the kept shape `kept`.
 fn with_kept<T: Element + Copy>(v: &ArrayD<T>, kept: &[usize]) -> Result<ArrayD<T>> {
-    ArrayD::from_shape_vec(IxDyn(kept), v.iter().copied().collect())
-        .map_err(|e| Error::internal(e.to_string()))
+    ArrayD::from_shape_vec(
+        IxDyn(kept),
+        crate::tensor::try_collect(v.iter().copied(), "a kernel buffer")?,
+    )
+    .map_err(|e| Error::internal(e.to_string()))
 }
 
 fn broadcast_to<'a, T>(a: &'a ArrayD<T>, shape: &[usize]) -> Result<ndarray::ArrayViewD<'a, T>> {
@@ -1026,19 +1041,15 @@ fn fb_dims(
     check_num_reduce(op, k, shape.len(), blob)?;
     let split = if front { k } else { shape.len() - k };
     // A shape given as an int64 input could overflow or ask for too much.
-    let product = |dims: &[usize]| {
-        dims.iter()
-            .try_fold(1usize, |a, &d| a.checked_mul(d))
-            .ok_or_else(|| {
-                Error::invalid_arg(format!("{op}: the shape {shape:?} has too many elements"))
-                    .with_blob(blob)
-            })
-    };
-    let (rows, cols) = (product(&shape[..split])?, product(&shape[split..])?);
-    rows.checked_mul(cols).ok_or_else(|| {
+    let too_many = |_| {
         Error::invalid_arg(format!("{op}: the shape {shape:?} has too many elements"))
             .with_blob(blob)
-    })?;
+    };
+    crate::tensor::checked_numel::<u8>(shape, "").map_err(too_many)?;
+    let (rows, cols) = (
+        shape[..split].iter().product::<usize>(),
+        shape[split..].iter().product::<usize>(),
+    );
     let out = if front {
         &shape[split..]
     } else {
@@ -1058,7 +1069,7 @@ fn fb_lengths(
     full: usize,
 ) -> Result<Vec<usize>> {
     let Some(i) = i else {
-        return Ok(vec![full; n_out]);
+        return crate::tensor::filled_vec(n_out, full, "a kernel buffer");
     };
     let t = l.tensor(i)?;
     let name = l.input_name(i);
@@ -1134,23 +1145,22 @@ fn front_back_max_t<T: Real>(
             .with_blob(l.input_name(0)));
         }
         let (g, ys) = (dense(dy), dense(y));
-        let dx: Vec<T> = xs
-            .iter()
-            .enumerate()
-            .map(|(i, &v)| {
+        let dx: Vec<T> = crate::tensor::try_collect(
+            xs.iter().enumerate().map(|(i, &v)| {
                 let (o, pos) = fb_place(i, cols, front);
                 if pos < lens[o] && v == ys[o] {
                     g[o]
                 } else {
                     T::of(0.0)
                 }
-            })
-            .collect();
+            }),
+            "a kernel buffer",
+        )?;
         let shape = x.shape().to_vec();
         l.set_output(0, T::wrap(array(&shape, dx)?));
         return Ok(());
     }
-    let mut y = vec![T::of(f64::NEG_INFINITY); n_out];
+    let mut y = crate::tensor::filled_vec(n_out, T::of(f64::NEG_INFINITY), "a kernel buffer")?;
     for (i, &v) in xs.iter().enumerate() {
         let (o, pos) = fb_place(i, cols, front);
         if pos < lens[o] && v > y[o] {
@@ -1186,7 +1196,7 @@ fn front_back_t<T: Real>(
     let (n_out, full) = if front { (cols, rows) } else { (rows, cols) };
     let lens = fb_lengths(l, op, lens_at, n_out, full)?;
     let xs = dense(x);
-    let mut y = vec![T::of(0.0); n_out];
+    let mut y = crate::tensor::default_buffer::<T>(n_out, "a kernel buffer")?;
     for (i, &v) in xs.iter().enumerate() {
         let (o, pos) = fb_place(i, cols, front);
         if pos < lens[o] {
@@ -1280,7 +1290,7 @@ fn sum_reduce_like_t<T: Float>(l: &mut Locked<'_>, axis: Option<usize>) -> Resul
         super::elementwise::legacy_shapes(OP, a.shape(), &b_shape, axis, names, &mut bs)?;
         bs.iter().map(|&d| d == 1).collect()
     };
-    let y = fold_reduced(a.view(), &red, T::of(0.0), |s, v| *s + *v);
+    let y = fold_reduced(a.view(), &red, T::of(0.0), |s, v| *s + *v)?;
     set_reduced(l, &y, &b_shape)
 }
 
@@ -1317,12 +1327,13 @@ fn dot_product_t<T: Float>(l: &mut Locked<'_>) -> Result<()> {
     let (n, d) = dot_rows(l, OP, 0, 1)?;
     let (x, y) = (input::<T>(l, OP, 0)?, input::<T>(l, OP, 1)?);
     let (xs, ys) = (dense(x), dense(y));
-    let z: Vec<T> = (0..n)
-        .map(|i| {
+    let z: Vec<T> = crate::tensor::try_collect(
+        (0..n).map(|i| {
             let r = i * d..(i + 1) * d;
             dot(&xs[r.clone()], &ys[r])
-        })
-        .collect();
+        }),
+        "a kernel buffer",
+    )?;
     l.set_output(0, T::wrap(array(&[n], z)?));
     Ok(())
 }
@@ -1340,13 +1351,13 @@ fn dot_product_grad_t<T: Float>(l: &mut Locked<'_>) -> Result<()> {
     check_rows_grad(l, OP, dz.shape(), n)?;
     let shape = x.shape().to_vec();
     let (xs, ys, g) = (dense(x), dense(y), dense(dz));
-    let scaled = |v: &[T]| -> Vec<T> {
-        v.iter()
-            .enumerate()
-            .map(|(k, &e)| e * g[k / d.max(1)])
-            .collect()
+    let scaled = |v: &[T]| -> Result<Vec<T>> {
+        crate::tensor::try_collect(
+            v.iter().enumerate().map(|(k, &e)| e * g[k / d.max(1)]),
+            "a DotProduct gradient",
+        )
     };
-    let (dx, dy) = (scaled(&ys), scaled(&xs));
+    let (dx, dy) = (scaled(&ys)?, scaled(&xs)?);
     let (dx, dy) = (array(&shape, dx)?, array(&shape, dy)?);
     l.set_output(0, T::wrap(dx));
     l.set_output(1, T::wrap(dy));
@@ -1416,12 +1427,13 @@ fn cosine_t<T: Float>(l: &mut Locked<'_>, grad: bool) -> Result<()> {
     let floor = |v: T| if v < eps { eps } else { v };
     let row = |i: usize| (&xs[i * d..(i + 1) * d], &ys[i * d..(i + 1) * d]);
     if !grad {
-        let z: Vec<T> = (0..n)
-            .map(|i| {
+        let z: Vec<T> = crate::tensor::try_collect(
+            (0..n).map(|i| {
                 let (xr, yr) = row(i);
                 dot(xr, yr) / (floor(dot(xr, xr)) * floor(dot(yr, yr))).sqrt()
-            })
-            .collect();
+            }),
+            "a kernel buffer",
+        )?;
         l.set_output(0, T::wrap(array(&[n], z)?));
         return Ok(());
     }
@@ -1429,7 +1441,10 @@ fn cosine_t<T: Float>(l: &mut Locked<'_>, grad: bool) -> Result<()> {
     check_rows_grad(l, op, dz.shape(), n)?;
     let g = dense(dz);
     let zero = T::of(0.0);
-    let (mut dx, mut dy) = (vec![zero; n * d], vec![zero; n * d]);
+    let (mut dx, mut dy) = (
+        crate::tensor::filled_vec(n * d, zero, "a kernel buffer")?,
+        crate::tensor::filled_vec(n * d, zero, "a kernel buffer")?,
+    );
     for i in 0..n {
         let (xr, yr) = row(i);
         let (x2, y2, xy) = (dot(xr, xr), dot(yr, yr), dot(xr, yr));
@@ -1523,28 +1538,32 @@ fn dot_padded_t<T: Float>(l: &mut Locked<'_>, p: Padding, grad: bool) -> Result<
         }
     };
     if !grad {
-        let z: Vec<T> = (0..n)
-            .map(|i| {
+        let z: Vec<T> = crate::tensor::try_collect(
+            (0..n).map(|i| {
                 let (lr, sr, _) = rows(i);
                 if p.replicate {
                     lr.chunks(d.max(1)).map(|c| dot(c, sr)).sum()
                 } else {
                     dot(&lr[..d], sr) + pad * lr[d..].iter().copied().sum::<T>()
                 }
-            })
-            .collect();
+            }),
+            "a kernel buffer",
+        )?;
         l.set_output(0, T::wrap(array(&[n], z)?));
         return Ok(());
     }
     let dz = input::<T>(l, op, 2)?;
     check_rows_grad(l, op, dz.shape(), n)?;
     let g = dense(dz);
-    let (mut gx, mut gy) = (vec![zero; n * dx], vec![zero; n * dy]);
+    let (mut gx, mut gy) = (
+        crate::tensor::filled_vec(n * dx, zero, "a kernel buffer")?,
+        crate::tensor::filled_vec(n * dy, zero, "a kernel buffer")?,
+    );
     let long_len = dx.max(dy);
     for i in 0..n {
         let (lr, sr, x_long) = rows(i);
-        let mut gl = vec![zero; long_len];
-        let mut gs = vec![zero; d];
+        let mut gl = crate::tensor::filled_vec(long_len, zero, "a kernel buffer")?;
+        let mut gs = crate::tensor::filled_vec(d, zero, "a kernel buffer")?;
         if p.replicate {
             for (c, glc) in lr.chunks(d.max(1)).zip(gl.chunks_mut(d.max(1))) {
                 for j in 0..d {
@@ -1642,7 +1661,13 @@ fn sum_elements_grad_t<T: Real>(l: &mut Locked<'_>, average: bool) -> Result<()>
     if average && n > 0 {
         g = g / T::of(n as f64);
     }
-    l.set_output(0, T::wrap(array(&shape, vec![g; n])?));
+    l.set_output(
+        0,
+        T::wrap(array(
+            &shape,
+            crate::tensor::filled_vec(n, g, "a kernel buffer")?,
+        )?),
+    );
     Ok(())
 }
 
@@ -1663,7 +1688,7 @@ fn build_sum_elements_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 fn mean_t<T: Real>(l: &mut Locked<'_>, k: usize) -> Result<()> {
     let x0 = input::<T>(l, "Mean", 0)?;
     let shape = x0.shape().to_vec();
-    let mut acc: Vec<T> = dense(x0).into_owned();
+    let mut acc: Vec<T> = crate::tensor::try_to_vec(&dense(x0), "a kernel buffer")?;
     for i in 1..k {
         let xi = input::<T>(l, "Mean", i)?;
         if xi.shape() != shape.as_slice() {
@@ -1696,9 +1721,10 @@ fn build_mean(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 fn mean_grad_t<T: Real>(l: &mut Locked<'_>, k: usize) -> Result<()> {
     let dy = input::<T>(l, "MeanGradient", 0)?;
     let inv = T::of(1.0 / k as f64);
-    let g = dy.mapv(|v| v * inv);
+    // One buffer, shared by every output (copy on write).
+    let g = T::wrap(map_array(dy.view(), |&v| v * inv)?);
     for i in 0..k {
-        l.set_output(i, T::wrap(g.clone()));
+        l.set_output(i, g.clone());
     }
     Ok(())
 }
@@ -1736,8 +1762,8 @@ fn moments_t<T: Real>(l: &mut Locked<'_>, axes: &Option<Vec<i64>>, keep: bool) -
         var[IxDyn(&k)] = var[IxDyn(&k)] + d * d;
     }
     var.mapv_inplace(|s| s * inv);
-    let mean_v: Vec<T> = mean.iter().copied().collect();
-    let var_v: Vec<T> = var.iter().copied().collect();
+    let mean_v: Vec<T> = crate::tensor::try_collect(mean.iter().copied(), "a kernel buffer")?;
+    let var_v: Vec<T> = crate::tensor::try_collect(var.iter().copied(), "a kernel buffer")?;
     l.set_output(0, T::wrap(array(&out, mean_v)?));
     l.set_output(1, T::wrap(array(&out, var_v)?));
     Ok(())
@@ -1776,7 +1802,10 @@ fn moments_grad_t<T: Real>(l: &mut Locked<'_>, axes: &Option<Vec<i64>>) -> Resul
             ))
             .with_blob(l.input_name(i)));
         }
-        array(&kept, a.iter().copied().collect())
+        array(
+            &kept,
+            crate::tensor::try_collect(a.iter().copied(), "a kernel buffer")?,
+        )
     };
     let (dm, dv, mean) = (get(0, "dmean")?, get(1, "dvariance")?, get(3, "the mean")?);
     let inv = T::of(1.0 / count.max(1) as f64);

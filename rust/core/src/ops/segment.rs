@@ -26,6 +26,7 @@ use super::nn::{array, by_real, dense, input, real_dtype, Real};
 use crate::arg;
 use crate::error::{Error, Result};
 use crate::operator::{Locked, OpDefCtx, OpSchema, Operator};
+use crate::tensor::{checked_numel, filled_vec, try_collect, try_vec, zeroed_vec};
 
 const NUM_SEGMENTS: crate::operator::ArgDoc = arg!(
     "num_segments",
@@ -131,10 +132,13 @@ fn ids(l: &Locked<'_>, op: &str, i: usize, what: &str) -> Result<Vec<usize>> {
     let t = l.tensor(i)?;
     let name = l.input_name(i);
     let raw: Vec<i64> = match (t.ndim(), t.dtype()) {
-        (1, crate::tensor::DataType::Int32) => {
-            t.array::<i32>()?.iter().map(|&v| v as i64).collect()
+        (1, crate::tensor::DataType::Int32) => crate::tensor::try_collect(
+            t.array::<i32>()?.iter().map(|&v| v as i64),
+            "a kernel buffer",
+        )?,
+        (1, crate::tensor::DataType::Int64) => {
+            crate::tensor::try_collect(t.array::<i64>()?.iter().copied(), "a kernel buffer")?
         }
-        (1, crate::tensor::DataType::Int64) => t.array::<i64>()?.iter().copied().collect(),
         _ => {
             return Err(Error::type_error(format!(
                 "{op}: {what} ('{name}') must be a 1-D int32 or int64 tensor, got {} of shape {:?}",
@@ -210,7 +214,7 @@ fn segment_t<T: Real>(l: &mut Locked<'_>, op: &str, num: Option<i64>) -> Result<
         }
         idx
     } else {
-        (0..d.shape()[0]).collect()
+        crate::tensor::try_collect(0..d.shape()[0], "a kernel buffer")?
     };
     if rows.len() != seg.len() {
         return Err(Error::shape(format!(
@@ -222,9 +226,21 @@ fn segment_t<T: Real>(l: &mut Locked<'_>, op: &str, num: Option<i64>) -> Result<
     }
     let k = segments(op, &seg, num, sname)?;
     let inner: usize = d.shape()[1..].iter().product();
+    let mut shape = vec![k];
+    shape.extend_from_slice(&d.shape()[1..]);
+    let what = || {
+        format!(
+            "{op}'s output of {k} rows ({})",
+            if num.is_some() {
+                "argument `num_segments`".to_string()
+            } else {
+                format!("the largest id in SEGMENT_IDS ('{sname}'), plus 1")
+            }
+        )
+    };
+    let mut out = zeroed_vec::<T>(&shape, what())?;
+    let mut count = filled_vec(k, 0usize, what())?;
     let x = dense(d);
-    let mut out = vec![T::of(0.0); k * inner];
-    let mut count = vec![0usize; k];
     for (&r, &s) in rows.iter().zip(&seg) {
         count[s] += 1;
         for j in 0..inner {
@@ -241,8 +257,6 @@ fn segment_t<T: Real>(l: &mut Locked<'_>, op: &str, num: Option<i64>) -> Result<
             }
         }
     }
-    let mut shape = vec![k];
-    shape.extend_from_slice(&d.shape()[1..]);
     l.set_output(0, T::wrap(array(&shape, out)?));
     Ok(())
 }
@@ -280,10 +294,16 @@ fn segment_grad_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
         .with_blob(l.input_name(0)));
     }
     let inner: usize = g.shape()[1..].iter().product();
+    let mut shape = vec![seg.len()];
+    shape.extend_from_slice(&g.shape()[1..]);
+    let n = checked_numel::<T>(&shape, format_args!("{op}'s output"))?;
     let gv = dense(g);
-    let mut count = vec![0usize; k];
+    let mut count = filled_vec(k, 0usize, "segment sizes")?;
     seg.iter().for_each(|&s| count[s] += 1);
-    let mut out = Vec::with_capacity(seg.len() * inner);
+    let mut out = try_vec(
+        n,
+        format_args!("{op}'s output ({} tensor of shape {shape:?})", T::DTYPE),
+    )?;
     for &s in &seg {
         let row = &gv[s * inner..(s + 1) * inner];
         if mean {
@@ -293,8 +313,6 @@ fn segment_grad_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
             out.extend_from_slice(row);
         }
     }
-    let mut shape = vec![seg.len()];
-    shape.extend_from_slice(&g.shape()[1..]);
     l.set_output(0, T::wrap(array(&shape, out)?));
     Ok(())
 }
@@ -360,7 +378,10 @@ fn reduce_rows<T: Real>(
             }
             Red::Max => (1..n).fold(at(0, j), |m, r| if at(r, j) > m { at(r, j) } else { m }),
             Red::LogSumExp | Red::LogMeanExp => {
-                let m = (1..n).fold(at(0, j), |m, r| if at(r, j) > m { at(r, j) } else { m });
+                // Caffe2's reducer starts the max at the lowest finite
+                // value: a segment of -inf then gives log(0) + lowest =
+                // -inf, not -inf - -inf = NaN.
+                let m = (0..n).fold(T::LOWEST, |m, r| if at(r, j) > m { at(r, j) } else { m });
                 let s = (0..n).fold(T::of(0.0), |s, r| s + (at(r, j) - m).exp());
                 let s = if red == Red::LogMeanExp {
                     s / T::of(n as f64)
@@ -395,15 +416,15 @@ fn red_grad<T: Real>(red: Red, n: usize, x: T, y: T, dy: T) -> T {
 }
 
 /// The (start, length) of each segment of sorted ids over `k` segments.
-fn spans(seg: &[usize], k: usize) -> Vec<(usize, usize)> {
-    let mut out = vec![(0, 0); k];
+fn spans(seg: &[usize], k: usize) -> Result<Vec<(usize, usize)>> {
+    let mut out = filled_vec(k, (0, 0), "segment spans")?;
     for (r, &s) in seg.iter().enumerate() {
         if out[s].1 == 0 {
             out[s].0 = r;
         }
         out[s].1 += 1;
     }
-    out
+    Ok(out)
 }
 
 /// The segments of DATA (input `di`) and its row length: consecutive
@@ -427,20 +448,25 @@ fn data_spans<T: Real>(
     }
     let rows = d.shape()[0];
     let sp = if by_lengths {
-        let total: usize = v.iter().sum();
-        if total != rows {
+        let total = v.iter().try_fold(0usize, |t, &n| t.checked_add(n));
+        if total != Some(rows) {
+            let total = total.map_or_else(
+                || "more than any tensor can hold".to_string(),
+                |t| t.to_string(),
+            );
             return Err(Error::invalid_arg(format!(
                 "{op}: LENGTHS ('{sname}') sum to {total}, but DATA has {rows} rows"
             ))
             .with_blob(sname));
         }
         let mut start = 0;
-        v.iter()
-            .map(|&n| {
+        try_collect(
+            v.iter().map(|&n| {
                 start += n;
                 (start - n, n)
-            })
-            .collect()
+            }),
+            "segment spans",
+        )?
     } else {
         sorted_check(op, &v, sname)?;
         if rows != v.len() {
@@ -451,7 +477,7 @@ fn data_spans<T: Real>(
             ))
             .with_blob(dname));
         }
-        spans(&v, v.last().map_or(0, |&m| m + 1))
+        spans(&v, v.last().map_or(0, |&m| m + 1))?
     };
     Ok((sp, d.shape()[1..].iter().product(), d.shape().to_vec()))
 }
@@ -460,8 +486,10 @@ fn data_spans<T: Real>(
 /// LENGTHS), one output row per segment.
 fn span_reduce_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
     let (sp, inner, dshape) = data_spans::<T>(l, op, 0, 1, op == "LengthsMax")?;
+    let mut shape = vec![sp.len()];
+    shape.extend_from_slice(&dshape[1..]);
+    let mut out = zeroed_vec::<T>(&shape, format_args!("{op}'s output"))?;
     let x = dense(input::<T>(l, op, 0)?);
-    let mut out = vec![T::of(0.0); sp.len() * inner];
     for (s, &(start, n)) in sp.iter().enumerate() {
         let at = |r: usize, j: usize| x[(start + r) * inner + j];
         reduce_rows(
@@ -472,8 +500,6 @@ fn span_reduce_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
             &mut out[s * inner..(s + 1) * inner],
         );
     }
-    let mut shape = vec![sp.len()];
-    shape.extend_from_slice(&dshape[1..]);
     l.set_output(0, T::wrap(array(&shape, out)?));
     Ok(())
 }
@@ -496,8 +522,8 @@ fn spans_grad<T: Real>(
     x: &[T],
     y: &[T],
     dy: &[T],
-) -> Vec<T> {
-    let mut dx = vec![T::of(0.0); x.len()];
+) -> Result<Vec<T>> {
+    let mut dx = crate::tensor::default_buffer::<T>(x.len(), "a segment gradient")?;
     for (s, &(start, n)) in spans.iter().enumerate() {
         for r in start..start + n {
             for j in 0..inner {
@@ -506,13 +532,13 @@ fn spans_grad<T: Real>(
             }
         }
     }
-    dx
+    Ok(dx)
 }
 
 /// Checks dY or Y (input `i`) against the `k` x inner output shape.
 fn check_out<T: Real>(l: &Locked<'_>, op: &str, i: usize, k: usize, inner: usize) -> Result<()> {
     let a = input::<T>(l, op, i)?;
-    if a.len() != k * inner || a.shape().first() != Some(&k) {
+    if Some(a.len()) != k.checked_mul(inner) || a.shape().first() != Some(&k) {
         return Err(Error::shape(format!(
             "{op}: input {i} ('{}', shape {:?}) must have {k} rows of {inner}",
             l.input_name(i),
@@ -542,7 +568,7 @@ fn span_grad_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
         &dense(input::<T>(l, op, xi)?),
         &dense(input::<T>(l, op, yi)?),
         &dense(input::<T>(l, op, dyi)?),
-    );
+    )?;
     l.set_output(0, T::wrap(array(&shape, dx)?));
     Ok(())
 }

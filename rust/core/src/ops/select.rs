@@ -104,7 +104,7 @@ fn arg_of<T: Element + PartialOrd>(
     max: bool,
 ) -> Result<Tensor> {
     let a = t.array::<T>()?;
-    let x: Vec<T> = a.iter().cloned().collect();
+    let x: Vec<T> = crate::tensor::try_collect(a.iter().cloned(), "a kernel buffer")?;
     let (outer, d, inner) = around(a.shape(), axis);
     if d == 0 {
         return Err(Error::shape(format!(
@@ -112,7 +112,7 @@ fn arg_of<T: Element + PartialOrd>(
             a.shape()
         )));
     }
-    let mut out = Vec::with_capacity(outer * inner);
+    let mut out = crate::tensor::try_vec(outer * inner, "ArgMax/ArgMin's output")?;
     for o in 0..outer {
         for i in 0..inner {
             let at = |j: usize| &x[(o * d + j) * inner + i];
@@ -174,7 +174,7 @@ fn top_k_of<T: Element + PartialOrd>(
     flat: bool,
 ) -> Result<(Tensor, Tensor, Option<Tensor>)> {
     let a = t.array::<T>()?;
-    let x: Vec<T> = a.iter().cloned().collect();
+    let x: Vec<T> = crate::tensor::try_collect(a.iter().cloned(), "a kernel buffer")?;
     let (outer, d, inner) = around(a.shape(), axis);
     let k = if k < 0 { d } else { k as usize };
     if k > d {
@@ -184,8 +184,12 @@ fn top_k_of<T: Element + PartialOrd>(
         )));
     }
     let n = outer * k * inner;
-    let (mut vals, mut idx, mut fidx) = (vec![T::default(); n], vec![0i64; n], vec![0i64; n]);
-    let mut order: Vec<usize> = (0..d).collect();
+    let (mut vals, mut idx, mut fidx) = (
+        crate::tensor::default_buffer::<T>(n, "a kernel buffer")?,
+        crate::tensor::filled_vec(n, 0i64, "a kernel buffer")?,
+        crate::tensor::filled_vec(n, 0i64, "a kernel buffer")?,
+    );
+    let mut order: Vec<usize> = crate::tensor::try_collect(0..d, "a kernel buffer")?;
     for o in 0..outer {
         for i in 0..inner {
             let at = |j: usize| &x[(o * d + j) * inner + i];
@@ -268,8 +272,8 @@ fn top_k_grad_of<T: Element>(
             idx.len()
         )));
     }
-    let gv: Vec<T> = g.iter().cloned().collect();
-    let mut dx = vec![T::default(); outer * d * inner];
+    let gv: Vec<T> = crate::tensor::try_collect(g.iter().cloned(), "a kernel buffer")?;
+    let mut dx = crate::tensor::default_buffer::<T>(outer * d * inner, "a kernel buffer")?;
     for o in 0..outer {
         for r in 0..k {
             for i in 0..inner {
@@ -302,8 +306,13 @@ fn build_top_k_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         let ax = super::nn::canonical_axis("TopKGradient", "axis", axis, x_shape.len(), xname)?;
         let it = l.tensor(1)?;
         let idx: Vec<i64> = match it.dtype() {
-            DataType::Int64 => it.array::<i64>()?.iter().copied().collect(),
-            DataType::Int32 => it.array::<i32>()?.iter().map(|&v| v as i64).collect(),
+            DataType::Int64 => {
+                crate::tensor::try_collect(it.array::<i64>()?.iter().copied(), "a kernel buffer")?
+            }
+            DataType::Int32 => crate::tensor::try_collect(
+                it.array::<i32>()?.iter().map(|&v| v as i64),
+                "a kernel buffer",
+            )?,
             other => {
                 return Err(Error::type_error(format!(
                     "TopKGradient: the indices ('{}') must be int64 or int32, got {other}",
@@ -334,8 +343,14 @@ fn ints_of(l: &Locked<'_>, op: &str, i: usize, what: &str) -> Result<Vec<i64>> {
     let t = l.tensor(i)?;
     let name = l.input_name(i);
     match t.dtype() {
-        DataType::Int64 => Ok(t.array::<i64>()?.iter().copied().collect()),
-        DataType::Int32 => Ok(t.array::<i32>()?.iter().map(|&v| v as i64).collect()),
+        DataType::Int64 => Ok(crate::tensor::try_collect(
+            t.array::<i64>()?.iter().copied(),
+            "a kernel buffer",
+        )?),
+        DataType::Int32 => Ok(crate::tensor::try_collect(
+            t.array::<i32>()?.iter().map(|&v| v as i64),
+            "a kernel buffer",
+        )?),
         other => Err(Error::type_error(format!(
             "{op}: {what} ('{name}') must be int32 or int64, got {other}"
         ))
@@ -397,7 +412,8 @@ fn mask_of(l: &Locked<'_>, op: &str, i: usize, rows: Option<usize>) -> Result<Ve
         ))
         .with_blob(name));
     }
-    let m: Vec<bool> = t.array::<bool>()?.iter().copied().collect();
+    let m: Vec<bool> =
+        crate::tensor::try_collect(t.array::<bool>()?.iter().copied(), "a kernel buffer")?;
     if let Some(rows) = rows {
         if m.len() != rows {
             return Err(Error::shape(format!(
@@ -412,7 +428,7 @@ fn mask_of(l: &Locked<'_>, op: &str, i: usize, rows: Option<usize>) -> Result<Ve
 
 fn masked_rows<T: Element>(t: &Tensor, mask: &[bool]) -> Result<Tensor> {
     let a = t.array::<T>()?;
-    let x: Vec<T> = a.iter().cloned().collect();
+    let x: Vec<T> = crate::tensor::try_collect(a.iter().cloned(), "a kernel buffer")?;
     let row: usize = a.shape()[1..].iter().product();
     let mut y = Vec::new();
     for (r, _) in mask.iter().enumerate().filter(|(_, &m)| m) {
@@ -440,12 +456,13 @@ fn build_boolean_mask(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             else other => Err(crate::tensor::unsupported_dtype(other)))?;
         l.set_output(0, out);
         if with_indices {
-            let idx: Vec<i64> = mask
-                .iter()
-                .enumerate()
-                .filter(|(_, &m)| m)
-                .map(|(r, _)| r as i64)
-                .collect();
+            let idx: Vec<i64> = crate::tensor::try_collect(
+                mask.iter()
+                    .enumerate()
+                    .filter(|(_, &m)| m)
+                    .map(|(r, _)| r as i64),
+                "a kernel buffer",
+            )?;
             let n = idx.len();
             l.set_output(1, Tensor::from(array(&[n], idx)?));
         }
@@ -462,14 +479,14 @@ fn unmasked_rows<T: Element>(g: &Tensor, mask: &[bool]) -> Result<Tensor> {
             a.shape()
         )));
     }
-    let gv: Vec<T> = a.iter().cloned().collect();
+    let gv = crate::tensor::try_collect(a.iter().cloned(), "BooleanMaskGradient's dY")?;
     let row: usize = a.shape()[1..].iter().product();
-    let mut dx = vec![T::default(); mask.len() * row];
+    let mut shape = a.shape().to_vec();
+    shape[0] = mask.len();
+    let mut dx = crate::tensor::zeroed_vec::<T>(&shape, "BooleanMaskGradient's output")?;
     for (k, (r, _)) in mask.iter().enumerate().filter(|(_, &m)| m).enumerate() {
         dx[r * row..(r + 1) * row].clone_from_slice(&gv[k * row..(k + 1) * row]);
     }
-    let mut shape = a.shape().to_vec();
-    shape[0] = mask.len();
     Ok(T::wrap(array(&shape, dx)?))
 }
 

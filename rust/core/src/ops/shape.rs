@@ -7,7 +7,7 @@ use super::kernel;
 use crate::arg;
 use crate::error::{Error, Result};
 use crate::operator::{InPlace, OpDefCtx, OpSchema, Operator};
-use crate::tensor::{copy_array, try_vec, DataType, Element, Tensor};
+use crate::tensor::{checked_numel, copy_array, try_collect, try_vec, DataType, Element, Tensor};
 use ndarray::{ArrayViewD, IxDyn, Slice};
 
 fn in_place_0_0(i: usize, o: usize) -> bool {
@@ -373,17 +373,30 @@ fn around(shape: &[usize], axis: usize) -> (usize, usize, usize) {
 
 fn tile_of<T: Element>(t: &Tensor, axis: usize, tiles: usize) -> Result<Tensor> {
     let a = t.array::<T>()?;
-    let x: Vec<T> = a.iter().cloned().collect();
+    let mut shape = a.shape().to_vec();
+    let too_large = || {
+        Error::invalid_arg(format!(
+            "Tile: tiles = {tiles} is too large: {tiles} copies of the input (shape {:?}) along axis {axis} are more elements than any tensor can hold",
+            a.shape()
+        ))
+    };
+    shape[axis] = shape[axis].checked_mul(tiles).ok_or_else(too_large)?;
+    let n = checked_numel::<T>(&shape, "Tile's output").map_err(|_| too_large())?;
     let (outer, d, inner) = around(a.shape(), axis);
     let chunk = d * inner;
-    let mut y: Vec<T> = Vec::with_capacity(x.len() * tiles);
-    for o in 0..outer {
-        for _ in 0..tiles {
-            y.extend_from_slice(&x[o * chunk..(o + 1) * chunk]);
+    let mut y: Vec<T> = try_vec(n, format_args!("Tile's output (shape {shape:?})"))?;
+    if chunk > 0 {
+        let x = a.as_slice();
+        let x: std::borrow::Cow<'_, [T]> = match x {
+            Some(x) => x.into(),
+            None => crate::tensor::try_collect(a.iter().cloned(), "Tile's input")?.into(),
+        };
+        for o in 0..outer {
+            for _ in 0..tiles {
+                y.extend_from_slice(&x[o * chunk..(o + 1) * chunk]);
+            }
         }
     }
-    let mut shape = a.shape().to_vec();
-    shape[axis] *= tiles;
     Ok(T::wrap(
         ndarray::ArrayD::from_shape_vec(IxDyn(&shape), y)
             .map_err(|e| Error::internal(e.to_string()))?,
@@ -396,7 +409,7 @@ fn tile_grad_of<T: Element + std::ops::Add<Output = T>>(
     tiles: usize,
 ) -> Result<Tensor> {
     let a = t.array::<T>()?;
-    let dy: Vec<T> = a.iter().cloned().collect();
+    let dy = crate::tensor::try_collect(a.iter().cloned(), "TileGradient's dY")?;
     let mut shape = a.shape().to_vec();
     let (outer, d, inner) = around(&shape, axis);
     if tiles == 0 || d % tiles != 0 {
@@ -405,10 +418,10 @@ fn tile_grad_of<T: Element + std::ops::Add<Output = T>>(
         )));
     }
     let chunk = d / tiles * inner;
-    let mut dx: Vec<T> = Vec::with_capacity(outer * chunk);
+    let mut dx: Vec<T> = try_vec(outer * chunk, "TileGradient's output")?;
     for o in 0..outer {
         let base = o * d * inner;
-        let mut acc: Vec<T> = dy[base..base + chunk].to_vec();
+        let mut acc: Vec<T> = try_collect(dy[base..base + chunk].iter().cloned(), "a tile")?;
         for r in 1..tiles {
             let from = base + r * chunk;
             for (s, v) in acc.iter_mut().zip(&dy[from..from + chunk]) {
@@ -514,32 +527,40 @@ fn expand_grad_of<T: Element + std::ops::Add<Output = T> + Default>(
     dy: &Tensor,
     xs: &[usize],
 ) -> Result<Tensor> {
-    let mut g = dy.array::<T>()?.clone();
-    let nd = g.ndim();
+    let a = dy.array::<T>()?;
+    let nd = a.ndim();
     if xs.len() > nd {
         return Err(Error::shape(format!(
             "ExpandGradient: X (shape {xs:?}) has more dims than dY (shape {:?})",
-            g.shape()
+            a.shape()
         )));
     }
     let pad: Vec<usize> = std::iter::repeat_n(1, nd - xs.len())
         .chain(xs.iter().copied())
         .collect();
+    // Folded from a view of dY: nothing is copied until the first fold.
+    let mut g: Option<ndarray::ArrayD<T>> = None;
     for ax in (0..nd).rev() {
-        if pad[ax] == 1 && g.shape()[ax] != 1 {
-            g = g
-                .fold_axis(ndarray::Axis(ax), T::default(), |s, v| {
-                    s.clone() + v.clone()
-                })
-                .insert_axis(ndarray::Axis(ax));
-        } else if pad[ax] != g.shape()[ax] {
+        let len = g.as_ref().map_or(a.shape()[ax], |g| g.shape()[ax]);
+        if pad[ax] == 1 && len != 1 {
+            let v = g.as_ref().map_or_else(|| a.view(), |g| g.view());
+            g = Some(crate::tensor::fold_axis_array(
+                v,
+                ax,
+                T::default(),
+                |s, v| s.clone() + v.clone(),
+            )?);
+        } else if pad[ax] != len {
             return Err(Error::shape(format!(
                 "ExpandGradient: dY (shape {:?}) is not X's shape {xs:?} broadcast",
                 dy.shape()
             )));
         }
     }
-    let v: Vec<T> = g.iter().cloned().collect();
+    let v: Vec<T> = match &g {
+        Some(g) => try_collect(g.iter().cloned(), "ExpandGradient's output")?,
+        None => try_collect(a.iter().cloned(), "ExpandGradient's output")?,
+    };
     Ok(T::wrap(
         ndarray::ArrayD::from_shape_vec(IxDyn(xs), v)
             .map_err(|e| Error::internal(e.to_string()))?,

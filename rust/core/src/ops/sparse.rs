@@ -17,7 +17,7 @@ use super::optim::f32_in;
 use crate::arg;
 use crate::error::{Error, Result};
 use crate::operator::{InPlace, Locked, OpDefCtx, OpSchema, Operator, ShapeInfo, MANY};
-use crate::tensor::{DataType, Element, Tensor};
+use crate::tensor::{checked_numel, try_vec, zeroed_vec, DataType, Element, Tensor};
 use ndarray::{ArrayD, IxDyn};
 
 fn in_place_0_0(i: usize, o: usize) -> bool {
@@ -186,7 +186,7 @@ pub fn schemas() -> Vec<OpSchema> {
 pub(crate) fn indices(l: &Locked<'_>, op: &str, i: usize) -> Result<(Vec<i64>, Vec<usize>)> {
     let t = l.tensor(i)?;
     crate::with_match_dtype!(tensor ints t,
-    |a: T| Ok((a.iter().map(|&v| i64::from(v)).collect(), a.shape().to_vec())),
+    |a: T| Ok((crate::tensor::try_collect(a.iter().map(|&v| i64::from(v)), "a kernel buffer")?, a.shape().to_vec())),
     else _ => {
         let name = l.input_name(i);
         Err(Error::type_error(format!(
@@ -279,7 +279,7 @@ fn gather_of<T: Element>(
     let outer: usize = shape[..axis].iter().product();
     let n = shape[axis];
     let inner: usize = shape[axis + 1..].iter().product();
-    let src: Vec<T> = a.iter().cloned().collect();
+    let src: Vec<T> = crate::tensor::try_collect(a.iter().cloned(), "a kernel buffer")?;
     let per = if match_outer {
         rows.len() / outer.max(1)
     } else {
@@ -382,8 +382,8 @@ fn gather_grad_t<T: Real>(
     let outer: usize = shape[..ax].iter().product();
     let n = shape[ax];
     let inner: usize = shape[ax + 1..].iter().product();
+    let mut out = zeroed_vec::<T>(&shape, format_args!("{op}'s output"))?;
     let gs = dense(g);
-    let mut out = vec![T::of(0.0); outer * n * inner];
     for o in 0..outer {
         let mine = rows_of(&rows, o, outer, match_outer);
         for (j, &r) in mine.iter().enumerate() {
@@ -504,16 +504,34 @@ fn lengths(l: &Locked<'_>, op: &str, i: usize, total: Option<usize>) -> Result<V
             })
         })
         .collect::<Result<_>>()?;
+    let sum = lengths_total(op, name, &out)?;
     if let Some(total) = total {
-        let s: usize = out.iter().sum();
-        if s != total {
+        if sum != total {
             return Err(Error::invalid_arg(format!(
-                "{op}: the lengths sum to {s}, but there are {total} indices"
+                "{op}: the lengths sum to {sum}, but there are {total} indices"
             ))
             .with_blob(name));
         }
     }
     Ok(out)
+}
+
+/// The sum of LENGTHS ('name'), checked.
+fn lengths_total(op: &str, name: &str, lens: &[usize]) -> Result<usize> {
+    lens.iter()
+        .try_fold(0usize, |t, &n| t.checked_add(n))
+        .ok_or_else(|| {
+            crate::tensor::size_overflow(format!("{op}: the sum of LENGTHS ('{name}')"))
+                .with_blob(name)
+        })
+}
+
+/// The rows of a lengths op's output or gradient: `rows` rows shaped as
+/// `like`'s rows (its dims after the first), checked.
+fn rows_shape(rows: usize, like: &[usize]) -> Vec<usize> {
+    let mut shape = vec![rows];
+    shape.extend_from_slice(like.get(1..).unwrap_or(&[]));
+    shape
 }
 
 /// (whether the op reads INDICES, whether it averages) of a lengths reducer.
@@ -534,12 +552,13 @@ fn sls_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
     let rows = if sparse {
         index_rows(l, op, data.shape()[0], 1)?
     } else {
-        (0..data.shape()[0]).collect()
+        crate::tensor::try_collect(0..data.shape()[0], "a kernel buffer")?
     };
     let lens = lengths(l, op, if sparse { 2 } else { 1 }, Some(rows.len()))?;
     let inner: usize = data.shape()[1..].iter().product();
+    let shape = rows_shape(lens.len(), data.shape());
+    let mut out = zeroed_vec::<T>(&shape, format_args!("{op}'s output"))?;
     let ds = dense(data);
-    let mut out = vec![T::of(0.0); lens.len() * inner];
     let mut k = 0;
     for (s, &n) in lens.iter().enumerate() {
         for &r in &rows[k..k + n] {
@@ -555,8 +574,6 @@ fn sls_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
         }
         k += n;
     }
-    let mut shape = vec![lens.len()];
-    shape.extend_from_slice(&data.shape()[1..]);
     l.set_output(0, T::wrap(array(&shape, out)?));
     Ok(())
 }
@@ -584,9 +601,13 @@ fn sls_grad_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
         .with_blob(l.input_name(0)));
     }
     let inner: usize = dy.shape()[1..].iter().product();
-    let total: usize = lens.iter().sum();
+    let total = lengths_total(op, l.input_name(1), &lens)?;
+    let shape = rows_shape(total, dy.shape());
+    let mut out = try_vec(
+        checked_numel::<T>(&shape, format_args!("{op}'s output"))?,
+        format_args!("{op}'s output ({} tensor of shape {shape:?})", T::DTYPE),
+    )?;
     let g = dense(dy);
-    let mut out = Vec::with_capacity(total * inner);
     for (s, &n) in lens.iter().enumerate() {
         let row = &g[s * inner..(s + 1) * inner];
         let d = T::of(n.max(1) as f64);
@@ -598,8 +619,6 @@ fn sls_grad_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
             }
         }
     }
-    let mut shape = vec![total];
-    shape.extend_from_slice(&dy.shape()[1..]);
     l.set_output(0, T::wrap(array(&shape, out)?));
     Ok(())
 }
@@ -647,7 +666,7 @@ fn weighted_rows(l: &Locked<'_>, op: &str, sparse: bool, idx_input: usize) -> Re
         .with_blob(l.input_name(0))
     })?;
     if !sparse {
-        return Ok((0..n).collect());
+        return Ok(crate::tensor::try_collect(0..n, "a kernel buffer")?);
     }
     index_rows(l, op, n, idx_input)
 }
@@ -659,8 +678,9 @@ fn wsls_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
     let lens = lengths(l, op, if sparse { 3 } else { 2 }, Some(rows.len()))?;
     let w = dense(scalars::<T>(l, op, 1, rows.len())?);
     let inner: usize = data.shape()[1..].iter().product();
+    let shape = rows_shape(lens.len(), data.shape());
+    let mut out = zeroed_vec::<T>(&shape, format_args!("{op}'s output"))?;
     let ds = dense(data);
-    let mut out = vec![T::of(0.0); lens.len() * inner];
     let mut j = 0;
     for (s, &n) in lens.iter().enumerate() {
         let dst = &mut out[s * inner..(s + 1) * inner];
@@ -671,8 +691,6 @@ fn wsls_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
         }
         j += n;
     }
-    let mut shape = vec![lens.len()];
-    shape.extend_from_slice(&data.shape()[1..]);
     l.set_output(0, T::wrap(array(&shape, out)?));
     Ok(())
 }
@@ -702,11 +720,15 @@ fn wsls_grad_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
         ))
         .with_blob(l.input_name(1)));
     }
-    let total: usize = lens.iter().sum();
+    let total = lengths_total(op, l.input_name(2), &lens)?;
     let w = dense(scalars::<T>(l, op, 0, total)?);
     let inner: usize = dy.shape()[1..].iter().product();
+    let shape = rows_shape(total, dy.shape());
+    let mut d_data = try_vec(
+        checked_numel::<T>(&shape, format_args!("{op}'s output"))?,
+        format_args!("{op}'s output ({} tensor of shape {shape:?})", T::DTYPE),
+    )?;
     let g = dense(dy);
-    let mut d_data = Vec::with_capacity(total * inner);
     let mut j = 0;
     for (s, &n) in lens.iter().enumerate() {
         let row = &g[s * inner..(s + 1) * inner];
@@ -715,8 +737,6 @@ fn wsls_grad_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
         }
         j += n;
     }
-    let mut shape = vec![total];
-    shape.extend_from_slice(&dy.shape()[1..]);
     let d_scalars = if with_main {
         let data = input::<T>(l, op, 3)?;
         if data.ndim() == 0 || data.shape()[1..] != dy.shape()[1..] {
@@ -731,7 +751,7 @@ fn wsls_grad_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
         let rows = if sparse {
             index_rows(l, op, data.shape()[0], 4)?
         } else {
-            (0..data.shape()[0]).collect()
+            crate::tensor::try_collect(0..data.shape()[0], "a kernel buffer")?
         };
         if rows.len() != total {
             return Err(Error::invalid_arg(format!(
@@ -742,7 +762,7 @@ fn wsls_grad_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
             .with_blob(l.input_name(2)));
         }
         let ds = dense(data);
-        let mut out = Vec::with_capacity(total);
+        let mut out = try_vec(total, "the SCALARS gradient")?;
         let mut j = 0;
         for (s, &n) in lens.iter().enumerate() {
             let row = &g[s * inner..(s + 1) * inner];
@@ -826,7 +846,7 @@ fn build_scatter_weighted_sum(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         let (idx, _) = indices(&l, OP, 2)?;
         let rows = checked_rows(OP, &idx, x0.shape()[0], false, l.input_name(2))?;
         let inner: usize = x0.shape()[1..].iter().product();
-        let mut out: Vec<f32> = x0.iter().copied().collect();
+        let mut out: Vec<f32> = crate::tensor::try_collect(x0.iter().copied(), "a kernel buffer")?;
         let shape = x0.shape().to_vec();
         let mut slices = Vec::new();
         for p in (3..ni).step_by(2) {

@@ -465,8 +465,10 @@ fn nan_check(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 fn non_negative(l: &Locked<'_>, i: usize, what: &str) -> Result<Vec<usize>> {
     let name = l.input_name(i);
     let raw: Vec<i64> = match l.tensor(i)? {
-        Tensor::I32(a) => a.iter().map(|&v| i64::from(v)).collect(),
-        Tensor::I64(a) => a.iter().copied().collect(),
+        Tensor::I32(a) => {
+            crate::tensor::try_collect(a.iter().map(|&v| i64::from(v)), "a kernel buffer")?
+        }
+        Tensor::I64(a) => crate::tensor::try_collect(a.iter().copied(), "a kernel buffer")?,
         other => {
             return Err(Error::type_error(format!(
                 "the {what} must be int32 or int64, got {}",
@@ -487,10 +489,12 @@ fn non_negative(l: &Locked<'_>, i: usize, what: &str) -> Result<Vec<usize>> {
 
 fn take_rows<T: Element>(t: &Tensor, axis: usize, ranges: &[(usize, usize)]) -> Result<Tensor> {
     let a = t.array::<T>()?;
-    let views: Vec<_> = ranges
-        .iter()
-        .map(|&(lo, len)| a.slice_axis(Axis(axis), ndarray::Slice::from(lo..lo + len)))
-        .collect();
+    let views: Vec<_> = crate::tensor::try_collect(
+        ranges
+            .iter()
+            .map(|&(lo, len)| a.slice_axis(Axis(axis), ndarray::Slice::from(lo..lo + len))),
+        "a kernel buffer",
+    )?;
     if views.is_empty() {
         let mut shape = a.shape().to_vec();
         shape[axis] = 0;
