@@ -384,6 +384,8 @@ def _conv_transpose(cx: _OpContext) -> None:
     if int(cx.arg("legacy_pad", 0)) != 0:
         raise cx.unsupported("ConvTranspose with legacy_pad")
     attrs = _window(cx, x, filter_name=w)
+    if "dilations" in attrs:
+        raise cx.unsupported("ConvTranspose with dilation (Caffe2's ConvTranspose has none)")
     nd = len(attrs["kernel_shape"])
     adjs = _dims_arg(cx, "adjs", "adj", ["adj_h", "adj_w"], nd, 0)
     cx.mark("adjs", "adj", "adj_h", "adj_w")
