@@ -124,6 +124,9 @@ UNSUPPORTED_OPS = {
     "RegexFullMatch": "no string kernels",
     "TfIdfVectorizer": "no string kernels",
     "LabelEncoder": "ai.onnx.ml ops are not converted",
+    "TreeEnsemble": "ai.onnx.ml ops are not converted",
+    "ArrayFeatureExtractor": "ai.onnx.ml ops are not converted",
+    "Binarizer": "ai.onnx.ml ops are not converted",
     "ImageDecoder": "no image decoding",
     "BitCast": "no bit-cast kernel",
     "SequenceInsert": "sequence types are not converted",
@@ -925,6 +928,10 @@ def _prelu(cx):
     t = cx.dtype(x)
     wx, wt = cx.widened(x, _ARITH)
     ws = cx.cast(slope, wt) if cx.dtype(slope) != wt else slope
+    ss = cx.shape(slope)
+    if cx.opset < 7 and ss is not None and len(ss) == 1 and ss[0] != 1 and cx.rank(x) > 2:
+        # Before opset 7 a 1-D slope is per channel (dim 1).
+        ws = cx.tmp("ExpandDims", [ws], "slope", dims=list(range(1, cx.rank(x) - 1)))
     dt = NUMPY_OF_ONNX[wt]
     r = cx.tmp("Where", [cx.tmp("GT", [wx, cx.scalar(0, dt)]), wx, cx.tmp("Mul", [wx, ws])], "prelu")
     cx.narrowed(r, wt, t, cx.out(0))
@@ -1632,9 +1639,10 @@ def _one_hot(cx):
     d = int(cx.need_const(depth).reshape(-1)[0])
     r = cx.rank(idx) + 1
     axis = cx.normalize_axis(int(cx.attr("axis", -1)), r)
-    wi, wt = cx.widened(idx, {TensorProto.INT64})
     if cx.dtype(idx) in _FLOATS or cx.dtype(idx) == TensorProto.FLOAT16:
-        wi = cx.cast(idx, TensorProto.INT64)
+        wi = cx.cast(idx, TensorProto.INT64)  # toward zero, as ONNX's cast
+    else:
+        wi, _ = cx.widened(idx, {TensorProto.INT64})
     zero = cx.scalar(0, np.int64)
     wrapped = cx.tmp("Where", [cx.tmp("LT", [wi, zero]), cx.tmp("Add", [wi, cx.scalar(d, np.int64)]), wi])
     un = cx.tmp("ExpandDims", [wrapped], dims=[axis])
@@ -1827,9 +1835,7 @@ def _conv_transpose(cx):
     if any(d != 1 for d in dil):
         # ferrocaffe's ConvTranspose has no dilation: the same product with
         # the filter's taps spread out (zeros between them).
-        wv = cx.const(w)
-        if wv is None:
-            raise cx.unsupported("ConvTranspose with dilations and a computed filter", blob=w)
+        wv = cx.need_const(w)
         spread = np.zeros(list(wv.shape[:2]) + [(k - 1) * d + 1 for k, d in zip(kernel, dil)], wv.dtype)
         spread[(slice(None), slice(None)) + tuple(slice(None, None, d) for d in dil)] = wv
         w = cx.add_const(spread, "dilated_w")
@@ -2118,8 +2124,9 @@ def _device_ok(device) -> None:
 class Caffe2Backend(Backend):
     """The backend (Caffe2's class name; ferrocaffe's ops underneath)."""
 
-    #: Newest ONNX opset whose changes the conversions know.
-    _known_opset_version = 23
+    #: Newest ONNX opset whose changes the conversions know (the node tests
+    #: of onnx 1.23 cover up to it).
+    _known_opset_version = 28
 
     @classmethod
     def _opset(cls, model) -> int:

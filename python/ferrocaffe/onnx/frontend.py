@@ -43,6 +43,7 @@ from .. import _core, errors, workspace
 from ..proto import caffe2_pb2
 
 __all__ = [
+    "ONNX_OPS_EMITTED",
     "Caffe2Frontend",
     "caffe2_net_to_onnx_graph",
     "caffe2_net_to_onnx_model",
@@ -51,6 +52,19 @@ __all__ = [
 ]
 
 _INT64_MAX = np.iinfo(np.int64).max
+
+#: Every ONNX op a conversion below may emit (the tests hold the converters
+#: to it, and ONNX's node tests of each of these to passing on the backend).
+ONNX_OPS_EMITTED = frozenset("""
+    Abs Acos Add And ArgMax ArgMin Asin Atan AveragePool BatchNormalization Cast Clip Concat
+    Constant ConstantOfShape Conv ConvTranspose Cos Cosh Div Dropout Elu Equal Erf Exp Expand
+    Flatten Gather Gelu Gemm GlobalAveragePool GlobalLpPool GlobalMaxPool Greater
+    GreaterOrEqual HardSigmoid Identity LayerNormalization LeakyRelu Less LessOrEqual Log LpPool
+    LRN MatMul Max MaxPool Mean Min Mul Neg Not Or Pow PRelu Reciprocal ReduceL1 ReduceL2
+    ReduceMax ReduceMean ReduceMin ReduceSum Relu Reshape Selu Shape Sigmoid Sign Sin Sinh Size
+    Slice Softmax Softplus Softsign Split Sqrt Squeeze Sub Sum Tan Tanh ThresholdedRelu Tile
+    TopK Transpose Unsqueeze Where Xor
+""".split())
 
 # Arguments that only steer Caffe2's engines or gradients: no effect on the
 # values an op computes, so they are dropped.
