@@ -70,8 +70,6 @@ EXPECTED_MISMATCHES = [
     (r"^test_attention_4d_causal_fp16_expanded$",
      "float16 math runs in float32 (rounded once at the end), ONNX's reference in float16"),
 ]
-# Ops the frontend emits that ONNX ships no single-op node test of.
-NO_NODE_TESTS = {"GlobalLpPool"}
 # Model-test categories in the run (see the module doc).
 CATEGORIES = ("simple", "pytorch-converted", "pytorch-operator")
 
@@ -189,10 +187,8 @@ def test_every_op_the_frontend_emits_passes_its_node_tests():
             assert re.search(r"tensor|training|Indices|string|count_include_pad", reason), case.name
         else:
             seen[ops.pop()] += 1
-    # Every emitted op has node tests that pass (run by the test above),
-    # but for those ONNX ships none of (tests/onnx/test_frontend.py checks
-    # them against ReferenceEvaluator).
-    assert sorted(emitted - set(seen)) == sorted(NO_NODE_TESTS)
+    # Every emitted op has node tests that pass (run by the test above).
+    assert sorted(emitted - set(seen)) == []
 
 
 def per_op_counts():

@@ -58,7 +58,7 @@ _INT64_MAX = np.iinfo(np.int64).max
 ONNX_OPS_EMITTED = frozenset("""
     Abs Acos Add And ArgMax ArgMin Asin Atan AveragePool BatchNormalization Cast Clip Concat
     Constant ConstantOfShape Conv ConvTranspose Cos Cosh Div Dropout Elu Equal Erf Exp Expand
-    Flatten Gather Gelu Gemm GlobalAveragePool GlobalLpPool GlobalMaxPool Greater
+    Flatten Gather Gelu Gemm GlobalAveragePool GlobalMaxPool Greater
     GreaterOrEqual HardSigmoid Identity LayerNormalization LeakyRelu Less LessOrEqual Log LpPool
     LRN MatMul Max MaxPool Mean Min Mul Neg Not Or Pow PRelu Reciprocal ReduceL1 ReduceL2
     ReduceMax ReduceMean ReduceMin ReduceSum Relu Reshape Selu Shape Sigmoid Sign Sin Sinh Size
@@ -456,7 +456,10 @@ def _lp_pool(cx: _OpContext) -> None:
     if p != int(p):
         raise cx.unsupported(f"LpPool with p = {p}: ONNX's p is an integer")
     if _global_pool(cx):
-        cx.node("GlobalLpPool", [x], [cx.op.output[0]], p=int(p))
+        # A window of the whole image (ONNX's reference has no GlobalLpPool).
+        spatial = cx.need_shape(x)[2:]
+        cx.node("LpPool", [x], [cx.op.output[0]], p=int(p), kernel_shape=spatial,
+                strides=[1] * len(spatial))
         return
     cx.node("LpPool", [x], [cx.op.output[0]], p=int(p), **_window(cx, x))
 
@@ -733,8 +736,8 @@ def _concat(cx):
             for i in cx.op.input:
                 s = cx.need_shape(i)
                 sizes.append(s[axis if axis >= 0 else axis + len(s)])
-        info = helper.make_tensor("value", TensorProto.INT32, [len(sizes)], sizes)
-        cx.node("Constant", [], [cx.op.output[1]], value=info)
+        # An initializer: a later op (a Split) can read its value.
+        cx.conv.init_values[cx.op.output[1]] = np.array(sizes, np.int32)
 
 
 @_converts("Split", "DepthSplit")
@@ -1244,6 +1247,7 @@ class Caffe2Frontend:
             kept = [op for op in init.op if not (len(op.output) == 1 and op.output[0] in vi)]
             del init.op[:]
             init.op.extend(kept)
+            init.external_output[:] = [o for o in init.external_output if o not in vi]
         init_values = _run_init_net(init) if init is not None else {}
 
         # The graph's inputs: the net's external inputs that no initializer
@@ -1260,8 +1264,16 @@ class Caffe2Frontend:
                 f"{', '.join(repr(m) for m in missing)} of the predict net" + where(net=net_name),
                 net=net_name, blob=missing[0])
 
+        # An op without conversion is refused before anything runs.
+        for i, op in enumerate(pred.op):
+            if op.type not in _CONVERTERS:
+                raise UnsupportedOperatorError(
+                    f"Caffe2 op '{op.type}' has no ONNX conversion" + where(op.type, i, net_name),
+                    op=op.type, op_index=i, net=net_name)
+        original = caffe2_pb2.NetDef()
+        original.CopyFrom(pred)
         _ssa(pred, set(init_values))
-        shapes = _shapes(pred, init_values, vi)
+        shapes = _shapes(original, pred, init_values, vi)
 
         conv = _NetConverter(pred, opset, shapes, init_values)
         conv.net_name = net_name
@@ -1329,15 +1341,20 @@ def _run_init_net(init) -> dict[str, np.ndarray]:
     return out
 
 
-def _shapes(pred, init_values, vi) -> dict:
-    """{blob: (dims, Caffe2 type)} for every blob of the (SSA) net: inferred,
-    else read from one run on random inputs of the given shapes."""
+def _shapes(original, pred, init_values, vi) -> dict:
+    """{blob: (dims, Caffe2 type)} for every blob of the SSA net `pred`:
+    inferred, else read from one run of the `original` net (before the
+    renaming: ops that update in place keep their form) on random inputs
+    of the given shapes, each op's outputs recorded under their SSA names."""
     known: dict[str, Any] = {}
     for name, v in init_values.items():
         known[name] = (list(v.shape), _caffe2_type_of(v))
     for name, (t, dims) in vi.items():
         known[name] = (list(dims), ONNX_TO_C2_TYPE[t])
-    inferred = _core.infer_shapes([pred.SerializeToString()], known)
+    try:
+        inferred = _core.infer_shapes([pred.SerializeToString()], known)
+    except errors.FerrocaffeError:
+        inferred = {}  # the run below reports what is wrong, naming the op
     shapes = {n: (list(s[0]), s[1]) for n, s in inferred.items() if s is not None}
     for name, s in known.items():
         shapes.setdefault(name, s)
@@ -1362,15 +1379,20 @@ def _shapes(pred, init_values, vi) -> dict:
             ws.feed_blob(name, np.zeros(dims, dt))
         else:
             ws.feed_blob(name, np.zeros(dims, dt))
-    net = caffe2_pb2.NetDef()
-    net.CopyFrom(pred)
-    net.name = net.name or "predict_net"
-    ws._core.run_net_once(net.SerializeToString())
-    for name in needed:
-        if name and name not in shapes and ws.has_blob(name):
+    net_name = pred.name or "predict_net"
+    for i, (op, renamed) in enumerate(zip(original.op, pred.op)):
+        try:
+            ws._core.run_operator_once(op.SerializeToString())
+        except errors.FerrocaffeError as e:
+            # Named as a run of the net names it (the op ran on its own).
+            msg = str(e).replace(f"[op #0 '{op.type}', net ''", f"[op #{i} '{op.type}', net '{net_name}'")
+            raise type(e)(msg, op=op.type, op_index=i, net=net_name, blob=e.blob) from None
+        for name, ssa_name in zip(op.output, renamed.output):
+            if ssa_name in shapes or not ws.has_blob(name):
+                continue
             v = ws.fetch_blob(name)
             if isinstance(v, np.ndarray):
-                shapes[name] = (list(v.shape), _caffe2_type_of(v))
+                shapes[ssa_name] = (list(v.shape), _caffe2_type_of(v))
     return shapes
 
 
