@@ -365,11 +365,21 @@ class _NodeCx:
         raise self.unsupported(f"type {onnx_type_name(t)} of '{name}'", blob=name)
 
     def narrowed(self, src: str, t_from: int, t_to: int, out: str) -> None:
-        """`src` (of type t_from) cast to t_to into `out` (a copy if equal)."""
-        if t_from == t_to:
-            self.op("Copy", [src], [out]) if src != out else None
-        else:
+        """`src` (of type t_from) cast to t_to into `out`; of one type, the
+        op that made `src` (this node's last, nothing reads it) writes
+        `out` instead, else a copy."""
+        if t_from != t_to:
             self.op("Cast", [src], [out], to=ONNX_TO_C2_TYPE[t_to])
+            return
+        if src == out:
+            return
+        last = self.ops[-1] if self.ops else None
+        if (last is not None and src in last.output and src not in self.gc.graph_inputs
+                and not any(src in o.input for o in self.ops)):
+            last.output[list(last.output).index(src)] = out
+            self.gc.infos.setdefault(out, self.gc.infos.get(src, (t_to, None)))
+            return
+        self.op("Copy", [src], [out])
 
     def normalize_axis(self, axis: int, rank: int) -> int:
         if not -rank <= axis < max(rank, 1):
@@ -450,8 +460,10 @@ class _GraphConverter:
         for t in graph.sparse_initializer:
             raise UnsupportedOperatorError("sparse initializers are not converted" + where(net=self.graph_name))
         self.graph_inputs = [vi.name for vi in graph.input if vi.name not in self.consts]
-        for vi in list(graph.input) + list(graph.output):
+        for vi in graph.input:
             _check_value_type(vi, self.graph_name)
+        for vi in graph.output:
+            _check_value_type(vi, self.graph_name, unknown_ok=True)
         self.infos: dict[str, tuple[int, list | None]] = {}
         self._ops: list = []  # the ops of the nodes converted so far
         self._made: set[str] = set()
@@ -628,9 +640,12 @@ class _GraphConverter:
                 self.set_info(name, v)
 
 
-def _check_value_type(vi, graph_name: str) -> None:
-    """Refuses a graph input or output that no ferrocaffe tensor can hold."""
+def _check_value_type(vi, graph_name: str, unknown_ok: bool = False) -> None:
+    """Refuses a graph input or output that no ferrocaffe tensor can hold
+    (an output may leave its type to inference)."""
     kind = vi.type.WhichOneof("value")
+    if unknown_ok and (kind is None or (kind == "tensor_type" and not vi.type.tensor_type.elem_type)):
+        return
     if kind != "tensor_type":
         raise UnsupportedOperatorError(
             f"'{vi.name}' is of {kind or 'no'} type: only tensors are converted"
