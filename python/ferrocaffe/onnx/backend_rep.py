@@ -139,16 +139,17 @@ class Caffe2Rep(BackendRep):
     def _prepared_for(self, feeds) -> _Prepared:
         if self._static is not None:
             return self._static
-        shapes = {n: list(v.shape) for n, v in feeds.items()}
-        converted_probe = self._backend._convert_for_run(self._model, self._opset, feeds)
-        key = (tuple(sorted((n, tuple(s)) for n, s in shapes.items())),
-               tuple(sorted((n, feeds[n].tobytes()) for n in converted_probe.values_used)))
-        hit = self._cache.get(key)
-        if hit is not None:
-            self._cache.move_to_end(key)
-            return hit
-        prepared = _Prepared(converted_probe)
-        self._cache[key] = prepared
+        shapes = tuple(sorted((n, v.dtype.str, tuple(v.shape)) for n, v in feeds.items()))
+        # A conversion for these shapes whose input values (those it read)
+        # are this call's too.
+        for key, (values, prepared) in self._cache.items():
+            if key[0] == shapes and all(feeds[n].tobytes() == b for n, b in values.items()):
+                self._cache.move_to_end(key)
+                return prepared
+        converted = self._backend._convert_for_run(self._model, self._opset, feeds)
+        values = {n: feeds[n].tobytes() for n in sorted(converted.values_used)}
+        prepared = _Prepared(converted)
+        self._cache[(shapes, tuple(values.items()))] = (values, prepared)
         while len(self._cache) > _CACHE_SIZE:
             self._cache.popitem(last=False)
         return prepared
