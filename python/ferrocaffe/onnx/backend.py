@@ -24,7 +24,6 @@ without a conversion raises ``UnsupportedOperatorError`` naming the node;
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -154,7 +153,6 @@ UNSUPPORTED_OPS = {
     "LpNormalization": "not converted yet",
 }
 
-_INT64_MAX = np.iinfo(np.int64).max
 _BOOL_OPS = {"EQ", "NE", "LT", "LE", "GT", "GE", "And", "Or", "Xor", "Not"}
 _SMALL_INTS = {TensorProto.INT8, TensorProto.UINT8, TensorProto.INT16, TensorProto.UINT16}
 _FLOATS = {TensorProto.FLOAT, TensorProto.DOUBLE}
@@ -1430,16 +1428,14 @@ def _reshape(cx):
             return
     shape = [int(d) for d in shape.reshape(-1)]
     if allowzero and 0 in shape:
+        # A literal 0 (ferrocaffe's Reshape copies the input's dim for a 0):
+        # the result has no elements, so it is a constant.
         if -1 in shape:
             raise cx.error("Reshape with allowzero=1 takes no -1 with a 0")
-        cx.op("Reshape", [x], [cx.out(0), cx.fresh("old_shape")], shape=[-1])
-        cx.ops.pop()
         total = int(np.prod(cx.static_shape(x)))
         if total != 0:
             raise cx.error(f"cannot reshape {total} elements to {shape}")
-        cx.op("Reshape", [x], [cx.fresh("flat"), cx.fresh("old_shape")], shape=[0])
-        flat = cx.ops[-1].output[0]
-        cx.op("Expand", [flat, cx.add_const(np.array(shape, np.int64), "shape")], [cx.out(0)])
+        cx.set_const(cx.out(0), np.zeros(shape, cx.np_dtype(x)))
         return
     cx.op("Reshape", [x], [cx.out(0), cx.fresh("old_shape")], shape=shape)
 
@@ -1453,11 +1449,12 @@ def _flatten(cx):
     if not 0 <= axis <= r:
         raise cx.error(f"Flatten axis {axis} out of range for rank {r}")
     if axis == r:
+        # (prod of every dim, 1): ferrocaffe's Flatten takes axis < rank.
         s = cx.shape(x)
-        flat = cx.op("Reshape", [x], [cx.fresh("flat"), cx.fresh("old_shape")], shape=[-1])[0]
         if s is not None and all(d is not None for d in s) and int(np.prod(s)) == 0:
-            cx.ops.pop()
-            flat = cx.op("Reshape", [x], [cx.fresh("flat"), cx.fresh("old_shape")], shape=[0])[0]
+            cx.set_const(cx.out(0), np.zeros((0, 1), cx.np_dtype(x)))
+            return
+        flat = cx.op("Reshape", [x], [cx.fresh("flat"), cx.fresh("old_shape")], shape=[-1])[0]
         cx.op("ExpandDims", [flat], [cx.out(0)], dims=[1])
         return
     cx.op("Flatten", [x], [cx.out(0)], axis=axis)
