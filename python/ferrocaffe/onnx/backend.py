@@ -145,12 +145,7 @@ UNSUPPORTED_OPS = {
     "LinearAttention": "attention ops are not converted",
     "RotaryEmbedding": "attention ops are not converted",
     "CausalConvWithState": "no stateful convolution",
-    "CenterCropPad": "not converted yet",
-    "Compress": "not converted yet",
-    "GroupNormalization": "not converted yet",
-    "RMSNormalization": "not converted yet",
     "SwiGLU": "not converted yet",
-    "LpNormalization": "not converted yet",
 }
 
 _BOOL_OPS = {"EQ", "NE", "LT", "LE", "GT", "GE", "And", "Or", "Xor", "Not"}
@@ -1689,6 +1684,32 @@ def _depth_space(cx):
     cx.op("Reshape", [t], [cx.out(0), cx.fresh("old")], shape=shape2)
 
 
+def _gather_window(cx, x: str, s: list[int], sources: dict, fill, mode_constant: bool) -> str:
+    """`x` re-indexed along each axis of `sources` ({axis: source index of
+    each output position, -1 or dim for positions outside}); outside
+    positions take `fill` when `mode_constant`, else the index given."""
+    r = len(s)
+    y = x
+    masks = []
+    for a, src in sorted(sources.items()):
+        n = s[a]
+        if n == 0:
+            raise cx.unsupported("padding an empty dim")
+        valid = (src >= 0) & (src < n)
+        y = cx.tmp("Gather", [y, cx.add_const(np.clip(src, 0, n - 1).astype(np.int64), "idx")],
+                   "window", axis=a)
+        if mode_constant and not valid.all():
+            shape = [1] * r
+            shape[a] = len(src)
+            masks.append(valid.reshape(shape))
+    if masks:
+        mask = masks[0]
+        for m in masks[1:]:
+            mask = mask & m
+        y = cx.tmp("Where", [cx.add_const(mask, "mask"), y, cx.scalar(fill, cx.np_dtype(x))], "padded")
+    return y
+
+
 @_converts("Pad")
 def _pad(cx):
     x = cx.inp(0)
@@ -1705,48 +1726,79 @@ def _pad(cx):
         axes = cx.need_const(cx.inp(3)).reshape(-1).tolist() if cx.inp(3) else None
     axes = list(range(r)) if axes is None else [cx.normalize_axis(int(a), r) for a in axes]
     k = len(axes)
-    begin = {a: int(pads[i]) for i, a in enumerate(axes)}
-    end = {a: int(pads[k + i]) for i, a in enumerate(axes)}
-    y = x
-    out_shape = list(s)
-    masks = []
-    for a in range(r):
-        pb, pe = begin.get(a, 0), end.get(a, 0)
+    sources = {}
+    for i, a in enumerate(axes):
+        pb, pe = int(pads[i]), int(pads[k + i])
         if pb == 0 and pe == 0:
             continue
         n = s[a]
         src = np.arange(-pb, n + pe, dtype=np.int64)
-        valid = (src >= 0) & (src < n)
         if mode == "constant":
-            idx = np.clip(src, 0, max(n - 1, 0))
+            pass
         elif mode == "edge":
-            idx = np.clip(src, 0, n - 1)
+            src = np.clip(src, 0, n - 1)
         elif mode == "reflect":
             if n == 1:
-                idx = np.zeros_like(src)
+                src = np.zeros_like(src)
             else:
                 period = 2 * (n - 1)
                 m = np.mod(src, period)
-                idx = np.where(m < n, m, period - m)
+                src = np.where(m < n, m, period - m)
         elif mode == "wrap":
-            idx = np.mod(src, n)
+            src = np.mod(src, n)
         else:
             raise cx.unsupported(f"Pad mode {mode!r}")
-        out_shape[a] = len(src)
-        if n == 0:
-            raise cx.unsupported("Pad of an empty dim")
-        y = cx.tmp("Gather", [y, cx.add_const(idx, "idx")], "pad", axis=a)
-        if mode == "constant" and not valid.all():
-            shape = [1] * r
-            shape[a] = len(src)
-            masks.append(valid.reshape(shape))
-    if masks:
-        mask = masks[0]
-        for m in masks[1:]:
-            mask = mask & m
-        dt = cx.np_dtype(x)
-        y = cx.tmp("Where", [cx.add_const(mask, "mask"), y, cx.scalar(value, dt)], "padded")
+        sources[a] = src
+    y = _gather_window(cx, x, s, sources, value, mode == "constant")
     cx.op("Copy", [y], [cx.out(0)])
+
+
+@_converts("CenterCropPad")
+def _center_crop_pad(cx):
+    x = cx.inp(0)
+    s = cx.static_shape(x)
+    r = len(s)
+    target = [int(v) for v in cx.need_const(cx.inp(1)).reshape(-1)]
+    axes = cx.attr("axes")
+    axes = list(range(r)) if axes is None else [cx.normalize_axis(int(a), r) for a in axes]
+    sources = {}
+    for a, want in zip(axes, target):
+        n = s[a]
+        if want == n:
+            continue
+        # A centred window: the odd one left over goes to the end.
+        offset = (n - want) // 2 if want < n else -((want - n) // 2)
+        sources[a] = np.arange(want, dtype=np.int64) + offset
+    y = _gather_window(cx, x, s, sources, 0, True)
+    cx.op("Copy", [y], [cx.out(0)])
+
+
+@_converts("Compress")
+def _compress(cx):
+    x, cond = cx.inp(0), cx.inp(1)
+    s = cx.static_shape(x)
+    axis = cx.attr("axis")
+    c = cx.static_shape(cond)[0]
+    if axis is None:
+        y = cx.op("Reshape", [x], [cx.fresh("flat"), cx.fresh("old")], shape=[-1])[0]
+        n, front = int(np.prod(s)), None
+    else:
+        a = cx.normalize_axis(int(axis), len(s))
+        n = s[a]
+        perm = [a] + [i for i in range(len(s)) if i != a]
+        front = perm
+        y = cx.tmp("Transpose", [x], "front", axes=perm) if a != 0 else x
+    mask = cond if cx.dtype(cond) == TensorProto.BOOL else cx.tmp("Cast", [cond], "mask", to=caffe2_pb2.TensorProto.BOOL)
+    if c < n:  # a shorter condition leaves the rest out
+        mask = cx.op("Concat", [mask, cx.add_const(np.zeros(n - c, bool), "rest")],
+                     [cx.fresh("mask"), cx.fresh("info")], axis=0)[0]
+    elif c > n:
+        mask = cx.tmp("Slice", [mask], "mask", starts=[0], ends=[n])
+    kept = cx.op("BooleanMask", [y, mask], [cx.fresh("kept")])[0]
+    if front is not None and front[0] != 0:
+        inverse = [front.index(i) for i in range(len(front))]
+        kept = cx.tmp("Transpose", [kept], "back", axes=inverse)
+    cx.op("Copy", [kept], [cx.out(0)])
 
 
 # -- neural-net ops
@@ -1971,6 +2023,72 @@ def _mvn(cx):
     var = cx.tmp("ReduceMean", [cx.tmp("Mul", [d, d])], "var", axes=axes, keepdims=1)
     std = cx.tmp("Sqrt", [cx.tmp("Add", [var, cx.scalar(1e-9, dt)])], "std")
     y = cx.tmp("Div", [d, std], "y")
+    cx.narrowed(y, wt, t, cx.out(0))
+
+
+@_converts("LpNormalization")
+def _lp_normalization(cx):
+    x = cx.inp(0)
+    p = int(cx.attr("p", 2))
+    if p not in (1, 2):
+        raise cx.unsupported(f"LpNormalization with p = {p}")
+    axis = cx.normalize_axis(int(cx.attr("axis", -1)), cx.rank(x))
+    t = cx.dtype(x)
+    wx, wt = cx.widened(x, _FLOATS)
+    dt = NUMPY_OF_ONNX[wt]
+    norm = cx.tmp("ReduceL2" if p == 2 else "ReduceL1", [wx], "norm", axes=[axis], keepdims=1)
+    q = cx.tmp("Div", [wx, norm], "q")
+    # A zero vector stays zero (ONNX's reference), not 0/0.
+    y = cx.tmp("Where", [cx.tmp("EQ", [norm, cx.scalar(0, dt)]), cx.scalar(0, dt), q], "y")
+    cx.narrowed(y, wt, t, cx.out(0))
+
+
+@_converts("RMSNormalization")
+def _rms_normalization(cx):
+    x, scale = cx.inp(0), cx.inp(1)
+    r = cx.rank(x)
+    axis = cx.normalize_axis(int(cx.attr("axis", -1)), r)
+    eps = float(cx.attr("epsilon", 1e-5))
+    t = cx.dtype(x)
+    wx, wt = cx.widened(x, _FLOATS)
+    dt = NUMPY_OF_ONNX[wt]
+    ms = cx.tmp("ReduceMean", [cx.tmp("Mul", [wx, wx], "sq")], "ms", axes=list(range(axis, r)),
+                keepdims=1)
+    rms = cx.tmp("Sqrt", [cx.tmp("Add", [ms, cx.scalar(eps, dt)])], "rms")
+    ws = cx.widened(scale, {wt})[0] if cx.dtype(scale) != wt else scale
+    y = cx.tmp("Mul", [cx.tmp("Div", [wx, rms], "normed"), ws], "y")
+    cx.narrowed(y, wt, t, cx.out(0))
+
+
+@_converts("GroupNormalization")
+def _group_normalization(cx):
+    x, scale, bias = cx.inp(0), cx.inp(1), cx.inp(2)
+    s = cx.static_shape(x)
+    r = len(s)
+    g = int(cx.attr("num_groups"))
+    eps = float(cx.attr("epsilon", 1e-5))
+    n, c = s[0], s[1]
+    if c % g:
+        raise cx.error(f"{c} channels do not split into {g} groups", blob=x)
+    t = cx.dtype(x)
+    wx, wt = cx.widened(x, _FLOATS)
+    dt = NUMPY_OF_ONNX[wt]
+    grouped = cx.op("Reshape", [wx], [cx.fresh("grouped"), cx.fresh("old")], shape=[n, g, -1])[0]
+    mean = cx.tmp("ReduceMean", [grouped], "mean", axes=[2], keepdims=1)
+    d = cx.tmp("Sub", [grouped, mean], "centred")
+    var = cx.tmp("ReduceMean", [cx.tmp("Mul", [d, d])], "var", axes=[2], keepdims=1)
+    normed = cx.tmp("Div", [d, cx.tmp("Sqrt", [cx.tmp("Add", [var, cx.scalar(eps, dt)])])], "normed")
+    back = cx.op("Reshape", [normed], [cx.fresh("y"), cx.fresh("old")], shape=s)[0]
+    sc, bi = (cx.widened(v, {wt})[0] if cx.dtype(v) != wt else v for v in (scale, bias))
+    if cx.opset < 21:
+        # Opset 18: one scale and bias per group, repeated over its channels.
+        reps = cx.add_const(np.repeat(np.arange(g, dtype=np.int64), c // g), "per_channel")
+        sc = cx.tmp("Gather", [sc, reps], "scale", axis=0)
+        bi = cx.tmp("Gather", [bi, reps], "bias", axis=0)
+    dims = list(range(1, r - 1))
+    sc = cx.tmp("ExpandDims", [sc], "scale", dims=dims)
+    bi = cx.tmp("ExpandDims", [bi], "bias", dims=dims)
+    y = cx.tmp("Add", [cx.tmp("Mul", [back, sc]), bi], "y")
     cx.narrowed(y, wt, t, cx.out(0))
 
 
