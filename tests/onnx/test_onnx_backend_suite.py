@@ -39,7 +39,7 @@ import warnings
 import numpy as np
 import pytest
 
-onnx = pytest.importorskip("onnx")  # the test extra installs it
+import onnx  # noqa: E402  (the test extra installs it)
 
 from onnx import numpy_helper  # noqa: E402
 from onnx.backend.test.loader import load_model_tests, load_node_model_tests  # noqa: E402

@@ -15,16 +15,13 @@ run the same way by a script outside the repository; docs/porting.md has
 its results."""
 
 import numpy as np
-import pytest
+import onnx  # the test extra installs it
+from _onnx_nets import netdef, op, run_reference
+from _support import load_example
 
-onnx = pytest.importorskip("onnx")
-
-from _onnx_nets import netdef, op, run_reference  # noqa: E402
-from _support import load_example  # noqa: E402
-
-from ferrocaffe import brew, model_helper, workspace  # noqa: E402
-from ferrocaffe.onnx import backend, frontend  # noqa: E402
-from ferrocaffe.proto import caffe2_pb2  # noqa: E402
+from ferrocaffe import brew, model_helper, workspace
+from ferrocaffe.onnx import backend, frontend
+from ferrocaffe.proto import caffe2_pb2
 
 RTOL, ATOL = 1e-4, 1e-5
 
