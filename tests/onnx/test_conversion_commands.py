@@ -57,6 +57,9 @@ def test_the_scripts_are_declared():
     scripts = project["scripts"]
     assert scripts["convert-caffe2-to-onnx"] == "ferrocaffe.onnx.conversion:caffe2_to_onnx"
     assert scripts["convert-onnx-to-caffe2"] == "ferrocaffe.onnx.conversion:onnx_to_caffe2"
+    for name in ("convert-caffe2-to-onnx", "convert-onnx-to-caffe2"):
+        module, func = scripts[name].split(":")
+        assert module == conversion.__name__ and callable(getattr(conversion, func))
     extras = project["optional-dependencies"]
     assert any(d.startswith("onnx") for d in extras["onnx"])
     assert not any(d.startswith("onnx") for d in project["dependencies"])
