@@ -46,6 +46,8 @@ def round_trip(init, pred, feeds):
     vi = {k: (onnx.TensorProto.FLOAT, list(v.shape)) for k, v in feeds.items()}
     model = frontend.caffe2_net_to_onnx_model(pred, init, vi)
     onnx.checker.check_model(model, full_check=True)
+    read = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
+    assert [t.name for t in model.graph.initializer if t.name not in read] == []
     ref = run_reference(model, feeds)
     for o, r in zip(ours, ref):
         np.testing.assert_allclose(o, r, rtol=RTOL, atol=ATOL)

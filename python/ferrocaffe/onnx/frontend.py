@@ -261,6 +261,8 @@ class _NetConverter:
         self.shapes = shapes
         self.init_values = init_values
         self.extra_initializers: list = []
+        # Initializers the conversions made (split info), dropped if unread.
+        self.made_values: set[str] = set()
         self.external_outputs = set(predict_net.external_output)
         names = set(predict_net.external_input) | set(predict_net.external_output) | set(init_values)
         for op in predict_net.op:
@@ -738,6 +740,7 @@ def _concat(cx):
                 sizes.append(s[axis if axis >= 0 else axis + len(s)])
         # An initializer: a later op (a Split) can read its value.
         cx.conv.init_values[cx.op.output[1]] = np.array(sizes, np.int32)
+        cx.conv.made_values.add(cx.op.output[1])
 
 
 @_converts("Split", "DepthSplit")
@@ -1281,6 +1284,9 @@ class Caffe2Frontend:
         for i, op in enumerate(pred.op):
             nodes.extend(conv.convert_op(op, i))
 
+        read = {i for n in nodes for i in n.input} | set(pred.external_output)
+        for name in conv.made_values - read:
+            del init_values[name]
         produced = set(init_values) | set(inputs)
         for n in nodes:
             produced.update(n.output)
