@@ -3,6 +3,7 @@ ONNX backend against ONNX Runtime on the same model file.
 
     pip install '.[onnx]' onnxruntime      # or '.[bench]'
     PYTHONPATH=python python benches/bench_onnx.py [ROUNDS]
+    BENCH_ONLY=small PYTHONPATH=python python benches/bench_onnx.py   # models whose name has "small"
 
 Models (float32, NCHW, built here as Caffe2 nets with brew, weights from a
 fixed seed, exported with ``ferrocaffe.onnx.frontend``):
@@ -174,9 +175,13 @@ def run_child(runtime, threads, model_path, batch, save):
 
 
 def main():
-    import numpy as np
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 2
-    tmp = tempfile.mkdtemp(prefix="bench_onnx_")
+    with tempfile.TemporaryDirectory(prefix="bench_onnx_") as tmp:
+        measure(rounds, tmp)
+
+
+def measure(rounds, tmp):
+    import numpy as np
     print(f"load average {os.getloadavg()[0]:.1f} {os.getloadavg()[1]:.1f}, "
           f"{os.cpu_count()} CPUs, {rounds} rounds", flush=True)
     try:
@@ -185,7 +190,10 @@ def main():
     except ImportError:
         raise SystemExit("bench_onnx.py needs onnxruntime: pip install '.[bench]'") from None
     print(f"{'model':10} {'N':>3} {'thr':>3} {'ours ms':>9} {'ORT ms':>9} {'ratio':>6}  ORT agrees with ours")
+    only = os.environ.get("BENCH_ONLY")
     for name in MODELS:
+        if only and only not in name:
+            continue
         for batch in BATCHES:
             path = os.path.join(tmp, f"{name}_b{batch}.onnx")
             export(name, batch, path)
