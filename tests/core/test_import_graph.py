@@ -37,6 +37,9 @@ DOCUMENTED = {
     ('ferrocaffe.core', 'ferrocaffe._python_ops'):
         "the registry is looked up when a Python op is made (the tests "
         "replace it); _python_ops sits below core",
+    ('ferrocaffe.gradient_checker', 'ferrocaffe.net_drawer'):
+        "NetGradientChecker.CompareNets(print_net_images=True) draws the "
+        "nets: only then is pydot (an optional package) needed",
 }
 
 
