@@ -3,7 +3,8 @@
 Modules mirror ``caffe2.python``: ``core``, ``workspace``, ``context``,
 ``net_builder``, ``task``, ``session``, ``checkpoint``, ``dataio``,
 ``pipeline``, ``schema``, ``dataset``, ``queue_util``, plus ``errors`` and
-``file_reader`` (Parquet and ``.npy`` readers).
+``file_reader`` (Parquet and ``.npy`` readers), and ``onnx`` (ONNX both
+ways: ``onnx.frontend``, ``onnx.backend``; needs the ``onnx`` extra).
 ``with ferrocaffe.profile(path):`` records a timeline of every run
 (``profiler``); ``net_drawer`` draws nets and plans.
 Call :func:`register_caffe2_alias` to let unmodified
@@ -64,8 +65,13 @@ _ALIASES = {
     "caffe2.python.modeling": "ferrocaffe.modeling",
     "caffe2.python.modeling.parameter_info": "ferrocaffe.modeling.parameter_info",
     "caffe2.python.modeling.initializers": "ferrocaffe.modeling.initializers",
+    # ONNX both ways (need the onnx extra).
+    "caffe2.python.onnx.frontend": "ferrocaffe.onnx.frontend",
+    "caffe2.python.onnx.backend": "ferrocaffe.onnx.backend",
+    "caffe2.python.onnx.backend_rep": "ferrocaffe.onnx.backend_rep",
+    "caffe2.python.onnx.bin.conversion": "ferrocaffe.onnx.conversion",
 }
-_PACKAGES = ("caffe2", "caffe2.python", "caffe2.proto")
+_PACKAGES = ("caffe2", "caffe2.python", "caffe2.proto", "caffe2.python.onnx", "caffe2.python.onnx.bin")
 
 
 class _AliasLoader(_importlib_abc.Loader):

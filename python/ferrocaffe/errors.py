@@ -44,6 +44,8 @@ __all__ = [
     "NodeFailedError",
     "SessionClosedError",
     "OutputNotReadyError",
+    "ConversionError",
+    "UnsupportedOperatorError",
 ]
 
 
@@ -178,6 +180,18 @@ class SessionClosedError(FerrocaffeError, RuntimeError):
 class OutputNotReadyError(FerrocaffeError, RuntimeError):
     """A task output was read before a session ran its task, or fetched
     when no session can fetch it."""
+
+
+class ConversionError(FerrocaffeError, ValueError):
+    """A net or model that cannot be converted between Caffe2 and ONNX
+    (``ferrocaffe.onnx``); the message names the op (type and position),
+    the net or graph, and the blob at fault."""
+
+
+class UnsupportedOperatorError(ConversionError, NotImplementedError):
+    """An operator with no conversion: a Caffe2 op the ONNX frontend cannot
+    express in ONNX, or an ONNX op (or attribute value) the backend cannot
+    express with ferrocaffe's ops."""
 
 
 # Used by the compiled module to pick a class for each Rust error kind.

@@ -16,6 +16,7 @@ BUILTIN = {
     'InvalidPlanError': ValueError, 'IndexOutOfRangeError': IndexError,
     'DivisionByZeroError': ZeroDivisionError, 'FerrocaffeIOError': OSError,
     'CorruptCheckpointError': ValueError,
+    'ConversionError': ValueError, 'UnsupportedOperatorError': NotImplementedError,
 }
 
 

@@ -28,6 +28,12 @@ DOCUMENTED = {
     ('ferrocaffe.core', 'ferrocaffe.net_builder'):
         "a sys.modules lookup, never an import: Net names take an active "
         "NetBuilder's prefix, and to_execution_step takes a NetBuilder",
+    ('ferrocaffe.onnx.conversion', 'ferrocaffe.onnx.frontend'):
+        "the ONNX commands parse their arguments (and print --help) without "
+        "the optional onnx package, which the converters import",
+    ('ferrocaffe.onnx.conversion', 'ferrocaffe.onnx.backend'):
+        "the ONNX commands parse their arguments (and print --help) without "
+        "the optional onnx package, which the converters import",
     ('ferrocaffe.core', 'ferrocaffe._python_ops'):
         "the registry is looked up when a Python op is made (the tests "
         "replace it); _python_ops sits below core",
