@@ -1,15 +1,11 @@
-//! The one place that wires the built-in pieces into their registries: every
-//! op family of `ops/` (its schemas into the operator registry, their object
-//! codecs into `storage`). The registries know none of them, so the layers
-//! stay acyclic: `ops` (kernels) uses `operator` (registry) and `storage`,
-//! never the other way round. Db formats are listed in `storage::FORMATS`.
-//!
-//! [`register`] runs once; `Workspace::new` calls it, so every run has the
-//! built-ins, and the bindings call it when the module is imported.
-
-use std::sync::Once;
-
-static REGISTERED: Once = Once::new();
+//! The composition root (with `lib.rs`): the one place that names every
+//! built-in piece, the op families of `ops/` and the readers. The
+//! registries fill themselves from here on first use (`operator`'s op
+//! table from [`schemas`], `storage`'s object codecs from [`codecs`]), so
+//! no module names a family it does not use: the registries, the
+//! workspaces and the nets know none, and `ops` (kernels) uses `operator`
+//! (registry) and `storage`, never the other way round. Db formats are
+//! listed in `storage::FORMATS`.
 
 /// Every built-in op's schema: the op families of `ops/` and the readers.
 pub fn schemas() -> Vec<crate::operator::OpSchema> {
@@ -25,17 +21,11 @@ pub fn codecs() -> Vec<(&'static str, crate::storage::BlobDecoder)> {
     v
 }
 
-/// Registers the built-in operators and blob codecs (once; later calls
-/// return at once).
+/// Fills the registries now rather than on their first use (the bindings
+/// call it when their module is imported). Later calls cost a lookup.
 pub fn register() {
-    REGISTERED.call_once(|| {
-        for s in schemas() {
-            crate::operator::register(s);
-        }
-        for (tag, decode) in codecs() {
-            crate::storage::register_blob_codec(tag, decode);
-        }
-    });
+    let _ = crate::operator::registered_ops();
+    let _ = crate::storage::registered_codecs();
 }
 
 #[cfg(test)]
@@ -59,6 +49,20 @@ mod tests {
                 "op {}",
                 s.name
             );
+        }
+    }
+
+    /// A registry that fills itself holds every built-in op and codec,
+    /// with no call to `register`.
+    #[test]
+    fn the_registries_fill_themselves() {
+        let ops = crate::operator::registered_ops();
+        for s in super::schemas() {
+            assert!(ops.contains(&s.name), "{} is not registered", s.name);
+        }
+        let codecs = crate::storage::registered_codecs();
+        for (tag, _) in super::codecs() {
+            assert!(codecs.contains(&tag), "no codec for {tag}");
         }
     }
 }

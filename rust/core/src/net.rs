@@ -2,11 +2,12 @@
 
 use crate::cancel::{self, CancelToken};
 use crate::error::{from_panic, Error, ErrorKind, Result};
-use crate::ir::{NetDef, OperatorDef, MAX_NESTING};
+use crate::ir::{Argument, NetDef, OperatorDef, MAX_NESTING};
 use crate::operator::{allows_unknown_args, create_operator_with, OpCx, OpIo, Operator};
 use crate::trace::{self, NetNames, NetRecord, OpClock, Stamps};
 use crate::workspace::Workspace;
 use parking_lot::{Mutex, MutexGuard};
+use std::borrow::Cow;
 use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -210,8 +211,8 @@ impl Net {
     /// (`allow_unknown_args`) or this net's own arguments allow them.
     pub fn create_with(def: &NetDef, ws: &Arc<Workspace>, allow_unknown_args: bool) -> Result<Net> {
         // The scopes this net's gradient Do ops read keep their forward
-        // workspaces (ops::control::keep_scopes).
-        let marked = crate::ops::control::keep_scopes(def);
+        // workspaces (`keep_scopes`, for the control ops).
+        let marked = keep_scopes(def);
         let def: &NetDef = marked.as_deref().unwrap_or(def);
         let allow_unknown_args = allow_unknown_args || allows_unknown_args(&def.arg);
         let name = def.net_name().to_string();
@@ -397,4 +398,57 @@ impl Net {
         }
         Ok(true)
     }
+}
+
+/// `def` with `keep_workspaces` set on each CreateScope (nested nets
+/// included) whose scope blob a gradient Do of `def` reads, or None when
+/// `def` holds no gradient Do.
+pub fn keep_scopes(def: &NetDef) -> Option<Cow<'_, NetDef>> {
+    fn gradient_scopes(def: &NetDef, out: &mut HashSet<String>) {
+        for op in &def.op {
+            if op.op_type() == "Do" && op.is_gradient_op.unwrap_or(false) {
+                if let Some(s) = op.input.last() {
+                    out.insert(s.clone());
+                }
+            }
+            for a in &op.arg {
+                for n in a.n.iter().chain(a.nets.iter()) {
+                    gradient_scopes(n, out);
+                }
+            }
+        }
+    }
+    fn mark(def: &mut NetDef, scopes: &HashSet<String>) {
+        for op in &mut def.op {
+            mark_op(op, scopes);
+        }
+    }
+    fn mark_op(op: &mut OperatorDef, scopes: &HashSet<String>) {
+        if op.op_type() == "CreateScope"
+            && op.output.first().is_some_and(|s| scopes.contains(s))
+            && !op
+                .arg
+                .iter()
+                .any(|a| a.name.as_deref() == Some("keep_workspaces"))
+        {
+            op.arg.push(Argument {
+                name: Some("keep_workspaces".to_string()),
+                i: Some(1),
+                ..Argument::default()
+            });
+        }
+        for a in &mut op.arg {
+            for n in a.n.iter_mut().chain(a.nets.iter_mut()) {
+                mark(n, scopes);
+            }
+        }
+    }
+    let mut scopes = HashSet::new();
+    gradient_scopes(def, &mut scopes);
+    if scopes.is_empty() {
+        return None;
+    }
+    let mut marked = def.clone();
+    mark(&mut marked, &scopes);
+    Some(Cow::Owned(marked))
 }

@@ -364,11 +364,17 @@ fn edit_distance(a: &str, b: &str) -> usize {
 
 // --------------------------------------------------------------- registry --
 
-// Filled explicitly, never as a side effect of a lookup: `crate::builtins`
-// registers the op families (the registry knows none of them), the bindings
-// add `Python`.
-static REGISTRY: LazyLock<RwLock<HashMap<&'static str, Arc<OpSchema>>>> =
-    LazyLock::new(|| RwLock::new(HashMap::new()));
+// The built-in ops come from the composition root (`crate::builtins`,
+// which lists every op family and the readers; this registry and the
+// workspaces know none of them): the table fills itself from it on first
+// use. Later registrations add or replace (the bindings add `Python`).
+static REGISTRY: LazyLock<RwLock<HashMap<&'static str, Arc<OpSchema>>>> = LazyLock::new(|| {
+    let table = crate::builtins::schemas()
+        .into_iter()
+        .map(|s| (s.name, Arc::new(s)))
+        .collect();
+    RwLock::new(table)
+});
 
 /// Registers (or replaces) an operator.
 pub fn register(schema: OpSchema) {

@@ -32,9 +32,6 @@ impl std::fmt::Debug for Workspace {
 
 impl Workspace {
     fn make(parent: Option<Arc<Workspace>>, root: String) -> Arc<Workspace> {
-        // Nets built in any workspace see the built-in ops (once, then an
-        // atomic load).
-        crate::builtins::register();
         Arc::new(Workspace {
             parent,
             blobs: RwLock::new(HashMap::new()),

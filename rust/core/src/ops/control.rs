@@ -11,21 +11,18 @@
 //! `keep_workspaces` keeps each forward run's workspace on a stack (Caffe2's
 //! workspace stack) until a gradient `Do` takes it. `keep_workspaces` is set
 //! on every `CreateScope` of a net (nested nets included) that also holds a
-//! gradient `Do` on that scope blob (`keep_scopes`), so nets without
+//! gradient `Do` on that scope blob (`net::keep_scopes`), so nets without
 //! gradients keep nothing.
 
 use crate::arg;
 use crate::blob::{BlobObject, BlobValue};
 use crate::error::{Error, Result};
 use crate::ir::NetDef;
-use crate::ir::{Argument, OperatorDef};
 use crate::net::Net;
 use crate::operator::{InPlace, OpCx, OpDefCtx, OpSchema, Operator, MANY};
 use crate::tensor::Tensor;
 use crate::workspace::Workspace;
 use parking_lot::Mutex;
-use std::borrow::Cow;
-use std::collections::HashSet;
 use std::sync::Arc;
 
 pub fn schemas() -> Vec<OpSchema> {
@@ -318,59 +315,6 @@ impl DoOp {
     }
 }
 
-/// `def` with `keep_workspaces` set on each CreateScope (nested nets
-/// included) whose scope blob a gradient Do of `def` reads, or None when
-/// `def` holds no gradient Do.
-pub fn keep_scopes(def: &NetDef) -> Option<Cow<'_, NetDef>> {
-    fn gradient_scopes(def: &NetDef, out: &mut HashSet<String>) {
-        for op in &def.op {
-            if op.op_type() == "Do" && op.is_gradient_op.unwrap_or(false) {
-                if let Some(s) = op.input.last() {
-                    out.insert(s.clone());
-                }
-            }
-            for a in &op.arg {
-                for n in a.n.iter().chain(a.nets.iter()) {
-                    gradient_scopes(n, out);
-                }
-            }
-        }
-    }
-    fn mark(def: &mut NetDef, scopes: &HashSet<String>) {
-        for op in &mut def.op {
-            mark_op(op, scopes);
-        }
-    }
-    fn mark_op(op: &mut OperatorDef, scopes: &HashSet<String>) {
-        if op.op_type() == "CreateScope"
-            && op.output.first().is_some_and(|s| scopes.contains(s))
-            && !op
-                .arg
-                .iter()
-                .any(|a| a.name.as_deref() == Some("keep_workspaces"))
-        {
-            op.arg.push(Argument {
-                name: Some("keep_workspaces".to_string()),
-                i: Some(1),
-                ..Argument::default()
-            });
-        }
-        for a in &mut op.arg {
-            for n in a.n.iter_mut().chain(a.nets.iter_mut()) {
-                mark(n, scopes);
-            }
-        }
-    }
-    let mut scopes = HashSet::new();
-    gradient_scopes(def, &mut scopes);
-    if scopes.is_empty() {
-        return None;
-    }
-    let mut marked = def.clone();
-    mark(&mut marked, &scopes);
-    Some(Cow::Owned(marked))
-}
-
 /// Reads a condition blob without keeping it locked (the nets we run next
 /// may write it).
 fn read_cond(cx: &OpCx<'_>) -> Result<bool> {
@@ -459,6 +403,7 @@ impl Operator for WhileOp {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ir::{Argument, OperatorDef};
     use crate::test_util::{net, op};
 
     fn with_net(mut o: OperatorDef, name: &str, n: NetDef) -> OperatorDef {
@@ -524,10 +469,10 @@ mod tests {
                 fwd_while,
             ],
         );
-        assert!(keep_scopes(&forward_only).is_none());
+        assert!(crate::net::keep_scopes(&forward_only).is_none());
         let mut both = forward_only.clone();
         both.op.push(grad_while);
-        let marked = keep_scopes(&both).expect("a gradient Do");
+        let marked = crate::net::keep_scopes(&both).expect("a gradient Do");
         // s and inner (in the body) are read by gradient Dos; other is not.
         assert_eq!(keeps(&marked), vec![true, false, true]);
         assert_eq!(keeps(&both), vec![false, false, false]);

@@ -1,6 +1,7 @@
 //! The codecs of runtime objects (counters, mutexes, cursors, readers, ...),
-//! keyed by Caffe2 type tag. Encoding is `BlobObject::serialize`; decoders are
-//! registered explicitly (`crate::builtins` registers those of the op families).
+//! keyed by Caffe2 type tag. Encoding is `BlobObject::serialize`; the
+//! decoders of the op families' objects come from the composition root
+//! (`crate::builtins::codecs`) when the table is first used.
 
 use super::*;
 
@@ -13,6 +14,7 @@ pub(super) static CODECS: LazyLock<RwLock<HashMap<&'static str, BlobDecoder>>> =
         m.insert(COUNTER_TAG, decode_counter);
         m.insert(MUTEX_TAG, decode_mutex);
         m.insert(STRING_TAG, decode_string);
+        m.extend(crate::builtins::codecs());
         RwLock::new(m)
     });
 
@@ -21,11 +23,17 @@ pub(super) static CODECS: LazyLock<RwLock<HashMap<&'static str, BlobDecoder>>> =
 /// whose `type` must be the same tag. Tensors (`"Tensor"`) are built in and
 /// never looked up here.
 ///
-/// Registration is explicit: `crate::builtins::register` registers the
-/// codecs every op family lists in its `codecs()`, once, before the first
-/// workspace exists.
+/// The op families' codecs (each family's `codecs()`) are in the table
+/// from its first use; this adds others.
 pub fn register_blob_codec(type_tag: &'static str, decode: BlobDecoder) {
     CODECS.write().insert(type_tag, decode);
+}
+
+/// The type tags that have a decoder, sorted.
+pub fn registered_codecs() -> Vec<&'static str> {
+    let mut v: Vec<_> = CODECS.read().keys().copied().collect();
+    v.sort_unstable();
+    v
 }
 
 pub(super) fn decoder_for(tag: &str) -> Option<BlobDecoder> {

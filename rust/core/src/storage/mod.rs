@@ -88,7 +88,7 @@ mod minidb;
 mod tensor_proto;
 
 use codecs::*;
-pub use codecs::{register_blob_codec, BlobDecoder};
+pub use codecs::{register_blob_codec, registered_codecs, BlobDecoder};
 pub use ferro::Ferro;
 use ferro::*;
 use files::*;
