@@ -17,6 +17,7 @@ pub mod cancel;
 pub mod error;
 pub mod ir;
 pub mod net;
+pub mod num;
 pub mod operator;
 pub mod ops;
 pub mod plan;

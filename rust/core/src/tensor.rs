@@ -163,6 +163,8 @@ impl DataType {
     /// int32, int64, float32 and float64 (the set `arith`, Caffe2's
     /// `NumericTypes`): what its arithmetic kernels take.
     pub const ARITH: &'static [DataType] = crate::with_match_dtype!(dtypes arith);
+    /// bool, int32 and int64 (the set `ints_and_bool`: the bitwise ops).
+    pub const INTS_AND_BOOL: &'static [DataType] = crate::with_match_dtype!(dtypes ints_and_bool);
     /// bool and the `arith` types (the set `arith_and_bool`: comparisons).
     pub const ARITH_AND_BOOL: &'static [DataType] = crate::with_match_dtype!(dtypes arith_and_bool);
     /// float32 and float64 (the set `floats`).
@@ -231,7 +233,7 @@ pub fn into_array<T: Element>(a: Shared<T>) -> Result<ArrayD<T>> {
 /// name them: `all` (every dtype a tensor holds, [`DataType::TENSOR`]),
 /// `fixed` (all but strings: what numpy holds in its own buffers), `pod`
 /// (the numbers, float16 included: stored as their own bytes),
-/// `numeric_and_bool`, `numeric`, `integers`, `arith_and_bool`, `arith`
+/// `numeric_and_bool`, `numeric`, `integers`, `ints_and_bool`, `arith_and_bool`, `arith`
 /// (int32, int64, float32, float64), `ints` (int32, int64) and `floats`
 /// (float32, float64); each has a [`DataType`] constant made from the same
 /// list (`with_match_dtype!(dtypes SET)`), which error messages name (with
@@ -271,6 +273,8 @@ macro_rules! with_match_dtype {
         Uint8 U8 u8, Int8 I8 i8, Int16 I16 i16, Uint16 U16 u16} };
     (@set integers, $($k:tt)*) => { $crate::with_match_dtype!{@$($k)*;
         Int32 I32 i32, Int64 I64 i64, Uint8 U8 u8, Int8 I8 i8, Int16 I16 i16, Uint16 U16 u16} };
+    (@set ints_and_bool, $($k:tt)*) => { $crate::with_match_dtype!{@$($k)*;
+        Bool Bool bool, Int32 I32 i32, Int64 I64 i64} };
     (@set arith_and_bool, $($k:tt)*) => { $crate::with_match_dtype!{@$($k)*;
         Bool Bool bool, Int32 I32 i32, Int64 I64 i64, Float F32 f32, Double F64 f64} };
     (@set arith, $($k:tt)*) => { $crate::with_match_dtype!{@$($k)*;
@@ -310,6 +314,9 @@ macro_rules! with_match_dtype {
     };
     (integers $dt:expr, |$T:ident| $body:expr, else $($other:pat => $fallback:expr),+ $(,)?) => {
         $crate::with_match_dtype!{@set integers, match $dt, $T, $body, $($other => $fallback),+}
+    };
+    (ints_and_bool $dt:expr, |$T:ident| $body:expr, else $($other:pat => $fallback:expr),+ $(,)?) => {
+        $crate::with_match_dtype!{@set ints_and_bool, match $dt, $T, $body, $($other => $fallback),+}
     };
     (arith_and_bool $dt:expr, |$T:ident| $body:expr, else $($other:pat => $fallback:expr),+ $(,)?) => {
         $crate::with_match_dtype!{@set arith_and_bool, match $dt, $T, $body, $($other => $fallback),+}
@@ -913,19 +920,7 @@ impl Tensor {
 
     #[inline]
     pub fn dtype(&self) -> DataType {
-        match self {
-            Tensor::F32(_) => DataType::Float,
-            Tensor::F64(_) => DataType::Double,
-            Tensor::I32(_) => DataType::Int32,
-            Tensor::I64(_) => DataType::Int64,
-            Tensor::Bool(_) => DataType::Bool,
-            Tensor::U8(_) => DataType::Uint8,
-            Tensor::I8(_) => DataType::Int8,
-            Tensor::I16(_) => DataType::Int16,
-            Tensor::U16(_) => DataType::Uint16,
-            Tensor::Str(_) => DataType::String,
-            Tensor::F16(_) => DataType::Float16,
-        }
+        crate::with_match_dtype!(tensor self, |_a: T| T::DTYPE)
     }
 
     #[inline]
@@ -991,19 +986,7 @@ impl Tensor {
                 .map(Arc::new)
                 .map_err(|e| Error::internal(format!("reshaping: {e}")))
         }
-        Ok(match self {
-            Tensor::F32(a) => Tensor::F32(reshaped(a, shape)?),
-            Tensor::F64(a) => Tensor::F64(reshaped(a, shape)?),
-            Tensor::I32(a) => Tensor::I32(reshaped(a, shape)?),
-            Tensor::I64(a) => Tensor::I64(reshaped(a, shape)?),
-            Tensor::Bool(a) => Tensor::Bool(reshaped(a, shape)?),
-            Tensor::U8(a) => Tensor::U8(reshaped(a, shape)?),
-            Tensor::I8(a) => Tensor::I8(reshaped(a, shape)?),
-            Tensor::I16(a) => Tensor::I16(reshaped(a, shape)?),
-            Tensor::U16(a) => Tensor::U16(reshaped(a, shape)?),
-            Tensor::Str(a) => Tensor::Str(reshaped(a, shape)?),
-            Tensor::F16(a) => Tensor::F16(reshaped(a, shape)?),
-        })
+        Ok(crate::with_match_dtype!(tensor self, |a: T| Tensor::from(reshaped(a, shape)?)))
     }
 
     /// A copy of the tensor in a buffer of its own (row-major), or an
@@ -1072,15 +1055,7 @@ impl Tensor {
     /// Whether the two tensors share one buffer (a clone and its source do
     /// until either is written).
     pub fn shares_buffer(&self, other: &Tensor) -> bool {
-        macro_rules! same {
-            ($($v:ident),*) => {
-                match (self, other) {
-                    $((Tensor::$v(a), Tensor::$v(b)) => Arc::ptr_eq(a, b),)*
-                    _ => false,
-                }
-            };
-        }
-        same!(F32, F64, I32, I64, Bool, U8, I8, I16, U16, Str)
+        crate::with_match_dtype!(tensor self, |a: T| T::shared(other).is_some_and(|b| Arc::ptr_eq(a, b)))
     }
 
     /// The single element of a one-element tensor of dtype `T` (any shape).
@@ -1126,25 +1101,10 @@ impl Tensor {
                 self.shape()
             )));
         }
-        macro_rules! app {
-            ($a:ident, $T:ty) => {{
-                let b = other.array::<$T>()?;
-                extend_rows(make_unique($a)?, b, growth)
-            }};
-        }
-        match self {
-            Tensor::F32(a) => app!(a, f32),
-            Tensor::F64(a) => app!(a, f64),
-            Tensor::I32(a) => app!(a, i32),
-            Tensor::I64(a) => app!(a, i64),
-            Tensor::Bool(a) => app!(a, bool),
-            Tensor::U8(a) => app!(a, u8),
-            Tensor::I8(a) => app!(a, i8),
-            Tensor::I16(a) => app!(a, i16),
-            Tensor::U16(a) => app!(a, u16),
-            Tensor::Str(a) => app!(a, Vec<u8>),
-            Tensor::F16(a) => app!(a, f16),
-        }
+        crate::with_match_dtype!(tensor self, |a: T| {
+            let b = other.array::<T>()?;
+            extend_rows(make_unique(a)?, b, growth)
+        })
     }
 }
 

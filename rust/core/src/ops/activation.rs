@@ -19,29 +19,17 @@
 
 #![allow(clippy::result_large_err)]
 
-use super::conv::{parse_order, Order};
 use super::kernel;
-use super::nn::{array, dense, input, real_dtype, same_shape, Real};
+use super::kit::{
+    array, dense, float_dtype, in_place_0_0, in_place_1_0, in_place_2_0, input, parse_order,
+    same_shape, Order,
+};
 use crate::arg;
 use crate::error::{Error, Result};
+use crate::num::Float;
 use crate::operator::{ArgDoc, InPlace, Locked, OpDefCtx, OpSchema, Operator};
 use crate::shapes::rules::same_as_input;
 use crate::tensor::{default_buffer, try_collect};
-
-/// The float types the kernels take, widened to float64 to compute.
-trait Float: Real + Send + Sync {
-    fn wide(self) -> f64;
-}
-impl Float for f32 {
-    fn wide(self) -> f64 {
-        f64::from(self)
-    }
-}
-impl Float for f64 {
-    fn wide(self) -> f64 {
-        self
-    }
-}
 
 /// An op's arguments, read once when the op is created.
 #[derive(Clone, Copy, Debug, Default)]
@@ -70,7 +58,7 @@ macro_rules! fwd {
             $e
         }
         fn run(l: &mut Locked<'_>, op: &str, p: &Params) -> Result<()> {
-            crate::with_match_dtype!(floats real_dtype(l, op, 0)?,
+            crate::with_match_dtype!(floats float_dtype(l, op, 0)?,
                 |T| forward_t::<T>(l, op, |x| scalar(x, p)),
                 else other => Err(crate::tensor::unsupported_dtype(other)))
         }
@@ -86,7 +74,7 @@ macro_rules! bwd {
             $e
         }
         fn run(l: &mut Locked<'_>, op: &str, gd: &GradDef, p: &Params) -> Result<()> {
-            crate::with_match_dtype!(floats real_dtype(l, op, gd.reads.dy())?,
+            crate::with_match_dtype!(floats float_dtype(l, op, gd.reads.dy())?,
                 |T| backward_t::<T>(l, op, gd, |a, b, d| scalar(a, b, d, p)),
                 else other => Err(crate::tensor::unsupported_dtype(other)))
         }
@@ -787,7 +775,7 @@ fn map3<T: Float>(a: &[T], b: &[T], c: &[T], f: impl Fn(T, T, T) -> T + Sync) ->
 
 fn forward_t<T: Float>(l: &mut Locked<'_>, op: &str, f: impl Fn(f64) -> f64 + Sync) -> Result<()> {
     let x = input::<T>(l, op, 0)?;
-    let y = map1(&dense(x), |v| T::of(f(v.wide())))?;
+    let y = map1(&dense(x), |v| T::of(f(v.to_f64())))?;
     let y = array(x.shape(), y)?;
     l.set_output(0, T::wrap(y));
     Ok(())
@@ -808,10 +796,10 @@ fn backward_t<T: Float>(
     let dx = if let [_, i1] = vals {
         let v1s = dense(input::<T>(l, op, *i1)?);
         map3(&v0s, &v1s, &ds, |a, b, d| {
-            T::of(g(a.wide(), b.wide(), d.wide()))
+            T::of(g(a.to_f64(), b.to_f64(), d.to_f64()))
         })?
     } else {
-        map2(&v0s, &ds, |a, d| T::of(g(a.wide(), 0.0, d.wide())))?
+        map2(&v0s, &ds, |a, d| T::of(g(a.to_f64(), 0.0, d.to_f64())))?
     };
     let dx = array(dy.shape(), dx)?;
     l.set_output(0, T::wrap(dx));
@@ -843,23 +831,13 @@ fn build(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     }
 }
 
-fn allow_0_0(i: usize, o: usize) -> bool {
-    i == 0 && o == 0
-}
-fn allow_1_0(i: usize, o: usize) -> bool {
-    i == 1 && o == 0
-}
-fn allow_2_0(i: usize, o: usize) -> bool {
-    i == 2 && o == 0
-}
-
 type InferFn = crate::operator::InferFn;
 const LIKE: [InferFn; 3] = [
     |_, ins, n| Ok(same_as_input(ins, 0, n)),
     |_, ins, n| Ok(same_as_input(ins, 1, n)),
     |_, ins, n| Ok(same_as_input(ins, 2, n)),
 ];
-const ALLOW: [fn(usize, usize) -> bool; 3] = [allow_0_0, allow_1_0, allow_2_0];
+const ALLOW: [fn(usize, usize) -> bool; 3] = [in_place_0_0, in_place_1_0, in_place_2_0];
 
 // ---------------------------------------------------------------- PRelu --
 
@@ -987,7 +965,7 @@ fn prelu_grad_t<T: Float>(l: &mut Locked<'_>, order: Order) -> Result<()> {
                 d
             } else {
                 let ch = channel(i, c, inner);
-                dw[ch] += (d * xv).wide();
+                dw[ch] += (d * xv).to_f64();
                 ws[ch] * d
             }
         }),
@@ -1010,7 +988,7 @@ fn build_prelu(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
         let at = if grad { 1 } else { 0 };
-        crate::with_match_dtype!(floats real_dtype(&l, &op, at)?, |T| {
+        crate::with_match_dtype!(floats float_dtype(&l, &op, at)?, |T| {
             if grad {
                 prelu_grad_t::<T>(&mut l, order)
             } else {
@@ -1031,7 +1009,7 @@ pub fn schemas() -> Vec<OpSchema> {
             .infer(LIKE[0])
             .doc(d.doc);
         if d.inplace {
-            s = s.inplace(InPlace::Allow(allow_0_0));
+            s = s.inplace(InPlace::Allow(in_place_0_0));
         }
         v.push(s);
         if let Some(g) = &d.grad {
@@ -1052,7 +1030,7 @@ pub fn schemas() -> Vec<OpSchema> {
         OpSchema::new("PRelu", build_prelu)
             .inputs(2, 2)
             .outputs(1, 1)
-            .inplace(InPlace::Allow(allow_0_0))
+            .inplace(InPlace::Allow(in_place_0_0))
             .args(PRELU_ARGS)
             .ignores(PRELU_IGNORED)
             .infer(LIKE[0])

@@ -21,106 +21,15 @@
 
 #![allow(clippy::result_large_err, clippy::too_many_arguments)]
 
-use super::kernel;
-use super::nn::{array, dense, input, real_dtype, Real};
+use super::gemm::product;
+use super::kit::{array, dense, float_kernel, input, parse_order, Order};
 use super::winograd::Wino;
 use crate::arg;
 use crate::error::{Error, Result};
+use crate::num::Float;
 use crate::operator::{ArgDoc, Locked, OpDefCtx, OpSchema, Operator};
 use crate::tensor::DataType;
 use rayon::prelude::*;
-
-// ---------------------------------------------------------------- floats --
-
-/// What the convolution family needs beyond [`Real`]: square roots and
-/// powers (the GEMM is [`Real`]'s, `ops::gemm`).
-pub(crate) trait Float: Real + Send + Sync {
-    fn sqrt(self) -> Self;
-    fn powf(self, e: Self) -> Self;
-}
-
-macro_rules! float {
-    ($t:ty) => {
-        impl Float for $t {
-            fn sqrt(self) -> Self {
-                <$t>::sqrt(self)
-            }
-            fn powf(self, e: Self) -> Self {
-                <$t>::powf(self, e)
-            }
-        }
-    };
-}
-float!(f32);
-float!(f64);
-
-/// C (m x n, strides sc) = A (m x k, strides sa) * B (k x n, strides sb)
-/// + beta * C, on the calling thread.
-fn gemm<T: Float>(
-    m: usize,
-    k: usize,
-    n: usize,
-    a: &[T],
-    sa: (usize, usize),
-    b: &[T],
-    sb: (usize, usize),
-    beta: T,
-    c: &mut [T],
-    sc: (usize, usize),
-) {
-    super::gemm::gemm(m, k, n, T::of(1.0), a, sa, b, sb, beta, c, sc)
-}
-
-/// `gemm`, split into blocks of C across the kernel pool when `par` (a
-/// single image: the pool is otherwise idle) and the product is large
-/// (`ops::gemm::par_gemm`).
-fn pgemm<T: Float>(
-    par: bool,
-    m: usize,
-    k: usize,
-    n: usize,
-    a: &[T],
-    sa: (usize, usize),
-    b: &[T],
-    sb: (usize, usize),
-    beta: T,
-    c: &mut [T],
-    sc: (usize, usize),
-) {
-    if par {
-        super::gemm::par_gemm(m, k, n, T::of(1.0), a, sa, b, sb, beta, c, sc)
-    } else {
-        gemm(m, k, n, a, sa, b, sb, beta, c, sc)
-    }
-}
-
-/// Runs `$f::<T>(args)` for the float type of input `$i`.
-macro_rules! by_float {
-    ($l:expr, $op:expr, $i:expr, $f:ident ( $($a:expr),* )) => {
-        crate::with_match_dtype!(floats real_dtype($l, $op, $i)?, |T| $f::<T>($($a),*),
-            else other => Err(crate::tensor::unsupported_dtype(other)))
-    };
-}
-pub(crate) use by_float;
-
-// -------------------------------------------------------------- geometry --
-
-/// NCHW (channels after the batch dim) or NHWC (channels last).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Order {
-    Nchw,
-    Nhwc,
-}
-
-pub(crate) fn parse_order(ctx: &OpDefCtx<'_>) -> Result<Order> {
-    match ctx.args.string("order", "NCHW")?.as_str() {
-        "NCHW" => Ok(Order::Nchw),
-        "NHWC" => Ok(Order::Nhwc),
-        other => Err(ctx.bad_arg(format!(
-            "order must be \"NCHW\" or \"NHWC\", got \"{other}\""
-        ))),
-    }
-}
 
 /// A per-dim argument as given: not at all, one value for every dim, or one
 /// per dim.
@@ -873,7 +782,7 @@ impl Plan {
                     let src = &img[g * cg * pin..(g + 1) * cg * pin];
                     let outg = &mut out[g * mg * p..];
                     if self.g.identity() {
-                        pgemm(
+                        product(
                             self.par,
                             mg,
                             rows,
@@ -921,7 +830,7 @@ impl Plan {
                         let nc = (l1 - l0) * self.g.outs[2];
                         im2col_nchw_lines(&self.g, src, cg, l0, l1, col);
                         let c0 = l0 * self.g.outs[2];
-                        pgemm(
+                        product(
                             self.par,
                             mg,
                             rows,
@@ -962,7 +871,8 @@ impl Plan {
                                         j0 + np,
                                         col,
                                     );
-                                    gemm(
+                                    product(
+                                        false,
                                         np,
                                         rows,
                                         mg,
@@ -985,7 +895,7 @@ impl Plan {
                         im2col_nhwc(&self.g, img, self.cin, g * cg, cg, col);
                         (col, (rows, 1))
                     };
-                    pgemm(
+                    product(
                         self.par,
                         p,
                         rows,
@@ -1024,7 +934,7 @@ impl Plan {
                     let dst = &mut img[g * cg * pin..(g + 1) * cg * pin];
                     let csg = &cs[g * mg * p..];
                     if self.g.identity() {
-                        pgemm(
+                        product(
                             self.par,
                             rows,
                             mg,
@@ -1044,7 +954,7 @@ impl Plan {
                 Order::Nhwc => {
                     let csg = &cs[g * mg..];
                     if self.g.identity() {
-                        pgemm(
+                        product(
                             self.par,
                             p,
                             mg,
@@ -1058,7 +968,7 @@ impl Plan {
                             (self.cin, 1),
                         );
                     } else {
-                        pgemm(
+                        product(
                             self.par,
                             p,
                             mg,
@@ -1165,7 +1075,8 @@ impl Plan {
                         let w = (l1 - l0) * o2;
                         let col = &mut buf[..r * w];
                         im2col_nchw_lines(&self.g, &src[c0 * pin..], r / ks, l0, l1, col);
-                        gemm(
+                        product(
+                            false,
                             mg,
                             w,
                             r,
@@ -1226,7 +1137,8 @@ impl Plan {
             for &(l0, l1) in &lines {
                 let w = (l1 - l0) * o2;
                 let m = nc * ks;
-                gemm(
+                product(
+                    false,
                     m,
                     mg,
                     w,
@@ -1281,7 +1193,7 @@ impl Plan {
                     let src = &img[g * cg * pin..(g + 1) * cg * pin];
                     let csg = &cs[g * mg * p..];
                     if self.g.identity() {
-                        pgemm(
+                        product(
                             self.par,
                             mg,
                             p,
@@ -1304,7 +1216,7 @@ impl Plan {
                         let nc = (l1 - l0) * self.g.outs[2];
                         im2col_nchw_lines(&self.g, src, cg, l0, l1, col);
                         let c0 = l0 * self.g.outs[2];
-                        pgemm(
+                        product(
                             self.par,
                             mg,
                             nc,
@@ -1326,7 +1238,7 @@ impl Plan {
                         im2col_nhwc(&self.g, img, self.cin, g * cg, cg, col);
                         (col, (rows, 1))
                     };
-                    pgemm(
+                    product(
                         self.par,
                         mg,
                         p,
@@ -1853,11 +1765,7 @@ fn conv_t<T: Float>(l: &mut Locked<'_>, a: &ConvArgs) -> Result<()> {
 fn build_conv(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let transposed = ctx.op_type().starts_with("ConvTranspose");
     let a = ConvArgs::parse(ctx, transposed)?;
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_float!(&l, &a.op, 0, conv_t(&mut l, &a))?;
-        Ok(true)
-    }))
+    float_kernel!(&a.op, 0, |l| conv_t(&mut l, &a))
 }
 
 fn conv_grad_t<T: Float>(l: &mut Locked<'_>, a: &ConvArgs, no_bias: bool) -> Result<()> {
@@ -1931,11 +1839,7 @@ fn build_conv_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             "with no_bias the outputs are (dW[, dX]); got {no} outputs"
         )));
     }
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_float!(&l, &a.op, 0, conv_grad_t(&mut l, &a, no_bias))?;
-        Ok(true)
-    }))
+    float_kernel!(&a.op, 0, |l| conv_grad_t(&mut l, &a, no_bias))
 }
 
 // --------------------------------------------------------------- schemas --

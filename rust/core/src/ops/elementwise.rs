@@ -36,6 +36,7 @@ use super::kernel;
 use crate::arg;
 use crate::blob::BlobValue;
 use crate::error::{Error, ErrorKind, Result};
+use crate::num::Number;
 use crate::operator::{ArgDoc, InPlace, Locked, OpDefCtx, OpSchema, Operator, ShapeInfo, MANY};
 use crate::tensor::{copy_array, f16, DataType, Element, Tensor};
 use ndarray::{ArrayD, ArrayViewD, ArrayViewMutD, CowArray, IxDyn, Zip};
@@ -279,169 +280,6 @@ pub fn schemas() -> Vec<OpSchema> {
             .outputs(1, 1)
             .doc("Y = X (float16) as float32 (exact)."),
     ]
-}
-
-// ------------------------------------------------------------ element types --
-
-/// The arithmetic of one dtype. Integers wrap like two's-complement C++.
-trait Num: Element + Copy {
-    const INT: bool;
-    fn plus(self, o: Self) -> Self;
-    fn minus(self, o: Self) -> Self;
-    fn times(self, o: Self) -> Self;
-    /// Integer division truncates toward zero and wraps (`MIN / -1 == MIN`).
-    /// Kernels reject zero integer divisors before dividing; a zero that gets
-    /// here anyway gives 0 rather than a panic.
-    fn over(self, o: Self) -> Self;
-    fn is_zero(self) -> bool;
-}
-
-macro_rules! num_int {
-    ($($t:ty),*) => {$(
-        impl Num for $t {
-            const INT: bool = true;
-            #[inline]
-            fn plus(self, o: Self) -> Self { self.wrapping_add(o) }
-            #[inline]
-            fn minus(self, o: Self) -> Self { self.wrapping_sub(o) }
-            #[inline]
-            fn times(self, o: Self) -> Self { self.wrapping_mul(o) }
-            #[inline]
-            fn over(self, o: Self) -> Self { if o == 0 { 0 } else { self.wrapping_div(o) } }
-            #[inline]
-            fn is_zero(self) -> bool { self == 0 }
-        }
-    )*};
-}
-
-macro_rules! num_float {
-    ($($t:ty),*) => {$(
-        impl Num for $t {
-            const INT: bool = false;
-            #[inline]
-            fn plus(self, o: Self) -> Self { self + o }
-            #[inline]
-            fn minus(self, o: Self) -> Self { self - o }
-            #[inline]
-            fn times(self, o: Self) -> Self { self * o }
-            #[inline]
-            fn over(self, o: Self) -> Self { self / o }
-            #[inline]
-            fn is_zero(self) -> bool { self == 0.0 }
-        }
-    )*};
-}
-
-crate::with_match_dtype!(impl ints, num_int);
-crate::with_match_dtype!(impl floats, num_float);
-
-/// Conversions for Cast, with Rust `as` semantics (see the module docs).
-trait Prim: Element + Copy {
-    fn to_f32(self) -> f32;
-    fn to_f64(self) -> f64;
-    fn to_i32(self) -> i32;
-    fn to_i64(self) -> i64;
-    fn to_u8(self) -> u8;
-    fn to_i8(self) -> i8;
-    fn to_i16(self) -> i16;
-    fn to_u16(self) -> u16;
-    fn to_bool(self) -> bool;
-    /// Rounded to the nearest half (numpy's `astype(np.float16)`).
-    fn to_f16(self) -> f16 {
-        f16::from_f64(self.to_f64())
-    }
-}
-
-macro_rules! prim_num {
-    ($($t:ty),*) => {$(
-        #[allow(clippy::unnecessary_cast)]
-        impl Prim for $t {
-            #[inline]
-            fn to_f32(self) -> f32 { self as f32 }
-            #[inline]
-            fn to_f64(self) -> f64 { self as f64 }
-            #[inline]
-            fn to_i32(self) -> i32 { self as i32 }
-            #[inline]
-            fn to_i64(self) -> i64 { self as i64 }
-            #[inline]
-            fn to_u8(self) -> u8 { self as u8 }
-            #[inline]
-            fn to_i8(self) -> i8 { self as i8 }
-            #[inline]
-            fn to_i16(self) -> i16 { self as i16 }
-            #[inline]
-            fn to_u16(self) -> u16 { self as u16 }
-            #[inline]
-            fn to_bool(self) -> bool { self != (0 as $t) }
-        }
-    )*};
-}
-
-crate::with_match_dtype!(impl numeric, prim_num);
-
-/// float16 converts through float32 (exact), then as float32 does.
-impl Prim for f16 {
-    fn to_f32(self) -> f32 {
-        f16::to_f32(self)
-    }
-    fn to_f64(self) -> f64 {
-        f16::to_f64(self)
-    }
-    fn to_i32(self) -> i32 {
-        f16::to_f32(self).to_i32()
-    }
-    fn to_i64(self) -> i64 {
-        f16::to_f32(self).to_i64()
-    }
-    fn to_u8(self) -> u8 {
-        f16::to_f32(self).to_u8()
-    }
-    fn to_i8(self) -> i8 {
-        f16::to_f32(self).to_i8()
-    }
-    fn to_i16(self) -> i16 {
-        f16::to_f32(self).to_i16()
-    }
-    fn to_u16(self) -> u16 {
-        f16::to_f32(self).to_u16()
-    }
-    fn to_bool(self) -> bool {
-        f16::to_f32(self) != 0.0
-    }
-    fn to_f16(self) -> f16 {
-        self
-    }
-}
-
-impl Prim for bool {
-    fn to_f32(self) -> f32 {
-        f32::from(u8::from(self))
-    }
-    fn to_f64(self) -> f64 {
-        f64::from(u8::from(self))
-    }
-    fn to_i32(self) -> i32 {
-        i32::from(self)
-    }
-    fn to_i64(self) -> i64 {
-        i64::from(self)
-    }
-    fn to_u8(self) -> u8 {
-        u8::from(self)
-    }
-    fn to_i8(self) -> i8 {
-        i8::from(self)
-    }
-    fn to_i16(self) -> i16 {
-        i16::from(self)
-    }
-    fn to_u16(self) -> u16 {
-        u16::from(self)
-    }
-    fn to_bool(self) -> bool {
-        self
-    }
 }
 
 // ------------------------------------------------------------- broadcasting --
@@ -1320,7 +1158,7 @@ enum Arith {
 
 /// Rejects a zero integer divisor (every element of B is used when the
 /// result is not empty).
-fn check_divisor<T: Num>(l: &Locked<'_>, p: &Prep) -> Result<()> {
+fn check_divisor<T: Number>(l: &Locked<'_>, p: &Prep) -> Result<()> {
     if !T::INT || p.numel == 0 {
         return Ok(());
     }
@@ -1337,14 +1175,14 @@ fn check_divisor<T: Num>(l: &Locked<'_>, p: &Prep) -> Result<()> {
     Ok(())
 }
 
-fn arith_t<T: Num>(l: &mut Locked<'_>, p: &Prep, op: Arith) -> Result<()> {
+fn arith_t<T: Number>(l: &mut Locked<'_>, p: &Prep, op: Arith) -> Result<()> {
     match op {
-        Arith::Add => exec_same::<T, _>(l, p, |a, b| a.plus(b)),
-        Arith::Sub => exec_same::<T, _>(l, p, |a, b| a.minus(b)),
-        Arith::Mul => exec_same::<T, _>(l, p, |a, b| a.times(b)),
+        Arith::Add => exec_same::<T, _>(l, p, |a, b| a.wrapping_plus(b)),
+        Arith::Sub => exec_same::<T, _>(l, p, |a, b| a.wrapping_minus(b)),
+        Arith::Mul => exec_same::<T, _>(l, p, |a, b| a.wrapping_times(b)),
         Arith::Div => {
             check_divisor::<T>(l, p)?;
-            exec_same::<T, _>(l, p, |a, b| a.over(b))
+            exec_same::<T, _>(l, p, |a, b| a.wrapping_over(b))
         }
     }
 }
@@ -1443,7 +1281,7 @@ fn build_logic(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     })
 }
 
-const BITWISE_TYPES: &[DataType] = &[DataType::Bool, DataType::Int32, DataType::Int64];
+const BITWISE_TYPES: &[DataType] = DataType::INTS_AND_BOOL;
 
 fn bitwise_t<T>(l: &mut Locked<'_>, p: &Prep, op: Logic) -> Result<()>
 where
@@ -1467,11 +1305,9 @@ fn build_bitwise(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         "BitwiseXor" => (Logic::Xor, "BitwiseXor"),
         other => return Err(ctx.bad_arg(format!("'{other}' is not a bitwise op"))),
     };
-    binary_kernel(ctx, name, BITWISE_TYPES, move |l, p| match p.dtype {
-        DataType::Bool => bitwise_t::<bool>(l, p, op),
-        DataType::Int32 => bitwise_t::<i32>(l, p, op),
-        DataType::Int64 => bitwise_t::<i64>(l, p, op),
-        other => Err(unsupported(name, other, BITWISE_TYPES)),
+    binary_kernel(ctx, name, BITWISE_TYPES, move |l, p| {
+        crate::with_match_dtype!(ints_and_bool p.dtype, |T| bitwise_t::<T>(l, p, op),
+            else other => Err(unsupported(name, other, BITWISE_TYPES)))
     })
 }
 
@@ -1486,8 +1322,8 @@ fn build_not(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 
 // ---------------------------------------------------------------------- Sum --
 
-fn sum_t<T: Num>(l: &mut Locked<'_>, n: usize) -> Result<()> {
-    let add = |a: T, b: T| a.plus(b);
+fn sum_t<T: Number>(l: &mut Locked<'_>, n: usize) -> Result<()> {
+    let add = |a: T, b: T| a.wrapping_plus(b);
     let in_place = l.aliases(0, 0);
     with_taken_output(l, |l, o| {
         let mut next = 1;
@@ -1608,13 +1444,8 @@ fn build_min_max<const MAX: bool>(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>>
         let n = cx.num_inputs();
         let mut l = cx.lock();
         check_alike(&l, op, 0, n, MIN_MAX_TYPES)?;
-        let y = match l.tensor(0)?.dtype() {
-            DataType::Float => min_max_t::<f32, MAX>(&l, n),
-            DataType::Double => min_max_t::<f64, MAX>(&l, n),
-            DataType::Int32 => min_max_t::<i32, MAX>(&l, n),
-            DataType::Int64 => min_max_t::<i64, MAX>(&l, n),
-            other => Err(unsupported(op, other, MIN_MAX_TYPES)),
-        }?;
+        let y = crate::with_match_dtype!(arith l.tensor(0)?.dtype(), |T| min_max_t::<T, MAX>(&l, n),
+            else other => Err(unsupported(op, other, MIN_MAX_TYPES)))?;
         l.set_output(0, y);
         Ok(true)
     }))
@@ -1657,13 +1488,8 @@ fn build_min_max_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         let n = cx.num_inputs();
         let mut l = cx.lock();
         check_alike(&l, &op, 0, n, MIN_MAX_TYPES)?;
-        let grads = match l.tensor(0)?.dtype() {
-            DataType::Float => min_max_grad_t::<f32>(&l, n),
-            DataType::Double => min_max_grad_t::<f64>(&l, n),
-            DataType::Int32 => min_max_grad_t::<i32>(&l, n),
-            DataType::Int64 => min_max_grad_t::<i64>(&l, n),
-            other => Err(unsupported(&op, other, MIN_MAX_TYPES)),
-        }?;
+        let grads = crate::with_match_dtype!(arith l.tensor(0)?.dtype(), |T| min_max_grad_t::<T>(&l, n),
+            else other => Err(unsupported(&op, other, MIN_MAX_TYPES)))?;
         for (o, g) in grads.into_iter().enumerate() {
             l.set_output(o, g);
         }
@@ -1871,7 +1697,7 @@ fn parse_to(ctx: &OpDefCtx<'_>) -> Result<DataType> {
     }
 }
 
-fn cast_from<S: Prim>(o: &mut BlobValue, a: ArrayViewD<'_, S>, to: DataType) -> Result<()> {
+fn cast_from<S: Number>(o: &mut BlobValue, a: ArrayViewD<'_, S>, to: DataType) -> Result<()> {
     match to {
         DataType::Float => write_unary(o, a, S::to_f32),
         DataType::Double => write_unary(o, a, S::to_f64),
@@ -1904,29 +1730,21 @@ fn float_text(x: f64) -> Vec<u8> {
 
 /// Cast to STRING: each element's text, as Caffe2's `caffe2::to_string`.
 fn cast_to_strings(o: &mut BlobValue, src: &Tensor) -> Result<()> {
-    fn texts<T: Prim>(a: ArrayViewD<'_, T>, f: impl Fn(T) -> Vec<u8>) -> Result<Tensor> {
+    fn texts<T: Copy>(a: ArrayViewD<'_, T>, f: impl Fn(T) -> Vec<u8>) -> Result<Tensor> {
         let mut v = crate::tensor::try_vec(a.len(), "the strings of a Cast")?;
         v.extend(a.iter().map(|&x| f(x)));
         Tensor::from_vec(a.shape(), v)
     }
-    let float = matches!(
-        src.dtype(),
-        DataType::Float | DataType::Double | DataType::Float16
-    );
-    let t = if let Tensor::F16(a) = src {
-        texts(a.view(), |x| float_text(x.to_f64()))?
-    } else {
-        crate::with_match_dtype!(numeric_and_bool src.dtype(), |T| {
-            let a = src.array::<T>()?.view();
-            if float {
-                texts(a, |x: T| float_text(x.to_f64()))?
-            } else {
-                texts(a, |x: T| x.to_i64().to_string().into_bytes())?
-            }
-        }, else _strings => return Err(Error::type_error(
+    let t = crate::with_match_dtype!(tensor pod src, |a: T| {
+        if T::INT {
+            texts(a.view(), |x: T| x.to_i64().to_string().into_bytes())?
+        } else {
+            texts(a.view(), |x: T| float_text(x.to_f64()))?
+        }
+    }, else Tensor::Bool(a) => texts(a.view(), |x| u8::from(x).to_string().into_bytes())?,
+        _strings => return Err(Error::type_error(
             "Cast: casting from strings is not supported",
-        )))
-    };
+        )));
     *o = BlobValue::Tensor(t);
     Ok(())
 }
@@ -1935,12 +1753,10 @@ fn cast_into(o: &mut BlobValue, src: &Tensor, to: DataType) -> Result<()> {
     if to == DataType::String {
         return cast_to_strings(o, src);
     }
-    if let Tensor::F16(a) = src {
-        return cast_from(o, a.view(), to);
-    }
-    crate::with_match_dtype!(numeric_and_bool src.dtype(),
-    |T| cast_from(o, src.array::<T>()?.view(), to),
-    else _strings => Err(Error::type_error(
+    crate::with_match_dtype!(tensor pod src, |a: T| cast_from(o, a.view(), to),
+    // A bool converts as its 0 or 1.
+    else Tensor::Bool(a) => cast_from(o, crate::tensor::map_array(a.view(), |&x| u8::from(x))?.view(), to),
+    _strings => Err(Error::type_error(
         "Cast: casting from strings is not supported",
     )))
 }

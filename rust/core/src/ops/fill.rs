@@ -11,9 +11,11 @@ use super::kernel;
 use crate::arg;
 use crate::args::Args;
 use crate::error::{Error, ErrorKind, Result};
+use crate::num::Number;
 use crate::operator::{ArgDoc, InPlace, InferFn, Locked, OpDefCtx, OpSchema, Operator, ShapeInfo};
 use crate::tensor::{collect_array, copy_array, f16, filled_array, DataType, Element, Tensor};
 use ndarray::{ArrayD, IxDyn};
+use rand::distr::uniform::SampleUniform;
 use rand::distr::{Distribution, Uniform};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -700,61 +702,43 @@ fn given_tensor_fill(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 
 // ------------------------------------------------------- random fillers --
 
-/// What UniformFill (float32) and UniformIntFill (int32) differ in.
-trait UniformKind: Element + Copy + PartialOrd + std::fmt::Display {
-    const LOW: Self;
-    const HIGH: Self;
-    /// Reads a bound with this type's field rule (f for float, i for int).
-    fn arg(args: &Args<'_>, name: &str, default: Self) -> Result<Self>;
-    /// Whether a bound is acceptable at all (finite for floats).
-    fn usable(self) -> bool;
-    /// Samples between `min` and `max` (`min <= max`, both usable),
-    /// endlessly.
-    fn samples(rng: &mut StdRng, min: Self, max: Self) -> impl Iterator<Item = Self> + '_;
+/// A bound of UniformFill (float32) or UniformIntFill (int32), read with
+/// its type's field rule (f for float, i for int).
+fn bound_arg<T: Number>(args: &Args<'_>, name: &str, default: T) -> Result<T> {
+    Ok(if T::INT {
+        T::of(f64::from(args.int(name, default.to_i32())?))
+    } else {
+        T::of(f64::from(args.f32(name, default.to_f32())?))
+    })
 }
 
-impl UniformKind for f32 {
-    const LOW: f32 = 0.0;
-    const HIGH: f32 = 1.0;
-    fn arg(args: &Args<'_>, name: &str, default: f32) -> Result<f32> {
-        args.f32(name, default)
-    }
-    fn usable(self) -> bool {
-        self.is_finite()
-    }
-    /// Uniform on [min, max); `min == max` gives min.
-    fn samples(rng: &mut StdRng, min: f32, max: f32) -> impl Iterator<Item = f32> + '_ {
-        let d = Uniform::new(min, max).ok();
-        // Rounding can (rarely) produce `max`; draw again so the bound stays open.
-        std::iter::repeat_with(move || match &d {
-            None => min,
-            Some(d) => loop {
-                let v = d.sample(rng);
-                if v < max {
-                    break v;
-                }
-            },
-        })
-    }
+/// Samples between `min` and `max` (`min <= max`, both finite), endlessly:
+/// integers on [min, max], both ends included; floats on [min, max)
+/// (`min == max` gives min).
+fn uniform_samples<T: Number + SampleUniform>(
+    rng: &mut StdRng,
+    min: T,
+    max: T,
+) -> impl Iterator<Item = T> + '_ {
+    let d = if T::INT {
+        Uniform::new_inclusive(min, max).ok()
+    } else {
+        Uniform::new(min, max).ok()
+    };
+    // Rounding can (rarely) produce a float `max`; draw again so the bound
+    // stays open.
+    std::iter::repeat_with(move || match &d {
+        None => min,
+        Some(d) => loop {
+            let v = d.sample(rng);
+            if T::INT || v < max {
+                break v;
+            }
+        },
+    })
 }
 
-impl UniformKind for i32 {
-    const LOW: i32 = 0;
-    const HIGH: i32 = 1;
-    fn arg(args: &Args<'_>, name: &str, default: i32) -> Result<i32> {
-        args.int(name, default)
-    }
-    fn usable(self) -> bool {
-        true
-    }
-    /// Uniform on [min, max], both ends included.
-    fn samples(rng: &mut StdRng, min: i32, max: i32) -> impl Iterator<Item = i32> + '_ {
-        let d = Uniform::new_inclusive(min, max).expect("min <= max");
-        std::iter::repeat_with(move || d.sample(rng))
-    }
-}
-
-fn uniform_fill<T: UniformKind>(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+fn uniform_fill<T: Number + SampleUniform>(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let ni = ctx.num_inputs();
     if ni == 2 {
         return Err(ctx.bad_arg(format!(
@@ -763,8 +747,8 @@ fn uniform_fill<T: UniformKind>(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>>
         )));
     }
     let shape = FillShape::parse(ctx)?;
-    let min = T::arg(&ctx.args, "min", T::LOW)?;
-    let max = T::arg(&ctx.args, "max", T::HIGH)?;
+    let min = bound_arg(&ctx.args, "min", T::ZERO)?;
+    let max = bound_arg(&ctx.args, "max", T::ONE)?;
     let from_inputs = ni == 3;
     if from_inputs {
         if ctx.args.has("min") {
@@ -774,7 +758,7 @@ fn uniform_fill<T: UniformKind>(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>>
             return Err(ctx.bad_arg("cannot set both the max argument and the max input blob"));
         }
     } else {
-        if !(min.usable() && max.usable()) {
+        if !(min.to_f64().is_finite() && max.to_f64().is_finite()) {
             return Err(ctx.bad_arg(format!("min ({min}) and max ({max}) must be finite")));
         }
         if min.partial_cmp(&max) != Some(std::cmp::Ordering::Less) {
@@ -795,7 +779,7 @@ fn uniform_fill<T: UniformKind>(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>>
                     .tensor(i)?
                     .scalar_value::<T>()
                     .map_err(|e| e.with_blob(name))?;
-                if !v.usable() {
+                if !v.to_f64().is_finite() {
                     return Err(
                         Error::invalid_arg(format!("the bound {v} is not finite")).with_blob(name)
                     );
@@ -818,8 +802,8 @@ fn uniform_fill<T: UniformKind>(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>>
             }
         }
         let out = l.output_name(0);
-        let a =
-            collect_array(&shape, T::samples(&mut rng, lo, hi)).map_err(|e| e.with_blob(out))?;
+        let a = collect_array(&shape, uniform_samples(&mut rng, lo, hi))
+            .map_err(|e| e.with_blob(out))?;
         l.set_output(0, T::wrap(a));
         Ok(true)
     }))
@@ -915,7 +899,7 @@ fn float16_uniform_fill(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
         let out = l.output_name(0);
-        let samples = f32::samples(&mut rng, min, max).map(f16::from_f32);
+        let samples = uniform_samples(&mut rng, min, max).map(f16::from_f32);
         let a = collect_array(&shape, samples).map_err(|e| e.with_blob(out))?;
         l.set_output(0, Tensor::from(a));
         Ok(true)

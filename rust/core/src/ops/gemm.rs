@@ -12,6 +12,8 @@
 //! pool threads that no other caller in `par_gemm` stands for, so several
 //! plan instances multiplying at once each keep to their own thread.
 
+use crate::num::Float;
+use crate::tensor::DataType;
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -40,95 +42,67 @@ fn use_small(m: usize, k: usize, n: usize) -> bool {
     (n <= SMALL_N || macs <= SMALL_MACS || fits) && small::available()
 }
 
-/// The element types the kernels multiply.
-pub(crate) trait Gemm: Copy + Send + Sync + std::ops::Mul<Output = Self> + 'static {
-    /// Whether an `m x k x n` product of this type runs on `small` (on
-    /// this CPU). A split product asks once, for the whole product, so
-    /// every chunk runs the kernel the calling thread alone would have run
-    /// and the result has the same bits whatever the pool's size.
-    fn small(m: usize, k: usize, n: usize) -> bool {
-        let _ = (m, k, n);
-        false
-    }
-
-    /// C = alpha A B + beta C on raw pointers: on `small` if `small` (only
-    /// where [`Gemm::small`] said so for some product), else on
-    /// `matrixmultiply`.
-    ///
-    /// # Safety
-    /// Every index the strides reach must be inside the buffers, and C must
-    /// alias neither A nor B.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn raw(
-        small: bool,
-        m: usize,
-        k: usize,
-        n: usize,
-        alpha: Self,
-        a: *const Self,
-        sa: (isize, isize),
-        b: *const Self,
-        sb: (isize, isize),
-        beta: Self,
-        c: *mut Self,
-        sc: (isize, isize),
-    );
+/// Whether an `m x k x n` product of `T` runs on `small` (on this CPU):
+/// float32 only. A split product asks once, for the whole product, so
+/// every chunk runs the kernel the calling thread alone would have run and
+/// the result has the same bits whatever the pool's size.
+#[inline]
+fn runs_small<T: Float>(m: usize, k: usize, n: usize) -> bool {
+    T::DTYPE == DataType::Float && use_small(m, k, n)
 }
 
-impl Gemm for f64 {
-    unsafe fn raw(
-        _small: bool,
-        m: usize,
-        k: usize,
-        n: usize,
-        alpha: Self,
-        a: *const Self,
-        sa: (isize, isize),
-        b: *const Self,
-        sb: (isize, isize),
-        beta: Self,
-        c: *mut Self,
-        sc: (isize, isize),
-    ) {
-        // SAFETY: forwarded from the caller's contract.
-        unsafe {
-            matrixmultiply::dgemm(
-                m, k, n, alpha, a, sa.0, sa.1, b, sb.0, sb.1, beta, c, sc.0, sc.1,
-            )
+/// C = alpha A B + beta C on raw pointers: on `small` if `small` (only
+/// where [`runs_small`] said so for some product), else on
+/// `matrixmultiply` (`sgemm` or `dgemm` for `T`'s dtype; the match on
+/// the dtype constant is resolved when the function is compiled for `T`).
+///
+/// # Safety
+/// Every index the strides reach must be inside the buffers, and C must
+/// alias neither A nor B.
+#[allow(clippy::too_many_arguments)]
+unsafe fn raw<T: Float>(
+    small: bool,
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: T,
+    a: *const T,
+    sa: (isize, isize),
+    b: *const T,
+    sb: (isize, isize),
+    beta: T,
+    c: *mut T,
+    sc: (isize, isize),
+) {
+    // `Float` is float32 and float64 only, each its own `Element` dtype, so
+    // the pointer casts below are to `T` itself.
+    match T::DTYPE {
+        DataType::Float => {
+            let (a, b, c) = (a.cast::<f32>(), b.cast::<f32>(), c.cast::<f32>());
+            let (alpha, beta) = (alpha.to_f32(), beta.to_f32());
+            // SAFETY: forwarded from the caller's contract; `small` only
+            // where `use_small` found the CPU runs the small kernel.
+            unsafe {
+                if small {
+                    small::sgemm(m, k, n, alpha, a, sa, b, sb, beta, c, sc)
+                } else {
+                    matrixmultiply::sgemm(
+                        m, k, n, alpha, a, sa.0, sa.1, b, sb.0, sb.1, beta, c, sc.0, sc.1,
+                    )
+                }
+            }
         }
-    }
-}
-
-impl Gemm for f32 {
-    fn small(m: usize, k: usize, n: usize) -> bool {
-        use_small(m, k, n)
-    }
-
-    unsafe fn raw(
-        small: bool,
-        m: usize,
-        k: usize,
-        n: usize,
-        alpha: Self,
-        a: *const Self,
-        sa: (isize, isize),
-        b: *const Self,
-        sb: (isize, isize),
-        beta: Self,
-        c: *mut Self,
-        sc: (isize, isize),
-    ) {
-        // SAFETY: forwarded from the caller's contract; `small` only where
-        // `use_small` found the CPU runs the small kernel.
-        unsafe {
-            if small {
-                small::sgemm(m, k, n, alpha, a, sa, b, sb, beta, c, sc)
-            } else {
-                matrixmultiply::sgemm(
+        DataType::Double => {
+            let (a, b, c) = (a.cast::<f64>(), b.cast::<f64>(), c.cast::<f64>());
+            let (alpha, beta) = (alpha.to_f64(), beta.to_f64());
+            // SAFETY: forwarded from the caller's contract.
+            unsafe {
+                matrixmultiply::dgemm(
                     m, k, n, alpha, a, sa.0, sa.1, b, sb.0, sb.1, beta, c, sc.0, sc.1,
                 )
             }
         }
+        other => unreachable!("a Float of dtype {other}"),
     }
 }
 
@@ -152,7 +126,7 @@ pub(crate) const PAR_MACS: usize = 1 << 20;
 /// Panics (a bug in the calling kernel, caught per op by `Net::run`) if an
 /// operand is shorter than its strides reach.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm<T: Gemm>(
+pub(crate) fn gemm<T: Float>(
     m: usize,
     k: usize,
     n: usize,
@@ -187,8 +161,8 @@ pub(crate) fn gemm<T: Gemm>(
     // SAFETY: the asserts bound every index the strides reach; C is a
     // mutable slice, so it aliases neither A nor B.
     unsafe {
-        T::raw(
-            T::small(m, k, n),
+        raw(
+            runs_small::<T>(m, k, n),
             m,
             k,
             n,
@@ -201,6 +175,32 @@ pub(crate) fn gemm<T: Gemm>(
             c.as_mut_ptr(),
             is(sc),
         )
+    }
+}
+
+/// C (m x n, strides sc) = A (m x k, strides sa) * B (k x n, strides sb)
+/// + beta * C: the product every kernel calls. Split across the kernel
+/// pool by [`par_gemm`] when `split` (the caller's pool is otherwise idle)
+/// and the product is large, else [`gemm`] on the calling thread.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+pub(crate) fn product<T: Float>(
+    split: bool,
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[T],
+    sa: (usize, usize),
+    b: &[T],
+    sb: (usize, usize),
+    beta: T,
+    c: &mut [T],
+    sc: (usize, usize),
+) {
+    if split {
+        par_gemm(m, k, n, T::ONE, a, sa, b, sb, beta, c, sc)
+    } else {
+        gemm(m, k, n, T::ONE, a, sa, b, sb, beta, c, sc)
     }
 }
 
@@ -288,7 +288,7 @@ struct Split<T> {
 unsafe impl<T: Send> Send for Split<T> {}
 unsafe impl<T: Send> Sync for Split<T> {}
 
-impl<T: Gemm> Split<T> {
+impl<T: Float> Split<T> {
     /// The split of a product for `workers` threads (see [`plan`]); the
     /// operands were checked by the caller (`par_gemm`), which must keep
     /// them alive until every chunk is done.
@@ -307,7 +307,7 @@ impl<T: Gemm> Split<T> {
         sc: (usize, usize),
         workers: usize,
     ) -> Self {
-        let small = T::small(m, k, n);
+        let small = runs_small::<T>(m, k, n);
         let (by_rows, unit, chunks) = plan(m, n, sb, small, workers);
         let len = if by_rows { m } else { n };
         let is = |s: (usize, usize)| (s.0 as isize, s.1 as isize);
@@ -361,7 +361,7 @@ impl<T: Gemm> Split<T> {
             // this thread alone; bounds were checked by `par_gemm`.
             unsafe {
                 if self.by_rows {
-                    T::raw(
+                    raw(
                         self.small,
                         hi - lo,
                         self.k,
@@ -376,7 +376,7 @@ impl<T: Gemm> Split<T> {
                         self.sc,
                     )
                 } else {
-                    T::raw(
+                    raw(
                         self.small,
                         self.m,
                         self.k,
@@ -404,7 +404,7 @@ trait Chunks: Send + Sync {
     /// Claims and runs chunks until none is left; whether it ran any.
     fn run(&self) -> bool;
 }
-impl<T: Gemm> Chunks for Split<T> {
+impl<T: Float> Chunks for Split<T> {
     fn run(&self) -> bool {
         // SAFETY: `par_gemm` returns only when every chunk is done, and a
         // thread that comes later claims none (see `Split`).
@@ -525,7 +525,7 @@ fn bound(i: usize, len: usize, chunks: usize, unit: usize) -> usize {
 /// for the chunks still running (spinning briefly, when another CPU can run
 /// them, then parked).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn par_gemm<T: Gemm>(
+pub(crate) fn par_gemm<T: Float>(
     m: usize,
     k: usize,
     n: usize,
@@ -629,7 +629,7 @@ pub(crate) fn par_gemm<T: Gemm>(
 /// (an im2col) is split with the product, which a single large product
 /// split by [`par_gemm`] cannot do. C is overwritten (beta 0).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn par_column_blocks<T: Gemm>(
+pub(crate) fn par_column_blocks<T: Float>(
     m: usize,
     k: usize,
     n: usize,
@@ -673,8 +673,8 @@ pub(crate) fn par_column_blocks<T: Gemm>(
         // blocks do not overlap, so no two threads write one element of C,
         // and C (a mutable slice) aliases neither A nor a scratch buffer.
         unsafe {
-            T::raw(
-                T::small(m, k, nc),
+            raw(
+                runs_small::<T>(m, k, nc),
                 m,
                 k,
                 nc,
@@ -989,7 +989,7 @@ mod tests {
         assert!(!use_small(1024, 256, 64));
         assert!(!use_small(512, 512, 512));
         assert!(!use_small(64, 257, 1024));
-        assert!(!<f64 as Gemm>::small(64, 64, 64));
+        assert!(!runs_small::<f64>(64, 64, 64));
     }
 
     #[test]

@@ -25,6 +25,7 @@ pub mod elementwise;
 pub mod fill;
 pub(crate) mod gemm;
 pub mod index;
+pub(crate) mod kit;
 pub mod nn;
 pub mod norm;
 pub mod optim;

@@ -22,52 +22,16 @@
 #![allow(clippy::result_large_err)]
 
 use super::kernel;
+use super::kit::{
+    array, by_float, canonical_axis, dense, float_dtype, float_kernel, float_types, in_place_0_0,
+    in_place_0_or_1, in_place_1_0, input, same_shape, split_at,
+};
 use crate::arg;
 use crate::error::{Error, Result};
+use crate::num::{Float, Number};
 use crate::operator::{InPlace, Locked, OpDefCtx, OpSchema, Operator};
 use crate::tensor::{DataType, Element, Tensor};
 use ndarray::{ArrayD, IxDyn};
-
-/// The float types the kernels here take.
-pub(crate) trait Real:
-    Element
-    + Copy
-    + PartialOrd
-    + std::fmt::Display
-    + std::ops::Add<Output = Self>
-    + std::ops::Sub<Output = Self>
-    + std::ops::Mul<Output = Self>
-    + std::ops::Div<Output = Self>
-    + std::ops::Neg<Output = Self>
-    + std::ops::AddAssign
-    + std::iter::Sum
-    + super::gemm::Gemm
-{
-    /// The most negative finite value.
-    const LOWEST: Self;
-    fn of(v: f64) -> Self;
-    fn exp(self) -> Self;
-    fn ln(self) -> Self;
-}
-
-macro_rules! real {
-    ($t:ty) => {
-        impl Real for $t {
-            const LOWEST: Self = <$t>::MIN;
-            fn of(v: f64) -> Self {
-                v as $t
-            }
-            fn exp(self) -> Self {
-                <$t>::exp(self)
-            }
-            fn ln(self) -> Self {
-                <$t>::ln(self)
-            }
-        }
-    };
-}
-real!(f32);
-real!(f64);
 
 /// Strides of a dense row-major `rows x cols` matrix, read transposed or not.
 fn strides(rows: usize, cols: usize, transposed: bool) -> (usize, usize) {
@@ -81,7 +45,7 @@ fn strides(rows: usize, cols: usize, transposed: bool) -> (usize, usize) {
 
 /// C (m x n) = op(A) * op(B), where A is stored `m x k` (or `k x m` when
 /// `ta`) and B `k x n` (or `n x k` when `tb`).
-fn matmul<T: Real>(
+fn matmul<T: Float>(
     ta: bool,
     tb: bool,
     m: usize,
@@ -97,7 +61,7 @@ fn matmul<T: Real>(
 
 /// [`matmul`] into `c` (m x n, zeroed).
 #[allow(clippy::too_many_arguments)]
-fn matmul_into<T: Real>(
+fn matmul_into<T: Float>(
     ta: bool,
     tb: bool,
     m: usize,
@@ -120,33 +84,10 @@ fn matmul_into<T: Real>(
     } else {
         strides(k, n, false)
     };
-    super::gemm::par_gemm(m, k, n, T::of(1.0), a, sa, b, sb, T::of(0.0), c, (n, 1));
+    super::gemm::product(true, m, k, n, a, sa, b, sb, T::of(0.0), c, (n, 1));
 }
 
 // ------------------------------------------------------------- helpers --
-
-/// "float32 or float64", for type errors (the set `floats`).
-fn real_types() -> String {
-    crate::tensor::dtype_choice(DataType::FLOATS)
-}
-
-/// Input `i` as an array of `T`, or a type error naming the op and blob.
-pub(crate) fn input<'l, T: Element>(
-    l: &'l Locked<'_>,
-    op: &str,
-    i: usize,
-) -> Result<&'l ArrayD<T>> {
-    let t = l.tensor(i)?;
-    T::view(t).ok_or_else(|| {
-        let name = l.input_name(i);
-        Error::type_error(format!(
-            "{op}: input {i} ('{name}') must be a {} tensor like input 0, got {}",
-            T::DTYPE,
-            t.dtype()
-        ))
-        .with_blob(name)
-    })
-}
 
 /// Input `i` as int32 labels (Caffe2's label type), or a type error.
 fn labels<'l>(l: &'l Locked<'_>, op: &str, i: usize) -> Result<&'l ArrayD<i32>> {
@@ -159,44 +100,6 @@ fn labels<'l>(l: &'l Locked<'_>, op: &str, i: usize) -> Result<&'l ArrayD<i32>> 
         ))
         .with_blob(name)
     })
-}
-
-/// The float type of input `i`, or a type error naming the op and blob.
-pub(crate) fn real_dtype(l: &Locked<'_>, op: &str, i: usize) -> Result<DataType> {
-    let t = l.tensor(i)?;
-    match t.dtype() {
-        d if DataType::FLOATS.contains(&d) => Ok(d),
-        other => {
-            let name = l.input_name(i);
-            Err(Error::type_error(format!(
-                "{op}: input {i} ('{name}') must be a {} tensor, got {other}",
-                real_types()
-            ))
-            .with_blob(name))
-        }
-    }
-}
-
-/// Runs `$f::<T>(args)` for the float type of input `$i` (the caller
-/// has `real_dtype` and `DataType` in scope; reduce.rs and sparse.rs use it
-/// too).
-macro_rules! by_real {
-    ($l:expr, $op:expr, $i:expr, $f:ident ( $($a:expr),* )) => {
-        crate::with_match_dtype!(floats real_dtype($l, $op, $i)?, |T| $f::<T>($($a),*),
-            else other => Err(crate::tensor::unsupported_dtype(other)))
-    };
-}
-pub(crate) use by_real;
-
-pub(crate) fn dense<T: Real>(a: &ArrayD<T>) -> std::borrow::Cow<'_, [T]> {
-    match a.as_slice() {
-        Some(s) => std::borrow::Cow::Borrowed(s),
-        None => std::borrow::Cow::Owned(a.iter().copied().collect()),
-    }
-}
-
-pub(crate) fn array<T: Real>(shape: &[usize], v: Vec<T>) -> Result<ArrayD<T>> {
-    ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|e| Error::internal(e.to_string()))
 }
 
 /// A one-element loss gradient at input `i`, float32 or float64 whatever the
@@ -217,7 +120,7 @@ fn loss_grad(l: &Locked<'_>, op: &str, i: usize) -> Result<f64> {
     }, else _ => {
         return Err(Error::type_error(format!(
             "{op}: the loss gradient ('{name}') must be a {} tensor, got {}",
-            real_types(),
+            float_types(),
             t.dtype()
         ))
         .with_blob(name))
@@ -225,52 +128,7 @@ fn loss_grad(l: &Locked<'_>, op: &str, i: usize) -> Result<f64> {
     Ok(v.unwrap_or(0.0))
 }
 
-/// Caffe2's canonical axis: `axis` in [-ndim, ndim), negatives from the end.
-pub(crate) fn canonical_axis(
-    op: &str,
-    what: &str,
-    axis: i64,
-    ndim: usize,
-    blob: &str,
-) -> Result<usize> {
-    let n = ndim as i64;
-    let a = if axis < 0 { axis + n } else { axis };
-    if a < 0 || a > n || (a == n && n > 0) {
-        return Err(Error::invalid_arg(format!(
-            "{op}: {what} {axis} is out of range for a tensor of {ndim} dims"
-        ))
-        .with_blob(blob));
-    }
-    Ok(a as usize)
-}
-
-/// (product of dims before `axis`, product of dims from `axis`).
-fn split_at(shape: &[usize], axis: usize) -> (usize, usize) {
-    (
-        shape[..axis].iter().product(),
-        shape[axis..].iter().product(),
-    )
-}
-
-pub(crate) fn same_shape(op: &str, l: &Locked<'_>, i: usize, j: usize) -> Result<()> {
-    let (a, b) = (l.tensor(i)?.shape(), l.tensor(j)?.shape());
-    if a != b {
-        return Err(Error::shape(format!(
-            "{op}: '{}' (shape {a:?}) and '{}' (shape {b:?}) must have the same shape",
-            l.input_name(i),
-            l.input_name(j)
-        ))
-        .with_blob(l.input_name(j)));
-    }
-    Ok(())
-}
-
-fn allow_0_0(i: usize, o: usize) -> bool {
-    i == 0 && o == 0
-}
-fn allow_1_0(i: usize, o: usize) -> bool {
-    i == 1 && o == 0
-}
+/// dA may be written over dC (AddGradient and the like).
 fn allow_0_any(i: usize, _o: usize) -> bool {
     i == 0
 }
@@ -368,7 +226,7 @@ pub fn schemas() -> Vec<OpSchema> {
         OpSchema::new(name, build)
             .inputs(1, 1)
             .outputs(1, 1)
-            .inplace(InPlace::Allow(allow_0_0))
+            .inplace(InPlace::Allow(in_place_0_0))
             .infer(|_, ins, n| Ok(crate::shapes::rules::same_as_input(ins, 0, n)))
             .doc(doc)
     };
@@ -376,7 +234,7 @@ pub fn schemas() -> Vec<OpSchema> {
         OpSchema::new(name, build)
             .inputs(2, 2)
             .outputs(1, 1)
-            .inplace(InPlace::Allow(allow_1_0))
+            .inplace(InPlace::Allow(in_place_1_0))
             .infer(|_, ins, n| Ok(crate::shapes::rules::same_as_input(ins, 1, n)))
             .doc(doc)
     };
@@ -493,7 +351,7 @@ pub fn schemas() -> Vec<OpSchema> {
         OpSchema::new("AbsGradient", build_abs_grad)
             .inputs(2, 2)
             .outputs(1, 1)
-            .inplace(InPlace::Allow(allow_1_0))
+            .inplace(InPlace::Allow(in_place_1_0))
             .doc("Gradient of Abs: inputs (X, dY), dX = sign(X) * dY."),
         unary("LeakyRelu", build_leaky_relu, "Y = X where X > 0, else alpha * X.")
             .args(LEAKY_ARGS),
@@ -536,7 +394,7 @@ fn fc_dims(l: &Locked<'_>, op: &str, axis: i64, axis_w: i64, transposed: bool) -
     Ok(FcDims { m, k, n, y_shape })
 }
 
-fn fc_t<T: Real>(l: &mut Locked<'_>, op: &str, axis: i64, axis_w: i64, tr: bool) -> Result<()> {
+fn fc_t<T: Float>(l: &mut Locked<'_>, op: &str, axis: i64, axis_w: i64, tr: bool) -> Result<()> {
     let d = fc_dims(l, op, axis, axis_w, tr)?;
     let (x, w, b) = (
         input::<T>(l, op, 0)?,
@@ -569,14 +427,10 @@ fn build_fc(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let axis_w = ctx.args.i64("axis_w", 1)?;
     let tr = ctx.op_type() == "FCTransposed";
     let op = ctx.op_type().to_string();
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_real!(&l, &op, 0, fc_t(&mut l, &op, axis, axis_w, tr))?;
-        Ok(true)
-    }))
+    float_kernel!(&op, 0, |l| fc_t(&mut l, &op, axis, axis_w, tr))
 }
 
-fn fc_grad_t<T: Real>(
+fn fc_grad_t<T: Float>(
     l: &mut Locked<'_>,
     op: &str,
     axis: i64,
@@ -634,21 +488,14 @@ fn build_fc_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let tr = ctx.op_type() == "FCTransposedGradient";
     let want_dx = ctx.num_outputs() == 3;
     let op = ctx.op_type().to_string();
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_real!(
-            &l,
-            &op,
-            0,
-            fc_grad_t(&mut l, &op, axis, axis_w, tr, want_dx)
-        )?;
-        Ok(true)
-    }))
+    float_kernel!(&op, 0, |l| fc_grad_t(
+        &mut l, &op, axis, axis_w, tr, want_dx
+    ))
 }
 
 // -------------------------------------------------------------- MatMul --
 
-fn matmul_t<T: Real>(
+fn matmul_t<T: Float>(
     l: &mut Locked<'_>,
     ax: (i64, i64),
     ta: bool,
@@ -701,17 +548,13 @@ fn build_matmul(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let ta = ctx.args.i64("trans_a", 0)? != 0;
     let tb = ctx.args.i64("trans_b", 0)? != 0;
     let ni = ctx.num_inputs();
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_real!(&l, "MatMul", 0, matmul_t(&mut l, ax, ta, tb, ni))?;
-        Ok(true)
-    }))
+    float_kernel!("MatMul", 0, |l| matmul_t(&mut l, ax, ta, tb, ni))
 }
 
 // --------------------------------------------------------- activations --
 
 /// Y = f(X) elementwise.
-fn map_t<T: Real>(l: &mut Locked<'_>, f: impl Fn(T) -> T) -> Result<()> {
+fn map_t<T: Float>(l: &mut Locked<'_>, f: impl Fn(T) -> T) -> Result<()> {
     let y = l.tensor(0)?;
     let x = T::view(y).ok_or_else(|| Error::internal("dtype checked"))?;
     let y = crate::tensor::map_array(x.view(), |&v| f(v))?;
@@ -720,7 +563,7 @@ fn map_t<T: Real>(l: &mut Locked<'_>, f: impl Fn(T) -> T) -> Result<()> {
 }
 
 /// dX = g(Y, dY) elementwise, inputs (Y, dY).
-fn grad_map_t<T: Real>(l: &mut Locked<'_>, op: &str, g: impl Fn(T, T) -> T) -> Result<()> {
+fn grad_map_t<T: Float>(l: &mut Locked<'_>, op: &str, g: impl Fn(T, T) -> T) -> Result<()> {
     same_shape(op, l, 0, 1)?;
     let (y, dy) = (input::<T>(l, op, 0)?, input::<T>(l, op, 1)?);
     let dx = crate::tensor::zip_map_array(y.view(), dy.view(), |&y, &d| g(y, d))?;
@@ -742,7 +585,7 @@ macro_rules! unary {
             }
             Ok(kernel(|cx| {
                 let mut l = cx.lock();
-                match real_dtype(&l, $name, 0)? {
+                match float_dtype(&l, $name, 0)? {
                     DataType::Float => map_t::<f32>(&mut l, f32_),
                     _ => map_t::<f64>(&mut l, f64_),
                 }?;
@@ -768,7 +611,7 @@ macro_rules! unary_grad {
             const OP: &str = concat!($name, "Gradient");
             Ok(kernel(|cx| {
                 let mut l = cx.lock();
-                match real_dtype(&l, OP, 0)? {
+                match float_dtype(&l, OP, 0)? {
                     DataType::Float => grad_map_t::<f32>(&mut l, OP, g32),
                     _ => grad_map_t::<f64>(&mut l, OP, g64),
                 }?;
@@ -828,7 +671,7 @@ fn build_leaky_relu(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let op = ctx.op_type().to_string();
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
-        crate::with_match_dtype!(floats real_dtype(&l, &op, 0)?, |T| {
+        crate::with_match_dtype!(floats float_dtype(&l, &op, 0)?, |T| {
             let (a, zero) = (T::of(f64::from(alpha)), T::of(0.0));
             if grad {
                 grad_map_t::<T>(&mut l, &op, |y, d| if y > zero { d } else { a * d })
@@ -854,7 +697,7 @@ fn build_stop_gradient(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 // ------------------------------------------------------------- Softmax --
 
 /// Softmax of each `d`-long row, stable (the row max is subtracted).
-fn softmax_rows<T: Real>(x: &[T], d: usize) -> Result<Vec<T>> {
+fn softmax_rows<T: Float>(x: &[T], d: usize) -> Result<Vec<T>> {
     let mut p = crate::tensor::try_to_vec(x, "a softmax")?;
     for row in p.chunks_mut(d.max(1)) {
         let mx = row
@@ -873,7 +716,7 @@ fn softmax_rows<T: Real>(x: &[T], d: usize) -> Result<Vec<T>> {
     Ok(p)
 }
 
-fn softmax_t<T: Real>(l: &mut Locked<'_>, axis: i64) -> Result<()> {
+fn softmax_t<T: Float>(l: &mut Locked<'_>, axis: i64) -> Result<()> {
     let x = input::<T>(l, "Softmax", 0)?;
     let ax = canonical_axis("Softmax", "axis", axis, x.ndim(), l.input_name(0))?;
     let (_, d) = split_at(x.shape(), ax);
@@ -884,14 +727,10 @@ fn softmax_t<T: Real>(l: &mut Locked<'_>, axis: i64) -> Result<()> {
 
 fn build_softmax(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let axis = ctx.args.i64("axis", 1)?;
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_real!(&l, "Softmax", 0, softmax_t(&mut l, axis))?;
-        Ok(true)
-    }))
+    float_kernel!("Softmax", 0, |l| softmax_t(&mut l, axis))
 }
 
-fn softmax_grad_t<T: Real>(l: &mut Locked<'_>, axis: i64) -> Result<()> {
+fn softmax_grad_t<T: Float>(l: &mut Locked<'_>, axis: i64) -> Result<()> {
     let op = "SoftmaxGradient";
     same_shape(op, l, 0, 1)?;
     let (y, dy) = (input::<T>(l, op, 0)?, input::<T>(l, op, 1)?);
@@ -910,11 +749,7 @@ fn softmax_grad_t<T: Real>(l: &mut Locked<'_>, axis: i64) -> Result<()> {
 
 fn build_softmax_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let axis = ctx.args.i64("axis", 1)?;
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_real!(&l, "SoftmaxGradient", 0, softmax_grad_t(&mut l, axis))?;
-        Ok(true)
-    }))
+    float_kernel!("SoftmaxGradient", 0, |l| softmax_grad_t(&mut l, axis))
 }
 
 // ------------------------------------------------------------- losses --
@@ -971,7 +806,7 @@ fn class_labels(
 }
 
 /// Optional per-row weights at input `i` (float32 or float64 like X).
-fn row_weights<T: Real>(l: &Locked<'_>, op: &str, i: Option<usize>, n: usize) -> Result<Vec<T>> {
+fn row_weights<T: Float>(l: &Locked<'_>, op: &str, i: Option<usize>, n: usize) -> Result<Vec<T>> {
     let Some(i) = i else {
         return crate::tensor::filled_vec(n, T::of(1.0), "a kernel buffer");
     };
@@ -995,7 +830,7 @@ struct SwlSetup<T> {
     weights: Vec<T>,
 }
 
-fn swl_setup<T: Real>(
+fn swl_setup<T: Float>(
     l: &Locked<'_>,
     op: &str,
     axis: i64,
@@ -1033,7 +868,7 @@ fn swl_setup<T: Real>(
     })
 }
 
-fn swl_t<T: Real>(
+fn swl_t<T: Float>(
     l: &mut Locked<'_>,
     ni: usize,
     axis: i64,
@@ -1080,19 +915,12 @@ fn build_swl(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let label_prob = ctx.args.i64("label_prob", 0)? != 0;
     let scale = ctx.args.f32("scale", 1.0)?;
     let ni = ctx.num_inputs();
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_real!(
-            &l,
-            "SoftmaxWithLoss",
-            0,
-            swl_t(&mut l, ni, axis, label_prob, scale)
-        )?;
-        Ok(true)
-    }))
+    float_kernel!("SoftmaxWithLoss", 0, |l| swl_t(
+        &mut l, ni, axis, label_prob, scale
+    ))
 }
 
-fn swl_grad_t<T: Real>(
+fn swl_grad_t<T: Float>(
     l: &mut Locked<'_>,
     ni: usize,
     axis: i64,
@@ -1130,16 +958,9 @@ fn build_swl_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let label_prob = ctx.args.i64("label_prob", 0)? != 0;
     let scale = ctx.args.f32("scale", 1.0)?;
     let ni = ctx.num_inputs();
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_real!(
-            &l,
-            "SoftmaxWithLossGradient",
-            0,
-            swl_grad_t(&mut l, ni, axis, label_prob, scale)
-        )?;
-        Ok(true)
-    }))
+    float_kernel!("SoftmaxWithLossGradient", 0, |l| swl_grad_t(
+        &mut l, ni, axis, label_prob, scale
+    ))
 }
 
 /// (N, D) of a probability matrix input (2-D, or 1-D as one row).
@@ -1156,7 +977,7 @@ fn prob_dims(l: &Locked<'_>, op: &str) -> Result<(usize, usize)> {
     }
 }
 
-fn floor_p<T: Real>(p: T) -> T {
+fn floor_p<T: Float>(p: T) -> T {
     if p < T::of(LOG_THRESHOLD) {
         T::of(LOG_THRESHOLD)
     } else {
@@ -1164,7 +985,7 @@ fn floor_p<T: Real>(p: T) -> T {
     }
 }
 
-fn lce_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
+fn lce_t<T: Float>(l: &mut Locked<'_>) -> Result<()> {
     let op = "LabelCrossEntropy";
     let (n, d) = prob_dims(l, op)?;
     let lab = class_labels(l, op, 1, n, d, None)?;
@@ -1180,14 +1001,10 @@ fn lce_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
 }
 
 fn build_lce(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
-    Ok(kernel(|cx| {
-        let mut l = cx.lock();
-        by_real!(&l, "LabelCrossEntropy", 0, lce_t(&mut l))?;
-        Ok(true)
-    }))
+    float_kernel!("LabelCrossEntropy", 0, |l| lce_t(&mut l))
 }
 
-fn lce_grad_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
+fn lce_grad_t<T: Float>(l: &mut Locked<'_>) -> Result<()> {
     let op = "LabelCrossEntropyGradient";
     let (n, d) = prob_dims(l, op)?;
     let lab = class_labels(l, op, 1, n, d, None)?;
@@ -1213,14 +1030,10 @@ fn lce_grad_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
 }
 
 fn build_lce_grad(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
-    Ok(kernel(|cx| {
-        let mut l = cx.lock();
-        by_real!(&l, "LabelCrossEntropyGradient", 0, lce_grad_t(&mut l))?;
-        Ok(true)
-    }))
+    float_kernel!("LabelCrossEntropyGradient", 0, |l| lce_grad_t(&mut l))
 }
 
-fn avg_loss_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
+fn avg_loss_t<T: Float>(l: &mut Locked<'_>) -> Result<()> {
     let x = input::<T>(l, "AveragedLoss", 0)?;
     let n = x.len();
     let s: T = x.iter().copied().sum();
@@ -1234,14 +1047,10 @@ fn avg_loss_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
 }
 
 fn build_avg_loss(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
-    Ok(kernel(|cx| {
-        let mut l = cx.lock();
-        by_real!(&l, "AveragedLoss", 0, avg_loss_t(&mut l))?;
-        Ok(true)
-    }))
+    float_kernel!("AveragedLoss", 0, |l| avg_loss_t(&mut l))
 }
 
-fn sum_sqr_t<T: Real>(l: &mut Locked<'_>, average: bool) -> Result<()> {
+fn sum_sqr_t<T: Float>(l: &mut Locked<'_>, average: bool) -> Result<()> {
     let x = input::<T>(l, "SumSqrElements", 0)?;
     let s: T = x.iter().map(|&v| v * v).sum();
     let out = if average && !x.is_empty() {
@@ -1255,14 +1064,10 @@ fn sum_sqr_t<T: Real>(l: &mut Locked<'_>, average: bool) -> Result<()> {
 
 fn build_sum_sqr(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let average = ctx.args.i64("average", 0)? != 0;
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_real!(&l, "SumSqrElements", 0, sum_sqr_t(&mut l, average))?;
-        Ok(true)
-    }))
+    float_kernel!("SumSqrElements", 0, |l| sum_sqr_t(&mut l, average))
 }
 
-fn avg_loss_grad_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
+fn avg_loss_grad_t<T: Float>(l: &mut Locked<'_>) -> Result<()> {
     let op = "AveragedLossGradient";
     let x = input::<T>(l, op, 0)?;
     let v = T::of(loss_grad(l, op, 1)?) / T::of(x.len().max(1) as f64);
@@ -1272,11 +1077,7 @@ fn avg_loss_grad_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
 }
 
 fn build_avg_loss_grad(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
-    Ok(kernel(|cx| {
-        let mut l = cx.lock();
-        by_real!(&l, "AveragedLossGradient", 0, avg_loss_grad_t(&mut l))?;
-        Ok(true)
-    }))
+    float_kernel!("AveragedLossGradient", 0, |l| avg_loss_grad_t(&mut l))
 }
 
 /// Rows of a tensor for the distance ops: dim 0 (one row for a 0-dim one).
@@ -1284,7 +1085,7 @@ fn rows_of(shape: &[usize]) -> usize {
     shape.first().copied().unwrap_or(1)
 }
 
-fn l2_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
+fn l2_t<T: Float>(l: &mut Locked<'_>) -> Result<()> {
     let op = "SquaredL2Distance";
     same_shape(op, l, 0, 1)?;
     let (x, y) = (input::<T>(l, op, 0)?, input::<T>(l, op, 1)?);
@@ -1308,14 +1109,10 @@ fn l2_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
 }
 
 fn build_l2(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
-    Ok(kernel(|cx| {
-        let mut l = cx.lock();
-        by_real!(&l, "SquaredL2Distance", 0, l2_t(&mut l))?;
-        Ok(true)
-    }))
+    float_kernel!("SquaredL2Distance", 0, |l| l2_t(&mut l))
 }
 
-fn l2_grad_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
+fn l2_grad_t<T: Float>(l: &mut Locked<'_>) -> Result<()> {
     let op = "SquaredL2DistanceGradient";
     same_shape(op, l, 0, 1)?;
     let (x, y, dd) = (
@@ -1346,14 +1143,10 @@ fn l2_grad_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
 }
 
 fn build_l2_grad(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
-    Ok(kernel(|cx| {
-        let mut l = cx.lock();
-        by_real!(&l, "SquaredL2DistanceGradient", 0, l2_grad_t(&mut l))?;
-        Ok(true)
-    }))
+    float_kernel!("SquaredL2DistanceGradient", 0, |l| l2_grad_t(&mut l))
 }
 
-fn accuracy_t<T: Real>(l: &mut Locked<'_>, top_k: usize) -> Result<()> {
+fn accuracy_t<T: Float>(l: &mut Locked<'_>, top_k: usize) -> Result<()> {
     let op = "Accuracy";
     let x = input::<T>(l, op, 0)?;
     if x.ndim() != 2 {
@@ -1397,11 +1190,7 @@ fn build_accuracy(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         return Err(ctx.bad_arg(format!("top_k must be at least 1, got {top_k}")));
     }
     let top_k = top_k as usize;
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_real!(&l, "Accuracy", 0, accuracy_t(&mut l, top_k))?;
-        Ok(true)
-    }))
+    float_kernel!("Accuracy", 0, |l| accuracy_t(&mut l, top_k))
 }
 
 // --------------------------------------------- elementwise gradients --
@@ -1415,7 +1204,7 @@ fn padded(shape: &[usize], ndim: usize, offset: usize) -> Vec<usize> {
 
 /// `g` (of the output's shape) summed over the dims `pad` (an input's
 /// shape, padded) was broadcast along, reshaped to `shape`.
-fn reduce_to<T: Real>(g: ArrayD<T>, pad: &[usize], shape: &[usize]) -> Result<ArrayD<T>> {
+fn reduce_to<T: Float>(g: ArrayD<T>, pad: &[usize], shape: &[usize]) -> Result<ArrayD<T>> {
     let mut g = g;
     for ax in (0..pad.len()).rev() {
         if pad[ax] == 1 && g.shape()[ax] != 1 {
@@ -1426,7 +1215,7 @@ fn reduce_to<T: Real>(g: ArrayD<T>, pad: &[usize], shape: &[usize]) -> Result<Ar
     array(shape, v)
 }
 
-fn binary_grad_t<T: Real>(
+fn binary_grad_t<T: Float>(
     l: &mut Locked<'_>,
     op: &str,
     legacy: bool,
@@ -1533,7 +1322,7 @@ enum GradKind {
 /// broadcast along, in one row-major pass over dC into two buffers of the
 /// inputs' sizes (no output-sized intermediate). `c` is the forward
 /// output, for Div.
-fn broadcast_grads<T: Real>(
+fn broadcast_grads<T: Float>(
     kind: GradKind,
     dc: &[T],
     (a, pa): (&[T], &[usize]),
@@ -1604,21 +1393,13 @@ fn build_binary_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     };
     let op = ctx.op_type().to_string();
     let ni = ctx.num_inputs();
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_real!(&l, &op, 0, binary_grad_t(&mut l, &op, legacy, axis, ni))?;
-        Ok(true)
-    }))
+    float_kernel!(&op, 0, |l| binary_grad_t(&mut l, &op, legacy, axis, ni))
 }
 
 // ====================================================================
 // The second slice of issue 14: BatchMatMul, CrossEntropy,
 // SigmoidCrossEntropyWithLogits, L1Distance, Dropout, Pow, Clip and
 // WeightedSumGradient (registered by `more_schemas`).
-
-fn allow_0_0_or_1_0(i: usize, o: usize) -> bool {
-    o == 0 && i <= 1
-}
 
 pub fn more_schemas() -> Vec<OpSchema> {
     const BMM_ARGS: &[crate::operator::ArgDoc] = &[
@@ -1731,38 +1512,38 @@ pub fn more_schemas() -> Vec<OpSchema> {
         OpSchema::new("Dropout", build_dropout)
             .inputs(1, 1)
             .outputs(1, 2)
-            .inplace(InPlace::Allow(allow_0_0))
+            .inplace(InPlace::Allow(in_place_0_0))
             .args(DROPOUT_ARGS)
             .doc("Training: keeps each element with probability 1 - ratio, Y = X * mask / (1 - ratio), mask (bool) the kept ones; is_test: Y = X. Seeded by the device option's random_seed."),
         OpSchema::new("DropoutGrad", build_dropout_grad)
             .inputs(1, 2)
             .outputs(1, 1)
-            .inplace(InPlace::Allow(allow_0_0))
+            .inplace(InPlace::Allow(in_place_0_0))
             .args(DROPOUT_ARGS)
             .doc("Gradient of Dropout: inputs (dY[, mask]), dX = dY * mask / (1 - ratio) (dX = dY with is_test)."),
         OpSchema::new("Pow", build_pow)
             .inputs(1, 2)
             .outputs(1, 1)
-            .inplace(InPlace::Allow(allow_0_0_or_1_0))
+            .inplace(InPlace::Allow(in_place_0_or_1))
             .args(POW_ARGS)
             .infer(|_, ins, n| Ok(crate::shapes::rules::same_as_input(ins, 0, n)))
             .doc("Y = X ^ exponent elementwise: the exponent argument, or a second input (one element, X's shape, or with broadcast=1 a run of X's dims from axis)."),
         OpSchema::new("PowGradient", build_pow_grad)
             .inputs(2, 4)
             .outputs(1, 2)
-            .inplace(InPlace::Allow(allow_0_0))
+            .inplace(InPlace::Allow(in_place_0_0))
             .args(POW_ARGS)
             .doc("Gradient of Pow: with the exponent argument, inputs (dY, X, Y) (or (dY, Y) after an in-place Pow), output dX = exponent * X^(exponent - 1) * dY; with an exponent input, inputs (dY, X, E, Y), outputs (dX, dE = dY * Y * ln X, summed over the dims E was broadcast along)."),
         OpSchema::new("Clip", build_clip)
             .inputs(1, 1)
             .outputs(1, 1)
-            .inplace(InPlace::Allow(allow_0_0))
+            .inplace(InPlace::Allow(in_place_0_0))
             .args(CLIP_ARGS)
             .doc("Y = min(max(X, min), max) elementwise."),
         OpSchema::new("ClipGradient", build_clip_grad)
             .inputs(2, 2)
             .outputs(1, 1)
-            .inplace(InPlace::Allow(allow_1_0))
+            .inplace(InPlace::Allow(in_place_1_0))
             .args(CLIP_ARGS)
             .doc("Gradient of Clip: inputs (Y, dY), dX = dY where min < Y < max, else 0."),
         OpSchema::new("WeightedSumGradient", build_weighted_sum_grad)
@@ -1903,7 +1684,7 @@ impl BmmDims {
     }
 }
 
-fn batch_matmul_t<T: Real>(l: &mut Locked<'_>, ta: bool, tb: bool, bcast: bool) -> Result<()> {
+fn batch_matmul_t<T: Float>(l: &mut Locked<'_>, ta: bool, tb: bool, bcast: bool) -> Result<()> {
     let op = "BatchMatMul";
     let (a, b) = (input::<T>(l, op, 0)?, input::<T>(l, op, 1)?);
     let d = BmmDims::of(l, op, (a.shape(), b.shape()), ta, tb, bcast)?;
@@ -1934,7 +1715,12 @@ fn batch_matmul_t<T: Real>(l: &mut Locked<'_>, ta: bool, tb: bool, bcast: bool) 
 
 /// BatchMatMulGradient (inputs A, B, dY; outputs dA, dB): each batch's
 /// products, summed into the batch of A (of B) it was broadcast from.
-fn batch_matmul_grad_t<T: Real>(l: &mut Locked<'_>, ta: bool, tb: bool, bcast: bool) -> Result<()> {
+fn batch_matmul_grad_t<T: Float>(
+    l: &mut Locked<'_>,
+    ta: bool,
+    tb: bool,
+    bcast: bool,
+) -> Result<()> {
     let op = "BatchMatMulGradient";
     let (a, b, dy) = (
         input::<T>(l, op, 0)?,
@@ -1995,32 +1781,21 @@ fn build_batch_matmul_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let ta = ctx.args.i64("trans_a", 0)? != 0;
     let tb = ctx.args.i64("trans_b", 0)? != 0;
     let bcast = ctx.args.i64("broadcast", 0)? != 0;
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_real!(
-            &l,
-            "BatchMatMulGradient",
-            0,
-            batch_matmul_grad_t(&mut l, ta, tb, bcast)
-        )?;
-        Ok(true)
-    }))
+    float_kernel!("BatchMatMulGradient", 0, |l| batch_matmul_grad_t(
+        &mut l, ta, tb, bcast
+    ))
 }
 
 fn build_batch_matmul(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let ta = ctx.args.i64("trans_a", 0)? != 0;
     let tb = ctx.args.i64("trans_b", 0)? != 0;
     let bcast = ctx.args.i64("broadcast", 0)? != 0;
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_real!(&l, "BatchMatMul", 0, batch_matmul_t(&mut l, ta, tb, bcast))?;
-        Ok(true)
-    }))
+    float_kernel!("BatchMatMul", 0, |l| batch_matmul_t(&mut l, ta, tb, bcast))
 }
 
 // -------------------------------------------------------- CrossEntropy --
 
-fn soft_labels<T: Real>(l: &Locked<'_>, op: &str, n: usize, d: usize) -> Result<Vec<T>> {
+fn soft_labels<T: Float>(l: &Locked<'_>, op: &str, n: usize, d: usize) -> Result<Vec<T>> {
     let lab = input::<T>(l, op, 1)?;
     let name = l.input_name(1);
     let ok =
@@ -2042,7 +1817,7 @@ fn soft_labels<T: Real>(l: &Locked<'_>, op: &str, n: usize, d: usize) -> Result<
     Ok(v)
 }
 
-fn xent_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
+fn xent_t<T: Float>(l: &mut Locked<'_>) -> Result<()> {
     let op = "CrossEntropy";
     let (n, d) = prob_dims(l, op)?;
     let lab = soft_labels::<T>(l, op, n, d)?;
@@ -2060,14 +1835,10 @@ fn xent_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
 }
 
 fn build_xent(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
-    Ok(kernel(|cx| {
-        let mut l = cx.lock();
-        by_real!(&l, "CrossEntropy", 0, xent_t(&mut l))?;
-        Ok(true)
-    }))
+    float_kernel!("CrossEntropy", 0, |l| xent_t(&mut l))
 }
 
-fn xent_grad_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
+fn xent_grad_t<T: Float>(l: &mut Locked<'_>) -> Result<()> {
     let op = "CrossEntropyGradient";
     let (n, d) = prob_dims(l, op)?;
     let lab = soft_labels::<T>(l, op, n, d)?;
@@ -2093,11 +1864,7 @@ fn xent_grad_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
 }
 
 fn build_xent_grad(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
-    Ok(kernel(|cx| {
-        let mut l = cx.lock();
-        by_real!(&l, "CrossEntropyGradient", 0, xent_grad_t(&mut l))?;
-        Ok(true)
-    }))
+    float_kernel!("CrossEntropyGradient", 0, |l| xent_grad_t(&mut l))
 }
 
 // ------------------------------------------- SigmoidCrossEntropyWithLogits --
@@ -2110,7 +1877,7 @@ enum SxentKind {
 }
 
 /// log(1 + exp(x)) without overflow.
-fn softplus<T: Real>(x: T) -> T {
+fn softplus<T: Float>(x: T) -> T {
     let z = T::of(0.0);
     let pos = if x > z { x } else { z };
     let neg_abs = if x > z { -x } else { x };
@@ -2118,7 +1885,7 @@ fn softplus<T: Real>(x: T) -> T {
 }
 
 /// The per-element term whose negated mean is the loss.
-fn sxent_term<T: Real>(k: SxentKind, x: T, t: T) -> T {
+fn sxent_term<T: Float>(k: SxentKind, x: T, t: T) -> T {
     let one = T::of(1.0);
     match k {
         // t log s(x) + (1 - t) log(1 - s(x)) = t x - log(1 + e^x)
@@ -2131,7 +1898,7 @@ fn sxent_term<T: Real>(k: SxentKind, x: T, t: T) -> T {
 }
 
 /// d term / dx.
-fn sxent_dterm<T: Real>(k: SxentKind, x: T, t: T) -> T {
+fn sxent_dterm<T: Float>(k: SxentKind, x: T, t: T) -> T {
     let one = T::of(1.0);
     let s = one / (one + (-x).exp());
     match k {
@@ -2141,7 +1908,7 @@ fn sxent_dterm<T: Real>(k: SxentKind, x: T, t: T) -> T {
     }
 }
 
-fn sxent_t<T: Real>(l: &mut Locked<'_>, op: &str, k: SxentKind, grad: bool) -> Result<()> {
+fn sxent_t<T: Float>(l: &mut Locked<'_>, op: &str, k: SxentKind, grad: bool) -> Result<()> {
     let off = usize::from(grad);
     same_shape(op, l, off, off + 1)?;
     let (x, t) = (input::<T>(l, op, off)?, input::<T>(l, op, off + 1)?);
@@ -2221,14 +1988,14 @@ fn build_sxent(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
         let i = usize::from(grad);
-        by_real!(&l, &op, i, sxent_t(&mut l, &op, k, grad))?;
+        by_float!(&l, &op, i, sxent_t(&mut l, &op, k, grad))?;
         Ok(true)
     }))
 }
 
 // ---------------------------------------------------------- L1Distance --
 
-fn l1_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
+fn l1_t<T: Float>(l: &mut Locked<'_>) -> Result<()> {
     let op = "L1Distance";
     same_shape(op, l, 0, 1)?;
     let (x, y) = (input::<T>(l, op, 0)?, input::<T>(l, op, 1)?);
@@ -2255,14 +2022,10 @@ fn l1_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
 }
 
 fn build_l1(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
-    Ok(kernel(|cx| {
-        let mut l = cx.lock();
-        by_real!(&l, "L1Distance", 0, l1_t(&mut l))?;
-        Ok(true)
-    }))
+    float_kernel!("L1Distance", 0, |l| l1_t(&mut l))
 }
 
-fn l1_grad_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
+fn l1_grad_t<T: Float>(l: &mut Locked<'_>) -> Result<()> {
     let op = "L1DistanceGradient";
     same_shape(op, l, 0, 1)?;
     let (x, y, dd) = (
@@ -2304,11 +2067,7 @@ fn l1_grad_t<T: Real>(l: &mut Locked<'_>) -> Result<()> {
 }
 
 fn build_l1_grad(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
-    Ok(kernel(|cx| {
-        let mut l = cx.lock();
-        by_real!(&l, "L1DistanceGradient", 0, l1_grad_t(&mut l))?;
-        Ok(true)
-    }))
+    float_kernel!("L1DistanceGradient", 0, |l| l1_grad_t(&mut l))
 }
 
 // ------------------------------------------------------------- Dropout --
@@ -2330,7 +2089,7 @@ fn keep_scale(ratio: f32) -> f64 {
     }
 }
 
-fn dropout_t<T: Real>(l: &mut Locked<'_>, mask: &[bool], scale: f64) -> Result<()> {
+fn dropout_t<T: Float>(l: &mut Locked<'_>, mask: &[bool], scale: f64) -> Result<()> {
     let x = input::<T>(l, "Dropout", 0)?;
     let s = T::of(scale);
     let y: Vec<T> = crate::tensor::try_collect(
@@ -2350,7 +2109,7 @@ fn build_dropout(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let want_mask = ctx.num_outputs() == 2;
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
-        real_dtype(&l, "Dropout", 0)?;
+        float_dtype(&l, "Dropout", 0)?;
         if is_test {
             if !l.aliases(0, 0) {
                 let t = l.tensor(0)?.try_clone()?;
@@ -2367,7 +2126,7 @@ fn build_dropout(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             "a kernel buffer",
         )?;
         let scale = keep_scale(ratio);
-        by_real!(&l, "Dropout", 0, dropout_t(&mut l, &mask, scale))?;
+        by_float!(&l, "Dropout", 0, dropout_t(&mut l, &mask, scale))?;
         if want_mask {
             let m = ArrayD::from_shape_vec(IxDyn(&shape), mask)
                 .map_err(|e| Error::internal(e.to_string()))?;
@@ -2377,7 +2136,7 @@ fn build_dropout(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     }))
 }
 
-fn dropout_grad_t<T: Real>(l: &mut Locked<'_>, scale: Option<f64>) -> Result<()> {
+fn dropout_grad_t<T: Float>(l: &mut Locked<'_>, scale: Option<f64>) -> Result<()> {
     let op = "DropoutGrad";
     let dy = input::<T>(l, op, 0)?;
     let Some(scale) = scale else {
@@ -2417,28 +2176,10 @@ fn dropout_grad_t<T: Real>(l: &mut Locked<'_>, scale: Option<f64>) -> Result<()>
 fn build_dropout_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let (ratio, is_test) = dropout_ratio(ctx)?;
     let scale = (!is_test && ctx.num_inputs() == 2).then(|| keep_scale(ratio));
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_real!(&l, "DropoutGrad", 0, dropout_grad_t(&mut l, scale))?;
-        Ok(true)
-    }))
+    float_kernel!("DropoutGrad", 0, |l| dropout_grad_t(&mut l, scale))
 }
 
 // ----------------------------------------------------------------- Pow --
-
-trait Powf: Real {
-    fn powf_(self, e: Self) -> Self;
-}
-impl Powf for f32 {
-    fn powf_(self, e: f32) -> f32 {
-        self.powf(e)
-    }
-}
-impl Powf for f64 {
-    fn powf_(self, e: f64) -> f64 {
-        self.powf(e)
-    }
-}
 
 /// Where the exponent input lies among X's dims: with Caffe2's legacy
 /// `broadcast`, its dims padded with 1s to X's rank, starting at `axis` (-1:
@@ -2473,7 +2214,7 @@ impl PowBroadcast {
 }
 
 /// The exponent input `i` as one value per element of X (`n` of them).
-fn exponents<T: Real>(
+fn exponents<T: Float>(
     l: &Locked<'_>,
     op: &str,
     i: usize,
@@ -2511,7 +2252,7 @@ fn exponents<T: Real>(
     }
 }
 
-fn pow_t<T: Powf>(l: &mut Locked<'_>, exponent: Option<f32>, bc: PowBroadcast) -> Result<()> {
+fn pow_t<T: Float>(l: &mut Locked<'_>, exponent: Option<f32>, bc: PowBroadcast) -> Result<()> {
     let op = "Pow";
     let x = input::<T>(l, op, 0)?;
     let shape = x.shape().to_vec();
@@ -2520,7 +2261,7 @@ fn pow_t<T: Powf>(l: &mut Locked<'_>, exponent: Option<f32>, bc: PowBroadcast) -
         None => exponents::<T>(l, op, 1, &shape, bc)?,
     };
     let y: Vec<T> = crate::tensor::try_collect(
-        x.iter().zip(&es).map(|(&v, &e)| v.powf_(e)),
+        x.iter().zip(&es).map(|(&v, &e)| v.powf(e)),
         "a kernel buffer",
     )?;
     l.set_output(0, T::wrap(array(&shape, y)?));
@@ -2541,14 +2282,10 @@ fn build_pow(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         _ => {}
     }
     let bc = PowBroadcast::of(ctx)?;
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_real!(&l, "Pow", 0, pow_t(&mut l, exponent, bc))?;
-        Ok(true)
-    }))
+    float_kernel!("Pow", 0, |l| pow_t(&mut l, exponent, bc))
 }
 
-fn pow_grad_t<T: Powf>(
+fn pow_grad_t<T: Float>(
     l: &mut Locked<'_>,
     exponent: Option<f32>,
     ni: usize,
@@ -2573,8 +2310,8 @@ fn pow_grad_t<T: Powf>(
             }
             let dx: Vec<T> = crate::tensor::try_collect(
                 base.iter().zip(&dy).map(|(&b, &g)| {
-                    let x = if ni == 2 { b.powf_(one / e) } else { b };
-                    e * x.powf_(e - one) * g
+                    let x = if ni == 2 { b.powf(one / e) } else { b };
+                    e * x.powf(e - one) * g
                 }),
                 "a kernel buffer",
             )?;
@@ -2593,7 +2330,7 @@ fn pow_grad_t<T: Powf>(
             }
             let xs = dense(x);
             let dx: Vec<T> = crate::tensor::try_collect(
-                (0..xs.len()).map(|i| es[i] * xs[i].powf_(es[i] - one) * dy[i]),
+                (0..xs.len()).map(|i| es[i] * xs[i].powf(es[i] - one) * dy[i]),
                 "a kernel buffer",
             )?;
             let de_full: Vec<T> = crate::tensor::try_collect(
@@ -2639,16 +2376,9 @@ fn build_pow_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         ));
     }
     let bc = PowBroadcast::of(ctx)?;
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_real!(
-            &l,
-            "PowGradient",
-            0,
-            pow_grad_t(&mut l, exponent, ni, no, bc)
-        )?;
-        Ok(true)
-    }))
+    float_kernel!("PowGradient", 0, |l| pow_grad_t(
+        &mut l, exponent, ni, no, bc
+    ))
 }
 
 // ---------------------------------------------------------------- Clip --
@@ -2666,7 +2396,7 @@ fn build_clip(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let (lo, hi) = clip_bounds(ctx)?;
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
-        crate::with_match_dtype!(floats real_dtype(&l, "Clip", 0)?, |T| {
+        crate::with_match_dtype!(floats float_dtype(&l, "Clip", 0)?, |T| {
             let (a, b) = (T::of(lo), T::of(hi));
             map_t::<T>(&mut l, |x| {
                 if x < a {
@@ -2687,7 +2417,7 @@ fn build_clip_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     const OP: &str = "ClipGradient";
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
-        crate::with_match_dtype!(floats real_dtype(&l, OP, 0)?, |T| {
+        crate::with_match_dtype!(floats float_dtype(&l, OP, 0)?, |T| {
             let (a, b, zero) = (T::of(lo), T::of(hi), T::of(0.0));
             grad_map_t::<T>(&mut l, OP, |y, d| if y > a && y < b { d } else { zero })
         }, else other => Err(crate::tensor::unsupported_dtype(other)))?;
@@ -2793,7 +2523,7 @@ fn spatial_dims(l: &Locked<'_>, op: &str, weights: Option<usize>) -> Result<(usi
 }
 
 /// Each pixel's (label or None for -1, weight), with labels checked.
-fn spatial_labels<T: Real>(
+fn spatial_labels<T: Float>(
     l: &Locked<'_>,
     op: &str,
     d: usize,
@@ -2825,7 +2555,7 @@ fn spatial_labels<T: Real>(
         .collect()
 }
 
-fn spatial_swl_t<T: Real>(l: &mut Locked<'_>, weights: Option<usize>, scale: f64) -> Result<()> {
+fn spatial_swl_t<T: Float>(l: &mut Locked<'_>, weights: Option<usize>, scale: f64) -> Result<()> {
     const OP: &str = "SpatialSoftmaxWithLoss";
     let (n, d, hw) = spatial_dims(l, OP, weights)?;
     let lab = spatial_labels::<T>(l, OP, d, weights)?;
@@ -2867,19 +2597,12 @@ fn spatial_swl_t<T: Real>(l: &mut Locked<'_>, weights: Option<usize>, scale: f64
 fn build_spatial_swl(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let weights = (ctx.num_inputs() > 2).then_some(2);
     let scale = ctx.args.f32("scale", 1.0)? as f64;
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_real!(
-            &l,
-            "SpatialSoftmaxWithLoss",
-            0,
-            spatial_swl_t(&mut l, weights, scale)
-        )?;
-        Ok(true)
-    }))
+    float_kernel!("SpatialSoftmaxWithLoss", 0, |l| spatial_swl_t(
+        &mut l, weights, scale
+    ))
 }
 
-fn spatial_swl_grad_t<T: Real>(l: &mut Locked<'_>, ni: usize, scale: f64) -> Result<()> {
+fn spatial_swl_grad_t<T: Float>(l: &mut Locked<'_>, ni: usize, scale: f64) -> Result<()> {
     const OP: &str = "SpatialSoftmaxWithLossGradient";
     // Inputs (X, labels[, weights], P, dLoss).
     let weights = (ni > 4).then_some(2);
@@ -2925,16 +2648,9 @@ fn spatial_swl_grad_t<T: Real>(l: &mut Locked<'_>, ni: usize, scale: f64) -> Res
 fn build_spatial_swl_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let ni = ctx.num_inputs();
     let scale = ctx.args.f32("scale", 1.0)? as f64;
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_real!(
-            &l,
-            "SpatialSoftmaxWithLossGradient",
-            0,
-            spatial_swl_grad_t(&mut l, ni, scale)
-        )?;
-        Ok(true)
-    }))
+    float_kernel!("SpatialSoftmaxWithLossGradient", 0, |l| spatial_swl_grad_t(
+        &mut l, ni, scale
+    ))
 }
 
 #[cfg(test)]

@@ -10,11 +10,10 @@
 
 #![allow(clippy::result_large_err)]
 
-use super::conv::{by_float, parse_order, Float, Order};
-use super::kernel;
-use super::nn::{array, dense, input, real_dtype};
+use super::kit::{array, dense, float_kernel, input, parse_order, Order};
 use crate::arg;
 use crate::error::{Error, Result};
+use crate::num::Float;
 use crate::operator::{ArgDoc, InPlace, Locked, OpDefCtx, OpSchema, Operator};
 
 /// (N, C, pixels per image) of a tensor with channels at `order`'s place.
@@ -262,11 +261,7 @@ fn build_bn(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             a.is_test as i32
         )));
     }
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_float!(&l, &a.op, 0, bn_t(&mut l, &a))?;
-        Ok(true)
-    }))
+    float_kernel!(&a.op, 0, |l| bn_t(&mut l, &a))
 }
 
 fn bn_grad_t<T: Float>(l: &mut Locked<'_>, a: &BnArgs) -> Result<()> {
@@ -351,11 +346,7 @@ fn bn_grad_t<T: Float>(l: &mut Locked<'_>, a: &BnArgs) -> Result<()> {
 
 fn build_bn_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let a = BnArgs::parse(ctx)?;
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_float!(&l, &a.op, 0, bn_grad_t(&mut l, &a))?;
-        Ok(true)
-    }))
+    float_kernel!(&a.op, 0, |l| bn_grad_t(&mut l, &a))
 }
 
 fn bn_inplace(i: usize, o: usize) -> bool {
@@ -425,11 +416,7 @@ fn channel_stats_t<T: Float>(l: &mut Locked<'_>, op: &str, order: Order) -> Resu
 fn build_channel_stats(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let op = ctx.op_type().to_string();
     let order = parse_order(ctx)?;
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_float!(&l, &op, 0, channel_stats_t(&mut l, &op, order))?;
-        Ok(true)
-    }))
+    float_kernel!(&op, 0, |l| channel_stats_t(&mut l, &op, order))
 }
 
 // ------------------------------------------------------------------- LRN --
@@ -515,11 +502,7 @@ fn lrn_t<T: Float>(l: &mut Locked<'_>, a: &LrnArgs, want_scale: bool) -> Result<
 fn build_lrn(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let a = LrnArgs::parse(ctx)?;
     let want_scale = ctx.num_outputs() == 2;
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_float!(&l, &a.op, 0, lrn_t(&mut l, &a, want_scale))?;
-        Ok(true)
-    }))
+    float_kernel!(&a.op, 0, |l| lrn_t(&mut l, &a, want_scale))
 }
 
 fn lrn_grad_t<T: Float>(l: &mut Locked<'_>, a: &LrnArgs) -> Result<()> {
@@ -564,11 +547,7 @@ fn lrn_grad_t<T: Float>(l: &mut Locked<'_>, a: &LrnArgs) -> Result<()> {
 
 fn build_lrn_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let a = LrnArgs::parse(ctx)?;
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_float!(&l, &a.op, 0, lrn_grad_t(&mut l, &a))?;
-        Ok(true)
-    }))
+    float_kernel!(&a.op, 0, |l| lrn_grad_t(&mut l, &a))
 }
 
 // -------------------------------------------------------- ChannelShuffle --
@@ -631,11 +610,7 @@ fn build_shuffle(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let order = parse_order(ctx)?;
     let inverse = ctx.op_type().ends_with("Gradient");
     let op = ctx.op_type().to_string();
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_float!(&l, &op, 0, shuffle_t(&mut l, &op, order, group, inverse))?;
-        Ok(true)
-    }))
+    float_kernel!(&op, 0, |l| shuffle_t(&mut l, &op, order, group, inverse))
 }
 
 // --------------------------------------------------------------- schemas --
@@ -817,7 +792,7 @@ impl LnArgs {
     fn split(&self, l: &Locked<'_>, xi: usize) -> Result<(usize, usize, Vec<usize>)> {
         let shape = l.tensor(xi)?.shape().to_vec();
         let axis =
-            super::nn::canonical_axis(&self.op, "axis", self.axis, shape.len(), l.input_name(xi))?;
+            super::kit::canonical_axis(&self.op, "axis", self.axis, shape.len(), l.input_name(xi))?;
         let m: usize = shape[..axis].iter().product();
         let n: usize = shape[axis..].iter().product();
         let mut moments = shape[..axis].to_vec();
@@ -890,11 +865,7 @@ fn layer_norm_t<T: Float>(l: &mut Locked<'_>, a: &LnArgs) -> Result<()> {
 
 fn build_layer_norm(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let a = LnArgs::parse(ctx)?;
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_float!(&l, &a.op, 0, layer_norm_t(&mut l, &a))?;
-        Ok(true)
-    }))
+    float_kernel!(&a.op, 0, |l| layer_norm_t(&mut l, &a))
 }
 
 fn layer_norm_grad_t<T: Float>(l: &mut Locked<'_>, a: &LnArgs) -> Result<()> {
@@ -960,11 +931,7 @@ fn layer_norm_grad_t<T: Float>(l: &mut Locked<'_>, a: &LnArgs) -> Result<()> {
 
 fn build_layer_norm_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let a = LnArgs::parse(ctx)?;
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_float!(&l, &a.op, 4, layer_norm_grad_t(&mut l, &a))?;
-        Ok(true)
-    }))
+    float_kernel!(&a.op, 4, |l| layer_norm_grad_t(&mut l, &a))
 }
 
 // ------------------------------------------------------------- Normalize --
@@ -987,7 +954,7 @@ fn normalize_t<T: Float>(l: &mut Locked<'_>, op: &str, axis: i64) -> Result<()> 
             Error::shape(format!("{op}: X ('{name}') must have at least one dim")).with_blob(name),
         );
     }
-    let ax = super::nn::canonical_axis(op, "axis", axis, shape.len(), name)?;
+    let ax = super::kit::canonical_axis(op, "axis", axis, shape.len(), name)?;
     let (outer, d, inner) = (
         shape[..ax].iter().product::<usize>(),
         shape[ax],
@@ -1056,11 +1023,7 @@ fn normalize_t<T: Float>(l: &mut Locked<'_>, op: &str, axis: i64) -> Result<()> 
 fn build_normalize(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let axis = ctx.args.i64("axis", -1)?;
     let op = ctx.op_type().to_string();
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_float!(&l, &op, 0, normalize_t(&mut l, &op, axis))?;
-        Ok(true)
-    }))
+    float_kernel!(&op, 0, |l| normalize_t(&mut l, &op, axis))
 }
 
 #[cfg(test)]

@@ -12,13 +12,10 @@
 
 #![allow(clippy::result_large_err)]
 
-use super::conv::{
-    by_float, image_shape, split_image, Float, Geo, Order, Window, CONV_IGNORED, WINDOW_ARGS,
-};
-use super::kernel;
-use super::nn::{array, dense, input, real_dtype};
-use super::reduce::{abs, sign};
+use super::conv::{image_shape, split_image, Geo, Window, CONV_IGNORED, WINDOW_ARGS};
+use super::kit::{abs, array, dense, float_kernel, input, sign, Order};
 use crate::error::{Error, Result};
+use crate::num::Float;
 use crate::operator::{Locked, OpDefCtx, OpSchema, Operator};
 use crate::tensor::{checked_numel, try_collect, try_vec, zeroed_vec};
 
@@ -276,20 +273,12 @@ fn pool_grad_t<T: Float>(l: &mut Locked<'_>, a: &PoolArgs) -> Result<()> {
 
 fn build_pool(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let a = PoolArgs::parse(ctx)?;
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_float!(&l, &a.op, 0, pool_t(&mut l, &a))?;
-        Ok(true)
-    }))
+    float_kernel!(&a.op, 0, |l| pool_t(&mut l, &a))
 }
 
 fn build_pool_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let a = PoolArgs::parse(ctx)?;
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_float!(&l, &a.op, 0, pool_grad_t(&mut l, &a))?;
-        Ok(true)
-    }))
+    float_kernel!(&a.op, 0, |l| pool_grad_t(&mut l, &a))
 }
 
 pub fn schemas() -> Vec<OpSchema> {

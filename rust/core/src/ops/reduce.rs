@@ -13,11 +13,11 @@
 
 #![allow(clippy::result_large_err)]
 
-use super::conv::{by_float, Float};
 use super::kernel;
-use super::nn::{array, by_real, canonical_axis, dense, input, real_dtype, Real};
+use super::kit::{abs, array, by_float, canonical_axis, dense, float_kernel, input, sign};
 use crate::arg;
 use crate::error::{Error, Result};
+use crate::num::{Float, Number};
 use crate::operator::{InPlace, Locked, OpDefCtx, OpSchema, Operator};
 use crate::tensor::{map_array, DataType, Element, Tensor};
 use ndarray::{ArrayD, IxDyn, Zip};
@@ -357,22 +357,15 @@ fn resolve_shape(op: &str, want: &[i64], old: &[usize], blob: &str) -> Result<Ve
 
 fn shape_input(l: &Locked<'_>, op: &str, i: usize) -> Result<Vec<i64>> {
     let t = l.tensor(i)?;
-    let name = l.input_name(i);
-    let v: Vec<i64> = match t {
-        t if t.ndim() == 1 && DataType::INTS.contains(&t.dtype()) => {
-            crate::with_match_dtype!(tensor ints t, |a: T| a.iter().map(|&v| i64::from(v)).collect(),
-                else _ => Vec::new())
-        }
-        _ => {
-            return Err(Error::type_error(format!(
-                "{op}: the new shape ('{name}') must be a 1-D int32 or int64 tensor, got {} of shape {:?}",
-                t.dtype(),
-                t.shape()
-            ))
-            .with_blob(name))
-        }
-    };
-    Ok(v)
+    super::kit::int_vector(t)?.ok_or_else(|| {
+        let name = l.input_name(i);
+        Error::type_error(format!(
+            "{op}: the new shape ('{name}') must be a 1-D int32 or int64 tensor, got {} of shape {:?}",
+            t.dtype(),
+            t.shape()
+        ))
+        .with_blob(name)
+    })
 }
 
 fn build_reshape(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
@@ -697,27 +690,6 @@ fn set_reduced<T: Element + Copy>(
     Ok(())
 }
 
-/// |v| (the sign of a -0.0 is kept).
-pub(super) fn abs<T: Real>(v: T) -> T {
-    if v < T::of(0.0) {
-        -v
-    } else {
-        v
-    }
-}
-
-/// -1, 0 or 1 (0 for 0 and NaN).
-pub(super) fn sign<T: Real>(v: T) -> T {
-    let zero = T::of(0.0);
-    if v > zero {
-        T::of(1.0)
-    } else if v < zero {
-        T::of(-1.0)
-    } else {
-        zero
-    }
-}
-
 /// ReduceSum, ReduceMean, ReduceL1 and ReduceL2 of a float tensor.
 fn reduce_t<T: Float>(
     l: &mut Locked<'_>,
@@ -749,26 +721,8 @@ fn reduce_t<T: Float>(
     set_reduced(l, &y, &out)
 }
 
-/// The element types ReduceMax and ReduceMin take, with the identity of
-/// each: what a reduction over no elements gives (-inf/inf for floats).
-trait Extremum: Element + Copy + PartialOrd {
-    const LOWEST: Self;
-    const HIGHEST: Self;
-}
-
-macro_rules! extremum {
-    ($($t:ty: $lo:expr, $hi:expr);*) => {$(
-        impl Extremum for $t {
-            const LOWEST: Self = $lo;
-            const HIGHEST: Self = $hi;
-        }
-    )*};
-}
-extremum!(i32: i32::MIN, i32::MAX; i64: i64::MIN, i64::MAX;
-    f32: f32::NEG_INFINITY, f32::INFINITY; f64: f64::NEG_INFINITY, f64::INFINITY);
-
 /// ReduceMax or ReduceMin (`max` false); a NaN wins, as numpy's.
-fn reduce_extreme_t<T: Extremum>(
+fn reduce_extreme_t<T: Number>(
     l: &mut Locked<'_>,
     op: &str,
     max: bool,
@@ -776,7 +730,11 @@ fn reduce_extreme_t<T: Extremum>(
     keep: bool,
 ) -> Result<()> {
     let (x, red, out) = reduce_input::<T>(l, op, axes, keep)?;
-    let init = if max { T::LOWEST } else { T::HIGHEST };
+    let init = if max {
+        T::MIN_IDENTITY
+    } else {
+        T::MAX_IDENTITY
+    };
     let y = fold_reduced(x.view(), &red, init, |s, v| {
         let nan = v.partial_cmp(v).is_none();
         if nan || (max && v > s) || (!max && v < s) {
@@ -788,25 +746,9 @@ fn reduce_extreme_t<T: Extremum>(
     set_reduced(l, &y, &out)
 }
 
-/// Integer types ReduceSum sums with wrapping, as Caffe2's C++ did.
-trait WrappingSum: Element + Copy {
-    fn wrapping_plus(self, o: Self) -> Self;
-}
-
-macro_rules! wrapping_sum {
-    ($($t:ty),*) => {$(
-        impl WrappingSum for $t {
-            fn wrapping_plus(self, o: Self) -> Self {
-                self.wrapping_add(o)
-            }
-        }
-    )*};
-}
-crate::with_match_dtype!(impl ints, wrapping_sum);
-
 /// ReduceSum of an integer tensor: input 0 summed with wrapping over the
 /// reduced dims.
-fn reduce_sum_int<T: WrappingSum>(
+fn reduce_sum_int<T: Number>(
     l: &mut Locked<'_>,
     axes: &Option<Vec<i64>>,
     keep: bool,
@@ -955,11 +897,7 @@ fn reduce_grad_t<T: Float>(
 
 /// The gradient of ReduceMax and ReduceMin: inputs (dY, X, Y); every
 /// element equal to its group's extremum gets dY (ties share it, as Caffe2).
-fn extreme_grad_t<T: Extremum>(
-    l: &mut Locked<'_>,
-    op: &str,
-    axes: &Option<Vec<i64>>,
-) -> Result<()> {
+fn extreme_grad_t<T: Number>(l: &mut Locked<'_>, op: &str, axes: &Option<Vec<i64>>) -> Result<()> {
     let (dy, x, y) = (
         input::<T>(l, op, 0)?,
         input::<T>(l, op, 1)?,
@@ -1118,7 +1056,7 @@ fn fb_place(i: usize, cols: usize, front: bool) -> (usize, usize) {
     }
 }
 
-fn front_back_max_t<T: Real>(
+fn front_back_max_t<T: Float>(
     l: &mut Locked<'_>,
     op: &str,
     k: usize,
@@ -1177,14 +1115,10 @@ fn build_front_back_max(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let grad = op.ends_with("Gradient");
     let base = if grad { 3 } else { 1 };
     let lens_at = (ctx.num_inputs() == base + 1).then_some(base);
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_real!(&l, &op, 0, front_back_max_t(&mut l, &op, k, lens_at, grad))?;
-        Ok(true)
-    }))
+    float_kernel!(&op, 0, |l| front_back_max_t(&mut l, &op, k, lens_at, grad))
 }
 
-fn front_back_t<T: Real>(
+fn front_back_t<T: Float>(
     l: &mut Locked<'_>,
     op: &str,
     k: usize,
@@ -1218,14 +1152,10 @@ fn build_front_back(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let k: usize = ctx.args.int("num_reduce_dim", 1usize)?;
     let op = ctx.op_type().to_string();
     let lens_at = (ctx.num_inputs() == 2).then_some(1);
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_real!(&l, &op, 0, front_back_t(&mut l, &op, k, lens_at))?;
-        Ok(true)
-    }))
+    float_kernel!(&op, 0, |l| front_back_t(&mut l, &op, k, lens_at))
 }
 
-fn front_back_grad_t<T: Real>(
+fn front_back_grad_t<T: Float>(
     l: &mut Locked<'_>,
     op: &str,
     k: usize,
@@ -1266,11 +1196,7 @@ fn build_front_back_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let k: usize = ctx.args.int("num_reduce_dim", 1usize)?;
     let op = ctx.op_type().to_string();
     let lens_at = (ctx.num_inputs() == 3).then_some(2);
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_real!(&l, &op, 0, front_back_grad_t(&mut l, &op, k, lens_at))?;
-        Ok(true)
-    }))
+    float_kernel!(&op, 0, |l| front_back_grad_t(&mut l, &op, k, lens_at))
 }
 
 // -------------------------------------------------------- SumReduceLike --
@@ -1296,11 +1222,7 @@ fn sum_reduce_like_t<T: Float>(l: &mut Locked<'_>, axis: Option<usize>) -> Resul
 
 fn build_sum_reduce_like(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let axis = super::elementwise::legacy_axis(ctx)?;
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_float!(&l, "SumReduceLike", 0, sum_reduce_like_t(&mut l, axis))?;
-        Ok(true)
-    }))
+    float_kernel!("SumReduceLike", 0, |l| sum_reduce_like_t(&mut l, axis))
 }
 
 // ----------------------------------------------------------- DotProduct --
@@ -1591,11 +1513,7 @@ fn dot_padded_t<T: Float>(l: &mut Locked<'_>, p: Padding, grad: bool) -> Result<
 
 fn build_cosine(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let grad = ctx.op_type().ends_with("Gradient");
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_float!(&l, "CosineSimilarity", 0, cosine_t(&mut l, grad))?;
-        Ok(true)
-    }))
+    float_kernel!("CosineSimilarity", 0, |l| cosine_t(&mut l, grad))
 }
 
 fn build_dot_padded(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
@@ -1605,11 +1523,7 @@ fn build_dot_padded(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         replicate: ctx.args.bool("replicate", false)?,
     };
     let op = ctx.op_type().to_string();
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_float!(&l, &op, 0, dot_padded_t(&mut l, p, grad))?;
-        Ok(true)
-    }))
+    float_kernel!(&op, 0, |l| dot_padded_t(&mut l, p, grad))
 }
 
 // ------------------------------------------- SumElements, Mean, Moments --
@@ -1622,7 +1536,7 @@ fn kept_index(idx: &[usize], red: &[bool]) -> Vec<usize> {
         .collect()
 }
 
-fn sum_elements_t<T: Real>(l: &mut Locked<'_>, average: bool) -> Result<()> {
+fn sum_elements_t<T: Float>(l: &mut Locked<'_>, average: bool) -> Result<()> {
     let x = input::<T>(l, "SumElements", 0)?;
     let s: T = x.iter().copied().sum();
     let out = if average && !x.is_empty() {
@@ -1636,14 +1550,10 @@ fn sum_elements_t<T: Real>(l: &mut Locked<'_>, average: bool) -> Result<()> {
 
 fn build_sum_elements(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let average = ctx.args.bool("average", false)?;
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_real!(&l, "SumElements", 0, sum_elements_t(&mut l, average))?;
-        Ok(true)
-    }))
+    float_kernel!("SumElements", 0, |l| sum_elements_t(&mut l, average))
 }
 
-fn sum_elements_grad_t<T: Real>(l: &mut Locked<'_>, average: bool) -> Result<()> {
+fn sum_elements_grad_t<T: Float>(l: &mut Locked<'_>, average: bool) -> Result<()> {
     const OP: &str = "SumElementsGradient";
     let x = input::<T>(l, OP, 0)?;
     let shape = x.shape().to_vec();
@@ -1673,19 +1583,12 @@ fn sum_elements_grad_t<T: Real>(l: &mut Locked<'_>, average: bool) -> Result<()>
 
 fn build_sum_elements_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let average = ctx.args.bool("average", false)?;
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_real!(
-            &l,
-            "SumElementsGradient",
-            0,
-            sum_elements_grad_t(&mut l, average)
-        )?;
-        Ok(true)
-    }))
+    float_kernel!("SumElementsGradient", 0, |l| sum_elements_grad_t(
+        &mut l, average
+    ))
 }
 
-fn mean_t<T: Real>(l: &mut Locked<'_>, k: usize) -> Result<()> {
+fn mean_t<T: Float>(l: &mut Locked<'_>, k: usize) -> Result<()> {
     let x0 = input::<T>(l, "Mean", 0)?;
     let shape = x0.shape().to_vec();
     let mut acc: Vec<T> = crate::tensor::try_to_vec(&dense(x0), "a kernel buffer")?;
@@ -1711,14 +1614,10 @@ fn mean_t<T: Real>(l: &mut Locked<'_>, k: usize) -> Result<()> {
 
 fn build_mean(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let k = ctx.num_inputs();
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_real!(&l, "Mean", 0, mean_t(&mut l, k))?;
-        Ok(true)
-    }))
+    float_kernel!("Mean", 0, |l| mean_t(&mut l, k))
 }
 
-fn mean_grad_t<T: Real>(l: &mut Locked<'_>, k: usize) -> Result<()> {
+fn mean_grad_t<T: Float>(l: &mut Locked<'_>, k: usize) -> Result<()> {
     let dy = input::<T>(l, "MeanGradient", 0)?;
     let inv = T::of(1.0 / k as f64);
     // One buffer, shared by every output (copy on write).
@@ -1731,14 +1630,10 @@ fn mean_grad_t<T: Real>(l: &mut Locked<'_>, k: usize) -> Result<()> {
 
 fn build_mean_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let k = ctx.num_outputs();
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_real!(&l, "MeanGradient", 0, mean_grad_t(&mut l, k))?;
-        Ok(true)
-    }))
+    float_kernel!("MeanGradient", 0, |l| mean_grad_t(&mut l, k))
 }
 
-fn moments_t<T: Real>(l: &mut Locked<'_>, axes: &Option<Vec<i64>>, keep: bool) -> Result<()> {
+fn moments_t<T: Float>(l: &mut Locked<'_>, axes: &Option<Vec<i64>>, keep: bool) -> Result<()> {
     let (x, red, out) = reduce_input::<T>(l, "Moments", axes, keep)?;
     let count: usize = x
         .shape()
@@ -1772,14 +1667,10 @@ fn moments_t<T: Real>(l: &mut Locked<'_>, axes: &Option<Vec<i64>>, keep: bool) -
 fn build_moments(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let axes = axes_arg(&ctx.args)?;
     let keep = ctx.args.i64("keepdims", 1)? != 0;
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_real!(&l, "Moments", 0, moments_t(&mut l, &axes, keep))?;
-        Ok(true)
-    }))
+    float_kernel!("Moments", 0, |l| moments_t(&mut l, &axes, keep))
 }
 
-fn moments_grad_t<T: Real>(l: &mut Locked<'_>, axes: &Option<Vec<i64>>) -> Result<()> {
+fn moments_grad_t<T: Float>(l: &mut Locked<'_>, axes: &Option<Vec<i64>>) -> Result<()> {
     const OP: &str = "MomentsGradient";
     let x = input::<T>(l, OP, 2)?;
     let red = reduce_axes(OP, axes, x.ndim(), l.input_name(2))?;
@@ -1821,11 +1712,7 @@ fn moments_grad_t<T: Real>(l: &mut Locked<'_>, axes: &Option<Vec<i64>>) -> Resul
 
 fn build_moments_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let axes = axes_arg(&ctx.args)?;
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_real!(&l, "MomentsGradient", 2, moments_grad_t(&mut l, &axes))?;
-        Ok(true)
-    }))
+    float_kernel!("MomentsGradient", 2, |l| moments_grad_t(&mut l, &axes))
 }
 
 #[cfg(test)]

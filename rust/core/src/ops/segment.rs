@@ -21,10 +21,10 @@
 
 #![allow(clippy::result_large_err)]
 
-use super::kernel;
-use super::nn::{array, by_real, dense, input, real_dtype, Real};
+use super::kit::{array, dense, float_kernel, input};
 use crate::arg;
 use crate::error::{Error, Result};
+use crate::num::Float;
 use crate::operator::{Locked, OpDefCtx, OpSchema, Operator};
 use crate::tensor::{checked_numel, filled_vec, try_collect, try_vec, zeroed_vec};
 
@@ -186,7 +186,7 @@ fn segments(op: &str, seg: &[usize], num: Option<i64>, name: &str) -> Result<usi
     }
 }
 
-fn segment_t<T: Real>(l: &mut Locked<'_>, op: &str, num: Option<i64>) -> Result<()> {
+fn segment_t<T: Float>(l: &mut Locked<'_>, op: &str, num: Option<i64>) -> Result<()> {
     let sparse = op.starts_with("Sparse");
     let mean = op.ends_with("Mean");
     let si = if sparse { 2 } else { 1 };
@@ -272,14 +272,10 @@ fn num_segments(ctx: &OpDefCtx<'_>) -> Result<Option<i64>> {
 fn build_segment(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let op = ctx.op_type().to_string();
     let num = num_segments(ctx)?;
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_real!(&l, &op, 0, segment_t(&mut l, &op, num))?;
-        Ok(true)
-    }))
+    float_kernel!(&op, 0, |l| segment_t(&mut l, &op, num))
 }
 
-fn segment_grad_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
+fn segment_grad_t<T: Float>(l: &mut Locked<'_>, op: &str) -> Result<()> {
     let mean = op.ends_with("MeanGradient");
     let seg = ids(l, op, 1, "SEGMENT_IDS")?;
     let g = input::<T>(l, op, 0)?;
@@ -319,11 +315,7 @@ fn segment_grad_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
 
 fn build_segment_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let op = ctx.op_type().to_string();
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_real!(&l, &op, 0, segment_grad_t(&mut l, &op))?;
-        Ok(true)
-    }))
+    float_kernel!(&op, 0, |l| segment_grad_t(&mut l, &op))
 }
 
 // --------------------------------------------- SortedSegmentRange, LengthsMax --
@@ -356,7 +348,7 @@ fn red_of(op: &str) -> Red {
 }
 
 /// Reduces `n` rows (each `inner` long, `at(r, j)`) into `out`.
-fn reduce_rows<T: Real>(
+fn reduce_rows<T: Float>(
     red: Red,
     n: usize,
     inner: usize,
@@ -397,7 +389,7 @@ fn reduce_rows<T: Real>(
 
 /// d(reduced)/d(element) times dY for one element `x` of a segment of `n`
 /// whose reduction is `y`.
-fn red_grad<T: Real>(red: Red, n: usize, x: T, y: T, dy: T) -> T {
+fn red_grad<T: Float>(red: Red, n: usize, x: T, y: T, dy: T) -> T {
     match red {
         Red::Sum => dy,
         Red::Mean => dy / T::of(n as f64),
@@ -429,7 +421,7 @@ fn spans(seg: &[usize], k: usize) -> Result<Vec<(usize, usize)>> {
 
 /// The segments of DATA (input `di`) and its row length: consecutive
 /// spans from sorted SEGMENT_IDS or from LENGTHS (input `si`).
-fn data_spans<T: Real>(
+fn data_spans<T: Float>(
     l: &Locked<'_>,
     op: &str,
     di: usize,
@@ -484,7 +476,7 @@ fn data_spans<T: Real>(
 
 /// SortedSegmentRange* and LengthsMax: inputs (DATA, SEGMENT_IDS or
 /// LENGTHS), one output row per segment.
-fn span_reduce_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
+fn span_reduce_t<T: Float>(l: &mut Locked<'_>, op: &str) -> Result<()> {
     let (sp, inner, dshape) = data_spans::<T>(l, op, 0, 1, op == "LengthsMax")?;
     let mut shape = vec![sp.len()];
     shape.extend_from_slice(&dshape[1..]);
@@ -506,16 +498,12 @@ fn span_reduce_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
 
 fn build_span_reduce(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let op = ctx.op_type().to_string();
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_real!(&l, &op, 0, span_reduce_t(&mut l, &op))?;
-        Ok(true)
-    }))
+    float_kernel!(&op, 0, |l| span_reduce_t(&mut l, &op))
 }
 
 /// The data gradient of a per-segment reduction: segment `s` covers rows
 /// `span[s]` of DATA `x`, whose reduction is row `s` of `y`.
-fn spans_grad<T: Real>(
+fn spans_grad<T: Float>(
     red: Red,
     spans: &[(usize, usize)],
     inner: usize,
@@ -536,7 +524,7 @@ fn spans_grad<T: Real>(
 }
 
 /// Checks dY or Y (input `i`) against the `k` x inner output shape.
-fn check_out<T: Real>(l: &Locked<'_>, op: &str, i: usize, k: usize, inner: usize) -> Result<()> {
+fn check_out<T: Float>(l: &Locked<'_>, op: &str, i: usize, k: usize, inner: usize) -> Result<()> {
     let a = input::<T>(l, op, i)?;
     if Some(a.len()) != k.checked_mul(inner) || a.shape().first() != Some(&k) {
         return Err(Error::shape(format!(
@@ -551,7 +539,7 @@ fn check_out<T: Real>(l: &Locked<'_>, op: &str, i: usize, k: usize, inner: usize
 
 /// The gradients of SortedSegmentRange* (inputs DATA, Y, dY, SEGMENT_IDS)
 /// and of LengthsMax (Y, dY, LENGTHS, DATA), Caffe2's input orders.
-fn span_grad_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
+fn span_grad_t<T: Float>(l: &mut Locked<'_>, op: &str) -> Result<()> {
     let by_lengths = op.starts_with("LengthsMax");
     let (xi, yi, dyi, si) = if by_lengths {
         (3, 0, 1, 2)
@@ -576,9 +564,5 @@ fn span_grad_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
 fn build_span_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let op = ctx.op_type().to_string();
     let data = if op.starts_with("LengthsMax") { 3 } else { 0 };
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_real!(&l, &op, data, span_grad_t(&mut l, &op))?;
-        Ok(true)
-    }))
+    float_kernel!(&op, data, |l| span_grad_t(&mut l, &op))
 }

@@ -92,7 +92,7 @@ fn axis_of(l: &Locked<'_>, op: &str, axis: i64) -> Result<usize> {
         ))
         .with_blob(name));
     }
-    super::nn::canonical_axis(op, "axis", axis, t.ndim(), name)
+    super::kit::canonical_axis(op, "axis", axis, t.ndim(), name)
 }
 
 // --------------------------------------------------------- ArgMax/ArgMin --
@@ -150,15 +150,10 @@ fn build_arg(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         let t = l.tensor(0)?;
         let name = l.input_name(0);
         let max = op == "ArgMax";
-        let out = match t.dtype() {
-            DataType::Float => arg_of::<f32>(t, ax, keep, max),
-            DataType::Double => arg_of::<f64>(t, ax, keep, max),
-            DataType::Int32 => arg_of::<i32>(t, ax, keep, max),
-            DataType::Int64 => arg_of::<i64>(t, ax, keep, max),
-            other => Err(Error::type_error(format!(
-                "{op}: the input ('{name}') must be float32, float64, int32 or int64, got {other}"
-            ))),
-        }
+        let out = crate::with_match_dtype!(arith t.dtype(), |T| arg_of::<T>(t, ax, keep, max),
+        else other => Err(Error::type_error(format!(
+            "{op}: the input ('{name}') must be float32, float64, int32 or int64, got {other}"
+        ))))
         .map_err(|e| e.with_blob(name))?;
         l.set_output(0, out);
         Ok(true)
@@ -235,16 +230,12 @@ fn build_top_k(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         let ax = axis_of(&l, "TopK", axis)?;
         let t = l.tensor(0)?;
         let name = l.input_name(0);
-        let (v, i, f) = match t.dtype() {
-            DataType::Float => top_k_of::<f32>(t, ax, k, flat),
-            DataType::Double => top_k_of::<f64>(t, ax, k, flat),
-            DataType::Int32 => top_k_of::<i32>(t, ax, k, flat),
-            DataType::Int64 => top_k_of::<i64>(t, ax, k, flat),
-            other => Err(Error::type_error(format!(
+        let (v, i, f) =
+            crate::with_match_dtype!(arith t.dtype(), |T| top_k_of::<T>(t, ax, k, flat),
+            else other => Err(Error::type_error(format!(
                 "TopK: the input ('{name}') must be float32, float64, int32 or int64, got {other}"
-            ))),
-        }
-        .map_err(|e| e.with_blob(name))?;
+            ))))
+            .map_err(|e| e.with_blob(name))?;
         l.set_output(0, v);
         l.set_output(1, i);
         if let Some(f) = f {
@@ -303,33 +294,22 @@ fn build_top_k_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         if x_shape.is_empty() {
             return Err(Error::shape("TopKGradient: X must have at least one dim").with_blob(xname));
         }
-        let ax = super::nn::canonical_axis("TopKGradient", "axis", axis, x_shape.len(), xname)?;
+        let ax = super::kit::canonical_axis("TopKGradient", "axis", axis, x_shape.len(), xname)?;
         let it = l.tensor(1)?;
-        let idx: Vec<i64> = match it.dtype() {
-            DataType::Int64 => {
-                crate::tensor::try_collect(it.array::<i64>()?.iter().copied(), "a kernel buffer")?
-            }
-            DataType::Int32 => crate::tensor::try_collect(
-                it.array::<i32>()?.iter().map(|&v| v as i64),
-                "a kernel buffer",
-            )?,
-            other => {
-                return Err(Error::type_error(format!(
-                    "TopKGradient: the indices ('{}') must be int64 or int32, got {other}",
-                    l.input_name(1)
-                ))
-                .with_blob(l.input_name(1)))
-            }
-        };
+        let idx = super::kit::int_values(it)?.ok_or_else(|| {
+            Error::type_error(format!(
+                "TopKGradient: the indices ('{}') must be int64 or int32, got {}",
+                l.input_name(1),
+                it.dtype()
+            ))
+            .with_blob(l.input_name(1))
+        })?;
         let dv = l.tensor(0)?;
         let name = l.input_name(0);
-        let out = match dv.dtype() {
-            DataType::Float => top_k_grad_of::<f32>(dv, &idx, &x_shape, ax),
-            DataType::Double => top_k_grad_of::<f64>(dv, &idx, &x_shape, ax),
-            other => Err(Error::type_error(format!(
+        let out = crate::with_match_dtype!(floats dv.dtype(), |T| top_k_grad_of::<T>(dv, &idx, &x_shape, ax),
+            else other => Err(Error::type_error(format!(
                 "TopKGradient: dValues ('{name}') must be float32 or float64, got {other}"
-            ))),
-        }
+            ))))
         .map_err(|e| e.with_blob(name))?;
         l.set_output(0, out);
         Ok(true)
@@ -341,21 +321,14 @@ fn build_top_k_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 /// Input `i` as int64 values (int32 or int64).
 fn ints_of(l: &Locked<'_>, op: &str, i: usize, what: &str) -> Result<Vec<i64>> {
     let t = l.tensor(i)?;
-    let name = l.input_name(i);
-    match t.dtype() {
-        DataType::Int64 => Ok(crate::tensor::try_collect(
-            t.array::<i64>()?.iter().copied(),
-            "a kernel buffer",
-        )?),
-        DataType::Int32 => Ok(crate::tensor::try_collect(
-            t.array::<i32>()?.iter().map(|&v| v as i64),
-            "a kernel buffer",
-        )?),
-        other => Err(Error::type_error(format!(
-            "{op}: {what} ('{name}') must be int32 or int64, got {other}"
+    super::kit::int_values(t)?.ok_or_else(|| {
+        let name = l.input_name(i);
+        Error::type_error(format!(
+            "{op}: {what} ('{name}') must be int32 or int64, got {}",
+            t.dtype()
         ))
-        .with_blob(name)),
-    }
+        .with_blob(name)
+    })
 }
 
 fn build_one_hot(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
@@ -496,13 +469,10 @@ fn build_boolean_mask_grad(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         let mask = mask_of(&l, "BooleanMaskGradient", 0, None)?;
         let g = l.tensor(1)?;
         let name = l.input_name(1);
-        let out = match g.dtype() {
-            DataType::Float => unmasked_rows::<f32>(g, &mask),
-            DataType::Double => unmasked_rows::<f64>(g, &mask),
-            other => Err(Error::type_error(format!(
-                "BooleanMaskGradient: dY ('{name}') must be float32 or float64, got {other}"
-            ))),
-        }
+        let out = crate::with_match_dtype!(floats g.dtype(), |T| unmasked_rows::<T>(g, &mask),
+        else other => Err(Error::type_error(format!(
+            "BooleanMaskGradient: dY ('{name}') must be float32 or float64, got {other}"
+        ))))
         .map_err(|e| e.with_blob(name))?;
         l.set_output(0, out);
         Ok(true)

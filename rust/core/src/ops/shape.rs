@@ -6,6 +6,7 @@ use super::elementwise::{numpy_shape, Shape};
 use super::kernel;
 use crate::arg;
 use crate::error::{Error, Result};
+use crate::num::Number;
 use crate::operator::{InPlace, OpDefCtx, OpSchema, Operator};
 use crate::tensor::{checked_numel, copy_array, try_collect, try_vec, DataType, Element, Tensor};
 use ndarray::{ArrayViewD, IxDyn, Slice};
@@ -203,53 +204,40 @@ fn alias(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 
 // ----------------------------------------------------------------- Range --
 
-/// The element types Range accepts, with their arithmetic.
-trait RangeElem: Element + Copy + PartialOrd {
-    fn zero() -> Self;
-    fn one() -> Self;
-    /// ceil((stop - start) / step), or None when it does not fit.
-    fn count(start: Self, stop: Self, step: Self) -> Option<usize>;
-    fn nth(start: Self, step: Self, i: usize) -> Self;
-}
-
-macro_rules! range_int {
-    ($($t:ty),*) => {$(
-        impl RangeElem for $t {
-            fn zero() -> Self { 0 }
-            fn one() -> Self { 1 }
-            fn count(start: Self, stop: Self, step: Self) -> Option<usize> {
-                let (d, s) = (stop as i128 - start as i128, step as i128);
-                // ceil(d / s), computed with a positive divisor.
-                let (d, s) = if s < 0 { (-d, -s) } else { (d, s) };
-                let n = (d + s - 1).div_euclid(s);
-                usize::try_from(n.max(0)).ok()
-            }
-            fn nth(start: Self, step: Self, i: usize) -> Self {
-                (start as i128 + step as i128 * i as i128) as $t
-            }
+/// ceil((stop - start) / step) values of Range, or None when they do not
+/// fit (integers counted exactly, floats in float64).
+fn range_count<T: Number>(start: T, stop: T, step: T) -> Option<usize> {
+    if T::INT {
+        let (d, s) = (
+            i128::from(stop.to_i64()) - i128::from(start.to_i64()),
+            i128::from(step.to_i64()),
+        );
+        // ceil(d / s), computed with a positive divisor.
+        let (d, s) = if s < 0 { (-d, -s) } else { (d, s) };
+        let n = (d + s - 1).div_euclid(s);
+        usize::try_from(n.max(0)).ok()
+    } else {
+        let n = ((stop.to_f64() - start.to_f64()) / step.to_f64()).ceil();
+        if n.is_nan() || n >= usize::MAX as f64 {
+            None
+        } else {
+            Some(n.max(0.0) as usize)
         }
-    )*};
+    }
 }
-crate::with_match_dtype!(impl ints, range_int);
 
-macro_rules! range_float {
-    ($($t:ty),*) => {$(
-        impl RangeElem for $t {
-            fn zero() -> Self { 0.0 }
-            fn one() -> Self { 1.0 }
-            fn count(start: Self, stop: Self, step: Self) -> Option<usize> {
-                let n = ((stop as f64 - start as f64) / step as f64).ceil();
-                if n.is_nan() || n >= usize::MAX as f64 { None } else { Some(n.max(0.0) as usize) }
-            }
-            fn nth(start: Self, step: Self, i: usize) -> Self {
-                start + step * i as $t
-            }
-        }
-    )*};
+/// Range's value `i`: start + step * i (integers computed exactly, then
+/// wrapped to the type; floats in the type's arithmetic).
+fn range_nth<T: Number>(start: T, step: T, i: usize) -> T {
+    if T::INT {
+        let v = i128::from(start.to_i64()) + i128::from(step.to_i64()) * i as i128;
+        T::of_wrapped(v as i64)
+    } else {
+        start.wrapping_plus(step.wrapping_times(T::of(i as f64)))
+    }
 }
-crate::with_match_dtype!(impl floats, range_float);
 
-fn range_of<T: RangeElem>(l: &crate::operator::Locked<'_>, n: usize) -> Result<Tensor> {
+fn range_of<T: Number>(l: &crate::operator::Locked<'_>, n: usize) -> Result<Tensor> {
     let mut v = Vec::with_capacity(n);
     for i in 0..n {
         let t = l.tensor(i)?;
@@ -264,26 +252,26 @@ fn range_of<T: RangeElem>(l: &crate::operator::Locked<'_>, n: usize) -> Result<T
         v.push(*a.iter().next().expect("one element"));
     }
     let (start, stop, step) = match v[..] {
-        [stop] => (T::zero(), stop, None),
+        [stop] => (T::ZERO, stop, None),
         [start, stop] => (start, stop, None),
         [start, stop, step] => (start, stop, Some(step)),
         _ => unreachable!("the schema allows 1 to 3 inputs"),
     };
     let step = match step {
-        Some(s) if s == T::zero() => {
+        Some(s) if s == T::ZERO => {
             return Err(Error::invalid_arg("Step size cannot be 0").with_blob(l.input_name(2)))
         }
         Some(s) => s,
-        None => T::one(),
+        None => T::ONE,
     };
-    let count = T::count(start, stop, step).ok_or_else(|| {
+    let count = range_count(start, stop, step).ok_or_else(|| {
         Error::invalid_arg(format!(
             "the range {start:?}..{stop:?} by {step:?} is too long"
         ))
         .with_blob(l.input_name(0))
     })?;
     let mut out = try_vec(count, format!("a range of {count} elements"))?;
-    out.extend((0..count).map(|i| T::nth(start, step, i)));
+    out.extend((0..count).map(|i| range_nth(start, step, i)));
     Tensor::from_vec(&[count], out)
 }
 
@@ -468,7 +456,7 @@ fn tile(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             ))
             .with_blob(name));
         }
-        let axis = super::nn::canonical_axis(op, "axis", axis, t.ndim(), name)?;
+        let axis = super::kit::canonical_axis(op, "axis", axis, t.ndim(), name)?;
         let out = if op == "Tile" {
             crate::with_match_dtype!(t.dtype(), |T| tile_of::<T>(t, axis, tiles as usize),
                 else other => Err(crate::tensor::unsupported_dtype(other)))
@@ -594,12 +582,14 @@ fn index_input(l: &crate::operator::Locked<'_>, i: usize) -> Result<Vec<i64>> {
         ))
         .with_blob(name));
     }
-    crate::with_match_dtype!(ints t.dtype(), |T| Ok(t.array::<T>()?.iter().map(|&v| i64::from(v)).collect()),
-        else other => Err(Error::type_error(format!(
-            "starts and ends must be {}, got {other}",
-            crate::tensor::dtype_choice(DataType::INTS)
+    super::kit::int_values(t)?.ok_or_else(|| {
+        Error::type_error(format!(
+            "starts and ends must be {}, got {}",
+            crate::tensor::dtype_choice(DataType::INTS),
+            t.dtype()
         ))
-        .with_blob(name)))
+        .with_blob(name)
+    })
 }
 
 fn slice_of<T: Element>(t: &Tensor, ranges: &[(usize, usize)]) -> Result<Tensor> {

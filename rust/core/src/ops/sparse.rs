@@ -12,10 +12,11 @@
 #![allow(clippy::result_large_err)]
 
 use super::kernel;
-use super::nn::{array, by_real, dense, input, real_dtype, Real};
+use super::kit::{array, dense, float_kernel, input};
 use super::optim::f32_in;
 use crate::arg;
 use crate::error::{Error, Result};
+use crate::num::Float;
 use crate::operator::{InPlace, Locked, OpDefCtx, OpSchema, Operator, ShapeInfo, MANY};
 use crate::tensor::{checked_numel, try_vec, zeroed_vec, DataType, Element, Tensor};
 use ndarray::{ArrayD, IxDyn};
@@ -185,16 +186,15 @@ pub fn schemas() -> Vec<OpSchema> {
 /// Input `i` as int64 indices (int32 or int64 tensors).
 pub(crate) fn indices(l: &Locked<'_>, op: &str, i: usize) -> Result<(Vec<i64>, Vec<usize>)> {
     let t = l.tensor(i)?;
-    crate::with_match_dtype!(tensor ints t,
-    |a: T| Ok((crate::tensor::try_collect(a.iter().map(|&v| i64::from(v)), "a kernel buffer")?, a.shape().to_vec())),
-    else _ => {
+    let v = super::kit::int_values(t)?.ok_or_else(|| {
         let name = l.input_name(i);
-        Err(Error::type_error(format!(
+        Error::type_error(format!(
             "{op}: the indices ('{name}') must be an int32 or int64 tensor, got {}",
             t.dtype()
         ))
-        .with_blob(name))
-    })
+        .with_blob(name)
+    })?;
+    Ok((v, t.shape().to_vec()))
 }
 
 /// Checks each index against `n` rows (negatives from the end if `wrap`).
@@ -319,7 +319,7 @@ fn build_gather(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
                     .with_blob(dname),
             );
         }
-        let ax = super::nn::canonical_axis(op, "axis", axis, nd, dname)?;
+        let ax = super::kit::canonical_axis(op, "axis", axis, nd, dname)?;
         if ax >= nd {
             return Err(Error::invalid_arg(format!(
                 "{op}: axis {axis} is out of range for {nd} dims"
@@ -347,7 +347,7 @@ fn build_gather(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     }))
 }
 
-fn gather_grad_t<T: Real>(
+fn gather_grad_t<T: Float>(
     l: &mut Locked<'_>,
     axis: i64,
     match_outer: bool,
@@ -356,7 +356,7 @@ fn gather_grad_t<T: Real>(
     let op = "BatchGatherGradient";
     let shape = l.tensor(0)?.shape().to_vec();
     let dname = l.input_name(0);
-    let ax = super::nn::canonical_axis(op, "axis", axis, shape.len(), dname)?;
+    let ax = super::kit::canonical_axis(op, "axis", axis, shape.len(), dname)?;
     if ax >= shape.len() {
         return Err(Error::invalid_arg(format!(
             "{op}: axis {axis} is out of range for {} dims",
@@ -401,21 +401,17 @@ fn build_gather_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let axis = ctx.args.i64("axis", 1)?;
     let match_outer = ctx.args.bool("match_outer", false)?;
     let wrap = ctx.args.bool("wrap_indices", false)?;
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_real!(
-            &l,
-            "BatchGatherGradient",
-            2,
-            gather_grad_t(&mut l, axis, match_outer, wrap)
-        )?;
-        Ok(true)
-    }))
+    float_kernel!("BatchGatherGradient", 2, |l| gather_grad_t(
+        &mut l,
+        axis,
+        match_outer,
+        wrap
+    ))
 }
 
 // ------------------------------------------------------- SparseToDense --
 
-fn sparse_to_dense_t<T: Real>(l: &mut Locked<'_>, ni: usize) -> Result<()> {
+fn sparse_to_dense_t<T: Float>(l: &mut Locked<'_>, ni: usize) -> Result<()> {
     let op = "SparseToDense";
     let (idx, idx_shape) = indices(l, op, 0)?;
     let v = input::<T>(l, op, 1)?;
@@ -468,11 +464,7 @@ fn sparse_to_dense_t<T: Real>(l: &mut Locked<'_>, ni: usize) -> Result<()> {
 
 fn build_sparse_to_dense(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let ni = ctx.num_inputs();
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_real!(&l, "SparseToDense", 1, sparse_to_dense_t(&mut l, ni))?;
-        Ok(true)
-    }))
+    float_kernel!("SparseToDense", 1, |l| sparse_to_dense_t(&mut l, ni))
 }
 
 // ---------------------------------------------------- SparseLengthsSum --
@@ -481,20 +473,14 @@ fn build_sparse_to_dense(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 fn lengths(l: &Locked<'_>, op: &str, i: usize, total: Option<usize>) -> Result<Vec<usize>> {
     let t = l.tensor(i)?;
     let name = l.input_name(i);
-    let v: Vec<i64> = match t {
-        t if t.ndim() == 1 && DataType::INTS.contains(&t.dtype()) => {
-            crate::with_match_dtype!(tensor ints t, |a: T| a.iter().map(|&v| i64::from(v)).collect(),
-                else _ => Vec::new())
-        }
-        _ => {
-            return Err(Error::type_error(format!(
-                "{op}: LENGTHS ('{name}') must be a 1-D int32 tensor, got {} of shape {:?}",
-                t.dtype(),
-                t.shape()
-            ))
-            .with_blob(name))
-        }
-    };
+    let v = super::kit::int_vector(t)?.ok_or_else(|| {
+        Error::type_error(format!(
+            "{op}: LENGTHS ('{name}') must be a 1-D int32 tensor, got {} of shape {:?}",
+            t.dtype(),
+            t.shape()
+        ))
+        .with_blob(name)
+    })?;
     let out: Vec<usize> = v
         .iter()
         .map(|&x| {
@@ -539,7 +525,7 @@ fn lengths_kind(op: &str) -> (bool, bool) {
     (op.starts_with("Sparse"), op.contains("Mean"))
 }
 
-fn sls_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
+fn sls_t<T: Float>(l: &mut Locked<'_>, op: &str) -> Result<()> {
     let (sparse, mean) = lengths_kind(op);
     let data = input::<T>(l, op, 0)?;
     if data.ndim() == 0 {
@@ -580,14 +566,10 @@ fn sls_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
 
 fn build_sls(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let op = ctx.op_type().to_string();
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_real!(&l, &op, 0, sls_t(&mut l, &op))?;
-        Ok(true)
-    }))
+    float_kernel!(&op, 0, |l| sls_t(&mut l, &op))
 }
 
-fn sls_grad_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
+fn sls_grad_t<T: Float>(l: &mut Locked<'_>, op: &str) -> Result<()> {
     let (_, mean) = lengths_kind(op);
     let dy = input::<T>(l, op, 0)?;
     let lens = lengths(l, op, 1, None)?;
@@ -625,11 +607,7 @@ fn sls_grad_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
 
 fn build_sls_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let op = ctx.op_type().to_string();
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_real!(&l, &op, 0, sls_grad_t(&mut l, &op))?;
-        Ok(true)
-    }))
+    float_kernel!(&op, 0, |l| sls_grad_t(&mut l, &op))
 }
 
 // -------------------------------------------- SparseLengthsWeightedSum --
@@ -642,7 +620,7 @@ const GRAD_ON_WEIGHTS: crate::operator::ArgDoc = arg!(
 );
 
 /// SCALARS (input `i`): 1-D, one weight per position (`n`).
-fn scalars<'l, T: Real>(l: &'l Locked<'_>, op: &str, i: usize, n: usize) -> Result<&'l ArrayD<T>> {
+fn scalars<'l, T: Float>(l: &'l Locked<'_>, op: &str, i: usize, n: usize) -> Result<&'l ArrayD<T>> {
     let w = input::<T>(l, op, i)?;
     if w.ndim() != 1 || w.len() != n {
         let name = l.input_name(i);
@@ -671,7 +649,7 @@ fn weighted_rows(l: &Locked<'_>, op: &str, sparse: bool, idx_input: usize) -> Re
     index_rows(l, op, n, idx_input)
 }
 
-fn wsls_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
+fn wsls_t<T: Float>(l: &mut Locked<'_>, op: &str) -> Result<()> {
     let sparse = op.starts_with("Sparse");
     let data = input::<T>(l, op, 0)?;
     let rows = weighted_rows(l, op, sparse, 2)?;
@@ -697,16 +675,12 @@ fn wsls_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
 
 fn build_wsls(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let op = ctx.op_type().to_string();
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_real!(&l, &op, 0, wsls_t(&mut l, &op))?;
-        Ok(true)
-    }))
+    float_kernel!(&op, 0, |l| wsls_t(&mut l, &op))
 }
 
 /// (SCALARS, dY, LENGTHS[, DATA[, INDICES]]) -> (dDATA or its values[,
 /// dSCALARS]).
-fn wsls_grad_t<T: Real>(l: &mut Locked<'_>, op: &str) -> Result<()> {
+fn wsls_grad_t<T: Float>(l: &mut Locked<'_>, op: &str) -> Result<()> {
     let with_main = op.contains("WithMainInput");
     let sparse = op.starts_with("Sparse");
     let dy = input::<T>(l, op, 1)?;
@@ -802,11 +776,7 @@ fn index_rows(l: &Locked<'_>, op: &str, n: usize, i: usize) -> Result<Vec<usize>
 
 fn build_wsls_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let op = ctx.op_type().to_string();
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        by_real!(&l, &op, 1, wsls_grad_t(&mut l, &op))?;
-        Ok(true)
-    }))
+    float_kernel!(&op, 1, |l| wsls_grad_t(&mut l, &op))
 }
 
 // -------------------------------------------------- ScatterWeightedSum --

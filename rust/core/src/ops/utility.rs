@@ -7,6 +7,7 @@ use crate::arg;
 use crate::args::Args;
 use crate::blob::BlobValue;
 use crate::error::{Error, ErrorKind, Result};
+use crate::num::Number;
 use crate::operator::{InPlace, Locked, OpDefCtx, OpSchema, Operator, ShapeInfo, MANY};
 use crate::shapes::rules;
 use crate::tensor::{concatenate, copy_array, try_vec, DataType, Element, Tensor};
@@ -252,46 +253,6 @@ const PRINTED: &[DataType] = &[
     DataType::Float16,
 ];
 
-/// How Print writes one element.
-trait Printed {
-    fn printed(&self) -> String;
-}
-
-macro_rules! printed_float {
-    ($($t:ty),*) => {$(
-        impl Printed for $t {
-            fn printed(&self) -> String {
-                fmt_g(f64::from(*self))
-            }
-        }
-    )*};
-}
-crate::with_match_dtype!(impl floats, printed_float);
-printed_float!(crate::tensor::f16);
-
-macro_rules! printed_int {
-    ($($t:ty),*) => {$(
-        impl Printed for $t {
-            fn printed(&self) -> String {
-                self.to_string()
-            }
-        }
-    )*};
-}
-crate::with_match_dtype!(impl integers, printed_int);
-
-impl Printed for bool {
-    fn printed(&self) -> String {
-        if *self { "1" } else { "0" }.to_string()
-    }
-}
-
-impl Printed for Vec<u8> {
-    fn printed(&self) -> String {
-        String::from_utf8_lossy(self).into_owned()
-    }
-}
-
 /// The meta prefix: `Tensor <name> of type <dtype>. Dims: (d0,d1,): `.
 fn print_meta(name: &str, t: &Tensor) -> String {
     let dims: String = t.shape().iter().map(|d| format!("{d},")).collect();
@@ -307,16 +268,22 @@ fn print_line(name: &str, t: &Tensor, limit: usize) -> Result<String> {
     fn join<T>(a: &ndarray::ArrayD<T>, limit: usize, f: impl Fn(&T) -> String) -> String {
         a.iter().take(limit).map(f).collect::<Vec<_>>().join(",")
     }
-    let values = crate::with_match_dtype!(tensor t, |a: T| {
-        if !PRINTED.contains(&T::DTYPE) {
-            return Err(Error::type_error(format!(
-                "Print does not support tensors of dtype {}",
-                t.dtype()
-            ))
-            .with_blob(name));
+    if !PRINTED.contains(&t.dtype()) {
+        return Err(Error::type_error(format!(
+            "Print does not support tensors of dtype {}",
+            t.dtype()
+        ))
+        .with_blob(name));
+    }
+    // Integers in decimal, floats as C++'s `%g`, bool as 1 or 0.
+    let values = crate::with_match_dtype!(tensor pod t, |a: T| {
+        if T::INT {
+            join(a, limit, |x: &T| x.to_i64().to_string())
+        } else {
+            join(a, limit, |x: &T| fmt_g(x.to_f64()))
         }
-        join(a, limit, Printed::printed)
-    });
+    }, else Tensor::Bool(a) => join(a, limit, |&x| if x { "1" } else { "0" }.to_string()),
+        Tensor::Str(a) => join(a, limit, |x| String::from_utf8_lossy(x).into_owned()));
     s.push_str(&values);
     Ok(s)
 }

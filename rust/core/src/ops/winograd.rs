@@ -16,7 +16,7 @@
 //! Tiles (of every image) are processed in blocks whose transformed input
 //! stays near the cache; blocks run on the kernel pool.
 
-use super::conv::Float;
+use crate::num::Float;
 use rayon::prelude::*;
 
 /// One correlation: `y[n][k][oy][ox]` is the sum over c, a, b of
@@ -194,11 +194,11 @@ impl Wino {
                 let mx = &mut m[xi * tb * k..(xi + 1) * tb * k];
                 if self.nhwc {
                     // M (nt x K) = V (nt x C) * U^T (C x K).
-                    super::gemm::gemm(
+                    super::gemm::product(
+                        false,
                         nt,
                         c,
                         k,
-                        T::of(1.0),
                         vx,
                         (c, 1),
                         ux,
@@ -209,11 +209,11 @@ impl Wino {
                     );
                 } else {
                     // M (K x nt) = U (K x C) * V (C x nt).
-                    super::gemm::gemm(
+                    super::gemm::product(
+                        false,
                         k,
                         c,
                         nt,
-                        T::of(1.0),
                         ux,
                         (su, 1),
                         vx,
