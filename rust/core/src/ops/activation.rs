@@ -1,843 +1,267 @@
-//! Activations and elementwise math beyond issue 14's (those are in
-//! `nn.rs`): Elu, PRelu, Swish, Gelu, ReluN, Softsign, HardSigmoid, Mish,
-//! Selu, Softplus, Logit, ThresholdedRelu, Sqr, Cube, Cbrt, Rsqrt,
-//! Reciprocal, Log1p, Sin, Cos, Tan, Asin, Acos, Atan, Sinh, Cosh, Erf and
-//! Sign, with their gradient ops.
-//!
-//! Each op here but PRelu is one row of [`OPS`]: its forward function, the
-//! inputs its gradient op reads (Caffe2's: some read X, some Y, in
-//! Caffe2's order), the gradient's function and where Caffe2 allowed the op
-//! in place. `fwd!` and `bwd!` compile one kernel per function over the
-//! generic loops `forward_t` and `backward_t`: they take float32 or float64
-//! (any other dtype is a `DataTypeError` naming the op and blob), evaluate
-//! the function in float64, so float32 results are the exactly rounded
-//! values of the formula, and split large tensors across the kernel pool.
-//! The output has its input's shape and type (Caffe2's
-//! `IdenticalTypeAndShape`); a gradient op's inputs must all have one shape.
-//! Which gradient ops an op's gradient takes is decided in Python
-//! (`ferrocaffe/gradients.py`), as for the other families.
+//! The activations that are not elementwise functions of one input:
+//! Softmax (over the rows of its input flattened at an axis), PRelu (a
+//! learned slope per channel) and Dropout (a random mask), with their
+//! gradient ops. The elementwise activations (Relu, Sigmoid, Elu, ...) are
+//! rows of the table in `unary.rs`.
 
 #![allow(clippy::result_large_err)]
 
-use super::kernel;
-use super::kit::{
-    array, dense, float_dtype, in_place_0_0, in_place_1_0, in_place_2_0, input, parse_order,
-    same_shape, Order,
-};
+use super::kit::*;
 use crate::arg;
 use crate::error::{Error, Result};
 use crate::num::Float;
 use crate::operator::{ArgDoc, InPlace, Locked, OpDefCtx, OpSchema, Operator};
-use crate::shapes::rules::same_as_input;
-use crate::tensor::{default_buffer, try_collect};
+use crate::tensor::Tensor;
+use ndarray::{ArrayD, IxDyn};
 
-/// An op's arguments, read once when the op is created.
-#[derive(Clone, Copy, Debug, Default)]
-struct Params {
-    a: f64,
-    b: f64,
-    flag: bool,
+pub fn schemas() -> Vec<OpSchema> {
+    const SOFTMAX_ARGS: &[crate::operator::ArgDoc] = &[arg!(
+        "axis",
+        "int",
+        "1",
+        "the input is flattened to a matrix at this dim; softmax runs over each row"
+    )];
+    const DROPOUT_ARGS: &[crate::operator::ArgDoc] = &[
+        arg!(
+            "ratio",
+            "float",
+            "0.5",
+            "the probability of zeroing an element, in [0, 1]"
+        ),
+        arg!(
+            "is_test",
+            "int",
+            "0",
+            "non-zero: Y = X and the mask is not written"
+        ),
+    ];
+    // Elementwise: the output is its input's shape and type (Caffe2's
+    // IdenticalTypeAndShape), the gradient dY's.
+    let unary = |name: &'static str, build: crate::operator::BuildFn, doc: &'static str| {
+        OpSchema::new(name, build)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .inplace(InPlace::Allow(in_place_0_0))
+            .infer(|_, ins, n| Ok(crate::shapes::rules::same_as_input(ins, 0, n)))
+            .doc(doc)
+    };
+    let unary_grad = |name: &'static str, build: crate::operator::BuildFn, doc: &'static str| {
+        OpSchema::new(name, build)
+            .inputs(2, 2)
+            .outputs(1, 1)
+            .inplace(InPlace::Allow(in_place_1_0))
+            .infer(|_, ins, n| Ok(crate::shapes::rules::same_as_input(ins, 1, n)))
+            .doc(doc)
+    };
+    let mut v = vec![
+        unary("Softmax", build_softmax, "Softmax over each row of X flattened to a matrix at `axis`.").args(SOFTMAX_ARGS),
+        unary_grad("SoftmaxGradient", build_softmax_grad, "Gradient of Softmax: inputs (Y, dY), dX = Y * (dY - rowsum(dY * Y)).").args(SOFTMAX_ARGS),
+        OpSchema::new("Dropout", build_dropout)
+            .inputs(1, 1)
+            .outputs(1, 2)
+            .inplace(InPlace::Allow(in_place_0_0))
+            .args(DROPOUT_ARGS)
+            .doc("Training: keeps each element with probability 1 - ratio, Y = X * mask / (1 - ratio), mask (bool) the kept ones; is_test: Y = X. Seeded by the device option's random_seed."),
+        OpSchema::new("DropoutGrad", build_dropout_grad)
+            .inputs(1, 2)
+            .outputs(1, 1)
+            .inplace(InPlace::Allow(in_place_0_0))
+            .args(DROPOUT_ARGS)
+            .doc("Gradient of Dropout: inputs (dY[, mask]), dX = dY * mask / (1 - ratio) (dX = dY with is_test)."),
+    ];
+    v.push(
+        OpSchema::new("PRelu", build_prelu)
+            .inputs(2, 2)
+            .outputs(1, 1)
+            .inplace(InPlace::Allow(in_place_0_0))
+            .args(PRELU_ARGS)
+            .ignores(PRELU_IGNORED)
+            .infer(|_, ins, n| Ok(crate::shapes::rules::same_as_input(ins, 0, n)))
+            .doc("Y = X where X > 0, else slope * X; inputs (X, slope), the slope one value shared by all channels or one per channel (dim 1 for NCHW, the last dim for NHWC)."),
+    );
+    v.push(
+        OpSchema::new("PReluGradient", build_prelu)
+            .inputs(4, 4)
+            .outputs(2, 2)
+            .args(PRELU_ARGS)
+            .ignores(PRELU_IGNORED)
+            .infer(|_, ins, _| {
+                Ok(vec![
+                    crate::shapes::rules::known(ins, 2).cloned(),
+                    crate::shapes::rules::known(ins, 3).cloned(),
+                ])
+            })
+            .doc("Gradient of PRelu: inputs (Y, dY, X, slope), outputs (dX, dslope); X must not be Y (no gradient through an in-place PRelu)."),
+    );
+    v
 }
 
-/// Y = f(X, params).
-type Fwd = fn(f64, &Params) -> f64;
-/// dX = g(v0, v1, dY, params): v0 and v1 the gradient op's value inputs in
-/// the order it takes them (v1 is 0 for an op that reads one).
-type Bwd = fn(f64, f64, f64, &Params) -> f64;
-/// A forward kernel: Y from X (input 0), by a row's function.
-type FwdRun = fn(&mut Locked<'_>, &str, &Params) -> Result<()>;
-/// A gradient kernel: dX from the gradient op's inputs.
-type BwdRun = fn(&mut Locked<'_>, &str, &GradDef, &Params) -> Result<()>;
+// ------------------------------------------------------------- Softmax --
 
-/// `(function, kernel)` of a row: the kernel is compiled for this function
-/// (so a simple one is inlined into the loop), dispatched on X's dtype.
-macro_rules! fwd {
-    (|$x:tt, $p:tt| $e:expr) => {{
-        #[allow(unused_variables)]
-        fn scalar($x: f64, $p: &Params) -> f64 {
-            $e
+/// Softmax of each `d`-long row, stable (the row max is subtracted).
+pub(crate) fn softmax_rows<T: Float>(x: &[T], d: usize) -> Result<Vec<T>> {
+    let mut p = crate::tensor::try_to_vec(x, "a softmax")?;
+    for row in p.chunks_mut(d.max(1)) {
+        let mx = row
+            .iter()
+            .copied()
+            .fold(row[0], |a, b| if b > a { b } else { a });
+        let mut s = T::of(0.0);
+        for v in row.iter_mut() {
+            *v = (*v - mx).exp();
+            s += *v;
         }
-        fn run(l: &mut Locked<'_>, op: &str, p: &Params) -> Result<()> {
-            crate::with_match_dtype!(floats float_dtype(l, op, 0)?,
-                |T| forward_t::<T>(l, op, |x| scalar(x, p)),
-                else other => Err(crate::tensor::unsupported_dtype(other)))
-        }
-        (scalar as Fwd, run as FwdRun)
-    }};
-}
-
-/// `(function, kernel)` of a gradient row, dispatched on dY's dtype.
-macro_rules! bwd {
-    (|$a:tt, $b:tt, $d:tt, $p:tt| $e:expr) => {{
-        #[allow(unused_variables)]
-        fn scalar($a: f64, $b: f64, $d: f64, $p: &Params) -> f64 {
-            $e
-        }
-        fn run(l: &mut Locked<'_>, op: &str, gd: &GradDef, p: &Params) -> Result<()> {
-            crate::with_match_dtype!(floats float_dtype(l, op, gd.reads.dy())?,
-                |T| backward_t::<T>(l, op, gd, |a, b, d| scalar(a, b, d, p)),
-                else other => Err(crate::tensor::unsupported_dtype(other)))
-        }
-        (scalar as Bwd, run as BwdRun)
-    }};
-}
-
-/// What a gradient op reads, in its input order.
-#[derive(Clone, Copy)]
-enum Reads {
-    /// (Y, dY)
-    YDy,
-    /// (X, dY)
-    XDy,
-    /// (dY, X)
-    DyX,
-    /// (dY, Y)
-    DyY,
-    /// (X, Y, dY)
-    XYDy,
-}
-
-impl Reads {
-    fn n_inputs(self) -> usize {
-        match self {
-            Reads::XYDy => 3,
-            _ => 2,
+        for v in row.iter_mut() {
+            *v = *v / s;
         }
     }
-    /// The position of dY.
-    fn dy(self) -> usize {
-        match self {
-            Reads::YDy | Reads::XDy => 1,
-            Reads::DyX | Reads::DyY => 0,
-            Reads::XYDy => 2,
-        }
-    }
-    /// The positions of the values the gradient function takes.
-    fn values(self) -> &'static [usize] {
-        match self {
-            Reads::YDy | Reads::XDy => &[0],
-            Reads::DyX | Reads::DyY => &[1],
-            Reads::XYDy => &[0, 1],
-        }
-    }
+    Ok(p)
 }
 
-struct GradDef {
-    name: &'static str,
-    reads: Reads,
-    /// Caffe2 allowed dX to be written over dY.
-    inplace: bool,
-    /// The function, and the kernel that applies it (`bwd!`).
-    g: (Bwd, BwdRun),
-    doc: &'static str,
-}
-
-struct UnaryDef {
-    name: &'static str,
-    /// The function, and the kernel that applies it (`fwd!`).
-    f: (Fwd, FwdRun),
-    /// Caffe2 allowed Y to be written over X.
-    inplace: bool,
-    args: &'static [ArgDoc],
-    doc: &'static str,
-    grad: Option<GradDef>,
-}
-
-const ELU_ARGS: &[ArgDoc] = &[arg!(
-    "alpha",
-    "float",
-    "1.0",
-    "Y = alpha * (exp(X) - 1) for X < 0"
-)];
-const THRESHOLDED_ARGS: &[ArgDoc] = &[arg!(
-    "alpha",
-    "float",
-    "1.0",
-    "Y = X where X > alpha, else 0"
-)];
-const RELU_N_ARGS: &[ArgDoc] = &[arg!(
-    "n",
-    "float",
-    "6.0",
-    "the cap of the output (must be > 0)"
-)];
-const HARD_SIGMOID_ARGS: &[ArgDoc] = &[
-    arg!("alpha", "float", "0.2", "the slope"),
-    arg!("beta", "float", "0.5", "the offset"),
-];
-const SELU_ARGS: &[ArgDoc] = &[
-    arg!(
-        "alpha",
-        "float",
-        "1.6732632",
-        "Y = scale * alpha * (exp(X) - 1) for X <= 0"
-    ),
-    arg!(
-        "scale",
-        "float",
-        "1.0507010",
-        "the factor of both branches (must be > 1)"
-    ),
-];
-const LOGIT_ARGS: &[ArgDoc] = &[arg!(
-    "eps",
-    "float",
-    "1e-6",
-    "X is clamped to [eps, 1 - eps] (0 <= eps < 0.5)"
-)];
-const GELU_ARGS: &[ArgDoc] = &[arg!(
-    "fast_gelu",
-    "bool",
-    "false",
-    "use the tanh approximation 0.5 X (1 + tanh(sqrt(2/pi) (X + 0.044715 X^3)))"
-)];
-
-/// The op's arguments (a gradient op reads its forward op's).
-fn params(ctx: &OpDefCtx<'_>, name: &str) -> Result<Params> {
-    let a = &ctx.args;
-    Ok(match name {
-        "Elu" => Params {
-            a: f64::from(a.f32("alpha", 1.0)?),
-            ..Params::default()
-        },
-        "ReluN" => {
-            let n = a.f32("n", 6.0)?;
-            if n.is_nan() || n <= 0.0 {
-                return Err(ctx.bad_arg(format!("n must be greater than 0, got {n}")));
-            }
-            Params {
-                a: f64::from(n),
-                ..Params::default()
-            }
-        }
-        "ThresholdedRelu" => Params {
-            a: f64::from(a.f32("alpha", 1.0)?),
-            ..Params::default()
-        },
-        "HardSigmoid" => Params {
-            a: f64::from(a.f32("alpha", 0.2)?),
-            b: f64::from(a.f32("beta", 0.5)?),
-            ..Params::default()
-        },
-        "Selu" => {
-            let scale = a.f32("scale", 1.050_701)?;
-            if scale.is_nan() || scale <= 1.0 {
-                return Err(ctx.bad_arg(format!("scale must be greater than 1, got {scale}")));
-            }
-            Params {
-                a: f64::from(a.f32("alpha", 1.673_263_2)?),
-                b: f64::from(scale),
-                ..Params::default()
-            }
-        }
-        "Logit" => {
-            let eps = a.f32("eps", 1e-6)?;
-            if !(0.0..0.5).contains(&eps) {
-                return Err(ctx.bad_arg(format!("eps must be in [0, 0.5), got {eps}")));
-            }
-            Params {
-                a: f64::from(eps),
-                ..Params::default()
-            }
-        }
-        "Gelu" => Params {
-            flag: a.bool("fast_gelu", false)?,
-            ..Params::default()
-        },
-        _ => Params::default(),
-    })
-}
-
-fn sigmoid(x: f64) -> f64 {
-    if x >= 0.0 {
-        1.0 / (1.0 + (-x).exp())
-    } else {
-        let e = x.exp();
-        e / (1.0 + e)
-    }
-}
-
-/// ln(1 + e^x) without overflow.
-fn softplus(x: f64) -> f64 {
-    x.max(0.0) + (-x.abs()).exp().ln_1p()
-}
-
-const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
-const GELU_C: f64 = 0.044_715;
-const INV_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
-
-/// The standard normal CDF.
-fn norm_cdf(x: f64) -> f64 {
-    0.5 * libm::erfc(-x * std::f64::consts::FRAC_1_SQRT_2)
-}
-
-fn gelu(x: f64, p: &Params) -> f64 {
-    if p.flag {
-        0.5 * x * (1.0 + (SQRT_2_OVER_PI * (x + GELU_C * x * x * x)).tanh())
-    } else {
-        x * norm_cdf(x)
-    }
-}
-
-fn gelu_grad(x: f64, _: f64, d: f64, p: &Params) -> f64 {
-    if p.flag {
-        let t = (SQRT_2_OVER_PI * (x + GELU_C * x * x * x)).tanh();
-        0.5 * d * (1.0 + t + x * (1.0 - t * t) * SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_C * x * x))
-    } else {
-        d * (norm_cdf(x) + x * (-0.5 * x * x).exp() * INV_SQRT_2PI)
-    }
-}
-
-fn mish_grad(x: f64, _y: f64, d: f64, _: &Params) -> f64 {
-    let t = softplus(x).tanh();
-    d * (t + x * (1.0 - t * t) * sigmoid(x))
-}
-
-/// The ops, in Caffe2's names, with their gradients' inputs and in-place rules.
-static OPS: &[UnaryDef] = &[
-    UnaryDef {
-        name: "Elu",
-        f: fwd!(|x, p| if x < 0.0 { p.a * x.exp_m1() } else { x }),
-        inplace: true,
-        args: ELU_ARGS,
-        doc: "Y = X for X >= 0, alpha * (exp(X) - 1) below.",
-        grad: Some(GradDef {
-            name: "EluGradient",
-            reads: Reads::YDy,
-            inplace: true,
-            g: bwd!(|y, _, d, p| if y < 0.0 { d * (y + p.a) } else { d }),
-            doc: "Gradient of Elu, inputs (Y, dY): dX = dY where Y >= 0, else dY * (Y + alpha).",
-        }),
-    },
-    UnaryDef {
-        name: "Swish",
-        f: fwd!(|x, _| x * sigmoid(x)),
-        inplace: false,
-        args: &[],
-        doc: "Y = X / (1 + exp(-X)) elementwise.",
-        grad: Some(GradDef {
-            name: "SwishGradient",
-            reads: Reads::XYDy,
-            inplace: true,
-            g: bwd!(|x, y, d, _| d * (y + sigmoid(x) * (1.0 - y))),
-            doc: "Gradient of Swish, inputs (X, Y, dY): dX = dY * (Y + sigmoid(X) * (1 - Y)).",
-        }),
-    },
-    UnaryDef {
-        name: "Gelu",
-        f: fwd!(|x, p| gelu(x, p)),
-        inplace: false,
-        args: GELU_ARGS,
-        doc: "Y = X * P(N(0, 1) <= X) elementwise, or its tanh approximation with fast_gelu.",
-        grad: Some(GradDef {
-            name: "GeluGradient",
-            reads: Reads::DyX,
-            inplace: false,
-            g: bwd!(|x, b, d, p| gelu_grad(x, b, d, p)),
-            doc: "Gradient of Gelu, inputs (dY, X) (of its approximation with fast_gelu).",
-        }),
-    },
-    UnaryDef {
-        name: "ReluN",
-        f: fwd!(|x, p| x.clamp(0.0, p.a)),
-        inplace: true,
-        args: RELU_N_ARGS,
-        doc: "Y = min(max(X, 0), n) elementwise.",
-        grad: Some(GradDef {
-            name: "ReluNGradient",
-            reads: Reads::YDy,
-            inplace: true,
-            g: bwd!(|y, _, d, p| if y > 0.0 && y < p.a { d } else { 0.0 }),
-            doc: "Gradient of ReluN, inputs (Y, dY): dX = dY where 0 < Y < n, else 0.",
-        }),
-    },
-    UnaryDef {
-        name: "ThresholdedRelu",
-        f: fwd!(|x, p| if x > p.a || x.is_nan() { x } else { 0.0 }),
-        inplace: true,
-        args: THRESHOLDED_ARGS,
-        doc: "Y = X where X > alpha, else 0.",
-        grad: Some(GradDef {
-            name: "ThresholdedReluGradient",
-            reads: Reads::YDy,
-            inplace: true,
-            // Y is 0 exactly where X <= alpha (or X = 0): also right for a
-            // negative alpha, where Caffe2's `Y > 0` dropped X in (alpha, 0).
-            g: bwd!(|y, _, d, _| if y != 0.0 { d } else { 0.0 }),
-            doc: "Gradient of ThresholdedRelu, inputs (Y, dY): dX = dY where Y != 0, else 0.",
-        }),
-    },
-    UnaryDef {
-        name: "Softsign",
-        f: fwd!(|x, _| x / (1.0 + x.abs())),
-        inplace: true,
-        args: &[],
-        doc: "Y = X / (1 + |X|) elementwise.",
-        grad: Some(GradDef {
-            name: "SoftsignGradient",
-            reads: Reads::XDy,
-            inplace: true,
-            g: bwd!(|x, _, d, _| {
-                let s = 1.0 + x.abs();
-                d / (s * s)
-            }),
-            doc: "Gradient of Softsign, inputs (X, dY): dX = dY / (1 + |X|)^2.",
-        }),
-    },
-    UnaryDef {
-        name: "HardSigmoid",
-        f: fwd!(|x, p| (x * p.a + p.b).clamp(0.0, 1.0)),
-        inplace: true,
-        args: HARD_SIGMOID_ARGS,
-        doc: "Y = max(0, min(1, alpha * X + beta)) elementwise.",
-        grad: Some(GradDef {
-            name: "HardSigmoidGradient",
-            reads: Reads::YDy,
-            inplace: true,
-            g: bwd!(|y, _, d, p| if y > 0.0 && y < 1.0 { d * p.a } else { 0.0 }),
-            doc: "Gradient of HardSigmoid, inputs (Y, dY): dX = alpha * dY where 0 < Y < 1, else 0.",
-        }),
-    },
-    UnaryDef {
-        name: "Mish",
-        f: fwd!(|x, _| x * softplus(x).tanh()),
-        inplace: false,
-        args: &[],
-        doc: "Y = X * tanh(ln(1 + exp(X))) elementwise.",
-        grad: Some(GradDef {
-            name: "MishGradient",
-            reads: Reads::XYDy,
-            inplace: true,
-            g: bwd!(|x, y, d, p| mish_grad(x, y, d, p)),
-            doc: "Gradient of Mish, inputs (X, Y, dY): dX = dY * (t + X * (1 - t^2) * sigmoid(X)), t = tanh(ln(1 + exp(X))).",
-        }),
-    },
-    UnaryDef {
-        name: "Selu",
-        f: fwd!(|x, p| if x > 0.0 { p.b * x } else { p.b * p.a * x.exp_m1() }),
-        inplace: true,
-        args: SELU_ARGS,
-        doc: "Y = scale * X for X > 0, scale * alpha * (exp(X) - 1) elsewhere.",
-        grad: Some(GradDef {
-            name: "SeluGradient",
-            reads: Reads::YDy,
-            inplace: true,
-            g: bwd!(|y, _, d, p| if y > 0.0 { p.b * d } else { d * (y + p.a * p.b) }),
-            doc: "Gradient of Selu, inputs (Y, dY): dX = scale * dY where Y > 0, else dY * (Y + scale * alpha).",
-        }),
-    },
-    UnaryDef {
-        name: "Softplus",
-        f: fwd!(|x, _| softplus(x)),
-        inplace: true,
-        args: &[],
-        doc: "Y = ln(1 + exp(X)) elementwise.",
-        grad: Some(GradDef {
-            name: "SoftplusGradient",
-            reads: Reads::YDy,
-            inplace: true,
-            g: bwd!(|y, _, d, _| -d * (-y).exp_m1()),
-            doc: "Gradient of Softplus, inputs (Y, dY): dX = dY * (1 - exp(-Y)).",
-        }),
-    },
-    UnaryDef {
-        name: "Logit",
-        f: fwd!(|x, p| {
-            let x = x.clamp(p.a, 1.0 - p.a);
-            (x / (1.0 - x)).ln()
-        }),
-        inplace: true,
-        args: LOGIT_ARGS,
-        doc: "Y = ln(X / (1 - X)) elementwise, X clamped to [eps, 1 - eps].",
-        grad: Some(GradDef {
-            name: "LogitGradient",
-            reads: Reads::XDy,
-            inplace: false,
-            g: bwd!(|x, _, d, p| {
-                if x < p.a || x > 1.0 - p.a {
-                    0.0
-                } else {
-                    d / (x * (1.0 - x))
-                }
-            }),
-            doc: "Gradient of Logit, inputs (X, dY): dX = dY / (X * (1 - X)) inside [eps, 1 - eps], else 0.",
-        }),
-    },
-    UnaryDef {
-        name: "Sqr",
-        f: fwd!(|x, _| x * x),
-        inplace: true,
-        args: &[],
-        doc: "Y = X^2 elementwise (its gradient is made of Scale and Mul).",
-        grad: None,
-    },
-    UnaryDef {
-        name: "Cube",
-        f: fwd!(|x, _| x * x * x),
-        inplace: false,
-        args: &[],
-        doc: "Y = X^3 elementwise.",
-        grad: Some(GradDef {
-            name: "CubeGradient",
-            reads: Reads::DyX,
-            inplace: false,
-            g: bwd!(|x, _, d, _| 3.0 * d * x * x),
-            doc: "Gradient of Cube, inputs (dY, X): dX = 3 * dY * X^2.",
-        }),
-    },
-    UnaryDef {
-        name: "Cbrt",
-        f: fwd!(|x, _| x.cbrt()),
-        inplace: true,
-        args: &[],
-        doc: "Y = the cube root of X elementwise (negative for negative X).",
-        grad: Some(GradDef {
-            name: "CbrtGradient",
-            reads: Reads::DyY,
-            inplace: true,
-            g: bwd!(|y, _, d, _| d / (3.0 * y * y)),
-            doc: "Gradient of Cbrt, inputs (dY, Y): dX = dY / (3 * Y^2).",
-        }),
-    },
-    UnaryDef {
-        name: "Rsqrt",
-        f: fwd!(|x, _| 1.0 / x.sqrt()),
-        inplace: true,
-        args: &[],
-        doc: "Y = 1 / sqrt(X) elementwise (IEEE: inf at 0, NaN for negatives).",
-        grad: Some(GradDef {
-            name: "RsqrtGradient",
-            reads: Reads::DyY,
-            inplace: true,
-            g: bwd!(|y, _, d, _| -0.5 * d * y * y * y),
-            doc: "Gradient of Rsqrt, inputs (dY, Y): dX = -0.5 * dY * Y^3.",
-        }),
-    },
-    UnaryDef {
-        name: "Reciprocal",
-        f: fwd!(|x, _| 1.0 / x),
-        inplace: true,
-        args: &[],
-        doc: "Y = 1 / X elementwise (IEEE: inf at 0).",
-        grad: Some(GradDef {
-            name: "ReciprocalGradient",
-            reads: Reads::YDy,
-            inplace: true,
-            g: bwd!(|y, _, d, _| -d * y * y),
-            doc: "Gradient of Reciprocal, inputs (Y, dY): dX = -dY * Y^2.",
-        }),
-    },
-    UnaryDef {
-        name: "Log1p",
-        f: fwd!(|x, _| x.ln_1p()),
-        inplace: false,
-        args: &[],
-        doc: "Y = ln(1 + X) elementwise, accurate for small X.",
-        grad: Some(GradDef {
-            name: "Log1pGradient",
-            reads: Reads::XDy,
-            inplace: false,
-            g: bwd!(|x, _, d, _| d / (1.0 + x)),
-            doc: "Gradient of Log1p, inputs (X, dY): dX = dY / (1 + X).",
-        }),
-    },
-    UnaryDef {
-        name: "Sin",
-        f: fwd!(|x, _| x.sin()),
-        inplace: false,
-        args: &[],
-        doc: "Y = sin(X) elementwise.",
-        grad: Some(GradDef {
-            name: "SinGradient",
-            reads: Reads::XDy,
-            inplace: false,
-            g: bwd!(|x, _, d, _| d * x.cos()),
-            doc: "Gradient of Sin, inputs (X, dY): dX = dY * cos(X).",
-        }),
-    },
-    UnaryDef {
-        name: "Cos",
-        f: fwd!(|x, _| x.cos()),
-        inplace: false,
-        args: &[],
-        doc: "Y = cos(X) elementwise.",
-        grad: Some(GradDef {
-            name: "CosGradient",
-            reads: Reads::XDy,
-            inplace: false,
-            g: bwd!(|x, _, d, _| -d * x.sin()),
-            doc: "Gradient of Cos, inputs (X, dY): dX = -dY * sin(X).",
-        }),
-    },
-    UnaryDef {
-        name: "Tan",
-        f: fwd!(|x, _| x.tan()),
-        inplace: false,
-        args: &[],
-        doc: "Y = tan(X) elementwise.",
-        grad: Some(GradDef {
-            name: "TanGradient",
-            reads: Reads::XDy,
-            inplace: false,
-            g: bwd!(|x, _, d, _| {
-                let c = x.cos();
-                d / (c * c)
-            }),
-            doc: "Gradient of Tan, inputs (X, dY): dX = dY / cos(X)^2.",
-        }),
-    },
-    UnaryDef {
-        name: "Asin",
-        f: fwd!(|x, _| x.asin()),
-        inplace: false,
-        args: &[],
-        doc: "Y = arcsin(X) elementwise (NaN outside [-1, 1]).",
-        grad: Some(GradDef {
-            name: "AsinGradient",
-            reads: Reads::XDy,
-            inplace: false,
-            g: bwd!(|x, _, d, _| d / (1.0 - x * x).sqrt()),
-            doc: "Gradient of Asin, inputs (X, dY): dX = dY / sqrt(1 - X^2).",
-        }),
-    },
-    UnaryDef {
-        name: "Acos",
-        f: fwd!(|x, _| x.acos()),
-        inplace: false,
-        args: &[],
-        doc: "Y = arccos(X) elementwise (NaN outside [-1, 1]).",
-        grad: Some(GradDef {
-            name: "AcosGradient",
-            reads: Reads::XDy,
-            inplace: false,
-            g: bwd!(|x, _, d, _| -d / (1.0 - x * x).sqrt()),
-            doc: "Gradient of Acos, inputs (X, dY): dX = -dY / sqrt(1 - X^2).",
-        }),
-    },
-    UnaryDef {
-        name: "Atan",
-        f: fwd!(|x, _| x.atan()),
-        inplace: false,
-        args: &[],
-        doc: "Y = arctan(X) elementwise.",
-        grad: Some(GradDef {
-            name: "AtanGradient",
-            reads: Reads::XDy,
-            inplace: false,
-            g: bwd!(|x, _, d, _| d / (1.0 + x * x)),
-            doc: "Gradient of Atan, inputs (X, dY): dX = dY / (1 + X^2).",
-        }),
-    },
-    UnaryDef {
-        name: "Sinh",
-        f: fwd!(|x, _| x.sinh()),
-        inplace: false,
-        args: &[],
-        doc: "Y = sinh(X) elementwise.",
-        grad: Some(GradDef {
-            name: "SinhGradient",
-            reads: Reads::DyX,
-            inplace: false,
-            g: bwd!(|x, _, d, _| d * x.cosh()),
-            doc: "Gradient of Sinh, inputs (dY, X): dX = dY * cosh(X).",
-        }),
-    },
-    UnaryDef {
-        name: "Cosh",
-        f: fwd!(|x, _| x.cosh()),
-        inplace: false,
-        args: &[],
-        doc: "Y = cosh(X) elementwise.",
-        grad: Some(GradDef {
-            name: "CoshGradient",
-            reads: Reads::DyX,
-            inplace: false,
-            g: bwd!(|x, _, d, _| d * x.sinh()),
-            doc: "Gradient of Cosh, inputs (dY, X): dX = dY * sinh(X).",
-        }),
-    },
-    UnaryDef {
-        name: "Erf",
-        f: fwd!(|x, _| libm::erf(x)),
-        inplace: false,
-        args: &[],
-        doc: "Y = erf(X) elementwise (the Gauss error function).",
-        grad: Some(GradDef {
-            name: "ErfGradient",
-            reads: Reads::XDy,
-            inplace: false,
-            g: bwd!(|x, _, d, _| d * std::f64::consts::FRAC_2_SQRT_PI * (-x * x).exp()),
-            doc: "Gradient of Erf, inputs (X, dY): dX = dY * 2 / sqrt(pi) * exp(-X^2).",
-        }),
-    },
-    UnaryDef {
-        name: "Sign",
-        f: fwd!(|x, _| {
-            if x > 0.0 {
-                1.0
-            } else if x < 0.0 {
-                -1.0
-            } else {
-                x * 0.0
-            }
-        }),
-        inplace: false,
-        args: &[],
-        doc: "Y = -1, 0 or 1 by the sign of X elementwise (NaN stays NaN, -0 stays -0); no gradient.",
-        grad: None,
-    },
-];
-
-/// The row of a forward op, or of the forward op of a gradient op.
-fn lookup(op_type: &str) -> Result<(&'static UnaryDef, bool)> {
-    OPS.iter()
-        .find_map(|d| {
-            if d.name == op_type {
-                Some((d, false))
-            } else {
-                d.grad
-                    .as_ref()
-                    .filter(|g| g.name == op_type)
-                    .map(|_| (d, true))
-            }
-        })
-        .ok_or_else(|| Error::internal(format!("{op_type}: not an op of ops/activation.rs")))
-}
-
-/// Tensors of at least this many elements are computed in chunks on the
-/// kernel pool.
-const PAR_MIN: usize = 1 << 15;
-/// What the activations' buffers are named in an `OutOfMemory` error.
-const OUTPUT: &str = "an activation's output";
-const CHUNK: usize = 1 << 13;
-
-fn parallel(n: usize) -> bool {
-    n >= PAR_MIN && rayon::current_num_threads() > 1
-}
-
-/// `f` of each element of `a`.
-fn map1<T: Float>(a: &[T], f: impl Fn(T) -> T + Sync) -> Result<Vec<T>> {
-    if !parallel(a.len()) {
-        return try_collect(a.iter().map(|&v| f(v)), OUTPUT);
-    }
-    use rayon::prelude::*;
-    let mut out = default_buffer(a.len(), OUTPUT)?;
-    out.par_chunks_mut(CHUNK)
-        .zip(a.par_chunks(CHUNK))
-        .for_each(|(o, a)| {
-            for (o, &v) in o.iter_mut().zip(a) {
-                *o = f(v);
-            }
-        });
-    Ok(out)
-}
-
-/// `f` of each pair of elements of `a` and `b` (one length).
-fn map2<T: Float>(a: &[T], b: &[T], f: impl Fn(T, T) -> T + Sync) -> Result<Vec<T>> {
-    if !parallel(a.len()) {
-        return try_collect(a.iter().zip(b).map(|(&u, &v)| f(u, v)), OUTPUT);
-    }
-    use rayon::prelude::*;
-    let mut out = default_buffer(a.len(), OUTPUT)?;
-    out.par_chunks_mut(CHUNK)
-        .zip(a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK)))
-        .for_each(|(o, (a, b))| {
-            for ((o, &u), &v) in o.iter_mut().zip(a).zip(b) {
-                *o = f(u, v);
-            }
-        });
-    Ok(out)
-}
-
-/// `f` of each triple of elements of `a`, `b` and `c` (one length).
-fn map3<T: Float>(a: &[T], b: &[T], c: &[T], f: impl Fn(T, T, T) -> T + Sync) -> Result<Vec<T>> {
-    if !parallel(a.len()) {
-        return try_collect(
-            a.iter().zip(b).zip(c).map(|((&u, &v), &w)| f(u, v, w)),
-            OUTPUT,
-        );
-    }
-    use rayon::prelude::*;
-    let mut out = default_buffer(a.len(), OUTPUT)?;
-    out.par_chunks_mut(CHUNK)
-        .zip(
-            a.par_chunks(CHUNK)
-                .zip(b.par_chunks(CHUNK))
-                .zip(c.par_chunks(CHUNK)),
-        )
-        .for_each(|(o, ((a, b), c))| {
-            for (((o, &u), &v), &w) in o.iter_mut().zip(a).zip(b).zip(c) {
-                *o = f(u, v, w);
-            }
-        });
-    Ok(out)
-}
-
-fn forward_t<T: Float>(l: &mut Locked<'_>, op: &str, f: impl Fn(f64) -> f64 + Sync) -> Result<()> {
-    let x = input::<T>(l, op, 0)?;
-    let y = map1(&dense(x), |v| T::of(f(v.to_f64())))?;
-    let y = array(x.shape(), y)?;
-    l.set_output(0, T::wrap(y));
+fn softmax_t<T: Float>(l: &mut Locked<'_>, axis: i64) -> Result<()> {
+    let x = input::<T>(l, "Softmax", 0)?;
+    let ax = canonical_axis("Softmax", "axis", axis, x.ndim(), l.input_name(0))?;
+    let (_, d) = split_at(x.shape(), ax);
+    let p = array(x.shape(), softmax_rows(&dense(x), d)?)?;
+    l.set_output(0, T::wrap(p));
     Ok(())
 }
 
-fn backward_t<T: Float>(
-    l: &mut Locked<'_>,
-    op: &str,
-    gd: &GradDef,
-    g: impl Fn(f64, f64, f64) -> f64 + Sync,
-) -> Result<()> {
-    let (dyi, vals) = (gd.reads.dy(), gd.reads.values());
-    for &i in vals {
-        same_shape(op, l, dyi, i)?;
+fn build_softmax(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let axis = ctx.args.i64("axis", 1)?;
+    float_kernel!("Softmax", 0, |l| softmax_t(&mut l, axis))
+}
+
+fn softmax_grad_t<T: Float>(l: &mut Locked<'_>, axis: i64) -> Result<()> {
+    let op = "SoftmaxGradient";
+    same_shape(op, l, 0, 1)?;
+    let (y, dy) = (input::<T>(l, op, 0)?, input::<T>(l, op, 1)?);
+    let ax = canonical_axis(op, "axis", axis, y.ndim(), l.input_name(0))?;
+    let (_, d) = split_at(y.shape(), ax);
+    let (ys, dys) = (dense(y), dense(dy));
+    let mut dx = crate::tensor::try_vec(ys.len(), "SoftmaxGradient's output")?;
+    for (yr, dr) in ys.chunks(d.max(1)).zip(dys.chunks(d.max(1))) {
+        let dot: T = yr.iter().zip(dr).map(|(&a, &b)| a * b).sum();
+        dx.extend(yr.iter().zip(dr).map(|(&a, &b)| a * (b - dot)));
     }
-    let dy = input::<T>(l, op, dyi)?;
-    let (ds, v0s) = (dense(dy), dense(input::<T>(l, op, vals[0])?));
-    let dx = if let [_, i1] = vals {
-        let v1s = dense(input::<T>(l, op, *i1)?);
-        map3(&v0s, &v1s, &ds, |a, b, d| {
-            T::of(g(a.to_f64(), b.to_f64(), d.to_f64()))
-        })?
-    } else {
-        map2(&v0s, &ds, |a, d| T::of(g(a.to_f64(), 0.0, d.to_f64())))?
-    };
-    let dx = array(dy.shape(), dx)?;
+    let dx = array(y.shape(), dx)?;
     l.set_output(0, T::wrap(dx));
     Ok(())
 }
 
-fn build(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
-    let (def, grad) = lookup(ctx.op_type())?;
-    let p = params(ctx, def.name)?;
-    let op = ctx.op_type().to_string();
-    if grad {
-        let gd = def
-            .grad
-            .as_ref()
-            .ok_or_else(|| Error::internal("no gradient"))?;
-        let run = gd.g.1;
-        Ok(kernel(move |cx| {
-            let mut l = cx.lock();
-            run(&mut l, &op, gd, &p)?;
-            Ok(true)
-        }))
+fn build_softmax_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let axis = ctx.args.i64("axis", 1)?;
+    float_kernel!("SoftmaxGradient", 0, |l| softmax_grad_t(&mut l, axis))
+}
+
+// ------------------------------------------------------------- Dropout --
+
+fn dropout_ratio(ctx: &OpDefCtx<'_>) -> Result<(f32, bool)> {
+    let ratio = ctx.args.f32("ratio", 0.5)?;
+    if !(0.0..=1.0).contains(&ratio) {
+        return Err(ctx.bad_arg(format!("ratio must be in [0, 1], got {ratio}")));
+    }
+    Ok((ratio, ctx.args.i64("is_test", 0)? != 0))
+}
+
+/// 1 / (1 - ratio), or 0 when everything is dropped.
+fn keep_scale(ratio: f32) -> f64 {
+    if ratio >= 1.0 {
+        0.0
     } else {
-        let run = def.f.1;
-        Ok(kernel(move |cx| {
-            let mut l = cx.lock();
-            run(&mut l, &op, &p)?;
-            Ok(true)
-        }))
+        1.0 / (1.0 - f64::from(ratio))
     }
 }
 
-type InferFn = crate::operator::InferFn;
-const LIKE: [InferFn; 3] = [
-    |_, ins, n| Ok(same_as_input(ins, 0, n)),
-    |_, ins, n| Ok(same_as_input(ins, 1, n)),
-    |_, ins, n| Ok(same_as_input(ins, 2, n)),
-];
-const ALLOW: [fn(usize, usize) -> bool; 3] = [in_place_0_0, in_place_1_0, in_place_2_0];
+fn dropout_t<T: Float>(l: &mut Locked<'_>, mask: &[bool], scale: f64) -> Result<()> {
+    let x = input::<T>(l, "Dropout", 0)?;
+    let s = T::of(scale);
+    let y: Vec<T> = crate::tensor::try_collect(
+        x.iter()
+            .zip(mask)
+            .map(|(&v, &k)| if k { v * s } else { T::of(0.0) }),
+        "a kernel buffer",
+    )?;
+    let shape = x.shape().to_vec();
+    l.set_output(0, T::wrap(array(&shape, y)?));
+    Ok(())
+}
+
+fn build_dropout(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let (ratio, is_test) = dropout_ratio(ctx)?;
+    let mut rng = super::fill::make_rng(ctx);
+    let want_mask = ctx.num_outputs() == 2;
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        float_dtype(&l, "Dropout", 0)?;
+        if is_test {
+            if !l.aliases(0, 0) {
+                let t = l.tensor(0)?.try_clone()?;
+                l.set_output(0, t);
+            }
+            return Ok(true);
+        }
+        let shape = l.tensor(0)?.shape().to_vec();
+        let n: usize = shape.iter().product();
+        let u =
+            rand::distr::Uniform::new(0.0f32, 1.0).map_err(|e| Error::internal(e.to_string()))?;
+        let mask: Vec<bool> = crate::tensor::try_collect(
+            (0..n).map(|_| rand::distr::Distribution::sample(&u, &mut rng) >= ratio),
+            "a kernel buffer",
+        )?;
+        let scale = keep_scale(ratio);
+        by_float!(&l, "Dropout", 0, dropout_t(&mut l, &mask, scale))?;
+        if want_mask {
+            let m = ArrayD::from_shape_vec(IxDyn(&shape), mask)
+                .map_err(|e| Error::internal(e.to_string()))?;
+            l.set_output(1, Tensor::from(m));
+        }
+        Ok(true)
+    }))
+}
+
+fn dropout_grad_t<T: Float>(l: &mut Locked<'_>, scale: Option<f64>) -> Result<()> {
+    let op = "DropoutGrad";
+    let dy = input::<T>(l, op, 0)?;
+    let Some(scale) = scale else {
+        // dX = dY: the buffer is shared (copy on write), not copied.
+        let dx = l.tensor(0)?.clone();
+        l.set_output(0, dx);
+        return Ok(());
+    };
+    let t = l.tensor(1)?;
+    let name = l.input_name(1);
+    let Tensor::Bool(mask) = t else {
+        return Err(Error::type_error(format!(
+            "{op}: the mask ('{name}') must be a bool tensor (Dropout's second output), got {}",
+            t.dtype()
+        ))
+        .with_blob(name));
+    };
+    if mask.shape() != dy.shape() {
+        return Err(Error::shape(format!(
+            "{op}: the mask ('{name}', shape {:?}) must have dY's shape {:?}",
+            mask.shape(),
+            dy.shape()
+        ))
+        .with_blob(name));
+    }
+    let s = T::of(scale);
+    let dx =
+        crate::tensor::zip_map_array(
+            dy.view(),
+            mask.view(),
+            |&g, &k| if k { g * s } else { T::of(0.0) },
+        )?;
+    l.set_output(0, T::wrap(dx));
+    Ok(())
+}
+
+fn build_dropout_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let (ratio, is_test) = dropout_ratio(ctx)?;
+    let scale = (!is_test && ctx.num_inputs() == 2).then(|| keep_scale(ratio));
+    float_kernel!("DropoutGrad", 0, |l| dropout_grad_t(&mut l, scale))
+}
 
 // ---------------------------------------------------------------- PRelu --
 
@@ -999,193 +423,20 @@ fn build_prelu(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     }))
 }
 
-pub fn schemas() -> Vec<OpSchema> {
-    let mut v = Vec::new();
-    for d in OPS {
-        let mut s = OpSchema::new(d.name, build)
-            .inputs(1, 1)
-            .outputs(1, 1)
-            .args(d.args)
-            .infer(LIKE[0])
-            .doc(d.doc);
-        if d.inplace {
-            s = s.inplace(InPlace::Allow(in_place_0_0));
-        }
-        v.push(s);
-        if let Some(g) = &d.grad {
-            let n = g.reads.n_inputs();
-            let mut s = OpSchema::new(g.name, build)
-                .inputs(n, n)
-                .outputs(1, 1)
-                .args(d.args)
-                .infer(LIKE[g.reads.dy()])
-                .doc(g.doc);
-            if g.inplace {
-                s = s.inplace(InPlace::Allow(ALLOW[g.reads.dy()]));
-            }
-            v.push(s);
-        }
-    }
-    v.push(
-        OpSchema::new("PRelu", build_prelu)
-            .inputs(2, 2)
-            .outputs(1, 1)
-            .inplace(InPlace::Allow(in_place_0_0))
-            .args(PRELU_ARGS)
-            .ignores(PRELU_IGNORED)
-            .infer(LIKE[0])
-            .doc("Y = X where X > 0, else slope * X; inputs (X, slope), the slope one value shared by all channels or one per channel (dim 1 for NCHW, the last dim for NHWC)."),
-    );
-    v.push(
-        OpSchema::new("PReluGradient", build_prelu)
-            .inputs(4, 4)
-            .outputs(2, 2)
-            .args(PRELU_ARGS)
-            .ignores(PRELU_IGNORED)
-            .infer(|_, ins, _| {
-                Ok(vec![
-                    crate::shapes::rules::known(ins, 2).cloned(),
-                    crate::shapes::rules::known(ins, 3).cloned(),
-                ])
-            })
-            .doc("Gradient of PRelu: inputs (Y, dY, X, slope), outputs (dX, dslope); X must not be Y (no gradient through an in-place PRelu)."),
-    );
-    v
-}
-
 #[cfg(test)]
 mod tests {
-    use super::*;
-
-    fn f(name: &str) -> Fwd {
-        lookup(name).unwrap().0.f.0
-    }
-    fn g(name: &str) -> Bwd {
-        lookup(name).unwrap().0.grad.as_ref().unwrap().g.0
-    }
-
     #[test]
-    fn elu_and_its_gradient() {
-        let p = Params {
-            a: 1.5,
-            ..Params::default()
-        };
-        assert_eq!(f("Elu")(2.0, &p), 2.0);
-        let y = f("Elu")(-1.0, &p);
-        assert!((y - 1.5 * ((-1.0f64).exp() - 1.0)).abs() < 1e-15);
-        // dY * (Y + alpha) = dY * alpha * exp(X) below 0.
-        assert!((g("Elu")(y, 0.0, 2.0, &p) - 2.0 * 1.5 * (-1.0f64).exp()).abs() < 1e-12);
-        assert_eq!(g("Elu")(3.0, 0.0, 2.0, &p), 2.0);
-    }
-
-    #[test]
-    fn gelu_exact_matches_known_values() {
-        let p = Params::default();
-        // Phi(1) = 0.8413447460685429.
-        assert!((f("Gelu")(1.0, &p) - 0.841_344_746_068_542_9).abs() < 1e-14);
-        assert_eq!(f("Gelu")(0.0, &p), 0.0);
-        // d/dx at 0 is Phi(0) = 0.5.
-        assert!((g("Gelu")(0.0, 0.0, 1.0, &p) - 0.5).abs() < 1e-15);
-        let fast = Params {
-            flag: true,
-            ..Params::default()
-        };
-        assert!((f("Gelu")(1.0, &fast) - 0.841_191_990_607_477_2).abs() < 1e-12);
-    }
-
-    #[test]
-    fn gradients_match_central_differences() {
-        let p = Params {
-            a: 0.05,
-            b: 1.25,
-            flag: false,
-        };
-        let h = 1e-6;
-        for name in [
-            "Elu",
-            "Swish",
-            "Gelu",
-            "Softsign",
-            "Mish",
-            "Cube",
-            "Cbrt",
-            "Rsqrt",
-            "Reciprocal",
-            "Log1p",
-            "Sin",
-            "Cos",
-            "Tan",
-            "Asin",
-            "Acos",
-            "Atan",
-            "Sinh",
-            "Cosh",
-            "Erf",
+    fn every_op_and_gradient_has_a_schema() {
+        let names: Vec<&str> = super::schemas().iter().map(|s| s.name).collect();
+        for n in [
+            "Softmax",
+            "SoftmaxGradient",
+            "PRelu",
+            "PReluGradient",
+            "Dropout",
+            "DropoutGrad",
         ] {
-            let (d, _) = lookup(name).unwrap();
-            let gd = d.grad.as_ref().unwrap();
-            for &x in &[0.3, 0.7, -0.45] {
-                let (xv, yv) = (x, (d.f.0)(x, &p));
-                let num = ((d.f.0)(x + h, &p) - (d.f.0)(x - h, &p)) / (2.0 * h);
-                if num.is_nan() {
-                    // Outside the domain (Rsqrt of a negative).
-                    assert!(yv.is_nan(), "{name} at {x}");
-                    continue;
-                }
-                let (a, b) = match gd.reads {
-                    Reads::YDy | Reads::DyY => (yv, 0.0),
-                    Reads::XDy | Reads::DyX => (xv, 0.0),
-                    Reads::XYDy => (xv, yv),
-                };
-                let got = (gd.g.0)(a, b, 1.0, &p);
-                assert!(
-                    (got - num).abs() < 1e-6 * (1.0 + num.abs()),
-                    "{name} at {x}: {got} vs {num}"
-                );
-            }
+            assert!(names.contains(&n), "{n}");
         }
-    }
-
-    #[test]
-    fn clipping_ops_and_sign() {
-        let p = Params {
-            a: 6.0,
-            ..Params::default()
-        };
-        assert_eq!(f("ReluN")(7.0, &p), 6.0);
-        assert_eq!(f("ReluN")(-1.0, &p), 0.0);
-        assert_eq!(g("ReluN")(6.0, 0.0, 1.0, &p), 0.0);
-        assert_eq!(g("ReluN")(3.0, 0.0, 1.0, &p), 1.0);
-        let hs = Params {
-            a: 0.2,
-            b: 0.5,
-            flag: false,
-        };
-        assert_eq!(f("HardSigmoid")(10.0, &hs), 1.0);
-        assert!((f("HardSigmoid")(1.0, &hs) - 0.7).abs() < 1e-15);
-        assert!((g("HardSigmoid")(0.7, 0.0, 2.0, &hs) - 0.4).abs() < 1e-15);
-        assert_eq!(f("Sign")(-3.0, &p), -1.0);
-        assert_eq!(f("Sign")(0.0, &p), 0.0);
-        assert!(f("Sign")(f64::NAN, &p).is_nan());
-    }
-
-    #[test]
-    fn mish_does_not_overflow() {
-        let p = Params::default();
-        assert_eq!(f("Mish")(1000.0, &p), 1000.0);
-        assert_eq!(g("Mish")(1000.0, 0.0, 1.0, &p), 1.0);
-        assert_eq!(f("Mish")(-1000.0, &p), 0.0);
-    }
-
-    #[test]
-    fn every_gradient_op_has_a_schema() {
-        let names: Vec<&str> = schemas().iter().map(|s| s.name).collect();
-        for d in OPS {
-            assert!(names.contains(&d.name));
-            if d.grad.is_some() {
-                assert!(names.iter().any(|n| *n == format!("{}Gradient", d.name)));
-            }
-        }
-        assert!(names.contains(&"PReluGradient"));
     }
 }

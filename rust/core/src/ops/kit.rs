@@ -11,6 +11,29 @@ use crate::operator::{Locked, OpDefCtx};
 use crate::tensor::{DataType, Element, Tensor};
 use ndarray::{ArrayD, IxDyn};
 
+// --------------------------------------------------------------- kernels --
+
+/// A kernel written as a plain function of its context (most ops have no
+/// state of their own).
+pub struct FnOp<F>(pub F);
+
+impl<F> crate::operator::Operator for FnOp<F>
+where
+    F: FnMut(&mut crate::operator::OpCx<'_>) -> crate::error::Result<bool> + Send,
+{
+    fn run(&mut self, cx: &mut crate::operator::OpCx<'_>) -> crate::error::Result<bool> {
+        (self.0)(cx)
+    }
+}
+
+/// Boxes a closure as a kernel.
+pub fn kernel<F>(f: F) -> Box<dyn crate::operator::Operator>
+where
+    F: FnMut(&mut crate::operator::OpCx<'_>) -> crate::error::Result<bool> + Send + 'static,
+{
+    Box::new(FnOp(f))
+}
+
 // ---------------------------------------------------------------- inputs --
 
 /// "float32 or float64", for type errors (the set `floats`).
@@ -142,6 +165,13 @@ pub(crate) fn sign<T: Float>(v: T) -> T {
     } else {
         zero
     }
+}
+
+/// `shape` padded with 1s to `ndim` dims, its dims starting at `offset`.
+pub(crate) fn padded(shape: &[usize], ndim: usize, offset: usize) -> Vec<usize> {
+    let mut p = vec![1; ndim];
+    p[offset..offset + shape.len()].copy_from_slice(shape);
+    p
 }
 
 // ------------------------------------------------------ axes and orders --

@@ -26,7 +26,8 @@ pub mod fill;
 pub(crate) mod gemm;
 pub mod index;
 pub(crate) mod kit;
-pub mod nn;
+pub mod loss;
+pub mod matmul;
 pub mod norm;
 pub mod optim;
 pub mod optim_extra;
@@ -42,6 +43,7 @@ pub mod select;
 pub mod shape;
 pub mod sparse;
 pub mod textfile;
+pub mod unary;
 pub mod utility;
 pub(crate) mod winograd;
 
@@ -57,8 +59,8 @@ pub fn builtin_schemas() -> Vec<OpSchema> {
     v.extend(elementwise::schemas());
     v.extend(fill::schemas());
     v.extend(index::schemas());
-    v.extend(nn::schemas());
-    v.extend(nn::more_schemas());
+    v.extend(loss::schemas());
+    v.extend(matmul::schemas());
     v.extend(norm::schemas());
     v.extend(optim::schemas());
     v.extend(optim_extra::schemas());
@@ -74,6 +76,8 @@ pub fn builtin_schemas() -> Vec<OpSchema> {
     v.extend(select::schemas());
     v.extend(shape::schemas());
     v.extend(sparse::schemas());
+    v.extend(unary::schemas());
+    v.extend(unary::native_schemas());
     v.extend(utility::schemas());
     v
 }
@@ -87,23 +91,4 @@ pub fn builtin_codecs() -> Vec<(&'static str, crate::storage::BlobDecoder)> {
     v
 }
 
-/// A kernel written as a plain function of its context (most ops have no
-/// state of their own).
-pub struct FnOp<F>(pub F);
-
-impl<F> crate::operator::Operator for FnOp<F>
-where
-    F: FnMut(&mut crate::operator::OpCx<'_>) -> crate::error::Result<bool> + Send,
-{
-    fn run(&mut self, cx: &mut crate::operator::OpCx<'_>) -> crate::error::Result<bool> {
-        (self.0)(cx)
-    }
-}
-
-/// Boxes a closure as a kernel.
-pub fn kernel<F>(f: F) -> Box<dyn crate::operator::Operator>
-where
-    F: FnMut(&mut crate::operator::OpCx<'_>) -> crate::error::Result<bool> + Send + 'static,
-{
-    Box::new(FnOp(f))
-}
+pub use kit::{kernel, FnOp};

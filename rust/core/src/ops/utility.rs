@@ -68,6 +68,12 @@ const SPLIT_ARGS: &[crate::operator::ArgDoc] = &[
 
 pub fn schemas() -> Vec<OpSchema> {
     vec![
+        OpSchema::new("StopGradient", build_stop_gradient)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .inplace(InPlace::Allow(in_place_0_0))
+            .infer(|_, ins, n| Ok(crate::shapes::rules::same_as_input(ins, 0, n)))
+            .doc("Y = X; the backward pass stops here."),
         OpSchema::new("Copy", copy)
             .inputs(1, 1)
             .outputs(1, 1)
@@ -1094,6 +1100,17 @@ fn split(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         };
         for (j, t) in outs.into_iter().enumerate() {
             l.set_output(j, t);
+        }
+        Ok(true)
+    }))
+}
+
+fn build_stop_gradient(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    Ok(kernel(|cx| {
+        let mut l = cx.lock();
+        if !l.aliases(0, 0) {
+            let t = l.tensor(0)?.try_clone()?;
+            l.set_output(0, t);
         }
         Ok(true)
     }))

@@ -6,9 +6,11 @@
 use super::loops::*;
 use crate::arg;
 use crate::error::{Error, ErrorKind, Result};
+use crate::num::Float;
 use crate::num::Number;
 use crate::operator::{InPlace, Locked, OpDefCtx, OpSchema, Operator, MANY};
 use crate::ops::kernel;
+use crate::ops::kit::{array, dense, float_kernel, in_place_0_0, in_place_0_or_1, input, padded};
 use crate::tensor::{copy_array, DataType, Element, Tensor};
 use ndarray::{ArrayD, CowArray, IxDyn};
 use smallvec::SmallVec;
@@ -484,4 +486,577 @@ fn build_scale_blobs(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         }
         Ok(true)
     }))
+}
+
+// ------------------------------------------- from nn.rs (issue 14) --
+
+/// The gradients of Add, Sub, Mul and Div, Pow (and its gradient) and
+/// WeightedSumGradient: float32 or float64, computed into new buffers.
+pub fn grad_schemas() -> Vec<OpSchema> {
+    const BCAST: &[crate::operator::ArgDoc] = &[
+        arg!("broadcast", "int", "0", "as the forward op's broadcast"),
+        arg!(
+            "axis",
+            "int",
+            "A.ndim - B.ndim",
+            "as the forward op's axis (legacy broadcasting)"
+        ),
+        arg!(
+            "axis_str",
+            "string",
+            "\"\"",
+            "as the forward op's axis_str (legacy broadcasting)"
+        ),
+        arg!(
+            "order",
+            "string",
+            "\"NCHW\"",
+            "as the forward op's order (legacy broadcasting)"
+        ),
+    ];
+    const POW_ARGS: &[crate::operator::ArgDoc] = &[
+        arg!(
+            "exponent",
+            "float",
+            "(none)",
+            "the exponent, when there is no second input"
+        ),
+        arg!(
+            "broadcast",
+            "int",
+            "0",
+            "non-zero: Caffe2's legacy broadcast: the exponent input's shape is a run of X's dims (from axis), each equal or 1"
+        ),
+        arg!(
+            "axis",
+            "int",
+            "-1",
+            "with broadcast: the X dim the exponent's first dim lines up with (-1: its last dims line up with X's)"
+        ),
+    ];
+    let binary_grad = |name: &'static str, doc: &'static str| {
+        OpSchema::new(name, build_binary_grad)
+            .inputs(3, 3)
+            .outputs(2, 2)
+            .inplace(InPlace::Allow(allow_0_any))
+            .args(BCAST)
+            .doc(doc)
+    };
+    vec![
+        binary_grad("AddGradient", "Gradient of Add: inputs (dC, A, B), outputs (dA, dB), each summed over the dims it was broadcast along."),
+        binary_grad("SubGradient", "Gradient of Sub: inputs (dC, A, B), outputs (dA, dB = -dC summed)."),
+        binary_grad("MulGradient", "Gradient of Mul: inputs (dC, A, B), outputs (dA = dC * B, dB = dC * A), summed over broadcast dims."),
+        binary_grad("DivGradient", "Gradient of Div: inputs (dC, A, B, C) (C = A / B, the forward output), outputs (dA = dC / B, dB = -dC * C / B), summed over broadcast dims; also Caffe2's legacy three inputs (B, C, dC).")
+            .inputs(3, 4),
+        OpSchema::new("Pow", build_pow)
+            .inputs(1, 2)
+            .outputs(1, 1)
+            .inplace(InPlace::Allow(in_place_0_or_1))
+            .args(POW_ARGS)
+            .infer(|_, ins, n| Ok(crate::shapes::rules::same_as_input(ins, 0, n)))
+            .doc("Y = X ^ exponent elementwise: the exponent argument, or a second input (one element, X's shape, or with broadcast=1 a run of X's dims from axis)."),
+        OpSchema::new("PowGradient", build_pow_grad)
+            .inputs(2, 4)
+            .outputs(1, 2)
+            .inplace(InPlace::Allow(in_place_0_0))
+            .args(POW_ARGS)
+            .doc("Gradient of Pow: with the exponent argument, inputs (dY, X, Y) (or (dY, Y) after an in-place Pow), output dX = exponent * X^(exponent - 1) * dY; with an exponent input, inputs (dY, X, E, Y), outputs (dX, dE = dY * Y * ln X, summed over the dims E was broadcast along)."),
+        OpSchema::new("WeightedSumGradient", build_weighted_sum_grad)
+            .inputs(3, crate::operator::MANY)
+            .outputs(1, crate::operator::MANY)
+            .args(&[arg!("grad_on_w", "bool", "false", "also output the weights' gradients")])
+            .doc("Gradient of WeightedSum: inputs (dY, X0, w0, X1, w1, ...), outputs (dX0, dX1, ...[, dw0, dw1, ...]): dXi = wi * dY (Xi's shape), dwi = sum(dY * Xi) (float32)."),
+    ]
+}
+
+/// dA may be written over dC (AddGradient and the like).
+fn allow_0_any(i: usize, _o: usize) -> bool {
+    i == 0
+}
+
+// --------------------------------------------- elementwise gradients --
+
+/// `g` (of the output's shape) summed over the dims `pad` (an input's
+/// shape, padded) was broadcast along, reshaped to `shape`.
+fn reduce_to<T: Float>(g: ArrayD<T>, pad: &[usize], shape: &[usize]) -> Result<ArrayD<T>> {
+    let mut g = g;
+    for ax in (0..pad.len()).rev() {
+        if pad[ax] == 1 && g.shape()[ax] != 1 {
+            g = crate::tensor::fold_axis_array(g.view(), ax, T::of(0.0), |&s, &v| s + v)?;
+        }
+    }
+    let v: Vec<T> = crate::tensor::try_collect(g.iter().copied(), "a kernel buffer")?;
+    array(shape, v)
+}
+
+fn binary_grad_t<T: Float>(
+    l: &mut Locked<'_>,
+    op: &str,
+    legacy: bool,
+    axis: Option<usize>,
+    num_inputs: usize,
+) -> Result<()> {
+    // DivGradient's dB is -dC * C / B from the forward output C = A / B
+    // (Caffe2's), which stays right after an in-place Div overwrote A: its
+    // inputs are (dC, A, B, C), or Caffe2's legacy three (B, C, dC), where
+    // C (A's shape) stands in for A.
+    let legacy_div = op == "DivGradient" && num_inputs == 3;
+    let (ic, ia, ib) = if legacy_div { (2, 1, 0) } else { (0, 1, 2) };
+    let (dc, a, b) = (
+        input::<T>(l, op, ic)?,
+        input::<T>(l, op, ia)?,
+        input::<T>(l, op, ib)?,
+    );
+    let (sa, sb) = (a.shape().to_vec(), b.shape().to_vec());
+    let (a_role, c_name) = if legacy_div { ("C", ia) } else { ("A", ia) };
+    let mismatch = || {
+        Error::shape(format!(
+            "{op}: {a_role} ('{}', shape {sa:?}), B ('{}', shape {sb:?}) and dC ('{}', shape {:?}) do not broadcast as the forward op did",
+            l.input_name(c_name),
+            l.input_name(ib),
+            l.input_name(ic),
+            dc.shape()
+        ))
+        .with_blob(l.input_name(ic))
+    };
+    // The padded shapes of A and B, and the output's shape.
+    let (pa, pb) = if legacy && sb.iter().product::<usize>() == 1 {
+        // One element broadcasts whatever its dims (as the forward op).
+        (sa.clone(), vec![1; sa.len()])
+    } else if legacy {
+        let off = axis.or_else(|| sa.len().checked_sub(sb.len()));
+        let off = off
+            .filter(|&o| o + sb.len() <= sa.len())
+            .ok_or_else(mismatch)?;
+        (sa.clone(), padded(&sb, sa.len(), off))
+    } else {
+        let nd = sa.len().max(sb.len());
+        (
+            padded(&sa, nd, nd - sa.len()),
+            padded(&sb, nd, nd - sb.len()),
+        )
+    };
+    let mut sc = Vec::with_capacity(pa.len());
+    for (&x, &y) in pa.iter().zip(&pb) {
+        sc.push(match (x, y) {
+            (x, y) if x == y => x,
+            (1, y) => y,
+            (x, 1) => x,
+            _ => return Err(mismatch()),
+        });
+    }
+    if dc.shape() != sc.as_slice() {
+        return Err(mismatch());
+    }
+    let c = if op != "DivGradient" {
+        None
+    } else if legacy_div {
+        Some(a)
+    } else {
+        let c = input::<T>(l, op, 3)?;
+        if c.shape() != sc.as_slice() {
+            return Err(Error::shape(format!(
+                "{op}: C ('{}', shape {:?}) must have the forward output's shape {sc:?}",
+                l.input_name(3),
+                c.shape()
+            ))
+            .with_blob(l.input_name(3)));
+        }
+        Some(c)
+    };
+    let kind = match op {
+        "AddGradient" => GradKind::Add,
+        "SubGradient" => GradKind::Sub,
+        "DivGradient" => GradKind::Div,
+        _ => GradKind::Mul,
+    };
+    let (da, db) = broadcast_grads(
+        kind,
+        &dense(dc),
+        (&dense(a), &pa),
+        (&dense(b), &pb),
+        c.map(dense).as_deref(),
+        &sc,
+    )?;
+    l.set_output(0, T::wrap(array(&sa, da)?));
+    l.set_output(1, T::wrap(array(&sb, db)?));
+    Ok(())
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum GradKind {
+    Add,
+    Sub,
+    Mul,
+    Div,
+}
+
+/// The gradients (dA, dB) of C = A op B (A and B broadcast to C's shape
+/// `sc` from their padded shapes), each summed over the dims its input was
+/// broadcast along, in one row-major pass over dC into two buffers of the
+/// inputs' sizes (no output-sized intermediate). `c` is the forward
+/// output, for Div.
+fn broadcast_grads<T: Float>(
+    kind: GradKind,
+    dc: &[T],
+    (a, pa): (&[T], &[usize]),
+    (b, pb): (&[T], &[usize]),
+    c: Option<&[T]>,
+    sc: &[usize],
+) -> Result<(Vec<T>, Vec<T>)> {
+    let mut da = crate::tensor::default_buffer::<T>(a.len(), "the gradient dA")?;
+    let mut db = crate::tensor::default_buffer::<T>(b.len(), "the gradient dB")?;
+    // Row-major strides of A and B over C's dims, 0 where broadcast.
+    let strides = |p: &[usize]| {
+        let mut st = vec![0; p.len()];
+        let mut acc = 1;
+        for k in (0..p.len()).rev() {
+            st[k] = if p[k] == 1 { 0 } else { acc };
+            acc *= p[k];
+        }
+        st
+    };
+    let (sta, stb) = (strides(pa), strides(pb));
+    let nd = sc.len();
+    let mut idx = vec![0usize; nd];
+    let (mut oa, mut ob) = (0usize, 0usize);
+    for (i, &g) in dc.iter().enumerate() {
+        match kind {
+            GradKind::Add => {
+                da[oa] += g;
+                db[ob] += g;
+            }
+            GradKind::Sub => {
+                da[oa] += g;
+                db[ob] += -g;
+            }
+            GradKind::Mul => {
+                da[oa] += g * b[ob];
+                db[ob] += g * a[oa];
+            }
+            GradKind::Div => {
+                let y = b[ob];
+                let cv = c.map_or(T::of(0.0), |c| c[i]);
+                da[oa] += g / y;
+                db[ob] += -(g * cv) / y;
+            }
+        }
+        // Next index, row-major.
+        for k in (0..nd).rev() {
+            idx[k] += 1;
+            oa += sta[k];
+            ob += stb[k];
+            if idx[k] < sc[k] {
+                break;
+            }
+            oa -= sta[k] * idx[k];
+            ob -= stb[k] * idx[k];
+            idx[k] = 0;
+        }
+    }
+    Ok((da, db))
+}
+
+fn build_binary_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let legacy = ctx.args.i64("broadcast", 0)? != 0;
+    // The forward op's axis, axis_str and order, read as it read them.
+    let axis = if legacy { legacy_axis(ctx)? } else { None };
+    let op = ctx.op_type().to_string();
+    let ni = ctx.num_inputs();
+    float_kernel!(&op, 0, |l| binary_grad_t(&mut l, &op, legacy, axis, ni))
+}
+
+// ----------------------------------------------------------------- Pow --
+
+/// Where the exponent input lies among X's dims: with Caffe2's legacy
+/// `broadcast`, its dims padded with 1s to X's rank, starting at `axis` (-1:
+/// at the end); else `None`.
+#[derive(Clone, Copy)]
+struct PowBroadcast(Option<i64>);
+
+impl PowBroadcast {
+    fn of(ctx: &OpDefCtx<'_>) -> Result<PowBroadcast> {
+        let on = ctx.args.i64("broadcast", 0)? != 0;
+        let axis = ctx.args.i64("axis", -1)?;
+        Ok(PowBroadcast(on.then_some(axis)))
+    }
+
+    /// The exponent's shape padded to X's rank, if it broadcasts to X.
+    fn padded(self, e_shape: &[usize], x_shape: &[usize]) -> Option<Vec<usize>> {
+        let axis = self.0?;
+        let off = if axis < 0 {
+            x_shape.len().checked_sub(e_shape.len())?
+        } else {
+            usize::try_from(axis).ok()?
+        };
+        if off + e_shape.len() > x_shape.len() {
+            return None;
+        }
+        let p = padded(e_shape, x_shape.len(), off);
+        p.iter()
+            .zip(x_shape)
+            .all(|(&e, &x)| e == x || e == 1)
+            .then_some(p)
+    }
+}
+
+/// The exponent input `i` as one value per element of X (`n` of them).
+fn exponents<T: Float>(
+    l: &Locked<'_>,
+    op: &str,
+    i: usize,
+    x_shape: &[usize],
+    bc: PowBroadcast,
+) -> Result<Vec<T>> {
+    let e = input::<T>(l, op, i)?;
+    let n: usize = x_shape.iter().product();
+    if e.len() == 1 {
+        crate::tensor::filled_vec(
+            n,
+            e.iter().copied().next().unwrap_or(T::of(0.0)),
+            "a kernel buffer",
+        )
+    } else if e.shape() == x_shape {
+        Ok(crate::tensor::try_to_vec(&dense(e), "a kernel buffer")?)
+    } else if let Some(p) = bc.padded(e.shape(), x_shape) {
+        let v = array(&p, crate::tensor::try_to_vec(&dense(e), "a kernel buffer")?)?;
+        let b = v.broadcast(IxDyn(x_shape)).ok_or_else(|| {
+            Error::internal(format!("{op}: cannot broadcast {p:?} to {x_shape:?}"))
+        })?;
+        crate::tensor::try_collect(b.iter().copied(), "a broadcast exponent")
+    } else {
+        let how = if bc.0.is_some() {
+            ", X's shape, or a run of X's dims (each equal or 1) starting at axis"
+        } else {
+            " or X's shape (or set broadcast=1)"
+        };
+        Err(Error::shape(format!(
+            "{op}: the exponent ('{}', shape {:?}) must have one element{how}; X has shape {x_shape:?}",
+            l.input_name(i),
+            e.shape()
+        ))
+        .with_blob(l.input_name(i)))
+    }
+}
+
+fn pow_t<T: Float>(l: &mut Locked<'_>, exponent: Option<f32>, bc: PowBroadcast) -> Result<()> {
+    let op = "Pow";
+    let x = input::<T>(l, op, 0)?;
+    let shape = x.shape().to_vec();
+    let es = match exponent {
+        Some(e) => crate::tensor::filled_vec(x.len(), T::of(f64::from(e)), "a kernel buffer")?,
+        None => exponents::<T>(l, op, 1, &shape, bc)?,
+    };
+    let y: Vec<T> = crate::tensor::try_collect(
+        x.iter().zip(&es).map(|(&v, &e)| v.powf(e)),
+        "a kernel buffer",
+    )?;
+    l.set_output(0, T::wrap(array(&shape, y)?));
+    Ok(())
+}
+
+fn build_pow(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let exponent = ctx.args.f32_opt("exponent")?;
+    match (exponent.is_some(), ctx.num_inputs()) {
+        (true, 2) => {
+            return Err(
+                ctx.bad_arg("Pow: give the exponent as an argument or as a second input, not both")
+            )
+        }
+        (false, 1) => {
+            return Err(ctx.bad_arg("Pow: the exponent argument is required with one input"))
+        }
+        _ => {}
+    }
+    let bc = PowBroadcast::of(ctx)?;
+    float_kernel!("Pow", 0, |l| pow_t(&mut l, exponent, bc))
+}
+
+fn pow_grad_t<T: Float>(
+    l: &mut Locked<'_>,
+    exponent: Option<f32>,
+    ni: usize,
+    no: usize,
+    bc: PowBroadcast,
+) -> Result<()> {
+    let op = "PowGradient";
+    let dy = crate::tensor::try_to_vec(&dense(input::<T>(l, op, 0)?), "a kernel buffer")?;
+    let one = T::of(1.0);
+    match exponent {
+        Some(e) => {
+            let e = T::of(f64::from(e));
+            // (dY, X, Y) or, after an in-place Pow, (dY, Y) with X = Y^(1/e).
+            let base = input::<T>(l, op, 1)?;
+            let shape = base.shape().to_vec();
+            if dy.len() != base.len() {
+                return Err(Error::shape(format!(
+                    "{op}: dY and X must have the same shape, got {} and {shape:?} elements",
+                    dy.len()
+                ))
+                .with_blob(l.input_name(0)));
+            }
+            let dx: Vec<T> = crate::tensor::try_collect(
+                base.iter().zip(&dy).map(|(&b, &g)| {
+                    let x = if ni == 2 { b.powf(one / e) } else { b };
+                    e * x.powf(e - one) * g
+                }),
+                "a kernel buffer",
+            )?;
+            l.set_output(0, T::wrap(array(&shape, dx)?));
+        }
+        None => {
+            let x = input::<T>(l, op, 1)?;
+            let shape = x.shape().to_vec();
+            let es = exponents::<T>(l, op, 2, &shape, bc)?;
+            let y = crate::tensor::try_to_vec(&dense(input::<T>(l, op, 3)?), "a kernel buffer")?;
+            if dy.len() != x.len() || y.len() != x.len() {
+                return Err(
+                    Error::shape(format!("{op}: dY, X and Y must have the same shape"))
+                        .with_blob(l.input_name(0)),
+                );
+            }
+            let xs = dense(x);
+            let dx: Vec<T> = crate::tensor::try_collect(
+                (0..xs.len()).map(|i| es[i] * xs[i].powf(es[i] - one) * dy[i]),
+                "a kernel buffer",
+            )?;
+            let de_full: Vec<T> = crate::tensor::try_collect(
+                (0..xs.len()).map(|i| dy[i] * y[i] * xs[i].ln()),
+                "a kernel buffer",
+            )?;
+            let e_in = input::<T>(l, op, 2)?;
+            let e_shape = e_in.shape().to_vec();
+            let de = if e_in.len() == 1 && xs.len() != 1 {
+                vec![de_full.iter().copied().sum()]
+            } else if e_shape == shape {
+                de_full
+            } else {
+                // Broadcast (legacy): summed over the dims E was repeated along.
+                let p = bc.padded(&e_shape, &shape).ok_or_else(|| {
+                    Error::internal(format!("{op}: the exponent's shape {e_shape:?} was accepted but does not broadcast"))
+                })?;
+                let full = array(&shape, de_full)?;
+                crate::tensor::try_to_vec(
+                    &dense(&reduce_to(full, &p, &e_shape)?),
+                    "a kernel buffer",
+                )?
+            };
+            l.set_output(0, T::wrap(array(&shape, dx)?));
+            if no > 1 {
+                l.set_output(1, T::wrap(array(&e_shape, de)?));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn build_pow_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let exponent = ctx.args.f32_opt("exponent")?;
+    let (ni, no) = (ctx.num_inputs(), ctx.num_outputs());
+    let ok = match exponent {
+        Some(_) => ni <= 3 && no == 1,
+        None => ni == 4,
+    };
+    if !ok {
+        return Err(ctx.bad_arg(
+            "PowGradient takes (dY, X, Y) or (dY, Y) with the exponent argument, or (dY, X, exponent, Y) without it",
+        ));
+    }
+    let bc = PowBroadcast::of(ctx)?;
+    float_kernel!("PowGradient", 0, |l| pow_grad_t(
+        &mut l, exponent, ni, no, bc
+    ))
+}
+
+// ------------------------------------------------- WeightedSumGradient --
+
+fn build_weighted_sum_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    const OP: &str = "WeightedSumGradient";
+    let grad_on_w = ctx.args.bool("grad_on_w", false)?;
+    let ni = ctx.num_inputs();
+    if ni % 2 != 1 {
+        return Err(ctx.bad_arg(format!(
+            "{OP} takes dY and then (X, weight) pairs, an odd number of inputs; got {ni}"
+        )));
+    }
+    let pairs = ni / 2;
+    let want = if grad_on_w { 2 * pairs } else { pairs };
+    if ctx.num_outputs() != want {
+        return Err(ctx.bad_arg(format!(
+            "{OP} with {pairs} (X, weight) pairs and grad_on_w={} has {want} outputs, got {}",
+            grad_on_w as i32,
+            ctx.num_outputs()
+        )));
+    }
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        fn f32_at<'l>(l: &'l Locked<'_>, i: usize) -> Result<&'l ArrayD<f32>> {
+            let t = l.tensor(i)?;
+            match t {
+                Tensor::F32(a) => Ok(&**a),
+                _ => Err(Error::type_error(format!(
+                    "{OP}: input {i} ('{}') must be a float32 tensor, got {}",
+                    l.input_name(i),
+                    t.dtype()
+                ))
+                .with_blob(l.input_name(i))),
+            }
+        }
+        let dy = f32_at(&l, 0)?;
+        let mut dxs = Vec::with_capacity(pairs);
+        let mut dws = Vec::with_capacity(pairs);
+        for p in 0..pairs {
+            let x = f32_at(&l, 1 + 2 * p)?;
+            let w = f32_at(&l, 2 + 2 * p)?;
+            if w.len() != 1 || x.len() != dy.len() {
+                return Err(Error::shape(format!(
+                    "{OP}: X{p} ('{}', shape {:?}) must have dY's {} elements and its weight ('{}', shape {:?}) one",
+                    l.input_name(1 + 2 * p),
+                    x.shape(),
+                    dy.len(),
+                    l.input_name(2 + 2 * p),
+                    w.shape()
+                ))
+                .with_blob(l.input_name(1 + 2 * p)));
+            }
+            let wv = w.iter().copied().next().unwrap_or(0.0);
+            let dx: Vec<f32> =
+                crate::tensor::try_collect(dy.iter().map(|&g| g * wv), "a kernel buffer")?;
+            dxs.push(array(x.shape(), dx)?);
+            let dw: f32 = dy.iter().zip(x.iter()).map(|(&g, &v)| g * v).sum();
+            dws.push(array(w.shape(), vec![dw])?);
+        }
+        for (p, dx) in dxs.into_iter().enumerate() {
+            l.set_output(p, Tensor::from(dx));
+        }
+        if grad_on_w {
+            for (p, dw) in dws.into_iter().enumerate() {
+                l.set_output(pairs + p, Tensor::from(dw));
+            }
+        }
+        Ok(true)
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+
+    use crate::test_util::{f32s, get, op, run, vals, ws_with};
+
+    #[test]
+    fn add_gradient_sums_over_broadcast_dims() {
+        let ws = ws_with(&[
+            ("dc", f32s(&[2, 3], &[1., 2., 3., 4., 5., 6.])),
+            ("a", f32s(&[2, 3], &[0.; 6])),
+            ("b", f32s(&[3], &[0.; 3])),
+        ]);
+        run(
+            &ws,
+            op("AddGradient", &["dc", "a", "b"], &["da", "db"], vec![]),
+        )
+        .unwrap();
+        assert_eq!(vals(&get(&ws, "da")), vec![1., 2., 3., 4., 5., 6.]);
+        assert_eq!(get(&ws, "db").shape(), &[3]);
+        assert_eq!(vals(&get(&ws, "db")), vec![5., 7., 9.]);
+    }
 }

@@ -44,6 +44,7 @@ pub(crate) use loops::{legacy_axis, legacy_shapes, numpy_shape, Shape};
 
 pub fn schemas() -> Vec<crate::operator::OpSchema> {
     let mut v = arith::schemas();
+    v.extend(arith::grad_schemas());
     v.extend(logic::schemas());
     v.extend(cast::schemas());
     v

@@ -1,0 +1,698 @@
+//! Matrix products (issue 14): FC, FCTransposed, MatMul and BatchMatMul,
+//! with their gradient ops. The products themselves go through
+//! `ops::gemm` (`matrixmultiply`, or a small-product float32 kernel; a
+//! large product is split between its caller and the kernel pool, whose
+//! size bounds the threads however many plan instances run ops at once, so
+//! a GEMM never oversubscribes the cores).
+//!
+//! Every kernel takes float32 or float64 and computes into new buffers
+//! before it writes any output.
+
+#![allow(clippy::result_large_err)]
+
+use super::kit::*;
+use crate::arg;
+use crate::error::{Error, Result};
+use crate::num::Float;
+use crate::operator::{Locked, OpDefCtx, OpSchema, Operator};
+
+pub fn schemas() -> Vec<OpSchema> {
+    const FC_ARGS: &[crate::operator::ArgDoc] = &[
+        arg!(
+            "axis",
+            "int",
+            "1",
+            "X is flattened to a matrix at this dim: (prod of dims before, prod of the rest)"
+        ),
+        arg!(
+            "axis_w",
+            "int",
+            "1",
+            "W is flattened to a matrix at this dim"
+        ),
+    ];
+    const FC_IGNORED: &[crate::operator::ArgDoc] = &[arg!(
+        "float16_compute",
+        "bool",
+        "false",
+        "half-precision compute hint (GPU); accepted and ignored"
+    )];
+    const MATMUL_ARGS: &[crate::operator::ArgDoc] = &[
+        arg!(
+            "axis_a",
+            "int",
+            "1",
+            "A is flattened to a matrix at this dim"
+        ),
+        arg!(
+            "axis_b",
+            "int",
+            "1",
+            "B is flattened to a matrix at this dim"
+        ),
+        arg!("trans_a", "int", "0", "use A transposed"),
+        arg!("trans_b", "int", "0", "use B transposed"),
+    ];
+    const BMM_ARGS: &[crate::operator::ArgDoc] = &[
+        arg!("trans_a", "int", "0", "transpose the last two dims of A"),
+        arg!("trans_b", "int", "0", "transpose the last two dims of B"),
+        arg!(
+            "broadcast",
+            "int",
+            "0",
+            "numpy.matmul broadcasting of the batch dims (and 1-D inputs)"
+        ),
+    ];
+    vec![
+        OpSchema::new("FC", build_fc)
+            .inputs(3, 3)
+            .outputs(1, 1)
+            .args(FC_ARGS)
+            .ignores(FC_IGNORED)
+            .doc("Y = X * W^T + b: X flattened to M x K at `axis`, W (N x K at `axis_w`), b (N); Y has X's dims before `axis`, then N."),
+        OpSchema::new("FCTransposed", build_fc)
+            .inputs(3, 3)
+            .outputs(1, 1)
+            .args(FC_ARGS)
+            .ignores(FC_IGNORED)
+            .doc("FC with W stored transposed (K x N): Y = X * W + b."),
+        OpSchema::new("FCGradient", build_fc_grad)
+            .inputs(3, 3)
+            .outputs(2, 3)
+            .args(FC_ARGS)
+            .ignores(FC_IGNORED)
+            .doc("Gradient of FC: inputs (X, W, dY), outputs (dW, db[, dX])."),
+        OpSchema::new("FCTransposedGradient", build_fc_grad)
+            .inputs(3, 3)
+            .outputs(2, 3)
+            .args(FC_ARGS)
+            .ignores(FC_IGNORED)
+            .doc("Gradient of FCTransposed: inputs (X, W, dY), outputs (dW, db[, dX])."),
+        OpSchema::new("MatMul", build_matmul)
+            .inputs(2, 3)
+            .outputs(1, 1)
+            .args(MATMUL_ARGS)
+            .doc("Y = op(A) * op(B), A and B flattened to matrices at axis_a and axis_b, op transposing when trans_a / trans_b."),
+        OpSchema::new("BatchMatMul", build_batch_matmul)
+            .inputs(2, 2)
+            .outputs(1, 1)
+            .args(BMM_ARGS)
+            .doc("Y[i] = op(A[i]) * op(B[i]) over the batch dims (all but the last two; equal in A and B unless broadcast, which follows numpy.matmul)."),
+        OpSchema::new("BatchMatMulGradient", build_batch_matmul_grad)
+            .inputs(3, 3)
+            .outputs(2, 2)
+            .args(BMM_ARGS)
+            .doc("Gradient of BatchMatMul with broadcast (not in Caffe2, whose maker refused broadcast=1): inputs (A, B, dY), outputs (dA, dB): each batch's products, summed over the batch dims A (B) was broadcast along; a 1-D operand as BatchMatMul takes it."),
+    ]
+}
+
+/// Strides of a dense row-major `rows x cols` matrix, read transposed or not.
+fn strides(rows: usize, cols: usize, transposed: bool) -> (usize, usize) {
+    let _ = rows;
+    if transposed {
+        (1, cols)
+    } else {
+        (cols, 1)
+    }
+}
+
+/// C (m x n) = op(A) * op(B), where A is stored `m x k` (or `k x m` when
+/// `ta`) and B `k x n` (or `n x k` when `tb`).
+fn matmul<T: Float>(
+    ta: bool,
+    tb: bool,
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[T],
+    b: &[T],
+) -> Result<Vec<T>> {
+    let mut c = crate::tensor::zeroed_vec::<T>(&[m, n], format_args!("a {m} x {n} product"))?;
+    matmul_into(ta, tb, m, k, n, a, b, &mut c);
+    Ok(c)
+}
+
+/// [`matmul`] into `c` (m x n, zeroed).
+#[allow(clippy::too_many_arguments)]
+fn matmul_into<T: Float>(
+    ta: bool,
+    tb: bool,
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[T],
+    b: &[T],
+    c: &mut [T],
+) {
+    if m * n == 0 || k == 0 {
+        return;
+    }
+    let sa = if ta {
+        strides(k, m, true)
+    } else {
+        strides(m, k, false)
+    };
+    let sb = if tb {
+        strides(n, k, true)
+    } else {
+        strides(k, n, false)
+    };
+    super::gemm::product(true, m, k, n, a, sa, b, sb, T::of(0.0), c, (n, 1));
+}
+
+// ------------------------------------------------------------------ FC --
+
+struct FcDims {
+    m: usize,
+    k: usize,
+    n: usize,
+    y_shape: Vec<usize>,
+}
+
+fn fc_dims(l: &Locked<'_>, op: &str, axis: i64, axis_w: i64, transposed: bool) -> Result<FcDims> {
+    let (x, w) = (l.tensor(0)?.shape(), l.tensor(1)?.shape());
+    let ax = canonical_axis(op, "axis", axis, x.len(), l.input_name(0))?;
+    let aw = canonical_axis(op, "axis_w", axis_w, w.len(), l.input_name(1))?;
+    let (m, k) = split_at(x, ax);
+    let (w0, w1) = split_at(w, aw);
+    let (kw, n) = if transposed { (w0, w1) } else { (w1, w0) };
+    if k != kw {
+        return Err(Error::shape(format!(
+            "{op}: dimension mismatch: X ('{}') {x:?} flattened at axis {ax} is {m} x {k}, W ('{}') {w:?} flattened at axis_w {aw} has K = {kw}",
+            l.input_name(0),
+            l.input_name(1)
+        ))
+        .with_blob(l.input_name(1)));
+    }
+    let mut y_shape = x[..ax].to_vec();
+    y_shape.push(n);
+    Ok(FcDims { m, k, n, y_shape })
+}
+
+fn fc_t<T: Float>(l: &mut Locked<'_>, op: &str, axis: i64, axis_w: i64, tr: bool) -> Result<()> {
+    let d = fc_dims(l, op, axis, axis_w, tr)?;
+    let (x, w, b) = (
+        input::<T>(l, op, 0)?,
+        input::<T>(l, op, 1)?,
+        input::<T>(l, op, 2)?,
+    );
+    if b.len() != d.n {
+        return Err(Error::shape(format!(
+            "{op}: the bias ('{}', shape {:?}) must have N = {} elements",
+            l.input_name(2),
+            b.shape(),
+            d.n
+        ))
+        .with_blob(l.input_name(2)));
+    }
+    let mut y = matmul(false, !tr, d.m, d.k, d.n, &dense(x), &dense(w))?;
+    let b = dense(b);
+    for row in y.chunks_mut(d.n.max(1)) {
+        for (v, &bi) in row.iter_mut().zip(b.iter()) {
+            *v += bi;
+        }
+    }
+    let y = array(&d.y_shape, y)?;
+    l.set_output(0, T::wrap(y));
+    Ok(())
+}
+
+fn build_fc(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let axis = ctx.args.i64("axis", 1)?;
+    let axis_w = ctx.args.i64("axis_w", 1)?;
+    let tr = ctx.op_type() == "FCTransposed";
+    let op = ctx.op_type().to_string();
+    float_kernel!(&op, 0, |l| fc_t(&mut l, &op, axis, axis_w, tr))
+}
+
+fn fc_grad_t<T: Float>(
+    l: &mut Locked<'_>,
+    op: &str,
+    axis: i64,
+    axis_w: i64,
+    tr: bool,
+    want_dx: bool,
+) -> Result<()> {
+    let d = fc_dims(l, op, axis, axis_w, tr)?;
+    let (x, w, dy) = (
+        input::<T>(l, op, 0)?,
+        input::<T>(l, op, 1)?,
+        input::<T>(l, op, 2)?,
+    );
+    if Some(dy.len()) != d.m.checked_mul(d.n) {
+        return Err(Error::shape(format!(
+            "{op}: dY ('{}', shape {:?}) must have M x N = {} x {} elements",
+            l.input_name(2),
+            dy.shape(),
+            d.m,
+            d.n
+        ))
+        .with_blob(l.input_name(2)));
+    }
+    let (xs, ws, dys) = (dense(x), dense(w), dense(dy));
+    // FC: dW (N x K) = dY^T X; FCTransposed: dW (K x N) = X^T dY.
+    let dw = if tr {
+        matmul(true, false, d.k, d.m, d.n, &xs, &dys)?
+    } else {
+        matmul(true, false, d.n, d.m, d.k, &dys, &xs)?
+    };
+    let mut db = crate::tensor::default_buffer::<T>(d.n, "FC's bias gradient")?;
+    for row in dys.chunks(d.n.max(1)) {
+        for (s, &v) in db.iter_mut().zip(row) {
+            *s = *s + v;
+        }
+    }
+    // FC: dX (M x K) = dY W; FCTransposed: dX = dY W^T.
+    let dx = want_dx
+        .then(|| matmul(false, tr, d.m, d.n, d.k, &dys, &ws))
+        .transpose()?;
+    let dw = array(w.shape(), dw)?;
+    let db = array(&[d.n], db)?;
+    let dx = dx.map(|v| array(x.shape(), v)).transpose()?;
+    l.set_output(0, T::wrap(dw));
+    l.set_output(1, T::wrap(db));
+    if let Some(dx) = dx {
+        l.set_output(2, T::wrap(dx));
+    }
+    Ok(())
+}
+
+fn build_fc_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let axis = ctx.args.i64("axis", 1)?;
+    let axis_w = ctx.args.i64("axis_w", 1)?;
+    let tr = ctx.op_type() == "FCTransposedGradient";
+    let want_dx = ctx.num_outputs() == 3;
+    let op = ctx.op_type().to_string();
+    float_kernel!(&op, 0, |l| fc_grad_t(
+        &mut l, &op, axis, axis_w, tr, want_dx
+    ))
+}
+
+// -------------------------------------------------------------- MatMul --
+
+fn matmul_t<T: Float>(
+    l: &mut Locked<'_>,
+    ax: (i64, i64),
+    ta: bool,
+    tb: bool,
+    ni: usize,
+) -> Result<()> {
+    let op = "MatMul";
+    let (a, b) = (input::<T>(l, op, 0)?, input::<T>(l, op, 1)?);
+    let aa = canonical_axis(op, "axis_a", ax.0, a.ndim(), l.input_name(0))?;
+    let ab = canonical_axis(op, "axis_b", ax.1, b.ndim(), l.input_name(1))?;
+    let (a0, a1) = split_at(a.shape(), aa);
+    let (b0, b1) = split_at(b.shape(), ab);
+    let (m, k) = if ta { (a1, a0) } else { (a0, a1) };
+    let (kb, n) = if tb { (b1, b0) } else { (b0, b1) };
+    if k != kb {
+        return Err(Error::shape(format!(
+            "MatMul: dimension mismatch: trans_a: {}, trans_b: {}, A ('{}') {:?} is used as {m} x {k}, B ('{}') {:?} as {kb} x {n}",
+            ta as i32,
+            tb as i32,
+            l.input_name(0),
+            a.shape(),
+            l.input_name(1),
+            b.shape()
+        ))
+        .with_blob(l.input_name(1)));
+    }
+    let y = matmul(ta, tb, m, k, n, &dense(a), &dense(b))?;
+    // A third input (the gradient ops' use) gives the output its shape.
+    let shape = match ni {
+        3 => {
+            let like = l.tensor(2)?.shape().to_vec();
+            if like.iter().product::<usize>() != y.len() {
+                return Err(Error::shape(format!(
+                    "MatMul: the product is {m} x {n}, which cannot take the shape {like:?} of '{}'",
+                    l.input_name(2)
+                ))
+                .with_blob(l.input_name(2)));
+            }
+            like
+        }
+        _ => vec![m, n],
+    };
+    let y = array(&shape, y)?;
+    l.set_output(0, T::wrap(y));
+    Ok(())
+}
+
+fn build_matmul(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let ax = (ctx.args.i64("axis_a", 1)?, ctx.args.i64("axis_b", 1)?);
+    let ta = ctx.args.i64("trans_a", 0)? != 0;
+    let tb = ctx.args.i64("trans_b", 0)? != 0;
+    let ni = ctx.num_inputs();
+    float_kernel!("MatMul", 0, |l| matmul_t(&mut l, ax, ta, tb, ni))
+}
+
+// --------------------------------------------------------- BatchMatMul --
+
+/// Numpy-style broadcast of two batch shapes, or None.
+fn broadcast_batch(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+    let nd = a.len().max(b.len());
+    let pa = padded(a, nd, nd - a.len());
+    let pb = padded(b, nd, nd - b.len());
+    pa.iter()
+        .zip(&pb)
+        .map(|(&x, &y)| match (x, y) {
+            (x, y) if x == y => Some(x),
+            (1, y) => Some(y),
+            (x, 1) => Some(x),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The flat offset, in a batch of shape `shape` (padded to `out`'s rank),
+/// of the batch index `idx` of the broadcast batch `out`.
+fn batch_offset(idx: usize, out: &[usize], shape: &[usize]) -> usize {
+    let pad = padded(shape, out.len(), out.len() - shape.len());
+    let (mut rem, mut off, mut stride) = (idx, 0, 1);
+    for d in (0..out.len()).rev() {
+        let i = rem % out[d].max(1);
+        rem /= out[d].max(1);
+        if pad[d] != 1 {
+            off += i * stride;
+        }
+        stride *= pad[d];
+    }
+    off
+}
+
+/// BatchMatMul's operands seen as batches of matrices: a 1-D operand (with
+/// broadcast) is a matrix of one row (A) or one column (B), never
+/// transposed (numpy's rule); `batch` is the broadcast batch.
+struct BmmDims {
+    a_vec: bool,
+    b_vec: bool,
+    ta: bool,
+    tb: bool,
+    m: usize,
+    k: usize,
+    n: usize,
+    ba: Vec<usize>,
+    bb: Vec<usize>,
+    batch: Vec<usize>,
+}
+
+impl BmmDims {
+    fn of(
+        l: &Locked<'_>,
+        op: &str,
+        (a, b): (&[usize], &[usize]),
+        ta: bool,
+        tb: bool,
+        bcast: bool,
+    ) -> Result<Self> {
+        let (mut sa, mut sb) = (a.to_vec(), b.to_vec());
+        let mismatch = |why: &str| {
+            Error::shape(format!(
+                "{op}: {why}: A ('{}') {a:?}, B ('{}') {b:?}, trans_a {}, trans_b {}",
+                l.input_name(0),
+                l.input_name(1),
+                ta as i32,
+                tb as i32
+            ))
+            .with_blob(l.input_name(1))
+        };
+        let (a_vec, b_vec) = (bcast && sa.len() == 1, bcast && sb.len() == 1);
+        if a_vec {
+            sa.insert(0, 1);
+        }
+        if b_vec {
+            sb.push(1);
+        }
+        if sa.len() < 2 || sb.len() < 2 {
+            return Err(mismatch("A and B need at least 2 dims (1 with broadcast)"));
+        }
+        if !bcast && (sa.len() != sb.len() || sa[..sa.len() - 2] != sb[..sb.len() - 2]) {
+            return Err(mismatch(
+                "the batch dims differ (broadcast=1 broadcasts them)",
+            ));
+        }
+        let (ra, ca) = (sa[sa.len() - 2], sa[sa.len() - 1]);
+        let (rb, cb) = (sb[sb.len() - 2], sb[sb.len() - 1]);
+        // With a 1-D input the vector is never transposed (numpy's rule).
+        let (ta, tb) = (ta && !a_vec, tb && !b_vec);
+        let (m, k) = if ta { (ca, ra) } else { (ra, ca) };
+        let (kb, n) = if tb { (cb, rb) } else { (rb, cb) };
+        if k != kb {
+            return Err(mismatch("dimension mismatch"));
+        }
+        let (ba, bb) = (sa[..sa.len() - 2].to_vec(), sb[..sb.len() - 2].to_vec());
+        let batch =
+            broadcast_batch(&ba, &bb).ok_or_else(|| mismatch("the batch dims do not broadcast"))?;
+        let nb: usize = batch.iter().product();
+        nb.checked_mul(m)
+            .and_then(|v| v.checked_mul(n))
+            .and_then(|v| v.checked_mul(k.max(1)))
+            .ok_or_else(|| mismatch("the products would have too many elements"))?;
+        Ok(BmmDims {
+            a_vec,
+            b_vec,
+            ta,
+            tb,
+            m,
+            k,
+            n,
+            ba,
+            bb,
+            batch,
+        })
+    }
+
+    /// The output's shape: the batch, then m and n (each left out for a
+    /// 1-D operand).
+    fn out_shape(&self) -> Vec<usize> {
+        let mut shape = self.batch.clone();
+        if !self.a_vec {
+            shape.push(self.m);
+        }
+        if !self.b_vec {
+            shape.push(self.n);
+        }
+        shape
+    }
+}
+
+fn batch_matmul_t<T: Float>(l: &mut Locked<'_>, ta: bool, tb: bool, bcast: bool) -> Result<()> {
+    let op = "BatchMatMul";
+    let (a, b) = (input::<T>(l, op, 0)?, input::<T>(l, op, 1)?);
+    let d = BmmDims::of(l, op, (a.shape(), b.shape()), ta, tb, bcast)?;
+    let (m, k, n) = (d.m, d.k, d.n);
+    let total = crate::tensor::checked_numel::<T>(&d.out_shape(), format_args!("{op}'s output"))?;
+    let nb: usize = d.batch.iter().product();
+    let (ad, bd) = (dense(a), dense(b));
+    let mut y = crate::tensor::default_buffer::<T>(total, format!("{op}'s output"))?;
+    if m * n > 0 {
+        for (i, c) in y.chunks_mut(m * n).enumerate().take(nb) {
+            let oa = batch_offset(i, &d.batch, &d.ba) * m * k;
+            let ob = batch_offset(i, &d.batch, &d.bb) * k * n;
+            matmul_into(
+                d.ta,
+                d.tb,
+                m,
+                k,
+                n,
+                &ad[oa..oa + m * k],
+                &bd[ob..ob + k * n],
+                c,
+            );
+        }
+    }
+    l.set_output(0, T::wrap(array(&d.out_shape(), y)?));
+    Ok(())
+}
+
+/// BatchMatMulGradient (inputs A, B, dY; outputs dA, dB): each batch's
+/// products, summed into the batch of A (of B) it was broadcast from.
+fn batch_matmul_grad_t<T: Float>(
+    l: &mut Locked<'_>,
+    ta: bool,
+    tb: bool,
+    bcast: bool,
+) -> Result<()> {
+    let op = "BatchMatMulGradient";
+    let (a, b, dy) = (
+        input::<T>(l, op, 0)?,
+        input::<T>(l, op, 1)?,
+        input::<T>(l, op, 2)?,
+    );
+    let d = BmmDims::of(l, op, (a.shape(), b.shape()), ta, tb, bcast)?;
+    let (m, k, n) = (d.m, d.k, d.n);
+    if dy.shape() != d.out_shape().as_slice() {
+        return Err(Error::shape(format!(
+            "{op}: dY ('{}') has shape {:?}, but BatchMatMul's output has shape {:?}",
+            l.input_name(2),
+            dy.shape(),
+            d.out_shape()
+        ))
+        .with_blob(l.input_name(2)));
+    }
+    let nb: usize = d.batch.iter().product();
+    let (ad, bd, gd) = (dense(a), dense(b), dense(dy));
+    let mut da = crate::tensor::default_buffer::<T>(a.len(), format!("{op}'s dA"))?;
+    let mut db = crate::tensor::default_buffer::<T>(b.len(), format!("{op}'s dB"))?;
+    for i in 0..nb {
+        let oa = batch_offset(i, &d.batch, &d.ba) * m * k;
+        let ob = batch_offset(i, &d.batch, &d.bb) * k * n;
+        let (ai, bi, gi) = (
+            &ad[oa..oa + m * k],
+            &bd[ob..ob + k * n],
+            &gd[i * m * n..(i + 1) * m * n],
+        );
+        // Y = op(A) op(B): d op(A) = dY op(B)^T, d op(B) = op(A)^T dY,
+        // each stored the way its operand is.
+        let ga = match (d.ta, d.tb) {
+            (false, false) => matmul(false, true, m, n, k, gi, bi),
+            (false, true) => matmul(false, false, m, n, k, gi, bi),
+            (true, false) => matmul(false, true, k, n, m, bi, gi),
+            (true, true) => matmul(true, true, k, n, m, bi, gi),
+        }?;
+        let gb = match (d.ta, d.tb) {
+            (false, false) => matmul(true, false, k, m, n, ai, gi),
+            (true, false) => matmul(false, false, k, m, n, ai, gi),
+            (false, true) => matmul(true, false, n, m, k, gi, ai),
+            (true, true) => matmul(true, true, n, m, k, gi, ai),
+        }?;
+        for (s, v) in da[oa..oa + m * k].iter_mut().zip(ga) {
+            *s = *s + v;
+        }
+        for (s, v) in db[ob..ob + k * n].iter_mut().zip(gb) {
+            *s = *s + v;
+        }
+    }
+    let (sa, sb) = (a.shape().to_vec(), b.shape().to_vec());
+    l.set_output(0, T::wrap(array(&sa, da)?));
+    l.set_output(1, T::wrap(array(&sb, db)?));
+    Ok(())
+}
+
+fn build_batch_matmul_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let ta = ctx.args.i64("trans_a", 0)? != 0;
+    let tb = ctx.args.i64("trans_b", 0)? != 0;
+    let bcast = ctx.args.i64("broadcast", 0)? != 0;
+    float_kernel!("BatchMatMulGradient", 0, |l| batch_matmul_grad_t(
+        &mut l, ta, tb, bcast
+    ))
+}
+
+fn build_batch_matmul(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let ta = ctx.args.i64("trans_a", 0)? != 0;
+    let tb = ctx.args.i64("trans_b", 0)? != 0;
+    let bcast = ctx.args.i64("broadcast", 0)? != 0;
+    float_kernel!("BatchMatMul", 0, |l| batch_matmul_t(&mut l, ta, tb, bcast))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::error::ErrorKind;
+    use crate::test_util::{f32s, get, int_arg, op, run, vals, ws_with};
+
+    #[test]
+    fn fc_and_its_gradient_by_hand() {
+        // X = [[1, 2], [3, 4]], W = [[1, 0], [1, 1], [0, 2]], b = [0, 1, 2].
+        let ws = ws_with(&[
+            ("x", f32s(&[2, 2], &[1., 2., 3., 4.])),
+            ("w", f32s(&[3, 2], &[1., 0., 1., 1., 0., 2.])),
+            ("b", f32s(&[3], &[0., 1., 2.])),
+        ]);
+        run(&ws, op("FC", &["x", "w", "b"], &["y"], vec![])).unwrap();
+        let y = get(&ws, "y");
+        assert_eq!(y.shape(), &[2, 3]);
+        assert_eq!(vals(&y), vec![1., 4., 6., 3., 8., 10.]);
+        // dY = ones: dW = column sums of X per row, db = 2, dX = row sums of W.
+        crate::test_util::feed(&ws, "dy", f32s(&[2, 3], &[1.; 6]));
+        run(
+            &ws,
+            op("FCGradient", &["x", "w", "dy"], &["dw", "db", "dx"], vec![]),
+        )
+        .unwrap();
+        assert_eq!(vals(&get(&ws, "dw")), vec![4., 6., 4., 6., 4., 6.]);
+        assert_eq!(vals(&get(&ws, "db")), vec![2., 2., 2.]);
+        assert_eq!(vals(&get(&ws, "dx")), vec![2., 3., 2., 3.]);
+    }
+
+    #[test]
+    fn matmul_transposes() {
+        let ws = ws_with(&[
+            ("a", f32s(&[2, 3], &[1., 2., 3., 4., 5., 6.])),
+            ("b", f32s(&[2, 3], &[1., 0., 1., 0., 1., 0.])),
+        ]);
+        run(
+            &ws,
+            op("MatMul", &["a", "b"], &["y"], vec![int_arg("trans_b", 1)]),
+        )
+        .unwrap();
+        assert_eq!(vals(&get(&ws, "y")), vec![4., 2., 10., 5.]);
+        let e = run(&ws, op("MatMul", &["a", "b"], &["z"], vec![])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Shape);
+    }
+
+    #[test]
+    fn batch_matmul_gradient_sums_over_broadcast_batches() {
+        // A (2 x 1 x 2) broadcast against B (2 x 1): Y[b] = A[b] B, so
+        // dA[b] = dY[b] B^T and dB = sum_b A[b]^T dY[b].
+        let ws = ws_with(&[
+            ("a", f32s(&[2, 1, 2], &[1., 2., 3., 4.])),
+            ("b", f32s(&[2, 1], &[5., 6.])),
+            ("dy", f32s(&[2, 1, 1], &[1., 10.])),
+        ]);
+        run(
+            &ws,
+            op(
+                "BatchMatMulGradient",
+                &["a", "b", "dy"],
+                &["da", "db"],
+                vec![int_arg("broadcast", 1)],
+            ),
+        )
+        .unwrap();
+        assert_eq!(get(&ws, "da").shape(), &[2, 1, 2]);
+        assert_eq!(vals(&get(&ws, "da")), vec![5., 6., 50., 60.]);
+        assert_eq!(get(&ws, "db").shape(), &[2, 1]);
+        assert_eq!(vals(&get(&ws, "db")), vec![1. + 30., 2. + 40.]);
+        // A 1-D A is one row, never transposed: Y = a B (B 2 x 1 -> Y 1-D).
+        let ws = ws_with(&[
+            ("a", f32s(&[2], &[1., 2.])),
+            ("b", f32s(&[2, 1], &[5., 6.])),
+            ("dy", f32s(&[1], &[3.])),
+        ]);
+        let args = vec![int_arg("broadcast", 1), int_arg("trans_a", 1)];
+        run(
+            &ws,
+            op(
+                "BatchMatMulGradient",
+                &["a", "b", "dy"],
+                &["da", "db"],
+                args.clone(),
+            ),
+        )
+        .unwrap();
+        assert_eq!(get(&ws, "da").shape(), &[2]);
+        assert_eq!(vals(&get(&ws, "da")), vec![15., 18.]);
+        assert_eq!(vals(&get(&ws, "db")), vec![3., 6.]);
+        // dY of another shape than the product's is an error naming it.
+        let bad = ws_with(&[
+            ("a", f32s(&[2], &[1., 2.])),
+            ("b", f32s(&[2, 1], &[5., 6.])),
+            ("dy", f32s(&[2], &[3., 4.])),
+        ]);
+        let e = run(
+            &bad,
+            op(
+                "BatchMatMulGradient",
+                &["a", "b", "dy"],
+                &["da", "db"],
+                args,
+            ),
+        )
+        .unwrap_err();
+        assert_eq!(
+            (e.kind, e.context.blob.as_deref()),
+            (ErrorKind::Shape, Some("dy")),
+            "{e}"
+        );
+    }
+}
