@@ -77,7 +77,6 @@ pub fn builtin_schemas() -> Vec<OpSchema> {
     v.extend(shape::schemas());
     v.extend(sparse::schemas());
     v.extend(unary::schemas());
-    v.extend(unary::native_schemas());
     v.extend(utility::schemas());
     v
 }

@@ -1,17 +1,26 @@
-//! Activations and elementwise math beyond issue 14's (those are in
-//! `nn.rs`): Elu, PRelu, Swish, Gelu, ReluN, Softsign, HardSigmoid, Mish,
-//! Selu, Softplus, Logit, ThresholdedRelu, Sqr, Cube, Cbrt, Rsqrt,
-//! Reciprocal, Log1p, Sin, Cos, Tan, Asin, Acos, Atan, Sinh, Cosh, Erf and
-//! Sign, with their gradient ops.
+//! Every elementwise unary op and its gradient op, one row each of
+//! [`OPS`]: the activations (Relu, Sigmoid, Tanh, LeakyRelu, Elu, Swish,
+//! Gelu, ReluN, Softsign, HardSigmoid, Mish, Selu, Softplus, Logit,
+//! ThresholdedRelu) and the math functions (Exp, Log, Sqrt, Negative, Abs,
+//! Clip, Sqr, Cube, Cbrt, Rsqrt, Reciprocal, Log1p, Sin, Cos, Tan, Asin,
+//! Acos, Atan, Sinh, Cosh, Erf, Sign). A new one is a row here; the
+//! activations that are not elementwise (Softmax, PRelu, Dropout) are in
+//! `activation.rs`.
 //!
-//! Each op here but PRelu is one row of [`OPS`]: its forward function, the
-//! inputs its gradient op reads (Caffe2's: some read X, some Y, in
-//! Caffe2's order), the gradient's function and where Caffe2 allowed the op
-//! in place. `fwd!` and `bwd!` compile one kernel per function over the
-//! generic loops `forward_t` and `backward_t`: they take float32 or float64
-//! (any other dtype is a `DataTypeError` naming the op and blob), evaluate
-//! the function in float64, so float32 results are the exactly rounded
-//! values of the formula, and split large tensors across the kernel pool.
+//! A row holds the forward function, the inputs its gradient op reads
+//! (Caffe2's: some read X, some Y, in Caffe2's order), the gradient's
+//! function, where Caffe2 allowed the op in place, its arguments (read by
+//! [`params`]) and whether shape inference knows its output. The kernels
+//! take float32 or float64 (any other dtype is a `DataTypeError` naming the
+//! op and blob). Two kinds of rows, kept as they were written:
+//! - `native!`/`native_bwd!` (issue 14's ops): the expression is compiled
+//!   for float32 and float64 and computed in the input's own type, element
+//!   by element on the calling thread (`map_t`, `grad_map_t`);
+//! - `fwd!`/`bwd!` (issue 21's): one kernel per function over the generic
+//!   loops `forward_t` and `backward_t`, which evaluate the function in
+//!   float64 (so float32 results are the exactly rounded values of the
+//!   formula) and split large tensors across the kernel pool.
+//!
 //! The output has its input's shape and type (Caffe2's
 //! `IdenticalTypeAndShape`); a gradient op's inputs must all have one shape.
 //! Which gradient ops an op's gradient takes is decided in Python
@@ -25,7 +34,7 @@ use super::kit::{
 };
 use crate::arg;
 use crate::error::{Error, Result};
-use crate::num::{Float, Number};
+use crate::num::Float;
 use crate::operator::{ArgDoc, InPlace, Locked, OpDefCtx, OpSchema, Operator};
 use crate::shapes::rules::same_as_input;
 use crate::tensor::DataType;
@@ -82,6 +91,103 @@ macro_rules! bwd {
     }};
 }
 
+/// Float parameters converted once to the kernel's type (the rows that
+/// compute in their input's own type).
+struct Typed<T> {
+    a: T,
+    b: T,
+}
+
+impl<T: Float> Typed<T> {
+    fn of(p: &Params) -> Typed<T> {
+        Typed {
+            a: T::of(p.a),
+            b: T::of(p.b),
+        }
+    }
+}
+
+/// `(function, kernel)` of a row computed in its input's own type (float32
+/// in float32): the expression is compiled once per type, and applied
+/// element by element on the calling thread.
+macro_rules! native {
+    (|$x:tt, $p:tt| $e:expr) => {{
+        #[allow(unused_variables)]
+        fn f32_($x: f32, $p: &Typed<f32>) -> f32 {
+            $e
+        }
+        #[allow(unused_variables)]
+        fn f64_($x: f64, $p: &Typed<f64>) -> f64 {
+            $e
+        }
+        fn scalar(x: f64, p: &Params) -> f64 {
+            f64_(x, &Typed::of(p))
+        }
+        fn run(l: &mut Locked<'_>, op: &str, p: &Params) -> Result<()> {
+            match float_dtype(l, op, 0)? {
+                DataType::Float => {
+                    let q = Typed::of(p);
+                    map_t::<f32>(l, |v| f32_(v, &q))
+                }
+                _ => {
+                    let q = Typed::of(p);
+                    map_t::<f64>(l, |v| f64_(v, &q))
+                }
+            }
+        }
+        (scalar as Fwd, run as FwdRun)
+    }};
+}
+
+/// `(function, kernel)` of a gradient row computed in its inputs' own
+/// type, from inputs (V, dY): V the forward op's output or input.
+macro_rules! native_bwd {
+    (|$v:tt, $d:tt, $p:tt| $e:expr) => {{
+        #[allow(unused_variables)]
+        fn g32($v: f32, $d: f32, $p: &Typed<f32>) -> f32 {
+            $e
+        }
+        #[allow(unused_variables)]
+        fn g64($v: f64, $d: f64, $p: &Typed<f64>) -> f64 {
+            $e
+        }
+        fn scalar(v: f64, _: f64, d: f64, p: &Params) -> f64 {
+            g64(v, d, &Typed::of(p))
+        }
+        fn run(l: &mut Locked<'_>, op: &str, _: &GradDef, p: &Params) -> Result<()> {
+            match float_dtype(l, op, 0)? {
+                DataType::Float => {
+                    let q = Typed::of(p);
+                    grad_map_t::<f32>(l, op, |v, d| g32(v, d, &q))
+                }
+                _ => {
+                    let q = Typed::of(p);
+                    grad_map_t::<f64>(l, op, |v, d| g64(v, d, &q))
+                }
+            }
+        }
+        (scalar as Bwd, run as BwdRun)
+    }};
+}
+
+/// Y = f(X) elementwise.
+fn map_t<T: Float>(l: &mut Locked<'_>, f: impl Fn(T) -> T) -> Result<()> {
+    let y = l.tensor(0)?;
+    let x = T::view(y).ok_or_else(|| Error::internal("dtype checked"))?;
+    let y = crate::tensor::map_array(x.view(), |&v| f(v))?;
+    l.set_output(0, T::wrap(y));
+    Ok(())
+}
+
+/// dX = g(Y, dY) elementwise, inputs (Y, dY).
+fn grad_map_t<T: Float>(l: &mut Locked<'_>, op: &str, g: impl Fn(T, T) -> T) -> Result<()> {
+    same_shape(op, l, 0, 1)?;
+    let (y, dy) = (input::<T>(l, op, 0)?, input::<T>(l, op, 1)?);
+    let dx = crate::tensor::zip_map_array(y.view(), dy.view(), |&y, &d| g(y, d))?;
+    l.set_output(0, T::wrap(dx));
+    Ok(())
+}
+
 /// What a gradient op reads, in its input order.
 #[derive(Clone, Copy)]
 enum Reads {
@@ -124,6 +230,8 @@ impl Reads {
 
 struct GradDef {
     name: &'static str,
+    /// The output's shape and type are dY's (shape inference).
+    infer: bool,
     reads: Reads,
     /// Caffe2 allowed dX to be written over dY.
     inplace: bool,
@@ -134,6 +242,8 @@ struct GradDef {
 
 struct UnaryDef {
     name: &'static str,
+    /// The output's shape and type are X's (shape inference).
+    infer: bool,
     /// The function, and the kernel that applies it (`fwd!`).
     f: (Fwd, FwdRun),
     /// Caffe2 allowed Y to be written over X.
@@ -143,6 +253,11 @@ struct UnaryDef {
     grad: Option<GradDef>,
 }
 
+const LEAKY_ARGS: &[ArgDoc] = &[arg!("alpha", "float", "0.01", "the slope for X <= 0")];
+const CLIP_ARGS: &[ArgDoc] = &[
+    arg!("min", "float", "lowest float", "the lower bound"),
+    arg!("max", "float", "largest float", "the upper bound"),
+];
 const ELU_ARGS: &[ArgDoc] = &[arg!(
     "alpha",
     "float",
@@ -240,6 +355,22 @@ fn params(ctx: &OpDefCtx<'_>, name: &str) -> Result<Params> {
                 ..Params::default()
             }
         }
+        "LeakyRelu" => Params {
+            a: f64::from(a.f32("alpha", 0.01)?),
+            ..Params::default()
+        },
+        "Clip" => {
+            let lo = a.f32("min", f32::MIN)?;
+            let hi = a.f32("max", f32::MAX)?;
+            if lo > hi {
+                return Err(ctx.bad_arg(format!("min ({lo}) must not exceed max ({hi})")));
+            }
+            Params {
+                a: f64::from(lo),
+                b: f64::from(hi),
+                ..Params::default()
+            }
+        }
         "Gelu" => Params {
             flag: a.bool("fast_gelu", false)?,
             ..Params::default()
@@ -295,14 +426,164 @@ fn mish_grad(x: f64, _y: f64, d: f64, _: &Params) -> f64 {
 
 /// The ops, in Caffe2's names, with their gradients' inputs and in-place rules.
 static OPS: &[UnaryDef] = &[
+    // Issue 14's, computed in their input's own type.
+    UnaryDef {
+        name: "Relu",
+        infer: true,
+        f: native!(|x, _| if x > 0.0 { x } else { 0.0 }),
+        inplace: true,
+        args: &[],
+        doc: "Y = max(X, 0) elementwise.",
+        grad: Some(GradDef {
+            name: "ReluGradient",
+            infer: true,
+            reads: Reads::YDy,
+            inplace: true,
+            g: native_bwd!(|y, d, _| if y > 0.0 { d } else { 0.0 }),
+            doc: "Gradient of Relu: inputs (Y, dY), dX = dY where Y > 0, else 0.",
+        }),
+    },
+    UnaryDef {
+        name: "Sigmoid",
+        infer: true,
+        f: native!(|x, _| 1.0 / (1.0 + (-x).exp())),
+        inplace: true,
+        args: &[],
+        doc: "Y = 1 / (1 + exp(-X)) elementwise.",
+        grad: Some(GradDef {
+            name: "SigmoidGradient",
+            infer: true,
+            reads: Reads::YDy,
+            inplace: true,
+            g: native_bwd!(|y, d, _| d * y * (1.0 - y)),
+            doc: "Gradient of Sigmoid: inputs (Y, dY), dX = dY * Y * (1 - Y).",
+        }),
+    },
+    UnaryDef {
+        name: "Tanh",
+        infer: true,
+        f: native!(|x, _| x.tanh()),
+        inplace: true,
+        args: &[],
+        doc: "Y = tanh(X) elementwise.",
+        grad: Some(GradDef {
+            name: "TanhGradient",
+            infer: true,
+            reads: Reads::YDy,
+            inplace: true,
+            g: native_bwd!(|y, d, _| d * (1.0 - y * y)),
+            doc: "Gradient of Tanh: inputs (Y, dY), dX = dY * (1 - Y^2).",
+        }),
+    },
+    UnaryDef {
+        name: "Exp",
+        infer: true,
+        f: native!(|x, _| x.exp()),
+        inplace: true,
+        args: &[],
+        doc: "Y = exp(X) elementwise.",
+        grad: None,
+    },
+    UnaryDef {
+        name: "Log",
+        infer: true,
+        f: native!(|x, _| x.ln()),
+        inplace: true,
+        args: &[],
+        doc: "Y = ln(X) elementwise (IEEE: ln 0 = -inf, ln of a negative is NaN).",
+        grad: None,
+    },
+    UnaryDef {
+        name: "Sqrt",
+        infer: true,
+        f: native!(|x, _| x.sqrt()),
+        inplace: true,
+        args: &[],
+        doc: "Y = sqrt(X) elementwise (IEEE: NaN for negatives).",
+        grad: None,
+    },
+    UnaryDef {
+        name: "Negative",
+        infer: true,
+        f: native!(|x, _| -x),
+        inplace: true,
+        args: &[],
+        doc: "Y = -X elementwise.",
+        grad: None,
+    },
+    UnaryDef {
+        name: "Abs",
+        infer: true,
+        f: native!(|x, _| x.abs()),
+        inplace: true,
+        args: &[],
+        doc: "Y = |X| elementwise.",
+        grad: Some(GradDef {
+            name: "AbsGradient",
+            infer: false,
+            reads: Reads::XDy,
+            inplace: true,
+            g: native_bwd!(|x, d, _| if x > 0.0 {
+                d
+            } else if x < 0.0 {
+                -d
+            } else {
+                0.0
+            }),
+            doc: "Gradient of Abs: inputs (X, dY), dX = sign(X) * dY.",
+        }),
+    },
+    UnaryDef {
+        name: "LeakyRelu",
+        infer: true,
+        f: native!(|x, p| if x > 0.0 { x } else { p.a * x }),
+        inplace: true,
+        args: LEAKY_ARGS,
+        doc: "Y = X where X > 0, else alpha * X.",
+        grad: Some(GradDef {
+            name: "LeakyReluGradient",
+            infer: true,
+            reads: Reads::YDy,
+            inplace: true,
+            g: native_bwd!(|y, d, p| if y > 0.0 { d } else { p.a * d }),
+            doc: "Gradient of LeakyRelu: inputs (Y, dY), dX = dY where Y > 0, else alpha * dY.",
+        }),
+    },
+    UnaryDef {
+        name: "Clip",
+        infer: false,
+        f: native!(|x, p| {
+            if x < p.a {
+                p.a
+            } else if x > p.b {
+                p.b
+            } else {
+                x
+            }
+        }),
+        inplace: true,
+        args: CLIP_ARGS,
+        doc: "Y = min(max(X, min), max) elementwise.",
+        grad: Some(GradDef {
+            name: "ClipGradient",
+            infer: false,
+            reads: Reads::YDy,
+            inplace: true,
+            g: native_bwd!(|y, d, p| if y > p.a && y < p.b { d } else { 0.0 }),
+            doc: "Gradient of Clip: inputs (Y, dY), dX = dY where min < Y < max, else 0.",
+        }),
+    },
+    // Issue 21's, computed in float64.
     UnaryDef {
         name: "Elu",
+        infer: true,
         f: fwd!(|x, p| if x < 0.0 { p.a * x.exp_m1() } else { x }),
         inplace: true,
         args: ELU_ARGS,
         doc: "Y = X for X >= 0, alpha * (exp(X) - 1) below.",
         grad: Some(GradDef {
             name: "EluGradient",
+            infer: true,
             reads: Reads::YDy,
             inplace: true,
             g: bwd!(|y, _, d, p| if y < 0.0 { d * (y + p.a) } else { d }),
@@ -311,12 +592,14 @@ static OPS: &[UnaryDef] = &[
     },
     UnaryDef {
         name: "Swish",
+        infer: true,
         f: fwd!(|x, _| x * sigmoid(x)),
         inplace: false,
         args: &[],
         doc: "Y = X / (1 + exp(-X)) elementwise.",
         grad: Some(GradDef {
             name: "SwishGradient",
+            infer: true,
             reads: Reads::XYDy,
             inplace: true,
             g: bwd!(|x, y, d, _| d * (y + sigmoid(x) * (1.0 - y))),
@@ -325,12 +608,14 @@ static OPS: &[UnaryDef] = &[
     },
     UnaryDef {
         name: "Gelu",
+        infer: true,
         f: fwd!(|x, p| gelu(x, p)),
         inplace: false,
         args: GELU_ARGS,
         doc: "Y = X * P(N(0, 1) <= X) elementwise, or its tanh approximation with fast_gelu.",
         grad: Some(GradDef {
             name: "GeluGradient",
+            infer: true,
             reads: Reads::DyX,
             inplace: false,
             g: bwd!(|x, b, d, p| gelu_grad(x, b, d, p)),
@@ -339,12 +624,14 @@ static OPS: &[UnaryDef] = &[
     },
     UnaryDef {
         name: "ReluN",
+        infer: true,
         f: fwd!(|x, p| x.clamp(0.0, p.a)),
         inplace: true,
         args: RELU_N_ARGS,
         doc: "Y = min(max(X, 0), n) elementwise.",
         grad: Some(GradDef {
             name: "ReluNGradient",
+            infer: true,
             reads: Reads::YDy,
             inplace: true,
             g: bwd!(|y, _, d, p| if y > 0.0 && y < p.a { d } else { 0.0 }),
@@ -353,12 +640,14 @@ static OPS: &[UnaryDef] = &[
     },
     UnaryDef {
         name: "ThresholdedRelu",
+        infer: true,
         f: fwd!(|x, p| if x > p.a || x.is_nan() { x } else { 0.0 }),
         inplace: true,
         args: THRESHOLDED_ARGS,
         doc: "Y = X where X > alpha, else 0.",
         grad: Some(GradDef {
             name: "ThresholdedReluGradient",
+            infer: true,
             reads: Reads::YDy,
             inplace: true,
             // Y is 0 exactly where X <= alpha (or X = 0): also right for a
@@ -369,12 +658,14 @@ static OPS: &[UnaryDef] = &[
     },
     UnaryDef {
         name: "Softsign",
+        infer: true,
         f: fwd!(|x, _| x / (1.0 + x.abs())),
         inplace: true,
         args: &[],
         doc: "Y = X / (1 + |X|) elementwise.",
         grad: Some(GradDef {
             name: "SoftsignGradient",
+            infer: true,
             reads: Reads::XDy,
             inplace: true,
             g: bwd!(|x, _, d, _| {
@@ -386,12 +677,14 @@ static OPS: &[UnaryDef] = &[
     },
     UnaryDef {
         name: "HardSigmoid",
+        infer: true,
         f: fwd!(|x, p| (x * p.a + p.b).clamp(0.0, 1.0)),
         inplace: true,
         args: HARD_SIGMOID_ARGS,
         doc: "Y = max(0, min(1, alpha * X + beta)) elementwise.",
         grad: Some(GradDef {
             name: "HardSigmoidGradient",
+            infer: true,
             reads: Reads::YDy,
             inplace: true,
             g: bwd!(|y, _, d, p| if y > 0.0 && y < 1.0 { d * p.a } else { 0.0 }),
@@ -400,12 +693,14 @@ static OPS: &[UnaryDef] = &[
     },
     UnaryDef {
         name: "Mish",
+        infer: true,
         f: fwd!(|x, _| x * softplus(x).tanh()),
         inplace: false,
         args: &[],
         doc: "Y = X * tanh(ln(1 + exp(X))) elementwise.",
         grad: Some(GradDef {
             name: "MishGradient",
+            infer: true,
             reads: Reads::XYDy,
             inplace: true,
             g: bwd!(|x, y, d, p| mish_grad(x, y, d, p)),
@@ -414,12 +709,14 @@ static OPS: &[UnaryDef] = &[
     },
     UnaryDef {
         name: "Selu",
+        infer: true,
         f: fwd!(|x, p| if x > 0.0 { p.b * x } else { p.b * p.a * x.exp_m1() }),
         inplace: true,
         args: SELU_ARGS,
         doc: "Y = scale * X for X > 0, scale * alpha * (exp(X) - 1) elsewhere.",
         grad: Some(GradDef {
             name: "SeluGradient",
+            infer: true,
             reads: Reads::YDy,
             inplace: true,
             g: bwd!(|y, _, d, p| if y > 0.0 { p.b * d } else { d * (y + p.a * p.b) }),
@@ -428,12 +725,14 @@ static OPS: &[UnaryDef] = &[
     },
     UnaryDef {
         name: "Softplus",
+        infer: true,
         f: fwd!(|x, _| softplus(x)),
         inplace: true,
         args: &[],
         doc: "Y = ln(1 + exp(X)) elementwise.",
         grad: Some(GradDef {
             name: "SoftplusGradient",
+            infer: true,
             reads: Reads::YDy,
             inplace: true,
             g: bwd!(|y, _, d, _| -d * (-y).exp_m1()),
@@ -442,6 +741,7 @@ static OPS: &[UnaryDef] = &[
     },
     UnaryDef {
         name: "Logit",
+        infer: true,
         f: fwd!(|x, p| {
             let x = x.clamp(p.a, 1.0 - p.a);
             (x / (1.0 - x)).ln()
@@ -451,6 +751,7 @@ static OPS: &[UnaryDef] = &[
         doc: "Y = ln(X / (1 - X)) elementwise, X clamped to [eps, 1 - eps].",
         grad: Some(GradDef {
             name: "LogitGradient",
+            infer: true,
             reads: Reads::XDy,
             inplace: false,
             g: bwd!(|x, _, d, p| {
@@ -465,6 +766,7 @@ static OPS: &[UnaryDef] = &[
     },
     UnaryDef {
         name: "Sqr",
+        infer: true,
         f: fwd!(|x, _| x * x),
         inplace: true,
         args: &[],
@@ -473,12 +775,14 @@ static OPS: &[UnaryDef] = &[
     },
     UnaryDef {
         name: "Cube",
+        infer: true,
         f: fwd!(|x, _| x * x * x),
         inplace: false,
         args: &[],
         doc: "Y = X^3 elementwise.",
         grad: Some(GradDef {
             name: "CubeGradient",
+            infer: true,
             reads: Reads::DyX,
             inplace: false,
             g: bwd!(|x, _, d, _| 3.0 * d * x * x),
@@ -487,12 +791,14 @@ static OPS: &[UnaryDef] = &[
     },
     UnaryDef {
         name: "Cbrt",
+        infer: true,
         f: fwd!(|x, _| x.cbrt()),
         inplace: true,
         args: &[],
         doc: "Y = the cube root of X elementwise (negative for negative X).",
         grad: Some(GradDef {
             name: "CbrtGradient",
+            infer: true,
             reads: Reads::DyY,
             inplace: true,
             g: bwd!(|y, _, d, _| d / (3.0 * y * y)),
@@ -501,12 +807,14 @@ static OPS: &[UnaryDef] = &[
     },
     UnaryDef {
         name: "Rsqrt",
+        infer: true,
         f: fwd!(|x, _| 1.0 / x.sqrt()),
         inplace: true,
         args: &[],
         doc: "Y = 1 / sqrt(X) elementwise (IEEE: inf at 0, NaN for negatives).",
         grad: Some(GradDef {
             name: "RsqrtGradient",
+            infer: true,
             reads: Reads::DyY,
             inplace: true,
             g: bwd!(|y, _, d, _| -0.5 * d * y * y * y),
@@ -515,12 +823,14 @@ static OPS: &[UnaryDef] = &[
     },
     UnaryDef {
         name: "Reciprocal",
+        infer: true,
         f: fwd!(|x, _| 1.0 / x),
         inplace: true,
         args: &[],
         doc: "Y = 1 / X elementwise (IEEE: inf at 0).",
         grad: Some(GradDef {
             name: "ReciprocalGradient",
+            infer: true,
             reads: Reads::YDy,
             inplace: true,
             g: bwd!(|y, _, d, _| -d * y * y),
@@ -529,12 +839,14 @@ static OPS: &[UnaryDef] = &[
     },
     UnaryDef {
         name: "Log1p",
+        infer: true,
         f: fwd!(|x, _| x.ln_1p()),
         inplace: false,
         args: &[],
         doc: "Y = ln(1 + X) elementwise, accurate for small X.",
         grad: Some(GradDef {
             name: "Log1pGradient",
+            infer: true,
             reads: Reads::XDy,
             inplace: false,
             g: bwd!(|x, _, d, _| d / (1.0 + x)),
@@ -543,12 +855,14 @@ static OPS: &[UnaryDef] = &[
     },
     UnaryDef {
         name: "Sin",
+        infer: true,
         f: fwd!(|x, _| x.sin()),
         inplace: false,
         args: &[],
         doc: "Y = sin(X) elementwise.",
         grad: Some(GradDef {
             name: "SinGradient",
+            infer: true,
             reads: Reads::XDy,
             inplace: false,
             g: bwd!(|x, _, d, _| d * x.cos()),
@@ -557,12 +871,14 @@ static OPS: &[UnaryDef] = &[
     },
     UnaryDef {
         name: "Cos",
+        infer: true,
         f: fwd!(|x, _| x.cos()),
         inplace: false,
         args: &[],
         doc: "Y = cos(X) elementwise.",
         grad: Some(GradDef {
             name: "CosGradient",
+            infer: true,
             reads: Reads::XDy,
             inplace: false,
             g: bwd!(|x, _, d, _| -d * x.sin()),
@@ -571,12 +887,14 @@ static OPS: &[UnaryDef] = &[
     },
     UnaryDef {
         name: "Tan",
+        infer: true,
         f: fwd!(|x, _| x.tan()),
         inplace: false,
         args: &[],
         doc: "Y = tan(X) elementwise.",
         grad: Some(GradDef {
             name: "TanGradient",
+            infer: true,
             reads: Reads::XDy,
             inplace: false,
             g: bwd!(|x, _, d, _| {
@@ -588,12 +906,14 @@ static OPS: &[UnaryDef] = &[
     },
     UnaryDef {
         name: "Asin",
+        infer: true,
         f: fwd!(|x, _| x.asin()),
         inplace: false,
         args: &[],
         doc: "Y = arcsin(X) elementwise (NaN outside [-1, 1]).",
         grad: Some(GradDef {
             name: "AsinGradient",
+            infer: true,
             reads: Reads::XDy,
             inplace: false,
             g: bwd!(|x, _, d, _| d / (1.0 - x * x).sqrt()),
@@ -602,12 +922,14 @@ static OPS: &[UnaryDef] = &[
     },
     UnaryDef {
         name: "Acos",
+        infer: true,
         f: fwd!(|x, _| x.acos()),
         inplace: false,
         args: &[],
         doc: "Y = arccos(X) elementwise (NaN outside [-1, 1]).",
         grad: Some(GradDef {
             name: "AcosGradient",
+            infer: true,
             reads: Reads::XDy,
             inplace: false,
             g: bwd!(|x, _, d, _| -d / (1.0 - x * x).sqrt()),
@@ -616,12 +938,14 @@ static OPS: &[UnaryDef] = &[
     },
     UnaryDef {
         name: "Atan",
+        infer: true,
         f: fwd!(|x, _| x.atan()),
         inplace: false,
         args: &[],
         doc: "Y = arctan(X) elementwise.",
         grad: Some(GradDef {
             name: "AtanGradient",
+            infer: true,
             reads: Reads::XDy,
             inplace: false,
             g: bwd!(|x, _, d, _| d / (1.0 + x * x)),
@@ -630,12 +954,14 @@ static OPS: &[UnaryDef] = &[
     },
     UnaryDef {
         name: "Sinh",
+        infer: true,
         f: fwd!(|x, _| x.sinh()),
         inplace: false,
         args: &[],
         doc: "Y = sinh(X) elementwise.",
         grad: Some(GradDef {
             name: "SinhGradient",
+            infer: true,
             reads: Reads::DyX,
             inplace: false,
             g: bwd!(|x, _, d, _| d * x.cosh()),
@@ -644,12 +970,14 @@ static OPS: &[UnaryDef] = &[
     },
     UnaryDef {
         name: "Cosh",
+        infer: true,
         f: fwd!(|x, _| x.cosh()),
         inplace: false,
         args: &[],
         doc: "Y = cosh(X) elementwise.",
         grad: Some(GradDef {
             name: "CoshGradient",
+            infer: true,
             reads: Reads::DyX,
             inplace: false,
             g: bwd!(|x, _, d, _| d * x.sinh()),
@@ -658,12 +986,14 @@ static OPS: &[UnaryDef] = &[
     },
     UnaryDef {
         name: "Erf",
+        infer: true,
         f: fwd!(|x, _| libm::erf(x)),
         inplace: false,
         args: &[],
         doc: "Y = erf(X) elementwise (the Gauss error function).",
         grad: Some(GradDef {
             name: "ErfGradient",
+            infer: true,
             reads: Reads::XDy,
             inplace: false,
             g: bwd!(|x, _, d, _| d * std::f64::consts::FRAC_2_SQRT_PI * (-x * x).exp()),
@@ -672,6 +1002,7 @@ static OPS: &[UnaryDef] = &[
     },
     UnaryDef {
         name: "Sign",
+        infer: true,
         f: fwd!(|x, _| {
             if x > 0.0 {
                 1.0
@@ -701,7 +1032,7 @@ fn lookup(op_type: &str) -> Result<(&'static UnaryDef, bool)> {
                     .map(|_| (d, true))
             }
         })
-        .ok_or_else(|| Error::internal(format!("{op_type}: not an op of ops/activation.rs")))
+        .ok_or_else(|| Error::internal(format!("{op_type}: not an op of ops/unary.rs")))
 }
 
 /// Tensors of at least this many elements are computed in chunks on the
@@ -846,8 +1177,10 @@ pub fn schemas() -> Vec<OpSchema> {
             .inputs(1, 1)
             .outputs(1, 1)
             .args(d.args)
-            .infer(LIKE[0])
             .doc(d.doc);
+        if d.infer {
+            s = s.infer(LIKE[0]);
+        }
         if d.inplace {
             s = s.inplace(InPlace::Allow(in_place_0_0));
         }
@@ -858,8 +1191,10 @@ pub fn schemas() -> Vec<OpSchema> {
                 .inputs(n, n)
                 .outputs(1, 1)
                 .args(d.args)
-                .infer(LIKE[g.reads.dy()])
                 .doc(g.doc);
+            if g.infer {
+                s = s.infer(LIKE[g.reads.dy()]);
+            }
             if g.inplace {
                 s = s.inplace(InPlace::Allow(ALLOW[g.reads.dy()]));
             }
@@ -867,280 +1202,6 @@ pub fn schemas() -> Vec<OpSchema> {
         }
     }
     v
-}
-
-// ------------------------------------------------ from nn.rs (issue 14) --
-
-/// Relu, Sigmoid, Tanh, Exp, Log, Sqrt, Negative, Abs, LeakyRelu and Clip
-/// (and the gradients of those that have one), computed in their input's
-/// own type.
-pub fn native_schemas() -> Vec<OpSchema> {
-    const LEAKY_ARGS: &[crate::operator::ArgDoc] =
-        &[arg!("alpha", "float", "0.01", "the slope for X <= 0")];
-    const CLIP_ARGS: &[crate::operator::ArgDoc] = &[
-        arg!("min", "float", "lowest float", "the lower bound"),
-        arg!("max", "float", "largest float", "the upper bound"),
-    ];
-    // Elementwise: the output is its input's shape and type (Caffe2's
-    // IdenticalTypeAndShape), the gradient dY's.
-    let unary = |name: &'static str, build: crate::operator::BuildFn, doc: &'static str| {
-        OpSchema::new(name, build)
-            .inputs(1, 1)
-            .outputs(1, 1)
-            .inplace(InPlace::Allow(in_place_0_0))
-            .infer(|_, ins, n| Ok(crate::shapes::rules::same_as_input(ins, 0, n)))
-            .doc(doc)
-    };
-    let unary_grad = |name: &'static str, build: crate::operator::BuildFn, doc: &'static str| {
-        OpSchema::new(name, build)
-            .inputs(2, 2)
-            .outputs(1, 1)
-            .inplace(InPlace::Allow(in_place_1_0))
-            .infer(|_, ins, n| Ok(crate::shapes::rules::same_as_input(ins, 1, n)))
-            .doc(doc)
-    };
-    vec![
-        unary("Relu", build_relu, "Y = max(X, 0) elementwise."),
-        unary_grad(
-            "ReluGradient",
-            build_relu_grad,
-            "Gradient of Relu: inputs (Y, dY), dX = dY where Y > 0, else 0.",
-        ),
-        unary(
-            "Sigmoid",
-            build_sigmoid,
-            "Y = 1 / (1 + exp(-X)) elementwise.",
-        ),
-        unary_grad(
-            "SigmoidGradient",
-            build_sigmoid_grad,
-            "Gradient of Sigmoid: inputs (Y, dY), dX = dY * Y * (1 - Y).",
-        ),
-        unary("Tanh", build_tanh, "Y = tanh(X) elementwise."),
-        unary_grad(
-            "TanhGradient",
-            build_tanh_grad,
-            "Gradient of Tanh: inputs (Y, dY), dX = dY * (1 - Y^2).",
-        ),
-        unary("Exp", build_exp, "Y = exp(X) elementwise."),
-        unary(
-            "Log",
-            build_log,
-            "Y = ln(X) elementwise (IEEE: ln 0 = -inf, ln of a negative is NaN).",
-        ),
-        unary(
-            "Sqrt",
-            build_sqrt,
-            "Y = sqrt(X) elementwise (IEEE: NaN for negatives).",
-        ),
-        unary("Negative", build_negative, "Y = -X elementwise."),
-        unary("Abs", build_abs, "Y = |X| elementwise."),
-        OpSchema::new("AbsGradient", build_abs_grad)
-            .inputs(2, 2)
-            .outputs(1, 1)
-            .inplace(InPlace::Allow(in_place_1_0))
-            .doc("Gradient of Abs: inputs (X, dY), dX = sign(X) * dY."),
-        unary(
-            "LeakyRelu",
-            build_leaky_relu,
-            "Y = X where X > 0, else alpha * X.",
-        )
-        .args(LEAKY_ARGS),
-        unary_grad(
-            "LeakyReluGradient",
-            build_leaky_relu,
-            "Gradient of LeakyRelu: inputs (Y, dY), dX = dY where Y > 0, else alpha * dY.",
-        )
-        .args(LEAKY_ARGS),
-        OpSchema::new("Clip", build_clip)
-            .inputs(1, 1)
-            .outputs(1, 1)
-            .inplace(InPlace::Allow(in_place_0_0))
-            .args(CLIP_ARGS)
-            .doc("Y = min(max(X, min), max) elementwise."),
-        OpSchema::new("ClipGradient", build_clip_grad)
-            .inputs(2, 2)
-            .outputs(1, 1)
-            .inplace(InPlace::Allow(in_place_1_0))
-            .args(CLIP_ARGS)
-            .doc("Gradient of Clip: inputs (Y, dY), dX = dY where min < Y < max, else 0."),
-    ]
-}
-
-// --------------------------------------------------------- activations --
-
-/// Y = f(X) elementwise.
-fn map_t<T: Float>(l: &mut Locked<'_>, f: impl Fn(T) -> T) -> Result<()> {
-    let y = l.tensor(0)?;
-    let x = T::view(y).ok_or_else(|| Error::internal("dtype checked"))?;
-    let y = crate::tensor::map_array(x.view(), |&v| f(v))?;
-    l.set_output(0, T::wrap(y));
-    Ok(())
-}
-
-/// dX = g(Y, dY) elementwise, inputs (Y, dY).
-fn grad_map_t<T: Float>(l: &mut Locked<'_>, op: &str, g: impl Fn(T, T) -> T) -> Result<()> {
-    same_shape(op, l, 0, 1)?;
-    let (y, dy) = (input::<T>(l, op, 0)?, input::<T>(l, op, 1)?);
-    let dx = crate::tensor::zip_map_array(y.view(), dy.view(), |&y, &d| g(y, d))?;
-    l.set_output(0, T::wrap(dx));
-    Ok(())
-}
-
-/// `fn $build`: a kernel computing Y = f(X) elementwise.
-macro_rules! unary {
-    ($build:ident, $name:expr, |$x:ident| $f:expr) => {
-        fn $build(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
-            fn f32_(v: f32) -> f32 {
-                let $x = v;
-                $f
-            }
-            fn f64_(v: f64) -> f64 {
-                let $x = v;
-                $f
-            }
-            Ok(kernel(|cx| {
-                let mut l = cx.lock();
-                match float_dtype(&l, $name, 0)? {
-                    DataType::Float => map_t::<f32>(&mut l, f32_),
-                    _ => map_t::<f64>(&mut l, f64_),
-                }?;
-                Ok(true)
-            }))
-        }
-    };
-}
-
-/// `fn $build_grad`: a kernel computing dX = g(V, dY) elementwise from
-/// inputs (V, dY), V being the forward op's output or input.
-macro_rules! unary_grad {
-    ($build_grad:ident, $name:expr, |$y:ident, $d:ident| $g:expr) => {
-        fn $build_grad(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
-            fn g32(a: f32, b: f32) -> f32 {
-                let ($y, $d) = (a, b);
-                $g
-            }
-            fn g64(a: f64, b: f64) -> f64 {
-                let ($y, $d) = (a, b);
-                $g
-            }
-            const OP: &str = concat!($name, "Gradient");
-            Ok(kernel(|cx| {
-                let mut l = cx.lock();
-                match float_dtype(&l, OP, 0)? {
-                    DataType::Float => grad_map_t::<f32>(&mut l, OP, g32),
-                    _ => grad_map_t::<f64>(&mut l, OP, g64),
-                }?;
-                Ok(true)
-            }))
-        }
-    };
-}
-
-macro_rules! activation {
-    ($build:ident, $build_grad:ident, $name:expr, |$x:ident| $f:expr, |$y:ident, $d:ident| $g:expr) => {
-        unary!($build, $name, |$x| $f);
-        unary_grad!($build_grad, $name, |$y, $d| $g);
-    };
-}
-
-activation!(
-    build_relu,
-    build_relu_grad,
-    "Relu",
-    |x| if x > 0.0 { x } else { 0.0 },
-    |y, d| if y > 0.0 { d } else { 0.0 }
-);
-activation!(
-    build_sigmoid,
-    build_sigmoid_grad,
-    "Sigmoid",
-    |x| 1.0 / (1.0 + (-x).exp()),
-    |y, d| d * y * (1.0 - y)
-);
-activation!(build_tanh, build_tanh_grad, "Tanh", |x| x.tanh(), |y, d| d
-    * (1.0 - y * y));
-
-// Math ops. Exp's, Log's, Sqrt's and Negative's gradients are made of
-// other ops (gradients.py), as Caffe2's were; Abs reads its input.
-unary!(build_exp, "Exp", |x| x.exp());
-unary!(build_log, "Log", |x| x.ln());
-unary!(build_sqrt, "Sqrt", |x| x.sqrt());
-unary!(build_negative, "Negative", |x| -x);
-activation!(
-    build_abs,
-    build_abs_grad,
-    "Abs",
-    |x| x.abs(),
-    |x, d| if x > 0.0 {
-        d
-    } else if x < 0.0 {
-        -d
-    } else {
-        0.0
-    }
-);
-
-fn build_leaky_relu(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
-    let alpha = ctx.args.f32("alpha", 0.01)?;
-    let grad = ctx.op_type() == "LeakyReluGradient";
-    let op = ctx.op_type().to_string();
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        crate::with_match_dtype!(floats float_dtype(&l, &op, 0)?, |T| {
-            let (a, zero) = (T::of(f64::from(alpha)), T::of(0.0));
-            if grad {
-                grad_map_t::<T>(&mut l, &op, |y, d| if y > zero { d } else { a * d })
-            } else {
-                map_t::<T>(&mut l, |x| if x > zero { x } else { a * x })
-            }
-        }, else other => Err(crate::tensor::unsupported_dtype(other)))?;
-        Ok(true)
-    }))
-}
-
-// ---------------------------------------------------------------- Clip --
-
-fn clip_bounds(ctx: &OpDefCtx<'_>) -> Result<(f64, f64)> {
-    let lo = ctx.args.f32("min", f32::MIN)?;
-    let hi = ctx.args.f32("max", f32::MAX)?;
-    if lo > hi {
-        return Err(ctx.bad_arg(format!("min ({lo}) must not exceed max ({hi})")));
-    }
-    Ok((f64::from(lo), f64::from(hi)))
-}
-
-fn build_clip(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
-    let (lo, hi) = clip_bounds(ctx)?;
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        crate::with_match_dtype!(floats float_dtype(&l, "Clip", 0)?, |T| {
-            let (a, b) = (T::of(lo), T::of(hi));
-            map_t::<T>(&mut l, |x| {
-                if x < a {
-                    a
-                } else if x > b {
-                    b
-                } else {
-                    x
-                }
-            })
-        }, else other => Err(crate::tensor::unsupported_dtype(other)))?;
-        Ok(true)
-    }))
-}
-
-fn build_clip_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
-    let (lo, hi) = clip_bounds(ctx)?;
-    const OP: &str = "ClipGradient";
-    Ok(kernel(move |cx| {
-        let mut l = cx.lock();
-        crate::with_match_dtype!(floats float_dtype(&l, OP, 0)?, |T| {
-            let (a, b, zero) = (T::of(lo), T::of(hi), T::of(0.0));
-            grad_map_t::<T>(&mut l, OP, |y, d| if y > a && y < b { d } else { zero })
-        }, else other => Err(crate::tensor::unsupported_dtype(other)))?;
-        Ok(true)
-    }))
 }
 
 #[cfg(test)]
