@@ -8,6 +8,7 @@
 //! only on the definition is checked when the op is built.
 
 use super::kernel;
+use super::kit::in_place_0_0;
 use crate::arg;
 use crate::args::Args;
 use crate::error::{Error, ErrorKind, Result};
@@ -50,9 +51,6 @@ pub(super) const FILLER_IGNORED: &[ArgDoc] = &[arg!(
 )];
 
 /// Input 0 and output 0 may be the same blob (the shape is read first).
-pub(super) fn in_place_0_0(i: usize, o: usize) -> bool {
-    i == 0 && o == 0
-}
 
 /// What the typed GivenTensor*Fill variants accept and ignore: as in Caffe2,
 /// their name fixes the dtype, and a `dtype` argument has no effect.
@@ -95,7 +93,7 @@ const INT_VALUES_ARGS: &[ArgDoc] = &[VALUES_INTS, SHAPE, EXTRA_SHAPE, INPUT_AS_S
 const STRING_VALUES_ARGS: &[ArgDoc] = &[VALUES_STRINGS, SHAPE, EXTRA_SHAPE, INPUT_AS_SHAPE];
 
 pub fn schemas() -> Vec<OpSchema> {
-    vec![
+    let mut v = vec![
         OpSchema::new("ConstantFill", constant_fill)
             .inputs(0, 2)
             .outputs(1, 1)
@@ -255,7 +253,9 @@ pub fn schemas() -> Vec<OpSchema> {
                 "Fills a float16 output of shape `shape` with float32 samples uniform on [min, max), each \
                  rounded to the nearest float16 (so max itself can occur).",
             ),
-    ]
+    ];
+    v.extend(weight_filler_schemas());
+    v
 }
 
 const VALUES_FLOATS: ArgDoc = arg!(
@@ -926,6 +926,79 @@ fn gaussian_fill(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         let out = l.output_name(0);
         let samples = std::iter::repeat_with(|| normal.sample(&mut rng));
         let a = collect_array(&shape, samples).map_err(|e| e.with_blob(out))?;
+        l.set_output(0, Tensor::from(a));
+        Ok(true)
+    }))
+}
+
+// ------------------------------------------------------- weight fillers --
+
+/// XavierFill and MSRAFill (issue 14): float32 weights scaled by their fan.
+fn weight_filler_schemas() -> Vec<OpSchema> {
+    const FILL_ARGS: &[ArgDoc] = &[SHAPE, EXTRA_SHAPE, INPUT_AS_SHAPE];
+    let filler = |name: &'static str, build: crate::operator::BuildFn, doc: &'static str| {
+        OpSchema::new(name, build)
+            .inputs(0, 1)
+            .outputs(1, 1)
+            .inplace(InPlace::Allow(in_place_0_0))
+            .args(FILL_ARGS)
+            .ignores(FILLER_IGNORED)
+            .doc(doc)
+    };
+    vec![
+        filler(
+            "XavierFill",
+            build_xavier,
+            "Fills a float32 output with samples uniform on [-s, s], s = sqrt(3 / fan_in), fan_in = size / dim 0.",
+        ),
+        filler(
+            "MSRAFill",
+            build_msra,
+            "Fills a float32 output with normal samples of mean 0 and std sqrt(2 / fan_out), fan_out = size / dim 1.",
+        ),
+    ]
+}
+
+/// Product of the dims after `skip` (the fan) for a filler of `shape`.
+fn fan(op: &str, shape: &[usize], dim: usize, blob: &str) -> Result<usize> {
+    if shape.len() <= dim || shape[dim] == 0 {
+        return Err(Error::shape(format!(
+            "{op}: the output shape {shape:?} needs a non-zero dim {dim} to compute its fan"
+        ))
+        .with_blob(blob));
+    }
+    Ok(shape.iter().product::<usize>() / shape[dim])
+}
+
+fn build_xavier(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let shape = FillShape::parse(ctx)?;
+    let mut rng = make_rng(ctx);
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let shape = shape.resolve(&l)?;
+        let out = l.output_name(0).to_string();
+        let fan_in = fan("XavierFill", &shape, 0, &out)?;
+        let s = (3.0f32 / fan_in as f32).sqrt();
+        let d = Uniform::new_inclusive(-s, s).map_err(|e| Error::internal(e.to_string()))?;
+        let a = collect_array(&shape, std::iter::repeat_with(|| d.sample(&mut rng)))
+            .map_err(|e| e.with_blob(&out))?;
+        l.set_output(0, Tensor::from(a));
+        Ok(true)
+    }))
+}
+
+fn build_msra(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let shape = FillShape::parse(ctx)?;
+    let mut rng = make_rng(ctx);
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let shape = shape.resolve(&l)?;
+        let out = l.output_name(0).to_string();
+        let fan_out = fan("MSRAFill", &shape, 1, &out)?;
+        let std = (2.0f32 / fan_out as f32).sqrt();
+        let d = Normal::new(0.0f32, std).map_err(|e| Error::internal(e.to_string()))?;
+        let a = collect_array(&shape, std::iter::repeat_with(|| d.sample(&mut rng)))
+            .map_err(|e| e.with_blob(&out))?;
         l.set_output(0, Tensor::from(a));
         Ok(true)
     }))

@@ -174,6 +174,63 @@ pub(crate) fn padded(shape: &[usize], ndim: usize, offset: usize) -> Vec<usize> 
     p
 }
 
+/// Input `i` as float32, or a type error naming the op and blob.
+pub(crate) fn f32_in<'l>(
+    l: &'l Locked<'_>,
+    op: &str,
+    i: usize,
+    what: &str,
+) -> Result<&'l ArrayD<f32>> {
+    let t = l.tensor(i)?;
+    match t {
+        Tensor::F32(a) => Ok(a),
+        _ => {
+            let name = l.input_name(i);
+            Err(Error::type_error(format!(
+                "{op}: {what} ('{name}') must be a float32 tensor, got {}. To fix: {}",
+                t.dtype(),
+                DataType::Float.conversion_hint(name)
+            ))
+            .with_blob(name))
+        }
+    }
+}
+
+/// Input `i` as int64 indices (int32 or int64 tensors).
+pub(crate) fn indices(l: &Locked<'_>, op: &str, i: usize) -> Result<(Vec<i64>, Vec<usize>)> {
+    let t = l.tensor(i)?;
+    let v = super::kit::int_values(t)?.ok_or_else(|| {
+        let name = l.input_name(i);
+        Error::type_error(format!(
+            "{op}: the indices ('{name}') must be an int32 or int64 tensor, got {}",
+            t.dtype()
+        ))
+        .with_blob(name)
+    })?;
+    Ok((v, t.shape().to_vec()))
+}
+
+/// Checks each index against `n` rows (negatives from the end if `wrap`).
+pub(crate) fn checked_rows(
+    op: &str,
+    idx: &[i64],
+    n: usize,
+    wrap: bool,
+    blob: &str,
+) -> Result<Vec<usize>> {
+    idx.iter()
+        .map(|&v| {
+            let w = if wrap && v < 0 { v + n as i64 } else { v };
+            usize::try_from(w).ok().filter(|&u| u < n).ok_or_else(|| {
+                Error::invalid_arg(format!(
+                    "{op}: index {v} is out of range for a dim of size {n}"
+                ))
+                .with_blob(blob)
+            })
+        })
+        .collect()
+}
+
 // ------------------------------------------------------ axes and orders --
 
 /// Caffe2's canonical axis: `axis` in [-ndim, ndim), negatives from the end.

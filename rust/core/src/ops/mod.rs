@@ -30,7 +30,6 @@ pub mod loss;
 pub mod matmul;
 pub mod norm;
 pub mod optim;
-pub mod optim_extra;
 pub mod pack;
 pub mod persistence;
 pub mod pool;
@@ -63,7 +62,6 @@ pub fn builtin_schemas() -> Vec<OpSchema> {
     v.extend(matmul::schemas());
     v.extend(norm::schemas());
     v.extend(optim::schemas());
-    v.extend(optim_extra::schemas());
     v.extend(pack::schemas());
     v.extend(persistence::schemas());
     v.extend(pool::schemas());

@@ -12,8 +12,7 @@
 #![allow(clippy::result_large_err)]
 
 use super::kernel;
-use super::kit::{array, dense, float_kernel, input};
-use super::optim::f32_in;
+use super::kit::{array, checked_rows, dense, f32_in, float_kernel, indices, input};
 use crate::arg;
 use crate::error::{Error, Result};
 use crate::num::Float;
@@ -181,41 +180,6 @@ pub fn schemas() -> Vec<OpSchema> {
                   (a repeated index scales its row again), then for each pair k and each i in order \
                   X0[INDICES[i]] += Wk * Xk[i] (float32; weights of one element)."),
     ]
-}
-
-/// Input `i` as int64 indices (int32 or int64 tensors).
-pub(crate) fn indices(l: &Locked<'_>, op: &str, i: usize) -> Result<(Vec<i64>, Vec<usize>)> {
-    let t = l.tensor(i)?;
-    let v = super::kit::int_values(t)?.ok_or_else(|| {
-        let name = l.input_name(i);
-        Error::type_error(format!(
-            "{op}: the indices ('{name}') must be an int32 or int64 tensor, got {}",
-            t.dtype()
-        ))
-        .with_blob(name)
-    })?;
-    Ok((v, t.shape().to_vec()))
-}
-
-/// Checks each index against `n` rows (negatives from the end if `wrap`).
-pub(crate) fn checked_rows(
-    op: &str,
-    idx: &[i64],
-    n: usize,
-    wrap: bool,
-    blob: &str,
-) -> Result<Vec<usize>> {
-    idx.iter()
-        .map(|&v| {
-            let w = if wrap && v < 0 { v + n as i64 } else { v };
-            usize::try_from(w).ok().filter(|&u| u < n).ok_or_else(|| {
-                Error::invalid_arg(format!(
-                    "{op}: index {v} is out of range for a dim of size {n}"
-                ))
-                .with_blob(blob)
-            })
-        })
-        .collect()
 }
 
 // -------------------------------------------------------------- Gather --
