@@ -44,7 +44,6 @@ pub mod sparse;
 pub mod textfile;
 pub mod unary;
 pub mod utility;
-pub(crate) mod winograd;
 
 pub fn builtin_schemas() -> Vec<OpSchema> {
     let mut v = Vec::new();

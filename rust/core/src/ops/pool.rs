@@ -12,7 +12,7 @@
 
 #![allow(clippy::result_large_err)]
 
-use super::conv::{image_shape, split_image, Geo, Window, CONV_IGNORED, WINDOW_ARGS};
+use super::conv::window::{image_shape, split_image, Geo, Window, CONV_IGNORED, WINDOW_ARGS};
 use super::kit::{abs, array, dense, float_kernel, input, sign, Order};
 use crate::error::{Error, Result};
 use crate::num::Float;

@@ -1,7 +1,7 @@
 //! Winograd F(2x2, 3x3) convolution (issue 15): the 3x3, stride-1,
 //! dilation-1, one-group 2-D products of `Conv` and `ConvTranspose` (their
 //! forward and their input gradient, in NCHW and NHWC) where it measures
-//! faster than im2col + GEMM (BENCHMARKS.md, "Conv (issue 15)"); `conv.rs`
+//! faster than im2col + GEMM (BENCHMARKS.md, "Conv (issue 15)"); `plan.rs`
 //! decides when.
 //!
 //! Each 2x2 block of outputs (a tile) reads a 4x4 patch of the input. The
@@ -17,6 +17,7 @@
 //! stays near the cache; blocks run on the kernel pool.
 
 use crate::num::Float;
+use crate::ops::gemm::product;
 use rayon::prelude::*;
 
 /// One correlation: `y[n][k][oy][ox]` is the sum over c, a, b of
@@ -194,7 +195,7 @@ impl Wino {
                 let mx = &mut m[xi * tb * k..(xi + 1) * tb * k];
                 if self.nhwc {
                     // M (nt x K) = V (nt x C) * U^T (C x K).
-                    super::gemm::product(
+                    product(
                         false,
                         nt,
                         c,
@@ -209,7 +210,7 @@ impl Wino {
                     );
                 } else {
                     // M (K x nt) = U (K x C) * V (C x nt).
-                    super::gemm::product(
+                    product(
                         false,
                         k,
                         c,

@@ -1,0 +1,203 @@
+//! im2col and col2im: an image's windows laid out as the columns of a
+//! matrix (and back, summing), for NCHW by lines of output and for NHWC by
+//! pixels.
+
+#![allow(clippy::result_large_err, clippy::too_many_arguments)]
+
+use super::window::*;
+use crate::num::Float;
+use rayon::prelude::*;
+
+pub(crate) fn im2col_nchw_lines<T: Float>(
+    g: &Geo,
+    x: &[T],
+    cg: usize,
+    l0: usize,
+    l1: usize,
+    col: &mut [T],
+) {
+    let [i0, i1, i2] = g.ins;
+    let [_, o1, o2] = g.outs;
+    let p = (l1 - l0) * o2;
+    let zero = T::of(0.0);
+    let mut r = 0;
+    for c in 0..cg {
+        let xc = &x[c * i0 * i1 * i2..(c + 1) * i0 * i1 * i2];
+        for a in 0..g.k[0] {
+            for b in 0..g.k[1] {
+                for e in 0..g.k[2] {
+                    let row = &mut col[r * p..(r + 1) * p];
+                    r += 1;
+                    let off = (e * g.d[2]) as isize - g.ph[2] as isize;
+                    let (lo, hi) = valid_range(o2, g.s[2], off, i2);
+                    for (j, line) in (l0..l1).enumerate() {
+                        let (z, y) = (line / o1, line % o1);
+                        {
+                            let out = &mut row[j * o2..(j + 1) * o2];
+                            let (Some(zi), Some(yi)) = (g.tap(0, z, a), g.tap(1, y, b)) else {
+                                out.fill(zero);
+                                continue;
+                            };
+                            let xr = &xc[(zi * i1 + yi) * i2..(zi * i1 + yi + 1) * i2];
+                            out[..lo].fill(zero);
+                            out[hi..].fill(zero);
+                            if hi == lo {
+                                continue;
+                            }
+                            if g.s[2] == 1 {
+                                let start = (lo as isize + off) as usize;
+                                out[lo..hi].copy_from_slice(&xr[start..start + hi - lo]);
+                            } else {
+                                for (w, v) in out[lo..hi].iter_mut().enumerate() {
+                                    *v = xr[(((lo + w) * g.s[2]) as isize + off) as usize];
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The adjoint of [`im2col_nchw_lines`]: adds each entry of the window
+/// matrix of output lines `l0..l1` (`cg * K` rows of `(l1 - l0) * last
+/// output dim` columns) to its pixel of `x` (`cg` channels; the caller
+/// zeroed it before the first block). Per pixel, the additions come in the
+/// order (row of the window matrix, line), so that cutting the channels
+/// into blocks does not change a result.
+pub(crate) fn col2im_nchw_lines<T: Float>(
+    g: &Geo,
+    col: &[T],
+    cg: usize,
+    l0: usize,
+    l1: usize,
+    x: &mut [T],
+) {
+    let [i0, i1, i2] = g.ins;
+    let [_, o1, o2] = g.outs;
+    let p = (l1 - l0) * o2;
+    let mut r = 0;
+    for c in 0..cg {
+        let xc = &mut x[c * i0 * i1 * i2..(c + 1) * i0 * i1 * i2];
+        for a in 0..g.k[0] {
+            for b in 0..g.k[1] {
+                for e in 0..g.k[2] {
+                    let row = &col[r * p..(r + 1) * p];
+                    r += 1;
+                    let off = (e * g.d[2]) as isize - g.ph[2] as isize;
+                    let (lo, hi) = valid_range(o2, g.s[2], off, i2);
+                    if hi == lo {
+                        continue;
+                    }
+                    for (j, line) in (l0..l1).enumerate() {
+                        let (z, y) = (line / o1, line % o1);
+                        let (Some(zi), Some(yi)) = (g.tap(0, z, a), g.tap(1, y, b)) else {
+                            continue;
+                        };
+                        let src = &row[j * o2..(j + 1) * o2];
+                        let xr = &mut xc[(zi * i1 + yi) * i2..(zi * i1 + yi + 1) * i2];
+                        if g.s[2] == 1 {
+                            let start = (lo as isize + off) as usize;
+                            for (d, &v) in xr[start..start + hi - lo].iter_mut().zip(&src[lo..hi]) {
+                                *d += v;
+                            }
+                        } else {
+                            for (w, &v) in src[lo..hi].iter().enumerate() {
+                                xr[(((lo + w) * g.s[2]) as isize + off) as usize] += v;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// NHWC im2col: channels `c0..c0 + cg` of one image (`x`, `ctot` channels
+/// per pixel) to a P x (K * cg) matrix.
+pub(crate) fn im2col_nhwc<T: Float>(
+    g: &Geo,
+    x: &[T],
+    ctot: usize,
+    c0: usize,
+    cg: usize,
+    col: &mut [T],
+) {
+    let p = g.outs.iter().product();
+    im2col_nhwc_pixels(g, x, ctot, c0, cg, 0, p, col)
+}
+
+/// The rows `j0..j1` (output pixels, flattened) of [`im2col_nhwc`]'s
+/// matrix: a (j1 - j0) x (K * cg) matrix.
+pub(crate) fn im2col_nhwc_pixels<T: Float>(
+    g: &Geo,
+    x: &[T],
+    ctot: usize,
+    c0: usize,
+    cg: usize,
+    j0: usize,
+    j1: usize,
+    col: &mut [T],
+) {
+    let [_, i1, i2] = g.ins;
+    let [_, o1, o2] = g.outs;
+    let zero = T::of(0.0);
+    let mut j = 0;
+    for pix in j0..j1 {
+        let (z, y, w) = (pix / (o1 * o2), (pix / o2) % o1, pix % o2);
+        for a in 0..g.k[0] {
+            let zi = g.tap(0, z, a);
+            for b in 0..g.k[1] {
+                let yi = g.tap(1, y, b);
+                for e in 0..g.k[2] {
+                    let dst = &mut col[j..j + cg];
+                    j += cg;
+                    match (zi, yi, g.tap(2, w, e)) {
+                        (Some(zi), Some(yi), Some(xi)) => {
+                            let at = ((zi * i1 + yi) * i2 + xi) * ctot + c0;
+                            dst.copy_from_slice(&x[at..at + cg]);
+                        }
+                        _ => dst.fill(zero),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The adjoint of [`im2col_nhwc`] (adds into `x`, which the caller zeroed).
+pub(crate) fn col2im_nhwc<T: Float>(
+    g: &Geo,
+    col: &[T],
+    ctot: usize,
+    c0: usize,
+    cg: usize,
+    x: &mut [T],
+) {
+    let [_, i1, i2] = g.ins;
+    let [o0, o1, o2] = g.outs;
+    let mut j = 0;
+    for z in 0..o0 {
+        for y in 0..o1 {
+            for w in 0..o2 {
+                for a in 0..g.k[0] {
+                    let zi = g.tap(0, z, a);
+                    for b in 0..g.k[1] {
+                        let yi = g.tap(1, y, b);
+                        for e in 0..g.k[2] {
+                            let src = &col[j..j + cg];
+                            j += cg;
+                            if let (Some(zi), Some(yi), Some(xi)) = (zi, yi, g.tap(2, w, e)) {
+                                let at = ((zi * i1 + yi) * i2 + xi) * ctot + c0;
+                                for (d, &v) in x[at..at + cg].iter_mut().zip(src) {
+                                    *d += v;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,866 @@
+//! The products of a convolution: the forward product, its adjoint and
+//! the filter gradient of one op on a batch (`Plan`), each an im2col and a
+//! GEMM (`ops::gemm`) per image and group, or Winograd (`winograd.rs`)
+//! where it pays; images on the kernel pool, or blocks of one large image.
+
+#![allow(clippy::result_large_err, clippy::too_many_arguments)]
+
+use super::im2col::*;
+use super::window::*;
+use super::winograd::Wino;
+use crate::error::Result;
+use crate::num::Float;
+use crate::ops::gemm::product;
+use crate::ops::kit::Order;
+use crate::tensor::DataType;
+use rayon::prelude::*;
+
+// ------------------------------------------------------------ the products --
+
+/// One convolution's shapes. The filter's rows are the `cout` channels of
+/// the col side (Conv's output, ConvTranspose's input); its columns, per
+/// group, the `cin / group` channels of the image side times the window.
+pub(crate) struct Plan {
+    pub(crate) g: Geo,
+    pub(crate) group: usize,
+    pub(crate) cin: usize,
+    pub(crate) cout: usize,
+    pub(crate) order: Order,
+    /// Split each product across the kernel pool (when the images are not).
+    pub(crate) par: bool,
+}
+
+impl Plan {
+    pub(crate) fn cg(&self) -> usize {
+        self.cin / self.group
+    }
+    pub(crate) fn mg(&self) -> usize {
+        self.cout / self.group
+    }
+    pub(crate) fn rows(&self) -> usize {
+        self.cg() * self.g.ksize()
+    }
+    pub(crate) fn img_len(&self) -> usize {
+        self.cin * self.g.in_len()
+    }
+    pub(crate) fn col_len(&self) -> usize {
+        self.cout * self.g.out_len()
+    }
+    /// The window matrix of one image (none when the matrix is the image).
+    pub(crate) fn scratch<T: Float>(&self) -> Result<Vec<T>> {
+        if self.g.identity() {
+            return Ok(Vec::new());
+        }
+        let n = crate::tensor::size_mul(self.rows(), self.g.out_len(), || {
+            "the window matrix of a convolution".to_string()
+        })?;
+        crate::tensor::default_buffer(n, "the window matrix of a convolution")
+    }
+    /// Blocks of output lines (pairs of the first two output dims) whose
+    /// window matrix has about `COL_BLOCK` elements (at least `MIN_COLS`
+    /// columns, at least one line).
+    pub(crate) fn line_blocks(&self) -> impl Iterator<Item = (usize, usize)> {
+        let lines = self.g.outs[0] * self.g.outs[1];
+        let per_line = (self.rows() * self.g.outs[2]).max(1);
+        // At least MIN_COLS columns: each block packs the filter again, and
+        // narrow products run below the GEMM kernel's speed.
+        let step = (COL_BLOCK / per_line)
+            .max(MIN_COLS.div_ceil(self.g.outs[2].max(1)))
+            .max(1);
+        (0..lines)
+            .step_by(step)
+            .map(move |l0| (l0, (l0 + step).min(lines)))
+    }
+    /// Multiply-adds of one image's product.
+    pub(crate) fn macs(&self) -> usize {
+        self.cout
+            .saturating_mul(self.rows())
+            .saturating_mul(self.g.out_len())
+    }
+
+    /// The col side of one image: out = W * im2col(img).
+    pub(crate) fn fwd<T: Float>(
+        &self,
+        img: &[T],
+        w: &[T],
+        out: &mut [T],
+        col: &mut [T],
+    ) -> Result<()> {
+        let (cg, mg, rows, p, pin) = (
+            self.cg(),
+            self.mg(),
+            self.rows(),
+            self.g.out_len(),
+            self.g.in_len(),
+        );
+        let zero = T::of(0.0);
+        for g in 0..self.group {
+            let wg = &w[g * mg * rows..(g + 1) * mg * rows];
+            match self.order {
+                Order::Nchw => {
+                    let src = &img[g * cg * pin..(g + 1) * cg * pin];
+                    let outg = &mut out[g * mg * p..];
+                    if self.g.identity() {
+                        product(
+                            self.par,
+                            mg,
+                            rows,
+                            p,
+                            wg,
+                            (rows, 1),
+                            src,
+                            (p, 1),
+                            zero,
+                            outg,
+                            (p, 1),
+                        );
+                        continue;
+                    }
+                    // Blocks of output lines, so that the window matrix
+                    // stays in cache between im2col and the product.
+                    let o2 = self.g.outs[2];
+                    if self.par && self.macs() >= PAR_MACS && o2 > 0 {
+                        // One image alone: its line blocks (im2col and
+                        // product each) go to the pool's threads.
+                        let bounds: Vec<(usize, usize)> = self
+                            .line_blocks()
+                            .map(|(l0, l1)| (l0 * o2, l1 * o2))
+                            .collect();
+                        if bounds.len() > 1 {
+                            crate::ops::gemm::par_column_blocks(
+                                mg,
+                                rows,
+                                p,
+                                T::of(1.0),
+                                zero,
+                                wg,
+                                (rows, 1),
+                                &bounds,
+                                Vec::new,
+                                |c0, c1, col| {
+                                    im2col_nchw_lines(&self.g, src, cg, c0 / o2, c1 / o2, col)
+                                },
+                                &mut outg[..mg * p],
+                            );
+                            continue;
+                        }
+                    }
+                    for (l0, l1) in self.line_blocks() {
+                        let nc = (l1 - l0) * self.g.outs[2];
+                        im2col_nchw_lines(&self.g, src, cg, l0, l1, col);
+                        let c0 = l0 * self.g.outs[2];
+                        product(
+                            self.par,
+                            mg,
+                            rows,
+                            nc,
+                            wg,
+                            (rows, 1),
+                            col,
+                            (nc, 1),
+                            zero,
+                            &mut outg[c0..],
+                            (p, 1),
+                        );
+                    }
+                }
+                Order::Nhwc => {
+                    if let Some(per) = self.pixel_blocks() {
+                        // One image alone: blocks of output pixels (im2col
+                        // and product each, its own rows of `out`) go to
+                        // the pool's threads.
+                        let cout = self.cout;
+                        out[..p * cout]
+                            .par_chunks_mut(per * cout)
+                            .enumerate()
+                            .try_for_each_init(
+                                || block_buffer::<T>(per, rows),
+                                |buf, (i, o)| {
+                                    let buf = buf.as_mut().map_err(|e| e.clone())?;
+                                    let np = o.len() / cout;
+                                    let col = &mut buf[..np * rows];
+                                    let j0 = i * per;
+                                    im2col_nhwc_pixels(
+                                        &self.g,
+                                        img,
+                                        self.cin,
+                                        g * cg,
+                                        cg,
+                                        j0,
+                                        j0 + np,
+                                        col,
+                                    );
+                                    product(
+                                        false,
+                                        np,
+                                        rows,
+                                        mg,
+                                        col,
+                                        (rows, 1),
+                                        wg,
+                                        (1, rows),
+                                        zero,
+                                        &mut o[g * mg..],
+                                        (cout, 1),
+                                    );
+                                    Ok(())
+                                },
+                            )?;
+                        continue;
+                    }
+                    let (a, sa): (&[T], _) = if self.g.identity() {
+                        (&img[g * cg..], (self.cin, 1))
+                    } else {
+                        im2col_nhwc(&self.g, img, self.cin, g * cg, cg, col);
+                        (col, (rows, 1))
+                    };
+                    product(
+                        self.par,
+                        p,
+                        rows,
+                        mg,
+                        a,
+                        sa,
+                        wg,
+                        (1, rows),
+                        zero,
+                        &mut out[g * mg..],
+                        (self.cout, 1),
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The adjoint of `fwd`: img = col2im(W^T * cs), for one image.
+    pub(crate) fn adj<T: Float>(
+        &self,
+        cs: &[T],
+        w: &[T],
+        img: &mut [T],
+        col: &mut [T],
+    ) -> Result<()> {
+        let (cg, mg, rows, p, pin) = (
+            self.cg(),
+            self.mg(),
+            self.rows(),
+            self.g.out_len(),
+            self.g.in_len(),
+        );
+        let zero = T::of(0.0);
+        if !self.g.identity() {
+            img.fill(zero);
+        }
+        for g in 0..self.group {
+            let wg = &w[g * mg * rows..(g + 1) * mg * rows];
+            match self.order {
+                Order::Nchw => {
+                    let dst = &mut img[g * cg * pin..(g + 1) * cg * pin];
+                    let csg = &cs[g * mg * p..];
+                    if self.g.identity() {
+                        product(
+                            self.par,
+                            rows,
+                            mg,
+                            p,
+                            wg,
+                            (1, rows),
+                            csg,
+                            (p, 1),
+                            zero,
+                            dst,
+                            (p, 1),
+                        );
+                    } else {
+                        self.adj_nchw_blocks(csg, wg, dst, col)?;
+                    }
+                }
+                Order::Nhwc => {
+                    let csg = &cs[g * mg..];
+                    if self.g.identity() {
+                        product(
+                            self.par,
+                            p,
+                            mg,
+                            rows,
+                            csg,
+                            (self.cout, 1),
+                            wg,
+                            (rows, 1),
+                            zero,
+                            &mut img[g * cg..],
+                            (self.cin, 1),
+                        );
+                    } else {
+                        product(
+                            self.par,
+                            p,
+                            mg,
+                            rows,
+                            csg,
+                            (self.cout, 1),
+                            wg,
+                            (rows, 1),
+                            zero,
+                            col,
+                            (rows, 1),
+                        );
+                        col2im_nhwc(&self.g, col, self.cin, g * cg, cg, img);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Output pixels per block when one large image alone (NHWC, through a
+    /// window matrix) splits its forward product across a pool of several
+    /// threads: blocks of about `COL_BLOCK` elements of the window matrix,
+    /// at least two per thread and at least `MIN_COLS` pixels. None: no
+    /// split.
+    pub(crate) fn pixel_blocks(&self) -> Option<usize> {
+        let (p, rows, threads) = (self.g.out_len(), self.rows(), rayon::current_num_threads());
+        if !(self.par
+            && self.macs() >= PAR_MACS
+            && threads > 1
+            && p > 1
+            && self.cout > 0
+            && !self.g.identity())
+        {
+            return None;
+        }
+        let per = (COL_BLOCK / rows.max(1))
+            .max(MIN_COLS)
+            .min(p.div_ceil(2 * threads))
+            .max(1);
+        Some(per)
+    }
+
+    /// Channels per block when one large image alone (NCHW, through a
+    /// window matrix) splits its input channels across a pool of several
+    /// threads (`adj` and `wgrad`): two blocks per thread, fewer when there
+    /// are fewer channels, so that one descheduled thread holds up less of
+    /// the work. None: no split.
+    pub(crate) fn channel_blocks(&self) -> Option<usize> {
+        let (cg, threads) = (self.cg(), rayon::current_num_threads());
+        (self.par
+            && self.macs() >= PAR_MACS
+            && threads > 1
+            && cg > 1
+            && self.g.in_len() > 0
+            && !self.g.identity())
+        .then(|| cg.div_ceil((2 * threads).min(cg)))
+    }
+
+    /// `wgrad` of one group, NCHW, with its input channels in blocks of
+    /// `per` on the pool: dW's columns of channels c0.. are cs times the
+    /// window matrix's rows of those channels, so each block builds only
+    /// its own rows (im2col by line blocks, as on one thread) and
+    /// accumulates its own columns of dW, in the same order as on one
+    /// thread; the blocks are copied into `dwg` at the end.
+    pub(crate) fn wgrad_nchw_split<T: Float>(
+        &self,
+        src: &[T],
+        csg: &[T],
+        dwg: &mut [T],
+        per: usize,
+    ) -> Result<()> {
+        let (cg, mg, rows, p, pin) = (
+            self.cg(),
+            self.mg(),
+            self.rows(),
+            self.g.out_len(),
+            self.g.in_len(),
+        );
+        let (ks, o2) = (self.g.ksize(), self.g.outs[2]);
+        let (zero, one) = (T::of(0.0), T::of(1.0));
+        let lines: Vec<(usize, usize)> = self.line_blocks().collect();
+        let widest = lines
+            .iter()
+            .map(|&(l0, l1)| (l1 - l0) * o2)
+            .max()
+            .unwrap_or(0);
+        let starts: Vec<usize> = (0..cg).step_by(per).collect();
+        let before: &[T] = dwg;
+        let blocks: Vec<(usize, Vec<T>)> = starts
+            .into_par_iter()
+            .map_init(
+                || block_buffer::<T>(per * ks, widest),
+                |buf, c0| -> Result<(usize, Vec<T>)> {
+                    let buf = buf.as_mut().map_err(|e| e.clone())?;
+                    let r = per.min(cg - c0) * ks;
+                    let mut acc =
+                        crate::tensor::filled_vec(mg * r, zero, "a filter gradient block")?;
+                    for (i, a) in acc.chunks_mut(r).enumerate() {
+                        let at = i * rows + c0 * ks;
+                        a.copy_from_slice(&before[at..at + r]);
+                    }
+                    for &(l0, l1) in &lines {
+                        let w = (l1 - l0) * o2;
+                        let col = &mut buf[..r * w];
+                        im2col_nchw_lines(&self.g, &src[c0 * pin..], r / ks, l0, l1, col);
+                        product(
+                            false,
+                            mg,
+                            w,
+                            r,
+                            &csg[l0 * o2..],
+                            (p, 1),
+                            col,
+                            (1, w),
+                            one,
+                            &mut acc,
+                            (r, 1),
+                        );
+                    }
+                    Ok((c0, acc))
+                },
+            )
+            .collect::<Result<_>>()?;
+        for (c0, acc) in blocks {
+            let r = acc.len() / mg.max(1);
+            for (i, a) in acc.chunks(r.max(1)).enumerate() {
+                let at = i * rows + c0 * ks;
+                dwg[at..at + r].copy_from_slice(a);
+            }
+        }
+        Ok(())
+    }
+
+    /// `adj` of one group, NCHW, through a window matrix: for each block
+    /// of output lines, col = W^T * cs (its columns of it), then col2im of
+    /// that block (the block stays in cache between the two). One large
+    /// image alone on a pool of several threads cuts its `cg` channels into
+    /// blocks that run on the pool, each over every line block with a
+    /// scratch buffer of its own: a channel's pixels take additions only
+    /// from its own rows of the window matrix, so the blocks write disjoint
+    /// parts of `dst`, and each pixel sees the same additions in the same
+    /// order as on one thread (the same values too, where the GEMM computes
+    /// an element the same way whatever the height of the block, as
+    /// `matrixmultiply` does: the tests check it bitwise in float64).
+    pub(crate) fn adj_nchw_blocks<T: Float>(
+        &self,
+        csg: &[T],
+        wg: &[T],
+        dst: &mut [T],
+        col: &mut [T],
+    ) -> Result<()> {
+        let (cg, mg, rows, p, pin) = (
+            self.cg(),
+            self.mg(),
+            self.rows(),
+            self.g.out_len(),
+            self.g.in_len(),
+        );
+        let (ks, o2) = (self.g.ksize(), self.g.outs[2]);
+        let zero = T::of(0.0);
+        let lines: Vec<(usize, usize)> = self.line_blocks().collect();
+        // Channels c0..c0 + nc into `dst` (their pixels), `buf` at least
+        // nc * K x (widest block) elements.
+        let run = |c0: usize, nc: usize, dst: &mut [T], buf: &mut [T]| {
+            for &(l0, l1) in &lines {
+                let w = (l1 - l0) * o2;
+                let m = nc * ks;
+                product(
+                    false,
+                    m,
+                    mg,
+                    w,
+                    &wg[c0 * ks..],
+                    (1, rows),
+                    &csg[l0 * o2..],
+                    (p, 1),
+                    zero,
+                    &mut buf[..m * w],
+                    (w, 1),
+                );
+                col2im_nchw_lines(&self.g, &buf[..m * w], nc, l0, l1, dst);
+            }
+        };
+        if let Some(per) = self.channel_blocks() {
+            let widest = lines
+                .iter()
+                .map(|&(l0, l1)| (l1 - l0) * o2)
+                .max()
+                .unwrap_or(0);
+            dst[..cg * pin]
+                .par_chunks_mut(per * pin)
+                .enumerate()
+                .try_for_each_init(
+                    || block_buffer::<T>(per * ks, widest),
+                    |buf, (i, d)| {
+                        let buf = buf.as_mut().map_err(|e| e.clone())?;
+                        run(i * per, d.len() / pin.max(1), d, buf);
+                        Ok(())
+                    },
+                )
+        } else {
+            run(0, cg, &mut dst[..cg * pin], col);
+            Ok(())
+        }
+    }
+
+    /// dW += cs * im2col(img)^T for one image.
+    pub(crate) fn wgrad<T: Float>(
+        &self,
+        img: &[T],
+        cs: &[T],
+        dw: &mut [T],
+        col: &mut [T],
+    ) -> Result<()> {
+        let (cg, mg, rows, p, pin) = (
+            self.cg(),
+            self.mg(),
+            self.rows(),
+            self.g.out_len(),
+            self.g.in_len(),
+        );
+        let one = T::of(1.0);
+        for g in 0..self.group {
+            let dwg = &mut dw[g * mg * rows..(g + 1) * mg * rows];
+            match self.order {
+                Order::Nchw => {
+                    let src = &img[g * cg * pin..(g + 1) * cg * pin];
+                    let csg = &cs[g * mg * p..];
+                    if self.g.identity() {
+                        product(
+                            self.par,
+                            mg,
+                            p,
+                            rows,
+                            csg,
+                            (p, 1),
+                            src,
+                            (1, p),
+                            one,
+                            dwg,
+                            (rows, 1),
+                        );
+                        continue;
+                    }
+                    if let Some(per) = self.channel_blocks() {
+                        self.wgrad_nchw_split(src, csg, dwg, per)?;
+                        continue;
+                    }
+                    for (l0, l1) in self.line_blocks() {
+                        let nc = (l1 - l0) * self.g.outs[2];
+                        im2col_nchw_lines(&self.g, src, cg, l0, l1, col);
+                        let c0 = l0 * self.g.outs[2];
+                        product(
+                            self.par,
+                            mg,
+                            nc,
+                            rows,
+                            &csg[c0..],
+                            (p, 1),
+                            col,
+                            (1, nc),
+                            one,
+                            dwg,
+                            (rows, 1),
+                        );
+                    }
+                }
+                Order::Nhwc => {
+                    let (b, sb): (&[T], _) = if self.g.identity() {
+                        (&img[g * cg..], (self.cin, 1))
+                    } else {
+                        im2col_nhwc(&self.g, img, self.cin, g * cg, cg, col);
+                        (col, (rows, 1))
+                    };
+                    product(
+                        self.par,
+                        mg,
+                        p,
+                        rows,
+                        &cs[g * mg..],
+                        (1, self.cout),
+                        b,
+                        sb,
+                        one,
+                        dwg,
+                        (rows, 1),
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A block of a window matrix (`rows` x `cols`) for one of the pool's
+/// threads.
+pub(crate) fn block_buffer<T: Float>(rows: usize, cols: usize) -> Result<Vec<T>> {
+    let n = crate::tensor::size_mul(rows, cols, || "a block of a window matrix".to_string())?;
+    crate::tensor::default_buffer(n, "a block of a window matrix")
+}
+
+/// Elements of a block of the window matrix (512 KiB of float32): small
+/// enough to stay in the L2 cache between im2col and the product.
+pub(crate) const COL_BLOCK: usize = 1 << 17;
+/// The fewest columns of a block of the window matrix.
+pub(crate) const MIN_COLS: usize = 256;
+
+/// Images run on the kernel pool when there are several and the work
+/// (multiply-adds) pays for the hand-off.
+pub(crate) const PAR_MACS: usize = 1 << 20;
+
+pub(crate) fn parallel(n: usize, macs_per_image: usize) -> bool {
+    n > 1
+        && macs_per_image.saturating_mul(n) >= PAR_MACS
+        && crate::threads::pool_available()
+        && rayon::current_num_threads() > 1
+}
+
+/// `f(i, src_i, dst_i, scratch)` for each image i.
+pub(crate) fn per_image<T: Float>(
+    plan: &Plan,
+    n: usize,
+    src: &[T],
+    src_len: usize,
+    dst: &mut [T],
+    dst_len: usize,
+    f: impl Fn(&[T], &mut [T], &mut [T]) -> Result<()> + Sync + Send,
+) -> Result<()> {
+    if dst_len == 0 {
+        return Ok(());
+    }
+    if parallel(n, plan.macs()) {
+        dst.par_chunks_mut(dst_len).enumerate().try_for_each_init(
+            || plan.scratch::<T>(),
+            |col, (i, d)| match col {
+                Ok(col) => f(&src[i * src_len..(i + 1) * src_len], d, col),
+                Err(e) => Err(e.clone()),
+            },
+        )
+    } else {
+        let mut col = plan.scratch::<T>()?;
+        for (i, d) in dst.chunks_mut(dst_len).enumerate() {
+            f(&src[i * src_len..(i + 1) * src_len], d, &mut col)?;
+        }
+        Ok(())
+    }
+}
+
+/// The Winograd correlation (`ops/winograd.rs`) that computes `fwd`
+/// (or, with `adjoint`, `adj`) for `n` images of this plan, when the
+/// plan takes one: float32, one group, a 2-D 3x3 window with stride and
+/// dilation 1, and a product large enough for it to measure faster than
+/// im2col + GEMM (BENCHMARKS.md, "Conv (issue 15)").
+pub(crate) fn winograd_for<T: Float>(p: &Plan, n: usize, adjoint: bool) -> Option<Wino> {
+    let g = &p.g;
+    let eligible = T::DTYPE == DataType::Float
+        && p.group == 1
+        && g.k == [1, 3, 3]
+        && g.s == [1; 3]
+        && g.d == [1; 3]
+        && g.ins[0] == 1
+        && g.outs[0] == 1
+        && g.ph[0] == 0
+        && winograd_pays(p, n);
+    if !eligible {
+        return None;
+    }
+    let nhwc = p.order == Order::Nhwc;
+    let (ph, pw) = (g.ph[1] as isize, g.ph[2] as isize);
+    Some(if adjoint {
+        // img[iy] = sum over a of cs[iy - a + ph] * w[a]: a correlation of
+        // the col side with the flipped filter, offset by 2 - ph.
+        Wino {
+            n,
+            c: p.cout,
+            k: p.cin,
+            h: g.outs[1],
+            w: g.outs[2],
+            oh: g.ins[1],
+            ow: g.ins[2],
+            pt: 2 - ph,
+            pl: 2 - pw,
+            nhwc,
+        }
+    } else {
+        Wino {
+            n,
+            c: p.cin,
+            k: p.cout,
+            h: g.ins[1],
+            w: g.ins[2],
+            oh: g.outs[1],
+            ow: g.outs[2],
+            pt: ph,
+            pl: pw,
+            nhwc,
+        }
+    })
+}
+
+/// Whether Winograd beats im2col + GEMM for `n` images of this plan.
+/// Measured (BENCHMARKS.md "Conv (issue 15)", CPU time on one thread):
+/// im2col's GEMM runs near full speed once an image has a few hundred
+/// output pixels (ResNet-18's 56x56, 28x28 and 14x14 layers: 70-80 GF/s,
+/// which this Winograd, its transforms included, did not beat), and slows
+/// down for small images (7x7: 52 GF/s), where Winograd's GEMMs, over the
+/// tiles of the whole batch, ran at 77 GF/s equivalent. Its filter
+/// transform costs as much as the products of ~100 tiles, so the batch
+/// must hold enough of them.
+pub(crate) fn winograd_pays(p: &Plan, n: usize) -> bool {
+    let tiles = n * p.g.outs[1].div_ceil(2) * p.g.outs[2].div_ceil(2);
+    p.g.out_len() <= WINO_MAX_PIXELS && tiles >= WINO_MIN_TILES
+}
+
+/// The most output pixels per image for which Winograd is chosen.
+pub(crate) const WINO_MAX_PIXELS: usize = 64;
+/// The fewest tiles (2x2 outputs, over the batch) for which it is chosen.
+pub(crate) const WINO_MIN_TILES: usize = 256;
+
+/// Filter tap (a, b) of window column `c` of filter row `k` (the plan's
+/// filter layout: NCHW `[k][c][a][b]`, NHWC `[k][a][b][c]`).
+pub(crate) fn tap3<T: Float>(p: &Plan, w: &[T], k: usize, c: usize, a: usize, b: usize) -> T {
+    let rows = p.rows();
+    match p.order {
+        Order::Nchw => w[k * rows + c * 9 + a * 3 + b],
+        Order::Nhwc => w[k * rows + (a * 3 + b) * p.cin + c],
+    }
+}
+
+/// `fwd` for each of `n` images (`src` the image side, `dst` the col side).
+pub(crate) fn run_fwd<T: Float>(
+    p: &Plan,
+    n: usize,
+    src: &[T],
+    w: &[T],
+    dst: &mut [T],
+) -> Result<()> {
+    if let Some(wino) = winograd_for::<T>(p, n, false) {
+        wino.run(src, |k, c, a, b| tap3(p, w, k, c, a, b), dst);
+        return Ok(());
+    }
+    per_image(p, n, src, p.img_len(), dst, p.col_len(), |s, d, col| {
+        p.fwd(s, w, d, col)
+    })
+}
+
+/// `adj` for each of `n` images (`src` the col side, `dst` the image side).
+pub(crate) fn run_adj<T: Float>(
+    p: &Plan,
+    n: usize,
+    src: &[T],
+    w: &[T],
+    dst: &mut [T],
+) -> Result<()> {
+    if let Some(wino) = winograd_for::<T>(p, n, true) {
+        wino.run(src, |k, c, a, b| tap3(p, w, c, k, 2 - a, 2 - b), dst);
+        return Ok(());
+    }
+    per_image(p, n, src, p.col_len(), dst, p.img_len(), |s, d, col| {
+        p.adj(s, w, d, col)
+    })
+}
+
+/// Sum over images of `wgrad(img_i, cs_i)`, into a fresh dW.
+pub(crate) fn weight_grad<T: Float>(
+    plan: &Plan,
+    n: usize,
+    img: &[T],
+    cs: &[T],
+    w_len: usize,
+) -> Result<Vec<T>> {
+    let (il, cl) = (plan.img_len(), plan.col_len());
+    let one = |i: usize, acc: &mut Vec<T>, col: &mut Vec<T>| -> Result<()> {
+        plan.wgrad(
+            &img[i * il..(i + 1) * il],
+            &cs[i * cl..(i + 1) * cl],
+            acc,
+            col,
+        )
+    };
+    let acc = || crate::tensor::default_buffer::<T>(w_len, "a filter gradient");
+    if parallel(n, plan.macs()) {
+        (0..n)
+            .into_par_iter()
+            .fold(
+                || -> Result<(Vec<T>, Vec<T>)> { Ok((acc()?, plan.scratch::<T>()?)) },
+                |state, i| {
+                    let (mut acc, mut col) = state?;
+                    one(i, &mut acc, &mut col)?;
+                    Ok((acc, col))
+                },
+            )
+            .map(|r| r.map(|(acc, _)| acc))
+            .try_reduce_with(|mut a, b| {
+                for (x, y) in a.iter_mut().zip(b) {
+                    *x += y;
+                }
+                Ok(a)
+            })
+            .unwrap_or_else(acc)
+    } else {
+        let mut acc = acc()?;
+        let mut col = plan.scratch::<T>()?;
+        for i in 0..n {
+            one(i, &mut acc, &mut col)?;
+        }
+        Ok(acc)
+    }
+}
+
+/// Adds `b[c]` to every pixel of channel c (images of `ch` channels and
+/// `sp` pixels).
+pub(crate) fn add_bias<T: Float>(y: &mut [T], b: &[T], ch: usize, sp: usize, order: Order) {
+    let img = ch * sp;
+    if img == 0 {
+        return;
+    }
+    for im in y.chunks_mut(img) {
+        match order {
+            Order::Nchw => {
+                for (plane, &bc) in im.chunks_mut(sp.max(1)).zip(b) {
+                    for v in plane {
+                        *v += bc;
+                    }
+                }
+            }
+            Order::Nhwc => {
+                for px in im.chunks_mut(ch) {
+                    for (v, &bc) in px.iter_mut().zip(b) {
+                        *v += bc;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The per-channel sums of images of `ch` channels and `sp` pixels.
+pub(crate) fn channel_sums<T: Float>(
+    y: &[T],
+    ch: usize,
+    sp: usize,
+    order: Order,
+) -> Result<Vec<T>> {
+    let mut s = crate::tensor::default_buffer::<T>(ch, "a bias gradient")?;
+    let img = ch * sp;
+    if img == 0 {
+        return Ok(s);
+    }
+    for im in y.chunks(img) {
+        match order {
+            Order::Nchw => {
+                for (plane, acc) in im.chunks(sp).zip(s.iter_mut()) {
+                    for &v in plane {
+                        *acc += v;
+                    }
+                }
+            }
+            Order::Nhwc => {
+                for px in im.chunks(ch) {
+                    for (acc, &v) in s.iter_mut().zip(px) {
+                        *acc += v;
+                    }
+                }
+            }
+        }
+    }
+    Ok(s)
+}
