@@ -6,7 +6,6 @@
 
 use super::window::*;
 use crate::num::Float;
-use rayon::prelude::*;
 
 pub(crate) fn im2col_nchw_lines<T: Float>(
     g: &Geo,

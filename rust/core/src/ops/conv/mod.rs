@@ -35,7 +35,6 @@ use crate::num::Float;
 use crate::operator::{Locked, OpDefCtx, OpSchema, Operator};
 use crate::ops::kit::{array, dense, float_kernel, input, Order};
 use plan::*;
-use rayon::prelude::*;
 use window::*;
 
 fn geo_err(op: &str, name: &str, e: Error) -> Error {

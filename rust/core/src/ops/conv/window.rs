@@ -9,7 +9,6 @@ use crate::arg;
 use crate::error::{Error, Result};
 use crate::operator::{ArgDoc, OpDefCtx};
 use crate::ops::kit::{parse_order, Order};
-use rayon::prelude::*;
 
 /// A per-dim argument as given: not at all, one value for every dim, or one
 /// per dim.
