@@ -63,7 +63,7 @@ pub fn schemas() -> Vec<OpSchema> {
             "numpy.matmul broadcasting of the batch dims (and 1-D inputs)"
         ),
     ];
-    vec![
+    let mut v = vec![
         OpSchema::new("FC", build_fc)
             .inputs(3, 3)
             .outputs(1, 1)
@@ -103,7 +103,9 @@ pub fn schemas() -> Vec<OpSchema> {
             .outputs(2, 2)
             .args(BMM_ARGS)
             .doc("Gradient of BatchMatMul with broadcast (not in Caffe2, whose maker refused broadcast=1): inputs (A, B, dY), outputs (dA, dB): each batch's products, summed over the batch dims A (B) was broadcast along; a 1-D operand as BatchMatMul takes it."),
-    ]
+    ];
+    v.extend(row_product_schemas());
+    v
 }
 
 /// Strides of a dense row-major `rows x cols` matrix, read transposed or not.
@@ -585,6 +587,362 @@ fn build_batch_matmul(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     float_kernel!("BatchMatMul", 0, |l| batch_matmul_t(&mut l, ta, tb, bcast))
 }
 
+// ------------------------------------------ row-wise products (issue 14) --
+
+/// DotProduct, CosineSimilarity and DotProductWithPadding (row by row) and
+/// their gradients.
+fn row_product_schemas() -> Vec<OpSchema> {
+    const PADDING_ARGS: &[crate::operator::ArgDoc] = &[
+        arg!(
+            "pad_value",
+            "float",
+            "0.0",
+            "the value the shorter row is padded with"
+        ),
+        arg!(
+            "replicate",
+            "bool",
+            "false",
+            "repeat the shorter row instead of padding it"
+        ),
+    ];
+    vec![
+        OpSchema::new("DotProduct", build_dot_product)
+            .inputs(2, 2)
+            .outputs(1, 1)
+            .infer(rows_infer)
+            .doc("Z[i] = the dot product of row i of X and of Y (same shape, float32 or float64): the rows are the first dim, each the rest of the tensor (so 1-D inputs give X * Y elementwise)."),
+        OpSchema::new("DotProductGradient", build_dot_product)
+            .inputs(3, 3)
+            .outputs(2, 2)
+            .infer(pair_grad_infer)
+            .doc("Gradient of DotProduct: inputs (X, Y, dZ), outputs (dX = dZ[i] * Y[i], dY = dZ[i] * X[i]) row by row."),
+        OpSchema::new("CosineSimilarity", build_cosine)
+            .inputs(2, 2)
+            .outputs(1, 1)
+            .infer(rows_infer)
+            .doc("Z[i] = the cosine similarity of row i of X and of Y (same shape, float32 or float64; rows as DotProduct's): x.y / sqrt(max(|x|^2, 1e-12) max(|y|^2, 1e-12))."),
+        OpSchema::new("CosineSimilarityGradient", build_cosine)
+            .inputs(3, 3)
+            .outputs(2, 2)
+            .infer(pair_grad_infer)
+            .doc("Gradient of CosineSimilarity: inputs (X, Y, dZ), outputs (dX, dY)."),
+        OpSchema::new("DotProductWithPadding", build_dot_padded)
+            .inputs(2, 2)
+            .outputs(1, 1)
+            .args(PADDING_ARGS)
+            .infer(rows_infer)
+            .doc("Z[i] = the dot product of row i of X and of Y (the same number of dims and rows, float32 or float64), the shorter row padded with pad_value, or with replicate repeated, to the longer's length."),
+        OpSchema::new("DotProductWithPaddingGradient", build_dot_padded)
+            .inputs(3, 3)
+            .outputs(2, 2)
+            .args(PADDING_ARGS)
+            .infer(pair_grad_infer)
+            .doc("Gradient of DotProductWithPadding: inputs (X, Y, dZ), outputs (dX, dY)."),
+    ]
+}
+
+// ----------------------------------------------------------- DotProduct --
+
+/// X and Y (same shape) as N rows of D: N is the first dim (1 for a 0-d
+/// tensor), D the rest.
+fn dot_rows(l: &Locked<'_>, op: &str, xi: usize, yi: usize) -> Result<(usize, usize)> {
+    let (xs, ys) = (l.tensor(xi)?.shape(), l.tensor(yi)?.shape());
+    if xs != ys {
+        return Err(Error::shape(format!(
+            "{op}: X ('{}', shape {xs:?}) and Y ('{}', shape {ys:?}) must have the same shape",
+            l.input_name(xi),
+            l.input_name(yi)
+        ))
+        .with_blob(l.input_name(yi)));
+    }
+    let n = xs.first().copied().unwrap_or(1);
+    let total: usize = xs.iter().product();
+    Ok((n, total.checked_div(n).unwrap_or(0)))
+}
+
+fn dot_product_t<T: Float>(l: &mut Locked<'_>) -> Result<()> {
+    const OP: &str = "DotProduct";
+    let (n, d) = dot_rows(l, OP, 0, 1)?;
+    let (x, y) = (input::<T>(l, OP, 0)?, input::<T>(l, OP, 1)?);
+    let (xs, ys) = (dense(x), dense(y));
+    let z: Vec<T> = crate::tensor::try_collect(
+        (0..n).map(|i| {
+            let r = i * d..(i + 1) * d;
+            dot(&xs[r.clone()], &ys[r])
+        }),
+        "a kernel buffer",
+    )?;
+    l.set_output(0, T::wrap(array(&[n], z)?));
+    Ok(())
+}
+
+/// DotProductGradient: inputs (X, Y, dZ), outputs (dX = dZ * Y, dY = dZ * X)
+/// row by row.
+fn dot_product_grad_t<T: Float>(l: &mut Locked<'_>) -> Result<()> {
+    const OP: &str = "DotProductGradient";
+    let (n, d) = dot_rows(l, OP, 0, 1)?;
+    let (x, y, dz) = (
+        input::<T>(l, OP, 0)?,
+        input::<T>(l, OP, 1)?,
+        input::<T>(l, OP, 2)?,
+    );
+    check_rows_grad(l, OP, dz.shape(), n)?;
+    let shape = x.shape().to_vec();
+    let (xs, ys, g) = (dense(x), dense(y), dense(dz));
+    let scaled = |v: &[T]| -> Result<Vec<T>> {
+        crate::tensor::try_collect(
+            v.iter().enumerate().map(|(k, &e)| e * g[k / d.max(1)]),
+            "a DotProduct gradient",
+        )
+    };
+    let (dx, dy) = (scaled(&ys)?, scaled(&xs)?);
+    let (dx, dy) = (array(&shape, dx)?, array(&shape, dy)?);
+    l.set_output(0, T::wrap(dx));
+    l.set_output(1, T::wrap(dy));
+    Ok(())
+}
+
+/// The row-wise ops' output: one value per row of X (its first dim, 1 for
+/// a 0-d X).
+fn rows_infer(
+    _: &crate::args::Args<'_>,
+    ins: &[Option<crate::operator::ShapeInfo>],
+    _: usize,
+) -> Result<Vec<Option<crate::operator::ShapeInfo>>> {
+    Ok(vec![crate::shapes::rules::known(ins, 0).map(|x| {
+        crate::operator::ShapeInfo::new(vec![x.dims.first().copied().unwrap_or(1)], x.dtype)
+    })])
+}
+
+/// The row-wise ops' gradients: (dX, dY) have X's and Y's shapes.
+fn pair_grad_infer(
+    _: &crate::args::Args<'_>,
+    ins: &[Option<crate::operator::ShapeInfo>],
+    _: usize,
+) -> Result<Vec<Option<crate::operator::ShapeInfo>>> {
+    use crate::shapes::rules::known;
+    Ok(vec![known(ins, 0).cloned(), known(ins, 1).cloned()])
+}
+
+fn build_dot_product(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let grad = ctx.op_type().ends_with("Gradient");
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        if grad {
+            by_float!(&l, "DotProductGradient", 0, dot_product_grad_t(&mut l))?;
+        } else {
+            by_float!(&l, "DotProduct", 0, dot_product_t(&mut l))?;
+        }
+        Ok(true)
+    }))
+}
+
+// ------------------------------- CosineSimilarity, DotProductWithPadding --
+
+/// Caffe2's floor under a squared norm in CosineSimilarity.
+const COS_EPS: f64 = 1e-12;
+
+/// The dot product of two slices.
+fn dot<T: Float>(a: &[T], b: &[T]) -> T {
+    a.iter().zip(b).map(|(&x, &y)| x * y).sum()
+}
+
+/// CosineSimilarity (`grad` false): Z[i] = x.y / sqrt(max(|x|^2, eps)
+/// max(|y|^2, eps)) row by row; its gradient (inputs (X, Y, dZ), outputs
+/// (dX, dY)) differentiates that function (a norm under the floor is a
+/// constant).
+fn cosine_t<T: Float>(l: &mut Locked<'_>, grad: bool) -> Result<()> {
+    let op = if grad {
+        "CosineSimilarityGradient"
+    } else {
+        "CosineSimilarity"
+    };
+    let (n, d) = dot_rows(l, op, 0, 1)?;
+    let (x, y) = (input::<T>(l, op, 0)?, input::<T>(l, op, 1)?);
+    let shape = x.shape().to_vec();
+    let (xs, ys) = (dense(x), dense(y));
+    let eps = T::of(COS_EPS);
+    let floor = |v: T| if v < eps { eps } else { v };
+    let row = |i: usize| (&xs[i * d..(i + 1) * d], &ys[i * d..(i + 1) * d]);
+    if !grad {
+        let z: Vec<T> = crate::tensor::try_collect(
+            (0..n).map(|i| {
+                let (xr, yr) = row(i);
+                dot(xr, yr) / (floor(dot(xr, xr)) * floor(dot(yr, yr))).sqrt()
+            }),
+            "a kernel buffer",
+        )?;
+        l.set_output(0, T::wrap(array(&[n], z)?));
+        return Ok(());
+    }
+    let dz = input::<T>(l, op, 2)?;
+    check_rows_grad(l, op, dz.shape(), n)?;
+    let g = dense(dz);
+    let zero = T::of(0.0);
+    let (mut dx, mut dy) = (
+        crate::tensor::filled_vec(n * d, zero, "a kernel buffer")?,
+        crate::tensor::filled_vec(n * d, zero, "a kernel buffer")?,
+    );
+    for i in 0..n {
+        let (xr, yr) = row(i);
+        let (x2, y2, xy) = (dot(xr, xr), dot(yr, yr), dot(xr, yr));
+        let (xn2, yn2) = (floor(x2), floor(y2));
+        let base = g[i] / (xn2 * yn2).sqrt();
+        let kx = if x2 < eps { zero } else { base * xy / xn2 };
+        let ky = if y2 < eps { zero } else { base * xy / yn2 };
+        for j in 0..d {
+            dx[i * d + j] = base * yr[j] - kx * xr[j];
+            dy[i * d + j] = base * xr[j] - ky * yr[j];
+        }
+    }
+    l.set_output(0, T::wrap(array(&shape, dx)?));
+    l.set_output(1, T::wrap(array(&shape, dy)?));
+    Ok(())
+}
+
+/// dZ of a row-wise gradient op must be 1-D with one value per row.
+fn check_rows_grad(l: &Locked<'_>, op: &str, shape: &[usize], n: usize) -> Result<()> {
+    if shape != [n] {
+        return Err(Error::shape(format!(
+            "{op}: dZ ('{}', shape {shape:?}) must be 1-D with the {n} rows of X",
+            l.input_name(2)
+        ))
+        .with_blob(l.input_name(2)));
+    }
+    Ok(())
+}
+
+/// DotProductWithPadding's arguments.
+#[derive(Clone, Copy)]
+struct Padding {
+    pad_value: f64,
+    replicate: bool,
+}
+
+/// X and Y for DotProductWithPadding: the same number of dims and rows (the
+/// first dim); (N, DX, DY), each row the rest of its tensor. With
+/// `replicate` the longer row is a whole number of shorter ones.
+fn padded_rows(l: &Locked<'_>, op: &str, replicate: bool) -> Result<(usize, usize, usize)> {
+    let (xs, ys) = (l.tensor(0)?.shape(), l.tensor(1)?.shape());
+    let bad = |why: String| {
+        Error::shape(format!(
+            "{op}: X ('{}', shape {xs:?}) and Y ('{}', shape {ys:?}) {why}",
+            l.input_name(0),
+            l.input_name(1)
+        ))
+        .with_blob(l.input_name(1))
+    };
+    if xs.len() != ys.len() || xs.first() != ys.first() {
+        return Err(bad(
+            "must have the same number of dims and the same first dim".into(),
+        ));
+    }
+    let n = xs.first().copied().unwrap_or(1);
+    let dx = xs.iter().product::<usize>().checked_div(n).unwrap_or(0);
+    let dy = ys.iter().product::<usize>().checked_div(n).unwrap_or(0);
+    let (short, long) = (dx.min(dy), dx.max(dy));
+    if replicate && long.checked_rem(short).unwrap_or(long) != 0 {
+        return Err(bad(format!(
+            "have rows of {dx} and {dy}: with replicate, the longer must be a whole number of the shorter"
+        )));
+    }
+    Ok((n, dx, dy))
+}
+
+/// DotProductWithPadding (`grad` false): per row, the shorter of x and y
+/// padded with `pad_value` (or, with `replicate`, repeated) to the longer's
+/// length, then the dot product; its gradient (inputs (X, Y, dZ), outputs
+/// (dX, dY)).
+fn dot_padded_t<T: Float>(l: &mut Locked<'_>, p: Padding, grad: bool) -> Result<()> {
+    let op = if grad {
+        "DotProductWithPaddingGradient"
+    } else {
+        "DotProductWithPadding"
+    };
+    let (n, dx, dy) = padded_rows(l, op, p.replicate)?;
+    let (x, y) = (input::<T>(l, op, 0)?, input::<T>(l, op, 1)?);
+    let (xshape, yshape) = (x.shape().to_vec(), y.shape().to_vec());
+    let (xs, ys) = (dense(x), dense(y));
+    let pad = T::of(p.pad_value);
+    let zero = T::of(0.0);
+    let d = dx.min(dy);
+    // Per row: (the longer row, the shorter, whether X is the longer).
+    let rows = |i: usize| {
+        let (xr, yr) = (&xs[i * dx..(i + 1) * dx], &ys[i * dy..(i + 1) * dy]);
+        if dx > dy {
+            (xr, yr, true)
+        } else {
+            (yr, xr, false)
+        }
+    };
+    if !grad {
+        let z: Vec<T> = crate::tensor::try_collect(
+            (0..n).map(|i| {
+                let (lr, sr, _) = rows(i);
+                if p.replicate {
+                    lr.chunks(d.max(1)).map(|c| dot(c, sr)).sum()
+                } else {
+                    dot(&lr[..d], sr) + pad * lr[d..].iter().copied().sum::<T>()
+                }
+            }),
+            "a kernel buffer",
+        )?;
+        l.set_output(0, T::wrap(array(&[n], z)?));
+        return Ok(());
+    }
+    let dz = input::<T>(l, op, 2)?;
+    check_rows_grad(l, op, dz.shape(), n)?;
+    let g = dense(dz);
+    let (mut gx, mut gy) = (
+        crate::tensor::filled_vec(n * dx, zero, "a kernel buffer")?,
+        crate::tensor::filled_vec(n * dy, zero, "a kernel buffer")?,
+    );
+    let long_len = dx.max(dy);
+    for i in 0..n {
+        let (lr, sr, x_long) = rows(i);
+        let mut gl = crate::tensor::filled_vec(long_len, zero, "a kernel buffer")?;
+        let mut gs = crate::tensor::filled_vec(d, zero, "a kernel buffer")?;
+        if p.replicate {
+            for (c, glc) in lr.chunks(d.max(1)).zip(gl.chunks_mut(d.max(1))) {
+                for j in 0..d {
+                    glc[j] = g[i] * sr[j];
+                    gs[j] += g[i] * c[j];
+                }
+            }
+        } else {
+            for j in 0..d {
+                gl[j] = g[i] * sr[j];
+                gs[j] = g[i] * lr[j];
+            }
+            for v in &mut gl[d..] {
+                *v = g[i] * pad;
+            }
+        }
+        let (gxr, gyr) = if x_long { (gl, gs) } else { (gs, gl) };
+        gx[i * dx..(i + 1) * dx].copy_from_slice(&gxr);
+        gy[i * dy..(i + 1) * dy].copy_from_slice(&gyr);
+    }
+    l.set_output(0, T::wrap(array(&xshape, gx)?));
+    l.set_output(1, T::wrap(array(&yshape, gy)?));
+    Ok(())
+}
+
+fn build_cosine(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let grad = ctx.op_type().ends_with("Gradient");
+    float_kernel!("CosineSimilarity", 0, |l| cosine_t(&mut l, grad))
+}
+
+fn build_dot_padded(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let grad = ctx.op_type().ends_with("Gradient");
+    let p = Padding {
+        pad_value: f64::from(ctx.args.f32("pad_value", 0.0)?),
+        replicate: ctx.args.bool("replicate", false)?,
+    };
+    let op = ctx.op_type().to_string();
+    float_kernel!(&op, 0, |l| dot_padded_t(&mut l, p, grad))
+}
+
 #[cfg(test)]
 mod tests {
     use crate::error::ErrorKind;
@@ -694,5 +1052,111 @@ mod tests {
             (ErrorKind::Shape, Some("dy")),
             "{e}"
         );
+    }
+    #[test]
+    fn dot_product_by_hand() {
+        let ws = ws_with(&[
+            ("x", f32s(&[2, 2], &[1., 2., 3., 4.])),
+            ("y", f32s(&[2, 2], &[5., 6., 7., 8.])),
+            ("dz", f32s(&[2], &[1., 10.])),
+            ("v", f32s(&[3], &[1., 2., 3.])),
+        ]);
+        run(&ws, op("DotProduct", &["x", "y"], &["z"], vec![])).unwrap();
+        assert_eq!(vals(&get(&ws, "z")), vec![17., 53.]);
+        run(
+            &ws,
+            op(
+                "DotProductGradient",
+                &["x", "y", "dz"],
+                &["dx", "dy"],
+                vec![],
+            ),
+        )
+        .unwrap();
+        assert_eq!(vals(&get(&ws, "dx")), vec![5., 6., 70., 80.]);
+        assert_eq!(vals(&get(&ws, "dy")), vec![1., 2., 30., 40.]);
+        // 1-D inputs: one row per element.
+        run(&ws, op("DotProduct", &["v", "v"], &["w"], vec![])).unwrap();
+        assert_eq!(vals(&get(&ws, "w")), vec![1., 4., 9.]);
+        let e = run(&ws, op("DotProduct", &["x", "v"], &["z"], vec![])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Shape);
+    }
+    #[test]
+    fn cosine_similarity_and_dot_with_padding_by_hand() {
+        let h = std::f32::consts::FRAC_1_SQRT_2;
+        let ws = ws_with(&[
+            ("x", f32s(&[2, 2], &[3., 4., 1., 0.])),
+            ("y", f32s(&[2, 2], &[4., 3., 1., 1.])),
+            ("dz", f32s(&[2], &[0., 1.])),
+            ("p", f32s(&[1, 3], &[1., 2., 3.])),
+            ("q", f32s(&[1, 2], &[4., 5.])),
+            ("r", f32s(&[1, 4], &[1., 2., 3., 4.])),
+            ("s", f32s(&[1, 2], &[1., 10.])),
+            ("g", f32s(&[1], &[1.])),
+        ]);
+        let close = |got: Vec<f32>, want: &[f32]| {
+            assert!(
+                got.iter().zip(want).all(|(g, w)| (g - w).abs() < 1e-6),
+                "{got:?} vs {want:?}"
+            );
+        };
+        run(&ws, op("CosineSimilarity", &["x", "y"], &["c"], vec![])).unwrap();
+        close(vals(&get(&ws, "c")), &[0.96, h]);
+        // Row 2: d cos/dx = y/(|x||y|) - (x.y) x/(|x|^3 |y|) = [0, 1/sqrt2].
+        run(
+            &ws,
+            op(
+                "CosineSimilarityGradient",
+                &["x", "y", "dz"],
+                &["dx", "dy"],
+                vec![],
+            ),
+        )
+        .unwrap();
+        close(vals(&get(&ws, "dx")), &[0., 0., 0., h]);
+        close(vals(&get(&ws, "dy")), &[0., 0., h / 2., -h / 2.]);
+        let pad = |v: f32| vec![crate::test_util::float_arg("pad_value", v)];
+        run(
+            &ws,
+            op("DotProductWithPadding", &["p", "q"], &["z"], pad(0.)),
+        )
+        .unwrap();
+        assert_eq!(vals(&get(&ws, "z")), vec![14.]);
+        run(
+            &ws,
+            op("DotProductWithPadding", &["q", "p"], &["z"], pad(2.)),
+        )
+        .unwrap();
+        assert_eq!(vals(&get(&ws, "z")), vec![20.]);
+        run(
+            &ws,
+            op(
+                "DotProductWithPaddingGradient",
+                &["p", "q", "g"],
+                &["dp", "dq"],
+                pad(2.),
+            ),
+        )
+        .unwrap();
+        assert_eq!(vals(&get(&ws, "dp")), vec![4., 5., 2.]);
+        assert_eq!(vals(&get(&ws, "dq")), vec![1., 2.]);
+        let rep = || vec![int_arg("replicate", 1)];
+        run(&ws, op("DotProductWithPadding", &["r", "s"], &["z"], rep())).unwrap();
+        assert_eq!(vals(&get(&ws, "z")), vec![64.]);
+        run(
+            &ws,
+            op(
+                "DotProductWithPaddingGradient",
+                &["r", "s", "g"],
+                &["dr", "ds"],
+                rep(),
+            ),
+        )
+        .unwrap();
+        assert_eq!(vals(&get(&ws, "dr")), vec![1., 10., 1., 10.]);
+        assert_eq!(vals(&get(&ws, "ds")), vec![4., 6.]);
+        // 3 is not a whole number of 2s.
+        let e = run(&ws, op("DotProductWithPadding", &["p", "q"], &["z"], rep())).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Shape);
     }
 }

@@ -4,19 +4,20 @@
 
 use super::elementwise::{numpy_shape, Shape};
 use super::kernel;
+use super::kit::canonical_axis;
 use crate::arg;
 use crate::error::{Error, Result};
 use crate::num::Number;
-use crate::operator::{InPlace, OpDefCtx, OpSchema, Operator};
+use crate::operator::{InPlace, Locked, OpDefCtx, OpSchema, Operator};
 use crate::tensor::{checked_numel, copy_array, try_collect, try_vec, DataType, Element, Tensor};
-use ndarray::{ArrayViewD, IxDyn, Slice};
+use ndarray::{ArrayD, ArrayViewD, IxDyn, Slice};
 
 fn in_place_0_0(i: usize, o: usize) -> bool {
     i == 0 && o == 0
 }
 
 pub fn schemas() -> Vec<OpSchema> {
-    vec![
+    let mut v = vec![
         OpSchema::new("Shape", shape)
             .inputs(1, 1)
             .outputs(1, 1)
@@ -113,7 +114,9 @@ pub fn schemas() -> Vec<OpSchema> {
             .inputs(2, 2)
             .outputs(1, 1)
             .doc("Gradient of Expand: inputs (dY, X), output dX: dY summed over the dims X was broadcast along (float32 or float64)."),
-    ]
+    ];
+    v.extend(reshape_schemas());
+    v
 }
 
 const SLICE_ARGS: &[crate::operator::ArgDoc] = &[
@@ -830,12 +833,333 @@ fn lengths_to_segment_ids(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     }))
 }
 
+// ------------------------------------------------ reshapes (issue 14) --
+
+/// Reshape, Flatten, FlattenToVec, ExpandDims, Squeeze, LengthsToShape and
+/// ResizeLike: any dtype, copied (Caffe2 shared the buffer).
+fn reshape_schemas() -> Vec<OpSchema> {
+    vec![
+        OpSchema::new("Reshape", build_reshape)
+            .inputs(1, 2)
+            .outputs(1, 2)
+            .inplace(InPlace::Allow(in_place_0_0))
+            .args(&[arg!("shape", "ints", "(none)", "the new shape: 0 copies the input's dim, one -1 is inferred; or give it as the second input")])
+            .doc("Outputs (the data with a new shape, old_shape: the input's dims as int64). The shape comes from the `shape` argument or the second input (int32 or int64), not both."),
+        OpSchema::new("Flatten", build_flatten)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .inplace(InPlace::Allow(in_place_0_0))
+            .args(&[arg!("axis", "int", "1", "the 2-D output is (prod of dims before axis, prod of the rest)")])
+            .doc("Reshapes the input to 2-D at `axis`."),
+        OpSchema::new("FlattenToVec", build_flatten_to_vec)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .inplace(InPlace::Allow(in_place_0_0))
+            .doc("Reshapes the input to 1-D."),
+        OpSchema::new("ExpandDims", build_expand_squeeze)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .inplace(InPlace::Allow(in_place_0_0))
+            .args(&[arg!("dims", "ints", "(required)", "the output dims (sorted, deduplicated, >= 0) that are new dims of size 1")])
+            .doc("Inserts dims of size 1 at `dims`."),
+        OpSchema::new("Squeeze", build_expand_squeeze)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .inplace(InPlace::Allow(in_place_0_0))
+            .args(&[arg!("dims", "ints", "[]", "the input dims (each of size 1, >= 0) to remove")])
+            .doc("Removes the dims `dims`, each of which must have size 1."),
+        OpSchema::new("LengthsToShape", build_lengths_to_shape)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .infer(|_, _, _| Ok(vec![Some(crate::operator::ShapeInfo::new(vec![2], DataType::Int32))]))
+            .doc("The shape [len(lengths), lengths[0]] (int32) of 1-D int32 lengths that are all equal (a shape for Reshape); [0, 0] for no lengths."),
+        OpSchema::new("ResizeLike", build_resize_like)
+            .inputs(2, 2)
+            .outputs(1, 1)
+            .inplace(InPlace::Allow(in_place_0_0))
+            .infer(|_, ins, _| {
+                Ok(vec![match (&ins[0], &ins[1]) {
+                    (Some(x), Some(like)) => Some(crate::operator::ShapeInfo::new(like.dims.clone(), x.dtype)),
+                    _ => None,
+                }])
+            })
+            .doc("Y = X reshaped to the shape of the second input (same number of elements)."),
+    ]
+}
+
+// ------------------------------------------------------------- reshapes --
+
+fn reshaped_of<T: Element>(t: &Tensor, shape: &[usize]) -> Result<Tensor> {
+    let a = t.array::<T>()?;
+    let v: Vec<T> = crate::tensor::try_collect(a.iter().cloned(), "a kernel buffer")?;
+    let r = ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|e| Error::internal(e.to_string()))?;
+    Ok(T::wrap(r))
+}
+
+/// `t` with the new shape `shape` (same element count, checked by callers).
+fn reshaped(t: &Tensor, shape: &[usize]) -> Result<Tensor> {
+    crate::with_match_dtype!(t.dtype(), |T| reshaped_of::<T>(t, shape),
+        else other => Err(crate::tensor::unsupported_dtype(other)))
+}
+
+/// Sets output 0 to input 0 with `shape`.
+fn set_reshaped(l: &mut Locked<'_>, shape: &[usize]) -> Result<()> {
+    let out = reshaped(l.tensor(0)?, shape)?;
+    l.set_output(0, out);
+    Ok(())
+}
+
+/// Caffe2's shape rules: 0 copies the input's dim (a 0 past the input's
+/// dims stays 0, and so does every 0 when the input is empty), one -1 is
+/// inferred (0 for an empty input when the other dims multiply to 0).
+fn resolve_shape(op: &str, want: &[i64], old: &[usize], blob: &str) -> Result<Vec<usize>> {
+    let total: usize = old.iter().product();
+    // Caffe2's documented rule: "When the tensor is empty, dimension of 0
+    // will remain to be 0" ([4, 0] reshaped to [0, -1] is [0, 0]).
+    let copy_zeros = total != 0;
+    let mut out = Vec::with_capacity(want.len());
+    let mut infer = None;
+    for (i, &d) in want.iter().enumerate() {
+        match d {
+            -1 => {
+                if infer.replace(i).is_some() {
+                    return Err(Error::invalid_arg(format!(
+                        "{op}: argument `shape` has more than one missing dimension: {want:?}"
+                    ))
+                    .with_blob(blob));
+                }
+                out.push(1);
+            }
+            // 0 copies the input's dim; past the input's dims it is a 0 (Caffe2).
+            0 if copy_zeros => out.push(old.get(i).copied().unwrap_or(0)),
+            0 => out.push(0),
+            d if d > 0 => out.push(d as usize),
+            d => {
+                return Err(Error::invalid_arg(format!(
+                    "{op}: the new shape {want:?} has a negative dim {d} other than -1"
+                ))
+                .with_blob(blob))
+            }
+        }
+    }
+    // The new shape is the user's (an argument or an input): one whose
+    // size overflows is refused as such, not multiplied (Caffe2's int64
+    // product wrapped).
+    let known = crate::tensor::checked_numel::<u8>(&out, "").map_err(|_| {
+        Error::invalid_arg(format!(
+            "{op}: the new shape {want:?} has too many elements (more than any tensor can hold)"
+        ))
+        .with_blob(blob)
+    })?;
+    if let Some(i) = infer {
+        if known == 0 && total == 0 {
+            // An empty input: the missing dim is 0 too (Caffe2).
+            out[i] = 0;
+            return Ok(out);
+        }
+        if known == 0 || total % known != 0 {
+            return Err(Error::shape(format!(
+                "{op}: cannot infer the -1 of {want:?} for an input of shape {old:?} ({total} elements)"
+            ))
+            .with_blob(blob));
+        }
+        out[i] = total / known;
+    } else if known != total {
+        return Err(Error::shape(format!(
+            "{op}: the new shape {want:?} has {known} elements, the input {old:?} has {total}"
+        ))
+        .with_blob(blob));
+    }
+    Ok(out)
+}
+
+fn shape_input(l: &Locked<'_>, op: &str, i: usize) -> Result<Vec<i64>> {
+    let t = l.tensor(i)?;
+    super::kit::int_vector(t)?.ok_or_else(|| {
+        let name = l.input_name(i);
+        Error::type_error(format!(
+            "{op}: the new shape ('{name}') must be a 1-D int32 or int64 tensor, got {} of shape {:?}",
+            t.dtype(),
+            t.shape()
+        ))
+        .with_blob(name)
+    })
+}
+
+fn build_reshape(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let arg = ctx.args.ints("shape")?;
+    let two_in = ctx.num_inputs() == 2;
+    match (&arg, two_in) {
+        (Some(_), true) => {
+            return Err(ctx.bad_arg(
+                "new shape is specified by the input blob, do not pass in the argument `shape`",
+            ))
+        }
+        (None, false) => {
+            return Err(
+                ctx.bad_arg("argument `shape` is missing (or give the shape as a second input)")
+            )
+        }
+        _ => {}
+    }
+    let old_out = ctx.num_outputs() == 2;
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let want = match &arg {
+            Some(a) => a.clone(),
+            None => shape_input(&l, "Reshape", 1)?,
+        };
+        let old = l.tensor(0)?.shape().to_vec();
+        let name = l.input_name(0).to_string();
+        let new = resolve_shape("Reshape", &want, &old, &name)?;
+        set_reshaped(&mut l, &new)?;
+        if old_out {
+            let dims: Vec<i64> =
+                crate::tensor::try_collect(old.iter().map(|&d| d as i64), "a kernel buffer")?;
+            let n = dims.len();
+            let t = ArrayD::from_shape_vec(IxDyn(&[n]), dims)
+                .map_err(|e| Error::internal(e.to_string()))?;
+            l.set_output(1, Tensor::from(t));
+        }
+        Ok(true)
+    }))
+}
+
+fn build_flatten(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let axis = ctx.args.i64("axis", 1)?;
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let shape = l.tensor(0)?.shape().to_vec();
+        let ax = canonical_axis("Flatten", "axis", axis, shape.len(), l.input_name(0))?;
+        let new = [shape[..ax].iter().product(), shape[ax..].iter().product()];
+        set_reshaped(&mut l, &new)?;
+        Ok(true)
+    }))
+}
+
+fn build_flatten_to_vec(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    Ok(kernel(|cx| {
+        let mut l = cx.lock();
+        let n = l.tensor(0)?.numel();
+        set_reshaped(&mut l, &[n])?;
+        Ok(true)
+    }))
+}
+
+fn build_expand_squeeze(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let expand = ctx.op_type() == "ExpandDims";
+    let mut dims = ctx.args.ints("dims")?.unwrap_or_default();
+    dims.sort_unstable();
+    dims.dedup();
+    if expand && dims.is_empty() {
+        return Err(ctx.bad_arg("argument `dims` is required"));
+    }
+    if let Some(&d) = dims.first() {
+        if d < 0 {
+            return Err(ctx.bad_arg(format!("dimension must be non-negative, got dims {dims:?}")));
+        }
+    }
+    let dims: Vec<usize> =
+        crate::tensor::try_collect(dims.into_iter().map(|d| d as usize), "a kernel buffer")?;
+    let op = ctx.op_type().to_string();
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let old = l.tensor(0)?.shape().to_vec();
+        let name = l.input_name(0).to_string();
+        let new = if expand {
+            let mut s = old.clone();
+            for &d in &dims {
+                if d > s.len() {
+                    return Err(Error::invalid_arg(format!(
+                        "{op}: dim {d} is out of range for an output of {} dims (input shape {old:?}, dims {dims:?})",
+                        s.len() + 1
+                    ))
+                    .with_blob(&name));
+                }
+                s.insert(d, 1);
+            }
+            s
+        } else {
+            for &d in &dims {
+                if d >= old.len() || old[d] != 1 {
+                    return Err(Error::invalid_arg(format!(
+                        "{op}: dimension {d} of the input {old:?} is not 1 (dims {dims:?})"
+                    ))
+                    .with_blob(&name));
+                }
+            }
+            old.iter()
+                .enumerate()
+                .filter(|(i, _)| !dims.contains(i))
+                .map(|(_, &v)| v)
+                .collect()
+        };
+        set_reshaped(&mut l, &new)?;
+        Ok(true)
+    }))
+}
+
+fn build_lengths_to_shape(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    Ok(kernel(|cx| {
+        let mut l = cx.lock();
+        let t = l.tensor(0)?;
+        let name = l.input_name(0);
+        let lengths = match t {
+            Tensor::I32(a) if a.ndim() == 1 => a,
+            _ => {
+                return Err(Error::type_error(format!(
+                    "LengthsToShape: the lengths ('{name}') must be a 1-D int32 tensor, got {} of shape {:?}",
+                    t.dtype(),
+                    t.shape()
+                ))
+                .with_blob(name))
+            }
+        };
+        let first = lengths.first().copied().unwrap_or(0);
+        if let Some(other) = lengths.iter().find(|&&v| v != first) {
+            return Err(Error::invalid_arg(format!(
+                "LengthsToShape: all lengths must be the same, got {first} and {other}"
+            ))
+            .with_blob(name));
+        }
+        let n = i32::try_from(lengths.len()).map_err(|_| {
+            Error::invalid_arg(format!(
+                "LengthsToShape: {} lengths do not fit an int32 shape",
+                lengths.len()
+            ))
+            .with_blob(name)
+        })?;
+        let out = ArrayD::from_shape_vec(IxDyn(&[2]), vec![n, first])
+            .map_err(|e| Error::internal(e.to_string()))?;
+        l.set_output(0, Tensor::from(out));
+        Ok(true)
+    }))
+}
+
+fn build_resize_like(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    Ok(kernel(|cx| {
+        let mut l = cx.lock();
+        let like = l.tensor(1)?.shape().to_vec();
+        let n = l.tensor(0)?.numel();
+        if like.iter().product::<usize>() != n {
+            return Err(Error::shape(format!(
+                "ResizeLike: '{}' has {n} elements, '{}' has shape {like:?}",
+                l.input_name(0),
+                l.input_name(1)
+            ))
+            .with_blob(l.input_name(1)));
+        }
+        set_reshaped(&mut l, &like)?;
+        Ok(true)
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use crate::error::{Error, ErrorKind};
     use crate::ir::Argument;
     use crate::tensor::{Element, Tensor};
-    use crate::test_util::{feed, get, op, run, strs, ws_with};
+    use crate::test_util::{f32s, feed, get, op, run, strs, ws_with};
 
     fn t<T: Element>(shape: &[usize], v: Vec<T>) -> Tensor {
         Tensor::from_vec(shape, v).unwrap()
@@ -1157,5 +1481,60 @@ mod tests {
             (ErrorKind::InvalidArgument, Some("n")),
             "{e}"
         );
+    }
+
+    #[test]
+    fn reshape_copies_dims_infers_one_and_reports_the_old_shape() {
+        let ws = ws_with(&[("x", f32s(&[2, 3], &[1., 2., 3., 4., 5., 6.]))]);
+        run(
+            &ws,
+            op(
+                "Reshape",
+                &["x"],
+                &["y", "old"],
+                vec![ints("shape", &[0, -1, 1])],
+            ),
+        )
+        .unwrap();
+        assert_eq!(get(&ws, "y").shape(), &[2, 3, 1]);
+        let old: Vec<i64> = get(&ws, "old")
+            .array::<i64>()
+            .unwrap()
+            .iter()
+            .copied()
+            .collect();
+        assert_eq!(old, vec![2, 3]);
+        let e = run(
+            &ws,
+            op("Reshape", &["x"], &["y"], vec![ints("shape", &[4, -1])]),
+        )
+        .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Shape);
+    }
+    #[test]
+    fn lengths_to_shape_by_hand() {
+        let ws = ws_with(&[
+            ("l", crate::test_util::i32s(&[200, 200, 200])),
+            ("bad", crate::test_util::i32s(&[2, 3])),
+            ("none", crate::test_util::i32s(&[])),
+        ]);
+        run(&ws, op("LengthsToShape", &["l"], &["s"], vec![])).unwrap();
+        let s: Vec<i32> = get(&ws, "s")
+            .array::<i32>()
+            .unwrap()
+            .iter()
+            .copied()
+            .collect();
+        assert_eq!(s, vec![3, 200]);
+        run(&ws, op("LengthsToShape", &["none"], &["s"], vec![])).unwrap();
+        let s: Vec<i32> = get(&ws, "s")
+            .array::<i32>()
+            .unwrap()
+            .iter()
+            .copied()
+            .collect();
+        assert_eq!(s, vec![0, 0]);
+        let e = run(&ws, op("LengthsToShape", &["bad"], &["s"], vec![])).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
     }
 }
