@@ -10,6 +10,15 @@ use crate::error::{Error, Result};
 use crate::ir::{Argument, NetDef, TensorProto};
 use crate::tensor::DataType;
 
+/// One documented argument.
+#[derive(Clone, Copy, Debug)]
+pub struct ArgDoc {
+    pub name: &'static str,
+    pub ty: &'static str,
+    pub default: &'static str,
+    pub doc: &'static str,
+}
+
 #[derive(Clone, Copy)]
 pub struct Args<'a> {
     op_type: &'a str,
@@ -17,7 +26,7 @@ pub struct Args<'a> {
     /// The schema's arguments, when known: debug builds check that a kernel
     /// reads only these (a read of an undeclared name means the schema would
     /// reject a valid argument, or a kernel reads one it should not).
-    declared: Option<&'static [crate::operator::ArgDoc]>,
+    declared: Option<&'static [ArgDoc]>,
 }
 
 fn arg_fields(a: &Argument) -> Vec<&'static str> {
@@ -82,7 +91,7 @@ impl<'a> Args<'a> {
     }
 
     /// These arguments, read by a kernel whose schema declares `declared`.
-    pub fn declared(self, declared: &'static [crate::operator::ArgDoc]) -> Args<'a> {
+    pub fn declared(self, declared: &'static [ArgDoc]) -> Args<'a> {
         Args {
             declared: Some(declared),
             ..self

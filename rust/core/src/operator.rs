@@ -34,14 +34,8 @@ pub enum InPlace {
     },
 }
 
-/// One documented argument.
-#[derive(Clone, Copy, Debug)]
-pub struct ArgDoc {
-    pub name: &'static str,
-    pub ty: &'static str,
-    pub default: &'static str,
-    pub doc: &'static str,
-}
+/// One documented argument (defined beside the argument reader).
+pub use crate::args::ArgDoc;
 
 /// `arg!(name, type, default, doc)`: an [`ArgDoc`] usable in a `&'static` list.
 #[macro_export]

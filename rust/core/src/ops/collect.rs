@@ -13,7 +13,8 @@
 //!   buffer whose first row was zeros started over);
 //! - a tensor vector cannot be saved, as in Caffe2 (no serializer).
 
-use super::kernel;
+use super::kit::by_dtype;
+use super::kit::kernel;
 use crate::arg;
 use crate::args::Args;
 use crate::blob::{BlobMutex, BlobObject, BlobValue};

@@ -90,7 +90,7 @@ impl BlobObject for WorkspaceScope {
 
 fn create_scope(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let keep = ctx.args.bool("keep_workspaces", false)?;
-    Ok(super::kernel(move |cx| {
+    Ok(super::kit::kernel(move |cx| {
         cx.output_blob(0)
             .set(BlobValue::Object(Arc::new(WorkspaceScope {
                 keep,
@@ -101,7 +101,7 @@ fn create_scope(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 }
 
 fn has_scope(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
-    Ok(super::kernel(|cx| {
+    Ok(super::kit::kernel(|cx| {
         let scope = cx
             .input_blob(0)
             .read()

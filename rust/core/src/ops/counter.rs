@@ -1,6 +1,6 @@
 //! Counters, iteration counters, mutexes and timers.
 
-use super::kernel;
+use super::kit::kernel;
 use crate::arg;
 use crate::blob::{BlobMutex, BlobValue, Counter, Timer};
 use crate::error::{Error, Result};

@@ -31,7 +31,7 @@
 //! - ComputeOffset takes the cursor's mutex and leaves the cursor untouched if
 //!   it fails.
 
-use super::kernel;
+use super::kit::kernel;
 use crate::arg;
 use crate::blob::{BlobMutex, BlobObject, BlobValue};
 use crate::error::{Error, ErrorKind, Result};

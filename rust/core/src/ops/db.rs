@@ -13,7 +13,8 @@
 //! (two ops sharing a reader never interleave their records), and there is
 //! no prefetch thread: the op reads its batch when it runs.
 
-use super::kernel;
+use super::kit::by_dtype;
+use super::kit::kernel;
 use super::queue::{BlobsQueue, ReadOutcome};
 use crate::arg;
 use crate::blob::{BlobObject, BlobValue};

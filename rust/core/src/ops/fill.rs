@@ -7,8 +7,9 @@
 //! `input_as_shape` is set, followed by `extra_shape`. Every rule that depends
 //! only on the definition is checked when the op is built.
 
-use super::kernel;
+use super::kit::by_dtype;
 use super::kit::in_place_0_0;
+use super::kit::kernel;
 use crate::arg;
 use crate::args::Args;
 use crate::error::{Error, ErrorKind, Result};

@@ -7,7 +7,7 @@
 //! `std::unique_ptr<caffe2::IndexBase>` whose tensor holds the keys in id
 //! order and whose content is `"<max_elements> <frozen 0|1>"`.
 
-use super::kernel;
+use super::kit::kernel;
 use crate::arg;
 use crate::blob::{BlobObject, BlobValue};
 use crate::error::{Error, ErrorKind, Result};

@@ -34,6 +34,16 @@ where
     Box::new(FnOp(f))
 }
 
+/// Applies a generic function to the element type of a dtype (through
+/// [`crate::with_match_dtype!`]).
+macro_rules! by_dtype {
+    ($dt:expr, $f:ident ( $($a:expr),* )) => {
+        crate::with_match_dtype!($dt, |T| $f::<T>($($a),*),
+            else other => Err(crate::tensor::unsupported_dtype(other)))
+    };
+}
+pub(crate) use by_dtype;
+
 // ---------------------------------------------------------------- inputs --
 
 /// "float32 or float64", for type errors (the set `floats`).
@@ -92,7 +102,7 @@ pub(crate) use by_float;
 /// moved into the kernel.
 macro_rules! float_kernel {
     ($op:expr, $i:expr, |$l:ident| $f:ident ( $($a:expr),* )) => {
-        Ok($crate::ops::kernel(move |cx| {
+        Ok($crate::ops::kit::kernel(move |cx| {
             #[allow(unused_mut)]
             let mut $l = cx.lock();
             $crate::ops::kit::by_float!(&$l, $op, $i, $f($($a),*))?;

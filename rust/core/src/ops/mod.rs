@@ -5,15 +5,6 @@
 
 use crate::operator::OpSchema;
 
-/// Applies a generic function to the element type of a dtype (through
-/// [`crate::with_match_dtype!`]).
-macro_rules! by_dtype {
-    ($dt:expr, $f:ident ( $($a:expr),* )) => {
-        crate::with_match_dtype!($dt, |T| $f::<T>($($a),*),
-            else other => Err(crate::tensor::unsupported_dtype(other)))
-    };
-}
-
 pub mod activation;
 pub mod collect;
 pub mod control;

@@ -7,7 +7,8 @@
 //! segment, or `max_length`, which also truncates longer segments);
 //! UnpackSegments takes the rows back out.
 
-use super::kernel;
+use super::kit::by_dtype;
+use super::kit::kernel;
 use crate::arg;
 use crate::args::Args;
 use crate::error::{Error, Result};

@@ -6,7 +6,7 @@
 //! db completely before it touches a single output, so a failed Load leaves
 //! the workspace as it was.
 
-use super::kernel;
+use super::kit::kernel;
 use crate::arg;
 use crate::blob::BlobValue;
 use crate::error::{Error, Result};

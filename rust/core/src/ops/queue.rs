@@ -36,7 +36,7 @@
 //! takes them in the other order. A dequeue releases the queue mutex before
 //! it locks its outputs and publishes the record (and status) in one go.
 
-use super::kernel;
+use super::kit::kernel;
 use crate::arg;
 use crate::blob::{Blob, BlobObject, BlobValue};
 use crate::cancel::{CancelToken, POLL};

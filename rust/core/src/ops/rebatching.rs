@@ -22,7 +22,8 @@
 //! component count of an enqueue or dequeue is checked against the queue
 //! with a typed error.
 
-use super::kernel;
+use super::kit::by_dtype;
+use super::kit::kernel;
 use crate::arg;
 use crate::blob::{BlobObject, BlobValue};
 use crate::cancel::{CancelToken, POLL};

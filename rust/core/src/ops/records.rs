@@ -12,7 +12,7 @@
 //! packed tensor as an ordinary one (Gather, Slice, ...) do not take it.
 
 use super::dataset::{fields_arg, split_records};
-use super::kernel;
+use super::kit::kernel;
 use crate::arg;
 use crate::blob::{BlobObject, BlobValue};
 use crate::error::{Error, Result};

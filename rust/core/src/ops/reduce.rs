@@ -13,7 +13,7 @@
 
 #![allow(clippy::result_large_err)]
 
-use super::kernel;
+use super::kit::kernel;
 use super::kit::{abs, array, by_float, dense, float_kernel, input, sign};
 use crate::arg;
 use crate::error::{Error, Result};

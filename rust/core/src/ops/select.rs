@@ -4,7 +4,7 @@
 
 #![allow(clippy::result_large_err)]
 
-use super::kernel;
+use super::kit::kernel;
 use crate::arg;
 use crate::error::{Error, Result};
 use crate::operator::{Locked, OpDefCtx, OpSchema, Operator};

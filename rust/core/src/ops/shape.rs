@@ -3,8 +3,8 @@
 //! Expand).
 
 use super::elementwise::{numpy_shape, Shape};
-use super::kernel;
 use super::kit::canonical_axis;
+use super::kit::kernel;
 use crate::arg;
 use crate::error::{Error, Result};
 use crate::num::Number;

@@ -11,7 +11,7 @@
 
 #![allow(clippy::result_large_err)]
 
-use super::kernel;
+use super::kit::kernel;
 use super::kit::{array, checked_rows, dense, f32_in, float_kernel, indices, input};
 use crate::arg;
 use crate::error::{Error, Result};

@@ -14,7 +14,7 @@
 //! a regular file (`storage::open_regular`); the whole file is read when
 //! the reader is created.
 
-use super::kernel;
+use super::kit::kernel;
 use crate::arg;
 use crate::blob::{BlobObject, BlobValue};
 use crate::error::{Error, Result};

@@ -28,7 +28,7 @@
 
 #![allow(clippy::result_large_err)]
 
-use super::kernel;
+use super::kit::kernel;
 use super::kit::{
     array, dense, float_dtype, in_place_0_0, in_place_1_0, in_place_2_0, input, same_shape,
 };

@@ -2,7 +2,8 @@
 //! LengthsToRanges, ScatterAssign, Concat and Split (and their old names
 //! DepthConcat and DepthSplit).
 
-use super::kernel;
+use super::kit::by_dtype;
+use super::kit::kernel;
 use crate::arg;
 use crate::args::Args;
 use crate::blob::BlobValue;

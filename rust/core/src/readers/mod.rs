@@ -30,7 +30,7 @@ use crate::blob::{BlobObject, BlobValue};
 use crate::error::{from_panic, Error, ErrorKind, Result};
 use crate::ir::BlobProto;
 use crate::operator::{ArgDoc, OpCx, OpDefCtx, OpSchema, Operator, MANY};
-use crate::ops::kernel;
+use crate::ops::kit::kernel;
 use crate::tensor::{DataType, Tensor};
 use std::fmt;
 use std::fs::File;

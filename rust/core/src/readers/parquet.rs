@@ -38,7 +38,7 @@ use crate::blob::{BlobObject, BlobValue};
 use crate::error::{Error, ErrorKind, Result};
 use crate::ir::BlobProto;
 use crate::operator::{ArgDoc, OpDefCtx, OpSchema, Operator};
-use crate::ops::kernel;
+use crate::ops::kit::kernel;
 use crate::tensor::{try_vec, DataType, Tensor};
 use bytes::Bytes;
 use parking_lot::Mutex;

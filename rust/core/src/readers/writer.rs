@@ -15,7 +15,7 @@ use crate::arg;
 use crate::blob::{BlobObject, BlobValue};
 use crate::error::{Error, ErrorKind, Result};
 use crate::operator::{OpDefCtx, OpSchema, Operator, MANY};
-use crate::ops::kernel;
+use crate::ops::kit::kernel;
 use crate::storage;
 use crate::tensor::{DataType, Tensor};
 use parking_lot::Mutex;

@@ -9,7 +9,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::num::Float;
 use crate::num::Number;
 use crate::operator::{InPlace, Locked, OpDefCtx, OpSchema, Operator, MANY};
-use crate::ops::kernel;
+use crate::ops::kit::kernel;
 use crate::ops::kit::{array, dense, float_kernel, in_place_0_0, in_place_0_or_1, input, padded};
 use crate::tensor::{copy_array, DataType, Element, Tensor};
 use ndarray::{ArrayD, CowArray, IxDyn};

@@ -8,7 +8,7 @@ use crate::blob::BlobValue;
 use crate::error::{Error, Result};
 use crate::num::Number;
 use crate::operator::{InPlace, Locked, OpDefCtx, OpSchema, Operator};
-use crate::ops::kernel;
+use crate::ops::kit::kernel;
 use crate::tensor::{f16, DataType, Tensor};
 use ndarray::ArrayViewD;
 

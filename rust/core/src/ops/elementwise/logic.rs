@@ -6,7 +6,7 @@
 use super::loops::*;
 use crate::error::Result;
 use crate::operator::{InPlace, Locked, OpDefCtx, OpSchema, Operator};
-use crate::ops::kernel;
+use crate::ops::kit::kernel;
 use crate::tensor::{DataType, Element};
 
 pub fn schemas() -> Vec<OpSchema> {

@@ -11,7 +11,7 @@ use crate::arg;
 use crate::blob::BlobValue;
 use crate::error::{Error, Result};
 use crate::operator::{ArgDoc, InPlace, Locked, OpDefCtx, OpSchema, Operator, ShapeInfo};
-use crate::ops::kernel;
+use crate::ops::kit::kernel;
 use crate::tensor::{DataType, Element, Tensor};
 use ndarray::{ArrayD, ArrayViewD, ArrayViewMutD, CowArray, IxDyn, Zip};
 use rayon::prelude::*;

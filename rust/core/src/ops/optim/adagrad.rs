@@ -9,7 +9,7 @@ use super::common::*;
 use crate::arg;
 use crate::error::{Error, Result};
 use crate::operator::{InPlace, OpDefCtx, OpSchema, Operator};
-use crate::ops::kernel;
+use crate::ops::kit::kernel;
 use crate::ops::kit::{checked_rows, f32_in, indices};
 use crate::tensor::Tensor;
 use ndarray::ArrayD;

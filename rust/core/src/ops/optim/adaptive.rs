@@ -8,8 +8,8 @@ use super::common::*;
 use crate::arg;
 use crate::error::Result;
 use crate::operator::{InPlace, OpDefCtx, OpSchema, Operator};
-use crate::ops::kernel;
 use crate::ops::kit::f32_in;
+use crate::ops::kit::kernel;
 use crate::tensor::Tensor;
 
 pub fn schemas() -> Vec<OpSchema> {

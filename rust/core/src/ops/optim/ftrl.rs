@@ -7,7 +7,7 @@ use super::common::*;
 use crate::arg;
 use crate::error::{Error, Result};
 use crate::operator::{InPlace, OpDefCtx, OpSchema, Operator};
-use crate::ops::kernel;
+use crate::ops::kit::kernel;
 
 pub fn schemas() -> Vec<OpSchema> {
     const FTRL_ARGS: &[crate::operator::ArgDoc] = &[

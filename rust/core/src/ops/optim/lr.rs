@@ -7,8 +7,8 @@ use super::common::*;
 use crate::arg;
 use crate::error::{Error, Result};
 use crate::operator::{OpDefCtx, OpSchema, Operator};
-use crate::ops::kernel;
 use crate::ops::kit::f32_in;
+use crate::ops::kit::kernel;
 use crate::tensor::Tensor;
 use ndarray::ArrayD;
 
