@@ -308,18 +308,11 @@ impl<'a> Args<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn arg_i(name: &str, v: i64) -> Argument {
-        Argument {
-            name: Some(name.into()),
-            i: Some(v),
-            ..Default::default()
-        }
-    }
+    use crate::test_util::int_arg;
 
     #[test]
     fn no_coercion_between_fields() {
-        let args = [arg_i("value", 1)];
+        let args = [int_arg("value", 1)];
         let a = Args::new("ConstantFill", &args).unwrap();
         let e = a.f32("value", 0.0).unwrap_err();
         assert!(
@@ -333,7 +326,7 @@ mod tests {
 
     #[test]
     fn integer_reads_are_lossless() {
-        let args = [arg_i("n", 1 << 40)];
+        let args = [int_arg("n", 1 << 40)];
         let a = Args::new("X", &args).unwrap();
         assert!(a.int::<i32>("n", 0).is_err());
         assert_eq!(a.int::<i64>("n", 0).unwrap(), 1 << 40);
@@ -341,9 +334,9 @@ mod tests {
 
     #[test]
     fn duplicate_names_with_different_values_fail() {
-        let args = [arg_i("n", 1), arg_i("n", 2)];
+        let args = [int_arg("n", 1), int_arg("n", 2)];
         assert!(Args::new("X", &args).is_err());
-        let args = [arg_i("n", 1), arg_i("n", 1)];
+        let args = [int_arg("n", 1), int_arg("n", 1)];
         assert!(Args::new("X", &args).is_ok());
     }
 
@@ -355,7 +348,7 @@ mod tests {
         }];
         let a = Args::new("X", &args).unwrap();
         assert_eq!(a.ints("shape").unwrap(), Some(vec![]));
-        let args = [arg_i("shape", 3)];
+        let args = [int_arg("shape", 3)];
         let a = Args::new("X", &args).unwrap();
         assert!(a.ints("shape").is_err());
     }

@@ -103,26 +103,9 @@ pub mod rules {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::{Argument, OperatorDef};
+    use crate::ir::OperatorDef;
     use crate::tensor::DataType;
-
-    fn op(ty: &str, ins: &[&str], outs: &[&str], args: Vec<Argument>) -> OperatorDef {
-        OperatorDef {
-            r#type: Some(ty.into()),
-            input: ins.iter().map(|s| s.to_string()).collect(),
-            output: outs.iter().map(|s| s.to_string()).collect(),
-            arg: args,
-            ..Default::default()
-        }
-    }
-
-    fn int_arg(name: &str, v: i64) -> Argument {
-        Argument {
-            name: Some(name.into()),
-            i: Some(v),
-            ..Default::default()
-        }
-    }
+    use crate::test_util::{int_arg, op};
 
     fn net(ops: Vec<OperatorDef>) -> NetDef {
         NetDef {

@@ -16,6 +16,14 @@ pub fn op(ty: &str, ins: &[&str], outs: &[&str], args: Vec<Argument>) -> Operato
     }
 }
 
+/// An argument with only its name set (the builders below fill one field).
+pub fn named(name: &str) -> Argument {
+    Argument {
+        name: Some(name.into()),
+        ..Default::default()
+    }
+}
+
 pub fn int_arg(name: &str, v: i64) -> Argument {
     Argument {
         name: Some(name.into()),
@@ -32,12 +40,42 @@ pub fn float_arg(name: &str, v: f32) -> Argument {
     }
 }
 
+pub fn string_arg(name: &str, v: &str) -> Argument {
+    Argument {
+        s: Some(v.as_bytes().to_vec()),
+        ..named(name)
+    }
+}
+
+pub fn ints_arg(name: &str, v: &[i64]) -> Argument {
+    Argument {
+        ints: v.to_vec(),
+        ..named(name)
+    }
+}
+
+pub fn floats_arg(name: &str, v: &[f32]) -> Argument {
+    Argument {
+        floats: v.to_vec(),
+        ..named(name)
+    }
+}
+
 pub fn strings_arg(name: &str, v: &[&str]) -> Argument {
     Argument {
         name: Some(name.into()),
         strings: v.iter().map(|s| s.as_bytes().to_vec()).collect(),
         ..Default::default()
     }
+}
+
+/// `def` with its device option's random seed set.
+pub fn seeded(mut def: OperatorDef, seed: u32) -> OperatorDef {
+    def.device_option = Some(crate::ir::DeviceOption {
+        random_seed: Some(seed),
+        ..Default::default()
+    });
+    def
 }
 
 pub fn net(name: &str, ops: Vec<OperatorDef>) -> NetDef {
@@ -101,6 +139,11 @@ pub fn feed(ws: &Workspace, name: &str, t: Tensor) {
 /// A copy of the tensor in blob `name`.
 pub fn get(ws: &Workspace, name: &str) -> Tensor {
     ws.fetch(name).unwrap().tensor().unwrap().clone()
+}
+
+/// A tensor of `shape` holding `v` (row-major).
+pub fn tensor<T: crate::tensor::Element>(shape: &[usize], v: Vec<T>) -> Tensor {
+    Tensor::from_vec(shape, v).unwrap()
 }
 
 /// A float32 tensor of `shape` holding `v`.

@@ -465,8 +465,8 @@ mod tests {
     use super::*;
     use crate::cancel::CancelToken;
     use crate::error::ErrorKind;
-    use crate::ir::{DeviceOption, OperatorDef};
-    use crate::test_util::{feed, get, int_arg, op};
+    use crate::ir::OperatorDef;
+    use crate::test_util::{feed, get, int_arg, op, seeded};
     use crate::workspace::Workspace;
 
     fn run(ws: &Arc<Workspace>, def: &OperatorDef) -> Result<bool> {
@@ -477,14 +477,6 @@ mod tests {
     }
 
     // ----------------------------------------------------- tensor vectors --
-
-    fn seeded(mut d: OperatorDef, seed: u32) -> OperatorDef {
-        d.device_option = Some(DeviceOption {
-            random_seed: Some(seed),
-            ..Default::default()
-        });
-        d
-    }
 
     #[test]
     fn collect_tensor_keeps_the_first_then_samples_aligned_vectors() {

@@ -1009,74 +1009,16 @@ fn build_msra(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 mod tests {
     use crate::cancel::CancelToken;
     use crate::error::{Error, ErrorKind, Result};
-    use crate::ir::{Argument, DeviceOption, NetDef, OperatorDef};
+    use crate::ir::{Argument, NetDef, OperatorDef};
     use crate::operator::create_operator;
     use crate::tensor::Tensor;
-    use crate::test_util::{feed, get as out, run};
+    use crate::test_util::{
+        feed, float_arg, floats_arg, get as out, int_arg, ints_arg, named, op, run, seeded,
+        string_arg, strings_arg, tensor,
+    };
     use crate::workspace::Workspace;
     use ndarray::{ArrayD, IxDyn};
 
-    fn named(n: &str) -> Argument {
-        Argument {
-            name: Some(n.into()),
-            ..Default::default()
-        }
-    }
-    fn a_i(n: &str, v: i64) -> Argument {
-        Argument {
-            i: Some(v),
-            ..named(n)
-        }
-    }
-    fn a_f(n: &str, v: f32) -> Argument {
-        Argument {
-            f: Some(v),
-            ..named(n)
-        }
-    }
-    fn a_s(n: &str, v: &str) -> Argument {
-        Argument {
-            s: Some(v.as_bytes().to_vec()),
-            ..named(n)
-        }
-    }
-    fn a_ints(n: &str, v: &[i64]) -> Argument {
-        Argument {
-            ints: v.to_vec(),
-            ..named(n)
-        }
-    }
-    fn a_floats(n: &str, v: &[f32]) -> Argument {
-        Argument {
-            floats: v.to_vec(),
-            ..named(n)
-        }
-    }
-    fn a_strings(n: &str, v: &[&str]) -> Argument {
-        Argument {
-            strings: v.iter().map(|s| s.as_bytes().to_vec()).collect(),
-            ..named(n)
-        }
-    }
-    fn op(ty: &str, ins: &[&str], outs: &[&str], arg: Vec<Argument>) -> OperatorDef {
-        OperatorDef {
-            input: ins.iter().map(|s| s.to_string()).collect(),
-            output: outs.iter().map(|s| s.to_string()).collect(),
-            r#type: Some(ty.into()),
-            arg,
-            ..Default::default()
-        }
-    }
-    fn seeded(mut d: OperatorDef, seed: u32) -> OperatorDef {
-        d.device_option = Some(DeviceOption {
-            random_seed: Some(seed),
-            ..Default::default()
-        });
-        d
-    }
-    fn t<T: crate::tensor::Element>(shape: &[usize], v: Vec<T>) -> Tensor {
-        Tensor::from_vec(shape, v).unwrap()
-    }
     /// Runs one op in a fresh workspace holding `inputs`; returns its output 0.
     fn fill(d: OperatorDef, inputs: &[(&str, Tensor)]) -> Result<Tensor> {
         let ws = Workspace::new();
@@ -1136,23 +1078,23 @@ mod tests {
                 "ConstantFill",
                 &[],
                 &["y"],
-                vec![a_ints("shape", &[2, 3]), a_f("value", 1.5)],
+                vec![ints_arg("shape", &[2, 3]), float_arg("value", 1.5)],
             ),
             &[],
         )
         .unwrap();
-        assert_eq!(r, t(&[2, 3], vec![1.5f32; 6]));
+        assert_eq!(r, tensor(&[2, 3], vec![1.5f32; 6]));
         let r = fill(
             op(
                 "ConstantFill",
                 &[],
                 &["y"],
-                vec![a_ints("shape", &[2]), a_i("value", 7)],
+                vec![ints_arg("shape", &[2]), int_arg("value", 7)],
             ),
             &[],
         )
         .unwrap();
-        assert_eq!(r, t(&[2], vec![7i64, 7]));
+        assert_eq!(r, tensor(&[2], vec![7i64, 7]));
     }
 
     #[test]
@@ -1163,32 +1105,55 @@ mod tests {
                     "ConstantFill",
                     &[],
                     &["y"],
-                    vec![a_ints("shape", &[2]), a_i("dtype", dtype), value],
+                    vec![ints_arg("shape", &[2]), int_arg("dtype", dtype), value],
                 ),
                 &[],
             )
             .unwrap()
         };
-        assert_eq!(c(1, a_f("value", 2.5)), t(&[2], vec![2.5f32, 2.5]));
-        assert_eq!(c(13, a_f("value", 2.5)), t(&[2], vec![2.5f64, 2.5]));
-        assert_eq!(c(5, a_i("value", 1)), t(&[2], vec![true, true]));
-        assert_eq!(c(7, a_i("value", -3)), t(&[2], vec![-3i8, -3]));
-        assert_eq!(c(9, a_i("value", -300)), t(&[2], vec![-300i16, -300]));
-        assert_eq!(c(2, a_i("value", 70000)), t(&[2], vec![70000i32, 70000]));
         assert_eq!(
-            c(10, a_i("value", 1 << 40)),
-            t(&[2], vec![1i64 << 40, 1 << 40])
+            c(1, float_arg("value", 2.5)),
+            tensor(&[2], vec![2.5f32, 2.5])
         );
-        assert_eq!(c(6, a_i("value", 200)), t(&[2], vec![200u8, 200]));
-        assert_eq!(c(8, a_i("value", 60000)), t(&[2], vec![60000u16, 60000]));
         assert_eq!(
-            c(4, a_s("value", "ab")),
-            t(&[2], vec![b"ab".to_vec(), b"ab".to_vec()])
+            c(13, float_arg("value", 2.5)),
+            tensor(&[2], vec![2.5f64, 2.5])
+        );
+        assert_eq!(c(5, int_arg("value", 1)), tensor(&[2], vec![true, true]));
+        assert_eq!(c(7, int_arg("value", -3)), tensor(&[2], vec![-3i8, -3]));
+        assert_eq!(
+            c(9, int_arg("value", -300)),
+            tensor(&[2], vec![-300i16, -300])
+        );
+        assert_eq!(
+            c(2, int_arg("value", 70000)),
+            tensor(&[2], vec![70000i32, 70000])
+        );
+        assert_eq!(
+            c(10, int_arg("value", 1 << 40)),
+            tensor(&[2], vec![1i64 << 40, 1 << 40])
+        );
+        assert_eq!(c(6, int_arg("value", 200)), tensor(&[2], vec![200u8, 200]));
+        assert_eq!(
+            c(8, int_arg("value", 60000)),
+            tensor(&[2], vec![60000u16, 60000])
+        );
+        assert_eq!(
+            c(4, string_arg("value", "ab")),
+            tensor(&[2], vec![b"ab".to_vec(), b"ab".to_vec()])
         );
         // Defaults when `value` is absent: 0, false, "".
-        let r = fill(op("ConstantFill", &[], &["y"], vec![a_i("dtype", 5)]), &[]).unwrap();
+        let r = fill(
+            op("ConstantFill", &[], &["y"], vec![int_arg("dtype", 5)]),
+            &[],
+        )
+        .unwrap();
         assert_eq!(r, Tensor::scalar(false));
-        let r = fill(op("ConstantFill", &[], &["y"], vec![a_i("dtype", 4)]), &[]).unwrap();
+        let r = fill(
+            op("ConstantFill", &[], &["y"], vec![int_arg("dtype", 4)]),
+            &[],
+        )
+        .unwrap();
         assert_eq!(r, Tensor::scalar(Vec::<u8>::new()));
         // A zero dim gives an empty tensor.
         let r = fill(
@@ -1196,7 +1161,7 @@ mod tests {
                 "ConstantFill",
                 &[],
                 &["y"],
-                vec![a_ints("shape", &[3, 0]), a_i("value", 1)],
+                vec![ints_arg("shape", &[3, 0]), int_arg("value", 1)],
             ),
             &[],
         )
@@ -1208,47 +1173,55 @@ mod tests {
     fn constant_fill_construction_errors() {
         let cf = |args: Vec<Argument>| build_err(op("ConstantFill", &[], &["y"], args), &[]);
         assert_bad_arg(
-            &cf(vec![a_s("value", "x")]),
+            &cf(vec![string_arg("value", "x")]),
             "argument 'value' is of unexpected type",
         );
-        assert_bad_arg(&cf(vec![a_i("dtype", 0)]), "undefined 'dtype'");
+        assert_bad_arg(&cf(vec![int_arg("dtype", 0)]), "undefined 'dtype'");
         assert_bad_arg(
-            &cf(vec![a_i("dtype", 12)]),
+            &cf(vec![int_arg("dtype", 12)]),
             "unexpected 'dtype' argument value: 12",
         );
         assert_bad_arg(
-            &cf(vec![a_i("dtype", 3)]),
+            &cf(vec![int_arg("dtype", 3)]),
             "unexpected 'dtype' argument value: 3",
         );
         assert_bad_arg(
-            &cf(vec![a_i("dtype", 99)]),
+            &cf(vec![int_arg("dtype", 99)]),
             "unexpected 'dtype' argument value: 99",
         );
-        assert_bad_arg(&cf(vec![a_f("dtype", 1.0)]), "expected field i");
-        assert_bad_arg(&cf(vec![a_i("dtype", 1 << 40)]), "does not fit");
+        assert_bad_arg(&cf(vec![float_arg("dtype", 1.0)]), "expected field i");
+        assert_bad_arg(&cf(vec![int_arg("dtype", 1 << 40)]), "does not fit");
         assert_bad_arg(
-            &cf(vec![a_i("shape", 3)]),
+            &cf(vec![int_arg("shape", 3)]),
             "was a scalar, a list was expected",
         );
         assert_bad_arg(
-            &cf(vec![a_ints("shape", &[2, -1])]),
+            &cf(vec![ints_arg("shape", &[2, -1])]),
             "negative dimension -1",
         );
         assert_bad_arg(
-            &cf(vec![a_ints("extra_shape", &[2])]),
+            &cf(vec![ints_arg("extra_shape", &[2])]),
             "cannot set extra_shape when there is no input",
         );
         assert_bad_arg(
-            &cf(vec![a_i("input_as_shape", 1)]),
+            &cf(vec![int_arg("input_as_shape", 1)]),
             "an input must be given if input_as_shape is true",
         );
-        assert_bad_arg(&cf(vec![a_f("input_as_shape", 1.0)]), "expected field i");
         assert_bad_arg(
-            &cf(vec![a_ints("shape", &[1 << 40, 1 << 40])]),
+            &cf(vec![float_arg("input_as_shape", 1.0)]),
+            "expected field i",
+        );
+        assert_bad_arg(
+            &cf(vec![ints_arg("shape", &[1 << 40, 1 << 40])]),
             "too many elements",
         );
         let e = build_err(
-            op("ConstantFill", &["x"], &["y"], vec![a_ints("shape", &[2])]),
+            op(
+                "ConstantFill",
+                &["x"],
+                &["y"],
+                vec![ints_arg("shape", &[2])],
+            ),
             &["x"],
         );
         assert_bad_arg(
@@ -1260,14 +1233,14 @@ mod tests {
                 "ConstantFill",
                 &["x"],
                 &["y"],
-                vec![a_ints("extra_shape", &[-2])],
+                vec![ints_arg("extra_shape", &[-2])],
             ),
             &["x"],
         );
         assert_bad_arg(&e, "negative dimension -2");
         // The op is named in construction errors.
         assert_eq!(
-            cf(vec![a_i("dtype", 0)]).context.op_type.as_deref(),
+            cf(vec![int_arg("dtype", 0)]).context.op_type.as_deref(),
             Some("ConstantFill")
         );
         // Three inputs is a schema error.
@@ -1280,26 +1253,29 @@ mod tests {
 
     #[test]
     fn constant_fill_takes_its_shape_from_the_input() {
-        let x = t(&[2, 3], vec![0.0f32; 6]);
+        let x = tensor(&[2, 3], vec![0.0f32; 6]);
         let r = fill(
-            op("ConstantFill", &["x"], &["y"], vec![a_i("value", 2)]),
+            op("ConstantFill", &["x"], &["y"], vec![int_arg("value", 2)]),
             &[("x", x.clone())],
         )
         .unwrap();
-        assert_eq!(r, t(&[2, 3], vec![2i64; 6]));
+        assert_eq!(r, tensor(&[2, 3], vec![2i64; 6]));
         let d = op(
             "ConstantFill",
             &["x"],
             &["y"],
-            vec![a_ints("extra_shape", &[4]), a_f("value", 1.0)],
+            vec![ints_arg("extra_shape", &[4]), float_arg("value", 1.0)],
         );
         assert_eq!(
             fill(d, &[("x", x.clone())]).unwrap(),
-            t(&[2, 3, 4], vec![1.0f32; 24])
+            tensor(&[2, 3, 4], vec![1.0f32; 24])
         );
         // An empty `shape` list is allowed with an input.
         let d = op("ConstantFill", &["x"], &["y"], vec![named("shape")]);
-        assert_eq!(fill(d, &[("x", x)]).unwrap(), t(&[2, 3], vec![0.0f32; 6]));
+        assert_eq!(
+            fill(d, &[("x", x)]).unwrap(),
+            tensor(&[2, 3], vec![0.0f32; 6])
+        );
         // A non-tensor input is a type error naming it.
         let ws = Workspace::new();
         ws.create_blob("e");
@@ -1317,33 +1293,33 @@ mod tests {
                 "ConstantFill",
                 &["s"],
                 &["y"],
-                vec![a_i("input_as_shape", 1), a_ints("extra_shape", &[1])],
+                vec![int_arg("input_as_shape", 1), ints_arg("extra_shape", &[1])],
             )
         };
-        let r = fill(d(), &[("s", t(&[2], vec![2i64, 3]))]).unwrap();
-        assert_eq!(r, t(&[2, 3, 1], vec![0.0f32; 6]));
-        let e = run_err(d(), &[("s", t(&[2], vec![2i32, 3]))]);
+        let r = fill(d(), &[("s", tensor(&[2], vec![2i64, 3]))]).unwrap();
+        assert_eq!(r, tensor(&[2, 3, 1], vec![0.0f32; 6]));
+        let e = run_err(d(), &[("s", tensor(&[2], vec![2i32, 3]))]);
         assert_eq!(
             (e.kind, e.context.blob.as_deref()),
             (ErrorKind::Type, Some("s"))
         );
         assert!(e.message.contains("1-D int64"), "{e}");
-        let e = run_err(d(), &[("s", t(&[1, 2], vec![2i64, 3]))]);
+        let e = run_err(d(), &[("s", tensor(&[1, 2], vec![2i64, 3]))]);
         assert_eq!(
             (e.kind, e.context.blob.as_deref()),
             (ErrorKind::Shape, Some("s"))
         );
-        let e = run_err(d(), &[("s", t(&[0], Vec::<i64>::new()))]);
+        let e = run_err(d(), &[("s", tensor(&[0], Vec::<i64>::new()))]);
         assert_eq!(
             (e.kind, e.context.blob.as_deref()),
             (ErrorKind::Shape, Some("s"))
         );
-        let e = run_err(d(), &[("s", t(&[2], vec![2i64, -3]))]);
+        let e = run_err(d(), &[("s", tensor(&[2], vec![2i64, -3]))]);
         assert_eq!(
             (e.kind, e.context.blob.as_deref()),
             (ErrorKind::InvalidArgument, Some("s"))
         );
-        let e = run_err(d(), &[("s", t(&[2], vec![1i64 << 40, 1 << 40]))]);
+        let e = run_err(d(), &[("s", tensor(&[2], vec![1i64 << 40, 1 << 40]))]);
         assert_eq!(
             (e.kind, e.context.blob.as_deref()),
             (ErrorKind::Shape, Some("s"))
@@ -1353,41 +1329,58 @@ mod tests {
     #[test]
     fn constant_fill_in_place() {
         let ws = Workspace::new();
-        feed(&ws, "x", t(&[2], vec![5i32, 6]));
+        feed(&ws, "x", tensor(&[2], vec![5i32, 6]));
         run(
             &ws,
-            &op("ConstantFill", &["x"], &["x"], vec![a_f("value", 0.5)]),
+            &op(
+                "ConstantFill",
+                &["x"],
+                &["x"],
+                vec![float_arg("value", 0.5)],
+            ),
         )
         .unwrap();
-        assert_eq!(out(&ws, "x"), t(&[2], vec![0.5f32, 0.5]));
+        assert_eq!(out(&ws, "x"), tensor(&[2], vec![0.5f32, 0.5]));
     }
 
     #[test]
     fn constant_fill_second_input_overrides_value() {
-        let x = t(&[3], vec![0i32; 3]);
+        let x = tensor(&[3], vec![0i32; 3]);
         let d = |dtype: i64| {
             op(
                 "ConstantFill",
                 &["x", "v"],
                 &["y"],
-                vec![a_i("dtype", dtype), a_i("value", 1)],
+                vec![int_arg("dtype", dtype), int_arg("value", 1)],
             )
         };
         let r = fill(d(2), &[("x", x.clone()), ("v", Tensor::scalar(9i32))]).unwrap();
-        assert_eq!(r, t(&[3], vec![9i32; 3]));
-        let r = fill(d(2), &[("x", x.clone()), ("v", t(&[1, 1], vec![4i32]))]).unwrap();
-        assert_eq!(r, t(&[3], vec![4i32; 3]));
+        assert_eq!(r, tensor(&[3], vec![9i32; 3]));
+        let r = fill(
+            d(2),
+            &[("x", x.clone()), ("v", tensor(&[1, 1], vec![4i32]))],
+        )
+        .unwrap();
+        assert_eq!(r, tensor(&[3], vec![4i32; 3]));
         let e = run_err(d(2), &[("x", x.clone()), ("v", Tensor::scalar(9i64))]);
         assert_eq!(
             (e.kind, e.context.blob.as_deref()),
             (ErrorKind::Type, Some("v"))
         );
-        let e = run_err(d(2), &[("x", x.clone()), ("v", t(&[2], vec![1i32, 2]))]);
+        let e = run_err(
+            d(2),
+            &[("x", x.clone()), ("v", tensor(&[2], vec![1i32, 2]))],
+        );
         assert_eq!(
             (e.kind, e.context.blob.as_deref()),
             (ErrorKind::Shape, Some("v"))
         );
-        let d = op("ConstantFill", &["x", "v"], &["y"], vec![a_i("dtype", 4)]);
+        let d = op(
+            "ConstantFill",
+            &["x", "v"],
+            &["y"],
+            vec![int_arg("dtype", 4)],
+        );
         let e = run_err(d, &[("x", x), ("v", Tensor::scalar(b"s".to_vec()))]);
         assert_eq!(
             (e.kind, e.context.blob.as_deref()),
@@ -1401,17 +1394,17 @@ mod tests {
         // As in Caffe2: the dtype is valid, so the op builds; reading `value` fails.
         let cases = [
             (
-                a_i("dtype", 2),
-                a_f("value", 1.0),
+                int_arg("dtype", 2),
+                float_arg("value", 1.0),
                 "expected field i, got field f",
             ),
             (
-                a_i("dtype", 13),
-                a_i("value", 1),
+                int_arg("dtype", 13),
+                int_arg("value", 1),
                 "expected field f, got field i",
             ),
-            (a_i("dtype", 7), a_i("value", 300), "does not fit"),
-            (a_i("dtype", 4), a_i("value", 3), "expected field s"),
+            (int_arg("dtype", 7), int_arg("value", 300), "does not fit"),
+            (int_arg("dtype", 4), int_arg("value", 3), "expected field s"),
         ];
         for (dtype, value, want) in cases {
             let e = run_err(op("ConstantFill", &[], &["y"], vec![dtype, value]), &[]);
@@ -1432,25 +1425,30 @@ mod tests {
             &[],
             &["y"],
             vec![
-                a_ints("shape", &[2, 2]),
-                a_floats("values", &[1.0, 2.0, 3.0, 4.5]),
+                ints_arg("shape", &[2, 2]),
+                floats_arg("values", &[1.0, 2.0, 3.0, 4.5]),
             ],
         );
         assert_eq!(
             fill(d, &[]).unwrap(),
-            t(&[2, 2], vec![1.0f32, 2.0, 3.0, 4.5])
+            tensor(&[2, 2], vec![1.0f32, 2.0, 3.0, 4.5])
         );
         // `shape` missing: a 0-dim scalar.
         let d = op(
             "GivenTensorFill",
             &[],
             &["y"],
-            vec![a_floats("values", &[7.0])],
+            vec![floats_arg("values", &[7.0])],
         );
         assert_eq!(fill(d, &[]).unwrap(), Tensor::scalar(7.0f32));
         // No values and a zero dim: an empty tensor.
-        let d = op("GivenTensorFill", &[], &["y"], vec![a_ints("shape", &[0])]);
-        assert_eq!(fill(d, &[]).unwrap(), t(&[0], Vec::<f32>::new()));
+        let d = op(
+            "GivenTensorFill",
+            &[],
+            &["y"],
+            vec![ints_arg("shape", &[0])],
+        );
+        assert_eq!(fill(d, &[]).unwrap(), tensor(&[0], Vec::<f32>::new()));
     }
 
     #[test]
@@ -1460,7 +1458,7 @@ mod tests {
             "GivenTensorInt64Fill",
             &[],
             &["c"],
-            vec![named("shape"), a_ints("values", &[5])],
+            vec![named("shape"), ints_arg("values", &[5])],
         );
         assert_eq!(fill(d, &[]).unwrap(), Tensor::scalar(5i64));
     }
@@ -1469,34 +1467,34 @@ mod tests {
     fn given_tensor_fill_variants() {
         let g = |ty: &str, values: Argument| {
             fill(
-                op(ty, &[], &["y"], vec![a_ints("shape", &[2]), values]),
+                op(ty, &[], &["y"], vec![ints_arg("shape", &[2]), values]),
                 &[],
             )
             .unwrap()
         };
         assert_eq!(
-            g("GivenTensorDoubleFill", a_floats("values", &[0.5, -1.0])),
-            t(&[2], vec![0.5f64, -1.0])
+            g("GivenTensorDoubleFill", floats_arg("values", &[0.5, -1.0])),
+            tensor(&[2], vec![0.5f64, -1.0])
         );
         assert_eq!(
-            g("GivenTensorInt16Fill", a_ints("values", &[-7, 300])),
-            t(&[2], vec![-7i16, 300])
+            g("GivenTensorInt16Fill", ints_arg("values", &[-7, 300])),
+            tensor(&[2], vec![-7i16, 300])
         );
         assert_eq!(
-            g("GivenTensorIntFill", a_ints("values", &[1, -2])),
-            t(&[2], vec![1i32, -2])
+            g("GivenTensorIntFill", ints_arg("values", &[1, -2])),
+            tensor(&[2], vec![1i32, -2])
         );
         assert_eq!(
-            g("GivenTensorInt64Fill", a_ints("values", &[1 << 40, 3])),
-            t(&[2], vec![1i64 << 40, 3])
+            g("GivenTensorInt64Fill", ints_arg("values", &[1 << 40, 3])),
+            tensor(&[2], vec![1i64 << 40, 3])
         );
         assert_eq!(
-            g("GivenTensorBoolFill", a_ints("values", &[0, 2])),
-            t(&[2], vec![false, true])
+            g("GivenTensorBoolFill", ints_arg("values", &[0, 2])),
+            tensor(&[2], vec![false, true])
         );
         assert_eq!(
-            g("GivenTensorStringFill", a_strings("values", &["a", "bc"])),
-            t(&[2], vec![b"a".to_vec(), b"bc".to_vec()])
+            g("GivenTensorStringFill", strings_arg("values", &["a", "bc"])),
+            tensor(&[2], vec![b"a".to_vec(), b"bc".to_vec()])
         );
         // The typed variants ignore `dtype`.
         let d = op(
@@ -1504,12 +1502,12 @@ mod tests {
             &[],
             &["y"],
             vec![
-                a_ints("shape", &[1]),
-                a_ints("values", &[3]),
-                a_i("dtype", 1),
+                ints_arg("shape", &[1]),
+                ints_arg("values", &[3]),
+                int_arg("dtype", 1),
             ],
         );
-        assert_eq!(fill(d, &[]).unwrap(), t(&[1], vec![3i32]));
+        assert_eq!(fill(d, &[]).unwrap(), tensor(&[1], vec![3i32]));
     }
 
     #[test]
@@ -1520,47 +1518,53 @@ mod tests {
                     "GivenTensorFill",
                     &[],
                     &["y"],
-                    vec![a_ints("shape", &[2]), dtype, values],
+                    vec![ints_arg("shape", &[2]), dtype, values],
                 ),
                 &[],
             )
             .unwrap()
         };
         assert_eq!(
-            g(a_i("dtype", 10), a_ints("values", &[4, 5])),
-            t(&[2], vec![4i64, 5])
+            g(int_arg("dtype", 10), ints_arg("values", &[4, 5])),
+            tensor(&[2], vec![4i64, 5])
         );
         assert_eq!(
-            g(a_s("dtype", "INT64"), a_ints("values", &[4, 5])),
-            t(&[2], vec![4i64, 5])
+            g(string_arg("dtype", "INT64"), ints_arg("values", &[4, 5])),
+            tensor(&[2], vec![4i64, 5])
         );
         assert_eq!(
-            g(a_s("dtype", "int32"), a_ints("values", &[4, 5])),
-            t(&[2], vec![4i32, 5])
+            g(string_arg("dtype", "int32"), ints_arg("values", &[4, 5])),
+            tensor(&[2], vec![4i32, 5])
         );
         assert_eq!(
-            g(a_s("dtype", "INT16"), a_ints("values", &[4, 5])),
-            t(&[2], vec![4i16, 5])
+            g(string_arg("dtype", "INT16"), ints_arg("values", &[4, 5])),
+            tensor(&[2], vec![4i16, 5])
         );
         assert_eq!(
-            g(a_s("dtype", "UINT16"), a_ints("values", &[4, 5])),
-            t(&[2], vec![4u16, 5])
+            g(string_arg("dtype", "UINT16"), ints_arg("values", &[4, 5])),
+            tensor(&[2], vec![4u16, 5])
         );
         assert_eq!(
-            g(a_s("dtype", "BOOL"), a_ints("values", &[0, 1])),
-            t(&[2], vec![false, true])
+            g(string_arg("dtype", "BOOL"), ints_arg("values", &[0, 1])),
+            tensor(&[2], vec![false, true])
         );
         assert_eq!(
-            g(a_i("dtype", 13), a_floats("values", &[0.25, 2.0])),
-            t(&[2], vec![0.25f64, 2.0])
+            g(int_arg("dtype", 13), floats_arg("values", &[0.25, 2.0])),
+            tensor(&[2], vec![0.25f64, 2.0])
         );
         assert_eq!(
-            g(a_s("dtype", "FLOAT"), a_floats("values", &[0.25, 2.0])),
-            t(&[2], vec![0.25f32, 2.0])
+            g(
+                string_arg("dtype", "FLOAT"),
+                floats_arg("values", &[0.25, 2.0])
+            ),
+            tensor(&[2], vec![0.25f32, 2.0])
         );
         assert_eq!(
-            g(a_s("dtype", "STRING"), a_strings("values", &["x", "y"])),
-            t(&[2], vec![b"x".to_vec(), b"y".to_vec()])
+            g(
+                string_arg("dtype", "STRING"),
+                strings_arg("values", &["x", "y"])
+            ),
+            tensor(&[2], vec![b"x".to_vec(), b"y".to_vec()])
         );
     }
 
@@ -1568,63 +1572,63 @@ mod tests {
     fn given_tensor_fill_construction_errors() {
         let g = |ty: &str, args: Vec<Argument>| build_err(op(ty, &[], &["y"], args), &[]);
         assert_bad_arg(
-            &g("GivenTensorFill", vec![a_s("dtype", "FOO")]),
+            &g("GivenTensorFill", vec![string_arg("dtype", "FOO")]),
             "unknown 'dtype' argument value: 'FOO'",
         );
         assert_bad_arg(
-            &g("GivenTensorFill", vec![a_i("dtype", 0)]),
+            &g("GivenTensorFill", vec![int_arg("dtype", 0)]),
             "undefined 'dtype'",
         );
         assert_bad_arg(
-            &g("GivenTensorFill", vec![a_i("dtype", 7)]),
+            &g("GivenTensorFill", vec![int_arg("dtype", 7)]),
             "unexpected 'dtype' argument value: 7",
         );
         assert_bad_arg(
-            &g("GivenTensorFill", vec![a_i("dtype", 77)]),
+            &g("GivenTensorFill", vec![int_arg("dtype", 77)]),
             "unexpected 'dtype' argument value: 77",
         );
         assert_bad_arg(
-            &g("GivenTensorFill", vec![a_f("dtype", 1.0)]),
+            &g("GivenTensorFill", vec![float_arg("dtype", 1.0)]),
             "expected field i",
         );
         assert_bad_arg(
-            &g("GivenTensorFill", vec![a_ints("values", &[1])]),
+            &g("GivenTensorFill", vec![ints_arg("values", &[1])]),
             "expected field floats",
         );
         assert_bad_arg(
-            &g("GivenTensorIntFill", vec![a_floats("values", &[1.0])]),
+            &g("GivenTensorIntFill", vec![floats_arg("values", &[1.0])]),
             "expected field ints",
         );
         assert_bad_arg(
-            &g("GivenTensorStringFill", vec![a_ints("values", &[1])]),
+            &g("GivenTensorStringFill", vec![ints_arg("values", &[1])]),
             "expected field strings",
         );
         assert_bad_arg(
-            &g("GivenTensorInt16Fill", vec![a_ints("values", &[40000])]),
+            &g("GivenTensorInt16Fill", vec![ints_arg("values", &[40000])]),
             "40000, which does not fit",
         );
         assert_bad_arg(
-            &g("GivenTensorIntFill", vec![a_ints("values", &[1 << 40])]),
+            &g("GivenTensorIntFill", vec![ints_arg("values", &[1 << 40])]),
             "does not fit",
         );
         assert_bad_arg(
             &g(
                 "GivenTensorFill",
-                vec![a_s("dtype", "UINT16"), a_ints("values", &[-1])],
+                vec![string_arg("dtype", "UINT16"), ints_arg("values", &[-1])],
             ),
             "does not fit",
         );
         // The shared filler rules.
         assert_bad_arg(
-            &g("GivenTensorInt64Fill", vec![a_i("shape", 1)]),
+            &g("GivenTensorInt64Fill", vec![int_arg("shape", 1)]),
             "list was expected",
         );
         assert_bad_arg(
-            &g("GivenTensorBoolFill", vec![a_ints("extra_shape", &[1])]),
+            &g("GivenTensorBoolFill", vec![ints_arg("extra_shape", &[1])]),
             "no input",
         );
         assert_bad_arg(
-            &g("GivenTensorDoubleFill", vec![a_i("input_as_shape", 1)]),
+            &g("GivenTensorDoubleFill", vec![int_arg("input_as_shape", 1)]),
             "input_as_shape",
         );
         let e = build_err(
@@ -1632,7 +1636,7 @@ mod tests {
                 "GivenTensorFill",
                 &["x"],
                 &["y"],
-                vec![a_ints("shape", &[1])],
+                vec![ints_arg("shape", &[1])],
             ),
             &["x"],
         );
@@ -1646,8 +1650,8 @@ mod tests {
             &[],
             &["y"],
             vec![
-                a_ints("shape", &[2, 2]),
-                a_floats("values", &[1.0, 2.0, 3.0]),
+                ints_arg("shape", &[2, 2]),
+                floats_arg("values", &[1.0, 2.0, 3.0]),
             ],
         );
         let e = run_err(d, &[]);
@@ -1663,26 +1667,29 @@ mod tests {
 
     #[test]
     fn given_tensor_fill_with_an_input() {
-        let x = t(&[2, 3], vec![0u8; 6]);
+        let x = tensor(&[2, 3], vec![0u8; 6]);
         let d = op(
             "GivenTensorIntFill",
             &["x"],
             &["x"],
-            vec![a_ints("values", &[1, 2, 3, 4, 5, 6])],
+            vec![ints_arg("values", &[1, 2, 3, 4, 5, 6])],
         );
         assert_eq!(
             fill(d, &[("x", x.clone())]).unwrap(),
-            t(&[2, 3], vec![1i32, 2, 3, 4, 5, 6])
+            tensor(&[2, 3], vec![1i32, 2, 3, 4, 5, 6])
         );
         let d = op(
             "GivenTensorFill",
             &["s"],
             &["y"],
-            vec![a_i("input_as_shape", 1), a_floats("values", &[1.0, 2.0])],
+            vec![
+                int_arg("input_as_shape", 1),
+                floats_arg("values", &[1.0, 2.0]),
+            ],
         );
         assert_eq!(
-            fill(d, &[("s", t(&[2], vec![1i64, 2]))]).unwrap(),
-            t(&[1, 2], vec![1.0f32, 2.0])
+            fill(d, &[("s", tensor(&[2], vec![1i64, 2]))]).unwrap(),
+            tensor(&[1, 2], vec![1.0f32, 2.0])
         );
     }
 
@@ -1701,9 +1708,9 @@ mod tests {
                     &[],
                     &["y"],
                     vec![
-                        a_ints("shape", &[10, 10]),
-                        a_f("min", -2.0),
-                        a_f("max", 3.0),
+                        ints_arg("shape", &[10, 10]),
+                        float_arg("min", -2.0),
+                        float_arg("max", 3.0),
                     ],
                 ),
                 7,
@@ -1721,7 +1728,12 @@ mod tests {
         );
         let c = fill(
             seeded(
-                op("UniformFill", &[], &["y"], vec![a_ints("shape", &[10, 10])]),
+                op(
+                    "UniformFill",
+                    &[],
+                    &["y"],
+                    vec![ints_arg("shape", &[10, 10])],
+                ),
                 8,
             ),
             &[],
@@ -1732,7 +1744,12 @@ mod tests {
             floats(
                 &fill(
                     seeded(
-                        op("UniformFill", &[], &["y"], vec![a_ints("shape", &[10, 10])]),
+                        op(
+                            "UniformFill",
+                            &[],
+                            &["y"],
+                            vec![ints_arg("shape", &[10, 10])]
+                        ),
                         9
                     ),
                     &[]
@@ -1745,7 +1762,7 @@ mod tests {
             "defaults are [0, 1)"
         );
         // Without a seed, two ops draw different values.
-        let u = || op("UniformFill", &[], &["y"], vec![a_ints("shape", &[64])]);
+        let u = || op("UniformFill", &[], &["y"], vec![ints_arg("shape", &[64])]);
         assert_ne!(fill(u(), &[]).unwrap(), fill(u(), &[]).unwrap());
     }
 
@@ -1759,7 +1776,7 @@ mod tests {
                     "UniformIntFill",
                     &[],
                     &["y"],
-                    vec![a_ints("shape", &[32]), a_i("max", 1000)],
+                    vec![ints_arg("shape", &[32]), int_arg("max", 1000)],
                 ),
                 3,
             )],
@@ -1778,7 +1795,7 @@ mod tests {
                     "UniformIntFill",
                     &[],
                     &["y"],
-                    vec![a_ints("shape", &[32]), a_i("max", 1000)],
+                    vec![ints_arg("shape", &[32]), int_arg("max", 1000)],
                 ),
                 3,
             ),
@@ -1794,7 +1811,11 @@ mod tests {
                 "UniformIntFill",
                 &[],
                 &["y"],
-                vec![a_ints("shape", &[400]), a_i("min", -1), a_i("max", 1)],
+                vec![
+                    ints_arg("shape", &[400]),
+                    int_arg("min", -1),
+                    int_arg("max", 1),
+                ],
             ),
             1,
         );
@@ -1811,35 +1832,47 @@ mod tests {
         let u =
             |ty: &str, ins: &[&str], args: Vec<Argument>| build_err(op(ty, ins, &["y"], args), ins);
         assert_bad_arg(
-            &u("UniformFill", &[], vec![a_f("min", 1.0), a_f("max", 1.0)]),
+            &u(
+                "UniformFill",
+                &[],
+                vec![float_arg("min", 1.0), float_arg("max", 1.0)],
+            ),
             "max value should be bigger",
         );
         assert_bad_arg(
-            &u("UniformFill", &[], vec![a_f("min", 2.0)]),
+            &u("UniformFill", &[], vec![float_arg("min", 2.0)]),
             "min 2, max 1",
         );
         assert_bad_arg(
-            &u("UniformFill", &[], vec![a_f("max", f32::NAN)]),
+            &u("UniformFill", &[], vec![float_arg("max", f32::NAN)]),
             "must be finite",
         );
         assert_bad_arg(
-            &u("UniformFill", &[], vec![a_f("min", f32::NEG_INFINITY)]),
+            &u(
+                "UniformFill",
+                &[],
+                vec![float_arg("min", f32::NEG_INFINITY)],
+            ),
             "must be finite",
         );
         assert_bad_arg(
-            &u("UniformIntFill", &[], vec![a_i("min", 5), a_i("max", 5)]),
+            &u(
+                "UniformIntFill",
+                &[],
+                vec![int_arg("min", 5), int_arg("max", 5)],
+            ),
             "max value should be bigger",
         );
         assert_bad_arg(
-            &u("UniformIntFill", &[], vec![a_f("min", 0.0)]),
+            &u("UniformIntFill", &[], vec![float_arg("min", 0.0)]),
             "expected field i",
         );
         assert_bad_arg(
-            &u("UniformFill", &[], vec![a_i("max", 3)]),
+            &u("UniformFill", &[], vec![int_arg("max", 3)]),
             "expected field f",
         );
         assert_bad_arg(
-            &u("UniformIntFill", &[], vec![a_i("max", 1 << 40)]),
+            &u("UniformIntFill", &[], vec![int_arg("max", 1 << 40)]),
             "does not fit",
         );
         assert_bad_arg(
@@ -1847,11 +1880,11 @@ mod tests {
             "takes 0, 1 or 3 inputs, got 2",
         );
         assert_bad_arg(
-            &u("UniformIntFill", &["a", "b", "c"], vec![a_i("min", 0)]),
+            &u("UniformIntFill", &["a", "b", "c"], vec![int_arg("min", 0)]),
             "min argument and the min input",
         );
         assert_bad_arg(
-            &u("UniformFill", &["a", "b", "c"], vec![a_f("max", 9.0)]),
+            &u("UniformFill", &["a", "b", "c"], vec![float_arg("max", 9.0)]),
             "max argument and the max input",
         );
         // With 3 inputs the argument check does not apply.
@@ -1861,25 +1894,25 @@ mod tests {
         }
         assert!(create_operator(&op("UniformFill", &["a", "b", "c"], &["y"], vec![]), &ws).is_ok());
         assert_bad_arg(
-            &u("UniformFill", &[], vec![a_i("shape", 3)]),
+            &u("UniformFill", &[], vec![int_arg("shape", 3)]),
             "list was expected",
         );
         assert_bad_arg(
-            &u("UniformIntFill", &[], vec![a_ints("extra_shape", &[3])]),
+            &u("UniformIntFill", &[], vec![ints_arg("extra_shape", &[3])]),
             "no input",
         );
     }
 
     #[test]
     fn uniform_fill_bounds_from_inputs() {
-        let x = t(&[4, 2], vec![0i64; 8]);
+        let x = tensor(&[4, 2], vec![0i64; 8]);
         let d = || seeded(op("UniformFill", &["x", "lo", "hi"], &["y"], vec![]), 5);
         let r = fill(
             d(),
             &[
                 ("x", x.clone()),
                 ("lo", Tensor::scalar(2.0f32)),
-                ("hi", t(&[1], vec![3.0f32])),
+                ("hi", tensor(&[1], vec![3.0f32])),
             ],
         )
         .unwrap();
@@ -1895,7 +1928,7 @@ mod tests {
             ],
         )
         .unwrap();
-        assert_eq!(r, t(&[4, 2], vec![2.0f32; 8]));
+        assert_eq!(r, tensor(&[4, 2], vec![2.0f32; 8]));
         let r = fill(
             d(),
             &[
@@ -1905,7 +1938,7 @@ mod tests {
             ],
         )
         .unwrap();
-        assert_eq!(r, t(&[0, 2], Vec::<f32>::new()));
+        assert_eq!(r, tensor(&[0, 2], Vec::<f32>::new()));
         let di = op("UniformIntFill", &["x", "lo", "hi"], &["y"], vec![]);
         let r = fill(
             di.clone(),
@@ -1916,7 +1949,7 @@ mod tests {
             ],
         )
         .unwrap();
-        assert_eq!(r, t(&[4, 2], vec![4i32; 8]));
+        assert_eq!(r, tensor(&[4, 2], vec![4i32; 8]));
         let r = fill(
             di.clone(),
             &[
@@ -1926,7 +1959,7 @@ mod tests {
             ],
         )
         .unwrap();
-        assert_eq!(r, t(&[0, 2], Vec::<i32>::new()));
+        assert_eq!(r, tensor(&[0, 2], Vec::<i32>::new()));
         // Bad bound tensors name their blob.
         let e = run_err(
             di.clone(),
@@ -1945,7 +1978,7 @@ mod tests {
             &[
                 ("x", x.clone()),
                 ("lo", Tensor::scalar(1i32)),
-                ("hi", t(&[2], vec![4i32, 5])),
+                ("hi", tensor(&[2], vec![4i32, 5])),
             ],
         );
         assert_eq!(
@@ -1986,7 +2019,11 @@ mod tests {
                 "GaussianFill",
                 &[],
                 &["y"],
-                vec![a_ints("shape", &[20000]), a_f("mean", 0.5), a_f("std", 2.0)],
+                vec![
+                    ints_arg("shape", &[20000]),
+                    float_arg("mean", 0.5),
+                    float_arg("std", 2.0),
+                ],
             ),
             11,
         );
@@ -2005,24 +2042,29 @@ mod tests {
             "GaussianFill",
             &["x"],
             &["y"],
-            vec![a_f("mean", 3.0), a_f("std", 0.0)],
+            vec![float_arg("mean", 3.0), float_arg("std", 0.0)],
         );
         assert_eq!(
-            fill(d, &[("x", t(&[2], vec![1u8, 2]))]).unwrap(),
-            t(&[2], vec![3.0f32, 3.0])
+            fill(d, &[("x", tensor(&[2], vec![1u8, 2]))]).unwrap(),
+            tensor(&[2], vec![3.0f32, 3.0])
         );
     }
 
     #[test]
     fn gaussian_fill_construction_errors() {
         let g = |args: Vec<Argument>| build_err(op("GaussianFill", &[], &["y"], args), &[]);
-        assert_bad_arg(&g(vec![a_f("std", -1.0)]), "finite and >= 0, got -1");
-        assert_bad_arg(&g(vec![a_f("std", f32::INFINITY)]), "finite and >= 0");
-        assert_bad_arg(&g(vec![a_f("mean", f32::NAN)]), "mean must be finite");
-        assert_bad_arg(&g(vec![a_i("mean", 1)]), "expected field f");
-        assert_bad_arg(&g(vec![a_ints("shape", &[-1])]), "negative dimension");
+        assert_bad_arg(&g(vec![float_arg("std", -1.0)]), "finite and >= 0, got -1");
+        assert_bad_arg(&g(vec![float_arg("std", f32::INFINITY)]), "finite and >= 0");
+        assert_bad_arg(&g(vec![float_arg("mean", f32::NAN)]), "mean must be finite");
+        assert_bad_arg(&g(vec![int_arg("mean", 1)]), "expected field f");
+        assert_bad_arg(&g(vec![ints_arg("shape", &[-1])]), "negative dimension");
         let e = build_err(
-            op("GaussianFill", &["x"], &["y"], vec![a_ints("shape", &[1])]),
+            op(
+                "GaussianFill",
+                &["x"],
+                &["y"],
+                vec![ints_arg("shape", &[1])],
+            ),
             &["x"],
         );
         assert_bad_arg(&e, "at the same time");
@@ -2066,46 +2108,59 @@ mod tests {
             || {
                 let huge: i64 = 1 << 46;
                 let ws = Workspace::new();
-                feed(&ws, "x", t(&[1], vec![5.0f32]));
-                feed(&ws, "dims", t(&[2], vec![1i64 << 23, 1 << 23]));
+                feed(&ws, "x", tensor(&[1], vec![5.0f32]));
+                feed(&ws, "dims", tensor(&[2], vec![1i64 << 23, 1 << 23]));
                 let cases = vec![
                     op(
                         "ConstantFill",
                         &[],
                         &["x"],
-                        vec![a_ints("shape", &[huge]), a_f("value", 1.0)],
+                        vec![ints_arg("shape", &[huge]), float_arg("value", 1.0)],
                     ),
                     op(
                         "ConstantFill",
                         &[],
                         &["x"],
-                        vec![a_ints("shape", &[huge]), a_i("dtype", 8), a_i("value", 3)],
+                        vec![
+                            ints_arg("shape", &[huge]),
+                            int_arg("dtype", 8),
+                            int_arg("value", 3),
+                        ],
                     ),
                     op(
                         "ConstantFill",
                         &[],
                         &["x"],
-                        vec![a_ints("shape", &[huge]), a_i("dtype", 4), a_s("value", "s")],
+                        vec![
+                            ints_arg("shape", &[huge]),
+                            int_arg("dtype", 4),
+                            string_arg("value", "s"),
+                        ],
                     ),
                     op(
                         "ConstantFill",
                         &["dims"],
                         &["x"],
-                        vec![a_i("input_as_shape", 1)],
+                        vec![int_arg("input_as_shape", 1)],
                     ),
-                    op("UniformFill", &[], &["x"], vec![a_ints("shape", &[huge])]),
+                    op("UniformFill", &[], &["x"], vec![ints_arg("shape", &[huge])]),
                     op(
                         "UniformIntFill",
                         &[],
                         &["x"],
-                        vec![a_ints("shape", &[huge])],
+                        vec![ints_arg("shape", &[huge])],
                     ),
-                    op("GaussianFill", &[], &["x"], vec![a_ints("shape", &[huge])]),
+                    op(
+                        "GaussianFill",
+                        &[],
+                        &["x"],
+                        vec![ints_arg("shape", &[huge])],
+                    ),
                     op(
                         "GaussianFill",
                         &["dims"],
                         &["x"],
-                        vec![a_i("input_as_shape", 1)],
+                        vec![int_arg("input_as_shape", 1)],
                     ),
                 ];
                 for d in cases {
@@ -2121,14 +2176,14 @@ mod tests {
                     assert_eq!(e.context.blob.as_deref(), Some("x"));
                     assert!(e.message.contains("cannot allocate"), "{}", e.message);
                     // Nothing was written; the workspace still works.
-                    assert_eq!(out(&ws, "x"), t(&[1], vec![5.0f32]));
+                    assert_eq!(out(&ws, "x"), tensor(&[1], vec![5.0f32]));
                 }
                 run(
                     &ws,
-                    &op("ConstantFill", &[], &["y"], vec![a_ints("shape", &[2])]),
+                    &op("ConstantFill", &[], &["y"], vec![ints_arg("shape", &[2])]),
                 )
                 .unwrap();
-                assert_eq!(out(&ws, "y"), t(&[2], vec![0.0f32, 0.0]));
+                assert_eq!(out(&ws, "y"), tensor(&[2], vec![0.0f32, 0.0]));
             },
         );
     }

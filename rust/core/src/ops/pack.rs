@@ -292,17 +292,9 @@ fn unpack_segments(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 #[cfg(test)]
 mod tests {
     use crate::error::ErrorKind;
-    use crate::ir::Argument;
-    use crate::tensor::Tensor;
-    use crate::test_util::{get, i32s, i64s, op, run, vals, ws_with};
 
-    fn int_arg(name: &str, v: i64) -> Argument {
-        Argument {
-            name: Some(name.into()),
-            i: Some(v),
-            ..Default::default()
-        }
-    }
+    use crate::tensor::Tensor;
+    use crate::test_util::{get, i32s, i64s, int_arg, op, run, vals, ws_with};
 
     #[test]
     fn packs_pads_and_unpacks_by_hand() {

@@ -597,8 +597,8 @@ mod tests {
     use crate::error::{Error, ErrorKind};
     use crate::ir::{Argument, BlobProto, OperatorDef};
     use crate::operator::create_operator;
-    use crate::tensor::{Element, Tensor};
-    use crate::test_util::{get as out, run};
+    use crate::tensor::Tensor;
+    use crate::test_util::{get as out, int_arg, op, run, string_arg, strings_arg, tensor};
     use crate::workspace::Workspace;
     use prost::Message;
     use std::path::PathBuf;
@@ -633,51 +633,15 @@ mod tests {
         }
     }
 
-    fn named(n: &str) -> Argument {
-        Argument {
-            name: Some(n.into()),
-            ..Default::default()
-        }
-    }
-    fn a_i(n: &str, v: i64) -> Argument {
-        Argument {
-            i: Some(v),
-            ..named(n)
-        }
-    }
-    fn a_s(n: &str, v: &str) -> Argument {
-        Argument {
-            s: Some(v.as_bytes().to_vec()),
-            ..named(n)
-        }
-    }
-    fn a_ss(n: &str, v: &[&str]) -> Argument {
-        Argument {
-            strings: v.iter().map(|s| s.as_bytes().to_vec()).collect(),
-            ..named(n)
-        }
-    }
-    fn op(ty: &str, ins: &[&str], outs: &[&str], arg: Vec<Argument>) -> OperatorDef {
-        OperatorDef {
-            input: ins.iter().map(|s| s.to_string()).collect(),
-            output: outs.iter().map(|s| s.to_string()).collect(),
-            r#type: Some(ty.into()),
-            arg,
-            ..Default::default()
-        }
-    }
-    fn t<T: Element>(shape: &[usize], v: Vec<T>) -> Tensor {
-        Tensor::from_vec(shape, v).unwrap()
-    }
     fn build_err(ws: &Arc<Workspace>, d: &OperatorDef) -> Error {
         create_operator(d, ws).err().expect("building should fail")
     }
     fn save_op(ins: &[&str], db: &str, db_type: &str, mut more: Vec<Argument>) -> OperatorDef {
-        more.extend([a_s("db", db), a_s("db_type", db_type)]);
+        more.extend([string_arg("db", db), string_arg("db_type", db_type)]);
         op("Save", ins, &[], more)
     }
     fn load_op(outs: &[&str], db: &str, db_type: &str, mut more: Vec<Argument>) -> OperatorDef {
-        more.extend([a_s("db", db), a_s("db_type", db_type)]);
+        more.extend([string_arg("db", db), string_arg("db_type", db_type)]);
         op("Load", &[], outs, more)
     }
 
@@ -686,14 +650,14 @@ mod tests {
         let ws = Workspace::with_root(&dir.root());
         ws.feed(
             "w",
-            BlobValue::Tensor(t(&[2, 3], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0])),
+            BlobValue::Tensor(tensor(&[2, 3], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0])),
         );
-        ws.feed("ids", BlobValue::Tensor(t(&[2], vec![7i64, -8])));
+        ws.feed("ids", BlobValue::Tensor(tensor(&[2], vec![7i64, -8])));
         ws.feed(
             "names",
-            BlobValue::Tensor(t(&[2], vec![b"a".to_vec(), b"bc".to_vec()])),
+            BlobValue::Tensor(tensor(&[2], vec![b"a".to_vec(), b"bc".to_vec()])),
         );
-        ws.feed("empty", BlobValue::Tensor(t::<f64>(&[0, 2], vec![])));
+        ws.feed("empty", BlobValue::Tensor(tensor::<f64>(&[0, 2], vec![])));
         ws.feed("scalar", BlobValue::Tensor(Tensor::scalar(true)));
         ws.feed("counter", BlobValue::Object(Arc::new(Counter::new(11))));
         ws.feed("mutex", BlobValue::Object(Arc::new(BlobMutex::default())));
@@ -708,14 +672,14 @@ mod tests {
     fn check_restored(ws: &Arc<Workspace>) {
         assert_eq!(
             out(ws, "w"),
-            t(&[2, 3], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0])
+            tensor(&[2, 3], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0])
         );
-        assert_eq!(out(ws, "ids"), t(&[2], vec![7i64, -8]));
+        assert_eq!(out(ws, "ids"), tensor(&[2], vec![7i64, -8]));
         assert_eq!(
             out(ws, "names"),
-            t(&[2], vec![b"a".to_vec(), b"bc".to_vec()])
+            tensor(&[2], vec![b"a".to_vec(), b"bc".to_vec()])
         );
-        assert_eq!(out(ws, "empty"), t::<f64>(&[0, 2], vec![]));
+        assert_eq!(out(ws, "empty"), tensor::<f64>(&[0, 2], vec![]));
         assert_eq!(out(ws, "scalar"), Tensor::scalar(true));
         assert_eq!(
             ws.fetch("counter")
@@ -750,7 +714,7 @@ mod tests {
                     &[],
                     "ckpt",
                     db_type,
-                    vec![a_i("load_all", 1), a_i("keep_device", 1)],
+                    vec![int_arg("load_all", 1), int_arg("keep_device", 1)],
                 ),
             )
             .unwrap();
@@ -763,7 +727,7 @@ mod tests {
                     &["w"],
                     &dir.file("ckpt"),
                     db_type,
-                    vec![a_i("absolute_path", 1)],
+                    vec![int_arg("absolute_path", 1)],
                 ),
             )
             .unwrap();
@@ -777,7 +741,12 @@ mod tests {
         let ws = filled(&dir);
         run(
             &ws,
-            &save_op(&["w", "counter"], "m", "minidb", vec![a_i("chunk_size", 4)]),
+            &save_op(
+                &["w", "counter"],
+                "m",
+                "minidb",
+                vec![int_arg("chunk_size", 4)],
+            ),
         )
         .unwrap();
         let bytes = std::fs::read(dir.file("m")).unwrap();
@@ -806,7 +775,7 @@ mod tests {
                 &["gpu_0/w", "b"],
                 "s",
                 "ferro",
-                vec![a_s("strip_prefix", "/")],
+                vec![string_arg("strip_prefix", "/")],
             ),
         )
         .unwrap();
@@ -822,7 +791,7 @@ mod tests {
                 &["gpu_0/w", "b"],
                 "o",
                 "ferro",
-                vec![a_ss("blob_name_overrides", &["x", "y"])],
+                vec![strings_arg("blob_name_overrides", &["x", "y"])],
             ),
         )
         .unwrap();
@@ -839,7 +808,7 @@ mod tests {
                 &["gpu_0/w", "b"],
                 "o",
                 "ferro",
-                vec![a_ss("blob_name_overrides", &["x"])],
+                vec![strings_arg("blob_name_overrides", &["x"])],
             ),
         );
         assert!(e.message.contains("blob_name_overrides mismatch"), "{e}");
@@ -850,8 +819,8 @@ mod tests {
                 "o",
                 "ferro",
                 vec![
-                    a_ss("blob_name_overrides", &["x"]),
-                    a_s("strip_prefix", "/"),
+                    strings_arg("blob_name_overrides", &["x"]),
+                    string_arg("strip_prefix", "/"),
                 ],
             ),
         );
@@ -862,7 +831,7 @@ mod tests {
                 &["gpu_0/w", "b"],
                 "o",
                 "ferro",
-                vec![a_ss("blob_name_overrides", &["x", "x"])],
+                vec![strings_arg("blob_name_overrides", &["x", "x"])],
             ),
         );
         assert!(e.message.contains("Duplicated feature"), "{e}");
@@ -873,7 +842,7 @@ mod tests {
                 &["b", "gpu_1/b"],
                 "o",
                 "ferro",
-                vec![a_s("strip_prefix", "/")],
+                vec![string_arg("strip_prefix", "/")],
             ),
         );
         assert!(e.message.contains("'b'"), "{e}");
@@ -883,10 +852,13 @@ mod tests {
     fn save_checks_its_arguments_and_inputs() {
         let dir = Scratch::new();
         let ws = filled(&dir);
-        let e = build_err(&ws, &op("Save", &["w"], &[], vec![a_s("db_type", "ferro")]));
+        let e = build_err(
+            &ws,
+            &op("Save", &["w"], &[], vec![string_arg("db_type", "ferro")]),
+        );
         assert_eq!(e.kind, ErrorKind::InvalidArgument);
         assert!(e.message.contains("'db'"), "{e}");
-        let e = build_err(&ws, &op("Save", &["w"], &[], vec![a_s("db", "x")]));
+        let e = build_err(&ws, &op("Save", &["w"], &[], vec![string_arg("db", "x")]));
         assert!(e.message.contains("db_type"), "{e}");
         let e = build_err(&ws, &save_op(&["w"], "x", "lmdb", vec![]));
         assert!(e.message.contains("db_type 'lmdb' is not supported"), "{e}");
@@ -894,7 +866,7 @@ mod tests {
         assert!(e.message.contains("unknown db_type 'parquet'"), "{e}");
         let e = build_err(
             &ws,
-            &save_op(&["w"], "x", "ferro", vec![a_i("chunk_size", -3)]),
+            &save_op(&["w"], "x", "ferro", vec![int_arg("chunk_size", -3)]),
         );
         assert!(e.message.contains("chunk_size"), "{e}");
         assert!(build_err(
@@ -903,7 +875,7 @@ mod tests {
                 "Save",
                 &[],
                 &[],
-                vec![a_s("db", "x"), a_s("db_type", "ferro")]
+                vec![string_arg("db", "x"), string_arg("db_type", "ferro")]
             )
         )
         .message
@@ -937,7 +909,10 @@ mod tests {
                 &["gpu_1/w", "gpu_1/b"],
                 "db",
                 "minidb",
-                vec![a_s("strip_prefix", "gpu_0/"), a_s("add_prefix", "gpu_1/")],
+                vec![
+                    string_arg("strip_prefix", "gpu_0/"),
+                    string_arg("add_prefix", "gpu_1/"),
+                ],
             ),
         )
         .unwrap();
@@ -950,7 +925,7 @@ mod tests {
                 &["x", "y"],
                 "db",
                 "minidb",
-                vec![a_ss("source_blob_names", &["gpu_0/b", "gpu_0/w"])],
+                vec![strings_arg("source_blob_names", &["gpu_0/b", "gpu_0/w"])],
             ),
         )
         .unwrap();
@@ -964,9 +939,9 @@ mod tests {
                 "db",
                 "minidb",
                 vec![
-                    a_i("load_all", 1),
-                    a_s("strip_prefix", "/"),
-                    a_s("add_prefix", "p_"),
+                    int_arg("load_all", 1),
+                    string_arg("strip_prefix", "/"),
+                    string_arg("add_prefix", "p_"),
                 ],
             ),
         )
@@ -982,10 +957,10 @@ mod tests {
                 &dir.file("db"),
                 "minidb",
                 vec![
-                    a_i("load_all", 1),
-                    a_i("absolute_path", 1),
-                    a_s("strip_prefix", "/"),
-                    a_s("add_prefix", "p_"),
+                    int_arg("load_all", 1),
+                    int_arg("absolute_path", 1),
+                    string_arg("strip_prefix", "/"),
+                    string_arg("add_prefix", "p_"),
                 ],
             ),
         )
@@ -998,26 +973,35 @@ mod tests {
             assert!(e.message.contains(msg), "{e}");
         };
         bad(
-            vec![a_ss("source_blob_names", &["a"])],
+            vec![strings_arg("source_blob_names", &["a"])],
             &["x", "y"],
             "source_blob_names mismatch",
         );
         bad(
-            vec![a_ss("source_blob_names", &["a"]), a_s("strip_prefix", "/")],
+            vec![
+                strings_arg("source_blob_names", &["a"]),
+                string_arg("strip_prefix", "/"),
+            ],
             &["x"],
             "mutually exclusive",
         );
         bad(
-            vec![a_ss("source_blob_names", &["a"]), a_i("load_all", 1)],
+            vec![
+                strings_arg("source_blob_names", &["a"]),
+                int_arg("load_all", 1),
+            ],
             &["x"],
             "load_all",
         );
         bad(
-            vec![a_ss("source_blob_names", &["a", "a"])],
+            vec![strings_arg("source_blob_names", &["a", "a"])],
             &["x", "y"],
             "Duplicated source blob name: a",
         );
-        let e = build_err(&l, &op("Load", &[], &["x"], vec![a_s("db_type", "minidb")]));
+        let e = build_err(
+            &l,
+            &op("Load", &[], &["x"], vec![string_arg("db_type", "minidb")]),
+        );
         assert!(e.message.contains("'db' or 'dbs'"), "{e}");
         let e = build_err(
             &l,
@@ -1025,7 +1009,10 @@ mod tests {
                 "Load",
                 &[],
                 &["x"],
-                vec![a_s("db_type", "minidb"), a_ss("dbs", &["a", "a"])],
+                vec![
+                    string_arg("db_type", "minidb"),
+                    strings_arg("dbs", &["a", "a"]),
+                ],
             ),
         );
         assert!(e.message.contains("Duplicated db name: a"), "{e}");
@@ -1035,7 +1022,7 @@ mod tests {
                 "Load",
                 &["x"],
                 &["y"],
-                vec![a_s("db", "db"), a_s("db_type", "minidb")],
+                vec![string_arg("db", "db"), string_arg("db_type", "minidb")],
             ),
         );
         assert!(
@@ -1074,7 +1061,7 @@ mod tests {
                 &["a", "b", "c"],
                 "one",
                 "ferro",
-                vec![a_i("allow_incomplete", 1)],
+                vec![int_arg("allow_incomplete", 1)],
             ),
         )
         .unwrap();
@@ -1086,7 +1073,7 @@ mod tests {
                 "Load",
                 &[],
                 &["a", "b"],
-                vec![a_ss("dbs", v), a_s("db_type", "ferro")],
+                vec![strings_arg("dbs", v), string_arg("db_type", "ferro")],
             )
         };
         run(&l, &dbs(&["one", "three"])).unwrap();
@@ -1097,7 +1084,7 @@ mod tests {
         // load_all: every declared output must be in the db.
         let e = run(
             &l,
-            &load_op(&["a", "zzz"], "one", "ferro", vec![a_i("load_all", 1)]),
+            &load_op(&["a", "zzz"], "one", "ferro", vec![int_arg("load_all", 1)]),
         )
         .unwrap_err();
         assert!(
@@ -1111,8 +1098,8 @@ mod tests {
     fn failed_loads_leave_outputs_untouched() {
         let dir = Scratch::new();
         let ws = Workspace::with_root(&dir.root());
-        ws.feed("a", BlobValue::Tensor(t(&[4], vec![1.0f32; 4])));
-        ws.feed("b", BlobValue::Tensor(t(&[4], vec![2.0f32; 4])));
+        ws.feed("a", BlobValue::Tensor(tensor(&[4], vec![1.0f32; 4])));
+        ws.feed("b", BlobValue::Tensor(tensor(&[4], vec![2.0f32; 4])));
         run(&ws, &save_op(&["a", "b"], "db", "ferro", vec![])).unwrap();
         // Damage "b" (the second payload, at byte 128).
         let path = dir.file("db");
@@ -1130,7 +1117,7 @@ mod tests {
         assert_eq!(out(&l, "a"), Tensor::scalar(0i32));
         // The undamaged blob alone still loads.
         run(&l, &load_op(&["a"], "db", "ferro", vec![])).unwrap();
-        assert_eq!(out(&l, "a"), t(&[4], vec![1.0f32; 4]));
+        assert_eq!(out(&l, "a"), tensor(&[4], vec![1.0f32; 4]));
         // Truncated and missing files.
         std::fs::write(&path, &bytes[..100]).unwrap();
         let e = run(&l, &load_op(&["a"], "db", "ferro", vec![])).unwrap_err();
@@ -1150,7 +1137,7 @@ mod tests {
             let ws = filled(&dir);
             run(
                 &ws,
-                &save_op(&ALL, "ldb", db_type, vec![a_i("chunk_size", 2)]),
+                &save_op(&ALL, "ldb", db_type, vec![int_arg("chunk_size", 2)]),
             )
             .unwrap();
             assert!(std::path::Path::new(&dir.file("ldb"))
@@ -1171,13 +1158,13 @@ mod tests {
             &["it", "w"],
             &[],
             vec![
-                a_s("db", "ck_%05d"),
-                a_s("db_type", "leveldb"),
-                a_i("every", 10),
+                string_arg("db", "ck_%05d"),
+                string_arg("db_type", "leveldb"),
+                int_arg("every", 10),
             ],
         );
         for i in 1..=25i64 {
-            ws.feed("it", BlobValue::Tensor(t(&[1], vec![i])));
+            ws.feed("it", BlobValue::Tensor(tensor(&[1], vec![i])));
             run(&ws, &d).unwrap();
         }
         let mut made: Vec<String> = std::fs::read_dir(&dir.0)
@@ -1192,26 +1179,29 @@ mod tests {
             &load_op(&["it", "w"], "ck_00020", "leveldb", vec![]),
         )
         .unwrap();
-        assert_eq!(out(&fresh, "it"), t(&[1], vec![20i64]));
+        assert_eq!(out(&fresh, "it"), tensor(&[1], vec![20i64]));
         assert_eq!(
             out(&fresh, "w"),
-            t(&[2, 3], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0])
+            tensor(&[2, 3], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0])
         );
         let bad = |args: Vec<Argument>| build_err(&ws, &op("Checkpoint", &["it"], &[], args));
         let e = bad(vec![
-            a_s("db", "x_%d"),
-            a_s("db_type", "leveldb"),
-            a_i("every", 0),
+            string_arg("db", "x_%d"),
+            string_arg("db_type", "leveldb"),
+            int_arg("every", 0),
         ]);
         assert_eq!(e.kind, ErrorKind::InvalidArgument);
-        let e = bad(vec![a_s("db", "x_%s"), a_s("db_type", "minidb")]);
+        let e = bad(vec![
+            string_arg("db", "x_%s"),
+            string_arg("db_type", "minidb"),
+        ]);
         assert!(e.message.contains("integer conversion"), "{e}");
-        ws.feed("f", BlobValue::Tensor(t(&[1], vec![1.0f32])));
+        ws.feed("f", BlobValue::Tensor(tensor(&[1], vec![1.0f32])));
         let d = op(
             "Checkpoint",
             &["f"],
             &[],
-            vec![a_s("db", "y%d"), a_s("db_type", "minidb")],
+            vec![string_arg("db", "y%d"), string_arg("db_type", "minidb")],
         );
         assert_eq!(run(&ws, &d).unwrap_err().kind, ErrorKind::Type);
     }
@@ -1239,9 +1229,9 @@ mod tests {
                 &[],
                 &["e"],
                 vec![
-                    a_s("db_name", name),
-                    a_s("db_type", "minidb"),
-                    a_i("absolute_path", abs),
+                    string_arg("db_name", name),
+                    string_arg("db_type", "minidb"),
+                    int_arg("absolute_path", abs),
                 ],
             );
             run(ws, &d).unwrap();
@@ -1258,13 +1248,18 @@ mod tests {
                 "DBExists",
                 &[],
                 &["e"],
-                vec![a_s("db_name", "x"), a_s("db_type", "lmdb")],
+                vec![string_arg("db_name", "x"), string_arg("db_type", "lmdb")],
             ),
         );
         assert!(e.message.contains("not supported"), "{e}");
         let e = build_err(
             &ws,
-            &op("DBExists", &[], &["e"], vec![a_s("db_type", "ferro")]),
+            &op(
+                "DBExists",
+                &[],
+                &["e"],
+                vec![string_arg("db_type", "ferro")],
+            ),
         );
         assert!(e.message.contains("db_name"), "{e}");
     }

@@ -1059,17 +1059,9 @@ fn build_moments_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 #[cfg(test)]
 mod tests {
     use crate::error::ErrorKind;
-    use crate::ir::Argument;
-    use crate::tensor::Tensor;
-    use crate::test_util::{f32s, get, int_arg, op, run, vals, ws_with};
 
-    fn ints(name: &str, v: &[i64]) -> Argument {
-        Argument {
-            name: Some(name.into()),
-            ints: v.to_vec(),
-            ..Default::default()
-        }
-    }
+    use crate::tensor::Tensor;
+    use crate::test_util::{f32s, get, int_arg, ints_arg, op, run, vals, ws_with};
 
     #[test]
     fn reductions_by_hand() {
@@ -1080,14 +1072,14 @@ mod tests {
                 "ReduceSum",
                 &["x"],
                 &["s"],
-                vec![ints("axes", &[1]), int_arg("keepdims", 0)],
+                vec![ints_arg("axes", &[1]), int_arg("keepdims", 0)],
             ),
         )
         .unwrap();
         assert_eq!(vals(&get(&ws, "s")), vec![6., 15.]);
         run(
             &ws,
-            op("ReduceMean", &["x"], &["m"], vec![ints("axes", &[0])]),
+            op("ReduceMean", &["x"], &["m"], vec![ints_arg("axes", &[0])]),
         )
         .unwrap();
         assert_eq!(get(&ws, "m").shape(), &[1, 3]);
@@ -1107,7 +1099,7 @@ mod tests {
         }
         let e = run(
             &ws,
-            op("ReduceSum", &["x"], &["s"], vec![ints("axes", &[2])]),
+            op("ReduceSum", &["x"], &["s"], vec![ints_arg("axes", &[2])]),
         )
         .unwrap_err();
         assert_eq!(e.kind, ErrorKind::InvalidArgument);
@@ -1117,12 +1109,12 @@ mod tests {
     fn max_min_l1_l2_by_hand() {
         // x = [[1, -5, 3], [4, 2, -6]]
         let ws = ws_with(&[("x", f32s(&[2, 3], &[1., -5., 3., 4., 2., -6.]))]);
-        let axis1 = || vec![ints("axes", &[1]), int_arg("keepdims", 0)];
+        let axis1 = || vec![ints_arg("axes", &[1]), int_arg("keepdims", 0)];
         run(&ws, op("ReduceMax", &["x"], &["mx"], axis1())).unwrap();
         assert_eq!(vals(&get(&ws, "mx")), vec![3., 4.]);
         run(
             &ws,
-            op("ReduceMin", &["x"], &["mn"], vec![ints("axes", &[-2])]),
+            op("ReduceMin", &["x"], &["mn"], vec![ints_arg("axes", &[-2])]),
         )
         .unwrap();
         assert_eq!(get(&ws, "mn").shape(), &[1, 3]);
@@ -1133,7 +1125,7 @@ mod tests {
         // sqrt(1+25+9+16+4+36) = sqrt(91).
         run(
             &ws,
-            op("ReduceL2", &["x"], &["l2"], vec![ints("axes", &[])]),
+            op("ReduceL2", &["x"], &["l2"], vec![ints_arg("axes", &[])]),
         )
         .unwrap();
         assert_eq!(get(&ws, "l2").shape(), &[1, 1]);
@@ -1143,7 +1135,7 @@ mod tests {
         let wi = ws_with(&[("xi", xi)]);
         run(
             &wi,
-            op("ReduceMax", &["xi"], &["m"], vec![ints("axes", &[0])]),
+            op("ReduceMax", &["xi"], &["m"], vec![ints_arg("axes", &[0])]),
         )
         .unwrap();
         let m: Vec<i32> = get(&wi, "m")
@@ -1172,7 +1164,7 @@ mod tests {
         // zero norm.
         let x = f32s(&[2, 3], &[2., 2., -1., 0., 0., 0.]);
         let ws = ws_with(&[("x", x)]);
-        let args = || vec![ints("axes", &[1])];
+        let args = || vec![ints_arg("axes", &[1])];
         for ty in ["ReduceMax", "ReduceMin", "ReduceL1", "ReduceL2"] {
             run(&ws, op(ty, &["x"], &["y"], args())).unwrap();
             ws.feed(

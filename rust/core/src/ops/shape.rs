@@ -1158,19 +1158,9 @@ fn build_resize_like(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 mod tests {
     use crate::error::{Error, ErrorKind};
     use crate::ir::Argument;
-    use crate::tensor::{Element, Tensor};
-    use crate::test_util::{f32s, feed, get, op, run, strs, ws_with};
+    use crate::tensor::Tensor;
+    use crate::test_util::{f32s, feed, get, ints_arg, op, run, strs, tensor, ws_with};
 
-    fn t<T: Element>(shape: &[usize], v: Vec<T>) -> Tensor {
-        Tensor::from_vec(shape, v).unwrap()
-    }
-    fn ints(n: &str, v: &[i64]) -> Argument {
-        Argument {
-            name: Some(n.into()),
-            ints: v.to_vec(),
-            ..Default::default()
-        }
-    }
     fn kind_blob(e: &Error) -> (ErrorKind, Option<&str>) {
         (e.kind, e.context.blob.as_deref())
     }
@@ -1178,20 +1168,32 @@ mod tests {
     #[test]
     fn shape_and_size() {
         let ws = ws_with(&[
-            ("x", t(&[2, 3, 0], Vec::<f32>::new())),
+            ("x", tensor(&[2, 3, 0], Vec::<f32>::new())),
             ("s", strs(&["a", "b"])),
         ]);
         run(&ws, op("Shape", &["x"], &["y"], vec![])).unwrap();
-        assert_eq!(get(&ws, "y"), t(&[3], vec![2i64, 3, 0]));
+        assert_eq!(get(&ws, "y"), tensor(&[3], vec![2i64, 3, 0]));
         run(
             &ws,
-            op("Shape", &["x"], &["y"], vec![ints("axes", &[1, 0])]),
+            op("Shape", &["x"], &["y"], vec![ints_arg("axes", &[1, 0])]),
         )
         .unwrap();
-        assert_eq!(get(&ws, "y"), t(&[2], vec![3i64, 2]));
-        run(&ws, op("Shape", &["x"], &["y"], vec![ints("axes", &[])])).unwrap();
-        assert_eq!(get(&ws, "y"), t(&[3], vec![2i64, 3, 0]), "no axes: all");
-        let e = run(&ws, op("Shape", &["x"], &["y"], vec![ints("axes", &[3])])).unwrap_err();
+        assert_eq!(get(&ws, "y"), tensor(&[2], vec![3i64, 2]));
+        run(
+            &ws,
+            op("Shape", &["x"], &["y"], vec![ints_arg("axes", &[])]),
+        )
+        .unwrap();
+        assert_eq!(
+            get(&ws, "y"),
+            tensor(&[3], vec![2i64, 3, 0]),
+            "no axes: all"
+        );
+        let e = run(
+            &ws,
+            op("Shape", &["x"], &["y"], vec![ints_arg("axes", &[3])]),
+        )
+        .unwrap_err();
         assert_eq!(
             kind_blob(&e),
             (ErrorKind::InvalidArgument, Some("x")),
@@ -1205,11 +1207,11 @@ mod tests {
 
     #[test]
     fn alias_copies() {
-        let ws = ws_with(&[("x", t(&[2], vec![1i32, 2]))]);
+        let ws = ws_with(&[("x", tensor(&[2], vec![1i32, 2]))]);
         run(&ws, op("Alias", &["x"], &["y"], vec![])).unwrap();
-        assert_eq!(get(&ws, "y"), t(&[2], vec![1i32, 2]));
+        assert_eq!(get(&ws, "y"), tensor(&[2], vec![1i32, 2]));
         run(&ws, op("Alias", &["x"], &["x"], vec![])).unwrap();
-        assert_eq!(get(&ws, "x"), t(&[2], vec![1i32, 2]));
+        assert_eq!(get(&ws, "x"), tensor(&[2], vec![1i32, 2]));
     }
 
     #[test]
@@ -1226,15 +1228,15 @@ mod tests {
             ("h", Tensor::scalar(0.25f32)),
         ]);
         run(&ws, op("Range", &["a"], &["y"], vec![])).unwrap();
-        assert_eq!(get(&ws, "y"), t(&[5], vec![0i32, 1, 2, 3, 4]));
+        assert_eq!(get(&ws, "y"), tensor(&[5], vec![0i32, 1, 2, 3, 4]));
         run(&ws, op("Range", &["b", "c", "d"], &["y"], vec![])).unwrap();
-        assert_eq!(get(&ws, "y"), t(&[3], vec![-2i64, 1, 4]));
+        assert_eq!(get(&ws, "y"), tensor(&[3], vec![-2i64, 1, 4]));
         run(&ws, op("Range", &["c", "b", "e"], &["y"], vec![])).unwrap();
-        assert_eq!(get(&ws, "y"), t(&[3], vec![7i64, 4, 1]));
+        assert_eq!(get(&ws, "y"), tensor(&[3], vec![7i64, 4, 1]));
         run(&ws, op("Range", &["c", "b"], &["y"], vec![])).unwrap();
-        assert_eq!(get(&ws, "y"), t(&[0], Vec::<i64>::new()));
+        assert_eq!(get(&ws, "y"), tensor(&[0], Vec::<i64>::new()));
         run(&ws, op("Range", &["f", "g", "h"], &["y"], vec![])).unwrap();
-        assert_eq!(get(&ws, "y"), t(&[4], vec![0.5f32, 0.75, 1.0, 1.25]));
+        assert_eq!(get(&ws, "y"), tensor(&[4], vec![0.5f32, 0.75, 1.0, 1.25]));
         let e = run(&ws, op("Range", &["b", "c", "z"], &["y"], vec![])).unwrap_err();
         assert_eq!(
             kind_blob(&e),
@@ -1243,7 +1245,7 @@ mod tests {
         );
         let e = run(&ws, op("Range", &["b", "a"], &["y"], vec![])).unwrap_err();
         assert_eq!(kind_blob(&e), (ErrorKind::Type, Some("a")), "{e}");
-        feed(&ws, "v", t(&[2], vec![1i64, 2]));
+        feed(&ws, "v", tensor(&[2], vec![1i64, 2]));
         let e = run(&ws, op("Range", &["v"], &["y"], vec![])).unwrap_err();
         assert_eq!(kind_blob(&e), (ErrorKind::Shape, Some("v")), "{e}");
         feed(&ws, "u", Tensor::scalar(3u8));
@@ -1254,10 +1256,10 @@ mod tests {
     #[test]
     fn transpose_every_dtype() {
         let ws = ws_with(&[
-            ("x", t(&[2, 3], vec![1i64, 2, 3, 4, 5, 6])),
+            ("x", tensor(&[2, 3], vec![1i64, 2, 3, 4, 5, 6])),
             (
                 "s",
-                t(
+                tensor(
                     &[1, 2],
                     strs(&["a", "b"])
                         .array::<Vec<u8>>()
@@ -1269,26 +1271,35 @@ mod tests {
             ),
         ]);
         run(&ws, op("Transpose", &["x"], &["y"], vec![])).unwrap();
-        assert_eq!(get(&ws, "y"), t(&[3, 2], vec![1i64, 4, 2, 5, 3, 6]));
+        assert_eq!(get(&ws, "y"), tensor(&[3, 2], vec![1i64, 4, 2, 5, 3, 6]));
         run(&ws, op("Transpose", &["s"], &["y"], vec![])).unwrap();
         assert_eq!(
             get(&ws, "y"),
-            t(&[2, 1], vec![b"a".to_vec(), b"b".to_vec()])
+            tensor(&[2, 1], vec![b"a".to_vec(), b"b".to_vec()])
         );
-        feed(&ws, "c", t(&[2, 1, 3], (0..6).map(|v| v as f32).collect()));
+        feed(
+            &ws,
+            "c",
+            tensor(&[2, 1, 3], (0..6).map(|v| v as f32).collect()),
+        );
         run(
             &ws,
-            op("Transpose", &["c"], &["y"], vec![ints("axes", &[1, 2, 0])]),
+            op(
+                "Transpose",
+                &["c"],
+                &["y"],
+                vec![ints_arg("axes", &[1, 2, 0])],
+            ),
         )
         .unwrap();
         assert_eq!(
             get(&ws, "y"),
-            t(&[1, 3, 2], vec![0f32, 3.0, 1.0, 4.0, 2.0, 5.0])
+            tensor(&[1, 3, 2], vec![0f32, 3.0, 1.0, 4.0, 2.0, 5.0])
         );
         for bad in [&[0, 0, 1][..], &[0, 1], &[0, 1, 3], &[-1, 0, 1]] {
             let e = run(
                 &ws,
-                op("Transpose", &["c"], &["y"], vec![ints("axes", bad)]),
+                op("Transpose", &["c"], &["y"], vec![ints_arg("axes", bad)]),
             )
             .unwrap_err();
             assert_eq!(
@@ -1301,12 +1312,12 @@ mod tests {
 
     #[test]
     fn slice_by_args_and_inputs() {
-        let x = t(&[3, 4], (0..12).collect::<Vec<i32>>());
+        let x = tensor(&[3, 4], (0..12).collect::<Vec<i32>>());
         let ws = ws_with(&[
             ("x", x),
-            ("s", t(&[2], vec![1i64, 0])),
-            ("e", t(&[2], vec![-1i64, 2])),
-            ("f", t(&[2], vec![0.0f32, 1.0])),
+            ("s", tensor(&[2], vec![1i64, 0])),
+            ("e", tensor(&[2], vec![-1i64, 2])),
+            ("f", tensor(&[2], vec![0.0f32, 1.0])),
         ]);
         run(
             &ws,
@@ -1314,26 +1325,26 @@ mod tests {
                 "Slice",
                 &["x"],
                 &["y"],
-                vec![ints("starts", &[0, 1]), ints("ends", &[2, -1])],
+                vec![ints_arg("starts", &[0, 1]), ints_arg("ends", &[2, -1])],
             ),
         )
         .unwrap();
-        assert_eq!(get(&ws, "y"), t(&[2, 3], vec![1i32, 2, 3, 5, 6, 7]));
+        assert_eq!(get(&ws, "y"), tensor(&[2, 3], vec![1i32, 2, 3, 5, 6, 7]));
         run(&ws, op("Slice", &["x", "s", "e"], &["y"], vec![])).unwrap();
-        assert_eq!(get(&ws, "y"), t(&[2, 2], vec![4i32, 5, 8, 9]));
+        assert_eq!(get(&ws, "y"), tensor(&[2, 2], vec![4i32, 5, 8, 9]));
         run(
             &ws,
             op(
                 "Slice",
                 &["x"],
                 &["y"],
-                vec![ints("starts", &[1]), ints("ends", &[9])],
+                vec![ints_arg("starts", &[1]), ints_arg("ends", &[9])],
             ),
         )
         .unwrap();
         assert_eq!(
             get(&ws, "y"),
-            t(&[2, 4], (4..12).collect::<Vec<i32>>()),
+            tensor(&[2, 4], (4..12).collect::<Vec<i32>>()),
             "clipped, rest whole"
         );
         run(
@@ -1342,18 +1353,21 @@ mod tests {
                 "Slice",
                 &["x"],
                 &["y"],
-                vec![ints("starts", &[-2]), ints("ends", &[-1])],
+                vec![ints_arg("starts", &[-2]), ints_arg("ends", &[-1])],
             ),
         )
         .unwrap();
-        assert_eq!(get(&ws, "y"), t(&[1, 4], (8..12).collect::<Vec<i32>>()));
+        assert_eq!(
+            get(&ws, "y"),
+            tensor(&[1, 4], (8..12).collect::<Vec<i32>>())
+        );
         let e = run(
             &ws,
             op(
                 "Slice",
                 &["x"],
                 &["y"],
-                vec![ints("starts", &[2]), ints("ends", &[1])],
+                vec![ints_arg("starts", &[2]), ints_arg("ends", &[1])],
             ),
         )
         .unwrap_err();
@@ -1368,7 +1382,7 @@ mod tests {
                 "Slice",
                 &["x"],
                 &["y"],
-                vec![ints("starts", &[0, 0, 0]), ints("ends", &[1, 1, 1])],
+                vec![ints_arg("starts", &[0, 0, 0]), ints_arg("ends", &[1, 1, 1])],
             ),
         )
         .unwrap_err();
@@ -1386,11 +1400,11 @@ mod tests {
     #[test]
     fn slice_gradient_puts_dy_where_slice_took_it() {
         let ws = ws_with(&[
-            ("x", t(&[2, 3], vec![0.0f64; 6])),
-            ("dy", t(&[1, 2], vec![7.0f64, 8.0])),
-            ("s", t(&[2], vec![1i32, 1])),
-            ("e", t(&[2], vec![2i32, -1])),
-            ("i", t(&[2, 3], vec![0i32; 6])),
+            ("x", tensor(&[2, 3], vec![0.0f64; 6])),
+            ("dy", tensor(&[1, 2], vec![7.0f64, 8.0])),
+            ("s", tensor(&[2], vec![1i32, 1])),
+            ("e", tensor(&[2], vec![2i32, -1])),
+            ("i", tensor(&[2, 3], vec![0i32; 6])),
         ]);
         run(
             &ws,
@@ -1398,11 +1412,11 @@ mod tests {
                 "SliceGradient",
                 &["x", "dy"],
                 &["dx"],
-                vec![ints("starts", &[1, 1]), ints("ends", &[2, -1])],
+                vec![ints_arg("starts", &[1, 1]), ints_arg("ends", &[2, -1])],
             ),
         )
         .unwrap();
-        let want = t(&[2, 3], vec![0.0f64, 0.0, 0.0, 0.0, 7.0, 8.0]);
+        let want = tensor(&[2, 3], vec![0.0f64, 0.0, 0.0, 0.0, 7.0, 8.0]);
         assert_eq!(get(&ws, "dx"), want);
         run(
             &ws,
@@ -1423,7 +1437,7 @@ mod tests {
                 "SliceGradient",
                 &["x", "dy"],
                 &["dx"],
-                vec![ints("starts", &[0, 0]), ints("ends", &[2, -1])],
+                vec![ints_arg("starts", &[0, 0]), ints_arg("ends", &[2, -1])],
             ),
         )
         .unwrap_err();
@@ -1435,15 +1449,15 @@ mod tests {
     #[test]
     fn where_broadcasts() {
         let ws = ws_with(&[
-            ("c", t(&[2, 1], vec![true, false])),
-            ("x", t(&[3], vec![1i32, 2, 3])),
-            ("y", t(&[2, 3], vec![10i32, 20, 30, 40, 50, 60])),
-            ("r", t(&[2], vec![false, true])),
-            ("f", t(&[3], vec![1.0f32, 2.0, 3.0])),
-            ("i", t(&[2], vec![1i32, 0])),
+            ("c", tensor(&[2, 1], vec![true, false])),
+            ("x", tensor(&[3], vec![1i32, 2, 3])),
+            ("y", tensor(&[2, 3], vec![10i32, 20, 30, 40, 50, 60])),
+            ("r", tensor(&[2], vec![false, true])),
+            ("f", tensor(&[3], vec![1.0f32, 2.0, 3.0])),
+            ("i", tensor(&[2], vec![1i32, 0])),
         ]);
         run(&ws, op("Where", &["c", "x", "y"], &["o"], vec![])).unwrap();
-        assert_eq!(get(&ws, "o"), t(&[2, 3], vec![1i32, 2, 3, 40, 50, 60]));
+        assert_eq!(get(&ws, "o"), tensor(&[2, 3], vec![1i32, 2, 3, 40, 50, 60]));
         let on_rows = Argument {
             name: Some("broadcast_on_rows".into()),
             i: Some(1),
@@ -1454,7 +1468,7 @@ mod tests {
             op("Where", &["r", "y", "x"], &["o"], vec![on_rows.clone()]),
         )
         .unwrap();
-        assert_eq!(get(&ws, "o"), t(&[2, 3], vec![1i32, 2, 3, 40, 50, 60]));
+        assert_eq!(get(&ws, "o"), tensor(&[2, 3], vec![1i32, 2, 3, 40, 50, 60]));
         let e = run(&ws, op("Where", &["i", "x", "x"], &["o"], vec![])).unwrap_err();
         assert_eq!(kind_blob(&e), (ErrorKind::Type, Some("i")), "{e}");
         let e = run(&ws, op("Where", &["c", "x", "f"], &["o"], vec![])).unwrap_err();
@@ -1468,13 +1482,13 @@ mod tests {
     #[test]
     fn lengths_to_segment_ids() {
         let ws = ws_with(&[
-            ("l", t(&[4], vec![2i32, 0, 3, 1])),
-            ("n", t(&[2], vec![1i32, -1])),
+            ("l", tensor(&[4], vec![2i32, 0, 3, 1])),
+            ("n", tensor(&[2], vec![1i32, -1])),
         ]);
         run(&ws, op("LengthsToSegmentIds", &["l"], &["y"], vec![])).unwrap();
-        assert_eq!(get(&ws, "y"), t(&[6], vec![0i32, 0, 2, 2, 2, 3]));
+        assert_eq!(get(&ws, "y"), tensor(&[6], vec![0i32, 0, 2, 2, 2, 3]));
         run(&ws, op("LengthsRangeFill", &["l"], &["r"], vec![])).unwrap();
-        assert_eq!(get(&ws, "r"), t(&[6], vec![0i32, 1, 0, 1, 2, 0]));
+        assert_eq!(get(&ws, "r"), tensor(&[6], vec![0i32, 1, 0, 1, 2, 0]));
         let e = run(&ws, op("LengthsToSegmentIds", &["n"], &["y"], vec![])).unwrap_err();
         assert_eq!(
             kind_blob(&e),
@@ -1492,7 +1506,7 @@ mod tests {
                 "Reshape",
                 &["x"],
                 &["y", "old"],
-                vec![ints("shape", &[0, -1, 1])],
+                vec![ints_arg("shape", &[0, -1, 1])],
             ),
         )
         .unwrap();
@@ -1506,7 +1520,7 @@ mod tests {
         assert_eq!(old, vec![2, 3]);
         let e = run(
             &ws,
-            op("Reshape", &["x"], &["y"], vec![ints("shape", &[4, -1])]),
+            op("Reshape", &["x"], &["y"], vec![ints_arg("shape", &[4, -1])]),
         )
         .unwrap_err();
         assert_eq!(e.kind, ErrorKind::Shape);

@@ -1125,48 +1125,12 @@ mod tests {
     use crate::error::{Error, ErrorKind, Result};
     use crate::ir::{Argument, NetDef, OperatorDef};
     use crate::operator::create_operator;
-    use crate::tensor::{Element, Tensor};
-    use crate::test_util::{get as out, run, ws_with};
+    use crate::tensor::Tensor;
+    use crate::test_util::{get as out, int_arg, ints_arg, op, run, string_arg, tensor, ws_with};
     use crate::workspace::Workspace;
     use ndarray::{ArrayD, IxDyn};
     use std::sync::Arc;
 
-    fn named(n: &str) -> Argument {
-        Argument {
-            name: Some(n.into()),
-            ..Default::default()
-        }
-    }
-    fn a_i(n: &str, v: i64) -> Argument {
-        Argument {
-            i: Some(v),
-            ..named(n)
-        }
-    }
-    fn a_ints(n: &str, v: &[i64]) -> Argument {
-        Argument {
-            ints: v.to_vec(),
-            ..named(n)
-        }
-    }
-    fn a_s(n: &str, v: &str) -> Argument {
-        Argument {
-            s: Some(v.as_bytes().to_vec()),
-            ..named(n)
-        }
-    }
-    fn op(ty: &str, ins: &[&str], outs: &[&str], arg: Vec<Argument>) -> OperatorDef {
-        OperatorDef {
-            input: ins.iter().map(|s| s.to_string()).collect(),
-            output: outs.iter().map(|s| s.to_string()).collect(),
-            r#type: Some(ty.into()),
-            arg,
-            ..Default::default()
-        }
-    }
-    fn t<T: Element>(shape: &[usize], v: Vec<T>) -> Tensor {
-        Tensor::from_vec(shape, v).unwrap()
-    }
     fn strs(v: &[&str]) -> Vec<Vec<u8>> {
         v.iter().map(|s| s.as_bytes().to_vec()).collect()
     }
@@ -1181,13 +1145,13 @@ mod tests {
 
     #[test]
     fn copy_is_deep() {
-        let x = t(&[2, 2], vec![1.0f32, 2.0, 3.0, 4.0]);
-        let ws = ws_with(&[("x", x.clone()), ("s", t(&[2], strs(&["a", "b"])))]);
+        let x = tensor(&[2, 2], vec![1.0f32, 2.0, 3.0, 4.0]);
+        let ws = ws_with(&[("x", x.clone()), ("s", tensor(&[2], strs(&["a", "b"])))]);
         run(&ws, &op("Copy", &["x"], &["y"], vec![])).unwrap();
         run(&ws, &op("EnsureCPUOutput", &["s"], &["s2"], vec![])).unwrap();
         ws.feed("x", BlobValue::Tensor(Tensor::scalar(0i32)));
         assert_eq!(out(&ws, "y"), x);
-        assert_eq!(out(&ws, "s2"), t(&[2], strs(&["a", "b"])));
+        assert_eq!(out(&ws, "s2"), tensor(&[2], strs(&["a", "b"])));
         // In place leaves the tensor as it was.
         run(&ws, &op("Copy", &["y"], &["y"], vec![])).unwrap();
         assert_eq!(out(&ws, "y"), x);
@@ -1252,7 +1216,7 @@ mod tests {
 
     #[test]
     fn print_line_format() {
-        let x = t(&[2, 2], vec![1.0f32, 2.5, 3.0, 4.0]);
+        let x = tensor(&[2, 2], vec![1.0f32, 2.5, 3.0, 4.0]);
         assert_eq!(
             print_line("x", &x, 1000).unwrap(),
             "Tensor x of type float32. Dims: (2,2,): 1,2.5,3,4"
@@ -1266,31 +1230,35 @@ mod tests {
             "Tensor s of type int64. Dims: (): 5"
         );
         assert_eq!(
-            print_line("b", &t(&[2], vec![true, false]), 9).unwrap(),
+            print_line("b", &tensor(&[2], vec![true, false]), 9).unwrap(),
             "Tensor b of type bool. Dims: (2,): 1,0"
         );
         assert_eq!(
-            print_line("u", &t(&[2], vec![7u8, 200]), 9).unwrap(),
+            print_line("u", &tensor(&[2], vec![7u8, 200]), 9).unwrap(),
             "Tensor u of type uint8. Dims: (2,): 7,200"
         );
         assert_eq!(
-            print_line("d", &t(&[1], vec![1e-7f64]), 9).unwrap(),
+            print_line("d", &tensor(&[1], vec![1e-7f64]), 9).unwrap(),
             "Tensor d of type float64. Dims: (1,): 1e-07"
         );
         assert_eq!(
-            print_line("i", &t(&[3], vec![-1i32, 0, 1]), 9).unwrap(),
+            print_line("i", &tensor(&[3], vec![-1i32, 0, 1]), 9).unwrap(),
             "Tensor i of type int32. Dims: (3,): -1,0,1"
         );
         assert_eq!(
-            print_line("w", &t(&[2], strs(&["hello", "a b"])), 9).unwrap(),
+            print_line("w", &tensor(&[2], strs(&["hello", "a b"])), 9).unwrap(),
             "Tensor w of type string. Dims: (2,): hello,a b"
         );
         // Empty tensors print only the meta, whatever their dtype.
         assert_eq!(
-            print_line("e", &t(&[0, 3], Vec::<i8>::new()), 9).unwrap(),
+            print_line("e", &tensor(&[0, 3], Vec::<i8>::new()), 9).unwrap(),
             "Tensor e of type int8. Dims: (0,3,): "
         );
-        for bad in [t(&[1], vec![1i8]), t(&[1], vec![1i16]), t(&[1], vec![1u16])] {
+        for bad in [
+            tensor(&[1], vec![1i8]),
+            tensor(&[1], vec![1i16]),
+            tensor(&[1], vec![1u16]),
+        ] {
             let e = print_line("z", &bad, 9).unwrap_err();
             assert_eq!(kind_blob(&e), (ErrorKind::Type, Some("z")));
         }
@@ -1308,7 +1276,7 @@ mod tests {
     fn print_to_file_every_n() {
         let root = temp_root("print");
         let ws = Workspace::with_root(root.to_str().unwrap());
-        ws.feed("x", BlobValue::Tensor(t(&[3], vec![1i64, 2, 3])));
+        ws.feed("x", BlobValue::Tensor(tensor(&[3], vec![1i64, 2, 3])));
         let log = root.join("x.log");
         std::fs::write(&log, "stale\n").unwrap();
         let net = NetDef {
@@ -1317,7 +1285,11 @@ mod tests {
                 "Print",
                 &["x"],
                 &[],
-                vec![a_i("to_file", 1), a_i("every_n", 2), a_i("limit", 2)],
+                vec![
+                    int_arg("to_file", 1),
+                    int_arg("every_n", 2),
+                    int_arg("limit", 2),
+                ],
             )],
             ..Default::default()
         };
@@ -1328,7 +1300,7 @@ mod tests {
             "truncated when the op is built"
         );
         for k in 1..=5i64 {
-            ws.feed("x", BlobValue::Tensor(t(&[3], vec![k, 2, 3])));
+            ws.feed("x", BlobValue::Tensor(tensor(&[3], vec![k, 2, 3])));
             ws.run_net("p", 1, &CancelToken::new()).unwrap();
         }
         let text = std::fs::read_to_string(&log).unwrap();
@@ -1342,7 +1314,7 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&log).unwrap(), want);
         // Run 8 is not a printing run; run 9 is, and a non-supported dtype fails it.
         ws.run_net("p", 1, &CancelToken::new()).unwrap();
-        ws.feed("x", BlobValue::Tensor(t(&[1], vec![1i8])));
+        ws.feed("x", BlobValue::Tensor(tensor(&[1], vec![1i8])));
         let e = ws.run_net("p", 1, &CancelToken::new()).unwrap_err();
         assert_eq!(kind_blob(&e), (ErrorKind::Type, Some("x")));
         let _ = std::fs::remove_dir_all(&root);
@@ -1351,24 +1323,30 @@ mod tests {
     #[test]
     fn print_to_stderr_and_construction_errors() {
         let ws = ws_with(&[
-            ("x", t(&[2], vec![0.25f32, 1.0])),
-            ("e", t(&[0], Vec::<f32>::new())),
+            ("x", tensor(&[2], vec![0.25f32, 1.0])),
+            ("e", tensor(&[0], Vec::<f32>::new())),
         ]);
         assert!(run(&ws, &op("Print", &["x"], &[], vec![])).unwrap());
         assert!(run(&ws, &op("Print", &["e"], &[], vec![])).unwrap());
-        let e = build_err(&ws, &op("Print", &["x"], &[], vec![a_i("every_n", 0)]));
+        let e = build_err(&ws, &op("Print", &["x"], &[], vec![int_arg("every_n", 0)]));
         assert_eq!(e.kind, ErrorKind::InvalidArgument);
         assert!(e.message.contains("every_n must be >= 1, got 0"), "{e}");
-        let e = build_err(&ws, &op("Print", &["x"], &[], vec![a_i("limit", -1)]));
+        let e = build_err(&ws, &op("Print", &["x"], &[], vec![int_arg("limit", -1)]));
         assert!(e.message.contains("limit must be >= 0"), "{e}");
-        let e = build_err(&ws, &op("Print", &["x"], &[], vec![a_s("to_file", "yes")]));
+        let e = build_err(
+            &ws,
+            &op("Print", &["x"], &[], vec![string_arg("to_file", "yes")]),
+        );
         assert!(e.message.contains("expected field i"), "{e}");
         let e = build_err(&ws, &op("Print", &["x"], &["y"], vec![]));
         assert!(e.message.contains("takes 0 outputs"), "{e}");
         // A file that cannot be opened fails the construction.
         let missing = Workspace::with_root("/nonexistent-ferrocaffe-dir/sub");
         missing.feed("x", BlobValue::Tensor(Tensor::scalar(1.0f32)));
-        let e = build_err(&missing, &op("Print", &["x"], &[], vec![a_i("to_file", 1)]));
+        let e = build_err(
+            &missing,
+            &op("Print", &["x"], &[], vec![int_arg("to_file", 1)]),
+        );
         assert_eq!(kind_blob(&e), (ErrorKind::Io, Some("x")));
         assert_eq!(
             e.context.file.as_deref(),
@@ -1382,7 +1360,10 @@ mod tests {
     fn get_all_blob_names() {
         let parent = ws_with(&[("p", Tensor::scalar(1i32)), ("a", Tensor::scalar(1i32))]);
         run(&parent, &op("GetAllBlobNames", &[], &["names"], vec![])).unwrap();
-        assert_eq!(out(&parent, "names"), t(&[3], strs(&["a", "names", "p"])));
+        assert_eq!(
+            out(&parent, "names"),
+            tensor(&[3], strs(&["a", "names", "p"]))
+        );
         let child = Workspace::new_child(&parent);
         child.feed("c", BlobValue::Tensor(Tensor::scalar(1i32)));
         run(
@@ -1391,13 +1372,13 @@ mod tests {
                 "GetAllBlobNames",
                 &[],
                 &["all"],
-                vec![a_i("include_shared", 1)],
+                vec![int_arg("include_shared", 1)],
             ),
         )
         .unwrap();
         assert_eq!(
             out(&child, "all"),
-            t(&[5], strs(&["a", "all", "c", "names", "p"]))
+            tensor(&[5], strs(&["a", "all", "c", "names", "p"]))
         );
         run(
             &child,
@@ -1405,11 +1386,14 @@ mod tests {
                 "GetAllBlobNames",
                 &[],
                 &["local"],
-                vec![a_i("include_shared", 0)],
+                vec![int_arg("include_shared", 0)],
             ),
         )
         .unwrap();
-        assert_eq!(out(&child, "local"), t(&[3], strs(&["all", "c", "local"])));
+        assert_eq!(
+            out(&child, "local"),
+            tensor(&[3], strs(&["all", "c", "local"]))
+        );
         let e = build_err(&child, &op("GetAllBlobNames", &["c"], &["n"], vec![]));
         assert!(e.message.contains("takes 0 inputs"), "{e}");
     }
@@ -1419,9 +1403,9 @@ mod tests {
     #[test]
     fn is_empty() {
         let ws = ws_with(&[
-            ("e", t(&[0, 3], Vec::<f32>::new())),
+            ("e", tensor(&[0, 3], Vec::<f32>::new())),
             ("s", Tensor::scalar(1i64)),
-            ("v", t(&[2], strs(&["", ""]))),
+            ("v", tensor(&[2], strs(&["", ""]))),
         ]);
         for (x, want) in [("e", true), ("s", false), ("v", false)] {
             run(&ws, &op("IsEmpty", &[x], &["r"], vec![])).unwrap();
@@ -1441,22 +1425,31 @@ mod tests {
     #[test]
     fn lengths_to_ranges() {
         let ws = ws_with(&[
-            ("l", t(&[4], vec![2i32, 3, 0, 1])),
-            ("z", t(&[0], Vec::<i32>::new())),
+            ("l", tensor(&[4], vec![2i32, 3, 0, 1])),
+            ("z", tensor(&[0], Vec::<i32>::new())),
         ]);
         run(&ws, &op("LengthsToRanges", &["l"], &["r"], vec![])).unwrap();
-        assert_eq!(out(&ws, "r"), t(&[4, 2], vec![0i32, 2, 2, 3, 5, 0, 5, 1]));
+        assert_eq!(
+            out(&ws, "r"),
+            tensor(&[4, 2], vec![0i32, 2, 2, 3, 5, 0, 5, 1])
+        );
         run(&ws, &op("LengthsToRanges", &["z"], &["r"], vec![])).unwrap();
-        assert_eq!(out(&ws, "r"), t(&[0, 2], Vec::<i32>::new()));
+        assert_eq!(out(&ws, "r"), tensor(&[0, 2], Vec::<i32>::new()));
         // The last offset may be i32::MAX; only offsets that are written must fit.
-        ws.feed("m", BlobValue::Tensor(t(&[2], vec![i32::MAX, 1])));
+        ws.feed("m", BlobValue::Tensor(tensor(&[2], vec![i32::MAX, 1])));
         run(&ws, &op("LengthsToRanges", &["m"], &["r"], vec![])).unwrap();
-        assert_eq!(out(&ws, "r"), t(&[2, 2], vec![0, i32::MAX, i32::MAX, 1]));
+        assert_eq!(
+            out(&ws, "r"),
+            tensor(&[2, 2], vec![0, i32::MAX, i32::MAX, 1])
+        );
         let bad: [(Tensor, ErrorKind); 4] = [
-            (t(&[1, 2], vec![1i32, 2]), ErrorKind::Shape),
-            (t(&[2], vec![1i64, 2]), ErrorKind::Type),
-            (t(&[2], vec![1i32, -2]), ErrorKind::InvalidArgument),
-            (t(&[3], vec![i32::MAX, 1, 1]), ErrorKind::InvalidArgument),
+            (tensor(&[1, 2], vec![1i32, 2]), ErrorKind::Shape),
+            (tensor(&[2], vec![1i64, 2]), ErrorKind::Type),
+            (tensor(&[2], vec![1i32, -2]), ErrorKind::InvalidArgument),
+            (
+                tensor(&[3], vec![i32::MAX, 1, 1]),
+                ErrorKind::InvalidArgument,
+            ),
         ];
         for (x, kind) in bad {
             ws.feed("b", BlobValue::Tensor(x));
@@ -1475,23 +1468,23 @@ mod tests {
 
     #[test]
     fn scatter_assign_rows() {
-        let data = t(&[4, 2], vec![0.0f32; 8]);
-        let slices = t(&[3, 2], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]);
-        let (ws, r) = scatter(data.clone(), t(&[3], vec![3i64, 1, 3]), slices.clone());
+        let data = tensor(&[4, 2], vec![0.0f32; 8]);
+        let slices = tensor(&[3, 2], vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        let (ws, r) = scatter(data.clone(), tensor(&[3], vec![3i64, 1, 3]), slices.clone());
         r.unwrap();
         assert_eq!(
             out(&ws, "d"),
-            t(&[4, 2], vec![0.0f32, 0.0, 3.0, 4.0, 0.0, 0.0, 5.0, 6.0]),
+            tensor(&[4, 2], vec![0.0f32, 0.0, 3.0, 4.0, 0.0, 0.0, 5.0, 6.0]),
             "last duplicate wins"
         );
         // int32 indices, int64 data, slices of another shape with the right count.
         let (ws, r) = scatter(
-            t(&[3], vec![0i64; 3]),
-            t(&[1, 2], vec![2i32, 0]),
-            t(&[2], vec![7i64, 8]),
+            tensor(&[3], vec![0i64; 3]),
+            tensor(&[1, 2], vec![2i32, 0]),
+            tensor(&[2], vec![7i64, 8]),
         );
         r.unwrap();
-        assert_eq!(out(&ws, "d"), t(&[3], vec![8i64, 0, 7]));
+        assert_eq!(out(&ws, "d"), tensor(&[3], vec![8i64, 0, 7]));
         // A DATA tensor that is not in standard layout is handled in logical order.
         let transposed = Tensor::from(
             ArrayD::from_shape_vec(IxDyn(&[2, 3]), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
@@ -1500,41 +1493,41 @@ mod tests {
         );
         let (ws, r) = scatter(
             transposed,
-            t(&[1], vec![1i32]),
-            t(&[1, 2], vec![9.0f64, 9.5]),
+            tensor(&[1], vec![1i32]),
+            tensor(&[1, 2], vec![9.0f64, 9.5]),
         );
         r.unwrap();
         assert_eq!(
             out(&ws, "d"),
-            t(&[3, 2], vec![1.0f64, 4.0, 9.0, 9.5, 3.0, 6.0])
+            tensor(&[3, 2], vec![1.0f64, 4.0, 9.0, 9.5, 3.0, 6.0])
         );
         // Every DATA dtype Caffe2 supports on the CPU.
         let (ws, r) = scatter(
-            t(&[2], vec![0u8, 0]),
-            t(&[1], vec![1i32]),
-            t(&[1], vec![5u8]),
+            tensor(&[2], vec![0u8, 0]),
+            tensor(&[1], vec![1i32]),
+            tensor(&[1], vec![5u8]),
         );
         r.unwrap();
-        assert_eq!(out(&ws, "d"), t(&[2], vec![0u8, 5]));
+        assert_eq!(out(&ws, "d"), tensor(&[2], vec![0u8, 5]));
         let (ws, r) = scatter(
-            t(&[2], vec![0i32, 0]),
-            t(&[0], Vec::<i32>::new()),
-            t(&[0], Vec::<i32>::new()),
+            tensor(&[2], vec![0i32, 0]),
+            tensor(&[0], Vec::<i32>::new()),
+            tensor(&[0], Vec::<i32>::new()),
         );
         r.unwrap();
-        assert_eq!(out(&ws, "d"), t(&[2], vec![0i32, 0]));
+        assert_eq!(out(&ws, "d"), tensor(&[2], vec![0i32, 0]));
     }
 
     #[test]
     fn scatter_assign_checks_indices() {
-        let data = t(&[2, 2], vec![1.0f32, 2.0, 3.0, 4.0]);
+        let data = tensor(&[2, 2], vec![1.0f32, 2.0, 3.0, 4.0]);
         for idx in [
-            t(&[2], vec![0i64, 2]),
-            t(&[1], vec![-1i64]),
-            t(&[1], vec![2i32]),
+            tensor(&[2], vec![0i64, 2]),
+            tensor(&[1], vec![-1i64]),
+            tensor(&[1], vec![2i32]),
         ] {
             let n = idx.numel();
-            let (ws, r) = scatter(data.clone(), idx, t(&[n, 2], vec![9.0f32; 2 * n]));
+            let (ws, r) = scatter(data.clone(), idx, tensor(&[n, 2], vec![9.0f32; 2 * n]));
             let e = r.unwrap_err();
             assert_eq!(
                 kind_blob(&e),
@@ -1545,9 +1538,9 @@ mod tests {
         }
         // An empty first dim makes every index out of range.
         let (_, r) = scatter(
-            t(&[0, 2], Vec::<f32>::new()),
-            t(&[1], vec![0i64]),
-            t(&[2], vec![1.0f32, 2.0]),
+            tensor(&[0, 2], Vec::<f32>::new()),
+            tensor(&[1], vec![0i64]),
+            tensor(&[2], vec![1.0f32, 2.0]),
         );
         assert_eq!(
             kind_blob(&r.unwrap_err()),
@@ -1557,47 +1550,47 @@ mod tests {
 
     #[test]
     fn scatter_assign_type_and_shape_errors() {
-        let data = t(&[2, 2], vec![0.0f32; 4]);
+        let data = tensor(&[2, 2], vec![0.0f32; 4]);
         let cases: [(Tensor, Tensor, Tensor, ErrorKind, &str); 6] = [
             (
                 data.clone(),
-                t(&[1], vec![0i64]),
-                t(&[3], vec![1.0f32; 3]),
+                tensor(&[1], vec![0i64]),
+                tensor(&[3], vec![1.0f32; 3]),
                 ErrorKind::Shape,
                 "s",
             ),
             (
                 data.clone(),
-                t(&[1], vec![0i64]),
-                t(&[2], vec![1.0f64; 2]),
+                tensor(&[1], vec![0i64]),
+                tensor(&[2], vec![1.0f64; 2]),
                 ErrorKind::Type,
                 "s",
             ),
             (
                 data.clone(),
-                t(&[1], vec![0.0f32]),
-                t(&[2], vec![1.0f32; 2]),
+                tensor(&[1], vec![0.0f32]),
+                tensor(&[2], vec![1.0f32; 2]),
                 ErrorKind::Type,
                 "i",
             ),
             (
-                t(&[2], vec![true, false]),
-                t(&[1], vec![0i64]),
-                t(&[1], vec![true]),
+                tensor(&[2], vec![true, false]),
+                tensor(&[1], vec![0i64]),
+                tensor(&[1], vec![true]),
                 ErrorKind::Type,
                 "d",
             ),
             (
                 Tensor::scalar(1.0f32),
-                t(&[1], vec![0i64]),
-                t(&[1], vec![1.0f32]),
+                tensor(&[1], vec![0i64]),
+                tensor(&[1], vec![1.0f32]),
                 ErrorKind::Shape,
                 "d",
             ),
             (
-                t(&[2], strs(&["a", "b"])),
-                t(&[1], vec![0i64]),
-                t(&[1], strs(&["c"])),
+                tensor(&[2], strs(&["a", "b"])),
+                tensor(&[1], vec![0i64]),
+                tensor(&[1], strs(&["c"])),
                 ErrorKind::Type,
                 "d",
             ),
@@ -1610,8 +1603,8 @@ mod tests {
         // In place is enforced by the schema.
         let ws = ws_with(&[
             ("d", data.clone()),
-            ("i", t(&[1], vec![0i64])),
-            ("s", t(&[2], vec![1.0f32; 2])),
+            ("i", tensor(&[1], vec![0i64])),
+            ("s", tensor(&[2], vec![1.0f32; 2])),
         ]);
         let e = build_err(&ws, &op("ScatterAssign", &["d", "i", "s"], &["o"], vec![]));
         assert!(
@@ -1634,101 +1627,115 @@ mod tests {
 
     #[test]
     fn concat_along_an_axis() {
-        let a = t(&[2, 1], vec![1i32, 2]);
-        let b = t(&[2, 2], vec![3i32, 4, 5, 6]);
+        let a = tensor(&[2, 1], vec![1i32, 2]);
+        let b = tensor(&[2, 2], vec![3i32, 4, 5, 6]);
         let (y, s) = concat(&[("a", a.clone()), ("b", b.clone())], vec![]).unwrap();
         assert_eq!(
             y,
-            t(&[2, 3], vec![1i32, 3, 4, 2, 5, 6]),
+            tensor(&[2, 3], vec![1i32, 3, 4, 2, 5, 6]),
             "axis 1 by default"
         );
-        assert_eq!(s, t(&[2], vec![1i32, 2]));
-        let (y, _) = concat(&[("a", a.clone()), ("b", b.clone())], vec![a_i("axis", -1)]).unwrap();
-        assert_eq!(y, t(&[2, 3], vec![1i32, 3, 4, 2, 5, 6]));
-        let (y, s) = concat(
-            &[("b", b.clone()), ("c", t(&[1, 2], vec![7i32, 8]))],
-            vec![a_i("axis", 0)],
+        assert_eq!(s, tensor(&[2], vec![1i32, 2]));
+        let (y, _) = concat(
+            &[("a", a.clone()), ("b", b.clone())],
+            vec![int_arg("axis", -1)],
         )
         .unwrap();
-        assert_eq!(y, t(&[3, 2], vec![3i32, 4, 5, 6, 7, 8]));
-        assert_eq!(s, t(&[2], vec![2i32, 1]));
-        let (y, s) = concat(&[("a", t(&[2], strs(&["x", "y"])))], vec![a_i("axis", 0)]).unwrap();
-        assert_eq!((y, s), (t(&[2], strs(&["x", "y"])), t(&[1], vec![2i32])));
+        assert_eq!(y, tensor(&[2, 3], vec![1i32, 3, 4, 2, 5, 6]));
+        let (y, s) = concat(
+            &[("b", b.clone()), ("c", tensor(&[1, 2], vec![7i32, 8]))],
+            vec![int_arg("axis", 0)],
+        )
+        .unwrap();
+        assert_eq!(y, tensor(&[3, 2], vec![3i32, 4, 5, 6, 7, 8]));
+        assert_eq!(s, tensor(&[2], vec![2i32, 1]));
+        let (y, s) = concat(
+            &[("a", tensor(&[2], strs(&["x", "y"])))],
+            vec![int_arg("axis", 0)],
+        )
+        .unwrap();
+        assert_eq!(
+            (y, s),
+            (tensor(&[2], strs(&["x", "y"])), tensor(&[1], vec![2i32]))
+        );
         // add_axis stacks along a new axis.
-        let p = t(&[2], vec![1.0f32, 2.0]);
-        let q = t(&[2], vec![3.0f32, 4.0]);
+        let p = tensor(&[2], vec![1.0f32, 2.0]);
+        let q = tensor(&[2], vec![3.0f32, 4.0]);
         let (y, s) = concat(
             &[("p", p.clone()), ("q", q.clone())],
-            vec![a_i("axis", 1), a_i("add_axis", 1)],
+            vec![int_arg("axis", 1), int_arg("add_axis", 1)],
         )
         .unwrap();
         assert_eq!(
             (y, s),
             (
-                t(&[2, 2], vec![1.0f32, 3.0, 2.0, 4.0]),
-                t(&[2], vec![1i32, 1])
+                tensor(&[2, 2], vec![1.0f32, 3.0, 2.0, 4.0]),
+                tensor(&[2], vec![1i32, 1])
             )
         );
         let (y, _) = concat(
             &[("p", p), ("q", q)],
-            vec![a_i("axis", 0), a_i("add_axis", 1)],
+            vec![int_arg("axis", 0), int_arg("add_axis", 1)],
         )
         .unwrap();
-        assert_eq!(y, t(&[2, 2], vec![1.0f32, 2.0, 3.0, 4.0]));
+        assert_eq!(y, tensor(&[2, 2], vec![1.0f32, 2.0, 3.0, 4.0]));
         let (y, _) = concat(
             &[("p", Tensor::scalar(1u8)), ("q", Tensor::scalar(2u8))],
-            vec![a_i("axis", 0), a_i("add_axis", 1)],
+            vec![int_arg("axis", 0), int_arg("add_axis", 1)],
         )
         .unwrap();
-        assert_eq!(y, t(&[2], vec![1u8, 2]));
+        assert_eq!(y, tensor(&[2], vec![1u8, 2]));
         // order NHWC joins along axis 3.
-        let n1 = t(&[1, 1, 1, 2], vec![1i64, 2]);
-        let n2 = t(&[1, 1, 1, 1], vec![3i64]);
-        let (y, s) = concat(&[("n1", n1), ("n2", n2)], vec![a_s("order", "NHWC")]).unwrap();
+        let n1 = tensor(&[1, 1, 1, 2], vec![1i64, 2]);
+        let n2 = tensor(&[1, 1, 1, 1], vec![3i64]);
+        let (y, s) = concat(&[("n1", n1), ("n2", n2)], vec![string_arg("order", "NHWC")]).unwrap();
         assert_eq!(
             (y, s),
-            (t(&[1, 1, 1, 3], vec![1i64, 2, 3]), t(&[2], vec![2i32, 1]))
+            (
+                tensor(&[1, 1, 1, 3], vec![1i64, 2, 3]),
+                tensor(&[2], vec![2i32, 1])
+            )
         );
     }
 
     #[test]
     fn concat_errors() {
-        let a = t(&[2, 1], vec![1i32, 2]);
+        let a = tensor(&[2, 1], vec![1i32, 2]);
         type Case<'a> = (Vec<(&'a str, Tensor)>, Vec<Argument>, ErrorKind, &'a str);
         let cases: [Case<'_>; 6] = [
             (
-                vec![("a", a.clone()), ("b", t(&[2, 1], vec![1i64, 2]))],
+                vec![("a", a.clone()), ("b", tensor(&[2, 1], vec![1i64, 2]))],
                 vec![],
                 ErrorKind::Type,
                 "b",
             ),
             (
-                vec![("a", a.clone()), ("b", t(&[3, 1], vec![1i32, 2, 3]))],
+                vec![("a", a.clone()), ("b", tensor(&[3, 1], vec![1i32, 2, 3]))],
                 vec![],
                 ErrorKind::Shape,
                 "b",
             ),
             (
-                vec![("a", a.clone()), ("b", t(&[2], vec![1i32, 2]))],
+                vec![("a", a.clone()), ("b", tensor(&[2], vec![1i32, 2]))],
                 vec![],
                 ErrorKind::Shape,
                 "b",
             ),
             (
                 vec![("a", a.clone()), ("b", a.clone())],
-                vec![a_i("axis", 2)],
+                vec![int_arg("axis", 2)],
                 ErrorKind::InvalidArgument,
                 "a",
             ),
             (
                 vec![("a", a.clone()), ("b", a.clone())],
-                vec![a_i("axis", -3)],
+                vec![int_arg("axis", -3)],
                 ErrorKind::InvalidArgument,
                 "a",
             ),
             (
                 vec![("a", Tensor::scalar(1i32)), ("b", Tensor::scalar(2i32))],
-                vec![a_i("axis", 0)],
+                vec![int_arg("axis", 0)],
                 ErrorKind::InvalidArgument,
                 "a",
             ),
@@ -1738,8 +1745,8 @@ mod tests {
             assert_eq!(kind_blob(&e), (kind, Some(blob)), "{e}");
         }
         let e = concat(
-            &[("a", a.clone()), ("b", t(&[2, 2], vec![0i32; 4]))],
-            vec![a_i("axis", 1), a_i("add_axis", 1)],
+            &[("a", a.clone()), ("b", tensor(&[2, 2], vec![0i32; 4]))],
+            vec![int_arg("axis", 1), int_arg("add_axis", 1)],
         )
         .unwrap_err();
         assert_eq!(kind_blob(&e), (ErrorKind::Shape, Some("b")));
@@ -1751,13 +1758,18 @@ mod tests {
                 "Concat",
                 &["a"],
                 &["y", "s"],
-                vec![a_i("axis", 0), a_s("order", "NCHW")],
+                vec![int_arg("axis", 0), string_arg("order", "NCHW")],
             ),
         );
         assert!(e.message.contains("both the axis"), "{e}");
         let e = build_err(
             &ws,
-            &op("Concat", &["a"], &["y", "s"], vec![a_s("order", "CHWN")]),
+            &op(
+                "Concat",
+                &["a"],
+                &["y", "s"],
+                vec![string_arg("order", "CHWN")],
+            ),
         );
         assert!(
             e.message.contains("unsupported storage order 'CHWN'"),
@@ -1765,7 +1777,7 @@ mod tests {
         );
         let e = build_err(
             &ws,
-            &op("Concat", &["a"], &["y", "s"], vec![a_s("axis", "1")]),
+            &op("Concat", &["a"], &["y", "s"], vec![string_arg("axis", "1")]),
         );
         assert!(e.message.contains("expected field i"), "{e}");
         let e = build_err(&ws, &op("Concat", &["a"], &["y"], vec![]));
@@ -1786,84 +1798,95 @@ mod tests {
     #[test]
     fn split_by_argument_input_or_equal_parts() {
         // [[0 1 2 3 4], [5 6 7 8 9]]
-        let x = t(&[2, 5], (0..10).collect::<Vec<i32>>());
+        let x = tensor(&[2, 5], (0..10).collect::<Vec<i32>>());
         // Axis 1 by default; sizes from the argument.
         let got = split(
             &[("x", x.clone())],
             &["a", "b"],
-            vec![a_ints("split", &[2, 3])],
+            vec![ints_arg("split", &[2, 3])],
         )
         .unwrap();
         assert_eq!(
             got,
             vec![
-                t(&[2, 2], vec![0, 1, 5, 6]),
-                t(&[2, 3], vec![2, 3, 4, 7, 8, 9])
+                tensor(&[2, 2], vec![0, 1, 5, 6]),
+                tensor(&[2, 3], vec![2, 3, 4, 7, 8, 9])
             ]
         );
         // Sizes from a second input; a zero size gives an empty part.
         let got = split(
-            &[("x", x.clone()), ("s", t(&[3], vec![4i32, 0, 1]))],
+            &[("x", x.clone()), ("s", tensor(&[3], vec![4i32, 0, 1]))],
             &["a", "b", "c"],
-            vec![a_i("axis", -1)],
+            vec![int_arg("axis", -1)],
         )
         .unwrap();
         assert_eq!(
             got,
             vec![
-                t(&[2, 4], vec![0, 1, 2, 3, 5, 6, 7, 8]),
-                t(&[2, 0], Vec::<i32>::new()),
-                t(&[2, 1], vec![4, 9])
+                tensor(&[2, 4], vec![0, 1, 2, 3, 5, 6, 7, 8]),
+                tensor(&[2, 0], Vec::<i32>::new()),
+                tensor(&[2, 1], vec![4, 9])
             ]
         );
         // Equal parts along axis 0; strings too.
-        let w = t(&[4], strs(&["a", "b", "c", "d"]));
-        let got = split(&[("w", w)], &["p", "q"], vec![a_i("axis", 0)]).unwrap();
+        let w = tensor(&[4], strs(&["a", "b", "c", "d"]));
+        let got = split(&[("w", w)], &["p", "q"], vec![int_arg("axis", 0)]).unwrap();
         assert_eq!(
             got,
-            vec![t(&[2], strs(&["a", "b"])), t(&[2], strs(&["c", "d"]))]
+            vec![
+                tensor(&[2], strs(&["a", "b"])),
+                tensor(&[2], strs(&["c", "d"]))
+            ]
         );
         // add_axis removes the axis: undoes Concat(add_axis=1).
         let got = split(
             &[("x", x.clone())],
             &["r0", "r1"],
-            vec![a_i("axis", 0), a_i("add_axis", 1)],
-        )
-        .unwrap();
-        assert_eq!(
-            got,
-            vec![t(&[5], vec![0, 1, 2, 3, 4]), t(&[5], vec![5, 6, 7, 8, 9])]
-        );
-        // NHWC splits along axis 3.
-        let n = t(&[1, 1, 1, 4], vec![1.0f64, 2.0, 3.0, 4.0]);
-        let got = split(
-            &[("n", n)],
-            &["u", "v"],
-            vec![a_s("order", "NHWC"), a_ints("split", &[3, 1])],
+            vec![int_arg("axis", 0), int_arg("add_axis", 1)],
         )
         .unwrap();
         assert_eq!(
             got,
             vec![
-                t(&[1, 1, 1, 3], vec![1.0f64, 2.0, 3.0]),
-                t(&[1, 1, 1, 1], vec![4.0f64])
+                tensor(&[5], vec![0, 1, 2, 3, 4]),
+                tensor(&[5], vec![5, 6, 7, 8, 9])
+            ]
+        );
+        // NHWC splits along axis 3.
+        let n = tensor(&[1, 1, 1, 4], vec![1.0f64, 2.0, 3.0, 4.0]);
+        let got = split(
+            &[("n", n)],
+            &["u", "v"],
+            vec![string_arg("order", "NHWC"), ints_arg("split", &[3, 1])],
+        )
+        .unwrap();
+        assert_eq!(
+            got,
+            vec![
+                tensor(&[1, 1, 1, 3], vec![1.0f64, 2.0, 3.0]),
+                tensor(&[1, 1, 1, 1], vec![4.0f64])
             ]
         );
     }
 
     #[test]
     fn split_then_concat_round_trips() {
-        let x = t(&[3, 4], (0..12).map(|v| v as f32).collect::<Vec<_>>());
+        let x = tensor(&[3, 4], (0..12).map(|v| v as f32).collect::<Vec<_>>());
         let ws = ws_with(&[("x", x.clone())]);
-        let args = || vec![a_i("axis", 1), a_ints("split", &[1, 3])];
+        let args = || vec![int_arg("axis", 1), ints_arg("split", &[1, 3])];
         run(&ws, &op("Split", &["x"], &["a", "b"], args())).unwrap();
         run(
             &ws,
-            &op("Concat", &["a", "b"], &["y", "info"], vec![a_i("axis", 1)]),
+            &op(
+                "Concat",
+                &["a", "b"],
+                &["y", "info"],
+                vec![int_arg("axis", 1)],
+            ),
         )
         .unwrap();
         assert_eq!(out(&ws, "y"), x);
-        assert_eq!(out(&ws, "info"), t(&[2], vec![1i32, 3]));
+        assert_eq!(out(&ws, "info"), tensor(&[2], vec![1i32, 3]));
         // The old names are the same ops.
         run(
             &ws,
@@ -1871,7 +1894,7 @@ mod tests {
                 "DepthSplit",
                 &["x", "info"],
                 &["c", "d"],
-                vec![a_i("axis", 1)],
+                vec![int_arg("axis", 1)],
             ),
         )
         .unwrap();
@@ -1881,7 +1904,7 @@ mod tests {
                 "DepthConcat",
                 &["c", "d"],
                 &["z", "info2"],
-                vec![a_i("axis", 1)],
+                vec![int_arg("axis", 1)],
             ),
         )
         .unwrap();
@@ -1890,7 +1913,7 @@ mod tests {
 
     #[test]
     fn split_errors_name_the_blob_and_leave_outputs_alone() {
-        let x = t(&[2, 5], (0..10).collect::<Vec<i32>>());
+        let x = tensor(&[2, 5], (0..10).collect::<Vec<i32>>());
         type Case<'a> = (
             Vec<(&'a str, Tensor)>,
             Vec<&'a str>,
@@ -1903,7 +1926,7 @@ mod tests {
             (
                 vec![("x", x.clone())],
                 vec!["a", "b"],
-                vec![a_ints("split", &[2, 2])],
+                vec![ints_arg("split", &[2, 2])],
                 ErrorKind::InvalidArgument,
                 "x",
             ),
@@ -1919,41 +1942,41 @@ mod tests {
             (
                 vec![("x", x.clone())],
                 vec!["a"],
-                vec![a_i("axis", 2)],
+                vec![int_arg("axis", 2)],
                 ErrorKind::InvalidArgument,
                 "x",
             ),
             (
                 vec![("x", x.clone())],
                 vec!["a"],
-                vec![a_i("axis", -3)],
+                vec![int_arg("axis", -3)],
                 ErrorKind::InvalidArgument,
                 "x",
             ),
             (
                 vec![("x", Tensor::scalar(1i32))],
                 vec!["a"],
-                vec![a_i("axis", 0)],
+                vec![int_arg("axis", 0)],
                 ErrorKind::InvalidArgument,
                 "x",
             ),
             // the sizes input: wrong dtype, wrong count, negative
             (
-                vec![("x", x.clone()), ("s", t(&[2], vec![2i64, 3]))],
+                vec![("x", x.clone()), ("s", tensor(&[2], vec![2i64, 3]))],
                 vec!["a", "b"],
                 vec![],
                 ErrorKind::Type,
                 "s",
             ),
             (
-                vec![("x", x.clone()), ("s", t(&[1], vec![5i32]))],
+                vec![("x", x.clone()), ("s", tensor(&[1], vec![5i32]))],
                 vec!["a", "b"],
                 vec![],
                 ErrorKind::InvalidArgument,
                 "s",
             ),
             (
-                vec![("x", x.clone()), ("s", t(&[2], vec![-1i32, 6]))],
+                vec![("x", x.clone()), ("s", tensor(&[2], vec![-1i32, 6]))],
                 vec!["a", "b"],
                 vec![],
                 ErrorKind::InvalidArgument,
@@ -1963,7 +1986,7 @@ mod tests {
             (
                 vec![("x", x.clone())],
                 vec!["a", "b", "c"],
-                vec![a_i("axis", 0), a_i("add_axis", 1)],
+                vec![int_arg("axis", 0), int_arg("add_axis", 1)],
                 ErrorKind::InvalidArgument,
                 "x",
             ),
@@ -1992,36 +2015,36 @@ mod tests {
             );
         }
         // Construction errors.
-        let ws = ws_with(&[("x", x.clone()), ("s", t(&[2], vec![2i32, 3]))]);
+        let ws = ws_with(&[("x", x.clone()), ("s", tensor(&[2], vec![2i32, 3]))]);
         let cases: Vec<(Vec<&str>, Vec<&str>, Vec<Argument>, &str)> = vec![
             (
                 vec!["x", "s"],
                 vec!["a", "b"],
-                vec![a_ints("split", &[2, 3])],
+                vec![ints_arg("split", &[2, 3])],
                 "do not pass in split",
             ),
             (
                 vec!["x"],
                 vec!["a", "b"],
-                vec![a_ints("split", &[5])],
+                vec![ints_arg("split", &[5])],
                 "should be equal to the number of outputs",
             ),
             (
                 vec!["x"],
                 vec!["a", "b"],
-                vec![a_ints("split", &[6, -1])],
+                vec![ints_arg("split", &[6, -1])],
                 "must be >= 0",
             ),
             (
                 vec!["x"],
                 vec!["a"],
-                vec![a_i("axis", 0), a_s("order", "NCHW")],
+                vec![int_arg("axis", 0), string_arg("order", "NCHW")],
                 "both the axis to split",
             ),
             (
                 vec!["x"],
                 vec!["a"],
-                vec![a_s("order", "HWCN")],
+                vec![string_arg("order", "HWCN")],
                 "unsupported storage order",
             ),
             (vec!["x"], vec![], vec![], "takes at least 1 outputs"),

@@ -5,7 +5,7 @@ use super::parquet::*;
 use super::writer::*;
 use super::*;
 use crate::ir::Argument;
-use crate::test_util::{get, int_arg, op, run, strs};
+use crate::test_util::{get, int_arg, ints_arg, op, run, string_arg, strings_arg, strs};
 use crate::workspace::Workspace;
 use ::parquet::basic::Compression;
 use ::parquet::data_type::ByteArray;
@@ -619,42 +619,20 @@ fn a_saved_reader_resumes_where_it_stood() {
 
 // ------------------------------------------------------------ ops --
 
-fn ints_arg(name: &str, v: &[i64]) -> Argument {
-    Argument {
-        name: Some(name.into()),
-        ints: v.to_vec(),
-        ..Default::default()
-    }
-}
-fn str_arg(name: &str, v: &str) -> Argument {
-    Argument {
-        name: Some(name.into()),
-        s: Some(v.as_bytes().to_vec()),
-        ..Default::default()
-    }
-}
-fn strs_arg(name: &str, v: &[&str]) -> Argument {
-    Argument {
-        name: Some(name.into()),
-        strings: v.iter().map(|s| s.as_bytes().to_vec()).collect(),
-        ..Default::default()
-    }
-}
-
 #[test]
 fn parquet_ops_read_reset_and_describe() {
     let s = Scratch::new();
     let p = s.path("a.parquet");
     sample(&p, 0, 10, 4, Compression::SNAPPY);
     let ws = Workspace::new();
-    let cols = strs_arg("columns", &["id", "items"]);
+    let cols = strings_arg("columns", &["id", "items"]);
     run(
         &ws,
         op(
             "ParquetSchema",
             &[],
             &["n", "t", "l"],
-            vec![str_arg("path", &p), cols.clone()],
+            vec![string_arg("path", &p), cols.clone()],
         ),
     )
     .unwrap();
@@ -672,7 +650,11 @@ fn parquet_ops_read_reset_and_describe() {
     );
 
     let create = |extra: Vec<Argument>| {
-        let mut a = vec![str_arg("path", &p), cols.clone(), int_arg("batch_size", 6)];
+        let mut a = vec![
+            string_arg("path", &p),
+            cols.clone(),
+            int_arg("batch_size", 6),
+        ];
         a.extend(extra);
         op("CreateParquetReader", &[], &["r"], a)
     };
@@ -947,12 +929,12 @@ fn writer_ops_write_a_schema_even_with_no_records() {
             "CreateParquetWriter",
             &[],
             &["w"],
-            vec![str_arg("path", &p)],
+            vec![string_arg("path", &p)],
         ),
     )
     .unwrap();
     let schema = vec![
-        strs_arg("fields", &["k", "l:lengths", "l:values"]),
+        strings_arg("fields", &["k", "l:lengths", "l:values"]),
         ints_arg("dtypes", &[10, 2, 1]),
     ];
     run(
@@ -967,7 +949,7 @@ fn writer_ops_write_a_schema_even_with_no_records() {
             "SetParquetWriterSchema",
             &["w"],
             &[],
-            vec![strs_arg("fields", &["k"]), ints_arg("dtypes", &[2])],
+            vec![strings_arg("fields", &["k"]), ints_arg("dtypes", &[2])],
         ),
     )
     .unwrap_err();
@@ -990,7 +972,7 @@ fn writer_ops_write_a_schema_even_with_no_records() {
             "CreateParquetWriter",
             &[],
             &["w2"],
-            vec![str_arg("path", &p), str_arg("compression", "gzip")],
+            vec![string_arg("path", &p), string_arg("compression", "gzip")],
         ),
     )
     .unwrap();
@@ -1004,7 +986,7 @@ fn writer_ops_write_a_schema_even_with_no_records() {
             "WriteParquetBatch",
             &["w2", "k"],
             &[],
-            vec![strs_arg("fields", &["key"])],
+            vec![strings_arg("fields", &["key"])],
         ),
     )
     .unwrap();
@@ -1014,7 +996,7 @@ fn writer_ops_write_a_schema_even_with_no_records() {
             "WriteParquetBatch",
             &["w2", "k"],
             &[],
-            vec![strs_arg("fields", &[])],
+            vec![strings_arg("fields", &[])],
         ),
     )
     .unwrap_err();
@@ -1282,7 +1264,7 @@ fn bad_npy_files_name_the_file() {
             "CreateNpyReader",
             &[],
             &["r"],
-            vec![strs_arg("paths", &[&good]), int_arg("batch_size", 2)],
+            vec![strings_arg("paths", &[&good]), int_arg("batch_size", 2)],
         ),
     )
     .unwrap();
