@@ -1,5 +1,5 @@
-"""The elementwise activation and math ops (ops/activation.rs, and Relu and
-Sigmoid of nn.rs for comparison) against numpy's expression of the same
+"""The elementwise activation and math ops (the table of ops/unary.rs: issue
+21's rows, and Relu and Sigmoid, issue 14's, for comparison) against numpy's expression of the same
 function, float32, in one process, alternating trials.
 
     PROFILE=release bash scripts/dev_build.sh

@@ -1,5 +1,5 @@
 """Float32 3x3 stride-1 convolutions (issue 15), which run on the Winograd
-F(2x2, 3x3) path (rust/core/src/ops/winograd.rs) when an image has at
+F(2x2, 3x3) path (rust/core/src/ops/conv/winograd.rs) when an image has at
 most 64 output pixels and the batch at least 256 tiles of 2x2 outputs: Conv, ConvGradient's dX, ConvTranspose and
 ConvTransposeGradient's dX, against the float64 numpy references of
 test_conv_ops (sums of strided slices, no im2col, no Winograd). The kernel
