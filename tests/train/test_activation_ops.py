@@ -1,8 +1,8 @@
 """Caffe2's activations and elementwise math ops (ops/unary.rs; PRelu in
 ops/activation.rs): forward values against numpy references written here
-(float32 and float64), every gradient against float64 central differences through gradient_checker
-(shapes from hypothesis), the gradient ops the makers add (Caffe2's inputs),
-in-place rules, shape inference and typed errors."""
+(float32 and float64), every gradient against float64 central differences
+through gradient_checker (shapes from hypothesis), the gradient ops the
+makers add (Caffe2's inputs), in-place rules, shape inference and typed errors."""
 
 import math
 
