@@ -51,8 +51,6 @@ pub(super) const FILLER_IGNORED: &[ArgDoc] = &[arg!(
     "a model-building mark on init ops; accepted and ignored"
 )];
 
-/// Input 0 and output 0 may be the same blob (the shape is read first).
-
 /// What the typed GivenTensor*Fill variants accept and ignore: as in Caffe2,
 /// their name fixes the dtype, and a `dtype` argument has no effect.
 const TYPED_GIVEN_IGNORED: &[ArgDoc] = &[

@@ -178,8 +178,8 @@ pub(crate) fn gemm<T: Float>(
     }
 }
 
-/// C (m x n, strides sc) = A (m x k, strides sa) * B (k x n, strides sb)
-/// + beta * C: the product every kernel calls. Split across the kernel
+/// C (m x n, strides sc) = A (m x k, strides sa) * B (k x n, strides
+/// sb) plus beta * C: the product every kernel calls. Split across the kernel
 /// pool by [`par_gemm`] when `split` (the caller's pool is otherwise idle)
 /// and the product is large, else [`gemm`] on the calling thread.
 #[allow(clippy::too_many_arguments)]

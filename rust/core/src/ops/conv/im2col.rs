@@ -7,6 +7,9 @@
 use super::window::*;
 use crate::num::Float;
 
+/// NCHW im2col of `cg` channels of one image (`x`), for the output lines
+/// (pairs of the first two output dims) `l0..l1`: a (cg * K) x
+/// ((l1 - l0) * last output dim) matrix.
 pub(crate) fn im2col_nchw_lines<T: Float>(
     g: &Geo,
     x: &[T],

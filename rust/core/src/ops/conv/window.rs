@@ -518,10 +518,6 @@ pub(crate) fn valid_range(n: usize, s: usize, off: isize, len: usize) -> (usize,
     (lo, hi.max(lo))
 }
 
-/// NCHW im2col of `cg` channels of one image (`x`), for the output lines
-/// (pairs of the first two output dims) `l0..l1`: a (cg * K) x
-/// ((l1 - l0) * last output dim) matrix.
-
 // ---------------------------------------------------------- shape checks --
 
 /// (N, C, spatial dims) of an image tensor in `order`.
