@@ -1,7 +1,14 @@
-//! The built-in operators, one family per file. Each file exposes
-//! `schemas()`, the single source of its ops' validation and docs, and, if
-//! it saves objects, `codecs()`; [`builtin_schemas`] and [`builtin_codecs`]
-//! list the families (`crate::builtins` registers them).
+//! The built-in operators, by concept: the file (or folder) of an op is
+//! named by what it is (`unary.rs`: every elementwise unary function;
+//! `loss.rs`, `fill.rs`, `matmul.rs`, `optim/` by rule family, `conv/`,
+//! `elementwise/`, ...; `docs/architecture.md` has the table). Each holds
+//! its ops' schemas beside their kernels and exposes `schemas()`, the
+//! single source of their validation and docs, and, if it saves objects,
+//! `codecs()`; [`builtin_schemas`] and [`builtin_codecs`] list the
+//! families (`crate::builtins`, the composition root, hands them to the
+//! registries). What families share comes from `kit.rs`, never from
+//! another family; `gemm.rs` is the matrix-product kernel they call. This
+//! file only lists them.
 
 use crate::operator::OpSchema;
 
