@@ -53,6 +53,52 @@ pub trait Number: Element + Copy + PartialOrd + std::fmt::Display + Send + Sync 
     fn is_zero(self) -> bool;
 }
 
+/// Cast's conversions and `of`, Rust's `as` for every primitive number.
+macro_rules! as_conversions {
+    ($t:ty) => {
+        #[inline]
+        fn of(v: f64) -> Self {
+            v as $t
+        }
+        #[inline]
+        fn of_wrapped(v: i64) -> Self {
+            v as $t
+        }
+        #[inline]
+        fn to_f64(self) -> f64 {
+            self as f64
+        }
+        #[inline]
+        fn to_f32(self) -> f32 {
+            self as f32
+        }
+        #[inline]
+        fn to_i32(self) -> i32 {
+            self as i32
+        }
+        #[inline]
+        fn to_i64(self) -> i64 {
+            self as i64
+        }
+        #[inline]
+        fn to_u8(self) -> u8 {
+            self as u8
+        }
+        #[inline]
+        fn to_i8(self) -> i8 {
+            self as i8
+        }
+        #[inline]
+        fn to_i16(self) -> i16 {
+            self as i16
+        }
+        #[inline]
+        fn to_u16(self) -> u16 {
+            self as u16
+        }
+    };
+}
+
 macro_rules! number_int {
     ($($t:ty),*) => {$(
         #[allow(clippy::unnecessary_cast)]
@@ -62,26 +108,7 @@ macro_rules! number_int {
             const ONE: Self = 1;
             const MIN_IDENTITY: Self = <$t>::MIN;
             const MAX_IDENTITY: Self = <$t>::MAX;
-            #[inline]
-            fn of(v: f64) -> Self { v as $t }
-            #[inline]
-            fn of_wrapped(v: i64) -> Self { v as $t }
-            #[inline]
-            fn to_f64(self) -> f64 { self as f64 }
-            #[inline]
-            fn to_f32(self) -> f32 { self as f32 }
-            #[inline]
-            fn to_i32(self) -> i32 { self as i32 }
-            #[inline]
-            fn to_i64(self) -> i64 { self as i64 }
-            #[inline]
-            fn to_u8(self) -> u8 { self as u8 }
-            #[inline]
-            fn to_i8(self) -> i8 { self as i8 }
-            #[inline]
-            fn to_i16(self) -> i16 { self as i16 }
-            #[inline]
-            fn to_u16(self) -> u16 { self as u16 }
+            as_conversions!($t);
             #[inline]
             fn to_bool(self) -> bool { self != 0 }
             #[inline]
@@ -107,26 +134,7 @@ macro_rules! number_float {
             const ONE: Self = 1.0;
             const MIN_IDENTITY: Self = <$t>::NEG_INFINITY;
             const MAX_IDENTITY: Self = <$t>::INFINITY;
-            #[inline]
-            fn of(v: f64) -> Self { v as $t }
-            #[inline]
-            fn of_wrapped(v: i64) -> Self { v as $t }
-            #[inline]
-            fn to_f64(self) -> f64 { self as f64 }
-            #[inline]
-            fn to_f32(self) -> f32 { self as f32 }
-            #[inline]
-            fn to_i32(self) -> i32 { self as i32 }
-            #[inline]
-            fn to_i64(self) -> i64 { self as i64 }
-            #[inline]
-            fn to_u8(self) -> u8 { self as u8 }
-            #[inline]
-            fn to_i8(self) -> i8 { self as i8 }
-            #[inline]
-            fn to_i16(self) -> i16 { self as i16 }
-            #[inline]
-            fn to_u16(self) -> u16 { self as u16 }
+            as_conversions!($t);
             #[inline]
             fn to_bool(self) -> bool { self != 0.0 }
             #[inline]
