@@ -50,6 +50,8 @@ pub trait Number: Element + Copy + PartialOrd + std::fmt::Display + Send + Sync 
     /// MIN`); kernels reject zero integer divisors before dividing, and a
     /// zero that gets here anyway gives 0 rather than a panic.
     fn wrapping_over(self, o: Self) -> Self;
+    /// `self + o`, or None when an integer sum overflows (floats: IEEE).
+    fn checked_plus(self, o: Self) -> Option<Self>;
     fn is_zero(self) -> bool;
 }
 
@@ -120,6 +122,8 @@ macro_rules! number_int {
             #[inline]
             fn wrapping_over(self, o: Self) -> Self { if o == 0 { 0 } else { self.wrapping_div(o) } }
             #[inline]
+            fn checked_plus(self, o: Self) -> Option<Self> { self.checked_add(o) }
+            #[inline]
             fn is_zero(self) -> bool { self == 0 }
         }
     )*};
@@ -145,6 +149,8 @@ macro_rules! number_float {
             fn wrapping_times(self, o: Self) -> Self { self * o }
             #[inline]
             fn wrapping_over(self, o: Self) -> Self { self / o }
+            #[inline]
+            fn checked_plus(self, o: Self) -> Option<Self> { Some(self + o) }
             #[inline]
             fn is_zero(self) -> bool { self == 0.0 }
         }
@@ -208,6 +214,9 @@ impl Number for f16 {
     }
     fn wrapping_over(self, o: Self) -> Self {
         self / o
+    }
+    fn checked_plus(self, o: Self) -> Option<Self> {
+        Some(self + o)
     }
     fn is_zero(self) -> bool {
         f16::to_f32(self) == 0.0

@@ -212,9 +212,7 @@ fn atomic_fetch_add(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         let m = mutex_of(cx)?;
         let _g = m.0.lock();
         let mut l = cx.lock();
-        fn add<T: crate::tensor::Element + Copy + num_add::CheckedAdd>(
-            l: &mut crate::operator::Locked<'_>,
-        ) -> Result<()> {
+        fn add<T: crate::num::Number>(l: &mut crate::operator::Locked<'_>) -> Result<()> {
             let a = l
                 .tensor(1)?
                 .scalar_value::<T>()
@@ -224,7 +222,7 @@ fn atomic_fetch_add(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
                 .scalar_value::<T>()
                 .map_err(|e| e.with_blob(l.input_name(2)))?;
             let sum = a
-                .checked_add(b)
+                .checked_plus(b)
                 .ok_or_else(|| Error::invalid_arg("AtomicFetchAdd overflowed"))?;
             l.set_output(0, Tensor::scalar(sum));
             l.set_output(1, Tensor::scalar(a));
@@ -237,22 +235,6 @@ fn atomic_fetch_add(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         }
         Ok(true)
     }))
-}
-
-mod num_add {
-    pub trait CheckedAdd: Sized {
-        fn checked_add(self, o: Self) -> Option<Self>;
-    }
-    impl CheckedAdd for i32 {
-        fn checked_add(self, o: Self) -> Option<Self> {
-            i32::checked_add(self, o)
-        }
-    }
-    impl CheckedAdd for i64 {
-        fn checked_add(self, o: Self) -> Option<Self> {
-            i64::checked_add(self, o)
-        }
-    }
 }
 
 fn timer_of(cx: &OpCx<'_>) -> Result<Arc<Timer>> {
