@@ -16,6 +16,7 @@ of a distributed session. The message names them too.
 from __future__ import annotations
 
 import errno as _errno
+import os as _os
 
 from google.protobuf.message import DecodeError as _DecodeError
 
@@ -129,11 +130,25 @@ class CancelledError(FerrocaffeError):
 
 
 class FerrocaffeIOError(FerrocaffeError, OSError):
-    """A file could not be read or written."""
+    """A file could not be read or written (``filename`` names it, as an
+    ``OSError``'s does)."""
+
+    def __init__(self, message: str = "", **context):
+        super().__init__(message, **context)
+        if self.filename is None and self.file is not None:
+            self.filename = self.file
 
 
 class MissingFileError(FerrocaffeIOError, FileNotFoundError):
-    """A file or db that does not exist (also a ``FileNotFoundError``)."""
+    """A file or db that does not exist (also a ``FileNotFoundError``;
+    ``errno`` is ``ENOENT``)."""
+
+    def __init__(self, message: str = "", **context):
+        super().__init__(message, **context)
+        if self.errno is None:
+            self.errno = _errno.ENOENT
+        if self.strerror is None:
+            self.strerror = _os.strerror(_errno.ENOENT)
 
 
 class ProtoDecodeError(InvalidPlanError, _DecodeError):
@@ -208,6 +223,7 @@ _BY_KIND = {
     "OperatorFailed": OperatorError,
     "Cancelled": CancelledError,
     "Io": FerrocaffeIOError,
+    "MissingFile": MissingFileError,  # an Io error whose file does not exist
     "CorruptCheckpoint": CorruptCheckpointError,
     "OutOfMemory": OutOfMemoryError,
     "Internal": InternalError,

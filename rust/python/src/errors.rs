@@ -19,7 +19,12 @@ pub(crate) fn to_py_err(py: Python<'_>, e: Error) -> PyErr {
         let module = ERRORS_MODULE
             .get_or_try_init(py, || py.import("ferrocaffe.errors").map(|m| m.unbind()))?;
         let classes = module.bind(py).getattr("_BY_KIND")?;
-        let cls = classes.get_item(e.kind.name())?;
+        let kind = if e.missing_file {
+            "MissingFile"
+        } else {
+            e.kind.name()
+        };
+        let cls = classes.get_item(kind)?;
         let kwargs = PyDict::new(py);
         let c = &e.context;
         kwargs.set_item("op", c.op_type.clone())?;

@@ -50,6 +50,9 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(storage::map_ferro, m)?)?;
     m.add_function(wrap_pyfunction!(storage::verify_db, m)?)?;
     m.add_function(wrap_pyfunction!(storage::db_exists, m)?)?;
+    m.add_function(wrap_pyfunction!(storage::db_info, m)?)?;
+    m.add_function(wrap_pyfunction!(storage::detect_db_type, m)?)?;
+    m.add_function(wrap_pyfunction!(storage::remove_db, m)?)?;
     m.add_function(wrap_pyfunction!(storage::registered_dbs, m)?)?;
     m.add_function(wrap_pyfunction!(storage::read_kv_db, m)?)?;
     m.add_function(wrap_pyfunction!(storage::write_kv_db, m)?)?;
