@@ -44,6 +44,7 @@ __all__ = [
     'CreateNet', 'RunInitNet', 'RunWarmup', 'RunNet', 'ParallelStep',
     'Synchronize', 'ConvertNetForDevice', 'ExtractPredictorNet',
     'GetCheckpointParams', 'FinalizeAfterCheckpoint', 'CheckpointSyncNet',
+    'CheckpointManager',
     'GetLearningRateBlobNames', 'AddBlobSync', 'AddDistributedBlobSync',
     'OptimizeGradientMemory', 'stripBlobName', 'CollectivesConcurrencyControl',
 ]
@@ -711,12 +712,32 @@ def _checkpoint_sync(model, blobs=None):
 
 
 def CheckpointSyncNet(model, blobs=None):
-    """``(init net, sync net)``: the net ``FinalizeAfterCheckpoint`` runs
-    (the first replica's blobs copied to the others, and broadcast from
-    shard 0 across shards), for a Job: run the init net (None on one
-    shard) once in the init group and the sync net after loading a
-    checkpoint (or at the start of every epoch)."""
-    return _checkpoint_sync(model, blobs)
+    """The net a data-parallel Job runs at the start of every epoch: it
+    (re)creates the model's common worlds (a resumed Job skips its init
+    group, and worlds are not in checkpoints), broadcasts the first
+    replica's blobs (``GetCheckpointParams``) from shard 0 to the other
+    shards and copies them to the other replicas, as
+    ``FinalizeAfterCheckpoint`` does after a load. So every replica of
+    every shard starts each epoch equal, whatever the checkpoint held and
+    however many replicas the resumed Job has."""
+    if blobs is None:
+        _, names = _ComputeBlobsToSync(model)
+    else:
+        names = [stripBlobName(b) for b in blobs]
+    prefix, devices = model._device_prefix, model._devices
+    net = core.Net('%s_epoch_sync' % model.net.Proto().name)
+    net.Proto().op.extend(op for op in model.param_init_net.Proto().op
+                          if op.type in ('CreateCommonWorld', 'CloneCommonWorld'))
+    rv = model._rendezvous
+    first = ['%s_%d/%s' % (prefix, devices[0], n) for n in sorted(names)]
+    if rv is not None and _num_shards(rv) > 1:
+        cw = _CreateOrCloneCommonWorld(net, 'epoch_sync_cw', rendezvous=rv)
+        for b in first:
+            net.Broadcast([cw, b], [b], engine=rv['engine'])
+    for name, b in zip(sorted(names), first):
+        for d in devices[1:]:
+            net.Copy(b, '%s_%d/%s' % (prefix, d, name))
+    return net
 
 
 def FinalizeAfterCheckpoint(model, blobs=None, cpu_mode=False):
@@ -1212,3 +1233,74 @@ def _CPUInterDeviceBatchNormalization(model):
         flush()
     del model.net.Proto().op[:]
     model.net.Proto().op.extend(out)
+
+
+# ------------------------------------------------------------------- jobs --
+
+def _job_checkpoint_blobs(model):
+    """GetCheckpointParams, and what the init net makes outside the
+    replicas' scopes (the iteration mutex, constants), which a resumed Job
+    (no init group) needs too; common worlds are made again instead."""
+    names = {str(b) for b in GetCheckpointParams(model)}
+    prefix = model._device_prefix + '_'
+    for op in model.param_init_net.Proto().op:
+        if op.type in ('CreateCommonWorld', 'CloneCommonWorld'):
+            continue
+        names.update(o for o in op.output if not o.startswith(prefix))
+    return sorted(names)
+
+
+def CheckpointManager(models, db_prefix, db_type='ferro', metadata_handler=None):
+    """A checkpoint manager for a data-parallel Job whose nodes each train
+    a shard: ``models`` is ``{node name: its model}`` (Parallelize with
+    ``rendezvous['shard_id']``; one node and ``rendezvous=None`` for one
+    machine). The node of shard 0 saves ``GetCheckpointParams(model)``, one
+    copy of the parameters and optimizer state and the iteration counter;
+    Every model's node saves ``GetCheckpointParams(model)``: one copy of
+    the parameters, the optimizer's state and the iteration counter (the
+    first replica's), not one per replica, and the few blobs its init net
+    makes outside the replicas (the iteration's mutex, constants). The Job runs
+    ``CheckpointSyncNet(model)`` at the start of every epoch, which
+    broadcasts shard 0's copy and copies it to every replica: so a Job
+    resumes exactly, and with another number of replicas per node too.
+    Nodes without a model (the Job's own) are checkpointed whole."""
+    from .checkpoint import manager as _manager
+
+    names = {str(node): _job_checkpoint_blobs(model)
+             for node, model in models.items()}
+
+    class _Fixed(_manager.CheckpointManager):
+        def __init__(self, blob_names, **kwargs):
+            _manager.CheckpointManager.__init__(self, **kwargs)
+            self._fixed = list(blob_names)
+
+        def init(self, nodes=None, retrieve_from_epoch=None, path_prefix=None,
+                 path_type=None):
+            # The same list from scratch and when resuming (its names do
+            # not depend on the number of replicas).
+            from .net_builder import ops
+            from .task import Task
+            with Task(outputs=[self._blob_names]) as task:
+                ops.GivenTensorStringFill([], [self._blob_names],
+                                          shape=[len(self._fixed)],
+                                          values=self._fixed)
+            self._names_output = task.outputs()[0]
+            return task
+
+    class _Manager(_manager.MultiNodeCheckpointManager):
+        def _create_managers(self, nodes):
+            from .task import Node
+            self._node_managers = []
+            for node in nodes:
+                kwargs = dict(db_prefix=self._db_prefix, node_name=str(node),
+                              db_type=self._db_type, _names_blob='%s/%s' % (
+                                  node, _manager.CheckpointManager.BLOB_NAMES))
+                with Node(node):
+                    # A node without a model (the Job's own 'local' node)
+                    # is checkpointed whole, as usual.
+                    manager = (_Fixed(names[str(node)], **kwargs)
+                               if str(node) in names else
+                               _manager.CheckpointManager(**kwargs))
+                    self._node_managers.append((node, manager))
+
+    return _Manager(db_prefix, db_type, metadata_handler)
