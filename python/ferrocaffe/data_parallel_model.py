@@ -989,7 +989,8 @@ def _param_shape(model, param):
 def _BroadcastComputedParams(devices, model, rendezvous):
     if len(devices) == 1:
         return
-    if rendezvous is not None and _num_shards(rendezvous) > 1:
+    if (rendezvous is not None and _num_shards(rendezvous) > 1
+            and model._computed_param_names):
         log.warning('data_parallel_model: computed params are copied between '
                     'replicas, not broadcast across shards (as in Caffe2)')
     for name in model._computed_param_names:
