@@ -179,8 +179,8 @@ def main(argv=None):
     import ray
     from ferrocaffe.distributed import RaySession
     procs = []
+    address = args.ray_address
     try:
-        address = args.ray_address
         if address is None:
             address, procs = start_ray_nodes()
         deadline = time.time() + 90
@@ -230,6 +230,16 @@ def main(argv=None):
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        if procs:
+            # `ray start` records its cluster for later ray.init() calls to
+            # join; ours is gone, so is the record (as `ray stop` does).
+            record = os.path.join(tempfile.gettempdir(), 'ray', 'ray_current_cluster')
+            try:
+                with open(record) as f:
+                    if f.read().strip() == address:
+                        os.unlink(record)
+            except OSError:
+                pass
 
 
 if __name__ == '__main__':

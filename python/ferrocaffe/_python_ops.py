@@ -10,11 +10,13 @@ from files or bytes). Trust is by SHA-256 of the pickled bytes."""
 from __future__ import annotations
 
 import hashlib
+import importlib
 import itertools
 import pickle
 import threading
 
-from . import errors
+from . import _core, errors
+from .proto import caffe2_pb2
 from .workspace import Workspace
 
 _lock = threading.Lock()
@@ -95,10 +97,6 @@ def build_named(spec: str, op_def: bytes):
     """The kernel of one instance of an op type implemented in Python
     (``register_op_type``): ``module.function(op_def)``, with the op's
     ``OperatorDef`` message, returns ``f(inputs, outputs, context)``."""
-    import importlib
-
-    from .proto import caffe2_pb2
-
     module, _, function = spec.partition(":")
     op = caffe2_pb2.OperatorDef()
     op.ParseFromString(bytes(op_def))
@@ -125,8 +123,6 @@ def register_op_type(name: str, builder, inputs=(0, None), outputs=(0, None),
     ``inplace`` is ``'never'``, ``'allow'``, ``'same'`` (input i is output
     i) or ``'shift1'`` (input i+1 is output i).
     """
-    from . import _core
-
     if callable(builder):
         spec = f"{builder.__module__}:{builder.__qualname__}"
         if "<" in spec or builder.__module__ == "__main__":

@@ -29,9 +29,12 @@ import os
 import warnings
 from collections import OrderedDict
 
-from . import core, model_helper, scope, workspace
+from . import core, errors, model_helper, scope, utils, workspace
 from . import collective  # noqa: F401  (the collective op types' kernels)
+from .checkpoint import manager as _manager
+from .net_builder import ops as _ops
 from .proto import caffe2_pb2
+from .task import Node as _Node, Task as _Task
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +77,6 @@ def _check_device_scope():
 
 def _set_device(model, cpu_device, ideep, shared_model):
     if not cpu_device or ideep:
-        from . import errors
         raise errors.InvalidArgumentError(
             'data_parallel_model: ferrocaffe runs on the CPU only; pass '
             'cpu_device=True (Parallelize_CPU) to train replicas on CPU '
@@ -1175,7 +1177,6 @@ def _CPUInterDeviceBatchNormalization(model):
     """``combine_spatial_bn``: SpatialBN and its gradient use the
     statistics of all the replicas' batches (``ChannelStats`` /
     ``ChannelBackpropStats`` per replica, summed, and ``num_batches``)."""
-    from . import utils
     n = len(model._devices)
     out, pending, bn_ops = [], [], []
     stats_sums, stats_sumsq = [], []
@@ -1265,8 +1266,6 @@ def CheckpointManager(models, db_prefix, db_type='ferro', metadata_handler=None)
     broadcasts shard 0's copy and copies it to every replica: so a Job
     resumes exactly, and with another number of replicas per node too.
     Nodes without a model (the Job's own) are checkpointed whole."""
-    from .checkpoint import manager as _manager
-
     names = {str(node): _job_checkpoint_blobs(model)
              for node, model in models.items()}
 
@@ -1279,10 +1278,8 @@ def CheckpointManager(models, db_prefix, db_type='ferro', metadata_handler=None)
                  path_type=None):
             # The same list from scratch and when resuming (its names do
             # not depend on the number of replicas).
-            from .net_builder import ops
-            from .task import Task
-            with Task(outputs=[self._blob_names]) as task:
-                ops.GivenTensorStringFill([], [self._blob_names],
+            with _Task(outputs=[self._blob_names]) as task:
+                _ops.GivenTensorStringFill([], [self._blob_names],
                                           shape=[len(self._fixed)],
                                           values=self._fixed)
             self._names_output = task.outputs()[0]
@@ -1290,13 +1287,12 @@ def CheckpointManager(models, db_prefix, db_type='ferro', metadata_handler=None)
 
     class _Manager(_manager.MultiNodeCheckpointManager):
         def _create_managers(self, nodes):
-            from .task import Node
             self._node_managers = []
             for node in nodes:
                 kwargs = dict(db_prefix=self._db_prefix, node_name=str(node),
                               db_type=self._db_type, _names_blob='%s/%s' % (
                                   node, _manager.CheckpointManager.BLOB_NAMES))
-                with Node(node):
+                with _Node(node):
                     # A node without a model (the Job's own 'local' node)
                     # is checkpointed whole, as usual.
                     manager = (_Fixed(names[str(node)], **kwargs)

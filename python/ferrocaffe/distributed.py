@@ -73,7 +73,7 @@ except ImportError as _exc:  # pragma: no cover - exercised in a subprocess test
     ) from _exc
 
 import ferrocaffe
-from ferrocaffe import _core, _python_ops, core, errors, workspace
+from ferrocaffe import _core, _python_ops, collective, core, errors, workspace
 from ferrocaffe.session import Session, _NodeIsolatedLocalSession
 from ferrocaffe.task import NODE_KWARGS, Cluster, check_node_kwargs
 
@@ -225,12 +225,10 @@ class _NodeActor(object):
     # hands every node the others' handles; a peer's message arrives here
     # on another of the actor's threads while the node's plan runs.
     def set_peers(self, session, peers):
-        from ferrocaffe import collective
         collective._set_peers(session, self._node, peers)
         return True
 
     def deliver(self, key, value):
-        from ferrocaffe import collective
         collective._deliver(key, value)
 
 

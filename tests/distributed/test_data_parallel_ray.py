@@ -32,8 +32,8 @@ SHARDS, DEVICES = 2, [0, 1]
 def cluster():
     if ray.is_initialized():
         ray.shutdown()
-    ctx = ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-                   _node_ip_address=LOOPBACK)
+    ctx = ray.init(address='local', num_cpus=2, include_dashboard=False,
+                   log_to_driver=False, _node_ip_address=LOOPBACK)
     yield ctx
     ray.shutdown()
 
