@@ -43,6 +43,8 @@ __all__ = [
     "OutOfMemoryError",
     "InternalError",
     "NodeFailedError",
+    "CollectiveError",
+    "CollectiveTimeoutError",
     "SessionClosedError",
     "OutputNotReadyError",
     "ConversionError",
@@ -185,6 +187,26 @@ class InternalError(FerrocaffeError):
 class NodeFailedError(FerrocaffeError):
     """A node of a distributed session could not be started, or its process
     died (the node's workspace is lost with it)."""
+
+
+class CollectiveError(FerrocaffeError, ConnectionError):
+    """A collective (``Allreduce``, ``Broadcast``, ``Allgather``,
+    ``Barrier``, or the meeting of ``CreateCommonWorld``) failed: a member
+    died or destroyed the common world. Besides the usual attributes it
+    names ``collective`` (the op type), ``common_world`` (its blob) and the
+    member at fault: ``node`` and ``rank``. A ``ConnectionError``, as Gloo's
+    ``IoError`` was an I/O failure."""
+
+    collective: str | None = None
+    common_world: str | None = None
+    rank: int | None = None
+    # The runtime adds the op, its index, the net and the step it ran in.
+    _wants_op_context = True
+
+
+class CollectiveTimeoutError(CollectiveError, TimeoutError):
+    """A member of a common world did not reach a collective within the
+    world's ``timeout_ms``; ``node`` and ``rank`` name it."""
 
 
 class SessionClosedError(FerrocaffeError, RuntimeError):
