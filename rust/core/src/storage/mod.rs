@@ -773,7 +773,7 @@ mod tests {
         let blob = |v: f32| {
             vec![(
                 "w".to_string(),
-                BlobValue::Tensor(Tensor::F32(ArrayD::from_elem(IxDyn(&[3]), v))),
+                BlobValue::Tensor(Tensor::F32(ArrayD::from_elem(IxDyn(&[3]), v).into())),
             )]
         };
         for t in ["ferro", "minidb", "leveldb"] {
