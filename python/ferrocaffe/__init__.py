@@ -58,6 +58,9 @@ _ALIASES = {
     "caffe2.python.hip_test_util": "ferrocaffe.hip_test_util",
     "caffe2.python.mkl_test_util": "ferrocaffe.mkl_test_util",
     "caffe2.python.cnn": "ferrocaffe.cnn",
+    "caffe2.python.data_parallel_model": "ferrocaffe.data_parallel_model",
+    "caffe2.python.dyndep": "ferrocaffe.dyndep",
+    "caffe2.python.rnn_cell": "ferrocaffe.rnn_cell",
     # Caffe2's compiled module (workspace.C there): a module holding the
     # attributes of ferrocaffe's workspace.C namespace.
     "caffe2.python._import_c_extension": "ferrocaffe.workspace:C",

@@ -10,11 +10,13 @@ from files or bytes). Trust is by SHA-256 of the pickled bytes."""
 from __future__ import annotations
 
 import hashlib
+import importlib
 import itertools
 import pickle
 import threading
 
-from . import errors
+from . import _core, errors
+from .proto import caffe2_pb2
 from .workspace import Workspace
 
 _lock = threading.Lock()
@@ -89,3 +91,45 @@ def build(token: str | None, pickled_builder: bytes | None, pass_workspace: bool
 
 def _wrap_workspace(core_ws):
     return Workspace._wrap(core_ws)
+
+
+def build_named(spec: str, op_def: bytes):
+    """The kernel of one instance of an op type implemented in Python
+    (``register_op_type``): ``module.function(op_def)``, with the op's
+    ``OperatorDef`` message, returns ``f(inputs, outputs, context)``."""
+    module, _, function = spec.partition(":")
+    op = caffe2_pb2.OperatorDef()
+    op.ParseFromString(bytes(op_def))
+    func = getattr(importlib.import_module(module), function)(op)
+    if not callable(func):
+        raise errors.InvalidArgumentError(
+            f"the builder {spec} of op type '{op.type}' returned "
+            f"{type(func).__name__}, which is not callable", op=op.type)
+    return func
+
+
+def register_op_type(name: str, builder, inputs=(0, None), outputs=(0, None),
+                     inplace: str = "never", args=(), doc: str = "") -> None:
+    """Registers op type ``name``, implemented in Python.
+
+    ``builder`` is a module-level function (or its ``"module:function"``
+    path): called with each op instance's ``OperatorDef``, it returns the
+    kernel ``f(inputs, outputs, context)`` (tensor wrappers as a ``Python``
+    op gets, and a ``_core.OpContext``: ``context.workspace``,
+    ``context.is_cancelled()``). Every process that runs the op must have
+    registered it (a Ray node imports the builder's module by its path).
+    ``inputs``/``outputs`` are ``(min, max)`` counts (``None``: no limit);
+    ``args`` lists the arguments as ``(name, type, default, doc)``;
+    ``inplace`` is ``'never'``, ``'allow'``, ``'same'`` (input i is output
+    i) or ``'shift1'`` (input i+1 is output i).
+    """
+    if callable(builder):
+        spec = f"{builder.__module__}:{builder.__qualname__}"
+        if "<" in spec or builder.__module__ == "__main__":
+            raise errors.InvalidArgumentError(
+                f"the builder of op type '{name}' must be a module-level function "
+                f"importable by its path, got {builder!r}", op=name)
+    else:
+        spec = str(builder)
+    _core.register_op_type(name, spec, tuple(inputs), tuple(outputs), inplace,
+                           [tuple(str(x) for x in a) for a in args], doc)

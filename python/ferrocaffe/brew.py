@@ -335,10 +335,11 @@ def spatial_bn(model, blob_in, blob_out, dim_in, init_scale=1.0, init_bias=0.0, 
     name = str(blob_out)
 
     def blob(suffix, value):
-        full = scope.CurrentNameScope() + name + "_" + suffix
         if model.init_params:
-            return model.param_init_net.ConstantFill([], full, shape=[dim_in], value=value)
-        return core.BlobReference(full)
+            # The net puts the output under the current name scope.
+            return model.param_init_net.ConstantFill([], name + "_" + suffix, shape=[dim_in],
+                                                     value=value)
+        return core.BlobReference(scope.CurrentNameScope() + name + "_" + suffix)
 
     scale, bias = blob("s", init_scale), blob("b", init_bias)
     rm, riv = blob("rm", 0.0), blob("riv", 1.0)

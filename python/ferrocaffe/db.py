@@ -1,9 +1,9 @@
 """Key-value dbs (Caffe2's ``C.create_db``, ``C.Mode``): the records of a
 db, written through transactions and read through cursors, as Caffe2's
 Python binding exposed its C++ ``DB`` classes. Every type of
-``registered_dbs()`` opens: ``minidb`` here in Python, the others
-(``leveldb``/``LevelDB``, ``ferro``) through the core's formats, read whole
-when opened and written whole, crash-safely, when the db is closed. A
+``registered_dbs()`` opens, through the core's formats (minidb, LevelDB and
+ferro are known in Rust only): read whole when opened and written whole,
+crash-safely, when the db is closed. A
 LevelDB keeps its keys sorted (a cursor walks them in that order, ``seek``
 finds the first key at or after the one given; a key put twice keeps its
 last value); a ``ferro`` db holds blobs, so its records are those a minidb
@@ -13,14 +13,14 @@ its name) and only such records can be written to it.
 A record is a key and a value, both bytes: a serialised ``BlobProto`` in
 the dbs ``Save`` writes, a serialised ``TensorProtos`` in the data dbs
 Caffe2's tools made (``utils.Caffe2TensorToNumpyArray`` converts each of
-its tensors). The minidb layout is Caffe2's: per record a native-endian
-int32 key length, an int32 value length, the key, the value.
+its tensors).
 
-Differences from Caffe2: a db opened for writing is written to a temporary
-file beside its path and renamed over it when closed (``close()``, or when
-the db object is dropped), so a reader never sees half a db; reading checks
-every length against the file and raises ``CorruptCheckpointError`` naming
-the file; paths that are not regular files (a FIFO) are refused at once.
+Differences from Caffe2: a db opened for writing is written when it is
+closed (``close()``, or when the db object is dropped), to a temporary file
+renamed over its path, so a reader never sees half a db (its records are
+held in memory until then); reading checks every length against the file
+and raises ``CorruptCheckpointError`` naming the file; paths that are not
+regular files (a FIFO) are refused at once.
 """
 
 from __future__ import annotations
@@ -28,18 +28,12 @@ from __future__ import annotations
 import bisect
 import enum
 import os
-import shutil
 import stat
-import struct
-import tempfile
 
 from . import _core
-from .errors import CorruptCheckpointError, FerrocaffeIOError, InvalidArgumentError, io_error
+from .errors import FerrocaffeIOError, InvalidArgumentError, io_error
 
 __all__ = ["Mode", "DB", "Cursor", "Transaction", "create_db", "open_regular"]
-
-_HEADER = struct.Struct("=ii")
-
 
 class Mode(enum.IntEnum):
     """How a db is opened (Caffe2's ``db::Mode``)."""
@@ -86,85 +80,44 @@ def _bytes(x, what):
 
 
 class Cursor:
-    """Walks the records of a db opened for reading, in file order."""
+    """Walks the records of a db opened for reading, in the db's order (a
+    LevelDB's keys are sorted, so ``seek`` finds the first key at or after
+    the one given; in other formats the first record with that key)."""
 
     def __init__(self, db: "DB"):
         self._db = db
+        self._records = db._records
+        self._sorted = db._type.lower() == "leveldb"
         self._at = 0
-        self._record = None
-        self.seek_to_first()
-
-    def _read(self) -> None:
-        data, path = self._db._data, self._db._path
-        if self._at >= len(data):
-            self._record = None
-            return
-        if self._at + _HEADER.size > len(data):
-            raise CorruptCheckpointError(
-                f"{path}: the minidb ends inside a record header at byte {self._at}", file=path)
-        klen, vlen = _HEADER.unpack_from(data, self._at)
-        start = self._at + _HEADER.size
-        if klen < 0 or vlen < 0 or start + klen + vlen > len(data):
-            raise CorruptCheckpointError(
-                f"{path}: the minidb record at byte {self._at} is truncated or has negative lengths",
-                file=path)
-        key = data[start:start + klen]
-        value = data[start + klen:start + klen + vlen]
-        self._record = (key, value, start + klen + vlen)
 
     def seek_to_first(self) -> None:
         self._at = 0
-        self._read()
 
     def seek(self, key) -> None:
-        """Moves to the first record whose key is ``key`` or later (minidb
-        is not sorted: the first record from the start with that key, else
-        past the end)."""
         key = _bytes(key, "key")
-        self.seek_to_first()
-        while self.valid() and self.key() != key:
-            self.next()
+        if self._sorted:
+            self._at = bisect.bisect_left([k for k, _ in self._records], key)
+            return
+        self._at = next((i for i, (k, _) in enumerate(self._records) if k == key),
+                        len(self._records))
+
+    def _record(self):
+        if self._at >= len(self._records):
+            raise InvalidArgumentError(f"{self._db._path}: the cursor is past the last record")
+        return self._records[self._at]
 
     def next(self) -> None:
-        if self._record is None:
-            raise InvalidArgumentError(f"{self._db._path}: the cursor is past the last record")
-        self._at = self._record[2]
-        self._read()
+        self._record()
+        self._at += 1
 
     def valid(self) -> bool:
-        return self._record is not None
+        return self._at < len(self._records)
 
     def key(self) -> bytes:
-        if self._record is None:
-            raise InvalidArgumentError(f"{self._db._path}: the cursor is past the last record")
-        return self._record[0]
+        return self._record()[0]
 
     def value(self) -> bytes:
-        if self._record is None:
-            raise InvalidArgumentError(f"{self._db._path}: the cursor is past the last record")
-        return self._record[1]
-
-
-class _RecordsCursor(Cursor):
-    """A cursor over records read whole from a core format (``_records``);
-    ``sorted_keys``: the format keeps its keys sorted (LevelDB), so ``seek``
-    finds the first key at or after the one given."""
-
-    def __init__(self, db: "DB", sorted_keys: bool):
-        self._sorted = sorted_keys
-        super().__init__(db)
-
-    def _read(self) -> None:
-        records = self._db._records
-        self._record = (*records[self._at], self._at + 1) if self._at < len(records) else None
-
-    def seek(self, key) -> None:
-        key = _bytes(key, "key")
-        if not self._sorted:
-            Cursor.seek(self, key)
-            return
-        self._at = bisect.bisect_left([k for k, _ in self._db._records], key)
-        self._read()
+        return self._record()[1]
 
 
 class Transaction:
@@ -177,11 +130,14 @@ class Transaction:
         self._db._put(_bytes(key, "key"), _bytes(value, "value"))
 
     def commit(self) -> None:
-        self._db._flush()
+        self._db._check_writable()
 
 
 class DB:
-    """A db opened for reading or writing (``create_db``)."""
+    """A db opened for reading or writing (``create_db``). Its records are
+    read whole when it is opened, and written whole, crash-safely, when it
+    is closed: the formats themselves are the core's (storage::read_kv,
+    storage::write_kv), known in Rust only."""
 
     def __init__(self, db_type: str, source, mode: Mode):
         if db_type not in _core.registered_dbs():
@@ -191,67 +147,30 @@ class DB:
         self._type = db_type
         self._path = os.fspath(source)
         self._mode = Mode(mode)
-        self._file = None
-        self._tmp = None
-        # A db of a core format (not minidb): its records, read whole for
-        # reading, or gathered until close for writing (``_open`` while
-        # not yet written).
-        self._records: list[tuple[bytes, bytes]] | None = None
-        self._open = False
-        if db_type != "minidb":
-            if self._mode == Mode.read:
-                self._records = [(bytes(k), bytes(v))
-                                 for k, v in _core.read_kv_db(self._path, db_type)]
-                return
+        self._open = self._mode != Mode.read
+        if self._mode == Mode.read:
+            self._records = [(bytes(k), bytes(v)) for k, v in _core.read_kv_db(self._path, db_type)]
+        elif self._mode == Mode.write and _core.db_exists(self._path, db_type):
             # Mode.write adds to an existing db, as Caffe2's did; Mode.new
             # starts over.
-            self._records = []
-            if self._mode == Mode.write and _core.db_exists(self._path, db_type):
-                self._records = list(_core.read_kv_db(self._path, db_type))
-            self._open = True
-            return
-        if self._mode == Mode.read:
-            with open_regular(self._path) as f:
-                self._data = f.read()
+            self._records = [(bytes(k), bytes(v)) for k, v in _core.read_kv_db(self._path, db_type)]
         else:
-            folder = os.path.dirname(os.path.abspath(self._path))
-            fd, self._tmp = tempfile.mkstemp(
-                prefix="." + os.path.basename(self._path) + ".tmp-ferrocaffe-", dir=folder)
-            self._file = os.fdopen(fd, "wb")
-            if self._mode == Mode.write and os.path.exists(self._path):
-                # Mode.write appends to an existing db, as Caffe2's minidb
-                # did (Mode.new starts over); the records written so far are
-                # copied into the new file, which replaces the old at close.
-                with open_regular(self._path) as old:
-                    shutil.copyfileobj(old, self._file)
+            self._records = []
 
     def _check_writable(self) -> None:
         if self._mode == Mode.read:
             raise InvalidArgumentError(
                 f"{self._path}: the db is open for reading, not writing")
-        if self._file is None and not self._open:
+        if not self._open:
             raise InvalidArgumentError(f"{self._path}: the db is closed")
 
     def _put(self, key: bytes, value: bytes) -> None:
         self._check_writable()
-        if self._file is None:
-            assert self._records is not None
-            self._records.append((key, value))
-            return
-        self._file.write(_HEADER.pack(len(key), len(value)))
-        self._file.write(key)
-        self._file.write(value)
-
-    def _flush(self) -> None:
-        self._check_writable()
-        if self._file is not None:
-            self._file.flush()
+        self._records.append((key, value))
 
     def new_cursor(self) -> Cursor:
         if self._mode != Mode.read:
             raise InvalidArgumentError(f"{self._path}: the db is open for writing, not reading")
-        if self._records is not None:
-            return _RecordsCursor(self, sorted_keys=self._type.lower() == "leveldb")
         return Cursor(self)
 
     def new_transaction(self) -> Transaction:
@@ -259,21 +178,12 @@ class DB:
         return Transaction(self)
 
     def close(self) -> None:
-        """Closes the db; one open for writing gets its final name now."""
+        """Closes the db; one open for writing is written now, under its
+        final name."""
         if self._open:
             self._open = False
-            records, self._records = self._records or [], None
+            records, self._records = self._records, []
             _core.write_kv_db(self._path, self._type, records)
-            return
-        f, self._file = self._file, None
-        if f is None:
-            return
-        try:
-            f.flush()
-            os.fsync(f.fileno())
-        finally:
-            f.close()
-        os.replace(self._tmp, self._path)
 
     def __del__(self):
         try:

@@ -73,7 +73,7 @@ except ImportError as _exc:  # pragma: no cover - exercised in a subprocess test
     ) from _exc
 
 import ferrocaffe
-from ferrocaffe import _core, _python_ops, core, errors, workspace
+from ferrocaffe import _core, _python_ops, collective, core, errors, workspace
 from ferrocaffe.session import Session, _NodeIsolatedLocalSession
 from ferrocaffe.task import NODE_KWARGS, Cluster, check_node_kwargs
 
@@ -221,6 +221,16 @@ class _NodeActor(object):
     def blobs(self):
         return sorted(self._ws.blobs.keys())
 
+    # The transport of the collectives (ferrocaffe.collective): the session
+    # hands every node the others' handles; a peer's message arrives here
+    # on another of the actor's threads while the node's plan runs.
+    def set_peers(self, session, peers):
+        collective._set_peers(session, self._node, peers)
+        return True
+
+    def deliver(self, key, value):
+        collective._deliver(key, value)
+
 
 _RemoteNodeActor = ray.remote(_NodeActor)
 
@@ -244,11 +254,46 @@ def _rebuild_error(desc, node=None):
     elif hasattr(exc, 'add_note'):
         exc.add_note('raised on ' + where)
     try:
-        exc.node = node
+        if getattr(exc, 'collective', None) is not None and getattr(exc, 'node', None):
+            # A collective's error names the member at fault as its node;
+            # the node that reported it is kept beside it.
+            exc._reporter = node
+        else:
+            exc.node = node
         exc.remote_traceback = desc.get('traceback')
     except Exception:  # an exception type with __slots__
         pass
     return exc
+
+
+def _name_collective(first, errors_seen):
+    """A node that died or failed while its peers waited for it in a
+    collective: the peers' errors name the collective; the first error
+    (the node's own) is given that name too (``collective``,
+    ``common_world``, and a sentence in its message)."""
+    if getattr(first, 'collective', None) is not None:
+        return
+    node = getattr(first, 'node', None)
+    for other in errors_seen:
+        what = getattr(other, 'collective', None)
+        if other is first or what is None:
+            continue
+        if getattr(other, 'node', None) not in (None, node):
+            continue
+        try:
+            first.collective = what
+            first.common_world = getattr(other, 'common_world', None)
+            note = ("; node '%s' was waiting for it in %s on common world "
+                    "'%s'" % (getattr(other, '_reporter', None) or '?', what,
+                              first.common_world))
+            if getattr(other, 'net', None):
+                note += " (op #%s of net '%s')" % (other.op_index, other.net)
+            if isinstance(first, errors.FerrocaffeError):
+                first.message += note
+                first.args = (first.message,)
+        except Exception:  # an exception type that refuses attributes
+            pass
+        return
 
 
 # ----------------------------------------------------------- compilation --
@@ -386,6 +431,9 @@ class RaySession(Session):
         self._nodes_lock = threading.Lock()
         self._run_lock = threading.Lock()
         self._address = address
+        # The collectives' peers: which nodes were last told of each other.
+        self._session_id = uuid.uuid4().hex
+        self._peers_shared = frozenset()
 
     def __repr__(self):
         with self._nodes_lock:
@@ -427,7 +475,9 @@ class RaySession(Session):
             handle = self._nodes.get(name)
             if handle is None:
                 options, num_threads = node_actor_options(name, kwargs)
-                opts = dict(options, max_concurrency=4)
+                # Threads: a run, its cancel, and the collectives' messages
+                # from every peer arriving while the run waits.
+                opts = dict(options, max_concurrency=16)
                 env = self._runtime_env()
                 if env:
                     opts['runtime_env'] = env
@@ -562,12 +612,14 @@ class RaySession(Session):
         plans = compiled.node_plans
         handles = [self._node(p.node, p.kwargs) for p in plans]
         self._wait_ready(handles)
+        self._share_peers()
         run_id = uuid.uuid4().hex
         pending = {}
         for p, h in zip(plans, handles):
             pending[self._submit(run_id, p, h)] = (p, h)
 
         first_error = None
+        others = []
         results = {}
         cancel_deadline = None
         try:
@@ -588,6 +640,8 @@ class RaySession(Session):
                 for ref in ready:
                     p, h = pending.pop(ref)
                     error = self._collect(ref, p, h, run_id, results)
+                    if error is not None:
+                        others.append(error)
                     if error is not None and first_error is None:
                         first_error = error
                         cancel_deadline = time.monotonic() + self._cancel_timeout
@@ -603,12 +657,37 @@ class RaySession(Session):
                 pass
             raise
         if first_error is not None:
+            _name_collective(first_error, others)
             raise first_error
         for p in plans:
             names = [str(n) for n in p.output_list.names()]
             p.output_list.set_values(
                 [core.BlobReference(n) for n in names],
                 _fetch_func=_GatheredFetcher(p.node, names, results[p.node]))
+
+    def _share_peers(self):
+        """Gives every started node the actor handles of all of them (the
+        members of a common world find each other among these), when the
+        set of nodes changed since it was last given."""
+        with self._nodes_lock:
+            live = {n: h for n, h in self._nodes.items()
+                    if h.dead is None and h.info is not None}
+        if frozenset(live) == self._peers_shared or len(live) < 2:
+            return
+        peers = {n: h.actor for n, h in live.items()}
+        refs = {h.actor.set_peers.remote(self._session_id, peers): h
+                for h in live.values()}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs),
+                            timeout=self._node_start_timeout)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError as exc:
+                h = refs[ref]
+                self._mark_dead(h, exc)
+                raise self._death_error(h, exc) from exc
+        if len(ready) == len(refs):
+            self._peers_shared = frozenset(live)
 
     def _submit(self, run_id, plan, handle):
         ship = plan.key not in handle.shipped

@@ -16,6 +16,7 @@ of a distributed session. The message names them too.
 from __future__ import annotations
 
 import errno as _errno
+import os as _os
 
 from google.protobuf.message import DecodeError as _DecodeError
 
@@ -42,6 +43,8 @@ __all__ = [
     "OutOfMemoryError",
     "InternalError",
     "NodeFailedError",
+    "CollectiveError",
+    "CollectiveTimeoutError",
     "SessionClosedError",
     "OutputNotReadyError",
     "ConversionError",
@@ -129,11 +132,25 @@ class CancelledError(FerrocaffeError):
 
 
 class FerrocaffeIOError(FerrocaffeError, OSError):
-    """A file could not be read or written."""
+    """A file could not be read or written (``filename`` names it, as an
+    ``OSError``'s does)."""
+
+    def __init__(self, message: str = "", **context):
+        super().__init__(message, **context)
+        if self.filename is None and self.file is not None:
+            self.filename = self.file
 
 
 class MissingFileError(FerrocaffeIOError, FileNotFoundError):
-    """A file or db that does not exist (also a ``FileNotFoundError``)."""
+    """A file or db that does not exist (also a ``FileNotFoundError``;
+    ``errno`` is ``ENOENT``)."""
+
+    def __init__(self, message: str = "", **context):
+        super().__init__(message, **context)
+        if self.errno is None:
+            self.errno = _errno.ENOENT
+        if self.strerror is None:
+            self.strerror = _os.strerror(_errno.ENOENT)
 
 
 class ProtoDecodeError(InvalidPlanError, _DecodeError):
@@ -172,6 +189,26 @@ class NodeFailedError(FerrocaffeError):
     died (the node's workspace is lost with it)."""
 
 
+class CollectiveError(FerrocaffeError, ConnectionError):
+    """A collective (``Allreduce``, ``Broadcast``, ``Allgather``,
+    ``Barrier``, or the meeting of ``CreateCommonWorld``) failed: a member
+    died or destroyed the common world. Besides the usual attributes it
+    names ``collective`` (the op type), ``common_world`` (its blob) and the
+    member at fault: ``node`` and ``rank``. A ``ConnectionError``, as Gloo's
+    ``IoError`` was an I/O failure."""
+
+    collective: str | None = None
+    common_world: str | None = None
+    rank: int | None = None
+    # The runtime adds the op, its index, the net and the step it ran in.
+    _wants_op_context = True
+
+
+class CollectiveTimeoutError(CollectiveError, TimeoutError):
+    """A member of a common world did not reach a collective within the
+    world's ``timeout_ms``; ``node`` and ``rank`` name it."""
+
+
 class SessionClosedError(FerrocaffeError, RuntimeError):
     """A Session was used after ``close()`` (Caffe2 asserted, so under
     ``python -O`` a closed session ran)."""
@@ -208,6 +245,7 @@ _BY_KIND = {
     "OperatorFailed": OperatorError,
     "Cancelled": CancelledError,
     "Io": FerrocaffeIOError,
+    "MissingFile": MissingFileError,  # an Io error whose file does not exist
     "CorruptCheckpoint": CorruptCheckpointError,
     "OutOfMemory": OutOfMemoryError,
     "Internal": InternalError,

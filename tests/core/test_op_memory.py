@@ -303,6 +303,9 @@ FILES = "reads or writes files or dbs; sizes come from their contents"
 CONTROL = "runs nets (its ops are driven on their own) or Python code"
 
 CANNOT_DRIVE = {}
+COLLECTIVE = ("a collective (Python kernel, ferrocaffe.collective): its buffers are its "
+              "inputs' own, and a world of one member copies them; tested in "
+              "tests/distributed/test_data_parallel_ray.py")
 
 
 def cannot(reason, *ops):
@@ -311,6 +314,8 @@ def cannot(reason, *ops):
         CANNOT_DRIVE[op] = reason
 
 
+cannot(COLLECTIVE, "Allgather", "Allreduce", "Barrier", "Broadcast", "CloneCommonWorld",
+       "CreateCommonWorld", "DestroyCommonWorld")
 cannot(SAME_SIZE,
        "Abs", "Acos", "Asin", "Atan", "Cbrt", "Cos", "Cosh", "Cube", "Elu", "Erf", "Exp",
        "Gelu", "HardSigmoid", "LeakyRelu", "Log", "Log1p", "Logit", "Mish", "Negative", "Not",

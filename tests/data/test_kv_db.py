@@ -234,3 +234,46 @@ def test_a_ferro_db_takes_only_blob_records(tmp_path):
     with pytest.raises(errors.InvalidArgumentError, match="BlobProto"):
         db.close()
     assert not os.path.exists(path)
+
+
+def test_minidb_keys_are_any_bytes(tmp_path):
+    # The minidb codec is the core's only (issue 33); Caffe2's minidb keys
+    # are bytes, not necessarily UTF-8.
+    path = os.fspath(tmp_path / "bytes.minidb")
+    records = [(b"\xff\x00binary", b"\x00\x01"), (b"", b"empty key"), (b"plain", b"")]
+    with C.create_db("minidb", path, C.Mode.new) as db:
+        for k, v in records:
+            db.new_transaction().put(k, v)
+    assert parse_minidb(path) == records
+    assert read_records("minidb", path) == records
+    # Mode.write appends to what is there
+    with C.create_db("minidb", path, C.Mode.write) as db:
+        db.new_transaction().put(b"more", b"\xfe")
+    assert read_records("minidb", path) == records + [(b"more", b"\xfe")]
+
+
+def test_what_a_db_is_comes_from_the_core(tmp_path, fresh):
+    # Format, size and (for minidb) checksum, as the checkpoint manifest
+    # records them, without Python knowing the layouts.
+    import zlib
+    from ferrocaffe import _core
+
+    workspace.FeedBlob("w", np.arange(6, dtype=np.float32))
+    for db_type in ("ferro", "minidb", "leveldb"):
+        path = os.fspath(tmp_path / db_type)
+        workspace.RunOperatorOnce(core.CreateOperator(
+            "Save", ["w"], [], db=path, db_type=db_type, absolute_path=True))
+        assert _core.detect_db_type(path) == db_type
+        info = _core.db_info(path, checksum=True)
+        assert info["db_type"] == db_type
+        if db_type == "leveldb":
+            assert info["bytes"] == sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
+            assert info["checksum"] is None
+        else:
+            assert info["bytes"] == os.path.getsize(path)
+            want = zlib.crc32(open(path, "rb").read()) if db_type == "minidb" else None
+            assert info["checksum"] == want
+        _core.remove_db(path, db_type)
+        assert _core.detect_db_type(path) is None and not os.path.exists(path)
+    with pytest.raises(errors.MissingFileError):
+        _core.db_info(os.fspath(tmp_path / "none"))

@@ -129,13 +129,15 @@ def _cmd_ls(directory, db_type, out, show_all=False):
             current = epoch
             print('epoch %d%s' % (epoch, '' if listed else
                                   '  (not in the manifest)'), file=out)
-        size = _db_size(path) if os.path.exists(path) else None
+        size = None
         try:
+            size = _db_size(path, dtype)
             entries = _core.list_db(path, dtype)
         except Exception as e:
             print('  %s  %s  %s  %s  UNREADABLE: %s' % (
                 node, os.path.basename(path), dtype,
-                'missing' if size is None else _human(size), e), file=out)
+                _human(size) if size is not None else
+                'missing' if not os.path.lexists(path) else '-', e), file=out)
             continue
         entries = [x for x in entries if x['name'] != JOB_STATE_BLOB]
         print('  %s  %s  %s  %s  %d blobs' % (

@@ -10,19 +10,16 @@ import errno
 import json
 import os
 import re
-import shutil
 import stat
 import time
-import zlib
 from typing import Any, Mapping, Sequence
 
 from ferrocaffe import _core
 from ferrocaffe.checkpoint.state import (
     DEFAULT_DB_TYPE, LATEST, _check_job_state, _db_present, _db_size,
-    _is_count, _is_leveldb, _state_problem, db_name, logger, read_job_state)
+    _is_count, _state_problem, db_name, logger, read_job_state)
 from ferrocaffe.errors import (
     CorruptCheckpointError, FerrocaffeError, FerrocaffeIOError)
-from ferrocaffe.file_reader import open_regular
 
 
 class MetadataHandler(object):
@@ -65,14 +62,10 @@ MANIFEST_FORMAT = 'ferrocaffe-checkpoints'
 _MANIFEST_MAX_BYTES = 64 << 20
 
 
-def _file_crc32(path):
-    crc = 0
-    with open_regular(path) as f:
-        while True:
-            chunk = f.read(1 << 22)
-            if not chunk:
-                return crc
-            crc = zlib.crc32(chunk, crc)
+def _checksum(path, db_type):
+    """The CRC-32 the manifest records for a db of a format without
+    checksums of its own (minidb), else None (the core's ``db_info``)."""
+    return _core.db_info(path, db_type, checksum=True)['checksum']
 
 
 def _plain_name(name):
@@ -420,10 +413,11 @@ class FileMetadataHandler(MetadataHandler):
             info = dict(info)
         else:
             info = {'file': os.path.basename(db.path), 'bytes': size}
-            if self.db_type == 'minidb':
-                # minidb has no checksums of its own (ferro and LevelDB
-                # have one per blob or block, which verify_db checks).
-                info['crc32'] = _file_crc32(db.path)
+            # A format without checksums of its own (minidb) gets a CRC-32
+            # here; ferro and LevelDB have theirs, which verify_db checks.
+            crc = _checksum(db.path, self.db_type)
+            if crc is not None:
+                info['crc32'] = crc
         if db.state is not None:
             info['state'] = db.state
         else:
@@ -524,12 +518,9 @@ class FileMetadataHandler(MetadataHandler):
     @staticmethod
     def _remove(path):
         try:
-            if _is_leveldb(path):
-                shutil.rmtree(path)
-            else:
-                os.unlink(path)
-        except FileNotFoundError:
-            pass
+            found = _core.detect_db_type(path)
+            if found is not None:
+                _core.remove_db(path, found)
         except OSError as e:
             logger.warning('cannot remove old checkpoint %s: %s', path,
                            e.strerror or e)
@@ -565,7 +556,7 @@ def _check_db(path, db_type, info=None, verify=True):
     except FerrocaffeError as e:
         return str(e)
     if info is not None and info.get('crc32') is not None:
-        if _file_crc32(path) != info['crc32']:
+        if _checksum(path, db_type) != info['crc32']:
             return ('%s: CRC-32 differs from the one recorded in the '
                     'manifest' % path)
     return None

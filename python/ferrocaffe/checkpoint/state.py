@@ -11,9 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from ferrocaffe import core, workspace
+from ferrocaffe import _core, core, workspace
 from ferrocaffe.errors import CorruptCheckpointError
-from ferrocaffe.file_reader import open_regular
 
 
 logger = logging.getLogger('ferrocaffe.checkpoint')
@@ -168,40 +167,29 @@ def _state_problem(state, path, epoch, node):
     return None
 
 
-def _is_leveldb(path) -> bool:
-    """Whether ``path`` is a LevelDB directory (it has LevelDB's CURRENT
-    file): a checkpoint of db type ``'leveldb'``."""
-    return (os.path.isdir(path) and not os.path.islink(path)
-            and os.path.isfile(os.path.join(path, 'CURRENT')))
-
+# What is at a path, and how big it is, is the core's to say: the formats
+# (ferro's magic, LevelDB's directory layout, minidb's records) are known in
+# Rust only (storage::detect_db_type, storage::db_info).
 
 def _db_present(path) -> bool:
-    """Whether a db is at ``path``: a regular file (ferro, minidb) or a
-    LevelDB directory."""
-    return os.path.isfile(path) or _is_leveldb(path)
+    """Whether a db is at ``path`` (a ferro or minidb file, a LevelDB
+    directory)."""
+    return _core.detect_db_type(path) is not None
 
 
-def _db_size(path) -> int:
-    """The bytes of the db at ``path``: a file's size, or the sum of the
-    sizes of a LevelDB directory's files.  A missing db raises OSError."""
-    if not _is_leveldb(path):
-        return os.stat(path).st_size
-    total = 0
-    with os.scandir(path) as entries:
-        for e in entries:
-            if e.is_file(follow_symlinks=False):
-                total += e.stat(follow_symlinks=False).st_size
-    return total
+def _db_size(path, db_type=None) -> int:
+    """The bytes of the db at ``path`` (a LevelDB's: all its files).  A
+    missing db, or something else there (a FIFO), raises
+    ``FerrocaffeIOError`` (an OSError) saying so."""
+    return _core.db_info(path, db_type)['bytes']
 
 
 def _detect_db_type(path, default=None):
-    if _is_leveldb(path):
-        return 'leveldb'
-    try:
-        with open_regular(path) as f:
-            magic = f.read(8)
-    except OSError:
+    """The format of the db at ``path``; ``default`` (else the default
+    format) where there is none, or where the file could be of any format
+    but ferro (a file that is not a ferro db is read as the type the caller
+    expected)."""
+    found = _core.detect_db_type(path)
+    if found is None or (found == 'minidb' and default):
         return default or DEFAULT_DB_TYPE
-    if magic == b'FERROCKP':
-        return 'ferro'
-    return default or 'minidb'
+    return found

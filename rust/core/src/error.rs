@@ -89,6 +89,9 @@ pub struct ErrorInner {
     /// An opaque foreign error (a Python exception raised inside a Python op)
     /// carried through the runtime untouched, so the caller sees it as raised.
     pub payload: Option<Arc<dyn Any + Send + Sync>>,
+    /// An `Io` error whose file does not exist (Python: `MissingFileError`,
+    /// also a `FileNotFoundError`).
+    pub missing_file: bool,
 }
 
 /// A ferrocaffe error: one pointer, so a kernel's `Result<bool>` or
@@ -123,6 +126,7 @@ impl Error {
             message: message.into(),
             context: ErrorContext::default(),
             payload: None,
+            missing_file: false,
         }))
     }
     /// The message alone, for callers that re-wrap it.
@@ -157,6 +161,7 @@ impl Error {
     pub fn io(err: &std::io::Error, path: &str) -> Self {
         let mut e = Error::new(ErrorKind::Io, format!("{path}: {err}"));
         e.context.file = Some(path.to_string());
+        e.missing_file = err.kind() == std::io::ErrorKind::NotFound;
         e
     }
     pub fn internal(message: impl Into<String>) -> Self {

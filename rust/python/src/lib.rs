@@ -36,11 +36,14 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<workspace::PyWorkspace>()?;
     m.add_class::<runner::PyBackgroundPlan>()?;
     m.add_class::<python_op::PyTensorWrapper>()?;
+    m.add_class::<python_op::PyOpContext>()?;
     m.add_class::<proto::NetOpHelpers>()?;
     m.add_class::<proto::OpMethod>()?;
     m.add_class::<proto::BoundOpMethod>()?;
     ferrocaffe::builtins::register();
     python_op::register_python_op();
+    python_op::register_builtin_op_types();
+    m.add_function(wrap_pyfunction!(python_op::register_op_type, m)?)?;
     m.add_function(wrap_pyfunction!(runner::run_plan_in_background, m)?)?;
     m.add_function(wrap_pyfunction!(registry::registered_operators, m)?)?;
     m.add_function(wrap_pyfunction!(registry::operator_schema, m)?)?;
@@ -50,6 +53,9 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(storage::map_ferro, m)?)?;
     m.add_function(wrap_pyfunction!(storage::verify_db, m)?)?;
     m.add_function(wrap_pyfunction!(storage::db_exists, m)?)?;
+    m.add_function(wrap_pyfunction!(storage::db_info, m)?)?;
+    m.add_function(wrap_pyfunction!(storage::detect_db_type, m)?)?;
+    m.add_function(wrap_pyfunction!(storage::remove_db, m)?)?;
     m.add_function(wrap_pyfunction!(storage::registered_dbs, m)?)?;
     m.add_function(wrap_pyfunction!(storage::read_kv_db, m)?)?;
     m.add_function(wrap_pyfunction!(storage::write_kv_db, m)?)?;

@@ -218,6 +218,37 @@ fn wrap_blobs<'py>(
 struct PythonOp {
     func: Py<PyAny>,
     pass_workspace: bool,
+    /// A named op type implemented in Python (`register_op_type`): the
+    /// function gets an [`PyOpContext`] as its third argument.
+    with_context: bool,
+}
+
+/// What a named op type implemented in Python sees of its run besides its
+/// blobs: the workspace, and whether the run was cancelled (a sibling
+/// failed, the session cancelled the node, Ctrl-C), so that an op that waits
+/// (a collective waiting for its peers) can stop waiting.
+#[pyclass(name = "OpContext", module = "ferrocaffe._core", frozen)]
+pub struct PyOpContext {
+    ws: Arc<ferrocaffe::workspace::Workspace>,
+    cancel: ferrocaffe::cancel::CancelToken,
+}
+
+#[pymethods]
+impl PyOpContext {
+    /// Whether the run this op belongs to was cancelled.
+    fn is_cancelled(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+
+    /// The op's workspace (a `ferrocaffe.workspace.Workspace`).
+    #[getter]
+    fn workspace(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        Ok(py
+            .import("ferrocaffe._python_ops")?
+            .getattr("_wrap_workspace")?
+            .call1((PyWorkspace { ws: self.ws.clone() },))?
+            .unbind())
+    }
 }
 
 impl ferrocaffe::operator::Operator for PythonOp {
@@ -230,7 +261,13 @@ impl ferrocaffe::operator::Operator for PythonOp {
             let call = || -> PyResult<()> {
                 let ins = wrap_blobs(py, &cx.io.inputs, &cx.io.input_names, &arrays)?;
                 let outs = wrap_blobs(py, &cx.io.outputs, &cx.io.output_names, &arrays)?;
-                if self.pass_workspace {
+                if self.with_context {
+                    let ctx = PyOpContext {
+                        ws: cx.ws.clone(),
+                        cancel: cx.cancel.clone(),
+                    };
+                    self.func.call1(py, (ins, outs, ctx))?;
+                } else if self.pass_workspace {
                     let ws = py
                         .import("ferrocaffe._python_ops")?
                         .getattr("_wrap_workspace")?
@@ -332,6 +369,7 @@ fn build_python_op(
         Box::new(PythonOp {
             func,
             pass_workspace,
+            with_context: false,
         }) as Box<dyn ferrocaffe::operator::Operator>
     })
 }
@@ -359,5 +397,211 @@ pub(crate) fn register_python_op() {
             ])
             .doc(doc),
     );
+    }
+}
+
+// ------------------------------------------------- named op types in Python --
+//
+// An op type whose kernel is Python code (the collectives of
+// `ferrocaffe.collective`, which run over a transport that is Python):
+// its schema (counts, arguments, in-place rule, doc) is registered here like
+// any other, so nets are checked at creation as usual; the kernel is made by
+// calling `module.function(op_def)` (an `OperatorDef` message) once per op
+// instance, and the callable it returns runs as `f(inputs, outputs,
+// context)` with the GIL held, exactly as a `Python` op's function does.
+
+/// Op type -> "module:function" that builds its kernels.
+static OP_TYPES: std::sync::LazyLock<parking_lot::RwLock<std::collections::HashMap<String, String>>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// The op types ferrocaffe implements in Python, registered with `_core`:
+/// (name, inputs, outputs, in-place rule, arguments, doc).
+type BuiltinOpType = (
+    &'static str,
+    (usize, usize),
+    (usize, usize),
+    &'static str,
+    &'static [ferrocaffe::operator::ArgDoc],
+    &'static str,
+);
+
+const COLLECTIVE_MODULE: &str = "ferrocaffe.collective:build_op";
+
+const BUILTIN_OP_TYPES: &[BuiltinOpType] = {
+    use ferrocaffe::arg;
+    use ferrocaffe::operator::MANY;
+    &[
+        ("CreateCommonWorld", (0, 1), (1, 1), "never", &[
+            arg!("size", "int", "", "number of members (Caffe2's num_shards)"),
+            arg!("rank", "int", "", "this member's rank, 0 <= rank < size (Caffe2's shard_id)"),
+            arg!("timeout_ms", "int", "30000", "how long every collective of this world may wait for its peers"),
+            arg!("transport", "string", "\"tcp\"", "Caffe2's gloo transport; only 'tcp' (meaning: Ray) is accepted"),
+            arg!("interface", "string", "\"\"", "Caffe2's network interface; Ray picks the address"),
+            arg!("sync", "bool", "false", "accepted; the world is always ready when the op returns"),
+            arg!("mpi_rendezvous", "bool", "false", "must be false: the rendezvous is Ray's"),
+            arg!("status_blob", "string", "", "not supported: failures raise"),
+        ], "Creates a common world: the members (Nodes of a RaySession) that run collectives together. The optional input (Caffe2's store handler) is ignored: the members find each other through Ray."),
+        ("CloneCommonWorld", (1, 1), (1, 1), "never", &[
+            arg!("sync", "bool", "false", "accepted"),
+            arg!("status_blob", "string", "", "not supported: failures raise"),
+        ], "A new common world with the members of an existing one (its own message space)."),
+        ("DestroyCommonWorld", (1, 1), (1, 1), "same", &[],
+         "Closes a common world; peers waiting in one of its collectives fail at once."),
+        ("Allreduce", (2, MANY), (1, MANY), "shift1", &[
+            arg!("gpu_direct", "bool", "false", "accepted, no effect (CPU only)"),
+            arg!("status_blob", "string", "", "not supported: failures raise"),
+        ], "Sums the tensors (in place) element-wise over the members of the common world (input 0): every member ends with the sum. Several tensors are reduced as one buffer."),
+        ("Broadcast", (2, MANY), (1, MANY), "shift1", &[
+            arg!("root", "int", "0", "the rank whose tensors every member receives"),
+            arg!("status_blob", "string", "", "not supported: failures raise"),
+        ], "Copies the root member's tensors (in place) to every member of the common world (input 0)."),
+        ("Allgather", (2, MANY), (1, 1), "never", &[
+            arg!("status_blob", "string", "", "not supported: failures raise"),
+        ], "Concatenates, in rank order, every member's tensors (each flattened) into one 1-D tensor on every member."),
+        ("Barrier", (1, 1), (0, 0), "never", &[
+            arg!("status_blob", "string", "", "not supported: failures raise"),
+        ], "Returns when every member of the common world (input 0) has reached it."),
+    ]
+};
+
+fn inplace_rule(rule: &str) -> Option<ferrocaffe::operator::InPlace> {
+    use ferrocaffe::operator::InPlace;
+    fn any(_: usize, _: usize) -> bool {
+        true
+    }
+    fn same(i: usize, o: usize) -> bool {
+        i == o
+    }
+    fn shift1(i: usize, o: usize) -> bool {
+        i == o + 1
+    }
+    Some(match rule {
+        "never" => InPlace::Never,
+        "allow" => InPlace::Allow(any),
+        "same" => InPlace::Enforce(same),
+        "shift1" => InPlace::Enforce(shift1),
+        _ => return None,
+    })
+}
+
+fn build_named_op(
+    ctx: &ferrocaffe::operator::OpDefCtx<'_>,
+) -> ferrocaffe::Result<Box<dyn ferrocaffe::operator::Operator>> {
+    let spec = OP_TYPES
+        .read()
+        .get(ctx.op_type())
+        .cloned()
+        .ok_or_else(|| ctx.bad_arg("no Python implementation is registered for this op type"))?;
+    let def = prost::Message::encode_to_vec(ctx.def);
+    Python::attach(|py| {
+        let r = (|| -> PyResult<Py<PyAny>> {
+            let m = py.import("ferrocaffe._python_ops")?;
+            Ok(m
+                .getattr("build_named")?
+                .call1((spec.as_str(), PyBytes::new(py, &def)))?
+                .unbind())
+        })();
+        r.map_err(|err| {
+            let mut e = Error::invalid_arg(format!(
+                "cannot build the {} op: {}",
+                ctx.op_type(),
+                err.value(py).str().map(|s| s.to_string()).unwrap_or_default()
+            ))
+            .with_op(ctx.op_type(), None);
+            e.payload = Some(Arc::new(err));
+            e
+        })
+    })
+    .map(|func| {
+        Box::new(PythonOp {
+            func,
+            pass_workspace: false,
+            with_context: true,
+        }) as Box<dyn ferrocaffe::operator::Operator>
+    })
+}
+
+fn leak(s: String) -> &'static str {
+    Box::leak(s.into_boxed_str())
+}
+
+/// Registers (or replaces) op type `name`, implemented in Python: its
+/// kernels are made by `spec` ("module:function", called with the op's
+/// `OperatorDef` bytes through `ferrocaffe._python_ops.build_named`).
+/// `args` are `(name, type, default, doc)`; `inplace` is "never", "allow"
+/// (any pair), "same" (input i is output i) or "shift1" (input i+1 is
+/// output i, Caffe2's collectives). Refuses to replace an op type the core
+/// implements.
+#[pyfunction]
+#[pyo3(signature = (name, spec, inputs, outputs, inplace="never", args=Vec::new(), doc=String::new()))]
+pub(crate) fn register_op_type(
+    name: String,
+    spec: String,
+    inputs: (usize, Option<usize>),
+    outputs: (usize, Option<usize>),
+    inplace: &str,
+    args: Vec<(String, String, String, String)>,
+    doc: String,
+) -> PyResult<()> {
+    use ferrocaffe::operator::{ArgDoc, OpSchema, MANY};
+    let bad = |msg: String| pyo3::exceptions::PyValueError::new_err(msg);
+    if name.is_empty() || !spec.contains(':') {
+        return Err(bad(format!(
+            "register_op_type needs an op type name and a 'module:function' spec, got {name:?} and {spec:?}"
+        )));
+    }
+    if ferrocaffe::operator::schema(&name).is_some() && !OP_TYPES.read().contains_key(&name) {
+        return Err(bad(format!(
+            "op type '{name}' is implemented by the core and cannot be replaced"
+        )));
+    }
+    let rule = inplace_rule(inplace).ok_or_else(|| {
+        bad(format!(
+            "inplace must be 'never', 'allow', 'same' or 'shift1', got {inplace:?}"
+        ))
+    })?;
+    let (imin, imax) = (inputs.0, inputs.1.unwrap_or(MANY));
+    let (omin, omax) = (outputs.0, outputs.1.unwrap_or(MANY));
+    if imin > imax || omin > omax {
+        return Err(bad(format!(
+            "op type '{name}': minimum counts above maximum ({inputs:?}, {outputs:?})"
+        )));
+    }
+    let args: Vec<ArgDoc> = args
+        .into_iter()
+        .map(|(n, t, d, doc)| ArgDoc {
+            name: leak(n),
+            ty: leak(t),
+            default: leak(d),
+            doc: leak(doc),
+        })
+        .collect();
+    OP_TYPES.write().insert(name.clone(), spec);
+    ferrocaffe::operator::register(
+        OpSchema::new(leak(name), build_named_op)
+            .inputs(imin, imax)
+            .outputs(omin, omax)
+            .inplace(rule)
+            .args(Box::leak(args.into_boxed_slice()))
+            .doc(leak(doc)),
+    );
+    Ok(())
+}
+
+/// Registers the op types ferrocaffe implements in Python (the collectives).
+pub(crate) fn register_builtin_op_types() {
+    use ferrocaffe::operator::OpSchema;
+    for &(name, (imin, imax), (omin, omax), inplace, args, doc) in BUILTIN_OP_TYPES {
+        OP_TYPES
+            .write()
+            .insert(name.to_string(), COLLECTIVE_MODULE.to_string());
+        ferrocaffe::operator::register(
+            OpSchema::new(name, build_named_op)
+                .inputs(imin, imax)
+                .outputs(omin, omax)
+                .inplace(inplace_rule(inplace).expect("a known in-place rule"))
+                .args(args)
+                .doc(doc),
+        );
     }
 }

@@ -29,6 +29,42 @@ pub(crate) fn list_db(py: Python<'_>, path: PathBuf, db_type: String) -> PyResul
         .collect()
 }
 
+/// What a db is, as a checkpoint manifest records it: `{"db_type", "bytes",
+/// "checksum"}` (the type given, or detected; the CRC-32 of a format without
+/// checksums of its own when `checksum` is asked for, else None).
+#[pyfunction]
+#[pyo3(signature = (path, db_type=None, checksum=false))]
+pub(crate) fn db_info(
+    py: Python<'_>,
+    path: PathBuf,
+    db_type: Option<String>,
+    checksum: bool,
+) -> PyResult<Py<PyDict>> {
+    let path = path_string(py, path)?;
+    let info = run_here(py, move |_| {
+        ferrocaffe::storage::db_info(&path, db_type.as_deref(), checksum)
+    })?;
+    let d = PyDict::new(py);
+    d.set_item("db_type", info.db_type)?;
+    d.set_item("bytes", info.bytes)?;
+    d.set_item("checksum", info.checksum)?;
+    Ok(d.unbind())
+}
+
+/// The format of the db at `path` judged from what is there, or None.
+#[pyfunction]
+pub(crate) fn detect_db_type(py: Python<'_>, path: PathBuf) -> PyResult<Option<&'static str>> {
+    let path = path_string(py, path)?;
+    Ok(py.detach(move || ferrocaffe::storage::detect_db_type(&path)))
+}
+
+/// Deletes the db of type `db_type` at `path` (a missing one is no error).
+#[pyfunction]
+pub(crate) fn remove_db(py: Python<'_>, path: PathBuf, db_type: String) -> PyResult<()> {
+    let path = path_string(py, path)?;
+    run_here(py, move |_| ferrocaffe::storage::remove_db(&path, &db_type))
+}
+
 /// Checks every checksum of a db; raises CorruptCheckpointError on damage.
 #[pyfunction]
 #[pyo3(signature = (path, db_type=String::from("ferro")))]

@@ -1262,6 +1262,12 @@ impl DbFormat for Ferro {
     fn name(&self) -> &'static str {
         "ferro"
     }
+    /// A regular file that starts with ferro's magic.
+    fn recognises(&self, path: &str) -> bool {
+        let mut magic = [0u8; 8];
+        open_regular(path)
+            .is_ok_and(|(mut f, _)| f.read_exact(&mut magic).is_ok() && &magic == FERRO_MAGIC)
+    }
     fn about(&self) -> &'static str {
         "the default"
     }

@@ -279,6 +279,24 @@ impl DbFormat for LevelDb {
     fn exists(&self, path: &str) -> bool {
         is_leveldb(Path::new(path))
     }
+    /// The sum of the sizes of the directory's files.
+    fn size(&self, path: &str) -> Result<u64> {
+        let mut total = 0;
+        for e in fs::read_dir(path).map_err(|e| Error::io(&e, path))? {
+            let e = e.map_err(|e| Error::io(&e, path))?;
+            let meta = e.metadata().map_err(|e| Error::io(&e, path))?;
+            if meta.is_file() {
+                total += meta.len();
+            }
+        }
+        Ok(total)
+    }
+    fn remove(&self, path: &str) -> Result<()> {
+        match fs::remove_dir_all(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io(&e, path)),
+            _ => Ok(()),
+        }
+    }
     fn load(&self, path: &str, select: &dyn Fn(&str) -> bool) -> Result<Vec<(String, BlobValue)>> {
         load_records(path, records(path, select)?)
     }

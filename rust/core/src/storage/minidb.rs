@@ -123,6 +123,53 @@ pub(super) fn read_exact_or_corrupt(
 }
 
 /// Reads the records of a minidb, the values of selected blobs only.
+/// One minidb record's header at byte `pos` (record #`index`) of a file of
+/// `len` bytes: the key and value lengths, every length checked against the
+/// file.
+fn minidb_header(
+    r: &mut impl Read,
+    path: &str,
+    index: usize,
+    pos: u64,
+    len: u64,
+) -> Result<(usize, usize)> {
+    if len - pos < 8 {
+        return Err(corrupt(
+            path,
+            format!("the db is truncated: record #{index} at byte {pos} is cut off (the file has {len} bytes)"),
+        ));
+    }
+    let mut head = [0u8; 8];
+    read_exact_or_corrupt(r, &mut head, path, &|| {
+        format!("record #{index} at byte {pos} is cut off")
+    })?;
+    if pos == 0 && head == *FERRO_MAGIC {
+        return Err(corrupt(
+            path,
+            "this is a ferrocaffe checkpoint, not a minidb: load it with db_type 'ferro'",
+        ));
+    }
+    let kl = i32::from_ne_bytes([head[0], head[1], head[2], head[3]]);
+    let vl = i32::from_ne_bytes([head[4], head[5], head[6], head[7]]);
+    if kl < 0 || vl < 0 {
+        return Err(corrupt(
+            path,
+            format!("record #{index} at byte {pos} has a negative length: the file is damaged or not a minidb"),
+        ));
+    }
+    let need = 8 + kl as u64 + vl as u64;
+    if need > len - pos {
+        return Err(corrupt(
+            path,
+            format!(
+                "the db is truncated: record #{index} at byte {pos} needs {need} bytes but the file ends {} bytes later",
+                len - pos
+            ),
+        ));
+    }
+    Ok((kl as usize, vl as usize))
+}
+
 pub(super) fn read_minidb(path: &str, select: &dyn Fn(&str) -> bool) -> Result<Vec<MiniRecord>> {
     let (file, meta) = open_regular(path).map_err(io_error(path))?;
     let len = meta.len();
@@ -137,41 +184,8 @@ pub(super) fn read_minidb(path: &str, select: &dyn Fn(&str) -> bool) -> Result<V
     let mut pos: u64 = 0;
     while pos < len {
         let index = out.len();
-        if len - pos < 8 {
-            return Err(corrupt(
-                path,
-                format!("the db is truncated: record #{index} at byte {pos} is cut off (the file has {len} bytes)"),
-            ));
-        }
-        let mut head = [0u8; 8];
-        read_exact_or_corrupt(&mut r, &mut head, path, &|| {
-            format!("record #{index} at byte {pos} is cut off")
-        })?;
-        if pos == 0 && head == *FERRO_MAGIC {
-            return Err(corrupt(
-                path,
-                "this is a ferrocaffe checkpoint, not a minidb: load it with db_type 'ferro'",
-            ));
-        }
-        let kl = i32::from_ne_bytes([head[0], head[1], head[2], head[3]]);
-        let vl = i32::from_ne_bytes([head[4], head[5], head[6], head[7]]);
-        if kl < 0 || vl < 0 {
-            return Err(corrupt(
-                path,
-                format!("record #{index} at byte {pos} has a negative length: the file is damaged or not a minidb"),
-            ));
-        }
-        let need = 8 + kl as u64 + vl as u64;
-        if need > len - pos {
-            return Err(corrupt(
-                path,
-                format!(
-                    "the db is truncated: record #{index} at byte {pos} needs {need} bytes but the file ends {} bytes later",
-                    len - pos
-                ),
-            ));
-        }
-        let mut key = vec![0u8; kl as usize];
+        let (kl, vl) = minidb_header(&mut r, path, index, pos, len)?;
+        let mut key = vec![0u8; kl];
         read_exact_or_corrupt(&mut r, &mut key, path, &|| {
             format!("record #{index} at byte {pos} is cut off")
         })?;
@@ -183,13 +197,13 @@ pub(super) fn read_minidb(path: &str, select: &dyn Fn(&str) -> bool) -> Result<V
         })?;
         let name = key[..key.find(CHUNK_SEPARATOR).unwrap_or(key.len())].to_string();
         let value = if select(&name) {
-            let mut v = vec![0u8; vl as usize];
+            let mut v = vec![0u8; vl];
             read_exact_or_corrupt(&mut r, &mut v, path, &|| {
                 format!("record #{index} ('{key}') is cut off")
             })?;
             Some(v)
         } else {
-            r.seek_relative(i64::from(vl)).map_err(io_error(path))?;
+            r.seek_relative(vl as i64).map_err(io_error(path))?;
             None
         };
         out.push(MiniRecord {
@@ -199,7 +213,32 @@ pub(super) fn read_minidb(path: &str, select: &dyn Fn(&str) -> bool) -> Result<V
             value_len: vl as u64,
             value_at: pos + 8 + kl as u64,
         });
-        pos += need;
+        pos += 8 + (kl + vl) as u64;
+    }
+    Ok(out)
+}
+
+/// Every record of the minidb at `path` as it is stored, keys any bytes
+/// (Caffe2's minidb cursor); an empty file is a db without records.
+fn read_minidb_raw(path: &str) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let (file, meta) = open_regular(path).map_err(io_error(path))?;
+    let len = meta.len();
+    let mut r = BufReader::with_capacity(1 << 20, file);
+    let mut out = Vec::new();
+    let mut pos: u64 = 0;
+    while pos < len {
+        let index = out.len();
+        let (kl, vl) = minidb_header(&mut r, path, index, pos, len)?;
+        let mut key = vec![0u8; kl];
+        let mut value = vec![0u8; vl];
+        read_exact_or_corrupt(&mut r, &mut key, path, &|| {
+            format!("record #{index} at byte {pos} is cut off")
+        })?;
+        read_exact_or_corrupt(&mut r, &mut value, path, &|| {
+            format!("record #{index} at byte {pos} is cut off")
+        })?;
+        out.push((key, value));
+        pos += 8 + (kl + vl) as u64;
     }
     Ok(out)
 }
@@ -455,17 +494,13 @@ impl DbFormat for MiniDb {
     fn records(&self, path: &str) -> Result<Box<dyn KvRecords>> {
         Ok(Box::new(MiniDbRecords::open(path)?))
     }
-    /// Keys must be UTF-8 here (the Python `db` module reads any bytes);
-    /// an empty file is a db without records.
+    /// A minidb has no checksums: a CRC-32 of the file stands in for them.
+    fn checksum(&self, path: &str) -> Result<Option<u32>> {
+        file_crc32(path).map(Some)
+    }
+    /// Keys are any bytes; an empty file is a db without records.
     fn read_kv(&self, path: &str) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        let (_, meta) = open_regular(path).map_err(io_error(path))?;
-        if meta.len() == 0 {
-            return Ok(Vec::new());
-        }
-        Ok(read_minidb(path, &|_| true)?
-            .into_iter()
-            .map(|r| (r.key.into_bytes(), r.value.unwrap_or_default()))
-            .collect())
+        read_minidb_raw(path)
     }
     fn write_kv(&self, path: &str, records: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
         write_atomically(path, |w| {

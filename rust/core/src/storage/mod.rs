@@ -168,6 +168,30 @@ pub trait DbFormat: Sync {
     fn exists(&self, path: &str) -> bool {
         open_regular(path).is_ok()
     }
+    /// Whether what is at `path` looks like a db of this format from its
+    /// layout or first bytes (`FORMATS` are asked in order; the last, a
+    /// format without a signature, takes any regular file).
+    fn recognises(&self, path: &str) -> bool {
+        self.exists(path)
+    }
+    /// The bytes the db at `path` takes (by default the file's size).
+    fn size(&self, path: &str) -> Result<u64> {
+        let (_, meta) = open_regular(path).map_err(io_error(path))?;
+        Ok(meta.len())
+    }
+    /// A CRC-32 of the whole db for formats that have no checksums of their
+    /// own (their damage would otherwise go unseen); None for formats that
+    /// check themselves ([`verify`](DbFormat::verify)).
+    fn checksum(&self, _path: &str) -> Result<Option<u32>> {
+        Ok(None)
+    }
+    /// Deletes the db at `path` (a missing one is no error).
+    fn remove(&self, path: &str) -> Result<()> {
+        match fs::remove_file(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::io(&e, path)),
+            _ => Ok(()),
+        }
+    }
     /// The db as Caffe2's key-value records, for a DB reader (`CreateDB`);
     /// formats that are not key-value dbs refuse.
     fn records(&self, path: &str) -> Result<Box<dyn KvRecords>> {
@@ -348,6 +372,59 @@ fn corrupt(path: &str, msg: impl Into<String>) -> Error {
 
 fn io_error(path: &str) -> impl Fn(std::io::Error) -> Error + '_ {
     move |e| Error::io(&e, path)
+}
+
+/// The format of the db at `path` judged from what is there (a LevelDB
+/// directory, a file starting with ferro's magic, else a minidb file); None
+/// when there is no db.
+pub fn detect_db_type(path: &str) -> Option<&'static str> {
+    FORMATS
+        .iter()
+        .find(|f| f.recognises(path))
+        .map(|f| f.name())
+}
+
+/// What the checkpoint manifest records of a db: its format, its size and,
+/// for a format without checksums of its own, a CRC-32 of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DbInfo {
+    pub db_type: &'static str,
+    pub bytes: u64,
+    pub checksum: Option<u32>,
+}
+
+/// [`DbInfo`] of the db at `path`, of type `db_type` (or the detected one,
+/// else the default format, whose error then says what is there instead);
+/// the checksum is read only when `checksum` is asked for (it reads the
+/// whole db). A missing db is an IO error naming the path.
+pub fn db_info(path: &str, db_type: Option<&str>, checksum: bool) -> Result<DbInfo> {
+    let name = db_type.or_else(|| detect_db_type(path)).unwrap_or("ferro");
+    let fmt = db_format(name).map_err(|e| e.with_file(path))?;
+    Ok(DbInfo {
+        db_type: fmt.name(),
+        bytes: fmt.size(path)?,
+        checksum: if checksum { fmt.checksum(path)? } else { None },
+    })
+}
+
+/// Deletes the db of type `db_type` at `path` (a file, or a LevelDB's
+/// directory); a missing db is no error.
+pub fn remove_db(path: &str, db_type: &str) -> Result<()> {
+    db_format(db_type)?.remove(path)
+}
+
+/// A CRC-32 of the whole file at `path`, read in large pieces.
+fn file_crc32(path: &str) -> Result<u32> {
+    let (mut f, _) = open_regular(path).map_err(io_error(path))?;
+    let mut h = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; 1 << 22];
+    loop {
+        let n = f.read(&mut buf).map_err(io_error(path))?;
+        if n == 0 {
+            return Ok(h.finalize());
+        }
+        h.update(&buf[..n]);
+    }
 }
 
 /// Whether a db of this type exists at `path` (Caffe2's DBExists: it can be
@@ -688,6 +765,48 @@ mod tests {
         fn drop(&mut self) {
             let _ = fs::remove_dir_all(&self.0);
         }
+    }
+
+    #[test]
+    fn db_info_detects_each_format_and_checksums_minidb_only() {
+        let dir = Scratch::new("info");
+        let blob = |v: f32| {
+            vec![(
+                "w".to_string(),
+                BlobValue::Tensor(Tensor::F32(ArrayD::from_elem(IxDyn(&[3]), v).into())),
+            )]
+        };
+        for t in ["ferro", "minidb", "leveldb"] {
+            let path = dir.file(t);
+            save_blobs(&path, t, &blob(1.0)).unwrap();
+            assert_eq!(detect_db_type(&path), Some(t), "{t}");
+            let info = db_info(&path, None, true).unwrap();
+            assert_eq!(info.db_type, t);
+            let on_disk: u64 = if t == "leveldb" {
+                fs::read_dir(&path)
+                    .unwrap()
+                    .map(|e| e.unwrap().metadata().unwrap().len())
+                    .sum()
+            } else {
+                fs::metadata(&path).unwrap().len()
+            };
+            assert_eq!(info.bytes, on_disk, "{t}");
+            if t == "minidb" {
+                let want = crc32fast::hash(&fs::read(&path).unwrap());
+                assert_eq!(info.checksum, Some(want));
+                // another value, another checksum
+                save_blobs(&path, t, &blob(2.0)).unwrap();
+                assert_ne!(db_info(&path, Some(t), true).unwrap().checksum, Some(want));
+            } else {
+                assert_eq!(info.checksum, None, "{t} checks itself");
+            }
+            assert_eq!(db_info(&path, Some(t), false).unwrap().checksum, None);
+            remove_db(&path, t).unwrap();
+            assert_eq!(detect_db_type(&path), None);
+            remove_db(&path, t).unwrap(); // a missing db is no error
+        }
+        let err = db_info(&dir.file("none"), None, false).unwrap_err();
+        assert_eq!(err.kind, ErrorKind::Io);
     }
 
     #[cfg(unix)]
