@@ -39,7 +39,7 @@ LOCAL_SETUP = 'local_setup'
 
 
 def _task_module():
-    # The one documented upward import (docs/architecture.md): task builds
+    # The one documented upward import (docs/python.md): task builds
     # on this module, and Caffe2's ops.task_group() / ops.task_reporter()
     # make or find a TaskGroup, so they import it when called.
     from ferrocaffe import task

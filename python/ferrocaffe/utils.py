@@ -80,7 +80,7 @@ def MakeArgument(key, value):
     Python type selects (float -> f, int/bool -> i, str/bytes -> s, a NetDef
     -> n, another message -> s serialised, a list -> floats/ints/strings/
     nets; a float32 ndarray -> floats)."""
-    # The one documented lazy import of core (docs/architecture.md): the
+    # The one documented lazy import of core (docs/python.md): the
     # encoding lives with core's op building, its hot path, and core
     # imports this module (Caffe2's ``core.utils``).
     from ferrocaffe import core

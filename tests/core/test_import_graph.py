@@ -1,5 +1,5 @@
 """The modules of the ferrocaffe package import each other in one direction
-only (docs/architecture.md, "Python package"): the graph of their imports,
+only (docs/python.md): the graph of their imports,
 read from the source with ast, has no cycle, and a lower module never
 reaches a higher one (core knows nothing of net_builder's users, task
 nothing of checkpoint).

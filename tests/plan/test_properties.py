@@ -707,7 +707,7 @@ def test_counter_ops_match_the_model(ops, num_iter):
 #     an upper bound when a fault was injected and the plan stopped early).
 #
 # Bounded in CI; FERROCAFFE_FUZZ_SECONDS=<s> keeps drawing new examples for
-# that long (scripts/fuzz.sh), see docs/architecture.md.
+# that long (scripts/fuzz.sh), see docs/testing.md.
 
 HANG_S = 120.0  # a valid plan still running after this is a hang
 MAX_NET_RUNS = 300  # examples predicted to run longer are redrawn
