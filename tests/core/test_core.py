@@ -26,7 +26,7 @@ OPS = {
 
 @pytest.fixture(autouse=True)
 def fresh_state(monkeypatch):
-    monkeypatch.setattr(core, "_load_registry", lambda: set(OPS))
+    monkeypatch.setattr(core.registry, "_load_registry", lambda: set(OPS))
     core.RefreshRegisteredOperators()
     Net._reset_used_names()
     monkeypatch.setattr(core.ExecutionStep, "_step_names_used", set())

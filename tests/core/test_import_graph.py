@@ -4,7 +4,8 @@ read from the source with ast, has no cycle, and a lower module never
 reaches a higher one (core knows nothing of net_builder's users, task
 nothing of checkpoint).
 
-Imports inside functions (and `importlib.import_module("ferrocaffe.x")`,
+Imports under `if TYPE_CHECKING:` are for annotations only and never run,
+so they are not edges. Imports inside functions (and `importlib.import_module("ferrocaffe.x")`,
 and `sys.modules` lookups of a ferrocaffe module) count too. The few that
 go upwards on purpose are listed in DOCUMENTED with the reason, as in the
 architecture notes; any other import inside a function must name a module
@@ -25,17 +26,29 @@ DOCUMENTED = {
     ('ferrocaffe.net_builder', 'ferrocaffe.task'):
         "Caffe2's ops.task_group() and ops.task_reporter() make or find a "
         "TaskGroup; task builds on net_builder",
-    ('ferrocaffe.core', 'ferrocaffe.net_builder'):
+    ('ferrocaffe.core.net', 'ferrocaffe.net_builder'):
         "a sys.modules lookup, never an import: Net names take an active "
-        "NetBuilder's prefix, and to_execution_step takes a NetBuilder",
+        "NetBuilder's prefix",
+    ('ferrocaffe.core.steps', 'ferrocaffe.net_builder'):
+        "a sys.modules lookup, never an import: to_execution_step takes a "
+        "NetBuilder",
+    ('ferrocaffe.core.net', 'ferrocaffe.workspace'):
+        "a sys.modules lookup per op (immediate mode); workspace sits below "
+        "core, which imports it",
+    ('ferrocaffe.core.operators', 'ferrocaffe.workspace'):
+        "a sys.modules lookup per op (immediate mode); workspace sits below "
+        "core, which imports it",
     ('ferrocaffe.onnx.conversion', 'ferrocaffe.onnx.frontend'):
         "the ONNX commands parse their arguments (and print --help) without "
         "the optional onnx package, which the converters import",
     ('ferrocaffe.onnx.conversion', 'ferrocaffe.onnx.backend'):
         "the ONNX commands parse their arguments (and print --help) without "
         "the optional onnx package, which the converters import",
-    ('ferrocaffe.core', 'ferrocaffe._python_ops'):
+    ('ferrocaffe.core.operators', 'ferrocaffe._python_ops'):
         "the registry is looked up when a Python op is made (the tests "
+        "replace it); _python_ops sits below core",
+    ('ferrocaffe.core.net', 'ferrocaffe._python_ops'):
+        "the registry is looked up when Net.Python makes an op (the tests "
         "replace it); _python_ops sits below core",
     ('ferrocaffe.gradient_checker', 'ferrocaffe.net_drawer'):
         "NetGradientChecker.CompareNets(print_net_images=True) draws the "
@@ -101,6 +114,8 @@ def import_graph():
         top, lazy = set(), set()
 
         def visit(node, in_function):
+            if is_type_checking_block(node):
+                return  # read by the type checker only, never run
             for target in imported_names(node, name, is_package, modules):
                 if target in modules and target != name:
                     (lazy if in_function else top).add(target)
@@ -112,6 +127,16 @@ def import_graph():
         visit(tree, False)
         graph[name] = (top, lazy)
     return graph
+
+
+def is_type_checking_block(node):
+    """`if TYPE_CHECKING:` (or `typing.TYPE_CHECKING`): imports for
+    annotations, which Python never runs."""
+    if not isinstance(node, ast.If):
+        return False
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == 'TYPE_CHECKING') or (
+        isinstance(test, ast.Attribute) and test.attr == 'TYPE_CHECKING')
 
 
 def find_cycle(edges):
@@ -195,3 +220,14 @@ def test_the_cycle_finder_finds_cycles():
     assert find_cycle({'a': {'b'}, 'b': {'c'}, 'c': set()}) is None
     assert find_cycle({'a': {'b'}, 'b': {'c'}, 'c': {'a'}}) == ['a', 'b', 'c', 'a']
     assert find_cycle({'a': {'a'}}) == ['a', 'a']
+
+
+def test_type_checking_blocks_are_not_edges():
+    tree = ast.parse(
+        "import typing\n"
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    import a\n"
+        "if typing.TYPE_CHECKING:\n    import b\n"
+        "if other:\n    import c\n")
+    blocks = [n for n in tree.body if isinstance(n, ast.If)]
+    assert [is_type_checking_block(n) for n in blocks] == [True, True, False]

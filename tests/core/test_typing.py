@@ -11,9 +11,10 @@ import sys
 from _support import REPO
 
 PACKAGE = os.path.join(REPO, 'python', 'ferrocaffe')
-ANNOTATED = ['core.py', 'task.py', 'session.py'] + [
-    os.path.join('checkpoint', name)
-    for name in sorted(os.listdir(os.path.join(PACKAGE, 'checkpoint')))
+ANNOTATED = ['task.py', 'session.py'] + [
+    os.path.join(package, name)
+    for package in ('core', 'checkpoint')
+    for name in sorted(os.listdir(os.path.join(PACKAGE, package)))
     if name.endswith('.py')]
 # Dunder methods that are part of the API (the rest follow the protocols).
 PUBLIC_DUNDERS = {'__init__', '__call__', '__enter__', '__exit__',
