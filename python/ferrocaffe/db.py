@@ -25,7 +25,6 @@ regular files (a FIFO) are refused at once.
 
 from __future__ import annotations
 
-import bisect
 import enum
 import os
 import stat
@@ -82,11 +81,13 @@ def _bytes(x, what):
 class Cursor:
     """Walks the records of a db opened for reading, in the db's order (a
     LevelDB's keys are sorted, so ``seek`` finds the first key at or after
-    the one given; in other formats the first record with that key)."""
+    the one given; in other formats the first record with that key). Keys
+    are known when the db is opened; a value is read when asked (from the
+    file, for a minidb: a db larger than memory can be walked)."""
 
     def __init__(self, db: "DB"):
         self._db = db
-        self._records = db._records
+        self._records = db._cursor
         self._sorted = db._type.lower() == "leveldb"
         self._at = 0
 
@@ -95,29 +96,38 @@ class Cursor:
 
     def seek(self, key) -> None:
         key = _bytes(key, "key")
+        records = self._records
+        n = len(records)
         if self._sorted:
-            self._at = bisect.bisect_left([k for k, _ in self._records], key)
+            lo, hi = 0, n
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if records.key(mid) < key:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            self._at = lo
             return
-        self._at = next((i for i, (k, _) in enumerate(self._records) if k == key),
-                        len(self._records))
+        self._at = next((i for i in range(n) if records.key(i) == key), n)
 
-    def _record(self):
+    def _check(self):
         if self._at >= len(self._records):
             raise InvalidArgumentError(f"{self._db._path}: the cursor is past the last record")
-        return self._records[self._at]
 
     def next(self) -> None:
-        self._record()
+        self._check()
         self._at += 1
 
     def valid(self) -> bool:
         return self._at < len(self._records)
 
     def key(self) -> bytes:
-        return self._record()[0]
+        self._check()
+        return self._records.key(self._at)
 
     def value(self) -> bytes:
-        return self._record()[1]
+        self._check()
+        return self._records.value(self._at)
 
 
 class Transaction:
@@ -134,9 +144,10 @@ class Transaction:
 
 
 class DB:
-    """A db opened for reading or writing (``create_db``). Its records are
-    read whole when it is opened, and written whole, crash-safely, when it
-    is closed: the formats themselves are the core's (storage::read_kv,
+    """A db opened for reading or writing (``create_db``). Read, it walks
+    the db through a cursor of the core (keys indexed when opened, values
+    read when asked); written, its records are written whole,
+    crash-safely, when it is closed: the formats themselves are the core's (storage::read_kv,
     storage::write_kv), known in Rust only."""
 
     def __init__(self, db_type: str, source, mode: Mode):
@@ -149,7 +160,8 @@ class DB:
         self._mode = Mode(mode)
         self._open = self._mode != Mode.read
         if self._mode == Mode.read:
-            self._records = [(bytes(k), bytes(v)) for k, v in _core.read_kv_db(self._path, db_type)]
+            self._cursor = _core.open_kv_cursor(self._path, db_type)
+            self._records = []
         elif self._mode == Mode.write and _core.db_exists(self._path, db_type):
             # Mode.write adds to an existing db, as Caffe2's did; Mode.new
             # starts over.

@@ -277,3 +277,49 @@ def test_what_a_db_is_comes_from_the_core(tmp_path, fresh):
         assert _core.detect_db_type(path) is None and not os.path.exists(path)
     with pytest.raises(errors.MissingFileError):
         _core.db_info(os.fspath(tmp_path / "none"))
+
+
+def test_a_minidb_read_through_a_cursor_reads_each_value_when_asked(tmp_path):
+    path = os.fspath(tmp_path / "big.minidb")
+    sizes = [10, 1 << 20, 3, 1 << 16]
+    records = [(b"k%d" % i, bytes([i]) * n) for i, n in enumerate(sizes)]
+    db = C.create_db("minidb", path, C.Mode.write)
+    t = db.new_transaction()
+    for k, v in records:
+        t.put(k, v)
+    t.commit()
+    db.close()
+    cursor = C.create_db("minidb", path, C.Mode.read).new_cursor()
+    # Cut the file inside the second value after the db was opened: every
+    # key is still there (they were indexed), the first value reads, the
+    # second is a typed error naming the record, not a crash or short read.
+    cut = 8 + 2 + 10 + 8 + 2 + 100
+    with open(path, "r+b") as f:
+        f.truncate(cut)
+    assert cursor.key() == b"k0" and cursor.value() == records[0][1]
+    cursor.next()
+    assert cursor.key() == b"k1"
+    with pytest.raises(errors.CorruptCheckpointError, match=r"record #1"):
+        cursor.value()
+    keys = []
+    cursor.seek_to_first()
+    while cursor.valid():
+        keys.append(cursor.key())
+        cursor.next()
+    assert keys == [k for k, _ in records]
+
+
+def test_leveldb_seek_finds_the_first_key_at_or_after(tmp_path):
+    path = os.fspath(tmp_path / "kv.leveldb")
+    db = C.create_db("leveldb", path, C.Mode.new)
+    t = db.new_transaction()
+    for k in [b"d", b"b", b"f"]:
+        t.put(k, k * 2)
+    t.commit()
+    db.close()
+    cursor = C.create_db("leveldb", path, C.Mode.read).new_cursor()
+    for key, want in [(b"a", b"b"), (b"b", b"b"), (b"c", b"d"), (b"e", b"f")]:
+        cursor.seek(key)
+        assert cursor.key() == want and cursor.value() == want * 2
+    cursor.seek(b"g")
+    assert not cursor.valid()

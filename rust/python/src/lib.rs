@@ -58,6 +58,8 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(storage::remove_db, m)?)?;
     m.add_function(wrap_pyfunction!(storage::registered_dbs, m)?)?;
     m.add_function(wrap_pyfunction!(storage::read_kv_db, m)?)?;
+    m.add_function(wrap_pyfunction!(storage::open_kv_cursor, m)?)?;
+    m.add_class::<storage::PyKvCursor>()?;
     m.add_function(wrap_pyfunction!(storage::write_kv_db, m)?)?;
     m.add_function(wrap_pyfunction!(storage::sweep_stale_temporaries, m)?)?;
     m.add_function(wrap_pyfunction!(storage::write_file_atomically, m)?)?;

@@ -154,6 +154,65 @@ pub(crate) fn read_kv_db(
         .collect())
 }
 
+/// A db's raw key-value records in the db's order, each value read when
+/// asked (`storage::kv_cursor`; what `workspace.C.create_db`'s cursor walks
+/// in read mode): `len(c)`, `c.key(i)`, `c.value(i)`.
+#[pyclass(name = "KvCursor", module = "ferrocaffe._core", frozen)]
+pub(crate) struct PyKvCursor {
+    inner: Box<dyn ferrocaffe::storage::KvCursor>,
+    path: String,
+}
+
+impl PyKvCursor {
+    fn check(&self, py: Python<'_>, i: usize) -> PyResult<()> {
+        if i < self.inner.len() {
+            return Ok(());
+        }
+        Err(to_py_err(
+            py,
+            Error::new(
+                ferrocaffe::error::ErrorKind::IndexOutOfRange,
+                format!(
+                    "{}: record #{i} does not exist (the db has {} records)",
+                    self.path,
+                    self.inner.len()
+                ),
+            ),
+        ))
+    }
+}
+
+#[pymethods]
+impl PyKvCursor {
+    fn __len__(&self) -> usize {
+        self.inner.len()
+    }
+
+    fn key<'py>(&self, py: Python<'py>, i: usize) -> PyResult<Bound<'py, PyBytes>> {
+        self.check(py, i)?;
+        Ok(PyBytes::new(py, self.inner.key(i)))
+    }
+
+    fn value<'py>(&self, py: Python<'py>, i: usize) -> PyResult<Bound<'py, PyBytes>> {
+        self.check(py, i)?;
+        let v = run_here(py, |_| self.inner.value(i))?;
+        Ok(PyBytes::new(py, &v))
+    }
+}
+
+/// Opens a [`PyKvCursor`] over the db at `path` of type `db_type`.
+#[pyfunction]
+pub(crate) fn open_kv_cursor(
+    py: Python<'_>,
+    path: PathBuf,
+    db_type: String,
+) -> PyResult<PyKvCursor> {
+    let path = path_string(py, path)?;
+    let p = path.clone();
+    let inner = run_here(py, move |_| ferrocaffe::storage::kv_cursor(&p, &db_type))?;
+    Ok(PyKvCursor { inner, path })
+}
+
 /// Writes `records` (`(key, value)` bytes pairs) as the db at `path`,
 /// crash-safely, replacing a db of that type there
 /// (`storage::DbFormat::write_kv`).

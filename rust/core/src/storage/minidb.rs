@@ -243,6 +243,69 @@ fn read_minidb_raw(path: &str) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
     Ok(out)
 }
 
+/// A minidb's records indexed without their values (keys are any bytes),
+/// each value read from the file when asked.
+pub struct MiniDbKvCursor {
+    path: String,
+    file: File,
+    /// (key, value offset, value length) of each record.
+    index: Vec<(Vec<u8>, u64, usize)>,
+}
+
+impl MiniDbKvCursor {
+    fn open(path: &str) -> Result<MiniDbKvCursor> {
+        let (file, meta) = open_regular(path).map_err(io_error(path))?;
+        let len = meta.len();
+        let mut r = BufReader::with_capacity(1 << 16, file);
+        let mut index = Vec::new();
+        let mut pos: u64 = 0;
+        while pos < len {
+            let i = index.len();
+            let (kl, vl) = minidb_header(&mut r, path, i, pos, len)?;
+            let mut key = vec![0u8; kl];
+            read_exact_or_corrupt(&mut r, &mut key, path, &|| {
+                format!("record #{i} at byte {pos} is cut off")
+            })?;
+            let value_at = pos + 8 + kl as u64;
+            // minidb_header checked that the record fits in the file.
+            r.seek_relative(vl as i64).map_err(io_error(path))?;
+            index.push((key, value_at, vl));
+            pos = value_at + vl as u64;
+        }
+        let (file, _) = open_regular(path).map_err(io_error(path))?;
+        Ok(MiniDbKvCursor {
+            path: path.to_string(),
+            file,
+            index,
+        })
+    }
+}
+
+impl KvCursor for MiniDbKvCursor {
+    fn len(&self) -> usize {
+        self.index.len()
+    }
+    fn key(&self, i: usize) -> &[u8] {
+        &self.index[i].0
+    }
+    fn value(&self, i: usize) -> Result<Vec<u8>> {
+        use std::os::unix::fs::FileExt;
+        let (_, at, len) = &self.index[i];
+        let mut v = crate::tensor::zeroed_vec::<u8>(&[*len], "a minidb value")?;
+        self.file.read_exact_at(&mut v, *at).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                corrupt(
+                    &self.path,
+                    format!("record #{i} is cut off: the file shrank after it was opened"),
+                )
+            } else {
+                Error::io(&e, &self.path)
+            }
+        })?;
+        Ok(v)
+    }
+}
+
 /// The records of one blob.
 pub(super) enum MiniGroup {
     Tensor(Vec<TensorProto>, u64),
@@ -508,5 +571,8 @@ impl DbFormat for MiniDb {
                 .iter()
                 .try_for_each(|(k, v)| minidb_put_raw(w, path, k, v))
         })
+    }
+    fn kv_cursor(&self, path: &str) -> Result<Box<dyn KvCursor>> {
+        Ok(Box::new(MiniDbKvCursor::open(path)?))
     }
 }

@@ -220,6 +220,40 @@ pub trait DbFormat: Sync {
     /// blob name (`name#%<chunk>` for a tensor's chunks), each value a
     /// serialized `BlobProto`; other records are refused with an error.
     fn write_kv(&self, path: &str, records: &[(Vec<u8>, Vec<u8>)]) -> Result<()>;
+    /// The records of [`DbFormat::read_kv`] as a cursor that reads each
+    /// value when asked: a format that can index its file without reading
+    /// the values (minidb) overrides this, so walking a db larger than
+    /// memory costs one value at a time; by default the records are read
+    /// whole.
+    fn kv_cursor(&self, path: &str) -> Result<Box<dyn KvCursor>> {
+        Ok(Box::new(self.read_kv(path)?))
+    }
+}
+
+/// A db's raw key-value records, in the db's order (Python's
+/// `db.Cursor`): every key known, each value read when asked.
+pub trait KvCursor: Send + Sync {
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The key of record `i` (`i < len()`): any bytes.
+    fn key(&self, i: usize) -> &[u8];
+    /// The value of record `i` (`i < len()`).
+    fn value(&self, i: usize) -> Result<Vec<u8>>;
+}
+
+/// Records read whole.
+impl KvCursor for Vec<(Vec<u8>, Vec<u8>)> {
+    fn len(&self) -> usize {
+        <[_]>::len(self)
+    }
+    fn key(&self, i: usize) -> &[u8] {
+        &self[i].0
+    }
+    fn value(&self, i: usize) -> Result<Vec<u8>> {
+        Ok(self[i].1.clone())
+    }
 }
 
 /// The records of the blobs in `blobs`, as Caffe2's minidb or LevelDB would
@@ -278,6 +312,14 @@ pub fn read_kv(path: &str, db_type: &str) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
     db_format(db_type)
         .map_err(|e| e.with_file(path))?
         .read_kv(path)
+}
+
+/// A cursor over the raw key-value records of the db at `path` (see
+/// [`DbFormat::kv_cursor`]).
+pub fn kv_cursor(path: &str, db_type: &str) -> Result<Box<dyn KvCursor>> {
+    db_format(db_type)
+        .map_err(|e| e.with_file(path))?
+        .kv_cursor(path)
 }
 
 /// Writes raw key-value records as the db at `path` (see
@@ -765,6 +807,47 @@ mod tests {
         fn drop(&mut self) {
             let _ = fs::remove_dir_all(&self.0);
         }
+    }
+
+    #[test]
+    fn kv_cursors_give_the_records_read_kv_gives() {
+        let dir = Scratch::new("cursor");
+        let records: Vec<(Vec<u8>, Vec<u8>)> = vec![
+            (b"b".to_vec(), b"two".to_vec()),
+            (vec![0xff, 0x00, 0x61], vec![]),
+            (b"a".to_vec(), vec![7u8; 100_000]),
+        ];
+        for t in ["minidb", "leveldb"] {
+            let path = dir.file(t);
+            write_kv(&path, t, &records).unwrap();
+            let whole = read_kv(&path, t).unwrap();
+            let c = kv_cursor(&path, t).unwrap();
+            assert_eq!(c.len(), whole.len(), "{t}");
+            for (i, (k, v)) in whole.iter().enumerate() {
+                assert_eq!(c.key(i), k.as_slice(), "{t} key {i}");
+                assert_eq!(&c.value(i).unwrap(), v, "{t} value {i}");
+            }
+        }
+        // A minidb's values are read when asked: a file cut short after
+        // the cursor opened it is an error naming the record, not a panic.
+        let path = dir.file("minidb");
+        let c = kv_cursor(&path, "minidb").unwrap();
+        let f = fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_len(20).unwrap();
+        let e = c.value(2).unwrap_err();
+        assert!(
+            e.full_message().contains("record #2"),
+            "{}",
+            e.full_message()
+        );
+        let e = kv_cursor(&path, "minidb")
+            .err()
+            .expect("a cut minidb is refused");
+        assert!(
+            e.full_message().contains("truncated"),
+            "{}",
+            e.full_message()
+        );
     }
 
     #[test]
