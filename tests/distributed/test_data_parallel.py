@@ -174,3 +174,37 @@ def test_alias_module_is_this_one():
     from caffe2.python import data_parallel_model, dyndep
     assert data_parallel_model is dpm
     dyndep.InitOpsLibrary('@/caffe2/caffe2/contrib/gloo:gloo_ops')
+
+
+@pytest.mark.parametrize('before, after', [([0, 1], [0, 1, 2, 3]), ([0, 1, 2, 3], [0])],
+                         ids=['2to4', '4to1'])
+@pytest.mark.parametrize('opt', ['momentum', 'adam'])
+def test_a_checkpoint_resumes_with_another_replica_count(tmp_path, before, after, opt):
+    # Half the steps on `before` replicas, a checkpoint of GetCheckpointParams
+    # in a real db file, then the rest on `after` replicas of a fresh model
+    # that loads it and calls FinalizeAfterCheckpoint: the same parameters as
+    # the numpy model trained on every step (the global batch is the same).
+    steps = batches(STEPS, BATCH, seed=5)
+    want = reference(steps, opt, True)
+    half = STEPS // 2
+    model = train(before, opt, True, steps[:half])
+    saved = sorted(str(b) for b in dpm.GetCheckpointParams(model))
+    db = str(tmp_path / 'dp.minidb')
+    workspace.RunOperatorOnce(core.CreateOperator(
+        'Save', saved, [], db=db, db_type='minidb', absolute_path=1))
+
+    workspace.ResetWorkspace()
+    model = build(model_helper.ModelHelper(name='dp'), after, opt, True)
+    workspace.RunNetOnce(model.param_init_net)
+    workspace.RunOperatorOnce(core.CreateOperator(
+        'Load', [], saved, db=db, db_type='minidb', absolute_path=1))
+    dpm.FinalizeAfterCheckpoint(model)
+    for batch in steps[half:]:
+        for blob, value in replica_feeds(batch, after).items():
+            workspace.FeedBlob(blob, value)
+        dpm.RunNet(model, 1)
+    for name in param_names(True):
+        for d in after:
+            np.testing.assert_allclose(
+                workspace.FetchBlob('cpu_%d/%s' % (d, name)), want[name],
+                rtol=1e-4, atol=2e-6, err_msg='cpu_%d/%s' % (d, name))
