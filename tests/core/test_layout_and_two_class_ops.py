@@ -97,3 +97,10 @@ def test_flatten_axis_may_be_ndim(fresh):
     np.testing.assert_array_equal(run("Flatten", x, axis=0), x.reshape(1, 24))
     with pytest.raises(errors.InvalidArgumentError):
         run("Flatten", x, axis=4)
+
+
+def test_lengths_to_shape_takes_int32_lengths_only_as_caffe2(fresh):
+    # Caffe2's kernel read the lengths as int32 (one type, no dispatch).
+    np.testing.assert_array_equal(run("LengthsToShape", np.array([3, 3], np.int32)), [2, 3])
+    with pytest.raises(errors.DataTypeError, match="int32"):
+        run("LengthsToShape", np.array([3, 3], np.int64))
