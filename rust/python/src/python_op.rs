@@ -246,7 +246,9 @@ impl PyOpContext {
         Ok(py
             .import("ferrocaffe._python_ops")?
             .getattr("_wrap_workspace")?
-            .call1((PyWorkspace { ws: self.ws.clone() },))?
+            .call1((PyWorkspace {
+                ws: self.ws.clone(),
+            },))?
             .unbind())
     }
 }
@@ -411,8 +413,9 @@ pub(crate) fn register_python_op() {
 // context)` with the GIL held, exactly as a `Python` op's function does.
 
 /// Op type -> "module:function" that builds its kernels.
-static OP_TYPES: std::sync::LazyLock<parking_lot::RwLock<std::collections::HashMap<String, String>>> =
-    std::sync::LazyLock::new(Default::default);
+static OP_TYPES: std::sync::LazyLock<
+    parking_lot::RwLock<std::collections::HashMap<String, String>>,
+> = std::sync::LazyLock::new(Default::default);
 
 /// The op types ferrocaffe implements in Python, registered with `_core`:
 /// (name, inputs, outputs, in-place rule, arguments, doc).
@@ -487,17 +490,15 @@ fn inplace_rule(rule: &str) -> Option<ferrocaffe::operator::InPlace> {
 fn build_named_op(
     ctx: &ferrocaffe::operator::OpDefCtx<'_>,
 ) -> ferrocaffe::Result<Box<dyn ferrocaffe::operator::Operator>> {
-    let spec = OP_TYPES
-        .read()
-        .get(ctx.op_type())
-        .cloned()
-        .ok_or_else(|| ctx.bad_arg("no Python implementation is registered for this op type"))?;
+    let spec =
+        OP_TYPES.read().get(ctx.op_type()).cloned().ok_or_else(|| {
+            ctx.bad_arg("no Python implementation is registered for this op type")
+        })?;
     let def = prost::Message::encode_to_vec(ctx.def);
     Python::attach(|py| {
         let r = (|| -> PyResult<Py<PyAny>> {
             let m = py.import("ferrocaffe._python_ops")?;
-            Ok(m
-                .getattr("build_named")?
+            Ok(m.getattr("build_named")?
                 .call1((spec.as_str(), PyBytes::new(py, &def)))?
                 .unbind())
         })();
@@ -505,7 +506,10 @@ fn build_named_op(
             let mut e = Error::invalid_arg(format!(
                 "cannot build the {} op: {}",
                 ctx.op_type(),
-                err.value(py).str().map(|s| s.to_string()).unwrap_or_default()
+                err.value(py)
+                    .str()
+                    .map(|s| s.to_string())
+                    .unwrap_or_default()
             ))
             .with_op(ctx.op_type(), None);
             e.payload = Some(Arc::new(err));

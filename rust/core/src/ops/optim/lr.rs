@@ -649,3 +649,49 @@ fn build_lars(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         Ok(true)
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn composite_picks_the_sub_policy_by_range_and_feeds_the_global_iteration() {
+        let p = Policy::Composite(vec![
+            (1, 2.0, Policy::Fixed),
+            (4, 0.5, Policy::Exp { gamma: 0.5 }),
+        ]);
+        // Iteration 0 precedes every range: the first sub-policy.
+        assert_eq!(p.multiplier(0), 2.0);
+        assert_eq!(p.multiplier(3), 2.0);
+        // From 4 on: 0.5 * 0.5^iter (the global iteration, not iter - 4).
+        assert_eq!(p.multiplier(4), 0.5 * 0.5f64.powi(4));
+        assert_eq!(p.multiplier(100), 0.5 * 0.5f64.powi(100));
+    }
+
+    #[test]
+    fn alter_slope_and_cyclical_by_hand() {
+        let alter = Policy::Alter {
+            active_first: true,
+            active: 2,
+            inactive: 3,
+        };
+        let got: Vec<f64> = (0..6).map(|i| alter.multiplier(i)).collect();
+        assert_eq!(got, vec![1.0, 1.0, 0.0, 0.0, 0.0, 1.0]);
+        let slope = Policy::Slope {
+            n1: 10,
+            m1: 1.0,
+            n2: 20,
+            m2: 0.5,
+        };
+        assert_eq!(slope.multiplier(5), 1.0);
+        assert_eq!(slope.multiplier(15), 0.75);
+        assert_eq!(slope.multiplier(30), 0.5);
+        let cyc = Policy::Cyclical(Cyclical {
+            ratio: 3.0,
+            stepsize: 2,
+            decay: 1.0,
+        });
+        let got: Vec<f64> = (0..5).map(|i| cyc.multiplier(i)).collect();
+        assert_eq!(got, vec![1.0, 2.0, 3.0, 2.0, 1.0]);
+    }
+}
