@@ -1202,6 +1202,12 @@ def _cross_entropy_grad(op, g_output):
     return [_op("CrossEntropyGradient", [w.I(0), w.I(1), w.GO(0)], [w.GI(0)])], [w.GI(0), None]
 
 
+@_register("MakeTwoClass")
+def _make_two_class_grad(op, g_output):
+    w = GradientWrapper(op, g_output)
+    return [_op("MakeTwoClassGradient", [w.GO(0)], [w.GI(0)])], [w.GI(0)]
+
+
 @_register("SigmoidCrossEntropyWithLogits")
 def _sigmoid_xent_grad(op, g_output):
     w = GradientWrapper(op, g_output)
@@ -1505,6 +1511,17 @@ def _split_grad(op, g_output):
 
 _register("Split", copy_arguments=False)(_split_grad)
 _register("DepthSplit", copy_arguments=False)(_split_grad)
+
+
+def _order_switch_grad(inverse):
+    def maker(op, g_output):
+        w = GradientWrapper(op, g_output)
+        return [_op(inverse, [w.GO(0)], [w.GI(0)])], [w.GI(0)]
+    return maker
+
+
+_register("NHWC2NCHW", copy_arguments=False)(_order_switch_grad("NCHW2NHWC"))
+_register("NCHW2NHWC", copy_arguments=False)(_order_switch_grad("NHWC2NCHW"))
 
 
 @_register("Transpose", copy_arguments=False)

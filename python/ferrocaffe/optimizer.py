@@ -382,7 +382,9 @@ class AdagradOptimizer(Optimizer):
     update's rate by ``Lars``. ``counter_halflife`` > 0 keeps each row's
     decayed update count (``<param>_update_counter``, float64, and
     ``<param>_prev_update_iter``, int64) with ``RowWiseCounter`` after
-    each sparse update, as Caffe2's."""
+    each sparse update, as Caffe2's; with a ``weight_decay`` too, the
+    sparse op also reads the count (its weight decay scaled by
+    ``counter_halflife / count`` per row, later Caffe2's rule)."""
 
     def __init__(self, alpha=0.01, epsilon=1e-4, decay=1, weight_decay=0.0, policy="fixed",
                  sparse_dedup_aggregator=None, rowWise=False, engine="", lars=None, counter_halflife=-1,
@@ -434,7 +436,13 @@ class AdagradOptimizer(Optimizer):
         args = dict(epsilon=float(self.epsilon), weight_decay=float(self.weight_decay))
         if isinstance(grad, core.GradientSlice):
             op = "RowWiseSparseAdagrad" if self.rowWise else "SparseAdagrad"
-            getattr(net, op)([param, moment, grad.indices, grad.values, lr], [param, moment], **args)
+            inputs = [param, moment, grad.indices, grad.values, lr]
+            if counters is not None and self.weight_decay > 0:
+                # Later Caffe2: a row's weight decay scaled by
+                # counter_halflife / its update count.
+                inputs.append(counters[1])
+                args["counter_halflife"] = int(self.counter_halflife)
+            getattr(net, op)(inputs, [param, moment], **args)
             if counters is not None:
                 net.RowWiseCounter([counters[0], counters[1], grad.indices, iteration], list(counters),
                                    counter_halflife=int(self.counter_halflife))

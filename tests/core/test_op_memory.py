@@ -314,6 +314,8 @@ def cannot(reason, *ops):
         CANNOT_DRIVE[op] = reason
 
 
+cannot("its output is twice its input ([1 - p, p] per probability): 2^40 bytes would need "
+       "an input of 2^39", "MakeTwoClass")
 cannot(COLLECTIVE, "Allgather", "Allreduce", "Barrier", "Broadcast", "CloneCommonWorld",
        "CreateCommonWorld", "DestroyCommonWorld")
 cannot(SAME_SIZE,
@@ -324,7 +326,7 @@ cannot(SAME_SIZE,
        "Clip", "Scale", "ScaleBlobs", "Pow", "Cast", "FloatToHalf", "HalfToFloat",
        "Fused8BitRowwiseQuantizedToFloat", "Dropout", "PRelu", "NanCheck", "Alias", "Copy",
        "CopyOnDeviceLike", "EnsureCPUOutput", "StopGradient", "Max", "Min", "Sum", "Mean",
-       "WeightedSum", "Transpose", "Flatten", "FlattenToVec", "ExpandDims", "Squeeze",
+       "WeightedSum", "Transpose", "NHWC2NCHW", "NCHW2NHWC", "MakeTwoClassGradient", "Flatten", "FlattenToVec", "ExpandDims", "Squeeze",
        "ResizeLike", "ChannelShuffle", "ChannelShuffleGradient", "Slice", "Split",
        "DepthSplit", "SplitByLengths", "BooleanMask", "UnpackSegments", "Shape", "Size",
        "IsEmpty", "LengthsToShape", "LengthsToRanges", "ArgMax", "ArgMin", "Accuracy",

@@ -184,7 +184,7 @@ spec("Clip",
      C(F(3, 4, away=[0.2]), args={"min": 0.2}),
      C(F(3, 4, away=[-0.2]), args={"max": -0.2}))
 spec("NanCheck", C(F(3, 4)), C(F(3, 4), F(2), wrt=(0,), label="extra inputs only named"))
-spec("Flatten", C(F(2, 3, 4)), C(F(2, 3, 4), args={"axis": 2}))
+spec("Flatten", C(F(2, 3, 4)), C(F(2, 3, 4), args={"axis": 2}), C(F(2, 3, 4), args={"axis": 3}))
 spec("Reshape",
      C(F(2, 3, 4), args={"shape": [4, 6]}, outputs=2),
      C(F(2, 3, 4), args={"shape": [-1, 4]}, outputs=1),
@@ -193,6 +193,8 @@ spec("Reshape",
 spec("ExpandDims", C(F(2, 3), args={"dims": [0, 2]}))
 spec("Squeeze", C(F(2, 1, 3, 1), args={"dims": [1, 3]}))
 spec("Transpose", C(F(2, 3, 4)), C(F(2, 3, 4), args={"axes": [1, 2, 0]}))
+spec("NHWC2NCHW", C(F(2, 3, 4)), C(F(2, 3, 4, 5)), C(F(1, 2, 3, 2, 3)))
+spec("NCHW2NHWC", C(F(2, 3, 4)), C(F(2, 3, 4, 5)), C(F(1, 2, 3, 2, 3)))
 spec("Tile", C(F(2, 3), args={"tiles": 3, "axis": 1}),
      C(F(2, 3), Ints(2), Ints(0), label="tiles and axis inputs"))
 spec("Expand", C(F(3, 1), Ints(2, 3, 4, dtype=np.int64)), C(F(4), Ints(2, 1, dtype=np.int64)))
@@ -268,6 +270,7 @@ spec("SpatialSoftmaxWithLoss",
        F(2, 2, 2, lo=0.2, hi=1), wrt=(0,), outputs=2, seeds=(1,), args={"scale": 2.0},
        label="weights"))
 spec("LabelCrossEntropy", C(F(3, 4, lo=0.1, hi=1), Ints(0, 3, 1)))
+spec("MakeTwoClass", C(F(3, lo=0.05, hi=0.95)), C(F(2, 3, lo=0.05, hi=0.95)))
 spec("CrossEntropy", C(F(3, 4, lo=0.1, hi=0.9), Probs(3, 4)), C(F(4, lo=0.1, hi=0.9), Probs(4)))
 spec("SigmoidCrossEntropyWithLogits",
      C(F(3, 4, lo=-2, hi=2), Fixed(F(3, 4, lo=0, hi=1))),

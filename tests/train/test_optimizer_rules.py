@@ -805,6 +805,24 @@ def test_row_wise_adagrad_with_counter_counts_row_updates(fresh):
     assert {"table_update_counter", "table_prev_update_iter"} <= {str(p) for p in aux.local}
 
 
+def test_adagrad_with_counter_and_weight_decay_feeds_the_count_to_the_update(fresh):
+    # With weight decay, each row's decay is scaled by counter_halflife /
+    # its count (later Caffe2): the sparse op reads the counter as input 5.
+    model = _sparse_table_model()
+    optimizer.build_adagrad(model, base_learning_rate=0.1, rowWise=True, counter_halflife=2,
+                            weight_decay=0.5)
+    ops = [op for op in model.net.Proto().op if op.type == "RowWiseSparseAdagrad"]
+    assert len(ops) == 1 and len(ops[0].input) == 6
+    assert ops[0].input[5] == "table_update_counter"
+    assert {a.name: a.i for a in ops[0].arg}["counter_halflife"] == 2
+    workspace.FeedBlob("idx", np.array([2, 0], np.int32))
+    workspace.RunNetOnce(model.param_init_net)
+    workspace.CreateNet(model.net)
+    for _ in range(2):
+        workspace.RunNet(model.net.Proto().name)
+    assert np.isfinite(workspace.FetchBlob("table")).all()
+
+
 # --------------------------------------------------------------- YellowFin --
 
 def yellowfin_ref(state, g, it, beta, eps, width, nesterov=False, zero_debias=True):

@@ -137,6 +137,9 @@ pub struct OpSchema {
     /// Arguments Caffe2 nets carry for this op that it accepts and ignores
     /// (besides the [`ENGINE_HINTS`]); its kernel never reads them.
     pub ignored: &'static [ArgDoc],
+    /// Prefixes of argument names the op reads besides its declared ones
+    /// (LearningRate's `sub_policy_<i>_...`, a sub-policy's own arguments).
+    pub prefixed: &'static [&'static str],
     pub doc: &'static str,
     pub build: BuildFn,
     /// Shape inference ([`crate::shapes`]); `None`: the outputs are unknown.
@@ -156,6 +159,7 @@ impl OpSchema {
             inplace: InPlace::Never,
             args: &[],
             ignored: &[],
+            prefixed: &[],
             doc: "",
             build,
             infer: None,
@@ -186,6 +190,11 @@ impl OpSchema {
     }
     pub const fn ignores(mut self, args: &'static [ArgDoc]) -> Self {
         self.ignored = args;
+        self
+    }
+    /// Accepts any argument whose name starts with one of these prefixes.
+    pub const fn prefixed_args(mut self, prefixes: &'static [&'static str]) -> Self {
+        self.prefixed = prefixes;
         self
     }
     pub const fn doc(mut self, doc: &'static str) -> Self {
@@ -267,7 +276,9 @@ impl OpSchema {
     /// Whether the op accepts an argument of this name (its own, one it
     /// ignores, or an engine hint).
     pub fn accepts(&self, name: &str) -> bool {
-        name == ALLOW_UNKNOWN_ARGS || self.known_args().any(|a| a.name == name)
+        name == ALLOW_UNKNOWN_ARGS
+            || self.known_args().any(|a| a.name == name)
+            || self.prefixed.iter().any(|p| name.starts_with(p))
     }
 
     fn known_args(&self) -> impl Iterator<Item = &'static ArgDoc> {

@@ -76,6 +76,14 @@ pub fn schemas() -> Vec<OpSchema> {
             .outputs(1, 1)
             .args(&[arg!("scale", "float", "1", "multiplies the gradient")])
             .doc("Gradient of SpatialSoftmaxWithLoss: inputs (X, labels[, weights], P, dLoss), output dX = (P - onehot(label)) * weight * scale / total weight * dLoss, 0 at pixels labelled -1."),
+        OpSchema::new("MakeTwoClass", build_make_two_class)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .doc("Y = X's shape + [2] with Y[..., 0] = 1 - X and Y[..., 1] = X, for probabilities X (float32 or float64) of the positive class; each must be in [0, 1]."),
+        OpSchema::new("MakeTwoClassGradient", build_make_two_class_grad)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .doc("Gradient of MakeTwoClass: input dY (last dim 2), output dX (dY's shape without its last dim) = dY[..., 1] - dY[..., 0]."),
         OpSchema::new("LabelCrossEntropy", build_lce)
             .inputs(2, 2)
             .outputs(1, 1)
@@ -436,6 +444,54 @@ fn lce_t<T: Float>(l: &mut Locked<'_>) -> Result<()> {
     )?;
     l.set_output(0, T::wrap(array(&[n], y)?));
     Ok(())
+}
+
+fn make_two_class_t<T: Float>(l: &mut Locked<'_>) -> Result<()> {
+    let op = "MakeTwoClass";
+    let x = input::<T>(l, op, 0)?;
+    if let Some(bad) = x.iter().find(|&&v| !(v >= T::of(0.0) && v <= T::of(1.0))) {
+        return Err(Error::invalid_arg(format!(
+            "{op}: the probabilities ('{}') must be in [0, 1], got {bad:?}",
+            l.input_name(0)
+        ))
+        .with_blob(l.input_name(0)));
+    }
+    let mut shape = x.shape().to_vec();
+    shape.push(2);
+    crate::tensor::checked_numel::<T>(&shape, "MakeTwoClass's output")?;
+    let y: Vec<T> = crate::tensor::try_collect(
+        x.iter().flat_map(|&p| [T::of(1.0) - p, p]),
+        "a kernel buffer",
+    )?;
+    l.set_output(0, T::wrap(array(&shape, y)?));
+    Ok(())
+}
+
+fn build_make_two_class(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    float_kernel!("MakeTwoClass", 0, |l| make_two_class_t(&mut l))
+}
+
+fn make_two_class_grad_t<T: Float>(l: &mut Locked<'_>) -> Result<()> {
+    let op = "MakeTwoClassGradient";
+    let dy = input::<T>(l, op, 0)?;
+    if dy.shape().last() != Some(&2) {
+        return Err(Error::shape(format!(
+            "{op}: dY ('{}', shape {:?}) must have a last dim of 2",
+            l.input_name(0),
+            dy.shape()
+        ))
+        .with_blob(l.input_name(0)));
+    }
+    let shape = dy.shape()[..dy.ndim() - 1].to_vec();
+    let v = dense(dy);
+    let dx: Vec<T> =
+        crate::tensor::try_collect(v.chunks_exact(2).map(|c| c[1] - c[0]), "a kernel buffer")?;
+    l.set_output(0, T::wrap(array(&shape, dx)?));
+    Ok(())
+}
+
+fn build_make_two_class_grad(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    float_kernel!("MakeTwoClassGradient", 0, |l| make_two_class_grad_t(&mut l))
 }
 
 fn build_lce(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {

@@ -57,6 +57,14 @@ pub fn schemas() -> Vec<OpSchema> {
                 "a permutation of the input's dims: output dim i is input dim axes[i]"
             )])
             .doc("Permutes the input's dims (any dtype)."),
+        OpSchema::new("NHWC2NCHW", order_switch)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .doc("Moves the last dim to dim 1: (N, spatial..., C) -> (N, C, spatial...), for 3 or more dims (any dtype). Its gradient is NCHW2NHWC."),
+        OpSchema::new("NCHW2NHWC", order_switch)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .doc("Moves dim 1 last: (N, C, spatial...) -> (N, spatial..., C), for 3 or more dims (any dtype). Its gradient is NHWC2NCHW."),
         OpSchema::new("Slice", slice)
             .inputs(1, 3)
             .outputs(1, 1)
@@ -327,6 +335,34 @@ fn transpose(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
                 }
                 axes.iter().map(|&a| a as usize).collect()
             }
+        };
+        let out = crate::with_match_dtype!(t.dtype(), |T| transpose_of::<T>(t, &perm),
+            else other => Err(crate::tensor::unsupported_dtype(other)))?;
+        l.set_output(0, out);
+        Ok(true)
+    }))
+}
+
+/// NHWC2NCHW and NCHW2NHWC: a transpose moving the channel dim.
+fn order_switch(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let to_nchw = ctx.op_type() == "NHWC2NCHW";
+    let op = ctx.op_type().to_string();
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let name = l.input_name(0);
+        let t = l.tensor(0)?;
+        let nd = t.ndim();
+        if nd < 3 {
+            return Err(Error::shape(format!(
+                "{op}: the input ('{name}', shape {:?}) must have at least 3 dims",
+                t.shape()
+            ))
+            .with_blob(name));
+        }
+        let perm: Vec<usize> = if to_nchw {
+            [0, nd - 1].into_iter().chain(1..nd - 1).collect()
+        } else {
+            [0].into_iter().chain(2..nd).chain([1]).collect()
         };
         let out = crate::with_match_dtype!(t.dtype(), |T| transpose_of::<T>(t, &perm),
             else other => Err(crate::tensor::unsupported_dtype(other)))?;
@@ -849,7 +885,7 @@ fn reshape_schemas() -> Vec<OpSchema> {
             .inputs(1, 1)
             .outputs(1, 1)
             .inplace(InPlace::Allow(in_place_0_0))
-            .args(&[arg!("axis", "int", "1", "the 2-D output is (prod of dims before axis, prod of the rest)")])
+            .args(&[arg!("axis", "int", "1", "the 2-D output is (prod of dims before axis, prod of the rest); in [-ndim, ndim]")])
             .doc("Reshapes the input to 2-D at `axis`."),
         OpSchema::new("FlattenToVec", build_flatten_to_vec)
             .inputs(1, 1)
@@ -1030,7 +1066,12 @@ fn build_flatten(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
         let shape = l.tensor(0)?.shape().to_vec();
-        let ax = canonical_axis("Flatten", "axis", axis, shape.len(), l.input_name(0))?;
+        // Caffe2 allows axis == ndim (an inner size of 1).
+        let ax = if axis == shape.len() as i64 {
+            shape.len()
+        } else {
+            canonical_axis("Flatten", "axis", axis, shape.len(), l.input_name(0))?
+        };
         let new = [shape[..ax].iter().product(), shape[ax..].iter().product()];
         set_reshaped(&mut l, &new)?;
         Ok(true)

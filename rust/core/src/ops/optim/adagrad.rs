@@ -46,7 +46,13 @@ pub fn schemas() -> Vec<OpSchema> {
             "weight_decay",
             "float",
             "0",
-            "g += weight_decay * param (of the row) before the update"
+            "g += weight_decay * freq * param (of the row) before the update"
+        ),
+        arg!(
+            "counter_halflife",
+            "int",
+            "-1",
+            "> 0: freq = counter_halflife / count[row] for a row whose count (the optional input 5, RowWiseCounter's update_counter) is > 0, else 1"
         ),
     ];
     vec![
@@ -57,17 +63,17 @@ pub fn schemas() -> Vec<OpSchema> {
             .args(ADAGRAD_ARGS)
             .doc("Inputs (param, moment, grad, lr), outputs (param, moment[, effective_lr[, update]]) in place (float32): g = grad + weight_decay * param, moment = decay * moment + g^2, effective_lr = lr / (sqrt(moment) + epsilon), update = effective_lr * g, param += update."),
         OpSchema::new("SparseAdagrad", build_sparse_adagrad)
-            .inputs(5, 5)
+            .inputs(5, 6)
             .outputs(2, 2)
             .inplace(InPlace::Enforce(adagrad_in_place))
             .args(SPARSE_ARGS)
-            .doc("Inputs (param, moment, indices, grad, lr), outputs (param, moment) in place (float32): Adagrad on the rows of param at the indices, grad holding one row per index (applied in order; duplicates update twice)."),
+            .doc("Inputs (param, moment, indices, grad, lr[, count]), outputs (param, moment) in place (float32; count float64 or float32, one per row of param): Adagrad on the rows of param at the indices, grad holding one row per index (applied in order; duplicates update twice), g = grad + weight_decay * freq * param (freq from counter_halflife and count, else 1)."),
         OpSchema::new("RowWiseSparseAdagrad", build_sparse_adagrad)
-            .inputs(5, 5)
+            .inputs(5, 6)
             .outputs(2, 2)
             .inplace(InPlace::Enforce(adagrad_in_place))
             .args(SPARSE_ARGS)
-            .doc("Inputs (param, moment (1-D, one per row of param), indices, grad, lr), outputs (param, moment) in place (float32): moment[r] += mean(g^2) over the row, param[r] += lr * g / (sqrt(moment[r]) + epsilon)."),
+            .doc("Inputs (param, moment (1-D, one per row of param), indices, grad, lr[, count]), outputs (param, moment) in place (float32): g = grad + weight_decay * freq * param[r] (freq as SparseAdagrad's), moment[r] += mean(g^2) over the row, param[r] += lr * g / (sqrt(moment[r]) + epsilon)."),
         OpSchema::new("DecayAdagrad", build_decay_adagrad)
             .inputs(6, 6)
             .outputs(3, 3)
@@ -134,6 +140,12 @@ fn build_adagrad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 fn build_sparse_adagrad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let eps = ctx.epsilon(1e-5)?;
     let wd = ctx.args.f32("weight_decay", 0.0)?;
+    let halflife = ctx.args.i64("counter_halflife", -1)?;
+    if halflife > 0 && ctx.num_inputs() < 6 {
+        return Err(ctx.bad_arg(format!(
+            "counter_halflife {halflife} > 0 needs the count input (input 5, RowWiseCounter's update_counter)"
+        )));
+    }
     let row_wise = ctx.op_type() == "RowWiseSparseAdagrad";
     let op = ctx.op_type().to_string();
     Ok(kernel(move |cx| {
@@ -175,14 +187,47 @@ fn build_sparse_adagrad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             .with_blob(l.input_name(3)));
         }
         let lr = scalar_f32(&l, op, 4, "the learning rate")?;
+        let count: Option<Vec<f64>> = if halflife > 0 {
+            let c: Vec<f64> = match l.tensor(5)? {
+                Tensor::F64(a) => crate::tensor::try_collect(a.iter().copied(), "a kernel buffer")?,
+                Tensor::F32(a) => {
+                    crate::tensor::try_collect(a.iter().map(|&v| f64::from(v)), "a kernel buffer")?
+                }
+                t => {
+                    return Err(Error::type_error(format!(
+                        "{op}: the count ('{}') must be a float64 or float32 tensor, got {}",
+                        l.input_name(5),
+                        t.dtype()
+                    ))
+                    .with_blob(l.input_name(5)))
+                }
+            };
+            if c.len() != nrows {
+                return Err(Error::shape(format!(
+                    "{op}: the count ('{}', {} elements) must have one value per row of the parameter ({nrows})",
+                    l.input_name(5),
+                    c.len()
+                ))
+                .with_blob(l.input_name(5)));
+            }
+            Some(c)
+        } else {
+            None
+        };
         let shape_p = p.shape().to_vec();
         let shape_m = m.shape().to_vec();
         let mut pv: Vec<f32> = crate::tensor::try_collect(p.iter().copied(), "a kernel buffer")?;
         let mut mv: Vec<f32> = crate::tensor::try_collect(m.iter().copied(), "a kernel buffer")?;
         let gv: Vec<f32> = crate::tensor::try_collect(g.iter().copied(), "a kernel buffer")?;
         for (i, &r) in rows.iter().enumerate() {
+            // A row seen less often than once per half-life decays more.
+            let freq = match &count {
+                Some(c) if c[r] > 0.0 => (halflife as f64 / c[r]) as f32,
+                _ => 1.0,
+            };
+            let wdr = wd * freq;
             let gs: Vec<f32> = crate::tensor::try_collect(
-                (0..block).map(|j| gv[i * block + j] + wd * pv[r * block + j]),
+                (0..block).map(|j| gv[i * block + j] + wdr * pv[r * block + j]),
                 "a kernel buffer",
             )?;
             if row_wise {
