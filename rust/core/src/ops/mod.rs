@@ -19,6 +19,7 @@ pub mod conv;
 pub mod counter;
 pub mod dataset;
 pub mod db;
+pub mod detection;
 pub mod elementwise;
 pub mod fill;
 pub(crate) mod gemm;
@@ -52,6 +53,7 @@ pub fn builtin_schemas() -> Vec<OpSchema> {
     v.extend(counter::schemas());
     v.extend(dataset::schemas());
     v.extend(db::schemas());
+    v.extend(detection::schemas());
     v.extend(elementwise::schemas());
     v.extend(fill::schemas());
     v.extend(index::schemas());
