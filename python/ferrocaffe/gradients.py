@@ -1613,6 +1613,15 @@ def _roi_align_grad(op, g_output):
     return [_op("RoIAlignGradient", [w.I(0), w.I(1), w.GO(0)], [w.GI(0)])], [w.GI(0), None]
 
 
+@_register("ResizeNearest")
+def _resize_nearest_grad(op, g_output):
+    # Inputs dY, X (and the scales input if the op has one); the scales get
+    # no gradient.
+    w = GradientWrapper(op, g_output)
+    ins = [w.GO(0), w.I(0)] + [w.I(i) for i in range(1, len(op.input))]
+    return [_op("ResizeNearestGradient", ins, [w.GI(0)])], [w.GI(0)] + [None] * (len(op.input) - 1)
+
+
 
 def _only_first_output(op, g_output, what):
     """A maker that differentiates output 0 only: a gradient given for

@@ -436,9 +436,144 @@ def test_box_with_nms_limit_bad_inputs(fresh):
     with pytest.raises(errors.InvalidArgumentError, match="soft_nms_method"):
         run("BoxWithNMSLimit", {"s": s, "b": np.zeros((4, 12), np.float32)}, ["a", "b2", "c"],
             soft_nms_enabled=1, soft_nms_method="hard")
-    with pytest.raises(errors.InvalidArgumentError, match="rotated"):
-        run("BoxWithNMSLimit", {"s": s, "b": np.zeros((4, 15), np.float32)}, ["a", "b2", "c"],
+    with pytest.raises(errors.ShapeError, match="BoxWithNMSLimit"):
+        run("BoxWithNMSLimit", {"s": s, "b": np.zeros((4, 12), np.float32)}, ["a", "b2", "c"],
             rotated=1)
+
+
+# Rotated boxes: (ctr_x, ctr_y, w, h, angle in degrees), the angle turning
+# the box counter-clockwise as seen in an image (y down).
+
+
+def rotated_corners(b):
+    cx, cy, w, h, a = b
+    t = math.radians(a)
+    # The box's own axes in image coordinates (y down).
+    ax = np.array([math.cos(t), -math.sin(t)])
+    ay = np.array([math.sin(t), math.cos(t)])
+    return [np.array([cx, cy]) + sx * w / 2 * ax + sy * h / 2 * ay
+            for sx, sy in ((-1, -1), (1, -1), (1, 1), (-1, 1))]
+
+
+def inside(p, poly):
+    # p is inside (or on) the convex polygon when it is on one side of every edge.
+    signs = []
+    for i in range(len(poly)):
+        a, b = poly[i], poly[(i + 1) % len(poly)]
+        signs.append((b[0] - a[0]) * (p[1] - a[1]) - (b[1] - a[1]) * (p[0] - a[0]))
+    return all(x >= -1e-9 for x in signs) or all(x <= 1e-9 for x in signs)
+
+
+def segment_hits(p1, p2, q1, q2):
+    d = (p2[0] - p1[0]) * (q2[1] - q1[1]) - (p2[1] - p1[1]) * (q2[0] - q1[0])
+    if abs(d) < 1e-12:
+        return []
+    t = ((q1[0] - p1[0]) * (q2[1] - q1[1]) - (q1[1] - p1[1]) * (q2[0] - q1[0])) / d
+    u = ((q1[0] - p1[0]) * (p2[1] - p1[1]) - (q1[1] - p1[1]) * (p2[0] - p1[0])) / d
+    return [p1 + t * (p2 - p1)] if 0 <= t <= 1 and 0 <= u <= 1 else []
+
+
+def rotated_iou_ref(a, b):
+    """The overlap polygon from its vertices (corners inside the other box and
+    edge crossings) sorted by angle around their mean."""
+    pa, pb = rotated_corners(a), rotated_corners(b)
+    pts = [p for p in pa if inside(p, pb)] + [p for p in pb if inside(p, pa)]
+    for i in range(4):
+        for j in range(4):
+            pts += segment_hits(pa[i], pa[(i + 1) % 4], pb[j], pb[(j + 1) % 4])
+    inter = 0.0
+    if len(pts) >= 3:
+        c = np.mean(pts, axis=0)
+        pts = sorted(pts, key=lambda p: math.atan2(p[1] - c[1], p[0] - c[0]))
+        inter = 0.5 * abs(sum(pts[i][0] * pts[(i + 1) % len(pts)][1]
+                              - pts[(i + 1) % len(pts)][0] * pts[i][1] for i in range(len(pts))))
+    return inter / (a[2] * a[3] + b[2] * b[3] - inter)
+
+
+def nms_rotated_ref(boxes, scores, idx, thresh, limit=None):
+    idx = sorted(idx, key=lambda i: -scores[i])
+    keep = []
+    while idx and (limit is None or len(keep) < limit):
+        i = idx.pop(0)
+        keep.append(i)
+        idx = [j for j in idx if rotated_iou_ref(boxes[i], boxes[j]) <= thresh]
+    return keep
+
+
+def test_rotated_iou_reference_by_hand():
+    # A square and itself turned 45 degrees about its centre: the overlap is
+    # an octagon of area 2 (sqrt 2 - 1) s^2.
+    s = 2.0
+    octagon = 2 * (math.sqrt(2) - 1) * s * s
+    assert abs(rotated_iou_ref([0, 0, s, s, 0], [0, 0, s, s, 45]) - octagon / (2 * s * s - octagon)) < 1e-9
+    # Upright boxes: the plain rectangle overlap (no plus one).
+    assert abs(rotated_iou_ref([1, 1, 2, 2, 0], [2, 1, 2, 2, 0]) - 2 / 6) < 1e-9
+
+
+@pytest.mark.parametrize("nms", [0.1, 0.3, 0.6])
+def test_box_with_nms_limit_rotated(fresh, nms):
+    rng = np.random.default_rng(17)
+    n, nc = 24, 3
+    ctr = rng.uniform(10, 40, (n, 2))
+    boxes = []
+    for _ in range(nc):
+        wh = rng.uniform(4, 14, (n, 2))
+        ang = rng.uniform(-90, 90, (n, 1))
+        boxes.append(np.concatenate([ctr + rng.normal(0, 1.5, ctr.shape), wh, ang], axis=1))
+    boxes = np.concatenate(boxes, axis=1).astype(np.float32)
+    scores = (rng.permutation(n * nc).reshape(n, nc) / float(n * nc)).astype(np.float32)
+    os_, ob, oc = run("BoxWithNMSLimit", {"s": scores, "b": boxes}, ["os", "ob", "oc"], rotated=1,
+                      nms=nms, detections_per_im=12)
+    b64 = boxes.astype(np.float64)
+    kept = {j: nms_rotated_ref([b64[i, 5 * j:5 * j + 5] for i in range(n)], scores[:, j],
+                               [i for i in range(n) if scores[i, j] > np.float32(0.05)], nms, 12)
+            for j in range(1, nc)}
+    allk = sorted(((j, i) for j in kept for i in kept[j]), key=lambda p: -scores[p[1], p[0]])[:12]
+    best = set(allk)
+    ref = [(j, i) for j in range(1, nc) for i in kept[j] if (j, i) in best]
+    assert ob.shape == (len(ref), 5)
+    np.testing.assert_array_equal(oc, [j for j, _ in ref])
+    np.testing.assert_allclose(os_, [scores[i, j] for j, i in ref])
+    np.testing.assert_allclose(ob, [boxes[i, 5 * j:5 * j + 5] for j, i in ref])
+
+
+def test_generate_proposals_rotated(fresh):
+    rng = np.random.default_rng(19)
+    n, a, h, w = 1, 3, 4, 5
+    anchors = np.array([[7.5, 7.5, 16, 16, 0], [7.5, 7.5, 24, 12, 30], [7.5, 7.5, 12, 24, -60]],
+                       np.float32)
+    scores = (rng.permutation(a * h * w).reshape(n, a, h, w) / float(a * h * w)).astype(np.float32)
+    deltas = rng.normal(0, 0.2, (n, 5 * a, h, w)).astype(np.float32)
+    im_info = np.array([[60, 70, 1.0]], np.float32)
+    kw = dict(spatial_scale=0.0625, pre_nms_topN=40, post_nms_topN=15, nms_thresh=0.5, min_size=4.0)
+    rois, probs = run("GenerateProposals", {"s": scores, "d": deltas, "i": im_info, "a": anchors},
+                      ["rois", "probs"], **kw)
+    stride = 16.0
+    cand = []
+    for y in range(h):
+        for x in range(w):
+            for k in range(a):
+                anc = anchors[k].astype(np.float64).copy()
+                anc[0] += x * stride
+                anc[1] += y * stride
+                d = deltas[0, 5 * k:5 * k + 5, y, x].astype(np.float64)
+                box = np.array([d[0] * anc[2] + anc[0], d[1] * anc[3] + anc[1],
+                                np.exp(min(d[2], CLIP)) * anc[2], np.exp(min(d[3], CLIP)) * anc[3],
+                                anc[4] + math.degrees(d[4])])
+                box[4] = box[4] - 180 if box[4] > 90 else box[4] + 180 if box[4] < -90 else box[4]
+                if abs(box[4]) <= 1.0:  # nearly upright: clipped like an upright box
+                    x1, x2 = np.clip([box[0] - (box[2] - 1) / 2, box[0] + (box[2] - 1) / 2], 0, 69)
+                    y1, y2 = np.clip([box[1] - (box[3] - 1) / 2, box[1] + (box[3] - 1) / 2], 0, 59)
+                    box[:4] = [(x1 + x2) / 2, (y1 + y2) / 2, x2 - x1 + 1, y2 - y1 + 1]
+                cand.append((float(scores[0, k, y, x]), box))
+    order = sorted(range(len(cand)), key=lambda i: -cand[i][0])[:40]
+    ok = [i for i in order if cand[i][1][2] >= 4 and cand[i][1][3] >= 4 and cand[i][1][0] < 70
+          and cand[i][1][1] < 60]
+    keep = nms_rotated_ref({i: cand[i][1] for i in ok}, {i: cand[i][0] for i in ok}, ok, 0.5, 15)
+    assert rois.shape == (len(keep), 6)
+    np.testing.assert_allclose(rois[:, 1:], [cand[i][1] for i in keep], rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(probs, [cand[i][0] for i in keep])
+    assert (rois[:, 0] == 0).all()
 
 
 # ---------------------------------------------------- GenerateProposals --
@@ -506,9 +641,12 @@ def test_generate_proposals_bad_inputs(fresh):
     with pytest.raises(errors.ShapeError, match="GenerateProposals"):
         run("GenerateProposals", {"s": scores, "d": np.zeros((1, 8, 3, 3), np.float32), "i": info,
                                   "a": np.zeros((3, 4), np.float32)}, ["r", "p"])
-    with pytest.raises(errors.InvalidArgumentError, match="rotated"):
-        run("GenerateProposals", {"s": scores, "d": np.zeros((1, 10, 3, 3), np.float32), "i": info,
+    with pytest.raises(errors.ShapeError, match="GenerateProposals"):
+        run("GenerateProposals", {"s": scores, "d": np.zeros((1, 8, 3, 3), np.float32), "i": info,
                                   "a": np.zeros((2, 5), np.float32)}, ["r", "p"])
+    with pytest.raises(errors.ShapeError, match="GenerateProposals"):
+        run("GenerateProposals", {"s": scores, "d": np.zeros((1, 8, 3, 3), np.float32), "i": info,
+                                  "a": np.zeros((2, 3), np.float32)}, ["r", "p"])
     with pytest.raises(errors.InvalidArgumentError, match="spatial_scale"):
         run("GenerateProposals", {"s": scores, "d": np.zeros((1, 8, 3, 3), np.float32), "i": info,
                                   "a": anchors}, ["r", "p"], spatial_scale=0.0)
@@ -519,3 +657,49 @@ def test_detection_ops_have_no_gradient_but_roi_align(fresh):
     net.BBoxTransform(["r", "d", "i"], ["b", "sp"])
     with pytest.raises(errors.FerrocaffeError, match="BBoxTransform"):
         net.AddGradientOperators(["b"])
+
+
+def test_a_faster_rcnn_head_runs_as_a_net(fresh):
+    # The detection ops chained as Detectron's exported Faster R-CNN net
+    # chains them (its arguments, the misspelt `nms_thres` included), built
+    # with CreateNet and run twice: the second run gives the same results.
+    rng = np.random.default_rng(23)
+    a, h, w = 3, 6, 6
+    feeds = {
+        "feat": rng.standard_normal((1, 4, h, w)).astype(np.float32),
+        "rpn_probs": rng.uniform(0, 1, (1, a, h, w)).astype(np.float32),
+        "rpn_deltas": rng.normal(0, 0.1, (1, 4 * a, h, w)).astype(np.float32),
+        "im_info": np.array([[96, 96, 1.0]], np.float32),
+        "anchor": np.array([[-8, -8, 23, 23], [-16, -8, 31, 23], [-8, -16, 23, 31]], np.float32),
+        "fc_w": rng.normal(0, 0.3, (5 * 4, 4 * 2 * 2)).astype(np.float32),
+        "fc_b": np.zeros(20, np.float32),
+        "cls_w": rng.normal(0, 1.0, (5, 4 * 2 * 2)).astype(np.float32),
+        "cls_b": np.zeros(5, np.float32),
+    }
+    net = core.Net("frcnn_head")
+    net.GenerateProposals(["rpn_probs", "rpn_deltas", "im_info", "anchor"], ["rois", "roi_probs"],
+                          nms_thres=0.7, min_size=0.0, spatial_scale=0.0625,
+                          correct_transform_coords=1, post_nms_topN=20, pre_nms_topN=100)
+    net.RoIAlign(["feat", "rois"], "pool", pooled_h=2, pooled_w=2, sampling_ratio=0,
+                 spatial_scale=0.0625)
+    net.FC(["pool", "fc_w", "fc_b"], "bbox_pred")
+    net.FC(["pool", "cls_w", "cls_b"], "cls_score")
+    net.Softmax("cls_score", "cls_prob")
+    net.BBoxTransform(["rois", "bbox_pred", "im_info"], "pred_bbox", correct_transform_coords=1,
+                      apply_scale=0, weights=[10.0, 10.0, 5.0, 5.0])
+    net.BoxWithNMSLimit(["cls_prob", "pred_bbox"], ["score_nms", "bbox_nms", "class_nms"],
+                        score_thresh=0.05, nms=0.5, detections_per_im=10, soft_nms_enabled=0,
+                        soft_nms_method="linear", soft_nms_sigma=0.5)
+    for k, v in feeds.items():
+        workspace.FeedBlob(k, v)
+    workspace.CreateNet(net)
+    workspace.RunNet(net.Name())
+    first = [workspace.FetchBlob(b) for b in ("score_nms", "bbox_nms", "class_nms")]
+    rois = workspace.FetchBlob("rois")
+    assert 0 < len(rois) <= 20 and rois.shape[1] == 5
+    assert 0 < len(first[0]) <= 10 and first[1].shape == (len(first[0]), 4)
+    np.testing.assert_allclose(workspace.FetchBlob("pool"), roi_align_ref(
+        feeds["feat"].astype(float), rois.astype(float), 0.0625, 2, 2, 0, 0), rtol=1e-5, atol=1e-5)
+    workspace.RunNet(net.Name())
+    for a_, b_ in zip(first, [workspace.FetchBlob(b) for b in ("score_nms", "bbox_nms", "class_nms")]):
+        np.testing.assert_array_equal(a_, b_)

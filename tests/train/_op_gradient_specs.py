@@ -358,6 +358,10 @@ spec("RoIAlign",
      C(F(2, 6, 6, 3), _ROIS, args={"pooled_h": 3, "pooled_w": 2, "order": "NHWC"}, wrt=(0,)),
      C(F(2, 2, 6, 6), _ROIS, args={"pooled_h": 2, "pooled_w": 3, "spatial_scale": 0.5, "aligned": 1},
        wrt=(0,), label="aligned"))
+spec("ResizeNearest",
+     C(F(1, 2, 3, 4), args={"height_scale": 2.0, "width_scale": 1.5}),
+     C(F(2, 4, 3, 2), args={"height_scale": 0.5, "width_scale": 2.0, "order": "NHWC"}),
+     C(F(1, 2, 3, 3), Fixed(Const([2.0, 3.0], np.float32)), wrt=(0,), label="scales input"))
 spec("SpatialBN",
      C(F(2, 3, 2, 2), F(3), F(3), Fixed(F(3)), Fixed(F(3, lo=0.5, hi=1.5)), wrt=(0, 1, 2),
        outputs=["Y", "in3", "in4", "saved_mean", "saved_inv_std"], seeds=(0,)),

@@ -172,6 +172,86 @@ fn iou(a: &[f64], b: &[f64], plus: f64) -> f64 {
     }
 }
 
+/// The corners of rotated box `b` (centre x, centre y, w, h, angle in
+/// degrees, counter-clockwise as seen in an image whose y axis points
+/// down), in positive order.
+fn corners(b: &[f64]) -> [(f64, f64); 4] {
+    let t = b[4].to_radians();
+    let (c, s) = (t.cos(), t.sin());
+    let (ux, uy) = (c * b[2] / 2.0, -s * b[2] / 2.0);
+    let (vx, vy) = (s * b[3] / 2.0, c * b[3] / 2.0);
+    [
+        (b[0] - ux - vx, b[1] - uy - vy),
+        (b[0] + ux - vx, b[1] + uy - vy),
+        (b[0] + ux + vx, b[1] + uy + vy),
+        (b[0] - ux + vx, b[1] - uy + vy),
+    ]
+}
+
+fn cross(o: (f64, f64), a: (f64, f64), b: (f64, f64)) -> f64 {
+    (a.0 - o.0) * (b.1 - o.1) - (a.1 - o.1) * (b.0 - o.0)
+}
+
+/// The area where rotated boxes `a` and `b` overlap: `a`'s polygon clipped
+/// by each edge of `b`'s (both convex), then the shoelace formula.
+fn rotated_intersection(a: &[f64], b: &[f64]) -> f64 {
+    let mut poly: Vec<(f64, f64)> = corners(a).to_vec();
+    let clip = corners(b);
+    for e in 0..4 {
+        let (p, q) = (clip[e], clip[(e + 1) % 4]);
+        let input = std::mem::take(&mut poly);
+        for (k, &cur) in input.iter().enumerate() {
+            let prev = input[(k + input.len() - 1) % input.len()];
+            let (ci, pi) = (cross(p, q, cur), cross(p, q, prev));
+            if ci >= 0.0 {
+                if pi < 0.0 {
+                    let t = pi / (pi - ci);
+                    poly.push((prev.0 + (cur.0 - prev.0) * t, prev.1 + (cur.1 - prev.1) * t));
+                }
+                poly.push(cur);
+            } else if pi >= 0.0 {
+                let t = pi / (pi - ci);
+                poly.push((prev.0 + (cur.0 - prev.0) * t, prev.1 + (cur.1 - prev.1) * t));
+            }
+        }
+        if poly.is_empty() {
+            return 0.0;
+        }
+    }
+    let mut twice = 0.0;
+    for k in 0..poly.len() {
+        let (x0, y0) = poly[k];
+        let (x1, y1) = poly[(k + 1) % poly.len()];
+        twice += x0 * y1 - x1 * y0;
+    }
+    (twice / 2.0).abs()
+}
+
+/// Intersection over union of rotated boxes (areas w x h, no plus one, as
+/// Caffe2's rotated NMS).
+fn rotated_iou(a: &[f64], b: &[f64]) -> f64 {
+    let (aa, ab) = (a[2] * a[3], b[2] * b[3]);
+    if !(aa > 0.0 && ab > 0.0) {
+        return 0.0;
+    }
+    let inter = rotated_intersection(a, b);
+    let union = aa + ab - inter;
+    if union > 0.0 {
+        inter / union
+    } else {
+        0.0
+    }
+}
+
+/// The overlap NMS compares: IoU of upright (4 values) or rotated boxes.
+fn overlap(a: &[f64], b: &[f64], plus: f64) -> f64 {
+    if a.len() == 5 {
+        rotated_iou(a, b)
+    } else {
+        iou(a, b, plus)
+    }
+}
+
 /// Greedy NMS over `order` (indices, highest score first): keeps a box
 /// unless it overlaps a kept one by more than `thresh`; at most `limit`
 /// boxes (`None`: all). `boxes(i)` is box i.
@@ -193,7 +273,7 @@ fn nms<'b>(
         }
         keep.push(i);
         for q in p + 1..order.len() {
-            if alive[q] && iou(boxes(i), boxes(order[q]), plus) > thresh {
+            if alive[q] && overlap(boxes(i), boxes(order[q]), plus) > thresh {
                 alive[q] = false;
             }
         }
@@ -233,7 +313,7 @@ fn soft_nms<'b>(
         let i = pending.remove(best);
         keep.push(i);
         pending.retain(|&j| {
-            let o = iou(boxes(i), boxes(j), plus);
+            let o = overlap(boxes(i), boxes(j), plus);
             let w = match method {
                 SoftMethod::Linear if o > thresh => 1.0 - o,
                 SoftMethod::Linear => 1.0,
@@ -427,7 +507,7 @@ fn roi_taps(a: &RoiAlign, s: &RoiSetup, b: &[f64; 4]) -> Result<(Vec<(usize, Tap
     let (gh, gw) = (grid(bh), grid(bw));
     let total = gh
         .checked_mul(gw)
-        .and_then(|g| g.checked_mul(a.ph * a.pw))
+        .and_then(|g| g.checked_mul(a.ph.checked_mul(a.pw)?))
         .filter(|&t| t <= (1 << 32))
         .ok_or_else(|| {
             Error::invalid_arg(format!(
@@ -737,11 +817,6 @@ fn build_nms_limit(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         }
     };
     let rotated = flag(ctx, "rotated", false)?;
-    if rotated {
-        return Err(ctx.bad_arg(
-            "rotated boxes are not supported by BoxWithNMSLimit yet (their NMS needs rotated-box overlaps; see docs/porting.md)",
-        ));
-    }
     let a = NmsLimit {
         score_thresh: f64::from(ctx.args.f32("score_thresh", 0.05)?),
         nms: f64::from(ctx.args.f32("nms", 0.3)?),
@@ -799,7 +874,15 @@ fn nms_limit(l: &mut Locked<'_>, a: &NmsLimit, ins: usize, outs: usize) -> Resul
             j - 1
         }
     };
-    let box_groups = if nc == 0 { 0 } else { box_col(nc - 1) + 1 };
+    // Box column groups: one (class-agnostic), or one per class with or
+    // without the background's.
+    let box_groups = if a.agnostic {
+        1
+    } else if a.boxes_bg {
+        nc
+    } else {
+        nc.saturating_sub(1)
+    };
     let bw = match matrix_dims(&bs) {
         Some((bn, bw)) if bn == n && nc >= 1 && bw == box_groups * bd => bw,
         _ => {
@@ -978,12 +1061,6 @@ fn proposals(l: &mut Locked<'_>, a: &Proposals, outs: usize) -> Result<()> {
         ));
     }
     let (na, bd) = (ans[0], ans[1]);
-    if bd == 5 {
-        return Err(Error::invalid_arg(format!(
-            "{OP}: rotated anchors (5 columns) are not supported yet (their NMS needs rotated-box overlaps; see docs/porting.md)"
-        ))
-        .with_blob(l.input_name(3)));
-    }
     if ss.len() != 4 || ss[1] != na {
         return Err(shape_err(
             OP,
@@ -1029,30 +1106,45 @@ fn proposals(l: &mut Locked<'_>, a: &Proposals, outs: usize) -> Result<()> {
         }
         let im = &info[b * 3..b * 3 + 3];
         let mut boxes = try_vec(order.len() * bd, "the proposals")?;
-        let mut d = [0f64; 4];
+        let mut d = [0f64; 5];
+        let mut bx = [0f64; 5];
+        let mut o = [0f64; 5];
         for &c in &order {
             let (hw, an) = (c / na, c % na);
             let (y, x) = ((hw / w) as f64, (hw % w) as f64);
             let anc = &anchors[an * bd..an * bd + bd];
-            let bx = [
-                anc[0] + x * stride,
-                anc[1] + y * stride,
-                anc[2] + x * stride,
-                anc[3] + y * stride,
-            ];
-            for (k, dv) in d.iter_mut().enumerate() {
+            bx[..bd].copy_from_slice(anc);
+            // The anchor shifted to cell (y, x): both corners of an
+            // upright box, the centre of a rotated one.
+            bx[0] += x * stride;
+            bx[1] += y * stride;
+            if bd == 4 {
+                bx[2] += x * stride;
+                bx[3] += y * stride;
+            }
+            for (k, dv) in d[..bd].iter_mut().enumerate() {
                 *dv = deltas[((b * na * bd + an * bd + k) * h * w) + hw];
             }
-            let mut o = [0f64; 4];
-            a.x.apply(&bx, &d, &mut o);
-            clip_box(&mut o, im[0].trunc(), im[1].trunc(), a.x.plus, a.clip_angle);
-            boxes.extend_from_slice(&o);
+            a.x.apply(&bx[..bd], &d[..bd], &mut o[..bd]);
+            clip_box(
+                &mut o[..bd],
+                im[0].trunc(),
+                im[1].trunc(),
+                a.x.plus,
+                a.clip_angle,
+            );
+            boxes.extend_from_slice(&o[..bd]);
         }
         let min = a.min_size * im[2];
         let keep_ok = |p: usize| {
             let o = &boxes[p * bd..p * bd + bd];
-            let (bw_, bh_) = (o[2] - o[0] + a.x.plus, o[3] - o[1] + a.x.plus);
-            bw_ >= min && bh_ >= min && o[0] + bw_ / 2.0 < im[1] && o[1] + bh_ / 2.0 < im[0]
+            let (cx, cy, bw_, bh_) = if bd == 4 {
+                let (bw_, bh_) = (o[2] - o[0] + a.x.plus, o[3] - o[1] + a.x.plus);
+                (o[0] + bw_ / 2.0, o[1] + bh_ / 2.0, bw_, bh_)
+            } else {
+                (o[0], o[1], o[2], o[3])
+            };
+            bw_ >= min && bh_ >= min && cx < im[1] && cy < im[0]
         };
         let cands: Vec<usize> = (0..order.len()).filter(|&p| keep_ok(p)).collect();
         let limit = (a.post > 0).then_some(a.post as usize);
@@ -1190,7 +1282,7 @@ const NMS_ARGS: &[ArgDoc] = &[
         "0.001",
         "soft-NMS drops boxes whose updated score is at most this"
     ),
-    arg!("rotated", "bool", "0", "rotated boxes (not supported yet)"),
+    arg!("rotated", "bool", "0", "boxes are (ctr_x, ctr_y, w, h, angle in degrees); their IoU is that of the rotated rectangles"),
     arg!(
         "cls_agnostic_bbox_reg",
         "bool",
@@ -1303,7 +1395,7 @@ pub fn schemas() -> Vec<OpSchema> {
             .outputs(1, 2)
             .args(PROPOSAL_ARGS)
             .ignores(PROPOSAL_IGNORED)
-            .doc("RPN proposals: inputs scores (N, A, H, W), bbox_deltas (N, 4A, H, W), im_info (N, 3), anchors (A, 4); per image the pre_nms_topN best anchors shifted over the grid, transformed by their deltas, clipped, filtered by min_size, NMS, post_nms_topN kept. Outputs rois (R, 5) (batch index, x1, y1, x2, y2) and rois_probs (R)."),
+            .doc("RPN proposals: inputs scores (N, A, H, W), bbox_deltas (N, 4A, H, W), im_info (N, 3), anchors (A, 4), or rotated (A, 5) (ctr_x, ctr_y, w, h, angle) with bbox_deltas (N, 5A, H, W); per image the pre_nms_topN best anchors shifted over the grid, transformed by their deltas, clipped, filtered by min_size, NMS, post_nms_topN kept. Outputs rois (R, 5) (batch index, x1, y1, x2, y2; rotated: (R, 6)) and rois_probs (R)."),
     ]
 }
 
@@ -1328,6 +1420,21 @@ mod tests {
         crate::test_util::feed(&ws, "r", bad);
         let e = run(&ws, op("RoIAlign", &["x", "r"], &["y"], vec![])).unwrap_err();
         assert_eq!(e.kind, ErrorKind::InvalidArgument);
+    }
+
+    #[test]
+    fn rotated_overlaps_by_hand() {
+        // A 2 x 2 square and itself turned 45 degrees: an octagon of area
+        // 8 (sqrt 2 - 1).
+        let oct = 8.0 * (2f64.sqrt() - 1.0);
+        let a = [0.0, 0.0, 2.0, 2.0, 0.0];
+        let b = [0.0, 0.0, 2.0, 2.0, 45.0];
+        assert!((super::rotated_intersection(&a, &b) - oct).abs() < 1e-9);
+        assert!((super::rotated_iou(&a, &b) - oct / (8.0 - oct)).abs() < 1e-9);
+        // Disjoint, and half-overlapping upright boxes.
+        assert_eq!(super::rotated_iou(&a, &[5.0, 0.0, 2.0, 2.0, 30.0]), 0.0);
+        let c = [1.0, 0.0, 2.0, 2.0, 0.0];
+        assert!((super::rotated_iou(&a, &c) - 2.0 / 6.0).abs() < 1e-9);
     }
 
     #[test]

@@ -36,6 +36,7 @@ pub mod queue;
 pub mod rebatching;
 pub mod records;
 pub mod reduce;
+pub mod resize;
 pub mod segment;
 pub mod select;
 pub mod shape;
@@ -69,6 +70,7 @@ pub fn builtin_schemas() -> Vec<OpSchema> {
     v.extend(textfile::schemas());
     v.extend(records::schemas());
     v.extend(reduce::schemas());
+    v.extend(resize::schemas());
     v.extend(segment::schemas());
     v.extend(select::schemas());
     v.extend(shape::schemas());
