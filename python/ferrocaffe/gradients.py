@@ -1617,6 +1617,29 @@ for _t in ("MaxPool", "AveragePool"):
 _register("LpPool")(_pool_grad)
 
 
+# ------------------------------------------------- detection (issue 29) --
+# RoIAlign differentiates X only (Caffe2's maker: inputs X, RoIs, dY);
+# the RoIs get no gradient. BBoxTransform, BoxWithNMSLimit and
+# GenerateProposals have none (Caffe2's SHOULD_NOT_DO_GRADIENT): asking for
+# one is the registry's "no gradient is registered" error.
+
+
+@_register("RoIAlign")
+def _roi_align_grad(op, g_output):
+    w = GradientWrapper(op, g_output)
+    return [_op("RoIAlignGradient", [w.I(0), w.I(1), w.GO(0)], [w.GI(0)])], [w.GI(0), None]
+
+
+@_register("ResizeNearest")
+def _resize_nearest_grad(op, g_output):
+    # Inputs dY, X (and the scales input if the op has one); the scales get
+    # no gradient.
+    w = GradientWrapper(op, g_output)
+    ins = [w.GO(0), w.I(0)] + [w.I(i) for i in range(1, len(op.input))]
+    return [_op("ResizeNearestGradient", ins, [w.GI(0)])], [w.GI(0)] + [None] * (len(op.input) - 1)
+
+
+
 def _only_first_output(op, g_output, what):
     """A maker that differentiates output 0 only: a gradient given for
     another output is an error (Caffe2 dropped it silently)."""

@@ -211,6 +211,18 @@ for _op in ("MaxPool1D", "AveragePool1D"):
     recipe(_op, [("X", f32(1, 1, 1))], kernels=[1], pads=[1 << 38, 1 << 38])
 for _op in ("MaxPool3D", "AveragePool3D"):
     recipe(_op, [("X", f32(1, 1, 1, 1, 1))], kernels=[1, 1, 1], pads=[1 << 13] * 6)
+# Detection and resizing (issue 29): pooled sizes and scales are arguments.
+RECT = lambda: np.array([[0, 0, 0, 1, 1]], np.float32)  # noqa: E731
+recipe("RoIAlign", [("X", f32(1, 1, 1, 1)), ("R", RECT)], pooled_h=R19, pooled_w=R19)
+recipe("RoIAlignGradient", [("X", f32(1, 1, 1, 1)), ("R", RECT), ("G", f32(1, 1, 1, 1))],
+       expect=TYPED, pooled_h=R19, pooled_w=R19)
+recipe("RoIAlign#samples", [("X", f32(1, 1, 1, 1)), ("R", RECT)], expect=TYPED,
+       sampling_ratio=R19 * 2)
+recipe("ResizeNearest", [("X", f32(1, 1, 1, 1))], height_scale=float(R19), width_scale=float(R19))
+recipe("ResizeNearest#rows", [("X", f32(1, 1, 1, 1))], expect=TYPED, height_scale=float(BIG),
+       width_scale=1e-3)
+recipe("ResizeNearestGradient", [("G", f32(1, 1, 1, 1)), ("X", f32(1, 1, 1, 1))], expect=TYPED,
+       height_scale=float(R19), width_scale=float(R19))
 # Gradients: dY cannot have the huge shape the arguments give, so they
 # refuse it (or fail to allocate first).
 for _op in ("ConvGradient", "Conv2DGradient"):
@@ -316,6 +328,8 @@ def cannot(reason, *ops):
 
 cannot("its output is twice its input ([1 - p, p] per probability): 2^40 bytes would need "
        "an input of 2^39", "MakeTwoClass")
+cannot("its outputs and buffers are sized by its inputs (RoIs, deltas, scores, anchors "
+       "x the feature map)", "BBoxTransform", "BoxWithNMSLimit", "GenerateProposals")
 cannot(COLLECTIVE, "Allgather", "Allreduce", "Barrier", "Broadcast", "CloneCommonWorld",
        "CreateCommonWorld", "DestroyCommonWorld")
 cannot(SAME_SIZE,

@@ -351,6 +351,20 @@ ops(["MaxPool1D", "AveragePool1D"], C(Distinct(1, 2, 5), args={"kernel": 2}))
 ops(["MaxPool3D", "AveragePool3D"], C(Distinct(1, 1, 4, 4, 4), args={"kernel": 2, "stride": 2}))
 spec("LpPool", C(F(1, 2, 4, 4), args={"kernel": 2, "stride": 2}),
      C(F(1, 2, 4, 4, away=[0]), args={"kernel": 2, "p": 3.0}))
+# RoIAlign is linear in X: differences are exact whatever the RoIs (fixed;
+# they get no gradient), samples falling between pixels, on the border
+# and outside the image included.
+_ROIS = Fixed(Const([[0, 0.3, 0.7, 4.1, 3.6], [1, 1.2, 0.4, 5.3, 5.1], [0, -1.5, 2.0, 6.5, 7.0]],
+                    np.float32))
+spec("RoIAlign",
+     C(F(2, 2, 6, 6), _ROIS, args={"pooled_h": 2, "pooled_w": 2, "sampling_ratio": 2}, wrt=(0,)),
+     C(F(2, 6, 6, 3), _ROIS, args={"pooled_h": 3, "pooled_w": 2, "order": "NHWC"}, wrt=(0,)),
+     C(F(2, 2, 6, 6), _ROIS, args={"pooled_h": 2, "pooled_w": 3, "spatial_scale": 0.5, "aligned": 1},
+       wrt=(0,), label="aligned"))
+spec("ResizeNearest",
+     C(F(1, 2, 3, 4), args={"height_scale": 2.0, "width_scale": 1.5}),
+     C(F(2, 4, 3, 2), args={"height_scale": 0.5, "width_scale": 2.0, "order": "NHWC"}),
+     C(F(1, 2, 3, 3), Fixed(Const([2.0, 3.0], np.float32)), wrt=(0,), label="scales input"))
 spec("SpatialBN",
      C(F(2, 3, 2, 2), F(3), F(3), Fixed(F(3)), Fixed(F(3, lo=0.5, hi=1.5)), wrt=(0, 1, 2),
        outputs=["Y", "in3", "in4", "saved_mean", "saved_inv_std"], seeds=(0,)),

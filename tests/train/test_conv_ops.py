@@ -377,6 +377,24 @@ def test_global_pooling_and_2d_arguments(fresh, order):
     np.testing.assert_allclose(y3, pool_ref(x, [3, 3], [2, 2], [0, 0, 1, 0], "max"))
 
 
+@pytest.mark.parametrize("op_type", ["AveragePool", "MaxPool", "LpPool"])
+def test_global_pooling_takes_neutral_window_values(fresh, op_type):
+    # Caffe2 checks the values with global_pooling, not their presence:
+    # DenseNet-121's last AveragePool has kernel 0, stride 1 and pad 0.
+    x = np.arange(2 * 3 * 4 * 5, dtype=np.float32).reshape(2, 3, 4, 5) / 7.0
+    (y,) = run(op_type, {"x": x}, ["y"], global_pooling=1, kernel=0, stride=1, pad=0)
+    (ref,) = run(op_type, {"x": x}, ["ref"], global_pooling=1)
+    assert y.shape == (2, 3, 1, 1)
+    np.testing.assert_array_equal(y, ref)
+    for extra in ({"strides": [1, 1], "pads": [0, 0, 0, 0], "dilations": [1, 1]},
+                  {"stride_h": 1, "stride_w": 1, "pad_t": 0, "pad_l": 0, "pad_b": 0, "pad_r": 0}):
+        (y2,) = run(op_type, {"x": x}, ["y2"], global_pooling=1, **extra)
+        np.testing.assert_array_equal(y2, ref)
+    for bad in ({"stride": 2}, {"pad": 1}, {"pads": [0, 0, 1, 0]}, {"dilation": 2}, {"strides": [1, 2]}):
+        with pytest.raises(errors.InvalidArgumentError, match="global_pooling"):
+            workspace.RunOperatorOnce(core.CreateOperator(op_type, ["x"], ["z"], global_pooling=1, **bad))
+
+
 def test_max_pool_gradient_goes_to_one_max(fresh):
     x = np.array([[[[1.0, 1.0], [0.0, 1.0]]]])
     (y,) = run("MaxPool", {"x": x}, ["y"], kernel=2)

@@ -20,6 +20,15 @@ pub(crate) enum Dims {
 }
 
 impl Dims {
+    /// Whether every given value is `v` (true when not given).
+    pub(crate) fn all(&self, v: usize) -> bool {
+        match self {
+            Dims::Unset => true,
+            Dims::One(x) => *x == v,
+            Dims::List(xs) => xs.iter().all(|x| *x == v),
+        }
+    }
+
     /// The values for `nd` dims (`per` values per dim: 2 for pads).
     pub(crate) fn resolve(
         &self,
@@ -155,11 +164,10 @@ impl Window {
             ));
         }
         let global = ctx.args.i64("global_pooling", 0)? != 0;
-        if global
-            && (!matches!(stride, Dims::Unset)
-                || !matches!(pads, Dims::Unset)
-                || !matches!(dilation, Dims::Unset))
-        {
+        // Caffe2 checks the values, not their presence: a global window
+        // takes stride 1, pads 0 and dilation 1 written out (DenseNet-121's
+        // last AveragePool has `stride: 1, pad: 0, kernel: 0`).
+        if global && !(stride.all(1) && pads.all(0) && dilation.all(1)) {
             return Err(
                 ctx.bad_arg("If global_pooling is set pad, dilation and stride shouldn't be set.")
             );
