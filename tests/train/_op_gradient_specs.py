@@ -457,6 +457,18 @@ spec("SplitByLengths",
      C(F(2, 5), Ints(2, 3), args={"axis": 1}, outputs=2))
 spec("Dropout", C(F(3, 4), args={"is_test": 1}),
      C(F(3, 4), args={"ratio": 0.5}, outputs=2, seeds=(0,), random_seed=7, label="training, seeded"))
+spec("LSTMUnit",
+     C(F(1, 3, 2), F(1, 3, 2), F(1, 3, 8, lo=-2, hi=2), Ints(3, 1, 0), Ints(1)),
+     C(F(1, 3, 2), F(1, 3, 2), F(1, 3, 8, lo=-2, hi=2), Ints(3, 1, 0), Ints(1),
+       args={"drop_states": True, "forget_bias": 1.0}, label="drop_states"),
+     C(F(1, 2, 3), F(1, 2, 3), F(1, 2, 12, lo=-2, hi=2), Ints(0),
+       args={"sequence_lengths": False}, label="no seq_lengths"))
+spec("GRUUnit",
+     C(F(1, 3, 2), F(1, 3, 6, lo=-2, hi=2), Ints(3, 1, 0), Ints(1)),
+     C(F(1, 3, 2), F(1, 3, 6, lo=-2, hi=2), Ints(3, 1, 0), Ints(1),
+       args={"drop_states": True}, label="drop_states"),
+     C(F(1, 2, 3), F(1, 2, 9, lo=-2, hi=2), Ints(4), args={"sequence_lengths": False},
+       label="no seq_lengths"))
 
 # ------------------------------------------------------------ unchecked --
 
@@ -465,6 +477,8 @@ UNCHECKED = {
     "Python": "its gradient is the user's function; the PythonGradient plumbing is checked in "
               "tests/train/test_python_op_gradient.py",
 }
+UNCHECKED["ZeroGradient"] = ("no output: its maker gives its input a zero gradient, checked in "
+                             "tests/train/test_recurrent_units.py")
 CONTROL = "checked in tests/train/test_control_gradients.py"
 for _op in ("If", "While", "Do"):
     UNCHECKED[_op] = CONTROL

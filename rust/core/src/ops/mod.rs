@@ -34,6 +34,7 @@ pub mod pool;
 pub mod queue;
 pub mod rebatching;
 pub mod records;
+pub mod recurrent;
 pub mod reduce;
 pub mod segment;
 pub mod select;
@@ -66,6 +67,7 @@ pub fn builtin_schemas() -> Vec<OpSchema> {
     v.extend(rebatching::schemas());
     v.extend(textfile::schemas());
     v.extend(records::schemas());
+    v.extend(recurrent::schemas());
     v.extend(reduce::schemas());
     v.extend(segment::schemas());
     v.extend(select::schemas());
