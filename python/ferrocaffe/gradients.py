@@ -1269,6 +1269,28 @@ def _gru_unit_grad(op, g_output):
     return ops, [w.GI(0), w.GI(1)] + [None] * (len(op.input) - 2)
 
 
+@_register("RecurrentNetwork")
+def _recurrent_network_grad(op, g_output):
+    # The gradient op reads the gradients of the outputs named by
+    # outputs_with_grads, then every input and output of the forward op (the
+    # last output holds the step workspace and each step's blobs); it gives
+    # the gradients of the sequence (input 0), of the params and of the
+    # initial states.
+    w = GradientWrapper(op, g_output)
+    a = _arg(op, "outputs_with_grads")
+    with_grads = list(a.ints) if a is not None and len(a.ints) else [0]
+    a = _arg(op, "param")
+    params = list(a.ints) if a is not None else []
+    a = _arg(op, "initial_recurrent_state_ids")
+    states = list(a.ints) if a is not None else []
+    ins = [_dense_go(w, k) for k in with_grads] + list(op.input) + list(op.output)
+    wrt = [0] + params + states
+    g_input = [None] * len(op.input)
+    for i in wrt:
+        g_input[i] = w.GI(i)
+    return [_op("RecurrentNetworkGradient", ins, [w.GI(i) for i in wrt])], g_input
+
+
 @_register("ZeroGradient", copy_arguments=False)
 def _zero_gradient_grad(op, g_output):
     w = GradientWrapper(op, g_output)

@@ -52,6 +52,14 @@ const GRU_ARGS: &[ArgDoc] = &[
     ),
 ];
 
+/// gru_cell passes the LSTM's forget_bias; a GRU has no forget gate.
+const GRU_IGNORED: &[ArgDoc] = &[arg!(
+    "forget_bias",
+    "float",
+    "0.0",
+    "accepted and unused (gru_cell passes it)"
+)];
+
 pub fn schemas() -> Vec<OpSchema> {
     vec![
         OpSchema::new("LSTMUnit", build_lstm)
@@ -75,12 +83,14 @@ pub fn schemas() -> Vec<OpSchema> {
             .outputs(1, 1)
             .inplace(InPlace::Never)
             .args(GRU_ARGS)
+            .ignores(GRU_IGNORED)
             .infer(|_, ins, n| Ok(crate::shapes::rules::same_as_input(ins, 0, n)))
             .doc("One GRU timestep. Inputs (hidden_t_prev, gates, [seq_lengths,] timestep): hidden (1, N, D), gates (1, N, 3D) in the order reset, update, output (the reset gate is applied by the ops that make the output gate's pre-activation, so it is ignored here). Output hidden_t: u = sigmoid(update), h = u * h_prev + (1 - u) * tanh(output) for rows with timestep < seq_lengths; other rows keep h_prev, or 0 with drop_states."),
         OpSchema::new("GRUUnitGradient", build_gru_grad)
             .inputs(5, 6)
             .outputs(2, 2)
             .args(GRU_ARGS)
+            .ignores(GRU_IGNORED)
             .infer(|_, ins, _| Ok(vec![
                 crate::shapes::rules::same_as_input(ins, 0, 1).remove(0),
                 crate::shapes::rules::same_as_input(ins, 1, 1).remove(0),
