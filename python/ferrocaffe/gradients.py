@@ -1291,6 +1291,13 @@ def _recurrent_network_grad(op, g_output):
     return [_op("RecurrentNetworkGradient", ins, [w.GI(i) for i in wrt])], g_input
 
 
+@_register("ElementwiseLinear")
+def _elementwise_linear_grad(op, g_output):
+    w = GradientWrapper(op, g_output)
+    outs = [w.GI(0), w.GI(1), w.GI(2)]
+    return [_op("ElementwiseLinearGradient", [w.GO(0), w.I(0), w.I(1)], outs)], outs
+
+
 @_register("ZeroGradient", copy_arguments=False)
 def _zero_gradient_grad(op, g_output):
     w = GradientWrapper(op, g_output)

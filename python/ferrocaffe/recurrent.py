@@ -13,7 +13,8 @@ gradients the same way, and the gradient op sums the parameters' gradients
 over the steps.
 """
 
-from ferrocaffe import core
+from ferrocaffe import core, workspace
+from ferrocaffe.proto import caffe2_pb2
 
 __all__ = ["recurrent_net", "set_rnn_executor_config", "retrieve_step_blobs"]
 
@@ -99,13 +100,17 @@ def recurrent_net(net, cell_net, inputs, initial_cell_inputs, links, timestep=No
     backward_written = ({o for op in backward.Proto().op for o in op.output}
                         if backward is not None else set())
 
+    linked = {str(k): v for k, v in links.items()}
     forward_links, backward_links, aliases, states, outputs = [], [], [], [], []
     for cell_input, _ in initials:
         state = scoped(cell_input + "_states")
-        cell_output = str(links[cell_input])
+        link = linked[cell_input]
+        cell_output = str(link)
         forward_links += [(cell_input, state, 0), (cell_output, state, 1)]
         aliases += [(state, cell_output + "_all", 1), (state, cell_output + "_last", -1)]
-        outputs += [cell_output + "_all", cell_output + "_last"]
+        # A BlobReference's outputs stay references (an active name scope
+        # does not prefix them again); a name is scoped, as in Caffe2.
+        outputs += [link + "_all", link + "_last"]
         states.append(state)
         if backward is not None:
             backward_links.append((cell_output + "_grad", state + "_grad", 1))
@@ -134,7 +139,9 @@ def recurrent_net(net, cell_net, inputs, initial_cell_inputs, links, timestep=No
                     bproto.op[-1].output[j] = accum
                     backward.Sum([out, accum], [out])
 
-    all_inputs = [b for _, b in sequences] + [b for _, b in initials] + references
+    # References, not names: an active name scope must not prefix them again.
+    all_inputs = ([core.BlobReference(b) for _, b in sequences]
+                  + [core.BlobReference(b) for _, b in initials] + references)
     link_internal, link_external, link_offset = _triples(forward_links)
     alias_src, alias_dst, alias_offset = _triples(aliases)
     kwargs = {}
@@ -142,7 +149,7 @@ def recurrent_net(net, cell_net, inputs, initial_cell_inputs, links, timestep=No
         b_internal, b_external, b_offset = _triples(backward_links)
         params = [p for p in references if str(p) in grad_map]
         kwargs = dict(
-            param=[all_inputs.index(p) for p in params],
+            param=[[str(x) for x in all_inputs].index(str(p)) for p in params],
             param_grads=[str(grad_map[str(p)]) for p in params],
             backward_link_internal=[str(x) for x in b_internal],
             backward_link_external=[str(x) for x in b_external],
@@ -160,7 +167,7 @@ def recurrent_net(net, cell_net, inputs, initial_cell_inputs, links, timestep=No
         alias_dst=[str(a) for a in alias_dst],
         alias_offset=alias_offset,
         recurrent_states=states,
-        initial_recurrent_state_ids=[all_inputs.index(b) for _, b in initials],
+        initial_recurrent_state_ids=[[str(x) for x in all_inputs].index(b) for _, b in initials],
         link_internal=[str(x) for x in link_internal],
         link_external=[str(x) for x in link_external],
         link_offset=list(link_offset),
@@ -175,7 +182,6 @@ def recurrent_net(net, cell_net, inputs, initial_cell_inputs, links, timestep=No
 def set_rnn_executor_config(rnn_op, num_threads=None, max_cuda_streams=None):
     """Caffe2's RNN executor settings on a RecurrentNetwork(Gradient) op;
     accepted and ignored here (the step net runs as a plain net)."""
-    from ferrocaffe.proto import caffe2_pb2
     if rnn_op.type not in ("RecurrentNetwork", "RecurrentNetworkGradient"):
         raise ValueError("set_rnn_executor_config: not a RecurrentNetwork op: %s" % rnn_op.type)
     for name, value in (("num_threads", num_threads), ("max_cuda_streams", max_cuda_streams)):
@@ -191,7 +197,6 @@ def retrieve_step_blobs(net, prefix="rnn"):
     kept into the current workspace, named ``<prefix>_<blob><t>``, and
     returns their names (bytes). Only an op with a backward step net keeps
     its steps."""
-    from ferrocaffe import workspace
     names = []
     count = 0
     for op in net.Proto().op:

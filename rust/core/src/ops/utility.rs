@@ -89,6 +89,11 @@ pub fn schemas() -> Vec<OpSchema> {
             .outputs(1, 1)
             .inplace(InPlace::Allow(in_place_0_0))
             .doc("Copies a tensor to a CPU tensor; everything is on the CPU here, so this is Copy."),
+        OpSchema::new("CopyFromCPUInput", copy)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .inplace(InPlace::Allow(in_place_0_0))
+            .doc("Copies a CPU tensor to the op's device; everything is on the CPU here, so this is Copy (recurrent cells use it on the timestep)."),
         OpSchema::new("CopyOnDeviceLike", copy)
             .inputs(2, 2)
             .outputs(1, 1)

@@ -20,7 +20,7 @@ use super::super::kit::{by_dtype, kernel};
 use crate::arg;
 use crate::blob::{Blob, BlobObject, BlobValue};
 use crate::error::{Error, Result};
-use crate::ir::NetDef;
+use crate::ir::{Argument, NetDef, OperatorDef};
 use crate::net::Net;
 use crate::num::Float;
 use crate::operator::{ArgDoc, InPlace, OpCx, OpDefCtx, OpSchema, Operator, MANY};
@@ -88,6 +88,12 @@ pub fn schemas() -> Vec<OpSchema> {
             .outputs(1, 1)
             .args(&[arg!("prefix", "string", "\"rnn\"", "prefix of the copies' names")])
             .doc("Copies the blobs each timestep of a RecurrentNetwork kept (its last output, the input here) into the workspace as <prefix>_<name><t>; the output lists their names (a string tensor). Only a RecurrentNetwork with a backward_step_net keeps its steps."),
+        OpSchema::new("rnn_internal_write_link", build_write_link)
+            .inputs(3, 3)
+            .outputs(1, 1)
+            .inplace(InPlace::Enforce(|i, o| i == 2 && o == 0))
+            .args(&[arg!("offset", "int", "0", "row t + offset of the external tensor")])
+            .doc("Inputs (timestep, internal, external); output external (in place): rows t + offset .. of external = internal. (ferrocaffe's: RecurrentNetwork puts it after a step op whose linked output another link of the step reads, as Caffe2's shared memory did.)"),
         OpSchema::new("rnn_internal_apply_link", build_apply_link)
             .inputs(2, 2)
             .outputs(2, 2)
@@ -377,6 +383,84 @@ fn written(net: &NetDef) -> HashSet<String> {
         .collect()
 }
 
+fn int_arg(name: &str, v: i64) -> Argument {
+    Argument {
+        name: Some(name.to_string()),
+        i: Some(v),
+        ..Argument::default()
+    }
+}
+
+fn internal_op(
+    ty: &str,
+    input: Vec<String>,
+    output: Vec<String>,
+    arg: Vec<Argument>,
+) -> OperatorDef {
+    OperatorDef {
+        r#type: Some(ty.to_string()),
+        input,
+        output,
+        arg,
+        ..OperatorDef::default()
+    }
+}
+
+/// Caffe2's links were views, so an op of a step read rows that a linked
+/// blob written earlier in the same step had changed (a window of past
+/// inputs that includes the current one). With copies, after an op writes a
+/// linked blob whose rows another link reads, the step net writes the rows
+/// out (`rnn_internal_write_link`) and takes the reading link's blob again
+/// (`rnn_internal_apply_link`). Steps without such overlaps are unchanged.
+fn with_link_refreshes(step: &NetDef, links: &[Link], timestep: &str) -> NetDef {
+    let overlaps = |w: &Link, r: &Link| {
+        w.external == r.external
+            && w.internal != r.internal
+            && w.offset < r.offset + r.window as i64
+            && r.offset < w.offset + w.window as i64
+    };
+    let mut out = step.clone();
+    out.op.clear();
+    let mut externals = Vec::new();
+    for op in &step.op {
+        out.op.push(op.clone());
+        for o in &op.output {
+            for w in links.iter().filter(|l| &l.internal == o) {
+                let readers: Vec<&Link> = links.iter().filter(|r| overlaps(w, r)).collect();
+                if readers.is_empty() {
+                    continue;
+                }
+                out.op.push(internal_op(
+                    "rnn_internal_write_link",
+                    vec![timestep.to_string(), w.internal.clone(), w.external.clone()],
+                    vec![w.external.clone()],
+                    vec![int_arg("offset", w.offset)],
+                ));
+                for r in readers {
+                    out.op.push(internal_op(
+                        "rnn_internal_apply_link",
+                        vec![timestep.to_string(), r.external.clone()],
+                        vec![r.internal.clone(), r.external.clone()],
+                        vec![
+                            int_arg("offset", r.offset),
+                            int_arg("window", r.window as i64),
+                        ],
+                    ));
+                }
+                externals.push(w.external.clone());
+            }
+        }
+    }
+    if !out.external_input.is_empty() {
+        for name in std::iter::once(timestep.to_string()).chain(externals) {
+            if !out.external_input.contains(&name) {
+                out.external_input.push(name);
+            }
+        }
+    }
+    out
+}
+
 // ------------------------------------------------- the step workspace --
 
 /// The op's step workspace and, per timestep, the values its blobs had
@@ -590,7 +674,8 @@ impl ForwardOp {
         let timestep = ws.create_local_blob(&self.timestep);
         let writes = written(&self.step);
         let links = bind_links(ws, &self.links, &writes);
-        let net = Net::create_with(&self.step, ws, self.allow_unknown_args)?;
+        let def = with_link_refreshes(&self.step, &self.links, &self.timestep);
+        let net = Net::create_with(&def, ws, self.allow_unknown_args)?;
         // What the backward step reads of step t: the step's own blobs
         // (not the parameters it writes in the outer workspace), but not
         // those it computes again.
@@ -867,7 +952,8 @@ impl BackwardOp {
             .iter()
             .map(|p| ws.create_local_blob(&p.step_grad))
             .collect();
-        let net = Net::create_with(&self.step, ws, self.allow_unknown_args)?;
+        let def = with_link_refreshes(&self.step, &self.links, &self.timestep);
+        let net = Net::create_with(&def, ws, self.allow_unknown_args)?;
         self.bound = Some(BackwardBound {
             scratch,
             net,
@@ -891,18 +977,6 @@ impl Operator for BackwardOp {
             .with_blob(&seq_name));
         }
         let steps = seq.shape()[0];
-        self.bind(cx)?;
-        let b = self.bound.as_mut().expect("bound");
-        let ws = b.scratch.ws.clone();
-        {
-            let slots = b.scratch.steps.lock();
-            if slots.len() < steps {
-                return Err(Error::invalid_arg(format!(
-                    "RecurrentNetworkGradient: the forward op kept {} steps, the sequence has {steps} (did it run with a backward_step_net?)",
-                    slots.len()
-                )));
-            }
-        }
         // Gradients start at zero: the parameters', the sequence's and the
         // states' (with the last row's outer gradient added).
         for p in &self.params {
@@ -931,6 +1005,16 @@ impl Operator for BackwardOp {
                 None => None,
             };
             outer_grads.push((cx.ws.blob(&s.grad)?, all));
+        }
+        // Bound now that the gradients it may link exist.
+        self.bind(cx)?;
+        let b = self.bound.as_mut().expect("bound");
+        let ws = b.scratch.ws.clone();
+        let kept_steps = *b.scratch.kept_steps.lock();
+        if kept_steps < steps {
+            return Err(Error::invalid_arg(format!(
+                "RecurrentNetworkGradient: the forward op kept {kept_steps} steps, the sequence has {steps} (did it run with a backward_step_net?)"
+            )));
         }
         let kept = b.scratch.kept.lock().clone();
         for t in (0..steps).rev() {
@@ -1106,6 +1190,27 @@ fn build_blob_fetcher(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             ArrayD::from_shape_vec(IxDyn(&[n]), out).map_err(|e| Error::internal(e.to_string()))?;
         cx.output_blob(0)
             .set(BlobValue::Tensor(Tensor::from(names)));
+        Ok(true)
+    }))
+}
+
+fn build_write_link(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let offset = ctx.args.i64("offset", 0)?;
+    Ok(kernel(move |cx| {
+        let op = "rnn_internal_write_link";
+        let mut l = cx.lock();
+        let t = read_timestep(l.tensor(0)?, op)?;
+        let row = usize::try_from(t as i64 + offset)
+            .map_err(|_| Error::invalid_arg(format!("{op}: row {t} + {offset} is negative")))?;
+        let src = l.tensor(1)?.clone();
+        let name = l.output_name(0).to_string();
+        let BlobValue::Tensor(dst) = l.output(0) else {
+            return Err(
+                Error::type_error(format!("{op}: the external blob holds no tensor"))
+                    .with_blob(&name),
+            );
+        };
+        write_rows(dst, row, &src, op).map_err(|e| e.with_blob(&name))?;
         Ok(true)
     }))
 }
