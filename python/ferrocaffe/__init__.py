@@ -61,6 +61,9 @@ _ALIASES = {
     "caffe2.python.data_parallel_model": "ferrocaffe.data_parallel_model",
     "caffe2.python.dyndep": "ferrocaffe.dyndep",
     "caffe2.python.rnn_cell": "ferrocaffe.rnn_cell",
+    "caffe2.python.recurrent": "ferrocaffe.recurrent",
+    "caffe2.python.gru_cell": "ferrocaffe.gru_cell",
+    "caffe2.python.attention": "ferrocaffe.attention",
     # Caffe2's compiled module (workspace.C there): a module holding the
     # attributes of ferrocaffe's workspace.C namespace.
     "caffe2.python._import_c_extension": "ferrocaffe.workspace:C",

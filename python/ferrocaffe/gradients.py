@@ -1241,6 +1241,75 @@ def _dropout_grad(op, g_output):
     return [_op("DropoutGrad", [w.GO(0), w.O(1)], [w.GI(0)])], [w.GI(0)]
 
 
+def _dense_go(w, i):
+    """The dense gradient of output ``i``, which the maker cannot do without
+    (Caffe2's C++ ``GO`` refused a missing or sparse one): stop the other
+    outputs' gradients with ``ZeroGradient`` when no loss reaches them."""
+    g = w.GO(i)
+    if g is None or isinstance(g, GradientSlice):
+        what = "is sparse (expected dense)" if g is not None else "is not provided"
+        raise errors.InvalidArgumentError(
+            f"{w.op.type}: the gradient of output {i} ('{w.O(i)}') {what}; its gradient "
+            f"needs the gradients of all its outputs (give the others a zero gradient with "
+            f"ZeroGradient)", op=w.op.type, blob=w.O(i),
+        )
+    return g
+
+
+@_register("LSTMUnit")
+def _lstm_unit_grad(op, g_output):
+    # Inputs (h_prev, c_prev, gates, [seq_lengths,] timestep): the gradient
+    # op reads them all, then the outputs and their gradients.
+    w = GradientWrapper(op, g_output)
+    ins = list(op.input) + [w.O(0), w.O(1), _dense_go(w, 0), _dense_go(w, 1)]
+    ops = [_op("LSTMUnitGradient", ins, [w.GI(0), w.GI(1), w.GI(2)])]
+    return ops, [w.GI(0), w.GI(1), w.GI(2)] + [None] * (len(op.input) - 3)
+
+
+@_register("GRUUnit")
+def _gru_unit_grad(op, g_output):
+    # Inputs (h_prev, gates, [seq_lengths,] timestep).
+    w = GradientWrapper(op, g_output)
+    ins = list(op.input) + [w.O(0), _dense_go(w, 0)]
+    ops = [_op("GRUUnitGradient", ins, [w.GI(0), w.GI(1)])]
+    return ops, [w.GI(0), w.GI(1)] + [None] * (len(op.input) - 2)
+
+
+@_register("RecurrentNetwork")
+def _recurrent_network_grad(op, g_output):
+    # The gradient op reads the gradients of the outputs named by
+    # outputs_with_grads, then every input and output of the forward op (the
+    # last output holds the step workspace and each step's blobs); it gives
+    # the gradients of the sequence (input 0), of the params and of the
+    # initial states.
+    w = GradientWrapper(op, g_output)
+    a = _arg(op, "outputs_with_grads")
+    with_grads = list(a.ints) if a is not None and len(a.ints) else [0]
+    a = _arg(op, "param")
+    params = list(a.ints) if a is not None else []
+    a = _arg(op, "initial_recurrent_state_ids")
+    states = list(a.ints) if a is not None else []
+    ins = [_dense_go(w, k) for k in with_grads] + list(op.input) + list(op.output)
+    wrt = [0] + params + states
+    g_input = [None] * len(op.input)
+    for i in wrt:
+        g_input[i] = w.GI(i)
+    return [_op("RecurrentNetworkGradient", ins, [w.GI(i) for i in wrt])], g_input
+
+
+@_register("ElementwiseLinear")
+def _elementwise_linear_grad(op, g_output):
+    w = GradientWrapper(op, g_output)
+    outs = [w.GI(0), w.GI(1), w.GI(2)]
+    return [_op("ElementwiseLinearGradient", [w.GO(0), w.I(0), w.I(1)], outs)], outs
+
+
+@_register("ZeroGradient", copy_arguments=False)
+def _zero_gradient_grad(op, g_output):
+    w = GradientWrapper(op, g_output)
+    return [_op("ConstantFill", [w.I(0)], [w.GI(0)], value=0.0)], [w.GI(0)]
+
+
 @_register("Reshape", copy_arguments=False)
 def _reshape_grad(op, g_output):
     w = GradientWrapper(op, g_output)

@@ -1,12 +1,556 @@
-"""Caffe2's ``rnn_cell``: present so that code importing it loads, but
-recurrent networks (the ``RecurrentNetwork`` op and its cells) are not
-among the modules ferrocaffe provides (docs/porting.md): every name of the
-module raises NotImplementedError when used."""
+"""Caffe2's ``rnn_cell``: recurrent cells and the functions that run them
+over a sequence with one ``RecurrentNetwork`` op (``recurrent.recurrent_net``).
+
+A cell describes one timestep: ``_apply`` adds the ops of the step to a
+step model (inputs ``input_t``, the previous states, ``seq_lengths`` and
+``timestep``) and returns the new states; ``prepare_input`` adds the ops that
+depend only on the input (the input projection), run once over the whole
+sequence before the recurrence; ``apply_over_sequence`` builds the step net
+and the op. Names follow Caffe2 (``<scope>/i2h``, ``<scope>/gates_t``,
+``<scope>/hidden_t``...), so parameters and outputs are found where Caffe2
+scripts look for them.
+
+Provided: ``RNNCell``, ``BasicRNNCell``, ``LSTMCell``, ``MILSTMCell``,
+``DropoutCell``, ``MultiRNNCell`` and the functions ``BasicRNN``, ``LSTM``,
+``MILSTM``, ``layered_LSTM``, ``GetLSTMParamNames``, ``InitFromLSTMParams``.
+``cudnn_LSTM`` needs CUDA and raises; the layer-norm and attention cells
+are not provided yet (docs/porting.md).
+"""
+
+import functools
+import inspect
+
+import numpy as np
+
+from ferrocaffe import brew, core, recurrent, scope, workspace
+from ferrocaffe.model_helper import ModelHelper
+from ferrocaffe.modeling.initializers import Initializer
+
+__all__ = [
+    "RNNCell", "LSTMInitializer", "BasicRNNCell", "LSTMCell", "MILSTMCell", "DropoutCell",
+    "MultiRNNCellInitializer", "MultiRNNCell", "LSTM", "BasicRNN", "MILSTM", "layered_LSTM",
+    "GetLSTMParamNames", "InitFromLSTMParams", "cudnn_LSTM",
+]
+
+
+def _ref(blob):
+    """A BlobReference for a name (so name scopes entered later leave it alone)."""
+    if blob is None or isinstance(blob, core.BlobReference):
+        return blob
+    return core.BlobReference(str(blob))
+
+
+def _refs(blobs):
+    return [_ref(b) for b in blobs]
+
+
+class RNNCell(object):
+    """A recurrent cell: subclasses give ``apply_override`` (the ops of one
+    step) and ``get_state_names_override`` (the states' names), and may
+    override ``prepare_input`` and the output hooks."""
+
+    def __init__(self, name=None, forward_only=False, initializer=None):
+        self.name = name
+        self.recompute_blobs = []
+        self.forward_only = forward_only
+        self._initializer = initializer
+
+    @property
+    def initializer(self):
+        return self._initializer
+
+    @initializer.setter
+    def initializer(self, value):
+        self._initializer = value
+
+    def scope(self, name):
+        return name if self.name is None else "%s/%s" % (self.name, name)
+
+    def apply_over_sequence(self, model, inputs, seq_lengths=None, initial_states=None,
+                            outputs_with_grads=None):
+        """Runs the cell over ``inputs`` (T, N, D) with one RecurrentNetwork
+        op; returns (the output sequence, every state's (all steps, last
+        step) outputs, in state order)."""
+        if initial_states is None:
+            if self.initializer is None:
+                raise ValueError("apply_over_sequence: give initial_states or set the cell's "
+                                 "initializer")
+            with scope.NameScope(self.name):
+                initial_states = self.initializer.create_states(model)
+        sequence = self.prepare_input(model, inputs)
+        step = ModelHelper(name=self.name, param_model=model)
+        input_t, timestep = step.net.AddScopedExternalInputs("input_t", "timestep")
+        names = self.get_state_names()
+        if len(initial_states) != len(names):
+            raise ValueError("apply_over_sequence: %d initial states for %d states (%s)"
+                             % (len(initial_states), len(names), list(names)))
+        states_prev = step.net.AddScopedExternalInputs(*[s + "_prev" for s in names])
+        states = self._apply(model=step, input_t=input_t, seq_lengths=seq_lengths,
+                             states=states_prev, timestep=timestep)
+        declared = set(step.net.Proto().external_output)
+        for s in states:
+            if str(s) not in declared:
+                step.net.AddExternalOutput(s)
+        if outputs_with_grads is None:
+            outputs_with_grads = [2 * self.get_output_state_index()]
+        results = recurrent.recurrent_net(
+            net=model.net, cell_net=step.net, inputs=[(input_t, sequence)],
+            initial_cell_inputs=list(zip(states_prev, initial_states)),
+            links=dict(zip(states_prev, states)), timestep=timestep, scope=self.name,
+            forward_only=self.forward_only, outputs_with_grads=outputs_with_grads,
+            recompute_blobs_on_backward=self.recompute_blobs)
+        return self._prepare_output_sequence(model, results), results
+
+    def apply(self, model, input_t, seq_lengths, states, timestep):
+        """One step added to ``model`` directly: (output, new states)."""
+        input_t = self.prepare_input(model, input_t)
+        states = self._apply(model, input_t, seq_lengths, states, timestep)
+        return self._prepare_output(model, states), states
+
+    def _apply(self, model, input_t, seq_lengths, states, timestep, extra_inputs=None):
+        """``apply_override`` in the cell's name scope; its inputs keep the
+        names they had outside it."""
+        args = self._rectify_apply_inputs(input_t, seq_lengths, states, timestep, extra_inputs)
+        with core.NameScope(self.name):
+            return self.apply_override(model, *args)
+
+    def _rectify_apply_inputs(self, input_t, seq_lengths, states, timestep, extra_inputs):
+        input_t, seq_lengths, timestep = _refs([input_t, seq_lengths, timestep])
+        states = _refs(states)
+        args = [input_t, seq_lengths, states, timestep]
+        if "extra_inputs" in inspect.signature(self.apply_override).parameters:
+            if extra_inputs:
+                extra_inputs = [(_ref(b), size) for b, size in extra_inputs]
+            args.append(extra_inputs)
+        return args
+
+    def apply_override(self, model, input_t, seq_lengths, timestep, extra_inputs=None):
+        """The ops of one step (``input_t`` (1, N, D)); returns the new states."""
+        raise NotImplementedError("RNNCell.apply_override: implemented by each cell")
+
+    def prepare_input(self, model, input_blob):
+        """Ops that depend only on the input, run over the whole sequence."""
+        return input_blob
+
+    def get_output_state_index(self):
+        """Which state is the cell's output."""
+        return 0
+
+    def get_state_names(self):
+        return [self.scope(n) for n in self.get_state_names_override()]
+
+    def get_state_names_override(self):
+        raise NotImplementedError("RNNCell.get_state_names_override: implemented by each cell")
+
+    def get_output_dim(self):
+        raise NotImplementedError("RNNCell.get_output_dim: implemented by each cell")
+
+    def _prepare_output(self, model, states):
+        return states[self.get_output_state_index()]
+
+    def _prepare_output_sequence(self, model, state_outputs):
+        # state_outputs holds (all steps, last step) per state.
+        return state_outputs[2 * self.get_output_state_index()]
+
+
+class LSTMInitializer(object):
+    """Zero initial hidden and cell states, as parameters of the model."""
+
+    def __init__(self, hidden_size):
+        self.hidden_size = hidden_size
+
+    def create_states(self, model):
+        return [
+            model.create_param(param_name=name, shape=[self.hidden_size],
+                               initializer=Initializer(operator_name="ConstantFill", value=0.0))
+            for name in ("initial_hidden_state", "initial_cell_state")
+        ]
+
+
+def _gate_fc(model, concat_name, fc_input, fc_dim, extra_inputs, name, dim_out):
+    """The recurrent projection: an FC (axis 2) of the previous hidden state,
+    concatenated first with the extra inputs if any."""
+    if extra_inputs:
+        blobs, sizes = zip(*extra_inputs)
+        fc_input = brew.concat(model, [fc_input] + list(blobs), concat_name, axis=2)
+        fc_dim += sum(sizes)
+    return brew.fc(model, fc_input, name, dim_in=fc_dim, dim_out=dim_out, axis=2)
+
+
+class BasicRNNCell(RNNCell):
+    """h_t = activation(W_h h_{t-1} + b_h + W_x x_t + b_x), activation tanh or
+    relu; rows past their sequence keep h_{t-1} (or 0 with drop_states)."""
+
+    def __init__(self, input_size, hidden_size, forget_bias, memory_optimization,
+                 drop_states=False, initializer=None, activation=None, **kwargs):
+        super(BasicRNNCell, self).__init__(**kwargs)
+        if activation not in ("relu", "tanh"):
+            raise ValueError("BasicRNNCell: activation must be 'relu' or 'tanh', got %r"
+                             % (activation,))
+        self.input_size, self.hidden_size = input_size, hidden_size
+        self.drop_states, self.activation = drop_states, activation
+
+    def apply_override(self, model, input_t, seq_lengths, states, timestep, extra_inputs=None):
+        h_prev = states[0]
+        gates = brew.fc(model, h_prev, "gates_t", dim_in=self.hidden_size,
+                        dim_out=self.hidden_size, axis=2)
+        brew.sum(model, [gates, input_t], gates)
+        act = model.net.Tanh if self.activation == "tanh" else model.net.Relu
+        hidden = act(gates, "hidden_t")
+        if seq_lengths is not None:
+            # live rows (t < length) take the new state, the others the old
+            # one (or 0): masks made from the lengths and the timestep.
+            t = model.net.CopyFromCPUInput(timestep, "timestep_gpu")
+            live = model.net.Cast(model.net.GT([seq_lengths, t], "valid_b", broadcast=1),
+                                  "valid", to="float")
+            done = model.net.Cast(model.net.LE([seq_lengths, t], "invalid_b", broadcast=1),
+                                  "invalid", to="float")
+            kept = model.net.Mul([hidden, live], "hidden_valid", broadcast=1, axis=1)
+            if self.drop_states:
+                hidden = kept
+            else:
+                old = model.net.Mul([h_prev, done], "hidden_invalid", broadcast=1, axis=1)
+                hidden = model.net.Add([kept, old], hidden)
+        return (hidden,)
+
+    def prepare_input(self, model, input_blob):
+        return brew.fc(model, input_blob, self.scope("i2h"), dim_in=self.input_size,
+                       dim_out=self.hidden_size, axis=2)
+
+    def get_state_names(self):
+        return (self.scope("hidden_t"),)
+
+    def get_output_dim(self):
+        return self.hidden_size
+
+
+class LSTMCell(RNNCell):
+    """An LSTM step: the gates are an FC of the previous hidden state plus the
+    projected input (``i2h``, computed once over the sequence), then
+    ``LSTMUnit``."""
+
+    def __init__(self, input_size, hidden_size, forget_bias, memory_optimization,
+                 drop_states=False, initializer=None, **kwargs):
+        super(LSTMCell, self).__init__(initializer=initializer, **kwargs)
+        self.initializer = initializer or LSTMInitializer(hidden_size=hidden_size)
+        self.input_size, self.hidden_size = input_size, hidden_size
+        self.forget_bias = float(forget_bias)
+        self.memory_optimization = memory_optimization
+        self.drop_states = drop_states
+        self.gates_size = 4 * hidden_size
+
+    def apply_override(self, model, input_t, seq_lengths, states, timestep, extra_inputs=None):
+        h_prev, c_prev = states
+        gates = _gate_fc(model, "gates_concatenated_input_t", h_prev, self.hidden_size,
+                         extra_inputs, "gates_t",
+                         self.gates_size)
+        brew.sum(model, [gates, input_t], gates)
+        ins = [h_prev, c_prev, gates] + ([seq_lengths] if seq_lengths is not None else [])
+        hidden, cell = model.net.LSTMUnit(
+            ins + [timestep], ["hidden_state", "cell_state"], forget_bias=self.forget_bias,
+            drop_states=self.drop_states, sequence_lengths=seq_lengths is not None)
+        model.net.AddExternalOutputs(hidden, cell)
+        if self.memory_optimization:
+            self.recompute_blobs = [gates]
+        return hidden, cell
+
+    def get_input_params(self):
+        return {"weights": self.scope("i2h") + "_w", "biases": self.scope("i2h") + "_b"}
+
+    def get_recurrent_params(self):
+        return {"weights": self.scope("gates_t") + "_w", "biases": self.scope("gates_t") + "_b"}
+
+    def prepare_input(self, model, input_blob):
+        return brew.fc(model, input_blob, self.scope("i2h"), dim_in=self.input_size,
+                       dim_out=self.gates_size, axis=2)
+
+    def get_state_names_override(self):
+        return ["hidden_t", "cell_t"]
+
+    def get_output_dim(self):
+        return self.hidden_size
+
+
+class MILSTMCell(LSTMCell):
+    """The multiplicative-integration LSTM: gates = (alpha * x + beta_h) *
+    (W h) + beta_i * x + b, then LSTMUnit."""
+
+    def _apply(self, model, input_t, seq_lengths, states, timestep, extra_inputs=None):
+        h_prev, c_prev = states
+        prev = _gate_fc(model, self.scope("gates_concatenated_input_t"), h_prev,
+                        self.hidden_size, extra_inputs, self.scope("prev_t"), self.gates_size)
+
+        def param(name, value):
+            return model.create_param(self.scope(name), shape=[self.gates_size],
+                                      initializer=Initializer("ConstantFill", value=value))
+
+        alpha, beta_h, beta_i, b = (param("alpha", 1.0), param("beta1", 1.0),
+                                    param("beta2", 1.0), param("b", 0.0))
+        scaled = model.net.ElementwiseLinear([input_t, alpha, beta_h],
+                                             self.scope("alpha_by_input_t_plus_beta_h"), axis=2)
+        product = model.net.Mul([scaled, prev],
+                                self.scope("alpha_by_input_t_plus_beta_h_by_prev_t"))
+        shifted = model.net.ElementwiseLinear([input_t, beta_i, b],
+                                              self.scope("beta_i_by_input_t_plus_b"), axis=2)
+        gates = brew.sum(model, [product, shifted], self.scope("gates_t"))
+        hidden, cell = model.net.LSTMUnit(
+            [h_prev, c_prev, gates, seq_lengths, timestep],
+            [self.scope("hidden_t_intermediate"), self.scope("cell_t")],
+            forget_bias=self.forget_bias, drop_states=self.drop_states)
+        model.net.AddExternalOutputs(cell, hidden)
+        if self.memory_optimization:
+            self.recompute_blobs = [gates]
+        return hidden, cell
+
+
+class DropoutCell(RNNCell):
+    """Another cell with dropout on its output (not on its recurrent
+    state). ``is_test`` is required."""
+
+    def __init__(self, internal_cell, dropout_ratio=None, use_cudnn=False, **kwargs):
+        if "is_test" not in kwargs:
+            raise ValueError("DropoutCell: the argument 'is_test' is required")
+        self.is_test = kwargs.pop("is_test")
+        super(DropoutCell, self).__init__(**kwargs)
+        self.internal_cell = internal_cell
+        self.dropout_ratio = dropout_ratio
+        self.use_cudnn = use_cudnn
+        self.prepare_input = internal_cell.prepare_input
+        self.get_output_state_index = internal_cell.get_output_state_index
+        self.get_state_names = internal_cell.get_state_names
+        self.get_output_dim = internal_cell.get_output_dim
+        self.mask = 0
+
+    def _apply(self, model, input_t, seq_lengths, states, timestep, extra_inputs=None):
+        return self.internal_cell._apply(model, input_t, seq_lengths, states, timestep,
+                                         extra_inputs)
+
+    def _prepare_output(self, model, states):
+        return self._dropout(model, self.internal_cell._prepare_output(model, states))
+
+    def _prepare_output_sequence(self, model, state_outputs):
+        return self._dropout(model,
+                             self.internal_cell._prepare_output_sequence(model, state_outputs))
+
+    def _dropout(self, model, output):
+        if self.dropout_ratio is None or not self.dropout_ratio or self.forward_only:
+            return output
+        with core.NameScope(self.name or ""):
+            out = brew.dropout(model, output, "%s_with_dropout_mask%d" % (output, self.mask),
+                               ratio=float(self.dropout_ratio), is_test=self.is_test,
+                               use_cudnn=self.use_cudnn)
+        self.mask += 1
+        return out
+
+
+class MultiRNNCellInitializer(object):
+    """The initial states of each layer's cell, in layer order."""
+
+    def __init__(self, cells):
+        self.cells = cells
+
+    def create_states(self, model):
+        states = []
+        for i, cell in enumerate(self.cells):
+            if cell.initializer is None:
+                raise ValueError("MultiRNNCell: layer %d's cell has no initializer" % i)
+            with core.NameScope("layer_%d" % i), core.NameScope(cell.name):
+                states.extend(cell.initializer.create_states(model))
+        return states
+
+
+class MultiRNNCell(RNNCell):
+    """Layers of cells in one step: each layer's output is the next layer's
+    input; ``residual_output_layers`` add a layer's input to its output
+    (not layer 0)."""
+
+    def __init__(self, cells, residual_output_layers=None, **kwargs):
+        super(MultiRNNCell, self).__init__(**kwargs)
+        self.cells = cells
+        self.residual_output_layers = list(residual_output_layers or [])
+        first_state, base = [], 0
+        for cell in cells:
+            first_state.append(base + cell.get_output_state_index())
+            base += len(cell.get_state_names())
+        # The layers whose outputs are summed into the cell's output: the
+        # last one and the chain of residual layers right below it.
+        self.output_connected_layers, self.output_indices = [], []
+        for i in range(len(cells) - 1):
+            if i + 1 in self.residual_output_layers:
+                self.output_connected_layers.append(i)
+                self.output_indices.append(first_state[i])
+            else:
+                self.output_connected_layers, self.output_indices = [], []
+        self.output_connected_layers.append(len(cells) - 1)
+        self.output_indices.append(first_state[-1])
+        self.state_names = []
+        for i, cell in enumerate(cells):
+            self.state_names.extend(self.layer_scoper(i)(n) for n in cell.get_state_names())
+        self.initializer = MultiRNNCellInitializer(cells)
+
+    def layer_scoper(self, layer_id):
+        def scoped(name):
+            return "%s/layer_%d/%s" % (self.name, layer_id, name)
+        return scoped
+
+    def prepare_input(self, model, input_blob):
+        with core.NameScope(self.name or ""):
+            return self.cells[0].prepare_input(model, _ref(input_blob))
+
+    def _apply(self, model, input_t, seq_lengths, states, timestep, extra_inputs=None):
+        input_t, seq_lengths, timestep = _refs([input_t, seq_lengths, timestep])
+        states = _refs(states)
+        if extra_inputs:
+            extra_inputs = [(_ref(b), size) for b, size in extra_inputs]
+        counts = [len(c.get_state_names()) for c in self.cells]
+        if len(states) != sum(counts):
+            raise ValueError("MultiRNNCell: %d states for layers taking %d"
+                             % (len(states), sum(counts)))
+        new_states, at, layer_input = [], 0, input_t
+        for i, cell in enumerate(self.cells):
+            with core.NameScope(self.name), core.NameScope("layer_%d" % i):
+                mine = states[at:at + counts[i]]
+                at += counts[i]
+                prepared = cell.prepare_input(model, layer_input) if i > 0 else layer_input
+                nxt = cell._apply(model, prepared, seq_lengths, mine, timestep,
+                                  extra_inputs=extra_inputs if i == 0 else None)
+                if i != len(self.cells) - 1:
+                    out = cell._prepare_output(model, nxt)
+                    if i > 0 and i in self.residual_output_layers:
+                        layer_input = brew.sum(model, [out, layer_input],
+                                               self.scope("residual_output_%d" % i))
+                    else:
+                        layer_input = out
+                new_states.extend(nxt)
+        return new_states
+
+    def get_state_names(self):
+        return self.state_names
+
+    def get_output_state_index(self):
+        return (sum(len(c.get_state_names()) for c in self.cells[:-1])
+                + self.cells[-1].get_output_state_index())
+
+    def _connected(self, model, states, per_state, prepare, name):
+        outs, at = [], 0
+        for i, cell in enumerate(self.cells):
+            n = per_state * len(cell.get_state_names())
+            if i in self.output_connected_layers:
+                outs.append(getattr(cell, prepare)(model, states[at:at + n]))
+            at += n
+        return outs[0] if len(outs) == 1 else brew.sum(model, outs, self.scope(name))
+
+    def _prepare_output(self, model, states):
+        return self._connected(model, states, 1, "_prepare_output", "residual_output")
+
+    def _prepare_output_sequence(self, model, states):
+        return self._connected(model, states, 2, "_prepare_output_sequence",
+                               "residual_output_sequence")
+
+
+def _recurrent_layers(cell_class, model, input_blob, seq_lengths, initial_states, dim_in,
+                      dim_out, scope=None, outputs_with_grads=(0,), return_params=False,
+                      memory_optimization=False, forget_bias=0.0, forward_only=False,
+                      drop_states=False, return_last_layer_only=True,
+                      static_rnn_unroll_size=None, **cell_kwargs):
+    """One RecurrentNetwork op of ``cell_class`` layers (``dim_out`` an int or
+    a list, one size per layer) over ``input_blob`` (T, N, dim_in); returns
+    (hidden_all, hidden_last, cell_all, cell_last) of the last layer (or of
+    every layer), and the parameters with ``return_params``."""
+    if static_rnn_unroll_size is not None:
+        raise NotImplementedError("static_rnn_unroll_size (UnrolledCell) is not provided by "
+                                  "ferrocaffe: the RecurrentNetwork op runs the steps")
+    sizes = list(dim_out) if isinstance(dim_out, (list, tuple)) else [dim_out]
+    cells = [cell_class(input_size=dim_in if i == 0 else sizes[i - 1], hidden_size=size,
+                        forget_bias=forget_bias, memory_optimization=memory_optimization,
+                        name=scope if len(sizes) == 1 else None, forward_only=forward_only,
+                        drop_states=drop_states, **cell_kwargs)
+             for i, size in enumerate(sizes)]
+    cell = (MultiRNNCell(cells, name=scope, forward_only=forward_only) if len(cells) > 1
+            else cells[0])
+    # outputs_with_grads counts the last layer's four outputs.
+    last = 4 * (len(cells) - 1)
+    _, result = cell.apply_over_sequence(
+        model=model, inputs=input_blob, seq_lengths=seq_lengths,
+        initial_states=initial_states,
+        outputs_with_grads=[last + i for i in outputs_with_grads])
+    if return_last_layer_only:
+        result = result[last:]
+    if return_params:
+        result = list(result) + [{"input": cell.get_input_params(),
+                                  "recurrent": cell.get_recurrent_params()}]
+    return tuple(result)
+
+
+# Caffe2's name, which gru_cell and users' cells call.
+_LSTM = _recurrent_layers
+LSTM = functools.partial(_recurrent_layers, LSTMCell)
+BasicRNN = functools.partial(_recurrent_layers, BasicRNNCell)
+MILSTM = functools.partial(_recurrent_layers, MILSTMCell)
+
+
+def _layered(model, input_blob, seq_lengths, initial_states, dim_in, dim_out, scope,
+             outputs_with_grads=(0,), return_params=False, memory_optimization=False,
+             forget_bias=0.0, forward_only=False, drop_states=False, create_lstm=None):
+    """Stacked LSTMs, one RecurrentNetwork op per layer (each layer's scope
+    ``<scope>_layer_<i>`` after the first), each started from the previous
+    layer's last states."""
+    kw = dict(model=model, input_blob=input_blob, seq_lengths=seq_lengths,
+              initial_states=initial_states, dim_in=dim_in, scope=scope,
+              outputs_with_grads=outputs_with_grads, return_params=return_params,
+              memory_optimization=memory_optimization, forget_bias=forget_bias,
+              forward_only=forward_only, drop_states=drop_states)
+    if not isinstance(dim_out, list):
+        return create_lstm(dim_out=dim_out, **kw)
+    if len(dim_out) == 1:
+        return create_lstm(dim_out=dim_out[0], **kw)
+    if not dim_out:
+        raise ValueError("layered_LSTM: dim_out is an empty list")
+    if return_params:
+        raise ValueError("layered_LSTM: return_params is not supported with several layers")
+    for i, size in enumerate(dim_out):
+        output, last_output, all_states, last_state = create_lstm(dim_out=size, **kw)
+        kw.update(input_blob=output, dim_in=size, initial_states=(last_output, last_state),
+                  scope="%s_layer_%d" % (scope, i + 1))
+    return output, last_output, all_states, last_state
+
+
+layered_LSTM = functools.partial(_layered, create_lstm=LSTM)
+
+
+def GetLSTMParamNames():
+    """The per-gate parameter names (cuDNN's layout)."""
+    return {"weights": ["input_gate_w", "forget_gate_w", "output_gate_w", "cell_w"],
+            "biases": ["input_gate_b", "forget_gate_b", "output_gate_b", "cell_b"]}
+
+
+def InitFromLSTMParams(lstm_pblobs, param_values):
+    """Sets an LSTM's weight and bias blobs (``return_params``' dict) from
+    per-gate values ``{input_type: {param_name: array}}``, gates in
+    GetLSTMParamNames order."""
+    names = GetLSTMParamNames()
+    for input_type, values in param_values.items():
+        for kind in ("weights", "biases"):
+            blob = lstm_pblobs[input_type][kind]
+            flat = np.concatenate([np.asarray(values[n]).ravel() for n in names[kind]])
+            shape = workspace.FetchBlob(blob).shape
+            workspace.FeedBlob(blob, flat.reshape(shape).astype(np.float32))
+
+
+def cudnn_LSTM(model, input_blob, initial_states, dim_in, dim_out, scope,
+               recurrent_params=None, input_params=None, num_layers=1, return_params=False):
+    """Caffe2's cuDNN LSTM: needs CUDA, which ferrocaffe does not have."""
+    raise NotImplementedError(
+        "rnn_cell.cudnn_LSTM needs CUDA (cuDNN's Recurrent op); ferrocaffe runs on the CPU: "
+        "use rnn_cell.LSTM instead")
 
 
 def __getattr__(name):
-    if name.startswith('__'):
-        raise AttributeError(name)
-    raise NotImplementedError(
-        "caffe2.python.rnn_cell.%s: recurrent networks (RecurrentNetwork, "
-        "LSTM and the other cells) are not implemented by ferrocaffe" % name)
+    if name in ("LayerNormLSTMCell", "LayerNormMILSTMCell", "LayerNormLSTM",
+                "LayerNormMILSTM", "AttentionCell", "LSTMWithAttentionCell",
+                "MILSTMWithAttentionCell", "LSTMWithAttention", "MILSTMWithAttention",
+                "UnrolledCell"):
+        raise NotImplementedError(
+            "caffe2.python.rnn_cell.%s is not provided by ferrocaffe yet (layer-norm and "
+            "attention cells, static unrolling; docs/porting.md)" % name)
+    raise AttributeError("module 'rnn_cell' has no attribute %r" % name)

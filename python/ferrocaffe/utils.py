@@ -3,6 +3,8 @@
 Caffe2 programs import from there.
 """
 
+import functools
+
 import numpy as np
 
 from ferrocaffe import scope
@@ -220,3 +222,14 @@ def NHWC2NCHW(tensor):
     if tensor.ndim < 1:
         raise ValueError("NHWC2NCHW needs at least 1 dim, got a scalar")
     return tensor.transpose((0, tensor.ndim - 1) + tuple(range(1, tensor.ndim - 1)))
+
+
+def debug(f):
+    """Caffe2's decorator that opened a post-mortem debugger when ``f``
+    raised (its DebugMode); here ``f`` runs unchanged and its exception
+    propagates (tests and scripts are not interactive)."""
+    @functools.wraps(f)
+    def run(*args, **kwargs):
+        return f(*args, **kwargs)
+
+    return run

@@ -403,7 +403,13 @@ cannot(FILES,
        "ResetNpyReader", "CreateParquetReader", "ResetParquetReader", "ParquetSchema",
        "CreateParquetWriter", "SetParquetWriterSchema", "WriteParquetBatch",
        "CloseParquetWriter", "CreateTextFileReader")
-cannot(CONTROL, "Do", "If", "While", "Python", "PythonGradient")
+cannot(CONTROL, "Do", "If", "While", "Python", "PythonGradient", "RecurrentNetwork",
+       "RecurrentNetworkGradient")
+cannot(SAME_SIZE, "LSTMUnit", "GRUUnit", "ElementwiseLinear", "CopyFromCPUInput",
+       "ZeroGradient", "rnn_internal_apply_link", "rnn_internal_write_link",
+       "rnn_internal_accumulate_gradient_input")
+cannot(INPUT_SHAPE, "LSTMUnitGradient", "GRUUnitGradient", "ElementwiseLinearGradient")
+cannot(OBJECTS, "RecurrentNetworkBlobFetcher")
 
 
 # --------------------------------------------------------------- child --

@@ -474,6 +474,22 @@ spec("SplitByLengths",
      C(F(2, 5), Ints(2, 3), args={"axis": 1}, outputs=2))
 spec("Dropout", C(F(3, 4), args={"is_test": 1}),
      C(F(3, 4), args={"ratio": 0.5}, outputs=2, seeds=(0,), random_seed=7, label="training, seeded"))
+spec("ElementwiseLinear",
+     C(F(3, 4), F(4), F(4)),
+     C(F(2, 3, 2), F(6), F(6), args={"axis": 1}, label="axis 1 of 3 dims"),
+     C(F(2, 3, 2), F(2), F(2), args={"axis": 2}, label="axis 2"))
+spec("LSTMUnit",
+     C(F(1, 3, 2), F(1, 3, 2), F(1, 3, 8, lo=-2, hi=2), Ints(3, 1, 0), Ints(1)),
+     C(F(1, 3, 2), F(1, 3, 2), F(1, 3, 8, lo=-2, hi=2), Ints(3, 1, 0), Ints(1),
+       args={"drop_states": True, "forget_bias": 1.0}, label="drop_states"),
+     C(F(1, 2, 3), F(1, 2, 3), F(1, 2, 12, lo=-2, hi=2), Ints(0),
+       args={"sequence_lengths": False}, label="no seq_lengths"))
+spec("GRUUnit",
+     C(F(1, 3, 2), F(1, 3, 6, lo=-2, hi=2), Ints(3, 1, 0), Ints(1)),
+     C(F(1, 3, 2), F(1, 3, 6, lo=-2, hi=2), Ints(3, 1, 0), Ints(1),
+       args={"drop_states": True}, label="drop_states"),
+     C(F(1, 2, 3), F(1, 2, 9, lo=-2, hi=2), Ints(4), args={"sequence_lengths": False},
+       label="no seq_lengths"))
 
 # ------------------------------------------------------------ unchecked --
 
@@ -482,6 +498,10 @@ UNCHECKED = {
     "Python": "its gradient is the user's function; the PythonGradient plumbing is checked in "
               "tests/train/test_python_op_gradient.py",
 }
+UNCHECKED["RecurrentNetwork"] = ("runs a step net given as an argument: checked through "
+                                 "recurrent_net in tests/train/test_recurrent_network.py")
+UNCHECKED["ZeroGradient"] = ("no output: its maker gives its input a zero gradient, checked in "
+                             "tests/train/test_recurrent_units.py")
 CONTROL = "checked in tests/train/test_control_gradients.py"
 for _op in ("If", "While", "Do"):
     UNCHECKED[_op] = CONTROL

@@ -35,6 +35,7 @@ pub mod pool;
 pub mod queue;
 pub mod rebatching;
 pub mod records;
+pub mod recurrent;
 pub mod reduce;
 pub mod resize;
 pub mod segment;
@@ -69,6 +70,7 @@ pub fn builtin_schemas() -> Vec<OpSchema> {
     v.extend(rebatching::schemas());
     v.extend(textfile::schemas());
     v.extend(records::schemas());
+    v.extend(recurrent::schemas());
     v.extend(reduce::schemas());
     v.extend(resize::schemas());
     v.extend(segment::schemas());

@@ -75,6 +75,10 @@ pub fn schemas() -> Vec<OpSchema> {
             .inplace(InPlace::Allow(in_place_0_0))
             .infer(|_, ins, n| Ok(crate::shapes::rules::same_as_input(ins, 0, n)))
             .doc("Y = X; the backward pass stops here."),
+        OpSchema::new("ZeroGradient", build_zero_gradient)
+            .inputs(1, 1)
+            .outputs(0, 0)
+            .doc("Does nothing when run; in the backward pass its input gets a zero gradient (a ConstantFill shaped like it), for an output whose gradient an op's maker needs but no loss gives."),
         OpSchema::new("Copy", copy)
             .inputs(1, 1)
             .outputs(1, 1)
@@ -85,6 +89,11 @@ pub fn schemas() -> Vec<OpSchema> {
             .outputs(1, 1)
             .inplace(InPlace::Allow(in_place_0_0))
             .doc("Copies a tensor to a CPU tensor; everything is on the CPU here, so this is Copy."),
+        OpSchema::new("CopyFromCPUInput", copy)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .inplace(InPlace::Allow(in_place_0_0))
+            .doc("Copies a CPU tensor to the op's device; everything is on the CPU here, so this is Copy (recurrent cells use it on the timestep)."),
         OpSchema::new("CopyOnDeviceLike", copy)
             .inputs(2, 2)
             .outputs(1, 1)
@@ -1104,6 +1113,10 @@ fn split(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         }
         Ok(true)
     }))
+}
+
+fn build_zero_gradient(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    Ok(kernel(|_| Ok(true)))
 }
 
 fn build_stop_gradient(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {

@@ -31,8 +31,9 @@
 //!
 //! The files: `loops.rs` (broadcasting and the loops), `arith.rs`,
 //! `logic.rs` (comparisons, logic, bitwise), `cast.rs` (dtype
-//! conversions); each holds its ops' schemas beside their kernels.
+//! conversions), `affine.rs` (ElementwiseLinear); each holds its ops' schemas beside their kernels.
 
+pub mod affine;
 pub mod arith;
 pub mod cast;
 pub mod logic;
@@ -47,5 +48,6 @@ pub fn schemas() -> Vec<crate::operator::OpSchema> {
     v.extend(arith::grad_schemas());
     v.extend(logic::schemas());
     v.extend(cast::schemas());
+    v.extend(affine::schemas());
     v
 }

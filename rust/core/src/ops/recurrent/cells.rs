@@ -1,0 +1,424 @@
+//! The recurrent cells: `LSTMUnit` and `GRUUnit` take one timestep of an LSTM
+//! or a GRU from gate pre-activations computed by other ops (an FC of the
+//! input and one of the previous hidden state, summed), and their gradient
+//! ops. Caffe2's layout: the state blobs are `(1, N, D)`, the gates
+//! `(1, N, G*D)` with the gates one after another along the last dim (LSTM:
+//! input, forget, output, cell candidate; GRU: reset, update, output), and
+//! a row `n` whose sequence has ended (`timestep >= seq_lengths[n]`) is
+//! carried over unchanged, or zeroed with `drop_states`.
+
+#![allow(clippy::result_large_err)]
+
+use super::super::kit::*;
+use crate::arg;
+use crate::error::{Error, Result};
+use crate::num::Float;
+use crate::operator::{ArgDoc, InPlace, Locked, OpDefCtx, OpSchema, Operator};
+use crate::tensor::Tensor;
+
+const LSTM_ARGS: &[ArgDoc] = &[
+    arg!(
+        "forget_bias",
+        "float",
+        "0.0",
+        "added to the forget gate's pre-activation"
+    ),
+    arg!(
+        "drop_states",
+        "bool",
+        "false",
+        "a row past its sequence's end gets zero state (and passes no gradient back) instead of the previous one"
+    ),
+    arg!(
+        "sequence_lengths",
+        "bool",
+        "true",
+        "the op takes the seq_lengths input (false: every row is live at every step)"
+    ),
+];
+
+const GRU_ARGS: &[ArgDoc] = &[
+    arg!(
+        "drop_states",
+        "bool",
+        "false",
+        "a row past its sequence's end gets zero state (and passes no gradient back) instead of the previous one"
+    ),
+    arg!(
+        "sequence_lengths",
+        "bool",
+        "true",
+        "the op takes the seq_lengths input (false: every row is live at every step)"
+    ),
+];
+
+/// gru_cell passes the LSTM's forget_bias; a GRU has no forget gate.
+const GRU_IGNORED: &[ArgDoc] = &[arg!(
+    "forget_bias",
+    "float",
+    "0.0",
+    "accepted and unused (gru_cell passes it)"
+)];
+
+pub fn schemas() -> Vec<OpSchema> {
+    vec![
+        OpSchema::new("LSTMUnit", build_lstm)
+            .inputs(4, 5)
+            .outputs(2, 2)
+            .args(LSTM_ARGS)
+            .infer(|_, ins, n| Ok(crate::shapes::rules::same_as_input(ins, 1, n)))
+            .doc("One LSTM timestep. Inputs (hidden_t_prev, cell_t_prev, gates, [seq_lengths,] timestep): states (1, N, D), gates (1, N, 4D) in the order input, forget, output, cell candidate; seq_lengths int (N), present unless sequence_lengths is false; timestep an int scalar. Outputs (hidden_t, cell_t): c = sigmoid(f + forget_bias) * c_prev + sigmoid(i) * tanh(g), h = sigmoid(o) * tanh(c) for rows with timestep < seq_lengths; other rows keep (h_prev, c_prev), or 0 with drop_states."),
+        OpSchema::new("LSTMUnitGradient", build_lstm_grad)
+            .inputs(8, 9)
+            .outputs(3, 3)
+            .args(LSTM_ARGS)
+            .infer(|_, ins, _| Ok(vec![
+                crate::shapes::rules::same_as_input(ins, 0, 1).remove(0),
+                crate::shapes::rules::same_as_input(ins, 1, 1).remove(0),
+                crate::shapes::rules::same_as_input(ins, 2, 1).remove(0),
+            ]))
+            .doc("Gradient of LSTMUnit. Inputs (hidden_t_prev, cell_t_prev, gates, [seq_lengths,] timestep, hidden_t, cell_t, hidden_t_grad, cell_t_grad); outputs (hidden_t_prev_grad, cell_t_prev_grad, gates_grad). For a live row the hidden state's gradient reaches h_prev through the gates (their FC), so hidden_t_prev_grad is 0 there; a finished row passes both gradients through (0 with drop_states)."),
+        OpSchema::new("GRUUnit", build_gru)
+            .inputs(3, 4)
+            .outputs(1, 1)
+            .inplace(InPlace::Never)
+            .args(GRU_ARGS)
+            .ignores(GRU_IGNORED)
+            .infer(|_, ins, n| Ok(crate::shapes::rules::same_as_input(ins, 0, n)))
+            .doc("One GRU timestep. Inputs (hidden_t_prev, gates, [seq_lengths,] timestep): hidden (1, N, D), gates (1, N, 3D) in the order reset, update, output (the reset gate is applied by the ops that make the output gate's pre-activation, so it is ignored here). Output hidden_t: u = sigmoid(update), h = u * h_prev + (1 - u) * tanh(output) for rows with timestep < seq_lengths; other rows keep h_prev, or 0 with drop_states."),
+        OpSchema::new("GRUUnitGradient", build_gru_grad)
+            .inputs(5, 6)
+            .outputs(2, 2)
+            .args(GRU_ARGS)
+            .ignores(GRU_IGNORED)
+            .infer(|_, ins, _| Ok(vec![
+                crate::shapes::rules::same_as_input(ins, 0, 1).remove(0),
+                crate::shapes::rules::same_as_input(ins, 1, 1).remove(0),
+            ]))
+            .doc("Gradient of GRUUnit. Inputs (hidden_t_prev, gates, [seq_lengths,] timestep, hidden_t, hidden_t_grad); outputs (hidden_t_prev_grad, gates_grad); the reset gate's gradient is 0."),
+    ]
+}
+
+// ------------------------------------------------------------ arguments --
+
+/// A cell op's arguments and where its inputs sit.
+#[derive(Clone, Copy)]
+struct Cell {
+    op: &'static str,
+    forget_bias: f64,
+    drop_states: bool,
+    /// The index of seq_lengths, if the op takes it.
+    seq: Option<usize>,
+    /// The index of timestep; the gradient's further inputs follow it.
+    timestep: usize,
+}
+
+/// Reads the arguments and checks the input count against
+/// `sequence_lengths` (`first` is the index of seq_lengths, `extra` the
+/// inputs after timestep).
+fn cell(ctx: &OpDefCtx<'_>, op: &'static str, first: usize, extra: usize) -> Result<Cell> {
+    let with_seq = ctx.args.bool("sequence_lengths", true)?;
+    let forget_bias = f64::from(ctx.args.f32("forget_bias", 0.0)?);
+    let want = first + usize::from(with_seq) + 1 + extra;
+    if ctx.num_inputs() != want {
+        return Err(ctx.bad_arg(format!(
+            "{op} takes {want} inputs with sequence_lengths={}, got {}",
+            i32::from(with_seq),
+            ctx.num_inputs()
+        )));
+    }
+    Ok(Cell {
+        op,
+        forget_bias,
+        drop_states: ctx.args.bool("drop_states", false)?,
+        seq: with_seq.then_some(first),
+        timestep: first + usize::from(with_seq),
+    })
+}
+
+// ------------------------------------------------------------ the rows --
+
+/// The batch size N and state size D of a `(1, N, D)` state input `i`.
+fn state_dims(l: &Locked<'_>, op: &str, i: usize) -> Result<(usize, usize)> {
+    let s = l.tensor(i)?.shape();
+    if s.len() != 3 || s[0] != 1 {
+        return Err(Error::shape(format!(
+            "{op}: '{}' must have shape (1, N, D), got {s:?}",
+            l.input_name(i)
+        ))
+        .with_blob(l.input_name(i)));
+    }
+    Ok((s[1], s[2]))
+}
+
+/// Checks that input `i` has shape `want`.
+fn expect_shape(l: &Locked<'_>, op: &str, i: usize, want: &[usize]) -> Result<()> {
+    let s = l.tensor(i)?.shape();
+    if s != want {
+        return Err(Error::shape(format!(
+            "{op}: '{}' must have shape {want:?}, got {s:?}",
+            l.input_name(i)
+        ))
+        .with_blob(l.input_name(i)));
+    }
+    Ok(())
+}
+
+/// Which of the N rows are live at this timestep (`t < seq_lengths[n]`).
+fn live_rows(l: &Locked<'_>, c: &Cell, n: usize) -> Result<Vec<bool>> {
+    let tt = l.tensor(c.timestep)?;
+    let t = match int_values(tt)? {
+        Some(v) if !v.is_empty() => v[0],
+        _ => {
+            let name = l.input_name(c.timestep);
+            return Err(Error::type_error(format!(
+                "{}: the timestep ('{name}') must be an int32 or int64 scalar, got a {} tensor of shape {:?}",
+                c.op,
+                tt.dtype(),
+                tt.shape()
+            ))
+            .with_blob(name));
+        }
+    };
+    let Some(si) = c.seq else {
+        return Ok(vec![true; n]);
+    };
+    let st = l.tensor(si)?;
+    match int_values(st)? {
+        Some(lens) if lens.len() == n => Ok(lens.iter().map(|&len| t < len).collect()),
+        _ => {
+            let name = l.input_name(si);
+            Err(Error::invalid_arg(format!(
+                "{}: seq_lengths ('{name}') must be {n} int32 or int64 values (one per row), got a {} tensor of shape {:?}",
+                c.op,
+                st.dtype(),
+                st.shape()
+            ))
+            .with_blob(name))
+        }
+    }
+}
+
+fn sigmoid<T: Float>(x: T) -> T {
+    let x = x.to_f64();
+    T::of(if x >= 0.0 {
+        1.0 / (1.0 + (-x).exp())
+    } else {
+        let e = x.exp();
+        e / (1.0 + e)
+    })
+}
+
+fn tanh<T: Float>(x: T) -> T {
+    T::of(x.to_f64().tanh())
+}
+
+/// A `(1, N, D)`-shaped output of `v`.
+fn out<T: Float>(shape: &[usize], v: Vec<T>) -> Result<Tensor> {
+    Ok(T::wrap(array(shape, v)?))
+}
+
+// ----------------------------------------------------------------- LSTM --
+
+fn build_lstm(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let c = cell(ctx, "LSTMUnit", 3, 0)?;
+    float_kernel!("LSTMUnit", 0, |l| lstm_t(&mut l, &c))
+}
+
+fn lstm_t<T: Float>(l: &mut Locked<'_>, c: &Cell) -> Result<()> {
+    let op = c.op;
+    let (n, d) = state_dims(l, op, 1)?;
+    let shape = [1, n, d];
+    expect_shape(l, op, 0, &shape)?;
+    expect_shape(l, op, 2, &[1, n, 4 * d])?;
+    let live = live_rows(l, c, n)?;
+    let (h_prev, c_prev, x) = (
+        dense(input::<T>(l, op, 0)?),
+        dense(input::<T>(l, op, 1)?),
+        dense(input::<T>(l, op, 2)?),
+    );
+    let mut h = crate::tensor::zeroed_vec::<T>(&shape, "LSTMUnit's hidden_t")?;
+    let mut cell = crate::tensor::zeroed_vec::<T>(&shape, "LSTMUnit's cell_t")?;
+    let fb = T::of(c.forget_bias);
+    for (r, &alive) in live.iter().enumerate() {
+        let (s, g) = (r * d, r * 4 * d);
+        for k in 0..d {
+            if !alive {
+                if !c.drop_states {
+                    h[s + k] = h_prev[s + k];
+                    cell[s + k] = c_prev[s + k];
+                }
+                continue;
+            }
+            let i = sigmoid(x[g + k]);
+            let f = sigmoid(x[g + d + k] + fb);
+            let o = sigmoid(x[g + 2 * d + k]);
+            let cand = tanh(x[g + 3 * d + k]);
+            let ct = f * c_prev[s + k] + i * cand;
+            cell[s + k] = ct;
+            h[s + k] = o * tanh(ct);
+        }
+    }
+    let (h, cell) = (out(&shape, h)?, out(&shape, cell)?);
+    l.set_output(0, h);
+    l.set_output(1, cell);
+    Ok(())
+}
+
+fn build_lstm_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let c = cell(ctx, "LSTMUnitGradient", 3, 4)?;
+    float_kernel!("LSTMUnitGradient", 0, |l| lstm_grad_t(&mut l, &c))
+}
+
+fn lstm_grad_t<T: Float>(l: &mut Locked<'_>, c: &Cell) -> Result<()> {
+    let op = c.op;
+    let (n, d) = state_dims(l, op, 1)?;
+    let shape = [1, n, d];
+    let gshape = [1, n, 4 * d];
+    let (ct_i, hg_i, cg_i) = (c.timestep + 2, c.timestep + 3, c.timestep + 4);
+    expect_shape(l, op, 0, &shape)?;
+    expect_shape(l, op, 2, &gshape)?;
+    for i in [ct_i, hg_i, cg_i] {
+        expect_shape(l, op, i, &shape)?;
+    }
+    let live = live_rows(l, c, n)?;
+    let (c_prev, x, c_t, dh, dc) = (
+        dense(input::<T>(l, op, 1)?),
+        dense(input::<T>(l, op, 2)?),
+        dense(input::<T>(l, op, ct_i)?),
+        dense(input::<T>(l, op, hg_i)?),
+        dense(input::<T>(l, op, cg_i)?),
+    );
+    let mut dh_prev = crate::tensor::zeroed_vec::<T>(&shape, "hidden_t_prev's gradient")?;
+    let mut dc_prev = crate::tensor::zeroed_vec::<T>(&shape, "cell_t_prev's gradient")?;
+    let mut dx = crate::tensor::zeroed_vec::<T>(&gshape, "the gates' gradient")?;
+    let (one, fb) = (T::of(1.0), T::of(c.forget_bias));
+    for (r, &alive) in live.iter().enumerate() {
+        let (s, g) = (r * d, r * 4 * d);
+        for k in 0..d {
+            if !alive {
+                if !c.drop_states {
+                    dh_prev[s + k] = dh[s + k];
+                    dc_prev[s + k] = dc[s + k];
+                }
+                continue;
+            }
+            let i = sigmoid(x[g + k]);
+            let f = sigmoid(x[g + d + k] + fb);
+            let o = sigmoid(x[g + 2 * d + k]);
+            let cand = tanh(x[g + 3 * d + k]);
+            let tc = tanh(c_t[s + k]);
+            // The cell's total gradient: its own, and the hidden state's
+            // through h = o * tanh(c).
+            let dct = dc[s + k] + dh[s + k] * o * (one - tc * tc);
+            dc_prev[s + k] = dct * f;
+            dx[g + k] = dct * cand * i * (one - i);
+            dx[g + d + k] = dct * c_prev[s + k] * f * (one - f);
+            dx[g + 2 * d + k] = dh[s + k] * tc * o * (one - o);
+            dx[g + 3 * d + k] = dct * i * (one - cand * cand);
+        }
+    }
+    let (a, b, e) = (
+        out(&shape, dh_prev)?,
+        out(&shape, dc_prev)?,
+        out(&gshape, dx)?,
+    );
+    l.set_output(0, a);
+    l.set_output(1, b);
+    l.set_output(2, e);
+    Ok(())
+}
+
+// ------------------------------------------------------------------ GRU --
+
+fn build_gru(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let c = cell(ctx, "GRUUnit", 2, 0)?;
+    float_kernel!("GRUUnit", 0, |l| gru_t(&mut l, &c))
+}
+
+fn gru_t<T: Float>(l: &mut Locked<'_>, c: &Cell) -> Result<()> {
+    let op = c.op;
+    let (n, d) = state_dims(l, op, 0)?;
+    let shape = [1, n, d];
+    expect_shape(l, op, 1, &[1, n, 3 * d])?;
+    let live = live_rows(l, c, n)?;
+    let (h_prev, x) = (dense(input::<T>(l, op, 0)?), dense(input::<T>(l, op, 1)?));
+    let mut h = crate::tensor::zeroed_vec::<T>(&shape, "GRUUnit's hidden_t")?;
+    let one = T::of(1.0);
+    for (r, &alive) in live.iter().enumerate() {
+        let (s, g) = (r * d, r * 3 * d);
+        for k in 0..d {
+            if !alive {
+                if !c.drop_states {
+                    h[s + k] = h_prev[s + k];
+                }
+                continue;
+            }
+            let u = sigmoid(x[g + d + k]);
+            let o = tanh(x[g + 2 * d + k]);
+            h[s + k] = u * h_prev[s + k] + (one - u) * o;
+        }
+    }
+    let h = out(&shape, h)?;
+    l.set_output(0, h);
+    Ok(())
+}
+
+fn build_gru_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let c = cell(ctx, "GRUUnitGradient", 2, 2)?;
+    float_kernel!("GRUUnitGradient", 0, |l| gru_grad_t(&mut l, &c))
+}
+
+fn gru_grad_t<T: Float>(l: &mut Locked<'_>, c: &Cell) -> Result<()> {
+    let op = c.op;
+    let (n, d) = state_dims(l, op, 0)?;
+    let shape = [1, n, d];
+    let gshape = [1, n, 3 * d];
+    let hg_i = c.timestep + 2;
+    expect_shape(l, op, 1, &gshape)?;
+    expect_shape(l, op, c.timestep + 1, &shape)?;
+    expect_shape(l, op, hg_i, &shape)?;
+    let live = live_rows(l, c, n)?;
+    let (h_prev, x, dh) = (
+        dense(input::<T>(l, op, 0)?),
+        dense(input::<T>(l, op, 1)?),
+        dense(input::<T>(l, op, hg_i)?),
+    );
+    let mut dh_prev = crate::tensor::zeroed_vec::<T>(&shape, "hidden_t_prev's gradient")?;
+    let mut dx = crate::tensor::zeroed_vec::<T>(&gshape, "the gates' gradient")?;
+    let one = T::of(1.0);
+    for (r, &alive) in live.iter().enumerate() {
+        let (s, g) = (r * d, r * 3 * d);
+        for k in 0..d {
+            if !alive {
+                if !c.drop_states {
+                    dh_prev[s + k] = dh[s + k];
+                }
+                continue;
+            }
+            let u = sigmoid(x[g + d + k]);
+            let o = tanh(x[g + 2 * d + k]);
+            dh_prev[s + k] = dh[s + k] * u;
+            dx[g + d + k] = dh[s + k] * (h_prev[s + k] - o) * u * (one - u);
+            dx[g + 2 * d + k] = dh[s + k] * (one - u) * (one - o * o);
+        }
+    }
+    let (a, b) = (out(&shape, dh_prev)?, out(&gshape, dx)?);
+    l.set_output(0, a);
+    l.set_output(1, b);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sigmoid_and_tanh_are_stable_at_the_extremes() {
+        assert_eq!(sigmoid(-1000.0f64), 0.0);
+        assert_eq!(sigmoid(1000.0f64), 1.0);
+        assert!((sigmoid(0.0f32) - 0.5).abs() < 1e-7);
+        assert_eq!(tanh(-50.0f32), -1.0);
+        assert!((tanh(0.5f64) - 0.5f64.tanh()).abs() < 1e-15);
+    }
+}

@@ -1,0 +1,1216 @@
+//! `RecurrentNetwork`: a step net run once per timestep over a sequence,
+//! and `RecurrentNetworkGradient`, its backward step net run from the last
+//! timestep to the first (Caffe2's arguments and blob names; the Python
+//! side is `recurrent.recurrent_net`).
+//!
+//! Caffe2 pointed the step net's blobs into the outer tensors (a link made
+//! `hidden_t_prev` a view of row `t` of the states) and kept a workspace per
+//! timestep so the backward pass found each step's intermediate blobs.
+//! Tensors here are values (copy on write), so a link copies: before step
+//! `t` each link's internal blob gets rows `t + offset ..` of its external
+//! tensor, and after it a link whose internal blob the step net writes is
+//! copied back there. There is one step workspace per op (a child of the
+//! op's workspace, made on the first run and kept in the op's last output,
+//! Caffe2's `step_workspaces`): after each forward step the values of its
+//! local blobs are kept (shared buffers, no copy) in a slot per timestep,
+//! and the backward pass puts step `t`'s values back before running the
+//! backward step net for `t`. No workspace is made per timestep or per run.
+
+use super::super::kit::{by_dtype, kernel};
+use crate::arg;
+use crate::blob::{Blob, BlobObject, BlobValue};
+use crate::error::{Error, Result};
+use crate::ir::{Argument, NetDef, OperatorDef};
+use crate::net::Net;
+use crate::num::Float;
+use crate::operator::{ArgDoc, InPlace, OpCx, OpDefCtx, OpSchema, Operator, MANY};
+use crate::tensor::{Element, Tensor};
+use crate::workspace::Workspace;
+use ndarray::{ArrayD, Axis, IxDyn, Slice};
+use parking_lot::Mutex;
+use std::collections::HashSet;
+use std::sync::Arc;
+
+const RNN_ARGS: &[ArgDoc] = &[
+    arg!("step_net", "NetDef", "required", "the net run once per timestep"),
+    arg!("backward_step_net", "NetDef", "none", "the gradient of the step net (none: forward only, no step is kept)"),
+    arg!("recurrent_states", "strings", "[]", "the states: (T + k, N, D) tensors made in the op's workspace"),
+    arg!("initial_recurrent_state_ids", "ints", "[]", "for each state, the input holding its first k rows ((k, N, D), (N, D), or (D) repeated over the batch)"),
+    arg!("link_internal", "strings", "[]", "step net blobs linked to rows of outer tensors"),
+    arg!("link_external", "strings", "[]", "the outer tensor of each link"),
+    arg!("link_offset", "ints", "[]", "row t + offset of the external tensor is linked at step t"),
+    arg!("link_window", "ints", "1 each", "how many rows each link takes"),
+    arg!("alias_src", "strings", "[]", "states copied to outputs after the last step"),
+    arg!("alias_dst", "strings", "[]", "the output of each alias"),
+    arg!("alias_offset", "ints", "[]", "the first row copied (negative: from the end)"),
+    arg!("timestep", "string", "\"timestep\"", "the step net's int32 blob holding t"),
+    arg!("recompute_blobs_on_backward", "strings", "[]", "step blobs the backward step net computes again, so they are not kept per step"),
+    arg!("outputs_with_grads", "ints", "[0]", "(gradient) the outputs whose gradients are the op's first inputs"),
+    arg!("param", "ints", "[]", "(gradient) the inputs that are parameters of the step net"),
+    arg!("param_grads", "strings", "[]", "(gradient) each parameter's gradient blob in the backward step net"),
+    arg!("backward_link_internal", "strings", "[]", "(gradient) backward step net blobs linked to rows of outer gradient tensors"),
+    arg!("backward_link_external", "strings", "[]", "(gradient) the outer tensor of each backward link"),
+    arg!("backward_link_offset", "ints", "[]", "(gradient) the offset of each backward link"),
+    arg!("enable_rnn_executor", "int", "0", "accepted for Caffe2 compatibility (the step net runs as a plain net)"),
+];
+
+const IGNORED: &[ArgDoc] = &[
+    arg!(
+        "rnn_executor.num_threads",
+        "int",
+        "",
+        "Caffe2's RNN executor setting; the step net runs as a plain net"
+    ),
+    arg!(
+        "rnn_executor.max_cuda_streams",
+        "int",
+        "",
+        "Caffe2's RNN executor setting (CUDA)"
+    ),
+];
+
+pub fn schemas() -> Vec<OpSchema> {
+    vec![
+        OpSchema::new("RecurrentNetwork", build_forward)
+            .inputs(1, MANY)
+            .outputs(2, MANY)
+            .args(RNN_ARGS)
+            .ignores(IGNORED)
+            .doc("Runs step_net once per timestep t = 0 .. T-1 of input 0 (T, N, ...), with the timestep blob set to t and each link's internal blob holding rows t + offset of its external tensor (copied back after the step when the step net writes it). The states are (T + k, N, D) tensors started from their initial inputs; the aliases copy rows of the states to the outputs; the last output keeps the step workspace (and, with a backward_step_net, each step's blobs) for the gradient."),
+        OpSchema::new("RecurrentNetworkGradient", build_backward)
+            .inputs(2, MANY)
+            .outputs(1, MANY)
+            .args(RNN_ARGS)
+            .ignores(IGNORED)
+            .doc("Gradient of RecurrentNetwork. Inputs: the gradients of the outputs_with_grads, then the forward op's inputs and outputs. Runs backward_step_net for t = T-1 .. 0 on each step's kept blobs; outputs the gradient of input 0, of each param (summed over the steps) and of each initial state."),
+        OpSchema::new("RecurrentNetworkBlobFetcher", build_blob_fetcher)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .args(&[arg!("prefix", "string", "\"rnn\"", "prefix of the copies' names")])
+            .doc("Copies the blobs each timestep of a RecurrentNetwork kept (its last output, the input here) into the workspace as <prefix>_<name><t>; the output lists their names (a string tensor). Only a RecurrentNetwork with a backward_step_net keeps its steps."),
+        OpSchema::new("rnn_internal_write_link", build_write_link)
+            .inputs(3, 3)
+            .outputs(1, 1)
+            .inplace(InPlace::Enforce(|i, o| i == 2 && o == 0))
+            .args(&[arg!("offset", "int", "0", "row t + offset of the external tensor")])
+            .doc("Inputs (timestep, internal, external); output external (in place): rows t + offset .. of external = internal. (ferrocaffe's: RecurrentNetwork puts it after a step op whose linked output another link of the step reads, as Caffe2's shared memory did.)"),
+        OpSchema::new("rnn_internal_apply_link", build_apply_link)
+            .inputs(2, 2)
+            .outputs(2, 2)
+            .inplace(InPlace::Allow(|i, o| i == 1 && o == 1))
+            .args(&[
+                arg!("offset", "int", "0", "row t + offset of the external tensor"),
+                arg!("window", "int", "1", "how many rows"),
+            ])
+            .doc("Inputs (timestep, external); outputs (internal, external): internal = a copy of rows t + offset .. t + offset + window of external (Caffe2 made a view; tensors here are values)."),
+        OpSchema::new("rnn_internal_accumulate_gradient_input", build_accumulate)
+            .inputs(2, 3)
+            .outputs(1, 1)
+            .inplace(InPlace::Allow(|i, o| i == 2 && o == 0))
+            .args(&[arg!("offset", "int", "required", "row t of the input gradient is added into row t + offset")])
+            .doc("Inputs (timestep, og[, g]); output g: g[t + offset] += og[t], rows along dim 0 (g is updated in place)."),
+    ]
+}
+
+// ---------------------------------------------------------------- rows --
+
+fn dim0(t: &Tensor) -> usize {
+    t.shape().first().copied().unwrap_or(0)
+}
+
+/// Rows `start .. start + len` of `t` along dim 0, copied.
+fn rows(t: &Tensor, start: usize, len: usize, what: &str) -> Result<Tensor> {
+    if t.ndim() == 0 || start + len > dim0(t) {
+        return Err(Error::shape(format!(
+            "{what}: rows {start}..{} of a tensor of shape {:?} are out of range",
+            start + len,
+            t.shape()
+        )));
+    }
+    Ok(crate::with_match_dtype!(tensor t, |a: T| Tensor::from(
+        crate::tensor::copy_array(a.slice_axis(Axis(0), Slice::from(start..start + len)))?
+    )))
+}
+
+fn write_rows_t<T: Element>(
+    dst: &mut Tensor,
+    start: usize,
+    src: &Tensor,
+    what: &str,
+) -> Result<()> {
+    let s = T::view(src).ok_or_else(|| {
+        Error::type_error(format!(
+            "{what}: a {} tensor cannot be written into a {} one",
+            src.dtype(),
+            dst.dtype()
+        ))
+    })?;
+    let d = dst.array_mut::<T>()?;
+    let n = s.len_of(Axis(0));
+    if s.ndim() != d.ndim() || s.shape()[1..] != d.shape()[1..] || start + n > d.len_of(Axis(0)) {
+        return Err(Error::shape(format!(
+            "{what}: a step's blob of shape {:?} does not fit rows {start}..{} of a tensor of shape {:?}",
+            s.shape(),
+            start + n,
+            d.shape()
+        )));
+    }
+    d.slice_axis_mut(Axis(0), Slice::from(start..start + n))
+        .assign(s);
+    Ok(())
+}
+
+/// Writes `src` over rows `start ..` of `dst` (same dtype and row shape).
+fn write_rows(dst: &mut Tensor, start: usize, src: &Tensor, what: &str) -> Result<()> {
+    by_dtype!(dst.dtype(), write_rows_t(dst, start, src, what))
+}
+
+fn add_span_t<T: Float>(
+    dst: &mut Tensor,
+    at: usize,
+    src: &Tensor,
+    from: usize,
+    len: usize,
+    what: &str,
+) -> Result<()> {
+    let s = T::view(src).ok_or_else(|| {
+        Error::type_error(format!(
+            "{what}: a {} gradient cannot be added to a {} one",
+            src.dtype(),
+            dst.dtype()
+        ))
+    })?;
+    let sv = super::super::kit::dense(s);
+    let d = dst.array_mut::<T>()?;
+    let Some(dv) = d.as_slice_mut() else {
+        return Err(Error::internal(format!(
+            "{what}: a gradient is not in row-major order"
+        )));
+    };
+    for (x, &y) in dv[at..at + len].iter_mut().zip(&sv[from..from + len]) {
+        *x += y;
+    }
+    Ok(())
+}
+
+/// `dst[at .. at + len] += src[from .. from + len]`, in elements (the
+/// caller checked the ranges; the dtypes are checked here).
+fn add_span(
+    dst: &mut Tensor,
+    at: usize,
+    src: &Tensor,
+    from: usize,
+    len: usize,
+    what: &str,
+) -> Result<()> {
+    crate::with_match_dtype!(floats dst.dtype(), |T| add_span_t::<T>(dst, at, src, from, len, what),
+        else other => Err(crate::tensor::unsupported_dtype(other)))
+}
+
+/// `dst` rows `at .. at + len` += `src` rows `from .. from + len`, along
+/// dim 0 (rows of one size).
+fn add_rows(
+    dst: &mut Tensor,
+    at: usize,
+    src: &Tensor,
+    from: usize,
+    len: usize,
+    what: &str,
+) -> Result<()> {
+    let row = |t: &Tensor| t.shape().iter().skip(1).product::<usize>();
+    let (r, ds, ss) = (row(dst), dim0(dst), dim0(src));
+    if dst.ndim() == 0 || src.ndim() == 0 || r != row(src) || at + len > ds || from + len > ss {
+        return Err(Error::shape(format!(
+            "{what}: rows {from}..{} of a gradient of shape {:?} cannot be added to rows {at}..{} of one of shape {:?}",
+            from + len,
+            src.shape(),
+            at + len,
+            dst.shape()
+        )));
+    }
+    add_span(dst, at * r, src, from * r, len * r, what)
+}
+
+fn timestep_tensor(t: usize) -> Tensor {
+    Tensor::from(ArrayD::from_elem(IxDyn(&[1]), t as i32))
+}
+
+fn read_timestep(t: &Tensor, op: &str) -> Result<usize> {
+    match super::super::kit::int_values(t)? {
+        Some(v) if !v.is_empty() && v[0] >= 0 => Ok(v[0] as usize),
+        _ => Err(Error::type_error(format!(
+            "{op}: the timestep must be a non-negative int32 or int64 scalar, got a {} tensor of shape {:?}",
+            t.dtype(),
+            t.shape()
+        ))),
+    }
+}
+
+fn tensor_of(b: &Blob, name: &str) -> Result<Tensor> {
+    b.read()
+        .tensor()
+        .map(|t| t.clone())
+        .map_err(|e| e.with_blob(name))
+}
+
+// ----------------------------------------------------------- arguments --
+
+#[derive(Clone, Debug)]
+struct Link {
+    internal: String,
+    external: String,
+    offset: i64,
+    window: usize,
+}
+
+#[derive(Clone, Debug)]
+struct Alias {
+    src: String,
+    dst: String,
+    offset: i64,
+}
+
+fn strs(ctx: &OpDefCtx<'_>, name: &str) -> Result<Vec<String>> {
+    Ok(ctx.args.string_list(name)?.unwrap_or_default())
+}
+
+fn ints(ctx: &OpDefCtx<'_>, name: &str) -> Result<Vec<i64>> {
+    Ok(ctx.args.ints(name)?.unwrap_or_default())
+}
+
+fn links(ctx: &OpDefCtx<'_>, prefix: &str) -> Result<Vec<Link>> {
+    let internal = strs(ctx, &format!("{prefix}link_internal"))?;
+    let external = strs(ctx, &format!("{prefix}link_external"))?;
+    let offset = ints(ctx, &format!("{prefix}link_offset"))?;
+    let window = if prefix.is_empty() {
+        ints(ctx, "link_window")?
+    } else {
+        Vec::new()
+    };
+    if external.len() != internal.len()
+        || offset.len() != internal.len()
+        || !(window.is_empty() || window.len() == internal.len())
+    {
+        return Err(ctx.bad_arg(format!(
+            "{prefix}link_internal ({}), {prefix}link_external ({}), {prefix}link_offset ({}) and link_window ({}) must have one entry per link",
+            internal.len(),
+            external.len(),
+            offset.len(),
+            window.len()
+        )));
+    }
+    let mut out = Vec::with_capacity(internal.len());
+    for (k, (i, e)) in internal.into_iter().zip(external).enumerate() {
+        let w = window.get(k).copied().unwrap_or(1);
+        let window = usize::try_from(w)
+            .ok()
+            .filter(|&w| w >= 1)
+            .ok_or_else(|| ctx.bad_arg(format!("link_window {w} must be at least 1")))?;
+        out.push(Link {
+            internal: i,
+            external: e,
+            offset: offset[k],
+            window,
+        });
+    }
+    Ok(out)
+}
+
+fn aliases(ctx: &OpDefCtx<'_>) -> Result<Vec<Alias>> {
+    let (src, dst, off) = (
+        strs(ctx, "alias_src")?,
+        strs(ctx, "alias_dst")?,
+        ints(ctx, "alias_offset")?,
+    );
+    if dst.len() != src.len() || off.len() != src.len() {
+        return Err(ctx.bad_arg(format!(
+            "alias_src ({}), alias_dst ({}) and alias_offset ({}) must have one entry per alias",
+            src.len(),
+            dst.len(),
+            off.len()
+        )));
+    }
+    Ok(src
+        .into_iter()
+        .zip(dst)
+        .zip(off)
+        .map(|((src, dst), offset)| Alias { src, dst, offset })
+        .collect())
+}
+
+/// (state blob, index of its initial input).
+fn states(ctx: &OpDefCtx<'_>, first_input: usize) -> Result<Vec<(String, usize)>> {
+    let names = strs(ctx, "recurrent_states")?;
+    let ids = ints(ctx, "initial_recurrent_state_ids")?;
+    if names.len() != ids.len() {
+        return Err(ctx.bad_arg(format!(
+            "recurrent_states ({}) and initial_recurrent_state_ids ({}) must have one entry per state",
+            names.len(),
+            ids.len()
+        )));
+    }
+    names
+        .into_iter()
+        .zip(ids)
+        .map(|(s, i)| {
+            let k = usize::try_from(i)
+                .ok()
+                .map(|i| i + first_input)
+                .filter(|&k| k < ctx.num_inputs())
+                .ok_or_else(|| {
+                    ctx.bad_arg(format!("initial_recurrent_state_ids {i} is not an input"))
+                })?;
+            Ok((s, k))
+        })
+        .collect()
+}
+
+fn step_net(ctx: &OpDefCtx<'_>, name: &str) -> Result<Option<NetDef>> {
+    match ctx.args.net(name) {
+        Ok(n) => Ok(n),
+        Err(_) if ctx.args.string_opt(name).is_ok() => Err(ctx.bad_arg(format!(
+            "'{name}' is given as text; ferrocaffe takes the step net as a NetDef argument (as recurrent.recurrent_net passes it)"
+        ))),
+        Err(e) => Err(e),
+    }
+}
+
+/// The outputs of the ops of `net`.
+fn written(net: &NetDef) -> HashSet<String> {
+    net.op
+        .iter()
+        .flat_map(|o| o.output.iter().cloned())
+        .collect()
+}
+
+fn int_arg(name: &str, v: i64) -> Argument {
+    Argument {
+        name: Some(name.to_string()),
+        i: Some(v),
+        ..Argument::default()
+    }
+}
+
+fn internal_op(
+    ty: &str,
+    input: Vec<String>,
+    output: Vec<String>,
+    arg: Vec<Argument>,
+) -> OperatorDef {
+    OperatorDef {
+        r#type: Some(ty.to_string()),
+        input,
+        output,
+        arg,
+        ..OperatorDef::default()
+    }
+}
+
+/// Caffe2's links were views, so an op of a step read rows that a linked
+/// blob written earlier in the same step had changed (a window of past
+/// inputs that includes the current one). With copies, after an op writes a
+/// linked blob whose rows another link reads, the step net writes the rows
+/// out (`rnn_internal_write_link`) and takes the reading link's blob again
+/// (`rnn_internal_apply_link`). Steps without such overlaps are unchanged.
+fn with_link_refreshes(step: &NetDef, links: &[Link], timestep: &str) -> NetDef {
+    let overlaps = |w: &Link, r: &Link| {
+        w.external == r.external
+            && w.internal != r.internal
+            && w.offset < r.offset + r.window as i64
+            && r.offset < w.offset + w.window as i64
+    };
+    let mut out = step.clone();
+    out.op.clear();
+    let mut externals = Vec::new();
+    for op in &step.op {
+        out.op.push(op.clone());
+        for o in &op.output {
+            for w in links.iter().filter(|l| &l.internal == o) {
+                let readers: Vec<&Link> = links.iter().filter(|r| overlaps(w, r)).collect();
+                if readers.is_empty() {
+                    continue;
+                }
+                out.op.push(internal_op(
+                    "rnn_internal_write_link",
+                    vec![timestep.to_string(), w.internal.clone(), w.external.clone()],
+                    vec![w.external.clone()],
+                    vec![int_arg("offset", w.offset)],
+                ));
+                for r in readers {
+                    out.op.push(internal_op(
+                        "rnn_internal_apply_link",
+                        vec![timestep.to_string(), r.external.clone()],
+                        vec![r.internal.clone(), r.external.clone()],
+                        vec![
+                            int_arg("offset", r.offset),
+                            int_arg("window", r.window as i64),
+                        ],
+                    ));
+                }
+                externals.push(w.external.clone());
+            }
+        }
+    }
+    if !out.external_input.is_empty() {
+        for name in std::iter::once(timestep.to_string()).chain(externals) {
+            if !out.external_input.contains(&name) {
+                out.external_input.push(name);
+            }
+        }
+    }
+    out
+}
+
+// ------------------------------------------------- the step workspace --
+
+/// The op's step workspace and, per timestep, the values its blobs had
+/// after the forward step (Caffe2's `step_workspaces` output).
+#[derive(Debug)]
+pub struct StepWorkspaces {
+    ws: Arc<Workspace>,
+    /// The forward step's blobs kept per timestep, and their names.
+    kept: Mutex<Vec<Blob>>,
+    names: Mutex<Vec<String>>,
+    /// How many steps the last forward run kept.
+    kept_steps: Mutex<usize>,
+    steps: Mutex<Vec<Vec<BlobValue>>>,
+}
+
+impl BlobObject for StepWorkspaces {
+    fn kind_name(&self) -> &'static str {
+        "RecurrentStepWorkspaces"
+    }
+}
+
+impl StepWorkspaces {
+    /// The scratch in `blob` if it belongs to `parent`, else a new one
+    /// stored there.
+    fn of(blob: &Blob, parent: &Arc<Workspace>) -> Arc<StepWorkspaces> {
+        if let Ok(s) = blob
+            .read()
+            .object::<StepWorkspaces>("RecurrentStepWorkspaces")
+        {
+            if s.ws.parent().is_some_and(|p| Arc::ptr_eq(p, parent)) {
+                return s;
+            }
+        }
+        let s = Arc::new(StepWorkspaces {
+            ws: Workspace::new_child(parent),
+            kept: Mutex::new(Vec::new()),
+            names: Mutex::new(Vec::new()),
+            kept_steps: Mutex::new(0),
+            steps: Mutex::new(Vec::new()),
+        });
+        blob.set(BlobValue::Object(s.clone()));
+        s
+    }
+
+    /// How many step workspaces there are: always one (for tests).
+    pub fn workspace(&self) -> &Arc<Workspace> {
+        &self.ws
+    }
+}
+
+/// A link bound in the step workspace.
+struct BoundLink {
+    name: String,
+    internal: Blob,
+    external: String,
+    offset: i64,
+    window: usize,
+    /// The step net writes the internal blob: copy it back after the step.
+    written: bool,
+}
+
+fn bind_links(ws: &Arc<Workspace>, links: &[Link], writes: &HashSet<String>) -> Vec<BoundLink> {
+    links
+        .iter()
+        .map(|l| BoundLink {
+            name: l.internal.clone(),
+            internal: ws.create_local_blob(&l.internal),
+            external: l.external.clone(),
+            offset: l.offset,
+            window: l.window,
+            written: writes.contains(&l.internal),
+        })
+        .collect()
+}
+
+fn link_row(l: &BoundLink, t: usize) -> Result<usize> {
+    usize::try_from(t as i64 + l.offset).map_err(|_| {
+        Error::invalid_arg(format!(
+            "the link of '{}' to '{}' has offset {}: row {} at timestep {t}",
+            l.name,
+            l.external,
+            l.offset,
+            t as i64 + l.offset
+        ))
+    })
+}
+
+/// Before a step: each link's internal blob = its rows of the external.
+fn links_in(ws: &Workspace, links: &[BoundLink], t: usize) -> Result<()> {
+    for l in links {
+        let ext = ws.blob(&l.external)?;
+        let rows = {
+            let v = ext.read();
+            let e = v.tensor().map_err(|e| e.with_blob(&l.external))?;
+            rows(e, link_row(l, t)?, l.window, "a link").map_err(|e| e.with_blob(&l.external))?
+        };
+        l.internal.set(BlobValue::Tensor(rows));
+    }
+    Ok(())
+}
+
+/// After a step: the links the step wrote go back into their externals.
+fn links_out(ws: &Workspace, links: &[BoundLink], t: usize) -> Result<()> {
+    for l in links.iter().filter(|l| l.written) {
+        let ext = ws.blob(&l.external)?;
+        let v = l.internal.get();
+        let src = v.tensor().map_err(|e| e.with_blob(&l.external))?;
+        let mut w = ext.write();
+        let BlobValue::Tensor(dst) = &mut *w else {
+            return Err(
+                Error::type_error("a link's external blob holds no tensor").with_blob(&l.external)
+            );
+        };
+        write_rows(dst, link_row(l, t)?, src, "a link").map_err(|e| e.with_blob(&l.external))?;
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------- forward --
+
+struct ForwardOp {
+    step: NetDef,
+    links: Vec<Link>,
+    aliases: Vec<Alias>,
+    states: Vec<(String, usize)>,
+    timestep: String,
+    /// A backward step net exists: keep each step's blobs.
+    keep: bool,
+    recompute: HashSet<String>,
+    allow_unknown_args: bool,
+    bound: Option<ForwardBound>,
+}
+
+struct ForwardBound {
+    scratch: Arc<StepWorkspaces>,
+    net: Net,
+    timestep: Blob,
+    links: Vec<BoundLink>,
+}
+
+fn build_forward(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let step = step_net(ctx, "step_net")?
+        .ok_or_else(|| ctx.bad_arg("RecurrentNetwork needs a 'step_net' argument"))?;
+    let keep = ctx.args.net("backward_step_net").ok().flatten().is_some()
+        || ctx
+            .args
+            .string_opt("backward_step_net")
+            .ok()
+            .flatten()
+            .is_some_and(|s| !s.is_empty());
+    Ok(Box::new(ForwardOp {
+        step,
+        links: links(ctx, "")?,
+        aliases: aliases(ctx)?,
+        states: states(ctx, 0)?,
+        timestep: ctx.args.string("timestep", "timestep")?,
+        keep,
+        recompute: strs(ctx, "recompute_blobs_on_backward")?
+            .into_iter()
+            .collect(),
+        allow_unknown_args: ctx.allow_unknown_args,
+        bound: None,
+    }))
+}
+
+/// The (T + k, N, D) state started from its initial input.
+fn initial_state(init: &Tensor, steps: usize, batch: usize, name: &str) -> Result<Tensor> {
+    let s = init.shape();
+    if s.is_empty() || s.len() > 3 {
+        return Err(Error::shape(format!(
+            "RecurrentNetwork: the initial state '{name}' must have 1 to 3 dims, got shape {s:?}"
+        ))
+        .with_blob(name));
+    }
+    let d = s[s.len() - 1];
+    let k = if s.len() == 3 { s[0] } else { 1 };
+    if s.len() >= 2 && s[s.len() - 2] != batch {
+        return Err(Error::shape(format!(
+            "RecurrentNetwork: the initial state '{name}' (shape {s:?}) must have the batch size {batch} before its last dim"
+        ))
+        .with_blob(name));
+    }
+    let mut state = Tensor::zeros(init.dtype(), &[steps + k, batch, d])?;
+    if s.len() >= 2 {
+        let first = init.clone().into_shape(&[k, batch, d])?;
+        write_rows(&mut state, 0, &first, "an initial state")?;
+    } else {
+        let row = init.clone().into_shape(&[1, 1, d])?;
+        let row = crate::with_match_dtype!(tensor & row, |a: T| Tensor::from(
+            a.broadcast(IxDyn(&[1, batch, d]))
+                .ok_or_else(|| Error::internal("broadcasting an initial state"))
+                .and_then(|v| crate::tensor::copy_array(v))?
+        ));
+        write_rows(&mut state, 0, &row, "an initial state")?;
+    }
+    Ok(state)
+}
+
+impl ForwardOp {
+    fn bind(&mut self, cx: &OpCx<'_>) -> Result<()> {
+        let scratch_blob = cx.output_blob(cx.num_outputs() - 1);
+        let scratch = StepWorkspaces::of(scratch_blob, cx.ws);
+        if self
+            .bound
+            .as_ref()
+            .is_some_and(|b| Arc::ptr_eq(&b.scratch, &scratch))
+        {
+            return Ok(());
+        }
+        let ws = &scratch.ws;
+        let timestep = ws.create_local_blob(&self.timestep);
+        let writes = written(&self.step);
+        let links = bind_links(ws, &self.links, &writes);
+        let def = with_link_refreshes(&self.step, &self.links, &self.timestep);
+        let net = Net::create_with(&def, ws, self.allow_unknown_args)?;
+        // What the backward step reads of step t: the step's own blobs
+        // (not the parameters it writes in the outer workspace), but not
+        // those it computes again.
+        let mut kept = Vec::new();
+        let mut names = Vec::new();
+        let mut seen = HashSet::new();
+        for name in self
+            .links
+            .iter()
+            .map(|l| &l.internal)
+            .chain(self.step.op.iter().flat_map(|o| o.output.iter()))
+        {
+            if ws.has_local_blob(name)
+                && !self.recompute.contains(name)
+                && seen.insert(name.clone())
+            {
+                kept.push(ws.blob(name)?);
+                names.push(name.clone());
+            }
+        }
+        *scratch.kept.lock() = kept;
+        *scratch.names.lock() = names;
+        self.bound = Some(ForwardBound {
+            scratch,
+            net,
+            timestep,
+            links,
+        });
+        Ok(())
+    }
+}
+
+impl Operator for ForwardOp {
+    fn run(&mut self, cx: &mut OpCx<'_>) -> Result<bool> {
+        let input0 = tensor_of(cx.input_blob(0), &cx.io.input_names[0])?;
+        if input0.ndim() < 2 {
+            return Err(Error::shape(format!(
+                "RecurrentNetwork: input 0 must be (T, N, ...), got shape {:?}",
+                input0.shape()
+            ))
+            .with_blob(&cx.io.input_names[0]));
+        }
+        let (steps, batch) = (input0.shape()[0], input0.shape()[1]);
+        drop(input0);
+        for (state, i) in &self.states {
+            let init = tensor_of(cx.input_blob(*i), &cx.io.input_names[*i])?;
+            let s = initial_state(&init, steps, batch, &cx.io.input_names[*i])?;
+            cx.ws.create_blob(state).set(BlobValue::Tensor(s));
+        }
+        self.bind(cx)?;
+        let b = self.bound.as_mut().expect("bound");
+        let ws = b.scratch.ws.clone();
+        let kept = b.scratch.kept.lock().clone();
+        let mut slots = b.scratch.steps.lock();
+        if self.keep && slots.len() < steps {
+            slots.resize_with(steps, Vec::new);
+        }
+        for t in 0..steps {
+            cx.cancel.poll_check()?;
+            links_in(&ws, &b.links, t)?;
+            b.timestep.set(BlobValue::Tensor(timestep_tensor(t)));
+            if !b.net.run(&ws, cx.cancel)? {
+                return Ok(false);
+            }
+            links_out(&ws, &b.links, t)?;
+            if self.keep {
+                let slot = &mut slots[t];
+                slot.clear();
+                slot.extend(kept.iter().map(|k| k.get()));
+            }
+        }
+        drop(slots);
+        *b.scratch.kept_steps.lock() = if self.keep { steps } else { 0 };
+        for a in &self.aliases {
+            let src = tensor_of(&cx.ws.blob(&a.src)?, &a.src)?;
+            let n = dim0(&src) as i64;
+            let start = if a.offset >= 0 {
+                a.offset
+            } else {
+                n + a.offset
+            };
+            if start < 0 || start >= n {
+                return Err(Error::invalid_arg(format!(
+                    "RecurrentNetwork: alias offset {} leaves no row of '{}' ({} rows) for '{}'",
+                    a.offset, a.src, n, a.dst
+                )));
+            }
+            let v = rows(&src, start as usize, (n - start) as usize, "an alias")?;
+            cx.ws.create_blob(&a.dst).set(BlobValue::Tensor(v));
+        }
+        Ok(true)
+    }
+}
+
+// ------------------------------------------------------------ backward --
+
+struct Param {
+    /// The forward input (outer name).
+    param: String,
+    /// Its gradient (an output of the op, in the outer workspace).
+    grad: String,
+    /// The backward step net's gradient of one step, summed into `grad`.
+    step_grad: String,
+}
+
+struct StateGrad {
+    state: String,
+    grad: String,
+    /// The input of the op holding the gradient of the state's rows 1..
+    /// (an alias with offset 1), if it has one.
+    all: Option<usize>,
+    /// The input holding the gradient of the last row (offset -1).
+    last: Option<usize>,
+    /// The forward input holding the initial state.
+    init: usize,
+}
+
+struct BackwardOp {
+    step: NetDef,
+    links: Vec<Link>,
+    params: Vec<Param>,
+    states: Vec<StateGrad>,
+    timestep: String,
+    n_go: usize,
+    allow_unknown_args: bool,
+    bound: Option<BackwardBound>,
+}
+
+struct BackwardBound {
+    scratch: Arc<StepWorkspaces>,
+    net: Net,
+    timestep: Blob,
+    links: Vec<BoundLink>,
+    step_grads: Vec<Blob>,
+}
+
+fn build_backward(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let ts = ctx.args.string("timestep", "timestep")?;
+    let mut step = step_net(ctx, "backward_step_net")?.ok_or_else(|| {
+        ctx.bad_arg("RecurrentNetworkGradient needs a 'backward_step_net' argument")
+    })?;
+    let with_grads: Vec<i64> = ctx
+        .args
+        .ints("outputs_with_grads")?
+        .unwrap_or_else(|| vec![0]);
+    let n_go = with_grads.len();
+    if n_go == 0 || n_go >= ctx.num_inputs() {
+        return Err(ctx.bad_arg(
+            "outputs_with_grads must name at least one output, whose gradient is an input",
+        ));
+    }
+    let param_ids = ints(ctx, "param")?;
+    let param_grads = strs(ctx, "param_grads")?;
+    if !param_grads.is_empty() && param_grads.len() != param_ids.len() {
+        return Err(ctx.bad_arg(format!(
+            "param ({}) and param_grads ({}) must have one entry per parameter",
+            param_ids.len(),
+            param_grads.len()
+        )));
+    }
+    let mut params = Vec::new();
+    for (i, &p) in param_ids.iter().enumerate() {
+        let input = usize::try_from(p)
+            .ok()
+            .map(|p| p + n_go)
+            .filter(|&k| k < ctx.num_inputs())
+            .ok_or_else(|| ctx.bad_arg(format!("param {p} is not an input")))?;
+        let grad = ctx
+            .def
+            .output
+            .get(i + 1)
+            .cloned()
+            .ok_or_else(|| ctx.bad_arg(format!("param {p} has no gradient output")))?;
+        let in_step = param_grads.get(i).cloned().unwrap_or_else(|| grad.clone());
+        let step_grad = format!("{in_step}_tmpstep");
+        // The step net writes one step's gradient; the op sums them.
+        for o in &mut step.op {
+            for n in o.input.iter_mut().chain(o.output.iter_mut()) {
+                if *n == in_step {
+                    *n = step_grad.clone();
+                }
+            }
+        }
+        params.push(Param {
+            param: ctx.def.input[input].clone(),
+            grad,
+            step_grad,
+        });
+    }
+    let alias = aliases(ctx)?;
+    let mut states_out = Vec::new();
+    for (k, (state, init)) in states(ctx, n_go)?.into_iter().enumerate() {
+        let mut sg = StateGrad {
+            grad: format!("{state}_grad"),
+            state,
+            all: None,
+            last: None,
+            init,
+        };
+        for (j, a) in alias.iter().enumerate() {
+            if a.src != sg.state {
+                continue;
+            }
+            let Some(pos) = with_grads.iter().position(|&w| w == j as i64) else {
+                continue;
+            };
+            match a.offset {
+                1 => sg.all = Some(pos),
+                -1 => sg.last = Some(pos),
+                o => {
+                    return Err(ctx.bad_arg(format!(
+                        "the gradient of alias '{}' of '{}' needs offset 1 or -1, got {o}",
+                        a.dst, a.src
+                    )))
+                }
+            }
+        }
+        if ctx.def.output.len() <= 1 + params.len() + k {
+            return Err(ctx.bad_arg(format!("initial state {k} has no gradient output")));
+        }
+        states_out.push(sg);
+    }
+    // The backward step reads the timestep (Caffe2 declares it).
+    if !step.external_input.is_empty() && !step.external_input.contains(&ts) {
+        step.external_input.push(ts.clone());
+    }
+    let mut all_links = links(ctx, "")?;
+    all_links.extend(links(ctx, "backward_")?);
+    Ok(Box::new(BackwardOp {
+        step,
+        links: all_links,
+        params,
+        states: states_out,
+        timestep: ts,
+        n_go,
+        allow_unknown_args: ctx.allow_unknown_args,
+        bound: None,
+    }))
+}
+
+impl BackwardOp {
+    fn bind(&mut self, cx: &OpCx<'_>) -> Result<()> {
+        let last = cx.num_inputs() - 1;
+        let scratch = cx
+            .input_blob(last)
+            .read()
+            .object::<StepWorkspaces>("RecurrentStepWorkspaces")
+            .map_err(|e| e.with_blob(&cx.io.input_names[last]))?;
+        if self
+            .bound
+            .as_ref()
+            .is_some_and(|b| Arc::ptr_eq(&b.scratch, &scratch))
+        {
+            return Ok(());
+        }
+        let ws = &scratch.ws;
+        let timestep = ws.create_local_blob(&self.timestep);
+        let writes = written(&self.step);
+        // The forward links were kept with each step; only the gradients'
+        // are applied.
+        let links: Vec<BoundLink> = bind_links(ws, &self.links, &writes)
+            .into_iter()
+            .filter(|l| {
+                l.written
+                    || !scratch
+                        .kept
+                        .lock()
+                        .iter()
+                        .any(|k| Arc::ptr_eq(k, &l.internal))
+            })
+            .collect();
+        let step_grads = self
+            .params
+            .iter()
+            .map(|p| ws.create_local_blob(&p.step_grad))
+            .collect();
+        let def = with_link_refreshes(&self.step, &self.links, &self.timestep);
+        let net = Net::create_with(&def, ws, self.allow_unknown_args)?;
+        self.bound = Some(BackwardBound {
+            scratch,
+            net,
+            timestep,
+            links,
+            step_grads,
+        });
+        Ok(())
+    }
+}
+
+impl Operator for BackwardOp {
+    fn run(&mut self, cx: &mut OpCx<'_>) -> Result<bool> {
+        let seq_name = cx.io.input_names[self.n_go].clone();
+        let seq = tensor_of(cx.input_blob(self.n_go), &seq_name)?;
+        if seq.ndim() < 2 {
+            return Err(Error::shape(format!(
+                "RecurrentNetworkGradient: the sequence must be (T, N, ...), got shape {:?}",
+                seq.shape()
+            ))
+            .with_blob(&seq_name));
+        }
+        let steps = seq.shape()[0];
+        // Gradients start at zero: the parameters', the sequence's and the
+        // states' (with the last row's outer gradient added).
+        for p in &self.params {
+            let v = tensor_of(&cx.ws.blob(&p.param)?, &p.param)?;
+            cx.ws
+                .create_blob(&p.grad)
+                .set(BlobValue::Tensor(Tensor::zeros(v.dtype(), v.shape())?));
+        }
+        let seq_grad = format!("{seq_name}_grad");
+        cx.ws
+            .create_blob(&seq_grad)
+            .set(BlobValue::Tensor(Tensor::zeros(seq.dtype(), seq.shape())?));
+        let mut outer_grads = Vec::with_capacity(self.states.len());
+        for s in &self.states {
+            let st = tensor_of(&cx.ws.blob(&s.state)?, &s.state)?;
+            let mut g = Tensor::zeros(st.dtype(), st.shape())?;
+            if let Some(k) = s.last {
+                let og = tensor_of(cx.input_blob(k), &cx.io.input_names[k])?;
+                let n = dim0(&g);
+                add_rows(&mut g, n - 1, &og, 0, 1, "the last state's gradient")
+                    .map_err(|e| e.with_blob(&cx.io.input_names[k]))?;
+            }
+            cx.ws.create_blob(&s.grad).set(BlobValue::Tensor(g));
+            let all = match s.all {
+                Some(k) => Some(tensor_of(cx.input_blob(k), &cx.io.input_names[k])?),
+                None => None,
+            };
+            outer_grads.push((cx.ws.blob(&s.grad)?, all));
+        }
+        // Bound now that the gradients it may link exist.
+        self.bind(cx)?;
+        let b = self.bound.as_mut().expect("bound");
+        let ws = b.scratch.ws.clone();
+        let kept_steps = *b.scratch.kept_steps.lock();
+        if kept_steps < steps {
+            return Err(Error::invalid_arg(format!(
+                "RecurrentNetworkGradient: the forward op kept {kept_steps} steps, the sequence has {steps} (did it run with a backward_step_net?)"
+            )));
+        }
+        let kept = b.scratch.kept.lock().clone();
+        for t in (0..steps).rev() {
+            cx.cancel.poll_check()?;
+            {
+                let slots = b.scratch.steps.lock();
+                for (blob, v) in kept.iter().zip(&slots[t]) {
+                    blob.set(v.clone());
+                }
+            }
+            // The outer gradient of the output at t joins the state's
+            // gradient at row t + 1.
+            for (g, all) in &outer_grads {
+                if let Some(og) = all {
+                    let mut w = g.write();
+                    let BlobValue::Tensor(gt) = &mut *w else {
+                        return Err(Error::internal("a state gradient holds no tensor"));
+                    };
+                    add_rows(gt, t + 1, og, t, 1, "an output's gradient")?;
+                }
+            }
+            b.timestep.set(BlobValue::Tensor(timestep_tensor(t)));
+            links_in(&ws, &b.links, t)?;
+            if !b.net.run(&ws, cx.cancel)? {
+                return Ok(false);
+            }
+            links_out(&ws, &b.links, t)?;
+            for (p, sg) in self.params.iter().zip(&b.step_grads) {
+                let v = sg.get();
+                let one = v.tensor().map_err(|e| e.with_blob(&p.step_grad))?;
+                let g = cx.ws.blob(&p.grad)?;
+                let mut w = g.write();
+                let BlobValue::Tensor(gt) = &mut *w else {
+                    return Err(Error::internal("a parameter gradient holds no tensor"));
+                };
+                let n = one.numel();
+                if gt.numel() != n {
+                    return Err(Error::shape(format!(
+                        "RecurrentNetworkGradient: the step gradient '{}' has shape {:?}, the parameter '{}' {:?}",
+                        p.step_grad,
+                        one.shape(),
+                        p.param,
+                        gt.shape()
+                    )));
+                }
+                add_span(gt, 0, one, 0, n, "a parameter's gradient")?;
+            }
+        }
+        // Output 0 is the sequence's gradient (written by the backward links).
+        let out0 = cx.io.output_names[0].clone();
+        if out0 != seq_grad {
+            let v = cx.ws.blob(&seq_grad)?.get();
+            cx.output_blob(0).set(v);
+        }
+        for (i, s) in self.states.iter().enumerate() {
+            let out = 1 + self.params.len() + i;
+            let init = tensor_of(cx.input_blob(s.init), &cx.io.input_names[s.init])?;
+            let g = tensor_of(&cx.ws.blob(&s.grad)?, &s.grad)?;
+            let value = if init.ndim() >= 2 {
+                let k = if init.ndim() == 3 { init.shape()[0] } else { 1 };
+                rows(&g, 0, k, "an initial state's gradient")?.into_shape(init.shape())?
+            } else {
+                sum_batch(&g, init.shape())?
+            };
+            cx.output_blob(out).set(BlobValue::Tensor(value));
+        }
+        Ok(true)
+    }
+}
+
+fn sum_batch_t<T: Float>(g: &Tensor, shape: &[usize]) -> Result<Tensor> {
+    let a = T::view(g).ok_or_else(|| Error::internal("a state gradient of another dtype"))?;
+    let d: usize = shape.iter().product();
+    let v = super::super::kit::dense(a);
+    let batch = if d == 0 {
+        0
+    } else {
+        a.shape().get(1).copied().unwrap_or(0)
+    };
+    let mut out = crate::tensor::zeroed_vec::<T>(shape, "an initial state's gradient")?;
+    for r in 0..batch {
+        for (o, &x) in out.iter_mut().zip(&v[r * d..(r + 1) * d]) {
+            *o += x;
+        }
+    }
+    Ok(T::wrap(super::super::kit::array(shape, out)?))
+}
+
+/// The gradient of a 1-D initial state repeated over the batch: row 0 of
+/// the state's gradient summed over the batch.
+fn sum_batch(g: &Tensor, shape: &[usize]) -> Result<Tensor> {
+    crate::with_match_dtype!(floats g.dtype(), |T| sum_batch_t::<T>(g, shape),
+        else other => Err(crate::tensor::unsupported_dtype(other)))
+}
+
+// ------------------------------------------------- the internal ops --
+
+fn build_apply_link(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let offset = ctx.args.i64("offset", 0)?;
+    let window = ctx.args.int::<usize>("window", 1)?;
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let t = read_timestep(l.tensor(0)?, "rnn_internal_apply_link")?;
+        let row = usize::try_from(t as i64 + offset).map_err(|_| {
+            Error::invalid_arg(format!(
+                "rnn_internal_apply_link: row {t} + {offset} is negative"
+            ))
+        })?;
+        let v = rows(l.tensor(1)?, row, window, "rnn_internal_apply_link")
+            .map_err(|e| e.with_blob(l.input_name(1)))?;
+        l.set_output(0, v);
+        if !l.aliases(1, 1) {
+            let e = l.tensor(1)?.clone();
+            l.set_output(1, e);
+        }
+        Ok(true)
+    }))
+}
+
+fn build_accumulate(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let offset = ctx
+        .args
+        .i64_opt("offset")?
+        .filter(|&o| o >= 0)
+        .ok_or_else(|| {
+            ctx.bad_arg("rnn_internal_accumulate_gradient_input needs an 'offset' >= 0")
+        })? as usize;
+    Ok(kernel(move |cx| {
+        let three = cx.num_inputs() == 3;
+        let mut l = cx.lock();
+        let op = "rnn_internal_accumulate_gradient_input";
+        let t = read_timestep(l.tensor(0)?, op)?;
+        let og = l.tensor(1)?.clone();
+        if three && !l.aliases(2, 0) {
+            let g = l.tensor(2)?.clone();
+            l.set_output(0, g);
+        }
+        let name = l.output_name(0).to_string();
+        let BlobValue::Tensor(g) = l.output(0) else {
+            return Err(Error::type_error(format!(
+                "{op}: the gradient to add into holds no tensor"
+            ))
+            .with_blob(&name));
+        };
+        add_rows(g, t + offset, &og, t, 1, op).map_err(|e| e.with_blob(&name))?;
+        Ok(true)
+    }))
+}
+
+fn build_blob_fetcher(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let prefix = ctx.args.string("prefix", "rnn")?;
+    Ok(kernel(move |cx| {
+        let scratch = cx
+            .input_blob(0)
+            .read()
+            .object::<StepWorkspaces>("RecurrentStepWorkspaces")
+            .map_err(|e| e.with_blob(&cx.io.input_names[0]))?;
+        let names = scratch.names.lock().clone();
+        let steps = *scratch.kept_steps.lock();
+        let mut out: Vec<Vec<u8>> = Vec::new();
+        {
+            let slots = scratch.steps.lock();
+            for (t, slot) in slots.iter().take(steps).enumerate() {
+                for (name, v) in names.iter().zip(slot) {
+                    let copy = format!("{prefix}_{name}{t}");
+                    cx.ws.create_blob(&copy).set(v.clone());
+                    out.push(copy.into_bytes());
+                }
+            }
+        }
+        let n = out.len();
+        let names =
+            ArrayD::from_shape_vec(IxDyn(&[n]), out).map_err(|e| Error::internal(e.to_string()))?;
+        cx.output_blob(0)
+            .set(BlobValue::Tensor(Tensor::from(names)));
+        Ok(true)
+    }))
+}
+
+fn build_write_link(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let offset = ctx.args.i64("offset", 0)?;
+    Ok(kernel(move |cx| {
+        let op = "rnn_internal_write_link";
+        let mut l = cx.lock();
+        let t = read_timestep(l.tensor(0)?, op)?;
+        let row = usize::try_from(t as i64 + offset)
+            .map_err(|_| Error::invalid_arg(format!("{op}: row {t} + {offset} is negative")))?;
+        let src = l.tensor(1)?.clone();
+        let name = l.output_name(0).to_string();
+        let BlobValue::Tensor(dst) = l.output(0) else {
+            return Err(
+                Error::type_error(format!("{op}: the external blob holds no tensor"))
+                    .with_blob(&name),
+            );
+        };
+        write_rows(dst, row, &src, op).map_err(|e| e.with_blob(&name))?;
+        Ok(true)
+    }))
+}

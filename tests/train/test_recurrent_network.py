@@ -1,0 +1,164 @@
+"""RecurrentNetwork and its gradient (ops/recurrent/network.rs), built by
+recurrent.recurrent_net from an LSTM step net written here (an FC of the
+previous hidden state plus the projected input, then LSTMUnit): outputs
+against a numpy LSTM unrolled over the sequence, gradients of the
+sequence, the weights and the initial states against central differences
+of the forward net (1, 2 and several timesteps, variable sequence lengths,
+drop_states, the last output's gradient), reruns, forward-only nets, and
+the single step workspace the op keeps."""
+
+import numpy as np
+import pytest
+from ferrocaffe import core, recurrent, workspace
+
+
+def _sig(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def numpy_lstm(x, h0, c0, w, b, lengths, forget_bias=0.0, drop_states=False):
+    """x (T, N, 4D) projected inputs; h0, c0 (1, N, D); w (4D, D); b (4D)."""
+    steps, n = x.shape[0], x.shape[1]
+    d = h0.shape[2]
+    h, c = h0[0], c0[0]
+    hs, cs = [], []
+    for t in range(steps):
+        g = (h @ w.T + b + x[t]).reshape(n, 4, d)
+        i, f, o = _sig(g[:, 0]), _sig(g[:, 1] + forget_bias), _sig(g[:, 2])
+        c_new = f * c + i * np.tanh(g[:, 3])
+        h_new = o * np.tanh(c_new)
+        live = (t < np.asarray(lengths))[:, None]
+        keep_h = np.zeros_like(h) if drop_states else h
+        keep_c = np.zeros_like(c) if drop_states else c
+        h, c = np.where(live, h_new, keep_h), np.where(live, c_new, keep_c)
+        hs.append(h)
+        cs.append(c)
+    return np.stack(hs), np.stack(cs)
+
+
+def lstm_net(name, forward_only=False, outputs_with_grads=(0,), **unit_args):
+    cell = core.Net(name + "_cell")
+    h_prev, c_prev, x_t, seq, ts, w, b = cell.AddExternalInputs(
+        "hidden_t_prev", "cell_t_prev", "input_t", "seq_lengths", "timestep", "W", "b")
+    gates_h = cell.FC([h_prev, w, b], "gates_h", axis=2)
+    gates = cell.Sum([gates_h, x_t], "gates")
+    h, c = cell.LSTMUnit([h_prev, c_prev, gates, seq, ts], ["hidden_t", "cell_t"], **unit_args)
+    cell.AddExternalOutputs(h, c)
+    net = core.Net(name)
+    net.AddExternalInputs("input", "h0", "c0", "seq_lengths", "W", "b")
+    outs = recurrent.recurrent_net(
+        net, cell, inputs=[(x_t, "input")],
+        initial_cell_inputs=[(h_prev, "h0"), (c_prev, "c0")],
+        links={h_prev: h, c_prev: c}, timestep=ts, scope=name,
+        outputs_with_grads=outputs_with_grads, forward_only=forward_only)
+    return net, [str(o) for o in outs]
+
+
+def _draw(steps, n, d, seed=0):
+    rng = np.random.default_rng(seed)
+    return dict(
+        input=rng.uniform(-1, 1, (steps, n, 4 * d)),
+        h0=rng.uniform(-1, 1, (1, n, d)),
+        c0=rng.uniform(-1, 1, (1, n, d)),
+        W=rng.uniform(-0.8, 0.8, (4 * d, d)),
+        b=rng.uniform(-0.5, 0.5, (4 * d,)),
+    )
+
+
+def _feed(values, lengths):
+    for k, v in values.items():
+        workspace.FeedBlob(k, v)
+    workspace.FeedBlob("seq_lengths", np.array(lengths, np.int32))
+
+
+@pytest.mark.parametrize("steps,lengths,args", [
+    (1, [1, 1], {}),
+    (2, [2, 1], {}),
+    (5, [5, 3, 0], {"forget_bias": 1.0}),
+    (4, [4, 2, 1], {"drop_states": True}),
+])
+def test_outputs_match_a_numpy_lstm(fresh, steps, lengths, args):
+    n, d = len(lengths), 3
+    values = _draw(steps, n, d)
+    net, outs = lstm_net("fwd", forward_only=True, **args)
+    _feed(values, lengths)
+    workspace.RunNetOnce(net)
+    hs, cs = numpy_lstm(values["input"], values["h0"], values["c0"], values["W"], values["b"],
+                        lengths, args.get("forget_bias", 0.0), args.get("drop_states", False))
+    h_all, h_last, c_all, c_last = (workspace.FetchBlob(o) for o in outs)
+    np.testing.assert_allclose(h_all, hs, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(c_all, cs, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(h_last, hs[-1:], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(c_last, cs[-1:], rtol=1e-12, atol=1e-12)
+
+
+def _loss_and_grads(steps, lengths, args, seeds_of, seed):
+    n, d = len(lengths), 2
+    values = _draw(steps, n, d, seed)
+    net, outs = lstm_net("bwd", outputs_with_grads=tuple(sorted(seeds_of)), **args)
+    rng = np.random.default_rng(seed + 100)
+    seeds = {outs[k]: rng.uniform(-1, 1, (steps if k in (0, 2) else 1, n, d)) for k in seeds_of}
+    for k, name in enumerate(seeds):
+        workspace.FeedBlob("R%d" % k, seeds[name])
+    net.AddExternalInputs(*["R%d" % k for k in range(len(seeds))])
+    grads = net.AddGradientOperators({name: "R%d" % k for k, name in enumerate(seeds)})
+    fwd, fwd_outs = lstm_net("plain", forward_only=True, **args)
+
+    def loss(vals):
+        _feed(vals, lengths)
+        workspace.RunNetOnce(fwd)
+        got = dict(zip(outs, (workspace.FetchBlob(o) for o in fwd_outs)))
+        return sum(float(np.sum(got[name] * r)) for name, r in seeds.items())
+
+    _feed(values, lengths)
+    workspace.RunNetOnce(net)
+    analytic = {k: workspace.FetchBlob(str(grads[k])) for k in values}
+    eps = 1e-6
+    for k, v in values.items():
+        num = np.zeros_like(v)
+        for idx in np.ndindex(v.shape):
+            moved = {kk: vv.copy() for kk, vv in values.items()}
+            moved[k][idx] += eps
+            up = loss(moved)
+            moved[k][idx] -= 2 * eps
+            num[idx] = (up - loss(moved)) / (2 * eps)
+        np.testing.assert_allclose(analytic[k], num, rtol=1e-5, atol=1e-7, err_msg=k)
+
+
+@pytest.mark.parametrize("steps,lengths,args", [
+    (1, [1, 1], {}),
+    (2, [2, 1], {}),
+    (4, [4, 2, 0], {"forget_bias": 0.5}),
+    (3, [3, 1], {"drop_states": True}),
+])
+def test_gradients_match_differences(fresh, steps, lengths, args):
+    _loss_and_grads(steps, lengths, args, seeds_of=(0,), seed=steps)
+
+
+def test_gradient_of_the_last_hidden_state_and_all_cells(fresh):
+    # outputs_with_grads (0, 1, 2): hidden_all, hidden_last, cell_all.
+    _loss_and_grads(3, [3, 2], {}, seeds_of=(0, 1, 2), seed=7)
+
+
+def test_reruns_reuse_one_step_workspace(fresh):
+    values = _draw(6, 2, 3)
+    net, outs = lstm_net("again")
+    net.AddExternalInputs("R")
+    net.AddGradientOperators({outs[0]: "R"})
+    workspace.FeedBlob("R", np.ones((6, 2, 3)))
+    _feed(values, [6, 4])
+    workspace.CreateNet(net)
+    workspace.RunNet(net.Proto().name)
+    first = workspace.FetchBlob("W_grad").copy()
+    ws_blob = "again/step_workspaces"
+    workspace.RunNet(net.Proto().name)
+    np.testing.assert_array_equal(workspace.FetchBlob("W_grad"), first)
+    # A shorter sequence next: the kept steps are reused, nothing stale.
+    values = _draw(2, 2, 3, seed=3)
+    workspace.FeedBlob("R", np.ones((2, 2, 3)))
+    _feed(values, [2, 1])
+    workspace.RunNet(net.Proto().name)
+    hs, _ = numpy_lstm(values["input"], values["h0"], values["c0"], values["W"], values["b"],
+                       [2, 1])
+    np.testing.assert_allclose(workspace.FetchBlob(outs[0]), hs, rtol=1e-12, atol=1e-12)
+    assert workspace.HasBlob(ws_blob)
