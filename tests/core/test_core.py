@@ -18,7 +18,7 @@ from ferrocaffe import core, proto, scope
 from ferrocaffe.core import BlobReference, Net, Plan, execution_step
 
 OPS = {
-    "Add", "Sum", "Relu", "Copy", "Print", "Concat", "ConstantFill", "Python",
+    "Add", "Sum", "Relu", "RecurrentNetwork", "Copy", "Print", "Concat", "ConstantFill", "Python",
     "GivenTensorFill", "GivenTensorIntFill", "GivenTensorInt64Fill",
     "GivenTensorBoolFill", "GivenTensorStringFill", "Conv_ENGINE_CUDNN",
 }
@@ -1079,3 +1079,35 @@ def test_net_names_are_unique_in_the_process_even_against_suffixed_names():
     proto = Net("x").Proto()
     assert Net(proto).Name() == "x_1"
     assert Net("n").Clone("test").Name() == "test_3"
+
+
+def test_run_all_on_gpu_places_the_net_and_recurrent_step_nets():
+    step = Net("step")
+    step.Relu(["x"], "y")
+    net = Net("outer")
+    net.RecurrentNetwork(["x"], ["y"], step_net=step.Proto())
+    net.Relu(["y"], "z")
+    net.RunAllOnGPU(gpu_id=2, use_cudnn=True)
+    netdef = net.Proto()
+    for n in (netdef, netdef.op[0].arg[0].n):
+        assert (n.device_option.device_type, n.device_option.device_id) == (proto.caffe2_pb2.CUDA, 2)
+    assert [op.engine for op in netdef.op] == ["CUDNN", "CUDNN"]
+    assert [op.engine for op in netdef.op[0].arg[0].n.op] == ["CUDNN"]
+    net.RunAllOnMKL()
+    assert netdef.device_option.device_type == proto.caffe2_pb2.MKLDNN
+    net.RunAllOnIDEEP()
+    assert netdef.device_option.device_type == proto.caffe2_pb2.IDEEP
+    # It builds and serialises; running it here is refused, naming the device.
+    assert netdef.SerializeToString()
+
+
+def test_a_net_run_all_on_gpu_is_refused_when_created(monkeypatch):
+    monkeypatch.undo()  # the real registry
+    core.RefreshRegisteredOperators()
+    from ferrocaffe import errors, workspace
+    net = Net("on_gpu")
+    net.Relu(["x"], "y")
+    net.RunAllOnGPU()
+    workspace.FeedBlob("x", np.ones(3, np.float32))
+    with pytest.raises(errors.InvalidArgumentError, match=r"device type 1.*op #0 'Relu'"):
+        workspace.RunNetOnce(net)

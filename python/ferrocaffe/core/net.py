@@ -172,6 +172,23 @@ def _forget_op_methods():
     _OP_METHODS.clear()
 
 
+def _gpu_device_type() -> int:
+    """Caffe2's ``workspace.GpuDeviceType`` (CUDA: there is no HIP build)."""
+    return caffe2_pb2.CUDA
+
+
+def _place_net(netdef, device_type, device_id, engine):
+    netdef.device_option.CopyFrom(
+        caffe2_pb2.DeviceOption(device_type=device_type, device_id=device_id))
+    for op in netdef.op:
+        if engine is not None:
+            op.engine = engine
+        if op.type == "RecurrentNetwork":
+            for arg in op.arg:
+                if arg.name == "step_net" and arg.HasField("n"):
+                    _place_net(arg.n, device_type, device_id, engine)
+
+
 class Net:
     """A network under construction: a NetDef plus naming state.
 
@@ -296,6 +313,23 @@ class Net:
     def __repr__(self):
         n = len(self.Proto().op)
         return "<Net %r: %d op%s>" % (self.Name(), n, "" if n == 1 else "s")
+
+    def RunAllOnGPU(self, gpu_id: int = 0, use_cudnn: bool = False) -> None:
+        """Places the net, and the step nets of its ``RecurrentNetwork``
+        ops, on GPU ``gpu_id`` (engine ``CUDNN`` on every op with
+        ``use_cudnn``), as Caffe2 did. ferrocaffe runs on the CPU only:
+        such a net serialises, but creating it is an
+        ``InvalidArgumentError`` naming the device."""
+        _place_net(self.Proto(), _gpu_device_type(), gpu_id,
+                   "CUDNN" if use_cudnn else None)
+
+    def RunAllOnMKL(self) -> None:
+        """Places the net on Caffe2's MKLDNN device (see ``RunAllOnGPU``)."""
+        self.Proto().device_option.CopyFrom(caffe2_pb2.DeviceOption(device_type=caffe2_pb2.MKLDNN))
+
+    def RunAllOnIDEEP(self) -> None:
+        """Places the net on Caffe2's IDEEP device (see ``RunAllOnGPU``)."""
+        self.Proto().device_option.CopyFrom(caffe2_pb2.DeviceOption(device_type=caffe2_pb2.IDEEP))
 
     def Proto(self) -> caffe2_pb2.NetDef:
         """The live NetDef. Callers may edit it, so the lookup tables are
