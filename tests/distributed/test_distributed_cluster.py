@@ -1,13 +1,15 @@
 """RaySession on a cluster of two Ray nodes, started the way a real cluster
 is: ``ray start --head`` and a second ``ray start --address=...`` joining
 it, both on loopback addresses, each with one CPU, a custom resource and a label of
-its own. The cluster is stopped (``ray stop``) at the end of the module.
+its own. The cluster is stopped at the end of the module by ending the two
+``ray start --block`` processes (only its own Ray processes: never ``ray stop``).
 """
 
 import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import sys
 import time
 
@@ -39,9 +41,30 @@ def free_port():
 
 
 def ray_start(*args, env):
-    p = subprocess.run([ray_cli(), 'start', '--disable-usage-stats', *args],
-                       capture_output=True, text=True, env=env, timeout=120)
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    """A Ray node started with ``ray start --block``: ending the process
+    stops that node's processes, and only those (``ray stop`` would stop
+    every Ray process on the machine, other runs' too)."""
+    return subprocess.Popen([ray_cli(), 'start', '--block', '--disable-usage-stats', *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+
+
+def ray_stop(procs, address):
+    for proc in reversed(procs):
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    # `ray start` records its cluster for later ray.init() calls; ours is
+    # gone, so is its record (if it is still ours).
+    record = os.path.join(tempfile.gettempdir(), 'ray', 'ray_current_cluster')
+    try:
+        with open(record) as f:
+            if f.read().strip() == address:
+                os.unlink(record)
+    except OSError:
+        pass
 
 
 @pytest.fixture(scope='module')
@@ -54,20 +77,29 @@ def cluster():
     # rest of the loopback network alone: the head takes 127.0.0.3, the
     # worker 127.0.0.2.
     address = '127.0.0.3:%d' % free_port()
+    procs = []
     try:
-        ray_start('--head', '--node-ip-address=127.0.0.3',
-                  '--port=%s' % address.split(':')[1],
-                  '--num-cpus=1', '--resources={"head_host": 1}',
-                  '--labels=role=head', '--include-dashboard=false', env=env)
-        ray_start('--address=' + address, '--node-ip-address=127.0.0.2',
-                  '--num-cpus=1', '--resources={"worker_host": 1}',
-                  '--labels=role=worker', env=env)
-        ray.init(address=address, _node_ip_address='127.0.0.3',
-                 log_to_driver=False)
-        deadline = time.time() + 60
-        while len([n for n in ray.nodes() if n['Alive']]) < 2:
+        procs.append(ray_start('--head', '--node-ip-address=127.0.0.3',
+                               '--port=%s' % address.split(':')[1],
+                               '--num-cpus=1', '--resources={"head_host": 1}',
+                               '--labels=role=head', '--include-dashboard=false', env=env))
+        procs.append(ray_start('--address=' + address, '--node-ip-address=127.0.0.2',
+                               '--num-cpus=1', '--resources={"worker_host": 1}',
+                               '--labels=role=worker', env=env))
+        deadline = time.time() + 120
+        while True:
+            assert all(p.poll() is None for p in procs), 'a Ray node did not start'
+            try:
+                ray.init(address=address, _node_ip_address='127.0.0.3',
+                         log_to_driver=False)
+                if len([n for n in ray.nodes() if n['Alive']]) >= 2:
+                    break
+                ray.shutdown()
+            except Exception:
+                if time.time() > deadline:
+                    raise
             assert time.time() < deadline, 'the second Ray node never joined'
-            time.sleep(0.2)
+            time.sleep(0.5)
         ids = {}
         for n in ray.nodes():
             if n['Alive']:
@@ -80,8 +112,7 @@ def cluster():
     finally:
         if ray.is_initialized():
             ray.shutdown()
-        subprocess.run([ray_cli(), 'stop', '--force'], capture_output=True,
-                       env=env, timeout=120)
+        ray_stop(procs, address)
 
 
 def test_nodes_land_where_their_kwargs_say(session, cluster):
