@@ -243,6 +243,31 @@ fn read_minidb_raw(path: &str) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
     Ok(out)
 }
 
+/// The `len` bytes of a record's value at `at` in `file` (an indexed
+/// minidb): a file cut short since it was indexed is a corrupt-db error
+/// naming the record (`what`), a buffer that cannot be had `OutOfMemory`.
+fn read_value_at(
+    file: &File,
+    path: &str,
+    at: u64,
+    len: usize,
+    what: std::fmt::Arguments<'_>,
+) -> Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let mut v = crate::tensor::zeroed_vec::<u8>(&[len], "a minidb value")?;
+    file.read_exact_at(&mut v, at).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            corrupt(
+                path,
+                format!("{what} is cut off: the file shrank after it was opened"),
+            )
+        } else {
+            Error::io(&e, path)
+        }
+    })?;
+    Ok(v)
+}
+
 /// A minidb's records indexed without their values (keys are any bytes),
 /// each value read from the file when asked.
 pub struct MiniDbKvCursor {
@@ -289,20 +314,14 @@ impl KvCursor for MiniDbKvCursor {
         &self.index[i].0
     }
     fn value(&self, i: usize) -> Result<Vec<u8>> {
-        use std::os::unix::fs::FileExt;
         let (_, at, len) = &self.index[i];
-        let mut v = crate::tensor::zeroed_vec::<u8>(&[*len], "a minidb value")?;
-        self.file.read_exact_at(&mut v, *at).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                corrupt(
-                    &self.path,
-                    format!("record #{i} is cut off: the file shrank after it was opened"),
-                )
-            } else {
-                Error::io(&e, &self.path)
-            }
-        })?;
-        Ok(v)
+        read_value_at(
+            &self.file,
+            &self.path,
+            *at,
+            *len,
+            format_args!("record #{i}"),
+        )
     }
 }
 
@@ -484,20 +503,14 @@ impl MiniDbRecords {
 
     /// The value of record `i` (`i < len()`), read from the file now.
     pub fn value(&self, i: usize) -> Result<Vec<u8>> {
-        use std::os::unix::fs::FileExt;
         let (key, at, len) = &self.index[i];
-        let mut v = vec![0u8; *len];
-        self.file.read_exact_at(&mut v, *at).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                corrupt(
-                    &self.path,
-                    format!("the record '{key}' is cut off: the file shrank after it was opened"),
-                )
-            } else {
-                Error::io(&e, &self.path)
-            }
-        })?;
-        Ok(v)
+        read_value_at(
+            &self.file,
+            &self.path,
+            *at,
+            *len,
+            format_args!("the record '{key}'"),
+        )
     }
 }
 

@@ -1282,8 +1282,8 @@ fn large_tensors_take_the_parallel_paths() {
 fn every_schema_is_documented() {
     let all = schemas();
     // 28 forward ops, the gradients of Add, Sub, Mul and Div, Pow and its
-    // gradient, and WeightedSumGradient.
-    assert_eq!(all.len(), 35);
+    // gradient, WeightedSumGradient, and ElementwiseLinear and its gradient.
+    assert_eq!(all.len(), 37);
     for s in &all {
         assert!(!s.doc.is_empty(), "{}", s.name);
     }
