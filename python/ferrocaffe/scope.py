@@ -23,25 +23,23 @@ __all__ = [
 
 _NAMESCOPE_SEPARATOR = "/"
 
-_threadlocal_scope = threading.local()
+class _Scopes(threading.local):
+    # Class attributes: what a thread that has set no scope reads.
+    namescope = ""
+    devicescope = None
+
+
+_threadlocal_scope = _Scopes()
 
 
 def CurrentNameScope():
     """The current name prefix: ``""`` or a string ending in ``"/"``."""
-    try:
-        return _threadlocal_scope.namescope
-    except AttributeError:
-        _threadlocal_scope.namescope = ""
-        return ""
+    return _threadlocal_scope.namescope
 
 
 def CurrentDeviceScope():
     """The current DeviceOption, or None."""
-    try:
-        return _threadlocal_scope.devicescope
-    except AttributeError:
-        _threadlocal_scope.devicescope = None
-        return None
+    return _threadlocal_scope.devicescope
 
 
 @contextlib.contextmanager

@@ -32,9 +32,6 @@ DOCUMENTED = {
     ('ferrocaffe.core.steps', 'ferrocaffe.net_builder'):
         "a sys.modules lookup, never an import: to_execution_step takes a "
         "NetBuilder",
-    ('ferrocaffe.core.net', 'ferrocaffe.workspace'):
-        "a sys.modules lookup per op (immediate mode); workspace sits below "
-        "core, which imports it",
     ('ferrocaffe.core.operators', 'ferrocaffe.workspace'):
         "a sys.modules lookup per op (immediate mode); workspace sits below "
         "core, which imports it",

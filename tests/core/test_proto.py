@@ -340,6 +340,12 @@ def _build(add):
     out.append(add(net, "Print", "e", []))
     out.append(add(net, "Scale", "e", "g", scale=1e300))  # beyond float32: inf
     out.append(add(net, "Scale", "e", "h", scale=np.float32(2), shape=[1, 2], names=["a"]))
+    out.append(add(net, "Scale", "e", "i", shape=(1, True), floats=[1.5, -0.0], names=["a", b"\xff"],
+                   empty=[], skipped=None, big=[2 ** 62], neg=[-1]))
+    with core.DeviceScope(caffe2_pb2.DeviceOption(device_type=caffe2_pb2.CPU, random_seed=5)):
+        out.append(add(net, "Relu", "i"))  # the device option, an automatic name
+        with core.NameScope("t"):
+            out.append(add(net, "Copy", "i", ["j", core.BlobReference("k")], f=[1e300]))
     return net, out
 
 
@@ -362,7 +368,7 @@ def test_op_methods_do_what_create_and_add_to_self_does():
     assert all(r.Net() is fast for r in got[:3])
     # Names given as str inside the scope get it, inputs too (s/b is not
     # defined, so it becomes an external input, as "undefined" does).
-    assert set(fast.Proto().external_input) == {"x", "undefined", "s/b", "s/s/d"}
+    assert set(fast.Proto().external_input) == {"x", "undefined", "s/b", "s/s/d", "t/i"}
     assert sorted(fast._op_tracebacks) == list(range(len(fast.Proto().op)))
     fast.PopulateProtoWithFileName()
     assert all(op.name.startswith(__file__ + ":") for op in fast.Proto().op)
@@ -537,15 +543,33 @@ def test_a_file_that_is_no_message_is_a_decode_error_naming_it(tmp_path):
         workspace.RunNetOnce(bad)
 
 
-def test_encode_net_ops_refuses_what_it_cannot_encode_with_type_errors():
-    good = ("Copy", ["a"], ["b"], [Argument(name="n", i=1).SerializeToString()])
-    data = _core.encode_net_ops([good, OperatorDef(type="X").SerializeToString()])
-    net = NetDef.FromString(data)
-    assert [op.type for op in net.op] == ["Copy", "X"] and net.op[0].arg[0].i == 1
-    for bad in (("Copy", ["a"], [1], []), ("Copy", "a", ["b"], []), ("Copy", ["a"], ["b"], ["s"]),
-                (None, [], [], []), ("Copy", ["a"]), 5):
-        with pytest.raises((TypeError, IndexError)):
-            _core.encode_net_ops([good, bad])
+def test_the_op_list_encodes_what_protobuf_would_and_refuses_bad_items_with_type_errors():
+    ops = _core.NetOps(core.BlobReference)
+    ops.push("Copy", ["a"], ["b"], [Argument(name="n", i=1).SerializeToString()], "site-1")
+    ops.push_encoded(OperatorDef(type="X", output=["c"]).SerializeToString(), ["c"], None)
+    # The common op: plain values in, output names out; "b" is defined now.
+    assert ops.add("Relu", ("b",), {"alpha": [1, True]}, "s/", None, "site-3", "n") is None  # s/b
+    dev = caffe2_pb2.DeviceOption(device_type=caffe2_pb2.CPU, random_seed=3).SerializeToString()
+    assert ops.add("Relu", (core.BlobReference("b"),), {"k": [0.5, 2.0]}, "s/", dev, "site-3", "n") == "s/n/Relu"
+    assert ops.add("Split", ("c", ["d", "e"]), None, "", None, "site-4", "n") == ("d", "e")
+    assert ops.queued == 4 and ops.is_defined("s/n/Relu") and not ops.is_defined("a")
+    data, sites = ops.take()
+    assert ops.queued == 0 and sites == ["site-1", None, "site-3", "site-4"]
+    want = NetDef()
+    want.op.add(type="Copy", input=["a"], output=["b"], name="").arg.add(name="n", i=1)
+    want.op.add(type="X", output=["c"])
+    relu = want.op.add(type="Relu", input=["b"], output=["s/n/Relu"], name="")
+    relu.arg.add(name="k", floats=[0.5, 2.0])
+    relu.device_option.CopyFrom(caffe2_pb2.DeviceOption.FromString(dev))
+    want.op.add(type="Split", input=["c"], output=["d", "e"], name="")
+    assert data == want.SerializeToString()
+    # What it does not take is a TypeError, and nothing is queued.
+    for bad in ((["a"], [1], []), ("a", "b", [b"x"]), (["a"], ["b"], ["s"])):
+        with pytest.raises(TypeError):
+            ops.push("Copy", *bad, None)
+    with pytest.raises(TypeError):
+        ops.push_encoded("not bytes", [], None)
+    assert ops.queued == 0
 
 
 def test_an_argument_missing_a_required_field_fails_only_when_serialised():

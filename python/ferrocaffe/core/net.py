@@ -20,6 +20,7 @@ from ferrocaffe import _core, errors, gradients
 from ferrocaffe import control_ops_grad  # noqa: F401
 from ferrocaffe.proto import _utf8, caffe2_pb2
 from ferrocaffe import scope
+from ferrocaffe import workspace as _workspace
 from ferrocaffe.core.blobs import BlobReference, ScopedBlobReference, ScopedName, _RectifyInputOutput, _get_blob_ref
 from ferrocaffe.core.operators import (
     _CAFFE2_DEBUG_KEY,
@@ -125,36 +126,35 @@ def _op_doc(op_type):
     return "\n".join(lines)
 
 
-# What the op methods (``_core.OpMethod``, in rust/python/src/proto.rs) read
-# from Python, made once when the first one is made.
-_NET_OP_HELPERS: _core.NetOpHelpers | None = None
+_SCOPE = scope._threadlocal_scope
+_getframe = sys._getframe
 
 
 def _op_method(op_type):
-    # net.Add(...) adds the common op in one call into the extension (the
-    # inputs and outputs named, the arguments encoded, the op queued in
-    # _pending as a serialised OperatorDef, exactly as _CreateAndAddToSelf
-    # would); any other op goes through _CreateAndAddToSelf.
-    global _NET_OP_HELPERS
-    if _NET_OP_HELPERS is None:
-        _NET_OP_HELPERS = _core.NetOpHelpers(
-            BlobReference,
-            _user_frame,
-            _argument_bytes,
-            scope._threadlocal_scope,
-            scope.CurrentNameScope,
-            _ENVIRON_DATA,
-            _CAFFE2_DEBUG_KEY,
-            _OPERATOR_FIELD_KEYWORDS | {"inputs", "outputs"},
-            sys.modules,
-            _PACKAGE_DIR,
-        )
-    call = _core.OpMethod(op_type, _NET_OP_HELPERS).call
-
-    # A plain function around the fast method, so that help(net.Add) and
-    # inspect show the op's schema and signature.
+    # net.Add(...): what the call depends on besides its arguments (the name
+    # and device scopes, where the user's code is, the net's name) is read
+    # here, once, and handed to the net's op list (``_core.NetOps``, in
+    # rust/python/src/net_ops.rs) as plain values. It adds the common op
+    # (names, arguments and automatic names exactly as _CreateAndAddToSelf
+    # makes them) and returns its output names; any other op, and every op
+    # while CAFFE2_DEBUG or immediate mode is on, goes through
+    # _CreateAndAddToSelf.
     def op_method(self, *args, **kwargs):
-        return call(self, args, kwargs)
+        if not (_ENVIRON_DATA.get(_CAFFE2_DEBUG_KEY) or _workspace._immediate_mode):
+            local = _SCOPE
+            device = local.devicescope
+            frame = _getframe(1)
+            code = frame.f_code
+            site = _user_frame() if code.co_filename.startswith(_PACKAGE_DIR) else (code, frame.f_lasti)
+            out = self._ops.add(
+                op_type, args, kwargs, local.namescope,
+                None if device is None else device.SerializeToString(),
+                site, self._proto.name)
+            if out is not None:
+                if type(out) is str:
+                    return BlobReference(out, self)
+                return tuple([BlobReference(o, self) for o in out]) if out else None
+        return self._CreateAndAddToSelf(op_type, *args, **kwargs)
 
     op_method.__name__ = op_method.__qualname__ = op_type
     op_method.__doc__ = _op_doc(op_type)
@@ -257,14 +257,11 @@ class Net:
         self._output_record: Any = None
         # names handed out by NextBlob, so that they are never reused
         self._registered_blob_names = set()
-        self._recreate_lookup_tables = False
-        self._op_outputs = set()
-        self._external_input_map = set()
         self._attr_dict = defaultdict(list)
-        # Ops made by the op methods, not yet in the NetDef (see _flush),
-        # and where the user's code made each (see _user_frame).
-        self._pending = []
-        self._pending_sites = []
+        # The op list (see _flush): ops added and not yet in the NetDef,
+        # with where the user's code made each (see _user_frame), the blobs
+        # the net defines, and the automatic names.
+        self._ops = _core.NetOps(BlobReference)
         # NetDef op index -> creation site, for PopulateProtoWithFileName.
         # Kept on the net (Caffe2's process-wide table grew forever).
         self._op_tracebacks = {}
@@ -275,12 +272,13 @@ class Net:
             else:
                 self._net = caffe2_pb2.NetDef()
                 self._net.CopyFrom(proto)
-            self._external_input_map.update(self._net.external_input)
             existing_names = set()
+            op_outputs = []
             for op in self._net.op:
                 existing_names.update(op.input)
                 existing_names.update(op.output)
-                self._op_outputs.update(op.output)
+                op_outputs.extend(op.output)
+            self._ops.reset(op_outputs, list(self._net.external_input))
             # Resume automatic naming after the highest <name>_blob_<k>.
             # (Caffe2 bug fixed: it parsed a single digit of k.)
             prefix = self._net.name + "_blob_"
@@ -289,18 +287,15 @@ class Net:
                 for k in (_autogen_index(s, prefix) for s in existing_names if s.startswith(prefix))
                 if k is not None
             ]
-            self._next_name_index = max(indices) + 1 if indices else 0
+            self._ops.next_blob_index = max(indices) + 1 if indices else 0
             name = self._proto.name
         else:
             name = name_or_proto
             if isinstance(name, str):
                 name = _utf8(name, "net", net=repr(name))
             self._net = caffe2_pb2.NetDef()
-            self._next_name_index = 0
 
         self._proto.name = Net._get_next_net_name(name)
-        # cache of the next free _<k> suffix per NextName key
-        self._next_blob_name_ids = {}
 
     # -- identity
 
@@ -337,17 +332,17 @@ class Net:
         self._InvalidateLookupTables()
         return self._net
 
-    # The NetDef lives in _proto. The op methods do not build a protobuf
-    # message per op (that cost several microseconds an op, most of a large
-    # net's build time): they queue the op's fields in _pending, and the
-    # first read of _net (Proto(), a lookup, pickling) serialises the queue
-    # in one call into the runtime and merges it into the NetDef, which
-    # protobuf parses in C. Code that needs only the name or the external
-    # lists reads _proto and does not flush.
+    # The NetDef lives in _proto. Ops are not built as protobuf messages one
+    # by one (that cost several microseconds an op, most of a large net's
+    # build time): the op list (_ops) encodes each op as it is added, and
+    # the first read of _net (Proto(), a lookup, pickling) merges the
+    # encoded ops into the NetDef, which protobuf parses in C. Code that
+    # needs only the name or the external lists reads _proto and does not
+    # flush.
 
     @property
     def _net(self):
-        if self._pending:
+        if self._ops.queued:
             self._flush()
         return self._proto
 
@@ -356,17 +351,20 @@ class Net:
         self._proto = proto
 
     def _flush(self):
-        # Emptied in place: a shallow copy of the net shares the queue, as
-        # it shares the NetDef.
         # The creation sites get their op indices here, not per op (the
         # length of the NetDef's op list costs as much as half an op).
         base = len(self._proto.op)
-        data = _core.encode_net_ops(self._pending)
-        del self._pending[:]
+        data, sites = self._ops.take()
         self._proto.MergeFromString(data)
-        sites = self._pending_sites
         self._op_tracebacks.update(zip(range(base, base + len(sites)), sites))
-        del sites[:]
+
+    def _tables(self):
+        """The op list, its blob tables rebuilt first if the NetDef was
+        handed out since they were made."""
+        ops = self._ops
+        if ops.stale:
+            self._RecreateLookupTables()
+        return ops
 
     # -- attributes (opaque hooks used by task.py)
 
@@ -382,20 +380,16 @@ class Net:
 
     def BlobIsDefined(self, blob: str | BlobReference) -> bool:
         """True if an op of this net writes ``blob`` or it is an external input."""
-        if self._recreate_lookup_tables:
-            self._RecreateLookupTables()
-        name = str(blob)
-        return name in self._op_outputs or name in self._external_input_map
+        return self._tables().is_defined(str(blob))
 
     def UsesBlob(self, blob: str | BlobReference) -> bool:
         """True if an op of this net reads ``blob`` or it is an external input."""
-        if self._recreate_lookup_tables:
-            self._RecreateLookupTables()
+        ops = self._tables()
         blob_name = str(blob)
         for op in self._net.op:
             if blob_name in op.input:
                 return True
-        return blob_name in self._external_input_map
+        return ops.is_external_input(blob_name)
 
     def UsedBlobNames(self) -> set[str]:
         """Every blob name an op reads or writes, plus the external lists."""
@@ -415,9 +409,7 @@ class Net:
         return BlobReference(blob_name, self)
 
     def is_external_input(self, blob: str | BlobReference) -> bool:
-        if self._recreate_lookup_tables:
-            self._RecreateLookupTables()
-        return str(blob) in self._external_input_map
+        return self._tables().is_external_input(str(blob))
 
     # -- automatic names
 
@@ -441,23 +433,9 @@ class Net:
         """An automatic blob name: ``<net>/<prefix>[:<output_id>]``, with a
         ``_<k>`` suffix (k from 2) when the name-scoped form is already
         defined, or ``<net>_blob_<n>`` without a prefix. No scope is added."""
-        if prefix:
-            output_name_base = self._proto.name + "/" + prefix
-            output_name = output_name_base
-            if output_id is not None:
-                output_name += ":" + str(output_id)
-            key = output_name
-            index = self._next_blob_name_ids.get(key, 2)
-            while self.BlobIsDefined(str(ScopedBlobReference(output_name))):
-                output_name = output_name_base + "_" + str(index)
-                if output_id is not None:
-                    output_name += ":" + str(output_id)
-                index += 1
-                self._next_blob_name_ids[key] = index
-        else:
-            output_name = self._proto.name + "_blob_" + str(self._next_name_index)
-            self._next_name_index += 1
-        return str(output_name)
+        return self._tables().next_name(
+            self._proto.name, str(prefix) if prefix else None,
+            None if output_id is None else str(output_id), scope.CurrentNameScope())
 
     # -- lookup tables
 
@@ -469,6 +447,13 @@ class Net:
             if frame is not None and index < len(ops):
                 ops[index].name = ":".join(map(str, _frame_location(*frame)))
 
+    def __copy__(self):
+        # A shallow copy shares the NetDef and the op list (its queue, tables
+        # and names), as Caffe2's shared the NetDef and the tables.
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        return new
+
     def __getstate__(self):
         # Code objects do not pickle: keep the creation sites as locations.
         self._net  # the queued ops go into the NetDef first
@@ -477,49 +462,59 @@ class Net:
             state["_op_tracebacks"] = {
                 i: None if f is None else _frame_location(*f) for i, f in state["_op_tracebacks"].items()
             }
+        # The op list keeps its automatic names; its tables are made again
+        # from the NetDef.
+        ops = state.pop("_ops")
+        state["_naming"] = (ops.next_blob_index, ops.next_suffixes)
         return state
 
     def __setstate__(self, state):
+        state = dict(state)
+        index, suffixes = state.pop("_naming", (state.pop("_next_name_index", 0),
+                                                state.pop("_next_blob_name_ids", {})))
+        # (Nets pickled by earlier versions kept these on the net.)
+        for old in ("_pending", "_pending_sites", "_op_outputs", "_external_input_map",
+                    "_recreate_lookup_tables"):
+            state.pop(old, None)
         self.__dict__.update(state)
-        # (A net pickled before creation sites were queued with the ops.)
-        self.__dict__.setdefault("_pending_sites", [])
         self.__dict__.setdefault("_op_tracebacks", {})
+        ops = _core.NetOps(BlobReference)
+        ops.next_blob_index = index
+        ops.next_suffixes = suffixes
+        ops.invalidate()
+        self._ops = ops
 
     def _ExtendOps(self, new_ops):
         self._net.op.extend(new_ops)
-        for op in new_ops:
-            self._op_outputs.update([str(o) for o in op.output])
+        self._tables().define([str(o) for op in new_ops for o in op.output])
 
     def extend_ops(self, new_ops: Sequence[caffe2_pb2.OperatorDef]) -> None:
         return self._ExtendOps(new_ops)
 
     def _CheckLookupTables(self):
         """Asserts the lookup tables cover the proto (for tests)."""
-        outputs = {o for op in self._net.op for o in op.output}
-        inputs = set(self._net.external_input)
-        assert outputs.difference(self._op_outputs) == set()
-        assert inputs.difference(self._external_input_map) == set()
+        ops = self._ops
+        assert all(ops.is_op_output(o) for op in self._net.op for o in op.output)
+        assert all(ops.is_external_input(i) for i in self._net.external_input)
 
     def _InvalidateLookupTables(self):
-        self._recreate_lookup_tables = True
+        self._ops.invalidate()
 
     def _RecreateLookupTables(self):
-        self._op_outputs = {o for op in self._net.op for o in op.output}
-        self._external_input_map = set(self._net.external_input)
-        self._recreate_lookup_tables = False
+        proto = self._net
+        self._ops.reset([o for op in proto.op for o in op.output], list(proto.external_input))
 
     # -- external inputs and outputs
 
     def AddExternalInput(self, *inputs: Any) -> Any:
         """Declares external inputs. Returns one ref, or a list of refs."""
         assert len(inputs) > 0
-        if self._recreate_lookup_tables:
-            self._RecreateLookupTables()
+        ops = self._tables()
         input_name_set = set()
         for input in inputs:
             input_name = str(input)
             assert (
-                input_name not in self._external_input_map
+                not ops.is_external_input(input_name)
                 and input_name not in input_name_set
             ), "Net already contains an input named %s" % input_name
             input_name_set.add(input_name)
@@ -527,7 +522,7 @@ class Net:
         for input in inputs:
             input_name = str(input)
             self._proto.external_input.extend([input_name])
-            self._external_input_map.update([input_name])
+            ops.add_external_input(input_name)
             refs.append(_get_blob_ref(input))
         return refs[0] if len(refs) == 1 else refs
 
@@ -632,10 +627,9 @@ class Net:
         """Appends ``net``'s ops (copies carrying ``device_option`` if given)
         and merges its external lists. Returns self."""
         assert isinstance(net, Net)
-        if self._recreate_lookup_tables:
-            self._RecreateLookupTables()
+        ops = self._tables()
         for i in net.Proto().external_input:
-            if i not in self.Proto().external_input and i not in self._op_outputs:
+            if i not in self.Proto().external_input and not ops.is_op_output(i):
                 self.Proto().external_input.append(i)
         self.Proto().external_output.extend(
             [o for o in net.Proto().external_output if o not in self.Proto().external_output]
@@ -811,7 +805,6 @@ class Net:
         proto = new_net.Proto()
         del proto.external_input[:]
         proto.external_input.extend(new_in)
-        new_net._external_input_map = set(new_in)
         del proto.external_output[:]
         proto.external_output.extend(new_out)
         return new_net, [new_net.GetBlobRef(o) for o in new_out]
@@ -828,7 +821,7 @@ class Net:
         instead of ``tensor``. Returns how many ops were changed."""
         name = str(tensor)
         ops = list(self._net.op)
-        if name in self._external_input_map:
+        if self.is_external_input(name):
             at = 0
         else:
             writers = [i for i, op in enumerate(ops) if name in op.output]
@@ -973,12 +966,9 @@ class Net:
 
     def _CreateAndAddToSelf(self, op_type, inputs, outputs=None, **kwargs):
         inputs = _RectifyInputOutput(inputs)
-        if self._recreate_lookup_tables:
-            self._RecreateLookupTables()
+        ops = self._tables()
         for input in inputs:
-            # BlobIsDefined, inlined: this runs for every input of every op.
-            name = input._name
-            if name not in self._op_outputs and name not in self._external_input_map:
+            if not ops.is_defined(input._name):
                 assert input.Net() != self
                 self.AddExternalInput(input)
         if outputs is None:
@@ -990,30 +980,27 @@ class Net:
         # be returned as it is (no second BlobReference per op).
         single_name = type(outputs) is str
         outputs = _RectifyInputOutput(outputs, net=self)
+        # Where the user's code made the op: its index is known when the op
+        # list is merged into the NetDef (see _flush).
+        site = _user_frame()
         if (
             _OPERATOR_FIELD_KEYWORDS.isdisjoint(kwargs)
             and scope.CurrentDeviceScope() is None
             and not _caffe2_debug()
-            and not getattr(sys.modules.get("ferrocaffe.workspace"), "_immediate_mode", False)
+            and not _workspace._immediate_mode
         ):
-            # The common op: queued as its fields and serialised Arguments
-            # (see _flush), with what CreateOperator would check.
+            # The common op: its fields and serialised Arguments, with what
+            # CreateOperator would check.
             args = []
             for key, value in kwargs.items():
                 if value is not None:
                     args.append(_argument_bytes(key, value, op_type))
-            input_names = _blob_names(inputs)
             output_names = _blob_names(outputs)
-            self._pending.append((op_type, input_names, output_names, args))
-            # Where the user's code made the op: its index is known when
-            # the queue is flushed.
-            self._pending_sites.append(_user_frame())
-            self._op_outputs.update(output_names)
+            ops.push(op_type, _blob_names(inputs), output_names, args, site)
         else:
             op = CreateOperator(op_type, inputs, outputs, **kwargs)
-            self._ExtendOps([op])
-            output_names = op.output
-            self._op_tracebacks[len(self._proto.op) - 1] = _user_frame()
+            output_names = list(op.output)
+            ops.push_encoded(op.SerializePartialToString(), output_names, site)
         if len(output_names) == 0:
             return None
         if len(output_names) == 1:

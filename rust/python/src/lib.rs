@@ -12,15 +12,15 @@
 //! [`runner`] (where calls run, Ctrl-C, background plans), [`convert`]
 //! (numpy arrays, str/bytes, objects, paths), [`workspace`], [`storage`]
 //! (dbs), [`registry`] (operator schemas, thread pool), [`python_op`] (the
-//! `Python` operator), [`trace`] (the timeline), [`proto`] (the schema for Python's `caffe2_pb2`,
-//! `core.Net`'s op encoder).
+//! `Python` operator), [`trace`] (the timeline), [`net_ops`] (`core.Net`'s op list); the schema
+//! for Python's `caffe2_pb2` is exported below.
 
 // Errors carry their context by value; they are rare and never on a hot path.
 #![allow(clippy::result_large_err)]
 
 mod convert;
 mod errors;
-mod proto;
+mod net_ops;
 mod python_op;
 mod registry;
 mod runner;
@@ -37,9 +37,7 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<runner::PyBackgroundPlan>()?;
     m.add_class::<python_op::PyTensorWrapper>()?;
     m.add_class::<python_op::PyOpContext>()?;
-    m.add_class::<proto::NetOpHelpers>()?;
-    m.add_class::<proto::OpMethod>()?;
-    m.add_class::<proto::BoundOpMethod>()?;
+    m.add_class::<net_ops::PyNetOps>()?;
     ferrocaffe::builtins::register();
     python_op::register_python_op();
     python_op::register_builtin_op_types();
@@ -68,7 +66,6 @@ fn core_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(registry::set_buffer_cache_limit, m)?)?;
     m.add_function(wrap_pyfunction!(registry::buffer_cache_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(registry::direct_io_bytes, m)?)?;
-    m.add_function(wrap_pyfunction!(proto::encode_net_ops, m)?)?;
     m.add_function(wrap_pyfunction!(trace::trace_start, m)?)?;
     m.add_function(wrap_pyfunction!(trace::trace_stop, m)?)?;
     m.add_function(wrap_pyfunction!(trace::trace_on, m)?)?;
