@@ -71,6 +71,7 @@ _ALIASES = {
     "caffe2.python.modeling": "ferrocaffe.modeling",
     "caffe2.python.modeling.parameter_info": "ferrocaffe.modeling.parameter_info",
     "caffe2.python.modeling.initializers": "ferrocaffe.modeling.initializers",
+    "caffe2.python.modeling.parameter_sharing": "ferrocaffe.modeling.parameter_sharing",
     # ONNX both ways (need the onnx extra).
     "caffe2.python.onnx.frontend": "ferrocaffe.onnx.frontend",
     "caffe2.python.onnx.backend": "ferrocaffe.onnx.backend",

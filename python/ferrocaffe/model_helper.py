@@ -12,6 +12,7 @@ from collections import namedtuple
 
 from ferrocaffe import core, errors, scope
 from ferrocaffe.modeling.parameter_info import ParameterTags
+from ferrocaffe.modeling.parameter_sharing import parameter_sharing_context
 from ferrocaffe.optimizer_context import DEFAULT_OPTIM, OptimizerContext
 
 __all__ = ["ModelHelper", "ParameterInfo", "ExtractPredictorNet"]
@@ -119,7 +120,8 @@ class ModelHelper:
         if isinstance(param_name, core.BlobReference):
             param_name = str(param_name)
         elif isinstance(param_name, str):
-            param_name = scope.CurrentNameScope() + param_name
+            # In the current name scope, as ParameterSharing maps it.
+            param_name = parameter_sharing_context.get_parameter_name(param_name)
         else:
             raise TypeError(f"Unsupported type for param_name: {type(param_name).__name__}")
         key = core.BlobReference(param_name)

@@ -25,6 +25,7 @@ import numpy as np
 from ferrocaffe import brew, core, recurrent, scope, workspace
 from ferrocaffe.model_helper import ModelHelper
 from ferrocaffe.modeling.initializers import Initializer
+from ferrocaffe.modeling.parameter_sharing import ParameterSharing
 
 __all__ = [
     "RNNCell", "LSTMInitializer", "BasicRNNCell", "LSTMCell", "MILSTMCell", "DropoutCell",
@@ -448,6 +449,69 @@ class MultiRNNCell(RNNCell):
                                "residual_output_sequence")
 
 
+class UnrolledCell(RNNCell):
+    """``cell`` unrolled over exactly ``T`` steps: the step's ops written
+    into the model's own net once per timestep (name scope
+    ``timestep_<t>``, the parameters shared through ``ParameterSharing``),
+    instead of one RecurrentNetwork op. Outputs, names of the parameters
+    and gradients are those of the cell run by RecurrentNetwork."""
+
+    def __init__(self, cell, T):
+        super(UnrolledCell, self).__init__(name=cell.name, forward_only=cell.forward_only,
+                                           initializer=cell.initializer)
+        if int(T) < 1:
+            raise ValueError("UnrolledCell: T must be at least 1, got %r" % (T,))
+        self.T, self.cell = int(T), cell
+
+    def get_state_names(self):
+        return self.cell.get_state_names()
+
+    def get_output_state_index(self):
+        return self.cell.get_output_state_index()
+
+    def get_output_dim(self):
+        return self.cell.get_output_dim()
+
+    def apply_over_sequence(self, model, inputs, seq_lengths=None, initial_states=None,
+                            outputs_with_grads=None):
+        if initial_states is None:
+            if self.cell.initializer is None:
+                raise ValueError("apply_over_sequence: give initial_states or set the cell's "
+                                 "initializer")
+            with scope.NameScope(self.cell.name):
+                initial_states = self.cell.initializer.create_states(model)
+        sequence = self.cell.prepare_input(model, inputs)
+        pieces = model.net.Split(
+            sequence, [str(sequence) + "_timestep_%d" % t for t in range(self.T)], axis=0)
+        if self.T == 1:
+            pieces = [pieces]
+        states = list(initial_states)
+        steps = []
+        for t in range(self.T):
+            step_scope = "timestep_%d" % t
+            with ParameterSharing({step_scope: ""}), scope.NameScope(step_scope):
+                timestep = model.param_init_net.ConstantFill(
+                    [], "timestep", value=t, shape=[1], dtype=core.DataType.INT32)
+                states = self.cell._apply(model=model, input_t=pieces[t], seq_lengths=seq_lengths,
+                                          states=states, timestep=timestep)
+            steps.append(states)
+        # Each state over all steps (T, N, D), named after its first step's
+        # blob without the step's scope.
+        every = []
+        for per_step in zip(*steps):
+            base = str(per_step[0]).replace("timestep_0/", "", 1)
+            every.append(model.net.Concat(
+                list(per_step),
+                [core.BlobReference(base + "_concat"), core.BlobReference(base + "_concat_info")],
+                axis=0)[0])
+        outputs = tuple(b for pair in zip(every, states) for b in pair)
+        if outputs_with_grads is None:
+            outputs_with_grads = [2 * self.get_output_state_index()]
+        for i in sorted(set(range(len(outputs))) - set(outputs_with_grads)):
+            model.net.ZeroGradient(outputs[i], [])
+        return self.cell._prepare_output_sequence(model, outputs), outputs
+
+
 def _recurrent_layers(cell_class, model, input_blob, seq_lengths, initial_states, dim_in,
                       dim_out, scope=None, outputs_with_grads=(0,), return_params=False,
                       memory_optimization=False, forget_bias=0.0, forward_only=False,
@@ -457,9 +521,6 @@ def _recurrent_layers(cell_class, model, input_blob, seq_lengths, initial_states
     a list, one size per layer) over ``input_blob`` (T, N, dim_in); returns
     (hidden_all, hidden_last, cell_all, cell_last) of the last layer (or of
     every layer), and the parameters with ``return_params``."""
-    if static_rnn_unroll_size is not None:
-        raise NotImplementedError("static_rnn_unroll_size (UnrolledCell) is not provided by "
-                                  "ferrocaffe: the RecurrentNetwork op runs the steps")
     sizes = list(dim_out) if isinstance(dim_out, (list, tuple)) else [dim_out]
     cells = [cell_class(input_size=dim_in if i == 0 else sizes[i - 1], hidden_size=size,
                         forget_bias=forget_bias, memory_optimization=memory_optimization,
@@ -468,6 +529,8 @@ def _recurrent_layers(cell_class, model, input_blob, seq_lengths, initial_states
              for i, size in enumerate(sizes)]
     cell = (MultiRNNCell(cells, name=scope, forward_only=forward_only) if len(cells) > 1
             else cells[0])
+    if static_rnn_unroll_size is not None:
+        cell = UnrolledCell(cell, static_rnn_unroll_size)
     # outputs_with_grads counts the last layer's four outputs.
     last = 4 * (len(cells) - 1)
     _, result = cell.apply_over_sequence(
@@ -548,9 +611,8 @@ def cudnn_LSTM(model, input_blob, initial_states, dim_in, dim_out, scope,
 def __getattr__(name):
     if name in ("LayerNormLSTMCell", "LayerNormMILSTMCell", "LayerNormLSTM",
                 "LayerNormMILSTM", "AttentionCell", "LSTMWithAttentionCell",
-                "MILSTMWithAttentionCell", "LSTMWithAttention", "MILSTMWithAttention",
-                "UnrolledCell"):
+                "MILSTMWithAttentionCell", "LSTMWithAttention", "MILSTMWithAttention"):
         raise NotImplementedError(
             "caffe2.python.rnn_cell.%s is not provided by ferrocaffe yet (layer-norm and "
-            "attention cells, static unrolling; docs/porting.md)" % name)
+            "attention cells; docs/porting.md)" % name)
     raise AttributeError("module 'rnn_cell' has no attribute %r" % name)
