@@ -294,6 +294,7 @@ class MILSTMCell(LSTMCell):
         shifted = model.net.ElementwiseLinear([input_t, beta_i, b],
                                               self.scope("beta_i_by_input_t_plus_b"), axis=2)
         gates = brew.sum(model, [product, shifted], self.scope("gates_t"))
+        gates = self._normalize_gates(model, gates)
         hidden, cell = model.net.LSTMUnit(
             [h_prev, c_prev, gates, seq_lengths, timestep],
             [self.scope("hidden_t_intermediate"), self.scope("cell_t")],
@@ -302,6 +303,48 @@ class MILSTMCell(LSTMCell):
         if self.memory_optimization:
             self.recompute_blobs = [gates]
         return hidden, cell
+
+
+    def _normalize_gates(self, model, gates):
+        return gates
+
+
+def _layer_norm_gates(cell, model, gates):
+    """The gates through a LayerNorm over the gate axis, with a learned
+    scale and bias (``gates_t_norm_scale``, ``gates_t_norm_bias``)."""
+    normalized, _, _ = brew.layer_norm(model, gates, cell.scope("gates_t_norm"),
+                                       dim_in=cell.gates_size, axis=-1)
+    return normalized
+
+
+class LayerNormLSTMCell(LSTMCell):
+    """An LSTMCell whose gates (the recurrent FC plus the projected input)
+    go through a LayerNorm before LSTMUnit."""
+
+    def _apply(self, model, input_t, seq_lengths, states, timestep, extra_inputs=None):
+        input_t, seq_lengths, states, timestep = self._rectify_apply_inputs(
+            input_t, seq_lengths, states, timestep, None)[:4]
+        h_prev, c_prev = states
+        gates = _gate_fc(model, self.scope("gates_concatenated_input_t"), h_prev,
+                         self.hidden_size, extra_inputs, self.scope("gates_t"), self.gates_size)
+        brew.sum(model, [gates, input_t], gates)
+        gates = _layer_norm_gates(self, model, gates)
+        ins = [h_prev, c_prev, gates] + ([seq_lengths] if seq_lengths is not None else [])
+        hidden, cell = model.net.LSTMUnit(
+            ins + [timestep], [core.BlobReference(n) for n in self.get_state_names()],
+            forget_bias=self.forget_bias, drop_states=self.drop_states,
+            sequence_lengths=seq_lengths is not None)
+        model.net.AddExternalOutputs(hidden, cell)
+        if self.memory_optimization:
+            self.recompute_blobs = [gates]
+        return hidden, cell
+
+
+class LayerNormMILSTMCell(MILSTMCell):
+    """A MILSTMCell whose gates go through a LayerNorm before LSTMUnit."""
+
+    def _normalize_gates(self, model, gates):
+        return _layer_norm_gates(self, model, gates)
 
 
 class DropoutCell(RNNCell):
@@ -550,6 +593,8 @@ _LSTM = _recurrent_layers
 LSTM = functools.partial(_recurrent_layers, LSTMCell)
 BasicRNN = functools.partial(_recurrent_layers, BasicRNNCell)
 MILSTM = functools.partial(_recurrent_layers, MILSTMCell)
+LayerNormLSTM = functools.partial(_recurrent_layers, LayerNormLSTMCell)
+LayerNormMILSTM = functools.partial(_recurrent_layers, LayerNormMILSTMCell)
 
 
 def _layered(model, input_blob, seq_lengths, initial_states, dim_in, dim_out, scope,
@@ -609,10 +654,9 @@ def cudnn_LSTM(model, input_blob, initial_states, dim_in, dim_out, scope,
 
 
 def __getattr__(name):
-    if name in ("LayerNormLSTMCell", "LayerNormMILSTMCell", "LayerNormLSTM",
-                "LayerNormMILSTM", "AttentionCell", "LSTMWithAttentionCell",
+    if name in ("AttentionCell", "LSTMWithAttentionCell",
                 "MILSTMWithAttentionCell", "LSTMWithAttention", "MILSTMWithAttention"):
         raise NotImplementedError(
-            "caffe2.python.rnn_cell.%s is not provided by ferrocaffe yet (layer-norm and "
-            "attention cells; docs/porting.md)" % name)
+            "caffe2.python.rnn_cell.%s is not provided by ferrocaffe yet (attention cells; "
+            "docs/porting.md)" % name)
     raise AttributeError("module 'rnn_cell' has no attribute %r" % name)
