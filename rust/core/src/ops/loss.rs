@@ -579,35 +579,25 @@ fn rows_of(shape: &[usize]) -> usize {
     shape.first().copied().unwrap_or(1)
 }
 
-fn l2_t<T: Float>(l: &mut Locked<'_>) -> Result<()> {
-    let op = "SquaredL2Distance";
+/// A row-wise distance: `out[r] = sum_c term(x[r, c] - y[r, c])`, rows
+/// along dim 0 (SquaredL2Distance, L1Distance).
+fn distance_t<T: Float>(l: &mut Locked<'_>, op: &str, term: impl Fn(T) -> T) -> Result<()> {
     same_shape(op, l, 0, 1)?;
     let (x, y) = (input::<T>(l, op, 0)?, input::<T>(l, op, 1)?);
     let n = rows_of(x.shape());
-    let d = if n == 0 { 0 } else { x.len() / n };
+    let d = x.len().checked_div(n).unwrap_or(0);
     let (xs, ys) = (dense(x), dense(y));
     let out: Vec<T> = crate::tensor::try_collect(
-        (0..n).map(|r| {
-            let s: T = (0..d)
-                .map(|c| {
-                    let v = xs[r * d + c] - ys[r * d + c];
-                    v * v
-                })
-                .sum();
-            s * T::of(0.5)
-        }),
+        (0..n).map(|r| (0..d).map(|c| term(xs[r * d + c] - ys[r * d + c])).sum()),
         "a kernel buffer",
     )?;
     l.set_output(0, T::wrap(array(&[n], out)?));
     Ok(())
 }
 
-fn build_l2(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
-    float_kernel!("SquaredL2Distance", 0, |l| l2_t(&mut l))
-}
-
-fn l2_grad_t<T: Float>(l: &mut Locked<'_>) -> Result<()> {
-    let op = "SquaredL2DistanceGradient";
+/// The gradient of a row-wise distance: `dX[r, c] = grad(x - y, dD[r])`,
+/// `dY = -dX`.
+fn distance_grad_t<T: Float>(l: &mut Locked<'_>, op: &str, grad: impl Fn(T, T) -> T) -> Result<()> {
     same_shape(op, l, 0, 1)?;
     let (x, y, dd) = (
         input::<T>(l, op, 0)?,
@@ -623,10 +613,10 @@ fn l2_grad_t<T: Float>(l: &mut Locked<'_>) -> Result<()> {
         ))
         .with_blob(l.input_name(2)));
     }
-    let d = if n == 0 { 0 } else { x.len() / n };
+    let d = x.len().checked_div(n).unwrap_or(0);
     let (xs, ys, dds) = (dense(x), dense(y), dense(dd));
     let dx: Vec<T> = crate::tensor::try_collect(
-        (0..n * d).map(|i| (xs[i] - ys[i]) * dds[i / d.max(1)]),
+        (0..n * d).map(|i| grad(xs[i] - ys[i], dds[i / d.max(1)])),
         "a kernel buffer",
     )?;
     let dy: Vec<T> = crate::tensor::try_collect(dx.iter().map(|&v| -v), "a kernel buffer")?;
@@ -634,6 +624,18 @@ fn l2_grad_t<T: Float>(l: &mut Locked<'_>) -> Result<()> {
     l.set_output(0, T::wrap(array(&shape, dx)?));
     l.set_output(1, T::wrap(array(&shape, dy)?));
     Ok(())
+}
+
+fn l2_t<T: Float>(l: &mut Locked<'_>) -> Result<()> {
+    distance_t::<T>(l, "SquaredL2Distance", |v| T::of(0.5) * v * v)
+}
+
+fn build_l2(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    float_kernel!("SquaredL2Distance", 0, |l| l2_t(&mut l))
+}
+
+fn l2_grad_t<T: Float>(l: &mut Locked<'_>) -> Result<()> {
+    distance_grad_t::<T>(l, "SquaredL2DistanceGradient", |v, g| v * g)
 }
 
 fn build_l2_grad(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
@@ -890,29 +892,7 @@ fn build_sxent(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 // ---------------------------------------------------------- L1Distance --
 
 fn l1_t<T: Float>(l: &mut Locked<'_>) -> Result<()> {
-    let op = "L1Distance";
-    same_shape(op, l, 0, 1)?;
-    let (x, y) = (input::<T>(l, op, 0)?, input::<T>(l, op, 1)?);
-    let n = rows_of(x.shape());
-    let d = x.len().checked_div(n).unwrap_or(0);
-    let (xs, ys) = (dense(x), dense(y));
-    let out: Vec<T> = crate::tensor::try_collect(
-        (0..n).map(|r| {
-            (0..d)
-                .map(|c| {
-                    let v = xs[r * d + c] - ys[r * d + c];
-                    if v < T::of(0.0) {
-                        -v
-                    } else {
-                        v
-                    }
-                })
-                .sum()
-        }),
-        "a kernel buffer",
-    )?;
-    l.set_output(0, T::wrap(array(&[n], out)?));
-    Ok(())
+    distance_t::<T>(l, "L1Distance", |v| if v < T::of(0.0) { -v } else { v })
 }
 
 fn build_l1(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
@@ -920,44 +900,17 @@ fn build_l1(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 }
 
 fn l1_grad_t<T: Float>(l: &mut Locked<'_>) -> Result<()> {
-    let op = "L1DistanceGradient";
-    same_shape(op, l, 0, 1)?;
-    let (x, y, dd) = (
-        input::<T>(l, op, 0)?,
-        input::<T>(l, op, 1)?,
-        input::<T>(l, op, 2)?,
-    );
-    let n = rows_of(x.shape());
-    if dd.len() != n {
-        return Err(Error::shape(format!(
-            "{op}: the distance gradient ('{}', shape {:?}) must have N = {n} values",
-            l.input_name(2),
-            dd.shape()
-        ))
-        .with_blob(l.input_name(2)));
-    }
-    let d = x.len().checked_div(n).unwrap_or(0);
-    let (xs, ys, dds) = (dense(x), dense(y), dense(dd));
+    // Zero within 1e-12 of a kink, as Caffe2.
     let eps = T::of(1e-12);
-    let dx: Vec<T> = crate::tensor::try_collect(
-        (0..n * d).map(|i| {
-            let v = xs[i] - ys[i];
-            let g = dds[i / d.max(1)];
-            if v > eps {
-                g
-            } else if v < -eps {
-                -g
-            } else {
-                T::of(0.0)
-            }
-        }),
-        "a kernel buffer",
-    )?;
-    let dy: Vec<T> = crate::tensor::try_collect(dx.iter().map(|&v| -v), "a kernel buffer")?;
-    let shape = x.shape().to_vec();
-    l.set_output(0, T::wrap(array(&shape, dx)?));
-    l.set_output(1, T::wrap(array(&shape, dy)?));
-    Ok(())
+    distance_grad_t::<T>(l, "L1DistanceGradient", move |v, g| {
+        if v > eps {
+            g
+        } else if v < -eps {
+            -g
+        } else {
+            T::of(0.0)
+        }
+    })
 }
 
 fn build_l1_grad(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
