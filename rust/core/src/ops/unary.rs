@@ -171,19 +171,27 @@ macro_rules! native_bwd {
 }
 
 /// Y = f(X) elementwise.
-fn map_t<T: Float>(l: &mut Locked<'_>, f: impl Fn(T) -> T) -> Result<()> {
+/// Large contiguous tensors are computed in chunks on the kernel pool
+/// (`map1`).
+fn map_t<T: Float>(l: &mut Locked<'_>, f: impl Fn(T) -> T + Sync) -> Result<()> {
     let y = l.tensor(0)?;
     let x = T::view(y).ok_or_else(|| Error::internal("dtype checked"))?;
-    let y = crate::tensor::map_array(x.view(), |&v| f(v))?;
+    let y = match x.as_slice() {
+        Some(s) if parallel(s.len()) => array(x.shape(), map1(s, f)?)?,
+        _ => crate::tensor::map_array(x.view(), |&v| f(v))?,
+    };
     l.set_output(0, T::wrap(y));
     Ok(())
 }
 
 /// dX = g(Y, dY) elementwise, inputs (Y, dY).
-fn grad_map_t<T: Float>(l: &mut Locked<'_>, op: &str, g: impl Fn(T, T) -> T) -> Result<()> {
+fn grad_map_t<T: Float>(l: &mut Locked<'_>, op: &str, g: impl Fn(T, T) -> T + Sync) -> Result<()> {
     same_shape(op, l, 0, 1)?;
     let (y, dy) = (input::<T>(l, op, 0)?, input::<T>(l, op, 1)?);
-    let dx = crate::tensor::zip_map_array(y.view(), dy.view(), |&y, &d| g(y, d))?;
+    let dx = match (y.as_slice(), dy.as_slice()) {
+        (Some(a), Some(b)) if parallel(a.len()) => array(dy.shape(), map2(a, b, g)?)?,
+        _ => crate::tensor::zip_map_array(y.view(), dy.view(), |&y, &d| g(y, d))?,
+    };
     l.set_output(0, T::wrap(dx));
     Ok(())
 }
