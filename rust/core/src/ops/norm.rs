@@ -145,7 +145,7 @@ fn parallel(len: usize) -> bool {
 /// tensors. Every element is computed as before, so the values are the same.
 fn channel_affine<T: Float>(
     x: &[T],
-    y: &mut [T],
+    y: &mut [std::mem::MaybeUninit<T>],
     c: usize,
     hw: usize,
     order: Order,
@@ -158,10 +158,10 @@ fn channel_affine<T: Float>(
     use rayon::prelude::*;
     match order {
         Order::Nchw => {
-            let plane = |(i, (y, x)): (usize, (&mut [T], &[T]))| {
+            let plane = |(i, (y, x)): (usize, (&mut [std::mem::MaybeUninit<T>], &[T]))| {
                 let (a, b) = (alpha[i % c], beta[i % c]);
                 for (o, &v) in y.iter_mut().zip(x) {
-                    *o = v * a + b;
+                    o.write(v * a + b);
                 }
             };
             if parallel(x.len()) {
@@ -178,10 +178,10 @@ fn channel_affine<T: Float>(
             }
         }
         Order::Nhwc => {
-            let pixels = |(y, x): (&mut [T], &[T])| {
+            let pixels = |(y, x): (&mut [std::mem::MaybeUninit<T>], &[T])| {
                 for (y, x) in y.chunks_exact_mut(c).zip(x.chunks_exact(c)) {
                     for ((o, &v), (&a, &b)) in y.iter_mut().zip(x).zip(alpha.iter().zip(beta)) {
-                        *o = v * a + b;
+                        o.write(v * a + b);
                     }
                 }
             };
@@ -362,8 +362,16 @@ fn bn_t<T: Float>(l: &mut Locked<'_>, a: &BnArgs) -> Result<()> {
         (0..c).map(|i| bias[i] - alpha[i] * mean[i]),
         "a kernel buffer",
     )?;
-    let mut y = crate::tensor::default_buffer::<T>(x.len(), "a kernel buffer")?;
-    channel_affine(&x, &mut y, c, hw, a.order, &alpha, &beta);
+    if x.len() != n * c * hw {
+        return Err(Error::internal("SpatialBN: the planes do not cover X"));
+    }
+    // SAFETY: `channel_affine` writes every element of Y (X's length, whole
+    // planes or pixels: checked above).
+    let y = unsafe {
+        crate::tensor::written_vec(x.len(), "SpatialBN's output", |y| {
+            channel_affine(&x, y, c, hw, a.order, &alpha, &beta)
+        })?
+    };
     l.set_output(0, T::wrap(array(&shape, y)?));
     if !a.is_test {
         let (mo, keep) = (T::of(a.momentum), T::of(1.0 - a.momentum));

@@ -215,7 +215,7 @@ fn plane_split(planes: usize, len: usize) -> Option<usize> {
 /// strictly greater value, a sum added up from the empty sum's value.
 fn pool_plane<T: Float>(
     x: &[T],
-    y: &mut [T],
+    y: &mut [std::mem::MaybeUninit<T>],
     w: usize,
     rows: &[Span],
     cols: &[Span],
@@ -227,7 +227,7 @@ fn pool_plane<T: Float>(
     for (yrow, r) in y.chunks_exact_mut(cols.len()).zip(rows) {
         for (out, c) in yrow.iter_mut().zip(cols) {
             let inside = (r.hi - r.lo) * (c.hi - c.lo);
-            *out = if kind == Kind::Max {
+            out.write(if kind == Kind::Max {
                 if inside == 0 {
                     zero
                 } else {
@@ -258,7 +258,7 @@ fn pool_plane<T: Float>(
                 } else {
                     sum / T::of(count as f64)
                 }
-            };
+            });
         }
     }
 }
@@ -319,14 +319,15 @@ fn pool_grad_plane<T: Float>(
 /// pool when there is enough work.
 fn pool_planes<T: Float>(
     x: &[T],
-    y: &mut [T],
+    y: &mut [std::mem::MaybeUninit<T>],
     s: &Setup,
     a: &PoolArgs,
     (rows, cols): &(Vec<Span>, Vec<Span>),
 ) {
     let (pin, pout, w) = (s.g.in_len(), s.g.out_len(), s.g.ins[2]);
-    let plane =
-        |(x, y): (&[T], &mut [T])| pool_plane(x, y, w, rows, cols, a.kind, a.count_include_pad);
+    let plane = |(x, y): (&[T], &mut [std::mem::MaybeUninit<T>])| {
+        pool_plane(x, y, w, rows, cols, a.kind, a.count_include_pad)
+    };
     match plane_split(s.n * s.c, pin.max(pout)) {
         Some(per_task) => {
             use rayon::prelude::*;
@@ -402,12 +403,25 @@ fn lp_args() -> &'static [crate::operator::ArgDoc] {
 fn pool_t<T: Float>(l: &mut Locked<'_>, a: &PoolArgs) -> Result<()> {
     let s = setup(l, a)?;
     let x = dense(input::<T>(l, &a.op, 0)?);
-    let mut y = zeroed_vec::<T>(&s.y_shape, format_args!("{}'s output", a.op))?;
     if let Some(win) = plane_windows(&s, a)? {
-        pool_planes(&x, &mut y, &s, a, &win);
+        let len = s.n * s.c * s.g.out_len();
+        if x.len() != s.n * s.c * s.g.in_len() {
+            return Err(Error::internal(format!(
+                "{}: the planes do not cover X",
+                a.op
+            )));
+        }
+        // SAFETY: `pool_planes` writes every output of every plane: Y's
+        // n * c planes of out_len (the setup checked its size).
+        let y = unsafe {
+            crate::tensor::written_vec(len, format_args!("{}'s output", a.op), |y| {
+                pool_planes(&x, y, &s, a, &win)
+            })?
+        };
         l.set_output(0, T::wrap(array(&s.y_shape, y)?));
         return Ok(());
     }
+    let mut y = zeroed_vec::<T>(&s.y_shape, format_args!("{}'s output", a.op))?;
     let zero = T::of(0.0);
     each_window(&s, |idx, padded, o| {
         y[o] = if a.kind == Kind::Max {

@@ -38,7 +38,7 @@ use crate::num::Float;
 use crate::operator::{ArgDoc, InPlace, Locked, OpDefCtx, OpSchema, Operator};
 use crate::shapes::rules::same_as_input;
 use crate::tensor::DataType;
-use crate::tensor::{default_buffer, try_collect};
+use crate::tensor::{default_buffer, try_collect, written_vec};
 
 /// An op's arguments, read once when the op is created.
 #[derive(Clone, Copy, Debug, Default)]
@@ -1060,32 +1060,42 @@ fn map1<T: Float>(a: &[T], f: impl Fn(T) -> T + Sync) -> Result<Vec<T>> {
         return try_collect(a.iter().map(|&v| f(v)), OUTPUT);
     }
     use rayon::prelude::*;
-    let mut out = default_buffer(a.len(), OUTPUT)?;
-    out.par_chunks_mut(CHUNK)
-        .zip(a.par_chunks(CHUNK))
-        .for_each(|(o, a)| {
-            for (o, &v) in o.iter_mut().zip(a) {
-                *o = f(v);
-            }
-        });
-    Ok(out)
+    // SAFETY: the chunks of the output and of `a` (one length) pair up, and
+    // each loop writes every element of its output chunk.
+    unsafe {
+        written_vec(a.len(), OUTPUT, |out| {
+            out.par_chunks_mut(CHUNK)
+                .zip(a.par_chunks(CHUNK))
+                .for_each(|(o, a)| {
+                    for (o, &v) in o.iter_mut().zip(a) {
+                        o.write(f(v));
+                    }
+                })
+        })
+    }
 }
 
 /// `f` of each pair of elements of `a` and `b` (one length).
 fn map2<T: Float>(a: &[T], b: &[T], f: impl Fn(T, T) -> T + Sync) -> Result<Vec<T>> {
+    if a.len() != b.len() {
+        return Err(Error::internal("map2: operands of different lengths"));
+    }
     if !parallel(a.len()) {
         return try_collect(a.iter().zip(b).map(|(&u, &v)| f(u, v)), OUTPUT);
     }
     use rayon::prelude::*;
-    let mut out = default_buffer(a.len(), OUTPUT)?;
-    out.par_chunks_mut(CHUNK)
-        .zip(a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK)))
-        .for_each(|(o, (a, b))| {
-            for ((o, &u), &v) in o.iter_mut().zip(a).zip(b) {
-                *o = f(u, v);
-            }
-        });
-    Ok(out)
+    // SAFETY: as map1's; `b` has `a`'s length.
+    unsafe {
+        written_vec(a.len(), OUTPUT, |out| {
+            out.par_chunks_mut(CHUNK)
+                .zip(a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK)))
+                .for_each(|(o, (a, b))| {
+                    for ((o, &u), &v) in o.iter_mut().zip(a).zip(b) {
+                        o.write(f(u, v));
+                    }
+                })
+        })
+    }
 }
 
 /// `f` of each triple of elements of `a`, `b` and `c` (one length).
