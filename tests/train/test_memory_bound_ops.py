@@ -145,3 +145,21 @@ def test_concat_of_contiguous_inputs_matches_numpy(fresh, axis):
     y, split = run("Concat", {f"p{i}": p for i, p in enumerate(parts)}, ["y", "split"], axis=axis)
     np.testing.assert_array_equal(y, np.concatenate(parts, axis=axis))
     np.testing.assert_array_equal(split, [1, 3, 2])
+
+
+@pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
+@pytest.mark.parametrize("k,s,p", [(3, 2, 1), (2, 2, 0), (3, 1, 1), (2, 1, 0), (3, 3, 0)])
+def test_nchw_planes_give_the_bits_of_the_general_path(fresh, op, k, s, p):
+    # NHWC goes through the general window loop; NCHW through the planes
+    # (windows in vector lanes for strides 1 and 2). Same bits, NaN and
+    # signed zeros included (the first largest value of a window wins).
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((2, 5, 37, 70)).astype(np.float32)
+    x[0, 0, 3, 3] = np.nan
+    x[0, 1, :4, :4] = np.nan
+    x[1, 2] = 0.0
+    x[1, 2, ::2, ::3] = -0.0
+    (y,) = run(op, {"x": x}, ["y"], kernel=k, stride=s, pad=p)
+    (yh,) = run(op, {"xh": np.ascontiguousarray(np.moveaxis(x, 1, -1))}, ["yh"], kernel=k, stride=s, pad=p,
+                order="NHWC")
+    np.testing.assert_array_equal(y.view(np.uint32), np.moveaxis(yh, -1, 1).view(np.uint32))
