@@ -209,152 +209,56 @@ fn plane_split(planes: usize, len: usize) -> Option<usize> {
         .then(|| (TASK_LEN / len.max(1)).max(1))
 }
 
-/// One output of MaxPool or AveragePool from its window's taps inside the
-/// image: the taps in row-major order, a max replaced only by a strictly
-/// greater value (the first largest, as `argmax`; NaN only when first), a
-/// sum added up from the empty sum's value (as `each_window`'s).
-#[inline]
-fn pool_one<T: Float>(x: &[T], w: usize, r: Span, c: Span, kind: Kind, cip: bool) -> T {
-    let zero = T::of(0.0);
-    let inside = (r.hi - r.lo) * (c.hi - c.lo);
-    if kind == Kind::Max {
-        if inside == 0 {
-            return zero;
-        }
-        let mut m = x[r.lo * w + c.lo];
-        for yi in r.lo..r.hi {
-            for &v in &x[yi * w + c.lo..yi * w + c.hi] {
-                if v > m {
-                    m = v;
-                }
-            }
-        }
-        m
-    } else {
-        let count = if cip { r.padded * c.padded } else { inside };
-        let mut sum: T = std::iter::empty::<T>().sum();
-        for yi in r.lo..r.hi {
-            for &v in &x[yi * w + c.lo..yi * w + c.hi] {
-                sum = sum + v;
-            }
-        }
-        if count == 0 {
-            zero
-        } else {
-            sum / T::of(count as f64)
-        }
-    }
-}
-
-/// Outputs per block of the vectorised path.
-const BLOCK: usize = 64;
-
-/// `acc.len()` adjacent outputs of one output row whose windows are whole
-/// (`kw` columns, stride `S`, the first starting at column `c0`) over the
-/// rows `r`: each output's taps in the order of `pool_one`, the outputs side
-/// by side in vector lanes (max: the first tap, then each tap replaces a
-/// strictly smaller value; average: the sum from the empty sum's value).
-/// The caller checked that `c0 + acc.len() * S + kw - 1 <= w`.
-#[inline]
-fn pool_block<T: Float, const S: usize>(
-    x: &[T],
-    w: usize,
-    r: Span,
-    c0: usize,
-    kw: usize,
-    max: bool,
-    acc: &mut [T],
-) {
-    let nb = acc.len();
-    if max {
-        let seg = &x[r.lo * w + c0..r.lo * w + c0 + nb * S];
-        for (a, t) in acc.iter_mut().zip(seg.chunks_exact(S)) {
-            *a = t[0];
-        }
-    } else {
-        acc.fill(std::iter::empty::<T>().sum());
-    }
-    for yi in r.lo..r.hi {
-        for dx in 0..kw {
-            let base = yi * w + c0 + dx;
-            let seg = &x[base..base + nb * S];
-            if max {
-                for (a, t) in acc.iter_mut().zip(seg.chunks_exact(S)) {
-                    let t = t[0];
-                    if t > *a {
-                        *a = t;
-                    }
-                }
-            } else {
-                for (a, t) in acc.iter_mut().zip(seg.chunks_exact(S)) {
-                    *a = *a + t[0];
-                }
-            }
-        }
-    }
-}
-
 /// One plane of MaxPool or AveragePool: `x` (rows of `w`) pooled into `y`
-/// (rows of `cols.len()`), every output with `pool_one`'s value. With
-/// stride 1 or 2 along the rows, the outputs whose windows are whole go
-/// through `pool_block` (the same taps in the same order, so the same
-/// values), the others one by one.
-#[allow(clippy::too_many_arguments)]
+/// (rows of `cols.len()`). The same values as `each_window` with `argmax`
+/// or the sum: the taps in row-major order, a max replaced only by a
+/// strictly greater value, a sum added up from the empty sum's value.
 fn pool_plane<T: Float>(
     x: &[T],
     y: &mut [std::mem::MaybeUninit<T>],
     w: usize,
-    (kw, sw): (usize, usize),
     rows: &[Span],
     cols: &[Span],
     kind: Kind,
     count_include_pad: bool,
 ) {
     let zero = T::of(0.0);
-    // The outputs lo..hi whose windows are whole and leave the block's
-    // last strided load inside the row (hi + stride - 1 <= w).
-    let whole = |c: &Span| c.hi - c.lo == kw && c.hi + sw - 1 <= w;
-    let lo = cols.iter().position(whole).unwrap_or(cols.len());
-    let hi = lo + cols[lo..].iter().take_while(|c| whole(c)).count();
-    let vector = (sw == 1 || sw == 2) && kw > 0 && hi > lo;
-    let max = kind == Kind::Max;
-    for (yrow, &r) in y.chunks_exact_mut(cols.len()).zip(rows) {
-        let one = |(o, &c): (&mut std::mem::MaybeUninit<T>, &Span)| {
-            o.write(pool_one(x, w, r, c, kind, count_include_pad));
-        };
-        if !vector || r.hi == r.lo {
-            yrow.iter_mut().zip(cols).for_each(one);
-            continue;
-        }
-        yrow[..lo].iter_mut().zip(&cols[..lo]).for_each(one);
-        yrow[hi..].iter_mut().zip(&cols[hi..]).for_each(one);
-        let mut acc = [zero; BLOCK];
-        let mut o = lo;
-        while o < hi {
-            let nb = (hi - o).min(BLOCK);
-            let acc = &mut acc[..nb];
-            if sw == 1 {
-                pool_block::<T, 1>(x, w, r, cols[o].lo, kw, max, acc);
-            } else {
-                pool_block::<T, 2>(x, w, r, cols[o].lo, kw, max, acc);
-            }
-            for ((out, &v), c) in yrow[o..o + nb].iter_mut().zip(acc.iter()).zip(&cols[o..]) {
-                out.write(if max {
-                    v
+    let empty: T = std::iter::empty::<T>().sum();
+    for (yrow, r) in y.chunks_exact_mut(cols.len()).zip(rows) {
+        for (out, c) in yrow.iter_mut().zip(cols) {
+            let inside = (r.hi - r.lo) * (c.hi - c.lo);
+            out.write(if kind == Kind::Max {
+                if inside == 0 {
+                    zero
                 } else {
-                    let count = if count_include_pad {
-                        r.padded * c.padded
-                    } else {
-                        (r.hi - r.lo) * kw
-                    };
-                    if count == 0 {
-                        zero
-                    } else {
-                        v / T::of(count as f64)
+                    let mut m = x[r.lo * w + c.lo];
+                    for yi in r.lo..r.hi {
+                        for &v in &x[yi * w + c.lo..yi * w + c.hi] {
+                            if v > m {
+                                m = v;
+                            }
+                        }
                     }
-                });
-            }
-            o += nb;
+                    m
+                }
+            } else {
+                let count = if count_include_pad {
+                    r.padded * c.padded
+                } else {
+                    inside
+                };
+                let mut sum = empty;
+                for yi in r.lo..r.hi {
+                    for &v in &x[yi * w + c.lo..yi * w + c.hi] {
+                        sum = sum + v;
+                    }
+                }
+                if count == 0 {
+                    zero
+                } else {
+                    sum / T::of(count as f64)
+                }
+            });
         }
     }
 }
@@ -421,9 +325,8 @@ fn pool_planes<T: Float>(
     (rows, cols): &(Vec<Span>, Vec<Span>),
 ) {
     let (pin, pout, w) = (s.g.in_len(), s.g.out_len(), s.g.ins[2]);
-    let kw_sw = (s.g.k[2], s.g.s[2]);
     let plane = |(x, y): (&[T], &mut [std::mem::MaybeUninit<T>])| {
-        pool_plane(x, y, w, kw_sw, rows, cols, a.kind, a.count_include_pad)
+        pool_plane(x, y, w, rows, cols, a.kind, a.count_include_pad)
     };
     match plane_split(s.n * s.c, pin.max(pout)) {
         Some(per_task) => {
