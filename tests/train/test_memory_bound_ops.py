@@ -150,9 +150,9 @@ def test_concat_of_contiguous_inputs_matches_numpy(fresh, axis):
 @pytest.mark.parametrize("op", ["MaxPool", "AveragePool"])
 @pytest.mark.parametrize("k,s,p", [(3, 2, 1), (2, 2, 0), (3, 1, 1), (2, 1, 0), (3, 3, 0)])
 def test_nchw_planes_give_the_bits_of_the_general_path(fresh, op, k, s, p):
-    # NHWC goes through the general window loop; NCHW through the planes
-    # (windows in vector lanes for strides 1 and 2). Same bits, NaN and
-    # signed zeros included (the first largest value of a window wins).
+    # NHWC goes through the general window loop; NCHW through the planes.
+    # Same bits, NaN and signed zeros included (the first largest value of
+    # a window wins).
     rng = np.random.default_rng(8)
     x = rng.standard_normal((2, 5, 37, 70)).astype(np.float32)
     x[0, 0, 3, 3] = np.nan
