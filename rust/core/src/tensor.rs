@@ -697,6 +697,34 @@ pub fn try_vec<T>(n: usize, what: impl std::fmt::Display) -> Result<Vec<T>> {
     Ok(v)
 }
 
+/// `n` values that `fill` writes, in a fallibly allocated `Vec` that is
+/// not cleared first (else an `OutOfMemory` error for `what`): for outputs
+/// that a kernel overwrites entirely. A large buffer the allocator hands
+/// back after a free (glibc keeps freed blocks of up to 32 MiB) is not
+/// fresh from the OS, so `calloc` ([`default_buffer`]) clears it in a pass
+/// of its own, as long as the kernel's. Large ones are advised to use huge
+/// pages, as `default_buffer`'s.
+///
+/// # Safety
+/// `fill` must write every element of the slice it is given (with
+/// `MaybeUninit::write`); when it panics the buffer is freed unread.
+pub unsafe fn written_vec<T>(
+    n: usize,
+    what: impl std::fmt::Display,
+    fill: impl FnOnce(&mut [std::mem::MaybeUninit<T>]),
+) -> Result<Vec<T>> {
+    let mut v: Vec<T> = try_vec(n, what)?;
+    advise_huge_pages(
+        v.as_ptr().cast(),
+        n.saturating_mul(std::mem::size_of::<T>()),
+    );
+    fill(&mut v.spare_capacity_mut()[..n]);
+    // SAFETY: the capacity is at least n, and the caller's `fill` wrote
+    // all n elements.
+    unsafe { v.set_len(n) };
+    Ok(v)
+}
+
 /// A tensor buffer of `n` default values (0, false, ""), or an
 /// `OutOfMemory` error for `what`. Numeric buffers come zeroed from the
 /// allocator (`calloc`, which maps fresh, untouched pages for large sizes,
@@ -876,6 +904,26 @@ pub fn concatenate<T: Element>(
             match part.as_slice() {
                 Some(s) => v.extend_from_slice(s),
                 None => v.extend(part.iter().cloned()),
+            }
+        }
+        return ArrayD::from_shape_vec(IxDyn(&shape), v).map_err(|e| Error::shape(e.to_string()));
+    }
+    if views.iter().all(|v| v.as_slice().is_some()) {
+        // Contiguous parts (the usual case, NCHW channels): for each index
+        // of the dims before the axis, each part's block of the dims from
+        // the axis on, in turn, appended (no zero-filled buffer first).
+        let n = checked_count::<T>(&shape)?;
+        let outer: usize = shape[..axis].iter().product();
+        let mut v = try_vec(n, tensor_what::<T>(&shape))?;
+        if n > 0 {
+            let blocks: Vec<(&[T], usize)> = views
+                .iter()
+                .filter_map(|p| p.as_slice().map(|s| (s, s.len() / outer)))
+                .collect();
+            for o in 0..outer {
+                for &(s, k) in &blocks {
+                    v.extend_from_slice(&s[o * k..(o + 1) * k]);
+                }
             }
         }
         return ArrayD::from_shape_vec(IxDyn(&shape), v).map_err(|e| Error::shape(e.to_string()));

@@ -127,6 +127,136 @@ impl BnArgs {
     }
 }
 
+/// Tensors of at least this many elements are split across the kernel
+/// pool (the break-even of `elementwise::loops::PAR_MIN_LEN`).
+const PAR_MIN_LEN: usize = 1 << 18;
+/// About this many elements per rayon task (a few of the elementwise
+/// loops' chunks, so that the running pool threads take over the work of
+/// one the OS descheduled).
+const TASK_LEN: usize = 1 << 16;
+
+/// Whether `len` elements are worth the kernel pool.
+fn parallel(len: usize) -> bool {
+    len >= PAR_MIN_LEN && crate::threads::pool_available()
+}
+
+/// `y = x * alpha[c] + beta[c]`, `c` each element's channel: plane by
+/// plane (NCHW) or pixel by pixel (NHWC), on the kernel pool for large
+/// tensors. Every element is computed as before, so the values are the same.
+fn channel_affine<T: Float>(
+    x: &[T],
+    y: &mut [std::mem::MaybeUninit<T>],
+    c: usize,
+    hw: usize,
+    order: Order,
+    alpha: &[T],
+    beta: &[T],
+) {
+    if x.is_empty() {
+        return;
+    }
+    use rayon::prelude::*;
+    match order {
+        Order::Nchw => {
+            let plane = |(i, (y, x)): (usize, (&mut [std::mem::MaybeUninit<T>], &[T]))| {
+                let (a, b) = (alpha[i % c], beta[i % c]);
+                for (o, &v) in y.iter_mut().zip(x) {
+                    o.write(v * a + b);
+                }
+            };
+            if parallel(x.len()) {
+                y.par_chunks_exact_mut(hw)
+                    .zip(x.par_chunks_exact(hw))
+                    .enumerate()
+                    .with_max_len((TASK_LEN / hw).max(1))
+                    .for_each(plane);
+            } else {
+                y.chunks_exact_mut(hw)
+                    .zip(x.chunks_exact(hw))
+                    .enumerate()
+                    .for_each(plane);
+            }
+        }
+        Order::Nhwc => {
+            let pixels = |(y, x): (&mut [std::mem::MaybeUninit<T>], &[T])| {
+                for (y, x) in y.chunks_exact_mut(c).zip(x.chunks_exact(c)) {
+                    for ((o, &v), (&a, &b)) in y.iter_mut().zip(x).zip(alpha.iter().zip(beta)) {
+                        o.write(v * a + b);
+                    }
+                }
+            };
+            // Whole pixels per task.
+            let per = (TASK_LEN / c).max(1) * c;
+            if parallel(x.len()) {
+                y.par_chunks_mut(per)
+                    .zip(x.par_chunks(per))
+                    .for_each(pixels);
+            } else {
+                pixels((y, x));
+            }
+        }
+    }
+}
+
+/// The sum of `f(v)` over `v`, in 8 interleaved partial sums (which the
+/// compiler keeps in vector registers) added up at the end.
+#[inline]
+fn lane_sum<T: Float>(v: &[T], f: impl Fn(T) -> T) -> T {
+    let zero = T::of(0.0);
+    let mut acc = [zero; 8];
+    let mut it = v.chunks_exact(8);
+    for ch in &mut it {
+        for (a, &x) in acc.iter_mut().zip(ch) {
+            *a += f(x);
+        }
+    }
+    let mut tail = zero;
+    for &x in it.remainder() {
+        tail += f(x);
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+}
+
+/// Per channel of an NCHW `x` (planes of `hw`): the sum of `x - shift[c]`,
+/// or with `square` of its square. Each plane is summed by `lane_sum` (on
+/// the kernel pool for large tensors), then the planes of a channel in
+/// batch order.
+fn plane_sums<T: Float>(x: &[T], c: usize, hw: usize, shift: &[T], square: bool) -> Result<Vec<T>> {
+    let mut out = crate::tensor::default_buffer::<T>(c, "a kernel buffer")?;
+    if x.is_empty() {
+        return Ok(out);
+    }
+    let planes = x.len() / hw;
+    let mut per_plane = crate::tensor::default_buffer::<T>(planes, "a kernel buffer")?;
+    let plane = |(i, (s, x)): (usize, (&mut T, &[T]))| {
+        let m = shift[i % c];
+        *s = if square {
+            lane_sum(x, |v| (v - m) * (v - m))
+        } else {
+            lane_sum(x, |v| v - m)
+        };
+    };
+    if parallel(x.len()) {
+        use rayon::prelude::*;
+        per_plane
+            .par_iter_mut()
+            .zip(x.par_chunks_exact(hw))
+            .enumerate()
+            .with_max_len((TASK_LEN / hw).max(1))
+            .for_each(plane);
+    } else {
+        per_plane
+            .iter_mut()
+            .zip(x.chunks_exact(hw))
+            .enumerate()
+            .for_each(plane);
+    }
+    for (i, &s) in per_plane.iter().enumerate() {
+        out[i % c] += s;
+    }
+    Ok(out)
+}
+
 fn bn_t<T: Float>(l: &mut Locked<'_>, a: &BnArgs) -> Result<()> {
     let op = a.op.as_str();
     let (n, c, hw) = channels(op, l, a.order)?;
@@ -195,15 +325,28 @@ fn bn_t<T: Float>(l: &mut Locked<'_>, a: &BnArgs) -> Result<()> {
         (mean, var)
     } else {
         let m = T::of((n * hw).max(1) as f64);
-        let mut sum = crate::tensor::default_buffer::<T>(c, "a kernel buffer")?;
-        for_each_channel(n, c, hw, a.order, |ch, i| sum[ch] += x[i]);
+        let zeros = crate::tensor::default_buffer::<T>(c, "a kernel buffer")?;
+        let sum = match a.order {
+            Order::Nchw => plane_sums(&x, c, hw, &zeros, false)?,
+            Order::Nhwc => {
+                let mut sum = crate::tensor::default_buffer::<T>(c, "a kernel buffer")?;
+                for_each_channel(n, c, hw, a.order, |ch, i| sum[ch] += x[i]);
+                sum
+            }
+        };
         let mean: Vec<T> =
             crate::tensor::try_collect(sum.iter().map(|&s| s / m), "a kernel buffer")?;
-        let mut sq = crate::tensor::default_buffer::<T>(c, "a kernel buffer")?;
-        for_each_channel(n, c, hw, a.order, |ch, i| {
-            let d = x[i] - mean[ch];
-            sq[ch] += d * d;
-        });
+        let sq = match a.order {
+            Order::Nchw => plane_sums(&x, c, hw, &mean, true)?,
+            Order::Nhwc => {
+                let mut sq = crate::tensor::default_buffer::<T>(c, "a kernel buffer")?;
+                for_each_channel(n, c, hw, a.order, |ch, i| {
+                    let d = x[i] - mean[ch];
+                    sq[ch] += d * d;
+                });
+                sq
+            }
+        };
         (
             mean,
             crate::tensor::try_collect(sq.iter().map(|&s| s / m), "a kernel buffer")?,
@@ -219,10 +362,16 @@ fn bn_t<T: Float>(l: &mut Locked<'_>, a: &BnArgs) -> Result<()> {
         (0..c).map(|i| bias[i] - alpha[i] * mean[i]),
         "a kernel buffer",
     )?;
-    let mut y = crate::tensor::default_buffer::<T>(x.len(), "a kernel buffer")?;
-    for_each_channel(n, c, hw, a.order, |ch, i| {
-        y[i] = x[i] * alpha[ch] + beta[ch]
-    });
+    if x.len() != n * c * hw {
+        return Err(Error::internal("SpatialBN: the planes do not cover X"));
+    }
+    // SAFETY: `channel_affine` writes every element of Y (X's length, whole
+    // planes or pixels: checked above).
+    let y = unsafe {
+        crate::tensor::written_vec(x.len(), "SpatialBN's output", |y| {
+            channel_affine(&x, y, c, hw, a.order, &alpha, &beta)
+        })?
+    };
     l.set_output(0, T::wrap(array(&shape, y)?));
     if !a.is_test {
         let (mo, keep) = (T::of(a.momentum), T::of(1.0 - a.momentum));

@@ -151,6 +151,228 @@ fn each_window(s: &Setup, mut f: impl FnMut(&[usize], usize, usize)) -> Result<(
     Ok(())
 }
 
+/// Work (elements of X or Y) from which the planes are split across the
+/// kernel pool: the break-even of `elementwise::loops::PAR_MIN_LEN`.
+const PAR_MIN_LEN: usize = 1 << 18;
+/// About this many input elements per rayon task (whole planes): a few of
+/// the elementwise loops' chunks, so that when the OS deschedules one pool
+/// thread the others take over the rest.
+const TASK_LEN: usize = 1 << 16;
+
+/// One output's window along one spatial dim of the plane path: the taps
+/// inside the image, `lo..hi` (contiguous: dilation 1), and how many taps
+/// fall inside the padded image.
+#[derive(Clone, Copy)]
+struct Span {
+    lo: usize,
+    hi: usize,
+    padded: usize,
+}
+
+fn spans(g: &Geo, dim: usize) -> Result<Vec<Span>> {
+    let t = taps(g, dim)?;
+    try_collect(
+        t.inside.iter().zip(&t.padded).map(|(v, &padded)| Span {
+            lo: v.first().copied().unwrap_or(0),
+            hi: v.last().map_or(0, |&l| l + 1),
+            padded,
+        }),
+        "the pooling windows' taps",
+    )
+}
+
+/// The plane path's windows: (rows, columns) of a 1-D or 2-D NCHW
+/// max or average pooling without dilation (every CNN's pooling, global
+/// pooling included), with non-empty planes. None: the general path.
+fn plane_windows(s: &Setup, a: &PoolArgs) -> Result<Option<(Vec<Span>, Vec<Span>)>> {
+    let g = &s.g;
+    let simple = s.order == Order::Nchw
+        && !matches!(a.kind, Kind::Lp(_))
+        && g.ins[0] == 1
+        && g.outs[0] == 1
+        && g.k[0] == 1
+        && g.ph[0] == 0
+        && g.d[1] == 1
+        && g.d[2] == 1
+        && g.in_len() > 0
+        && g.out_len() > 0;
+    if !simple {
+        return Ok(None);
+    }
+    Ok(Some((spans(g, 1)?, spans(g, 2)?)))
+}
+
+/// Whether `planes` planes of `len` elements (the larger of X's and Y's)
+/// are worth the kernel pool, and how many planes one task takes.
+fn plane_split(planes: usize, len: usize) -> Option<usize> {
+    (planes > 1 && planes.saturating_mul(len) >= PAR_MIN_LEN && crate::threads::pool_available())
+        .then(|| (TASK_LEN / len.max(1)).max(1))
+}
+
+/// One plane of MaxPool or AveragePool: `x` (rows of `w`) pooled into `y`
+/// (rows of `cols.len()`). The same values as `each_window` with `argmax`
+/// or the sum: the taps in row-major order, a max replaced only by a
+/// strictly greater value, a sum added up from the empty sum's value.
+fn pool_plane<T: Float>(
+    x: &[T],
+    y: &mut [std::mem::MaybeUninit<T>],
+    w: usize,
+    rows: &[Span],
+    cols: &[Span],
+    kind: Kind,
+    count_include_pad: bool,
+) {
+    let zero = T::of(0.0);
+    let empty: T = std::iter::empty::<T>().sum();
+    for (yrow, r) in y.chunks_exact_mut(cols.len()).zip(rows) {
+        for (out, c) in yrow.iter_mut().zip(cols) {
+            let inside = (r.hi - r.lo) * (c.hi - c.lo);
+            out.write(if kind == Kind::Max {
+                if inside == 0 {
+                    zero
+                } else {
+                    let mut m = x[r.lo * w + c.lo];
+                    for yi in r.lo..r.hi {
+                        for &v in &x[yi * w + c.lo..yi * w + c.hi] {
+                            if v > m {
+                                m = v;
+                            }
+                        }
+                    }
+                    m
+                }
+            } else {
+                let count = if count_include_pad {
+                    r.padded * c.padded
+                } else {
+                    inside
+                };
+                let mut sum = empty;
+                for yi in r.lo..r.hi {
+                    for &v in &x[yi * w + c.lo..yi * w + c.hi] {
+                        sum = sum + v;
+                    }
+                }
+                if count == 0 {
+                    zero
+                } else {
+                    sum / T::of(count as f64)
+                }
+            });
+        }
+    }
+}
+
+/// One plane of MaxPoolGradient or AveragePoolGradient: `dy` (rows of
+/// `cols.len()`) added into `dx` (rows of `w`, zeros), in the order of
+/// `each_window`.
+#[allow(clippy::too_many_arguments)]
+fn pool_grad_plane<T: Float>(
+    x: &[T],
+    dy: &[T],
+    dx: &mut [T],
+    w: usize,
+    rows: &[Span],
+    cols: &[Span],
+    kind: Kind,
+    count_include_pad: bool,
+) {
+    for (dyrow, r) in dy.chunks_exact(cols.len()).zip(rows) {
+        for (&d, c) in dyrow.iter().zip(cols) {
+            let inside = (r.hi - r.lo) * (c.hi - c.lo);
+            if kind == Kind::Max {
+                if inside == 0 {
+                    continue;
+                }
+                let mut best = r.lo * w + c.lo;
+                let mut m = x[best];
+                for yi in r.lo..r.hi {
+                    let row = yi * w;
+                    for (xi, &v) in x[row + c.lo..row + c.hi].iter().enumerate() {
+                        if v > m {
+                            m = v;
+                            best = row + c.lo + xi;
+                        }
+                    }
+                }
+                dx[best] += d;
+            } else {
+                let count = if count_include_pad {
+                    r.padded * c.padded
+                } else {
+                    inside
+                };
+                if count > 0 {
+                    let v = d / T::of(count as f64);
+                    for yi in r.lo..r.hi {
+                        for e in &mut dx[yi * w + c.lo..yi * w + c.hi] {
+                            *e += v;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// MaxPool or AveragePool by planes (see `plane_windows`), on the kernel
+/// pool when there is enough work.
+fn pool_planes<T: Float>(
+    x: &[T],
+    y: &mut [std::mem::MaybeUninit<T>],
+    s: &Setup,
+    a: &PoolArgs,
+    (rows, cols): &(Vec<Span>, Vec<Span>),
+) {
+    let (pin, pout, w) = (s.g.in_len(), s.g.out_len(), s.g.ins[2]);
+    let plane = |(x, y): (&[T], &mut [std::mem::MaybeUninit<T>])| {
+        pool_plane(x, y, w, rows, cols, a.kind, a.count_include_pad)
+    };
+    match plane_split(s.n * s.c, pin.max(pout)) {
+        Some(per_task) => {
+            use rayon::prelude::*;
+            x.par_chunks_exact(pin)
+                .zip(y.par_chunks_exact_mut(pout))
+                .with_max_len(per_task)
+                .for_each(plane);
+        }
+        None => x
+            .chunks_exact(pin)
+            .zip(y.chunks_exact_mut(pout))
+            .for_each(plane),
+    }
+}
+
+/// The gradient by planes (see `plane_windows`).
+fn pool_grad_planes<T: Float>(
+    x: &[T],
+    dy: &[T],
+    dx: &mut [T],
+    s: &Setup,
+    a: &PoolArgs,
+    (rows, cols): &(Vec<Span>, Vec<Span>),
+) {
+    let (pin, pout, w) = (s.g.in_len(), s.g.out_len(), s.g.ins[2]);
+    let plane = |((x, dy), dx): ((&[T], &[T]), &mut [T])| {
+        pool_grad_plane(x, dy, dx, w, rows, cols, a.kind, a.count_include_pad)
+    };
+    match plane_split(s.n * s.c, pin.max(pout)) {
+        Some(per_task) => {
+            use rayon::prelude::*;
+            x.par_chunks_exact(pin)
+                .zip(dy.par_chunks_exact(pout))
+                .zip(dx.par_chunks_exact_mut(pin))
+                .with_max_len(per_task)
+                .for_each(plane);
+        }
+        None => x
+            .chunks_exact(pin)
+            .zip(dy.chunks_exact(pout))
+            .zip(dx.chunks_exact_mut(pin))
+            .for_each(plane),
+    }
+}
+
 /// The position (in `idx`) of the first largest value, if any.
 fn argmax<T: Float>(x: &[T], idx: &[usize]) -> Option<usize> {
     let mut best: Option<usize> = None;
@@ -181,6 +403,24 @@ fn lp_args() -> &'static [crate::operator::ArgDoc] {
 fn pool_t<T: Float>(l: &mut Locked<'_>, a: &PoolArgs) -> Result<()> {
     let s = setup(l, a)?;
     let x = dense(input::<T>(l, &a.op, 0)?);
+    if let Some(win) = plane_windows(&s, a)? {
+        let len = s.n * s.c * s.g.out_len();
+        if x.len() != s.n * s.c * s.g.in_len() {
+            return Err(Error::internal(format!(
+                "{}: the planes do not cover X",
+                a.op
+            )));
+        }
+        // SAFETY: `pool_planes` writes every output of every plane: Y's
+        // n * c planes of out_len (the setup checked its size).
+        let y = unsafe {
+            crate::tensor::written_vec(len, format_args!("{}'s output", a.op), |y| {
+                pool_planes(&x, y, &s, a, &win)
+            })?
+        };
+        l.set_output(0, T::wrap(array(&s.y_shape, y)?));
+        return Ok(());
+    }
     let mut y = zeroed_vec::<T>(&s.y_shape, format_args!("{}'s output", a.op))?;
     let zero = T::of(0.0);
     each_window(&s, |idx, padded, o| {
@@ -245,6 +485,11 @@ fn pool_grad_t<T: Float>(l: &mut Locked<'_>, a: &PoolArgs) -> Result<()> {
                 }
             }
         })?;
+        l.set_output(0, T::wrap(array(&s.x_shape, dx)?));
+        return Ok(());
+    }
+    if let Some(win) = plane_windows(&s, a)? {
+        pool_grad_planes(&x, &dy, &mut dx, &s, a, &win);
         l.set_output(0, T::wrap(array(&s.x_shape, dx)?));
         return Ok(());
     }

@@ -38,7 +38,7 @@ use crate::num::Float;
 use crate::operator::{ArgDoc, InPlace, Locked, OpDefCtx, OpSchema, Operator};
 use crate::shapes::rules::same_as_input;
 use crate::tensor::DataType;
-use crate::tensor::{default_buffer, try_collect};
+use crate::tensor::{default_buffer, try_collect, written_vec};
 
 /// An op's arguments, read once when the op is created.
 #[derive(Clone, Copy, Debug, Default)]
@@ -171,19 +171,27 @@ macro_rules! native_bwd {
 }
 
 /// Y = f(X) elementwise.
-fn map_t<T: Float>(l: &mut Locked<'_>, f: impl Fn(T) -> T) -> Result<()> {
+/// Large contiguous tensors are computed in chunks on the kernel pool
+/// (`map1`).
+fn map_t<T: Float>(l: &mut Locked<'_>, f: impl Fn(T) -> T + Sync) -> Result<()> {
     let y = l.tensor(0)?;
     let x = T::view(y).ok_or_else(|| Error::internal("dtype checked"))?;
-    let y = crate::tensor::map_array(x.view(), |&v| f(v))?;
+    let y = match x.as_slice() {
+        Some(s) if parallel(s.len()) => array(x.shape(), map1(s, f)?)?,
+        _ => crate::tensor::map_array(x.view(), |&v| f(v))?,
+    };
     l.set_output(0, T::wrap(y));
     Ok(())
 }
 
 /// dX = g(Y, dY) elementwise, inputs (Y, dY).
-fn grad_map_t<T: Float>(l: &mut Locked<'_>, op: &str, g: impl Fn(T, T) -> T) -> Result<()> {
+fn grad_map_t<T: Float>(l: &mut Locked<'_>, op: &str, g: impl Fn(T, T) -> T + Sync) -> Result<()> {
     same_shape(op, l, 0, 1)?;
     let (y, dy) = (input::<T>(l, op, 0)?, input::<T>(l, op, 1)?);
-    let dx = crate::tensor::zip_map_array(y.view(), dy.view(), |&y, &d| g(y, d))?;
+    let dx = match (y.as_slice(), dy.as_slice()) {
+        (Some(a), Some(b)) if parallel(a.len()) => array(dy.shape(), map2(a, b, g)?)?,
+        _ => crate::tensor::zip_map_array(y.view(), dy.view(), |&y, &d| g(y, d))?,
+    };
     l.set_output(0, T::wrap(dx));
     Ok(())
 }
@@ -1052,32 +1060,42 @@ fn map1<T: Float>(a: &[T], f: impl Fn(T) -> T + Sync) -> Result<Vec<T>> {
         return try_collect(a.iter().map(|&v| f(v)), OUTPUT);
     }
     use rayon::prelude::*;
-    let mut out = default_buffer(a.len(), OUTPUT)?;
-    out.par_chunks_mut(CHUNK)
-        .zip(a.par_chunks(CHUNK))
-        .for_each(|(o, a)| {
-            for (o, &v) in o.iter_mut().zip(a) {
-                *o = f(v);
-            }
-        });
-    Ok(out)
+    // SAFETY: the chunks of the output and of `a` (one length) pair up, and
+    // each loop writes every element of its output chunk.
+    unsafe {
+        written_vec(a.len(), OUTPUT, |out| {
+            out.par_chunks_mut(CHUNK)
+                .zip(a.par_chunks(CHUNK))
+                .for_each(|(o, a)| {
+                    for (o, &v) in o.iter_mut().zip(a) {
+                        o.write(f(v));
+                    }
+                })
+        })
+    }
 }
 
 /// `f` of each pair of elements of `a` and `b` (one length).
 fn map2<T: Float>(a: &[T], b: &[T], f: impl Fn(T, T) -> T + Sync) -> Result<Vec<T>> {
+    if a.len() != b.len() {
+        return Err(Error::internal("map2: operands of different lengths"));
+    }
     if !parallel(a.len()) {
         return try_collect(a.iter().zip(b).map(|(&u, &v)| f(u, v)), OUTPUT);
     }
     use rayon::prelude::*;
-    let mut out = default_buffer(a.len(), OUTPUT)?;
-    out.par_chunks_mut(CHUNK)
-        .zip(a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK)))
-        .for_each(|(o, (a, b))| {
-            for ((o, &u), &v) in o.iter_mut().zip(a).zip(b) {
-                *o = f(u, v);
-            }
-        });
-    Ok(out)
+    // SAFETY: as map1's; `b` has `a`'s length.
+    unsafe {
+        written_vec(a.len(), OUTPUT, |out| {
+            out.par_chunks_mut(CHUNK)
+                .zip(a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK)))
+                .for_each(|(o, (a, b))| {
+                    for ((o, &u), &v) in o.iter_mut().zip(a).zip(b) {
+                        o.write(f(u, v));
+                    }
+                })
+        })
+    }
 }
 
 /// `f` of each triple of elements of `a`, `b` and `c` (one length).
