@@ -37,7 +37,7 @@ def q31(real):
 
 
 def high_mul(a, m):
-    """round(a * m / 2^31), halves away from zero (int64 arrays)."""
+    """round(a * m / 2^31), halves up, toward +inf (int64 arrays)."""
     a = np.asarray(a, np.int64)
     p = a * np.int64(m)
     nudge = np.where(p >= 0, 1 << 30, 1 - (1 << 30))
@@ -352,12 +352,17 @@ def test_resize_nearest(fresh):
     y = run("Int8ResizeNearest", ["X"], width_scale=2.0, height_scale=2.0, order="NHWC",
             Y_scale=f32(0.003), Y_zero_point=0)
     np.testing.assert_array_equal(y.data, x.repeat(2, axis=1).repeat(2, axis=2))
+    # NHWC is its default order (it is no window op); NCHW is refused.
+    y = run("Int8ResizeNearest", ["X"], width_scale=0.5, height_scale=1.0, Y_scale=f32(0.003))
+    np.testing.assert_array_equal(y.data, x[:, :, ::2])
+    with pytest.raises(errors.InvalidArgumentError, match="NHWC"):
+        run("Int8ResizeNearest", ["X"], order="NCHW", Y_scale=f32(0.003))
 
 
 # ---------------------------------------------------------- save/load --
 
 
-@pytest.mark.parametrize("db_type", ["minidb", "ferro"])
+@pytest.mark.parametrize("db_type", ["minidb", "ferro", "leveldb"])
 def test_save_and_load(fresh, tmp_path, db_type):
     w, b = u8(4, 3, 3, 2), np.array([1, -2, 3, 4], np.int32)
     feed_q("W", w, 0.0125, 128)
