@@ -826,6 +826,11 @@ for _t in (
     "ArgMax", "ArgMin", "OneHot", "BitwiseAnd", "BitwiseOr", "BitwiseXor",
     # A shape made of lengths.
     "LengthsToShape",
+    # Quantised (integer) inference ops and their fills.
+    "Int8Quantize", "Int8Dequantize", "Int8GivenTensorFill", "Int8GivenIntTensorFill",
+    "Int8Conv", "Int8ConvRelu", "Int8FC", "Int8Sum", "Int8SumRelu", "Int8AveragePool",
+    "Int8AveragePoolRelu", "Int8MaxPool", "Int8MaxPoolRelu", "Int8Softmax",
+    "Int8ResizeNearest",
 ):
     _register(_t)(_no_gradient)
 _register("Float16ConstantFill")(_no_gradient)

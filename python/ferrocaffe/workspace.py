@@ -8,6 +8,7 @@ children (``Workspace(parent)``) that see their parent's blobs.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import operator
 import os
@@ -25,6 +26,7 @@ from . import _core, db, errors, profiler, proto, scope
 
 __all__ = [
     "Workspace",
+    "Int8Tensor",
     "Blob",
     "C",
     "FeedBlob",
@@ -165,6 +167,41 @@ def GetNetName(net: Any) -> str:
             return "<unparsable NetDef>"
         return proto.name
     return StringifyNetName(net)
+
+
+# A quantised tensor as FetchBlob returns it and FeedBlob takes it (Caffe2's
+# name): `data` a uint8 array (int32 for a bias), its reals
+# scale * (data - zero_point).
+Int8Tensor = collections.namedtuple("Int8Tensor", ["data", "scale", "zero_point"])
+
+
+def _int8_blob_proto(name: str, value: Int8Tensor) -> bytes:
+    """The serialised ``BlobProto`` of an ``Int8Tensor`` (Caffe2's
+    ``Int8TensorCPU`` form), or FeedError."""
+    data = np.asarray(value.data)
+    codes = {np.dtype(np.uint8): proto.TensorProto.UINT8, np.dtype(np.int32): proto.TensorProto.INT32}
+    if data.dtype not in codes:
+        raise errors.FeedError(
+            f"an Int8Tensor fed into blob '{name}' must hold uint8 (or int32) data, got {data.dtype}",
+            blob=name,
+        )
+    scale, zero_point = float(value.scale), value.zero_point
+    if not (np.isfinite(scale) and scale > 0) or int(zero_point) != zero_point:
+        raise errors.FeedError(
+            f"an Int8Tensor fed into blob '{name}' needs a positive scale and an integer "
+            f"zero point, got {value.scale!r} and {value.zero_point!r}",
+            blob=name,
+        )
+    blob = proto.BlobProto(name=name, type="Int8TensorCPU")
+    q = blob.qtensor
+    q.dims.extend(data.shape)
+    q.precision = 8
+    q.scale = scale
+    q.bias = int(zero_point)
+    q.is_signed = False
+    q.data_type = codes[data.dtype]
+    q.data.extend(data.astype(np.int32).ravel().tolist())
+    return blob.SerializeToString()
 
 
 def _is_tensor_proto(value: Any) -> bool:
@@ -492,6 +529,9 @@ class Workspace:
         into blob ``name`` (created if needed); True. Wrong types raise
         ``FeedError``."""
         name = StringifyBlobName(name)
+        if isinstance(arr, Int8Tensor):
+            self._core.deserialize_blob(name, _int8_blob_proto(name, arr))
+            return True
         if _is_tensor_proto(arr):
             # Decoded by the runtime with Caffe2's rules (dims, data_type,
             # the data field of that type, segment). Passed serialised, so a

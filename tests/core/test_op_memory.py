@@ -223,6 +223,22 @@ recipe("ResizeNearest#rows", [("X", f32(1, 1, 1, 1))], expect=TYPED, height_scal
        width_scale=1e-3)
 recipe("ResizeNearestGradient", [("G", f32(1, 1, 1, 1)), ("X", f32(1, 1, 1, 1))], expect=TYPED,
        height_scale=float(R19), width_scale=float(R19))
+# Quantised ops (issue 29): their int8 inputs come from the Int8 fills;
+# a huge pad or scale makes a huge uint8 output from a 1-pixel image.
+INT8 = [("Int8GivenTensorFill", [], ["X"], dict(shape=[1, 1, 1, 1], values=b"\x00",
+                                                Y_scale=0.5)),
+        ("Int8GivenTensorFill", [], ["W"], dict(shape=[1, 1, 1, 1], values=b"\x00",
+                                                Y_scale=0.5)),
+        ("Int8GivenIntTensorFill", [], ["B"], dict(shape=[1], values=[0], Y_scale=0.25))]
+for _op in ("Int8Conv", "Int8ConvRelu"):
+    recipe(_op, [("X", None), ("W", None), ("B", None)], setup=INT8, kernel=1, pad=R19,
+           order="NHWC", Y_scale=1.0)
+for _op in ("Int8AveragePool", "Int8AveragePoolRelu", "Int8MaxPool", "Int8MaxPoolRelu"):
+    recipe(_op, [("X", None)], setup=INT8, kernel=1, pad=R19, order="NHWC", Y_scale=0.5)
+recipe("Int8ResizeNearest", [("X", None)], setup=INT8, height_scale=float(1 << 20),
+       width_scale=float(1 << 20), order="NHWC", Y_scale=0.5)
+recipe("Int8GivenTensorFill", expect=TYPED, shape=[1 << 20, 1 << 20], values=b"\x00")
+recipe("Int8GivenIntTensorFill", expect=TYPED, shape=[1 << 20, 1 << 20], values=[0])
 # Gradients: dY cannot have the huge shape the arguments give, so they
 # refuse it (or fail to allocate first).
 for _op in ("ConvGradient", "Conv2DGradient"):
@@ -330,6 +346,7 @@ cannot("its output is twice its input ([1 - p, p] per probability): 2^40 bytes w
        "an input of 2^39", "MakeTwoClass")
 cannot("its outputs and buffers are sized by its inputs (RoIs, deltas, scores, anchors "
        "x the feature map)", "BBoxTransform", "BoxWithNMSLimit", "GenerateProposals")
+cannot("its output is (rows of X) x (rows of W), both inputs it reads whole", "Int8FC")
 cannot(COLLECTIVE, "Allgather", "Allreduce", "Barrier", "Broadcast", "CloneCommonWorld",
        "CreateCommonWorld", "DestroyCommonWorld")
 cannot(SAME_SIZE,
@@ -338,7 +355,8 @@ cannot(SAME_SIZE,
        "Reciprocal", "Relu", "ReluN", "Rsqrt", "Selu", "Sigmoid", "Sign", "Sin", "Sinh",
        "Softplus", "Softsign", "Sqr", "Sqrt", "Swish", "Tan", "Tanh", "ThresholdedRelu",
        "Clip", "Scale", "ScaleBlobs", "Pow", "Cast", "FloatToHalf", "HalfToFloat",
-       "Fused8BitRowwiseQuantizedToFloat", "Dropout", "PRelu", "NanCheck", "Alias", "Copy",
+       "Fused8BitRowwiseQuantizedToFloat", "Int8Quantize", "Int8Dequantize", "Int8Sum",
+       "Int8SumRelu", "Int8Softmax", "Dropout", "PRelu", "NanCheck", "Alias", "Copy",
        "CopyOnDeviceLike", "EnsureCPUOutput", "StopGradient", "Max", "Min", "Sum", "Mean",
        "WeightedSum", "Transpose", "NHWC2NCHW", "NCHW2NHWC", "MakeTwoClassGradient", "Flatten", "FlattenToVec", "ExpandDims", "Squeeze",
        "ResizeLike", "ChannelShuffle", "ChannelShuffleGradient", "Slice", "Split",

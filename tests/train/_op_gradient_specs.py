@@ -527,4 +527,9 @@ NOT_DIFFERENTIABLE = {
     "Sign": "piecewise constant: zero gradient almost everywhere",
     "StopGradient": "stops the gradient by design",
     "FloatToFused8BitRowwiseQuantized": "quantized (integer) output",
+    **{t: "quantised (integer) inference: nothing to differentiate" for t in
+       ("Int8Quantize", "Int8Dequantize", "Int8GivenTensorFill", "Int8GivenIntTensorFill",
+        "Int8Conv", "Int8ConvRelu", "Int8FC", "Int8Sum", "Int8SumRelu", "Int8AveragePool",
+        "Int8AveragePoolRelu", "Int8MaxPool", "Int8MaxPoolRelu", "Int8Softmax",
+        "Int8ResizeNearest")},
 }

@@ -375,6 +375,15 @@ pub(crate) fn value_to_py(
             if let Some(obj) = python_object(py, o) {
                 return Ok(obj);
             }
+            if let Some(q) = int8_tensor(o) {
+                // Caffe2's workspace.Int8Tensor(data, scale, zero_point).
+                let data = tensor_to_py(py, &q.data, name)?;
+                return Ok(py
+                    .import("ferrocaffe.workspace")?
+                    .getattr("Int8Tensor")?
+                    .call1((data, q.scale, q.zero_point))?
+                    .unbind());
+            }
             PyBytes::new(
                 py,
                 format!("{name}, a C++ native class of type {}.", o.kind_name()).as_bytes(),
@@ -393,6 +402,13 @@ impl ferrocaffe::blob::BlobObject for PyObjectBlob {
     fn kind_name(&self) -> &'static str {
         "PythonObject"
     }
+}
+
+fn int8_tensor(
+    o: &Arc<dyn ferrocaffe::blob::BlobObject>,
+) -> Option<&ferrocaffe::ops::int8::Int8Tensor> {
+    let any: &dyn std::any::Any = &**o;
+    any.downcast_ref()
 }
 
 fn python_object(py: Python<'_>, o: &Arc<dyn ferrocaffe::blob::BlobObject>) -> Option<Py<PyAny>> {

@@ -24,6 +24,7 @@ pub mod elementwise;
 pub mod fill;
 pub(crate) mod gemm;
 pub mod index;
+pub mod int8;
 pub(crate) mod kit;
 pub mod loss;
 pub mod matmul;
@@ -59,6 +60,7 @@ pub fn builtin_schemas() -> Vec<OpSchema> {
     v.extend(elementwise::schemas());
     v.extend(fill::schemas());
     v.extend(index::schemas());
+    v.extend(int8::schemas());
     v.extend(loss::schemas());
     v.extend(matmul::schemas());
     v.extend(norm::schemas());
@@ -88,6 +90,7 @@ pub fn builtin_codecs() -> Vec<(&'static str, crate::storage::BlobDecoder)> {
     v.extend(dataset::codecs());
     v.extend(db::codecs());
     v.extend(index::codecs());
+    v.extend(int8::codecs());
     v
 }
 
