@@ -38,7 +38,7 @@ def _ulps(got, want):
         e = np.floor(np.log2(np.maximum(w, np.finfo(np.float32).tiny)))
         ulp = np.exp2(np.maximum(e, -126) - 23)
         err = np.abs(got - want) / ulp
-    same = (got == want) | (np.isinf(got) & (want.astype(np.float32) == got))
+        same = (got == want) | (np.isinf(got) & (want.astype(np.float32) == got))
     return np.where(same, 0.0, err)
 
 
@@ -55,7 +55,8 @@ def test_float32_within_the_documented_ulp_bound(op):
     x = _sweep()
     y = _run(op, x)
     assert y.dtype == np.float32 and y.shape == x.shape
-    err = _ulps(y, REF[op](x.astype(np.float64)))
+    with np.errstate(over="ignore"):
+        err = _ulps(y, REF[op](x.astype(np.float64)))
     worst = int(np.argmax(err))
     assert err[worst] <= BOUND[op], (op, float(x[worst]), float(err[worst]))
 
