@@ -6,8 +6,8 @@ Each DIR holds a ``ferrocaffe`` package (a copy of ``python/`` with that
 build's ``_core.abi3.so``). For a refactor that must leave speed alone
 (issue 33: ops moved by concept, one numeric trait), every build runs the
 same workloads: convolutions (3x3 stride 1, 1x1, a strided 7x7), pooling,
-SpatialBN, Relu, Sigmoid, Add with broadcasting, Softmax, FC and a
-SumReduce, each as a net run many times in one child process per build and
+SpatialBN, Relu, Sigmoid, Tanh and Exp (issue 30), an LSTM and a GRU cell,
+Add with broadcasting, Softmax, FC and a SumReduce, each as a net run many times in one child process per build and
 round. Rounds alternate the builds, so load elsewhere on the machine lands
 on all of them; the table shows each build's best time per workload over the
 rounds and its ratio to the first build (< 1: faster than the first).
@@ -42,6 +42,14 @@ WORK = {
                                       dict(is_test=1)),
     "relu (8,64,112,112)": ("Relu", {"X": f32(8, 64, 112, 112)}, {}),
     "sigmoid (4M)": ("Sigmoid", {"X": f32(1 << 22)}, {}),
+    "tanh (4M)": ("Tanh", {"X": f32(1 << 22)}, {}),
+    "exp (4M)": ("Exp", {"X": f32(1 << 22)}, {}),
+    "lstm unit (1,64,512)": ("LSTMUnit", {"H": f32(1, 64, 512), "C": f32(1, 64, 512), "G": f32(1, 64, 2048),
+                                          "T": np.array([0], np.int32)},
+                             dict(sequence_lengths=False), ["Ht", "Ct"]),
+    "gru unit (1,64,512)": ("GRUUnit", {"H": f32(1, 64, 512), "G": f32(1, 64, 1536),
+                                        "T": np.array([0], np.int32)},
+                            dict(sequence_lengths=False)),
     "add broadcast (256,1024)+(1024)": ("Add", {"A": f32(256, 1024), "B": f32(1024)}, dict(broadcast=1)),
     "softmax (512,1000)": ("Softmax", {"X": f32(512, 1000)}, {}),
     "fc (64,1024)x(1024,1024)": ("FC", {"X": f32(64, 1024), "W": f32(1024, 1024), "b": f32(1024)}, {}),
@@ -49,12 +57,12 @@ WORK = {
 }
 
 out = {}
-for name, (op, feeds, args) in WORK.items():
+for name, (op, feeds, args, *outs) in WORK.items():
     workspace.ResetWorkspace()
     for k, v in feeds.items():
         workspace.FeedBlob(k, v)
     net = core.Net("ab_" + op)
-    net.Proto().op.extend([core.CreateOperator(op, list(feeds), ["Y"], **args)])
+    net.Proto().op.extend([core.CreateOperator(op, list(feeds), outs[0] if outs else ["Y"], **args)])
     workspace.CreateNet(net)
     workspace.RunNet(net.Name())
     t0 = time.perf_counter()

@@ -29,6 +29,7 @@ pub mod tensor;
 mod test_util;
 pub mod threads;
 pub mod trace;
+pub mod vmath;
 pub mod workspace;
 
 /// Tensors and every other allocation go through the system allocator with

@@ -12,14 +12,18 @@
 //! function, where Caffe2 allowed the op in place, its arguments (read by
 //! [`params`]) and whether shape inference knows its output. The kernels
 //! take float32 or float64 (any other dtype is a `DataTypeError` naming the
-//! op and blob). Two kinds of rows, kept as they were written:
+//! op and blob). Three kinds of rows, kept as they were written:
 //! - `native!`/`native_bwd!` (issue 14's ops): the expression is compiled
 //!   for float32 and float64 and computed in the input's own type, element
 //!   by element on the calling thread (`map_t`, `grad_map_t`);
 //! - `fwd!`/`bwd!` (issue 21's): one kernel per function over the generic
 //!   loops `forward_t` and `backward_t`, which evaluate the function in
 //!   float64 (so float32 results are the exactly rounded values of the
-//!   formula) and split large tensors across the kernel pool.
+//!   formula) and split large tensors across the kernel pool;
+//! - `vector!` (issue 30's Sigmoid, Tanh, Exp): float32 through a slice
+//!   function of `crate::vmath` (branch-free, auto-vectorised, within a few
+//!   ulps of the exact value: its doc states the bounds), float64 through
+//!   std's functions, on the calling thread.
 //!
 //! The output has its input's shape and type (Caffe2's
 //! `IdenticalTypeAndShape`); a gradient op's inputs must all have one shape.
@@ -37,8 +41,8 @@ use crate::error::{Error, Result};
 use crate::num::Float;
 use crate::operator::{ArgDoc, InPlace, Locked, OpDefCtx, OpSchema, Operator};
 use crate::shapes::rules::same_as_input;
-use crate::tensor::DataType;
 use crate::tensor::{default_buffer, try_collect, written_vec};
+use crate::tensor::{DataType, Element};
 
 /// An op's arguments, read once when the op is created.
 #[derive(Clone, Copy, Debug, Default)]
@@ -139,6 +143,28 @@ macro_rules! native {
     }};
 }
 
+/// `(function, kernel)` of a row with a vectorised float32 form: float32
+/// inputs go through `$slice` (one of `crate::vmath`'s slice functions,
+/// a few ulps from the exact value: its doc), float64 ones through the
+/// expression (std's functions), element by element on the calling thread.
+macro_rules! vector {
+    ($slice:path, |$x:tt| $e:expr) => {{
+        fn f64_($x: f64) -> f64 {
+            $e
+        }
+        fn scalar(x: f64, _: &Params) -> f64 {
+            f64_(x)
+        }
+        fn run(l: &mut Locked<'_>, op: &str, _: &Params) -> Result<()> {
+            match float_dtype(l, op, 0)? {
+                DataType::Float => map_slice_f32(l, op, $slice),
+                _ => map_t::<f64>(l, f64_),
+            }
+        }
+        (scalar as Fwd, run as FwdRun)
+    }};
+}
+
 /// `(function, kernel)` of a gradient row computed in its inputs' own
 /// type, from inputs (V, dY): V the forward op's output or input.
 macro_rules! native_bwd {
@@ -181,6 +207,17 @@ fn map_t<T: Float>(l: &mut Locked<'_>, f: impl Fn(T) -> T + Sync) -> Result<()> 
         _ => crate::tensor::map_array(x.view(), |&v| f(v))?,
     };
     l.set_output(0, T::wrap(y));
+    Ok(())
+}
+
+/// Y = f(X) for a float32 X by a slice function (`crate::vmath`'s), over
+/// X's elements in row-major order.
+fn map_slice_f32(l: &mut Locked<'_>, op: &str, f: fn(&[f32], &mut [f32])) -> Result<()> {
+    let x = input::<f32>(l, op, 0)?;
+    let mut y = crate::tensor::zeroed_vec::<f32>(x.shape(), OUTPUT)?;
+    f(&dense(x), &mut y);
+    let y = array(x.shape(), y)?;
+    l.set_output(0, f32::wrap(y));
     Ok(())
 }
 
@@ -454,7 +491,7 @@ static OPS: &[UnaryDef] = &[
     UnaryDef {
         name: "Sigmoid",
         infer: true,
-        f: native!(|x, _| 1.0 / (1.0 + (-x).exp())),
+        f: vector!(crate::vmath::sigmoid_slice, |x| 1.0 / (1.0 + (-x).exp())),
         inplace: true,
         args: &[],
         doc: "Y = 1 / (1 + exp(-X)) elementwise.",
@@ -470,7 +507,7 @@ static OPS: &[UnaryDef] = &[
     UnaryDef {
         name: "Tanh",
         infer: true,
-        f: native!(|x, _| x.tanh()),
+        f: vector!(crate::vmath::tanh_slice, |x| x.tanh()),
         inplace: true,
         args: &[],
         doc: "Y = tanh(X) elementwise.",
@@ -486,7 +523,7 @@ static OPS: &[UnaryDef] = &[
     UnaryDef {
         name: "Exp",
         infer: true,
-        f: native!(|x, _| x.exp()),
+        f: vector!(crate::vmath::exp_slice, |x| x.exp()),
         inplace: true,
         args: &[],
         doc: "Y = exp(X) elementwise.",

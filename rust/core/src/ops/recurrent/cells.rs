@@ -199,18 +199,16 @@ fn live_rows(l: &Locked<'_>, c: &Cell, n: usize) -> Result<Vec<bool>> {
     }
 }
 
+/// The cells' gate functions: float32 by `crate::vmath`'s vectorisable
+/// approximations (a few ulps), float64 exactly (std).
+#[inline(always)]
 fn sigmoid<T: Float>(x: T) -> T {
-    let x = x.to_f64();
-    T::of(if x >= 0.0 {
-        1.0 / (1.0 + (-x).exp())
-    } else {
-        let e = x.exp();
-        e / (1.0 + e)
-    })
+    x.vsigmoid()
 }
 
+#[inline(always)]
 fn tanh<T: Float>(x: T) -> T {
-    T::of(x.to_f64().tanh())
+    x.vtanh()
 }
 
 /// A `(1, N, D)`-shaped output of `v`.
@@ -242,21 +240,28 @@ fn lstm_t<T: Float>(l: &mut Locked<'_>, c: &Cell) -> Result<()> {
     let fb = T::of(c.forget_bias);
     for (r, &alive) in live.iter().enumerate() {
         let (s, g) = (r * d, r * 4 * d);
-        for k in 0..d {
-            if !alive {
-                if !c.drop_states {
-                    h[s + k] = h_prev[s + k];
-                    cell[s + k] = c_prev[s + k];
-                }
-                continue;
+        let (hr, cr) = (&mut h[s..s + d], &mut cell[s..s + d]);
+        let (hp, cp) = (&h_prev[s..s + d], &c_prev[s..s + d]);
+        if !alive {
+            if !c.drop_states {
+                hr.copy_from_slice(hp);
+                cr.copy_from_slice(cp);
             }
-            let i = sigmoid(x[g + k]);
-            let f = sigmoid(x[g + d + k] + fb);
-            let o = sigmoid(x[g + 2 * d + k]);
-            let cand = tanh(x[g + 3 * d + k]);
-            let ct = f * c_prev[s + k] + i * cand;
-            cell[s + k] = ct;
-            h[s + k] = o * tanh(ct);
+            continue;
+        }
+        // One row's gates as slices of length d, so the loop below has no
+        // bounds checks or branches and vectorises (float32: vmath).
+        let (xi, rest) = x[g..g + 4 * d].split_at(d);
+        let (xf, rest) = rest.split_at(d);
+        let (xo, xg) = rest.split_at(d);
+        for k in 0..d {
+            let i = sigmoid(xi[k]);
+            let f = sigmoid(xf[k] + fb);
+            let o = sigmoid(xo[k]);
+            let cand = tanh(xg[k]);
+            let ct = f * cp[k] + i * cand;
+            cr[k] = ct;
+            hr[k] = o * tanh(ct);
         }
     }
     let (h, cell) = (out(&shape, h)?, out(&shape, cell)?);
@@ -347,16 +352,18 @@ fn gru_t<T: Float>(l: &mut Locked<'_>, c: &Cell) -> Result<()> {
     let one = T::of(1.0);
     for (r, &alive) in live.iter().enumerate() {
         let (s, g) = (r * d, r * 3 * d);
-        for k in 0..d {
-            if !alive {
-                if !c.drop_states {
-                    h[s + k] = h_prev[s + k];
-                }
-                continue;
+        let (hr, hp) = (&mut h[s..s + d], &h_prev[s..s + d]);
+        if !alive {
+            if !c.drop_states {
+                hr.copy_from_slice(hp);
             }
-            let u = sigmoid(x[g + d + k]);
-            let o = tanh(x[g + 2 * d + k]);
-            h[s + k] = u * h_prev[s + k] + (one - u) * o;
+            continue;
+        }
+        let (xu, xo) = (&x[g + d..g + 2 * d], &x[g + 2 * d..g + 3 * d]);
+        for k in 0..d {
+            let u = sigmoid(xu[k]);
+            let o = tanh(xo[k]);
+            hr[k] = u * hp[k] + (one - u) * o;
         }
     }
     let h = out(&shape, h)?;

@@ -1,0 +1,324 @@
+//! Vectorisable float32 transcendental functions (issue 30): `exp`,
+//! `sigmoid` and `tanh` as branch-free polynomial evaluations in float32
+//! arithmetic, written so LLVM auto-vectorises a plain loop over a slice
+//! (no libm call, no per-element function pointer; the few choices are
+//! selects). The slice forms ([`exp_slice`], [`sigmoid_slice`],
+//! [`tanh_slice`]) are what the unary ops' float32 kernels run; the scalar
+//! forms are `#[inline]` so the recurrent cells' loops, generic over
+//! [`crate::num::Float`], inline them too (`Float::vexp`, `vsigmoid`,
+//! `vtanh`: these for float32, std's functions for float64).
+//!
+//! Accuracy against float64 references (the sweep in the tests below: every
+//! 1000th float32 bit pattern plus edge cases), in float32 ulps of the
+//! reference value: exp <= [`EXP_MAX_ULP`], sigmoid <= [`SIGMOID_MAX_ULP`],
+//! tanh <= [`TANH_MAX_ULP`]. Special values: NaN gives NaN; exp(+inf) =
+//! +inf, exp(-inf) = 0, exp overflows to +inf above ln(f32::MAX) ~ 88.72 and
+//! underflows gradually (subnormal results, correctly scaled, with one
+//! rounding) to 0 below ~ -103.97; sigmoid(-inf) = 0, sigmoid(+inf) = 1, and
+//! sigmoid keeps relative accuracy down to its subnormal results (x ~ -103);
+//! tanh(+-inf) = +-1, tanh(-0) = -0, and tanh keeps relative accuracy near
+//! 0 (an odd polynomial for |x| < 0.625, so subnormal inputs give
+//! themselves). Subnormal inputs are ordinary inputs (no flush to zero).
+
+// The constants are written with the digits they were derived with; each
+// parses to the intended float32.
+#![allow(clippy::excessive_precision)]
+
+/// The error bounds the tests hold, in float32 ulps (see the module doc).
+/// Measured maxima (sweep and dense sweep, no FMA contraction, so the same
+/// on every target): exp 0.99, tanh 1.23 (near |x| = 0.63, where the two
+/// formulas meet), sigmoid 2.16 (near x = -2, e / (1 + e)).
+pub const EXP_MAX_ULP: f64 = 1.5;
+pub const SIGMOID_MAX_ULP: f64 = 2.5;
+pub const TANH_MAX_ULP: f64 = 1.5;
+
+const LOG2E: f32 = std::f32::consts::LOG2_E;
+/// ln 2 split so `n * LN2_HI` is exact for |n| < 256 (Cody and Waite):
+/// LN2_HI has 16 significant bits.
+const LN2_HI: f32 = 0.693_145_751_953_125;
+const LN2_LO: f32 = 1.428_606_765_330_187e-6;
+/// 1.5 * 2^23: adding it rounds a float32 of magnitude < 2^22 to an
+/// integer held in the low mantissa bits.
+const ROUND_MAGIC: f32 = 12_582_912.0;
+/// Inputs are clamped to this range before reduction; past it exp is inf
+/// (above) or rounds to 0 (below) anyway.
+const EXP_HI: f32 = 89.0;
+const EXP_LO: f32 = -104.0;
+
+/// e^x in float32 (<= [`EXP_MAX_ULP`] ulp).
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    // `max`/`min` take the bound for NaN (no garbage exponent bits below);
+    // the select at the end restores it.
+    #[allow(clippy::manual_clamp)]
+    let xc = x.max(EXP_LO).min(EXP_HI);
+    // n = round(x / ln 2), r = x - n ln 2 in [-ln2/2, ln2/2].
+    let t = xc * LOG2E + ROUND_MAGIC;
+    let n = t.to_bits() as i32 - ROUND_MAGIC.to_bits() as i32;
+    let nf = t - ROUND_MAGIC;
+    let r = (xc - nf * LN2_HI) - nf * LN2_LO;
+    // e^r by its Taylor polynomial to r^7 (truncation < 5e-9 relative at
+    // |r| = ln2/2), written 1 + r + r^2 q(r) to keep the low terms exact.
+    let q = 1.0 / 5040.0;
+    let q = q * r + 1.0 / 720.0;
+    let q = q * r + 1.0 / 120.0;
+    let q = q * r + 1.0 / 24.0;
+    let q = q * r + 1.0 / 6.0;
+    let q = q * r + 0.5;
+    let p = 1.0 + (r + (r * r) * q);
+    // p * 2^n as p * 2^n1 * 2^n2 (both normal for n in [-150, 129]): the
+    // first product is exact, the second rounds once (to inf above the
+    // range, gradually to a subnormal or 0 below it).
+    let n1 = n >> 1;
+    let n2 = n - n1;
+    let s1 = f32::from_bits(((n1 + 127) as u32) << 23);
+    let s2 = f32::from_bits(((n2 + 127) as u32) << 23);
+    let y = (p * s1) * s2;
+    if x.is_nan() {
+        x
+    } else {
+        y
+    }
+}
+
+/// 1 / (1 + e^-x) in float32 (<= [`SIGMOID_MAX_ULP`] ulp): e = e^-|x|,
+/// then 1 / (1 + e) for x >= 0 and e / (1 + e) below, so tiny results keep
+/// their relative accuracy.
+#[inline(always)]
+pub fn sigmoid(x: f32) -> f32 {
+    let e = exp(-x.abs());
+    let num = if x >= 0.0 { 1.0 } else { e };
+    // NaN: e is NaN, so the quotient is.
+    num / (1.0 + e)
+}
+
+/// tanh(x) = x + x^3 P(x^2) below this |x|, else 1 - 2 / (e^2|x| + 1).
+const TANH_SMALL: f32 = 0.625;
+/// P: a least-squares fit of (tanh(x) - x) / x^3 over [0, 0.625] weighted
+/// to tanh's relative error (fit error < 0.1 ulp).
+const TANH_P: [f32; 5] = [
+    -3.333_328_664e-1,
+    1.333_151_311e-1,
+    -5.374_465_883e-2,
+    2.065_312_490e-2,
+    -5.718_962_755e-3,
+];
+
+/// tanh(x) in float32 (<= [`TANH_MAX_ULP`] ulp).
+#[inline(always)]
+pub fn tanh(x: f32) -> f32 {
+    let a = x.abs();
+    // Small |x|: an odd polynomial, so tanh(x) / x -> 1 as x -> 0.
+    let t = a * a;
+    let p = TANH_P[4];
+    let p = p * t + TANH_P[3];
+    let p = p * t + TANH_P[2];
+    let p = p * t + TANH_P[1];
+    let p = p * t + TANH_P[0];
+    let small = a + a * (t * p);
+    // Large |x|: e^2|x| is inf past 44, giving exactly 1; NaN stays NaN.
+    let big = 1.0 - 2.0 / (exp(a + a) + 1.0);
+    let y = if a < TANH_SMALL { small } else { big };
+    y.copysign(x)
+}
+
+/// `y[i] = exp(x[i])`. Panics if the lengths differ.
+pub fn exp_slice(x: &[f32], y: &mut [f32]) {
+    assert_eq!(x.len(), y.len(), "exp_slice: lengths differ");
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y = exp(x);
+    }
+}
+
+/// `y[i] = sigmoid(x[i])`. Panics if the lengths differ.
+pub fn sigmoid_slice(x: &[f32], y: &mut [f32]) {
+    assert_eq!(x.len(), y.len(), "sigmoid_slice: lengths differ");
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y = sigmoid(x);
+    }
+}
+
+/// `y[i] = tanh(x[i])`. Panics if the lengths differ.
+pub fn tanh_slice(x: &[f32], y: &mut [f32]) {
+    assert_eq!(x.len(), y.len(), "tanh_slice: lengths differ");
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y = tanh(x);
+    }
+}
+
+/// The error of `got` against the float64 reference `want`, in float32
+/// ulps at `want` (the spacing of float32 values at |want|, subnormal
+/// spacing below the normal range). Equal non-finite values and two NaNs
+/// give 0; any other disagreement involving a non-finite value gives inf.
+pub fn ulp_error(got: f32, want: f64) -> f64 {
+    if want.is_nan() || got.is_nan() {
+        return if want.is_nan() && got.is_nan() {
+            0.0
+        } else {
+            f64::INFINITY
+        };
+    }
+    let g = f64::from(got);
+    if g == want {
+        return 0.0;
+    }
+    if g.is_infinite() {
+        // An overflow where the rounded reference overflows too is exact.
+        return if (want as f32) == got {
+            0.0
+        } else {
+            f64::INFINITY
+        };
+    }
+    let w = want.abs().min(f64::from(f32::MAX));
+    // The float32 exponent of w, at least the smallest normal one.
+    let e = if w < f64::from(f32::MIN_POSITIVE) {
+        -126
+    } else {
+        w.log2().floor() as i32
+    };
+    let ulp = 2f64.powi(e - 23);
+    (g - want).abs() / ulp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sigmoid64(x: f64) -> f64 {
+        if x >= 0.0 {
+            1.0 / (1.0 + (-x).exp())
+        } else {
+            let e = x.exp();
+            e / (1.0 + e)
+        }
+    }
+
+    /// Every `step`th float32 bit pattern (both signs) plus edge cases.
+    fn sweep(step: u32) -> Vec<f32> {
+        let mut v: Vec<f32> = (0..=0x7f80_0000u32)
+            .step_by(step as usize)
+            .flat_map(|b| [f32::from_bits(b), -f32::from_bits(b)])
+            .collect();
+        v.extend([
+            0.0,
+            -0.0,
+            f32::MIN_POSITIVE,
+            1e-45,
+            -1e-45,
+            1e-30,
+            0.625,
+            0.624_999_9,
+            -0.625,
+            0.346_573_6,
+            88.72,
+            88.722_83,
+            88.8,
+            -87.3,
+            -88.0,
+            -100.0,
+            -103.0,
+            -103.9,
+            -104.0,
+            -150.0,
+            9.0,
+            9.01,
+            -9.01,
+            20.0,
+            44.0,
+            45.0,
+            f32::MAX,
+            f32::MIN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+        ]);
+        v
+    }
+
+    /// The largest ulp error of `f` against `r` over `xs`, and where.
+    fn worst(xs: &[f32], f: impl Fn(f32) -> f32, r: impl Fn(f64) -> f64) -> (f64, f32) {
+        let mut w = (0.0, 0.0);
+        for &x in xs {
+            let e = ulp_error(f(x), r(f64::from(x)));
+            if !(e <= w.0) {
+                w = (e, x);
+            }
+        }
+        w
+    }
+
+    #[test]
+    fn exp_is_within_its_ulp_bound_over_the_float32_range() {
+        let (e, at) = worst(&sweep(1000), exp, f64::exp);
+        eprintln!("exp: max {e} ulp at {at:e}");
+        assert!(e <= EXP_MAX_ULP, "exp: {e} ulp at {at:e}");
+    }
+
+    #[test]
+    fn sigmoid_is_within_its_ulp_bound_over_the_float32_range() {
+        let (e, at) = worst(&sweep(1000), sigmoid, sigmoid64);
+        eprintln!("sigmoid: max {e} ulp at {at:e}");
+        assert!(e <= SIGMOID_MAX_ULP, "sigmoid: {e} ulp at {at:e}");
+    }
+
+    #[test]
+    fn tanh_is_within_its_ulp_bound_over_the_float32_range() {
+        let (e, at) = worst(&sweep(1000), tanh, f64::tanh);
+        eprintln!("tanh: max {e} ulp at {at:e}");
+        assert!(e <= TANH_MAX_ULP, "tanh: {e} ulp at {at:e}");
+    }
+
+    #[test]
+    fn dense_sweeps_where_the_functions_vary() {
+        // Every float32 in steps of 1e-4 over the ranges that matter.
+        let xs: Vec<f32> = (-1_050_000..=1_050_000).map(|i| i as f32 * 1e-4).collect();
+        assert!(worst(&xs, tanh, f64::tanh).0 <= TANH_MAX_ULP);
+        assert!(worst(&xs, sigmoid, sigmoid64).0 <= SIGMOID_MAX_ULP);
+        assert!(worst(&xs, exp, f64::exp).0 <= EXP_MAX_ULP);
+    }
+
+    #[test]
+    fn special_values() {
+        assert!(exp(f32::NAN).is_nan() && sigmoid(f32::NAN).is_nan() && tanh(f32::NAN).is_nan());
+        assert_eq!(exp(f32::INFINITY), f32::INFINITY);
+        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp(88.8), f32::INFINITY);
+        assert_eq!(exp(f32::MAX), f32::INFINITY);
+        assert_eq!(exp(-104.0), 0.0);
+        assert_eq!(exp(f32::MIN), 0.0);
+        assert_eq!(exp(0.0), 1.0);
+        assert!(exp(-100.0) > 0.0 && exp(-100.0) < f32::MIN_POSITIVE);
+        assert_eq!(sigmoid(f32::INFINITY), 1.0);
+        assert_eq!(sigmoid(f32::NEG_INFINITY), 0.0);
+        assert_eq!(sigmoid(0.0), 0.5);
+        assert_eq!(sigmoid(100.0), 1.0);
+        assert_eq!(tanh(f32::INFINITY), 1.0);
+        assert_eq!(tanh(f32::NEG_INFINITY), -1.0);
+        assert_eq!(tanh(1e-30), 1e-30);
+        assert_eq!(tanh(1e-45), 1e-45);
+        assert!(tanh(-0.0).is_sign_negative() && tanh(-0.0) == 0.0);
+        assert_eq!(tanh(20.0), 1.0);
+    }
+
+    #[test]
+    fn slices_match_the_scalar_forms() {
+        let x: Vec<f32> = (0..37).map(|i| (i as f32 - 18.0) * 0.7).collect();
+        let mut y = vec![0.0; x.len()];
+        tanh_slice(&x, &mut y);
+        assert!(x
+            .iter()
+            .zip(&y)
+            .all(|(&x, &y)| y.to_bits() == tanh(x).to_bits()));
+        sigmoid_slice(&x, &mut y);
+        assert!(x
+            .iter()
+            .zip(&y)
+            .all(|(&x, &y)| y.to_bits() == sigmoid(x).to_bits()));
+        exp_slice(&x, &mut y);
+        assert!(x
+            .iter()
+            .zip(&y)
+            .all(|(&x, &y)| y.to_bits() == exp(x).to_bits()));
+    }
+}
