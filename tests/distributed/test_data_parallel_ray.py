@@ -253,8 +253,12 @@ def test_killed_node_mid_epoch_then_resume_gives_the_uninterrupted_result(
         first.close()
     e = info.value
     assert e.node == 'dp1' and isinstance(e, RuntimeError)
-    assert e.collective in ('Allreduce', 'Broadcast'), str(e)
-    assert e.collective in str(e)
+    # The survivor names the collective it was waiting in; when the kill
+    # lands while it is outside one (its Python ops, a checkpoint), the
+    # session sees the dead actor first and there is no collective to name.
+    what = getattr(e, 'collective', None)
+    assert what in (None, 'Allreduce', 'Broadcast'), str(e)
+    assert what is None or what in str(e)
     done = max(x['epoch'] for x in read_manifest(ckpt)['epochs'])
     assert 2 <= done < EPOCHS
 
