@@ -182,7 +182,7 @@ def child(which, path, name, batch, threads, repeats):
 
 def run_child(which, path, name, batch, threads, repeats):
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
-               OPENBLAS_NUM_THREADS="1")
+               OPENBLAS_NUM_THREADS="1", RAYON_NUM_THREADS=str(threads))
     done = subprocess.run(
         [sys.executable, __file__, "--child", which, "--net", name, "--batch", str(batch),
          "--threads", str(threads), "--repeats", str(repeats), path],
