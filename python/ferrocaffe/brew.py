@@ -18,7 +18,7 @@ from ferrocaffe.modeling import initializers
 from ferrocaffe.modeling.parameter_info import ParameterTags
 
 __all__ = [
-    "Register", "accuracy", "add_weight_decay", "arg_scope", "average_pool", "concat", "cond", "conv",
+    "Register", "accuracy", "add_weight_decay", "arg_scope", "average_pool", "batch_mat_mul", "concat", "cond", "conv",
     "conv_nd", "conv_transpose", "db_input", "dropout", "fc", "get_current_scope", "group_conv",
     "has_helper", "layer_norm", "loop", "lrn", "max_pool", "prelu", "relu", "sigmoid", "softmax", "spatial_bn",
     "sum", "tanh",
@@ -108,11 +108,15 @@ def fc(model, blob_in, blob_out, dim_in, dim_out, weight_init=None, bias_init=No
        WeightInitializer=None, BiasInitializer=None, enable_tensor_core=False,
        float16_compute=False, **kwargs):
     """Y = X W^T + b with W (dim_out x dim_in, XavierFill by default) and
-    b (dim_out, zeros by default)."""
+    b (dim_out, zeros by default). ``freeze_bias``: b is a computed
+    parameter (not trained), as in Caffe2."""
+    bias_tags = [ParameterTags.BIAS]
+    if kwargs.pop("freeze_bias", None) is not None:
+        bias_tags.append(ParameterTags.COMPUTED_PARAM)
     w = _param(model, str(blob_out) + "_w", [dim_out, dim_in], _init(weight_init, ("XavierFill", {})),
                WeightInitializer, ParameterTags.WEIGHT)
     b = _param(model, str(blob_out) + "_b", [dim_out], _init(bias_init, ("ConstantFill", {})),
-               BiasInitializer, ParameterTags.BIAS)
+               BiasInitializer, bias_tags)
     return model.net.FC([blob_in, w, b], blob_out, **kwargs)
 
 
@@ -166,6 +170,12 @@ def concat(model, blobs_in, blob_out, **kwargs):
     if kwargs.get("order") and kwargs.get("axis"):
         kwargs.pop("order")
     return model.net.Concat(blobs_in, [blob_out, "_" + str(blob_out) + "_concat_dims"], **kwargs)[0]
+
+
+@Register
+def batch_mat_mul(model, blob_in, blob_out, enable_tensor_core=False, **kwargs):
+    """BatchMatMul of the two inputs (``trans_a``, ``trans_b``, ``broadcast``)."""
+    return model.net.BatchMatMul(blob_in, blob_out, **kwargs)
 
 
 @Register

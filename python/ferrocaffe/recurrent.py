@@ -76,8 +76,12 @@ def recurrent_net(net, cell_net, inputs, initial_cell_inputs, links, timestep=No
     backward = None
     grad_map = {}
     if not forward_only:
+        # The gradients given from outside are those of the states (the
+        # op's outputs); any other blob the step declares as an output gets
+        # its gradient from the step's own readers.
+        state_outputs = {str(v) for v in links.values()}
         bwd_ops, grad_map = core.GradientRegistry.GetBackwardPass(
-            cell.op, {o: o + "_grad" for o in cell_outputs})
+            cell.op, {o: o + "_grad" for o in cell_outputs if o in state_outputs})
         grad_map = {str(k): v for k, v in grad_map.items()}
         backward = core.Net("RecurrentBackwardStep")
         bproto = backward.Proto()
@@ -128,16 +132,28 @@ def recurrent_net(net, cell_net, inputs, initial_cell_inputs, links, timestep=No
         bproto.external_input.extend(cell.external_output)
         # An op writing a blob the backward step gets from outside adds to
         # it instead: rename the output and sum it in after the op.
+        # An op rewriting such a blob in place (a Reshape of a gradient)
+        # makes another value: it gets a name of its own, read by the ops
+        # after it, so that the blob linked from outside keeps its shape.
         ops = list(bproto.op)
         del bproto.op[:]
         external = set(bproto.external_input)
+        renamed = {}
         for op in ops:
             bproto.op.extend([op])
+            new = bproto.op[-1]
+            for j, name in enumerate(new.input):
+                if name in renamed:
+                    new.input[j] = renamed[name]
             for j, out in enumerate(op.output):
-                if out in external and out not in op.input:
+                if out in external and out in op.input:
+                    renamed[out] = new.output[j] = out + "_inplace"
+                elif out in external:
                     accum = out + "_accum"
-                    bproto.op[-1].output[j] = accum
+                    new.output[j] = accum
                     backward.Sum([out, accum], [out])
+                else:
+                    renamed.pop(out, None)
 
     # References, not names: an active name scope must not prefix them again.
     all_inputs = ([core.BlobReference(b) for _, b in sequences]

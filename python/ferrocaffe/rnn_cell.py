@@ -23,6 +23,9 @@ import inspect
 import numpy as np
 
 from ferrocaffe import brew, core, recurrent, scope, workspace
+from ferrocaffe.attention import (
+    AttentionType, apply_dot_attention, apply_recurrent_attention, apply_regular_attention,
+    apply_soft_coverage_attention)
 from ferrocaffe.model_helper import ModelHelper
 from ferrocaffe.modeling.initializers import Initializer
 from ferrocaffe.modeling.parameter_sharing import ParameterSharing
@@ -492,6 +495,195 @@ class MultiRNNCell(RNNCell):
                                "residual_output_sequence")
 
 
+class AttentionCell(RNNCell):
+    """A decoder cell whose every step also attends over an encoder's
+    outputs (``attention``): the decoder's step reads the previous context
+    as an extra input, then the context of its new output state is
+    computed. States: the decoder's (its output state renamed
+    ``hidden_t_external``), the context, and for ``SoftCoverage`` the
+    coverage. The output is the decoder's output beside the context."""
+
+    def __init__(self, encoder_output_dim, encoder_outputs, encoder_lengths, decoder_cell,
+                 decoder_state_dim, attention_type, weighted_encoder_outputs,
+                 attention_memory_optimization, **kwargs):
+        super(AttentionCell, self).__init__(**kwargs)
+        if attention_type not in (AttentionType.Regular, AttentionType.Recurrent,
+                                  AttentionType.Dot, AttentionType.SoftCoverage):
+            raise ValueError("AttentionCell: unknown attention_type %r" % (attention_type,))
+        self.encoder_output_dim = encoder_output_dim
+        self.encoder_outputs = encoder_outputs
+        self.encoder_lengths = encoder_lengths
+        self.decoder_cell = decoder_cell
+        self.decoder_state_dim = decoder_state_dim
+        self.weighted_encoder_outputs = weighted_encoder_outputs
+        self.encoder_outputs_transposed = None
+        self.attention_type = attention_type
+        self.attention_memory_optimization = attention_memory_optimization
+        self.coverage_weights = None
+
+    @property
+    def _coverage(self):
+        return self.attention_type == AttentionType.SoftCoverage
+
+    def _apply(self, model, input_t, seq_lengths, states, timestep, extra_inputs=None):
+        if extra_inputs is not None:
+            raise ValueError("AttentionCell takes no extra inputs")
+        own = 2 if self._coverage else 1
+        decoder_prev, context_prev = list(states[:-own]), states[-own]
+        decoder_states = self.decoder_cell._apply(
+            model, input_t, seq_lengths, decoder_prev, timestep,
+            extra_inputs=[(context_prev, self.encoder_output_dim)])
+        self.hidden_t_intermediate = self.decoder_cell._prepare_output(model, decoder_states)
+        common = dict(model=model, encoder_output_dim=self.encoder_output_dim,
+                      encoder_outputs_transposed=self.encoder_outputs_transposed,
+                      decoder_hidden_state_t=self.hidden_t_intermediate,
+                      decoder_hidden_state_dim=self.decoder_state_dim, scope=self.name,
+                      encoder_lengths=self.encoder_lengths)
+        kind = self.attention_type
+        coverage = []
+        if kind == AttentionType.Dot:
+            context, weights, blobs = apply_dot_attention(**common)
+        elif kind == AttentionType.Regular:
+            context, weights, blobs = apply_regular_attention(
+                weighted_encoder_outputs=self.weighted_encoder_outputs, **common)
+        elif kind == AttentionType.Recurrent:
+            context, weights, blobs = apply_recurrent_attention(
+                weighted_encoder_outputs=self.weighted_encoder_outputs,
+                attention_weighted_encoder_context_t_prev=context_prev, **common)
+        else:
+            context, weights, blobs, covered = apply_soft_coverage_attention(
+                weighted_encoder_outputs=self.weighted_encoder_outputs,
+                coverage_t_prev=states[-1], coverage_weights=self.coverage_weights, **common)
+            coverage = [covered]
+        self.attention_weights_3d = weights
+        if self.attention_memory_optimization:
+            self.recompute_blobs.extend(blobs)
+        out = list(decoder_states) + [context] + coverage
+        i = self.decoder_cell.get_output_state_index()
+        out[i] = model.net.Copy(out[i], self.scope("hidden_t_external"))
+        model.net.AddExternalOutputs(*out)
+        return out
+
+    def get_attention_weights(self):
+        """(batch, encoder length, 1) of the last step built."""
+        return self.attention_weights_3d
+
+    def prepare_input(self, model, input_blob):
+        # Outside the step net, once: the encoder outputs as (batch, dim,
+        # length), and their projection for the sum-matching kinds.
+        if self.encoder_outputs_transposed is None:
+            self.encoder_outputs_transposed = brew.transpose(
+                model, self.encoder_outputs, self.scope("encoder_outputs_transposed"),
+                axes=[1, 2, 0])
+        if self.weighted_encoder_outputs is None and self.attention_type != AttentionType.Dot:
+            self.weighted_encoder_outputs = brew.fc(
+                model, self.encoder_outputs, self.scope("weighted_encoder_outputs"),
+                dim_in=self.encoder_output_dim, dim_out=self.encoder_output_dim, axis=2)
+        return self.decoder_cell.prepare_input(model, input_blob)
+
+    def build_initial_coverage(self, model):
+        """Zeros of shape (encoder length,), the coverage before the first
+        step, and the coverage weights (an FC of the encoder outputs)."""
+        if not self._coverage:
+            raise ValueError("build_initial_coverage: the attention type is not SoftCoverage")
+        self.coverage_weights = brew.fc(
+            model, self.encoder_outputs, self.scope("coverage_weights"),
+            dim_in=self.encoder_output_dim, dim_out=self.encoder_output_dim, axis=2)
+        length = model.net.Slice(model.net.Shape(self.encoder_outputs), starts=[0], ends=[1])
+        return model.net.ConstantFill(length, self.scope("initial_coverage"), value=0.0,
+                                      input_as_shape=1)
+
+    def get_state_names(self):
+        names = list(self.decoder_cell.get_state_names())
+        names[self.get_output_state_index()] = self.scope("hidden_t_external")
+        names.append(self.scope("attention_weighted_encoder_context_t"))
+        if self._coverage:
+            names.append(self.scope("coverage_t"))
+        return names
+
+    def get_output_dim(self):
+        return self.decoder_state_dim + self.encoder_output_dim
+
+    def get_output_state_index(self):
+        return self.decoder_cell.get_output_state_index()
+
+    def _combine(self, model, decoder_output, context):
+        with core.NameScope(self.name or ""):
+            return brew.concat(model, [decoder_output, context], "states_and_context_combination",
+                               axis=2)
+
+    def _prepare_output(self, model, states):
+        return self._combine(model, self.hidden_t_intermediate, states[-2 if self._coverage else -1])
+
+    def _prepare_output_sequence(self, model, state_outputs):
+        own = 2 if self._coverage else 1
+        decoder_output = self.decoder_cell._prepare_output_sequence(
+            model, state_outputs[:-2 * own])
+        context_all = state_outputs[2 * (len(self.get_state_names()) - own)]
+        return self._combine(model, decoder_output, context_all)
+
+
+def _attention_decoder(cell_class):
+    class Cell(AttentionCell):
+        def __init__(self, encoder_output_dim, encoder_outputs, decoder_input_dim,
+                     decoder_state_dim, name, attention_type, weighted_encoder_outputs,
+                     forget_bias, lstm_memory_optimization, attention_memory_optimization,
+                     forward_only=False, encoder_lengths=None):
+            decoder = cell_class(input_size=decoder_input_dim, hidden_size=decoder_state_dim,
+                                 forget_bias=forget_bias,
+                                 memory_optimization=lstm_memory_optimization,
+                                 name="%s/decoder" % name, forward_only=False, drop_states=False)
+            super(Cell, self).__init__(
+                encoder_output_dim=encoder_output_dim, encoder_outputs=encoder_outputs,
+                encoder_lengths=encoder_lengths, decoder_cell=decoder,
+                decoder_state_dim=decoder_state_dim, name=name, attention_type=attention_type,
+                weighted_encoder_outputs=weighted_encoder_outputs,
+                attention_memory_optimization=attention_memory_optimization,
+                forward_only=forward_only)
+    return Cell
+
+
+class LSTMWithAttentionCell(_attention_decoder(LSTMCell)):
+    """An LSTMCell decoder (scope ``<name>/decoder``) with attention."""
+
+
+class MILSTMWithAttentionCell(_attention_decoder(MILSTMCell)):
+    """A MILSTMCell decoder (scope ``<name>/decoder``) with attention."""
+
+
+def _with_attention(cell_class, model, decoder_inputs, decoder_input_lengths,
+                    initial_decoder_hidden_state, initial_decoder_cell_state,
+                    initial_attention_weighted_encoder_context, encoder_output_dim,
+                    encoder_outputs, encoder_lengths, decoder_input_dim, decoder_state_dim, scope,
+                    attention_type=AttentionType.Regular, outputs_with_grads=(0, 4),
+                    weighted_encoder_outputs=None, lstm_memory_optimization=False,
+                    attention_memory_optimization=False, forget_bias=0.0, forward_only=False):
+    """An LSTM decoder over ``decoder_inputs`` (T, N, D) attending over
+    ``encoder_outputs`` (length, N, encoder dim) at every step, in one
+    RecurrentNetwork op; returns every state's (all steps, last step)."""
+    cell = cell_class(encoder_output_dim=encoder_output_dim, encoder_outputs=encoder_outputs,
+                      encoder_lengths=encoder_lengths, decoder_input_dim=decoder_input_dim,
+                      decoder_state_dim=decoder_state_dim, name=scope,
+                      attention_type=attention_type,
+                      weighted_encoder_outputs=weighted_encoder_outputs, forget_bias=forget_bias,
+                      lstm_memory_optimization=lstm_memory_optimization,
+                      attention_memory_optimization=attention_memory_optimization,
+                      forward_only=forward_only)
+    initial_states = [initial_decoder_hidden_state, initial_decoder_cell_state,
+                      initial_attention_weighted_encoder_context]
+    if attention_type == AttentionType.SoftCoverage:
+        initial_states.append(cell.build_initial_coverage(model))
+    _, result = cell.apply_over_sequence(model=model, inputs=decoder_inputs,
+                                         seq_lengths=decoder_input_lengths,
+                                         initial_states=initial_states,
+                                         outputs_with_grads=outputs_with_grads)
+    return result
+
+
+LSTMWithAttention = functools.partial(_with_attention, LSTMWithAttentionCell)
+MILSTMWithAttention = functools.partial(_with_attention, MILSTMWithAttentionCell)
+
+
 class UnrolledCell(RNNCell):
     """``cell`` unrolled over exactly ``T`` steps: the step's ops written
     into the model's own net once per timestep (name scope
@@ -654,9 +846,4 @@ def cudnn_LSTM(model, input_blob, initial_states, dim_in, dim_out, scope,
 
 
 def __getattr__(name):
-    if name in ("AttentionCell", "LSTMWithAttentionCell",
-                "MILSTMWithAttentionCell", "LSTMWithAttention", "MILSTMWithAttention"):
-        raise NotImplementedError(
-            "caffe2.python.rnn_cell.%s is not provided by ferrocaffe yet (attention cells; "
-            "docs/porting.md)" % name)
     raise AttributeError("module 'rnn_cell' has no attribute %r" % name)

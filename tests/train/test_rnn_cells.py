@@ -163,5 +163,5 @@ def test_names_and_cuda_only_functions():
     assert rnn_cell.GetLSTMParamNames()["weights"][0] == "input_gate_w"
     with pytest.raises(NotImplementedError, match="needs CUDA"):
         rnn_cell.cudnn_LSTM(None, "x", None, 1, 1, "s")
-    with pytest.raises(NotImplementedError, match="not provided"):
-        rnn_cell.AttentionCell  # noqa: B018
+    # The attention cells are provided (tests/train/test_attention_cells.py).
+    assert issubclass(rnn_cell.LSTMWithAttentionCell, rnn_cell.AttentionCell)
