@@ -1779,6 +1779,16 @@ def _boolean_mask_grad(op, g_output):
     return [_op("BooleanMaskGradient", [w.I(1), w.GO(0)], [w.GI(0)])], [w.GI(0), None]
 
 
+@_register("SequenceMask")
+def _sequence_mask_grad(op, g_output):
+    # The op is its own gradient: the same mask, 0 where masked (grad=1);
+    # the forward op's other arguments are copied.
+    w = GradientWrapper(op, g_output)
+    ins = [w.GO(0)] + ([w.I(1)] if len(op.input) > 1 else [])
+    return ([_op("SequenceMask", ins, [w.GI(0)], grad=1)],
+            [w.GI(0)] + [None] * (len(op.input) - 1))
+
+
 @_register("Normalize")
 def _normalize_grad(op, g_output):
     w = GradientWrapper(op, g_output)

@@ -448,6 +448,11 @@ spec("SparseToDense", C(Ints(2, 0, 2), F(3, 2)), C(Ints(2, 0, 2), F(3, 2), Fixed
                                                     label="data to infer dim"))
 spec("BooleanMask", C(F(4, 2), Const([True, False, True, True], bool)),
      C(F(4), Const([False, True, True, False], bool), outputs=2, seeds=(0,)))
+spec("SequenceMask",
+     C(F(3, 4), Ints(1, 3, 0), args={"mode": "sequence", "fill_val": 0.5}),
+     C(F(2, 3, 2), Ints(2, 0, 3), args={"mode": "window", "radius": 1, "axis": 2, "batch": 0,
+                                        "fill_val": 0.0}, label="window, batch"),
+     C(F(4, 4), args={"mode": "upperdiag", "fill_val": 0.0}, label="upperdiag"))
 spec("TopK", C(Distinct(3, 5), args={"k": 2}, outputs=2, seeds=(0,)),
      C(Distinct(4, 3), args={"k": 3, "axis": 0}, outputs=3, seeds=(0,)))
 spec("PackSegments", C(Ints(2, 0, 3), F(5, 2)),

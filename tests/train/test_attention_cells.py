@@ -18,7 +18,7 @@ def _sig(x):
     return 1.0 / (1.0 + np.exp(-x))
 
 
-def numpy_model(p, x, h0, c0, ctx0, enc, kind):
+def numpy_model(p, x, h0, c0, ctx0, enc, kind, enc_lengths=None):
     h, c, ctx = h0[0], c0[0], ctx0[0]
     x_proj = x @ p["A/decoder/i2h_w"].T + p["A/decoder/i2h_b"]
     enc_t = enc.transpose(1, 2, 0)  # (N, E, L)
@@ -36,6 +36,8 @@ def numpy_model(p, x, h0, c0, ctx0, enc, kind):
             logits = (s @ p["A/attention_logits_w"].T + p["A/attention_logits_b"])[..., 0].T  # (N, L)
         else:  # Dot, with equal sizes: the hidden state itself
             logits = np.einsum("nel,ne->nl", enc_t, h)
+        if enc_lengths is not None:  # positions past each length: weight 0
+            logits = np.where(np.arange(logits.shape[1])[None] < enc_lengths[:, None], logits, -np.inf)
         w = np.exp(logits - logits.max(axis=1, keepdims=True))
         w /= w.sum(axis=1, keepdims=True)
         ctx = np.einsum("nel,nl->ne", enc_t, w)
@@ -44,10 +46,11 @@ def numpy_model(p, x, h0, c0, ctx0, enc, kind):
     return np.stack(hs), np.stack(ctxs)
 
 
-def build(kind, e_dim=E):
+def build(kind, e_dim=E, enc_lengths=None):
     m = model_helper.ModelHelper(name="att")
     dec, lengths, h0, c0, ctx0, enc = m.net.AddExternalInputs("dec", "lengths", "h0", "c0", "ctx0", "enc")
-    out = rnn_cell.LSTMWithAttention(m, dec, lengths, h0, c0, ctx0, e_dim, enc, None, D, H, "A",
+    enc_len = m.net.AddExternalInput("enc_lengths") if enc_lengths is not None else None
+    out = rnn_cell.LSTMWithAttention(m, dec, lengths, h0, c0, ctx0, e_dim, enc, enc_len, D, H, "A",
                                      attention_type=kind, outputs_with_grads=(0, 4))
     rng = np.random.default_rng(5)
     feeds = dict(dec=rng.uniform(-1, 1, (T, N, D)), h0=rng.uniform(-1, 1, (1, N, H)),
@@ -55,12 +58,16 @@ def build(kind, e_dim=E):
                  enc=rng.uniform(-1, 1, (L, N, e_dim)))
     feeds = {k: v.astype(np.float32) for k, v in feeds.items()}
     feeds["lengths"] = np.full(N, T, np.int32)
+    if enc_lengths is not None:
+        feeds["enc_lengths"] = np.asarray(enc_lengths, np.int32)
     return m, out, feeds
 
 
-@pytest.mark.parametrize("kind,e_dim", [(AttentionType.Regular, E), (AttentionType.Dot, H)])
-def test_states_and_contexts_match_a_numpy_model(fresh, kind, e_dim):
-    m, out, feeds = build(kind, e_dim)
+@pytest.mark.parametrize("kind,e_dim,enc_lengths", [
+    (AttentionType.Regular, E, None), (AttentionType.Dot, H, None),
+    (AttentionType.Regular, E, [L, 1]), (AttentionType.Dot, H, [2, L])])
+def test_states_and_contexts_match_a_numpy_model(fresh, kind, e_dim, enc_lengths):
+    m, out, feeds = build(kind, e_dim, enc_lengths)
     workspace.RunNetOnce(m.param_init_net)
     rng = np.random.default_rng(6)
     for name in m.GetParams():  # other values than the initial zeros and Xavier
@@ -75,7 +82,8 @@ def test_states_and_contexts_match_a_numpy_model(fresh, kind, e_dim):
         assert "A/attention_logits_b" not in p
         p["A/attention_logits_b"] = workspace.FetchBlob("A/attention_logits_b").astype(np.float64)
     f64 = {k: v.astype(np.float64) for k, v in feeds.items()}
-    want_h, want_ctx = numpy_model(p, f64["dec"], f64["h0"], f64["c0"], f64["ctx0"], f64["enc"], kind)
+    want_h, want_ctx = numpy_model(p, f64["dec"], f64["h0"], f64["c0"], f64["ctx0"], f64["enc"], kind,
+                                   None if enc_lengths is None else np.asarray(enc_lengths))
     np.testing.assert_allclose(workspace.FetchBlob(out[0]), want_h, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(workspace.FetchBlob(out[4]), want_ctx, rtol=1e-4, atol=1e-5)
 

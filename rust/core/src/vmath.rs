@@ -122,28 +122,70 @@ pub fn tanh(x: f32) -> f32 {
     y.copysign(x)
 }
 
+/// Runs `f` compiled for the widest vectors this CPU has: AVX-512 (16
+/// float32 lanes) or AVX2 (8) when detected at run time, else the build's
+/// baseline (SSE2 on x86-64, 4). `f` must be a closure marked
+/// `#[inline(always)]` whose loops call only `#[inline]` functions, so it
+/// is compiled into each wrapper below with that wrapper's features.
+///
+/// Only the vector width changes: Rust never fuses a multiply and an add
+/// into an FMA on its own, and every operation used here is IEEE-exact
+/// per lane, so the results have the same bits on every path (the tests
+/// compare the slice forms with the scalar forms over a sweep). Measured on the
+/// 2-core AMD EPYC (Zen 5) of BENCHMARKS.md "Wider vectors at run time":
+/// tanh 1.96 -> 0.44 ns per element, sigmoid 1.44 -> 0.33, exp 1.10 ->
+/// 0.26.
+#[inline(always)]
+pub fn wide<R>(f: impl FnOnce() -> R) -> R {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f")]
+        fn w512<R>(f: impl FnOnce() -> R) -> R {
+            f()
+        }
+        #[target_feature(enable = "avx2")]
+        fn w256<R>(f: impl FnOnce() -> R) -> R {
+            f()
+        }
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F (checked just above).
+            return unsafe { w512(f) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2 (checked just above).
+            return unsafe { w256(f) };
+        }
+    }
+    f()
+}
+
+/// `y[i] = f(x[i])` on the widest vectors ([`wide`]).
+#[inline(always)]
+fn map_slice(what: &str, x: &[f32], y: &mut [f32], f: impl Fn(f32) -> f32) {
+    assert_eq!(x.len(), y.len(), "{what}: lengths differ");
+    wide(
+        #[inline(always)]
+        || {
+            for (y, &x) in y.iter_mut().zip(x) {
+                *y = f(x);
+            }
+        },
+    )
+}
+
 /// `y[i] = exp(x[i])`. Panics if the lengths differ.
 pub fn exp_slice(x: &[f32], y: &mut [f32]) {
-    assert_eq!(x.len(), y.len(), "exp_slice: lengths differ");
-    for (y, &x) in y.iter_mut().zip(x) {
-        *y = exp(x);
-    }
+    map_slice("exp_slice", x, y, exp)
 }
 
 /// `y[i] = sigmoid(x[i])`. Panics if the lengths differ.
 pub fn sigmoid_slice(x: &[f32], y: &mut [f32]) {
-    assert_eq!(x.len(), y.len(), "sigmoid_slice: lengths differ");
-    for (y, &x) in y.iter_mut().zip(x) {
-        *y = sigmoid(x);
-    }
+    map_slice("sigmoid_slice", x, y, sigmoid)
 }
 
 /// `y[i] = tanh(x[i])`. Panics if the lengths differ.
 pub fn tanh_slice(x: &[f32], y: &mut [f32]) {
-    assert_eq!(x.len(), y.len(), "tanh_slice: lengths differ");
-    for (y, &x) in y.iter_mut().zip(x) {
-        *y = tanh(x);
-    }
+    map_slice("tanh_slice", x, y, tanh)
 }
 
 /// The error of `got` against the float64 reference `want`, in float32
@@ -303,7 +345,12 @@ mod tests {
 
     #[test]
     fn slices_match_the_scalar_forms() {
-        let x: Vec<f32> = (0..37).map(|i| (i as f32 - 18.0) * 0.7).collect();
+        // The slice forms run on the widest vectors (`wide`), the scalar
+        // forms here on the baseline: the same bits over the sweep, the
+        // special values and an odd length (a remainder after the vectors).
+        let mut x = sweep(997);
+        x.extend([f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0, 0.0, 1e-45, -1e-45]);
+        x.push(0.5);
         let mut y = vec![0.0; x.len()];
         tanh_slice(&x, &mut y);
         assert!(x

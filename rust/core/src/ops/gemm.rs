@@ -1,6 +1,8 @@
 //! Matrix products for the kernels (`nn.rs`, `conv.rs`, `winograd.rs`):
 //! float32 products that are small or have few columns on `small` (AVX2 +
-//! FMA, detected at run time), the others on `matrixmultiply`, on strided
+//! FMA, detected at run time), the others on the `gemm` crate (AVX-512
+//! where the CPU has it, K cut in fixed blocks: [`blocked`]); float64 on
+//! `matrixmultiply`; on strided
 //! matrices, bounds checked once; [`par_gemm`] splits a large product into
 //! chunks of C's rows or columns that the caller and idle threads of the
 //! kernel pool (rayon) claim one at a time (issue 14; thresholds chosen by
@@ -19,27 +21,36 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 mod small;
 
-/// float32 products at most this many multiply-adds, or with at most
-/// [`SMALL_N`] columns in C, go to `small` (where the CPU has AVX2 and FMA);
-/// larger ones to `matrixmultiply`, whose packing pays off there (measured,
-/// BENCHMARKS.md "GEMM (issue 14)").
-const SMALL_MACS: usize = 1 << 21;
+/// Which float32 products run on `small` (where the CPU has AVX2 and FMA)
+/// rather than the `gemm` crate (AVX-512 where the CPU has it), measured
+/// kernel against kernel on one thread (BENCHMARKS.md "GEMM on AVX-512
+/// (issues 29, 30)"): the crate was 1.5-2.4x faster from 32^3 up, on
+/// either layout of B, but the small kernel won below about 16^3
+/// multiply-adds ([`SMALL_MACS`]), on C at most [`SMALL_N`] columns wide
+/// (0.6-1.0x), and where B is transposed (FC's weights, rows `k` apart),
+/// A has at most [`THIN_M`] rows and K is over [`THIN_K`]: the crate reads
+/// such a B in place, across its rows, and took 1.4-3x as long. Products
+/// with one row, or C of at most [`SMALL_C`] elements, stay on `small`
+/// too: there the crate switches to dot-product kernels that sum in
+/// another order, so a chunk of a product (a block of a convolution's
+/// channels on the pool) could get other bits than the whole product.
+/// float64 products stay on `matrixmultiply` (not a speed target; its
+/// kernel computes an element the same way whatever the block's shape,
+/// which the convolutions' bitwise tests rely on).
+const SMALL_MACS: usize = 1 << 14;
 const SMALL_N: usize = 16;
-/// ... and products up to this many multiply-adds whose strips of B (`k x
-/// 16`) stay in L1 and whose A stays in L2 ([`SMALL_K`], [`SMALL_A`]):
-/// there the small kernel, which copies each strip of B once and never
-/// packs A, kept up with `matrixmultiply` on one thread (256^3: 1.06 vs
-/// 0.99x numpy) and lets a split product be cut into column strips that
-/// copy B once in all (BENCHMARKS.md "Shared operands and balanced chunks").
-const SMALL_FIT_MACS: usize = 1 << 24;
-const SMALL_K: usize = 256;
-const SMALL_A: usize = 1 << 17;
+const SMALL_C: usize = 256;
+const THIN_M: usize = 64;
+const THIN_K: usize = 256;
 
-/// Whether an `m x k x n` float32 product runs on `small`.
-fn use_small(m: usize, k: usize, n: usize) -> bool {
+/// Whether an `m x k x n` float32 product with B's strides `sb` runs on
+/// `small`.
+fn use_small(m: usize, k: usize, n: usize, sb: (usize, usize)) -> bool {
     let macs = m.saturating_mul(k).saturating_mul(n);
-    let fits = k <= SMALL_K && m.saturating_mul(k) <= SMALL_A && macs <= SMALL_FIT_MACS;
-    (n <= SMALL_N || macs <= SMALL_MACS || fits) && small::available()
+    let b_transposed = sb.0 < sb.1;
+    let thin_transposed = b_transposed && m <= THIN_M && k > THIN_K;
+    let tiny_c = m <= 1 || m.saturating_mul(n) <= SMALL_C;
+    (n <= SMALL_N || tiny_c || macs < SMALL_MACS || thin_transposed) && small::available()
 }
 
 /// Whether an `m x k x n` product of `T` runs on `small` (on this CPU):
@@ -47,13 +58,14 @@ fn use_small(m: usize, k: usize, n: usize) -> bool {
 /// every chunk runs the kernel the calling thread alone would have run and
 /// the result has the same bits whatever the pool's size.
 #[inline]
-fn runs_small<T: Float>(m: usize, k: usize, n: usize) -> bool {
-    T::DTYPE == DataType::Float && use_small(m, k, n)
+fn runs_small<T: Float>(m: usize, k: usize, n: usize, sb: (usize, usize)) -> bool {
+    T::DTYPE == DataType::Float && use_small(m, k, n, sb)
 }
 
 /// C = alpha A B + beta C on raw pointers: on `small` if `small` (only
 /// where [`runs_small`] said so for some product), else on
-/// `matrixmultiply` (`sgemm` or `dgemm` for `T`'s dtype; the match on
+/// the `gemm` crate ([`blocked`]) for float32, `matrixmultiply`'s `dgemm`
+/// for float64 (the match on
 /// the dtype constant is resolved when the function is compiled for `T`).
 ///
 /// # Safety
@@ -86,9 +98,7 @@ unsafe fn raw<T: Float>(
                 if small {
                     small::sgemm(m, k, n, alpha, a, sa, b, sb, beta, c, sc)
                 } else {
-                    matrixmultiply::sgemm(
-                        m, k, n, alpha, a, sa.0, sa.1, b, sb.0, sb.1, beta, c, sc.0, sc.1,
-                    )
+                    blocked(m, k, n, alpha, a, sa, b, sb, beta, c, sc)
                 }
             }
         }
@@ -103,6 +113,71 @@ unsafe fn raw<T: Float>(
             }
         }
         other => unreachable!("a Float of dtype {other}"),
+    }
+}
+
+/// The depth of one call into the `gemm` crate: [`blocked`] cuts K into
+/// blocks of at most this many, in order, so each element of C is C's old
+/// value scaled, then each block's sum added in turn, whatever the shape
+/// of the call; the crate blocks K itself only above 512 (by its cache
+/// model, which depends on M and N), so a chunk of a split product sums in
+/// the same order as the whole product (see [`plan`]).
+const KC: usize = 512;
+
+/// C = alpha A B + beta C on the `gemm` crate (float32 here, its AVX-512
+/// kernels where the CPU has them), K in blocks of [`KC`]; C is not read
+/// when beta is zero (it may be uninitialised memory written by nothing
+/// yet, or hold NaN).
+///
+/// # Safety
+/// As [`raw`]; `k >= 1`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn blocked<T: Float>(
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: T,
+    a: *const T,
+    sa: (isize, isize),
+    b: *const T,
+    sb: (isize, isize),
+    beta: T,
+    c: *mut T,
+    sc: (isize, isize),
+) {
+    let mut depth = 0;
+    while depth < k {
+        let kb = KC.min(k - depth);
+        let first = depth == 0;
+        // The crate computes dst = alpha * dst + beta * lhs * rhs, reading
+        // dst only when asked (`read_dst`): its alpha is our beta.
+        let (read, scale) = if first { (beta != T::ZERO, beta) } else { (true, T::ONE) };
+        // SAFETY: forwarded from the caller's contract; the block's columns
+        // of A and rows of B are within the operands.
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                kb,
+                c,
+                sc.1,
+                sc.0,
+                read,
+                a.offset(depth as isize * sa.1),
+                sa.1,
+                sa.0,
+                b.offset(depth as isize * sb.0),
+                sb.1,
+                sb.0,
+                scale,
+                alpha,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
+            )
+        }
+        depth += kb;
     }
 }
 
@@ -162,7 +237,7 @@ pub(crate) fn gemm<T: Float>(
     // mutable slice, so it aliases neither A nor B.
     unsafe {
         raw(
-            runs_small::<T>(m, k, n),
+            runs_small::<T>(m, k, n, sb),
             m,
             k,
             n,
@@ -307,7 +382,7 @@ impl<T: Float> Split<T> {
         sc: (usize, usize),
         workers: usize,
     ) -> Self {
-        let small = runs_small::<T>(m, k, n);
+        let small = runs_small::<T>(m, k, n, sb);
         let (by_rows, unit, chunks) = plan(m, n, sb, small, workers);
         let len = if by_rows { m } else { n };
         let is = |s: (usize, usize)| (s.0 as isize, s.1 as isize);
@@ -489,10 +564,9 @@ fn plan(
         // C's rows (or columns, when C is wider than tall): four chunks
         // per thread where the kernel reads the other operand in place,
         // one per thread where it would copy it again for each chunk
-        // (`matrixmultiply` packs both operands on every call); chunk
+        // (the `gemm` crate packs its operands on every call); chunk
         // boundaries on the kernel's tile (small: 6 rows; 16 for both
-        // kernels' columns and `matrixmultiply`'s rows, its AVX-512 tile,
-        // a multiple of its AVX2 one).
+        // kernels' columns and the crate's rows, its AVX-512 tile).
         let by_rows = m >= n;
         let len = if by_rows { m } else { n };
         let in_place = small && (!by_rows || small::reads_b_in_place(sb));
@@ -551,7 +625,13 @@ pub(crate) fn par_gemm<T: Float>(
     // The chunks write disjoint elements only if C's strides map distinct
     // (row, column) pairs to distinct indices: row- or column-major.
     let distinct = (sc.1 >= 1 && sc.0 >= n * sc.1) || (sc.0 >= 1 && sc.1 >= m * sc.0);
-    if helpers == 0 || !distinct {
+    // A chunk on the `gemm` crate must not fall to one of its dot-product
+    // kernels (C of at most 256 elements, or one row) unless the whole
+    // product would, or its sums would run in another order: both sides of
+    // C above 16, so every chunk (at least 16 rows or columns) has more.
+    let on_crate = T::DTYPE == DataType::Float && !runs_small::<T>(m, k, n, sb);
+    let crate_shape_ok = !on_crate || m.min(n) > 16;
+    if helpers == 0 || !distinct || !crate_shape_ok {
         return gemm(m, k, n, alpha, a, sa, b, sb, beta, c, sc);
     }
     assert!(
@@ -674,7 +754,7 @@ pub(crate) fn par_column_blocks<T: Float>(
         // and C (a mutable slice) aliases neither A nor a scratch buffer.
         unsafe {
             raw(
-                runs_small::<T>(m, k, nc),
+                runs_small::<T>(m, k, nc, (nc, 1)),
                 m,
                 k,
                 nc,
@@ -763,7 +843,7 @@ mod tests {
     }
 
     /// float32 through `gemm` (the small kernel where the CPU runs it, else
-    /// `matrixmultiply`) against the triple loop: odd sizes, either operand
+    /// the `gemm` crate) against the triple loop: odd sizes, either operand
     /// transposed, C row-major, column-major or padded, alpha and beta.
     fn check_f32(m: usize, k: usize, n: usize) {
         let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32) - 6.0).collect();
@@ -979,17 +1059,25 @@ mod tests {
     #[test]
     fn the_small_kernel_takes_small_and_thin_products() {
         let on = small::available();
-        assert_eq!(use_small(64, 64, 64), on);
-        assert_eq!(use_small(128, 128, 128), on);
-        assert_eq!(use_small(4096, 4096, 10), on);
-        assert!(!use_small(1024, 17, 1024));
-        // Products whose B strips stay in L1 and A in L2, up to 2^24.
-        assert_eq!(use_small(256, 256, 256), on);
-        assert_eq!(use_small(1024, 128, 128), on);
-        assert!(!use_small(1024, 256, 64));
-        assert!(!use_small(512, 512, 512));
-        assert!(!use_small(64, 257, 1024));
-        assert!(!runs_small::<f64>(64, 64, 64));
+        let plain = |n: usize| (n, 1);
+        // Tiny products and C at most 16 columns wide.
+        assert_eq!(use_small(16, 16, 16, plain(16)), on);
+        assert_eq!(use_small(4096, 4096, 10, plain(10)), on);
+        assert!(!use_small(32, 32, 32, plain(32)));
+        // One row, or C of at most 256 elements (the crate's dot-product
+        // kernels): small.
+        assert_eq!(use_small(1, 256, 1024, plain(1024)), on);
+        assert_eq!(use_small(8, 4096, 32, plain(32)), on);
+        assert!(!use_small(8, 4096, 33, plain(33)));
+        assert!(!use_small(1024, 17, 1024, plain(1024)));
+        assert!(!use_small(256, 256, 256, plain(256)));
+        // B transposed (FC's weights): few rows of A and a deep K only.
+        assert_eq!(use_small(32, 1024, 256, (1, 1024)), on);
+        assert_eq!(use_small(64, 257, 1024, (1, 257)), on);
+        assert!(!use_small(32, 256, 1024, (1, 256)));
+        assert!(!use_small(65, 1024, 256, (1, 1024)));
+        assert!(!use_small(32, 1024, 256, plain(256)));
+        assert!(!runs_small::<f64>(16, 16, 16, plain(16)));
     }
 
     #[test]
@@ -1002,7 +1090,7 @@ mod tests {
         // thread if B is read in place, else one.
         assert_eq!(plan(4000, 10, (10, 1), true, 2), (true, 6, 8));
         assert_eq!(plan(4000, 10, (1, 4000), true, 2), (true, 6, 2));
-        // `matrixmultiply`: one chunk per thread, rows or columns.
+        // The `gemm` crate: one chunk per thread, rows or columns.
         assert_eq!(plan(512, 512, (512, 1), false, 2), (true, 16, 2));
         assert_eq!(plan(100, 900, (900, 1), false, 3), (false, 16, 3));
         // Boundaries: 128/128 rows (not 144/112), on the unit, chunks

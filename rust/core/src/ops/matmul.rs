@@ -1,6 +1,6 @@
 //! Matrix products (issue 14): FC, FCTransposed, MatMul and BatchMatMul,
 //! with their gradient ops. The products themselves go through
-//! `ops::gemm` (`matrixmultiply`, or a small-product float32 kernel; a
+//! `ops::gemm` (the `gemm` crate, or a small-product float32 kernel; a
 //! large product is split between its caller and the kernel pool, whose
 //! size bounds the threads however many plan instances run ops at once, so
 //! a GEMM never oversubscribes the cores).

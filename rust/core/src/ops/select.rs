@@ -1,6 +1,6 @@
-//! Selection ops: ArgMax and ArgMin, TopK (and its gradient), OneHot, and
-//! BooleanMask (and its gradient): which elements, rather than what
-//! arithmetic on them.
+//! Selection ops: ArgMax and ArgMin, TopK (and its gradient), OneHot,
+//! BooleanMask (and its gradient) and SequenceMask: which elements, rather
+//! than what arithmetic on them.
 
 #![allow(clippy::result_large_err)]
 
@@ -62,6 +62,20 @@ pub fn schemas() -> Vec<OpSchema> {
             .inputs(2, 2)
             .outputs(1, 2)
             .doc("Inputs (data, mask: 1-D bool of data's first dim), outputs (the rows of data where mask is true, in order[, their int64 indices])."),
+        OpSchema::new("SequenceMask", build_sequence_mask)
+            .inputs(1, 2)
+            .outputs(1, 1)
+            .args(&[
+                arg!("mode", "string", "(required)", "sequence, window, upper, lower, upperdiag or lowerdiag"),
+                arg!("axis", "int", "1", "dims before it index the mask's rows, dims from it its columns"),
+                arg!("fill_val", "float", "-inf", "the value of masked elements"),
+                arg!("grad", "bool", "false", "gradient mode: masked elements get 0 (the gradient maker sets it)"),
+                arg!("radius", "int", "10", "window mode: columns within radius of the row's center are kept"),
+                arg!("batch", "int", "(none)", "when given, dims up to it are batches, each masked as its own matrix (rows between batch and axis)"),
+                arg!("repeat_from_axis", "int", "(none)", "sequence mode without batch: the mask's columns are the dims from axis up to this one, repeated over the dims from it"),
+            ])
+            .infer(|_, ins, n| Ok(crate::shapes::rules::same_as_input(ins, 0, n)))
+            .doc("Masks a float tensor seen as a matrix (rows: the dims before axis; columns: the dims from it), as for attention: mode sequence (input 1: int lengths, one per row) masks column j of row i where j >= lengths[i]; window (input 1: int centers) where |j - centers[i]| > radius; upper where j > i, lower where j < i, upperdiag where j >= i, lowerdiag where j <= i. Masked elements become fill_val (0 with grad, which makes the op its own gradient). Output: the input's shape."),
         OpSchema::new("BooleanMaskGradient", build_boolean_mask_grad)
             .inputs(2, 2)
             .outputs(1, 1)
@@ -477,4 +491,171 @@ fn build_boolean_mask_grad(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         l.set_output(0, out);
         Ok(true)
     }))
+}
+
+// ------------------------------------------------------- SequenceMask --
+
+/// Which elements of a rows x columns matrix SequenceMask masks.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum MaskMode {
+    Sequence,
+    Window,
+    Upper,
+    Lower,
+    UpperDiag,
+    LowerDiag,
+}
+
+impl MaskMode {
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "sequence" => MaskMode::Sequence,
+            "window" => MaskMode::Window,
+            "upper" => MaskMode::Upper,
+            "lower" => MaskMode::Lower,
+            "upperdiag" => MaskMode::UpperDiag,
+            "lowerdiag" => MaskMode::LowerDiag,
+            _ => return None,
+        })
+    }
+
+    /// Whether the mode reads input 1 (lengths or centers).
+    fn per_row(self) -> bool {
+        matches!(self, MaskMode::Sequence | MaskMode::Window)
+    }
+}
+
+#[derive(Clone, Copy)]
+struct SequenceMask {
+    mode: MaskMode,
+    axis: i64,
+    radius: i64,
+    fill: f64,
+    batch: Option<i64>,
+    repeat_from: Option<i64>,
+}
+
+fn build_sequence_mask(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let mode_s = ctx
+        .args
+        .string_opt("mode")?
+        .ok_or_else(|| ctx.bad_arg("SequenceMask needs the argument mode"))?;
+    let mode = MaskMode::parse(&mode_s).ok_or_else(|| {
+        ctx.bad_arg(format!(
+            "SequenceMask: unsupported mode '{mode_s}' (sequence, window, upper, lower, upperdiag or lowerdiag)"
+        ))
+    })?;
+    let want = if mode.per_row() { 2 } else { 1 };
+    if ctx.num_inputs() < want {
+        return Err(ctx.bad_arg(format!(
+            "SequenceMask: mode '{mode_s}' takes {want} inputs, got {}",
+            ctx.num_inputs()
+        )));
+    }
+    let grad = ctx.args.bool("grad", false)?;
+    let fill = if grad {
+        0.0
+    } else {
+        f64::from(ctx.args.f32("fill_val", f32::NEG_INFINITY)?)
+    };
+    let m = SequenceMask {
+        mode,
+        axis: ctx.args.i64("axis", 1)?,
+        radius: ctx.args.i64("radius", 10)?,
+        fill,
+        batch: ctx.args.i64_opt("batch")?,
+        repeat_from: ctx.args.i64_opt("repeat_from_axis")?,
+    };
+    if m.repeat_from.is_some() && (mode != MaskMode::Sequence || m.batch.is_some()) {
+        return Err(ctx.bad_arg(
+            "SequenceMask: repeat_from_axis works in sequence mode only, and not with batch",
+        ));
+    }
+    crate::ops::kit::float_kernel!("SequenceMask", 0, |l| sequence_mask_t(&mut l, &m))
+}
+
+fn sequence_mask_t<T: crate::num::Float>(l: &mut Locked<'_>, m: &SequenceMask) -> Result<()> {
+    use crate::ops::kit::{canonical_axis, dense, input};
+    const OP: &str = "SequenceMask";
+    let x = input::<T>(l, OP, 0)?;
+    let shape = x.shape().to_vec();
+    let xv = dense(x).into_owned();
+    let name0 = l.input_name(0).to_string();
+    let axis = canonical_axis(OP, "axis", m.axis, shape.len(), &name0)?;
+    let prod = |r: std::ops::Range<usize>| -> usize { shape[r].iter().product() };
+    // (batches, rows per batch, columns, elements per column).
+    let (batches, rows, cols, reps) = match (m.batch, m.repeat_from) {
+        (Some(b), _) => {
+            let b = canonical_axis(OP, "batch", b, shape.len(), &name0)?;
+            if b >= axis {
+                return Err(Error::invalid_arg(format!(
+                    "SequenceMask: batch ({b}) must come before axis ({axis})"
+                ))
+                .with_blob(&name0));
+            }
+            (prod(0..b + 1), prod(b + 1..axis), prod(axis..shape.len()), 1)
+        }
+        (None, Some(r)) => {
+            let r = canonical_axis(OP, "repeat_from_axis", r, shape.len(), &name0)?;
+            if r < axis {
+                return Err(Error::invalid_arg(format!(
+                    "SequenceMask: repeat_from_axis ({r}) must not come before axis ({axis})"
+                ))
+                .with_blob(&name0));
+            }
+            (1, prod(0..axis), prod(axis..r), prod(r..shape.len()))
+        }
+        (None, None) => (1, prod(0..axis), prod(axis..shape.len()), 1),
+    };
+    let per_row = if m.mode.per_row() {
+        let t = l.tensor(1)?;
+        let name = l.input_name(1);
+        let v = crate::ops::kit::int_values(t)?.ok_or_else(|| {
+            Error::type_error(format!(
+                "SequenceMask: '{name}' must hold int32 or int64 {}, got {}",
+                if m.mode == MaskMode::Sequence { "lengths" } else { "window centers" },
+                t.dtype()
+            ))
+            .with_blob(name)
+        })?;
+        if v.len() < rows {
+            return Err(Error::shape(format!(
+                "SequenceMask: '{name}' has {} values for {rows} rows of '{name0}' (shape {shape:?}, axis {axis})",
+                v.len()
+            ))
+            .with_blob(name));
+        }
+        v
+    } else {
+        Vec::new()
+    };
+    let masked = |i: usize, j: usize| -> bool {
+        match m.mode {
+            MaskMode::Sequence => j as i64 >= per_row[i],
+            MaskMode::Window => {
+                let (c, j) = (per_row[i], j as i64);
+                j > c.saturating_add(m.radius) || j < c.saturating_sub(m.radius)
+            }
+            MaskMode::Upper => j > i,
+            MaskMode::Lower => j < i,
+            MaskMode::UpperDiag => j >= i,
+            MaskMode::LowerDiag => j <= i,
+        }
+    };
+    let fill = T::of(m.fill);
+    let mut out = xv;
+    let (row_len, batch_len) = (cols * reps, rows * cols * reps);
+    for b in 0..batches {
+        for i in 0..rows {
+            let row = &mut out[b * batch_len + i * row_len..][..row_len];
+            for j in 0..cols {
+                if masked(i, j) {
+                    row[j * reps..(j + 1) * reps].fill(fill);
+                }
+            }
+        }
+    }
+    let y = T::wrap(crate::ops::kit::array(&shape, out)?);
+    l.set_output(0, y);
+    Ok(())
 }

@@ -438,7 +438,7 @@ impl Plan {
     /// parts of `dst`, and each pixel sees the same additions in the same
     /// order as on one thread (the same values too, where the GEMM computes
     /// an element the same way whatever the height of the block, as
-    /// `matrixmultiply` does: the tests check it bitwise in float64).
+    /// `ops::gemm` does: the tests check it bitwise in float64).
     pub(crate) fn adj_nchw_blocks<T: Float>(
         &self,
         csg: &[T],

@@ -211,6 +211,16 @@ fn tanh<T: Float>(x: T) -> T {
     x.vtanh()
 }
 
+/// One row's four gate blocks of length `d` (LSTM: input, forget, output,
+/// cell candidate).
+#[inline(always)]
+fn gates4<T>(row: &[T], d: usize) -> (&[T], &[T], &[T], &[T]) {
+    let (a, rest) = row.split_at(d);
+    let (b, rest) = rest.split_at(d);
+    let (c, e) = rest.split_at(d);
+    (a, b, c, e)
+}
+
 /// A `(1, N, D)`-shaped output of `v`.
 fn out<T: Float>(shape: &[usize], v: Vec<T>) -> Result<Tensor> {
     Ok(T::wrap(array(shape, v)?))
@@ -238,32 +248,36 @@ fn lstm_t<T: Float>(l: &mut Locked<'_>, c: &Cell) -> Result<()> {
     let mut h = crate::tensor::zeroed_vec::<T>(&shape, "LSTMUnit's hidden_t")?;
     let mut cell = crate::tensor::zeroed_vec::<T>(&shape, "LSTMUnit's cell_t")?;
     let fb = T::of(c.forget_bias);
-    for (r, &alive) in live.iter().enumerate() {
-        let (s, g) = (r * d, r * 4 * d);
-        let (hr, cr) = (&mut h[s..s + d], &mut cell[s..s + d]);
-        let (hp, cp) = (&h_prev[s..s + d], &c_prev[s..s + d]);
-        if !alive {
-            if !c.drop_states {
-                hr.copy_from_slice(hp);
-                cr.copy_from_slice(cp);
+    // On the widest vectors the CPU has (same bits on every path).
+    crate::vmath::wide(
+        #[inline(always)]
+        || {
+            for (r, &alive) in live.iter().enumerate() {
+                let (s, g) = (r * d, r * 4 * d);
+                let (hr, cr) = (&mut h[s..s + d], &mut cell[s..s + d]);
+                let (hp, cp) = (&h_prev[s..s + d], &c_prev[s..s + d]);
+                if !alive {
+                    if !c.drop_states {
+                        hr.copy_from_slice(hp);
+                        cr.copy_from_slice(cp);
+                    }
+                    continue;
+                }
+                // One row's gates as slices of length d, so the loop below
+                // has no bounds checks or branches and vectorises.
+                let (xi, xf, xo, xg) = gates4(&x[g..g + 4 * d], d);
+                for k in 0..d {
+                    let i = sigmoid(xi[k]);
+                    let f = sigmoid(xf[k] + fb);
+                    let o = sigmoid(xo[k]);
+                    let cand = tanh(xg[k]);
+                    let ct = f * cp[k] + i * cand;
+                    cr[k] = ct;
+                    hr[k] = o * tanh(ct);
+                }
             }
-            continue;
-        }
-        // One row's gates as slices of length d, so the loop below has no
-        // bounds checks or branches and vectorises (float32: vmath).
-        let (xi, rest) = x[g..g + 4 * d].split_at(d);
-        let (xf, rest) = rest.split_at(d);
-        let (xo, xg) = rest.split_at(d);
-        for k in 0..d {
-            let i = sigmoid(xi[k]);
-            let f = sigmoid(xf[k] + fb);
-            let o = sigmoid(xo[k]);
-            let cand = tanh(xg[k]);
-            let ct = f * cp[k] + i * cand;
-            cr[k] = ct;
-            hr[k] = o * tanh(ct);
-        }
-    }
+        },
+    );
     let (h, cell) = (out(&shape, h)?, out(&shape, cell)?);
     l.set_output(0, h);
     l.set_output(1, cell);
@@ -298,31 +312,42 @@ fn lstm_grad_t<T: Float>(l: &mut Locked<'_>, c: &Cell) -> Result<()> {
     let mut dc_prev = crate::tensor::zeroed_vec::<T>(&shape, "cell_t_prev's gradient")?;
     let mut dx = crate::tensor::zeroed_vec::<T>(&gshape, "the gates' gradient")?;
     let (one, fb) = (T::of(1.0), T::of(c.forget_bias));
-    for (r, &alive) in live.iter().enumerate() {
-        let (s, g) = (r * d, r * 4 * d);
-        for k in 0..d {
-            if !alive {
-                if !c.drop_states {
-                    dh_prev[s + k] = dh[s + k];
-                    dc_prev[s + k] = dc[s + k];
+    crate::vmath::wide(
+        #[inline(always)]
+        || {
+            for (r, &alive) in live.iter().enumerate() {
+                let (s, g) = (r * d, r * 4 * d);
+                let (dhr, dcr) = (&dh[s..s + d], &dc[s..s + d]);
+                if !alive {
+                    if !c.drop_states {
+                        dh_prev[s..s + d].copy_from_slice(dhr);
+                        dc_prev[s..s + d].copy_from_slice(dcr);
+                    }
+                    continue;
                 }
-                continue;
+                let (xi, xf, xo, xg) = gates4(&x[g..g + 4 * d], d);
+                let (cp, ctr, dcp) = (&c_prev[s..s + d], &c_t[s..s + d], &mut dc_prev[s..s + d]);
+                let (dxi, rest) = dx[g..g + 4 * d].split_at_mut(d);
+                let (dxf, rest) = rest.split_at_mut(d);
+                let (dxo, dxg) = rest.split_at_mut(d);
+                for k in 0..d {
+                    let i = sigmoid(xi[k]);
+                    let f = sigmoid(xf[k] + fb);
+                    let o = sigmoid(xo[k]);
+                    let cand = tanh(xg[k]);
+                    let tc = tanh(ctr[k]);
+                    // The cell's total gradient: its own, and the hidden
+                    // state's through h = o * tanh(c).
+                    let dct = dcr[k] + dhr[k] * o * (one - tc * tc);
+                    dcp[k] = dct * f;
+                    dxi[k] = dct * cand * i * (one - i);
+                    dxf[k] = dct * cp[k] * f * (one - f);
+                    dxo[k] = dhr[k] * tc * o * (one - o);
+                    dxg[k] = dct * i * (one - cand * cand);
+                }
             }
-            let i = sigmoid(x[g + k]);
-            let f = sigmoid(x[g + d + k] + fb);
-            let o = sigmoid(x[g + 2 * d + k]);
-            let cand = tanh(x[g + 3 * d + k]);
-            let tc = tanh(c_t[s + k]);
-            // The cell's total gradient: its own, and the hidden state's
-            // through h = o * tanh(c).
-            let dct = dc[s + k] + dh[s + k] * o * (one - tc * tc);
-            dc_prev[s + k] = dct * f;
-            dx[g + k] = dct * cand * i * (one - i);
-            dx[g + d + k] = dct * c_prev[s + k] * f * (one - f);
-            dx[g + 2 * d + k] = dh[s + k] * tc * o * (one - o);
-            dx[g + 3 * d + k] = dct * i * (one - cand * cand);
-        }
-    }
+        },
+    );
     let (a, b, e) = (
         out(&shape, dh_prev)?,
         out(&shape, dc_prev)?,
@@ -350,22 +375,27 @@ fn gru_t<T: Float>(l: &mut Locked<'_>, c: &Cell) -> Result<()> {
     let (h_prev, x) = (dense(input::<T>(l, op, 0)?), dense(input::<T>(l, op, 1)?));
     let mut h = crate::tensor::zeroed_vec::<T>(&shape, "GRUUnit's hidden_t")?;
     let one = T::of(1.0);
-    for (r, &alive) in live.iter().enumerate() {
-        let (s, g) = (r * d, r * 3 * d);
-        let (hr, hp) = (&mut h[s..s + d], &h_prev[s..s + d]);
-        if !alive {
-            if !c.drop_states {
-                hr.copy_from_slice(hp);
+    crate::vmath::wide(
+        #[inline(always)]
+        || {
+            for (r, &alive) in live.iter().enumerate() {
+                let (s, g) = (r * d, r * 3 * d);
+                let (hr, hp) = (&mut h[s..s + d], &h_prev[s..s + d]);
+                if !alive {
+                    if !c.drop_states {
+                        hr.copy_from_slice(hp);
+                    }
+                    continue;
+                }
+                let (xu, xo) = (&x[g + d..g + 2 * d], &x[g + 2 * d..g + 3 * d]);
+                for k in 0..d {
+                    let u = sigmoid(xu[k]);
+                    let o = tanh(xo[k]);
+                    hr[k] = u * hp[k] + (one - u) * o;
+                }
             }
-            continue;
-        }
-        let (xu, xo) = (&x[g + d..g + 2 * d], &x[g + 2 * d..g + 3 * d]);
-        for k in 0..d {
-            let u = sigmoid(xu[k]);
-            let o = tanh(xo[k]);
-            hr[k] = u * hp[k] + (one - u) * o;
-        }
-    }
+        },
+    );
     let h = out(&shape, h)?;
     l.set_output(0, h);
     Ok(())
@@ -394,22 +424,31 @@ fn gru_grad_t<T: Float>(l: &mut Locked<'_>, c: &Cell) -> Result<()> {
     let mut dh_prev = crate::tensor::zeroed_vec::<T>(&shape, "hidden_t_prev's gradient")?;
     let mut dx = crate::tensor::zeroed_vec::<T>(&gshape, "the gates' gradient")?;
     let one = T::of(1.0);
-    for (r, &alive) in live.iter().enumerate() {
-        let (s, g) = (r * d, r * 3 * d);
-        for k in 0..d {
-            if !alive {
-                if !c.drop_states {
-                    dh_prev[s + k] = dh[s + k];
+    crate::vmath::wide(
+        #[inline(always)]
+        || {
+            for (r, &alive) in live.iter().enumerate() {
+                let (s, g) = (r * d, r * 3 * d);
+                let (dhr, dhp) = (&dh[s..s + d], &mut dh_prev[s..s + d]);
+                if !alive {
+                    if !c.drop_states {
+                        dhp.copy_from_slice(dhr);
+                    }
+                    continue;
                 }
-                continue;
+                let hp = &h_prev[s..s + d];
+                let (xu, xo) = (&x[g + d..g + 2 * d], &x[g + 2 * d..g + 3 * d]);
+                let (dxu, dxo) = dx[g + d..g + 3 * d].split_at_mut(d);
+                for k in 0..d {
+                    let u = sigmoid(xu[k]);
+                    let o = tanh(xo[k]);
+                    dhp[k] = dhr[k] * u;
+                    dxu[k] = dhr[k] * (hp[k] - o) * u * (one - u);
+                    dxo[k] = dhr[k] * (one - u) * (one - o * o);
+                }
             }
-            let u = sigmoid(x[g + d + k]);
-            let o = tanh(x[g + 2 * d + k]);
-            dh_prev[s + k] = dh[s + k] * u;
-            dx[g + d + k] = dh[s + k] * (h_prev[s + k] - o) * u * (one - u);
-            dx[g + 2 * d + k] = dh[s + k] * (one - u) * (one - o * o);
-        }
-    }
+        },
+    );
     let (a, b) = (out(&shape, dh_prev)?, out(&gshape, dx)?);
     l.set_output(0, a);
     l.set_output(1, b);
