@@ -830,7 +830,9 @@ for _t in (
     "Int8Quantize", "Int8Dequantize", "Int8GivenTensorFill", "Int8GivenIntTensorFill",
     "Int8Conv", "Int8ConvRelu", "Int8FC", "Int8Sum", "Int8SumRelu", "Int8AveragePool",
     "Int8AveragePoolRelu", "Int8MaxPool", "Int8MaxPoolRelu", "Int8Softmax",
-    "Int8ResizeNearest",
+    "Int8ResizeNearest", "Int8Add", "Int8AddRelu", "Int8Relu", "Int8LeakyRelu", "Int8Sigmoid",
+    "Int8Reshape", "Int8Flatten", "Int8Concat", "Int8Slice", "Int8Transpose",
+    "Int8ChannelShuffle", "Int8ConvTranspose", "Int8RoIAlign",
 ):
     _register(_t)(_no_gradient)
 _register("Float16ConstantFill")(_no_gradient)

@@ -237,6 +237,17 @@ for _op in ("Int8AveragePool", "Int8AveragePoolRelu", "Int8MaxPool", "Int8MaxPoo
     recipe(_op, [("X", None)], setup=INT8, kernel=1, pad=R19, order="NHWC", Y_scale=0.5)
 recipe("Int8ResizeNearest", [("X", None)], setup=INT8, height_scale=float(1 << 20),
        width_scale=float(1 << 20), order="NHWC", Y_scale=0.5)
+INT8_2x2 = [("Int8GivenTensorFill", [], ["X"], dict(shape=[1, 2, 2, 1], values=bytes(4),
+                                                    Y_scale=0.5))] + INT8[1:]
+recipe("Int8ConvTranspose", [("X", None), ("W", None), ("B", None)], setup=INT8_2x2, kernel=1,
+       stride=1 << 20, order="NHWC", Y_scale=1.0)
+recipe("Int8RoIAlign", [("X", None), ("R", RECT)], setup=INT8, pooled_h=1 << 20,
+       pooled_w=1 << 20, Y_scale=0.5)
+recipe("Int8RoIAlign#samples", [("X", None), ("R", RECT)], setup=INT8, expect=TYPED,
+       sampling_ratio=R19 * 2, Y_scale=0.5)
+recipe("Int8Concat", [("X", None)] * (1 << 16), setup=[
+    ("Int8GivenTensorFill", [], ["X"], dict(shape=[1 << 24], values=bytes(1 << 24), Y_scale=0.5))],
+    outputs=("Y", "split"), Y_scale=0.5)
 recipe("Int8GivenTensorFill", expect=TYPED, shape=[1 << 20, 1 << 20], values=b"\x00")
 recipe("Int8GivenIntTensorFill", expect=TYPED, shape=[1 << 20, 1 << 20], values=[0])
 # Gradients: dY cannot have the huge shape the arguments give, so they
@@ -356,7 +367,9 @@ cannot(SAME_SIZE,
        "Softplus", "Softsign", "Sqr", "Sqrt", "Swish", "Tan", "Tanh", "ThresholdedRelu",
        "Clip", "Scale", "ScaleBlobs", "Pow", "Cast", "FloatToHalf", "HalfToFloat",
        "Fused8BitRowwiseQuantizedToFloat", "Int8Quantize", "Int8Dequantize", "Int8Sum",
-       "Int8SumRelu", "Int8Softmax", "Dropout", "PRelu", "NanCheck", "Alias", "Copy",
+       "Int8SumRelu", "Int8Softmax", "Int8Add", "Int8AddRelu", "Int8Relu", "Int8LeakyRelu",
+       "Int8Sigmoid", "Int8Reshape", "Int8Flatten", "Int8Slice", "Int8Transpose",
+       "Int8ChannelShuffle", "Dropout", "PRelu", "NanCheck", "Alias", "Copy",
        "CopyOnDeviceLike", "EnsureCPUOutput", "StopGradient", "Max", "Min", "Sum", "Mean",
        "WeightedSum", "Transpose", "NHWC2NCHW", "NCHW2NHWC", "MakeTwoClassGradient", "Flatten", "FlattenToVec", "ExpandDims", "Squeeze",
        "ResizeLike", "ChannelShuffle", "ChannelShuffleGradient", "Slice", "Split",

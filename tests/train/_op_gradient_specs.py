@@ -536,5 +536,7 @@ NOT_DIFFERENTIABLE = {
        ("Int8Quantize", "Int8Dequantize", "Int8GivenTensorFill", "Int8GivenIntTensorFill",
         "Int8Conv", "Int8ConvRelu", "Int8FC", "Int8Sum", "Int8SumRelu", "Int8AveragePool",
         "Int8AveragePoolRelu", "Int8MaxPool", "Int8MaxPoolRelu", "Int8Softmax",
-        "Int8ResizeNearest")},
+        "Int8ResizeNearest", "Int8Add", "Int8AddRelu", "Int8Relu", "Int8LeakyRelu",
+        "Int8Sigmoid", "Int8Reshape", "Int8Flatten", "Int8Concat", "Int8Slice",
+        "Int8Transpose", "Int8ChannelShuffle", "Int8ConvTranspose", "Int8RoIAlign")},
 }

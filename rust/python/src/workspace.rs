@@ -77,13 +77,24 @@ impl PyWorkspace {
             .into_iter()
             .filter_map(|name| {
                 let b = self.ws.get_blob(&name)?;
-                let s = match &*b.read() {
-                    BlobValue::Tensor(t) => Some((
-                        t.shape().iter().map(|&d| d as i64).collect(),
-                        t.dtype() as i32,
-                    )),
+                let v = b.read();
+                // A quantised tensor is known by its data's dims and dtype.
+                let t = match &*v {
+                    BlobValue::Tensor(t) => Some(t),
+                    o @ BlobValue::Object(_) => o
+                        .object_ref::<ferrocaffe::ops::int8::Int8Tensor>(
+                            ferrocaffe::ops::int8::INT8_TAG,
+                        )
+                        .ok()
+                        .map(|q| &q.data),
                     _ => None,
                 };
+                let s = t.map(|t| {
+                    (
+                        t.shape().iter().map(|&d| d as i64).collect(),
+                        t.dtype() as i32,
+                    )
+                });
                 Some((name, s))
             })
             .collect()

@@ -371,30 +371,32 @@ impl RoiAlign {
 
 /// One bilinear sample: four taps (offsets in a plane, y * W + x) and
 /// their weights.
-struct Tap {
-    at: [usize; 4],
-    w: [f64; 4],
+pub(crate) struct Tap<T = f64> {
+    pub(crate) at: [usize; 4],
+    pub(crate) w: [T; 4],
 }
 
 /// The sample at (y, x) of an h x w plane: none outside [-1, h] x [-1, w];
 /// coordinates below 0 read row or column 0, beyond the last its value.
-fn bilinear(y: f64, x: f64, h: usize, w: usize) -> Option<Tap> {
-    let (hf, wf) = (h as f64, w as f64);
-    if h == 0 || w == 0 || !(y >= -1.0 && y <= hf && x >= -1.0 && x <= wf) {
+/// In `T`'s arithmetic (Int8RoIAlign's is float32).
+pub(crate) fn bilinear<T: Float>(y: T, x: T, h: usize, w: usize) -> Option<Tap<T>> {
+    let (hf, wf, lowest) = (T::of(h as f64), T::of(w as f64), T::of(-1.0));
+    if h == 0 || w == 0 || !(y >= lowest && y <= hf && x >= lowest && x <= wf) {
         return None;
     }
-    let axis = |v: f64, n: usize| -> (usize, usize, f64) {
-        let v = v.max(0.0);
-        let lo = v as usize;
+    let (zero, one) = (T::of(0.0), T::of(1.0));
+    let axis = |v: T, n: usize| -> (usize, usize, T) {
+        let v = if v > zero { v } else { zero };
+        let lo = v.to_f64() as usize;
         if lo >= n - 1 {
-            (n - 1, n - 1, 0.0)
+            (n - 1, n - 1, zero)
         } else {
-            (lo, lo + 1, v - lo as f64)
+            (lo, lo + 1, v - T::of(lo as f64))
         }
     };
     let (y0, y1, ly) = axis(y, h);
     let (x0, x1, lx) = axis(x, w);
-    let (hy, hx) = (1.0 - ly, 1.0 - lx);
+    let (hy, hx) = (one - ly, one - lx);
     Some(Tap {
         at: [y0 * w + x0, y0 * w + x1, y1 * w + x0, y1 * w + x1],
         w: [hy * hx, hy * lx, ly * hx, ly * lx],
@@ -477,6 +479,16 @@ fn roi_setup(l: &Locked<'_>, a: &RoiAlign) -> Result<RoiSetup> {
     })
 }
 
+/// RoIAlign's samples per bin side: `sampling` when > 0, else ceil(bin
+/// size) (saturating: a huge count fails the callers' size checks).
+pub(crate) fn roi_grid(sampling: i64, bin: f64) -> usize {
+    if sampling > 0 {
+        sampling as usize
+    } else {
+        bin.ceil() as usize
+    }
+}
+
 /// The samples of one RoI, each with its output bin, and the weight of a
 /// sample in its bin's average (1 / samples per bin).
 fn roi_taps(a: &RoiAlign, s: &RoiSetup, b: &[f64; 4]) -> Result<(Vec<(usize, Tap)>, f64)> {
@@ -496,15 +508,7 @@ fn roi_taps(a: &RoiAlign, s: &RoiSetup, b: &[f64; 4]) -> Result<(Vec<(usize, Tap
         rh = rh.max(1.0);
     }
     let (bh, bw) = (rh / a.ph as f64, rw / a.pw as f64);
-    let grid = |bin: f64| -> usize {
-        if a.sampling > 0 {
-            a.sampling as usize
-        } else {
-            // Saturating: a huge count fails the size check below.
-            bin.ceil() as usize
-        }
-    };
-    let (gh, gw) = (grid(bh), grid(bw));
+    let (gh, gw) = (roi_grid(a.sampling, bh), roi_grid(a.sampling, bw));
     let total = gh
         .checked_mul(gw)
         .and_then(|g| g.checked_mul(a.ph.checked_mul(a.pw)?))

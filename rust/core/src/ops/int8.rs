@@ -14,13 +14,15 @@
 
 #![allow(clippy::result_large_err, clippy::too_many_arguments)]
 
-use super::conv::window::{image_shape, split_image, Geo, Window};
+use super::conv::window::{image_shape, Geo, Window};
 use super::kit::{dense, kernel, parse_order, Order};
 use crate::arg;
+use crate::args::Args;
+use crate::shapes::rules;
 use crate::blob::{BlobObject, BlobValue};
 use crate::error::{Error, ErrorKind, Result};
 use crate::ir::{BlobProto, QTensorProto};
-use crate::operator::{ArgDoc, Locked, OpDefCtx, OpSchema, Operator};
+use crate::operator::{ArgDoc, Locked, OpDefCtx, OpSchema, Operator, ShapeInfo};
 use crate::tensor::{checked_numel, filled_vec, try_collect, zeroed_vec, DataType, Tensor};
 use std::sync::Arc;
 
@@ -311,6 +313,24 @@ fn u8_in<'l>(
     }
 }
 
+/// X (input 0) as a uint8 NHWC image: its data, its quantisation and its
+/// dims [N, H, W, C], or a typed error naming the op and blob.
+fn image_in<'l>(
+    l: &'l Locked<'_>,
+    op: &str,
+) -> Result<(&'l ndarray::ArrayD<u8>, &'l Int8Tensor, [usize; 4])> {
+    let (x, xq) = u8_in(l, op, 0, "X")?;
+    let xs = x.shape();
+    let [n, h, w, c] = *xs else {
+        let xn = l.input_name(0);
+        return Err(Error::shape(format!(
+            "{op}: X ('{xn}', shape {xs:?}) must be a 4-D NHWC image"
+        ))
+        .with_blob(xn));
+    };
+    Ok((x, xq, [n, h, w, c]))
+}
+
 fn set_q(l: &mut Locked<'_>, j: usize, data: Tensor, scale: f32, zero_point: i32) {
     *l.output(j) = BlobValue::Object(Arc::new(Int8Tensor {
         data,
@@ -517,17 +537,10 @@ fn build_conv(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 
 fn conv(l: &mut Locked<'_>, a: &ConvArgs) -> Result<()> {
     let op = a.op.as_str();
-    let (x, xq) = u8_in(l, op, 0, "X")?;
+    let (x, xq, [n, h, iw, c]) = image_in(l, op)?;
     let (w, wq) = u8_in(l, op, 1, "the filter")?;
     let (xn, wn) = (l.input_name(0), l.input_name(1));
-    let xs = x.shape();
-    if xs.len() != 4 {
-        return Err(Error::shape(format!(
-            "{op}: X ('{xn}', shape {xs:?}) must be a 4-D NHWC image"
-        ))
-        .with_blob(xn));
-    }
-    let (n, c, sp) = split_image(op, "X", xn, xs, Order::Nhwc)?;
+    let sp = [h, iw];
     let ws = w.shape();
     let g = a.group;
     if ws.len() != 4 || c % g != 0 || ws[0] % g != 0 || ws[3] * g != c {
@@ -662,6 +675,14 @@ const ADD_LEFT_SHIFT: u32 = 20;
 fn build_sum(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let op = ctx.op_type().to_string();
     let q = out_q(ctx)?;
+    if op.starts_with("Int8Add") {
+        // Accepted as Add's; the addends must still have one shape, as
+        // Caffe2's Int8Add required (it never broadcast).
+        let b = ctx.args.i64("broadcast", 0)?;
+        if !(0..=1).contains(&b) {
+            return Err(ctx.bad_arg(format!("broadcast must be 0 or 1, got {b}")));
+        }
+    }
     let act = act_of(&op);
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
@@ -675,7 +696,7 @@ fn sum(l: &mut Locked<'_>, op: &str, q: OutQ, act: Act) -> Result<()> {
     let (b, bq) = u8_in(l, op, 1, "input 1")?;
     if a.shape() != b.shape() {
         return Err(Error::shape(format!(
-            "{op}: '{}' (shape {:?}) and '{}' (shape {:?}) must have the same shape",
+            "{op}: '{}' (shape {:?}) and '{}' (shape {:?}) must have the same shape (Caffe2's int8 addition does not broadcast)",
             l.input_name(0),
             a.shape(),
             l.input_name(1),
@@ -761,17 +782,10 @@ fn same_q(l: &Locked<'_>, op: &str, xq: &Int8Tensor, q: OutQ) -> Result<()> {
 
 fn pool(l: &mut Locked<'_>, a: &PoolArgs) -> Result<()> {
     let op = a.op.as_str();
-    let (x, xq) = u8_in(l, op, 0, "X")?;
+    let (x, xq, [n, h, w, c]) = image_in(l, op)?;
     same_q(l, op, xq, a.q)?;
     let xn = l.input_name(0);
-    let xs = x.shape();
-    if xs.len() != 4 {
-        return Err(Error::shape(format!(
-            "{op}: X ('{xn}', shape {xs:?}) must be a 4-D NHWC image"
-        ))
-        .with_blob(xn));
-    }
-    let (n, c, sp) = split_image(op, "X", xn, xs, Order::Nhwc)?;
+    let sp = [h, w];
     let geo = a
         .win
         .geometry(&sp, None, None)
@@ -917,16 +931,8 @@ fn build_resize(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 /// Output pixel (y, x) is input pixel (min(floor(y / height_scale), H - 1),
 /// min(floor(x / width_scale), W - 1)), float32 arithmetic as ResizeNearest.
 fn resize(l: &mut Locked<'_>, op: &str, s: [f32; 2], q: OutQ) -> Result<()> {
-    let (x, xq) = u8_in(l, op, 0, "X")?;
+    let (x, xq, [n, h, w, c]) = image_in(l, op)?;
     same_q(l, op, xq, q)?;
-    let xn = l.input_name(0);
-    let xs = x.shape();
-    let [n, h, w, c] = *xs else {
-        return Err(Error::shape(format!(
-            "{op}: X ('{xn}', shape {xs:?}) must be a 4-D NHWC image"
-        ))
-        .with_blob(xn));
-    };
     let oh = (h as f32 * s[0]) as usize;
     let ow = (w as f32 * s[1]) as usize;
     let ys = [n, oh, ow, c];
@@ -953,6 +959,691 @@ fn resize(l: &mut Locked<'_>, op: &str, s: [f32; 2], q: OutQ) -> Result<()> {
     let y = Tensor::from_vec(&ys, y)?;
     set_q(l, 0, y, q.scale, q.zero_point);
     Ok(())
+}
+
+// ---------------------------------------------------- lookup-table ops --
+
+/// Int8Relu, Int8LeakyRelu and Int8Sigmoid: each output byte is a function
+/// of the input byte (and X's quantisation), so a 256-entry table per run.
+#[derive(Clone, Copy)]
+enum Lut {
+    Relu,
+    /// x below the zero point becomes zp + alpha x (x - zp), alpha as a
+    /// Q31 multiplier.
+    Leaky(Multiplier),
+    Sigmoid,
+}
+
+fn build_lut(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let op = ctx.op_type().to_string();
+    let q = out_q(ctx)?;
+    let kind = match op.as_str() {
+        "Int8LeakyRelu" => {
+            let alpha = ctx.args.f32("alpha", 0.01)?;
+            let m = Some(f64::from(alpha))
+                .filter(|&a| a > 0.0)
+                .and_then(Multiplier::new)
+                .ok_or_else(|| ctx.bad_arg(format!("alpha must be in (0, 1), got {alpha}")))?;
+            Lut::Leaky(m)
+        }
+        "Int8Sigmoid" => {
+            if q.scale != SOFTMAX_SCALE || q.zero_point != 0 {
+                return Err(ctx.bad_arg(format!(
+                    "the output of Int8Sigmoid is quantised with Y_scale 1/256 (0.00390625) and Y_zero_point 0; got {} and {}",
+                    q.scale, q.zero_point
+                )));
+            }
+            Lut::Sigmoid
+        }
+        _ => Lut::Relu,
+    };
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        lut(&mut l, &op, kind, q)?;
+        Ok(true)
+    }))
+}
+
+/// Int8Sigmoid's table entry for byte v (QNNPACK's, in float32):
+/// lrint(clamp(256 / (1 + exp(-X_scale x (v - X_zero_point))), 0, 255)).
+fn sigmoid_entry(v: i32, scale: f32, zero_point: i32) -> u8 {
+    let x = scale * (v - zero_point) as f32;
+    let s = 256.0f32 / (1.0 + (-x).exp());
+    s.clamp(0.0, 255.0).round_ties_even() as u8
+}
+
+fn lut(l: &mut Locked<'_>, op: &str, kind: Lut, q: OutQ) -> Result<()> {
+    let (x, xq) = u8_in(l, op, 0, "X")?;
+    if !matches!(kind, Lut::Sigmoid) {
+        same_q(l, op, xq, q)?;
+    }
+    let z = xq.zero_point;
+    let table: [u8; 256] = std::array::from_fn(|i| {
+        let v = i as i32;
+        let y = match kind {
+            Lut::Relu => v.max(z),
+            Lut::Leaky(m) if v < z => m.apply(v - z) + z,
+            Lut::Leaky(_) => v,
+            Lut::Sigmoid => return sigmoid_entry(v, xq.scale, z),
+        };
+        y.clamp(0, 255) as u8
+    });
+    let shape = x.shape().to_vec();
+    let y = try_collect(
+        x.iter().map(|&v| table[usize::from(v)]),
+        format_args!("{op}'s output"),
+    )?;
+    let y = Tensor::from_vec(&shape, y)?;
+    set_q(l, 0, y, q.scale, q.zero_point);
+    Ok(())
+}
+
+// ------------------------------------------------------ data movement --
+
+/// `e` with its message prefixed by the op's name (its context kept).
+fn named(op: &str, mut e: Error) -> Error {
+    if !e.message.starts_with(op) {
+        e.message = format!("{op}: {}", e.message);
+    }
+    e
+}
+
+/// Ops that move X's values without changing them (Int8Reshape,
+/// Int8Flatten, Int8Slice, Int8Transpose, Int8ChannelShuffle): the Y
+/// arguments must equal X's quantisation, which the output keeps; `f`
+/// makes the output's data from X's.
+fn moved(
+    l: &mut Locked<'_>,
+    op: &str,
+    q: OutQ,
+    f: impl FnOnce(&Locked<'_>, &Tensor, &str) -> Result<Tensor>,
+) -> Result<()> {
+    let (_, xq) = u8_in(l, op, 0, "X")?;
+    same_q(l, op, xq, q)?;
+    let y = f(l, &xq.data, l.input_name(0)).map_err(|e| named(op, e).with_blob(l.input_name(0)))?;
+    set_q(l, 0, y, q.scale, q.zero_point);
+    Ok(())
+}
+
+fn build_reshape(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let arg = super::shape::reshape_arg(ctx)?;
+    let q = out_q(ctx)?;
+    let op = ctx.op_type().to_string();
+    let old_out = ctx.num_outputs() == 2;
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let want = match &arg {
+            Some(a) => a.clone(),
+            None => super::shape::shape_input(&l, &op, 1)?,
+        };
+        let old = u8_in(&l, &op, 0, "X")?.0.shape().to_vec();
+        moved(&mut l, &op, q, |_, x, name| {
+            let new = super::shape::resolve_shape(&op, &want, x.shape(), name)?;
+            super::shape::reshaped(x, &new)
+        })?;
+        if old_out {
+            l.set_output(1, super::shape::dims_tensor(&old)?);
+        }
+        Ok(true)
+    }))
+}
+
+fn build_flatten(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let axis = ctx.args.i64("axis", 1)?;
+    let q = out_q(ctx)?;
+    let op = ctx.op_type().to_string();
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        moved(&mut l, &op, q, |_, x, name| {
+            let shape = x.shape();
+            // axis == ndim is allowed (an inner size of 1), as Flatten's.
+            let ax = if axis == shape.len() as i64 {
+                shape.len()
+            } else {
+                super::kit::canonical_axis(&op, "axis", axis, shape.len(), name)?
+            };
+            let new = [shape[..ax].iter().product(), shape[ax..].iter().product()];
+            super::shape::reshaped(x, &new)
+        })?;
+        Ok(true)
+    }))
+}
+
+fn build_slice(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let bounds = super::shape::slice_args(ctx, ctx.num_inputs())?;
+    let q = out_q(ctx)?;
+    let op = ctx.op_type().to_string();
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        moved(&mut l, &op, q, |l, x, name| {
+            let (starts, ends) = super::shape::slice_bounds(l, &bounds)?;
+            let ranges = super::shape::slice_ranges(x.shape(), &starts, &ends, name)?;
+            super::shape::sliced(x, &ranges)
+        })?;
+        Ok(true)
+    }))
+}
+
+fn build_transpose(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let axes = ctx.args.ints("axes")?;
+    let q = out_q(ctx)?;
+    let op = ctx.op_type().to_string();
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        moved(&mut l, &op, q, |_, x, name| {
+            let perm = super::shape::permutation(axes.as_deref(), x.ndim(), name)?;
+            super::shape::transposed(x, &perm)
+        })?;
+        Ok(true)
+    }))
+}
+
+fn build_channel_shuffle(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    nhwc_only(ctx)?;
+    let group = ctx.args.i64("group", 1)?;
+    let group = usize::try_from(group)
+        .ok()
+        .filter(|&g| g >= 1)
+        .ok_or_else(|| ctx.bad_arg(format!("group must be >= 1, got {group}")))?;
+    let q = out_q(ctx)?;
+    let op = ctx.op_type().to_string();
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        moved(&mut l, &op, q, |_, x, name| {
+            let xs = x.shape();
+            let (&[_, _, _, c], Tensor::U8(a)) = (xs, x) else {
+                return Err(Error::shape(format!(
+                    "X ('{name}', shape {xs:?}) must be a 4-D NHWC image"
+                )));
+            };
+            if c % group != 0 {
+                return Err(Error::shape(format!(
+                    "X ('{name}', shape {xs:?}) has {c} channels, which group = {group} does not divide"
+                )));
+            }
+            // Channel g x K + k of each pixel moves to k x G + g.
+            let k = c / group;
+            let xd = dense(a);
+            let mut y = zeroed_vec::<u8>(xs, "the shuffled channels")?;
+            for (yp, xp) in y.chunks_mut(c.max(1)).zip(xd.chunks(c.max(1))) {
+                for g in 0..group {
+                    for j in 0..k {
+                        yp[j * group + g] = xp[g * k + j];
+                    }
+                }
+            }
+            Tensor::from_vec(xs, y)
+        })?;
+        Ok(true)
+    }))
+}
+
+// --------------------------------------------------------------- concat --
+
+/// Int8Concat's axis: the `axis` argument, else 3 with order NHWC, 1 with
+/// order NCHW, 0 with no order (Caffe2's defaults); with an order the
+/// inputs are 4-D and the axis in 0..4.
+#[derive(Clone, Copy)]
+struct ConcatAxis {
+    axis: i64,
+    four_d: bool,
+    add_axis: bool,
+}
+
+fn build_concat(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let order = ctx.args.string("order", "")?;
+    let (default, four_d) = match order.as_str() {
+        "NHWC" => (3, true),
+        "NCHW" => (1, true),
+        "" => (0, false),
+        other => {
+            return Err(ctx.bad_arg(format!(
+                "order must be \"NHWC\" or \"NCHW\" (or not given), got \"{other}\""
+            )))
+        }
+    };
+    let axis = ctx.args.i64("axis", default)?;
+    if four_d && !(0..4).contains(&axis) {
+        return Err(ctx.bad_arg(format!(
+            "with order {order} the axis must be in 0..4, got {axis}"
+        )));
+    }
+    let a = ConcatAxis {
+        axis,
+        four_d,
+        add_axis: ctx.args.i64("add_axis", 0)? != 0,
+    };
+    let q = out_q(ctx)?;
+    let op = ctx.op_type().to_string();
+    let split_out = ctx.num_outputs() == 2;
+    let ni = ctx.num_inputs();
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        let (y, split) = concat(&l, &op, ni, a, q)?;
+        set_q(&mut l, 0, y, q.scale, q.zero_point);
+        if split_out {
+            l.set_output(1, split);
+        }
+        Ok(true)
+    }))
+}
+
+fn concat(l: &Locked<'_>, op: &str, ni: usize, a: ConcatAxis, q: OutQ) -> Result<(Tensor, Tensor)> {
+    let mut inputs = Vec::with_capacity(ni);
+    for i in 0..ni {
+        let (x, xq) = u8_in(l, op, i, &format!("input {i}"))?;
+        let name = l.input_name(i);
+        if i == 0 {
+            same_q(l, op, xq, q)?;
+        } else if (xq.scale, xq.zero_point) != (q.scale, q.zero_point) {
+            return Err(Error::invalid_arg(format!(
+                "{op}: input {i} ('{name}') has scale {} and zero point {}; every input must have the output's ({}, {}): Int8Concat does not requantise",
+                xq.scale, xq.zero_point, q.scale, q.zero_point
+            ))
+            .with_blob(name));
+        }
+        if a.four_d && x.ndim() != 4 {
+            return Err(Error::shape(format!(
+                "{op}: input {i} ('{name}', shape {:?}) must be 4-D when an order is given",
+                x.shape()
+            ))
+            .with_blob(name));
+        }
+        inputs.push((name, &xq.data));
+    }
+    super::utility::join(&inputs, a.axis, a.add_axis, l.output_name(0)).map_err(|e| named(op, e))
+}
+
+// ------------------------------------------------- transposed convolution --
+
+struct ConvTArgs {
+    op: String,
+    win: Window,
+    adj: super::conv::window::Dims,
+    q: OutQ,
+}
+
+fn build_conv_transpose(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    nhwc_only(ctx)?;
+    // Caffe2 ran one group (QNNPACK's deconvolution with groups = 1).
+    let group = ctx.args.i64("group", 1)?;
+    if group != 1 {
+        return Err(ctx.bad_arg(format!("Int8ConvTranspose takes group 1 only, got {group}")));
+    }
+    let a = ConvTArgs {
+        op: ctx.op_type().to_string(),
+        win: Window::parse(ctx, false)?,
+        adj: super::conv::window::dims_arg(ctx, "adjs", "adj", &["adj_h", "adj_w"], Some(0))?,
+        q: out_q(ctx)?,
+    };
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        conv_transpose(&mut l, &a)?;
+        Ok(true)
+    }))
+}
+
+/// Y (N, (H - 1) x stride - pads + KH + adj, ..., M) from X (N, H, W, C) and
+/// the filter (C, KH, KW, M): every input pixel adds (x - X_zero_point) x
+/// (w - W_zero_point) to the outputs its taps reach; plus the bias,
+/// requantised as Int8Conv's.
+fn conv_transpose(l: &mut Locked<'_>, a: &ConvTArgs) -> Result<()> {
+    let op = a.op.as_str();
+    let (x, xq, [n, h, iw, c]) = image_in(l, op)?;
+    let (w, wq) = u8_in(l, op, 1, "the filter")?;
+    let wn = l.input_name(1);
+    let sp = [h, iw];
+    let ws = w.shape();
+    if ws.len() != 4 || ws[0] != c {
+        return Err(Error::shape(format!(
+            "{op}: the filter ('{wn}', shape {ws:?}) must be (C, KH, KW, M) with C = {c}, X's channels"
+        ))
+        .with_blob(wn));
+    }
+    let m = ws[3];
+    let adj = a.adj.resolve("adjs", 2, 1, 0).map_err(|e| named(op, e))?;
+    let stride = a.win.stride.resolve("strides", 2, 1, 1).map_err(|e| named(op, e))?;
+    if adj.iter().zip(&stride).any(|(a, s)| a >= s) {
+        return Err(Error::invalid_arg(format!(
+            "{op}: adj {adj:?} must be smaller than the strides {stride:?}"
+        )));
+    }
+    let geo: Geo = a
+        .win
+        .geometry(&sp, Some(&ws[1..3]), Some(&adj))
+        .map_err(|e| named(op, e).with_blob(wn))?;
+    let bias = bias_in(l, op, 2, m)?;
+    let real = f64::from(xq.scale) * f64::from(wq.scale) / f64::from(a.q.scale);
+    let mult = multiplier(op, real, "X_scale x W_scale / Y_scale", l.output_name(0))?;
+    // The image side of the geometry is Y; its other side, X.
+    let (oh, ow, ih, iw) = (geo.ins[1], geo.ins[2], geo.outs[1], geo.outs[2]);
+    let (kh, kw) = (geo.k[1], geo.k[2]);
+    let ys = [n, oh, ow, m];
+    let mut acc = zeroed_vec::<i64>(&ys, format_args!("{op}'s accumulator"))?;
+    for px in acc.chunks_mut(m.max(1)) {
+        for (v, &b) in px.iter_mut().zip(&bias) {
+            *v = i64::from(b);
+        }
+    }
+    let (xd, wd) = (dense(x), dense(w));
+    let (xz, wz) = (i64::from(xq.zero_point), i64::from(wq.zero_point));
+    let mut xc = vec![0i64; c];
+    for b in 0..n {
+        for iy in 0..ih {
+            for ix in 0..iw {
+                let xo = ((b * ih + iy) * iw + ix) * c;
+                for (v, &u) in xc.iter_mut().zip(&xd[xo..xo + c]) {
+                    *v = i64::from(u) - xz;
+                }
+                for ky in 0..kh {
+                    let Some(oy) = geo.tap(1, iy, ky) else {
+                        continue;
+                    };
+                    for kx in 0..kw {
+                        let Some(ox) = geo.tap(2, ix, kx) else {
+                            continue;
+                        };
+                        let yo = ((b * oh + oy) * ow + ox) * m;
+                        let out = &mut acc[yo..yo + m];
+                        for (ci, &xv) in xc.iter().enumerate() {
+                            let wo = ((ci * kh + ky) * kw + kx) * m;
+                            for (o, &wv) in out.iter_mut().zip(&wd[wo..wo + m]) {
+                                *o += xv * (i64::from(wv) - wz);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let y = try_collect(
+        acc.iter().map(|&v| requantize(v, mult, a.q, 0, 255)),
+        format_args!("{op}'s output"),
+    )?;
+    let y = Tensor::from_vec(&ys, y)?;
+    set_q(l, 0, y, a.q.scale, a.q.zero_point);
+    Ok(())
+}
+
+// -------------------------------------------------------------- RoIAlign --
+
+#[derive(Clone)]
+struct RoiArgs {
+    op: String,
+    spatial_scale: f32,
+    ph: usize,
+    pw: usize,
+    sampling: i64,
+    q: OutQ,
+}
+
+fn build_roi_align(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    // Caffe2's reads the order with NHWC as its default, and takes no other.
+    let order = ctx.args.string("order", "NHWC")?;
+    if order != "NHWC" {
+        return Err(ctx.bad_arg(format!(
+            "Int8RoIAlign takes NHWC images only, got order \"{order}\""
+        )));
+    }
+    let spatial_scale = ctx.args.f32("spatial_scale", 1.0)?;
+    if !(spatial_scale.is_finite() && spatial_scale > 0.0) {
+        return Err(ctx.bad_arg(format!("spatial_scale must be > 0, got {spatial_scale}")));
+    }
+    let pooled = |name: &str| -> Result<usize> {
+        let v = ctx.args.i64(name, 1)?;
+        usize::try_from(v)
+            .ok()
+            .filter(|&v| v >= 1)
+            .ok_or_else(|| ctx.bad_arg(format!("{name} must be >= 1, got {v}")))
+    };
+    let a = RoiArgs {
+        op: ctx.op_type().to_string(),
+        spatial_scale,
+        ph: pooled("pooled_h")?,
+        pw: pooled("pooled_w")?,
+        sampling: ctx.args.i64("sampling_ratio", -1)?,
+        q: out_q(ctx)?,
+    };
+    Ok(kernel(move |cx| {
+        let mut l = cx.lock();
+        roi_align(&mut l, &a)?;
+        Ok(true)
+    }))
+}
+
+/// The most bilinear samples one RoI may take (bins x samples per bin).
+const ROI_MAX_SAMPLES: usize = 1 << 24;
+
+/// One bilinear sample of Int8RoIAlign (float32): four plane offsets and
+/// their weights, each round(255 x the float weight) (halves to even);
+/// zero weights outside the plane.
+fn roi_sample(y: f32, x: f32, h: usize, w: usize) -> ([usize; 4], [u8; 4]) {
+    match super::detection::bilinear(y, x, h, w) {
+        None => ([0; 4], [0; 4]),
+        Some(t) => (t.at, t.w.map(|v| (v * 255.0).round_ties_even() as u8)),
+    }
+}
+
+/// Caffe2's Int8RoIAlign (NHWC): each bin averages its samples'
+/// bilinear interpolations in integers. A sample adds
+/// sum(w_i x q_i) - 255 x X_zero_point (w_i = round(255 x weight)), and a
+/// bin's sum is requantised by X_scale / (255 x Y_scale x samples) and
+/// offset by Y_zero_point. RoI geometry in float32 as Caffe2's.
+fn roi_align(l: &mut Locked<'_>, a: &RoiArgs) -> Result<()> {
+    let op = a.op.as_str();
+    let (x, xq, [n, h, w, c]) = image_in(l, op)?;
+    let (xn, rn) = (l.input_name(0), l.input_name(1));
+    let xs = x.shape();
+    let r = super::kit::f32_in(l, op, 1, "the RoIs")?;
+    let rs = r.shape();
+    let nr = if r.is_empty() { 0 } else { rs[0] };
+    if nr > 0 && (rs.len() != 2 || !(rs[1] == 4 || rs[1] == 5)) {
+        return Err(Error::shape(format!(
+            "{op}: the RoIs ('{rn}', shape {rs:?}) must be (R, 4) or (R, 5) (batch index, x1, y1, x2, y2)"
+        ))
+        .with_blob(rn));
+    }
+    if nr > 0 && (h == 0 || w == 0) {
+        return Err(Error::shape(format!(
+            "{op}: X ('{xn}', shape {xs:?}) has no pixels to sample"
+        ))
+        .with_blob(xn));
+    }
+    let ys = [nr, a.ph, a.pw, c];
+    let mut y = zeroed_vec::<u8>(&ys, format_args!("{op}'s output"))?;
+    let xd = dense(x);
+    let rd = dense(r);
+    let cols = if nr > 0 { rs[1] } else { 4 };
+    let xz = i64::from(xq.zero_point);
+    let mut acc = vec![0i64; c];
+    for (ri, row) in rd.chunks(cols).take(nr).enumerate() {
+        if !row.iter().all(|v| v.is_finite()) {
+            return Err(Error::invalid_arg(format!(
+                "{op}: RoI {ri} ({row:?}) has a value that is not a finite number"
+            ))
+            .with_blob(rn));
+        }
+        let (bi, bx) = if cols == 5 { (row[0], &row[1..]) } else { (0.0, row) };
+        // Caffe2 truncates the batch index to an int.
+        let bi = bi.trunc();
+        if !(bi >= 0.0 && (bi as usize) < n) {
+            return Err(Error::invalid_arg(format!(
+                "{op}: RoI {ri} of '{rn}' has batch index {}, not an image of X (N = {n})",
+                row[0]
+            ))
+            .with_blob(rn));
+        }
+        let img = &xd[bi as usize * h * w * c..(bi as usize + 1) * h * w * c];
+        let s = a.spatial_scale;
+        let (x0, y0) = (bx[0] * s, bx[1] * s);
+        let rw = (bx[2] * s - x0).max(1.0);
+        let rh = (bx[3] * s - y0).max(1.0);
+        let (bh, bw) = (rh / a.ph as f32, rw / a.pw as f32);
+        let grid = |bin: f32| super::detection::roi_grid(a.sampling, f64::from(bin));
+        let (gh, gw) = (grid(bh), grid(bw));
+        let samples = gh
+            .checked_mul(gw)
+            .and_then(|g| g.checked_mul(a.ph)?.checked_mul(a.pw))
+            .filter(|&t| t <= ROI_MAX_SAMPLES)
+            .map(|_| gh * gw)
+            .ok_or_else(|| {
+                Error::invalid_arg(format!(
+                    "{op}: RoI {ri} needs {gh} x {gw} samples per bin, too many; set sampling_ratio"
+                ))
+                .with_blob(rn)
+            })?;
+        let real = f64::from(xq.scale) / (f64::from(a.q.scale) * 255.0 * samples as f64);
+        let mult = multiplier(op, real, "X_scale / (255 Y_scale samples)", l.output_name(0))?;
+        for py in 0..a.ph {
+            for px in 0..a.pw {
+                acc.iter_mut().for_each(|v| *v = 0);
+                for iy in 0..gh {
+                    let sy = y0 + py as f32 * bh + (iy as f32 + 0.5) * bh / gh as f32;
+                    for ix in 0..gw {
+                        let sx = x0 + px as f32 * bw + (ix as f32 + 0.5) * bw / gw as f32;
+                        let (at, wt) = roi_sample(sy, sx, h, w);
+                        for (k, v) in acc.iter_mut().enumerate() {
+                            let mut s = -255 * xz;
+                            for (&p, &q) in at.iter().zip(&wt) {
+                                s += i64::from(q) * i64::from(img[p * c + k]);
+                            }
+                            *v += s;
+                        }
+                    }
+                }
+                let yo = ((ri * a.ph + py) * a.pw + px) * c;
+                for (k, &v) in acc.iter().enumerate() {
+                    y[yo + k] = requantize(v, mult, a.q, 0, 255);
+                }
+            }
+        }
+    }
+    let y = Tensor::from_vec(&ys, y)?;
+    set_q(l, 0, y, a.q.scale, a.q.zero_point);
+    Ok(())
+}
+
+// ------------------------------------------------------- shape inference --
+
+/// What inference knows of a quantised output: its data's dims and dtype
+/// (uint8 data; int32 for Int8GivenIntTensorFill).
+fn info(dims: Vec<i64>, dtype: DataType) -> Option<ShapeInfo> {
+    Some(ShapeInfo::new(dims, dtype))
+}
+
+/// Output 0 has input 0's dims, uint8 (the elementwise ops).
+fn infer_like_x(_: &Args<'_>, ins: &[Option<ShapeInfo>], _: usize) -> Result<Vec<Option<ShapeInfo>>> {
+    Ok(vec![rules::known(ins, 0).and_then(|x| info(x.dims.clone(), DataType::Uint8))])
+}
+
+fn infer_fill(a: &Args<'_>, dtype: DataType) -> Result<Vec<Option<ShapeInfo>>> {
+    Ok(vec![info(a.ints("shape")?.unwrap_or_default(), dtype)])
+}
+
+fn infer_fc(_: &Args<'_>, ins: &[Option<ShapeInfo>], _: usize) -> Result<Vec<Option<ShapeInfo>>> {
+    let dims = match (rules::known(ins, 0), rules::known(ins, 1)) {
+        (Some(x), Some(w)) if !x.dims.is_empty() && !w.dims.is_empty() => {
+            Some(vec![x.dims[0], w.dims[0]])
+        }
+        _ => None,
+    };
+    Ok(vec![dims.and_then(|d| info(d, DataType::Uint8))])
+}
+
+fn infer_flatten(a: &Args<'_>, ins: &[Option<ShapeInfo>], _: usize) -> Result<Vec<Option<ShapeInfo>>> {
+    let Some(x) = rules::known(ins, 0) else {
+        return Ok(vec![None]);
+    };
+    let axis = a.i64("axis", 1)?;
+    let nd = x.dims.len();
+    let ax = if axis == nd as i64 { nd } else { rules::canonical_axis(axis, nd)? };
+    let dims = vec![x.dims[..ax].iter().product(), x.dims[ax..].iter().product()];
+    Ok(vec![info(dims, DataType::Uint8)])
+}
+
+/// The dims of a known input as usizes (None when one is negative).
+fn udims(x: &ShapeInfo) -> Option<Vec<usize>> {
+    x.dims.iter().map(|&d| usize::try_from(d).ok()).collect()
+}
+
+fn idims(d: &[usize]) -> Vec<i64> {
+    d.iter().map(|&v| v as i64).collect()
+}
+
+fn infer_reshape(a: &Args<'_>, ins: &[Option<ShapeInfo>], n: usize) -> Result<Vec<Option<ShapeInfo>>> {
+    let x = rules::known(ins, 0).and_then(udims);
+    let new = match (&x, a.ints("shape")?) {
+        (Some(old), Some(want)) if ins.len() == 1 => {
+            let new = super::shape::resolve_shape("Int8Reshape", &want, old, "X")?;
+            info(idims(&new), DataType::Uint8)
+        }
+        _ => None,
+    };
+    let old = x.and_then(|d| info(vec![d.len() as i64], DataType::Int64));
+    Ok([new, old][..n.min(2)].to_vec())
+}
+
+fn infer_transpose(a: &Args<'_>, ins: &[Option<ShapeInfo>], _: usize) -> Result<Vec<Option<ShapeInfo>>> {
+    let Some(x) = rules::known(ins, 0) else {
+        return Ok(vec![None]);
+    };
+    let perm = super::shape::permutation(a.ints("axes")?.as_deref(), x.dims.len(), "X")?;
+    Ok(vec![info(perm.iter().map(|&p| x.dims[p]).collect(), DataType::Uint8)])
+}
+
+fn infer_slice(a: &Args<'_>, ins: &[Option<ShapeInfo>], _: usize) -> Result<Vec<Option<ShapeInfo>>> {
+    let (Some(x), Some(starts), Some(ends)) = (
+        rules::known(ins, 0).and_then(udims),
+        a.ints("starts")?,
+        a.ints("ends")?,
+    ) else {
+        return Ok(vec![None]);
+    };
+    let ranges = super::shape::slice_ranges(&x, &starts, &ends, "X")?;
+    Ok(vec![info(ranges.iter().map(|&(s, e)| (e - s) as i64).collect(), DataType::Uint8)])
+}
+
+fn infer_concat(a: &Args<'_>, ins: &[Option<ShapeInfo>], n: usize) -> Result<Vec<Option<ShapeInfo>>> {
+    let Some(ins) = ins.iter().cloned().collect::<Option<Vec<ShapeInfo>>>() else {
+        return Ok(vec![None; n]);
+    };
+    let default = match a.string("order", "")?.as_str() {
+        "NHWC" => 3,
+        "NCHW" => 1,
+        _ => 0,
+    };
+    let add_axis = a.i64("add_axis", 0)? != 0;
+    let first = &ins[0];
+    let axis = rules::canonical_axis(a.i64("axis", default)?, first.dims.len() + usize::from(add_axis))?;
+    let mut dims = first.dims.clone();
+    for t in &ins[1..] {
+        let same = t.dims.len() == first.dims.len()
+            && (0..dims.len()).all(|i| (i == axis && !add_axis) || t.dims[i] == first.dims[i]);
+        if !same {
+            return Err(Error::shape("the inputs cannot be joined"));
+        }
+        if !add_axis {
+            dims[axis] += t.dims[axis];
+        }
+    }
+    if add_axis {
+        dims.insert(axis, ins.len() as i64);
+    }
+    let split = info(vec![ins.len() as i64], DataType::Int32);
+    Ok([info(dims, DataType::Uint8), split][..n.min(2)].to_vec())
+}
+
+fn infer_roi_align(a: &Args<'_>, ins: &[Option<ShapeInfo>], _: usize) -> Result<Vec<Option<ShapeInfo>>> {
+    let dims = match (rules::known(ins, 0), rules::known(ins, 1)) {
+        (Some(x), Some(r)) if x.dims.len() == 4 && !r.dims.is_empty() => Some(vec![
+            r.dims[0],
+            a.i64("pooled_h", 1)?,
+            a.i64("pooled_w", 1)?,
+            x.dims[3],
+        ]),
+        _ => None,
+    };
+    Ok(vec![dims.and_then(|d| info(d, DataType::Uint8))])
 }
 
 // --------------------------------------------------------------- schemas --
@@ -1107,6 +1798,116 @@ const WINDOW_Y_ARGS: &[ArgDoc] = &[
     ),
 ];
 
+
+/// The arguments of the ops that keep X's quantisation.
+macro_rules! keep_q_args {
+    ($order:expr, $($extra:expr),* $(,)?) => {
+        &[
+            arg!("Y_scale", "float", "1.0", "must equal X's scale (the op does not requantise)"),
+            arg!("Y_zero_point", "int", "0", "must equal X's zero point"),
+            $order,
+            $($extra,)*
+        ]
+    };
+}
+
+const ORDER_IGNORED: ArgDoc = arg!(
+    "order",
+    "string",
+    "\"NCHW\"",
+    "accepted and not read (Caffe2's int8 nets give it)"
+);
+
+const ORDER_NHWC: ArgDoc = arg!(
+    "order",
+    "string",
+    "\"NCHW\"",
+    "must be given as \"NHWC\" (Caffe2's default, NCHW, is refused)"
+);
+
+const KEEP_ARGS: &[ArgDoc] = keep_q_args!(ORDER_IGNORED,);
+
+const LEAKY_ARGS: &[ArgDoc] = keep_q_args!(
+    ORDER_IGNORED,
+    arg!("alpha", "float", "0.01", "the slope below zero, in (0, 1)"),
+);
+
+const RESHAPE_ARGS: &[ArgDoc] = keep_q_args!(
+    ORDER_IGNORED,
+    arg!("shape", "list of int", "(none)", "the new shape: 0 copies X's dim, one -1 is inferred; or give it as the second input"),
+);
+
+const FLATTEN_ARGS: &[ArgDoc] = keep_q_args!(
+    ORDER_IGNORED,
+    arg!("axis", "int", "1", "the output is (prod of dims before axis, prod of the rest)"),
+);
+
+const SLICE_ARGS: &[ArgDoc] = keep_q_args!(
+    ORDER_IGNORED,
+    arg!("starts", "list of int", "none", "first index of each leading dim (or input 1)"),
+    arg!("ends", "list of int", "none", "end of each leading dim, exclusive; negative e means dim + 1 + e (or input 2)"),
+);
+
+const TRANSPOSE_ARGS: &[ArgDoc] = keep_q_args!(
+    ORDER_IGNORED,
+    arg!("axes", "list of int", "reversed dims", "output dim i is X's dim axes[i]"),
+);
+
+const SHUFFLE_ARGS: &[ArgDoc] = keep_q_args!(
+    ORDER_NHWC,
+    arg!("group", "int", "1", "the channels are G groups of C / G; channel g x (C / G) + k moves to k x G + g"),
+);
+
+const CONCAT_ARGS: &[ArgDoc] = keep_q_args!(
+    arg!("order", "string", "none", "NHWC: the axis defaults to 3, NCHW: to 1, and the inputs must be 4-D; not given: the axis defaults to 0"),
+    arg!("axis", "int", "by order", "the axis joined (negative: from the end, without an order)"),
+    arg!("add_axis", "int", "0", "1: join along a new axis at `axis`"),
+);
+
+const ADD_ARGS: &[ArgDoc] = &[
+    arg!("Y_scale", "float", "1.0", "the output's scale"),
+    arg!("Y_zero_point", "int", "0", "the output's zero point (0..=255)"),
+    ORDER_IGNORED,
+    arg!("broadcast", "int", "0", "accepted (0 or 1); the inputs must have one shape all the same, as Caffe2's Int8Add required"),
+];
+
+const ROI_ARGS: &[ArgDoc] = &[
+    arg!("spatial_scale", "float", "1.0", "RoI coordinates times this are X's pixels"),
+    arg!("pooled_h", "int", "1", "output bins down"),
+    arg!("pooled_w", "int", "1", "output bins across"),
+    arg!("sampling_ratio", "int", "-1", "samples per bin side; <= 0: ceil(bin size)"),
+    arg!("Y_scale", "float", "1.0", "the output's scale"),
+    arg!("Y_zero_point", "int", "0", "the output's zero point (0..=255)"),
+    arg!("order", "string", "\"NHWC\"", "NHWC only (the default here)"),
+];
+
+const CONV_T_ARGS: &[ArgDoc] = &[
+    arg!("kernel", "int", "the filter's", "the window size in both spatial dims"),
+    arg!("kernels", "list of int", "the filter's", "the window size per spatial dim"),
+    arg!("kernel_h", "int", "none", "window height (with kernel_w)"),
+    arg!("kernel_w", "int", "none", "window width (with kernel_h)"),
+    arg!("stride", "int", "1", "the stride in both spatial dims"),
+    arg!("strides", "list of int", "1s", "the stride per spatial dim"),
+    arg!("stride_h", "int", "1", "vertical stride"),
+    arg!("stride_w", "int", "1", "horizontal stride"),
+    arg!("pad", "int", "0", "padding cut from both ends of both spatial dims"),
+    arg!("pads", "list of int", "0s", "pads: the heads of each spatial dim, then the tails"),
+    arg!("pad_t", "int", "0", "top pad"),
+    arg!("pad_l", "int", "0", "left pad"),
+    arg!("pad_b", "int", "0", "bottom pad"),
+    arg!("pad_r", "int", "0", "right pad"),
+    arg!("adj", "int", "0", "extra output rows and columns (< stride)"),
+    arg!("adjs", "list of int", "0s", "extra output size per spatial dim"),
+    arg!("adj_h", "int", "0", "extra output rows"),
+    arg!("adj_w", "int", "0", "extra output columns"),
+    arg!("legacy_pad", "int", "0", "must be 0 (explicit pads)"),
+    arg!("global_pooling", "int", "0", "not for convolutions; leave 0"),
+    arg!("group", "int", "1", "1 only (Caffe2's Int8ConvTranspose ran one group)"),
+    ORDER_NHWC,
+    arg!("Y_scale", "float", "1.0", "the output's scale"),
+    arg!("Y_zero_point", "int", "0", "the output's zero point (0..=255)"),
+];
+
 pub fn schemas() -> Vec<OpSchema> {
     const CONV_DOC: &str = "Quantised 2-D convolution, NHWC: X (N, H, W, C) uint8, the filter (M, KH, KW, C / group) uint8, the bias (M) int32 (scale X_scale x W_scale, zero point 0), all Int8TensorCPU; the int32 sum of (x - X_zero_point) x (w - W_zero_point) plus the bias is requantised by X_scale x W_scale / Y_scale (< 1; Q31 fixed point, rounded as Caffe2's int8_utils) and offset by Y_zero_point. Window arguments as Conv's; padded taps add nothing.";
     const CONV_RELU_DOC: &str = "Int8Conv followed by Relu: outputs are clamped from below at Y_zero_point (the quantised 0.0).";
@@ -1115,20 +1916,26 @@ pub fn schemas() -> Vec<OpSchema> {
             .inputs(1, 1)
             .outputs(1, 1)
             .args(Y_ARGS)
+            .infer(infer_like_x)
             .doc("Quantises a float32 tensor X to a uint8 Int8TensorCPU: q = clamp(Y_zero_point + round(x / Y_scale), 0, 255), the division in float32 and halves rounded to even."),
         OpSchema::new("Int8Dequantize", build_dequantize)
             .inputs(1, 1)
             .outputs(1, 1)
+            .infer(|_, ins, n| {
+                Ok(vec![rules::known(ins, 0).and_then(|x| info(x.dims.clone(), DataType::Float)); n])
+            })
             .doc("The float32 tensor (q - zero_point) x scale of a uint8 Int8TensorCPU."),
         OpSchema::new("Int8GivenTensorFill", build_fill)
             .inputs(0, 0)
             .outputs(1, 1)
             .args(FILL_ARGS)
+            .infer(|a, _, _| infer_fill(a, DataType::Uint8))
             .doc("A uint8 Int8TensorCPU of `shape` whose values are the bytes of the string `values`, with scale Y_scale and zero point Y_zero_point (quantised weights)."),
         OpSchema::new("Int8GivenIntTensorFill", build_fill)
             .inputs(0, 0)
             .outputs(1, 1)
             .args(FILL_ARGS)
+            .infer(|a, _, _| infer_fill(a, DataType::Int32))
             .doc("An int32 Int8TensorCPU of `shape` with the ints `values`, scale Y_scale and zero point Y_zero_point (quantised biases: scale X_scale x W_scale, zero point 0)."),
         OpSchema::new("Int8Conv", build_conv)
             .inputs(3, 3)
@@ -1144,11 +1951,13 @@ pub fn schemas() -> Vec<OpSchema> {
             .inputs(3, 3)
             .outputs(1, 1)
             .args(Y_ARGS)
+            .infer(infer_fc)
             .doc("Quantised fully connected layer: X (M, ...) uint8 flattened to (M, K), W (N, K) uint8, the bias (N) int32 (scale X_scale x W_scale, zero point 0); Y (M, N) is the int32 sum of (x - X_zero_point) x (w - W_zero_point) plus the bias, requantised by X_scale x W_scale / Y_scale as Int8Conv's."),
         OpSchema::new("Int8Softmax", build_softmax)
             .inputs(1, 1)
             .outputs(1, 1)
             .args(Y_ARGS)
+            .infer(infer_like_x)
             .doc("Quantised softmax over each row of X (its first dim is the batch; a row is the rest). The output is quantised with scale 1/256 and zero point 0 (the Y arguments must say so): per row, e(v) = round(s x exp((v - max) x X_scale)) with s = min((2^32 - 1) / row length, 2^23 - 1), y = min(255, (256 e(v) + sum / 2) / sum) for sum the row's sum of e(v)."),
         OpSchema::new("Int8ResizeNearest", build_resize)
             .inputs(1, 1)
@@ -1156,18 +1965,88 @@ pub fn schemas() -> Vec<OpSchema> {
             .args(RESIZE_ARGS)
             .doc("Nearest-neighbour resize of a uint8 NHWC Int8TensorCPU as ResizeNearest's rule (output side floor(side x scale), source pixel min(floor(y / scale), side - 1)); the quantisation is kept (the Y arguments must equal X's)."),
     ];
-    for (name, doc) in [
-        ("Int8Sum", "Quantised sum of two uint8 Int8TensorCPUs of one shape, requantised to Y_scale and Y_zero_point: each addend is scaled by its scale / (2 x the larger scale) after a left shift by 20 bits, the sum by 2 x the larger scale / (2^20 x Y_scale) (Q31 multipliers, rounded as Caffe2's int8_utils)."),
-        ("Int8SumRelu", "Int8Sum followed by Relu: outputs are clamped from below at Y_zero_point."),
+    for (name, args, doc) in [
+        ("Int8Sum", Y_ARGS, "Quantised sum of two uint8 Int8TensorCPUs of one shape, requantised to Y_scale and Y_zero_point: each addend is scaled by its scale / (2 x the larger scale) after a left shift by 20 bits, the sum by 2 x the larger scale / (2^20 x Y_scale) (Q31 multipliers, rounded as Caffe2's int8_utils)."),
+        ("Int8SumRelu", Y_ARGS, "Int8Sum followed by Relu: outputs are clamped from below at Y_zero_point."),
+        ("Int8Add", ADD_ARGS, "Quantised elementwise A + B, as Int8Sum (Caffe2 registered the two as one kernel): A and B are uint8 Int8TensorCPUs of one shape (no broadcasting, as Caffe2's), the sum requantised to Y_scale and Y_zero_point."),
+        ("Int8AddRelu", ADD_ARGS, "Int8Add followed by Relu: outputs are clamped from below at Y_zero_point."),
     ] {
         v.push(
             OpSchema::new(name, build_sum)
                 .inputs(2, 2)
                 .outputs(1, 1)
-                .args(Y_ARGS)
+                .args(args)
+                .infer(infer_like_x)
                 .doc(doc),
         );
     }
+    v.extend([
+        OpSchema::new("Int8Relu", build_lut)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .args(KEEP_ARGS)
+            .infer(infer_like_x)
+            .doc("Quantised Relu: y = max(x, X_zero_point) (the quantised 0.0); the quantisation is kept (the Y arguments must equal X's)."),
+        OpSchema::new("Int8LeakyRelu", build_lut)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .args(LEAKY_ARGS)
+            .infer(infer_like_x)
+            .doc("Quantised LeakyRelu: x below X_zero_point becomes X_zero_point + alpha x (x - X_zero_point), alpha applied as a Q31 multiplier and a rounding right shift (int8_utils); x from the zero point up is kept. The quantisation is kept (the Y arguments must equal X's)."),
+        OpSchema::new("Int8Sigmoid", build_lut)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .args(Y_ARGS)
+            .infer(infer_like_x)
+            .doc("Quantised sigmoid (QNNPACK's table, float32): y = lrint(clamp(256 / (1 + exp(-X_scale x (x - X_zero_point))), 0, 255)), halves to even. The output is quantised with scale 1/256 and zero point 0 (the Y arguments must say so)."),
+        OpSchema::new("Int8Reshape", build_reshape)
+            .inputs(1, 2)
+            .outputs(1, 2)
+            .args(RESHAPE_ARGS)
+            .infer(infer_reshape)
+            .doc("Reshape of a uint8 Int8TensorCPU (Reshape's rules: the `shape` argument or an int32/int64 second input, 0 copies a dim, one -1 is inferred); outputs (the reshaped tensor, old_shape: X's dims as int64). The quantisation is kept (the Y arguments must equal X's)."),
+        OpSchema::new("Int8Flatten", build_flatten)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .args(FLATTEN_ARGS)
+            .infer(infer_flatten)
+            .doc("Flatten of a uint8 Int8TensorCPU to 2-D at `axis`; the quantisation is kept (the Y arguments must equal X's)."),
+        OpSchema::new("Int8Concat", build_concat)
+            .inputs(1, crate::operator::MANY)
+            .outputs(1, 2)
+            .args(CONCAT_ARGS)
+            .infer(infer_concat)
+            .doc("Joins uint8 Int8TensorCPUs along an axis (Concat's rules, with Caffe2's Int8Concat axis defaults); every input must have the output's quantisation (Y_scale, Y_zero_point), which is kept. Optional second output split_info: each input's int32 size along the axis."),
+        OpSchema::new("Int8Slice", build_slice)
+            .inputs(1, 3)
+            .outputs(1, 1)
+            .args(SLICE_ARGS)
+            .infer(infer_slice)
+            .doc("Slice of a uint8 Int8TensorCPU (Slice's rules: starts and ends as arguments or int32/int64 inputs 1 and 2); the quantisation is kept (the Y arguments must equal X's)."),
+        OpSchema::new("Int8Transpose", build_transpose)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .args(TRANSPOSE_ARGS)
+            .infer(infer_transpose)
+            .doc("Permutes the dims of a uint8 Int8TensorCPU (Transpose's `axes`); the quantisation is kept (the Y arguments must equal X's)."),
+        OpSchema::new("Int8ChannelShuffle", build_channel_shuffle)
+            .inputs(1, 1)
+            .outputs(1, 1)
+            .args(SHUFFLE_ARGS)
+            .infer(infer_like_x)
+            .doc("Channel shuffle of a uint8 NHWC Int8TensorCPU: the C channels of each pixel, G groups of K = C / G, are transposed to K groups of G (channel g x K + k moves to k x G + g). The quantisation is kept (the Y arguments must equal X's)."),
+        OpSchema::new("Int8ConvTranspose", build_conv_transpose)
+            .inputs(3, 3)
+            .outputs(1, 1)
+            .args(CONV_T_ARGS)
+            .doc("Quantised 2-D transposed convolution, NHWC: X (N, H, W, C) uint8, the filter (C, KH, KW, M) uint8, the bias (M) int32 (scale X_scale x W_scale, zero point 0); Y (N, (H - 1) x stride - pads + KH + adj, ..., M): each input pixel adds (x - X_zero_point) x (w - W_zero_point) where its taps land, plus the bias, requantised by X_scale x W_scale / Y_scale as Int8Conv's. Window arguments as ConvTranspose's (no dilation, one group)."),
+        OpSchema::new("Int8RoIAlign", build_roi_align)
+            .inputs(2, 2)
+            .outputs(1, 1)
+            .args(ROI_ARGS)
+            .infer(infer_roi_align)
+            .doc("Quantised RoIAlign of a uint8 NHWC Int8TensorCPU X over float32 RoIs (R, 4) or (R, 5) (batch index, x1, y1, x2, y2), as Caffe2's Int8RoIAlign: Y (R, pooled_h, pooled_w, C). Bin and sample positions are RoIAlign's (not aligned) in float32; each sample's four bilinear weights are rounded to 255ths, its sum of weight x value less 255 x X_zero_point is accumulated over the bin, and the bin is requantised by X_scale / (255 x Y_scale x samples per bin) and offset by Y_zero_point."),
+    ]);
     for (name, doc) in [
         ("Int8AveragePool", "Quantised average pooling of a uint8 NHWC Int8TensorCPU (window arguments as AveragePool's, 2-D): each output is (sum of the taps inside the image + count / 2) / count, count the taps inside; the quantisation is kept (the Y arguments must equal X's)."),
         ("Int8AveragePoolRelu", "Int8AveragePool clamped from below at the zero point."),

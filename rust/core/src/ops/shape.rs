@@ -310,34 +310,40 @@ fn transpose_of<T: Element>(t: &Tensor, axes: &[usize]) -> Result<Tensor> {
     Ok(T::wrap(copy_array(a)?))
 }
 
+/// Transpose's `axes` for an input of `nd` dims: the permutation (the dims
+/// reversed when not given), or an error naming the input blob.
+pub(crate) fn permutation(axes: Option<&[i64]>, nd: usize, name: &str) -> Result<Vec<usize>> {
+    let Some(axes) = axes else {
+        return Ok((0..nd).rev().collect());
+    };
+    let mut seen = vec![false; nd];
+    let ok = axes.len() == nd
+        && axes.iter().all(|&a| {
+            a >= 0 && (a as usize) < nd && !std::mem::replace(&mut seen[a as usize], true)
+        });
+    if !ok {
+        return Err(Error::invalid_arg(format!(
+            "axes {axes:?} is not a permutation of the {nd} dims of the input"
+        ))
+        .with_blob(name));
+    }
+    Ok(axes.iter().map(|&a| a as usize).collect())
+}
+
+/// `t` with its dims permuted (any dtype).
+pub(crate) fn transposed(t: &Tensor, perm: &[usize]) -> Result<Tensor> {
+    crate::with_match_dtype!(t.dtype(), |T| transpose_of::<T>(t, perm),
+        else other => Err(crate::tensor::unsupported_dtype(other)))
+}
+
 fn transpose(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let axes = ctx.args.ints("axes")?;
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
         let name = l.input_name(0);
         let t = l.tensor(0)?;
-        let nd = t.ndim();
-        let perm: Vec<usize> = match &axes {
-            None => (0..nd).rev().collect(),
-            Some(axes) => {
-                let mut seen = vec![false; nd];
-                let ok = axes.len() == nd
-                    && axes.iter().all(|&a| {
-                        a >= 0
-                            && (a as usize) < nd
-                            && !std::mem::replace(&mut seen[a as usize], true)
-                    });
-                if !ok {
-                    return Err(Error::invalid_arg(format!(
-                        "axes {axes:?} is not a permutation of the {nd} dims of the input"
-                    ))
-                    .with_blob(name));
-                }
-                axes.iter().map(|&a| a as usize).collect()
-            }
-        };
-        let out = crate::with_match_dtype!(t.dtype(), |T| transpose_of::<T>(t, &perm),
-            else other => Err(crate::tensor::unsupported_dtype(other)))?;
+        let perm = permutation(axes.as_deref(), t.ndim(), name)?;
+        let out = transposed(t, &perm)?;
         l.set_output(0, out);
         Ok(true)
     }))
@@ -640,7 +646,7 @@ fn slice_of<T: Element>(t: &Tensor, ranges: &[(usize, usize)]) -> Result<Tensor>
 }
 
 /// The range Slice takes along each dim of an input of shape `dims`.
-fn slice_ranges(
+pub(crate) fn slice_ranges(
     dims: &[usize],
     starts: &[i64],
     ends: &[i64],
@@ -707,12 +713,11 @@ fn slice_grad_of<T: Element>(
     Ok(dx)
 }
 
-fn slice(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
-    let grad = ctx.op_type() == "SliceGradient";
-    // SliceGradient's inputs are Slice's, then dY.
-    let n = ctx.num_inputs() - usize::from(grad);
+/// Slice's starts and ends as arguments (`Some`), or `None` when they come
+/// from inputs 1 and 2; `n` is the number of Slice inputs the op has.
+pub(crate) fn slice_args(ctx: &OpDefCtx<'_>, n: usize) -> Result<Option<(Vec<i64>, Vec<i64>)>> {
     let (starts, ends) = (ctx.args.ints("starts")?, ctx.args.ints("ends")?);
-    let what = ctx.op_type().to_string();
+    let what = ctx.op_type();
     match (n, &starts, &ends) {
         (1, Some(_), Some(_)) | (3, None, None) => {}
         (2, ..) => {
@@ -731,13 +736,35 @@ fn slice(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             )))
         }
     }
+    Ok(starts.zip(ends))
+}
+
+/// The starts and ends of a Slice: the arguments, or inputs 1 and 2.
+pub(crate) fn slice_bounds(
+    l: &Locked<'_>,
+    args: &Option<(Vec<i64>, Vec<i64>)>,
+) -> Result<(Vec<i64>, Vec<i64>)> {
+    match args {
+        Some((s, e)) => Ok((s.clone(), e.clone())),
+        None => Ok((index_input(l, 1)?, index_input(l, 2)?)),
+    }
+}
+
+/// `t` sliced (any dtype) to `ranges`, one per leading dim.
+pub(crate) fn sliced(t: &Tensor, ranges: &[(usize, usize)]) -> Result<Tensor> {
+    crate::with_match_dtype!(t.dtype(), |T| slice_of::<T>(t, ranges),
+        else other => Err(crate::tensor::unsupported_dtype(other)))
+}
+
+fn slice(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let grad = ctx.op_type() == "SliceGradient";
+    // SliceGradient's inputs are Slice's, then dY.
+    let n = ctx.num_inputs() - usize::from(grad);
+    let bounds = slice_args(ctx, n)?;
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
         let name = l.input_name(0);
-        let (starts, ends) = match (&starts, &ends) {
-            (Some(s), Some(e)) => (s.clone(), e.clone()),
-            _ => (index_input(&l, 1)?, index_input(&l, 2)?),
-        };
+        let (starts, ends) = slice_bounds(&l, &bounds)?;
         let t = l.tensor(0)?;
         let ranges = slice_ranges(t.shape(), &starts, &ends, name)?;
         let out = if grad {
@@ -750,8 +777,7 @@ fn slice(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             ))))
             .map_err(|e| e.with_blob(dy_name))?
         } else {
-            crate::with_match_dtype!(t.dtype(), |T| slice_of::<T>(t, &ranges),
-                else other => Err(crate::tensor::unsupported_dtype(other)))?
+            sliced(t, &ranges)?
         };
         l.set_output(0, out);
         Ok(true)
@@ -933,7 +959,7 @@ fn reshaped_of<T: Element>(t: &Tensor, shape: &[usize]) -> Result<Tensor> {
 }
 
 /// `t` with the new shape `shape` (same element count, checked by callers).
-fn reshaped(t: &Tensor, shape: &[usize]) -> Result<Tensor> {
+pub(crate) fn reshaped(t: &Tensor, shape: &[usize]) -> Result<Tensor> {
     crate::with_match_dtype!(t.dtype(), |T| reshaped_of::<T>(t, shape),
         else other => Err(crate::tensor::unsupported_dtype(other)))
 }
@@ -948,7 +974,7 @@ fn set_reshaped(l: &mut Locked<'_>, shape: &[usize]) -> Result<()> {
 /// Caffe2's shape rules: 0 copies the input's dim (a 0 past the input's
 /// dims stays 0, and so does every 0 when the input is empty), one -1 is
 /// inferred (0 for an empty input when the other dims multiply to 0).
-fn resolve_shape(op: &str, want: &[i64], old: &[usize], blob: &str) -> Result<Vec<usize>> {
+pub(crate) fn resolve_shape(op: &str, want: &[i64], old: &[usize], blob: &str) -> Result<Vec<usize>> {
     let total: usize = old.iter().product();
     // Caffe2's documented rule: "When the tensor is empty, dimension of 0
     // will remain to be 0" ([4, 0] reshaped to [0, -1] is [0, 0]).
@@ -1009,7 +1035,7 @@ fn resolve_shape(op: &str, want: &[i64], old: &[usize], blob: &str) -> Result<Ve
     Ok(out)
 }
 
-fn shape_input(l: &Locked<'_>, op: &str, i: usize) -> Result<Vec<i64>> {
+pub(crate) fn shape_input(l: &Locked<'_>, op: &str, i: usize) -> Result<Vec<i64>> {
     let t = l.tensor(i)?;
     super::kit::int_vector(t)?.ok_or_else(|| {
         let name = l.input_name(i);
@@ -1022,7 +1048,15 @@ fn shape_input(l: &Locked<'_>, op: &str, i: usize) -> Result<Vec<i64>> {
     })
 }
 
-fn build_reshape(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+/// The dims of a shape as a 1-D int64 tensor (Reshape's old_shape).
+pub(crate) fn dims_tensor(dims: &[usize]) -> Result<Tensor> {
+    let v: Vec<i64> = crate::tensor::try_collect(dims.iter().map(|&d| d as i64), "a kernel buffer")?;
+    Tensor::from_vec(&[v.len()], v)
+}
+
+/// Reshape's `shape` argument, or `None` when the second input gives it
+/// (one of the two, not both).
+pub(crate) fn reshape_arg(ctx: &OpDefCtx<'_>) -> Result<Option<Vec<i64>>> {
     let arg = ctx.args.ints("shape")?;
     let two_in = ctx.num_inputs() == 2;
     match (&arg, two_in) {
@@ -1038,6 +1072,11 @@ fn build_reshape(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         }
         _ => {}
     }
+    Ok(arg)
+}
+
+fn build_reshape(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let arg = reshape_arg(ctx)?;
     let old_out = ctx.num_outputs() == 2;
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
@@ -1050,12 +1089,7 @@ fn build_reshape(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         let new = resolve_shape("Reshape", &want, &old, &name)?;
         set_reshaped(&mut l, &new)?;
         if old_out {
-            let dims: Vec<i64> =
-                crate::tensor::try_collect(old.iter().map(|&d| d as i64), "a kernel buffer")?;
-            let n = dims.len();
-            let t = ArrayD::from_shape_vec(IxDyn(&[n]), dims)
-                .map_err(|e| Error::internal(e.to_string()))?;
-            l.set_output(1, Tensor::from(t));
+            l.set_output(1, dims_tensor(&old)?);
         }
         Ok(true)
     }))

@@ -887,74 +887,84 @@ fn split_infer(
     Ok(out)
 }
 
+/// The inputs joined along `axis` (negative: from the end; with
+/// `add_axis`, a new axis there), and split_info, each input's int32 size
+/// along the axis; errors name the blob at fault (`out`: the output's).
+pub(crate) fn join(
+    inputs: &[(&str, &Tensor)],
+    axis: i64,
+    add_axis: bool,
+    out: &str,
+) -> Result<(Tensor, Tensor)> {
+    let (name0, first) = inputs[0];
+    let ndim = first.ndim();
+    let adj = ndim + usize::from(add_axis);
+    let canon = if axis < 0 { axis + adj as i64 } else { axis };
+    if canon < 0 || canon >= adj as i64 {
+        return Err(Error::invalid_arg(format!(
+            "axis {axis} is out of range for inputs of {ndim} dims{}",
+            if add_axis {
+                " (plus the added axis)"
+            } else {
+                ""
+            }
+        ))
+        .with_blob(name0));
+    }
+    let canon = canon as usize;
+    for &(name, t) in &inputs[1..] {
+        if t.dtype() != first.dtype() {
+            return Err(Error::type_error(format!(
+                "all inputs must have the same dtype: expected {} but got {}",
+                first.dtype(),
+                t.dtype()
+            ))
+            .with_blob(name));
+        }
+        let dims_match = t.ndim() == ndim
+            && (0..ndim).all(|i| (i == canon && !add_axis) || t.shape()[i] == first.shape()[i]);
+        if !dims_match {
+            return Err(Error::shape(format!(
+                "the inputs may differ only along axis {canon}{}: {:?} ('{name0}') vs {:?}",
+                if add_axis { " (none may differ with add_axis)" } else { "" },
+                first.shape(),
+                t.shape()
+            ))
+            .with_blob(name));
+        }
+    }
+    let split = inputs
+        .iter()
+        .map(|&(name, t)| {
+            if add_axis {
+                Ok(1)
+            } else {
+                i32::try_from(t.shape()[canon]).map_err(|_| {
+                    Error::shape(format!(
+                        "dim {canon} of size {} does not fit int32",
+                        t.shape()[canon]
+                    ))
+                    .with_blob(name)
+                })
+            }
+        })
+        .collect::<Result<Vec<i32>>>()?;
+    let joined = by_dtype!(first.dtype(), concat_typed(inputs, canon, add_axis))
+        .map_err(|e| e.with_blob(out))?;
+    Ok((joined, Tensor::from_vec(&[inputs.len()], split)?))
+}
+
 fn concat(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     let (axis, add_axis) = axis_args(ctx, "concat")?;
     let ni = ctx.num_inputs();
     Ok(kernel(move |cx| {
         let mut l = cx.lock();
-        let (out, split) =
-            {
-                let inputs = (0..ni)
-                    .map(|i| Ok((l.input_name(i), l.tensor(i)?)))
-                    .collect::<Result<Vec<_>>>()?;
-                let (name0, first) = inputs[0];
-                let ndim = first.ndim();
-                let adj = ndim + usize::from(add_axis);
-                let canon = if axis < 0 { axis + adj as i64 } else { axis };
-                if canon < 0 || canon >= adj as i64 {
-                    return Err(Error::invalid_arg(format!(
-                        "axis {axis} is out of range for inputs of {ndim} dims{}",
-                        if add_axis {
-                            " (plus the added axis)"
-                        } else {
-                            ""
-                        }
-                    ))
-                    .with_blob(name0));
-                }
-                let canon = canon as usize;
-                for &(name, t) in &inputs[1..] {
-                    if t.dtype() != first.dtype() {
-                        return Err(Error::type_error(format!(
-                            "all inputs must have the same dtype: expected {} but got {}",
-                            first.dtype(),
-                            t.dtype()
-                        ))
-                        .with_blob(name));
-                    }
-                    let dims_match = t.ndim() == ndim
-                        && (0..ndim)
-                            .all(|i| (i == canon && !add_axis) || t.shape()[i] == first.shape()[i]);
-                    if !dims_match {
-                        return Err(Error::shape(format!(
-                        "the inputs may differ only along axis {canon}{}: {:?} ('{name0}') vs {:?}",
-                        if add_axis { " (none may differ with add_axis)" } else { "" },
-                        first.shape(),
-                        t.shape()
-                    ))
-                        .with_blob(name));
-                    }
-                }
-                let split = inputs
-                    .iter()
-                    .map(|&(name, t)| {
-                        if add_axis {
-                            Ok(1)
-                        } else {
-                            i32::try_from(t.shape()[canon]).map_err(|_| {
-                                Error::shape(format!(
-                                    "dim {canon} of size {} does not fit int32",
-                                    t.shape()[canon]
-                                ))
-                                .with_blob(name)
-                            })
-                        }
-                    })
-                    .collect::<Result<Vec<i32>>>()?;
-                let out = by_dtype!(first.dtype(), concat_typed(&inputs, canon, add_axis))
-                    .map_err(|e| e.with_blob(l.output_name(0)))?;
-                (out, Tensor::from_vec(&[ni], split)?)
-            };
+        let (out, split) = {
+            let inputs = (0..ni)
+                .map(|i| Ok((l.input_name(i), l.tensor(i)?)))
+                .collect::<Result<Vec<_>>>()?;
+            join(&inputs, axis, add_axis, l.output_name(0))?
+        };
         l.set_output(0, out);
         l.set_output(1, split);
         Ok(true)
