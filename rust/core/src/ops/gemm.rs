@@ -1,10 +1,22 @@
 //! Matrix products for the kernels (`nn.rs`, `conv.rs`, `winograd.rs`):
-//! float32 products that are small or have few columns on `small` (AVX2 +
-//! FMA, detected at run time), the others on `matrixmultiply`, on strided
-//! matrices, bounds checked once; [`par_gemm`] splits a large product into
-//! chunks of C's rows or columns that the caller and idle threads of the
-//! kernel pool (rayon) claim one at a time (issue 14; thresholds chosen by
-//! measurement, BENCHMARKS.md "GEMM (issue 14)").
+//! float32 products with at most four rows of C on `thin` (matrix-vector
+//! products: FC at batch 1 to 4, its dX, MatMul by a vector; BENCHMARKS.md
+//! "Matrix-vector products"), others that are small or have few columns
+//! on `small` (both AVX2 + FMA, detected at run time), the rest on
+//! `matrixmultiply`, on strided matrices, bounds checked once; [`par_gemm`]
+//! splits a large product into chunks of C's rows or columns that the
+//! caller and idle threads of the kernel pool (rayon) claim one at a time
+//! (issue 14; thresholds chosen by measurement, BENCHMARKS.md "GEMM (issue
+//! 14)").
+//!
+//! Bits: the kernel is chosen once per product ([`kernel`], from its shape
+//! and strides, never from the pool's size), and in every kernel an
+//! element of C is computed by the same operations whichever rows or
+//! columns are computed with it (`small`: one fused multiply-add chain over
+//! k in order per element, whatever its tile; `thin`: see there); so a
+//! product split across the pool has the same bits as on one thread,
+//! whatever the pool's size or the chunks' boundaries. (They may differ
+//! between kernels, so between CPUs with and without AVX2 + FMA.)
 //!
 //! The split never runs more threads than the kernel pool has
 //! (`RAYON_NUM_THREADS`, `threads::set_num_threads`): the caller works on
@@ -859,7 +871,7 @@ mod tests {
 
     #[test]
     fn f32_small_and_odd_products_match_the_triple_loop() {
-        for m in [1, 2, 5, 6, 7, 13] {
+        for m in [1, 2, 5, 6, 7, 8, 13, 14] {
             for n in [1, 3, 8, 9, 10, 15, 16, 17, 24, 33] {
                 for k in [1, 2, 7, 16] {
                     check_f32(m, k, n);
