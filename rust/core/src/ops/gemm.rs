@@ -76,7 +76,13 @@ enum Kernel {
 /// `matrixmultiply` for the rest. A split product asks once, for the whole
 /// product, so every chunk runs the kernel the calling thread alone would
 /// have run and the result has the same bits whatever the pool's size.
-fn kernel<T: Float>(m: usize, k: usize, n: usize, sa: (usize, usize), sb: (usize, usize)) -> Kernel {
+fn kernel<T: Float>(
+    m: usize,
+    k: usize,
+    n: usize,
+    sa: (usize, usize),
+    sb: (usize, usize),
+) -> Kernel {
     if T::DTYPE != DataType::Float || !small::available() {
         return Kernel::Packed;
     }
@@ -921,8 +927,14 @@ mod tests {
         assert_eq!(kernel::<f32>(1, n, k, (n, 1), (k, 1)), want(Kernel::Axpy));
         // A transposed: `Axpy` reads it in place; with B transposed too,
         // neither layout (more than one row).
-        assert_eq!(kernel::<f32>(3, 64, 64, (1, 3), (64, 1)), want(Kernel::Axpy));
-        assert_eq!(kernel::<f32>(3, 64, 64, (1, 3), (1, 64)), want(Kernel::Small));
+        assert_eq!(
+            kernel::<f32>(3, 64, 64, (1, 3), (64, 1)),
+            want(Kernel::Axpy)
+        );
+        assert_eq!(
+            kernel::<f32>(3, 64, 64, (1, 3), (1, 64)),
+            want(Kernel::Small)
+        );
         assert_eq!(kernel::<f32>(5, k, n, (k, 1), (1, k)), Kernel::Packed);
         assert_eq!(kernel::<f64>(1, k, n, (k, 1), (1, k)), Kernel::Packed);
     }
@@ -939,7 +951,12 @@ mod tests {
             let b: Vec<f32> = (0..k * n)
                 .map(|i| ((i * 53 % 103) as f32) / 89.0 - 0.5)
                 .collect();
-            for (sb, sc) in [((n, 1), (n, 1)), ((1, k), (n, 1)), ((1, k), (1, m)), ((n, 1), (1, m))] {
+            for (sb, sc) in [
+                ((n, 1), (n, 1)),
+                ((1, k), (n, 1)),
+                ((1, k), (1, m)),
+                ((n, 1), (1, m)),
+            ] {
                 let c0: Vec<f32> = (0..m * n).map(|i| (i % 7) as f32 / 3.0).collect();
                 let mut one = c0.clone();
                 gemm(m, k, n, 1.5, &a, (k, 1), &b, sb, 0.5, &mut one, sc);
@@ -950,12 +967,26 @@ mod tests {
                 for workers in [2, 3, 5] {
                     let mut chunked = c0.clone();
                     let s = Split::new(
-                        m, k, n, 1.5, &a, (k, 1), &b, sb, 0.5, &mut chunked, sc, workers,
+                        m,
+                        k,
+                        n,
+                        1.5,
+                        &a,
+                        (k, 1),
+                        &b,
+                        sb,
+                        0.5,
+                        &mut chunked,
+                        sc,
+                        workers,
                     );
                     assert!(!s.by_rows);
                     // SAFETY: the operands outlive `s`, run on this thread.
                     assert!(unsafe { s.work() });
-                    assert!(same(&chunked), "{m}x{k}x{n} sb {sb:?} sc {sc:?} for {workers}");
+                    assert!(
+                        same(&chunked),
+                        "{m}x{k}x{n} sb {sb:?} sc {sc:?} for {workers}"
+                    );
                 }
                 // And right, loosely, against f64.
                 for &(i, j) in &[(0, 0), (m - 1, n - 1), (m / 2, n / 3), (0, 517)] {
@@ -964,7 +995,10 @@ mod tests {
                         .sum();
                     let want = 1.5 * s + 0.5 * f64::from(c0[i * sc.0 + j * sc.1]);
                     let got = f64::from(split[i * sc.0 + j * sc.1]);
-                    assert!((got - want).abs() < 1e-3, "{m}x{k}x{n} ({i}, {j}): {got} vs {want}");
+                    assert!(
+                        (got - want).abs() < 1e-3,
+                        "{m}x{k}x{n} ({i}, {j}): {got} vs {want}"
+                    );
                 }
             }
         }
