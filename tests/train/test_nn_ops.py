@@ -55,6 +55,36 @@ def test_fc_forward_matches_numpy(fresh):
     np.testing.assert_allclose(yt, y, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5])
+def test_fc_and_matmul_with_few_rows_match_numpy(fresh, m):
+    # float32 products with at most 4 rows of C run on their own kernels
+    # (dot products along W's rows, or multiples of B's rows added up):
+    # K not a multiple of the vector width, N past the kernels' blocks and
+    # large enough to be split across the kernel pool.
+    rng = np.random.default_rng(m)
+    for k, n in [(7, 3), (33, 17), (1030, 600), (4100, 700)]:
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        w = rng.standard_normal((n, k)).astype(np.float32)
+        b = rng.standard_normal(n).astype(np.float32)
+        x64, w64 = x.astype(np.float64), w.astype(np.float64)
+        tol = dict(rtol=1e-4, atol=1e-4 * np.sqrt(k))
+        (y,) = run("FC", {"x": x, "w": w, "b": b}, ["y"])
+        np.testing.assert_allclose(y, x64 @ w64.T + b, **tol)
+        dy = rng.standard_normal((m, n)).astype(np.float32)
+        dw, db, dx = run("FCGradient", {"x": x, "w": w, "dy": dy}, ["dw", "db", "dx"])
+        np.testing.assert_allclose(dx, dy.astype(np.float64) @ w64, **tol)
+        np.testing.assert_allclose(dw, dy.T.astype(np.float64) @ x64, **tol)
+        np.testing.assert_allclose(db, dy.sum(0), rtol=1e-5, atol=1e-5)
+        for ta, tb in [(0, 0), (1, 0), (0, 1), (1, 1)]:
+            a = np.ascontiguousarray(x.T) if ta else x
+            bb = w if tb else np.ascontiguousarray(w.T)
+            (c,) = run("MatMul", {"a": a, "b": bb}, ["c"], trans_a=ta, trans_b=tb)
+            np.testing.assert_allclose(c, x64 @ w64.T, **tol)
+            # The same bits on a second run.
+            (c2,) = run("MatMul", {"a": a, "b": bb}, ["c"], trans_a=ta, trans_b=tb)
+            assert c.tobytes() == c2.tobytes()
+
+
 def test_fc_bad_shapes_are_typed_errors(fresh):
     x = np.zeros((2, 3), np.float32)
     with pytest.raises(errors.ShapeError, match="dimension mismatch"):

@@ -1,12 +1,26 @@
 //! Matrix products for the kernels (`nn.rs`, `conv.rs`, `winograd.rs`):
-//! float32 products that are small or have few columns on `small` (AVX2 +
-//! FMA, detected at run time), the others on the `gemm` crate (AVX-512
-//! where the CPU has it, K cut in fixed blocks: [`blocked`]); float64 on
-//! `matrixmultiply`; on strided
-//! matrices, bounds checked once; [`par_gemm`] splits a large product into
-//! chunks of C's rows or columns that the caller and idle threads of the
-//! kernel pool (rayon) claim one at a time (issue 14; thresholds chosen by
-//! measurement, BENCHMARKS.md "GEMM (issue 14)").
+//! float32 products with at most four rows of C on `thin` (matrix-vector
+//! products: FC at batch 1 to 4, its dX, MatMul by a vector; BENCHMARKS.md
+//! "Matrix-vector products"), others that are tiny, have few columns or
+//! few rows over a transposed B on `small` (both AVX2 + FMA, detected at
+//! run time), the rest on the `gemm` crate (AVX-512 where the CPU has it,
+//! K cut in fixed blocks: [`blocked`]); float64 on `matrixmultiply`; on
+//! strided matrices, bounds checked once; [`par_gemm`] splits a large
+//! product into chunks of C's rows or columns that the caller and idle
+//! threads of the kernel pool (rayon) claim one at a time (issue 14;
+//! thresholds chosen by measurement, BENCHMARKS.md "GEMM (issue 14)" and
+//! "GEMM on AVX-512 (issues 29, 30)").
+//!
+//! Bits: the kernel is chosen once per product ([`kernel`], from its shape
+//! and strides, never from the pool's size), and in every kernel an
+//! element of C is computed by the same operations whichever rows or
+//! columns are computed with it (`small`: one fused multiply-add chain over
+//! k in order per element, whatever its tile; `thin`: see there; the
+//! crate: K in blocks of [`KC`], and never a chunk small enough for its
+//! dot-product kernels, see [`par_gemm`]); so a product split across the
+//! pool has the same bits as on one thread, whatever the pool's size or
+//! the chunks' boundaries. (They may differ between kernels, so between
+//! CPUs with and without AVX2 + FMA or AVX-512.)
 //!
 //! The split never runs more threads than the kernel pool has
 //! (`RAYON_NUM_THREADS`, `threads::set_num_threads`): the caller works on
@@ -20,6 +34,7 @@ use rayon::prelude::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 mod small;
+mod thin;
 
 /// Which float32 products run on `small` (where the CPU has AVX2 and FMA)
 /// rather than the `gemm` crate (AVX-512 where the CPU has it), measured
@@ -53,27 +68,66 @@ fn use_small(m: usize, k: usize, n: usize, sb: (usize, usize)) -> bool {
     (n <= SMALL_N || tiny_c || macs < SMALL_MACS || thin_transposed) && small::available()
 }
 
-/// Whether an `m x k x n` product of `T` runs on `small` (on this CPU):
-/// float32 only. A split product asks once, for the whole product, so
-/// every chunk runs the kernel the calling thread alone would have run and
-/// the result has the same bits whatever the pool's size.
-#[inline]
-fn runs_small<T: Float>(m: usize, k: usize, n: usize, sb: (usize, usize)) -> bool {
-    T::DTYPE == DataType::Float && use_small(m, k, n, sb)
+/// The kernel of a product.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kernel {
+    /// The `gemm` crate for float32 (packs its operands; AVX-512 where
+    /// the CPU has it), `matrixmultiply` for float64.
+    Packed,
+    /// `small`: small and thin products.
+    Small,
+    /// `thin::dot`: at most `thin::ROWS` rows of C, A's rows and B's
+    /// columns contiguous (FC's layout).
+    Dot,
+    /// `thin::axpy`: at most `thin::ROWS` rows of C, B's rows contiguous.
+    Axpy,
 }
 
-/// C = alpha A B + beta C on raw pointers: on `small` if `small` (only
-/// where [`runs_small`] said so for some product), else on
-/// the `gemm` crate ([`blocked`]) for float32, `matrixmultiply`'s `dgemm`
-/// for float64 (the match on
-/// the dtype constant is resolved when the function is compiled for `T`).
+/// The kernel of an `m x k x n` product of `T` with A's and B's strides
+/// `sa`, `sb` (on this CPU): `thin` for float32 with at most
+/// [`thin::ROWS`] rows of C in its layouts (matrix-vector products, bound
+/// by reading B from memory), `small` for other small float32 products,
+/// `matrixmultiply` for the rest. A split product asks once, for the whole
+/// product, so every chunk runs the kernel the calling thread alone would
+/// have run and the result has the same bits whatever the pool's size.
+/// (`matrixmultiply` above stands for the `gemm` crate in float32.)
+fn kernel<T: Float>(
+    m: usize,
+    k: usize,
+    n: usize,
+    sa: (usize, usize),
+    sb: (usize, usize),
+) -> Kernel {
+    if T::DTYPE != DataType::Float || !small::available() {
+        return Kernel::Packed;
+    }
+    if m <= thin::ROWS {
+        if thin::dot_layout(sa, sb) {
+            return Kernel::Dot;
+        }
+        if thin::axpy_layout(sb) {
+            return Kernel::Axpy;
+        }
+    }
+    if use_small(m, k, n, sb) {
+        Kernel::Small
+    } else {
+        Kernel::Packed
+    }
+}
+
+/// C = alpha A B + beta C on raw pointers, on `kernel` (only where
+/// [`kernel`] chose it for some product; `Packed` is the `gemm` crate for
+/// float32 ([`blocked`]) and `matrixmultiply`'s `dgemm` for float64; the
+/// match on the dtype constant is resolved when the function is compiled
+/// for `T`).
 ///
 /// # Safety
 /// Every index the strides reach must be inside the buffers, and C must
 /// alias neither A nor B.
 #[allow(clippy::too_many_arguments)]
 unsafe fn raw<T: Float>(
-    small: bool,
+    kernel: Kernel,
     m: usize,
     k: usize,
     n: usize,
@@ -92,13 +146,15 @@ unsafe fn raw<T: Float>(
         DataType::Float => {
             let (a, b, c) = (a.cast::<f32>(), b.cast::<f32>(), c.cast::<f32>());
             let (alpha, beta) = (alpha.to_f32(), beta.to_f32());
-            // SAFETY: forwarded from the caller's contract; `small` only
-            // where `use_small` found the CPU runs the small kernel.
+            // SAFETY: forwarded from the caller's contract; `small` and
+            // `thin` only where `kernel` found the CPU runs them (and
+            // `thin` only for the rows and layouts it takes).
             unsafe {
-                if small {
-                    small::sgemm(m, k, n, alpha, a, sa, b, sb, beta, c, sc)
-                } else {
-                    blocked(m, k, n, alpha, a, sa, b, sb, beta, c, sc)
+                match kernel {
+                    Kernel::Small => small::sgemm(m, k, n, alpha, a, sa, b, sb, beta, c, sc),
+                    Kernel::Dot => thin::dot(m, k, n, alpha, a, sa.0, b, sb.1, beta, c, sc),
+                    Kernel::Axpy => thin::axpy(m, k, n, alpha, a, sa, b, sb.0, beta, c, sc),
+                    Kernel::Packed => blocked(m, k, n, alpha, a, sa, b, sb, beta, c, sc),
                 }
             }
         }
@@ -237,7 +293,7 @@ pub(crate) fn gemm<T: Float>(
     // mutable slice, so it aliases neither A nor B.
     unsafe {
         raw(
-            runs_small::<T>(m, k, n, sb),
+            kernel::<T>(m, k, n, sa, sb),
             m,
             k,
             n,
@@ -345,7 +401,7 @@ struct Split<T> {
     c: *mut T,
     sc: (isize, isize),
     /// The kernel of every chunk, chosen for the whole product.
-    small: bool,
+    kernel: Kernel,
     by_rows: bool,
     len: usize,
     /// Chunk boundaries are multiples of this (but the last).
@@ -382,8 +438,14 @@ impl<T: Float> Split<T> {
         sc: (usize, usize),
         workers: usize,
     ) -> Self {
-        let small = runs_small::<T>(m, k, n, sb);
-        let (by_rows, unit, chunks) = plan(m, n, sb, small, workers);
+        let kernel = kernel::<T>(m, k, n, sa, sb);
+        let (by_rows, unit, chunks) = match kernel {
+            // A few rows: chunks of C's columns (of B's rows, for `Dot`),
+            // four per thread; each element's bits do not depend on the
+            // columns computed with it (see `thin`).
+            Kernel::Dot | Kernel::Axpy => (false, 16, (4 * workers).min(n / 16).max(1)),
+            _ => plan(m, n, sb, kernel == Kernel::Small, workers),
+        };
         let len = if by_rows { m } else { n };
         let is = |s: (usize, usize)| (s.0 as isize, s.1 as isize);
         Split {
@@ -398,7 +460,7 @@ impl<T: Float> Split<T> {
             sb: is(sb),
             c: c.as_mut_ptr(),
             sc: is(sc),
-            small,
+            kernel,
             by_rows,
             len,
             unit,
@@ -437,7 +499,7 @@ impl<T: Float> Split<T> {
             unsafe {
                 if self.by_rows {
                     raw(
-                        self.small,
+                        self.kernel,
                         hi - lo,
                         self.k,
                         self.n,
@@ -452,7 +514,7 @@ impl<T: Float> Split<T> {
                     )
                 } else {
                     raw(
-                        self.small,
+                        self.kernel,
                         self.m,
                         self.k,
                         hi - lo,
@@ -629,7 +691,7 @@ pub(crate) fn par_gemm<T: Float>(
     // kernels (C of at most 256 elements, or one row) unless the whole
     // product would, or its sums would run in another order: both sides of
     // C above 16, so every chunk (at least 16 rows or columns) has more.
-    let on_crate = T::DTYPE == DataType::Float && !runs_small::<T>(m, k, n, sb);
+    let on_crate = T::DTYPE == DataType::Float && kernel::<T>(m, k, n, sa, sb) == Kernel::Packed;
     let crate_shape_ok = !on_crate || m.min(n) > 16;
     if helpers == 0 || !distinct || !crate_shape_ok {
         return gemm(m, k, n, alpha, a, sa, b, sb, beta, c, sc);
@@ -754,7 +816,7 @@ pub(crate) fn par_column_blocks<T: Float>(
         // and C (a mutable slice) aliases neither A nor a scratch buffer.
         unsafe {
             raw(
-                runs_small::<T>(m, k, nc, (nc, 1)),
+                kernel::<T>(m, k, nc, sa, (nc, 1)),
                 m,
                 k,
                 nc,
@@ -899,7 +961,7 @@ mod tests {
 
     #[test]
     fn f32_small_and_odd_products_match_the_triple_loop() {
-        for m in [1, 2, 5, 6, 7, 13] {
+        for m in [1, 2, 5, 6, 7, 8, 13, 14] {
             for n in [1, 3, 8, 9, 10, 15, 16, 17, 24, 33] {
                 for k in [1, 2, 7, 16] {
                     check_f32(m, k, n);
@@ -923,6 +985,106 @@ mod tests {
             (70, 33, 129),
         ] {
             check_f32(m, k, n);
+        }
+    }
+
+    #[test]
+    fn f32_thin_products_match_the_triple_loop() {
+        // At most `thin::ROWS` rows (and 5, past them): k and n not
+        // multiples of the vector width, n past `thin::BLOCK`, every
+        // transposition, alpha and beta, C row-major, column-major, padded.
+        for m in [1, 2, 3, 4, 5] {
+            for &(k, n) in &[(1, 5), (9, 3), (8, 1), (31, 17), (100, 530), (257, 1030)] {
+                check_f32(m, k, n);
+            }
+        }
+    }
+
+    #[test]
+    fn thin_products_run_on_the_thin_kernels() {
+        let on = small::available();
+        let want = |k| if on { k } else { Kernel::Packed };
+        // FC at batch 1 and 4 (W transposed), its dX (W plain).
+        let (k, n) = (25088, 4096);
+        assert_eq!(kernel::<f32>(1, k, n, (k, 1), (1, k)), want(Kernel::Dot));
+        assert_eq!(kernel::<f32>(4, k, n, (k, 1), (1, k)), want(Kernel::Dot));
+        assert_eq!(kernel::<f32>(1, n, k, (n, 1), (k, 1)), want(Kernel::Axpy));
+        // A transposed: `Axpy` reads it in place; with B transposed too,
+        // neither layout (more than one row).
+        assert_eq!(
+            kernel::<f32>(3, 64, 64, (1, 3), (64, 1)),
+            want(Kernel::Axpy)
+        );
+        assert_eq!(
+            kernel::<f32>(3, 64, 64, (1, 3), (1, 64)),
+            want(Kernel::Small)
+        );
+        assert_eq!(kernel::<f32>(5, k, n, (k, 1), (1, k)), Kernel::Packed);
+        assert_eq!(kernel::<f64>(1, k, n, (k, 1), (1, k)), Kernel::Packed);
+    }
+
+    #[test]
+    fn f32_thin_split_products_equal_one_thread_bitwise() {
+        // Fractional values: the chunks of a split thin product (by C's
+        // columns, any boundaries) give the bits of the whole product.
+        let (k, n) = (300, 1100);
+        for m in 1..=thin::ROWS {
+            let a: Vec<f32> = (0..m * k)
+                .map(|i| ((i * 37 % 101) as f32) / 97.0 - 0.5)
+                .collect();
+            let b: Vec<f32> = (0..k * n)
+                .map(|i| ((i * 53 % 103) as f32) / 89.0 - 0.5)
+                .collect();
+            for (sb, sc) in [
+                ((n, 1), (n, 1)),
+                ((1, k), (n, 1)),
+                ((1, k), (1, m)),
+                ((n, 1), (1, m)),
+            ] {
+                let c0: Vec<f32> = (0..m * n).map(|i| (i % 7) as f32 / 3.0).collect();
+                let mut one = c0.clone();
+                gemm(m, k, n, 1.5, &a, (k, 1), &b, sb, 0.5, &mut one, sc);
+                let mut split = c0.clone();
+                par_gemm(m, k, n, 1.5, &a, (k, 1), &b, sb, 0.5, &mut split, sc);
+                let same = |x: &[f32]| one.iter().zip(x).all(|(p, q)| p.to_bits() == q.to_bits());
+                assert!(same(&split), "{m}x{k}x{n} sb {sb:?} sc {sc:?}");
+                for workers in [2, 3, 5] {
+                    let mut chunked = c0.clone();
+                    let s = Split::new(
+                        m,
+                        k,
+                        n,
+                        1.5,
+                        &a,
+                        (k, 1),
+                        &b,
+                        sb,
+                        0.5,
+                        &mut chunked,
+                        sc,
+                        workers,
+                    );
+                    assert!(!s.by_rows);
+                    // SAFETY: the operands outlive `s`, run on this thread.
+                    assert!(unsafe { s.work() });
+                    assert!(
+                        same(&chunked),
+                        "{m}x{k}x{n} sb {sb:?} sc {sc:?} for {workers}"
+                    );
+                }
+                // And right, loosely, against f64.
+                for &(i, j) in &[(0, 0), (m - 1, n - 1), (m / 2, n / 3), (0, 517)] {
+                    let s: f64 = (0..k)
+                        .map(|p| f64::from(a[i * k + p]) * f64::from(b[p * sb.0 + j * sb.1]))
+                        .sum();
+                    let want = 1.5 * s + 0.5 * f64::from(c0[i * sc.0 + j * sc.1]);
+                    let got = f64::from(split[i * sc.0 + j * sc.1]);
+                    assert!(
+                        (got - want).abs() < 1e-3,
+                        "{m}x{k}x{n} ({i}, {j}): {got} vs {want}"
+                    );
+                }
+            }
         }
     }
 
@@ -1077,7 +1239,11 @@ mod tests {
         assert!(!use_small(32, 256, 1024, (1, 256)));
         assert!(!use_small(65, 1024, 256, (1, 1024)));
         assert!(!use_small(32, 1024, 256, plain(256)));
-        assert!(!runs_small::<f64>(16, 16, 16, plain(16)));
+        assert_eq!(kernel::<f64>(16, 16, 16, (16, 1), (16, 1)), Kernel::Packed);
+        // One to four rows in FC's or MatMul's layout: `thin`.
+        assert_eq!(kernel::<f32>(1, 256, 1024, (256, 1), (1, 256)) == Kernel::Dot, on);
+        assert_eq!(kernel::<f32>(4, 256, 1024, (256, 1), (1024, 1)) == Kernel::Axpy, on);
+        assert_eq!(kernel::<f32>(32, 256, 1024, (256, 1), (1, 256)) == Kernel::Packed, on);
     }
 
     #[test]

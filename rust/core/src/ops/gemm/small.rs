@@ -6,8 +6,12 @@
 //! (BENCHMARKS.md "GEMM (issue 14)"). This kernel reads A in place (one
 //! element at a time, broadcast, so any strides), reads B's rows in place
 //! in strips 16 columns wide (copying a strip first when B is transposed,
-//! too wide, or the last, narrower strip, zero-padded to whole vectors),
-//! and keeps a tile of 6 x 16 elements of C in twelve registers.
+//! too wide, or the last, narrower strip, zero-padded to whole vectors; a
+//! transposed B's 16 contiguous columns are copied 8 x 8 blocks at a time,
+//! transposed in registers, not element by element: BENCHMARKS.md
+//! "Matrix-vector products"), and keeps a tile of 6 x 16 elements of C in
+//! twelve registers (a last 1 or 2 rows join the tile before as 4 + 3 or
+//! 4 + 4 rows).
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
@@ -132,11 +136,27 @@ mod x86 {
         w: usize,
     ) {
         unsafe {
+            // Full tiles, but a last one or two rows go with the tile
+            // before them as 4 + 3 or 4 + 4 rows: a tile of 1 or 2 rows
+            // has too few independent accumulators to keep the FMA units
+            // busy (32 rows: 6 + 6 + 6 + 6 + 4 + 4, not ... + 6 + 2). Each
+            // element's sum is the same whichever tile computes it.
+            let rest = m % MR;
+            let full = if m > MR && rest > 0 && rest <= 2 {
+                m - rest - MR
+            } else {
+                m - rest
+            };
             let mut i = 0;
-            while i + MR <= m {
+            while i < full {
                 let (ai, ci) = (a.offset(i as isize * sa.0), c.offset(i as isize * sc.0));
                 tile::<MR, V, MASKED>(k, alpha, ai, sa, b, sb0, beta, ci, sc, w);
                 i += MR;
+            }
+            if m - i > MR {
+                let (ai, ci) = (a.offset(i as isize * sa.0), c.offset(i as isize * sc.0));
+                tile::<4, V, MASKED>(k, alpha, ai, sa, b, sb0, beta, ci, sc, w);
+                i += 4;
             }
             let (ai, ci) = (a.offset(i as isize * sa.0), c.offset(i as isize * sc.0));
             match m - i {
@@ -146,6 +166,71 @@ mod x86 {
                 3 => tile::<3, V, MASKED>(k, alpha, ai, sa, b, sb0, beta, ci, sc, w),
                 4 => tile::<4, V, MASKED>(k, alpha, ai, sa, b, sb0, beta, ci, sc, w),
                 _ => tile::<5, V, MASKED>(k, alpha, ai, sa, b, sb0, beta, ci, sc, w),
+            }
+        }
+    }
+
+    /// An 8 x 8 block transposed: lane `i` of output `j` is lane `j` of
+    /// input `i`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn transpose8(r: [__m256; 8]) -> [__m256; 8] {
+        let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+        let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+        let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+        let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+        let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+        let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+        let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+        let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+        let s0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+        let s1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+        let s2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+        let s3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+        let s4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+        let s5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+        let s6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+        let s7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+        [
+            _mm256_permute2f128_ps::<0x20>(s0, s4),
+            _mm256_permute2f128_ps::<0x20>(s1, s5),
+            _mm256_permute2f128_ps::<0x20>(s2, s6),
+            _mm256_permute2f128_ps::<0x20>(s3, s7),
+            _mm256_permute2f128_ps::<0x31>(s0, s4),
+            _mm256_permute2f128_ps::<0x31>(s1, s5),
+            _mm256_permute2f128_ps::<0x31>(s2, s6),
+            _mm256_permute2f128_ps::<0x31>(s3, s7),
+        ]
+    }
+
+    /// Copies 16 contiguous columns of a transposed B (column `jj` at `b +
+    /// jj * sb1`, `k` long) into `pad` as a row-major `k x 16` strip (the
+    /// same values the element-by-element copy writes).
+    ///
+    /// # Safety
+    /// The 16 columns in bounds for `k` elements; `pad.len() >= 16 * k`;
+    /// avx2 present.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn strip_of_columns(k: usize, b: *const f32, sb1: isize, pad: &mut [f32]) {
+        let out = pad[..16 * k].as_mut_ptr();
+        unsafe {
+            let mut p = 0;
+            while p + 8 <= k {
+                for h in 0..2 {
+                    let mut r = [_mm256_setzero_ps(); 8];
+                    for (i, x) in r.iter_mut().enumerate() {
+                        *x = _mm256_loadu_ps(b.offset((8 * h + i) as isize * sb1).add(p));
+                    }
+                    for (i, x) in transpose8(r).iter().enumerate() {
+                        _mm256_storeu_ps(out.add((p + i) * 16 + 8 * h), *x);
+                    }
+                }
+                p += 8;
+            }
+            for p in p..k {
+                for jj in 0..16 {
+                    *out.add(p * 16 + jj) = *b.offset(jj as isize * sb1).add(p);
+                }
             }
         }
     }
@@ -183,6 +268,13 @@ mod x86 {
                 // B's strip in place, or copied (zero-padded) into `pad`.
                 let (bj, sbj) = if sb.1 == 1 && w == wide && sb.0 <= IN_PLACE_ROW {
                     (b.add(j), sb.0)
+                } else if sb.0 == 1 && w == 16 {
+                    // B transposed (FC's W): its columns are contiguous, so
+                    // the strip is 16 of them, transposed 8 x 8 at a time.
+                    pad.clear();
+                    pad.resize(k * 16, 0.0);
+                    strip_of_columns(k, b.offset(j as isize * sb.1), sb.1, pad);
+                    (pad.as_ptr(), 16)
                 } else {
                     pad.clear();
                     pad.resize(k * wide, 0.0);
