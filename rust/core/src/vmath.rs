@@ -1,9 +1,9 @@
 //! Vectorisable float32 transcendental functions (issue 30): `exp`,
-//! `sigmoid` and `tanh` as branch-free polynomial evaluations in float32
+//! `sigmoid`, `tanh` and `log` as branch-free polynomial evaluations in float32
 //! arithmetic, written so LLVM auto-vectorises a plain loop over a slice
 //! (no libm call, no per-element function pointer; the few choices are
 //! selects). The slice forms ([`exp_slice`], [`sigmoid_slice`],
-//! [`tanh_slice`]) are what the unary ops' float32 kernels run; the scalar
+//! [`tanh_slice`], [`log_slice`]) are what the unary ops' float32 kernels run; the scalar
 //! forms are `#[inline]` so the recurrent cells' loops, generic over
 //! [`crate::num::Float`], inline them too (`Float::vexp`, `vsigmoid`,
 //! `vtanh`: these for float32, std's functions for float64).
@@ -11,7 +11,7 @@
 //! Accuracy against float64 references (the sweep in the tests below: every
 //! 1000th float32 bit pattern plus edge cases), in float32 ulps of the
 //! reference value: exp <= [`EXP_MAX_ULP`], sigmoid <= [`SIGMOID_MAX_ULP`],
-//! tanh <= [`TANH_MAX_ULP`]. Special values: NaN gives NaN; exp(+inf) =
+//! tanh <= [`TANH_MAX_ULP`], log <= [`LOG_MAX_ULP`]. Special values: NaN gives NaN; exp(+inf) =
 //! +inf, exp(-inf) = 0, exp overflows to +inf above ln(f32::MAX) ~ 88.72 and
 //! underflows gradually (subnormal results, correctly scaled, with one
 //! rounding) to 0 below ~ -103.97; sigmoid(-inf) = 0, sigmoid(+inf) = 1, and
@@ -31,6 +31,7 @@
 pub const EXP_MAX_ULP: f64 = 1.5;
 pub const SIGMOID_MAX_ULP: f64 = 2.5;
 pub const TANH_MAX_ULP: f64 = 1.5;
+pub const LOG_MAX_ULP: f64 = 1.0;
 
 const LOG2E: f32 = std::f32::consts::LOG2_E;
 /// ln 2 split so `n * LN2_HI` is exact for |n| < 256 (Cody and Waite):
@@ -122,6 +123,54 @@ pub fn tanh(x: f32) -> f32 {
     y.copysign(x)
 }
 
+/// ln 2 split for log's `k ln 2` (LOG_LN2_HI has 16 significant bits, so
+/// `k * LOG_LN2_HI` is exact for the |k| <= 151 that occur).
+const LOG_LN2_HI: f32 = 6.931_381_225_6e-1;
+const LOG_LN2_LO: f32 = 9.058_000_614_5e-6;
+/// ln(1 + f) = 2 atanh(s) with s = f / (2 + f): 2s + s^3 (2/3 + 2/5 s^2 +
+/// ...), whose tail in z = s^2 is a minimax fit (the classic fdlibm
+/// coefficients, for |s| <= 0.1716 on the reduced range below).
+const LOG_P: [f32; 4] = [
+    6.666_666_269_3e-1,
+    4.000_097_215_2e-1,
+    2.849_878_668_8e-1,
+    2.427_907_884_1e-1,
+];
+
+/// ln(x) in float32 (<= [`LOG_MAX_ULP`] ulp): x = 2^k m with m in
+/// [sqrt(2)/2, sqrt(2)) (subnormal inputs scaled by 2^25 first), ln x = k
+/// ln 2 + ln m, ln m from s = (m - 1) / (m + 1) as above, the k ln 2 and
+/// the leading terms added last so they are not rounded away. ln(0) =
+/// -inf, ln(negative) = NaN, ln(+inf) = +inf, ln(NaN) = NaN, ln(1) = 0.
+#[inline(always)]
+pub fn log(x: f32) -> f32 {
+    let tiny = x < f32::MIN_POSITIVE;
+    let xs = if tiny { x * 33_554_432.0 } else { x };
+    // Move the exponent boundary to sqrt(2)/2 (0x3f3504f3) so that the
+    // mantissa lands in [sqrt(2)/2, sqrt(2)).
+    let ix = (xs.to_bits() as i32).wrapping_add(0x3f80_0000 - 0x3f35_04f3);
+    let k = (ix >> 23) - 127 - if tiny { 25 } else { 0 };
+    let m = f32::from_bits(((ix & 0x007f_ffff) + 0x3f35_04f3) as u32);
+    let f = m - 1.0;
+    let s = f / (2.0 + f);
+    let z = s * s;
+    let w = z * z;
+    let t1 = w * (LOG_P[1] + w * LOG_P[3]);
+    let t2 = z * (LOG_P[0] + w * LOG_P[2]);
+    let r = t2 + t1;
+    let hfsq = 0.5 * f * f;
+    let dk = k as f32;
+    let y = s * (hfsq + r) + dk * LOG_LN2_LO - hfsq + f + dk * LOG_LN2_HI;
+    // The specials, as selects: NaN and negatives, 0, +inf.
+    let y = if x == f32::INFINITY { x } else { y };
+    let y = if x == 0.0 { f32::NEG_INFINITY } else { y };
+    if x < 0.0 || x.is_nan() {
+        f32::NAN
+    } else {
+        y
+    }
+}
+
 /// Runs `f` compiled for the widest vectors this CPU has: AVX-512 (16
 /// float32 lanes) or AVX2 (8) when detected at run time, else the build's
 /// baseline (SSE2 on x86-64, 4). `f` must be a closure marked
@@ -186,6 +235,11 @@ pub fn sigmoid_slice(x: &[f32], y: &mut [f32]) {
 /// `y[i] = tanh(x[i])`. Panics if the lengths differ.
 pub fn tanh_slice(x: &[f32], y: &mut [f32]) {
     map_slice("tanh_slice", x, y, tanh)
+}
+
+/// `y[i] = ln(x[i])`. Panics if the lengths differ.
+pub fn log_slice(x: &[f32], y: &mut [f32]) {
+    map_slice("log_slice", x, y, log)
 }
 
 /// The error of `got` against the float64 reference `want`, in float32
@@ -291,6 +345,19 @@ mod tests {
     }
 
     #[test]
+    fn log_is_within_its_ulp_bound_over_the_float32_range() {
+        // Positive inputs (the sweep's negative half is NaN, checked in
+        // `special_values`), subnormal ones included, and a dense sweep
+        // around 1, where ln is near 0.
+        let mut xs: Vec<f32> = sweep(1000).into_iter().filter(|&x| x > 0.0).collect();
+        xs.extend((1..=200_000).map(|i| 0.9 + i as f32 * 1e-6));
+        xs.extend((1..=100_000).map(|i| i as f32 * 1e-3));
+        let (e, at) = worst(&xs, log, f64::ln);
+        eprintln!("log: max {e} ulp at {at:e}");
+        assert!(e <= LOG_MAX_ULP, "log: {e} ulp at {at:e}");
+    }
+
+    #[test]
     fn exp_is_within_its_ulp_bound_over_the_float32_range() {
         let (e, at) = worst(&sweep(1000), exp, f64::exp);
         eprintln!("exp: max {e} ulp at {at:e}");
@@ -341,6 +408,13 @@ mod tests {
         assert_eq!(tanh(1e-45), 1e-45);
         assert!(tanh(-0.0).is_sign_negative() && tanh(-0.0) == 0.0);
         assert_eq!(tanh(20.0), 1.0);
+        assert!(log(f32::NAN).is_nan() && log(-1.0).is_nan() && log(-0.0) == f32::NEG_INFINITY);
+        assert!(log(f32::NEG_INFINITY).is_nan() && log(-1e-45).is_nan());
+        assert_eq!(log(0.0), f32::NEG_INFINITY);
+        assert_eq!(log(f32::INFINITY), f32::INFINITY);
+        assert_eq!(log(1.0), 0.0);
+        assert!((log(1e-45) - (-103.278_93)).abs() < 1e-4);
+        assert!((log(f32::MAX) - 88.722_84).abs() < 1e-4);
     }
 
     #[test]
@@ -367,5 +441,10 @@ mod tests {
             .iter()
             .zip(&y)
             .all(|(&x, &y)| y.to_bits() == exp(x).to_bits()));
+        log_slice(&x, &mut y);
+        assert!(x
+            .iter()
+            .zip(&y)
+            .all(|(&x, &y)| y.to_bits() == log(x).to_bits()));
     }
 }

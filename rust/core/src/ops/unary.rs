@@ -532,10 +532,10 @@ static OPS: &[UnaryDef] = &[
     UnaryDef {
         name: "Log",
         infer: true,
-        f: native!(|x, _| x.ln()),
+        f: vector!(crate::vmath::log_slice, |x| x.ln()),
         inplace: true,
         args: &[],
-        doc: "Y = ln(X) elementwise (IEEE: ln 0 = -inf, ln of a negative is NaN).",
+        doc: "Y = ln(X) elementwise (IEEE: ln 0 = -inf, ln of a negative is NaN); float32 within 1 ulp (vmath::log, vectorised), float64 exact.",
         grad: None,
     },
     UnaryDef {
