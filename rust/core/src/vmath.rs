@@ -423,7 +423,15 @@ mod tests {
         // forms here on the baseline: the same bits over the sweep, the
         // special values and an odd length (a remainder after the vectors).
         let mut x = sweep(997);
-        x.extend([f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0, 0.0, 1e-45, -1e-45]);
+        x.extend([
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            -0.0,
+            0.0,
+            1e-45,
+            -1e-45,
+        ]);
         x.push(0.5);
         let mut y = vec![0.0; x.len()];
         tanh_slice(&x, &mut y);

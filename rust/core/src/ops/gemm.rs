@@ -207,7 +207,11 @@ unsafe fn blocked<T: Float>(
         let first = depth == 0;
         // The crate computes dst = alpha * dst + beta * lhs * rhs, reading
         // dst only when asked (`read_dst`): its alpha is our beta.
-        let (read, scale) = if first { (beta != T::ZERO, beta) } else { (true, T::ONE) };
+        let (read, scale) = if first {
+            (beta != T::ZERO, beta)
+        } else {
+            (true, T::ONE)
+        };
         // SAFETY: forwarded from the caller's contract; the block's columns
         // of A and rows of B are within the operands.
         unsafe {
@@ -1243,9 +1247,18 @@ mod tests {
         assert!(!use_small(32, 1024, 256, plain(256)));
         assert_eq!(kernel::<f64>(16, 16, 16, (16, 1), (16, 1)), Kernel::Packed);
         // One to four rows in FC's or MatMul's layout: `thin`.
-        assert_eq!(kernel::<f32>(1, 256, 1024, (256, 1), (1, 256)) == Kernel::Dot, on);
-        assert_eq!(kernel::<f32>(4, 256, 1024, (256, 1), (1024, 1)) == Kernel::Axpy, on);
-        assert_eq!(kernel::<f32>(32, 256, 1024, (256, 1), (1, 256)) == Kernel::Packed, on);
+        assert_eq!(
+            kernel::<f32>(1, 256, 1024, (256, 1), (1, 256)) == Kernel::Dot,
+            on
+        );
+        assert_eq!(
+            kernel::<f32>(4, 256, 1024, (256, 1), (1024, 1)) == Kernel::Axpy,
+            on
+        );
+        assert_eq!(
+            kernel::<f32>(32, 256, 1024, (256, 1), (1, 256)) == Kernel::Packed,
+            on
+        );
     }
 
     #[test]

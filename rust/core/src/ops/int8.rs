@@ -18,11 +18,11 @@ use super::conv::window::{image_shape, Geo, Window};
 use super::kit::{dense, kernel, parse_order, Order};
 use crate::arg;
 use crate::args::Args;
-use crate::shapes::rules;
 use crate::blob::{BlobObject, BlobValue};
 use crate::error::{Error, ErrorKind, Result};
 use crate::ir::{BlobProto, QTensorProto};
 use crate::operator::{ArgDoc, Locked, OpDefCtx, OpSchema, Operator, ShapeInfo};
+use crate::shapes::rules;
 use crate::tensor::{checked_numel, filled_vec, try_collect, zeroed_vec, DataType, Tensor};
 use std::sync::Arc;
 
@@ -1302,7 +1302,11 @@ fn conv_transpose(l: &mut Locked<'_>, a: &ConvTArgs) -> Result<()> {
     }
     let m = ws[3];
     let adj = a.adj.resolve("adjs", 2, 1, 0).map_err(|e| named(op, e))?;
-    let stride = a.win.stride.resolve("strides", 2, 1, 1).map_err(|e| named(op, e))?;
+    let stride = a
+        .win
+        .stride
+        .resolve("strides", 2, 1, 1)
+        .map_err(|e| named(op, e))?;
     if adj.iter().zip(&stride).any(|(a, s)| a >= s) {
         return Err(Error::invalid_arg(format!(
             "{op}: adj {adj:?} must be smaller than the strides {stride:?}"
@@ -1463,7 +1467,11 @@ fn roi_align(l: &mut Locked<'_>, a: &RoiArgs) -> Result<()> {
             ))
             .with_blob(rn));
         }
-        let (bi, bx) = if cols == 5 { (row[0], &row[1..]) } else { (0.0, row) };
+        let (bi, bx) = if cols == 5 {
+            (row[0], &row[1..])
+        } else {
+            (0.0, row)
+        };
         // Caffe2 truncates the batch index to an int.
         let bi = bi.trunc();
         if !(bi >= 0.0 && (bi as usize) < n) {
@@ -1493,7 +1501,12 @@ fn roi_align(l: &mut Locked<'_>, a: &RoiArgs) -> Result<()> {
                 .with_blob(rn)
             })?;
         let real = f64::from(xq.scale) / (f64::from(a.q.scale) * 255.0 * samples as f64);
-        let mult = multiplier(op, real, "X_scale / (255 Y_scale samples)", l.output_name(0))?;
+        let mult = multiplier(
+            op,
+            real,
+            "X_scale / (255 Y_scale samples)",
+            l.output_name(0),
+        )?;
         for py in 0..a.ph {
             for px in 0..a.pw {
                 acc.iter_mut().for_each(|v| *v = 0);
@@ -1532,8 +1545,14 @@ fn info(dims: Vec<i64>, dtype: DataType) -> Option<ShapeInfo> {
 }
 
 /// Output 0 has input 0's dims, uint8 (the elementwise ops).
-fn infer_like_x(_: &Args<'_>, ins: &[Option<ShapeInfo>], _: usize) -> Result<Vec<Option<ShapeInfo>>> {
-    Ok(vec![rules::known(ins, 0).and_then(|x| info(x.dims.clone(), DataType::Uint8))])
+fn infer_like_x(
+    _: &Args<'_>,
+    ins: &[Option<ShapeInfo>],
+    _: usize,
+) -> Result<Vec<Option<ShapeInfo>>> {
+    Ok(vec![
+        rules::known(ins, 0).and_then(|x| info(x.dims.clone(), DataType::Uint8))
+    ])
 }
 
 fn infer_fill(a: &Args<'_>, dtype: DataType) -> Result<Vec<Option<ShapeInfo>>> {
@@ -1550,13 +1569,21 @@ fn infer_fc(_: &Args<'_>, ins: &[Option<ShapeInfo>], _: usize) -> Result<Vec<Opt
     Ok(vec![dims.and_then(|d| info(d, DataType::Uint8))])
 }
 
-fn infer_flatten(a: &Args<'_>, ins: &[Option<ShapeInfo>], _: usize) -> Result<Vec<Option<ShapeInfo>>> {
+fn infer_flatten(
+    a: &Args<'_>,
+    ins: &[Option<ShapeInfo>],
+    _: usize,
+) -> Result<Vec<Option<ShapeInfo>>> {
     let Some(x) = rules::known(ins, 0) else {
         return Ok(vec![None]);
     };
     let axis = a.i64("axis", 1)?;
     let nd = x.dims.len();
-    let ax = if axis == nd as i64 { nd } else { rules::canonical_axis(axis, nd)? };
+    let ax = if axis == nd as i64 {
+        nd
+    } else {
+        rules::canonical_axis(axis, nd)?
+    };
     let dims = vec![x.dims[..ax].iter().product(), x.dims[ax..].iter().product()];
     Ok(vec![info(dims, DataType::Uint8)])
 }
@@ -1570,7 +1597,11 @@ fn idims(d: &[usize]) -> Vec<i64> {
     d.iter().map(|&v| v as i64).collect()
 }
 
-fn infer_reshape(a: &Args<'_>, ins: &[Option<ShapeInfo>], n: usize) -> Result<Vec<Option<ShapeInfo>>> {
+fn infer_reshape(
+    a: &Args<'_>,
+    ins: &[Option<ShapeInfo>],
+    n: usize,
+) -> Result<Vec<Option<ShapeInfo>>> {
     let x = rules::known(ins, 0).and_then(udims);
     let new = match (&x, a.ints("shape")?) {
         (Some(old), Some(want)) if ins.len() == 1 => {
@@ -1583,15 +1614,26 @@ fn infer_reshape(a: &Args<'_>, ins: &[Option<ShapeInfo>], n: usize) -> Result<Ve
     Ok([new, old][..n.min(2)].to_vec())
 }
 
-fn infer_transpose(a: &Args<'_>, ins: &[Option<ShapeInfo>], _: usize) -> Result<Vec<Option<ShapeInfo>>> {
+fn infer_transpose(
+    a: &Args<'_>,
+    ins: &[Option<ShapeInfo>],
+    _: usize,
+) -> Result<Vec<Option<ShapeInfo>>> {
     let Some(x) = rules::known(ins, 0) else {
         return Ok(vec![None]);
     };
     let perm = super::shape::permutation(a.ints("axes")?.as_deref(), x.dims.len(), "X")?;
-    Ok(vec![info(perm.iter().map(|&p| x.dims[p]).collect(), DataType::Uint8)])
+    Ok(vec![info(
+        perm.iter().map(|&p| x.dims[p]).collect(),
+        DataType::Uint8,
+    )])
 }
 
-fn infer_slice(a: &Args<'_>, ins: &[Option<ShapeInfo>], _: usize) -> Result<Vec<Option<ShapeInfo>>> {
+fn infer_slice(
+    a: &Args<'_>,
+    ins: &[Option<ShapeInfo>],
+    _: usize,
+) -> Result<Vec<Option<ShapeInfo>>> {
     let (Some(x), Some(starts), Some(ends)) = (
         rules::known(ins, 0).and_then(udims),
         a.ints("starts")?,
@@ -1600,10 +1642,17 @@ fn infer_slice(a: &Args<'_>, ins: &[Option<ShapeInfo>], _: usize) -> Result<Vec<
         return Ok(vec![None]);
     };
     let ranges = super::shape::slice_ranges(&x, &starts, &ends, "X")?;
-    Ok(vec![info(ranges.iter().map(|&(s, e)| (e - s) as i64).collect(), DataType::Uint8)])
+    Ok(vec![info(
+        ranges.iter().map(|&(s, e)| (e - s) as i64).collect(),
+        DataType::Uint8,
+    )])
 }
 
-fn infer_concat(a: &Args<'_>, ins: &[Option<ShapeInfo>], n: usize) -> Result<Vec<Option<ShapeInfo>>> {
+fn infer_concat(
+    a: &Args<'_>,
+    ins: &[Option<ShapeInfo>],
+    n: usize,
+) -> Result<Vec<Option<ShapeInfo>>> {
     let Some(ins) = ins.iter().cloned().collect::<Option<Vec<ShapeInfo>>>() else {
         return Ok(vec![None; n]);
     };
@@ -1614,7 +1663,10 @@ fn infer_concat(a: &Args<'_>, ins: &[Option<ShapeInfo>], n: usize) -> Result<Vec
     };
     let add_axis = a.i64("add_axis", 0)? != 0;
     let first = &ins[0];
-    let axis = rules::canonical_axis(a.i64("axis", default)?, first.dims.len() + usize::from(add_axis))?;
+    let axis = rules::canonical_axis(
+        a.i64("axis", default)?,
+        first.dims.len() + usize::from(add_axis),
+    )?;
     let mut dims = first.dims.clone();
     for t in &ins[1..] {
         let same = t.dims.len() == first.dims.len()
@@ -1633,7 +1685,11 @@ fn infer_concat(a: &Args<'_>, ins: &[Option<ShapeInfo>], n: usize) -> Result<Vec
     Ok([info(dims, DataType::Uint8), split][..n.min(2)].to_vec())
 }
 
-fn infer_roi_align(a: &Args<'_>, ins: &[Option<ShapeInfo>], _: usize) -> Result<Vec<Option<ShapeInfo>>> {
+fn infer_roi_align(
+    a: &Args<'_>,
+    ins: &[Option<ShapeInfo>],
+    _: usize,
+) -> Result<Vec<Option<ShapeInfo>>> {
     let dims = match (rules::known(ins, 0), rules::known(ins, 1)) {
         (Some(x), Some(r)) if x.dims.len() == 4 && !r.dims.is_empty() => Some(vec![
             r.dims[0],
@@ -1798,7 +1854,6 @@ const WINDOW_Y_ARGS: &[ArgDoc] = &[
     ),
 ];
 
-
 /// The arguments of the ops that keep X's quantisation.
 macro_rules! keep_q_args {
     ($order:expr, $($extra:expr),* $(,)?) => {
@@ -1834,28 +1889,58 @@ const LEAKY_ARGS: &[ArgDoc] = keep_q_args!(
 
 const RESHAPE_ARGS: &[ArgDoc] = keep_q_args!(
     ORDER_IGNORED,
-    arg!("shape", "list of int", "(none)", "the new shape: 0 copies X's dim, one -1 is inferred; or give it as the second input"),
+    arg!(
+        "shape",
+        "list of int",
+        "(none)",
+        "the new shape: 0 copies X's dim, one -1 is inferred; or give it as the second input"
+    ),
 );
 
 const FLATTEN_ARGS: &[ArgDoc] = keep_q_args!(
     ORDER_IGNORED,
-    arg!("axis", "int", "1", "the output is (prod of dims before axis, prod of the rest)"),
+    arg!(
+        "axis",
+        "int",
+        "1",
+        "the output is (prod of dims before axis, prod of the rest)"
+    ),
 );
 
 const SLICE_ARGS: &[ArgDoc] = keep_q_args!(
     ORDER_IGNORED,
-    arg!("starts", "list of int", "none", "first index of each leading dim (or input 1)"),
-    arg!("ends", "list of int", "none", "end of each leading dim, exclusive; negative e means dim + 1 + e (or input 2)"),
+    arg!(
+        "starts",
+        "list of int",
+        "none",
+        "first index of each leading dim (or input 1)"
+    ),
+    arg!(
+        "ends",
+        "list of int",
+        "none",
+        "end of each leading dim, exclusive; negative e means dim + 1 + e (or input 2)"
+    ),
 );
 
 const TRANSPOSE_ARGS: &[ArgDoc] = keep_q_args!(
     ORDER_IGNORED,
-    arg!("axes", "list of int", "reversed dims", "output dim i is X's dim axes[i]"),
+    arg!(
+        "axes",
+        "list of int",
+        "reversed dims",
+        "output dim i is X's dim axes[i]"
+    ),
 );
 
 const SHUFFLE_ARGS: &[ArgDoc] = keep_q_args!(
     ORDER_NHWC,
-    arg!("group", "int", "1", "the channels are G groups of C / G; channel g x (C / G) + k moves to k x G + g"),
+    arg!(
+        "group",
+        "int",
+        "1",
+        "the channels are G groups of C / G; channel g x (C / G) + k moves to k x G + g"
+    ),
 );
 
 const CONCAT_ARGS: &[ArgDoc] = keep_q_args!(
@@ -1872,40 +1957,105 @@ const ADD_ARGS: &[ArgDoc] = &[
 ];
 
 const ROI_ARGS: &[ArgDoc] = &[
-    arg!("spatial_scale", "float", "1.0", "RoI coordinates times this are X's pixels"),
+    arg!(
+        "spatial_scale",
+        "float",
+        "1.0",
+        "RoI coordinates times this are X's pixels"
+    ),
     arg!("pooled_h", "int", "1", "output bins down"),
     arg!("pooled_w", "int", "1", "output bins across"),
-    arg!("sampling_ratio", "int", "-1", "samples per bin side; <= 0: ceil(bin size)"),
+    arg!(
+        "sampling_ratio",
+        "int",
+        "-1",
+        "samples per bin side; <= 0: ceil(bin size)"
+    ),
     arg!("Y_scale", "float", "1.0", "the output's scale"),
-    arg!("Y_zero_point", "int", "0", "the output's zero point (0..=255)"),
-    arg!("order", "string", "\"NHWC\"", "NHWC only (the default here)"),
+    arg!(
+        "Y_zero_point",
+        "int",
+        "0",
+        "the output's zero point (0..=255)"
+    ),
+    arg!(
+        "order",
+        "string",
+        "\"NHWC\"",
+        "NHWC only (the default here)"
+    ),
 ];
 
 const CONV_T_ARGS: &[ArgDoc] = &[
-    arg!("kernel", "int", "the filter's", "the window size in both spatial dims"),
-    arg!("kernels", "list of int", "the filter's", "the window size per spatial dim"),
+    arg!(
+        "kernel",
+        "int",
+        "the filter's",
+        "the window size in both spatial dims"
+    ),
+    arg!(
+        "kernels",
+        "list of int",
+        "the filter's",
+        "the window size per spatial dim"
+    ),
     arg!("kernel_h", "int", "none", "window height (with kernel_w)"),
     arg!("kernel_w", "int", "none", "window width (with kernel_h)"),
     arg!("stride", "int", "1", "the stride in both spatial dims"),
     arg!("strides", "list of int", "1s", "the stride per spatial dim"),
     arg!("stride_h", "int", "1", "vertical stride"),
     arg!("stride_w", "int", "1", "horizontal stride"),
-    arg!("pad", "int", "0", "padding cut from both ends of both spatial dims"),
-    arg!("pads", "list of int", "0s", "pads: the heads of each spatial dim, then the tails"),
+    arg!(
+        "pad",
+        "int",
+        "0",
+        "padding cut from both ends of both spatial dims"
+    ),
+    arg!(
+        "pads",
+        "list of int",
+        "0s",
+        "pads: the heads of each spatial dim, then the tails"
+    ),
     arg!("pad_t", "int", "0", "top pad"),
     arg!("pad_l", "int", "0", "left pad"),
     arg!("pad_b", "int", "0", "bottom pad"),
     arg!("pad_r", "int", "0", "right pad"),
-    arg!("adj", "int", "0", "extra output rows and columns (< stride)"),
-    arg!("adjs", "list of int", "0s", "extra output size per spatial dim"),
+    arg!(
+        "adj",
+        "int",
+        "0",
+        "extra output rows and columns (< stride)"
+    ),
+    arg!(
+        "adjs",
+        "list of int",
+        "0s",
+        "extra output size per spatial dim"
+    ),
     arg!("adj_h", "int", "0", "extra output rows"),
     arg!("adj_w", "int", "0", "extra output columns"),
     arg!("legacy_pad", "int", "0", "must be 0 (explicit pads)"),
-    arg!("global_pooling", "int", "0", "not for convolutions; leave 0"),
-    arg!("group", "int", "1", "1 only (Caffe2's Int8ConvTranspose ran one group)"),
+    arg!(
+        "global_pooling",
+        "int",
+        "0",
+        "not for convolutions; leave 0"
+    ),
+    arg!(
+        "group",
+        "int",
+        "1",
+        "1 only (Caffe2's Int8ConvTranspose ran one group)"
+    ),
     ORDER_NHWC,
     arg!("Y_scale", "float", "1.0", "the output's scale"),
-    arg!("Y_zero_point", "int", "0", "the output's zero point (0..=255)"),
+    arg!(
+        "Y_zero_point",
+        "int",
+        "0",
+        "the output's zero point (0..=255)"
+    ),
 ];
 
 pub fn schemas() -> Vec<OpSchema> {

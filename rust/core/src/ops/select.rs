@@ -593,7 +593,12 @@ fn sequence_mask_t<T: crate::num::Float>(l: &mut Locked<'_>, m: &SequenceMask) -
                 ))
                 .with_blob(&name0));
             }
-            (prod(0..b + 1), prod(b + 1..axis), prod(axis..shape.len()), 1)
+            (
+                prod(0..b + 1),
+                prod(b + 1..axis),
+                prod(axis..shape.len()),
+                1,
+            )
         }
         (None, Some(r)) => {
             let r = canonical_axis(OP, "repeat_from_axis", r, shape.len(), &name0)?;
@@ -613,7 +618,11 @@ fn sequence_mask_t<T: crate::num::Float>(l: &mut Locked<'_>, m: &SequenceMask) -
         let v = crate::ops::kit::int_values(t)?.ok_or_else(|| {
             Error::type_error(format!(
                 "SequenceMask: '{name}' must hold int32 or int64 {}, got {}",
-                if m.mode == MaskMode::Sequence { "lengths" } else { "window centers" },
+                if m.mode == MaskMode::Sequence {
+                    "lengths"
+                } else {
+                    "window centers"
+                },
                 t.dtype()
             ))
             .with_blob(name)

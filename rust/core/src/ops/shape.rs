@@ -974,7 +974,12 @@ fn set_reshaped(l: &mut Locked<'_>, shape: &[usize]) -> Result<()> {
 /// Caffe2's shape rules: 0 copies the input's dim (a 0 past the input's
 /// dims stays 0, and so does every 0 when the input is empty), one -1 is
 /// inferred (0 for an empty input when the other dims multiply to 0).
-pub(crate) fn resolve_shape(op: &str, want: &[i64], old: &[usize], blob: &str) -> Result<Vec<usize>> {
+pub(crate) fn resolve_shape(
+    op: &str,
+    want: &[i64],
+    old: &[usize],
+    blob: &str,
+) -> Result<Vec<usize>> {
     let total: usize = old.iter().product();
     // Caffe2's documented rule: "When the tensor is empty, dimension of 0
     // will remain to be 0" ([4, 0] reshaped to [0, -1] is [0, 0]).
@@ -1050,7 +1055,8 @@ pub(crate) fn shape_input(l: &Locked<'_>, op: &str, i: usize) -> Result<Vec<i64>
 
 /// The dims of a shape as a 1-D int64 tensor (Reshape's old_shape).
 pub(crate) fn dims_tensor(dims: &[usize]) -> Result<Tensor> {
-    let v: Vec<i64> = crate::tensor::try_collect(dims.iter().map(|&d| d as i64), "a kernel buffer")?;
+    let v: Vec<i64> =
+        crate::tensor::try_collect(dims.iter().map(|&d| d as i64), "a kernel buffer")?;
     Tensor::from_vec(&[v.len()], v)
 }
 

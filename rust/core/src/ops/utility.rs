@@ -926,7 +926,11 @@ pub(crate) fn join(
         if !dims_match {
             return Err(Error::shape(format!(
                 "the inputs may differ only along axis {canon}{}: {:?} ('{name0}') vs {:?}",
-                if add_axis { " (none may differ with add_axis)" } else { "" },
+                if add_axis {
+                    " (none may differ with add_axis)"
+                } else {
+                    ""
+                },
                 first.shape(),
                 t.shape()
             ))
