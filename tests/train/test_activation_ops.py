@@ -385,3 +385,25 @@ def test_large_tensors_split_across_threads(fresh):
     s = 1 / (1 + np.exp(-x))
     np.testing.assert_allclose(dx.ravel(), dy * (x + s * (1 - x)), rtol=1e-10, atol=1e-12)
     assert dx.shape == (2**17 + 3, 1)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [7, 70_000])  # below and above the size split across the kernel pool
+def test_in_place_overwrites_only_what_no_one_else_holds(fresh, dtype, n):
+    # An in-place Relu writes X's own buffer when nothing else holds it: the
+    # result is Relu's, a NumPy array fetched earlier keeps its values, and a
+    # blob aliasing X (Alias shares the buffer) keeps the old values too.
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal(n).astype(dtype)
+    workspace.FeedBlob("X", x)
+    before = workspace.FetchBlob("X")
+    workspace.RunOperatorOnce(core.CreateOperator("Alias", ["X"], ["A"]))
+    workspace.RunOperatorOnce(core.CreateOperator("Relu", ["X"], ["X"]))
+    np.testing.assert_array_equal(workspace.FetchBlob("X"), np.maximum(x, 0))
+    np.testing.assert_array_equal(before, x)
+    np.testing.assert_array_equal(workspace.FetchBlob("A"), x)
+    # Now alone: overwritten in place, twice (Relu of Relu), as Caffe2 did.
+    workspace.RunOperatorOnce(core.CreateOperator("Elu", ["X"], ["X"], alpha=0.5))
+    workspace.RunOperatorOnce(core.CreateOperator("Relu", ["X"], ["X"]))
+    np.testing.assert_array_equal(workspace.FetchBlob("X"), np.maximum(x, 0))
+    assert workspace.FetchBlob("X").dtype == dtype

@@ -44,7 +44,9 @@ mod thin;
 /// multiply-adds ([`SMALL_MACS`]), on C at most [`SMALL_N`] columns wide
 /// (0.6-1.0x), and where B is transposed (FC's weights, rows `k` apart),
 /// A has at most [`THIN_M`] rows and K is over [`THIN_K`]: the crate reads
-/// such a B in place, across its rows, and took 1.4-3x as long. Products
+/// such a B in place, across its rows, 1.4-6x as slow, and a plain copy of
+/// B (which [`blocked`] makes from 9 rows up) costs more than such a
+/// product. Products
 /// with one row, or C of at most [`SMALL_C`] elements, stay on `small`
 /// too: there the crate switches to dot-product kernels that sum in
 /// another order, so a chunk of a product (a block of a convolution's
@@ -55,7 +57,7 @@ mod thin;
 const SMALL_MACS: usize = 1 << 14;
 const SMALL_N: usize = 16;
 const SMALL_C: usize = 256;
-const THIN_M: usize = 64;
+const THIN_M: usize = 8;
 const THIN_K: usize = 256;
 
 /// Whether an `m x k x n` float32 product with B's strides `sb` runs on
@@ -201,9 +203,41 @@ unsafe fn blocked<T: Float>(
     c: *mut T,
     sc: (isize, isize),
 ) {
+    // A transposed B (columns contiguous: FC's weights) under at most
+    // `PLAIN_M` rows of A: the crate reads such a B in place, across its
+    // rows, 1.4-6x as slow as the same B laid out plainly; copying each K
+    // block into the plain layout first costs less than that difference
+    // (BENCHMARKS.md "FC's weights laid out for the product"). The crate
+    // computes each element of C the same way from either layout, so the
+    // bits do not depend on the copy (the split products' bitwise tests).
+    let transposed_b = sb.0 == 1 && sb.1 > 1;
+    let mut plain =
+        if T::DTYPE == DataType::Float && transposed_b && m <= PLAIN_M && n >= PLAIN_MIN_N {
+            TRANSPOSED.with(|t| t.take())
+        } else {
+            None
+        };
+    let ld = n + PLAIN_PAD;
     let mut depth = 0;
     while depth < k {
         let kb = KC.min(k - depth);
+        // B's rows depth.. of this block, and their strides, read in place
+        // or from the plain copy.
+        let mut bb = unsafe { b.offset(depth as isize * sb.0) };
+        let mut bs = sb;
+        if let Some(buf) = plain.as_mut() {
+            let need = kb * ld;
+            if buf.len() < need && buf.try_reserve_exact(need - buf.len()).is_ok() {
+                buf.resize(need, 0.0);
+            }
+            if buf.len() >= need {
+                // SAFETY: B's block reaches `kb` rows and `n` columns from
+                // `bb` (the caller's contract); the buffer holds `kb * ld`.
+                unsafe { transpose_into(bb.cast::<f32>(), sb.1, kb, n, buf.as_mut_ptr(), ld) };
+                bb = buf.as_ptr().cast::<T>();
+                bs = (ld as isize, 1);
+            }
+        }
         let first = depth == 0;
         // The crate computes dst = alpha * dst + beta * lhs * rhs, reading
         // dst only when asked (`read_dst`): its alpha is our beta.
@@ -226,9 +260,9 @@ unsafe fn blocked<T: Float>(
                 a.offset(depth as isize * sa.1),
                 sa.1,
                 sa.0,
-                b.offset(depth as isize * sb.0),
-                sb.1,
-                sb.0,
+                bb,
+                bs.1,
+                bs.0,
                 scale,
                 alpha,
                 false,
@@ -238,6 +272,77 @@ unsafe fn blocked<T: Float>(
             )
         }
         depth += kb;
+    }
+    if let Some(buf) = plain {
+        TRANSPOSED.with(|t| t.set(Some(buf)));
+    }
+}
+
+/// Rows of A up to which [`blocked`] lays a transposed B out plainly
+/// first: at 32 and 64 rows the copy and the product took 0.26-0.9x the
+/// time of the product alone, at 128-256 rows 0.99x (the crate's own
+/// packing of A is then worth more than B's layout).
+const PLAIN_M: usize = 128;
+/// Columns of C below which B is read in place (too little to copy).
+const PLAIN_MIN_N: usize = 32;
+/// Padding of the plain copy's rows: rows 4 KiB apart (1024 columns) would
+/// map to one set of the L1 cache and make the copy 4x as slow.
+const PLAIN_PAD: usize = 16;
+
+thread_local! {
+    /// Each thread's buffer for [`blocked`]'s plain copy of a transposed B
+    /// (taken while in use, so a product inside a product cannot share it).
+    static TRANSPOSED: std::cell::Cell<Option<Vec<f32>>> = const { std::cell::Cell::new(Some(Vec::new())) };
+}
+
+/// `dst[p * ld + j] = src[j * cs + p]` for `p < rows`, `j < cols`: the
+/// `rows x cols` matrix whose columns are `cs` apart, copied row by row
+/// with rows `ld` apart; 8x8 tiles, so both sides are read and written in
+/// cache lines.
+///
+/// # Safety
+/// `src` reaches `(cols - 1) * cs + rows` elements and `dst` holds
+/// `(rows - 1) * ld + cols`.
+unsafe fn transpose_into(
+    src: *const f32,
+    cs: isize,
+    rows: usize,
+    cols: usize,
+    dst: *mut f32,
+    ld: usize,
+) {
+    const T: usize = 8;
+    let (cb, rb) = (cols / T * T, rows / T * T);
+    let cs = cs as usize;
+    // SAFETY (every access): within the bounds of the contract above.
+    unsafe {
+        for j0 in (0..cb).step_by(T) {
+            for p0 in (0..rb).step_by(T) {
+                let mut t = [[0f32; T]; T];
+                for (r, row) in t.iter_mut().enumerate() {
+                    let s = src.add((j0 + r) * cs + p0);
+                    for (q, v) in row.iter_mut().enumerate() {
+                        *v = *s.add(q);
+                    }
+                }
+                for q in 0..T {
+                    let d = dst.add((p0 + q) * ld + j0);
+                    for (r, row) in t.iter().enumerate() {
+                        *d.add(r) = row[q];
+                    }
+                }
+            }
+            for p in rb..rows {
+                for r in 0..T {
+                    *dst.add(p * ld + j0 + r) = *src.add((j0 + r) * cs + p);
+                }
+            }
+        }
+        for j in cb..cols {
+            for p in 0..rows {
+                *dst.add(p * ld + j) = *src.add(j * cs + p);
+            }
+        }
     }
 }
 
@@ -561,13 +666,19 @@ static PUBLISHED: AtomicUsize = AtomicUsize::new(0);
 /// Pool threads lingering now.
 static LINGERING: AtomicUsize = AtomicUsize::new(0);
 /// How long a pool thread that has run a chunk waits, spinning, for the
-/// next split product before it goes back to the pool (and may sleep):
-/// a training step's products follow each other within microseconds, and
-/// waking a sleeping thread costs tens to hundreds of them on a VM.
-const LINGER: std::time::Duration = std::time::Duration::from_micros(60);
+/// next split product (or other work queued on the pool) before it goes
+/// back to the pool (and may sleep): a training step's products follow each
+/// other within microseconds, a net's convolutions within the time of the
+/// memory-bound ops between them (0.1-1 ms at batch 1), and waking a
+/// sleeping thread costs tens to hundreds of microseconds on a VM. 60 us
+/// here left ResNet-50 at batch 1 on two threads with a sum of per-op
+/// medians of 51-57 ms, 1 ms gave 41-43 (BENCHMARKS.md "Keeping the pool
+/// warm"); OpenMP runtimes spin far longer by default.
+const LINGER: std::time::Duration = std::time::Duration::from_micros(1000);
 
 /// Spins for up to [`LINGER`] after a chunk, running the chunks of any
-/// product offered meanwhile (and lingering again after them).
+/// product offered meanwhile, and other jobs queued on the pool (lingering
+/// again after them).
 fn linger() {
     if !crate::threads::spinning_pays() {
         return;
@@ -576,8 +687,8 @@ fn linger() {
     let mut seen = PUBLISHED.load(Ordering::Acquire);
     let start = std::time::Instant::now();
     let mut until = start + LINGER;
-    // Never more than this in all, so jobs queued on the pool behind a
-    // thread that keeps finding products wait at most about this long.
+    // Never more than this in all: then the thread goes back to the
+    // pool's own scheduling (and sleeps when the pool is idle).
     let cap = start + 20 * LINGER;
     let mut polls = 0u32;
     loop {
@@ -593,8 +704,16 @@ fn linger() {
         }
         std::hint::spin_loop();
         polls += 1;
-        if polls % 64 == 0 && std::time::Instant::now() >= until {
-            break;
+        if polls % 64 == 0 {
+            // Other kernels' work queued on the pool meanwhile (a
+            // memory-bound op's chunks, a convolution's blocks) is run here
+            // rather than left for a thread to wake.
+            if let Some(rayon::Yield::Executed) = rayon::yield_now() {
+                until = (std::time::Instant::now() + LINGER).min(cap);
+            }
+            if std::time::Instant::now() >= until {
+                break;
+            }
         }
     }
     LINGERING.fetch_sub(1, Ordering::AcqRel);
@@ -1225,6 +1344,97 @@ mod tests {
     }
 
     #[test]
+    fn a_transposed_b_gives_the_bits_of_its_plain_layout() {
+        // `blocked` copies a transposed B under few rows of A into B's
+        // plain layout (padded rows, K in blocks of 512): same bits as the
+        // crate on a plain B, and the values of the f64 product.
+        for &(m, k, n) in &[
+            (5, 7, 33),
+            (32, 256, 1024),
+            (32, 600, 40),
+            (100, 300, 61),
+            (129, 64, 64),
+        ] {
+            let a: Vec<f32> = (0..m * k)
+                .map(|i| ((i * 7 % 23) as f32 - 11.0) * 0.37)
+                .collect();
+            let w: Vec<f32> = (0..n * k)
+                .map(|i| ((i * 5 % 19) as f32 - 9.0) * 0.21)
+                .collect();
+            let mut bt = vec![0f32; k * n];
+            for j in 0..n {
+                for p in 0..k {
+                    bt[p * n + j] = w[j * k + p];
+                }
+            }
+            let mut c_t = vec![f32::NAN; m * n];
+            let mut c_p = vec![f32::NAN; m * n];
+            unsafe {
+                blocked(
+                    m,
+                    k,
+                    n,
+                    1f32,
+                    a.as_ptr(),
+                    (k as isize, 1),
+                    w.as_ptr(),
+                    (1, k as isize),
+                    0f32,
+                    c_t.as_mut_ptr(),
+                    (n as isize, 1),
+                );
+                blocked(
+                    m,
+                    k,
+                    n,
+                    1f32,
+                    a.as_ptr(),
+                    (k as isize, 1),
+                    bt.as_ptr(),
+                    (n as isize, 1),
+                    0f32,
+                    c_p.as_mut_ptr(),
+                    (n as isize, 1),
+                );
+            }
+            for i in 0..m {
+                for j in 0..n {
+                    let e: f64 = (0..k)
+                        .map(|p| f64::from(a[i * k + p]) * f64::from(w[j * k + p]))
+                        .sum();
+                    let (t, p) = (c_t[i * n + j], c_p[i * n + j]);
+                    assert_eq!(t.to_bits(), p.to_bits(), "{m}x{k}x{n} at ({i}, {j})");
+                    assert!(
+                        (f64::from(t) - e).abs() <= 1e-4 * (1.0 + e.abs()),
+                        "{m}x{k}x{n}: {t} vs {e}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn transpose_into_copies_every_element() {
+        for &(rows, cols) in &[(1, 1), (8, 8), (9, 17), (16, 3), (513, 40)] {
+            let cs = rows + 3;
+            let src: Vec<f32> = (0..cols * cs).map(|i| i as f32).collect();
+            let ld = cols + PLAIN_PAD;
+            let mut dst = vec![-1f32; rows * ld];
+            unsafe { transpose_into(src.as_ptr(), cs as isize, rows, cols, dst.as_mut_ptr(), ld) };
+            for p in 0..rows {
+                for j in 0..cols {
+                    assert_eq!(
+                        dst[p * ld + j],
+                        src[j * cs + p],
+                        "({p}, {j}) of {rows}x{cols}"
+                    );
+                }
+                assert!(dst[p * ld + cols..p * ld + ld].iter().all(|&v| v == -1.0));
+            }
+        }
+    }
+
+    #[test]
     fn the_small_kernel_takes_small_and_thin_products() {
         let on = small::available();
         let plain = |n: usize| (n, 1);
@@ -1239,12 +1449,13 @@ mod tests {
         assert!(!use_small(8, 4096, 33, plain(33)));
         assert!(!use_small(1024, 17, 1024, plain(1024)));
         assert!(!use_small(256, 256, 256, plain(256)));
-        // B transposed (FC's weights): few rows of A and a deep K only.
-        assert_eq!(use_small(32, 1024, 256, (1, 1024)), on);
-        assert_eq!(use_small(64, 257, 1024, (1, 257)), on);
-        assert!(!use_small(32, 256, 1024, (1, 256)));
-        assert!(!use_small(65, 1024, 256, (1, 1024)));
-        assert!(!use_small(32, 1024, 256, plain(256)));
+        // B transposed (FC's weights): at most 8 rows of A and a deep K
+        // only; from 9 rows the crate, on a plain copy of B (`blocked`).
+        assert_eq!(use_small(8, 1024, 256, (1, 1024)), on);
+        assert_eq!(use_small(5, 257, 1024, (1, 257)), on);
+        assert!(!use_small(8, 256, 1024, (1, 256)));
+        assert!(!use_small(9, 1024, 256, (1, 1024)));
+        assert!(!use_small(32, 1024, 256, (1, 1024)));
         assert_eq!(kernel::<f64>(16, 16, 16, (16, 1), (16, 1)), Kernel::Packed);
         // One to four rows in FC's or MatMul's layout: `thin`.
         assert_eq!(

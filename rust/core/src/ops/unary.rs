@@ -199,7 +199,20 @@ macro_rules! native_bwd {
 /// Y = f(X) elementwise.
 /// Large contiguous tensors are computed in chunks on the kernel pool
 /// (`map1`).
+/// Run in place (Y is X), X's buffer is overwritten when nothing else holds
+/// it (as Caffe2's in-place activations do), with no new buffer.
 fn map_t<T: Float>(l: &mut Locked<'_>, f: impl Fn(T) -> T + Sync) -> Result<()> {
+    if l.aliases(0, 0) {
+        if let crate::blob::BlobValue::Tensor(t) = l.output(0) {
+            if let Some(s) = T::shared_mut(t)
+                .and_then(std::sync::Arc::get_mut)
+                .and_then(|a| a.as_slice_mut())
+            {
+                map_in_place(s, f);
+                return Ok(());
+            }
+        }
+    }
     let y = l.tensor(0)?;
     let x = T::view(y).ok_or_else(|| Error::internal("dtype checked"))?;
     let y = match x.as_slice() {
@@ -1110,6 +1123,17 @@ fn map1<T: Float>(a: &[T], f: impl Fn(T) -> T + Sync) -> Result<Vec<T>> {
                 })
         })
     }
+}
+
+/// Each element of `a` replaced by `f` of it.
+fn map_in_place<T: Float>(a: &mut [T], f: impl Fn(T) -> T + Sync) {
+    if !parallel(a.len()) {
+        a.iter_mut().for_each(|v| *v = f(*v));
+        return;
+    }
+    use rayon::prelude::*;
+    a.par_chunks_mut(CHUNK)
+        .for_each(|c| c.iter_mut().for_each(|v| *v = f(*v)));
 }
 
 /// `f` of each pair of elements of `a` and `b` (one length).
