@@ -669,6 +669,22 @@ def test_lrn_forward_and_gradient(fresh, n, c, hw, size, order, seed):
     check_grad(core.CreateOperator("LRN", ["x"], ["y"], **args), [xs], [0])
 
 
+@pytest.mark.parametrize("order", ["NCHW", "NHWC"])
+def test_lrn_on_a_tensor_split_across_the_pool(fresh, order):
+    # 2 x 16 x 40 x 40 float32 (past the size LRN splits across the kernel
+    # pool, by planes or pixels): the float64 reference's values.
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 16, 40, 40)).astype(np.float32)
+    y_ref, s_ref = lrn_ref(x.astype(np.float64), 5, 1e-2, 0.75, 1.0)
+    xs = to_nhwc(x) if order == "NHWC" else x
+    y, s = run("LRN", {"x": xs}, ["y", "scale"], size=5, alpha=1e-2, beta=0.75, bias=1.0, order=order)
+    if order == "NHWC":
+        y, s = to_nchw(y), to_nchw(s)
+    assert y.dtype == np.float32
+    np.testing.assert_allclose(y, y_ref, rtol=2e-6, atol=1e-7)
+    np.testing.assert_allclose(s, s_ref, rtol=2e-6)
+
+
 # ------------------------------------------------------- ChannelShuffle --
 
 

@@ -46,7 +46,8 @@ mod thin;
 /// A has at most [`THIN_M`] rows and K is over [`THIN_K`]: the crate reads
 /// such a B in place, across its rows, 1.4-6x as slow, and a plain copy of
 /// B (which [`blocked`] makes from 9 rows up) costs more than such a
-/// product. Products
+/// product; up to [`THIN_M_LARGE_B`] rows when B is larger than
+/// [`PLAIN_MAX_B`] (no copy then: see [`blocked`]). Products
 /// with one row, or C of at most [`SMALL_C`] elements, stay on `small`
 /// too: there the crate switches to dot-product kernels that sum in
 /// another order, so a chunk of a product (a block of a convolution's
@@ -58,6 +59,7 @@ const SMALL_MACS: usize = 1 << 14;
 const SMALL_N: usize = 16;
 const SMALL_C: usize = 256;
 const THIN_M: usize = 8;
+const THIN_M_LARGE_B: usize = 64;
 const THIN_K: usize = 256;
 
 /// Whether an `m x k x n` float32 product with B's strides `sb` runs on
@@ -65,7 +67,9 @@ const THIN_K: usize = 256;
 fn use_small(m: usize, k: usize, n: usize, sb: (usize, usize)) -> bool {
     let macs = m.saturating_mul(k).saturating_mul(n);
     let b_transposed = sb.0 < sb.1;
-    let thin_transposed = b_transposed && m <= THIN_M && k > THIN_K;
+    let thin_transposed = b_transposed
+        && k > THIN_K
+        && (m <= THIN_M || (m <= THIN_M_LARGE_B && k.saturating_mul(n) > PLAIN_MAX_B));
     let tiny_c = m <= 1 || m.saturating_mul(n) <= SMALL_C;
     (n <= SMALL_N || tiny_c || macs < SMALL_MACS || thin_transposed) && small::available()
 }
@@ -211,12 +215,16 @@ unsafe fn blocked<T: Float>(
     // computes each element of C the same way from either layout, so the
     // bits do not depend on the copy (the split products' bitwise tests).
     let transposed_b = sb.0 == 1 && sb.1 > 1;
-    let mut plain =
-        if T::DTYPE == DataType::Float && transposed_b && m <= PLAIN_M && n >= PLAIN_MIN_N {
-            TRANSPOSED.with(|t| t.take())
-        } else {
-            None
-        };
+    let mut plain = if T::DTYPE == DataType::Float
+        && transposed_b
+        && m <= PLAIN_M
+        && n >= PLAIN_MIN_N
+        && k.saturating_mul(n) <= PLAIN_MAX_B
+    {
+        TRANSPOSED.with(|t| t.take())
+    } else {
+        None
+    };
     let ld = n + PLAIN_PAD;
     let mut depth = 0;
     while depth < k {
@@ -283,6 +291,11 @@ unsafe fn blocked<T: Float>(
 /// time of the product alone, at 128-256 rows 0.99x (the crate's own
 /// packing of A is then worth more than B's layout).
 const PLAIN_M: usize = 128;
+/// Elements of B above which it is read in place: the copy is written and
+/// read again from memory rather than cache, three passes over B where
+/// the product (memory-bound at these few rows) makes one (AlexNet's FC
+/// layers at batch 16, B of 38M elements: 0.86x PyTorch with the copy).
+const PLAIN_MAX_B: usize = 1 << 19;
 /// Columns of C below which B is read in place (too little to copy).
 const PLAIN_MIN_N: usize = 32;
 /// Padding of the plain copy's rows: rows 4 KiB apart (1024 columns) would
@@ -1456,6 +1469,9 @@ mod tests {
         assert!(!use_small(8, 256, 1024, (1, 256)));
         assert!(!use_small(9, 1024, 256, (1, 1024)));
         assert!(!use_small(32, 1024, 256, (1, 1024)));
+        // ... unless B is too large to copy (AlexNet's fc6 at batch 16).
+        assert_eq!(use_small(16, 9216, 4096, (1, 9216)), on);
+        assert!(!use_small(65, 9216, 4096, (1, 9216)));
         assert_eq!(kernel::<f64>(16, 16, 16, (16, 1), (16, 1)), Kernel::Packed);
         // One to four rows in FC's or MatMul's layout: `thin`.
         assert_eq!(

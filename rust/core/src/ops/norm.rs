@@ -613,34 +613,98 @@ impl LrnArgs {
         }
     }
 
-    /// scale = bias + alpha / size * (sum of x^2 over the channel window).
-    fn scale<T: Float>(&self, x: &[T], n: usize, c: usize, hw: usize) -> Result<Vec<T>> {
+    /// scale = bias + alpha / size * (sum of x^2 over the channel window),
+    /// the window's squares summed in channel order. NCHW: plane by plane
+    /// (each sum runs over whole planes, so it vectorises); NHWC: pixel by
+    /// pixel; on the kernel pool for large tensors. The same values either
+    /// way (the squares are non-negative, so a sum that starts from its
+    /// first square is the sum that starts from zero).
+    fn scale<T: Float>(&self, x: &[T], c: usize, hw: usize) -> Result<Vec<T>> {
+        use rayon::prelude::*;
         let pre = (self.size - 1) / 2;
         let k = T::of(self.alpha / self.size as f64);
+        let bias = T::of(self.bias);
         let mut s = crate::tensor::default_buffer::<T>(x.len(), "a kernel buffer")?;
-        self.rows(n, c, hw, |base, st| {
-            for ch in 0..c {
-                let lo = ch.saturating_sub(pre);
-                let hi = (ch + self.size - pre).min(c);
-                let sq: T = (lo..hi).map(|j| x[base + j * st] * x[base + j * st]).sum();
-                s[base + ch * st] = T::of(self.bias) + k * sq;
+        let window = |ch: usize| (ch.saturating_sub(pre), (ch + self.size - pre).min(c));
+        match self.order {
+            Order::Nchw => {
+                let plane = |(q, out): (usize, &mut [T])| {
+                    let (b, ch) = (q / c, q % c);
+                    let (lo, hi) = window(ch);
+                    let at = |j: usize| &x[(b * c + j) * hw..(b * c + j + 1) * hw];
+                    for (o, &v) in out.iter_mut().zip(at(lo)) {
+                        *o = v * v;
+                    }
+                    for j in lo + 1..hi {
+                        for (o, &v) in out.iter_mut().zip(at(j)) {
+                            *o += v * v;
+                        }
+                    }
+                    for o in out.iter_mut() {
+                        *o = bias + k * *o;
+                    }
+                };
+                if hw == 0 {
+                } else if lrn_parallel(x.len()) {
+                    s.par_chunks_mut(hw).enumerate().for_each(plane);
+                } else {
+                    s.chunks_mut(hw).enumerate().for_each(plane);
+                }
             }
-        });
+            Order::Nhwc => {
+                let pixel = |(p, out): (usize, &mut [T])| {
+                    let xs = &x[p * c..(p + 1) * c];
+                    for (ch, o) in out.iter_mut().enumerate() {
+                        let (lo, hi) = window(ch);
+                        let sq: T = xs[lo..hi].iter().map(|&v| v * v).sum();
+                        *o = bias + k * sq;
+                    }
+                };
+                if c == 0 {
+                } else if lrn_parallel(x.len()) {
+                    s.par_chunks_mut(c).enumerate().for_each(pixel);
+                } else {
+                    s.chunks_mut(c).enumerate().for_each(pixel);
+                }
+            }
+        }
         Ok(s)
     }
 }
 
+/// LRN's tensors of at least this many elements go to the kernel pool: a
+/// `powf` per element (tens of nanoseconds) pays for the hand-off far below
+/// the memory-bound ops' threshold.
+const LRN_PAR_MIN: usize = 1 << 14;
+
+fn lrn_parallel(len: usize) -> bool {
+    len >= LRN_PAR_MIN && crate::threads::pool_available() && rayon::current_num_threads() > 1
+}
+
 fn lrn_t<T: Float>(l: &mut Locked<'_>, a: &LrnArgs, want_scale: bool) -> Result<()> {
-    let (n, c, hw) = channels(&a.op, l, a.order)?;
+    use rayon::prelude::*;
+    let (_, c, hw) = channels(&a.op, l, a.order)?;
     let xa = input::<T>(l, &a.op, 0)?;
     let shape = xa.shape().to_vec();
     let x = dense(xa);
-    let s = a.scale(&x, n, c, hw)?;
+    let s = a.scale(&x, c, hw)?;
     let nb = T::of(-a.beta);
-    let y: Vec<T> = crate::tensor::try_collect(
-        x.iter().zip(&s).map(|(&v, &sc)| v * sc.powf(nb)),
-        "a kernel buffer",
-    )?;
+    let mut y = crate::tensor::default_buffer::<T>(x.len(), "a kernel buffer")?;
+    let f = |(o, (xs, ss)): (&mut [T], (&[T], &[T]))| {
+        for ((o, &v), &sc) in o.iter_mut().zip(xs).zip(ss) {
+            *o = v * sc.powf(nb);
+        }
+    };
+    const CH: usize = 1 << 12;
+    if lrn_parallel(x.len()) {
+        y.par_chunks_mut(CH)
+            .zip(x.par_chunks(CH).zip(s.par_chunks(CH)))
+            .for_each(f);
+    } else {
+        y.chunks_mut(CH)
+            .zip(x.chunks(CH).zip(s.chunks(CH)))
+            .for_each(f);
+    }
     l.set_output(0, T::wrap(array(&shape, y)?));
     if want_scale {
         l.set_output(1, T::wrap(array(&shape, s)?));
@@ -671,7 +735,7 @@ fn lrn_grad_t<T: Float>(l: &mut Locked<'_>, a: &LrnArgs) -> Result<()> {
     }
     let x = dense(xa);
     let (y, dy) = (dense(input::<T>(l, op, 1)?), dense(input::<T>(l, op, 2)?));
-    let s = a.scale(&x, n, c, hw)?;
+    let s = a.scale(&x, c, hw)?;
     let nb = T::of(-a.beta);
     // ratio_c = dY_c * Y_c / scale_c; dX_j = dY_j scale_j^-beta
     //   - 2 alpha beta / size * X_j * (sum of ratio_c over the windows c holding j).
