@@ -1,9 +1,12 @@
 //! Vectorisable float32 transcendental functions (issue 30): `exp`,
-//! `sigmoid`, `tanh` and `log` as branch-free polynomial evaluations in float32
-//! arithmetic, written so LLVM auto-vectorises a plain loop over a slice
+//! `sigmoid`, `tanh` and `log` as branch-free polynomial (tanh: rational)
+//! evaluations in float32 arithmetic, with fused multiply-adds
+//! (`f32::mul_add`: one rounding each, the same bits whether the CPU or libm
+//! computes it), written so LLVM auto-vectorises a plain loop over a slice
 //! (no libm call, no per-element function pointer; the few choices are
-//! selects). The slice forms ([`exp_slice`], [`sigmoid_slice`],
-//! [`tanh_slice`], [`log_slice`]) are what the unary ops' float32 kernels run; the scalar
+//! selects). The unary ops' float32 kernels run the scalar forms over
+//! slices inside [`wide`] (as the slice forms [`exp_slice`],
+//! [`sigmoid_slice`], [`tanh_slice`], [`log_slice`] do); the scalar
 //! forms are `#[inline]` so the recurrent cells' loops, generic over
 //! [`crate::num::Float`], inline them too (`Float::vexp`, `vsigmoid`,
 //! `vtanh`: these for float32, std's functions for float64).
@@ -17,20 +20,20 @@
 //! rounding) to 0 below ~ -103.97; sigmoid(-inf) = 0, sigmoid(+inf) = 1, and
 //! sigmoid keeps relative accuracy down to its subnormal results (x ~ -103);
 //! tanh(+-inf) = +-1, tanh(-0) = -0, and tanh keeps relative accuracy near
-//! 0 (an odd polynomial for |x| < 0.625, so subnormal inputs give
-//! themselves). Subnormal inputs are ordinary inputs (no flush to zero).
+//! 0 (tiny and subnormal inputs give themselves). Subnormal inputs are ordinary inputs (no flush to zero).
 
 // The constants are written with the digits they were derived with; each
 // parses to the intended float32.
 #![allow(clippy::excessive_precision)]
 
 /// The error bounds the tests hold, in float32 ulps (see the module doc).
-/// Measured maxima (sweep and dense sweep, no FMA contraction, so the same
-/// on every target): exp 0.99, tanh 1.23 (near |x| = 0.63, where the two
-/// formulas meet), sigmoid 2.16 (near x = -2, e / (1 + e)).
+/// Measured maxima (sweep and dense sweep; fused multiply-adds round once
+/// on every target, so the same everywhere): exp 1.01, sigmoid 2.09 (near
+/// x = -2, e / (1 + e)), tanh 4.40 (every 1000th bit pattern; 4.64 near
+/// |x| = 6.9 over every 7th between 3e-5 and 10: Eigen's function).
 pub const EXP_MAX_ULP: f64 = 1.5;
 pub const SIGMOID_MAX_ULP: f64 = 2.5;
-pub const TANH_MAX_ULP: f64 = 1.5;
+pub const TANH_MAX_ULP: f64 = 5.0;
 pub const LOG_MAX_ULP: f64 = 1.0;
 
 const LOG2E: f32 = std::f32::consts::LOG2_E;
@@ -54,19 +57,19 @@ pub fn exp(x: f32) -> f32 {
     #[allow(clippy::manual_clamp)]
     let xc = x.max(EXP_LO).min(EXP_HI);
     // n = round(x / ln 2), r = x - n ln 2 in [-ln2/2, ln2/2].
-    let t = xc * LOG2E + ROUND_MAGIC;
+    let t = xc.mul_add(LOG2E, ROUND_MAGIC);
     let n = t.to_bits() as i32 - ROUND_MAGIC.to_bits() as i32;
     let nf = t - ROUND_MAGIC;
-    let r = (xc - nf * LN2_HI) - nf * LN2_LO;
+    let r = nf.mul_add(-LN2_LO, nf.mul_add(-LN2_HI, xc));
     // e^r by its Taylor polynomial to r^7 (truncation < 5e-9 relative at
     // |r| = ln2/2), written 1 + r + r^2 q(r) to keep the low terms exact.
-    let q = 1.0 / 5040.0;
-    let q = q * r + 1.0 / 720.0;
-    let q = q * r + 1.0 / 120.0;
-    let q = q * r + 1.0 / 24.0;
-    let q = q * r + 1.0 / 6.0;
-    let q = q * r + 0.5;
-    let p = 1.0 + (r + (r * r) * q);
+    let q: f32 = 1.0 / 5040.0;
+    let q = q.mul_add(r, 1.0 / 720.0);
+    let q = q.mul_add(r, 1.0 / 120.0);
+    let q = q.mul_add(r, 1.0 / 24.0);
+    let q = q.mul_add(r, 1.0 / 6.0);
+    let q = q.mul_add(r, 0.5);
+    let p = 1.0 + (r * r).mul_add(q, r);
     // p * 2^n as p * 2^n1 * 2^n2 (both normal for n in [-150, 129]): the
     // first product is exact, the second rounds once (to inf above the
     // range, gradually to a subnormal or 0 below it).
@@ -93,34 +96,62 @@ pub fn sigmoid(x: f32) -> f32 {
     num / (1.0 + e)
 }
 
-/// tanh(x) = x + x^3 P(x^2) below this |x|, else 1 - 2 / (e^2|x| + 1).
-const TANH_SMALL: f32 = 0.625;
-/// P: a least-squares fit of (tanh(x) - x) / x^3 over [0, 0.625] weighted
-/// to tanh's relative error (fit error < 0.1 ulp).
-const TANH_P: [f32; 5] = [
-    -3.333_328_664e-1,
-    1.333_151_311e-1,
-    -5.374_465_883e-2,
-    2.065_312_490e-2,
-    -5.718_962_755e-3,
+/// tanh is a rational function of x on [-TANH_CLAMP, TANH_CLAMP] and
+/// +-1 beyond (where float32 tanh rounds to +-1 anyway); the clamp is the
+/// largest float32 at which the rational function is still below 1.
+const TANH_CLAMP: f32 = 7.998_811_721_801_757_81;
+/// Below this |x|, tanh(x) rounds to x within 1 ulp (x^3/3 < 2^-24 x).
+const TANH_TINY: f32 = 0.0004;
+/// Numerator x P(x^2), P's coefficients from x^0 up, and denominator
+/// Q(x^2): the minimax rational approximation of degree 13/6 that Eigen's
+/// `generic_fast_tanh_float` uses (Eigen is MPL-2.0; these are its
+/// published constants), so Caffe2's CPU Tanh, which runs Eigen's tanh,
+/// computed the same function.
+const TANH_P: [f32; 7] = [
+    4.893_524_558_917_86e-3,
+    6.372_619_288_754_36e-4,
+    1.485_722_357_179_79e-5,
+    5.122_297_090_371_14e-8,
+    -8.604_671_522_137_35e-11,
+    2.000_187_904_824_77e-13,
+    -2.760_768_477_423_55e-16,
+];
+const TANH_Q: [f32; 4] = [
+    4.893_525_185_543_85e-3,
+    2.268_434_632_439_00e-3,
+    1.185_347_056_866_54e-4,
+    1.198_258_394_667_02e-6,
 ];
 
-/// tanh(x) in float32 (<= [`TANH_MAX_ULP`] ulp).
+/// tanh(x) in float32 (<= [`TANH_MAX_ULP`] ulp): x P(x^2) / Q(x^2) on the
+/// clamped x (one division, no exp), x itself for tiny |x|. Chosen by
+/// measurement (BENCHMARKS.md "Tanh as a rational function"): 0.14 ns per
+/// element against 0.47 for 1 - 2 / (e^2|x| + 1) through [`exp`] (1.3
+/// ulp), on the 2-core AVX-512 machine.
 #[inline(always)]
 pub fn tanh(x: f32) -> f32 {
-    let a = x.abs();
-    // Small |x|: an odd polynomial, so tanh(x) / x -> 1 as x -> 0.
-    let t = a * a;
-    let p = TANH_P[4];
-    let p = p * t + TANH_P[3];
-    let p = p * t + TANH_P[2];
-    let p = p * t + TANH_P[1];
-    let p = p * t + TANH_P[0];
-    let small = a + a * (t * p);
-    // Large |x|: e^2|x| is inf past 44, giving exactly 1; NaN stays NaN.
-    let big = 1.0 - 2.0 / (exp(a + a) + 1.0);
-    let y = if a < TANH_SMALL { small } else { big };
-    y.copysign(x)
+    #[allow(clippy::manual_clamp)]
+    let xc = x.max(-TANH_CLAMP).min(TANH_CLAMP);
+    let t = xc * xc;
+    let p = TANH_P[6];
+    let p = p.mul_add(t, TANH_P[5]);
+    let p = p.mul_add(t, TANH_P[4]);
+    let p = p.mul_add(t, TANH_P[3]);
+    let p = p.mul_add(t, TANH_P[2]);
+    let p = p.mul_add(t, TANH_P[1]);
+    let p = p.mul_add(t, TANH_P[0]);
+    let q = TANH_Q[3];
+    let q = q.mul_add(t, TANH_Q[2]);
+    let q = q.mul_add(t, TANH_Q[1]);
+    let q = q.mul_add(t, TANH_Q[0]);
+    let y = (xc * p) / q;
+    // Tiny x (and -0) give x; `max`/`min` took the bound for NaN.
+    let y = if x.abs() < TANH_TINY { x } else { y };
+    if x.is_nan() {
+        x
+    } else {
+        y
+    }
 }
 
 /// ln 2 split for log's `k ln 2` (LOG_LN2_HI has 16 significant bits, so
@@ -173,14 +204,16 @@ pub fn log(x: f32) -> f32 {
 
 /// Runs `f` compiled for the widest vectors this CPU has: AVX-512 (16
 /// float32 lanes) or AVX2 (8) when detected at run time, else the build's
-/// baseline (SSE2 on x86-64, 4). `f` must be a closure marked
+/// baseline (SSE2 on x86-64, 4); AVX2 is taken with FMA only. `f` must be a closure marked
 /// `#[inline(always)]` whose loops call only `#[inline]` functions, so it
 /// is compiled into each wrapper below with that wrapper's features.
 ///
 /// Only the vector width changes: Rust never fuses a multiply and an add
-/// into an FMA on its own, and every operation used here is IEEE-exact
-/// per lane, so the results have the same bits on every path (the tests
-/// compare the slice forms with the scalar forms over a sweep). Measured on the
+/// into an FMA on its own, every operation used here is IEEE-exact per
+/// lane, and the explicit `mul_add`s round once (a hardware FMA on these
+/// paths; the baseline path calls libm's `fmaf`, correct but slower), so
+/// the results have the same bits on every path (the tests compare the
+/// slice forms with the scalar forms over a sweep). Measured on the
 /// 2-core AMD EPYC (Zen 5) of BENCHMARKS.md "Wider vectors at run time":
 /// tanh 1.96 -> 0.44 ns per element, sigmoid 1.44 -> 0.33, exp 1.10 ->
 /// 0.26.
@@ -192,7 +225,7 @@ pub fn wide<R>(f: impl FnOnce() -> R) -> R {
         fn w512<R>(f: impl FnOnce() -> R) -> R {
             f()
         }
-        #[target_feature(enable = "avx2")]
+        #[target_feature(enable = "avx2,fma")]
         fn w256<R>(f: impl FnOnce() -> R) -> R {
             f()
         }
@@ -200,8 +233,9 @@ pub fn wide<R>(f: impl FnOnce() -> R) -> R {
             // SAFETY: the CPU has AVX-512F (checked just above).
             return unsafe { w512(f) };
         }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2 (checked just above).
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: the CPU has AVX2 and FMA (checked just above).
             return unsafe { w256(f) };
         }
     }

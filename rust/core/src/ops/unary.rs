@@ -14,16 +14,17 @@
 //! take float32 or float64 (any other dtype is a `DataTypeError` naming the
 //! op and blob). Three kinds of rows, kept as they were written:
 //! - `native!`/`native_bwd!` (issue 14's ops): the expression is compiled
-//!   for float32 and float64 and computed in the input's own type, element
-//!   by element on the calling thread (`map_t`, `grad_map_t`);
+//!   for float32 and float64 and computed in the input's own type
+//!   (`map_t`, `grad_map_t`: on the widest vectors, in chunks on the kernel
+//!   pool when large, in place over an unshared X when Y is X);
 //! - `fwd!`/`bwd!` (issue 21's): one kernel per function over the generic
 //!   loops `forward_t` and `backward_t`, which evaluate the function in
 //!   float64 (so float32 results are the exactly rounded values of the
 //!   formula) and split large tensors across the kernel pool;
-//! - `vector!` (issue 30's Sigmoid, Tanh, Exp): float32 through a slice
+//! - `vector!` (issue 30's Sigmoid, Tanh, Exp, Log): float32 through a
 //!   function of `crate::vmath` (branch-free, auto-vectorised, within a few
 //!   ulps of the exact value: its doc states the bounds), float64 through
-//!   std's functions, on the calling thread.
+//!   std's functions, both through `map_t`.
 //!
 //! The output has its input's shape and type (Caffe2's
 //! `IdenticalTypeAndShape`); a gradient op's inputs must all have one shape.
@@ -41,8 +42,9 @@ use crate::error::{Error, Result};
 use crate::num::Float;
 use crate::operator::{ArgDoc, InPlace, Locked, OpDefCtx, OpSchema, Operator};
 use crate::shapes::rules::same_as_input;
-use crate::tensor::{default_buffer, try_collect, written_vec};
-use crate::tensor::{DataType, Element};
+use crate::tensor::written_vec;
+use crate::tensor::DataType;
+use std::mem::MaybeUninit;
 
 /// An op's arguments, read once when the op is created.
 #[derive(Clone, Copy, Debug, Default)]
@@ -144,11 +146,12 @@ macro_rules! native {
 }
 
 /// `(function, kernel)` of a row with a vectorised float32 form: float32
-/// inputs go through `$slice` (one of `crate::vmath`'s slice functions,
-/// a few ulps from the exact value: its doc), float64 ones through the
-/// expression (std's functions), element by element on the calling thread.
+/// inputs go through `$f32` (one of `crate::vmath`'s functions, a few ulps
+/// from the exact value: its doc), float64 ones through the expression
+/// (std's functions); both through `map_t` (in place when X is unshared,
+/// on the kernel pool when large).
 macro_rules! vector {
-    ($slice:path, |$x:tt| $e:expr) => {{
+    ($f32:path, |$x:tt| $e:expr) => {{
         fn f64_($x: f64) -> f64 {
             $e
         }
@@ -157,7 +160,7 @@ macro_rules! vector {
         }
         fn run(l: &mut Locked<'_>, op: &str, _: &Params) -> Result<()> {
             match float_dtype(l, op, 0)? {
-                DataType::Float => map_slice_f32(l, op, $slice),
+                DataType::Float => map_t::<f32>(l, $f32),
                 _ => map_t::<f64>(l, f64_),
             }
         }
@@ -216,21 +219,10 @@ fn map_t<T: Float>(l: &mut Locked<'_>, f: impl Fn(T) -> T + Sync) -> Result<()> 
     let y = l.tensor(0)?;
     let x = T::view(y).ok_or_else(|| Error::internal("dtype checked"))?;
     let y = match x.as_slice() {
-        Some(s) if parallel(s.len()) => array(x.shape(), map1(s, f)?)?,
+        Some(s) => array(x.shape(), map1(s, f)?)?,
         _ => crate::tensor::map_array(x.view(), |&v| f(v))?,
     };
     l.set_output(0, T::wrap(y));
-    Ok(())
-}
-
-/// Y = f(X) for a float32 X by a slice function (`crate::vmath`'s), over
-/// X's elements in row-major order.
-fn map_slice_f32(l: &mut Locked<'_>, op: &str, f: fn(&[f32], &mut [f32])) -> Result<()> {
-    let x = input::<f32>(l, op, 0)?;
-    let mut y = crate::tensor::zeroed_vec::<f32>(x.shape(), OUTPUT)?;
-    f(&dense(x), &mut y);
-    let y = array(x.shape(), y)?;
-    l.set_output(0, f32::wrap(y));
     Ok(())
 }
 
@@ -239,7 +231,7 @@ fn grad_map_t<T: Float>(l: &mut Locked<'_>, op: &str, g: impl Fn(T, T) -> T + Sy
     same_shape(op, l, 0, 1)?;
     let (y, dy) = (input::<T>(l, op, 0)?, input::<T>(l, op, 1)?);
     let dx = match (y.as_slice(), dy.as_slice()) {
-        (Some(a), Some(b)) if parallel(a.len()) => array(dy.shape(), map2(a, b, g)?)?,
+        (Some(a), Some(b)) => array(dy.shape(), map2(a, b, g)?)?,
         _ => crate::tensor::zip_map_array(y.view(), dy.view(), |&y, &d| g(y, d))?,
     };
     l.set_output(0, T::wrap(dx));
@@ -504,10 +496,10 @@ static OPS: &[UnaryDef] = &[
     UnaryDef {
         name: "Sigmoid",
         infer: true,
-        f: vector!(crate::vmath::sigmoid_slice, |x| 1.0 / (1.0 + (-x).exp())),
+        f: vector!(crate::vmath::sigmoid, |x| 1.0 / (1.0 + (-x).exp())),
         inplace: true,
         args: &[],
-        doc: "Y = 1 / (1 + exp(-X)) elementwise.",
+        doc: "Y = 1 / (1 + exp(-X)) elementwise; float32 within 2.5 ulp (vmath::sigmoid, vectorised), float64 from std's exp.",
         grad: Some(GradDef {
             name: "SigmoidGradient",
             infer: true,
@@ -520,10 +512,10 @@ static OPS: &[UnaryDef] = &[
     UnaryDef {
         name: "Tanh",
         infer: true,
-        f: vector!(crate::vmath::tanh_slice, |x| x.tanh()),
+        f: vector!(crate::vmath::tanh, |x| x.tanh()),
         inplace: true,
         args: &[],
-        doc: "Y = tanh(X) elementwise.",
+        doc: "Y = tanh(X) elementwise; float32 within 5 ulp (vmath::tanh: Eigen's rational function, as Caffe2 computed it, vectorised), float64 from std's tanh.",
         grad: Some(GradDef {
             name: "TanhGradient",
             infer: true,
@@ -536,16 +528,16 @@ static OPS: &[UnaryDef] = &[
     UnaryDef {
         name: "Exp",
         infer: true,
-        f: vector!(crate::vmath::exp_slice, |x| x.exp()),
+        f: vector!(crate::vmath::exp, |x| x.exp()),
         inplace: true,
         args: &[],
-        doc: "Y = exp(X) elementwise.",
+        doc: "Y = exp(X) elementwise; float32 within 1.5 ulp (vmath::exp, vectorised), float64 from std's exp.",
         grad: None,
     },
     UnaryDef {
         name: "Log",
         infer: true,
-        f: vector!(crate::vmath::log_slice, |x| x.ln()),
+        f: vector!(crate::vmath::log, |x| x.ln()),
         inplace: true,
         args: &[],
         doc: "Y = ln(X) elementwise (IEEE: ln 0 = -inf, ln of a negative is NaN); float32 within 1 ulp (vmath::log, vectorised), float64 exact.",
@@ -1104,83 +1096,110 @@ fn parallel(n: usize) -> bool {
     n >= PAR_MIN && rayon::current_num_threads() > 1
 }
 
-/// `f` of each element of `a`.
-fn map1<T: Float>(a: &[T], f: impl Fn(T) -> T + Sync) -> Result<Vec<T>> {
-    if !parallel(a.len()) {
-        return try_collect(a.iter().map(|&v| f(v)), OUTPUT);
+/// Chunk `k` of `s`, or `s` when it is empty (an unused input).
+fn part<T>(s: &[T], k: usize) -> &[T] {
+    if s.is_empty() {
+        s
+    } else {
+        &s[k * CHUNK..(k * CHUNK + CHUNK).min(s.len())]
+    }
+}
+
+/// `body` over the chunks of `out` and the matching chunks of the inputs
+/// `ins` (each of `out`'s length, or empty when unused): on the kernel pool
+/// when large ([`parallel`]), else at once on the calling thread; each call
+/// compiled for the widest vectors ([`crate::vmath::wide`]).
+fn chunked<T: Float, O: Send>(
+    out: &mut [O],
+    ins: [&[T]; 3],
+    body: impl Fn(&mut [O], [&[T]; 3]) + Sync,
+) {
+    #[inline(always)]
+    fn run<T, O>(o: &mut [O], i: [&[T]; 3], body: &impl Fn(&mut [O], [&[T]; 3])) {
+        crate::vmath::wide(
+            #[inline(always)]
+            || body(o, i),
+        )
+    }
+    if !parallel(out.len()) {
+        return run(out, ins, &body);
     }
     use rayon::prelude::*;
-    // SAFETY: the chunks of the output and of `a` (one length) pair up, and
-    // each loop writes every element of its output chunk.
-    unsafe {
-        written_vec(a.len(), OUTPUT, |out| {
-            out.par_chunks_mut(CHUNK)
-                .zip(a.par_chunks(CHUNK))
-                .for_each(|(o, a)| {
-                    for (o, &v) in o.iter_mut().zip(a) {
-                        o.write(f(v));
-                    }
-                })
-        })
+    out.par_chunks_mut(CHUNK)
+        .enumerate()
+        .for_each(|(k, o)| run(o, ins.map(|s| part(s, k)), &body));
+}
+
+/// A new buffer of the inputs' length, each element written by `fill` over
+/// matching chunks of itself and of the inputs (`chunked`); the first
+/// `used` inputs must have one length, the others be empty.
+fn map_n<T: Float>(
+    ins: [&[T]; 3],
+    used: usize,
+    fill: impl Fn(&mut [MaybeUninit<T>], [&[T]; 3]) + Sync,
+) -> Result<Vec<T>> {
+    let n = ins[0].len();
+    let (full, unused) = ins.split_at(used);
+    if full.iter().any(|s| s.len() != n) || unused.iter().any(|s| !s.is_empty()) {
+        return Err(Error::internal("unary map: operands of different lengths"));
     }
+    // SAFETY: `chunked` hands each chunk of the output to `fill` once, and
+    // every caller's `fill` writes each element of its chunk (its loop
+    // zips the output chunk with input chunks of the same length).
+    unsafe { written_vec(n, OUTPUT, |out| chunked(out, ins, fill)) }
+}
+
+/// `f` of each element of `a`.
+fn map1<T: Float>(a: &[T], f: impl Fn(T) -> T + Sync) -> Result<Vec<T>> {
+    map_n(
+        [a, &[], &[]],
+        1,
+        #[inline(always)]
+        |o, [a, _, _]| {
+            for (o, &u) in o.iter_mut().zip(a) {
+                o.write(f(u));
+            }
+        },
+    )
 }
 
 /// Each element of `a` replaced by `f` of it.
 fn map_in_place<T: Float>(a: &mut [T], f: impl Fn(T) -> T + Sync) {
-    if !parallel(a.len()) {
-        a.iter_mut().for_each(|v| *v = f(*v));
-        return;
-    }
-    use rayon::prelude::*;
-    a.par_chunks_mut(CHUNK)
-        .for_each(|c| c.iter_mut().for_each(|v| *v = f(*v)));
+    let none: &[T] = &[];
+    chunked(
+        a,
+        [none; 3],
+        #[inline(always)]
+        |c, _| c.iter_mut().for_each(|v| *v = f(*v)),
+    );
 }
 
 /// `f` of each pair of elements of `a` and `b` (one length).
 fn map2<T: Float>(a: &[T], b: &[T], f: impl Fn(T, T) -> T + Sync) -> Result<Vec<T>> {
-    if a.len() != b.len() {
-        return Err(Error::internal("map2: operands of different lengths"));
-    }
-    if !parallel(a.len()) {
-        return try_collect(a.iter().zip(b).map(|(&u, &v)| f(u, v)), OUTPUT);
-    }
-    use rayon::prelude::*;
-    // SAFETY: as map1's; `b` has `a`'s length.
-    unsafe {
-        written_vec(a.len(), OUTPUT, |out| {
-            out.par_chunks_mut(CHUNK)
-                .zip(a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK)))
-                .for_each(|(o, (a, b))| {
-                    for ((o, &u), &v) in o.iter_mut().zip(a).zip(b) {
-                        o.write(f(u, v));
-                    }
-                })
-        })
-    }
+    map_n(
+        [a, b, &[]],
+        2,
+        #[inline(always)]
+        |o, [a, b, _]| {
+            for ((o, &u), &v) in o.iter_mut().zip(a).zip(b) {
+                o.write(f(u, v));
+            }
+        },
+    )
 }
 
 /// `f` of each triple of elements of `a`, `b` and `c` (one length).
 fn map3<T: Float>(a: &[T], b: &[T], c: &[T], f: impl Fn(T, T, T) -> T + Sync) -> Result<Vec<T>> {
-    if !parallel(a.len()) {
-        return try_collect(
-            a.iter().zip(b).zip(c).map(|((&u, &v), &w)| f(u, v, w)),
-            OUTPUT,
-        );
-    }
-    use rayon::prelude::*;
-    let mut out = default_buffer(a.len(), OUTPUT)?;
-    out.par_chunks_mut(CHUNK)
-        .zip(
-            a.par_chunks(CHUNK)
-                .zip(b.par_chunks(CHUNK))
-                .zip(c.par_chunks(CHUNK)),
-        )
-        .for_each(|(o, ((a, b), c))| {
+    map_n(
+        [a, b, c],
+        3,
+        #[inline(always)]
+        |o, [a, b, c]| {
             for (((o, &u), &v), &w) in o.iter_mut().zip(a).zip(b).zip(c) {
-                *o = f(u, v, w);
+                o.write(f(u, v, w));
             }
-        });
-    Ok(out)
+        },
+    )
 }
 
 fn forward_t<T: Float>(l: &mut Locked<'_>, op: &str, f: impl Fn(f64) -> f64 + Sync) -> Result<()> {
