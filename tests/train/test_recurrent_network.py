@@ -162,3 +162,59 @@ def test_reruns_reuse_one_step_workspace(fresh):
                        [2, 1])
     np.testing.assert_allclose(workspace.FetchBlob(outs[0]), hs, rtol=1e-12, atol=1e-12)
     assert workspace.HasBlob(ws_blob)
+
+
+def _scaling_lstm_net(name, scale):
+    """lstm_net's cell, with W scaled in place after each step's FC (so
+    step t reads W * scale^t), forward only."""
+    cell = core.Net(name + "_cell")
+    h_prev, c_prev, x_t, seq, ts, w, b = cell.AddExternalInputs(
+        "hidden_t_prev", "cell_t_prev", "input_t", "seq_lengths", "timestep", "W", "b")
+    gates_h = cell.FC([h_prev, w, b], "gates_h", axis=2)
+    cell.Scale(w, w, scale=scale)
+    gates = cell.Sum([gates_h, x_t], "gates")
+    h, c = cell.LSTMUnit([h_prev, c_prev, gates, seq, ts], ["hidden_t", "cell_t"])
+    cell.AddExternalOutputs(h, c)
+    net = core.Net(name)
+    net.AddExternalInputs("input", "h0", "c0", "seq_lengths", "W", "b")
+    outs = recurrent.recurrent_net(
+        net, cell, inputs=[(x_t, "input")],
+        initial_cell_inputs=[(h_prev, "h0"), (c_prev, "c0")],
+        links={h_prev: h, c_prev: c}, timestep=ts, scope=name, forward_only=True)
+    return net, [str(o) for o in outs]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_step_fc_reads_the_weight_each_step_holds(fresh, dtype):
+    # The step net's FC lays W out once per sequence (ops/matmul.rs
+    # with_plain_weights); a W written in place between steps, between
+    # runs, or fed anew must still be the W each product reads.
+    steps, lengths, d = 4, [4, 3], 5
+    values = {k: v.astype(dtype) for k, v in _draw(steps, len(lengths), d, seed=7).items()}
+    tol = dict(rtol=2e-5, atol=2e-6) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-12)
+
+    def numpy_scaled(w, scale):
+        # Step t reads w * scale^t: unroll numpy_lstm one step at a time.
+        h, c, hs = values["h0"], values["c0"], []
+        for t in range(steps):
+            hh, cc = numpy_lstm(values["input"][t:t + 1], h, c, w * scale ** t, values["b"],
+                                [1 if t < n else 0 for n in lengths])
+            h, c = hh, cc
+            hs.append(hh[0])
+        return np.stack(hs)
+
+    net, outs = _scaling_lstm_net("scaled", 0.5)
+    _feed(values, lengths)
+    workspace.CreateNet(net)
+    workspace.RunNet(net.Proto().name)
+    np.testing.assert_allclose(workspace.FetchBlob(outs[0]), numpy_scaled(values["W"], 0.5), **tol)
+    # The run left W scaled by 0.5^steps; the next run starts from there.
+    w_now = workspace.FetchBlob("W")
+    np.testing.assert_allclose(w_now, values["W"] * 0.5 ** steps, **tol)
+    workspace.RunNet(net.Proto().name)
+    np.testing.assert_allclose(workspace.FetchBlob(outs[0]), numpy_scaled(w_now, 0.5), **tol)
+    # A W fed anew between runs.
+    w_new = (np.random.default_rng(8).uniform(-0.8, 0.8, values["W"].shape)).astype(dtype)
+    workspace.FeedBlob("W", w_new)
+    workspace.RunNet(net.Proto().name)
+    np.testing.assert_allclose(workspace.FetchBlob(outs[0]), numpy_scaled(w_new, 0.5), **tol)

@@ -191,6 +191,105 @@ fn fc_dims(l: &Locked<'_>, op: &str, axis: i64, axis_w: i64, transposed: bool) -
     Ok(FcDims { m, k, n, y_shape })
 }
 
+/// A weight laid out for the product once (`W^T`, K x N row-major) and
+/// the weight's buffer it came from. Holding the buffer keeps it from being
+/// written in place (writers copy a shared buffer first) or freed and its
+/// address reused, so an entry whose buffer is the one FC reads is current.
+struct PlainWeight {
+    src: Box<dyn std::any::Any>,
+    key: (usize, usize, usize),
+    plain: Box<dyn std::any::Any>,
+}
+
+thread_local! {
+    /// `Some` inside [`with_plain_weights`]: the weights FC laid out there.
+    static PLAIN_WEIGHTS: std::cell::RefCell<Option<Vec<PlainWeight>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` with FC's weights laid out once for the product and reused
+/// while it runs (on this thread): the recurrent ops run their step net
+/// in it, so a step's FC reads the W^T it laid out at the first step
+/// instead of transposing W (a copy as large as W) at every step. The
+/// layouts are dropped when `f` returns; outside, FC keeps no state.
+pub(crate) fn with_plain_weights<R>(f: impl FnOnce() -> R) -> R {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            if self.0 {
+                PLAIN_WEIGHTS.with(|c| *c.borrow_mut() = None);
+            }
+        }
+    }
+    let outer = PLAIN_WEIGHTS.with(|c| {
+        let mut c = c.borrow_mut();
+        let fresh = c.is_none();
+        if fresh {
+            *c = Some(Vec::new());
+        }
+        fresh
+    });
+    let _reset = Reset(outer);
+    f()
+}
+
+/// W^T (K x N, row-major) of FC's weight input 1 (N x K, row-major), from
+/// the layouts of [`with_plain_weights`] when one is active (laid out on
+/// first use), else `None`.
+fn plain_weight<T: Float>(
+    l: &Locked<'_>,
+    n: usize,
+    k: usize,
+) -> Result<Option<std::sync::Arc<Vec<T>>>> {
+    let active = PLAIN_WEIGHTS.with(|c| c.borrow().is_some());
+    let Some(src) = T::shared(l.tensor(1)?) else {
+        return Ok(None);
+    };
+    if !active || n * k == 0 {
+        return Ok(None);
+    }
+    let key = (src.as_ptr() as usize, n, k);
+    let found = PLAIN_WEIGHTS.with(|c| {
+        c.borrow().as_ref().and_then(|v| {
+            v.iter()
+                .find(|e| {
+                    e.key == key
+                        && e.src
+                            .downcast_ref::<crate::tensor::Shared<T>>()
+                            .is_some_and(|s| std::sync::Arc::ptr_eq(s, src))
+                })
+                .and_then(|e| e.plain.downcast_ref::<std::sync::Arc<Vec<T>>>().cloned())
+        })
+    });
+    if found.is_some() {
+        return Ok(found);
+    }
+    let w = dense(src);
+    let mut t = crate::tensor::try_vec::<T>(n * k, "FC's weights laid out for the product")?;
+    t.resize(n * k, T::of(0.0));
+    // W^T[p][j] = W[j][p], 16 rows of W at a time (their columns stay in
+    // cache while the rows of W^T are written).
+    for j0 in (0..n).step_by(16) {
+        let j1 = (j0 + 16).min(n);
+        for p in 0..k {
+            for j in j0..j1 {
+                t[p * n + j] = w[j * k + p];
+            }
+        }
+    }
+    let plain = std::sync::Arc::new(t);
+    PLAIN_WEIGHTS.with(|c| {
+        if let Some(v) = c.borrow_mut().as_mut() {
+            v.push(PlainWeight {
+                src: Box::new(src.clone()),
+                key,
+                plain: Box::new(plain.clone()),
+            });
+        }
+    });
+    Ok(Some(plain))
+}
+
 fn fc_t<T: Float>(l: &mut Locked<'_>, op: &str, axis: i64, axis_w: i64, tr: bool) -> Result<()> {
     let d = fc_dims(l, op, axis, axis_w, tr)?;
     let (x, w, b) = (
@@ -207,7 +306,15 @@ fn fc_t<T: Float>(l: &mut Locked<'_>, op: &str, axis: i64, axis_w: i64, tr: bool
         ))
         .with_blob(l.input_name(2)));
     }
-    let mut y = matmul(false, !tr, d.m, d.k, d.n, &dense(x), &dense(w))?;
+    let plain = if tr {
+        None
+    } else {
+        plain_weight::<T>(l, d.n, d.k)?
+    };
+    let mut y = match &plain {
+        Some(wt) => matmul(false, false, d.m, d.k, d.n, &dense(x), wt)?,
+        None => matmul(false, !tr, d.m, d.k, d.n, &dense(x), &dense(w))?,
+    };
     let b = dense(b);
     for row in y.chunks_mut(d.n.max(1)) {
         for (v, &bi) in row.iter_mut().zip(b.iter()) {

@@ -187,9 +187,15 @@ fn add_span_t<T: Float>(
             "{what}: a gradient is not in row-major order"
         )));
     };
-    for (x, &y) in dv[at..at + len].iter_mut().zip(&sv[from..from + len]) {
-        *x += y;
-    }
+    let (d, s) = (&mut dv[at..at + len], &sv[from..from + len]);
+    crate::vmath::wide(
+        #[inline(always)]
+        || {
+            for (x, &y) in d.iter_mut().zip(s) {
+                *x += y;
+            }
+        },
+    );
     Ok(())
 }
 
@@ -733,19 +739,26 @@ impl Operator for ForwardOp {
         if self.keep && slots.len() < steps {
             slots.resize_with(steps, Vec::new);
         }
-        for t in 0..steps {
-            cx.cancel.poll_check()?;
-            links_in(&ws, &b.links, t)?;
-            b.timestep.set(BlobValue::Tensor(timestep_tensor(t)));
-            if !b.net.run(&ws, cx.cancel)? {
-                return Ok(false);
+        // The step net's FC lays its weights out once for all the steps.
+        let finished = crate::ops::matmul::with_plain_weights(|| -> Result<bool> {
+            for t in 0..steps {
+                cx.cancel.poll_check()?;
+                links_in(&ws, &b.links, t)?;
+                b.timestep.set(BlobValue::Tensor(timestep_tensor(t)));
+                if !b.net.run(&ws, cx.cancel)? {
+                    return Ok(false);
+                }
+                links_out(&ws, &b.links, t)?;
+                if self.keep {
+                    let slot = &mut slots[t];
+                    slot.clear();
+                    slot.extend(kept.iter().map(|k| k.get()));
+                }
             }
-            links_out(&ws, &b.links, t)?;
-            if self.keep {
-                let slot = &mut slots[t];
-                slot.clear();
-                slot.extend(kept.iter().map(|k| k.get()));
-            }
+            Ok(true)
+        })?;
+        if !finished {
+            return Ok(false);
         }
         drop(slots);
         *b.scratch.kept_steps.lock() = if self.keep { steps } else { 0 };
