@@ -67,9 +67,8 @@ const THIN_K: usize = 256;
 fn use_small(m: usize, k: usize, n: usize, sb: (usize, usize)) -> bool {
     let macs = m.saturating_mul(k).saturating_mul(n);
     let b_transposed = sb.0 < sb.1;
-    let thin_transposed = b_transposed
-        && k > THIN_K
-        && (m <= THIN_M || (m <= THIN_M_LARGE_B && k.saturating_mul(n) > PLAIN_MAX_B));
+    let thin_transposed =
+        b_transposed && k > THIN_K && (m <= THIN_M || (m <= THIN_M_LARGE_B && !copies_b(k, n)));
     let tiny_c = m <= 1 || m.saturating_mul(n) <= SMALL_C;
     (n <= SMALL_N || tiny_c || macs < SMALL_MACS || thin_transposed) && small::available()
 }
@@ -219,7 +218,7 @@ unsafe fn blocked<T: Float>(
         && transposed_b
         && m <= PLAIN_M
         && n >= PLAIN_MIN_N
-        && k.saturating_mul(n) <= PLAIN_MAX_B
+        && copies_b(k, n)
     {
         TRANSPOSED.with(|t| t.take())
     } else {
@@ -296,6 +295,13 @@ const PLAIN_M: usize = 128;
 /// the product (memory-bound at these few rows) makes one (AlexNet's FC
 /// layers at batch 16, B of 38M elements: 0.86x PyTorch with the copy).
 const PLAIN_MAX_B: usize = 1 << 19;
+
+/// Whether a transposed B of `k x n` is small enough for `blocked` to copy
+/// into the plain layout ([`PLAIN_MAX_B`]); `use_small` keeps a larger one
+/// for the small kernel up to [`THIN_M_LARGE_B`] rows.
+fn copies_b(k: usize, n: usize) -> bool {
+    k.saturating_mul(n) <= PLAIN_MAX_B
+}
 /// Columns of C below which B is read in place (too little to copy).
 const PLAIN_MIN_N: usize = 32;
 /// Padding of the plain copy's rows: rows 4 KiB apart (1024 columns) would

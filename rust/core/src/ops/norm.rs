@@ -135,9 +135,11 @@ const PAR_MIN_LEN: usize = 1 << 18;
 /// one the OS descheduled).
 const TASK_LEN: usize = 1 << 16;
 
-/// Whether `len` elements are worth the kernel pool.
-fn parallel(len: usize) -> bool {
-    len >= PAR_MIN_LEN && crate::threads::pool_available()
+/// Whether `len` elements are worth the kernel pool, for an op whose
+/// break-even is `min` elements ([`PAR_MIN_LEN`] for the memory-bound
+/// ones, [`LRN_PAR_MIN`] for LRN).
+fn parallel(len: usize, min: usize) -> bool {
+    len >= min && crate::threads::pool_available()
 }
 
 /// `y = x * alpha[c] + beta[c]`, `c` each element's channel: plane by
@@ -164,7 +166,7 @@ fn channel_affine<T: Float>(
                     o.write(v * a + b);
                 }
             };
-            if parallel(x.len()) {
+            if parallel(x.len(), PAR_MIN_LEN) {
                 y.par_chunks_exact_mut(hw)
                     .zip(x.par_chunks_exact(hw))
                     .enumerate()
@@ -187,7 +189,7 @@ fn channel_affine<T: Float>(
             };
             // Whole pixels per task.
             let per = (TASK_LEN / c).max(1) * c;
-            if parallel(x.len()) {
+            if parallel(x.len(), PAR_MIN_LEN) {
                 y.par_chunks_mut(per)
                     .zip(x.par_chunks(per))
                     .for_each(pixels);
@@ -236,7 +238,7 @@ fn plane_sums<T: Float>(x: &[T], c: usize, hw: usize, shift: &[T], square: bool)
             lane_sum(x, |v| v - m)
         };
     };
-    if parallel(x.len()) {
+    if parallel(x.len(), PAR_MIN_LEN) {
         use rayon::prelude::*;
         per_plane
             .par_iter_mut()
@@ -644,10 +646,10 @@ impl LrnArgs {
                         *o = bias + k * *o;
                     }
                 };
-                if hw == 0 {
-                } else if lrn_parallel(x.len()) {
+                // (No planes when hw is 0: chunks of 0 elements panic.)
+                if hw > 0 && parallel(x.len(), LRN_PAR_MIN) {
                     s.par_chunks_mut(hw).enumerate().for_each(plane);
-                } else {
+                } else if hw > 0 {
                     s.chunks_mut(hw).enumerate().for_each(plane);
                 }
             }
@@ -660,10 +662,9 @@ impl LrnArgs {
                         *o = bias + k * sq;
                     }
                 };
-                if c == 0 {
-                } else if lrn_parallel(x.len()) {
+                if c > 0 && parallel(x.len(), LRN_PAR_MIN) {
                     s.par_chunks_mut(c).enumerate().for_each(pixel);
-                } else {
+                } else if c > 0 {
                     s.chunks_mut(c).enumerate().for_each(pixel);
                 }
             }
@@ -676,10 +677,6 @@ impl LrnArgs {
 /// `powf` per element (tens of nanoseconds) pays for the hand-off far below
 /// the memory-bound ops' threshold.
 const LRN_PAR_MIN: usize = 1 << 14;
-
-fn lrn_parallel(len: usize) -> bool {
-    len >= LRN_PAR_MIN && crate::threads::pool_available() && rayon::current_num_threads() > 1
-}
 
 fn lrn_t<T: Float>(l: &mut Locked<'_>, a: &LrnArgs, want_scale: bool) -> Result<()> {
     use rayon::prelude::*;
@@ -696,7 +693,7 @@ fn lrn_t<T: Float>(l: &mut Locked<'_>, a: &LrnArgs, want_scale: bool) -> Result<
         }
     };
     const CH: usize = 1 << 12;
-    if lrn_parallel(x.len()) {
+    if parallel(x.len(), LRN_PAR_MIN) {
         y.par_chunks_mut(CH)
             .zip(x.par_chunks(CH).zip(s.par_chunks(CH)))
             .for_each(f);
