@@ -36,11 +36,15 @@ def numpy_lstm(x, h0, c0, w, b, lengths, forget_bias=0.0, drop_states=False):
     return np.stack(hs), np.stack(cs)
 
 
-def lstm_net(name, forward_only=False, outputs_with_grads=(0,), **unit_args):
+def lstm_net(name, forward_only=False, outputs_with_grads=(0,), after_fc=None, **unit_args):
+    """The LSTM over `input`; `after_fc(cell, W)` adds ops to the step net
+    right after its FC."""
     cell = core.Net(name + "_cell")
     h_prev, c_prev, x_t, seq, ts, w, b = cell.AddExternalInputs(
         "hidden_t_prev", "cell_t_prev", "input_t", "seq_lengths", "timestep", "W", "b")
     gates_h = cell.FC([h_prev, w, b], "gates_h", axis=2)
+    if after_fc is not None:
+        after_fc(cell, w)
     gates = cell.Sum([gates_h, x_t], "gates")
     h, c = cell.LSTMUnit([h_prev, c_prev, gates, seq, ts], ["hidden_t", "cell_t"], **unit_args)
     cell.AddExternalOutputs(h, c)
@@ -164,26 +168,6 @@ def test_reruns_reuse_one_step_workspace(fresh):
     assert workspace.HasBlob(ws_blob)
 
 
-def _scaling_lstm_net(name, scale):
-    """lstm_net's cell, with W scaled in place after each step's FC (so
-    step t reads W * scale^t), forward only."""
-    cell = core.Net(name + "_cell")
-    h_prev, c_prev, x_t, seq, ts, w, b = cell.AddExternalInputs(
-        "hidden_t_prev", "cell_t_prev", "input_t", "seq_lengths", "timestep", "W", "b")
-    gates_h = cell.FC([h_prev, w, b], "gates_h", axis=2)
-    cell.Scale(w, w, scale=scale)
-    gates = cell.Sum([gates_h, x_t], "gates")
-    h, c = cell.LSTMUnit([h_prev, c_prev, gates, seq, ts], ["hidden_t", "cell_t"])
-    cell.AddExternalOutputs(h, c)
-    net = core.Net(name)
-    net.AddExternalInputs("input", "h0", "c0", "seq_lengths", "W", "b")
-    outs = recurrent.recurrent_net(
-        net, cell, inputs=[(x_t, "input")],
-        initial_cell_inputs=[(h_prev, "h0"), (c_prev, "c0")],
-        links={h_prev: h, c_prev: c}, timestep=ts, scope=name, forward_only=True)
-    return net, [str(o) for o in outs]
-
-
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_the_step_fc_reads_the_weight_each_step_holds(fresh, dtype):
     # The step net's FC lays W out once per sequence (ops/matmul.rs
@@ -203,7 +187,9 @@ def test_the_step_fc_reads_the_weight_each_step_holds(fresh, dtype):
             hs.append(hh[0])
         return np.stack(hs)
 
-    net, outs = _scaling_lstm_net("scaled", 0.5)
+    # W scaled in place after each step's FC: step t reads W * 0.5^t.
+    net, outs = lstm_net("scaled", forward_only=True,
+                         after_fc=lambda cell, w: cell.Scale(w, w, scale=0.5))
     _feed(values, lengths)
     workspace.CreateNet(net)
     workspace.RunNet(net.Proto().name)
