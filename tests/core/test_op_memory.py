@@ -440,7 +440,8 @@ cannot(CONTROL, "Do", "If", "While", "Python", "PythonGradient", "RecurrentNetwo
 cannot(SAME_SIZE, "LSTMUnit", "GRUUnit", "ElementwiseLinear", "CopyFromCPUInput",
        "ZeroGradient", "rnn_internal_apply_link", "rnn_internal_write_link",
        "rnn_internal_accumulate_gradient_input")
-cannot(INPUT_SHAPE, "LSTMUnitGradient", "GRUUnitGradient", "ElementwiseLinearGradient")
+cannot(INPUT_SHAPE, "LSTMUnitGradient", "GRUUnitGradient", "ElementwiseLinearGradient",
+       "rnn_internal_fc_input_gradient")
 cannot(OBJECTS, "RecurrentNetworkBlobFetcher")
 
 

@@ -36,13 +36,14 @@ def numpy_lstm(x, h0, c0, w, b, lengths, forget_bias=0.0, drop_states=False):
     return np.stack(hs), np.stack(cs)
 
 
-def lstm_net(name, forward_only=False, outputs_with_grads=(0,), after_fc=None, **unit_args):
+def lstm_net(name, forward_only=False, outputs_with_grads=(0,), after_fc=None, fc="FC",
+             **unit_args):
     """The LSTM over `input`; `after_fc(cell, W)` adds ops to the step net
-    right after its FC."""
+    right after its FC (`fc`: "FCTransposed" takes W as (D, 4D))."""
     cell = core.Net(name + "_cell")
     h_prev, c_prev, x_t, seq, ts, w, b = cell.AddExternalInputs(
         "hidden_t_prev", "cell_t_prev", "input_t", "seq_lengths", "timestep", "W", "b")
-    gates_h = cell.FC([h_prev, w, b], "gates_h", axis=2)
+    gates_h = getattr(cell, fc)([h_prev, w, b], "gates_h", axis=2)
     if after_fc is not None:
         after_fc(cell, w)
     gates = cell.Sum([gates_h, x_t], "gates")
@@ -96,17 +97,27 @@ def test_outputs_match_a_numpy_lstm(fresh, steps, lengths, args):
     np.testing.assert_allclose(c_last, cs[-1:], rtol=1e-12, atol=1e-12)
 
 
-def _loss_and_grads(steps, lengths, args, seeds_of, seed):
+def _loss_and_grads(steps, lengths, args, seeds_of, seed, fc="FC", edit_backward=None,
+                    factors=None):
+    """Checks the gradients against central differences of the forward
+    net; `edit_backward(step_net)` edits the backward step net first, and
+    the gradient of each input named in `factors` is then expected times
+    its factor."""
     n, d = len(lengths), 2
     values = _draw(steps, n, d, seed)
-    net, outs = lstm_net("bwd", outputs_with_grads=tuple(sorted(seeds_of)), **args)
+    if fc == "FCTransposed":
+        values["W"] = np.ascontiguousarray(values["W"].T)
+    net, outs = lstm_net("bwd", outputs_with_grads=tuple(sorted(seeds_of)), fc=fc, **args)
     rng = np.random.default_rng(seed + 100)
     seeds = {outs[k]: rng.uniform(-1, 1, (steps if k in (0, 2) else 1, n, d)) for k in seeds_of}
     for k, name in enumerate(seeds):
         workspace.FeedBlob("R%d" % k, seeds[name])
     net.AddExternalInputs(*["R%d" % k for k in range(len(seeds))])
     grads = net.AddGradientOperators({name: "R%d" % k for k, name in enumerate(seeds)})
-    fwd, fwd_outs = lstm_net("plain", forward_only=True, **args)
+    if edit_backward is not None:
+        op = next(o for o in net.Proto().op if o.type == "RecurrentNetworkGradient")
+        edit_backward(next(a for a in op.arg if a.name == "backward_step_net").n)
+    fwd, fwd_outs = lstm_net("plain", forward_only=True, fc=fc, **args)
 
     def loss(vals):
         _feed(vals, lengths)
@@ -126,6 +137,7 @@ def _loss_and_grads(steps, lengths, args, seeds_of, seed):
             up = loss(moved)
             moved[k][idx] -= 2 * eps
             num[idx] = (up - loss(moved)) / (2 * eps)
+        num *= (factors or {}).get(k, 1.0)
         np.testing.assert_allclose(analytic[k], num, rtol=1e-5, atol=1e-7, err_msg=k)
 
 
@@ -137,6 +149,28 @@ def _loss_and_grads(steps, lengths, args, seeds_of, seed):
 ])
 def test_gradients_match_differences(fresh, steps, lengths, args):
     _loss_and_grads(steps, lengths, args, seeds_of=(0,), seed=steps)
+
+
+def test_gradients_through_fc_transposed(fresh):
+    _loss_and_grads(3, [3, 2], {}, seeds_of=(0,), seed=5, fc="FCTransposed")
+
+
+@pytest.mark.parametrize("blob,factors", [
+    # The gradient of the projected input is gates_grad's rows.
+    ("gates_grad", {"input": 3.0}),
+    ("hidden_t_prev", {}),
+])
+def test_a_blob_the_step_fc_gradient_read_then_written_in_place(fresh, blob, factors):
+    # The gradient op makes the step FC's weight gradient once over the
+    # sequence from the rows of X and dY the step ended with (ops/matmul.rs
+    # FcGradSteps); an op after FCGradient that writes one of them in place
+    # must leave the weight gradient what FCGradient computed at each step.
+    def scale_after(step_net):
+        assert step_net.op[-2].type == "FCGradient"
+        step_net.op.add().CopyFrom(core.CreateOperator("Scale", [blob], [blob], scale=3.0))
+
+    _loss_and_grads(3, [3, 1], {}, seeds_of=(0,), seed=9, edit_backward=scale_after,
+                    factors=factors)
 
 
 def test_gradient_of_the_last_hidden_state_and_all_cells(fresh):

@@ -13,8 +13,10 @@
 use super::kit::*;
 use crate::arg;
 use crate::error::{Error, Result};
+use crate::ir::OperatorDef;
 use crate::num::Float;
 use crate::operator::{Locked, OpDefCtx, OpSchema, Operator};
+use crate::tensor::Tensor;
 
 pub fn schemas() -> Vec<OpSchema> {
     const FC_ARGS: &[crate::operator::ArgDoc] = &[
@@ -29,6 +31,16 @@ pub fn schemas() -> Vec<OpSchema> {
             "int",
             "1",
             "W is flattened to a matrix at this dim"
+        ),
+    ];
+    const FC_INPUT_GRAD_ARGS: &[crate::operator::ArgDoc] = &[
+        FC_ARGS[0],
+        FC_ARGS[1],
+        arg!(
+            "transposed",
+            "bool",
+            "false",
+            "W is stored K x N (FCTransposed's)"
         ),
     ];
     const FC_IGNORED: &[crate::operator::ArgDoc] = &[arg!(
@@ -88,6 +100,11 @@ pub fn schemas() -> Vec<OpSchema> {
             .args(FC_ARGS)
             .ignores(FC_IGNORED)
             .doc("Gradient of FCTransposed: inputs (X, W, dY), outputs (dW, db[, dX])."),
+        OpSchema::new("rnn_internal_fc_input_gradient", build_fc_input_grad)
+            .inputs(3, 3)
+            .outputs(1, 1)
+            .args(FC_INPUT_GRAD_ARGS)
+            .doc("FCGradient's dX alone: inputs (X, W, dY), output dX. The recurrent gradient op puts it in a step net in place of an FCGradient whose weight and bias gradients it makes once over the sequence."),
         OpSchema::new("MatMul", build_matmul)
             .inputs(2, 3)
             .outputs(1, 1)
@@ -173,18 +190,32 @@ struct FcDims {
 
 fn fc_dims(l: &Locked<'_>, op: &str, axis: i64, axis_w: i64, transposed: bool) -> Result<FcDims> {
     let (x, w) = (l.tensor(0)?.shape(), l.tensor(1)?.shape());
-    let ax = canonical_axis(op, "axis", axis, x.len(), l.input_name(0))?;
-    let aw = canonical_axis(op, "axis_w", axis_w, w.len(), l.input_name(1))?;
+    let names = [l.input_name(0), l.input_name(1)];
+    fc_shapes(op, x, w, names, axis, axis_w, transposed)
+}
+
+/// [`fc_dims`] of X's and W's shapes (`names` theirs, for errors).
+fn fc_shapes(
+    op: &str,
+    x: &[usize],
+    w: &[usize],
+    names: [&str; 2],
+    axis: i64,
+    axis_w: i64,
+    transposed: bool,
+) -> Result<FcDims> {
+    let ax = canonical_axis(op, "axis", axis, x.len(), names[0])?;
+    let aw = canonical_axis(op, "axis_w", axis_w, w.len(), names[1])?;
     let (m, k) = split_at(x, ax);
     let (w0, w1) = split_at(w, aw);
     let (kw, n) = if transposed { (w0, w1) } else { (w1, w0) };
     if k != kw {
         return Err(Error::shape(format!(
             "{op}: dimension mismatch: X ('{}') {x:?} flattened at axis {ax} is {m} x {k}, W ('{}') {w:?} flattened at axis_w {aw} has K = {kw}",
-            l.input_name(0),
-            l.input_name(1)
+            names[0],
+            names[1]
         ))
-        .with_blob(l.input_name(1)));
+        .with_blob(names[1]));
     }
     let mut y_shape = x[..ax].to_vec();
     y_shape.push(n);
@@ -334,13 +365,21 @@ fn build_fc(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
     float_kernel!(&op, 0, |l| fc_t(&mut l, &op, axis, axis_w, tr))
 }
 
+/// Which of FCGradient's outputs an op makes: the weight and bias
+/// gradients (outputs 0 and 1), dX (the next output), or both.
+#[derive(Clone, Copy)]
+struct FcGradOutputs {
+    params: bool,
+    dx: bool,
+}
+
 fn fc_grad_t<T: Float>(
     l: &mut Locked<'_>,
     op: &str,
     axis: i64,
     axis_w: i64,
     tr: bool,
-    want_dx: bool,
+    want: FcGradOutputs,
 ) -> Result<()> {
     let d = fc_dims(l, op, axis, axis_w, tr)?;
     let (x, w, dy) = (
@@ -348,53 +387,304 @@ fn fc_grad_t<T: Float>(
         input::<T>(l, op, 1)?,
         input::<T>(l, op, 2)?,
     );
-    if Some(dy.len()) != d.m.checked_mul(d.n) {
-        return Err(Error::shape(format!(
-            "{op}: dY ('{}', shape {:?}) must have M x N = {} x {} elements",
-            l.input_name(2),
-            dy.shape(),
-            d.m,
-            d.n
-        ))
-        .with_blob(l.input_name(2)));
-    }
+    check_dy(op, dy.shape(), &d, l.input_name(2))?;
     let (xs, ws, dys) = (dense(x), dense(w), dense(dy));
-    // FC: dW (N x K) = dY^T X; FCTransposed: dW (K x N) = X^T dY.
-    let dw = if tr {
-        matmul(true, false, d.k, d.m, d.n, &xs, &dys)?
-    } else {
-        matmul(true, false, d.n, d.m, d.k, &dys, &xs)?
-    };
-    let mut db = crate::tensor::default_buffer::<T>(d.n, "FC's bias gradient")?;
-    for row in dys.chunks(d.n.max(1)) {
-        for (s, &v) in db.iter_mut().zip(row) {
-            *s = *s + v;
-        }
-    }
+    let params = want
+        .params
+        .then(|| fc_param_grads(&xs, &dys, &d, tr))
+        .transpose()?;
     // FC: dX (M x K) = dY W; FCTransposed: dX = dY W^T.
-    let dx = want_dx
+    let dx = want
+        .dx
         .then(|| matmul(false, tr, d.m, d.n, d.k, &dys, &ws))
         .transpose()?;
-    let dw = array(w.shape(), dw)?;
-    let db = array(&[d.n], db)?;
+    let params = params
+        .map(|(dw, db)| Ok::<_, Error>((array(w.shape(), dw)?, array(&[d.n], db)?)))
+        .transpose()?;
     let dx = dx.map(|v| array(x.shape(), v)).transpose()?;
-    l.set_output(0, T::wrap(dw));
-    l.set_output(1, T::wrap(db));
+    let mut next = 0;
+    if let Some((dw, db)) = params {
+        l.set_output(0, T::wrap(dw));
+        l.set_output(1, T::wrap(db));
+        next = 2;
+    }
     if let Some(dx) = dx {
-        l.set_output(2, T::wrap(dx));
+        l.set_output(next, T::wrap(dx));
     }
     Ok(())
 }
 
+fn check_dy(op: &str, dy: &[usize], d: &FcDims, name: &str) -> Result<()> {
+    if Some(dy.iter().product::<usize>()) != d.m.checked_mul(d.n) {
+        return Err(Error::shape(format!(
+            "{op}: dY ('{name}', shape {dy:?}) must have M x N = {} x {} elements",
+            d.m, d.n
+        ))
+        .with_blob(name));
+    }
+    Ok(())
+}
+
+/// FC's weight gradient (FC: dW (N x K) = dY^T X; FCTransposed: dW (K x N)
+/// = X^T dY) and bias gradient (dY's column sums) over the M rows of X and
+/// dY.
+fn fc_param_grads<T: Float>(x: &[T], dy: &[T], d: &FcDims, tr: bool) -> Result<(Vec<T>, Vec<T>)> {
+    let dw = if tr {
+        matmul(true, false, d.k, d.m, d.n, x, dy)?
+    } else {
+        matmul(true, false, d.n, d.m, d.k, dy, x)?
+    };
+    let mut db = crate::tensor::default_buffer::<T>(d.n, "FC's bias gradient")?;
+    for row in dy.chunks(d.n.max(1)) {
+        for (s, &v) in db.iter_mut().zip(row) {
+            *s = *s + v;
+        }
+    }
+    Ok((dw, db))
+}
+
+fn fc_grad_args(ctx: &OpDefCtx<'_>) -> Result<(i64, i64)> {
+    Ok((ctx.args.i64("axis", 1)?, ctx.args.i64("axis_w", 1)?))
+}
+
 fn build_fc_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
-    let axis = ctx.args.i64("axis", 1)?;
-    let axis_w = ctx.args.i64("axis_w", 1)?;
+    let (axis, axis_w) = fc_grad_args(ctx)?;
     let tr = ctx.op_type() == "FCTransposedGradient";
-    let want_dx = ctx.num_outputs() == 3;
+    let want = FcGradOutputs {
+        params: true,
+        dx: ctx.num_outputs() == 3,
+    };
     let op = ctx.op_type().to_string();
-    float_kernel!(&op, 0, |l| fc_grad_t(
-        &mut l, &op, axis, axis_w, tr, want_dx
-    ))
+    float_kernel!(&op, 0, |l| fc_grad_t(&mut l, &op, axis, axis_w, tr, want))
+}
+
+fn build_fc_input_grad(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    let (axis, axis_w) = fc_grad_args(ctx)?;
+    let tr = ctx.args.bool("transposed", false)?;
+    let want = FcGradOutputs {
+        params: false,
+        dx: true,
+    };
+    let op = ctx.op_type().to_string();
+    float_kernel!(&op, 0, |l| fc_grad_t(&mut l, &op, axis, axis_w, tr, want))
+}
+
+// ------------------------------------------ FC's gradient over steps --
+
+/// Rows of X and dY gathered over many runs of one FCGradient, whose weight
+/// and bias gradients summed over the runs are then made as one product:
+/// sum_t dY_t^T X_t is the product of the stacked rows. The recurrent
+/// gradient op gathers a step net's FCGradient this way (the step net then
+/// makes dX alone, `rnn_internal_fc_input_gradient`): one product with K =
+/// every step's rows instead of one per step with K = the batch, each
+/// summed into the parameter's gradient.
+pub(crate) struct FcGradSteps {
+    op: String,
+    axis: i64,
+    axis_w: i64,
+    tr: bool,
+    rows: Option<Gathered>,
+}
+
+/// The rows an [`FcGradSteps`] holds (kept with their capacity between
+/// sequences).
+struct Gathered {
+    /// `(x, dy)` as `Vec<T>` of the runs' dtype.
+    rows: Box<dyn std::any::Any + Send>,
+    /// W's shape, K and N at the runs kept.
+    w_shape: Vec<usize>,
+    k: usize,
+    n: usize,
+    runs: usize,
+}
+
+impl FcGradSteps {
+    /// For FCGradient or FCTransposedGradient `op` with these arguments.
+    pub(crate) fn new(op: &OperatorDef) -> Result<FcGradSteps> {
+        let ty = op.r#type.clone().unwrap_or_default();
+        let args = crate::args::Args::new(&ty, &op.arg)?;
+        let (axis, axis_w) = (args.i64("axis", 1)?, args.i64("axis_w", 1)?);
+        Ok(FcGradSteps {
+            tr: ty == "FCTransposedGradient",
+            op: ty,
+            axis,
+            axis_w,
+            rows: None,
+        })
+    }
+
+    /// The op that makes dX alone, for `op` (with `dx`, its dX output).
+    pub(crate) fn input_gradient_op(&self, op: &OperatorDef, dx: String) -> OperatorDef {
+        let mut d = op.clone();
+        d.r#type = Some("rnn_internal_fc_input_gradient".to_string());
+        d.output = vec![dx];
+        d.arg.retain(|a| a.name.as_deref() != Some("transposed"));
+        d.arg.push(crate::ir::Argument {
+            name: Some("transposed".to_string()),
+            i: Some(i64::from(self.tr)),
+            ..Default::default()
+        });
+        d
+    }
+
+    /// Keeps one run's rows of X and dY (`names` X's, W's and dY's, for
+    /// errors); `runs` is how many runs there will be, to reserve for
+    /// them at the first.
+    pub(crate) fn push(
+        &mut self,
+        x: &Tensor,
+        w: &Tensor,
+        dy: &Tensor,
+        names: [&str; 3],
+        runs: usize,
+    ) -> Result<()> {
+        crate::with_match_dtype!(floats x.dtype(), |T| self.push_t::<T>(x, w, dy, names, runs),
+            else other => Err(crate::tensor::unsupported_dtype(other).with_blob(names[0])))
+    }
+
+    fn push_t<T: Float>(
+        &mut self,
+        x: &Tensor,
+        w: &Tensor,
+        dy: &Tensor,
+        names: [&str; 3],
+        runs: usize,
+    ) -> Result<()> {
+        let op = self.op.as_str();
+        let d = fc_shapes(
+            op,
+            x.shape(),
+            w.shape(),
+            [names[0], names[1]],
+            self.axis,
+            self.axis_w,
+            self.tr,
+        )?;
+        check_dy(op, dy.shape(), &d, names[2])?;
+        fn view<'t, T: Float>(
+            op: &str,
+            x: &Tensor,
+            t: &'t Tensor,
+            names: [&str; 3],
+            i: usize,
+        ) -> Result<&'t ndarray::ArrayD<T>> {
+            T::view(t).ok_or_else(|| {
+                Error::type_error(format!(
+                    "{op}: '{}' is {}, '{}' {}",
+                    names[0],
+                    x.dtype(),
+                    names[i],
+                    t.dtype()
+                ))
+                .with_blob(names[i])
+            })
+        }
+        let (xa, dya) = (
+            view::<T>(op, x, x, names, 0)?,
+            view::<T>(op, x, dy, names, 2)?,
+        );
+        let fresh = match &self.rows {
+            None => true,
+            Some(g) => g.runs == 0 && !g.rows.is::<(Vec<T>, Vec<T>)>(),
+        };
+        if fresh {
+            let reserve = |len: usize| {
+                crate::tensor::try_vec::<T>(
+                    len.saturating_mul(runs.max(1)),
+                    format_args!("{op}'s rows over the steps"),
+                )
+            };
+            let rows: (Vec<T>, Vec<T>) = (reserve(xa.len())?, reserve(dya.len())?);
+            self.rows = Some(Gathered {
+                rows: Box::new(rows),
+                w_shape: Vec::new(),
+                k: 0,
+                n: 0,
+                runs: 0,
+            });
+        }
+        let Some(g) = self.rows.as_mut() else {
+            unreachable!("set above")
+        };
+        if g.runs == 0 {
+            (g.w_shape, g.k, g.n) = (w.shape().to_vec(), d.k, d.n);
+        } else if (g.k, g.n) != (d.k, d.n) || g.w_shape.as_slice() != w.shape() {
+            return Err(Error::shape(format!(
+                "{op}: W ('{}') has shape {:?} at this step, {:?} at an earlier one",
+                names[1],
+                w.shape(),
+                g.w_shape
+            ))
+            .with_blob(names[1]));
+        }
+        let Some((xs, dys)) = g.rows.downcast_mut::<(Vec<T>, Vec<T>)>() else {
+            return Err(Error::type_error(format!(
+                "{op}: '{}' is {} at this step, another dtype at an earlier one",
+                names[0],
+                x.dtype()
+            ))
+            .with_blob(names[0]));
+        };
+        for (dst, src) in [(xs, xa), (dys, dya)] {
+            dst.try_reserve(src.len()).map_err(|_| {
+                crate::tensor::alloc_error(
+                    src.len().saturating_mul(size_of::<T>()),
+                    format_args!("{op}'s rows over the steps"),
+                )
+            })?;
+            match src.as_slice() {
+                Some(s) => dst.extend_from_slice(s),
+                None => dst.extend(src.iter().copied()),
+            }
+        }
+        g.runs += 1;
+        Ok(())
+    }
+
+    /// The weight and bias gradients summed over the runs kept since the
+    /// last call (W's shape and (N)), or `None` if none was.
+    pub(crate) fn take(&mut self) -> Result<Option<(Tensor, Tensor)>> {
+        let Some(g) = self.rows.as_mut().filter(|g| g.runs > 0) else {
+            return Ok(None);
+        };
+        g.runs = 0;
+        let tr = self.tr;
+        if let Some(r) = g.rows.downcast_mut::<(Vec<f32>, Vec<f32>)>() {
+            return sums_over_rows(r, &g.w_shape, g.k, g.n, tr).map(Some);
+        }
+        match g.rows.downcast_mut::<(Vec<f64>, Vec<f64>)>() {
+            Some(r) => sums_over_rows(r, &g.w_shape, g.k, g.n, tr).map(Some),
+            None => Err(Error::internal(
+                "FC's rows over the steps are of no float dtype",
+            )),
+        }
+    }
+}
+
+/// [`FcGradSteps::take`] of rows `(xs, dys)`, which it empties (keeping
+/// their capacity).
+fn sums_over_rows<T: Float>(
+    (xs, dys): &mut (Vec<T>, Vec<T>),
+    shape: &[usize],
+    k: usize,
+    n: usize,
+    tr: bool,
+) -> Result<(Tensor, Tensor)> {
+    let m = xs
+        .len()
+        .checked_div(k)
+        .unwrap_or(dys.len() / n.max(1));
+    let d = FcDims {
+        m,
+        k,
+        n,
+        y_shape: Vec::new(),
+    };
+    let sums = fc_param_grads(xs, dys, &d, tr);
+    xs.clear();
+    dys.clear();
+    let (dw, db) = sums?;
+    Ok((T::wrap(array(shape, dw)?), T::wrap(array(&[n], db)?)))
 }
 
 // -------------------------------------------------------------- MatMul --

@@ -24,6 +24,7 @@ use crate::ir::{Argument, NetDef, OperatorDef};
 use crate::net::Net;
 use crate::num::Float;
 use crate::operator::{ArgDoc, InPlace, OpCx, OpDefCtx, OpSchema, Operator, MANY};
+use crate::ops::matmul::FcGradSteps;
 use crate::tensor::{Element, Tensor};
 use crate::workspace::Workspace;
 use ndarray::{ArrayD, Axis, IxDyn, Slice};
@@ -823,6 +824,83 @@ struct BackwardBound {
     timestep: Blob,
     links: Vec<BoundLink>,
     step_grads: Vec<Blob>,
+    gathered: Vec<Gathered>,
+}
+
+/// A backward step net's FCGradient whose weight and bias gradients are
+/// made once over the sequence: the step net makes its dX alone, and after
+/// each step its X and dY rows are kept (the op's inputs hold after the
+/// step what they held when it ran: no later op of the step writes them).
+struct Gathered {
+    /// X, W and dY.
+    inputs: [String; 3],
+    /// The parameters (indices into `BackwardOp::params`) whose step
+    /// gradients are the op's outputs 0 (dW) and 1 (db); `None`: an output
+    /// nothing reads, not made.
+    to: [Option<usize>; 2],
+    rows: FcGradSteps,
+}
+
+/// Takes each FCGradient of `step` that makes parameters' step gradients
+/// and can be gathered (see [`Gathered`]) out of the per-step sums: the op
+/// is replaced by `rnn_internal_fc_input_gradient` (or dropped when it
+/// makes no dX). The op's outputs 0 and 1 must be parameters' step
+/// gradients or blobs no other op and no link touches, and its inputs must
+/// be written by no later op nor be its own outputs.
+fn gather_fc_grads(step: &mut NetDef, params: &[Param], links: &[Link]) -> Result<Vec<Gathered>> {
+    let param_of = |name: &str| params.iter().position(|p| p.step_grad == name);
+    let mut found = Vec::new();
+    let mut i = 0;
+    while i < step.op.len() {
+        let op = &step.op[i];
+        let ty = op.r#type.as_deref().unwrap_or("");
+        let gatherable = matches!(ty, "FCGradient" | "FCTransposedGradient")
+            && op.input.len() == 3
+            && (2..=3).contains(&op.output.len())
+            && op.output[0] != op.output[1]
+            && !op.output.iter().any(|o| op.input.contains(o));
+        let to = if gatherable {
+            [param_of(&op.output[0]), param_of(&op.output[1])]
+        } else {
+            [None, None]
+        };
+        if to == [None, None] {
+            i += 1;
+            continue;
+        }
+        let params_out = &op.output[..2];
+        let touched_elsewhere = step.op.iter().enumerate().any(|(j, o)| {
+            j != i
+                && o.input
+                    .iter()
+                    .chain(&o.output)
+                    .any(|n| params_out.contains(n))
+        }) || links.iter().any(|l| params_out.contains(&l.internal));
+        let inputs_rewritten = step.op[i + 1..]
+            .iter()
+            .any(|o| o.output.iter().any(|n| op.input.contains(n)));
+        if touched_elsewhere || inputs_rewritten {
+            i += 1;
+            continue;
+        }
+        let rows = FcGradSteps::new(op)?;
+        let inputs = [
+            op.input[0].clone(),
+            op.input[1].clone(),
+            op.input[2].clone(),
+        ];
+        match op.output.get(2).cloned() {
+            Some(dx) => {
+                step.op[i] = rows.input_gradient_op(op, dx);
+                i += 1;
+            }
+            None => {
+                step.op.remove(i);
+            }
+        }
+        found.push(Gathered { inputs, to, rows });
+    }
+    Ok(found)
 }
 
 fn build_backward(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
@@ -965,7 +1043,8 @@ impl BackwardOp {
             .iter()
             .map(|p| ws.create_local_blob(&p.step_grad))
             .collect();
-        let def = with_link_refreshes(&self.step, &self.links, &self.timestep);
+        let mut def = with_link_refreshes(&self.step, &self.links, &self.timestep);
+        let gathered = gather_fc_grads(&mut def, &self.params, &self.links)?;
         let net = Net::create_with(&def, ws, self.allow_unknown_args)?;
         self.bound = Some(BackwardBound {
             scratch,
@@ -973,6 +1052,7 @@ impl BackwardOp {
             timestep,
             links,
             step_grads,
+            gathered,
         });
         Ok(())
     }
@@ -1055,25 +1135,27 @@ impl Operator for BackwardOp {
                 return Ok(false);
             }
             links_out(&ws, &b.links, t)?;
-            for (p, sg) in self.params.iter().zip(&b.step_grads) {
+            for g in &mut b.gathered {
+                let [x, w, dy] = g.inputs.each_ref().map(|n| tensor_of(&ws.blob(n)?, n));
+                let names = g.inputs.each_ref().map(String::as_str);
+                g.rows.push(&x?, &w?, &dy?, names, steps)?;
+            }
+            for (k, (p, sg)) in self.params.iter().zip(&b.step_grads).enumerate() {
+                if b.gathered.iter().any(|g| g.to.contains(&Some(k))) {
+                    continue;
+                }
                 let v = sg.get();
                 let one = v.tensor().map_err(|e| e.with_blob(&p.step_grad))?;
-                let g = cx.ws.blob(&p.grad)?;
-                let mut w = g.write();
-                let BlobValue::Tensor(gt) = &mut *w else {
-                    return Err(Error::internal("a parameter gradient holds no tensor"));
-                };
-                let n = one.numel();
-                if gt.numel() != n {
-                    return Err(Error::shape(format!(
-                        "RecurrentNetworkGradient: the step gradient '{}' has shape {:?}, the parameter '{}' {:?}",
-                        p.step_grad,
-                        one.shape(),
-                        p.param,
-                        gt.shape()
-                    )));
+                add_param_grad(cx.ws, p, one)?;
+            }
+        }
+        for g in &mut b.gathered {
+            if let Some((dw, db)) = g.rows.take()? {
+                for (to, sum) in g.to.iter().zip([dw, db]) {
+                    if let Some(p) = to.map(|k| &self.params[k]) {
+                        add_param_grad(cx.ws, p, &sum)?;
+                    }
                 }
-                add_span(gt, 0, one, 0, n, "a parameter's gradient")?;
             }
         }
         // Output 0 is the sequence's gradient (written by the backward links).
@@ -1096,6 +1178,27 @@ impl Operator for BackwardOp {
         }
         Ok(true)
     }
+}
+
+/// Adds `one` (a step's gradient of parameter `p`, or its sum over the
+/// steps) into the parameter's gradient.
+fn add_param_grad(ws: &Workspace, p: &Param, one: &Tensor) -> Result<()> {
+    let g = ws.blob(&p.grad)?;
+    let mut w = g.write();
+    let BlobValue::Tensor(gt) = &mut *w else {
+        return Err(Error::internal("a parameter gradient holds no tensor"));
+    };
+    let n = one.numel();
+    if gt.numel() != n {
+        return Err(Error::shape(format!(
+            "RecurrentNetworkGradient: the step gradient '{}' has shape {:?}, the parameter '{}' {:?}",
+            p.step_grad,
+            one.shape(),
+            p.param,
+            gt.shape()
+        )));
+    }
+    add_span(gt, 0, one, 0, n, "a parameter's gradient")
 }
 
 fn sum_batch_t<T: Float>(g: &Tensor, shape: &[usize]) -> Result<Tensor> {
