@@ -238,3 +238,29 @@ def test_the_step_fc_reads_the_weight_each_step_holds(fresh, dtype):
     workspace.FeedBlob("W", w_new)
     workspace.RunNet(net.Proto().name)
     np.testing.assert_allclose(workspace.FetchBlob(outs[0]), numpy_scaled(w_new, 0.5), **tol)
+
+
+@pytest.mark.parametrize("n,d", [(1, 64), (5, 8), (32, 256)])
+def test_the_step_fc_agrees_to_the_bit_with_the_same_ops_unrolled(fresh, n, d):
+    # Caffe2's own test_unroll_lstm compares RecurrentNetwork with the
+    # statically unrolled net at 1e-7: the step net's FC (which may read
+    # W laid out once per sequence) must give the bits FC gives outside.
+    # One row (thin kernels), a few, and 32 x 256 -> 1024 (the packed one).
+    steps = 3
+    values = {k: v.astype(np.float32) for k, v in _draw(steps, n, d, seed=11).items()}
+    net, outs = lstm_net("rolled", forward_only=True)
+    _feed(values, [steps] * n)
+    workspace.RunNetOnce(net)
+    rolled = workspace.FetchBlob(outs[0])
+    flat = core.Net("unrolled")
+    h, c = "h0", "c0"
+    for t in range(steps):
+        workspace.FeedBlob("x%d" % t, values["input"][t:t + 1])
+        workspace.FeedBlob("t%d" % t, np.array([t], np.int32))
+        g = flat.FC([h, "W", "b"], "gh%d" % t, axis=2)
+        g = flat.Sum([g, "x%d" % t], "g%d" % t)
+        h, c = flat.LSTMUnit([h, c, g, "seq_lengths", "t%d" % t], ["h%d" % (t + 1), "c%d" % (t + 1)])
+    workspace.RunNetOnce(flat)
+    unrolled = np.concatenate([workspace.FetchBlob("h%d" % (t + 1)) for t in range(steps)])
+    np.testing.assert_array_equal(rolled, unrolled)
+

@@ -73,6 +73,19 @@ fn use_small(m: usize, k: usize, n: usize, sb: (usize, usize)) -> bool {
     (n <= SMALL_N || tiny_c || macs < SMALL_MACS || thin_transposed) && small::available()
 }
 
+/// Whether an `m x k x n` product of `T` with a row-major A gets the same
+/// bits from B transposed (FC's weights: `n x k` row-major) as from B laid
+/// out plainly (`k x n` row-major): when both run on the packed kernel,
+/// which computes each element of C the same way from either layout (see
+/// [`blocked`]); the thin and small kernels sum in another order for each
+/// layout. FC reads a weight laid out once only where it does, so a step
+/// net's FC and the same FC outside it agree to the bit.
+pub(crate) fn plain_b_same_bits<T: Float>(m: usize, k: usize, n: usize) -> bool {
+    let sa = (k, 1);
+    kernel::<T>(m, k, n, sa, (1, k)) == Kernel::Packed
+        && kernel::<T>(m, k, n, sa, (n, 1)) == Kernel::Packed
+}
+
 /// The kernel of a product.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kernel {

@@ -241,8 +241,11 @@ thread_local! {
 /// Runs `f` with FC's weights laid out once for the product and reused
 /// while it runs (on this thread): the recurrent ops run their step net
 /// in it, so a step's FC reads the W^T it laid out at the first step
-/// instead of transposing W (a copy as large as W) at every step. The
-/// layouts are dropped when `f` returns; outside, FC keeps no state.
+/// instead of transposing W (a copy as large as W) at every step; only
+/// where the product gets the same bits from either layout
+/// ([`super::gemm::plain_b_same_bits`]), so a step's FC agrees to the bit
+/// with the same FC outside. The layouts are dropped when `f` returns;
+/// outside, FC keeps no state.
 pub(crate) fn with_plain_weights<R>(f: impl FnOnce() -> R) -> R {
     struct Reset(bool);
     impl Drop for Reset {
@@ -337,7 +340,7 @@ fn fc_t<T: Float>(l: &mut Locked<'_>, op: &str, axis: i64, axis_w: i64, tr: bool
         ))
         .with_blob(l.input_name(2)));
     }
-    let plain = if tr {
+    let plain = if tr || !super::gemm::plain_b_same_bits::<T>(d.m, d.k, d.n) {
         None
     } else {
         plain_weight::<T>(l, d.n, d.k)?
@@ -347,11 +350,16 @@ fn fc_t<T: Float>(l: &mut Locked<'_>, op: &str, axis: i64, axis_w: i64, tr: bool
         None => matmul(false, !tr, d.m, d.k, d.n, &dense(x), &dense(w))?,
     };
     let b = dense(b);
-    for row in y.chunks_mut(d.n.max(1)) {
-        for (v, &bi) in row.iter_mut().zip(b.iter()) {
-            *v += bi;
-        }
-    }
+    crate::vmath::wide(
+        #[inline(always)]
+        || {
+            for row in y.chunks_mut(d.n.max(1)) {
+                for (v, &bi) in row.iter_mut().zip(b.iter()) {
+                    *v += bi;
+                }
+            }
+        },
+    );
     let y = array(&d.y_shape, y)?;
     l.set_output(0, T::wrap(y));
     Ok(())
@@ -435,11 +443,16 @@ fn fc_param_grads<T: Float>(x: &[T], dy: &[T], d: &FcDims, tr: bool) -> Result<(
         matmul(true, false, d.n, d.m, d.k, dy, x)?
     };
     let mut db = crate::tensor::default_buffer::<T>(d.n, "FC's bias gradient")?;
-    for row in dy.chunks(d.n.max(1)) {
-        for (s, &v) in db.iter_mut().zip(row) {
-            *s = *s + v;
-        }
-    }
+    crate::vmath::wide(
+        #[inline(always)]
+        || {
+            for row in dy.chunks(d.n.max(1)) {
+                for (s, &v) in db.iter_mut().zip(row) {
+                    *s += v;
+                }
+            }
+        },
+    );
     Ok((dw, db))
 }
 
@@ -670,10 +683,7 @@ fn sums_over_rows<T: Float>(
     n: usize,
     tr: bool,
 ) -> Result<(Tensor, Tensor)> {
-    let m = xs
-        .len()
-        .checked_div(k)
-        .unwrap_or(dys.len() / n.max(1));
+    let m = xs.len().checked_div(k).unwrap_or(dys.len() / n.max(1));
     let d = FcDims {
         m,
         k,

@@ -527,9 +527,18 @@ struct BoundLink {
     window: usize,
     /// The step net writes the internal blob: copy it back after the step.
     written: bool,
+    /// The step net's first use of the internal blob writes it (see
+    /// [`overwritten_first`]): its rows are not copied in.
+    fresh: bool,
 }
 
-fn bind_links(ws: &Arc<Workspace>, links: &[Link], writes: &HashSet<String>) -> Vec<BoundLink> {
+/// Binds `links` in `ws` for step net `def` (which writes `writes`).
+fn bind_links(
+    ws: &Arc<Workspace>,
+    links: &[Link],
+    writes: &HashSet<String>,
+    def: &NetDef,
+) -> Vec<BoundLink> {
     links
         .iter()
         .map(|l| BoundLink {
@@ -539,8 +548,28 @@ fn bind_links(ws: &Arc<Workspace>, links: &[Link], writes: &HashSet<String>) -> 
             offset: l.offset,
             window: l.window,
             written: writes.contains(&l.internal),
+            fresh: overwritten_first(def, &l.internal),
         })
         .collect()
+}
+
+/// Whether the first op of `def` that names `blob` writes it without
+/// reading it, so the rows a link would copy into it before the step are
+/// never read. Not in a step net with nested nets (their ops name blobs
+/// the outer op does not list).
+fn overwritten_first(def: &NetDef, blob: &str) -> bool {
+    let nested = def
+        .op
+        .iter()
+        .any(|o| o.arg.iter().any(|a| a.n.is_some() || !a.nets.is_empty()));
+    let first = def
+        .op
+        .iter()
+        .find(|o| o.input.iter().chain(&o.output).any(|n| n == blob));
+    !nested
+        && first.is_some_and(|o| {
+            o.output.iter().any(|n| n == blob) && !o.input.iter().any(|n| n == blob)
+        })
 }
 
 fn link_row(l: &BoundLink, t: usize) -> Result<usize> {
@@ -555,9 +584,15 @@ fn link_row(l: &BoundLink, t: usize) -> Result<usize> {
     })
 }
 
-/// Before a step: each link's internal blob = its rows of the external.
+/// Before a step: each link's internal blob = its rows of the external
+/// (empty for a fresh link: an op writes it before any reads it).
 fn links_in(ws: &Workspace, links: &[BoundLink], t: usize) -> Result<()> {
     for l in links {
+        if l.fresh {
+            link_row(l, t)?;
+            l.internal.set(BlobValue::Empty);
+            continue;
+        }
         let ext = ws.blob(&l.external)?;
         let rows = {
             let v = ext.read();
@@ -569,11 +604,15 @@ fn links_in(ws: &Workspace, links: &[BoundLink], t: usize) -> Result<()> {
     Ok(())
 }
 
-/// After a step: the links the step wrote go back into their externals.
+/// After a step: the links the step wrote go back into their externals (a
+/// fresh link left empty was not written: its rows stay).
 fn links_out(ws: &Workspace, links: &[BoundLink], t: usize) -> Result<()> {
     for l in links.iter().filter(|l| l.written) {
-        let ext = ws.blob(&l.external)?;
         let v = l.internal.get();
+        if l.fresh && v.is_empty() {
+            continue;
+        }
+        let ext = ws.blob(&l.external)?;
         let src = v.tensor().map_err(|e| e.with_blob(&l.external))?;
         let mut w = ext.write();
         let BlobValue::Tensor(dst) = &mut *w else {
@@ -680,8 +719,8 @@ impl ForwardOp {
         let ws = &scratch.ws;
         let timestep = ws.create_local_blob(&self.timestep);
         let writes = written(&self.step);
-        let links = bind_links(ws, &self.links, &writes);
         let def = with_link_refreshes(&self.step, &self.links, &self.timestep);
+        let links = bind_links(ws, &self.links, &writes, &def);
         let net = Net::create_with(&def, ws, self.allow_unknown_args)?;
         // What the backward step reads of step t: the step's own blobs
         // (not the parameters it writes in the outer workspace), but not
@@ -1025,9 +1064,11 @@ impl BackwardOp {
         let ws = &scratch.ws;
         let timestep = ws.create_local_blob(&self.timestep);
         let writes = written(&self.step);
+        let mut def = with_link_refreshes(&self.step, &self.links, &self.timestep);
+        let gathered = gather_fc_grads(&mut def, &self.params, &self.links)?;
         // The forward links were kept with each step; only the gradients'
         // are applied.
-        let links: Vec<BoundLink> = bind_links(ws, &self.links, &writes)
+        let links: Vec<BoundLink> = bind_links(ws, &self.links, &writes, &def)
             .into_iter()
             .filter(|l| {
                 l.written
@@ -1043,8 +1084,6 @@ impl BackwardOp {
             .iter()
             .map(|p| ws.create_local_blob(&p.step_grad))
             .collect();
-        let mut def = with_link_refreshes(&self.step, &self.links, &self.timestep);
-        let gathered = gather_fc_grads(&mut def, &self.params, &self.links)?;
         let net = Net::create_with(&def, ws, self.allow_unknown_args)?;
         self.bound = Some(BackwardBound {
             scratch,
