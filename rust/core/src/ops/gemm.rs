@@ -392,6 +392,23 @@ pub(crate) fn reach(rows: usize, cols: usize, s: (usize, usize)) -> usize {
 /// BENCHMARKS.md "GEMM (issue 14)").
 pub(crate) const PAR_MACS: usize = 1 << 20;
 
+/// C's buffer for a product: its first element and how many it holds
+/// (initialised, or, for a product with beta 0, to be written by it).
+#[derive(Clone, Copy)]
+struct CBuf<T> {
+    ptr: *mut T,
+    len: usize,
+}
+
+impl<T> CBuf<T> {
+    fn of(c: &mut [T]) -> Self {
+        CBuf {
+            ptr: c.as_mut_ptr(),
+            len: c.len(),
+        }
+    }
+}
+
 /// C (m x n, strides sc) = alpha * A (m x k, strides sa) * B (k x n,
 /// strides sb) + beta * C, on the calling thread.
 ///
@@ -411,16 +428,47 @@ pub(crate) fn gemm<T: Float>(
     c: &mut [T],
     sc: (usize, usize),
 ) {
+    // SAFETY: C is a live mutable slice (initialised, aliasing neither A
+    // nor B).
+    unsafe { gemm_at(m, k, n, alpha, a, sa, b, sb, beta, CBuf::of(c), sc) }
+}
+
+/// [`gemm`] into `c`.
+///
+/// # Safety
+/// `c` is `c.len` live elements aliasing neither A nor B, initialised
+/// unless beta is 0 (the product does not read C then).
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_at<T: Float>(
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: T,
+    a: &[T],
+    sa: (usize, usize),
+    b: &[T],
+    sb: (usize, usize),
+    beta: T,
+    c: CBuf<T>,
+    sc: (usize, usize),
+) {
     if m == 0 || n == 0 {
         return;
     }
-    assert!(c.len() >= reach(m, n, sc), "gemm: C is too short");
+    assert!(c.len >= reach(m, n, sc), "gemm: C is too short");
     if k == 0 {
-        // Empty sum: C = beta * C.
+        // Empty sum: C = beta * C (not read when beta is 0).
         for i in 0..m {
             for j in 0..n {
-                let v = &mut c[i * sc.0 + j * sc.1];
-                *v = *v * beta;
+                // SAFETY: within C's reach (asserted above).
+                unsafe {
+                    let v = c.ptr.add(i * sc.0 + j * sc.1);
+                    v.write(if beta == T::ZERO {
+                        T::ZERO
+                    } else {
+                        v.read() * beta
+                    });
+                }
             }
         }
         return;
@@ -430,8 +478,8 @@ pub(crate) fn gemm<T: Float>(
         "gemm: an operand is too short"
     );
     let is = |s: (usize, usize)| (s.0 as isize, s.1 as isize);
-    // SAFETY: the asserts bound every index the strides reach; C is a
-    // mutable slice, so it aliases neither A nor B.
+    // SAFETY: the asserts bound every index the strides reach; C aliases
+    // neither A nor B (the caller's contract).
     unsafe {
         raw(
             kernel::<T>(m, k, n, sa, sb),
@@ -444,9 +492,42 @@ pub(crate) fn gemm<T: Float>(
             b.as_ptr(),
             is(sb),
             beta,
-            c.as_mut_ptr(),
+            c.ptr,
             is(sc),
         )
+    }
+}
+
+/// [`product`] with beta 0 into a row-major `m x n` C that need not be
+/// initialised: every element of `c` is written (for [`crate::tensor::written_vec`]).
+///
+/// Panics if `c` does not hold exactly `m * n` elements.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn product_uninit<T: Float>(
+    split: bool,
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[T],
+    sa: (usize, usize),
+    b: &[T],
+    sb: (usize, usize),
+    c: &mut [std::mem::MaybeUninit<T>],
+) {
+    assert_eq!(Some(c.len()), m.checked_mul(n), "gemm: C is not m x n");
+    let c = CBuf {
+        ptr: c.as_mut_ptr().cast::<T>(),
+        len: c.len(),
+    };
+    // SAFETY: `c` is a live mutable buffer (aliasing neither A nor B);
+    // beta 0, so it is written, never read: by the kernels (each writes
+    // every element of its C), or by the empty sum's zeros when k is 0.
+    unsafe {
+        if split {
+            par_gemm_at(m, k, n, T::ONE, a, sa, b, sb, T::ZERO, c, (n, 1))
+        } else {
+            gemm_at(m, k, n, T::ONE, a, sa, b, sb, T::ZERO, c, (n, 1))
+        }
     }
 }
 
@@ -575,7 +656,7 @@ impl<T: Float> Split<T> {
         b: &[T],
         sb: (usize, usize),
         beta: T,
-        c: &mut [T],
+        c: CBuf<T>,
         sc: (usize, usize),
         workers: usize,
     ) -> Self {
@@ -599,7 +680,7 @@ impl<T: Float> Split<T> {
             sa: is(sa),
             b: b.as_ptr(),
             sb: is(sb),
-            c: c.as_mut_ptr(),
+            c: c.ptr,
             sc: is(sc),
             kernel,
             by_rows,
@@ -829,8 +910,32 @@ pub(crate) fn par_gemm<T: Float>(
     c: &mut [T],
     sc: (usize, usize),
 ) {
+    // SAFETY: C is a live mutable slice (initialised, aliasing neither A
+    // nor B).
+    unsafe { par_gemm_at(m, k, n, alpha, a, sa, b, sb, beta, CBuf::of(c), sc) }
+}
+
+/// [`par_gemm`] into `c`.
+///
+/// # Safety
+/// As [`gemm_at`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn par_gemm_at<T: Float>(
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: T,
+    a: &[T],
+    sa: (usize, usize),
+    b: &[T],
+    sb: (usize, usize),
+    beta: T,
+    c: CBuf<T>,
+    sc: (usize, usize),
+) {
     if m == 0 || n == 0 || k == 0 || m.saturating_mul(k).saturating_mul(n) < PAR_MACS {
-        return gemm(m, k, n, alpha, a, sa, b, sb, beta, c, sc);
+        // SAFETY: the caller's contract.
+        return unsafe { gemm_at(m, k, n, alpha, a, sa, b, sb, beta, c, sc) };
     }
     let (_caller, callers) = Caller::enter();
     let threads = if crate::threads::pool_available() {
@@ -849,10 +954,11 @@ pub(crate) fn par_gemm<T: Float>(
     let on_crate = T::DTYPE == DataType::Float && kernel::<T>(m, k, n, sa, sb) == Kernel::Packed;
     let crate_shape_ok = !on_crate || m.min(n) > 16;
     if helpers == 0 || !distinct || !crate_shape_ok {
-        return gemm(m, k, n, alpha, a, sa, b, sb, beta, c, sc);
+        // SAFETY: the caller's contract.
+        return unsafe { gemm_at(m, k, n, alpha, a, sa, b, sb, beta, c, sc) };
     }
     assert!(
-        c.len() >= reach(m, n, sc) && a.len() >= reach(m, k, sa) && b.len() >= reach(k, n, sb),
+        c.len >= reach(m, n, sc) && a.len() >= reach(m, k, sa) && b.len() >= reach(k, n, sb),
         "gemm: an operand is too short"
     );
     let split = std::sync::Arc::new(Split::new(
@@ -1217,7 +1323,7 @@ mod tests {
                         &b,
                         sb,
                         0.5,
-                        &mut chunked,
+                        CBuf::of(&mut chunked),
                         sc,
                         workers,
                     );
@@ -1298,7 +1404,7 @@ mod tests {
                         &b,
                         sb,
                         0.5,
-                        &mut chunked,
+                        CBuf::of(&mut chunked),
                         sc,
                         workers,
                     );
@@ -1440,6 +1546,36 @@ mod tests {
                         (f64::from(t) - e).abs() <= 1e-4 * (1.0 + e.abs()),
                         "{m}x{k}x{n}: {t} vs {e}"
                     );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_product_into_unwritten_memory_writes_every_element() {
+        // C starts as NaN (standing for memory nobody wrote): the product
+        // must equal gemm's with beta 0, on every kernel, split or not;
+        // an empty sum (k = 0) is zeros.
+        for &(m, k, n) in &[
+            (1, 7, 33),
+            (3, 40, 20),
+            (9, 17, 300),
+            (64, 300, 96),
+            (5, 0, 6),
+        ] {
+            let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32) - 6.0).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32) - 5.0).collect();
+            for (ta, tb) in [(false, false), (false, true), (true, false)] {
+                let sa = if ta { (1, m) } else { (k, 1) };
+                let sb = if tb { (1, k) } else { (n, 1) };
+                let mut want = vec![0f32; m * n];
+                gemm(m, k, n, 1.0, &a, sa, &b, sb, 0.0, &mut want, (n, 1));
+                for split in [false, true] {
+                    let mut c = vec![std::mem::MaybeUninit::new(f32::NAN); m * n];
+                    product_uninit(split, m, k, n, &a, sa, &b, sb, &mut c);
+                    // SAFETY: every element was initialised (NaN) above.
+                    let got: Vec<f32> = c.iter().map(|v| unsafe { v.assume_init() }).collect();
+                    assert_eq!(got, want, "{m}x{k}x{n} ta {ta} tb {tb} split {split}");
                 }
             }
         }

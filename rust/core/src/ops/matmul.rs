@@ -146,9 +146,40 @@ fn matmul<T: Float>(
     a: &[T],
     b: &[T],
 ) -> Result<Vec<T>> {
-    let mut c = crate::tensor::zeroed_vec::<T>(&[m, n], format_args!("a {m} x {n} product"))?;
-    matmul_into(ta, tb, m, k, n, a, b, &mut c);
-    Ok(c)
+    let what = format_args!("a {m} x {n} product");
+    let len = m
+        .checked_mul(n)
+        .ok_or_else(|| crate::tensor::alloc_error(usize::MAX, what))?;
+    let (sa, sb) = operand_strides(ta, tb, m, k, n);
+    // SAFETY: `product_uninit` writes every element of C (beta 0: the
+    // kernels write it without reading it; an empty sum writes zeros).
+    unsafe {
+        crate::tensor::written_vec(len, what, |c| {
+            super::gemm::product_uninit(true, m, k, n, a, sa, b, sb, c)
+        })
+    }
+}
+
+/// A's and B's strides for [`matmul`]: A stored `m x k` (`k x m` when
+/// `ta`), B `k x n` (`n x k` when `tb`).
+fn operand_strides(
+    ta: bool,
+    tb: bool,
+    m: usize,
+    k: usize,
+    n: usize,
+) -> ((usize, usize), (usize, usize)) {
+    let sa = if ta {
+        strides(k, m, true)
+    } else {
+        strides(m, k, false)
+    };
+    let sb = if tb {
+        strides(n, k, true)
+    } else {
+        strides(k, n, false)
+    };
+    (sa, sb)
 }
 
 /// [`matmul`] into `c` (m x n, zeroed).
@@ -166,16 +197,7 @@ fn matmul_into<T: Float>(
     if m * n == 0 || k == 0 {
         return;
     }
-    let sa = if ta {
-        strides(k, m, true)
-    } else {
-        strides(m, k, false)
-    };
-    let sb = if tb {
-        strides(n, k, true)
-    } else {
-        strides(k, n, false)
-    };
+    let (sa, sb) = operand_strides(ta, tb, m, k, n);
     super::gemm::product(true, m, k, n, a, sa, b, sb, T::of(0.0), c, (n, 1));
 }
 
