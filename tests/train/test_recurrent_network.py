@@ -264,3 +264,33 @@ def test_the_step_fc_agrees_to_the_bit_with_the_same_ops_unrolled(fresh, n, d):
     unrolled = np.concatenate([workspace.FetchBlob("h%d" % (t + 1)) for t in range(steps)])
     np.testing.assert_array_equal(rolled, unrolled)
 
+
+
+def test_a_backward_run_stopped_part_way_leaves_nothing_for_the_next(fresh):
+    # The gradient op keeps each step's rows for the weight gradient it
+    # makes after the last step; a run that fails at a middle step must
+    # not leave its steps' rows to be summed into the next run's.
+    values = _draw(3, 2, 3)
+    net, outs = lstm_net("stop")
+    net.AddExternalInputs("R")
+    net.AddGradientOperators({outs[0]: "R"})
+    op = next(o for o in net.Proto().op if o.type == "RecurrentNetworkGradient")
+    step = next(a for a in op.arg if a.name == "backward_step_net").n
+    # Gather fails at the steps where timestep - fail_from is negative.
+    step.op.add().CopyFrom(core.CreateOperator("Sub", ["timestep", "fail_from"], ["fail_i"]))
+    step.op.add().CopyFrom(core.CreateOperator("Gather", ["fail_data", "fail_i"], ["fail_o"]))
+    step.external_input.extend(["fail_from", "fail_data"])
+    workspace.FeedBlob("R", np.ones((3, 2, 3)))
+    workspace.FeedBlob("fail_data", np.zeros(3))
+    _feed(values, [3, 2])
+    workspace.CreateNet(net)
+    workspace.FeedBlob("fail_from", np.array([0], np.int32))
+    workspace.RunNet(net.Proto().name)
+    first = {k: workspace.FetchBlob(k).copy() for k in ("W_grad", "b_grad")}
+    workspace.FeedBlob("fail_from", np.array([2], np.int32))
+    with pytest.raises(RuntimeError, match="Gather"):
+        workspace.RunNet(net.Proto().name)
+    workspace.FeedBlob("fail_from", np.array([0], np.int32))
+    workspace.RunNet(net.Proto().name)
+    for k, v in first.items():
+        np.testing.assert_array_equal(workspace.FetchBlob(k), v, err_msg=k)

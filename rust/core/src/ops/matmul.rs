@@ -676,6 +676,14 @@ impl FcGradSteps {
         Ok(())
     }
 
+    /// Drops the rows kept since the last [`FcGradSteps::take`] (a run
+    /// that stopped part-way must not add its steps to the next run's).
+    pub(crate) fn clear(&mut self) {
+        if self.rows.as_ref().is_some_and(|g| g.runs > 0) {
+            self.rows = None;
+        }
+    }
+
     /// The weight and bias gradients summed over the runs kept since the
     /// last call (W's shape and (N)), or `None` if none was.
     pub(crate) fn take(&mut self) -> Result<Option<(Tensor, Tensor)>> {

@@ -1153,6 +1153,9 @@ impl Operator for BackwardOp {
             )));
         }
         let kept = b.scratch.kept.lock().clone();
+        for g in &mut b.gathered {
+            g.rows.clear();
+        }
         for t in (0..steps).rev() {
             cx.cancel.poll_check()?;
             {
