@@ -1,6 +1,7 @@
 """Float32 3x3 stride-1 convolutions (issue 15), which run on the Winograd
-F(2x2, 3x3) path (rust/core/src/ops/conv/winograd.rs) when an image has at
-most 64 output pixels and the batch at least 256 tiles of 2x2 outputs: Conv, ConvGradient's dX, ConvTranspose and
+F(2x2, 3x3) path (rust/core/src/ops/conv/winograd.rs) when the batch has at
+least 256 tiles of 2x2 outputs and an image at most 64 output pixels, or at
+least 2500 with 16 to 256 channels each side: Conv, ConvGradient's dX, ConvTranspose and
 ConvTransposeGradient's dX, against the float64 numpy references of
 test_conv_ops (sums of strided slices, no im2col, no Winograd). The kernel
 itself is also checked against the direct sum at every edge shape in its
@@ -126,10 +127,16 @@ def test_conv_transpose3x3_forward_and_input_gradient(fresh, c):
 
 
 @pytest.mark.parametrize("order", ["NCHW", "NHWC"])
-@pytest.mark.parametrize("n,c,m,hw", [(1, 64, 64, 30), (32, 128, 64, 7), (300, 3, 8, 5), (20, 16, 24, 8)])
+@pytest.mark.parametrize(
+    "n,c,m,hw",
+    [(1, 64, 64, 30), (32, 128, 64, 7), (300, 3, 8, 5), (20, 16, 24, 8), (1, 16, 24, 57), (2, 24, 16, 52),
+     (1, 8, 16, 56)],
+)
 def test_conv3x3_layer_shapes(fresh, order, n, c, m, hw):
     """Layer-sized products: many tiles (several blocks on the kernel pool)
-    and many channels; the first on im2col, the others on Winograd."""
+    and many channels; the first and the last (too few channels) on
+    im2col, the others on Winograd (the last two of those: large images,
+    odd and even sizes)."""
     case = dict(n=n, c=c, m=m, h=hw, w=hw, pads=[1, 1, 1, 1], order=order, bias=True, seed=n * c + m)
     x, w, b = inputs(case)
     ref = conv_ref(x.astype(np.float64), w.astype(np.float64), b, [1, 1], [1] * 4, [1, 1], 1)

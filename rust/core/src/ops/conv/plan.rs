@@ -696,21 +696,33 @@ pub(crate) fn winograd_for<T: Float>(p: &Plan, n: usize, adjoint: bool) -> Optio
 }
 
 /// Whether Winograd beats im2col + GEMM for `n` images of this plan.
-/// Measured (BENCHMARKS.md "Conv (issue 15)", CPU time on one thread):
-/// im2col's GEMM runs near full speed once an image has a few hundred
-/// output pixels (ResNet-18's 56x56, 28x28 and 14x14 layers: 70-80 GF/s,
-/// which this Winograd, its transforms included, did not beat), and slows
-/// down for small images (7x7: 52 GF/s), where Winograd's GEMMs, over the
-/// tiles of the whole batch, ran at 77 GF/s equivalent. Its filter
-/// transform costs as much as the products of ~100 tiles, so the batch
-/// must hold enough of them.
+/// Measured (BENCHMARKS.md "Conv (issue 15)" for small images, "Winograd
+/// on large images" for the rest; 3x3 convolutions of the zoo's nets,
+/// batch 1, alternating builds): im2col's product runs at 140-200 GF/s;
+/// Winograd (2.25x fewer multiply-adds, its transforms on wide vectors)
+/// beat it by 1.15-1.85x on images of 56x56 and up with 16 to 256
+/// channels each side, tied on 14x14 and 28x28 (0.94-1.08x), lost with
+/// 512 channels and with few input channels (3 -> 64 at 224x224: 0.3x).
+/// On 8x8 and below it wins over the batch's tiles (im2col's product is
+/// narrow there). Its filter transform costs as much as the products of
+/// ~100 tiles, so the batch must hold enough of them.
 pub(crate) fn winograd_pays(p: &Plan, n: usize) -> bool {
     let tiles = n * p.g.outs[1].div_ceil(2) * p.g.outs[2].div_ceil(2);
-    p.g.out_len() <= WINO_MAX_PIXELS && tiles >= WINO_MIN_TILES
+    let pixels = p.g.out_len();
+    let large = pixels >= WINO_WIDE_PIXELS
+        && p.cin.min(p.cout) >= WINO_MIN_CHANNELS
+        && p.cin.max(p.cout) <= WINO_MAX_CHANNELS;
+    (pixels <= WINO_MAX_PIXELS || large) && tiles >= WINO_MIN_TILES
 }
 
-/// The most output pixels per image for which Winograd is chosen.
+/// Output pixels per image up to which Winograd is chosen (8x8).
 pub(crate) const WINO_MAX_PIXELS: usize = 64;
+/// Output pixels per image from which it is chosen again (50x50) ...
+pub(crate) const WINO_WIDE_PIXELS: usize = 2500;
+/// ... with at least this many channels on each side ...
+pub(crate) const WINO_MIN_CHANNELS: usize = 16;
+/// ... and at most this many on either.
+pub(crate) const WINO_MAX_CHANNELS: usize = 256;
 /// The fewest tiles (2x2 outputs, over the batch) for which it is chosen.
 pub(crate) const WINO_MIN_TILES: usize = 256;
 
@@ -733,8 +745,7 @@ pub(crate) fn run_fwd<T: Float>(
     dst: &mut [T],
 ) -> Result<()> {
     if let Some(wino) = winograd_for::<T>(p, n, false) {
-        wino.run(src, |k, c, a, b| tap3(p, w, k, c, a, b), dst);
-        return Ok(());
+        return wino.run(src, |k, c, a, b| tap3(p, w, k, c, a, b), dst);
     }
     per_image(p, n, src, p.img_len(), dst, p.col_len(), |s, d, col| {
         p.fwd(s, w, d, col)
@@ -750,8 +761,7 @@ pub(crate) fn run_adj<T: Float>(
     dst: &mut [T],
 ) -> Result<()> {
     if let Some(wino) = winograd_for::<T>(p, n, true) {
-        wino.run(src, |k, c, a, b| tap3(p, w, c, k, 2 - a, 2 - b), dst);
-        return Ok(());
+        return wino.run(src, |k, c, a, b| tap3(p, w, c, k, 2 - a, 2 - b), dst);
     }
     per_image(p, n, src, p.col_len(), dst, p.img_len(), |s, d, col| {
         p.adj(s, w, d, col)

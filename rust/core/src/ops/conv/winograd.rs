@@ -16,8 +16,13 @@
 //! Tiles (of every image) are processed in blocks whose transformed input
 //! stays near the cache; blocks run on the kernel pool.
 
+use crate::error::Result;
 use crate::num::Float;
 use crate::ops::gemm::product;
+use crate::tensor::default_buffer;
+
+/// What the buffers below are called in an out-of-memory error.
+const WHAT: &str = "a Winograd convolution's transformed tiles";
 use rayon::prelude::*;
 
 /// One correlation: `y[n][k][oy][ox]` is the sum over c, a, b of
@@ -110,16 +115,82 @@ impl<T> YPtr<T> {
         // SAFETY: in bounds (checked); exclusive by the caller's contract.
         unsafe { self.0.add(i).write(v) }
     }
+
+    /// Elements `at..at + len` as a slice.
+    ///
+    /// # Safety
+    /// No other thread reads or writes these elements while it lives.
+    #[inline(always)]
+    unsafe fn slice<'a>(self, at: usize, len: usize) -> &'a mut [T] {
+        assert!(at + len <= self.1, "winograd: output range out of bounds");
+        // SAFETY: in bounds (checked); exclusive by the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.0.add(at), len) }
+    }
+}
+
+/// `e[q] = row[xs + 2q]`, `o[q] = row[xs + 2q + 1]` (zero where the
+/// column is outside the row): a row's even and odd columns from `xs` on.
+#[inline(always)]
+fn split_row<T: Float>(row: &[T], xs: isize, e: &mut [T], o: &mut [T]) {
+    let w = row.len() as isize;
+    let len = e.len();
+    let zero = T::of(0.0);
+    // Pairs whose both columns are inside the row: qlo..qhi.
+    let qlo = ((-xs).max(0) as usize).div_ceil(2).min(len);
+    let qhi = if w - 1 - xs <= 0 {
+        0
+    } else {
+        ((w - 1 - xs) as usize).div_ceil(2).min(len)
+    }
+    .max(qlo);
+    let col = |c: isize| {
+        if c >= 0 && c < w {
+            row[c as usize]
+        } else {
+            zero
+        }
+    };
+    for q in (0..qlo).chain(qhi..len) {
+        let c = xs + 2 * q as isize;
+        e[q] = col(c);
+        o[q] = col(c + 1);
+    }
+    if qhi > qlo {
+        let start = (xs + 2 * qlo as isize) as usize;
+        let src = &row[start..start + 2 * (qhi - qlo)];
+        for ((pair, e), o) in src
+            .chunks_exact(2)
+            .zip(&mut e[qlo..qhi])
+            .zip(&mut o[qlo..qhi])
+        {
+            *e = pair[0];
+            *o = pair[1];
+        }
+    }
+}
+
+/// Four slices of `len` elements of `v`, `stride` apart from `base`.
+#[inline(always)]
+fn four_mut<T>(v: &mut [T], base: usize, stride: usize, len: usize) -> [&mut [T]; 4] {
+    let (a, rest) = v[base..].split_at_mut(stride);
+    let (b, rest) = rest.split_at_mut(stride);
+    let (c, d) = rest.split_at_mut(stride);
+    [&mut a[..len], &mut b[..len], &mut c[..len], &mut d[..len]]
 }
 
 /// Tiles per block: enough that the GEMMs run near full speed, few enough
 /// that the transformed input and sums (16 x tiles x channels) stay near
-/// the cache, and at least one block per pool thread when there are
-/// enough tiles.
+/// the cache, and, with several pool threads, a whole number of blocks per
+/// thread, all of about one size (784 tiles on two threads: four blocks
+/// of 196, not 256, 256, 256 and 16, which left one thread idle a third
+/// of the time).
 fn block_tiles(tiles: usize, c: usize, k: usize, threads: usize) -> usize {
     let cap = ((1usize << 18) / (16 * c.max(k).max(1))).clamp(64, 512);
-    let per_thread = tiles.div_ceil(threads.max(1)).max(16);
-    cap.min(per_thread).max(1)
+    let mut blocks = tiles.div_ceil(cap).max(1);
+    if threads > 1 && tiles >= 16 * threads {
+        blocks = blocks.div_ceil(threads) * threads;
+    }
+    tiles.div_ceil(blocks).max(1)
 }
 
 impl Wino {
@@ -134,7 +205,7 @@ impl Wino {
         x: &[T],
         filter: impl Fn(usize, usize, usize, usize) -> T + Sync,
         y: &mut [T],
-    ) {
+    ) -> Result<()> {
         let (c, k) = (self.c, self.k);
         assert_eq!(
             x.len(),
@@ -147,11 +218,11 @@ impl Wino {
             "winograd: output size"
         );
         if y.is_empty() {
-            return;
+            return Ok(());
         }
         if c == 0 {
             y.fill(T::of(0.0));
-            return;
+            return Ok(());
         }
         let threads = if crate::threads::pool_available() {
             rayon::current_num_threads()
@@ -159,7 +230,7 @@ impl Wino {
             1
         };
         // U[k][xi][c]: filter row k's 16 transformed values per channel.
-        let mut u = vec![T::of(0.0); 16 * k * c];
+        let mut u: Vec<T> = default_buffer(16 * k * c, WHAT)?;
         let fill = |(kk, uk): (usize, &mut [T])| {
             for cc in 0..c {
                 let mut g = [[T::of(0.0); 3]; 3];
@@ -184,7 +255,12 @@ impl Wino {
         let su = 16 * c;
         let blocks = tiles.div_ceil(tb);
         let yp = YPtr(y.as_mut_ptr(), y.len());
-        let scratch = || (vec![T::of(0.0); 16 * tb * c], vec![T::of(0.0); 16 * tb * k]);
+        let scratch = || -> Result<(Vec<T>, Vec<T>)> {
+            Ok((
+                default_buffer(16 * tb * c, WHAT)?,
+                default_buffer(16 * tb * k, WHAT)?,
+            ))
+        };
         let one = |(v, m): &mut (Vec<T>, Vec<T>), b: usize| {
             let t0 = b * tb;
             let nt = tb.min(tiles - t0);
@@ -232,12 +308,19 @@ impl Wino {
         if threads > 1 && blocks > 1 {
             (0..blocks)
                 .into_par_iter()
-                .for_each_init(scratch, |s, b| one(s, b));
+                .try_for_each_init(scratch, |s, b| match s {
+                    Ok(s) => {
+                        one(s, b);
+                        Ok(())
+                    }
+                    Err(e) => Err(e.clone()),
+                })
         } else {
-            let mut s = scratch();
+            let mut s = scratch()?;
             for b in 0..blocks {
                 one(&mut s, b);
             }
+            Ok(())
         }
     }
 
@@ -258,48 +341,69 @@ impl Wino {
         }
     }
 
-    /// NCHW: a run of tiles along one tile row at a time; B^T is applied
-    /// to whole (zero-padded) input rows, then B to each tile's columns.
+    /// NCHW: a run of tiles along one tile row at a time. Each of the 4
+    /// input rows of the run is split into its even and odd columns, so
+    /// that B^T (across the rows) and B (across each tile's columns: tile
+    /// q reads even columns q and q + 1 and odd columns q and q + 1) are
+    /// elementwise operations on contiguous vectors.
     fn transform_in_nchw<T: Float>(&self, x: &[T], t0: usize, nt: usize, tb: usize, v: &mut [T]) {
-        let (c, h, w) = (self.c, self.h as isize, self.w as isize);
+        crate::vmath::wide(
+            #[inline(always)]
+            || self.transform_in_nchw_body(x, t0, nt, tb, v),
+        )
+    }
+
+    /// [`Wino::transform_in_nchw`], compiled into each vector width.
+    #[inline(always)]
+    fn transform_in_nchw_body<T: Float>(
+        &self,
+        x: &[T],
+        t0: usize,
+        nt: usize,
+        tb: usize,
+        v: &mut [T],
+    ) {
+        let (c, h) = (self.c, self.h as isize);
         let (_, tw) = self.tiles();
         let zero = T::of(0.0);
         let plane = self.h * self.w;
-        // Padded rows of the run: columns x0 - pl .. x0 - pl + width.
-        let mut rows = vec![zero; 4 * (2 * tw + 2)];
-        let mut t = vec![zero; 4 * (2 * tw + 2)];
+        let plane_v = tb * c;
+        let half = tw + 1;
+        // Even and odd columns of the 4 input rows, then of B^T d's rows.
+        let mut e = vec![zero; 4 * half];
+        let mut o = vec![zero; 4 * half];
+        let mut te = vec![zero; 4 * half];
+        let mut to = vec![zero; 4 * half];
         let mut j = 0;
         while j < nt {
             let (img, ty, tx0) = self.tile(t0 + j);
             let run = (tw - tx0).min(nt - j);
-            let width = 2 * run + 2;
+            let len = run + 1;
             let y0 = (2 * ty) as isize - self.pt;
             let xs = (2 * tx0) as isize - self.pl;
-            // The input columns inside the image: lo..hi of the run's width.
-            let lo = (-xs).clamp(0, width as isize) as usize;
-            let hi = (w - xs).clamp(lo as isize, width as isize) as usize;
             for cc in 0..c {
                 let xc = &x[(img * c + cc) * plane..(img * c + cc + 1) * plane];
                 for i in 0..4 {
-                    let r = &mut rows[i * width..(i + 1) * width];
+                    let ei = &mut e[i * half..i * half + len];
+                    let oi = &mut o[i * half..i * half + len];
                     let yy = y0 + i as isize;
-                    if yy < 0 || yy >= h || lo == hi {
-                        r.fill(zero);
-                        continue;
+                    if yy < 0 || yy >= h {
+                        ei.fill(zero);
+                        oi.fill(zero);
+                    } else {
+                        let r = yy as usize * self.w;
+                        split_row(&xc[r..r + self.w], xs, ei, oi);
                     }
-                    r[..lo].fill(zero);
-                    r[hi..].fill(zero);
-                    let s0 = yy as usize * self.w + (xs + lo as isize) as usize;
-                    r[lo..hi].copy_from_slice(&xc[s0..s0 + hi - lo]);
                 }
-                {
-                    let (r0, rest) = rows.split_at(width);
-                    let (r1, rest) = rest.split_at(width);
-                    let (r2, r3) = rest.split_at(width);
-                    let (u0, rest) = t.split_at_mut(width);
-                    let (u1, rest) = rest.split_at_mut(width);
-                    let (u2, u3) = rest.split_at_mut(width);
-                    for q in 0..width {
+                for (src, dst) in [(&e, &mut te), (&o, &mut to)] {
+                    let (r0, r1, r2, r3) = (
+                        &src[..len],
+                        &src[half..half + len],
+                        &src[2 * half..2 * half + len],
+                        &src[3 * half..3 * half + len],
+                    );
+                    let [u0, u1, u2, u3] = four_mut(dst, 0, half, len);
+                    for q in 0..len {
                         u0[q] = r0[q] - r2[q];
                         u1[q] = r1[q] + r2[q];
                         u2[q] = r2[q] - r1[q];
@@ -307,15 +411,15 @@ impl Wino {
                     }
                 }
                 for i in 0..4 {
-                    let r = &t[i * width..(i + 1) * width];
-                    let base = (i * 4) * tb * c + cc * tb + j;
-                    let plane_v = tb * c;
+                    let ev = &te[i * half..i * half + len];
+                    let od = &to[i * half..i * half + len];
+                    let base = (i * 4) * plane_v + cc * tb + j;
+                    let [v0, v1, v2, v3] = four_mut(v, base, plane_v, run);
                     for q in 0..run {
-                        let d = &r[2 * q..2 * q + 4];
-                        v[base + q] = d[0] - d[2];
-                        v[base + plane_v + q] = d[1] + d[2];
-                        v[base + 2 * plane_v + q] = d[2] - d[1];
-                        v[base + 3 * plane_v + q] = d[1] - d[3];
+                        v0[q] = ev[q] - ev[q + 1];
+                        v1[q] = od[q] + ev[q + 1];
+                        v2[q] = ev[q + 1] - od[q];
+                        v3[q] = od[q] - od[q + 1];
                     }
                 }
             }
@@ -382,6 +486,10 @@ impl Wino {
     /// # Safety
     /// No other thread touches these tiles' outputs meanwhile.
     unsafe fn transform_out<T: Float>(&self, m: &[T], t0: usize, nt: usize, tb: usize, y: YPtr<T>) {
+        if !self.nhwc {
+            // SAFETY: forwarded (this block's tiles only).
+            return unsafe { self.transform_out_nchw(m, t0, nt, tb, y) };
+        }
         let k = self.k;
         let geo: Vec<(usize, usize, usize)> = (0..nt).map(|j| self.tile(t0 + j)).collect();
         let one = |j: usize, kk: usize, s: &[T; 16]| {
@@ -393,35 +501,124 @@ impl Wino {
             for (i, row) in o.iter().enumerate().take(rows) {
                 for (jj, &val) in row.iter().enumerate().take(cols) {
                     let (yy, xx) = (oy + i, ox + jj);
-                    let at = if self.nhwc {
-                        ((img * self.oh + yy) * self.ow + xx) * k + kk
-                    } else {
-                        ((img * k + kk) * self.oh + yy) * self.ow + xx
-                    };
+                    let at = ((img * self.oh + yy) * self.ow + xx) * k + kk;
                     // SAFETY: the caller's contract (this tile's outputs).
                     unsafe { y.put(at, val) };
                 }
             }
         };
         let mut s = [T::of(0.0); 16];
-        if self.nhwc {
-            for j in 0..nt {
-                for kk in 0..k {
-                    for (xi, e) in s.iter_mut().enumerate() {
-                        *e = m[xi * tb * k + j * k + kk];
-                    }
-                    one(j, kk, &s);
-                }
-            }
-        } else {
+        for j in 0..nt {
             for kk in 0..k {
-                for j in 0..nt {
-                    for (xi, e) in s.iter_mut().enumerate() {
-                        *e = m[xi * tb * k + kk * tb + j];
+                for (xi, e) in s.iter_mut().enumerate() {
+                    *e = m[xi * tb * k + j * k + kk];
+                }
+                one(j, kk, &s);
+            }
+        }
+    }
+
+    /// NCHW's output transform, a run of tiles along one tile row at a
+    /// time: for each output channel the 16 sums of the run's tiles are
+    /// contiguous vectors (`M[xi][k][j]`), so A^T m A is elementwise over
+    /// the run, then each output row's even and odd columns interleave.
+    /// The same operations in the same order as [`output_tile`].
+    ///
+    /// # Safety
+    /// As [`Wino::transform_out`].
+    unsafe fn transform_out_nchw<T: Float>(
+        &self,
+        m: &[T],
+        t0: usize,
+        nt: usize,
+        tb: usize,
+        y: YPtr<T>,
+    ) {
+        crate::vmath::wide(
+            #[inline(always)]
+            // SAFETY: forwarded.
+            || unsafe { self.transform_out_nchw_body(m, t0, nt, tb, y) },
+        )
+    }
+
+    /// [`Wino::transform_out_nchw`], compiled into each vector width.
+    ///
+    /// # Safety
+    /// As [`Wino::transform_out`].
+    #[inline(always)]
+    unsafe fn transform_out_nchw_body<T: Float>(
+        &self,
+        m: &[T],
+        t0: usize,
+        nt: usize,
+        tb: usize,
+        y: YPtr<T>,
+    ) {
+        const CHUNK: usize = 64;
+        let k = self.k;
+        let (_, tw) = self.tiles();
+        let plane_m = tb * k;
+        let zero = T::of(0.0);
+        let mut j = 0;
+        while j < nt {
+            let (img, ty, tx0) = self.tile(t0 + j);
+            let run = (tw - tx0).min(nt - j);
+            let (oy, ox0) = (2 * ty, 2 * tx0);
+            let rows = 2.min(self.oh - oy);
+            let cols = (2 * run).min(self.ow - ox0);
+            for kk in 0..k {
+                let at = ((img * k + kk) * self.oh + oy) * self.ow + ox0;
+                // SAFETY: output rows oy, oy + 1, columns ox0.. of this
+                // run's tiles: this block's alone (the caller's contract).
+                let r0 = unsafe { y.slice(at, cols) };
+                let mut r1 = if rows > 1 {
+                    // SAFETY: as above.
+                    Some(unsafe { y.slice(at + self.ow, cols) })
+                } else {
+                    None
+                };
+                let base = kk * tb + j;
+                let mut c0 = 0;
+                while c0 < run {
+                    let cn = CHUNK.min(run - c0);
+                    let ms: [&[T]; 16] =
+                        std::array::from_fn(|xi| &m[xi * plane_m + base + c0..][..cn]);
+                    let mut out = [[zero; CHUNK]; 4];
+                    for q in 0..cn {
+                        let g = |xi: usize| ms[xi][q];
+                        let t00 = g(0) + g(4) + g(8);
+                        let t01 = g(1) + g(5) + g(9);
+                        let t02 = g(2) + g(6) + g(10);
+                        let t03 = g(3) + g(7) + g(11);
+                        let t10 = g(4) - g(8) - g(12);
+                        let t11 = g(5) - g(9) - g(13);
+                        let t12 = g(6) - g(10) - g(14);
+                        let t13 = g(7) - g(11) - g(15);
+                        out[0][q] = t00 + t01 + t02;
+                        out[1][q] = t01 - t02 - t03;
+                        out[2][q] = t10 + t11 + t12;
+                        out[3][q] = t11 - t12 - t13;
                     }
-                    one(j, kk, &s);
+                    let w0 = 2 * c0;
+                    let pairs = cn.min((cols - w0) / 2);
+                    let odd = pairs < cn && w0 + 2 * pairs < cols;
+                    let put = |row: &mut [T], a: &[T; CHUNK], b: &[T; CHUNK]| {
+                        for (q, d) in row[w0..w0 + 2 * pairs].chunks_exact_mut(2).enumerate() {
+                            d[0] = a[q];
+                            d[1] = b[q];
+                        }
+                        if odd {
+                            row[w0 + 2 * pairs] = a[pairs];
+                        }
+                    };
+                    put(r0, &out[0], &out[1]);
+                    if let Some(r1) = r1.as_deref_mut() {
+                        put(r1, &out[2], &out[3]);
+                    }
+                    c0 += cn;
                 }
             }
+            j += run;
         }
     }
 }
@@ -538,7 +735,8 @@ mod tests {
                     &x,
                     |kk, cc, a, b| f[((kk * c + cc) * 3 + a) * 3 + b],
                     &mut y,
-                );
+                )
+                .unwrap();
                 let want = direct(&p, &x, &f);
                 // Inputs in -1..1: the sum of 9c products is at most 9c;
                 // Winograd's rounding stays within a few ulps of that.
