@@ -71,6 +71,29 @@ impl Plan {
             .step_by(step)
             .map(move |l0| (l0, (l0 + step).min(lines)))
     }
+    /// [`Plan::line_blocks`] for one image whose blocks go to `threads`
+    /// pool threads: a whole number of blocks per thread, of about one size
+    /// (fewer, larger blocks than `line_blocks` gives; as it gives when
+    /// that is fewer than the threads). ResNet-50's and VGG-19's 28x28 layers made
+    /// three blocks, so one of two threads did two of them and the other
+    /// waited: 1.4-1.5x on two threads (BENCHMARKS.md "Winograd on large
+    /// images").
+    pub(crate) fn par_line_blocks(&self, threads: usize) -> Vec<(usize, usize)> {
+        let lines = self.g.outs[0] * self.g.outs[1];
+        let threads = threads.max(1);
+        let nb = self.line_blocks().count();
+        if nb < threads {
+            // One block: the caller splits the product itself; a few:
+            // each its own.
+            return self.line_blocks().collect();
+        }
+        let nb = nb / threads * threads;
+        let step = lines.div_ceil(nb.max(1)).max(1);
+        (0..lines)
+            .step_by(step)
+            .map(|l0| (l0, (l0 + step).min(lines)))
+            .collect()
+    }
     /// Multiply-adds of one image's product.
     pub(crate) fn macs(&self) -> usize {
         self.cout
@@ -123,7 +146,8 @@ impl Plan {
                         // One image alone: its line blocks (im2col and
                         // product each) go to the pool's threads.
                         let bounds: Vec<(usize, usize)> = self
-                            .line_blocks()
+                            .par_line_blocks(rayon::current_num_threads())
+                            .into_iter()
                             .map(|(l0, l1)| (l0 * o2, l1 * o2))
                             .collect();
                         if bounds.len() > 1 {
