@@ -72,12 +72,12 @@ impl Plan {
             .map(move |l0| (l0, (l0 + step).min(lines)))
     }
     /// [`Plan::line_blocks`] for one image whose blocks go to `threads`
-    /// pool threads: a whole number of blocks per thread, of about one size
-    /// (fewer, larger blocks than `line_blocks` gives; as it gives when
-    /// that is fewer than the threads). ResNet-50's and VGG-19's 28x28 layers made
-    /// three blocks, so one of two threads did two of them and the other
-    /// waited: 1.4-1.5x on two threads (BENCHMARKS.md "Winograd on large
-    /// images").
+    /// pool threads: a whole number of blocks per thread, of about one
+    /// size (fewer, larger blocks than `line_blocks` gives; its own blocks
+    /// when it gives fewer than the threads). ResNet-50's and VGG-19's
+    /// 28x28 layers made three blocks, so one of two threads did two of
+    /// them and the other waited (1.1-1.2x faster now: BENCHMARKS.md
+    /// "Winograd on large images").
     pub(crate) fn par_line_blocks(&self, threads: usize) -> Vec<(usize, usize)> {
         let lines = self.g.outs[0] * self.g.outs[1];
         let threads = threads.max(1);

@@ -23,10 +23,12 @@ use crate::ops::gemm::product;
 /// What the buffers below are called in an out-of-memory error.
 const WHAT: &str = "a Winograd convolution's transformed tiles";
 
-/// `n` zeros in a fallibly allocated buffer, written by a plain fill: not
-/// `calloc` ([`crate::tensor::default_buffer`]), which for these sizes
-/// maps fresh pages at every call, and the page faults cost 12% of a
-/// 56x56 convolution (a `perf` profile).
+/// `n` zeros in a fallibly allocated buffer, filled in place (as the
+/// `vec!` these buffers were before; not `calloc`, which
+/// [`crate::tensor::default_buffer`] uses). Allocated and freed at every
+/// run, they still page-fault when glibc has given its heap top back to
+/// the system (BENCHMARKS.md "Winograd on large images": reusing them
+/// across runs is the next step).
 fn zeros<T: Float>(n: usize) -> Result<Vec<T>> {
     let mut v = crate::tensor::try_vec(n, WHAT)?;
     v.resize(n, T::of(0.0));
