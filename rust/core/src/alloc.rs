@@ -18,8 +18,8 @@
 //!   as it came); `alloc_zeroed` zeroes a reused block.
 //! - A miss gives back at least as many cached bytes as it allocates, so the
 //!   cache never raises the process's memory above its previous peak; a
-//!   block unused for `DECAY` is given back at the next large allocation or
-//!   free.
+//!   block unused for `DECAY` is given back at the next cached allocation
+//!   or free (expired blocks are looked for at most once per `SWEEP`).
 //! - The lock is only ever tried: a thread that finds it taken goes
 //!   straight to the system allocator, so nothing waits on the cache (and a
 //!   child forked while another thread held it simply does not use it).
@@ -29,14 +29,25 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, TryLockError};
 use std::time::{Duration, Instant};
 
-/// Blocks smaller than this go straight to the system allocator.
-pub const MIN_CACHED: usize = 1 << 20;
+/// Blocks smaller than this go straight to the system allocator. Why this
+/// low: from 64 KiB up, glibc serves a block by `mmap` or from the top of
+/// its heap, which it gives back to the system once enough is free there;
+/// an op that frees and takes its 0.5-3 MiB buffers at every run then
+/// faults every page of them in again at every run (a 3x3 convolution of
+/// 64 channels at 56x56: 1.85 ms in place of 1.33; BENCHMARKS.md, "The
+/// allocator's cache from 64 KiB").
+pub const MIN_CACHED: usize = 64 << 10;
+/// Fresh blocks of at least this many bytes start on a page (Unix).
+pub const PAGE_MIN: usize = 1 << 20;
 /// The default limit in bytes.
 pub const DEFAULT_LIMIT: usize = 1 << 30;
 /// Most blocks kept.
 const SLOTS: usize = 256;
 /// A block kept longer than this without reuse is given back.
 const DECAY: Duration = Duration::from_secs(10);
+/// How often expired blocks are looked for (a block is given back between
+/// `DECAY` and `DECAY + SWEEP` after its free).
+const SWEEP: Duration = Duration::from_secs(1);
 /// The limit before it is first read from the environment.
 const UNSET: usize = usize::MAX;
 
@@ -59,6 +70,9 @@ const EMPTY: Slot = Slot {
 struct State {
     slots: [Slot; SLOTS],
     bytes: usize,
+    /// When the slots were last searched for expired blocks (at most once
+    /// per `SWEEP`, so that a take or put is one scan for its size).
+    swept: Option<Instant>,
 }
 
 /// Blocks taken out of the cache under its lock, given back to the system
@@ -106,8 +120,16 @@ impl State {
         self.bytes -= s.size;
         out.push(s);
     }
-    /// Evicts blocks unused for longer than `DECAY`.
+    /// Evicts blocks unused for longer than `DECAY`, if the last look was
+    /// at least `SWEEP` ago.
     fn expire(&mut self, now: Instant, out: &mut Evicted) {
+        if self
+            .swept
+            .is_some_and(|t| now.saturating_duration_since(t) < SWEEP)
+        {
+            return;
+        }
+        self.swept = Some(now);
         for i in 0..SLOTS {
             let s = self.slots[i];
             if s.addr != 0
@@ -138,7 +160,7 @@ impl State {
 /// Where the allocator gets memory: [`System`](std::alloc::System), except that on Unix
 /// fresh blocks of at least [`LINE_MIN`] bytes (alignment at most
 /// `malloc`'s) come straight from the C library on a boundary: a page for
-/// large uninitialised blocks (at least [`MIN_CACHED`] bytes, `posix_memalign`),
+/// large uninitialised blocks (at least [`PAGE_MIN`] bytes, `posix_memalign`),
 /// so that a checkpoint's payload can be read into them with direct I/O
 /// (`storage::ferro`), and a cache line for the rest, so that a tensor's
 /// rows start on a line. Why the line: the small GEMM kernel reads 16-float
@@ -154,7 +176,7 @@ impl State {
 /// of fresh blocks only (a `realloc`, or a large `calloc`, gives `malloc`'s):
 /// it is a speed hint, and readers that rely on it check the address.
 mod sys {
-    use super::{LINE_MIN, MIN_CACHED};
+    use super::{LINE_MIN, PAGE_MIN};
     use std::alloc::{GlobalAlloc, Layout, System};
 
     /// The page size assumed for large blocks.
@@ -194,7 +216,7 @@ mod sys {
     pub unsafe fn alloc(layout: Layout) -> *mut u8 {
         #[cfg(unix)]
         if ours(layout.size(), layout.align()) {
-            let align = if layout.size() >= MIN_CACHED {
+            let align = if layout.size() >= PAGE_MIN {
                 PAGE
             } else {
                 LINE
@@ -211,7 +233,7 @@ mod sys {
     pub unsafe fn alloc_zeroed(layout: Layout) -> *mut u8 {
         #[cfg(unix)]
         if ours(layout.size(), layout.align()) {
-            if layout.size() >= MIN_CACHED {
+            if layout.size() >= PAGE_MIN {
                 // SAFETY: a non-zero size; calloc maps fresh zero pages for
                 // large sizes rather than writing them.
                 return unsafe { libc::calloc(1, layout.size()) }.cast();
@@ -287,6 +309,7 @@ impl Cache {
             state: Mutex::new(State {
                 slots: [EMPTY; SLOTS],
                 bytes: 0,
+                swept: None,
             }),
             limit: AtomicUsize::new(limit),
         }

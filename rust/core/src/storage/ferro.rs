@@ -33,7 +33,7 @@ pub(super) fn align_up(x: u64) -> u64 {
 pub(super) const PAGE_ALIGN: u64 = 4096;
 /// Numeric payloads of at least this many bytes start on a page in version
 /// 2 (the global allocator puts blocks of this size on a page too:
-/// `alloc::MIN_CACHED`); smaller ones at a multiple of [`ALIGN`].
+/// `alloc::PAGE_MIN`); smaller ones at a multiple of [`ALIGN`].
 pub(super) const PAGE_PAYLOAD_MIN: u64 = 1 << 20;
 
 /// Whether a payload of `kind`, `dtype` and `length` starts on a page in a
