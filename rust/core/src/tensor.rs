@@ -654,7 +654,16 @@ pub fn try_collect<T>(
     what: impl std::fmt::Display,
 ) -> Result<Vec<T>> {
     let it = it.into_iter();
-    let mut v = try_vec(it.size_hint().0, &what)?;
+    let (lo, hi) = it.size_hint();
+    let mut v = try_vec(lo, &what)?;
+    if hi == Some(lo) {
+        // An exact hint (a map over a slice or a range): `extend` fills the
+        // room reserved above in one loop that vectorises, without the
+        // per-item capacity check below. Should the iterator break its
+        // hint and yield more, `extend` grows the Vec infallibly.
+        v.extend(it);
+        return Ok(v);
+    }
     for x in it {
         if v.len() == v.capacity() {
             v.try_reserve(1).map_err(|_| {

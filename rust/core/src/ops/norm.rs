@@ -143,8 +143,9 @@ fn parallel(len: usize, min: usize) -> bool {
 }
 
 /// `y = x * alpha[c] + beta[c]`, `c` each element's channel: plane by
-/// plane (NCHW) or pixel by pixel (NHWC), on the kernel pool for large
-/// tensors. Every element is computed as before, so the values are the same.
+/// plane (NCHW) or pixel by pixel (NHWC), on the widest vectors
+/// (`vmath::wide`: a multiply and an add per lane, the same values on
+/// every path) and on the kernel pool for large tensors.
 fn channel_affine<T: Float>(
     x: &[T],
     y: &mut [std::mem::MaybeUninit<T>],
@@ -160,32 +161,45 @@ fn channel_affine<T: Float>(
     use rayon::prelude::*;
     match order {
         Order::Nchw => {
-            let plane = |(i, (y, x)): (usize, (&mut [std::mem::MaybeUninit<T>], &[T]))| {
-                let (a, b) = (alpha[i % c], beta[i % c]);
-                for (o, &v) in y.iter_mut().zip(x) {
-                    o.write(v * a + b);
-                }
+            // Planes i0.. of y and x, on the widest vectors.
+            let planes = |i0: usize, y: &mut [std::mem::MaybeUninit<T>], x: &[T]| {
+                crate::vmath::wide(
+                    #[inline(always)]
+                    || {
+                        let pairs = y.chunks_exact_mut(hw).zip(x.chunks_exact(hw));
+                        for (i, (y, x)) in pairs.enumerate() {
+                            let (a, b) = (alpha[(i0 + i) % c], beta[(i0 + i) % c]);
+                            for (o, &v) in y.iter_mut().zip(x) {
+                                o.write(v * a + b);
+                            }
+                        }
+                    },
+                )
             };
             if parallel(x.len(), PAR_MIN_LEN) {
-                y.par_chunks_exact_mut(hw)
-                    .zip(x.par_chunks_exact(hw))
+                let per = (TASK_LEN / hw).max(1);
+                y.par_chunks_mut(per * hw)
+                    .zip(x.par_chunks(per * hw))
                     .enumerate()
-                    .with_max_len((TASK_LEN / hw).max(1))
-                    .for_each(plane);
+                    .for_each(|(k, (y, x))| planes(k * per, y, x));
             } else {
-                y.chunks_exact_mut(hw)
-                    .zip(x.chunks_exact(hw))
-                    .enumerate()
-                    .for_each(plane);
+                planes(0, y, x);
             }
         }
         Order::Nhwc => {
             let pixels = |(y, x): (&mut [std::mem::MaybeUninit<T>], &[T])| {
-                for (y, x) in y.chunks_exact_mut(c).zip(x.chunks_exact(c)) {
-                    for ((o, &v), (&a, &b)) in y.iter_mut().zip(x).zip(alpha.iter().zip(beta)) {
-                        o.write(v * a + b);
-                    }
-                }
+                crate::vmath::wide(
+                    #[inline(always)]
+                    || {
+                        for (y, x) in y.chunks_exact_mut(c).zip(x.chunks_exact(c)) {
+                            for ((o, &v), (&a, &b)) in
+                                y.iter_mut().zip(x).zip(alpha.iter().zip(beta))
+                            {
+                                o.write(v * a + b);
+                            }
+                        }
+                    },
+                )
             };
             // Whole pixels per task.
             let per = (TASK_LEN / c).max(1) * c;

@@ -1085,9 +1085,15 @@ fn lookup(op_type: &str) -> Result<(&'static UnaryDef, bool)> {
         .ok_or_else(|| Error::internal(format!("{op_type}: not an op of ops/unary.rs")))
 }
 
-/// Tensors of at least this many elements are computed in chunks on the
-/// kernel pool.
+/// Tensors of at least this many elements may be computed in chunks on
+/// the kernel pool (when the work pays for it, [`POOL_PAYS`]).
 const PAR_MIN: usize = 1 << 15;
+/// Work (timed on the first chunk) from which the pool's threads are
+/// woken: twice the wake-up of a sleeping pool thread measured on the
+/// 2-core VM (an in-place Relu of 200K float32 took 5 us on the calling
+/// thread and 19 us on the pool, of 800K 33 and 24 us; BENCHMARKS.md "The
+/// pool's wake-up and the small ops").
+const POOL_PAYS: std::time::Duration = std::time::Duration::from_micros(40);
 /// What the activations' buffers are named in an `OutOfMemory` error.
 const OUTPUT: &str = "an activation's output";
 const CHUNK: usize = 1 << 13;
@@ -1124,10 +1130,20 @@ fn chunked<T: Float, O: Send>(
     if !parallel(out.len()) {
         return run(out, ins, &body);
     }
+    // The first chunk here, timed: the pool pays only when the rest would
+    // take longer than waking its threads (`POOL_PAYS`), which depends on
+    // the op (a Relu is 20 times as cheap as a Tanh).
+    let start = std::time::Instant::now();
+    let (first, rest) = out.split_at_mut(CHUNK);
+    run(first, ins.map(|s| part(s, 0)), &body);
+    let left = rest.len().div_ceil(CHUNK) as u32;
+    if start.elapsed().saturating_mul(left) < POOL_PAYS {
+        return run(rest, ins.map(|s| s.get(CHUNK..).unwrap_or(s)), &body);
+    }
     use rayon::prelude::*;
-    out.par_chunks_mut(CHUNK)
+    rest.par_chunks_mut(CHUNK)
         .enumerate()
-        .for_each(|(k, o)| run(o, ins.map(|s| part(s, k)), &body));
+        .for_each(|(k, o)| run(o, ins.map(|s| part(s, k + 1)), &body));
 }
 
 /// A new buffer of the inputs' length, each element written by `fill` over
