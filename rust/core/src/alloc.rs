@@ -16,8 +16,9 @@
 //! - A block is reused only for exactly its size and alignment (the layout
 //!   it was allocated with, so it goes back to the system allocator exactly
 //!   as it came); `alloc_zeroed` zeroes a reused block.
-//! - A miss gives back at least as many cached bytes as it allocates, so the
-//!   cache never raises the process's memory above its previous peak; a
+//! - A miss gives back at least as many cached bytes as it allocates, once
+//!   the cache holds more than [`SLACK`] bytes, so the cache raises the
+//!   process's memory above its previous peak by at most that much; a
 //!   block unused for `DECAY` is given back at the next cached allocation
 //!   or free (expired blocks are looked for at most once per `SWEEP`).
 //! - The lock is only ever tried: a thread that finds it taken goes
@@ -41,6 +42,13 @@ pub const MIN_CACHED: usize = 64 << 10;
 pub const PAGE_MIN: usize = 1 << 20;
 /// The default limit in bytes.
 pub const DEFAULT_LIMIT: usize = 1 << 30;
+/// Bytes the cache keeps through a miss (see the module docs). Why: a
+/// program whose runs allocate buffers of a rotating set of sizes misses
+/// for one size while holding blocks of others; giving those back at every
+/// miss evicted the very blocks the run wanted next (an LSTM's training
+/// step faulted in its 6.5 MB input projection at every run, 2.4 -> 4.4
+/// ms; BENCHMARKS.md "The allocator's cache from 64 KiB").
+pub const SLACK: usize = 64 << 20;
 /// Most blocks kept.
 const SLOTS: usize = 256;
 /// A block kept longer than this without reuse is given back.
@@ -112,6 +120,7 @@ impl Evicted {
 pub struct Cache {
     state: Mutex<State>,
     limit: AtomicUsize,
+    slack: usize,
 }
 
 impl State {
@@ -300,11 +309,16 @@ pub const LINE_MIN: usize = 512;
 impl Cache {
     /// An empty cache; its limit is read from the environment on first use.
     pub const fn new() -> Self {
-        Cache::with_limit(UNSET)
+        Cache::with_limits(UNSET, SLACK)
     }
 
-    /// An empty cache with a fixed limit in bytes.
+    /// An empty cache with a fixed limit in bytes (and [`SLACK`]).
     pub const fn with_limit(limit: usize) -> Self {
+        Cache::with_limits(limit, SLACK)
+    }
+
+    /// An empty cache with a fixed limit and slack in bytes.
+    pub const fn with_limits(limit: usize, slack: usize) -> Self {
         Cache {
             state: Mutex::new(State {
                 slots: [EMPTY; SLOTS],
@@ -312,6 +326,7 @@ impl Cache {
                 swept: None,
             }),
             limit: AtomicUsize::new(limit),
+            slack,
         }
     }
 
@@ -352,8 +367,8 @@ impl Cache {
     }
 
     /// A cached block of exactly `layout`, most recently freed first; on a
-    /// miss, gives back at least `layout.size()` cached bytes (the caller
-    /// allocates that much afresh). `free` gives a block back to the
+    /// miss, gives back at least `layout.size()` cached bytes beyond the
+    /// slack (the caller allocates that much afresh). `free` gives a block back to the
     /// allocator the cache's blocks came from.
     pub fn take(
         &self,
@@ -379,7 +394,8 @@ impl Cache {
                     Some(s.addr as *mut u8)
                 }
                 None => {
-                    st.shrink_to(st.bytes.saturating_sub(layout.size()), out);
+                    let keep = st.bytes.saturating_sub(layout.size()).max(self.slack);
+                    st.shrink_to(keep, out);
                     None
                 }
             }
@@ -587,7 +603,7 @@ mod tests {
 
     #[test]
     fn a_freed_block_is_reused_for_exactly_its_layout() {
-        let c = Cache::with_limit(64 << 20);
+        let c = Cache::with_limits(64 << 20, 0);
         let now = Instant::now();
         let (p, l) = block(3 << 20, 64);
         assert!(c.put(p, l, now, sys_free));
@@ -607,6 +623,27 @@ mod tests {
         assert_eq!(c.cached_bytes(), 0);
         // SAFETY: `p` came back out of the cache: ours again.
         unsafe { sys_free(p, l) };
+    }
+
+    #[test]
+    fn a_miss_gives_back_only_what_exceeds_the_slack() {
+        let c = Cache::with_limits(64 << 20, 4 << 20);
+        let t = Instant::now();
+        let (a, l) = block(3 << 20, 8);
+        assert!(c.put(a, l, t, sys_free));
+        // 3 MiB cached, within the slack: a miss keeps it.
+        let other = Layout::from_size_align(2 << 20, 8).unwrap();
+        assert_eq!(c.take(other, t, sys_free), None);
+        assert_eq!(c.cached_bytes(), 3 << 20);
+        let (b, _) = block(3 << 20, 8);
+        assert!(c.put(b, l, t + Duration::from_millis(1), sys_free));
+        // 6 MiB: a 1 MiB miss gives back down to 5 MiB, so the older block.
+        let small = Layout::from_size_align(1 << 20, 8).unwrap();
+        assert_eq!(c.take(small, t, sys_free), None);
+        assert_eq!(c.cached_bytes(), 3 << 20);
+        assert_eq!(c.take(l, t, sys_free), Some(b));
+        // SAFETY: `b` came back out of the cache: ours again.
+        unsafe { sys_free(b, l) };
     }
 
     #[test]
