@@ -333,3 +333,33 @@ def test_param_devices_come_from_the_nets(fresh):
     assert optimizer.get_param_device("p", slice_, devices) == devices["y_b"]
     with pytest.raises(AssertionError, match="Cannot infer device for p"):
         optimizer.get_param_device("p", "g", devices)
+
+
+# A B that covers a run of X's dims followed by others (a per-channel scale
+# over NCHW, Caffe2's legacy broadcast with an axis, or numpy's (C, 1, 1)):
+# out of place and in place, below and above the size split across the pool.
+@pytest.mark.parametrize("x_shape,b_shape,kw", [
+    ((2, 3, 4, 5), (3,), {"broadcast": 1, "axis": 1}),
+    ((2, 3, 4, 5), (3, 4), {"broadcast": 1, "axis": 1}),
+    ((2, 3, 4, 5), (2, 3), {"broadcast": 1, "axis": 0}),
+    ((1, 64, 72, 72), (64,), {"broadcast": 1, "axis": 1}),
+    ((3, 8, 5), (8, 1), {}),
+    ((2, 40, 60, 60), (40, 1, 1), {}),
+])
+@pytest.mark.parametrize("op_type", ["Add", "Mul", "Sub", "Div"])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_binary_ops_broadcast_a_run_of_dims_before_others(fresh, x_shape, b_shape, kw, op_type, in_place):
+    rng = np.random.default_rng(7)
+    x = rng.uniform(-2, 2, x_shape).astype(np.float32)
+    b = rng.uniform(0.5, 2, b_shape).astype(np.float32)
+    out = "x" if in_place else "y"
+    workspace.FeedBlob("x", x)
+    workspace.FeedBlob("b", b)
+    workspace.RunOperatorOnce(core.CreateOperator(op_type, ["x", "b"], [out], **kw))
+    axis = kw.get("axis")
+    if axis is None:
+        bb = b
+    else:
+        bb = b.reshape((1,) * axis + b.shape + (1,) * (x.ndim - axis - b.ndim))
+    want = {"Add": np.add, "Mul": np.multiply, "Sub": np.subtract, "Div": np.divide}[op_type](x, bb)
+    np.testing.assert_array_equal(workspace.FetchBlob(out), want)

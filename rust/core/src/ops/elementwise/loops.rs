@@ -470,6 +470,24 @@ impl<'a, T: Element + Copy> Operand<'a, T> {
             None
         }
     }
+    /// The elements as a row-major slice and the number of `target`'s
+    /// trailing elements each one covers, when the operand's dims (leading
+    /// and trailing 1s dropped; left-padded with 1s to `target`'s rank) are
+    /// a run of `target`'s dims followed by other dims: Caffe2's legacy
+    /// broadcast of a per-channel B over NCHW (`Mul(X, scale, broadcast=1,
+    /// axis=1)`), or numpy's of a (C, 1, 1) one.
+    pub(super) fn mid_run(&self, target: &[usize]) -> Option<(&'a [T], usize)> {
+        let s = self.shape;
+        let pad = target.len().checked_sub(s.len())?;
+        let lead = pad + s.iter().take_while(|&&d| d == 1).count();
+        let trail = s.iter().rev().take_while(|&&d| d == 1).count();
+        let end = target.len() - trail;
+        if lead >= end || s[lead - pad..end - pad] != target[lead..end] {
+            return None;
+        }
+        let inner: usize = target[end..].iter().product();
+        Some((self.a.as_slice()?, inner))
+    }
     /// A view with the broadcasting shape (a reshape only for legacy B).
     pub(super) fn view(&self) -> Result<CowArray<'a, T, IxDyn>> {
         if self.shape == self.a.shape() {
@@ -711,6 +729,70 @@ pub(super) fn map2_rep<T: Copy + Sync, U: Copy + Default + Send, F: Fn(T, T) -> 
     }
 }
 
+/// out[i] = f(a[i], b[(i / inner) % b.len()]): each element of `b` covers
+/// `inner` consecutive elements (a per-channel operand over NCHW planes).
+pub(super) fn map2_mid<T: Copy + Sync, U: Copy + Default + Send, F: Fn(T, T) -> U + Sync>(
+    out: &mut [U],
+    a: &[T],
+    b: &[T],
+    inner: usize,
+    f: F,
+) {
+    if inner == 0 || b.is_empty() {
+        return;
+    }
+    let m = b.len();
+    // Blocks j0.. of `inner` elements.
+    let seq = |o: &mut [U], x: &[T], j0: usize| {
+        for (j, (o, x)) in o.chunks_mut(inner).zip(x.chunks(inner)).enumerate() {
+            let y = b[(j0 + j) % m];
+            for (o, &x) in o.iter_mut().zip(x) {
+                *o = f(x, y);
+            }
+        }
+    };
+    if out.len() >= PAR_MIN_LEN && crate::threads::pool_available() {
+        let blocks = (PAR_CHUNK / inner).max(1);
+        out.par_chunks_mut(blocks * inner)
+            .zip(a.par_chunks(blocks * inner))
+            .enumerate()
+            .with_max_len(TASK_CHUNKS)
+            .for_each(|(i, (o, x))| seq(o, x, i * blocks));
+    } else {
+        seq(out, a, 0);
+    }
+}
+
+/// out[i] = g(out[i], b[(i / inner) % b.len()]) (see [`map2_mid`]).
+pub(super) fn upd1_mid<T: Copy + Send + Sync, G: Fn(T, T) -> T + Sync>(
+    out: &mut [T],
+    b: &[T],
+    inner: usize,
+    g: G,
+) {
+    if inner == 0 || b.is_empty() {
+        return;
+    }
+    let m = b.len();
+    let seq = |o: &mut [T], j0: usize| {
+        for (j, o) in o.chunks_mut(inner).enumerate() {
+            let y = b[(j0 + j) % m];
+            for o in o.iter_mut() {
+                *o = g(*o, y);
+            }
+        }
+    };
+    if out.len() >= PAR_MIN_LEN && crate::threads::pool_available() {
+        let blocks = (PAR_CHUNK / inner).max(1);
+        out.par_chunks_mut(blocks * inner)
+            .enumerate()
+            .with_max_len(TASK_CHUNKS)
+            .for_each(|(i, o)| seq(o, i * blocks));
+    } else {
+        seq(out, 0);
+    }
+}
+
 /// out[i] = g(a[i]).
 pub(super) fn map1<T: Copy + Sync, U: Copy + Default + Send, G: Fn(T) -> U + Sync>(
     out: &mut [U],
@@ -850,6 +932,10 @@ where
         map2_rep(out, y, x, move |v, u| f(u, v));
         return Ok(());
     }
+    if let (Some(x), Some((y, inner))) = (a_full, b.mid_run(shape)) {
+        map2_mid(out, x, y, inner, f);
+        return Ok(());
+    }
     let (av, bv) = (a.view()?, b.view()?);
     let av = av
         .broadcast(IxDyn(shape))
@@ -914,6 +1000,12 @@ where
     if let Some(ys) = other.repeating_slice(out.shape()) {
         if let Some(os) = out.as_slice_mut() {
             upd1_rep(os, ys, g);
+            return Ok(());
+        }
+    }
+    if let Some((ys, inner)) = other.mid_run(out.shape()) {
+        if let Some(os) = out.as_slice_mut() {
+            upd1_mid(os, ys, inner, g);
             return Ok(());
         }
     }
