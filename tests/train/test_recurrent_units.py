@@ -233,3 +233,56 @@ def test_wrong_shapes_and_counts_are_typed_errors(fresh):
     with pytest.raises(errors.DataTypeError, match="timestep"):
         workspace.RunOperatorOnce(core.CreateOperator("GRUUnit", ["h", "g", "t"], ["ht"],
                                                       sequence_lengths=False))
+
+
+# Cells of many rows (130 x 37)
+# and rows longer than the 16-element blocks of the kernels' inner loops
+# (D = 37: two blocks and a tail), some rows past their sequence's end.
+# Gradients against central differences of the numpy cell taken a whole
+# gate block at a time (each output element depends on its own position of
+# each block only).
+@pytest.mark.parametrize("drop_states", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_large_lstm_cells_match_the_numpy_cell(fresh, dtype, drop_states):
+    n, d, t = 130, 37, 4
+    h, c, g = _draw(n, d, 4, dtype, seed=11)
+    lengths = np.arange(n, dtype=np.int32) % 7
+    rng = np.random.default_rng(12)
+    dh, dc = (rng.uniform(-1, 1, (1, n, d)).astype(dtype) for _ in range(2))
+    _feed(h=h, c=c, g=g, s=lengths, t=np.array([t], np.int32), dh=dh, dc=dc)
+    kw = {"drop_states": drop_states, "forget_bias": 0.5}
+    workspace.RunOperatorOnce(core.CreateOperator("LSTMUnit", ["h", "c", "g", "s", "t"],
+                                                  ["ht", "ct"], **kw))
+    workspace.RunOperatorOnce(core.CreateOperator(
+        "LSTMUnitGradient", ["h", "c", "g", "s", "t", "ht", "ct", "dh", "dc"],
+        ["dhp", "dcp", "dg"], **kw))
+    f64 = [v.astype(np.float64) for v in (h, c, g, dh, dc)]
+    h64, c64, g64, dh64, dc64 = f64
+
+    def loss(hp, cp, gg):
+        ht, ct = lstm_step(hp, cp, gg, t, lengths, 0.5, drop_states)
+        return ht * dh64 + ct * dc64
+
+    want_h, want_c = lstm_step(h64, c64, g64, t, lengths, 0.5, drop_states)
+    tol = 1e-6 if dtype == np.float32 else 1e-13
+    np.testing.assert_allclose(workspace.FetchBlob("ht"), want_h, rtol=tol, atol=tol)
+    np.testing.assert_allclose(workspace.FetchBlob("ct"), want_c, rtol=tol, atol=tol)
+    eps = 1e-6
+
+    def moved(x, s, block=None):
+        y = x.copy()
+        if block is None:
+            y += s
+        else:
+            y.reshape(n, 4, d)[:, block] += s
+        return y
+
+    want_dh = (loss(moved(h64, eps), c64, g64) - loss(moved(h64, -eps), c64, g64)) / (2 * eps)
+    want_dc = (loss(h64, moved(c64, eps), g64) - loss(h64, moved(c64, -eps), g64)) / (2 * eps)
+    want_dg = np.concatenate(
+        [((loss(h64, c64, moved(g64, eps, q)) - loss(h64, c64, moved(g64, -eps, q))) / (2 * eps))
+         .reshape(n, d) for q in range(4)], axis=1).reshape(1, n, 4 * d)
+    tol = 2e-5 if dtype == np.float32 else 1e-8
+    np.testing.assert_allclose(workspace.FetchBlob("dhp"), want_dh, rtol=tol, atol=tol)
+    np.testing.assert_allclose(workspace.FetchBlob("dcp"), want_dc, rtol=tol, atol=tol)
+    np.testing.assert_allclose(workspace.FetchBlob("dg"), want_dg, rtol=tol, atol=tol)
