@@ -245,7 +245,9 @@ def test_the_step_fc_agrees_to_the_bit_with_the_same_ops_unrolled(fresh, n, d):
     # Caffe2's own test_unroll_lstm compares RecurrentNetwork with the
     # statically unrolled net at 1e-7: the step net's FC (which may read
     # W laid out once per sequence) must give the bits FC gives outside.
-    # One row (thin kernels), a few, and 32 x 256 -> 1024 (the packed one).
+    # One row (thin kernels), a few, and 32 x 256 -> 1024 (the panel kernel
+    # where the CPU has AVX-512F: W packed once for the steps, at each call
+    # outside).
     steps = 3
     values = {k: v.astype(np.float32) for k, v in _draw(steps, n, d, seed=11).items()}
     net, outs = lstm_net("rolled", forward_only=True)

@@ -33,6 +33,7 @@ use crate::tensor::DataType;
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+mod panel;
 mod small;
 mod thin;
 
@@ -99,6 +100,28 @@ enum Kernel {
     Dot,
     /// `thin::axpy`: at most `thin::ROWS` rows of C, B's rows contiguous.
     Axpy,
+    /// `panel`: FC's products of [`PANEL_ROWS`] rows over its transposed
+    /// weight, B packed into panels (at each call, or once: [`PackedB`]).
+    Panel,
+}
+
+/// Rows of C of the products on `panel` (above those `small` reads a
+/// transposed B in place for): FC at batch 9 to 64, a recurrent step's FC.
+const PANEL_ROWS: std::ops::RangeInclusive<usize> = THIN_M + 1..=64;
+
+/// Whether a float32 `m x k x n` product with B's strides `sb` runs on
+/// `panel`: B transposed (FC's weights) and small enough that `blocked`
+/// would copy it to a plain layout at each call ([`copies_b`], at least
+/// [`PLAIN_MIN_N`] columns); `panel` packs it instead, in the same time,
+/// and a recurrent step packs it once for all its steps.
+fn use_panel(m: usize, k: usize, n: usize, sb: (usize, usize)) -> bool {
+    let transposed_b = sb.0 == 1 && sb.1 > 1;
+    transposed_b
+        && PANEL_ROWS.contains(&m)
+        && n >= PLAIN_MIN_N.max(panel::NR)
+        && copies_b(k, n)
+        && m.saturating_mul(k).saturating_mul(n) >= SMALL_MACS
+        && panel::available()
 }
 
 /// The kernel of an `m x k x n` product of `T` with A's and B's strides
@@ -127,7 +150,9 @@ fn kernel<T: Float>(
             return Kernel::Axpy;
         }
     }
-    if use_small(m, k, n, sb) {
+    if use_panel(m, k, n, sb) {
+        Kernel::Panel
+    } else if use_small(m, k, n, sb) {
         Kernel::Small
     } else {
         Kernel::Packed
@@ -173,6 +198,7 @@ unsafe fn raw<T: Float>(
                     Kernel::Dot => thin::dot(m, k, n, alpha, a, sa.0, b, sb.1, beta, c, sc),
                     Kernel::Axpy => thin::axpy(m, k, n, alpha, a, sa, b, sb.0, beta, c, sc),
                     Kernel::Packed => blocked(m, k, n, alpha, a, sa, b, sb, beta, c, sc),
+                    Kernel::Panel => packing_panels(m, k, n, alpha, a, sa, b, sb, beta, c, sc),
                 }
             }
         }
@@ -187,6 +213,144 @@ unsafe fn raw<T: Float>(
             }
         }
         other => unreachable!("a Float of dtype {other}"),
+    }
+}
+
+thread_local! {
+    /// Each thread's buffer for [`packing_panels`] (taken while in use).
+    static PANELS: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// C = alpha A B + beta C on `panel`, B packed into this thread's buffer
+/// first (the products of [`Kernel::Panel`] but those given a
+/// [`PackedB`]).
+///
+/// # Safety
+/// As [`raw`]; `panel::available()`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn packing_panels(
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: f32,
+    a: *const f32,
+    sa: (isize, isize),
+    b: *const f32,
+    sb: (isize, isize),
+    beta: f32,
+    c: *mut f32,
+    sc: (isize, isize),
+) {
+    let mut buf = PANELS.with(|p| p.take());
+    let need = panel::packed_len(k, n);
+    if buf.len() < need {
+        buf.clear();
+        if buf.try_reserve_exact(need).is_err() {
+            // No memory for the packing: the crate, reading B in place
+            // (other bits, but an answer rather than an abort).
+            // SAFETY: forwarded from the caller's contract.
+            return unsafe { blocked(m, k, n, alpha, a, sa, b, sb, beta, c, sc) };
+        }
+        buf.resize(need, 0.0);
+    }
+    // SAFETY: forwarded from the caller's contract; `buf` holds `need`.
+    unsafe {
+        panel::pack(k, n, b, sb, &mut buf);
+        panel::run(m, k, n, alpha, a, sa, buf.as_ptr(), beta, c, sc);
+    }
+    // A large B leaves a large buffer behind: let it go.
+    if buf.capacity() <= PLAIN_MAX_B + panel::NR * k {
+        PANELS.with(|p| p.set(buf));
+    }
+}
+
+/// A float32 B (`k x n`) packed once for the products that read it on
+/// `panel` (a recurrent step net's FC weights, for all its steps): each
+/// product then runs the kernel alone, with the bits of the same product
+/// packing B itself.
+pub(crate) struct PackedB {
+    k: usize,
+    n: usize,
+    data: Vec<f32>,
+}
+
+impl PackedB {
+    /// B (`k x n`, strides `sb`) packed, if a float32 `m x k x n` product
+    /// with A's strides `sa` runs on `panel` (else `Ok(None)`).
+    pub(crate) fn for_product<T: Float>(
+        m: usize,
+        k: usize,
+        n: usize,
+        sa: (usize, usize),
+        b: &[T],
+        sb: (usize, usize),
+    ) -> crate::error::Result<Option<PackedB>> {
+        if kernel::<T>(m, k, n, sa, sb) != Kernel::Panel {
+            return Ok(None);
+        }
+        assert!(b.len() >= reach(k, n, sb), "gemm: B is too short");
+        let len = panel::packed_len(k, n);
+        let mut data = crate::tensor::try_vec::<f32>(len, "a weight packed for the product")?;
+        data.resize(len, 0.0);
+        let is = |s: (usize, usize)| (s.0 as isize, s.1 as isize);
+        // SAFETY: `kernel` chose `panel`, so the CPU runs it and `T` is
+        // float32; B's reach was asserted; `data` holds `len`.
+        unsafe { panel::pack(k, n, b.as_ptr().cast::<f32>(), is(sb), &mut data) };
+        Ok(Some(PackedB { k, n, data }))
+    }
+}
+
+/// [`product_uninit`] with B packed: `b` was packed by
+/// [`PackedB::for_product`] for this product's shape and A's strides.
+///
+/// Panics if `b` was packed for another `k x n`, or `c` is not `m x n`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn product_packed_uninit<T: Float>(
+    split: bool,
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[T],
+    sa: (usize, usize),
+    b: &PackedB,
+    c: &mut [std::mem::MaybeUninit<T>],
+) {
+    assert!(
+        T::DTYPE == DataType::Float && (b.k, b.n) == (k, n),
+        "gemm: B was packed for another product"
+    );
+    assert_eq!(Some(c.len()), m.checked_mul(n), "gemm: C is not m x n");
+    assert!(a.len() >= reach(m, k, sa), "gemm: A is too short");
+    let c = CBuf {
+        ptr: c.as_mut_ptr().cast::<T>(),
+        len: c.len(),
+    };
+    let bp = b.data.as_ptr();
+    if !split || m.saturating_mul(k).saturating_mul(n) < PAR_MACS {
+        let is = |s: (usize, usize)| (s.0 as isize, s.1 as isize);
+        // SAFETY: T is float32 (asserted); A's reach asserted, B packed for
+        // k x n (`PackedB` exists only where `panel` runs), C is m x n
+        // row-major, written whole (beta 0).
+        unsafe {
+            panel::run(
+                m,
+                k,
+                n,
+                1.0,
+                a.as_ptr().cast::<f32>(),
+                is(sa),
+                bp,
+                0.0,
+                c.ptr.cast::<f32>(),
+                (n as isize, 1),
+            )
+        };
+        return;
+    }
+    // SAFETY: as above; `par_gemm_packed` reads B only through `bp` (the
+    // slice passed for B's strides is A, never read as B).
+    unsafe {
+        par_gemm_packed(m, k, n, T::ONE, a, sa, bp, T::ZERO, c, (n, 1));
     }
 }
 
@@ -624,6 +788,8 @@ struct Split<T> {
     sc: (isize, isize),
     /// The kernel of every chunk, chosen for the whole product.
     kernel: Kernel,
+    /// B packed for `panel` ([`PackedB`]), or null: chunks pack their own.
+    packed: *const f32,
     by_rows: bool,
     len: usize,
     /// Chunk boundaries are multiples of this (but the last).
@@ -666,6 +832,8 @@ impl<T: Float> Split<T> {
             // four per thread; each element's bits do not depend on the
             // columns computed with it (see `thin`).
             Kernel::Dot | Kernel::Axpy => (false, 16, (4 * workers).min(n / 16).max(1)),
+            // By panels: a chunk packs (or reads) only its own columns.
+            Kernel::Panel => (false, panel::NR, (2 * workers).min(n / panel::NR).max(1)),
             _ => plan(m, n, sb, kernel == Kernel::Small, workers),
         };
         let len = if by_rows { m } else { n };
@@ -683,6 +851,7 @@ impl<T: Float> Split<T> {
             c: c.ptr,
             sc: is(sc),
             kernel,
+            packed: std::ptr::null(),
             by_rows,
             len,
             unit,
@@ -719,7 +888,21 @@ impl<T: Float> Split<T> {
             // B (A), and writes only rows (columns) lo..hi of C, claimed by
             // this thread alone; bounds were checked by `par_gemm`.
             unsafe {
-                if self.by_rows {
+                if !self.packed.is_null() {
+                    // Columns lo..hi of the packed B start at panel lo / NR.
+                    panel::run(
+                        self.m,
+                        self.k,
+                        hi - lo,
+                        self.alpha.to_f32(),
+                        self.a.cast::<f32>(),
+                        self.sa,
+                        self.packed.add(lo * self.k),
+                        self.beta.to_f32(),
+                        self.c.offset(off(self.sc)).cast::<f32>(),
+                        self.sc,
+                    )
+                } else if self.by_rows {
                     raw(
                         self.kernel,
                         hi - lo,
@@ -961,20 +1144,77 @@ unsafe fn par_gemm_at<T: Float>(
         c.len >= reach(m, n, sc) && a.len() >= reach(m, k, sa) && b.len() >= reach(k, n, sb),
         "gemm: an operand is too short"
     );
-    let split = std::sync::Arc::new(Split::new(
-        m,
-        k,
-        n,
-        alpha,
-        a,
-        sa,
-        b,
-        sb,
-        beta,
-        c,
-        sc,
-        helpers + 1,
-    ));
+    let split = Split::new(m, k, n, alpha, a, sa, b, sb, beta, c, sc, helpers + 1);
+    // SAFETY: the caller's contract; the bounds asserted above.
+    unsafe { run_split(split, helpers) }
+}
+
+/// [`par_gemm_at`] for float32 with B packed for `panel` at `bp` (see
+/// [`product_packed_uninit`]), C row-major.
+///
+/// # Safety
+/// As [`gemm_at`]; `bp` holds B packed for `k x n`; `T` is float32 and
+/// `panel::available()`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn par_gemm_packed<T: Float>(
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: T,
+    a: &[T],
+    sa: (usize, usize),
+    bp: *const f32,
+    beta: T,
+    c: CBuf<T>,
+    sc: (usize, usize),
+) {
+    let (_caller, callers) = Caller::enter();
+    let threads = if crate::threads::pool_available() {
+        rayon::current_num_threads()
+    } else {
+        1
+    };
+    let helpers = helpers(m, k, n, threads, callers);
+    let is = |s: (usize, usize)| (s.0 as isize, s.1 as isize);
+    if helpers == 0 || n < 2 * panel::NR {
+        // SAFETY: the caller's contract.
+        return unsafe {
+            panel::run(
+                m,
+                k,
+                n,
+                alpha.to_f32(),
+                a.as_ptr().cast::<f32>(),
+                is(sa),
+                bp,
+                beta.to_f32(),
+                c.ptr.cast::<f32>(),
+                is(sc),
+            )
+        };
+    }
+    // B is read through `packed` only; A stands in for it.
+    let mut split = Split::new(m, k, n, alpha, a, sa, a, (0, 0), beta, c, sc, helpers + 1);
+    split.kernel = Kernel::Panel;
+    split.packed = bp;
+    split.by_rows = false;
+    split.len = n;
+    split.unit = panel::NR;
+    // One chunk per thread: the caller claims the first at once, so at
+    // every step each thread tends to multiply the same half of B, which
+    // then stays in its core's cache between steps.
+    split.chunks = (helpers + 1).min(n / panel::NR).max(1);
+    // SAFETY: the caller's contract.
+    unsafe { run_split(split, helpers) }
+}
+
+/// Runs a split product's chunks on the caller and up to `helpers` pool
+/// threads, returning when every chunk is done.
+///
+/// # Safety
+/// The split's buffers are alive and in bounds for every chunk.
+unsafe fn run_split<T: Float>(split: Split<T>, helpers: usize) {
+    let split = std::sync::Arc::new(split);
     let chunks = split.chunks;
     // Pool threads that have just finished a chunk of an earlier product
     // linger briefly (see `linger`) and take this one's chunks at once;
@@ -1552,6 +1792,90 @@ mod tests {
     }
 
     #[test]
+    fn panel_products_match_the_triple_loop_and_their_packed_twin_bitwise() {
+        // FC's shapes at 9 to 64 rows over a transposed B run on `panel`
+        // where the CPU has AVX-512F: packing at each call, split across
+        // the pool or not, or from a B packed once, each element has the
+        // same bits, and the values of the f64 product (exact: small
+        // integers); alpha and beta on a row-major and a column-major C.
+        if !panel::available() {
+            eprintln!("no AVX-512F: the panel kernel is not used on this CPU");
+            return;
+        }
+        for &(m, k, n) in &[
+            (9, 64, 32),
+            (16, 33, 47),
+            (32, 256, 1024),
+            (32, 1024, 256),
+            (41, 300, 96),
+            (64, 128, 100),
+            (17, 2000, 40),
+        ] {
+            let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32) - 6.0).collect();
+            let w: Vec<f32> = (0..n * k).map(|i| ((i * 5 % 11) as f32) - 5.0).collect();
+            let c0: Vec<f32> = (0..m * n).map(|i| ((i * 3 % 7) as f32) - 3.0).collect();
+            let (sa, sb) = ((k, 1), (1, k));
+            assert_eq!(kernel::<f32>(m, k, n, sa, sb), Kernel::Panel, "{m}x{k}x{n}");
+            let want = reference(false, true, m, k, n, 1.0, &a, &w, 0.0, &c0);
+            let mut one = vec![f32::NAN; m * n];
+            gemm(m, k, n, 1.0, &a, sa, &w, sb, 0.0, &mut one, (n, 1));
+            assert_eq!(one, want, "{m}x{k}x{n}");
+            let mut split = vec![f32::NAN; m * n];
+            par_gemm(m, k, n, 1.0, &a, sa, &w, sb, 0.0, &mut split, (n, 1));
+            let packed = PackedB::for_product::<f32>(m, k, n, sa, &w, sb)
+                .expect("memory")
+                .expect("packs for panel");
+            let mut from_packed = vec![std::mem::MaybeUninit::<f32>::uninit(); m * n];
+            product_packed_uninit(true, m, k, n, &a, sa, &packed, &mut from_packed);
+            // SAFETY: the product wrote every element.
+            let from_packed: Vec<f32> = from_packed
+                .iter()
+                .map(|v| unsafe { v.assume_init() })
+                .collect();
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&split), bits(&one), "{m}x{k}x{n} split");
+            assert_eq!(bits(&from_packed), bits(&one), "{m}x{k}x{n} packed once");
+            // alpha 2, beta -1, C column-major.
+            let want = reference(false, true, m, k, n, 2.0, &a, &w, -1.0, &c0);
+            let mut ct = vec![0f32; m * n];
+            for i in 0..m {
+                for j in 0..n {
+                    ct[j * m + i] = c0[i * n + j];
+                }
+            }
+            gemm(m, k, n, 2.0, &a, sa, &w, sb, -1.0, &mut ct, (1, m));
+            for i in 0..m {
+                for j in 0..n {
+                    assert_eq!(
+                        ct[j * m + i],
+                        want[i * n + j],
+                        "{m}x{k}x{n} col-major ({i}, {j})"
+                    );
+                }
+            }
+            let mut cr = c0.clone();
+            par_gemm(m, k, n, 2.0, &a, sa, &w, sb, -1.0, &mut cr, (n, 1));
+            assert_eq!(cr, want, "{m}x{k}x{n} beta");
+        }
+        // Other shapes and layouts are not packed.
+        assert!(
+            PackedB::for_product::<f32>(8, 64, 64, (64, 1), &[0.0; 4096], (1, 64))
+                .expect("memory")
+                .is_none()
+        );
+        assert!(
+            PackedB::for_product::<f32>(32, 64, 64, (64, 1), &[0.0; 4096], (64, 1))
+                .expect("memory")
+                .is_none()
+        );
+        assert!(
+            PackedB::for_product::<f64>(32, 64, 64, (64, 1), &[0.0; 4096], (1, 64))
+                .expect("memory")
+                .is_none()
+        );
+    }
+
+    #[test]
     fn a_product_into_unwritten_memory_writes_every_element() {
         // C starts as NaN (standing for memory nobody wrote): the product
         // must equal gemm's with beta 0, on every kernel, split or not;
@@ -1637,10 +1961,19 @@ mod tests {
             kernel::<f32>(4, 256, 1024, (256, 1), (1024, 1)) == Kernel::Axpy,
             on
         );
-        assert_eq!(
-            kernel::<f32>(32, 256, 1024, (256, 1), (1, 256)) == Kernel::Packed,
-            on
-        );
+        // 9 to 64 rows over a transposed B it would copy: `panel` where the
+        // CPU has AVX-512F, else the crate.
+        let panel = if panel::available() {
+            Kernel::Panel
+        } else if on {
+            Kernel::Packed
+        } else {
+            kernel::<f32>(32, 256, 1024, (256, 1), (1, 256))
+        };
+        assert_eq!(kernel::<f32>(32, 256, 1024, (256, 1), (1, 256)), panel);
+        assert_eq!(kernel::<f32>(64, 256, 1024, (256, 1), (1, 256)), panel);
+        assert!(kernel::<f32>(65, 256, 1024, (256, 1), (1, 256)) != Kernel::Panel);
+        assert!(kernel::<f32>(32, 256, 1024, (256, 1), (1024, 1)) != Kernel::Panel);
     }
 
     #[test]

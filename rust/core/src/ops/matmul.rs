@@ -250,7 +250,7 @@ fn fc_shapes(
 /// address reused, so an entry whose buffer is the one FC reads is current.
 struct PlainWeight {
     src: Box<dyn std::any::Any>,
-    key: (usize, usize, usize),
+    key: (usize, usize, usize, usize),
     plain: Box<dyn std::any::Any>,
 }
 
@@ -289,14 +289,16 @@ pub(crate) fn with_plain_weights<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
-/// W^T (K x N, row-major) of FC's weight input 1 (N x K, row-major), from
-/// the layouts of [`with_plain_weights`] when one is active (laid out on
-/// first use), else `None`.
-fn plain_weight<T: Float>(
+/// A layout of FC's weight input 1 (`kind` names it in the cache) from
+/// the layouts of [`with_plain_weights`] when one is active (made by
+/// `make` from W's elements on first use), else `None`.
+fn weight_layout<T: Float, L: Send + Sync + 'static>(
     l: &Locked<'_>,
+    kind: usize,
     n: usize,
     k: usize,
-) -> Result<Option<std::sync::Arc<Vec<T>>>> {
+    make: impl FnOnce(&[T]) -> Result<Option<L>>,
+) -> Result<Option<std::sync::Arc<L>>> {
     let active = PLAIN_WEIGHTS.with(|c| c.borrow().is_some());
     let Some(src) = T::shared(l.tensor(1)?) else {
         return Ok(None);
@@ -304,7 +306,7 @@ fn plain_weight<T: Float>(
     if !active || n * k == 0 {
         return Ok(None);
     }
-    let key = (src.as_ptr() as usize, n, k);
+    let key = (src.as_ptr() as usize, n, k, kind);
     let found = PLAIN_WEIGHTS.with(|c| {
         c.borrow().as_ref().and_then(|v| {
             v.iter()
@@ -314,36 +316,85 @@ fn plain_weight<T: Float>(
                             .downcast_ref::<crate::tensor::Shared<T>>()
                             .is_some_and(|s| std::sync::Arc::ptr_eq(s, src))
                 })
-                .and_then(|e| e.plain.downcast_ref::<std::sync::Arc<Vec<T>>>().cloned())
+                .and_then(|e| e.plain.downcast_ref::<std::sync::Arc<L>>().cloned())
         })
     });
     if found.is_some() {
         return Ok(found);
     }
-    let w = dense(src);
-    let mut t = crate::tensor::try_vec::<T>(n * k, "FC's weights laid out for the product")?;
-    t.resize(n * k, T::of(0.0));
-    // W^T[p][j] = W[j][p], 16 rows of W at a time (their columns stay in
-    // cache while the rows of W^T are written).
-    for j0 in (0..n).step_by(16) {
-        let j1 = (j0 + 16).min(n);
-        for p in 0..k {
-            for j in j0..j1 {
-                t[p * n + j] = w[j * k + p];
-            }
-        }
-    }
-    let plain = std::sync::Arc::new(t);
+    let Some(made) = make(&dense(src))? else {
+        return Ok(None);
+    };
+    let made = std::sync::Arc::new(made);
     PLAIN_WEIGHTS.with(|c| {
         if let Some(v) = c.borrow_mut().as_mut() {
             v.push(PlainWeight {
                 src: Box::new(src.clone()),
                 key,
-                plain: Box::new(plain.clone()),
+                plain: Box::new(made.clone()),
             });
         }
     });
-    Ok(Some(plain))
+    Ok(Some(made))
+}
+
+/// W^T (K x N, row-major) of FC's weight input 1 (N x K, row-major), from
+/// the layouts of [`with_plain_weights`] (see [`weight_layout`]).
+fn plain_weight<T: Float>(
+    l: &Locked<'_>,
+    n: usize,
+    k: usize,
+) -> Result<Option<std::sync::Arc<Vec<T>>>> {
+    weight_layout::<T, Vec<T>>(l, 0, n, k, |w| {
+        let mut t = crate::tensor::try_vec::<T>(n * k, "FC's weights laid out for the product")?;
+        t.resize(n * k, T::of(0.0));
+        // W^T[p][j] = W[j][p], 16 rows of W at a time (their columns stay
+        // in cache while the rows of W^T are written).
+        for j0 in (0..n).step_by(16) {
+            let j1 = (j0 + 16).min(n);
+            for p in 0..k {
+                for j in j0..j1 {
+                    t[p * n + j] = w[j * k + p];
+                }
+            }
+        }
+        Ok(Some(t))
+    })
+}
+
+/// FC's weight input 1 (N x K, row-major, read transposed) packed for an
+/// `m x k x n` product on the panel kernel, from the layouts of
+/// [`with_plain_weights`] (see [`weight_layout`]); `None` where the
+/// product does not run on it.
+fn packed_weight<T: Float>(
+    l: &Locked<'_>,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<Option<std::sync::Arc<super::gemm::PackedB>>> {
+    weight_layout::<T, super::gemm::PackedB>(l, 1, n, k, |w| {
+        super::gemm::PackedB::for_product::<T>(m, k, n, (k, 1), w, (1, k))
+    })
+}
+
+/// [`matmul`] of a row-major A (`m x k`) by a B packed for it.
+fn matmul_packed<T: Float>(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: &[T],
+    b: &super::gemm::PackedB,
+) -> Result<Vec<T>> {
+    let what = format_args!("a {m} x {n} product");
+    let len = m
+        .checked_mul(n)
+        .ok_or_else(|| crate::tensor::alloc_error(usize::MAX, what))?;
+    // SAFETY: the packed product writes every element of C (beta 0).
+    unsafe {
+        crate::tensor::written_vec(len, what, |c| {
+            super::gemm::product_packed_uninit(true, m, k, n, a, (k, 1), b, c)
+        })
+    }
 }
 
 fn fc_t<T: Float>(l: &mut Locked<'_>, op: &str, axis: i64, axis_w: i64, tr: bool) -> Result<()> {
@@ -362,14 +413,23 @@ fn fc_t<T: Float>(l: &mut Locked<'_>, op: &str, axis: i64, axis_w: i64, tr: bool
         ))
         .with_blob(l.input_name(2)));
     }
-    let plain = if tr || !super::gemm::plain_b_same_bits::<T>(d.m, d.k, d.n) {
+    // Inside a recurrent step: W laid out once for all the steps, packed
+    // for the panel kernel or plainly, where the product gets the bits of
+    // the same FC outside (which packs or reads W itself).
+    let packed = if tr {
+        None
+    } else {
+        packed_weight::<T>(l, d.m, d.n, d.k)?
+    };
+    let plain = if packed.is_some() || tr || !super::gemm::plain_b_same_bits::<T>(d.m, d.k, d.n) {
         None
     } else {
         plain_weight::<T>(l, d.n, d.k)?
     };
-    let mut y = match &plain {
-        Some(wt) => matmul(false, false, d.m, d.k, d.n, &dense(x), wt)?,
-        None => matmul(false, !tr, d.m, d.k, d.n, &dense(x), &dense(w))?,
+    let mut y = match (&packed, &plain) {
+        (Some(p), _) => matmul_packed(d.m, d.k, d.n, &dense(x), p)?,
+        (None, Some(wt)) => matmul(false, false, d.m, d.k, d.n, &dense(x), wt)?,
+        (None, None) => matmul(false, !tr, d.m, d.k, d.n, &dense(x), &dense(w))?,
     };
     let b = dense(b);
     crate::vmath::wide(

@@ -211,7 +211,7 @@ mod x86 {
     /// The 16 columns in bounds for `k` elements; `pad.len() >= 16 * k`;
     /// avx2 present.
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn strip_of_columns(k: usize, b: *const f32, sb1: isize, pad: &mut [f32]) {
+    pub unsafe fn strip_of_columns(k: usize, b: *const f32, sb1: isize, pad: &mut [f32]) {
         let out = pad[..16 * k].as_mut_ptr();
         unsafe {
             let mut p = 0;
@@ -313,6 +313,26 @@ pub(crate) fn reads_b_in_place(sb: (usize, usize)) -> bool {
     {
         let _ = sb;
         false
+    }
+}
+
+/// Copies 16 contiguous columns of a transposed B (column `jj` at `b +
+/// jj * sb1`, `k` long) into `pad` as a row-major `k x 16` strip (`panel`
+/// packs FC's weights with it).
+///
+/// # Safety
+/// The 16 columns in bounds for `k` elements; `pad.len() >= 16 * k`;
+/// `available()`.
+pub(crate) unsafe fn strip_of_columns(k: usize, b: *const f32, sb1: isize, pad: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: forwarded from the caller's contract.
+    unsafe {
+        x86::strip_of_columns(k, b, sb1, pad)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (k, b, sb1, pad);
+        unreachable!("small::strip_of_columns without small::available()");
     }
 }
 
