@@ -728,15 +728,18 @@ pub(crate) fn winograd_for<T: Float>(p: &Plan, n: usize, adjoint: bool) -> Optio
 /// channels each side, tied on 14x14 and 28x28 (0.94-1.08x), lost with
 /// 512 channels and with few input channels (3 -> 64 at 224x224: 0.3x).
 /// On 8x8 and below it wins over the batch's tiles (im2col's product is
-/// narrow there). Its filter transform costs as much as the products of
+/// narrow there) when both sides have channels enough: with one input
+/// channel its transforms are the whole cost (LeNet's first layer, 1 -> 20
+/// over 64 images of 8x8: 410-510 us against 100 for im2col + GEMM in
+/// float64 alone, BENCHMARKS.md "FC on packed panels; LeNet's first
+/// convolution"). Its filter transform costs as much as the products of
 /// ~100 tiles, so the batch must hold enough of them.
 pub(crate) fn winograd_pays(p: &Plan, n: usize) -> bool {
     let tiles = n * p.g.outs[1].div_ceil(2) * p.g.outs[2].div_ceil(2);
     let pixels = p.g.out_len();
-    let large = pixels >= WINO_WIDE_PIXELS
-        && p.cin.min(p.cout) >= WINO_MIN_CHANNELS
-        && p.cin.max(p.cout) <= WINO_MAX_CHANNELS;
-    (pixels <= WINO_MAX_PIXELS || large) && tiles >= WINO_MIN_TILES
+    let channels = p.cin.min(p.cout) >= WINO_MIN_CHANNELS;
+    let large = pixels >= WINO_WIDE_PIXELS && channels && p.cin.max(p.cout) <= WINO_MAX_CHANNELS;
+    ((pixels <= WINO_MAX_PIXELS && channels) || large) && tiles >= WINO_MIN_TILES
 }
 
 /// Output pixels per image up to which Winograd is chosen (8x8).
