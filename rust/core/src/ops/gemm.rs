@@ -1,9 +1,11 @@
 //! Matrix products for the kernels (`nn.rs`, `conv.rs`, `winograd.rs`):
 //! float32 products with at most four rows of C on `thin` (matrix-vector
 //! products: FC at batch 1 to 4, its dX, MatMul by a vector; BENCHMARKS.md
-//! "Matrix-vector products"), others that are tiny, have few columns or
-//! few rows over a transposed B on `small` (both AVX2 + FMA, detected at
-//! run time), the rest on the `gemm` crate (AVX-512 where the CPU has it,
+//! "Matrix-vector products"), FC's products of 9 to 64 rows over its
+//! transposed weight on `panel` (AVX-512F; B packed at each call, or once
+//! for a recurrent step's weight: [`PackedB`]), others that are tiny, have
+//! few columns or few rows over a transposed B on `small` (both AVX2 + FMA,
+//! detected at run time), the rest on the `gemm` crate (AVX-512 where the CPU has it,
 //! K cut in fixed blocks: [`blocked`]); float64 on `matrixmultiply`; on
 //! strided matrices, bounds checked once; [`par_gemm`] splits a large
 //! product into chunks of C's rows or columns that the caller and idle
@@ -14,8 +16,8 @@
 //! Bits: the kernel is chosen once per product ([`kernel`], from its shape
 //! and strides, never from the pool's size), and in every kernel an
 //! element of C is computed by the same operations whichever rows or
-//! columns are computed with it (`small`: one fused multiply-add chain over
-//! k in order per element, whatever its tile; `thin`: see there; the
+//! columns are computed with it (`small` and `panel`: one fused
+//! multiply-add chain over k in order per element, whatever its tile; `thin`: see there; the
 //! crate: K in blocks of [`KC`], and never a chunk small enough for its
 //! dot-product kernels, see [`par_gemm`]); so a product split across the
 //! pool has the same bits as on one thread, whatever the pool's size or

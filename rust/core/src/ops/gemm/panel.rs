@@ -1,12 +1,16 @@
-//! A float32 kernel over B packed once into column panels (AVX-512F, used
-//! when the CPU has it, checked at run time), for FC's products with 9 to
-//! 64 rows of C: a recurrent step's FC and its input gradient multiply
-//! the same weight at every step, so the weight is packed once for the
-//! sequence ([`super::Packed`]) and every step runs this kernel alone,
-//! 1.2-1.4x the `gemm` crate's speed on the step's shapes (BENCHMARKS.md
-//! "Step products on packed weights"). An FC of that shape outside a step
-//! packs its weight at each call, as the crate's path copies it, so the
-//! two get the same bits.
+//! A float32 kernel over B packed into column panels (AVX-512F, used when
+//! the CPU has it, checked at run time), for FC's products with 9 to 64
+//! rows of C over its transposed weight. The path it replaces copied W^T
+//! into a plain layout at each call for the `gemm` crate, whose 6-wide
+//! tiles leave a 2-column remainder at 32 rows; packing costs the same as
+//! that copy and this kernel runs 1.1-1.3x the crate's speed, so FC alone
+//! takes 0.55-0.7x the time (32 x 256 -> 1024 160 -> 93 us on one thread,
+//! BENCHMARKS.md "FC on packed panels; LeNet's first convolution"). A
+//! recurrent step net's FC packs its weight once for all the steps
+//! ([`super::PackedB`]); an FC of that shape outside a step packs it at
+//! each call, so the two get the same bits. (Inside the LSTM the step's
+//! product measured no faster than before: the 1 MiB weight no longer
+//! stays in a core's 1 MiB L2 between steps, whichever kernel reads it.)
 //!
 //! B is packed as strips of 16 columns (`k x 16`, row-major, zero-padded
 //! past n), two strips to a panel; a tile is 8 rows of C by a panel's 32
