@@ -327,32 +327,23 @@ pub(crate) fn product_packed_uninit<T: Float>(
         ptr: c.as_mut_ptr().cast::<T>(),
         len: c.len(),
     };
-    let bp = b.data.as_ptr();
-    if !split || m.saturating_mul(k).saturating_mul(n) < PAR_MACS {
-        let is = |s: (usize, usize)| (s.0 as isize, s.1 as isize);
-        // SAFETY: T is float32 (asserted); A's reach asserted, B packed for
-        // k x n (`PackedB` exists only where `panel` runs), C is m x n
-        // row-major, written whole (beta 0).
-        unsafe {
-            panel::run(
-                m,
-                k,
-                n,
-                1.0,
-                a.as_ptr().cast::<f32>(),
-                is(sa),
-                bp,
-                0.0,
-                c.ptr.cast::<f32>(),
-                (n as isize, 1),
-            )
-        };
-        return;
-    }
-    // SAFETY: as above; `par_gemm_packed` reads B only through `bp` (the
-    // slice passed for B's strides is A, never read as B).
+    // SAFETY: T is float32 (asserted); A's reach asserted, B packed for
+    // k x n (`PackedB` exists only where `panel` runs), C is m x n
+    // row-major, written whole (beta 0).
     unsafe {
-        par_gemm_packed(m, k, n, T::ONE, a, sa, bp, T::ZERO, c, (n, 1));
+        par_gemm_packed(
+            split,
+            m,
+            k,
+            n,
+            T::ONE,
+            a,
+            sa,
+            b.data.as_ptr(),
+            T::ZERO,
+            c,
+            (n, 1),
+        );
     }
 }
 
@@ -747,9 +738,16 @@ static CALLERS: AtomicUsize = AtomicUsize::new(0);
 /// Counts a caller in [`CALLERS`] while it lives.
 struct Caller;
 impl Caller {
-    /// Enters, returning how many callers are in now (this one included).
-    fn enter() -> (Caller, usize) {
-        (Caller, CALLERS.fetch_add(1, Ordering::AcqRel) + 1)
+    /// Enters as the caller of an `m x k x n` product, returning how many
+    /// pool threads may help it now (see [`helpers`]).
+    fn enter(m: usize, k: usize, n: usize) -> (Caller, usize) {
+        let callers = CALLERS.fetch_add(1, Ordering::AcqRel) + 1;
+        let threads = if crate::threads::pool_available() {
+            rayon::current_num_threads()
+        } else {
+            1
+        };
+        (Caller, helpers(m, k, n, threads, callers))
     }
 }
 impl Drop for Caller {
@@ -809,6 +807,14 @@ struct Split<T> {
 unsafe impl<T: Send> Send for Split<T> {}
 unsafe impl<T: Send> Sync for Split<T> {}
 
+/// The B of a split product: in memory with its strides, or already
+/// packed for `panel` ([`PackedB`]).
+#[derive(Clone, Copy)]
+enum BSource<'a, T> {
+    Strided(&'a [T], (usize, usize)),
+    Packed(*const f32),
+}
+
 impl<T: Float> Split<T> {
     /// The split of a product for `workers` threads (see [`plan`]); the
     /// operands were checked by the caller (`par_gemm`), which must keep
@@ -821,21 +827,37 @@ impl<T: Float> Split<T> {
         alpha: T,
         a: &[T],
         sa: (usize, usize),
-        b: &[T],
-        sb: (usize, usize),
+        b: BSource<'_, T>,
         beta: T,
         c: CBuf<T>,
         sc: (usize, usize),
         workers: usize,
     ) -> Self {
-        let kernel = kernel::<T>(m, k, n, sa, sb);
+        let (b, sb, packed) = match b {
+            BSource::Strided(b, sb) => (b.as_ptr(), sb, std::ptr::null()),
+            BSource::Packed(p) => (std::ptr::null(), (0, 0), p),
+        };
+        let kernel = if packed.is_null() {
+            kernel::<T>(m, k, n, sa, sb)
+        } else {
+            Kernel::Panel
+        };
         let (by_rows, unit, chunks) = match kernel {
             // A few rows: chunks of C's columns (of B's rows, for `Dot`),
             // four per thread; each element's bits do not depend on the
             // columns computed with it (see `thin`).
             Kernel::Dot | Kernel::Axpy => (false, 16, (4 * workers).min(n / 16).max(1)),
             // By panels: a chunk packs (or reads) only its own columns.
-            Kernel::Panel => (false, panel::NR, (2 * workers).min(n / panel::NR).max(1)),
+            // Packing its own, two per thread, so a helper that wakes late
+            // still finds work; packed once (a recurrent step's weight,
+            // multiplied at every step), one per thread: the caller claims
+            // the first chunk at once, so each thread tends to multiply the
+            // same columns of B at every step, which then stay in its
+            // core's cache between steps.
+            Kernel::Panel => {
+                let per = if packed.is_null() { 2 } else { 1 };
+                (false, panel::NR, (per * workers).min(n / panel::NR).max(1))
+            }
             _ => plan(m, n, sb, kernel == Kernel::Small, workers),
         };
         let len = if by_rows { m } else { n };
@@ -848,12 +870,12 @@ impl<T: Float> Split<T> {
             beta,
             a: a.as_ptr(),
             sa: is(sa),
-            b: b.as_ptr(),
+            b,
             sb: is(sb),
             c: c.ptr,
             sc: is(sc),
             kernel,
-            packed: std::ptr::null(),
+            packed,
             by_rows,
             len,
             unit,
@@ -1122,13 +1144,7 @@ unsafe fn par_gemm_at<T: Float>(
         // SAFETY: the caller's contract.
         return unsafe { gemm_at(m, k, n, alpha, a, sa, b, sb, beta, c, sc) };
     }
-    let (_caller, callers) = Caller::enter();
-    let threads = if crate::threads::pool_available() {
-        rayon::current_num_threads()
-    } else {
-        1
-    };
-    let helpers = helpers(m, k, n, threads, callers);
+    let (_caller, helpers) = Caller::enter(m, k, n);
     // The chunks write disjoint elements only if C's strides map distinct
     // (row, column) pairs to distinct indices: row- or column-major.
     let distinct = (sc.1 >= 1 && sc.0 >= n * sc.1) || (sc.0 >= 1 && sc.1 >= m * sc.0);
@@ -1146,19 +1162,22 @@ unsafe fn par_gemm_at<T: Float>(
         c.len >= reach(m, n, sc) && a.len() >= reach(m, k, sa) && b.len() >= reach(k, n, sb),
         "gemm: an operand is too short"
     );
-    let split = Split::new(m, k, n, alpha, a, sa, b, sb, beta, c, sc, helpers + 1);
+    let b = BSource::Strided(b, sb);
+    let split = Split::new(m, k, n, alpha, a, sa, b, beta, c, sc, helpers + 1);
     // SAFETY: the caller's contract; the bounds asserted above.
     unsafe { run_split(split, helpers) }
 }
 
 /// [`par_gemm_at`] for float32 with B packed for `panel` at `bp` (see
-/// [`product_packed_uninit`]), C row-major.
+/// [`product_packed_uninit`]), C row-major; split across the pool only if
+/// `split`.
 ///
 /// # Safety
 /// As [`gemm_at`]; `bp` holds B packed for `k x n`; `T` is float32 and
 /// `panel::available()`.
 #[allow(clippy::too_many_arguments)]
 unsafe fn par_gemm_packed<T: Float>(
+    split: bool,
     m: usize,
     k: usize,
     n: usize,
@@ -1170,17 +1189,10 @@ unsafe fn par_gemm_packed<T: Float>(
     c: CBuf<T>,
     sc: (usize, usize),
 ) {
-    let (_caller, callers) = Caller::enter();
-    let threads = if crate::threads::pool_available() {
-        rayon::current_num_threads()
-    } else {
-        1
-    };
-    let helpers = helpers(m, k, n, threads, callers);
     let is = |s: (usize, usize)| (s.0 as isize, s.1 as isize);
-    if helpers == 0 || n < 2 * panel::NR {
+    let whole = || {
         // SAFETY: the caller's contract.
-        return unsafe {
+        unsafe {
             panel::run(
                 m,
                 k,
@@ -1193,19 +1205,17 @@ unsafe fn par_gemm_packed<T: Float>(
                 c.ptr.cast::<f32>(),
                 is(sc),
             )
-        };
+        }
+    };
+    if !split {
+        return whole();
     }
-    // B is read through `packed` only; A stands in for it.
-    let mut split = Split::new(m, k, n, alpha, a, sa, a, (0, 0), beta, c, sc, helpers + 1);
-    split.kernel = Kernel::Panel;
-    split.packed = bp;
-    split.by_rows = false;
-    split.len = n;
-    split.unit = panel::NR;
-    // One chunk per thread: the caller claims the first at once, so at
-    // every step each thread tends to multiply the same half of B, which
-    // then stays in its core's cache between steps.
-    split.chunks = (helpers + 1).min(n / panel::NR).max(1);
+    let (_caller, helpers) = Caller::enter(m, k, n);
+    if helpers == 0 || n < 2 * panel::NR {
+        return whole();
+    }
+    let b = BSource::Packed(bp);
+    let split = Split::new(m, k, n, alpha, a, sa, b, beta, c, sc, helpers + 1);
     // SAFETY: the caller's contract.
     unsafe { run_split(split, helpers) }
 }
@@ -1562,8 +1572,7 @@ mod tests {
                         1.5,
                         &a,
                         (k, 1),
-                        &b,
-                        sb,
+                        BSource::Strided(&b, sb),
                         0.5,
                         CBuf::of(&mut chunked),
                         sc,
@@ -1643,8 +1652,7 @@ mod tests {
                         1.5,
                         &a,
                         (k, 1),
-                        &b,
-                        sb,
+                        BSource::Strided(&b, sb),
                         0.5,
                         CBuf::of(&mut chunked),
                         sc,
@@ -1839,6 +1847,24 @@ mod tests {
             let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&split), bits(&one), "{m}x{k}x{n} split");
             assert_eq!(bits(&from_packed), bits(&one), "{m}x{k}x{n} packed once");
+            // The chunks of splits for two and three threads, packing
+            // their own panels or reading the packed B, all run here
+            // (whether the calls above split depends on the pool).
+            for workers in [2, 3] {
+                for b in [
+                    BSource::Strided(&w, sb),
+                    BSource::Packed(packed.data.as_ptr()),
+                ] {
+                    let mut chunked = vec![f32::NAN; m * n];
+                    let c = CBuf::of(&mut chunked);
+                    let s = Split::new(m, k, n, 1.0, &a, sa, b, 0.0, c, (n, 1), workers);
+                    assert_eq!(s.kernel, Kernel::Panel);
+                    // SAFETY: the operands outlive `s`, run on this thread.
+                    assert!(unsafe { s.work() });
+                    assert_eq!(s.done.load(Ordering::Relaxed), s.chunks);
+                    assert_eq!(bits(&chunked), bits(&one), "{m}x{k}x{n} for {workers}");
+                }
+            }
         }
         // Other shapes and layouts are not packed.
         assert!(
