@@ -627,7 +627,7 @@ pub fn zeroed_vec<T: Element>(shape: &[usize], what: impl std::fmt::Display) -> 
     let n = checked_numel::<T>(shape, &what)?;
     default_buffer(
         n,
-        format!("{what} ({} tensor of shape {shape:?})", T::DTYPE),
+        format_args!("{what} ({} tensor of shape {shape:?})", T::DTYPE),
     )
 }
 
@@ -687,14 +687,24 @@ pub fn alloc_error(bytes: usize, what: impl std::fmt::Display) -> Error {
     )
 }
 
-fn tensor_what<T: Element>(shape: &[usize]) -> String {
-    let name = T::DTYPE.to_string();
-    let article = if name.starts_with(['a', 'e', 'i', 'o', 'u']) {
-        "an"
-    } else {
-        "a"
-    };
-    format!("{article} {name} tensor of shape {shape:?}")
+fn tensor_what<T: Element>(shape: &[usize]) -> TensorWhat<'_, T> {
+    TensorWhat(shape, std::marker::PhantomData)
+}
+
+/// "a float tensor of shape [2, 3]", written only if an error needs it
+/// (allocations name what they were for, and most succeed).
+struct TensorWhat<'a, T>(&'a [usize], std::marker::PhantomData<T>);
+
+impl<T: Element> std::fmt::Display for TensorWhat<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = T::DTYPE.to_string();
+        let article = if name.starts_with(['a', 'e', 'i', 'o', 'u']) {
+            "an"
+        } else {
+            "a"
+        };
+        write!(f, "{article} {name} tensor of shape {:?}", self.0)
+    }
 }
 
 /// An empty `Vec` with room for `n` elements, or an `OutOfMemory` error

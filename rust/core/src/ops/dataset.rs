@@ -718,7 +718,7 @@ fn compute_offset(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             let rows = cols.limits[0] as usize + 1;
             let mut data = try_vec(
                 rows.saturating_mul(nd),
-                format!("a {rows} x {nd} offsets matrix"),
+                format_args!("a {rows} x {nd} offsets matrix"),
             )?;
             let mut offsets = cursor.offsets.lock();
             let mut at = if offsets.is_empty() {
@@ -876,7 +876,7 @@ impl Operator for SortAndShuffleOp {
             } else {
                 self.shuffle_size
             };
-            let mut idx: Vec<i64> = try_vec(size, format!("{size} int64 indices"))?;
+            let mut idx: Vec<i64> = try_vec(size, format_args!("{size} int64 indices"))?;
             idx.extend(0..size as i64);
             if let Some(f) = self.sort_by {
                 if cursor.it.domain[f] != 0 {
@@ -904,7 +904,7 @@ impl Operator for SortAndShuffleOp {
             let mut order: Vec<usize> =
                 crate::tensor::try_collect(0..num_batches, "a kernel buffer")?;
             caffe2_shuffle(&mut order);
-            let mut out = try_vec(size, format!("{size} int64 indices"))?;
+            let mut out = try_vec(size, format_args!("{size} int64 indices"))?;
             for b in order {
                 out.extend_from_slice(&idx[b * bs..(b + 1) * bs]);
             }

@@ -983,7 +983,7 @@ fn batch_matmul_t<T: Float>(l: &mut Locked<'_>, ta: bool, tb: bool, bcast: bool)
     let total = crate::tensor::checked_numel::<T>(&d.out_shape(), format_args!("{op}'s output"))?;
     let nb: usize = d.batch.iter().product();
     let (ad, bd) = (dense(a), dense(b));
-    let mut y = crate::tensor::default_buffer::<T>(total, format!("{op}'s output"))?;
+    let mut y = crate::tensor::default_buffer::<T>(total, format_args!("{op}'s output"))?;
     if m * n > 0 {
         for (i, c) in y.chunks_mut(m * n).enumerate().take(nb) {
             let oa = batch_offset(i, &d.batch, &d.ba) * m * k;
@@ -1031,8 +1031,8 @@ fn batch_matmul_grad_t<T: Float>(
     }
     let nb: usize = d.batch.iter().product();
     let (ad, bd, gd) = (dense(a), dense(b), dense(dy));
-    let mut da = crate::tensor::default_buffer::<T>(a.len(), format!("{op}'s dA"))?;
-    let mut db = crate::tensor::default_buffer::<T>(b.len(), format!("{op}'s dB"))?;
+    let mut da = crate::tensor::default_buffer::<T>(a.len(), format_args!("{op}'s dA"))?;
+    let mut db = crate::tensor::default_buffer::<T>(b.len(), format_args!("{op}'s dB"))?;
     for i in 0..nb {
         let oa = batch_offset(i, &d.batch, &d.ba) * m * k;
         let ob = batch_offset(i, &d.batch, &d.bb) * k * n;

@@ -106,7 +106,7 @@ fn pack_typed<T: Element>(data: &Tensor, lens: &[usize], t: usize, pad: T) -> Re
             &owned
         }
     };
-    let mut out: Vec<T> = try_vec(n, format!("a packed tensor of shape {shape:?}"))?;
+    let mut out: Vec<T> = try_vec(n, format_args!("a packed tensor of shape {shape:?}"))?;
     let mut start = 0;
     for &len in lens {
         let keep = len.min(t);
@@ -231,7 +231,7 @@ fn unpack_typed<T: Element>(packed: &Tensor, lens: &[usize], keep: &[usize]) -> 
     };
     let mut out: Vec<T> = try_vec(
         rows * block,
-        format!("an unpacked tensor of shape {shape:?}"),
+        format_args!("an unpacked tensor of shape {shape:?}"),
     )?;
     for (i, &k) in keep.iter().enumerate() {
         debug_assert!(k <= t && k <= lens[i]);

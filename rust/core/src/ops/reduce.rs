@@ -819,7 +819,7 @@ fn front_back_grad_t<T: Float>(
     let lens = fb_lengths(l, op, lens_at, n_out, full)?;
     let g = dense(dy);
     let mut dx =
-        crate::tensor::try_vec::<T>(rows * cols, format!("the gradient of shape {shape:?}"))?;
+        crate::tensor::try_vec::<T>(rows * cols, format_args!("the gradient of shape {shape:?}"))?;
     dx.extend((0..rows * cols).map(|i| {
         let (o, pos) = fb_place(i, cols, front);
         if pos >= lens[o] {

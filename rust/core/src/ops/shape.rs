@@ -281,7 +281,7 @@ fn range_of<T: Number>(l: &crate::operator::Locked<'_>, n: usize) -> Result<Tens
         ))
         .with_blob(l.input_name(0))
     })?;
-    let mut out = try_vec(count, format!("a range of {count} elements"))?;
+    let mut out = try_vec(count, format_args!("a range of {count} elements"))?;
     out.extend((0..count).map(|i| range_nth(start, step, i)));
     Tensor::from_vec(&[count], out)
 }
@@ -802,7 +802,7 @@ fn where_of<T: Element>(
         (Some(c), Some(x), Some(y)) => (c, x, y),
         _ => return Err(Error::internal("Where: broadcast shape checked before")),
     };
-    let mut out = try_vec(c.len(), format!("{} Where results", c.len()))?;
+    let mut out = try_vec(c.len(), format_args!("{} Where results", c.len()))?;
     // Iterators of views run in logical (row-major) order, broadcast or not.
     out.extend(
         c.iter()
@@ -881,7 +881,7 @@ fn lengths_to_segment_ids(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             }
             total += len as usize;
         }
-        let mut out = try_vec(total, format!("{total} int32 segment ids"))?;
+        let mut out = try_vec(total, format_args!("{total} int32 segment ids"))?;
         for (i, &len) in a.iter().enumerate() {
             if ranges {
                 out.extend(0..len);

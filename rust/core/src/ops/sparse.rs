@@ -413,7 +413,7 @@ fn sparse_to_dense_t<T: Float>(l: &mut Locked<'_>, ni: usize) -> Result<()> {
         ))
         .with_blob(l.input_name(0))
     })?;
-    let mut out = crate::tensor::try_vec::<T>(n, format!("{op}'s output of {first} rows"))?;
+    let mut out = crate::tensor::try_vec::<T>(n, format_args!("{op}'s output of {first} rows"))?;
     out.resize(n, T::of(0.0));
     for (i, &r) in rows.iter().enumerate() {
         for c in 0..inner {

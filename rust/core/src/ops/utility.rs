@@ -616,7 +616,7 @@ fn lengths_to_ranges(_: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
             ))
             .with_blob(name));
         }
-        let mut out = try_vec(2 * a.len(), format!("{} int32 ranges", a.len()))?;
+        let mut out = try_vec(2 * a.len(), format_args!("{} int32 ranges", a.len()))?;
         let mut next = Some(0i32);
         for (i, &len) in a.iter().enumerate() {
             if len < 0 {

@@ -534,6 +534,29 @@ struct BoundLink {
     /// The step net's first use of the internal blob writes it (see
     /// [`overwritten_first`]): its rows are not copied in.
     fresh: bool,
+    /// The external blob, looked up at its first use in a run (cleared by
+    /// [`new_run`]), not at every step.
+    ext: Option<Blob>,
+}
+
+/// Forgets the external blobs `links` found in the last run (a blob the
+/// workspace dropped since must not be written).
+fn new_run(links: &mut [BoundLink]) {
+    for l in links {
+        l.ext = None;
+    }
+}
+
+/// `l`'s external blob (see [`BoundLink::ext`]).
+fn external(ws: &Workspace, l: &mut BoundLink) -> Result<Blob> {
+    match &l.ext {
+        Some(b) => Ok(b.clone()),
+        None => {
+            let b = ws.blob(&l.external)?;
+            l.ext = Some(b.clone());
+            Ok(b)
+        }
+    }
 }
 
 /// Binds `links` in `ws` for step net `def` (which writes `writes`).
@@ -553,6 +576,7 @@ fn bind_links(
             window: l.window,
             written: writes.contains(&l.internal),
             fresh: overwritten_first(def, &l.internal),
+            ext: None,
         })
         .collect()
 }
@@ -590,18 +614,19 @@ fn link_row(l: &BoundLink, t: usize) -> Result<usize> {
 
 /// Before a step: each link's internal blob = its rows of the external
 /// (empty for a fresh link: an op writes it before any reads it).
-fn links_in(ws: &Workspace, links: &[BoundLink], t: usize) -> Result<()> {
+fn links_in(ws: &Workspace, links: &mut [BoundLink], t: usize) -> Result<()> {
     for l in links {
         if l.fresh {
             link_row(l, t)?;
             l.internal.set(BlobValue::Empty);
             continue;
         }
-        let ext = ws.blob(&l.external)?;
+        let row = link_row(l, t)?;
         let rows = {
+            let ext = external(ws, l)?;
             let v = ext.read();
             let e = v.tensor().map_err(|e| e.with_blob(&l.external))?;
-            rows(e, link_row(l, t)?, l.window, "a link").map_err(|e| e.with_blob(&l.external))?
+            rows(e, row, l.window, "a link").map_err(|e| e.with_blob(&l.external))?
         };
         l.internal.set(BlobValue::Tensor(rows));
     }
@@ -610,21 +635,22 @@ fn links_in(ws: &Workspace, links: &[BoundLink], t: usize) -> Result<()> {
 
 /// After a step: the links the step wrote go back into their externals (a
 /// fresh link left empty was not written: its rows stay).
-fn links_out(ws: &Workspace, links: &[BoundLink], t: usize) -> Result<()> {
-    for l in links.iter().filter(|l| l.written) {
+fn links_out(ws: &Workspace, links: &mut [BoundLink], t: usize) -> Result<()> {
+    for l in links.iter_mut().filter(|l| l.written) {
         let v = l.internal.get();
         if l.fresh && v.is_empty() {
             continue;
         }
-        let ext = ws.blob(&l.external)?;
+        let row = link_row(l, t)?;
         let src = v.tensor().map_err(|e| e.with_blob(&l.external))?;
+        let ext = external(ws, l)?;
         let mut w = ext.write();
         let BlobValue::Tensor(dst) = &mut *w else {
             return Err(
                 Error::type_error("a link's external blob holds no tensor").with_blob(&l.external)
             );
         };
-        write_rows(dst, link_row(l, t)?, src, "a link").map_err(|e| e.with_blob(&l.external))?;
+        write_rows(dst, row, src, "a link").map_err(|e| e.with_blob(&l.external))?;
     }
     Ok(())
 }
@@ -779,6 +805,7 @@ impl Operator for ForwardOp {
         let b = self.bound.as_mut().expect("bound");
         let ws = b.scratch.ws.clone();
         let kept = b.scratch.kept.lock().clone();
+        new_run(&mut b.links);
         let mut slots = b.scratch.steps.lock();
         if self.keep && slots.len() < steps {
             slots.resize_with(steps, Vec::new);
@@ -787,12 +814,12 @@ impl Operator for ForwardOp {
         let finished = crate::ops::matmul::with_plain_weights(|| -> Result<bool> {
             for t in 0..steps {
                 cx.cancel.poll_check()?;
-                links_in(&ws, &b.links, t)?;
+                links_in(&ws, &mut b.links, t)?;
                 b.timestep.set(BlobValue::Tensor(timestep_tensor(t)));
                 if !b.net.run(&ws, cx.cancel)? {
                     return Ok(false);
                 }
-                links_out(&ws, &b.links, t)?;
+                links_out(&ws, &mut b.links, t)?;
                 if self.keep {
                     let slot = &mut slots[t];
                     slot.clear();
@@ -1153,6 +1180,8 @@ impl Operator for BackwardOp {
             )));
         }
         let kept = b.scratch.kept.lock().clone();
+        new_run(&mut b.links);
+        let mut gathered_blobs: Vec<Option<[Blob; 3]>> = vec![None; b.gathered.len()];
         for g in &mut b.gathered {
             g.rows.clear();
         }
@@ -1176,13 +1205,19 @@ impl Operator for BackwardOp {
                 }
             }
             b.timestep.set(BlobValue::Tensor(timestep_tensor(t)));
-            links_in(&ws, &b.links, t)?;
+            links_in(&ws, &mut b.links, t)?;
             if !b.net.run(&ws, cx.cancel)? {
                 return Ok(false);
             }
-            links_out(&ws, &b.links, t)?;
-            for g in &mut b.gathered {
-                let [x, w, dy] = g.inputs.each_ref().map(|n| tensor_of(&ws.blob(n)?, n));
+            links_out(&ws, &mut b.links, t)?;
+            for (g, found) in b.gathered.iter_mut().zip(&mut gathered_blobs) {
+                // Looked up at the first step of the run, not at every one.
+                if found.is_none() {
+                    let [x, w, dy] = g.inputs.each_ref().map(|n| ws.blob(n));
+                    *found = Some([x?, w?, dy?]);
+                }
+                let blobs = found.as_ref().expect("set above");
+                let [x, w, dy] = [0, 1, 2].map(|i| tensor_of(&blobs[i], &g.inputs[i]));
                 let names = g.inputs.each_ref().map(String::as_str);
                 g.rows.push(&x?, &w?, &dy?, names, steps)?;
             }
