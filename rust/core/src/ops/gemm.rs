@@ -858,7 +858,7 @@ impl<T: Float> Split<T> {
                 let per = if packed.is_null() { 2 } else { 1 };
                 (false, panel::NR, (per * workers).min(n / panel::NR).max(1))
             }
-            _ => plan(m, n, sb, kernel == Kernel::Small, workers),
+            _ => plan(m, n, sa, sb, kernel == Kernel::Small, workers),
         };
         let len = if by_rows { m } else { n };
         let is = |s: (usize, usize)| (s.0 as isize, s.1 as isize);
@@ -1051,6 +1051,7 @@ const SPIN: usize = 1 << 10;
 fn plan(
     m: usize,
     n: usize,
+    sa: (usize, usize),
     sb: (usize, usize),
     small: bool,
     workers: usize,
@@ -1072,7 +1073,15 @@ fn plan(
         // (the `gemm` crate packs its operands on every call); chunk
         // boundaries on the kernel's tile (small: 6 rows; 16 for both
         // kernels' columns and the crate's rows, its AVX-512 tile).
-        let by_rows = m >= n;
+        // C's rows when it is at least as tall as wide, but on the crate
+        // with A transposed (columns contiguous: the weight gradient
+        // dY^T X of FC), which it reads in place: two threads each
+        // multiplying half of A's rows took as long as one thread doing it
+        // all (1024 x 1600 x 256: 3.6-4.9 ms against 4.7), while halves of
+        // C's columns took 2.3-2.6 ms (BENCHMARKS.md "FC's weight gradient
+        // on two threads").
+        let a_transposed = sa.0 == 1 && sa.1 > 1;
+        let by_rows = m >= n && !(!small && a_transposed && n >= 64 * workers);
         let len = if by_rows { m } else { n };
         let in_place = small && (!by_rows || small::reads_b_in_place(sb));
         let unit = if by_rows && small { 6 } else { 16 };
@@ -1619,14 +1628,16 @@ mod tests {
     fn f32_split_products_equal_one_thread_bitwise() {
         // Fractional values (rounding matters): a split product must give
         // the same bits as the whole product on the calling thread, for
-        // B read in place, B wider than 128 columns, B transposed, and a
-        // column-major C.
+        // B read in place, B wider than 128 columns, B transposed, a
+        // column-major C, and A transposed (FC's weight gradient, split by
+        // C's columns on the crate).
         for &(m, k, n) in &[
             (256, 64, 128),
             (256, 256, 256),
             (300, 70, 200),
             (130, 256, 190),
             (100, 40, 300),
+            (1024, 300, 256),
         ] {
             let a: Vec<f32> = (0..m * k)
                 .map(|i| ((i * 37 % 101) as f32) / 97.0 - 0.5)
@@ -1634,12 +1645,17 @@ mod tests {
             let b: Vec<f32> = (0..k * n)
                 .map(|i| ((i * 53 % 103) as f32) / 89.0 - 0.5)
                 .collect();
-            for (sb, sc) in [((n, 1), (n, 1)), ((1, k), (n, 1)), ((n, 1), (1, m))] {
+            for (sa, sb, sc) in [
+                ((k, 1), (n, 1), (n, 1)),
+                ((k, 1), (1, k), (n, 1)),
+                ((k, 1), (n, 1), (1, m)),
+                ((1, m), (n, 1), (n, 1)),
+            ] {
                 let c0: Vec<f32> = (0..m * n).map(|i| (i % 7) as f32 / 3.0).collect();
                 let mut one = c0.clone();
-                gemm(m, k, n, 1.5, &a, (k, 1), &b, sb, 0.5, &mut one, sc);
+                gemm(m, k, n, 1.5, &a, sa, &b, sb, 0.5, &mut one, sc);
                 let mut split = c0.clone();
-                par_gemm(m, k, n, 1.5, &a, (k, 1), &b, sb, 0.5, &mut split, sc);
+                par_gemm(m, k, n, 1.5, &a, sa, &b, sb, 0.5, &mut split, sc);
                 // The chunks of a split for two and for three threads, all
                 // run here (whether `par_gemm` split depends on the pool and
                 // on the other tests running).
@@ -1651,13 +1667,16 @@ mod tests {
                         n,
                         1.5,
                         &a,
-                        (k, 1),
+                        sa,
                         BSource::Strided(&b, sb),
                         0.5,
                         CBuf::of(&mut chunked),
                         sc,
                         workers,
                     );
+                    if sa == (1, m) && m == 1024 {
+                        assert!(!s.by_rows, "A transposed on the crate: by C's columns");
+                    }
                     // SAFETY: the operands outlive `s`, run on this thread.
                     assert!(unsafe { s.work() });
                     assert_eq!(s.done.load(Ordering::Relaxed), s.chunks);
@@ -1665,7 +1684,7 @@ mod tests {
                         one.iter()
                             .zip(&chunked)
                             .all(|(x, y)| x.to_bits() == y.to_bits()),
-                        "{m}x{k}x{n} sb {sb:?} sc {sc:?} chunked for {workers}"
+                        "{m}x{k}x{n} sa {sa:?} sb {sb:?} sc {sc:?} chunked for {workers}"
                     );
                 }
                 assert!(
@@ -1675,7 +1694,7 @@ mod tests {
                     "{m}x{k}x{n} sb {sb:?} sc {sc:?}"
                 );
                 // And right: against the triple loop in f64, loosely.
-                let at = |i: usize, p: usize| f64::from(a[i * k + p]);
+                let at = |i: usize, p: usize| f64::from(a[i * sa.0 + p * sa.1]);
                 let bt = |p: usize, j: usize| f64::from(b[p * sb.0 + j * sb.1]);
                 for &(i, j) in &[(0, 0), (m - 1, n - 1), (m / 2, n / 3), (7, n - 1)] {
                     let s: f64 = (0..k).map(|p| at(i, p) * bt(p, j)).sum();
@@ -1989,15 +2008,25 @@ mod tests {
     fn split_plans_cut_balanced_chunks() {
         // 256^3 and the MLP's 256x128x64 on two threads, small kernel:
         // column strips, four chunks per thread.
-        assert_eq!(plan(256, 256, (256, 1), true, 2), (false, 16, 8));
-        assert_eq!(plan(256, 128, (128, 1), true, 2), (false, 16, 8));
+        assert_eq!(plan(256, 256, (256, 1), (256, 1), true, 2), (false, 16, 8));
+        assert_eq!(plan(256, 128, (128, 1), (128, 1), true, 2), (false, 16, 8));
         // Too few columns for strips: rows, on the 6-row tile, four per
         // thread if B is read in place, else one.
-        assert_eq!(plan(4000, 10, (10, 1), true, 2), (true, 6, 8));
-        assert_eq!(plan(4000, 10, (1, 4000), true, 2), (true, 6, 2));
+        assert_eq!(plan(4000, 10, (10, 1), (10, 1), true, 2), (true, 6, 8));
+        assert_eq!(plan(4000, 10, (10, 1), (1, 4000), true, 2), (true, 6, 2));
         // The `gemm` crate: one chunk per thread, rows or columns.
-        assert_eq!(plan(512, 512, (512, 1), false, 2), (true, 16, 2));
-        assert_eq!(plan(100, 900, (900, 1), false, 3), (false, 16, 3));
+        assert_eq!(plan(512, 512, (512, 1), (512, 1), false, 2), (true, 16, 2));
+        // ... but columns where A is transposed (FC's dY^T X) and C has
+        // 64 columns a thread.
+        assert_eq!(
+            plan(1024, 256, (1, 1024), (256, 1), false, 2),
+            (false, 16, 2)
+        );
+        assert_eq!(
+            plan(1024, 100, (1, 1024), (100, 1), false, 2),
+            (true, 16, 2)
+        );
+        assert_eq!(plan(100, 900, (900, 1), (900, 1), false, 3), (false, 16, 3));
         // Boundaries: 128/128 rows (not 144/112), on the unit, chunks
         // within two units of each other, none empty, the last at len.
         let cuts = |len, chunks, unit| -> Vec<usize> {
