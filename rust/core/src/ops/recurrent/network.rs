@@ -909,6 +909,9 @@ struct Gathered {
     /// nothing reads, not made.
     to: [Option<usize>; 2],
     rows: FcGradSteps,
+    /// X, W and dY's blobs, looked up at the first step of a run (cleared
+    /// when a run starts, as [`BoundLink::ext`]), not at every step.
+    blobs: Option<[Blob; 3]>,
 }
 
 /// Takes each FCGradient of `step` that makes parameters' step gradients
@@ -968,7 +971,12 @@ fn gather_fc_grads(step: &mut NetDef, params: &[Param], links: &[Link]) -> Resul
                 step.op.remove(i);
             }
         }
-        found.push(Gathered { inputs, to, rows });
+        found.push(Gathered {
+            inputs,
+            to,
+            rows,
+            blobs: None,
+        });
     }
     Ok(found)
 }
@@ -1181,9 +1189,9 @@ impl Operator for BackwardOp {
         }
         let kept = b.scratch.kept.lock().clone();
         new_run(&mut b.links);
-        let mut gathered_blobs: Vec<Option<[Blob; 3]>> = vec![None; b.gathered.len()];
         for g in &mut b.gathered {
             g.rows.clear();
+            g.blobs = None;
         }
         for t in (0..steps).rev() {
             cx.cancel.poll_check()?;
@@ -1210,13 +1218,12 @@ impl Operator for BackwardOp {
                 return Ok(false);
             }
             links_out(&ws, &mut b.links, t)?;
-            for (g, found) in b.gathered.iter_mut().zip(&mut gathered_blobs) {
-                // Looked up at the first step of the run, not at every one.
-                if found.is_none() {
+            for g in &mut b.gathered {
+                if g.blobs.is_none() {
                     let [x, w, dy] = g.inputs.each_ref().map(|n| ws.blob(n));
-                    *found = Some([x?, w?, dy?]);
+                    g.blobs = Some([x?, w?, dy?]);
                 }
-                let blobs = found.as_ref().expect("set above");
+                let blobs = g.blobs.as_ref().expect("set above");
                 let [x, w, dy] = [0, 1, 2].map(|i| tensor_of(&blobs[i], &g.inputs[i]));
                 let names = g.inputs.each_ref().map(String::as_str);
                 g.rows.push(&x?, &w?, &dy?, names, steps)?;
