@@ -1750,6 +1750,18 @@ mod tests {
         assert_eq!(c, vec![1f32; 6]);
     }
 
+    /// FC's operands with fractional values (rounding matters): X (m x k)
+    /// and W (n x k), both row-major.
+    fn fc_operands(m: usize, k: usize, n: usize) -> (Vec<f32>, Vec<f32>) {
+        let a = (0..m * k)
+            .map(|i| ((i * 7 % 23) as f32 - 11.0) * 0.37)
+            .collect();
+        let w = (0..n * k)
+            .map(|i| ((i * 5 % 19) as f32 - 9.0) * 0.21)
+            .collect();
+        (a, w)
+    }
+
     #[test]
     fn a_transposed_b_gives_the_bits_of_its_plain_layout() {
         // `blocked` copies a transposed B under few rows of A into B's
@@ -1762,12 +1774,7 @@ mod tests {
             (100, 300, 61),
             (129, 64, 64),
         ] {
-            let a: Vec<f32> = (0..m * k)
-                .map(|i| ((i * 7 % 23) as f32 - 11.0) * 0.37)
-                .collect();
-            let w: Vec<f32> = (0..n * k)
-                .map(|i| ((i * 5 % 19) as f32 - 9.0) * 0.21)
-                .collect();
+            let (a, w) = fc_operands(m, k, n);
             let mut bt = vec![0f32; k * n];
             for j in 0..n {
                 for p in 0..k {
@@ -1843,12 +1850,7 @@ mod tests {
             let (sa, sb) = ((k, 1), (1, k));
             assert_eq!(kernel::<f32>(m, k, n, sa, sb), Kernel::Panel, "{m}x{k}x{n}");
             check_f32(m, k, n);
-            let a: Vec<f32> = (0..m * k)
-                .map(|i| ((i * 7 % 23) as f32 - 11.0) * 0.37)
-                .collect();
-            let w: Vec<f32> = (0..n * k)
-                .map(|i| ((i * 5 % 19) as f32 - 9.0) * 0.21)
-                .collect();
+            let (a, w) = fc_operands(m, k, n);
             let mut one = vec![f32::NAN; m * n];
             gemm(m, k, n, 1.0, &a, sa, &w, sb, 0.0, &mut one, (n, 1));
             let mut split = vec![f32::NAN; m * n];
