@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 use crate::num::Float;
 use crate::operator::{ArgDoc, InPlace, Locked, OpDefCtx, OpSchema, Operator};
 use crate::tensor::Tensor;
+use std::mem::MaybeUninit;
 
 const LSTM_ARGS: &[ArgDoc] = &[
     arg!(
@@ -226,6 +227,47 @@ fn out<T: Float>(shape: &[usize], v: Vec<T>) -> Result<Tensor> {
     Ok(T::wrap(array(shape, v)?))
 }
 
+/// `len` elements of a cell's output that its rows write in full (live
+/// rows computed, the others copied or zeroed), not cleared first: the
+/// LSTM's gates' gradient was a 128 KiB `calloc` a step, zeroed then
+/// overwritten.
+fn unwritten<T>(len: usize, what: &str) -> Result<Vec<MaybeUninit<T>>> {
+    let mut v = crate::tensor::try_vec(len, what)?;
+    v.resize_with(len, MaybeUninit::uninit);
+    Ok(v)
+}
+
+/// The values of `v`.
+///
+/// # Safety
+/// Every element of `v` was written.
+unsafe fn written<T>(v: Vec<MaybeUninit<T>>) -> Vec<T> {
+    let mut v = std::mem::ManuallyDrop::new(v);
+    // SAFETY: MaybeUninit<T> has T's layout; the caller wrote every
+    // element; the allocation moves from `v` (not dropped) to the result.
+    unsafe { Vec::from_raw_parts(v.as_mut_ptr().cast::<T>(), v.len(), v.capacity()) }
+}
+
+/// `to = from`.
+#[inline(always)]
+fn put<T: Copy>(to: &mut [MaybeUninit<T>], from: &[T]) {
+    for (t, &f) in to.iter_mut().zip(from) {
+        t.write(f);
+    }
+}
+
+/// `to = from` if `copy`, else zeros (a row the step leaves or drops).
+#[inline(always)]
+fn put_or_zero<T: Float>(to: &mut [MaybeUninit<T>], from: &[T], copy: bool) {
+    if copy {
+        put(to, from);
+    } else {
+        for t in to.iter_mut() {
+            t.write(T::ZERO);
+        }
+    }
+}
+
 // ----------------------------------------------------------------- LSTM --
 
 fn build_lstm(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
@@ -245,14 +287,14 @@ fn lstm_t<T: Float>(l: &mut Locked<'_>, c: &Cell) -> Result<()> {
         dense(input::<T>(l, op, 1)?),
         dense(input::<T>(l, op, 2)?),
     );
-    let mut h = crate::tensor::zeroed_vec::<T>(&shape, "LSTMUnit's hidden_t")?;
-    let mut cell = crate::tensor::zeroed_vec::<T>(&shape, "LSTMUnit's cell_t")?;
+    let mut h = unwritten::<T>(n * d, "LSTMUnit's hidden_t")?;
+    let mut cell = unwritten::<T>(n * d, "LSTMUnit's cell_t")?;
     let fb = T::of(c.forget_bias);
     // Rows r0.. of the outputs, on the widest vectors the CPU has (same
     // bits on every path). Not split across the pool: on two threads the
     // cells of `benches/bench_lstm.py` (32 x 256) took 16.5 -> 29.6 us
     // (forward) and 28.4 -> 43.3 (gradient), less work than the hand-off.
-    let rows = |r0: usize, hs: &mut [T], cs: &mut [T]| {
+    let rows = |r0: usize, hs: &mut [MaybeUninit<T>], cs: &mut [MaybeUninit<T>]| {
         crate::vmath::wide(
             #[inline(always)]
             || {
@@ -262,10 +304,8 @@ fn lstm_t<T: Float>(l: &mut Locked<'_>, c: &Cell) -> Result<()> {
                     let (s, g) = (r * d, r * 4 * d);
                     let (hp, cp) = (&h_prev[s..s + d], &c_prev[s..s + d]);
                     if !live[r] {
-                        if !c.drop_states {
-                            hr.copy_from_slice(hp);
-                            cr.copy_from_slice(cp);
-                        }
+                        put_or_zero(hr, hp, !c.drop_states);
+                        put_or_zero(cr, cp, !c.drop_states);
                         continue;
                     }
                     lstm_row(gates4(&x[g..g + 4 * d], d), cp, hr, cr, fb);
@@ -276,6 +316,8 @@ fn lstm_t<T: Float>(l: &mut Locked<'_>, c: &Cell) -> Result<()> {
     if d > 0 {
         rows(0, &mut h, &mut cell);
     }
+    // SAFETY: `rows` wrote every row of both (live or not).
+    let (h, cell) = unsafe { (written(h), written(cell)) };
     let (h, cell) = (out(&shape, h)?, out(&shape, cell)?);
     l.set_output(0, h);
     l.set_output(1, cell);
@@ -307,38 +349,42 @@ fn lstm_grad_t<T: Float>(l: &mut Locked<'_>, c: &Cell) -> Result<()> {
         dense(input::<T>(l, op, cg_i)?),
     );
     let mut dh_prev = crate::tensor::zeroed_vec::<T>(&shape, "hidden_t_prev's gradient")?;
-    let mut dc_prev = crate::tensor::zeroed_vec::<T>(&shape, "cell_t_prev's gradient")?;
-    let mut dx = crate::tensor::zeroed_vec::<T>(&gshape, "the gates' gradient")?;
+    let mut dc_prev = unwritten::<T>(n * d, "cell_t_prev's gradient")?;
+    let mut dx = unwritten::<T>(n * 4 * d, "the gates' gradient")?;
     let fb = T::of(c.forget_bias);
     // Rows r0.. of the three outputs, on the widest vectors.
-    let rows = |r0: usize, dhs: &mut [T], dcs: &mut [T], dxs: &mut [T]| {
-        crate::vmath::wide(
-            #[inline(always)]
-            || {
-                let outs = dhs
-                    .chunks_exact_mut(d)
-                    .zip(dcs.chunks_exact_mut(d))
-                    .zip(dxs.chunks_exact_mut(4 * d));
-                for (j, ((dhp, dcp), dxr)) in outs.enumerate() {
-                    let r = r0 + j;
-                    let (s, g) = (r * d, r * 4 * d);
-                    let (dhr, dcr) = (&dh[s..s + d], &dc[s..s + d]);
-                    if !live[r] {
-                        if !c.drop_states {
-                            dhp.copy_from_slice(dhr);
-                            dcp.copy_from_slice(dcr);
+    let rows =
+        |r0: usize, dhs: &mut [T], dcs: &mut [MaybeUninit<T>], dxs: &mut [MaybeUninit<T>]| {
+            crate::vmath::wide(
+                #[inline(always)]
+                || {
+                    let outs = dhs
+                        .chunks_exact_mut(d)
+                        .zip(dcs.chunks_exact_mut(d))
+                        .zip(dxs.chunks_exact_mut(4 * d));
+                    for (j, ((dhp, dcp), dxr)) in outs.enumerate() {
+                        let r = r0 + j;
+                        let (s, g) = (r * d, r * 4 * d);
+                        let (dhr, dcr) = (&dh[s..s + d], &dc[s..s + d]);
+                        if !live[r] {
+                            if !c.drop_states {
+                                dhp.copy_from_slice(dhr);
+                            }
+                            put_or_zero(dcp, dcr, !c.drop_states);
+                            put_or_zero(dxr, &[], false);
+                            continue;
                         }
-                        continue;
+                        let ins = [&c_prev[s..s + d], &c_t[s..s + d], dhr, dcr];
+                        lstm_grad_row(gates4(&x[g..g + 4 * d], d), ins, dcp, dxr, fb);
                     }
-                    let ins = [&c_prev[s..s + d], &c_t[s..s + d], dhr, dcr];
-                    lstm_grad_row(gates4(&x[g..g + 4 * d], d), ins, dcp, dxr, fb);
-                }
-            },
-        )
-    };
+                },
+            )
+        };
     if d > 0 {
         rows(0, &mut dh_prev, &mut dc_prev, &mut dx);
     }
+    // SAFETY: `rows` wrote every row of both (live or not).
+    let (dc_prev, dx) = unsafe { (written(dc_prev), written(dx)) };
 
     let (a, b, e) = (
         out(&shape, dh_prev)?,
@@ -384,8 +430,8 @@ fn lstm_elem<T: Float>(xi: T, xf: T, xo: T, xg: T, cp: T, fb: T) -> (T, T) {
 fn lstm_row<T: Float>(
     (xi, xf, xo, xg): (&[T], &[T], &[T], &[T]),
     cp: &[T],
-    hr: &mut [T],
-    cr: &mut [T],
+    hr: &mut [MaybeUninit<T>],
+    cr: &mut [MaybeUninit<T>],
     fb: T,
 ) {
     let d = hr.len();
@@ -402,12 +448,14 @@ fn lstm_row<T: Float>(
         for j in 0..LANES {
             (cs[j], hs[j]) = lstm_elem(i[j], f[j], o[j], g[j], c[j], fb);
         }
-        cr[k..k + LANES].copy_from_slice(&cs);
-        hr[k..k + LANES].copy_from_slice(&hs);
+        put(&mut cr[k..k + LANES], &cs);
+        put(&mut hr[k..k + LANES], &hs);
         k += LANES;
     }
     for k in k..d {
-        (cr[k], hr[k]) = lstm_elem(xi[k], xf[k], xo[k], xg[k], cp[k], fb);
+        let (c, h) = lstm_elem(xi[k], xf[k], xo[k], xg[k], cp[k], fb);
+        cr[k].write(c);
+        hr[k].write(h);
     }
 }
 
@@ -442,8 +490,8 @@ fn lstm_grad_elem<T: Float>(x: [T; 4], cp: T, ct: T, dh: T, dc: T, fb: T) -> (T,
 fn lstm_grad_row<T: Float>(
     (xi, xf, xo, xg): (&[T], &[T], &[T], &[T]),
     [cp, ct, dh, dc]: [&[T]; 4],
-    dcp: &mut [T],
-    dx: &mut [T],
+    dcp: &mut [MaybeUninit<T>],
+    dx: &mut [MaybeUninit<T>],
     fb: T,
 ) {
     let d = dcp.len();
@@ -467,17 +515,17 @@ fn lstm_grad_row<T: Float>(
                 dg[q][j] = v;
             }
         }
-        dcp[k..k + LANES].copy_from_slice(&dc_out);
+        put(&mut dcp[k..k + LANES], &dc_out);
         for (q, v) in dg.iter().enumerate() {
-            dx[q * d + k..q * d + k + LANES].copy_from_slice(v);
+            put(&mut dx[q * d + k..q * d + k + LANES], v);
         }
         k += LANES;
     }
     for k in k..d {
         let (a, b) = lstm_grad_elem([xi[k], xf[k], xo[k], xg[k]], cp[k], ct[k], dh[k], dc[k], fb);
-        dcp[k] = a;
+        dcp[k].write(a);
         for (q, v) in b.into_iter().enumerate() {
-            dx[q * d + k] = v;
+            dx[q * d + k].write(v);
         }
     }
 }
