@@ -1865,34 +1865,30 @@ mod tests {
                         ct[j * m + i] = c0[i * n + j];
                     }
                 }
-                unsafe {
+                // C (m x n) = A B, or its transpose B^T A^T (n x m).
+                let product = |rows: usize,
+                               cols: usize,
+                               a: &[f32],
+                               sa,
+                               b: &[f32],
+                               sb,
+                               c: &mut [f32]| unsafe {
                     blocked(
-                        m,
+                        rows,
                         k,
-                        n,
+                        cols,
                         1f32,
-                        at.as_ptr(),
-                        (1, m as isize),
+                        a.as_ptr(),
+                        sa,
                         b.as_ptr(),
-                        (n as isize, 1),
+                        sb,
                         beta,
                         c.as_mut_ptr(),
-                        (n as isize, 1),
-                    );
-                    blocked(
-                        n,
-                        k,
-                        m,
-                        1f32,
-                        b.as_ptr(),
-                        (1, n as isize),
-                        at.as_ptr(),
-                        (m as isize, 1),
-                        beta,
-                        ct.as_mut_ptr(),
-                        (m as isize, 1),
-                    );
-                }
+                        (cols as isize, 1),
+                    )
+                };
+                product(m, n, &at, (1, m as isize), &b, (n as isize, 1), &mut c);
+                product(n, m, &b, (1, n as isize), &at, (m as isize, 1), &mut ct);
                 for i in 0..m {
                     for j in 0..n {
                         let e: f64 = f64::from(beta) * f64::from(c0[i * n + j])
