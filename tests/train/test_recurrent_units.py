@@ -6,6 +6,8 @@ the makers add, the ZeroGradient that supplies an output gradient no loss
 gives, and typed errors. The generic checker (test_op_gradients.py) also
 runs both ops."""
 
+import time
+
 import numpy as np
 import pytest
 from ferrocaffe import core, errors, workspace
@@ -286,3 +288,41 @@ def test_large_lstm_cells_match_the_numpy_cell(fresh, dtype, drop_states):
     np.testing.assert_allclose(workspace.FetchBlob("dhp"), want_dh, rtol=tol, atol=tol)
     np.testing.assert_allclose(workspace.FetchBlob("dcp"), want_dc, rtol=tol, atol=tol)
     np.testing.assert_allclose(workspace.FetchBlob("dg"), want_dg, rtol=tol, atol=tol)
+
+
+# The rows of a large cell run in blocks shared with pool threads that are
+# idle, spinning after a split matrix product (threads::fork): right after
+# a large MatMul the blocks are shared, after a pause (the pool asleep) they
+# run on one thread. Both give the same bits.
+@pytest.mark.parametrize("drop_states", [False, True])
+def test_cells_shared_with_idle_pool_threads_give_the_same_bits(fresh, drop_states):
+    n, d, t = 64, 256, 3
+    h, c, g = _draw(n, d, 4, np.float32, seed=21)
+    rng = np.random.default_rng(22)
+    dh, dc = (rng.uniform(-1, 1, (1, n, d)).astype(np.float32) for _ in range(2))
+    a = rng.uniform(-1, 1, (512, 512)).astype(np.float32)
+    _feed(h=h, c=c, g=g, s=np.arange(n, dtype=np.int32) % 5, t=np.array([t], np.int32),
+          dh=dh, dc=dc, a=a)
+    kw = {"drop_states": drop_states, "forget_bias": 0.25}
+    ops = [core.CreateOperator("LSTMUnit", ["h", "c", "g", "s", "t"], ["ht", "ct"], **kw),
+           core.CreateOperator("LSTMUnitGradient",
+                               ["h", "c", "g", "s", "t", "ht", "ct", "dh", "dc"],
+                               ["dhp", "dcp", "dg"], **kw)]
+    matmul = core.CreateOperator("MatMul", ["a", "a"], ["aa"])
+    names = ["ht", "ct", "dhp", "dcp", "dg"]
+    runs = []
+    for after_product in [False, True, False, True]:
+        if after_product:
+            workspace.RunOperatorOnce(matmul)
+        else:
+            time.sleep(0.05)
+        for op in ops:
+            workspace.RunOperatorOnce(op)
+        runs.append([workspace.FetchBlob(b).copy() for b in names])
+    want_h, want_c = lstm_step(h.astype(np.float64), c.astype(np.float64),
+                               g.astype(np.float64), t, np.arange(n) % 5, 0.25, drop_states)
+    np.testing.assert_allclose(runs[0][0], want_h, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(runs[0][1], want_c, rtol=1e-6, atol=1e-6)
+    for r in runs[1:]:
+        for name, x, y in zip(names, runs[0], r):
+            assert x.tobytes() == y.tobytes(), name

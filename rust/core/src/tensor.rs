@@ -887,13 +887,55 @@ pub fn fold_axis_array<T: Element>(
 /// contiguous source is copied into a buffer advised to use huge pages
 /// before it is written, so tensors copied in from outside (fed arrays,
 /// loaded checkpoints) stream as fast as the numpy arrays they came from.
+/// `dst = src` (of one length). Plain values (numbers, bool: no drop glue,
+/// `ZEROED_IS_DEFAULT`) are copied as bytes, a long copy shared with idle
+/// pool threads (`threads::copy_bytes`); strings are cloned.
+pub fn copy_values<T: Element>(dst: &mut [T], src: &[T]) {
+    assert_eq!(dst.len(), src.len(), "copy_values: lengths differ");
+    if T::ZEROED_IS_DEFAULT && !std::mem::needs_drop::<T>() {
+        // SAFETY: both slices are live for `size_of_val(src)` bytes and do
+        // not overlap (one is borrowed mutably); a plain value's bytes are
+        // a valid copy of it.
+        unsafe {
+            crate::threads::copy_bytes(
+                dst.as_mut_ptr().cast(),
+                src.as_ptr().cast(),
+                std::mem::size_of_val(src),
+            )
+        }
+    } else {
+        dst.clone_from_slice(src);
+    }
+}
+
+/// Appends `src` to `v`, whose spare capacity holds it (else a plain
+/// `extend_from_slice`), as [`copy_values`] copies.
+pub fn extend_values<T: Element>(v: &mut Vec<T>, src: &[T]) {
+    let plain = T::ZEROED_IS_DEFAULT && !std::mem::needs_drop::<T>();
+    if !plain || v.capacity() - v.len() < src.len() {
+        v.extend_from_slice(src);
+        return;
+    }
+    let at = v.len();
+    // SAFETY: the spare capacity holds `src.len()` elements, written as
+    // bytes of plain values (see `copy_values`) before the length grows.
+    unsafe {
+        crate::threads::copy_bytes(
+            v.as_mut_ptr().add(at).cast(),
+            src.as_ptr().cast(),
+            std::mem::size_of_val(src),
+        );
+        v.set_len(at + src.len());
+    }
+}
+
 pub fn copy_array<T: Element>(a: ndarray::ArrayViewD<'_, T>) -> Result<ArrayD<T>> {
     let n = a.len();
     let bytes = n.saturating_mul(std::mem::size_of::<T>());
     let mut v: Vec<T> = try_vec(n, tensor_what::<T>(a.shape()))?;
     advise_huge_pages(v.as_ptr().cast(), bytes);
     match a.as_slice() {
-        Some(src) => v.extend_from_slice(src),
+        Some(src) => extend_values(&mut v, src),
         None => v.extend(a.iter().cloned()),
     }
     ArrayD::from_shape_vec(a.raw_dim(), v).map_err(|e| Error::internal(format!("copying: {e}")))

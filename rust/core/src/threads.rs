@@ -6,7 +6,8 @@
 //! fixes the size before any kernel runs.
 
 use crate::error::{Error, ErrorKind, Result};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::Arc;
 
 /// Starts a named thread; the OS may refuse (a process or user thread
 /// limit, no memory for its stack).
@@ -123,9 +124,356 @@ pub fn num_threads() -> usize {
     }
 }
 
+// --------------------------------------------------------- shared work --
+
+/// Work cut into pieces that the calling thread and pool threads claim one
+/// at a time (a split matrix product, a [`fork`]).
+pub(crate) trait Pieces: Send + Sync {
+    /// Claims and runs pieces until none is left; whether it ran any.
+    fn run(&self) -> bool;
+    /// Whether every piece is done.
+    fn finished(&self) -> bool;
+}
+
+/// The newest work offered to lingering pool threads, and a counter of
+/// offers they watch without taking the lock.
+static PENDING: parking_lot::Mutex<Option<Arc<dyn Pieces>>> = parking_lot::Mutex::new(None);
+static PUBLISHED: AtomicUsize = AtomicUsize::new(0);
+/// Pool threads lingering now.
+static LINGERING: AtomicUsize = AtomicUsize::new(0);
+/// How long a pool thread that has run a piece waits, spinning, for the
+/// next work offered (or other work queued on the pool) before it goes
+/// back to the pool (and may sleep): a training step's products follow each
+/// other within microseconds, a net's convolutions within the time of the
+/// memory-bound ops between them (0.1-1 ms at batch 1), and waking a
+/// sleeping thread costs tens to hundreds of microseconds on a VM. 60 us
+/// here left ResNet-50 at batch 1 on two threads with a sum of per-op
+/// medians of 51-57 ms, 1 ms gave 41-43 (BENCHMARKS.md "Keeping the pool
+/// warm"); OpenMP runtimes spin far longer by default.
+const LINGER: std::time::Duration = std::time::Duration::from_micros(1000);
+
+/// Spins for up to [`LINGER`] after a piece, running the pieces of any
+/// work offered meanwhile, and other jobs queued on the pool (lingering
+/// again after them).
+fn linger() {
+    if !spinning_pays() {
+        return;
+    }
+    LINGERING.fetch_add(1, Ordering::AcqRel);
+    let mut seen = PUBLISHED.load(Ordering::Acquire);
+    let start = std::time::Instant::now();
+    let mut until = start + LINGER;
+    // Never more than this in all: then the thread goes back to the
+    // pool's own scheduling (and sleeps when the pool is idle).
+    let cap = start + 20 * LINGER;
+    let mut polls = 0u32;
+    loop {
+        let now = PUBLISHED.load(Ordering::Acquire);
+        if now != seen {
+            seen = now;
+            let offered = PENDING.lock().clone();
+            if let Some(p) = offered {
+                if p.run() {
+                    until = (std::time::Instant::now() + LINGER).min(cap);
+                }
+            }
+        }
+        std::hint::spin_loop();
+        polls += 1;
+        if polls.is_multiple_of(64) {
+            // Other kernels' work queued on the pool meanwhile (a
+            // memory-bound op's chunks, a convolution's blocks) is run here
+            // rather than left for a thread to wake.
+            if let Some(rayon::Yield::Executed) = rayon::yield_now() {
+                until = (std::time::Instant::now() + LINGER).min(cap);
+            }
+            if std::time::Instant::now() >= until {
+                break;
+            }
+        }
+    }
+    LINGERING.fetch_sub(1, Ordering::AcqRel);
+}
+
+/// How long (spin-loop iterations) a caller that has run out of pieces
+/// spins for its helpers' last ones before it sleeps: at most some tens of
+/// microseconds (a `pause` takes 10-140 cycles), about one piece's time.
+const SPIN: usize = 1 << 10;
+
+/// Runs `work` (of `pieces` pieces) on the caller and up to `helpers` pool
+/// threads, returning when every piece is done. Pool threads lingering
+/// after earlier work take it at once; the helpers still wanted are woken
+/// through the pool (`rayon::spawn`), and the caller claims pieces at once,
+/// so a helper that wakes late only takes fewer of them.
+///
+/// # Safety
+/// What the pieces read and write stays alive and in bounds until this
+/// returns; a piece may run on any thread.
+pub(crate) unsafe fn share(work: Arc<dyn Pieces>, pieces: usize, helpers: usize) {
+    let wanted = helpers.min(pieces.saturating_sub(1));
+    let lingering = LINGERING.load(Ordering::Acquire).min(wanted);
+    if lingering > 0 {
+        *PENDING.lock() = Some(work.clone());
+        PUBLISHED.fetch_add(1, Ordering::Release);
+    }
+    for _ in lingering..wanted {
+        let w = work.clone();
+        rayon::spawn(move || {
+            if w.run() {
+                drop(w);
+                linger();
+            }
+        });
+    }
+    work.run();
+    let mut spins = if spinning_pays() { SPIN } else { 0 };
+    if lingering > 0 {
+        let mut slot = PENDING.lock();
+        if slot
+            .as_ref()
+            .is_some_and(|p| std::ptr::addr_eq(Arc::as_ptr(p), Arc::as_ptr(&work)))
+        {
+            *slot = None;
+        }
+    }
+    while !work.finished() {
+        if spins > 0 {
+            spins -= 1;
+            std::hint::spin_loop();
+        } else {
+            // The last piece's thread unparks us; the timeout only guards
+            // against a wake-up consumed elsewhere.
+            std::thread::park_timeout(std::time::Duration::from_millis(1));
+        }
+    }
+}
+
+/// Pool threads lingering now (idle, spinning for work: see [`share`]).
+pub(crate) fn lingering() -> usize {
+    LINGERING.load(Ordering::Acquire)
+}
+
+/// The pieces of a [`fork`]: a borrowed function called with each index.
+struct Fork {
+    /// The function, its lifetime erased: it is called only for a piece
+    /// claimed before every piece is done, so before [`fork`] returns.
+    f: *const (dyn Fn(usize) + Sync + 'static),
+    pieces: usize,
+    next: AtomicUsize,
+    done: AtomicUsize,
+    /// The caller, woken when the last piece is done.
+    caller: std::thread::Thread,
+    /// A piece's panic, raised again on the caller.
+    panic: parking_lot::Mutex<Option<Box<dyn std::any::Any + Send>>>,
+}
+// SAFETY: `f` is `Sync` and called only while `fork` waits (see `f`); the
+// rest is atomics, a thread handle and a mutex.
+unsafe impl Send for Fork {}
+unsafe impl Sync for Fork {}
+
+impl Pieces for Fork {
+    fn run(&self) -> bool {
+        let mut ran = false;
+        loop {
+            let i = self.next.fetch_add(1, Ordering::Relaxed);
+            if i >= self.pieces {
+                return ran;
+            }
+            ran = true;
+            // SAFETY: piece i was unclaimed, so `fork` is still waiting
+            // and its function alive.
+            let f = unsafe { &*self.f };
+            if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(i))) {
+                *self.panic.lock() = Some(p);
+            }
+            if self.done.fetch_add(1, Ordering::AcqRel) + 1 == self.pieces {
+                self.caller.unpark();
+            }
+        }
+    }
+
+    fn finished(&self) -> bool {
+        self.done.load(Ordering::Acquire) >= self.pieces
+    }
+}
+
+/// Calls `f(0) .. f(pieces - 1)`, on this thread and on pool threads that
+/// are lingering now (spinning after a split product, see [`share`]);
+/// none is woken, so a memory-bound op or an LSTM cell of some tens of
+/// microseconds shares its work only when that costs a cache line's
+/// hand-off, and runs alone (in order) otherwise. A panic in a piece is
+/// raised here once every piece has run.
+pub(crate) fn fork(pieces: usize, f: &(dyn Fn(usize) + Sync)) {
+    let helpers = lingering().min(pieces.saturating_sub(1));
+    if helpers == 0 {
+        // As shared: every piece runs, then the first panic is raised.
+        let mut panic = None;
+        for i in 0..pieces {
+            if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(i))) {
+                panic.get_or_insert(p);
+            }
+        }
+        if let Some(p) = panic {
+            std::panic::resume_unwind(p);
+        }
+        return;
+    }
+    let f: *const (dyn Fn(usize) + Sync + '_) = f;
+    // SAFETY: only the lifetime changes; see `Fork::f`.
+    let f: *const (dyn Fn(usize) + Sync + 'static) = unsafe { std::mem::transmute(f) };
+    let work = Arc::new(Fork {
+        f,
+        pieces,
+        next: AtomicUsize::new(0),
+        done: AtomicUsize::new(0),
+        caller: std::thread::current(),
+        panic: parking_lot::Mutex::new(None),
+    });
+    // SAFETY: `share` returns when every piece is done; `f` borrows what
+    // the pieces touch for longer than that.
+    unsafe { share(work.clone(), pieces, helpers) };
+    let panic = work.panic.lock().take();
+    if let Some(p) = panic {
+        std::panic::resume_unwind(p);
+    }
+}
+
+/// Calls `f` on each of `parts` (disjoint pieces of the work: row blocks
+/// of outputs, say), sharing them with lingering pool threads (see
+/// [`fork`]).
+pub(crate) fn fork_each<P: Send>(parts: Vec<P>, f: impl Fn(P) + Sync) {
+    if parts.len() < 2 || lingering() == 0 {
+        parts.into_iter().for_each(f);
+        return;
+    }
+    let slots: Vec<parking_lot::Mutex<Option<P>>> = parts
+        .into_iter()
+        .map(|p| parking_lot::Mutex::new(Some(p)))
+        .collect();
+    fork(slots.len(), &|i| {
+        if let Some(p) = slots[i].lock().take() {
+            f(p);
+        }
+    });
+}
+
+/// Copies of at least this many bytes are shared with lingering pool
+/// threads ([`copy_bytes`]), in pieces of about [`COPY_PIECE`] bytes.
+const COPY_MIN: usize = 64 << 10;
+const COPY_PIECE: usize = 32 << 10;
+
+/// Copies `len` bytes from `src` to `dst`, in pieces shared with pool
+/// threads lingering now (see [`fork`]) when it is long: a recurrent step's
+/// rows copied into and out of its sequences (128 KiB at a time in
+/// `benches/bench_lstm.py`), large arrays copied on write.
+///
+/// # Safety
+/// As `std::ptr::copy_nonoverlapping`: `src` readable and `dst` writable
+/// for `len` bytes, not overlapping.
+pub(crate) unsafe fn copy_bytes(dst: *mut u8, src: *const u8, len: usize) {
+    if len < COPY_MIN || lingering() == 0 {
+        // SAFETY: the caller's contract.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+        return;
+    }
+    let pieces = len.div_ceil(COPY_PIECE).min(8);
+    // Pieces start on cache lines.
+    let per = len.div_ceil(pieces).next_multiple_of(64);
+    struct Ends(*mut u8, *const u8);
+    // SAFETY: each piece writes its own bytes of `dst`; `fork` returns
+    // when all are done, within the caller's contract.
+    unsafe impl Sync for Ends {}
+    let ends = Ends(dst, src);
+    fork(pieces, &|i| {
+        let ends = &ends;
+        let (lo, hi) = (i * per, ((i + 1) * per).min(len));
+        if lo < hi {
+            // SAFETY: lo..hi lies within the caller's `len` bytes.
+            unsafe { std::ptr::copy_nonoverlapping(ends.1.add(lo), ends.0.add(lo), hi - lo) };
+        }
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Leaves pool threads lingering (a split product just ran), so the
+    /// forks below are shared when the pool has more than one thread.
+    fn warm() {
+        let (m, k, n) = (256, 256, 256);
+        let a = vec![1.0f32; m * k];
+        let b = vec![1.0f32; k * n];
+        let mut c = vec![0.0f32; m * n];
+        crate::ops::gemm::par_gemm(m, k, n, 1.0, &a, (k, 1), &b, (n, 1), 0.0, &mut c, (n, 1));
+    }
+
+    #[test]
+    fn fork_runs_every_piece_once() {
+        for pieces in [0, 1, 2, 3, 8, 33] {
+            warm();
+            let hits: Vec<AtomicUsize> = (0..pieces).map(|_| AtomicUsize::new(0)).collect();
+            fork(pieces, &|i| {
+                hits[i].fetch_add(1, Ordering::Relaxed);
+            });
+            assert!(
+                hits.iter().all(|h| h.load(Ordering::Relaxed) == 1),
+                "{pieces}"
+            );
+        }
+    }
+
+    #[test]
+    fn fork_each_hands_every_part_over_once() {
+        warm();
+        let mut out = vec![0u32; 1000];
+        let parts: Vec<(usize, &mut [u32])> = out.chunks_mut(70).enumerate().collect();
+        fork_each(parts, |(i, block)| {
+            for (j, v) in block.iter_mut().enumerate() {
+                *v += (i * 70 + j) as u32 + 1;
+            }
+        });
+        assert!(out.iter().enumerate().all(|(j, &v)| v == j as u32 + 1));
+    }
+
+    #[test]
+    fn a_panicking_piece_is_raised_on_the_caller_after_the_others() {
+        warm();
+        let done = AtomicUsize::new(0);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            fork(6, &|i| {
+                if i == 2 {
+                    panic!("piece two");
+                }
+                done.fetch_add(1, Ordering::Relaxed);
+            })
+        }));
+        let msg = r.expect_err("the panic is raised");
+        assert_eq!(msg.downcast_ref::<&str>(), Some(&"piece two"));
+        assert_eq!(done.load(Ordering::Relaxed), 5);
+    }
+
+    #[test]
+    fn copy_bytes_copies_across_piece_boundaries() {
+        for len in [
+            0,
+            5,
+            COPY_MIN - 1,
+            COPY_MIN,
+            COPY_MIN + 63,
+            300_007,
+            (1 << 20) + 7,
+        ] {
+            let src: Vec<u8> = (0..len).map(|i| (i * 7 + i / 251) as u8).collect();
+            let mut dst = vec![0xAAu8; len + 2];
+            warm();
+            // SAFETY: both hold `len` bytes from the offsets used.
+            unsafe { copy_bytes(dst.as_mut_ptr().add(1), src.as_ptr(), len) };
+            assert_eq!(dst[0], 0xAA);
+            assert_eq!(dst[len + 1], 0xAA);
+            assert!(dst[1..=len] == src[..], "{len}");
+        }
+    }
 
     #[test]
     fn zero_threads_is_an_error() {

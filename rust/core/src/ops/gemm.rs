@@ -1047,84 +1047,17 @@ impl<T: Float> Split<T> {
     }
 }
 
-/// A split product's chunks as lingering pool threads run them.
-trait Chunks: Send + Sync {
-    /// Claims and runs chunks until none is left; whether it ran any.
-    fn run(&self) -> bool;
-}
-impl<T: Float> Chunks for Split<T> {
+impl<T: Float> crate::threads::Pieces for Split<T> {
     fn run(&self) -> bool {
-        // SAFETY: `par_gemm` returns only when every chunk is done, and a
+        // SAFETY: `run_split` returns only when every chunk is done, and a
         // thread that comes later claims none (see `Split`).
         unsafe { self.work() }
     }
-}
 
-/// The newest split product offered to lingering pool threads, and a
-/// counter of offers they watch without taking the lock.
-static PENDING: parking_lot::Mutex<Option<std::sync::Arc<dyn Chunks>>> =
-    parking_lot::Mutex::new(None);
-static PUBLISHED: AtomicUsize = AtomicUsize::new(0);
-/// Pool threads lingering now.
-static LINGERING: AtomicUsize = AtomicUsize::new(0);
-/// How long a pool thread that has run a chunk waits, spinning, for the
-/// next split product (or other work queued on the pool) before it goes
-/// back to the pool (and may sleep): a training step's products follow each
-/// other within microseconds, a net's convolutions within the time of the
-/// memory-bound ops between them (0.1-1 ms at batch 1), and waking a
-/// sleeping thread costs tens to hundreds of microseconds on a VM. 60 us
-/// here left ResNet-50 at batch 1 on two threads with a sum of per-op
-/// medians of 51-57 ms, 1 ms gave 41-43 (BENCHMARKS.md "Keeping the pool
-/// warm"); OpenMP runtimes spin far longer by default.
-const LINGER: std::time::Duration = std::time::Duration::from_micros(1000);
-
-/// Spins for up to [`LINGER`] after a chunk, running the chunks of any
-/// product offered meanwhile, and other jobs queued on the pool (lingering
-/// again after them).
-fn linger() {
-    if !crate::threads::spinning_pays() {
-        return;
+    fn finished(&self) -> bool {
+        self.done.load(Ordering::Acquire) >= self.chunks
     }
-    LINGERING.fetch_add(1, Ordering::AcqRel);
-    let mut seen = PUBLISHED.load(Ordering::Acquire);
-    let start = std::time::Instant::now();
-    let mut until = start + LINGER;
-    // Never more than this in all: then the thread goes back to the
-    // pool's own scheduling (and sleeps when the pool is idle).
-    let cap = start + 20 * LINGER;
-    let mut polls = 0u32;
-    loop {
-        let now = PUBLISHED.load(Ordering::Acquire);
-        if now != seen {
-            seen = now;
-            let offered = PENDING.lock().clone();
-            if let Some(p) = offered {
-                if p.run() {
-                    until = (std::time::Instant::now() + LINGER).min(cap);
-                }
-            }
-        }
-        std::hint::spin_loop();
-        polls += 1;
-        if polls % 64 == 0 {
-            // Other kernels' work queued on the pool meanwhile (a
-            // memory-bound op's chunks, a convolution's blocks) is run here
-            // rather than left for a thread to wake.
-            if let Some(rayon::Yield::Executed) = rayon::yield_now() {
-                until = (std::time::Instant::now() + LINGER).min(cap);
-            }
-            if std::time::Instant::now() >= until {
-                break;
-            }
-        }
-    }
-    LINGERING.fetch_sub(1, Ordering::AcqRel);
 }
-
-/// How long (spin-loop iterations) a caller that has run out of chunks
-/// spins for its helpers' last ones before it sleeps: at most some tens of
-/// microseconds (a `pause` takes 10-140 cycles), about one chunk's time.
-const SPIN: usize = 1 << 10;
 
 /// How a split `m x n` product (B's strides `sb`, on the small kernel if
 /// `small`) is cut for `workers` threads (the caller and its helpers):
@@ -1312,58 +1245,14 @@ unsafe fn par_gemm_packed<T: Float>(
 }
 
 /// Runs a split product's chunks on the caller and up to `helpers` pool
-/// threads, returning when every chunk is done.
+/// threads (see `threads::share`), returning when every chunk is done.
 ///
 /// # Safety
 /// The split's buffers are alive and in bounds for every chunk.
 unsafe fn run_split<T: Float>(split: Split<T>, helpers: usize) {
-    let split = std::sync::Arc::new(split);
     let chunks = split.chunks;
-    // Pool threads that have just finished a chunk of an earlier product
-    // linger briefly (see `linger`) and take this one's chunks at once;
-    // only the helpers not lingering are woken through the pool.
-    let wanted = helpers.min(chunks - 1);
-    let lingering = LINGERING.load(Ordering::Acquire).min(wanted);
-    if lingering > 0 {
-        *PENDING.lock() = Some(split.clone());
-        PUBLISHED.fetch_add(1, Ordering::Release);
-    }
-    for _ in lingering..wanted {
-        let s = split.clone();
-        // SAFETY: see `Split`: this function returns only when every chunk
-        // is done.
-        rayon::spawn(move || {
-            if unsafe { s.work() } {
-                drop(s);
-                linger();
-            }
-        });
-    }
-    // SAFETY: the buffers outlive this call, which waits for every chunk.
-    unsafe { split.work() };
-    let mut spins = if crate::threads::spinning_pays() {
-        SPIN
-    } else {
-        0
-    };
-    if lingering > 0 {
-        let mut slot = PENDING.lock();
-        if slot.as_ref().is_some_and(|p| {
-            std::ptr::addr_eq(std::sync::Arc::as_ptr(p), std::sync::Arc::as_ptr(&split))
-        }) {
-            *slot = None;
-        }
-    }
-    while split.done.load(Ordering::Acquire) < chunks {
-        if spins > 0 {
-            spins -= 1;
-            std::hint::spin_loop();
-        } else {
-            // The last chunk's helper unparks us; the timeout only guards
-            // against a wake-up consumed elsewhere.
-            std::thread::park_timeout(std::time::Duration::from_millis(1));
-        }
-    }
+    // SAFETY: the caller's contract.
+    unsafe { crate::threads::share(std::sync::Arc::new(split), chunks, helpers) }
 }
 
 /// C (`m x n`, row-major with row stride `n`) = A (`m x k`, strides `sa`)

@@ -728,7 +728,7 @@ impl FcGradSteps {
                 )
             })?;
             match src.as_slice() {
-                Some(s) => dst.extend_from_slice(s),
+                Some(s) => crate::tensor::extend_values(dst, s),
                 None => dst.extend(src.iter().copied()),
             }
         }

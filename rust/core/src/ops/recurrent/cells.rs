@@ -268,6 +268,22 @@ fn put_or_zero<T: Float>(to: &mut [MaybeUninit<T>], from: &[T], copy: bool) {
     }
 }
 
+/// Rows per block of a cell of `n` rows of `d` state elements: blocks run
+/// on this thread and on pool threads idle at the time (`threads::fork`,
+/// which wakes none). Four blocks at most, so a helper that comes late
+/// still finds one; none below [`FORK_MIN`] elements, where a block is
+/// shorter than its hand-off.
+fn rows_per_piece(n: usize, d: usize) -> usize {
+    if n * d < FORK_MIN {
+        n.max(1)
+    } else {
+        n.div_ceil(n.min(4))
+    }
+}
+
+/// The fewest state elements (rows x d) of a cell whose rows are shared.
+const FORK_MIN: usize = 4096;
+
 // ----------------------------------------------------------------- LSTM --
 
 fn build_lstm(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
@@ -291,9 +307,7 @@ fn lstm_t<T: Float>(l: &mut Locked<'_>, c: &Cell) -> Result<()> {
     let mut cell = unwritten::<T>(n * d, "LSTMUnit's cell_t")?;
     let fb = T::of(c.forget_bias);
     // Rows r0.. of the outputs, on the widest vectors the CPU has (same
-    // bits on every path). Not split across the pool: on two threads the
-    // cells of `benches/bench_lstm.py` (32 x 256) took 16.5 -> 29.6 us
-    // (forward) and 28.4 -> 43.3 (gradient), less work than the hand-off.
+    // bits on every path), in blocks shared with idle pool threads.
     let rows = |r0: usize, hs: &mut [MaybeUninit<T>], cs: &mut [MaybeUninit<T>]| {
         crate::vmath::wide(
             #[inline(always)]
@@ -314,7 +328,13 @@ fn lstm_t<T: Float>(l: &mut Locked<'_>, c: &Cell) -> Result<()> {
         )
     };
     if d > 0 {
-        rows(0, &mut h, &mut cell);
+        let per = rows_per_piece(n, d);
+        let parts = h.chunks_mut(per * d).zip(cell.chunks_mut(per * d));
+        let parts = parts
+            .enumerate()
+            .map(|(i, (a, b))| (i * per, a, b))
+            .collect();
+        crate::threads::fork_each(parts, |(r0, hs, cs)| rows(r0, hs, cs));
     }
     // SAFETY: `rows` wrote every row of both (live or not).
     let (h, cell) = unsafe { (written(h), written(cell)) };
@@ -381,7 +401,11 @@ fn lstm_grad_t<T: Float>(l: &mut Locked<'_>, c: &Cell) -> Result<()> {
             )
         };
     if d > 0 {
-        rows(0, &mut dh_prev, &mut dc_prev, &mut dx);
+        let per = rows_per_piece(n, d);
+        let parts = dh_prev.chunks_mut(per * d).zip(dc_prev.chunks_mut(per * d));
+        let parts = parts.zip(dx.chunks_mut(per * 4 * d)).enumerate();
+        let parts = parts.map(|(i, ((a, b), e))| (i * per, a, b, e)).collect();
+        crate::threads::fork_each(parts, |(r0, a, b, e)| rows(r0, a, b, e));
     }
     // SAFETY: `rows` wrote every row of both (live or not).
     let (dc_prev, dx) = unsafe { (written(dc_prev), written(dx)) };

@@ -159,7 +159,7 @@ fn write_rows_t<T: Element>(
     let mut rows = d.slice_axis_mut(Axis(0), Slice::from(start..start + n));
     // Row-major rows of a row-major tensor are one span: a plain copy.
     match (rows.as_slice_mut(), s.as_slice()) {
-        (Some(to), Some(from)) => to.clone_from_slice(from),
+        (Some(to), Some(from)) => crate::tensor::copy_values(to, from),
         _ => rows.assign(s),
     }
     Ok(())
