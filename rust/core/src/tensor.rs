@@ -883,16 +883,18 @@ pub fn fold_axis_array<T: Element>(
     Ok(out)
 }
 
-/// An owned copy of `a` (row-major), or an `OutOfMemory` error. A large
-/// contiguous source is copied into a buffer advised to use huge pages
-/// before it is written, so tensors copied in from outside (fed arrays,
-/// loaded checkpoints) stream as fast as the numpy arrays they came from.
-/// `dst = src` (of one length). Plain values (numbers, bool: no drop glue,
-/// `ZEROED_IS_DEFAULT`) are copied as bytes, a long copy shared with idle
-/// pool threads (`threads::copy_bytes`); strings are cloned.
+/// Whether `T`'s values are plain bytes (numbers, bool: no drop glue,
+/// `ZEROED_IS_DEFAULT`), so copying the bytes copies the values.
+fn plain<T: Element>() -> bool {
+    T::ZEROED_IS_DEFAULT && !std::mem::needs_drop::<T>()
+}
+
+/// `dst = src` (of one length). Plain values (numbers, bool) are copied
+/// as bytes, a long copy shared with idle pool threads
+/// (`threads::copy_bytes`); strings are cloned.
 pub fn copy_values<T: Element>(dst: &mut [T], src: &[T]) {
     assert_eq!(dst.len(), src.len(), "copy_values: lengths differ");
-    if T::ZEROED_IS_DEFAULT && !std::mem::needs_drop::<T>() {
+    if plain::<T>() {
         // SAFETY: both slices are live for `size_of_val(src)` bytes and do
         // not overlap (one is borrowed mutably); a plain value's bytes are
         // a valid copy of it.
@@ -911,8 +913,7 @@ pub fn copy_values<T: Element>(dst: &mut [T], src: &[T]) {
 /// Appends `src` to `v`, whose spare capacity holds it (else a plain
 /// `extend_from_slice`), as [`copy_values`] copies.
 pub fn extend_values<T: Element>(v: &mut Vec<T>, src: &[T]) {
-    let plain = T::ZEROED_IS_DEFAULT && !std::mem::needs_drop::<T>();
-    if !plain || v.capacity() - v.len() < src.len() {
+    if !plain::<T>() || v.capacity() - v.len() < src.len() {
         v.extend_from_slice(src);
         return;
     }
@@ -929,6 +930,10 @@ pub fn extend_values<T: Element>(v: &mut Vec<T>, src: &[T]) {
     }
 }
 
+/// An owned copy of `a` (row-major), or an `OutOfMemory` error. A large
+/// contiguous source is copied into a buffer advised to use huge pages
+/// before it is written, so tensors copied in from outside (fed arrays,
+/// loaded checkpoints) stream as fast as the numpy arrays they came from.
 pub fn copy_array<T: Element>(a: ndarray::ArrayViewD<'_, T>) -> Result<ArrayD<T>> {
     let n = a.len();
     let bytes = n.saturating_mul(std::mem::size_of::<T>());
