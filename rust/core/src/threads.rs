@@ -263,7 +263,7 @@ struct Fork {
     done: AtomicUsize,
     /// The caller, woken when the last piece is done.
     caller: std::thread::Thread,
-    /// A piece's panic, raised again on the caller.
+    /// The first piece's panic, raised again on the caller.
     panic: parking_lot::Mutex<Option<Box<dyn std::any::Any + Send>>>,
 }
 // SAFETY: `f` is `Sync` and called only while `fork` waits (see `f`); the
@@ -284,7 +284,7 @@ impl Pieces for Fork {
             // and its function alive.
             let f = unsafe { &*self.f };
             if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(i))) {
-                *self.panic.lock() = Some(p);
+                self.panic.lock().get_or_insert(p);
             }
             if self.done.fetch_add(1, Ordering::AcqRel) + 1 == self.pieces {
                 self.caller.unpark();
@@ -305,34 +305,29 @@ impl Pieces for Fork {
 /// raised here once every piece has run.
 pub(crate) fn fork(pieces: usize, f: &(dyn Fn(usize) + Sync)) {
     let helpers = lingering().min(pieces.saturating_sub(1));
-    if helpers == 0 {
-        // As shared: every piece runs, then the first panic is raised.
-        let mut panic = None;
-        for i in 0..pieces {
-            if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(i))) {
-                panic.get_or_insert(p);
-            }
-        }
-        if let Some(p) = panic {
-            std::panic::resume_unwind(p);
-        }
-        return;
-    }
     let f: *const (dyn Fn(usize) + Sync + '_) = f;
     // SAFETY: only the lifetime changes; see `Fork::f`.
     let f: *const (dyn Fn(usize) + Sync + 'static) = unsafe { std::mem::transmute(f) };
-    let work = Arc::new(Fork {
+    let work = Fork {
         f,
         pieces,
         next: AtomicUsize::new(0),
         done: AtomicUsize::new(0),
         caller: std::thread::current(),
         panic: parking_lot::Mutex::new(None),
-    });
-    // SAFETY: `share` returns when every piece is done; `f` borrows what
-    // the pieces touch for longer than that.
-    unsafe { share(work.clone(), pieces, helpers) };
-    let panic = work.panic.lock().take();
+    };
+    let panic = if helpers == 0 {
+        // Alone, in order; a panic is raised after the rest, as shared.
+        work.run();
+        work.panic.into_inner()
+    } else {
+        let work = Arc::new(work);
+        // SAFETY: `share` returns when every piece is done; `f` borrows
+        // what the pieces touch for longer than that.
+        unsafe { share(work.clone(), pieces, helpers) };
+        let p = work.panic.lock().take();
+        p
+    };
     if let Some(p) = panic {
         std::panic::resume_unwind(p);
     }
