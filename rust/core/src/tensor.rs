@@ -744,14 +744,39 @@ pub unsafe fn written_vec<T>(
     Ok(v)
 }
 
+/// Buffers of zeros of at least this many bytes are cleared by the kernel
+/// pool's threads together ([`default_buffer`]), in chunks of
+/// [`PAR_ZERO_CHUNK`] bytes: a buffer the allocator hands back after a
+/// free (its cache, or glibc's) is cleared by a pass of its own, which on
+/// the calling thread alone made a convolution's or a recurrent gradient's
+/// zeroed output a serial stretch of a two-thread op (BENCHMARKS.md
+/// "Zeroed buffers and Conv's bias on the pool").
+const PAR_ZERO_BYTES: usize = 2 << 20;
+const PAR_ZERO_CHUNK: usize = 256 << 10;
+
 /// A tensor buffer of `n` default values (0, false, ""), or an
 /// `OutOfMemory` error for `what`. Numeric buffers come zeroed from the
 /// allocator (`calloc`, which maps fresh, untouched pages for large sizes,
-/// as `vec![0; n]` does); large ones are advised to use huge pages before
-/// anything writes them.
+/// as `vec![0; n]` does), or from [`PAR_ZERO_BYTES`] on, when the kernel
+/// pool has more than one thread, cleared by its threads; large ones are
+/// advised to use huge pages before anything writes them.
 pub fn default_buffer<T: Element>(n: usize, what: impl std::fmt::Display) -> Result<Vec<T>> {
     let size = std::mem::size_of::<T>();
-    let v = if T::ZEROED_IS_DEFAULT && n > 0 && size > 0 {
+    let bytes = n.saturating_mul(size);
+    let v = if T::ZEROED_IS_DEFAULT && bytes >= PAR_ZERO_BYTES && crate::threads::num_threads() > 1
+    {
+        use rayon::prelude::*;
+        let mut v = try_vec::<T>(n, what)?;
+        advise_huge_pages(v.as_ptr().cast(), bytes);
+        v.spare_capacity_mut()[..n]
+            .par_chunks_mut((PAR_ZERO_CHUNK / size).max(1))
+            // SAFETY: writes zero bytes over the chunk's own elements.
+            .for_each(|c| unsafe { std::ptr::write_bytes(c.as_mut_ptr(), 0, c.len()) });
+        // SAFETY: the first n elements were all set to zero bytes just
+        // above, a valid T (ZEROED_IS_DEFAULT).
+        unsafe { v.set_len(n) };
+        return Ok(v);
+    } else if T::ZEROED_IS_DEFAULT && n > 0 && size > 0 {
         let layout = std::alloc::Layout::array::<T>(n)
             .map_err(|_| alloc_error(n.saturating_mul(size), &what))?;
         // SAFETY: the layout has a non-zero size (n > 0, size > 0).

@@ -524,18 +524,45 @@ fn fc_param_grads<T: Float>(x: &[T], dy: &[T], d: &FcDims, tr: bool) -> Result<(
     } else {
         matmul(true, false, d.n, d.m, d.k, dy, x)?
     };
-    let mut db = crate::tensor::default_buffer::<T>(d.n, "FC's bias gradient")?;
-    crate::vmath::wide(
-        #[inline(always)]
-        || {
-            for row in dy.chunks(d.n.max(1)) {
-                for (s, &v) in db.iter_mut().zip(row) {
-                    *s += v;
+    Ok((dw, column_sums(dy, d.n)?))
+}
+
+/// dY's elements per block of columns when its column sums are split
+/// (at most 4 blocks, each at least 64 columns wide).
+const COLUMN_SUMS_SPLIT: usize = 1 << 16;
+
+/// The column sums of `dy` (rows of `n`; FC's bias gradient), in blocks of
+/// columns shared with pool threads lingering after the weight gradient's
+/// product (see [`crate::threads::fork_each`]) when dY is large. Each
+/// column is summed in row order whatever the split, so the bits do not
+/// depend on it.
+fn column_sums<T: Float>(dy: &[T], n: usize) -> Result<Vec<T>> {
+    let mut db = crate::tensor::default_buffer::<T>(n, "FC's bias gradient")?;
+    if n == 0 {
+        return Ok(db);
+    }
+    let blocks = (dy.len() / COLUMN_SUMS_SPLIT)
+        .clamp(1, 4)
+        .min(n.div_ceil(64));
+    let width = n.div_ceil(blocks).next_multiple_of(16);
+    let parts: Vec<(usize, &mut [T])> = db
+        .chunks_mut(width)
+        .enumerate()
+        .map(|(i, c)| (i * width, c))
+        .collect();
+    crate::threads::fork_each(parts, |(j0, sums)| {
+        crate::vmath::wide(
+            #[inline(always)]
+            || {
+                for row in dy.chunks_exact(n) {
+                    for (s, &v) in sums.iter_mut().zip(&row[j0..]) {
+                        *s += v;
+                    }
                 }
-            }
-        },
-    );
-    Ok((dw, db))
+            },
+        )
+    });
+    Ok(db)
 }
 
 fn fc_grad_args(ctx: &OpDefCtx<'_>) -> Result<(i64, i64)> {

@@ -10,7 +10,7 @@
 
 #![allow(clippy::result_large_err)]
 
-use super::kit::{array, dense, float_kernel, input, parse_order, Order};
+use super::kit::{array, dense, float_kernel, input, lane_sum, parse_order, Order};
 use crate::arg;
 use crate::error::{Error, Result};
 use crate::num::Float;
@@ -212,25 +212,6 @@ fn channel_affine<T: Float>(
             }
         }
     }
-}
-
-/// The sum of `f(v)` over `v`, in 8 interleaved partial sums (which the
-/// compiler keeps in vector registers) added up at the end.
-#[inline]
-fn lane_sum<T: Float>(v: &[T], f: impl Fn(T) -> T) -> T {
-    let zero = T::of(0.0);
-    let mut acc = [zero; 8];
-    let mut it = v.chunks_exact(8);
-    for ch in &mut it {
-        for (a, &x) in acc.iter_mut().zip(ch) {
-            *a += f(x);
-        }
-    }
-    let mut tail = zero;
-    for &x in it.remainder() {
-        tail += f(x);
-    }
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
 }
 
 /// Per channel of an NCHW `x` (planes of `hw`): the sum of `x - shift[c]`,

@@ -14,7 +14,7 @@
 #![allow(clippy::result_large_err)]
 
 use super::kit::kernel;
-use super::kit::{abs, array, by_float, dense, float_kernel, input, sign};
+use super::kit::{abs, array, by_float, dense, float_kernel, input, lane_sum, sign};
 use crate::arg;
 use crate::error::{Error, Result};
 use crate::num::{Float, Number};
@@ -879,7 +879,11 @@ fn kept_index(idx: &[usize], red: &[bool]) -> Vec<usize> {
 
 fn sum_elements_t<T: Float>(l: &mut Locked<'_>, average: bool) -> Result<()> {
     let x = input::<T>(l, "SumElements", 0)?;
-    let s: T = x.iter().copied().sum();
+    let v = dense(x);
+    let s: T = crate::vmath::wide(
+        #[inline(always)]
+        || lane_sum(&v, |x| x),
+    );
     let out = if average && !x.is_empty() {
         s / T::of(x.len() as f64)
     } else {

@@ -46,15 +46,20 @@ impl Plan {
     pub(crate) fn col_len(&self) -> usize {
         self.cout * self.g.out_len()
     }
-    /// The window matrix of one image (none when the matrix is the image).
-    pub(crate) fn scratch<T: Float>(&self) -> Result<Vec<T>> {
-        if self.g.identity() {
-            return Ok(Vec::new());
-        }
-        let n = crate::tensor::size_mul(self.rows(), self.g.out_len(), || {
+    /// Elements of the window matrix of one image.
+    fn col_len_full(&self) -> Result<usize> {
+        crate::tensor::size_mul(self.rows(), self.g.out_len(), || {
             "the window matrix of a convolution".to_string()
-        })?;
-        crate::tensor::default_buffer(n, "the window matrix of a convolution")
+        })
+    }
+    /// Elements of the window matrix of the widest of [`Plan::line_blocks`].
+    fn col_len_lines(&self) -> usize {
+        let widest = self
+            .line_blocks()
+            .map(|(l0, l1)| l1 - l0)
+            .max()
+            .unwrap_or(0);
+        self.rows() * widest * self.g.outs[2]
     }
     /// Blocks of output lines (pairs of the first two output dims) whose
     /// window matrix has about `COL_BLOCK` elements (at least `MIN_COLS`
@@ -107,7 +112,7 @@ impl Plan {
         img: &[T],
         w: &[T],
         out: &mut [T],
-        col: &mut [T],
+        col: &mut Vec<T>,
     ) -> Result<()> {
         let (cg, mg, rows, p, pin) = (
             self.cg(),
@@ -169,6 +174,7 @@ impl Plan {
                             continue;
                         }
                     }
+                    let col = col_of(col, self.col_len_lines())?;
                     for (l0, l1) in self.line_blocks() {
                         let nc = (l1 - l0) * self.g.outs[2];
                         im2col_nchw_lines(&self.g, src, cg, l0, l1, col);
@@ -235,6 +241,7 @@ impl Plan {
                     let (a, sa): (&[T], _) = if self.g.identity() {
                         (&img[g * cg..], (self.cin, 1))
                     } else {
+                        let col = col_of(col, self.col_len_full()?)?;
                         im2col_nhwc(&self.g, img, self.cin, g * cg, cg, col);
                         (col, (rows, 1))
                     };
@@ -263,7 +270,7 @@ impl Plan {
         cs: &[T],
         w: &[T],
         img: &mut [T],
-        col: &mut [T],
+        col: &mut Vec<T>,
     ) -> Result<()> {
         let (cg, mg, rows, p, pin) = (
             self.cg(),
@@ -317,6 +324,7 @@ impl Plan {
                             (self.cin, 1),
                         );
                     } else {
+                        let col = col_of(col, self.col_len_full()?)?;
                         product(
                             self.par,
                             p,
@@ -468,7 +476,7 @@ impl Plan {
         csg: &[T],
         wg: &[T],
         dst: &mut [T],
-        col: &mut [T],
+        col: &mut Vec<T>,
     ) -> Result<()> {
         let (cg, mg, rows, p, pin) = (
             self.cg(),
@@ -520,7 +528,12 @@ impl Plan {
                     },
                 )
         } else {
-            run(0, cg, &mut dst[..cg * pin], col);
+            run(
+                0,
+                cg,
+                &mut dst[..cg * pin],
+                col_of(col, self.col_len_lines())?,
+            );
             Ok(())
         }
     }
@@ -531,7 +544,7 @@ impl Plan {
         img: &[T],
         cs: &[T],
         dw: &mut [T],
-        col: &mut [T],
+        col: &mut Vec<T>,
     ) -> Result<()> {
         let (cg, mg, rows, p, pin) = (
             self.cg(),
@@ -567,6 +580,7 @@ impl Plan {
                         self.wgrad_nchw_split(src, csg, dwg, per)?;
                         continue;
                     }
+                    let col = col_of(col, self.col_len_lines())?;
                     for (l0, l1) in self.line_blocks() {
                         let nc = (l1 - l0) * self.g.outs[2];
                         im2col_nchw_lines(&self.g, src, cg, l0, l1, col);
@@ -590,6 +604,7 @@ impl Plan {
                     let (b, sb): (&[T], _) = if self.g.identity() {
                         (&img[g * cg..], (self.cin, 1))
                     } else {
+                        let col = col_of(col, self.col_len_full()?)?;
                         im2col_nhwc(&self.g, img, self.cin, g * cg, cg, col);
                         (col, (rows, 1))
                     };
@@ -630,6 +645,17 @@ pub(crate) const MIN_COLS: usize = 256;
 /// (multiply-adds) pays for the hand-off.
 pub(crate) const PAR_MACS: usize = 1 << 20;
 
+/// The first `len` elements of the window-matrix scratch `col`, which is
+/// made (zeroed) when a path first needs it, at the size that path uses: a
+/// line block's for NCHW, the whole image's for NHWC, none for a 1x1
+/// convolution or an image split by the pool (which has its own blocks).
+fn col_of<T: Float>(col: &mut Vec<T>, len: usize) -> Result<&mut [T]> {
+    if col.len() < len {
+        *col = crate::tensor::default_buffer(len, "the window matrix of a convolution")?;
+    }
+    Ok(&mut col[..len])
+}
+
 pub(crate) fn parallel(n: usize, macs_per_image: usize) -> bool {
     n > 1
         && macs_per_image.saturating_mul(n) >= PAR_MACS
@@ -637,7 +663,8 @@ pub(crate) fn parallel(n: usize, macs_per_image: usize) -> bool {
         && rayon::current_num_threads() > 1
 }
 
-/// `f(i, src_i, dst_i, scratch)` for each image i.
+/// `f(src_i, dst_i, scratch)` for each image i (the scratch for
+/// [`col_of`]: one per pool task, made when first needed).
 pub(crate) fn per_image<T: Float>(
     plan: &Plan,
     n: usize,
@@ -645,21 +672,19 @@ pub(crate) fn per_image<T: Float>(
     src_len: usize,
     dst: &mut [T],
     dst_len: usize,
-    f: impl Fn(&[T], &mut [T], &mut [T]) -> Result<()> + Sync + Send,
+    f: impl Fn(&[T], &mut [T], &mut Vec<T>) -> Result<()> + Sync + Send,
 ) -> Result<()> {
     if dst_len == 0 {
         return Ok(());
     }
     if parallel(n, plan.macs()) {
-        dst.par_chunks_mut(dst_len).enumerate().try_for_each_init(
-            || plan.scratch::<T>(),
-            |col, (i, d)| match col {
-                Ok(col) => f(&src[i * src_len..(i + 1) * src_len], d, col),
-                Err(e) => Err(e.clone()),
-            },
-        )
+        dst.par_chunks_mut(dst_len)
+            .enumerate()
+            .try_for_each_init(Vec::new, |col, (i, d)| {
+                f(&src[i * src_len..(i + 1) * src_len], d, col)
+            })
     } else {
-        let mut col = plan.scratch::<T>()?;
+        let mut col = Vec::new();
         for (i, d) in dst.chunks_mut(dst_len).enumerate() {
             f(&src[i * src_len..(i + 1) * src_len], d, &mut col)?;
         }
@@ -817,7 +842,7 @@ pub(crate) fn weight_grad<T: Float>(
         (0..n)
             .into_par_iter()
             .fold(
-                || -> Result<(Vec<T>, Vec<T>)> { Ok((acc()?, plan.scratch::<T>()?)) },
+                || -> Result<(Vec<T>, Vec<T>)> { Ok((acc()?, Vec::new())) },
                 |state, i| {
                     let (mut acc, mut col) = state?;
                     one(i, &mut acc, &mut col)?;
@@ -834,7 +859,7 @@ pub(crate) fn weight_grad<T: Float>(
             .unwrap_or_else(acc)
     } else {
         let mut acc = acc()?;
-        let mut col = plan.scratch::<T>()?;
+        let mut col = Vec::new();
         for i in 0..n {
             one(i, &mut acc, &mut col)?;
         }
@@ -843,31 +868,56 @@ pub(crate) fn weight_grad<T: Float>(
 }
 
 /// Adds `b[c]` to every pixel of channel c (images of `ch` channels and
-/// `sp` pixels).
+/// `sp` pixels), on the kernel pool for large outputs (in blocks of whole
+/// planes or pixels; each element gets its one addition either way).
 pub(crate) fn add_bias<T: Float>(y: &mut [T], b: &[T], ch: usize, sp: usize, order: Order) {
-    let img = ch * sp;
-    if img == 0 {
+    if ch == 0 || sp == 0 {
         return;
     }
-    for im in y.chunks_mut(img) {
-        match order {
-            Order::Nchw => {
-                for (plane, &bc) in im.chunks_mut(sp.max(1)).zip(b) {
-                    for v in plane {
-                        *v += bc;
+    // Runs of elements that share one bias value: a plane (NCHW) or a
+    // pixel's channels (NHWC, all of b).
+    let run = match order {
+        Order::Nchw => sp,
+        Order::Nhwc => ch,
+    };
+    // Adds the bias to `block`, whose first run is run `first` of y.
+    let add = |first: usize, block: &mut [T]| {
+        crate::vmath::wide(
+            #[inline(always)]
+            || {
+                for (i, r) in block.chunks_mut(run).enumerate() {
+                    match order {
+                        Order::Nchw => {
+                            let bc = b[(first + i) % ch];
+                            for v in r {
+                                *v += bc;
+                            }
+                        }
+                        Order::Nhwc => {
+                            for (v, &bc) in r.iter_mut().zip(b) {
+                                *v += bc;
+                            }
+                        }
                     }
                 }
-            }
-            Order::Nhwc => {
-                for px in im.chunks_mut(ch) {
-                    for (v, &bc) in px.iter_mut().zip(b) {
-                        *v += bc;
-                    }
-                }
-            }
-        }
+            },
+        )
+    };
+    if y.len() >= BIAS_PAR_MIN && crate::threads::num_threads() > 1 {
+        use rayon::prelude::*;
+        let runs = BIAS_TASK.div_ceil(run);
+        y.par_chunks_mut(runs * run)
+            .enumerate()
+            .for_each(|(j, block)| add(j * runs, block));
+    } else {
+        add(0, y);
     }
 }
+
+/// Outputs of at least this many elements get their bias on the kernel
+/// pool, in tasks of about [`BIAS_TASK`] elements (whole runs).
+const BIAS_PAR_MIN: usize = 1 << 18;
+const BIAS_TASK: usize = 1 << 15;
 
 /// The per-channel sums of images of `ch` channels and `sp` pixels.
 pub(crate) fn channel_sums<T: Float>(

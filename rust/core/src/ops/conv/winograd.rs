@@ -313,14 +313,21 @@ impl Wino {
             unsafe { self.transform_out(m, t0, nt, tb, yp) };
         };
         if threads > 1 && blocks > 1 {
-            (0..blocks)
+            // One task per thread, each with its scratch, claiming blocks
+            // until none is left (rayon's `*_init` made a scratch, up to 2 MiB
+            // cleared, for every piece its splitting cut).
+            let next = std::sync::atomic::AtomicUsize::new(0);
+            (0..threads.min(blocks))
                 .into_par_iter()
-                .try_for_each_init(scratch, |s, b| match s {
-                    Ok(s) => {
-                        one(s, b);
-                        Ok(())
+                .try_for_each(|_| -> Result<()> {
+                    let mut s = scratch()?;
+                    loop {
+                        let b = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if b >= blocks {
+                            return Ok(());
+                        }
+                        one(&mut s, b);
                     }
-                    Err(e) => Err(e.clone()),
                 })
         } else {
             let mut s = scratch()?;
