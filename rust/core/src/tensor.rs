@@ -910,7 +910,7 @@ pub fn fold_axis_array<T: Element>(
 
 /// Whether `T`'s values are plain bytes (numbers, bool: no drop glue,
 /// `ZEROED_IS_DEFAULT`), so copying the bytes copies the values.
-fn plain<T: Element>() -> bool {
+pub(crate) fn plain<T: Element>() -> bool {
     T::ZEROED_IS_DEFAULT && !std::mem::needs_drop::<T>()
 }
 

@@ -389,6 +389,56 @@ pub(crate) unsafe fn copy_bytes(dst: *mut u8, src: *const u8, len: usize) {
     });
 }
 
+/// One byte copy of [`copy_spans`]: `len` bytes from `src` to `dst`.
+#[derive(Clone, Copy)]
+pub(crate) struct Span {
+    pub(crate) dst: *mut u8,
+    pub(crate) src: *const u8,
+    pub(crate) len: usize,
+}
+// SAFETY: a span only describes a copy; `copy_spans`'s caller vouches for
+// the memory it names for the length of the call.
+unsafe impl Send for Span {}
+unsafe impl Sync for Span {}
+
+/// Spans of at least this many bytes in all are copied on the kernel pool
+/// ([`copy_spans`]), in pieces of at most [`SPAN_PIECE`] bytes.
+const SPANS_PAR: usize = 1 << 20;
+const SPAN_PIECE: usize = 256 << 10;
+
+/// Copies each of `spans` (the pieces of an output gathered from several
+/// inputs: a Concat's rows), on the kernel pool's threads (woken: the
+/// copies are long enough to pay for it) when they hold at least
+/// [`SPANS_PAR`] bytes in all, else here.
+///
+/// # Safety
+/// Each span's `src` readable and `dst` writable for its `len` bytes; no
+/// destination overlaps another span's destination or any source.
+pub(crate) unsafe fn copy_spans(spans: &[Span]) {
+    let total: usize = spans.iter().map(|s| s.len).sum();
+    let copy = |s: &Span| {
+        // SAFETY: the caller's contract.
+        unsafe { std::ptr::copy_nonoverlapping(s.src, s.dst, s.len) }
+    };
+    if total < SPANS_PAR || num_threads() < 2 {
+        spans.iter().for_each(copy);
+        return;
+    }
+    use rayon::prelude::*;
+    let pieces: Vec<Span> = spans
+        .iter()
+        .flat_map(|s| {
+            (0..s.len).step_by(SPAN_PIECE).map(move |lo| Span {
+                // SAFETY: lo < s.len, within the span.
+                dst: unsafe { s.dst.add(lo) },
+                src: unsafe { s.src.add(lo) },
+                len: SPAN_PIECE.min(s.len - lo),
+            })
+        })
+        .collect();
+    pieces.par_iter().for_each(copy);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

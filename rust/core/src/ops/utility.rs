@@ -766,6 +766,9 @@ fn concat_typed<T: Element>(
     axis: usize,
     add_axis: bool,
 ) -> Result<Tensor> {
+    if let Some(t) = concat_plain::<T>(inputs, axis, add_axis)? {
+        return Ok(t);
+    }
     let views = inputs
         .iter()
         .map(|(name, t)| {
@@ -778,6 +781,62 @@ fn concat_typed<T: Element>(
         })
         .collect::<Result<Vec<ArrayViewD<'_, T>>>>()?;
     Ok(T::wrap(concatenate(axis, &views)?))
+}
+
+/// [`concat_typed`] for row-major inputs of a plain dtype (numbers,
+/// bool), checked by [`join`]: the output is made of each input's rows
+/// (its elements from the axis on) in turn, copied as bytes, on the kernel
+/// pool when they are long ([`crate::threads::copy_spans`]: DenseNet-121
+/// joins feature maps of up to 4 MiB at every layer). `None`: another
+/// dtype or layout, for the general path.
+fn concat_plain<T: Element>(
+    inputs: &[(&str, &Tensor)],
+    axis: usize,
+    add_axis: bool,
+) -> Result<Option<Tensor>> {
+    if !crate::tensor::plain::<T>() {
+        return Ok(None);
+    }
+    let mut slices = Vec::with_capacity(inputs.len());
+    for (name, t) in inputs {
+        match t.array::<T>().map_err(|e| e.with_blob(name))?.as_slice() {
+            Some(s) => slices.push(s),
+            None => return Ok(None),
+        }
+    }
+    let first = inputs[0].1.shape();
+    let mut shape = first.to_vec();
+    if add_axis {
+        shape.insert(axis, inputs.len());
+    } else {
+        shape[axis] = inputs.iter().map(|(_, t)| t.shape()[axis]).sum();
+    }
+    let outer: usize = shape[..axis].iter().product();
+    let n = crate::tensor::checked_numel::<T>(&shape, "Concat's output")?;
+    // SAFETY: the spans below cover the n elements once each: for each of
+    // the `outer` leading indices, each input's row (its len / outer
+    // elements) in input order, the rows summing to n / outer.
+    let v = unsafe {
+        crate::tensor::written_vec::<T>(n, "Concat's output", |out| {
+            let base = out.as_mut_ptr().cast::<u8>();
+            let size = std::mem::size_of::<T>();
+            let mut spans = Vec::with_capacity(outer * slices.len());
+            let mut at = 0;
+            for o in 0..outer {
+                for s in &slices {
+                    let row = s.len() / outer.max(1);
+                    spans.push(crate::threads::Span {
+                        dst: base.add(at * size),
+                        src: s.as_ptr().add(o * row).cast(),
+                        len: row * size,
+                    });
+                    at += row;
+                }
+            }
+            crate::threads::copy_spans(&spans);
+        })?
+    };
+    Ok(Some(T::wrap(super::kit::array(&shape, v)?)))
 }
 
 /// Concat's and Split's axis: `axis` (with `add_axis`), or the channel axis
