@@ -22,6 +22,7 @@ pub mod operator;
 pub mod ops;
 pub mod plan;
 pub mod readers;
+pub(crate) mod scratch;
 pub mod shapes;
 pub mod storage;
 pub mod tensor;

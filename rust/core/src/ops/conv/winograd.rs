@@ -266,9 +266,12 @@ impl Wino {
         let su = 16 * c;
         let blocks = tiles.div_ceil(tb);
         let yp = YPtr(y.as_mut_ptr(), y.len());
-        let scratch =
-            || -> Result<(Vec<T>, Vec<T>)> { Ok((zeros(16 * tb * c)?, zeros(16 * tb * k)?)) };
-        let one = |(v, m): &mut (Vec<T>, Vec<T>), b: usize| {
+        // A block's transformed tiles V (16 x tb x C) and their products M
+        // (16 x tb x K), each written before it is read: transform_in
+        // writes the nt tiles' columns the products read, the products
+        // (beta 0) write M without reading it.
+        let scratch_len = 16 * tb * (c + k);
+        let one = |v: &mut [T], m: &mut [T], b: usize| {
             let t0 = b * tb;
             let nt = tb.min(tiles - t0);
             self.transform_in(x, t0, nt, tb, v);
@@ -312,29 +315,30 @@ impl Wino {
             // t0..t0 + nt, which no other block writes.
             unsafe { self.transform_out(m, t0, nt, tb, yp) };
         };
+        // Runs the blocks not yet claimed, in this thread's scratch (kept
+        // between calls: `crate::scratch`).
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let run_blocks = || {
+            crate::scratch::with_scratch::<T, _>(scratch_len, WHAT, |s| {
+                let (v, m) = s.split_at_mut(16 * tb * c);
+                loop {
+                    let b = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if b >= blocks {
+                        return;
+                    }
+                    one(v, m, b);
+                }
+            })
+        };
         if threads > 1 && blocks > 1 {
-            // One task per thread, each with its scratch, claiming blocks
-            // until none is left (rayon's `*_init` made a scratch, up to 2 MiB
-            // cleared, for every piece its splitting cut).
-            let next = std::sync::atomic::AtomicUsize::new(0);
+            // One task per thread, each claiming blocks until none is left
+            // (rayon's `*_init` made a scratch for every piece its
+            // splitting cut).
             (0..threads.min(blocks))
                 .into_par_iter()
-                .try_for_each(|_| -> Result<()> {
-                    let mut s = scratch()?;
-                    loop {
-                        let b = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        if b >= blocks {
-                            return Ok(());
-                        }
-                        one(&mut s, b);
-                    }
-                })
+                .try_for_each(|_| run_blocks())
         } else {
-            let mut s = scratch()?;
-            for b in 0..blocks {
-                one(&mut s, b);
-            }
-            Ok(())
+            run_blocks()
         }
     }
 
