@@ -23,12 +23,12 @@ use crate::ops::gemm::product;
 /// What the buffers below are called in an out-of-memory error.
 const WHAT: &str = "a Winograd convolution's transformed tiles";
 
-/// `n` zeros in a fallibly allocated buffer, filled in place (as the
-/// `vec!` these buffers were before; not `calloc`, which
-/// [`crate::tensor::default_buffer`] uses). Allocated and freed at every
-/// run, they still page-fault when glibc has given its heap top back to
-/// the system (BENCHMARKS.md "Winograd on large images": reusing them
-/// across runs is the next step).
+/// `n` zeros in a fallibly allocated buffer, filled in place (not
+/// `calloc`, which [`crate::tensor::default_buffer`] uses): the filters'
+/// transforms, made at every run. The blocks' transformed tiles run in
+/// per-thread scratch kept between runs (`crate::scratch`; BENCHMARKS.md
+/// "Zeroed buffers, Conv's bias, Concat and Winograd's scratch on the
+/// pool").
 fn zeros<T: Float>(n: usize) -> Result<Vec<T>> {
     let mut v = crate::tensor::try_vec(n, WHAT)?;
     v.resize(n, T::of(0.0));
