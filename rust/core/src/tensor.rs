@@ -750,7 +750,8 @@ pub unsafe fn written_vec<T>(
 /// free (its cache, or glibc's) is cleared by a pass of its own, which on
 /// the calling thread alone made a convolution's or a recurrent gradient's
 /// zeroed output a serial stretch of a two-thread op (BENCHMARKS.md
-/// "Zeroed buffers and Conv's bias on the pool").
+/// "Zeroed buffers, Conv's bias, Concat and Winograd's scratch on the
+/// pool").
 const PAR_ZERO_BYTES: usize = 2 << 20;
 const PAR_ZERO_CHUNK: usize = 256 << 10;
 
