@@ -139,54 +139,15 @@ impl<T> YPtr<T> {
     }
 }
 
-/// `e[q] = row[xs + 2q]`, `o[q] = row[xs + 2q + 1]` (zero where the
-/// column is outside the row): a row's even and odd columns from `xs` on.
+/// `e[q] = src[2q]`, `o[q] = src[2q + 1]`, on local arrays: in this form
+/// the compiler makes vector loads and permutes (writing into a row of a
+/// larger buffer, or with two shifts more, it left scalar code).
 #[inline(always)]
-fn split_row<T: Float>(row: &[T], xs: isize, e: &mut [T], o: &mut [T]) {
-    let w = row.len() as isize;
-    let len = e.len();
-    let zero = T::of(0.0);
-    // Pairs whose both columns are inside the row: qlo..qhi.
-    let qlo = ((-xs).max(0) as usize).div_ceil(2).min(len);
-    let qhi = if w - 1 - xs <= 0 {
-        0
-    } else {
-        ((w - 1 - xs) as usize).div_ceil(2).min(len)
+fn deinterleave<T: Float>(src: &[T; 2 * LANES], e: &mut [T; LANES], o: &mut [T; LANES]) {
+    for q in 0..LANES {
+        e[q] = src[2 * q];
+        o[q] = src[2 * q + 1];
     }
-    .max(qlo);
-    let col = |c: isize| {
-        if c >= 0 && c < w {
-            row[c as usize]
-        } else {
-            zero
-        }
-    };
-    for q in (0..qlo).chain(qhi..len) {
-        let c = xs + 2 * q as isize;
-        e[q] = col(c);
-        o[q] = col(c + 1);
-    }
-    if qhi > qlo {
-        let start = (xs + 2 * qlo as isize) as usize;
-        let src = &row[start..start + 2 * (qhi - qlo)];
-        for ((pair, e), o) in src
-            .chunks_exact(2)
-            .zip(&mut e[qlo..qhi])
-            .zip(&mut o[qlo..qhi])
-        {
-            *e = pair[0];
-            *o = pair[1];
-        }
-    }
-}
-
-/// Four slices of `len` elements of `v`, `stride` apart from `base`.
-#[inline(always)]
-fn four_mut<T>(v: &mut [T], base: usize, stride: usize, len: usize) -> [&mut [T]; 4] {
-    let (a, rest) = v[base..].split_at_mut(stride);
-    let (b, rest) = rest.split_at_mut(stride);
-    let (c, d) = rest.split_at_mut(stride);
-    [&mut a[..len], &mut b[..len], &mut c[..len], &mut d[..len]]
 }
 
 /// Tiles per block: enough that the GEMMs run near full speed, few enough
@@ -267,18 +228,21 @@ impl Wino {
         let blocks = tiles.div_ceil(tb);
         let yp = YPtr(y.as_mut_ptr(), y.len());
         // A block's transformed tiles V (16 x tb x C) and their products M
-        // (16 x tb x K), each written before it is read: transform_in
+        // (16 x tb x K), rows `ts` apart (`Wino::stride`): transform_in
         // writes the nt tiles' columns the products read, the products
-        // (beta 0) write M without reading it.
-        let scratch_len = 16 * tb * (c + k);
+        // (beta 0) write M's without reading them. NCHW's output
+        // transform also reads the padding after a row of M (lanes whose
+        // values it does not write out).
+        let ts = self.stride(tb);
+        let scratch_len = 16 * ts * (c + k);
         let one = |v: &mut [T], m: &mut [T], b: usize| {
             let t0 = b * tb;
             let nt = tb.min(tiles - t0);
-            self.transform_in(x, t0, nt, tb, v);
+            self.transform_in(x, t0, nt, ts, v);
             for xi in 0..16 {
                 let ux = &u[xi * c..];
-                let vx = &v[xi * tb * c..(xi + 1) * tb * c];
-                let mx = &mut m[xi * tb * k..(xi + 1) * tb * k];
+                let vx = &v[xi * ts * c..(xi + 1) * ts * c];
+                let mx = &mut m[xi * ts * k..(xi + 1) * ts * k];
                 if self.nhwc {
                     // M (nt x K) = V (nt x C) * U^T (C x K).
                     product(
@@ -304,23 +268,23 @@ impl Wino {
                         ux,
                         (su, 1),
                         vx,
-                        (tb, 1),
+                        (ts, 1),
                         T::of(0.0),
                         mx,
-                        (tb, 1),
+                        (ts, 1),
                     );
                 }
             }
             // SAFETY: block b writes only the outputs of its tiles
             // t0..t0 + nt, which no other block writes.
-            unsafe { self.transform_out(m, t0, nt, tb, yp) };
+            unsafe { self.transform_out(m, t0, nt, ts, yp) };
         };
         // Runs the blocks not yet claimed, in this thread's scratch (kept
         // between calls: `crate::scratch`).
         let next = std::sync::atomic::AtomicUsize::new(0);
         let run_blocks = || {
             crate::scratch::with_scratch::<T, _>(scratch_len, WHAT, |s| {
-                let (v, m) = s.split_at_mut(16 * tb * c);
+                let (v, m) = s.split_at_mut(16 * ts * c);
                 loop {
                     let b = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     if b >= blocks {
@@ -359,11 +323,22 @@ impl Wino {
         }
     }
 
-    /// NCHW: a run of tiles along one tile row at a time. Each of the 4
-    /// input rows of the run is split into its even and odd columns, so
-    /// that B^T (across the rows) and B (across each tile's columns: tile
-    /// q reads even columns q and q + 1 and odd columns q and q + 1) are
-    /// elementwise operations on contiguous vectors.
+    /// NCHW: a run of tiles along one tile row at a time, in three
+    /// passes over the run's channels, each reading what an earlier pass
+    /// wrote well before (a vector load right after the smaller stores
+    /// that wrote it waits for them): the 4 input rows of every channel
+    /// are copied into zero-padded rows (no read checks the image's
+    /// edges); each padded row is split into its even and odd columns;
+    /// then, a chunk of [`LANES`] tiles at a time, B^T combines the 4 rows
+    /// and B each tile's columns (tile q reads even columns q and q + 1 and
+    /// odd columns q and q + 1: the split rows and the same one element
+    /// on), elementwise on local arrays the compiler keeps in vector
+    /// registers. Every chunk is whole (a run of 28 tiles is two), where
+    /// a loop over 28 left 12 to scalar code: the lanes past the run
+    /// compute values nothing reads, written into the padding that `tb`
+    /// (the stride of V's rows, [`Wino::stride`]) leaves after the
+    /// block's tiles, or into the next run's columns before that run
+    /// writes them. The same operations as before, so the same bits.
     fn transform_in_nchw<T: Float>(&self, x: &[T], t0: usize, nt: usize, tb: usize, v: &mut [T]) {
         crate::vmath::wide(
             #[inline(always)]
@@ -381,63 +356,119 @@ impl Wino {
         tb: usize,
         v: &mut [T],
     ) {
-        let (c, h) = (self.c, self.h as isize);
+        let (c, h, w) = (self.c, self.h as isize, self.w as isize);
         let (_, tw) = self.tiles();
         let zero = T::of(0.0);
         let plane = self.h * self.w;
         let plane_v = tb * c;
-        let half = tw + 1;
-        // Even and odd columns of the 4 input rows, then of B^T d's rows.
-        let mut e = vec![zero; 4 * half];
-        let mut o = vec![zero; 4 * half];
-        let mut te = vec![zero; 4 * half];
-        let mut to = vec![zero; 4 * half];
+        // A padded row: 2 columns per tile of the longest run in whole
+        // chunks, and a chunk more for the reads one pair to the right.
+        let half = tw.div_ceil(LANES) * LANES + LANES;
+        let row_len = 2 * half;
+        let mut padded = vec![zero; c * 4 * row_len];
+        let mut split = vec![zero; c * 4 * row_len];
+        let mut zeroed = None;
         let mut j = 0;
         while j < nt {
             let (img, ty, tx0) = self.tile(t0 + j);
             let run = (tw - tx0).min(nt - j);
-            let len = run + 1;
+            // The tiles computed, in whole chunks.
+            let outs = run.div_ceil(LANES) * LANES;
             let y0 = (2 * ty) as isize - self.pt;
             let xs = (2 * tx0) as isize - self.pl;
+            // Columns xs + lo .. xs + hi of a row are inside the image
+            // (and of the run: tile q reads columns 2q .. 2q + 3).
+            let end = (2 * run + 2) as isize;
+            let lo = (-xs).clamp(0, end) as usize;
+            let hi = (w - xs).clamp(lo as isize, end) as usize;
+            // The run's 4 input rows of every channel, zero outside the
+            // image, all copied before any is read (a load right after
+            // the copy that wrote it waited for it). The zeros around them
+            // stay from the last run with the same columns and rows inside
+            // the image.
+            let inside: [bool; 4] =
+                std::array::from_fn(|i| (0..h).contains(&(y0 + i as isize)) && hi > lo);
+            let pairs = (outs + 1).div_ceil(LANES) * LANES;
+            let fresh = zeroed != Some((lo, hi, pairs, inside));
+            zeroed = Some((lo, hi, pairs, inside));
             for cc in 0..c {
                 let xc = &x[(img * c + cc) * plane..(img * c + cc + 1) * plane];
-                for i in 0..4 {
-                    let ei = &mut e[i * half..i * half + len];
-                    let oi = &mut o[i * half..i * half + len];
-                    let yy = y0 + i as isize;
-                    if yy < 0 || yy >= h {
-                        ei.fill(zero);
-                        oi.fill(zero);
-                    } else {
-                        let r = yy as usize * self.w;
-                        split_row(&xc[r..r + self.w], xs, ei, oi);
+                for (i, &inn) in inside.iter().enumerate() {
+                    let p = &mut padded[(cc * 4 + i) * row_len..][..2 * pairs];
+                    if fresh {
+                        if inn {
+                            p[..lo].fill(zero);
+                            p[hi..].fill(zero);
+                        } else {
+                            p.fill(zero);
+                        }
+                    }
+                    if inn {
+                        let r = (y0 as usize + i) * self.w + (xs + lo as isize) as usize;
+                        p[lo..hi].copy_from_slice(&xc[r..r + (hi - lo)]);
                     }
                 }
-                for (src, dst) in [(&e, &mut te), (&o, &mut to)] {
-                    let (r0, r1, r2, r3) = (
-                        &src[..len],
-                        &src[half..half + len],
-                        &src[2 * half..2 * half + len],
-                        &src[3 * half..3 * half + len],
+            }
+            // Each padded row's even and odd columns (`half` apart), for
+            // whole chunks of pairs: the run's, and one pair more.
+            for (p, eo) in padded
+                .chunks_exact(row_len)
+                .zip(split.chunks_exact_mut(row_len))
+            {
+                let (e, o) = eo.split_at_mut(half);
+                let chunks = p[..2 * pairs].chunks_exact(2 * LANES);
+                let outs = e[..pairs]
+                    .chunks_exact_mut(LANES)
+                    .zip(o[..pairs].chunks_exact_mut(LANES));
+                for (src, (ec, oc)) in chunks.zip(outs) {
+                    deinterleave(
+                        src.try_into().expect("a chunk"),
+                        ec.try_into().expect("a chunk"),
+                        oc.try_into().expect("a chunk"),
                     );
-                    let [u0, u1, u2, u3] = four_mut(dst, 0, half, len);
-                    for q in 0..len {
-                        u0[q] = r0[q] - r2[q];
-                        u1[q] = r1[q] + r2[q];
-                        u2[q] = r2[q] - r1[q];
-                        u3[q] = r1[q] - r3[q];
-                    }
                 }
-                for i in 0..4 {
-                    let ev = &te[i * half..i * half + len];
-                    let od = &to[i * half..i * half + len];
-                    let base = (i * 4) * plane_v + cc * tb + j;
-                    let [v0, v1, v2, v3] = four_mut(v, base, plane_v, run);
-                    for q in 0..run {
-                        v0[q] = ev[q] - ev[q + 1];
-                        v1[q] = od[q] + ev[q + 1];
-                        v2[q] = ev[q + 1] - od[q];
-                        v3[q] = od[q] - od[q + 1];
+            }
+            for cc in 0..c {
+                let rows = &split[cc * 4 * row_len..(cc + 1) * 4 * row_len];
+                let base = cc * tb + j;
+                for q0 in (0..outs).step_by(LANES) {
+                    // cols[i][s]: row i's columns 2(q0 + q) + s, s = 0..4
+                    // (even, odd, and both one pair on): plain loads of
+                    // the split rows.
+                    let mut cols = [[[zero; LANES]; 4]; 4];
+                    for (i, out) in cols.iter_mut().enumerate() {
+                        let at = i * row_len + q0;
+                        for (sft, o) in out.iter_mut().enumerate() {
+                            let from = at + (sft & 1) * half + (sft >> 1);
+                            o.copy_from_slice(&rows[from..from + LANES]);
+                        }
+                    }
+                    // t = B^T d across the rows (t[i][s]: combination i
+                    // of the rows' columns s).
+                    let mut t = [[[zero; LANES]; 4]; 4];
+                    for sft in 0..4 {
+                        let d = |i: usize| &cols[i][sft];
+                        for q in 0..LANES {
+                            t[0][sft][q] = d(0)[q] - d(2)[q];
+                            t[1][sft][q] = d(1)[q] + d(2)[q];
+                            t[2][sft][q] = d(2)[q] - d(1)[q];
+                            t[3][sft][q] = d(1)[q] - d(3)[q];
+                        }
+                    }
+                    // V = t B across each tile's columns.
+                    let mut vals = [[zero; LANES]; 16];
+                    for (i, ti) in t.iter().enumerate() {
+                        let [e0, o0, e1, o1] = ti;
+                        for q in 0..LANES {
+                            vals[4 * i][q] = e0[q] - e1[q];
+                            vals[4 * i + 1][q] = o0[q] + e1[q];
+                            vals[4 * i + 2][q] = e1[q] - o0[q];
+                            vals[4 * i + 3][q] = o0[q] - o1[q];
+                        }
+                    }
+                    for (xi, vx) in vals.iter().enumerate() {
+                        let at = xi * plane_v + base + q0;
+                        v[at..at + LANES].copy_from_slice(vx);
                     }
                 }
             }
@@ -538,9 +569,12 @@ impl Wino {
 
     /// NCHW's output transform, a run of tiles along one tile row at a
     /// time: for each output channel the 16 sums of the run's tiles are
-    /// contiguous vectors (`M[xi][k][j]`), so A^T m A is elementwise over
-    /// the run, then each output row's even and odd columns interleave.
-    /// The same operations in the same order as [`output_tile`].
+    /// contiguous vectors (`M[xi][k][j]`, rows `tb` apart), so A^T m A is
+    /// elementwise over the run, then each output row's even and odd
+    /// columns interleave. The same operations in the same order as
+    /// [`output_tile`], over whole chunks of [`LANES`] tiles (the lanes
+    /// past the run read the padding after a row of M and are not
+    /// written out).
     ///
     /// # Safety
     /// As [`Wino::transform_out`].
@@ -572,7 +606,6 @@ impl Wino {
         tb: usize,
         y: YPtr<T>,
     ) {
-        const CHUNK: usize = 64;
         let k = self.k;
         let (_, tw) = self.tiles();
         let plane_m = tb * k;
@@ -596,13 +629,33 @@ impl Wino {
                     None
                 };
                 let base = kk * tb + j;
-                let mut c0 = 0;
-                while c0 < run {
-                    let cn = CHUNK.min(run - c0);
-                    let ms: [&[T]; 16] =
-                        std::array::from_fn(|xi| &m[xi * plane_m + base + c0..][..cn]);
-                    let mut out = [[zero; CHUNK]; 4];
-                    for q in 0..cn {
+                for q0 in (0..run).step_by(LANES) {
+                    let chunk = |xi: usize| -> &[T; LANES] {
+                        let at = xi * plane_m + base + q0;
+                        m[at..at + LANES].try_into().expect("a chunk")
+                    };
+                    // Listed, not `array::from_fn`: that call was not
+                    // inlined, and the loads after it waited for its stores.
+                    let ms = [
+                        chunk(0),
+                        chunk(1),
+                        chunk(2),
+                        chunk(3),
+                        chunk(4),
+                        chunk(5),
+                        chunk(6),
+                        chunk(7),
+                        chunk(8),
+                        chunk(9),
+                        chunk(10),
+                        chunk(11),
+                        chunk(12),
+                        chunk(13),
+                        chunk(14),
+                        chunk(15),
+                    ];
+                    let mut out = [[zero; LANES]; 4];
+                    for q in 0..LANES {
                         let g = |xi: usize| ms[xi][q];
                         let t00 = g(0) + g(4) + g(8);
                         let t01 = g(1) + g(5) + g(9);
@@ -617,29 +670,41 @@ impl Wino {
                         out[2][q] = t10 + t11 + t12;
                         out[3][q] = t11 - t12 - t13;
                     }
-                    let w0 = 2 * c0;
-                    let pairs = cn.min((cols - w0) / 2);
-                    let odd = pairs < cn && w0 + 2 * pairs < cols;
-                    let put = |row: &mut [T], a: &[T; CHUNK], b: &[T; CHUNK]| {
-                        for (q, d) in row[w0..w0 + 2 * pairs].chunks_exact_mut(2).enumerate() {
-                            d[0] = a[q];
-                            d[1] = b[q];
+                    let w0 = 2 * q0;
+                    let len = (cols - w0).min(2 * LANES);
+                    let put = |row: &mut [T], a: &[T; LANES], b: &[T; LANES]| {
+                        let mut both = [zero; 2 * LANES];
+                        for q in 0..LANES {
+                            both[2 * q] = a[q];
+                            both[2 * q + 1] = b[q];
                         }
-                        if odd {
-                            row[w0 + 2 * pairs] = a[pairs];
-                        }
+                        row[w0..w0 + len].copy_from_slice(&both[..len]);
                     };
                     put(r0, &out[0], &out[1]);
                     if let Some(r1) = r1.as_deref_mut() {
                         put(r1, &out[2], &out[3]);
                     }
-                    c0 += cn;
                 }
             }
             j += run;
         }
     }
+
+    /// The stride of V's and M's rows for blocks of `tb` tiles: NCHW's
+    /// transforms run whole chunks of [`LANES`] tiles, whose last one may
+    /// reach up to `LANES - 1` columns past the block's tiles.
+    fn stride(&self, tb: usize) -> usize {
+        if self.nhwc {
+            tb
+        } else {
+            tb + LANES
+        }
+    }
 }
+
+/// Elements per chunk of NCHW's transforms (16 float32 fill an AVX-512
+/// register; narrower vectors run a chunk as several).
+const LANES: usize = 16;
 
 #[cfg(test)]
 mod tests {
