@@ -235,10 +235,10 @@ impl Wino {
         // values it does not write out).
         let ts = self.stride(tb);
         let scratch_len = 16 * ts * (c + k);
-        let one = |v: &mut [T], m: &mut [T], b: usize| {
+        let one = |v: &mut [T], m: &mut [T], b: usize| -> Result<()> {
             let t0 = b * tb;
             let nt = tb.min(tiles - t0);
-            self.transform_in(x, t0, nt, ts, v);
+            self.transform_in(x, t0, nt, ts, v)?;
             for xi in 0..16 {
                 let ux = &u[xi * c..];
                 let vx = &v[xi * ts * c..(xi + 1) * ts * c];
@@ -278,6 +278,7 @@ impl Wino {
             // SAFETY: block b writes only the outputs of its tiles
             // t0..t0 + nt, which no other block writes.
             unsafe { self.transform_out(m, t0, nt, ts, yp) };
+            Ok(())
         };
         // Runs the blocks not yet claimed, in this thread's scratch (kept
         // between calls: `crate::scratch`).
@@ -288,11 +289,11 @@ impl Wino {
                 loop {
                     let b = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     if b >= blocks {
-                        return;
+                        return Ok(());
                     }
-                    one(v, m, b);
+                    one(v, m, b)?;
                 }
-            })
+            })?
         };
         if threads > 1 && blocks > 1 {
             // One task per thread, each claiming blocks until none is left
@@ -315,9 +316,17 @@ impl Wino {
 
     /// V for tiles `t0..t0 + nt`: NCHW `V[xi][c][j]`, NHWC `V[xi][j][c]`
     /// (`tb` the block's capacity in tiles).
-    fn transform_in<T: Float>(&self, x: &[T], t0: usize, nt: usize, tb: usize, v: &mut [T]) {
+    fn transform_in<T: Float>(
+        &self,
+        x: &[T],
+        t0: usize,
+        nt: usize,
+        tb: usize,
+        v: &mut [T],
+    ) -> Result<()> {
         if self.nhwc {
-            self.transform_in_nhwc(x, t0, nt, tb, v)
+            self.transform_in_nhwc(x, t0, nt, tb, v);
+            Ok(())
         } else {
             self.transform_in_nchw(x, t0, nt, tb, v)
         }
@@ -339,14 +348,33 @@ impl Wino {
     /// (the stride of V's rows, [`Wino::stride`]) leaves after the
     /// block's tiles, or into the next run's columns before that run
     /// writes them. The same operations as before, so the same bits.
-    fn transform_in_nchw<T: Float>(&self, x: &[T], t0: usize, nt: usize, tb: usize, v: &mut [T]) {
-        crate::vmath::wide(
-            #[inline(always)]
-            || self.transform_in_nchw_body(x, t0, nt, tb, v),
-        )
+    fn transform_in_nchw<T: Float>(
+        &self,
+        x: &[T],
+        t0: usize,
+        nt: usize,
+        tb: usize,
+        v: &mut [T],
+    ) -> Result<()> {
+        // A padded row: 2 columns per tile of the longest run in whole
+        // chunks, and a chunk more for the reads one pair to the right;
+        // the padded rows and their splits in this thread's scratch.
+        let (_, tw) = self.tiles();
+        let row_len = 2 * (tw.div_ceil(LANES) * LANES + LANES);
+        let rows = self.c * 4 * row_len;
+        crate::scratch::with_scratch::<T, _>(2 * rows, WHAT, |s| {
+            let (padded, split) = s.split_at_mut(rows);
+            crate::vmath::wide(
+                #[inline(always)]
+                || self.transform_in_nchw_body(x, t0, nt, tb, v, row_len, padded, split),
+            )
+        })
     }
 
-    /// [`Wino::transform_in_nchw`], compiled into each vector width.
+    /// [`Wino::transform_in_nchw`], compiled into each vector width
+    /// (`padded` and `split`: `c * 4` rows of `row_len` each, of any
+    /// contents: every element read is written first).
+    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn transform_in_nchw_body<T: Float>(
         &self,
@@ -355,18 +383,19 @@ impl Wino {
         nt: usize,
         tb: usize,
         v: &mut [T],
+        row_len: usize,
+        padded: &mut [T],
+        split: &mut [T],
     ) {
         let (c, h, w) = (self.c, self.h as isize, self.w as isize);
         let (_, tw) = self.tiles();
         let zero = T::of(0.0);
         let plane = self.h * self.w;
         let plane_v = tb * c;
-        // A padded row: 2 columns per tile of the longest run in whole
-        // chunks, and a chunk more for the reads one pair to the right.
-        let half = tw.div_ceil(LANES) * LANES + LANES;
-        let row_len = 2 * half;
-        let mut padded = vec![zero; c * 4 * row_len];
-        let mut split = vec![zero; c * 4 * row_len];
+        let half = row_len / 2;
+        // The zeros of the padded rows: written (around each row's copy)
+        // at the first run and whenever a run's columns or rows inside the
+        // image differ from the last one's.
         let mut zeroed = None;
         let mut j = 0;
         while j < nt {
