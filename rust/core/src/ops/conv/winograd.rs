@@ -433,7 +433,7 @@ impl Wino {
                         }
                     }
                     if inn {
-                        let r = (y0 as usize + i) * self.w + (xs + lo as isize) as usize;
+                        let r = (y0 + i as isize) as usize * self.w + (xs + lo as isize) as usize;
                         p[lo..hi].copy_from_slice(&xc[r..r + (hi - lo)]);
                     }
                 }
