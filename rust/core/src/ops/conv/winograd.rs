@@ -315,7 +315,8 @@ impl Wino {
     }
 
     /// V for tiles `t0..t0 + nt`: NCHW `V[xi][c][j]`, NHWC `V[xi][j][c]`
-    /// (`tb` the block's capacity in tiles).
+    /// (`tb` the stride of V's rows: the block's capacity in tiles, and in
+    /// NCHW a chunk of padding, [`Wino::stride`]).
     fn transform_in<T: Float>(
         &self,
         x: &[T],
@@ -559,7 +560,8 @@ impl Wino {
     }
 
     /// Writes the outputs of tiles `t0..t0 + nt` from their sums `m`
-    /// (NCHW `M[xi][k][j]`, NHWC `M[xi][j][k]`).
+    /// (NCHW `M[xi][k][j]`, NHWC `M[xi][j][k]`; rows `tb` apart,
+    /// [`Wino::stride`]).
     ///
     /// # Safety
     /// No other thread touches these tiles' outputs meanwhile.
