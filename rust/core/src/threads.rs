@@ -10,12 +10,69 @@ use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Starts a named thread; the OS may refuse (a process or user thread
-/// limit, no memory for its stack).
+/// limit, no memory for its stack), and then the spare address space is
+/// given back for the error's path (see [`SPARE`]).
 pub fn spawn<T: Send + 'static>(
     name: &str,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> std::io::Result<std::thread::JoinHandle<T>> {
-    std::thread::Builder::new().name(name.into()).spawn(f)
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(f)
+        .inspect_err(|_| release_spare())
+}
+
+/// Address space held back for the moment a thread cannot be started.
+///
+/// A thread the OS refuses because the process is out of address space
+/// (RLIMIT_AS: the stacks of the threads started before it took the rest)
+/// leaves nothing for what follows: the error's message, the running
+/// threads' own errors as they are cancelled. An allocation that fails
+/// there aborts the process. So a step that starts threads first holds this
+/// much unused address space ([`keep_spare`]: a mapping with no access and
+/// no memory behind it), and gives it back the moment a start fails
+/// ([`release_spare`]), before cancelling anything.
+const SPARE: usize = 8 << 20;
+
+/// The spare's mapping (its address), if held.
+static SPARE_AT: parking_lot::Mutex<Option<usize>> = parking_lot::Mutex::new(None);
+
+/// Holds [`SPARE`] bytes of address space unless already held (called
+/// before starting threads; nothing happens when it cannot be had).
+pub(crate) fn keep_spare() {
+    #[cfg(unix)]
+    {
+        let mut at = SPARE_AT.lock();
+        if at.is_none() {
+            // SAFETY: a fresh private mapping that nothing reads or writes;
+            // only `release_spare` unmaps it.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    SPARE,
+                    libc::PROT_NONE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                    -1,
+                    0,
+                )
+            };
+            if p != libc::MAP_FAILED {
+                *at = Some(p as usize);
+            }
+        }
+    }
+}
+
+/// Gives the spare's address space back (a thread could not be started:
+/// what runs next may need it); it is taken again by the next
+/// [`keep_spare`] that finds room.
+pub(crate) fn release_spare() {
+    #[cfg(unix)]
+    if let Some(p) = SPARE_AT.lock().take() {
+        // SAFETY: `p` is the spare's own mapping of SPARE bytes, unmapped
+        // once (taken out of the slot).
+        unsafe { libc::munmap(p as *mut libc::c_void, SPARE) };
+    }
 }
 
 /// Whether a thread waiting for another may spin briefly before it sleeps:

@@ -273,6 +273,7 @@ pub(super) fn exec_step<'c>(
         cv: Condvar::new(),
     };
     let running = Running::default();
+    crate::threads::keep_spare();
     let main = std::thread::scope(|s| {
         let (signal, errors, step_tok, running) = (&signal, &errors, &step_tok, &running);
         let reporters = Reporters {
@@ -353,6 +354,7 @@ impl<'a> Reporters<'a> {
             reporter_loop(signal, interval, errors, step_tok, body)
         });
         if let Err(e) = started {
+            crate::threads::release_spare();
             errors.record(crate::threads::cannot_start(what, &e));
             step_tok.cancel();
             return false;
@@ -520,6 +522,7 @@ fn run_main<'c>(run: &PlanState<'c>, c: &StepState<'c>, tok: &CancelToken) -> Re
             let iter_tok = tok.child();
             let errors = FirstError::default();
             let running = Running::default();
+            crate::threads::keep_spare();
             std::thread::scope(|s| {
                 for k in 0..workers {
                     let (w, errors, iter_tok) = (&c.recurring[k % n], &errors, &iter_tok);
@@ -552,6 +555,7 @@ fn run_main<'c>(run: &PlanState<'c>, c: &StepState<'c>, tok: &CancelToken) -> Re
                     if let Err(e) = started {
                         // The threads already running are cancelled and
                         // joined; nothing else of this iteration starts.
+                        crate::threads::release_spare();
                         let what =
                             format!("substep '{}' (thread {} of {workers})", w.c.name, k + 1);
                         errors.record(crate::threads::cannot_start(&what, &e));
