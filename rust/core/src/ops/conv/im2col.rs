@@ -116,6 +116,120 @@ pub(crate) fn col2im_nchw_lines<T: Float>(
     }
 }
 
+/// The windows of a small image as offsets into a zero-padded copy of one
+/// of its channels: the padded copy's offset of each output's first tap
+/// (`base`, one per output pixel) and each tap's offset from it (`taps`).
+/// im2col and col2im of a small image (a few pixels per output line, where
+/// the line-by-line copies of [`im2col_nchw_lines`] are mostly bounds
+/// checks) then gather and scatter through these with no check at all.
+pub(crate) struct SmallWindows {
+    /// The padded copy's extent per dim.
+    ext: [usize; 3],
+    base: Vec<usize>,
+    taps: Vec<usize>,
+}
+
+impl SmallWindows {
+    pub(crate) fn new(g: &Geo) -> SmallWindows {
+        let ext: [usize; 3] = std::array::from_fn(|d| {
+            let reach = (g.outs[d].max(1) - 1) * g.s[d] + (g.k[d].max(1) - 1) * g.d[d] + 1;
+            (g.ph[d] + g.ins[d]).max(reach)
+        });
+        let at = |z: usize, y: usize, x: usize| (z * ext[1] + y) * ext[2] + x;
+        let mut base = Vec::with_capacity(g.out_len());
+        for z in 0..g.outs[0] {
+            for y in 0..g.outs[1] {
+                for x in 0..g.outs[2] {
+                    base.push(at(z * g.s[0], y * g.s[1], x * g.s[2]));
+                }
+            }
+        }
+        let mut taps = Vec::with_capacity(g.ksize());
+        for a in 0..g.k[0] {
+            for b in 0..g.k[1] {
+                for e in 0..g.k[2] {
+                    taps.push(at(a * g.d[0], b * g.d[1], e * g.d[2]));
+                }
+            }
+        }
+        SmallWindows { ext, base, taps }
+    }
+
+    /// Elements of the padded copy of one channel.
+    pub(crate) fn plane_len(&self) -> usize {
+        self.ext.iter().product()
+    }
+
+    /// The padded copy's index of each input row (z, y) start.
+    fn rows<'a>(&'a self, g: &'a Geo) -> impl Iterator<Item = usize> + 'a {
+        (0..g.ins[0]).flat_map(move |z| {
+            (0..g.ins[1])
+                .map(move |y| ((z + g.ph[0]) * self.ext[1] + y + g.ph[1]) * self.ext[2] + g.ph[2])
+        })
+    }
+
+    /// im2col of `cg` channels of one image (`x`) into the window matrix
+    /// `col`, whose rows (one per channel and tap, all output pixels) are
+    /// `ld` apart; `plane` ([`SmallWindows::plane_len`] elements) is
+    /// scratch whose padding must be zero on entry (it stays zero).
+    pub(crate) fn im2col<T: Float>(
+        &self,
+        g: &Geo,
+        x: &[T],
+        cg: usize,
+        col: &mut [T],
+        ld: usize,
+        plane: &mut [T],
+    ) {
+        let (pin, i2, p) = (g.in_len(), g.ins[2], self.base.len());
+        for c in 0..cg {
+            let xc = &x[c * pin..(c + 1) * pin];
+            for (r, src) in self.rows(g).zip(xc.chunks_exact(i2.max(1))) {
+                plane[r..r + i2].copy_from_slice(src);
+            }
+            for (t, &off) in self.taps.iter().enumerate() {
+                let row = &mut col[(c * self.taps.len() + t) * ld..][..p];
+                let shifted = &plane[off..];
+                for (v, &b) in row.iter_mut().zip(&self.base) {
+                    *v = shifted[b];
+                }
+            }
+        }
+    }
+
+    /// The adjoint of [`SmallWindows::im2col`]: adds each entry of `col`
+    /// to its pixel of `x` (`cg` channels); per pixel the additions come in
+    /// the order of the taps, summed in `plane` (scratch, any content)
+    /// from zero and then added to the pixel.
+    pub(crate) fn col2im<T: Float>(
+        &self,
+        g: &Geo,
+        col: &[T],
+        cg: usize,
+        x: &mut [T],
+        ld: usize,
+        plane: &mut [T],
+    ) {
+        let (pin, i2, p) = (g.in_len(), g.ins[2], self.base.len());
+        for c in 0..cg {
+            plane.fill(T::of(0.0));
+            for (t, &off) in self.taps.iter().enumerate() {
+                let row = &col[(c * self.taps.len() + t) * ld..][..p];
+                let shifted = &mut plane[off..];
+                for (&v, &b) in row.iter().zip(&self.base) {
+                    shifted[b] += v;
+                }
+            }
+            let xc = &mut x[c * pin..(c + 1) * pin];
+            for (r, dst) in self.rows(g).zip(xc.chunks_exact_mut(i2.max(1))) {
+                for (d, &v) in dst.iter_mut().zip(&plane[r..r + i2]) {
+                    *d += v;
+                }
+            }
+        }
+    }
+}
+
 /// NHWC im2col: channels `c0..c0 + cg` of one image (`x`, `ctot` channels
 /// per pixel) to a P x (K * cg) matrix.
 pub(crate) fn im2col_nhwc<T: Float>(
