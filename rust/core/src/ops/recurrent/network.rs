@@ -537,6 +537,14 @@ struct BoundLink {
     /// The external blob, looked up at its first use in a run (cleared by
     /// [`new_run`]), not at every step.
     ext: Option<Blob>,
+    /// A read link whose rows at step t are those the written link at this
+    /// index wrote at step t + the offset here (-1 forward, +1 backward),
+    /// into an external nothing else writes: it takes that link's value
+    /// (see [`forwarded_links`]) instead of copying the rows back out.
+    from: Option<(usize, isize)>,
+    /// A written link's last value written out, and its step (cleared by
+    /// [`new_run`]).
+    last: Option<(usize, Tensor)>,
 }
 
 /// Forgets the external blobs `links` found in the last run (a blob the
@@ -544,6 +552,7 @@ struct BoundLink {
 fn new_run(links: &mut [BoundLink]) {
     for l in links {
         l.ext = None;
+        l.last = None;
     }
 }
 
@@ -577,8 +586,46 @@ fn bind_links(
             written: writes.contains(&l.internal),
             fresh: overwritten_first(def, &l.internal),
             ext: None,
+            from: None,
+            last: None,
         })
         .collect()
+}
+
+/// Pairs each read link with the written link whose rows it reads one step
+/// later (an LSTM's `hidden_t_prev` reads row t of the states, which the
+/// step before wrote from `hidden_t` at offset 1): same external, same
+/// window, offsets one apart, the only link writing that external, which
+/// neither the step net `def` nor anything in `touched` (rows the op
+/// changes between steps: an output's gradient added to a state's) writes.
+/// The reading link then takes the written link's value, the rows it would
+/// copy back out being exactly those (checked at each step, else copied).
+fn forwarded_links(links: &mut [BoundLink], def: &NetDef, touched: &HashSet<String>) {
+    let def_writes = written(def);
+    for r in 0..links.len() {
+        let l = &links[r];
+        if l.written || l.fresh || def_writes.contains(&l.external) || touched.contains(&l.external)
+        {
+            continue;
+        }
+        let mut writers = links
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| w.written && w.external == l.external);
+        let (Some((w, wl)), None) = (writers.next(), writers.next()) else {
+            continue;
+        };
+        let delta = if wl.offset == l.offset + 1 {
+            -1
+        } else if l.offset == wl.offset + 1 {
+            1
+        } else {
+            continue;
+        };
+        if wl.window == l.window {
+            links[r].from = Some((w, delta));
+        }
+    }
 }
 
 /// Whether the first op of `def` that names `blob` writes it without
@@ -615,13 +662,23 @@ fn link_row(l: &BoundLink, t: usize) -> Result<usize> {
 /// Before a step: each link's internal blob = its rows of the external
 /// (empty for a fresh link: an op writes it before any reads it).
 fn links_in(ws: &Workspace, links: &mut [BoundLink], t: usize) -> Result<()> {
-    for l in links {
+    for i in 0..links.len() {
+        let forwarded = links[i].from.and_then(|(w, delta)| {
+            let (tw, v) = links[w].last.as_ref()?;
+            (*tw as isize == t as isize + delta && v.shape().first() == Some(&links[i].window))
+                .then(|| v.clone())
+        });
+        let l = &mut links[i];
         if l.fresh {
             link_row(l, t)?;
             l.internal.set(BlobValue::Empty);
             continue;
         }
         let row = link_row(l, t)?;
+        if let Some(v) = forwarded {
+            l.internal.set(BlobValue::Tensor(v));
+            continue;
+        }
         let rows = {
             let ext = external(ws, l)?;
             let v = ext.read();
@@ -651,6 +708,7 @@ fn links_out(ws: &Workspace, links: &mut [BoundLink], t: usize) -> Result<()> {
             );
         };
         write_rows(dst, row, src, "a link").map_err(|e| e.with_blob(&l.external))?;
+        l.last = Some((t, src.clone()));
     }
     Ok(())
 }
@@ -750,7 +808,8 @@ impl ForwardOp {
         let timestep = ws.create_local_blob(&self.timestep);
         let writes = written(&self.step);
         let def = with_link_refreshes(&self.step, &self.links, &self.timestep);
-        let links = bind_links(ws, &self.links, &writes, &def);
+        let mut links = bind_links(ws, &self.links, &writes, &def);
+        forwarded_links(&mut links, &def, &HashSet::new());
         let net = Net::create_with(&def, ws, self.allow_unknown_args)?;
         // What the backward step reads of step t: the step's own blobs
         // (not the parameters it writes in the outer workspace), but not
@@ -1107,7 +1166,7 @@ impl BackwardOp {
         let gathered = gather_fc_grads(&mut def, &self.params, &self.links)?;
         // The forward links were kept with each step; only the gradients'
         // are applied.
-        let links: Vec<BoundLink> = bind_links(ws, &self.links, &writes, &def)
+        let mut links: Vec<BoundLink> = bind_links(ws, &self.links, &writes, &def)
             .into_iter()
             .filter(|l| {
                 l.written
@@ -1118,6 +1177,15 @@ impl BackwardOp {
                         .any(|k| Arc::ptr_eq(k, &l.internal))
             })
             .collect();
+        // The outer gradients of the states' outputs are added to their
+        // gradients' rows between steps.
+        let touched: HashSet<String> = self
+            .states
+            .iter()
+            .filter(|s| s.all.is_some() || s.last.is_some())
+            .map(|s| s.grad.clone())
+            .collect();
+        forwarded_links(&mut links, &def, &touched);
         let step_grads = self
             .params
             .iter()
