@@ -377,14 +377,7 @@ impl Plan {
         b: usize,
         split: bool,
     ) -> Result<()> {
-        let (cg, mg, rows, p, pin) = (
-            self.cg(),
-            self.mg(),
-            self.rows(),
-            self.g.out_len(),
-            self.g.in_len(),
-        );
-        let (il, ol, cols) = (self.img_len(), self.col_len(), b * p);
+        let (mg, rows, cols) = (self.mg(), self.rows(), b * self.g.out_len());
         let win = SmallWindows::new(&self.g);
         let mut plane = crate::tensor::default_buffer::<T>(win.plane_len(), "a padded image")?;
         crate::scratch::with_scratch::<T, _>(
@@ -393,10 +386,7 @@ impl Plan {
             |s| {
                 let (col, r) = s.split_at_mut(rows * cols);
                 for g in 0..self.group {
-                    for i in 0..b {
-                        let src = &imgs[i * il + g * cg * pin..];
-                        win.im2col(&self.g, src, cg, &mut col[i * p..], cols, &mut plane);
-                    }
+                    self.batch_windows(&win, imgs, g, b, col, &mut plane);
                     let wg = &w[g * mg * rows..(g + 1) * mg * rows];
                     product(
                         split,
@@ -411,27 +401,58 @@ impl Plan {
                         r,
                         (cols, 1),
                     );
-                    for i in 0..b {
-                        for m in 0..mg {
-                            let at = i * ol + (g * mg + m) * p;
-                            outs[at..at + p].copy_from_slice(&r[m * cols + i * p..][..p]);
-                        }
-                    }
+                    self.scatter_cols(r, g, b, outs);
                 }
             },
         )
     }
 
+    /// The window matrix of group `g` of the `b` images of `imgs`, their
+    /// columns side by side in `col` (`rows` rows of `b * P`).
+    fn batch_windows<T: Float>(
+        &self,
+        win: &SmallWindows,
+        imgs: &[T],
+        g: usize,
+        b: usize,
+        col: &mut [T],
+        plane: &mut [T],
+    ) {
+        let (p, il, at) = (
+            self.g.out_len(),
+            self.img_len(),
+            g * self.cg() * self.g.in_len(),
+        );
+        for i in 0..b {
+            let src = &imgs[i * il + at..];
+            win.im2col(&self.g, src, self.cg(), &mut col[i * p..], b * p, plane);
+        }
+    }
+
+    /// The (image row, batch column) pairs of group `g`'s col side: for each
+    /// of the `b` images and `mg` rows, the row's offset in the images'
+    /// col sides and in a matrix of the images side by side.
+    fn batch_rows(&self, g: usize, b: usize) -> impl Iterator<Item = (usize, usize)> {
+        let (mg, p, ol) = (self.mg(), self.g.out_len(), self.col_len());
+        (0..b)
+            .flat_map(move |i| (0..mg).map(move |m| (i * ol + (g * mg + m) * p, m * b * p + i * p)))
+    }
+
     /// Copies the col side of group `g` of the `b` images of `cs` side by
     /// side into `csb` (`mg` rows of `b * P`).
     fn gather_cols<T: Float>(&self, cs: &[T], g: usize, b: usize, csb: &mut [T]) {
-        let (mg, p, ol) = (self.mg(), self.g.out_len(), self.col_len());
-        let cols = b * p;
-        for i in 0..b {
-            for m in 0..mg {
-                let at = i * ol + (g * mg + m) * p;
-                csb[m * cols + i * p..][..p].copy_from_slice(&cs[at..at + p]);
-            }
+        let p = self.g.out_len();
+        for (at, to) in self.batch_rows(g, b) {
+            csb[to..to + p].copy_from_slice(&cs[at..at + p]);
+        }
+    }
+
+    /// The inverse of [`Plan::gather_cols`]: `r`'s columns back into the
+    /// `b` images' col sides `outs`.
+    fn scatter_cols<T: Float>(&self, r: &[T], g: usize, b: usize, outs: &mut [T]) {
+        let p = self.g.out_len();
+        for (at, from) in self.batch_rows(g, b) {
+            outs[at..at + p].copy_from_slice(&r[from..from + p]);
         }
     }
 
@@ -496,14 +517,7 @@ impl Plan {
         b: usize,
         split: bool,
     ) -> Result<()> {
-        let (cg, mg, rows, p, pin) = (
-            self.cg(),
-            self.mg(),
-            self.rows(),
-            self.g.out_len(),
-            self.g.in_len(),
-        );
-        let (il, cols) = (self.img_len(), b * p);
+        let (mg, rows, cols) = (self.mg(), self.rows(), b * self.g.out_len());
         let win = SmallWindows::new(&self.g);
         let mut plane = crate::tensor::default_buffer::<T>(win.plane_len(), "a padded image")?;
         crate::scratch::with_scratch::<T, _>(
@@ -512,10 +526,7 @@ impl Plan {
             |s| {
                 let (col, csb) = s.split_at_mut(rows * cols);
                 for g in 0..self.group {
-                    for i in 0..b {
-                        let src = &imgs[i * il + g * cg * pin..];
-                        win.im2col(&self.g, src, cg, &mut col[i * p..], cols, &mut plane);
-                    }
+                    self.batch_windows(&win, imgs, g, b, col, &mut plane);
                     self.gather_cols(cs, g, b, csb);
                     product(
                         split,
