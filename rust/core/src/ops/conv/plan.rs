@@ -378,31 +378,46 @@ impl Plan {
         split: bool,
     ) -> Result<()> {
         let (mg, rows, cols) = (self.mg(), self.rows(), b * self.g.out_len());
+        self.with_batch_scratch(b, |win, plane, col, r| {
+            for g in 0..self.group {
+                self.batch_windows(win, imgs, g, b, col, plane);
+                let wg = &w[g * mg * rows..(g + 1) * mg * rows];
+                product(
+                    split,
+                    mg,
+                    rows,
+                    cols,
+                    wg,
+                    (rows, 1),
+                    col,
+                    (cols, 1),
+                    T::of(0.0),
+                    r,
+                    (cols, 1),
+                );
+                self.scatter_cols(r, g, b, outs);
+            }
+        })
+    }
+
+    /// Runs `f` with what a batch of `b` images needs (see
+    /// [`Plan::image_batch`]): the offsets of their windows, a padded
+    /// channel, scratch for the window matrix (`rows` x `b * P`) and for
+    /// `mg` rows of `b * P` (the output's or the col side's columns).
+    fn with_batch_scratch<T: Float>(
+        &self,
+        b: usize,
+        f: impl FnOnce(&SmallWindows, &mut [T], &mut [T], &mut [T]),
+    ) -> Result<()> {
+        let (mg, rows, cols) = (self.mg(), self.rows(), b * self.g.out_len());
         let win = SmallWindows::new(&self.g);
         let mut plane = crate::tensor::default_buffer::<T>(win.plane_len(), "a padded image")?;
         crate::scratch::with_scratch::<T, _>(
             (rows + mg) * cols,
             "the window matrix of a batch of images",
             |s| {
-                let (col, r) = s.split_at_mut(rows * cols);
-                for g in 0..self.group {
-                    self.batch_windows(&win, imgs, g, b, col, &mut plane);
-                    let wg = &w[g * mg * rows..(g + 1) * mg * rows];
-                    product(
-                        split,
-                        mg,
-                        rows,
-                        cols,
-                        wg,
-                        (rows, 1),
-                        col,
-                        (cols, 1),
-                        T::of(0.0),
-                        r,
-                        (cols, 1),
-                    );
-                    self.scatter_cols(r, g, b, outs);
-                }
+                let (col, other) = s.split_at_mut(rows * cols);
+                f(&win, &mut plane, col, other)
             },
         )
     }
@@ -474,37 +489,30 @@ impl Plan {
             self.g.in_len(),
         );
         let (il, cols) = (self.img_len(), b * p);
-        let win = SmallWindows::new(&self.g);
-        let mut plane = crate::tensor::default_buffer::<T>(win.plane_len(), "a padded image")?;
         imgs[..b * il].fill(T::of(0.0));
-        crate::scratch::with_scratch::<T, _>(
-            (rows + mg) * cols,
-            "the window matrix of a batch of images",
-            |s| {
-                let (col, csb) = s.split_at_mut(rows * cols);
-                for g in 0..self.group {
-                    self.gather_cols(cs, g, b, csb);
-                    let wg = &w[g * mg * rows..(g + 1) * mg * rows];
-                    product(
-                        split,
-                        rows,
-                        mg,
-                        cols,
-                        wg,
-                        (1, rows),
-                        csb,
-                        (cols, 1),
-                        T::of(0.0),
-                        col,
-                        (cols, 1),
-                    );
-                    for i in 0..b {
-                        let dst = &mut imgs[i * il + g * cg * pin..];
-                        win.col2im(&self.g, &col[i * p..], cg, dst, cols, &mut plane);
-                    }
+        self.with_batch_scratch(b, |win, plane, col, csb| {
+            for g in 0..self.group {
+                self.gather_cols(cs, g, b, csb);
+                let wg = &w[g * mg * rows..(g + 1) * mg * rows];
+                product(
+                    split,
+                    rows,
+                    mg,
+                    cols,
+                    wg,
+                    (1, rows),
+                    csb,
+                    (cols, 1),
+                    T::of(0.0),
+                    col,
+                    (cols, 1),
+                );
+                for i in 0..b {
+                    let dst = &mut imgs[i * il + g * cg * pin..];
+                    win.col2im(&self.g, &col[i * p..], cg, dst, cols, plane);
                 }
-            },
-        )
+            }
+        })
     }
 
     /// dW += the filter gradient of the `b` images of `imgs` and `cs`
@@ -518,32 +526,25 @@ impl Plan {
         split: bool,
     ) -> Result<()> {
         let (mg, rows, cols) = (self.mg(), self.rows(), b * self.g.out_len());
-        let win = SmallWindows::new(&self.g);
-        let mut plane = crate::tensor::default_buffer::<T>(win.plane_len(), "a padded image")?;
-        crate::scratch::with_scratch::<T, _>(
-            (rows + mg) * cols,
-            "the window matrix of a batch of images",
-            |s| {
-                let (col, csb) = s.split_at_mut(rows * cols);
-                for g in 0..self.group {
-                    self.batch_windows(&win, imgs, g, b, col, &mut plane);
-                    self.gather_cols(cs, g, b, csb);
-                    product(
-                        split,
-                        mg,
-                        cols,
-                        rows,
-                        csb,
-                        (cols, 1),
-                        col,
-                        (1, cols),
-                        T::of(1.0),
-                        &mut dw[g * mg * rows..(g + 1) * mg * rows],
-                        (rows, 1),
-                    );
-                }
-            },
-        )
+        self.with_batch_scratch(b, |win, plane, col, csb| {
+            for g in 0..self.group {
+                self.batch_windows(win, imgs, g, b, col, plane);
+                self.gather_cols(cs, g, b, csb);
+                product(
+                    split,
+                    mg,
+                    cols,
+                    rows,
+                    csb,
+                    (cols, 1),
+                    col,
+                    (1, cols),
+                    T::of(1.0),
+                    &mut dw[g * mg * rows..(g + 1) * mg * rows],
+                    (rows, 1),
+                );
+            }
+        })
     }
 
     /// Output pixels per block when one large image alone (NHWC, through a
