@@ -438,7 +438,7 @@ cannot(FILES,
 cannot(CONTROL, "Do", "If", "While", "Python", "PythonGradient", "RecurrentNetwork",
        "RecurrentNetworkGradient")
 cannot(SAME_SIZE, "LSTMUnit", "GRUUnit", "ElementwiseLinear", "CopyFromCPUInput",
-       "ZeroGradient", "rnn_internal_apply_link", "rnn_internal_write_link",
+       "ZeroGradient", "Free", "rnn_internal_apply_link", "rnn_internal_write_link",
        "rnn_internal_accumulate_gradient_input")
 cannot(INPUT_SHAPE, "LSTMUnitGradient", "GRUUnitGradient", "ElementwiseLinearGradient",
        "rnn_internal_fc_input_gradient")

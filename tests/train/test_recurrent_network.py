@@ -296,3 +296,111 @@ def test_a_backward_run_stopped_part_way_leaves_nothing_for_the_next(fresh):
     workspace.RunNet(net.Proto().name)
     for k, v in first.items():
         np.testing.assert_array_equal(workspace.FetchBlob(k), v, err_msg=k)
+
+
+def _grad_net(name, steps, fail=False):
+    """The LSTM and its gradient (seeded by R at every output row); `fail`:
+    the backward step net fails at the steps below `fail_from`."""
+    net, outs = lstm_net(name)
+    net.AddExternalInputs("R")
+    grads = net.AddGradientOperators({outs[0]: "R"})
+    if fail:
+        op = next(o for o in net.Proto().op if o.type == "RecurrentNetworkGradient")
+        step = next(a for a in op.arg if a.name == "backward_step_net").n
+        step.op.add().CopyFrom(core.CreateOperator("Sub", ["timestep", "fail_from"], ["fail_i"]))
+        step.op.add().CopyFrom(core.CreateOperator("Gather", ["fail_data", "fail_i"], ["fail_o"]))
+        step.external_input.extend(["fail_from", "fail_data"])
+        workspace.FeedBlob("fail_data", np.zeros(steps))
+        workspace.FeedBlob("fail_from", np.array([0], np.int32))
+    return net, outs + [str(grads[k]) for k in ("input", "W", "b", "h0", "c0")]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_reruns_on_new_values_give_what_a_new_workspace_gives(fresh, dtype):
+    # The ops may reuse the last run's states and sequence gradient (every
+    # row is written again), and the gradient op reads the step FC's dY
+    # rows from the latter: a run on new values, after a run stopped part
+    # way, must give the bits a new workspace gives.
+    steps, lengths = 5, [5, 2, 0]
+    first = {k: v.astype(dtype) for k, v in _draw(steps, 3, 4, seed=21).items()}
+    second = {k: v.astype(dtype) for k, v in _draw(steps, 3, 4, seed=22).items()}
+    r = np.random.default_rng(5).uniform(-1, 1, (steps, 3, 4)).astype(dtype)
+
+    def run(net, values, lengths):
+        _feed(values, lengths)
+        workspace.FeedBlob("R", r)
+        workspace.RunNet(net.Proto().name)
+
+    net, names = _grad_net("again2", steps, fail=True)
+    _feed(first, lengths)
+    workspace.FeedBlob("R", r)
+    workspace.CreateNet(net)
+    run(net, first, lengths)
+    workspace.FeedBlob("fail_from", np.array([3], np.int32))
+    with pytest.raises(RuntimeError, match="Gather"):
+        run(net, second, [3, 3, 1])
+    workspace.FeedBlob("fail_from", np.array([0], np.int32))
+    run(net, second, [4, 1, 2])
+    got = {k: workspace.FetchBlob(k).copy() for k in names}
+    workspace.ResetWorkspace()
+    net, names = _grad_net("again2", steps, fail=True)
+    _feed(second, [4, 1, 2])
+    workspace.FeedBlob("R", r)
+    workspace.CreateNet(net)
+    run(net, second, [4, 1, 2])
+    for k in names:
+        np.testing.assert_array_equal(got[k], workspace.FetchBlob(k), err_msg=k)
+
+
+def test_a_step_that_leaves_the_input_gradient_empty_leaves_zero_rows(fresh):
+    # A backward step that leaves the linked gradient of the input empty
+    # writes nothing into its rows, which stay zero: also where the
+    # sequence gradient's blob held other values before the run.
+    steps, lengths = 4, [4, 2]
+    net, names = _grad_net("empty", steps)
+    op = next(o for o in net.Proto().op if o.type == "RecurrentNetworkGradient")
+    args = {a.name: a for a in op.arg}
+    step = args["backward_step_net"].n
+    links = dict(zip((s.decode() for s in args["backward_link_external"].strings),
+                     (s.decode() for s in args["backward_link_internal"].strings)))
+    seq_grad = names[4]
+    internal = links[seq_grad]
+    step.op.add().CopyFrom(core.CreateOperator("Free", [internal], [internal]))
+    values = _draw(steps, 2, 3, seed=4)
+    _feed(values, lengths)
+    workspace.FeedBlob("R", np.ones((steps, 2, 3)))
+    workspace.CreateNet(net)
+    for _ in range(2):
+        workspace.FeedBlob(seq_grad, np.full((steps, 2, 12), 5.0))
+        workspace.RunNet(net.Proto().name)
+        np.testing.assert_array_equal(workspace.FetchBlob(seq_grad), np.zeros((steps, 2, 12)))
+
+
+def test_a_step_that_leaves_the_hidden_state_empty_leaves_zero_rows(fresh):
+    # A step that leaves its linked hidden state empty writes nothing into
+    # the states' rows, which stay zero (the next step reads a zero hidden
+    # state): also where the states' blob held other values before the run.
+    steps, lengths, n, d = 4, [4, 2], 2, 3
+    net, outs = lstm_net("free_h", forward_only=True)
+    op = next(o for o in net.Proto().op if o.type == "RecurrentNetwork")
+    args = {a.name: a for a in op.arg}
+    step = args["step_net"].n
+    step.op.add().CopyFrom(core.CreateOperator("Free", ["hidden_t"], ["hidden_t"]))
+    states = next(e.decode() for e, i in zip(args["link_external"].strings,
+                                             args["link_internal"].strings)
+                  if i.decode() == "hidden_t")
+    values = _draw(steps, n, d, seed=6)
+    _feed(values, lengths)
+    workspace.CreateNet(net)
+    c, cs = values["c0"], []
+    for t in range(steps):
+        _, cc = numpy_lstm(values["input"][t:t + 1], np.zeros((1, n, d)) if t else values["h0"],
+                           c, values["W"], values["b"], [1 if t < k else 0 for k in lengths])
+        c = cc
+        cs.append(cc[0])
+    for _ in range(2):
+        workspace.FeedBlob(states, np.full((steps + 1, n, d), 5.0))
+        workspace.RunNet(net.Proto().name)
+        np.testing.assert_array_equal(workspace.FetchBlob(outs[0]), np.zeros((steps, n, d)))
+        np.testing.assert_allclose(workspace.FetchBlob(outs[2]), np.stack(cs), rtol=1e-12,
+                                   atol=1e-12)

@@ -618,6 +618,8 @@ struct Gathered {
     k: usize,
     n: usize,
     runs: usize,
+    /// X's elements a run when runs are placed (`at`), else 0.
+    block: usize,
 }
 
 impl FcGradSteps {
@@ -651,7 +653,9 @@ impl FcGradSteps {
 
     /// Keeps one run's rows of X and dY (`names` X's, W's and dY's, for
     /// errors); `runs` is how many runs there will be, to reserve for
-    /// them at the first.
+    /// them at the first. `at`: the caller keeps dY's rows (run `at`'s at
+    /// rows `at` of the tensor it gives [`FcGradSteps::take`]), so only
+    /// X's are kept, at block `at` (dY is still checked).
     pub(crate) fn push(
         &mut self,
         x: &Tensor,
@@ -659,8 +663,9 @@ impl FcGradSteps {
         dy: &Tensor,
         names: [&str; 3],
         runs: usize,
+        at: Option<usize>,
     ) -> Result<()> {
-        crate::with_match_dtype!(floats x.dtype(), |T| self.push_t::<T>(x, w, dy, names, runs),
+        crate::with_match_dtype!(floats x.dtype(), |T| self.push_t::<T>(x, w, dy, names, runs, at),
             else other => Err(crate::tensor::unsupported_dtype(other).with_blob(names[0])))
     }
 
@@ -671,6 +676,7 @@ impl FcGradSteps {
         dy: &Tensor,
         names: [&str; 3],
         runs: usize,
+        at: Option<usize>,
     ) -> Result<()> {
         let op = self.op.as_str();
         let d = fc_shapes(
@@ -716,13 +722,18 @@ impl FcGradSteps {
                     format_args!("{op}'s rows over the steps"),
                 )
             };
-            let rows: (Vec<T>, Vec<T>) = (reserve(xa.len())?, reserve(dya.len())?);
+            let dys = match at {
+                Some(_) => Vec::new(),
+                None => reserve(dya.len())?,
+            };
+            let rows: (Vec<T>, Vec<T>) = (reserve(xa.len())?, dys);
             self.rows = Some(Gathered {
                 rows: Box::new(rows),
                 w_shape: Vec::new(),
                 k: 0,
                 n: 0,
                 runs: 0,
+                block: 0,
             });
         }
         let Some(g) = self.rows.as_mut() else {
@@ -747,6 +758,43 @@ impl FcGradSteps {
             ))
             .with_blob(names[0]));
         };
+        if let Some(t) = at {
+            let len = xa.len().checked_mul(runs).ok_or_else(|| {
+                crate::tensor::alloc_error(usize::MAX, format_args!("{op}'s rows over the steps"))
+            })?;
+            // Every block is written before the rows are taken: a run's
+            // blocks overwrite the last run's.
+            if g.runs == 0 && (xs.len() != len || !dys.is_empty()) {
+                xs.clear();
+                dys.clear();
+                xs.try_reserve(len).map_err(|_| {
+                    crate::tensor::alloc_error(
+                        len.saturating_mul(size_of::<T>()),
+                        format_args!("{op}'s rows over the steps"),
+                    )
+                })?;
+                xs.resize(len, T::of(0.0));
+            }
+            let block = xa.len();
+            g.block = block;
+            if t >= runs || xs.len() != block * runs || !dys.is_empty() {
+                return Err(Error::internal(format!(
+                    "{op}: step {t}'s rows do not fit the {runs} kept"
+                )));
+            }
+            let dst = &mut xs[t * block..(t + 1) * block];
+            match xa.as_slice() {
+                Some(src) => crate::tensor::copy_values(dst, src),
+                None => dst.iter_mut().zip(xa.iter()).for_each(|(d, &v)| *d = v),
+            }
+            g.runs += 1;
+            return Ok(());
+        }
+        if g.runs == 0 {
+            xs.clear();
+            dys.clear();
+            g.block = 0;
+        }
         for (dst, src) in [(xs, xa), (dys, dya)] {
             dst.try_reserve(src.len()).map_err(|_| {
                 crate::tensor::alloc_error(
@@ -772,18 +820,28 @@ impl FcGradSteps {
     }
 
     /// The weight and bias gradients summed over the runs kept since the
-    /// last call (W's shape and (N)), or `None` if none was.
-    pub(crate) fn take(&mut self) -> Result<Option<(Tensor, Tensor)>> {
+    /// last call (W's shape and (N)), or `None` if none was. `dy`: the
+    /// tensor holding dY's rows when the runs were pushed with `at` (run
+    /// t's at rows `row + t`).
+    pub(crate) fn take(
+        &mut self,
+        dy: Option<(&Tensor, usize)>,
+    ) -> Result<Option<(Tensor, Tensor)>> {
         let Some(g) = self.rows.as_mut().filter(|g| g.runs > 0) else {
             return Ok(None);
         };
-        g.runs = 0;
+        let runs = std::mem::take(&mut g.runs);
+        if dy.is_some() != (g.block > 0) {
+            return Err(Error::internal(
+                "FC's rows over the steps were kept another way",
+            ));
+        }
         let tr = self.tr;
         if let Some(r) = g.rows.downcast_mut::<(Vec<f32>, Vec<f32>)>() {
-            return sums_over_rows(r, &g.w_shape, g.k, g.n, tr).map(Some);
+            return sums_over_rows(r, dy, (runs, g.block), &g.w_shape, g.k, g.n, tr).map(Some);
         }
         match g.rows.downcast_mut::<(Vec<f64>, Vec<f64>)>() {
-            Some(r) => sums_over_rows(r, &g.w_shape, g.k, g.n, tr).map(Some),
+            Some(r) => sums_over_rows(r, dy, (runs, g.block), &g.w_shape, g.k, g.n, tr).map(Some),
             None => Err(Error::internal(
                 "FC's rows over the steps are of no float dtype",
             )),
@@ -791,10 +849,13 @@ impl FcGradSteps {
     }
 }
 
-/// [`FcGradSteps::take`] of rows `(xs, dys)`, which it empties (keeping
-/// their capacity).
+/// [`FcGradSteps::take`] of rows `(xs, dys)` (dY's rows in `dy` when given:
+/// `runs` runs of `block` elements of X each, from its row `row`), which
+/// it empties (keeping their capacity).
 fn sums_over_rows<T: Float>(
     (xs, dys): &mut (Vec<T>, Vec<T>),
+    dy: Option<(&Tensor, usize)>,
+    (runs, block): (usize, usize),
     shape: &[usize],
     k: usize,
     n: usize,
@@ -807,8 +868,30 @@ fn sums_over_rows<T: Float>(
         n,
         y_shape: Vec::new(),
     };
-    let sums = fc_param_grads(xs, dys, &d, tr);
-    xs.clear();
+    let sums = match dy {
+        None => fc_param_grads(xs, dys, &d, tr),
+        Some((t, row)) => {
+            let a = T::view(t)
+                .ok_or_else(|| Error::internal("dY's rows over the steps are of another dtype"))?;
+            let all = a
+                .as_slice()
+                .ok_or_else(|| Error::internal("dY's rows over the steps are not contiguous"))?;
+            let per = block.checked_div(k).unwrap_or(0) * n;
+            let rows = t.shape().first().copied().unwrap_or(0);
+            if xs.len() != block * runs || per * rows != all.len() || row + runs > rows {
+                return Err(Error::internal(format!(
+                    "dY's rows over the steps ({:?}) do not hold {runs} runs from row {row}",
+                    t.shape()
+                )));
+            }
+            fc_param_grads(xs, &all[row * per..(row + runs) * per], &d, tr)
+        }
+    };
+    // Rows placed by run (`dy` given) keep their length: the next
+    // sequence of as many runs overwrites them.
+    if dy.is_none() {
+        xs.clear();
+    }
     dys.clear();
     let (dw, db) = sums?;
     Ok((T::wrap(array(shape, dw)?), T::wrap(array(&[n], db)?)))

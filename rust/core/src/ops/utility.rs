@@ -75,6 +75,11 @@ pub fn schemas() -> Vec<OpSchema> {
             .inplace(InPlace::Allow(in_place_0_0))
             .infer(|_, ins, n| Ok(crate::shapes::rules::same_as_input(ins, 0, n)))
             .doc("Y = X; the backward pass stops here."),
+        OpSchema::new("Free", build_free)
+            .inputs(1, MANY)
+            .outputs(1, MANY)
+            .inplace(InPlace::Enforce(|i, o| i == o))
+            .doc("Empties its outputs, which are its inputs one to one (the inputs only order the op after the ops that write them); no gradient."),
         OpSchema::new("ZeroGradient", build_zero_gradient)
             .inputs(1, 1)
             .outputs(0, 0)
@@ -1183,6 +1188,22 @@ fn split(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
         };
         for (j, t) in outs.into_iter().enumerate() {
             l.set_output(j, t);
+        }
+        Ok(true)
+    }))
+}
+
+fn build_free(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
+    if ctx.num_inputs() != ctx.num_outputs() {
+        return Err(ctx.bad_arg(format!(
+            "Free needs as many outputs as inputs, got {} and {}",
+            ctx.num_inputs(),
+            ctx.num_outputs()
+        )));
+    }
+    Ok(kernel(|cx| {
+        for i in 0..cx.num_outputs() {
+            cx.output_blob(i).set(BlobValue::Empty);
         }
         Ok(true)
     }))

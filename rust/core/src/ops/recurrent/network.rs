@@ -170,6 +170,19 @@ fn write_rows(dst: &mut Tensor, start: usize, src: &Tensor, what: &str) -> Resul
     by_dtype!(dst.dtype(), write_rows_t(dst, start, src, what))
 }
 
+fn zero_rows_t<T: Element>(dst: &mut Tensor, start: usize, len: usize) -> Result<()> {
+    let d = dst.array_mut::<T>()?;
+    let end = (start + len).min(d.len_of(Axis(0)));
+    d.slice_axis_mut(Axis(0), Slice::from(start.min(end)..end))
+        .fill(T::default());
+    Ok(())
+}
+
+/// Rows `start..start + len` of `dst` (those in range) set to zero.
+fn zero_rows(dst: &mut Tensor, start: usize, len: usize) -> Result<()> {
+    by_dtype!(dst.dtype(), zero_rows_t(dst, start, len))
+}
+
 fn add_span_t<T: Float>(
     dst: &mut Tensor,
     at: usize,
@@ -545,6 +558,10 @@ struct BoundLink {
     /// A written link's last value written out, and its step (cleared by
     /// [`new_run`]).
     last: Option<(usize, Tensor)>,
+    /// A fresh written link whose external was not zeroed before the run
+    /// (see [`BackwardOp::seq_grad`]): a step that leaves it empty zeroes
+    /// its rows instead of leaving them.
+    zero_empty: bool,
 }
 
 /// Forgets the external blobs `links` found in the last run (a blob the
@@ -588,6 +605,7 @@ fn bind_links(
             ext: None,
             from: None,
             last: None,
+            zero_empty: false,
         })
         .collect()
 }
@@ -696,6 +714,16 @@ fn links_out(ws: &Workspace, links: &mut [BoundLink], t: usize) -> Result<()> {
     for l in links.iter_mut().filter(|l| l.written) {
         let v = l.internal.get();
         if l.fresh && v.is_empty() {
+            if l.zero_empty {
+                let row = link_row(l, t)?;
+                let ext = external(ws, l)?;
+                let mut w = ext.write();
+                let BlobValue::Tensor(dst) = &mut *w else {
+                    return Err(Error::type_error("a link's external blob holds no tensor")
+                        .with_blob(&l.external));
+                };
+                zero_rows(dst, row, l.window).map_err(|e| e.with_blob(&l.external))?;
+            }
             continue;
         }
         let row = link_row(l, t)?;
@@ -733,6 +761,8 @@ struct ForwardBound {
     net: Net,
     timestep: Blob,
     links: Vec<BoundLink>,
+    /// Every blob an op of the step net names.
+    named: HashSet<String>,
 }
 
 fn build_forward(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
@@ -761,7 +791,16 @@ fn build_forward(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
 }
 
 /// The (T + k, N, D) state started from its initial input.
-fn initial_state(init: &Tensor, steps: usize, batch: usize, name: &str) -> Result<Tensor> {
+/// The states tensor of a run: the initial state in its first rows, then
+/// zeros, or whatever `reuse` (the last run's tensor, used when it has the
+/// dtype and shape) holds there (see [`state_rows_rewritten`]).
+fn initial_state(
+    init: &Tensor,
+    steps: usize,
+    batch: usize,
+    name: &str,
+    reuse: Option<Tensor>,
+) -> Result<Tensor> {
     let s = init.shape();
     if s.is_empty() || s.len() > 3 {
         return Err(Error::shape(format!(
@@ -777,7 +816,11 @@ fn initial_state(init: &Tensor, steps: usize, batch: usize, name: &str) -> Resul
         ))
         .with_blob(name));
     }
-    let mut state = Tensor::zeros(init.dtype(), &[steps + k, batch, d])?;
+    let shape = [steps + k, batch, d];
+    let mut state = match reuse {
+        Some(t) if t.dtype() == init.dtype() && t.shape() == shape => t,
+        _ => Tensor::zeros(init.dtype(), &shape)?,
+    };
     if s.len() >= 2 {
         let first = init.clone().into_shape(&[k, batch, d])?;
         write_rows(&mut state, 0, &first, "an initial state")?;
@@ -838,6 +881,7 @@ impl ForwardOp {
             net,
             timestep,
             links,
+            named: named_blobs(&def),
         });
         Ok(())
     }
@@ -855,13 +899,39 @@ impl Operator for ForwardOp {
         }
         let (steps, batch) = (input0.shape()[0], input0.shape()[1]);
         drop(input0);
-        for (state, i) in &self.states {
-            let init = tensor_of(cx.input_blob(*i), &cx.io.input_names[*i])?;
-            let s = initial_state(&init, steps, batch, &cx.io.input_names[*i])?;
-            cx.ws.create_blob(state).set(BlobValue::Tensor(s));
+        // The states start from their initial rows; the rest are zeros, or
+        // the last run's tensor where the links write every row again (taken
+        // out of its blob until then, so that nothing else holds it).
+        let mut olds = Vec::with_capacity(self.states.len());
+        for (state, _) in &self.states {
+            let blob = cx.ws.create_blob(state);
+            let old = if cx.io.input_names.contains(state) {
+                None
+            } else {
+                match std::mem::replace(&mut *blob.write(), BlobValue::Empty) {
+                    BlobValue::Tensor(t) => Some(t),
+                    _ => None,
+                }
+            };
+            olds.push((blob, old));
         }
         self.bind(cx)?;
         let b = self.bound.as_mut().expect("bound");
+        let mut reused = HashSet::new();
+        for ((state, i), (blob, old)) in self.states.iter().zip(olds) {
+            let init = tensor_of(cx.input_blob(*i), &cx.io.input_names[*i])?;
+            let k = if init.ndim() == 3 { init.shape()[0] } else { 1 };
+            let old = old
+                .filter(|_| !b.named.contains(state) && state_rows_rewritten(&b.links, state, k));
+            if old.is_some() {
+                reused.insert(state.clone());
+            }
+            let s = initial_state(&init, steps, batch, &cx.io.input_names[*i], old)?;
+            blob.set(BlobValue::Tensor(s));
+        }
+        for l in &mut b.links {
+            l.zero_empty = l.fresh && reused.contains(&l.external);
+        }
         let ws = b.scratch.ws.clone();
         let kept = b.scratch.kept.lock().clone();
         new_run(&mut b.links);
@@ -954,6 +1024,8 @@ struct BackwardBound {
     links: Vec<BoundLink>,
     step_grads: Vec<Blob>,
     gathered: Vec<Gathered>,
+    /// Every blob an op of the step net names.
+    named: HashSet<String>,
 }
 
 /// A backward step net's FCGradient whose weight and bias gradients are
@@ -971,6 +1043,87 @@ struct Gathered {
     /// X, W and dY's blobs, looked up at the first step of a run (cleared
     /// when a run starts, as [`BoundLink::ext`]), not at every step.
     blobs: Option<[Blob; 3]>,
+    /// The written link (an index into `BackwardBound::links`) that copies
+    /// dY out after each step into rows nothing else writes (see
+    /// [`dy_links`]): dY's rows are read there at the end, not kept.
+    dy_link: Option<usize>,
+}
+
+/// Every blob an op of `def` names.
+fn named_blobs(def: &NetDef) -> HashSet<String> {
+    def.op
+        .iter()
+        .flat_map(|o| o.input.iter().chain(&o.output))
+        .cloned()
+        .collect()
+}
+
+/// Whether the forward links write every row of a states tensor `external`
+/// after its `k` initial rows before any link reads it: one written link,
+/// window 1 at offset `k` (step t writes row t + k), and links that read at
+/// step t only rows below t + k.
+fn state_rows_rewritten(links: &[BoundLink], external: &str, k: usize) -> bool {
+    let mut writers = 0;
+    for l in links.iter().filter(|l| l.external == external) {
+        if l.written {
+            if l.window != 1 || l.offset != k as i64 {
+                return false;
+            }
+            writers += 1;
+        } else if l.offset < 0 || l.offset as usize + l.window > k {
+            return false;
+        }
+    }
+    writers == 1
+}
+
+/// Whether the written links to `external` write each of its `rows` rows
+/// over `steps` steps, and no link reads it.
+fn rows_covered(links: &[BoundLink], external: &str, steps: usize, rows: usize) -> bool {
+    let mut hit = vec![false; rows];
+    for l in links.iter().filter(|l| l.external == external) {
+        if !l.written {
+            return false;
+        }
+        for t in 0..steps {
+            let first = t as i64 + l.offset;
+            for r in first..first + l.window as i64 {
+                match usize::try_from(r).ok().and_then(|r| hit.get_mut(r)) {
+                    Some(h) => *h = true,
+                    None => return false,
+                }
+            }
+        }
+    }
+    hit.iter().all(|&h| h)
+}
+
+/// Finds, for each of `gathered`, a written link of its dY whose rows the
+/// product can read after the last step: window 1, the only link writing
+/// its external, which neither the step net `def` names nor the op
+/// touches between steps (`touched`), so step t's dY stays in row t +
+/// offset.
+fn dy_links(
+    gathered: &mut [Gathered],
+    links: &[BoundLink],
+    named: &HashSet<String>,
+    touched: &HashSet<String>,
+) {
+    for g in gathered {
+        g.dy_link = links.iter().position(|l| {
+            l.written
+                && l.name == g.inputs[2]
+                && l.window == 1
+                && l.offset >= 0
+                && !named.contains(&l.external)
+                && !touched.contains(&l.external)
+                && links
+                    .iter()
+                    .filter(|o| o.written && o.external == l.external)
+                    .count()
+                    == 1
+        });
+    }
 }
 
 /// Takes each FCGradient of `step` that makes parameters' step gradients
@@ -1035,6 +1188,7 @@ fn gather_fc_grads(step: &mut NetDef, params: &[Param], links: &[Link]) -> Resul
             to,
             rows,
             blobs: None,
+            dy_link: None,
         });
     }
     Ok(found)
@@ -1163,7 +1317,7 @@ impl BackwardOp {
         let timestep = ws.create_local_blob(&self.timestep);
         let writes = written(&self.step);
         let mut def = with_link_refreshes(&self.step, &self.links, &self.timestep);
-        let gathered = gather_fc_grads(&mut def, &self.params, &self.links)?;
+        let mut gathered = gather_fc_grads(&mut def, &self.params, &self.links)?;
         // The forward links were kept with each step; only the gradients'
         // are applied.
         let mut links: Vec<BoundLink> = bind_links(ws, &self.links, &writes, &def)
@@ -1186,6 +1340,8 @@ impl BackwardOp {
             .map(|s| s.grad.clone())
             .collect();
         forwarded_links(&mut links, &def, &touched);
+        let named = named_blobs(&def);
+        dy_links(&mut gathered, &links, &named, &touched);
         let step_grads = self
             .params
             .iter()
@@ -1199,6 +1355,7 @@ impl BackwardOp {
             links,
             step_grads,
             gathered,
+            named,
         });
         Ok(())
     }
@@ -1224,10 +1381,16 @@ impl Operator for BackwardOp {
                 .create_blob(&p.grad)
                 .set(BlobValue::Tensor(Tensor::zeros(v.dtype(), v.shape())?));
         }
+        // The sequence's gradient: zeros, or the last run's tensor when the
+        // links overwrite all its rows (see `seq_grad_reusable`); taken out
+        // of its blob until then, so that nothing else holds it.
         let seq_grad = format!("{seq_name}_grad");
-        cx.ws
-            .create_blob(&seq_grad)
-            .set(BlobValue::Tensor(Tensor::zeros(seq.dtype(), seq.shape())?));
+        let seq_blob = cx.ws.create_blob(&seq_grad);
+        let old = if cx.io.input_names.contains(&seq_grad) {
+            BlobValue::Empty
+        } else {
+            std::mem::replace(&mut *seq_blob.write(), BlobValue::Empty)
+        };
         let mut outer_grads = Vec::with_capacity(self.states.len());
         for s in &self.states {
             let st = tensor_of(&cx.ws.blob(&s.state)?, &s.state)?;
@@ -1248,6 +1411,26 @@ impl Operator for BackwardOp {
         // Bound now that the gradients it may link exist.
         self.bind(cx)?;
         let b = self.bound.as_mut().expect("bound");
+        let reused = match old {
+            BlobValue::Tensor(t)
+                if t.dtype() == seq.dtype()
+                    && t.shape() == seq.shape()
+                    && !b.named.contains(&seq_grad)
+                    && !self.states.iter().any(|s| s.grad == seq_grad)
+                    && rows_covered(&b.links, &seq_grad, steps, steps) =>
+            {
+                Some(t)
+            }
+            _ => None,
+        };
+        for l in &mut b.links {
+            l.zero_empty = reused.is_some() && l.fresh && l.external == seq_grad;
+        }
+        let g = match reused {
+            Some(t) => t,
+            None => Tensor::zeros(seq.dtype(), seq.shape())?,
+        };
+        seq_blob.set(BlobValue::Tensor(g));
         let ws = b.scratch.ws.clone();
         let kept_steps = *b.scratch.kept_steps.lock();
         if kept_steps < steps {
@@ -1294,7 +1477,8 @@ impl Operator for BackwardOp {
                 let blobs = g.blobs.as_ref().expect("set above");
                 let [x, w, dy] = [0, 1, 2].map(|i| tensor_of(&blobs[i], &g.inputs[i]));
                 let names = g.inputs.each_ref().map(String::as_str);
-                g.rows.push(&x?, &w?, &dy?, names, steps)?;
+                g.rows
+                    .push(&x?, &w?, &dy?, names, steps, g.dy_link.map(|_| t))?;
             }
             for (k, (p, sg)) in self.params.iter().zip(&b.step_grads).enumerate() {
                 if b.gathered.iter().any(|g| g.to.contains(&Some(k))) {
@@ -1306,7 +1490,17 @@ impl Operator for BackwardOp {
             }
         }
         for g in &mut b.gathered {
-            if let Some((dw, db)) = g.rows.take()? {
+            let sums = match g.dy_link {
+                Some(k) => {
+                    let l = &mut b.links[k];
+                    let ext = external(&ws, l)?;
+                    let v = ext.read();
+                    let t = v.tensor().map_err(|e| e.with_blob(&l.external))?;
+                    g.rows.take(Some((t, l.offset as usize)))?
+                }
+                None => g.rows.take(None)?,
+            };
+            if let Some((dw, db)) = sums {
                 for (to, sum) in g.to.iter().zip([dw, db]) {
                     if let Some(p) = to.map(|k| &self.params[k]) {
                         add_param_grad(cx.ws, p, &sum)?;
