@@ -298,12 +298,14 @@ def test_a_backward_run_stopped_part_way_leaves_nothing_for_the_next(fresh):
         np.testing.assert_array_equal(workspace.FetchBlob(k), v, err_msg=k)
 
 
-def _grad_net(name, steps, fail=False):
-    """The LSTM and its gradient (seeded by R at every output row); `fail`:
-    the backward step net fails at the steps below `fail_from`."""
-    net, outs = lstm_net(name)
-    net.AddExternalInputs("R")
-    grads = net.AddGradientOperators({outs[0]: "R"})
+def _grad_net(name, steps, fail=False, seeds_of=(0,)):
+    """The LSTM and its gradient (outputs `seeds_of` seeded by R0, R1, ...,
+    which the caller feeds); `fail`: the backward step net fails at the
+    steps below `fail_from`."""
+    net, outs = lstm_net(name, outputs_with_grads=seeds_of)
+    seeds = ["R%d" % k for k in range(len(seeds_of))]
+    net.AddExternalInputs(*seeds)
+    grads = net.AddGradientOperators({outs[k]: r for k, r in zip(seeds_of, seeds)})
     if fail:
         op = next(o for o in net.Proto().op if o.type == "RecurrentNetworkGradient")
         step = next(a for a in op.arg if a.name == "backward_step_net").n
@@ -324,16 +326,23 @@ def test_reruns_on_new_values_give_what_a_new_workspace_gives(fresh, dtype):
     steps, lengths = 5, [5, 2, 0]
     first = {k: v.astype(dtype) for k, v in _draw(steps, 3, 4, seed=21).items()}
     second = {k: v.astype(dtype) for k, v in _draw(steps, 3, 4, seed=22).items()}
-    r = np.random.default_rng(5).uniform(-1, 1, (steps, 3, 4)).astype(dtype)
+    # Seeds of the hidden states, the last one and the cells: the outer
+    # gradients join the states' gradients between steps and at the end.
+    rng = np.random.default_rng(5)
+    seeds = [rng.uniform(-1, 1, (rows, 3, 4)).astype(dtype) for rows in (steps, 1, steps)]
+
+    def feed_seeds():
+        for k, v in enumerate(seeds):
+            workspace.FeedBlob("R%d" % k, v)
 
     def run(net, values, lengths):
         _feed(values, lengths)
-        workspace.FeedBlob("R", r)
+        feed_seeds()
         workspace.RunNet(net.Proto().name)
 
-    net, names = _grad_net("again2", steps, fail=True)
+    net, names = _grad_net("again2", steps, fail=True, seeds_of=(0, 1, 2))
     _feed(first, lengths)
-    workspace.FeedBlob("R", r)
+    feed_seeds()
     workspace.CreateNet(net)
     run(net, first, lengths)
     workspace.FeedBlob("fail_from", np.array([3], np.int32))
@@ -343,9 +352,9 @@ def test_reruns_on_new_values_give_what_a_new_workspace_gives(fresh, dtype):
     run(net, second, [4, 1, 2])
     got = {k: workspace.FetchBlob(k).copy() for k in names}
     workspace.ResetWorkspace()
-    net, names = _grad_net("again2", steps, fail=True)
+    net, names = _grad_net("again2", steps, fail=True, seeds_of=(0, 1, 2))
     _feed(second, [4, 1, 2])
-    workspace.FeedBlob("R", r)
+    feed_seeds()
     workspace.CreateNet(net)
     run(net, second, [4, 1, 2])
     for k in names:
@@ -368,7 +377,7 @@ def test_a_step_that_leaves_the_input_gradient_empty_leaves_zero_rows(fresh):
     step.op.add().CopyFrom(core.CreateOperator("Free", [internal], [internal]))
     values = _draw(steps, 2, 3, seed=4)
     _feed(values, lengths)
-    workspace.FeedBlob("R", np.ones((steps, 2, 3)))
+    workspace.FeedBlob("R0", np.ones((steps, 2, 3)))
     workspace.CreateNet(net)
     for _ in range(2):
         workspace.FeedBlob(seq_grad, np.full((steps, 2, 12), 5.0))

@@ -1077,6 +1077,26 @@ fn state_rows_rewritten(links: &[BoundLink], external: &str, k: usize) -> bool {
     writers == 1
 }
 
+/// Whether the backward links write each row of a state's gradient
+/// `external` below the sequence's length before any link reads it: one
+/// written link, window 1 at offset 0 (step t writes row t), and links that
+/// read at step t only rows above t (written at a later step, which runs
+/// before it, or past the sequence, zeroed).
+fn grad_rows_rewritten(links: &[BoundLink], external: &str) -> bool {
+    let mut writers = 0;
+    for l in links.iter().filter(|l| l.external == external) {
+        if l.written {
+            if l.window != 1 || l.offset != 0 {
+                return false;
+            }
+            writers += 1;
+        } else if l.offset < 1 {
+            return false;
+        }
+    }
+    writers == 1
+}
+
 /// Whether the written links to `external` write each of its `rows` rows
 /// over `steps` steps, and no link reads it.
 fn rows_covered(links: &[BoundLink], external: &str, steps: usize, rows: usize) -> bool {
@@ -1391,27 +1411,30 @@ impl Operator for BackwardOp {
         } else {
             std::mem::replace(&mut *seq_blob.write(), BlobValue::Empty)
         };
+        // The states' gradients likewise (taken out of their blobs until
+        // bound): zeros, or the last run's tensors where the links write
+        // each row before it is read, the rows past the sequence zeroed.
         let mut outer_grads = Vec::with_capacity(self.states.len());
+        let mut olds = Vec::with_capacity(self.states.len());
         for s in &self.states {
-            let st = tensor_of(&cx.ws.blob(&s.state)?, &s.state)?;
-            let mut g = Tensor::zeros(st.dtype(), st.shape())?;
-            if let Some(k) = s.last {
-                let og = tensor_of(cx.input_blob(k), &cx.io.input_names[k])?;
-                let n = dim0(&g);
-                add_rows(&mut g, n - 1, &og, 0, 1, "the last state's gradient")
-                    .map_err(|e| e.with_blob(&cx.io.input_names[k]))?;
-            }
-            cx.ws.create_blob(&s.grad).set(BlobValue::Tensor(g));
+            let blob = cx.ws.create_blob(&s.grad);
+            let old = if cx.io.input_names.contains(&s.grad) || s.grad == seq_grad {
+                BlobValue::Empty
+            } else {
+                std::mem::replace(&mut *blob.write(), BlobValue::Empty)
+            };
+            olds.push(old);
             let all = match s.all {
                 Some(k) => Some(tensor_of(cx.input_blob(k), &cx.io.input_names[k])?),
                 None => None,
             };
-            outer_grads.push((cx.ws.blob(&s.grad)?, all));
+            outer_grads.push((blob, all));
         }
         // Bound now that the gradients it may link exist.
         self.bind(cx)?;
         let b = self.bound.as_mut().expect("bound");
-        let reused = match old {
+        let mut reused = HashSet::new();
+        let seq_old = match old {
             BlobValue::Tensor(t)
                 if t.dtype() == seq.dtype()
                     && t.shape() == seq.shape()
@@ -1419,18 +1442,44 @@ impl Operator for BackwardOp {
                     && !self.states.iter().any(|s| s.grad == seq_grad)
                     && rows_covered(&b.links, &seq_grad, steps, steps) =>
             {
+                reused.insert(seq_grad.clone());
                 Some(t)
             }
             _ => None,
         };
-        for l in &mut b.links {
-            l.zero_empty = reused.is_some() && l.fresh && l.external == seq_grad;
-        }
-        let g = match reused {
+        let g = match seq_old {
             Some(t) => t,
             None => Tensor::zeros(seq.dtype(), seq.shape())?,
         };
         seq_blob.set(BlobValue::Tensor(g));
+        for ((s, (blob, _)), old) in self.states.iter().zip(&outer_grads).zip(olds) {
+            let st = tensor_of(&cx.ws.blob(&s.state)?, &s.state)?;
+            let n = dim0(&st);
+            let mut g = match old {
+                BlobValue::Tensor(mut t)
+                    if t.dtype() == st.dtype()
+                        && t.shape() == st.shape()
+                        && n > steps
+                        && !b.named.contains(&s.grad)
+                        && grad_rows_rewritten(&b.links, &s.grad) =>
+                {
+                    zero_rows(&mut t, steps, n - steps)?;
+                    reused.insert(s.grad.clone());
+                    t
+                }
+                _ => Tensor::zeros(st.dtype(), st.shape())?,
+            };
+            drop(st);
+            if let Some(k) = s.last {
+                let og = tensor_of(cx.input_blob(k), &cx.io.input_names[k])?;
+                add_rows(&mut g, n - 1, &og, 0, 1, "the last state's gradient")
+                    .map_err(|e| e.with_blob(&cx.io.input_names[k]))?;
+            }
+            blob.set(BlobValue::Tensor(g));
+        }
+        for l in &mut b.links {
+            l.zero_empty = l.fresh && reused.contains(&l.external);
+        }
         let ws = b.scratch.ws.clone();
         let kept_steps = *b.scratch.kept_steps.lock();
         if kept_steps < steps {
