@@ -18,12 +18,12 @@
 //!
 //! What the copies cost is kept down where the links' rules allow it: a
 //! read link whose rows the previous step's written link just wrote takes
-//! that value instead ([`forwarded_links`]); the step FC's weight gradient
+//! that value instead (`forwarded_links`); the step FC's weight gradient
 //! is one product over the sequence, its dY read where dY's link wrote it
-//! ([`dy_links`]); and the states, their gradients and the sequence's
+//! (`dy_links`); and the states, their gradients and the sequence's
 //! gradient reuse the last run's tensors instead of zeros when the links
-//! write each row before any link reads it ([`state_rows_rewritten`],
-//! [`grad_rows_rewritten`], [`rows_covered`]).
+//! write each row before any link reads it (`state_rows_rewritten`,
+//! `grad_rows_rewritten`, `rows_covered`).
 
 use super::super::kit::{by_dtype, kernel};
 use crate::arg;
