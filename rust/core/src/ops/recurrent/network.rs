@@ -567,9 +567,10 @@ struct BoundLink {
     /// A written link's last value written out, and its step (cleared by
     /// [`new_run`]).
     last: Option<(usize, Tensor)>,
-    /// A fresh written link whose external was not zeroed before the run
-    /// (see [`BackwardOp::seq_grad`]): a step that leaves it empty zeroes
-    /// its rows instead of leaving them.
+    /// A fresh written link whose external holds the last run's values
+    /// instead of zeros (see [`rows_covered`], [`state_rows_rewritten`],
+    /// [`grad_rows_rewritten`]): a step that leaves it empty zeroes its
+    /// rows instead of leaving them.
     zero_empty: bool,
 }
 
@@ -1411,8 +1412,8 @@ impl Operator for BackwardOp {
                 .set(BlobValue::Tensor(Tensor::zeros(v.dtype(), v.shape())?));
         }
         // The sequence's gradient: zeros, or the last run's tensor when the
-        // links overwrite all its rows (see `seq_grad_reusable`); taken out
-        // of its blob until then, so that nothing else holds it.
+        // links overwrite all its rows (see `rows_covered`); taken out of
+        // its blob until bound, so that nothing else holds it.
         let seq_grad = format!("{seq_name}_grad");
         let seq_blob = cx.ws.create_blob(&seq_grad);
         let old = if cx.io.input_names.contains(&seq_grad) {
