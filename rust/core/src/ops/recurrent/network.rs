@@ -915,13 +915,9 @@ impl Operator for ForwardOp {
         let mut olds = Vec::with_capacity(self.states.len());
         for (state, _) in &self.states {
             let blob = cx.ws.create_blob(state);
-            let old = if cx.io.input_names.contains(state) {
-                None
-            } else {
-                match std::mem::replace(&mut *blob.write(), BlobValue::Empty) {
-                    BlobValue::Tensor(t) => Some(t),
-                    _ => None,
-                }
+            let old = match taken(&blob, state, &cx.io.input_names) {
+                BlobValue::Tensor(t) => Some(t),
+                _ => None,
             };
             olds.push((blob, old));
         }
@@ -1057,6 +1053,17 @@ struct Gathered {
     /// dY out after each step into rows nothing else writes (see
     /// [`dy_links`]): dY's rows are read there at the end, not kept.
     dy_link: Option<usize>,
+}
+
+/// The value of `blob` (named `name`, an output the op may reuse), taken
+/// out of it so that nothing else holds it; `Empty` and left in place when
+/// the blob is also one of the op's `inputs`.
+fn taken(blob: &Blob, name: &str, inputs: &[String]) -> BlobValue {
+    if inputs.iter().any(|i| i == name) {
+        BlobValue::Empty
+    } else {
+        std::mem::replace(&mut *blob.write(), BlobValue::Empty)
+    }
 }
 
 /// Every blob an op of `def` names.
@@ -1416,11 +1423,7 @@ impl Operator for BackwardOp {
         // its blob until bound, so that nothing else holds it.
         let seq_grad = format!("{seq_name}_grad");
         let seq_blob = cx.ws.create_blob(&seq_grad);
-        let old = if cx.io.input_names.contains(&seq_grad) {
-            BlobValue::Empty
-        } else {
-            std::mem::replace(&mut *seq_blob.write(), BlobValue::Empty)
-        };
+        let old = taken(&seq_blob, &seq_grad, &cx.io.input_names);
         // The states' gradients likewise (taken out of their blobs until
         // bound): zeros, or the last run's tensors where the links write
         // each row before it is read, the rows past the sequence zeroed.
@@ -1428,10 +1431,10 @@ impl Operator for BackwardOp {
         let mut olds = Vec::with_capacity(self.states.len());
         for s in &self.states {
             let blob = cx.ws.create_blob(&s.grad);
-            let old = if cx.io.input_names.contains(&s.grad) || s.grad == seq_grad {
+            let old = if s.grad == seq_grad {
                 BlobValue::Empty
             } else {
-                std::mem::replace(&mut *blob.write(), BlobValue::Empty)
+                taken(&blob, &s.grad, &cx.io.input_names)
             };
             olds.push(old);
             let all = match s.all {
