@@ -413,3 +413,16 @@ def test_a_step_that_leaves_the_hidden_state_empty_leaves_zero_rows(fresh):
         np.testing.assert_array_equal(workspace.FetchBlob(outs[0]), np.zeros((steps, n, d)))
         np.testing.assert_allclose(workspace.FetchBlob(outs[2]), np.stack(cs), rtol=1e-12,
                                    atol=1e-12)
+
+
+def test_an_empty_batch_gives_zero_weight_gradients(fresh):
+    # No rows at any step: the weight gradient over the sequence is a
+    # product over nothing, zeros of W's shape.
+    net, names = _grad_net("empty_batch", 3)
+    values = _draw(3, 0, 2)
+    _feed(values, [])
+    workspace.FeedBlob("R0", np.ones((3, 0, 2)))
+    workspace.RunNetOnce(net)
+    np.testing.assert_array_equal(workspace.FetchBlob("W_grad"), np.zeros((8, 2)))
+    np.testing.assert_array_equal(workspace.FetchBlob("b_grad"), np.zeros(8))
+    assert workspace.FetchBlob(names[4]).shape == (3, 0, 8)

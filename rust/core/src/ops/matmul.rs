@@ -618,8 +618,10 @@ struct Gathered {
     k: usize,
     n: usize,
     runs: usize,
-    /// X's elements a run when runs are placed (`at`), else 0.
+    /// X's elements a run when runs are placed (`at`).
     block: usize,
+    /// The runs since the last take were placed (`at`): dY is the caller's.
+    placed: bool,
 }
 
 impl FcGradSteps {
@@ -734,6 +736,7 @@ impl FcGradSteps {
                 n: 0,
                 runs: 0,
                 block: 0,
+                placed: false,
             });
         }
         let Some(g) = self.rows.as_mut() else {
@@ -776,7 +779,7 @@ impl FcGradSteps {
                 xs.resize(len, T::of(0.0));
             }
             let block = xa.len();
-            g.block = block;
+            (g.block, g.placed) = (block, true);
             if t >= runs || xs.len() != block * runs || !dys.is_empty() {
                 return Err(Error::internal(format!(
                     "{op}: step {t}'s rows do not fit the {runs} kept"
@@ -793,7 +796,7 @@ impl FcGradSteps {
         if g.runs == 0 {
             xs.clear();
             dys.clear();
-            g.block = 0;
+            (g.block, g.placed) = (0, false);
         }
         for (dst, src) in [(xs, xa), (dys, dya)] {
             dst.try_reserve(src.len()).map_err(|_| {
@@ -831,7 +834,7 @@ impl FcGradSteps {
             return Ok(None);
         };
         let runs = std::mem::take(&mut g.runs);
-        if dy.is_some() != (g.block > 0) {
+        if dy.is_some() != g.placed {
             return Err(Error::internal(
                 "FC's rows over the steps were kept another way",
             ));
