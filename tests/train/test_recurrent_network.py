@@ -426,3 +426,130 @@ def test_an_empty_batch_gives_zero_weight_gradients(fresh):
     np.testing.assert_array_equal(workspace.FetchBlob("W_grad"), np.zeros((8, 2)))
     np.testing.assert_array_equal(workspace.FetchBlob("b_grad"), np.zeros(8))
     assert workspace.FetchBlob(names[4]).shape == (3, 0, 8)
+
+
+def _fail_in(net, op_type, arg, steps):
+    """Makes the step net `arg` of the `op_type` op fail at the steps below
+    the int blob `fail_from` (a Gather of a negative index)."""
+    op = next(o for o in net.Proto().op if o.type == op_type)
+    step = next(a for a in op.arg if a.name == arg).n
+    step.op.add().CopyFrom(core.CreateOperator("Sub", ["timestep", "fail_from"], ["fail_i"]))
+    step.op.add().CopyFrom(core.CreateOperator("Gather", ["fail_data", "fail_i"], ["fail_o"]))
+    step.external_input.extend(["fail_from", "fail_data"])
+    workspace.FeedBlob("fail_data", np.zeros(steps, np.float32))
+    workspace.FeedBlob("fail_from", np.array([0], np.int32))
+
+
+def _big_run(name, values, lengths, where=None):
+    """An LSTM of 32 x 128 and its gradient: a step's rows are 16 KiB and
+    more, so they go out to the sequences (and the next step's input rows
+    come in) on the pool's idle thread while the next step runs."""
+    steps = values["input"].shape[0]
+    net, outs = lstm_net(name, outputs_with_grads=(0,))
+    net.AddExternalInputs("R0")
+    grads = net.AddGradientOperators({outs[0]: "R0"})
+    if where is not None:
+        _fail_in(net, *where, steps)
+    names = outs + [str(grads[k]) for k in ("input", "W", "b", "h0", "c0")]
+    _feed(values, lengths)
+    workspace.FeedBlob("R0", np.linspace(-1, 1, values["input"].size // 4,
+                                         dtype=np.float32).reshape(steps, -1, values["h0"].shape[2]))
+    return net, names
+
+
+@pytest.mark.parametrize("where", [("RecurrentNetwork", "step_net"),
+                                   ("RecurrentNetworkGradient", "backward_step_net")])
+def test_a_run_stopped_while_rows_go_out_on_the_pool_leaves_the_next_right(fresh, where):
+    # A run that fails part way waits for the copies still on the pool; the
+    # next run, on new values, gives the bits a new workspace gives, and
+    # its hidden states what a numpy LSTM gives.
+    steps, n, d = 6, 32, 128
+    lengths = [steps] * (n - 2) + [3, 0]
+    first = {k: v.astype(np.float32) for k, v in _draw(steps, n, d, seed=31).items()}
+    second = {k: v.astype(np.float32) for k, v in _draw(steps, n, d, seed=32).items()}
+    net, names = _big_run("pooled", first, lengths, where)
+    workspace.CreateNet(net)
+    workspace.RunNet(net.Proto().name)
+    workspace.FeedBlob("fail_from", np.array([3], np.int32))
+    with pytest.raises(RuntimeError, match="Gather"):
+        workspace.RunNet(net.Proto().name)
+    workspace.FeedBlob("fail_from", np.array([0], np.int32))
+    _feed(second, lengths)
+    workspace.RunNet(net.Proto().name)
+    got = {k: workspace.FetchBlob(k).copy() for k in names}
+    hs, _ = numpy_lstm(second["input"].astype(np.float64), second["h0"], second["c0"],
+                       second["W"], second["b"], lengths)
+    np.testing.assert_allclose(got[names[0]], hs, rtol=1e-4, atol=1e-5)
+    workspace.ResetWorkspace()
+    net, names = _big_run("pooled", second, lengths, where)
+    workspace.RunNetOnce(net)
+    for k in names:
+        np.testing.assert_array_equal(got[k], workspace.FetchBlob(k), err_msg=k)
+    # The gradients against the same ops unrolled, one set per step.
+    want = _unrolled_grads(second, lengths, workspace.FetchBlob("R0"))
+    for k, name in zip(("input", "W", "b", "h0", "c0"), names[4:]):
+        np.testing.assert_allclose(got[name], want[k], rtol=1e-3, atol=1e-4, err_msg=k)
+
+
+def _unrolled_grads(values, lengths, seed):
+    """The gradients of sum(hidden states * seed) through FC, Sum and
+    LSTMUnit written out for each step (no recurrent op)."""
+    steps = values["input"].shape[0]
+    flat = core.Net("unrolled_grads")
+    h, c, hs = "h0", "c0", []
+    for t in range(steps):
+        workspace.FeedBlob("x%d" % t, values["input"][t:t + 1])
+        workspace.FeedBlob("t%d" % t, np.array([t], np.int32))
+        g = flat.FC([h, "W", "b"], "gh%d" % t, axis=2)
+        g = flat.Sum([g, "x%d" % t], "g%d" % t)
+        h, c = flat.LSTMUnit([h, c, g, "seq_lengths", "t%d" % t],
+                             ["h%d" % (t + 1), "c%d" % (t + 1)])
+        hs.append(h)
+    flat.ZeroGradient([c], [])
+    all_h, _ = flat.Concat(hs, ["all_h", "all_h_dims"], axis=0)
+    workspace.FeedBlob("seed", seed)
+    loss = flat.SumElements([flat.Mul([all_h, "seed"], "weighted")], "loss")
+    grads = flat.AddGradientOperators([loss])
+    _feed(values, lengths)
+    workspace.RunNetOnce(flat)
+    got = {k: workspace.FetchBlob(str(grads[k])) for k in ("W", "b", "h0", "c0")}
+    got["input"] = np.concatenate([workspace.FetchBlob(str(grads["x%d" % t]))
+                                   for t in range(steps)])
+    return got
+
+
+_POOL_RUN = """
+import sys
+import numpy as np
+from ferrocaffe import _core, workspace
+sys.path.insert(0, sys.argv[3])
+import test_recurrent_network as m
+_core.set_num_threads(int(sys.argv[1]))
+steps, n, d = 5, 32, 128
+values = {k: v.astype(np.float32) for k, v in m._draw(steps, n, d, seed=41).items()}
+net, names = m._big_run("pool", values, [steps] * (n - 1) + [2])
+workspace.CreateNet(net)
+for _ in range(3):
+    workspace.RunNet(net.Proto().name)
+np.savez(sys.argv[2], **{"o%d" % i: workspace.FetchBlob(k) for i, k in enumerate(names)})
+"""
+
+
+def test_a_pool_of_two_gives_the_bits_of_one_thread(tmp_path):
+    # The copies handed to the pool's idle thread change where they run,
+    # not what they write: forward and gradients on pools of one and two
+    # threads (each its own process: the pool is built once) agree to the
+    # bit.
+    import os
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    got = []
+    for threads in (1, 2):
+        out = tmp_path / ("pool%d.npz" % threads)
+        subprocess.run([sys.executable, "-c", _POOL_RUN, str(threads), str(out), here],
+                       check=True, timeout=300)
+        got.append(np.load(out))
+    assert len(got[0].files) == 9
+    for k in got[0].files:
+        np.testing.assert_array_equal(got[0][k], got[1][k], err_msg=k)

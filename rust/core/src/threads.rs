@@ -234,6 +234,9 @@ fn linger() {
                     until = (std::time::Instant::now() + LINGER).min(cap);
                 }
             }
+        } else if QUEUED.load(Ordering::Acquire) > 0 && run_deferred() {
+            // Offers made meanwhile are seen at the next turn.
+            until = (std::time::Instant::now() + LINGER).min(cap);
         }
         std::hint::spin_loop();
         polls += 1;
@@ -308,6 +311,149 @@ pub(crate) unsafe fn share(work: Arc<dyn Pieces>, pieces: usize, helpers: usize)
 /// Pool threads lingering now (idle, spinning for work: see [`share`]).
 pub(crate) fn lingering() -> usize {
     LINGERING.load(Ordering::Acquire)
+}
+
+// ------------------------------------------------------- deferred work --
+
+/// A job handed to the pool's idle (lingering) threads without waiting for
+/// it: the caller goes on and [`Deferred::join`]s it later, running it
+/// itself if no thread has taken it yet. A recurrent step's rows copied
+/// out into their sequences run this way, during the next step.
+pub(crate) struct Deferred(Option<Arc<Job>>);
+
+type JobFn = Box<dyn FnOnce() -> Result<()> + Send>;
+
+struct Job {
+    /// [`JOB_QUEUED`], [`JOB_RUNNING`] or [`JOB_DONE`].
+    state: AtomicU8,
+    work: parking_lot::Mutex<Option<JobFn>>,
+    /// The job's result, or its panic.
+    result: parking_lot::Mutex<Option<std::thread::Result<Result<()>>>>,
+    /// The thread that made it, woken when it is done.
+    owner: std::thread::Thread,
+}
+
+const JOB_QUEUED: u8 = 0;
+const JOB_RUNNING: u8 = 1;
+const JOB_DONE: u8 = 2;
+
+/// Jobs not yet taken (oldest first), and how many (read without the lock).
+static JOBS: parking_lot::Mutex<std::collections::VecDeque<Arc<Job>>> =
+    parking_lot::Mutex::new(std::collections::VecDeque::new());
+static QUEUED: AtomicUsize = AtomicUsize::new(0);
+
+impl Job {
+    /// Claims the job (queued -> running) for this thread.
+    fn claim(&self) -> bool {
+        self.state
+            .compare_exchange(JOB_QUEUED, JOB_RUNNING, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Runs a claimed job and records what it gave.
+    fn execute(&self) {
+        let work = self.work.lock().take();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match work {
+            Some(f) => f(),
+            None => Err(Error::internal("a deferred job ran twice")),
+        }));
+        *self.result.lock() = Some(r);
+        self.state.store(JOB_DONE, Ordering::Release);
+        self.owner.unpark();
+    }
+}
+
+/// Takes the oldest queued job and runs it here (a lingering pool thread,
+/// still counted as lingering: a product offered meanwhile is taken up when
+/// the job is done, rather than a sleeping thread woken for it, which on a
+/// pool as large as the CPUs would leave the caller a CPU short); whether
+/// one ran.
+fn run_deferred() -> bool {
+    let job = {
+        let mut q = JOBS.lock();
+        let j = q.pop_front();
+        if j.is_some() {
+            QUEUED.fetch_sub(1, Ordering::AcqRel);
+        }
+        j
+    };
+    match job {
+        Some(j) if j.claim() => {
+            j.execute();
+            true
+        }
+        _ => false,
+    }
+}
+
+/// Hands `work` to an idle pool thread when one is lingering now, else
+/// runs it here at once; either way its result comes from
+/// [`Deferred::join`] (which a drop does too, dropping the result).
+/// `work` must not wait for anything its caller holds while it would join.
+pub(crate) fn defer(work: impl FnOnce() -> Result<()> + Send + 'static) -> Deferred {
+    let job = Arc::new(Job {
+        state: AtomicU8::new(JOB_QUEUED),
+        work: parking_lot::Mutex::new(Some(Box::new(work))),
+        result: parking_lot::Mutex::new(None),
+        owner: std::thread::current(),
+    });
+    if lingering() == 0 {
+        job.claim();
+        job.execute();
+    } else {
+        let mut q = JOBS.lock();
+        q.push_back(job.clone());
+        QUEUED.fetch_add(1, Ordering::AcqRel);
+    }
+    Deferred(Some(job))
+}
+
+impl Deferred {
+    /// Waits for the job (running it here if no thread took it yet) and
+    /// gives its result; a panic in it is raised here.
+    pub(crate) fn join(mut self) -> Result<()> {
+        match self.0.take() {
+            Some(job) => Self::finish(&job),
+            None => Ok(()),
+        }
+    }
+
+    fn finish(job: &Job) -> Result<()> {
+        if job.claim() {
+            // Still queued: out of the queue, and run here.
+            let mut q = JOBS.lock();
+            let before = q.len();
+            q.retain(|j| !std::ptr::eq(Arc::as_ptr(j), job));
+            QUEUED.fetch_sub(before - q.len(), Ordering::AcqRel);
+            drop(q);
+            job.execute();
+        }
+        let mut spins = if spinning_pays() { SPIN } else { 0 };
+        while job.state.load(Ordering::Acquire) != JOB_DONE {
+            if spins > 0 {
+                spins -= 1;
+                std::hint::spin_loop();
+            } else {
+                std::thread::park_timeout(std::time::Duration::from_millis(1));
+            }
+        }
+        match job.result.lock().take() {
+            Some(Ok(r)) => r,
+            Some(Err(p)) => std::panic::resume_unwind(p),
+            None => Err(Error::internal("a deferred job gave no result")),
+        }
+    }
+}
+
+impl Drop for Deferred {
+    fn drop(&mut self) {
+        let Some(job) = self.0.take() else {
+            return;
+        };
+        // Its result is dropped; a panic in it is caught here too (raised
+        // again during an unwind, it would abort).
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| Self::finish(&job)));
+    }
 }
 
 /// The pieces of a [`fork`]: a borrowed function called with each index.
@@ -536,6 +682,84 @@ mod tests {
             }
         });
         assert!(out.iter().enumerate().all(|(j, &v)| v == j as u32 + 1));
+    }
+
+    #[test]
+    fn a_deferred_job_runs_once_and_its_result_comes_back() {
+        for round in 0..200 {
+            if round % 2 == 0 {
+                warm();
+            }
+            let runs = Arc::new(AtomicUsize::new(0));
+            let r = runs.clone();
+            let job = defer(move || {
+                r.fetch_add(1, Ordering::AcqRel);
+                if round % 3 == 0 {
+                    Err(Error::invalid_arg(format!("round {round}")))
+                } else {
+                    Ok(())
+                }
+            });
+            let got = job.join();
+            assert_eq!(runs.load(Ordering::Acquire), 1, "round {round}");
+            match got {
+                Err(e) => {
+                    assert_eq!(round % 3, 0);
+                    assert!(e.to_string().contains(&format!("round {round}")), "{e}");
+                }
+                Ok(()) => assert_ne!(round % 3, 0),
+            }
+        }
+        assert_eq!(JOBS.lock().len(), QUEUED.load(Ordering::Acquire));
+    }
+
+    #[test]
+    fn a_deferred_jobs_panic_is_raised_at_the_join() {
+        warm();
+        let job = defer(|| panic!("job panicked"));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.join()));
+        let msg = r.expect_err("the panic is raised");
+        assert_eq!(msg.downcast_ref::<&str>(), Some(&"job panicked"));
+    }
+
+    #[test]
+    fn dropping_a_deferred_job_waits_for_it() {
+        for _ in 0..20 {
+            warm();
+            let done = Arc::new(AtomicUsize::new(0));
+            let d = done.clone();
+            let job = defer(move || {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+                d.store(1, Ordering::Release);
+                Ok(())
+            });
+            drop(job);
+            assert_eq!(done.load(Ordering::Acquire), 1);
+        }
+    }
+
+    #[test]
+    fn a_thread_lingering_takes_deferred_jobs() {
+        // Where the pool can spare a thread, some job handed over while it
+        // lingers is run there rather than by the join.
+        if num_threads() < 2 || !spinning_pays() {
+            return;
+        }
+        let me = std::thread::current().id();
+        let elsewhere = (0..100).any(|_| {
+            warm();
+            let ran = Arc::new(parking_lot::Mutex::new(None));
+            let r = ran.clone();
+            let job = defer(move || {
+                *r.lock() = Some(std::thread::current().id());
+                Ok(())
+            });
+            std::thread::sleep(std::time::Duration::from_micros(200));
+            job.join().expect("ran");
+            let on = *ran.lock();
+            on.is_some_and(|id| id != me)
+        });
+        assert!(elsewhere, "no job ran on a pool thread");
     }
 
     #[test]

@@ -23,7 +23,11 @@
 //! (`dy_links`); and the states, their gradients and the sequence's
 //! gradient reuse the last run's tensors instead of zeros when the links
 //! write each row before any link reads it (`state_rows_rewritten`,
-//! `grad_rows_rewritten`, `rows_covered`).
+//! `grad_rows_rewritten`, `rows_covered`). The copies that remain are made
+//! by an idle pool thread where one is spinning and they are long enough
+//! (`deferred_links`, `links_out`, `read_ahead`): a step's rows go out
+//! while the next step runs, and the next step's constant rows come in
+//! while this one runs.
 
 use super::super::kit::{by_dtype, kernel};
 use crate::arg;
@@ -572,6 +576,14 @@ struct BoundLink {
     /// [`grad_rows_rewritten`]): a step that leaves it empty zeroes its
     /// rows instead of leaving them.
     zero_empty: bool,
+    /// Its external is written only by the links and read by nothing else
+    /// during the op (see [`deferred_links`]): a written link's rows go out
+    /// on an idle pool thread during the next step.
+    deferred: bool,
+    /// A read link of such an external that no link writes: nothing
+    /// changes its rows during the op, so the next step's are read ahead
+    /// ([`read_ahead`]).
+    constant: bool,
 }
 
 /// Forgets the external blobs `links` found in the last run (a blob the
@@ -616,8 +628,104 @@ fn bind_links(
             from: None,
             last: None,
             zero_empty: false,
+            deferred: false,
+            constant: false,
         })
         .collect()
+}
+
+/// Marks the links whose rows may be copied out after the step has gone
+/// on (`links_out`, `threads::defer`): their external is named by no op of
+/// the step net `def` (nor can be: no nested nets) and touched by the op
+/// between steps (`touched`) in no other way, so only the links read or
+/// write it until the op ends, which waits for the copies first.
+fn deferred_links(links: &mut [BoundLink], def: &NetDef, touched: &HashSet<String>) {
+    let nested = def
+        .op
+        .iter()
+        .any(|o| o.arg.iter().any(|a| a.n.is_some() || !a.nets.is_empty()));
+    let named = named_blobs(def);
+    for l in links.iter_mut() {
+        l.deferred = !nested && !named.contains(&l.external) && !touched.contains(&l.external);
+    }
+    let written: HashSet<String> = links
+        .iter()
+        .filter(|l| l.written)
+        .map(|l| l.external.clone())
+        .collect();
+    for l in links.iter_mut() {
+        l.constant = l.deferred && !l.written && !l.fresh && !written.contains(&l.external);
+    }
+}
+
+/// Each constant link's index and its rows read ahead (or why they could
+/// not be read).
+type RowsRead = Arc<Mutex<Vec<(usize, Result<Tensor>)>>>;
+
+/// The rows of step `step`'s [`BoundLink::constant`] links, read on an idle
+/// pool thread while the step before runs.
+struct Ahead {
+    step: usize,
+    rows: RowsRead,
+    job: crate::threads::Deferred,
+}
+
+/// Copies of fewer bytes than this (a step's rows of all its links) are
+/// made at once rather than handed to another thread: the hand-off and the
+/// rows' trip between the cores' caches cost more than copying them (an
+/// LSTM at batch 1: 0.78 -> 0.84 ms on one thread, 0.72 -> 0.96 on two,
+/// when every step's copies were handed over; BENCHMARKS.md "Link copies
+/// on the pool's idle thread").
+const DEFER_MIN: usize = 16 << 10;
+
+/// Starts reading step `step`'s rows of the constant links (None if there
+/// are none, or too few bytes to hand over: [`DEFER_MIN`]).
+fn read_ahead(ws: &Workspace, links: &mut [BoundLink], step: usize) -> Result<Option<Ahead>> {
+    // The bytes of a step's rows, from the size of what each link read at
+    // the last step.
+    let bytes: usize = links
+        .iter()
+        .filter(|l| l.constant)
+        .map(|l| match &*l.internal.read() {
+            BlobValue::Tensor(t) => t.numel() * t.item_size(),
+            _ => 0,
+        })
+        .sum();
+    if bytes < DEFER_MIN {
+        return Ok(None);
+    }
+    let mut todo = Vec::new();
+    for (i, l) in links.iter_mut().enumerate() {
+        if !l.constant {
+            continue;
+        }
+        // A row out of range is left to the step's own read (its error).
+        let Ok(row) = link_row(l, step) else {
+            continue;
+        };
+        todo.push((i, external(ws, l)?, row, l.window, l.external.clone()));
+    }
+    if todo.is_empty() {
+        return Ok(None);
+    }
+    let rows = Arc::new(Mutex::new(Vec::with_capacity(todo.len())));
+    let out = rows.clone();
+    let job = crate::threads::defer(move || {
+        let got = todo
+            .iter()
+            .map(|(i, ext, row, window, name)| {
+                let v = ext.read();
+                let r = v
+                    .tensor()
+                    .and_then(|e| self::rows(e, *row, *window, "a link"))
+                    .map_err(|e| e.with_blob(name));
+                (*i, r)
+            })
+            .collect();
+        *out.lock() = got;
+        Ok(())
+    });
+    Ok(Some(Ahead { step, rows, job }))
 }
 
 /// Pairs each read link with the written link whose rows it reads one step
@@ -689,8 +797,28 @@ fn link_row(l: &BoundLink, t: usize) -> Result<usize> {
 
 /// Before a step: each link's internal blob = its rows of the external
 /// (empty for a fresh link: an op writes it before any reads it).
-fn links_in(ws: &Workspace, links: &mut [BoundLink], t: usize) -> Result<()> {
+fn links_in(
+    ws: &Workspace,
+    links: &mut [BoundLink],
+    t: usize,
+    pending: &mut Option<crate::threads::Deferred>,
+    ahead: Option<Ahead>,
+) -> Result<()> {
+    // The constant links' rows read ahead for this step, if they were.
+    let mut ready = Vec::new();
+    if let Some(a) = ahead.filter(|a| a.step == t) {
+        a.job.join()?;
+        ready = std::mem::take(&mut *a.rows.lock());
+    }
+    let mut skip = Vec::new();
+    for (i, r) in ready {
+        links[i].internal.set(BlobValue::Tensor(r?));
+        skip.push(i);
+    }
     for i in 0..links.len() {
+        if skip.contains(&i) {
+            continue;
+        }
         let forwarded = links[i].from.and_then(|(w, delta)| {
             let (tw, v) = links[w].last.as_ref()?;
             (*tw as isize == t as isize + delta && v.shape().first() == Some(&links[i].window))
@@ -707,6 +835,12 @@ fn links_in(ws: &Workspace, links: &mut [BoundLink], t: usize) -> Result<()> {
             l.internal.set(BlobValue::Tensor(v));
             continue;
         }
+        if l.deferred {
+            // Rows the last step's links may still be writing.
+            if let Some(p) = pending.take() {
+                p.join()?;
+            }
+        }
         let rows = {
             let ext = external(ws, l)?;
             let v = ext.read();
@@ -719,36 +853,79 @@ fn links_in(ws: &Workspace, links: &mut [BoundLink], t: usize) -> Result<()> {
 }
 
 /// After a step: the links the step wrote go back into their externals (a
-/// fresh link left empty was not written: its rows stay).
-fn links_out(ws: &Workspace, links: &mut [BoundLink], t: usize) -> Result<()> {
+/// fresh link left empty was not written: its rows stay). Those of
+/// [`BoundLink::deferred`] externals are copied by the returned job, on an
+/// idle pool thread while the next step runs (in link order; the caller
+/// joins it before the links next touch those externals).
+fn links_out(
+    ws: &Workspace,
+    links: &mut [BoundLink],
+    t: usize,
+) -> Result<Option<crate::threads::Deferred>> {
+    // Enough bytes to hand over ([`DEFER_MIN`])?
+    let bytes: usize = links
+        .iter()
+        .filter(|l| l.written && l.deferred)
+        .map(|l| match &*l.internal.read() {
+            BlobValue::Tensor(t) => t.numel() * t.item_size(),
+            _ => 0,
+        })
+        .sum();
+    let deferring = bytes >= DEFER_MIN;
+    let mut later: Vec<(Blob, Option<Tensor>, usize, usize, String)> = Vec::new();
     for l in links.iter_mut().filter(|l| l.written) {
         let v = l.internal.get();
         if l.fresh && v.is_empty() {
             if l.zero_empty {
                 let row = link_row(l, t)?;
                 let ext = external(ws, l)?;
-                let mut w = ext.write();
-                let BlobValue::Tensor(dst) = &mut *w else {
-                    return Err(Error::type_error("a link's external blob holds no tensor")
-                        .with_blob(&l.external));
-                };
-                zero_rows(dst, row, l.window).map_err(|e| e.with_blob(&l.external))?;
+                if l.deferred && deferring {
+                    later.push((ext, None, row, l.window, l.external.clone()));
+                } else {
+                    write_out(&ext, None, row, l.window, &l.external)?;
+                }
             }
             continue;
         }
         let row = link_row(l, t)?;
-        let src = v.tensor().map_err(|e| e.with_blob(&l.external))?;
+        let src = v.tensor().map_err(|e| e.with_blob(&l.external))?.clone();
         let ext = external(ws, l)?;
-        let mut w = ext.write();
-        let BlobValue::Tensor(dst) = &mut *w else {
-            return Err(
-                Error::type_error("a link's external blob holds no tensor").with_blob(&l.external)
-            );
-        };
-        write_rows(dst, row, src, "a link").map_err(|e| e.with_blob(&l.external))?;
         l.last = Some((t, src.clone()));
+        if l.deferred && deferring {
+            later.push((ext, Some(src), row, l.window, l.external.clone()));
+        } else {
+            write_out(&ext, Some(&src), row, l.window, &l.external)?;
+        }
     }
-    Ok(())
+    if later.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(crate::threads::defer(move || {
+        for (ext, src, row, window, name) in &later {
+            write_out(ext, src.as_ref(), *row, *window, name)?;
+        }
+        Ok(())
+    })))
+}
+
+/// Writes `src` over rows `row ..` of the tensor in `ext` (named `name`),
+/// or zeros over `window` rows from `row` when `src` is `None`.
+fn write_out(
+    ext: &Blob,
+    src: Option<&Tensor>,
+    row: usize,
+    window: usize,
+    name: &str,
+) -> Result<()> {
+    let mut w = ext.write();
+    let BlobValue::Tensor(dst) = &mut *w else {
+        return Err(Error::type_error("a link's external blob holds no tensor").with_blob(name));
+    };
+    match src {
+        Some(src) => write_rows(dst, row, src, "a link"),
+        None => zero_rows(dst, row, window),
+    }
+    .map_err(|e| e.with_blob(name))
 }
 
 // ------------------------------------------------------------- forward --
@@ -863,6 +1040,7 @@ impl ForwardOp {
         let def = with_link_refreshes(&self.step, &self.links, &self.timestep);
         let mut links = bind_links(ws, &self.links, &writes, &def);
         forwarded_links(&mut links, &def, &HashSet::new());
+        deferred_links(&mut links, &def, &HashSet::new());
         let net = Net::create_with(&def, ws, self.allow_unknown_args)?;
         // What the backward step reads of step t: the step's own blobs
         // (not the parameters it writes in the outer workspace), but not
@@ -947,19 +1125,33 @@ impl Operator for ForwardOp {
         }
         // The step net's FC lays its weights out once for all the steps.
         let finished = crate::ops::matmul::with_plain_weights(|| -> Result<bool> {
+            // The last step's rows still going out (joined on every way out:
+            // a drop waits for it too).
+            let mut pending = None;
+            // The next step's constant rows, being read.
+            let mut ahead = None;
             for t in 0..steps {
                 cx.cancel.poll_check()?;
-                links_in(&ws, &mut b.links, t)?;
+                links_in(&ws, &mut b.links, t, &mut pending, ahead.take())?;
+                if t + 1 < steps {
+                    ahead = read_ahead(&ws, &mut b.links, t + 1)?;
+                }
                 b.timestep.set(BlobValue::Tensor(timestep_tensor(t)));
                 if !b.net.run(&ws, cx.cancel)? {
                     return Ok(false);
                 }
-                links_out(&ws, &mut b.links, t)?;
+                if let Some(p) = pending.take() {
+                    p.join()?;
+                }
+                pending = links_out(&ws, &mut b.links, t)?;
                 if self.keep {
                     let slot = &mut slots[t];
                     slot.clear();
                     slot.extend(kept.iter().map(|k| k.get()));
                 }
+            }
+            if let Some(p) = pending.take() {
+                p.join()?;
             }
             Ok(true)
         })?;
@@ -1377,6 +1569,7 @@ impl BackwardOp {
             .map(|s| s.grad.clone())
             .collect();
         forwarded_links(&mut links, &def, &touched);
+        deferred_links(&mut links, &def, &touched);
         let named = named_blobs(&def);
         dy_links(&mut gathered, &links, &named, &touched);
         let step_grads = self
@@ -1506,6 +1699,9 @@ impl Operator for BackwardOp {
             g.rows.clear();
             g.blobs = None;
         }
+        // The last step's rows still going out (see the forward's loop).
+        let mut pending = None;
+        let mut ahead = None;
         for t in (0..steps).rev() {
             cx.cancel.poll_check()?;
             {
@@ -1526,11 +1722,17 @@ impl Operator for BackwardOp {
                 }
             }
             b.timestep.set(BlobValue::Tensor(timestep_tensor(t)));
-            links_in(&ws, &mut b.links, t)?;
+            links_in(&ws, &mut b.links, t, &mut pending, ahead.take())?;
+            if t > 0 {
+                ahead = read_ahead(&ws, &mut b.links, t - 1)?;
+            }
             if !b.net.run(&ws, cx.cancel)? {
                 return Ok(false);
             }
-            links_out(&ws, &mut b.links, t)?;
+            if let Some(p) = pending.take() {
+                p.join()?;
+            }
+            pending = links_out(&ws, &mut b.links, t)?;
             for g in &mut b.gathered {
                 if g.blobs.is_none() {
                     let [x, w, dy] = g.inputs.each_ref().map(|n| ws.blob(n));
@@ -1550,6 +1752,9 @@ impl Operator for BackwardOp {
                 let one = v.tensor().map_err(|e| e.with_blob(&p.step_grad))?;
                 add_param_grad(cx.ws, p, one)?;
             }
+        }
+        if let Some(p) = pending.take() {
+            p.join()?;
         }
         for g in &mut b.gathered {
             let sums = match g.dy_link {
