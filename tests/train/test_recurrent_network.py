@@ -553,3 +553,33 @@ def test_a_pool_of_two_gives_the_bits_of_one_thread(tmp_path):
     assert len(got[0].files) == 9
     for k in got[0].files:
         np.testing.assert_array_equal(got[0][k], got[1][k], err_msg=k)
+
+
+@pytest.mark.parametrize("n,d", [(2, 3), (32, 128)])
+def test_a_step_that_resizes_a_linked_blob_gets_a_shape_error(fresh, n, d):
+    # The step writes its hidden state with another shape: the copy into
+    # the states fails with a shape error naming the states' blob, whether
+    # it is made at once (a few rows) or by the pool's idle thread during
+    # the next step (32 x 128: 16 KiB a step), and the workspace runs the
+    # net again once the step is mended.
+    steps = 4
+    values = {k: v.astype(np.float32) for k, v in _draw(steps, n, d, seed=51).items()}
+    net, outs = lstm_net("resized", forward_only=True)
+    op = next(o for o in net.Proto().op if o.type == "RecurrentNetwork")
+    args = {a.name: a for a in op.arg}
+    step = args["step_net"].n
+    step.op.add().CopyFrom(core.CreateOperator(
+        "ConstantFill", [], ["hidden_t"], shape=[1, n, d + 1], value=0.5))
+    states = next(e.decode() for e, i in zip(args["link_external"].strings,
+                                             args["link_internal"].strings)
+                  if i.decode() == "hidden_t")
+    _feed(values, [steps] * n)
+    with pytest.raises(ValueError, match="does not fit rows") as err:
+        workspace.RunNetOnce(net)
+    assert isinstance(err.value, RuntimeError)
+    assert states in str(err.value)
+    del step.op[-1]
+    workspace.RunNetOnce(net)
+    hs, _ = numpy_lstm(values["input"].astype(np.float64), values["h0"], values["c0"],
+                       values["W"], values["b"], [steps] * n)
+    np.testing.assert_allclose(workspace.FetchBlob(outs[0]), hs, rtol=1e-4, atol=1e-5)

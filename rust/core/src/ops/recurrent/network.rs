@@ -146,29 +146,37 @@ fn rows(t: &Tensor, start: usize, len: usize, what: &str) -> Result<Tensor> {
     )))
 }
 
+/// Whether `src` can be written over rows `start ..` of `dst`: one dtype,
+/// the same row shape, rows in range (the error otherwise).
+fn fits(dst: &Tensor, start: usize, src: &Tensor, what: &str) -> Result<()> {
+    if src.dtype() != dst.dtype() {
+        return Err(Error::type_error(format!(
+            "{what}: a {} tensor cannot be written into a {} one",
+            src.dtype(),
+            dst.dtype()
+        )));
+    }
+    let (s, d) = (src.shape(), dst.shape());
+    let n = s.first().copied().unwrap_or(0);
+    if s.is_empty() || s.len() != d.len() || s[1..] != d[1..] || start + n > d[0] {
+        return Err(Error::shape(format!(
+            "{what}: a step's blob of shape {s:?} does not fit rows {start}..{} of a tensor of shape {d:?}",
+            start + n,
+        )));
+    }
+    Ok(())
+}
+
 fn write_rows_t<T: Element>(
     dst: &mut Tensor,
     start: usize,
     src: &Tensor,
     what: &str,
 ) -> Result<()> {
-    let s = T::view(src).ok_or_else(|| {
-        Error::type_error(format!(
-            "{what}: a {} tensor cannot be written into a {} one",
-            src.dtype(),
-            dst.dtype()
-        ))
-    })?;
-    let d = dst.array_mut::<T>()?;
+    fits(dst, start, src, what)?;
+    let s = T::view(src).ok_or_else(|| Error::internal(format!("{what}: dtypes checked")))?;
     let n = s.len_of(Axis(0));
-    if s.ndim() != d.ndim() || s.shape()[1..] != d.shape()[1..] || start + n > d.len_of(Axis(0)) {
-        return Err(Error::shape(format!(
-            "{what}: a step's blob of shape {:?} does not fit rows {start}..{} of a tensor of shape {:?}",
-            s.shape(),
-            start + n,
-            d.shape()
-        )));
-    }
+    let d = dst.array_mut::<T>()?;
     let mut rows = d.slice_axis_mut(Axis(0), Slice::from(start..start + n));
     // Row-major rows of a row-major tensor are one span: a plain copy.
     match (rows.as_slice_mut(), s.as_slice()) {
@@ -892,6 +900,11 @@ fn links_out(
         let ext = external(ws, l)?;
         l.last = Some((t, src.clone()));
         if l.deferred && deferring {
+            // Checked now, so a step that writes rows of the wrong shape
+            // fails here, before the next step reads them (forwarded).
+            if let BlobValue::Tensor(dst) = &*ext.read() {
+                fits(dst, row, &src, "a link").map_err(|e| e.with_blob(&l.external))?;
+            }
             later.push((ext, Some(src), row, l.window, l.external.clone()));
         } else {
             write_out(&ext, Some(&src), row, l.window, &l.external)?;
