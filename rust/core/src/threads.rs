@@ -738,28 +738,66 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_thread_lingering_takes_deferred_jobs() {
-        // Where the pool can spare a thread, some job handed over while it
-        // lingers is run there rather than by the join.
-        if num_threads() < 2 || !spinning_pays() {
-            return;
+    /// Counts one more lingering thread while it lives (so that `defer`
+    /// queues its jobs), as a pool thread spinning after a piece would.
+    struct Lingerer;
+    impl Lingerer {
+        fn new() -> Self {
+            LINGERING.fetch_add(1, Ordering::AcqRel);
+            Lingerer
         }
-        let me = std::thread::current().id();
-        let elsewhere = (0..100).any(|_| {
-            warm();
-            let ran = Arc::new(parking_lot::Mutex::new(None));
-            let r = ran.clone();
-            let job = defer(move || {
-                *r.lock() = Some(std::thread::current().id());
-                Ok(())
-            });
-            std::thread::sleep(std::time::Duration::from_micros(200));
-            job.join().expect("ran");
-            let on = *ran.lock();
-            on.is_some_and(|id| id != me)
+    }
+    impl Drop for Lingerer {
+        fn drop(&mut self) {
+            LINGERING.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    #[test]
+    fn a_job_queued_while_a_thread_lingers_runs_off_the_caller() {
+        let _lingering = Lingerer::new();
+        let ran = Arc::new(parking_lot::Mutex::new(None));
+        let r = ran.clone();
+        let job = defer(move || {
+            *r.lock() = Some(std::thread::current().id());
+            Err(Error::invalid_arg("from the other thread"))
         });
-        assert!(elsewhere, "no job ran on a pool thread");
+        // What a lingering pool thread does when a job is queued (other
+        // tests may have queued theirs: it runs jobs until ours has run).
+        let seen = ran.clone();
+        let worker = std::thread::spawn(move || {
+            while seen.lock().is_none() {
+                run_deferred();
+                std::hint::spin_loop();
+            }
+            std::thread::current().id()
+        });
+        worker.join().expect("the worker");
+        let e = job.join().expect_err("the job's error comes back");
+        assert!(e.to_string().contains("from the other thread"), "{e}");
+        assert_ne!(*ran.lock(), Some(std::thread::current().id()));
+    }
+
+    #[test]
+    fn a_job_still_queued_is_run_by_its_join() {
+        // Queued, not run, while a thread lingers (and run by its join if
+        // no pool thread took it meanwhile); it runs once and leaves the
+        // queue.
+        let _lingering = Lingerer::new();
+        let me = std::thread::current().id();
+        let ran = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let r = ran.clone();
+        let job = defer(move || {
+            r.lock().push(std::thread::current().id());
+            Ok(())
+        });
+        let p = Arc::as_ptr(job.0.as_ref().expect("a job"));
+        let queued = JOBS.lock().iter().any(|q| std::ptr::eq(Arc::as_ptr(q), p));
+        job.join().expect("ran");
+        let ran = ran.lock().clone();
+        assert_eq!(ran.len(), 1);
+        assert!(queued || ran[0] != me, "defer ran the job at once");
+        assert!(!JOBS.lock().iter().any(|q| std::ptr::eq(Arc::as_ptr(q), p)));
     }
 
     #[test]
