@@ -647,12 +647,13 @@ fn bind_links(
 /// the step net `def` (nor can be: no nested nets) and touched by the op
 /// between steps (`touched`) in no other way, so only the links read or
 /// write it until the op ends, which waits for the copies first.
-fn deferred_links(links: &mut [BoundLink], def: &NetDef, touched: &HashSet<String>) {
-    let nested = def
-        .op
-        .iter()
-        .any(|o| o.arg.iter().any(|a| a.n.is_some() || !a.nets.is_empty()));
-    let named = named_blobs(def);
+fn deferred_links(
+    links: &mut [BoundLink],
+    def: &NetDef,
+    named: &HashSet<String>,
+    touched: &HashSet<String>,
+) {
+    let nested = has_nested_nets(def);
     for l in links.iter_mut() {
         l.deferred = !nested && !named.contains(&l.external) && !touched.contains(&l.external);
     }
@@ -772,15 +773,20 @@ fn forwarded_links(links: &mut [BoundLink], def: &NetDef, touched: &HashSet<Stri
     }
 }
 
+/// Whether an op of `def` holds nets of its own (their ops name blobs the
+/// outer op does not list).
+fn has_nested_nets(def: &NetDef) -> bool {
+    def.op
+        .iter()
+        .any(|o| o.arg.iter().any(|a| a.n.is_some() || !a.nets.is_empty()))
+}
+
 /// Whether the first op of `def` that names `blob` writes it without
 /// reading it, so the rows a link would copy into it before the step are
 /// never read. Not in a step net with nested nets (their ops name blobs
 /// the outer op does not list).
 fn overwritten_first(def: &NetDef, blob: &str) -> bool {
-    let nested = def
-        .op
-        .iter()
-        .any(|o| o.arg.iter().any(|a| a.n.is_some() || !a.nets.is_empty()));
+    let nested = has_nested_nets(def);
     let first = def
         .op
         .iter()
@@ -1053,7 +1059,8 @@ impl ForwardOp {
         let def = with_link_refreshes(&self.step, &self.links, &self.timestep);
         let mut links = bind_links(ws, &self.links, &writes, &def);
         forwarded_links(&mut links, &def, &HashSet::new());
-        deferred_links(&mut links, &def, &HashSet::new());
+        let named = named_blobs(&def);
+        deferred_links(&mut links, &def, &named, &HashSet::new());
         let net = Net::create_with(&def, ws, self.allow_unknown_args)?;
         // What the backward step reads of step t: the step's own blobs
         // (not the parameters it writes in the outer workspace), but not
@@ -1082,7 +1089,7 @@ impl ForwardOp {
             net,
             timestep,
             links,
-            named: named_blobs(&def),
+            named,
         });
         Ok(())
     }
@@ -1582,8 +1589,8 @@ impl BackwardOp {
             .map(|s| s.grad.clone())
             .collect();
         forwarded_links(&mut links, &def, &touched);
-        deferred_links(&mut links, &def, &touched);
         let named = named_blobs(&def);
+        deferred_links(&mut links, &def, &named, &touched);
         dy_links(&mut gathered, &links, &named, &touched);
         let step_grads = self
             .params
