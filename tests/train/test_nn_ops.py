@@ -53,6 +53,14 @@ def test_fc_forward_matches_numpy(fresh):
     np.testing.assert_allclose(y2, x @ w2.T + b[0], rtol=1e-5, atol=1e-5)
     (yt,) = run("FCTransposed", {"x": x, "wt": np.ascontiguousarray(w.T), "b": b}, ["yt"])
     np.testing.assert_allclose(yt, y, rtol=1e-5, atol=1e-5)
+    # A large Y: the bias goes in by blocks of rows (shared with the pool
+    # threads the product used), the last block short.
+    x = rng.standard_normal((301, 70)).astype(np.float32)
+    w = rng.standard_normal((1003, 70)).astype(np.float32)
+    b = rng.standard_normal(1003).astype(np.float32)
+    (y,) = run("FC", {"x": x, "w": w, "b": b}, ["y"])
+    ref = x.astype(np.float64) @ w.astype(np.float64).T + b
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5])

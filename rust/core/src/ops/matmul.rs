@@ -431,20 +431,34 @@ fn fc_t<T: Float>(l: &mut Locked<'_>, op: &str, axis: i64, axis_w: i64, tr: bool
         (None, Some(wt)) => matmul(false, false, d.m, d.k, d.n, &dense(x), wt)?,
         (None, None) => matmul(false, !tr, d.m, d.k, d.n, &dense(x), &dense(w))?,
     };
-    let b = dense(b);
-    crate::vmath::wide(
-        #[inline(always)]
-        || {
-            for row in y.chunks_mut(d.n.max(1)) {
-                for (v, &bi) in row.iter_mut().zip(b.iter()) {
-                    *v += bi;
-                }
-            }
-        },
-    );
+    add_bias(&mut y, &dense(b));
     let y = array(&d.y_shape, y)?;
     l.set_output(0, T::wrap(y));
     Ok(())
+}
+
+/// Y's elements per block when FC's bias is added in blocks of rows.
+const BIAS_PIECE: usize = 1 << 14;
+
+/// Adds `b` to each row of `y`, in blocks of rows shared with pool threads
+/// lingering after the product (see [`crate::threads::fork_each`]) when Y
+/// is large; each element gets the same one addition whatever the split.
+fn add_bias<T: Float>(y: &mut [T], b: &[T]) {
+    let n = b.len().max(1);
+    let per = (BIAS_PIECE / n).max(1) * n;
+    let parts: Vec<&mut [T]> = y.chunks_mut(per).collect();
+    crate::threads::fork_each(parts, |rows| {
+        crate::vmath::wide(
+            #[inline(always)]
+            || {
+                for row in rows.chunks_mut(n) {
+                    for (v, &bi) in row.iter_mut().zip(b.iter()) {
+                        *v += bi;
+                    }
+                }
+            },
+        )
+    });
 }
 
 fn build_fc(ctx: &OpDefCtx<'_>) -> Result<Box<dyn Operator>> {
